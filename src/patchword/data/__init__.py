@@ -1,0 +1,1 @@
+"""Datasets: the synthetic scenes default, real caption files, and the canonical retrieval split."""

@@ -1,0 +1,147 @@
+"""Word-level vocabulary for from-scratch text encoders (the SCAN / VSE++ convention).
+
+Texts are lowercased and split on every non-alphanumeric character, so punctuation disappears. Encoded
+sequences are wrapped as ``<start> w1 ... wn <end>``; their lengths include both specials, like BERT's
+[CLS] / [SEP], so a word-level and a BERT text encoder report comparable token counts. The JSON format
+is SCAN's (``{"word2idx": ..., "idx2word": ..., "idx": n}``), so SCAN's precomputed vocabularies load as is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+import torch
+
+__all__ = ["WordVocab", "tokenize", "PAD", "START", "END", "UNK"]
+
+PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
+SPECIALS = (PAD, START, END, UNK)  # their ids are their positions: <pad> = 0 is also the padding value
+
+_WORD = re.compile(r"[^\W_]+")  # maximal runs of letters and digits (any script)
+
+
+def tokenize(text: str) -> list[str]:
+    """Lowercased alphanumeric words of ``text``; punctuation and underscores separate words."""
+    return _WORD.findall(text.lower())
+
+
+def _words(text: str, index: int) -> list[str]:
+    words = tokenize(text)
+    if not words:
+        raise ValueError(f"text {index} is empty (no words): {text!r}")
+    return words
+
+
+class WordVocab:
+    """Word <-> id map with the specials ``<pad>`` = 0, ``<start>`` = 1, ``<end>`` = 2, ``<unk>`` = 3.
+
+    Args:
+        words: the non-special words, in id order (ids start at 4).
+    """
+
+    pad_id, start_id, end_id, unk_id = range(len(SPECIALS))
+
+    def __init__(self, words: Iterable[str] = ()) -> None:
+        self.idx2word: list[str] = list(SPECIALS)
+        self.word2idx: dict[str, int] = {w: i for i, w in enumerate(SPECIALS)}
+        for word in words:
+            if word not in self.word2idx:
+                self.word2idx[word] = len(self.idx2word)
+                self.idx2word.append(word)
+
+    @classmethod
+    def build(cls, texts: Iterable[str], min_count: int = 1) -> WordVocab:
+        """Vocabulary of the words occurring at least ``min_count`` times in ``texts``.
+
+        Ids follow decreasing frequency (ties alphabetically), so the result does not depend on text order.
+        """
+        counts = Counter(w for i, text in enumerate(texts) for w in _words(text, i))
+        kept = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
+        return cls(kept)
+
+    def __len__(self) -> int:
+        return len(self.idx2word)
+
+    def __contains__(self, word: str) -> bool:
+        return word in self.word2idx
+
+    def encode(self, text: str, index: int = 0) -> list[int]:
+        """``[<start>, w1, ..., wn, <end>]`` ids of ``text``; unknown words become ``<unk>``.
+
+        ``index`` only names the text in the error raised when it has no words.
+        """
+        ids = [self.word2idx.get(w, self.unk_id) for w in _words(text, index)]
+        return [self.start_id, *ids, self.end_id]
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        """Words of ``ids`` joined by spaces; drops <pad>, <start> and <end> if ``skip_special``."""
+        words = [self.idx2word[int(i)] for i in ids]
+        if skip_special:
+            words = [w for w in words if w not in SPECIALS or w == UNK]
+        return " ".join(words)
+
+    def batch_encode(
+        self, texts: Sequence[str], max_len: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encode and right-pad a batch.
+
+        Args:
+            texts: B texts.
+            max_len: longest sequence kept, specials included (>= 3); longer texts lose their last
+                words but keep ``<end>``, so the encoder still sees where the text stops.
+        Returns:
+            ids: (B, L) int64, padded with ``<pad>`` = 0, L = the longest (truncated) sequence.
+            lens: (B,) int64 sequence lengths, both specials included.
+        """
+        if max_len is not None and max_len < 3:
+            raise ValueError(f"max_len must be >= 3 (<start>, one word, <end>), got {max_len}")
+        if not texts:
+            raise ValueError("texts is empty: nothing to encode")
+        seqs = [self.encode(t, i) for i, t in enumerate(texts)]
+        if max_len is not None:
+            seqs = [s if len(s) <= max_len else [*s[: max_len - 1], self.end_id] for s in seqs]
+        lens = torch.tensor([len(s) for s in seqs], dtype=torch.long)
+        ids = torch.full((len(seqs), int(lens.max())), self.pad_id, dtype=torch.long)
+        for row, seq in enumerate(seqs):
+            ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        return ids, lens
+
+    # -- persistence (SCAN json format) ----------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the vocabulary as SCAN-style JSON."""
+        payload = {
+            "word2idx": self.word2idx,
+            "idx2word": {str(i): w for i, w in enumerate(self.idx2word)},
+            "idx": len(self),
+        }
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(payload, f, ensure_ascii=False)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> WordVocab:
+        """Read a SCAN-style JSON vocabulary (ids must be 0..n-1 with the four specials first)."""
+        with open(path, encoding="utf-8") as f:
+            payload = json.load(f)
+        try:
+            idx2word = {int(i): w for i, w in payload["idx2word"].items()}
+            word2idx = {w: int(i) for w, i in payload["word2idx"].items()}
+        except (KeyError, AttributeError, TypeError, ValueError) as err:
+            raise ValueError(f"{path}: not a word2idx / idx2word vocabulary json ({err})") from err
+        words = [idx2word.get(i) for i in range(len(idx2word))]
+        if (
+            None in words
+            or any(word2idx.get(w) != i for i, w in enumerate(words))
+            or len(word2idx) != len(words)
+        ):
+            raise ValueError(f"{path}: word2idx and idx2word disagree or ids are not 0..{len(words) - 1}")
+        if tuple(words[: len(SPECIALS)]) != SPECIALS:
+            raise ValueError(f"{path}: the first ids must be {SPECIALS}, got {tuple(words[: len(SPECIALS)])}")
+        return cls(words[len(SPECIALS) :])
+
+    def __repr__(self) -> str:
+        return f"WordVocab({len(self)} words)"

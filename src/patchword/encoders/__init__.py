@@ -1,0 +1,92 @@
+"""Encoders: images and captions -> projected token tensors for the matchers.
+
+Image encoders map (B, 3, H, W) images to (B, L_v, embed_dim) tokens (token 0 is CLS when ``has_cls``;
+``num_patches`` spatial tokens). Text encoders map (B, L) ids and (B,) lengths to (B, L, embed_dim)
+tokens. Outputs are projected but not L2-normalised. Build one from its config dataclass with
+:func:`build_image_encoder` / :func:`build_text_encoder`.
+
+The Hugging Face adapters and the BERT tokenizer import ``transformers`` only when used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from patchword.encoders.hf import (
+    HFTextConfig,
+    HFTextEncoder,
+    HFVisionConfig,
+    HFVisionEncoder,
+    require_transformers,
+    resolve_pretrained,
+)
+from patchword.encoders.tiny import (
+    EncoderBase,
+    TinyTextConfig,
+    TinyTextTransformer,
+    TinyViT,
+    TinyViTConfig,
+    padding_mask,
+    projection,
+)
+from patchword.encoders.tokenizers import BertCaptionTokenizer, size_augment
+
+__all__ = [
+    "BertCaptionTokenizer",
+    "EncoderBase",
+    "HFTextConfig",
+    "HFTextEncoder",
+    "HFVisionConfig",
+    "HFVisionEncoder",
+    "ImageEncoderConfig",
+    "TextEncoderConfig",
+    "TinyTextConfig",
+    "TinyTextTransformer",
+    "TinyViT",
+    "TinyViTConfig",
+    "build_image_encoder",
+    "build_text_encoder",
+    "padding_mask",
+    "projection",
+    "require_transformers",
+    "resolve_pretrained",
+    "size_augment",
+]
+
+ImageEncoderConfig = TinyViTConfig | HFVisionConfig
+TextEncoderConfig = TinyTextConfig | HFTextConfig
+
+
+def build_image_encoder(cfg: ImageEncoderConfig) -> EncoderBase:
+    """Build the image encoder described by ``cfg`` (dispatch on the config type)."""
+    if isinstance(cfg, TinyViTConfig):
+        return TinyViT(cfg)
+    if isinstance(cfg, HFVisionConfig):
+        return HFVisionEncoder(
+            cfg.name_or_path, kind=cfg.kind, embed_dim=cfg.embed_dim, local_files_only=cfg.local_files_only
+        )
+    raise TypeError(f"no image encoder for config type {type(cfg).__name__}")
+
+
+def build_text_encoder(cfg: TextEncoderConfig, vocab_size: int | None = None) -> EncoderBase:
+    """Build the text encoder described by ``cfg`` (dispatch on the config type).
+
+    Args:
+        cfg: a :class:`TinyTextConfig` or :class:`HFTextConfig`.
+        vocab_size: the tokenizer's vocabulary size. It overrides ``cfg.vocab_size`` for the tiny
+            encoder; a pretrained BERT cannot be resized, so there it must not exceed the model's.
+    """
+    if isinstance(cfg, TinyTextConfig):
+        if vocab_size is not None:
+            cfg = dataclasses.replace(cfg, vocab_size=vocab_size)
+        return TinyTextTransformer(cfg)
+    if isinstance(cfg, HFTextConfig):
+        encoder = HFTextEncoder(
+            cfg.name_or_path, embed_dim=cfg.embed_dim, local_files_only=cfg.local_files_only
+        )
+        if vocab_size is not None and vocab_size > encoder.vocab_size:
+            raise ValueError(
+                f"tokenizer vocabulary ({vocab_size} ids) exceeds the text backbone's ({encoder.vocab_size})"
+            )
+        return encoder
+    raise TypeError(f"no text encoder for config type {type(cfg).__name__}")

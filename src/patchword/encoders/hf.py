@@ -1,0 +1,317 @@
+"""Adapters around Hugging Face backbones: ViT and Swin for images, BERT for text.
+
+They reproduce the official SEPS/LAPS feature path: ``last_hidden_state`` of the backbone followed by a
+linear projection (``Linear(768 -> 512)`` for ViT-B and BERT-base, ``Linear(1024 -> 512)`` for Swin-B).
+ViT outputs CLS plus patches, Swin only patches (its pooled output is not used), BERT every position
+with ``attention_mask = ids != 0``. The pooling layers are not built, so every parameter receives a
+gradient.
+
+``transformers`` is an optional dependency (``pip install patchword[hf]``); it is imported only when an
+adapter is built, so ``import patchword.encoders`` works without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+from patchword._validation import check_lengths
+from patchword.encoders.tiny import EncoderBase, padding_mask, projection
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
+
+__all__ = [
+    "HFTextConfig",
+    "HFTextEncoder",
+    "HFVisionConfig",
+    "HFVisionEncoder",
+    "require_transformers",
+    "resolve_pretrained",
+]
+
+logger = logging.getLogger(__name__)
+
+VisionKind = Literal["vit", "swin"]
+# Backbone class per ``model_type`` of a transformers config.
+_VISION_MODELS: Mapping[str, str] = {"vit": "ViTModel", "swin": "SwinModel"}
+_TEXT_MODELS: Mapping[str, str] = {"bert": "BertModel"}
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def require_transformers() -> ModuleType:
+    """Import and return ``transformers``, or raise an ImportError that says how to install it."""
+    try:
+        import transformers
+    except ImportError as err:
+        raise ImportError(
+            "the Hugging Face encoders and the BERT tokenizer need the optional dependency "
+            "'transformers': pip install patchword[hf]"
+        ) from err
+    return transformers
+
+
+def _looks_like_path(name: str) -> bool:
+    """Whether ``name`` can only be a filesystem path, never a hub id ("name" or "org/name")."""
+    return (
+        os.path.isabs(name)
+        or name.startswith((".", "~"))
+        or "\\" in name
+        or name.endswith("/")
+        or name.count("/") > 1
+    )
+
+
+def resolve_pretrained(
+    name_or_path: str | os.PathLike[str], *, required_file: str | None = "config.json"
+) -> str:
+    """Check a pretrained source before handing it to ``from_pretrained``, with errors that name it.
+
+    Args:
+        name_or_path: a local directory or a hub id such as ``"bert-base-uncased"``.
+        required_file: a file an existing local directory must hold (None: no check).
+
+    Returns:
+        The source as a string: an existing local directory, or a hub id.
+
+    Raises:
+        FileNotFoundError: the source is a path that does not exist, or a directory without
+            ``required_file``.
+        NotADirectoryError: the source is a file.
+    """
+    name = os.fspath(name_or_path)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if required_file is not None and not (path / required_file).is_file():
+            raise FileNotFoundError(
+                f"local model directory '{path}' has no {required_file}; expected the output of "
+                "save_pretrained() or a snapshot of a Hugging Face model repository"
+            )
+        return str(path)
+    if path.exists():
+        raise NotADirectoryError(f"'{path}' is a file; expected a model directory or a hub id")
+    if _looks_like_path(name):
+        raise FileNotFoundError(f"local model directory '{path}' does not exist")
+    return name
+
+
+@contextlib.contextmanager
+def _friendly_load_errors(name: str, local_files_only: bool) -> Iterator[None]:
+    """Re-raise transformers' lookup errors with the source name and the offline setting."""
+    try:
+        yield
+    except OSError as err:
+        if Path(name).is_dir():  # found, but incomplete (e.g. no weights file): keep the reason
+            raise OSError(f"could not load the local model directory '{name}': {err}") from err
+        where = (
+            "in the local Hugging Face cache (local_files_only=True; pass local_files_only=False to download)"
+            if local_files_only
+            else "on the Hugging Face hub"
+        )
+        raise OSError(
+            f"could not load '{name}': it is not an existing local directory and was not found {where}"
+        ) from err
+
+
+def _load_backbone(
+    source: str | os.PathLike[str] | PretrainedConfig,
+    models: Mapping[str, str],
+    kind: str | None,
+    local_files_only: bool,
+) -> tuple[PreTrainedModel, str]:
+    """Build a backbone from a transformers config (random init) or load pretrained weights.
+
+    Args:
+        source: a transformers config object, a local directory or a hub id.
+        models: supported ``model_type`` -> transformers class name.
+        kind: the expected ``model_type``; None accepts any in ``models``.
+        local_files_only: never download (passed to ``from_pretrained``).
+
+    Returns:
+        (model without pooling layer, its ``model_type``).
+    """
+    transformers = require_transformers()
+    if _is_config(source):
+        config, name = source, None
+    else:
+        name = resolve_pretrained(source)
+        with _friendly_load_errors(name, local_files_only):
+            config = transformers.AutoConfig.from_pretrained(name, local_files_only=local_files_only)
+    model_type = config.model_type
+    if model_type not in models:
+        raise ValueError(f"unsupported backbone model_type '{model_type}'; expected one of {sorted(models)}")
+    if kind is not None and kind != model_type:
+        raise ValueError(f"kind='{kind}' but the backbone config has model_type '{model_type}'")
+    model_cls = getattr(transformers, models[model_type])
+    if name is None:
+        return model_cls(config, add_pooling_layer=False), model_type
+    # The checkpoint's pooler weights are reported as unexpected and dropped: the pooled output is unused.
+    with _friendly_load_errors(name, local_files_only):
+        model = model_cls.from_pretrained(
+            name, config=config, add_pooling_layer=False, local_files_only=local_files_only
+        )
+    # transformers 5 loads weights in the checkpoint's dtype (4.x gave float32); keep float32 master
+    # weights like every other module and leave reduced precision to autocast.
+    model.float()
+    logger.info("loaded %s backbone from %s", model_type, name)
+    return model, model_type
+
+
+def _is_config(source: object) -> bool:
+    """Whether ``source`` is a transformers config object (build a randomly initialised backbone)."""
+    return isinstance(source, require_transformers().PretrainedConfig)
+
+
+def _pair(size: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+
+
+def _num_patches(config: PretrainedConfig, kind: str) -> int:
+    """Spatial output tokens for inputs of ``config.image_size``."""
+    (height, width), (ph, pw) = _pair(config.image_size), _pair(config.patch_size)
+    if kind == "vit":  # the patch convolution drops incomplete patches
+        return (height // ph) * (width // pw)
+    # Swin pads to whole patches, then every patch-merging stage halves the grid, padding odd sizes.
+    height, width = -(-height // ph), -(-width // pw)
+    for _ in range(len(config.depths) - 1):
+        height, width = -(-height // 2), -(-width // 2)
+    return height * width
+
+
+# --------------------------------------------------------------------------------------------------
+# Vision
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class HFVisionConfig:
+    """Configuration of :class:`HFVisionEncoder`."""
+
+    # a local directory, a hub id, or a transformers ViTConfig/SwinConfig for a randomly initialised model
+    name_or_path: str | os.PathLike[str] | PretrainedConfig = "google/vit-base-patch16-224-in21k"
+    kind: VisionKind | None = None  # "vit" or "swin"; None takes it from the checkpoint's config
+    embed_dim: int = 512  # output token width after the projection
+    local_files_only: bool = True  # never download; a hub id must already be in the local cache
+
+
+class HFVisionEncoder(EncoderBase):
+    """ViT or Swin from transformers, followed by a projection to ``embed_dim``.
+
+    Args:
+        backbone: a local directory, a hub id, or a ``ViTConfig``/``SwinConfig`` for random init.
+        kind: "vit" or "swin"; None infers it from the config. A mismatch raises ValueError.
+        embed_dim: output token width.
+        local_files_only: never download.
+
+    Attributes:
+        kind: "vit" or "swin".
+        has_cls: True for ViT (token 0 is CLS), False for Swin.
+        num_patches: spatial tokens for inputs of the configured image size (196 for ViT-B/16-224,
+            49 for Swin-B-224).
+    """
+
+    def __init__(
+        self,
+        backbone: str | os.PathLike[str] | PretrainedConfig,
+        *,
+        kind: VisionKind | None = None,
+        embed_dim: int = 512,
+        local_files_only: bool = True,
+    ) -> None:
+        super().__init__()
+        self.backbone, self.kind = _load_backbone(backbone, _VISION_MODELS, kind, local_files_only)
+        config = self.backbone.config
+        self.has_cls = self.kind == "vit"
+        self.num_patches = _num_patches(config, self.kind)
+        self.embed_dim = embed_dim
+        self.pretrained = not _is_config(backbone)
+        self.proj = projection(config.hidden_size, embed_dim)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Encode images.
+
+        Args:
+            images: (B, 3, H, W) float tensor, normalised as the backbone expects.
+
+        Returns:
+            (B, has_cls + num_patches, embed_dim) tokens, not normalised.
+        """
+        if images.dim() != 4:
+            raise ValueError(f"images must have shape (B, 3, H, W), got {tuple(images.shape)}")
+        return self.proj(self.backbone(pixel_values=images).last_hidden_state)
+
+
+# --------------------------------------------------------------------------------------------------
+# Text
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class HFTextConfig:
+    """Configuration of :class:`HFTextEncoder`."""
+
+    # a local directory, a hub id, or a transformers BertConfig for a randomly initialised model
+    name_or_path: str | os.PathLike[str] | PretrainedConfig = "bert-base-uncased"
+    embed_dim: int = 512  # output token width after the projection
+    local_files_only: bool = True  # never download; a hub id must already be in the local cache
+
+
+class HFTextEncoder(EncoderBase):
+    """BERT from transformers, followed by a projection to ``embed_dim``.
+
+    Args:
+        backbone: a local directory, a hub id, or a ``BertConfig`` for random init.
+        embed_dim: output token width.
+        local_files_only: never download.
+
+    Attributes:
+        vocab_size: number of token ids the embedding table accepts.
+        max_len: longest accepted sequence (BERT's position embeddings).
+    """
+
+    def __init__(
+        self,
+        backbone: str | os.PathLike[str] | PretrainedConfig,
+        *,
+        embed_dim: int = 512,
+        local_files_only: bool = True,
+    ) -> None:
+        super().__init__()
+        self.backbone, _ = _load_backbone(backbone, _TEXT_MODELS, None, local_files_only)
+        config = self.backbone.config
+        self.vocab_size = config.vocab_size
+        self.max_len = config.max_position_embeddings
+        self.embed_dim = embed_dim
+        self.pretrained = not _is_config(backbone)
+        self.proj = projection(config.hidden_size, embed_dim)
+
+    def forward(self, ids: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        """Encode token ids.
+
+        Args:
+            ids: (B, L) long token ids, padding id 0, L <= max_len.
+            lens: (B,) valid lengths including [CLS] and [SEP].
+
+        Returns:
+            (B, L, embed_dim) tokens, not normalised; values at padding positions are meaningless.
+        """
+        if ids.dim() != 2 or ids.shape[1] > self.max_len:
+            raise ValueError(f"ids must have shape (B, L) with L <= {self.max_len}, got {tuple(ids.shape)}")
+        lens = check_lengths(lens, "lens", size=ids.shape[0], max_len=ids.shape[1]).to(ids.device)
+        # The official mask is ids != 0; also masking positions >= lens makes the output independent of
+        # whatever a caller left in the padding.
+        attention_mask = (ids != 0) & ~padding_mask(lens, ids.shape[1])
+        hidden = self.backbone(input_ids=ids, attention_mask=attention_mask).last_hidden_state
+        return self.proj(hidden)

@@ -1,0 +1,268 @@
+"""From-scratch encoders small enough to train on a CPU, and the pieces every encoder shares.
+
+:class:`TinyViT` and :class:`TinyTextTransformer` follow the encoder contract of the pretrained
+adapters in :mod:`patchword.encoders.hf`, so a demo trained in minutes exercises exactly the code
+paths of a full SEPS run:
+
+- image encoders map (B, 3, H, W) images to (B, L_v, embed_dim) tokens, token 0 being CLS when
+  ``has_cls``; ``num_patches`` counts the spatial tokens;
+- text encoders map (B, L) ids and (B,) lengths to (B, L, embed_dim) tokens; lengths count every valid
+  position including [CLS]/[SEP], positions at or beyond the length are padding (id 0);
+- outputs are projected to ``embed_dim`` but not L2-normalised (the matcher normalises).
+
+This module has no optional dependencies: :class:`EncoderBase`, :func:`projection` and
+:func:`padding_mask` live here so that the Hugging Face adapters can reuse them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from patchword._validation import check_lengths
+
+__all__ = [
+    "EncoderBase",
+    "TinyTextConfig",
+    "TinyTextTransformer",
+    "TinyViT",
+    "TinyViTConfig",
+    "padding_mask",
+    "projection",
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared pieces
+# --------------------------------------------------------------------------------------------------
+
+
+class EncoderBase(nn.Module):
+    """Base class of every encoder: output width, pretrained flag and optimiser parameter groups.
+
+    Subclasses assign ``self.proj`` (the final projection to ``embed_dim``); everything else is the
+    backbone. The official recipe trains pretrained backbones at a tenth of the head learning rate, so
+    the trainer needs the two groups separately.
+
+    Attributes:
+        embed_dim: width of the output tokens.
+        pretrained: True when the backbone weights were loaded from a checkpoint (the trainer applies
+            the reduced backbone learning rate only then).
+    """
+
+    embed_dim: int
+    pretrained: bool = False
+    proj: nn.Module
+
+    def head_parameters(self) -> Iterator[nn.Parameter]:
+        """Parameters of the output projection (empty when it is ``nn.Identity``)."""
+        return self.proj.parameters()
+
+    def backbone_parameters(self) -> Iterator[nn.Parameter]:
+        """Every parameter that is not in :meth:`head_parameters`."""
+        head = {id(p) for p in self.head_parameters()}
+        return (p for p in self.parameters() if id(p) not in head)
+
+
+def projection(in_dim: int, out_dim: int) -> nn.Module:
+    """The linear map from backbone width to ``embed_dim``, ``nn.Identity`` when the widths match.
+
+    This mirrors the official SEPS heads (``Linear(768 -> 512)`` after ViT and BERT).
+    """
+    return nn.Identity() if in_dim == out_dim else nn.Linear(in_dim, out_dim)
+
+
+def padding_mask(lens: torch.Tensor, length: int) -> torch.Tensor:
+    """(B,) valid lengths -> (B, length) bool mask, True at padding positions (PyTorch's convention)."""
+    positions = torch.arange(length, device=lens.device)
+    return positions.unsqueeze(0) >= lens.unsqueeze(1)
+
+
+class _TransformerStack(nn.Module):
+    """Pre-norm transformer blocks followed by a final LayerNorm.
+
+    The blocks are kept in a ``ModuleList`` rather than an ``nn.TransformerEncoder``: the latter turns
+    padded batches into nested tensors in eval mode and warns that ``norm_first`` disables that path.
+    A single ``TransformerEncoderLayer`` may still take PyTorch's fused inference path; with a key
+    padding mask it gives the same valid-position outputs as the training path (tested).
+    """
+
+    def __init__(self, width: int, depth: int, heads: int, mlp_ratio: float, dropout: float) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.TransformerEncoderLayer(
+                d_model=width,
+                nhead=heads,
+                dim_feedforward=int(width * mlp_ratio),
+                dropout=dropout,
+                activation="gelu",
+                batch_first=True,
+                norm_first=True,
+            )
+            for _ in range(depth)
+        )
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, L, width) -> (B, L, width); ``key_padding_mask`` (B, L) is True at padding."""
+        for block in self.blocks:
+            x = block(x, src_key_padding_mask=key_padding_mask)
+        return self.norm(x)
+
+
+def _init_weights(module: nn.Module) -> None:
+    """timm-style init: truncated normal (std 0.02) for linear maps and embeddings, zero biases."""
+    if isinstance(module, nn.Linear):
+        nn.init.trunc_normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.MultiheadAttention):
+        # The packed q/k/v projection is a bare Parameter, not an nn.Linear.
+        nn.init.trunc_normal_(module.in_proj_weight, std=0.02)
+        nn.init.zeros_(module.in_proj_bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.trunc_normal_(module.weight, std=0.02)
+
+
+# --------------------------------------------------------------------------------------------------
+# Image
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TinyViTConfig:
+    """Hyper-parameters of :class:`TinyViT`."""
+
+    image_size: int = 64  # input height and width in pixels (square images)
+    patch_size: int = 8  # side of a square patch; image_size must be a multiple of it
+    width: int = 128  # transformer hidden size
+    depth: int = 4  # number of transformer blocks
+    heads: int = 4  # attention heads per block; must divide width
+    mlp_ratio: float = 4.0  # feed-forward hidden size as a multiple of width
+    embed_dim: int = 256  # output token width after the projection
+    dropout: float = 0.0  # dropout after the position embedding and inside every block
+
+
+class TinyViT(EncoderBase):
+    """A small Vision Transformer: CLS token plus one token per patch.
+
+    Args:
+        cfg: hyper-parameters; defaults to ``TinyViTConfig()``.
+
+    Attributes:
+        num_patches: spatial tokens, ``(image_size // patch_size) ** 2``.
+        has_cls: always True; token 0 of the output is CLS.
+    """
+
+    has_cls = True
+
+    def __init__(self, cfg: TinyViTConfig | None = None) -> None:
+        super().__init__()
+        cfg = cfg or TinyViTConfig()
+        if cfg.image_size % cfg.patch_size:
+            raise ValueError(
+                f"image_size ({cfg.image_size}) must be a multiple of patch_size ({cfg.patch_size})"
+            )
+        self.cfg = cfg
+        self.embed_dim = cfg.embed_dim
+        self.num_patches = (cfg.image_size // cfg.patch_size) ** 2
+        self.patch_embed = nn.Conv2d(3, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.width))
+        self.pos_embed = nn.Parameter(torch.zeros(1, 1 + self.num_patches, cfg.width))
+        self.pos_drop = nn.Dropout(cfg.dropout)
+        self.encoder = _TransformerStack(cfg.width, cfg.depth, cfg.heads, cfg.mlp_ratio, cfg.dropout)
+        self.proj = projection(cfg.width, cfg.embed_dim)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Re-initialise every weight (patch embedding keeps PyTorch's default conv init, as timm)."""
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        self.apply(_init_weights)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Encode images.
+
+        Args:
+            images: (B, 3, image_size, image_size) float tensor.
+
+        Returns:
+            (B, 1 + num_patches, embed_dim) tokens, CLS first, not normalised.
+        """
+        size = self.cfg.image_size
+        if images.dim() != 4 or tuple(images.shape[1:]) != (3, size, size):
+            raise ValueError(f"images must have shape (B, 3, {size}, {size}), got {tuple(images.shape)}")
+        x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (B, N, width)
+        cls = self.cls_token.expand(x.shape[0], -1, -1)
+        x = self.pos_drop(torch.cat([cls, x], dim=1) + self.pos_embed)
+        return self.proj(self.encoder(x))
+
+
+# --------------------------------------------------------------------------------------------------
+# Text
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TinyTextConfig:
+    """Hyper-parameters of :class:`TinyTextTransformer`."""
+
+    vocab_size: int  # number of token ids; id 0 is padding
+    max_len: int = 64  # longest accepted sequence, [CLS] and [SEP] included
+    width: int = 128  # transformer hidden size
+    depth: int = 2  # number of transformer blocks
+    heads: int = 4  # attention heads per block; must divide width
+    mlp_ratio: float = 4.0  # feed-forward hidden size as a multiple of width
+    embed_dim: int = 256  # output token width after the projection
+    dropout: float = 0.0  # dropout after the embeddings and inside every block
+
+
+class TinyTextTransformer(EncoderBase):
+    """A small bidirectional text transformer with learned position embeddings.
+
+    Padding positions are excluded from attention, so the outputs at valid positions do not depend on
+    how much padding follows them.
+
+    Args:
+        cfg: hyper-parameters.
+    """
+
+    def __init__(self, cfg: TinyTextConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_dim = cfg.embed_dim
+        self.token_embed = nn.Embedding(cfg.vocab_size, cfg.width)
+        self.pos_embed = nn.Parameter(torch.zeros(1, cfg.max_len, cfg.width))
+        self.embed_drop = nn.Dropout(cfg.dropout)
+        self.encoder = _TransformerStack(cfg.width, cfg.depth, cfg.heads, cfg.mlp_ratio, cfg.dropout)
+        self.proj = projection(cfg.width, cfg.embed_dim)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Re-initialise every weight."""
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        self.apply(_init_weights)
+
+    def forward(self, ids: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        """Encode token ids.
+
+        Args:
+            ids: (B, L) long token ids, L <= max_len.
+            lens: (B,) valid lengths, 1 <= lens <= L.
+
+        Returns:
+            (B, L, embed_dim) tokens, not normalised; values at padding positions are finite but
+            meaningless.
+        """
+        if ids.dim() != 2 or ids.shape[1] > self.cfg.max_len:
+            raise ValueError(
+                f"ids must have shape (B, L) with L <= {self.cfg.max_len}, got {tuple(ids.shape)}"
+            )
+        length = ids.shape[1]
+        # min_len=1 keeps at least one key per row: a fully masked row would make attention NaN.
+        lens = check_lengths(lens, "lens", size=ids.shape[0], max_len=length).to(ids.device)
+        x = self.embed_drop(self.token_embed(ids) + self.pos_embed[:, :length])
+        return self.proj(self.encoder(x, key_padding_mask=padding_mask(lens, length)))

@@ -1,0 +1,19 @@
+"""Fine-grained similarity heads behind one contract (see :class:`~patchword.matching.base.Matcher`)."""
+
+from patchword.matching.base import Matcher, MatcherOutput
+from patchword.matching.registry import build_matcher, list_matchers, matcher_config_class, register_matcher
+from patchword.matching.seps import SEPSConfig, SEPSMatcher
+from patchword.matching.vse import VSEConfig, VSEMatcher
+
+__all__ = [
+    "Matcher",
+    "MatcherOutput",
+    "SEPSConfig",
+    "SEPSMatcher",
+    "VSEConfig",
+    "VSEMatcher",
+    "build_matcher",
+    "list_matchers",
+    "matcher_config_class",
+    "register_matcher",
+]

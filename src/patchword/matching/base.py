@@ -1,0 +1,75 @@
+"""The matcher contract shared by every fine-grained similarity head."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from patchword._validation import check_lengths, check_tensor
+from patchword.matching.ops import l2norm, masked_mean
+
+__all__ = ["MatcherOutput", "Matcher"]
+
+
+@dataclass
+class MatcherOutput:
+    """What a matcher returns.
+
+    Attributes:
+        sims: (B_v, B_t) image-caption similarity, float32.
+        decisions: patch-selection decision masks, one per selection branch, each (B_v, B_t, N) or
+            (B_v, 1, N) when the branch depends only on the image. Forward values are the hard {0, 1}
+            masks; they carry a gradient only for differentiable (Gumbel straight-through) decisions.
+            Empty for matchers without patch selection.
+    """
+
+    sims: torch.Tensor
+    decisions: list[torch.Tensor] = field(default_factory=list)
+
+
+class Matcher(nn.Module):
+    """Base class: input validation and global embeddings for two-stage search.
+
+    Subclasses implement ``forward(img_tokens, cap_tokens, cap_lens, dense_tokens=None, dense_lens=None)``
+    returning :class:`MatcherOutput`. Image tokens are projected but not L2-normalised; token 0 is CLS
+    when ``has_cls``. Caption lengths count every valid position including [CLS]/[SEP].
+    """
+
+    embed_dim: int
+    has_cls: bool = False
+
+    def validate_image_tokens(self, img_tokens: torch.Tensor, num_tokens: int | None = None) -> None:
+        check_tensor(img_tokens, "img_tokens", shape=(None, num_tokens, self.embed_dim))
+
+    def validate_text(
+        self, tokens: torch.Tensor, lens: object, name: str = "cap_tokens", batch: int | None = None
+    ) -> torch.Tensor:
+        """Check (B, L, C) text tokens and their (B,) lengths; return the lengths as int64."""
+        check_tensor(tokens, name, shape=(batch, None, self.embed_dim))
+        lens_name = name.replace("_tokens", "_lens")
+        lens = check_lengths(lens, lens_name, size=tokens.shape[0], max_len=tokens.shape[1])
+        return lens.to(tokens.device)
+
+    def global_image(self, img_tokens: torch.Tensor) -> torch.Tensor:
+        """(B_v, L_v, C) tokens -> (B_v, C) L2-normalised global image embedding (CLS, else mean)."""
+        self.validate_image_tokens(img_tokens)
+        pooled = img_tokens[:, 0] if self.has_cls else img_tokens.mean(dim=1)
+        return l2norm(pooled.float())
+
+    def global_text(self, cap_tokens: torch.Tensor, cap_lens: object) -> torch.Tensor:
+        """(B_t, L_t, C) tokens and (B_t,) lengths -> (B_t, C) L2-normalised mean over valid tokens."""
+        lens = self.validate_text(cap_tokens, cap_lens)
+        return l2norm(masked_mean(cap_tokens.float(), lens))
+
+    def global_embed(
+        self, img_tokens: torch.Tensor, cap_tokens: torch.Tensor, cap_lens: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Global embeddings for the first stage of two-stage search.
+
+        Returns:
+            ((B_v, C), (B_t, C)) L2-normalised image and caption embeddings; their dot product is the
+            global similarity.
+        """
+        return self.global_image(img_tokens), self.global_text(cap_tokens, cap_lens)

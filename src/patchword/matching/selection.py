@@ -1,0 +1,137 @@
+"""Text-aware patch selection (LAPS "LPS", SEPS "SDTPS"): scores, top-K decisions, fusion weights."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from patchword.matching.ops import l2norm, masked_softmax, minmax_normalise
+
+__all__ = ["PatchScorer", "image_saliency", "text_relevance", "topk_decisions", "fusion_weights"]
+
+
+class PatchScorer(nn.Module):
+    """Paper Eq. (1): learned patch importance s_p = sigmoid(MLP(v)), MLP = C -> C/4 -> 1."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(dim, dim // 4), nn.GELU(), nn.Linear(dim // 4, 1))
+
+    def forward(self, patches: torch.Tensor) -> torch.Tensor:
+        """(B_v, N, C) raw patches -> (B_v, N) scores in (0, 1)."""
+        return torch.sigmoid(self.mlp(patches).squeeze(-1))
+
+
+def image_saliency(patches: torch.Tensor, patches_unit: torch.Tensor) -> torch.Tensor:
+    """s_im: cosine between each patch and the image's mean patch.
+
+    The mean is over the raw (un-normalised) patches, as in the official code.
+
+    Args:
+        patches: (B_v, N, C) raw patches.
+        patches_unit: (B_v, N, C) the same, L2-normalised.
+
+    Returns:
+        (B_v, N) saliency.
+    """
+    centre = l2norm(patches.mean(dim=1))
+    return torch.einsum("vnc,vc->vn", patches_unit, centre)
+
+
+def text_relevance(patches_unit: torch.Tensor, guide: torch.Tensor, per_image: bool) -> torch.Tensor:
+    """s_t: cosine between each patch and a text's global vector.
+
+    Args:
+        patches_unit: (B_v, N, C) L2-normalised patches.
+        guide: L2-normalised global text vectors, (T, C) one per caption, or (B_v, C) one per image when
+            ``per_image`` (dense text tied to the candidate image).
+
+    Returns:
+        (B_v, T, N), or (B_v, 1, N) when ``per_image``.
+    """
+    if per_image:
+        return torch.einsum("vnc,vc->vn", patches_unit, guide)[:, None]
+    return torch.einsum("vnc,tc->vtn", patches_unit, guide)
+
+
+def combine_paper_scores(
+    s_pred: torch.Tensor, s_im: torch.Tensor, s_texts: list[torch.Tensor], beta: float
+) -> torch.Tensor:
+    """Paper Eq. (3) with min-max normalised attention terms (Eq. 2).
+
+    score = (1 - 2 beta) s_p + beta (sum of normalised text terms + 2 s_im) / (#text terms / 2):
+    the text terms always carry a total weight of 2 beta, so one guiding text (a single branch) gets
+    2 beta and Eq. (3)'s joint sparse + dense score gets beta each.
+
+    Args:
+        s_pred: (B_v, N) learned scores.
+        s_im: (B_v, N) image saliency.
+        s_texts: text relevance terms, each (B_v, T, N) or (B_v, 1, N).
+        beta: the attention weight beta.
+
+    Returns:
+        (B_v, T', N) combined score, T' the broadcast of the text terms.
+    """
+    text = sum(minmax_normalise(s) for s in s_texts) * (2.0 / len(s_texts))
+    return (1 - 2 * beta) * s_pred[:, None] + beta * (text + 2 * minmax_normalise(s_im)[:, None])
+
+
+def topk_decisions(
+    score: torch.Tensor,
+    k: int,
+    *,
+    gumbel: bool = False,
+    tau: float = 1.0,
+    sample: bool = False,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Keep the K highest-scoring patches.
+
+    With ``gumbel`` the decision is a straight-through estimator: its forward value is the hard top-K
+    mask, its gradient that of a relaxed keep probability
+    ``sigmoid((score - threshold + noise) / tau)``, where the threshold lies halfway between the K-th
+    and (K+1)-th scores (so the relaxation agrees with the hard mask) and ``noise`` is the difference of
+    two Gumbel samples (logistic noise) when ``sample`` is set (training).
+
+    Args:
+        score: (B_v, T, N) selection scores.
+        k: number of patches to keep, 1 <= k <= N.
+
+    Returns:
+        keep: (B_v, T, N) bool hard mask.
+        decision: (B_v, T, N) float mask (hard forward values; differentiable iff ``gumbel``).
+        soft: (B_v, T, N) relaxed keep probabilities, or None without ``gumbel``.
+    """
+    n = score.shape[-1]
+    top = score.topk(min(k + 1, n), dim=-1)
+    keep = torch.zeros_like(score, dtype=torch.bool).scatter_(-1, top.indices[..., :k], True)
+    hard = keep.to(score.dtype)
+    if not gumbel:
+        return keep, hard, None
+    # Halfway between the last kept and the first dropped score; keeping everything puts it below all.
+    kth = top.values[..., k - 1]
+    threshold = 0.5 * (kth + top.values[..., k]) if k < n else kth - 1.0
+    logits = score - threshold.detach()[..., None]
+    if sample:
+        u = torch.rand(score.shape + (2,), generator=generator, device=score.device, dtype=score.dtype)
+        exponential = -torch.log(u.clamp_min(1e-9))
+        gumbel_noise = -torch.log(exponential.clamp_min(1e-9))
+        logits = logits + (gumbel_noise[..., 0] - gumbel_noise[..., 1])
+    soft = torch.sigmoid(logits / tau)
+    # (soft - soft.detach()) is exactly zero, so the forward value is exactly the hard mask.
+    return keep, hard + (soft - soft.detach()), soft
+
+
+def fusion_weights(score: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Weights of the fusion ("extra") token: softmax of the raw scores over the dropped patches.
+
+    Args:
+        score: (B_v, T, N) selection scores (no temperature, as in the official code).
+        keep: (B_v, T, N) bool hard mask.
+
+    Returns:
+        (B_v, T, N) weights, zero on kept patches, summing to 1 over dropped ones (all zero if none are
+        dropped).
+    """
+    weights = masked_softmax(score, ~keep, dim=-1)
+    return torch.nan_to_num(weights, nan=0.0)

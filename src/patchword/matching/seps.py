@@ -1,0 +1,329 @@
+"""SEPS (ICLR 2026) and LAPS (CVPR 2024): text-aware patch slimming plus patch-word alignment.
+
+Two presets of independent switches (``variant``):
+
+========================  =====================================  =========================================
+switch                    ``variant="code"`` (official SEPS)     ``variant="paper"`` (Eqs. 1-5, 7)
+========================  =====================================  =========================================
+``score_mode``            ``"sum"``: s_im + s_t, no gradient     ``"predictor"``: (1-2b) s_p + b (...)
+``dense_mode``            ``"branch"``: own selection + HRPA,    ``"guide"``: dense text guides selection
+                          sims summed                            and aggregation; alignment uses the caption
+``aggregation``           ``"shared"``: one TokenAggregation     ``"dual"``: W_s and W_d, summed (Eq. 4)
+``hrpa_topk``             0 (mean terms only)                    5 (adds MLP(TopK) per direction)
+``similarity``            ``"leaky_relu"`` (slope 0.1)           ``"cosine"``
+``gumbel``                False (hard top-K)                     True (straight-through decisions)
+``ratio_mode``            ``"sum_masks"``                        ``"per_branch"``
+========================  =====================================  =========================================
+
+Any switch can be set explicitly to mix the two (ablations). ``dense_pairing`` decides which dense
+caption a pair uses: ``"image"`` (default, leak-free) the candidate image's own; ``"caption"`` (official
+protocol, leaky) the one of the caption's ground-truth image.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+from patchword.matching.aggregation import TokenAggregation
+from patchword.matching.base import Matcher, MatcherOutput
+from patchword.matching.hrpa import HRPA
+from patchword.matching.ops import l2norm, masked_mean
+from patchword.matching.registry import register_matcher
+from patchword.matching.selection import (
+    PatchScorer,
+    combine_paper_scores,
+    fusion_weights,
+    image_saliency,
+    text_relevance,
+    topk_decisions,
+)
+
+__all__ = ["SEPSConfig", "SEPSMatcher", "VARIANT_PRESETS"]
+
+VARIANT_PRESETS = {
+    "code": dict(
+        score_mode="sum",
+        dense_mode="branch",
+        aggregation="shared",
+        hrpa_topk=0,
+        similarity="leaky_relu",
+        gumbel=False,
+        ratio_mode="sum_masks",
+    ),
+    "paper": dict(
+        score_mode="predictor",
+        dense_mode="guide",
+        aggregation="dual",
+        hrpa_topk=5,
+        similarity="cosine",
+        gumbel=True,
+        ratio_mode="per_branch",
+    ),
+}
+_CHOICES = {
+    "variant": ("code", "paper"),
+    "dense_pairing": ("image", "caption"),
+    "score_mode": ("sum", "predictor"),
+    "dense_mode": ("branch", "guide"),
+    "aggregation": ("shared", "dual"),
+    "similarity": ("leaky_relu", "cosine"),
+    "ratio_mode": ("sum_masks", "per_branch"),
+}
+
+
+@dataclass
+class SEPSConfig:
+    """Every constructor argument of :class:`SEPSMatcher`; ``None`` switches take the variant's value."""
+
+    embed_dim: int = 512  # C, width of the projected tokens
+    num_patches: int = 196  # N spatial tokens (CLS excluded): 196 ViT-B/16-224, 49 Swin-B-224
+    has_cls: bool = True  # token 0 of img_tokens is CLS (ViT); Swin has none
+    sparse_ratio: float = 0.5  # rho: K = ceil(N * rho) patches kept
+    aggr_ratio: float = 0.4  # N_c = int(N * aggr_ratio * rho) aggregated tokens
+    variant: str = "code"  # preset of the switches below: "code" (official SEPS) or "paper"
+    dense_pairing: str = "image"  # "image" (leak-free) or "caption" (official protocol, leaky)
+    detach_selection: bool = False  # True reproduces the official no_grad around selection
+    use_dense: bool = True  # False: ignore dense text even if given (LAPS)
+    score_mode: str | None = None  # "sum" | "predictor"
+    dense_mode: str | None = None  # "branch" | "guide"
+    aggregation: str | None = None  # "shared" | "dual"
+    hrpa_topk: int | None = None  # k of the HRPA TopK-MLP terms; 0 disables them
+    similarity: str | None = None  # "leaky_relu" | "cosine" on the patch-word matrix
+    leaky_slope: float = 0.1  # negative slope when similarity == "leaky_relu"
+    gumbel: bool | None = None  # straight-through relaxed decisions
+    gumbel_tau: float = 1.0  # temperature of the relaxed decisions
+    ratio_mode: str | None = None  # "sum_masks" | "per_branch" (how RatioLoss combines branches)
+    beta: float = 0.25  # paper Eq. (3) attention weight
+    joint_score: bool = False  # paper Eq. (3) literally: both branches score with s_st + s_dt together
+    caption_chunk: int = 0  # score at most this many captions at a time in eval (0 = all)
+
+    def resolved(self) -> SEPSConfig:
+        """A copy with every ``None`` switch filled from the variant preset, validated."""
+        if self.variant not in VARIANT_PRESETS:
+            raise ValueError(f"variant must be one of {_CHOICES['variant']}, got {self.variant!r}")
+        preset = VARIANT_PRESETS[self.variant]
+        cfg = replace(self, **{k: v for k, v in preset.items() if getattr(self, k) is None})
+        for name, allowed in _CHOICES.items():
+            if getattr(cfg, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(cfg, name)!r}")
+        if not 0 < cfg.sparse_ratio <= 1 or not 0 < cfg.aggr_ratio <= 1:
+            raise ValueError("sparse_ratio and aggr_ratio must lie in (0, 1]")
+        if cfg.num_keep < 1 or cfg.num_aggregated < 1:
+            raise ValueError(
+                f"num_patches={cfg.num_patches} with sparse_ratio={cfg.sparse_ratio} and "
+                f"aggr_ratio={cfg.aggr_ratio} leaves K={cfg.num_keep}, N_c={cfg.num_aggregated} tokens"
+            )
+        return cfg
+
+    @property
+    def num_keep(self) -> int:
+        """K = ceil(N * rho) selected patches."""
+        return math.ceil(self.num_patches * self.sparse_ratio)
+
+    @property
+    def num_aggregated(self) -> int:
+        """N_c = int(N * aggr_ratio * rho) aggregated tokens (the official expression)."""
+        return int(self.num_patches * self.aggr_ratio * self.sparse_ratio)
+
+
+@dataclass
+class _Branch:
+    """One selection branch for a block of captions; tensors are (B_v, T, ...), T = captions or 1."""
+
+    keep: torch.Tensor  # (B_v, T, N) bool
+    decision: torch.Tensor  # (B_v, T, N) float, straight-through when Gumbel
+    soft: torch.Tensor | None  # (B_v, T, N) relaxed keep probabilities
+    aggregated: torch.Tensor  # (B_v, T, N_c, C)
+    extra: torch.Tensor  # (B_v, T, C)
+
+
+@register_matcher("seps", SEPSConfig)
+@register_matcher("laps", SEPSConfig, use_dense=False)
+class SEPSMatcher(Matcher):
+    """SEPS / LAPS similarity head over projected image and text tokens.
+
+    ``forward(img_tokens (B_v, L_v, C), cap_tokens (B_t, L_t, C), cap_lens (B_t,), dense_tokens,
+    dense_lens)`` with dense tokens (B_v, L_d, C) for ``dense_pairing="image"`` or (B_t, L_d, C) for
+    ``"caption"``. Returns :class:`MatcherOutput` with (B_v, B_t) sims and the selection decisions.
+
+    All pairs are scored at once: per-image work (saliency, aggregation logits, score predictor) is done
+    once per image and the caption-dependent selection enters as masks, which equals the official
+    per-caption loop (see ``tests/reference_seps.py``).
+    """
+
+    def __init__(self, config: SEPSConfig) -> None:
+        super().__init__()
+        cfg = config.resolved()
+        self.config = cfg
+        self.embed_dim = cfg.embed_dim
+        self.has_cls = cfg.has_cls
+        self.num_keep = cfg.num_keep
+        self.ratio_mode = cfg.ratio_mode
+        self.aggr_net = TokenAggregation(cfg.embed_dim, cfg.num_aggregated)
+        # Dual aggregation (paper Eq. 4) gives the dense-guided selection its own weights W_d.
+        self.aggr_net_dense = (
+            TokenAggregation(cfg.embed_dim, cfg.num_aggregated) if cfg.aggregation == "dual" else None
+        )
+        self.scorer = PatchScorer(cfg.embed_dim) if cfg.score_mode == "predictor" else None
+        self.hrpa = HRPA(cfg.leaky_slope if cfg.similarity == "leaky_relu" else None, cfg.hrpa_topk)
+
+    # ------------------------------------------------------------------ public API
+    def forward(
+        self,
+        img_tokens: torch.Tensor,
+        cap_tokens: torch.Tensor,
+        cap_lens: torch.Tensor,
+        dense_tokens: torch.Tensor | None = None,
+        dense_lens: torch.Tensor | None = None,
+    ) -> MatcherOutput:
+        cfg = self.config
+        self.validate_image_tokens(img_tokens, cfg.num_patches + int(cfg.has_cls))
+        cap_lens = self.validate_text(cap_tokens, cap_lens)
+        if not cfg.use_dense:
+            dense_tokens = None
+        if dense_tokens is not None:
+            expected = img_tokens.shape[0] if cfg.dense_pairing == "image" else cap_tokens.shape[0]
+            dense_lens = self.validate_text(dense_tokens, dense_lens, "dense_tokens", batch=expected)
+        img = _ImageCache.build(self, img_tokens)
+        image_dense = None
+        if dense_tokens is not None and cfg.dense_pairing == "image":
+            image_dense = self._image_tied_dense(img, dense_tokens, dense_lens)
+
+        chunk = cap_tokens.shape[0] if self.training or cfg.caption_chunk <= 0 else cfg.caption_chunk
+        sims, decisions = [], []
+        for start in range(0, cap_tokens.shape[0], chunk):
+            part = slice(start, start + chunk)
+            if image_dense is not None:
+                dense = image_dense
+            elif dense_tokens is not None:
+                dense = self._caption_tied_dense(img, dense_tokens[part], dense_lens[part])
+            else:
+                dense = None
+            block_sims, block_decisions = self._score_block(img, cap_tokens[part], cap_lens[part], dense)
+            sims.append(block_sims)
+            decisions.append(block_decisions)
+        decisions = [torch.cat(branch, dim=1) for branch in zip(*decisions, strict=True)]
+        if image_dense is not None and image_dense.branch is not None:
+            decisions.append(image_dense.branch.decision)  # (B_v, 1, N): depends on the image only
+        return MatcherOutput(sims=torch.cat(sims, dim=1).float(), decisions=decisions)
+
+    # ------------------------------------------------------------------ internals
+    def _image_tied_dense(self, img: _ImageCache, tokens: torch.Tensor, lens: torch.Tensor) -> _DenseText:
+        """Dense text of each candidate image: its selection (and in "branch" mode its whole score) is
+        a per-image quantity, computed once instead of once per caption."""
+        cfg = self.config
+        words = l2norm(tokens)
+        relevance = text_relevance(img.patches_unit, l2norm(masked_mean(tokens, lens)), per_image=True)
+        dense = _DenseText(relevance, words, lens)
+        if cfg.dense_mode == "guide" and cfg.joint_score:
+            return dense  # the joint score mixes in the caption: selection stays per pair
+        dense.branch = self._select(img, [relevance], self.aggr_net_dense or self.aggr_net)
+        if cfg.dense_mode == "branch":
+            tokens_d = self._final_tokens(img, dense.branch.aggregated, dense.branch.extra)  # (B_v, 1, M, C)
+            # Pair image v with its own description only: treat the B_v descriptions as "captions".
+            dense.sims = self.hrpa(tokens_d.transpose(0, 1), words, lens).transpose(0, 1)  # (B_v, 1)
+        return dense
+
+    def _caption_tied_dense(self, img: _ImageCache, tokens: torch.Tensor, lens: torch.Tensor) -> _DenseText:
+        """Dense text of each caption's ground-truth image (official protocol): a per-pair quantity."""
+        relevance = text_relevance(img.patches_unit, l2norm(masked_mean(tokens, lens)), per_image=False)
+        return _DenseText(relevance, l2norm(tokens), lens)
+
+    def _score_block(
+        self, img: _ImageCache, cap_tokens: torch.Tensor, cap_lens: torch.Tensor, dense: _DenseText | None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Score all images against a block of T captions: (B_v, T) sims and per-pair decisions."""
+        cfg = self.config
+        words = l2norm(cap_tokens)
+        s_sparse = text_relevance(img.patches_unit, l2norm(masked_mean(cap_tokens, cap_lens)), False)
+        aggr_dense = self.aggr_net_dense or self.aggr_net
+        if dense is not None and cfg.dense_mode == "guide":
+            joint = [s_sparse, dense.relevance]
+            b_s = self._select(img, joint if cfg.joint_score else [s_sparse], self.aggr_net)
+            b_d = dense.branch or self._select(
+                img, joint if cfg.joint_score else [dense.relevance], aggr_dense
+            )
+            tokens = self._final_tokens(img, b_s.aggregated + b_d.aggregated, 0.5 * (b_s.extra + b_d.extra))
+            decisions = [b_s.decision] if dense.branch is not None else [b_s.decision, b_d.decision]
+            return self.hrpa(tokens, words, cap_lens), decisions
+
+        b_s = self._select(img, [s_sparse], self.aggr_net)
+        sims = self.hrpa(self._final_tokens(img, b_s.aggregated, b_s.extra), words, cap_lens)
+        if dense is None:
+            return sims, [b_s.decision]
+        if dense.sims is not None:
+            return sims + dense.sims, [b_s.decision]
+        # "branch" mode with caption-tied dense text: its own selection and alignment, sims added.
+        b_d = self._select(img, [dense.relevance], aggr_dense)
+        sims_d = self.hrpa(self._final_tokens(img, b_d.aggregated, b_d.extra), dense.words, dense.lens)
+        return sims + sims_d, [b_s.decision, b_d.decision]
+
+    def _select(self, img: _ImageCache, text_terms: list[torch.Tensor], aggr: TokenAggregation) -> _Branch:
+        """Score, select, aggregate and fuse patches for every pair (B_v, T) of the block."""
+        cfg = self.config
+        if cfg.score_mode == "sum":
+            # Official code: s_im + s_t, computed without gradient.
+            score = (img.saliency[:, None] + sum(text_terms)).detach()
+        else:
+            score = combine_paper_scores(img.predicted, img.saliency, text_terms, cfg.beta)
+        keep, decision, soft = topk_decisions(
+            score, self.num_keep, gumbel=cfg.gumbel, tau=cfg.gumbel_tau, sample=self.training
+        )
+        # Multiplying by the decision is the identity in the forward pass (it is 1 on kept patches); it
+        # routes the straight-through gradient to the scores when decisions are differentiable.
+        weights = aggr.weights(img.aggr_logits[id(aggr)], keep) * decision[..., None]
+        aggregated = torch.einsum("vtnk,vnc->vtkc", weights, img.patches_sel)
+        fuse = fusion_weights(score, keep) * (1.0 - decision)
+        extra = torch.einsum("vtn,vnc->vtc", fuse, img.patches_sel)
+        return _Branch(keep, decision, soft, aggregated, extra)
+
+    def _final_tokens(self, img: _ImageCache, aggregated: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+        """[CLS]? + aggregated + extra, L2-normalised only now: (B_v, T, N_c + 1 + has_cls, C)."""
+        parts = [aggregated, extra[:, :, None]]
+        if img.cls is not None:
+            parts.insert(0, img.cls[:, None, None].expand(-1, aggregated.shape[1], -1, -1))
+        return l2norm(torch.cat(parts, dim=2))
+
+
+@dataclass
+class _DenseText:
+    """Dense captions prepared for one caption block."""
+
+    relevance: torch.Tensor  # (B_v, 1, N) image-tied or (B_v, T, N) caption-tied s_dt
+    words: torch.Tensor  # (B_v | T, L_d, C) L2-normalised dense tokens
+    lens: torch.Tensor  # (B_v | T,) valid dense lengths
+    branch: _Branch | None = None  # image-tied selection, shared by every caption
+    sims: torch.Tensor | None = None  # (B_v, 1) image-tied "branch"-mode dense score
+
+
+@dataclass
+class _ImageCache:
+    """Per-image tensors computed once per forward and shared by every caption block."""
+
+    cls: torch.Tensor | None  # (B_v, C) raw CLS token
+    patches_sel: torch.Tensor  # (B_v, N, C) raw patches feeding selection (detached if configured)
+    patches_unit: torch.Tensor  # (B_v, N, C) L2-normalised patches
+    saliency: torch.Tensor  # (B_v, N) s_im
+    predicted: torch.Tensor | None  # (B_v, N) s_p (paper score predictor)
+    aggr_logits: dict[int, torch.Tensor]  # id(TokenAggregation) -> (B_v, N, N_c)
+
+    @classmethod
+    def build(cls, matcher: SEPSMatcher, img_tokens: torch.Tensor) -> _ImageCache:
+        has_cls = matcher.config.has_cls
+        patches = img_tokens[:, int(has_cls) :]
+        # detach_selection reproduces the official torch.no_grad() around TokenSparse: selected and
+        # fusion tokens carry no gradient to the image encoder (CLS still does).
+        patches_sel = patches.detach() if matcher.config.detach_selection else patches
+        patches_unit = l2norm(patches_sel)
+        nets = [net for net in (matcher.aggr_net, matcher.aggr_net_dense) if net is not None]
+        return cls(
+            cls=img_tokens[:, 0] if has_cls else None,
+            patches_sel=patches_sel,
+            patches_unit=patches_unit,
+            saliency=image_saliency(patches_sel, patches_unit),
+            predicted=matcher.scorer(patches_sel) if matcher.scorer is not None else None,
+            aggr_logits={id(net): net.logits(patches_sel) for net in nets},
+        )

@@ -1,0 +1,105 @@
+"""Word vocabulary: tokenisation, specials, encoding, padding, truncation and SCAN json round trips."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from patchword.data.vocab import WordVocab, tokenize
+
+TEXTS = ["A red circle, left of a blue square.", "a RED square!", "two objects: a red circle"]
+
+
+@pytest.fixture
+def vocab() -> WordVocab:
+    return WordVocab.build(TEXTS)
+
+
+def test_tokenize_lowercases_and_drops_punctuation() -> None:
+    assert tokenize("A large-red Circle, (top_left) 3x!") == [
+        "a",
+        "large",
+        "red",
+        "circle",
+        "top",
+        "left",
+        "3x",
+    ]
+    assert tokenize(" ... ") == []
+
+
+def test_specials_and_frequency_order(vocab: WordVocab) -> None:
+    assert vocab.idx2word[:4] == ["<pad>", "<start>", "<end>", "<unk>"]
+    assert (vocab.pad_id, vocab.start_id, vocab.end_id, vocab.unk_id) == (0, 1, 2, 3)
+    # "a" x4, "red" x3, then circle/square x2 alphabetically, then the singletons alphabetically
+    assert vocab.idx2word[4:] == ["a", "red", "circle", "square", "blue", "left", "objects", "of", "two"]
+    assert len(vocab) == 13
+    assert WordVocab.build(reversed(TEXTS)).idx2word == vocab.idx2word  # text order does not matter
+
+
+def test_min_count(vocab: WordVocab) -> None:
+    assert WordVocab.build(TEXTS, min_count=2).idx2word[4:] == ["a", "red", "circle", "square"]
+
+
+def test_encode_decode(vocab: WordVocab) -> None:
+    ids = vocab.encode("A red circle!")
+    assert ids == [1, 4, 5, 6, 2]
+    assert vocab.decode(ids) == "a red circle"
+    assert vocab.decode(ids, skip_special=False) == "<start> a red circle <end>"
+    assert vocab.encode("a purple circle") == [1, 4, 3, 6, 2]  # unknown word -> <unk>
+    assert vocab.decode(vocab.encode("a purple circle")) == "a <unk> circle"
+
+
+def test_batch_encode_pads_and_counts_specials(vocab: WordVocab) -> None:
+    ids, lens = vocab.batch_encode(["a red circle", "square"])
+    assert ids.dtype == lens.dtype == torch.long
+    assert ids.tolist() == [[1, 4, 5, 6, 2], [1, 7, 2, 0, 0]]
+    assert lens.tolist() == [5, 3]
+
+
+def test_batch_encode_truncates_keeping_end(vocab: WordVocab) -> None:
+    ids, lens = vocab.batch_encode(["a red circle left of a blue square", "red"], max_len=4)
+    assert ids.tolist() == [[1, 4, 5, 2], [1, 5, 2, 0]]
+    assert lens.tolist() == [4, 3]
+    short, _ = vocab.batch_encode(["red"], max_len=10)
+    assert short.shape == (1, 3)  # padded to the longest sequence, not to max_len
+
+
+def test_empty_text_error_names_index(vocab: WordVocab) -> None:
+    with pytest.raises(ValueError, match="text 1 is empty"):
+        vocab.batch_encode(["a red circle", " ,. "])
+    with pytest.raises(ValueError, match="text 2 is empty"):
+        WordVocab.build(["a", "b", ""])
+    with pytest.raises(ValueError, match="max_len"):
+        vocab.batch_encode(["a"], max_len=2)
+    with pytest.raises(ValueError, match="nothing to encode"):
+        vocab.batch_encode([])
+
+
+def test_save_load_round_trip_in_scan_format(vocab: WordVocab, tmp_path: Path) -> None:
+    path = tmp_path / "vocab.json"
+    vocab.save(path)
+    payload = json.loads(path.read_text())
+    assert payload["word2idx"]["red"] == 5 and payload["idx2word"]["5"] == "red" and payload["idx"] == 13
+    loaded = WordVocab.load(path)
+    assert loaded.idx2word == vocab.idx2word and loaded.word2idx == vocab.word2idx
+    assert loaded.encode("a red circle") == vocab.encode("a red circle")
+
+
+def test_load_rejects_bad_files(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"words": []}))
+    with pytest.raises(ValueError, match="not a word2idx"):
+        WordVocab.load(path)
+    words = ["<start>", "<pad>", "<end>", "<unk>", "a"]
+    path.write_text(
+        json.dumps({"word2idx": {w: i for i, w in enumerate(words)}, "idx2word": dict(enumerate(words))})
+    )
+    with pytest.raises(ValueError, match="first ids"):
+        WordVocab.load(path)
+    path.write_text(json.dumps({"word2idx": {"<pad>": 0, "a": 1}, "idx2word": {"0": "<pad>", "1": "b"}}))
+    with pytest.raises(ValueError, match="disagree"):
+        WordVocab.load(path)
