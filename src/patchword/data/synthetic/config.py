@@ -1,0 +1,103 @@
+"""Generation config and the fixed vocabularies of the synthetic scenes (shapes, colours, sizes, cells)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+
+# Bump when generation changes in any way that alters the output, so stale caches are never reused.
+GENERATOR_VERSION = 1
+
+GRID = 3
+NUM_CELLS = GRID * GRID
+SPLITS = ("train", "dev", "test")
+SHAPES = ("circle", "square", "triangle", "diamond", "cross")
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (220, 40, 40),
+    "green": (40, 170, 60),
+    "blue": (40, 80, 220),
+    "yellow": (240, 210, 30),
+    "orange": (245, 140, 30),
+    "purple": (140, 50, 180),
+    "cyan": (30, 200, 210),
+    "black": (25, 25, 25),
+}
+SIZES = ("small", "large")
+RELATIONS = ("left of", "right of", "above", "below")
+CELL_NAMES = (
+    "top left",
+    "top middle",
+    "top right",
+    "middle left",
+    "centre",
+    "middle right",
+    "bottom left",
+    "bottom middle",
+    "bottom right",
+)
+# Sparse captions name cells tersely to stay short; dense captions use CELL_NAMES.
+CELL_PHRASES = (
+    "in the top left",
+    "at the top",
+    "in the top right",
+    "on the left",
+    "in the centre",
+    "on the right",
+    "in the bottom left",
+    "at the bottom",
+    "in the bottom right",
+)
+# Largest sparse caption: three objects (the relation and count templates use two).
+MAX_CAPTION_OBJECTS = 3
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """Everything that determines the generated dataset; equal configs give identical data."""
+
+    seed: int = 0  # master seed; each split derives its own stream from it
+    image_size: int = 64  # side of the square RGB images in pixels
+    min_objects: int = 1  # fewest objects per image (one per grid cell, so at most 9)
+    max_objects: int = 4  # most objects per image
+    shapes: tuple[str, ...] = SHAPES  # shape vocabulary, a subset of SHAPES
+    colours: tuple[str, ...] = tuple(COLOURS)  # colour vocabulary, a subset of COLOURS
+    background: tuple[int, int, int] = (210, 210, 210)  # background RGB (dense text calls it light grey)
+    pixel_noise: float = 3.0  # std of mild Gaussian pixel noise (0 = perfectly flat colours)
+    jitter: float = 0.12  # max object offset from its cell centre, as a fraction of the cell side
+    num_train: int = 10_000  # train images (Flickr30K-shaped, just smaller)
+    num_dev: int = 1_000  # dev images
+    num_test: int = 1_000  # test images
+    captions_per_image: int = 5  # sparse captions per image
+    partial_attr_prob: float = 0.1  # chance a sparse caption leaves out one attribute of an object
+    dense_omit_prob: float = 0.15  # chance the dense caption misses an object (as MLLMs do)
+    dense_wrong_attr_prob: float = 0.1  # chance the dense caption gets one attribute of an object wrong
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_objects <= self.max_objects <= NUM_CELLS:
+            raise ValueError(
+                f"need 1 <= min_objects <= max_objects <= {NUM_CELLS}, "
+                f"got {self.min_objects}..{self.max_objects}"
+            )
+        unknown = [s for s in self.shapes if s not in SHAPES] + [c for c in self.colours if c not in COLOURS]
+        if unknown or len(self.shapes) < 2 or len(self.colours) < 2:
+            raise ValueError(f"need >= 2 shapes from {SHAPES} and >= 2 colours from {tuple(COLOURS)}")
+        if self.image_size < 4 * GRID:
+            raise ValueError(f"image_size must be >= {4 * GRID}, got {self.image_size}")
+        if not 1 <= self.captions_per_image <= 5:
+            raise ValueError(f"captions_per_image must be in 1..5, got {self.captions_per_image}")
+        for name in ("partial_attr_prob", "dense_omit_prob", "dense_wrong_attr_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be a probability, got {getattr(self, name)}")
+        if min(self.num_train, self.num_dev, self.num_test) < 1:
+            raise ValueError("every split needs at least one image")
+
+    def split_size(self, split: str) -> int:
+        """Number of images of ``split``."""
+        return {"train": self.num_train, "dev": self.num_dev, "test": self.num_test}[split]
+
+    def cache_key(self) -> str:
+        """Short stable hash of the config and generator version, naming its cache directory."""
+        payload = json.dumps({"version": GENERATOR_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:12]

@@ -1,0 +1,83 @@
+"""Atomic checkpoints, RNG state capture, and the weights-only export."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+__all__ = ["atomic_save", "load_checkpoint", "rng_state", "set_rng_state", "export_weights", "seed_everything"]
+
+
+def _atomic_write(path: Path, write) -> None:
+    # Write next to the target then rename: a crash never leaves a truncated checkpoint behind.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """``torch.save`` through a temporary file and ``os.replace``."""
+    _atomic_write(Path(path), lambda tmp: torch.save(obj, tmp))
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a training checkpoint written by :func:`atomic_save` (plain containers only)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, numpy and torch (CPU and CUDA) generator states, in types ``weights_only`` loading accepts."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` captured."""
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def export_weights(model: torch.nn.Module, config: dict[str, Any], directory: str | Path, **extra: Any) -> None:
+    """Write ``model.safetensors`` + ``config.json`` (the resolved run config and library version)."""
+    from patchword import __version__
+
+    directory = Path(directory)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    _atomic_write(directory / "model.safetensors", lambda tmp: save_file(tensors, tmp))
+    meta = {"patchword_version": __version__, "config": config, **extra}
+    _atomic_write(directory / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=2)))

@@ -1,0 +1,173 @@
+"""Turn a :class:`RetrievalSplit` into the tensors the model consumes, once, before training."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from patchword.data.split import RetrievalSplit
+from patchword.data.transforms import IMAGENET_MEAN, IMAGENET_STD, normalize_uint8_batch
+
+__all__ = ["TextTokenizer", "ImageSource", "ArrayImages", "FileImages", "EncodedSplit", "encode_split"]
+
+_logger = logging.getLogger(__name__)
+
+
+class TextTokenizer(Protocol):
+    """What the trainer needs from a tokenizer (``WordVocab`` and ``BertCaptionTokenizer`` both fit)."""
+
+    def batch_encode(self, texts: Sequence[str], max_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (ids (B, L) long padded with 0, lens (B,) long counting the special tokens)."""
+        ...
+
+
+class ImageSource(Protocol):
+    """Images of a split by index."""
+
+    def __len__(self) -> int: ...
+
+    def batch(self, indices: torch.Tensor, train: bool) -> torch.Tensor:
+        """(B,) indices -> (B, 3, H, W) float32 normalised images."""
+        ...
+
+
+class ArrayImages:
+    """In-memory uint8 images (the synthetic scenes); normalised per batch to keep memory small.
+
+    No augmentation: flipping or cropping a synthetic scene would falsify its "left of" and position
+    captions.
+    """
+
+    def __init__(self, images: np.ndarray, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> None:
+        if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
+            raise ValueError(f"images must be a (N, H, W, 3) uint8 array, got {images.shape} {images.dtype}")
+        self.images = torch.from_numpy(np.ascontiguousarray(images))
+        self.mean, self.std = mean, std
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def batch(self, indices: torch.Tensor, train: bool) -> torch.Tensor:
+        return normalize_uint8_batch(self.images[indices], self.mean, self.std)
+
+
+@dataclass
+class EncodedSplit:
+    """A split as tensors: tokenised captions (and dense captions per image), images by index.
+
+    Attributes:
+        cap_ids: (N_txt, L) caption token ids; cap_lens (N_txt,).
+        dense_ids: (N_img, L_d) dense-caption ids, one per image, or None; dense_lens (N_img,).
+        txt2img: (N_txt,) image index of each caption.
+        fits: optional ``fits(caption_indices, image_indices) -> (len(c), len(i)) bool`` relation used
+            to mask false negatives (synthetic data); None for real data.
+    """
+
+    name: str
+    images: ImageSource
+    cap_ids: torch.Tensor
+    cap_lens: torch.Tensor
+    txt2img: torch.Tensor
+    captions: list[str]
+    dense_ids: torch.Tensor | None = None
+    dense_lens: torch.Tensor | None = None
+    fits: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
+
+    @property
+    def num_images(self) -> int:
+        return len(self.images)
+
+    @property
+    def num_captions(self) -> int:
+        return self.cap_ids.shape[0]
+
+    def subset_images(self, n: int) -> EncodedSplit:
+        """The first ``n`` images and their captions (cheaper periodic validation)."""
+        if n <= 0 or n >= self.num_images:
+            return self
+        keep = (self.txt2img < n).nonzero().squeeze(1)
+        images = self.images
+        if isinstance(images, ArrayImages):
+            images = ArrayImages(images.images[:n].numpy(), images.mean, images.std)
+        return EncodedSplit(
+            name=f"{self.name}[:{n}]",
+            images=images,
+            cap_ids=self.cap_ids[keep],
+            cap_lens=self.cap_lens[keep],
+            txt2img=self.txt2img[keep],
+            captions=[self.captions[i] for i in keep.tolist()],
+            dense_ids=None if self.dense_ids is None else self.dense_ids[:n],
+            dense_lens=None if self.dense_lens is None else self.dense_lens[:n],
+            fits=None,
+        )
+
+
+def encode_split(
+    split: RetrievalSplit,
+    tokenizer: TextTokenizer,
+    images: ImageSource,
+    *,
+    max_caption_len: int,
+    max_dense_len: int,
+    use_dense: bool,
+    fits: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+) -> EncodedSplit:
+    """Tokenise captions (and dense captions) of ``split``; the same max lengths serve training and
+    evaluation (no test-time truncation surprises, SPEC decision 6)."""
+    if len(images) != split.num_images:
+        raise ValueError(f"split {split.name!r}: {len(images)} images for {split.num_images} image entries")
+    cap_ids, cap_lens = tokenizer.batch_encode(split.captions, max_len=max_caption_len)
+    dense_ids = dense_lens = None
+    if use_dense:
+        if split.dense_captions is None:
+            raise ValueError(f"split {split.name!r} has no dense captions; set data.dense=false")
+        dense_ids, dense_lens = tokenizer.batch_encode(split.dense_captions, max_len=max_dense_len)
+        truncated = int((dense_lens == max_dense_len).sum())
+        if truncated:
+            _logger.info("%s: %d dense captions reach max_dense_len=%d", split.name, truncated, max_dense_len)
+    if fits is None and split.fits is not None:
+        matrix = split.fits
+
+        def fits(c: np.ndarray, i: np.ndarray) -> np.ndarray:
+            return matrix[np.ix_(c, i)]
+
+    return EncodedSplit(
+        name=split.name,
+        images=images,
+        cap_ids=cap_ids,
+        cap_lens=cap_lens,
+        txt2img=torch.as_tensor(split.txt2img, dtype=torch.long),
+        captions=list(split.captions),
+        dense_ids=dense_ids,
+        dense_lens=dense_lens,
+        fits=fits,
+    )
+
+
+class FileImages:
+    """Images on disk (real datasets): decoded and transformed per batch.
+
+    Training batches use the official augmentation (RandomResizedCrop scale 0.6-1 + flip), evaluation a
+    plain resize; both normalise with ImageNet statistics.
+    """
+
+    def __init__(self, paths: Sequence[str], image_size: int) -> None:
+        from patchword.data.transforms import test_transform, train_transform
+
+        self.paths = list(paths)
+        self.train_tf = train_transform(image_size)
+        self.test_tf = test_transform(image_size)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def batch(self, indices: torch.Tensor, train: bool) -> torch.Tensor:
+        from patchword.data.images import load_image
+
+        tf = self.train_tf if train else self.test_tf
+        return torch.stack([tf(load_image(self.paths[int(i)])) for i in indices])
