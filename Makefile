@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test lint format demo clean
+.PHONY: venv test lint format demo bench clean
 
 venv: $(STAMP)
 
@@ -19,6 +19,13 @@ $(STAMP): pyproject.toml constraints.txt
 
 test: venv
 	$(PY) -m pytest -q
+
+# Train the paper-variant SEPS on the synthetic scenes (CPU, ~10 min) and print the recall table.
+demo: venv
+	$(VENV)/bin/patchword demo
+
+bench: venv
+	$(VENV)/bin/patchword bench scoring
 
 lint: venv
 	$(VENV)/bin/ruff format --check src tests benchmarks

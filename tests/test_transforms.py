@@ -120,7 +120,8 @@ def test_crop_boxes_respect_scale_ratio_and_bounds(generator) -> None:
     areas = []
     for _ in range(2000):
         top, left, h, w = T.sample_resized_crop(width, height, scale, ratio, generator)
-        assert 0 <= top and top + h <= height and 0 <= left and left + w <= width
+        assert top >= 0 and left >= 0
+        assert top + h <= height and left + w <= width
         # Rounding each side to whole pixels moves the area and ratio by at most about half a pixel per side.
         area = h * w / (width * height)
         assert scale[0] - 0.01 <= area <= scale[1]

@@ -45,8 +45,28 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     for name, value in data.items():
         sub = _dataclass_type(hints[name])
         key = f"{where}.{name}" if where else name
-        kwargs[name] = from_dict(sub, value, key) if sub is not None and isinstance(value, dict) else value
+        if sub is not None and isinstance(value, dict):
+            kwargs[name] = from_dict(sub, value, key)
+        else:
+            kwargs[name] = _coerce(value, hints[name], key)
     return cls(**kwargs)
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    """Fix the scalar types YAML gets wrong for a field: PyYAML reads ``1e-4`` as a string and ``1`` as
+    an int where a float is declared."""
+    scalar = {hint} if isinstance(hint, type) else set(typing.get_args(hint))
+    if float in scalar and isinstance(value, (str, int)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except ValueError as err:
+            raise ValueError(f"config key {key} expects a number, got {value!r}") from err
+    if int in scalar and isinstance(value, str) and bool not in scalar:
+        try:
+            return int(value)
+        except ValueError as err:
+            raise ValueError(f"config key {key} expects an integer, got {value!r}") from err
+    return value
 
 
 def apply_overrides(cfg: T, overrides: list[str]) -> T:
@@ -88,7 +108,8 @@ def _deep_merge(base: dict[str, Any], update: dict[str, Any], source: str) -> di
     for key, value in update.items():
         if key not in base:
             raise ValueError(f"{source}: unknown config key {key!r}")
-        if isinstance(base[key], dict) and isinstance(value, dict):
+        # An empty default mapping is a free-form field (model.matcher_args): its keys are not known here.
+        if isinstance(base[key], dict) and isinstance(value, dict) and base[key]:
             out[key] = _deep_merge(base[key], value, f"{source}:{key}")
         else:
             out[key] = value

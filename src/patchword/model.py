@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,8 +11,13 @@ import torch
 from torch import nn
 
 from patchword.encoders import (
+    ContextConfig,
+    ContextTransformer,
+    ContextualTextEncoder,
+    GRUTextConfig,
     HFTextConfig,
     HFVisionConfig,
+    PrecompConfig,
     TinyTextConfig,
     TinyViTConfig,
     build_image_encoder,
@@ -25,7 +32,7 @@ __all__ = ["ModelConfig", "RetrievalModel", "build_model"]
 class ModelConfig:
     """Architecture of a retrieval model (encoders + matcher)."""
 
-    matcher: str = "seps"  # registry name: seps | laps | vse
+    matcher: str = "seps"  # registry name: seps | laps | vse | scan | naaf | tgdt
     variant: str = "paper"  # SEPS/LAPS switch preset: code | paper
     dense_pairing: str = "image"  # image (leak-free) | caption (official protocol, leaky)
     sparse_ratio: float = 0.5  # rho, fraction of patches kept
@@ -33,14 +40,18 @@ class ModelConfig:
     detach_selection: bool = False  # True: official no_grad around patch selection
     matcher_args: dict[str, Any] = field(default_factory=dict)  # any other matcher config field
     embed_dim: int = 256  # width of the projected tokens shared by both encoders
-    image_encoder: str = "tiny"  # tiny | hf (ViT / Swin from a local dir or hub id)
-    text_encoder: str = "tiny"  # tiny | bert
+    image_encoder: str = "tiny"  # tiny | hf (ViT / Swin, local dir or hub id) | precomp (region features)
+    text_encoder: str = "tiny"  # tiny | bert | gru (word embedding + BiGRU, SCAN / NAAF)
     tiny_vit: TinyViTConfig = field(default_factory=TinyViTConfig)  # used when image_encoder == tiny
     tiny_text_width: int = 128  # tiny text transformer width
     tiny_text_depth: int = 2  # tiny text transformer blocks
     hf_vision: str = "google/vit-base-patch16-224-in21k"  # local dir or hub id when image_encoder == hf
     hf_text: str = "bert-base-uncased"  # local dir or hub id when text_encoder == bert
     max_text_len: int = 256  # longest token sequence the text encoder accepts (dense text included)
+    precomp: PrecompConfig = field(default_factory=PrecompConfig)  # image_encoder == precomp
+    gru: GRUTextConfig = field(default_factory=GRUTextConfig)  # text_encoder == gru (vocab size set at build)
+    text_context: ContextConfig = field(default_factory=ContextConfig)  # transformer after the text encoder
+    # (TGDT); the encoders' embed_dim always follows embed_dim above
 
 
 class RetrievalModel(nn.Module):
@@ -53,7 +64,7 @@ class RetrievalModel(nn.Module):
         self.matcher = matcher
 
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:
-        """(B, 3, H, W) -> (B, L_v, C) projected image tokens."""
+        """(B, 3, H, W) images or (B, R, D) region features -> (B, L_v, C) projected image tokens."""
         return self.image_encoder(images)
 
     def encode_texts(self, ids: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
@@ -78,7 +89,9 @@ class RetrievalModel(nn.Module):
         dense = self.encode_texts(dense_ids, dense_lens) if dense_ids is not None else None
         return self.matcher(img, cap, cap_lens, dense, dense_lens)
 
-    def global_sims(self, images: torch.Tensor, cap_ids: torch.Tensor, cap_lens: torch.Tensor) -> torch.Tensor:
+    def global_sims(
+        self, images: torch.Tensor, cap_ids: torch.Tensor, cap_lens: torch.Tensor
+    ) -> torch.Tensor:
         """(B_v, B_t) cosine of the matcher's global embeddings (used to warm-start the encoders)."""
         img = self.encode_images(images)
         cap = self.encode_texts(cap_ids, cap_lens)
@@ -86,7 +99,7 @@ class RetrievalModel(nn.Module):
         return gi @ gt.T
 
     def parameter_groups(self, lr: float, backbone_lr_mult: float) -> list[dict[str, Any]]:
-        """AdamW groups: pretrained backbones at ``lr * backbone_lr_mult`` (official recipe), the rest at lr."""
+        """AdamW groups: pretrained backbones at ``lr * backbone_lr_mult`` (official recipe), rest at lr."""
         slow, fast = [], list(self.matcher.parameters())
         for enc in (self.image_encoder, self.text_encoder):
             if getattr(enc, "pretrained", False):
@@ -100,15 +113,23 @@ class RetrievalModel(nn.Module):
         return groups
 
 
-def build_model(cfg: ModelConfig, vocab_size: int | None = None) -> RetrievalModel:
-    """Build encoders and matcher; the matcher's token geometry follows the image encoder."""
+def build_model(
+    cfg: ModelConfig, vocab_size: int | None = None, vocab_words: Sequence[str] | None = None
+) -> RetrievalModel:
+    """Build encoders and matcher; the matcher's token geometry follows the image encoder.
+
+    ``vocab_words`` (the word vocabulary by id) is needed only to align a GloVe text file with the GRU
+    text encoder's embedding.
+    """
     if cfg.image_encoder == "tiny":
         vit_cfg = TinyViTConfig(**{**cfg.tiny_vit.__dict__, "embed_dim": cfg.embed_dim})
         image_encoder = build_image_encoder(vit_cfg)
     elif cfg.image_encoder == "hf":
         image_encoder = build_image_encoder(HFVisionConfig(cfg.hf_vision, embed_dim=cfg.embed_dim))
+    elif cfg.image_encoder == "precomp":
+        image_encoder = build_image_encoder(dataclasses.replace(cfg.precomp, embed_dim=cfg.embed_dim))
     else:
-        raise ValueError(f"model.image_encoder must be 'tiny' or 'hf', got {cfg.image_encoder!r}")
+        raise ValueError(f"model.image_encoder must be 'tiny', 'hf' or 'precomp', got {cfg.image_encoder!r}")
     if cfg.text_encoder == "tiny":
         if vocab_size is None:
             raise ValueError("the tiny text encoder needs the vocabulary size")
@@ -122,8 +143,18 @@ def build_model(cfg: ModelConfig, vocab_size: int | None = None) -> RetrievalMod
         text_encoder = build_text_encoder(text_cfg)
     elif cfg.text_encoder == "bert":
         text_encoder = build_text_encoder(HFTextConfig(cfg.hf_text, embed_dim=cfg.embed_dim))
+    elif cfg.text_encoder == "gru":
+        if vocab_size is None:
+            raise ValueError("the GRU text encoder needs the vocabulary size (data.tokenizer=word)")
+        gru_cfg = dataclasses.replace(cfg.gru, embed_dim=cfg.embed_dim)
+        text_encoder = build_text_encoder(gru_cfg, vocab_size=vocab_size, words=vocab_words)
     else:
-        raise ValueError(f"model.text_encoder must be 'tiny' or 'bert', got {cfg.text_encoder!r}")
+        raise ValueError(f"model.text_encoder must be 'tiny', 'bert' or 'gru', got {cfg.text_encoder!r}")
+    if cfg.text_context.layers:
+        if cfg.text_context.global_token:
+            raise ValueError("model.text_context.global_token is unsupported: text token 0 is the global one")
+        context = ContextTransformer(cfg.embed_dim, cfg.text_context)
+        text_encoder = ContextualTextEncoder(text_encoder, context)
     args = dict(embed_dim=cfg.embed_dim, has_cls=image_encoder.has_cls, num_patches=image_encoder.num_patches)
     if cfg.matcher in ("seps", "laps"):
         args.update(

@@ -300,9 +300,9 @@ def load_laps_split(
         image_root: folder the mapped file names are relative to; ``None`` for a text-only split.
         dense_jsonl: optional SEPS dense captions, one JSON line per image in image order (the official
             code repeats them per caption; here they are stored once per image).
-        id_mapping: ``id_mapping.json`` path or an id -> file name dict; defaults to
-            ``data_dir/id_mapping.json``. COCO's mapping is not distributed with the repos, so without it
-            (and without an image root) the ids themselves are used as image names.
+        id_mapping: ``id_mapping.json`` path or a dict from id (a string, as in the file) to file name;
+            defaults to ``data_dir/id_mapping.json``. COCO's mapping is not distributed with the repos, so
+            without it (and without an image root) the ids themselves are used as image names.
         check_images: with an ``image_root``, raise if any image file is missing.
 
     Returns:

@@ -267,7 +267,7 @@ def test_transform(
     return Compose([Resize(size), ToNormalizedTensor(mean, std)])
 
 
-# Not a pytest test despite the name.
+# The official name starts with "test_"; keep pytest from collecting it in modules that import it.
 test_transform.__test__ = False
 
 

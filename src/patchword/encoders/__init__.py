@@ -1,7 +1,8 @@
 """Encoders: images and captions -> projected token tensors for the matchers.
 
 Image encoders map (B, 3, H, W) images to (B, L_v, embed_dim) tokens (token 0 is CLS when ``has_cls``;
-``num_patches`` spatial tokens). Text encoders map (B, L) ids and (B,) lengths to (B, L, embed_dim)
+``num_patches`` spatial tokens); the precomp encoder maps (B, R, region_dim) region features to region
+tokens instead. Text encoders map (B, L) ids and (B,) lengths to (B, L, embed_dim)
 tokens. Outputs are projected but not L2-normalised. Build one from its config dataclass with
 :func:`build_image_encoder` / :func:`build_text_encoder`.
 
@@ -11,7 +12,9 @@ The Hugging Face adapters and the BERT tokenizer import ``transformers`` only wh
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
+from patchword.encoders.context import ContextConfig, ContextTransformer, ContextualTextEncoder
 from patchword.encoders.hf import (
     HFTextConfig,
     HFTextEncoder,
@@ -20,6 +23,8 @@ from patchword.encoders.hf import (
     require_transformers,
     resolve_pretrained,
 )
+from patchword.encoders.precomp import PrecompConfig, PrecompRegionEncoder
+from patchword.encoders.rnn import BiGRUTextEncoder, GRUTextConfig, load_glove
 from patchword.encoders.tiny import (
     EncoderBase,
     TinyTextConfig,
@@ -33,12 +38,19 @@ from patchword.encoders.tokenizers import BertCaptionTokenizer, size_augment
 
 __all__ = [
     "BertCaptionTokenizer",
+    "BiGRUTextEncoder",
+    "ContextConfig",
+    "ContextTransformer",
+    "ContextualTextEncoder",
+    "GRUTextConfig",
     "EncoderBase",
     "HFTextConfig",
     "HFTextEncoder",
     "HFVisionConfig",
     "HFVisionEncoder",
     "ImageEncoderConfig",
+    "PrecompConfig",
+    "PrecompRegionEncoder",
     "TextEncoderConfig",
     "TinyTextConfig",
     "TinyTextTransformer",
@@ -46,6 +58,7 @@ __all__ = [
     "TinyViTConfig",
     "build_image_encoder",
     "build_text_encoder",
+    "load_glove",
     "padding_mask",
     "projection",
     "require_transformers",
@@ -53,8 +66,8 @@ __all__ = [
     "size_augment",
 ]
 
-ImageEncoderConfig = TinyViTConfig | HFVisionConfig
-TextEncoderConfig = TinyTextConfig | HFTextConfig
+ImageEncoderConfig = TinyViTConfig | HFVisionConfig | PrecompConfig
+TextEncoderConfig = TinyTextConfig | HFTextConfig | GRUTextConfig
 
 
 def build_image_encoder(cfg: ImageEncoderConfig) -> EncoderBase:
@@ -65,17 +78,26 @@ def build_image_encoder(cfg: ImageEncoderConfig) -> EncoderBase:
         return HFVisionEncoder(
             cfg.name_or_path, kind=cfg.kind, embed_dim=cfg.embed_dim, local_files_only=cfg.local_files_only
         )
+    if isinstance(cfg, PrecompConfig):
+        return PrecompRegionEncoder(cfg)
     raise TypeError(f"no image encoder for config type {type(cfg).__name__}")
 
 
-def build_text_encoder(cfg: TextEncoderConfig, vocab_size: int | None = None) -> EncoderBase:
+def build_text_encoder(
+    cfg: TextEncoderConfig, vocab_size: int | None = None, words: Sequence[str] | None = None
+) -> EncoderBase:
     """Build the text encoder described by ``cfg`` (dispatch on the config type).
 
     Args:
-        cfg: a :class:`TinyTextConfig` or :class:`HFTextConfig`.
-        vocab_size: the tokenizer's vocabulary size. It overrides ``cfg.vocab_size`` for the tiny
-            encoder; a pretrained BERT cannot be resized, so there it must not exceed the model's.
+        cfg: a :class:`TinyTextConfig`, :class:`HFTextConfig` or :class:`GRUTextConfig`.
+        vocab_size: the tokenizer's vocabulary size. It overrides ``cfg.vocab_size`` for the tiny and
+            GRU encoders; a pretrained BERT cannot be resized, so there it must not exceed the model's.
+        words: the vocabulary words by id (GRU encoder with a GloVe text file only).
     """
+    if isinstance(cfg, GRUTextConfig):
+        if vocab_size is not None:
+            cfg = dataclasses.replace(cfg, vocab_size=vocab_size)
+        return BiGRUTextEncoder(cfg, words=words)
     if isinstance(cfg, TinyTextConfig):
         if vocab_size is not None:
             cfg = dataclasses.replace(cfg, vocab_size=vocab_size)

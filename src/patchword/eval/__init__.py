@@ -1,14 +1,23 @@
-"""Evaluation: retrieval metrics, chunked scoring, and model evaluation on a split."""
+"""Evaluation: retrieval metrics, exact fast scoring, two-stage search, and model evaluation on a split."""
 
+from patchword.eval.engine import ScoringEngine, register_engine, score_matrix
 from patchword.eval.metrics import RECALL_KS, coco_1k_folds, retrieval_metrics, retrieval_ranks
 from patchword.eval.scoring import chunked_scores, encode_image_tokens, encode_text_tokens
+from patchword.eval.two_stage import GlobalIndex, TwoStageResult, global_embeddings, two_stage_scores
 
 __all__ = [
+    "GlobalIndex",
     "RECALL_KS",
+    "ScoringEngine",
+    "TwoStageResult",
     "chunked_scores",
     "coco_1k_folds",
     "encode_image_tokens",
     "encode_text_tokens",
+    "global_embeddings",
+    "register_engine",
     "retrieval_metrics",
     "retrieval_ranks",
+    "score_matrix",
+    "two_stage_scores",
 ]

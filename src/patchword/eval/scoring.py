@@ -96,7 +96,10 @@ def chunked_scores(
             img = img_tokens[i0 : i0 + image_block].to(device)
             img_dense = None
             if dense_tokens is not None and not caption_pairing:
-                img_dense = (dense_tokens[i0 : i0 + image_block].to(device), dense_lens[i0 : i0 + image_block])
+                img_dense = (
+                    dense_tokens[i0 : i0 + image_block].to(device),
+                    dense_lens[i0 : i0 + image_block],
+                )
             for t0 in range(0, n_txt, caption_block):
                 part = slice(t0, t0 + caption_block)
                 width = int(cap_lens[part].max())

@@ -1,15 +1,24 @@
 """Fine-grained similarity heads behind one contract (see :class:`~patchword.matching.base.Matcher`)."""
 
 from patchword.matching.base import Matcher, MatcherOutput
+from patchword.matching.naaf import NAAFConfig, NAAFMatcher
 from patchword.matching.registry import build_matcher, list_matchers, matcher_config_class, register_matcher
+from patchword.matching.scan import SCANConfig, SCANMatcher
 from patchword.matching.seps import SEPSConfig, SEPSMatcher
+from patchword.matching.tgdt import TGDTConfig, TGDTMatcher
 from patchword.matching.vse import VSEConfig, VSEMatcher
 
 __all__ = [
     "Matcher",
     "MatcherOutput",
+    "NAAFConfig",
+    "NAAFMatcher",
+    "SCANConfig",
+    "SCANMatcher",
     "SEPSConfig",
     "SEPSMatcher",
+    "TGDTConfig",
+    "TGDTMatcher",
     "VSEConfig",
     "VSEMatcher",
     "build_matcher",

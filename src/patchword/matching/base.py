@@ -23,10 +23,13 @@ class MatcherOutput:
             (B_v, 1, N) when the branch depends only on the image. Forward values are the hard {0, 1}
             masks; they carry a gradient only for differentiable (Gumbel straight-through) decisions.
             Empty for matchers without patch selection.
+        extras: other named outputs a training loss may need, e.g. ``global_img`` (B_v, C) and
+            ``global_txt`` (B_t, C) for matchers trained with a global consistency loss (TGDT's CMC).
     """
 
     sims: torch.Tensor
     decisions: list[torch.Tensor] = field(default_factory=list)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class Matcher(nn.Module):
@@ -39,6 +42,9 @@ class Matcher(nn.Module):
 
     embed_dim: int
     has_cls: bool = False
+    # Name of an extra loss the trainer adds on ``MatcherOutput.extras`` ("cmc": CMCLoss on the global
+    # embeddings, as TGDT trains); None for matchers trained with the hinge on ``sims`` alone.
+    global_loss: str | None = None
 
     def validate_image_tokens(self, img_tokens: torch.Tensor, num_tokens: int | None = None) -> None:
         check_tensor(img_tokens, "img_tokens", shape=(None, num_tokens, self.embed_dim))

@@ -6,9 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from patchword.matching.ops import length_mask
-
-__all__ = ["HRPA"]
+__all__ = ["HRPA", "pair_cosines"]
 
 
 class TopKRelevance(nn.Module):
@@ -53,29 +51,70 @@ class HRPA(nn.Module):
         self.word_topk = TopKRelevance(topk) if topk > 0 else None
         self.patch_topk = TopKRelevance(topk) if topk > 0 else None
 
-    def forward(self, tokens: torch.Tensor, words: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-        """Score every image row against every caption column.
+    def forward(self, align: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Score every (image, caption) pair from its patch-word cosine matrix.
 
         Args:
-            tokens: (B_v, T, M, C) L2-normalised image tokens per pair (T = number of captions; the image
-                tokens may differ per caption because selection is text-aware).
-            words: (T, L, C) L2-normalised word tokens.
-            lens: (T,) valid word counts.
+            align: (B_v, T, M, L) cosines between the M image tokens and L words of each pair.
+            valid: bool mask of real words, broadcastable to (B_v, T, 1, L).
 
         Returns:
             (B_v, T) similarities.
         """
-        align = torch.einsum("vtmc,tlc->vtlm", tokens, words)
         if self.leaky_slope is not None:
             align = F.leaky_relu(align, self.leaky_slope)
-        valid = length_mask(lens, words.shape[1])  # (T, L)
-        # word -> patch: each word's best patch, averaged over the caption's words
-        word_best = align.amax(dim=3)  # (B_v, T, L)
-        word_mean = (word_best * valid).sum(dim=2) / lens.to(align.dtype)
-        # patch -> word: each patch's best word among the valid ones, averaged over patches
-        patch_best = align.masked_fill(~valid[None, :, :, None], float("-inf")).amax(dim=2)  # (B_v, T, M)
-        sims = word_mean + patch_best.mean(dim=2)
+        n_words = valid.sum(dim=-1).to(align.dtype)  # (.., .., 1)
+        # word -> patch: each word's best token, averaged over the caption's words
+        word_best = align.amax(dim=2, keepdim=True)  # (B_v, T, 1, L)
+        word_mean = ((word_best * valid).sum(dim=-1) / n_words).squeeze(-1)
+        # patch -> word: each token's best word among the valid ones, averaged over tokens
+        patch_best = align.masked_fill(~valid, float("-inf")).amax(dim=-1)  # (B_v, T, M)
+        sims = word_mean + patch_best.mean(dim=-1)
         if self.word_topk is not None:
-            sims = sims + self.word_topk(word_best, valid.expand_as(word_best))
+            sims = sims + self.word_topk(
+                word_best.squeeze(2), valid.squeeze(2).expand_as(word_best.squeeze(2))
+            )
             sims = sims + self.patch_topk(patch_best)
         return sims
+
+
+def pair_cosines(
+    cls: torch.Tensor | None,
+    aggregated: torch.Tensor,
+    extra: torch.Tensor,
+    words: torch.Tensor,
+    *,
+    diagonal: bool = False,
+) -> torch.Tensor:
+    """Cosines between each pair's image tokens [CLS?, aggregated..., extra] and its words.
+
+    Equal to L2-normalising the concatenated tokens and multiplying by the words, but the dot products
+    are taken on the raw tokens and divided by their norms afterwards: the (B_v, T, M, C) normalised and
+    concatenated token tensor is never built (it dominated training time on CPU).
+
+    Args:
+        cls: (B_v, C) raw CLS tokens, or None.
+        aggregated: (B_v, T, K, C) raw aggregated tokens (T = captions, or 1 with ``diagonal``).
+        extra: (B_v, T, C) raw fusion tokens.
+        words: (T, L, C) L2-normalised words; with ``diagonal`` (B_v, L, C), image v's own text.
+        diagonal: pair image v only with text v (image-tied dense captions).
+
+    Returns:
+        (B_v, T, M, L) cosine matrix, M = K + 1 + (cls is not None); T = 1 with ``diagonal``.
+    """
+
+    def inv_norm(x: torch.Tensor) -> torch.Tensor:
+        return 1.0 / torch.linalg.vector_norm(x, dim=-1).clamp_min(1e-12)
+
+    if diagonal:
+        agg = torch.einsum("vkc,vlc->vkl", aggregated[:, 0], words)[:, None]
+        ext = torch.einsum("vc,vlc->vl", extra[:, 0], words)[:, None, None]
+        cls_part = None if cls is None else torch.einsum("vc,vlc->vl", cls, words)[:, None, None]
+    else:
+        agg = torch.einsum("vtkc,tlc->vtkl", aggregated, words)
+        ext = torch.einsum("vtc,tlc->vtl", extra, words)[:, :, None]
+        cls_part = None if cls is None else torch.einsum("vc,tlc->vtl", cls, words)[:, :, None]
+    parts = [agg * inv_norm(aggregated)[..., None], ext * inv_norm(extra)[:, :, None, None]]
+    if cls_part is not None:
+        parts.insert(0, (cls_part * inv_norm(cls)[:, None, None, None]).expand(-1, agg.shape[1], -1, -1))
+    return torch.cat(parts, dim=2)

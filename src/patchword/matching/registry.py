@@ -80,4 +80,4 @@ def _lookup(name: str) -> tuple[type[nn.Module], type, dict[str, Any]]:
 def _import_builtin_matchers() -> None:
     # Importing the modules runs their @register_matcher decorators; done lazily so that importing the
     # registry never pulls in every model.
-    from patchword.matching import seps, vse  # noqa: F401
+    from patchword.matching import naaf, scan, seps, tgdt, vse  # noqa: F401

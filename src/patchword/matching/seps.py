@@ -29,8 +29,8 @@ import torch
 
 from patchword.matching.aggregation import TokenAggregation
 from patchword.matching.base import Matcher, MatcherOutput
-from patchword.matching.hrpa import HRPA
-from patchword.matching.ops import l2norm, masked_mean
+from patchword.matching.hrpa import HRPA, pair_cosines
+from patchword.matching.ops import l2norm, length_mask, masked_mean
 from patchword.matching.registry import register_matcher
 from patchword.matching.selection import (
     PatchScorer,
@@ -222,9 +222,9 @@ class SEPSMatcher(Matcher):
             return dense  # the joint score mixes in the caption: selection stays per pair
         dense.branch = self._select(img, [relevance], self.aggr_net_dense or self.aggr_net)
         if cfg.dense_mode == "branch":
-            tokens_d = self._final_tokens(img, dense.branch.aggregated, dense.branch.extra)  # (B_v, 1, M, C)
-            # Pair image v with its own description only: treat the B_v descriptions as "captions".
-            dense.sims = self.hrpa(tokens_d.transpose(0, 1), words, lens).transpose(0, 1)  # (B_v, 1)
+            # Pair image v with its own description only.
+            align = pair_cosines(img.cls, dense.branch.aggregated, dense.branch.extra, words, diagonal=True)
+            dense.sims = self.hrpa(align, length_mask(lens, words.shape[1])[:, None, None])  # (B_v, 1)
         return dense
 
     def _caption_tied_dense(self, img: _ImageCache, tokens: torch.Tensor, lens: torch.Tensor) -> _DenseText:
@@ -246,19 +246,21 @@ class SEPSMatcher(Matcher):
             b_d = dense.branch or self._select(
                 img, joint if cfg.joint_score else [dense.relevance], aggr_dense
             )
-            tokens = self._final_tokens(img, b_s.aggregated + b_d.aggregated, 0.5 * (b_s.extra + b_d.extra))
+            sims = self._align(
+                img, b_s.aggregated + b_d.aggregated, 0.5 * (b_s.extra + b_d.extra), words, cap_lens
+            )
             decisions = [b_s.decision] if dense.branch is not None else [b_s.decision, b_d.decision]
-            return self.hrpa(tokens, words, cap_lens), decisions
+            return sims, decisions
 
         b_s = self._select(img, [s_sparse], self.aggr_net)
-        sims = self.hrpa(self._final_tokens(img, b_s.aggregated, b_s.extra), words, cap_lens)
+        sims = self._align(img, b_s.aggregated, b_s.extra, words, cap_lens)
         if dense is None:
             return sims, [b_s.decision]
         if dense.sims is not None:
             return sims + dense.sims, [b_s.decision]
         # "branch" mode with caption-tied dense text: its own selection and alignment, sims added.
         b_d = self._select(img, [dense.relevance], aggr_dense)
-        sims_d = self.hrpa(self._final_tokens(img, b_d.aggregated, b_d.extra), dense.words, dense.lens)
+        sims_d = self._align(img, b_d.aggregated, b_d.extra, dense.words, dense.lens)
         return sims + sims_d, [b_s.decision, b_d.decision]
 
     def _select(self, img: _ImageCache, text_terms: list[torch.Tensor], aggr: TokenAggregation) -> _Branch:
@@ -272,20 +274,28 @@ class SEPSMatcher(Matcher):
         keep, decision, soft = topk_decisions(
             score, self.num_keep, gumbel=cfg.gumbel, tau=cfg.gumbel_tau, sample=self.training
         )
-        # Multiplying by the decision is the identity in the forward pass (it is 1 on kept patches); it
-        # routes the straight-through gradient to the scores when decisions are differentiable.
-        weights = aggr.weights(img.aggr_logits[id(aggr)], keep) * decision[..., None]
+        weights = aggr.weights(img.aggr_logits[id(aggr)], keep)
+        fuse = fusion_weights(score, keep)
+        if decision.requires_grad:
+            # The identity in the forward pass (the decision is 1 on kept and 0 on dropped patches); it
+            # routes the straight-through gradient to the scores.
+            weights = weights * decision[..., None]
+            fuse = fuse * (1.0 - decision)
         aggregated = torch.einsum("vtnk,vnc->vtkc", weights, img.patches_sel)
-        fuse = fusion_weights(score, keep) * (1.0 - decision)
         extra = torch.einsum("vtn,vnc->vtc", fuse, img.patches_sel)
         return _Branch(keep, decision, soft, aggregated, extra)
 
-    def _final_tokens(self, img: _ImageCache, aggregated: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
-        """[CLS]? + aggregated + extra, L2-normalised only now: (B_v, T, N_c + 1 + has_cls, C)."""
-        parts = [aggregated, extra[:, :, None]]
-        if img.cls is not None:
-            parts.insert(0, img.cls[:, None, None].expand(-1, aggregated.shape[1], -1, -1))
-        return l2norm(torch.cat(parts, dim=2))
+    def _align(
+        self,
+        img: _ImageCache,
+        aggregated: torch.Tensor,
+        extra: torch.Tensor,
+        words: torch.Tensor,
+        lens: torch.Tensor,
+    ) -> torch.Tensor:
+        """HRPA of [CLS?, aggregated, extra], normalised only now as officially, vs the words: (B_v, T)."""
+        align = pair_cosines(img.cls, aggregated, extra, words)
+        return self.hrpa(align, length_mask(lens, words.shape[1])[None, :, None])
 
 
 @dataclass

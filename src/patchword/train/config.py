@@ -13,8 +13,10 @@ __all__ = ["DataConfig", "TrainConfig", "EvalConfig", "RunConfig"]
 class DataConfig:
     """Where the data comes from and how text is tokenised."""
 
-    dataset: str = "synthetic"  # synthetic | laps (official LAPS/SEPS layout) | karpathy (dataset_*.json)
-    root: str = ""  # laps: directory with {split}_ids.txt/_caps.txt; karpathy: path of dataset_*.json
+    # synthetic | laps (LAPS/SEPS layout) | karpathy (dataset_*.json) | precomp (SCAN region features:
+    # {split}_ims.npy + {split}_caps.txt) | synthetic_regions (the synthetic scenes as region features)
+    dataset: str = "synthetic"
+    root: str = ""  # laps: dir of {split}_ids.txt, _caps.txt; karpathy: dataset_*.json; precomp: npy dir
     image_root: str = ""  # directory holding the image files (real datasets)
     dense_train: str = ""  # laps: dense-caption jsonl of the train split (image order)
     dense_dev: str = ""  # laps: dense-caption jsonl of the dev split
@@ -36,6 +38,13 @@ class DataConfig:
     num_test: int = 1000  # synthetic scenes: test images
     dense_omit_prob: float = 0.15  # synthetic dense captions: probability an object is left out
     dense_wrong_attr_prob: float = 0.1  # synthetic dense captions: probability of a wrong attribute
+    vocab_path: str = ""  # tokenizer=word: a SCAN-format vocabulary json to use ("" = build from train text)
+    vocab_min_count: int = 1  # tokenizer=word: keep words seen this often in training text (SCAN: 4)
+    mmap: bool = True  # precomp: memory-map {split}_ims.npy instead of loading it
+    num_regions: int = 36  # synthetic_regions: regions per image
+    region_dim: int = 256  # synthetic_regions: feature width
+    boxes_per_object: int = 3  # synthetic_regions: regions per object
+    region_noise: float = 0.3  # synthetic_regions: norm of the noise added to every region
 
 
 @dataclass

@@ -21,7 +21,9 @@ _logger = logging.getLogger(__name__)
 class TextTokenizer(Protocol):
     """What the trainer needs from a tokenizer (``WordVocab`` and ``BertCaptionTokenizer`` both fit)."""
 
-    def batch_encode(self, texts: Sequence[str], max_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch_encode(
+        self, texts: Sequence[str], max_len: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (ids (B, L) long padded with 0, lens (B,) long counting the special tokens)."""
         ...
 
@@ -94,6 +96,8 @@ class EncodedSplit:
         images = self.images
         if isinstance(images, ArrayImages):
             images = ArrayImages(images.images[:n].numpy(), images.mean, images.std)
+        else:
+            images = _FirstImages(images, n)
         return EncodedSplit(
             name=f"{self.name}[:{n}]",
             images=images,
@@ -105,6 +109,19 @@ class EncodedSplit:
             dense_lens=None if self.dense_lens is None else self.dense_lens[:n],
             fits=None,
         )
+
+
+class _FirstImages:
+    """The first ``n`` images of any :class:`ImageSource` (indices below ``n`` are unchanged)."""
+
+    def __init__(self, source: ImageSource, n: int) -> None:
+        self.source, self.n = source, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def batch(self, indices: torch.Tensor, train: bool) -> torch.Tensor:
+        return self.source.batch(indices, train)
 
 
 def encode_split(

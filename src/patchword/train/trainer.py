@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from patchword.eval.evaluate import evaluate_encoded
-from patchword.losses import HingeLoss, RatioLoss
+from patchword.losses import CMCLoss, HingeLoss, RatioLoss
 from patchword.model import RetrievalModel
 from patchword.train.checkpoint import atomic_save, load_checkpoint, rng_state, set_rng_state
 from patchword.train.config import RunConfig
@@ -67,6 +67,9 @@ class Trainer:
         ratio_mode = getattr(model.matcher, "ratio_mode", "sum_masks")
         sparse_ratio = getattr(getattr(model.matcher, "config", None), "sparse_ratio", 1.0)
         self.ratio = RatioLoss(sparse_ratio, mode=ratio_mode)
+        self.global_loss = (
+            CMCLoss(margin=self.tc.margin) if getattr(model.matcher, "global_loss", None) == "cmc" else None
+        )
         self.epoch = 0
         self.batch_in_epoch = 0
         self.step = 0
@@ -101,7 +104,9 @@ class Trainer:
 
     def resume(self, path: str | Path) -> None:
         self.load_state_dict(load_checkpoint(path, map_location=self.device))
-        _logger.info("resumed from %s at epoch %d, batch %d, step %d", path, self.epoch, self.batch_in_epoch, self.step)
+        _logger.info(
+            "resumed from %s at epoch %d, batch %d, step %d", path, self.epoch, self.batch_in_epoch, self.step
+        )
 
     def save_last(self) -> None:
         atomic_save(self.state_dict(), self.run_dir / "last.pt")
@@ -131,8 +136,13 @@ class Trainer:
                 self.batch_in_epoch = 0
                 self.scheduler.step()
             self.validate()
-        return {"best_dev_rsum": self.best_rsum, "steps": self.step, "epochs_done": self.epoch,
-                "skipped_steps": self.skipped_steps, "train_seconds": time.perf_counter() - start}
+        return {
+            "best_dev_rsum": self.best_rsum,
+            "steps": self.step,
+            "epochs_done": self.epoch,
+            "skipped_steps": self.skipped_steps,
+            "train_seconds": time.perf_counter() - start,
+        }
 
     def _epoch_batches(self, epoch: int) -> list[torch.Tensor]:
         gen = torch.Generator().manual_seed(self.cfg.seed * 100003 + epoch)
@@ -160,23 +170,35 @@ class Trainer:
             fits = data.fits(cap_idx.numpy(), img_idx.numpy())  # (B_t, B_v)
             ignore = torch.from_numpy(np.ascontiguousarray(fits.T)).to(dev)
         with autocast_context(self.cfg.precision, dev):
-            decisions = []
+            decisions, extras = [], {}
             if self.step < tc.global_warmup_steps:
                 sims = self.model.global_sims(images, ids.to(dev), lens.to(dev))
             else:
                 out = self.model(images, ids.to(dev), lens.to(dev), dense_ids, dense_lens)
-                sims, decisions = out.sims, out.decisions
+                sims, decisions, extras = out.sims, out.decisions, out.extras
         sims = sims.float()
-        align = self.hinge(sims, img_ids=img_idx.to(dev), ignore=ignore,
-                           max_violation=self.epoch >= tc.hardest_after_epochs)
+        img_ids = img_idx.to(dev)
+        align = self.hinge(
+            sims, img_ids=img_ids, ignore=ignore, max_violation=self.epoch >= tc.hardest_after_epochs
+        )
+        if self.global_loss is not None and "global_img" in extras:
+            # The CMC ranking term follows the same sum -> hardest-negative schedule as the hinge.
+            self.global_loss.ranking.max_violation = self.epoch >= tc.hardest_after_epochs
+            align = align + self.global_loss(
+                extras["global_img"].float(), extras["global_txt"].float(), img_ids
+            )
         if self.epoch < tc.align_warmup_epochs:
             # official warm-up: the alignment term grows linearly over the first epoch(s)
-            align = align * min(1.0, (self.epoch * n_batches + self.batch_in_epoch) / (tc.align_warmup_epochs * n_batches))
+            align = align * min(
+                1.0, (self.epoch * n_batches + self.batch_in_epoch) / (tc.align_warmup_epochs * n_batches)
+            )
         ratio = self.ratio(decisions) if decisions else sims.new_zeros(())
         loss = align + tc.ratio_weight * ratio
         if not torch.isfinite(loss):
             self.skipped_steps += 1
-            _logger.warning("non-finite loss at step %d: step skipped (%d so far)", self.step, self.skipped_steps)
+            _logger.warning(
+                "non-finite loss at step %d: step skipped (%d so far)", self.step, self.skipped_steps
+            )
             self.optimizer.zero_grad(set_to_none=True)
             return
         self.optimizer.zero_grad(set_to_none=True)
@@ -187,24 +209,44 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         if tc.log_every and self.step % tc.log_every == 0:
-            record = {"split": "train", "step": self.step, "epoch": self.epoch, "loss": float(loss),
-                      "align": float(align), "ratio": float(ratio), "lr": self.optimizer.param_groups[0]["lr"],
-                      "time": time.time()}
+            record = {
+                "split": "train",
+                "step": self.step,
+                "epoch": self.epoch,
+                "loss": loss.item(),
+                "align": align.item(),
+                "ratio": ratio.item(),
+                "lr": self.optimizer.param_groups[0]["lr"],
+                "time": time.time(),
+            }
             _logger.info("step %d epoch %d loss %.4f", self.step, self.epoch, record["loss"])
             self._log(record)
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
-        metrics = evaluate_encoded(self.model, self.dev_split, self.cfg.eval, device=self.device,
-                                   progress=self.cfg.progress)
+        metrics = evaluate_encoded(
+            self.model, self.dev_split, self.cfg.eval, device=self.device, progress=self.cfg.progress
+        )
         record = {"split": "dev", "step": self.step, "epoch": self.epoch, **metrics, "time": time.time()}
         self._log(record)
-        _logger.info("dev @ step %d: rsum %.1f (t2i R@1 %.1f, i2t R@1 %.1f)", self.step, metrics["rsum"],
-                     metrics["t2i_r1"], metrics["i2t_r1"])
+        _logger.info(
+            "dev @ step %d: rsum %.1f (t2i R@1 %.1f, i2t R@1 %.1f)",
+            self.step,
+            metrics["rsum"],
+            metrics["t2i_r1"],
+            metrics["i2t_r1"],
+        )
         if metrics["rsum"] > self.best_rsum:
             self.best_rsum = metrics["rsum"]
-            atomic_save({"model": self.model.state_dict(), "metrics": metrics, "step": self.step,
-                         "config": asdict(self.cfg)}, self.run_dir / "best.pt")
+            atomic_save(
+                {
+                    "model": self.model.state_dict(),
+                    "metrics": metrics,
+                    "step": self.step,
+                    "config": asdict(self.cfg),
+                },
+                self.run_dir / "best.pt",
+            )
         self.save_last()
         return metrics
 

@@ -1,0 +1,106 @@
+"""A transformer over encoder tokens (TGDT's region and text transformers) and a text-encoder wrapper.
+
+TGDT (reference/tgdt_ucmfh.md A.3) puts transformer encoders on top of the projected region features and
+on top of the text backbone's word features; the output at position 0 is the global embedding, the rest
+are the local tokens. The official layers are PyTorch's post-norm ``TransformerEncoderLayer`` (d = 1024,
+4 heads, FFN 2048, dropout 0.1, ReLU). On the image side the official collate function puts a zero
+feature vector at position 0 as the "CLS" slot; here that slot is a learned token (``global_token``),
+which is what a zero vector becomes after the official feature MLP and projection: a constant.
+
+Unlike the official stage-2 transformers, padding is masked (the official ones have no key-padding
+mask, so a caption's embedding depends on the padding of its evaluation batch; reference A.10 item 4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import chain
+
+import torch
+from torch import nn
+
+from patchword.encoders.tiny import EncoderBase, padding_mask
+
+__all__ = ["ContextConfig", "ContextTransformer", "ContextualTextEncoder"]
+
+
+@dataclass
+class ContextConfig:
+    """Hyper-parameters of :class:`ContextTransformer`; ``layers=0`` means no transformer."""
+
+    layers: int = 0  # transformer layers (TGDT: 4 = 2 stage-1 + 2 stage-2 in the 1024-d part)
+    heads: int = 4  # attention heads; must divide the token width
+    ffn_dim: int = 2048  # feed-forward hidden size (official 2048)
+    dropout: float = 0.1  # dropout inside every layer (official 0.1)
+    global_token: bool = False  # prepend a learned token whose output is the global embedding
+
+
+class ContextTransformer(nn.Module):
+    """Post-norm transformer layers over (B, L, C) tokens, optionally with a learned global token first.
+
+    Args:
+        width: token width C.
+        cfg: hyper-parameters.
+    """
+
+    def __init__(self, width: int, cfg: ContextConfig) -> None:
+        super().__init__()
+        if cfg.layers < 0:
+            raise ValueError(f"layers must be >= 0, got {cfg.layers}")
+        if cfg.layers and width % cfg.heads:
+            raise ValueError(f"heads ({cfg.heads}) must divide the token width ({width})")
+        self.cfg = cfg
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(
+                d_model=width,
+                nhead=cfg.heads,
+                dim_feedforward=cfg.ffn_dim,
+                dropout=cfg.dropout,
+                activation="relu",
+                batch_first=True,
+            )
+            for _ in range(cfg.layers)
+        )
+        self.global_token = nn.Parameter(torch.zeros(1, 1, width)) if cfg.global_token else None
+        if self.global_token is not None:
+            nn.init.trunc_normal_(self.global_token, std=0.02)
+
+    def forward(self, tokens: torch.Tensor, lens: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, L, C) tokens and optional (B,) valid lengths -> (B, L', C), L' = L + 1 with a global token.
+
+        Positions at or beyond ``lens`` are excluded from attention (their outputs are meaningless).
+        """
+        if self.global_token is not None:
+            tokens = torch.cat(
+                [self.global_token.expand(tokens.shape[0], -1, -1).to(tokens.dtype), tokens], 1
+            )
+            if lens is not None:
+                lens = lens + 1
+        mask = None if lens is None else padding_mask(lens.to(tokens.device), tokens.shape[1])
+        for layer in self.layers:
+            tokens = layer(tokens, src_key_padding_mask=mask)
+        return tokens
+
+
+class ContextualTextEncoder(EncoderBase):
+    """A text encoder followed by a :class:`ContextTransformer` (TGDT's text transformer).
+
+    The transformer trains at the head learning rate: it joins the base encoder's head parameters, so a
+    pretrained backbone (BERT) keeps its reduced rate.
+    """
+
+    def __init__(self, base: EncoderBase, context: ContextTransformer) -> None:
+        super().__init__()
+        self.base = base
+        self.context = context
+        self.embed_dim = base.embed_dim
+        self.pretrained = getattr(base, "pretrained", False)
+        self.proj = base.proj
+
+    def head_parameters(self) -> Iterator[nn.Parameter]:
+        return chain(self.base.head_parameters(), self.context.parameters())
+
+    def forward(self, ids: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        """(B, L) ids, (B,) lengths -> (B, L, embed_dim) contextualised tokens."""
+        return self.context(self.base(ids, lens), lens.to(ids.device))

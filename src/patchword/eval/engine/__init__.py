@@ -1,0 +1,33 @@
+"""Scoring engines: the exact full similarity matrix of a matcher, fast and in bounded memory.
+
+``score_matrix`` is the entry point; see :mod:`patchword.eval.engine.core` for the engine protocol and
+:mod:`patchword.eval.engine.seps` for the SEPS/LAPS reformulation.
+"""
+
+from patchword.eval.engine.core import (
+    DEFAULT_MAX_MEMORY_MB,
+    BlockPlan,
+    ScoringEngine,
+    ScoringInputs,
+    engine_for,
+    register_engine,
+    score_matrix,
+)
+from patchword.eval.engine.forward import ForwardEngine
+from patchword.eval.engine.memory import TensorMemoryMeter
+from patchword.eval.engine.seps import SEPSEngine
+from patchword.eval.engine.vse import VSEEngine
+
+__all__ = [
+    "DEFAULT_MAX_MEMORY_MB",
+    "BlockPlan",
+    "ForwardEngine",
+    "SEPSEngine",
+    "ScoringEngine",
+    "ScoringInputs",
+    "TensorMemoryMeter",
+    "VSEEngine",
+    "engine_for",
+    "register_engine",
+    "score_matrix",
+]

@@ -1,0 +1,313 @@
+"""``score_matrix``: the exact full similarity matrix of any matcher, fast where an engine exists.
+
+A *scoring engine* computes the (N_img, N_txt) matrix of one matcher in blocks whose size is chosen from
+a memory budget. Engines are found, in order:
+
+1. ``matcher.fast_scorer()``, if the matcher defines it (a matcher shipping its own engine);
+2. the engine registered for the matcher's class or a base class (:func:`register_engine`);
+3. :class:`~patchword.eval.engine.forward.ForwardEngine`: block-wise calls of the matcher's own forward.
+
+Every engine must equal the matcher's eval-mode forward pass (to float rounding); ``engine="forward"``
+forces the fallback, which is how the fast engines are tested.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from patchword._validation import check_lengths, check_tensor
+from patchword.eval.engine.memory import budget_bytes
+
+__all__ = [
+    "DEFAULT_MAX_MEMORY_MB",
+    "ScoringEngine",
+    "ScoringInputs",
+    "engine_for",
+    "prepare_inputs",
+    "register_engine",
+    "score_matrix",
+]
+
+#: Working-memory budget of :func:`score_matrix` when none is given (MiB).
+DEFAULT_MAX_MEMORY_MB = 1024
+
+# matcher class -> engine factory; looked up along the MRO, so subclasses inherit their base's engine.
+_ENGINES: dict[type, Callable[[nn.Module], ScoringEngine]] = {}
+
+
+@dataclass
+class ScoringInputs:
+    """Validated inputs of one scoring job (all on the CPU or the caller's device, any float dtype).
+
+    Attributes:
+        img_tokens: (N_img, L_v, C) projected image tokens (CLS first when the matcher has one).
+        cap_tokens: (N_txt, L_t, C) caption tokens; ``cap_lens`` (N_txt,) valid counts incl. specials.
+        dense_tokens: (N_dense, L_d, C) dense-caption tokens or None; ``dense_lens`` (N_dense,).
+        dense_index: (N_txt,) row of ``dense_tokens`` paired with each caption when dense text is tied to
+            captions (official protocol); None when it is tied to images (row v belongs to image v).
+    """
+
+    img_tokens: torch.Tensor
+    cap_tokens: torch.Tensor
+    cap_lens: torch.Tensor
+    dense_tokens: torch.Tensor | None = None
+    dense_lens: torch.Tensor | None = None
+    dense_index: torch.Tensor | None = None
+
+    def subset(self, images: torch.Tensor, texts: torch.Tensor) -> ScoringInputs:
+        """The inputs restricted to some images and texts (index tensors; dense rows follow)."""
+        dense, dense_lens, index = self.dense_tokens, self.dense_lens, self.dense_index
+        if dense is not None and index is None:  # image-tied: row v belongs to image v
+            dense, dense_lens = dense[images], dense_lens[images]
+        elif dense is not None:
+            index = index[texts]
+        return ScoringInputs(
+            self.img_tokens[images], self.cap_tokens[texts], self.cap_lens[texts], dense, dense_lens, index
+        )
+
+    @property
+    def num_images(self) -> int:
+        return self.img_tokens.shape[0]
+
+    @property
+    def num_texts(self) -> int:
+        return self.cap_tokens.shape[0]
+
+
+@dataclass
+class BlockPlan:
+    """How an engine split the job: block sizes, formulation, and its estimate of the peak (bytes)."""
+
+    engine: str
+    image_block: int
+    text_block: int
+    dense_block: int = 0
+    estimated_peak_bytes: int = 0
+    budget_bytes: int = 0
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class ScoringEngine:
+    """Base class of the engines. Subclasses implement :meth:`score` and set ``self.last_plan``.
+
+    ``score`` fills ``out`` (N_img, N_txt) float32 on the CPU with the matcher's eval-mode similarities,
+    never keeping more than ``budget`` bytes of working tensors alive (inputs and ``out`` excluded).
+    """
+
+    name = "engine"
+
+    def __init__(self, matcher: nn.Module) -> None:
+        self.matcher = matcher
+        self.last_plan: BlockPlan | None = None
+
+    def score(
+        self,
+        inputs: ScoringInputs,
+        out: torch.Tensor,
+        *,
+        budget: int,
+        device: torch.device,
+        progress: bool | None,
+    ) -> None:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def score_pairs(
+        self,
+        inputs: ScoringInputs,
+        img_index: torch.Tensor,
+        txt_index: torch.Tensor,
+        *,
+        budget: int,
+        device: torch.device,
+        progress: bool | None = None,
+    ) -> torch.Tensor:
+        """Similarities of the listed pairs only (two-stage re-ranking): (P,) float32 on the CPU.
+
+        The default groups the pairs by image and scores each image against its own captions with
+        :meth:`score`; engines may override it with something faster.
+        """
+        result = torch.empty(img_index.shape[0], dtype=torch.float32)
+        order = torch.argsort(img_index, stable=True)
+        images, counts = torch.unique_consecutive(img_index[order], return_counts=True)
+        with progress_bar(int(img_index.shape[0]), "re-rank pairs", progress) as bar:
+            start = 0
+            for v, count in zip(images.tolist(), counts.tolist(), strict=True):
+                sel = order[start : start + count]
+                start += count
+                texts = txt_index[sel]
+                sub = inputs.subset(torch.tensor([v]), texts)
+                out = torch.empty(1, count, dtype=torch.float32)
+                self.score(sub, out, budget=budget, device=device, progress=False)
+                result[sel] = out[0]
+                bar.update(count)
+        return result
+
+
+def register_engine(matcher_cls: type) -> Callable[[Callable[[nn.Module], ScoringEngine]], Any]:
+    """Decorator registering an engine factory (usually the engine class) for a matcher class."""
+
+    def decorator(factory: Callable[[nn.Module], ScoringEngine]) -> Any:
+        _ENGINES[matcher_cls] = factory
+        return factory
+
+    return decorator
+
+
+def engine_for(matcher: nn.Module, engine: str | ScoringEngine | None = None) -> ScoringEngine:
+    """The engine that will score ``matcher``.
+
+    Args:
+        matcher: any matcher module.
+        engine: ``None`` / ``"auto"`` (fast engine if any, else the forward fallback), ``"forward"``
+            (always block-wise forward calls), or a ready engine instance.
+    """
+    from patchword.eval.engine import forward, seps, vse  # noqa: F401  (registers the built-in engines)
+
+    if isinstance(engine, ScoringEngine):
+        return engine
+    if engine == "forward":
+        return forward.ForwardEngine(matcher)
+    if engine not in (None, "auto"):
+        raise ValueError(f"engine must be None, 'auto', 'forward' or a ScoringEngine, got {engine!r}")
+    own = getattr(matcher, "fast_scorer", None)
+    if callable(own):
+        found = own()
+        if found is not None:
+            return found
+    for cls in type(matcher).__mro__:
+        if cls in _ENGINES:
+            return _ENGINES[cls](matcher)
+    return forward.ForwardEngine(matcher)
+
+
+def _matcher_device(matcher: nn.Module) -> torch.device:
+    for tensor in list(matcher.parameters()) + list(matcher.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+def _dense_pairing(matcher: nn.Module) -> str:
+    cfg = getattr(matcher, "config", None)
+    if cfg is not None and getattr(cfg, "use_dense", True) is False:
+        return "none"
+    return getattr(cfg, "dense_pairing", "image")
+
+
+def prepare_inputs(
+    matcher: nn.Module,
+    img_tokens: torch.Tensor,
+    cap_tokens: torch.Tensor,
+    cap_lens: object,
+    dense_tokens: torch.Tensor | None,
+    dense_lens: object,
+    txt2img: object,
+) -> ScoringInputs:
+    """Validate ``score_matrix``'s arguments and resolve the dense pairing into :class:`ScoringInputs`."""
+    img_tokens = check_tensor(img_tokens, "img_tokens", ndim=3, finite=False)
+    dim = img_tokens.shape[2]
+    cap_tokens = check_tensor(cap_tokens, "cap_tokens", shape=(None, None, dim), finite=False)
+    if img_tokens.shape[0] == 0 or cap_tokens.shape[0] == 0:
+        raise ValueError("score_matrix needs at least one image and one caption")
+    cap_lens = check_lengths(cap_lens, "cap_lens", size=cap_tokens.shape[0], max_len=cap_tokens.shape[1])
+    pairing = _dense_pairing(matcher)
+    if dense_tokens is None or pairing == "none":
+        return ScoringInputs(img_tokens, cap_tokens, cap_lens)
+    dense_tokens = check_tensor(dense_tokens, "dense_tokens", shape=(None, None, dim), finite=False)
+    dense_lens = check_lengths(
+        dense_lens, "dense_lens", size=dense_tokens.shape[0], max_len=dense_tokens.shape[1]
+    )
+    n_img, n_txt, n_dense = img_tokens.shape[0], cap_tokens.shape[0], dense_tokens.shape[0]
+    if pairing != "caption":
+        if n_dense != n_img:
+            raise ValueError(f"dense_tokens tied to images need one row per image ({n_img}), got {n_dense}")
+        return ScoringInputs(img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens)
+    if txt2img is None:
+        if n_dense != n_txt:
+            raise ValueError(
+                f"dense_pairing='caption' needs one dense row per caption ({n_txt}), got {n_dense}; or pass "
+                "txt2img to pair caption j with dense row txt2img[j] (rows = images)"
+            )
+        index = torch.arange(n_txt)
+    else:
+        index = torch.as_tensor(txt2img).long().cpu()
+        if index.shape != (n_txt,):
+            raise ValueError(f"txt2img must have shape ({n_txt},), got {tuple(index.shape)}")
+        if int(index.min()) < 0 or int(index.max()) >= n_dense:
+            raise ValueError(f"txt2img values must index the {n_dense} dense rows")
+    return ScoringInputs(img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens, index)
+
+
+@torch.no_grad()
+def score_matrix(
+    matcher: nn.Module,
+    img_tokens: torch.Tensor,
+    cap_tokens: torch.Tensor,
+    cap_lens: object,
+    dense_tokens: torch.Tensor | None = None,
+    dense_lens: object = None,
+    *,
+    txt2img: object = None,
+    max_memory_mb: float = DEFAULT_MAX_MEMORY_MB,
+    device: torch.device | str | None = None,
+    progress: bool | None = None,
+    engine: str | ScoringEngine | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The exact (N_img, N_txt) similarity matrix of ``matcher`` in bounded memory.
+
+    Equal (to float rounding, <= 1e-5) to calling the matcher's forward in eval mode on every pair, but
+    per-image and per-caption work is done once and the pair work is reformulated (see
+    ``patchword.eval.engine.seps``). The matcher is put in eval mode for the call and restored after.
+
+    Args:
+        matcher: a matcher module (``build_matcher(...)``) on ``device``.
+        img_tokens: (N_img, L_v, C) projected image tokens (CLS first when the matcher has one).
+        cap_tokens: (N_txt, L_t, C) caption tokens, ``cap_lens`` (N_txt,) valid counts incl. specials.
+        dense_tokens: dense (MLLM) caption tokens, ``dense_lens`` their lengths. With the matcher's
+            ``dense_pairing="image"``: (N_img, L_d, C), row v describes image v. With ``"caption"``:
+            (N_txt, L_d, C), one per caption, or any (N_dense, L_d, C) plus ``txt2img``.
+        txt2img: (N_txt,) with caption-tied dense text, caption j uses dense row ``txt2img[j]`` (rows =
+            images, as ``chunked_scores``); captions sharing a dense row share its dense-branch work.
+        max_memory_mb: budget for the engine's working tensors in MiB (inputs and the result excluded);
+            block sizes are chosen so that the peak stays below it, whatever N_img x N_txt is.
+        device: where to compute (default: the matcher's device). Results are gathered on the CPU.
+        progress: progress bar (default: only on a terminal).
+        engine: None/"auto", "forward" (block-wise forward fallback) or a :class:`ScoringEngine`.
+        out: optional preallocated (N_img, N_txt) float32 CPU tensor to fill (e.g. over a memory map).
+
+    Returns:
+        (N_img, N_txt) float32 CPU tensor (``out`` when given).
+
+    Raises:
+        ValueError: malformed inputs, or a budget too small for a single image-caption block.
+    """
+    inputs = prepare_inputs(matcher, img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens, txt2img)
+    budget = budget_bytes(max_memory_mb)
+    device = _matcher_device(matcher) if device is None else torch.device(device)
+    shape = (inputs.num_images, inputs.num_texts)
+    if out is None:
+        out = torch.empty(shape, dtype=torch.float32)
+    elif out.shape != shape or out.dtype != torch.float32 or out.device.type != "cpu":
+        raise ValueError(f"out must be a float32 CPU tensor of shape {shape}")
+    scorer = engine_for(matcher, engine)
+    was_training = matcher.training
+    matcher.eval()
+    try:
+        scorer.score(inputs, out, budget=budget, device=device, progress=progress)
+    finally:
+        matcher.train(was_training)
+    return out
+
+
+def progress_bar(total: int, desc: str, enabled: bool | None) -> tqdm:
+    """A tqdm bar over pairs: shown on a terminal by default, or as ``enabled`` says."""
+    disable = not sys.stderr.isatty() if enabled is None else not enabled
+    return tqdm(total=total, desc=desc, disable=disable, leave=False, unit="pair", unit_scale=True)

@@ -1,0 +1,79 @@
+"""The fallback engine: the matcher's own forward over blocks of pairs sized from the memory budget."""
+
+from __future__ import annotations
+
+import torch
+
+from patchword.eval.engine.core import BlockPlan, ScoringEngine, ScoringInputs, progress_bar
+
+__all__ = ["ForwardEngine", "forward_pair_bytes"]
+
+_F32 = 4
+
+
+def forward_pair_bytes(matcher, img_len: int, txt_len: int, dense_len: int, dim: int) -> int:
+    """Working bytes one image-caption pair costs inside ``matcher.forward``.
+
+    A matcher may declare ``pair_memory_bytes(img_len, txt_len, dense_len, dim)``; otherwise the estimate
+    assumes the forward materialises four fp32 token tensors of the pair (image, caption and dense tokens
+    side by side), generous for every built-in matcher (SEPS: ~0.3 MB at ViT-224, C=512; the estimate is
+    ~2.9 MB), so a forward-only matcher gets smaller blocks rather than exceeding the budget.
+    """
+    declared = getattr(matcher, "pair_memory_bytes", None)
+    if callable(declared):
+        return int(declared(img_len, txt_len, dense_len, dim))
+    return 4 * _F32 * dim * (img_len + txt_len + dense_len)
+
+
+class ForwardEngine(ScoringEngine):
+    """Score by calling ``matcher(img_block, cap_block, lens, dense...)``: exact by construction.
+
+    Used for matchers without a fast engine, and as the ground truth the fast engines are tested against.
+    """
+
+    name = "forward"
+
+    def plan(self, inputs: ScoringInputs, budget: int) -> BlockPlan:
+        """Images and captions per block so that inputs, working tensors and the output block fit."""
+        n_img, n_txt = inputs.num_images, inputs.num_texts
+        l_v, dim = inputs.img_tokens.shape[1:]
+        l_t = inputs.cap_tokens.shape[1]
+        l_d = 0 if inputs.dense_tokens is None else inputs.dense_tokens.shape[1]
+        per_pair = forward_pair_bytes(self.matcher, l_v, l_t, l_d, dim) + _F32
+        per_image = _F32 * dim * (l_v + (l_d if inputs.dense_index is None else 0))
+        per_text = _F32 * dim * (l_t + (l_d if inputs.dense_index is not None else 0))
+        for image_block in sorted({min(n_img, b) for b in (128, 64, 32, 16, 8, 4, 2, 1)}, reverse=True):
+            room = budget - image_block * per_image
+            text_block = min(n_txt, room // (image_block * per_pair + per_text)) if room > 0 else 0
+            if text_block >= min(n_txt, 16) or (image_block == 1 and text_block >= 1):
+                peak = image_block * per_image + text_block * (per_text + image_block * per_pair)
+                return BlockPlan(self.name, image_block, int(text_block), 0, int(peak), budget)
+        need = (per_image + per_text + per_pair) / (1 << 20)
+        raise ValueError(
+            f"max_memory_mb={budget / (1 << 20):.3g} is too small to score even one pair with "
+            f"{type(self.matcher).__name__}.forward (needs ~{need:.3g} MiB)"
+        )
+
+    @torch.no_grad()
+    def score(self, inputs, out, *, budget, device, progress) -> None:
+        plan = self.plan(inputs, budget)
+        self.last_plan = plan
+        n_img, n_txt = inputs.num_images, inputs.num_texts
+        image_tied = inputs.dense_tokens is not None and inputs.dense_index is None
+        with progress_bar(n_img * n_txt, "score pairs", progress) as bar:
+            for i0 in range(0, n_img, plan.image_block):
+                rows = slice(i0, i0 + plan.image_block)
+                img = inputs.img_tokens[rows].to(device)
+                for t0 in range(0, n_txt, plan.text_block):
+                    cols = slice(t0, t0 + plan.text_block)
+                    width = int(inputs.cap_lens[cols].max())
+                    dense = (None, None)
+                    if image_tied:
+                        dense = (inputs.dense_tokens[rows].to(device), inputs.dense_lens[rows].to(device))
+                    elif inputs.dense_tokens is not None:
+                        owner = inputs.dense_index[cols]
+                        dense = (inputs.dense_tokens[owner].to(device), inputs.dense_lens[owner].to(device))
+                    caps = inputs.cap_tokens[cols, :width].to(device)
+                    sims = self.matcher(img, caps, inputs.cap_lens[cols].to(device), *dense).sims
+                    out[rows, cols] = sims.float().cpu()
+                    bar.update(sims.numel())

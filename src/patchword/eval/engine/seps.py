@@ -1,0 +1,805 @@
+"""Exact fast scoring engine of SEPS / LAPS (every variant and switch of :class:`SEPSMatcher`).
+
+Notation, for one image: raw patches P (N, C) (CLS excluded), its Gram matrix G = P P^T (N, N) and, per
+aggregation net, logits Lg (N, N_c) (the official MLP, run once per image) with E = exp(Lg - max_n Lg).
+A pair (image, text) keeps the top-K patches of its selection score (mask ``keep``); its aggregated
+token k and its fusion token are
+
+    a_k = sum_n Omega_kn P_n,   Omega_kn = keep_n E_nk / Z_k,  Z_k = sum_n keep_n E_nk  (masked softmax)
+    f   = sum_n phi_n P_n,      phi = softmax of the scores over the dropped patches
+
+so every image token of a pair is a row of a weight matrix Omega (N_c + 1, N) times P. HRPA needs only the
+cosines between these tokens and the unit words W (L, C) of the text. Three exact formulations, the
+cheapest chosen per text block by a cost model (``formulation="auto"``):
+
+* ``"gram"`` (short texts such as captions, the reformulation of reference/synthetic_calibration.md):
+  Q = P W^T for the whole block in one GEMM, numerators Q Omega^T, squared token norms
+  diag(Omega G Omega^T) from the image's Gram matrix: the (pairs, N_c, C) aggregated tokens are never
+  formed. Per pair ~2 L C N + 2 (N_c + 1) N (N + L) FLOPs (~6.8 M at ViT-224, C = 512, L = 17).
+* ``"kdirect"`` (long texts such as dense captions): the aggregated tokens from the K kept patches only
+  (a row gather of P and a batched GEMM: half the FLOPs of the masked product at K = N / 2), then the
+  cosines with the words. Per pair ~2 N_c K C + 2 (N_c + 1) C L FLOPs (~8.6 M at L = 115).
+* ``"direct"``: the tokens Omega P as one GEMM over all N patches, then the cosines (no gather; best
+  for small widths).
+
+Omega is built from the per-image E by a masked product (no per-pair MLP or exp). For a single selection
+branch the normaliser Z cancels under the tokens' L2 normalisation and is skipped; with two branches
+(paper "guide" mode: the sparse and dense aggregations are summed) it is kept. The max-shift of E is per
+image: an image whose logit range exceeds ``_EXP_RANGE`` (E could underflow) gets the exact per-pair
+masked softmax instead.
+
+Everything that depends only on the image (saliency, paper score predictor, logits, E, G, the image-tied
+dense branch) is computed once per image, everything that depends only on a text (unit words, global
+vector) once per text block. Dense text tied to captions (the official, leaky protocol) is scored once
+per distinct dense text (the 5 captions of an image share one) and gathered. HRPA takes its maxima
+before the LeakyReLU (monotone, so exact) and calls the matcher's own TopK-MLP modules (paper variant).
+
+Selection ties at the K-th score may resolve differently from the forward pass (as they do in the
+forward itself between different batchings); everything else equals the forward to float rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+
+from patchword.eval.engine.core import BlockPlan, ScoringEngine, ScoringInputs, progress_bar, register_engine
+from patchword.eval.engine.memory import largest_fitting
+from patchword.matching.aggregation import TokenAggregation
+from patchword.matching.ops import l2norm, length_mask, masked_mean
+from patchword.matching.selection import combine_paper_scores, fusion_weights, image_saliency, text_relevance
+from patchword.matching.seps import SEPSMatcher
+
+__all__ = ["SEPSEngine"]
+
+# Above this logit range (max - min over an image's patches) exp(Lg - max) could leave the normal float
+# range (exp(-87) is the smallest normal float32), so that image falls back to the per-pair softmax.
+_EXP_RANGE = 80.0
+_F32 = 4
+_I64 = 8
+# Text blocks are cut where the length drops below this fraction of the block's longest text (once the
+# block holds _MIN_BUCKET texts), so that padding costs little.
+_BUCKET_SLACK = 0.85
+_MIN_BUCKET = 32
+# The exact formulations (module docstring); "auto" picks the cheapest per text block.
+_FORMS = ("gram", "direct", "kdirect")
+# Cost-model weights, in GEMM FLOPs (measured on the 2-core CPU): a gathered float (row gathers run at
+# ~10-18 GB/s, GEMMs at ~45 GFLOP/s per core), and the slowdown of per-pair small matrix products.
+_GATHER_FLOPS = 20
+_SMALL_BMM = 1.5
+# Pair tensors of one block are kept under this many bytes even when the budget allows more: larger
+# blocks fall out of the caches and run slower (measured), without amortising anything more.
+_WORKING_SET = 64 << 20
+
+
+@dataclass
+class _Texts:
+    """A block of T texts (captions or dense captions), padded to the block's longest."""
+
+    words: torch.Tensor  # (T, L, C) L2-normalised tokens (padding rows are zero)
+    valid: torch.Tensor  # (T, L) bool
+    n_words: torch.Tensor  # (T,) float valid counts
+    guide: torch.Tensor  # (T, C) L2-normalised mean of the raw tokens (selection guide)
+
+    @classmethod
+    def build(cls, tokens: torch.Tensor, lens: torch.Tensor) -> _Texts:
+        width = int(lens.max())
+        tokens = tokens[:, :width]
+        valid = length_mask(lens, width)
+        return cls(l2norm(tokens), valid, valid.sum(-1).to(tokens.dtype), l2norm(masked_mean(tokens, lens)))
+
+    @property
+    def size(self) -> int:
+        return self.words.shape[0]
+
+    @property
+    def flat(self) -> torch.Tensor:
+        """(T * L, C) view of the unit words."""
+        return self.words.reshape(-1, self.words.shape[-1])
+
+
+@dataclass
+class _PackedTexts:
+    """Unit words and guides of many texts, computed once and packed without padding."""
+
+    words: torch.Tensor  # (W + 1, C) unit words of every text back to back; the last row is zero
+    offsets: torch.Tensor  # (N,) first row of each text
+    lens: torch.Tensor  # (N,) valid counts
+    guide: torch.Tensor  # (N, C)
+
+    @classmethod
+    def build(cls, tokens: torch.Tensor, lens: torch.Tensor, device, dtype, chunk: int = 256) -> _PackedTexts:
+        words, guides = [], []
+        for start in range(0, tokens.shape[0], chunk):
+            block = _Texts.build(
+                tokens[start : start + chunk].to(device=device, dtype=dtype),
+                lens[start : start + chunk].to(device),
+            )
+            words.append(block.words[block.valid])  # row-major: text by text, word by word
+            guides.append(block.guide)
+        words.append(torch.zeros(1, tokens.shape[2], dtype=dtype, device=device))
+        lens = lens.to(device)
+        return cls(torch.cat(words), torch.cumsum(lens, 0) - lens, lens, torch.cat(guides))
+
+    def block(self, cols: torch.Tensor) -> _Texts:
+        """The texts ``cols`` as a padded block (one row gather)."""
+        lens = self.lens[cols]
+        width = int(lens.max())
+        pos = torch.arange(width, device=lens.device)
+        valid = pos[None] < lens[:, None]
+        rows = torch.where(valid, self.offsets[cols, None] + pos[None], self.words.shape[0] - 1)
+        words = self.words.index_select(0, rows.reshape(-1)).view(cols.numel(), width, -1)
+        return _Texts(words, valid, lens.to(self.words.dtype), self.guide[cols])
+
+
+def astuple_shallow(obj) -> tuple:
+    """A dataclass's fields as a tuple, without copying (``dataclasses.astuple`` deep-copies)."""
+    return tuple(getattr(obj, f.name) for f in fields(obj))
+
+
+@dataclass
+class _ImagePart:
+    """An image-only aggregated token set added to every pair's (paper "guide" mode, image-tied dense)."""
+
+    weights: torch.Tensor  # (B, N_c, N) normalised aggregation weights of each image's dense branch
+    tokens: torch.Tensor  # (B, N_c, C) the aggregated tokens themselves, weights @ P
+    fusion: torch.Tensor  # (B, N) their fusion weights
+
+
+@dataclass
+class _Selection:
+    """One selection branch of a block of pairs (B images x T texts)."""
+
+    idx: torch.Tensor  # (B, T, K) kept patches (any order)
+    keep: torch.Tensor  # (B, T, N) bool mask of the same
+    net: TokenAggregation  # the aggregation net of the branch
+
+
+@dataclass
+class _TokenSet:
+    """The N_c + 1 image tokens of the block's pairs, CLS apart: aggregated tokens = sum over branches
+    of the softmax-weighted kept patches (+ an image-only part), fusion token = fusion @ P."""
+
+    branches: list[_Selection]
+    part: _ImagePart | None
+    fusion: torch.Tensor  # (B, T, N)
+
+    @property
+    def single(self) -> bool:
+        """One branch and no part: the aggregation normaliser cancels under L2 normalisation."""
+        return len(self.branches) == 1 and self.part is None
+
+
+@dataclass
+class _Images:
+    """Per-image tensors of an image block, computed once per image."""
+
+    patches: torch.Tensor  # (B, N, C) raw
+    unit: torch.Tensor  # (B, N, C)
+    saliency: torch.Tensor  # (B, N)
+    predicted: torch.Tensor | None  # (B, N) paper score predictor
+    logits_t: dict[int, torch.Tensor]  # id(net) -> (B, N_c, N) aggregation logits, transposed
+    exp_t: dict[int, torch.Tensor]  # id(net) -> (B, N_c, N) exp(logits - max over patches)
+    stable: dict[int, list[bool]]  # id(net) -> per image: exp_t is safe to use
+    gram_: torch.Tensor | None  # (B, N, N) Gram matrices, computed on first use (the "gram" form only)
+    cls: torch.Tensor | None  # (B, C) unit CLS
+    dense_relevance: torch.Tensor | None = None  # (B, 1, N) image-tied dense s_dt
+    dense_const: torch.Tensor | None = None  # (B,) image-tied "branch"-mode dense score
+    part: _ImagePart | None = None  # image-tied "guide"-mode dense token sets (batched)
+
+    @property
+    def gram(self) -> torch.Tensor:
+        if self.gram_ is None:
+            self.gram_ = torch.bmm(self.patches, self.patches.transpose(1, 2))
+        return self.gram_
+
+    def select(self, j: int) -> _Images:
+        """Image j of the block as a block of one (views)."""
+
+        def cut(x):
+            return None if x is None else x[j : j + 1]
+
+        return _Images(
+            patches=self.patches[j : j + 1],
+            unit=self.unit[j : j + 1],
+            saliency=self.saliency[j : j + 1],
+            predicted=cut(self.predicted),
+            logits_t={key: x[j : j + 1] for key, x in self.logits_t.items()},
+            exp_t={key: x[j : j + 1] for key, x in self.exp_t.items()},
+            stable={key: x[j : j + 1] for key, x in self.stable.items()},
+            gram_=cut(self.gram_),
+            cls=cut(self.cls),
+            dense_relevance=cut(self.dense_relevance),
+            dense_const=cut(self.dense_const),
+            part=None
+            if self.part is None
+            else _ImagePart(*(x[j : j + 1] for x in astuple_shallow(self.part))),
+        )
+
+
+def length_blocks(
+    lens_sorted: torch.Tensor, max_block: int, min_bucket: int = _MIN_BUCKET
+) -> list[tuple[int, int]]:
+    """Split texts sorted by decreasing length into [start, stop) blocks of at most ``max_block``.
+
+    A block also ends where the next text is shorter than ``_BUCKET_SLACK`` times the block's first
+    (longest) one, once it holds ``min_bucket`` texts: padding every caption to the longest of 5000
+    would double the word-side work.
+    """
+    lens = lens_sorted.tolist()
+    blocks, start = [], 0
+    for i, length in enumerate(lens):
+        size = i - start
+        if size >= max_block or (size >= min_bucket and length < _BUCKET_SLACK * lens[start]):
+            blocks.append((start, i))
+            start = i
+    blocks.append((start, len(lens)))
+    return blocks
+
+
+@register_engine(SEPSMatcher)
+class SEPSEngine(ScoringEngine):
+    """Fast exact scorer of :class:`~patchword.matching.seps.SEPSMatcher` (see the module docstring).
+
+    Args:
+        matcher: the SEPS / LAPS matcher (any variant and switches).
+        formulation: ``"auto"`` (cost model per text block), ``"gram"`` or ``"direct"`` (forced; both
+            exact, used by the tests).
+        max_image_block: images per block at most.
+        text_cache: compute every caption's unit words once per call (None: when they fit a quarter of
+            the budget; False: per block, as with a tiny budget).
+        dense_pass: score caption-tied dense text in a pass of its own, each dense text block built
+            once (None: when its (N_img, N_dense) scores fit a quarter of the budget).
+    """
+
+    name = "seps"
+
+    def __init__(
+        self,
+        matcher: SEPSMatcher,
+        formulation: str = "auto",
+        max_image_block: int = 16,
+        *,
+        text_cache: bool | None = None,
+        dense_pass: bool | None = None,
+    ) -> None:
+        super().__init__(matcher)
+        self.text_cache = text_cache
+        self.dense_pass = dense_pass
+        if formulation not in ("auto",) + _FORMS:
+            raise ValueError(f"formulation must be 'auto' or one of {_FORMS}, got {formulation!r}")
+        cfg = matcher.config
+        self.cfg = cfg
+        self.formulation = formulation
+        self.max_image_block = max_image_block
+        self.n = cfg.num_patches
+        self.k = cfg.num_keep
+        self.n_c = cfg.num_aggregated
+        self.dim = cfg.embed_dim
+        self.has_cls = cfg.has_cls
+        self.aggr = matcher.aggr_net
+        self.aggr_dense = matcher.aggr_net_dense or matcher.aggr_net
+        self._cache: _PackedTexts | None = None  # unit words of all captions during a call, if they fit
+
+    # ------------------------------------------------------------------ modes, costs, memory plan
+    def _mode(self, inputs: ScoringInputs) -> str:
+        """sparse | image_branch | caption_branch | image_guide | pair_guide (how dense text enters)."""
+        cfg = self.cfg
+        if inputs.dense_tokens is None:
+            return "sparse"
+        tied = "caption" if inputs.dense_index is not None else "image"
+        if cfg.dense_mode == "branch":
+            return f"{tied}_branch"
+        if tied == "image" and not cfg.joint_score:
+            return "image_guide"
+        return "pair_guide"
+
+    def flops_per_pair(self, form: str, length: int, branches: int = 1) -> float:
+        """Cost model: FLOP-equivalents of aligning one pair with a text of ``length`` words.
+
+        GEMM FLOPs; per-pair small matrix products count ``_SMALL_BMM`` times (they run well below the
+        big GEMMs' rate), gathered floats ``_GATHER_FLOPS`` and built weights 4 (measured on the CPU).
+        """
+        n, k, n_c, c, m = self.n, self.k, self.n_c, self.dim, self.n_c + 1
+        cls = 2 * length * c
+        if form == "gram":
+            return (
+                2 * length * c * n
+                + 2 * m * n * n
+                + _SMALL_BMM * 2 * m * n * length
+                + cls
+                + 4 * branches * m * n
+            )
+        if form == "direct":
+            return 2 * m * c * n + _SMALL_BMM * 2 * m * c * length + cls + 4 * branches * m * n
+        small = branches * 2 * n_c * k * c + 2 * m * c * length
+        return _SMALL_BMM * small + 2 * n * c + cls + _GATHER_FLOPS * branches * (k * c + k * n_c)
+
+    def _form(self, length: int, branches: int = 1) -> str:
+        if self.formulation != "auto":
+            return self.formulation
+        return min(_FORMS, key=lambda form: self.flops_per_pair(form, length, branches))
+
+    def _pair_bytes(self, form: str, length: int, branches: int = 1) -> int:
+        """Upper bound of the working bytes per pair of one image's alignment with a text block."""
+        n, k, n_c, c, m = self.n, self.k, self.n_c, self.dim, self.n_c + 1
+        floats = 8 * n + 6 * length + 5 * m * length  # scores, fusion, cosines and HRPA temporaries
+        if form == "kdirect":
+            floats += branches * (k * c + 3 * k * n_c) + 2 * n_c * c + 2 * c
+        else:
+            floats += (2 + branches) * m * n  # Omega and its masked-product / normalisation temporaries
+            floats += length * n + 2 * m * n if form == "gram" else m * c  # Q, Omega G | tokens
+        return _F32 * floats + branches * (_I64 * k + 2 * n)
+
+    def _image_bytes(self, mode: str, dense_len: int) -> int:
+        n, n_c, c = self.n, self.n_c, self.dim
+        nets = 2 if self.matcher.aggr_net_dense is not None else 1
+        floats = 3 * n * c + n * n + 6 * n + 2 * c + nets * 4 * n * n_c  # patches, unit, G, E, logits...
+        if mode in ("image_branch", "image_guide", "pair_guide"):
+            floats += 3 * dense_len * c + 2 * n_c * n + 2 * n  # its dense words, part
+            floats += max(self._pair_bytes(f, dense_len) for f in _FORMS) // _F32 + n_c * c
+        return _F32 * floats
+
+    def plan(self, inputs: ScoringInputs, budget: int) -> BlockPlan:
+        """Block sizes whose estimated peak fits ``budget``: images B, captions T, dense texts D."""
+        mode = self._mode(inputs)
+        branches = 2 if mode == "pair_guide" else 1
+        n_img, n_txt = inputs.num_images, inputs.num_texts
+        cap_len = int(inputs.cap_lens.max())
+        dense_len = 0 if inputs.dense_tokens is None else int(inputs.dense_lens.max())
+        c, n = self.dim, self.n
+        form = self._form(cap_len, branches)
+        # Blocks of shorter texts may pick another formulation: budget for the hungriest.
+        forms = _FORMS if self.formulation == "auto" else (self.formulation,)
+        per_text = _F32 * (3 * cap_len * c + 3 * c)  # gathered rows, unit words, guide
+        if mode == "pair_guide":
+            per_text += _F32 * (2 * dense_len * c + 2 * c)
+        per_pair_sel = _F32 * 3 * n * branches  # batched relevance and scores of the image block
+        heavy = max(self._pair_bytes(f, cap_len, branches) for f in forms)
+        n_dense = 0 if inputs.dense_index is None else int(torch.unique(inputs.dense_index).numel())
+        dense_form = self._form(dense_len) if mode == "caption_branch" else ""
+        dense_heavy = max(self._pair_bytes(f, dense_len) for f in forms)
+        dense_text = _F32 * (3 * dense_len * c + 3 * c)
+
+        # The unit words and guides of every caption, packed, are computed once when they take at most a
+        # quarter of the budget (otherwise once per image block); likewise the (N_img, N_dense) scores of
+        # caption-tied dense text get their own pass (dense texts outer, images inner) when they fit.
+        # (x 1.25: the blocks built from it once per call pad each text to its bucket's longest)
+        cache = int(1.25 * _F32 * ((int(inputs.cap_lens.sum()) + 1) * c + n_txt * c)) + _I64 * 2 * n_txt
+        cache = cache if cache <= budget // 4 and self.text_cache is not False else 0
+        dense_pass = mode == "caption_branch" and _F32 * n_img * n_dense <= budget // 4
+        dense_pass = dense_pass and self.dense_pass is not False
+        fixed_all = cache + (_F32 * n_img * n_dense if dense_pass else 0) + _I64 * 3 * n_txt
+
+        def cost(b: int, t: int, d: int) -> int:
+            fixed = fixed_all + b * self._image_bytes(mode, dense_len) + _F32 * 2 * b * t
+            if mode == "caption_branch" and not dense_pass:
+                fixed += _F32 * b * n_dense
+            caps = t * per_text + b * t * (per_pair_sel + heavy)
+            dense = d * dense_text + b * d * (per_pair_sel + dense_heavy) if mode == "caption_branch" else 0
+            return fixed + max(caps, dense)
+
+        # Beyond the budget, blocks are kept cache-sized: the pair tensors of one block (B x T pairs)
+        # should not exceed _WORKING_SET, texts first (long length buckets), then images.
+        def preferred(per_pair: int, n_texts: int, limit: int) -> tuple[int, int]:
+            pairs = max(1, _WORKING_SET // max(per_pair, 1))
+            texts = min(n_texts, limit, max(_MIN_BUCKET, pairs))
+            return max(1, min(self.max_image_block, n_img, pairs // texts)), texts
+
+        b_pref, t_pref = preferred(heavy + per_pair_sel, n_txt, 1024)
+        d_pref = 1
+        if mode == "caption_branch":
+            b_dense, d_pref = preferred(dense_heavy + per_pair_sel, n_dense, 512)
+            b_pref = min(b_pref, b_dense)
+        for b in sorted({min(b_pref, x) for x in (b_pref, 8, 4, 2, 1)}, reverse=True):
+            t = largest_fitting(lambda t, b=b: cost(b, t, 1), 1, t_pref, budget)
+            d = 1
+            if mode == "caption_branch":
+                d = largest_fitting(lambda d, b=b: cost(b, 1, d), 1, d_pref, budget)
+            if t >= 1 and d >= 1 and (t >= min(t_pref, 64) or b == 1):
+                d = (
+                    min(d, largest_fitting(lambda d, b=b, t=t: cost(b, t, d), 1, d_pref, budget))
+                    if d > 1
+                    else d
+                )
+                details = {
+                    "mode": mode,
+                    "formulation": form,
+                    "dense_formulation": dense_form,
+                    "text_cache": bool(cache),
+                    "dense_pass": dense_pass,
+                }
+                dense_block = d if mode == "caption_branch" else 0
+                return BlockPlan(self.name, b, t, dense_block, cost(b, t, max(d, 1)), budget, details)
+        raise ValueError(
+            f"max_memory_mb={budget / (1 << 20):.3g} is too small to score one SEPS pair "
+            f"(needs ~{cost(1, 1, 1) / (1 << 20):.3g} MiB at N={n}, C={c})"
+        )
+
+    # ------------------------------------------------------------------ per-image work
+    def _images(self, img_tokens: torch.Tensor) -> _Images:
+        cls_tok = img_tokens[:, 0] if self.has_cls else None
+        patches = img_tokens[:, int(self.has_cls) :].contiguous()
+        unit = l2norm(patches)
+        logits_t, exp_t, stable = {}, {}, {}
+        for net in {id(self.aggr): self.aggr, id(self.aggr_dense): self.aggr_dense}.values():
+            lg = net.logits(patches).transpose(1, 2).contiguous()  # (B, N_c, N): the MLP once per image
+            top = lg.amax(dim=2, keepdim=True)
+            logits_t[id(net)] = lg
+            exp_t[id(net)] = torch.exp(lg - top)
+            stable[id(net)] = ((top.squeeze(2) - lg.amin(dim=2)).amax(dim=1) < _EXP_RANGE).tolist()
+        scorer = self.matcher.scorer
+        return _Images(
+            patches=patches,
+            unit=unit,
+            saliency=image_saliency(patches, unit),
+            predicted=scorer(patches) if scorer is not None else None,
+            logits_t=logits_t,
+            exp_t=exp_t,
+            stable=stable,
+            gram_=None,
+            cls=l2norm(cls_tok) if cls_tok is not None else None,
+        )
+
+    def _scores(self, img: _Images, terms: list[torch.Tensor]) -> torch.Tensor:
+        """Selection scores of every pair, exactly as ``SEPSMatcher._select``: (B, T, N)."""
+        if self.cfg.score_mode == "sum":
+            return img.saliency[:, None] + sum(terms)
+        return combine_paper_scores(img.predicted, img.saliency, terms, self.cfg.beta)
+
+    def _select(self, score: torch.Tensor, net: TokenAggregation) -> tuple[_Selection, torch.Tensor]:
+        """Top-K of the pair scores (B, T, N) -> the selection and the fusion weights (B, T, N)."""
+        if self.k < self.n:
+            idx = score.topk(self.k, dim=-1, sorted=False).indices
+            keep = torch.zeros(score.shape, dtype=torch.bool, device=score.device).scatter_(-1, idx, True)
+        else:
+            idx = torch.arange(self.n, device=score.device).expand(score.shape)
+            keep = torch.ones(score.shape, dtype=torch.bool, device=score.device)
+        return _Selection(idx, keep, net), fusion_weights(score, keep)
+
+    def _aggregation(
+        self,
+        img: _Images,
+        keep: torch.Tensor,
+        net: TokenAggregation,
+        normalise: bool,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B, T, N_c, N) aggregation weights of the block's pairs (softmax over the kept patches).
+
+        Unnormalised (each row scaled by its Z, which cancels under L2 normalisation) unless asked.
+        Written into ``out`` when given (a view of Omega: no temporary).
+        """
+        key = id(net)
+        mask = keep[:, :, None, :].to(img.patches.dtype)
+        exp_t = img.exp_t[key][:, None]  # (B, 1, N_c, N)
+        w = torch.mul(exp_t, mask, out=out) if out is not None else exp_t * mask
+        if normalise:
+            w.div_(w.sum(dim=3, keepdim=True))
+        for b, stable in enumerate(img.stable[key]):
+            if not stable:  # logits far apart, E could underflow: the exact masked softmax, as the forward
+                logits = img.logits_t[key][b][None].masked_fill(~keep[b][:, None, :], -math.inf)
+                w[b] = torch.softmax(logits, dim=2)
+        return w
+
+    def _gathered(self, img: _Images, sel: _Selection, normalise: bool) -> torch.Tensor:
+        """(B, T, N_c, K) aggregation weights of the kept patches ``sel.idx`` only (softmax over them)."""
+        key = id(sel.net)
+        b, t, k = sel.idx.shape
+        rows = self._flat_rows(sel.idx)  # (B * T * K,)
+        exp = img.exp_t[key].transpose(1, 2).reshape(-1, self.n_c)  # (B * N, N_c)
+        w = exp.index_select(0, rows).view(b, t, k, -1).transpose(2, 3)
+        if normalise:
+            w = w / w.sum(dim=3, keepdim=True)
+        for i, stable in enumerate(img.stable[key]):
+            if not stable:
+                logits = img.logits_t[key][i].index_select(1, sel.idx[i].reshape(-1)).view(-1, t, k)
+                w[i] = torch.softmax(logits.transpose(0, 1), dim=2)
+        return w
+
+    def _flat_rows(self, idx: torch.Tensor) -> torch.Tensor:
+        """Patch indices (B, T, K) -> rows of the block's (B * N, ...) per-patch tensors."""
+        offsets = torch.arange(idx.shape[0], device=idx.device)[:, None, None] * self.n
+        return (idx + offsets).reshape(-1)
+
+    def _part(self, img: _Images, score: torch.Tensor) -> _ImagePart:
+        """The image-only dense token sets of the block from its (B, 1, N) dense selection scores."""
+        sel, fusion = self._select(score, self.aggr_dense)
+        weights = self._aggregation(img, sel.keep, self.aggr_dense, normalise=True)[:, 0]  # (B, N_c, N)
+        return _ImagePart(weights, torch.bmm(weights, img.patches), fusion[:, 0])
+
+    def _weights(self, img: _Images, ts: _TokenSet) -> torch.Tensor:
+        """Omega (B, T, N_c + 1, N): every image token of the block's pairs as weights over patches."""
+        b, t = ts.fusion.shape[:2]
+        n_c = self.n_c
+        omega = torch.empty(b, t, n_c + 1, self.n, dtype=ts.fusion.dtype, device=ts.fusion.device)
+        agg = omega[:, :, :n_c]
+        for i, sel in enumerate(ts.branches):
+            if i == 0:
+                self._aggregation(img, sel.keep, sel.net, normalise=not ts.single, out=agg)
+            else:
+                agg.add_(self._aggregation(img, sel.keep, sel.net, normalise=True))
+        if ts.part is not None:
+            agg.add_(ts.part.weights[:, None])
+        omega[:, :, n_c].copy_(ts.fusion)
+        return omega
+
+    # ------------------------------------------------------------------ alignment (B images x T texts)
+    def _align(self, img: _Images, ts: _TokenSet, txt: _Texts, form: str) -> torch.Tensor:
+        """HRPA of the block's pairs (token set ``ts``) with a text block: (B, T) similarities."""
+        b, t, n = img.patches.shape[0], txt.size, self.n
+        length = txt.words.shape[1]
+        if form == "kdirect":
+            tok = self._cosines_kept(img, ts, txt)
+        elif form == "gram":
+            omega = self._weights(img, ts)  # (B, T, M', N)
+            q = torch.matmul(img.patches, txt.flat.T)  # (B, N, T * L): one GEMM for the whole block
+            qt = q.view(b, n, t, length).permute(0, 2, 3, 1).contiguous()  # (B, T, L, N)
+            tok = torch.matmul(qt, omega.transpose(2, 3))  # (B, T, L, M') token-word dot products
+            sq = torch.bmm(omega.view(b, -1, n), img.gram).view_as(omega).mul_(omega).sum(dim=3)  # (B, T, M')
+            tok.mul_(sq.clamp_min(0).sqrt().clamp_min(1e-12).reciprocal()[:, :, None, :])
+        else:
+            omega = self._weights(img, ts)
+            tokens = torch.bmm(omega.view(b, -1, n), img.patches).view(b, t, omega.shape[2], -1)  # (B,T,M',C)
+            tok = self._cosines(tokens, txt)
+        cls = None if img.cls is None else (img.cls @ txt.flat.T).view(b, t, length)  # (B, T, L)
+        return self._hrpa(tok, cls, txt)
+
+    def _cosines(self, tokens: torch.Tensor, txt: _Texts) -> torch.Tensor:
+        """Raw tokens (B, T, M, C) -> cosines with the words (B, T, L, M)."""
+        inv = torch.linalg.vector_norm(tokens, dim=-1).clamp_min(1e-12).reciprocal()  # (B, T, M)
+        words_t = txt.words.transpose(1, 2)  # (T, C, L), shared by the images: one bmm per image
+        cos = torch.stack([torch.bmm(tokens[i], words_t) for i in range(tokens.shape[0])])  # (B, T, M, L)
+        return cos.mul_(inv[..., None]).transpose(2, 3)
+
+    def _cosines_kept(self, img: _Images, ts: _TokenSet, txt: _Texts) -> torch.Tensor:
+        """(B, T, L, N_c + 1) cosines from raw tokens that aggregate only each pair's K kept patches
+        (gathered rows of P: half the FLOPs of the masked product at K = N / 2)."""
+        b, t = ts.fusion.shape[:2]
+        c = img.patches.shape[2]
+        flat_p = img.patches.reshape(-1, c)
+        agg = None
+        for sel in ts.branches:
+            kept = flat_p.index_select(0, self._flat_rows(sel.idx)).view(b * t, -1, c)  # (B*T, K, C)
+            w = self._gathered(img, sel, normalise=not ts.single).reshape(b * t, self.n_c, -1)
+            part = torch.bmm(w, kept)  # (B*T, N_c, C)
+            agg = part if agg is None else agg.add_(part)
+        agg = agg.view(b, t, self.n_c, c)
+        if ts.part is not None:
+            agg.add_(ts.part.tokens[:, None])
+        fus = torch.bmm(ts.fusion, img.patches)[:, :, None, :]  # (B, T, 1, C)
+        return torch.cat([self._cosines(agg, txt), self._cosines(fus, txt)], dim=3)
+
+    def _hrpa(self, tok: torch.Tensor, cls: torch.Tensor | None, txt: _Texts) -> torch.Tensor:
+        """``HRPA.forward`` on [CLS?, tokens] x words from the parts: (B, T, L, M'), (B, T, L) -> (B, T)."""
+        hrpa = self.matcher.hrpa
+        valid = txt.valid  # (T, L)
+        word_best = tok.amax(dim=3)  # (B, T, L)
+        patch_best = tok.masked_fill(~valid[:, :, None], -math.inf).amax(dim=2)  # (B, T, M')
+        if cls is not None:
+            word_best = torch.maximum(word_best, cls)
+            cls_best = cls.masked_fill(~valid, -math.inf).amax(dim=2, keepdim=True)
+            patch_best = torch.cat([cls_best, patch_best], dim=2)
+        if hrpa.leaky_slope is not None:
+            # LeakyReLU is monotone: the max of the activations is the activation of the max.
+            word_best = F.leaky_relu(word_best, hrpa.leaky_slope)
+            patch_best = F.leaky_relu(patch_best, hrpa.leaky_slope)
+        sims = (word_best * valid).sum(dim=-1) / txt.n_words + patch_best.mean(dim=-1)
+        if hrpa.word_topk is not None:
+            sims = sims + hrpa.word_topk(word_best, valid.expand_as(word_best))
+            sims = sims + hrpa.patch_topk(patch_best)
+        return sims
+
+    # ------------------------------------------------------------------ drivers
+    def _dense_columns(self, inputs: ScoringInputs, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Distinct dense rows (sorted by decreasing length) and, per entry of ``rows``, its column."""
+        distinct = torch.unique(rows)
+        distinct = distinct[torch.argsort(inputs.dense_lens[distinct], descending=True, stable=True)]
+        where = torch.empty(int(distinct.max()) + 1, dtype=torch.long)
+        where[distinct] = torch.arange(distinct.numel())
+        return distinct, where[rows]
+
+    def _prepare(self, inputs: ScoringInputs, rows: torch.Tensor, device, dtype) -> _Images:
+        """Per-image work of the images ``rows``, image-tied dense text included."""
+        img = self._images(inputs.img_tokens[rows].to(device=device, dtype=dtype))
+        if inputs.dense_tokens is not None and inputs.dense_index is None:
+            self._image_dense(img, inputs, rows, device, dtype)
+        return img
+
+    @torch.no_grad()
+    def score(self, inputs, out, *, budget, device, progress) -> None:
+        plan = self.plan(inputs, budget)
+        self.last_plan = plan
+        mode = plan.details["mode"]
+        dtype = self.aggr.scale.dtype
+        n_img, n_txt = inputs.num_images, inputs.num_texts
+        # Texts sorted by length (descending) and cut into length buckets; results are put back in place.
+        cap_order = torch.argsort(inputs.cap_lens, descending=True, stable=True)
+        cap_blocks = length_blocks(inputs.cap_lens[cap_order], plan.text_block)
+        plan.details["text_blocks"] = len(cap_blocks)
+        dense_rows = dense_pos = dense_all = None
+        total = n_img * n_txt
+        if mode == "caption_branch":
+            dense_rows, dense_pos = self._dense_columns(inputs, inputs.dense_index)
+            total += n_img * dense_rows.numel()
+        try:
+            self._build_cache(inputs, plan, device, dtype)
+            # Every image block meets the same caption blocks: build them once when the cache exists.
+            cached = (
+                None
+                if self._cache is None
+                else [self._cache.block(cap_order[a:b].to(device)) for a, b in cap_blocks]
+            )
+            self._cache = None
+            with progress_bar(total, "score pairs", progress) as bar:
+                if plan.details["dense_pass"]:
+                    dense_all = self._dense_pass(inputs, dense_rows, plan, device, dtype, bar)
+                for i0 in range(0, n_img, plan.image_block):
+                    rows = torch.arange(i0, min(i0 + plan.image_block, n_img))
+                    img = self._prepare(inputs, rows, device, dtype)
+                    dense_scores = None
+                    if dense_all is not None:
+                        dense_scores = dense_all[i0 : i0 + len(rows)]
+                    elif mode == "caption_branch":
+                        dense_scores = self._caption_dense(img, inputs, dense_rows, plan, device, dtype)
+                        bar.update(dense_scores.numel())
+                    for j, (start, stop) in enumerate(cap_blocks):
+                        cols = cap_order[start:stop]
+                        txt = None if cached is None else cached[j]
+                        block = self._caption_block(img, inputs, cols, mode, device, dtype, txt)
+                        if dense_scores is not None:
+                            block = block + dense_scores[:, dense_pos[cols].to(device)]
+                        out[i0 : i0 + len(rows), cols] = block.float().cpu()
+                        bar.update(block.numel())
+        finally:
+            self._cache = None
+
+    @torch.no_grad()
+    def score_pairs(self, inputs, img_index, txt_index, *, budget, device, progress=None) -> torch.Tensor:
+        """Similarities of the listed (image, caption) pairs only: (P,) float32 on the CPU.
+
+        Pairs are grouped by image; each image is prepared once and scored against its own captions in
+        length buckets (and, with caption-tied dense text, against the distinct dense texts they use).
+        """
+        plan = self.plan(inputs, budget)
+        self.last_plan = plan
+        mode = plan.details["mode"]
+        dtype = self.aggr.scale.dtype
+        result = torch.empty(img_index.shape[0], dtype=torch.float32)
+        try:
+            self._build_cache(inputs, plan, device, dtype)
+            self._score_pairs(inputs, img_index, txt_index, plan, mode, device, dtype, result, progress)
+        finally:
+            self._cache = None
+        return result
+
+    def _score_pairs(self, inputs, img_index, txt_index, plan, mode, device, dtype, result, progress) -> None:
+        by_length = torch.argsort(inputs.cap_lens[txt_index], descending=True, stable=True)
+        order = by_length[torch.argsort(img_index[by_length], stable=True)]  # by image, then length
+        images, counts = torch.unique_consecutive(img_index[order], return_counts=True)
+        starts = torch.cumsum(counts, 0) - counts
+        with progress_bar(int(img_index.shape[0]), "re-rank pairs", progress) as bar:
+            for b0 in range(0, images.numel(), plan.image_block):
+                rows = images[b0 : b0 + plan.image_block]
+                img = self._prepare(inputs, rows, device, dtype)
+                for j in range(rows.numel()):
+                    img_v = img.select(j)
+                    sel = order[starts[b0 + j] : starts[b0 + j] + counts[b0 + j]]
+                    texts = txt_index[sel]
+                    dense_scores = dense_pos = None
+                    if mode == "caption_branch":
+                        dense_rows, dense_pos = self._dense_columns(inputs, inputs.dense_index[texts])
+                        dense_scores = self._caption_dense(img_v, inputs, dense_rows, plan, device, dtype)
+                    # few texts per image: fewer, longer buckets (per-block overhead beats padding here)
+                    for start, stop in length_blocks(
+                        inputs.cap_lens[texts], plan.text_block, 4 * _MIN_BUCKET
+                    ):
+                        block = self._caption_block(img_v, inputs, texts[start:stop], mode, device, dtype)[0]
+                        if dense_scores is not None:
+                            block = block + dense_scores[0, dense_pos[start:stop].to(device)]
+                        result[sel[start:stop]] = block.float().cpu()
+                    bar.update(sel.numel())
+
+    def _text_block(self, tokens, lens, device, dtype) -> _Texts:
+        return _Texts.build(tokens.to(device=device, dtype=dtype), lens.to(device))
+
+    def _captions(self, inputs, cols, device, dtype) -> _Texts:
+        """The captions ``cols`` as a text block, from the packed cache when there is one."""
+        if self._cache is None:
+            return self._text_block(inputs.cap_tokens[cols], inputs.cap_lens[cols], device, dtype)
+        return self._cache.block(cols.to(device))
+
+    def _build_cache(self, inputs, plan, device, dtype) -> None:
+        self._cache = None
+        if plan.details.get("text_cache"):
+            self._cache = _PackedTexts.build(inputs.cap_tokens, inputs.cap_lens, device, dtype)
+
+    def _caption_block(
+        self, img, inputs, cols, mode, device, dtype, txt: _Texts | None = None
+    ) -> torch.Tensor:
+        """(B, T) similarities of the image block with the captions ``cols`` (sparse + guided parts)."""
+        txt = self._captions(inputs, cols, device, dtype) if txt is None else txt
+        branches = 2 if mode == "pair_guide" else 1
+        form = self._form(txt.words.shape[1], branches)
+        relevance = text_relevance(img.unit, txt.guide, per_image=False)  # (B, T, N)
+        if mode == "pair_guide":
+            if inputs.dense_index is None:  # joint score with image-tied dense text
+                dense_rel = img.dense_relevance
+            else:
+                owner = inputs.dense_index[cols]
+                lens = inputs.dense_lens[owner]
+                tokens = inputs.dense_tokens[owner, : int(lens.max())].to(device=device, dtype=dtype)
+                dense_rel = text_relevance(
+                    img.unit, l2norm(masked_mean(tokens, lens.to(device))), per_image=False
+                )
+            if self.cfg.joint_score:
+                score_s = score_d = self._scores(img, [relevance, dense_rel])
+            else:
+                score_s, score_d = self._scores(img, [relevance]), self._scores(img, [dense_rel])
+            sel, fusion = self._select(score_s, self.aggr)
+            sel_d, fusion_d = self._select(score_d.expand_as(score_s), self.aggr_dense)
+            ts = _TokenSet([sel, sel_d], None, 0.5 * (fusion + fusion_d))
+        else:
+            sel, fusion = self._select(self._scores(img, [relevance]), self.aggr)
+            if mode == "image_guide":
+                ts = _TokenSet([sel], img.part, 0.5 * (fusion + img.part.fusion[:, None]))
+            else:
+                ts = _TokenSet([sel], None, fusion)
+        sims = self._align(img, ts, txt, form)
+        if img.dense_const is not None:
+            sims = sims + img.dense_const[:, None]
+        return sims
+
+    def _image_dense(self, img: _Images, inputs, rows, device, dtype) -> None:
+        """Image-tied dense text: its selection (and in "branch" mode its whole score) per image."""
+        tokens = inputs.dense_tokens[rows].to(device=device, dtype=dtype)
+        lens = inputs.dense_lens[rows].to(device)
+        guide = l2norm(masked_mean(tokens, lens))
+        img.dense_relevance = text_relevance(img.unit, guide, per_image=True)  # (B, 1, N)
+        if self.cfg.dense_mode == "guide":
+            if not self.cfg.joint_score:
+                img.part = self._part(img, self._scores(img, [img.dense_relevance]))
+            return
+        score = self._scores(img, [img.dense_relevance])  # (B, 1, N)
+        const = []
+        for v in range(score.shape[0]):  # image v against its own description only
+            txt = _Texts.build(tokens[v : v + 1], lens[v : v + 1])
+            sel, fusion = self._select(score[v : v + 1], self.aggr_dense)
+            one = img.select(v)
+            const.append(
+                self._align(one, _TokenSet([sel], None, fusion), txt, self._form(txt.words.shape[1]))[0]
+            )
+        img.dense_const = torch.cat(const)
+
+    def _dense_scores(self, img: _Images, txt: _Texts) -> torch.Tensor:
+        """ "Branch"-mode dense scores (B, D) of an image block with a block of dense texts."""
+        score = self._scores(img, [text_relevance(img.unit, txt.guide, per_image=False)])
+        sel, fusion = self._select(score, self.aggr_dense)
+        return self._align(img, _TokenSet([sel], None, fusion), txt, self._form(txt.words.shape[1]))
+
+    def _caption_dense(self, img: _Images, inputs, dense_rows, plan, device, dtype) -> torch.Tensor:
+        """Caption-tied "branch"-mode dense scores of the image block with every distinct dense text:
+        (B, D_total), column j = dense row ``dense_rows[j]``."""
+        out = torch.empty(img.patches.shape[0], dense_rows.numel(), dtype=img.patches.dtype, device=device)
+        for start, stop in length_blocks(inputs.dense_lens[dense_rows], plan.dense_block):
+            rows = dense_rows[start:stop]
+            txt = self._text_block(inputs.dense_tokens[rows], inputs.dense_lens[rows], device, dtype)
+            out[:, start:stop] = self._dense_scores(img, txt)
+        return out
+
+    def _dense_pass(self, inputs, dense_rows, plan, device, dtype, bar) -> torch.Tensor:
+        """(N_img, D_total) caption-tied dense scores, dense text blocks outside: each is built once."""
+        n_img = inputs.num_images
+        out = torch.empty(n_img, dense_rows.numel(), dtype=dtype, device=device)
+        for start, stop in length_blocks(inputs.dense_lens[dense_rows], plan.dense_block):
+            rows = dense_rows[start:stop]
+            txt = self._text_block(inputs.dense_tokens[rows], inputs.dense_lens[rows], device, dtype)
+            for i0 in range(0, n_img, plan.image_block):
+                i1 = min(i0 + plan.image_block, n_img)
+                img = self._images(inputs.img_tokens[i0:i1].to(device=device, dtype=dtype))
+                out[i0:i1, start:stop] = self._dense_scores(img, txt)
+                bar.update((i1 - i0) * (stop - start))
+        return out

@@ -1,0 +1,238 @@
+"""``patchword hash train|eval|search``: UCMFH cross-modal hashing from the command line.
+
+``main(argv)`` takes the arguments *after* ``hash`` (``main(["train", "--bits", "64"])``) and returns an
+exit code, so tests and the top-level ``patchword`` CLI call it in-process.
+
+Configuration is :class:`~patchword.hashing.train.HashRunConfig`: defaults, then ``--config run.yaml``,
+then dotted overrides (``train.epochs=100 data.format=pairs``), then the shortcut flags (``--bits``,
+``--epochs``, ...), which win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["main"]
+
+_logger = logging.getLogger("patchword.hashing")
+
+_SHORTCUTS = {
+    "bits": "model.bits",
+    "fusion": "model.fusion",
+    "epochs": "train.epochs",
+    "loss": "train.loss",
+    "seed": "train.seed",
+    "batch_size": "train.batch_size",
+    "data": "data.format",
+    "image": "data.image",
+    "text": "data.text",
+    "labels": "data.labels",
+    "root": "data.root",
+    "output_dir": "output_dir",
+    "name": "name",
+    "device": "device",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="patchword hash", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    tr = sub.add_parser("train", help="train a UCMFH hashing model and evaluate it once at the end")
+    tr.add_argument("--config", type=Path, help="YAML file with HashRunConfig fields")
+    tr.add_argument("--resume", action="store_true", help="continue output_dir/name from its last.pt")
+    tr.add_argument("--bits", type=int, help="code length (16, 32, 64, 128)")
+    tr.add_argument(
+        "--fusion",
+        choices=["unimodal", "official_fused"],
+        help="official_fused = official pair encoding with batch attention (leaky; see docs/hashing.md)",
+    )
+    tr.add_argument("--epochs", type=int)
+    tr.add_argument("--loss", choices=["infonce", "balanced", "infonce_i2t", "hashnet"])
+    tr.add_argument("--seed", type=int)
+    tr.add_argument("--batch-size", dest="batch_size", type=int)
+    tr.add_argument("--data", choices=["synthetic", "pairs", "splits", "mat"], help="data.format")
+    tr.add_argument("--image", help="image features .npy (data=pairs)")
+    tr.add_argument("--text", help="text features .npy (data=pairs)")
+    tr.add_argument("--labels", help="optional labels .npy (data=pairs)")
+    tr.add_argument("--root", help="split directory (data=splits) or .mat file (data=mat)")
+    tr.add_argument("--output-dir", dest="output_dir")
+    tr.add_argument("--name", help="run name (default from data, bits, loss, seed)")
+    tr.add_argument("--device", help="torch device, e.g. cpu or cuda:0")
+    tr.add_argument(
+        "overrides", nargs="*", help="dotted overrides, e.g. train.lr_heads=1e-3 data.num_query=200"
+    )
+
+    ev = sub.add_parser("eval", help="evaluate a run directory (mAP@K, precision / recall, PR curve)")
+    ev.add_argument("run_dir", type=Path)
+    ev.add_argument("--out", type=Path, help="also write the metrics JSON here")
+    ev.add_argument("--force", action="store_true", help="overwrite an existing --out / --pr-plot file")
+    ev.add_argument("--pr-plot", dest="pr_plot", type=Path, help="write the Hamming-radius PR curve PNG here")
+    ev.add_argument(
+        "--map-all", dest="map_all", action="store_true", help="also compute mAP over the full ranking"
+    )
+    ev.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.topk=100")
+
+    se = sub.add_parser("search", help="Hamming search of the run's retrieval set with query features")
+    se.add_argument("run_dir", type=Path)
+    se.add_argument(
+        "--modality",
+        choices=["image", "text"],
+        required=True,
+        help="modality of the queries; the database is the other modality",
+    )
+    src = se.add_mutually_exclusive_group(required=True)
+    src.add_argument("--query", type=Path, help="(N, d) query features .npy")
+    src.add_argument(
+        "--query-index",
+        dest="query_index",
+        type=int,
+        nargs="+",
+        help="rows of the run's query split to use as queries",
+    )
+    se.add_argument("--k", type=int, default=10, help="neighbours per query")
+    se.add_argument("--backend", choices=["numpy", "faiss"], default="numpy")
+    se.add_argument(
+        "--rebuild", action="store_true", help="re-encode the database even if its index is cached"
+    )
+    se.add_argument("--out", type=Path, help="write the results JSON here instead of stdout")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``patchword hash <argv>``; returns 0 on success, 2 on a user error (message logged)."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        if args.command == "train":
+            _train(args)
+        elif args.command == "eval":
+            _eval(args)
+        else:
+            _search(args)
+    except (ValueError, FileNotFoundError, FileExistsError, ImportError) as err:
+        _logger.error("%s", err)
+        return 2
+    return 0
+
+
+def _train(args: argparse.Namespace) -> None:
+    from patchword.config import load_config
+    from patchword.hashing.train import HashRunConfig, train_hashing
+
+    flags = [
+        f"{key}={getattr(args, attr)}" for attr, key in _SHORTCUTS.items() if getattr(args, attr) is not None
+    ]
+    cfg = load_config(HashRunConfig, args.config, [*args.overrides, *flags])
+    summary = train_hashing(cfg, resume=args.resume)
+    print(json.dumps(summary, indent=2))
+
+
+def _check_out(path: Path | None, force: bool) -> None:
+    if path is not None and path.exists() and not force:
+        raise FileExistsError(f"{path} exists; pass --force to overwrite it")
+
+
+def _eval(args: argparse.Namespace) -> None:
+    import torch
+
+    from patchword.hashing.metrics import plot_pr_curves, precision_recall_curve
+    from patchword.hashing.train import encode_split, evaluate_model, load_run
+
+    _check_out(args.out, args.force)
+    _check_out(args.pr_plot, args.force)
+    cfg, model, data = load_run(args.run_dir, args.overrides)
+    if args.map_all:
+        cfg.eval.map_all = True
+    with torch.no_grad():
+        metrics = evaluate_model(model, data, cfg.eval, cfg.device)
+    if args.pr_plot is not None:
+        q_img, q_txt = encode_split(model, data.query.image, data.query.text, cfg.device)
+        db_img, db_txt = encode_split(model, data.retrieval.image, data.retrieval.text, cfg.device)
+        ql, dbl = data.query.relevance, data.retrieval.relevance
+        curves = {
+            f"I->T {model.bits} bits": precision_recall_curve(q_img, db_txt, ql, dbl),
+            f"T->I {model.bits} bits": precision_recall_curve(q_txt, db_img, ql, dbl),
+        }
+        plot_pr_curves(curves, args.pr_plot, title=f"UCMFH {model.fusion}, {args.run_dir.name}")
+    text = json.dumps(metrics, indent=2)
+    if args.out is not None:
+        args.out.write_text(text)
+    print(text)
+
+
+def _search(args: argparse.Namespace) -> None:
+    import torch
+
+    from patchword.hashing.codes import HammingIndex
+    from patchword.hashing.model import UCMFH
+    from patchword.hashing.train import load_run
+
+    _check_out(args.out, False)
+    cfg, model, data = load_run(args.run_dir)
+    if model.fusion != "unimodal":
+        raise ValueError("search needs a unimodal model: official_fused codes need the paired other modality")
+    db_modality = "text" if args.modality == "image" else "image"
+    index_path = args.run_dir / f"index_{db_modality}.npz"
+    if index_path.is_file() and not args.rebuild:
+        index = HammingIndex.load(index_path, backend=args.backend)
+    else:
+        feats = torch.from_numpy(getattr(data.retrieval, db_modality)).to(cfg.device)
+        encode = model.encode_text if db_modality == "text" else model.encode_image
+        index = HammingIndex(model.bits, backend=args.backend)
+        index.add(UCMFH.codes(encode(feats)).cpu().numpy().astype(np.int8))
+        index.save(index_path)
+    if args.query is not None:
+        if not args.query.is_file():
+            raise FileNotFoundError(f"{args.query} does not exist")
+        queries = np.load(args.query, allow_pickle=False)
+        dim = model.image_dim if args.modality == "image" else model.text_dim
+        if queries.ndim == 1:
+            queries = queries[None, :]
+        if queries.ndim != 2 or queries.shape[1] != dim:
+            raise ValueError(
+                f"{args.query}: expected (N, {dim}) {args.modality} features, got shape {queries.shape}"
+            )
+        if not np.isfinite(queries).all():
+            raise ValueError(f"{args.query}: contains NaN/inf values")
+    else:
+        split = getattr(data.query, args.modality)
+        bad = [i for i in args.query_index if not 0 <= i < len(split)]
+        if bad:
+            raise ValueError(f"--query-index {bad} out of range for the {len(split)} query pairs")
+        queries = split[args.query_index]
+    q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32)).to(cfg.device)
+    encode = model.encode_image if args.modality == "image" else model.encode_text
+    dist, idx = index.search(UCMFH.codes(encode(q)).cpu().numpy().astype(np.int8), args.k)
+    ids = data.retrieval.ids
+    results = [
+        {
+            "query": qi,
+            "indices": idx[qi].tolist(),
+            "ids": ids[idx[qi]].tolist(),
+            "distances": dist[qi].tolist(),
+        }
+        for qi in range(len(idx))
+    ]
+    text = json.dumps(
+        {"database": f"retrieval.{db_modality}", "bits": model.bits, "results": results}, indent=1
+    )
+    if args.out is not None:
+        args.out.write_text(text)
+    else:
+        print(text)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

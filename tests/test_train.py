@@ -1,0 +1,172 @@
+"""Trainer, run directory, resume, and the in-process CLI smoke test on tiny synthetic data."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from patchword.cli import main
+from patchword.config import apply_overrides, load_config
+from patchword.train.checkpoint import load_checkpoint
+from patchword.train.config import RunConfig
+from patchword.train.run import prepare_data, train_run
+
+TINY = [
+    "data.num_train=20",
+    "data.num_dev=12",
+    "data.num_test=12",
+    "data.synthetic_image_size=32",
+    "model.embed_dim=32",
+    "model.tiny_vit.image_size=32",
+    "model.tiny_vit.patch_size=8",
+    "model.tiny_vit.width=32",
+    "model.tiny_vit.depth=1",
+    "model.tiny_vit.heads=2",
+    "model.tiny_text_width=32",
+    "model.tiny_text_depth=1",
+    "model.max_text_len=160",
+    "train.batch_size=16",
+    "train.lr=1e-3",
+    "train.log_every=1",
+    "eval.pairs_per_block=64",
+    "eval.image_block=4",
+]
+
+
+def _cfg(tmp_path, *extra):
+    return apply_overrides(
+        RunConfig(), [f"output_dir={tmp_path}", f"data.cache_dir={tmp_path / 'cache'}", *TINY, *extra]
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    cfg = _cfg(tmp_path_factory.mktemp("data"))
+    return prepare_data(cfg.data)
+
+
+def test_run_writes_everything_and_refuses_to_overwrite(tmp_path, tiny_data):
+    cfg = _cfg(tmp_path, "name=r", "train.epochs=1")
+    summary = train_run(cfg, data=tiny_data)
+    run = tmp_path / "r"
+    for name in (
+        "config.yaml",
+        "metrics.jsonl",
+        "summary.json",
+        "metrics.json",
+        "last.pt",
+        "best.pt",
+        "vocab.json",
+    ):
+        assert (run / name).is_file(), name
+    assert (run / "export" / "model.safetensors").is_file() and (run / "export" / "config.json").is_file()
+    for key in ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum", "oracle_rsum"):
+        assert key in summary
+    assert 0 <= summary["rsum"] <= 600 and summary["oracle_rsum"] > 300
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {r["split"] for r in records} == {"train", "dev"}
+    # the resolved config round-trips
+    assert load_config(RunConfig, run / "config.yaml") == cfg
+    with pytest.raises(FileExistsError, match="already exists"):
+        train_run(cfg, data=tiny_data)
+
+
+def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_data):
+    full = _cfg(tmp_path, "name=full", "train.epochs=2", "train.global_warmup_steps=2")
+    train_run(full, data=tiny_data)
+    # the same run interrupted after 4 steps (mid-epoch), then resumed to the end
+    part = _cfg(tmp_path, "name=part", "train.epochs=2", "train.global_warmup_steps=2", "train.max_steps=4")
+    train_run(part, data=tiny_data)
+    interrupted = load_checkpoint(tmp_path / "part" / "last.pt")
+    assert interrupted["step"] == 4 and interrupted["epoch"] == 0 and interrupted["batch_in_epoch"] == 4
+    resumed = _cfg(tmp_path, "name=part", "train.epochs=2", "train.global_warmup_steps=2")
+    train_run(resumed, data=tiny_data, resume=True)
+    a = load_checkpoint(tmp_path / "full" / "last.pt")
+    b = load_checkpoint(tmp_path / "part" / "last.pt")
+    assert a["step"] == b["step"] == 14
+    for key, value in a["model"].items():
+        assert torch.allclose(value, b["model"][key], atol=1e-6), key
+    assert a["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
+    assert a["scheduler"] == b["scheduler"]
+
+
+def test_non_finite_loss_skips_the_step(tmp_path, tiny_data, monkeypatch, caplog):
+    from patchword.losses import HingeLoss
+
+    calls = {"n": 0}
+    original = HingeLoss.forward
+
+    def sometimes_nan(self, *args, **kwargs):
+        calls["n"] += 1
+        out = original(self, *args, **kwargs)
+        return out * float("nan") if calls["n"] == 2 else out
+
+    monkeypatch.setattr(HingeLoss, "forward", sometimes_nan)
+    cfg = _cfg(tmp_path, "name=nan", "train.epochs=1", "train.global_warmup_steps=100")
+    summary = train_run(cfg, data=tiny_data)
+    assert summary["skipped_steps"] == 1
+    assert "non-finite loss" in caplog.text
+
+
+def test_false_negative_mask_comes_from_the_dataset(tiny_data):
+    train = tiny_data.splits["train"]
+    caps = torch.arange(10)
+    fits = train.fits(caps.numpy(), train.txt2img[caps].numpy())
+    assert fits.diagonal().all()  # every caption fits its own image
+
+
+def test_cli_train_eval_demo_smoke(tmp_path, capsys):
+    common = [f"output_dir={tmp_path}", f"data.cache_dir={tmp_path / 'cache'}", *TINY]
+    assert main(["train", "name=cli", "train.epochs=1", "model.variant=code", *common]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "rsum" in out
+    assert main(["eval", str(tmp_path / "cli"), "eval.split=dev"]) == 0
+    metrics = json.loads((tmp_path / "cli" / "eval_dev.json").read_text())
+    assert set(metrics) >= {"i2t_r1", "t2i_r1", "rsum", "oracle_rsum"}
+    # evaluation output is never overwritten silently
+    assert main(["eval", str(tmp_path / "cli"), "eval.split=dev"]) == 2
+    # the demo with a tiny budget: table on stdout, summary and plots in runs/demo
+    assert (
+        main(
+            [
+                "demo",
+                *common,
+                "train.time_budget_s=5",
+                "train.epochs=1",
+                "train.global_warmup_steps=2",
+                "train.eval_every=0",
+                "train.eval_max_images=0",
+            ]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "oracle" in printed and "rsum" in printed
+    demo = tmp_path / "demo"
+    summary = json.loads((demo / "summary.json").read_text())
+    assert {"rsum", "oracle_rsum", "t2i_r1"} <= set(summary)
+    assert (demo / "training_curve.png").stat().st_size > 1000
+    assert (demo / "retrievals.png").stat().st_size > 1000
+    # a second demo moves the first aside instead of overwriting it
+    assert main(["demo", *common, "train.time_budget_s=1", "train.epochs=1", "--no-plots"]) == 0
+    assert len(list(tmp_path.glob("demo-*"))) == 1
+
+
+def test_bad_overrides_are_errors(tmp_path):
+    with pytest.raises(ValueError, match="unknown config key"):
+        apply_overrides(RunConfig(), ["train.lr_typo=1"])
+    with pytest.raises(ValueError, match="expects a number"):
+        apply_overrides(RunConfig(), ["train.lr=fast"])
+    assert main(["train", f"output_dir={tmp_path}", "train.nope=1"]) == 2
+
+
+def test_shipped_configs_load():
+    from pathlib import Path
+
+    configs = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+    assert configs
+    for path in configs:
+        cfg = load_config(RunConfig, path)
+        assert cfg.name == path.stem or cfg.name  # every preset names its run
