@@ -18,6 +18,7 @@ the least disturbed), and the speed-up is a ratio measured in one process.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -286,6 +287,20 @@ def _scoring_inputs(
     return img, caps, lens, dense, dlens, torch.arange(n_txt) // caps_per_image
 
 
+def _status_kb(field: str) -> int:
+    """A ``/proc/self/status`` memory field in KiB (VmRSS: now, VmHWM: peak since the last reset)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _reset_peak_rss() -> None:
+    """Reset VmHWM to the current RSS (Linux: ``5`` written to /proc/self/clear_refs)."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
 def _rss_probe(args: argparse.Namespace) -> None:
     """Hidden subcommand: score once in a fresh process and print the growth of its peak RSS (JSON)."""
     from patchword.eval import score_matrix
@@ -308,11 +323,12 @@ def _rss_probe(args: argparse.Namespace) -> None:
     out = torch.empty(img.shape[0], caps.shape[0])
     small = _scoring_inputs(2, cap_lens, dense_lens)  # warm-up: thread pools, kernels, lazy imports
     score_matrix(matcher, *small[:5], txt2img=small[5], max_memory_mb=args.max_memory_mb)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = _status_kb("VmRSS")
+    _reset_peak_rss()
     score_matrix(
         matcher, img, caps, lens, dense, dlens, txt2img=t2i, max_memory_mb=args.max_memory_mb, out=out
     )
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    after = _status_kb("VmHWM")
     print(json.dumps({"rss_growth_mb": (after - before) / 1024}))
 
 

@@ -13,7 +13,14 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-__all__ = ["atomic_save", "load_checkpoint", "rng_state", "set_rng_state", "export_weights", "seed_everything"]
+__all__ = [
+    "atomic_save",
+    "load_checkpoint",
+    "rng_state",
+    "set_rng_state",
+    "export_weights",
+    "seed_everything",
+]
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -44,13 +51,14 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
-    np.random.seed(seed)
+    # The legacy global numpy generator is what user code and older libraries draw from.
+    np.random.seed(seed)  # noqa: NPY002
     torch.manual_seed(seed)
 
 
 def rng_state() -> dict[str, Any]:
     """Python, numpy and torch (CPU and CUDA) generator states, in types ``weights_only`` loading accepts."""
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    name, keys, pos, has_gauss, gauss = np.random.get_state()  # noqa: NPY002
     state = {
         "python": random.getstate(),
         "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
@@ -66,13 +74,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
     version, internal, gauss_next = state["python"]
     random.setstate((version, tuple(internal), gauss_next))
     name, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))  # noqa: NPY002
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def export_weights(model: torch.nn.Module, config: dict[str, Any], directory: str | Path, **extra: Any) -> None:
+def export_weights(
+    model: torch.nn.Module, config: dict[str, Any], directory: str | Path, **extra: Any
+) -> None:
     """Write ``model.safetensors`` + ``config.json`` (the resolved run config and library version)."""
     from patchword import __version__
 
