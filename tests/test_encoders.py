@@ -96,6 +96,26 @@ def test_tiny_vit_shapes_and_attributes():
         enc(torch.randn(2, 3, 64, 64))
 
 
+def test_tiny_vit_conv_stem_keeps_the_token_grid_and_sees_locally():
+    from dataclasses import replace
+
+    torch.manual_seed(0)
+    enc = TinyViT(replace(VIT_CFG, stem="conv")).eval()
+    stem = enc.patch_embed
+    assert [m.stride for m in stem if isinstance(m, torch.nn.Conv2d)] == [(2, 2), (2, 2), (2, 2), (1, 1)]
+    x = torch.randn(2, 3, 32, 32)
+    assert enc(x).shape == (2, 1 + 16, 48)
+    # the stem's output grid is the patch grid: changing one pixel changes only nearby cells
+    y = x.clone()
+    y[:, :, 0, 0] += 5.0
+    changed = (stem(y) - stem(x)).abs().amax(dim=(0, 1)) > 1e-6  # (4, 4) cells
+    assert changed[0, 0] and not changed[2:, :].any() and not changed[:, 2:].any()
+    with pytest.raises(ValueError, match="power-of-two"):
+        TinyViT(TinyViTConfig(image_size=24, patch_size=6, width=32, depth=1, heads=2, stem="conv"))
+    with pytest.raises(ValueError, match="stem must be"):
+        TinyViT(replace(VIT_CFG, stem="resnet"))
+
+
 def test_projection_is_identity_when_widths_match():
     enc = TinyViT(TinyViTConfig(image_size=16, patch_size=8, width=32, depth=1, heads=2, embed_dim=32))
     assert isinstance(enc.proj, torch.nn.Identity)

@@ -216,6 +216,11 @@ def test_global_embed_and_vse():
     mean_vse = build_matcher("vse", embed_dim=64, pool="mean")
     want = torch.nn.functional.normalize(img.mean(1), dim=-1) @ gt.T
     assert torch.allclose(mean_vse(img, caps, lens).sims, want, atol=1e-6)
+    # SEPS with a mean-pooled global embedding: the same vector as VSE's mean pool
+    mean_seps = build_matcher("seps", embed_dim=64, num_patches=196, has_cls=True, global_pool="mean")
+    assert torch.allclose(mean_seps.global_image(img), torch.nn.functional.normalize(img.mean(1), dim=-1))
+    with pytest.raises(ValueError, match="global_pool"):
+        build_matcher("seps", embed_dim=64, num_patches=196, global_pool="max")
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,8 +32,7 @@ TINY = [
     "train.batch_size=16",
     "train.lr=1e-3",
     "train.log_every=1",
-    "eval.pairs_per_block=64",
-    "eval.image_block=4",
+    "eval.max_memory_mb=1",
 ]
 
 
@@ -108,6 +109,83 @@ def test_non_finite_loss_skips_the_step(tmp_path, tiny_data, monkeypatch, caplog
     summary = train_run(cfg, data=tiny_data)
     assert summary["skipped_steps"] == 1
     assert "non-finite loss" in caplog.text
+
+
+def test_warm_start_copies_encoders_into_a_new_matcher(tmp_path, tiny_data):
+    from patchword.model import build_model
+    from patchword.train.checkpoint import warm_start
+
+    source = _cfg(tmp_path, "name=glob", "model.matcher=vse", "train.max_steps=3")
+    train_run(source, data=tiny_data)
+    fine = _cfg(
+        tmp_path, "name=fine", "model.matcher=seps", f"train.init_from={tmp_path / 'glob' / 'last.pt'}"
+    )
+    model = build_model(fine.model, vocab_size=tiny_data.vocab_size)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = warm_start(model, tmp_path / "glob" / "export")  # export dir: same weights as last.pt's
+    trained = load_checkpoint(tmp_path / "glob" / "last.pt")["model"]
+    assert report["loaded"] and all(
+        k.startswith(("image_encoder.", "text_encoder.")) for k in report["loaded"]
+    )
+    for key in report["loaded"]:
+        assert torch.equal(model.state_dict()[key], trained[key]), key
+    # the SEPS head is not in the VSE checkpoint: it keeps its initialisation
+    assert report["missing"] and all(k.startswith("matcher.") for k in report["missing"])
+    for key in report["missing"]:
+        assert torch.equal(model.state_dict()[key], before[key]), key
+    # through the config, before training starts
+    summary = train_run(
+        _cfg(
+            tmp_path,
+            "name=fine",
+            "model.matcher=seps",
+            "train.max_steps=1",
+            f"train.init_from={tmp_path / 'glob' / 'last.pt'}",
+        ),
+        data=tiny_data,
+    )
+    assert "rsum" in summary
+    with pytest.raises(FileNotFoundError, match="no weights"):
+        warm_start(model, tmp_path / "nowhere.pt")
+
+
+def test_dense_text_is_encoded_only_for_matchers_that_read_it(tiny_data, monkeypatch):
+    from patchword.model import build_model
+
+    train = tiny_data.splits["train"]
+    idx = torch.arange(4)
+    images = train.images.batch(train.txt2img[idx], train=False)
+    lens = train.cap_lens[idx]
+    ids = train.cap_ids[idx, : int(lens.max())]
+    dense_lens = train.dense_lens[train.txt2img[idx]]
+    dense_ids = train.dense_ids[train.txt2img[idx], : int(dense_lens.max())]
+    cfg = _cfg(Path("."))
+    for matcher, variant, reads in (
+        ("seps", "paper", True),
+        ("laps", "code", False),
+        ("vse", "paper", False),
+    ):
+        model = build_model(
+            replace(cfg.model, matcher=matcher, variant=variant), vocab_size=tiny_data.vocab_size
+        )
+        assert model.matcher.consumes_dense is reads
+        calls = []
+        original = model.encode_texts
+        monkeypatch.setattr(
+            model, "encode_texts", lambda i, n, _o=original, _c=calls: _c.append(i.shape) or _o(i, n)
+        )
+        model(images, ids, lens, dense_ids, dense_lens)
+        assert len(calls) == (2 if reads else 1), matcher
+
+
+def test_step_milestones_decay_the_learning_rate(tmp_path, tiny_data):
+    cfg = _cfg(tmp_path, "name=lr", "train.max_steps=3", "train.lr_milestone_steps=[2]", "train.lr_decay=0.5")
+    train_run(cfg, data=tiny_data)
+    groups = load_checkpoint(tmp_path / "lr" / "last.pt")["optimizer"]["param_groups"]
+    assert [g["lr"] for g in groups] == pytest.approx([1e-3 * 0.5] * len(groups))
+    records = [json.loads(line) for line in (tmp_path / "lr" / "metrics.jsonl").read_text().splitlines()]
+    lrs = {r["step"]: r["lr"] for r in records if r["split"] == "train"}
+    assert lrs[0] == pytest.approx(1e-3) and lrs[2] == pytest.approx(5e-4)
 
 
 def test_false_negative_mask_comes_from_the_dataset(tiny_data):

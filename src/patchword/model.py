@@ -86,7 +86,9 @@ class RetrievalModel(nn.Module):
         """
         img = self.encode_images(images)
         cap = self.encode_texts(cap_ids, cap_lens)
-        dense = self.encode_texts(dense_ids, dense_lens) if dense_ids is not None else None
+        # Matchers that ignore dense text (VSE, LAPS) should not pay for encoding it.
+        use_dense = dense_ids is not None and getattr(self.matcher, "consumes_dense", True)
+        dense = self.encode_texts(dense_ids, dense_lens) if use_dense else None
         return self.matcher(img, cap, cap_lens, dense, dense_lens)
 
     def global_sims(

@@ -36,7 +36,7 @@ def score_split(model, split, eval_cfg, *, device: torch.device | str = "cpu", p
             progress=progress,
         )
         dense = None
-        if split.dense_ids is not None:
+        if split.dense_ids is not None and getattr(model.matcher, "consumes_dense", True):
             dense = encode_text_tokens(
                 model,
                 split.dense_ids,

@@ -42,9 +42,20 @@ class Matcher(nn.Module):
 
     embed_dim: int
     has_cls: bool = False
+    # Global image embedding (two-stage search, global warm-up): "cls" uses token 0 when there is a CLS
+    # token, "mean" averages all image tokens (always the case without CLS).
+    global_pool: str = "cls"
     # Name of an extra loss the trainer adds on ``MatcherOutput.extras`` ("cmc": CMCLoss on the global
     # embeddings, as TGDT trains); None for matchers trained with the hinge on ``sims`` alone.
     global_loss: str | None = None
+
+    @property
+    def consumes_dense(self) -> bool:
+        """Whether ``forward`` reads dense text; callers skip encoding it when False (saves a text pass).
+
+        True by default so a new matcher is never silently starved of an input it reads.
+        """
+        return True
 
     def validate_image_tokens(self, img_tokens: torch.Tensor, num_tokens: int | None = None) -> None:
         check_tensor(img_tokens, "img_tokens", shape=(None, num_tokens, self.embed_dim))
@@ -59,9 +70,11 @@ class Matcher(nn.Module):
         return lens.to(tokens.device)
 
     def global_image(self, img_tokens: torch.Tensor) -> torch.Tensor:
-        """(B_v, L_v, C) tokens -> (B_v, C) L2-normalised global image embedding (CLS, else mean)."""
+        """(B_v, L_v, C) tokens -> (B_v, C) L2-normalised global image embedding (CLS or mean, see
+        ``global_pool``)."""
         self.validate_image_tokens(img_tokens)
-        pooled = img_tokens[:, 0] if self.has_cls else img_tokens.mean(dim=1)
+        use_cls = self.has_cls and self.global_pool == "cls"
+        pooled = img_tokens[:, 0] if use_cls else img_tokens.mean(dim=1)
         return l2norm(pooled.float())
 
     def global_text(self, cap_tokens: torch.Tensor, cap_lens: object) -> torch.Tensor:

@@ -201,6 +201,10 @@ class NAAFMatcher(Matcher):
     threshold: torch.Tensor
     threshold_safe: torch.Tensor
 
+    @property
+    def consumes_dense(self) -> bool:
+        return False
+
     def __init__(self, config: NAAFConfig) -> None:
         super().__init__()
         if config.intra_relation not in _INTRA_CHOICES:

@@ -63,6 +63,10 @@ class SCANMatcher(Matcher):
     beyond ``cap_lens``) never influences a score. Dense captions are accepted and ignored.
     """
 
+    @property
+    def consumes_dense(self) -> bool:
+        return False
+
     def __init__(self, config: SCANConfig) -> None:
         super().__init__()
         if config.direction not in ("t2i", "i2t"):

@@ -71,6 +71,7 @@ _CHOICES = {
     "aggregation": ("shared", "dual"),
     "similarity": ("leaky_relu", "cosine"),
     "ratio_mode": ("sum_masks", "per_branch"),
+    "global_pool": ("cls", "mean"),
 }
 
 
@@ -99,6 +100,7 @@ class SEPSConfig:
     beta: float = 0.25  # paper Eq. (3) attention weight
     joint_score: bool = False  # paper Eq. (3) literally: both branches score with s_st + s_dt together
     caption_chunk: int = 0  # score at most this many captions at a time in eval (0 = all)
+    global_pool: str = "cls"  # global image embedding (warm-up, two-stage): "cls" or "mean" of all tokens
 
     def resolved(self) -> SEPSConfig:
         """A copy with every ``None`` switch filled from the variant preset, validated."""
@@ -160,6 +162,7 @@ class SEPSMatcher(Matcher):
         self.config = cfg
         self.embed_dim = cfg.embed_dim
         self.has_cls = cfg.has_cls
+        self.global_pool = cfg.global_pool
         self.num_keep = cfg.num_keep
         self.ratio_mode = cfg.ratio_mode
         self.aggr_net = TokenAggregation(cfg.embed_dim, cfg.num_aggregated)
@@ -169,6 +172,10 @@ class SEPSMatcher(Matcher):
         )
         self.scorer = PatchScorer(cfg.embed_dim) if cfg.score_mode == "predictor" else None
         self.hrpa = HRPA(cfg.leaky_slope if cfg.similarity == "leaky_relu" else None, cfg.hrpa_topk)
+
+    @property
+    def consumes_dense(self) -> bool:
+        return self.config.use_dense
 
     # ------------------------------------------------------------------ public API
     def forward(

@@ -106,6 +106,10 @@ class TGDTMatcher(Matcher):
 
     global_loss = "cmc"
 
+    @property
+    def consumes_dense(self) -> bool:
+        return False
+
     def __init__(self, config: TGDTConfig) -> None:
         super().__init__()
         if config.inference not in _INFERENCE:

@@ -27,6 +27,10 @@ class VSEConfig:
 class VSEMatcher(Matcher):
     """sims = cos(pooled image, mean of valid caption tokens); dense text is ignored."""
 
+    @property
+    def consumes_dense(self) -> bool:
+        return False
+
     def __init__(self, config: VSEConfig) -> None:
         super().__init__()
         if config.pool not in ("cls", "mean"):

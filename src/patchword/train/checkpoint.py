@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import tempfile
@@ -11,7 +12,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
+
+_logger = logging.getLogger(__name__)
 
 __all__ = [
     "atomic_save",
@@ -20,6 +23,8 @@ __all__ = [
     "set_rng_state",
     "export_weights",
     "seed_everything",
+    "load_weights",
+    "warm_start",
 ]
 
 
@@ -91,3 +96,52 @@ def export_weights(
     _atomic_write(directory / "model.safetensors", lambda tmp: save_file(tensors, tmp))
     meta = {"patchword_version": __version__, "config": config, **extra}
     _atomic_write(directory / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=2)))
+
+
+def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """Model weights from a training checkpoint (``best.pt`` / ``last.pt``), an export directory or a
+    ``model.safetensors`` file."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "model.safetensors" if (path / "model.safetensors").is_file() else path / "export"
+        if path.is_dir():
+            path = path / "model.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no weights at {path} (expected best.pt, last.pt, an export dir or .safetensors)"
+        )
+    if path.suffix == ".safetensors":
+        return load_file(str(path))
+    ckpt = load_checkpoint(path)
+    if "model" not in ckpt:
+        raise ValueError(f"{path} has no 'model' entry (keys: {sorted(ckpt)})")
+    return ckpt["model"]
+
+
+def warm_start(model: torch.nn.Module, path: str | Path) -> dict[str, list[str]]:
+    """Copy every weight of ``path`` whose name and shape match ``model``; the rest keep their init.
+
+    Meant for starting a fine-grained model from a globally trained one (same encoders, a new matcher
+    head). Returns ``{"loaded", "skipped", "missing"}`` key lists (skipped: in the file, absent or
+    differently shaped in the model; missing: in the model, not in the file) and logs their counts.
+
+    Raises:
+        ValueError: when nothing matches (almost certainly the wrong file).
+    """
+    source = load_weights(path)
+    target = model.state_dict()
+    loaded = [k for k, v in source.items() if k in target and target[k].shape == v.shape]
+    skipped = sorted(set(source) - set(loaded))
+    missing = sorted(set(target) - set(loaded))
+    if not loaded:
+        raise ValueError(f"warm start from {path}: no weight name and shape matches the model")
+    model.load_state_dict({k: source[k] for k in loaded}, strict=False)
+    _logger.info(
+        "warm start from %s: %d tensors loaded, %d skipped (not in the model or other shape), "
+        "%d keep their initialisation",
+        path,
+        len(loaded),
+        len(skipped),
+        len(missing),
+    )
+    return {"loaded": sorted(loaded), "skipped": skipped, "missing": missing}

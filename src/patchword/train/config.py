@@ -60,10 +60,13 @@ class TrainConfig:
     weight_decay: float = 1e-4  # AdamW weight decay, every group
     lr_milestones: list[int] = field(default_factory=lambda: [9, 15, 20, 25])  # epochs where lr *= lr_decay
     lr_decay: float = 0.3  # multiplicative lr decay at each milestone
+    lr_milestone_steps: list[int] = field(default_factory=list)  # also decay after these optimiser steps
     margin: float = 0.2  # hinge margin
     hardest_after_epochs: int = 1  # sum over negatives before this epoch, hardest negative from it on
     align_warmup_epochs: int = 1  # the alignment loss ramps 0 -> 1 linearly over these epochs
     global_warmup_steps: int = 0  # first steps train only the global embeddings (cheap warm start)
+    init_from: str = ""  # warm start: load matching model weights from this checkpoint (best.pt, last.pt,
+    # export dir or model.safetensors) before training; the optimizer starts fresh
     grad_clip: float = 2.0  # max global gradient norm (0 = off)
     ratio_weight: float = 2.0  # weight of the selection ratio loss
     mask_false_negatives: bool = True  # ignore negatives the dataset says fit the caption (synthetic)
@@ -78,10 +81,9 @@ class EvalConfig:
     """Evaluation after training (and ``patchword eval``)."""
 
     split: str = "test"  # which split to report
-    pairs_per_block: int = 8192  # image-caption pairs scored at once (bounds memory)
-    image_block: int = 128  # images per scoring block
     batch_size: int = 128  # images / texts per encoder batch
     coco_1k: bool = False  # also report the COCO 1K five-fold protocol (5K test)
+    max_memory_mb: int = 1024  # working-memory budget of the scoring engine (block sizes follow it)
 
 
 @dataclass

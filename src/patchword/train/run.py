@@ -18,7 +18,7 @@ from patchword.eval.evaluate import evaluate_encoded
 from patchword.eval.metrics import retrieval_metrics
 from patchword.eval.scoring import encode_image_tokens, encode_text_tokens
 from patchword.model import RetrievalModel, build_model
-from patchword.train.checkpoint import export_weights, load_checkpoint, seed_everything
+from patchword.train.checkpoint import export_weights, load_checkpoint, seed_everything, warm_start
 from patchword.train.config import DataConfig, RunConfig
 from patchword.train.data import ArrayImages, EncodedSplit, FileImages, encode_split
 from patchword.train.trainer import Trainer
@@ -197,6 +197,8 @@ def train_run(cfg: RunConfig, *, resume: bool = False, data: PreparedData | None
     _save_tokenizer(data.tokenizer, run_dir)
     seed_everything(cfg.seed)
     model = build_model(cfg.model, vocab_size=data.vocab_size, vocab_words=vocab_words(data.tokenizer))
+    if cfg.train.init_from:
+        warm_start(model, cfg.train.init_from)
     trainer = Trainer(cfg, model, data.splits["train"], data.splits["dev"], run_dir)
     if resume and (run_dir / "last.pt").is_file():
         trainer.resume(run_dir / "last.pt")

@@ -125,6 +125,9 @@ class Trainer:
                 self._train_step(batches[self.batch_in_epoch], len(batches))
                 self.batch_in_epoch += 1
                 self.step += 1
+                if self.step in tc.lr_milestone_steps:
+                    for group in self.optimizer.param_groups:
+                        group["lr"] *= tc.lr_decay
                 out_of_time = tc.time_budget_s and time.perf_counter() - start >= tc.time_budget_s
                 stop = bool((tc.max_steps and self.step >= tc.max_steps) or out_of_time)
                 if tc.eval_every and self.step % tc.eval_every == 0 and not stop:
