@@ -7,7 +7,7 @@ VSE objective: CLS vs mean of the caption words). Every model then starts from t
 split. The VSE row simply continues the global training for the same number of steps, so every row has
 seen the same number of batches. Writes ``comparison.md`` and ``comparison.json`` to ``--out-dir``.
 
-    python benchmarks/synthetic_comparison.py --out-dir runs/comparison --warmup 700 --steps 200
+    python benchmarks/synthetic_comparison.py --out-dir runs/comparison --warmup 1000 --steps 170
 """
 
 from __future__ import annotations
@@ -61,8 +61,11 @@ def _common(args: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out-dir", type=Path, default=Path("runs/comparison"))
-    parser.add_argument("--warmup", type=int, default=700, help="shared global warm-up steps")
-    parser.add_argument("--steps", type=int, default=200, help="optimiser steps per model after the warm-up")
+    parser.add_argument("--warmup", type=int, default=1000, help="shared global warm-up steps")
+    parser.add_argument("--steps", type=int, default=170, help="optimiser steps per model after the warm-up")
+    parser.add_argument(
+        "--lr-drop-after", type=int, default=100, help="lr x0.3 after this many steps (as the demo's end)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     parser.add_argument("--only", nargs="*", help="subset of model labels (substring match)")
@@ -75,7 +78,14 @@ def main(argv: list[str] | None = None) -> None:
     warm_dir = args.out_dir / "warmup"
     if not (warm_dir / "last.pt").is_file():
         warm = apply_overrides(
-            RunConfig(), [*common, "name=warmup", "model.matcher=vse", f"train.max_steps={args.warmup}"]
+            RunConfig(),
+            [
+                *common,
+                "name=warmup",
+                "model.matcher=vse",
+                f"train.max_steps={args.warmup}",
+                "train.lr_milestone_steps=[]",
+            ],
         )
         t0 = time.perf_counter()
         warm_summary = train_run(warm, data=data)
@@ -96,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
                 *overrides,
                 f"train.init_from={warm_dir / 'last.pt'}",
                 f"train.max_steps={args.steps}",
+                f"train.lr_milestone_steps=[{args.lr_drop_after}]",
                 "train.global_warmup_steps=0",
                 "train.align_warmup_epochs=0",  # the warm-up already was the ramp
             ],
@@ -108,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
 
     lines = [
         f"Warm-up: {args.warmup} global steps, {warm_summary['train_seconds']:.0f} s, test rSum of the "
-        f"warm-up model itself {warm_summary['rsum']:.1f}. Then {args.steps} steps per model. "
+        f"warm-up model itself {warm_summary['rsum']:.1f}. Then {args.steps} steps per model (lr x0.3 "
+        f"after {args.lr_drop_after}). "
         f"Machine: {platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s).",
         "",
         "| model | " + " | ".join(KEYS) + " | train s | eval s |",

@@ -99,6 +99,25 @@ def test_full_shortlist_equals_exhaustive_and_hybrid_adds_alpha_global():
     assert torch.equal(top.sort(dim=1).values, hybrid.i2t_candidates.sort(dim=1).values)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_threaded_re_ranking_equals_one_thread(threads):
+    img, caps, lens, _ = _split(24, seed=2)
+    m = _seps()
+    # a tiny budget forces one image per block, so every worker gets several blocks
+    one = two_stage_scores(m, img, caps, lens, k=(9, 4), max_memory_mb=0.6)
+    torch.set_num_threads(threads)
+    many = two_stage_scores(m, img, caps, lens, k=(9, 4), max_memory_mb=0.6)
+    assert torch.get_num_threads() == threads  # restored after the workers
+    assert torch.equal(torch.isfinite(one.sims_i2t), torch.isfinite(many.sims_i2t))
+    shown = torch.isfinite(one.sims_i2t)
+    assert torch.allclose(one.sims_i2t[shown], many.sims_i2t[shown], atol=1e-6)
+    shown = torch.isfinite(one.sims_t2i)
+    assert torch.allclose(one.sims_t2i[shown], many.sims_t2i[shown], atol=1e-6)
+    full = score_matrix(m, img, caps, lens)
+    shown = torch.isfinite(many.sims_i2t)
+    assert torch.allclose(many.sims_i2t[shown], full[shown], atol=1e-5)
+
+
 def test_exact_index_blocks_and_validation():
     g = torch.Generator().manual_seed(0)
     db = torch.nn.functional.normalize(torch.randn(300, 16, generator=g), dim=1)

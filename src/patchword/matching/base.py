@@ -49,13 +49,9 @@ class Matcher(nn.Module):
     # embeddings, as TGDT trains); None for matchers trained with the hinge on ``sims`` alone.
     global_loss: str | None = None
 
-    @property
-    def consumes_dense(self) -> bool:
-        """Whether ``forward`` reads dense text; callers skip encoding it when False (saves a text pass).
-
-        True by default so a new matcher is never silently starved of an input it reads.
-        """
-        return True
+    # Whether ``forward`` reads dense text; callers skip encoding it when False (saves a text pass). True
+    # by default so a new matcher is never silently starved of an input it reads.
+    consumes_dense: bool = True
 
     def validate_image_tokens(self, img_tokens: torch.Tensor, num_tokens: int | None = None) -> None:
         check_tensor(img_tokens, "img_tokens", shape=(None, num_tokens, self.embed_dim))

@@ -201,9 +201,7 @@ class NAAFMatcher(Matcher):
     threshold: torch.Tensor
     threshold_safe: torch.Tensor
 
-    @property
-    def consumes_dense(self) -> bool:
-        return False
+    consumes_dense = False  # region / global matchers ignore dense text
 
     def __init__(self, config: NAAFConfig) -> None:
         super().__init__()

@@ -63,9 +63,7 @@ class SCANMatcher(Matcher):
     beyond ``cap_lens``) never influences a score. Dense captions are accepted and ignored.
     """
 
-    @property
-    def consumes_dense(self) -> bool:
-        return False
+    consumes_dense = False  # region / global matchers ignore dense text
 
     def __init__(self, config: SCANConfig) -> None:
         super().__init__()

@@ -163,6 +163,7 @@ class SEPSMatcher(Matcher):
         self.embed_dim = cfg.embed_dim
         self.has_cls = cfg.has_cls
         self.global_pool = cfg.global_pool
+        self.consumes_dense = cfg.use_dense  # LAPS: False
         self.num_keep = cfg.num_keep
         self.ratio_mode = cfg.ratio_mode
         self.aggr_net = TokenAggregation(cfg.embed_dim, cfg.num_aggregated)
@@ -172,10 +173,6 @@ class SEPSMatcher(Matcher):
         )
         self.scorer = PatchScorer(cfg.embed_dim) if cfg.score_mode == "predictor" else None
         self.hrpa = HRPA(cfg.leaky_slope if cfg.similarity == "leaky_relu" else None, cfg.hrpa_topk)
-
-    @property
-    def consumes_dense(self) -> bool:
-        return self.config.use_dense
 
     # ------------------------------------------------------------------ public API
     def forward(

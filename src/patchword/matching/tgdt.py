@@ -106,9 +106,7 @@ class TGDTMatcher(Matcher):
 
     global_loss = "cmc"
 
-    @property
-    def consumes_dense(self) -> bool:
-        return False
+    consumes_dense = False  # region / global matchers ignore dense text
 
     def __init__(self, config: TGDTConfig) -> None:
         super().__init__()

@@ -27,9 +27,7 @@ class VSEConfig:
 class VSEMatcher(Matcher):
     """sims = cos(pooled image, mean of valid caption tokens); dense text is ignored."""
 
-    @property
-    def consumes_dense(self) -> bool:
-        return False
+    consumes_dense = False  # region / global matchers ignore dense text
 
     def __init__(self, config: VSEConfig) -> None:
         super().__init__()

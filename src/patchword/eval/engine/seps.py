@@ -240,6 +240,20 @@ def length_blocks(
     return blocks
 
 
+def _in_workers(workers: int, fn) -> None:
+    """Run ``fn(0) .. fn(workers - 1)`` in threads, torch single-threaded meanwhile; re-raises errors."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            for future in [pool.submit(fn, i) for i in range(workers)]:
+                future.result()
+    finally:
+        torch.set_num_threads(previous)
+
+
 @register_engine(SEPSMatcher)
 class SEPSEngine(ScoringEngine):
     """Fast exact scorer of :class:`~patchword.matching.seps.SEPSMatcher` (see the module docstring).
@@ -665,25 +679,39 @@ class SEPSEngine(ScoringEngine):
         Pairs are grouped by image; each image is prepared once and scored against its own captions in
         length buckets (and, with caption-tied dense text, against the distinct dense texts they use).
         """
-        plan = self.plan(inputs, budget)
+        # Re-ranking runs many small per-image products that intra-op threads barely speed up; on a CPU,
+        # image blocks go to one single-threaded worker per core instead (torch releases the GIL), each
+        # with its share of the memory budget.
+        device = torch.device(device)
+        workers = torch.get_num_threads() if device.type == "cpu" else 1
+        plan = self.plan(inputs, budget // workers)
         self.last_plan = plan
         mode = plan.details["mode"]
         dtype = self.aggr.scale.dtype
         result = torch.empty(img_index.shape[0], dtype=torch.float32)
         try:
             self._build_cache(inputs, plan, device, dtype)
-            self._score_pairs(inputs, img_index, txt_index, plan, mode, device, dtype, result, progress)
+            with progress_bar(int(img_index.shape[0]), "re-rank pairs", progress) as bar:
+                args = (inputs, img_index, txt_index, plan, mode, device, dtype, result, bar)
+                if workers <= 1:
+                    self._score_pairs(*args)
+                else:
+                    _in_workers(workers, lambda part: self._score_pairs(*args, part=(part, workers)))
         finally:
             self._cache = None
         return result
 
-    def _score_pairs(self, inputs, img_index, txt_index, plan, mode, device, dtype, result, progress) -> None:
+    def _score_pairs(
+        self, inputs, img_index, txt_index, plan, mode, device, dtype, result, bar, part=(0, 1)
+    ) -> None:
+        """Score the pairs of every ``part[1]``-th image block, from block ``part[0]``, into ``result``."""
         by_length = torch.argsort(inputs.cap_lens[txt_index], descending=True, stable=True)
         order = by_length[torch.argsort(img_index[by_length], stable=True)]  # by image, then length
         images, counts = torch.unique_consecutive(img_index[order], return_counts=True)
         starts = torch.cumsum(counts, 0) - counts
-        with progress_bar(int(img_index.shape[0]), "re-rank pairs", progress) as bar:
-            for b0 in range(0, images.numel(), plan.image_block):
+        first, stride = part
+        with torch.no_grad():  # grad mode is per thread
+            for b0 in range(first * plan.image_block, images.numel(), stride * plan.image_block):
                 rows = images[b0 : b0 + plan.image_block]
                 img = self._prepare(inputs, rows, device, dtype)
                 for j in range(rows.numel()):
