@@ -216,11 +216,4 @@ def test_input_validation():
         score_matrix(m, img, caps, lens, out=torch.empty(2, 2))
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # These tensors are tiny: with two threads the OpenMP barriers cost more than the work (and several
-    # times more when other jobs load the machine).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")

@@ -6,18 +6,10 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from patchword.hashing.cli import main
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny tensors: on a shared 2-core machine intra-op threads cost far more than they save.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 TINY = [

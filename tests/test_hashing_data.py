@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from patchword.hashing import (
     load_mat,
@@ -25,14 +24,7 @@ from patchword.hashing import (
     synthetic_dataset,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny tensors: on a shared 2-core machine intra-op threads cost far more than they save.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"

@@ -11,14 +11,7 @@ import torch.nn.functional as F
 
 from patchword.losses import BalancedInfoNCE, HashNetLoss, InfoNCE
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny tensors: on a shared 2-core machine intra-op threads cost far more than they save.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # Tiny batch (B = 2, tau = 0.5): u1 = (1, 0), u2 = (0, 1), v1 = (1, 0), v2 = (1, 1) (normalised by the loss).

@@ -17,14 +17,7 @@ from patchword.hashing import (
     retrieval_report,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny tensors: on a shared 2-core machine intra-op threads cost far more than they save.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # Hand example, K = 4 bits.

@@ -9,14 +9,7 @@ import torch.nn.functional as F
 
 from patchword.hashing import UCMFH
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny tensors: on a shared 2-core machine intra-op threads cost far more than they save.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 D_IMG, D_TXT, BITS = 16, 24, 32

@@ -14,13 +14,7 @@ from patchword.matching import build_matcher
 DIM = 32
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny tensors: thread synchronisation would cost more than the work.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _split(n_img, per_image=5, seed=0, n_patches=49):

@@ -102,10 +102,9 @@ def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
     """Model weights from a training checkpoint (``best.pt`` / ``last.pt``), an export directory or a
     ``model.safetensors`` file."""
     path = Path(path)
-    if path.is_dir():
-        path = path / "model.safetensors" if (path / "model.safetensors").is_file() else path / "export"
-        if path.is_dir():
-            path = path / "model.safetensors"
+    if path.is_dir():  # an export dir, or a run dir holding one
+        candidates = [path / "model.safetensors", path / "export" / "model.safetensors"]
+        path = next((c for c in candidates if c.is_file()), candidates[0])
     if not path.is_file():
         raise FileNotFoundError(
             f"no weights at {path} (expected best.pt, last.pt, an export dir or .safetensors)"
