@@ -22,13 +22,12 @@ _logger = logging.getLogger(__name__)
 # calibration"): from-scratch tiny encoders learn best at lr 5e-4 (1e-3 was worse); the first 1000 steps
 # train only the global embeddings (CLS vs mean of words: ~3x cheaper per step than the fine-grained
 # head), then the paper-variant SEPS trains on top at batch 128 (its head adapts within ~100 steps, after
-# which more global steps pay more than more fine steps), lr x0.3 after step 1100 for the last ~170
-# steps (batch 64 learned less in the same time; a mean-pooled warm-up helped the global model but not
-# SEPS after it); negatives stay summed (hardest
-# negatives lost dev rSum even with known false negatives masked) and negatives the generator knows to fit
-# the caption are masked; bfloat16 autocast where the CPU has native bfloat16 (1.3-1.6x faster steps);
-# validation only at epoch ends on a 300-image dev subset. The time budget keeps `make demo` under 15
-# minutes on a 2-core CPU, set-up included.
+# which more global steps pay more than more fine steps), lr x0.3 after step 1100 for the last ~170 steps
+# (batch 64 learned less in the same time; a mean-pooled warm-up helped the global model but not SEPS
+# after it); negatives stay summed (hardest negatives lost dev rSum even with known false negatives
+# masked) and negatives the generator knows to fit the caption are masked; bfloat16 autocast where the CPU
+# has native bfloat16 (~1.45x faster SEPS steps here); validation only at epoch ends on a 300-image dev
+# subset. The time budget keeps `make demo` under 15 minutes on a 2-core CPU, set-up included.
 DEMO_OVERRIDES = [
     "name=demo",
     "model.matcher=seps",
