@@ -38,7 +38,9 @@ from patchword.hashing import (
     split_dataset,
     synthetic_dataset,
 )
-from patchword.hashing.train import HashRunConfig, build_model, train_hashing
+from patchword.hashing.build import build_hashing_model
+from patchword.hashing.config import HashRunConfig
+from patchword.hashing.run import train_hashing
 from patchword.losses import BalancedInfoNCE, InfoNCE
 from patchword.train.checkpoint import seed_everything
 
@@ -111,7 +113,7 @@ def run_ucmfh(
         if keep_model:
             from patchword.train.checkpoint import load_checkpoint
 
-            model = build_model(cfg.model, ds.image_dim, ds.text_dim)
+            model = build_hashing_model(cfg.model, ds.image_dim, ds.text_dim)
             model.load_state_dict(load_checkpoint(tmp / "run" / "last.pt")["model"])
         return summary, model
     finally:
@@ -221,13 +223,14 @@ def bench_table(args: argparse.Namespace, which: str) -> tuple[list[str], dict]:
 def bench_devcurve(args: argparse.Namespace) -> tuple[list[str], dict]:
     """Epoch budget for the CLIP table, chosen without the test pairs: train on 400 of the 500 training
     pairs, evaluate on the other 100 (pair relevance) every 25 epochs."""
-    from patchword.hashing.train import HashTrainer, evaluate_model
+    from patchword.hashing.evaluate import evaluate_hashing
+    from patchword.hashing.trainer import HashTrainer
 
     inner = split_dataset(clip_data().train, num_query=100, num_train=400, seed=1)
     cfg = HashRunConfig()
     cfg.train = replace(cfg.train, save_every=0)
     seed_everything(cfg.train.seed)
-    model = build_model(cfg.model, inner.image_dim, inner.text_dim)
+    model = build_hashing_model(cfg.model, inner.image_dim, inner.text_dim)
     lines = header(
         "CLIP epoch budget on a dev split of the training pairs (400 train / 100 dev), 64 bits", args
     )
@@ -238,7 +241,7 @@ def bench_devcurve(args: argparse.Namespace) -> tuple[list[str], dict]:
         for epochs in range(25, (args.epochs or 250) + 1, 25):
             trainer.tc.epochs = epochs
             trainer.fit()
-            m = evaluate_model(model, inner, cfg.eval)
+            m = evaluate_hashing(model, inner, cfg.eval)
             raw.append({"epochs": epochs, "steps": trainer.step, **m})
             lines.append(f"| {epochs} | {trainer.step} | {fmt(m['i2t_map@50'])} | {fmt(m['t2i_map@50'])} |")
             print(lines[-1], flush=True)
@@ -349,7 +352,7 @@ def bench_loss(args: argparse.Namespace) -> tuple[list[str], dict]:
     if not args.skip_grad:
         # 1. Gradients w.r.t. all model parameters on one batch of 128 real CLIP pairs (same dropout masks).
         seed_everything(0)
-        model = build_model(HashRunConfig().model, ds.image_dim, ds.text_dim).train()
+        model = build_hashing_model(HashRunConfig().model, ds.image_dim, ds.text_dim).train()
         raw["grad"] += gradient_rows(model, ds, "CLIP, at initialisation")
         _, trained = run_ucmfh(ds, bits=64, epochs=args.epochs or 50, keep_model=True)
         raw["grad"] += gradient_rows(

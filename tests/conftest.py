@@ -17,3 +17,57 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# A tiny dataset in the official LAPS / SEPS layout, written with real PNG files: like the SEPS release it
+# has dense captions for train and test but none for dev.
+LAPS_SIZES = {"train": 8, "dev": 3, "test": 4}
+_WORDS = ["red", "blue", "green", "circle", "square", "triangle", "small", "large", "left", "right"]
+
+
+def write_laps_dataset(root, sizes=None, image_size=32, seed=0):
+    """-> dict of the paths (root, image_root, dense_train, dense_test); every split has 2 captions/image."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    sizes = sizes or LAPS_SIZES
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    images = root / "images"
+    images.mkdir(exist_ok=True)
+    mapping = {}
+    paths = {"root": root, "image_root": images}
+    for split, n in sizes.items():
+        ids, caps, dense = [], [], []
+        for i in range(n):
+            image_id = f"{split}{i}"
+            mapping[image_id] = f"{image_id}.png"
+            pixels = (rng.random((image_size, image_size, 3)) * 255).astype(np.uint8)
+            Image.fromarray(pixels).save(images / f"{image_id}.png")
+            for _ in range(2):
+                ids.append(image_id)
+                caps.append(" ".join(rng.choice(_WORDS, size=4)))
+            dense.append(json.dumps({"text": " ".join(rng.choice(_WORDS, size=12)), "model_id": "test"}))
+        (root / f"{split}_ids.txt").write_text("\n".join(ids) + "\n")
+        (root / f"{split}_caps.txt").write_text("\n".join(caps) + "\n")
+        if split != "dev":
+            (root / f"{split}.jsonl").write_text("\n".join(dense) + "\n")
+            paths[f"dense_{split}"] = root / f"{split}.jsonl"
+    (root / "id_mapping.json").write_text(json.dumps(mapping))
+    return paths
+
+
+@pytest.fixture
+def laps_dataset(tmp_path):
+    return write_laps_dataset(tmp_path / "laps")
+
+
+def one_error_line(stderr: str) -> str:
+    """The single ``error: ...`` line a user error must produce (log lines may precede it, a traceback
+    may not)."""
+    assert "Traceback" not in stderr, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, stderr
+    return errors[0]

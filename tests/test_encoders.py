@@ -27,6 +27,7 @@ from patchword.encoders import (
     build_text_encoder,
     size_augment,
 )
+from patchword.errors import ModelNotFoundError
 
 transformers = pytest.importorskip("transformers")
 
@@ -280,15 +281,19 @@ def test_hf_text_gradients_and_length_check():
         enc(torch.ones(1, 33, dtype=torch.long), torch.tensor([33]))
 
 
-def test_missing_local_directory_errors_name_the_path(tmp_path):
+def test_missing_local_directory_errors_name_the_path(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # the hint depends on it (tested below)
     missing = tmp_path / "no_such_model"
     with pytest.raises(FileNotFoundError, match="no_such_model.*does not exist"):
         HFVisionEncoder(missing)
     with pytest.raises(FileNotFoundError, match=f"{tmp_path}.*no config.json"):
         HFTextEncoder(tmp_path)
     # A hub-id-shaped name that is not cached: local_files_only forbids the download.
-    with pytest.raises(OSError, match="not-a-user/not-a-model.*local_files_only=True"):
+    with pytest.raises(ModelNotFoundError, match="not-a-user/not-a-model.*hf_local_files_only=true"):
         HFTextEncoder("not-a-user/not-a-model")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelNotFoundError, match="HF_HUB_OFFLINE is set"):
+        HFTextEncoder("not-a-user/not-a-model", local_files_only=False)
     with pytest.raises(FileNotFoundError, match="no_such_model"):
         BertCaptionTokenizer.from_pretrained(missing)
     with pytest.raises(FileNotFoundError, match="neither vocab.txt nor tokenizer.json"):
@@ -304,7 +309,7 @@ def test_import_works_without_transformers_and_adapters_say_how_to_install(monke
         "except ImportError as err:\n    print(err)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "pip install patchword[hf]" in result.stdout
+    assert "pip install 'patchword[hf]'" in result.stdout
 
 
 # ----------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from patchword.eval.engine import (
     TensorMemoryMeter,
     VSEEngine,
     engine_for,
+    register_engine,
 )
 from patchword.eval.engine.core import prepare_inputs
 from patchword.matching import Matcher, MatcherOutput, build_matcher
@@ -135,16 +136,17 @@ class _Dot(Matcher):
         return MatcherOutput(sims=img @ txt.T)
 
 
-def test_unknown_matchers_use_forward_and_may_ship_their_own_engine():
+def test_unknown_matchers_use_forward_and_may_register_their_own_engine():
     m = _Dot()
     assert isinstance(engine_for(m), ForwardEngine)
     _check(m, "swin", None)
 
     class Own(_Dot):
-        def fast_scorer(self):
-            return VSEEngine(self)
+        pass
 
+    register_engine(Own)(VSEEngine)
     assert isinstance(engine_for(Own()), VSEEngine)
+    assert isinstance(engine_for(_Dot()), ForwardEngine)  # registered for the subclass only
     with pytest.raises(ValueError, match="engine must be"):
         engine_for(m, "fastest")
 

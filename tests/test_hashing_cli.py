@@ -129,3 +129,19 @@ def test_cli_user_errors(tmp_path):
         )
         == 2
     )
+
+
+def test_train_hashing_leaves_the_thread_count_alone(tmp_path):
+    """The library trainer used to call torch.set_num_threads(train.num_threads) and leave it changed."""
+    import torch
+
+    from patchword.config import load_config
+    from patchword.hashing import HashRunConfig, train_hashing
+
+    overrides = [*TINY, "train.epochs=1", "train.num_threads=3", f"output_dir={tmp_path}", "name=t"]
+    before = torch.get_num_threads()
+    train_hashing(load_config(HashRunConfig, None, overrides))
+    assert torch.get_num_threads() == before != 3
+    # the CLI applies train.num_threads for the run and restores the caller's count afterwards
+    assert main(["train", "--output-dir", str(tmp_path), "--name", "c", *overrides[:-2]]) == 0
+    assert torch.get_num_threads() == before

@@ -18,6 +18,7 @@ from patchword.data.precomp import (
     synthetic_region_features,
     write_precomp_split,
 )
+from patchword.data.prepare import prepare_data
 from patchword.data.synthetic import SyntheticConfig, generate_split
 from patchword.data.vocab import WordVocab
 from patchword.encoders import (
@@ -27,8 +28,10 @@ from patchword.encoders import (
     PrecompRegionEncoder,
     load_glove,
 )
+from patchword.errors import ConfigError
+from patchword.model import build_model
 from patchword.train.config import RunConfig
-from patchword.train.run import check_model_data, prepare_data
+from patchword.train.validate import check_config, check_model_data
 
 # ------------------------------------------------------------------ SCAN layout
 
@@ -249,10 +252,11 @@ def test_prepare_data_reads_a_scan_layout_directory(tmp_path):
     data = prepare_data(cfg.data)
     assert data.splits["test"].images.batch(torch.tensor([0]), False).shape == (1, 5, 7)
     assert data.splits["train"].dense_ids is None and data.vocab_size == len(vocab)
-    check_model_data(cfg, data)
-    with pytest.raises(ValueError, match="model.precomp.region_dim=9"):
-        check_model_data(apply_overrides(cfg, ["model.precomp.region_dim=9"]), data)
-    with pytest.raises(ValueError, match="model.image_encoder=precomp"):
-        check_model_data(apply_overrides(cfg, ["model.image_encoder=tiny"]), data)
-    with pytest.raises(ValueError, match="data.root"):
+    check_model_data(cfg, build_model(cfg.model, vocab_size=data.vocab_size), data)
+    wrong = apply_overrides(cfg, ["model.precomp.region_dim=9"])
+    with pytest.raises(ConfigError, match="model.precomp.region_dim=9"):
+        check_model_data(wrong, build_model(wrong.model, vocab_size=data.vocab_size), data)
+    with pytest.raises(ConfigError, match="model.image_encoder=precomp"):
+        check_config(apply_overrides(cfg, ["model.image_encoder=tiny"]))
+    with pytest.raises(ConfigError, match="data.root"):
         prepare_data(apply_overrides(cfg, ["data.root="]).data)

@@ -9,7 +9,8 @@ import torch
 
 from patchword.matching import build_matcher
 from patchword.matching.seps import VARIANT_PRESETS
-from reference_seps import seps_code_reference, seps_paper_reference
+from patchword.testing import seps_reference_scores as seps_code_reference
+from patchword.testing import seps_reference_scores as seps_paper_reference
 
 # (num_patches, has_cls, sparse_ratio, aggr_ratio): ViT-B/16-224 (197 tokens) and Swin-B-224 (49)
 SHAPES = {"vit": (196, True, 0.5, 0.4), "swin": (49, False, 0.8, 0.6)}

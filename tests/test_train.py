@@ -11,9 +11,10 @@ import torch
 
 from patchword.cli import main
 from patchword.config import apply_overrides, load_config
+from patchword.data.prepare import prepare_data
 from patchword.train.checkpoint import load_checkpoint
 from patchword.train.config import RunConfig
-from patchword.train.run import prepare_data, train_run
+from patchword.train.run import resume_run, train_run
 
 TINY = [
     "data.num_train=20",
@@ -82,8 +83,7 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_data):
     train_run(part, data=tiny_data)
     interrupted = load_checkpoint(tmp_path / "part" / "last.pt")
     assert interrupted["step"] == 4 and interrupted["epoch"] == 0 and interrupted["batch_in_epoch"] == 4
-    resumed = _cfg(tmp_path, "name=part", "train.epochs=2", "train.global_warmup_steps=2")
-    train_run(resumed, data=tiny_data, resume=True)
+    resume_run(tmp_path / "part", ["train.max_steps=0"])  # the rest comes from the run's config.yaml
     a = load_checkpoint(tmp_path / "full" / "last.pt")
     b = load_checkpoint(tmp_path / "part" / "last.pt")
     assert a["step"] == b["step"] == 14

@@ -2,7 +2,9 @@
 
 ``load_config(RunConfig, "run.yaml", ["model.sparse_ratio=0.6", "train.epochs=3"])`` builds the
 dataclass from its defaults, applies the YAML file, then the overrides (values parsed as YAML scalars,
-so ``true``, ``1e-4`` and ``[9, 15]`` work). Unknown keys are errors, never silently ignored.
+so ``true``, ``1e-4`` and ``[9, 15]`` work). Every value is checked against its field's type hint:
+unknown keys, wrong types and values outside a ``Literal[...]`` are :class:`~patchword.errors.ConfigError`
+naming the dotted key, never silently accepted.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import dataclasses
 import types
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
 
-__all__ = ["load_config", "apply_overrides", "config_to_dict", "save_config", "from_dict"]
+from patchword.errors import ConfigError, MissingFileError
+
+__all__ = ["load_config", "apply_overrides", "config_to_dict", "save_config", "from_dict", "config_diff"]
 
 T = TypeVar("T")
 
@@ -26,47 +30,103 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def save_config(cfg: Any, path: str | Path) -> None:
-    """Write the resolved config as YAML (what ``--config`` reads back)."""
-    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    """Write the resolved config as YAML (what ``--config`` reads back), atomically."""
+    import os
+    import tempfile
+
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    os.replace(tmp, path)
 
 
 def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
-    """Build dataclass ``cls`` from a (nested) dict; unknown keys raise ``ValueError`` naming them."""
+    """Build dataclass ``cls`` from a (nested) dict, checking every key and value against the field types.
+
+    Raises:
+        ConfigError: an unknown key, a value of the wrong type, or a value outside a ``Literal``.
+    """
     if not isinstance(data, dict):
-        raise ValueError(f"config{where or ''} must be a mapping, got {type(data).__name__}")
+        raise ConfigError(where, f"must be a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ValueError(
-            f"unknown config key(s) {', '.join(where + '.' + k if where else k for k in unknown)}"
-        )
+        names = ", ".join(where + "." + k if where else k for k in unknown)
+        valid = ", ".join(sorted(fields))
+        raise ConfigError(names, f"unknown config key (valid keys{' of ' + where if where else ''}: {valid})")
     kwargs = {}
     for name, value in data.items():
-        sub = _dataclass_type(hints[name])
         key = f"{where}.{name}" if where else name
+        sub = _dataclass_type(hints[name])
         if sub is not None and isinstance(value, dict):
             kwargs[name] = from_dict(sub, value, key)
         else:
-            kwargs[name] = _coerce(value, hints[name], key)
+            kwargs[name] = _check_value(value, hints[name], key)
     return cls(**kwargs)
 
 
-def _coerce(value: Any, hint: Any, key: str) -> Any:
-    """Fix the scalar types YAML gets wrong for a field: PyYAML reads ``1e-4`` as a string and ``1`` as
-    an int where a float is declared."""
-    scalar = {hint} if isinstance(hint, type) else set(typing.get_args(hint))
-    if float in scalar and isinstance(value, (str, int)) and not isinstance(value, bool):
-        try:
-            return float(value)
-        except ValueError as err:
-            raise ValueError(f"config key {key} expects a number, got {value!r}") from err
-    if int in scalar and isinstance(value, str) and bool not in scalar:
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(hint))
+    return getattr(hint, "__name__", str(hint))
+
+
+def _check_value(value: Any, hint: Any, key: str) -> Any:
+    """``value`` converted to ``hint`` where YAML's scalar guess differs (``1e-4`` is a string to PyYAML,
+    ``1`` an int where a float is declared), else a ConfigError naming ``key``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
+    if origin is Literal:
+        if value not in args:
+            choices = ", ".join(str(a) for a in args)
+            raise ConfigError(key, f"must be one of {choices}, got {value!r}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _check_value(value, arg, key)
+            except ConfigError:
+                continue
+        raise ConfigError(key, f"expects {' or '.join(_type_name(a) for a in args)}, got {value!r}")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(key, f"expects a list, got {value!r}")
+        item = args[0] if args else Any
+        return [_check_value(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or hint is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(key, f"expects a mapping, got {value!r}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(key, f"expects true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ConfigError(key, f"expects an integer, got {value!r}")
         try:
             return int(value)
-        except ValueError as err:
-            raise ValueError(f"config key {key} expects an integer, got {value!r}") from err
-    return value
+        except ValueError:
+            raise ConfigError(key, f"expects an integer, got {value!r}") from None
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(key, f"expects a number, got {value!r}")
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(key, f"expects a number, got {value!r}") from None
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(key, f"expects a string, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(hint):
+        raise ConfigError(key, f"expects a mapping of {hint.__name__} fields, got {value!r}")
+    return value  # a type this loader does not check (a library object passed in code)
 
 
 def apply_overrides(cfg: T, overrides: list[str]) -> T:
@@ -74,18 +134,34 @@ def apply_overrides(cfg: T, overrides: list[str]) -> T:
     data = config_to_dict(cfg)
     for item in overrides:
         if "=" not in item:
-            raise ValueError(f"override {item!r} must look like key.path=value")
+            raise ConfigError("", f"override {item!r} must look like key.path=value")
         key, raw = item.split("=", 1)
+        key = key.strip()
         node = data
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
+        parts = key.split(".")
+        for i, part in enumerate(parts[:-1]):
             if not isinstance(node.get(part), dict):
-                raise ValueError(f"unknown config section {part!r} in override {item!r}")
+                raise ConfigError(".".join(parts[: i + 1]), f"unknown config section in override {item!r}")
             node = node[part]
         if parts[-1] not in node:
-            raise ValueError(f"unknown config key {key!r} in override {item!r}")
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+            raise ConfigError(key, f"unknown config key in override {item!r}")
+        # A string field takes the text as written (YAML would turn name=0613 into the integer 613).
+        node[parts[-1]] = _unquote(raw) if isinstance(node[parts[-1]], str) else _parse_scalar(raw)
     return from_dict(type(cfg), data)
+
+
+def _unquote(raw: str) -> str:
+    raw = raw.strip()
+    return raw[1:-1] if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"" else raw
+
+
+def _parse_scalar(raw: str) -> Any:
+    if not raw.strip():
+        return ""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
@@ -94,26 +170,49 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"config file {path} does not exist")
-        data = yaml.safe_load(path.read_text()) or {}
-        merged = _deep_merge(config_to_dict(cfg), data, str(path))
-        cfg = from_dict(cls, merged)
+            raise MissingFileError(f"config file {path} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError("", f"{path} is not valid YAML: {err}") from None
+        merged = _deep_merge(config_to_dict(cfg), data, "")
+        try:
+            cfg = from_dict(cls, merged)
+        except ConfigError as err:
+            raise ConfigError(err.key, f"{err.detail} (in {path})") from None
     return apply_overrides(cfg, overrides or [])
 
 
-def _deep_merge(base: dict[str, Any], update: dict[str, Any], source: str) -> dict[str, Any]:
+def _deep_merge(base: dict[str, Any], update: dict[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(update, dict):
-        raise ValueError(f"{source}: expected a mapping at the top level")
+        raise ConfigError(where, "expected a mapping")
     out = dict(base)
     for key, value in update.items():
+        dotted = f"{where}.{key}" if where else str(key)
         if key not in base:
-            raise ValueError(f"{source}: unknown config key {key!r}")
-        # An empty default mapping is a free-form field (model.matcher_args): its keys are not known here.
+            raise ConfigError(dotted, "unknown config key")
+        # An empty default mapping is a free-form field: its keys are not known here.
         if isinstance(base[key], dict) and isinstance(value, dict) and base[key]:
-            out[key] = _deep_merge(base[key], value, f"{source}:{key}")
+            out[key] = _deep_merge(base[key], value, dotted)
         else:
             out[key] = value
     return out
+
+
+def config_diff(a: Any, b: Any) -> list[str]:
+    """Dotted keys whose values differ between two configs of the same dataclass (sorted)."""
+
+    def flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            if isinstance(v, dict) and v and all(isinstance(x, str) for x in v):
+                out.update(flat(v, f"{prefix}{k}."))
+            else:
+                out[f"{prefix}{k}"] = v
+        return out
+
+    fa, fb = flat(config_to_dict(a)), flat(config_to_dict(b))
+    return sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
 
 
 def _dataclass_type(hint: Any) -> type | None:

@@ -98,7 +98,8 @@ def _set_aside(run_dir: Path) -> None:
 
 def run_demo(overrides: list[str] | None = None, *, plots: bool = True) -> dict[str, Any]:
     """Generate data, train, evaluate on the 1000-image test split, print the table, write plots."""
-    from patchword.train.run import prepare_data, train_run
+    from patchword.data.prepare import prepare_data
+    from patchword.train.run import train_run
 
     torch.set_flush_denormal(True)  # denormals slow CPU training ~2x after a few hundred steps
     cfg = demo_config(overrides)

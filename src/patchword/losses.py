@@ -205,6 +205,7 @@ class CMCLoss(nn.Module):
         img: torch.Tensor,
         txt: torch.Tensor,
         img_ids: torch.Tensor | Sequence[int] | None = None,
+        max_violation: bool | None = None,
     ) -> dict[str, torch.Tensor]:
         """The loss terms of one batch.
 
@@ -213,6 +214,7 @@ class CMCLoss(nn.Module):
             txt: (B, C) global text embeddings of the same B pairs.
             img_ids: optional (B,) image ids; pairs sharing an image are not negatives in ``L_r``
                 (the consistency term, like the official code, does not use them).
+            max_violation: overrides the constructor's choice of hardest negatives for this call.
 
         Returns:
             ``{"ranking": L_r, "consistency": L_a, "total": L_r + L_a}``, scalar tensors.
@@ -221,7 +223,7 @@ class CMCLoss(nn.Module):
         check_tensor(txt, "txt", shape=tuple(img.shape))
         img = F.normalize(img, dim=-1)
         txt = F.normalize(txt, dim=-1)
-        ranking = self.ranking(img @ txt.T, img_ids)
+        ranking = self.ranking(img @ txt.T, img_ids, max_violation=max_violation)
         discrepancy = (txt @ txt.T - img @ img.T).abs()  # (B, B), symmetric
         consistency = (discrepancy.max(0).values - self.sigma).clamp(min=0).sum()
         return {"ranking": ranking, "consistency": consistency, "total": ranking + consistency}
@@ -231,9 +233,10 @@ class CMCLoss(nn.Module):
         img: torch.Tensor,
         txt: torch.Tensor,
         img_ids: torch.Tensor | Sequence[int] | None = None,
+        max_violation: bool | None = None,
     ) -> torch.Tensor:
         """Total CMC loss ``L_r + L_a`` (scalar); see :meth:`components` for the arguments."""
-        return self.components(img, txt, img_ids)["total"]
+        return self.components(img, txt, img_ids, max_violation)["total"]
 
     def extra_repr(self) -> str:
         return f"sigma={self.sigma}"

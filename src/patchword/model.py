@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -23,9 +23,10 @@ from patchword.encoders import (
     build_image_encoder,
     build_text_encoder,
 )
-from patchword.matching import MatcherOutput, build_matcher
+from patchword.errors import ConfigError
+from patchword.matching import MatcherOutput, build_matcher, matcher_reads_dense
 
-__all__ = ["ModelConfig", "RetrievalModel", "build_model"]
+__all__ = ["ModelConfig", "RetrievalModel", "build_model", "matcher_arguments", "model_reads_dense"]
 
 
 @dataclass
@@ -33,20 +34,23 @@ class ModelConfig:
     """Architecture of a retrieval model (encoders + matcher)."""
 
     matcher: str = "seps"  # registry name: seps | laps | vse | scan | naaf | tgdt
-    variant: str = "paper"  # SEPS/LAPS switch preset: code | paper
-    dense_pairing: str = "image"  # image (leak-free) | caption (official protocol, leaky)
+    variant: Literal["code", "paper"] = "paper"  # SEPS/LAPS switch preset
+    dense_pairing: Literal["image", "caption"] = "image"  # image (leak-free) | caption (official, leaky)
     sparse_ratio: float = 0.5  # rho, fraction of patches kept
     aggr_ratio: float = 0.4  # aggregated tokens = int(N * aggr_ratio * rho)
     detach_selection: bool = False  # True: official no_grad around patch selection
     matcher_args: dict[str, Any] = field(default_factory=dict)  # any other matcher config field
     embed_dim: int = 256  # width of the projected tokens shared by both encoders
-    image_encoder: str = "tiny"  # tiny | hf (ViT / Swin, local dir or hub id) | precomp (region features)
-    text_encoder: str = "tiny"  # tiny | bert | gru (word embedding + BiGRU, SCAN / NAAF)
+    image_encoder: Literal["tiny", "hf", "precomp"] = "tiny"  # hf: ViT / Swin, local dir or hub id;
+    # precomp: region features
+    text_encoder: Literal["tiny", "bert", "gru"] = "tiny"  # gru: word embedding + BiGRU (SCAN / NAAF)
     tiny_vit: TinyViTConfig = field(default_factory=TinyViTConfig)  # used when image_encoder == tiny
     tiny_text_width: int = 128  # tiny text transformer width
     tiny_text_depth: int = 2  # tiny text transformer blocks
     hf_vision: str = "google/vit-base-patch16-224-in21k"  # local dir or hub id when image_encoder == hf
     hf_text: str = "bert-base-uncased"  # local dir or hub id when text_encoder == bert
+    hf_local_files_only: bool = True  # hub ids (backbones and the BERT vocabulary) only from the local
+    # Hugging Face cache; false lets transformers download them (unless HF_HUB_OFFLINE=1 is set)
     max_text_len: int = 256  # longest token sequence the text encoder accepts (dense text included)
     precomp: PrecompConfig = field(default_factory=PrecompConfig)  # image_encoder == precomp
     gru: GRUTextConfig = field(default_factory=GRUTextConfig)  # text_encoder == gru (vocab size set at build)
@@ -87,7 +91,7 @@ class RetrievalModel(nn.Module):
         img = self.encode_images(images)
         cap = self.encode_texts(cap_ids, cap_lens)
         # Matchers that ignore dense text (VSE, LAPS) should not pay for encoding it.
-        use_dense = dense_ids is not None and getattr(self.matcher, "consumes_dense", True)
+        use_dense = dense_ids is not None and self.matcher.consumes_dense
         dense = self.encode_texts(dense_ids, dense_lens) if use_dense else None
         return self.matcher(img, cap, cap_lens, dense, dense_lens)
 
@@ -104,7 +108,7 @@ class RetrievalModel(nn.Module):
         """AdamW groups: pretrained backbones at ``lr * backbone_lr_mult`` (official recipe), rest at lr."""
         slow, fast = [], list(self.matcher.parameters())
         for enc in (self.image_encoder, self.text_encoder):
-            if getattr(enc, "pretrained", False):
+            if enc.pretrained:
                 slow += list(enc.backbone_parameters())
                 fast += list(enc.head_parameters())
             else:
@@ -127,7 +131,9 @@ def build_model(
         vit_cfg = TinyViTConfig(**{**cfg.tiny_vit.__dict__, "embed_dim": cfg.embed_dim})
         image_encoder = build_image_encoder(vit_cfg)
     elif cfg.image_encoder == "hf":
-        image_encoder = build_image_encoder(HFVisionConfig(cfg.hf_vision, embed_dim=cfg.embed_dim))
+        image_encoder = build_image_encoder(
+            HFVisionConfig(cfg.hf_vision, embed_dim=cfg.embed_dim, local_files_only=cfg.hf_local_files_only)
+        )
     elif cfg.image_encoder == "precomp":
         image_encoder = build_image_encoder(dataclasses.replace(cfg.precomp, embed_dim=cfg.embed_dim))
     else:
@@ -144,7 +150,9 @@ def build_model(
         )
         text_encoder = build_text_encoder(text_cfg)
     elif cfg.text_encoder == "bert":
-        text_encoder = build_text_encoder(HFTextConfig(cfg.hf_text, embed_dim=cfg.embed_dim))
+        text_encoder = build_text_encoder(
+            HFTextConfig(cfg.hf_text, embed_dim=cfg.embed_dim, local_files_only=cfg.hf_local_files_only)
+        )
     elif cfg.text_encoder == "gru":
         if vocab_size is None:
             raise ValueError("the GRU text encoder needs the vocabulary size (data.tokenizer=word)")
@@ -157,7 +165,24 @@ def build_model(
             raise ValueError("model.text_context.global_token is unsupported: text token 0 is the global one")
         context = ContextTransformer(cfg.embed_dim, cfg.text_context)
         text_encoder = ContextualTextEncoder(text_encoder, context)
-    args = dict(embed_dim=cfg.embed_dim, has_cls=image_encoder.has_cls, num_patches=image_encoder.num_patches)
+    geometry = dict(
+        embed_dim=cfg.embed_dim, has_cls=image_encoder.has_cls, num_patches=image_encoder.num_patches
+    )
+    try:
+        matcher = build_matcher(cfg.matcher, **{**geometry, **matcher_arguments(cfg)})
+    except TypeError as err:  # an argument the matcher's config does not have
+        raise ConfigError("model.matcher_args", str(err)) from None
+    return RetrievalModel(image_encoder, text_encoder, matcher)
+
+
+def model_reads_dense(cfg: ModelConfig) -> bool:
+    """Whether the configured matcher reads dense text (known before building it)."""
+    return matcher_reads_dense(cfg.matcher, **matcher_arguments(cfg))
+
+
+def matcher_arguments(cfg: ModelConfig) -> dict[str, Any]:
+    """The matcher's config fields that come from the model config (its geometry comes from the encoders)."""
+    args: dict[str, Any] = {}
     if cfg.matcher in ("seps", "laps"):
         args.update(
             variant=cfg.variant,
@@ -166,5 +191,4 @@ def build_model(
             aggr_ratio=cfg.aggr_ratio,
             detach_selection=cfg.detach_selection,
         )
-    matcher = build_matcher(cfg.matcher, **{**args, **cfg.matcher_args})
-    return RetrievalModel(image_encoder, text_encoder, matcher)
+    return {**args, **cfg.matcher_args}

@@ -43,14 +43,14 @@ def plot_retrievals(
 ) -> None:
     """For ``n_queries`` test captions: the top image among the first ``gallery`` test images, with the
     patches the model kept for that caption (dropped patches dimmed)."""
-    from patchword.eval.evaluate import score_split
+    from patchword.eval.protocol import score_split
     from patchword.model import build_model
     from patchword.train.checkpoint import load_checkpoint
 
     model = build_model(cfg.model, vocab_size=data.vocab_size)
     model.load_state_dict(load_checkpoint(run_dir / "best.pt")["model"])
     model.eval()
-    split = data.splits["test"].subset_images(gallery)
+    split = data.splits["test"].first_images(gallery)
     raw_images = data.raw["test"].images
     sims = score_split(model, split, cfg.eval)
     queries = np.linspace(0, split.num_captions - 1, n_queries).round().astype(int)

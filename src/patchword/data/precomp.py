@@ -41,6 +41,7 @@ __all__ = [
     "RegionFeatures",
     "RegionFeatureConfig",
     "load_precomp_split",
+    "check_finite_rows",
     "write_precomp_split",
     "synthetic_region_features",
     "synthetic_region_split",
@@ -89,13 +90,36 @@ class RegionFeatures:
 # ------------------------------------------------------------------------------------------ SCAN layout
 
 
-def load_precomp_split(root: PathLike, split: str, *, mmap: bool = True) -> RetrievalSplit:
+def check_finite_rows(features: np.ndarray, path: PathLike, chunk: int = 1024) -> None:
+    """Scan (N, ...) ``features`` in chunks of ``chunk`` rows (memory maps stay cheap) for NaN / inf.
+
+    Raises:
+        DataError: naming the file, the first bad row (image index) and how many rows are bad.
+    """
+    from patchword.errors import DataError
+
+    bad_rows: list[int] = []
+    for start in range(0, features.shape[0], chunk):
+        block = np.asarray(features[start : start + chunk])
+        finite = np.isfinite(block.reshape(block.shape[0], -1)).all(axis=1)
+        bad_rows.extend((start + np.flatnonzero(~finite)).tolist())
+    if bad_rows:
+        raise DataError(
+            f"{path}: row {bad_rows[0]} (image index) holds NaN or infinite values"
+            + (f"; {len(bad_rows)} rows in all" if len(bad_rows) > 1 else "")
+        )
+
+
+def load_precomp_split(
+    root: PathLike, split: str, *, mmap: bool = True, check_finite: bool = True
+) -> RetrievalSplit:
     """Read one split of a SCAN-layout directory.
 
     Args:
         root: the directory holding ``{split}_ims.npy`` and ``{split}_caps.txt``.
         split: the split name as the files spell it (``train``, ``dev``, ``test``, ``testall``).
         mmap: memory-map the features (read-only) instead of loading them.
+        check_finite: scan the features for NaN / inf (in chunks) and fail naming the first bad row.
 
     Returns:
         A :class:`RetrievalSplit` whose ``images`` is the (N_img, R, D) feature array; wrap it in
@@ -120,6 +144,8 @@ def load_precomp_split(root: PathLike, split: str, *, mmap: bool = True) -> Retr
         raise ValueError(f"{ims_path}: expected float features, got dtype {feats.dtype}")
     if feats.dtype != np.float32:
         logger.info("%s holds %s features; batches are converted to float32", ims_path, feats.dtype)
+    if check_finite:
+        check_finite_rows(feats, ims_path)
     captions = read_lines(caps_path, "caption")
     n_img, n_caps = feats.shape[0], len(captions)
     if n_caps % n_img:

@@ -37,6 +37,25 @@ class RetrievalSplit:
     def num_images(self) -> int:
         return len(self.images)
 
+    def subset(self, image_indices, name: str | None = None) -> RetrievalSplit:
+        """The images ``image_indices`` (distinct, in that order) with exactly their captions, dense
+        captions and fits rows/columns."""
+        idx = np.asarray(image_indices, dtype=np.int64)
+        position = np.full(self.num_images, -1, dtype=np.int64)
+        position[idx] = np.arange(len(idx))
+        new_img = position[self.txt2img]
+        keep = np.flatnonzero(new_img >= 0)
+        images = self.images[idx] if isinstance(self.images, np.ndarray) else [self.images[i] for i in idx]
+        return RetrievalSplit(
+            name=name or self.name,
+            images=images,
+            captions=[self.captions[i] for i in keep],
+            txt2img=new_img[keep],
+            image_ids=[self.image_ids[i] for i in idx] if self.image_ids else [],
+            dense_captions=None if self.dense_captions is None else [self.dense_captions[i] for i in idx],
+            fits=None if self.fits is None else self.fits[np.ix_(keep, idx)],
+        )
+
     @property
     def num_captions(self) -> int:
         return len(self.captions)

@@ -14,26 +14,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from patchword.encoders.base import EncoderBase, padding_mask, projection
 from patchword.encoders.context import ContextConfig, ContextTransformer, ContextualTextEncoder
-from patchword.encoders.hf import (
-    HFTextConfig,
-    HFTextEncoder,
-    HFVisionConfig,
-    HFVisionEncoder,
-    require_transformers,
-    resolve_pretrained,
-)
+from patchword.encoders.hf import HFTextConfig, HFTextEncoder, HFVisionConfig, HFVisionEncoder
+from patchword.encoders.hub import hub_load_errors, require_transformers, resolve_pretrained
 from patchword.encoders.precomp import PrecompConfig, PrecompRegionEncoder
 from patchword.encoders.rnn import BiGRUTextEncoder, GRUTextConfig, load_glove
-from patchword.encoders.tiny import (
-    EncoderBase,
-    TinyTextConfig,
-    TinyTextTransformer,
-    TinyViT,
-    TinyViTConfig,
-    padding_mask,
-    projection,
-)
+from patchword.encoders.tiny import TinyTextConfig, TinyTextTransformer, TinyViT, TinyViTConfig
 from patchword.encoders.tokenizers import BertCaptionTokenizer, size_augment
 
 __all__ = [
@@ -61,6 +48,7 @@ __all__ = [
     "load_glove",
     "padding_mask",
     "projection",
+    "hub_load_errors",
     "require_transformers",
     "resolve_pretrained",
     "size_augment",

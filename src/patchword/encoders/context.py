@@ -20,7 +20,7 @@ from itertools import chain
 import torch
 from torch import nn
 
-from patchword.encoders.tiny import EncoderBase, padding_mask
+from patchword.encoders.base import EncoderBase, padding_mask
 
 __all__ = ["ContextConfig", "ContextTransformer", "ContextualTextEncoder"]
 
@@ -95,7 +95,8 @@ class ContextualTextEncoder(EncoderBase):
         self.base = base
         self.context = context
         self.embed_dim = base.embed_dim
-        self.pretrained = getattr(base, "pretrained", False)
+        self.pretrained = base.pretrained
+        self.max_len, self.vocab_size = base.max_len, base.vocab_size
         self.proj = base.proj
 
     def head_parameters(self) -> Iterator[nn.Parameter]:

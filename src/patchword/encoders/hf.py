@@ -12,19 +12,17 @@ adapter is built, so ``import patchword.encoders`` works without it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from patchword._validation import check_lengths
-from patchword.encoders.tiny import EncoderBase, padding_mask, projection
+from patchword.encoders.base import EncoderBase, padding_mask, projection
+from patchword.encoders.hub import hub_load_errors, require_transformers, resolve_pretrained
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
@@ -51,80 +49,6 @@ _TEXT_MODELS: Mapping[str, str] = {"bert": "BertModel"}
 # --------------------------------------------------------------------------------------------------
 
 
-def require_transformers() -> ModuleType:
-    """Import and return ``transformers``, or raise an ImportError that says how to install it."""
-    try:
-        import transformers
-    except ImportError as err:
-        raise ImportError(
-            "the Hugging Face encoders and the BERT tokenizer need the optional dependency "
-            "'transformers': pip install patchword[hf]"
-        ) from err
-    return transformers
-
-
-def _looks_like_path(name: str) -> bool:
-    """Whether ``name`` can only be a filesystem path, never a hub id ("name" or "org/name")."""
-    return (
-        os.path.isabs(name)
-        or name.startswith((".", "~"))
-        or "\\" in name
-        or name.endswith("/")
-        or name.count("/") > 1
-    )
-
-
-def resolve_pretrained(
-    name_or_path: str | os.PathLike[str], *, required_file: str | None = "config.json"
-) -> str:
-    """Check a pretrained source before handing it to ``from_pretrained``, with errors that name it.
-
-    Args:
-        name_or_path: a local directory or a hub id such as ``"bert-base-uncased"``.
-        required_file: a file an existing local directory must hold (None: no check).
-
-    Returns:
-        The source as a string: an existing local directory, or a hub id.
-
-    Raises:
-        FileNotFoundError: the source is a path that does not exist, or a directory without
-            ``required_file``.
-        NotADirectoryError: the source is a file.
-    """
-    name = os.fspath(name_or_path)
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if required_file is not None and not (path / required_file).is_file():
-            raise FileNotFoundError(
-                f"local model directory '{path}' has no {required_file}; expected the output of "
-                "save_pretrained() or a snapshot of a Hugging Face model repository"
-            )
-        return str(path)
-    if path.exists():
-        raise NotADirectoryError(f"'{path}' is a file; expected a model directory or a hub id")
-    if _looks_like_path(name):
-        raise FileNotFoundError(f"local model directory '{path}' does not exist")
-    return name
-
-
-@contextlib.contextmanager
-def _friendly_load_errors(name: str, local_files_only: bool) -> Iterator[None]:
-    """Re-raise transformers' lookup errors with the source name and the offline setting."""
-    try:
-        yield
-    except OSError as err:
-        if Path(name).is_dir():  # found, but incomplete (e.g. no weights file): keep the reason
-            raise OSError(f"could not load the local model directory '{name}': {err}") from err
-        where = (
-            "in the local Hugging Face cache (local_files_only=True; pass local_files_only=False to download)"
-            if local_files_only
-            else "on the Hugging Face hub"
-        )
-        raise OSError(
-            f"could not load '{name}': it is not an existing local directory and was not found {where}"
-        ) from err
-
-
 def _load_backbone(
     source: str | os.PathLike[str] | PretrainedConfig,
     models: Mapping[str, str],
@@ -147,7 +71,7 @@ def _load_backbone(
         config, name = source, None
     else:
         name = resolve_pretrained(source)
-        with _friendly_load_errors(name, local_files_only):
+        with hub_load_errors(name, local_files_only):
             config = transformers.AutoConfig.from_pretrained(name, local_files_only=local_files_only)
     model_type = config.model_type
     if model_type not in models:
@@ -158,7 +82,7 @@ def _load_backbone(
     if name is None:
         return model_cls(config, add_pooling_layer=False), model_type
     # The checkpoint's pooler weights are reported as unexpected and dropped: the pooled output is unused.
-    with _friendly_load_errors(name, local_files_only):
+    with hub_load_errors(name, local_files_only):
         model = model_cls.from_pretrained(
             name, config=config, add_pooling_layer=False, local_files_only=local_files_only
         )
@@ -235,6 +159,7 @@ class HFVisionEncoder(EncoderBase):
         config = self.backbone.config
         self.has_cls = self.kind == "vit"
         self.num_patches = _num_patches(config, self.kind)
+        self.image_size = _pair(config.image_size)[0]
         self.embed_dim = embed_dim
         self.pretrained = not _is_config(backbone)
         self.proj = projection(config.hidden_size, embed_dim)

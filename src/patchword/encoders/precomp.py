@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from patchword._validation import check_tensor
+from patchword.encoders.base import EncoderBase
 from patchword.encoders.context import ContextConfig, ContextTransformer
-from patchword.encoders.tiny import EncoderBase
 
 __all__ = ["PrecompConfig", "PrecompRegionEncoder"]
 

@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from patchword._validation import check_lengths
-from patchword.encoders.tiny import EncoderBase
+from patchword.encoders.base import EncoderBase
 
 __all__ = ["GRUTextConfig", "BiGRUTextEncoder", "load_glove"]
 
@@ -125,6 +125,7 @@ class BiGRUTextEncoder(EncoderBase):
             raise ValueError("num_layers, word_dim and embed_dim must be >= 1")
         self.cfg = cfg
         self.embed_dim = cfg.embed_dim
+        self.vocab_size = cfg.vocab_size
         self.embed = nn.Embedding(cfg.vocab_size, cfg.word_dim)
         self.drop = nn.Dropout(cfg.dropout)
         self.rnn = nn.GRU(

@@ -10,75 +10,27 @@ paths of a full SEPS run:
   position including [CLS]/[SEP], positions at or beyond the length are padding (id 0);
 - outputs are projected to ``embed_dim`` but not L2-normalised (the matcher normalises).
 
-This module has no optional dependencies: :class:`EncoderBase`, :func:`projection` and
-:func:`padding_mask` live here so that the Hugging Face adapters can reuse them.
+The pieces every encoder shares (:class:`~patchword.encoders.base.EncoderBase`, the projection, the
+padding mask) live in :mod:`patchword.encoders.base`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
 
 from patchword._validation import check_lengths
+from patchword.encoders.base import EncoderBase, padding_mask, projection
 
-__all__ = [
-    "EncoderBase",
-    "TinyTextConfig",
-    "TinyTextTransformer",
-    "TinyViT",
-    "TinyViTConfig",
-    "padding_mask",
-    "projection",
-]
+__all__ = ["TinyTextConfig", "TinyTextTransformer", "TinyViT", "TinyViTConfig"]
 
 
 # --------------------------------------------------------------------------------------------------
 # Shared pieces
 # --------------------------------------------------------------------------------------------------
-
-
-class EncoderBase(nn.Module):
-    """Base class of every encoder: output width, pretrained flag and optimiser parameter groups.
-
-    Subclasses assign ``self.proj`` (the final projection to ``embed_dim``); everything else is the
-    backbone. The official recipe trains pretrained backbones at a tenth of the head learning rate, so
-    the trainer needs the two groups separately.
-
-    Attributes:
-        embed_dim: width of the output tokens.
-        pretrained: True when the backbone weights were loaded from a checkpoint (the trainer applies
-            the reduced backbone learning rate only then).
-    """
-
-    embed_dim: int
-    pretrained: bool = False
-    proj: nn.Module
-
-    def head_parameters(self) -> Iterator[nn.Parameter]:
-        """Parameters of the output projection (empty when it is ``nn.Identity``)."""
-        return self.proj.parameters()
-
-    def backbone_parameters(self) -> Iterator[nn.Parameter]:
-        """Every parameter that is not in :meth:`head_parameters`."""
-        head = {id(p) for p in self.head_parameters()}
-        return (p for p in self.parameters() if id(p) not in head)
-
-
-def projection(in_dim: int, out_dim: int) -> nn.Module:
-    """The linear map from backbone width to ``embed_dim``, ``nn.Identity`` when the widths match.
-
-    This mirrors the official SEPS heads (``Linear(768 -> 512)`` after ViT and BERT).
-    """
-    return nn.Identity() if in_dim == out_dim else nn.Linear(in_dim, out_dim)
-
-
-def padding_mask(lens: torch.Tensor, length: int) -> torch.Tensor:
-    """(B,) valid lengths -> (B, length) bool mask, True at padding positions (PyTorch's convention)."""
-    positions = torch.arange(length, device=lens.device)
-    return positions.unsqueeze(0) >= lens.unsqueeze(1)
 
 
 class _TransformerStack(nn.Module):
@@ -144,9 +96,10 @@ class TinyViTConfig:
     mlp_ratio: float = 4.0  # feed-forward hidden size as a multiple of width
     embed_dim: int = 256  # output token width after the projection
     dropout: float = 0.0  # dropout after the position embedding and inside every block
-    stem: str = "patch"  # patch: one patch_size x patch_size conv (ViT); conv: log2(patch_size) 3x3
-    # stride-2 conv + BatchNorm + ReLU stages, then a 1x1 conv (Xiao et al. 2021, "Early convolutions help
-    # transformers see better"): same tokens, much faster learning from scratch on small data
+    # patch: one patch_size x patch_size conv (ViT); conv: log2(patch_size) 3x3 stride-2 conv + BatchNorm +
+    # ReLU stages, then a 1x1 conv (Xiao et al. 2021, "Early convolutions help transformers see better"):
+    # same tokens, much faster learning from scratch on small data
+    stem: Literal["patch", "conv"] = "patch"
 
 
 def _conv_stem(width: int, patch_size: int) -> nn.Sequential:
@@ -191,6 +144,7 @@ class TinyViT(EncoderBase):
         self.cfg = cfg
         self.embed_dim = cfg.embed_dim
         self.num_patches = (cfg.image_size // cfg.patch_size) ** 2
+        self.image_size = cfg.image_size
         if cfg.stem == "patch":
             self.patch_embed = nn.Conv2d(3, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size)
         elif cfg.stem == "conv":
@@ -261,6 +215,7 @@ class TinyTextTransformer(EncoderBase):
         super().__init__()
         self.cfg = cfg
         self.embed_dim = cfg.embed_dim
+        self.max_len, self.vocab_size = cfg.max_len, cfg.vocab_size
         self.token_embed = nn.Embedding(cfg.vocab_size, cfg.width)
         self.pos_embed = nn.Parameter(torch.zeros(1, cfg.max_len, cfg.width))
         self.embed_drop = nn.Dropout(cfg.dropout)

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from patchword.encoders.hf import _friendly_load_errors, require_transformers, resolve_pretrained
+from patchword.encoders.hub import hub_load_errors, require_transformers, resolve_pretrained
+from patchword.errors import MissingFileError
 
 __all__ = ["BertCaptionTokenizer", "RandomSource", "size_augment"]
 
@@ -142,13 +143,13 @@ def _load_local(directory: Path) -> tuple[dict[str, int], bool | None]:
     elif (directory / "tokenizer.json").is_file():
         vocab = _read_tokenizer_json(directory / "tokenizer.json")
     else:
-        raise FileNotFoundError(f"tokenizer directory '{directory}' has neither vocab.txt nor tokenizer.json")
+        raise MissingFileError(f"tokenizer directory '{directory}' has neither vocab.txt nor tokenizer.json")
     return vocab, _read_do_lower_case(directory / "tokenizer_config.json")
 
 
 def _load_hub(name: str, local_files_only: bool) -> tuple[dict[str, int], bool | None]:
     cached_file = require_transformers().utils.cached_file
-    with _friendly_load_errors(name, local_files_only):
+    with hub_load_errors(name, local_files_only):
         vocab_file = cached_file(name, "vocab.txt", local_files_only=local_files_only)
     try:
         config_file = cached_file(name, "tokenizer_config.json", local_files_only=local_files_only)

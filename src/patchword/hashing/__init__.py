@@ -1,5 +1,11 @@
 """UCMFH cross-modal hashing: data, model, losses (in :mod:`patchword.losses`), metrics, codes and search.
 
+Modules, one job each: :mod:`~patchword.hashing.config` (``HashRunConfig``), :mod:`~.dataset` (``HashSplit``,
+``HashDataset``, validation, protocol split), :mod:`~.readers` (file formats), :mod:`~.unpickle` (the
+restricted pickle reader), :mod:`~.synthetic`, :mod:`~.model` (``UCMFH``), :mod:`~.build` (config ->
+dataset / model), :mod:`~.trainer`, :mod:`~.evaluate`, :mod:`~.run` (``train_hashing``,
+``load_hashing_run``), :mod:`~.codes` (binary codes, Hamming search), :mod:`~.metrics`, :mod:`~.cli`.
+
 >>> from patchword.hashing import map_at_k, UCMFH, HammingIndex, pack_codes
 >>> mAP = map_at_k(q_codes, db_codes, q_labels, db_labels, k=50)   # doctest: +SKIP
 
@@ -8,6 +14,7 @@ unimodal at query time by default; the official fused encoder only as ``fusion="
 loss analysis.
 """
 
+from patchword.hashing.build import build_hashing_dataset, build_hashing_model
 from patchword.hashing.codes import (
     HammingIndex,
     as_pm1_codes,
@@ -19,19 +26,9 @@ from patchword.hashing.codes import (
     pack_codes,
     unpack_codes,
 )
-from patchword.hashing.data import (
-    HashDataset,
-    HashSplit,
-    load_mat,
-    load_mirflickr25k_text,
-    load_pairs,
-    load_split,
-    load_split_dir,
-    make_split,
-    make_synthetic_multilabel,
-    split_dataset,
-    synthetic_dataset,
-)
+from patchword.hashing.config import HashRunConfig
+from patchword.hashing.dataset import HashDataset, HashSplit, make_split, split_dataset
+from patchword.hashing.evaluate import encode_hashing_split, evaluate_hashing
 from patchword.hashing.metrics import (
     PRCurve,
     map_at_all,
@@ -43,22 +40,39 @@ from patchword.hashing.metrics import (
     retrieval_report,
 )
 from patchword.hashing.model import FUSION_MODES, UCMFH, HashHead, UCMFHOutput
+from patchword.hashing.readers import (
+    convert_pickle_to_npz,
+    load_mat,
+    load_mirflickr25k_text,
+    load_pairs,
+    load_split,
+    load_split_dir,
+)
+from patchword.hashing.run import load_hashing_run, train_hashing
+from patchword.hashing.synthetic import make_synthetic_multilabel, synthetic_dataset
 
 __all__ = [
     "FUSION_MODES",
     "HammingIndex",
     "HashDataset",
     "HashHead",
+    "HashRunConfig",
     "HashSplit",
     "PRCurve",
     "UCMFH",
     "UCMFHOutput",
     "as_pm1_codes",
     "binarize",
+    "build_hashing_dataset",
+    "build_hashing_model",
+    "convert_pickle_to_npz",
     "cosine_topk",
+    "encode_hashing_split",
+    "evaluate_hashing",
     "hamming_distance",
     "hamming_distance_packed",
     "hamming_topk",
+    "load_hashing_run",
     "load_mat",
     "load_mirflickr25k_text",
     "load_pairs",
@@ -76,5 +90,6 @@ __all__ = [
     "retrieval_report",
     "split_dataset",
     "synthetic_dataset",
+    "train_hashing",
     "unpack_codes",
 ]

@@ -3,9 +3,10 @@
 ``main(argv)`` takes the arguments *after* ``hash`` (``main(["train", "--bits", "64"])``) and returns an
 exit code, so tests and the top-level ``patchword`` CLI call it in-process.
 
-Configuration is :class:`~patchword.hashing.train.HashRunConfig`: defaults, then ``--config run.yaml``,
+Configuration is :class:`~patchword.hashing.config.HashRunConfig`: defaults, then ``--config run.yaml``,
 then dotted overrides (``train.epochs=100 data.format=pairs``), then the shortcut flags (``--bits``,
-``--epochs``, ...), which win.
+``--epochs``, ...), which win. ``train.num_threads`` (when > 0) sets torch's thread count here, in the
+application, for the duration of ``hash train``: the library's training functions never change it.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["main"]
+from patchword.errors import USER_ERRORS, MissingFileError, RunExistsError
 
-_logger = logging.getLogger("patchword.hashing")
+__all__ = ["main"]
 
 _SHORTCUTS = {
     "bits": "model.bits",
@@ -121,45 +122,55 @@ def main(argv: list[str] | None = None) -> int:
             _eval(args)
         else:
             _search(args)
-    except (ValueError, FileNotFoundError, FileExistsError, ImportError) as err:
-        _logger.error("%s", err)
+    except (*USER_ERRORS, ImportError) as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
     return 0
 
 
 def _train(args: argparse.Namespace) -> None:
+    import torch
+
     from patchword.config import load_config
-    from patchword.hashing.train import HashRunConfig, train_hashing
+    from patchword.hashing.config import HashRunConfig
+    from patchword.hashing.run import train_hashing
 
     flags = [
         f"{key}={getattr(args, attr)}" for attr, key in _SHORTCUTS.items() if getattr(args, attr) is not None
     ]
     cfg = load_config(HashRunConfig, args.config, [*args.overrides, *flags])
-    summary = train_hashing(cfg, resume=args.resume)
+    previous = torch.get_num_threads()
+    if cfg.train.num_threads > 0:
+        torch.set_num_threads(cfg.train.num_threads)
+    try:
+        summary = train_hashing(cfg, resume=args.resume)
+    finally:  # main() also runs in-process (tests, the top-level CLI): leave the caller's setting
+        torch.set_num_threads(previous)
     print(json.dumps(summary, indent=2))
 
 
 def _check_out(path: Path | None, force: bool) -> None:
     if path is not None and path.exists() and not force:
-        raise FileExistsError(f"{path} exists; pass --force to overwrite it")
+        raise RunExistsError(f"{path} exists; pass --force to overwrite it")
 
 
 def _eval(args: argparse.Namespace) -> None:
     import torch
 
+    from patchword.hashing.evaluate import encode_hashing_split, evaluate_hashing
     from patchword.hashing.metrics import plot_pr_curves, precision_recall_curve
-    from patchword.hashing.train import encode_split, evaluate_model, load_run
+    from patchword.hashing.run import load_hashing_run
 
     _check_out(args.out, args.force)
     _check_out(args.pr_plot, args.force)
-    cfg, model, data = load_run(args.run_dir, args.overrides)
+    cfg, model, data = load_hashing_run(args.run_dir, args.overrides)
     if args.map_all:
         cfg.eval.map_all = True
     with torch.no_grad():
-        metrics = evaluate_model(model, data, cfg.eval, cfg.device)
+        metrics = evaluate_hashing(model, data, cfg.eval, cfg.device)
     if args.pr_plot is not None:
-        q_img, q_txt = encode_split(model, data.query.image, data.query.text, cfg.device)
-        db_img, db_txt = encode_split(model, data.retrieval.image, data.retrieval.text, cfg.device)
+        q_img, q_txt = encode_hashing_split(model, data.query.image, data.query.text, cfg.device)
+        db_img, db_txt = encode_hashing_split(model, data.retrieval.image, data.retrieval.text, cfg.device)
         ql, dbl = data.query.relevance, data.retrieval.relevance
         curves = {
             f"I->T {model.bits} bits": precision_recall_curve(q_img, db_txt, ql, dbl),
@@ -177,10 +188,10 @@ def _search(args: argparse.Namespace) -> None:
 
     from patchword.hashing.codes import HammingIndex
     from patchword.hashing.model import UCMFH
-    from patchword.hashing.train import load_run
+    from patchword.hashing.run import load_hashing_run
 
     _check_out(args.out, False)
-    cfg, model, data = load_run(args.run_dir)
+    cfg, model, data = load_hashing_run(args.run_dir)
     if model.fusion != "unimodal":
         raise ValueError("search needs a unimodal model: official_fused codes need the paired other modality")
     db_modality = "text" if args.modality == "image" else "image"
@@ -195,7 +206,7 @@ def _search(args: argparse.Namespace) -> None:
         index.save(index_path)
     if args.query is not None:
         if not args.query.is_file():
-            raise FileNotFoundError(f"{args.query} does not exist")
+            raise MissingFileError(f"{args.query} does not exist")
         queries = np.load(args.query, allow_pickle=False)
         dim = model.image_dim if args.modality == "image" else model.text_dim
         if queries.ndim == 1:

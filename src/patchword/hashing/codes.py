@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from patchword.errors import MissingExtraError
+
 __all__ = [
     "binarize",
     "as_pm1_codes",
@@ -245,8 +247,8 @@ def _import_faiss():
     try:
         import faiss
     except ImportError as err:
-        raise ImportError(
-            "backend='faiss' needs FAISS: pip install faiss-cpu (or 'patchword[hashing]'); the default "
+        raise MissingExtraError(
+            "backend='faiss' needs FAISS: pip install 'patchword[ann]' (faiss-cpu); the default "
             "backend='numpy' needs nothing extra"
         ) from err
     return faiss

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from patchword._validation import check_tensor
+from patchword.errors import MissingExtraError
 from patchword.hashing.codes import as_pm1_codes
 
 __all__ = [
@@ -327,13 +328,12 @@ def plot_pr_curves(
 ) -> None:
     """Draw one or more :class:`PRCurve` s (e.g. ``{"I->T 64 bits": c1, "T->I 64 bits": c2}``) to a PNG."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        # A Figure of its own (no pyplot): the process's matplotlib backend and figure list stay untouched.
+        from matplotlib.figure import Figure
     except ImportError as err:  # pragma: no cover - only without the extra
-        raise ImportError("plotting needs matplotlib: pip install 'patchword[plots]'") from err
-    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+        raise MissingExtraError("plotting needs matplotlib: pip install 'patchword[plots]'") from err
+    fig = Figure(figsize=(5.5, 4.5))
+    ax = fig.subplots()
     for name, curve in curves.items():
         ax.plot(curve.recall, curve.precision, marker=".", label=name)
     ax.set_xlabel("recall")
@@ -345,4 +345,3 @@ def plot_pr_curves(
     ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=110)
-    plt.close(fig)

@@ -1,8 +1,14 @@
 """Fine-grained similarity heads behind one contract (see :class:`~patchword.matching.base.Matcher`)."""
 
-from patchword.matching.base import Matcher, MatcherOutput
+from patchword.matching.base import Matcher, MatcherOutput, TwoStagePlan
 from patchword.matching.naaf import NAAFConfig, NAAFMatcher
-from patchword.matching.registry import build_matcher, list_matchers, matcher_config_class, register_matcher
+from patchword.matching.registry import (
+    build_matcher,
+    list_matchers,
+    matcher_config_class,
+    matcher_reads_dense,
+    register_matcher,
+)
 from patchword.matching.scan import SCANConfig, SCANMatcher
 from patchword.matching.seps import SEPSConfig, SEPSMatcher
 from patchword.matching.tgdt import TGDTConfig, TGDTMatcher
@@ -19,10 +25,12 @@ __all__ = [
     "SEPSMatcher",
     "TGDTConfig",
     "TGDTMatcher",
+    "TwoStagePlan",
     "VSEConfig",
     "VSEMatcher",
     "build_matcher",
     "list_matchers",
     "matcher_config_class",
+    "matcher_reads_dense",
     "register_matcher",
 ]

@@ -10,7 +10,7 @@ from torch import nn
 from patchword._validation import check_lengths, check_tensor
 from patchword.matching.ops import l2norm, masked_mean
 
-__all__ = ["MatcherOutput", "Matcher"]
+__all__ = ["MatcherOutput", "Matcher", "TwoStagePlan"]
 
 
 @dataclass
@@ -32,12 +32,33 @@ class MatcherOutput:
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+@dataclass
+class TwoStagePlan:
+    """How a matcher wants to be evaluated when it is not by ranking the full matrix: the arguments of
+    :func:`patchword.eval.two_stage_scores` (TGDT's hybrid search).
+
+    Attributes:
+        fine: the matcher that re-scores shortlisted pairs.
+        k_i2t, k_t2i: captions kept per image query, images kept per caption query.
+        alpha: weight of the global similarity added to the fine score.
+    """
+
+    fine: Matcher
+    k_i2t: int
+    k_t2i: int
+    alpha: float
+
+
 class Matcher(nn.Module):
-    """Base class: input validation and global embeddings for two-stage search.
+    """Base class and the whole contract the rest of patchword relies on.
 
     Subclasses implement ``forward(img_tokens, cap_tokens, cap_lens, dense_tokens=None, dense_lens=None)``
     returning :class:`MatcherOutput`. Image tokens are projected but not L2-normalised; token 0 is CLS
     when ``has_cls``. Caption lengths count every valid position including [CLS]/[SEP].
+
+    Everything a trainer, an evaluator, a scoring engine or a server asks of a matcher is declared here
+    with a default; subclasses override what differs (``tests/test_matcher_contract.py`` checks every
+    registered matcher against it).
     """
 
     embed_dim: int
@@ -52,6 +73,34 @@ class Matcher(nn.Module):
     # Whether ``forward`` reads dense text; callers skip encoding it when False (saves a text pass). True
     # by default so a new matcher is never silently starved of an input it reads.
     consumes_dense: bool = True
+    # "image": dense tokens are (B_v, L_d, C), one per candidate image (leak-free); "caption": (B_t, L_d, C),
+    # the dense text of each caption's ground-truth image (the official SEPS protocol, leaky).
+    dense_pairing: str = "image"
+
+    # Patch selection: the kept share the ratio loss pulls towards (None: the matcher selects nothing) and
+    # how that loss combines the branches' decisions ("sum_masks" | "per_branch", see RatioLoss).
+    selection_ratio: float | None = None
+    ratio_mode: str = "sum_masks"
+
+    @classmethod
+    def reads_dense(cls, config: object) -> bool:
+        """Whether a matcher built from ``config`` reads dense text (known before building it, so data
+        loading can skip dense captions)."""
+        return cls.consumes_dense
+
+    @property
+    def leaky(self) -> bool:
+        """True when a query carries text generated from its target image (caption-tied dense text)."""
+        return self.consumes_dense and self.dense_pairing == "caption"
+
+    def two_stage_plan(self) -> TwoStagePlan | None:
+        """The two-stage search this matcher is evaluated with, or None to rank the full matrix."""
+        return None
+
+    def pair_memory_bytes(self, img_len: int, txt_len: int, dense_len: int, dim: int) -> int | None:
+        """Working bytes one (image, caption) pair costs in ``forward``; None: let the scoring engine use
+        its generic estimate."""
+        return None
 
     def validate_image_tokens(self, img_tokens: torch.Tensor, num_tokens: int | None = None) -> None:
         check_tensor(img_tokens, "img_tokens", shape=(None, num_tokens, self.embed_dim))

@@ -8,7 +8,13 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["register_matcher", "build_matcher", "list_matchers", "matcher_config_class"]
+__all__ = [
+    "register_matcher",
+    "build_matcher",
+    "list_matchers",
+    "matcher_config_class",
+    "matcher_reads_dense",
+]
 
 # name -> (matcher class, config dataclass, preset overrides applied before the user's keywords)
 _REGISTRY: dict[str, tuple[type[nn.Module], type, dict[str, Any]]] = {}
@@ -42,6 +48,12 @@ def list_matchers() -> list[str]:
 def matcher_config_class(name: str) -> type:
     """The config dataclass of matcher ``name``."""
     return _lookup(name)[1]
+
+
+def matcher_reads_dense(name: str, **kwargs: Any) -> bool:
+    """Whether matcher ``name`` built with ``kwargs`` reads dense text, without building it."""
+    cls, config_cls, preset = _lookup(name)
+    return cls.reads_dense(config_cls(**{**preset, **kwargs}))
 
 
 def build_matcher(name: str, config: Any = None, **kwargs: Any) -> nn.Module:

@@ -156,6 +156,10 @@ class SEPSMatcher(Matcher):
     per-caption loop (see ``tests/reference_seps.py``).
     """
 
+    @classmethod
+    def reads_dense(cls, config: SEPSConfig) -> bool:
+        return config.use_dense
+
     def __init__(self, config: SEPSConfig) -> None:
         super().__init__()
         cfg = config.resolved()
@@ -164,7 +168,9 @@ class SEPSMatcher(Matcher):
         self.has_cls = cfg.has_cls
         self.global_pool = cfg.global_pool
         self.consumes_dense = cfg.use_dense  # LAPS: False
+        self.dense_pairing = cfg.dense_pairing
         self.num_keep = cfg.num_keep
+        self.selection_ratio = cfg.sparse_ratio
         self.ratio_mode = cfg.ratio_mode
         self.aggr_net = TokenAggregation(cfg.embed_dim, cfg.num_aggregated)
         # Dual aggregation (paper Eq. 4) gives the dense-guided selection its own weights W_d.

@@ -31,17 +31,16 @@ training and test.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 
 import torch
 
 from patchword.matching.attention import caption_chunks, word_region_scores
-from patchword.matching.base import Matcher, MatcherOutput
+from patchword.matching.base import Matcher, MatcherOutput, TwoStagePlan
 from patchword.matching.ops import l2norm, masked_mean
 from patchword.matching.registry import register_matcher
 
-__all__ = ["TGDTConfig", "TGDTMatcher", "TGDTTokens", "TwoStagePlan"]
+__all__ = ["TGDTConfig", "TGDTMatcher", "TGDTTokens"]
 
 _INFERENCE = ("global", "local", "hybrid")
 
@@ -77,22 +76,6 @@ class TGDTTokens:
     global_: torch.Tensor
     local: torch.Tensor
     mask: torch.Tensor | None = None
-
-
-@dataclass
-class TwoStagePlan:
-    """Arguments of :func:`patchword.eval.two_stage_scores` that reproduce TGDT's hybrid search.
-
-    Attributes:
-        fine: the matcher that re-scores shortlisted pairs (TGDT in ``"local"`` mode: ``s_l``).
-        k_i2t, k_t2i: captions kept per image query, images kept per caption query.
-        alpha: weight of the global similarity added to the fine score.
-    """
-
-    fine: Matcher
-    k_i2t: int
-    k_t2i: int
-    alpha: float
 
 
 @register_matcher("tgdt", TGDTConfig)
@@ -185,11 +168,6 @@ class TGDTMatcher(Matcher):
         local = self.config.local_scale * (best * txt.mask.to(best.dtype)).sum(-1)
         return local if self.config.inference == "local" else self.config.hybrid_alpha * glob + local
 
-    def fast_scorer(self):
-        """The scoring engine of :func:`patchword.eval.score_matrix` / ``two_stage_scores`` for TGDT:
-        block-wise forward for full matrices, :meth:`paired_scores` for lists of pairs."""
-        return _engine_class()(self)
-
     def forward(
         self,
         img_tokens: torch.Tensor,
@@ -244,33 +222,3 @@ class TGDTMatcher(Matcher):
     def pair_memory_bytes(self, img_len: int, txt_len: int, dense_len: int, dim: int) -> int:
         """Working bytes per pair in :meth:`forward`: the (L, R) score block and its reductions."""
         return 3 * 4 * img_len * txt_len
-
-
-@functools.cache
-def _engine_class() -> type:
-    # Built on first use so that importing the matcher never imports the evaluation package.
-    from patchword.eval.engine.forward import ForwardEngine
-
-    class TGDTEngine(ForwardEngine):
-        """ForwardEngine whose ``score_pairs`` scores listed pairs directly (no per-image forward calls)."""
-
-        name = "tgdt"
-
-        def score_pairs(self, inputs, img_index, txt_index, *, budget, device, progress=None) -> torch.Tensor:
-            l_v, dim = inputs.img_tokens.shape[1:]
-            l_t = inputs.cap_tokens.shape[1]
-            # gathered and normalised tokens of both sides plus the (L_t, L_v) score block, fp32
-            per_pair = 4 * (2 * (l_v + l_t) * dim + 2 * l_v * l_t)
-            step = max(1, budget // per_pair)
-            out = torch.empty(img_index.shape[0], dtype=torch.float32)
-            for p0 in range(0, img_index.shape[0], step):
-                r, c = img_index[p0 : p0 + step], txt_index[p0 : p0 + step]
-                scores = self.matcher.paired_scores(
-                    inputs.img_tokens[r].to(device),
-                    inputs.cap_tokens[c].to(device),
-                    inputs.cap_lens[c].to(device),
-                )
-                out[p0 : p0 + step] = scores.float().cpu()
-            return out
-
-    return TGDTEngine

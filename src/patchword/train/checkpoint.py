@@ -18,6 +18,7 @@ _logger = logging.getLogger(__name__)
 
 __all__ = [
     "atomic_save",
+    "atomic_write_text",
     "load_checkpoint",
     "rng_state",
     "set_rng_state",
@@ -39,6 +40,11 @@ def _atomic_write(path: Path, write) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write a text file (JSON, YAML) through a temporary file and ``os.replace``."""
+    _atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text))
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:

@@ -16,6 +16,7 @@ from patchword.eval.engine.core import (
 from patchword.eval.engine.forward import ForwardEngine
 from patchword.eval.engine.memory import TensorMemoryMeter
 from patchword.eval.engine.seps import SEPSEngine
+from patchword.eval.engine.tgdt import TGDTEngine
 from patchword.eval.engine.vse import VSEEngine
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "SEPSEngine",
     "ScoringEngine",
     "ScoringInputs",
+    "TGDTEngine",
     "TensorMemoryMeter",
     "VSEEngine",
     "engine_for",

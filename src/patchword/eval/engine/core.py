@@ -1,11 +1,9 @@
 """``score_matrix``: the exact full similarity matrix of any matcher, fast where an engine exists.
 
 A *scoring engine* computes the (N_img, N_txt) matrix of one matcher in blocks whose size is chosen from
-a memory budget. Engines are found, in order:
-
-1. ``matcher.fast_scorer()``, if the matcher defines it (a matcher shipping its own engine);
-2. the engine registered for the matcher's class or a base class (:func:`register_engine`);
-3. :class:`~patchword.eval.engine.forward.ForwardEngine`: block-wise calls of the matcher's own forward.
+a memory budget. Engines live in this package and are registered for a matcher class
+(:func:`register_engine`); a matcher without one is scored by
+:class:`~patchword.eval.engine.forward.ForwardEngine`, block-wise calls of its own forward.
 
 Every engine must equal the matcher's eval-mode forward pass (to float rounding); ``engine="forward"``
 forces the fallback, which is how the fast engines are tested.
@@ -13,17 +11,16 @@ forces the fallback, which is how the fast engines are tested.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from patchword._validation import check_lengths, check_tensor
 from patchword.eval.engine.memory import budget_bytes
+from patchword.progress import progress_bar
 
 __all__ = [
     "DEFAULT_MAX_MEMORY_MB",
@@ -137,7 +134,7 @@ class ScoringEngine:
         result = torch.empty(img_index.shape[0], dtype=torch.float32)
         order = torch.argsort(img_index, stable=True)
         images, counts = torch.unique_consecutive(img_index[order], return_counts=True)
-        with progress_bar(int(img_index.shape[0]), "re-rank pairs", progress) as bar:
+        with progress_bar(int(img_index.shape[0]), "re-rank pairs", progress, unit="pair") as bar:
             start = 0
             for v, count in zip(images.tolist(), counts.tolist(), strict=True):
                 sel = order[start : start + count]
@@ -169,7 +166,7 @@ def engine_for(matcher: nn.Module, engine: str | ScoringEngine | None = None) ->
         engine: ``None`` / ``"auto"`` (fast engine if any, else the forward fallback), ``"forward"``
             (always block-wise forward calls), or a ready engine instance.
     """
-    from patchword.eval.engine import forward, seps, vse  # noqa: F401  (registers the built-in engines)
+    from patchword.eval.engine import forward, seps, tgdt, vse  # noqa: F401  (registers the built-in engines)
 
     if isinstance(engine, ScoringEngine):
         return engine
@@ -177,11 +174,6 @@ def engine_for(matcher: nn.Module, engine: str | ScoringEngine | None = None) ->
         return forward.ForwardEngine(matcher)
     if engine not in (None, "auto"):
         raise ValueError(f"engine must be None, 'auto', 'forward' or a ScoringEngine, got {engine!r}")
-    own = getattr(matcher, "fast_scorer", None)
-    if callable(own):
-        found = own()
-        if found is not None:
-            return found
     for cls in type(matcher).__mro__:
         if cls in _ENGINES:
             return _ENGINES[cls](matcher)
@@ -195,10 +187,7 @@ def _matcher_device(matcher: nn.Module) -> torch.device:
 
 
 def _dense_pairing(matcher: nn.Module) -> str:
-    cfg = getattr(matcher, "config", None)
-    if cfg is not None and getattr(cfg, "use_dense", True) is False:
-        return "none"
-    return getattr(cfg, "dense_pairing", "image")
+    return matcher.dense_pairing if matcher.consumes_dense else "none"
 
 
 def prepare_inputs(
@@ -305,9 +294,3 @@ def score_matrix(
     finally:
         matcher.train(was_training)
     return out
-
-
-def progress_bar(total: int, desc: str, enabled: bool | None) -> tqdm:
-    """A tqdm bar over pairs: shown on a terminal by default, or as ``enabled`` says."""
-    disable = not sys.stderr.isatty() if enabled is None else not enabled
-    return tqdm(total=total, desc=desc, disable=disable, leave=False, unit="pair", unit_scale=True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from patchword.eval.engine.core import BlockPlan, ScoringEngine, ScoringInputs, progress_bar
+from patchword.eval.engine.core import BlockPlan, ScoringEngine, ScoringInputs
+from patchword.progress import progress_bar
 
 __all__ = ["ForwardEngine", "forward_pair_bytes"]
 
@@ -14,14 +15,14 @@ _F32 = 4
 def forward_pair_bytes(matcher, img_len: int, txt_len: int, dense_len: int, dim: int) -> int:
     """Working bytes one image-caption pair costs inside ``matcher.forward``.
 
-    A matcher may declare ``pair_memory_bytes(img_len, txt_len, dense_len, dim)``; otherwise the estimate
+    A matcher may declare it (:meth:`Matcher.pair_memory_bytes`); when that returns None the estimate
     assumes the forward materialises four fp32 token tensors of the pair (image, caption and dense tokens
     side by side), generous for every built-in matcher (SEPS: ~0.3 MB at ViT-224, C=512; the estimate is
     ~2.9 MB), so a forward-only matcher gets smaller blocks rather than exceeding the budget.
     """
-    declared = getattr(matcher, "pair_memory_bytes", None)
-    if callable(declared):
-        return int(declared(img_len, txt_len, dense_len, dim))
+    declared = matcher.pair_memory_bytes(img_len, txt_len, dense_len, dim)
+    if declared is not None:
+        return int(declared)
     return 4 * _F32 * dim * (img_len + txt_len + dense_len)
 
 
@@ -60,7 +61,7 @@ class ForwardEngine(ScoringEngine):
         self.last_plan = plan
         n_img, n_txt = inputs.num_images, inputs.num_texts
         image_tied = inputs.dense_tokens is not None and inputs.dense_index is None
-        with progress_bar(n_img * n_txt, "score pairs", progress) as bar:
+        with progress_bar(n_img * n_txt, "score pairs", progress, unit="pair") as bar:
             for i0 in range(0, n_img, plan.image_block):
                 rows = slice(i0, i0 + plan.image_block)
                 img = inputs.img_tokens[rows].to(device)

@@ -46,12 +46,13 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
-from patchword.eval.engine.core import BlockPlan, ScoringEngine, ScoringInputs, progress_bar, register_engine
+from patchword.eval.engine.core import BlockPlan, ScoringEngine, ScoringInputs, register_engine
 from patchword.eval.engine.memory import largest_fitting
 from patchword.matching.aggregation import TokenAggregation
 from patchword.matching.ops import l2norm, length_mask, masked_mean
 from patchword.matching.selection import combine_paper_scores, fusion_weights, image_saliency, text_relevance
 from patchword.matching.seps import SEPSMatcher
+from patchword.progress import progress_bar
 
 __all__ = ["SEPSEngine"]
 
@@ -649,7 +650,7 @@ class SEPSEngine(ScoringEngine):
                 else [self._cache.block(cap_order[a:b].to(device)) for a, b in cap_blocks]
             )
             self._cache = None
-            with progress_bar(total, "score pairs", progress) as bar:
+            with progress_bar(total, "score pairs", progress, unit="pair") as bar:
                 if plan.details["dense_pass"]:
                     dense_all = self._dense_pass(inputs, dense_rows, plan, device, dtype, bar)
                 for i0 in range(0, n_img, plan.image_block):
@@ -691,7 +692,7 @@ class SEPSEngine(ScoringEngine):
         result = torch.empty(img_index.shape[0], dtype=torch.float32)
         try:
             self._build_cache(inputs, plan, device, dtype)
-            with progress_bar(int(img_index.shape[0]), "re-rank pairs", progress) as bar:
+            with progress_bar(int(img_index.shape[0]), "re-rank pairs", progress, unit="pair") as bar:
                 args = (inputs, img_index, txt_index, plan, mode, device, dtype, result, bar)
                 if workers <= 1:
                     self._score_pairs(*args)

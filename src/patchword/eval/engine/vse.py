@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from patchword.eval.engine.core import BlockPlan, ScoringEngine, progress_bar, register_engine
+from patchword.eval.engine.core import BlockPlan, ScoringEngine, register_engine
 from patchword.matching.vse import VSEMatcher
+from patchword.progress import progress_bar
 
 __all__ = ["VSEEngine"]
 
@@ -42,7 +43,7 @@ class VSEEngine(ScoringEngine):
         peak = image_block * per_img + text_block * (per_txt + _F32 * image_block)
         self.last_plan = BlockPlan(self.name, image_block, int(text_block), 0, int(peak), budget)
         m = self.matcher
-        with progress_bar(n_img * n_txt, "score pairs", progress) as bar:
+        with progress_bar(n_img * n_txt, "score pairs", progress, unit="pair") as bar:
             for i0 in range(0, n_img, image_block):
                 rows = slice(i0, i0 + image_block)
                 img = m.global_image(inputs.img_tokens[rows].to(device))

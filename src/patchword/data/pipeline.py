@@ -1,4 +1,9 @@
-"""Turn a :class:`RetrievalSplit` into the tensors the model consumes, once, before training."""
+"""Turn a :class:`RetrievalSplit` into the tensors the model consumes, once, before training.
+
+Captions (and dense captions) are tokenised once into an :class:`EncodedSplit`; images stay behind an
+:class:`ImageSource` that decodes and normalises a batch on demand (in-memory arrays, image files, or
+region features). Training, evaluation and search all consume these two types.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +17,17 @@ import torch
 
 from patchword.data.split import RetrievalSplit
 from patchword.data.transforms import IMAGENET_MEAN, IMAGENET_STD, normalize_uint8_batch
+from patchword.errors import DataError
 
-__all__ = ["TextTokenizer", "ImageSource", "ArrayImages", "FileImages", "EncodedSplit", "encode_split"]
+__all__ = [
+    "TextTokenizer",
+    "ImageSource",
+    "ArrayImages",
+    "FileImages",
+    "SelectedImages",
+    "EncodedSplit",
+    "encode_split",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -68,6 +82,8 @@ class EncodedSplit:
         txt2img: (N_txt,) image index of each caption.
         fits: optional ``fits(caption_indices, image_indices) -> (len(c), len(i)) bool`` relation used
             to mask false negatives (synthetic data); None for real data.
+        captions / dense_captions: the texts (dense: one per image, or None), kept for train-time
+            re-tokenisation with augmentation and for display.
     """
 
     name: str
@@ -79,6 +95,7 @@ class EncodedSplit:
     dense_ids: torch.Tensor | None = None
     dense_lens: torch.Tensor | None = None
     fits: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
+    dense_captions: list[str] | None = None
 
     @property
     def num_images(self) -> int:
@@ -88,40 +105,58 @@ class EncodedSplit:
     def num_captions(self) -> int:
         return self.cap_ids.shape[0]
 
-    def subset_images(self, n: int) -> EncodedSplit:
-        """The first ``n`` images and their captions (cheaper periodic validation)."""
-        if n <= 0 or n >= self.num_images:
-            return self
-        keep = (self.txt2img < n).nonzero().squeeze(1)
-        images = self.images
-        if isinstance(images, ArrayImages):
-            images = ArrayImages(images.images[:n].numpy(), images.mean, images.std)
-        else:
-            images = _FirstImages(images, n)
+    def select_images(self, indices: torch.Tensor | Sequence[int], name: str | None = None) -> EncodedSplit:
+        """The images at ``indices`` (in that order) with exactly their captions and dense captions.
+
+        One mechanism for every "part of a split": the first images of dev (cheaper validation), the
+        COCO 1K folds of the 5K test, the training images held out as a dev split.
+        """
+        indices = torch.as_tensor(indices, dtype=torch.long)
+        position = torch.full((self.num_images,), -1, dtype=torch.long)
+        position[indices] = torch.arange(len(indices))
+        new_img = position[self.txt2img]
+        keep = (new_img >= 0).nonzero().squeeze(1)
+        fits = None
+        if self.fits is not None:
+            parent, cap_of, img_of = self.fits, keep.numpy(), indices.numpy()
+
+            def fits(c: np.ndarray, i: np.ndarray) -> np.ndarray:
+                return parent(cap_of[c], img_of[i])
+
         return EncodedSplit(
-            name=f"{self.name}[:{n}]",
-            images=images,
+            name=name or f"{self.name}[{len(indices)} images]",
+            images=SelectedImages(self.images, indices),
             cap_ids=self.cap_ids[keep],
             cap_lens=self.cap_lens[keep],
-            txt2img=self.txt2img[keep],
+            txt2img=new_img[keep],
             captions=[self.captions[i] for i in keep.tolist()],
-            dense_ids=None if self.dense_ids is None else self.dense_ids[:n],
-            dense_lens=None if self.dense_lens is None else self.dense_lens[:n],
-            fits=None,
+            dense_ids=None if self.dense_ids is None else self.dense_ids[indices],
+            dense_lens=None if self.dense_lens is None else self.dense_lens[indices],
+            fits=fits,
+            dense_captions=None if self.dense_captions is None else [self.dense_captions[i] for i in indices],
         )
 
+    def first_images(self, n: int) -> EncodedSplit:
+        """The first ``n`` images and their captions (the whole split when ``n <= 0`` or ``n >= N``)."""
+        if n <= 0 or n >= self.num_images:
+            return self
+        return self.select_images(torch.arange(n), name=f"{self.name}[:{n}]")
 
-class _FirstImages:
-    """The first ``n`` images of any :class:`ImageSource` (indices below ``n`` are unchanged)."""
 
-    def __init__(self, source: ImageSource, n: int) -> None:
-        self.source, self.n = source, n
+class SelectedImages:
+    """The images ``indices`` of another :class:`ImageSource`, renumbered 0..len(indices)-1."""
+
+    def __init__(self, source: ImageSource, indices: torch.Tensor) -> None:
+        # Selecting from a selection composes the index maps instead of nesting wrappers.
+        if isinstance(source, SelectedImages):
+            source, indices = source.source, source.indices[indices]
+        self.source, self.indices = source, indices
 
     def __len__(self) -> int:
-        return self.n
+        return len(self.indices)
 
     def batch(self, indices: torch.Tensor, train: bool) -> torch.Tensor:
-        return self.source.batch(indices, train)
+        return self.source.batch(self.indices[torch.as_tensor(indices, dtype=torch.long)], train)
 
 
 def encode_split(
@@ -137,12 +172,15 @@ def encode_split(
     """Tokenise captions (and dense captions) of ``split``; the same max lengths serve training and
     evaluation (no test-time truncation surprises, SPEC decision 6)."""
     if len(images) != split.num_images:
-        raise ValueError(f"split {split.name!r}: {len(images)} images for {split.num_images} image entries")
+        raise DataError(f"split {split.name!r}: {len(images)} images for {split.num_images} image entries")
     cap_ids, cap_lens = tokenizer.batch_encode(split.captions, max_len=max_caption_len)
     dense_ids = dense_lens = None
     if use_dense:
         if split.dense_captions is None:
-            raise ValueError(f"split {split.name!r} has no dense captions; set data.dense=false")
+            raise DataError(
+                f"split {split.name!r} has no dense captions but the model reads them: give the split's "
+                "dense jsonl (data.dense_<split>) or set data.dense=false"
+            )
         dense_ids, dense_lens = tokenizer.batch_encode(split.dense_captions, max_len=max_dense_len)
         truncated = int((dense_lens == max_dense_len).sum())
         if truncated:
@@ -163,6 +201,7 @@ def encode_split(
         dense_ids=dense_ids,
         dense_lens=dense_lens,
         fits=fits,
+        dense_captions=list(split.dense_captions) if use_dense else None,
     )
 
 

@@ -1,0 +1,185 @@
+"""``patchword bench scoring | two-stage | all``: the benchmarks as markdown tables (and JSON).
+
+``main(argv)`` takes the arguments after ``bench`` (``main(["scoring", "--quick"])``) and returns an exit
+code; ``python -m patchword.bench`` is the same. Thread count (``--threads``) and flush-to-zero of
+denormals are set here, for the duration of the command, and restored afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from patchword.bench.formatting import format_scoring, format_two_stage
+from patchword.bench.inputs import SCORING_CONFIGS
+from patchword.errors import USER_ERRORS, ConfigError, RunExistsError
+
+__all__ = ["main"]
+
+# --quick: a smoke run at small sizes (explicit size flags still win).
+_QUICK = {"images": 16, "caption_images": 8, "ref_captions": 3, "repeats": 1, "peak_size": 512}
+_FULL = {"images": 256, "caption_images": 48, "ref_captions": 10, "repeats": 3, "peak_size": 2048}
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--quick", action="store_true", help="small sizes, one repeat (a smoke run)")
+    common.add_argument("--max-memory-mb", type=float, default=1024, help="the scoring engine's budget")
+    common.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    common.add_argument("--json", type=Path, default=None, help="write the raw results here")
+    common.add_argument("--force", action="store_true", help="overwrite an existing --json file")
+
+    scoring = argparse.ArgumentParser(add_help=False)
+    scoring.add_argument(
+        "--images",
+        type=int,
+        help="images of the timed block (default 256); the reference loops over captions against all of "
+        "them, as the official evaluation does with its 256-image shards",
+    )
+    scoring.add_argument("--caption-images", type=int, help="the 5 captions of this many images (48)")
+    scoring.add_argument("--ref-captions", type=int, help="captions the reference loop scores (10)")
+    scoring.add_argument("--repeats", type=int, help="interleaved repeats, the best is kept (3)")
+    scoring.add_argument("--configs", default=",".join(SCORING_CONFIGS), help="comma-separated configs")
+    lengths = scoring.add_mutually_exclusive_group()
+    lengths.add_argument("--data", default=None, help="the shared data folder (default ../shared/data)")
+    lengths.add_argument(
+        "--stand-in-lengths", action="store_true", help="seeded stand-in caption lengths, no data folder"
+    )
+    scoring.add_argument(
+        "--bert-vocab", default="bert-base-uncased", help="BERT vocabulary for dense lengths ('' = none)"
+    )
+    scoring.add_argument("--peak-size", type=int, help="matrix side of the matmul peak measurement (2048)")
+    scoring.add_argument("--no-rss", action="store_true", help="skip the fresh-process RSS measurement")
+
+    two_stage = argparse.ArgumentParser(add_help=False)
+    two_stage.add_argument(
+        "--run-dir", default=None, help="a trained run directory (`make demo` writes runs/demo)"
+    )
+    two_stage.add_argument("--checkpoint", default=None, help="weights file in the run (default best.pt)")
+    two_stage.add_argument("--ks", default="16,64,128,256", help="comma-separated shortlist sizes")
+    two_stage.add_argument("--alpha", type=float, default=1.0, help="also run k=128 with alpha*global + fine")
+    two_stage.add_argument("--backend", default="exact", choices=["exact", "faiss_flat", "faiss_hnsw"])
+    two_stage.add_argument("--two-stage-repeats", type=int, default=2, help="timing repeats (best kept)")
+
+    parser = argparse.ArgumentParser(
+        prog="patchword bench", description="Benchmarks of exhaustive scoring and two-stage search."
+    )
+    sub = parser.add_subparsers(dest="what", required=True, metavar="{scoring,two-stage,all}")
+    sub.add_parser(
+        "scoring", parents=[common, scoring], help="score_matrix throughput vs the per-caption reference loop"
+    )
+    sub.add_parser("two-stage", parents=[common, two_stage], help="two-stage search vs exhaustive")
+    sub.add_parser("all", parents=[common, scoring, two_stage], help="scoring, then two-stage")
+    probe = sub.add_parser("_rss")  # internal: one scoring call in a fresh process (memory.py)
+    probe.add_argument("--config", required=True, choices=list(SCORING_CONFIGS))
+    probe.add_argument("--images", type=int, required=True)
+    probe.add_argument("--caption-images", type=int, required=True)
+    probe.add_argument("--max-memory-mb", type=float, required=True)
+    probe.add_argument("--data", default=None)
+    probe.add_argument("--stand-in-lengths", action="store_true")
+    return parser
+
+
+def _size(args: argparse.Namespace, name: str) -> int:
+    value = getattr(args, name)
+    return value if value is not None else (_QUICK if args.quick else _FULL)[name]
+
+
+def _scoring(args: argparse.Namespace) -> dict[str, Any]:
+    from patchword.bench.scoring import run_scoring
+
+    return run_scoring(
+        images=_size(args, "images"),
+        caption_images=_size(args, "caption_images"),
+        ref_captions=_size(args, "ref_captions"),
+        repeats=_size(args, "repeats"),
+        configs=[c for c in args.configs.split(",") if c],
+        max_memory_mb=args.max_memory_mb,
+        data=args.data,
+        bert_vocab=args.bert_vocab or None,
+        stand_in_lengths=args.stand_in_lengths,
+        rss=not (args.quick or args.no_rss),
+        peak_size=_size(args, "peak_size"),
+    )
+
+
+def _two_stage(args: argparse.Namespace) -> dict[str, Any]:
+    from patchword.bench.two_stage import run_two_stage
+
+    return run_two_stage(
+        args.run_dir,
+        checkpoint=args.checkpoint,
+        ks=tuple(int(k) for k in args.ks.split(",") if k),
+        alpha=args.alpha,
+        repeats=1 if args.quick else args.two_stage_repeats,
+        max_memory_mb=args.max_memory_mb,
+        backend=args.backend,
+    )
+
+
+def _write_json(path: Path, results: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(results, indent=2))
+    os.replace(tmp, path)
+
+
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    # Checked before anything runs: a benchmark can take many minutes.
+    if args.what in ("two-stage", "all") and args.run_dir is None:
+        raise ConfigError(
+            "--run-dir",
+            "the two-stage benchmark needs a trained run: run `make demo` (writes runs/demo) "
+            "or pass --run-dir RUN",
+        )
+    if args.json is not None and args.json.exists() and not args.force:
+        raise RunExistsError(f"{args.json} exists; pass --force to overwrite it")
+    results: dict[str, Any] = {"command": "patchword bench " + " ".join(argv)}
+    if args.what in ("scoring", "all"):
+        results["scoring"] = _scoring(args)
+        print(format_scoring(results["scoring"]))
+    if args.what in ("two-stage", "all"):
+        results["two_stage"] = _two_stage(args)
+        print(format_two_stage(results["two_stage"]))
+    if args.json is not None:
+        _write_json(args.json, results)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``patchword bench {scoring,two-stage,all} [options]``; 0 on success, 2 on a user error."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.what == "_rss":
+        from patchword.bench.memory import ScoringCall, rss_growth_of_scoring
+
+        call = ScoringCall(
+            args.config,
+            args.images,
+            args.caption_images,
+            args.max_memory_mb,
+            args.data,
+            args.stand_in_lengths,
+        )
+        growth = rss_growth_of_scoring(call)
+        print(json.dumps({"rss_growth_mb": growth}))
+        return 0
+    threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)  # denormals would make timings depend on the random inputs
+    try:
+        return _run(args, argv)
+    except USER_ERRORS as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    finally:  # main() also runs in-process (tests, the top-level CLI): leave the caller's settings
+        torch.set_num_threads(threads)
+        torch.set_flush_denormal(False)  # torch's default; torch has no getter to restore from

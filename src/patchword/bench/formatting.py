@@ -1,0 +1,57 @@
+"""Markdown tables of the benchmark results (what docs/benchmarks.md quotes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["format_duration", "format_scoring", "format_two_stage"]
+
+
+def format_duration(seconds: float) -> str:
+    """``42 s``, ``11.6 min`` or ``3.3 h``: the unit that keeps the number readable."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def format_scoring(result: dict[str, Any]) -> str:
+    """Markdown table of :func:`~patchword.bench.scoring.run_scoring` results, one row per config.
+
+    The GFLOP/s percentage is of the larger of the two peak measurements (start and end of the run).
+    """
+    peak = max(result["peak_gflops"], result.get("peak_gflops_end", 0.0))
+    lines = [
+        "| config | engine us/pair | reference us/pair | speed-up "
+        "| GFLOP/s engine / reference (% of peak) | MFLOP/pair engine / reference | peak tensor MiB "
+        "| F30K 1000x5000 engine / reference | max abs diff |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, e in result["configs"].items():
+        gflops = (
+            f"{e['engine_gflops']:.1f} / {e['reference_gflops']:.1f} ({100 * e['engine_gflops'] / peak:.0f}%)"
+        )
+        f30k = f"{format_duration(e['f30k_engine_s'])} / {format_duration(e['f30k_reference_s'])}"
+        lines.append(
+            f"| {name} | {e['engine_us_per_pair']:.1f} | {e['reference_us_per_pair']:.0f} | "
+            f"**{e['speedup']:.1f}x** | {gflops} | "
+            f"{e['engine_mflop_per_pair']:.1f} / {e['reference_mflop_per_pair']:.1f} | "
+            f"{e['engine_peak_tensor_mb']:.0f} | {f30k} | {e['max_abs_diff_vs_reference']:.1e} |"
+        )
+    return "\n".join(lines)
+
+
+def format_two_stage(result: dict[str, Any]) -> str:
+    """Markdown table of :func:`~patchword.bench.two_stage.run_two_stage` results, one row per method."""
+    lines = [
+        "| method | k | alpha | pairs scored | seconds | speed-up | rSum | delta rSum | i2t R@1 | t2i R@1 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['method']} | {r['k'] or 'all'} | {r['alpha']:g} | {r['pairs']:,} | {r['seconds']:.1f} | "
+            f"{r.get('speedup', 1.0):.1f}x | {r['rsum']:.1f} | {r.get('rsum_delta', 0.0):+.1f} | "
+            f"{r['i2t_r1']:.1f} | {r['t2i_r1']:.1f} |"
+        )
+    return "\n".join(lines)

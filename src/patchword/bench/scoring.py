@@ -1,0 +1,188 @@
+"""Exhaustive-scoring benchmark: the engine against the official per-caption loop on the same inputs.
+
+For each config of :data:`~patchword.bench.inputs.SCORING_CONFIGS` (SEPS code / paper, caption- and
+image-tied dense text, LAPS) at ViT-224 shapes with real caption lengths it measures, in one process:
+pairs/s of :func:`~patchword.eval.score_matrix` and of the reference loop
+(:func:`patchword.testing.seps_reference_scores`, written like the official code), the largest score
+difference between them, the matrix-product FLOPs per pair of each (torch profiler) and the GFLOP/s they
+reach against the machine's measured fp32 matmul peak, the engine's peak tensor memory and block plan,
+optionally the peak RSS growth in a fresh process, and the Flickr30K / COCO evaluation times extrapolated
+from the throughput. Timings are the best of interleaved repeats (see :mod:`patchword.bench.machine`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+
+from patchword.bench.flops import count_flops
+from patchword.bench.inputs import (
+    COCO_CAPTIONS,
+    COCO_IMAGES,
+    F30K_CAPTIONS,
+    F30K_IMAGES,
+    SCORING_CONFIGS,
+    VIT_DIM,
+    VIT_PATCHES,
+    benchmark_lengths,
+    build_bench_matcher,
+    scoring_inputs,
+)
+from patchword.bench.machine import best_time, load_average, machine_description, matmul_peak_gflops
+from patchword.bench.memory import ScoringCall, measure_rss_in_subprocess
+from patchword.testing import seps_reference_scores
+
+__all__ = ["run_scoring"]
+
+_logger = logging.getLogger(__name__)
+
+#: Images whose pairs the FLOP count covers: FLOPs per pair do not depend on how many images are scored.
+_FLOP_COUNT_IMAGES = 32
+
+
+def run_scoring(
+    *,
+    images: int = 256,
+    caption_images: int = 48,
+    ref_captions: int = 10,
+    repeats: int = 3,
+    configs: list[str] | None = None,
+    max_memory_mb: float = 1024,
+    data: str | None = None,
+    bert_vocab: str | None = "bert-base-uncased",
+    stand_in_lengths: bool = False,
+    rss: bool = True,
+    peak_size: int = 2048,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Measure every scoring config (see the module docstring).
+
+    Args:
+        images: images of the timed block; the reference loops over captions against all of them, as
+            the official evaluation does with its 256-image shards.
+        caption_images: the engine scores the captions of this many images.
+        ref_captions: captions the (slow) reference loop scores, spread over the caption lengths.
+        repeats: interleaved timing repeats; the best is kept.
+        configs: names of :data:`SCORING_CONFIGS` (default all).
+        max_memory_mb: the engine's working-memory budget.
+        data: the shared data folder (default: found next to the repository, else stand-in lengths).
+        bert_vocab: BERT vocabulary for dense-caption lengths (offline only), or None for word counts.
+        stand_in_lengths: use the seeded stand-in lengths without looking for data.
+        rss: also measure the first config's peak RSS growth in a fresh process.
+        peak_size: matrix side of the fp32 matmul peak measurement.
+        progress: progress bars of the engine.
+
+    Returns:
+        A JSON-able dict: ``machine``, ``lengths``, ``setup``, ``peak_gflops`` (and ``peak_gflops_end``,
+        measured again at the end), and ``configs`` (name -> the measurements of that config).
+    """
+    from patchword.eval import score_matrix
+    from patchword.eval.engine import SEPSEngine, TensorMemoryMeter
+
+    configs = configs or list(SCORING_CONFIGS)
+    unknown = [name for name in configs if name not in SCORING_CONFIGS]
+    if unknown:
+        raise ValueError(f"unknown scoring config(s) {unknown}; choose from {', '.join(SCORING_CONFIGS)}")
+    cap_lens, dense_lens, source = benchmark_lengths(data, bert_vocab, stand_in=stand_in_lengths)
+    img, caps, lens, dense, dlens, t2i = scoring_inputs(
+        images, cap_lens, dense_lens, caption_images=caption_images
+    )
+    result: dict[str, Any] = {
+        "machine": machine_description(),
+        "lengths": {
+            "source": source,
+            "caption_mean": cap_lens.float().mean().item(),
+            "caption_median": cap_lens.median().item(),
+            "dense_mean": dense_lens.float().mean().item(),
+            "dense_median": dense_lens.median().item(),
+        },
+        "setup": {
+            "images": images,
+            "captions": caps.shape[0],
+            "ref_captions": ref_captions,
+            "repeats": repeats,
+            "max_memory_mb": max_memory_mb,
+            "dim": VIT_DIM,
+            "patches": VIT_PATCHES,
+        },
+        "peak_gflops": matmul_peak_gflops(peak_size),
+        "configs": {},
+    }
+    n_pairs = img.shape[0] * caps.shape[0]
+    count_rows = slice(min(images, _FLOP_COUNT_IMAGES))
+    n_count = count_rows.stop
+    ref_cols = torch.arange(ref_captions) * (caps.shape[0] // ref_captions)  # spread over lengths
+    for name in configs:
+        spec = SCORING_CONFIGS[name]
+        matcher = build_bench_matcher(name)
+        caption_tied = spec["dense_pairing"] == "caption"
+        engine = SEPSEngine(matcher)
+
+        def dense_of(rows: slice, spec=spec, caption_tied=caption_tied):
+            # Image-tied dense text follows the scored images; caption-tied rows are indexed by txt2img.
+            if not spec["dense"]:
+                return None, None
+            return (dense, dlens) if caption_tied else (dense[rows], dlens[rows])
+
+        def run_engine(rows: slice = slice(None), matcher=matcher, caption_tied=caption_tied, engine=engine):
+            return score_matrix(
+                matcher,
+                img[rows],
+                caps,
+                lens,
+                *dense_of(rows),
+                txt2img=t2i if caption_tied else None,
+                max_memory_mb=max_memory_mb,
+                engine=engine,
+                progress=progress,
+            )
+
+        def run_reference(rows: slice = slice(None), matcher=matcher, spec=spec, caption_tied=caption_tied):
+            index = t2i[ref_cols] if caption_tied and spec["dense"] else None
+            return seps_reference_scores(
+                matcher, img[rows], caps[ref_cols], lens[ref_cols], *dense_of(rows), dense_index=index
+            )
+
+        sims, ref = run_engine(), run_reference()  # warm-up, and the exactness check of this input
+        engine_s = ref_s = math.inf
+        for _ in range(repeats):  # interleaved: both see the same machine state
+            engine_s = min(engine_s, best_time(run_engine, 1))
+            ref_s = min(ref_s, best_time(run_reference, 1))
+        with TensorMemoryMeter() as meter:
+            run_engine()
+        plan = engine.last_plan  # of the full block (the FLOP count below scores fewer images)
+        engine_flops = count_flops(lambda run=run_engine: run(count_rows)) / (n_count * caps.shape[0])
+        ref_flops = count_flops(lambda run=run_reference: run(count_rows)) / (n_count * ref_cols.numel())
+        engine_pair_s, ref_pair_s = engine_s / n_pairs, ref_s / ref.numel()
+        entry = {
+            "max_abs_diff_vs_reference": (sims[:, ref_cols] - ref).abs().max().item(),
+            "engine_us_per_pair": 1e6 * engine_pair_s,
+            "reference_us_per_pair": 1e6 * ref_pair_s,
+            "speedup": ref_pair_s / engine_pair_s,
+            "engine_pairs_per_s": 1 / engine_pair_s,
+            "engine_mflop_per_pair": engine_flops / 1e6,
+            "reference_mflop_per_pair": ref_flops / 1e6,
+            "engine_gflops": engine_flops / engine_pair_s / 1e9,
+            "reference_gflops": ref_flops / ref_pair_s / 1e9,
+            "engine_peak_tensor_mb": meter.peak_bytes / (1 << 20),
+            "plan": {
+                "image_block": plan.image_block,
+                "text_block": plan.text_block,
+                "dense_block": plan.dense_block,
+                **plan.details,
+            },
+            "f30k_engine_s": F30K_IMAGES * F30K_CAPTIONS * engine_pair_s,
+            "f30k_reference_s": F30K_IMAGES * F30K_CAPTIONS * ref_pair_s,
+            "coco5k_engine_s": COCO_IMAGES * COCO_CAPTIONS * engine_pair_s,
+        }
+        if rss and name == configs[0]:
+            call = ScoringCall(name, images, caption_images, max_memory_mb, data, stand_in_lengths)
+            entry["engine_rss_growth_mb"] = measure_rss_in_subprocess(call)
+        result["configs"][name] = entry
+        _logger.info("%s: %s", name, {k: v for k, v in entry.items() if k != "plan"})
+    result["peak_gflops_end"] = matmul_peak_gflops(peak_size)
+    result["machine"]["load_average_end"] = load_average()
+    return result

@@ -1,0 +1,117 @@
+"""Two-stage search benchmark: global shortlist + exact re-ranking against exhaustive scoring.
+
+On the test split of a trained run (a directory written by ``patchword train`` or ``make demo``,
+loaded with :func:`patchword.runs.load_run`) it measures the recall and the time of
+:func:`~patchword.eval.two_stage_scores` for several shortlist sizes k (and one hybrid
+``alpha * global + fine`` row) against :func:`~patchword.eval.score_matrix` over every pair.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from patchword.bench.machine import best_time, machine_description
+
+__all__ = ["run_two_stage"]
+
+_logger = logging.getLogger(__name__)
+
+_REPORTED = ("rsum", "i2t_r1", "t2i_r1")
+
+
+def run_two_stage(
+    run_dir: str | Path,
+    *,
+    checkpoint: str | None = None,
+    ks: tuple[int, ...] = (16, 64, 128, 256),
+    alpha: float = 1.0,
+    alpha_k: int = 128,
+    repeats: int = 2,
+    max_memory_mb: float = 1024,
+    backend: str = "exact",
+) -> dict[str, Any]:
+    """Exhaustive vs two-stage recall and time on the run's test split.
+
+    Args:
+        run_dir: the trained run.
+        checkpoint: the weights file in ``run_dir`` (default ``best.pt``); a missing one is an error.
+        ks: shortlist sizes, each run with ``alpha = 0`` (fine scores only).
+        alpha: weight of the global score in one more row at ``k = alpha_k`` (0 skips it).
+        repeats: timing repeats (best kept).
+        max_memory_mb: the scoring engine's working-memory budget.
+        backend: the shortlist index, ``exact``, ``faiss_flat`` or ``faiss_hnsw``.
+
+    Returns:
+        A JSON-able dict: ``machine``, ``model`` (the run and its model config), ``backend``, ``rows``
+        (one per method: k, alpha, pairs scored, seconds, speed-up, rSum and R@1 in each direction).
+
+    Raises:
+        MissingFileError: no such run directory, config or checkpoint.
+    """
+    from patchword.config import config_to_dict
+    from patchword.data.prepare import prepare_data
+    from patchword.eval import retrieval_metrics, score_matrix, two_stage_scores
+    from patchword.eval.scoring import encode_image_tokens, encode_text_tokens
+    from patchword.runs import load_run
+
+    run = load_run(run_dir, checkpoint)
+    split = prepare_data(run.config.data, run.tokenizer, roles=("test",)).splits["test"]
+    model = run.model
+    with torch.no_grad():
+        img = encode_image_tokens(model, split.images, progress=False)
+        cap = encode_text_tokens(model, split.cap_ids, split.cap_lens, progress=False)
+        dense = dense_lens = None
+        if split.dense_ids is not None:
+            dense = encode_text_tokens(model, split.dense_ids, split.dense_lens, progress=False)
+            dense_lens = split.dense_lens
+    args = (model.matcher, img, cap, split.cap_lens, dense, dense_lens)
+    kw = {"txt2img": split.txt2img, "max_memory_mb": max_memory_mb}
+    exhaustive = score_matrix(*args, **kw)
+    exhaustive_s = best_time(lambda: score_matrix(*args, **kw), repeats)
+    base = retrieval_metrics(exhaustive, split.txt2img)
+    rows = [
+        {
+            "method": "exhaustive",
+            "k": None,
+            "alpha": 0.0,
+            "pairs": exhaustive.numel(),
+            "seconds": exhaustive_s,
+            **{key: base[key] for key in _REPORTED},
+        }
+    ]
+    for k, a in [(k, 0.0) for k in ks] + ([(alpha_k, alpha)] if alpha else []):
+        res = two_stage_scores(*args, k=k, alpha=a, backend=backend, **kw)
+        seconds = best_time(
+            lambda k=k, a=a: two_stage_scores(*args, k=k, alpha=a, backend=backend, **kw), repeats
+        )
+        metrics = retrieval_metrics(res.sims, split.txt2img)
+        rows.append(
+            {
+                "method": "two-stage",
+                "k": k,
+                "alpha": a,
+                "pairs": res.pairs_scored,
+                "seconds": seconds,
+                "speedup": exhaustive_s / seconds,
+                "rsum_delta": metrics["rsum"] - base["rsum"],
+                **{key: metrics[key] for key in _REPORTED},
+            }
+        )
+        _logger.info("k=%d alpha=%g: %s", k, a, rows[-1])
+    return {
+        "machine": machine_description(),
+        "model": {
+            "run_dir": str(run.run_dir),
+            "checkpoint": str(run.checkpoint),
+            "config": config_to_dict(run.config.model),
+            "image_tokens": list(img.shape[1:]),
+            "test_images": img.shape[0],
+            "test_captions": cap.shape[0],
+        },
+        "backend": backend,
+        "rows": rows,
+    }

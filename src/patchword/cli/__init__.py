@@ -1,0 +1,96 @@
+"""The ``patchword`` command (also ``python -m patchword``).
+
+Configuration is the :class:`~patchword.train.config.RunConfig` dataclass; ``--config run.yaml`` and
+dotted overrides (``model.sparse_ratio=0.6 train.epochs=3``) apply on top of its defaults. ``main(argv)``
+is importable so tests run the CLI in-process.
+
+Errors a user can fix (a bad config value, a missing file, bad data, a model not found offline) are
+printed as one ``error: ...`` line with exit code 2; ``-v`` adds the traceback. Anything else is a bug
+and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+import traceback
+from collections.abc import Callable
+
+from patchword.errors import USER_ERRORS
+
+__all__ = ["main", "report_errors", "setup_logging"]
+
+# Verbs with their own argument parsers: everything after the verb is handed to ``module.function``.
+_DELEGATED: dict[str, tuple[str, str, str]] = {
+    "hash": ("patchword.hashing.cli", "main", "cross-modal hashing (UCMFH): hash train | eval | search"),
+    "bench": ("patchword.bench.cli", "main", "benchmarks: bench scoring | two-stage"),
+}
+
+# Verbs defined in this package: name -> (module, help).
+_VERBS: dict[str, tuple[str, str]] = {
+    "demo": ("patchword.cli.demo", "train and evaluate SEPS on the synthetic scenes (CPU, no download)"),
+    "train": (
+        "patchword.cli.train",
+        "train a model (or --resume a run) and evaluate its best dev checkpoint",
+    ),
+    "eval": ("patchword.cli.evaluate", "evaluate a trained run directory"),
+    "data": ("patchword.cli.data", "datasets: data check (validate a layout without training)"),
+}
+
+
+def setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+def report_errors(run: Callable[[], int | None], verbose: bool) -> int:
+    """Run a verb: user errors become one ``error:`` line and exit code 2 (plus the traceback with
+    ``verbose``); an interrupted training run reports where its checkpoint is."""
+    from patchword.train.trainer import TrainingInterrupted
+
+    try:
+        code = run()
+    except USER_ERRORS as err:
+        if verbose:
+            traceback.print_exc()
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except TrainingInterrupted as err:
+        print(
+            f"interrupted: {err}; continue with `patchword train --resume {err.checkpoint.parent}`",
+            file=sys.stderr,
+        )
+        return 128 + err.signum
+    return 0 if code is None else code
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="patchword", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging and error tracebacks")
+    # -v after the verb too; SUPPRESS keeps the verb's parser from resetting a -v given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="as above")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in _VERBS.items():
+        importlib.import_module(module).add_arguments(sub.add_parser(name, help=help_text, parents=[common]))
+    for name, (_, _, help_text) in _DELEGATED.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in _DELEGATED:
+        module, function, _ = _DELEGATED[argv[0]]
+        verbose = "-v" in argv or "--verbose" in argv
+        return report_errors(lambda: getattr(importlib.import_module(module), function)(argv[1:]), verbose)
+    args = _parser().parse_args(argv)
+    setup_logging(args.verbose)
+    module = importlib.import_module(_VERBS[args.command][0])
+    return report_errors(lambda: module.run(args), args.verbose)

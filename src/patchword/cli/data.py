@@ -1,0 +1,90 @@
+"""``patchword data check``: validate a dataset layout and print what was found, without training."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["add_arguments", "run", "check_dataset"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    check = sub.add_parser("check", help="validate a dataset layout (counts, images, dense coverage)")
+    check.add_argument(
+        "--config", type=Path, help="YAML file with RunConfig fields (its data section is read)"
+    )
+    check.add_argument("--split", action="append", choices=("train", "dev", "test"), help="check only these")
+    check.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.root=data/f30k")
+
+
+def check_dataset(cfg, roles=("train", "dev", "test")) -> list[dict[str, Any]]:
+    """One row per split role: counts, dense coverage and unusable images, or the error that stopped it."""
+    from patchword.data.images import find_bad_images
+    from patchword.data.prepare import FILE_DATASETS, load_raw_data
+    from patchword.errors import USER_ERRORS
+    from patchword.model import model_reads_dense
+
+    use_dense = cfg.data.dense and model_reads_dense(cfg.model)
+    dc = dataclasses.replace(cfg.data, check_images=False)  # counted below instead of raised
+    rows = []
+    for role in roles:
+        row: dict[str, Any] = {"role": role, "split": getattr(dc, f"{role}_split")}
+        try:
+            raw = load_raw_data(dc, [role], use_dense=use_dense)
+        except USER_ERRORS as err:
+            row["error"] = str(err)
+            rows.append(row)
+            continue
+        split = raw.splits[role]
+        per_image = np.bincount(split.txt2img, minlength=split.num_images)
+        row.update(
+            split=split.name,
+            images=split.num_images,
+            captions=split.num_captions,
+            captions_per_image=f"{per_image.min()}-{per_image.max()}" if per_image.size else "-",
+            dense=(
+                "not read"
+                if not use_dense
+                else f"{sum(bool(t) for t in split.dense_captions or [])}/{split.num_images}"
+            ),
+        )
+        if cfg.data.dataset in FILE_DATASETS:
+            bad = find_bad_images(split.images, f"{role} split")
+            row["bad_images"] = len(bad)
+            row["bad_examples"] = [f"{path}: {why}" for path, why in bad[:3]]
+        rows.append(row)
+    return rows
+
+
+def _print(rows: list[dict[str, Any]]) -> None:
+    cols = ["role", "split", "images", "captions", "captions_per_image", "dense", "bad_images"]
+    table = [[str(row.get(c, "")) for c in cols] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in table)) for i, c in enumerate(cols)]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
+    for row, cells in zip(rows, table, strict=True):
+        if "error" in row:
+            print(f"{row['role'].ljust(widths[0])}  error: {row['error']}")
+            continue
+        print("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)))
+        for example in row.get("bad_examples", []):
+            print(f"    {example}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from patchword.config import load_config
+    from patchword.train.config import RunConfig
+    from patchword.train.validate import check_config
+
+    cfg = load_config(RunConfig, args.config, args.overrides)
+    check_config(cfg)
+    print(f"dataset: {cfg.data.dataset}" + (f"  root: {cfg.data.root}" if cfg.data.root else ""))
+    rows = check_dataset(cfg, args.split or ("train", "dev", "test"))
+    _print(rows)
+    problems = sum("error" in row or row.get("bad_images", 0) > 0 for row in rows)
+    print("ok" if not problems else f"{problems} split(s) with problems")
+    return 0 if not problems else 2

@@ -1,0 +1,145 @@
+"""``patchword eval RUN``: score a trained run on one split and write a metrics JSON that says how.
+
+Only the split being scored is read and tokenised (with the run's own saved vocabulary); ``--out`` is
+checked before anything else, so a finished evaluation is never lost to an existing file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_arguments", "run", "evaluate_run_dir"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, help="directory written by `patchword train`")
+    parser.add_argument("--checkpoint", default=None, help="checkpoint file inside run_dir (default best.pt)")
+    parser.add_argument(
+        "--out", type=Path, help="where to write the metrics JSON (default run_dir/eval_<split>.json)"
+    )
+    parser.add_argument("--force", action="store_true", help="overwrite an existing --out file")
+    parser.add_argument(
+        "--ensemble",
+        nargs="+",
+        type=Path,
+        metavar="RUN",
+        help="more run directories (or checkpoint files inside them) whose similarity matrices are averaged "
+        "with run_dir's, as SCAN / NAAF report their best numbers",
+    )
+    parser.add_argument(
+        "overrides", nargs="*", help="dotted overrides, e.g. eval.split=dev eval.coco_1k=true data.root=..."
+    )
+
+
+def _member(path: Path) -> tuple[Path, Path | None]:
+    """``RUN_DIR`` or ``RUN_DIR/ckpt.pt`` -> (run directory, checkpoint or None for best.pt)."""
+    return (path.parent, path) if path.is_file() else (path, None)
+
+
+def evaluate_run_dir(
+    run_dir: Path,
+    checkpoint: Path | str | None = None,
+    *,
+    overrides: list[str] | None = None,
+    ensemble: list[Path] | None = None,
+    out: Path | None = None,
+    force: bool = False,
+) -> tuple[dict[str, Any], Path]:
+    """Evaluate a run (or an ensemble of runs) and write the metrics JSON; returns (metrics, out path)."""
+    from patchword import __version__
+    from patchword.data.prepare import eval_role, prepare_data
+    from patchword.device import resolve_device
+    from patchword.errors import ConfigError, RunExistsError
+    from patchword.eval.protocol import ensemble_metrics, evaluate
+    from patchword.runs import config_hash, load_run, read_run_config, resolve_checkpoint
+    from patchword.train.run import run_metadata
+
+    overrides = list(overrides or [])
+    cfg = read_run_config(run_dir, overrides)
+    role = eval_role(cfg.data, cfg.eval.split)
+    members = [(run_dir, checkpoint)] + [_member(p) for p in ensemble or []]
+    # Everything cheap first: the output file, every member's config and checkpoint.
+    out = out or run_dir / (f"eval_{role}_ensemble.json" if len(members) > 1 else f"eval_{role}.json")
+    if out.exists() and not force:
+        raise RunExistsError(f"{out} exists; pass --force to overwrite it or --out for another file")
+    if not out.parent.is_dir():
+        raise ConfigError("--out", f"directory {out.parent} does not exist")
+    for member_dir, member_ckpt in members:
+        read_run_config(member_dir, overrides)
+        resolve_checkpoint(member_dir, member_ckpt)
+    device = resolve_device(cfg.device)
+
+    prepared: dict[str, Any] = {}  # identical data configs and tokenizers are tokenised once
+    results, reference = [], None
+    t0 = time.perf_counter()
+    for member_dir, member_ckpt in members:
+        loaded = load_run(member_dir, member_ckpt, device=device, overrides=overrides)
+        mcfg, model = loaded.config, loaded.model
+        use_dense = mcfg.data.dense and model.matcher.consumes_dense
+        key = json.dumps([vars(mcfg.data), str(member_dir / "vocab.json"), use_dense], default=str)
+        if key not in prepared:
+            prepared[key] = prepare_data(
+                mcfg.data,
+                loaded.tokenizer,
+                roles=[role],
+                use_dense=use_dense,
+                local_files_only=mcfg.model.hf_local_files_only,
+            )
+        data = prepared[key]
+        split = data.splits[role]
+        if reference is None:
+            reference = (mcfg, data, split, model)
+        elif split.captions != reference[2].captions:
+            raise ConfigError("--ensemble", f"{member_dir} evaluates another split than {run_dir}")
+        metrics = evaluate(
+            model, split, mcfg.eval, device=device, progress=mcfg.progress, return_sims=len(members) > 1
+        )
+        meta = {
+            "run_dir": str(member_dir),
+            "checkpoint": str(loaded.checkpoint),
+            "config_hash": config_hash(member_dir),
+            **run_metadata(mcfg, model, role),
+        }
+        results.append((meta, metrics))
+    mcfg, data, split, model = reference
+    if len(members) > 1:
+        metrics = ensemble_metrics([m.pop("sims") for _, m in results], split.txt2img, mcfg.eval)
+        metrics["ensemble"] = [{**meta, **m} for meta, m in results]
+        metrics.update({k: v for k, v in results[0][0].items() if k in ("split", "leaky")})
+        metrics["leaky"] = any(meta["leaky"] for meta, _ in results)
+    else:
+        meta, metrics = results[0]
+        metrics.update(meta)
+    if role in data.oracle:
+        metrics["oracle_rsum"] = data.oracle[role]["rsum"]
+    metrics.update(
+        eval_seconds=time.perf_counter() - t0,
+        patchword_version=__version__,
+        time=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        overrides=overrides,
+    )
+    _write_json(out, metrics)
+    return metrics, out
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    from patchword.train.checkpoint import atomic_write_text
+
+    atomic_write_text(path, json.dumps(obj, indent=2))
+
+
+def run(args: argparse.Namespace) -> None:
+    metrics, out = evaluate_run_dir(
+        args.run_dir,
+        args.checkpoint,
+        overrides=args.overrides,
+        ensemble=args.ensemble,
+        out=args.out,
+        force=args.force,
+    )
+    print(json.dumps({k: v for k, v in metrics.items() if k != "ensemble"}, indent=2))
+    print(f"written: {out}")

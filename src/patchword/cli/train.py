@@ -1,0 +1,62 @@
+"""``patchword train``: start a run, or continue one with ``--resume RUN``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="YAML file with RunConfig fields")
+    parser.add_argument(
+        "--resume",
+        nargs="?",
+        const="",
+        metavar="RUN",
+        help="continue a run from its last.pt with its own saved config: a run directory, or (without a "
+        "value) the run that output_dir= / name= overrides point at. Only step/epoch limits, logging, "
+        "device and eval options may be overridden.",
+    )
+    parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. model.sparse_ratio=0.6")
+
+
+def _resume_target(resume: str, overrides: list[str]) -> tuple[Path, list[str]]:
+    """``--resume RUN`` or ``--resume name=X [output_dir=Y]`` -> (run directory, remaining overrides)."""
+    if "=" in resume:  # argparse took the first override as the value: `--resume name=rho06`
+        overrides = [resume, *overrides]
+        resume = ""
+    if resume:
+        return Path(resume), overrides
+    where = {"output_dir": "runs", "name": None}
+    rest = []
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if key in where:
+            where[key] = item.split("=", 1)[1].strip()
+        else:
+            rest.append(item)
+    if not where["name"]:
+        from patchword.errors import ConfigError
+
+        raise ConfigError("name", "--resume needs a run directory (--resume runs/NAME) or name=NAME")
+    return Path(where["output_dir"]) / where["name"], rest
+
+
+def run(args: argparse.Namespace) -> None:
+    from patchword.config import load_config
+    from patchword.train.config import RunConfig
+    from patchword.train.run import resume_run, train_run
+
+    if args.resume is not None:
+        if args.config is not None:
+            from patchword.errors import ConfigError
+
+            raise ConfigError("--config", "a resumed run keeps its own config.yaml: drop --config")
+        run_dir, overrides = _resume_target(args.resume, list(args.overrides))
+        summary = resume_run(run_dir, overrides)
+    else:
+        summary = train_run(load_config(RunConfig, args.config, args.overrides))
+    print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, (list, dict))}, indent=2))

@@ -1,0 +1,52 @@
+"""Where a run's data comes from and how its text is tokenised: the ``data`` section of a run config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["DataConfig"]
+
+
+@dataclass
+class DataConfig:
+    """Where the data comes from and how text is tokenised."""
+
+    # synthetic | laps (LAPS/SEPS layout) | karpathy (dataset_*.json) | precomp (SCAN region features:
+    # {split}_ims.npy + {split}_caps.txt) | synthetic_regions (the synthetic scenes as region features)
+    dataset: Literal["synthetic", "laps", "karpathy", "precomp", "synthetic_regions"] = "synthetic"
+    root: str = ""  # laps: dir of {split}_ids.txt, _caps.txt; karpathy: dataset_*.json; precomp: npy dir
+    image_root: str = ""  # directory holding the image files (real datasets)
+    dense_train: str = ""  # laps: dense-caption jsonl of the train split (image order)
+    dense_dev: str = ""  # laps: dense-caption jsonl of the dev split
+    dense_test: str = ""  # laps: dense-caption jsonl of the test split
+    dev_from_train: int = 0  # real datasets: hold out this many training images (with their captions and
+    # dense captions) as the dev split instead of reading dev_split; the SEPS release has no dev dense text
+    check_images: bool = True  # real datasets: open every image file's header before training (finds
+    # missing, empty and non-image files before anything is written)
+    train_split: str = "train"  # split names as the dataset spells them
+    dev_split: str = "dev"
+    test_split: str = "test"
+    dense: bool = True  # feed dense (MLLM) captions to the matcher
+    tokenizer: Literal["word", "bert"] = "word"  # word (vocabulary built from the training text) | bert
+    bert_vocab: str = "bert-base-uncased"  # local dir / vocab file / hub id when tokenizer == bert
+    max_caption_len: int = 40  # tokens, specials included; the same in training and evaluation
+    max_dense_len: int = 128  # tokens of a dense caption, specials included
+    size_augment: bool | None = None  # the official train-time caption augmentation (tokenizer=bert: 20%
+    # of the words masked, replaced or deleted; dense captions too, as SEPS does); None = on for bert
+    image_size: int = 224  # real datasets: input resolution
+    cache_dir: str = ""  # synthetic data cache ("" = $PATCHWORD_CACHE or ~/.cache/patchword)
+    synthetic_seed: int = 0  # synthetic scenes: generator seed
+    synthetic_image_size: int = 64  # synthetic scenes: image side in pixels
+    num_train: int = 10000  # synthetic scenes: training images (5 captions each)
+    num_dev: int = 1000  # synthetic scenes: dev images
+    num_test: int = 1000  # synthetic scenes: test images
+    dense_omit_prob: float = 0.15  # synthetic dense captions: probability an object is left out
+    dense_wrong_attr_prob: float = 0.1  # synthetic dense captions: probability of a wrong attribute
+    vocab_path: str = ""  # tokenizer=word: a SCAN-format vocabulary json to use ("" = build from train text)
+    vocab_min_count: int = 1  # tokenizer=word: keep words seen this often in training text (SCAN: 4)
+    mmap: bool = True  # precomp: memory-map {split}_ims.npy instead of loading it
+    num_regions: int = 36  # synthetic_regions: regions per image
+    region_dim: int = 256  # synthetic_regions: feature width
+    boxes_per_object: int = 3  # synthetic_regions: regions per object
+    region_noise: float = 0.3  # synthetic_regions: norm of the noise added to every region

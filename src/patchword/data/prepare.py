@@ -1,0 +1,304 @@
+"""From a :class:`DataConfig` to tokenised splits: which files, which splits, which tokenizer.
+
+Only the splits a job needs are read (``patchword eval`` reads the one it scores), and every check on the
+data runs here, before a run writes anything: counts, missing or unreadable image files, dense-caption
+coverage, non-finite region features. Errors name the file, the row or the config key.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from patchword.data.config import DataConfig
+from patchword.data.pipeline import ArrayImages, EncodedSplit, FileImages, ImageSource, encode_split
+from patchword.data.split import RetrievalSplit
+from patchword.data.vocab import WordVocab
+from patchword.errors import ConfigError
+
+__all__ = [
+    "ROLES",
+    "REGION_DATASETS",
+    "SYNTHETIC_DATASETS",
+    "RawData",
+    "PreparedData",
+    "load_raw_data",
+    "build_tokenizer",
+    "prepare_data",
+    "eval_role",
+    "holdout_images",
+]
+
+_logger = logging.getLogger(__name__)
+
+#: The three roles a dataset's splits play; ``DataConfig.{train,dev,test}_split`` name them on disk.
+ROLES = ("train", "dev", "test")
+#: Datasets whose "images" are precomputed region features, (B, R, D) per batch.
+REGION_DATASETS = ("precomp", "synthetic_regions")
+SYNTHETIC_DATASETS = ("synthetic", "synthetic_regions")
+#: Datasets whose images are files (``data.dev_from_train`` and ``data.check_images`` apply).
+FILE_DATASETS = ("laps", "karpathy")
+# Fixed, so that runs with different seeds validate on the same held-out images.
+_HOLDOUT_SEED = 0
+
+
+def eval_role(dc: DataConfig, split: str) -> str:
+    """``eval.split`` (a role or the dataset's own split name) -> ``"test"`` or ``"dev"``."""
+    if split in ("test", dc.test_split):
+        return "test"
+    if split in ("dev", dc.dev_split):
+        return "dev"
+    raise ConfigError(
+        "eval.split", f"must be test or dev (or {dc.test_split} / {dc.dev_split}), got {split!r}"
+    )
+
+
+def holdout_images(num_images: int, count: int) -> np.ndarray:
+    """Sorted indices of ``count`` images drawn (seeded, fixed) from ``num_images``: the dev split that
+    ``data.dev_from_train`` holds out."""
+    rng = np.random.default_rng(_HOLDOUT_SEED)
+    return np.sort(rng.choice(num_images, size=count, replace=False))
+
+
+@dataclass
+class RawData:
+    """Splits as read from disk (or generated), before tokenisation.
+
+    Attributes:
+        splits: role -> :class:`RetrievalSplit`.
+        images: role -> the split's :class:`ImageSource`.
+        fits: role -> a fits oracle (synthetic data) or None.
+    """
+
+    splits: dict[str, RetrievalSplit]
+    images: dict[str, ImageSource]
+    fits: dict[str, Any] = field(default_factory=dict)
+
+
+class PreparedData:
+    """Encoded splits by role, the tokenizer, the raw splits and (synthetic data) each split's oracle."""
+
+    def __init__(
+        self,
+        splits: dict[str, EncodedSplit],
+        tokenizer,
+        raw: dict[str, RetrievalSplit],
+        oracle: dict[str, dict[str, float]],
+    ) -> None:
+        self.splits, self.tokenizer, self.raw, self.oracle = splits, tokenizer, raw, oracle
+
+    @property
+    def vocab_size(self) -> int | None:
+        return len(self.tokenizer) if isinstance(self.tokenizer, WordVocab) else None
+
+    @property
+    def vocab_words(self) -> list[str] | None:
+        """The word vocabulary by id (aligns GloVe files with the GRU encoder); None for BERT."""
+        return list(self.tokenizer.idx2word) if isinstance(self.tokenizer, WordVocab) else None
+
+
+def _needed_files(dc: DataConfig, roles: Sequence[str], use_dense: bool) -> None:
+    """Config keys that must name files for these roles, checked before anything is read."""
+    if dc.dataset in ("laps", "karpathy", "precomp") and not dc.root:
+        what = {"laps": "{split}_caps.txt directory", "karpathy": "dataset_*.json file"}
+        raise ConfigError(
+            "data.root",
+            f"data.dataset={dc.dataset} needs data.root (the "
+            f"{what.get(dc.dataset, '{split}_ims.npy directory')})",
+        )
+    if dc.dataset in FILE_DATASETS and not dc.image_root:
+        raise ConfigError("data.image_root", f"data.dataset={dc.dataset} needs the image directory")
+    if dc.dev_from_train and dc.dataset not in FILE_DATASETS:
+        raise ConfigError(
+            "data.dev_from_train",
+            f"applies to image-file datasets (laps, karpathy); {dc.dataset} has a dev split",
+        )
+    if not use_dense or dc.dataset not in FILE_DATASETS:
+        return
+    for role in roles:
+        if role == "dev" and dc.dev_from_train:
+            role = "train"  # the held-out images bring their training dense captions
+        key = f"dense_{role}"
+        if not getattr(dc, key):
+            hint = ""
+            if role == "dev":
+                hint = (
+                    "; the SEPS release has no dev-split dense captions: set data.dev_from_train=1000 to "
+                    "validate on 1000 held-out training images (with their dense captions), or make a file "
+                    "with `patchword densify`"
+                )
+            raise ConfigError(
+                f"data.{key}",
+                f"is not set, but the matcher reads dense captions on the {role} split "
+                f"(set data.{key}=FILE.jsonl, or data.dense=false for a model without dense text){hint}",
+            )
+
+
+def _synthetic(dc: DataConfig, roles: Sequence[str]) -> RawData:
+    from patchword.data.synthetic import SyntheticConfig, SyntheticScenes
+
+    syn = SyntheticConfig(
+        seed=dc.synthetic_seed,
+        image_size=dc.synthetic_image_size,
+        num_train=dc.num_train,
+        num_dev=dc.num_dev,
+        num_test=dc.num_test,
+        dense_omit_prob=dc.dense_omit_prob,
+        dense_wrong_attr_prob=dc.dense_wrong_attr_prob,
+    )
+    ds = SyntheticScenes.load_or_generate(syn, cache_dir=dc.cache_dir or None)
+    names = {role: getattr(dc, f"{role}_split") for role in roles}
+    raw = {role: ds.split(name) for role, name in names.items()}
+    fits = {role: ds.oracle(name) for role, name in names.items()}
+    if dc.dataset == "synthetic":
+        return RawData(raw, {role: ArrayImages(raw[role].images) for role in roles}, fits)
+    from patchword.data.precomp import RegionFeatureConfig, RegionFeatures, synthetic_region_split
+
+    rcfg = RegionFeatureConfig(
+        num_regions=dc.num_regions,
+        dim=dc.region_dim,
+        boxes_per_object=dc.boxes_per_object,
+        noise=dc.region_noise,
+        seed=dc.synthetic_seed,
+    )
+    raw = {
+        role: synthetic_region_split(
+            raw[role], ds[name].scenes, rcfg, num_shapes=len(syn.shapes), num_colours=len(syn.colours)
+        )
+        for role, name in names.items()
+    }
+    return RawData(raw, {role: RegionFeatures(raw[role].images) for role in roles}, fits)
+
+
+def _image_files(dc: DataConfig, roles: Sequence[str], use_dense: bool) -> RawData:
+    from patchword.data.captions import load_karpathy_json, load_laps_split
+
+    # The held-out dev split comes out of the training split.
+    to_read = sorted(
+        {("train" if role == "dev" and dc.dev_from_train else role) for role in roles}, key=ROLES.index
+    )
+    raw = {}
+    for role in to_read:
+        name = getattr(dc, f"{role}_split")
+        dense = (getattr(dc, f"dense_{role}") or None) if use_dense else None
+        if dc.dataset == "laps":
+            raw[role] = load_laps_split(
+                dc.root, name, dc.image_root, dense_jsonl=dense, check_images=dc.check_images
+            )
+        else:
+            raw[role] = load_karpathy_json(
+                dc.root, name, dc.image_root, dense_jsonl=dense, check_images=dc.check_images
+            )
+    if dc.dev_from_train and "train" in raw:  # the held-out images leave training in every case
+        train = raw["train"]
+        if dc.dev_from_train >= train.num_images:
+            raise ConfigError(
+                "data.dev_from_train",
+                f"holds out {dc.dev_from_train} images but the training split has only {train.num_images}",
+            )
+        held = holdout_images(train.num_images, dc.dev_from_train)
+        rest = np.setdiff1d(np.arange(train.num_images), held)
+        raw["dev"] = train.subset(held, name=f"{train.name}[held out {len(held)}]")
+        raw["train"] = train.subset(rest, name=f"{train.name}[without the held-out {len(held)}]")
+        _logger.info("dev split: %d training images held out (data.dev_from_train)", len(held))
+        raw = {role: raw[role] for role in roles}
+    if dc.check_images:
+        from patchword.data.images import check_image_files
+
+        for role in roles:
+            check_image_files(raw[role].images, what=f"{role} split")
+    images = {role: FileImages(raw[role].images, dc.image_size) for role in roles}
+    return RawData(raw, images, {role: None for role in roles})
+
+
+def _precomp(dc: DataConfig, roles: Sequence[str]) -> RawData:
+    from patchword.data.precomp import RegionFeatures, load_precomp_split
+
+    raw = {role: load_precomp_split(dc.root, getattr(dc, f"{role}_split"), mmap=dc.mmap) for role in roles}
+    return RawData(
+        raw, {role: RegionFeatures(raw[role].images) for role in roles}, {role: None for role in roles}
+    )
+
+
+def load_raw_data(dc: DataConfig, roles: Sequence[str] = ROLES, *, use_dense: bool | None = None) -> RawData:
+    """Read (or generate) the splits of ``roles``, checking the files; nothing is tokenised yet.
+
+    Args:
+        dc: the data config.
+        roles: which of ``train``, ``dev``, ``test`` to read.
+        use_dense: read dense captions (default: ``dc.dense``, never for region features).
+    """
+    unknown = set(roles) - set(ROLES)
+    if unknown:
+        raise ValueError(f"unknown split roles {sorted(unknown)}; expected a subset of {ROLES}")
+    use_dense = _use_dense(dc, use_dense)
+    _needed_files(dc, roles, use_dense)
+    if dc.dataset in SYNTHETIC_DATASETS:
+        return _synthetic(dc, roles)
+    if dc.dataset in FILE_DATASETS:
+        return _image_files(dc, roles, use_dense)
+    return _precomp(dc, roles)
+
+
+def _use_dense(dc: DataConfig, use_dense: bool | None) -> bool:
+    return (dc.dense if use_dense is None else use_dense) and dc.dataset not in REGION_DATASETS
+
+
+def build_tokenizer(dc: DataConfig, train: RetrievalSplit | None, *, local_files_only: bool = True):
+    """The word vocabulary of the training text (or ``data.vocab_path``), or the BERT tokenizer."""
+    if dc.tokenizer == "word":
+        if dc.vocab_path:  # e.g. SCAN's {data}_precomp_vocab.json
+            return WordVocab.load(dc.vocab_path)
+        if train is None:
+            raise ValueError("a word vocabulary is built from the training split, which was not loaded")
+        texts = list(train.captions) + list(train.dense_captions or [])
+        return WordVocab.build(texts, min_count=dc.vocab_min_count)
+    from patchword.encoders import BertCaptionTokenizer
+
+    return BertCaptionTokenizer.from_pretrained(dc.bert_vocab, local_files_only=local_files_only)
+
+
+def encode_raw(raw: RawData, dc: DataConfig, tokenizer, *, use_dense: bool | None = None) -> PreparedData:
+    """Tokenise every loaded split once (the same max lengths in training and evaluation)."""
+    use_dense = _use_dense(dc, use_dense)
+    splits = {
+        role: encode_split(
+            split,
+            tokenizer,
+            raw.images[role],
+            max_caption_len=dc.max_caption_len,
+            max_dense_len=dc.max_dense_len,
+            use_dense=use_dense,
+            fits=raw.fits.get(role),
+        )
+        for role, split in raw.splits.items()
+    }
+    oracle = {}
+    if dc.dataset in SYNTHETIC_DATASETS:
+        from patchword.data.synthetic import oracle_metrics
+
+        oracle = {
+            role: oracle_metrics(split.fits, split.txt2img)
+            for role, split in raw.splits.items()
+            if role != "train"
+        }
+    return PreparedData(splits, tokenizer, raw.splits, oracle)
+
+
+def prepare_data(
+    dc: DataConfig,
+    tokenizer=None,
+    *,
+    roles: Sequence[str] = ROLES,
+    use_dense: bool | None = None,
+    local_files_only: bool = True,
+) -> PreparedData:
+    """Load the splits of ``roles``, build (or reuse) the tokenizer, tokenise everything once."""
+    raw = load_raw_data(dc, roles, use_dense=use_dense)
+    if tokenizer is None:
+        tokenizer = build_tokenizer(dc, raw.splits.get("train"), local_files_only=local_files_only)
+    return encode_raw(raw, dc, tokenizer, use_dense=use_dense)

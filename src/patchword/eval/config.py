@@ -1,0 +1,17 @@
+"""How a model is evaluated: the ``eval`` section of a run config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["EvalConfig"]
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation after training (and ``patchword eval``)."""
+
+    split: str = "test"  # which split to report
+    batch_size: int = 128  # images / texts per encoder batch
+    coco_1k: bool = False  # also report the COCO 1K five-fold protocol (5K test)
+    max_memory_mb: int = 1024  # working-memory budget of the scoring engine (block sizes follow it)

@@ -1,0 +1,36 @@
+"""TGDT's engine: block-wise forward for full matrices, direct paired scores for lists of pairs."""
+
+from __future__ import annotations
+
+import torch
+
+from patchword.eval.engine.core import register_engine
+from patchword.eval.engine.forward import ForwardEngine
+from patchword.matching.tgdt import TGDTMatcher
+
+__all__ = ["TGDTEngine"]
+
+
+@register_engine(TGDTMatcher)
+class TGDTEngine(ForwardEngine):
+    """:class:`ForwardEngine` whose ``score_pairs`` scores listed pairs with
+    :meth:`TGDTMatcher.paired_scores` (no per-image forward calls): the re-ranking of two-stage search."""
+
+    name = "tgdt"
+
+    def score_pairs(self, inputs, img_index, txt_index, *, budget, device, progress=None) -> torch.Tensor:
+        l_v, dim = inputs.img_tokens.shape[1:]
+        l_t = inputs.cap_tokens.shape[1]
+        # gathered and normalised tokens of both sides plus the (L_t, L_v) score block, fp32
+        per_pair = 4 * (2 * (l_v + l_t) * dim + 2 * l_v * l_t)
+        step = max(1, budget // per_pair)
+        out = torch.empty(img_index.shape[0], dtype=torch.float32)
+        for p0 in range(0, img_index.shape[0], step):
+            r, c = img_index[p0 : p0 + step], txt_index[p0 : p0 + step]
+            scores = self.matcher.paired_scores(
+                inputs.img_tokens[r].to(device),
+                inputs.cap_tokens[c].to(device),
+                inputs.cap_lens[c].to(device),
+            )
+            out[p0 : p0 + step] = scores.float().cpu()
+        return out

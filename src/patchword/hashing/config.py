@@ -1,0 +1,136 @@
+"""Configuration of a UCMFH hashing run: data, model, optimisation, evaluation.
+
+``load_config(HashRunConfig, "run.yaml", ["train.epochs=100"])`` (:mod:`patchword.config`) builds it from
+the defaults, a YAML file and dotted overrides, checking every key and the ``Literal`` choices; the
+cross-field rules are :func:`check_hash_config`. The defaults are the official UCMFH values.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass, field
+from typing import Literal
+
+from patchword.errors import ConfigError
+
+__all__ = [
+    "LOSSES",
+    "HashDataConfig",
+    "HashModelConfig",
+    "HashTrainConfig",
+    "HashEvalConfig",
+    "HashRunConfig",
+    "check_hash_config",
+]
+
+#: ``train.loss``: the contrastive loss on both the features and the codes, or HashNet on the codes.
+HashLoss = Literal["infonce", "balanced", "infonce_i2t", "hashnet"]
+LOSSES: tuple[str, ...] = typing.get_args(HashLoss)
+
+
+@dataclass
+class HashDataConfig:
+    """Where the features come from.
+
+    ``format``: ``synthetic`` (labelled synthetic set), ``pairs`` (``image`` / ``text`` ``.npy`` files,
+    optional ``labels``; split with ``num_query`` / ``num_train``), ``splits`` (``root`` directory of
+    ``train/query/retrieval`` ``.npz`` or ``.pkl``) or ``mat`` (``root`` is a ``.mat`` file).
+    """
+
+    format: Literal["synthetic", "pairs", "splits", "mat"] = "synthetic"
+    root: str = ""
+    image: str = ""
+    text: str = ""
+    labels: str = ""
+    num_query: int = 500
+    num_train: int = 2000
+    split_seed: int = 0
+    synthetic_num_retrieval: int = 4000
+    synthetic_seed: int = 0
+    synthetic_image_dim: int = 512
+    synthetic_text_dim: int = 512
+
+
+@dataclass
+class HashModelConfig:
+    """:class:`~patchword.hashing.model.UCMFH` arguments (official values by default)."""
+
+    bits: int = 64
+    fusion: Literal["unimodal", "official_fused"] = "unimodal"
+    nhead: int = 4
+    num_layers: int = 2
+    dim_feedforward: int = 2048
+    dropout: float = 0.1
+    hidden: int = 4096
+    head_dropout: float = 0.3
+    eval_batch_size: int = 128
+
+
+@dataclass
+class HashTrainConfig:
+    """Optimisation (official UCMFH values by default).
+
+    ``num_threads`` (0 = leave torch's setting) is applied by ``patchword hash train``, not by the library:
+    :func:`~patchword.hashing.run.train_hashing` never changes the process-wide thread count.
+    """
+
+    epochs: int = 50
+    batch_size: int = 128
+    drop_last: bool = True
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    lr_encoder: float = 1e-4
+    lr_heads: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.5, 0.999])
+    weight_decay: float = 0.0
+    loss: HashLoss = "infonce"
+    temperature: float = 0.5
+    feature_weight: float = 1.0
+    hash_weight: float = 0.5
+    hashnet_alpha: float = 0.0
+    seed: int = 2023
+    num_threads: int = 0
+    save_every: int = 10
+
+
+@dataclass
+class HashEvalConfig:
+    """Evaluation: mAP@``topk``, precision / recall at ``ks``; ``map_all`` adds mAP over the full ranking."""
+
+    topk: int = 50
+    ks: list[int] = field(default_factory=lambda: [1, 5, 10, 50])
+    map_all: bool = False
+
+
+@dataclass
+class HashRunConfig:
+    """Everything a ``patchword hash train`` run needs."""
+
+    data: HashDataConfig = field(default_factory=HashDataConfig)
+    model: HashModelConfig = field(default_factory=HashModelConfig)
+    train: HashTrainConfig = field(default_factory=HashTrainConfig)
+    eval: HashEvalConfig = field(default_factory=HashEvalConfig)
+    output_dir: str = "runs/hash"
+    name: str = ""
+    device: str = "cpu"
+
+
+def check_hash_config(cfg: HashRunConfig) -> None:
+    """Rules the field types cannot express (configs built in code skip the loader's checks, so the
+    choices are checked here too).
+
+    Raises:
+        ConfigError: naming the dotted key.
+    """
+    tc = cfg.train
+    if tc.loss not in LOSSES:
+        raise ConfigError("train.loss", f"must be one of {', '.join(LOSSES)}, got {tc.loss!r}")
+    if tc.optimizer not in ("adam", "adamw", "sgd"):
+        raise ConfigError("train.optimizer", f"must be adam, adamw or sgd, got {tc.optimizer!r}")
+    if tc.batch_size < 2:
+        raise ConfigError("train.batch_size", f"must be >= 2 (a contrastive batch), got {tc.batch_size}")
+    if len(tc.betas) != 2:
+        raise ConfigError("train.betas", f"must be two numbers, got {tc.betas}")
+    if tc.epochs < 0:
+        raise ConfigError("train.epochs", f"must be >= 0, got {tc.epochs}")
+    if tc.num_threads < 0:
+        raise ConfigError("train.num_threads", f"must be >= 0 (0 = torch's default), got {tc.num_threads}")

@@ -1,0 +1,260 @@
+"""Paired image / text feature sets for cross-modal hashing: containers, validation, protocol split.
+
+Relevance. A :class:`HashSplit` carries ``labels`` (N, L) or, for pair-only data, ``ids`` (N,): item i of
+a query split is relevant to item j of a database split when they share a label, or when
+``ids[i] == ids[j]``. For pair-only data the query and database splits must therefore hold the *same*
+pairs (query image i retrieves text i); :func:`split_dataset` builds that protocol.
+
+Every check raises :class:`~patchword.errors.DataError` naming the source (file) and the field.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from patchword.errors import DataError
+
+__all__ = [
+    "SPLITS",
+    "HashSplit",
+    "HashDataset",
+    "make_split",
+    "feature_matrix",
+    "multi_hot_labels",
+    "check_compatible_splits",
+    "split_dataset",
+]
+
+#: The UCMFH protocol's splits: train on ``train``, query with ``query``, search ``retrieval``.
+SPLITS = ("train", "query", "retrieval")
+
+
+# ------------------------------------------------------------------------------------------ containers
+
+
+@dataclass(frozen=True, eq=False)
+class HashSplit:
+    """One set of N image-text pairs.
+
+    Attributes:
+        image: (N, d_img) float32 image features.
+        text: (N, d_txt) float32 text features; row i pairs with ``image[i]``.
+        labels: (N, L) uint8 multi-hot labels, or None for pair-only data.
+        ids: (N,) int64 pair ids (relevance when there are no labels); positions in the source by default.
+        source: where the data came from (file name), used in error messages.
+    """
+
+    image: np.ndarray
+    text: np.ndarray
+    labels: np.ndarray | None
+    ids: np.ndarray
+    source: str = "<memory>"
+
+    def __len__(self) -> int:
+        return int(self.image.shape[0])
+
+    @property
+    def relevance(self) -> np.ndarray:
+        """What :func:`~patchword.hashing.map_at_k` compares: labels (N, L) if present, else ids (N,)."""
+        return self.labels if self.labels is not None else self.ids
+
+    def subset(self, index: np.ndarray | list[int]) -> HashSplit:
+        """The pairs at ``index`` (ids travel with them, so pair relevance survives the subset)."""
+        index = np.asarray(index, dtype=np.int64)
+        labels = None if self.labels is None else self.labels[index]
+        return HashSplit(self.image[index], self.text[index], labels, self.ids[index], self.source)
+
+    def save_npz(self, path: str | Path) -> None:
+        """Write the UCMFH fields (``image``, ``text``, ``label`` when present, ``ids``) to ``.npz``,
+        atomically; ``.npz`` is appended to a name without it, as ``np.savez`` does."""
+        arrays = {"image": self.image, "text": self.text, "ids": self.ids}
+        if self.labels is not None:
+            arrays["label"] = self.labels
+        path = Path(path)
+        if path.suffix != ".npz":
+            path = path.with_name(path.name + ".npz")  # what np.savez does with a path
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as fh:  # a file object: np.savez adds no suffix to the temporary name
+            np.savez(fh, **arrays)
+        os.replace(tmp, path)  # atomic: a reader never sees a half-written file
+
+
+@dataclass(frozen=True, eq=False)
+class HashDataset:
+    """The UCMFH protocol: train on ``train``, query with ``query``, search ``retrieval``."""
+
+    train: HashSplit
+    query: HashSplit
+    retrieval: HashSplit
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def image_dim(self) -> int:
+        return int(self.train.image.shape[1])
+
+    @property
+    def text_dim(self) -> int:
+        return int(self.train.text.shape[1])
+
+    @property
+    def has_labels(self) -> bool:
+        return self.train.labels is not None
+
+    def summary(self) -> dict[str, Any]:
+        """Sizes and dimensions, for logs and run directories."""
+        return {
+            "train": len(self.train),
+            "query": len(self.query),
+            "retrieval": len(self.retrieval),
+            "image_dim": self.image_dim,
+            "text_dim": self.text_dim,
+            "num_labels": None if self.train.labels is None else int(self.train.labels.shape[1]),
+            "relevance": "labels" if self.has_labels else "pair",
+            **self.info,
+        }
+
+
+# ------------------------------------------------------------------------------------------ validation
+
+
+def feature_matrix(value: Any, source: str, key: str) -> np.ndarray:
+    """A finite 2-D float32 feature matrix, or DataError naming ``source`` and ``key``."""
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as err:
+        raise DataError(f"{source}: field {key!r} is not an array: {err}") from err
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        raise DataError(f"{source}: field {key!r} must be numeric, got dtype {arr.dtype}")
+    if arr.ndim != 2:
+        hint = " (raw images? extract features first)" if arr.ndim == 4 else ""
+        raise DataError(f"{source}: field {key!r} must be a 2-D (N, d) matrix, got shape {arr.shape}{hint}")
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise DataError(f"{source}: field {key!r} is empty, shape {arr.shape}")
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        row = int(np.argwhere(bad)[0, 0])
+        raise DataError(f"{source}: field {key!r} has {int(bad.sum())} NaN/inf value(s), first in row {row}")
+    return arr
+
+
+def multi_hot_labels(value: Any, source: str, key: str, n: int) -> np.ndarray:
+    """(N, L) uint8 multi-hot labels; a 1-D integer vector is read as single-label class indices."""
+    arr = np.asarray(value)
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        raise DataError(f"{source}: field {key!r} must be numeric, got dtype {arr.dtype}")
+    if arr.ndim == 2 and 1 in arr.shape and arr.shape[0] != n and arr.size == n:
+        arr = arr.reshape(-1)  # MATLAB row vector of class ids
+    if arr.ndim == 1:
+        if not np.issubdtype(arr.dtype, np.integer) and not np.all(arr == np.round(arr)):
+            raise DataError(f"{source}: 1-D field {key!r} must hold integer class indices")
+        if arr.size and arr.min() < 0:
+            raise DataError(f"{source}: field {key!r} has negative class indices")
+        classes = arr.astype(np.int64)
+        arr = np.zeros((classes.size, int(classes.max(initial=-1)) + 1), dtype=np.uint8)
+        arr[np.arange(classes.size), classes] = 1
+    if arr.ndim != 2:
+        raise DataError(f"{source}: field {key!r} must be (N, L) multi-hot labels, got shape {arr.shape}")
+    if arr.shape[0] != n:
+        raise DataError(
+            f"{source}: field {key!r} has {arr.shape[0]} rows but the features have {n} "
+            "(one label row per pair)"
+        )
+    if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
+        raise DataError(f"{source}: field {key!r} has NaN/inf values")
+    if not np.isin(arr, (0, 1)).all():
+        raise DataError(f"{source}: field {key!r} must be 0/1 multi-hot, found other values")
+    return np.ascontiguousarray(arr, dtype=np.uint8)
+
+
+def make_split(
+    image: Any,
+    text: Any,
+    labels: Any = None,
+    ids: Any = None,
+    *,
+    source: str = "<memory>",
+    keys: tuple[str, str, str] = ("image", "text", "label"),
+) -> HashSplit:
+    """Validate arrays into a :class:`HashSplit` (errors name ``source`` and the field ``keys``)."""
+    img = feature_matrix(image, source, keys[0])
+    txt = feature_matrix(text, source, keys[1])
+    if img.shape[0] != txt.shape[0]:
+        raise DataError(
+            f"{source}: field {keys[1]!r} has {txt.shape[0]} rows but field {keys[0]!r} has {img.shape[0]} "
+            "(row i of each must be the same pair)"
+        )
+    lab = None if labels is None else multi_hot_labels(labels, source, keys[2], img.shape[0])
+    if ids is None:
+        ids_arr = np.arange(img.shape[0], dtype=np.int64)
+    else:
+        ids_arr = np.asarray(ids)
+        if ids_arr.shape != (img.shape[0],) or not np.issubdtype(ids_arr.dtype, np.integer):
+            raise DataError(
+                f"{source}: ids must be ({img.shape[0]},) integers, got {ids_arr.dtype} {ids_arr.shape}"
+            )
+        ids_arr = ids_arr.astype(np.int64)
+    return HashSplit(img, txt, lab, ids_arr, source)
+
+
+def check_compatible_splits(splits: dict[str, HashSplit], where: str) -> None:
+    """The three splits of one set agree on feature dimensions and labels, and pair-only data can be
+    searched (some query id occurs in the retrieval set); ``where`` names the set in errors."""
+    ref = splits["train"]
+    for name, split in splits.items():
+        for attr in ("image", "text"):
+            if getattr(split, attr).shape[1] != getattr(ref, attr).shape[1]:
+                raise DataError(
+                    f"{where}: {name} {attr} features have dimension {getattr(split, attr).shape[1]} but "
+                    f"train has {getattr(ref, attr).shape[1]}"
+                )
+        if (split.labels is None) != (ref.labels is None):
+            raise DataError(f"{where}: {name} and train disagree on having labels")
+        if split.labels is not None and split.labels.shape[1] != ref.labels.shape[1]:
+            raise DataError(
+                f"{where}: {name} has {split.labels.shape[1]} label classes but train has "
+                f"{ref.labels.shape[1]}"
+            )
+    if ref.labels is None and not np.isin(splits["query"].ids, splits["retrieval"].ids).any():
+        raise DataError(
+            f"{where}: no labels and no query pair id occurs in the retrieval set, so nothing is relevant; "
+            "pair-only data needs query and retrieval to hold the same pairs (ids)"
+        )
+
+
+# ------------------------------------------------------------------------------------------ protocol
+
+
+def split_dataset(full: HashSplit, *, num_query: int, num_train: int, seed: int = 0) -> HashDataset:
+    """Split one set of pairs into the UCMFH protocol (seeded random permutation).
+
+    * With labels (DJSRH/DCMH convention): ``query`` = ``num_query`` random pairs, ``retrieval`` = all
+      the others, ``train`` = ``num_train`` random pairs of the retrieval set.
+    * Without labels (pair relevance): ``query`` and ``retrieval`` are the *same* ``num_query`` held-out
+      pairs (query image i must find text i) and ``train`` = up to ``num_train`` of the remaining pairs,
+      disjoint from them.
+    """
+    n = len(full)
+    if not 0 < num_query < n:
+        raise ValueError(f"num_query must be in [1, {n - 1}] for {n} pairs, got {num_query}")
+    if num_train < 1:
+        raise ValueError(f"num_train must be >= 1, got {num_train}")
+    perm = np.random.default_rng(seed).permutation(n)
+    query_idx, rest = perm[:num_query], perm[num_query:]
+    info = {"source": full.source, "split_seed": seed}
+    if full.labels is not None:
+        if num_train > len(rest):
+            raise ValueError(f"num_train={num_train} exceeds the {len(rest)} retrieval pairs")
+        return HashDataset(
+            full.subset(rest[:num_train]),
+            full.subset(query_idx),
+            full.subset(rest),
+            info={**info, "protocol": "labels"},
+        )
+    test = full.subset(query_idx)
+    return HashDataset(full.subset(rest[:num_train]), test, test, info={**info, "protocol": "pair"})

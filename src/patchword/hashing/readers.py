@@ -1,0 +1,246 @@
+"""Readers of the feature formats used for cross-modal hashing, each into a :class:`HashSplit` or
+:class:`HashDataset` (every reader validates and raises :class:`~patchword.errors.DataError` naming the
+file and the field):
+
+* **UCMFH splits** - a directory with ``train``, ``query`` and ``retrieval`` files, each ``.npz``
+  (preferred) or ``.pkl`` holding ``image`` (N, d) features, ``text`` (N, d') features and ``label``
+  (N, L) multi-hot labels (``labels`` is accepted too). :func:`load_split_dir`. Pickles are read with a
+  restricted unpickler (:mod:`patchword.hashing.unpickle`); :func:`convert_pickle_to_npz` converts one.
+* **MATLAB** ``.mat`` files as used by the DJSRH / DCMH / DGCPN line (optional ``scipy``; v7.3 files also
+  need ``h5py``): either one whole set (``IAll``/``YAll``/``LAll`` or ``image``/``text``/``label``), split
+  here, or the pre-split ``I_tr T_tr L_tr I_te T_te L_te I_db T_db L_db`` layout. :func:`load_mat`.
+  Only *feature* matrices are accepted; files with raw images (4-D ``IAll``) need feature extraction first.
+* **Paired embeddings** - two ``.npy`` files, row i of one pairing with row i of the other, optionally a
+  third with labels. Without labels the relevance is the pair itself. :func:`load_pairs`.
+* **MIRFlickr-25K text side** - ``all_labels.txt`` / ``all_tags.txt`` (24 labels, raw tags; no image
+  features). :func:`load_mirflickr25k_text`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from patchword.errors import DataError, MissingExtraError, MissingFileError
+from patchword.hashing.dataset import (
+    SPLITS,
+    HashDataset,
+    HashSplit,
+    check_compatible_splits,
+    make_split,
+    multi_hot_labels,
+    split_dataset,
+)
+from patchword.hashing.unpickle import read_array_pickle
+
+__all__ = [
+    "load_split",
+    "load_split_dir",
+    "load_mat",
+    "load_pairs",
+    "load_mirflickr25k_text",
+    "convert_pickle_to_npz",
+]
+
+_IMAGE_KEYS = ("image", "images", "img", "IAll", "I")
+_TEXT_KEYS = ("text", "texts", "txt", "YAll", "tags", "T")
+_LABEL_KEYS = ("label", "labels", "LAll", "L")
+
+
+def _read_mapping(path: Path) -> dict[str, Any]:
+    """Fields of an ``.npz`` or ``.pkl`` file."""
+    if not path.is_file():
+        raise MissingFileError(f"{path} does not exist")
+    suffix = path.suffix.lower()
+    if suffix == ".npz":
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                return {k: data[k] for k in data.files}
+        except ValueError as err:  # object arrays need pickle: refuse them
+            raise DataError(f"{path}: cannot read without pickle (object arrays?): {err}") from err
+    if suffix in (".pkl", ".pickle"):
+        return read_array_pickle(path)
+    raise DataError(f"{path}: unsupported split file type {suffix!r} (use .npz, .pkl or .pickle)")
+
+
+def _pick(
+    data: dict[str, Any], candidates: tuple[str, ...], source: str, what: str, required: bool = True
+) -> str | None:
+    for key in candidates:
+        if key in data:
+            return key
+    if required:
+        raise DataError(
+            f"{source}: missing field {candidates[0]!r} ({what}); accepted names {list(candidates)}, found "
+            f"{sorted(data)}"
+        )
+    return None
+
+
+def load_split(path: str | Path, *, require_labels: bool = False) -> HashSplit:
+    """Read one UCMFH split file (``.npz`` / ``.pkl``: ``image``, ``text``, optional ``label``, ``ids``)."""
+    path = Path(path)
+    data = _read_mapping(path)
+    source = str(path)
+    ki = _pick(data, _IMAGE_KEYS[:3], source, "image features")
+    kt = _pick(data, _TEXT_KEYS[:3], source, "text features")
+    kl = _pick(data, ("label", "labels"), source, "multi-hot labels", required=require_labels)
+    return make_split(
+        data[ki],
+        data[kt],
+        data[kl] if kl else None,
+        data.get("ids"),
+        source=source,
+        keys=(ki, kt, kl or "label"),
+    )
+
+
+def load_split_dir(root: str | Path) -> HashDataset:
+    """Read ``root/{train,query,retrieval}.npz`` (or ``.pkl``), the official UCMFH layout."""
+    root = Path(root)
+    if not root.is_dir():
+        raise MissingFileError(f"split directory {root} does not exist")
+    splits = {}
+    for name in SPLITS:
+        found = [
+            root / f"{name}{ext}" for ext in (".npz", ".pkl", ".pickle") if (root / f"{name}{ext}").is_file()
+        ]
+        if not found:
+            raise MissingFileError(
+                f"{root}: missing {name}.npz (or {name}.pkl); expected {', '.join(SPLITS)}"
+            )
+        splits[name] = load_split(found[0])
+    check_compatible_splits(splits, str(root))
+    return HashDataset(**splits, info={"source": str(root)})
+
+
+def _loadmat(path: Path) -> dict[str, Any]:
+    try:
+        import scipy.io
+    except ImportError as err:
+        raise MissingExtraError(f"reading {path} needs scipy: pip install 'patchword[hashing]'") from err
+    try:
+        data = scipy.io.loadmat(path)
+        return {k: v for k, v in data.items() if not k.startswith("__")}
+    except NotImplementedError:
+        pass  # MATLAB v7.3 is HDF5
+    try:
+        import h5py
+    except ImportError as err:
+        raise MissingExtraError(
+            f"{path} is a MATLAB v7.3 (HDF5) file; reading it needs h5py: pip install h5py"
+        ) from err
+    with h5py.File(path, "r") as f:
+        # HDF5 stores MATLAB's column-major arrays transposed.
+        return {k: np.asarray(f[k]).T for k in f if isinstance(f[k], h5py.Dataset)}
+
+
+def load_mat(
+    path: str | Path,
+    *,
+    num_query: int = 2000,
+    num_train: int = 5000,
+    seed: int = 0,
+    image_key: str | None = None,
+    text_key: str | None = None,
+    label_key: str | None = None,
+) -> HashDataset:
+    """Read a DJSRH/DCMH-style ``.mat`` file of features into a :class:`HashDataset`.
+
+    Pre-split files (``I_tr T_tr L_tr``, ``I_te T_te L_te``, ``I_db T_db L_db``) keep their split (``te``
+    = query, ``db`` = retrieval). Whole-set files (``IAll YAll LAll`` or ``image text label``, or the
+    keys given) are split by :func:`split_dataset` with ``num_query``, ``num_train`` and ``seed``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise MissingFileError(f"{path} does not exist")
+    data = _loadmat(path)
+    source = str(path)
+    if all(f"{m}_{s}" in data for m in "ITL" for s in ("tr", "te", "db")):
+        splits = {
+            name: make_split(
+                data[f"I_{s}"],
+                data[f"T_{s}"],
+                data[f"L_{s}"],
+                source=source,
+                keys=(f"I_{s}", f"T_{s}", f"L_{s}"),
+            )
+            for name, s in zip(SPLITS, ("tr", "te", "db"), strict=True)
+        }
+        check_compatible_splits(splits, source)
+        return HashDataset(**splits, info={"source": source, "layout": "pre-split"})
+    ki = image_key or _pick(data, _IMAGE_KEYS, source, "image features")
+    kt = text_key or _pick(data, _TEXT_KEYS, source, "text features")
+    kl = label_key or _pick(data, _LABEL_KEYS, source, "labels", required=False)
+    for key in (ki, kt, kl):
+        if key is not None and key not in data:
+            raise DataError(f"{source}: missing field {key!r}; found {sorted(data)}")
+    full = make_split(
+        data[ki], data[kt], data[kl] if kl else None, source=source, keys=(ki, kt, kl or "label")
+    )
+    return split_dataset(full, num_query=num_query, num_train=num_train, seed=seed)
+
+
+def load_pairs(image: str | Path, text: str | Path, labels: str | Path | None = None) -> HashSplit:
+    """Paired ``.npy`` embeddings (row i of ``image`` pairs with row i of ``text``), optional labels."""
+    arrays = []
+    for path in (image, text, labels):
+        if path is None:
+            arrays.append(None)
+            continue
+        path = Path(path)
+        if not path.is_file():
+            raise MissingFileError(f"{path} does not exist")
+        try:
+            arrays.append(np.load(path, allow_pickle=False))
+        except ValueError as err:
+            raise DataError(f"{path}: not a plain .npy array: {err}") from err
+    return make_split(
+        arrays[0], arrays[1], arrays[2], source=f"{image} + {text}", keys=(str(image), str(text), str(labels))
+    )
+
+
+def load_mirflickr25k_text(
+    root: str | Path, vocab_size: int = 1386
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """The MIRFlickr-25K text side (``all_tags.txt``, ``all_labels.txt``): tag bag-of-words and labels.
+
+    Args:
+        root: directory with ``all_tags.txt`` (comma-separated tags per line) and ``all_labels.txt``
+            (24 space-separated 0/1 per line), one line per image, in the same order.
+        vocab_size: keep the most frequent tags (1386, the DCMH/DJSRH MIRFlickr text dimension; ties by tag).
+
+    Returns:
+        ``(bow (N, V) float32 binary, labels (N, 24) uint8, vocabulary)``.
+    """
+    root = Path(root)
+    tags_path, labels_path = root / "all_tags.txt", root / "all_labels.txt"
+    for p in (tags_path, labels_path):
+        if not p.is_file():
+            raise MissingFileError(f"{p} does not exist")
+    try:
+        labels = np.loadtxt(labels_path, dtype=np.int64, ndmin=2)
+    except ValueError as err:
+        raise DataError(f"{labels_path}: not a whitespace-separated 0/1 matrix: {err}") from err
+    lines = tags_path.read_text(encoding="utf-8").splitlines()
+    if len(lines) != labels.shape[0]:
+        raise DataError(f"{tags_path} has {len(lines)} lines but {labels_path} has {labels.shape[0]} rows")
+    docs = [{t.strip().lower() for t in line.split(",") if t.strip()} for line in lines]
+    counts: dict[str, int] = {}
+    for doc in docs:
+        for tag in doc:
+            counts[tag] = counts.get(tag, 0) + 1
+    vocab = sorted(counts, key=lambda t: (-counts[t], t))[:vocab_size]
+    index = {t: i for i, t in enumerate(vocab)}
+    rows = [i for i, doc in enumerate(docs) for t in doc if t in index]
+    cols = [index[t] for doc in docs for t in doc if t in index]
+    bow = np.zeros((len(docs), len(vocab)), dtype=np.float32)
+    bow[rows, cols] = 1.0
+    return bow, multi_hot_labels(labels, str(labels_path), "labels", len(docs)), vocab
+
+
+def convert_pickle_to_npz(pkl_path: str | Path, npz_path: str | Path) -> None:
+    """Rewrite a (trusted) UCMFH split pickle as ``.npz`` (loaded without pickle from then on)."""
+    load_split(pkl_path).save_npz(npz_path)

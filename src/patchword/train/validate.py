@@ -1,0 +1,204 @@
+"""Checks a run passes before it writes anything: the config on its own, then the model against the data.
+
+:func:`check_config` needs nothing but the config (value ranges, combinations, files that must exist,
+device availability); :func:`check_model_data` runs once the tokenizer, the model and the data are built
+(image size, text lengths and vocabulary against what the encoders accept). Every failure is a
+:class:`~patchword.errors.ConfigError` naming the key to change.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from patchword.data.prepare import FILE_DATASETS, REGION_DATASETS, SYNTHETIC_DATASETS, PreparedData
+from patchword.device import resolve_device
+from patchword.errors import ConfigError, MissingFileError
+from patchword.model import RetrievalModel, model_reads_dense
+from patchword.train.config import RunConfig
+
+__all__ = ["check_config", "check_model_data", "data_image_size", "RESUMABLE_KEYS"]
+
+#: Keys a ``--resume`` may change: how long to train, how often to log, validate and save, where to run,
+#: and how to evaluate. Everything else (data, model, optimiser, seed) is the run's own and stays.
+RESUMABLE_KEYS = frozenset(
+    {
+        "train.epochs",
+        "train.max_steps",
+        "train.time_budget_s",
+        "train.log_every",
+        "train.eval_every",
+        "train.checkpoint_every",
+        "train.num_threads",
+        "eval.split",
+        "eval.batch_size",
+        "eval.coco_1k",
+        "eval.max_memory_mb",
+        "device",
+        "progress",
+        "data.cache_dir",
+    }
+)
+
+
+def _at_least(value: float, low: float, key: str) -> None:
+    if value < low:
+        raise ConfigError(key, f"must be >= {low:g}, got {value!r}")
+
+
+def _ratio(value: float, key: str) -> None:
+    if not 0 < value <= 1:
+        raise ConfigError(key, f"must lie in (0, 1], got {value!r}")
+
+
+def _existing(path: str, key: str, kind: str = "file") -> None:
+    p = Path(path).expanduser()
+    ok = p.is_dir() if kind == "directory" else p.is_file() if kind == "file" else p.exists()
+    if not ok:
+        raise MissingFileError(f"{key}={path}: no such {kind}")
+
+
+def data_image_size(cfg: RunConfig) -> int | None:
+    """Side in pixels of the images the data feeds the image encoder (None for region features)."""
+    dc = cfg.data
+    if dc.dataset in REGION_DATASETS:
+        return None
+    return dc.synthetic_image_size if dc.dataset in SYNTHETIC_DATASETS else dc.image_size
+
+
+def check_config(cfg: RunConfig) -> torch.device:
+    """Check everything that can be checked from the config alone; return the resolved device.
+
+    Raises:
+        ConfigError: naming the first offending key.
+        MissingFileError: a configured file or directory does not exist.
+    """
+    device = resolve_device(cfg.device)
+    dc, mc, tc, ec = cfg.data, cfg.model, cfg.train, cfg.eval
+    from patchword.matching import list_matchers
+
+    if mc.matcher not in list_matchers():
+        raise ConfigError("model.matcher", f"must be one of {', '.join(list_matchers())}, got {mc.matcher!r}")
+    if cfg.precision == "amp_bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError("precision", "amp_bf16 needs a GPU with bfloat16 support; use amp_fp16 or fp32")
+    # ranges
+    for key, value, low in [
+        ("train.batch_size", tc.batch_size, 2),
+        ("train.epochs", tc.epochs, 1),
+        ("train.max_steps", tc.max_steps, 0),
+        ("train.time_budget_s", tc.time_budget_s, 0),
+        ("train.global_warmup_steps", tc.global_warmup_steps, 0),
+        ("train.log_every", tc.log_every, 0),
+        ("train.eval_every", tc.eval_every, 0),
+        ("train.eval_max_images", tc.eval_max_images, 0),
+        ("train.checkpoint_every", tc.checkpoint_every, 0),
+        ("train.num_threads", tc.num_threads, 0),
+        ("train.grad_clip", tc.grad_clip, 0),
+        ("eval.batch_size", ec.batch_size, 1),
+        ("eval.max_memory_mb", ec.max_memory_mb, 1),
+        ("data.max_caption_len", dc.max_caption_len, 3),
+        ("data.max_dense_len", dc.max_dense_len, 3),
+        ("data.dev_from_train", dc.dev_from_train, 0),
+        ("data.image_size", dc.image_size, 1),
+        ("model.embed_dim", mc.embed_dim, 1),
+    ]:
+        _at_least(value, low, key)
+    if tc.lr <= 0:
+        raise ConfigError("train.lr", f"must be > 0, got {tc.lr!r}")
+    _ratio(mc.sparse_ratio, "model.sparse_ratio")
+    _ratio(mc.aggr_ratio, "model.aggr_ratio")
+    if dc.dataset in SYNTHETIC_DATASETS:
+        for key in ("num_train", "num_dev", "num_test"):
+            _at_least(getattr(dc, key), 1, f"data.{key}")
+    # combinations
+    region_data = dc.dataset in REGION_DATASETS
+    if region_data != (mc.image_encoder == "precomp"):
+        if region_data:
+            raise ConfigError(
+                "model.image_encoder",
+                f"data.dataset={dc.dataset} holds region features: set model.image_encoder=precomp",
+            )
+        raise ConfigError(
+            "model.image_encoder",
+            f"model.image_encoder=precomp needs region features: data.dataset in {REGION_DATASETS}",
+        )
+    if mc.text_encoder in ("tiny", "gru") and dc.tokenizer != "word":
+        raise ConfigError("data.tokenizer", f"model.text_encoder={mc.text_encoder} embeds word ids: use word")
+    if mc.text_encoder == "bert" and dc.tokenizer != "bert":
+        raise ConfigError("data.tokenizer", "model.text_encoder=bert reads WordPiece ids: use bert")
+    if dc.size_augment and dc.tokenizer != "bert":
+        raise ConfigError(
+            "data.size_augment", "is the BERT caption augmentation ([MASK] tokens): set data.tokenizer=bert"
+        )
+    if mc.image_encoder == "tiny" and not region_data and mc.tiny_vit.image_size != data_image_size(cfg):
+        key = "data.synthetic_image_size" if dc.dataset in SYNTHETIC_DATASETS else "data.image_size"
+        raise ConfigError(
+            key,
+            f"is {data_image_size(cfg)} but model.tiny_vit.image_size is {mc.tiny_vit.image_size}",
+        )
+    reads_dense = dc.dense and not region_data and model_reads_dense(mc)
+    if mc.text_encoder == "tiny":
+        lengths = [("data.max_caption_len", dc.max_caption_len)]
+        if reads_dense:
+            lengths.append(("data.max_dense_len", dc.max_dense_len))
+        for key, length in lengths:
+            if length > mc.max_text_len:
+                raise ConfigError(key, f"is {length} but model.max_text_len is {mc.max_text_len}")
+    # files that must exist
+    if dc.dataset in FILE_DATASETS or dc.dataset == "precomp":
+        if dc.root:
+            _existing(dc.root, "data.root", "file" if dc.dataset == "karpathy" else "directory")
+        if dc.image_root and dc.dataset in FILE_DATASETS:
+            _existing(dc.image_root, "data.image_root", "directory")
+        for role in ("train", "dev", "test"):
+            path = getattr(dc, f"dense_{role}")
+            if path:
+                _existing(path, f"data.dense_{role}")
+    if dc.vocab_path:
+        _existing(dc.vocab_path, "data.vocab_path")
+    if tc.init_from:
+        _existing(tc.init_from, "train.init_from", "path")
+    if mc.gru.glove_path:
+        _existing(mc.gru.glove_path, "model.gru.glove_path")
+    return device
+
+
+def check_model_data(cfg: RunConfig, model: RetrievalModel, data: PreparedData) -> None:
+    """Check the built model against the data and tokenizer (before training starts).
+
+    Raises:
+        ConfigError: image size, text length or vocabulary the encoders cannot take, or region features of
+            another shape than the model expects; each names the key to change.
+    """
+    dc, mc = cfg.data, cfg.model
+    image_enc, text_enc = model.image_encoder, model.text_encoder
+    want = data_image_size(cfg)
+    if want is not None and image_enc.image_size is not None and image_enc.image_size != want:
+        key = "data.synthetic_image_size" if dc.dataset in SYNTHETIC_DATASETS else "data.image_size"
+        raise ConfigError(
+            key, f"is {want} but the image encoder ({mc.hf_vision}) takes {image_enc.image_size} pixels"
+        )
+    if text_enc.max_len is not None:
+        lengths = [("data.max_caption_len", dc.max_caption_len)]
+        if any(split.dense_ids is not None for split in data.splits.values()):
+            lengths.append(("data.max_dense_len", dc.max_dense_len))
+        for key, length in lengths:
+            if length > text_enc.max_len:
+                raise ConfigError(key, f"is {length} but the text encoder has {text_enc.max_len} positions")
+    vocab = data.vocab_size if data.vocab_size is not None else getattr(data.tokenizer, "vocab_size", None)
+    if vocab is not None and text_enc.vocab_size is not None and vocab > text_enc.vocab_size:
+        raise ConfigError(
+            "data.bert_vocab",
+            f"the tokenizer has {vocab} ids but the text encoder ({mc.hf_text}) embeds {text_enc.vocab_size}",
+        )
+    if dc.dataset in REGION_DATASETS:
+        images = data.splits[next(iter(data.splits))].images
+        have = (images.num_regions, images.dim)
+        expected = (mc.precomp.num_regions, mc.precomp.region_dim)
+        if have != expected:
+            raise ConfigError(
+                "model.precomp",
+                f"the region features have {have[0]} regions of {have[1]} dims but model.precomp.num_regions="
+                f"{expected[0]}, model.precomp.region_dim={expected[1]}",
+            )

@@ -1,0 +1,367 @@
+"""Bad input, table-driven: every case ends in one ``error:`` line (exit 2) naming the file, row or config
+key, and leaves everything that existed unchanged and no run directory behind."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import one_error_line
+from patchword.cli import main
+
+TINY_MODEL = [
+    "model.embed_dim=16",
+    "model.tiny_vit.image_size=32",
+    "model.tiny_vit.patch_size=8",
+    "model.tiny_vit.width=16",
+    "model.tiny_vit.depth=1",
+    "model.tiny_vit.heads=2",
+    "model.tiny_text_width=16",
+    "model.tiny_text_depth=1",
+    "model.max_text_len=64",
+    "data.max_dense_len=48",
+    "model.matcher=vse",
+    "train.batch_size=4",
+    "train.max_steps=1",
+    "train.num_threads=1",
+]
+
+
+def _laps_args(paths: dict[str, Path], runs: Path) -> list[str]:
+    return [
+        *TINY_MODEL,
+        "data.dataset=laps",
+        f"data.root={paths['root']}",
+        f"data.image_root={paths['image_root']}",
+        "data.image_size=32",
+        f"output_dir={runs}",
+        "name=run",
+    ]
+
+
+def _snapshot(*dirs: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for d in dirs if d.exists() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def _png_bytes(size: int = 32, seed: int = 1) -> bytes:
+    buf = io.BytesIO()
+    pixels = (np.random.default_rng(seed).random((size, size, 3)) * 255).astype(np.uint8)
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _rewrite(path: Path, edit: Callable[[list[str]], list[str]]) -> None:
+    path.write_text("\n".join(edit(path.read_text().splitlines())) + "\n")
+
+
+# (case id, how to break the LAPS dataset, extra overrides, text the error must contain)
+LAPS_CASES = [
+    ("missing image", lambda p: (p["image_root"] / "test1.png").unlink(), [], "test1.png"),
+    (
+        "corrupt image",
+        lambda p: (p["image_root"] / "test1.png").write_bytes(b"not an image"),
+        [],
+        "test1.png",
+    ),
+    ("empty image file", lambda p: (p["image_root"] / "dev0.png").write_bytes(b""), [], "dev0.png: empty"),
+    (
+        "empty caption",
+        lambda p: _rewrite(p["root"] / "test_caps.txt", lambda lines: ["", *lines[1:]]),
+        [],
+        "test_caps.txt:1: empty caption",
+    ),
+    (
+        "caption/id count mismatch",
+        lambda p: _rewrite(p["root"] / "test_ids.txt", lambda lines: lines[:-3]),
+        [],
+        "test_ids.txt",
+    ),
+    (
+        "id missing from the mapping",
+        lambda p: _rewrite(p["root"] / "test_ids.txt", lambda lines: ["x9", *lines[1:]]),
+        [],
+        "image id 'x9'",
+    ),
+    (
+        "dense count mismatch",
+        lambda p: _rewrite(p["dense_test"], lambda lines: lines[:-1]),
+        ["model.matcher=seps", "data.dev_from_train=2"],
+        "test.jsonl: 3 dense captions for a split of 4 images",
+    ),
+    (
+        "dense line not json",
+        lambda p: _rewrite(p["dense_test"], lambda lines: ["{oops", *lines[1:]]),
+        ["model.matcher=seps", "data.dev_from_train=2"],
+        "test.jsonl:1: malformed JSON",
+    ),
+    (
+        "missing dense file",
+        lambda p: p["dense_test"].unlink(),
+        ["model.matcher=seps", "data.dev_from_train=2"],
+        "data.dense_test=",
+    ),
+    ("no dev dense captions", lambda p: None, ["model.matcher=seps"], "data.dense_dev"),
+    ("unknown key", lambda p: None, ["train.lr_typo=1"], "train.lr_typo"),
+    ("bad enum", lambda p: None, ["data.tokenizer=bpe"], "data.tokenizer: must be one of word, bert"),
+    ("wrong type", lambda p: None, ["train.lr=fast"], "train.lr: expects a number"),
+    ("image size vs encoder", lambda p: None, ["data.image_size=48"], "data.image_size: is 48"),
+    ("dev_from_train too large", lambda p: None, ["data.dev_from_train=8"], "data.dev_from_train"),
+]
+
+
+@pytest.mark.parametrize(("case", "damage", "extra", "expected"), LAPS_CASES, ids=[c[0] for c in LAPS_CASES])
+def test_bad_laps_input_is_one_line_naming_the_culprit(
+    laps_dataset, tmp_path, capsys, case, damage, extra, expected
+):
+    paths = laps_dataset
+    damage(paths)
+    runs = tmp_path / "runs"
+    dense = [f"data.dense_train={paths['dense_train']}", f"data.dense_test={paths['dense_test']}"]
+    before = _snapshot(paths["root"])
+    assert main(["train", *_laps_args(paths, runs), *dense, *extra]) == 2, case
+    err = capsys.readouterr().err
+    assert expected in one_error_line(err), err
+    assert _snapshot(paths["root"]) == before and not (runs / "run").exists()
+
+
+def test_truncated_images_decode_as_far_as_they_go_or_fail_naming_the_file(tmp_path, caplog):
+    from patchword.data.images import load_image
+    from patchword.errors import DataError
+
+    png = tmp_path / "half.png"
+    png.write_bytes(_png_bytes()[:300])
+    assert load_image(png).size == (32, 32)  # the official behaviour: decoded as far as it goes
+    assert "half.png is damaged" in caplog.text
+    jpeg_bytes = io.BytesIO()
+    Image.fromarray((np.random.default_rng(0).random((32, 32, 3)) * 255).astype(np.uint8)).save(
+        jpeg_bytes, format="JPEG"
+    )
+    jpeg = tmp_path / "half.jpg"
+    jpeg.write_bytes(jpeg_bytes.getvalue()[:200])
+    with pytest.raises(DataError, match="half.jpg"):
+        load_image(jpeg)
+
+
+# ------------------------------------------------------------------------------------ precomp (SCAN layout)
+
+
+@pytest.fixture
+def precomp(tmp_path):
+    from patchword.data.precomp import write_precomp_split
+
+    root = tmp_path / "precomp"
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 6), ("dev", 3), ("test", 3)):
+        caps = [f"a {c} shape number {i}" for i in range(n) for c in ("red", "blue")]
+        write_precomp_split(root, split, rng.random((n, 5, 7), dtype=np.float32), caps)
+    return root
+
+
+def _precomp_args(root: Path, runs: Path) -> list[str]:
+    return [
+        "data.dataset=precomp",
+        f"data.root={root}",
+        "model.image_encoder=precomp",
+        "model.text_encoder=gru",
+        "model.matcher=scan",
+        "model.embed_dim=8",
+        "model.gru.word_dim=8",
+        "model.precomp.region_dim=7",
+        "model.precomp.num_regions=5",
+        "train.batch_size=4",
+        "train.max_steps=1",
+        f"output_dir={runs}",
+        "name=run",
+    ]
+
+
+def _nan_row(root: Path, split: str, row: int) -> None:
+    feats = np.load(root / f"{split}_ims.npy")
+    feats[row, 1, 2] = np.nan
+    np.save(root / f"{split}_ims.npy", feats)
+
+
+PRECOMP_CASES = [
+    ("NaN in train features", lambda r: _nan_row(r, "train", 4), [], "train_ims.npy: row 4 (image index)"),
+    ("NaN in test features", lambda r: _nan_row(r, "test", 2), [], "test_ims.npy: row 2 (image index)"),
+    (
+        "wrong dims",
+        lambda r: np.save(r / "dev_ims.npy", np.zeros((3, 35), np.float32)),
+        [],
+        "dev_ims.npy: expected a (N_img, R, D) array",
+    ),
+    ("feature width vs config", lambda r: None, ["model.precomp.region_dim=9"], "model.precomp.region_dim=9"),
+    (
+        "captions not a multiple of images",
+        lambda r: _rewrite(r / "test_caps.txt", lambda lines: lines[:-1]),
+        [],
+        "test_caps.txt: 5 captions for 3 images",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "damage", "extra", "expected"), PRECOMP_CASES, ids=[c[0] for c in PRECOMP_CASES]
+)
+def test_bad_precomp_input_is_one_line_naming_the_culprit(
+    precomp, tmp_path, capsys, case, damage, extra, expected
+):
+    damage(precomp)
+    runs = tmp_path / "runs"
+    before = _snapshot(precomp)
+    assert main(["train", *_precomp_args(precomp, runs), *extra]) == 2, case
+    err = capsys.readouterr().err
+    assert expected in one_error_line(err), err
+    assert _snapshot(precomp) == before and not (runs / "run").exists()
+
+
+# ----------------------------------------------------------------------------------------- runs and eval
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("run")
+    args = [
+        *TINY_MODEL,
+        "data.num_train=12",
+        "data.num_dev=6",
+        "data.num_test=6",
+        "data.synthetic_image_size=32",
+        f"data.cache_dir={tmp / 'cache'}",
+        f"output_dir={tmp / 'runs'}",
+        "name=run",
+    ]
+    assert main(["train", *args]) == 0
+    return tmp / "runs" / "run"
+
+
+RUN_CASES = [
+    ("missing run", lambda run: ["eval", str(run.parent / "nope")], "nope does not exist"),
+    (
+        "missing checkpoint",
+        lambda run: ["eval", str(run), "--checkpoint", "gone.pt"],
+        "gone.pt does not exist",
+    ),
+    ("not a run directory", lambda run: ["eval", str(run / "export")], "has no config.yaml"),
+    ("bad eval split", lambda run: ["eval", str(run), "eval.split=val2"], "eval.split"),
+    ("unknown override", lambda run: ["eval", str(run), "eval.nope=1"], "eval.nope"),
+    ("architecture override", lambda run: ["eval", str(run), "model.embed_dim=24"], "do not fit the model"),
+    (
+        "resume missing run",
+        lambda run: ["train", "--resume", str(run.parent / "nope")],
+        "nope does not exist",
+    ),
+    ("resume unsafe key", lambda run: ["train", "--resume", str(run), "data.num_train=99"], "data.num_train"),
+]
+
+
+@pytest.mark.parametrize(("case", "argv", "expected"), RUN_CASES, ids=[c[0] for c in RUN_CASES])
+def test_bad_run_and_eval_input(small_run, capsys, case, argv, expected):
+    before = _snapshot(small_run.parent)
+    assert main(argv(small_run)) == 2, case
+    err = capsys.readouterr().err
+    assert expected in one_error_line(err), err
+    assert _snapshot(small_run.parent) == before
+
+
+# ------------------------------------------------------------------------------ Hugging Face backbones
+
+
+@pytest.fixture
+def tiny_hf(tmp_path):
+    """Local tiny BERT (vocab 20, 16 positions) and ViT (32 px) directories, as save_pretrained writes."""
+    transformers = pytest.importorskip("transformers")
+    bert = tmp_path / "bert"
+    transformers.BertModel(
+        transformers.BertConfig(
+            vocab_size=20,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=16,
+        )
+    ).save_pretrained(bert)
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(30))]
+    (bert / "vocab.txt").write_text("\n".join(words) + "\n")
+    vit = tmp_path / "vit"
+    transformers.ViTModel(
+        transformers.ViTConfig(
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            image_size=32,
+            patch_size=8,
+        ),
+        add_pooling_layer=False,
+    ).save_pretrained(vit)
+    return bert, vit
+
+
+def _hf_args(laps, runs, bert, vit, *extra):
+    return [
+        *_laps_args(laps, runs),
+        "model.text_encoder=bert",
+        "data.tokenizer=bert",
+        f"model.hf_text={bert}",
+        f"data.bert_vocab={bert}",
+        "model.image_encoder=hf",
+        f"model.hf_vision={vit}",
+        "data.max_caption_len=12",
+        *extra,
+    ]
+
+
+def test_hf_backbones_checked_against_the_data_before_anything_is_written(
+    laps_dataset, tmp_path, tiny_hf, capsys, monkeypatch
+):
+    bert, vit = tiny_hf
+    runs = tmp_path / "runs"
+    cases = [
+        ([], "data.bert_vocab: the tokenizer has 35 ids but the text encoder"),
+        (
+            [f"data.bert_vocab={tmp_path / 'vocab20.txt'}", "data.max_caption_len=40"],
+            "data.max_caption_len: is 40 but the text encoder has 16 positions",
+        ),
+        (
+            [
+                f"data.bert_vocab={tmp_path / 'vocab20.txt'}",
+                "data.image_size=64",
+                "model.tiny_vit.image_size=64",
+            ],
+            "data.image_size: is 64 but the image encoder",
+        ),
+    ]
+    words = (bert / "vocab.txt").read_text().splitlines()[:20]
+    (tmp_path / "vocab20.txt").write_text("\n".join(words) + "\n")
+    for extra, expected in cases:
+        assert main(["train", *_hf_args(laps_dataset, runs, bert, vit, *extra)]) == 2
+        err = capsys.readouterr().err
+        assert expected in one_error_line(err), err
+        assert not runs.exists()
+    # An uncached hub id offline is one line with a hint a config key can follow.
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    args = _hf_args(
+        laps_dataset,
+        runs,
+        bert,
+        vit,
+        "model.hf_text=not-a-user/not-a-model",
+        f"data.bert_vocab={tmp_path / 'vocab20.txt'}",
+    )
+    assert main(["train", *args]) == 2
+    err = capsys.readouterr().err
+    assert "not-a-user/not-a-model" in err and "model.hf_local_files_only" in err and "Traceback" not in err
+    assert not runs.exists()
+    # With a fitting vocabulary the same backbones train (and the BERT augmentation runs by default).
+    ok = _hf_args(laps_dataset, runs, bert, vit, f"data.bert_vocab={tmp_path / 'vocab20.txt'}")
+    assert main(["train", *ok]) == 0
+    saved = json.loads((runs / "run" / "summary.json").read_text())
+    assert saved["steps"] == 1
