@@ -26,6 +26,11 @@ __all__ = ["main", "report_errors", "setup_logging"]
 _DELEGATED: dict[str, tuple[str, str, str]] = {
     "hash": ("patchword.hashing.cli", "main", "cross-modal hashing (UCMFH): hash train | eval | search"),
     "bench": ("patchword.bench.cli", "main", "benchmarks: bench scoring | two-stage"),
+    "densify": (
+        "patchword.densify.cli",
+        "main",
+        "dense captions from a vision-language model: densify | densify merge | densify stats",
+    ),
 }
 
 # Verbs defined in this package: name -> (module, help).

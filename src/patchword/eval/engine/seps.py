@@ -242,17 +242,20 @@ def length_blocks(
 
 
 def _in_workers(workers: int, fn) -> None:
-    """Run ``fn(0) .. fn(workers - 1)`` in threads, torch single-threaded meanwhile; re-raises errors."""
+    """Run ``fn(0) .. fn(workers - 1)`` in threads, each single-threaded in torch; re-raises errors.
+
+    The thread count is set inside each worker: with the OpenMP backend it is a per-thread setting, so
+    the caller's (and every other thread's) count is left alone.
+    """
     from concurrent.futures import ThreadPoolExecutor
 
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with ThreadPoolExecutor(workers) as pool:
-            for future in [pool.submit(fn, i) for i in range(workers)]:
-                future.result()
-    finally:
-        torch.set_num_threads(previous)
+    def single_threaded(i: int) -> None:
+        torch.set_num_threads(1)
+        fn(i)
+
+    with ThreadPoolExecutor(workers) as pool:
+        for future in [pool.submit(single_threaded, i) for i in range(workers)]:
+            future.result()
 
 
 @register_engine(SEPSMatcher)

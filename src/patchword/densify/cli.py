@@ -1,0 +1,337 @@
+"""``patchword densify``: SEPS dense captions from a local vision-language model; ``merge``; ``stats``.
+
+``main(argv)`` takes the arguments *after* ``densify``::
+
+    patchword densify --images DIR --model llava-hf/llava-1.5-7b-hf --out dense.jsonl
+    patchword densify --data-root data/f30k --split train --image-root data/flickr30k-images \\
+        --model tiny-random --out f30k_train_dense.jsonl --shard 0/4
+    patchword densify merge dense.shard-*.jsonl --out dense.jsonl
+    patchword densify stats dense.jsonl [--bert-vocab DIR] [--json]
+
+Exit codes: 0 done, 1 finished but incomplete (unreadable images skipped), 2 user error (one line).
+Under torchrun (``WORLD_SIZE`` > 1, no ``--shard``) every rank writes ``<out stem>.shard-R-of-W<suffix>``
+and rank 0 merges them into ``--out`` once all are complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from patchword.errors import USER_ERRORS
+
+__all__ = ["main"]
+
+_logger = logging.getLogger("patchword.densify")
+
+_SUBVERBS = ("merge", "stats")
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="patchword densify",
+        description="Describe every image with a vision-language model into SEPS dense-caption JSONL "
+        "(resumable: rerun the same command after an interruption). Also: `patchword densify merge "
+        "SHARD... --out F` and `patchword densify stats FILE`.",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    src = p.add_argument_group("images (one of)")
+    one = src.add_mutually_exclusive_group(required=True)
+    one.add_argument(
+        "--images", type=Path, metavar="DIR", help="every image below DIR, sorted by relative path"
+    )
+    one.add_argument("--data-root", type=Path, metavar="ROOT", help="LAPS/SEPS layout: {split}_ids.txt, ...")
+    one.add_argument("--synthetic", metavar="SPLIT", help="the synthetic scenes of SPLIT (train, dev, test)")
+    src.add_argument("--split", help="with --data-root: the split (train, dev, test, testall)")
+    src.add_argument(
+        "--image-root", type=Path, metavar="DIR", help="with --data-root: image folder (default ROOT)"
+    )
+    src.add_argument("--synthetic-seed", type=int, default=0, help="with --synthetic: generator seed")
+    src.add_argument("--synthetic-num-images", type=int, help="with --synthetic: images of the split")
+    src.add_argument("--synthetic-image-size", type=int, default=64, help="with --synthetic: image side")
+    mdl = p.add_argument_group("model")
+    mdl.add_argument("--model", required=True, help="local directory, hub id, or tiny-random (smoke test)")
+    mdl.add_argument("--model-id", help="name written into each line (default: hub id or directory name)")
+    mdl.add_argument("--allow-download", action="store_true", help="let a hub id be downloaded")
+    mdl.add_argument("--device", default="auto", help="auto (GPU of this rank if any), cpu, cuda, cuda:N")
+    mdl.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    gen = p.add_argument_group("generation")
+    gen.add_argument("--prompt", help="instruction shown with each image (default: the SEPS prompt)")
+    gen.add_argument("--max-new-tokens", type=int, default=500)
+    gen.add_argument("--batch-size", type=int, default=8, help="images per generate call")
+    gen.add_argument("--sample", action="store_true", help="sample (SEPS: temperature 0.2, top-p 0.9)")
+    gen.add_argument("--temperature", type=float, default=0.2)
+    gen.add_argument("--top-p", type=float, default=0.9)
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed (batch k uses seed + k)")
+    run = p.add_argument_group("output")
+    run.add_argument("--out", type=Path, required=True, help="the JSONL file (appended, resumable)")
+    run.add_argument("--shard", help="describe only shard I of N (0-based), e.g. 0/4")
+    run.add_argument(
+        "--skip-bad-images", action="store_true", help="skip unreadable images instead of stopping"
+    )
+    run.add_argument(
+        "--no-merge", action="store_true", help="under torchrun: leave the per-rank files unmerged"
+    )
+    run.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
+    return p
+
+
+def _merge_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="patchword densify merge", description="Join shard files of one densify job, in image order."
+    )
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("shards", nargs="+", type=Path, help="the shard files (any order)")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--force", action="store_true", help="overwrite an existing --out")
+    return p
+
+
+def _stats_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="patchword densify stats", description="Quality report of dense-caption JSONL files."
+    )
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("files", nargs="+", type=Path)
+    p.add_argument(
+        "--bert-vocab", help="BERT vocab.txt, tokenizer directory or cached hub id: exact token counts"
+    )
+    p.add_argument(
+        "--synthetic-split",
+        help="count the scene objects each description names (ids syn-<split>-<i> or numbers); automatic for "
+        "files written by densify --synthetic",
+    )
+    p.add_argument("--synthetic-seed", type=int, default=0)
+    p.add_argument(
+        "--synthetic-num-images", type=int, help="images of the split (default: generator default)"
+    )
+    p.add_argument(
+        "--token-limits", type=int, nargs="+", default=[90, 128], help="report the share above these"
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    return p
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if not verbose:
+        try:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.set_verbosity_error()
+            hf_logging.disable_progress_bar()
+        except ImportError:
+            pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``patchword densify <argv>``: 0 done, 1 incomplete (images skipped), 2 user error."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verb = argv[0] if argv and argv[0] in _SUBVERBS else "run"
+    parser = {"run": _run_parser, "merge": _merge_parser, "stats": _stats_parser}[verb]()
+    args = parser.parse_args(argv[1:] if verb != "run" else argv)
+    _setup_logging(args.verbose)
+    try:
+        if verb == "merge":
+            return _merge(args)
+        if verb == "stats":
+            return _stats(args)
+        return _run(args, parser)
+    except USER_ERRORS as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except ImportError as err:  # a missing optional dependency (transformers: the message names the extra)
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+# --------------------------------------------------------------------------------------------------------
+# run
+# --------------------------------------------------------------------------------------------------------
+
+
+def _synthetic_config(seed: int, split: str, num_images: int | None, image_size: int = 64):
+    from patchword.data.synthetic import SPLITS, SyntheticConfig
+
+    if split not in SPLITS:
+        raise ValueError(f"unknown synthetic split {split!r}; expected one of {', '.join(SPLITS)}")
+    sizes = {} if num_images is None else {f"num_{split}": num_images}
+    return SyntheticConfig(seed=seed, image_size=image_size, **sizes)
+
+
+def _image_list(args: argparse.Namespace, parser: argparse.ArgumentParser):
+    from patchword.densify.sources import images_from_folder, images_from_laps, images_from_synthetic
+
+    if args.images is not None:
+        return images_from_folder(args.images)
+    if args.data_root is not None:
+        if not args.split:
+            parser.error("--data-root needs --split")
+        return images_from_laps(args.data_root, args.split, args.image_root)
+    config = _synthetic_config(
+        args.synthetic_seed, args.synthetic, args.synthetic_num_images, args.synthetic_image_size
+    )
+    return images_from_synthetic(args.synthetic, config)
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from patchword.densify.config import DEFAULT_PROMPT, GenerationSettings, resolve_device, resolve_precision
+    from patchword.densify.runner import densify
+    from patchword.densify.shards import parse_shard, shard_from_env, shard_output_path
+    from patchword.densify.vlm import load_vlm
+
+    settings = GenerationSettings(
+        prompt=args.prompt if args.prompt is not None else DEFAULT_PROMPT,
+        max_new_tokens=args.max_new_tokens,
+        do_sample=args.sample,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+    shard = parse_shard(args.shard) if args.shard else None
+    ranked = shard_from_env() if shard is None else None
+    device = resolve_device(args.device)
+    precision = resolve_precision(args.precision, device)
+    images = _image_list(args, parser)
+    out = args.out
+    if ranked is not None:
+        if _finished_job(out, images, settings, args.model):
+            print(f"{out}: complete ({len(images)} images); nothing to do")
+            return 0
+        shard, out = ranked, shard_output_path(args.out, ranked)
+        _logger.info("torchrun rank %d of %d writes %s", ranked.index, ranked.count, out)
+
+    def load():
+        return load_vlm(
+            args.model,
+            device=device,
+            precision=precision,
+            allow_download=args.allow_download,
+            model_id=args.model_id,
+        )
+
+    result = densify(
+        images,
+        load,
+        out,
+        settings,
+        model_name=args.model,
+        batch_size=args.batch_size,
+        shard=shard,
+        on_bad_image="skip" if args.skip_bad_images else "error",
+        progress=False if args.no_progress else None,
+    )
+    if result.generated:
+        rate = result.generated / max(result.generate_seconds, 1e-9)
+        print(
+            f"{result.out}: {result.done} of {result.expected} images ({result.generated} generated now: "
+            f"{result.generate_seconds:.1f} s, {rate:.2f} images/s; {result.seconds:.1f} s with loading)"
+        )
+    else:
+        print(f"{result.out}: {result.done} of {result.expected} images (nothing left to generate)")
+    if not result.complete:
+        shown = ", ".join(result.missing[:20]) + (" ..." if len(result.missing) > 20 else "")
+        print(f"incomplete: {len(result.missing)} images missing: {shown}")
+        for item, reason in result.failed[:20]:
+            print(f"  {item.image_id}: {reason}")
+        return 1
+    if ranked is not None and ranked.index == 0 and not args.no_merge:
+        _wait_and_merge(args.out, ranked)
+    return 0
+
+
+def _finished_job(out: Path, images, settings, model_name: str) -> bool:
+    """Under torchrun ``--out`` is written by the merge: it must not exist yet, or be this job, finished."""
+    from patchword.densify.resume import is_complete
+
+    if not out.exists():
+        return False
+    if is_complete(out, images, settings, model_name=model_name):
+        return True
+    raise FileExistsError(f"{out} exists and is not this job's finished output; choose another --out")
+
+
+def _wait_and_merge(out: Path, shard, poll_s: float = 10.0) -> None:
+    """Rank 0: wait until every rank's shard file is complete, then merge them into ``out``."""
+    from patchword.densify.shards import Shard, merge_shards, shard_output_path
+    from patchword.densify.store import read_records, read_sidecar
+
+    paths = [shard_output_path(out, Shard(r, shard.count)) for r in range(shard.count)]
+    last_log = 0.0
+    while True:
+        waiting = []
+        for path in paths:
+            meta = read_sidecar(path) if path.exists() else None
+            if meta is None or len(read_records(path)[0]) != int(meta["stop"]) - int(meta["start"]):
+                waiting.append(path.name)
+        if not waiting:
+            break
+        if time.monotonic() - last_log > 60:
+            _logger.info("rank 0 waits for %d shard(s) before merging: %s", len(waiting), ", ".join(waiting))
+            last_log = time.monotonic()
+        time.sleep(poll_s)
+    lines = merge_shards(paths, out)
+    print(f"merged {len(paths)} shards into {out} ({lines} lines)")
+
+
+# --------------------------------------------------------------------------------------------------------
+# merge, stats
+# --------------------------------------------------------------------------------------------------------
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from patchword.densify.shards import merge_shards
+
+    lines = merge_shards(args.shards, args.out, force=args.force)
+    print(f"merged {len(args.shards)} shards into {args.out} ({lines} lines)")
+    return 0
+
+
+def _synthetic_for(path: Path, args: argparse.Namespace):
+    """``(split, SyntheticConfig)`` for the scene coverage, from the flags or the file's sidecar."""
+    from patchword.data.synthetic import SyntheticConfig
+    from patchword.densify.store import read_sidecar
+
+    if args.synthetic_split:
+        return args.synthetic_split, _synthetic_config(
+            args.synthetic_seed, args.synthetic_split, args.synthetic_num_images
+        )
+    meta = read_sidecar(path)
+    source = meta.get("source") if meta else None
+    if isinstance(source, dict) and source.get("kind") == "synthetic":
+        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in source["config"].items()}
+        return source["split"], SyntheticConfig(**fields)
+    return None
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from patchword.densify.stats import dense_stats, format_stats, read_texts
+
+    bert = None
+    if args.bert_vocab:
+        from patchword.encoders import BertCaptionTokenizer
+
+        bert = BertCaptionTokenizer.from_pretrained(args.bert_vocab)
+    reports = {}
+    for path in args.files:
+        data = read_texts(path)
+        reports[str(path)] = dense_stats(
+            data, bert=bert, token_limits=args.token_limits, synthetic=_synthetic_for(path, args)
+        )
+    if args.json:
+        print(json.dumps(reports if len(reports) > 1 else next(iter(reports.values())), indent=2))
+    else:
+        print("\n\n".join(format_stats(path, report) for path, report in reports.items()))
+    return 0
+
+
+if __name__ == "__main__":  # torchrun --nproc_per_node=N -m patchword.densify.cli --images ... --out ...
+    raise SystemExit(main())

@@ -1,0 +1,211 @@
+"""Splitting an image list over processes, and joining their output files back together.
+
+A shard is a contiguous range of the image list cut at batch boundaries: shard ``I`` of ``N`` gets batches
+``[I*B/N, (I+1)*B/N)`` of the ``B`` batches. Every shard therefore forms exactly the batches a single run
+with the same batch size forms, and the merged shards equal that run's file.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from patchword.densify.store import (
+    DenseRecord,
+    read_records,
+    read_sidecar,
+    write_records_atomic,
+    write_sidecar,
+)
+from patchword.errors import ConfigError, DataError, MissingFileError, RunExistsError
+
+__all__ = ["Shard", "parse_shard", "shard_from_env", "shard_output_path", "merge_shards", "check_merge_ready"]
+
+logger = logging.getLogger(__name__)
+
+_SHARD_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` (0-based) of ``count``."""
+
+    index: int = 0
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not 0 <= self.index < self.count:
+            raise ConfigError("--shard", f"need 0 <= I < N in I/N, got {self.index}/{self.count}")
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    def image_range(self, num_images: int, batch_size: int) -> tuple[int, int]:
+        """``(start, stop)``: this shard's images, whole batches of ``batch_size`` counted from image 0."""
+        num_batches = math.ceil(num_images / batch_size)
+        first = self.index * num_batches // self.count
+        last = (self.index + 1) * num_batches // self.count
+        return min(first * batch_size, num_images), min(last * batch_size, num_images)
+
+
+def parse_shard(text: str) -> Shard:
+    """``"I/N"`` -> :class:`Shard` (``I`` counts from 0: ``0/2`` and ``1/2`` are the two halves).
+
+    Raises:
+        ConfigError: anything else, e.g. ``"1-2"``, ``"2/2"`` or ``"0/0"``.
+    """
+    match = _SHARD_RE.match(text)
+    if not match:
+        raise ConfigError("--shard", f"expected I/N with 0 <= I < N (e.g. 0/4), got {text!r}")
+    return Shard(int(match.group(1)), int(match.group(2)))
+
+
+def shard_from_env(environ: Mapping[str, str] | None = None) -> Shard | None:
+    """The shard of this process under ``torchrun`` (``RANK`` of ``WORLD_SIZE``), or None outside it."""
+    environ = os.environ if environ is None else environ
+    world = environ.get("WORLD_SIZE")
+    if world is None or int(world) <= 1:
+        return None
+    return Shard(int(environ.get("RANK", "0")), int(world))
+
+
+def shard_output_path(out: str | os.PathLike[str], shard: Shard) -> Path:
+    """``dense.jsonl`` -> ``dense.shard-1-of-4.jsonl`` (the per-rank files of a torchrun job)."""
+    out = Path(out)
+    return out.with_name(f"{out.stem}.shard-{shard.index}-of-{shard.count}{out.suffix}")
+
+
+# --------------------------------------------------------------------------------------------------------
+# Merge
+# --------------------------------------------------------------------------------------------------------
+
+# Sidecar fields every shard of one job shares (what was generated, from which list).
+# (Paths, "model" and "source", may differ: shards of one job can run on machines with other mounts.)
+_SHARED_FIELDS = ("model_id", "generation", "precision", "num_images", "images_sha256")
+
+
+@dataclass
+class _ShardFile:
+    path: Path
+    meta: dict
+    records: list[DenseRecord]
+    torn: int
+
+    @property
+    def expected(self) -> int:
+        return int(self.meta["stop"]) - int(self.meta["start"])
+
+
+def _read_shard(path: Path) -> _ShardFile:
+    if not path.is_file():
+        raise MissingFileError(f"shard file not found: {path}")
+    meta = read_sidecar(path)
+    if meta is None:
+        raise DataError(
+            f"{path} has no {path.name}.densify.json next to it: merge joins only files written by "
+            "`patchword densify` (the sidecar says which images each shard holds)"
+        )
+    records, torn = read_records(path)
+    return _ShardFile(path, meta, records, torn)
+
+
+def _check_compatible(shards: Sequence[_ShardFile]) -> None:
+    first = shards[0]
+    for other in shards[1:]:
+        for key in _SHARED_FIELDS:
+            if other.meta.get(key) != first.meta.get(key):
+                raise DataError(
+                    f"{other.path} and {first.path} come from different jobs: their {key!r} differ "
+                    f"({other.meta.get(key)!r} vs {first.meta.get(key)!r})"
+                )
+
+
+def _check_tiling(shards: Sequence[_ShardFile]) -> None:
+    """The shards' ranges must cover [0, num_images) exactly once, and each shard must be complete."""
+    num_images = int(shards[0].meta["num_images"])
+    position = 0
+    for shard in shards:
+        start, stop = int(shard.meta["start"]), int(shard.meta["stop"])
+        name = f"{shard.path} (shard {shard.meta['shard']}, images {start}..{stop - 1})"
+        if start > position:
+            raise DataError(
+                f"gap: images {position}..{start - 1} of {num_images} are in none of the shards given"
+            )
+        if start < position:
+            raise DataError(
+                f"duplicate: {name} overlaps the shard before it (which ends at image {position - 1})"
+            )
+        done = len(shard.records)
+        if done != shard.expected:
+            raise DataError(
+                f"{name} is incomplete: {done} of {shard.expected} images done; rerun its densify command to "
+                "finish it (finished images are kept)"
+            )
+        position = stop
+    if position < num_images:
+        raise DataError(
+            f"gap: images {position}..{num_images - 1} of {num_images} are in none of the shards given"
+        )
+
+
+def check_merge_ready(paths: Sequence[str | os.PathLike[str]]) -> list[DenseRecord]:
+    """Validate shard files and return their records in image order (see :func:`merge_shards`)."""
+    from patchword.densify.sources import fingerprint
+
+    if not paths:
+        raise ConfigError("merge", "no shard files given")
+    shards = [_read_shard(Path(p)) for p in paths]
+    _check_compatible(shards)
+    shards.sort(key=lambda s: (int(s.meta["start"]), int(s.meta["stop"])))
+    _check_tiling(shards)
+    records = [r for s in shards for r in s.records]
+    seen: dict[str, Path] = {}
+    for shard in shards:
+        for record in shard.records:
+            if record.image_id in seen:
+                raise DataError(
+                    f"duplicate: image {record.image_id!r} is in {seen[record.image_id]} and {shard.path}"
+                )
+            seen[record.image_id] = shard.path
+    if fingerprint([r.image_id for r in records]) != shards[0].meta["images_sha256"]:
+        raise DataError(
+            "the shards' image ids are not the image list they were made from (a shard file was edited, or "
+            "holds images out of order)"
+        )
+    return records
+
+
+def merge_shards(
+    paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *, force: bool = False
+) -> int:
+    """Join the shard files of one job into ``out``, in image order; returns the number of lines.
+
+    The shards may be given in any order: their sidecars say which range of the image list each holds.
+    ``out`` gets a sidecar too, so it is itself a finished densify output (a rerun of the single-process
+    command on it has nothing to do).
+
+    Raises:
+        DataError: shards of different jobs or settings, a gap or an overlap between ranges, an incomplete
+            shard, an image id in two shards, or ids that differ from the job's image list.
+        RunExistsError: ``out`` exists and ``force`` is False.
+    """
+    out = Path(out)
+    if out.exists() and not force:
+        raise RunExistsError(f"{out} exists; pass --force to overwrite it or choose another --out")
+    if any(Path(p).resolve() == out.resolve() for p in paths):
+        raise ConfigError("--out", f"{out} is one of the shards being merged")
+    records = check_merge_ready(paths)
+    meta = read_sidecar(paths[0])
+    assert meta is not None
+    num_images = int(meta["num_images"])
+    merged = {key: meta.get(key) for key in ("model", *_SHARED_FIELDS, "source", "batch_size", "device")}
+    # Sidecar first: a crash in between leaves a sidecar without a file, which a rerun simply replaces.
+    write_sidecar(out, {**merged, "shard": "0/1", "start": 0, "stop": num_images})
+    write_records_atomic(out, records)
+    logger.info("merged %d shards into %s (%d lines)", len(paths), out, len(records))
+    return len(records)

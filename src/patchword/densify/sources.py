@@ -1,0 +1,188 @@
+"""The ordered image lists densify describes: a folder, a LAPS/SEPS split, or the synthetic scenes.
+
+The order of a list is the order of the output file. Each image has an id written to the output's
+metadata, by which a rerun recognises finished work:
+
+* a folder: every image file below it, sorted by relative path (POSIX separators); the id is that path;
+* a LAPS/SEPS split: the split's image order (first appearance in ``{split}_ids.txt``); the id is the
+  dataset id, so the file lines up with ``data.dense_<split>`` of the ``laps`` loader;
+* the synthetic scenes: ``syn-<split>-<index>`` ids, the ids of the synthetic splits, which lets
+  ``densify stats`` compare each description with the scene it describes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from patchword.data.images import load_image
+from patchword.errors import DataError, MissingFileError
+
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "ImageItem",
+    "ImageList",
+    "ArrayImageList",
+    "images_from_folder",
+    "images_from_laps",
+    "images_from_synthetic",
+    "fingerprint",
+]
+
+#: File suffixes (lower case) a folder scan treats as images.
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+@dataclass(frozen=True)
+class ImageItem:
+    """One image of a list.
+
+    Attributes:
+        image_id: the id written to the output metadata (unique within the list).
+        file: the file name shown in metadata and errors (relative to the list's root).
+        path: where the pixels are; None for in-memory images.
+    """
+
+    image_id: str
+    file: str
+    path: Path | None = None
+
+
+def fingerprint(image_ids: Sequence[str]) -> str:
+    """sha256 of the ids in order: two lists with the same fingerprint are the same list."""
+    digest = hashlib.sha256()
+    for image_id in image_ids:
+        digest.update(image_id.encode("utf-8"))
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+class ImageList:
+    """An ordered list of images read from files.
+
+    Args:
+        items: the images, in output order.
+        source: a JSON-ready description of where the list comes from (recorded next to the output).
+    """
+
+    def __init__(self, items: Sequence[ImageItem], source: dict[str, object]) -> None:
+        self.items = list(items)
+        self.source = source
+        seen: set[str] = set()
+        for item in self.items:
+            if item.image_id in seen:
+                raise DataError(f"image id {item.image_id!r} appears twice in {source}")
+            seen.add(item.image_id)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @property
+    def image_ids(self) -> list[str]:
+        return [item.image_id for item in self.items]
+
+    def missing_files(self) -> list[ImageItem]:
+        """The items whose file does not exist."""
+        return [item for item in self.items if item.path is not None and not item.path.is_file()]
+
+    def load(self, index: int) -> Image.Image:
+        """Decode image ``index`` as RGB.
+
+        Raises:
+            MissingFileError: the file does not exist.
+            DataError: the file is not a readable image (names the file and the image id).
+        """
+        item = self.items[index]
+        try:
+            return load_image(item.path)
+        except FileNotFoundError as err:
+            raise MissingFileError(f"image {item.image_id!r}: file not found: {item.path}") from err
+        except ValueError as err:
+            raise DataError(f"image {item.image_id!r}: {err}") from err
+
+
+class ArrayImageList(ImageList):
+    """Images held in memory as an (N, H, W, 3) uint8 array (the synthetic scenes)."""
+
+    def __init__(self, items: Sequence[ImageItem], source: dict[str, object], pixels: np.ndarray) -> None:
+        super().__init__(items, source)
+        if len(pixels) != len(self.items):
+            raise ValueError(f"{len(pixels)} images for {len(self.items)} ids")
+        self.pixels = pixels
+
+    def load(self, index: int) -> Image.Image:
+        return Image.fromarray(self.pixels[index])
+
+
+def images_from_folder(folder: str | os.PathLike[str]) -> ImageList:
+    """Every image file below ``folder`` (hidden files and folders skipped), sorted by relative path.
+
+    Raises:
+        MissingFileError: the folder does not exist.
+        DataError: it holds no image file.
+    """
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        raise MissingFileError(f"--images: image folder not found: {root}")
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            if not name.startswith(".") and Path(name).suffix.lower() in IMAGE_SUFFIXES:
+                found.append(Path(dirpath, name).relative_to(root).as_posix())
+    if not found:
+        raise DataError(f"--images: no image files ({', '.join(IMAGE_SUFFIXES)}) under {root}")
+    items = [ImageItem(rel, rel, root / rel) for rel in sorted(found)]
+    return ImageList(items, {"kind": "folder", "root": str(root.resolve())})
+
+
+def images_from_laps(
+    data_root: str | os.PathLike[str], split: str, image_root: str | os.PathLike[str] | None = None
+) -> ImageList:
+    """The images of a LAPS/SEPS split, in the split's image order, identified by dataset id.
+
+    Args:
+        data_root: folder with ``{split}_ids.txt``, ``{split}_caps.txt`` and ``id_mapping.json``.
+        split: ``train``, ``dev``, ``test``, ``testall``...
+        image_root: folder the mapped file names are relative to (default: ``data_root``).
+    """
+    from patchword.data.captions import load_laps_split
+
+    image_root = Path(data_root if image_root is None else image_root).expanduser()
+    laps = load_laps_split(data_root, split, image_root, check_images=False)
+    items = [
+        ImageItem(str(image_id), Path(path).relative_to(image_root).as_posix(), Path(path))
+        for image_id, path in zip(laps.image_ids, laps.images, strict=True)
+    ]
+    source = {
+        "kind": "laps",
+        "data_root": str(Path(data_root).resolve()),
+        "split": split,
+        "image_root": str(image_root.resolve()),
+    }
+    return ImageList(items, source)
+
+
+def images_from_synthetic(split: str, config: object | None = None) -> ArrayImageList:
+    """The rendered images of a synthetic split (:mod:`patchword.data.synthetic`), ids ``syn-<split>-<i>``.
+
+    Args:
+        split: ``train``, ``dev`` or ``test``.
+        config: a :class:`~patchword.data.synthetic.SyntheticConfig` (default: the default config).
+    """
+    from patchword.data.synthetic import SPLITS, SyntheticConfig, generate_split
+
+    if split not in SPLITS:
+        raise DataError(f"--synthetic: unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+    config = config or SyntheticConfig()
+    scenes = generate_split(config, split)
+    items = [ImageItem(image_id, image_id) for image_id in scenes.image_ids]
+    source = {"kind": "synthetic", "split": split, "config": dataclasses.asdict(config)}
+    return ArrayImageList(items, source, scenes.images)
