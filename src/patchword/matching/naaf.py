@@ -81,8 +81,6 @@ class NAAFConfig:
     init_threshold_safe: float = 0.0  # initial test threshold (official 0)
     normalize_inputs: bool = True  # L2-normalise regions and words first, as the official encoders do
     max_pair_elements: int = 1 << 22  # bound on B_v x captions x L x R elements per chunk (0 = no chunks)
-    has_cls: bool = False  # accepted for interface symmetry; region features have no CLS token
-    num_patches: int | None = None  # accepted for interface symmetry (number of regions); unused
 
 
 def gaussian_boundary(
@@ -217,7 +215,6 @@ class NAAFMatcher(Matcher):
             )
         self.config = config
         self.embed_dim = config.embed_dim
-        self.has_cls = False
         f64 = torch.float64
         self.register_buffer("threshold", torch.tensor(float(config.init_threshold), dtype=f64))
         self.register_buffer("threshold_safe", torch.tensor(float(config.init_threshold_safe), dtype=f64))

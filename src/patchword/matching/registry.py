@@ -14,6 +14,7 @@ __all__ = [
     "list_matchers",
     "matcher_config_class",
     "matcher_reads_dense",
+    "GEOMETRY",
 ]
 
 # name -> (matcher class, config dataclass, preset overrides applied before the user's keywords)
@@ -56,23 +57,41 @@ def matcher_reads_dense(name: str, **kwargs: Any) -> bool:
     return cls.reads_dense(config_cls(**{**preset, **kwargs}))
 
 
+#: The token geometry every matcher is offered (``build_model`` passes the image encoder's). A matcher whose
+#: config lacks one of these fields does not use it: ``num_patches`` is then dropped, and ``has_cls=True``
+#: is an error (a region matcher would treat the CLS token as one more region).
+GEOMETRY = ("embed_dim", "num_patches", "has_cls")
+
+
+def _geometry_for(name: str, fields: set[str], kwargs: dict[str, Any]) -> dict[str, Any]:
+    kwargs = dict(kwargs)
+    if "num_patches" not in fields:
+        kwargs.pop("num_patches", None)
+    if "has_cls" not in fields and kwargs.pop("has_cls", False):
+        raise ValueError(f"matcher {name!r} takes tokens without a CLS token, but has_cls=True")
+    return kwargs
+
+
 def build_matcher(name: str, config: Any = None, **kwargs: Any) -> nn.Module:
     """Build a registered matcher.
 
     Args:
         name: registry name (see :func:`list_matchers`).
         config: an optional config dataclass instance (or dict) to start from instead of the defaults.
-        **kwargs: config fields to override, e.g. ``embed_dim=512, sparse_ratio=0.5``.
+        **kwargs: config fields to override, e.g. ``embed_dim=512, sparse_ratio=0.5``; the
+            :data:`GEOMETRY` keys may be given to every matcher.
 
     Raises:
         KeyError: unknown matcher name.
         TypeError: a keyword that is not a field of the matcher's config.
+        ValueError: ``has_cls=True`` for a matcher that takes no CLS token.
     """
     cls, config_cls, preset = _lookup(name)
     base = (
         {} if config is None else (dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config)
     )
     fields = {f.name for f in dataclasses.fields(config_cls)}
+    kwargs = _geometry_for(name, fields, kwargs)
     unknown = (set(base) | set(kwargs)) - fields
     if unknown:
         raise TypeError(

@@ -50,8 +50,6 @@ class SCANConfig:
     feature_norm: str = "clipped_l2norm"  # raw_feature_norm of the scores along the query axis
     normalize_inputs: bool = True  # L2-normalise regions and words first, as the official encoders do
     max_pair_elements: int = 1 << 22  # bound on B_v x captions x L x R elements per chunk (0 = no chunks)
-    has_cls: bool = False  # accepted for interface symmetry; region features have no CLS token
-    num_patches: int | None = None  # accepted for interface symmetry (number of regions); unused
 
 
 @register_matcher("scan", SCANConfig)
@@ -77,7 +75,6 @@ class SCANMatcher(Matcher):
             raise ValueError("lambda_softmax and lambda_lse must be > 0")
         self.config = config
         self.embed_dim = config.embed_dim
-        self.has_cls = False
 
     def pair_memory_bytes(self, img_len: int, txt_len: int, dense_len: int, dim: int) -> int:
         """Working bytes per pair inside :meth:`forward` (about six fp32 (L, R) tensors)."""

@@ -51,7 +51,6 @@ class TGDTConfig:
 
     embed_dim: int = 1024  # C, width of the transformer outputs
     has_cls: bool = True  # token 0 of img_tokens is the global slot (else: global = mean of the regions)
-    num_patches: int | None = None  # accepted for interface symmetry (number of regions); unused
     text_global: str = "first"  # caption global embedding: "first" (token 0, official) or "mean"
     local_scale: float = 10.0  # factor of the local similarity (official x10)
     skip_text_head: int = 1  # leading valid text positions left out of s_l (official 1: [CLS])

@@ -20,7 +20,6 @@ class VSEConfig:
     embed_dim: int = 512  # C, width of the projected tokens
     has_cls: bool = True  # token 0 of img_tokens is CLS
     pool: str = "cls"  # image pooling: "cls" (needs has_cls) or "mean" over all image tokens
-    num_patches: int | None = None  # accepted for interface symmetry with patch matchers; unused
 
 
 @register_matcher("vse", VSEConfig)
