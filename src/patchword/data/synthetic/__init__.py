@@ -19,6 +19,8 @@ Modules, one job each:
 - :mod:`.captions`: the sparse caption templates and the noisy dense descriptions.
 - :mod:`.fits`: the fits relation (:func:`evaluate_fits`, :class:`FitsOracle`).
 - :mod:`.oracle`: the oracle recall bound (:func:`oracle_metrics`).
+- :mod:`.negatives`: compositional hard negatives of every caption (:func:`hard_negatives`).
+- :mod:`.geometry`: the pixels and ViT patches each object covers (:func:`split_object_patches`).
 - :mod:`.dataset`: :class:`SceneSplit`, :func:`generate_split` and the cached :class:`SyntheticScenes`.
 """
 
@@ -40,6 +42,15 @@ from patchword.data.synthetic.config import MAX_CAPTION_OBJECTS as MAX_CAPTION_O
 from patchword.data.synthetic.config import NUM_CELLS as NUM_CELLS
 from patchword.data.synthetic.dataset import SceneSplit, SyntheticScenes, default_cache_dir, generate_split
 from patchword.data.synthetic.fits import FitsOracle, evaluate_fits
+from patchword.data.synthetic.geometry import (
+    ObjectLayout,
+    object_label_map,
+    object_layout,
+    object_patch_masks,
+    split_layout,
+    split_object_patches,
+)
+from patchword.data.synthetic.negatives import NEGATIVE_KINDS, HardNegatives, hard_negatives
 from patchword.data.synthetic.oracle import oracle_metrics
 from patchword.data.synthetic.records import CaptionSpec, CaptionTable, DenseTable, ObjectRef, SceneTable
 from patchword.data.synthetic.scenes import render_scenes
@@ -58,6 +69,15 @@ __all__ = [
     "generate_split",
     "oracle_metrics",
     "render_scenes",
+    "hard_negatives",
+    "HardNegatives",
+    "NEGATIVE_KINDS",
+    "ObjectLayout",
+    "object_layout",
+    "split_layout",
+    "object_label_map",
+    "object_patch_masks",
+    "split_object_patches",
     "default_cache_dir",
     "SHAPES",
     "COLOURS",

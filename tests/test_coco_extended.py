@@ -1,0 +1,245 @@
+"""COCO extended metrics (ECCV Caption, CxC, COCO 1K/5K): equal to the eccv_caption package, and by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from patchword.errors import ConfigError, DataError, MissingExtraError
+from patchword.eval.coco_extended import (
+    COCO_EXTENDED_METRICS,
+    CocoGroundTruth,
+    coco_extended_metrics,
+    coco_extended_percent,
+)
+from patchword.eval.metrics import retrieval_metrics
+
+SHARED_COCO = Path(__file__).resolve().parents[2] / "shared" / "data" / "coco_5k_test"
+
+
+def _write_truth(directory: Path, image_ids, caption_ids, positives: dict) -> Path:
+    """ECCV Caption's file layout: {source}_{image_to_caption,caption_to_image}.json + coco_test_ids.npy."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for source, (i2t, t2i) in positives.items():
+        (directory / f"{source}_image_to_caption.json").write_text(
+            json.dumps({str(k): v for k, v in i2t.items()})
+        )
+        (directory / f"{source}_caption_to_image.json").write_text(
+            json.dumps({str(k): v for k, v in t2i.items()})
+        )
+    np.save(directory / "coco_test_ids.npy", np.asarray(caption_ids, np.int64))
+    return directory
+
+
+def _random_universe(directory: Path, n_img: int = 40, seed: int = 0):
+    """A COCO-shaped universe (5 captions per image, five folds) with random CxC, ECCV and PM positives."""
+    rng = np.random.default_rng(seed)
+    image_ids = [int(i) for i in rng.choice(10**6, n_img, replace=False)]
+    caption_ids = [int(c) for c in rng.choice(10**6, 5 * n_img, replace=False) + 10**6]
+    owner = {c: image_ids[j // 5] for j, c in enumerate(caption_ids)}
+    own = {i: caption_ids[5 * n : 5 * n + 5] for n, i in enumerate(image_ids)}
+
+    def extended(query_share: float, extra: int, absent: bool):
+        i2t, t2i = {}, {}
+        for i in image_ids:
+            if rng.random() < query_share:
+                more = [int(c) for c in rng.choice(caption_ids, rng.integers(0, extra + 1), replace=False)]
+                i2t[i] = list(dict.fromkeys(own[i] + more + ([7] if absent and rng.random() < 0.2 else [])))
+        for c in caption_ids:
+            if rng.random() < query_share:
+                more = [int(i) for i in rng.choice(image_ids, rng.integers(0, extra + 1), replace=False)]
+                t2i[c] = list(dict.fromkeys([owner[c], *more]))
+        return i2t, t2i
+
+    positives = {
+        "original": (own, {c: [owner[c]] for c in caption_ids}),
+        "cxc": extended(0.95, 3, absent=False),
+        "eccv": extended(0.3, 8, absent=True),
+        "pm": extended(0.5, 4, absent=False),
+    }
+    _write_truth(directory, image_ids, caption_ids, positives)
+    return image_ids, caption_ids
+
+
+def _eccv_package(directory: Path):
+    """eccv_caption.Metrics reading the positives of ``directory`` instead of its own data."""
+    eccv_caption = pytest.importorskip("eccv_caption")
+    metrics = eccv_caption.Metrics()
+    for source, setter in (
+        ("original", metrics.set_coco_gts),
+        ("cxc", metrics.set_cxc_gts),
+        ("eccv", metrics.set_eccv_gts),
+        ("pm", metrics.set_pm_gts),
+    ):
+        setter(
+            str(directory / f"{source}_image_to_caption.json"),
+            str(directory / f"{source}_caption_to_image.json"),
+        )
+    metrics.coco_ids = np.load(directory / "coco_test_ids.npy")
+    return metrics
+
+
+def _retrieved(sims: np.ndarray, image_ids, caption_ids):
+    """What eccv_caption takes: every query's candidates sorted by decreasing similarity."""
+    i2t = {i: [caption_ids[j] for j in np.argsort(-sims[n], kind="stable")] for n, i in enumerate(image_ids)}
+    t2i = {
+        c: [image_ids[j] for j in np.argsort(-sims[:, n], kind="stable")] for n, c in enumerate(caption_ids)
+    }
+    return i2t, t2i
+
+
+@pytest.fixture(scope="module")
+def universe(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("eccv")
+    image_ids, caption_ids = _random_universe(directory)
+    sims = np.random.default_rng(1).standard_normal((len(image_ids), len(caption_ids))).astype(np.float32)
+    return directory, image_ids, caption_ids, sims
+
+
+@pytest.mark.parametrize(
+    "metrics",
+    [
+        ("coco_1k_r1", "coco_5k_r1", "cxc_r1", "eccv_r1", "eccv_map_at_r"),  # the package's default
+        ("coco_1k_recalls", "coco_5k_recalls", "cxc_recalls", "eccv_r1", "eccv_rprecision", "eccv_map_at_r"),
+        ("eccv_recalls",),
+    ],
+)
+def test_equals_the_eccv_caption_package_on_a_random_matrix(universe, metrics):
+    directory, image_ids, caption_ids, sims = universe
+    package = _eccv_package(directory)
+    i2t, t2i = _retrieved(sims, image_ids, caption_ids)
+    expected = package.compute_all_metrics(i2t, t2i, target_metrics=metrics, Ks=(1, 5, 10))
+    # shuffled rows and columns: the result must follow the ids, not the positions
+    rng = np.random.default_rng(2)
+    rows, cols = rng.permutation(len(image_ids)), rng.permutation(len(caption_ids))
+    got = coco_extended_metrics(
+        torch.from_numpy(sims[rows][:, cols]),
+        np.asarray(image_ids)[rows],
+        np.asarray(caption_ids)[cols],
+        metrics=metrics,
+        ks=(1, 5, 10),
+        ground_truth=directory,
+    )
+    assert got.keys() == expected.keys()
+    for name, values in expected.items():
+        assert got[name] == pytest.approx(values, abs=1e-12), name
+    assert any(0 < v < 1 for values in got.values() for v in values.values())  # not a degenerate case
+
+
+def test_pmrp_and_rprecision_alone_equal_the_package(universe):
+    directory, image_ids, caption_ids, sims = universe
+    package = _eccv_package(directory)
+    i2t, t2i = _retrieved(sims, image_ids, caption_ids)
+    retrieved = {"i2t": i2t, "t2i": t2i}
+    got = coco_extended_metrics(
+        sims, image_ids, caption_ids, metrics=("pmrp", "eccv_rprecision"), ground_truth=directory
+    )
+    assert got["pmrp"] == pytest.approx(package.pmrp(retrieved, "all"), abs=1e-12)
+    # the package returns eccv_rprecision only alongside eccv_map_at_r (a typo in its check)
+    both = package.compute_all_metrics(i2t, t2i, target_metrics=("eccv_rprecision", "eccv_map_at_r"))
+    assert got["eccv_rprecision"] == pytest.approx(both["eccv_rprecision"], abs=1e-12)
+
+
+def test_coco_5k_recalls_equal_the_library_recalls_with_ties(universe):
+    """COCO's own positives are the split's ground truth: R@K must equal retrieval_metrics, ties included
+    (both rank a positive tied with a negative behind it)."""
+    directory, image_ids, caption_ids, _ = universe
+    sims = np.random.default_rng(3).integers(0, 4, (len(image_ids), len(caption_ids))).astype(np.float32)
+    got = coco_extended_metrics(
+        sims, image_ids, caption_ids, metrics=("coco_5k_recalls",), ground_truth=directory
+    )
+    ref = retrieval_metrics(torch.from_numpy(sims), np.arange(len(caption_ids)) // 5)
+    for k in (1, 5, 10):
+        assert 100 * got[f"coco_5k_r{k}"]["i2t"] == pytest.approx(ref[f"i2t_r{k}"])
+        assert 100 * got[f"coco_5k_r{k}"]["t2i"] == pytest.approx(ref[f"t2i_r{k}"])
+
+
+def test_hand_computed_case(tmp_path):
+    """Five images (one per 1K fold), captions c0..c24 (c5i..c5i+4 of image i) and hand-made positives.
+
+    Image 0 ranks its captions c1 > c9 > c3 > c0 > ...; its ECCV positives are c1, c3 and c99 (absent):
+    positives at ranks 0 and 2, R = 3, so R@1 = 1, R-Precision = 2/3 (two positives in the top 3) and
+    mAP@R = (1/1 + 2/3) / 3 = 5/9. Caption c9 ranks image 0 > image 1 > ...; its ECCV positives are images
+    1 and 3: rank 1 and rank 4 (last), R = 2: R@1 = 0, R@5 = 1, R-Precision = 1/2, mAP@R = (0 + 1/2) / 2.
+    """
+    image_ids = [100, 101, 102, 103, 104]
+    caption_ids = list(range(25))
+    own = {100 + i: list(range(5 * i, 5 * i + 5)) for i in range(5)}
+    truth = {
+        "original": (own, {c: [100 + c // 5] for c in caption_ids}),
+        "cxc": (own, {c: [100 + c // 5] for c in caption_ids}),
+        "eccv": ({100: [1, 3, 99]}, {9: [101, 103]}),
+    }
+    directory = _write_truth(tmp_path / "gt", image_ids, caption_ids, truth)
+    sims = np.zeros((5, 25), np.float32)
+    sims[0, [1, 9, 3, 0]] = [4, 3, 2, 1]
+    sims[:, 9] = [3, 2.5, 2, -1, 1]
+    got = coco_extended_metrics(
+        sims,
+        image_ids,
+        caption_ids,
+        metrics=("eccv_recalls", "eccv_rprecision", "eccv_map_at_r"),
+        ks=(1, 5),
+        ground_truth=directory,
+    )
+    assert got["eccv_r1"] == {"i2t": 1.0, "t2i": 0.0}
+    assert got["eccv_r5"] == {"i2t": 1.0, "t2i": 1.0}
+    assert got["eccv_rprecision"] == pytest.approx({"i2t": 2 / 3, "t2i": 1 / 2})
+    assert got["eccv_map_at_r"] == pytest.approx({"i2t": 5 / 9, "t2i": 1 / 4})
+    flat = coco_extended_percent(got)
+    assert flat["eccv_map_at_r_i2t"] == pytest.approx(500 / 9) and flat["eccv_r1_t2i"] == 0.0
+
+
+def test_default_ground_truth_is_the_package_data_and_matches_the_shared_copy():
+    pytest.importorskip("eccv_caption")
+    shipped = CocoGroundTruth.load()
+    image_ids, caption_ids = shipped.standard_ids()
+    assert image_ids.shape == (5000,) and caption_ids.shape == (25000,)
+    assert image_ids[:3].tolist() == [391895, 60623, 483108]  # testall order (the data README)
+    assert len(shipped.eccv["t2i"]) == 1332 and len(shipped.eccv["i2t"]) == 1261
+    if SHARED_COCO.is_dir():
+        copy = CocoGroundTruth.load(SHARED_COCO)
+        assert copy.eccv == shipped.eccv and copy.cxc == shipped.cxc
+        assert np.array_equal(copy.coco_ids, shipped.coco_ids)
+
+
+def test_errors_name_the_problem(universe, monkeypatch):
+    directory, image_ids, caption_ids, sims = universe
+    with pytest.raises(ConfigError, match="unknown COCO extended metric"):
+        coco_extended_metrics(sims, image_ids, caption_ids, metrics=("eccv_r2",), ground_truth=directory)
+    # a subset of the images: the queries of the positives files are missing
+    with pytest.raises(DataError, match="need the full COCO 5K"):
+        coco_extended_metrics(sims[:10], image_ids[:10], caption_ids, ground_truth=directory)
+    # a split read in another order than its ids
+    wrong = (np.arange(len(caption_ids)) // 5 + 1) % len(image_ids)
+    with pytest.raises(DataError, match="caption row 0"):
+        coco_extended_metrics(sims, image_ids, caption_ids, ground_truth=directory, txt2img=wrong)
+    coco_extended_metrics(sims, image_ids, caption_ids, ground_truth=directory, txt2img=np.arange(200) // 5)
+    # no eccv_caption and no directory: the error names the extra
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "eccv_caption" else real(name, *a)
+    )
+    with pytest.raises(MissingExtraError, match=r"patchword\[coco\]"):
+        CocoGroundTruth.load()
+    assert set(COCO_EXTENDED_METRICS) >= {"eccv_map_at_r", "cxc_recalls", "coco_1k_r1"}
+
+
+def test_a_two_stage_pair_ranks_each_direction_with_its_own_matrix(universe):
+    directory, image_ids, caption_ids, sims = universe
+    other = np.random.default_rng(5).standard_normal(sims.shape).astype(np.float32)
+    other[other < 0.5] = -np.inf  # not shortlisted
+    metrics = ("coco_1k_recalls", "cxc_recalls", "eccv_map_at_r", "eccv_rprecision")
+    args = dict(metrics=metrics, ground_truth=directory)
+    pair = coco_extended_metrics((sims, other), image_ids, caption_ids, **args)
+    first = coco_extended_metrics(sims, image_ids, caption_ids, **args)
+    second = coco_extended_metrics(other, image_ids, caption_ids, **args)
+    assert pair.keys() == first.keys()
+    for name in pair:
+        assert pair[name] == {"i2t": first[name]["i2t"], "t2i": second[name]["t2i"]}, name
