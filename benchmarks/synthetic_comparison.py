@@ -28,17 +28,17 @@ from patchword.train.run import prepare_data, train_run
 
 MODELS = {
     "vse (global, CLS)": ["model.matcher=vse"],
-    "laps (code)": ["model.matcher=laps", "model.variant=code"],
-    "seps code, image-tied dense": ["model.matcher=seps", "model.variant=code", "model.dense_pairing=image"],
+    "laps (code)": ["model.matcher=laps", "model.seps.variant=code"],
+    "seps code, image-tied dense": ["model.matcher=seps", "model.seps.variant=code", "model.seps.dense_pairing=image"],
     "seps code, caption-tied dense (official protocol, LEAKY)": [
         "model.matcher=seps",
-        "model.variant=code",
-        "model.dense_pairing=caption",
+        "model.seps.variant=code",
+        "model.seps.dense_pairing=caption",
     ],
     "seps paper, image-tied dense": [
         "model.matcher=seps",
-        "model.variant=paper",
-        "model.dense_pairing=image",
+        "model.seps.variant=paper",
+        "model.seps.dense_pairing=image",
     ],
 }
 KEYS = ["i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum"]
@@ -46,7 +46,7 @@ KEYS = ["i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum"]
 
 def _common(args: argparse.Namespace) -> list[str]:
     # The demo's data, model size, lr, precision and negatives; no time budget (a fixed step count).
-    skip = ("name=", "model.matcher", "model.variant", "model.dense_pairing", "train.time_budget_s")
+    skip = ("name=", "model.matcher", "model.seps.variant", "model.seps.dense_pairing", "train.time_budget_s")
     base = [o for o in DEMO_OVERRIDES if not o.startswith(skip)]
     return [
         *base,

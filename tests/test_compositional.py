@@ -43,7 +43,7 @@ from patchword.eval.engine import score_matrix
 from patchword.eval.scoring import encode_image_tokens, encode_text_tokens
 from patchword.matching import MatcherOutput
 from patchword.matching.base import Matcher
-from patchword.model import ModelConfig, build_model
+from patchword.model import ModelConfig, SEPSOptions, build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -254,12 +254,14 @@ def test_a_candidate_that_still_fits_is_replaced_by_the_next_one():
 
 def _tiny_model(vocab, **model_args):
     torch.manual_seed(0)
+    seps = {k: model_args.pop(k) for k in ("variant", "dense_pairing") if k in model_args}
     cfg = ModelConfig(
         embed_dim=32,
         tiny_vit=TinyViTConfig(image_size=32, patch_size=8, width=32, depth=1, heads=2),
         tiny_text_width=32,
         tiny_text_depth=1,
         max_text_len=160,
+        seps=SEPSOptions(**seps),
         **model_args,
     )
     return build_model(cfg, vocab_size=len(vocab)).eval()

@@ -86,7 +86,7 @@ def test_train_then_eval_from_the_synthetic_preset(tmp_path, cache, method):
                 [
                     "eval",
                     str(run),
-                    "model.matcher_args.inference=local",  # overrides go before the options
+                    "model.tgdt.inference=local",  # overrides go before the options
                     "--out",
                     str(tmp_path / "local.json"),
                 ]
@@ -121,9 +121,9 @@ def test_precomp_dataset_and_similarity_ensembles(tmp_path, cache):
         "scan_synthetic.yaml",
         "i2t",
         *common,
-        "model.matcher_args.direction=i2t",
-        "model.matcher_args.lambda_softmax=4.0",
-        "model.matcher_args.agg=mean",
+        "model.scan.direction=i2t",
+        "model.scan.lambda_softmax=4.0",
+        "model.scan.agg=mean",
     )
     single = json.loads((t2i / "metrics.json").read_text())
     # an ensemble of a run with itself is the run
@@ -163,5 +163,5 @@ def test_presets_for_real_data_parse(tmp_path):
         assert cfg.data.dataset == "precomp" and cfg.model.image_encoder == "precomp"
         assert cfg.model.matcher in ("scan", "naaf", "tgdt")
     assert np.isclose(
-        load_config(RunConfig, CONFIGS / "naaf_f30k.yaml").model.matcher_args["lambda_softmax"], 20
+        load_config(RunConfig, CONFIGS / "naaf_f30k.yaml").model.naaf.lambda_softmax, 20
     )

@@ -22,7 +22,7 @@ from patchword.data.vocab import WordVocab
 from patchword.encoders import TinyViTConfig
 from patchword.eval.selection import SelectionCounts, evaluate_selection, selection_metrics
 from patchword.matching import MatcherOutput
-from patchword.model import ModelConfig, build_model
+from patchword.model import ModelConfig, SEPSOptions, build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -124,12 +124,14 @@ def data():
 
 def _tiny_model(vocab, **model_args) -> nn.Module:
     torch.manual_seed(0)
+    seps = {k: model_args.pop(k) for k in ("variant", "dense_pairing") if k in model_args}
     cfg = ModelConfig(
         embed_dim=32,
         tiny_vit=TinyViTConfig(image_size=32, patch_size=8, width=32, depth=1, heads=2),
         tiny_text_width=32,
         tiny_text_depth=1,
         max_text_len=160,
+        seps=SEPSOptions(**seps),
         **model_args,
     )
     return build_model(cfg, vocab_size=len(vocab)).eval()

@@ -163,10 +163,11 @@ def test_dense_text_is_encoded_only_for_matchers_that_read_it(tiny_data, monkeyp
     for matcher, variant, reads in (
         ("seps", "paper", True),
         ("laps", "code", False),
-        ("vse", "paper", False),
+        ("vse", "code", False),
     ):
         model = build_model(
-            replace(cfg.model, matcher=matcher, variant=variant), vocab_size=tiny_data.vocab_size
+            replace(cfg.model, matcher=matcher, seps=replace(cfg.model.seps, variant=variant)),
+            vocab_size=tiny_data.vocab_size,
         )
         assert model.matcher.consumes_dense is reads
         calls = []
@@ -197,7 +198,7 @@ def test_false_negative_mask_comes_from_the_dataset(tiny_data):
 
 def test_cli_train_eval_demo_smoke(tmp_path, capsys):
     common = [f"output_dir={tmp_path}", f"data.cache_dir={tmp_path / 'cache'}", *TINY]
-    assert main(["train", "name=cli", "train.epochs=1", "model.variant=code", *common]) == 0
+    assert main(["train", "name=cli", "train.epochs=1", "model.seps.variant=code", *common]) == 0
     out = json.loads(capsys.readouterr().out)
     assert "rsum" in out
     assert main(["eval", str(tmp_path / "cli"), "eval.split=dev"]) == 0

@@ -1,8 +1,13 @@
 """patchword: fine-grained image-text retrieval in PyTorch.
 
 Data flows one way: dataset -> encoders -> token tensors -> matcher -> similarities -> loss | metrics.
+
+``create_model("seps-vit-b16-code")`` builds a named architecture (:func:`list_models`);
+``patchword.matching.build_matcher`` a similarity head alone; ``patchword.runs.load_run`` a trained run.
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+from patchword.factory import create_model, get_model_config, list_models  # noqa: E402
+
+__all__ = ["__version__", "create_model", "get_model_config", "list_models"]

@@ -5,11 +5,16 @@ dataclass from its defaults, applies the YAML file, then the overrides (values p
 so ``true``, ``1e-4`` and ``[9, 15]`` work). Every value is checked against its field's type hint:
 unknown keys, wrong types and values outside a ``Literal[...]`` are :class:`~patchword.errors.ConfigError`
 naming the dotted key, never silently accepted.
+
+A dataclass may declare ``ALIASES`` (a class variable: old field name -> dotted path of its new place)
+so that config files, saved runs and overrides written for an earlier layout keep loading; each use logs a
+deprecation warning.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import types
 import typing
 from pathlib import Path
@@ -19,9 +24,68 @@ import yaml
 
 from patchword.errors import ConfigError, MissingFileError
 
-__all__ = ["load_config", "apply_overrides", "config_to_dict", "save_config", "from_dict", "config_diff"]
+__all__ = [
+    "load_config",
+    "apply_overrides",
+    "config_to_dict",
+    "save_config",
+    "from_dict",
+    "config_diff",
+    "field_subset",
+]
 
 T = TypeVar("T")
+
+_logger = logging.getLogger(__name__)
+
+
+def _aliases(cls: type) -> dict[str, str]:
+    return dict(vars(cls).get("ALIASES", {})) if isinstance(cls, type) else {}
+
+
+def _set_path(data: dict[str, Any], path: list[str], value: Any) -> None:
+    for part in path[:-1]:
+        data = data.setdefault(part, {})
+    data.setdefault(path[-1], value)  # an explicit new-style value wins over its alias
+
+
+def _upgrade(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
+    """Move legacy keys of ``cls`` (its ``upgrade_legacy`` hook, then its ``ALIASES``) to their new place,
+    recursively."""
+    hook = vars(cls).get("upgrade_legacy")
+    if hook is not None:
+        data = hook.__get__(None, cls)(dict(data))
+    aliases = _aliases(cls)
+    if aliases and any(k in aliases for k in data):
+        data = dict(data)
+        for old, new in aliases.items():
+            if old in data:
+                _logger.warning("config key %s%s is deprecated: use %s%s", where, old, where, new)
+                _set_path(data, new.split("."), data.pop(old))
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        sub = _dataclass_type(hints[f.name])
+        if sub is not None and isinstance(data.get(f.name), dict):
+            data = {**data, f.name: _upgrade(sub, data[f.name], f"{where}{f.name}.")}
+    return data
+
+
+def field_subset(cls: type, exclude: tuple[str, ...], name: str, doc: str = "") -> type:
+    """A dataclass with the fields of dataclass ``cls`` (types and defaults) except ``exclude``.
+
+    Used for config sections that expose a component's own config minus what the builder supplies
+    (a matcher's options without the token geometry its encoders decide).
+    """
+    kept = [
+        (f.name, f.type, dataclasses.field(default=f.default, default_factory=f.default_factory))
+        for f in dataclasses.fields(cls)
+        if f.name not in exclude
+    ]
+    made = dataclasses.make_dataclass(name, kept)
+    made.__module__ = cls.__module__  # string annotations resolve in the original module
+    made.__doc__ = doc or f"The fields of :class:`{cls.__name__}` except {', '.join(exclude)}."
+    made.__qualname__ = name
+    return made
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
@@ -49,6 +113,7 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     """
     if not isinstance(data, dict):
         raise ConfigError(where, f"must be a mapping, got {type(data).__name__}")
+    data = _upgrade(cls, data, f"{where}." if where else "")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
@@ -136,9 +201,9 @@ def apply_overrides(cfg: T, overrides: list[str]) -> T:
         if "=" not in item:
             raise ConfigError("", f"override {item!r} must look like key.path=value")
         key, raw = item.split("=", 1)
-        key = key.strip()
+        parts = _resolve_aliases(type(cfg), key.strip().split("."))
+        key = ".".join(parts)
         node = data
-        parts = key.split(".")
         for i, part in enumerate(parts[:-1]):
             if not isinstance(node.get(part), dict):
                 raise ConfigError(".".join(parts[: i + 1]), f"unknown config section in override {item!r}")
@@ -148,6 +213,30 @@ def apply_overrides(cfg: T, overrides: list[str]) -> T:
         # A string field takes the text as written (YAML would turn name=0613 into the integer 613).
         node[parts[-1]] = _unquote(raw) if isinstance(node[parts[-1]], str) else _parse_scalar(raw)
     return from_dict(type(cfg), data)
+
+
+def _resolve_aliases(cls: type, parts: list[str]) -> list[str]:
+    """``["model", "variant"]`` -> ``["model", "seps", "variant"]`` where a dataclass declares the alias."""
+    out: list[str] = []
+    i = 0
+    while i < len(parts):
+        part = parts[i]
+        if cls is None:
+            out.extend(parts[i:])
+            break
+        fields = {f.name for f in dataclasses.fields(cls)}
+        aliases = _aliases(cls)
+        if part not in fields and part in aliases:
+            new = aliases[part].split(".")
+            _logger.warning(
+                "config key %s is deprecated: use %s", ".".join([*out, part]), ".".join([*out, *new])
+            )
+            parts = [*parts[:i], *new, *parts[i + 1 :]]
+            continue
+        out.append(part)
+        cls = _dataclass_type(typing.get_type_hints(cls).get(part)) if part in fields else None
+        i += 1
+    return out
 
 
 def _unquote(raw: str) -> str:
@@ -175,7 +264,9 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as err:
             raise ConfigError("", f"{path} is not valid YAML: {err}") from None
-        merged = _deep_merge(config_to_dict(cfg), data, "")
+        if not isinstance(data, dict):
+            raise ConfigError("", f"{path}: expected a mapping at the top level")
+        merged = _deep_merge(config_to_dict(cfg), _upgrade(cls, data, ""), "")
         try:
             cfg = from_dict(cls, merged)
         except ConfigError as err:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
 
+from patchword.config import field_subset
 from patchword.encoders import (
     ContextConfig,
     ContextTransformer,
@@ -24,23 +26,65 @@ from patchword.encoders import (
     build_text_encoder,
 )
 from patchword.errors import ConfigError
-from patchword.matching import MatcherOutput, build_matcher, matcher_reads_dense
+from patchword.matching import (
+    MatcherOutput,
+    NAAFConfig,
+    SCANConfig,
+    SEPSConfig,
+    TGDTConfig,
+    VSEConfig,
+    build_matcher,
+    matcher_config_class,
+    matcher_reads_dense,
+)
+from patchword.matching.registry import GEOMETRY, matcher_preset
 
-__all__ = ["ModelConfig", "RetrievalModel", "build_model", "matcher_arguments", "model_reads_dense"]
+__all__ = [
+    "MATCHER_SECTIONS",
+    "ModelConfig",
+    "NAAFOptions",
+    "SCANOptions",
+    "SEPSOptions",
+    "TGDTOptions",
+    "VSEOptions",
+    "RetrievalModel",
+    "build_model",
+    "matcher_arguments",
+    "matcher_section",
+    "model_reads_dense",
+]
+
+_logger = logging.getLogger(__name__)
+
+
+#: Model config section -> the matcher config it fills. A matcher reads the section of its config class
+#: (``laps`` is SEPS without dense text, so it reads ``seps``); the token geometry (embed_dim, num_patches,
+#: has_cls) is not part of a section: it comes from ``embed_dim`` and the image encoder.
+MATCHER_SECTIONS: dict[str, type] = {
+    "seps": SEPSConfig,
+    "vse": VSEConfig,
+    "scan": SCANConfig,
+    "naaf": NAAFConfig,
+    "tgdt": TGDTConfig,
+}
+SEPSOptions = field_subset(SEPSConfig, GEOMETRY, "SEPSOptions", "Options of SEPS / LAPS (see SEPSConfig).")
+VSEOptions = field_subset(VSEConfig, GEOMETRY, "VSEOptions", "Options of the VSE baseline (see VSEConfig).")
+SCANOptions = field_subset(SCANConfig, GEOMETRY, "SCANOptions", "Options of SCAN (see SCANConfig).")
+NAAFOptions = field_subset(NAAFConfig, GEOMETRY, "NAAFOptions", "Options of NAAF (see NAAFConfig).")
+TGDTOptions = field_subset(TGDTConfig, GEOMETRY, "TGDTOptions", "Options of TGDT (see TGDTConfig).")
 
 
 @dataclass
 class ModelConfig:
-    """Architecture of a retrieval model (encoders + matcher)."""
+    """Architecture of a retrieval model: encoders, the shared token width, and the matcher.
+
+    The matcher's options live in its typed section (``model.seps.sparse_ratio``, ``model.scan.direction``);
+    a section other than the one ``matcher`` reads must keep its defaults (a setting there would do
+    nothing, so it is an error).
+    """
 
     matcher: str = "seps"  # registry name: seps | laps | vse | scan | naaf | tgdt
-    variant: Literal["code", "paper"] = "paper"  # SEPS/LAPS switch preset
-    dense_pairing: Literal["image", "caption"] = "image"  # image (leak-free) | caption (official, leaky)
-    sparse_ratio: float = 0.5  # rho, fraction of patches kept
-    aggr_ratio: float = 0.4  # aggregated tokens = int(N * aggr_ratio * rho)
-    detach_selection: bool = False  # True: official no_grad around patch selection
-    matcher_args: dict[str, Any] = field(default_factory=dict)  # any other matcher config field
-    embed_dim: int = 256  # width of the projected tokens shared by both encoders
+    embed_dim: int = 512  # width of the projected tokens shared by both encoders (official 512)
     image_encoder: Literal["tiny", "hf", "precomp"] = "tiny"  # hf: ViT / Swin, local dir or hub id;
     # precomp: region features
     text_encoder: Literal["tiny", "bert", "gru"] = "tiny"  # gru: word embedding + BiGRU (SCAN / NAAF)
@@ -56,6 +100,39 @@ class ModelConfig:
     gru: GRUTextConfig = field(default_factory=GRUTextConfig)  # text_encoder == gru (vocab size set at build)
     text_context: ContextConfig = field(default_factory=ContextConfig)  # transformer after the text encoder
     # (TGDT); the encoders' embed_dim always follows embed_dim above
+    seps: SEPSOptions = field(default_factory=SEPSOptions)  # matcher = seps or laps
+    vse: VSEOptions = field(default_factory=VSEOptions)  # matcher = vse
+    scan: SCANOptions = field(default_factory=SCANOptions)  # matcher = scan
+    naaf: NAAFOptions = field(default_factory=NAAFOptions)  # matcher = naaf
+    tgdt: TGDTOptions = field(default_factory=TGDTOptions)  # matcher = tgdt
+
+    # Configs written before the matcher sections existed (saved runs, old YAML files) keep loading.
+    ALIASES: ClassVar[dict[str, str]] = {
+        "variant": "seps.variant",
+        "dense_pairing": "seps.dense_pairing",
+        "sparse_ratio": "seps.sparse_ratio",
+        "aggr_ratio": "seps.aggr_ratio",
+        "detach_selection": "seps.detach_selection",
+    }
+
+    @classmethod
+    def upgrade_legacy(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """The old untyped ``matcher_args`` mapping becomes the matcher's section (still type-checked)."""
+        legacy = data.pop("matcher_args", None)
+        if legacy:
+            section = matcher_section(data.get("matcher", cls.matcher))
+            _logger.warning("config key model.matcher_args is deprecated: use model.%s", section)
+            data[section] = {**legacy, **(data.get(section) or {})}
+        return data
+
+
+def matcher_section(matcher: str) -> str:
+    """The :class:`ModelConfig` section that holds ``matcher``'s options (``laps`` -> ``seps``)."""
+    config_cls = matcher_config_class(matcher)
+    for name, cls in MATCHER_SECTIONS.items():
+        if cls is config_cls:
+            return name
+    raise ConfigError("model.matcher", f"{matcher!r} has no options section in ModelConfig")
 
 
 class RetrievalModel(nn.Module):
@@ -120,19 +197,30 @@ class RetrievalModel(nn.Module):
 
 
 def build_model(
-    cfg: ModelConfig, vocab_size: int | None = None, vocab_words: Sequence[str] | None = None
+    cfg: ModelConfig,
+    vocab_size: int | None = None,
+    vocab_words: Sequence[str] | None = None,
+    *,
+    random_init: dict[str, dict[str, Any]] | None = None,
 ) -> RetrievalModel:
     """Build encoders and matcher; the matcher's token geometry follows the image encoder.
 
-    ``vocab_words`` (the word vocabulary by id) is needed only to align a GloVe text file with the GRU
-    text encoder's embedding.
+    Args:
+        cfg: the architecture.
+        vocab_size: the tokenizer's vocabulary size (tiny and GRU text encoders).
+        vocab_words: the word vocabulary by id, only to align a GloVe file with the GRU encoder.
+        random_init: Hugging Face backbones to build randomly initialised instead of loading weights:
+            ``{"vision": {...}, "text": {...}}`` of ``transformers.AutoConfig.for_model`` arguments
+            (``model_type`` plus the architecture); the named model configs carry them.
     """
+    random_init = random_init or {}
     if cfg.image_encoder == "tiny":
         vit_cfg = TinyViTConfig(**{**cfg.tiny_vit.__dict__, "embed_dim": cfg.embed_dim})
         image_encoder = build_image_encoder(vit_cfg)
     elif cfg.image_encoder == "hf":
+        source = _hf_architecture(random_init["vision"]) if "vision" in random_init else cfg.hf_vision
         image_encoder = build_image_encoder(
-            HFVisionConfig(cfg.hf_vision, embed_dim=cfg.embed_dim, local_files_only=cfg.hf_local_files_only)
+            HFVisionConfig(source, embed_dim=cfg.embed_dim, local_files_only=cfg.hf_local_files_only)
         )
     elif cfg.image_encoder == "precomp":
         image_encoder = build_image_encoder(dataclasses.replace(cfg.precomp, embed_dim=cfg.embed_dim))
@@ -150,8 +238,9 @@ def build_model(
         )
         text_encoder = build_text_encoder(text_cfg)
     elif cfg.text_encoder == "bert":
+        source = _hf_architecture(random_init["text"]) if "text" in random_init else cfg.hf_text
         text_encoder = build_text_encoder(
-            HFTextConfig(cfg.hf_text, embed_dim=cfg.embed_dim, local_files_only=cfg.hf_local_files_only)
+            HFTextConfig(source, embed_dim=cfg.embed_dim, local_files_only=cfg.hf_local_files_only)
         )
     elif cfg.text_encoder == "gru":
         if vocab_size is None:
@@ -170,9 +259,17 @@ def build_model(
     )
     try:
         matcher = build_matcher(cfg.matcher, **{**geometry, **matcher_arguments(cfg)})
-    except TypeError as err:  # an argument the matcher's config does not have
-        raise ConfigError("model.matcher_args", str(err)) from None
+    except ValueError as err:  # an option value the matcher refuses
+        raise ConfigError(f"model.{matcher_section(cfg.matcher)}", str(err)) from None
     return RetrievalModel(image_encoder, text_encoder, matcher)
+
+
+def _hf_architecture(spec: dict[str, Any]):
+    """A transformers config object (random init, no download) from ``{"model_type": ..., **kwargs}``."""
+    from patchword.encoders import require_transformers
+
+    spec = dict(spec)
+    return require_transformers().AutoConfig.for_model(spec.pop("model_type"), **spec)
 
 
 def model_reads_dense(cfg: ModelConfig) -> bool:
@@ -181,14 +278,8 @@ def model_reads_dense(cfg: ModelConfig) -> bool:
 
 
 def matcher_arguments(cfg: ModelConfig) -> dict[str, Any]:
-    """The matcher's config fields that come from the model config (its geometry comes from the encoders)."""
-    args: dict[str, Any] = {}
-    if cfg.matcher in ("seps", "laps"):
-        args.update(
-            variant=cfg.variant,
-            dense_pairing=cfg.dense_pairing,
-            sparse_ratio=cfg.sparse_ratio,
-            aggr_ratio=cfg.aggr_ratio,
-            detach_selection=cfg.detach_selection,
-        )
-    return {**args, **cfg.matcher_args}
+    """The matcher's config fields from its section (the geometry comes from the encoders); fields the
+    registered preset fixes (``laps``: no dense text) keep the preset's value."""
+    options = dataclasses.asdict(getattr(cfg, matcher_section(cfg.matcher)))
+    preset = matcher_preset(cfg.matcher)
+    return {k: v for k, v in options.items() if k not in preset}

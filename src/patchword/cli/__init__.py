@@ -31,6 +31,9 @@ _DELEGATED: dict[str, tuple[str, str, str]] = {
         "main",
         "dense captions from a vision-language model: densify | densify merge | densify stats",
     ),
+    "index": ("patchword.search.cli", "main_index", "index a folder of images: index build RUN --images DIR"),
+    "search": ("patchword.search.cli", "main_search", 'search an index: search INDEX "query" -k 10'),
+    "serve": ("patchword.serve.cli", "main_serve", "web page + JSON API over an index (extra: serve)"),
 }
 
 # Verbs defined in this package: name -> (module, help).
@@ -41,7 +44,7 @@ _VERBS: dict[str, tuple[str, str]] = {
         "train a model (or --resume a run) and evaluate its best dev checkpoint",
     ),
     "eval": ("patchword.cli.evaluate", "evaluate a trained run directory"),
-    "data": ("patchword.cli.data", "datasets: data check (validate a layout without training)"),
+    "data": ("patchword.cli.data", "datasets: data check (validate a layout) | data export synthetic"),
 }
 
 

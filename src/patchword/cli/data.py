@@ -1,4 +1,5 @@
-"""``patchword data check``: validate a dataset layout and print what was found, without training."""
+"""``patchword data check``: validate a dataset layout and print what was found, without training;
+``patchword data export synthetic``: write the synthetic scenes as real files in the LAPS/SEPS layout."""
 
 from __future__ import annotations
 
@@ -20,6 +21,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     check.add_argument("--split", action="append", choices=("train", "dev", "test"), help="check only these")
     check.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.root=data/f30k")
+    export = sub.add_parser("export", help="write a dataset as real files")
+    sources = export.add_subparsers(dest="export_source", required=True, metavar="SOURCE")
+    syn = sources.add_parser("synthetic", help="synthetic scenes as PNG files + the LAPS/SEPS layout")
+    syn.add_argument("--split", choices=("train", "dev", "test"), default="test")
+    syn.add_argument("--out", type=Path, required=True, help="output directory (must not exist or be empty)")
+    syn.add_argument("--run", type=Path, help="export the scenes of this run's data section")
+    syn.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.num_test=200")
 
 
 def check_dataset(cfg, roles=("train", "dev", "test")) -> list[dict[str, Any]]:
@@ -76,6 +84,28 @@ def _print(rows: list[dict[str, Any]]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.data_command == "export":
+        return _export(args)
+    return _check(args)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from patchword.config import apply_overrides
+    from patchword.data.export import export_synthetic_split
+    from patchword.runs import read_run_config
+    from patchword.train.config import RunConfig
+
+    cfg = (
+        read_run_config(args.run, args.overrides)
+        if args.run
+        else apply_overrides(RunConfig(), args.overrides)
+    )
+    summary = export_synthetic_split(args.out, args.split, config=cfg.data.synthetic_config())
+    print(summary.describe())
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
     from patchword.config import load_config
     from patchword.train.config import RunConfig
     from patchword.train.validate import check_config

@@ -50,3 +50,17 @@ class DataConfig:
     region_dim: int = 256  # synthetic_regions: feature width
     boxes_per_object: int = 3  # synthetic_regions: regions per object
     region_noise: float = 0.3  # synthetic_regions: norm of the noise added to every region
+
+    def synthetic_config(self):
+        """The generator config of the synthetic scenes this section describes (synthetic datasets)."""
+        from patchword.data.synthetic import SyntheticConfig
+
+        return SyntheticConfig(
+            seed=self.synthetic_seed,
+            image_size=self.synthetic_image_size,
+            num_train=self.num_train,
+            num_dev=self.num_dev,
+            num_test=self.num_test,
+            dense_omit_prob=self.dense_omit_prob,
+            dense_wrong_attr_prob=self.dense_wrong_attr_prob,
+        )

@@ -139,17 +139,9 @@ def _needed_files(dc: DataConfig, roles: Sequence[str], use_dense: bool) -> None
 
 
 def _synthetic(dc: DataConfig, roles: Sequence[str]) -> RawData:
-    from patchword.data.synthetic import SyntheticConfig, SyntheticScenes
+    from patchword.data.synthetic import SyntheticScenes
 
-    syn = SyntheticConfig(
-        seed=dc.synthetic_seed,
-        image_size=dc.synthetic_image_size,
-        num_train=dc.num_train,
-        num_dev=dc.num_dev,
-        num_test=dc.num_test,
-        dense_omit_prob=dc.dense_omit_prob,
-        dense_wrong_attr_prob=dc.dense_wrong_attr_prob,
-    )
+    syn = dc.synthetic_config()
     ds = SyntheticScenes.load_or_generate(syn, cache_dir=dc.cache_dir or None)
     names = {role: getattr(dc, f"{role}_split") for role in roles}
     raw = {role: ds.split(name) for role, name in names.items()}

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -72,7 +73,8 @@ class NAAFConfig:
     lambda_softmax: float = 20.0  # lambda of the positive mask attention and the relevance softmax
     alpha: float = 2.0  # weight of mismatch errors in the boundary (eq. 3); issue #3 suggests 2.5
     intra_temperature: float = 5.0  # temperature of the word-word affinity softmax (official 5)
-    intra_relation: str = "test"  # when the negative gate uses A @ Row_max: test (official) | always | never
+    # when the negative gate uses A @ Row_max: test (official) | always | never
+    intra_relation: Literal["test", "always", "never"] = "test"
     update_threshold: bool = True  # mine mismatches and update the thresholds in training mode
     min_samples: int = 200  # sampled words a batch needs before the thresholds are re-fitted
     blend: float = 0.7  # weight of the new value in the 0.7 / 0.3 blend with the old one

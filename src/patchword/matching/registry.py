@@ -14,6 +14,7 @@ __all__ = [
     "list_matchers",
     "matcher_config_class",
     "matcher_reads_dense",
+    "matcher_preset",
     "GEOMETRY",
 ]
 
@@ -49,6 +50,11 @@ def list_matchers() -> list[str]:
 def matcher_config_class(name: str) -> type:
     """The config dataclass of matcher ``name``."""
     return _lookup(name)[1]
+
+
+def matcher_preset(name: str) -> dict[str, Any]:
+    """The config values registration fixes for ``name`` (``laps``: ``use_dense=False``)."""
+    return dict(_lookup(name)[2])
 
 
 def matcher_reads_dense(name: str, **kwargs: Any) -> bool:

@@ -17,6 +17,7 @@ already normalised pass through unchanged up to rounding.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -43,11 +44,17 @@ class SCANConfig:
     """Arguments of :class:`SCANMatcher`; defaults are SCAN t-i LSE on Flickr30K (README flags)."""
 
     embed_dim: int = 1024  # D, width of region and word vectors
-    direction: str = "t2i"  # "t2i" (words attend to regions) or "i2t" (regions attend to words)
-    agg: str = "logsumexp"  # aggregation over words (t2i) / regions (i2t): logsumexp | mean | max | sum
+    direction: Literal["t2i", "i2t"] = (
+        "t2i"  # "t2i" (words attend to regions) or "i2t" (regions attend to words)
+    )
+    agg: Literal["logsumexp", "mean", "max", "sum"] = (
+        "logsumexp"  # aggregation over words (t2i) / regions (i2t): logsumexp | mean | max | sum
+    )
     lambda_softmax: float = 9.0  # lambda_1, attention inverse temperature (README: 9 t2i, 4 i2t)
     lambda_lse: float = 6.0  # lambda_2 of LogSumExp (README: 6 t2i, 5 i2t F30K, 20 i2t COCO)
-    feature_norm: str = "clipped_l2norm"  # raw_feature_norm of the scores along the query axis
+    feature_norm: Literal[
+        "clipped_l2norm", "l2norm", "softmax", "clipped", "no_norm", "l1norm", "clipped_l1norm"
+    ] = "clipped_l2norm"  # raw_feature_norm of the scores along the query axis
     normalize_inputs: bool = True  # L2-normalise regions and words first, as the official encoders do
     max_pair_elements: int = 1 << 22  # bound on B_v x captions x L x R elements per chunk (0 = no chunks)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -19,7 +20,9 @@ class VSEConfig:
 
     embed_dim: int = 512  # C, width of the projected tokens
     has_cls: bool = True  # token 0 of img_tokens is CLS
-    pool: str = "cls"  # image pooling: "cls" (needs has_cls) or "mean" over all image tokens
+    pool: Literal["cls", "mean"] = (
+        "cls"  # image pooling: "cls" (needs has_cls) or "mean" over all image tokens
+    )
 
 
 @register_matcher("vse", VSEConfig)

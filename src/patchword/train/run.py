@@ -32,7 +32,7 @@ from patchword.data.prepare import (
 from patchword.data.vocab import WordVocab
 from patchword.errors import ConfigError, MissingFileError, RunExistsError
 from patchword.eval.protocol import evaluate
-from patchword.model import RetrievalModel, build_model, model_reads_dense
+from patchword.model import RetrievalModel, build_model, matcher_section, model_reads_dense
 from patchword.runs import CONFIG_FILE, VOCAB_FILE, load_run_tokenizer, read_run_config
 from patchword.train.checkpoint import (
     atomic_write_text,
@@ -206,7 +206,7 @@ def run_metadata(cfg: RunConfig, model: RetrievalModel, role: str) -> dict[str, 
     return {
         "split": role,
         "matcher": cfg.model.matcher,
-        "variant": cfg.model.variant if cfg.model.matcher in ("seps", "laps") else None,
+        "variant": cfg.model.seps.variant if matcher_section(cfg.model.matcher) == "seps" else None,
         "dense_pairing": matcher.dense_pairing if matcher.consumes_dense else None,
         "leaky": bool(cfg.data.dense and matcher.leaky),
     }

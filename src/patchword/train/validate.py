@@ -12,10 +12,11 @@ from pathlib import Path
 
 import torch
 
+from patchword.config import config_diff
 from patchword.data.prepare import FILE_DATASETS, REGION_DATASETS, SYNTHETIC_DATASETS, PreparedData
 from patchword.device import resolve_device
 from patchword.errors import ConfigError, MissingFileError
-from patchword.model import RetrievalModel, model_reads_dense
+from patchword.model import MATCHER_SECTIONS, RetrievalModel, matcher_section, model_reads_dense
 from patchword.train.config import RunConfig
 
 __all__ = ["check_config", "check_model_data", "data_image_size", "RESUMABLE_KEYS"]
@@ -106,8 +107,17 @@ def check_config(cfg: RunConfig) -> torch.device:
         _at_least(value, low, key)
     if tc.lr <= 0:
         raise ConfigError("train.lr", f"must be > 0, got {tc.lr!r}")
-    _ratio(mc.sparse_ratio, "model.sparse_ratio")
-    _ratio(mc.aggr_ratio, "model.aggr_ratio")
+    _ratio(mc.seps.sparse_ratio, "model.seps.sparse_ratio")
+    _ratio(mc.seps.aggr_ratio, "model.seps.aggr_ratio")
+    in_use = matcher_section(mc.matcher)
+    for name in MATCHER_SECTIONS:
+        options = getattr(mc, name)
+        changed = config_diff(type(options)(), options) if name != in_use else []
+        if changed:
+            raise ConfigError(
+                f"model.{name}.{changed[0]}",
+                f"has no effect with model.matcher={mc.matcher} (it reads model.{in_use})",
+            )
     if dc.dataset in SYNTHETIC_DATASETS:
         for key in ("num_train", "num_dev", "num_test"):
             _at_least(getattr(dc, key), 1, f"data.{key}")

@@ -1,0 +1,151 @@
+"""``patchword index build ...`` and ``patchword search ...``.
+
+``main_index(argv)`` takes the arguments after ``index`` (``["build", RUN_DIR, "--images", DIR, "--out",
+INDEX]``) and ``main_search(argv)`` those after ``search`` (``[INDEX, "a red circle", "-k", "5"]``); both
+return an exit code (0, or 2 after printing ``error: ...`` for a user error), so tests and the top-level
+``patchword`` command run them in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from patchword.errors import USER_ERRORS
+
+__all__ = ["main_index", "main_search"]
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _index_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="patchword index", description="build or update a search index")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    build = sub.add_parser(
+        "build",
+        help="index the images under a folder with a trained run",
+        description="Encode every image under --images (found by content, recursively) with RUN_DIR's model "
+        "into INDEX_DIR. Rerunning an interrupted build resumes it; --update refreshes a complete index.",
+    )
+    build.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging"
+    )
+    build.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="directory written by `patchword train`")
+    build.add_argument("--images", type=Path, required=True, help="folder of images to index (recursive)")
+    build.add_argument("--out", type=Path, required=True, help="index directory to create or update")
+    build.add_argument(
+        "--update", action="store_true", help="encode new and changed files, drop deleted ones"
+    )
+    build.add_argument("--fp16", action="store_true", help="store image tokens as float16 (half the size)")
+    build.add_argument(
+        "--dense",
+        type=Path,
+        help="dense captions (SEPS JSONL, metadata.file = image path relative to --images) for matchers "
+        "that read them",
+    )
+    build.add_argument("--batch-size", type=int, default=64, help="images per encoder batch (default 64)")
+    build.add_argument("--shard-size", type=int, default=2048, help="images per shard (default 2048)")
+    build.add_argument(
+        "--workers", type=int, default=None, help="image decoding threads (default min(4, CPUs))"
+    )
+    build.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0 (default cpu)")
+    build.add_argument("--checkpoint", default=None, help="checkpoint inside RUN_DIR (default best.pt)")
+    return parser
+
+
+def main_index(argv: list[str] | None = None) -> int:
+    """``patchword index build RUN_DIR --images DIR --out INDEX_DIR [--update] [--fp16] ...``."""
+    args = _index_parser().parse_args(argv)
+    _logging(args.verbose)
+    from patchword.search.index import build_index
+
+    try:
+        report = build_index(
+            args.run_dir,
+            args.images,
+            args.out,
+            update=args.update,
+            dtype="float16" if args.fp16 else None,
+            dense=args.dense,
+            batch_size=args.batch_size,
+            shard_size=args.shard_size,
+            workers=args.workers,
+            device=args.device,
+            checkpoint=args.checkpoint,
+        )
+    except (*USER_ERRORS, ImportError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: rerun the same command to resume {args.out}", file=sys.stderr)
+        return 130
+    print(report.summary())
+    return 0
+
+
+def _search_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="patchword search", description="search an index: global shortlist, then fine re-ranking"
+    )
+    parser.add_argument(
+        "index_dir", type=Path, metavar="INDEX_DIR", help="directory written by `index build`"
+    )
+    parser.add_argument("query", help="the text to search for")
+    parser.add_argument("-k", type=int, default=10, help="results to print (default 10)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON (the /api/search body)")
+    parser.add_argument("--shortlist", type=int, default=None, help="images re-ranked by the fine matcher")
+    parser.add_argument(
+        "--run", type=Path, default=None, help="run directory (default: the one that built it)"
+    )
+    parser.add_argument("--checkpoint", default=None, help="checkpoint inside the run (default: the index's)")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return parser
+
+
+def main_search(argv: list[str] | None = None) -> int:
+    """``patchword search INDEX_DIR "query" [-k 10] [--json]``: prints rank, score, path and latency."""
+    args = _search_parser().parse_args(argv)
+    _logging(args.verbose)
+    from patchword.search.query import Searcher
+
+    try:
+        if args.k < 1:
+            raise ValueError(f"-k must be positive, got {args.k}")
+        searcher = Searcher.open(
+            args.index_dir,
+            run_dir=args.run,
+            checkpoint=args.checkpoint,
+            device=args.device,
+            shortlist=args.shortlist,
+        )
+        result = searcher.search(args.query, k=args.k)
+    except (*USER_ERRORS, ImportError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        body = result.to_json()
+        body["timings_ms"] = {key: round(1000 * value, 3) for key, value in result.timings.items()}
+        print(json.dumps(body, indent=2, ensure_ascii=False))
+        return 0
+    width = max((len(str(h.rank)) for h in result.hits), default=1)
+    print(f"{'#':>{width}}  {'score':>8}  {'global':>8}  path")
+    for hit in result.hits:
+        print(f"{hit.rank:>{width}}  {hit.score:8.4f}  {hit.global_score:8.4f}  {hit.path}")
+    t = result.timings
+    print(
+        f"{len(result.hits)} results in {1000 * t['total']:.1f} ms (encode {1000 * t['encode']:.1f} ms, "
+        f"shortlist {1000 * t['shortlist']:.1f} ms, re-rank of {result.shortlist} of {len(searcher)} images "
+        f"{1000 * t['rerank']:.1f} ms)"
+    )
+    return 0

@@ -1,0 +1,149 @@
+"""Turning image files into index rows: decoding in threads, batched encoding, shard files.
+
+:class:`ShardEncoder` decodes one batch ahead in a thread pool (Pillow releases the GIL while decoding)
+while the model encodes the current batch. A file that fails to decode becomes a :class:`SkippedFile` with
+its signature, never an exception. :func:`write_shard` writes one shard's arrays, each atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from patchword.data.images import load_image
+from patchword.errors import DataError, MissingFileError
+from patchword.runs import LoadedRun
+from patchword.search.scan import ImageFile, SkippedFile
+from patchword.search.store import DTYPES, save_npy_atomic, shard_files
+
+__all__ = ["EncodedShard", "ShardEncoder", "read_dense_file", "write_shard"]
+
+
+def read_dense_file(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Dense captions keyed by image file: a SEPS-format JSONL whose ``metadata.file`` (or, failing
+    that, ``metadata.image_id``) is the image's path relative to the indexed folder, as
+    ``patchword densify`` and ``patchword data export`` write them.
+
+    Raises:
+        MissingFileError: no such file.
+        DataError: a malformed line (named by number) or the same image twice.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise MissingFileError(f"--dense: dense caption file not found: {path}")
+    texts: dict[str, str] = {}
+    with path.open(encoding="utf-8", errors="strict") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{lineno}: malformed JSON: {err.msg}") from err
+            meta = record.get("metadata") if isinstance(record, dict) else None
+            text = record.get("text") if isinstance(record, dict) else None
+            key = (meta.get("file") or meta.get("image_id")) if isinstance(meta, dict) else None
+            if not isinstance(text, str) or not text.strip() or not isinstance(key, str) or not key:
+                raise DataError(
+                    f"{path}:{lineno}: expected {{'text': ..., 'metadata': {{'file': <image path relative to "
+                    "--images>}}}}"
+                )
+            key = Path(key).as_posix()
+            if key in texts:
+                raise DataError(f"{path}:{lineno}: a second dense caption for {key}")
+            texts[key] = text.strip()
+    return texts
+
+
+@dataclass
+class EncodedShard:
+    """One shard's worth of encoded images (rows in the order of ``files``)."""
+
+    files: list[ImageFile] = field(default_factory=list)
+    globals_: list[torch.Tensor] = field(default_factory=list)
+    tokens: list[torch.Tensor] = field(default_factory=list)
+    dense: list[torch.Tensor] = field(default_factory=list)
+    dense_lens: list[torch.Tensor] = field(default_factory=list)
+    failed: list[SkippedFile] = field(default_factory=list)
+
+
+class ShardEncoder:
+    """Decodes files in threads (one batch ahead) and runs the model on whole batches."""
+
+    def __init__(
+        self,
+        run: LoadedRun,
+        root: Path,
+        batch_size: int,
+        pool: ThreadPoolExecutor,
+        dense_texts: dict[str, str] | None,
+    ) -> None:
+        self.run, self.root, self.batch_size, self.pool = run, root, batch_size, pool
+        self.dense_texts = dense_texts
+        self.transform = run.image_transform()
+
+    def _load(self, file: ImageFile) -> torch.Tensor | SkippedFile:
+        try:
+            return self.transform(load_image(self.root / file.path))
+        except Exception as err:  # noqa: BLE001 - any decoding failure skips the file, never the build
+            return SkippedFile(file.path, f"cannot decode: {err}", file.size, file.mtime_ns)
+
+    def _submit(self, files: Sequence[ImageFile]) -> list[Future]:
+        return [self.pool.submit(self._load, f) for f in files]
+
+    @torch.no_grad()
+    def encode(self, files: Sequence[ImageFile], on_batch: Callable[[int], None]) -> EncodedShard:
+        out = EncodedShard()
+        batches = [files[i : i + self.batch_size] for i in range(0, len(files), self.batch_size)]
+        pending = self._submit(batches[0]) if batches else []
+        model, device = self.run.model, self.run.device
+        for b, batch in enumerate(batches):
+            loaded = [f.result() for f in pending]
+            pending = self._submit(batches[b + 1]) if b + 1 < len(batches) else []
+            good = [(file, x) for file, x in zip(batch, loaded, strict=True) if isinstance(x, torch.Tensor)]
+            out.failed += [x for x in loaded if isinstance(x, SkippedFile)]
+            if good:
+                images = torch.stack([x for _, x in good]).to(device)
+                tokens = model.encode_images(images)
+                out.files += [file for file, _ in good]
+                out.tokens.append(tokens.float().cpu())
+                out.globals_.append(model.matcher.global_image(tokens).float().cpu())
+                if self.dense_texts is not None:
+                    dense, lens = self._encode_dense([self.dense_texts[file.path] for file, _ in good])
+                    out.dense.append(dense)
+                    out.dense_lens.append(lens)
+            on_batch(len(batch))
+        return out
+
+    def _encode_dense(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        run = self.run
+        ids, lens = run.tokenizer.batch_encode(texts, max_len=run.config.data.max_dense_len)
+        tokens = run.model.encode_texts(ids.to(run.device), lens.to(run.device)).float().cpu()
+        return tokens, lens
+
+
+def _pad_cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate (B_i, L_i, C) blocks along the batch, zero-padding to the longest L."""
+    width = max(p.shape[1] for p in parts)
+    return torch.cat([torch.nn.functional.pad(p, (0, 0, 0, width - p.shape[1])) for p in parts])
+
+
+def write_shard(index_dir: Path, shard_id: int, encoded: EncodedShard, dtype: str) -> int:
+    """Write one shard's arrays (each atomically); returns its row count."""
+    files = shard_files(index_dir, shard_id)
+    np_dtype = DTYPES[dtype]
+    save_npy_atomic(files["global"], torch.cat(encoded.globals_).numpy().astype(np.float32))
+    save_npy_atomic(files["tokens"], torch.cat(encoded.tokens).numpy().astype(np_dtype))
+    if encoded.dense:
+        lens = torch.cat(encoded.dense_lens)
+        dense = _pad_cat(encoded.dense)[:, : int(lens.max())]
+        save_npy_atomic(files["dense"], dense.numpy().astype(np_dtype))
+        save_npy_atomic(files["dense_lens"], lens.numpy().astype(np.int32))
+    return len(encoded.files)

@@ -1,0 +1,288 @@
+"""Why an image matches a query: the patches each selection branch kept, and where each word looked.
+
+For SEPS / LAPS (:class:`~patchword.matching.seps.SEPSMatcher`) the explanation is exact, computed from the
+matcher's public pieces (:mod:`patchword.matching.selection`, ``TokenAggregation``, ``HRPA``) for one
+(image, query) pair, in eval mode:
+
+* **kept patches**: each branch's top-K selection (``sparse``: guided by the query; ``dense``: by the
+  image's dense caption when the index has them), the same masks the matcher's forward returns as
+  ``MatcherOutput.decisions`` (checked at run time and in the tests);
+* **word-to-patch attention**: HRPA scores word ``w`` by its best image token ``m*`` (CLS, an aggregated
+  token, or the fusion token), ``a_w = max_m cos(t_m, w)``. Every image token except CLS is a weighted
+  sum of raw patches, ``t_m = sum_n Omega_mn P_n`` (aggregation weights over the kept patches; fusion
+  weights over the dropped ones), so the cosine splits exactly over patches::
+
+      a_w = cos(t_m*, w) = sum_n  Omega_m*n <P_n, w> / |t_m*|   =: sum_n heat_w[n]
+
+  ``heat_w`` is the word's HRPA term attributed to the patches it came from: its entries sum to ``a_w``,
+  they are zero outside the support of ``t_m*``, and negative where a patch pulled the cosine down.
+  When ``m*`` is CLS (a global token, not a patch mixture), the heat is zero and ``best_token`` says so.
+
+For other matchers the kept-patch list is empty and ``heat_w[n]`` is the plain cosine between word ``w``
+and patch token ``n`` (``method="token_cosine"``), which is what word-region attention starts from.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from patchword.matching.ops import l2norm, masked_mean
+from patchword.matching.selection import (
+    combine_paper_scores,
+    fusion_weights,
+    image_saliency,
+    text_relevance,
+    topk_decisions,
+)
+from patchword.matching.seps import SEPSMatcher
+
+__all__ = ["BranchMask", "WordAttention", "Explanation", "explain_pair", "SPECIAL_TOKENS"]
+
+logger = logging.getLogger(__name__)
+
+#: Token texts shown as specials (not words) in an explanation.
+SPECIAL_TOKENS = frozenset(
+    {"<start>", "<end>", "<pad>", "<unk>", "[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]"}
+)
+
+
+@dataclass
+class BranchMask:
+    """Patches kept by one selection branch: ``kept`` is (N,) bool over the patch grid (row-major)."""
+
+    name: str
+    kept: torch.Tensor
+
+    @property
+    def kept_count(self) -> int:
+        return int(self.kept.sum())
+
+
+@dataclass
+class WordAttention:
+    """One query token: its text, whether it is a special, its (N,) heat over the patches, the image
+    token it aligned with best (``cls``, ``aggregated:k`` or ``fusion``; ``patch:n`` for token_cosine)
+    and that cosine (its HRPA term before the similarity function)."""
+
+    text: str
+    special: bool
+    heat: torch.Tensor
+    best_token: str
+    cosine: float
+
+
+@dataclass
+class Explanation:
+    """An explained (query, image) pair.
+
+    Attributes:
+        method: ``"seps_selection"`` (exact decomposition, module docstring) or ``"token_cosine"``.
+        grid: (rows, cols) of the patch grid; N = rows * cols.
+        score: the matcher's similarity of the pair (its eval-mode forward).
+        branches: kept patches per selection branch (empty without patch selection).
+        words: one entry per query token (specials included: HRPA reads them too).
+        num_keep: K, patches each branch keeps (None without patch selection).
+        alignment: (M, L) cosines between the M image tokens ([CLS], aggregated..., fusion) and the L
+            words, the matrix HRPA scores (SEPS only).
+    """
+
+    method: str
+    grid: tuple[int, int]
+    score: float
+    branches: list[BranchMask] = field(default_factory=list)
+    words: list[WordAttention] = field(default_factory=list)
+    num_keep: int | None = None
+    alignment: torch.Tensor | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain lists for the API: masks as 0/1 grids, heats as float grids (rounded to 1e-5)."""
+        rows, cols = self.grid
+
+        def grid_of(values: torch.Tensor, cast) -> list[list[Any]]:
+            flat = values.reshape(rows, cols).tolist()
+            return [[cast(v) for v in row] for row in flat]
+
+        return {
+            "method": self.method,
+            "grid": [rows, cols],
+            "score": float(self.score),
+            "num_keep": self.num_keep,
+            "branches": [
+                {"name": b.name, "kept_count": b.kept_count, "kept": grid_of(b.kept, int)}
+                for b in self.branches
+            ],
+            "words": [
+                {
+                    "text": w.text,
+                    "special": w.special,
+                    "best_token": w.best_token,
+                    "cosine": round(float(w.cosine), 6),
+                    "heat": grid_of(w.heat, lambda v: round(float(v), 5)),
+                }
+                for w in self.words
+            ],
+        }
+
+
+@torch.no_grad()
+def explain_pair(
+    matcher: torch.nn.Module,
+    img_tokens: torch.Tensor,
+    cap_tokens: torch.Tensor,
+    cap_len: int,
+    dense_tokens: torch.Tensor | None = None,
+    dense_len: int | None = None,
+    *,
+    token_strings: list[str] | None = None,
+    grid: tuple[int, int] | None = None,
+) -> Explanation:
+    """Explain one (image, query) pair.
+
+    Args:
+        matcher: the fine matcher, in eval mode.
+        img_tokens: (L_v, C) projected image tokens (CLS first when the matcher has one).
+        cap_tokens: (L, C) query tokens; ``cap_len`` valid positions (specials included).
+        dense_tokens: (L_d, C) the image's dense-caption tokens and ``dense_len``, or None.
+        token_strings: the ``cap_len`` token texts (default ``[0]``, ``[1]``...).
+        grid: (rows, cols) of the patch grid (default: one row).
+
+    Returns:
+        :class:`Explanation`.
+    """
+    cap_tokens = cap_tokens[:cap_len]
+    names = token_strings or [f"[{i}]" for i in range(cap_len)]
+    if len(names) != cap_len:
+        raise ValueError(f"token_strings has {len(names)} entries for {cap_len} tokens")
+    if dense_tokens is not None:
+        dense_tokens = dense_tokens[:dense_len]
+    device = next(iter(matcher.parameters()), img_tokens).device
+    img_tokens, cap_tokens = img_tokens.to(device).float(), cap_tokens.to(device).float()
+    dense_tokens = None if dense_tokens is None else dense_tokens.to(device).float()
+    out = matcher(
+        img_tokens[None],
+        cap_tokens[None],
+        torch.tensor([cap_len], device=device),
+        None if dense_tokens is None else dense_tokens[None],
+        None if dense_tokens is None else torch.tensor([dense_len], device=device),
+    )
+    score = float(out.sims[0, 0])
+    if isinstance(matcher, SEPSMatcher):
+        explanation = _explain_seps(matcher, img_tokens, cap_tokens, dense_tokens, names, score)
+        forward_masks = [d[0, 0] > 0.5 for d in out.decisions]
+        mine = [b.kept for b in explanation.branches]
+        if len(forward_masks) != len(mine) or any(
+            not torch.equal(a, b) for a, b in zip(forward_masks, mine, strict=True)
+        ):
+            logger.warning("explain: recomputed patch selection differs from the matcher's (tied scores?)")
+    else:
+        explanation = _explain_token_cosine(matcher, img_tokens, cap_tokens, names, score)
+    n = explanation.words[0].heat.numel() if explanation.words else 0
+    explanation.grid = grid if grid is not None and grid[0] * grid[1] == n else (1, n)
+    return explanation
+
+
+def _word(text: str, heat: torch.Tensor, best: str, cosine: float) -> WordAttention:
+    return WordAttention(text, text in SPECIAL_TOKENS, heat.float().cpu(), best, float(cosine))
+
+
+def _explain_seps(
+    matcher: SEPSMatcher,
+    img_tokens: torch.Tensor,
+    cap_tokens: torch.Tensor,
+    dense_tokens: torch.Tensor | None,
+    names: list[str],
+    score: float,
+) -> Explanation:
+    """Selection, aggregation and the HRPA cosine matrix of one pair, from the matcher's public pieces
+    (the same operations as ``SEPSMatcher._select`` / ``_align`` for a block of one)."""
+    cfg = matcher.config
+    has_cls = int(cfg.has_cls)
+    patches = img_tokens[None, has_cls:]  # (1, N, C) raw
+    unit = l2norm(patches)
+    saliency = image_saliency(patches, unit)
+    predicted = matcher.scorer(patches) if matcher.scorer is not None else None
+    length = torch.tensor([cap_tokens.shape[0]], device=cap_tokens.device)
+    s_sparse = text_relevance(unit, l2norm(masked_mean(cap_tokens[None], length)), per_image=False)
+    use_dense = dense_tokens is not None and cfg.use_dense and cfg.dense_pairing == "image"
+    s_dense = None
+    if use_dense:
+        dense_len = torch.tensor([dense_tokens.shape[0]], device=dense_tokens.device)
+        s_dense = text_relevance(unit, l2norm(masked_mean(dense_tokens[None], dense_len)), per_image=True)
+
+    def select(terms: list[torch.Tensor], aggr) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if cfg.score_mode == "sum":
+            selection = saliency[:, None] + sum(terms)
+        else:
+            selection = combine_paper_scores(predicted, saliency, terms, cfg.beta)
+        keep, _, _ = topk_decisions(selection, matcher.num_keep)
+        weights = aggr.weights(aggr.logits(patches), keep)[0, 0]  # (N, N_c)
+        fuse = fusion_weights(selection, keep)[0, 0]  # (N,)
+        return keep[0, 0], weights, fuse
+
+    aggr_dense = matcher.aggr_net_dense or matcher.aggr_net
+    if use_dense and cfg.dense_mode == "guide":
+        joint = [s_sparse, s_dense]
+        keep_s, w_s, f_s = select(joint if cfg.joint_score else [s_sparse], matcher.aggr_net)
+        keep_d, w_d, f_d = select(joint if cfg.joint_score else [s_dense], aggr_dense)
+        weights, fuse, keeps = w_s + w_d, 0.5 * (f_s + f_d), [keep_s, keep_d]
+    else:
+        keep_s, weights, fuse = select([s_sparse], matcher.aggr_net)
+        keeps = [keep_s]
+        if use_dense:  # "branch" mode: its own selection, aligned with the dense words (query-independent)
+            keeps.append(select([s_dense], aggr_dense)[0])
+
+    # Image tokens as patch mixtures: rows = aggregated tokens, then the fusion token.
+    omega = torch.cat([weights.T, fuse[None]])  # (N_c + 1, N)
+    raw = patches[0]  # (N, C)
+    token_norms = torch.linalg.vector_norm(omega @ raw, dim=-1).clamp_min(1e-12)  # (N_c + 1,)
+    words = l2norm(cap_tokens)  # (L, C)
+    dots = raw @ words.T  # (N, L): <P_n, w>
+    mixture_cos = (omega @ dots) / token_norms[:, None]  # (N_c + 1, L)
+    token_names = [f"aggregated:{k}" for k in range(weights.shape[1])] + ["fusion"]
+    alignment = mixture_cos
+    if has_cls:
+        cls = img_tokens[0]
+        cls_cos = (words @ cls) / torch.linalg.vector_norm(cls).clamp_min(1e-12)  # (L,)
+        alignment = torch.cat([cls_cos[None], mixture_cos])
+        token_names = ["cls", *token_names]
+    best = alignment.argmax(dim=0)  # (L,)
+    result = []
+    for w, name in enumerate(names):
+        m = int(best[w])
+        if has_cls and m == 0:
+            heat = torch.zeros(raw.shape[0], device=raw.device)
+        else:
+            k = m - has_cls
+            heat = omega[k] * dots[:, w] / token_norms[k]
+        result.append(_word(name, heat, token_names[m], alignment[m, w]))
+    branch_names = ["sparse", "dense"]
+    return Explanation(
+        method="seps_selection",
+        grid=(1, raw.shape[0]),
+        score=score,
+        branches=[BranchMask(branch_names[i], keep.cpu()) for i, keep in enumerate(keeps)],
+        words=result,
+        num_keep=matcher.num_keep,
+        alignment=alignment.float().cpu(),
+    )
+
+
+def _explain_token_cosine(
+    matcher: torch.nn.Module,
+    img_tokens: torch.Tensor,
+    cap_tokens: torch.Tensor,
+    names: list[str],
+    score: float,
+) -> Explanation:
+    """Matchers without patch selection: cosine of each word with each patch token."""
+    patches = img_tokens[int(getattr(matcher, "has_cls", False)) :]
+    cosines = l2norm(patches) @ l2norm(cap_tokens).T  # (N, L)
+    words = [
+        _word(name, cosines[:, w], f"patch:{int(cosines[:, w].argmax())}", cosines[:, w].max())
+        for w, name in enumerate(names)
+    ]
+    return Explanation(method="token_cosine", grid=(1, patches.shape[0]), score=score, words=words)

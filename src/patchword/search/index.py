@@ -1,0 +1,343 @@
+"""Build, update and resume a search index of a folder of images (``patchword index build``).
+
+Each image is decoded once (threads), encoded in batches by the run's image encoder, and stored as its
+L2-normalised global embedding (the first search stage) and its projected image tokens (what the fine
+matcher re-scores); with a dense-caption file, each image's dense tokens too (SEPS reads them). Images
+are processed in shards in path order; after each shard the shard files and then the manifest are
+written atomically (:mod:`patchword.search.store`), so a build killed at any moment resumes where it
+stopped and finishes with the same index an uninterrupted build writes.
+
+``update=True`` rescans the folder: files whose size and mtime are unchanged keep their vectors, new and
+changed files are encoded, deleted ones are dropped; when more than a quarter of the stored rows are
+dead the shards are compacted (rows copied, nothing re-encoded). An index belongs to one model: opening
+or updating it with other weights raises :class:`IndexMismatchError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from patchword.errors import ConfigError, RunExistsError
+from patchword.progress import progress_bar
+from patchword.runs import LoadedRun, load_run
+from patchword.search.encode import ShardEncoder, read_dense_file, write_shard
+from patchword.search.identity import IndexMismatchError, check_index_model, model_identity, weights_sha256
+from patchword.search.scan import SkippedFile, scan_images
+from patchword.search.store import (
+    DTYPES,
+    MANIFEST_FILE,
+    SHARDS_DIR,
+    Entry,
+    Manifest,
+    save_npy_atomic,
+    shard_files,
+)
+
+__all__ = [
+    "BuildReport",
+    "IndexMismatchError",
+    "build_index",
+    "check_index_model",
+    "model_identity",
+    "weights_sha256",
+    "read_dense_file",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Compact the shards when more than this fraction of the stored rows belongs to no entry.
+COMPACT_DEAD_FRACTION = 0.25
+#: Skipped files listed by :meth:`BuildReport.summary` (the manifest keeps them all).
+SHOWN_SKIPPED = 20
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BuildReport:
+    """What :func:`build_index` did.
+
+    Attributes:
+        index_dir: the index.
+        num_images: images in the index now.
+        added: images encoded by this call (new or changed files).
+        kept: images whose stored vectors were reused (unchanged files, or done before an interruption).
+        removed: entries dropped (files deleted or changed since the last build).
+        skipped: files left out with the reason (unreadable, corrupt, no dense caption...).
+        ignored: other files under the folder (not images).
+        resumed: an interrupted build was continued.
+        compacted: the shards were rewritten without their dead rows.
+        seconds: wall time of the call; ``encode_seconds`` of the encoding loop alone.
+    """
+
+    index_dir: Path
+    num_images: int = 0
+    added: int = 0
+    kept: int = 0
+    removed: int = 0
+    skipped: list[SkippedFile] = field(default_factory=list)
+    ignored: int = 0
+    resumed: bool = False
+    compacted: bool = False
+    seconds: float = 0.0
+    encode_seconds: float = 0.0
+
+    def summary(self) -> str:
+        """Human-readable lines for the CLI."""
+        rate = self.added / self.encode_seconds if self.encode_seconds > 0 else 0.0
+        lines = [
+            f"index {self.index_dir}: {self.num_images} images "
+            f"({self.added} encoded, {self.kept} kept, {self.removed} removed"
+            f"{', resumed' if self.resumed else ''}{', compacted' if self.compacted else ''}) "
+            f"in {self.seconds:.1f} s ({rate:.1f} images/s encoding)",
+        ]
+        if self.skipped:
+            lines.append(f"skipped {len(self.skipped)} files:")
+            lines += [f"  {s.path}: {s.reason}" for s in self.skipped[:SHOWN_SKIPPED]]
+            if len(self.skipped) > SHOWN_SKIPPED:
+                lines.append(
+                    f"  ... and {len(self.skipped) - SHOWN_SKIPPED} more (all are listed in "
+                    f"{self.index_dir / MANIFEST_FILE})"
+                )
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Build / update / resume
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _remove_orphans(index_dir: Path, manifest: Manifest) -> None:
+    """Delete shard files no manifest shard names (left by a kill between a shard and the manifest, or
+    by a compaction) and temporary files a killed write left behind."""
+    for stray in index_dir.glob(f".{MANIFEST_FILE}.*.tmp"):
+        stray.unlink(missing_ok=True)
+    live = {f.name for s in manifest.shards for f in shard_files(index_dir, s["id"]).values()}
+    shards_dir = index_dir / SHARDS_DIR
+    if not shards_dir.is_dir():
+        return
+    for path in shards_dir.iterdir():
+        if path.name not in live and (path.name.endswith(".npy") or path.name.endswith(".tmp")):
+            path.unlink(missing_ok=True)
+
+
+def _open_or_create(
+    index_dir: Path,
+    identity: dict[str, Any],
+    images_root: Path,
+    dtype: str | None,
+    dense_file: Path | None,
+    update: bool,
+) -> tuple[Manifest, bool]:
+    """The manifest to continue (resume / update) or a new one; refuses what would mix two indexes."""
+    if not (index_dir / MANIFEST_FILE).is_file():
+        if index_dir.exists() and (not index_dir.is_dir() or any(index_dir.iterdir())):
+            raise RunExistsError(f"--out {index_dir} exists and is not a search index; choose another --out")
+        dense = None
+        if dense_file is not None:
+            dense = {"file": str(dense_file.resolve()), "max_len": identity["max_dense_len"]}
+        return Manifest(
+            model=identity, images_root=str(images_root), dtype=dtype or "float32", dense=dense
+        ), False
+    manifest = Manifest.read(index_dir)
+    check_index_model(manifest.model, identity, index_dir)
+    if Path(manifest.images_root) != images_root:
+        raise ConfigError(
+            "--images", f"{index_dir} indexes {manifest.images_root}, not {images_root}; choose another --out"
+        )
+    if dtype is not None and dtype != manifest.dtype:
+        raise ConfigError(
+            "--fp16", f"{index_dir} stores {manifest.dtype} tokens; build a new index to change it"
+        )
+    if dense_file is not None and (
+        manifest.dense is None or Path(manifest.dense["file"]) != dense_file.resolve()
+    ):
+        had = manifest.dense["file"] if manifest.dense else "no dense captions"
+        raise ConfigError("--dense", f"{index_dir} was built with {had}; build a new index to change it")
+    resumed = manifest.state == "building"
+    if manifest.state == "complete" and not update:
+        raise RunExistsError(
+            f"{index_dir} already holds a complete index; pass --update to add new and changed images "
+            "(and drop deleted ones), or choose another --out"
+        )
+    return manifest, resumed
+
+
+def _compact(index_dir: Path, manifest: Manifest, shard_size: int) -> None:
+    """Copy the live rows into new shards (entry order), switch the manifest, delete the old files."""
+    from patchword.search.store import SearchIndex
+
+    reader = SearchIndex(index_dir, manifest)
+    entries, shards = [], []
+    for start in range(0, len(manifest.entries), shard_size):
+        ids = np.arange(start, min(start + shard_size, len(manifest.entries)))
+        shard_id = manifest.next_shard
+        files = shard_files(index_dir, shard_id)
+        save_npy_atomic(files["global"], reader.global_embeddings().numpy()[ids])
+        save_npy_atomic(files["tokens"], reader.gather("tokens", ids))
+        if manifest.dense:
+            lens = reader.gather("dense_lens", ids)
+            save_npy_atomic(files["dense"], reader.gather("dense", ids, width=int(lens.max())))
+            save_npy_atomic(files["dense_lens"], lens)
+        entries += [
+            Entry(e.path, e.size, e.mtime_ns, e.format, shard_id, row)
+            for row, e in enumerate(manifest.entries[start : start + len(ids)])
+        ]
+        shards.append({"id": shard_id, "rows": len(ids)})
+        manifest.next_shard += 1
+    del reader  # release the memory maps before their files are deleted
+    manifest.entries, manifest.shards = entries, shards
+    manifest.write(index_dir)
+    _remove_orphans(index_dir, manifest)
+
+
+def build_index(
+    run: LoadedRun | str | os.PathLike[str],
+    images: str | os.PathLike[str],
+    index_dir: str | os.PathLike[str],
+    *,
+    update: bool = False,
+    dtype: str | None = None,
+    dense: str | os.PathLike[str] | None = None,
+    batch_size: int = 64,
+    shard_size: int = 2048,
+    workers: int | None = None,
+    device: str | torch.device = "cpu",
+    checkpoint: str | os.PathLike[str] | None = None,
+    progress: bool | None = None,
+) -> BuildReport:
+    """Index the images under ``images`` with ``run``'s model into ``index_dir``.
+
+    Args:
+        run: a loaded run, or a run directory (loaded with ``checkpoint`` on ``device``).
+        images: the folder to index (recursively; images found by content).
+        index_dir: where the index goes. A new build needs it absent or empty; an existing complete
+            index needs ``update``; an interrupted build is resumed.
+        update: refresh an existing index: encode new and changed files, drop deleted ones.
+        dtype: ``"float32"`` or ``"float16"`` storage of the token shards (None: float32 for a new
+            index, the index's own for an existing one).
+        dense: dense-caption JSONL (see :func:`read_dense_file`); images without a line are skipped.
+            An existing index keeps the file it was built with.
+        batch_size: images per encoder batch.
+        shard_size: images per shard (the unit of resumption).
+        workers: decoding threads (default: min(4, CPU count)).
+        device, checkpoint: used when ``run`` is a directory.
+        progress: progress bar (default: only on a terminal).
+
+    Returns:
+        :class:`BuildReport`.
+
+    Raises:
+        IndexMismatchError: ``index_dir`` was built by another model.
+        RunExistsError: ``index_dir`` holds something else, or a complete index without ``update``.
+        ConfigError: ``--images`` / ``--fp16`` / ``--dense`` disagree with the existing index, or the model
+            cannot read images.
+    """
+    start = time.perf_counter()
+    if dtype is not None and dtype not in DTYPES:
+        raise ConfigError("--dtype", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if batch_size < 1 or shard_size < 1:
+        raise ConfigError("--batch-size", "batch and shard sizes must be positive")
+    if not isinstance(run, LoadedRun):
+        run = load_run(run, checkpoint, device=device)
+    identity = model_identity(run)
+    images_root = Path(images).expanduser().resolve()
+    index_dir = Path(index_dir).expanduser()
+    dense_file = Path(dense).expanduser() if dense is not None else None
+    manifest, resumed = _open_or_create(index_dir, identity, images_root, dtype, dense_file, update)
+    manifest.state = "building"
+    index_dir.mkdir(parents=True, exist_ok=True)
+    (index_dir / SHARDS_DIR).mkdir(exist_ok=True)
+    manifest.write(index_dir)
+    _remove_orphans(index_dir, manifest)
+    reads_dense = getattr(run.model.matcher, "consumes_dense", False) and run.config.data.dense
+    if dense_file is None and manifest.dense is None and reads_dense:
+        logger.warning(
+            "%s was trained with dense captions but no --dense file was given: the fine stage will score "
+            "without them, which is not how the model was evaluated",
+            run.run_dir,
+        )
+    dense_texts = read_dense_file(manifest.dense["file"]) if manifest.dense else None
+
+    scan = scan_images(images_root, exclude=index_dir)
+    report = BuildReport(index_dir=index_dir, resumed=resumed, ignored=scan.ignored)
+    scanned = {f.path: f for f in scan.images}
+    kept = [
+        e
+        for e in manifest.entries
+        if e.path in scanned and (scanned[e.path].size, scanned[e.path].mtime_ns) == (e.size, e.mtime_ns)
+    ]
+    report.removed = len(manifest.entries) - len(kept)
+    report.kept = len(kept)
+    kept_paths = {e.path for e in kept}
+    # Files that failed to decode before are not retried until they change (a resumed build then
+    # writes exactly the shards an uninterrupted one would have).
+    failed_before = {
+        s.path: s
+        for s in manifest.skipped
+        if s.size is not None
+        and s.path in scanned
+        and (scanned[s.path].size, scanned[s.path].mtime_ns) == (s.size, s.mtime_ns)
+    }
+    skipped = list(scan.skipped) + list(failed_before.values())
+    todo = []
+    for file in scan.images:
+        if file.path in kept_paths or file.path in failed_before:
+            continue
+        if dense_texts is not None and file.path not in dense_texts:
+            skipped.append(SkippedFile(file.path, f"no dense caption in {manifest.dense['file']}"))
+            continue
+        todo.append(file)
+    manifest.entries = kept
+    manifest.skipped = sorted(skipped, key=lambda s: s.path)
+    manifest.write(index_dir)
+    if resumed:
+        logger.info("resuming %s: %d images done, %d to encode", index_dir, len(kept), len(todo))
+
+    t_encode = time.perf_counter()
+    workers = workers or min(4, os.cpu_count() or 1)
+    with (
+        ThreadPoolExecutor(workers, thread_name_prefix="patchword-decode") as pool,
+        progress_bar(len(todo), "index images", progress, unit="img") as bar,
+    ):
+        encoder = ShardEncoder(run, images_root, batch_size, pool, dense_texts)
+        for first in range(0, len(todo), shard_size):
+            encoded = encoder.encode(todo[first : first + shard_size], bar.update)
+            skipped += encoded.failed
+            if encoded.files:
+                shard_id = manifest.next_shard
+                rows = write_shard(index_dir, shard_id, encoded, manifest.dtype)
+                manifest.shards.append({"id": shard_id, "rows": rows})
+                manifest.next_shard += 1
+                manifest.entries += [
+                    Entry(f.path, f.size, f.mtime_ns, f.format, shard_id, row)
+                    for row, f in enumerate(encoded.files)
+                ]
+                report.added += rows
+            manifest.skipped = sorted(skipped, key=lambda s: s.path)
+            manifest.write(index_dir)
+    report.encode_seconds = time.perf_counter() - t_encode
+
+    total_rows = sum(s["rows"] for s in manifest.shards)
+    if total_rows and total_rows - len(manifest.entries) > COMPACT_DEAD_FRACTION * total_rows:
+        _compact(index_dir, manifest, shard_size)
+        report.compacted = True
+    manifest.state = "complete"
+    manifest.write(index_dir)
+    _remove_orphans(index_dir, manifest)
+    report.num_images = len(manifest.entries)
+    report.skipped = manifest.skipped
+    report.seconds = time.perf_counter() - start
+    return report

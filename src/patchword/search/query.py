@@ -1,0 +1,315 @@
+"""Text-to-image search over an index: a global shortlist, then fine re-ranking of the shortlist only.
+
+1. the query is tokenised and encoded once; ``matcher.global_text`` gives its global embedding;
+2. :class:`~patchword.eval.two_stage.GlobalIndex` returns the ``shortlist`` images with the highest
+   global similarity (exact torch matmul + top-k; FAISS ``IndexFlatIP`` when faiss is installed, the same
+   result up to ties);
+3. the fine matcher scores the shortlisted (image, query) pairs with the run's scoring engine
+   (``engine_for(matcher).score_pairs``, the exact engine of :func:`~patchword.eval.score_matrix`),
+   reading each image's tokens (and dense tokens) from the index's memory maps;
+4. the final score is ``fine + alpha * global`` (``alpha = 0`` unless the matcher's own two-stage plan,
+   TGDT's hybrid, says otherwise); ties keep the global order.
+
+This is :func:`~patchword.eval.two_stage.two_stage_scores` for one caption query, so a query's ranking is
+the one the library computes for the same tokens (tested). A :class:`Searcher` is safe to call from several
+threads at once: it keeps no per-query state, and each call builds its own scoring engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from patchword.errors import DataError, MissingFileError
+from patchword.eval.engine.core import engine_for, prepare_inputs
+from patchword.eval.engine.memory import budget_bytes
+from patchword.eval.two_stage import GlobalIndex, faiss_available
+from patchword.runs import LoadedRun, load_run
+from patchword.search.identity import check_index_model, model_identity
+from patchword.search.store import SearchIndex
+
+if TYPE_CHECKING:
+    from patchword.search.explain import Explanation
+
+__all__ = ["DEFAULT_SHORTLIST", "QueryError", "Query", "SearchHit", "SearchResult", "Searcher"]
+
+logger = logging.getLogger(__name__)
+
+#: Images re-ranked by the fine matcher per query when the matcher has no plan of its own (TGDT's
+#: official value for caption queries).
+DEFAULT_SHORTLIST = 100
+
+
+class QueryError(DataError):
+    """A query the model cannot read (empty, or no word the tokenizer knows how to split)."""
+
+
+@dataclass
+class Query:
+    """An encoded query: (1, L) ids, (1,) length, (1, L, C) tokens and (1, C) global embedding."""
+
+    text: str
+    ids: torch.Tensor
+    lens: torch.Tensor
+    tokens: torch.Tensor
+    global_embedding: torch.Tensor
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """One result: 1-based ``rank``, index ``id``, ``path`` relative to the indexed folder, the final
+    ``score`` (fine + alpha * global) and the first-stage ``global_score``."""
+
+    rank: int
+    id: int
+    path: str
+    score: float
+    global_score: float
+
+
+@dataclass
+class SearchResult:
+    """Results of one query, best first; ``timings`` in seconds (``encode``, ``shortlist``, ``rerank``,
+    ``total``); ``shortlist`` images were re-ranked."""
+
+    query: str
+    hits: list[SearchHit]
+    shortlist: int
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``/api/search`` body: ``{"query", "results": [{"id", "path", "score", "global_score"}], "ms",
+        "shortlist"}``."""
+        return {
+            "query": self.query,
+            "results": [
+                {"id": h.id, "path": h.path, "score": h.score, "global_score": h.global_score}
+                for h in self.hits
+            ],
+            "ms": round(1000.0 * self.timings.get("total", 0.0), 3),
+            "shortlist": self.shortlist,
+        }
+
+
+class Searcher:
+    """Search one index with the model that built it.
+
+    Args:
+        index: an opened :class:`SearchIndex`.
+        run: the loaded run; its weights must be those the index was built with.
+        shortlist: images re-ranked per query (default: the matcher's two-stage plan, else
+            :data:`DEFAULT_SHORTLIST`); clipped to the index size.
+        alpha: weight of the global score in the final score (default: the plan's, else 0).
+        backend: first-stage backend: ``"auto"`` (FAISS flat when installed, else exact torch),
+            ``"exact"``, ``"faiss_flat"`` or ``"faiss_hnsw"``.
+        max_memory_mb: working-memory budget of the re-ranking engine.
+
+    Raises:
+        IndexMismatchError: the run's weights or vocabulary are not the index's.
+    """
+
+    def __init__(
+        self,
+        index: SearchIndex,
+        run: LoadedRun,
+        *,
+        shortlist: int | None = None,
+        alpha: float | None = None,
+        backend: str = "auto",
+        max_memory_mb: float = 256,
+    ) -> None:
+        check_index_model(index.manifest.model, model_identity(run), index.index_dir)
+        self.index, self.run = index, run
+        matcher = run.model.matcher
+        plan_fn = getattr(matcher, "two_stage_plan", None)
+        plan = plan_fn() if callable(plan_fn) else None
+        self.matcher = matcher
+        self.fine = plan.fine if plan is not None else matcher
+        self.alpha = float(alpha if alpha is not None else (plan.alpha if plan is not None else 0.0))
+        wanted = (
+            shortlist if shortlist is not None else (plan.k_t2i if plan is not None else DEFAULT_SHORTLIST)
+        )
+        if wanted < 1:
+            raise ValueError(f"shortlist must be positive, got {wanted}")
+        self.shortlist = min(int(wanted), len(index))
+        if backend == "auto":
+            backend = "faiss_flat" if faiss_available() else "exact"
+        self.backend = backend
+        self.global_index = GlobalIndex(
+            index.global_embeddings(), backend=backend, max_memory_mb=max_memory_mb
+        )
+        self.budget = budget_bytes(max_memory_mb)
+        self._token_name = token_namer(run.tokenizer)
+        pairing = getattr(
+            self.fine, "dense_pairing", getattr(getattr(self.fine, "config", None), "dense_pairing", "image")
+        )
+        self.use_dense = index.has_dense and getattr(self.fine, "consumes_dense", True) and pairing == "image"
+        if index.has_dense and getattr(self.fine, "consumes_dense", True) and pairing != "image":
+            logger.warning(
+                "the matcher pairs dense text with captions (dense_pairing=%s): a search query has none, "
+                "so the fine stage scores without dense text",
+                pairing,
+            )
+
+    @classmethod
+    def open(
+        cls,
+        index_dir: str | os.PathLike[str],
+        *,
+        run_dir: str | os.PathLike[str] | None = None,
+        checkpoint: str | os.PathLike[str] | None = None,
+        device: str | torch.device = "cpu",
+        **options: Any,
+    ) -> Searcher:
+        """Open ``index_dir`` with the run recorded in its manifest (or ``run_dir``, e.g. after moving it).
+
+        Raises:
+            MissingFileError: no index, or the run that built it is not where the manifest says.
+            IndexMismatchError: ``run_dir`` holds another model.
+        """
+        index = SearchIndex.open(index_dir)
+        recorded = index.manifest.model
+        if run_dir is None:
+            run_dir = Path(recorded["run_dir"])
+            if not run_dir.is_dir():
+                raise MissingFileError(
+                    f"the run that built {index_dir} is not at {run_dir} any more; pass --run RUN_DIR"
+                )
+            if checkpoint is None and Path(recorded["checkpoint"]).is_file():
+                checkpoint = recorded["checkpoint"]
+        run = load_run(run_dir, checkpoint, device=device)
+        return cls(index, run, **options)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    # ------------------------------------------------------------------ queries
+    @torch.no_grad()
+    def encode_query(self, text: str) -> Query:
+        """Tokenise and encode ``text`` (truncated to the run's ``data.max_caption_len`` tokens).
+
+        Raises:
+            QueryError: empty, or nothing the tokenizer can read.
+        """
+        if not isinstance(text, str) or not text.strip():
+            raise QueryError("the query is empty")
+        try:
+            ids, lens = self.run.tokenize([text.strip()])
+        except ValueError as err:
+            raise QueryError(f"the query has no words the model can read: {err}") from err
+        device = self.run.device
+        tokens = self.run.model.encode_texts(ids.to(device), lens.to(device))
+        global_embedding = self.matcher.global_text(tokens, lens.to(device)).float().cpu()
+        return Query(text, ids, lens, tokens.float().cpu(), global_embedding)
+
+    @torch.no_grad()
+    def rerank(self, query: Query, ids: torch.Tensor) -> torch.Tensor:
+        """Fine scores of the images ``ids`` (k,) for ``query``: (k,) float32 (no global term)."""
+        img = self.index.image_tokens(ids)
+        dense = self.index.dense_tokens(ids) if self.use_dense else None
+        inputs = prepare_inputs(
+            self.fine,
+            img,
+            query.tokens,
+            query.lens,
+            None if dense is None else dense[0],
+            None if dense is None else dense[1],
+            None,
+        )
+        count = img.shape[0]
+        engine = engine_for(self.fine)
+        return engine.score_pairs(
+            inputs,
+            torch.arange(count),
+            torch.zeros(count, dtype=torch.long),
+            budget=self.budget,
+            device=self.run.device,
+            progress=False,
+        )
+
+    @torch.no_grad()
+    def search(self, text: str, k: int = 10) -> SearchResult:
+        """The ``k`` best images for ``text`` (a ``k`` above the shortlist length widens the shortlist).
+
+        Raises:
+            QueryError: the query cannot be read.
+            ValueError: ``k`` is not a positive int.
+        """
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive int, got {k!r}")
+        t0 = time.perf_counter()
+        query = self.encode_query(text)
+        t1 = time.perf_counter()
+        global_scores, ids = self.global_index.search(
+            query.global_embedding, max(self.shortlist, min(k, len(self)))
+        )
+        global_scores, ids = global_scores[0], ids[0]
+        t2 = time.perf_counter()
+        scores = self.rerank(query, ids)
+        if self.alpha:
+            scores = scores + self.alpha * global_scores
+        order = torch.sort(scores, descending=True, stable=True).indices[:k]
+        t3 = time.perf_counter()
+        hits = [
+            SearchHit(
+                rank=rank + 1,
+                id=int(ids[i]),
+                path=self.index.path(int(ids[i])),
+                score=float(scores[i]),
+                global_score=float(global_scores[i]),
+            )
+            for rank, i in enumerate(order.tolist())
+        ]
+        timings = {"encode": t1 - t0, "shortlist": t2 - t1, "rerank": t3 - t2, "total": t3 - t0}
+        return SearchResult(text, hits, int(ids.numel()), timings)
+
+    def explain(self, text: str, image_id: int) -> Explanation:
+        """Why image ``image_id`` matches ``text``: see :func:`patchword.search.explain.explain_pair`."""
+        from patchword.search.explain import explain_pair
+
+        if isinstance(image_id, bool) or not isinstance(image_id, int) or not 0 <= image_id < len(self):
+            raise KeyError(image_id)
+        query = self.encode_query(text)
+        ids = torch.tensor([image_id])
+        dense = self.index.dense_tokens(ids) if self.use_dense else None
+        return explain_pair(
+            self.fine,
+            self.index.image_tokens(ids)[0],
+            query.tokens[0],
+            int(query.lens[0]),
+            None if dense is None else dense[0][0],
+            None if dense is None else int(dense[1][0]),
+            token_strings=[self._token_name(i) for i in query.ids[0, : int(query.lens[0])].tolist()],
+            grid=patch_grid(self.run.model.image_encoder, int(self.index.manifest.model["num_patches"])),
+        )
+
+
+def token_namer(tokenizer: object):
+    """``id -> token text`` for the run's tokenizer (word vocabularies and BERT WordPiece; ``[id]`` else)."""
+    words = getattr(tokenizer, "idx2word", None)
+    if words is not None:
+        return lambda i: words[i] if 0 <= i < len(words) else f"[{i}]"
+    vocab = getattr(tokenizer, "vocab", None)
+    if isinstance(vocab, dict):
+        inverse = {v: k for k, v in vocab.items()}
+        return lambda i: inverse.get(i, f"[{i}]")
+    return lambda i: f"[{i}]"
+
+
+def patch_grid(image_encoder: object, num_patches: int) -> tuple[int, int]:
+    """(rows, cols) of the patch grid: ``image_size // patch_size`` when the encoder says, else the square
+    root of the patch count, else one row."""
+    cfg = getattr(image_encoder, "cfg", None)
+    size, patch = getattr(image_encoder, "image_size", None), getattr(cfg, "patch_size", None)
+    if size and patch and (size // patch) ** 2 == num_patches:
+        return size // patch, size // patch
+    side = int(round(num_patches**0.5))
+    if side * side == num_patches:
+        return side, side
+    return 1, num_patches

@@ -1,0 +1,295 @@
+"""The on-disk format of a search index: a JSON manifest and memory-mappable ``.npy`` shards.
+
+``INDEX_DIR/``
+    ``manifest.json``  format version, the model that wrote it (run, checkpoint, weights hash, config),
+    the image folder, the storage dtype, the shards, one entry per indexed image (relative path, size,
+    mtime, format, shard and row) and the files skipped with their reason;
+    ``shards/NNNNN.global.npy``      (rows, C) float32 L2-normalised global image embeddings;
+    ``shards/NNNNN.tokens.npy``      (rows, L_v, C) projected image tokens (float32 or float16), what the
+    fine matcher reads;
+    ``shards/NNNNN.dense.npy`` and ``NNNNN.dense_lens.npy``  (rows, L_d, C) dense-caption tokens and
+    their (rows,) lengths, only for an index built with dense captions.
+
+Every file is written to a temporary name and renamed into place (``os.replace``), shards first and the
+manifest last, so the manifest only ever names complete shards: a build killed at any moment leaves a
+consistent index to resume from. Rows of a shard whose image was deleted or changed are dead (no entry
+points at them) until the index is compacted.
+
+An index id is the position of an entry in the manifest: ids are dense (0..N-1) and stable for one
+version of the index.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from patchword.errors import DataError, MissingFileError
+from patchword.search.scan import SkippedFile
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "MANIFEST_FILE",
+    "SHARDS_DIR",
+    "Entry",
+    "Manifest",
+    "SearchIndex",
+    "atomic_write",
+    "save_npy_atomic",
+    "shard_files",
+]
+
+FORMAT = "patchword-search-index"
+FORMAT_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+SHARDS_DIR = "shards"
+DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One indexed image: its file (relative path, size, mtime, format) and where its vectors are."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    format: str
+    shard: int
+    row: int
+
+
+@dataclass
+class Manifest:
+    """Everything ``manifest.json`` holds (see the module docstring).
+
+    Attributes:
+        model: identity of the model that encoded the images (``weights_sha256`` decides compatibility)
+            and the shapes it produces.
+        images_root: absolute path of the indexed folder.
+        dtype: storage dtype of the token shards (``float32`` or ``float16``).
+        dense: None, or the dense-caption file the index was built with (``file``, ``max_len``).
+        state: ``building`` (a build or update is running or was interrupted) or ``complete``.
+        shards: ``{"id", "rows"}`` of every shard file set, in creation order.
+        next_shard: id of the next shard to write.
+        entries: the indexed images; an entry's position is its index id.
+        skipped: files left out, with the reason.
+    """
+
+    model: dict[str, Any]
+    images_root: str
+    dtype: str
+    dense: dict[str, Any] | None = None
+    state: str = "building"
+    shards: list[dict[str, int]] = field(default_factory=list)
+    next_shard: int = 0
+    entries: list[Entry] = field(default_factory=list)
+    skipped: list[SkippedFile] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        payload = {"format": FORMAT, "version": FORMAT_VERSION, **asdict(self)}
+        payload["entries"] = [[e.path, e.size, e.mtime_ns, e.format, e.shard, e.row] for e in self.entries]
+        payload["entry_fields"] = ["path", "size", "mtime_ns", "format", "shard", "row"]
+        return json.dumps(payload, indent=1, ensure_ascii=False)
+
+    @classmethod
+    def read(cls, index_dir: str | os.PathLike[str]) -> Manifest:
+        """Read ``index_dir/manifest.json``.
+
+        Raises:
+            MissingFileError: no manifest.
+            DataError: not a patchword index, another format version, or a malformed file.
+        """
+        path = Path(index_dir) / MANIFEST_FILE
+        if not path.is_file():
+            raise MissingFileError(f"{index_dir} is not a search index: it has no {MANIFEST_FILE}")
+        try:
+            payload = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise DataError(f"{path}: malformed index manifest ({err})") from err
+        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+            raise DataError(f"{path} is not a patchword search index manifest")
+        if payload.get("version") != FORMAT_VERSION:
+            raise DataError(
+                f"{path}: index format version {payload.get('version')} (this patchword reads "
+                f"{FORMAT_VERSION}); rebuild it with `patchword index build`"
+            )
+        try:
+            return cls(
+                model=payload["model"],
+                images_root=payload["images_root"],
+                dtype=payload["dtype"],
+                dense=payload.get("dense"),
+                state=payload["state"],
+                shards=list(payload["shards"]),
+                next_shard=int(payload["next_shard"]),
+                entries=[Entry(*row) for row in payload["entries"]],
+                skipped=[SkippedFile(**s) for s in payload.get("skipped", [])],
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise DataError(f"{path}: malformed index manifest (field {err})") from err
+
+    def write(self, index_dir: str | os.PathLike[str]) -> None:
+        """Replace ``index_dir/manifest.json`` atomically."""
+        atomic_write(Path(index_dir) / MANIFEST_FILE, self.to_json().encode("utf-8"))
+
+
+@contextmanager
+def _temporary_beside(path: Path) -> Iterator[Path]:
+    """A temporary file in ``path``'s folder, removed unless it was renamed away."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file, flushed to disk, then renamed into place."""
+    with _temporary_beside(path) as tmp:
+        with tmp.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+
+def save_npy_atomic(path: Path, array: np.ndarray) -> None:
+    """``np.save`` to ``path`` atomically (temporary file, fsync, rename)."""
+    with _temporary_beside(path) as tmp:
+        with tmp.open("wb") as f:
+            np.save(f, np.ascontiguousarray(array), allow_pickle=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+
+def shard_files(index_dir: Path, shard_id: int) -> dict[str, Path]:
+    """Paths of one shard's arrays by name (``global``, ``tokens``, ``dense``, ``dense_lens``)."""
+    base = Path(index_dir) / SHARDS_DIR
+    return {name: base / f"{shard_id:05d}.{name}.npy" for name in ("global", "tokens", "dense", "dense_lens")}
+
+
+class SearchIndex:
+    """A complete index opened for reading: memory-mapped shards, entries by index id.
+
+    Use :meth:`open`. Token and dense arrays stay on disk (memory maps) and only the rows a query
+    needs are read; the global embeddings of all images are gathered once into one (N, C) float32
+    tensor, the matrix of the first search stage.
+    """
+
+    def __init__(self, index_dir: Path, manifest: Manifest) -> None:
+        self.index_dir = index_dir
+        self.manifest = manifest
+        self.entries = manifest.entries
+        self._arrays: dict[int, dict[str, np.ndarray]] = {}
+        for shard in manifest.shards:
+            files = shard_files(index_dir, shard["id"])
+            names = ("global", "tokens", "dense", "dense_lens") if manifest.dense else ("global", "tokens")
+            arrays = {}
+            for name in names:
+                if not files[name].is_file():
+                    raise DataError(
+                        f"{index_dir}: shard file {files[name].name} is missing; rebuild the index"
+                    )
+                arrays[name] = np.load(files[name], mmap_mode="r", allow_pickle=False)
+            self._arrays[shard["id"]] = arrays
+        shards = np.array([e.shard for e in self.entries], dtype=np.int64)
+        rows = np.array([e.row for e in self.entries], dtype=np.int64)
+        self._shard_of, self._row_of = shards, rows
+        self._global: torch.Tensor | None = None
+
+    @classmethod
+    def open(cls, index_dir: str | os.PathLike[str]) -> SearchIndex:
+        """Open a complete index.
+
+        Raises:
+            MissingFileError: not an index.
+            DataError: the build was interrupted (``state`` is ``building``), a shard is missing, or the
+                index is empty.
+        """
+        index_dir = Path(index_dir)
+        manifest = Manifest.read(index_dir)
+        if manifest.state != "complete":
+            raise DataError(
+                f"{index_dir}: the index build did not finish; rerun the same `patchword index build` "
+                "command to resume it"
+            )
+        if not manifest.entries:
+            raise DataError(f"{index_dir}: the index holds no image (see its manifest's skipped list)")
+        return cls(index_dir, manifest)
+
+    # ------------------------------------------------------------------ entries
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def images_root(self) -> Path:
+        return Path(self.manifest.images_root)
+
+    @property
+    def has_dense(self) -> bool:
+        return self.manifest.dense is not None
+
+    def path(self, image_id: int) -> str:
+        """Relative path (POSIX) of image ``image_id``."""
+        return self.entries[image_id].path
+
+    # ------------------------------------------------------------------ vectors
+    def global_embeddings(self) -> torch.Tensor:
+        """(N, C) float32 global image embeddings in index-id order (gathered once, then cached)."""
+        if self._global is None:
+            dim = int(self.manifest.model["embed_dim"])
+            out = np.empty((len(self.entries), dim), dtype=np.float32)
+            for shard_id, arrays in self._arrays.items():
+                mine = np.flatnonzero(self._shard_of == shard_id)
+                if mine.size:
+                    out[mine] = arrays["global"][self._row_of[mine]]
+            self._global = torch.from_numpy(out)
+        return self._global
+
+    def gather(self, name: str, ids: np.ndarray, width: int | None = None) -> np.ndarray:
+        """Rows ``ids`` (index ids) of one stored array (``global``, ``tokens``, ``dense``, ``dense_lens``),
+        in the order given, zero-padded (or cut) to ``width`` along axis 1."""
+        first = next(iter(self._arrays.values()))[name]
+        if width is None:
+            width = first.shape[1] if first.ndim > 1 else 0
+        shape = (len(ids), width, *first.shape[2:]) if first.ndim > 1 else (len(ids),)
+        out = np.zeros(shape, dtype=first.dtype)
+        shards, rows = self._shard_of[ids], self._row_of[ids]
+        for shard_id in np.unique(shards):
+            at = np.flatnonzero(shards == shard_id)
+            part = self._arrays[int(shard_id)][name][rows[at]]
+            if part.ndim > 1:
+                part = part[:, :width]  # a shard may be padded wider than the rows asked for
+                out[at, : part.shape[1]] = part
+            else:
+                out[at] = part
+        return out
+
+    def image_tokens(self, ids: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """(k,) index ids -> (k, L_v, C) float32 image tokens."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        return torch.from_numpy(self.gather("tokens", ids).astype(np.float32, copy=False))
+
+    def dense_tokens(self, ids: torch.Tensor | np.ndarray) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(k,) index ids -> ((k, L_d, C) float32 dense tokens, (k,) int64 lengths), or None."""
+        if not self.has_dense:
+            return None
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        lens = self.gather("dense_lens", ids).astype(np.int64)
+        width = int(lens.max()) if lens.size else 1
+        tokens = self.gather("dense", ids, width=width).astype(np.float32, copy=False)
+        return torch.from_numpy(tokens), torch.from_numpy(lens)

@@ -1,0 +1,105 @@
+"""``patchword serve INDEX_DIR [--host 127.0.0.1] [--port 8000]``: the search page and API with uvicorn.
+
+``main_serve(argv)`` takes the arguments after ``serve`` and returns an exit code (2 after ``error: ...``
+for a user error, such as a missing index or the ``serve`` extra not installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from patchword.errors import USER_ERRORS
+
+__all__ = ["main_serve"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="patchword serve", description="serve a search index: a web page and a JSON API"
+    )
+    parser.add_argument(
+        "index_dir", type=Path, metavar="INDEX_DIR", help="directory written by `index build`"
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)"
+    )
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    parser.add_argument(
+        "--run", type=Path, default=None, help="run directory (default: the one that built it)"
+    )
+    parser.add_argument("--checkpoint", default=None, help="checkpoint inside the run (default: the index's)")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument("--shortlist", type=int, default=None, help="images re-ranked per query")
+    parser.add_argument("--workers", type=int, default=2, help="threads doing model work (default 2)")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=0,
+        help="torch threads (default: CPUs // workers, so concurrent requests do not oversubscribe the CPU)",
+    )
+    parser.add_argument("--max-pending", type=int, default=64, help="requests admitted at once; more get 503")
+    parser.add_argument(
+        "--max-k", type=int, default=100, help="largest k a request may ask for (default 100)"
+    )
+    parser.add_argument("--max-query-chars", type=int, default=512, help="longest query (default 512)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def main_serve(argv: list[str] | None = None) -> int:
+    """Load the index and its run, then serve until interrupted."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        from patchword.serve.app import ServeLimits, create_app, require_serve_extra
+
+        require_serve_extra()
+        import torch
+        import uvicorn
+
+        from patchword.search.query import Searcher
+
+        limits = ServeLimits(args.max_query_chars, args.max_k, args.workers, args.max_pending)
+        threads = args.torch_threads or max(1, (os.cpu_count() or 1) // args.workers)
+        torch.set_num_threads(threads)  # the application's choice: the library never sets it
+        searcher = Searcher.open(
+            args.index_dir,
+            run_dir=args.run,
+            checkpoint=args.checkpoint,
+            device=args.device,
+            shortlist=args.shortlist,
+        )
+        app = create_app(searcher, limits)
+    except (*USER_ERRORS, ImportError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"warning: listening on {args.host}: the server has no authentication and serves every indexed "
+            "image to whoever can reach it",
+            file=sys.stderr,
+        )
+    print(
+        f"serving {len(searcher)} images of {args.index_dir} at http://{args.host}:{args.port}/ "
+        f"({args.workers} workers x {threads} torch threads; Ctrl-C stops)",
+        flush=True,
+    )
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        # Beyond this many open connections uvicorn answers 503 before the app sees the request.
+        limit_concurrency=max(4 * args.max_pending, 256),
+        timeout_keep_alive=5,
+        server_header=False,
+    )
+    return 0

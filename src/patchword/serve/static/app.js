@@ -1,0 +1,242 @@
+// patchword search page: query box, result grid, kept-patch overlays and word heatmaps.
+// Plain JavaScript, no build step, nothing loaded from elsewhere. Text from the server is only ever set
+// through textContent, never parsed as HTML.
+"use strict";
+
+(() => {
+  const CANVAS = 256; // drawing resolution of each result (the CSS scales it)
+  const EXPLAIN_CONCURRENCY = 4;
+  const state = {
+    seq: 0, // search number; answers of an older search are dropped
+    query: "",
+    results: [],
+    cards: new Map(), // id -> {card, canvas, why, image, explain}
+    words: [],
+    activeWord: null,
+  };
+  window.patchword = state; // inspectable from the console
+
+  const $ = (id) => document.getElementById(id);
+
+  function setStatus(text, isError = false) {
+    $("status").textContent = text;
+    $("status").classList.toggle("error", isError);
+  }
+
+  async function getJSON(url) {
+    const response = await fetch(url, { headers: { Accept: "application/json" } });
+    let body = null;
+    try {
+      body = await response.json();
+    } catch (err) {
+      body = { error: `HTTP ${response.status}` };
+    }
+    if (!response.ok) throw new Error(body.error || `HTTP ${response.status}`);
+    return body;
+  }
+
+  // ------------------------------------------------------------------ search
+  async function search(event) {
+    event.preventDefault();
+    const query = $("q").value.trim();
+    const k = Math.max(1, Math.min(100, parseInt($("k").value, 10) || 10));
+    if (!query) return;
+    const seq = ++state.seq;
+    setStatus("searching…");
+    let body;
+    try {
+      body = await getJSON(`/api/search?q=${encodeURIComponent(query)}&k=${k}`);
+    } catch (err) {
+      if (seq === state.seq) setStatus(err.message, true);
+      return;
+    }
+    if (seq !== state.seq) return;
+    state.query = body.query;
+    state.results = body.results;
+    state.activeWord = null;
+    setStatus(`${body.results.length} results in ${body.ms.toFixed(1)} ms (${body.shortlist} re-ranked)`);
+    renderResults(body.results);
+    $("words").replaceChildren();
+    $("words-bar").hidden = true;
+    $("legend").hidden = body.results.length === 0;
+    explainAll(seq, body.query, body.results.map((r) => r.id));
+  }
+
+  function renderResults(results) {
+    const grid = $("results");
+    grid.replaceChildren();
+    state.cards.clear();
+    results.forEach((result, i) => {
+      const card = document.createElement("article");
+      card.className = "result";
+      card.dataset.id = String(result.id);
+      card.dataset.path = result.path;
+      card.dataset.rank = String(i + 1);
+      card.dataset.explained = "false";
+      const canvas = document.createElement("canvas");
+      canvas.width = CANVAS;
+      canvas.height = CANVAS;
+      canvas.dataset.heatWord = "";
+      const meta = document.createElement("div");
+      meta.className = "meta";
+      const line = document.createElement("div");
+      line.textContent = `#${i + 1}  score ${result.score.toFixed(4)}  (global ${result.global_score.toFixed(4)})`;
+      const path = document.createElement("div");
+      path.className = "path";
+      path.textContent = result.path;
+      const why = document.createElement("div");
+      why.className = "why";
+      meta.append(line, path, why);
+      card.append(canvas, meta);
+      grid.append(card);
+      const entry = { card, canvas, why, image: null, explain: null };
+      state.cards.set(result.id, entry);
+      const image = new Image();
+      image.onload = () => {
+        entry.image = image;
+        draw(entry);
+      };
+      image.src = `/api/image/${result.id}`;
+    });
+  }
+
+  async function explainAll(seq, query, ids) {
+    const queue = ids.slice();
+    async function worker() {
+      while (queue.length && seq === state.seq) {
+        const id = queue.shift();
+        try {
+          const body = await getJSON(`/api/explain?q=${encodeURIComponent(query)}&id=${id}`);
+          if (seq !== state.seq) return;
+          const entry = state.cards.get(id);
+          if (!entry) continue;
+          entry.explain = body;
+          entry.card.dataset.explained = "true";
+          if ($("words").childElementCount === 0) renderWords(body.words);
+          draw(entry);
+        } catch (err) {
+          const entry = state.cards.get(id);
+          if (entry) entry.why.textContent = `no explanation: ${err.message}`;
+        }
+      }
+    }
+    await Promise.all(Array.from({ length: EXPLAIN_CONCURRENCY }, worker));
+  }
+
+  // ------------------------------------------------------------------ words
+  function renderWords(words) {
+    state.words = words;
+    const bar = $("words");
+    bar.replaceChildren();
+    words.forEach((word, i) => {
+      const chip = document.createElement("span");
+      chip.className = word.special ? "word special" : "word";
+      chip.dataset.index = String(i);
+      chip.tabIndex = 0;
+      chip.textContent = word.text;
+      chip.addEventListener("mouseenter", () => setActiveWord(i));
+      chip.addEventListener("mouseleave", () => setActiveWord(null));
+      chip.addEventListener("focus", () => setActiveWord(i));
+      chip.addEventListener("blur", () => setActiveWord(null));
+      bar.append(chip);
+    });
+    $("words-bar").hidden = words.length === 0;
+  }
+
+  function setActiveWord(index) {
+    state.activeWord = index;
+    for (const chip of $("words").children) {
+      chip.classList.toggle("active", index !== null && chip.dataset.index === String(index));
+    }
+    for (const entry of state.cards.values()) draw(entry);
+  }
+
+  // ------------------------------------------------------------------ drawing
+  function cellRect(explain, r, c) {
+    const [rows, cols] = explain.grid;
+    const w = CANVAS / cols;
+    const h = CANVAS / rows;
+    return [c * w, r * h, w, h];
+  }
+
+  // Blue (cold) -> yellow -> red (hot) for v in [0, 1].
+  function heatColour(v, alpha) {
+    const r = Math.round(255 * Math.min(1, 2 * v));
+    const g = Math.round(255 * (v < 0.5 ? 2 * v : 2 - 2 * v));
+    const b = Math.round(255 * Math.max(0, 1 - 2 * v));
+    return `rgba(${r}, ${g}, ${b}, ${alpha})`;
+  }
+
+  function drawKept(ctx, explain) {
+    const [rows, cols] = explain.grid;
+    const keptAny = (r, c) => explain.branches.some((b) => b.kept[r][c] === 1);
+    ctx.fillStyle = "rgba(0, 0, 0, 0.5)";
+    for (let r = 0; r < rows; r++) {
+      for (let c = 0; c < cols; c++) if (!keptAny(r, c)) ctx.fillRect(...cellRect(explain, r, c));
+    }
+    const styles = [
+      { colour: "rgba(21, 170, 191, 0.95)", dash: [], inset: 1.5 },
+      { colour: "rgba(247, 103, 7, 0.95)", dash: [5, 4], inset: 4.5 },
+    ];
+    explain.branches.forEach((branch, i) => {
+      const style = styles[Math.min(i, styles.length - 1)];
+      ctx.strokeStyle = style.colour;
+      ctx.setLineDash(style.dash);
+      ctx.lineWidth = 2.5;
+      for (let r = 0; r < rows; r++) {
+        for (let c = 0; c < cols; c++) {
+          if (branch.kept[r][c] !== 1) continue;
+          const [x, y, w, h] = cellRect(explain, r, c);
+          ctx.strokeRect(x + style.inset, y + style.inset, w - 2 * style.inset, h - 2 * style.inset);
+        }
+      }
+    });
+    ctx.setLineDash([]);
+  }
+
+  function drawHeat(ctx, explain, word) {
+    const [rows, cols] = explain.grid;
+    let top = 0;
+    for (const row of word.heat) for (const v of row) top = Math.max(top, v);
+    ctx.fillStyle = "rgba(0, 0, 0, 0.45)";
+    ctx.fillRect(0, 0, CANVAS, CANVAS);
+    if (top <= 0) return;
+    for (let r = 0; r < rows; r++) {
+      for (let c = 0; c < cols; c++) {
+        const v = Math.max(0, word.heat[r][c]) / top;
+        if (v <= 0) continue;
+        ctx.fillStyle = heatColour(v, 0.25 + 0.6 * v);
+        ctx.fillRect(...cellRect(explain, r, c));
+      }
+    }
+  }
+
+  function describe(explain, word) {
+    if (!word) {
+      const kept = explain.branches.map((b) => `${b.name} ${b.kept_count}`).join(", ");
+      return kept ? `kept patches: ${kept} of ${explain.grid[0] * explain.grid[1]}` : "";
+    }
+    if (word.best_token === "cls") return `"${word.text}" matched the global (CLS) token: no patch map`;
+    return `"${word.text}" → ${word.best_token} (cosine ${word.cosine.toFixed(3)})`;
+  }
+
+  function draw(entry) {
+    const ctx = entry.canvas.getContext("2d");
+    ctx.imageSmoothingEnabled = false;
+    ctx.clearRect(0, 0, CANVAS, CANVAS);
+    if (entry.image) ctx.drawImage(entry.image, 0, 0, CANVAS, CANVAS);
+    const explain = entry.explain;
+    if (!explain) return;
+    const word = state.activeWord !== null ? explain.words[state.activeWord] : null;
+    if (word) {
+      drawHeat(ctx, explain, word);
+      entry.canvas.dataset.heatWord = String(state.activeWord);
+    } else {
+      drawKept(ctx, explain);
+      entry.canvas.dataset.heatWord = "";
+    }
+    entry.why.textContent = describe(explain, word);
+  }
+
+  $("search-form").addEventListener("submit", search);
+})();

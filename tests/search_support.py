@@ -1,0 +1,155 @@
+"""One tiny trained SEPS run, its exported test split and its search index, shared by the search tests.
+
+Training, exporting and indexing happen once per test session (the module-level cache below), whichever of
+``test_export``, ``test_index``, ``test_search``, ``test_serve`` or ``test_browser`` asks first; a test that
+changes files works on its own copy. Everything lives under pytest's session temporary directory.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from patchword.config import apply_overrides
+from patchword.data.export import ExportSummary, export_synthetic_split
+from patchword.runs import LoadedRun, load_run
+from patchword.train.config import RunConfig
+
+# A paper-variant SEPS that reads image-tied dense captions (the demo's model), at toy size: 32-pixel
+# scenes, 8-pixel patches (a 4 x 4 grid, K = 8 kept patches), 32-wide encoders.
+TINY = [
+    "name=tiny",
+    "data.num_train=48",
+    "data.num_dev=8",
+    "data.num_test=24",
+    "data.synthetic_image_size=32",
+    "model.matcher=seps",
+    "model.seps.variant=paper",
+    "model.seps.dense_pairing=image",
+    "model.embed_dim=32",
+    "model.tiny_vit.image_size=32",
+    "model.tiny_vit.patch_size=8",
+    "model.tiny_vit.width=32",
+    "model.tiny_vit.depth=1",
+    "model.tiny_vit.heads=2",
+    "model.tiny_text_width=32",
+    "model.tiny_text_depth=1",
+    "model.max_text_len=160",
+    "train.batch_size=16",
+    "train.epochs=2",
+    "train.lr=1e-3",
+    "train.log_every=100",
+    "eval.max_memory_mb=8",
+]
+
+
+@dataclass
+class SearchEnv:
+    """The shared artefacts: run directory and its config, the export, the index built from it."""
+
+    root: Path
+    run_dir: Path
+    config: RunConfig
+    export: ExportSummary
+    index_dir: Path
+    _run: LoadedRun | None = None
+
+    @property
+    def run(self) -> LoadedRun:
+        """The run loaded once (eval mode, CPU)."""
+        if self._run is None:
+            self._run = load_run(self.run_dir)
+        return self._run
+
+
+_ENV: dict[str, SearchEnv] = {}
+
+
+def search_env(tmp_path_factory: pytest.TempPathFactory) -> SearchEnv:
+    """Train, export and index once per session; later calls return the same :class:`SearchEnv`."""
+    if "env" in _ENV:
+        return _ENV["env"]
+    from patchword.search.index import build_index
+    from patchword.train.run import train_run
+
+    root = tmp_path_factory.mktemp("search_env")
+    cfg = apply_overrides(
+        RunConfig(), [f"output_dir={root / 'runs'}", f"data.cache_dir={root / 'cache'}", *TINY]
+    )
+    # Tiny tensors: one thread avoids OpenMP barrier costs on a loaded 2-core machine (see one_thread).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train_run(cfg)
+        run_dir = root / "runs" / "tiny"
+        export = export_synthetic_split(root / "export", "test", config=cfg.data.synthetic_config())
+        env = SearchEnv(root, run_dir, cfg, export, root / "index")
+        build_index(
+            env.run,
+            export.files["images"],
+            env.index_dir,
+            dense=export.files["dense"],
+            shard_size=10,
+            batch_size=8,
+        )
+    finally:
+        torch.set_num_threads(threads)
+    _ENV["env"] = env
+    return env
+
+
+def caption_queries(env: SearchEnv) -> tuple[list[str], list[int]]:
+    """The exported test captions and the index id of each one's ground-truth image."""
+    from patchword.search.store import SearchIndex
+
+    captions = env.export.files["caps"].read_text().splitlines()
+    image_ids = env.export.files["ids"].read_text().splitlines()
+    position = {entry.path: i for i, entry in enumerate(SearchIndex.open(env.index_dir).entries)}
+    return captions, [position[f"{image_id}.png"] for image_id in image_ids]
+
+
+def library_t2i_scores(env: SearchEnv, shortlist: int) -> torch.Tensor:
+    """(N_img, N_txt) caption-query scores of the library's two-stage search on the index's own tokens:
+    ``fine`` on each caption's ``shortlist`` globally nearest images, ``-inf`` elsewhere."""
+    from patchword.eval import encode_text_tokens, two_stage_scores
+    from patchword.search.store import SearchIndex
+
+    index = SearchIndex.open(env.index_dir)
+    ids = torch.arange(len(index))
+    dense, dense_lens = index.dense_tokens(ids)
+    captions, _ = caption_queries(env)
+    cap_ids, cap_lens = env.run.tokenize(captions)
+    cap = encode_text_tokens(env.run.model, cap_ids, cap_lens)
+    result = two_stage_scores(
+        env.run.model.matcher, index.image_tokens(ids), cap, cap_lens, dense, dense_lens, k=(1, shortlist)
+    )
+    return result.sims_t2i
+
+
+@contextmanager
+def live_server(app) -> Iterator[str]:
+    """Serve ``app`` with uvicorn on a free local port in a thread; yields the base URL."""
+    import uvicorn
+
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

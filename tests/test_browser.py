@@ -1,0 +1,148 @@
+"""The search page in a real browser: Debian's chromium driven by Selenium through Debian's chromium-driver.
+
+The page types a query, shows the results the API returns, draws the kept-patch overlays, and renders a word's
+heatmap when the pointer is over the word (checked on screenshots: the result's pixels change). Selenium is
+pointed at /usr/bin/chromedriver and never downloads a driver; `make test` installs chromium and
+chromium-driver with apt when they are missing. Without them the test skips, except under CI, where it fails.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import urllib.request
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from patchword.search.query import Searcher
+from patchword.search.store import SearchIndex
+from patchword.serve.app import create_app
+from search_support import caption_queries, live_server, search_env
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,1000",
+    "--force-device-scale-factor=1",
+]
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _require_browser() -> None:
+    if os.path.exists(CHROMEDRIVER) and os.path.exists(CHROMIUM):
+        return
+    message = (
+        f"{CHROMEDRIVER} / {CHROMIUM} missing: `make test` installs chromium and chromium-driver with apt"
+    )
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture
+def browser(tmp_path, monkeypatch):
+    _require_browser()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    monkeypatch.setenv("SE_OFFLINE", "true")  # Selenium Manager must never fetch anything
+    options = Options()
+    options.binary_location = CHROMIUM
+    for flag in FLAGS:
+        options.add_argument(flag)
+    profile = tmp_path / "profile"
+    profile.mkdir()
+    options.add_argument(f"--user-data-dir={profile}")
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _query_with_visible_heat(searcher: Searcher, captions: list[str]) -> tuple[str, int]:
+    """A caption whose best result has a word aligned with patches (not the CLS token), and that word."""
+    for caption in captions:
+        top = searcher.search(caption, k=1).hits[0]
+        for w, word in enumerate(searcher.explain(caption, top.id).words):
+            if word.best_token != "cls" and float(word.heat.clamp_min(0).max()) > 0:
+                return caption, w
+    raise AssertionError("no caption of the tiny index aligns a word with patches")
+
+
+def _canvas_pixels(png: bytes, rect: dict) -> np.ndarray:
+    image = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.int16)
+    x, y = int(rect["x"]), int(rect["y"])
+    return image[y : y + int(rect["height"]), x : x + int(rect["width"])]
+
+
+def test_the_page_searches_and_renders_kept_patches_and_a_word_heatmap(tmp_path_factory, tmp_path, browser):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    env = search_env(tmp_path_factory)
+    searcher = Searcher(SearchIndex.open(env.index_dir), env.run)
+    captions, _ = caption_queries(env)
+    caption, word = _query_with_visible_heat(searcher, captions)
+    k = 6
+    with live_server(create_app(searcher)) as url:
+        browser.get(url + "/")
+        box = browser.find_element(By.ID, "q")
+        box.clear()
+        box.send_keys(caption)
+        k_box = browser.find_element(By.ID, "k")
+        k_box.clear()
+        k_box.send_keys(str(k))
+        box.send_keys(Keys.ENTER)
+        wait = WebDriverWait(browser, 30)
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, '.result[data-explained="true"]')) == k)
+        # every image has loaded and been drawn
+        wait.until(
+            lambda d: d.execute_script("return [...window.patchword.cards.values()].every(e => e.image)")
+        )
+        cards = browser.find_elements(By.CSS_SELECTOR, ".result")
+        with urllib.request.urlopen(f"{url}/api/search?q={urllib.parse.quote(caption)}&k={k}") as response:
+            api = json.load(response)
+        assert [c.get_attribute("data-path") for c in cards] == [r["path"] for r in api["results"]]
+        assert [int(c.get_attribute("data-id")) for c in cards] == [r["id"] for r in api["results"]]
+        canvas = cards[0].find_element(By.TAG_NAME, "canvas")
+        assert "kept patches: sparse 8, dense 8 of 16" in cards[0].text
+
+        rect = canvas.rect
+        before = browser.get_screenshot_as_png()
+        (tmp_path / "before.png").write_bytes(before)
+        chip = browser.find_element(By.CSS_SELECTOR, f'#words .word[data-index="{word}"]')
+        ActionChains(browser).move_to_element(chip).perform()
+        wait.until(lambda d: canvas.get_attribute("data-heat-word") == str(word))
+        after = browser.get_screenshot_as_png()
+        (tmp_path / "after.png").write_bytes(after)
+
+        assert canvas.rect == rect  # the layout did not move: the same pixels are compared
+        changed = np.abs(_canvas_pixels(before, rect) - _canvas_pixels(after, rect)).max(axis=-1) > 24
+        assert changed.mean() > 0.3, f"heatmap changed only {changed.mean():.1%} of the result's pixels"
+        # hot (red-yellow) pixels appear where the word's heat is highest
+        hot = _canvas_pixels(after, rect)
+        assert ((hot[..., 0] > 200) & (hot[..., 2] < 80)).any()
+        # moving away restores the kept-patch overlay
+        ActionChains(browser).move_to_element(browser.find_element(By.ID, "q")).perform()
+        wait.until(lambda d: canvas.get_attribute("data-heat-word") == "")
+        restored = browser.get_screenshot_as_png()
+        assert np.array_equal(_canvas_pixels(restored, rect), _canvas_pixels(before, rect))

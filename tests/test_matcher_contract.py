@@ -1,0 +1,115 @@
+"""The matcher contract, checked for every registered matcher (as timm's tests run over ``list_models()``):
+build, forward shapes, global embeddings, the scoring engine equals forward, a state-dict round trip, and
+dense-text handling as the matcher declares it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from patchword.eval import score_matrix
+from patchword.eval.engine import engine_for
+from patchword.matching import Matcher, MatcherOutput, build_matcher, list_matchers, matcher_reads_dense
+
+DIM = 32
+N_PATCHES = 16  # a 4x4 grid
+
+
+def _geometry(name: str) -> dict:
+    # Region matchers take tokens without a CLS token; the others get a ViT-like CLS + 16 patches.
+    region = name in ("scan", "naaf")
+    return dict(embed_dim=DIM, num_patches=N_PATCHES, has_cls=not region)
+
+
+def _build(name: str) -> Matcher:
+    torch.manual_seed(0)
+    return build_matcher(name, **_geometry(name)).eval()
+
+
+def _inputs(matcher: Matcher, n_img: int = 3, n_txt: int = 5, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    img = torch.randn(n_img, N_PATCHES + int(matcher.has_cls), DIM, generator=g)
+    caps = torch.randn(n_txt, 9, DIM, generator=g)
+    lens = torch.tensor([9, 5, 7, 3, 9][:n_txt])
+    dense = torch.randn(n_img, 12, DIM, generator=g)
+    dense_lens = torch.tensor([12, 8, 10, 6][:n_img])
+    return img, caps, lens, dense, dense_lens
+
+
+@pytest.fixture(params=list_matchers())
+def name(request):
+    return request.param
+
+
+def test_every_builtin_matcher_is_registered():
+    assert set(list_matchers()) >= {"seps", "laps", "vse", "scan", "naaf", "tgdt"}
+
+
+def test_contract_attributes_are_declared(name):
+    m = _build(name)
+    assert isinstance(m, Matcher)
+    assert m.embed_dim == DIM and isinstance(m.consumes_dense, bool)
+    assert m.dense_pairing in ("image", "caption")
+    assert m.ratio_mode in ("sum_masks", "per_branch")
+    assert m.selection_ratio is None or 0 < m.selection_ratio <= 1
+    assert m.global_loss in (None, "cmc")
+    assert m.leaky is (m.consumes_dense and m.dense_pairing == "caption")
+    assert matcher_reads_dense(name) is m.consumes_dense
+    plan = m.two_stage_plan()
+    assert plan is None or isinstance(plan.fine, Matcher)
+    memory = m.pair_memory_bytes(N_PATCHES, 9, 12, DIM)
+    assert memory is None or memory > 0
+
+
+def test_forward_shapes_and_global_embeddings(name):
+    m = _build(name)
+    img, caps, lens, dense, dense_lens = _inputs(m)
+    with torch.no_grad():
+        out = m(img, caps, lens, dense, dense_lens)
+        gi, gt = m.global_embed(img, caps, lens)
+    assert isinstance(out, MatcherOutput)
+    assert out.sims.shape == (3, 5) and out.sims.dtype == torch.float32 and torch.isfinite(out.sims).all()
+    for decision in out.decisions:
+        assert decision.shape[0] == 3 and decision.shape[-1] == N_PATCHES and decision.shape[1] in (1, 5)
+    assert gi.shape == (3, DIM) and gt.shape == (5, DIM)
+    assert torch.allclose(gi.norm(dim=1), torch.ones(3)) and torch.allclose(gt.norm(dim=1), torch.ones(5))
+
+
+def test_engine_equals_forward(name):
+    m = _build(name)
+    img, caps, lens, dense, dense_lens = _inputs(m, n_img=4, n_txt=5)
+    with torch.no_grad():
+        want = m(img, caps, lens, dense if m.consumes_dense else None, dense_lens).sims
+    got = score_matrix(m, img, caps, lens, dense, dense_lens, txt2img=torch.arange(5) % 4, max_memory_mb=1)
+    assert torch.allclose(got, want, atol=1e-5), (engine_for(m).name, (got - want).abs().max())
+
+
+def test_state_dict_round_trip(name):
+    m = _build(name)
+    img, caps, lens, dense, dense_lens = _inputs(m)
+    with torch.no_grad():
+        before = m(img, caps, lens, dense, dense_lens).sims
+    torch.manual_seed(123)  # a different initialisation...
+    other = build_matcher(name, **_geometry(name)).eval()
+    other.load_state_dict(m.state_dict())  # ...restored from the state dict (buffers included)
+    with torch.no_grad():
+        after = other(img, caps, lens, dense, dense_lens).sims
+    assert torch.equal(before, after)
+
+
+def test_dense_text_is_read_only_when_declared(name):
+    m = _build(name)
+    img, caps, lens, dense, dense_lens = _inputs(m)
+    with torch.no_grad():
+        with_dense = m(img, caps, lens, dense, dense_lens).sims
+        without = m(img, caps, lens).sims
+    if m.consumes_dense:
+        assert not torch.allclose(with_dense, without)
+    else:
+        assert torch.equal(with_dense, without)
+
+
+def test_region_matchers_refuse_a_cls_token():
+    for name in ("scan", "naaf"):
+        with pytest.raises(ValueError, match="without a CLS token"):
+            build_matcher(name, embed_dim=DIM, num_patches=N_PATCHES, has_cls=True)

@@ -1,0 +1,73 @@
+"""Named model configs (``create_model`` / ``list_models``), checked for every shipped name as timm checks
+every model: each builds (randomly initialised, no download), has the documented token geometry, and
+scores a tiny batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from patchword import create_model, get_model_config, list_models
+from patchword.errors import ConfigError
+
+# Spatial tokens and CLS of the image encoder each named backbone implies.
+GEOMETRY = {
+    "vit-b16": (196, True),
+    "swin-b-224": (49, False),
+    "swin-b-384": (144, False),
+    "precomp": (36, False),
+    "tiny": (64, True),
+    "tiny-regions": (36, False),
+}
+
+
+def _geometry(name: str) -> tuple[int, bool]:
+    for key in sorted(GEOMETRY, key=len, reverse=True):  # "tiny-regions" before "tiny"
+        if name.endswith(key) or f"-{key}-" in name:
+            return GEOMETRY[key]
+    raise AssertionError(f"add {name} to GEOMETRY")
+
+
+@pytest.fixture(params=list_models())
+def name(request):
+    return request.param
+
+
+def test_the_issue_names_ship():
+    assert {
+        "seps-vit-b16-code",
+        "laps-swin-b-384",
+        "scan-t2i-precomp",
+        "tgdt-precomp",
+        "seps-tiny-paper",
+    } <= set(list_models())
+
+
+def test_named_model_builds_with_its_geometry_and_scores_a_batch(name):
+    pytest.importorskip("transformers")
+    model = create_model(name, pretrained=False, vocab_size=40).eval()
+    cfg = get_model_config(name)
+    patches, cls = _geometry(name)
+    # TGDT's region transformer prepends a global token
+    cls = cls or bool(cfg.precomp.context.global_token and cfg.image_encoder == "precomp")
+    assert model.image_encoder.num_patches == patches and model.image_encoder.has_cls == cls
+    assert model.matcher.embed_dim == cfg.embed_dim
+    if cfg.image_encoder == "precomp":
+        images = torch.rand(2, cfg.precomp.num_regions, cfg.precomp.region_dim)
+    else:
+        size = model.image_encoder.image_size
+        images = torch.randn(2, 3, size, size)
+    ids = torch.tensor([[2, 5, 6, 7, 3], [2, 8, 3, 0, 0], [2, 9, 10, 3, 0]])
+    lens = torch.tensor([5, 3, 4])
+    with torch.no_grad():
+        sims = model(images, ids, lens).sims
+    assert sims.shape == (2, 3) and torch.isfinite(sims).all()
+
+
+def test_overrides_and_unknown_names():
+    cfg = get_model_config("seps-vit-b16-code", embed_dim=256, seps={"sparse_ratio": 0.6})
+    assert cfg.embed_dim == 256 and cfg.seps.sparse_ratio == 0.6 and cfg.seps.variant == "code"
+    with pytest.raises(ConfigError, match="unknown model 'seps-vit-b99'"):
+        get_model_config("seps-vit-b99")
+    with pytest.raises(ConfigError, match="model.seps.variant"):
+        get_model_config("seps-vit-b16-code", seps={"variant": "papr"})

@@ -1,0 +1,159 @@
+"""Search and explain on a tiny trained index: the ranking is the library's two-stage search, the recall is
+the run's, and explanations equal the matcher's own selection and alignment."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from patchword.eval import evaluate
+from patchword.matching import build_matcher
+from patchword.matching.ops import length_mask
+from patchword.search.cli import main_search
+from patchword.search.explain import explain_pair
+from patchword.search.query import QueryError, Searcher
+from patchword.search.store import SearchIndex
+from search_support import caption_queries, library_t2i_scores, search_env
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    return search_env(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def searcher(env):
+    return Searcher(SearchIndex.open(env.index_dir), env.run)
+
+
+@pytest.mark.parametrize("shortlist", [None, 8])
+def test_every_caption_ranks_as_in_the_library_two_stage_search(env, shortlist):
+    searcher = Searcher(SearchIndex.open(env.index_dir), env.run, shortlist=shortlist)
+    n = len(searcher)
+    assert searcher.shortlist == (n if shortlist is None else 8) and searcher.use_dense
+    expected = library_t2i_scores(env, searcher.shortlist)
+    captions, truth = caption_queries(env)
+    for j, caption in enumerate(captions):
+        result = searcher.search(caption, k=searcher.shortlist)
+        column = expected[:, j]
+        finite = torch.isfinite(column)
+        order = sorted(finite.nonzero().flatten().tolist(), key=lambda i: -float(column[i]))
+        assert [h.id for h in result.hits] == order, caption
+        got = torch.tensor([h.score for h in result.hits])
+        torch.testing.assert_close(got, column[order], rtol=1e-5, atol=1e-5)
+        assert [h.rank for h in result.hits] == list(range(1, len(order) + 1))
+        assert all(h.path == searcher.index.path(h.id) for h in result.hits)
+        # The ground truth is found exactly where the library ranks it (or missed by both).
+        in_api = [h.id for h in result.hits].index(truth[j]) + 1 if truth[j] in order else None
+        in_library = int((column > column[truth[j]]).sum()) + 1 if finite[truth[j]] else None
+        assert in_api == in_library
+
+
+def test_recall_through_search_equals_the_run_evaluation(env, searcher):
+    from patchword.train.run import prepare_data
+
+    data = prepare_data(env.config.data, tokenizer=env.run.tokenizer)
+    metrics = evaluate(env.run.model, data.splits["test"], env.config.eval)
+    captions, truth = caption_queries(env)
+    ranks = []
+    for caption, gt in zip(captions, truth, strict=True):
+        ids = [h.id for h in searcher.search(caption, k=len(searcher)).hits]
+        ranks.append(ids.index(gt) + 1)
+    for k in (1, 5, 10):
+        recall = 100.0 * sum(r <= k for r in ranks) / len(ranks)
+        assert recall == pytest.approx(metrics[f"t2i_r{k}"], abs=1e-9), k
+
+
+def test_explanation_is_the_matchers_own_selection_and_alignment(env, searcher):
+    matcher = searcher.fine
+    captions, truth = caption_queries(env)
+    checked_heat = 0
+    for caption, image_id in [(captions[0], truth[0]), (captions[7], 3), (captions[30], truth[30])]:
+        explanation = searcher.explain(caption, image_id)
+        query = searcher.encode_query(caption)
+        img = searcher.index.image_tokens([image_id])
+        dense, dense_lens = searcher.index.dense_tokens([image_id])
+        with torch.no_grad():
+            out = matcher(img, query.tokens, query.lens, dense, dense_lens)
+        # the pair's score is the fine score the search ranks with
+        assert explanation.score == pytest.approx(float(out.sims[0, 0]), abs=1e-5)
+        assert explanation.score == pytest.approx(
+            float(searcher.rerank(query, torch.tensor([image_id]))[0]), abs=1e-5
+        )
+        # kept patches: one mask per branch, K of N each, equal to the forward's decisions
+        assert [b.name for b in explanation.branches] == ["sparse", "dense"]
+        assert explanation.grid == (4, 4) and explanation.num_keep == matcher.num_keep == 8
+        for branch, decision in zip(explanation.branches, out.decisions, strict=True):
+            assert branch.kept.shape == (16,) and branch.kept_count == 8
+            assert torch.equal(branch.kept, decision[0, 0] > 0.5)
+        # HRPA of the explained cosine matrix is the score (paper variant: the sparse alignment only)
+        valid = length_mask(query.lens, explanation.alignment.shape[1])[None, :, None]
+        with torch.no_grad():
+            hrpa = matcher.hrpa(explanation.alignment[None, None], valid)
+        assert float(hrpa[0, 0]) == pytest.approx(explanation.score, abs=1e-5)
+        # each word's heat splits its HRPA term over the patches of its best token
+        kept_any = explanation.branches[0].kept | explanation.branches[1].kept
+        kept_both = explanation.branches[0].kept & explanation.branches[1].kept
+        assert len(explanation.words) == int(query.lens[0])
+        for w, word in enumerate(explanation.words):
+            best = float(explanation.alignment[:, w].max())
+            assert word.cosine == pytest.approx(best, abs=1e-6)
+            if word.best_token == "cls":
+                assert torch.count_nonzero(word.heat) == 0
+                continue
+            checked_heat += 1
+            assert float(word.heat.sum()) == pytest.approx(best, abs=1e-5)
+            if word.best_token.startswith("aggregated"):
+                assert torch.count_nonzero(word.heat[~kept_any]) == 0
+            else:  # fusion token: a mixture of dropped patches
+                assert torch.count_nonzero(word.heat[kept_both]) == 0
+        body = explanation.to_json()
+        assert body["grid"] == [4, 4] and [len(r) for r in body["branches"][0]["kept"]] == [4] * 4
+        assert [w["text"] for w in body["words"]][0] == "<start>" and body["words"][0]["special"]
+    assert checked_heat > 0
+
+
+def test_matchers_without_selection_get_token_cosines():
+    torch.manual_seed(0)
+    matcher = build_matcher("vse", embed_dim=8, num_patches=4, has_cls=True).eval()
+    img, cap = torch.randn(5, 8), torch.randn(3, 8)
+    explanation = explain_pair(matcher, img, cap, 3, token_strings=["<start>", "dog", "<end>"], grid=(2, 2))
+    assert explanation.method == "token_cosine" and explanation.branches == [] and explanation.grid == (2, 2)
+    cos = torch.nn.functional.normalize(img[1:], dim=-1) @ torch.nn.functional.normalize(cap, dim=-1).T
+    for w, word in enumerate(explanation.words):
+        torch.testing.assert_close(word.heat, cos[:, w])
+    assert [w.special for w in explanation.words] == [True, False, True]
+
+
+def test_bad_queries_are_user_errors(searcher):
+    for text in ("", "   ", "!!! ???"):
+        with pytest.raises(QueryError):
+            searcher.search(text)
+    for k in (0, -1, True, 2.5):
+        with pytest.raises(ValueError, match="k must be"):
+            searcher.search("a red circle", k=k)
+
+
+def test_search_cli_prints_rank_score_path_and_latency(env, searcher, capsys):
+    captions, _ = caption_queries(env)
+    expected = searcher.search(captions[0], k=3)
+    assert main_search([str(env.index_dir), captions[0], "-k", "3"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split() == ["#", "score", "global", "path"]
+    rows = [line.split() for line in lines[1:4]]
+    assert [r[0] for r in rows] == ["1", "2", "3"]
+    assert [r[3] for r in rows] == [h.path for h in expected.hits]
+    assert [float(r[1]) for r in rows] == pytest.approx([h.score for h in expected.hits], abs=1e-4)
+    assert lines[4].startswith("3 results in ") and " ms " in lines[4]
+    assert main_search([str(env.index_dir), captions[0], "-k", "3", "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["query"] == captions[0] and body["ms"] > 0
+    assert [r["id"] for r in body["results"]] == [h.id for h in expected.hits]
+    assert main_search([str(env.index_dir), "", "-k", "3"]) == 2
+    assert "error: the query is empty" in capsys.readouterr().err
+    assert main_search([str(env.root / "nowhere"), "x"]) == 2
+    assert "not a search index" in capsys.readouterr().err
