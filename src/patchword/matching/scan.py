@@ -44,12 +44,10 @@ class SCANConfig:
     """Arguments of :class:`SCANMatcher`; defaults are SCAN t-i LSE on Flickr30K (README flags)."""
 
     embed_dim: int = 1024  # D, width of region and word vectors
-    direction: Literal["t2i", "i2t"] = (
-        "t2i"  # "t2i" (words attend to regions) or "i2t" (regions attend to words)
-    )
-    agg: Literal["logsumexp", "mean", "max", "sum"] = (
-        "logsumexp"  # aggregation over words (t2i) / regions (i2t): logsumexp | mean | max | sum
-    )
+    # "t2i" (words attend to regions) or "i2t" (regions attend to words)
+    direction: Literal["t2i", "i2t"] = "t2i"
+    # aggregation over words (t2i) / regions (i2t): logsumexp | mean | max | sum
+    agg: Literal["logsumexp", "mean", "max", "sum"] = "logsumexp"
     lambda_softmax: float = 9.0  # lambda_1, attention inverse temperature (README: 9 t2i, 4 i2t)
     lambda_lse: float = 6.0  # lambda_2 of LogSumExp (README: 6 t2i, 5 i2t F30K, 20 i2t COCO)
     feature_norm: Literal[

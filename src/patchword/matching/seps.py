@@ -85,33 +85,28 @@ class SEPSConfig:
     has_cls: bool = True  # token 0 of img_tokens is CLS (ViT); Swin has none
     sparse_ratio: float = 0.5  # rho: K = ceil(N * rho) patches kept
     aggr_ratio: float = 0.4  # N_c = int(N * aggr_ratio * rho) aggregated tokens
-    variant: Literal["code", "paper"] = (
-        "code"  # preset of the switches below: "code" (official SEPS) or "paper"
-    )
-    dense_pairing: Literal["image", "caption"] = (
-        "image"  # "image" (leak-free) or "caption" (official protocol, leaky)
-    )
+    # preset of the switches below: "code" (official SEPS) or "paper"
+    variant: Literal["code", "paper"] = "code"
+    # "image" (leak-free) or "caption" (official protocol, leaky)
+    dense_pairing: Literal["image", "caption"] = "image"
     detach_selection: bool = False  # True reproduces the official no_grad around selection
     use_dense: bool = True  # False: ignore dense text even if given (LAPS)
     score_mode: Literal["sum", "predictor"] | None = None  # "sum" | "predictor"
     dense_mode: Literal["branch", "guide"] | None = None  # "branch" | "guide"
     aggregation: Literal["shared", "dual"] | None = None  # "shared" | "dual"
     hrpa_topk: int | None = None  # k of the HRPA TopK-MLP terms; 0 disables them
-    similarity: Literal["leaky_relu", "cosine"] | None = (
-        None  # "leaky_relu" | "cosine" on the patch-word matrix
-    )
+    # "leaky_relu" | "cosine" on the patch-word matrix
+    similarity: Literal["leaky_relu", "cosine"] | None = None
     leaky_slope: float = 0.1  # negative slope when similarity == "leaky_relu"
     gumbel: bool | None = None  # straight-through relaxed decisions
     gumbel_tau: float = 1.0  # temperature of the relaxed decisions
-    ratio_mode: Literal["sum_masks", "per_branch"] | None = (
-        None  # "sum_masks" | "per_branch" (how RatioLoss combines branches)
-    )
+    # "sum_masks" | "per_branch" (how RatioLoss combines branches)
+    ratio_mode: Literal["sum_masks", "per_branch"] | None = None
     beta: float = 0.25  # paper Eq. (3) attention weight
     joint_score: bool = False  # paper Eq. (3) literally: both branches score with s_st + s_dt together
     caption_chunk: int = 0  # score at most this many captions at a time in eval (0 = all)
-    global_pool: Literal["cls", "mean"] = (
-        "cls"  # global image embedding (warm-up, two-stage): "cls" or "mean" of all tokens
-    )
+    # global image embedding (warm-up, two-stage): "cls" or "mean" of all tokens
+    global_pool: Literal["cls", "mean"] = "cls"
 
     def resolved(self) -> SEPSConfig:
         """A copy with every ``None`` switch filled from the variant preset, validated."""

@@ -52,15 +52,13 @@ class TGDTConfig:
 
     embed_dim: int = 1024  # C, width of the transformer outputs
     has_cls: bool = True  # token 0 of img_tokens is the global slot (else: global = mean of the regions)
-    text_global: Literal["first", "mean"] = (
-        "first"  # caption global embedding: "first" (token 0, official) or "mean"
-    )
+    # caption global embedding: "first" (token 0, official) or "mean"
+    text_global: Literal["first", "mean"] = "first"
     local_scale: float = 10.0  # factor of the local similarity (official x10)
     skip_text_head: int = 1  # leading valid text positions left out of s_l (official 1: [CLS])
     skip_text_tail: int = 1  # trailing valid text positions left out (official 2: '.', [SEP]; 1: <end>)
-    inference: Literal["global", "local", "hybrid"] = (
-        "hybrid"  # eval-mode sims: global | local | hybrid (hybrid_alpha * s_g + s_l)
-    )
+    # eval-mode sims: global | local | hybrid (hybrid_alpha * s_g + s_l)
+    inference: Literal["global", "local", "hybrid"] = "hybrid"
     hybrid_alpha: float = 1.0  # weight of s_g in the hybrid score (official: d_g + d_l)
     shortlist_i2t: int = 50  # two-stage: captions kept per image query (official 50)
     shortlist_t2i: int = 100  # two-stage: images kept per caption query (official 100)

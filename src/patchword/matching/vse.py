@@ -20,9 +20,8 @@ class VSEConfig:
 
     embed_dim: int = 512  # C, width of the projected tokens
     has_cls: bool = True  # token 0 of img_tokens is CLS
-    pool: Literal["cls", "mean"] = (
-        "cls"  # image pooling: "cls" (needs has_cls) or "mean" over all image tokens
-    )
+    # image pooling: "cls" (needs has_cls) or "mean" over all image tokens
+    pool: Literal["cls", "mean"] = "cls"
 
 
 @register_matcher("vse", VSEConfig)
