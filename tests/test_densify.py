@@ -15,7 +15,8 @@ import pytest
 import torch
 from PIL import Image
 
-from patchword.data.captions import load_dense_jsonl, load_laps_split
+from patchword.data.laps import load_laps_split
+from patchword.data.textfiles import load_dense_jsonl
 from patchword.densify import (
     GenerationSettings,
     Shard,

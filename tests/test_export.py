@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from patchword.config import apply_overrides
-from patchword.data.captions import load_laps_split
 from patchword.data.export import export_synthetic_split
 from patchword.data.images import load_image
+from patchword.data.laps import load_laps_split
 from patchword.data.synthetic import SyntheticConfig, generate_split
 from patchword.data.transforms import normalize_uint8_batch, test_transform
 from patchword.errors import RunExistsError

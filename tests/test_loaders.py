@@ -18,9 +18,11 @@ import pytest
 import torch
 from PIL import Image, ImageFile
 
-from patchword.data.captions import load_dense_jsonl, load_karpathy_json, load_laps_split, read_lines
 from patchword.data.images import ImageFolderSplit, load_image
+from patchword.data.karpathy import load_karpathy_json
+from patchword.data.laps import load_laps_split
 from patchword.data.split import RetrievalSplit
+from patchword.data.textfiles import load_dense_jsonl, read_lines
 from patchword.data.transforms import test_transform as make_test_transform
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"

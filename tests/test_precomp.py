@@ -11,15 +11,10 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from patchword.config import apply_overrides
-from patchword.data.precomp import (
-    RegionFeatureConfig,
-    RegionFeatures,
-    load_precomp_split,
-    synthetic_region_features,
-    write_precomp_split,
-)
+from patchword.data.precomp import RegionFeatures, load_precomp_split, write_precomp_split
 from patchword.data.prepare import prepare_data
 from patchword.data.synthetic import SyntheticConfig, generate_split
+from patchword.data.synthetic.regions import RegionFeatureConfig, synthetic_region_features
 from patchword.data.vocab import WordVocab
 from patchword.encoders import (
     BiGRUTextEncoder,
@@ -128,7 +123,7 @@ def test_synthetic_features_carry_the_objects(scenes):
     # a nearest-prototype probe finds each image's colours among its regions more often than absent ones
     cfg = RegionFeatureConfig(num_regions=20, dim=128, noise=0.2, seed=0)
     feats = synthetic_region_features(scenes.scenes, "test", cfg, num_shapes=5, num_colours=8)
-    from patchword.data.precomp import _attribute_tables
+    from patchword.data.synthetic.regions import _attribute_tables
 
     colours = _attribute_tables(cfg, 5, 8, 2, 9)["colour"]  # (8, D)
     response = (feats @ colours.T).max(axis=1)  # (N, 8): best region per colour

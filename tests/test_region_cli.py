@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from patchword.cli import main
-from patchword.data.precomp import RegionFeatureConfig, synthetic_region_split, write_precomp_split
+from patchword.data.precomp import write_precomp_split
 from patchword.data.synthetic import SyntheticConfig, SyntheticScenes
+from patchword.data.synthetic.regions import RegionFeatureConfig, synthetic_region_split
 from patchword.train.checkpoint import load_checkpoint
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -162,6 +163,4 @@ def test_presets_for_real_data_parse(tmp_path):
         cfg = load_config(RunConfig, CONFIGS / f"{name}.yaml")
         assert cfg.data.dataset == "precomp" and cfg.model.image_encoder == "precomp"
         assert cfg.model.matcher in ("scan", "naaf", "tgdt")
-    assert np.isclose(
-        load_config(RunConfig, CONFIGS / "naaf_f30k.yaml").model.naaf.lambda_softmax, 20
-    )
+    assert np.isclose(load_config(RunConfig, CONFIGS / "naaf_f30k.yaml").model.naaf.lambda_softmax, 20)

@@ -91,15 +91,42 @@ class HingeLoss(nn.Module):
             Scalar tensor.
         """
         check_tensor(sims, "sims", ndim=2)
+        return self.share(sims, slice(None), img_ids, ignore, max_violation)
+
+    def share(
+        self,
+        sims: torch.Tensor,
+        queries: slice,
+        img_ids: torch.Tensor | Sequence[int] | None = None,
+        ignore: torch.Tensor | None = None,
+        max_violation: bool | None = None,
+    ) -> torch.Tensor:
+        """The part of :meth:`forward` that the samples ``queries`` contribute as queries.
+
+        That is the image queries of rows ``queries`` (against every caption of the batch) plus the
+        caption queries of columns ``queries`` (against every image), so the shares of a partition of the
+        batch sum to the whole loss: one process of a multi-process step computes its share of the
+        global batch's loss on the gathered (B, B) matrix (a (b, B) row block and a (B, b) column block
+        of costs instead of the full B x B). Unlike :meth:`forward`, the values of ``sims`` are not
+        checked (that would wait for the device: this is the training step's hot path).
+
+        Args:
+            sims: (B, B) similarities, rows images and columns captions of the same B samples.
+            queries: the samples whose queries count (``slice(None)``: all of them, = forward).
+            img_ids, ignore, max_violation: as in :meth:`forward`.
+        """
         batch = sims.shape[0]
-        if batch == 0 or sims.shape[1] != batch:
+        if sims.dim() != 2 or batch == 0 or sims.shape[1] != batch:
             raise ValueError(f"sims must be a non-empty square (B, B) matrix, got shape {tuple(sims.shape)}")
         hardest = self.max_violation if max_violation is None else bool(max_violation)
         not_negative = _positive_mask(batch, img_ids, ignore, sims.device)
 
         positives = sims.diagonal()
-        cost_s = (self.margin + sims - positives.unsqueeze(1)).clamp(min=0).masked_fill(not_negative, 0)
-        cost_im = (self.margin + sims - positives.unsqueeze(0)).clamp(min=0).masked_fill(not_negative, 0)
+        rows, cols = sims[queries], sims[:, queries]  # (b, B) image queries, (B, b) caption queries
+        cost_s = (self.margin + rows - positives[queries].unsqueeze(1)).clamp(min=0)
+        cost_s = cost_s.masked_fill(not_negative[queries], 0)
+        cost_im = (self.margin + cols - positives[queries].unsqueeze(0)).clamp(min=0)
+        cost_im = cost_im.masked_fill(not_negative[:, queries], 0)
         if hardest:
             # .max (not .amax): on ties the gradient goes to one negative, as in the official code.
             return cost_s.max(1).values.sum() + cost_im.max(0).values.sum()
@@ -156,6 +183,11 @@ class RatioLoss(nn.Module):
         if not isinstance(decisions, Sequence) or len(decisions) == 0:
             raise ValueError("decisions must be a non-empty list of decision tensors")
         ratios = torch.stack([self._keep_ratio(d, f"decisions[{b}]") for b, d in enumerate(decisions)])
+        return self.from_ratios(ratios)
+
+    def from_ratios(self, ratios: torch.Tensor) -> torch.Tensor:
+        """The loss from the branches' kept shares ``mean(D_b)``, a (n_branches,) tensor: how a
+        multi-process step applies it to shares reduced over the global batch (no value checks)."""
         if self.mode == "sum_masks":
             return (ratios.sum() - self.target_ratio).square()
         return (ratios - self.target_ratio).square().sum()
@@ -221,12 +253,30 @@ class CMCLoss(nn.Module):
         """
         check_tensor(img, "img", ndim=2)
         check_tensor(txt, "txt", shape=tuple(img.shape))
+        return self._terms(img, txt, slice(None), img_ids, max_violation)
+
+    def _terms(self, img, txt, queries: slice, img_ids, max_violation) -> dict[str, torch.Tensor]:
         img = F.normalize(img, dim=-1)
         txt = F.normalize(txt, dim=-1)
-        ranking = self.ranking(img @ txt.T, img_ids, max_violation=max_violation)
-        discrepancy = (txt @ txt.T - img @ img.T).abs()  # (B, B), symmetric
+        ranking = self.ranking.share(img @ txt.T, queries, img_ids, max_violation=max_violation)
+        # columns ``queries`` of the symmetric (B, B) discrepancy |S^T - S^I|
+        discrepancy = (txt @ txt[queries].T - img @ img[queries].T).abs()
         consistency = (discrepancy.max(0).values - self.sigma).clamp(min=0).sum()
         return {"ranking": ranking, "consistency": consistency, "total": ranking + consistency}
+
+    def share(
+        self,
+        img: torch.Tensor,
+        txt: torch.Tensor,
+        queries: slice,
+        img_ids: torch.Tensor | Sequence[int] | None = None,
+        max_violation: bool | None = None,
+    ) -> torch.Tensor:
+        """The part of the total loss that the samples ``queries`` contribute (their image and caption
+        queries in ``L_r``, their columns in ``L_a``): the shares of a partition of the batch sum to the
+        total. ``img`` and ``txt`` are the whole (B, C) batch; values are not checked (see
+        :meth:`HingeLoss.share`)."""
+        return self._terms(img, txt, queries, img_ids, max_violation)["total"]
 
     def forward(
         self,

@@ -114,7 +114,7 @@ def real_lengths(data: Path | None, bert_vocab: str | None) -> tuple[torch.Tenso
     bert_caps = data / "f30k_1k_test" / "test_bert_caps.txt"
     caps = [len(line.split(",")) for line in bert_caps.read_text().splitlines() if line.strip()]
     source = f"captions: BERT ids of {bert_caps.name}"
-    from patchword.data.captions import load_dense_jsonl
+    from patchword.data.textfiles import load_dense_jsonl
 
     texts = load_dense_jsonl(data / "seps_dense_llava" / "f30k_test.jsonl")
     counts = None

@@ -148,7 +148,8 @@ def _synthetic(dc: DataConfig, roles: Sequence[str]) -> RawData:
     fits = {role: ds.oracle(name) for role, name in names.items()}
     if dc.dataset == "synthetic":
         return RawData(raw, {role: ArrayImages(raw[role].images) for role in roles}, fits)
-    from patchword.data.precomp import RegionFeatureConfig, RegionFeatures, synthetic_region_split
+    from patchword.data.precomp import RegionFeatures
+    from patchword.data.synthetic.regions import RegionFeatureConfig, synthetic_region_split
 
     rcfg = RegionFeatureConfig(
         num_regions=dc.num_regions,
@@ -167,7 +168,8 @@ def _synthetic(dc: DataConfig, roles: Sequence[str]) -> RawData:
 
 
 def _image_files(dc: DataConfig, roles: Sequence[str], use_dense: bool) -> RawData:
-    from patchword.data.captions import load_karpathy_json, load_laps_split
+    from patchword.data.karpathy import load_karpathy_json
+    from patchword.data.laps import load_laps_split
 
     # The held-out dev split comes out of the training split.
     to_read = sorted(

@@ -153,7 +153,7 @@ def images_from_laps(
         split: ``train``, ``dev``, ``test``, ``testall``...
         image_root: folder the mapped file names are relative to (default: ``data_root``).
     """
-    from patchword.data.captions import load_laps_split
+    from patchword.data.laps import load_laps_split
 
     image_root = Path(data_root if image_root is None else image_root).expanduser()
     laps = load_laps_split(data_root, split, image_root, check_images=False)

@@ -1,7 +1,7 @@
 """The output file: SEPS dense-caption JSONL, appended batch by batch so that no finished work is lost.
 
 One line per image, ``{"text": ..., "model_id": ..., "metadata": {"image_id": ..., ...}}``, the format of
-the SEPS release, which ``patchword.data.captions.load_dense_jsonl`` (``data.dense_<split>``) reads.
+the SEPS release, which ``patchword.data.textfiles.load_dense_jsonl`` (``data.dense_<split>``) reads.
 
 Durability rules:
 

@@ -1,0 +1,104 @@
+"""Karpathy's ``dataset_{coco,flickr30k,flickr8k}.json`` split files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from patchword.data.split import RetrievalSplit
+from patchword.data.textfiles import assemble_split, load_json, require_file, resolve_images
+
+__all__ = ["load_karpathy_json"]
+
+PathLike = str | os.PathLike[str]
+
+# Karpathy's json calls the dev split "val"; LAPS/SCAN file names call it "dev".
+_KARPATHY_SPLITS = ("train", "val", "test", "restval")
+_SPLIT_ALIASES = {"dev": "val"}
+
+
+def _karpathy_splits(split: str, restval_into_train: bool) -> set[str]:
+    wanted = _SPLIT_ALIASES.get(split, split)
+    if wanted not in _KARPATHY_SPLITS:
+        choices = ", ".join((*_KARPATHY_SPLITS, *_SPLIT_ALIASES))
+        raise ValueError(f"unknown Karpathy split {split!r}; expected one of {choices}")
+    if wanted == "train" and restval_into_train:
+        return {"train", "restval"}
+    return {wanted}
+
+
+def _karpathy_field(entry: object, key: str, path: Path, index: int) -> object:
+    if not isinstance(entry, dict) or key not in entry:
+        raise ValueError(f"{path}: images[{index}] has no {key!r} field")
+    return entry[key]
+
+
+def _karpathy_image(entry: dict, path: Path, index: int) -> tuple[str, str, list[str]]:
+    """``(relative file path, image id, raw captions)`` of one ``images[]`` entry."""
+    filename = _karpathy_field(entry, "filename", path, index)
+    # COCO entries keep the sub-folder (train2014 / val2014) in "filepath"; Flickr30K has none.
+    name = str(Path(entry.get("filepath", "")) / str(filename))
+    # LAPS identifies COCO images by COCO id and Flickr30K images by Karpathy index (``imgid``).
+    image_id = str(entry.get("cocoid", entry.get("imgid", name)))
+    sentences = _karpathy_field(entry, "sentences", path, index)
+    if not isinstance(sentences, list) or not sentences:
+        raise ValueError(f"{path}: images[{index}] ({name}) has no sentences")
+    captions = []
+    for k, sentence in enumerate(sentences):
+        raw = sentence.get("raw") if isinstance(sentence, dict) else None
+        if not isinstance(raw, str) or not raw.strip():
+            raise ValueError(f"{path}: images[{index}].sentences[{k}] ({name}) has an empty or missing 'raw'")
+        captions.append(raw.strip())
+    return name, image_id, captions
+
+
+def load_karpathy_json(
+    path: PathLike,
+    split: str,
+    image_root: PathLike | None,
+    *,
+    restval_into_train: bool = True,
+    dense_jsonl: PathLike | None = None,
+    check_images: bool = True,
+) -> RetrievalSplit:
+    """Load one split of a Karpathy ``dataset_{coco,flickr30k,flickr8k}.json``.
+
+    Args:
+        path: the json file (``{"images": [{"split", "filename", "filepath"?, "sentences": [{"raw"}]}]}``).
+        split: ``train``, ``val`` (alias ``dev``), ``test`` or ``restval``.
+        image_root: folder holding ``filepath/filename``; ``None`` for a text-only split.
+        restval_into_train: COCO convention: ``train`` also takes the ``restval`` images (113,287 total).
+        dense_jsonl: optional dense captions, one JSON line per image of this split, in json order.
+        check_images: with an ``image_root``, raise if any image file is missing.
+
+    Returns:
+        a split with images in json order, each image's sentences consecutive; ``image_ids`` are COCO ids
+        (``cocoid``), else Karpathy indices (``imgid``), else the relative file names.
+    """
+    path = require_file(path, "Karpathy split file")
+    data = load_json(path)
+    entries = data.get("images") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: expected a JSON object with an 'images' list")
+    wanted = _karpathy_splits(split, restval_into_train)
+    names, image_ids, captions, txt2img = [], [], [], []
+    for index, entry in enumerate(entries):
+        if _karpathy_field(entry, "split", path, index) not in wanted:
+            continue
+        name, image_id, sentences = _karpathy_image(entry, path, index)
+        txt2img.extend([len(names)] * len(sentences))
+        names.append(name)
+        image_ids.append(image_id)
+        captions.extend(sentences)
+    if not names:
+        raise ValueError(f"{path}: no images in split {split!r} (looked for split in {sorted(wanted)})")
+    return assemble_split(
+        name=split,
+        images=resolve_images(names, image_root, check_images),
+        captions=captions,
+        txt2img=np.asarray(txt2img, dtype=np.int64),
+        image_ids=image_ids,
+        dense_jsonl=dense_jsonl,
+    )

@@ -1,0 +1,156 @@
+"""The official LAPS / SEPS (and SCAN / VSE++) caption layout: ``{split}_caps.txt`` with one caption per
+line, ``{split}_ids.txt`` with the image id of each line, and ``id_mapping.json`` from id to file name.
+
+Dense (MLLM) captions attach from a SEPS ``.jsonl`` file with one line per image in image order. Only the
+text side and the file list are read here; pixels are decoded lazily by :mod:`patchword.data.images`.
+With ``image_root=None`` the split is text only and ``images`` holds the relative file names (or the bare
+ids when no id mapping is known), so the shipped caption files can be used without the image archives.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from patchword.data.split import RetrievalSplit
+from patchword.data.textfiles import assemble_split, load_json, read_lines, require_file, resolve_images
+
+__all__ = ["load_laps_split", "load_id_mapping"]
+
+PathLike = str | os.PathLike[str]
+
+
+def load_id_mapping(path: PathLike) -> dict[str, str]:
+    """Read an ``id_mapping.json`` (image id -> file name relative to the image root).
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: malformed JSON, not an object, or a value that is not a non-empty string.
+    """
+    path = require_file(path, "id mapping")
+    mapping = load_json(path)
+    if not isinstance(mapping, dict):
+        raise ValueError(f"{path}: expected a JSON object mapping image id -> file name")
+    for key, name in mapping.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{path}: id {key!r} maps to {name!r}, expected a non-empty file name")
+    return mapping
+
+
+def _unique_in_order(keys: Sequence[str]) -> tuple[list[str], np.ndarray, list[int]]:
+    """Unique keys in first-appearance order.
+
+    Returns:
+        uniques: the U distinct keys.
+        inverse: (len(keys),) int64 position of each key in ``uniques``.
+        first: U indices into ``keys`` where each unique key first appears.
+    """
+    position: dict[str, int] = {}
+    first: list[int] = []
+    inverse = np.empty(len(keys), dtype=np.int64)
+    for i, key in enumerate(keys):
+        if key not in position:
+            position[key] = len(first)
+            first.append(i)
+        inverse[i] = position[key]
+    return list(position), inverse, first
+
+
+def _caption_to_id_line(n_caps: int, n_ids: int, caps_file: Path, ids_file: Path) -> np.ndarray:
+    """(n_caps,) index of the ids-file line that gives each caption's image.
+
+    dev/test ids files repeat each id once per caption (same length as the captions); train files list each
+    image once and its ``im_div`` captions are consecutive, so caption ``i`` belongs to line ``i // im_div``.
+    """
+    if n_ids == n_caps:
+        return np.arange(n_caps, dtype=np.int64)
+    if n_ids == 0 or n_ids > n_caps or n_caps % n_ids:
+        raise ValueError(
+            f"{caps_file} has {n_caps} captions but {ids_file} has {n_ids} ids: expected one id per caption "
+            "or one id per image with the same whole number of consecutive captions per image"
+        )
+    im_div = n_caps // n_ids
+    return np.arange(n_caps, dtype=np.int64) // im_div
+
+
+def _image_names(
+    ids: list[str],
+    first_lines: list[int],
+    ids_file: Path,
+    data_dir: Path,
+    id_mapping: PathLike | Mapping[str, str] | None,
+    image_root: PathLike | None,
+) -> list[str]:
+    """Relative file names of the unique image ids (or the ids themselves for a text-only split)."""
+    if id_mapping is None:
+        default = data_dir / "id_mapping.json"
+        if not default.is_file():
+            if image_root is not None:
+                raise FileNotFoundError(
+                    f"id mapping not found: {default}; pass id_mapping= (a json file or a dict id -> file "
+                    "name) to locate the images, or image_root=None for a text-only split"
+                )
+            return list(ids)
+        id_mapping = default
+    if isinstance(id_mapping, Mapping):
+        mapping, source = id_mapping, "the id_mapping dict"
+    else:
+        mapping, source = load_id_mapping(id_mapping), str(id_mapping)
+    names = []
+    for image_id, line in zip(ids, first_lines, strict=True):
+        if image_id not in mapping:
+            raise ValueError(f"image id {image_id!r} ({ids_file}:{line + 1}) is missing from {source}")
+        names.append(mapping[image_id])
+    return names
+
+
+def load_laps_split(
+    data_dir: PathLike,
+    split: str,
+    image_root: PathLike | None,
+    *,
+    dense_jsonl: PathLike | None = None,
+    id_mapping: PathLike | Mapping[str, str] | None = None,
+    check_images: bool = True,
+) -> RetrievalSplit:
+    """Load a split in the official LAPS / SEPS layout.
+
+    ``data_dir`` holds ``{split}_caps.txt`` (one caption per line) and ``{split}_ids.txt``. The ids file
+    either has one line per caption (dev/test: each id repeated 5x) or one line per image (train: each
+    image's ``im_div = n_caps / n_ids`` captions are consecutive). Images are the distinct ids in order of
+    first appearance.
+
+    Args:
+        data_dir: folder with the caption and id files (``data/f30k`` in the official repos).
+        split: file prefix: ``train``, ``dev``, ``test`` or ``testall`` (COCO 5K).
+        image_root: folder the mapped file names are relative to; ``None`` for a text-only split.
+        dense_jsonl: optional SEPS dense captions, one JSON line per image in image order (the official
+            code repeats them per caption; here they are stored once per image).
+        id_mapping: ``id_mapping.json`` path or a dict from id (a string, as in the file) to file name;
+            defaults to ``data_dir/id_mapping.json``. COCO's mapping is not distributed with the repos, so
+            without it (and without an image root) the ids themselves are used as image names.
+        check_images: with an ``image_root``, raise if any image file is missing.
+
+    Returns:
+        a split whose ``images`` are file paths (``image_root / name``), or the relative names / ids when
+        ``image_root`` is None; ``image_ids`` are the dataset ids as strings; ``txt2img`` is (N_txt,).
+    """
+    data_dir = Path(data_dir)
+    caps_file = data_dir / f"{split}_caps.txt"
+    ids_file = data_dir / f"{split}_ids.txt"
+    captions = read_lines(caps_file, "caption")
+    id_lines = read_lines(ids_file, "image id")
+    line_of_caption = _caption_to_id_line(len(captions), len(id_lines), caps_file, ids_file)
+    image_ids, line_to_image, first_lines = _unique_in_order(id_lines)
+    names = _image_names(image_ids, first_lines, ids_file, data_dir, id_mapping, image_root)
+    return assemble_split(
+        name=split,
+        images=resolve_images(names, image_root, check_images),
+        captions=captions,
+        txt2img=line_to_image[line_of_caption],
+        image_ids=image_ids,
+        dense_jsonl=dense_jsonl,
+    )
