@@ -95,14 +95,9 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
 
 def save_config(cfg: Any, path: str | Path) -> None:
     """Write the resolved config as YAML (what ``--config`` reads back), atomically."""
-    import os
-    import tempfile
+    from patchword.fileio import atomic_write_text
 
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-    os.replace(tmp, path)
+    atomic_write_text(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
 
 def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:

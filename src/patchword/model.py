@@ -91,6 +91,8 @@ class ModelConfig:
     tiny_vit: TinyViTConfig = field(default_factory=TinyViTConfig)  # used when image_encoder == tiny
     tiny_text_width: int = 128  # tiny text transformer width
     tiny_text_depth: int = 2  # tiny text transformer blocks
+    tiny_pretrained: str = ""  # tiny encoders: pretrained weights to start from (a directory written by
+    # `patchword pretrain`, or a shipped name such as synthetic-64); set data.vocab_path to the same value
     hf_vision: str = "google/vit-base-patch16-224-in21k"  # local dir or hub id when image_encoder == hf
     hf_text: str = "bert-base-uncased"  # local dir or hub id when text_encoder == bert
     hf_local_files_only: bool = True  # hub ids (backbones and the BERT vocabulary) only from the local
@@ -257,6 +259,15 @@ def build_model(
     geometry = dict(
         embed_dim=cfg.embed_dim, has_cls=image_encoder.has_cls, num_patches=image_encoder.num_patches
     )
+    encoders = nn.ModuleDict({"image_encoder": image_encoder, "text_encoder": text_encoder})
+    if cfg.tiny_pretrained:
+        if cfg.image_encoder != "tiny" or cfg.text_encoder != "tiny" or cfg.text_context.layers:
+            raise ConfigError(
+                "model.tiny_pretrained", "needs model.image_encoder=tiny and model.text_encoder=tiny"
+            )
+        from patchword.pretrained import load_pretrained_encoders
+
+        load_pretrained_encoders(encoders, cfg, cfg.tiny_pretrained)
     try:
         matcher = build_matcher(cfg.matcher, **{**geometry, **matcher_arguments(cfg)})
     except ValueError as err:  # an option value the matcher refuses

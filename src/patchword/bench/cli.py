@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import torch
 from patchword.bench.formatting import format_scoring, format_two_stage
 from patchword.bench.inputs import SCORING_CONFIGS
 from patchword.errors import USER_ERRORS, ConfigError, RunExistsError
+from patchword.fileio import atomic_write_text
 
 __all__ = ["main"]
 
@@ -125,9 +125,7 @@ def _two_stage(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _write_json(path: Path, results: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(results, indent=2))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(results, indent=2))
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:

@@ -35,6 +35,8 @@ class DataConfig:
     size_augment: bool | None = None  # the official train-time caption augmentation (tokenizer=bert: 20%
     # of the words masked, replaced or deleted; dense captions too, as SEPS does); None = on for bert
     image_size: int = 224  # real datasets: input resolution
+    num_workers: int = 4  # image files: DataLoader worker processes decoding training batches per process
+    # (0 = decode in the training process); in-memory and region data never use workers
     cache_dir: str = ""  # synthetic data cache ("" = $PATCHWORD_CACHE or ~/.cache/patchword)
     synthetic_seed: int = 0  # synthetic scenes: generator seed
     synthetic_image_size: int = 64  # synthetic scenes: image side in pixels
@@ -43,7 +45,8 @@ class DataConfig:
     num_test: int = 1000  # synthetic scenes: test images
     dense_omit_prob: float = 0.15  # synthetic dense captions: probability an object is left out
     dense_wrong_attr_prob: float = 0.1  # synthetic dense captions: probability of a wrong attribute
-    vocab_path: str = ""  # tokenizer=word: a SCAN-format vocabulary json to use ("" = build from train text)
+    vocab_path: str = ""  # tokenizer=word: a SCAN-format vocabulary json, or pretrained encoders (a directory
+    # or shipped name, see model.tiny_pretrained) whose vocabulary to use ("" = build from the train text)
     vocab_min_count: int = 1  # tokenizer=word: keep words seen this often in training text (SCAN: 4)
     mmap: bool = True  # precomp: memory-map {split}_ims.npy instead of loading it
     num_regions: int = 36  # synthetic_regions: regions per image

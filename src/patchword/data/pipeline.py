@@ -27,6 +27,9 @@ __all__ = [
     "SelectedImages",
     "EncodedSplit",
     "encode_split",
+    "load_images",
+    "reads_files",
+    "train_image_seeds",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -155,8 +158,40 @@ class SelectedImages:
     def __len__(self) -> int:
         return len(self.indices)
 
-    def batch(self, indices: torch.Tensor, train: bool) -> torch.Tensor:
-        return self.source.batch(self.indices[torch.as_tensor(indices, dtype=torch.long)], train)
+    @property
+    def seeded_augmentation(self) -> bool:
+        return getattr(self.source, "seeded_augmentation", False)
+
+    @property
+    def reads_files(self) -> bool:
+        return reads_files(self.source)
+
+    def batch(self, indices: torch.Tensor, train: bool, seeds: Sequence[int] | None = None) -> torch.Tensor:
+        rows = self.indices[torch.as_tensor(indices, dtype=torch.long)]
+        return load_images(self.source, rows, train=train, seeds=seeds)
+
+
+def reads_files(source: ImageSource) -> bool:
+    """Whether ``source`` decodes files per batch (worth DataLoader workers), not in-memory arrays."""
+    return bool(getattr(source, "reads_files", False))
+
+
+def train_image_seeds(seed: int, step: int, positions: Sequence[int]) -> list[int]:
+    """Seeds of the train-time augmentation of the images at ``positions`` of the global batch of
+    ``step``: every image's crop and flip depend on (seed, step, position) only, so they are the same
+    whichever process and DataLoader worker loads it, and after a resume."""
+    base = (seed * 1_000_003 + step) * 65_537
+    return [base + int(p) for p in positions]
+
+
+def load_images(
+    source: ImageSource, indices: torch.Tensor, *, train: bool, seeds: Sequence[int] | None = None
+) -> torch.Tensor:
+    """``source.batch(indices, train)``, with one augmentation seed per image (:func:`train_image_seeds`)
+    for the sources that augment (image files); sources without augmentation ignore ``seeds``."""
+    if seeds is not None and getattr(source, "seeded_augmentation", False):
+        return source.batch(indices, train, seeds=seeds)
+    return source.batch(indices, train)
 
 
 def encode_split(
@@ -212,18 +247,34 @@ class FileImages:
     plain resize; both normalise with ImageNet statistics.
     """
 
+    seeded_augmentation = True  # batch(..., seeds=) draws each image's crop and flip from its own seed
+    reads_files = True
+
     def __init__(self, paths: Sequence[str], image_size: int) -> None:
         from patchword.data.transforms import test_transform, train_transform
 
         self.paths = list(paths)
+        self.image_size = image_size
         self.train_tf = train_transform(image_size)
         self.test_tf = test_transform(image_size)
 
     def __len__(self) -> int:
         return len(self.paths)
 
-    def batch(self, indices: torch.Tensor, train: bool) -> torch.Tensor:
+    def batch(self, indices: torch.Tensor, train: bool, seeds: Sequence[int] | None = None) -> torch.Tensor:
+        """(B,) indices -> (B, 3, H, W). Training augmentation draws from torch's global RNG, or, with
+        ``seeds`` (one per image), from a generator seeded by each: reproducible in any worker process."""
         from patchword.data.images import load_image
+        from patchword.data.transforms import train_transform
 
-        tf = self.train_tf if train else self.test_tf
-        return torch.stack([tf(load_image(self.paths[int(i)])) for i in indices])
+        if not train:
+            return torch.stack([self.test_tf(load_image(self.paths[int(i)])) for i in indices])
+        if seeds is None:
+            return torch.stack([self.train_tf(load_image(self.paths[int(i)])) for i in indices])
+        if len(seeds) != len(indices):
+            raise ValueError(f"{len(seeds)} seeds for {len(indices)} images")
+        out = []
+        for i, seed in zip(indices, seeds, strict=True):
+            tf = train_transform(self.image_size, generator=torch.Generator().manual_seed(int(seed)))
+            out.append(tf(load_image(self.paths[int(i)])))
+        return torch.stack(out)

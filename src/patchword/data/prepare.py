@@ -245,8 +245,10 @@ def _use_dense(dc: DataConfig, use_dense: bool | None) -> bool:
 def build_tokenizer(dc: DataConfig, train: RetrievalSplit | None, *, local_files_only: bool = True):
     """The word vocabulary of the training text (or ``data.vocab_path``), or the BERT tokenizer."""
     if dc.tokenizer == "word":
-        if dc.vocab_path:  # e.g. SCAN's {data}_precomp_vocab.json
-            return WordVocab.load(dc.vocab_path)
+        if dc.vocab_path:  # e.g. SCAN's {data}_precomp_vocab.json, or pretrained encoders' vocabulary
+            from patchword.pretrained import resolve_vocab_path
+
+            return WordVocab.load(resolve_vocab_path(dc.vocab_path))
         if train is None:
             raise ValueError("a word vocabulary is built from the training split, which was not loaded")
         texts = list(train.captions) + list(train.dense_captions or [])

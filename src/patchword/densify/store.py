@@ -21,12 +21,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from patchword.errors import DataError, RunExistsError
+from patchword.fileio import atomic_write_bytes
 
 __all__ = [
     "SIDECAR_SUFFIX",
@@ -93,23 +93,8 @@ def read_sidecar(out: str | os.PathLike[str]) -> dict[str, object] | None:
     return meta
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write ``path`` so that a reader (or a crash) sees the old content or the new, never a mix."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_sidecar(out: str | os.PathLike[str], meta: dict[str, object]) -> None:
-    _atomic_write(
+    atomic_write_bytes(
         sidecar_path(out), (json.dumps({"format": FORMAT_VERSION, **meta}, indent=2) + "\n").encode()
     )
 
@@ -186,4 +171,4 @@ def write_records_atomic(
     path = Path(path)
     if not force and path.exists():
         raise RunExistsError(f"{path} exists; pass --force to overwrite it or choose another --out")
-    _atomic_write(path, b"".join(r.to_line() for r in records))
+    atomic_write_bytes(path, b"".join(r.to_line() for r in records))

@@ -10,7 +10,6 @@ Every check raises :class:`~patchword.errors.DataError` naming the source (file)
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from patchword.errors import DataError
+from patchword.fileio import atomic_write
 
 __all__ = [
     "SPLITS",
@@ -78,10 +78,8 @@ class HashSplit:
         path = Path(path)
         if path.suffix != ".npz":
             path = path.with_name(path.name + ".npz")  # what np.savez does with a path
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as fh:  # a file object: np.savez adds no suffix to the temporary name
-            np.savez(fh, **arrays)
-        os.replace(tmp, path)  # atomic: a reader never sees a half-written file
+        # a file object: np.savez adds no suffix to the temporary name
+        atomic_write(path, lambda fh: np.savez(fh, **arrays))
 
 
 @dataclass(frozen=True, eq=False)

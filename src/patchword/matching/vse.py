@@ -1,11 +1,18 @@
-"""Global cosine baseline: one embedding per image and per caption."""
+"""Global cosine baseline: one embedding per image and per caption.
+
+Registered twice: ``vse`` (trained with the hinge) and ``clip``, the same head with a learned temperature
+(CLIP's ``logit_scale``) for the symmetric InfoNCE of contrastive pretraining. The temperature scales the
+training logits only; ``sims`` stay cosines, so ranking and evaluation are the same for both.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from torch import nn
 
 from patchword.matching.base import Matcher, MatcherOutput
 from patchword.matching.ops import l2norm
@@ -22,11 +29,19 @@ class VSEConfig:
     has_cls: bool = True  # token 0 of img_tokens is CLS
     # image pooling: "cls" (needs has_cls) or "mean" over all image tokens
     pool: Literal["cls", "mean"] = "cls"
+    learn_temperature: bool = False  # a learned logit scale for InfoNCE training (``clip``)
+    init_temperature: float = 0.07  # CLIP's initial temperature (logit scale 1 / 0.07)
+    max_logit_scale: float = 100.0  # CLIP clamps exp(logit_scale) at 100
 
 
 @register_matcher("vse", VSEConfig)
+@register_matcher("clip", VSEConfig, learn_temperature=True)
 class VSEMatcher(Matcher):
-    """sims = cos(pooled image, mean of valid caption tokens); dense text is ignored."""
+    """sims = cos(pooled image, mean of valid caption tokens); dense text is ignored.
+
+    With ``learn_temperature`` the output's ``extras["logit_scale"]`` is the learned scale by which the
+    contrastive loss multiplies the cosines.
+    """
 
     consumes_dense = False  # region / global matchers ignore dense text
 
@@ -39,6 +54,18 @@ class VSEMatcher(Matcher):
         self.config = config
         self.embed_dim = config.embed_dim
         self.has_cls = config.has_cls
+        if config.learn_temperature:
+            if config.init_temperature <= 0:
+                raise ValueError(f"init_temperature must be > 0, got {config.init_temperature}")
+            self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / config.init_temperature)))
+        else:
+            self.logit_scale = None
+
+    def temperature_scale(self) -> torch.Tensor | None:
+        """exp(logit_scale), clamped as CLIP does; None without a learned temperature."""
+        if self.logit_scale is None:
+            return None
+        return self.logit_scale.exp().clamp(max=self.config.max_logit_scale)
 
     def global_image(self, img_tokens: torch.Tensor) -> torch.Tensor:
         self.validate_image_tokens(img_tokens)
@@ -54,4 +81,5 @@ class VSEMatcher(Matcher):
         dense_lens: torch.Tensor | None = None,
     ) -> MatcherOutput:
         img, txt = self.global_embed(img_tokens, cap_tokens, cap_lens)
-        return MatcherOutput(sims=img @ txt.T)
+        extras = {} if self.logit_scale is None else {"logit_scale": self.temperature_scale()}
+        return MatcherOutput(sims=img @ txt.T, extras=extras)

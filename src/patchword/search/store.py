@@ -23,9 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +31,7 @@ import numpy as np
 import torch
 
 from patchword.errors import DataError, MissingFileError
+from patchword.fileio import atomic_write, atomic_write_bytes
 from patchword.search.scan import SkippedFile
 
 __all__ = [
@@ -140,40 +138,12 @@ class Manifest:
 
     def write(self, index_dir: str | os.PathLike[str]) -> None:
         """Replace ``index_dir/manifest.json`` atomically."""
-        atomic_write(Path(index_dir) / MANIFEST_FILE, self.to_json().encode("utf-8"))
-
-
-@contextmanager
-def _temporary_beside(path: Path) -> Iterator[Path]:
-    """A temporary file in ``path``'s folder, removed unless it was renamed away."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        yield tmp
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file, flushed to disk, then renamed into place."""
-    with _temporary_beside(path) as tmp:
-        with tmp.open("wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_write_bytes(Path(index_dir) / MANIFEST_FILE, self.to_json().encode("utf-8"))
 
 
 def save_npy_atomic(path: Path, array: np.ndarray) -> None:
     """``np.save`` to ``path`` atomically (temporary file, fsync, rename)."""
-    with _temporary_beside(path) as tmp:
-        with tmp.open("wb") as f:
-            np.save(f, np.ascontiguousarray(array), allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+    atomic_write(path, lambda fh: np.save(fh, np.ascontiguousarray(array), allow_pickle=False))
 
 
 def shard_files(index_dir: Path, shard_id: int) -> dict[str, Path]:

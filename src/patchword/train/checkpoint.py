@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
+
+from patchword.fileio import atomic_write, atomic_write_bytes, atomic_write_text
 
 _logger = logging.getLogger(__name__)
 
@@ -29,27 +29,9 @@ __all__ = [
 ]
 
 
-def _atomic_write(path: Path, write) -> None:
-    # Write next to the target then rename: a crash never leaves a truncated checkpoint behind.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write a text file (JSON, YAML) through a temporary file and ``os.replace``."""
-    _atomic_write(Path(path), lambda tmp: Path(tmp).write_text(text))
-
-
 def atomic_save(obj: Any, path: str | Path) -> None:
     """``torch.save`` through a temporary file and ``os.replace``."""
-    _atomic_write(Path(path), lambda tmp: torch.save(obj, tmp))
+    atomic_write(path, lambda fh: torch.save(obj, fh))
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -99,9 +81,9 @@ def export_weights(
 
     directory = Path(directory)
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    _atomic_write(directory / "model.safetensors", lambda tmp: save_file(tensors, tmp))
+    atomic_write_bytes(directory / "model.safetensors", save(tensors))
     meta = {"patchword_version": __version__, "config": config, **extra}
-    _atomic_write(directory / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=2)))
+    atomic_write_text(directory / "config.json", json.dumps(meta, indent=2))
 
 
 def load_weights(path: str | Path) -> dict[str, torch.Tensor]:

@@ -19,7 +19,7 @@ from patchword.errors import ConfigError, MissingFileError
 from patchword.model import MATCHER_SECTIONS, RetrievalModel, matcher_section, model_reads_dense
 from patchword.train.config import RunConfig
 
-__all__ = ["check_config", "check_model_data", "data_image_size", "RESUMABLE_KEYS"]
+__all__ = ["check_config", "check_launch", "check_model_data", "data_image_size", "RESUMABLE_KEYS"]
 
 #: Keys a ``--resume`` may change: how long to train, how often to log, validate and save, where to run,
 #: and how to evaluate. Everything else (data, model, optimiser, seed) is the run's own and stays.
@@ -39,6 +39,10 @@ RESUMABLE_KEYS = frozenset(
         "device",
         "progress",
         "data.cache_dir",
+        "data.num_workers",
+        "train.pair_chunk",
+        "train.compile",
+        "dist_timeout_s",
     }
 )
 
@@ -96,6 +100,8 @@ def check_config(cfg: RunConfig) -> torch.device:
         ("train.checkpoint_every", tc.checkpoint_every, 0),
         ("train.num_threads", tc.num_threads, 0),
         ("train.grad_clip", tc.grad_clip, 0),
+        ("train.pair_chunk", tc.pair_chunk, 0),
+        ("data.num_workers", dc.num_workers, 0),
         ("eval.batch_size", ec.batch_size, 1),
         ("eval.max_memory_mb", ec.max_memory_mb, 1),
         ("data.max_caption_len", dc.max_caption_len, 3),
@@ -107,6 +113,10 @@ def check_config(cfg: RunConfig) -> torch.device:
         _at_least(value, low, key)
     if tc.lr <= 0:
         raise ConfigError("train.lr", f"must be > 0, got {tc.lr!r}")
+    if not cfg.dist_timeout_s > 0:
+        raise ConfigError("dist_timeout_s", f"must be > 0, got {cfg.dist_timeout_s!r}")
+    if tc.pair_chunk and matcher_section(mc.matcher) != "seps":
+        raise ConfigError("train.pair_chunk", f"chunks the SEPS / LAPS step only, not model.matcher={mc.matcher}")
     _ratio(mc.seps.sparse_ratio, "model.seps.sparse_ratio")
     _ratio(mc.seps.aggr_ratio, "model.seps.aggr_ratio")
     in_use = matcher_section(mc.matcher)
@@ -166,12 +176,37 @@ def check_config(cfg: RunConfig) -> torch.device:
             if path:
                 _existing(path, f"data.dense_{role}")
     if dc.vocab_path:
-        _existing(dc.vocab_path, "data.vocab_path")
+        from patchword.pretrained import resolve_vocab_path
+
+        _existing(resolve_vocab_path(dc.vocab_path), "data.vocab_path")
+    if mc.tiny_pretrained:
+        from patchword.pretrained import VOCAB, resolve_pretrained_dir, resolve_vocab_path
+
+        vocab = resolve_pretrained_dir(mc.tiny_pretrained) / VOCAB
+        if dc.tokenizer != "word" or not dc.vocab_path or Path(resolve_vocab_path(dc.vocab_path)) != vocab:
+            raise ConfigError(
+                "data.vocab_path",
+                f"must be the pretrained encoders' vocabulary: set data.vocab_path={mc.tiny_pretrained}",
+            )
     if tc.init_from:
         _existing(tc.init_from, "train.init_from", "path")
     if mc.gru.glove_path:
         _existing(mc.gru.glove_path, "model.gru.glove_path")
     return device
+
+
+def check_launch(cfg: RunConfig, world_size: int) -> None:
+    """Check the config against the number of processes of a ``torchrun`` launch.
+
+    Raises:
+        ConfigError: a global batch that does not split evenly over the processes.
+    """
+    if cfg.train.batch_size % world_size:
+        raise ConfigError(
+            "train.batch_size",
+            f"{cfg.train.batch_size} captions do not split over {world_size} processes: the global batch "
+            f"must be a multiple of the world size (torchrun --nproc_per_node x --nnodes)",
+        )
 
 
 def check_model_data(cfg: RunConfig, model: RetrievalModel, data: PreparedData) -> None:
