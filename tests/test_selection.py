@@ -176,6 +176,8 @@ class _KeepMarkedPatches(nn.Module):
     """Keeps the patches whose token is 1, for every caption."""
 
     consumes_dense = False
+    dense_pairing = "image"
+    selection_branches = ("caption",)
 
     def forward(self, img, cap, cap_lens, dense=None, dense_lens=None):
         keep = img[..., 0][:, None, :].expand(-1, cap.shape[0], -1)

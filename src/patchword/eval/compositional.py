@@ -175,9 +175,9 @@ def score_triples(
             model, ids, lens, batch_size=2 * batch_size, device=device, progress=progress
         )
         dense = dense_lens = None
-        if getattr(matcher, "consumes_dense", True) and dense_captions is None:
+        if matcher.consumes_dense and dense_captions is None:
             _logger.warning("the matcher consumes dense text but none was given: scoring without it")
-        elif getattr(matcher, "consumes_dense", True):
+        elif matcher.consumes_dense:
             if len(dense_captions) != len(images):
                 raise ValueError(f"{len(dense_captions)} dense captions for {len(images)} images")
             dense_ids, dense_lens = tokenizer.batch_encode(

@@ -29,15 +29,10 @@ __all__ = ["SelectionCounts", "selection_metrics", "selection_branch_names", "ev
 
 
 def selection_branch_names(matcher, n: int) -> tuple[str, ...]:
-    """Names of a matcher's ``n`` selection branches.
-
-    A matcher may declare ``selection_branches``; otherwise the SEPS convention: branch 0 is selected
-    with the caption's guidance (``"caption"``), branch 1 with the dense text's (``"dense"``).
-    """
-    declared = getattr(matcher, "selection_branches", None)
-    if declared is not None and len(declared) == n:
-        return tuple(declared)
-    return ("caption", "dense")[:n] if n <= 2 else tuple(f"branch{i}" for i in range(n))
+    """Names of a matcher's ``n`` selection branches (``Matcher.selection_branches``, SEPS's names without
+    a matcher; ``branch{i}`` for branches left unnamed)."""
+    declared = tuple(matcher.selection_branches) if matcher is not None else ("caption", "dense")
+    return declared[:n] + tuple(f"branch{i}" for i in range(len(declared), n))
 
 
 @dataclass
@@ -100,12 +95,6 @@ def selection_metrics(
     return out
 
 
-def _dense_pairing(matcher) -> str:
-    """How the matcher pairs dense text: "image" (each candidate image's own) or "caption"."""
-    config = getattr(matcher, "config", None)
-    return getattr(config, "dense_pairing", None) or getattr(matcher, "dense_pairing", "image")
-
-
 @torch.no_grad()
 def evaluate_selection(
     model,
@@ -137,8 +126,8 @@ def evaluate_selection(
             f"object_masks must have shape ({split.num_images}, N_patches), got {tuple(masks.shape)}"
         )
     matcher = model.matcher
-    use_dense = split.dense_ids is not None and getattr(matcher, "consumes_dense", True)
-    caption_tied = _dense_pairing(matcher) == "caption"
+    use_dense = split.dense_ids is not None and matcher.consumes_dense
+    caption_tied = matcher.dense_pairing == "caption"
     txt2img = split.txt2img
     counts: list[SelectionCounts] | None = None
     was_training = model.training

@@ -81,6 +81,8 @@ class Matcher(nn.Module):
     # how that loss combines the branches' decisions ("sum_masks" | "per_branch", see RatioLoss).
     selection_ratio: float | None = None
     ratio_mode: str = "sum_masks"
+    # Names of the ``MatcherOutput.decisions`` branches, in order (SEPS: ("caption", "dense")).
+    selection_branches: tuple[str, ...] = ()
 
     @classmethod
     def reads_dense(cls, config: object) -> bool:

@@ -42,6 +42,7 @@ what the paper's update rounds k describe). The test-time scores have no such st
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -275,9 +276,12 @@ class NAAFMatcher(Matcher):
         n_img, n_reg = img.shape[:2]
         n_txt, n_word = cap.shape[:2]
         mine = self.training and self.config.update_threshold and n_img == n_txt
+        # Training on a shard of a global batch (rows of a multi-process step): the statistics need the
+        # whole batch, so Row_max goes out and the trainer calls update_from_shard.
+        shard = self.training and self.config.update_threshold and n_img != n_txt
         step = caption_chunks(n_img, n_txt, n_word * n_reg, self.config.max_pair_elements)
         img_gram = gram(img)[:, None]  # (B_v, 1, R, R)
-        sims, samples = [], []
+        sims, samples, row_maxes = [], [], []
         for t0 in range(0, n_txt, step):
             part = slice(t0, t0 + step)
             chunk_sims, row_max = self._score(img, cap[part], lens[part], t, img_gram)
@@ -286,12 +290,54 @@ class NAAFMatcher(Matcher):
                 found = self._samples(chunk_sims.detach(), row_max.detach() + t, t0, lens[part])
                 # chunks are trimmed to their own longest caption: pad back to a common width
                 samples.append([F.pad(x, (0, n_word - x.shape[1])) for x in found])
+            elif shard:
+                row_maxes.append(F.pad(row_max.detach() + t, (0, n_word - row_max.shape[2])))
         out = MatcherOutput(sims=torch.cat(sims, dim=1))
         if mine:
             pos, neg, mask = (torch.cat(parts) for parts in zip(*samples, strict=True))
             self._update(pos, neg, mask)
             out.extras["naaf_samples"] = self.num_samples.detach().clone()
+        elif shard:
+            out.extras["row_max"] = torch.cat(row_maxes, dim=1)  # (B_v, B_t, L)
         return out
+
+    @torch.no_grad()
+    def update_from_shard(
+        self,
+        sims: torch.Tensor,
+        row_max: torch.Tensor,
+        row_offset: int,
+        cap_lens: torch.Tensor,
+        all_reduce: Callable[[torch.Tensor], torch.Tensor],
+    ) -> None:
+        """The threshold update of a square global batch whose images are spread over processes.
+
+        Every process calls it with the gathered batch scores and its own rows of Row_max; the matched and
+        mismatched samples of every caption are assembled with one sum over the processes (each sample
+        lives in exactly one of them), so every process fits the same statistics on the same samples as a
+        single process scoring the whole batch would.
+
+        Args:
+            sims: (B, B) scores of the global batch, caption j belonging to image j.
+            row_max: (b, B, L) ``max_r s`` (threshold added back) of this process's images, the rows
+                ``row_offset .. row_offset + b`` of the batch (``extras["row_max"]`` of the forward).
+            cap_lens: (B,) caption lengths.
+            all_reduce: sums a tensor over the processes (in place, returning it).
+        """
+        n_txt, width = sims.shape[1], row_max.shape[2]
+        cols = torch.arange(n_txt, device=sims.device)
+        rows = torch.arange(row_offset, row_offset + row_max.shape[0], device=sims.device)
+
+        def here(img_of: torch.Tensor) -> torch.Tensor:
+            """(B, L) Row_max of caption j against image img_of[j] where this process holds it, else 0."""
+            held = (img_of >= rows[0]) & (img_of <= rows[-1])
+            picked = row_max[(img_of - row_offset).clamp(0, row_max.shape[0] - 1), cols].double()
+            return torch.where(held[:, None], picked, torch.zeros_like(picked))
+
+        correct = sims.argmax(0) == cols  # the official sampling rule of _samples, on the whole batch
+        pos = all_reduce(here(cols))
+        neg = all_reduce(here(sims.argmin(0)))
+        self._update(pos, neg, length_mask(cap_lens, width) & correct[:, None])
 
     def _score(
         self,

@@ -177,6 +177,8 @@ class SEPSMatcher(Matcher):
         self.dense_pairing = cfg.dense_pairing
         self.num_keep = cfg.num_keep
         self.selection_ratio = cfg.sparse_ratio
+        # branch 0 is selected under the caption's guidance, branch 1 (dense text read) under the dense text's
+        self.selection_branches = ("caption", "dense") if cfg.use_dense else ("caption",)
         self.ratio_mode = cfg.ratio_mode
         self.aggr_net = TokenAggregation(cfg.embed_dim, cfg.num_aggregated)
         # Dual aggregation (paper Eq. 4) gives the dense-guided selection its own weights W_d.

@@ -279,7 +279,7 @@ def _explain_token_cosine(
     score: float,
 ) -> Explanation:
     """Matchers without patch selection: cosine of each word with each patch token."""
-    patches = img_tokens[int(getattr(matcher, "has_cls", False)) :]
+    patches = img_tokens[int(matcher.has_cls) :]
     cosines = l2norm(patches) @ l2norm(cap_tokens).T  # (N, L)
     words = [
         _word(name, cosines[:, w], f"patch:{int(cosines[:, w].argmax())}", cosines[:, w].max())

@@ -262,7 +262,7 @@ def build_index(
     (index_dir / SHARDS_DIR).mkdir(exist_ok=True)
     manifest.write(index_dir)
     _remove_orphans(index_dir, manifest)
-    reads_dense = getattr(run.model.matcher, "consumes_dense", False) and run.config.data.dense
+    reads_dense = run.model.matcher.consumes_dense and run.config.data.dense
     if dense_file is None and manifest.dense is None and reads_dense:
         logger.warning(
             "%s was trained with dense captions but no --dense file was given: the fine stage will score "

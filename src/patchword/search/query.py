@@ -127,8 +127,7 @@ class Searcher:
         check_index_model(index.manifest.model, model_identity(run), index.index_dir)
         self.index, self.run = index, run
         matcher = run.model.matcher
-        plan_fn = getattr(matcher, "two_stage_plan", None)
-        plan = plan_fn() if callable(plan_fn) else None
+        plan = matcher.two_stage_plan()
         self.matcher = matcher
         self.fine = plan.fine if plan is not None else matcher
         self.alpha = float(alpha if alpha is not None else (plan.alpha if plan is not None else 0.0))
@@ -146,11 +145,9 @@ class Searcher:
         )
         self.budget = budget_bytes(max_memory_mb)
         self._token_name = token_namer(run.tokenizer)
-        pairing = getattr(
-            self.fine, "dense_pairing", getattr(getattr(self.fine, "config", None), "dense_pairing", "image")
-        )
-        self.use_dense = index.has_dense and getattr(self.fine, "consumes_dense", True) and pairing == "image"
-        if index.has_dense and getattr(self.fine, "consumes_dense", True) and pairing != "image":
+        pairing = self.fine.dense_pairing
+        self.use_dense = index.has_dense and self.fine.consumes_dense and pairing == "image"
+        if index.has_dense and self.fine.consumes_dense and pairing != "image":
             logger.warning(
                 "the matcher pairs dense text with captions (dense_pairing=%s): a search query has none, "
                 "so the fine stage scores without dense text",
