@@ -117,14 +117,20 @@ def load_pretrained_encoders(model: torch.nn.Module, model_cfg, name_or_path: st
 
 
 def save_pretrained_encoders(
-    model: torch.nn.Module, model_cfg, vocab_json: Path, out_dir: Path, meta: dict[str, Any]
+    model: torch.nn.Module,
+    model_cfg,
+    vocab_json: Path,
+    out_dir: Path,
+    meta: dict[str, Any],
+    dtype: torch.dtype = torch.float16,
 ) -> None:
-    """Write ``model``'s encoders, their architecture and ``meta`` (recipe, metrics) to ``out_dir``."""
+    """Write ``model``'s encoders (floating tensors stored as ``dtype``: float16 halves the file; loading
+    casts back to the model's float32), their architecture and ``meta`` (recipe, metrics) to ``out_dir``."""
     import shutil
 
     out_dir.mkdir(parents=True, exist_ok=True)
     weights = {
-        k: v.detach().cpu().contiguous()
+        k: (v.to(dtype) if v.is_floating_point() else v).detach().cpu().contiguous()
         for k, v in model.state_dict().items()
         if k.startswith(("image_encoder.", "text_encoder."))
     }
