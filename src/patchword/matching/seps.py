@@ -42,7 +42,7 @@ from patchword.matching.selection import (
     topk_decisions,
 )
 
-__all__ = ["SEPSConfig", "SEPSMatcher", "VARIANT_PRESETS"]
+__all__ = ["SEPSConfig", "SEPSMatcher", "SelectionTrace", "VARIANT_PRESETS"]
 
 VARIANT_PRESETS = {
     "code": dict(
@@ -146,6 +146,45 @@ class _Branch:
     soft: torch.Tensor | None  # (B_v, T, N) relaxed keep probabilities
     aggregated: torch.Tensor  # (B_v, T, N_c, C)
     extra: torch.Tensor  # (B_v, T, C)
+    weights: torch.Tensor  # (B_v, T, N, N_c) aggregation weights over the patches (zero where dropped)
+    fuse: torch.Tensor  # (B_v, T, N) fusion-token weights over the dropped patches
+
+
+@dataclass
+class _BlockSelection:
+    """The selection of all images against a block of captions, before alignment.
+
+    ``aggregated`` / ``extra`` (and their patch weights) are the tokens HRPA aligns with the caption;
+    ``decisions`` the branches' masks; ``dense_align`` a dense branch aligned with the dense words instead
+    (``branch`` mode, caption-tied); ``dense_sims`` an image-tied dense score added as is.
+    """
+
+    aggregated: torch.Tensor  # (B_v, T, N_c, C)
+    extra: torch.Tensor  # (B_v, T, C)
+    weights: torch.Tensor  # (B_v, T, N, N_c)
+    fuse: torch.Tensor  # (B_v, T, N)
+    decisions: list[torch.Tensor]
+    keeps: list[torch.Tensor]  # (B_v, T|1, N) bool per branch, for explanations
+    dense_align: _Branch | None = None
+    dense_sims: torch.Tensor | None = None
+
+
+@dataclass
+class SelectionTrace:
+    """How one (image, caption) pair was scored, for explanations (:meth:`SEPSMatcher.selection_trace`).
+
+    Attributes:
+        branches: (name, (N,) bool kept patches) per selection branch, in ``selection_branches`` order.
+        mixture: (N_c + 1, N) patch weights of the image tokens HRPA aligns with the caption besides CLS:
+            the aggregated tokens, then the fusion token (each token = mixture row @ raw patches).
+        patches: (N, C) the raw patch tokens.
+        cls: (C,) the raw CLS token, or None.
+    """
+
+    branches: list[tuple[str, torch.Tensor]]
+    mixture: torch.Tensor
+    patches: torch.Tensor
+    cls: torch.Tensor | None
 
 
 @register_matcher("seps", SEPSConfig)
@@ -250,12 +289,11 @@ class SEPSMatcher(Matcher):
         relevance = text_relevance(img.patches_unit, l2norm(masked_mean(tokens, lens)), per_image=False)
         return _DenseText(relevance, l2norm(tokens), lens)
 
-    def _score_block(
+    def _select_block(
         self, img: _ImageCache, cap_tokens: torch.Tensor, cap_lens: torch.Tensor, dense: _DenseText | None
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Score all images against a block of T captions: (B_v, T) sims and per-pair decisions."""
+    ) -> _BlockSelection:
+        """Select, aggregate and fuse patches for all images against a block of T captions."""
         cfg = self.config
-        words = l2norm(cap_tokens)
         s_sparse = text_relevance(img.patches_unit, l2norm(masked_mean(cap_tokens, cap_lens)), False)
         aggr_dense = self.aggr_net_dense or self.aggr_net
         if dense is not None and cfg.dense_mode == "guide":
@@ -264,22 +302,77 @@ class SEPSMatcher(Matcher):
             b_d = dense.branch or self._select(
                 img, joint if cfg.joint_score else [dense.relevance], aggr_dense
             )
-            sims = self._align(
-                img, b_s.aggregated + b_d.aggregated, 0.5 * (b_s.extra + b_d.extra), words, cap_lens
-            )
             decisions = [b_s.decision] if dense.branch is not None else [b_s.decision, b_d.decision]
-            return sims, decisions
-
+            return _BlockSelection(
+                b_s.aggregated + b_d.aggregated,
+                0.5 * (b_s.extra + b_d.extra),
+                b_s.weights + b_d.weights,
+                0.5 * (b_s.fuse + b_d.fuse),
+                decisions,
+                [b_s.keep, b_d.keep],
+            )
         b_s = self._select(img, [s_sparse], self.aggr_net)
-        sims = self._align(img, b_s.aggregated, b_s.extra, words, cap_lens)
+        selection = _BlockSelection(
+            b_s.aggregated, b_s.extra, b_s.weights, b_s.fuse, [b_s.decision], [b_s.keep]
+        )
         if dense is None:
-            return sims, [b_s.decision]
-        if dense.sims is not None:
-            return sims + dense.sims, [b_s.decision]
+            return selection
+        if dense.sims is not None:  # image-tied "branch" mode: a per-image score, selected once
+            selection.dense_sims = dense.sims
+            selection.keeps.append(dense.branch.keep)
+            return selection
         # "branch" mode with caption-tied dense text: its own selection and alignment, sims added.
-        b_d = self._select(img, [dense.relevance], aggr_dense)
-        sims_d = self._align(img, b_d.aggregated, b_d.extra, dense.words, dense.lens)
-        return sims + sims_d, [b_s.decision, b_d.decision]
+        selection.dense_align = self._select(img, [dense.relevance], aggr_dense)
+        selection.decisions.append(selection.dense_align.decision)
+        selection.keeps.append(selection.dense_align.keep)
+        return selection
+
+    def _score_block(
+        self, img: _ImageCache, cap_tokens: torch.Tensor, cap_lens: torch.Tensor, dense: _DenseText | None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Score all images against a block of T captions: (B_v, T) sims and per-pair decisions."""
+        sel = self._select_block(img, cap_tokens, cap_lens, dense)
+        sims = self._align(img, sel.aggregated, sel.extra, l2norm(cap_tokens), cap_lens)
+        if sel.dense_sims is not None:
+            sims = sims + sel.dense_sims
+        if sel.dense_align is not None:
+            branch = sel.dense_align
+            sims = sims + self._align(img, branch.aggregated, branch.extra, dense.words, dense.lens)
+        return sims, sel.decisions
+
+    @torch.no_grad()
+    def selection_trace(
+        self,
+        img_tokens: torch.Tensor,
+        cap_tokens: torch.Tensor,
+        cap_lens: torch.Tensor,
+        dense_tokens: torch.Tensor | None = None,
+        dense_lens: torch.Tensor | None = None,
+    ) -> SelectionTrace:
+        """The selection of one pair, as ``forward`` makes it (eval mode: hard top-K, no Gumbel noise).
+
+        Args:
+            img_tokens: (1, L_v, C); cap_tokens: (1, L, C) and cap_lens (1,); dense_tokens: (1, L_d, C)
+                and dense_lens (1,), tied to the image, or None.
+        """
+        if self.training:
+            raise ValueError("selection_trace explains the eval-mode selection: call .eval() first")
+        cfg = self.config
+        cap_lens = self.validate_text(cap_tokens, cap_lens, batch=1)
+        self.validate_image_tokens(img_tokens, cfg.num_patches + int(cfg.has_cls))
+        img = _ImageCache.build(self, img_tokens)
+        dense = None
+        if dense_tokens is not None and cfg.use_dense:
+            dense_lens = self.validate_text(dense_tokens, dense_lens, "dense_tokens", batch=1)
+            if cfg.dense_pairing == "image":
+                dense = self._image_tied_dense(img, dense_tokens, dense_lens)
+            else:
+                dense = self._caption_tied_dense(img, dense_tokens, dense_lens)
+        sel = self._select_block(img, cap_tokens, cap_lens, dense)
+        mixture = torch.cat([sel.weights[0, 0].T, sel.fuse[0, 0][None]])  # (N_c + 1, N)
+        names = self.selection_branches
+        branches = [(names[i], keep[0, 0]) for i, keep in enumerate(sel.keeps)]
+        return SelectionTrace(branches, mixture, img.patches_sel[0], None if img.cls is None else img.cls[0])
 
     def _select(self, img: _ImageCache, text_terms: list[torch.Tensor], aggr: TokenAggregation) -> _Branch:
         """Score, select, aggregate and fuse patches for every pair (B_v, T) of the block."""
@@ -301,7 +394,7 @@ class SEPSMatcher(Matcher):
             fuse = fuse * (1.0 - decision)
         aggregated = torch.einsum("vtnk,vnc->vtkc", weights, img.patches_sel)
         extra = torch.einsum("vtn,vnc->vtc", fuse, img.patches_sel)
-        return _Branch(keep, decision, soft, aggregated, extra)
+        return _Branch(keep, decision, soft, aggregated, extra, weights, fuse)
 
     def _align(
         self,

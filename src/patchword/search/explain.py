@@ -1,8 +1,7 @@
 """Why an image matches a query: the patches each selection branch kept, and where each word looked.
 
-For SEPS / LAPS (:class:`~patchword.matching.seps.SEPSMatcher`) the explanation is exact, computed from the
-matcher's public pieces (:mod:`patchword.matching.selection`, ``TokenAggregation``, ``HRPA``) for one
-(image, query) pair, in eval mode:
+For SEPS / LAPS (:class:`~patchword.matching.seps.SEPSMatcher`) the explanation is exact: the matcher
+reports its own selection of one (image, query) pair in eval mode (:meth:`SEPSMatcher.selection_trace`):
 
 * **kept patches**: each branch's top-K selection (``sparse``: guided by the query; ``dense``: by the
   image's dense caption when the index has them), the same masks the matcher's forward returns as
@@ -30,19 +29,15 @@ from typing import Any
 
 import torch
 
-from patchword.matching.ops import l2norm, masked_mean
-from patchword.matching.selection import (
-    combine_paper_scores,
-    fusion_weights,
-    image_saliency,
-    text_relevance,
-    topk_decisions,
-)
+from patchword.matching.ops import l2norm
 from patchword.matching.seps import SEPSMatcher
 
 __all__ = ["BranchMask", "WordAttention", "Explanation", "explain_pair", "SPECIAL_TOKENS"]
 
 logger = logging.getLogger(__name__)
+
+# The API has always called the caption-guided branch "sparse" (the caption is the sparse text).
+_BRANCH_NAMES = {"caption": "sparse"}
 
 #: Token texts shown as specials (not words) in an explanation.
 SPECIAL_TOKENS = frozenset(
@@ -172,12 +167,6 @@ def explain_pair(
     score = float(out.sims[0, 0])
     if isinstance(matcher, SEPSMatcher):
         explanation = _explain_seps(matcher, img_tokens, cap_tokens, dense_tokens, names, score)
-        forward_masks = [d[0, 0] > 0.5 for d in out.decisions]
-        mine = [b.kept for b in explanation.branches]
-        if len(forward_masks) != len(mine) or any(
-            not torch.equal(a, b) for a, b in zip(forward_masks, mine, strict=True)
-        ):
-            logger.warning("explain: recomputed patch selection differs from the matcher's (tied scores?)")
     else:
         explanation = _explain_token_cosine(matcher, img_tokens, cap_tokens, names, score)
     n = explanation.words[0].heat.numel() if explanation.words else 0
@@ -197,56 +186,24 @@ def _explain_seps(
     names: list[str],
     score: float,
 ) -> Explanation:
-    """Selection, aggregation and the HRPA cosine matrix of one pair, from the matcher's public pieces
-    (the same operations as ``SEPSMatcher._select`` / ``_align`` for a block of one)."""
-    cfg = matcher.config
-    has_cls = int(cfg.has_cls)
-    patches = img_tokens[None, has_cls:]  # (1, N, C) raw
-    unit = l2norm(patches)
-    saliency = image_saliency(patches, unit)
-    predicted = matcher.scorer(patches) if matcher.scorer is not None else None
-    length = torch.tensor([cap_tokens.shape[0]], device=cap_tokens.device)
-    s_sparse = text_relevance(unit, l2norm(masked_mean(cap_tokens[None], length)), per_image=False)
-    use_dense = dense_tokens is not None and cfg.use_dense and cfg.dense_pairing == "image"
-    s_dense = None
-    if use_dense:
-        dense_len = torch.tensor([dense_tokens.shape[0]], device=dense_tokens.device)
-        s_dense = text_relevance(unit, l2norm(masked_mean(dense_tokens[None], dense_len)), per_image=True)
-
-    def select(terms: list[torch.Tensor], aggr) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if cfg.score_mode == "sum":
-            selection = saliency[:, None] + sum(terms)
-        else:
-            selection = combine_paper_scores(predicted, saliency, terms, cfg.beta)
-        keep, _, _ = topk_decisions(selection, matcher.num_keep)
-        weights = aggr.weights(aggr.logits(patches), keep)[0, 0]  # (N, N_c)
-        fuse = fusion_weights(selection, keep)[0, 0]  # (N,)
-        return keep[0, 0], weights, fuse
-
-    aggr_dense = matcher.aggr_net_dense or matcher.aggr_net
-    if use_dense and cfg.dense_mode == "guide":
-        joint = [s_sparse, s_dense]
-        keep_s, w_s, f_s = select(joint if cfg.joint_score else [s_sparse], matcher.aggr_net)
-        keep_d, w_d, f_d = select(joint if cfg.joint_score else [s_dense], aggr_dense)
-        weights, fuse, keeps = w_s + w_d, 0.5 * (f_s + f_d), [keep_s, keep_d]
-    else:
-        keep_s, weights, fuse = select([s_sparse], matcher.aggr_net)
-        keeps = [keep_s]
-        if use_dense:  # "branch" mode: its own selection, aligned with the dense words (query-independent)
-            keeps.append(select([s_dense], aggr_dense)[0])
-
-    # Image tokens as patch mixtures: rows = aggregated tokens, then the fusion token.
-    omega = torch.cat([weights.T, fuse[None]])  # (N_c + 1, N)
-    raw = patches[0]  # (N, C)
+    """The matcher's own selection of one pair (:meth:`SEPSMatcher.selection_trace`) and the HRPA
+    cosine of every word with every image token, split over the patches each token mixes."""
+    device = cap_tokens.device
+    dense_args = (None, None)
+    if dense_tokens is not None:
+        dense_args = (dense_tokens[None], torch.tensor([dense_tokens.shape[0]], device=device))
+    trace = matcher.selection_trace(
+        img_tokens[None], cap_tokens[None], torch.tensor([cap_tokens.shape[0]], device=device), *dense_args
+    )
+    omega, raw = trace.mixture, trace.patches  # (N_c + 1, N) aggregated tokens then fusion; (N, C)
     token_norms = torch.linalg.vector_norm(omega @ raw, dim=-1).clamp_min(1e-12)  # (N_c + 1,)
     words = l2norm(cap_tokens)  # (L, C)
     dots = raw @ words.T  # (N, L): <P_n, w>
     mixture_cos = (omega @ dots) / token_norms[:, None]  # (N_c + 1, L)
-    token_names = [f"aggregated:{k}" for k in range(weights.shape[1])] + ["fusion"]
-    alignment = mixture_cos
+    token_names = [f"aggregated:{k}" for k in range(omega.shape[0] - 1)] + ["fusion"]
+    alignment, has_cls = mixture_cos, trace.cls is not None
     if has_cls:
-        cls = img_tokens[0]
-        cls_cos = (words @ cls) / torch.linalg.vector_norm(cls).clamp_min(1e-12)  # (L,)
+        cls_cos = (words @ trace.cls) / torch.linalg.vector_norm(trace.cls).clamp_min(1e-12)  # (L,)
         alignment = torch.cat([cls_cos[None], mixture_cos])
         token_names = ["cls", *token_names]
     best = alignment.argmax(dim=0)  # (L,)
@@ -256,15 +213,14 @@ def _explain_seps(
         if has_cls and m == 0:
             heat = torch.zeros(raw.shape[0], device=raw.device)
         else:
-            k = m - has_cls
+            k = m - int(has_cls)
             heat = omega[k] * dots[:, w] / token_norms[k]
         result.append(_word(name, heat, token_names[m], alignment[m, w]))
-    branch_names = ["sparse", "dense"]
     return Explanation(
         method="seps_selection",
         grid=(1, raw.shape[0]),
         score=score,
-        branches=[BranchMask(branch_names[i], keep.cpu()) for i, keep in enumerate(keeps)],
+        branches=[BranchMask(_BRANCH_NAMES.get(name, name), keep.cpu()) for name, keep in trace.branches],
         words=result,
         num_keep=matcher.num_keep,
         alignment=alignment.float().cpu(),
