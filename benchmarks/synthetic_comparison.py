@@ -29,7 +29,11 @@ from patchword.train.run import prepare_data, train_run
 MODELS = {
     "vse (global, CLS)": ["model.matcher=vse"],
     "laps (code)": ["model.matcher=laps", "model.seps.variant=code"],
-    "seps code, image-tied dense": ["model.matcher=seps", "model.seps.variant=code", "model.seps.dense_pairing=image"],
+    "seps code, image-tied dense": [
+        "model.matcher=seps",
+        "model.seps.variant=code",
+        "model.seps.dense_pairing=image",
+    ],
     "seps code, caption-tied dense (official protocol, LEAKY)": [
         "model.matcher=seps",
         "model.seps.variant=code",

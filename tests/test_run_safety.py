@@ -55,7 +55,9 @@ def _snapshot(directory: Path) -> dict[str, bytes]:
 def trained(tmp_path_factory, cache):
     """A tiny run with non-default settings (what `--resume name=...` used to overwrite)."""
     tmp = tmp_path_factory.mktemp("trained")
-    args = _args(tmp, cache, "name=rho06", "model.seps.sparse_ratio=0.6", "train.margin=0.3", "train.max_steps=3")
+    args = _args(
+        tmp, cache, "name=rho06", "model.seps.sparse_ratio=0.6", "train.margin=0.3", "train.max_steps=3"
+    )
     assert main(["train", *args]) == 0
     return tmp / "runs" / "rho06"
 
@@ -74,7 +76,9 @@ def test_resume_keeps_the_saved_config_byte_for_byte_and_records_itself(trained,
     assert (run / "config.yaml").read_bytes() == before
     state = load_checkpoint(run / "last.pt")
     assert state["step"] == 5
-    assert state["config"]["model"]["seps"]["sparse_ratio"] == 0.6 and state["config"]["train"]["margin"] == 0.3
+    assert (
+        state["config"]["model"]["seps"]["sparse_ratio"] == 0.6 and state["config"]["train"]["margin"] == 0.3
+    )
     assert state["config"]["data"]["num_train"] == 20  # not the default 10000
     records = [json.loads(line) for line in (run / "resumes.jsonl").read_text().splitlines()]
     assert records == [{"time": records[0]["time"], "step": 3, "overrides": ["train.max_steps=5"]}]

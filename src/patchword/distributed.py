@@ -101,7 +101,9 @@ def launch_info(env: Mapping[str, str] | None = None) -> LaunchInfo:
     else:
         return LaunchInfo()
     if not 0 <= info.rank < info.world_size or info.local_rank < 0:
-        raise DistributedError(f"rank {info.rank} / local rank {info.local_rank} in a world of {info.world_size}")
+        raise DistributedError(
+            f"rank {info.rank} / local rank {info.local_rank} in a world of {info.world_size}"
+        )
     return info
 
 
@@ -293,7 +295,9 @@ def _process_device(device: torch.device, info: LaunchInfo) -> tuple[torch.devic
 
 
 @contextlib.contextmanager
-def session(device: torch.device | str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[Distributed]:
+def session(
+    device: torch.device | str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S
+) -> Iterator[Distributed]:
     """The launch this process belongs to, for the duration of the block.
 
     Single-process launches get ``Distributed(device=device)`` and touch nothing. Under ``torchrun`` /

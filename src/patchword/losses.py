@@ -17,7 +17,15 @@ from torch import nn
 
 from patchword._validation import check_tensor
 
-__all__ = ["HingeLoss", "RatioLoss", "CMCLoss", "InfoNCE", "BalancedInfoNCE", "HashNetLoss"]
+__all__ = [
+    "HingeLoss",
+    "ContrastiveLoss",
+    "RatioLoss",
+    "CMCLoss",
+    "InfoNCE",
+    "BalancedInfoNCE",
+    "HashNetLoss",
+]
 
 
 def _positive_mask(batch: int, img_ids: object, ignore: object, device: torch.device) -> torch.Tensor:
@@ -76,8 +84,9 @@ class HingeLoss(nn.Module):
         img_ids: torch.Tensor | Sequence[int] | None = None,
         ignore: torch.Tensor | None = None,
         max_violation: bool | None = None,
+        queries: slice | None = None,
     ) -> torch.Tensor:
-        """Loss of one batch.
+        """Loss of one batch, or the share of it that some samples contribute as queries.
 
         Args:
             sims: (B, B) similarities, rows images and columns captions of the same B samples.
@@ -86,35 +95,20 @@ class HingeLoss(nn.Module):
             ignore: optional (B, B) bool, True where a pair is not a negative (e.g. a known false
                 negative from a dataset's "fits" relation).
             max_violation: overrides the attribute for this call when not None.
+            queries: only the image queries of rows ``queries`` (against every caption) and the caption
+                queries of columns ``queries`` (against every image) count. The shares of a partition of
+                the batch sum to the whole loss: each process of a multi-process step takes its share of
+                the global batch's loss on the gathered matrix ((b, B) and (B, b) cost blocks instead of
+                B x B). With ``queries`` the values of ``sims`` are not checked (that would make the
+                host wait for the device: the training step's hot path); ``slice(None)`` is the whole
+                loss without that check.
 
         Returns:
             Scalar tensor.
         """
-        check_tensor(sims, "sims", ndim=2)
-        return self.share(sims, slice(None), img_ids, ignore, max_violation)
-
-    def share(
-        self,
-        sims: torch.Tensor,
-        queries: slice,
-        img_ids: torch.Tensor | Sequence[int] | None = None,
-        ignore: torch.Tensor | None = None,
-        max_violation: bool | None = None,
-    ) -> torch.Tensor:
-        """The part of :meth:`forward` that the samples ``queries`` contribute as queries.
-
-        That is the image queries of rows ``queries`` (against every caption of the batch) plus the
-        caption queries of columns ``queries`` (against every image), so the shares of a partition of the
-        batch sum to the whole loss: one process of a multi-process step computes its share of the
-        global batch's loss on the gathered (B, B) matrix (a (b, B) row block and a (B, b) column block
-        of costs instead of the full B x B). Unlike :meth:`forward`, the values of ``sims`` are not
-        checked (that would wait for the device: this is the training step's hot path).
-
-        Args:
-            sims: (B, B) similarities, rows images and columns captions of the same B samples.
-            queries: the samples whose queries count (``slice(None)``: all of them, = forward).
-            img_ids, ignore, max_violation: as in :meth:`forward`.
-        """
+        if queries is None:
+            check_tensor(sims, "sims", ndim=2)
+            queries = slice(None)
         batch = sims.shape[0]
         if sims.dim() != 2 or batch == 0 or sims.shape[1] != batch:
             raise ValueError(f"sims must be a non-empty square (B, B) matrix, got shape {tuple(sims.shape)}")
@@ -258,25 +252,11 @@ class CMCLoss(nn.Module):
     def _terms(self, img, txt, queries: slice, img_ids, max_violation) -> dict[str, torch.Tensor]:
         img = F.normalize(img, dim=-1)
         txt = F.normalize(txt, dim=-1)
-        ranking = self.ranking.share(img @ txt.T, queries, img_ids, max_violation=max_violation)
+        ranking = self.ranking(img @ txt.T, img_ids, max_violation=max_violation, queries=queries)
         # columns ``queries`` of the symmetric (B, B) discrepancy |S^T - S^I|
         discrepancy = (txt @ txt[queries].T - img @ img[queries].T).abs()
         consistency = (discrepancy.max(0).values - self.sigma).clamp(min=0).sum()
         return {"ranking": ranking, "consistency": consistency, "total": ranking + consistency}
-
-    def share(
-        self,
-        img: torch.Tensor,
-        txt: torch.Tensor,
-        queries: slice,
-        img_ids: torch.Tensor | Sequence[int] | None = None,
-        max_violation: bool | None = None,
-    ) -> torch.Tensor:
-        """The part of the total loss that the samples ``queries`` contribute (their image and caption
-        queries in ``L_r``, their columns in ``L_a``): the shares of a partition of the batch sum to the
-        total. ``img`` and ``txt`` are the whole (B, C) batch; values are not checked (see
-        :meth:`HingeLoss.share`)."""
-        return self._terms(img, txt, queries, img_ids, max_violation)["total"]
 
     def forward(
         self,
@@ -284,12 +264,65 @@ class CMCLoss(nn.Module):
         txt: torch.Tensor,
         img_ids: torch.Tensor | Sequence[int] | None = None,
         max_violation: bool | None = None,
+        queries: slice | None = None,
     ) -> torch.Tensor:
-        """Total CMC loss ``L_r + L_a`` (scalar); see :meth:`components` for the arguments."""
+        """Total CMC loss ``L_r + L_a`` (scalar); see :meth:`components` for the arguments.
+
+        ``queries``: only the share of the samples ``queries`` (their image and caption queries in
+        ``L_r``, their columns in ``L_a``; the shares of a partition of the batch sum to the total), with
+        ``img`` and ``txt`` the whole (B, C) batch and no value checks (see :meth:`HingeLoss.forward`).
+        """
+        if queries is not None:
+            return self._terms(img, txt, queries, img_ids, max_violation)["total"]
         return self.components(img, txt, img_ids, max_violation)["total"]
 
     def extra_repr(self) -> str:
         return f"sigma={self.sigma}"
+
+
+class ContrastiveLoss(nn.Module):
+    """Symmetric InfoNCE over an image-caption similarity matrix, as CLIP trains (contrastive pretraining).
+
+    ``logits = scale * sims``; every image query is a softmax over the batch's captions with its own caption
+    as the target, every caption query a softmax over the images; the loss is the mean over the 2B queries.
+    Pairs that are not negatives (the same image twice in a caption-sampled batch, or known false
+    negatives) are removed from the softmax denominators instead of being pushed apart.
+    """
+
+    def forward(
+        self,
+        sims: torch.Tensor,
+        scale: torch.Tensor | float,
+        img_ids: torch.Tensor | Sequence[int] | None = None,
+        ignore: torch.Tensor | None = None,
+        queries: slice | None = None,
+    ) -> torch.Tensor:
+        """Loss of one batch, or (``queries``) the share of it that some samples contribute as queries.
+
+        Args:
+            sims: (B, B) cosine similarities, rows images and columns captions of the same B samples.
+            scale: the inverse temperature (CLIP's ``exp(logit_scale)``), a scalar or 0-d tensor.
+            img_ids, ignore: as in :meth:`HingeLoss.forward`.
+            queries: only the image queries of rows ``queries`` and the caption queries of columns
+                ``queries`` count, each still divided by 2B: the shares of a partition of the batch sum to
+                the whole loss (see :meth:`HingeLoss.forward`; no value checks then).
+
+        Returns:
+            Scalar tensor.
+        """
+        if queries is None:
+            check_tensor(sims, "sims", ndim=2)
+            queries = slice(None)
+        batch = sims.shape[0]
+        if sims.dim() != 2 or batch == 0 or sims.shape[1] != batch:
+            raise ValueError(f"sims must be a non-empty square (B, B) matrix, got shape {tuple(sims.shape)}")
+        not_negative = _positive_mask(batch, img_ids, ignore, sims.device)
+        not_negative = not_negative & ~torch.eye(batch, dtype=torch.bool, device=sims.device)
+        logits = (sims * scale).masked_fill(not_negative, float("-inf"))
+        targets = torch.arange(batch, device=sims.device)[queries]
+        rows = F.cross_entropy(logits[queries], targets, reduction="sum")  # image queries
+        cols = F.cross_entropy(logits[:, queries].T, targets, reduction="sum")  # caption queries
+        return (rows + cols) / (2 * batch)
 
 
 # ------------------------------------------------------------------------------------------ hashing

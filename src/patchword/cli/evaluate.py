@@ -2,12 +2,16 @@
 
 Only the split being scored is read and tokenised (with the run's own saved vocabulary); ``--out`` is
 checked before anything else, so a finished evaluation is never lost to an existing file.
+
+Under ``torchrun --nproc_per_node=N -m patchword eval RUN`` the processes share the encoding and the
+scoring (:func:`patchword.eval.protocol.evaluate`); rank 0 writes and prints the metrics.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -49,10 +53,22 @@ def evaluate_run_dir(
     out: Path | None = None,
     force: bool = False,
 ) -> tuple[dict[str, Any], Path]:
-    """Evaluate a run (or an ensemble of runs) and write the metrics JSON; returns (metrics, out path)."""
+    """Evaluate a run (or an ensemble of runs) and write the metrics JSON; returns (metrics, out path).
+
+    Every process of a ``torchrun`` launch calls it; they share the work and rank 0 writes the file.
+    """
+    from patchword.device import resolve_device
+    from patchword.distributed import session
+    from patchword.runs import read_run_config
+
+    cfg = read_run_config(run_dir, list(overrides or []))
+    with session(resolve_device(cfg.device), cfg.dist_timeout_s) as dist:
+        return _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist)
+
+
+def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tuple[dict[str, Any], Path]:
     from patchword import __version__
     from patchword.data.prepare import eval_role, prepare_data
-    from patchword.device import resolve_device
     from patchword.errors import ConfigError, RunExistsError
     from patchword.eval.protocol import ensemble_metrics, evaluate
     from patchword.runs import config_hash, load_run, read_run_config, resolve_checkpoint
@@ -71,7 +87,7 @@ def evaluate_run_dir(
     for member_dir, member_ckpt in members:
         read_run_config(member_dir, overrides)
         resolve_checkpoint(member_dir, member_ckpt)
-    device = resolve_device(cfg.device)
+    device = dist.device
 
     prepared: dict[str, Any] = {}  # identical data configs and tokenizers are tokenised once
     results, reference = [], None
@@ -96,7 +112,13 @@ def evaluate_run_dir(
         elif split.captions != reference[2].captions:
             raise ConfigError("--ensemble", f"{member_dir} evaluates another split than {run_dir}")
         metrics = evaluate(
-            model, split, mcfg.eval, device=device, progress=mcfg.progress, return_sims=len(members) > 1
+            model,
+            split,
+            mcfg.eval,
+            device=device,
+            progress=mcfg.progress if dist.is_main else False,
+            return_sims=len(members) > 1,
+            dist=dist,
         )
         meta = {
             "run_dir": str(member_dir),
@@ -106,6 +128,8 @@ def evaluate_run_dir(
         }
         results.append((meta, metrics))
     mcfg, data, split, model = reference
+    if not dist.is_main:  # rank 0 holds the score matrices and writes the file
+        return results[0][1], out
     if len(members) > 1:
         metrics = ensemble_metrics([m.pop("sims") for _, m in results], split.txt2img, mcfg.eval)
         metrics["ensemble"] = [{**meta, **m} for meta, m in results]
@@ -118,6 +142,7 @@ def evaluate_run_dir(
         metrics["oracle_rsum"] = data.oracle[role]["rsum"]
     metrics.update(
         eval_seconds=time.perf_counter() - t0,
+        world_size=dist.world_size,
         patchword_version=__version__,
         time=time.strftime("%Y-%m-%dT%H:%M:%S"),
         overrides=overrides,
@@ -133,6 +158,11 @@ def _write_json(path: Path, obj: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    from patchword.distributed import launch_info
+
+    main = launch_info().rank == 0
+    if not main:
+        logging.getLogger().setLevel(logging.WARNING)  # one process reports
     metrics, out = evaluate_run_dir(
         args.run_dir,
         args.checkpoint,
@@ -141,5 +171,6 @@ def run(args: argparse.Namespace) -> None:
         out=args.out,
         force=args.force,
     )
-    print(json.dumps({k: v for k, v in metrics.items() if k != "ensemble"}, indent=2))
-    print(f"written: {out}")
+    if main:
+        print(json.dumps({k: v for k, v in metrics.items() if k != "ensemble"}, indent=2))
+        print(f"written: {out}")

@@ -1,9 +1,14 @@
-"""``patchword train``: start a run, or continue one with ``--resume RUN``."""
+"""``patchword train``: start a run, or continue one with ``--resume RUN``.
+
+``torchrun --nproc_per_node=N -m patchword train ...`` trains with N processes (one per GPU, or gloo on
+the CPU): see docs/distributed.md. Rank 0 logs, writes the run directory and prints the summary.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 
 __all__ = ["add_arguments", "run"]
@@ -47,9 +52,13 @@ def _resume_target(resume: str, overrides: list[str]) -> tuple[Path, list[str]]:
 
 def run(args: argparse.Namespace) -> None:
     from patchword.config import load_config
+    from patchword.distributed import launch_info
     from patchword.train.config import RunConfig
     from patchword.train.run import resume_run, train_run
 
+    main = launch_info().rank == 0
+    if not main:
+        logging.getLogger().setLevel(logging.WARNING)  # one process reports; the others warn and fail
     if args.resume is not None:
         if args.config is not None:
             from patchword.errors import ConfigError
@@ -59,4 +68,5 @@ def run(args: argparse.Namespace) -> None:
         summary = resume_run(run_dir, overrides)
     else:
         summary = train_run(load_config(RunConfig, args.config, args.overrides))
-    print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, (list, dict))}, indent=2))
+    if main:
+        print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, (list, dict))}, indent=2))

@@ -35,8 +35,8 @@ class DataConfig:
     size_augment: bool | None = None  # the official train-time caption augmentation (tokenizer=bert: 20%
     # of the words masked, replaced or deleted; dense captions too, as SEPS does); None = on for bert
     image_size: int = 224  # real datasets: input resolution
-    num_workers: int = 4  # image files: DataLoader worker processes decoding training batches per process
-    # (0 = decode in the training process); in-memory and region data never use workers
+    num_workers: int = 4  # image files: DataLoader worker processes decoding training batches, per training
+    # process and at most its CPUs (0 = decode in the training process); in-memory and region data: none
     cache_dir: str = ""  # synthetic data cache ("" = $PATCHWORD_CACHE or ~/.cache/patchword)
     synthetic_seed: int = 0  # synthetic scenes: generator seed
     synthetic_image_size: int = 64  # synthetic scenes: image side in pixels

@@ -9,6 +9,12 @@ and ensembles alike.
   shortlist, fine re-ranking, a ground truth outside the shortlist is a miss) in validation and test alike.
 * ``eval.coco_1k`` adds the COCO 1K protocol: five 1000-image folds of the 5K test, averaged; each fold of
   a two-stage search runs its own search, as the official fold-wise evaluation does.
+* Under ``torchrun`` (a :class:`~patchword.distributed.Distributed` with several processes) the processes
+  share the work: each encodes a contiguous block of the images and of the captions (the caption tokens
+  are then all-gathered: every process scores its images against every caption), scores its block of
+  image rows within ``eval.max_memory_mb``, and rank 0 gathers the rows, computes the metrics and
+  broadcasts them. A two-stage search shards its queries the same way. The metrics equal a one-process
+  evaluation's.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ from typing import Any
 
 import torch
 
-from patchword.data.pipeline import EncodedSplit
+from patchword.data.pipeline import EncodedSplit, SelectedImages
+from patchword.distributed import Distributed
 from patchword.eval.config import EvalConfig
 from patchword.eval.engine import score_matrix
 from patchword.eval.metrics import coco_1k_folds, retrieval_metrics
@@ -65,21 +72,82 @@ def encode_for_scoring(model, split: EncodedSplit, eval_cfg: EvalConfig, *, devi
     return img, cap, dense
 
 
-def score_split(
-    model, split: EncodedSplit, eval_cfg: EvalConfig, *, device="cpu", progress=None
-) -> torch.Tensor:
-    """The exact (N_img, N_txt) similarity matrix of ``split`` within ``eval_cfg.max_memory_mb``."""
-    img, cap, dense = encode_for_scoring(model, split, eval_cfg, device=device, progress=progress)
+@torch.no_grad()
+def _encode_shard(model, split: EncodedSplit, eval_cfg: EvalConfig, dist: Distributed, *, device, progress):
+    """This process's share of :func:`encode_for_scoring`: -> (img, cap, dense, dense_lens, (lo, hi)).
+
+    ``img`` holds the images ``lo..hi`` (this process's block), ``cap`` every caption (each process encodes
+    its block, then they are all-gathered), ``dense`` the dense captions of the images held, or of every
+    image when dense text is tied to captions (which then index it through ``txt2img``).
+    """
+    lo, hi = dist.shard(split.num_images)
+    t_lo, t_hi = dist.shard(split.num_captions)
     was_training = model.training
     model.eval()
     try:
-        return score_matrix(
+        images = SelectedImages(split.images, torch.arange(lo, hi))
+        img = encode_image_tokens(
+            model, images, batch_size=eval_cfg.batch_size, device=device, progress=progress
+        )
+        cap = encode_text_tokens(
+            model,
+            split.cap_ids[t_lo:t_hi],
+            split.cap_lens[t_lo:t_hi],
+            batch_size=2 * eval_cfg.batch_size,
+            device=device,
+            progress=progress,
+        )
+        cap = dist.all_gather_cpu(cap, dist.shard_sizes(split.num_captions))
+        dense = dense_lens = None
+        if split.dense_ids is not None and model.matcher.consumes_dense:
+            dense = encode_text_tokens(
+                model,
+                split.dense_ids[lo:hi],
+                split.dense_lens[lo:hi],
+                batch_size=eval_cfg.batch_size,
+                device=device,
+                progress=progress,
+                desc="encode dense captions",
+            )
+            dense_lens = split.dense_lens[lo:hi]
+            if model.matcher.dense_pairing == "caption":
+                dense = dist.all_gather_cpu(dense, dist.shard_sizes(split.num_images))
+                dense_lens = split.dense_lens
+    finally:
+        model.train(was_training)
+    return img, cap, dense, dense_lens, (lo, hi)
+
+
+def _sharded(dist: Distributed | None, split: EncodedSplit, device) -> Distributed:
+    """``dist`` when the split has work for every process, else a one-process view (each process then
+    computes the whole, small, evaluation itself)."""
+    if dist is None or not dist.enabled or min(split.num_images, split.num_captions) < dist.world_size:
+        return Distributed(device=torch.device(device))
+    return dist
+
+
+def score_split(
+    model, split: EncodedSplit, eval_cfg: EvalConfig, *, device="cpu", progress=None, dist=None
+) -> torch.Tensor | None:
+    """The exact (N_img, N_txt) similarity matrix of ``split`` within ``eval_cfg.max_memory_mb``.
+
+    With ``dist`` (several processes) every process scores its block of image rows and the matrix is
+    returned on rank 0 only (None elsewhere).
+    """
+    dist = _sharded(dist, split, device)
+    img, cap, dense, dense_lens, _ = _encode_shard(
+        model, split, eval_cfg, dist, device=device, progress=progress
+    )
+    was_training = model.training
+    model.eval()
+    try:
+        rows = score_matrix(
             model.matcher,
             img,
             cap,
             split.cap_lens,
             dense,
-            split.dense_lens,
+            dense_lens,
             txt2img=split.txt2img,
             max_memory_mb=eval_cfg.max_memory_mb,
             device=device,
@@ -87,13 +155,18 @@ def score_split(
         )
     finally:
         model.train(was_training)
+    return dist.gather_cpu(rows)
 
 
-def _two_stage(model, split: EncodedSplit, eval_cfg: EvalConfig, plan, *, device, progress) -> dict[str, Any]:
-    """Metrics of the two-stage search ``plan`` on ``split``, plus ``"sims"`` = (sims_i2t, sims_t2i)."""
+def _two_stage(
+    model, split: EncodedSplit, eval_cfg: EvalConfig, plan, *, device, progress, dist=None
+) -> dict[str, Any] | None:
+    """Metrics of the two-stage search ``plan`` on ``split``, plus ``"sims"`` = (sims_i2t, sims_t2i); on
+    rank 0 only with several processes (None elsewhere)."""
     from patchword.eval.two_stage import two_stage_scores
 
-    img, cap, _ = encode_for_scoring(model, split, eval_cfg, device=device, progress=progress)
+    dist = _sharded(dist, split, device)
+    img, cap, _, _, _ = _encode_shard(model, split, eval_cfg, dist, device=device, progress=progress)
     result = two_stage_scores(
         plan.fine,
         img,
@@ -103,7 +176,10 @@ def _two_stage(model, split: EncodedSplit, eval_cfg: EvalConfig, plan, *, device
         alpha=plan.alpha,
         device=device,
         progress=progress,
+        dist=dist,
     )
+    if result is None:
+        return None
     metrics: dict[str, Any] = retrieval_metrics(result.sims, split.txt2img)
     # How often the ground truth never reaches stage 2: what the official evaluator counts as hits.
     own = split.txt2img[None, :] == torch.arange(split.num_images)[:, None]  # (N_img, N_txt)
@@ -133,32 +209,44 @@ def evaluate(
     device: torch.device | str = "cpu",
     progress: bool | None = None,
     return_sims: bool = False,
+    dist: Distributed | None = None,
 ) -> dict[str, Any]:
     """Metrics of ``model`` on ``split`` under the protocol its matcher declares (see the module doc).
 
+    Args:
+        dist: the processes of a ``torchrun`` launch, which share the work (every one must call this);
+            None or one process: all of it here.
+
     Returns:
         :func:`retrieval_metrics` keys (plus ``coco1k_*`` with ``eval_cfg.coco_1k``, plus shortlist
-        statistics for a two-stage search); with ``return_sims`` the scores under ``"sims"``: one
-        (N_img, N_txt) matrix, or the ``(sims_i2t, sims_t2i)`` pair of a two-stage search.
+        statistics for a two-stage search), the same on every process; with ``return_sims`` the scores
+        under ``"sims"``: one (N_img, N_txt) matrix, or the ``(sims_i2t, sims_t2i)`` pair of a two-stage
+        search (rank 0 only; None on the other processes).
     """
+    dist = dist or Distributed(device=torch.device(device))
     plan = model.matcher.two_stage_plan()
+    metrics: dict[str, Any] | None = None
     if plan is None:
-        sims = score_split(model, split, eval_cfg, device=device, progress=progress)
-        metrics: dict[str, Any] = retrieval_metrics(sims, split.txt2img)
-        if eval_cfg.coco_1k:
-            folds = coco_1k_folds(sims, split.txt2img)
-            metrics.update({f"coco1k_{k}": v for k, v in folds.items() if k != "folds"})
+        sims = score_split(model, split, eval_cfg, device=device, progress=progress, dist=dist)
+        if sims is not None:
+            metrics = retrieval_metrics(sims, split.txt2img)
+            if eval_cfg.coco_1k:
+                folds = coco_1k_folds(sims, split.txt2img)
+                metrics.update({f"coco1k_{k}": v for k, v in folds.items() if k != "folds"})
     else:
-        metrics = _two_stage(model, split, eval_cfg, plan, device=device, progress=progress)
-        sims = metrics.pop("sims")
+        metrics = _two_stage(model, split, eval_cfg, plan, device=device, progress=progress, dist=dist)
+        sims = None if metrics is None else metrics.pop("sims")
         if eval_cfg.coco_1k:
             folds = []
             for lo, hi in _fold_bounds(split.num_images):
                 part = split.select_images(torch.arange(lo, hi), name=f"{split.name}[{lo}:{hi}]")
-                fold = _two_stage(model, part, eval_cfg, plan, device=device, progress=progress)
-                fold.pop("sims")
-                folds.append(fold)
-            metrics.update({f"coco1k_{key}": sum(f[key] for f in folds) / len(folds) for key in folds[0]})
+                fold = _two_stage(model, part, eval_cfg, plan, device=device, progress=progress, dist=dist)
+                if fold is not None:
+                    fold.pop("sims")
+                    folds.append(fold)
+            if metrics is not None:
+                metrics.update({f"coco1k_{key}": sum(f[key] for f in folds) / len(folds) for key in folds[0]})
+    metrics = dist.broadcast_object(metrics)
     if return_sims:
         metrics["sims"] = sims
     return metrics

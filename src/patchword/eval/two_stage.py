@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -31,6 +32,9 @@ from patchword.eval.engine.core import (
     prepare_inputs,
 )
 from patchword.eval.engine.memory import BYTES_PER_MB, budget_bytes
+
+if TYPE_CHECKING:
+    from patchword.distributed import Distributed
 
 __all__ = ["GlobalIndex", "TwoStageResult", "global_embeddings", "two_stage_scores", "faiss_available"]
 
@@ -201,7 +205,8 @@ def two_stage_scores(
     device: torch.device | str | None = None,
     progress: bool | None = None,
     engine: str | ScoringEngine | None = None,
-) -> TwoStageResult:
+    dist: Distributed | None = None,
+) -> TwoStageResult | None:
     """Global shortlist of ``k`` candidates per query in each direction, fine re-scoring of those only.
 
     Args:
@@ -215,38 +220,69 @@ def two_stage_scores(
         index_options: extra :class:`GlobalIndex` keywords (``hnsw_m``, ``ef_search``...).
         max_memory_mb: working-memory budget of the re-ranking engine (and of the exact index).
         device, progress, engine: as in :func:`~patchword.eval.engine.score_matrix`.
+        dist: the processes of a ``torchrun`` launch sharing the search (every one calls this). Each
+            passes its contiguous block of the images (rank order; image-tied dense rows likewise) and
+            every caption; each shortlists its image queries and its block of the caption queries, scores
+            the shortlisted pairs of its images, and rank 0 assembles the result.
 
     Returns:
-        :class:`TwoStageResult`; ``retrieval_metrics(result.sims, txt2img)`` counts a ground truth
-        outside the shortlist as a miss.
+        :class:`TwoStageResult` (None on the processes other than rank 0);
+        ``retrieval_metrics(result.sims, txt2img)`` counts a ground truth outside the shortlist as a miss.
     """
+    from patchword.distributed import Distributed
+
     t_start = time.perf_counter()
     inputs = prepare_inputs(matcher, img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens, txt2img)
     k_i2t, k_t2i = (k, k) if isinstance(k, int) else k
-    n_img, n_txt = inputs.num_images, inputs.num_texts
     device = _matcher_device(matcher) if device is None else torch.device(device)
+    dist = dist or Distributed(device=device)
+    sizes = dist.all_gather_object(inputs.num_images)
+    lo, n_img, n_txt = sum(sizes[: dist.rank]), sum(sizes), inputs.num_texts
+    t_lo, t_hi = dist.shard(n_txt)
     budget = budget_bytes(max_memory_mb)
     index_mb = max(1.0, min(256.0, budget / BYTES_PER_MB / 4))
-    img_emb, txt_emb = global_embeddings(
-        matcher, inputs.img_tokens, inputs.cap_tokens, inputs.cap_lens, device=device, max_memory_mb=index_mb
+    img_local, txt_part = global_embeddings(
+        matcher,
+        inputs.img_tokens,
+        inputs.cap_tokens[t_lo:t_hi],
+        inputs.cap_lens[t_lo:t_hi],
+        device=device,
+        max_memory_mb=index_mb,
     )
+    img_emb = dist.all_gather_cpu(img_local, sizes)
+    txt_emb = dist.all_gather_cpu(txt_part, dist.shard_sizes(n_txt))
     t_embed = time.perf_counter()
     options = {"backend": backend, "max_memory_mb": index_mb, **(index_options or {})}
-    _, i2t = GlobalIndex(txt_emb, **options).search(img_emb, k_i2t)  # (N_img, k) captions
-    _, t2i = GlobalIndex(img_emb, **options).search(txt_emb, k_t2i)  # (N_txt, k) images
+    # Each process searches with its own queries: its images (i2t) and its block of the captions (t2i).
+    _, i2t = GlobalIndex(txt_emb, **options).search(img_local, k_i2t)  # (n_local, k) captions
+    _, t2i = GlobalIndex(img_emb, **options).search(txt_part, k_t2i)  # (t_hi - t_lo, k) images
+    i2t = dist.all_gather_cpu(i2t, sizes)  # (N_img, k)
+    t2i = dist.all_gather_cpu(t2i, dist.shard_sizes(n_txt))  # (N_txt, k)
     t_search = time.perf_counter()
-    # The union of both shortlists, each pair scored once by the fine matcher.
+    # The union of both shortlists, each pair scored once by the fine matcher: by the process holding
+    # its image (pairs are sorted by image, so each process's pairs are one contiguous range).
     i2t_ids = (torch.arange(n_img)[:, None] * n_txt + i2t).reshape(-1)
     t2i_ids = (t2i * n_txt + torch.arange(n_txt)[:, None]).reshape(-1)
     pair_ids, inverse = torch.unique(torch.cat([i2t_ids, t2i_ids]), return_inverse=True)
     pair_img, pair_txt = pair_ids // n_txt, pair_ids % n_txt
+    first, last = torch.searchsorted(pair_img, torch.tensor([lo, lo + inputs.num_images])).tolist()
     scorer = engine_for(matcher, engine)
     was_training = matcher.training
     matcher.eval()
     try:
-        fine = scorer.score_pairs(inputs, pair_img, pair_txt, budget=budget, device=device, progress=progress)
+        fine = scorer.score_pairs(
+            inputs,
+            pair_img[first:last] - lo,
+            pair_txt[first:last],
+            budget=budget,
+            device=device,
+            progress=progress,
+        )
     finally:
         matcher.train(was_training)
+    fine = dist.gather_cpu(fine)
+    if fine is None:
+        return None
     if alpha:
         fine = fine + alpha * (img_emb[pair_img] * txt_emb[pair_txt]).sum(dim=1)
     t_rerank = time.perf_counter()

@@ -27,6 +27,8 @@ class TrainConfig:
     lr_decay: float = 0.3  # multiplicative lr decay at each milestone
     lr_milestone_steps: list[int] = field(default_factory=list)  # also decay after these optimiser steps
     margin: float = 0.2  # hinge margin
+    loss: Literal["hinge", "infonce"] = "hinge"  # alignment loss: VSE++ hinge on the matcher's sims, or
+    # CLIP's symmetric InfoNCE with the matcher's learned temperature (model.matcher=clip, pretraining)
     hardest_after_epochs: int = 1  # sum over negatives before this epoch, hardest negative from it on
     align_warmup_epochs: int = 1  # the alignment loss ramps 0 -> 1 linearly over these epochs
     global_warmup_steps: int = 0  # first steps train only the global embeddings (cheap warm start)
@@ -41,6 +43,9 @@ class TrainConfig:
     num_threads: int = 0  # torch CPU threads (0 = torch's default)
     checkpoint_every: int = 1000  # also write last.pt every N optimiser steps (0 = only after validation);
     # SIGTERM / SIGINT write it too before the run stops
+    pair_chunk: int = 0  # seps/laps: score the captions in blocks of N with activations recomputed in the
+    # backward pass (bounds the step's B x B memory; same gradients, ~1/3 more matcher compute; 0 = off)
+    compile: bool = False  # torch.compile the encoders and the matcher (GPU; the first steps compile)
 
 
 @dataclass
@@ -57,3 +62,5 @@ class RunConfig:
     device: str = "auto"  # auto (CUDA when available, else CPU) | cpu | cuda | cuda:1 | mps
     precision: Literal["fp32", "amp_bf16", "amp_fp16"] = "fp32"  # autocast dtype (fp32 = none)
     progress: bool | None = None  # progress bars (None = only on a terminal)
+    dist_timeout_s: float = 600.0  # torchrun: seconds a process waits for the others in a collective
+    # before the launch fails (a process that died or hangs ends the run with an error, never a hang)

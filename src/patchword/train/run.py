@@ -30,6 +30,7 @@ from patchword.data.prepare import (
     prepare_data,
 )
 from patchword.data.vocab import WordVocab
+from patchword.distributed import Distributed, session
 from patchword.errors import ConfigError, MissingFileError, RunExistsError
 from patchword.eval.protocol import evaluate
 from patchword.model import RetrievalModel, build_model, matcher_section, model_reads_dense
@@ -43,7 +44,7 @@ from patchword.train.checkpoint import (
 )
 from patchword.train.config import RunConfig
 from patchword.train.trainer import Trainer
-from patchword.train.validate import RESUMABLE_KEYS, check_config, check_model_data
+from patchword.train.validate import RESUMABLE_KEYS, check_config, check_launch, check_model_data
 
 __all__ = [
     "PreparedData",
@@ -83,10 +84,17 @@ def _build(cfg: RunConfig, data: PreparedData | None, tokenizer=None) -> tuple[P
     return data, model
 
 
-def _trainer(cfg: RunConfig, model, data: PreparedData, run_dir: Path, device) -> Trainer:
+def _trainer(cfg: RunConfig, model, data: PreparedData, run_dir: Path, dist: Distributed) -> Trainer:
     splits = data.splits
     return Trainer(
-        cfg, model, splits["train"], splits["dev"], run_dir, device=device, tokenizer=data.tokenizer
+        cfg,
+        model,
+        splits["train"],
+        splits["dev"],
+        run_dir,
+        device=dist.device,
+        tokenizer=data.tokenizer,
+        dist=dist,
     )
 
 
@@ -101,32 +109,41 @@ def train_run(cfg: RunConfig, *, data: PreparedData | None = None) -> dict[str, 
     Writes config.yaml, vocab.json (word tokenizers), metrics.jsonl, last.pt / best.pt, export/,
     metrics.json and summary.json. ``data`` may be passed to reuse already tokenised splits.
 
+    Under ``torchrun`` every process runs this function: each trains on its shard of every global batch
+    (:mod:`patchword.distributed`) and rank 0 alone writes the run directory.
+
     Raises:
         RunExistsError: the run directory already exists (it is never overwritten).
         ConfigError, DataError, MissingFileError, ModelNotFoundError: a check failed; nothing was written.
+        DistributedError: another process of the launch died or stopped answering.
     """
     device = check_config(cfg)
-    run_dir = Path(cfg.output_dir) / cfg.name
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise RunExistsError(
-            f"run directory {run_dir} already exists; choose another name= or continue it with "
-            f"`patchword train --resume {run_dir}`"
-        )
-    data, model = _build(cfg, data)
-    created = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        save_config(cfg, run_dir / CONFIG_FILE)
-        _save_tokenizer(data.tokenizer, run_dir)
-        seed_everything(cfg.seed)
-        trainer = _trainer(cfg, model, data, run_dir, device)
-        fit = trainer.fit()
-    except BaseException:
-        # Nothing to resume yet: leave no half-made run behind (the same name can simply be rerun).
-        if not (run_dir / "last.pt").is_file():
-            _remove_run(run_dir, created)
-        raise
-    return _finish(cfg, model, data, run_dir, trainer, fit, device)
+    with session(device, cfg.dist_timeout_s) as dist:
+        check_launch(cfg, dist.world_size)
+        run_dir = Path(cfg.output_dir) / cfg.name
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise RunExistsError(
+                f"run directory {run_dir} already exists; choose another name= or continue it with "
+                f"`patchword train --resume {run_dir}`"
+            )
+        dist.barrier()  # every process has checked before rank 0 creates the directory
+        data, model = _build(cfg, data)
+        created = not run_dir.exists()
+        if dist.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            if dist.is_main:
+                save_config(cfg, run_dir / CONFIG_FILE)
+                _save_tokenizer(data.tokenizer, run_dir)
+            seed_everything(cfg.seed)
+            trainer = _trainer(cfg, model, data, run_dir, dist)
+            fit = trainer.fit()
+        except BaseException:
+            # Nothing to resume yet: leave no half-made run behind (the same name can simply be rerun).
+            if dist.is_main and not (run_dir / "last.pt").is_file():
+                _remove_run(run_dir, created)
+            raise
+        return _finish(cfg, model, data, run_dir, trainer, fit, dist)
 
 
 def _remove_run(run_dir: Path, created: bool) -> None:
@@ -172,31 +189,44 @@ def resume_run(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, 
             f"{run_dir / CONFIG_FILE} and last.pt disagree on {', '.join(changed)}: was config.yaml edited?",
         )
     tokenizer = load_run_tokenizer(run_dir, cfg.data)
-    data, model = _build(cfg, None, tokenizer=tokenizer)
-    trainer = _trainer(cfg, model, data, run_dir, device)
-    trainer.load_state_dict(state)
-    _logger.info(
-        "resumed %s at epoch %d, batch %d, step %d",
-        run_dir,
-        trainer.epoch,
-        trainer.batch_in_epoch,
-        trainer.step,
-    )
-    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "step": trainer.step, "overrides": list(overrides)}
-    with open(run_dir / RESUMES_FILE, "a") as fh:
-        fh.write(json.dumps(record) + "\n")
-    fit = trainer.fit()
-    return _finish(cfg, model, data, run_dir, trainer, fit, device)
+    with session(device, cfg.dist_timeout_s) as dist:
+        check_launch(cfg, dist.world_size)
+        data, model = _build(cfg, None, tokenizer=tokenizer)
+        trainer = _trainer(cfg, model, data, run_dir, dist)
+        trainer.load_state_dict(state)
+        _logger.info(
+            "resumed %s at epoch %d, batch %d, step %d",
+            run_dir,
+            trainer.epoch,
+            trainer.batch_in_epoch,
+            trainer.step,
+        )
+        if dist.is_main:
+            record = {
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "step": trainer.step,
+                "overrides": list(overrides),
+            }
+            with open(run_dir / RESUMES_FILE, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+        fit = trainer.fit()
+        return _finish(cfg, model, data, run_dir, trainer, fit, dist)
 
 
-def _finish(cfg, model, data, run_dir: Path, trainer: Trainer, fit: dict, device) -> dict[str, Any]:
+def _finish(
+    cfg, model, data, run_dir: Path, trainer: Trainer, fit: dict, dist: Distributed
+) -> dict[str, Any]:
+    dist.barrier()  # rank 0 has written best.pt (the processes read it from the shared run directory)
     if (run_dir / "best.pt").is_file():
         model.load_state_dict(load_checkpoint(run_dir / "best.pt")["model"])
-    export_weights(model, asdict(cfg), run_dir / "export", vocab_size=data.vocab_size)
-    summary = evaluate_run(cfg, model, data, run_dir, device=device)
+    if dist.is_main:
+        export_weights(model, asdict(cfg), run_dir / "export", vocab_size=data.vocab_size)
+    summary = evaluate_run(cfg, model, data, run_dir, device=dist.device, dist=dist)
     summary.update(fit)
     summary["skipped_steps"] = trainer.skipped_steps
-    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+    summary["world_size"] = dist.world_size
+    if dist.is_main:
+        atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
 
 
@@ -213,16 +243,28 @@ def run_metadata(cfg: RunConfig, model: RetrievalModel, role: str) -> dict[str, 
 
 
 def evaluate_run(
-    cfg: RunConfig, model: RetrievalModel, data: PreparedData, run_dir: Path, *, device=None
+    cfg: RunConfig,
+    model: RetrievalModel,
+    data: PreparedData,
+    run_dir: Path,
+    *,
+    device=None,
+    dist: Distributed | None = None,
 ) -> dict[str, Any]:
-    """Metrics on ``eval.split`` (plus the oracle bound on synthetic data); writes metrics.json."""
+    """Metrics on ``eval.split`` (plus the oracle bound on synthetic data); writes metrics.json (on rank 0
+    of a multi-process launch, whose processes share the evaluation)."""
     role = eval_role(cfg.data, cfg.eval.split)
     device = device or torch.device("cpu")
+    dist = dist or Distributed(device=device)
     t0 = time.perf_counter()
-    metrics = evaluate(model.to(device), data.splits[role], cfg.eval, device=device, progress=cfg.progress)
+    progress = cfg.progress if dist.is_main else False
+    metrics = evaluate(
+        model.to(device), data.splits[role], cfg.eval, device=device, progress=progress, dist=dist
+    )
     metrics["eval_seconds"] = time.perf_counter() - t0
     if role in data.oracle:
         metrics["oracle_rsum"] = data.oracle[role]["rsum"]
     metrics.update(run_metadata(cfg, model, role))
-    atomic_write_text(run_dir / "metrics.json", json.dumps(metrics, indent=2))
+    if dist.is_main:
+        atomic_write_text(run_dir / "metrics.json", json.dumps(metrics, indent=2))
     return metrics

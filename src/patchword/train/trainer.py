@@ -1,4 +1,10 @@
-"""The training loop: hinge + ratio loss, official schedule, dev validation, atomic resumable checkpoints."""
+"""The training loop: hinge + ratio loss, official schedule, dev validation, atomic resumable checkpoints.
+
+One loop for one process and for ``torchrun``'s many (one per device). Every process draws the same
+global batches (a permutation seeded by (seed, epoch)) and loads its contiguous shard of each; the loss of
+the global batch is split between the processes so that their sum, and the summed gradients, are exactly
+those of a one-process run of the same global batch (:class:`_ShardLoss`). Only rank 0 logs and writes.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import signal
 import threading
 import time
@@ -15,12 +22,16 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from patchword.data.pipeline import EncodedSplit
+from patchword.data.pipeline import EncodedSplit, ShardBatch, ShardedBatches, reads_files
+from patchword.distributed import Distributed
+from patchword.errors import ConfigError
 from patchword.eval.protocol import evaluate
-from patchword.losses import CMCLoss, HingeLoss, RatioLoss
+from patchword.losses import CMCLoss, ContrastiveLoss, HingeLoss, RatioLoss
+from patchword.matching.base import MatcherOutput
 from patchword.model import RetrievalModel
 from patchword.train.augment import CaptionAugmenter
 from patchword.train.checkpoint import atomic_save, load_checkpoint, rng_state, set_rng_state
@@ -80,15 +91,188 @@ def _stop_signals(flag: dict[str, int]) -> Iterator[None]:
             signal.signal(s, h)
 
 
+# ------------------------------------------------------------------------------------------------- loss
+
+
+def matcher_rows(
+    matcher: nn.Module,
+    img: torch.Tensor,
+    caps: torch.Tensor,
+    lens: torch.Tensor,
+    dense: torch.Tensor | None,
+    dense_lens: torch.Tensor | None,
+    chunk: int = 0,
+) -> MatcherOutput:
+    """``matcher(img, caps, lens, dense, dense_lens)``, optionally in blocks of ``chunk`` captions whose
+    activations are recomputed in the backward pass (``torch.utils.checkpoint``): the fine-grained
+    step's memory then grows with B_v x chunk instead of B_v x B_t. Sims and decisions equal the
+    unchunked call's (a decision that depends on the image only is repeated once per block, which leaves
+    its mean unchanged)."""
+    n = caps.shape[0]
+    if chunk <= 0 or chunk >= n:
+        return matcher(img, caps, lens, dense, dense_lens)
+    per_caption = dense is not None and matcher.dense_pairing == "caption"
+    outs = []
+    for t0 in range(0, n, chunk):
+        part = slice(t0, t0 + chunk)
+        d, dl = (dense[part], dense_lens[part]) if per_caption else (dense, dense_lens)
+        outs.append(checkpoint(matcher, img, caps[part], lens[part], d, dl, use_reentrant=False))
+    decisions = [torch.cat(branch, dim=1) for branch in zip(*(o.decisions for o in outs), strict=True)]
+    return MatcherOutput(sims=torch.cat([o.sims for o in outs], dim=1), decisions=decisions)
+
+
+class _ShardLoss(nn.Module):
+    """This process's share of the loss of one global batch: the module ``DistributedDataParallel`` wraps.
+
+    The process encodes its b images and b captions, gathers every process's caption tokens (with
+    gradient) and scores its images against all B captions: a (b, B) row block of the global score
+    matrix, i.e. 1/W of the fine-grained work (the official code has every process score the full
+    B x B). The rows are gathered (with gradient) into the (B, B) matrix, on which the process takes its
+    share of the hinge: its rows' image queries and its columns' caption queries
+    (``HingeLoss(..., queries=)``); TGDT's CMC loss likewise over the gathered global
+    embeddings, the ratio loss on decision means reduced over the global batch (each process adds 1/W of
+    it). The shares sum to the one-process loss, and since every gather's backward sums the processes'
+    gradients, the gradients summed over processes (the DDP comm hook sums, it does not average) are the
+    one-process gradients.
+    """
+
+    def __init__(self, model: RetrievalModel, cfg: RunConfig, dist: Distributed) -> None:
+        super().__init__()
+        self.model, self.dist = model, dist
+        tc, matcher = cfg.train, model.matcher
+        self.hinge = HingeLoss(margin=tc.margin)
+        self.contrastive = ContrastiveLoss() if tc.loss == "infonce" else None
+        self.ratio = RatioLoss(matcher.selection_ratio or 1.0, mode=matcher.ratio_mode)
+        self.cmc = CMCLoss(margin=tc.margin) if matcher.global_loss == "cmc" else None
+        self.ratio_weight, self.pair_chunk = tc.ratio_weight, tc.pair_chunk
+
+    def forward(
+        self, batch: ShardBatch, hardest: bool, global_only: bool, align_scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (this process's loss share, detached [loss, align, ratio] shares); summed over processes
+        they are the global batch's loss and its terms."""
+        dist, model = self.dist, self.model
+        matcher = model.matcher
+        n = batch.lens_all.shape[0]
+        sizes, (lo, hi) = dist.shard_sizes(n), dist.shard(n)
+        img = model.encode_images(batch.images)
+        cap = model.encode_texts(batch.ids, batch.lens)
+        decisions, extras = [], {}
+        if global_only:  # global warm-up: cosine of the global embeddings
+            g_img, g_txt = matcher.global_embed(img, cap, batch.lens)
+            rows = g_img @ dist.all_gather(g_txt, sizes).T
+        else:
+            dense = dense_lens = None
+            if batch.dense_ids is not None and matcher.consumes_dense:
+                dense, dense_lens = model.encode_texts(batch.dense_ids, batch.dense_lens), batch.dense_lens
+                if matcher.dense_pairing == "caption":  # every caption's dense text
+                    dense, dense_lens = dist.all_gather(dense, sizes), batch.dense_lens_all
+            caps = dist.all_gather(cap, sizes)
+            out = matcher_rows(matcher, img, caps, batch.lens_all, dense, dense_lens, self.pair_chunk)
+            rows, decisions, extras = out.sims, out.decisions, out.extras
+        sims = dist.all_gather(rows.float(), sizes)  # (B, B)
+        queries = slice(lo, hi)
+        if self.contrastive is not None:  # CLIP's InfoNCE, the matcher's learned temperature
+            scale = matcher.temperature_scale()
+            align = self.contrastive(sims, scale, batch.img_ids, batch.ignore, queries=queries)
+        else:
+            align = self.hinge(sims, batch.img_ids, batch.ignore, hardest, queries=queries)
+        if self.cmc is not None and "global_img" in extras:
+            # The CMC ranking term follows the same sum -> hardest-negative schedule as the hinge.
+            g_img = dist.all_gather(extras["global_img"].float(), sizes)
+            g_txt = extras["global_txt"].float()
+            align = align + self.cmc(g_img, g_txt, batch.img_ids, hardest, queries=queries)
+        if "row_max" in extras:  # NAAF over several processes: thresholds from the global batch
+            matcher.update_from_shard(sims.detach(), extras["row_max"], lo, batch.lens_all, dist.all_reduce)
+        align = align * align_scale
+        ratio = sims.new_zeros(())
+        if decisions:
+            # Each branch's kept share over the global batch: this shard's part of the mean (a decision
+            # has one row per local image), summed over the processes with gradient.
+            parts = torch.stack([d.float().sum() * ((hi - lo) / (d.numel() * n)) for d in decisions])
+            ratio = self.ratio.from_ratios(dist.all_gather(parts[None], (1,) * dist.world_size).sum(0))
+        share = ratio / dist.world_size  # every process computes the whole ratio loss
+        loss = align + self.ratio_weight * share
+        return loss, torch.stack([loss, align, share]).detach()
+
+
+def _sum_gradients(state, bucket):
+    """DDP comm hook: sum the processes' gradients (the loss is a sum over the global batch; DDP's default
+    would average them)."""
+    fut = torch.distributed.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+def _ddp(module: nn.Module, device: torch.device) -> nn.Module:
+    """``DistributedDataParallel`` summing the processes' gradients, without buffer broadcasts (NAAF's
+    thresholds are reduced explicitly and identical everywhere)."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    no_sync = (
+        {"forward_sync_buffers": False}
+        if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+        else {"broadcast_buffers": False}
+    )
+    ddp = DistributedDataParallel(
+        module,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        find_unused_parameters=True,  # the global warm-up leaves the matcher out, HF poolers...
+        **no_sync,
+    )
+    ddp.register_comm_hook(None, _sum_gradients)
+    return ddp
+
+
+def _sync_batch_norm(model: nn.Module, dist: Distributed) -> None:
+    """BatchNorm statistics over the global batch (SyncBatchNorm, CUDA only), in place."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return
+    if dist.device.type != "cuda":
+        _logger.warning(
+            "%d BatchNorm layer(s) normalise per process on the CPU (SyncBatchNorm needs CUDA): the run "
+            "is not exactly a one-process run of the global batch",
+            len(norms),
+        )
+        return
+    for name, child in list(model.named_children()):
+        setattr(model, name, nn.SyncBatchNorm.convert_sync_batchnorm(child, process_group=dist.group))
+
+
+def _cpus() -> int:
+    """CPUs this process may run on (its affinity, e.g. a SLURM allocation), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _fused_supported(device: torch.device) -> bool:
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    return device.type in _get_fused_kernels_supported_devices()
+
+
+# ------------------------------------------------------------------------------------------------ trainer
+
+
 class Trainer:
     """Trains ``model`` on ``train``, validates on ``dev``, writes checkpoints to ``run_dir``.
 
     Checkpoints: ``last.pt`` (everything needed to resume: model, optimizer, scheduler, scaler, position
-    in the epoch, best dev rsum, RNG states) after every validation, every ``train.checkpoint_every``
-    steps, at the end and when SIGTERM / SIGINT arrive; ``best.pt`` (model weights and their dev metrics)
-    whenever dev rSum improves. Batches are a per-epoch permutation seeded by (seed, epoch) and caption
-    augmentation is seeded by (seed, step), so a resumed run sees exactly the batches an uninterrupted run
-    would have seen.
+    in the epoch, best dev rsum, RNG states of every process) after every validation, every
+    ``train.checkpoint_every`` steps, at the end and when SIGTERM / SIGINT arrive; ``best.pt`` (model
+    weights and their dev metrics) whenever dev rSum improves. Batches are a per-epoch permutation seeded
+    by (seed, epoch), caption augmentation is seeded by (seed, step) and image augmentation by (seed,
+    step, position in the batch), so a resumed run sees exactly the batches an uninterrupted run would
+    have seen, whatever the number of processes.
+
+    Under ``torchrun`` (``dist`` with several processes) each process trains on its shard of every global
+    batch; rank 0 alone logs, writes ``metrics.jsonl`` and the checkpoints. The optimiser step has no
+    host synchronisation (a non-finite loss skips the step on the device through the fused optimiser);
+    losses are read back only on logging steps.
     """
 
     def __init__(
@@ -101,25 +285,28 @@ class Trainer:
         *,
         device: torch.device | str = "cpu",
         tokenizer=None,
+        dist: Distributed | None = None,
     ) -> None:
         self.cfg = cfg
-        self.tc = cfg.train
-        self.device = torch.device(device)
+        self.tc = tc = cfg.train
+        self.dist = dist or Distributed(device=torch.device(device))
+        self.device = self.dist.device if dist is not None else torch.device(device)
         self.model = model.to(self.device)
         self.train_split = train
-        self.dev_split = dev.first_images(self.tc.eval_max_images)
+        self.dev_split = dev.first_images(tc.eval_max_images)
         self.run_dir = run_dir
-        self.optimizer = torch.optim.AdamW(
-            model.parameter_groups(self.tc.lr, self.tc.backbone_lr_mult), weight_decay=self.tc.weight_decay
-        )
+        if train.num_captions < self.dist.world_size:
+            raise ConfigError(
+                "data", f"{train.num_captions} training captions for {self.dist.world_size} processes"
+            )
+        params = model.parameter_groups(tc.lr, tc.backbone_lr_mult)
+        self.fused = _fused_supported(self.device) and cfg.precision != "amp_fp16"
+        extra = {"fused": True} if self.fused else {"foreach": True}
+        self.optimizer = torch.optim.AdamW(params, weight_decay=tc.weight_decay, **extra)
         self.scheduler = torch.optim.lr_scheduler.MultiStepLR(
-            self.optimizer, milestones=list(self.tc.lr_milestones), gamma=self.tc.lr_decay
+            self.optimizer, milestones=list(tc.lr_milestones), gamma=tc.lr_decay
         )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "amp_fp16")
-        self.hinge = HingeLoss(margin=self.tc.margin)
-        matcher = model.matcher
-        self.ratio = RatioLoss(matcher.selection_ratio or 1.0, mode=matcher.ratio_mode)
-        self.global_loss = CMCLoss(margin=self.tc.margin) if matcher.global_loss == "cmc" else None
         augment = cfg.data.size_augment if cfg.data.size_augment is not None else cfg.data.tokenizer == "bert"
         self.augmenter = None
         if augment:
@@ -128,15 +315,36 @@ class Trainer:
             self.augmenter = CaptionAugmenter(
                 tokenizer, train, cfg.data.max_caption_len, cfg.data.max_dense_len, cfg.seed
             )
+        if self.dist.enabled:
+            _sync_batch_norm(model, self.dist)
+        if tc.compile:
+            for module in (model.image_encoder, model.text_encoder, model.matcher):
+                module.compile()
+        self.loss = _ShardLoss(self.model, cfg, self.dist)
+        self.step_fn: nn.Module = self.loss
+        if self.dist.enabled:
+            self.step_fn = _ddp(self.loss, self.device)
+            # In-model random draws (Gumbel noise, dropout) from a stream of their own on every process.
+            torch.manual_seed(cfg.seed * 1_000_003 + 7919 * (self.dist.rank + 1))
         self.epoch = 0
         self.batch_in_epoch = 0
         self.step = 0
         self.best_rsum = -math.inf
-        self.skipped_steps = 0
+        self._skipped = torch.zeros((), device=self.device)
         self.history: list[dict[str, Any]] = []
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped because the loss was not finite (read from the device: not in the hot path)."""
+        return int(self._skipped.item())
+
+    @skipped_steps.setter
+    def skipped_steps(self, value: int) -> None:
+        self._skipped = torch.tensor(float(value), device=self.device)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
+        """The resumable state; every process must call it (it gathers their RNG states)."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -148,6 +356,8 @@ class Trainer:
             "best_rsum": self.best_rsum,
             "skipped_steps": self.skipped_steps,
             "rng": rng_state(),
+            "rng_ranks": self.dist.all_gather_object(rng_state()),
+            "world_size": self.dist.world_size,
             "config": asdict(self.cfg),
         }
 
@@ -158,7 +368,18 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.epoch, self.batch_in_epoch, self.step = state["epoch"], state["batch_in_epoch"], state["step"]
         self.best_rsum, self.skipped_steps = state["best_rsum"], state["skipped_steps"]
-        set_rng_state(state["rng"])
+        ranks = state.get("rng_ranks") or [state["rng"]]
+        if len(ranks) == self.dist.world_size:
+            set_rng_state(ranks[self.dist.rank])
+        else:
+            set_rng_state(state["rng"])
+            torch.manual_seed(self.cfg.seed * 1_000_003 + 7919 * (self.dist.rank + 1) + self.step)
+            _logger.warning(
+                "resuming a %d-process run with %d processes: batches are unchanged, in-model random "
+                "draws (Gumbel noise, dropout) continue from new streams",
+                len(ranks),
+                self.dist.world_size,
+            )
 
     def resume(self, path: str | Path) -> None:
         self.load_state_dict(load_checkpoint(path, map_location=self.device))
@@ -167,7 +388,9 @@ class Trainer:
         )
 
     def save_last(self) -> None:
-        atomic_save(self.state_dict(), self.run_dir / "last.pt")
+        state = self.state_dict()
+        if self.dist.is_main:
+            atomic_save(state, self.run_dir / "last.pt")
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict[str, Any]:
@@ -186,17 +409,20 @@ class Trainer:
         stop = False
         while self.epoch < tc.epochs and not stop:
             batches = self._epoch_batches(self.epoch)
-            while self.batch_in_epoch < len(batches):
-                self._train_step(batches[self.batch_in_epoch], len(batches))
+            for batch in self._loader(batches):
+                self._train_step(batch, len(batches))
                 self.batch_in_epoch += 1
                 self.step += 1
                 if self.step in tc.lr_milestone_steps:
                     for group in self.optimizer.param_groups:
                         group["lr"] *= tc.lr_decay
-                if "signum" in flag:
+                # Decisions every process must take at the same step (a signal reaches one process).
+                out_of_time = bool(tc.time_budget_s) and time.perf_counter() - start >= tc.time_budget_s
+                signalled, out_of_time = self.dist.any("signum" in flag, out_of_time)
+                if signalled:
                     self.save_last()
-                    raise TrainingInterrupted(flag["signum"], self.step, self.run_dir / "last.pt")
-                out_of_time = tc.time_budget_s and time.perf_counter() - start >= tc.time_budget_s
+                    signum = flag.get("signum", signal.SIGTERM)
+                    raise TrainingInterrupted(signum, self.step, self.run_dir / "last.pt")
                 stop = bool((tc.max_steps and self.step >= tc.max_steps) or out_of_time)
                 if tc.eval_every and self.step % tc.eval_every == 0 and not stop:
                     self.validate()
@@ -218,97 +444,113 @@ class Trainer:
         }
 
     def _epoch_batches(self, epoch: int) -> list[torch.Tensor]:
+        """The global batches of ``epoch`` (the same in every process, whatever their number)."""
         gen = torch.Generator().manual_seed(self.cfg.seed * 100003 + epoch)
         perm = torch.randperm(self.train_split.num_captions, generator=gen)
         batches = list(perm.split(self.tc.batch_size))
-        # A one-caption batch has no negatives; fold it into the previous batch.
-        if len(batches) > 1 and batches[-1].numel() < 2:
+        # A one-caption batch has no negatives (and one smaller than the number of processes leaves one
+        # without samples): fold it into the previous batch.
+        if len(batches) > 1 and batches[-1].numel() < max(2, self.dist.world_size):
             batches[-2] = torch.cat([batches[-2], batches.pop()])
         return batches
 
-    def _batch_text(self, cap_idx: torch.Tensor, img_idx: torch.Tensor):
-        """Caption ids/lens and dense ids/lens of a batch, trimmed to their longest row."""
-        data = self.train_split
-        if self.augmenter is not None:
-            ids, lens, dense_ids, dense_lens = self.augmenter(cap_idx, img_idx, self.step)
-        else:
-            lens = data.cap_lens[cap_idx]
-            ids = data.cap_ids[cap_idx, : int(lens.max())]
-            dense_ids = dense_lens = None
-            if data.dense_ids is not None:
-                dense_lens = data.dense_lens[img_idx]
-                dense_ids = data.dense_ids[img_idx, : int(dense_lens.max())]
-        return ids, lens, dense_ids, dense_lens
+    def _loader(self, batches: list[torch.Tensor]) -> Iterator[ShardBatch]:
+        """This process's shards of the epoch's batches from ``batch_in_epoch`` on, on the device; image
+        files are decoded by ``data.num_workers`` worker processes into pinned memory."""
+        shards = ShardedBatches(
+            self.train_split,
+            batches,
+            self.dist.shard,
+            first=self.batch_in_epoch,
+            first_step=self.step - self.batch_in_epoch,
+            seed=self.cfg.seed,
+            text=self.augmenter,
+            mask_false_negatives=self.tc.mask_false_negatives,
+        )
+        workers = min(self.cfg.data.num_workers, _cpus()) if reads_files(self.train_split.images) else 0
+        pin = self.device.type == "cuda"
+        loader = torch.utils.data.DataLoader(
+            shards,
+            batch_size=None,
+            num_workers=workers,
+            pin_memory=pin,
+            prefetch_factor=2 if workers else None,
+        )
+        for batch in loader:
+            yield batch.to(self.device)
 
-    def _train_step(self, cap_idx: torch.Tensor, n_batches: int) -> None:
-        tc, data, dev = self.tc, self.train_split, self.device
+    def _train_step(self, batch: ShardBatch, n_batches: int) -> None:
+        tc = self.tc
         self.model.train()
-        img_idx = data.txt2img[cap_idx]
-        images = data.images.batch(img_idx, train=True).to(dev)
-        ids, lens, dense_ids, dense_lens = self._batch_text(cap_idx, img_idx)
-        if dense_ids is not None:
-            dense_ids, dense_lens = dense_ids.to(dev), dense_lens.to(dev)
-        ignore = None
-        if tc.mask_false_negatives and data.fits is not None:
-            fits = data.fits(cap_idx.numpy(), img_idx.numpy())  # (B_t, B_v)
-            ignore = torch.from_numpy(np.ascontiguousarray(fits.T)).to(dev)
-        with autocast_context(self.cfg.precision, dev):
-            decisions, extras = [], {}
-            if self.step < tc.global_warmup_steps:
-                sims = self.model.global_sims(images, ids.to(dev), lens.to(dev))
-            else:
-                out = self.model(images, ids.to(dev), lens.to(dev), dense_ids, dense_lens)
-                sims, decisions, extras = out.sims, out.decisions, out.extras
-        sims = sims.float()
-        img_ids = img_idx.to(dev)
-        hardest = self.epoch >= tc.hardest_after_epochs
-        align = self.hinge(sims, img_ids=img_ids, ignore=ignore, max_violation=hardest)
-        if self.global_loss is not None and "global_img" in extras:
-            # The CMC ranking term follows the same sum -> hardest-negative schedule as the hinge.
-            align = align + self.global_loss(
-                extras["global_img"].float(), extras["global_txt"].float(), img_ids, max_violation=hardest
-            )
+        scale = 1.0
         if self.epoch < tc.align_warmup_epochs:
             # official warm-up: the alignment term grows linearly over the first epoch(s)
-            align = align * min(
+            scale = min(
                 1.0, (self.epoch * n_batches + self.batch_in_epoch) / (tc.align_warmup_epochs * n_batches)
             )
-        ratio = self.ratio(decisions) if decisions else sims.new_zeros(())
-        loss = align + tc.ratio_weight * ratio
-        if not torch.isfinite(loss):
-            self.skipped_steps += 1
-            _logger.warning(
-                "non-finite loss at step %d: step skipped (%d so far)", self.step, self.skipped_steps
-            )
-            self.optimizer.zero_grad(set_to_none=True)
-            return
         self.optimizer.zero_grad(set_to_none=True)
+        with autocast_context(self.cfg.precision, self.device):
+            loss, stats = self.step_fn(
+                batch, self.epoch >= tc.hardest_after_epochs, self.step < tc.global_warmup_steps, scale
+            )
         self.scaler.scale(loss).backward()
-        if tc.grad_clip:
-            self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        if tc.log_every and self.step % tc.log_every == 0:
+        stats = self.dist.all_reduce(stats)  # [loss, align, ratio] of the global batch
+        found_inf = (~torch.isfinite(stats[0])).float()  # the same verdict in every process
+        if self.scaler.is_enabled() or not self.fused:
+            # amp_fp16 / no fused optimiser: the step decision needs the value on the host
+            if not bool(torch.isfinite(stats[0])):
+                self._skip()
+                return
+            self._clip_and_step(None)
+        else:
+            self._clip_and_step(found_inf)
+        self._skipped += found_inf
+        if tc.log_every and self.step % tc.log_every == 0 and self.dist.is_main:
+            loss_value, align, ratio = stats.tolist()
             record = {
                 "split": "train",
                 "step": self.step,
                 "epoch": self.epoch,
-                "loss": loss.item(),
-                "align": align.item(),
-                "ratio": ratio.item(),
+                "loss": loss_value,
+                "align": align,
+                "ratio": ratio,
                 "lr": self.optimizer.param_groups[0]["lr"],
                 "time": time.time(),
             }
-            _logger.info("step %d epoch %d loss %.4f", self.step, self.epoch, record["loss"])
+            _logger.info("step %d epoch %d loss %.4f", self.step, self.epoch, loss_value)
+            if not math.isfinite(loss_value):
+                _logger.warning(
+                    "non-finite loss at step %d: step skipped (%d so far)", self.step, self.skipped_steps
+                )
             self._log(record)
+
+    def _skip(self) -> None:
+        self._skipped += 1
+        _logger.warning("non-finite loss at step %d: step skipped (%d so far)", self.step, self.skipped_steps)
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _clip_and_step(self, found_inf: torch.Tensor | None) -> None:
+        """Clip to the global gradient norm (gradients are already summed over processes) and step; the
+        fused optimiser skips the update on the device where ``found_inf`` is 1."""
+        if self.tc.grad_clip:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.grad_clip, foreach=True)
+        if found_inf is not None:
+            self.optimizer.found_inf = found_inf  # read by the fused AdamW kernel
+        try:
+            self.scaler.step(self.optimizer)
+        finally:
+            if found_inf is not None:
+                del self.optimizer.found_inf
+        self.scaler.update()
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
         """Dev metrics under the run's evaluation protocol (the one the test is reported with)."""
         eval_cfg = replace(self.cfg.eval, coco_1k=False)  # the 1K folds are a test-split protocol
+        progress = self.cfg.progress if self.dist.is_main else False
         metrics = evaluate(
-            self.model, self.dev_split, eval_cfg, device=self.device, progress=self.cfg.progress
+            self.model, self.dev_split, eval_cfg, device=self.device, progress=progress, dist=self.dist
         )
         record = {"split": "dev", "step": self.step, "epoch": self.epoch, **metrics, "time": time.time()}
         self._log(record)
@@ -321,19 +563,14 @@ class Trainer:
         )
         if metrics["rsum"] > self.best_rsum:
             self.best_rsum = metrics["rsum"]
-            atomic_save(
-                {
-                    "model": self.model.state_dict(),
-                    "metrics": metrics,
-                    "step": self.step,
-                    "config": asdict(self.cfg),
-                },
-                self.run_dir / "best.pt",
-            )
+            if self.dist.is_main:
+                best = {"model": self.model.state_dict(), "metrics": metrics, "step": self.step}
+                atomic_save({**best, "config": asdict(self.cfg)}, self.run_dir / "best.pt")
         self.save_last()
         return metrics
 
     def _log(self, record: dict[str, Any]) -> None:
         self.history.append(record)
-        with open(self.run_dir / "metrics.jsonl", "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        if self.dist.is_main:
+            with open(self.run_dir / "metrics.jsonl", "a") as fh:
+                fh.write(json.dumps(record) + "\n")

@@ -115,8 +115,14 @@ def check_config(cfg: RunConfig) -> torch.device:
         raise ConfigError("train.lr", f"must be > 0, got {tc.lr!r}")
     if not cfg.dist_timeout_s > 0:
         raise ConfigError("dist_timeout_s", f"must be > 0, got {cfg.dist_timeout_s!r}")
+    if tc.loss == "infonce" and mc.matcher != "clip":
+        raise ConfigError(
+            "train.loss", "infonce scales the sims by a learned temperature: model.matcher=clip"
+        )
     if tc.pair_chunk and matcher_section(mc.matcher) != "seps":
-        raise ConfigError("train.pair_chunk", f"chunks the SEPS / LAPS step only, not model.matcher={mc.matcher}")
+        raise ConfigError(
+            "train.pair_chunk", f"chunks the SEPS / LAPS step only, not model.matcher={mc.matcher}"
+        )
     _ratio(mc.seps.sparse_ratio, "model.seps.sparse_ratio")
     _ratio(mc.seps.aggr_ratio, "model.seps.aggr_ratio")
     in_use = matcher_section(mc.matcher)

@@ -55,14 +55,24 @@ class ForwardEngine(ScoringEngine):
             f"{type(self.matcher).__name__}.forward (needs ~{need:.3g} MiB)"
         )
 
+    def __init__(self, matcher, workers: int | None = None) -> None:
+        super().__init__(matcher)
+        self.workers = workers  # CPU threads taking image blocks from a queue (None: one per torch thread)
+
     @torch.no_grad()
     def score(self, inputs, out, *, budget, device, progress) -> None:
-        plan = self.plan(inputs, budget)
+        from patchword.eval.engine.seps import cpu_workers, in_workers, plan_for_workers
+
+        plan, workers = plan_for_workers(
+            self.plan, inputs, budget, cpu_workers(torch.device(device), self.workers)
+        )
+        plan.details["workers"] = workers
         self.last_plan = plan
         n_img, n_txt = inputs.num_images, inputs.num_texts
         image_tied = inputs.dense_tokens is not None and inputs.dense_index is None
         with progress_bar(n_img * n_txt, "score pairs", progress, unit="pair") as bar:
-            for i0 in range(0, n_img, plan.image_block):
+
+            def image_block(i0: int) -> None:
                 rows = slice(i0, i0 + plan.image_block)
                 img = inputs.img_tokens[rows].to(device)
                 for t0 in range(0, n_txt, plan.text_block):
@@ -78,3 +88,5 @@ class ForwardEngine(ScoringEngine):
                     sims = self.matcher(img, caps, inputs.cap_lens[cols].to(device), *dense).sims
                     out[rows, cols] = sims.float().cpu()
                     bar.update(sims.numel())
+
+            in_workers(workers, range(0, n_img, plan.image_block), image_block)

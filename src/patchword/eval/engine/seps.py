@@ -241,20 +241,58 @@ def length_blocks(
     return blocks
 
 
-def _in_workers(workers: int, fn) -> None:
-    """Run ``fn(0) .. fn(workers - 1)`` in threads, each single-threaded in torch; re-raises errors.
+def cpu_workers(device: torch.device, workers: int | None) -> int:
+    """Threads of control for a CPU scoring job: ``workers``, or (None) one per torch thread."""
+    if device.type != "cpu":
+        return 1
+    return max(1, torch.get_num_threads() if workers is None else workers)
 
-    The thread count is set inside each worker: with the OpenMP backend it is a per-thread setting, so
-    the caller's (and every other thread's) count is left alone.
+
+def plan_for_workers(plan, inputs, budget: int, workers: int):
+    """``(plan(inputs, budget // workers), workers)``, or with one worker and the whole budget when the
+    share of one worker is too small for a single block."""
+    try:
+        return plan(inputs, budget // workers), workers
+    except ValueError:
+        if workers == 1:
+            raise
+        return plan(inputs, budget), 1
+
+
+def in_workers(workers: int, items, fn) -> None:
+    """``fn(item)`` for every item, in ``workers`` threads that each take the next item when they are
+    done with one (a shared queue), each single-threaded in torch; re-raises the first error.
+
+    Why not torch's intra-op threads: every op of a scoring block is a parallel region whose threads
+    meet at a barrier at its end, and OpenMP threads spin while they wait. When another process holds
+    a core, the thread that shares it runs at a fraction of its speed, every region waits for it, and
+    the spinning of the others steals time from the same cores (scoring degraded ~4.6x when one of two
+    cores was busy, docs/distributed.md). Single-threaded workers never wait for each other inside a
+    block: a slowed worker simply takes fewer blocks, so the job slows by about the share of the busy
+    core. The thread count is set inside each worker (with the OpenMP backend it is a per-thread
+    setting), so the caller's is left alone; grad mode is per thread too.
     """
+    import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    def single_threaded(i: int) -> None:
-        torch.set_num_threads(1)
-        fn(i)
+    queue, lock = iter(items), threading.Lock()
 
+    def work() -> None:
+        torch.set_num_threads(1)
+        with torch.no_grad():
+            while True:
+                with lock:
+                    item = next(queue, None)
+                if item is None:
+                    return
+                fn(item)
+
+    if workers <= 1:
+        for item in queue:
+            fn(item)
+        return
     with ThreadPoolExecutor(workers) as pool:
-        for future in [pool.submit(single_threaded, i) for i in range(workers)]:
+        for future in [pool.submit(work) for _ in range(workers)]:
             future.result()
 
 
@@ -271,6 +309,10 @@ class SEPSEngine(ScoringEngine):
             the budget; False: per block, as with a tiny budget).
         dense_pass: score caption-tied dense text in a pass of its own, each dense text block built
             once (None: when its (N_img, N_dense) scores fit a quarter of the budget).
+        workers: on the CPU, threads that take image blocks from a shared queue, each single-threaded
+            with its share of the memory budget (None: one per torch thread; 1: one thread of control
+            whose ops use torch's intra-op threads, which degrades badly when another process holds a
+            core, see :func:`in_workers`). Accelerators always use one.
     """
 
     name = "seps"
@@ -283,10 +325,12 @@ class SEPSEngine(ScoringEngine):
         *,
         text_cache: bool | None = None,
         dense_pass: bool | None = None,
+        workers: int | None = None,
     ) -> None:
         super().__init__(matcher)
         self.text_cache = text_cache
         self.dense_pass = dense_pass
+        self.workers = workers
         if formulation not in ("auto",) + _FORMS:
             raise ValueError(f"formulation must be 'auto' or one of {_FORMS}, got {formulation!r}")
         cfg = matcher.config
@@ -630,7 +674,10 @@ class SEPSEngine(ScoringEngine):
 
     @torch.no_grad()
     def score(self, inputs, out, *, budget, device, progress) -> None:
-        plan = self.plan(inputs, budget)
+        plan, workers = plan_for_workers(
+            self.plan, inputs, budget, cpu_workers(torch.device(device), self.workers)
+        )
+        plan.details["workers"] = workers
         self.last_plan = plan
         mode = plan.details["mode"]
         dtype = self.aggr.scale.dtype
@@ -656,7 +703,8 @@ class SEPSEngine(ScoringEngine):
             with progress_bar(total, "score pairs", progress, unit="pair") as bar:
                 if plan.details["dense_pass"]:
                     dense_all = self._dense_pass(inputs, dense_rows, plan, device, dtype, bar)
-                for i0 in range(0, n_img, plan.image_block):
+
+                def image_block(i0: int) -> None:  # one block of image rows against every caption
                     rows = torch.arange(i0, min(i0 + plan.image_block, n_img))
                     img = self._prepare(inputs, rows, device, dtype)
                     dense_scores = None
@@ -673,6 +721,8 @@ class SEPSEngine(ScoringEngine):
                             block = block + dense_scores[:, dense_pos[cols].to(device)]
                         out[i0 : i0 + len(rows), cols] = block.float().cpu()
                         bar.update(block.numel())
+
+                in_workers(workers, range(0, n_img, plan.image_block), image_block)
         finally:
             self._cache = None
 
@@ -684,11 +734,10 @@ class SEPSEngine(ScoringEngine):
         length buckets (and, with caption-tied dense text, against the distinct dense texts they use).
         """
         # Re-ranking runs many small per-image products that intra-op threads barely speed up; on a CPU,
-        # image blocks go to one single-threaded worker per core instead (torch releases the GIL), each
-        # with its share of the memory budget.
+        # image blocks go to single-threaded workers (torch releases the GIL), see in_workers.
         device = torch.device(device)
-        workers = torch.get_num_threads() if device.type == "cpu" else 1
-        plan = self.plan(inputs, budget // workers)
+        plan, workers = plan_for_workers(self.plan, inputs, budget, cpu_workers(device, self.workers))
+        plan.details["workers"] = workers
         self.last_plan = plan
         mode = plan.details["mode"]
         dtype = self.aggr.scale.dtype
@@ -696,45 +745,43 @@ class SEPSEngine(ScoringEngine):
         try:
             self._build_cache(inputs, plan, device, dtype)
             with progress_bar(int(img_index.shape[0]), "re-rank pairs", progress, unit="pair") as bar:
-                args = (inputs, img_index, txt_index, plan, mode, device, dtype, result, bar)
-                if workers <= 1:
-                    self._score_pairs(*args)
-                else:
-                    _in_workers(workers, lambda part: self._score_pairs(*args, part=(part, workers)))
+                by_length = torch.argsort(inputs.cap_lens[txt_index], descending=True, stable=True)
+                order = by_length[torch.argsort(img_index[by_length], stable=True)]  # by image, then length
+                images, counts = torch.unique_consecutive(img_index[order], return_counts=True)
+                groups = (order, images, counts, torch.cumsum(counts, 0) - counts)
+                args = (inputs, txt_index, groups, plan, mode, device, dtype, result, bar)
+                in_workers(
+                    workers,
+                    range(0, images.numel(), plan.image_block),
+                    lambda b0: self._score_pairs(*args, b0),
+                )
         finally:
             self._cache = None
         return result
 
     def _score_pairs(
-        self, inputs, img_index, txt_index, plan, mode, device, dtype, result, bar, part=(0, 1)
+        self, inputs, txt_index, groups, plan, mode, device, dtype, result, bar, b0: int
     ) -> None:
-        """Score the pairs of every ``part[1]``-th image block, from block ``part[0]``, into ``result``."""
-        by_length = torch.argsort(inputs.cap_lens[txt_index], descending=True, stable=True)
-        order = by_length[torch.argsort(img_index[by_length], stable=True)]  # by image, then length
-        images, counts = torch.unique_consecutive(img_index[order], return_counts=True)
-        starts = torch.cumsum(counts, 0) - counts
-        first, stride = part
-        with torch.no_grad():  # grad mode is per thread
-            for b0 in range(first * plan.image_block, images.numel(), stride * plan.image_block):
-                rows = images[b0 : b0 + plan.image_block]
-                img = self._prepare(inputs, rows, device, dtype)
-                for j in range(rows.numel()):
-                    img_v = img.select(j)
-                    sel = order[starts[b0 + j] : starts[b0 + j] + counts[b0 + j]]
-                    texts = txt_index[sel]
-                    dense_scores = dense_pos = None
-                    if mode == "caption_branch":
-                        dense_rows, dense_pos = self._dense_columns(inputs, inputs.dense_index[texts])
-                        dense_scores = self._caption_dense(img_v, inputs, dense_rows, plan, device, dtype)
-                    # few texts per image: fewer, longer buckets (per-block overhead beats padding here)
-                    for start, stop in length_blocks(
-                        inputs.cap_lens[texts], plan.text_block, 4 * _MIN_BUCKET
-                    ):
-                        block = self._caption_block(img_v, inputs, texts[start:stop], mode, device, dtype)[0]
-                        if dense_scores is not None:
-                            block = block + dense_scores[0, dense_pos[start:stop].to(device)]
-                        result[sel[start:stop]] = block.float().cpu()
-                    bar.update(sel.numel())
+        """Score the pairs of the images ``b0 .. b0 + image_block`` (of the sorted distinct images) into
+        ``result``."""
+        order, images, counts, starts = groups
+        rows = images[b0 : b0 + plan.image_block]
+        img = self._prepare(inputs, rows, device, dtype)
+        for j in range(rows.numel()):
+            img_v = img.select(j)
+            sel = order[starts[b0 + j] : starts[b0 + j] + counts[b0 + j]]
+            texts = txt_index[sel]
+            dense_scores = dense_pos = None
+            if mode == "caption_branch":
+                dense_rows, dense_pos = self._dense_columns(inputs, inputs.dense_index[texts])
+                dense_scores = self._caption_dense(img_v, inputs, dense_rows, plan, device, dtype)
+            # few texts per image: fewer, longer buckets (per-block overhead beats padding here)
+            for start, stop in length_blocks(inputs.cap_lens[texts], plan.text_block, 4 * _MIN_BUCKET):
+                block = self._caption_block(img_v, inputs, texts[start:stop], mode, device, dtype)[0]
+                if dense_scores is not None:
+                    block = block + dense_scores[0, dense_pos[start:stop].to(device)]
+                result[sel[start:stop]] = block.float().cpu()
+            bar.update(sel.numel())
 
     def _text_block(self, tokens, lens, device, dtype) -> _Texts:
         return _Texts.build(tokens.to(device=device, dtype=dtype), lens.to(device))

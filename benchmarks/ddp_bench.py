@@ -1,0 +1,522 @@
+"""Multi-process training and the GPU-ready step, measured (issue 13). Four subcommands:
+
+``cpu``       1 vs 2 processes on this CPU (gloo): steps/s of ``patchword train`` and ``torchrun
+              --nproc_per_node=2 -m patchword train`` on the same global batch, and the equivalence figures
+              (largest relative difference of the per-step losses, of the final weights, and ``grads``
+              at the final weights).
+``grads``     the loss and gradient of one global batch from the same weights (a run's checkpoint) in 1
+              process and in 2 (torchrun): what "a 2-process run equals a 1-process run" means step by step,
+              free of the trajectories' divergence (rounding noise grows through hard top-K selection).
+``memory``    peak memory of the SEPS training step (matcher forward + backward, ViT-224 shapes) at batch
+              32 / 64 / 128, unchunked and pair-chunked (``train.pair_chunk``), each in a fresh process.
+``gpu-step``  SEPS training steps/s at ViT-B/16 + BERT-base shapes (random initialisation, no download),
+              batch 64, bfloat16 autocast: the trainer's step module and fused AdamW on one device.
+``gpu-scoring`` exhaustive scoring of a Flickr30K-shaped (1000 x 5000) and a COCO-5K-shaped (5000 x 25000)
+              matrix with ``score_matrix`` against the official per-caption loop
+              (``patchword.testing.seps_reference_scores``) on a slice, extrapolated, on the same device.
+
+Commands (docs/distributed.md): on an idle machine
+
+    .venv/bin/python benchmarks/ddp_bench.py cpu --steps 60 --batch 64
+    .venv/bin/python benchmarks/ddp_bench.py memory
+    .venv/bin/python benchmarks/ddp_bench.py gpu-step --device cuda
+    .venv/bin/python benchmarks/ddp_bench.py gpu-scoring --device cuda
+
+Every subcommand takes ``--quick`` (tiny sizes, a smoke run on the CPU) and ``--json FILE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+
+
+# ---------------------------------------------------------------------------------------------- cpu
+
+
+def _train_losses(run: Path) -> tuple[list[float], list[float]]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["split"] == "train"]
+    return [r["loss"] for r in train], [r["time"] for r in train]
+
+
+def cpu(args: argparse.Namespace) -> dict:
+    import torch
+
+    out = Path(args.out or tempfile.mkdtemp(prefix="ddp_bench_"))
+    common = [
+        "--config",
+        str(ROOT / "configs" / "synthetic_seps_paper.yaml"),
+        f"output_dir={out}",
+        f"train.max_steps={args.steps}",
+        "train.log_every=1",
+        "train.global_warmup_steps=0",
+        f"train.batch_size={args.batch}",
+        "model.seps.variant=code",
+        f"data.num_train={args.num_train}",
+        "data.num_dev=100",
+        "data.num_test=100",
+        "train.eval_every=0",
+        "eval.split=dev",
+    ]
+    if args.quick:
+        common += ["model.embed_dim=32", "model.tiny_vit.depth=1", "model.tiny_vit.width=32"]
+    threads = os.cpu_count() or 2
+    runs = {
+        "one": ([PYTHON, "-m", "patchword", "train"], [f"train.num_threads={threads}"], threads),
+        "two": (
+            [
+                PYTHON,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node=2",
+                "-m",
+                "patchword",
+                "train",
+            ],
+            [f"train.num_threads={max(1, threads // 2)}"],
+            max(1, threads // 2),
+        ),
+    }
+    result: dict = {"steps": args.steps, "batch": args.batch, "out": str(out), "runs": {}}
+    for name, (cmd, extra, omp) in runs.items():
+        env = {**os.environ, "OMP_NUM_THREADS": str(omp)}
+        start = time.perf_counter()
+        subprocess.run([*cmd, *common, f"name={name}", *extra], check=True, env=env, cwd=ROOT)
+        losses, times = _train_losses(out / name)
+        # steps/s between the first and the last step (the first one warms up)
+        rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else float("nan")
+        result["runs"][name] = {"steps_per_s": rate, "wall_s": time.perf_counter() - start, "losses": losses}
+    one, two = result["runs"]["one"]["losses"], result["runs"]["two"]["losses"]
+    rel = [abs(a - b) / max(abs(a), 1e-12) for a, b in zip(one, two, strict=True)]
+    wa = torch.load(out / "one" / "last.pt", weights_only=True)["model"]
+    wb = torch.load(out / "two" / "last.pt", weights_only=True)["model"]
+    diffs = torch.cat([(wa[k].double() - wb[k].double()).abs().flatten() for k in wa])
+    summary = json.loads((out / "two" / "summary.json").read_text())
+    checked = grads(argparse.Namespace(run=str(out / "one"), weights=None, step=None, processes=2))
+    result["equivalence"] = {
+        "max_rel_loss_diff": max(rel),
+        "max_weight_diff": float(diffs.max()),
+        "weights_beyond_1e-4": int((diffs > 1e-4).sum()),
+        "weights": diffs.numel(),
+        "world_size_recorded": summary["world_size"],
+        "final_weights_loss_rel_diff": checked["loss_rel_diff"],
+        "final_weights_grad_rel_l2_diff": checked["grad_rel_l2_diff"],
+    }
+    r = result["runs"]
+    print(f"1 process ({threads} threads): {r['one']['steps_per_s']:.3f} steps/s")
+    print(f"2 processes ({max(1, threads // 2)} thread each): {r['two']['steps_per_s']:.3f} steps/s")
+    speedup = r["two"]["steps_per_s"] / r["one"]["steps_per_s"]
+    print(f"speed-up {speedup:.2f}x; equivalence {result['equivalence']}")
+    return result
+
+
+# -------------------------------------------------------------------------------------------- grads
+
+
+def _grads_worker(run: str, weights: str, step: int, out: str) -> None:
+    """Loss and gradients of the global batch of ``step`` from ``weights``, in each process of the launch;
+    rank 0 saves them (summed over the processes, as the optimiser sees them)."""
+    import torch
+
+    from patchword.data.prepare import prepare_data
+    from patchword.distributed import session
+    from patchword.model import build_model, model_reads_dense
+    from patchword.runs import load_run_tokenizer, read_run_config
+    from patchword.train.trainer import Trainer
+
+    cfg = read_run_config(run)
+    with session(torch.device("cpu"), cfg.dist_timeout_s) as dist:
+        use_dense = cfg.data.dense and model_reads_dense(cfg.model)
+        tokenizer = load_run_tokenizer(run, cfg.data)
+        data = prepare_data(cfg.data, tokenizer, roles=["train", "dev"], use_dense=use_dense)
+        model = build_model(cfg.model, vocab_size=data.vocab_size, vocab_words=data.vocab_words)
+        split = data.splits["train"]
+        trainer = Trainer(
+            cfg, model, split, data.splits["dev"], Path(out).parent, tokenizer=tokenizer, dist=dist
+        )
+        model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True)["model"])
+        n_batches = len(trainer._epoch_batches(0))
+        trainer.epoch, trainer.batch_in_epoch = divmod(step, n_batches)
+        trainer.step = step
+        tc = cfg.train
+        scale = 1.0
+        if trainer.epoch < tc.align_warmup_epochs:
+            scale = min(1.0, step / (tc.align_warmup_epochs * n_batches))
+        batch = next(iter(trainer._loader(trainer._epoch_batches(trainer.epoch))))
+        model.train()
+        loss, stats = trainer.step_fn(
+            batch, trainer.epoch >= tc.hardest_after_epochs, step < tc.global_warmup_steps, scale
+        )
+        loss.backward()
+        dist.all_reduce(stats)
+        if dist.is_main:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+            torch.save({"grads": grads, "loss": float(stats[0])}, out)
+
+
+def grads(args: argparse.Namespace) -> dict:
+    """Compare one global batch's loss and gradients in 1 and in 2 processes."""
+    import torch
+
+    run = Path(args.run)
+    weights = Path(args.weights or run / "last.pt")
+    step = args.step if args.step is not None else torch.load(weights, weights_only=True)["step"]
+    out = Path(tempfile.mkdtemp(prefix="ddp_grads_"))
+    base = [__file__, "grads-worker", str(run), str(weights), str(step)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([PYTHON, *base, str(out / "one.pt")], check=True, env=env, cwd=ROOT)
+    torchrun = [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.processes}"]
+    subprocess.run([*torchrun, *base, str(out / "two.pt")], check=True, env=env, cwd=ROOT)
+    one, two = torch.load(out / "one.pt"), torch.load(out / "two.pt")
+    g1 = torch.cat([g.flatten() for g in one["grads"].values()])
+    g2 = torch.cat([two["grads"][n].flatten() for n in one["grads"]])
+    per_tensor = {
+        n: float((g - two["grads"][n]).norm() / max(float(g.norm()), 1e-30)) for n, g in one["grads"].items()
+    }
+    # tensors whose gradient is rounding noise (structurally zero: softmax-invariant biases, key biases)
+    live = {n: d for n, d in per_tensor.items() if float(one["grads"][n].norm()) > 1e-6 * float(g1.norm())}
+    result = {
+        "step": step,
+        "processes": args.processes,
+        "loss_one": one["loss"],
+        "loss_two": two["loss"],
+        "loss_rel_diff": abs(one["loss"] - two["loss"]) / max(abs(one["loss"]), 1e-12),
+        "grad_rel_l2_diff": float((g1 - g2).norm() / g1.norm()),
+        "worst_tensor_rel_l2_diff": max(live.values()),
+        "noise_tensors": sorted(set(per_tensor) - set(live)),
+    }
+    print(json.dumps(result, indent=2))
+    return result
+
+
+# ------------------------------------------------------------------------------------------- memory
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _memory_child(batch: int, chunk: int, variant: str, quick: bool) -> dict:
+    """Peak memory of one SEPS training step (matcher forward + backward) in this fresh process."""
+    import torch
+
+    from patchword.bench.inputs import stand_in_lengths
+    from patchword.eval.engine import TensorMemoryMeter
+    from patchword.losses import HingeLoss, RatioLoss
+    from patchword.matching import build_matcher
+    from patchword.train.trainer import matcher_rows
+
+    torch.manual_seed(0)
+    patches, dim = (16, 64) if quick else (196, 512)
+    matcher = build_matcher("seps", embed_dim=dim, num_patches=patches, has_cls=True, variant=variant).train()
+    cap_lens, dense_lens = stand_in_lengths()
+    lens = cap_lens[:batch]
+    dlens = dense_lens[:batch].repeat((batch + dense_lens.numel() - 1) // dense_lens.numel())[:batch]
+    g = torch.Generator().manual_seed(0)
+    img = torch.randn(batch, patches + 1, dim, generator=g, requires_grad=True)
+    caps = torch.randn(batch, int(lens.max()), dim, generator=g, requires_grad=True)
+    dense = torch.randn(batch, int(dlens.max()), dim, generator=g, requires_grad=True)
+    ratio = RatioLoss(matcher.selection_ratio, mode=matcher.ratio_mode)
+
+    def step(n: int) -> None:
+        out = matcher_rows(matcher, img[:n], caps[:n], lens[:n], dense[:n], dlens[:n], chunk)
+        (HingeLoss()(out.sims) + ratio(out.decisions)).backward()
+
+    step(2)  # warm-up: kernels, allocator and thread pools are not the step's memory
+    base = _rss_mb()
+    with TensorMemoryMeter() as meter:
+        step(batch)
+    return {
+        "batch": batch,
+        "pair_chunk": chunk,
+        "peak_tensor_mb": meter.peak_bytes / 2**20,
+        "rss_growth_mb": _rss_mb() - base,
+    }
+
+
+def memory(args: argparse.Namespace) -> dict:
+    batches = [int(b) for b in args.batches.split(",")]
+    rows = []
+    for batch in batches:
+        for chunk in (0, args.chunk):
+            cmd = [PYTHON, __file__, "memory-child", str(batch), str(chunk), args.variant]
+            cmd += ["--quick"] if args.quick else []
+            proc = subprocess.run(cmd, check=True, capture_output=True, text=True)
+            row = json.loads(proc.stdout.strip().splitlines()[-1])
+            rows.append(row)
+            print(
+                f"batch {row['batch']:4d}  pair_chunk {row['pair_chunk']:3d}: "
+                f"peak tensors {row['peak_tensor_mb']:9.1f} MB   "
+                f"peak RSS growth {row['rss_growth_mb']:9.1f} MB",
+                flush=True,
+            )
+    return {"variant": args.variant, "rows": rows}
+
+
+# ----------------------------------------------------------------------------------------- gpu-step
+
+
+def gpu_step(args: argparse.Namespace) -> dict:
+    import torch
+
+    from patchword.bench.inputs import stand_in_lengths
+    from patchword.config import apply_overrides
+    from patchword.data.pipeline import ShardBatch
+    from patchword.distributed import Distributed
+    from patchword.factory import create_model
+    from patchword.train.config import RunConfig
+    from patchword.train.trainer import _ShardLoss, autocast_context
+
+    device = torch.device(args.device)
+    if args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    name = "seps-tiny-paper" if args.quick else args.model
+    model = create_model(name, pretrained=False, vocab_size=1000 if args.quick else None, device=device)
+    cfg = apply_overrides(RunConfig(), [f"train.pair_chunk={args.pair_chunk}", f"precision={args.precision}"])
+    if args.compile:
+        for module in (model.image_encoder, model.text_encoder, model.matcher):
+            module.compile()
+    step_module = _ShardLoss(model, cfg, Distributed(device=device))
+    params = model.parameter_groups(cfg.train.lr, cfg.train.backbone_lr_mult)
+    optimizer = torch.optim.AdamW(params, weight_decay=cfg.train.weight_decay, fused=True)
+    batch, side = args.batch, model.image_encoder.image_size or 224
+    cap_lens, dense_lens = stand_in_lengths()
+    g = torch.Generator().manual_seed(0)
+    lens = cap_lens[:batch].clamp(max=40)
+    dlens = dense_lens[:batch]
+    low, vocab = (5, 1000) if args.quick else (1000, 30522)  # BERT: past the special and unused ids
+    shard = ShardBatch(
+        images=torch.randn(batch, 3, side, side, generator=g),
+        ids=torch.randint(low, vocab, (batch, int(lens.max())), generator=g),
+        lens=lens,
+        lens_all=lens,
+        img_ids=torch.arange(batch),
+        dense_ids=torch.randint(low, vocab, (batch, int(dlens.max())), generator=g),
+        dense_lens=dlens,
+        dense_lens_all=dlens,
+    ).to(device)
+    model.train()
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast_context(cfg.precision, device):
+            loss, stats = step_module(shard, True, False, 1.0)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip, foreach=True)
+        optimizer.found_inf = (~torch.isfinite(stats[0])).float()
+        optimizer.step()
+        del optimizer.found_inf
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for _ in range(args.warmup):
+        step()
+    sync()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        if args.sync_debug:  # report every op of the step that makes the host wait for the GPU
+            torch.cuda.set_sync_debug_mode("warn")
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    sync()
+    seconds = time.perf_counter() - start
+    result = {
+        "model": name,
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "batch": batch,
+        "precision": args.precision,
+        "pair_chunk": args.pair_chunk,
+        "compile": args.compile,
+        "steps_per_s": args.steps / seconds,
+        "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+    }
+    print(json.dumps(result, indent=2))
+    return result
+
+
+# -------------------------------------------------------------------------------------- gpu-scoring
+
+
+def gpu_scoring(args: argparse.Namespace) -> dict:
+    import torch
+
+    from patchword.bench.inputs import (
+        COCO_CAPTIONS,
+        COCO_IMAGES,
+        F30K_CAPTIONS,
+        F30K_IMAGES,
+        build_bench_matcher,
+        scoring_inputs,
+        stand_in_lengths,
+    )
+    from patchword.eval import score_matrix
+    from patchword.testing import seps_reference_scores
+
+    device = torch.device(args.device)
+    if args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    shapes = {"f30k": (F30K_IMAGES, F30K_CAPTIONS), "coco5k": (COCO_IMAGES, COCO_CAPTIONS)}
+    if args.quick:
+        shapes = {"tiny": (16, 80)}
+    matcher = build_bench_matcher(args.config).to(device)
+    dense_on = args.config != "laps"
+    caption_tied = matcher.dense_pairing == "caption"
+    cap_lens, dense_lens = stand_in_lengths()
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    result: dict = {"config": args.config, "device": str(device), "shapes": {}}
+    for label, (n_img, n_txt) in shapes.items():
+        if label not in args.shapes.split(",") and not args.quick:
+            continue
+        reps = (n_img + dense_lens.numel() - 1) // dense_lens.numel()
+        img, caps, lens, dense, dlens, t2i = scoring_inputs(
+            n_img, cap_lens.repeat(reps), dense_lens.repeat(reps)
+        )
+        caps, lens, t2i = caps[:n_txt], lens[:n_txt], t2i[:n_txt]
+        d, dl = (dense, dlens) if dense_on else (None, None)
+        kwargs = {
+            "txt2img": t2i if caption_tied else None,
+            "max_memory_mb": args.max_memory_mb,
+            "device": device,
+        }
+        # warm-up (kernels, allocator): two images and their captions
+        warm = {**kwargs, "txt2img": t2i[:10] if caption_tied else None}
+        warm_dense = (d[:2], dl[:2]) if dense_on else (None, None)
+        score_matrix(matcher, img[:2], caps[:10], lens[:10], *warm_dense, **warm)
+        sync()
+        start = time.perf_counter()
+        sims = score_matrix(matcher, img, caps, lens, d, dl, **kwargs)
+        sync()
+        engine_s = time.perf_counter() - start
+        # the official loop on a slice: all images against a few captions spread over the lengths
+        cols = torch.arange(args.ref_captions) * (n_txt // args.ref_captions)
+        ref_img = img[: args.ref_images].to(device)
+        ref_dense = (
+            (d[: args.ref_images].to(device), dl[: args.ref_images].to(device)) if dense_on else (None, None)
+        )
+        index = t2i[cols].to(device) if caption_tied and dense_on else None
+        if caption_tied and dense_on:
+            ref_dense = (d.to(device), dl.to(device))
+        ref_args = (caps[cols].to(device), lens[cols].to(device), *ref_dense)
+        seps_reference_scores(matcher, ref_img[:2], *ref_args, dense_index=index)  # warm-up
+        sync()
+        start = time.perf_counter()
+        ref = seps_reference_scores(matcher, ref_img, *ref_args, dense_index=index)
+        sync()
+        ref_s = time.perf_counter() - start
+        ref_pairs = ref.numel()
+        entry = {
+            "images": n_img,
+            "captions": n_txt,
+            "engine_s": engine_s,
+            "engine_pairs_per_s": n_img * n_txt / engine_s,
+            "reference_pairs_timed": ref_pairs,
+            "reference_s_extrapolated": ref_s / ref_pairs * n_img * n_txt,
+            "speedup": (ref_s / ref_pairs) / (engine_s / (n_img * n_txt)),
+            "max_abs_diff_on_slice": float((sims[: args.ref_images, cols] - ref.float().cpu()).abs().max()),
+        }
+        result["shapes"][label] = entry
+        print(label, json.dumps(entry), flush=True)
+    return result
+
+
+# --------------------------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_cpu = sub.add_parser("cpu", help="1 vs 2 processes on this CPU")
+    p_cpu.add_argument("--steps", type=int, default=60)
+    p_cpu.add_argument("--batch", type=int, default=64)
+    p_cpu.add_argument("--num-train", type=int, default=2000, help="synthetic training images")
+    p_cpu.add_argument("--out", default=None, help="where the two runs go (default: a temporary directory)")
+    p_grads = sub.add_parser("grads", help="one global batch's loss and gradients, 1 vs N processes")
+    p_grads.add_argument("--run", required=True, help="a run directory (its config, vocabulary, data)")
+    p_grads.add_argument("--weights", default=None, help="checkpoint (default RUN/last.pt)")
+    p_grads.add_argument("--step", type=int, default=None, help="which global batch (default: the next one)")
+    p_grads.add_argument("--processes", type=int, default=2)
+    p_gw = sub.add_parser("grads-worker", help=argparse.SUPPRESS)
+    for name in ("run", "weights", "step", "out"):
+        p_gw.add_argument(name)
+    p_mem = sub.add_parser("memory", help="peak memory of the SEPS step, unchunked and chunked")
+    p_mem.add_argument("--batches", default="32,64,128")
+    p_mem.add_argument("--chunk", type=int, default=16, help="captions per block of the chunked step")
+    p_mem.add_argument("--variant", default="paper", choices=["code", "paper"])
+    p_child = sub.add_parser("memory-child", help=argparse.SUPPRESS)
+    p_child.add_argument("batch", type=int)
+    p_child.add_argument("chunk", type=int)
+    p_child.add_argument("variant")
+    p_gpu = sub.add_parser("gpu-step", help="SEPS training steps/s at ViT-B/16 + BERT-base shapes")
+    p_gpu.add_argument("--device", default="cuda")
+    p_gpu.add_argument("--model", default="seps-vit-b16-paper", help="a patchword.factory model name")
+    p_gpu.add_argument("--batch", type=int, default=64)
+    p_gpu.add_argument("--precision", default="amp_bf16", choices=["fp32", "amp_bf16", "amp_fp16"])
+    p_gpu.add_argument("--steps", type=int, default=20)
+    p_gpu.add_argument("--warmup", type=int, default=3)
+    p_gpu.add_argument("--pair-chunk", type=int, default=0)
+    p_gpu.add_argument("--compile", action="store_true")
+    p_gpu.add_argument("--tf32", action="store_true", help="TF32 matmuls for the fp32 parts")
+    p_gpu.add_argument("--sync-debug", action="store_true", help="warn on every host-device sync of the step")
+    p_sc = sub.add_parser("gpu-scoring", help="exhaustive scoring vs the official loop")
+    p_sc.add_argument("--device", default="cuda")
+    p_sc.add_argument("--config", default="seps-code-image", help="a patchword.bench SCORING_CONFIGS name")
+    p_sc.add_argument("--shapes", default="f30k,coco5k")
+    p_sc.add_argument("--ref-images", type=int, default=1000, help="images of the official loop's slice")
+    p_sc.add_argument("--ref-captions", type=int, default=20, help="captions of the official loop's slice")
+    p_sc.add_argument("--max-memory-mb", type=float, default=16384)
+    p_sc.add_argument("--tf32", action="store_true")
+    for p in (p_cpu, p_grads, p_gw, p_mem, p_child, p_gpu, p_sc):
+        p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+        p.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args(argv)
+    if args.command == "grads-worker":
+        _grads_worker(args.run, args.weights, int(args.step), args.out)
+        return 0
+    if args.command == "memory-child":
+        print(json.dumps(_memory_child(args.batch, args.chunk, args.variant, args.quick)))
+        return 0
+    if args.quick:
+        if args.command == "cpu":
+            args.steps, args.batch, args.num_train = 4, 8, 20
+        elif args.command == "memory":
+            args.batches, args.chunk = "8,16", 4
+        elif args.command == "gpu-step":
+            args.steps, args.warmup, args.batch = 2, 1, 8
+        elif args.command == "gpu-scoring":
+            args.ref_images, args.ref_captions = 16, 4
+    commands = {
+        "cpu": cpu,
+        "grads": grads,
+        "memory": memory,
+        "gpu-step": gpu_step,
+        "gpu-scoring": gpu_scoring,
+    }
+    run = commands[args.command]
+    result = run(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,435 @@
+"""torchrun on the CPU (gloo, 2 processes): training and evaluation equal a one-process run of the same
+global batch, ``--resume`` equals an uninterrupted run, and a bad launch ends with one clear error.
+
+The two-process runs are one launch of two spawned processes that run several jobs in turn (each job opens
+and closes its own process group, as ``patchword train`` does); the one-process references run in the test
+process. Everything is tiny: the whole module takes well under a minute on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+
+from patchword.config import apply_overrides
+from patchword.train.checkpoint import load_checkpoint
+from patchword.train.config import RunConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = [
+    "data.num_train=21",  # 105 captions: batches of 16 and a last one of 9 (uneven shards 5 / 4)
+    "data.num_dev=12",
+    "data.num_test=12",
+    "data.synthetic_image_size=32",
+    "model.embed_dim=32",
+    "model.tiny_vit.image_size=32",
+    "model.tiny_vit.patch_size=8",
+    "model.tiny_vit.width=32",
+    "model.tiny_vit.depth=1",
+    "model.tiny_vit.heads=2",
+    "model.tiny_text_width=32",
+    "model.tiny_text_depth=1",
+    "model.max_text_len=160",
+    "train.batch_size=16",
+    "train.lr=1e-3",
+    "train.log_every=1",
+    "train.max_steps=20",
+    "train.num_threads=1",
+    "eval.max_memory_mb=1",
+]
+TINY_REGIONS = [
+    "data.dataset=synthetic_regions",
+    "data.num_train=21",
+    "data.num_dev=8",
+    "data.num_test=8",
+    "data.synthetic_image_size=16",
+    "data.num_regions=14",
+    "data.region_dim=16",
+    "model.image_encoder=precomp",
+    "model.text_encoder=gru",
+    "model.embed_dim=16",
+    "model.precomp.region_dim=16",
+    "model.precomp.num_regions=14",
+    "model.gru.word_dim=8",
+    "train.batch_size=16",
+    "train.lr=1e-3",
+    "train.log_every=1",
+    "train.max_steps=20",
+    "train.num_threads=1",
+    "train.align_warmup_epochs=0",
+]
+# Every matcher's two-process run must equal its one-process run. No random draws inside the model: SEPS
+# paper variant with Gumbel noise off, transformers without dropout.
+CASES = {
+    "seps_paper": [*TINY, "model.seps.variant=paper", "model.seps.gumbel=false"],
+    "laps": [*TINY, "model.matcher=laps"],
+    "vse": [*TINY, "model.matcher=vse"],
+    "clip_infonce": [*TINY, "model.matcher=clip", "train.loss=infonce"],  # contrastive pretraining
+    "scan": [*TINY_REGIONS, "model.matcher=scan"],
+    # NAAF re-fits its thresholds on every batch (min_samples lowered so that the tiny batches do).
+    "naaf": [*TINY_REGIONS, "model.matcher=naaf", "model.naaf.min_samples=20"],
+    # TGDT: CMC loss over the global batch, and the two-stage search in every validation.
+    "tgdt": [
+        *TINY_REGIONS,
+        "model.matcher=tgdt",
+        "model.precomp.context.layers=1",
+        "model.precomp.context.heads=2",
+        "model.precomp.context.ffn_dim=16",
+        "model.precomp.context.dropout=0.0",
+        "model.precomp.context.global_token=true",
+        "model.text_context.layers=1",
+        "model.text_context.heads=2",
+        "model.text_context.ffn_dim=16",
+        "model.text_context.dropout=0.0",
+        "model.tgdt.shortlist_i2t=5",
+        "model.tgdt.shortlist_t2i=3",
+        "model.tgdt.local_scale=1.0",
+    ],
+}
+
+
+def _args(root: Path, case: str, name: str, *extra: str) -> list[str]:
+    return [
+        *CASES[case],
+        f"output_dir={root}",
+        f"name={name}",
+        f"data.cache_dir={root.parent / 'cache'}",
+        *extra,
+    ]
+
+
+def _cfg(root: Path, case: str, name: str, *extra: str) -> RunConfig:
+    return apply_overrides(RunConfig(), _args(root, case, name, *extra))
+
+
+# ------------------------------------------------------------------------------------- the launcher
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _summary(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool)) or v is None}
+
+
+def _job_train(args: list[str]) -> dict:
+    from patchword.train.run import train_run
+
+    return _summary(train_run(apply_overrides(RunConfig(), args)))
+
+
+def _job_resume(run_dir: str, overrides: list[str]) -> dict:
+    from patchword.train.run import resume_run
+
+    return _summary(resume_run(run_dir, overrides))
+
+
+def _job_eval(run_dir: str, out: str) -> dict:
+    from patchword.cli.evaluate import evaluate_run_dir
+
+    metrics, _ = evaluate_run_dir(Path(run_dir), out=Path(out))
+    return _summary(metrics)
+
+
+def _job_die(args: list[str]) -> dict:
+    """Rank 1 dies abruptly at step 3; rank 0 must fail with a DistributedError, not wait forever."""
+    from patchword.distributed import DistributedError
+    from patchword.train import trainer
+    from patchword.train.run import train_run
+
+    original = trainer.Trainer._train_step
+
+    def dying_step(self, *args, **kwargs):
+        if self.dist.rank == 1 and self.step == 3:
+            os._exit(3)
+        return original(self, *args, **kwargs)
+
+    trainer.Trainer._train_step = dying_step
+    start = time.perf_counter()
+    try:
+        train_run(apply_overrides(RunConfig(), args))
+    except DistributedError as err:
+        return {"error": str(err), "seconds": time.perf_counter() - start}
+    return {"error": None, "seconds": time.perf_counter() - start}
+
+
+def _job_signal(args: list[str]) -> dict:
+    """SIGTERM reaches rank 1 only, during step 2: both processes stop after step 3 with last.pt."""
+    import signal
+
+    from patchword.train import trainer
+    from patchword.train.run import train_run
+
+    original = trainer.Trainer._train_step
+
+    def step_then_signal(self, *a, **kw):
+        original(self, *a, **kw)
+        if self.dist.rank == 1 and self.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    trainer.Trainer._train_step = step_then_signal
+    try:
+        train_run(apply_overrides(RunConfig(), args))
+    except trainer.TrainingInterrupted as err:
+        return {"step": err.step, "signum": err.signum}
+    finally:
+        trainer.Trainer._train_step = original
+    return {"step": None}
+
+
+JOBS = {"train": _job_train, "resume": _job_resume, "eval": _job_eval, "die": _job_die, "signal": _job_signal}
+
+
+def _worker(rank: int, world: int, ports: list[int], jobs: list, out: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    for i, (kind, args) in enumerate(jobs):
+        os.environ["MASTER_PORT"] = str(ports[i])
+        try:
+            result = {"ok": JOBS[kind](*args)}
+        except BaseException as err:  # reported to the test, which fails with it
+            result = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+        Path(out, f"{rank}_{i}.json").write_text(json.dumps(result))
+        if "error" in result:
+            return
+
+
+def _launch(jobs: list, out: Path, world: int = 2, timeout: float = 240) -> list[list[dict]]:
+    """Run ``jobs`` in ``world`` spawned processes; -> results[rank][job]. A hang fails the test."""
+    out.mkdir(parents=True, exist_ok=True)
+    ctx = mp.get_context("spawn")
+    ports = [_free_port() for _ in jobs]
+    procs = [ctx.Process(target=_worker, args=(r, world, ports, jobs, str(out))) for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    hung = [p for p in procs if p.is_alive()]
+    for p in hung:
+        p.kill()
+    assert not hung, f"{len(hung)} process(es) still running after {timeout} s: a hang"
+    results = []
+    for rank in range(world):
+        files = [out / f"{rank}_{i}.json" for i in range(len(jobs))]
+        results.append([json.loads(f.read_text()) if f.exists() else None for f in files])
+    return results
+
+
+def _ok(results: list[list[dict]], job: int) -> dict:
+    for rank, per_rank in enumerate(results):
+        result = per_rank[job]
+        assert result is not None and "ok" in result, f"rank {rank}, job {job}: {result}"
+    return results[0][job]["ok"]
+
+
+# ------------------------------------------------------------------------------------- comparisons
+
+
+def _train_losses(run: Path) -> list[tuple[int, float]]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in records if r["split"] == "train"]
+
+
+def _dev_rsums(run: Path) -> list[float]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["rsum"] for r in records if r["split"] == "dev"]
+
+
+def _zero_gradient(cfg: RunConfig) -> dict[str, torch.Tensor]:
+    """Weights the loss does not depend on: exactly zero gradient in a float64 step at initialisation.
+
+    Attention key biases, biases before a softmax that is invariant to them and score offsets that cancel
+    in the hinge's differences have no gradient; AdamW turns the rounding noise of their gradients
+    (which depends on the summation order) into updates of up to ``lr`` per step, in any run. They are
+    left out of the weight comparison; everything else must agree.
+    """
+    from patchword.data.prepare import prepare_data
+    from patchword.model import build_model
+    from patchword.train.trainer import Trainer
+
+    data = prepare_data(cfg.data)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, vocab_size=data.vocab_size).double()
+    trainer = Trainer(
+        cfg, model, data.splits["train"], data.splits["dev"], Path("."), tokenizer=data.tokenizer
+    )
+    batch = next(iter(trainer._loader(trainer._epoch_batches(0))))
+    batch.images = batch.images.double()
+    loss, _ = trainer.loss(batch, False, False, 1.0)
+    loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    top = max(g.abs().max() for g in grads.values())
+    return {n: g.abs() <= 1e-10 * top for n, g in grads.items()}
+
+
+def _weight_gap(a: Path, b: Path, zero: dict[str, torch.Tensor]) -> tuple[float, float]:
+    """(largest |difference| over the weights the loss depends on, share of all weights that differ by
+    more than 1e-4, necessarily zero-gradient ones)."""
+    wa, wb = load_checkpoint(a)["model"], load_checkpoint(b)["model"]
+    gap, beyond, total = 0.0, 0, 0
+    for name, x in wa.items():
+        diff = (x.double() - wb[name].double()).abs()
+        beyond += int((diff > 1e-4).sum())
+        total += diff.numel()
+        if name in zero:
+            diff = diff.masked_fill(zero[name], 0)
+        gap = max(gap, float(diff.max()))
+    return gap, beyond / total
+
+
+# ------------------------------------------------------------------------------------- the launch
+
+
+@pytest.fixture(scope="module")
+def launch(tmp_path_factory):
+    """One-process references here, then one launch of two processes running every job in turn."""
+    from patchword.train.run import train_run
+
+    root = tmp_path_factory.mktemp("ddp")
+    one, two = root / "one", root / "two"
+    for case in CASES:
+        train_run(_cfg(one, case, case))
+    jobs = [("train", (_args(two, case, case),)) for case in CASES]
+    jobs += [
+        ("train", (_args(two, "seps_paper", "half", "train.max_steps=9"),)),
+        ("resume", (str(two / "half"), ["train.max_steps=20"])),
+        ("eval", (str(two / "tgdt"), str(root / "tgdt_eval_2.json"))),
+        ("eval", (str(two / "seps_paper"), str(root / "seps_eval_2.json"))),
+        ("signal", (_args(two, "seps_paper", "signalled"),)),
+    ]
+    start = time.perf_counter()
+    results = _launch(jobs, root / "results")
+    return {"root": root, "results": results, "jobs": jobs, "seconds": time.perf_counter() - start}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_processes_train_like_one(launch, case):
+    root, results = launch["root"], launch["results"]
+    summary = _ok(results, list(CASES).index(case))
+    assert summary["world_size"] == 2 and summary["steps"] == 20
+    one, two = root / "one" / case, root / "two" / case
+    # one run directory, written once (rank 0), with everything a run has
+    assert sorted(p.name for p in (root / "two").iterdir() if p.name == case) == [case]
+    for name in ("config.yaml", "metrics.jsonl", "summary.json", "metrics.json", "last.pt", "best.pt"):
+        assert (two / name).is_file(), name
+    assert json.loads((two / "summary.json").read_text())["world_size"] == 2
+    # the loss of every step (20, over 4 epochs with uneven last batches and hardest negatives from epoch 1)
+    a, b = _train_losses(one), _train_losses(two)
+    assert [s for s, _ in a] == [s for s, _ in b] == list(range(20))
+    for (step, x), (_, y) in zip(a, b, strict=True):
+        assert abs(x - y) <= 1e-4 * max(abs(x), 1e-6), (step, x, y)
+    assert any(abs(x) > 1 for _, x in a)  # a loss that trains, not zeros
+    # validation (distributed in the two-process run) and the final weights
+    assert _dev_rsums(one) == pytest.approx(_dev_rsums(two), abs=1e-6)
+    gap, beyond = _weight_gap(one / "last.pt", two / "last.pt", _zero_gradient(_cfg(root, case, "probe")))
+    assert gap <= 1e-4 and beyond < 0.001, (gap, beyond)
+
+
+def test_naaf_thresholds_are_fitted_on_the_global_batch(launch):
+    root = launch["root"]
+    a = load_checkpoint(root / "one" / "naaf" / "last.pt")["model"]
+    b = load_checkpoint(root / "two" / "naaf" / "last.pt")["model"]
+    assert (
+        float(a["matcher.num_fits"]) >= 3 and float(a["matcher.std_pos"]) > 0
+    )  # re-fitted (diagnostics set)
+    for name in ("threshold", "threshold_safe", "num_samples", "num_fits", "mean_pos", "std_neg"):
+        assert float(a[f"matcher.{name}"]) == pytest.approx(
+            float(b[f"matcher.{name}"]), rel=1e-4, abs=1e-9
+        ), name
+
+
+def test_resume_under_two_processes_equals_an_uninterrupted_run(launch):
+    root, results = launch["root"], launch["results"]
+    first = len(CASES)
+    assert _ok(results, first)["steps"] == 9
+    assert _ok(results, first + 1)["steps"] == 20
+    full, resumed = root / "two" / "seps_paper", root / "two" / "half"
+    a, b = _train_losses(full), _train_losses(resumed)
+    assert [s for s, _ in b] == list(range(20))
+    assert [x for _, x in a] == pytest.approx([x for _, x in b], rel=1e-6, abs=1e-6)
+    wa, wb = load_checkpoint(full / "last.pt"), load_checkpoint(resumed / "last.pt")
+    assert len(wb["rng_ranks"]) == 2 and wb["world_size"] == 2
+    for name, x in wa["model"].items():
+        assert torch.allclose(x, wb["model"][name], atol=1e-6), name
+
+
+@pytest.mark.parametrize(("case", "job"), [("tgdt", 2), ("seps_paper", 3)])
+def test_two_process_eval_equals_one_process_eval(launch, case, job, tmp_path):
+    from patchword.cli.evaluate import evaluate_run_dir
+
+    root, results = launch["root"], launch["results"]
+    two = _ok(results, len(CASES) + job)
+    one, _ = evaluate_run_dir(root / "two" / case, out=tmp_path / "one.json")
+    written = json.loads((root / f"{'tgdt' if case == 'tgdt' else 'seps'}_eval_2.json").read_text())
+    assert written["world_size"] == 2
+    keys = ["i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum", "i2t_meanr", "t2i_meanr"]
+    if case == "tgdt":
+        keys += ["pairs_scored", "shortlist_miss_i2t", "shortlist_miss_t2i"]  # the sharded two-stage search
+    for key in keys:
+        assert two[key] == pytest.approx(one[key], abs=1e-9), key
+        assert written[key] == pytest.approx(one[key], abs=1e-9), key
+
+
+def test_a_signal_to_one_process_stops_both_at_the_same_step(launch):
+    from patchword.train.run import resume_run
+
+    results, root = launch["results"], launch["root"]
+    job = len(CASES) + 4
+    assert [r[job]["ok"]["step"] for r in results] == [3, 3]
+    run = root / "two" / "signalled"
+    assert load_checkpoint(run / "last.pt")["step"] == 3
+    # the checkpoint of a two-process run resumes in one process (batches do not depend on the count)
+    assert resume_run(run, ["train.max_steps=5"])["steps"] == 5
+
+
+# ------------------------------------------------------------------------------------- bad launches
+
+
+def test_a_rank_that_dies_ends_the_launch_with_one_clear_error(tmp_path):
+    args = _args(tmp_path / "runs", "seps_paper", "dies", "dist_timeout_s=60")
+    results = _launch([("die", (args,))], tmp_path / "results", timeout=90)
+    survivor = results[0][0]
+    assert survivor is not None and "ok" in survivor, survivor
+    assert "rank 0 of 2: a collective failed" in survivor["ok"]["error"]
+    assert survivor["ok"]["seconds"] < 60  # the dead peer is detected, not waited out
+    assert results[1][0] is None  # rank 1 died before reporting
+    assert not (tmp_path / "runs" / "dies" / "last.pt").exists()
+
+
+def test_a_batch_that_does_not_split_is_one_error_line_from_torchrun(tmp_path):
+    args = [
+        *TINY,
+        "train.batch_size=15",
+        f"output_dir={tmp_path / 'runs'}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "name=odd",
+    ]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [*torchrun, "-m", "patchword", "train", *args], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert lines and all(
+        "train.batch_size: 15 captions do not split over 2 processes" in line for line in lines
+    )
+    assert time.perf_counter() - start < 90
+    assert not (tmp_path / "runs" / "odd").exists()
