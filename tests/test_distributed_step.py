@@ -19,7 +19,7 @@ from patchword.distributed import launch_info, shard_bounds
 from patchword.losses import CMCLoss, HingeLoss, RatioLoss
 from patchword.matching import build_matcher
 from patchword.train.config import RunConfig
-from patchword.train.trainer import matcher_rows
+from patchword.train.step import matcher_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

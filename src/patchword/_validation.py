@@ -58,7 +58,9 @@ def check_finite(x: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} contains {bad} non-finite value(s) (NaN or inf)")
 
 
-def check_lengths(lens: object, name: str, *, size: int, max_len: int, min_len: int = 1) -> torch.Tensor:
+def check_lengths(
+    lens: object, name: str, *, size: int, max_len: int, min_len: int = 1, values: bool = True
+) -> torch.Tensor:
     """Validate a (size,) vector of valid-token counts and return it as int64.
 
     Args:
@@ -67,6 +69,8 @@ def check_lengths(lens: object, name: str, *, size: int, max_len: int, min_len: 
         size: the required number of entries (the batch size of the matching token tensor).
         max_len: the token axis length; no entry may exceed it.
         min_len: the smallest allowed length (an empty caption has nothing to align).
+        values: also check the values (range, integrality); reading them makes the host wait for the
+            device, so a training step skips it.
     """
     if not isinstance(lens, torch.Tensor):
         try:
@@ -75,6 +79,8 @@ def check_lengths(lens: object, name: str, *, size: int, max_len: int, min_len: 
             raise ValueError(f"{name} must be a 1-D tensor of lengths: {err}") from err
     if lens.dim() != 1 or lens.shape[0] != size:
         raise ValueError(f"{name} must have shape ({size},), got {tuple(lens.shape)}")
+    if not values:
+        return lens.long()
     if lens.is_floating_point() and not bool((lens == lens.round()).all()):
         raise ValueError(f"{name} must hold integer lengths")
     lens = lens.long()

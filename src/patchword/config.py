@@ -70,11 +70,12 @@ def _upgrade(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
     return data
 
 
-def field_subset(cls: type, exclude: tuple[str, ...], name: str, doc: str = "") -> type:
+def field_subset(cls: type, exclude: tuple[str, ...], name: str, module: str, doc: str = "") -> type:
     """A dataclass with the fields of dataclass ``cls`` (types and defaults) except ``exclude``.
 
     Used for config sections that expose a component's own config minus what the builder supplies
-    (a matcher's options without the token geometry its encoders decide).
+    (a matcher's options without the token geometry its encoders decide). Assign the result to ``name``
+    in ``module`` (pickle finds it there; its string annotations resolve in that module's namespace).
     """
     kept = [
         (f.name, f.type, dataclasses.field(default=f.default, default_factory=f.default_factory))
@@ -82,7 +83,7 @@ def field_subset(cls: type, exclude: tuple[str, ...], name: str, doc: str = "") 
         if f.name not in exclude
     ]
     made = dataclasses.make_dataclass(name, kept)
-    made.__module__ = cls.__module__  # string annotations resolve in the original module
+    made.__module__ = module
     made.__doc__ = doc or f"The fields of :class:`{cls.__name__}` except {', '.join(exclude)}."
     made.__qualname__ = name
     return made

@@ -22,6 +22,10 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
+        # mkstemp creates the file private (0600); a file the user keeps gets the usual permissions.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

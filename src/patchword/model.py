@@ -67,11 +67,15 @@ MATCHER_SECTIONS: dict[str, type] = {
     "naaf": NAAFConfig,
     "tgdt": TGDTConfig,
 }
-SEPSOptions = field_subset(SEPSConfig, GEOMETRY, "SEPSOptions", "Options of SEPS / LAPS (see SEPSConfig).")
-VSEOptions = field_subset(VSEConfig, GEOMETRY, "VSEOptions", "Options of the VSE baseline (see VSEConfig).")
-SCANOptions = field_subset(SCANConfig, GEOMETRY, "SCANOptions", "Options of SCAN (see SCANConfig).")
-NAAFOptions = field_subset(NAAFConfig, GEOMETRY, "NAAFOptions", "Options of NAAF (see NAAFConfig).")
-TGDTOptions = field_subset(TGDTConfig, GEOMETRY, "TGDTOptions", "Options of TGDT (see TGDTConfig).")
+SEPSOptions = field_subset(
+    SEPSConfig, GEOMETRY, "SEPSOptions", __name__, "Options of SEPS / LAPS (see SEPSConfig)."
+)
+VSEOptions = field_subset(
+    VSEConfig, GEOMETRY, "VSEOptions", __name__, "Options of the VSE baseline (see VSEConfig)."
+)
+SCANOptions = field_subset(SCANConfig, GEOMETRY, "SCANOptions", __name__, "Options of SCAN (see SCANConfig).")
+NAAFOptions = field_subset(NAAFConfig, GEOMETRY, "NAAFOptions", __name__, "Options of NAAF (see NAAFConfig).")
+TGDTOptions = field_subset(TGDTConfig, GEOMETRY, "TGDTOptions", __name__, "Options of TGDT (see TGDTConfig).")
 
 
 @dataclass

@@ -26,7 +26,7 @@ _logger = logging.getLogger(__name__)
 # The recipe that produced src/patchword/pretrained/synthetic-64 (docs/benchmarks.md, "Pretrained tiny
 # encoders"): the demo's encoders (64 px, 8x8 patches, width 128, 4 + 2 blocks, 128-d tokens), global
 # embeddings only (CLS and the mean of the words), symmetric InfoNCE with CLIP's learned temperature
-# (init 0.07), negatives the generator knows to fit a caption masked, AdamW at 1e-3 with the last quarter
+# (init 0.07), negatives the generator knows to fit a caption masked, AdamW at 5e-4 with the last quarter
 # of the epochs at 0.3x, batch 256, fp32 (the same numbers on any CPU up to float rounding).
 PRETRAIN_OVERRIDES = [
     "name=pretrain-synthetic-64",
@@ -35,9 +35,9 @@ PRETRAIN_OVERRIDES = [
     "data.dataset=synthetic",
     "train.loss=infonce",
     "train.batch_size=256",
-    "train.lr=1e-3",
-    "train.epochs=24",
-    "train.lr_milestones=[18]",
+    "train.lr=5e-4",
+    "train.epochs=20",
+    "train.lr_milestones=[15]",
     "train.align_warmup_epochs=0",
     "train.eval_max_images=1000",
     "train.log_every=50",

@@ -39,6 +39,10 @@ _DELEGATED: dict[str, tuple[str, str, str]] = {
 # Verbs defined in this package: name -> (module, help).
 _VERBS: dict[str, tuple[str, str]] = {
     "demo": ("patchword.cli.demo", "train and evaluate SEPS on the synthetic scenes (CPU, no download)"),
+    "pretrain": (
+        "patchword.cli.pretrain",
+        "contrastive pretraining of the tiny encoders (CLIP-style InfoNCE)",
+    ),
     "train": (
         "patchword.cli.train",
         "train a model (or --resume a run) and evaluate its best dev checkpoint",

@@ -35,6 +35,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with run_dir's, as SCAN / NAAF report their best numbers",
     )
     parser.add_argument(
+        "--suite",
+        choices=("compositional",),
+        help="instead of recall: compositional hard negatives (attribute swap, relation swap, object "
+        "replaced, count changed) of the run's synthetic test split, or of --suite-file",
+    )
+    parser.add_argument(
+        "--suite-file",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="SugarCrepe-style files (image file, positive caption, negative caption) for real images",
+    )
+    parser.add_argument("--image-root", type=Path, help="directory the --suite-file image names are in")
+    parser.add_argument(
         "overrides", nargs="*", help="dotted overrides, e.g. eval.split=dev eval.coco_1k=true data.root=..."
     )
 
@@ -72,7 +86,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
     from patchword.errors import ConfigError, RunExistsError
     from patchword.eval.protocol import ensemble_metrics, evaluate
     from patchword.runs import config_hash, load_run, read_run_config, resolve_checkpoint
-    from patchword.train.run import run_metadata
+    from patchword.train.run import extra_metrics, run_metadata
 
     overrides = list(overrides or [])
     cfg = read_run_config(run_dir, overrides)
@@ -117,7 +131,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
             mcfg.eval,
             device=device,
             progress=mcfg.progress if dist.is_main else False,
-            return_sims=len(members) > 1,
+            return_sims=len(members) > 1 or mcfg.eval.coco_extended,
             dist=dist,
         )
         meta = {
@@ -130,14 +144,21 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
     mcfg, data, split, model = reference
     if not dist.is_main:  # rank 0 holds the score matrices and writes the file
         return results[0][1], out
+    raw = data.raw[role]
     if len(members) > 1:
-        metrics = ensemble_metrics([m.pop("sims") for _, m in results], split.txt2img, mcfg.eval)
+        scores = [m.pop("sims") for _, m in results]
+        metrics = ensemble_metrics(scores, split.txt2img, mcfg.eval)
         metrics["ensemble"] = [{**meta, **m} for meta, m in results]
         metrics.update({k: v for k, v in results[0][0].items() if k in ("split", "leaky")})
         metrics["leaky"] = any(meta["leaky"] for meta, _ in results)
+        if mcfg.eval.coco_extended:
+            from patchword.eval.protocol import average_scores
+
+            metrics.update(extra_metrics(mcfg, model, split, raw, average_scores(scores), device))
     else:
         meta, metrics = results[0]
         metrics.update(meta)
+        metrics.update(extra_metrics(mcfg, model, split, raw, metrics.pop("sims", None), device))
     if role in data.oracle:
         metrics["oracle_rsum"] = data.oracle[role]["rsum"]
     metrics.update(
@@ -152,13 +173,96 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    from patchword.train.checkpoint import atomic_write_text
+    from patchword.fileio import atomic_write_text
 
     atomic_write_text(path, json.dumps(obj, indent=2))
 
 
+def evaluate_suite(
+    run_dir: Path,
+    checkpoint: Path | str | None = None,
+    *,
+    suite_files: list[Path] | None = None,
+    image_root: Path | None = None,
+    overrides: list[str] | None = None,
+    out: Path | None = None,
+    force: bool = False,
+) -> tuple[dict[str, Any], Path]:
+    """The compositional suite: every (image, caption, one-fact negative) triple, accuracy per kind
+    (the true caption must score strictly higher; chance 50). Writes ``RUN/eval_compositional.json``."""
+    from patchword.device import resolve_device
+    from patchword.errors import ConfigError, RunExistsError
+    from patchword.eval.compositional import (
+        FileImageSource,
+        compositional_accuracy,
+        read_sugarcrepe,
+        synthetic_suite,
+    )
+    from patchword.runs import config_hash, load_run, read_run_config, resolve_checkpoint
+
+    overrides = list(overrides or [])
+    cfg = read_run_config(run_dir, overrides)
+    out = out or run_dir / "eval_compositional.json"
+    if out.exists() and not force:
+        raise RunExistsError(f"{out} exists; pass --force to overwrite it or --out for another file")
+    if not suite_files and cfg.data.dataset != "synthetic":
+        raise ConfigError("--suite-file", "a run on real data needs SugarCrepe-style files (--suite-file)")
+    resolve_checkpoint(run_dir, checkpoint)
+    loaded = load_run(run_dir, checkpoint, device=resolve_device(cfg.device), overrides=overrides)
+    dc = loaded.config.data
+    dense = None
+    if suite_files:
+        paths, triples = read_sugarcrepe(suite_files, image_root)
+        images, source = FileImageSource(paths, loaded.image_transform()), [str(f) for f in suite_files]
+    else:
+        from patchword.data.synthetic import SyntheticScenes
+
+        scenes = SyntheticScenes.load_or_generate(dc.synthetic_config(), cache_dir=dc.cache_dir or None)
+        images, triples, dense = synthetic_suite(scenes, dc.test_split, seed=0)
+        source = f"synthetic {dc.test_split} split, seed {dc.synthetic_seed}"
+    t0 = time.perf_counter()
+    result = compositional_accuracy(
+        loaded.model,
+        loaded.tokenizer,
+        images,
+        triples,
+        max_caption_len=dc.max_caption_len,
+        max_dense_len=dc.max_dense_len,
+        dense_captions=dense if dc.dense else None,
+        device=loaded.device,
+        max_memory_mb=loaded.config.eval.max_memory_mb,
+        progress=loaded.config.progress,
+    )
+    result.update(
+        suite="compositional",
+        source=source,
+        checkpoint=str(loaded.checkpoint),
+        config_hash=config_hash(run_dir),
+        matcher=loaded.config.model.matcher,
+        eval_seconds=time.perf_counter() - t0,
+    )
+    _write_json(out, result)
+    return result, out
+
+
 def run(args: argparse.Namespace) -> None:
     from patchword.distributed import launch_info
+
+    if args.suite or args.suite_file:
+        from patchword.eval.compositional import format_compositional_table
+
+        result, out = evaluate_suite(
+            args.run_dir,
+            args.checkpoint,
+            suite_files=args.suite_file,
+            image_root=args.image_root,
+            overrides=args.overrides,
+            out=args.out,
+            force=args.force,
+        )
+        print(format_compositional_table(result))
+        print(f"written: {out}")
+        return
 
     main = launch_info().rank == 0
     if not main:

@@ -331,7 +331,7 @@ def _sugarcrepe_records(path: Path) -> list[Mapping]:
 
 
 def _kinds_of(result: Mapping[str, object]) -> list[str]:
-    return [k for k in result if k != "n"]
+    return list(result["n"])  # the kinds in order (a result may carry other keys: its metadata)
 
 
 def format_compositional_table(result: Mapping[str, object]) -> str:

@@ -14,4 +14,5 @@ class EvalConfig:
     split: str = "test"  # which split to report
     batch_size: int = 128  # images / texts per encoder batch
     coco_1k: bool = False  # also report the COCO 1K five-fold protocol (5K test)
+    coco_extended: bool = False  # also report ECCV Caption / CxC metrics (COCO 5K test; extra: coco)
     max_memory_mb: int = 1024  # working-memory budget of the scoring engine (block sizes follow it)

@@ -31,7 +31,14 @@ from patchword.eval.engine import score_matrix
 from patchword.eval.metrics import coco_1k_folds, retrieval_metrics
 from patchword.eval.scoring import encode_image_tokens, encode_text_tokens
 
-__all__ = ["encode_for_scoring", "score_split", "evaluate", "ensemble_metrics", "COCO_FOLDS"]
+__all__ = [
+    "encode_for_scoring",
+    "score_split",
+    "evaluate",
+    "ensemble_metrics",
+    "average_scores",
+    "COCO_FOLDS",
+]
 
 COCO_FOLDS = 5
 
@@ -252,16 +259,21 @@ def evaluate(
     return metrics
 
 
+def average_scores(members: Sequence[Sims]) -> Sims:
+    """The mean of several models' scores: one matrix, or an (i2t, t2i) pair when a member is two-stage."""
+    pairs = [m if isinstance(m, tuple) else (m, m) for m in members]
+    sims_i2t = sum(p[0] for p in pairs) / len(pairs)
+    sims_t2i = sum(p[1] for p in pairs) / len(pairs)
+    return sims_i2t if all(p[0] is p[1] for p in pairs) else (sims_i2t, sims_t2i)
+
+
 def ensemble_metrics(members: Sequence[Sims], txt2img: torch.Tensor, eval_cfg: EvalConfig) -> dict[str, Any]:
     """Metrics of the average of several models' scores on one split (SCAN / NAAF report ensembles).
 
     ``members`` are (N_img, N_txt) matrices or two-stage ``(sims_i2t, sims_t2i)`` pairs; a pair outside one
     member's shortlist is -inf and stays out of the ensemble's.
     """
-    pairs = [m if isinstance(m, tuple) else (m, m) for m in members]
-    sims_i2t = sum(p[0] for p in pairs) / len(pairs)
-    sims_t2i = sum(p[1] for p in pairs) / len(pairs)
-    sims = sims_i2t if all(p[0] is p[1] for p in pairs) else (sims_i2t, sims_t2i)
+    sims = average_scores(members)
     metrics: dict[str, Any] = retrieval_metrics(sims, txt2img)
     if eval_cfg.coco_1k:
         folds = coco_1k_folds(sims, txt2img)

@@ -25,7 +25,13 @@ import torch
 
 from patchword.progress import progress_bar
 
-__all__ = ["SelectionCounts", "selection_metrics", "selection_branch_names", "evaluate_selection"]
+__all__ = [
+    "SelectionCounts",
+    "selection_metrics",
+    "selection_branch_names",
+    "evaluate_selection",
+    "synthetic_selection_report",
+]
 
 
 def selection_branch_names(matcher, n: int) -> tuple[str, ...]:
@@ -169,3 +175,29 @@ def evaluate_selection(
         return {}
     names = selection_branch_names(matcher, len(counts))
     return {name: branch.metrics() for name, branch in zip(names, counts, strict=True)}
+
+
+def synthetic_selection_report(model, split, data_config, split_name: str, *, device="cpu", progress=None):
+    """Selection quality on a synthetic split, flattened for a metrics file:
+    ``{"selection_object_recall": {branch: %}, "selection_chance": {branch: %}}`` (empty when the matcher
+    selects nothing or the image encoder does not see the generator's pixels on a square patch grid).
+
+    The object masks come from the generator's own geometry (:mod:`patchword.data.synthetic.geometry`).
+    """
+    import math
+
+    from patchword.data.synthetic import SyntheticScenes, split_object_patches
+
+    encoder = model.image_encoder
+    n = encoder.num_patches
+    grid = math.isqrt(n)
+    syn = data_config.synthetic_config()
+    if model.matcher.selection_ratio is None or grid * grid != n or encoder.image_size != syn.image_size:
+        return {}
+    scenes = SyntheticScenes.load_or_generate(syn, cache_dir=data_config.cache_dir or None)[split_name].scenes
+    masks = split_object_patches(scenes, syn, split_name, grid).any(1)
+    per_branch = evaluate_selection(model, split, masks, device=device, progress=progress)
+    return {
+        key: {branch: metrics[key] for branch, metrics in per_branch.items()}
+        for key in ("selection_object_recall", "selection_chance")
+    }

@@ -104,16 +104,23 @@ class Matcher(nn.Module):
         its generic estimate."""
         return None
 
+    # Input checks: shapes always; values (finiteness, length ranges) only in eval mode, because reading
+    # them makes the host wait for the device, which a training step must not do in its hot path.
+
     def validate_image_tokens(self, img_tokens: torch.Tensor, num_tokens: int | None = None) -> None:
-        check_tensor(img_tokens, "img_tokens", shape=(None, num_tokens, self.embed_dim))
+        check_tensor(
+            img_tokens, "img_tokens", shape=(None, num_tokens, self.embed_dim), finite=not self.training
+        )
 
     def validate_text(
         self, tokens: torch.Tensor, lens: object, name: str = "cap_tokens", batch: int | None = None
     ) -> torch.Tensor:
         """Check (B, L, C) text tokens and their (B,) lengths; return the lengths as int64."""
-        check_tensor(tokens, name, shape=(batch, None, self.embed_dim))
+        check_tensor(tokens, name, shape=(batch, None, self.embed_dim), finite=not self.training)
         lens_name = name.replace("_tokens", "_lens")
-        lens = check_lengths(lens, lens_name, size=tokens.shape[0], max_len=tokens.shape[1])
+        lens = check_lengths(
+            lens, lens_name, size=tokens.shape[0], max_len=tokens.shape[1], values=not self.training
+        )
         return lens.to(tokens.device)
 
     def global_image(self, img_tokens: torch.Tensor) -> torch.Tensor:

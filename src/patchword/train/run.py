@@ -52,6 +52,7 @@ __all__ = [
     "train_run",
     "resume_run",
     "evaluate_run",
+    "extra_metrics",
     "RESUMABLE_KEYS",
 ]
 
@@ -242,6 +243,24 @@ def run_metadata(cfg: RunConfig, model: RetrievalModel, role: str) -> dict[str, 
     }
 
 
+def extra_metrics(cfg: RunConfig, model: RetrievalModel, split, raw, sims, device) -> dict[str, Any]:
+    """What a run reports beside recall: ECCV Caption / CxC on COCO (``eval.coco_extended``, from the
+    split's scores ``sims``), and on the synthetic scenes how well patch selection finds the objects."""
+    out: dict[str, Any] = {}
+    if cfg.eval.coco_extended:
+        from patchword.eval.coco_extended import coco_extended_metrics, coco_extended_percent
+
+        ext = coco_extended_metrics(sims, image_ids=raw.image_ids, txt2img=split.txt2img)
+        out.update(coco_extended_percent(ext))
+    if cfg.data.dataset == "synthetic":
+        from patchword.eval.selection import synthetic_selection_report
+
+        out.update(
+            synthetic_selection_report(model, split, cfg.data, raw.name, device=device, progress=False)
+        )
+    return out
+
+
 def evaluate_run(
     cfg: RunConfig,
     model: RetrievalModel,
@@ -258,9 +277,18 @@ def evaluate_run(
     dist = dist or Distributed(device=device)
     t0 = time.perf_counter()
     progress = cfg.progress if dist.is_main else False
+    split = data.splits[role]
     metrics = evaluate(
-        model.to(device), data.splits[role], cfg.eval, device=device, progress=progress, dist=dist
+        model.to(device),
+        split,
+        cfg.eval,
+        device=device,
+        progress=progress,
+        dist=dist,
+        return_sims=cfg.eval.coco_extended,
     )
+    if dist.is_main:
+        metrics.update(extra_metrics(cfg, model, split, data.raw[role], metrics.pop("sims", None), device))
     metrics["eval_seconds"] = time.perf_counter() - t0
     if role in data.oracle:
         metrics["oracle_rsum"] = data.oracle[role]["rsum"]

@@ -3,7 +3,7 @@
 One loop for one process and for ``torchrun``'s many (one per device). Every process draws the same
 global batches (a permutation seeded by (seed, epoch)) and loads its contiguous shard of each; the loss of
 the global batch is split between the processes so that their sum, and the summed gradients, are exactly
-those of a one-process run of the same global batch (:class:`_ShardLoss`). Only rank 0 logs and writes.
+those of a one-process run of the same global batch (:class:`ShardLoss`). Only rank 0 logs and writes.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import contextlib
 import json
 import logging
 import math
-import os
 import signal
 import threading
 import time
@@ -24,18 +23,16 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from patchword.data.pipeline import EncodedSplit, ShardBatch, ShardedBatches, reads_files
 from patchword.distributed import Distributed
 from patchword.errors import ConfigError
 from patchword.eval.protocol import evaluate
-from patchword.losses import CMCLoss, ContrastiveLoss, HingeLoss, RatioLoss
-from patchword.matching.base import MatcherOutput
 from patchword.model import RetrievalModel
 from patchword.train.augment import CaptionAugmenter
 from patchword.train.checkpoint import atomic_save, load_checkpoint, rng_state, set_rng_state
 from patchword.train.config import RunConfig
+from patchword.train.step import ShardLoss, fused_supported, sync_batch_norm, usable_cpus, wrap_ddp
 
 __all__ = ["Trainer", "TrainingInterrupted", "autocast_context", "torch_threads"]
 
@@ -94,170 +91,6 @@ def _stop_signals(flag: dict[str, int]) -> Iterator[None]:
 # ------------------------------------------------------------------------------------------------- loss
 
 
-def matcher_rows(
-    matcher: nn.Module,
-    img: torch.Tensor,
-    caps: torch.Tensor,
-    lens: torch.Tensor,
-    dense: torch.Tensor | None,
-    dense_lens: torch.Tensor | None,
-    chunk: int = 0,
-) -> MatcherOutput:
-    """``matcher(img, caps, lens, dense, dense_lens)``, optionally in blocks of ``chunk`` captions whose
-    activations are recomputed in the backward pass (``torch.utils.checkpoint``): the fine-grained
-    step's memory then grows with B_v x chunk instead of B_v x B_t. Sims and decisions equal the
-    unchunked call's (a decision that depends on the image only is repeated once per block, which leaves
-    its mean unchanged)."""
-    n = caps.shape[0]
-    if chunk <= 0 or chunk >= n:
-        return matcher(img, caps, lens, dense, dense_lens)
-    per_caption = dense is not None and matcher.dense_pairing == "caption"
-    outs = []
-    for t0 in range(0, n, chunk):
-        part = slice(t0, t0 + chunk)
-        d, dl = (dense[part], dense_lens[part]) if per_caption else (dense, dense_lens)
-        outs.append(checkpoint(matcher, img, caps[part], lens[part], d, dl, use_reentrant=False))
-    decisions = [torch.cat(branch, dim=1) for branch in zip(*(o.decisions for o in outs), strict=True)]
-    return MatcherOutput(sims=torch.cat([o.sims for o in outs], dim=1), decisions=decisions)
-
-
-class _ShardLoss(nn.Module):
-    """This process's share of the loss of one global batch: the module ``DistributedDataParallel`` wraps.
-
-    The process encodes its b images and b captions, gathers every process's caption tokens (with
-    gradient) and scores its images against all B captions: a (b, B) row block of the global score
-    matrix, i.e. 1/W of the fine-grained work (the official code has every process score the full
-    B x B). The rows are gathered (with gradient) into the (B, B) matrix, on which the process takes its
-    share of the hinge: its rows' image queries and its columns' caption queries
-    (``HingeLoss(..., queries=)``); TGDT's CMC loss likewise over the gathered global
-    embeddings, the ratio loss on decision means reduced over the global batch (each process adds 1/W of
-    it). The shares sum to the one-process loss, and since every gather's backward sums the processes'
-    gradients, the gradients summed over processes (the DDP comm hook sums, it does not average) are the
-    one-process gradients.
-    """
-
-    def __init__(self, model: RetrievalModel, cfg: RunConfig, dist: Distributed) -> None:
-        super().__init__()
-        self.model, self.dist = model, dist
-        tc, matcher = cfg.train, model.matcher
-        self.hinge = HingeLoss(margin=tc.margin)
-        self.contrastive = ContrastiveLoss() if tc.loss == "infonce" else None
-        self.ratio = RatioLoss(matcher.selection_ratio or 1.0, mode=matcher.ratio_mode)
-        self.cmc = CMCLoss(margin=tc.margin) if matcher.global_loss == "cmc" else None
-        self.ratio_weight, self.pair_chunk = tc.ratio_weight, tc.pair_chunk
-
-    def forward(
-        self, batch: ShardBatch, hardest: bool, global_only: bool, align_scale: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (this process's loss share, detached [loss, align, ratio] shares); summed over processes
-        they are the global batch's loss and its terms."""
-        dist, model = self.dist, self.model
-        matcher = model.matcher
-        n = batch.lens_all.shape[0]
-        sizes, (lo, hi) = dist.shard_sizes(n), dist.shard(n)
-        img = model.encode_images(batch.images)
-        cap = model.encode_texts(batch.ids, batch.lens)
-        decisions, extras = [], {}
-        if global_only:  # global warm-up: cosine of the global embeddings
-            g_img, g_txt = matcher.global_embed(img, cap, batch.lens)
-            rows = g_img @ dist.all_gather(g_txt, sizes).T
-        else:
-            dense = dense_lens = None
-            if batch.dense_ids is not None and matcher.consumes_dense:
-                dense, dense_lens = model.encode_texts(batch.dense_ids, batch.dense_lens), batch.dense_lens
-                if matcher.dense_pairing == "caption":  # every caption's dense text
-                    dense, dense_lens = dist.all_gather(dense, sizes), batch.dense_lens_all
-            caps = dist.all_gather(cap, sizes)
-            out = matcher_rows(matcher, img, caps, batch.lens_all, dense, dense_lens, self.pair_chunk)
-            rows, decisions, extras = out.sims, out.decisions, out.extras
-        sims = dist.all_gather(rows.float(), sizes)  # (B, B)
-        queries = slice(lo, hi)
-        if self.contrastive is not None:  # CLIP's InfoNCE, the matcher's learned temperature
-            scale = matcher.temperature_scale()
-            align = self.contrastive(sims, scale, batch.img_ids, batch.ignore, queries=queries)
-        else:
-            align = self.hinge(sims, batch.img_ids, batch.ignore, hardest, queries=queries)
-        if self.cmc is not None and "global_img" in extras:
-            # The CMC ranking term follows the same sum -> hardest-negative schedule as the hinge.
-            g_img = dist.all_gather(extras["global_img"].float(), sizes)
-            g_txt = extras["global_txt"].float()
-            align = align + self.cmc(g_img, g_txt, batch.img_ids, hardest, queries=queries)
-        if "row_max" in extras:  # NAAF over several processes: thresholds from the global batch
-            matcher.update_from_shard(sims.detach(), extras["row_max"], lo, batch.lens_all, dist.all_reduce)
-        align = align * align_scale
-        ratio = sims.new_zeros(())
-        if decisions:
-            # Each branch's kept share over the global batch: this shard's part of the mean (a decision
-            # has one row per local image), summed over the processes with gradient.
-            parts = torch.stack([d.float().sum() * ((hi - lo) / (d.numel() * n)) for d in decisions])
-            ratio = self.ratio.from_ratios(dist.all_gather(parts[None], (1,) * dist.world_size).sum(0))
-        share = ratio / dist.world_size  # every process computes the whole ratio loss
-        loss = align + self.ratio_weight * share
-        return loss, torch.stack([loss, align, share]).detach()
-
-
-def _sum_gradients(state, bucket):
-    """DDP comm hook: sum the processes' gradients (the loss is a sum over the global batch; DDP's default
-    would average them)."""
-    fut = torch.distributed.all_reduce(bucket.buffer(), async_op=True).get_future()
-    return fut.then(lambda f: f.value()[0])
-
-
-def _ddp(module: nn.Module, device: torch.device) -> nn.Module:
-    """``DistributedDataParallel`` summing the processes' gradients, without buffer broadcasts (NAAF's
-    thresholds are reduced explicitly and identical everywhere)."""
-    import inspect
-
-    from torch.nn.parallel import DistributedDataParallel
-
-    no_sync = (
-        {"forward_sync_buffers": False}
-        if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-        else {"broadcast_buffers": False}
-    )
-    ddp = DistributedDataParallel(
-        module,
-        device_ids=[device.index] if device.type == "cuda" else None,
-        find_unused_parameters=True,  # the global warm-up leaves the matcher out, HF poolers...
-        **no_sync,
-    )
-    ddp.register_comm_hook(None, _sum_gradients)
-    return ddp
-
-
-def _sync_batch_norm(model: nn.Module, dist: Distributed) -> None:
-    """BatchNorm statistics over the global batch (SyncBatchNorm, CUDA only), in place."""
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    if not norms:
-        return
-    if dist.device.type != "cuda":
-        _logger.warning(
-            "%d BatchNorm layer(s) normalise per process on the CPU (SyncBatchNorm needs CUDA): the run "
-            "is not exactly a one-process run of the global batch",
-            len(norms),
-        )
-        return
-    for name, child in list(model.named_children()):
-        setattr(model, name, nn.SyncBatchNorm.convert_sync_batchnorm(child, process_group=dist.group))
-
-
-def _cpus() -> int:
-    """CPUs this process may run on (its affinity, e.g. a SLURM allocation), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def _fused_supported(device: torch.device) -> bool:
-    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
-
-    return device.type in _get_fused_kernels_supported_devices()
-
-
-# ------------------------------------------------------------------------------------------------ trainer
-
-
 class Trainer:
     """Trains ``model`` on ``train``, validates on ``dev``, writes checkpoints to ``run_dir``.
 
@@ -300,7 +133,7 @@ class Trainer:
                 "data", f"{train.num_captions} training captions for {self.dist.world_size} processes"
             )
         params = model.parameter_groups(tc.lr, tc.backbone_lr_mult)
-        self.fused = _fused_supported(self.device) and cfg.precision != "amp_fp16"
+        self.fused = fused_supported(self.device) and cfg.precision != "amp_fp16"
         extra = {"fused": True} if self.fused else {"foreach": True}
         self.optimizer = torch.optim.AdamW(params, weight_decay=tc.weight_decay, **extra)
         self.scheduler = torch.optim.lr_scheduler.MultiStepLR(
@@ -316,14 +149,14 @@ class Trainer:
                 tokenizer, train, cfg.data.max_caption_len, cfg.data.max_dense_len, cfg.seed
             )
         if self.dist.enabled:
-            _sync_batch_norm(model, self.dist)
+            sync_batch_norm(model, self.dist)
         if tc.compile:
             for module in (model.image_encoder, model.text_encoder, model.matcher):
                 module.compile()
-        self.loss = _ShardLoss(self.model, cfg, self.dist)
+        self.loss = ShardLoss(self.model, cfg, self.dist)
         self.step_fn: nn.Module = self.loss
         if self.dist.enabled:
-            self.step_fn = _ddp(self.loss, self.device)
+            self.step_fn = wrap_ddp(self.loss, self.device)
             # In-model random draws (Gumbel noise, dropout) from a stream of their own on every process.
             torch.manual_seed(cfg.seed * 1_000_003 + 7919 * (self.dist.rank + 1))
         self.epoch = 0
@@ -467,7 +300,7 @@ class Trainer:
             text=self.augmenter,
             mask_false_negatives=self.tc.mask_false_negatives,
         )
-        workers = min(self.cfg.data.num_workers, _cpus()) if reads_files(self.train_split.images) else 0
+        workers = min(self.cfg.data.num_workers, usable_cpus()) if reads_files(self.train_split.images) else 0
         pin = self.device.type == "cuda"
         loader = torch.utils.data.DataLoader(
             shards,

@@ -1,0 +1,61 @@
+"""What a run reports beside recall: patch-selection quality on the synthetic scenes (in the summary and
+in ``patchword eval``) and the compositional suite (``patchword eval RUN --suite compositional``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from patchword.cli import main
+
+TINY = [
+    "data.num_train=20",
+    "data.num_dev=12",
+    "data.num_test=12",
+    "data.synthetic_image_size=32",
+    "model.embed_dim=32",
+    "model.tiny_vit.image_size=32",
+    "model.tiny_vit.patch_size=8",
+    "model.tiny_vit.width=32",
+    "model.tiny_vit.depth=1",
+    "model.tiny_vit.heads=2",
+    "model.tiny_text_width=32",
+    "model.tiny_text_depth=1",
+    "model.max_text_len=160",
+    "model.seps.variant=paper",
+    "train.batch_size=16",
+    "train.max_steps=2",
+    "train.num_threads=1",
+]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("suites")
+    assert main(["train", *TINY, f"output_dir={tmp}", "name=r", f"data.cache_dir={tmp / 'cache'}"]) == 0
+    return tmp / "r"
+
+
+def test_summary_reports_selection_quality_per_branch(run):
+    summary = json.loads((run / "summary.json").read_text())
+    recall, chance = summary["selection_object_recall"], summary["selection_chance"]
+    assert set(recall) == set(chance) == {"caption", "dense"}
+    # K = ceil(16 * 0.5) = 8 of 16 patches kept: chance is exactly half of every image's patches
+    assert chance == {"caption": 50.0, "dense": 50.0}
+    assert all(0 <= v <= 100 for v in recall.values())
+    evaluated = run / "eval_test.json"
+    assert main(["eval", str(run), "--out", str(evaluated)]) == 0
+    assert json.loads(evaluated.read_text())["selection_object_recall"] == recall  # the same checkpoint
+
+
+def test_compositional_suite_writes_accuracies_per_kind(run, capsys):
+    assert main(["eval", str(run), "--suite", "compositional"]) == 0
+    result = json.loads((run / "eval_compositional.json").read_text())
+    kinds = ("attribute_swap", "relation_swap", "object_replace", "count_change")
+    assert set(result["n"]) == set(kinds) and sum(result["n"].values()) > 0
+    for kind in kinds:
+        assert result[kind] is None if result["n"][kind] == 0 else 0 <= result[kind] <= 100
+    out = capsys.readouterr().out
+    assert "attribute_swap" in out and "eval_compositional.json" in out
+    assert main(["eval", str(run), "--suite", "compositional"]) == 2  # never overwritten silently
