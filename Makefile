@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv browser test lint format demo bench clean
+.PHONY: venv browser test lint format demo compare bench clean
 
 venv: $(STAMP)
 
@@ -37,9 +37,13 @@ $(BROWSER_STAMP): | $(STAMP)
 test: venv browser
 	$(PY) -m pytest -q
 
-# Train the paper-variant SEPS on the synthetic scenes (CPU, ~10 min) and print the recall table.
+# Fine-tune the paper-variant SEPS on the synthetic scenes (CPU, fixed steps) and print the recall table.
 demo: venv
 	$(VENV)/bin/patchword demo
+
+# Every matcher fine-tuned from the same pretrained encoders for the demo's step count (docs/benchmarks.md).
+compare: venv
+	$(PY) benchmarks/synthetic_comparison.py --out-dir runs/comparison
 
 bench: venv
 	$(VENV)/bin/patchword bench scoring

@@ -216,7 +216,7 @@ def _memory_child(batch: int, chunk: int, variant: str, quick: bool) -> dict:
     from patchword.eval.engine import TensorMemoryMeter
     from patchword.losses import HingeLoss, RatioLoss
     from patchword.matching import build_matcher
-    from patchword.train.trainer import matcher_rows
+    from patchword.train.step import matcher_rows
 
     torch.manual_seed(0)
     patches, dim = (16, 64) if quick else (196, 512)
@@ -277,7 +277,8 @@ def gpu_step(args: argparse.Namespace) -> dict:
     from patchword.distributed import Distributed
     from patchword.factory import create_model
     from patchword.train.config import RunConfig
-    from patchword.train.trainer import _ShardLoss, autocast_context
+    from patchword.train.step import ShardLoss
+    from patchword.train.trainer import autocast_context
 
     device = torch.device(args.device)
     if args.tf32:
@@ -288,7 +289,7 @@ def gpu_step(args: argparse.Namespace) -> dict:
     if args.compile:
         for module in (model.image_encoder, model.text_encoder, model.matcher):
             module.compile()
-    step_module = _ShardLoss(model, cfg, Distributed(device=device))
+    step_module = ShardLoss(model, cfg, Distributed(device=device))
     params = model.parameter_groups(cfg.train.lr, cfg.train.backbone_lr_mult)
     optimizer = torch.optim.AdamW(params, weight_decay=cfg.train.weight_decay, fused=True)
     batch, side = args.batch, model.image_encoder.image_size or 224

@@ -365,3 +365,11 @@ def test_hf_backbones_checked_against_the_data_before_anything_is_written(
     assert main(["train", *ok]) == 0
     saved = json.loads((runs / "run" / "summary.json").read_text())
     assert saved["steps"] == 1
+    # The run is self-contained: with the backbone directories gone, it still evaluates (its checkpoint holds
+    # every weight, backbones.json the architectures).
+    import shutil
+
+    shutil.rmtree(bert)
+    shutil.rmtree(vit)
+    assert main(["eval", str(runs / "run"), "--out", str(tmp_path / "e.json")]) == 0
+    assert json.loads((tmp_path / "e.json").read_text())["rsum"] == pytest.approx(saved["rsum"])

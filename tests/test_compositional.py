@@ -26,7 +26,7 @@ from patchword.data.synthetic import (
 )
 from patchword.data.synthetic.captions import _NUMBERS, _RELATION_WORDS
 from patchword.data.synthetic.negatives import _spec_of
-from patchword.data.vocab import WordVocab
+from patchword.data.tokenizers import WordVocab
 from patchword.encoders import TinyViTConfig
 from patchword.errors import DataError, MissingFileError
 from patchword.eval.compositional import (

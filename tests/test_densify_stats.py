@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from patchword.data.synthetic import COLOURS, SHAPES, SyntheticConfig, generate_split
+from patchword.data.tokenizers import BertCaptionTokenizer
 from patchword.densify.cli import main
 from patchword.densify.stats import dense_stats, mentioned_pairs, read_texts, scene_coverage, scene_index
-from patchword.encoders import BertCaptionTokenizer
 from patchword.errors import DataError
 
 pytestmark = pytest.mark.usefixtures("one_thread")

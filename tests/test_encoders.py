@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from patchword.data.tokenizers import BertCaptionTokenizer, size_augment
 from patchword.encoders import (
-    BertCaptionTokenizer,
     HFTextConfig,
     HFTextEncoder,
     HFVisionConfig,
@@ -25,7 +25,6 @@ from patchword.encoders import (
     TinyViTConfig,
     build_image_encoder,
     build_text_encoder,
-    size_augment,
 )
 from patchword.errors import ModelNotFoundError
 

@@ -145,3 +145,23 @@ def test_train_hashing_leaves_the_thread_count_alone(tmp_path):
     # the CLI applies train.num_threads for the run and restores the caller's count afterwards
     assert main(["train", "--output-dir", str(tmp_path), "--name", "c", *overrides[:-2]]) == 0
     assert torch.get_num_threads() == before
+
+
+def test_resume_keeps_the_runs_settings_and_a_missing_run_is_an_error(tmp_path, capsys):
+    out = tmp_path / "runs"
+    args = ["--output-dir", str(out), "--name", "r", *TINY]
+    assert main(["train", "--bits", "16", "--epochs", "1", *args]) == 0
+    config = (out / "r" / "config.yaml").read_bytes()
+    capsys.readouterr()
+    # another code length on resume: refused naming the key, the run's config untouched
+    assert main(["train", "--resume", "--bits", "32", "--epochs", "2", *args]) == 2
+    assert "model.bits" in capsys.readouterr().err
+    assert (out / "r" / "config.yaml").read_bytes() == config
+    # a typo'd run name does not start a new run
+    assert main(["train", "--resume", "--bits", "16", "--output-dir", str(out), "--name", "typo", *TINY]) == 2
+    assert "has no last.pt" in capsys.readouterr().err and not (out / "typo").exists()
+    assert (
+        main(["train", "--bits", "16", "--device", "cuda:7", "--output-dir", str(out), "--name", "g", *TINY])
+        == 2
+    )
+    assert "device" in capsys.readouterr().err and not (out / "g").exists()

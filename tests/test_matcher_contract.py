@@ -59,6 +59,23 @@ def test_contract_attributes_are_declared(name):
     assert plan is None or isinstance(plan.fine, Matcher)
     memory = m.pair_memory_bytes(N_PATCHES, 9, 12, DIM)
     assert memory is None or memory > 0
+    scale = m.temperature_scale()
+    assert scale is None or scale.item() > 0
+
+
+def test_selection_trace_matches_the_forward_decisions(name):
+    m = _build(name)
+    img, caps, lens, dense, dense_lens = _inputs(m, n_img=1, n_txt=1)
+    trace = m.selection_trace(img, caps, lens, dense, dense_lens)
+    if m.selection_ratio is None:
+        assert trace is None
+        return
+    with torch.no_grad():
+        out = m(img, caps, lens, dense if m.consumes_dense else None, dense_lens)
+    assert [b for b, _ in trace.branches] == list(m.selection_branches)[: len(trace.branches)]
+    for (_, kept), decision in zip(trace.branches, out.decisions, strict=True):
+        assert torch.equal(kept, decision[0, 0] > 0.5)
+    assert trace.mixture.shape[1] == N_PATCHES and trace.patches.shape == (N_PATCHES, DIM)
 
 
 def test_forward_shapes_and_global_embeddings(name):

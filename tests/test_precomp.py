@@ -15,7 +15,7 @@ from patchword.data.precomp import RegionFeatures, load_precomp_split, write_pre
 from patchword.data.prepare import prepare_data
 from patchword.data.synthetic import SyntheticConfig, generate_split
 from patchword.data.synthetic.regions import RegionFeatureConfig, synthetic_region_features
-from patchword.data.vocab import WordVocab
+from patchword.data.tokenizers import WordVocab
 from patchword.encoders import (
     BiGRUTextEncoder,
     GRUTextConfig,

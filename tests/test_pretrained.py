@@ -124,3 +124,26 @@ def test_pretrained_encoder_errors_name_the_key(tmp_path):
     with pytest.raises(ConfigError, match="data.vocab_path: must be the pretrained encoders' vocabulary"):
         check_config(no_vocab)
     check_config(apply_overrides(no_vocab, [f"data.vocab_path={tmp_path / 'enc'}"]))  # accepted
+
+
+def test_shipped_encoders_load_and_reproduce_their_recorded_recall(tmp_path):
+    """The committed synthetic-64 encoders: what `patchword pretrain` recorded is what a user gets."""
+    from patchword.data.prepare import prepare_data
+    from patchword.pretrain import global_recall
+    from patchword.pretrained import resolve_pretrained_dir
+
+    meta = json.loads((resolve_pretrained_dir("synthetic-64") / "config.json").read_text())
+    cfg = apply_overrides(
+        RunConfig(),
+        [
+            "model.embed_dim=128",
+            "model.tiny_pretrained=synthetic-64",
+            "data.vocab_path=synthetic-64",
+            f"data.cache_dir={tmp_path}",
+        ],
+    )
+    got = global_recall(cfg, prepare_data(cfg.data, roles=["test"]))
+    want = meta["test_global"]
+    # the same weights and data; only float rounding of another CPU's kernels may move a tied rank
+    assert got["rsum"] == pytest.approx(want["rsum"], abs=0.5)
+    assert set(got) == set(want) and meta["architecture"]["embed_dim"] == 128 and meta["seed"] == 0

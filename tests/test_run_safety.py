@@ -322,7 +322,7 @@ def test_bert_size_augmentation_is_on_in_training_and_reproducible(tmp_path):
     """The official augmentation runs by default with a BERT tokenizer, seeded by (seed, step)."""
     from patchword.data.pipeline import ArrayImages, encode_split
     from patchword.data.split import RetrievalSplit
-    from patchword.encoders import BertCaptionTokenizer
+    from patchword.data.tokenizers import BertCaptionTokenizer
     from patchword.train.augment import CaptionAugmenter
     from test_encoders import VOCAB
 

@@ -17,8 +17,8 @@ from patchword.data.synthetic import (
     split_layout,
     split_object_patches,
 )
+from patchword.data.tokenizers import WordVocab
 from patchword.data.transforms import IMAGENET_MEAN, IMAGENET_STD
-from patchword.data.vocab import WordVocab
 from patchword.encoders import TinyViTConfig
 from patchword.eval.selection import SelectionCounts, evaluate_selection, selection_metrics
 from patchword.matching import MatcherOutput

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from patchword.data.vocab import WordVocab, tokenize
+from patchword.data.tokenizers import WordVocab, tokenize
 
 TEXTS = ["A red circle, left of a blue square.", "a RED square!", "two objects: a red circle"]
 

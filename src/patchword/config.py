@@ -1,6 +1,6 @@
 """Dataclass configs: the single source of truth, with YAML files and dotted overrides on top.
 
-``load_config(RunConfig, "run.yaml", ["model.sparse_ratio=0.6", "train.epochs=3"])`` builds the
+``load_config(RunConfig, "run.yaml", ["model.seps.sparse_ratio=0.6", "train.epochs=3"])`` builds the
 dataclass from its defaults, applies the YAML file, then the overrides (values parsed as YAML scalars,
 so ``true``, ``1e-4`` and ``[9, 15]`` work). Every value is checked against its field's type hint:
 unknown keys, wrong types and values outside a ``Literal[...]`` are :class:`~patchword.errors.ConfigError`

@@ -17,6 +17,7 @@ __all__ = [
     "ModelNotFoundError",
     "MissingExtraError",
     "USER_ERRORS",
+    "report_user_error",
 ]
 
 
@@ -25,7 +26,7 @@ class PatchwordError(Exception):
 
 
 class ConfigError(PatchwordError, ValueError):
-    """A config value that cannot work; ``key`` is its dotted path (``model.variant``)."""
+    """A config value that cannot work; ``key`` is its dotted path (``model.seps.variant``)."""
 
     def __init__(self, key: str, message: str) -> None:
         self.key, self.detail = key, message
@@ -62,3 +63,15 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     NotADirectoryError,
     IsADirectoryError,
 )
+
+
+def report_user_error(err: BaseException, verbose: bool = False) -> int:
+    """Print a user error as one ``error: ...`` line on stderr (after its traceback when ``verbose``) and
+    return the exit code, 2. Every command line entry point reports user errors through this."""
+    import sys
+    import traceback
+
+    if verbose:
+        traceback.print_exception(err)
+    print(f"error: {err}", file=sys.stderr)
+    return 2

@@ -11,6 +11,15 @@ from typing import IO
 __all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text"]
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it: done once, at import, before any thread
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> None:
     """Create or replace ``path`` with what ``write(file)`` writes into an open binary file."""
     path = os.fspath(path)
@@ -23,9 +32,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
             fh.flush()
             os.fsync(fh.fileno())
         # mkstemp creates the file private (0600); a file the user keeps gets the usual permissions.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -55,6 +55,18 @@ def _positive_mask(batch: int, img_ids: object, ignore: object, device: torch.de
     return mask
 
 
+def _square_batch(sims: torch.Tensor, queries: slice | None) -> tuple[slice, int]:
+    """Check a (B, B) batch score matrix (its values too, unless a training step's ``queries`` share is
+    asked: reading them would make the host wait for the device); -> (the queries, B)."""
+    if queries is None:
+        check_tensor(sims, "sims", ndim=2)
+        queries = slice(None)
+    batch = sims.shape[0]
+    if sims.dim() != 2 or batch == 0 or sims.shape[1] != batch:
+        raise ValueError(f"sims must be a non-empty square (B, B) matrix, got shape {tuple(sims.shape)}")
+    return queries, batch
+
+
 class HingeLoss(nn.Module):
     """VSE++ bidirectional hinge loss, exactly the official SEPS/LAPS ``ContrastiveLoss``.
 
@@ -106,12 +118,7 @@ class HingeLoss(nn.Module):
         Returns:
             Scalar tensor.
         """
-        if queries is None:
-            check_tensor(sims, "sims", ndim=2)
-            queries = slice(None)
-        batch = sims.shape[0]
-        if sims.dim() != 2 or batch == 0 or sims.shape[1] != batch:
-            raise ValueError(f"sims must be a non-empty square (B, B) matrix, got shape {tuple(sims.shape)}")
+        queries, batch = _square_batch(sims, queries)
         hardest = self.max_violation if max_violation is None else bool(max_violation)
         not_negative = _positive_mask(batch, img_ids, ignore, sims.device)
 
@@ -310,12 +317,7 @@ class ContrastiveLoss(nn.Module):
         Returns:
             Scalar tensor.
         """
-        if queries is None:
-            check_tensor(sims, "sims", ndim=2)
-            queries = slice(None)
-        batch = sims.shape[0]
-        if sims.dim() != 2 or batch == 0 or sims.shape[1] != batch:
-            raise ValueError(f"sims must be a non-empty square (B, B) matrix, got shape {tuple(sims.shape)}")
+        queries, batch = _square_batch(sims, queries)
         not_negative = _positive_mask(batch, img_ids, ignore, sims.device)
         not_negative = not_negative & ~torch.eye(batch, dtype=torch.bool, device=sims.device)
         logits = (sims * scale).masked_fill(not_negative, float("-inf"))

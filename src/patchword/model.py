@@ -187,6 +187,17 @@ class RetrievalModel(nn.Module):
         gi, gt = self.matcher.global_embed(img, cap, cap_lens)
         return gi @ gt.T
 
+    def backbone_architectures(self) -> dict[str, dict[str, Any]]:
+        """The Hugging Face backbones' architectures (``{"vision"|"text": config dict}``): what
+        ``build_model(..., random_init=...)`` needs to rebuild them without their weights files (a saved
+        run's checkpoint holds every weight)."""
+        out = {}
+        for role, encoder in (("vision", self.image_encoder), ("text", self.text_encoder)):
+            backbone = getattr(getattr(encoder, "base", encoder), "backbone", None)
+            if backbone is not None and hasattr(backbone, "config"):
+                out[role] = backbone.config.to_dict()
+        return out
+
     def parameter_groups(self, lr: float, backbone_lr_mult: float) -> list[dict[str, Any]]:
         """AdamW groups: pretrained backbones at ``lr * backbone_lr_mult`` (official recipe), rest at lr."""
         slow, fast = [], list(self.matcher.parameters())
@@ -281,7 +292,7 @@ def build_model(
 
 def _hf_architecture(spec: dict[str, Any]):
     """A transformers config object (random init, no download) from ``{"model_type": ..., **kwargs}``."""
-    from patchword.encoders import require_transformers
+    from patchword.hub import require_transformers
 
     spec = dict(spec)
     return require_transformers().AutoConfig.for_model(spec.pop("model_type"), **spec)

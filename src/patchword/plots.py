@@ -1,4 +1,5 @@
-"""Figures for a run: the training curve and retrieved images with their kept patches."""
+"""Figures for a run: the training curve, and retrieved images with the patches the model kept and where one
+word of the caption looked (application code: matplotlib is the optional ``plots`` extra)."""
 
 from __future__ import annotations
 
@@ -8,82 +9,124 @@ from pathlib import Path
 import numpy as np
 import torch
 
-try:
-    import matplotlib
+from patchword.errors import MissingExtraError
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+try:
+    from matplotlib.figure import Figure
 except ImportError as err:  # pragma: no cover - exercised only without the extra
-    raise ImportError("plots need matplotlib: pip install 'patchword[plots]'") from err
+    raise MissingExtraError("plots need matplotlib: pip install 'patchword[plots]'") from err
 
 __all__ = ["plot_training_curve", "plot_retrievals"]
 
+# Words the heat map is not shown for: they carry no content to localise.
+_FUNCTION_WORDS = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "of",
+        "in",
+        "on",
+        "at",
+        "to",
+        "and",
+        "is",
+        "are",
+        "with",
+        "there",
+        "one",
+        "two",
+        "three",
+        "four",
+    ]
+)
 
-def plot_training_curve(metrics_jsonl: str | Path, out: str | Path) -> None:
+
+def plot_training_curve(metrics_jsonl: str | Path, out: str | Path, title: str = "") -> None:
     """Training loss and dev rSum against optimiser steps."""
     records = [json.loads(line) for line in Path(metrics_jsonl).read_text().splitlines() if line.strip()]
     train = [r for r in records if r["split"] == "train"]
     dev = [r for r in records if r["split"] == "dev"]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+    ax = fig.add_subplot()
     ax.plot([r["step"] for r in train], [r["loss"] for r in train], color="tab:blue", label="train loss")
     ax.set_xlabel("step")
-    ax.set_ylabel("training loss (summed hinge)", color="tab:blue")
+    ax.set_ylabel("training loss", color="tab:blue")
     ax2 = ax.twinx()
     ax2.plot([r["step"] for r in dev], [r["rsum"] for r in dev], "o-", color="tab:red", label="dev rSum")
     ax2.set_ylabel("dev rSum", color="tab:red")
-    ax.set_title("patchword demo: SEPS (paper variant) on synthetic scenes")
+    ax.set_title(title or "patchword: training loss and dev rSum")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
-    plt.close(fig)
+
+
+def _content_word(words) -> int:
+    """Index of the first content word (not a special, not a function word) of an explanation."""
+    for i, w in enumerate(words):
+        if not w.special and w.text.lower() not in _FUNCTION_WORDS and w.heat.abs().sum() > 0:
+            return i
+    return next((i for i, w in enumerate(words) if not w.special), 0)
 
 
 @torch.no_grad()
 def plot_retrievals(
-    cfg, data, run_dir: Path, out: str | Path, n_queries: int = 3, gallery: int = 200
+    run, split, raw_images: np.ndarray, out: str | Path, n_queries: int = 3, gallery: int = 200
 ) -> None:
-    """For ``n_queries`` test captions: the top image among the first ``gallery`` test images, with the
-    patches the model kept for that caption (dropped patches dimmed)."""
-    from patchword.eval.protocol import score_split
-    from patchword.model import build_model
-    from patchword.train.checkpoint import load_checkpoint
+    """For ``n_queries`` test captions: the top image among the first ``gallery`` test images, the patches
+    each selection branch kept (the rest dimmed) and the heat map of one content word (its HRPA cosine
+    split over the patches it came from, :func:`patchword.search.explain.explain_pair`).
 
-    model = build_model(cfg.model, vocab_size=data.vocab_size)
-    model.load_state_dict(load_checkpoint(run_dir / "best.pt")["model"])
-    model.eval()
-    split = data.splits["test"].first_images(gallery)
-    raw_images = data.raw["test"].images
-    sims = score_split(model, split, cfg.eval)
+    Args:
+        run: a :class:`~patchword.runs.LoadedRun`.
+        split: the run's encoded test split; ``raw_images``: its (N, H, W, 3) uint8 pixels.
+    """
+    from patchword.eval.protocol import score_split
+    from patchword.search.explain import explain_pair
+    from patchword.search.query import token_namer
+
+    model, device = run.model, run.device
+    split = split.first_images(gallery)
+    sims = score_split(model, split, run.config.eval, device=device, progress=False)
     queries = np.linspace(0, split.num_captions - 1, n_queries).round().astype(int)
     side = int(round(model.image_encoder.num_patches**0.5))
-    fig, axes = plt.subplots(1, n_queries, figsize=(4 * n_queries, 4.6))
-    for ax, q in zip(np.atleast_1d(axes), queries, strict=True):
+    name_of = token_namer(run.tokenizer)
+    fig = Figure(figsize=(4.2 * n_queries, 8.4))
+    for col, q in enumerate(queries):
         best = int(sims[:, q].argmax())
-        keep = _kept_patches(model, split, int(q), best)
+        img = model.encode_images(split.images.batch(torch.tensor([best]), train=False).to(device))[0]
+        lens = split.cap_lens[q : q + 1]
+        cap = model.encode_texts(split.cap_ids[q : q + 1, : int(lens)].to(device), lens.to(device))[0]
+        dense = (None, None)
+        if split.dense_ids is not None and model.matcher.consumes_dense:
+            dl = split.dense_lens[best : best + 1]
+            dense = (
+                model.encode_texts(split.dense_ids[best : best + 1, : int(dl)].to(device), dl.to(device))[0],
+                int(dl),
+            )
+        names = [name_of(int(t)) for t in split.cap_ids[q, : int(lens)]]
+        exp = explain_pair(model.matcher, img, cap, int(lens), *dense, token_strings=names, grid=(side, side))
         image = raw_images[best]
         cell = image.shape[0] // side
+        hit = "correct" if best == int(split.txt2img[q]) else "another image"
+        ax = fig.add_subplot(2, n_queries, col + 1)
         ax.imshow(image)
-        dropped = np.kron(1 - keep.reshape(side, side), np.ones((cell, cell)))
-        # kept patches are masked out of the overlay, so only dropped ones are dimmed
-        ax.imshow(np.ma.masked_equal(dropped, 0), cmap="gray_r", alpha=0.5, vmin=0, vmax=1)
-        hit = "correct" if best == int(split.txt2img[q]) else "wrong image"
-        ax.set_title(f"{split.captions[q]}\n(top-1 of {split.num_images}: {hit})", fontsize=8, wrap=True)
+        if exp.branches:
+            kept = exp.branches[0].kept.reshape(side, side).numpy()
+            dropped = np.kron(1 - kept, np.ones((cell, cell)))
+            ax.imshow(np.ma.masked_equal(dropped, 0), cmap="gray_r", alpha=0.55, vmin=0, vmax=1)
+        ax.set_title(f"{split.captions[q]}\n(top-1 of {split.num_images}: {hit}); kept patches", fontsize=8)
         ax.axis("off")
-    fig.suptitle("retrieved image per caption; dimmed patches were dropped by patch selection", fontsize=9)
+        w = exp.words[_content_word(exp.words)]
+        heat = np.kron(w.heat.reshape(side, side).numpy(), np.ones((cell, cell)))
+        ax = fig.add_subplot(2, n_queries, n_queries + col + 1)
+        ax.imshow(image)
+        ax.imshow(heat, cmap="magma", alpha=0.6)
+        ax.set_title(f'where "{w.text}" matched (best token: {w.best_token})', fontsize=8)
+        ax.axis("off")
+    fig.suptitle(
+        "top: retrieved image, dimmed patches were dropped by patch selection; "
+        "bottom: one word's HRPA cosine split over the patches",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(out, dpi=110)
-    plt.close(fig)
-
-
-def _kept_patches(model, split, caption: int, image: int) -> np.ndarray:
-    """(N,) 0/1 mask of the patches the matcher keeps for (image, caption); all ones without selection."""
-    tokens = model.encode_images(split.images.batch(torch.tensor([image]), train=False))
-    lens = split.cap_lens[caption : caption + 1]
-    cap = model.encode_texts(split.cap_ids[caption : caption + 1, : int(lens)], lens)
-    dense = (None, None)
-    if split.dense_ids is not None:
-        dl = split.dense_lens[image : image + 1]
-        dense = (model.encode_texts(split.dense_ids[image : image + 1, : int(dl)], dl), dl)
-    out = model.matcher(tokens, cap, lens, *dense)
-    if not out.decisions:
-        return np.ones(model.image_encoder.num_patches)
-    return out.decisions[0][0, 0].float().numpy()

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
 from patchword.config import apply_overrides
 from patchword.train.config import RunConfig
 
-__all__ = ["PRETRAIN_OVERRIDES", "pretrain_config", "run_pretrain"]
+__all__ = ["PRETRAIN_OVERRIDES", "pretrain_config", "run_pretrain", "global_recall"]
+
+KEYS = ["i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum"]
 
 _logger = logging.getLogger(__name__)
 
@@ -50,36 +51,64 @@ def pretrain_config(overrides: list[str] | None = None) -> RunConfig:
     return apply_overrides(RunConfig(), PRETRAIN_OVERRIDES + list(overrides or []))
 
 
+def global_recall(cfg: RunConfig, data) -> dict[str, float]:
+    """Test recall of the global embeddings (CLS vs mean of the words) of the encoders ``cfg`` builds,
+    with no training: for ``model.tiny_pretrained`` set, the pretrained encoders as shipped."""
+    from patchword.eval.protocol import evaluate
+    from patchword.model import build_model
+
+    vse = apply_overrides(cfg, ["model.matcher=vse"])
+    model = build_model(vse.model, vocab_size=data.vocab_size)
+    metrics = evaluate(model, data.splits["test"], vse.eval, progress=False)
+    return {k: metrics[k] for k in KEYS}
+
+
 def run_pretrain(overrides: list[str] | None = None, *, out: Path, force: bool = False) -> dict[str, Any]:
-    """Train (or finish, with ``train.*`` resumed from the run directory) and export the encoders.
+    """Train (or continue an interrupted run, or take a finished one) and export the encoders.
 
     Writes ``out/model.safetensors`` (the encoders of the best dev checkpoint, float16), ``vocab.json`` and
     ``config.json`` (architecture, recipe, seed, machine, time and the global test metrics).
     """
     from patchword.bench.machine import machine_description
-    from patchword.errors import RunExistsError
+    from patchword.config import config_diff
+    from patchword.data.prepare import prepare_data
+    from patchword.errors import ConfigError, RunExistsError
     from patchword.pretrained import save_pretrained_encoders
     from patchword.runs import load_run
-    from patchword.train.run import train_run
+    from patchword.train.run import resume_run, train_run
+    from patchword.train.rundir import read_run_config
+    from patchword.train.validate import RESUMABLE_KEYS
 
     if out.exists() and any(out.iterdir()) and not force:
         raise RunExistsError(f"{out} exists and is not empty; pass --force to replace the encoders in it")
     cfg = pretrain_config(overrides)
-    t0 = time.perf_counter()
-    summary = train_run(cfg)
-    seconds = time.perf_counter() - t0
     run_dir = Path(cfg.output_dir) / cfg.name
+    if (run_dir / "config.yaml").is_file():  # an existing run is only taken if it is this recipe
+        changed = [k for k in config_diff(read_run_config(run_dir), cfg) if k not in RESUMABLE_KEYS]
+        if changed:
+            raise ConfigError(changed[0], f"{run_dir} was trained with another value: choose another name=")
+    if (run_dir / "summary.json").is_file():  # trained already: export again (e.g. to another --out)
+        _logger.info("%s is finished: exporting its encoders", run_dir)
+        summary = json.loads((run_dir / "summary.json").read_text())
+    elif (run_dir / "last.pt").is_file():  # interrupted: continue it with its own config
+        summary = resume_run(run_dir)
+    else:
+        summary = train_run(cfg)
     run = load_run(run_dir)
     meta = {
         "recipe": PRETRAIN_OVERRIDES + list(overrides or []),
         "seed": cfg.seed,
         "run": str(run_dir),
-        "test_global": {k: summary[k] for k in ("rsum", "i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5")},
+        "best_dev_rsum": summary.get("best_dev_rsum"),
         "oracle_rsum": summary.get("oracle_rsum"),
         "steps": summary.get("steps"),
-        "seconds": round(seconds, 1),
+        "train_seconds": round(summary["train_seconds"], 1),
         "machine": machine_description(),
     }
+    save_pretrained_encoders(run.model, cfg.model, run_dir / "vocab.json", out, meta)
+    # The recorded recall is that of the weights as shipped (stored in float16): what a user loads.
+    shipped = apply_overrides(cfg, [f"model.tiny_pretrained={out}", f"data.vocab_path={out}"])
+    meta["test_global"] = global_recall(shipped, prepare_data(shipped.data, roles=["test"]))
     save_pretrained_encoders(run.model, cfg.model, run_dir / "vocab.json", out, meta)
     _logger.info("pretrained encoders written to %s", out)
     print(json.dumps(meta, indent=2))

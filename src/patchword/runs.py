@@ -7,7 +7,6 @@ written once), ``vocab.json`` (word tokenizers), ``best.pt`` / ``last.pt`` and `
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,11 +14,17 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from patchword.config import load_config
-from patchword.errors import ConfigError, MissingFileError
-from patchword.model import RetrievalModel, build_model
+from patchword.errors import ConfigError
+from patchword.model import RetrievalModel
 from patchword.train.checkpoint import load_checkpoint
-from patchword.train.config import DataConfig, RunConfig
+from patchword.train.config import RunConfig
+from patchword.train.rundir import (
+    build_run_model,
+    config_hash,
+    load_run_tokenizer,
+    read_run_config,
+    resolve_checkpoint,
+)
 
 __all__ = [
     "LoadedRun",
@@ -29,52 +34,6 @@ __all__ = [
     "config_hash",
     "resolve_checkpoint",
 ]
-
-CONFIG_FILE = "config.yaml"
-VOCAB_FILE = "vocab.json"
-
-
-def read_run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
-    """The run's saved config, with dotted ``overrides`` applied in memory (the file is never changed)."""
-    run_dir = Path(run_dir)
-    path = run_dir / CONFIG_FILE
-    if not run_dir.is_dir():
-        raise MissingFileError(f"run directory {run_dir} does not exist")
-    if not path.is_file():
-        raise MissingFileError(f"{run_dir} is not a run directory: it has no {CONFIG_FILE}")
-    return load_config(RunConfig, path, list(overrides))
-
-
-def config_hash(run_dir: str | Path) -> str:
-    """sha256 of the run's ``config.yaml`` bytes (first 16 hex digits): which settings produced a result."""
-    return hashlib.sha256((Path(run_dir) / CONFIG_FILE).read_bytes()).hexdigest()[:16]
-
-
-def load_run_tokenizer(run_dir: str | Path, data: DataConfig):
-    """The tokenizer the run trained with: its saved ``vocab.json`` (word), or the BERT vocabulary."""
-    from patchword.data.vocab import WordVocab
-
-    vocab = Path(run_dir) / VOCAB_FILE
-    if data.tokenizer == "word":
-        if not vocab.is_file():
-            raise MissingFileError(f"{vocab} is missing: a run with data.tokenizer=word saves its vocabulary")
-        return WordVocab.load(vocab)
-    from patchword.encoders import BertCaptionTokenizer
-
-    return BertCaptionTokenizer.from_pretrained(data.bert_vocab)
-
-
-def resolve_checkpoint(run_dir: str | Path, checkpoint: str | Path | None = None) -> Path:
-    """``run_dir/best.pt`` (default) or the named file; a missing file is an error naming what exists."""
-    run_dir = Path(run_dir)
-    path = Path(checkpoint) if checkpoint is not None else run_dir / "best.pt"
-    if not path.is_absolute() and not path.is_file() and (run_dir / path).is_file():
-        path = run_dir / path
-    if not path.is_file():
-        found = sorted(p.name for p in run_dir.glob("*.pt"))
-        hint = f" (it has {', '.join(found)}: pass --checkpoint)" if found else " (it has no checkpoint)"
-        raise MissingFileError(f"checkpoint {path} does not exist in {run_dir}{hint}")
-    return path
 
 
 @dataclass
@@ -144,10 +103,10 @@ def load_run(
     cfg = read_run_config(run_dir, overrides)
     path = resolve_checkpoint(run_dir, checkpoint)
     tokenizer = load_run_tokenizer(run_dir, cfg.data)
-    from patchword.data.vocab import WordVocab
+    from patchword.data.tokenizers import WordVocab
 
     words = list(tokenizer.idx2word) if isinstance(tokenizer, WordVocab) else None
-    model = build_model(cfg.model, vocab_size=len(words) if words else None, vocab_words=words)
+    model = build_run_model(run_dir, cfg, len(words) if words else None, words)
     try:
         model.load_state_dict(load_checkpoint(path)["model"])
     except RuntimeError as err:  # shapes or names differ: the overrides changed the architecture

@@ -18,7 +18,7 @@ import torch
 
 from patchword.bench.formatting import format_scoring, format_two_stage
 from patchword.bench.inputs import SCORING_CONFIGS
-from patchword.errors import USER_ERRORS, ConfigError, RunExistsError
+from patchword.errors import USER_ERRORS, ConfigError, RunExistsError, report_user_error
 from patchword.fileio import atomic_write_text
 
 __all__ = ["main"]
@@ -35,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     common.add_argument("--json", type=Path, default=None, help="write the raw results here")
     common.add_argument("--force", action="store_true", help="overwrite an existing --json file")
+    common.add_argument("-v", "--verbose", action="store_true", help="tracebacks of errors")
 
     scoring = argparse.ArgumentParser(add_help=False)
     scoring.add_argument(
@@ -176,8 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(args, argv)
     except USER_ERRORS as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return report_user_error(err, args.verbose)
     finally:  # main() also runs in-process (tests, the top-level CLI): leave the caller's settings
         torch.set_num_threads(threads)
         torch.set_flush_denormal(False)  # torch's default; torch has no getter to restore from

@@ -120,7 +120,7 @@ def real_lengths(data: Path | None, bert_vocab: str | None) -> tuple[torch.Tenso
     counts = None
     if bert_vocab:
         try:
-            from patchword.encoders import BertCaptionTokenizer
+            from patchword.data.tokenizers import BertCaptionTokenizer
 
             tokenizer = BertCaptionTokenizer.from_pretrained(bert_vocab)
             counts = [len(tokenizer.encode(text)) for text in texts]

@@ -1,7 +1,7 @@
 """The ``patchword`` command (also ``python -m patchword``).
 
 Configuration is the :class:`~patchword.train.config.RunConfig` dataclass; ``--config run.yaml`` and
-dotted overrides (``model.sparse_ratio=0.6 train.epochs=3``) apply on top of its defaults. ``main(argv)``
+dotted overrides (``model.seps.sparse_ratio=0.6 train.epochs=3``) apply on top of its defaults. ``main(argv)``
 is importable so tests run the CLI in-process.
 
 Errors a user can fix (a bad config value, a missing file, bad data, a model not found offline) are
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import logging
 import sys
-import traceback
 from collections.abc import Callable
 
-from patchword.errors import USER_ERRORS
+from patchword.errors import USER_ERRORS, report_user_error
 
 __all__ = ["main", "report_errors", "setup_logging"]
 
@@ -69,10 +69,7 @@ def report_errors(run: Callable[[], int | None], verbose: bool) -> int:
     try:
         code = run()
     except USER_ERRORS as err:
-        if verbose:
-            traceback.print_exc()
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return report_user_error(err, verbose)
     except TrainingInterrupted as err:
         print(
             f"interrupted: {err}; continue with `patchword train --resume {err.checkpoint.parent}`",
@@ -98,10 +95,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in _DELEGATED:
-        module, function, _ = _DELEGATED[argv[0]]
-        verbose = "-v" in argv or "--verbose" in argv
-        return report_errors(lambda: getattr(importlib.import_module(module), function)(argv[1:]), verbose)
+    # Global flags (-v) may precede a delegated verb: they are handed on with the rest.
+    flags = [a for a in itertools.takewhile(lambda a: a in ("-v", "--verbose"), argv)]
+    rest = argv[len(flags) :]
+    if rest and rest[0] in _DELEGATED:
+        module, function, _ = _DELEGATED[rest[0]]
+        verbose = bool(flags) or "-v" in rest or "--verbose" in rest
+        sub_argv = [*rest[1:], *flags]
+        return report_errors(lambda: getattr(importlib.import_module(module), function)(sub_argv), verbose)
     args = _parser().parse_args(argv)
     setup_logging(args.verbose)
     module = importlib.import_module(_VERBS[args.command][0])

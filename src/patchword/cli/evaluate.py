@@ -191,6 +191,7 @@ def evaluate_suite(
     """The compositional suite: every (image, caption, one-fact negative) triple, accuracy per kind
     (the true caption must score strictly higher; chance 50). Writes ``RUN/eval_compositional.json``."""
     from patchword.device import resolve_device
+    from patchword.distributed import launch_info
     from patchword.errors import ConfigError, RunExistsError
     from patchword.eval.compositional import (
         FileImageSource,
@@ -200,6 +201,8 @@ def evaluate_suite(
     )
     from patchword.runs import config_hash, load_run, read_run_config, resolve_checkpoint
 
+    if launch_info().world_size > 1:
+        raise ConfigError("--suite", "runs in one process: start it without torchrun")
     overrides = list(overrides or [])
     cfg = read_run_config(run_dir, overrides)
     out = out or run_dir / "eval_compositional.json"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,19 +29,24 @@ PathLike = str | os.PathLike[str]
 _logger = logging.getLogger(__name__)
 
 
+_TRUNCATED_LOCK = threading.Lock()
+
+
 @contextmanager
 def _truncated_images_allowed() -> Iterator[None]:
     """Let Pillow decode truncated files inside the block, restoring the previous setting afterwards.
 
-    The flag is a Pillow module global; DataLoader workers are separate processes, so this only races if
-    several threads decode at once, in which case the worst case is the official (global) behaviour.
+    The flag is a Pillow module global: threads that decode at once (index building) take turns here so
+    that none restores it while another still needs it, and it is never left on for the process. Only
+    damaged files come here, after a normal decode failed.
     """
-    previous = ImageFile.LOAD_TRUNCATED_IMAGES
-    ImageFile.LOAD_TRUNCATED_IMAGES = True
-    try:
-        yield
-    finally:
-        ImageFile.LOAD_TRUNCATED_IMAGES = previous
+    with _TRUNCATED_LOCK:
+        previous = ImageFile.LOAD_TRUNCATED_IMAGES
+        ImageFile.LOAD_TRUNCATED_IMAGES = True
+        try:
+            yield
+        finally:
+            ImageFile.LOAD_TRUNCATED_IMAGES = previous
 
 
 # Pillow reports corrupt data through all of these depending on the codec.

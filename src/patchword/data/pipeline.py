@@ -16,11 +16,11 @@ import numpy as np
 import torch
 
 from patchword.data.split import RetrievalSplit
+from patchword.data.tokenizers import TextTokenizer
 from patchword.data.transforms import IMAGENET_MEAN, IMAGENET_STD, normalize_uint8_batch
 from patchword.errors import DataError
 
 __all__ = [
-    "TextTokenizer",
     "ImageSource",
     "ArrayImages",
     "FileImages",
@@ -35,16 +35,6 @@ __all__ = [
 ]
 
 _logger = logging.getLogger(__name__)
-
-
-class TextTokenizer(Protocol):
-    """What the trainer needs from a tokenizer (``WordVocab`` and ``BertCaptionTokenizer`` both fit)."""
-
-    def batch_encode(
-        self, texts: Sequence[str], max_len: int | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (ids (B, L) long padded with 0, lens (B,) long counting the special tokens)."""
-        ...
 
 
 class ImageSource(Protocol):

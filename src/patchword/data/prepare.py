@@ -17,7 +17,7 @@ import numpy as np
 from patchword.data.config import DataConfig
 from patchword.data.pipeline import ArrayImages, EncodedSplit, FileImages, ImageSource, encode_split
 from patchword.data.split import RetrievalSplit
-from patchword.data.vocab import WordVocab
+from patchword.data.tokenizers import WordVocab
 from patchword.errors import ConfigError
 
 __all__ = [
@@ -253,7 +253,7 @@ def build_tokenizer(dc: DataConfig, train: RetrievalSplit | None, *, local_files
             raise ValueError("a word vocabulary is built from the training split, which was not loaded")
         texts = list(train.captions) + list(train.dense_captions or [])
         return WordVocab.build(texts, min_count=dc.vocab_min_count)
-    from patchword.encoders import BertCaptionTokenizer
+    from patchword.data.tokenizers import BertCaptionTokenizer
 
     return BertCaptionTokenizer.from_pretrained(dc.bert_vocab, local_files_only=local_files_only)
 

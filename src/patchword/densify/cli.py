@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from patchword.errors import USER_ERRORS
+from patchword.errors import USER_ERRORS, report_user_error
 
 __all__ = ["main"]
 
@@ -145,12 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         if verb == "stats":
             return _stats(args)
         return _run(args, parser)
-    except USER_ERRORS as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except ImportError as err:  # a missing optional dependency (transformers: the message names the extra)
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except USER_ERRORS as err:  # a missing optional dependency is one too (MissingExtraError)
+        return report_user_error(err, args.verbose)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -317,7 +313,7 @@ def _stats(args: argparse.Namespace) -> int:
 
     bert = None
     if args.bert_vocab:
-        from patchword.encoders import BertCaptionTokenizer
+        from patchword.data.tokenizers import BertCaptionTokenizer
 
         bert = BertCaptionTokenizer.from_pretrained(args.bert_vocab)
     reports = {}

@@ -67,22 +67,18 @@ class GenerationSettings:
 
 
 def resolve_device(device: str, environ: Mapping[str, str] | None = None) -> torch.device:
-    """``auto`` -> the CUDA device of this process (``LOCAL_RANK`` under torchrun) or the CPU.
+    """:func:`patchword.device.resolve_device` for ``--device``, and under torchrun the GPU of this rank
+    (``LOCAL_RANK``) when ``auto`` or ``cuda`` names no index (each rank densifies its own shard).
 
     Raises:
         ConfigError: CUDA was asked for but is not available, or the name is not a device.
     """
+    from patchword.device import resolve_device as resolve
+
     environ = os.environ if environ is None else environ
-    if device == "auto":
-        if not torch.cuda.is_available():
-            return torch.device("cpu")
-        return torch.device("cuda", int(environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
-    try:
-        resolved = torch.device(device)
-    except RuntimeError as err:
-        raise ConfigError("--device", f"expected auto, cpu, cuda or cuda:N, got {device!r}") from err
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device", "CUDA is not available on this machine; use --device cpu or auto")
+    resolved = resolve(device, key="--device")
+    if resolved.type == "cuda" and resolved.index is None and "LOCAL_RANK" in environ:
+        return torch.device("cuda", int(environ["LOCAL_RANK"]) % torch.cuda.device_count())
     return resolved
 
 

@@ -82,7 +82,7 @@ def build_tiny_random(seed: int = 0):
         :class:`~transformers.LlavaProcessor`; both can be saved with ``save_pretrained`` and reloaded with
         ``AutoModelForImageTextToText`` / ``AutoProcessor``.
     """
-    from patchword.encoders.hf import require_transformers
+    from patchword.hub import require_transformers
 
     require_transformers()  # a clear ImportError naming the extra when it is missing
     from transformers import (

@@ -179,7 +179,7 @@ def _dtype_kwarg(transformers, dtype: torch.dtype) -> dict[str, torch.dtype]:
 
 
 def _load_pretrained(name: str, dtype: torch.dtype, allow_download: bool):
-    from patchword.encoders.hf import require_transformers
+    from patchword.hub import require_transformers
 
     transformers = require_transformers()
 

@@ -6,7 +6,8 @@ tokens instead. Text encoders map (B, L) ids and (B,) lengths to (B, L, embed_di
 tokens. Outputs are projected but not L2-normalised. Build one from its config dataclass with
 :func:`build_image_encoder` / :func:`build_text_encoder`.
 
-The Hugging Face adapters and the BERT tokenizer import ``transformers`` only when used.
+The Hugging Face adapters import ``transformers`` only when used (:mod:`patchword.hub`); caption
+tokenisation lives with the data (:mod:`patchword.data.tokenizers`).
 """
 
 from __future__ import annotations
@@ -17,14 +18,11 @@ from collections.abc import Sequence
 from patchword.encoders.base import EncoderBase, padding_mask, projection
 from patchword.encoders.context import ContextConfig, ContextTransformer, ContextualTextEncoder
 from patchword.encoders.hf import HFTextConfig, HFTextEncoder, HFVisionConfig, HFVisionEncoder
-from patchword.encoders.hub import hub_load_errors, require_transformers, resolve_pretrained
 from patchword.encoders.precomp import PrecompConfig, PrecompRegionEncoder
 from patchword.encoders.rnn import BiGRUTextEncoder, GRUTextConfig, load_glove
 from patchword.encoders.tiny import TinyTextConfig, TinyTextTransformer, TinyViT, TinyViTConfig
-from patchword.encoders.tokenizers import BertCaptionTokenizer, size_augment
 
 __all__ = [
-    "BertCaptionTokenizer",
     "BiGRUTextEncoder",
     "ContextConfig",
     "ContextTransformer",
@@ -48,10 +46,6 @@ __all__ = [
     "load_glove",
     "padding_mask",
     "projection",
-    "hub_load_errors",
-    "require_transformers",
-    "resolve_pretrained",
-    "size_augment",
 ]
 
 ImageEncoderConfig = TinyViTConfig | HFVisionConfig | PrecompConfig

@@ -22,7 +22,7 @@ import torch
 
 from patchword._validation import check_lengths
 from patchword.encoders.base import EncoderBase, padding_mask, projection
-from patchword.encoders.hub import hub_load_errors, require_transformers, resolve_pretrained
+from patchword.hub import hub_load_errors, require_transformers, resolve_pretrained
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel

@@ -3,7 +3,7 @@
 from patchword.eval.config import EvalConfig
 from patchword.eval.engine import ScoringEngine, register_engine, score_matrix
 from patchword.eval.metrics import RECALL_KS, coco_1k_folds, retrieval_metrics, retrieval_ranks
-from patchword.eval.protocol import encode_for_scoring, ensemble_metrics, evaluate, score_split
+from patchword.eval.protocol import ensemble_metrics, evaluate, score_split
 from patchword.eval.scoring import encode_image_tokens, encode_text_tokens
 from patchword.eval.two_stage import GlobalIndex, TwoStageResult, global_embeddings, two_stage_scores
 
@@ -14,7 +14,6 @@ __all__ = [
     "ScoringEngine",
     "TwoStageResult",
     "coco_1k_folds",
-    "encode_for_scoring",
     "encode_image_tokens",
     "encode_text_tokens",
     "ensemble_metrics",

@@ -228,7 +228,7 @@ def retrieval_metrics(sims: SimsLike, txt2img: object, *, chunk_size: int | None
     }
 
 
-def _fold_bounds(n_img: int, n_folds: int) -> list[tuple[int, int]]:
+def fold_bounds(n_img: int, n_folds: int) -> list[tuple[int, int]]:
     """Contiguous image ranges ``[f*N//n_folds, (f+1)*N//n_folds)``."""
     if isinstance(n_folds, bool) or not isinstance(n_folds, int) or not 1 <= n_folds <= n_img:
         raise ValueError(f"n_folds must be an int in [1, {n_img}] (the number of images), got {n_folds!r}")
@@ -259,7 +259,7 @@ def coco_1k_folds(
     n_img, n_txt = sims_i2t.shape
     txt2img = _as_txt2img(txt2img, n_img, n_txt, sims_i2t.device)
     folds = []
-    for lo, hi in _fold_bounds(n_img, n_folds):
+    for lo, hi in fold_bounds(n_img, n_folds):
         cols = ((txt2img >= lo) & (txt2img < hi)).nonzero().squeeze(1)
         fold_i2t = sims_i2t[lo:hi, cols]  # advanced indexing copies: slice once in the single-matrix form
         fold_t2i = fold_i2t if sims_t2i is sims_i2t else sims_t2i[lo:hi, cols]

@@ -28,11 +28,10 @@ from patchword.data.pipeline import EncodedSplit, SelectedImages
 from patchword.distributed import Distributed
 from patchword.eval.config import EvalConfig
 from patchword.eval.engine import score_matrix
-from patchword.eval.metrics import coco_1k_folds, retrieval_metrics
+from patchword.eval.metrics import coco_1k_folds, fold_bounds, retrieval_metrics
 from patchword.eval.scoring import encode_image_tokens, encode_text_tokens
 
 __all__ = [
-    "encode_for_scoring",
     "score_split",
     "evaluate",
     "ensemble_metrics",
@@ -46,42 +45,10 @@ Sims = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
 @torch.no_grad()
-def encode_for_scoring(model, split: EncodedSplit, eval_cfg: EvalConfig, *, device, progress=None):
-    """Encode ``split`` once: -> (img (N_img, L_v, C), cap (N_txt, L, C), dense (N_img, L_d, C) or None),
-    float32 on the CPU. Dense captions are encoded only when the matcher reads them."""
-    was_training = model.training
-    model.eval()
-    try:
-        img = encode_image_tokens(
-            model, split.images, batch_size=eval_cfg.batch_size, device=device, progress=progress
-        )
-        cap = encode_text_tokens(
-            model,
-            split.cap_ids,
-            split.cap_lens,
-            batch_size=2 * eval_cfg.batch_size,
-            device=device,
-            progress=progress,
-        )
-        dense = None
-        if split.dense_ids is not None and model.matcher.consumes_dense:
-            dense = encode_text_tokens(
-                model,
-                split.dense_ids,
-                split.dense_lens,
-                batch_size=eval_cfg.batch_size,
-                device=device,
-                progress=progress,
-                desc="encode dense captions",
-            )
-    finally:
-        model.train(was_training)
-    return img, cap, dense
-
-
-@torch.no_grad()
 def _encode_shard(model, split: EncodedSplit, eval_cfg: EvalConfig, dist: Distributed, *, device, progress):
-    """This process's share of :func:`encode_for_scoring`: -> (img, cap, dense, dense_lens, (lo, hi)).
+    """Encode this process's share of ``split`` once (each image, caption and dense caption once; the
+    official code re-encodes an image per caption): -> (img, cap, dense, dense_lens, (lo, hi)), float32
+    on the CPU. Dense captions are encoded only when the matcher reads them.
 
     ``img`` holds the images ``lo..hi`` (this process's block), ``cap`` every caption (each process encodes
     its block, then they are all-gathered), ``dense`` the dense captions of the images held, or of every
@@ -181,6 +148,7 @@ def _two_stage(
         split.cap_lens,
         k=(plan.k_i2t, plan.k_t2i),
         alpha=plan.alpha,
+        max_memory_mb=eval_cfg.max_memory_mb,
         device=device,
         progress=progress,
         dist=dist,
@@ -202,10 +170,6 @@ def _two_stage(
         sims=result.sims,
     )
     return metrics
-
-
-def _fold_bounds(num_images: int) -> list[tuple[int, int]]:
-    return [(f * num_images // COCO_FOLDS, (f + 1) * num_images // COCO_FOLDS) for f in range(COCO_FOLDS)]
 
 
 def evaluate(
@@ -236,16 +200,13 @@ def evaluate(
     if plan is None:
         sims = score_split(model, split, eval_cfg, device=device, progress=progress, dist=dist)
         if sims is not None:
-            metrics = retrieval_metrics(sims, split.txt2img)
-            if eval_cfg.coco_1k:
-                folds = coco_1k_folds(sims, split.txt2img)
-                metrics.update({f"coco1k_{k}": v for k, v in folds.items() if k != "folds"})
+            metrics = _matrix_metrics(sims, split.txt2img, eval_cfg)
     else:
         metrics = _two_stage(model, split, eval_cfg, plan, device=device, progress=progress, dist=dist)
         sims = None if metrics is None else metrics.pop("sims")
         if eval_cfg.coco_1k:
             folds = []
-            for lo, hi in _fold_bounds(split.num_images):
+            for lo, hi in fold_bounds(split.num_images, COCO_FOLDS):
                 part = split.select_images(torch.arange(lo, hi), name=f"{split.name}[{lo}:{hi}]")
                 fold = _two_stage(model, part, eval_cfg, plan, device=device, progress=progress, dist=dist)
                 if fold is not None:
@@ -274,6 +235,11 @@ def ensemble_metrics(members: Sequence[Sims], txt2img: torch.Tensor, eval_cfg: E
     member's shortlist is -inf and stays out of the ensemble's.
     """
     sims = average_scores(members)
+    return _matrix_metrics(sims, txt2img, eval_cfg)
+
+
+def _matrix_metrics(sims: Sims, txt2img: torch.Tensor, eval_cfg: EvalConfig) -> dict[str, Any]:
+    """Recall of a score matrix, plus the COCO 1K folds (``coco1k_*``) with ``eval.coco_1k``."""
     metrics: dict[str, Any] = retrieval_metrics(sims, txt2img)
     if eval_cfg.coco_1k:
         folds = coco_1k_folds(sims, txt2img)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from patchword.errors import USER_ERRORS, MissingFileError, RunExistsError
+from patchword.errors import USER_ERRORS, MissingFileError, RunExistsError, report_user_error
+from patchword.fileio import atomic_write_text
 
 __all__ = ["main"]
 
@@ -122,9 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             _eval(args)
         else:
             _search(args)
-    except (*USER_ERRORS, ImportError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except USER_ERRORS as err:
+        return report_user_error(err, args.verbose)
     return 0
 
 
@@ -179,7 +179,7 @@ def _eval(args: argparse.Namespace) -> None:
         plot_pr_curves(curves, args.pr_plot, title=f"UCMFH {model.fusion}, {args.run_dir.name}")
     text = json.dumps(metrics, indent=2)
     if args.out is not None:
-        args.out.write_text(text)
+        atomic_write_text(args.out, text)
     print(text)
 
 
@@ -240,7 +240,7 @@ def _search(args: argparse.Namespace) -> None:
         {"database": f"retrieval.{db_modality}", "bits": model.bits, "results": results}, indent=1
     )
     if args.out is not None:
-        args.out.write_text(text)
+        atomic_write_text(args.out, text)
     else:
         print(text)
 

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from patchword.errors import MissingExtraError
+from patchword.fileio import atomic_write
 
 __all__ = [
     "binarize",
@@ -322,7 +323,10 @@ class HammingIndex:
 
     def save(self, path: str | Path) -> None:
         """Write the packed codes and the code length to an ``.npz`` file (no pickle)."""
-        np.savez(Path(path), packed=self._packed, bits=np.int64(self.bits))
+        path = Path(path)
+        if path.suffix != ".npz":
+            path = path.with_name(path.name + ".npz")  # what np.savez does with a path
+        atomic_write(path, lambda fh: np.savez(fh, packed=self._packed, bits=np.int64(self.bits)))
 
     @classmethod
     def load(cls, path: str | Path, backend: str = "numpy") -> HammingIndex:

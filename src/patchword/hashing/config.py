@@ -14,6 +14,7 @@ from typing import Literal
 from patchword.errors import ConfigError
 
 __all__ = [
+    "HASH_RESUMABLE_KEYS",
     "LOSSES",
     "HashDataConfig",
     "HashModelConfig",
@@ -114,13 +115,20 @@ class HashRunConfig:
     device: str = "cpu"
 
 
-def check_hash_config(cfg: HashRunConfig) -> None:
+#: Keys a ``hash train --resume`` may change; the rest is the run's own (its config.yaml).
+HASH_RESUMABLE_KEYS = frozenset({"train.epochs", "train.save_every", "train.num_threads", "device"})
+
+
+def check_hash_config(cfg: HashRunConfig):
     """Rules the field types cannot express (configs built in code skip the loader's checks, so the
-    choices are checked here too).
+    choices are checked here too); returns the resolved ``torch.device``.
 
     Raises:
-        ConfigError: naming the dotted key.
+        ConfigError: naming the dotted key (an unavailable device included).
     """
+    from patchword.device import resolve_device
+
+    device = resolve_device(cfg.device)
     tc = cfg.train
     if tc.loss not in LOSSES:
         raise ConfigError("train.loss", f"must be one of {', '.join(LOSSES)}, got {tc.loss!r}")
@@ -134,3 +142,4 @@ def check_hash_config(cfg: HashRunConfig) -> None:
         raise ConfigError("train.epochs", f"must be >= 0, got {tc.epochs}")
     if tc.num_threads < 0:
         raise ConfigError("train.num_threads", f"must be >= 0 (0 = torch's default), got {tc.num_threads}")
+    return device

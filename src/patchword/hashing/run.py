@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from patchword.config import load_config, save_config
-from patchword.errors import MissingFileError, RunExistsError
+from patchword.config import config_diff, load_config, save_config
+from patchword.device import resolve_device
+from patchword.errors import ConfigError, MissingFileError, RunExistsError
+from patchword.fileio import atomic_write_text
 from patchword.hashing.build import build_hashing_dataset, build_hashing_model
-from patchword.hashing.config import HashRunConfig, check_hash_config
+from patchword.hashing.config import HASH_RESUMABLE_KEYS, HashRunConfig, check_hash_config
 from patchword.hashing.dataset import HashDataset
 from patchword.hashing.evaluate import evaluate_hashing
 from patchword.hashing.model import UCMFH
@@ -51,26 +53,39 @@ def train_hashing(
 
     Raises:
         RunExistsError: the run directory already holds a checkpoint and ``resume`` is False.
+        MissingFileError: ``resume`` of a run that does not exist or never saved a checkpoint.
+        ConfigError: ``resume`` with settings other than the run's own (except
+            :data:`HASH_RESUMABLE_KEYS`); the run's config.yaml is never rewritten.
     """
-    check_hash_config(cfg)
+    device = check_hash_config(cfg)
     run_dir = hashing_run_dir(cfg)
-    if (run_dir / "last.pt").exists() and not resume:
+    if resume:
+        if not (run_dir / "last.pt").is_file():
+            raise MissingFileError(f"{run_dir} has no last.pt to resume (no such run, or it never saved one)")
+        saved = load_config(HashRunConfig, run_dir / "config.yaml")
+        changed = [k for k in config_diff(saved, cfg) if k not in HASH_RESUMABLE_KEYS]
+        if changed:
+            raise ConfigError(
+                changed[0], f"differs from {run_dir / 'config.yaml'}: a resumed run keeps its own settings"
+            )
+    elif (run_dir / "last.pt").exists():
         raise RunExistsError(f"{run_dir} already holds a run; pass --resume or choose another name")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
     seed_everything(cfg.train.seed)
     data = data if data is not None else build_hashing_dataset(cfg.data)
     if cfg.train.loss == "hashnet" and not data.has_labels:
         _logger.info("hashnet loss without labels: pairs are similar only to themselves (ids)")
     model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)
     trainer = HashTrainer(cfg, model, data, run_dir)
-    if resume and (run_dir / "last.pt").exists():
+    if not resume:  # everything is checked and built: now the run directory and its config
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+    else:
         trainer.resume(run_dir / "last.pt")
     fit = trainer.fit()
     export_weights(model, asdict(cfg), run_dir, data=data.summary())
-    metrics = evaluate_hashing(model, data, cfg.eval, cfg.device)
+    metrics = evaluate_hashing(model, data, cfg.eval, device)
     append_metrics(run_dir, {"split": "test", "epoch": trainer.epoch, "step": trainer.step, **metrics})
-    (run_dir / "eval.json").write_text(json.dumps(metrics, indent=2))
+    atomic_write_text(run_dir / "eval.json", json.dumps(metrics, indent=2))
     return {"run_dir": str(run_dir), "data": data.summary(), **fit, **metrics}
 
 
@@ -88,8 +103,9 @@ def load_hashing_run(
     if not (run_dir / "last.pt").is_file():
         raise MissingFileError(f"{run_dir} has no last.pt: the run never saved a checkpoint")
     cfg = load_config(HashRunConfig, run_dir / "config.yaml", overrides or [])
-    if device:
-        cfg.device = device
+    cfg = replace(
+        cfg, device=str(resolve_device(device or cfg.device, key="--device" if device else "device"))
+    )
     data = build_hashing_dataset(cfg.data)
     model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)
     model.load_state_dict(load_checkpoint(run_dir / "last.pt", map_location=cfg.device)["model"])

@@ -43,7 +43,7 @@ class HashTrainer:
     """
 
     def __init__(self, cfg: HashRunConfig, model: UCMFH, data: HashDataset, run_dir: Path) -> None:
-        check_hash_config(cfg)
+        device = check_hash_config(cfg)
         if cfg.train.feature_weight and data.image_dim != data.text_dim:
             raise ConfigError(
                 "train.feature_weight",
@@ -52,7 +52,7 @@ class HashTrainer:
                 "train on the codes only",
             )
         self.cfg, self.tc = cfg, cfg.train
-        self.device = torch.device(cfg.device)
+        self.device = device
         self.model = model.to(self.device)
         self.data = data
         self.run_dir = run_dir

@@ -95,6 +95,20 @@ class Matcher(nn.Module):
         """True when a query carries text generated from its target image (caption-tied dense text)."""
         return self.consumes_dense and self.dense_pairing == "caption"
 
+    def temperature_scale(self) -> torch.Tensor | None:
+        """The learned inverse temperature a contrastive (InfoNCE) loss multiplies the sims by (CLIP's
+        ``exp(logit_scale)``); None for matchers trained without one."""
+        return None
+
+    def update_from_shard(self, sims, row_max, row_offset, cap_lens, all_reduce) -> None:
+        """Statistics a matcher fits on the whole training batch when that batch is spread over processes
+        (NAAF's thresholds; the matcher marks ``extras["row_max"]`` in its output). The default has none."""
+
+    def selection_trace(self, img_tokens, cap_tokens, cap_lens, dense_tokens=None, dense_lens=None):
+        """How one (image, caption) pair's patches were selected (explanations), or None for a matcher
+        that selects no patches (see :meth:`SEPSMatcher.selection_trace`)."""
+        return None
+
     def two_stage_plan(self) -> TwoStagePlan | None:
         """The two-stage search this matcher is evaluated with, or None to rank the full matrix."""
         return None

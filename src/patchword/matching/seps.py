@@ -198,7 +198,7 @@ class SEPSMatcher(Matcher):
 
     All pairs are scored at once: per-image work (saliency, aggregation logits, score predictor) is done
     once per image and the caption-dependent selection enters as masks, which equals the official
-    per-caption loop (see ``tests/reference_seps.py``).
+    per-caption loop (see :func:`patchword.testing.seps_reference_scores`).
     """
 
     @classmethod

@@ -126,8 +126,6 @@ def save_pretrained_encoders(
 ) -> None:
     """Write ``model``'s encoders (floating tensors stored as ``dtype``: float16 halves the file; loading
     casts back to the model's float32), their architecture and ``meta`` (recipe, metrics) to ``out_dir``."""
-    import shutil
-
     out_dir.mkdir(parents=True, exist_ok=True)
     weights = {
         k: (v.to(dtype) if v.is_floating_point() else v).detach().cpu().contiguous()
@@ -135,7 +133,7 @@ def save_pretrained_encoders(
         if k.startswith(("image_encoder.", "text_encoder."))
     }
     atomic_write(out_dir / WEIGHTS, lambda fh: fh.write(save(weights)))
-    shutil.copyfile(vocab_json, out_dir / VOCAB)
+    atomic_write(out_dir / VOCAB, lambda fh: fh.write(Path(vocab_json).read_bytes()))
     atomic_write_text(
         out_dir / CONFIG, json.dumps({"architecture": encoder_architecture(model_cfg), **meta}, indent=2)
     )

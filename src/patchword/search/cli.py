@@ -14,7 +14,8 @@ import logging
 import sys
 from pathlib import Path
 
-from patchword.errors import USER_ERRORS
+from patchword.device import resolve_device
+from patchword.errors import USER_ERRORS, report_user_error
 
 __all__ = ["main_index", "main_search"]
 
@@ -58,7 +59,7 @@ def _index_parser() -> argparse.ArgumentParser:
     build.add_argument(
         "--workers", type=int, default=None, help="image decoding threads (default min(4, CPUs))"
     )
-    build.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0 (default cpu)")
+    build.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     build.add_argument("--checkpoint", default=None, help="checkpoint inside RUN_DIR (default best.pt)")
     return parser
 
@@ -80,12 +81,11 @@ def main_index(argv: list[str] | None = None) -> int:
             batch_size=args.batch_size,
             shard_size=args.shard_size,
             workers=args.workers,
-            device=args.device,
+            device=resolve_device(args.device, key="--device"),
             checkpoint=args.checkpoint,
         )
-    except (*USER_ERRORS, ImportError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except USER_ERRORS as err:
+        return report_user_error(err, args.verbose)
     except KeyboardInterrupt:
         print(f"interrupted: rerun the same command to resume {args.out}", file=sys.stderr)
         return 130
@@ -108,7 +108,7 @@ def _search_parser() -> argparse.ArgumentParser:
         "--run", type=Path, default=None, help="run directory (default: the one that built it)"
     )
     parser.add_argument("--checkpoint", default=None, help="checkpoint inside the run (default: the index's)")
-    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
 
@@ -126,13 +126,12 @@ def main_search(argv: list[str] | None = None) -> int:
             args.index_dir,
             run_dir=args.run,
             checkpoint=args.checkpoint,
-            device=args.device,
+            device=resolve_device(args.device, key="--device"),
             shortlist=args.shortlist,
         )
         result = searcher.search(args.query, k=args.k)
-    except (*USER_ERRORS, ImportError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except USER_ERRORS as err:
+        return report_user_error(err, args.verbose)
     if args.json:
         body = result.to_json()
         body["timings_ms"] = {key: round(1000 * value, 3) for key, value in result.timings.items()}

@@ -30,7 +30,6 @@ from typing import Any
 import torch
 
 from patchword.matching.ops import l2norm
-from patchword.matching.seps import SEPSMatcher
 
 __all__ = ["BranchMask", "WordAttention", "Explanation", "explain_pair", "SPECIAL_TOKENS"]
 
@@ -165,8 +164,13 @@ def explain_pair(
         None if dense_tokens is None else torch.tensor([dense_len], device=device),
     )
     score = float(out.sims[0, 0])
-    if isinstance(matcher, SEPSMatcher):
-        explanation = _explain_seps(matcher, img_tokens, cap_tokens, dense_tokens, names, score)
+    dense_args = (None, None)
+    if dense_tokens is not None:
+        dense_args = (dense_tokens[None], torch.tensor([dense_tokens.shape[0]], device=device))
+    lens = torch.tensor([cap_tokens.shape[0]], device=device)
+    trace = matcher.selection_trace(img_tokens[None], cap_tokens[None], lens, *dense_args)
+    if trace is not None:
+        explanation = _explain_selection(trace, cap_tokens, names, score)
     else:
         explanation = _explain_token_cosine(matcher, img_tokens, cap_tokens, names, score)
     n = explanation.words[0].heat.numel() if explanation.words else 0
@@ -178,23 +182,9 @@ def _word(text: str, heat: torch.Tensor, best: str, cosine: float) -> WordAttent
     return WordAttention(text, text in SPECIAL_TOKENS, heat.float().cpu(), best, float(cosine))
 
 
-def _explain_seps(
-    matcher: SEPSMatcher,
-    img_tokens: torch.Tensor,
-    cap_tokens: torch.Tensor,
-    dense_tokens: torch.Tensor | None,
-    names: list[str],
-    score: float,
-) -> Explanation:
-    """The matcher's own selection of one pair (:meth:`SEPSMatcher.selection_trace`) and the HRPA
-    cosine of every word with every image token, split over the patches each token mixes."""
-    device = cap_tokens.device
-    dense_args = (None, None)
-    if dense_tokens is not None:
-        dense_args = (dense_tokens[None], torch.tensor([dense_tokens.shape[0]], device=device))
-    trace = matcher.selection_trace(
-        img_tokens[None], cap_tokens[None], torch.tensor([cap_tokens.shape[0]], device=device), *dense_args
-    )
+def _explain_selection(trace, cap_tokens: torch.Tensor, names: list[str], score: float) -> Explanation:
+    """A matcher's own selection of one pair (:meth:`Matcher.selection_trace`) and the HRPA cosine of every
+    word with every image token, split over the patches each token mixes."""
     omega, raw = trace.mixture, trace.patches  # (N_c + 1, N) aggregated tokens then fusion; (N, C)
     token_norms = torch.linalg.vector_norm(omega @ raw, dim=-1).clamp_min(1e-12)  # (N_c + 1,)
     words = l2norm(cap_tokens)  # (L, C)
@@ -222,7 +212,7 @@ def _explain_seps(
         score=score,
         branches=[BranchMask(_BRANCH_NAMES.get(name, name), keep.cpu()) for name, keep in trace.branches],
         words=result,
-        num_keep=matcher.num_keep,
+        num_keep=int(trace.branches[0][1].sum()) if trace.branches else None,
         alignment=alignment.float().cpu(),
     )
 

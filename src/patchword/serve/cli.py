@@ -12,7 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from patchword.errors import USER_ERRORS
+from patchword.device import resolve_device
+from patchword.errors import USER_ERRORS, report_user_error
 
 __all__ = ["main_serve"]
 
@@ -32,7 +33,8 @@ def _parser() -> argparse.ArgumentParser:
         "--run", type=Path, default=None, help="run directory (default: the one that built it)"
     )
     parser.add_argument("--checkpoint", default=None, help="checkpoint inside the run (default: the index's)")
-    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging and error tracebacks")
     parser.add_argument("--shortlist", type=int, default=None, help="images re-ranked per query")
     parser.add_argument("--workers", type=int, default=2, help="threads doing model work (default 2)")
     parser.add_argument(
@@ -74,13 +76,12 @@ def main_serve(argv: list[str] | None = None) -> int:
             args.index_dir,
             run_dir=args.run,
             checkpoint=args.checkpoint,
-            device=args.device,
+            device=resolve_device(args.device, key="--device"),
             shortlist=args.shortlist,
         )
         app = create_app(searcher, limits)
-    except (*USER_ERRORS, ImportError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except USER_ERRORS as err:
+        return report_user_error(err, args.verbose)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(
             f"warning: listening on {args.host}: the server has no authentication and serves every indexed "

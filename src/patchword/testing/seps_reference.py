@@ -110,7 +110,7 @@ def seps_reference_scores(
     cfg = matcher.config
     if matcher.training:
         raise ValueError("the reference scores eval-mode matchers (hard top-K selection)")
-    if getattr(cfg, "joint_score", False):
+    if cfg.joint_score:
         raise ValueError("the reference implements joint_score=False only")
     if pairing not in ("image", "caption"):
         raise ValueError(f"pairing must be 'image' or 'caption', got {pairing!r}")

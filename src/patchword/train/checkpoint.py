@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 import random
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save
 
+from patchword.errors import DataError, MissingFileError
 from patchword.fileio import atomic_write, atomic_write_bytes, atomic_write_text
 
 _logger = logging.getLogger(__name__)
@@ -38,8 +40,11 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     """Load a training checkpoint written by :func:`atomic_save` (plain containers only)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    return torch.load(path, map_location=map_location, weights_only=True)
+        raise MissingFileError(f"checkpoint {path} does not exist")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError) as err:
+        raise DataError(f"{path} is not a readable patchword checkpoint: {err}") from None
 
 
 def seed_everything(seed: int) -> None:

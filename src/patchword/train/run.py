@@ -29,12 +29,11 @@ from patchword.data.prepare import (
     load_raw_data,
     prepare_data,
 )
-from patchword.data.vocab import WordVocab
+from patchword.data.tokenizers import WordVocab
 from patchword.distributed import Distributed, session
 from patchword.errors import ConfigError, MissingFileError, RunExistsError
 from patchword.eval.protocol import evaluate
 from patchword.model import RetrievalModel, build_model, matcher_section, model_reads_dense
-from patchword.runs import CONFIG_FILE, VOCAB_FILE, load_run_tokenizer, read_run_config
 from patchword.train.checkpoint import (
     atomic_write_text,
     export_weights,
@@ -43,6 +42,14 @@ from patchword.train.checkpoint import (
     warm_start,
 )
 from patchword.train.config import RunConfig
+from patchword.train.rundir import (
+    CONFIG_FILE,
+    VOCAB_FILE,
+    build_run_model,
+    load_run_tokenizer,
+    read_run_config,
+    save_backbones,
+)
 from patchword.train.trainer import Trainer
 from patchword.train.validate import RESUMABLE_KEYS, check_config, check_launch, check_model_data
 
@@ -61,8 +68,11 @@ _logger = logging.getLogger(__name__)
 RESUMES_FILE = "resumes.jsonl"
 
 
-def _build(cfg: RunConfig, data: PreparedData | None, tokenizer=None) -> tuple[PreparedData, RetrievalModel]:
-    """Data (all three splits) and model, every check passed; nothing is written."""
+def _build(
+    cfg: RunConfig, data: PreparedData | None, tokenizer=None, run_dir: Path | None = None
+) -> tuple[PreparedData, RetrievalModel]:
+    """Data (all three splits) and model, every check passed; nothing is written. With ``run_dir`` (a
+    resume) the model is built from the run's own files, its checkpoint then supplies every weight."""
     use_dense = cfg.data.dense and model_reads_dense(cfg.model)
     t0 = time.perf_counter()
     if data is None:
@@ -78,9 +88,12 @@ def _build(cfg: RunConfig, data: PreparedData | None, tokenizer=None) -> tuple[P
         {k: (v.num_images, v.num_captions) for k, v in data.splits.items()},
     )
     seed_everything(cfg.seed)
-    model = build_model(cfg.model, vocab_size=data.vocab_size, vocab_words=data.vocab_words)
+    if run_dir is not None:
+        model = build_run_model(run_dir, cfg, data.vocab_size, data.vocab_words)
+    else:
+        model = build_model(cfg.model, vocab_size=data.vocab_size, vocab_words=data.vocab_words)
     check_model_data(cfg, model, data)
-    if cfg.train.init_from:
+    if cfg.train.init_from and run_dir is None:
         warm_start(model, cfg.train.init_from)
     return data, model
 
@@ -136,6 +149,7 @@ def train_run(cfg: RunConfig, *, data: PreparedData | None = None) -> dict[str, 
             if dist.is_main:
                 save_config(cfg, run_dir / CONFIG_FILE)
                 _save_tokenizer(data.tokenizer, run_dir)
+                save_backbones(model, run_dir)
             seed_everything(cfg.seed)
             trainer = _trainer(cfg, model, data, run_dir, dist)
             fit = trainer.fit()
@@ -180,7 +194,7 @@ def resume_run(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, 
                 f"resumable keys: {', '.join(sorted(RESUMABLE_KEYS))}",
             )
     cfg = apply_overrides(saved, list(overrides))
-    device = check_config(cfg)
+    device = check_config(cfg, resuming=True)
     state = load_checkpoint(last, map_location="cpu")
     stored = from_dict(RunConfig, state["config"])
     changed = [k for k in config_diff(saved, stored) if k not in RESUMABLE_KEYS]
@@ -192,7 +206,7 @@ def resume_run(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, 
     tokenizer = load_run_tokenizer(run_dir, cfg.data)
     with session(device, cfg.dist_timeout_s) as dist:
         check_launch(cfg, dist.world_size)
-        data, model = _build(cfg, None, tokenizer=tokenizer)
+        data, model = _build(cfg, None, tokenizer=tokenizer, run_dir=run_dir)
         trainer = _trainer(cfg, model, data, run_dir, dist)
         trainer.load_state_dict(state)
         _logger.info(

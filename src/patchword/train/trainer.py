@@ -239,7 +239,7 @@ class Trainer:
     def _fit(self, flag: dict[str, int]) -> dict[str, Any]:
         tc = self.tc
         start = time.perf_counter()
-        stop = False
+        stop = bool(tc.max_steps and self.step >= tc.max_steps)  # a resumed run that already got there
         while self.epoch < tc.epochs and not stop:
             batches = self._epoch_batches(self.epoch)
             for batch in self._loader(batches):
@@ -338,11 +338,12 @@ class Trainer:
         else:
             self._clip_and_step(found_inf)
         self._skipped += found_inf
-        if tc.log_every and self.step % tc.log_every == 0 and self.dist.is_main:
+        done = self.step + 1  # steps done with this one: the count dev records and checkpoints use
+        if tc.log_every and done % tc.log_every == 0 and self.dist.is_main:
             loss_value, align, ratio = stats.tolist()
             record = {
                 "split": "train",
-                "step": self.step,
+                "step": done,
                 "epoch": self.epoch,
                 "loss": loss_value,
                 "align": align,
@@ -350,7 +351,7 @@ class Trainer:
                 "lr": self.optimizer.param_groups[0]["lr"],
                 "time": time.time(),
             }
-            _logger.info("step %d epoch %d loss %.4f", self.step, self.epoch, loss_value)
+            _logger.info("step %d epoch %d loss %.4f", done, self.epoch, loss_value)
             if not math.isfinite(loss_value):
                 _logger.warning(
                     "non-finite loss at step %d: step skipped (%d so far)", self.step, self.skipped_steps

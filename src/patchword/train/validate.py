@@ -13,9 +13,16 @@ from pathlib import Path
 import torch
 
 from patchword.config import config_diff
-from patchword.data.prepare import FILE_DATASETS, REGION_DATASETS, SYNTHETIC_DATASETS, PreparedData
+from patchword.data.prepare import (
+    FILE_DATASETS,
+    REGION_DATASETS,
+    SYNTHETIC_DATASETS,
+    PreparedData,
+    eval_role,
+)
 from patchword.device import resolve_device
 from patchword.errors import ConfigError, MissingFileError
+from patchword.matching.registry import matcher_preset
 from patchword.model import MATCHER_SECTIONS, RetrievalModel, matcher_section, model_reads_dense
 from patchword.train.config import RunConfig
 
@@ -36,6 +43,7 @@ RESUMABLE_KEYS = frozenset(
         "eval.batch_size",
         "eval.coco_1k",
         "eval.max_memory_mb",
+        "eval.coco_extended",
         "device",
         "progress",
         "data.cache_dir",
@@ -72,8 +80,12 @@ def data_image_size(cfg: RunConfig) -> int | None:
     return dc.synthetic_image_size if dc.dataset in SYNTHETIC_DATASETS else dc.image_size
 
 
-def check_config(cfg: RunConfig) -> torch.device:
+def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
     """Check everything that can be checked from the config alone; return the resolved device.
+
+    ``resuming``: the run continues from its checkpoint, so what only initialises a model
+    (``train.init_from``, ``model.tiny_pretrained`` and its vocabulary: the run saved its own) need not
+    exist any more.
 
     Raises:
         ConfigError: naming the first offending key.
@@ -111,6 +123,13 @@ def check_config(cfg: RunConfig) -> torch.device:
         ("model.embed_dim", mc.embed_dim, 1),
     ]:
         _at_least(value, low, key)
+    eval_role(dc, ec.split)  # "test" or "dev" (or the dataset's names for them)
+    if ec.coco_extended:
+        if dc.dataset in SYNTHETIC_DATASETS:
+            raise ConfigError("eval.coco_extended", "needs the COCO 5K test split (ECCV Caption / CxC ids)")
+        from patchword.eval.coco_extended import CocoGroundTruth
+
+        CocoGroundTruth.load()  # the extra and its data, now rather than after training
     if tc.lr <= 0:
         raise ConfigError("train.lr", f"must be > 0, got {tc.lr!r}")
     if not cfg.dist_timeout_s > 0:
@@ -126,6 +145,13 @@ def check_config(cfg: RunConfig) -> torch.device:
     _ratio(mc.seps.sparse_ratio, "model.seps.sparse_ratio")
     _ratio(mc.seps.aggr_ratio, "model.seps.aggr_ratio")
     in_use = matcher_section(mc.matcher)
+    section = getattr(mc, in_use)
+    for key, value in matcher_preset(mc.matcher).items():
+        if getattr(section, key) != getattr(type(section)(), key):
+            raise ConfigError(
+                f"model.{in_use}.{key}",
+                f"is fixed to {value!r} by model.matcher={mc.matcher}: leave it at its default",
+            )
     for name in MATCHER_SECTIONS:
         options = getattr(mc, name)
         changed = config_diff(type(options)(), options) if name != in_use else []
@@ -181,24 +207,31 @@ def check_config(cfg: RunConfig) -> torch.device:
             path = getattr(dc, f"dense_{role}")
             if path:
                 _existing(path, f"data.dense_{role}")
-    if dc.vocab_path:
-        from patchword.pretrained import resolve_vocab_path
+    if not resuming:
+        _check_initialisation(cfg)
+    if mc.gru.glove_path:
+        _existing(mc.gru.glove_path, "model.gru.glove_path")
+    return device
 
+
+def _check_initialisation(cfg: RunConfig) -> None:
+    """What a new run starts from: a vocabulary file, pretrained tiny encoders (with their vocabulary),
+    a warm-start checkpoint."""
+    from patchword.pretrained import VOCAB, resolve_pretrained_dir, resolve_vocab_path
+
+    dc, mc = cfg.data, cfg.model
+    if dc.vocab_path:
         _existing(resolve_vocab_path(dc.vocab_path), "data.vocab_path")
     if mc.tiny_pretrained:
-        from patchword.pretrained import VOCAB, resolve_pretrained_dir, resolve_vocab_path
-
-        vocab = resolve_pretrained_dir(mc.tiny_pretrained) / VOCAB
-        if dc.tokenizer != "word" or not dc.vocab_path or Path(resolve_vocab_path(dc.vocab_path)) != vocab:
+        vocab = (resolve_pretrained_dir(mc.tiny_pretrained) / VOCAB).resolve()
+        given = Path(resolve_vocab_path(dc.vocab_path)).resolve() if dc.vocab_path else None
+        if dc.tokenizer != "word" or given != vocab:
             raise ConfigError(
                 "data.vocab_path",
                 f"must be the pretrained encoders' vocabulary: set data.vocab_path={mc.tiny_pretrained}",
             )
-    if tc.init_from:
-        _existing(tc.init_from, "train.init_from", "path")
-    if mc.gru.glove_path:
-        _existing(mc.gru.glove_path, "model.gru.glove_path")
-    return device
+    if cfg.train.init_from:
+        _existing(cfg.train.init_from, "train.init_from", "path")
 
 
 def check_launch(cfg: RunConfig, world_size: int) -> None:

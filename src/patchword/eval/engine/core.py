@@ -264,7 +264,7 @@ def score_matrix(
             ``dense_pairing="image"``: (N_img, L_d, C), row v describes image v. With ``"caption"``:
             (N_txt, L_d, C), one per caption, or any (N_dense, L_d, C) plus ``txt2img``.
         txt2img: (N_txt,) with caption-tied dense text, caption j uses dense row ``txt2img[j]`` (rows =
-            images, as ``chunked_scores``); captions sharing a dense row share its dense-branch work.
+            images); captions sharing a dense row share its dense-branch work.
         max_memory_mb: budget for the engine's working tensors in MiB (inputs and the result excluded);
             block sizes are chosen so that the peak stays below it, whatever N_img x N_txt is.
         device: where to compute (default: the matcher's device). Results are gathered on the CPU.

@@ -269,8 +269,8 @@ def in_workers(workers: int, items, fn) -> None:
     the spinning of the others steals time from the same cores (scoring degraded ~4.6x when one of two
     cores was busy, docs/distributed.md). Single-threaded workers never wait for each other inside a
     block: a slowed worker simply takes fewer blocks, so the job slows by about the share of the busy
-    core. The thread count is set inside each worker (with the OpenMP backend it is a per-thread
-    setting), so the caller's is left alone; grad mode is per thread too.
+    core. The thread count is set inside each worker; torch also keeps that number as the default of
+    threads created later, so the caller's count is set again afterwards (grad mode is per thread).
     """
     import threading
     from concurrent.futures import ThreadPoolExecutor
@@ -291,9 +291,13 @@ def in_workers(workers: int, items, fn) -> None:
         for item in queue:
             fn(item)
         return
-    with ThreadPoolExecutor(workers) as pool:
-        for future in [pool.submit(work) for _ in range(workers)]:
-            future.result()
+    caller = torch.get_num_threads()
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            for future in [pool.submit(work) for _ in range(workers)]:
+                future.result()
+    finally:
+        torch.set_num_threads(caller)
 
 
 @register_engine(SEPSMatcher)

@@ -113,14 +113,15 @@ class WordVocab:
     # -- persistence (SCAN json format) ----------------------------------------------------------------
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the vocabulary as SCAN-style JSON."""
+        """Write the vocabulary as SCAN-style JSON (atomically: a run's later evaluations depend on it)."""
+        from patchword.fileio import atomic_write_text
+
         payload = {
             "word2idx": self.word2idx,
             "idx2word": {str(i): w for i, w in enumerate(self.idx2word)},
             "idx": len(self),
         }
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(payload, f, ensure_ascii=False)
+        atomic_write_text(path, json.dumps(payload, ensure_ascii=False))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> WordVocab:

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from patchword.encoders.hub import hub_load_errors, require_transformers, resolve_pretrained
 from patchword.errors import MissingFileError
+from patchword.hub import hub_load_errors, require_transformers, resolve_pretrained
 
 __all__ = ["BertCaptionTokenizer", "RandomSource", "size_augment"]
 

@@ -1,0 +1,41 @@
+"""Tokenisation, in one place: captions and dense captions -> padded id tensors.
+
+* :class:`WordVocab` (:mod:`.word`): the SCAN / VSE++ word vocabulary built from the training text, for the
+  from-scratch and GRU text encoders;
+* :class:`BertCaptionTokenizer` (:mod:`.bert`): BERT WordPiece exactly as the official SEPS/LAPS code, with
+  its train-time "size augmentation" (:func:`size_augment`).
+
+Both satisfy :class:`TextTokenizer`, all the training and evaluation pipeline needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+from patchword.data.tokenizers.bert import BertCaptionTokenizer, size_augment
+from patchword.data.tokenizers.word import END, PAD, START, UNK, WordVocab, tokenize
+
+__all__ = [
+    "TextTokenizer",
+    "WordVocab",
+    "BertCaptionTokenizer",
+    "size_augment",
+    "tokenize",
+    "PAD",
+    "START",
+    "END",
+    "UNK",
+]
+
+
+class TextTokenizer(Protocol):
+    """What the trainer needs from a tokenizer (``WordVocab`` and ``BertCaptionTokenizer`` both fit)."""
+
+    def batch_encode(
+        self, texts: Sequence[str], max_len: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (ids (B, L) long padded with 0, lens (B,) long counting the special tokens)."""
+        ...
