@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from conftest import TINY_MODEL_32
 from patchword.bench import count_flops, format_duration, format_scoring, format_two_stage, main
 from patchword.bench.inputs import SCORING_CONFIGS, VIT_DIM, VIT_PATCHES, scoring_inputs, stand_in_lengths
 
@@ -171,16 +172,7 @@ TINY_RUN = [
     "data.num_train=20",
     "data.num_dev=12",
     "data.num_test=12",
-    "data.synthetic_image_size=32",
-    "model.embed_dim=32",
-    "model.tiny_vit.image_size=32",
-    "model.tiny_vit.patch_size=8",
-    "model.tiny_vit.width=32",
-    "model.tiny_vit.depth=1",
-    "model.tiny_vit.heads=2",
-    "model.tiny_text_width=32",
-    "model.tiny_text_depth=1",
-    "model.max_text_len=160",
+    *TINY_MODEL_32,
     "train.batch_size=16",
     "train.epochs=1",
 ]

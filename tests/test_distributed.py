@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import TINY_MODEL_32
 from patchword.config import apply_overrides
 from patchword.train.checkpoint import load_checkpoint
 from patchword.train.config import RunConfig
@@ -32,16 +33,7 @@ TINY = [
     "data.num_train=21",  # 105 captions: batches of 16 and a last one of 9 (uneven shards 5 / 4)
     "data.num_dev=12",
     "data.num_test=12",
-    "data.synthetic_image_size=32",
-    "model.embed_dim=32",
-    "model.tiny_vit.image_size=32",
-    "model.tiny_vit.patch_size=8",
-    "model.tiny_vit.width=32",
-    "model.tiny_vit.depth=1",
-    "model.tiny_vit.heads=2",
-    "model.tiny_text_width=32",
-    "model.tiny_text_depth=1",
-    "model.max_text_len=160",
+    *TINY_MODEL_32,
     "train.batch_size=16",
     "train.lr=1e-3",
     "train.log_every=1",
@@ -331,7 +323,7 @@ def test_two_processes_train_like_one(launch, case):
     assert json.loads((two / "summary.json").read_text())["world_size"] == 2
     # the loss of every step (20, over 4 epochs with uneven last batches and hardest negatives from epoch 1)
     a, b = _train_losses(one), _train_losses(two)
-    assert [s for s, _ in a] == [s for s, _ in b] == list(range(20))
+    assert [s for s, _ in a] == [s for s, _ in b] == list(range(1, 21))  # steps done
     for (step, x), (_, y) in zip(a, b, strict=True):
         assert abs(x - y) <= 1e-4 * max(abs(x), 1e-6), (step, x, y)
     assert any(abs(x) > 1 for _, x in a)  # a loss that trains, not zeros
@@ -361,7 +353,7 @@ def test_resume_under_two_processes_equals_an_uninterrupted_run(launch):
     assert _ok(results, first + 1)["steps"] == 20
     full, resumed = root / "two" / "seps_paper", root / "two" / "half"
     a, b = _train_losses(full), _train_losses(resumed)
-    assert [s for s, _ in b] == list(range(20))
+    assert [s for s, _ in b] == list(range(1, 21))
     assert [x for _, x in a] == pytest.approx([x for _, x in b], rel=1e-6, abs=1e-6)
     wa, wb = load_checkpoint(full / "last.pt"), load_checkpoint(resumed / "last.pt")
     assert len(wb["rng_ranks"]) == 2 and wb["world_size"] == 2

@@ -13,6 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import TINY_MODEL_32
 from patchword.config import apply_overrides
 from patchword.data.pipeline import FileImages, SelectedImages, load_images, train_image_seeds
 from patchword.distributed import launch_info, shard_bounds
@@ -156,16 +157,7 @@ _TINY = [
     "data.num_train=12",
     "data.num_dev=6",
     "data.num_test=6",
-    "data.synthetic_image_size=32",
-    "model.embed_dim=32",
-    "model.tiny_vit.image_size=32",
-    "model.tiny_vit.patch_size=8",
-    "model.tiny_vit.width=32",
-    "model.tiny_vit.depth=1",
-    "model.tiny_vit.heads=2",
-    "model.tiny_text_width=32",
-    "model.tiny_text_depth=1",
-    "model.max_text_len=160",
+    *TINY_MODEL_32,
     "model.seps.variant=code",
     "train.batch_size=16",
     "train.max_steps=6",

@@ -94,6 +94,8 @@ def test_uncached_texts_and_inline_dense_scores_give_the_same(variant):
         dict(variant="paper", aggregation="shared"),
         dict(variant="code", hrpa_topk=3, similarity="cosine"),
         dict(variant="code", dense_mode="guide", aggregation="dual"),
+        dict(variant="paper", saliency="cls"),
+        dict(variant="code", saliency="cls"),
     ],
 )
 @pytest.mark.parametrize("dense", ["image", "caption"])

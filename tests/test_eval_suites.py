@@ -7,22 +7,14 @@ import json
 
 import pytest
 
+from conftest import TINY_MODEL_32
 from patchword.cli import main
 
 TINY = [
     "data.num_train=20",
     "data.num_dev=12",
     "data.num_test=12",
-    "data.synthetic_image_size=32",
-    "model.embed_dim=32",
-    "model.tiny_vit.image_size=32",
-    "model.tiny_vit.patch_size=8",
-    "model.tiny_vit.width=32",
-    "model.tiny_vit.depth=1",
-    "model.tiny_vit.heads=2",
-    "model.tiny_text_width=32",
-    "model.tiny_text_depth=1",
-    "model.max_text_len=160",
+    *TINY_MODEL_32,
     "model.seps.variant=paper",
     "train.batch_size=16",
     "train.max_steps=2",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import one_error_line
+from conftest import TINY_MODEL_32, one_error_line
 from patchword.cli import main
 from patchword.train.checkpoint import load_checkpoint
 
@@ -19,16 +19,7 @@ TINY = [
     "data.num_train=20",
     "data.num_dev=12",
     "data.num_test=12",
-    "data.synthetic_image_size=32",
-    "model.embed_dim=32",
-    "model.tiny_vit.image_size=32",
-    "model.tiny_vit.patch_size=8",
-    "model.tiny_vit.width=32",
-    "model.tiny_vit.depth=1",
-    "model.tiny_vit.heads=2",
-    "model.tiny_text_width=32",
-    "model.tiny_text_depth=1",
-    "model.max_text_len=160",
+    *TINY_MODEL_32,
     "train.batch_size=16",
     "train.log_every=1",
     "train.num_threads=1",

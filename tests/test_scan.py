@@ -191,7 +191,8 @@ def test_bad_arguments_raise_clear_errors():
         build_matcher("scan", embed_dim=16, agg="median")
     with pytest.raises(ValueError, match="feature_norm"):
         build_matcher("scan", embed_dim=16, feature_norm="l3norm")
-    m = build_matcher("scan", embed_dim=16)
+    # value checks (lengths, finiteness) run in eval mode only: in training they would stall the device
+    m = build_matcher("scan", embed_dim=16).eval()
     with pytest.raises(ValueError, match="img_tokens"):
         m(img[:, :, :8], cap, lens)
     with pytest.raises(ValueError, match="cap_lens"):

@@ -253,3 +253,17 @@ def test_unknown_arguments_and_names():
         build_matcher("nope")
     with pytest.raises(ValueError, match="variant"):
         build_matcher("seps", variant="papr")
+
+
+def test_cls_saliency_ranks_patches_by_their_cosine_with_cls():
+    from patchword.matching.selection import image_saliency
+
+    torch.manual_seed(0)
+    patches, cls = torch.randn(2, 9, 8), torch.randn(2, 8)
+    unit = torch.nn.functional.normalize(patches, dim=-1)
+    want = unit @ torch.nn.functional.normalize(cls, dim=-1)[:, :, None]
+    assert torch.allclose(image_saliency(patches, unit, cls), want.squeeze(-1), atol=1e-6)
+    mean = torch.nn.functional.normalize(patches.mean(1), dim=-1)
+    assert torch.allclose(image_saliency(patches, unit), (unit @ mean[:, :, None]).squeeze(-1), atol=1e-6)
+    with pytest.raises(ValueError, match="saliency='cls' needs"):
+        build_matcher("seps", embed_dim=8, num_patches=49, has_cls=False, saliency="cls")

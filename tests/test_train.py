@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import TINY_MODEL_32
 from patchword.cli import main
 from patchword.config import apply_overrides, load_config
 from patchword.data.prepare import prepare_data
@@ -20,16 +21,7 @@ TINY = [
     "data.num_train=20",
     "data.num_dev=12",
     "data.num_test=12",
-    "data.synthetic_image_size=32",
-    "model.embed_dim=32",
-    "model.tiny_vit.image_size=32",
-    "model.tiny_vit.patch_size=8",
-    "model.tiny_vit.width=32",
-    "model.tiny_vit.depth=1",
-    "model.tiny_vit.heads=2",
-    "model.tiny_text_width=32",
-    "model.tiny_text_depth=1",
-    "model.max_text_len=160",
+    *TINY_MODEL_32,
     "train.batch_size=16",
     "train.lr=1e-3",
     "train.log_every=1",

@@ -25,7 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "value) the run that output_dir= / name= overrides point at. Only step/epoch limits, logging, "
         "device and eval options may be overridden.",
     )
-    parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. model.seps.sparse_ratio=0.6")
+    parser.add_argument(
+        "overrides", nargs="*", help="dotted config overrides, e.g. model.seps.sparse_ratio=0.6"
+    )
 
 
 def _resume_target(resume: str, overrides: list[str]) -> tuple[Path, list[str]]:

@@ -22,19 +22,24 @@ class PatchScorer(nn.Module):
         return torch.sigmoid(self.mlp(patches).squeeze(-1))
 
 
-def image_saliency(patches: torch.Tensor, patches_unit: torch.Tensor) -> torch.Tensor:
-    """s_im: cosine between each patch and the image's mean patch.
+def image_saliency(
+    patches: torch.Tensor, patches_unit: torch.Tensor, cls: torch.Tensor | None = None
+) -> torch.Tensor:
+    """s_im: cosine between each patch and the image's mean patch (official), or its CLS token.
 
-    The mean is over the raw (un-normalised) patches, as in the official code.
+    The mean is over the raw (un-normalised) patches, as in the official code. On images dominated by a
+    uniform background the mean patch *is* background, so the official saliency ranks background patches
+    first; the CLS token (the global embedding contrastive pretraining aligned with the text) need not.
 
     Args:
         patches: (B_v, N, C) raw patches.
         patches_unit: (B_v, N, C) the same, L2-normalised.
+        cls: (B_v, C) raw CLS tokens to measure saliency against instead of the mean patch, or None.
 
     Returns:
         (B_v, N) saliency.
     """
-    centre = l2norm(patches.mean(dim=1))
+    centre = l2norm(patches.mean(dim=1) if cls is None else cls)
     return torch.einsum("vnc,vc->vn", patches_unit, centre)
 
 

@@ -107,6 +107,8 @@ class SEPSConfig:
     caption_chunk: int = 0  # score at most this many captions at a time in eval (0 = all)
     # global image embedding (warm-up, two-stage): "cls" or "mean" of all tokens
     global_pool: Literal["cls", "mean"] = "cls"
+    # s_im, the image saliency of selection: cosine with the mean patch (official) or with CLS (needs has_cls)
+    saliency: Literal["mean_patch", "cls"] = "mean_patch"
 
     def resolved(self) -> SEPSConfig:
         """A copy with every ``None`` switch filled from the variant preset, validated."""
@@ -119,6 +121,8 @@ class SEPSConfig:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(cfg, name)!r}")
         if not 0 < cfg.sparse_ratio <= 1 or not 0 < cfg.aggr_ratio <= 1:
             raise ValueError("sparse_ratio and aggr_ratio must lie in (0, 1]")
+        if cfg.saliency == "cls" and not cfg.has_cls:
+            raise ValueError("saliency='cls' needs image tokens with a CLS token (has_cls=True)")
         if cfg.num_keep < 1 or cfg.num_aggregated < 1:
             raise ValueError(
                 f"num_patches={cfg.num_patches} with sparse_ratio={cfg.sparse_ratio} and "
@@ -444,7 +448,9 @@ class _ImageCache:
             cls=img_tokens[:, 0] if has_cls else None,
             patches_sel=patches_sel,
             patches_unit=patches_unit,
-            saliency=image_saliency(patches_sel, patches_unit),
+            saliency=image_saliency(
+                patches_sel, patches_unit, img_tokens[:, 0] if matcher.config.saliency == "cls" else None
+            ),
             predicted=matcher.scorer(patches_sel) if matcher.scorer is not None else None,
             aggr_logits={id(net): net.logits(patches_sel) for net in nets},
         )

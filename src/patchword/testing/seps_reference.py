@@ -112,6 +112,8 @@ def seps_reference_scores(
         raise ValueError("the reference scores eval-mode matchers (hard top-K selection)")
     if cfg.joint_score:
         raise ValueError("the reference implements joint_score=False only")
+    if cfg.saliency != "mean_patch":
+        raise ValueError("the reference implements the official mean-patch saliency only")
     if pairing not in ("image", "caption"):
         raise ValueError(f"pairing must be 'image' or 'caption', got {pairing!r}")
     use_dense = dense is not None and cfg.use_dense

@@ -502,7 +502,7 @@ class SEPSEngine(ScoringEngine):
         return _Images(
             patches=patches,
             unit=unit,
-            saliency=image_saliency(patches, unit),
+            saliency=image_saliency(patches, unit, cls_tok if self.cfg.saliency == "cls" else None),
             predicted=scorer(patches) if scorer is not None else None,
             logits_t=logits_t,
             exp_t=exp_t,
