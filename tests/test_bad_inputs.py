@@ -251,6 +251,11 @@ RUN_CASES = [
     ("not a run directory", lambda run: ["eval", str(run / "export")], "has no config.yaml"),
     ("bad eval split", lambda run: ["eval", str(run), "eval.split=val2"], "eval.split"),
     ("unknown override", lambda run: ["eval", str(run), "eval.nope=1"], "eval.nope"),
+    (
+        "override after a flag",  # still read (argparse alone would stop the override list at the flag)
+        lambda run: ["eval", str(run), "--out", str(run.parent / "e.json"), "eval.split=val2"],
+        "eval.split",
+    ),
     ("architecture override", lambda run: ["eval", str(run), "model.embed_dim=24"], "do not fit the model"),
     (
         "resume missing run",
