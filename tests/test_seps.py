@@ -267,3 +267,26 @@ def test_cls_saliency_ranks_patches_by_their_cosine_with_cls():
     assert torch.allclose(image_saliency(patches, unit), (unit @ mean[:, :, None]).squeeze(-1), atol=1e-6)
     with pytest.raises(ValueError, match="saliency='cls' needs"):
         build_matcher("seps", embed_dim=8, num_patches=49, has_cls=False, saliency="cls")
+
+
+def test_cls_saliency_carries_no_gradient_when_selection_is_detached():
+    """With detach_selection the selection is gradient-free for the image encoder (the official no_grad),
+    so CLS must not receive the straight-through gradient of the decisions through s_im either."""
+    torch.manual_seed(0)
+    m = build_matcher(
+        "seps",
+        embed_dim=8,
+        num_patches=16,
+        has_cls=True,
+        variant="paper",
+        saliency="cls",
+        dense_pairing="image",
+        detach_selection=True,
+    ).train()
+    assert m.config.detach_selection and m.config.gumbel
+    img = torch.randn(2, 17, 8, requires_grad=True)
+    cap, lens = torch.randn(3, 5, 8), torch.tensor([5, 4, 3])
+    dense, dense_lens = torch.randn(2, 6, 8), torch.tensor([6, 5])
+    decisions = m(img, cap, lens, dense, dense_lens).decisions
+    (grad,) = torch.autograd.grad(sum(d.sum() for d in decisions), img, allow_unused=True)
+    assert grad is None or torch.count_nonzero(grad) == 0

@@ -1,0 +1,30 @@
+"""The README's library example runs as printed and says what it claims (shapes, names)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def test_readme_library_example_runs():
+    pytest.importorskip(
+        "transformers"
+    )  # create_model("seps-vit-b16-code") builds HF ViT + BERT (random init)
+    blocks = _python_blocks(README.read_text())
+    assert len(blocks) == 1, "update this test when the README gains Python examples"
+    scope: dict = {}
+    exec(compile(blocks[0], str(README), "exec"), scope)  # noqa: S102 - our own README
+    assert tuple(scope["out"].sims.shape) == (4, 6)
+    assert scope["model"].image_encoder.num_patches == 196 and scope["model"].image_encoder.image_size == 224
+    assert {"seps-vit-b16-code", "laps-swin-b-384", "scan-t2i-precomp", "tgdt-precomp"} <= set(
+        scope["list_models"]()
+    )
+    assert set(scope["metrics"]) >= {"i2t_r1", "t2i_r10", "rsum"}
