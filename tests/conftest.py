@@ -86,3 +86,23 @@ TINY_MODEL_32 = [
     "model.tiny_text_depth=1",
     "model.max_text_len=160",
 ]
+
+
+def tiny_model(vocab, **model_args):
+    """The TINY_MODEL_32 retrieval model built in-process (seed 0, eval mode); ``variant`` and
+    ``dense_pairing`` go to the SEPS section, every other keyword to ``ModelConfig``."""
+    from patchword.encoders import TinyViTConfig
+    from patchword.model import ModelConfig, SEPSOptions, build_model
+
+    torch.manual_seed(0)
+    seps = {k: model_args.pop(k) for k in ("variant", "dense_pairing") if k in model_args}
+    cfg = ModelConfig(
+        embed_dim=32,
+        tiny_vit=TinyViTConfig(image_size=32, patch_size=8, width=32, depth=1, heads=2),
+        tiny_text_width=32,
+        tiny_text_depth=1,
+        max_text_len=160,
+        seps=SEPSOptions(**seps),
+        **model_args,
+    )
+    return build_model(cfg, vocab_size=len(vocab)).eval()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import TINY_MODEL_32
 from patchword.config import apply_overrides
 from patchword.data.export import ExportSummary, export_synthetic_split
 from patchword.runs import LoadedRun, load_run
@@ -29,19 +30,10 @@ TINY = [
     "data.num_train=48",
     "data.num_dev=8",
     "data.num_test=24",
-    "data.synthetic_image_size=32",
     "model.matcher=seps",
     "model.seps.variant=paper",
     "model.seps.dense_pairing=image",
-    "model.embed_dim=32",
-    "model.tiny_vit.image_size=32",
-    "model.tiny_vit.patch_size=8",
-    "model.tiny_vit.width=32",
-    "model.tiny_vit.depth=1",
-    "model.tiny_vit.heads=2",
-    "model.tiny_text_width=32",
-    "model.tiny_text_depth=1",
-    "model.max_text_len=160",
+    *TINY_MODEL_32,
     "train.batch_size=16",
     "train.epochs=2",
     "train.lr=1e-3",

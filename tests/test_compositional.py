@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 from torch import nn
 
+from conftest import tiny_model
 from patchword.data.synthetic import (
     CELL_PHRASES,
     NEGATIVE_KINDS,
@@ -27,7 +28,6 @@ from patchword.data.synthetic import (
 from patchword.data.synthetic.captions import _NUMBERS, _RELATION_WORDS
 from patchword.data.synthetic.negatives import _spec_of
 from patchword.data.tokenizers import WordVocab
-from patchword.encoders import TinyViTConfig
 from patchword.errors import DataError, MissingFileError
 from patchword.eval.compositional import (
     CompositionalTriples,
@@ -43,7 +43,6 @@ from patchword.eval.engine import score_matrix
 from patchword.eval.scoring import encode_image_tokens, encode_text_tokens
 from patchword.matching import MatcherOutput
 from patchword.matching.base import Matcher
-from patchword.model import ModelConfig, SEPSOptions, build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -252,21 +251,6 @@ def test_a_candidate_that_still_fits_is_replaced_by_the_next_one():
 # -- accuracy under a model ----------------------------------------------------------------------------------
 
 
-def _tiny_model(vocab, **model_args):
-    torch.manual_seed(0)
-    seps = {k: model_args.pop(k) for k in ("variant", "dense_pairing") if k in model_args}
-    cfg = ModelConfig(
-        embed_dim=32,
-        tiny_vit=TinyViTConfig(image_size=32, patch_size=8, width=32, depth=1, heads=2),
-        tiny_text_width=32,
-        tiny_text_depth=1,
-        max_text_len=160,
-        seps=SEPSOptions(**seps),
-        **model_args,
-    )
-    return build_model(cfg, vocab_size=len(vocab)).eval()
-
-
 @pytest.fixture(scope="module")
 def suite():
     dataset = SyntheticScenes.generate(
@@ -289,7 +273,7 @@ def suite():
 def test_accuracy_equals_the_full_score_matrix(suite, model_args):
     """Scoring only the asked pairs equals reading them off the full (images x texts) matrix."""
     images, triples, dense, vocab = suite
-    model = _tiny_model(vocab, **model_args)
+    model = tiny_model(vocab, **model_args)
     args = dict(max_caption_len=40, max_dense_len=160, dense_captions=dense, batch_size=8)
     pos, neg = score_triples(model, vocab, images, triples, **args)
     # reference: every image against every (image, text) of the suite, dense text of the text's image
@@ -387,7 +371,7 @@ def test_sugarcrepe_files_are_read_and_scored_like_the_model_forward(tmp_path, s
     paths, triples = read_sugarcrepe([tmp_path / "replace_att.json", tmp_path / "swap_obj.json"])
     assert [p.name for p in paths] == [f"{i:012d}.jpg" for i in range(3)]
     assert triples.image.tolist() == [0, 1, 1, 2] and triples.kinds == ("replace_att", "swap_obj")
-    model = _tiny_model(vocab, matcher="laps", variant="code")
+    model = tiny_model(vocab, matcher="laps", variant="code")
     from patchword.data.transforms import test_transform
 
     transform = test_transform(32)

@@ -15,6 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import TINY_MODEL_32
 from patchword.data.laps import load_laps_split
 from patchword.data.textfiles import load_dense_jsonl
 from patchword.densify import (
@@ -370,15 +371,7 @@ def test_laps_dense_files_train_and_evaluate(tmp_path):
             f"data.image_root={images}",
             *(f"data.dense_{split}={dense[split]}" for split in dense),
             "data.image_size=32",
-            "model.embed_dim=32",
-            "model.tiny_vit.image_size=32",
-            "model.tiny_vit.patch_size=8",
-            "model.tiny_vit.width=32",
-            "model.tiny_vit.depth=1",
-            "model.tiny_vit.heads=2",
-            "model.tiny_text_width=32",
-            "model.tiny_text_depth=1",
-            "model.max_text_len=160",
+            *TINY_MODEL_32,
             "train.batch_size=10",
             "train.epochs=1",
             "eval.max_memory_mb=1",

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import tiny_model
 from patchword.data.pipeline import ArrayImages, encode_split
 from patchword.data.synthetic import (
     COLOURS,
@@ -19,10 +20,8 @@ from patchword.data.synthetic import (
 )
 from patchword.data.tokenizers import WordVocab
 from patchword.data.transforms import IMAGENET_MEAN, IMAGENET_STD
-from patchword.encoders import TinyViTConfig
 from patchword.eval.selection import SelectionCounts, evaluate_selection, selection_metrics
 from patchword.matching import MatcherOutput
-from patchword.model import ModelConfig, SEPSOptions, build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -122,21 +121,6 @@ def data():
     return split, vocab, encoded
 
 
-def _tiny_model(vocab, **model_args) -> nn.Module:
-    torch.manual_seed(0)
-    seps = {k: model_args.pop(k) for k in ("variant", "dense_pairing") if k in model_args}
-    cfg = ModelConfig(
-        embed_dim=32,
-        tiny_vit=TinyViTConfig(image_size=32, patch_size=8, width=32, depth=1, heads=2),
-        tiny_text_width=32,
-        tiny_text_depth=1,
-        max_text_len=160,
-        seps=SEPSOptions(**seps),
-        **model_args,
-    )
-    return build_model(cfg, vocab_size=len(vocab)).eval()
-
-
 @pytest.mark.parametrize(
     "model_args",
     [
@@ -147,7 +131,7 @@ def _tiny_model(vocab, **model_args) -> nn.Module:
 )
 def test_evaluate_selection_equals_the_ground_truth_pairs_of_a_full_forward(data, model_args):
     split, vocab, encoded = data
-    model = _tiny_model(vocab, **model_args)
+    model = tiny_model(vocab, **model_args)
     masks = split_object_patches(split.scenes, CFG, "test", grid=4).any(1)
     got = evaluate_selection(model, encoded, masks, image_block=3)
     # reference: every image against every caption in one forward, then the diagonal (own) pairs
