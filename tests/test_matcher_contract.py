@@ -101,6 +101,24 @@ def test_engine_equals_forward(name):
     assert torch.allclose(got, want, atol=1e-5), (engine_for(m).name, (got - want).abs().max())
 
 
+def test_one_query_column_equals_the_pair_path(name):
+    # Search re-ranks one caption against its shortlist as a (k, 1) matrix with ``score``; two-stage
+    # evaluation scores listed pairs with ``score_pairs``: the same numbers either way.
+    from patchword.eval.engine.core import prepare_inputs
+
+    m = _build(name)
+    img, caps, lens, dense, dense_lens = _inputs(m, n_img=4, n_txt=1)
+    dense = (dense, dense_lens) if m.consumes_dense and m.dense_pairing == "image" else (None, None)
+    inputs = prepare_inputs(m, img, caps, lens, *dense, None)
+    engine, cpu = engine_for(m), torch.device("cpu")
+    column = torch.empty(4, 1)
+    engine.score(inputs, column, budget=1 << 24, device=cpu, progress=False)
+    pairs = engine.score_pairs(
+        inputs, torch.arange(4), torch.zeros(4, dtype=torch.long), budget=1 << 24, device=cpu
+    )
+    torch.testing.assert_close(column[:, 0], pairs, rtol=1e-5, atol=1e-6)
+
+
 def test_state_dict_round_trip(name):
     m = _build(name)
     img, caps, lens, dense, dense_lens = _inputs(m)
