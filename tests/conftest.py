@@ -90,19 +90,13 @@ TINY_MODEL_32 = [
 
 def tiny_model(vocab, **model_args):
     """The TINY_MODEL_32 retrieval model built in-process (seed 0, eval mode); ``variant`` and
-    ``dense_pairing`` go to the SEPS section, every other keyword to ``ModelConfig``."""
-    from patchword.encoders import TinyViTConfig
-    from patchword.model import ModelConfig, SEPSOptions, build_model
+    ``dense_pairing`` go to the SEPS section, every other keyword to the model section."""
+    from patchword.config import apply_overrides
+    from patchword.model import build_model
+    from patchword.train.config import RunConfig
 
+    seps = ("variant", "dense_pairing")
+    overrides = [f"model.{'seps.' if k in seps else ''}{k}={v}" for k, v in model_args.items()]
+    cfg = apply_overrides(RunConfig(), [*TINY_MODEL_32, *overrides])
     torch.manual_seed(0)
-    seps = {k: model_args.pop(k) for k in ("variant", "dense_pairing") if k in model_args}
-    cfg = ModelConfig(
-        embed_dim=32,
-        tiny_vit=TinyViTConfig(image_size=32, patch_size=8, width=32, depth=1, heads=2),
-        tiny_text_width=32,
-        tiny_text_depth=1,
-        max_text_len=160,
-        seps=SEPSOptions(**seps),
-        **model_args,
-    )
-    return build_model(cfg, vocab_size=len(vocab)).eval()
+    return build_model(cfg.model, vocab_size=len(vocab)).eval()

@@ -15,9 +15,8 @@ def _python_blocks(text: str) -> list[str]:
 
 
 def test_readme_library_example_runs():
-    pytest.importorskip(
-        "transformers"
-    )  # create_model("seps-vit-b16-code") builds HF ViT + BERT (random init)
+    # create_model("seps-vit-b16-code") builds HF ViT + BERT (random init)
+    pytest.importorskip("transformers")
     blocks = _python_blocks(README.read_text())
     assert len(blocks) == 1, "update this test when the README gains Python examples"
     scope: dict = {}

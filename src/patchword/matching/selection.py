@@ -22,6 +22,18 @@ class PatchScorer(nn.Module):
         return torch.sigmoid(self.mlp(patches).squeeze(-1))
 
 
+def saliency_centre(img_tokens: torch.Tensor, saliency: str, detach: bool) -> torch.Tensor | None:
+    """The CLS token s_im is measured against (``saliency == "cls"``; detached like the patches when
+    selection carries no gradient to the encoder), or None for the official mean patch.
+
+    Args:
+        img_tokens: (B_v, 1 + N, C) tokens with the CLS token first.
+    """
+    if saliency != "cls":
+        return None
+    return img_tokens[:, 0].detach() if detach else img_tokens[:, 0]
+
+
 def image_saliency(
     patches: torch.Tensor, patches_unit: torch.Tensor, cls: torch.Tensor | None = None
 ) -> torch.Tensor:

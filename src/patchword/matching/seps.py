@@ -38,6 +38,7 @@ from patchword.matching.selection import (
     combine_paper_scores,
     fusion_weights,
     image_saliency,
+    saliency_centre,
     text_relevance,
     topk_decisions,
 )
@@ -424,14 +425,6 @@ class _DenseText:
     sims: torch.Tensor | None = None  # (B_v, 1) image-tied "branch"-mode dense score
 
 
-def _saliency_centre(cfg: SEPSConfig, img_tokens: torch.Tensor) -> torch.Tensor | None:
-    """The CLS token s_im is measured against (None: the mean patch), detached like the patches when
-    selection carries no gradient to the encoder."""
-    if cfg.saliency != "cls":
-        return None
-    return img_tokens[:, 0].detach() if cfg.detach_selection else img_tokens[:, 0]
-
-
 @dataclass
 class _ImageCache:
     """Per-image tensors computed once per forward and shared by every caption block."""
@@ -456,7 +449,11 @@ class _ImageCache:
             cls=img_tokens[:, 0] if has_cls else None,
             patches_sel=patches_sel,
             patches_unit=patches_unit,
-            saliency=image_saliency(patches_sel, patches_unit, _saliency_centre(matcher.config, img_tokens)),
+            saliency=image_saliency(
+                patches_sel,
+                patches_unit,
+                saliency_centre(img_tokens, matcher.config.saliency, matcher.config.detach_selection),
+            ),
             predicted=matcher.scorer(patches_sel) if matcher.scorer is not None else None,
             aggr_logits={id(net): net.logits(patches_sel) for net in nets},
         )

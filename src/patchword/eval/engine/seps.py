@@ -50,7 +50,13 @@ from patchword.eval.engine.core import BlockPlan, ScoringEngine, ScoringInputs, 
 from patchword.eval.engine.memory import largest_fitting
 from patchword.matching.aggregation import TokenAggregation
 from patchword.matching.ops import l2norm, length_mask, masked_mean
-from patchword.matching.selection import combine_paper_scores, fusion_weights, image_saliency, text_relevance
+from patchword.matching.selection import (
+    combine_paper_scores,
+    fusion_weights,
+    image_saliency,
+    saliency_centre,
+    text_relevance,
+)
 from patchword.matching.seps import SEPSMatcher
 from patchword.progress import progress_bar
 
@@ -502,7 +508,9 @@ class SEPSEngine(ScoringEngine):
         return _Images(
             patches=patches,
             unit=unit,
-            saliency=image_saliency(patches, unit, cls_tok if self.cfg.saliency == "cls" else None),
+            saliency=image_saliency(
+                patches, unit, saliency_centre(img_tokens, self.cfg.saliency, detach=False)
+            ),
             predicted=scorer(patches) if scorer is not None else None,
             logits_t=logits_t,
             exp_t=exp_t,
