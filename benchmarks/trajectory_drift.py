@@ -6,11 +6,16 @@ gradients (before clipping) and weights, and prints per step the relative L2 dif
 gradients and of the weights between the two runs, plus the largest relative difference of the logged
 losses. ``--smooth-max TAU`` replaces every ``Tensor.amax`` (the fine-grained score's max over tokens)
 by ``TAU * logsumexp(x / TAU)`` in both runs: a probe of how much of the drift the non-smooth max causes.
+``--float64`` trains both runs with ``precision=fp64``; ``--perturb EPS`` multiplies the 2-thread run's
+weights by ``1 + EPS * N(0, 1)`` after its first step: together they measure how large a difference must
+be before the trajectories part (fp32 rounding is ~1e-7, fp64's ~1e-16).
 
     .venv/bin/python benchmarks/trajectory_drift.py --steps 8                  # SEPS code, Done-when config
     .venv/bin/python benchmarks/trajectory_drift.py --steps 8 model.matcher=vse  # global cosine only
     .venv/bin/python benchmarks/trajectory_drift.py --steps 8 --smooth-max 0.01 \\
         model.seps.sparse_ratio=1.0 model.seps.aggr_ratio=1.0
+    .venv/bin/python benchmarks/trajectory_drift.py --steps 20 --float64
+    .venv/bin/python benchmarks/trajectory_drift.py --steps 20 --float64 --perturb 1e-10
 
 Extra arguments are dotted config overrides on top of the issue's Done-when command. Results and the
 machine are in docs/distributed.md.
@@ -48,9 +53,16 @@ def _child(out: str, smooth_max: float, argv: list[str]) -> None:
     snaps: list[dict] = []
     step = trainer.Trainer._clip_and_step
 
+    perturb = float(os.environ.get("DRIFT_PERTURB", "0"))
+
     def recording_step(self, found_inf):
         grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
         step(self, found_inf)
+        if perturb and not snaps:
+            gen = torch.Generator().manual_seed(0)
+            with torch.no_grad():
+                for p in self.model.parameters():
+                    p.mul_(1 + perturb * torch.randn(p.shape, generator=gen, dtype=p.dtype))
         snaps.append({"g": grads, "w": {n: p.detach().clone() for n, p in self.model.named_parameters()}})
 
     trainer.Trainer._clip_and_step = recording_step
@@ -83,7 +95,12 @@ def drift(args: argparse.Namespace, overrides: list[str]) -> dict:
     losses, snaps = {}, {}
     for threads in (1, 2):
         argv = [*DONE_WHEN, f"train.max_steps={args.steps}", f"train.num_threads={threads}"]
-        argv += [f"output_dir={work}", f"name=t{threads}", *overrides]
+        argv += [
+            f"output_dir={work}",
+            f"name=t{threads}",
+            *(["precision=fp64"] if args.float64 else []),
+            *overrides,
+        ]
         out = work / f"t{threads}.pt"
         cmd = [
             sys.executable,
@@ -95,7 +112,8 @@ def drift(args: argparse.Namespace, overrides: list[str]) -> dict:
             "--",
             *argv,
         ]
-        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        env = dict(os.environ, DRIFT_PERTURB=str(args.perturb if threads == 2 else 0.0))
+        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, env=env)
         records = [
             json.loads(line) for line in (work / f"t{threads}" / "metrics.jsonl").read_text().splitlines()
         ]
@@ -135,6 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--smooth-max", type=float, default=0.0)
+    parser.add_argument("--float64", action="store_true", help="train both runs in float64 (precision=fp64)")
+    parser.add_argument(
+        "--perturb",
+        type=float,
+        default=0.0,
+        help="scale the 2-thread run's weights by 1 + eps * N(0, 1) after step 1",
+    )
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args, overrides = parser.parse_known_args(argv)

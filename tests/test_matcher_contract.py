@@ -148,3 +148,17 @@ def test_region_matchers_refuse_a_cls_token():
     for name in ("scan", "naaf"):
         with pytest.raises(ValueError, match="without a CLS token"):
             build_matcher(name, embed_dim=DIM, num_patches=N_PATCHES, has_cls=True)
+
+
+def test_a_float64_matcher_scores_in_float64(name):
+    """``precision=fp64`` trains a float64 model: no step may round the scores back to float32."""
+    m = _build(name)
+    img, caps, lens, dense, dense_lens = _inputs(m)
+    dense = dense if m.consumes_dense else None
+    with torch.no_grad():
+        single = m(img, caps, lens, dense, dense_lens).sims
+        double = m.double()(
+            img.double(), caps.double(), lens, None if dense is None else dense.double(), dense_lens
+        )
+    assert double.sims.dtype == torch.float64
+    torch.testing.assert_close(double.sims.float(), single, rtol=1e-4, atol=1e-5)

@@ -151,7 +151,13 @@ class RetrievalModel(nn.Module):
         self.matcher = matcher
 
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:
-        """(B, 3, H, W) images or (B, R, D) region features -> (B, L_v, C) projected image tokens."""
+        """(B, 3, H, W) images or (B, R, D) region features -> (B, L_v, C) projected image tokens.
+
+        Inputs are cast to the encoder's weight dtype (float32 pixels into an fp64 or half model).
+        """
+        weight = next(self.image_encoder.parameters(), None)
+        if weight is not None and images.is_floating_point():
+            images = images.to(weight.dtype)
         return self.image_encoder(images)
 
     def encode_texts(self, ids: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:

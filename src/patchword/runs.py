@@ -16,6 +16,7 @@ from PIL import Image
 
 from patchword.errors import ConfigError
 from patchword.model import RetrievalModel
+from patchword.precision import weight_dtype
 from patchword.train.checkpoint import load_checkpoint
 from patchword.train.config import RunConfig
 from patchword.train.rundir import (
@@ -107,6 +108,7 @@ def load_run(
 
     words = list(tokenizer.idx2word) if isinstance(tokenizer, WordVocab) else None
     model = build_run_model(run_dir, cfg, len(words) if words else None, words)
+    model.to(weight_dtype(cfg.precision))  # before loading: an fp64 run's weights stay fp64
     try:
         model.load_state_dict(load_checkpoint(path)["model"])
     except RuntimeError as err:  # shapes or names differ: the overrides changed the architecture

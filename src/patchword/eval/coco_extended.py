@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from patchword.errors import ConfigError, DataError, MissingExtraError, MissingFileError
+from patchword.matching.ops import full_precision
 
 __all__ = [
     "COCO_EXTENDED_METRICS",
@@ -287,7 +288,7 @@ def _as_matrix(x, name: str, shape: tuple[int, int]) -> torch.Tensor:
         )
     if not x.is_floating_point() or bool(torch.isnan(x).any()):
         raise ValueError(f"{name} must be a floating-point matrix without NaN")
-    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+    return full_precision(x)
 
 
 def coco_extended_metrics(

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from patchword._validation import check_lengths, check_tensor
-from patchword.matching.ops import l2norm, masked_mean
+from patchword.matching.ops import full_precision, l2norm, masked_mean
 
 __all__ = ["MatcherOutput", "Matcher", "TwoStagePlan"]
 
@@ -143,12 +143,12 @@ class Matcher(nn.Module):
         self.validate_image_tokens(img_tokens)
         use_cls = self.has_cls and self.global_pool == "cls"
         pooled = img_tokens[:, 0] if use_cls else img_tokens.mean(dim=1)
-        return l2norm(pooled.float())
+        return l2norm(full_precision(pooled))
 
     def global_text(self, cap_tokens: torch.Tensor, cap_lens: object) -> torch.Tensor:
         """(B_t, L_t, C) tokens and (B_t,) lengths -> (B_t, C) L2-normalised mean over valid tokens."""
         lens = self.validate_text(cap_tokens, cap_lens)
-        return l2norm(masked_mean(cap_tokens.float(), lens))
+        return l2norm(masked_mean(full_precision(cap_tokens), lens))
 
     def global_embed(
         self, img_tokens: torch.Tensor, cap_tokens: torch.Tensor, cap_lens: object

@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["l2norm", "length_mask", "masked_mean", "minmax_normalise", "masked_softmax"]
+__all__ = ["full_precision", "l2norm", "length_mask", "masked_mean", "minmax_normalise", "masked_softmax"]
+
+
+def full_precision(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32 when autocast made it half precision; float32 and float64 (``precision=fp64``)
+    tensors are returned as they are. Scores and losses are computed at full precision."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
 def l2norm(x: torch.Tensor, dim: int = -1) -> torch.Tensor:

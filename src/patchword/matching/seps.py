@@ -31,7 +31,7 @@ import torch
 from patchword.matching.aggregation import TokenAggregation
 from patchword.matching.base import Matcher, MatcherOutput
 from patchword.matching.hrpa import HRPA, pair_cosines
-from patchword.matching.ops import l2norm, length_mask, masked_mean
+from patchword.matching.ops import full_precision, l2norm, length_mask, masked_mean
 from patchword.matching.registry import register_matcher
 from patchword.matching.selection import (
     PatchScorer,
@@ -270,7 +270,7 @@ class SEPSMatcher(Matcher):
         decisions = [torch.cat(branch, dim=1) for branch in zip(*decisions, strict=True)]
         if image_dense is not None and image_dense.branch is not None:
             decisions.append(image_dense.branch.decision)  # (B_v, 1, N): depends on the image only
-        return MatcherOutput(sims=torch.cat(sims, dim=1).float(), decisions=decisions)
+        return MatcherOutput(sims=full_precision(torch.cat(sims, dim=1)), decisions=decisions)
 
     # ------------------------------------------------------------------ internals
     def _image_tied_dense(self, img: _ImageCache, tokens: torch.Tensor, lens: torch.Tensor) -> _DenseText:

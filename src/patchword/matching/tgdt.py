@@ -38,7 +38,7 @@ import torch
 
 from patchword.matching.attention import caption_chunks, word_region_scores
 from patchword.matching.base import Matcher, MatcherOutput, TwoStagePlan
-from patchword.matching.ops import l2norm, masked_mean
+from patchword.matching.ops import full_precision, l2norm, masked_mean
 from patchword.matching.registry import register_matcher
 
 __all__ = ["TGDTConfig", "TGDTMatcher", "TGDTTokens"]
@@ -129,10 +129,10 @@ class TGDTMatcher(Matcher):
         return TGDTTokens(l2norm(glob), l2norm(cap_tokens), mask)
 
     def global_image(self, img_tokens: torch.Tensor) -> torch.Tensor:
-        return self.image_tokens(img_tokens).global_.float()
+        return full_precision(self.image_tokens(img_tokens).global_)
 
     def global_text(self, cap_tokens: torch.Tensor, cap_lens: object) -> torch.Tensor:
-        return self.text_tokens(cap_tokens, cap_lens).global_.float()
+        return full_precision(self.text_tokens(cap_tokens, cap_lens).global_)
 
     # ------------------------------------------------------------------ similarities
     def local_scores(self, img: TGDTTokens, txt: TGDTTokens) -> torch.Tensor:

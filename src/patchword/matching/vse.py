@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from patchword.matching.base import Matcher, MatcherOutput
-from patchword.matching.ops import l2norm
+from patchword.matching.ops import full_precision, l2norm
 from patchword.matching.registry import register_matcher
 
 __all__ = ["VSEConfig", "VSEMatcher"]
@@ -70,7 +70,7 @@ class VSEMatcher(Matcher):
     def global_image(self, img_tokens: torch.Tensor) -> torch.Tensor:
         self.validate_image_tokens(img_tokens)
         pooled = img_tokens[:, 0] if self.config.pool == "cls" else img_tokens.mean(dim=1)
-        return l2norm(pooled.float())
+        return l2norm(full_precision(pooled))
 
     def forward(
         self,

@@ -19,6 +19,7 @@ from patchword.data.pipeline import ShardBatch
 from patchword.distributed import Distributed
 from patchword.losses import CMCLoss, ContrastiveLoss, HingeLoss, RatioLoss
 from patchword.matching.base import MatcherOutput
+from patchword.matching.ops import full_precision
 from patchword.model import RetrievalModel
 from patchword.train.config import RunConfig
 
@@ -111,7 +112,7 @@ class ShardLoss(nn.Module):
             caps = dist.all_gather(cap, sizes)
             out = matcher_rows(matcher, img, caps, batch.lens_all, dense, dense_lens, self.pair_chunk)
             rows, decisions, extras = out.sims, out.decisions, out.extras
-        sims = dist.all_gather(rows.float(), sizes)  # (B, B)
+        sims = dist.all_gather(full_precision(rows), sizes)  # (B, B)
         queries = slice(lo, hi)
         if self.contrastive is not None:  # CLIP's InfoNCE, the matcher's learned temperature
             scale = matcher.temperature_scale()
@@ -120,8 +121,8 @@ class ShardLoss(nn.Module):
             align = self.hinge(sims, batch.img_ids, batch.ignore, hardest, queries=queries)
         if self.cmc is not None and "global_img" in extras:
             # The CMC ranking term follows the same sum -> hardest-negative schedule as the hinge.
-            g_img = dist.all_gather(extras["global_img"].float(), sizes)
-            g_txt = extras["global_txt"].float()
+            g_img = dist.all_gather(full_precision(extras["global_img"]), sizes)
+            g_txt = full_precision(extras["global_txt"])
             align = align + self.cmc(g_img, g_txt, batch.img_ids, hardest, queries=queries)
         if "row_max" in extras:  # NAAF over several processes: thresholds from the global batch
             matcher.update_from_shard(sims.detach(), extras["row_max"], lo, batch.lens_all, dist.all_reduce)

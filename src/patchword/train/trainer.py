@@ -16,7 +16,6 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from patchword.distributed import Distributed
 from patchword.errors import ConfigError
 from patchword.eval.protocol import evaluate
 from patchword.model import RetrievalModel
+from patchword.precision import autocast_context, weight_dtype
 from patchword.train.augment import CaptionAugmenter
 from patchword.train.checkpoint import atomic_save, load_checkpoint, rng_state, set_rng_state
 from patchword.train.config import RunConfig
@@ -37,16 +37,6 @@ from patchword.train.step import ShardLoss, fused_supported, sync_batch_norm, us
 __all__ = ["Trainer", "TrainingInterrupted", "autocast_context", "torch_threads"]
 
 _logger = logging.getLogger(__name__)
-
-
-def autocast_context(precision: str, device: torch.device):
-    """``torch.autocast`` from a precision string; fp32 means no autocast."""
-    if precision == "fp32":
-        return nullcontext()
-    dtypes = {"amp_bf16": torch.bfloat16, "amp_fp16": torch.float16}
-    if precision not in dtypes:
-        raise ValueError(f"precision must be fp32, amp_bf16 or amp_fp16, got {precision!r}")
-    return torch.autocast(device_type=device.type, dtype=dtypes[precision])
 
 
 @contextlib.contextmanager
@@ -124,7 +114,7 @@ class Trainer:
         self.tc = tc = cfg.train
         self.dist = dist or Distributed(device=torch.device(device))
         self.device = self.dist.device if dist is not None else torch.device(device)
-        self.model = model.to(self.device)
+        self.model = model.to(self.device, weight_dtype(cfg.precision))
         self.train_split = train
         self.dev_split = dev.first_images(tc.eval_max_images)
         self.run_dir = run_dir
