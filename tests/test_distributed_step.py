@@ -285,7 +285,7 @@ def test_queue_workers_take_blocks_as_they_free_up():
     import threading
     import time
 
-    from patchword.eval.engine.seps import in_workers
+    from patchword.eval.engine.workers import in_workers
 
     done, lock = [], threading.Lock()
     slow = {}

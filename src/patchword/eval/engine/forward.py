@@ -61,7 +61,7 @@ class ForwardEngine(ScoringEngine):
 
     @torch.no_grad()
     def score(self, inputs, out, *, budget, device, progress) -> None:
-        from patchword.eval.engine.seps import cpu_workers, in_workers, plan_for_workers
+        from patchword.eval.engine.workers import cpu_workers, in_workers, plan_for_workers
 
         plan, workers = plan_for_workers(
             self.plan, inputs, budget, cpu_workers(torch.device(device), self.workers)

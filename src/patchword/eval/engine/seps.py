@@ -41,15 +41,25 @@ forward itself between different batchings); everything else equals the forward 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
 
 from patchword.eval.engine.core import BlockPlan, ScoringEngine, ScoringInputs, register_engine
 from patchword.eval.engine.memory import largest_fitting
+from patchword.eval.engine.seps_blocks import (
+    MIN_BUCKET,
+    ImageBlock,
+    ImagePart,
+    PackedTexts,
+    Selection,
+    Texts,
+    TokenSet,
+    length_blocks,
+)
+from patchword.eval.engine.workers import cpu_workers, in_workers, plan_for_workers
 from patchword.matching.aggregation import TokenAggregation
-from patchword.matching.ops import l2norm, length_mask, masked_mean
+from patchword.matching.ops import l2norm, masked_mean
 from patchword.matching.selection import (
     combine_paper_scores,
     fusion_weights,
@@ -67,10 +77,6 @@ __all__ = ["SEPSEngine"]
 _EXP_RANGE = 80.0
 _F32 = 4
 _I64 = 8
-# Text blocks are cut where the length drops below this fraction of the block's longest text (once the
-# block holds _MIN_BUCKET texts), so that padding costs little.
-_BUCKET_SLACK = 0.85
-_MIN_BUCKET = 32
 # The exact formulations (module docstring); "auto" picks the cheapest per text block.
 _FORMS = ("gram", "direct", "kdirect")
 # Cost-model weights, in GEMM FLOPs (measured on the 2-core CPU): a gathered float (row gathers run at
@@ -80,230 +86,6 @@ _SMALL_BMM = 1.5
 # Pair tensors of one block are kept under this many bytes even when the budget allows more: larger
 # blocks fall out of the caches and run slower (measured), without amortising anything more.
 _WORKING_SET = 64 << 20
-
-
-@dataclass
-class _Texts:
-    """A block of T texts (captions or dense captions), padded to the block's longest."""
-
-    words: torch.Tensor  # (T, L, C) L2-normalised tokens (padding rows are zero)
-    valid: torch.Tensor  # (T, L) bool
-    n_words: torch.Tensor  # (T,) float valid counts
-    guide: torch.Tensor  # (T, C) L2-normalised mean of the raw tokens (selection guide)
-
-    @classmethod
-    def build(cls, tokens: torch.Tensor, lens: torch.Tensor) -> _Texts:
-        width = int(lens.max())
-        tokens = tokens[:, :width]
-        valid = length_mask(lens, width)
-        return cls(l2norm(tokens), valid, valid.sum(-1).to(tokens.dtype), l2norm(masked_mean(tokens, lens)))
-
-    @property
-    def size(self) -> int:
-        return self.words.shape[0]
-
-    @property
-    def flat(self) -> torch.Tensor:
-        """(T * L, C) view of the unit words."""
-        return self.words.reshape(-1, self.words.shape[-1])
-
-
-@dataclass
-class _PackedTexts:
-    """Unit words and guides of many texts, computed once and packed without padding."""
-
-    words: torch.Tensor  # (W + 1, C) unit words of every text back to back; the last row is zero
-    offsets: torch.Tensor  # (N,) first row of each text
-    lens: torch.Tensor  # (N,) valid counts
-    guide: torch.Tensor  # (N, C)
-
-    @classmethod
-    def build(cls, tokens: torch.Tensor, lens: torch.Tensor, device, dtype, chunk: int = 256) -> _PackedTexts:
-        words, guides = [], []
-        for start in range(0, tokens.shape[0], chunk):
-            block = _Texts.build(
-                tokens[start : start + chunk].to(device=device, dtype=dtype),
-                lens[start : start + chunk].to(device),
-            )
-            words.append(block.words[block.valid])  # row-major: text by text, word by word
-            guides.append(block.guide)
-        words.append(torch.zeros(1, tokens.shape[2], dtype=dtype, device=device))
-        lens = lens.to(device)
-        return cls(torch.cat(words), torch.cumsum(lens, 0) - lens, lens, torch.cat(guides))
-
-    def block(self, cols: torch.Tensor) -> _Texts:
-        """The texts ``cols`` as a padded block (one row gather)."""
-        lens = self.lens[cols]
-        width = int(lens.max())
-        pos = torch.arange(width, device=lens.device)
-        valid = pos[None] < lens[:, None]
-        rows = torch.where(valid, self.offsets[cols, None] + pos[None], self.words.shape[0] - 1)
-        words = self.words.index_select(0, rows.reshape(-1)).view(cols.numel(), width, -1)
-        return _Texts(words, valid, lens.to(self.words.dtype), self.guide[cols])
-
-
-def astuple_shallow(obj) -> tuple:
-    """A dataclass's fields as a tuple, without copying (``dataclasses.astuple`` deep-copies)."""
-    return tuple(getattr(obj, f.name) for f in fields(obj))
-
-
-@dataclass
-class _ImagePart:
-    """An image-only aggregated token set added to every pair's (paper "guide" mode, image-tied dense)."""
-
-    weights: torch.Tensor  # (B, N_c, N) normalised aggregation weights of each image's dense branch
-    tokens: torch.Tensor  # (B, N_c, C) the aggregated tokens themselves, weights @ P
-    fusion: torch.Tensor  # (B, N) their fusion weights
-
-
-@dataclass
-class _Selection:
-    """One selection branch of a block of pairs (B images x T texts)."""
-
-    idx: torch.Tensor  # (B, T, K) kept patches (any order)
-    keep: torch.Tensor  # (B, T, N) bool mask of the same
-    net: TokenAggregation  # the aggregation net of the branch
-
-
-@dataclass
-class _TokenSet:
-    """The N_c + 1 image tokens of the block's pairs, CLS apart: aggregated tokens = sum over branches
-    of the softmax-weighted kept patches (+ an image-only part), fusion token = fusion @ P."""
-
-    branches: list[_Selection]
-    part: _ImagePart | None
-    fusion: torch.Tensor  # (B, T, N)
-
-    @property
-    def single(self) -> bool:
-        """One branch and no part: the aggregation normaliser cancels under L2 normalisation."""
-        return len(self.branches) == 1 and self.part is None
-
-
-@dataclass
-class _Images:
-    """Per-image tensors of an image block, computed once per image."""
-
-    patches: torch.Tensor  # (B, N, C) raw
-    unit: torch.Tensor  # (B, N, C)
-    saliency: torch.Tensor  # (B, N)
-    predicted: torch.Tensor | None  # (B, N) paper score predictor
-    logits_t: dict[int, torch.Tensor]  # id(net) -> (B, N_c, N) aggregation logits, transposed
-    exp_t: dict[int, torch.Tensor]  # id(net) -> (B, N_c, N) exp(logits - max over patches)
-    stable: dict[int, list[bool]]  # id(net) -> per image: exp_t is safe to use
-    gram_: torch.Tensor | None  # (B, N, N) Gram matrices, computed on first use (the "gram" form only)
-    cls: torch.Tensor | None  # (B, C) unit CLS
-    dense_relevance: torch.Tensor | None = None  # (B, 1, N) image-tied dense s_dt
-    dense_const: torch.Tensor | None = None  # (B,) image-tied "branch"-mode dense score
-    part: _ImagePart | None = None  # image-tied "guide"-mode dense token sets (batched)
-
-    @property
-    def gram(self) -> torch.Tensor:
-        if self.gram_ is None:
-            self.gram_ = torch.bmm(self.patches, self.patches.transpose(1, 2))
-        return self.gram_
-
-    def select(self, j: int) -> _Images:
-        """Image j of the block as a block of one (views)."""
-
-        def cut(x):
-            return None if x is None else x[j : j + 1]
-
-        return _Images(
-            patches=self.patches[j : j + 1],
-            unit=self.unit[j : j + 1],
-            saliency=self.saliency[j : j + 1],
-            predicted=cut(self.predicted),
-            logits_t={key: x[j : j + 1] for key, x in self.logits_t.items()},
-            exp_t={key: x[j : j + 1] for key, x in self.exp_t.items()},
-            stable={key: x[j : j + 1] for key, x in self.stable.items()},
-            gram_=cut(self.gram_),
-            cls=cut(self.cls),
-            dense_relevance=cut(self.dense_relevance),
-            dense_const=cut(self.dense_const),
-            part=None
-            if self.part is None
-            else _ImagePart(*(x[j : j + 1] for x in astuple_shallow(self.part))),
-        )
-
-
-def length_blocks(
-    lens_sorted: torch.Tensor, max_block: int, min_bucket: int = _MIN_BUCKET
-) -> list[tuple[int, int]]:
-    """Split texts sorted by decreasing length into [start, stop) blocks of at most ``max_block``.
-
-    A block also ends where the next text is shorter than ``_BUCKET_SLACK`` times the block's first
-    (longest) one, once it holds ``min_bucket`` texts: padding every caption to the longest of 5000
-    would double the word-side work.
-    """
-    lens = lens_sorted.tolist()
-    blocks, start = [], 0
-    for i, length in enumerate(lens):
-        size = i - start
-        if size >= max_block or (size >= min_bucket and length < _BUCKET_SLACK * lens[start]):
-            blocks.append((start, i))
-            start = i
-    blocks.append((start, len(lens)))
-    return blocks
-
-
-def cpu_workers(device: torch.device, workers: int | None) -> int:
-    """Threads of control for a CPU scoring job: ``workers``, or (None) one per torch thread."""
-    if device.type != "cpu":
-        return 1
-    return max(1, torch.get_num_threads() if workers is None else workers)
-
-
-def plan_for_workers(plan, inputs, budget: int, workers: int):
-    """``(plan(inputs, budget // workers), workers)``, or with one worker and the whole budget when the
-    share of one worker is too small for a single block."""
-    try:
-        return plan(inputs, budget // workers), workers
-    except ValueError:
-        if workers == 1:
-            raise
-        return plan(inputs, budget), 1
-
-
-def in_workers(workers: int, items, fn) -> None:
-    """``fn(item)`` for every item, in ``workers`` threads that each take the next item when they are
-    done with one (a shared queue), each single-threaded in torch; re-raises the first error.
-
-    Why not torch's intra-op threads: every op of a scoring block is a parallel region whose threads
-    meet at a barrier at its end, and OpenMP threads spin while they wait. When another process holds
-    a core, the thread that shares it runs at a fraction of its speed, every region waits for it, and
-    the spinning of the others steals time from the same cores (scoring degraded ~4.6x when one of two
-    cores was busy, docs/distributed.md). Single-threaded workers never wait for each other inside a
-    block: a slowed worker simply takes fewer blocks, so the job slows by about the share of the busy
-    core. The thread count is set inside each worker; torch also keeps that number as the default of
-    threads created later, so the caller's count is set again afterwards (grad mode is per thread).
-    """
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
-    queue, lock = iter(items), threading.Lock()
-
-    def work() -> None:
-        torch.set_num_threads(1)
-        with torch.no_grad():
-            while True:
-                with lock:
-                    item = next(queue, None)
-                if item is None:
-                    return
-                fn(item)
-
-    if workers <= 1:
-        for item in queue:
-            fn(item)
-        return
-    caller = torch.get_num_threads()
-    try:
-        with ThreadPoolExecutor(workers) as pool:
-            for future in [pool.submit(work) for _ in range(workers)]:
-                future.result()
-    finally:
-        torch.set_num_threads(caller)
 
 
 @register_engine(SEPSMatcher)
@@ -354,7 +136,7 @@ class SEPSEngine(ScoringEngine):
         self.has_cls = cfg.has_cls
         self.aggr = matcher.aggr_net
         self.aggr_dense = matcher.aggr_net_dense or matcher.aggr_net
-        self._cache: _PackedTexts | None = None  # unit words of all captions during a call, if they fit
+        self._cache: PackedTexts | None = None  # unit words of all captions during a call, if they fit
 
     # ------------------------------------------------------------------ modes, costs, memory plan
     def _mode(self, inputs: ScoringInputs) -> str:
@@ -459,7 +241,7 @@ class SEPSEngine(ScoringEngine):
         # should not exceed _WORKING_SET, texts first (long length buckets), then images.
         def preferred(per_pair: int, n_texts: int, limit: int) -> tuple[int, int]:
             pairs = max(1, _WORKING_SET // max(per_pair, 1))
-            texts = min(n_texts, limit, max(_MIN_BUCKET, pairs))
+            texts = min(n_texts, limit, max(MIN_BUCKET, pairs))
             return max(1, min(self.max_image_block, n_img, pairs // texts)), texts
 
         b_pref, t_pref = preferred(heavy + per_pair_sel, n_txt, 1024)
@@ -493,7 +275,7 @@ class SEPSEngine(ScoringEngine):
         )
 
     # ------------------------------------------------------------------ per-image work
-    def _images(self, img_tokens: torch.Tensor) -> _Images:
+    def _images(self, img_tokens: torch.Tensor) -> ImageBlock:
         cls_tok = img_tokens[:, 0] if self.has_cls else None
         patches = img_tokens[:, int(self.has_cls) :].contiguous()
         unit = l2norm(patches)
@@ -505,7 +287,7 @@ class SEPSEngine(ScoringEngine):
             exp_t[id(net)] = torch.exp(lg - top)
             stable[id(net)] = ((top.squeeze(2) - lg.amin(dim=2)).amax(dim=1) < _EXP_RANGE).tolist()
         scorer = self.matcher.scorer
-        return _Images(
+        return ImageBlock(
             patches=patches,
             unit=unit,
             saliency=image_saliency(
@@ -519,13 +301,13 @@ class SEPSEngine(ScoringEngine):
             cls=l2norm(cls_tok) if cls_tok is not None else None,
         )
 
-    def _scores(self, img: _Images, terms: list[torch.Tensor]) -> torch.Tensor:
+    def _scores(self, img: ImageBlock, terms: list[torch.Tensor]) -> torch.Tensor:
         """Selection scores of every pair, exactly as ``SEPSMatcher._select``: (B, T, N)."""
         if self.cfg.score_mode == "sum":
             return img.saliency[:, None] + sum(terms)
         return combine_paper_scores(img.predicted, img.saliency, terms, self.cfg.beta)
 
-    def _select(self, score: torch.Tensor, net: TokenAggregation) -> tuple[_Selection, torch.Tensor]:
+    def _select(self, score: torch.Tensor, net: TokenAggregation) -> tuple[Selection, torch.Tensor]:
         """Top-K of the pair scores (B, T, N) -> the selection and the fusion weights (B, T, N)."""
         if self.k < self.n:
             idx = score.topk(self.k, dim=-1, sorted=False).indices
@@ -533,11 +315,11 @@ class SEPSEngine(ScoringEngine):
         else:
             idx = torch.arange(self.n, device=score.device).expand(score.shape)
             keep = torch.ones(score.shape, dtype=torch.bool, device=score.device)
-        return _Selection(idx, keep, net), fusion_weights(score, keep)
+        return Selection(idx, keep, net), fusion_weights(score, keep)
 
     def _aggregation(
         self,
-        img: _Images,
+        img: ImageBlock,
         keep: torch.Tensor,
         net: TokenAggregation,
         normalise: bool,
@@ -560,7 +342,7 @@ class SEPSEngine(ScoringEngine):
                 w[b] = torch.softmax(logits, dim=2)
         return w
 
-    def _gathered(self, img: _Images, sel: _Selection, normalise: bool) -> torch.Tensor:
+    def _gathered(self, img: ImageBlock, sel: Selection, normalise: bool) -> torch.Tensor:
         """(B, T, N_c, K) aggregation weights of the kept patches ``sel.idx`` only (softmax over them)."""
         key = id(sel.net)
         b, t, k = sel.idx.shape
@@ -580,13 +362,13 @@ class SEPSEngine(ScoringEngine):
         offsets = torch.arange(idx.shape[0], device=idx.device)[:, None, None] * self.n
         return (idx + offsets).reshape(-1)
 
-    def _part(self, img: _Images, score: torch.Tensor) -> _ImagePart:
+    def _part(self, img: ImageBlock, score: torch.Tensor) -> ImagePart:
         """The image-only dense token sets of the block from its (B, 1, N) dense selection scores."""
         sel, fusion = self._select(score, self.aggr_dense)
         weights = self._aggregation(img, sel.keep, self.aggr_dense, normalise=True)[:, 0]  # (B, N_c, N)
-        return _ImagePart(weights, torch.bmm(weights, img.patches), fusion[:, 0])
+        return ImagePart(weights, torch.bmm(weights, img.patches), fusion[:, 0])
 
-    def _weights(self, img: _Images, ts: _TokenSet) -> torch.Tensor:
+    def _weights(self, img: ImageBlock, ts: TokenSet) -> torch.Tensor:
         """Omega (B, T, N_c + 1, N): every image token of the block's pairs as weights over patches."""
         b, t = ts.fusion.shape[:2]
         n_c = self.n_c
@@ -603,7 +385,7 @@ class SEPSEngine(ScoringEngine):
         return omega
 
     # ------------------------------------------------------------------ alignment (B images x T texts)
-    def _align(self, img: _Images, ts: _TokenSet, txt: _Texts, form: str) -> torch.Tensor:
+    def _align(self, img: ImageBlock, ts: TokenSet, txt: Texts, form: str) -> torch.Tensor:
         """HRPA of the block's pairs (token set ``ts``) with a text block: (B, T) similarities."""
         b, t, n = img.patches.shape[0], txt.size, self.n
         length = txt.words.shape[1]
@@ -623,14 +405,14 @@ class SEPSEngine(ScoringEngine):
         cls = None if img.cls is None else (img.cls @ txt.flat.T).view(b, t, length)  # (B, T, L)
         return self._hrpa(tok, cls, txt)
 
-    def _cosines(self, tokens: torch.Tensor, txt: _Texts) -> torch.Tensor:
+    def _cosines(self, tokens: torch.Tensor, txt: Texts) -> torch.Tensor:
         """Raw tokens (B, T, M, C) -> cosines with the words (B, T, L, M)."""
         inv = torch.linalg.vector_norm(tokens, dim=-1).clamp_min(1e-12).reciprocal()  # (B, T, M)
         words_t = txt.words.transpose(1, 2)  # (T, C, L), shared by the images: one bmm per image
         cos = torch.stack([torch.bmm(tokens[i], words_t) for i in range(tokens.shape[0])])  # (B, T, M, L)
         return cos.mul_(inv[..., None]).transpose(2, 3)
 
-    def _cosines_kept(self, img: _Images, ts: _TokenSet, txt: _Texts) -> torch.Tensor:
+    def _cosines_kept(self, img: ImageBlock, ts: TokenSet, txt: Texts) -> torch.Tensor:
         """(B, T, L, N_c + 1) cosines from raw tokens that aggregate only each pair's K kept patches
         (gathered rows of P: half the FLOPs of the masked product at K = N / 2)."""
         b, t = ts.fusion.shape[:2]
@@ -648,7 +430,7 @@ class SEPSEngine(ScoringEngine):
         fus = torch.bmm(ts.fusion, img.patches)[:, :, None, :]  # (B, T, 1, C)
         return torch.cat([self._cosines(agg, txt), self._cosines(fus, txt)], dim=3)
 
-    def _hrpa(self, tok: torch.Tensor, cls: torch.Tensor | None, txt: _Texts) -> torch.Tensor:
+    def _hrpa(self, tok: torch.Tensor, cls: torch.Tensor | None, txt: Texts) -> torch.Tensor:
         """``HRPA.forward`` on [CLS?, tokens] x words from the parts: (B, T, L, M'), (B, T, L) -> (B, T)."""
         hrpa = self.matcher.hrpa
         valid = txt.valid  # (T, L)
@@ -677,7 +459,7 @@ class SEPSEngine(ScoringEngine):
         where[distinct] = torch.arange(distinct.numel())
         return distinct, where[rows]
 
-    def _prepare(self, inputs: ScoringInputs, rows: torch.Tensor, device, dtype) -> _Images:
+    def _prepare(self, inputs: ScoringInputs, rows: torch.Tensor, device, dtype) -> ImageBlock:
         """Per-image work of the images ``rows``, image-tied dense text included."""
         img = self._images(inputs.img_tokens[rows].to(device=device, dtype=dtype))
         if inputs.dense_tokens is not None and inputs.dense_index is None:
@@ -788,17 +570,17 @@ class SEPSEngine(ScoringEngine):
                 dense_rows, dense_pos = self._dense_columns(inputs, inputs.dense_index[texts])
                 dense_scores = self._caption_dense(img_v, inputs, dense_rows, plan, device, dtype)
             # few texts per image: fewer, longer buckets (per-block overhead beats padding here)
-            for start, stop in length_blocks(inputs.cap_lens[texts], plan.text_block, 4 * _MIN_BUCKET):
+            for start, stop in length_blocks(inputs.cap_lens[texts], plan.text_block, 4 * MIN_BUCKET):
                 block = self._caption_block(img_v, inputs, texts[start:stop], mode, device, dtype)[0]
                 if dense_scores is not None:
                     block = block + dense_scores[0, dense_pos[start:stop].to(device)]
                 result[sel[start:stop]] = block.float().cpu()
             bar.update(sel.numel())
 
-    def _text_block(self, tokens, lens, device, dtype) -> _Texts:
-        return _Texts.build(tokens.to(device=device, dtype=dtype), lens.to(device))
+    def _text_block(self, tokens, lens, device, dtype) -> Texts:
+        return Texts.build(tokens.to(device=device, dtype=dtype), lens.to(device))
 
-    def _captions(self, inputs, cols, device, dtype) -> _Texts:
+    def _captions(self, inputs, cols, device, dtype) -> Texts:
         """The captions ``cols`` as a text block, from the packed cache when there is one."""
         if self._cache is None:
             return self._text_block(inputs.cap_tokens[cols], inputs.cap_lens[cols], device, dtype)
@@ -807,10 +589,10 @@ class SEPSEngine(ScoringEngine):
     def _build_cache(self, inputs, plan, device, dtype) -> None:
         self._cache = None
         if plan.details.get("text_cache"):
-            self._cache = _PackedTexts.build(inputs.cap_tokens, inputs.cap_lens, device, dtype)
+            self._cache = PackedTexts.build(inputs.cap_tokens, inputs.cap_lens, device, dtype)
 
     def _caption_block(
-        self, img, inputs, cols, mode, device, dtype, txt: _Texts | None = None
+        self, img, inputs, cols, mode, device, dtype, txt: Texts | None = None
     ) -> torch.Tensor:
         """(B, T) similarities of the image block with the captions ``cols`` (sparse + guided parts)."""
         txt = self._captions(inputs, cols, device, dtype) if txt is None else txt
@@ -833,19 +615,19 @@ class SEPSEngine(ScoringEngine):
                 score_s, score_d = self._scores(img, [relevance]), self._scores(img, [dense_rel])
             sel, fusion = self._select(score_s, self.aggr)
             sel_d, fusion_d = self._select(score_d.expand_as(score_s), self.aggr_dense)
-            ts = _TokenSet([sel, sel_d], None, 0.5 * (fusion + fusion_d))
+            ts = TokenSet([sel, sel_d], None, 0.5 * (fusion + fusion_d))
         else:
             sel, fusion = self._select(self._scores(img, [relevance]), self.aggr)
             if mode == "image_guide":
-                ts = _TokenSet([sel], img.part, 0.5 * (fusion + img.part.fusion[:, None]))
+                ts = TokenSet([sel], img.part, 0.5 * (fusion + img.part.fusion[:, None]))
             else:
-                ts = _TokenSet([sel], None, fusion)
+                ts = TokenSet([sel], None, fusion)
         sims = self._align(img, ts, txt, form)
         if img.dense_const is not None:
             sims = sims + img.dense_const[:, None]
         return sims
 
-    def _image_dense(self, img: _Images, inputs, rows, device, dtype) -> None:
+    def _image_dense(self, img: ImageBlock, inputs, rows, device, dtype) -> None:
         """Image-tied dense text: its selection (and in "branch" mode its whole score) per image."""
         tokens = inputs.dense_tokens[rows].to(device=device, dtype=dtype)
         lens = inputs.dense_lens[rows].to(device)
@@ -858,21 +640,21 @@ class SEPSEngine(ScoringEngine):
         score = self._scores(img, [img.dense_relevance])  # (B, 1, N)
         const = []
         for v in range(score.shape[0]):  # image v against its own description only
-            txt = _Texts.build(tokens[v : v + 1], lens[v : v + 1])
+            txt = Texts.build(tokens[v : v + 1], lens[v : v + 1])
             sel, fusion = self._select(score[v : v + 1], self.aggr_dense)
             one = img.select(v)
             const.append(
-                self._align(one, _TokenSet([sel], None, fusion), txt, self._form(txt.words.shape[1]))[0]
+                self._align(one, TokenSet([sel], None, fusion), txt, self._form(txt.words.shape[1]))[0]
             )
         img.dense_const = torch.cat(const)
 
-    def _dense_scores(self, img: _Images, txt: _Texts) -> torch.Tensor:
+    def _dense_scores(self, img: ImageBlock, txt: Texts) -> torch.Tensor:
         """ "Branch"-mode dense scores (B, D) of an image block with a block of dense texts."""
         score = self._scores(img, [text_relevance(img.unit, txt.guide, per_image=False)])
         sel, fusion = self._select(score, self.aggr_dense)
-        return self._align(img, _TokenSet([sel], None, fusion), txt, self._form(txt.words.shape[1]))
+        return self._align(img, TokenSet([sel], None, fusion), txt, self._form(txt.words.shape[1]))
 
-    def _caption_dense(self, img: _Images, inputs, dense_rows, plan, device, dtype) -> torch.Tensor:
+    def _caption_dense(self, img: ImageBlock, inputs, dense_rows, plan, device, dtype) -> torch.Tensor:
         """Caption-tied "branch"-mode dense scores of the image block with every distinct dense text:
         (B, D_total), column j = dense row ``dense_rows[j]``."""
         out = torch.empty(img.patches.shape[0], dense_rows.numel(), dtype=img.patches.dtype, device=device)

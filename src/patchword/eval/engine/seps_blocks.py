@@ -1,0 +1,195 @@
+"""The blocks of texts and images the SEPS scoring engine (:mod:`patchword.eval.engine.seps`) works on:
+per-text and per-image precomputations, the token sets of a block of pairs, and the cut of a
+length-sorted text list into blocks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from patchword.matching.aggregation import TokenAggregation
+from patchword.matching.ops import l2norm, length_mask, masked_mean
+
+__all__ = [
+    "BUCKET_SLACK",
+    "MIN_BUCKET",
+    "ImageBlock",
+    "ImagePart",
+    "PackedTexts",
+    "Selection",
+    "Texts",
+    "TokenSet",
+    "astuple_shallow",
+    "length_blocks",
+]
+
+# Text blocks are cut where the length drops below this fraction of the block's longest text (once the
+# block holds MIN_BUCKET texts), so that padding costs little.
+BUCKET_SLACK = 0.85
+MIN_BUCKET = 32
+
+
+@dataclass
+class Texts:
+    """A block of T texts (captions or dense captions), padded to the block's longest."""
+
+    words: torch.Tensor  # (T, L, C) L2-normalised tokens (padding rows are zero)
+    valid: torch.Tensor  # (T, L) bool
+    n_words: torch.Tensor  # (T,) float valid counts
+    guide: torch.Tensor  # (T, C) L2-normalised mean of the raw tokens (selection guide)
+
+    @classmethod
+    def build(cls, tokens: torch.Tensor, lens: torch.Tensor) -> Texts:
+        width = int(lens.max())
+        tokens = tokens[:, :width]
+        valid = length_mask(lens, width)
+        return cls(l2norm(tokens), valid, valid.sum(-1).to(tokens.dtype), l2norm(masked_mean(tokens, lens)))
+
+    @property
+    def size(self) -> int:
+        return self.words.shape[0]
+
+    @property
+    def flat(self) -> torch.Tensor:
+        """(T * L, C) view of the unit words."""
+        return self.words.reshape(-1, self.words.shape[-1])
+
+
+@dataclass
+class PackedTexts:
+    """Unit words and guides of many texts, computed once and packed without padding."""
+
+    words: torch.Tensor  # (W + 1, C) unit words of every text back to back; the last row is zero
+    offsets: torch.Tensor  # (N,) first row of each text
+    lens: torch.Tensor  # (N,) valid counts
+    guide: torch.Tensor  # (N, C)
+
+    @classmethod
+    def build(cls, tokens: torch.Tensor, lens: torch.Tensor, device, dtype, chunk: int = 256) -> PackedTexts:
+        words, guides = [], []
+        for start in range(0, tokens.shape[0], chunk):
+            block = Texts.build(
+                tokens[start : start + chunk].to(device=device, dtype=dtype),
+                lens[start : start + chunk].to(device),
+            )
+            words.append(block.words[block.valid])  # row-major: text by text, word by word
+            guides.append(block.guide)
+        words.append(torch.zeros(1, tokens.shape[2], dtype=dtype, device=device))
+        lens = lens.to(device)
+        return cls(torch.cat(words), torch.cumsum(lens, 0) - lens, lens, torch.cat(guides))
+
+    def block(self, cols: torch.Tensor) -> Texts:
+        """The texts ``cols`` as a padded block (one row gather)."""
+        lens = self.lens[cols]
+        width = int(lens.max())
+        pos = torch.arange(width, device=lens.device)
+        valid = pos[None] < lens[:, None]
+        rows = torch.where(valid, self.offsets[cols, None] + pos[None], self.words.shape[0] - 1)
+        words = self.words.index_select(0, rows.reshape(-1)).view(cols.numel(), width, -1)
+        return Texts(words, valid, lens.to(self.words.dtype), self.guide[cols])
+
+
+def astuple_shallow(obj) -> tuple:
+    """A dataclass's fields as a tuple, without copying (``dataclasses.astuple`` deep-copies)."""
+    return tuple(getattr(obj, f.name) for f in fields(obj))
+
+
+@dataclass
+class ImagePart:
+    """An image-only aggregated token set added to every pair's (paper "guide" mode, image-tied dense)."""
+
+    weights: torch.Tensor  # (B, N_c, N) normalised aggregation weights of each image's dense branch
+    tokens: torch.Tensor  # (B, N_c, C) the aggregated tokens themselves, weights @ P
+    fusion: torch.Tensor  # (B, N) their fusion weights
+
+
+@dataclass
+class Selection:
+    """One selection branch of a block of pairs (B images x T texts)."""
+
+    idx: torch.Tensor  # (B, T, K) kept patches (any order)
+    keep: torch.Tensor  # (B, T, N) bool mask of the same
+    net: TokenAggregation  # the aggregation net of the branch
+
+
+@dataclass
+class TokenSet:
+    """The N_c + 1 image tokens of the block's pairs, CLS apart: aggregated tokens = sum over branches
+    of the softmax-weighted kept patches (+ an image-only part), fusion token = fusion @ P."""
+
+    branches: list[Selection]
+    part: ImagePart | None
+    fusion: torch.Tensor  # (B, T, N)
+
+    @property
+    def single(self) -> bool:
+        """One branch and no part: the aggregation normaliser cancels under L2 normalisation."""
+        return len(self.branches) == 1 and self.part is None
+
+
+@dataclass
+class ImageBlock:
+    """Per-image tensors of an image block, computed once per image."""
+
+    patches: torch.Tensor  # (B, N, C) raw
+    unit: torch.Tensor  # (B, N, C)
+    saliency: torch.Tensor  # (B, N)
+    predicted: torch.Tensor | None  # (B, N) paper score predictor
+    logits_t: dict[int, torch.Tensor]  # id(net) -> (B, N_c, N) aggregation logits, transposed
+    exp_t: dict[int, torch.Tensor]  # id(net) -> (B, N_c, N) exp(logits - max over patches)
+    stable: dict[int, list[bool]]  # id(net) -> per image: exp_t is safe to use
+    gram_: torch.Tensor | None  # (B, N, N) Gram matrices, computed on first use (the "gram" form only)
+    cls: torch.Tensor | None  # (B, C) unit CLS
+    dense_relevance: torch.Tensor | None = None  # (B, 1, N) image-tied dense s_dt
+    dense_const: torch.Tensor | None = None  # (B,) image-tied "branch"-mode dense score
+    part: ImagePart | None = None  # image-tied "guide"-mode dense token sets (batched)
+
+    @property
+    def gram(self) -> torch.Tensor:
+        if self.gram_ is None:
+            self.gram_ = torch.bmm(self.patches, self.patches.transpose(1, 2))
+        return self.gram_
+
+    def select(self, j: int) -> ImageBlock:
+        """Image j of the block as a block of one (views)."""
+
+        def cut(x):
+            return None if x is None else x[j : j + 1]
+
+        return ImageBlock(
+            patches=self.patches[j : j + 1],
+            unit=self.unit[j : j + 1],
+            saliency=self.saliency[j : j + 1],
+            predicted=cut(self.predicted),
+            logits_t={key: x[j : j + 1] for key, x in self.logits_t.items()},
+            exp_t={key: x[j : j + 1] for key, x in self.exp_t.items()},
+            stable={key: x[j : j + 1] for key, x in self.stable.items()},
+            gram_=cut(self.gram_),
+            cls=cut(self.cls),
+            dense_relevance=cut(self.dense_relevance),
+            dense_const=cut(self.dense_const),
+            part=None
+            if self.part is None
+            else ImagePart(*(x[j : j + 1] for x in astuple_shallow(self.part))),
+        )
+
+
+def length_blocks(
+    lens_sorted: torch.Tensor, max_block: int, min_bucket: int = MIN_BUCKET
+) -> list[tuple[int, int]]:
+    """Split texts sorted by decreasing length into [start, stop) blocks of at most ``max_block``.
+
+    A block also ends where the next text is shorter than ``BUCKET_SLACK`` times the block's first
+    (longest) one, once it holds ``min_bucket`` texts: padding every caption to the longest of 5000
+    would double the word-side work.
+    """
+    lens = lens_sorted.tolist()
+    blocks, start = [], 0
+    for i, length in enumerate(lens):
+        size = i - start
+        if size >= max_block or (size >= min_bucket and length < BUCKET_SLACK * lens[start]):
+            blocks.append((start, i))
+            start = i
+    blocks.append((start, len(lens)))
+    return blocks
