@@ -11,12 +11,15 @@ flip on fp32 rounding differences, so two fp32 runs that differ only in the orde
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import Literal, get_args
 
 import torch
 
-__all__ = ["PRECISIONS", "autocast_context", "weight_dtype"]
+__all__ = ["PRECISIONS", "Precision", "autocast_context", "weight_dtype"]
 
-PRECISIONS = ("fp32", "amp_bf16", "amp_fp16", "fp64")
+#: The values of ``RunConfig.precision`` (the config checks them through this ``Literal``).
+Precision = Literal["fp32", "amp_bf16", "amp_fp16", "fp64"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 _AUTOCAST = {"amp_bf16": torch.bfloat16, "amp_fp16": torch.float16}
 
 

@@ -8,6 +8,7 @@ from typing import Literal
 from patchword.data.config import DataConfig
 from patchword.eval.config import EvalConfig
 from patchword.model import ModelConfig
+from patchword.precision import Precision
 
 __all__ = ["DataConfig", "TrainConfig", "EvalConfig", "RunConfig"]
 
@@ -61,7 +62,7 @@ class RunConfig:
     seed: int = 0  # seeds torch, numpy and python
     device: str = "auto"  # auto (CUDA when available, else CPU) | cpu | cuda | cuda:1 | mps
     # fp32 | amp_bf16 / amp_fp16 (fp32 weights, autocast) | fp64 (float64 weights and ops: numerical checks)
-    precision: Literal["fp32", "amp_bf16", "amp_fp16", "fp64"] = "fp32"
+    precision: Precision = "fp32"
     progress: bool | None = None  # progress bars (None = only on a terminal)
     dist_timeout_s: float = 600.0  # torchrun: seconds a process waits for the others in a collective
     # before the launch fails (a process that died or hangs ends the run with an error, never a hang)

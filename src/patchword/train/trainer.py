@@ -34,7 +34,7 @@ from patchword.train.checkpoint import atomic_save, load_checkpoint, rng_state, 
 from patchword.train.config import RunConfig
 from patchword.train.step import ShardLoss, fused_supported, sync_batch_norm, usable_cpus, wrap_ddp
 
-__all__ = ["Trainer", "TrainingInterrupted", "autocast_context", "torch_threads"]
+__all__ = ["Trainer", "TrainingInterrupted", "torch_threads"]
 
 _logger = logging.getLogger(__name__)
 

@@ -12,7 +12,6 @@ from patchword.matching.aggregation import TokenAggregation
 from patchword.matching.ops import l2norm, length_mask, masked_mean
 
 __all__ = [
-    "BUCKET_SLACK",
     "MIN_BUCKET",
     "ImageBlock",
     "ImagePart",
@@ -20,7 +19,6 @@ __all__ = [
     "Selection",
     "Texts",
     "TokenSet",
-    "astuple_shallow",
     "length_blocks",
 ]
 
