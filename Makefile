@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv browser test lint format demo compare bench clean
+.PHONY: venv browser test test-numerics lint format demo compare bench clean
 
 venv: $(STAMP)
 
@@ -36,6 +36,14 @@ $(BROWSER_STAMP): | $(STAMP)
 
 test: venv browser
 	$(PY) -m pytest -q
+
+# The numerically sensitive tests (pytest marker `numerics`) again with PyTorch's kernels (ATen, MKL, oneDNN)
+# restricted to AVX2: a second instruction set's rounding, so a tolerance that holds on one CPU only fails
+# here (.ci/run) instead of on the next user's machine.
+AVX2_KERNELS := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
+
+test-numerics: venv
+	$(AVX2_KERNELS) $(PY) -m pytest -q -m numerics
 
 # Fine-tune the paper-variant SEPS on the synthetic scenes (CPU, fixed steps) and print the recall table.
 demo: venv

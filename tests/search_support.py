@@ -107,10 +107,11 @@ def caption_queries(env: SearchEnv) -> tuple[list[str], list[int]]:
     return captions, [position[f"{image_id}.png"] for image_id in image_ids]
 
 
-def library_t2i_scores(env: SearchEnv, shortlist: int) -> torch.Tensor:
-    """(N_img, N_txt) caption-query scores of the library's two-stage search on the index's own tokens:
-    ``fine`` on each caption's ``shortlist`` globally nearest images, ``-inf`` elsewhere."""
-    from patchword.eval import encode_text_tokens, two_stage_scores
+def library_t2i_scores(env: SearchEnv, shortlist: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Caption-query scores of the library's two-stage search on the index's own tokens: (N_img, N_txt)
+    ``fine`` on each caption's ``shortlist`` globally nearest images, ``-inf`` elsewhere, and the (N_img,
+    N_txt) global similarities the shortlist was taken from."""
+    from patchword.eval import encode_text_tokens, global_embeddings, two_stage_scores
     from patchword.search.store import SearchIndex
 
     index = SearchIndex.open(env.index_dir)
@@ -119,10 +120,51 @@ def library_t2i_scores(env: SearchEnv, shortlist: int) -> torch.Tensor:
     captions, _ = caption_queries(env)
     cap_ids, cap_lens = env.run.tokenize(captions)
     cap = encode_text_tokens(env.run.model, cap_ids, cap_lens)
-    result = two_stage_scores(
-        env.run.model.matcher, index.image_tokens(ids), cap, cap_lens, dense, dense_lens, k=(1, shortlist)
-    )
-    return result.sims_t2i
+    img = index.image_tokens(ids)
+    matcher = env.run.model.matcher
+    result = two_stage_scores(matcher, img, cap, cap_lens, dense, dense_lens, k=(1, shortlist))
+    g_img, g_txt = global_embeddings(matcher, img, cap, cap_lens)
+    return result.sims_t2i, g_img @ g_txt.T
+
+
+# Scores of one (image, caption) pair computed by two paths (a query encoded alone or in a batch, scored in
+# a column or a matrix) differ by float rounding, which depends on the CPU's kernels: two images whose
+# scores lie closer than this may rank either way (seen: 2e-7 apart under ATEN_CPU_CAPABILITY=avx2).
+RANK_TOLERANCE = 1e-5
+
+
+def assert_ranked_as(
+    hit_ids: list[int],
+    column: torch.Tensor,
+    global_column: torch.Tensor | None = None,
+    shortlist: int | None = None,
+    tol: float = RANK_TOLERANCE,
+) -> None:
+    """``hit_ids`` (best first) rank the images as the library's scores ``column`` (N_img,) do, up to pairs
+    closer than ``tol``: the same images, each scoring at least the next one's score less ``tol``.
+
+    With a ``shortlist`` of the globally nearest images, only an image whose ``global_column`` score lies
+    within ``tol`` of the shortlist's boundary may be in one shortlist and not the other.
+    """
+    finite = torch.isfinite(column)
+    if shortlist is None:
+        assert sorted(hit_ids) == finite.nonzero().flatten().tolist()
+    else:
+        assert len(hit_ids) == len(set(hit_ids)) == shortlist
+        boundary = float(global_column.sort(descending=True).values[shortlist - 1])
+        must = set((global_column > boundary + tol).nonzero().flatten().tolist())
+        may = set((global_column >= boundary - tol).nonzero().flatten().tolist())
+        assert must <= set(hit_ids) <= may, (sorted(hit_ids), sorted(must), sorted(may))
+        hit_ids = [i for i in hit_ids if finite[i]]  # both shortlists hold these
+    scores = column[hit_ids]
+    assert bool((scores[:-1] >= scores[1:] - tol).all()), list(zip(hit_ids, scores.tolist(), strict=True))
+
+
+def rank_bounds(column: torch.Tensor, target: int, tol: float = RANK_TOLERANCE) -> tuple[int, int]:
+    """The 1-based ranks image ``target`` may take under ``column`` when scores closer than ``tol`` may
+    rank either way."""
+    score = column[target]
+    return int((column > score + tol).sum()) + 1, int((column >= score - tol).sum())
 
 
 @contextmanager

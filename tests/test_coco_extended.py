@@ -243,3 +243,12 @@ def test_a_two_stage_pair_ranks_each_direction_with_its_own_matrix(universe):
     assert pair.keys() == first.keys()
     for name in pair:
         assert pair[name] == {"i2t": first[name]["i2t"], "t2i": second[name]["t2i"]}, name
+
+
+def test_public_import_path():
+    """``patchword.eval.coco_extended_metrics`` is the public name (README, docs)."""
+    import patchword.eval
+    from patchword.eval.coco_extended import coco_extended_metrics
+
+    assert patchword.eval.coco_extended_metrics is coco_extended_metrics
+    assert "coco_extended_metrics" in patchword.eval.__all__

@@ -1,10 +1,21 @@
 """torchrun on the CPU (gloo, 2 processes): training and evaluation equal a one-process run of the same
 global batch, ``--resume`` equals an uninterrupted run, and a bad launch ends with one clear error.
 
+Precision, by what each comparison can promise on any CPU:
+
+* 20-step trajectories, 1 vs 2 processes, run in **float64**. The two runs sum the same numbers in another
+  order; in float32 the rounding differences (1e-7) flip the matchers' discrete choices (top-K, max,
+  NAAF's fitted thresholds) within a few steps and the difference grows every step, by an amount that
+  depends on the CPU's kernels (an AMD EPYC failed what an Intel Xeon passed). In float64 the differences
+  stay at rounding level (measured: see ``FP64_*`` below).
+* float32 is checked where it is robust: the first step's loss, from identical weights, 1 vs 2 processes.
+* Resume under two processes repeats the uninterrupted run's arithmetic exactly, so it stays float32 and
+  must be bit-equal.
+
 The two-process runs are one launch of two spawned processes that run several jobs in turn (each job opens
 and closes its own process group, as ``patchword train`` does); the one-process references run in the test
 process. Everything is tiny except issue 13's SEPS command in float64 (batch 64, 20 steps): the whole
-module takes about two minutes on two cores.
+module takes about three minutes on two cores.
 """
 
 from __future__ import annotations
@@ -65,7 +76,8 @@ TINY_REGIONS = [
     "train.align_warmup_epochs=0",
 ]
 # Every matcher's two-process run must equal its one-process run. No random draws inside the model: SEPS
-# paper variant with Gumbel noise off, transformers without dropout.
+# paper variant with Gumbel noise off, transformers without dropout. The cases run in float32 (one step)
+# and in float64 (20 steps).
 CASES = {
     "seps_paper": [*TINY, "model.seps.variant=paper", "model.seps.gumbel=false"],
     "laps": [*TINY, "model.matcher=laps"],
@@ -110,6 +122,17 @@ DONE_WHEN_FP64 = [
     "data.num_test=16",
     "train.num_threads=1",
 ]
+
+
+# Tolerances. Largest differences measured over the seven cases on a 2-core AMD EPYC (Zen 4), default
+# kernels (AVX-512) / ATEN_CPU_CAPABILITY=avx2: float64 losses over 20 steps 1.2e-12 / 1.8e-12 relative
+# (NAAF; the others <= 1e-13), final weights 4.5e-13 / 6.7e-13 absolute, NAAF's fitted statistics 1.2e-12
+# / 1.9e-12 relative; float32 first-step losses 8.2e-8 relative. The tolerances leave ~500x and ~100x.
+FP64_LOSS_REL = 1e-9
+FP64_WEIGHT_ABS = 1e-9
+FP32_STEP1_REL = 1e-5
+FP32 = ["precision=fp32", "train.max_steps=1", "train.align_warmup_epochs=0"]  # a full loss at step 1
+FP64 = ["precision=fp64"]
 
 
 def _args(root: Path, case: str, name: str, *extra: str) -> list[str]:
@@ -328,55 +351,93 @@ def _weight_gap(a: Path, b: Path, zero: dict[str, torch.Tensor]) -> tuple[float,
 
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory):
-    """One-process references here, then one launch of two processes running every job in turn."""
+    """One-process references here, then one launch of two processes running every job in turn.
+
+    ``results[rank][jobs.index(name)]``: jobs are named ``fp64/<case>``, ``fp32/<case>``, ``full32``,
+    ``half``, ``resume``, ``eval/tgdt``, ``eval/seps_paper``, ``signal`` and ``done_when``.
+    """
     from patchword.train.run import train_run
 
     root = tmp_path_factory.mktemp("ddp")
     one, two = root / "one", root / "two"
     for case in CASES:
-        train_run(_cfg(one, case, case))
+        train_run(_cfg(one / "fp64", case, case, *FP64))
+        train_run(_cfg(one / "fp32", case, case, *FP32))
     done_when = [*DONE_WHEN_FP64, f"data.cache_dir={root / 'cache'}"]
     _job_train_config(str(DONE_WHEN_CONFIG), [*done_when, f"output_dir={one}", "name=done_when_fp64"])
-    jobs = [("train", (_args(two, case, case),)) for case in CASES]
-    jobs += [
-        ("train", (_args(two, "seps_paper", "half", "train.max_steps=9"),)),
-        ("resume", (str(two / "half"), ["train.max_steps=20"])),
-        ("eval", (str(two / "tgdt"), str(root / "tgdt_eval_2.json"))),
-        ("eval", (str(two / "seps_paper"), str(root / "seps_eval_2.json"))),
-        ("signal", (_args(two, "seps_paper", "signalled"),)),
-        ("train_config", (str(DONE_WHEN_CONFIG), [*done_when, f"output_dir={two}", "name=done_when_fp64"])),
+    named = [(f"fp64/{case}", ("train", (_args(two / "fp64", case, case, *FP64),))) for case in CASES]
+    named += [(f"fp32/{case}", ("train", (_args(two / "fp32", case, case, *FP32),))) for case in CASES]
+    named += [
+        # resume repeats the uninterrupted arithmetic: float32, bit-equal
+        ("full32", ("train", (_args(two, "seps_paper", "full32"),))),
+        ("half", ("train", (_args(two, "seps_paper", "half", "train.max_steps=9"),))),
+        ("resume", ("resume", (str(two / "half"), ["train.max_steps=20"]))),
+        ("eval/tgdt", ("eval", (str(two / "fp64" / "tgdt"), str(root / "tgdt_eval_2.json")))),
+        ("eval/seps_paper", ("eval", (str(two / "fp64" / "seps_paper"), str(root / "seps_eval_2.json")))),
+        ("signal", ("signal", (_args(two, "seps_paper", "signalled"),))),
+        (
+            "done_when",
+            (
+                "train_config",
+                (str(DONE_WHEN_CONFIG), [*done_when, f"output_dir={two}", "name=done_when_fp64"]),
+            ),
+        ),
     ]
     start = time.perf_counter()
-    results = _launch(jobs, root / "results", timeout=600)
-    return {"root": root, "results": results, "jobs": jobs, "seconds": time.perf_counter() - start}
+    results = _launch([job for _, job in named], root / "results", timeout=600)
+    names = [name for name, _ in named]
+    return {"root": root, "results": results, "jobs": names, "seconds": time.perf_counter() - start}
+
+
+def _job(launch: dict, name: str) -> dict:
+    return _ok(launch["results"], launch["jobs"].index(name))
+
+
+def _relative_gaps(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> list[float]:
+    return [abs(x - y) / max(abs(x), 1e-6) for (_, x), (_, y) in zip(a, b, strict=True)]
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_two_processes_train_like_one(launch, case):
-    root, results = launch["root"], launch["results"]
-    summary = _ok(results, list(CASES).index(case))
+def test_two_processes_train_like_one_in_float64(launch, case):
+    root = launch["root"]
+    summary = _job(launch, f"fp64/{case}")
     assert summary["world_size"] == 2 and summary["steps"] == 20
-    one, two = root / "one" / case, root / "two" / case
+    one, two = root / "one" / "fp64" / case, root / "two" / "fp64" / case
     # one run directory, written once (rank 0), with everything a run has
-    assert sorted(p.name for p in (root / "two").iterdir() if p.name == case) == [case]
+    assert sorted(p.name for p in two.parent.iterdir() if p.name == case) == [case]
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "metrics.json", "last.pt", "best.pt"):
         assert (two / name).is_file(), name
     assert json.loads((two / "summary.json").read_text())["world_size"] == 2
     # the loss of every step (20, over 4 epochs with uneven last batches and hardest negatives from epoch 1)
     a, b = _train_losses(one), _train_losses(two)
     assert [s for s, _ in a] == [s for s, _ in b] == list(range(1, 21))  # steps done
-    for (step, x), (_, y) in zip(a, b, strict=True):
-        assert abs(x - y) <= 1e-4 * max(abs(x), 1e-6), (step, x, y)
+    gaps = _relative_gaps(a, b)
+    assert max(gaps) <= FP64_LOSS_REL, list(enumerate(gaps, 1))
     assert any(abs(x) > 1 for _, x in a)  # a loss that trains, not zeros
     # validation (distributed in the two-process run) and the final weights
     assert _dev_rsums(one) == pytest.approx(_dev_rsums(two), abs=1e-6)
-    gap, beyond = _weight_gap(one / "last.pt", two / "last.pt", _zero_gradient(_cfg(root, case, "probe")))
-    assert gap <= 1e-4 and beyond < 0.001, (gap, beyond)
+    wa = load_checkpoint(one / "last.pt")["model"]
+    assert all(x.dtype == torch.float64 for x in wa.values() if x.is_floating_point())
+    zero = _zero_gradient(_cfg(root, case, "probe"))
+    gap, beyond = _weight_gap(one / "last.pt", two / "last.pt", zero)
+    assert gap <= FP64_WEIGHT_ABS and beyond < 0.001, (gap, beyond)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_processes_take_the_first_float32_step_like_one(launch, case):
+    """float32 where it is robust: identical weights, the global batch split over two processes."""
+    root = launch["root"]
+    assert _job(launch, f"fp32/{case}")["steps"] == 1
+    a = _train_losses(root / "one" / "fp32" / case)
+    b = _train_losses(root / "two" / "fp32" / case)
+    assert [s for s, _ in a] == [s for s, _ in b] == [1]
+    assert abs(a[0][1]) > 0.1
+    assert max(_relative_gaps(a, b)) <= FP32_STEP1_REL, (a, b)
 
 
 def test_the_issue_command_in_float64_trains_like_one_process(launch):
-    root, results = launch["root"], launch["results"]
-    summary = _ok(results, len(launch["jobs"]) - 1)
+    root = launch["root"]
+    summary = _job(launch, "done_when")
     assert summary["world_size"] == 2 and summary["steps"] == 20
     one, two = root / "one" / "done_when_fp64", root / "two" / "done_when_fp64"
     a, b = _train_losses(one), _train_losses(two)
@@ -393,39 +454,39 @@ def test_the_issue_command_in_float64_trains_like_one_process(launch):
 
 def test_naaf_thresholds_are_fitted_on_the_global_batch(launch):
     root = launch["root"]
-    a = load_checkpoint(root / "one" / "naaf" / "last.pt")["model"]
-    b = load_checkpoint(root / "two" / "naaf" / "last.pt")["model"]
+    a = load_checkpoint(root / "one" / "fp64" / "naaf" / "last.pt")["model"]
+    b = load_checkpoint(root / "two" / "fp64" / "naaf" / "last.pt")["model"]
     assert (
         float(a["matcher.num_fits"]) >= 3 and float(a["matcher.std_pos"]) > 0
     )  # re-fitted (diagnostics set)
     for name in ("threshold", "threshold_safe", "num_samples", "num_fits", "mean_pos", "std_neg"):
         assert float(a[f"matcher.{name}"]) == pytest.approx(
-            float(b[f"matcher.{name}"]), rel=1e-4, abs=1e-9
+            float(b[f"matcher.{name}"]), rel=FP64_LOSS_REL, abs=1e-12
         ), name
 
 
-def test_resume_under_two_processes_equals_an_uninterrupted_run(launch):
-    root, results = launch["root"], launch["results"]
-    first = len(CASES)
-    assert _ok(results, first)["steps"] == 9
-    assert _ok(results, first + 1)["steps"] == 20
-    full, resumed = root / "two" / "seps_paper", root / "two" / "half"
+def test_resume_under_two_processes_equals_an_uninterrupted_run_bit_for_bit(launch):
+    root = launch["root"]
+    assert _job(launch, "half")["steps"] == 9
+    assert _job(launch, "resume")["steps"] == 20
+    full, resumed = root / "two" / "full32", root / "two" / "half"
     a, b = _train_losses(full), _train_losses(resumed)
     assert [s for s, _ in b] == list(range(1, 21))
-    assert [x for _, x in a] == pytest.approx([x for _, x in b], rel=1e-6, abs=1e-6)
+    assert a == b
     wa, wb = load_checkpoint(full / "last.pt"), load_checkpoint(resumed / "last.pt")
     assert len(wb["rng_ranks"]) == 2 and wb["world_size"] == 2
+    assert all(x.dtype == torch.float32 for x in wa["model"].values() if x.is_floating_point())
     for name, x in wa["model"].items():
-        assert torch.allclose(x, wb["model"][name], atol=1e-6), name
+        assert torch.equal(x, wb["model"][name]), name
 
 
-@pytest.mark.parametrize(("case", "job"), [("tgdt", 2), ("seps_paper", 3)])
-def test_two_process_eval_equals_one_process_eval(launch, case, job, tmp_path):
+@pytest.mark.parametrize("case", ["tgdt", "seps_paper"])
+def test_two_process_eval_equals_one_process_eval(launch, case, tmp_path):
     from patchword.cli.evaluate import evaluate_run_dir
 
-    root, results = launch["root"], launch["results"]
-    two = _ok(results, len(CASES) + job)
-    one, _ = evaluate_run_dir(root / "two" / case, out=tmp_path / "one.json")
+    root = launch["root"]
+    two = _job(launch, f"eval/{case}")
+    one, _ = evaluate_run_dir(root / "two" / "fp64" / case, out=tmp_path / "one.json")
     written = json.loads((root / f"{'tgdt' if case == 'tgdt' else 'seps'}_eval_2.json").read_text())
     assert written["world_size"] == 2
     keys = ["i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum", "i2t_meanr", "t2i_meanr"]
@@ -440,7 +501,7 @@ def test_a_signal_to_one_process_stops_both_at_the_same_step(launch):
     from patchword.train.run import resume_run
 
     results, root = launch["results"], launch["root"]
-    job = len(CASES) + 4
+    job = launch["jobs"].index("signal")
     assert [r[job]["ok"]["step"] for r in results] == [3, 3]
     run = root / "two" / "signalled"
     assert load_checkpoint(run / "last.pt")["step"] == 3

@@ -89,10 +89,15 @@ def test_launch_info_reads_torchrun_and_slurm():
 # ------------------------------------------------------------------------------------- chunked step
 
 
+# float64: exact to rounding; float32 (the default precision): the same one step, to float32 rounding
+_TOLERANCE = {torch.float64: (1e-12, 1e-10), torch.float32: (1e-5, 1e-4)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize(
     ("variant", "pairing"), [("code", "image"), ("paper", "image"), ("code", "caption"), ("paper", None)]
 )
-def test_pair_chunked_step_has_the_unchunked_gradients(variant, pairing):
+def test_pair_chunked_step_has_the_unchunked_gradients(variant, pairing, dtype):
     torch.manual_seed(0)
     options = {"gumbel": False} if variant == "paper" else {}
     matcher = (
@@ -106,17 +111,17 @@ def test_pair_chunked_step_has_the_unchunked_gradients(variant, pairing):
             use_dense=pairing is not None,
             **options,
         )
-        .double()
+        .to(dtype)
         .train()
     )
     g = _gen(3)
-    img = torch.randn(5, 17, 16, generator=g, dtype=torch.float64, requires_grad=True)
-    caps = torch.randn(7, 9, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    img = torch.randn(5, 17, 16, generator=g, dtype=dtype, requires_grad=True)
+    caps = torch.randn(7, 9, 16, generator=g, dtype=dtype, requires_grad=True)
     lens = torch.tensor([9, 4, 6, 9, 3, 7, 5])
     dense = dense_lens = None
     if pairing is not None:
         rows = 5 if pairing == "image" else 7
-        dense = torch.randn(rows, 12, 16, generator=g, dtype=torch.float64, requires_grad=True)
+        dense = torch.randn(rows, 12, 16, generator=g, dtype=dtype, requires_grad=True)
         dense_lens = torch.randint(3, 13, (rows,), generator=g)
     ratio = RatioLoss(matcher.selection_ratio, mode=matcher.ratio_mode)
     leaves = [img, caps, *([dense] if dense is not None else []), *matcher.parameters()]
@@ -126,14 +131,15 @@ def test_pair_chunked_step_has_the_unchunked_gradients(variant, pairing):
         loss = HingeLoss()(out.sims[:, :5]) + (out.sims**2).sum() + ratio(out.decisions)
         return out.sims.detach(), torch.autograd.grad(loss, leaves, allow_unused=True)
 
+    sims_tol, grad_tol = _TOLERANCE[dtype]
     sims, full = grads(0)
     for chunk in (2, 3):
         sims_c, chunked = grads(chunk)
-        assert torch.allclose(sims_c, sims, atol=1e-12)
+        assert torch.allclose(sims_c, sims, atol=sims_tol)
         for a, b in zip(full, chunked, strict=True):
             assert (a is None) == (b is None)
             if a is not None:
-                assert torch.allclose(a, b, atol=1e-10)
+                assert torch.allclose(a, b, rtol=grad_tol, atol=grad_tol)
 
 
 def test_pair_chunked_training_equals_unchunked(tmp_path):
@@ -146,11 +152,13 @@ def test_pair_chunked_training_equals_unchunked(tmp_path):
         records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         return [r["loss"] for r in records if r["split"] == "train"]
 
-    # one epoch (the gradients are equal; AdamW amplifies their rounding noise over longer runs, see
-    # test_pair_chunked_step_has_the_unchunked_gradients for the exact comparison)
-    plain = losses("plain", "train.max_steps=4")
-    chunked = losses("chunked", "train.max_steps=4", "train.pair_chunk=5")
-    assert len(plain) == 4 and plain == pytest.approx(chunked, rel=1e-5)
+    # The chunked step sums the same terms in another order. In float32 AdamW turns that rounding noise
+    # into weight differences that flip top-K choices within a few steps, by an amount that depends on
+    # the CPU's kernels; in float64 the 6 steps agree to 2e-15 (measured, AMD EPYC and Intel Xeon).
+    # test_pair_chunked_step_has_the_unchunked_gradients compares one float32 step's gradients.
+    plain = losses("plain", "precision=fp64")
+    chunked = losses("chunked", "precision=fp64", "train.pair_chunk=5")
+    assert len(plain) == 6 and plain == pytest.approx(chunked, rel=1e-9)
 
 
 _TINY = [
@@ -231,7 +239,7 @@ def test_dataloader_workers_load_the_same_batches(laps_dataset, tmp_path, monkey
         records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         return [r["loss"] for r in records if r["split"] == "train"]
 
-    assert losses("workers", 2) == pytest.approx(losses("in_process", 0), rel=1e-6)
+    assert losses("workers", 2) == losses("in_process", 0)  # the same batches, the same arithmetic
     assert min(workers_used) == 0 and max(workers_used) >= 1  # image files: decoded in worker processes
 
 

@@ -8,7 +8,11 @@ import pytest
 import torch
 
 from patchword import create_model, get_model_config, list_models
+from patchword.data.tokenizers.word import WordVocab
 from patchword.errors import ConfigError
+from patchword.factory import DEFAULT_VOCAB
+from patchword.model import build_model
+from patchword.pretrained import resolve_vocab_path
 
 # Spatial tokens and CLS of the image encoder each named backbone implies.
 GEOMETRY = {
@@ -43,10 +47,11 @@ def test_the_issue_names_ship():
     } <= set(list_models())
 
 
-def test_named_model_builds_with_its_geometry_and_scores_a_batch(name):
-    pytest.importorskip("transformers")
-    model = create_model(name, pretrained=False, vocab_size=40).eval()
+def test_named_model_builds_with_no_arguments_with_its_geometry_and_scores_a_batch(name):
+    model = create_model(name, pretrained=False).eval()
     cfg = get_model_config(name)
+    if cfg.text_encoder in ("tiny", "gru"):  # word ids: the shipped synthetic vocabulary by default
+        assert model.text_encoder.vocab_size == len(WordVocab.load(resolve_vocab_path(DEFAULT_VOCAB)))
     patches, cls = _geometry(name)
     # TGDT's region transformer prepends a global token
     cls = cls or bool(cfg.precomp.context.global_token and cfg.image_encoder == "precomp")
@@ -71,3 +76,10 @@ def test_overrides_and_unknown_names():
         get_model_config("seps-vit-b99")
     with pytest.raises(ConfigError, match="model.seps.variant"):
         get_model_config("seps-vit-b16-code", seps={"variant": "papr"})
+
+
+@pytest.mark.parametrize("name", ["vse-tiny", "scan-t2i-precomp"])
+def test_a_word_encoder_without_a_vocabulary_size_is_one_error_naming_the_argument(name):
+    with pytest.raises(ConfigError, match="^vocab_size: .*vocabulary size"):
+        build_model(get_model_config(name))
+    assert create_model(name, pretrained=False, vocab_size=40).text_encoder.vocab_size == 40

@@ -216,6 +216,8 @@ def test_training_forward_mines_and_updates_like_a_per_caption_reference():
     out = m(img, cap, lens)
     sims = ref_naaf(img, cap, lens, 0.1, intra=False)
     torch.testing.assert_close(out.sims, sims, atol=1e-6, rtol=0)  # scored with the pre-update threshold
+    assert float(m.threshold) == 0.1  # the forward alone changes nothing
+    m.update_from_batch(out.sims, out.extras["row_max"], lens)
     # per caption: sampled when its own image ranks first; negatives from the least similar image
     unit_img, unit_cap = ref_l2norm(img, -1), ref_l2norm(cap, -1)
     pos, neg = [], []
@@ -243,10 +245,43 @@ def test_mining_is_independent_of_caption_chunks():
     states = []
     for max_pair in (0, 60):
         m = build_matcher("naaf", embed_dim=16, min_samples=20, max_pair_elements=max_pair).train()
-        m(img, cap, lens)
+        out = m(img, cap, lens)
+        m.update_from_batch(out.sims, out.extras["row_max"], lens)
         states.append(m.state_dict())
     assert all(torch.allclose(states[0][k], states[1][k], equal_nan=True) for k in states[0])
     assert float(states[0]["num_fits"]) == 1
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_a_repeated_image_is_the_own_image_of_all_its_captions_whichever_copy_ranks_first(sign):
+    """Captions 1 and 3 share image 1, drawn twice into the batch. Its two copies score equally up to
+    rounding (another CPU, another process split); which copy ranks first must not change what is sampled.
+    Comparing batch positions, as the official code does, samples caption 1 or caption 3 by that rounding."""
+    img, cap, lens = _inputs(seed=5, n_img=8, n_cap=8, aligned=True)
+    cap[3] = cap[1].flip(0)  # another caption of image 1
+    lens[3] = lens[1]
+    img[3] = img[1] + sign * 1e-10 * cap[1, :7]  # the second copy, off by "rounding" one way or the other
+    m = build_matcher("naaf", embed_dim=16, min_samples=1).train()
+    out = m(img, cap, lens)
+    assert (out.sims[1, [1, 3]] - out.sims[3, [1, 3]]).abs().max() < 1e-9
+    ids = torch.tensor([0, 1, 2, 1, 4, 5, 6, 7])
+    m.update_from_batch(out.sims, out.extras["row_max"], lens, image_ids=ids)
+    # both captions of image 1 are sampled: every correctly ranked caption, copies as one image
+    ranked = [j for j in range(8) if int(ids[out.sims[:, j].argmax()]) == int(ids[j])]
+    assert {1, 3} <= set(ranked)
+    assert float(m.num_samples) == sum(int(lens[j]) for j in ranked) == 50
+    # by batch position (no ids) the copies' order decides: both captions in or both out
+    by_position = build_matcher("naaf", embed_dim=16, min_samples=1).train()
+    by_position.update_from_batch(out.sims, out.extras["row_max"], lens)
+    assert float(by_position.num_samples) == (50 if sign > 0 else 38)
+
+
+def test_the_threshold_update_refuses_a_batch_that_is_not_square():
+    img, cap, lens = _inputs(seed=5, n_img=6, n_cap=8)
+    m = build_matcher("naaf", embed_dim=16).train()
+    out = m(img, cap, lens)
+    with pytest.raises(ValueError, match="square batch"):
+        m.update_from_batch(out.sims, out.extras["row_max"], lens)
 
 
 def test_gradient_flows_and_thresholds_have_none():

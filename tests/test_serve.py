@@ -21,7 +21,7 @@ from patchword.search.query import Searcher
 from patchword.search.store import SearchIndex
 from patchword.serve.app import ServeLimits, create_app, require_serve_extra
 from patchword.serve.cli import main_serve
-from search_support import caption_queries, library_t2i_scores, live_server, search_env
+from search_support import caption_queries, library_t2i_scores, live_server, rank_bounds, search_env
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -71,12 +71,12 @@ def test_search_api_returns_the_library_results(client, searcher, env):
 
 def test_known_captions_find_their_image_at_the_rank_the_library_computes(client, searcher, env):
     captions, truth = caption_queries(env)
-    scores = library_t2i_scores(env, searcher.shortlist)
+    scores, _ = library_t2i_scores(env, searcher.shortlist)
     for j in range(0, len(captions), 3):
         body = client.get("/api/search", params={"q": captions[j], "k": len(searcher)}).json()
         ids = [r["id"] for r in body["results"]]
-        column = scores[:, j]
-        assert ids.index(truth[j]) + 1 == int((column > column[truth[j]]).sum()) + 1, captions[j]
+        low, high = rank_bounds(scores[:, j], truth[j])  # up to near ties (float rounding of the CPU)
+        assert low <= ids.index(truth[j]) + 1 <= high, captions[j]
 
 
 def test_explain_api_returns_kept_masks_and_word_heat_on_the_patch_grid(client, searcher, env):

@@ -8,6 +8,7 @@ their architecture so ``pretrained=False`` builds them without downloading anyth
 from __future__ import annotations
 
 import dataclasses
+import logging
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -22,6 +23,12 @@ from patchword.model import ModelConfig, RetrievalModel, build_model
 __all__ = ["list_models", "get_model_config", "create_model"]
 
 _PACKAGE = "patchword.model_configs"
+#: The vocabulary a word-level text encoder (tiny transformer, GRU) gets when ``create_model`` is not told
+#: the tokenizer's: the shipped synthetic-scenes vocabulary (what the demo and the shipped encoders use).
+DEFAULT_VOCAB = "synthetic-64"
+_WORD_ENCODERS = ("tiny", "gru")
+
+_logger = logging.getLogger(__name__)
 
 
 @cache
@@ -74,13 +81,32 @@ def create_model(
         pretrained: load the Hugging Face backbones' weights (local directory or cached hub id); False
             builds them randomly initialised from the architecture in the model config (no download).
             The tiny and region encoders always start from scratch.
-        vocab_size: the tokenizer's vocabulary size, needed by the tiny and GRU text encoders.
+        vocab_size: the tokenizer's vocabulary size, for the tiny and GRU text encoders (word ids). None:
+            the shipped synthetic vocabulary (:data:`DEFAULT_VOCAB`), logged; pass your tokenizer's size
+            for other data.
         vocab_words: the vocabulary by id (aligns a GloVe file with the GRU encoder).
         device: where to put the model.
         **overrides: :class:`ModelConfig` fields (``embed_dim=256``, ``seps={"sparse_ratio": 0.6}``).
     """
     cfg = get_model_config(name, **overrides)
+    if vocab_size is None and cfg.text_encoder in _WORD_ENCODERS:
+        vocab_size, vocab_words = _default_vocab(vocab_words)
+        _logger.info(
+            "%s: vocab_size not given, using the shipped %s vocabulary (%d words); pass vocab_size= for "
+            "your tokenizer",
+            name,
+            DEFAULT_VOCAB,
+            vocab_size,
+        )
     random_init = None if pretrained else _named()[name].get("random_init", {})
     return build_model(cfg, vocab_size=vocab_size, vocab_words=vocab_words, random_init=random_init).to(
         device
     )
+
+
+def _default_vocab(words: list[str] | None) -> tuple[int, list[str]]:
+    from patchword.data.tokenizers.word import WordVocab
+    from patchword.pretrained import resolve_vocab_path
+
+    vocab = WordVocab.load(resolve_vocab_path(DEFAULT_VOCAB))
+    return len(vocab), words if words is not None else list(vocab.idx2word)

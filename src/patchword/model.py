@@ -251,7 +251,7 @@ def build_model(
         raise ValueError(f"model.image_encoder must be 'tiny', 'hf' or 'precomp', got {cfg.image_encoder!r}")
     if cfg.text_encoder == "tiny":
         if vocab_size is None:
-            raise ValueError("the tiny text encoder needs the vocabulary size")
+            raise ConfigError("vocab_size", "the tiny text encoder needs the tokenizer's vocabulary size")
         text_cfg = TinyTextConfig(
             vocab_size=vocab_size,
             max_len=cfg.max_text_len,
@@ -267,7 +267,7 @@ def build_model(
         )
     elif cfg.text_encoder == "gru":
         if vocab_size is None:
-            raise ValueError("the GRU text encoder needs the vocabulary size (data.tokenizer=word)")
+            raise ConfigError("vocab_size", "the GRU text encoder needs the word tokenizer's vocabulary size")
         gru_cfg = dataclasses.replace(cfg.gru, embed_dim=cfg.embed_dim)
         text_encoder = build_text_encoder(gru_cfg, vocab_size=vocab_size, words=vocab_words)
     else:

@@ -1,5 +1,6 @@
 """Evaluation: retrieval metrics, exact fast scoring, two-stage search, and model evaluation on a split."""
 
+from patchword.eval.coco_extended import coco_extended_metrics
 from patchword.eval.config import EvalConfig
 from patchword.eval.engine import ScoringEngine, register_engine, score_matrix
 from patchword.eval.metrics import RECALL_KS, coco_1k_folds, retrieval_metrics, retrieval_ranks
@@ -14,6 +15,7 @@ __all__ = [
     "ScoringEngine",
     "TwoStageResult",
     "coco_1k_folds",
+    "coco_extended_metrics",
     "encode_image_tokens",
     "encode_text_tokens",
     "ensemble_metrics",

@@ -100,9 +100,13 @@ class Matcher(nn.Module):
         ``exp(logit_scale)``); None for matchers trained without one."""
         return None
 
-    def update_from_shard(self, sims, row_max, row_offset, cap_lens, all_reduce) -> None:
-        """Statistics a matcher fits on the whole training batch when that batch is spread over processes
-        (NAAF's thresholds; the matcher marks ``extras["row_max"]`` in its output). The default has none."""
+    def update_from_batch(
+        self, sims, row_max, cap_lens, *, row_offset=0, image_ids=None, all_reduce=None
+    ) -> None:
+        """Statistics a matcher fits on the whole training batch after the loss's forward (NAAF's
+        thresholds; the matcher marks ``extras["row_max"]`` in its training output): ``sims`` (B, B) of the
+        global batch, this process's ``row_max`` rows from ``row_offset``, the batch images' dataset
+        ``image_ids`` (B,) and a sum over processes. The default has none."""
 
     def selection_trace(self, img_tokens, cap_tokens, cap_lens, dense_tokens=None, dense_lens=None):
         """How one (image, caption) pair's patches were selected (explanations), or None for a matcher

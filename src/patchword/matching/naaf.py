@@ -15,13 +15,18 @@ Training uses ``t = threshold``, evaluation ``t = threshold_safe``; both are flo
 in the state dict and a checkpoint carries the values its scores depend on (the official code keeps them
 in the mutable ``opt`` namespace saved with the checkpoint).
 
-**Threshold learning (discriminative mismatch mining).** In training mode every forward over a square
-batch (caption j belongs to image j) also updates the thresholds, like BatchNorm's running statistics:
+**Threshold learning (discriminative mismatch mining).** In training mode the forward returns
+``extras["row_max"]`` and the trainer then calls :meth:`NAAFMatcher.update_from_batch` with the square
+batch's scores (caption j belongs to batch image j) and the images' dataset ids, which updates the
+thresholds like BatchNorm's running statistics; one process or several, it is the same call:
 
 1. A caption is *sampled* when its own image scores highest among the batch images (official
    ``wrong_index == i``). Its positive samples are ``max_r s_lr`` of its words against its own image,
    its mismatched samples the same against the *least* similar batch image (official ``argmin``; not the
-   hardest negative).
+   hardest negative). An image that appears more than once in the batch (several of its captions drawn)
+   counts as the caption's own image wherever it ranks first: the official test compares batch positions,
+   so there a caption whose image is repeated is sampled or not by how the sort breaks an exact tie (an
+   unstable sort on the GPU), and under another CPU or another process split the tie is not even exact.
 2. With N = the number of sampled words: if N > ``min_samples`` (200), fit Gaussians to both sample sets
    (means, unbiased stds) and solve ``N(t; mu+, sigma+) = alpha N(t; mu-, sigma-)`` (paper eq. 4; the code's
    "+" root ``(-B + sqrt(E)) / (2A + 1e-10)``), and take ``mu+ - 3 sigma+`` as the safe test threshold.
@@ -192,7 +197,8 @@ class NAAFMatcher(Matcher):
 
     ``forward(img_tokens (B_v, R, D), cap_tokens (B_t, L, D), cap_lens (B_t,))`` returns
     :class:`MatcherOutput` with (B_v, B_t) sims in the inputs' dtype (float64 inputs give the official
-    float64 test-time computation). In training mode a square batch also updates the thresholds.
+    float64 test-time computation). In training mode it also returns ``extras["row_max"]``, from which
+    :meth:`update_from_batch` updates the thresholds.
 
     Buffers (all float64 scalars, saved in the state dict): ``threshold`` and ``threshold_safe``, and the
     diagnostics of the last re-fit ``mean_pos``, ``std_pos``, ``mean_neg``, ``std_neg``, ``num_samples``
@@ -255,7 +261,7 @@ class NAAFMatcher(Matcher):
         dense_tokens: torch.Tensor | None = None,
         dense_lens: torch.Tensor | None = None,
     ) -> MatcherOutput:
-        """Score every image against every caption (and, training on a square batch, update thresholds).
+        """Score every image against every caption (with the thresholds from before this batch).
 
         Args:
             img_tokens: (B_v, R, D) region vectors.
@@ -263,8 +269,8 @@ class NAAFMatcher(Matcher):
             dense_tokens, dense_lens: ignored.
 
         Returns:
-            :class:`MatcherOutput` with ``sims`` (B_v, B_t) and, in training, ``extras["naaf_samples"]``
-            (the number of words sampled for the threshold update, a 0-dim tensor).
+            :class:`MatcherOutput` with ``sims`` (B_v, B_t) and, in training with threshold updates,
+            ``extras["row_max"]``: (B_v, B_t, L) ``max_r s`` per word, for :meth:`update_from_batch`.
         """
         self.validate_image_tokens(img_tokens)
         lens = self.validate_text(cap_tokens, cap_lens)
@@ -275,58 +281,58 @@ class NAAFMatcher(Matcher):
         t = (self.threshold if self.training else self.threshold_safe).to(img.dtype)
         n_img, n_reg = img.shape[:2]
         n_txt, n_word = cap.shape[:2]
-        mine = self.training and self.config.update_threshold and n_img == n_txt
-        # Training on a shard of a global batch (rows of a multi-process step): the statistics need the
-        # whole batch, so Row_max goes out and the trainer calls update_from_shard.
-        shard = self.training and self.config.update_threshold and n_img != n_txt
+        # The threshold statistics need the whole (global) batch and the images' identities: Row_max goes
+        # out and the trainer calls update_from_batch.
+        mine = self.training and self.config.update_threshold
         step = caption_chunks(n_img, n_txt, n_word * n_reg, self.config.max_pair_elements)
         img_gram = gram(img)[:, None]  # (B_v, 1, R, R)
-        sims, samples, row_maxes = [], [], []
+        sims, row_maxes = [], []
         for t0 in range(0, n_txt, step):
             part = slice(t0, t0 + step)
             chunk_sims, row_max = self._score(img, cap[part], lens[part], t, img_gram)
             sims.append(chunk_sims)
-            if mine:
-                found = self._samples(chunk_sims.detach(), row_max.detach() + t, t0, lens[part])
-                # chunks are trimmed to their own longest caption: pad back to a common width
-                samples.append([F.pad(x, (0, n_word - x.shape[1])) for x in found])
-            elif shard:
+            if mine:  # chunks are trimmed to their own longest caption: pad back to a common width
                 row_maxes.append(F.pad(row_max.detach() + t, (0, n_word - row_max.shape[2])))
         out = MatcherOutput(sims=torch.cat(sims, dim=1))
         if mine:
-            pos, neg, mask = (torch.cat(parts) for parts in zip(*samples, strict=True))
-            self._update(pos, neg, mask)
-            out.extras["naaf_samples"] = self.num_samples.detach().clone()
-        elif shard:
             out.extras["row_max"] = torch.cat(row_maxes, dim=1)  # (B_v, B_t, L)
         return out
 
     @torch.no_grad()
-    def update_from_shard(
+    def update_from_batch(
         self,
         sims: torch.Tensor,
         row_max: torch.Tensor,
-        row_offset: int,
         cap_lens: torch.Tensor,
-        all_reduce: Callable[[torch.Tensor], torch.Tensor],
+        *,
+        row_offset: int = 0,
+        image_ids: torch.Tensor | None = None,
+        all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
-        """The threshold update of a square global batch whose images are spread over processes.
+        """The threshold update of a square training batch (caption j belongs to batch image j).
 
-        Every process calls it with the gathered batch scores and its own rows of Row_max; the matched and
-        mismatched samples of every caption are assembled with one sum over the processes (each sample
-        lives in exactly one of them), so every process fits the same statistics on the same samples as a
-        single process scoring the whole batch would.
+        In one process ``row_max`` covers every batch image. When the batch's images are spread over
+        processes, every process calls it with the gathered batch scores and its own rows of Row_max; the
+        matched and mismatched samples of every caption are assembled with one sum over the processes
+        (each sample lives in exactly one of them), so every process fits the same statistics on the same
+        samples as a single process scoring the whole batch.
 
         Args:
-            sims: (B, B) scores of the global batch, caption j belonging to image j.
+            sims: (B, B) scores of the global batch.
             row_max: (b, B, L) ``max_r s`` (threshold added back) of this process's images, the rows
                 ``row_offset .. row_offset + b`` of the batch (``extras["row_max"]`` of the forward).
             cap_lens: (B,) caption lengths.
-            all_reduce: sums a tensor over the processes (in place, returning it).
+            row_offset: the first batch row this process holds.
+            image_ids: (B,) dataset id of each batch image; equal ids are the same image, which ranks
+                first for a caption wherever one of its copies does. None: every row a different image.
+            all_reduce: sums a tensor over the processes (in place, returning it); None in one process.
         """
         n_txt, width = sims.shape[1], row_max.shape[2]
+        if sims.shape[0] != n_txt:
+            raise ValueError(f"the threshold update needs a square batch, got scores {tuple(sims.shape)}")
         cols = torch.arange(n_txt, device=sims.device)
         rows = torch.arange(row_offset, row_offset + row_max.shape[0], device=sims.device)
+        ids = cols if image_ids is None else image_ids.to(sims.device)
 
         def here(img_of: torch.Tensor) -> torch.Tensor:
             """(B, L) Row_max of caption j against image img_of[j] where this process holds it, else 0."""
@@ -334,9 +340,10 @@ class NAAFMatcher(Matcher):
             picked = row_max[(img_of - row_offset).clamp(0, row_max.shape[0] - 1), cols].double()
             return torch.where(held[:, None], picked, torch.zeros_like(picked))
 
-        correct = sims.argmax(0) == cols  # the official sampling rule of _samples, on the whole batch
-        pos = all_reduce(here(cols))
-        neg = all_reduce(here(sims.argmin(0)))
+        reduce = all_reduce or (lambda x: x)
+        correct = ids[sims.argmax(0)] == ids  # the official sampling rule, copies of an image as one
+        pos = reduce(here(cols))
+        neg = reduce(here(sims.argmin(0)))
         self._update(pos, neg, length_mask(cap_lens, width) & correct[:, None])
 
     def _score(
@@ -382,27 +389,6 @@ class NAAFMatcher(Matcher):
 
         per_word = (neg + pos_f + pos_r).masked_fill(~valid[None], 0.0)
         return per_word.sum(-1) / lens.to(per_word.dtype)[None], row_max
-
-    @staticmethod
-    def _samples(
-        sims: torch.Tensor, row_max: torch.Tensor, t0: int, lens: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Matched / mismatched samples of a chunk of captions t0..t0+T of a square batch.
-
-        Args:
-            sims: (B, T) scores of the chunk; row_max: (B, T, L) ``max_r s`` (threshold added back).
-        Returns:
-            pos (T, L), neg (T, L) and the sample mask (T, L): valid words of correctly ranked captions.
-        """
-        n_txt = sims.shape[1]
-        own = torch.arange(t0, t0 + n_txt, device=sims.device)
-        cols = torch.arange(n_txt, device=sims.device)
-        correct = sims.argmax(0) == own  # official: the caption's own image ranks first in the batch
-        least = sims.argmin(0)  # official: mismatched samples come from the *least* similar image
-        pos = row_max[own, cols]  # (T, L)
-        neg = row_max[least, cols]
-        mask = length_mask(lens, row_max.shape[-1]) & correct[:, None]
-        return pos, neg, mask
 
     @torch.no_grad()
     def _update(self, pos: torch.Tensor, neg: torch.Tensor, mask: torch.Tensor) -> None:

@@ -124,8 +124,15 @@ class ShardLoss(nn.Module):
             g_img = dist.all_gather(full_precision(extras["global_img"]), sizes)
             g_txt = full_precision(extras["global_txt"])
             align = align + self.cmc(g_img, g_txt, batch.img_ids, hardest, queries=queries)
-        if "row_max" in extras:  # NAAF over several processes: thresholds from the global batch
-            matcher.update_from_shard(sims.detach(), extras["row_max"], lo, batch.lens_all, dist.all_reduce)
+        if "row_max" in extras:  # NAAF: thresholds from the global batch, repeated images as one
+            matcher.update_from_batch(
+                sims.detach(),
+                extras["row_max"],
+                batch.lens_all,
+                row_offset=lo,
+                image_ids=batch.img_ids,
+                all_reduce=dist.all_reduce,
+            )
         align = align * align_scale
         ratio = sims.new_zeros(())
         if decisions:
