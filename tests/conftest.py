@@ -23,6 +23,7 @@ NUMERICS_MODULES = {
     "test_distributed_step",
     "test_precision",
     "test_train",
+    "test_resume",
     "test_pretrained",
     "test_search",
     "test_serve",

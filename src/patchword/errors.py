@@ -16,8 +16,11 @@ __all__ = [
     "RunExistsError",
     "ModelNotFoundError",
     "MissingExtraError",
+    "Interrupted",
     "USER_ERRORS",
     "report_user_error",
+    "report_os_error",
+    "run_command",
 ]
 
 
@@ -53,6 +56,17 @@ class MissingExtraError(PatchwordError, ImportError):
     """An optional dependency is not installed; the message names the pip extra."""
 
 
+class Interrupted(Exception):
+    """A command stopped by a signal after saving its work; the message says how to continue.
+
+    ``signum`` gives the exit code ``128 + signum`` (the shell's convention for a signal).
+    """
+
+    def __init__(self, signum: int, message: str) -> None:
+        self.signum = signum
+        super().__init__(message)
+
+
 #: What the CLI reports as one line: our own errors, and the built-ins that library code raises for bad
 #: input by convention (a ValueError names the argument, a FileNotFoundError the path).
 USER_ERRORS: tuple[type[BaseException], ...] = (
@@ -75,3 +89,55 @@ def report_user_error(err: BaseException, verbose: bool = False) -> int:
         traceback.print_exception(err)
     print(f"error: {err}", file=sys.stderr)
     return 2
+
+
+def describe_os_error(err: OSError) -> str:
+    """``path: reason (ENOSPC)`` for an error of the operating system (disk full, permission denied...)."""
+    import errno as errno_names
+
+    reason = err.strerror or str(err) or type(err).__name__
+    code = f" ({errno_names.errorcode[err.errno]})" if err.errno in errno_names.errorcode else ""
+    paths = [str(p) for p in (err.filename, err.filename2) if p is not None]
+    return f"{' -> '.join(paths)}: {reason}{code}" if paths else f"{reason}{code}"
+
+
+def report_os_error(err: OSError, verbose: bool = False) -> int:
+    """An operating-system failure the user can fix (a full disk, a read-only or vanished directory, a
+    permission) as one ``error: ...`` line naming the path; exit code 2."""
+    import sys
+    import traceback
+
+    if verbose:
+        traceback.print_exception(err)
+    print(f"error: {describe_os_error(err)}", file=sys.stderr)
+    return 2
+
+
+def run_command(run, verbose: bool = False, interrupted_hint: str = "") -> int:
+    """Run a command-line verb (``run() -> exit code | None``) and turn what a user can cause into one line:
+
+    * user errors (:data:`USER_ERRORS`): ``error: ...``, exit 2;
+    * other operating-system errors (disk full, permission denied, a file vanishing): ``error: PATH:
+      reason (ERRNO)``, exit 2;
+    * :class:`Interrupted` (work saved, e.g. a training checkpoint): ``interrupted: ...``, 128 + signal;
+    * Ctrl-C anywhere else: ``interrupted: ...`` plus ``interrupted_hint`` (how to continue), exit 130.
+
+    ``verbose`` adds the traceback. Anything else is a bug and keeps its traceback.
+    """
+    import signal
+    import sys
+
+    try:
+        code = run()
+    except USER_ERRORS as err:
+        return report_user_error(err, verbose)
+    except OSError as err:
+        return report_os_error(err, verbose)
+    except Interrupted as err:
+        print(f"interrupted: {err}", file=sys.stderr)
+        return 128 + err.signum
+    except KeyboardInterrupt:
+        hint = f"; {interrupted_hint}" if interrupted_hint else ""
+        print(f"interrupted: SIGINT (Ctrl-C){hint}", file=sys.stderr)
+        return 128 + signal.SIGINT
+    return 0 if code is None else int(code)

@@ -1,5 +1,14 @@
-"""Writing files a user keeps: through a temporary file beside the target, flushed to disk, then renamed
-into place, so a reader (or a crash at any moment) sees the old content or the new, never a mix."""
+"""Writing files a user keeps, so that a kill or a full disk at any moment loses nothing already written.
+
+* :func:`atomic_write` (and ``_bytes`` / ``_text``): through a temporary file beside the target, flushed to
+  disk, then renamed into place; a reader (or a crash) sees the old content or the new, never a mix, and a
+  failure leaves the old file as it was.
+* :func:`append_line`: one JSONL record appended and flushed to disk; a failure cuts the file back to what
+  it held, so the next append never continues a torn line.
+
+An operating-system error always names the file (``OSError.filename``), so the command line reports it as
+one line (:func:`patchword.errors.run_command`).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +17,7 @@ import tempfile
 from collections.abc import Callable
 from typing import IO
 
-__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text"]
+__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "append_line", "probe_writable"]
 
 
 def _read_umask() -> int:
@@ -34,9 +43,11 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
         # mkstemp creates the file private (0600); a file the user keeps gets the usual permissions.
         os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(err, OSError) and err.filename is None:
+            raise _naming(err, path) from err
         raise
 
 
@@ -46,3 +57,56 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write(path, lambda fh: fh.write(text.encode("utf-8")))
+
+
+def _naming(err: OSError, path: str) -> OSError:
+    """``err`` with the file it happened to (a failed ``write`` or ``fsync`` only knows the descriptor)."""
+    return OSError(err.errno, err.strerror or str(err), path)
+
+
+def append_line(path: str | os.PathLike[str], line: str) -> None:
+    """Append ``line`` (one JSONL record, no newline needed) to ``path`` and flush it to disk.
+
+    On any failure (disk full, an interrupt) the file is cut back to its previous length: no torn line is
+    left for the next append to run into. Readers still skip a torn last line, which only a kill during the
+    write can leave.
+    """
+    path = os.fspath(path)
+    data = (line.rstrip("\n") + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        start = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        except BaseException as err:
+            os.ftruncate(fd, start)
+            if start == 0:  # nothing was there: leave nothing
+                os.unlink(path)
+            if isinstance(err, OSError) and err.filename is None:
+                raise _naming(err, path) from err
+            raise
+    finally:
+        os.close(fd)
+
+
+def probe_writable(directory: str | os.PathLike[str]) -> None:
+    """Check, before any work, that files can be created in ``directory`` or, when it does not exist yet,
+    in its nearest existing parent (nothing is created there): a read-only or vanished location fails now,
+    with ``OSError`` naming it, instead of after an hour of work."""
+    folder = os.path.abspath(os.fspath(directory))
+    while not os.path.isdir(folder):
+        if os.path.exists(folder):  # a file where a directory must go
+            raise NotADirectoryError(20, "Not a directory", folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".patchword-probe.")
+    except OSError as err:
+        raise OSError(err.errno, f"cannot write here: {err.strerror}", folder) from err
+    os.close(fd)
+    os.unlink(tmp)

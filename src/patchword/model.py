@@ -52,6 +52,7 @@ __all__ = [
     "matcher_arguments",
     "matcher_section",
     "model_reads_dense",
+    "started_pretrained",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -217,6 +218,16 @@ class RetrievalModel(nn.Module):
         if slow:
             groups.append({"params": slow, "lr": lr * backbone_lr_mult, "name": "backbone"})
         return groups
+
+
+def started_pretrained(cfg: ModelConfig) -> tuple[bool, bool]:
+    """(image, text): which encoders a run of ``cfg`` starts from pretrained weights (Hugging Face backbones,
+    the tiny encoders with ``tiny_pretrained``); those train at ``lr * backbone_lr_mult``."""
+    tiny = bool(cfg.tiny_pretrained)
+    return (
+        cfg.image_encoder == "hf" or (cfg.image_encoder == "tiny" and tiny),
+        cfg.text_encoder == "bert" or (cfg.text_encoder == "tiny" and tiny),
+    )
 
 
 def build_model(

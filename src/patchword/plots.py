@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from patchword.errors import MissingExtraError
+from patchword.fileio import atomic_write
 
 try:
     from matplotlib.figure import Figure
@@ -57,7 +58,7 @@ def plot_training_curve(metrics_jsonl: str | Path, out: str | Path, title: str =
     ax2.set_ylabel("dev rSum", color="tab:red")
     ax.set_title(title or "patchword: training loss and dev rSum")
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    save_figure(fig, out)
 
 
 def _content_word(words) -> int:
@@ -129,4 +130,9 @@ def plot_retrievals(
         fontsize=9,
     )
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    save_figure(fig, out)
+
+
+def save_figure(fig, out: str | Path) -> None:
+    """Write a matplotlib figure as PNG atomically (a kill or a full disk leaves the previous file)."""
+    atomic_write(out, lambda fh: fig.savefig(fh, format="png", dpi=110))

@@ -18,7 +18,7 @@ import logging
 import sys
 from collections.abc import Callable
 
-from patchword.errors import USER_ERRORS, report_user_error
+from patchword.errors import run_command
 
 __all__ = ["main", "report_errors", "setup_logging"]
 
@@ -62,21 +62,10 @@ def setup_logging(verbose: bool) -> None:
 
 
 def report_errors(run: Callable[[], int | None], verbose: bool) -> int:
-    """Run a verb: user errors become one ``error:`` line and exit code 2 (plus the traceback with
-    ``verbose``); an interrupted training run reports where its checkpoint is."""
-    from patchword.train.trainer import TrainingInterrupted
-
-    try:
-        code = run()
-    except USER_ERRORS as err:
-        return report_user_error(err, verbose)
-    except TrainingInterrupted as err:
-        print(
-            f"interrupted: {err}; continue with `patchword train --resume {err.checkpoint.parent}`",
-            file=sys.stderr,
-        )
-        return 128 + err.signum
-    return 0 if code is None else code
+    """Run a verb through :func:`patchword.errors.run_command`: user and operating-system errors become one
+    ``error:`` line and exit code 2 (plus the traceback with ``verbose``), an interrupt one
+    ``interrupted:`` line saying how to continue and exit code 128 + signal."""
+    return run_command(run, verbose)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from patchword.fileio import probe_writable
+
 __all__ = ["add_arguments", "run", "evaluate_run_dir"]
 
 
@@ -98,6 +100,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
         raise RunExistsError(f"{out} exists; pass --force to overwrite it or --out for another file")
     if not out.parent.is_dir():
         raise ConfigError("--out", f"directory {out.parent} does not exist")
+    probe_writable(out.parent)  # a read-only directory fails now, not after the evaluation
     for member_dir, member_ckpt in members:
         read_run_config(member_dir, overrides)
         resolve_checkpoint(member_dir, member_ckpt)
@@ -208,6 +211,7 @@ def evaluate_suite(
     out = out or run_dir / "eval_compositional.json"
     if out.exists() and not force:
         raise RunExistsError(f"{out} exists; pass --force to overwrite it or --out for another file")
+    probe_writable(out.parent)
     if not suite_files and cfg.data.dataset != "synthetic":
         raise ConfigError("--suite-file", "a run on real data needs SugarCrepe-style files (--suite-file)")
     resolve_checkpoint(run_dir, checkpoint)

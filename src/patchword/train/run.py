@@ -33,6 +33,7 @@ from patchword.data.tokenizers import WordVocab
 from patchword.distributed import Distributed, session
 from patchword.errors import ConfigError, MissingFileError, RunExistsError
 from patchword.eval.protocol import evaluate
+from patchword.fileio import append_line, probe_writable
 from patchword.model import RetrievalModel, build_model, matcher_section, model_reads_dense
 from patchword.train.checkpoint import (
     atomic_write_text,
@@ -46,6 +47,7 @@ from patchword.train.rundir import (
     CONFIG_FILE,
     VOCAB_FILE,
     build_run_model,
+    drop_metrics_after,
     load_run_tokenizer,
     read_run_config,
     save_backbones,
@@ -132,6 +134,7 @@ def train_run(cfg: RunConfig, *, data: PreparedData | None = None) -> dict[str, 
         DistributedError: another process of the launch died or stopped answering.
     """
     device = check_config(cfg)
+    probe_writable(cfg.output_dir)  # a read-only or vanished output_dir fails now, not after data loading
     with session(device, cfg.dist_timeout_s) as dist:
         check_launch(cfg, dist.world_size)
         run_dir = Path(cfg.output_dir) / cfg.name
@@ -184,7 +187,10 @@ def resume_run(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, 
     saved = read_run_config(run_dir)
     last = run_dir / "last.pt"
     if not last.is_file():
-        raise MissingFileError(f"{run_dir} has no last.pt to resume from (it never saved a checkpoint)")
+        raise MissingFileError(
+            f"{run_dir} has no last.pt to resume from (it stopped before its first checkpoint): nothing "
+            "to continue; remove it and start the run again"
+        )
     for item in overrides:
         key = item.split("=", 1)[0].strip()
         if key not in RESUMABLE_KEYS:
@@ -195,6 +201,7 @@ def resume_run(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, 
             )
     cfg = apply_overrides(saved, list(overrides))
     device = check_config(cfg, resuming=True)
+    probe_writable(run_dir)
     state = load_checkpoint(last, map_location="cpu")
     stored = from_dict(RunConfig, state["config"])
     changed = [k for k in config_diff(saved, stored) if k not in RESUMABLE_KEYS]
@@ -217,13 +224,15 @@ def resume_run(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, 
             trainer.step,
         )
         if dist.is_main:
+            redone = drop_metrics_after(run_dir, trainer.step)
+            if redone:
+                _logger.info("%d metrics records after step %d dropped: redone now", redone, trainer.step)
             record = {
                 "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "step": trainer.step,
                 "overrides": list(overrides),
             }
-            with open(run_dir / RESUMES_FILE, "a") as fh:
-                fh.write(json.dumps(record) + "\n")
+            append_line(run_dir / RESUMES_FILE, json.dumps(record))
         fit = trainer.fit()
         return _finish(cfg, model, data, run_dir, trainer, fit, dist)
 

@@ -28,10 +28,13 @@ __all__ = [
     "config_hash",
     "load_run_tokenizer",
     "resolve_checkpoint",
+    "METRICS_FILE",
+    "drop_metrics_after",
 ]
 
 CONFIG_FILE = "config.yaml"
 VOCAB_FILE = "vocab.json"
+METRICS_FILE = "metrics.jsonl"
 
 
 def read_run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
@@ -96,9 +99,38 @@ def build_run_model(run_dir: str | Path, cfg: RunConfig, vocab_size: int | None,
     needed any more: not the pretrained tiny encoders (``model.tiny_pretrained``), not the Hugging Face
     weights (rebuilt from ``backbones.json``, randomly initialised), not ``train.init_from``.
     """
-    from patchword.model import build_model
+    from patchword.model import build_model, started_pretrained
 
     path = Path(run_dir) / BACKBONES_FILE
     random_init = json.loads(path.read_text()) if path.is_file() else None
     model_cfg = dataclasses.replace(cfg.model, tiny_pretrained="")
-    return build_model(model_cfg, vocab_size=vocab_size, vocab_words=vocab_words, random_init=random_init)
+    model = build_model(model_cfg, vocab_size=vocab_size, vocab_words=vocab_words, random_init=random_init)
+    # The encoders that started from pretrained weights train at the backbone learning rate: the same
+    # optimiser parameter groups as the run's checkpoint, although their weights now come from it.
+    model.image_encoder.pretrained, model.text_encoder.pretrained = started_pretrained(cfg.model)
+    return model
+
+
+def drop_metrics_after(run_dir: str | Path, step: int) -> int:
+    """Keep the records of ``metrics.jsonl`` up to ``step`` (the checkpoint a resume starts from), dropping
+    those of the steps the resume will redo and a last line cut short by a kill; returns how many were
+    dropped. The file is rewritten atomically, and only when something must go."""
+    from patchword.fileio import atomic_write_text
+
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+            keep = int(record["step"]) <= step
+        except (ValueError, KeyError, TypeError):  # a partial line: the process died while writing it
+            keep = False
+        if keep:
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        atomic_write_text(path, "".join(f"{line}\n" for line in kept))
+    return dropped

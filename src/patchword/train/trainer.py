@@ -25,8 +25,9 @@ from torch import nn
 
 from patchword.data.pipeline import EncodedSplit, ShardBatch, ShardedBatches, reads_files
 from patchword.distributed import Distributed
-from patchword.errors import ConfigError
+from patchword.errors import ConfigError, Interrupted
 from patchword.eval.protocol import evaluate
+from patchword.fileio import append_line
 from patchword.model import RetrievalModel
 from patchword.precision import autocast_context, weight_dtype
 from patchword.train.augment import CaptionAugmenter
@@ -51,13 +52,17 @@ def torch_threads(count: int) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-class TrainingInterrupted(Exception):
+class TrainingInterrupted(Interrupted):
     """SIGTERM / SIGINT arrived; ``last.pt`` was written at ``step`` and the run can be resumed."""
 
     def __init__(self, signum: int, step: int, checkpoint: Path) -> None:
-        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        self.step, self.checkpoint = step, checkpoint
         name = signal.Signals(signum).name
-        super().__init__(f"{name} received: stopped at step {step}, {checkpoint} written")
+        super().__init__(
+            signum,
+            f"{name} received: stopped at step {step}, {checkpoint} written; continue with "
+            f"`patchword train --resume {checkpoint.parent}`",
+        )
 
 
 @contextlib.contextmanager
@@ -298,6 +303,10 @@ class Trainer:
             num_workers=workers,
             pin_memory=pin,
             prefetch_factor=2 if workers else None,
+            # A generator of its own: a DataLoader draws its base seed from the global RNG when it starts
+            # iterating, which happens at each epoch start and again at a resume. Drawn from the global RNG,
+            # that shifts the in-model random stream (Gumbel noise, dropout) of a resumed run by one draw.
+            generator=torch.Generator().manual_seed(self.cfg.seed * 100003 + self.epoch),
         )
         for batch in loader:
             yield batch.to(self.device)
@@ -396,5 +405,4 @@ class Trainer:
     def _log(self, record: dict[str, Any]) -> None:
         self.history.append(record)
         if self.dist.is_main:
-            with open(self.run_dir / "metrics.jsonl", "a") as fh:
-                fh.write(json.dumps(record) + "\n")
+            append_line(self.run_dir / "metrics.jsonl", json.dumps(record))

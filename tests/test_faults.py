@@ -1,0 +1,263 @@
+"""Fault injection: a full disk at every write site, a kill at a random moment, an interrupt.
+
+For each command a user runs for long (train, eval, index build, densify, hash train):
+
+* **disk full** (``ENOSPC`` from the first write that reaches the disk at write site n, for every n the
+  command has): the command prints one ``error:`` line naming the file and the errno, exits with 2, every
+  file it had written before is still whole (checkpoints load, JSON parses, every JSONL line parses), and
+  once space is back the same command finishes with exactly what an undisturbed run writes;
+* **SIGKILL** of the real command at a random moment (seeded; ``PATCHWORD_FAULT_SEED`` picks another),
+  then the same command again: the result equals the undisturbed run's;
+* **Ctrl-C**: one ``interrupted:`` line, exit code 130, no traceback.
+
+Writes reach the disk through ``patchword.fileio`` (atomic replace, or append + fsync), so the fault is
+injected at ``os.fsync``: the n-th call and every later one fail, as on a disk that stays full.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import TINY_MODEL_32
+from patchword.cli import main
+from patchword.train.checkpoint import load_checkpoint
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SEED = int(os.environ.get("PATCHWORD_FAULT_SEED", "0"))
+TINY = [
+    "data.num_train=21",
+    "data.num_dev=6",
+    "data.num_test=6",
+    *TINY_MODEL_32,
+    "model.seps.variant=paper",
+    "train.batch_size=16",
+    "train.lr=1e-3",
+    "train.log_every=3",
+    "train.eval_every=4",
+    "train.checkpoint_every=3",
+    "train.num_threads=1",
+    "eval.max_memory_mb=1",
+]
+
+
+@contextlib.contextmanager
+def disk_full_from(n: int):
+    """The n-th ``os.fsync`` (1-based) and every later one fail with ENOSPC; yields the call counter."""
+    real, calls = os.fsync, {"n": 0}
+
+    def fsync(fd):
+        calls["n"] += 1
+        if calls["n"] >= n:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd)
+
+    os.fsync = fsync
+    try:
+        yield calls
+    finally:
+        os.fsync = real
+
+
+def count_writes(run) -> int:
+    """How many writes reach the disk (fsync calls) while ``run()`` runs undisturbed."""
+    with disk_full_from(10**9) as calls:
+        run()
+    return calls["n"]
+
+
+def one_error(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def assert_whole(directory: Path) -> None:
+    """Every file a user keeps is complete: checkpoints load, JSON parses, every JSONL line parses, no
+    temporary file is left behind."""
+    for path in directory.rglob("*"):
+        if not path.is_file():
+            continue
+        assert not path.name.endswith(".tmp"), path
+        if path.suffix == ".pt":
+            load_checkpoint(path)
+        elif path.suffix == ".json":
+            json.loads(path.read_text())
+        elif path.suffix == ".jsonl":
+            for line in path.read_text().splitlines():
+                json.loads(line)
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*") if p.is_file()}
+
+
+def train_losses(run: Path) -> list[tuple[int, float]]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in records if r["split"] == "train"]
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    wa, wb = load_checkpoint(a)["model"], load_checkpoint(b)["model"]
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+# ------------------------------------------------------------------------------------------------ train
+
+
+@pytest.fixture(scope="module")
+def train_root(tmp_path_factory):
+    """An undisturbed 12-step run, and the same run stopped at step 6 (to be continued)."""
+    root = tmp_path_factory.mktemp("faults_train")
+    common = [*TINY, f"output_dir={root}", f"data.cache_dir={root / 'cache'}", "train.max_steps=12"]
+    assert main(["train", *common, "name=full"]) == 0
+    assert main(["train", *common, "name=half", "train.max_steps=6"]) == 0
+    return root
+
+
+def _continue(run: Path) -> int:
+    return main(["train", "--resume", str(run), "train.max_steps=12"])
+
+
+def test_train_disk_full_at_every_write_site_then_rerun_finishes_like_an_undisturbed_run(
+    train_root, tmp_path, capsys
+):
+    probe = tmp_path / "probe"
+    shutil.copytree(train_root / "half", probe)
+    sites = count_writes(lambda: _continue(probe))
+    assert sites >= 8  # metrics lines, checkpoints, best.pt, export, metrics.json, summary.json, plots
+    capsys.readouterr()
+    for n in range(1, sites + 1):
+        run = tmp_path / f"full_at_{n}"
+        shutil.copytree(train_root / "half", run)
+        before = snapshot(run)
+        with disk_full_from(n):
+            assert _continue(run) == 2, n
+        line = one_error(capsys.readouterr().err)
+        assert "No space left on device (ENOSPC)" in line and str(run) in line, line
+        assert_whole(run)
+        kept = load_checkpoint(run / "last.pt")["step"]
+        assert 6 <= kept <= 12
+        if n == 1:  # nothing reached the disk: every file as it was
+            assert snapshot(run) == before
+        assert _continue(run) == 0, n  # space is back: the same command finishes the run
+        assert train_losses(run) == train_losses(train_root / "full"), n
+        assert same_weights(run / "last.pt", train_root / "full" / "last.pt"), n
+
+
+def test_train_into_an_unwritable_output_dir_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
+    from patchword.data import prepare
+
+    blocked = tmp_path / "ro"
+    blocked.mkdir()
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr("tempfile.mkstemp", refuse)  # what a read-only directory does to the probe
+    monkeypatch.setattr(prepare, "load_raw_data", lambda *a, **k: pytest.fail("data loaded before the probe"))
+    assert main(["train", *TINY, f"output_dir={blocked / 'runs'}", "name=x"]) == 2
+    line = one_error(capsys.readouterr().err)
+    assert str(blocked) in line and "Permission denied" in line and "EACCES" in line, line
+    assert list(blocked.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------------------- eval
+
+
+def test_eval_disk_full_keeps_the_previous_result_and_says_so_in_one_line(train_root, tmp_path, capsys):
+    run = train_root / "full"
+    out = tmp_path / "eval.json"
+    assert main(["eval", str(run), "--out", str(out)]) == 0
+    before = out.read_bytes()
+    capsys.readouterr()
+    with disk_full_from(1):
+        assert main(["eval", str(run), "--out", str(out), "--force"]) == 2
+    line = one_error(capsys.readouterr().err)
+    assert str(out) in line and "ENOSPC" in line
+    assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["eval.json"]
+
+
+def test_eval_into_an_unwritable_directory_fails_before_evaluating(train_root, tmp_path, capsys, monkeypatch):
+    from patchword import runs
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr("tempfile.mkstemp", refuse)
+    monkeypatch.setattr(
+        runs, "load_run", lambda *a, **k: pytest.fail("the model was loaded before the probe")
+    )
+    assert main(["eval", str(train_root / "full"), "--out", str(tmp_path / "e.json")]) == 2
+    assert "Permission denied" in one_error(capsys.readouterr().err)
+
+
+def test_ctrl_c_during_eval_is_one_line_and_exit_130(train_root, tmp_path, capsys, monkeypatch):
+    from patchword.eval import protocol
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(protocol, "score_split", interrupted)
+    assert main(["eval", str(train_root / "full"), "--out", str(tmp_path / "e.json")]) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted: ")
+    assert not (tmp_path / "e.json").exists()
+
+
+# ------------------------------------------------------------------------------------------ SIGKILL
+
+
+def _kill_when(cmd: list[str], ready, timeout: float = 180) -> int:
+    """Start ``cmd``, SIGKILL it as soon as ``ready()`` holds; -> its return code."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and proc.poll() is None and not ready():
+            time.sleep(0.005)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    return proc.returncode
+
+
+def _logged_steps(metrics: Path) -> list[int]:
+    steps = []
+    if metrics.is_file():
+        for line in metrics.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if record.get("split") == "train":
+                    steps.append(record["step"])
+    return steps
+
+
+def test_train_sigkilled_at_a_random_step_resumes_to_the_undisturbed_run(train_root):
+    kill_after = random.Random(SEED).randint(3, 10)
+    run = train_root / "killed"
+    cmd = [sys.executable, "-m", "patchword", "train", *TINY, f"output_dir={train_root}", "name=killed"]
+    cmd += [f"data.cache_dir={train_root / 'cache'}", "train.max_steps=12"]
+    # (a run killed before its first checkpoint has nothing to resume: it is started again instead)
+    ready = lambda: (
+        (run / "last.pt").is_file() and max(_logged_steps(run / "metrics.jsonl"), default=0) >= kill_after
+    )  # noqa: E731
+    code = _kill_when(cmd, ready)
+    assert code == -signal.SIGKILL, f"the run ended before step {kill_after} (seed {SEED})"
+    assert _continue(run) == 0
+    assert train_losses(run) == train_losses(train_root / "full")
+    assert same_weights(run / "last.pt", train_root / "full" / "last.pt")
