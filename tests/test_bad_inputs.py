@@ -130,14 +130,15 @@ def test_bad_laps_input_is_one_line_naming_the_culprit(
     assert _snapshot(paths["root"]) == before and not (runs / "run").exists()
 
 
-def test_truncated_images_decode_as_far_as_they_go_or_fail_naming_the_file(tmp_path, caplog):
+def test_truncated_images_fail_naming_the_file(tmp_path):
+    """Never decoded as far as they go (the official loader's grey padding), whatever is cut."""
     from patchword.data.images import load_image
     from patchword.errors import DataError
 
     png = tmp_path / "half.png"
     png.write_bytes(_png_bytes()[:300])
-    assert load_image(png).size == (32, 32)  # the official behaviour: decoded as far as it goes
-    assert "half.png is damaged" in caplog.text
+    with pytest.raises(DataError, match="half.png: truncated file"):
+        load_image(png)
     jpeg_bytes = io.BytesIO()
     Image.fromarray((np.random.default_rng(0).random((32, 32, 3)) * 255).astype(np.uint8)).save(
         jpeg_bytes, format="JPEG"
@@ -378,3 +379,76 @@ def test_hf_backbones_checked_against_the_data_before_anything_is_written(
     shutil.rmtree(vit)
     assert main(["eval", str(runs / "run"), "--out", str(tmp_path / "e.json")]) == 0
     assert json.loads((tmp_path / "e.json").read_text())["rsum"] == pytest.approx(saved["rsum"])
+
+
+def _valid_keys(section) -> str:
+    import dataclasses
+
+    return ", ".join(sorted(f.name for f in dataclasses.fields(section)))
+
+
+UNKNOWN_KEY_CASES = [
+    (
+        "typo'd section",
+        ["model.sesp.variant=paper"],
+        None,
+        "model.sesp: unknown config key in override 'model.sesp.variant=paper' (did you mean model.seps?); "
+        "valid keys of model: {model}",
+    ),
+    (
+        "typo'd leaf",
+        ["model.seps.varient=paper"],
+        None,
+        "model.seps.varient: unknown config key in override 'model.seps.varient=paper' "
+        "(did you mean model.seps.variant?); valid keys of model.seps: {seps}",
+    ),
+    (
+        "top level, nothing close",
+        ["zzz=1"],
+        None,
+        "zzz: unknown config key in override 'zzz=1'; valid keys: {top}",
+    ),
+    (
+        "in the config file",
+        [],
+        "model:\n  sesp:\n    variant: paper\n",
+        "model.sesp: unknown config key (did you mean model.seps?); valid keys of model: {model} (in {path})",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "overrides", "yaml_text", "expected"), UNKNOWN_KEY_CASES, ids=[c[0] for c in UNKNOWN_KEY_CASES]
+)
+def test_unknown_key_lists_the_valid_keys_and_suggests_the_closest(
+    tmp_path, capsys, case, overrides, yaml_text, expected
+):
+    """The README promised that the unknown-key message lists the valid keys; `model.sesp.variant=paper`
+    only said "unknown config section"."""
+    from patchword.train.config import RunConfig
+
+    runs = tmp_path / "runs"
+    config = tmp_path / "run.yaml"
+    argv = ["train", f"output_dir={runs}", *overrides]
+    if yaml_text is not None:
+        config.write_text(yaml_text)
+        argv = ["train", "--config", str(config), *argv[1:]]
+    assert main(argv) == 2, case
+    cfg = RunConfig()
+    keys = {"model": _valid_keys(cfg.model), "seps": _valid_keys(cfg.model.seps), "top": _valid_keys(cfg)}
+    assert one_error_line(capsys.readouterr().err) == "error: " + expected.format(**keys, path=config)
+    assert not runs.exists()
+
+
+def test_unknown_keys_of_a_saved_config_each_get_their_closest_match():
+    from patchword.config import from_dict
+    from patchword.errors import ConfigError
+    from patchword.train.config import RunConfig
+
+    with pytest.raises(ConfigError) as err:
+        from_dict(RunConfig, {"trian": {}, "modle": {}, "zzz": 1})
+    assert err.value.key == "modle, trian, zzz"
+    assert err.value.detail == (
+        "unknown config key (did you mean model for modle, train for trian?); "
+        f"valid keys: {_valid_keys(RunConfig)}"
+    )

@@ -4,7 +4,9 @@
 dataclass from its defaults, applies the YAML file, then the overrides (values parsed as YAML scalars,
 so ``true``, ``1e-4`` and ``[9, 15]`` work). Every value is checked against its field's type hint:
 unknown keys, wrong types and values outside a ``Literal[...]`` are :class:`~patchword.errors.ConfigError`
-naming the dotted key, never silently accepted.
+naming the dotted key, never silently accepted; an unknown key's message lists the valid keys of its section
+and suggests the closest one (``model.sesp: unknown config key (did you mean model.seps?); valid keys of
+model: ...``).
 
 A dataclass may declare ``ALIASES`` (a class variable: old field name -> dotted path of its new place)
 so that config files, saved runs and overrides written for an earlier layout keep loading; each use logs a
@@ -14,6 +16,7 @@ deprecation warning.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import types
 import typing
@@ -26,6 +29,7 @@ from patchword.errors import ConfigError, MissingFileError
 
 __all__ = [
     "load_config",
+    "unknown_key_error",
     "apply_overrides",
     "config_to_dict",
     "save_config",
@@ -114,9 +118,7 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        names = ", ".join(where + "." + k if where else k for k in unknown)
-        valid = ", ".join(sorted(fields))
-        raise ConfigError(names, f"unknown config key (valid keys{' of ' + where if where else ''}: {valid})")
+        raise unknown_key_error(unknown, fields, where)
     kwargs = {}
     for name, value in data.items():
         key = f"{where}.{name}" if where else name
@@ -126,6 +128,32 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
         else:
             kwargs[name] = _check_value(value, hints[name], key)
     return cls(**kwargs)
+
+
+def unknown_key_error(
+    unknown: str | list[str], valid: typing.Iterable[str], where: str = "", context: str = ""
+) -> ConfigError:
+    """The :class:`ConfigError` for keys ``unknown`` of section ``where`` (dotted, "" at the top level).
+
+    One line: the dotted unknown keys, the closest valid key of each where there is one
+    (``difflib.get_close_matches``), then the valid keys of the section; ``context`` follows "unknown
+    config key" (`` in override '...'``).
+    """
+    names = [unknown] if isinstance(unknown, str) else list(unknown)
+    valid = sorted(str(k) for k in valid)
+    prefix = f"{where}." if where else ""
+    suggestions = []
+    for name in names:
+        close = difflib.get_close_matches(str(name), valid, n=1)
+        if close:
+            suggestions.append(prefix + close[0] + (f" for {prefix}{name}" if len(names) > 1 else ""))
+    hint = f" (did you mean {', '.join(suggestions)}?)" if suggestions else ""
+    section = f" of {where}" if where else ""
+    listing = ", ".join(valid) or "(none)"
+    return ConfigError(
+        ", ".join(prefix + str(n) for n in names),
+        f"unknown config key{context}{hint}; valid keys{section}: {listing}",
+    )
 
 
 def _type_name(hint: Any) -> str:
@@ -200,12 +228,15 @@ def apply_overrides(cfg: T, overrides: list[str]) -> T:
         parts = _resolve_aliases(type(cfg), key.strip().split("."))
         key = ".".join(parts)
         node = data
-        for i, part in enumerate(parts[:-1]):
-            if not isinstance(node.get(part), dict):
-                raise ConfigError(".".join(parts[: i + 1]), f"unknown config section in override {item!r}")
-            node = node[part]
-        if parts[-1] not in node:
-            raise ConfigError(key, f"unknown config key in override {item!r}")
+        for i, part in enumerate(parts):
+            if part not in node:
+                raise unknown_key_error(part, node, ".".join(parts[:i]), f" in override {item!r}")
+            if i < len(parts) - 1:
+                if not isinstance(node[part], dict):
+                    raise ConfigError(
+                        ".".join(parts[: i + 1]), f"is a value, not a config section (in override {item!r})"
+                    )
+                node = node[part]
         # A string field takes the text as written (YAML would turn name=0613 into the integer 613).
         node[parts[-1]] = _unquote(raw) if isinstance(node[parts[-1]], str) else _parse_scalar(raw)
     return from_dict(type(cfg), data)
@@ -262,9 +293,8 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
             raise ConfigError("", f"{path} is not valid YAML: {err}") from None
         if not isinstance(data, dict):
             raise ConfigError("", f"{path}: expected a mapping at the top level")
-        merged = _deep_merge(config_to_dict(cfg), _upgrade(cls, data, ""), "")
         try:
-            cfg = from_dict(cls, merged)
+            cfg = from_dict(cls, _deep_merge(config_to_dict(cfg), _upgrade(cls, data, ""), ""))
         except ConfigError as err:
             raise ConfigError(err.key, f"{err.detail} (in {path})") from None
     return apply_overrides(cfg, overrides or [])
@@ -277,7 +307,7 @@ def _deep_merge(base: dict[str, Any], update: dict[str, Any], where: str) -> dic
     for key, value in update.items():
         dotted = f"{where}.{key}" if where else str(key)
         if key not in base:
-            raise ConfigError(dotted, "unknown config key")
+            raise unknown_key_error(str(key), base, where)
         # An empty default mapping is a free-form field: its keys are not known here.
         if isinstance(base[key], dict) and isinstance(value, dict) and base[key]:
             out[key] = _deep_merge(base[key], value, dotted)

@@ -4,7 +4,8 @@ Modules, one job each: :mod:`~patchword.hashing.config` (``HashRunConfig``), :mo
 ``HashDataset``, validation, protocol split), :mod:`~.readers` (file formats), :mod:`~.unpickle` (the
 restricted pickle reader), :mod:`~.synthetic`, :mod:`~.model` (``UCMFH``), :mod:`~.build` (config ->
 dataset / model), :mod:`~.trainer`, :mod:`~.evaluate`, :mod:`~.run` (``train_hashing``,
-``load_hashing_run``), :mod:`~.codes` (binary codes, Hamming search), :mod:`~.metrics`, :mod:`~.cli`.
+``resume_hashing``, ``load_hashing_run``), :mod:`~.codes` (binary codes, Hamming search),
+:mod:`~.metrics`, :mod:`~.cli`.
 
 >>> from patchword.hashing import map_at_k, UCMFH, HammingIndex, pack_codes
 >>> mAP = map_at_k(q_codes, db_codes, q_labels, db_labels, k=50)   # doctest: +SKIP
@@ -48,7 +49,7 @@ from patchword.hashing.readers import (
     load_split,
     load_split_dir,
 )
-from patchword.hashing.run import load_hashing_run, train_hashing
+from patchword.hashing.run import load_hashing_run, resume_hashing, train_hashing
 from patchword.hashing.synthetic import make_synthetic_multilabel, synthetic_dataset
 
 __all__ = [
@@ -87,6 +88,7 @@ __all__ = [
     "precision_at_k",
     "precision_recall_curve",
     "recall_at_k",
+    "resume_hashing",
     "retrieval_report",
     "split_dataset",
     "synthetic_dataset",

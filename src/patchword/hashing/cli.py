@@ -4,22 +4,27 @@
 exit code, so tests and the top-level ``patchword`` CLI call it in-process.
 
 Configuration is :class:`~patchword.hashing.config.HashRunConfig`: defaults, then ``--config run.yaml``,
-then dotted overrides (``train.epochs=100 data.format=pairs``), then the shortcut flags (``--bits``,
-``--epochs``, ...), which win. ``train.num_threads`` (when > 0) sets torch's thread count here, in the
-application, for the duration of ``hash train``: the library's training functions never change it.
+then dotted overrides (``train.epochs=100 data.format=pairs``, before or after the flags), then the
+shortcut flags (``--bits``, ``--epochs``, ...), which win. ``hash train --resume RUN`` continues a run
+with its own saved config, as ``patchword train --resume`` does: only the keys in
+:data:`~patchword.hashing.config.HASH_RESUMABLE_KEYS` may be overridden (``--epochs 100``,
+``device=cuda:0``). ``train.num_threads`` (when > 0) sets torch's thread count here, in the application,
+for the duration of ``hash train``: the library's training functions never change it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from patchword.errors import USER_ERRORS, MissingFileError, RunExistsError, report_user_error
+from patchword.errors import USER_ERRORS, ConfigError, MissingFileError, RunExistsError, report_user_error
 from patchword.fileio import atomic_write_text
 
 __all__ = ["main"]
@@ -45,11 +50,25 @@ _SHORTCUTS = {
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="patchword hash", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    # -v after the command too (`patchword -v hash ...` hands it on last); SUPPRESS keeps the command's
+    # parser from resetting a -v given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="as above")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    tr = sub.add_parser("train", help="train a UCMFH hashing model and evaluate it once at the end")
+    tr = sub.add_parser(
+        "train", help="train a UCMFH hashing model and evaluate it once at the end", parents=[common]
+    )
     tr.add_argument("--config", type=Path, help="YAML file with HashRunConfig fields")
-    tr.add_argument("--resume", action="store_true", help="continue output_dir/name from its last.pt")
+    tr.add_argument(
+        "--resume",
+        nargs="?",
+        const="",
+        metavar="RUN",
+        help="continue a run from its last.pt with its own saved config: a run directory, or (without a "
+        "value) the run --output-dir / --name point at. Only train.epochs, train.save_every, "
+        "train.num_threads, device and eval options may be overridden.",
+    )
     tr.add_argument("--bits", type=int, help="code length (16, 32, 64, 128)")
     tr.add_argument(
         "--fusion",
@@ -72,7 +91,9 @@ def _parser() -> argparse.ArgumentParser:
         "overrides", nargs="*", help="dotted overrides, e.g. train.lr_heads=1e-3 data.num_query=200"
     )
 
-    ev = sub.add_parser("eval", help="evaluate a run directory (mAP@K, precision / recall, PR curve)")
+    ev = sub.add_parser(
+        "eval", help="evaluate a run directory (mAP@K, precision / recall, PR curve)", parents=[common]
+    )
     ev.add_argument("run_dir", type=Path)
     ev.add_argument("--out", type=Path, help="also write the metrics JSON here")
     ev.add_argument("--force", action="store_true", help="overwrite an existing --out / --pr-plot file")
@@ -82,7 +103,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.topk=100")
 
-    se = sub.add_parser("search", help="Hamming search of the run's retrieval set with query features")
+    se = sub.add_parser(
+        "search", help="Hamming search of the run's retrieval set with query features", parents=[common]
+    )
     se.add_argument("run_dir", type=Path)
     se.add_argument(
         "--modality",
@@ -110,7 +133,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``patchword hash <argv>``; returns 0 on success, 2 on a user error (message logged)."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    # Overrides may follow flags (`train --config X --epochs 3 key=value`), as in `patchword train`:
+    # argparse ends a positional list at the first flag, so the rest is picked up here.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "overrides") or any(a.startswith("-") or "=" not in a for a in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -129,24 +159,60 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(args: argparse.Namespace) -> None:
-    import torch
-
     from patchword.config import load_config
     from patchword.hashing.config import HashRunConfig
-    from patchword.hashing.run import train_hashing
+    from patchword.hashing.run import resume_config, resume_hashing, train_hashing
 
     flags = [
         f"{key}={getattr(args, attr)}" for attr, key in _SHORTCUTS.items() if getattr(args, attr) is not None
     ]
-    cfg = load_config(HashRunConfig, args.config, [*args.overrides, *flags])
-    previous = torch.get_num_threads()
-    if cfg.train.num_threads > 0:
-        torch.set_num_threads(cfg.train.num_threads)
-    try:
-        summary = train_hashing(cfg, resume=args.resume)
-    finally:  # main() also runs in-process (tests, the top-level CLI): leave the caller's setting
-        torch.set_num_threads(previous)
+    if args.resume is not None:
+        if args.config is not None:
+            raise ConfigError("--config", "a resumed run keeps its own config.yaml: drop --config")
+        run_dir, overrides = _resume_target(args.resume, [*args.overrides, *flags])
+        with _threads(resume_config(run_dir, overrides).train.num_threads):
+            summary = resume_hashing(run_dir, overrides)
+    else:
+        cfg = load_config(HashRunConfig, args.config, [*args.overrides, *flags])
+        with _threads(cfg.train.num_threads):
+            summary = train_hashing(cfg)
     print(json.dumps(summary, indent=2))
+
+
+def _resume_target(resume: str, overrides: list[str]) -> tuple[Path, list[str]]:
+    """``--resume RUN`` or ``--resume --name X [--output-dir Y]`` -> (run directory, remaining overrides)."""
+    from patchword.hashing.config import HashRunConfig
+
+    if "=" in resume:  # argparse took the first override as the value: `--resume train.epochs=9`
+        overrides, resume = [resume, *overrides], ""
+    if resume:
+        return Path(resume), overrides
+    where = {"output_dir": HashRunConfig.output_dir, "name": ""}
+    rest = []
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key.strip() in where:
+            where[key.strip()] = value.strip()
+        else:
+            rest.append(item)
+    if not where["name"]:
+        raise ConfigError("name", "--resume needs a run directory (--resume runs/hash/NAME) or --name NAME")
+    return Path(where["output_dir"]) / where["name"], rest
+
+
+@contextlib.contextmanager
+def _threads(num_threads: int) -> Iterator[None]:
+    """torch's thread count set to ``num_threads`` (0: left alone) for the block, then the caller's again
+    (main() also runs in-process: tests, the top-level CLI)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    if num_threads > 0:
+        torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _check_out(path: Path | None, force: bool) -> None:

@@ -115,8 +115,19 @@ class HashRunConfig:
     device: str = "cpu"
 
 
-#: Keys a ``hash train --resume`` may change; the rest is the run's own (its config.yaml).
-HASH_RESUMABLE_KEYS = frozenset({"train.epochs", "train.save_every", "train.num_threads", "device"})
+#: Keys a ``hash train --resume`` may change: how long to train, how often to save, where to run and how
+#: to evaluate at the end. Everything else (data, model, optimiser, seed) is the run's own (its config.yaml).
+HASH_RESUMABLE_KEYS = frozenset(
+    {
+        "train.epochs",
+        "train.save_every",
+        "train.num_threads",
+        "device",
+        "eval.topk",
+        "eval.ks",
+        "eval.map_all",
+    }
+)
 
 
 def check_hash_config(cfg: HashRunConfig):

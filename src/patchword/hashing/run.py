@@ -1,24 +1,32 @@
-"""A UCMFH hashing run directory: train one from a config, or load one back.
+"""A UCMFH hashing run directory: train one from a config, continue one, or load one back.
 
-A run directory holds ``config.yaml`` (the resolved :class:`HashRunConfig`, what ``--config`` reads back),
-``metrics.jsonl`` (one record per epoch, then the final evaluation), ``last.pt`` (atomic, everything to
-resume; written every ``train.save_every`` epochs and at the end), ``model.safetensors`` + ``config.json``
-(weights-only export) and ``eval.json``. The test split is evaluated once at the end, never used to select
-a checkpoint (SPEC decision 4).
+A run directory holds ``config.yaml`` (the resolved :class:`HashRunConfig`, what ``--config`` reads back;
+written once, after everything was checked and built, and never rewritten), ``metrics.jsonl`` (one record
+per epoch, then the final evaluation), ``last.pt`` (atomic, everything to resume; written every
+``train.save_every`` epochs and at the end), ``model.safetensors`` + ``config.json`` (weights-only export),
+``eval.json`` and, once resumed, ``resumes.jsonl`` (one record per resume with its overrides). The test
+split is evaluated once at the end, never used to select a checkpoint (SPEC decision 4).
+
+:func:`resume_hashing` continues a run with its own config, as ``patchword train --resume`` does: only
+the keys in :data:`~patchword.hashing.config.HASH_RESUMABLE_KEYS` may be overridden, and a resumed run
+ends with the weights an uninterrupted one would have (batches seeded by (seed, epoch), the random
+generators restored from ``last.pt``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from patchword.config import config_diff, load_config, save_config
+from patchword.config import config_diff, config_to_dict, from_dict, load_config, save_config
 from patchword.device import resolve_device
 from patchword.errors import ConfigError, MissingFileError, RunExistsError
-from patchword.fileio import atomic_write_text
+from patchword.fileio import append_line, atomic_write_text
 from patchword.hashing.build import build_hashing_dataset, build_hashing_model
 from patchword.hashing.config import HASH_RESUMABLE_KEYS, HashRunConfig, check_hash_config
 from patchword.hashing.dataset import HashDataset
@@ -27,9 +35,15 @@ from patchword.hashing.model import UCMFH
 from patchword.hashing.trainer import HashTrainer, append_metrics
 from patchword.train.checkpoint import export_weights, load_checkpoint, seed_everything
 
-__all__ = ["hashing_run_dir", "train_hashing", "load_hashing_run"]
+__all__ = ["hashing_run_dir", "train_hashing", "resume_config", "resume_hashing", "load_hashing_run"]
 
 _logger = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.yaml"
+RESUMES_FILE = "resumes.jsonl"
+
+#: Keys that say where a run lives, not how it trains: a run directory that was moved still resumes.
+_LOCATION_KEYS = frozenset({"output_dir", "name"})
 
 
 def hashing_run_dir(cfg: HashRunConfig) -> Path:
@@ -47,8 +61,9 @@ def train_hashing(
 
     Args:
         cfg: the resolved config.
-        resume: continue ``run_dir/last.pt``; without it an existing run directory with a checkpoint is
-            an error (no silent overwrite).
+        resume: continue ``run_dir/last.pt`` (:func:`resume_hashing` with the keys where ``cfg`` differs
+            from the run's config.yaml); without it an existing run directory with a checkpoint is an
+            error (no silent overwrite).
         data: an already built dataset (benchmarks reuse one); built from ``cfg.data`` when None.
 
     Raises:
@@ -57,36 +72,118 @@ def train_hashing(
         ConfigError: ``resume`` with settings other than the run's own (except
             :data:`HASH_RESUMABLE_KEYS`); the run's config.yaml is never rewritten.
     """
-    device = check_hash_config(cfg)
+    check_hash_config(cfg)
     run_dir = hashing_run_dir(cfg)
     if resume:
-        if not (run_dir / "last.pt").is_file():
-            raise MissingFileError(f"{run_dir} has no last.pt to resume (no such run, or it never saved one)")
-        saved = load_config(HashRunConfig, run_dir / "config.yaml")
-        changed = [k for k in config_diff(saved, cfg) if k not in HASH_RESUMABLE_KEYS]
-        if changed:
+        saved = resume_config(run_dir)
+        changed = [k for k in config_diff(saved, cfg) if k not in _LOCATION_KEYS]
+        refused = [k for k in changed if k not in HASH_RESUMABLE_KEYS]
+        if refused:
             raise ConfigError(
-                changed[0], f"differs from {run_dir / 'config.yaml'}: a resumed run keeps its own settings"
+                refused[0], f"differs from {run_dir / CONFIG_FILE}: a resumed run keeps its own settings"
             )
-    elif (run_dir / "last.pt").exists():
+        values = _flat(cfg)
+        return resume_hashing(run_dir, [f"{k}={json.dumps(values[k])}" for k in changed], data=data)
+    if (run_dir / "last.pt").exists():
         raise RunExistsError(f"{run_dir} already holds a run; pass --resume or choose another name")
+    return _train(cfg, run_dir, data)
+
+
+def resume_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> HashRunConfig:
+    """The config a resume of ``run_dir`` runs with: its own ``config.yaml`` plus ``overrides`` of keys in
+    :data:`HASH_RESUMABLE_KEYS` (``train.epochs=100``). Reads nothing else and writes nothing.
+
+    Raises:
+        MissingFileError: no such run, or it has no last.pt / config.yaml.
+        ConfigError: an override of a key that is not safe to change on a resume, naming the key.
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / "last.pt").is_file():
+        raise MissingFileError(f"{run_dir} has no last.pt to resume (no such run, or it never saved one)")
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise MissingFileError(f"{run_dir} is not a hashing run directory (no {CONFIG_FILE})")
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if "=" in item and key not in HASH_RESUMABLE_KEYS:
+            raise ConfigError(
+                key,
+                "cannot change on --resume (the run keeps its own data, model and optimiser settings); "
+                f"resumable keys: {', '.join(sorted(HASH_RESUMABLE_KEYS))}",
+            )
+    return load_config(HashRunConfig, run_dir / CONFIG_FILE, list(overrides))
+
+
+def resume_hashing(
+    run_dir: str | Path, overrides: Sequence[str] = (), *, data: HashDataset | None = None
+) -> dict[str, Any]:
+    """Continue ``run_dir`` from its ``last.pt`` with its own saved config; returns the summary.
+
+    ``overrides`` may change only the keys in :data:`HASH_RESUMABLE_KEYS` (more epochs, another device,
+    other evaluation options); ``config.yaml`` is never rewritten: each resume is appended to
+    ``resumes.jsonl``. The run ends with the weights of an uninterrupted run to the same epoch (same
+    machine and thread count). Uses torch's current thread count, as :func:`train_hashing` does.
+
+    Raises:
+        MissingFileError: no such run, or it has no last.pt / config.yaml.
+        ConfigError: an override of a key that is not safe to change on a resume, or a config.yaml that
+            disagrees with its last.pt (edited by hand).
+    """
+    run_dir = Path(run_dir)
+    cfg = resume_config(run_dir, overrides)
+    check_hash_config(cfg)
+    state = load_checkpoint(run_dir / "last.pt", map_location="cpu")
+    stored = from_dict(HashRunConfig, state["config"])
+    edited = [k for k in config_diff(cfg, stored) if k not in HASH_RESUMABLE_KEYS]
+    if edited:
+        raise ConfigError(
+            edited[0],
+            f"{run_dir / CONFIG_FILE} and last.pt disagree on {', '.join(edited)}: was {CONFIG_FILE} edited?",
+        )
+    return _train(cfg, run_dir, data, state=state, overrides=overrides)
+
+
+def _train(
+    cfg: HashRunConfig,
+    run_dir: Path,
+    data: HashDataset | None,
+    *,
+    state: dict[str, Any] | None = None,
+    overrides: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Build, then start (``state`` None: creates the run directory and its config.yaml) or continue from
+    ``state`` (a loaded last.pt), train, evaluate once on the test split."""
+    device = check_hash_config(cfg)
     seed_everything(cfg.train.seed)
     data = data if data is not None else build_hashing_dataset(cfg.data)
     if cfg.train.loss == "hashnet" and not data.has_labels:
         _logger.info("hashnet loss without labels: pairs are similar only to themselves (ids)")
     model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)
     trainer = HashTrainer(cfg, model, data, run_dir)
-    if not resume:  # everything is checked and built: now the run directory and its config
+    if state is None:  # everything is checked and built: now the run directory and its config
         run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.yaml")
+        save_config(cfg, run_dir / CONFIG_FILE)
     else:
-        trainer.resume(run_dir / "last.pt")
+        trainer.load_state_dict(state)
+        _logger.info("resumed %s at epoch %d, step %d", run_dir, trainer.epoch, trainer.step)
+        record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "epoch": trainer.epoch, "step": trainer.step}
+        append_line(run_dir / RESUMES_FILE, json.dumps({**record, "overrides": list(overrides)}))
     fit = trainer.fit()
     export_weights(model, asdict(cfg), run_dir, data=data.summary())
     metrics = evaluate_hashing(model, data, cfg.eval, device)
     append_metrics(run_dir, {"split": "test", "epoch": trainer.epoch, "step": trainer.step, **metrics})
     atomic_write_text(run_dir / "eval.json", json.dumps(metrics, indent=2))
     return {"run_dir": str(run_dir), "data": data.summary(), **fit, **metrics}
+
+
+def _flat(cfg: HashRunConfig) -> dict[str, Any]:
+    """Dotted key -> value of every field (``train.epochs``)."""
+    out: dict[str, Any] = {}
+    for section, value in config_to_dict(cfg).items():
+        if isinstance(value, dict):
+            out.update({f"{section}.{k}": v for k, v in value.items()})
+        else:
+            out[section] = value
+    return out
 
 
 def load_hashing_run(
@@ -98,11 +195,11 @@ def load_hashing_run(
         MissingFileError: ``run_dir`` has no ``config.yaml`` or no ``last.pt``.
     """
     run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise MissingFileError(f"{run_dir} is not a hashing run directory (no config.yaml)")
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise MissingFileError(f"{run_dir} is not a hashing run directory (no {CONFIG_FILE})")
     if not (run_dir / "last.pt").is_file():
         raise MissingFileError(f"{run_dir} has no last.pt: the run never saved a checkpoint")
-    cfg = load_config(HashRunConfig, run_dir / "config.yaml", overrides or [])
+    cfg = load_config(HashRunConfig, run_dir / CONFIG_FILE, overrides or [])
     cfg = replace(
         cfg, device=str(resolve_device(device or cfg.device, key="--device" if device else "device"))
     )

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from patchword.errors import ConfigError
+from patchword.fileio import append_line
 from patchword.hashing.config import HashRunConfig, check_hash_config
 from patchword.hashing.dataset import HashDataset
 from patchword.hashing.model import UCMFH
@@ -96,12 +97,17 @@ class HashTrainer:
             "config": asdict(self.cfg),
         }
 
-    def resume(self, path: Path) -> None:
-        state = load_checkpoint(path, map_location=self.device)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from what :meth:`state_dict` returned (a ``last.pt`` loaded on the CPU)."""
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(state["optimizer"])  # moves its state to the parameters' device
         self.epoch, self.step = state["epoch"], state["step"]
         set_rng_state(state["rng"])
+
+    def resume(self, path: Path) -> None:
+        # On the CPU: the generator states must stay CPU tensors (torch.set_rng_state refuses others), and
+        # the model and optimiser copy their tensors to the training device themselves.
+        self.load_state_dict(load_checkpoint(path, map_location="cpu"))
         _logger.info("resumed %s at epoch %d", path, self.epoch)
 
     def _batches(self, epoch: int) -> list[torch.Tensor]:
@@ -165,6 +171,6 @@ class HashTrainer:
 
 
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
-    """Append one JSON record to ``run_dir/metrics.jsonl`` (append-only: earlier records are kept)."""
-    with open(run_dir / "metrics.jsonl", "a") as fh:
-        fh.write(json.dumps(record) + "\n")
+    """Append one JSON record to ``run_dir/metrics.jsonl`` (append-only: earlier records are kept, a failed
+    write leaves no torn line)."""
+    append_line(run_dir / "metrics.jsonl", json.dumps(record))
