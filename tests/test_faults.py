@@ -261,3 +261,97 @@ def test_train_sigkilled_at_a_random_step_resumes_to_the_undisturbed_run(train_r
     assert _continue(run) == 0
     assert train_losses(run) == train_losses(train_root / "full")
     assert same_weights(run / "last.pt", train_root / "full" / "last.pt")
+
+
+# ------------------------------------------------------------------------------------------- hash train
+
+HASH = [
+    "data.num_train=64",
+    "data.num_query=16",
+    "data.synthetic_num_retrieval=96",
+    "data.synthetic_image_dim=32",
+    "data.synthetic_text_dim=32",
+    "model.hidden=32",
+    "model.dim_feedforward=32",
+    "model.num_layers=1",
+    "train.batch_size=32",
+    "train.save_every=1",
+    "train.num_threads=1",
+    "eval.ks=[1,5]",
+    "--bits",
+    "16",
+]
+
+
+@pytest.fixture(scope="module")
+def hash_root(tmp_path_factory):
+    """An undisturbed 5-epoch hashing run, and the same run stopped after 2 epochs."""
+    root = tmp_path_factory.mktemp("faults_hash")
+    common = ["hash", "train", *HASH, "--output-dir", str(root)]
+    assert main([*common, "--name", "full", "--epochs", "5"]) == 0
+    assert main([*common, "--name", "half", "--epochs", "2"]) == 0
+    return root
+
+
+def _hash_continue(run: Path) -> int:
+    return main(["hash", "train", "--resume", str(run), "train.epochs=5"])
+
+
+def _hash_losses(run: Path) -> list[dict]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "elapsed_s"} for r in records]
+
+
+def _hash_same(a: Path, b: Path) -> None:
+    """The same epochs logged once each (a continued run also keeps the test record of its first end), the
+    same final test record, weights and eval.json."""
+    ra, rb = _hash_losses(a), _hash_losses(b)
+    assert [r for r in ra if r["split"] == "train"] == [r for r in rb if r["split"] == "train"]
+    assert ra[-1] == rb[-1] and ra[-1]["split"] == "test"
+    assert same_weights(a / "last.pt", b / "last.pt")
+    assert (a / "eval.json").read_text() == (b / "eval.json").read_text()
+
+
+def test_hash_train_disk_full_at_every_write_site_then_rerun_finishes_like_an_undisturbed_run(
+    hash_root, tmp_path, capsys
+):
+    probe = tmp_path / "probe"
+    shutil.copytree(hash_root / "half", probe)
+    sites = count_writes(lambda: _hash_continue(probe))
+    assert sites >= 6  # per epoch a metrics line and last.pt; the export, eval.json, the test record
+    capsys.readouterr()
+    for n in range(1, sites + 1):
+        run = tmp_path / f"full_at_{n}"
+        shutil.copytree(hash_root / "half", run)
+        with disk_full_from(n):
+            assert _hash_continue(run) == 2, n
+        line = one_error(capsys.readouterr().err)
+        assert "ENOSPC" in line and str(run) in line, line
+        assert_whole(run)
+        assert _hash_continue(run) == 0, n
+        capsys.readouterr()
+        _hash_same(run, hash_root / "full")
+
+
+def test_hash_train_sigkilled_at_a_random_epoch_resumes_to_the_undisturbed_run(hash_root):
+    kill_after = random.Random(SEED + 1).randint(1, 3)  # epochs logged before the kill
+    run = hash_root / "killed"
+    cmd = [sys.executable, "-m", "patchword", "hash", "train", *HASH, "--output-dir", str(hash_root)]
+    cmd += ["--name", "killed", "--epochs", "5"]
+
+    def ready() -> bool:
+        epochs = [r for r in _lenient_records(run / "metrics.jsonl") if r.get("split") == "train"]
+        return (run / "last.pt").is_file() and len(epochs) >= kill_after
+
+    assert _kill_when(cmd, ready) == -signal.SIGKILL, f"the run ended first (seed {SEED})"
+    assert _hash_continue(run) == 0
+    _hash_same(run, hash_root / "full")
+
+
+def _lenient_records(path: Path) -> list[dict]:
+    out = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+    return out

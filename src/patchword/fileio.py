@@ -17,7 +17,14 @@ import tempfile
 from collections.abc import Callable
 from typing import IO
 
-__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "append_line", "probe_writable"]
+__all__ = [
+    "atomic_write",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "append_line",
+    "keep_jsonl_records",
+    "probe_writable",
+]
 
 
 def _read_umask() -> int:
@@ -90,6 +97,33 @@ def append_line(path: str | os.PathLike[str], line: str) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def keep_jsonl_records(path: str | os.PathLike[str], keep: Callable[[dict], bool]) -> int:
+    """Keep the records of JSONL file ``path`` for which ``keep(record)`` holds, and drop a last line cut
+    short by a kill (or any line that is not a JSON object); returns how many lines were dropped. The file
+    is rewritten atomically, and only when something must go (a resume drops the records of the work it
+    redoes: ``keep = lambda r: r["step"] <= checkpoint_step``)."""
+    import json
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        return 0
+    kept, dropped = [], 0
+    with open(path, encoding="utf-8") as fh:
+        for line in fh.read().splitlines():
+            try:
+                record = json.loads(line)
+                ok = isinstance(record, dict) and bool(keep(record))
+            except (ValueError, KeyError, TypeError):
+                ok = False
+            if ok:
+                kept.append(line)
+            else:
+                dropped += 1
+    if dropped:
+        atomic_write_text(path, "".join(f"{line}\n" for line in kept))
+    return dropped
 
 
 def probe_writable(directory: str | os.PathLike[str]) -> None:

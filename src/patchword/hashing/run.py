@@ -26,7 +26,7 @@ from typing import Any
 from patchword.config import config_diff, config_to_dict, from_dict, load_config, save_config
 from patchword.device import resolve_device
 from patchword.errors import ConfigError, MissingFileError, RunExistsError
-from patchword.fileio import append_line, atomic_write_text
+from patchword.fileio import append_line, atomic_write_text, keep_jsonl_records
 from patchword.hashing.build import build_hashing_dataset, build_hashing_model
 from patchword.hashing.config import HASH_RESUMABLE_KEYS, HashRunConfig, check_hash_config
 from patchword.hashing.dataset import HashDataset
@@ -165,6 +165,8 @@ def _train(
     else:
         trainer.load_state_dict(state)
         _logger.info("resumed %s at epoch %d, step %d", run_dir, trainer.epoch, trainer.step)
+        # the records of the epochs this resume redoes (a kill after the checkpoint) go
+        keep_jsonl_records(run_dir / "metrics.jsonl", lambda r, step=trainer.step: int(r["step"]) <= step)
         record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "epoch": trainer.epoch, "step": trainer.step}
         append_line(run_dir / RESUMES_FILE, json.dumps({**record, "overrides": list(overrides)}))
     fit = trainer.fit()

@@ -114,23 +114,7 @@ def build_run_model(run_dir: str | Path, cfg: RunConfig, vocab_size: int | None,
 def drop_metrics_after(run_dir: str | Path, step: int) -> int:
     """Keep the records of ``metrics.jsonl`` up to ``step`` (the checkpoint a resume starts from), dropping
     those of the steps the resume will redo and a last line cut short by a kill; returns how many were
-    dropped. The file is rewritten atomically, and only when something must go."""
-    from patchword.fileio import atomic_write_text
+    dropped."""
+    from patchword.fileio import keep_jsonl_records
 
-    path = Path(run_dir) / METRICS_FILE
-    if not path.is_file():
-        return 0
-    kept, dropped = [], 0
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-            keep = int(record["step"]) <= step
-        except (ValueError, KeyError, TypeError):  # a partial line: the process died while writing it
-            keep = False
-        if keep:
-            kept.append(line)
-        else:
-            dropped += 1
-    if dropped:
-        atomic_write_text(path, "".join(f"{line}\n" for line in kept))
-    return dropped
+    return keep_jsonl_records(Path(run_dir) / METRICS_FILE, lambda record: int(record["step"]) <= step)
