@@ -146,3 +146,43 @@ def test_the_page_searches_and_renders_kept_patches_and_a_word_heatmap(tmp_path_
         wait.until(lambda d: canvas.get_attribute("data-heat-word") == "")
         restored = browser.get_screenshot_as_png()
         assert np.array_equal(_canvas_pixels(restored, rect), _canvas_pixels(before, rect))
+
+
+def test_the_page_shows_unknown_query_words_as_a_note_above_the_results(tmp_path_factory, tmp_path, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    env = search_env(tmp_path_factory)
+    searcher = Searcher(SearchIndex.open(env.index_dir), env.run)
+    expected = searcher.search("a red zzzqqq circle", k=3).warning
+    shots = tmp_path
+
+    def submit(query: str) -> None:
+        box = browser.find_element(By.ID, "q")
+        box.clear()
+        box.send_keys(query)
+        k_box = browser.find_element(By.ID, "k")
+        k_box.clear()
+        k_box.send_keys("3")
+        box.send_keys(Keys.ENTER)
+
+    with live_server(create_app(searcher)) as url:
+        browser.get(url + "/")
+        wait = WebDriverWait(browser, 30)
+        note = browser.find_element(By.ID, "note")
+        assert not note.is_displayed()
+        submit("a red zzzqqq circle")
+        wait.until(lambda d: note.is_displayed())
+        assert note.text == expected and "'zzzqqq'" in note.text
+        results = browser.find_element(By.ID, "results")
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".result")) == 3)
+        assert note.rect["y"] + note.rect["height"] <= results.rect["y"] + 1  # above (rects are rounded)
+        browser.get_screenshot_as_file(str(shots / "note.png"))
+        submit("zzzqqq xxyyzz")  # no known word: the error is the status line, the note goes
+        status = browser.find_element(By.ID, "status")
+        wait.until(lambda d: "knows none of the query's words" in status.text)
+        assert not note.is_displayed() and "error" in status.get_attribute("class")
+        submit("a red circle")
+        wait.until(lambda d: "results in" in status.text)
+        assert not note.is_displayed()

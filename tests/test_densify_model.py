@@ -270,6 +270,29 @@ def test_corrupt_image_error_keeps_finished_batches_and_skip_then_fix_completes_
     ]
 
 
+def test_a_truncated_image_is_never_described_half_decoded(tmp_path, capsys):
+    """A file cut after its header used to be described from its grey-padded remainder."""
+    from conftest import one_error_line
+
+    root = tmp_path / "imgs"
+    names = _save_images(root, 6)
+    data = (root / "img02.png").read_bytes()
+    (root / "img02.png").write_bytes(data[: int(len(data) * 0.6)])
+    out = tmp_path / "d.jsonl"
+    args = ["--images", str(root), "--out", str(out), *RUN]
+    assert main(args) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"image 'img02.png': cannot read image {root / 'img02.png'}: truncated file" in line
+    assert "--skip-bad-images" in line
+    assert main([*args, "--skip-bad-images"]) == 1
+    printed = capsys.readouterr().out
+    assert "incomplete: 1 images missing: img02.png" in printed
+    assert (
+        f"  img02.png: image 'img02.png': cannot read image {root / 'img02.png'}: truncated file" in printed
+    )
+    assert [r.image_id for r in read_records(out)[0]] == [n for n in names if n != "img02.png"]
+
+
 def test_empty_folder_and_missing_split_argument(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["--images", str(tmp_path / "empty"), "--out", str(tmp_path / "d.jsonl"), *RUN]) == 2

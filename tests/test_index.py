@@ -264,3 +264,86 @@ def test_index_cli_builds_updates_and_reports_errors(env, tmp_path, capsys):
         == 2
     )
     assert "not a search index" in capsys.readouterr().err
+
+
+def test_truncated_images_are_skipped_and_listed_with_the_reason(env, tmp_path):
+    """A file cut after its header used to be indexed half-decoded (grey-padded), with a log warning."""
+    folder = tmp_path / "imgs"
+    names = _copy_images(env, folder, 4)
+    data = (folder / names[1]).read_bytes()
+    (folder / names[1]).write_bytes(data[: int(len(data) * 0.6)])
+    report = build_index(env.run, folder, tmp_path / "idx", batch_size=2)
+    assert report.num_images == 3 and report.added == 3
+    reasons = {s.path: s.reason for s in report.skipped}
+    assert list(reasons) == [names[1]] and "truncated file" in reasons[names[1]]
+    assert [(s.path, s.reason) for s in Manifest.read(tmp_path / "idx").skipped] == list(reasons.items())
+    assert f"  {names[1]}: cannot decode: " in report.summary()
+    assert [e.path for e in SearchIndex.open(tmp_path / "idx").entries] == [names[0], *names[2:]]
+
+
+def test_a_folder_without_images_is_an_error_and_nothing_is_written(env, tmp_path, capsys):
+    """It used to exit 0 with an empty index."""
+    from conftest import one_error_line
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    out = tmp_path / "idx"
+    args = ["build", str(env.run_dir), "--images", str(folder), "--out", str(out)]
+    assert main_index(args) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        f"error: --images: no image to index under {folder.resolve()}: it holds no files (hidden ones are "
+        "not scanned); nothing was written"
+    )
+    (folder / "notes.txt").write_text("not an image")
+    (folder / "fake.jpg").write_text("not an image either")
+    assert main_index(args) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "1 unreadable image files (fake.jpg: not a readable image" in line and "1 other files" in line
+    assert not out.exists()
+    # --update of an index whose folder lost every image refuses too, and keeps the index as it was.
+    _copy_images(env, tmp_path / "some", 2)
+    build_index(env.run, tmp_path / "some", out)
+    before = (out / "manifest.json").read_bytes()
+    for path in (tmp_path / "some").iterdir():
+        path.unlink()
+    assert (
+        main_index(
+            ["build", str(env.run_dir), "--images", str(tmp_path / "some"), "--out", str(out), "--update"]
+        )
+        == 2
+    )
+    assert "no image to index" in one_error_line(capsys.readouterr().err)
+    assert (out / "manifest.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("damage", ["truncated", "text"])
+def test_a_damaged_shard_names_the_file_and_update_repairs_it(env, tmp_path, capsys, damage):
+    """A truncated shard said only "mmap length is greater than file size"."""
+    from conftest import one_error_line
+    from patchword.search.cli import main_search
+
+    folder = tmp_path / "imgs"
+    _copy_images(env, folder, 5)
+    index_dir = tmp_path / "idx"
+    build_index(env.run, folder, index_dir, shard_size=3, batch_size=3)
+    before = SearchIndex.open(index_dir)
+    tokens = before.image_tokens(np.arange(5)).clone()
+    del before
+    shard = index_dir / "shards" / "00001.tokens.npy"
+    if damage == "truncated":
+        shard.write_bytes(shard.read_bytes()[:-100])
+        problem = "truncated: "
+    else:
+        shard.write_text("0.1 0.2 0.3\n")
+        problem = "not a .npy array file: it holds text"
+    with pytest.raises(DataError) as err:
+        SearchIndex.open(index_dir)
+    assert str(err.value).startswith(f"{shard}: {problem}") and "--update" in str(err.value)
+    assert "pickled" not in str(err.value)
+    assert main_search([str(index_dir), "a red circle"]) == 2
+    assert one_error_line(capsys.readouterr().err) == f"error: {err.value}"
+    report = build_index(env.run, folder, index_dir, update=True, shard_size=3, batch_size=3)
+    assert (report.kept, report.added, report.num_images) == (3, 2, 5)
+    repaired = SearchIndex.open(index_dir)
+    order = np.argsort([e.path for e in repaired.entries])
+    torch.testing.assert_close(repaired.image_tokens(order), tokens, rtol=1e-5, atol=1e-5)

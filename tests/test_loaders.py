@@ -329,13 +329,62 @@ def test_load_image_converts_to_rgb(tmp_path: Path) -> None:
     assert image.mode == "RGB" and image.size == (5, 4) and image.getpixel((0, 0)) == (100, 100, 100)
 
 
-def test_load_image_reads_truncated_files_without_leaking_the_flag(tmp_path: Path) -> None:
-    path = _truncated_jpeg(tmp_path / "cut.jpg")
+def _truncated_png(path: Path, keep: float = 0.6) -> Path:
+    buffer = io.BytesIO()
+    pixels = np.random.default_rng(1).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    path.write_bytes(buffer.getvalue()[: int(len(buffer.getvalue()) * keep)])
+    return path
+
+
+@pytest.mark.parametrize("process_flag", [False, True], ids=["flag off", "flag on in the process"])
+def test_load_image_refuses_truncated_files_and_restores_the_flag(tmp_path: Path, monkeypatch, process_flag):
+    """A truncated file used to be decoded as far as it goes (grey-padded) with only a log warning."""
+    from patchword.errors import DataError
+
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", process_flag)  # an embedding app may set it
+    for path in (_truncated_jpeg(tmp_path / "cut.jpg"), _truncated_png(tmp_path / "cut.png")):
+        with Image.open(path) as image:
+            assert image.size in ((64, 64), (32, 32))  # the header alone looks fine
+        with pytest.raises(DataError, match=rf"cannot read image {re.escape(str(path))}: truncated file"):
+            load_image(path)
+        assert ImageFile.LOAD_TRUNCATED_IMAGES is process_flag  # restored
+
+
+def test_find_bad_images_decodes_every_file_completely(tmp_path: Path) -> None:
+    """Only headers were read: a file cut after its header counted as a good image."""
+    from patchword.data.images import find_bad_images
+
+    good = [tmp_path / f"good{i}.png" for i in range(5)]
+    for i, path in enumerate(good):
+        Image.new("RGB", (8, 8), (i, 0, 0)).save(path)
+    cut_png, cut_jpg = _truncated_png(tmp_path / "cut.png"), _truncated_jpeg(tmp_path / "cut.jpg")
+    (tmp_path / "empty.png").write_bytes(b"")
+    paths = [good[0], cut_png, *good[1:3], tmp_path / "gone.png", cut_jpg, tmp_path / "empty.png", *good[3:]]
+    bad = find_bad_images(paths)
+    assert [(Path(p).name, why.split(" ")[0]) for p, why in bad] == [
+        ("cut.png", "truncated"),
+        ("gone.png", "missing"),
+        ("cut.jpg", "truncated"),
+        ("empty.png", "empty"),
+    ]
+    assert find_bad_images(paths, workers=1) == find_bad_images(paths, workers=3) == bad
     assert ImageFile.LOAD_TRUNCATED_IMAGES is False
-    assert load_image(path).size == (64, 64)
-    assert ImageFile.LOAD_TRUNCATED_IMAGES is False  # scoped to load_image
-    with pytest.raises(OSError, match="truncated"), Image.open(path) as image:
-        image.load()
+
+
+def test_file_images_never_decode_a_damaged_file_half(tmp_path: Path) -> None:
+    """With data.check_images=false nothing is checked up front: the batch that reaches the file fails
+    naming it (it used to train on the grey-padded remainder)."""
+    from patchword.data.pipeline import FileImages
+    from patchword.errors import DataError
+
+    good = tmp_path / "good.png"
+    Image.new("RGB", (32, 32), (200, 10, 10)).save(good)
+    images = FileImages([str(good), str(_truncated_png(tmp_path / "cut.png"))], 32)
+    assert images.batch(torch.tensor([0]), train=False).shape == (1, 3, 32, 32)
+    for train in (False, True):
+        with pytest.raises(DataError, match="cut.png: truncated"):
+            images.batch(torch.tensor([0, 1]), train=train)
 
 
 def test_load_image_errors_name_the_file(tmp_path: Path) -> None:

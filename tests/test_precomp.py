@@ -79,6 +79,31 @@ def test_scan_layout_errors_name_the_problem(tmp_path):
         load_precomp_split(tmp_path, "ids")
 
 
+@pytest.mark.parametrize("mmap", [True, False])
+def test_a_text_or_truncated_features_file_is_named_with_its_problem(tmp_path, mmap):
+    """A text file named .npy was reported as "pickled data", a truncated one as "mmap length is greater
+    than file size"."""
+    from patchword.errors import DataError
+
+    write_precomp_split(tmp_path, "test", np.ones((4, 6, 8), np.float32), _caps(4))
+    ims = tmp_path / "test_ims.npy"
+    good = ims.read_bytes()
+    ims.write_text("0.25 0.5 0.75\n0.1 0.2 0.3\n")
+    with pytest.raises(DataError) as err:
+        load_precomp_split(tmp_path, "test", mmap=mmap)
+    assert str(err.value).startswith(f"{ims}: not a .npy array file: it holds text ('0.25 0.5 0.75'...)")
+    assert "pickle" not in str(err.value)
+    ims.write_bytes(good[:-40])
+    with pytest.raises(DataError) as err:
+        load_precomp_split(tmp_path, "test", mmap=mmap)
+    needed = len(good)
+    assert str(err.value).startswith(
+        f"{ims}: truncated: {needed - 40} bytes, its header ((4, 6, 8) float32) needs {needed}"
+    )
+    ims.write_bytes(good)
+    assert load_precomp_split(tmp_path, "test", mmap=mmap).images.shape == (4, 6, 8)
+
+
 def test_region_features_batches():
     feats = np.arange(4 * 3 * 2, dtype=np.float64).reshape(4, 3, 2)
     source = RegionFeatures(feats)

@@ -165,3 +165,42 @@ def test_search_cli_prints_rank_score_path_and_latency(env, searcher, capsys):
     assert "error: the query is empty" in capsys.readouterr().err
     assert main_search([str(env.root / "nowhere"), "x"]) == 2
     assert "not a search index" in capsys.readouterr().err
+
+
+def test_a_query_with_no_known_word_is_refused_naming_the_words(env, searcher, capsys):
+    """It used to return confident results for the <unk> token alone."""
+    from conftest import one_error_line
+
+    for call in (lambda: searcher.search("zzzqqq, xxyyzz zzzqqq"), lambda: searcher.explain("xxyyzz", 0)):
+        with pytest.raises(QueryError, match=r"knows none of the query's words \('(zzzqqq', ')?xxyyzz'\)"):
+            call()
+    assert searcher.encode_query("zzzqqq a").unknown_words == ["zzzqqq"]
+    with pytest.raises(QueryError) as err:
+        searcher.search("zzzqqq xxyyzz")
+    assert err.value.unknown_words == ["zzzqqq", "xxyyzz"]
+    assert main_search([str(env.index_dir), "zzzqqq xxyyzz"]) == 2
+    captured = capsys.readouterr()
+    assert one_error_line(captured.err) == f"error: {err.value}" and captured.out == ""
+
+
+def test_a_query_with_some_unknown_words_answers_with_a_warning(env, searcher, capsys):
+    """Unknown words are encoded as <unk>: the answer is that of any other unknown word there, flagged."""
+    query = "a small red zzzqqq circle"
+    result = searcher.search(query, k=5)
+    same = searcher.search("a small red qqqxyz circle", k=5)
+    assert [h.id for h in result.hits] == [h.id for h in same.hits]
+    assert [h.score for h in result.hits] == [h.score for h in same.hits]
+    assert result.unknown_words == ["zzzqqq"] and same.unknown_words == ["qqqxyz"]
+    body = result.to_json()
+    assert body["unknown_words"] == ["zzzqqq"]
+    assert (
+        body["warning"]
+        == "the model does not know 'zzzqqq': the results rest on the other words of the query"
+    )
+    assert "warning" not in searcher.search("a small red circle", k=5).to_json()
+    assert main_search([str(env.index_dir), query, "-k", "5", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["warning"] == body["warning"]
+    assert captured.err.splitlines()[-1] == f"warning: {body['warning']}"
+    assert main_search([str(env.index_dir), "a small red circle", "-k", "5"]) == 0
+    assert "warning" not in capsys.readouterr().err

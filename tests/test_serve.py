@@ -175,6 +175,28 @@ def test_bad_requests_get_json_4xx_with_a_message(client, url, status, message):
     assert message in _error(client.get(url), status)
 
 
+def test_a_query_with_no_known_word_is_a_400_naming_the_words(client):
+    """docs/search.md promised a 400; the API answered 200 with confident results for <unk>."""
+    response = client.get("/api/search", params={"q": "zzzqqq xxyyzz", "k": 5})
+    assert "'zzzqqq', 'xxyyzz'" in _error(response, 400)
+    assert response.json()["unknown_words"] == ["zzzqqq", "xxyyzz"]
+    response = client.get("/api/explain", params={"q": "zzzqqq", "id": 0})
+    assert "'zzzqqq'" in _error(response, 400) and response.json()["unknown_words"] == ["zzzqqq"]
+
+
+def test_a_query_with_some_unknown_words_answers_with_a_warning(client, searcher):
+    response = client.get("/api/search", params={"q": "a red zzzqqq circle", "k": 5})
+    assert response.status_code == 200
+    body = response.json()
+    expected = searcher.search("a red zzzqqq circle", k=5)
+    assert [r["id"] for r in body["results"]] == [h.id for h in expected.hits]
+    assert body["warning"] == expected.warning and "'zzzqqq'" in body["warning"]
+    assert body["unknown_words"] == ["zzzqqq"]
+    page = client.get("/").text  # the page shows the warning as a note above the results
+    assert page.index('id="note"') < page.index('id="results"')
+    assert "body.warning" in (STATIC / "app.js").read_text()
+
+
 def test_malformed_utf8_in_the_raw_request_line(env):
     with live_server(create_app(Searcher(SearchIndex.open(env.index_dir), env.run))) as url:
         host, port = url.removeprefix("http://").split(":")

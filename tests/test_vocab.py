@@ -103,3 +103,26 @@ def test_load_rejects_bad_files(tmp_path: Path) -> None:
     path.write_text(json.dumps({"word2idx": {"<pad>": 0, "a": 1}, "idx2word": {"0": "<pad>", "1": "b"}}))
     with pytest.raises(ValueError, match="disagree"):
         WordVocab.load(path)
+
+
+def test_unknown_words_are_the_ones_encoded_as_unk(vocab: WordVocab) -> None:
+    known, unknown = vocab.known_and_unknown_words("A zebra, a DOG and a zebra!")
+    assert (known, unknown) == (["a"], ["zebra", "dog", "and"])
+    ids = vocab.encode("A zebra, a DOG and a zebra!")[1:-1]
+    words = tokenize("A zebra, a DOG and a zebra!")
+    assert unknown == list(dict.fromkeys(w for w, i in zip(words, ids, strict=True) if i == vocab.unk_id))
+    assert known == list(dict.fromkeys(w for w, i in zip(words, ids, strict=True) if i != vocab.unk_id))
+
+
+def test_bert_unknown_words_are_those_wordpiece_reads_as_a_single_unk() -> None:
+    pytest.importorskip("transformers")
+    from patchword.data.tokenizers import BertCaptionTokenizer
+
+    pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "red", "circle", "z", "##z", "##q", "!"]
+    tok = BertCaptionTokenizer({w: i for i, w in enumerate(pieces)})
+    # "zzzq" splits into known pieces (z ##z ##z ##q): the model reads them, so it is known; "qz" cannot
+    # start with a piece ("q" alone is not one), and "\N{SNOWMAN}" is no piece at all: both are one [UNK].
+    known, unknown = tok.known_and_unknown_words("Red zzzq qz \N{SNOWMAN} circle! qz")
+    assert (known, unknown) == (["red", "zzzq", "circle", "!"], ["qz", "\N{SNOWMAN}"])
+    body = tok.encode("Red zzzq qz \N{SNOWMAN} circle! qz")[1:-1]
+    assert body.count(tok.unk_id) == 3 and len(body) == 10

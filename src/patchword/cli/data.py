@@ -12,10 +12,15 @@ import numpy as np
 
 __all__ = ["add_arguments", "run", "check_dataset"]
 
+#: Unusable image files listed per split (the count covers them all).
+SHOWN_BAD = 20
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="data_command", required=True, metavar="ACTION")
-    check = sub.add_parser("check", help="validate a dataset layout (counts, images, dense coverage)")
+    check = sub.add_parser(
+        "check", help="validate a dataset layout (counts, every image decoded completely, dense coverage)"
+    )
     check.add_argument(
         "--config", type=Path, help="YAML file with RunConfig fields (its data section is read)"
     )
@@ -38,7 +43,8 @@ def check_dataset(cfg, roles=("train", "dev", "test")) -> list[dict[str, Any]]:
     from patchword.model import model_reads_dense
 
     use_dense = cfg.data.dense and model_reads_dense(cfg.model)
-    dc = dataclasses.replace(cfg.data, check_images=False)  # counted below instead of raised
+    # Counted below instead of raised (and reported, not left out, whatever data.skip_bad_images says).
+    dc = dataclasses.replace(cfg.data, check_images=False, skip_bad_images=False)
     rows = []
     for role in roles:
         row: dict[str, Any] = {"role": role, "split": getattr(dc, f"{role}_split")}
@@ -62,9 +68,11 @@ def check_dataset(cfg, roles=("train", "dev", "test")) -> list[dict[str, Any]]:
             ),
         )
         if cfg.data.dataset in FILE_DATASETS:
-            bad = find_bad_images(split.images, f"{role} split")
+            bad = find_bad_images(split.images, f"{role} split")  # decodes every image completely
             row["bad_images"] = len(bad)
-            row["bad_examples"] = [f"{path}: {why}" for path, why in bad[:3]]
+            row["bad_examples"] = [f"{path}: {why}" for path, why in bad[:SHOWN_BAD]]
+            if len(bad) > SHOWN_BAD:
+                row["bad_examples"].append(f"... and {len(bad) - SHOWN_BAD} more")
         rows.append(row)
     return rows
 
@@ -116,5 +124,7 @@ def _check(args: argparse.Namespace) -> int:
     rows = check_dataset(cfg, args.split or ("train", "dev", "test"))
     _print(rows)
     problems = sum("error" in row or row.get("bad_images", 0) > 0 for row in rows)
-    print("ok" if not problems else f"{problems} split(s) with problems")
+    skipping = any(row.get("bad_images", 0) for row in rows) and cfg.data.skip_bad_images
+    note = " (data.skip_bad_images=true: train and eval leave the unusable images out)" if skipping else ""
+    print("ok" if not problems else f"{problems} split(s) with problems{note}")
     return 0 if not problems else 2

@@ -22,8 +22,10 @@ class DataConfig:
     dense_test: str = ""  # laps: dense-caption jsonl of the test split
     dev_from_train: int = 0  # real datasets: hold out this many training images (with their captions and
     # dense captions) as the dev split instead of reading dev_split; the SEPS release has no dev dense text
-    check_images: bool = True  # real datasets: open every image file's header before training (finds
-    # missing, empty and non-image files before anything is written)
+    check_images: bool = True  # real datasets: decode every image file completely before training or
+    # evaluating (finds missing, empty, non-image, truncated and damaged files before anything is written)
+    skip_bad_images: bool = False  # real datasets: leave the files check_images finds unusable out of the
+    # split, with their captions and dense captions (logged with the count), instead of refusing the split
     train_split: str = "train"  # split names as the dataset spells them
     dev_split: str = "dev"
     test_split: str = "test"

@@ -1,9 +1,12 @@
-"""Reading image files for on-disk retrieval splits.
+"""Reading image files for on-disk retrieval splits, and finding the damaged ones.
 
 Images are decoded lazily, one per ``__getitem__``, so a DataLoader's workers share the decoding cost.
-Like the official LAPS / SEPS loader, truncated JPEGs (common in the Flickr30K and COCO downloads) are
-decoded as far as they go instead of aborting a multi-hour run; unlike it, the Pillow flag that allows this
-is set only around our own decode, so importing patchword does not change Pillow's behaviour elsewhere.
+A damaged file (a truncated JPEG or PNG, common in partial Flickr30K / COCO downloads) is never used
+half-decoded: the official LAPS / SEPS loader sets Pillow's ``LOAD_TRUNCATED_IMAGES`` and trains on the
+grey-padded remainder without a word; here every decode runs with the flag off and a damaged file is a
+:class:`~patchword.errors.DataError` naming it. :func:`find_bad_images` decodes every image of a split
+completely, so that ``patchword data check`` lists the damaged files and ``train`` / ``eval`` refuse them
+(or leave them out with ``data.skip_bad_images=true``) before anything is written.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,46 +26,75 @@ from torch.utils.data import Dataset
 
 from patchword.data.split import RetrievalSplit
 
-__all__ = ["load_image", "check_image_files", "find_bad_images", "ImageFolderSplit"]
+__all__ = [
+    "load_image",
+    "image_problem",
+    "check_image_files",
+    "find_bad_images",
+    "describe_bad_images",
+    "ImageFolderSplit",
+]
 
 PathLike = str | os.PathLike[str]
 
 _logger = logging.getLogger(__name__)
 
+#: Bad files named in one error line (the rest are counted).
+SHOWN_BAD = 3
 
-_TRUNCATED_LOCK = threading.Lock()
+_STRICT_LOCK = threading.Lock()
+_strict_users = 0
+_flag_before = False
 
 
 @contextmanager
-def _truncated_images_allowed() -> Iterator[None]:
-    """Let Pillow decode truncated files inside the block, restoring the previous setting afterwards.
+def _strict_decoding() -> Iterator[None]:
+    """Make Pillow refuse truncated files inside the block, whatever the process set.
 
-    The flag is a Pillow module global: threads that decode at once (index building) take turns here so
-    that none restores it while another still needs it, and it is never left on for the process. Only
-    damaged files come here, after a normal decode failed.
+    ``ImageFile.LOAD_TRUNCATED_IMAGES`` is a Pillow module global (an application embedding patchword may
+    have turned it on). The blocks of all threads share one count: the first to enter turns the flag off,
+    the last to leave restores it, so none restores it while another thread still decodes, and the lock
+    is held only around the count, never during a decode (index building decodes in threads).
     """
-    with _TRUNCATED_LOCK:
-        previous = ImageFile.LOAD_TRUNCATED_IMAGES
-        ImageFile.LOAD_TRUNCATED_IMAGES = True
-        try:
-            yield
-        finally:
-            ImageFile.LOAD_TRUNCATED_IMAGES = previous
+    global _strict_users, _flag_before
+    with _STRICT_LOCK:
+        if _strict_users == 0:
+            _flag_before = ImageFile.LOAD_TRUNCATED_IMAGES
+            ImageFile.LOAD_TRUNCATED_IMAGES = False
+        _strict_users += 1
+    try:
+        yield
+    finally:
+        with _STRICT_LOCK:
+            _strict_users -= 1
+            if _strict_users == 0:
+                ImageFile.LOAD_TRUNCATED_IMAGES = _flag_before
 
 
-# Pillow reports corrupt data through all of these depending on the codec.
+# Pillow reports corrupt data through all of these depending on the codec (a truncated file is an
+# OSError "image file is truncated", a broken PNG chunk a SyntaxError or ValueError).
 _DECODE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError)
 
 
-def load_image(path: PathLike) -> Image.Image:
-    """Decode an image file as RGB.
+def _decode_failure(err: BaseException) -> str:
+    """A short reason for a failed decode: ``truncated file, ...``, ``damaged file, ...`` or ``not a
+    readable image ...``."""
+    if isinstance(err, UnidentifiedImageError):
+        return "not a readable image (unrecognised content)"
+    text = str(err) or type(err).__name__
+    kind = "truncated" if "truncated" in text.lower() else "damaged"
+    return f"{kind} file, cannot be decoded completely ({text})"
 
-    A truncated file is decoded as far as it goes (the official loader's behaviour, so one damaged file
-    does not end a multi-hour run) and a warning names it.
+
+def load_image(path: PathLike) -> Image.Image:
+    """Decode an image file completely, as RGB.
+
+    A truncated or otherwise damaged file is an error, never an image decoded as far as it goes (see the
+    module docstring).
 
     Raises:
         MissingFileError: the file does not exist.
-        DataError: the file is not a readable image, even truncated (names the file).
+        DataError: the file is not an image, or is truncated or damaged (names the file and the reason).
     """
     from patchword.errors import DataError, MissingFileError
 
@@ -70,21 +103,19 @@ def load_image(path: PathLike) -> Image.Image:
         raise MissingFileError(f"image file not found: {path}")
     try:
         # convert() forces the decode, which Pillow otherwise defers.
-        with Image.open(path) as image:
+        with _strict_decoding(), Image.open(path) as image:
             return image.convert("RGB")
     except _DECODE_ERRORS as err:
-        first = err
-    try:
-        with _truncated_images_allowed(), Image.open(path) as image:
-            decoded = image.convert("RGB")
-    except _DECODE_ERRORS as err:
-        raise DataError(f"cannot read image {path}: {err}") from err
-    _logger.warning("%s is damaged (%s); decoded as far as it goes", path, first)
-    return decoded
+        raise DataError(f"cannot read image {path}: {_decode_failure(err)}") from err
 
 
-def _header_problem(path: str) -> str | None:
-    """Why ``path`` is not a usable image file, from its header alone (no decode); None when it looks fine."""
+def image_problem(path: PathLike) -> str | None:
+    """Why ``path`` is not a usable image after decoding it completely; None when it is fine.
+
+    Reasons: ``missing``, ``empty file``, ``not a readable image (...)``, ``zero-sized image``,
+    ``truncated file ...``, ``damaged file ...``.
+    """
+    path = os.fspath(path)
     try:
         size = os.path.getsize(path)
     except OSError:
@@ -92,37 +123,63 @@ def _header_problem(path: str) -> str | None:
     if size == 0:
         return "empty file"
     try:
-        with Image.open(path) as image:
-            width, height = image.size
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
-        return f"not a readable image ({err})"
-    if width == 0 or height == 0:
-        return "zero-sized image"
+        with _strict_decoding(), Image.open(path) as image:
+            if image.width == 0 or image.height == 0:
+                return "zero-sized image"
+            image.load()
+    except _DECODE_ERRORS as err:
+        return _decode_failure(err)
+    except Image.DecompressionBombError as err:
+        return f"refused as a decompression bomb ({err})"
     return None
 
 
+def _decode_workers() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
 def find_bad_images(
-    paths: Sequence[PathLike], what: str = "split", progress: bool | None = None
+    paths: Sequence[PathLike], what: str = "split", progress: bool | None = None, workers: int | None = None
 ) -> list[tuple[str, str]]:
-    """``(path, problem)`` of every file whose header says it is missing, empty or not an image (fast:
-    nothing is decoded)."""
+    """``(path, problem)`` of every file that is missing, empty, not an image, truncated or damaged, in
+    the order of ``paths``.
+
+    Every image is decoded completely (:func:`image_problem`), in ``workers`` threads (default
+    min(4, CPUs); Pillow releases the GIL while decoding). Cost, measured with Pillow 13 on one core of an
+    AMD EPYC VM: 1.7 ms per 500 x 375 JPEG (plus reading the file), so the 31,783 Flickr30K images take
+    about 1 minute on one core and COCO's 123,287 about 4 minutes, a quarter of that with 4 threads, once
+    per ``train`` / ``eval`` start; the header alone takes 0.02 ms but misses every file cut short after
+    its header.
+    """
     from patchword.progress import progress_bar
 
+    paths = [os.fspath(p) for p in paths]
     bad: list[tuple[str, str]] = []
-    with progress_bar(len(paths), f"check {what} images", progress, unit="image") as bar:
-        for path in paths:
-            problem = _header_problem(os.fspath(path))
-            if problem:
-                bad.append((os.fspath(path), problem))
-            bar.update(1)
+    chunk = 256  # bounded: a pool.map over a huge list would queue every future at once
+    with (
+        ThreadPoolExecutor(workers or _decode_workers(), thread_name_prefix="patchword-check") as pool,
+        progress_bar(len(paths), f"check {what} images", progress, unit="image") as bar,
+    ):
+        for start in range(0, len(paths), chunk):
+            block = paths[start : start + chunk]
+            for path, problem in zip(block, pool.map(image_problem, block), strict=True):
+                if problem:
+                    bad.append((path, problem))
+            bar.update(len(block))
     return bad
 
 
-def check_image_files(paths: Sequence[PathLike], what: str = "split", progress: bool | None = None) -> None:
-    """Open the header of every image file and fail listing the bad ones.
+def describe_bad_images(bad: Sequence[tuple[str, str]], total: int, what: str) -> str:
+    """One line: how many of ``total`` files of ``what`` are unusable and the first few with the reason."""
+    shown = "; ".join(f"{p}: {why}" for p, why in bad[:SHOWN_BAD])
+    more = f" (and {len(bad) - SHOWN_BAD} more)" if len(bad) > SHOWN_BAD else ""
+    return f"{len(bad)} of {total} image files of the {what} are unusable: {shown}{more}"
 
-    Catches missing, empty and non-image files before a run starts; a file that is truncated after a valid
-    header is decoded as far as it goes at training time, as the official loader does.
+
+def check_image_files(paths: Sequence[PathLike], what: str = "split", progress: bool | None = None) -> None:
+    """Decode every image file completely and fail listing the bad ones.
+
+    Catches missing, empty, non-image, truncated and damaged files before a run starts.
 
     Raises:
         DataError: naming how many files are bad and the first few with the reason.
@@ -131,9 +188,7 @@ def check_image_files(paths: Sequence[PathLike], what: str = "split", progress: 
 
     bad = find_bad_images(paths, what, progress)
     if bad:
-        shown = "; ".join(f"{p}: {why}" for p, why in bad[:3])
-        more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
-        raise DataError(f"{len(bad)} of {len(paths)} image files of the {what} are unusable: {shown}{more}")
+        raise DataError(describe_bad_images(bad, len(paths), what))
 
 
 class ImageFolderSplit(Dataset):

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from patchword.data.npy import load_npy
 from patchword.data.split import RetrievalSplit
 from patchword.data.textfiles import read_lines
 
@@ -112,6 +113,7 @@ def load_precomp_split(
 
     Raises:
         FileNotFoundError: a required file is missing.
+        DataError: a features file that is not a .npy array (text, a pickle) or is truncated.
         ValueError: features that are not a float (N, R, D) array, an empty caption, or a caption count
             that is not a multiple of the image count (named with both numbers).
     """
@@ -119,10 +121,9 @@ def load_precomp_split(
     ims_path, caps_path = root / f"{split}_ims.npy", root / f"{split}_caps.txt"
     if not ims_path.is_file():
         raise FileNotFoundError(f"region features not found: {ims_path} (SCAN layout: {{split}}_ims.npy)")
-    try:
-        feats = np.load(ims_path, mmap_mode="r" if mmap else None, allow_pickle=False)
-    except ValueError as err:
-        raise ValueError(f"{ims_path}: not a plain .npy array ({err})") from err
+    feats = load_npy(
+        ims_path, mmap=mmap, fix="the SCAN layout needs a float (N_img, R, D) array written by numpy.save"
+    )
     if feats.ndim != 3 or feats.shape[0] == 0:
         raise ValueError(f"{ims_path}: expected a (N_img, R, D) array, got shape {feats.shape}")
     if not np.issubdtype(feats.dtype, np.floating):

@@ -114,7 +114,9 @@ def _search_parser() -> argparse.ArgumentParser:
 
 
 def main_search(argv: list[str] | None = None) -> int:
-    """``patchword search INDEX_DIR "query" [-k 10] [--json]``: prints rank, score, path and latency."""
+    """``patchword search INDEX_DIR "query" [-k 10] [--json]``: prints rank, score, path and latency, and a
+    ``warning:`` line on stderr naming the query words the model does not know (a query with no known word
+    is an error, exit code 2)."""
     args = _search_parser().parse_args(argv)
     _logging(args.verbose)
     from patchword.search.query import Searcher
@@ -132,6 +134,8 @@ def main_search(argv: list[str] | None = None) -> int:
         result = searcher.search(args.query, k=args.k)
     except USER_ERRORS as err:
         return report_user_error(err, args.verbose)
+    if result.warning:
+        print(f"warning: {result.warning}", file=sys.stderr)
     if args.json:
         body = result.to_json()
         body["timings_ms"] = {key: round(1000 * value, 3) for key, value in result.timings.items()}

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from patchword.errors import ConfigError, RunExistsError
+from patchword.errors import ConfigError, DataError, RunExistsError
 from patchword.progress import progress_bar
 from patchword.runs import LoadedRun, load_run
 from patchword.search.encode import ShardEncoder, read_dense_file, write_shard
@@ -38,6 +38,7 @@ from patchword.search.store import (
     SHARDS_DIR,
     Entry,
     Manifest,
+    broken_shards,
     save_npy_atomic,
     shard_files,
 )
@@ -203,6 +204,36 @@ def _compact(index_dir: Path, manifest: Manifest, shard_size: int) -> None:
     _remove_orphans(index_dir, manifest)
 
 
+def _drop_broken_shards(index_dir: Path, manifest: Manifest) -> None:
+    """Forget the shards of a resumed or updated index that cannot be read (a file missing, truncated or
+    overwritten) and their entries: their images are encoded again, the files deleted as orphans."""
+    broken = broken_shards(index_dir, manifest)
+    for shard_id, problem in broken.items():
+        rows = sum(e.shard == shard_id for e in manifest.entries)
+        logger.warning(
+            "%s: shard %d is damaged (%s); its %d images are encoded again",
+            index_dir,
+            shard_id,
+            problem,
+            rows,
+        )
+    if broken:
+        manifest.shards = [s for s in manifest.shards if s["id"] not in broken]
+        manifest.entries = [e for e in manifest.entries if e.shard not in broken]
+
+
+def _no_images_message(root: Path, skipped: list[SkippedFile], ignored: int) -> str:
+    """One line: ``root`` holds no image Pillow can open, and what it holds instead."""
+    held = []
+    if skipped:
+        shown = "; ".join(f"{s.path}: {s.reason}" for s in skipped[:3])
+        held.append(f"{len(skipped)} unreadable image files ({shown}{' ...' if len(skipped) > 3 else ''})")
+    if ignored:
+        held.append(f"{ignored} other files")
+    holds = ", ".join(held) if held else "no files (hidden ones are not scanned)"
+    return f"--images: no image to index under {root}: it holds {holds}; nothing was written"
+
+
 def build_index(
     run: LoadedRun | str | os.PathLike[str],
     images: str | os.PathLike[str],
@@ -242,6 +273,7 @@ def build_index(
     Raises:
         IndexMismatchError: ``index_dir`` was built by another model.
         RunExistsError: ``index_dir`` holds something else, or a complete index without ``update``.
+        DataError: ``images`` holds no image (nothing is written).
         ConfigError: ``--images`` / ``--fp16`` / ``--dense`` disagree with the existing index, or the model
             cannot read images.
     """
@@ -257,6 +289,12 @@ def build_index(
     index_dir = Path(index_dir).expanduser()
     dense_file = Path(dense).expanduser() if dense is not None else None
     manifest, resumed = _open_or_create(index_dir, identity, images_root, dtype, dense_file, update)
+    # Scanned before anything is written: a folder without images is an error, not an empty index (nor,
+    # for --update, an index emptied of every entry).
+    scan = scan_images(images_root, exclude=index_dir)
+    if not scan.images:
+        raise DataError(_no_images_message(images_root, scan.skipped, scan.ignored))
+    _drop_broken_shards(index_dir, manifest)
     manifest.state = "building"
     index_dir.mkdir(parents=True, exist_ok=True)
     (index_dir / SHARDS_DIR).mkdir(exist_ok=True)
@@ -271,7 +309,6 @@ def build_index(
         )
     dense_texts = read_dense_file(manifest.dense["file"]) if manifest.dense else None
 
-    scan = scan_images(images_root, exclude=index_dir)
     report = BuildReport(index_dir=index_dir, resumed=resumed, ignored=scan.ignored)
     scanned = {f.path: f for f in scan.images}
     kept = [

@@ -38,7 +38,15 @@ from patchword.search.store import SearchIndex
 if TYPE_CHECKING:
     from patchword.search.explain import Explanation
 
-__all__ = ["DEFAULT_SHORTLIST", "QueryError", "Query", "SearchHit", "SearchResult", "Searcher"]
+__all__ = [
+    "DEFAULT_SHORTLIST",
+    "QueryError",
+    "Query",
+    "SearchHit",
+    "SearchResult",
+    "Searcher",
+    "unknown_words_warning",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -48,18 +56,35 @@ DEFAULT_SHORTLIST = 100
 
 
 class QueryError(DataError):
-    """A query the model cannot read (empty, or no word the tokenizer knows how to split)."""
+    """A query the model cannot read: empty, no word at all, or no word the model's vocabulary knows
+    (``unknown_words`` then names them)."""
+
+    def __init__(self, message: str, unknown_words: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.unknown_words = list(unknown_words or [])
+
+
+def _quoted(words: list[str]) -> str:
+    return ", ".join(repr(w) for w in words)
+
+
+def unknown_words_warning(words: list[str]) -> str:
+    """The warning a result carries when some query words are unknown: they are encoded as the unknown
+    token, which tells the model nothing about them."""
+    return f"the model does not know {_quoted(words)}: the results rest on the other words of the query"
 
 
 @dataclass
 class Query:
-    """An encoded query: (1, L) ids, (1,) length, (1, L, C) tokens and (1, C) global embedding."""
+    """An encoded query: (1, L) ids, (1,) length, (1, L, C) tokens and (1, C) global embedding;
+    ``unknown_words``: its words the tokenizer encoded as unknown tokens."""
 
     text: str
     ids: torch.Tensor
     lens: torch.Tensor
     tokens: torch.Tensor
     global_embedding: torch.Tensor
+    unknown_words: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -77,17 +102,24 @@ class SearchHit:
 @dataclass
 class SearchResult:
     """Results of one query, best first; ``timings`` in seconds (``encode``, ``shortlist``, ``rerank``,
-    ``total``); ``shortlist`` images were re-ranked."""
+    ``total``); ``shortlist`` images were re-ranked; ``unknown_words``: query words the model does not
+    know (searched without them)."""
 
     query: str
     hits: list[SearchHit]
     shortlist: int
     timings: dict[str, float] = field(default_factory=dict)
+    unknown_words: list[str] = field(default_factory=list)
+
+    @property
+    def warning(self) -> str | None:
+        """What the user should know about the result (unknown words), or None."""
+        return unknown_words_warning(self.unknown_words) if self.unknown_words else None
 
     def to_json(self) -> dict[str, Any]:
         """The ``/api/search`` body: ``{"query", "results": [{"id", "path", "score", "global_score"}], "ms",
-        "shortlist"}``."""
-        return {
+        "shortlist"}``, plus ``"warning"`` and ``"unknown_words"`` when some query words are unknown."""
+        body: dict[str, Any] = {
             "query": self.query,
             "results": [
                 {"id": h.id, "path": h.path, "score": h.score, "global_score": h.global_score}
@@ -96,6 +128,10 @@ class SearchResult:
             "ms": round(1000.0 * self.timings.get("total", 0.0), 3),
             "shortlist": self.shortlist,
         }
+        if self.unknown_words:
+            body["warning"] = self.warning
+            body["unknown_words"] = list(self.unknown_words)
+        return body
 
 
 class Searcher:
@@ -192,11 +228,24 @@ class Searcher:
     def encode_query(self, text: str) -> Query:
         """Tokenise and encode ``text`` (truncated to the run's ``data.max_caption_len`` tokens).
 
+        A query whose every word the tokenizer can only encode as its unknown token is refused: the model
+        would rank images for ``<unk>`` alone and answer with confident nonsense. What "unknown" means is
+        the tokenizer's ``known_and_unknown_words``: for a word vocabulary, not in the vocabulary; for
+        BERT, a word WordPiece turns into ``[UNK]`` as a whole. Some unknown words are allowed and listed
+        in ``Query.unknown_words``.
+
         Raises:
-            QueryError: empty, or nothing the tokenizer can read.
+            QueryError: empty, no word at all, or no word the model knows (naming the words).
         """
         if not isinstance(text, str) or not text.strip():
             raise QueryError("the query is empty")
+        known, unknown = self.run.tokenizer.known_and_unknown_words(text.strip())
+        if unknown and not known:
+            raise QueryError(
+                f"the model knows none of the query's words ({_quoted(unknown)}); rephrase it with words "
+                "of its vocabulary (for a model trained from scratch: words of its training captions)",
+                unknown_words=unknown,
+            )
         try:
             ids, lens = self.run.tokenize([text.strip()])
         except ValueError as err:
@@ -204,7 +253,7 @@ class Searcher:
         device = self.run.device
         tokens = self.run.model.encode_texts(ids.to(device), lens.to(device))
         global_embedding = self.matcher.global_text(tokens, lens.to(device)).float().cpu()
-        return Query(text, ids, lens, tokens.float().cpu(), global_embedding)
+        return Query(text, ids, lens, tokens.float().cpu(), global_embedding, unknown)
 
     @torch.no_grad()
     def rerank(self, query: Query, ids: torch.Tensor) -> torch.Tensor:
@@ -261,7 +310,7 @@ class Searcher:
             for rank, i in enumerate(order.tolist())
         ]
         timings = {"encode": t1 - t0, "shortlist": t2 - t1, "rerank": t3 - t2, "total": t3 - t0}
-        return SearchResult(text, hits, int(ids.numel()), timings)
+        return SearchResult(text, hits, int(ids.numel()), timings, query.unknown_words)
 
     def explain(self, text: str, image_id: int) -> Explanation:
         """Why image ``image_id`` matches ``text``: see :func:`patchword.search.explain.explain_pair`."""

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from patchword.data.npy import load_npy, npy_problem
 from patchword.errors import DataError, MissingFileError
 from patchword.fileio import atomic_write, atomic_write_bytes
 from patchword.search.scan import SkippedFile
@@ -45,6 +46,8 @@ __all__ = [
     "atomic_write",
     "save_npy_atomic",
     "shard_files",
+    "broken_shards",
+    "REPAIR_HINT",
 ]
 
 FORMAT = "patchword-search-index"
@@ -52,6 +55,12 @@ FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 SHARDS_DIR = "shards"
 DTYPES = {"float32": np.float32, "float16": np.float16}
+#: How a user repairs an index with a missing or damaged shard file: ``--update`` drops the entries stored
+#: in such a shard and encodes their images again (:func:`broken_shards`).
+REPAIR_HINT = (
+    "repair the index with `patchword index build RUN_DIR --images DIR --out INDEX_DIR --update` (it "
+    "encodes the images of damaged shards again), or build a new one"
+)
 
 
 @dataclass(frozen=True)
@@ -152,6 +161,21 @@ def shard_files(index_dir: Path, shard_id: int) -> dict[str, Path]:
     return {name: base / f"{shard_id:05d}.{name}.npy" for name in ("global", "tokens", "dense", "dense_lens")}
 
 
+def broken_shards(index_dir: Path, manifest: Manifest) -> dict[int, str]:
+    """Shard id -> what is wrong with one of its files (missing, truncated, not a .npy array), for every
+    shard of ``manifest`` that cannot be read; reads only the files' headers and sizes."""
+    names = ("global", "tokens", "dense", "dense_lens") if manifest.dense else ("global", "tokens")
+    broken = {}
+    for shard in manifest.shards:
+        files = shard_files(index_dir, shard["id"])
+        for name in names:
+            problem = npy_problem(files[name]) if files[name].is_file() else "missing"
+            if problem is not None:
+                broken[shard["id"]] = f"{files[name].name}: {problem}"
+                break
+    return broken
+
+
 class SearchIndex:
     """A complete index opened for reading: memory-mapped shards, entries by index id.
 
@@ -171,10 +195,8 @@ class SearchIndex:
             arrays = {}
             for name in names:
                 if not files[name].is_file():
-                    raise DataError(
-                        f"{index_dir}: shard file {files[name].name} is missing; rebuild the index"
-                    )
-                arrays[name] = np.load(files[name], mmap_mode="r", allow_pickle=False)
+                    raise DataError(f"{index_dir}: shard file {files[name].name} is missing; {REPAIR_HINT}")
+                arrays[name] = load_npy(files[name], mmap=True, fix=REPAIR_HINT)
             self._arrays[shard["id"]] = arrays
         shards = np.array([e.shard for e in self.entries], dtype=np.int64)
         rows = np.array([e.row for e in self.entries], dtype=np.int64)

@@ -3,7 +3,9 @@
 Routes (all JSON errors are ``{"error": message}`` with a 4xx / 5xx status):
 
 - ``GET /api/search?q=...&k=...`` -> ``{"query", "results": [{"id", "path", "score", "global_score"}],
-  "ms", "shortlist"}``, paths relative to the indexed folder;
+  "ms", "shortlist"}``, paths relative to the indexed folder, plus ``"warning"`` and ``"unknown_words"``
+  when some query words are unknown to the model; a query with no known word is a 400 whose body adds
+  ``"unknown_words"``;
 - ``GET /api/explain?q=...&id=...`` -> the kept patches per selection branch and each word's heat over
   the patch grid (:meth:`patchword.search.explain.Explanation.to_json`) plus ``id``, ``path``, ``query``;
 - ``GET /api/image/{id}``: the image file of index id ``id`` (ids only: a path never reaches the file
@@ -212,8 +214,8 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
     app.state.searcher = searcher
     app.state.limits = limits
 
-    def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-        return JSONResponse({"error": message}, status_code=status, headers=headers)
+    def error(status: int, message: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
+        return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
 
     async def in_pool(fn, *args) -> Any:
         """Run ``fn(*args)`` in the worker pool; 503 when ``max_pending`` requests are already admitted."""
@@ -236,7 +238,8 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
             headers = {"Retry-After": "1"} if err.status == 503 else None
             return error(err.status, err.message, headers)
         except QueryError as err:
-            return error(400, str(err))
+            extra = {"unknown_words": err.unknown_words} if err.unknown_words else {}
+            return error(400, str(err), **extra)
         except Exception:  # noqa: BLE001 - one bad request never takes the server down
             logger.exception("request %s %s failed", request.method, request.url.path)
             return error(500, "internal error (logged on the server)")

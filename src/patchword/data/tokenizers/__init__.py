@@ -32,10 +32,16 @@ __all__ = [
 
 
 class TextTokenizer(Protocol):
-    """What the trainer needs from a tokenizer (``WordVocab`` and ``BertCaptionTokenizer`` both fit)."""
+    """What training, evaluation and search need from a tokenizer (``WordVocab`` and
+    ``BertCaptionTokenizer`` both fit)."""
 
     def batch_encode(
         self, texts: Sequence[str], max_len: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (ids (B, L) long padded with 0, lens (B,) long counting the special tokens)."""
+        ...
+
+    def known_and_unknown_words(self, text: str) -> tuple[list[str], list[str]]:
+        """The words of ``text`` the tokenizer reads and those it can only encode as its unknown token
+        (each once, in order of appearance); search uses it to refuse or flag such queries."""
         ...

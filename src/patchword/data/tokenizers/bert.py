@@ -244,6 +244,19 @@ class BertCaptionTokenizer:
         """WordPiece ids of every basic token of ``text`` (no [CLS]/[SEP])."""
         return [self._word_ids(w) for w in self._basic.tokenize(text)]
 
+    def known_and_unknown_words(self, text: str) -> tuple[list[str], list[str]]:
+        """The basic tokens (words, punctuation) of ``text`` that WordPiece reads and those it does not (each
+        once, in order of appearance).
+
+        A word is unknown when all its ids are ``[UNK]``: WordPiece maps a whole word to one ``[UNK]`` when
+        it cannot be split into vocabulary pieces, which for BERT's vocabulary (every letter is a piece)
+        happens only for characters it lacks (many emoji, rare scripts). A made-up word that splits into
+        known pieces (``zzzqqq`` -> ``zz ##z ##q ##q ##q``) is known: the model reads its pieces.
+        """
+        words = list(dict.fromkeys(self._basic.tokenize(text)))
+        unknown = [w for w in words if all(i == self.unk_id for i in self._word_ids(w))]
+        return [w for w in words if w not in unknown], unknown
+
     def tokenize(self, text: str) -> list[str]:
         """The WordPiece tokens of ``text``, flattened, without [CLS]/[SEP]."""
         return [p for w in self._basic.tokenize(text) for p in self._wordpiece.tokenize(w)]

@@ -69,6 +69,12 @@ class WordVocab:
     def __contains__(self, word: str) -> bool:
         return word in self.word2idx
 
+    def known_and_unknown_words(self, text: str) -> tuple[list[str], list[str]]:
+        """The words of ``text`` in this vocabulary and those not in it (each once, in order of appearance);
+        an unknown word encodes as ``<unk>``, which tells the model nothing about it."""
+        words = list(dict.fromkeys(tokenize(text)))
+        return [w for w in words if w in self.word2idx], [w for w in words if w not in self.word2idx]
+
     def encode(self, text: str, index: int = 0) -> list[int]:
         """``[<start>, w1, ..., wn, <end>]`` ids of ``text``; unknown words become ``<unk>``.
 

@@ -23,6 +23,12 @@
     $("status").classList.toggle("error", isError);
   }
 
+  // A note above the results (the query words the model does not know); empty text hides it.
+  function setNote(text) {
+    $("note").textContent = text || "";
+    $("note").hidden = !text;
+  }
+
   async function getJSON(url) {
     const response = await fetch(url, { headers: { Accept: "application/json" } });
     let body = null;
@@ -47,10 +53,14 @@
     try {
       body = await getJSON(`/api/search?q=${encodeURIComponent(query)}&k=${k}`);
     } catch (err) {
-      if (seq === state.seq) setStatus(err.message, true);
+      if (seq === state.seq) {
+        setStatus(err.message, true);
+        setNote("");
+      }
       return;
     }
     if (seq !== state.seq) return;
+    setNote(body.warning);
     state.query = body.query;
     state.results = body.results;
     state.activeWord = null;
