@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from patchword.bench.formatting import format_scoring, format_two_stage
 from patchword.bench.inputs import SCORING_CONFIGS
 from patchword.errors import USER_ERRORS, ConfigError, RunExistsError, report_user_error
 from patchword.fileio import atomic_write_text
+from patchword.logs import setup_logging
 
 __all__ = ["main"]
 
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     """``patchword bench {scoring,two-stage,all} [options]``; 0 on success, 2 on a user error."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    setup_logging(fmt="%(message)s")
     if args.what == "_rss":
         from patchword.bench.memory import ScoringCall, rss_growth_of_scoring
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import itertools
-import logging
 import sys
 from collections.abc import Callable
 
 from patchword.errors import run_command
+from patchword.logs import setup_logging
 
 __all__ = ["main", "report_errors", "setup_logging"]
 
@@ -50,15 +50,6 @@ _VERBS: dict[str, tuple[str, str]] = {
     "eval": ("patchword.cli.evaluate", "evaluate a trained run directory"),
     "data": ("patchword.cli.data", "datasets: data check (validate a layout) | data export synthetic"),
 }
-
-
-def setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-        force=True,
-    )
 
 
 def report_errors(run: Callable[[], int | None], verbose: bool) -> int:

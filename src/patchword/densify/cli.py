@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from patchword.errors import USER_ERRORS, report_user_error
+from patchword.logs import setup_logging
 
 __all__ = ["main"]
 
@@ -117,11 +118,7 @@ def _stats_parser() -> argparse.ArgumentParser:
 
 
 def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    setup_logging(verbose)
     if not verbose:
         try:
             from transformers.utils import logging as hf_logging

@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +24,7 @@ import numpy as np
 
 from patchword.errors import USER_ERRORS, ConfigError, MissingFileError, RunExistsError, report_user_error
 from patchword.fileio import atomic_write_text
+from patchword.logs import setup_logging
 
 __all__ = ["main"]
 
@@ -141,11 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         if not hasattr(args, "overrides") or any(a.startswith("-") or "=" not in a for a in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = [*args.overrides, *extra]
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    setup_logging(args.verbose)
     try:
         if args.command == "train":
             _train(args)

@@ -10,22 +10,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from pathlib import Path
 
 from patchword.device import resolve_device
 from patchword.errors import USER_ERRORS, report_user_error
+from patchword.logs import setup_logging
 
 __all__ = ["main_index", "main_search"]
 
 
 def _logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    setup_logging(verbose)
 
 
 def _index_parser() -> argparse.ArgumentParser:

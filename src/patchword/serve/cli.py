@@ -7,13 +7,13 @@ for a user error, such as a missing index or the ``serve`` extra not installed).
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
 
 from patchword.device import resolve_device
 from patchword.errors import USER_ERRORS, report_user_error
+from patchword.logs import setup_logging
 
 __all__ = ["main_serve"]
 
@@ -55,11 +55,7 @@ def _parser() -> argparse.ArgumentParser:
 def main_serve(argv: list[str] | None = None) -> int:
     """Load the index and its run, then serve until interrupted."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    setup_logging(level=args.log_level.upper())
     try:
         from patchword.serve.app import ServeLimits, create_app, require_serve_extra
 
