@@ -355,3 +355,90 @@ def _lenient_records(path: Path) -> list[dict]:
             with contextlib.suppress(ValueError):
                 out.append(json.loads(line))
     return out
+
+
+# ------------------------------------------------------------------------------------------ index build
+
+
+@pytest.fixture(scope="module")
+def index_env(tmp_path_factory):
+    """The shared tiny search run and its exported images, and one undisturbed build of them."""
+    from search_support import search_env
+
+    env = search_env(tmp_path_factory)
+    root = tmp_path_factory.mktemp("faults_index")
+    args = ["--dense", str(env.export.files["dense"]), "--shard-size", "5", "--batch-size", "4"]
+    base = ["index", "build", str(env.run_dir), "--images", str(env.export.files["images"]), *args]
+    assert main([*base, "--out", str(root / "whole")]) == 0
+    return base, root
+
+
+def _same_index(a: Path, b: Path) -> None:
+    from patchword.search.store import Manifest
+
+    assert Manifest.read(a) == Manifest.read(b)
+    assert snapshot(a / "shards") == snapshot(b / "shards")
+
+
+def test_index_build_disk_full_at_every_write_site_then_rerun_resumes_to_the_same_index(
+    index_env, tmp_path, capsys
+):
+    base, root = index_env
+    sites = count_writes(lambda: main([*base, "--out", str(tmp_path / "probe")]))
+    assert sites >= 10  # per shard its arrays and the manifest
+    capsys.readouterr()
+    for n in range(1, sites + 1):
+        out = tmp_path / f"full_at_{n}"
+        with disk_full_from(n):
+            assert main([*base, "--out", str(out)]) == 2, n
+        line = one_error(capsys.readouterr().err)
+        assert "ENOSPC" in line and str(out) in line and "rerun" in line, line
+        if out.exists():
+            assert not [p for p in out.rglob("*.tmp")]
+        assert main([*base, "--out", str(out)]) == 0, n  # space is back: the build resumes
+        capsys.readouterr()
+        _same_index(out, root / "whole")
+
+
+def test_index_build_sigkilled_at_a_random_shard_resumes_to_the_same_index(index_env, tmp_path):
+    from patchword.search.store import Manifest
+
+    base, root = index_env
+    out = tmp_path / "killed"
+    kill_after = random.Random(SEED + 2).randint(1, 4)  # shards finished before the kill
+
+    def ready() -> bool:
+        with contextlib.suppress(Exception):
+            return len(Manifest.read(out).entries) >= 5 * kill_after
+        return False
+
+    cmd = [sys.executable, "-m", "patchword", *base, "--out", str(out)]
+    assert _kill_when(cmd, ready) == -signal.SIGKILL, f"the build ended first (seed {SEED})"
+    assert main([*base, "--out", str(out)]) == 0
+    _same_index(out, root / "whole")
+
+
+# ---------------------------------------------------------------------------------------------- densify
+
+
+def test_densify_disk_full_at_every_write_site_then_rerun_finishes_the_same_file(tmp_path, capsys):
+    from test_densify import RUN, _write_images
+
+    images = tmp_path / "images"
+    _write_images(images, [f"{i:02d}.png" for i in range(20)])
+    base = ["densify", "--images", str(images), *RUN]
+    assert main([*base, "--out", str(tmp_path / "whole.jsonl")]) == 0
+    sites = count_writes(lambda: main([*base, "--out", str(tmp_path / "probe.jsonl")]))
+    assert sites >= 3  # the sidecar, one append per batch
+    capsys.readouterr()
+    for n in range(1, sites + 1):
+        out = tmp_path / f"full_at_{n}.jsonl"
+        with disk_full_from(n):
+            assert main([*base, "--out", str(out)]) == 2, n
+        line = one_error(capsys.readouterr().err)
+        assert "ENOSPC" in line, line
+        if out.exists():
+            assert out.read_bytes().endswith(b"\n") or out.stat().st_size == 0  # no torn line
+        assert main([*base, "--out", str(out)]) == 0, n
+        capsys.readouterr()
+        assert out.read_bytes() == (tmp_path / "whole.jsonl").read_bytes(), n

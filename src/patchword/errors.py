@@ -101,26 +101,26 @@ def describe_os_error(err: OSError) -> str:
     return f"{' -> '.join(paths)}: {reason}{code}" if paths else f"{reason}{code}"
 
 
-def report_os_error(err: OSError, verbose: bool = False) -> int:
+def report_os_error(err: OSError, verbose: bool = False, hint: str = "") -> int:
     """An operating-system failure the user can fix (a full disk, a read-only or vanished directory, a
-    permission) as one ``error: ...`` line naming the path; exit code 2."""
+    permission) as one ``error: ...`` line naming the path, then ``hint``; exit code 2."""
     import sys
     import traceback
 
     if verbose:
         traceback.print_exception(err)
-    print(f"error: {describe_os_error(err)}", file=sys.stderr)
+    print(f"error: {describe_os_error(err)}{'; ' + hint if hint else ''}", file=sys.stderr)
     return 2
 
 
-def run_command(run, verbose: bool = False, interrupted_hint: str = "") -> int:
+def run_command(run, verbose: bool = False, resume_hint: str = "") -> int:
     """Run a command-line verb (``run() -> exit code | None``) and turn what a user can cause into one line:
 
     * user errors (:data:`USER_ERRORS`): ``error: ...``, exit 2;
     * other operating-system errors (disk full, permission denied, a file vanishing): ``error: PATH:
-      reason (ERRNO)``, exit 2;
+      reason (ERRNO)`` plus ``resume_hint`` (how to continue once it is fixed), exit 2;
     * :class:`Interrupted` (work saved, e.g. a training checkpoint): ``interrupted: ...``, 128 + signal;
-    * Ctrl-C anywhere else: ``interrupted: ...`` plus ``interrupted_hint`` (how to continue), exit 130.
+    * Ctrl-C anywhere else: ``interrupted: ...`` plus ``resume_hint``, exit 130.
 
     ``verbose`` adds the traceback. Anything else is a bug and keeps its traceback.
     """
@@ -132,12 +132,12 @@ def run_command(run, verbose: bool = False, interrupted_hint: str = "") -> int:
     except USER_ERRORS as err:
         return report_user_error(err, verbose)
     except OSError as err:
-        return report_os_error(err, verbose)
+        return report_os_error(err, verbose, resume_hint)
     except Interrupted as err:
         print(f"interrupted: {err}", file=sys.stderr)
         return 128 + err.signum
     except KeyboardInterrupt:
-        hint = f"; {interrupted_hint}" if interrupted_hint else ""
+        hint = f"; {resume_hint}" if resume_hint else ""
         print(f"interrupted: SIGINT (Ctrl-C){hint}", file=sys.stderr)
         return 128 + signal.SIGINT
     return 0 if code is None else int(code)

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from patchword.errors import USER_ERRORS, report_user_error
+from patchword.errors import run_command
 from patchword.logs import setup_logging
 
 __all__ = ["main"]
@@ -136,14 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = {"run": _run_parser, "merge": _merge_parser, "stats": _stats_parser}[verb]()
     args = parser.parse_args(argv[1:] if verb != "run" else argv)
     _setup_logging(args.verbose)
-    try:
-        if verb == "merge":
-            return _merge(args)
-        if verb == "stats":
-            return _stats(args)
-        return _run(args, parser)
-    except USER_ERRORS as err:  # a missing optional dependency is one too (MissingExtraError)
-        return report_user_error(err, args.verbose)
+    if verb == "merge":
+        return run_command(lambda: _merge(args), args.verbose)
+    if verb == "stats":
+        return run_command(lambda: _stats(args), args.verbose)
+    # a missing optional dependency is a user error too (MissingExtraError); finished images are kept
+    return run_command(
+        lambda: _run(args, parser), args.verbose, "rerun the same command: finished images are kept"
+    )
 
 
 # --------------------------------------------------------------------------------------------------------

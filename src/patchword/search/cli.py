@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from patchword.device import resolve_device
-from patchword.errors import USER_ERRORS, report_user_error
+from patchword.errors import USER_ERRORS, report_user_error, run_command
 from patchword.logs import setup_logging
 
 __all__ = ["main_index", "main_search"]
@@ -66,7 +66,7 @@ def main_index(argv: list[str] | None = None) -> int:
     _logging(args.verbose)
     from patchword.search.index import build_index
 
-    try:
+    def build() -> None:
         report = build_index(
             args.run_dir,
             args.images,
@@ -80,13 +80,10 @@ def main_index(argv: list[str] | None = None) -> int:
             device=resolve_device(args.device, key="--device"),
             checkpoint=args.checkpoint,
         )
-    except USER_ERRORS as err:
-        return report_user_error(err, args.verbose)
-    except KeyboardInterrupt:
-        print(f"interrupted: rerun the same command to resume {args.out}", file=sys.stderr)
-        return 130
-    print(report.summary())
-    return 0
+        print(report.summary())
+
+    # finished shards are kept (each written atomically, then the manifest): the same command resumes
+    return run_command(build, args.verbose, f"rerun the same command to resume {args.out}")
 
 
 def _search_parser() -> argparse.ArgumentParser:

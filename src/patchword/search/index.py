@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -296,9 +297,16 @@ def build_index(
         raise DataError(_no_images_message(images_root, scan.skipped, scan.ignored))
     _drop_broken_shards(index_dir, manifest)
     manifest.state = "building"
+    created = not index_dir.exists()
     index_dir.mkdir(parents=True, exist_ok=True)
     (index_dir / SHARDS_DIR).mkdir(exist_ok=True)
-    manifest.write(index_dir)
+    try:
+        manifest.write(index_dir)
+    except BaseException:
+        # Nothing to resume yet (the first manifest is what makes the directory an index): leave nothing.
+        if created:
+            shutil.rmtree(index_dir, ignore_errors=True)
+        raise
     _remove_orphans(index_dir, manifest)
     reads_dense = run.model.matcher.consumes_dense and run.config.data.dense
     if dense_file is None and manifest.dense is None and reads_dense:
