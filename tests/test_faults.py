@@ -442,3 +442,40 @@ def test_densify_disk_full_at_every_write_site_then_rerun_finishes_the_same_file
         assert main([*base, "--out", str(out)]) == 0, n
         capsys.readouterr()
         assert out.read_bytes() == (tmp_path / "whole.jsonl").read_bytes(), n
+
+
+# ------------------------------------------------------------------------------------------------ Ctrl-C
+
+
+def test_ctrl_c_of_a_real_eval_stops_within_seconds_with_one_line(tmp_path):
+    """SIGINT while the scoring engine's worker threads are busy: the job stops taking blocks, the command
+    prints one ``interrupted:`` line and exits 130 at once (it used to wait for every block, then print a
+    70-line traceback)."""
+    runs = tmp_path / "runs"
+    args = [*TINY, "data.num_test=600", "train.max_steps=1", "eval.max_memory_mb=4", "train.num_threads=2"]
+    assert main(["train", *args, f"output_dir={runs}", "name=r", f"data.cache_dir={tmp_path / 'c'}"]) == 0
+    cmd = [sys.executable, "-m", "patchword", "eval", str(runs / "r"), "--out", str(tmp_path / "e.json")]
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    proc = subprocess.Popen(
+        cmd,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    lines = []
+    for line in proc.stderr:  # the test split is loaded: the scoring starts
+        lines.append(line)
+        if "synthetic scenes" in line:
+            break
+    time.sleep(1.5)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    proc.wait(timeout=60)
+    stopped_in = time.monotonic() - sent
+    err = "".join(lines) + rest
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted: "), err
+    assert stopped_in < 5, stopped_in
+    assert not (tmp_path / "e.json").exists()

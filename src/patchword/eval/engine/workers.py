@@ -28,7 +28,8 @@ def plan_for_workers(plan, inputs, budget: int, workers: int):
 
 def in_workers(workers: int, items, fn) -> None:
     """``fn(item)`` for every item, in ``workers`` threads that each take the next item when they are
-    done with one (a shared queue), each single-threaded in torch; re-raises the first error.
+    done with one (a shared queue), each single-threaded in torch; re-raises the first error. After an
+    error or an interrupt no further item is started.
 
     Why not torch's intra-op threads: every op of a scoring block is a parallel region whose threads
     meet at a barrier at its end, and OpenMP threads spin while they wait. When another process holds
@@ -42,17 +43,21 @@ def in_workers(workers: int, items, fn) -> None:
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    queue, lock = iter(items), threading.Lock()
+    queue, lock, stop = iter(items), threading.Lock(), threading.Event()
 
     def work() -> None:
         torch.set_num_threads(1)
         with torch.no_grad():
-            while True:
+            while not stop.is_set():
                 with lock:
                     item = next(queue, None)
                 if item is None:
                     return
-                fn(item)
+                try:
+                    fn(item)
+                except BaseException:
+                    stop.set()  # the others finish the block in hand and take no more
+                    raise
 
     if workers <= 1:
         for item in queue:
@@ -61,7 +66,14 @@ def in_workers(workers: int, items, fn) -> None:
     caller = torch.get_num_threads()
     try:
         with ThreadPoolExecutor(workers) as pool:
-            for future in [pool.submit(work) for _ in range(workers)]:
-                future.result()
+            futures = [pool.submit(work) for _ in range(workers)]
+            try:
+                for future in futures:
+                    future.result()
+            except BaseException:
+                # Ctrl-C (or an error) in the caller: stop handing out blocks, so that leaving the pool
+                # waits for the blocks in hand only, not for the whole job.
+                stop.set()
+                raise
     finally:
         torch.set_num_threads(caller)
