@@ -165,3 +165,37 @@ def tiny_model(vocab, **model_args):
     cfg = apply_overrides(RunConfig(), [*TINY_MODEL_32, *overrides])
     torch.manual_seed(0)
     return build_model(cfg.model, vocab_size=len(vocab)).eval()
+
+
+@pytest.fixture
+def tiny_hf(tmp_path):
+    """Local tiny BERT (vocab 20, 16 positions) and ViT (32 px) directories, as save_pretrained writes;
+    ``vocab.txt`` has 35 words, ``vocab20.txt`` beside them the 20 the BERT embeds."""
+    transformers = pytest.importorskip("transformers")
+    bert = tmp_path / "bert"
+    transformers.BertModel(
+        transformers.BertConfig(
+            vocab_size=20,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=16,
+        )
+    ).save_pretrained(bert)
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(30))]
+    (bert / "vocab.txt").write_text("\n".join(words) + "\n")
+    (tmp_path / "vocab20.txt").write_text("\n".join(words[:20]) + "\n")
+    vit = tmp_path / "vit"
+    transformers.ViTModel(
+        transformers.ViTConfig(
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            image_size=32,
+            patch_size=8,
+        ),
+        add_pooling_layer=False,
+    ).save_pretrained(vit)
+    return bert, vit

@@ -279,38 +279,6 @@ def test_bad_run_and_eval_input(small_run, capsys, case, argv, expected):
 # ------------------------------------------------------------------------------ Hugging Face backbones
 
 
-@pytest.fixture
-def tiny_hf(tmp_path):
-    """Local tiny BERT (vocab 20, 16 positions) and ViT (32 px) directories, as save_pretrained writes."""
-    transformers = pytest.importorskip("transformers")
-    bert = tmp_path / "bert"
-    transformers.BertModel(
-        transformers.BertConfig(
-            vocab_size=20,
-            hidden_size=16,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=32,
-            max_position_embeddings=16,
-        )
-    ).save_pretrained(bert)
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(30))]
-    (bert / "vocab.txt").write_text("\n".join(words) + "\n")
-    vit = tmp_path / "vit"
-    transformers.ViTModel(
-        transformers.ViTConfig(
-            hidden_size=16,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=32,
-            image_size=32,
-            patch_size=8,
-        ),
-        add_pooling_layer=False,
-    ).save_pretrained(vit)
-    return bert, vit
-
-
 def _hf_args(laps, runs, bert, vit, *extra):
     return [
         *_laps_args(laps, runs),

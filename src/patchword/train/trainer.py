@@ -290,7 +290,7 @@ class Trainer:
             batches,
             self.dist.shard,
             first=self.batch_in_epoch,
-            first_step=self.step - self.batch_in_epoch,
+            first_step=self.step,  # the step batch `first` is trained at (a resume starts mid-epoch)
             seed=self.cfg.seed,
             text=self.augmenter,
             mask_false_negatives=self.tc.mask_false_negatives,
