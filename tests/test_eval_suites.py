@@ -51,3 +51,32 @@ def test_compositional_suite_writes_accuracies_per_kind(run, capsys):
     out = capsys.readouterr().out
     assert "attribute_swap" in out and "eval_compositional.json" in out
     assert main(["eval", str(run), "--suite", "compositional"]) == 2  # never overwritten silently
+
+
+def test_patches_suite_probes_the_runs_image_encoder(tmp_path, capsys):
+    from patchword.eval.patch_probe import synthetic_patch_probe
+    from patchword.runs import load_run
+
+    # 4-pixel patches: objects of the 32-pixel scenes cover whole patches (8-pixel patches never are half
+    # object at this size, and the probes would have nothing to tell apart)
+    args = [*TINY, "model.tiny_vit.patch_size=4", f"output_dir={tmp_path}", "name=r", "data.num_train=40"]
+    assert main(["train", *args, f"data.cache_dir={tmp_path / 'cache'}"]) == 0
+    run = tmp_path / "r"
+    assert main(["eval", str(run), "--suite", "patches"]) == 0
+    result = json.loads((run / "eval_patches.json").read_text())
+    out = capsys.readouterr().out
+    assert "patch-word grounding" in out and "eval_patches.json" in out
+    for task, classes in (("object", 2), ("shape", 5), ("colour", 8)):
+        assert 2 <= result[task]["classes"] <= classes and 0 <= result[task]["accuracy"] <= 100
+        assert result[task]["balanced_chance"] == 100 / result[task]["classes"]
+    assert result["images"] == {"train": 40, "test": 12} and result["scenes"] == "simple"
+    assert all(0 <= result["grounding"][k] <= 100 for k in ("colour_auc", "shape_auc"))
+    # the command is the library function on the run's own encoders and tokenizer
+    loaded = load_run(run)
+    dc = loaded.config.data
+    direct = synthetic_patch_probe(
+        loaded.model, dc.synthetic_config(), loaded.tokenizer, cache_dir=dc.cache_dir
+    )
+    assert direct["grounding"] == pytest.approx(result["grounding"])
+    assert direct["object"] == result["object"]
+    assert main(["eval", str(run), "--suite", "patches"]) == 2  # never overwritten silently

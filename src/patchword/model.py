@@ -27,6 +27,7 @@ from patchword.encoders import (
 )
 from patchword.errors import ConfigError
 from patchword.matching import (
+    FILIPConfig,
     MatcherOutput,
     NAAFConfig,
     SCANConfig,
@@ -64,6 +65,7 @@ _logger = logging.getLogger(__name__)
 MATCHER_SECTIONS: dict[str, type] = {
     "seps": SEPSConfig,
     "vse": VSEConfig,
+    "filip": FILIPConfig,
     "scan": SCANConfig,
     "naaf": NAAFConfig,
     "tgdt": TGDTConfig,
@@ -73,6 +75,9 @@ SEPSOptions = field_subset(
 )
 VSEOptions = field_subset(
     VSEConfig, GEOMETRY, "VSEOptions", __name__, "Options of the VSE baseline (see VSEConfig)."
+)
+FILIPOptions = field_subset(
+    FILIPConfig, GEOMETRY, "FILIPOptions", __name__, "Options of FILIP pretraining (see FILIPConfig)."
 )
 SCANOptions = field_subset(SCANConfig, GEOMETRY, "SCANOptions", __name__, "Options of SCAN (see SCANConfig).")
 NAAFOptions = field_subset(NAAFConfig, GEOMETRY, "NAAFOptions", __name__, "Options of NAAF (see NAAFConfig).")
@@ -88,7 +93,7 @@ class ModelConfig:
     nothing, so it is an error).
     """
 
-    matcher: str = "seps"  # registry name: seps | laps | vse | scan | naaf | tgdt
+    matcher: str = "seps"  # registry name: seps | laps | vse | clip | filip | scan | naaf | tgdt
     embed_dim: int = 512  # width of the projected tokens shared by both encoders (official 512)
     image_encoder: Literal["tiny", "hf", "precomp"] = "tiny"  # hf: ViT / Swin, local dir or hub id;
     # precomp: region features
@@ -109,6 +114,7 @@ class ModelConfig:
     # (TGDT); the encoders' embed_dim always follows embed_dim above
     seps: SEPSOptions = field(default_factory=SEPSOptions)  # matcher = seps or laps
     vse: VSEOptions = field(default_factory=VSEOptions)  # matcher = vse
+    filip: FILIPOptions = field(default_factory=FILIPOptions)  # matcher = filip (token-wise pretraining)
     scan: SCANOptions = field(default_factory=SCANOptions)  # matcher = scan
     naaf: NAAFOptions = field(default_factory=NAAFOptions)  # matcher = naaf
     tgdt: TGDTOptions = field(default_factory=TGDTOptions)  # matcher = tgdt

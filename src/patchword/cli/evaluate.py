@@ -38,9 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--suite",
-        choices=("compositional",),
+        choices=("compositional", "patches"),
         help="instead of recall: compositional hard negatives (attribute swap, relation swap, object "
-        "replaced, count changed) of the run's synthetic test split, or of --suite-file",
+        "replaced, count changed) of the run's synthetic test split, or of --suite-file; patches: linear "
+        "probes and patch-word grounding of the image encoder's patch tokens (synthetic scenes)",
     )
     parser.add_argument(
         "--suite-file",
@@ -252,9 +253,63 @@ def evaluate_suite(
     return result, out
 
 
+def evaluate_patch_suite(
+    run_dir: Path,
+    checkpoint: Path | str | None = None,
+    *,
+    overrides: list[str] | None = None,
+    out: Path | None = None,
+    force: bool = False,
+) -> tuple[dict[str, Any], Path]:
+    """Linear probes and patch-word grounding of the run's image encoder on its synthetic scenes
+    (:mod:`patchword.eval.patch_probe`); writes ``RUN/eval_patches.json``."""
+    from patchword.device import resolve_device
+    from patchword.errors import ConfigError, RunExistsError
+    from patchword.eval.patch_probe import synthetic_patch_probe
+    from patchword.runs import config_hash, load_run, read_run_config, resolve_checkpoint
+
+    overrides = list(overrides or [])
+    cfg = read_run_config(run_dir, overrides)
+    out = out or run_dir / "eval_patches.json"
+    if out.exists() and not force:
+        raise RunExistsError(f"{out} exists; pass --force to overwrite it or --out for another file")
+    probe_writable(out.parent)
+    if cfg.data.dataset != "synthetic" or cfg.model.image_encoder != "tiny":
+        raise ConfigError("--suite", "patches probes the tiny image encoder of a run on the synthetic scenes")
+    resolve_checkpoint(run_dir, checkpoint)
+    loaded = load_run(run_dir, checkpoint, device=resolve_device(cfg.device), overrides=overrides)
+    dc = loaded.config.data
+    t0 = time.perf_counter()
+    result = synthetic_patch_probe(
+        loaded.model,
+        dc.synthetic_config(),
+        loaded.tokenizer,
+        cache_dir=dc.cache_dir or None,
+        device=loaded.device,
+    )
+    result.update(
+        suite="patches",
+        scenes=dc.synthetic_scenes,
+        checkpoint=str(loaded.checkpoint),
+        config_hash=config_hash(run_dir),
+        eval_seconds=time.perf_counter() - t0,
+    )
+    _write_json(out, result)
+    return result, out
+
+
 def run(args: argparse.Namespace) -> None:
     from patchword.distributed import launch_info
 
+    if args.suite == "patches":
+        from patchword.eval.patch_probe import format_probe_table
+
+        result, out = evaluate_patch_suite(
+            args.run_dir, args.checkpoint, overrides=args.overrides, out=args.out, force=args.force
+        )
+        print(format_probe_table(result))
+        print(f"written: {out}")
+        return
     if args.suite or args.suite_file:
         from patchword.eval.compositional import format_compositional_table
 

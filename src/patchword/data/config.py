@@ -42,6 +42,9 @@ class DataConfig:
     cache_dir: str = ""  # synthetic data cache ("" = $PATCHWORD_CACHE or ~/.cache/patchword)
     synthetic_seed: int = 0  # synthetic scenes: generator seed
     synthetic_image_size: int = 64  # synthetic scenes: image side in pixels
+    # synthetic scenes: generator preset (SCENE_PRESETS): simple (1-4 objects, the first generator) |
+    # cluttered (5-9 objects, captions name a subset, distractors sharing colour or shape)
+    synthetic_scenes: Literal["simple", "cluttered"] = "simple"
     num_train: int = 10000  # synthetic scenes: training images (5 captions each)
     num_dev: int = 1000  # synthetic scenes: dev images
     num_test: int = 1000  # synthetic scenes: test images
@@ -59,8 +62,10 @@ class DataConfig:
     def synthetic_config(self):
         """The generator config of the synthetic scenes this section describes (synthetic datasets)."""
         from patchword.data.synthetic import SyntheticConfig
+        from patchword.data.synthetic.config import SCENE_PRESETS
 
         return SyntheticConfig(
+            **SCENE_PRESETS[self.synthetic_scenes],
             seed=self.synthetic_seed,
             image_size=self.synthetic_image_size,
             num_train=self.num_train,

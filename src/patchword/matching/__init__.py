@@ -1,6 +1,7 @@
 """Fine-grained similarity heads behind one contract (see :class:`~patchword.matching.base.Matcher`)."""
 
 from patchword.matching.base import Matcher, MatcherOutput, TwoStagePlan
+from patchword.matching.filip import FILIPConfig, FILIPMatcher
 from patchword.matching.naaf import NAAFConfig, NAAFMatcher
 from patchword.matching.registry import (
     build_matcher,
@@ -15,6 +16,8 @@ from patchword.matching.tgdt import TGDTConfig, TGDTMatcher
 from patchword.matching.vse import VSEConfig, VSEMatcher
 
 __all__ = [
+    "FILIPConfig",
+    "FILIPMatcher",
     "Matcher",
     "MatcherOutput",
     "NAAFConfig",

@@ -136,9 +136,9 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
         raise ConfigError("train.lr", f"must be > 0, got {tc.lr!r}")
     if not cfg.dist_timeout_s > 0:
         raise ConfigError("dist_timeout_s", f"must be > 0, got {cfg.dist_timeout_s!r}")
-    if tc.loss == "infonce" and mc.matcher != "clip":
+    if tc.loss == "infonce" and mc.matcher not in ("clip", "filip"):
         raise ConfigError(
-            "train.loss", "infonce scales the sims by a learned temperature: model.matcher=clip"
+            "train.loss", "infonce scales the sims by a learned temperature: model.matcher=clip or filip"
         )
     if tc.pair_chunk and matcher_section(mc.matcher) != "seps":
         raise ConfigError(

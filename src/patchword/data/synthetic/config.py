@@ -73,6 +73,9 @@ class SyntheticConfig:
     partial_attr_prob: float = 0.1  # chance a sparse caption leaves out one attribute of an object
     dense_omit_prob: float = 0.15  # chance the dense caption misses an object (as MLLMs do)
     dense_wrong_attr_prob: float = 0.1  # chance the dense caption gets one attribute of an object wrong
+    # chance that an object (after the first) copies the colour or the shape of another object of its
+    # scene: distractors a caption's description must be told apart from (0 draws nothing extra)
+    attribute_repeat_prob: float = 0.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_objects <= self.max_objects <= NUM_CELLS:
@@ -87,7 +90,12 @@ class SyntheticConfig:
             raise ValueError(f"image_size must be >= {4 * GRID}, got {self.image_size}")
         if not 1 <= self.captions_per_image <= 5:
             raise ValueError(f"captions_per_image must be in 1..5, got {self.captions_per_image}")
-        for name in ("partial_attr_prob", "dense_omit_prob", "dense_wrong_attr_prob"):
+        for name in (
+            "partial_attr_prob",
+            "dense_omit_prob",
+            "dense_wrong_attr_prob",
+            "attribute_repeat_prob",
+        ):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be a probability, got {getattr(self, name)}")
         if min(self.num_train, self.num_dev, self.num_test) < 1:
@@ -101,3 +109,14 @@ class SyntheticConfig:
         """Short stable hash of the config and generator version, naming its cache directory."""
         payload = json.dumps({"version": GENERATOR_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+#: Named generator settings (``data.synthetic_scenes``). ``simple`` is the generator as it was first
+#: shipped (the pretrained ``synthetic-64`` encoders and every earlier figure); ``cluttered`` is closer to
+#: photos: COCO images hold about 7 labelled objects and a caption names 2-3 of them, so a scene holds 5-9
+#: objects (7 on average) of which a caption names at most 3, and half of the objects share their colour or
+#: shape with another one (distractors of the named ones).
+SCENE_PRESETS: dict[str, dict[str, object]] = {
+    "simple": {},
+    "cluttered": {"min_objects": 5, "max_objects": 9, "attribute_repeat_prob": 0.5},
+}

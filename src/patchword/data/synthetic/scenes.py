@@ -24,11 +24,28 @@ def _sample_scenes(config: SyntheticConfig, n: int, rng: np.random.Generator) ->
         values = rng.integers(0, n_values, size=(n, NUM_CELLS)).astype(np.int8)
         return np.where(occupied, values, np.int8(-1))
 
-    return SceneTable(
-        shape=attribute(len(config.shapes)),
-        colour=attribute(len(config.colours)),
-        size=attribute(len(SIZES)),
-    )
+    shape, colour = attribute(len(config.shapes)), attribute(len(config.colours))
+    if config.attribute_repeat_prob > 0:
+        _repeat_attributes(shape, colour, occupied, config.attribute_repeat_prob, rng)
+    return SceneTable(shape=shape, colour=colour, size=attribute(len(SIZES)))
+
+
+def _repeat_attributes(
+    shape: np.ndarray, colour: np.ndarray, occupied: np.ndarray, prob: float, rng: np.random.Generator
+) -> None:
+    """With probability ``prob``, each object but a scene's first (in cell order) takes the colour or the
+    shape (even odds) of a random earlier object of its scene. In place; arrays (N, 9)."""
+    n = occupied.shape[0]
+    repeat = rng.random((n, NUM_CELLS)) < prob
+    take_colour = rng.random((n, NUM_CELLS)) < 0.5
+    pick = rng.random((n, NUM_CELLS))
+    for image in range(n):
+        cells = np.nonzero(occupied[image])[0]
+        for k, cell in enumerate(cells[1:], start=1):
+            if repeat[image, cell]:
+                source = cells[int(pick[image, cell] * k)]
+                target = colour if take_colour[image, cell] else shape
+                target[image, cell] = target[image, source]
 
 
 def _shape_masks(names: Sequence[str], dy: np.ndarray, dx: np.ndarray, radius: np.ndarray) -> np.ndarray:
