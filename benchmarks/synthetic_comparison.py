@@ -9,6 +9,10 @@ how many object patches the selection keeps. Writes ``comparison.md`` and ``comp
 ``--out-dir`` (rows already there are kept, so an interrupted comparison continues).
 
     python benchmarks/synthetic_comparison.py --out-dir runs/comparison          # make compare
+    python benchmarks/synthetic_comparison.py --out-dir runs/cmp-simple \
+        model.tiny_pretrained=synthetic-64 data.vocab_path=synthetic-64 data.synthetic_scenes=simple
+
+Overrides after the options replace the demo's (other encoders, other scenes).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ def _common(args: argparse.Namespace) -> list[str]:
     skip = ("name=", "model.seps.variant", "model.seps.dense_pairing")
     return [
         *(o for o in DEMO_OVERRIDES if not o.startswith(skip)),
+        *args.overrides,
         f"output_dir={args.out_dir}",
         f"seed={args.seed}",
         f"train.num_threads={args.threads}",
@@ -58,11 +63,13 @@ def _common(args: argparse.Namespace) -> list[str]:
 
 
 def _table(results: dict, common: list[str]) -> str:
-    steps = apply_overrides(RunConfig(), common).train.max_steps
+    cfg = apply_overrides(RunConfig(), common)
+    steps, encoders = cfg.train.max_steps, cfg.model.tiny_pretrained
     machine = machine_description()
     lines = [
-        f"{steps} steps each from the pretrained encoders (synthetic-64), the demo's recipe, seed, batches; "
-        f"{machine['cpu']}, {machine['torch_threads']} thread(s), torch {machine['torch']}.",
+        f"{steps} steps each from the pretrained encoders ({encoders}), {cfg.data.synthetic_scenes} scenes, "
+        f"the demo's recipe, seed, batches; {machine['cpu']}, {machine['torch_threads']} thread(s), "
+        f"torch {machine['torch']}.",
         "",
         "| model | " + " | ".join(KEYS) + " | selection recall / chance (caption) | train s |",
         "|" + "---|" * (len(KEYS) + 3),
@@ -102,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     parser.add_argument("--only", nargs="*", help="subset of model labels (substring match)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides on top of the demo's recipe")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     torch.set_flush_denormal(True)
