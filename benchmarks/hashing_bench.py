@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from patchword.checkpoint import seed_everything
 from patchword.hashing import (
     HammingIndex,
     HashDataset,
@@ -40,9 +41,8 @@ from patchword.hashing import (
 )
 from patchword.hashing.build import build_hashing_model
 from patchword.hashing.config import HashRunConfig
-from patchword.hashing.run import train_hashing
+from patchword.hashing.runner import train_hashing
 from patchword.losses import BalancedInfoNCE, InfoNCE
-from patchword.train.checkpoint import seed_everything
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIP_DIR = ROOT.parent / "shared" / "data" / "f30k_first1000_clipL14"
@@ -111,7 +111,7 @@ def run_ucmfh(
         summary["wall_s"] = time.perf_counter() - start
         model = None
         if keep_model:
-            from patchword.train.checkpoint import load_checkpoint
+            from patchword.checkpoint import load_checkpoint
 
             model = build_hashing_model(cfg.model, ds.image_dim, ds.text_dim)
             model.load_state_dict(load_checkpoint(tmp / "run" / "last.pt")["model"])

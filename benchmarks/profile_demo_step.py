@@ -17,7 +17,7 @@ import torch
 
 from patchword.demo import demo_config
 from patchword.model import build_model
-from patchword.train.run import prepare_data
+from patchword.train.runner import prepare_data
 
 
 def best_of(fn, repeats: int = 3) -> float:

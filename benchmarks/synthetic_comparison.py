@@ -26,14 +26,14 @@ from pathlib import Path
 import torch
 
 from patchword.bench.machine import machine_description
-from patchword.cli.evaluate import evaluate_suite
 from patchword.config import apply_overrides
 from patchword.data.prepare import prepare_data
 from patchword.demo import DEMO_OVERRIDES
 from patchword.eval.compositional import format_compositional_comparison
+from patchword.eval.runs import evaluate_suite
 from patchword.fileio import atomic_write_text
-from patchword.train.config import RunConfig
-from patchword.train.run import resume_run, train_run
+from patchword.run_config import RunConfig
+from patchword.train.runner import resume_run, train_run
 
 MODELS = {
     "vse (global: CLS vs mean of words)": ["model.matcher=vse"],

@@ -48,7 +48,7 @@ def _child(out: str, smooth_max: float, argv: list[str]) -> None:
     import torch
 
     from patchword.cli import main
-    from patchword.train import run, trainer
+    from patchword.train import runner, trainer
 
     snaps: list[dict] = []
     step = trainer.Trainer._clip_and_step
@@ -73,7 +73,7 @@ def _child(out: str, smooth_max: float, argv: list[str]) -> None:
         torch.save(snaps, out)
         os._exit(0)
 
-    run.evaluate_run = save_and_exit
+    runner.evaluate_run = save_and_exit
     if smooth_max > 0:
 
         def smooth_amax(x, dim=None, keepdim=False):

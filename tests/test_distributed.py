@@ -35,9 +35,9 @@ import pytest
 import torch
 
 from conftest import TINY_MODEL_32
+from patchword.checkpoint import load_checkpoint
 from patchword.config import apply_overrides
-from patchword.train.checkpoint import load_checkpoint
-from patchword.train.config import RunConfig
+from patchword.run_config import RunConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -163,26 +163,26 @@ def _summary(summary: dict) -> dict:
 
 
 def _job_train(args: list[str]) -> dict:
-    from patchword.train.run import train_run
+    from patchword.train.runner import train_run
 
     return _summary(train_run(apply_overrides(RunConfig(), args)))
 
 
 def _job_train_config(config: str, args: list[str]) -> dict:
     from patchword.config import load_config
-    from patchword.train.run import train_run
+    from patchword.train.runner import train_run
 
     return _summary(train_run(load_config(RunConfig, config, args)))
 
 
 def _job_resume(run_dir: str, overrides: list[str]) -> dict:
-    from patchword.train.run import resume_run
+    from patchword.train.runner import resume_run
 
     return _summary(resume_run(run_dir, overrides))
 
 
 def _job_eval(run_dir: str, out: str) -> dict:
-    from patchword.cli.evaluate import evaluate_run_dir
+    from patchword.eval.runs import evaluate_run_dir
 
     metrics, _ = evaluate_run_dir(Path(run_dir), out=Path(out))
     return _summary(metrics)
@@ -192,7 +192,7 @@ def _job_die(args: list[str]) -> dict:
     """Rank 1 dies abruptly at step 3; rank 0 must fail with a DistributedError, not wait forever."""
     from patchword.distributed import DistributedError
     from patchword.train import trainer
-    from patchword.train.run import train_run
+    from patchword.train.runner import train_run
 
     original = trainer.Trainer._train_step
 
@@ -215,7 +215,7 @@ def _job_signal(args: list[str]) -> dict:
     import signal
 
     from patchword.train import trainer
-    from patchword.train.run import train_run
+    from patchword.train.runner import train_run
 
     original = trainer.Trainer._train_step
 
@@ -356,7 +356,7 @@ def launch(tmp_path_factory):
     ``results[rank][jobs.index(name)]``: jobs are named ``fp64/<case>``, ``fp32/<case>``, ``full32``,
     ``half``, ``resume``, ``eval/tgdt``, ``eval/seps_paper``, ``signal`` and ``done_when``.
     """
-    from patchword.train.run import train_run
+    from patchword.train.runner import train_run
 
     root = tmp_path_factory.mktemp("ddp")
     one, two = root / "one", root / "two"
@@ -482,7 +482,7 @@ def test_resume_under_two_processes_equals_an_uninterrupted_run_bit_for_bit(laun
 
 @pytest.mark.parametrize("case", ["tgdt", "seps_paper"])
 def test_two_process_eval_equals_one_process_eval(launch, case, tmp_path):
-    from patchword.cli.evaluate import evaluate_run_dir
+    from patchword.eval.runs import evaluate_run_dir
 
     root = launch["root"]
     two = _job(launch, f"eval/{case}")
@@ -498,7 +498,7 @@ def test_two_process_eval_equals_one_process_eval(launch, case, tmp_path):
 
 
 def test_a_signal_to_one_process_stops_both_at_the_same_step(launch):
-    from patchword.train.run import resume_run
+    from patchword.train.runner import resume_run
 
     results, root = launch["results"], launch["root"]
     job = launch["jobs"].index("signal")

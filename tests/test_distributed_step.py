@@ -19,7 +19,7 @@ from patchword.data.pipeline import FileImages, SelectedImages, load_images, tra
 from patchword.distributed import launch_info, shard_bounds
 from patchword.losses import CMCLoss, HingeLoss, RatioLoss
 from patchword.matching import build_matcher
-from patchword.train.config import RunConfig
+from patchword.run_config import RunConfig
 from patchword.train.step import matcher_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -143,7 +143,7 @@ def test_pair_chunked_step_has_the_unchunked_gradients(variant, pairing, dtype):
 
 
 def test_pair_chunked_training_equals_unchunked(tmp_path):
-    from patchword.train.run import train_run
+    from patchword.train.runner import train_run
 
     def losses(name, *extra):
         cfg = apply_overrides(RunConfig(), [*_TINY, f"output_dir={tmp_path}", f"name={name}", *extra])
@@ -204,7 +204,7 @@ def test_image_augmentation_is_seeded_per_image(tmp_path):
 
 
 def test_dataloader_workers_load_the_same_batches(laps_dataset, tmp_path, monkeypatch):
-    from patchword.train.run import train_run
+    from patchword.train.runner import train_run
 
     paths = laps_dataset
     workers_used = []

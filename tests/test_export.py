@@ -63,7 +63,7 @@ def test_export_refuses_a_non_empty_directory_and_leaves_it_alone(tmp_path):
 
 def test_metrics_on_the_exported_files_equal_the_in_memory_metrics(tmp_path_factory):
     from patchword.eval import evaluate
-    from patchword.train.run import prepare_data
+    from patchword.train.runner import prepare_data
 
     env = search_env(tmp_path_factory)
     run = env.run

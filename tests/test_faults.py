@@ -32,8 +32,8 @@ import pytest
 import torch
 
 from conftest import TINY_MODEL_32
+from patchword.checkpoint import load_checkpoint
 from patchword.cli import main
-from patchword.train.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

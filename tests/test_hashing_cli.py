@@ -172,7 +172,7 @@ def test_resume_keeps_the_runs_settings_and_a_missing_run_is_an_error(tmp_path, 
 
 
 def _weights(run) -> dict:
-    from patchword.train.checkpoint import load_checkpoint
+    from patchword.checkpoint import load_checkpoint
 
     state = load_checkpoint(run / "last.pt")
     return {"model": state["model"], "optimizer": state["optimizer"]["state"], "step": state["step"]}

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from conftest import TINY_MODEL_32, tiny_model
+from patchword.checkpoint import load_checkpoint
 from patchword.config import apply_overrides
 from patchword.errors import ConfigError
 from patchword.precision import autocast_context, weight_dtype
-from patchword.train.checkpoint import load_checkpoint
-from patchword.train.config import RunConfig
+from patchword.run_config import RunConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -57,7 +57,7 @@ def test_encode_images_casts_pixels_to_the_encoder_dtype():
 
 @pytest.fixture(scope="module")
 def fp64_run(tmp_path_factory):
-    from patchword.train.run import train_run
+    from patchword.train.runner import train_run
 
     root = tmp_path_factory.mktemp("fp64")
     summary = train_run(
@@ -81,7 +81,7 @@ def test_an_fp64_run_trains_saves_and_loads_in_float64(fp64_run):
 
 
 def test_an_fp64_resume_equals_the_uninterrupted_run(fp64_run, tmp_path):
-    from patchword.train.run import resume_run, train_run
+    from patchword.train.runner import resume_run, train_run
 
     run_dir, _ = fp64_run
     cfg = apply_overrides(RunConfig(), [*TINY, f"output_dir={tmp_path}", "name=half", "train.max_steps=3"])

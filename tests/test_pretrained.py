@@ -16,7 +16,7 @@ from patchword.losses import ContrastiveLoss
 from patchword.matching import build_matcher
 from patchword.model import build_model
 from patchword.pretrained import load_pretrained_encoders, save_pretrained_encoders
-from patchword.train.config import RunConfig
+from patchword.run_config import RunConfig
 
 SMALL = [
     "model.embed_dim=16",

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from patchword.checkpoint import load_checkpoint
 from patchword.cli import main
 from patchword.data.precomp import write_precomp_split
 from patchword.data.synthetic import SyntheticConfig, SyntheticScenes
 from patchword.data.synthetic.regions import RegionFeatureConfig, synthetic_region_split
-from patchword.train.checkpoint import load_checkpoint
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -157,7 +157,7 @@ def test_mismatched_encoder_and_data_is_a_clear_error(tmp_path, cache, capsys):
 
 def test_presets_for_real_data_parse(tmp_path):
     from patchword.config import load_config
-    from patchword.train.config import RunConfig
+    from patchword.run_config import RunConfig
 
     for name in ("scan_t2i_f30k", "scan_i2t_f30k", "naaf_f30k", "tgdt_f30k"):
         cfg = load_config(RunConfig, CONFIGS / f"{name}.yaml")

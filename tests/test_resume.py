@@ -24,11 +24,11 @@ import pytest
 import torch
 
 from conftest import TINY_MODEL_32
+from patchword.checkpoint import load_checkpoint
 from patchword.config import apply_overrides
+from patchword.run_config import RunConfig
 from patchword.train import trainer as trainer_module
-from patchword.train.checkpoint import load_checkpoint
-from patchword.train.config import RunConfig
-from patchword.train.run import resume_run, train_run
+from patchword.train.runner import resume_run, train_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -254,7 +254,7 @@ def _losses_lenient(metrics: Path) -> list[tuple[int, float]]:
 
 
 def test_metrics_after_the_checkpoint_are_dropped_once_redone(tmp_path):
-    from patchword.train.rundir import drop_metrics_after
+    from patchword.train.runner import drop_metrics_after
 
     lines = [json.dumps({"split": "train", "step": s, "loss": float(s)}) for s in range(1, 6)]
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"split": "tr')  # killed mid-write

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from conftest import TINY_MODEL_32, one_error_line
+from patchword.checkpoint import load_checkpoint
 from patchword.cli import main
-from patchword.train.checkpoint import load_checkpoint
 
 TINY = [
     "data.num_train=20",
@@ -294,7 +294,7 @@ def test_seps_on_a_release_without_dev_dense_captions(laps_dataset, tmp_path, ca
 def test_dev_from_train_holds_out_images_with_their_captions_and_dense_text(laps_dataset):
     from patchword.config import apply_overrides
     from patchword.data.prepare import holdout_images, load_raw_data
-    from patchword.train.config import RunConfig
+    from patchword.run_config import RunConfig
 
     cfg = apply_overrides(RunConfig(), _laps_args(laps_dataset, "data.dev_from_train=3"))
     full = load_raw_data(apply_overrides(cfg, ["data.dev_from_train=0"]).data, ["train"])

@@ -56,7 +56,7 @@ def test_every_caption_ranks_as_in_the_library_two_stage_search(env, shortlist):
 def test_recall_through_search_equals_the_run_evaluation(env, searcher):
     """Recall from the search's ranks equals the run's own evaluation, up to near ties: both lie between
     the recalls of the library's exhaustive scores with every near tie resolved against and for the truth."""
-    from patchword.train.run import prepare_data
+    from patchword.train.runner import prepare_data
 
     data = prepare_data(env.config.data, tokenizer=env.run.tokenizer)
     metrics = evaluate(env.run.model, data.splits["test"], env.config.eval)

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from conftest import TINY_MODEL_32
+from patchword.checkpoint import load_checkpoint
 from patchword.cli import main
 from patchword.config import apply_overrides, load_config
 from patchword.data.prepare import prepare_data
-from patchword.train.checkpoint import load_checkpoint
-from patchword.train.config import RunConfig
-from patchword.train.run import resume_run, train_run
+from patchword.run_config import RunConfig
+from patchword.train.runner import resume_run, train_run
 
 TINY = [
     "data.num_train=20",
@@ -104,8 +104,8 @@ def test_non_finite_loss_skips_the_step(tmp_path, tiny_data, monkeypatch, caplog
 
 
 def test_warm_start_copies_encoders_into_a_new_matcher(tmp_path, tiny_data):
+    from patchword.checkpoint import warm_start
     from patchword.model import build_model
-    from patchword.train.checkpoint import warm_start
 
     source = _cfg(tmp_path, "name=glob", "model.matcher=vse", "train.max_steps=3")
     train_run(source, data=tiny_data)

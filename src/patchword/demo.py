@@ -23,7 +23,7 @@ import torch
 
 from patchword.config import apply_overrides
 from patchword.pretrain import KEYS
-from patchword.train.config import RunConfig
+from patchword.run_config import RunConfig
 
 __all__ = ["DEMO_OVERRIDES", "demo_config", "run_demo", "format_table"]
 
@@ -107,7 +107,7 @@ def run_demo(overrides: list[str] | None = None, *, plots: bool = True) -> dict[
     from patchword.data.prepare import prepare_data
     from patchword.fileio import atomic_write_text
     from patchword.pretrain import global_recall
-    from patchword.train.run import train_run
+    from patchword.train.runner import train_run
 
     cfg = demo_config(overrides)
     run_dir = Path(cfg.output_dir) / cfg.name

@@ -13,7 +13,7 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 class _CurrentStderr(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is when a record is emitted.
 
-    A verb run in-process (``patchword.cli.main`` from a test or a notebook) may outlive the stderr it
+    A verb run in-process (the command line's ``main`` from a test or a notebook) may outlive the stderr it
     started with: a handler bound to that stream would write to a closed file (pytest's capture) or to a
     stream nobody reads.
     """

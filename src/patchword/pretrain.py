@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from patchword.config import apply_overrides
-from patchword.train.config import RunConfig
+from patchword.run_config import RunConfig
 
 __all__ = ["PRETRAIN_OVERRIDES", "pretrain_config", "run_pretrain", "global_recall"]
 
@@ -74,9 +74,8 @@ def run_pretrain(overrides: list[str] | None = None, *, out: Path, force: bool =
     from patchword.data.prepare import prepare_data
     from patchword.errors import ConfigError, RunExistsError
     from patchword.pretrained import save_pretrained_encoders
-    from patchword.runs import load_run
-    from patchword.train.run import resume_run, train_run
-    from patchword.train.rundir import read_run_config
+    from patchword.runs import load_run, read_run_config
+    from patchword.train.runner import resume_run, train_run
     from patchword.train.validate import RESUMABLE_KEYS
 
     if out.exists() and any(out.iterdir()) and not force:

@@ -55,8 +55,8 @@ def _resume_target(resume: str, overrides: list[str]) -> tuple[Path, list[str]]:
 def run(args: argparse.Namespace) -> None:
     from patchword.config import load_config
     from patchword.distributed import launch_info
-    from patchword.train.config import RunConfig
-    from patchword.train.run import resume_run, train_run
+    from patchword.run_config import RunConfig
+    from patchword.train.runner import resume_run, train_run
 
     main = launch_info().rank == 0
     if not main:

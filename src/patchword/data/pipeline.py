@@ -308,7 +308,7 @@ def _map_optional(fn, value):
 
 
 #: ``text(cap_idx, img_idx, step) -> (ids, lens, dense_ids, dense_lens)`` of a whole global batch
-#: (the train-time caption augmentation, :class:`~patchword.train.augment.CaptionAugmenter`).
+#: (the train-time caption augmentation, the trainer's ``CaptionAugmenter``).
 BatchText = Callable[[torch.Tensor, torch.Tensor, int], tuple]
 
 

@@ -49,7 +49,7 @@ from patchword.hashing.readers import (
     load_split,
     load_split_dir,
 )
-from patchword.hashing.run import load_hashing_run, resume_hashing, train_hashing
+from patchword.hashing.runner import load_hashing_run, resume_hashing, train_hashing
 from patchword.hashing.synthetic import make_synthetic_multilabel, synthetic_dataset
 
 __all__ = [

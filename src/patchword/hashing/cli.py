@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 def _train(args: argparse.Namespace) -> None:
     from patchword.config import load_config
     from patchword.hashing.config import HashRunConfig
-    from patchword.hashing.run import resume_config, resume_hashing, train_hashing
+    from patchword.hashing.runner import resume_config, resume_hashing, train_hashing
 
     flags = [
         f"{key}={getattr(args, attr)}" for attr, key in _SHORTCUTS.items() if getattr(args, attr) is not None
@@ -220,7 +220,7 @@ def _eval(args: argparse.Namespace) -> None:
 
     from patchword.hashing.evaluate import encode_hashing_split, evaluate_hashing
     from patchword.hashing.metrics import plot_pr_curves, precision_recall_curve
-    from patchword.hashing.run import load_hashing_run
+    from patchword.hashing.runner import load_hashing_run
 
     _check_out(args.out, args.force)
     _check_out(args.pr_plot, args.force)
@@ -249,7 +249,7 @@ def _search(args: argparse.Namespace) -> None:
 
     from patchword.hashing.codes import HammingIndex
     from patchword.hashing.model import UCMFH
-    from patchword.hashing.run import load_hashing_run
+    from patchword.hashing.runner import load_hashing_run
 
     _check_out(args.out, False)
     cfg, model, data = load_hashing_run(args.run_dir)

@@ -72,7 +72,7 @@ class HashTrainConfig:
     """Optimisation (official UCMFH values by default).
 
     ``num_threads`` (0 = leave torch's setting) is applied by ``patchword hash train``, not by the library:
-    :func:`~patchword.hashing.run.train_hashing` never changes the process-wide thread count.
+    :func:`~patchword.hashing.runner.train_hashing` never changes the process-wide thread count.
     """
 
     epochs: int = 50

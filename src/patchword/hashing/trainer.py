@@ -22,13 +22,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from patchword.checkpoint import atomic_save, load_checkpoint, rng_state, set_rng_state
 from patchword.errors import ConfigError
 from patchword.fileio import append_line
 from patchword.hashing.config import HashRunConfig, check_hash_config
 from patchword.hashing.dataset import HashDataset
 from patchword.hashing.model import UCMFH
 from patchword.losses import BalancedInfoNCE, HashNetLoss, InfoNCE
-from patchword.train.checkpoint import atomic_save, load_checkpoint, rng_state, set_rng_state
 
 __all__ = ["HashTrainer", "append_metrics"]
 

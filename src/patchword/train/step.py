@@ -21,7 +21,7 @@ from patchword.losses import CMCLoss, ContrastiveLoss, HingeLoss, RatioLoss
 from patchword.matching.base import MatcherOutput
 from patchword.matching.ops import full_precision
 from patchword.model import RetrievalModel
-from patchword.train.config import RunConfig
+from patchword.run_config import RunConfig
 
 __all__ = [
     "ShardLoss",

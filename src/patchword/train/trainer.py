@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from patchword.checkpoint import atomic_save, load_checkpoint, rng_state, set_rng_state
 from patchword.data.pipeline import EncodedSplit, ShardBatch, ShardedBatches, reads_files
 from patchword.distributed import Distributed
 from patchword.errors import ConfigError, Interrupted
@@ -30,9 +31,8 @@ from patchword.eval.protocol import evaluate
 from patchword.fileio import append_line
 from patchword.model import RetrievalModel
 from patchword.precision import autocast_context, weight_dtype
+from patchword.run_config import RunConfig
 from patchword.train.augment import CaptionAugmenter
-from patchword.train.checkpoint import atomic_save, load_checkpoint, rng_state, set_rng_state
-from patchword.train.config import RunConfig
 from patchword.train.step import ShardLoss, fused_supported, sync_batch_norm, usable_cpus, wrap_ddp
 
 __all__ = ["Trainer", "TrainingInterrupted", "torch_threads"]

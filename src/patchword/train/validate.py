@@ -24,7 +24,7 @@ from patchword.device import resolve_device
 from patchword.errors import ConfigError, MissingFileError
 from patchword.matching.registry import matcher_preset
 from patchword.model import MATCHER_SECTIONS, RetrievalModel, matcher_section, model_reads_dense
-from patchword.train.config import RunConfig
+from patchword.run_config import RunConfig
 
 __all__ = ["check_config", "check_launch", "check_model_data", "data_image_size", "RESUMABLE_KEYS"]
 

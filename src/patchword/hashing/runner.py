@@ -23,6 +23,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from patchword.checkpoint import export_weights, load_checkpoint, seed_everything
 from patchword.config import config_diff, config_to_dict, from_dict, load_config, save_config
 from patchword.device import resolve_device
 from patchword.errors import ConfigError, MissingFileError, RunExistsError
@@ -33,7 +34,6 @@ from patchword.hashing.dataset import HashDataset
 from patchword.hashing.evaluate import evaluate_hashing
 from patchword.hashing.model import UCMFH
 from patchword.hashing.trainer import HashTrainer, append_metrics
-from patchword.train.checkpoint import export_weights, load_checkpoint, seed_everything
 
 __all__ = ["hashing_run_dir", "train_hashing", "resume_config", "resume_hashing", "load_hashing_run"]
 

@@ -1,4 +1,4 @@
-"""Atomic checkpoints, RNG state capture, and the weights-only export."""
+"""Checkpoints: atomic saving and safe loading, RNG state capture, the weights-only export, warm starts."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ _logger = logging.getLogger(__name__)
 
 __all__ = [
     "atomic_save",
-    "atomic_write_text",
     "load_checkpoint",
     "rng_state",
     "set_rng_state",

@@ -17,37 +17,33 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from patchword.checkpoint import (
+    export_weights,
+    load_checkpoint,
+    seed_everything,
+    warm_start,
+)
 from patchword.config import apply_overrides, config_diff, from_dict, save_config
 from patchword.data.prepare import (
     ROLES,
     PreparedData,
     build_tokenizer,
     encode_raw,
-    eval_role,
     load_raw_data,
     prepare_data,
 )
 from patchword.data.tokenizers import WordVocab
 from patchword.distributed import Distributed, session
 from patchword.errors import ConfigError, MissingFileError, RunExistsError
-from patchword.eval.protocol import evaluate
-from patchword.fileio import append_line, probe_writable
-from patchword.model import RetrievalModel, build_model, matcher_section, model_reads_dense
-from patchword.train.checkpoint import (
-    atomic_write_text,
-    export_weights,
-    load_checkpoint,
-    seed_everything,
-    warm_start,
-)
-from patchword.train.config import RunConfig
-from patchword.train.rundir import (
+from patchword.eval.runs import evaluate_run
+from patchword.fileio import append_line, atomic_write_text, keep_jsonl_records, probe_writable
+from patchword.model import RetrievalModel, build_model, model_reads_dense
+from patchword.run_config import RunConfig
+from patchword.runs import (
     CONFIG_FILE,
+    METRICS_FILE,
     VOCAB_FILE,
     build_run_model,
-    drop_metrics_after,
     load_run_tokenizer,
     read_run_config,
     save_backbones,
@@ -60,8 +56,7 @@ __all__ = [
     "prepare_data",
     "train_run",
     "resume_run",
-    "evaluate_run",
-    "extra_metrics",
+    "drop_metrics_after",
     "RESUMABLE_KEYS",
 ]
 
@@ -168,7 +163,7 @@ def _remove_run(run_dir: Path, created: bool) -> None:
     if created:
         shutil.rmtree(run_dir, ignore_errors=True)
     else:  # an empty directory the user made: remove only what this run wrote
-        for name in (CONFIG_FILE, VOCAB_FILE, "metrics.jsonl"):
+        for name in (CONFIG_FILE, VOCAB_FILE, METRICS_FILE):
             (run_dir / name).unlink(missing_ok=True)
     _logger.info("start failed before the first checkpoint: %s removed", run_dir)
 
@@ -254,68 +249,8 @@ def _finish(
     return summary
 
 
-def run_metadata(cfg: RunConfig, model: RetrievalModel, role: str) -> dict[str, Any]:
-    """What a metrics file must say about how it was obtained."""
-    matcher = model.matcher
-    return {
-        "split": role,
-        "matcher": cfg.model.matcher,
-        "variant": cfg.model.seps.variant if matcher_section(cfg.model.matcher) == "seps" else None,
-        "dense_pairing": matcher.dense_pairing if matcher.consumes_dense else None,
-        "leaky": bool(cfg.data.dense and matcher.leaky),
-    }
-
-
-def extra_metrics(cfg: RunConfig, model: RetrievalModel, split, raw, sims, device) -> dict[str, Any]:
-    """What a run reports beside recall: ECCV Caption / CxC on COCO (``eval.coco_extended``, from the
-    split's scores ``sims``), and on the synthetic scenes how well patch selection finds the objects."""
-    out: dict[str, Any] = {}
-    if cfg.eval.coco_extended:
-        from patchword.eval.coco_extended import coco_extended_metrics, coco_extended_percent
-
-        ext = coco_extended_metrics(sims, image_ids=raw.image_ids, txt2img=split.txt2img)
-        out.update(coco_extended_percent(ext))
-    if cfg.data.dataset == "synthetic":
-        from patchword.eval.selection import synthetic_selection_report
-
-        out.update(
-            synthetic_selection_report(model, split, cfg.data, raw.name, device=device, progress=False)
-        )
-    return out
-
-
-def evaluate_run(
-    cfg: RunConfig,
-    model: RetrievalModel,
-    data: PreparedData,
-    run_dir: Path,
-    *,
-    device=None,
-    dist: Distributed | None = None,
-) -> dict[str, Any]:
-    """Metrics on ``eval.split`` (plus the oracle bound on synthetic data); writes metrics.json (on rank 0
-    of a multi-process launch, whose processes share the evaluation)."""
-    role = eval_role(cfg.data, cfg.eval.split)
-    device = device or torch.device("cpu")
-    dist = dist or Distributed(device=device)
-    t0 = time.perf_counter()
-    progress = cfg.progress if dist.is_main else False
-    split = data.splits[role]
-    metrics = evaluate(
-        model.to(device),
-        split,
-        cfg.eval,
-        device=device,
-        progress=progress,
-        dist=dist,
-        return_sims=cfg.eval.coco_extended,
-    )
-    if dist.is_main:
-        metrics.update(extra_metrics(cfg, model, split, data.raw[role], metrics.pop("sims", None), device))
-    metrics["eval_seconds"] = time.perf_counter() - t0
-    if role in data.oracle:
-        metrics["oracle_rsum"] = data.oracle[role]["rsum"]
-    metrics.update(run_metadata(cfg, model, role))
-    if dist.is_main:
-        atomic_write_text(run_dir / "metrics.json", json.dumps(metrics, indent=2))
-    return metrics
+def drop_metrics_after(run_dir: str | Path, step: int) -> int:
+    """Keep the records of ``metrics.jsonl`` up to ``step`` (the checkpoint a resume starts from), dropping
+    those of the steps the resume will redo and a last line cut short by a kill; returns how many were
+    dropped."""
+    return keep_jsonl_records(Path(run_dir) / METRICS_FILE, lambda record: int(record["step"]) <= step)

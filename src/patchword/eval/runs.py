@@ -1,0 +1,337 @@
+"""Evaluating a run directory: recall on a split (alone or as an ensemble), the extra reports (patch
+selection, ECCV Caption / CxC), the compositional and patch suites; each writes one JSON file.
+
+``patchword eval`` parses its arguments and calls :func:`evaluate_run_dir`, :func:`evaluate_suite` or
+:func:`evaluate_patch_suite`; training calls :func:`evaluate_run` on its best checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from patchword.data.prepare import PreparedData, eval_role
+from patchword.distributed import Distributed
+from patchword.eval.protocol import evaluate
+from patchword.fileio import atomic_write_text, probe_writable
+from patchword.model import RetrievalModel, matcher_section
+from patchword.run_config import RunConfig
+
+__all__ = [
+    "run_metadata",
+    "extra_metrics",
+    "evaluate_run",
+    "evaluate_run_dir",
+    "evaluate_suite",
+    "evaluate_patch_suite",
+]
+
+
+def run_metadata(cfg: RunConfig, model: RetrievalModel, role: str) -> dict[str, Any]:
+    """What a metrics file must say about how it was obtained."""
+    matcher = model.matcher
+    return {
+        "split": role,
+        "matcher": cfg.model.matcher,
+        "variant": cfg.model.seps.variant if matcher_section(cfg.model.matcher) == "seps" else None,
+        "dense_pairing": matcher.dense_pairing if matcher.consumes_dense else None,
+        "leaky": bool(cfg.data.dense and matcher.leaky),
+    }
+
+
+def extra_metrics(cfg: RunConfig, model: RetrievalModel, split, raw, sims, device) -> dict[str, Any]:
+    """What a run reports beside recall: ECCV Caption / CxC on COCO (``eval.coco_extended``, from the
+    split's scores ``sims``), and on the synthetic scenes how well patch selection finds the objects."""
+    out: dict[str, Any] = {}
+    if cfg.eval.coco_extended:
+        from patchword.eval.coco_extended import coco_extended_metrics, coco_extended_percent
+
+        ext = coco_extended_metrics(sims, image_ids=raw.image_ids, txt2img=split.txt2img)
+        out.update(coco_extended_percent(ext))
+    if cfg.data.dataset == "synthetic":
+        from patchword.eval.selection import synthetic_selection_report
+
+        out.update(
+            synthetic_selection_report(model, split, cfg.data, raw.name, device=device, progress=False)
+        )
+    return out
+
+
+def evaluate_run(
+    cfg: RunConfig,
+    model: RetrievalModel,
+    data: PreparedData,
+    run_dir: Path,
+    *,
+    device=None,
+    dist: Distributed | None = None,
+) -> dict[str, Any]:
+    """Metrics on ``eval.split`` (plus the oracle bound on synthetic data); writes metrics.json (on rank 0
+    of a multi-process launch, whose processes share the evaluation)."""
+    role = eval_role(cfg.data, cfg.eval.split)
+    device = device or torch.device("cpu")
+    dist = dist or Distributed(device=device)
+    t0 = time.perf_counter()
+    progress = cfg.progress if dist.is_main else False
+    split = data.splits[role]
+    metrics = evaluate(
+        model.to(device),
+        split,
+        cfg.eval,
+        device=device,
+        progress=progress,
+        dist=dist,
+        return_sims=cfg.eval.coco_extended,
+    )
+    if dist.is_main:
+        metrics.update(extra_metrics(cfg, model, split, data.raw[role], metrics.pop("sims", None), device))
+    metrics["eval_seconds"] = time.perf_counter() - t0
+    if role in data.oracle:
+        metrics["oracle_rsum"] = data.oracle[role]["rsum"]
+    metrics.update(run_metadata(cfg, model, role))
+    if dist.is_main:
+        atomic_write_text(run_dir / "metrics.json", json.dumps(metrics, indent=2))
+    return metrics
+
+
+def _member(path: Path) -> tuple[Path, Path | None]:
+    """``RUN_DIR`` or ``RUN_DIR/ckpt.pt`` -> (run directory, checkpoint or None for best.pt)."""
+    return (path.parent, path) if path.is_file() else (path, None)
+
+
+def evaluate_run_dir(
+    run_dir: Path,
+    checkpoint: Path | str | None = None,
+    *,
+    overrides: list[str] | None = None,
+    ensemble: list[Path] | None = None,
+    out: Path | None = None,
+    force: bool = False,
+) -> tuple[dict[str, Any], Path]:
+    """Evaluate a run (or an ensemble of runs) and write the metrics JSON; returns (metrics, out path).
+
+    Every process of a ``torchrun`` launch calls it; they share the work and rank 0 writes the file.
+    """
+    from patchword.device import resolve_device
+    from patchword.distributed import session
+    from patchword.runs import read_run_config
+
+    cfg = read_run_config(run_dir, list(overrides or []))
+    with session(resolve_device(cfg.device), cfg.dist_timeout_s) as dist:
+        return _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist)
+
+
+def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tuple[dict[str, Any], Path]:
+    from patchword import __version__
+    from patchword.data.prepare import eval_role, prepare_data
+    from patchword.errors import ConfigError, RunExistsError
+    from patchword.eval.protocol import ensemble_metrics, evaluate
+    from patchword.runs import config_hash, load_run, read_run_config, resolve_checkpoint
+
+    overrides = list(overrides or [])
+    cfg = read_run_config(run_dir, overrides)
+    role = eval_role(cfg.data, cfg.eval.split)
+    members = [(run_dir, checkpoint)] + [_member(p) for p in ensemble or []]
+    # Everything cheap first: the output file, every member's config and checkpoint.
+    out = out or run_dir / (f"eval_{role}_ensemble.json" if len(members) > 1 else f"eval_{role}.json")
+    if out.exists() and not force:
+        raise RunExistsError(f"{out} exists; pass --force to overwrite it or --out for another file")
+    if not out.parent.is_dir():
+        raise ConfigError("--out", f"directory {out.parent} does not exist")
+    probe_writable(out.parent)  # a read-only directory fails now, not after the evaluation
+    for member_dir, member_ckpt in members:
+        read_run_config(member_dir, overrides)
+        resolve_checkpoint(member_dir, member_ckpt)
+    device = dist.device
+
+    prepared: dict[str, Any] = {}  # identical data configs and tokenizers are tokenised once
+    results, reference = [], None
+    t0 = time.perf_counter()
+    for member_dir, member_ckpt in members:
+        loaded = load_run(member_dir, member_ckpt, device=device, overrides=overrides)
+        mcfg, model = loaded.config, loaded.model
+        use_dense = mcfg.data.dense and model.matcher.consumes_dense
+        key = json.dumps([vars(mcfg.data), str(member_dir / "vocab.json"), use_dense], default=str)
+        if key not in prepared:
+            prepared[key] = prepare_data(
+                mcfg.data,
+                loaded.tokenizer,
+                roles=[role],
+                use_dense=use_dense,
+                local_files_only=mcfg.model.hf_local_files_only,
+            )
+        data = prepared[key]
+        split = data.splits[role]
+        if reference is None:
+            reference = (mcfg, data, split, model)
+        elif split.captions != reference[2].captions:
+            raise ConfigError("--ensemble", f"{member_dir} evaluates another split than {run_dir}")
+        metrics = evaluate(
+            model,
+            split,
+            mcfg.eval,
+            device=device,
+            progress=mcfg.progress if dist.is_main else False,
+            return_sims=len(members) > 1 or mcfg.eval.coco_extended,
+            dist=dist,
+        )
+        meta = {
+            "run_dir": str(member_dir),
+            "checkpoint": str(loaded.checkpoint),
+            "config_hash": config_hash(member_dir),
+            **run_metadata(mcfg, model, role),
+        }
+        results.append((meta, metrics))
+    mcfg, data, split, model = reference
+    if not dist.is_main:  # rank 0 holds the score matrices and writes the file
+        return results[0][1], out
+    raw = data.raw[role]
+    if len(members) > 1:
+        scores = [m.pop("sims") for _, m in results]
+        metrics = ensemble_metrics(scores, split.txt2img, mcfg.eval)
+        metrics["ensemble"] = [{**meta, **m} for meta, m in results]
+        metrics.update({k: v for k, v in results[0][0].items() if k in ("split", "leaky")})
+        metrics["leaky"] = any(meta["leaky"] for meta, _ in results)
+        if mcfg.eval.coco_extended:
+            from patchword.eval.protocol import average_scores
+
+            metrics.update(extra_metrics(mcfg, model, split, raw, average_scores(scores), device))
+    else:
+        meta, metrics = results[0]
+        metrics.update(meta)
+        metrics.update(extra_metrics(mcfg, model, split, raw, metrics.pop("sims", None), device))
+    if role in data.oracle:
+        metrics["oracle_rsum"] = data.oracle[role]["rsum"]
+    metrics.update(
+        eval_seconds=time.perf_counter() - t0,
+        world_size=dist.world_size,
+        patchword_version=__version__,
+        time=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        overrides=overrides,
+    )
+    _write_json(out, metrics)
+    return metrics, out
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2))
+
+
+def evaluate_suite(
+    run_dir: Path,
+    checkpoint: Path | str | None = None,
+    *,
+    suite_files: list[Path] | None = None,
+    image_root: Path | None = None,
+    overrides: list[str] | None = None,
+    out: Path | None = None,
+    force: bool = False,
+) -> tuple[dict[str, Any], Path]:
+    """The compositional suite: every (image, caption, one-fact negative) triple, accuracy per kind
+    (the true caption must score strictly higher; chance 50). Writes ``RUN/eval_compositional.json``."""
+    from patchword.device import resolve_device
+    from patchword.distributed import launch_info
+    from patchword.errors import ConfigError, RunExistsError
+    from patchword.eval.compositional import (
+        FileImageSource,
+        compositional_accuracy,
+        read_sugarcrepe,
+        synthetic_suite,
+    )
+    from patchword.runs import config_hash, load_run, read_run_config, resolve_checkpoint
+
+    if launch_info().world_size > 1:
+        raise ConfigError("--suite", "runs in one process: start it without torchrun")
+    overrides = list(overrides or [])
+    cfg = read_run_config(run_dir, overrides)
+    out = out or run_dir / "eval_compositional.json"
+    if out.exists() and not force:
+        raise RunExistsError(f"{out} exists; pass --force to overwrite it or --out for another file")
+    probe_writable(out.parent)
+    if not suite_files and cfg.data.dataset != "synthetic":
+        raise ConfigError("--suite-file", "a run on real data needs SugarCrepe-style files (--suite-file)")
+    resolve_checkpoint(run_dir, checkpoint)
+    loaded = load_run(run_dir, checkpoint, device=resolve_device(cfg.device), overrides=overrides)
+    dc = loaded.config.data
+    dense = None
+    if suite_files:
+        paths, triples = read_sugarcrepe(suite_files, image_root)
+        images, source = FileImageSource(paths, loaded.image_transform()), [str(f) for f in suite_files]
+    else:
+        from patchword.data.synthetic import SyntheticScenes
+
+        scenes = SyntheticScenes.load_or_generate(dc.synthetic_config(), cache_dir=dc.cache_dir or None)
+        images, triples, dense = synthetic_suite(scenes, dc.test_split, seed=0)
+        source = f"synthetic {dc.test_split} split, seed {dc.synthetic_seed}"
+    t0 = time.perf_counter()
+    result = compositional_accuracy(
+        loaded.model,
+        loaded.tokenizer,
+        images,
+        triples,
+        max_caption_len=dc.max_caption_len,
+        max_dense_len=dc.max_dense_len,
+        dense_captions=dense if dc.dense else None,
+        device=loaded.device,
+        max_memory_mb=loaded.config.eval.max_memory_mb,
+        progress=loaded.config.progress,
+    )
+    result.update(
+        suite="compositional",
+        source=source,
+        checkpoint=str(loaded.checkpoint),
+        config_hash=config_hash(run_dir),
+        matcher=loaded.config.model.matcher,
+        eval_seconds=time.perf_counter() - t0,
+    )
+    _write_json(out, result)
+    return result, out
+
+
+def evaluate_patch_suite(
+    run_dir: Path,
+    checkpoint: Path | str | None = None,
+    *,
+    overrides: list[str] | None = None,
+    out: Path | None = None,
+    force: bool = False,
+) -> tuple[dict[str, Any], Path]:
+    """Linear probes and patch-word grounding of the run's image encoder on its synthetic scenes
+    (:mod:`patchword.eval.patch_probe`); writes ``RUN/eval_patches.json``."""
+    from patchword.device import resolve_device
+    from patchword.errors import ConfigError, RunExistsError
+    from patchword.eval.patch_probe import synthetic_patch_probe
+    from patchword.runs import config_hash, load_run, read_run_config, resolve_checkpoint
+
+    overrides = list(overrides or [])
+    cfg = read_run_config(run_dir, overrides)
+    out = out or run_dir / "eval_patches.json"
+    if out.exists() and not force:
+        raise RunExistsError(f"{out} exists; pass --force to overwrite it or --out for another file")
+    probe_writable(out.parent)
+    if cfg.data.dataset != "synthetic" or cfg.model.image_encoder != "tiny":
+        raise ConfigError("--suite", "patches probes the tiny image encoder of a run on the synthetic scenes")
+    resolve_checkpoint(run_dir, checkpoint)
+    loaded = load_run(run_dir, checkpoint, device=resolve_device(cfg.device), overrides=overrides)
+    dc = loaded.config.data
+    t0 = time.perf_counter()
+    result = synthetic_patch_probe(
+        loaded.model,
+        dc.synthetic_config(),
+        loaded.tokenizer,
+        cache_dir=dc.cache_dir or None,
+        device=loaded.device,
+    )
+    result.update(
+        suite="patches",
+        scenes=dc.synthetic_scenes,
+        checkpoint=str(loaded.checkpoint),
+        config_hash=config_hash(run_dir),
+        eval_seconds=time.perf_counter() - t0,
+    )
+    _write_json(out, result)
+    return result, out
