@@ -241,9 +241,12 @@ def test_fp16_index_halves_the_tokens_and_keeps_the_ranking(env, tmp_path):
     assert np.allclose(f16.astype(np.float32), f32, atol=2e-3, rtol=2e-3)
     s32, s16 = Searcher.open(tmp_path / "f32"), Searcher.open(tmp_path / "f16")
     query = env.export.files["caps"].read_text().splitlines()[0]
-    a, b = s32.search(query, k=5), s16.search(query, k=5)
-    assert a.hits[0].id == b.hits[0].id
-    assert np.allclose([h.score for h in a.hits], [h.score for h in b.hits], atol=1e-2)
+    a, b = s32.search(query, k=len(s32)), s16.search(query, k=5)
+    # float16 tokens move scores by up to ~1e-3: the top image may trade places with one scoring that close
+    # (the trained weights, hence the near ties, depend on the CPU), never with a clearly worse one
+    f32_scores = {h.id: h.score for h in a.hits}
+    assert f32_scores[b.hits[0].id] >= a.hits[0].score - 1e-2
+    assert np.allclose([f32_scores[h.id] for h in b.hits], [h.score for h in b.hits], atol=1e-2)
 
 
 def test_index_cli_builds_updates_and_reports_errors(env, tmp_path, capsys):

@@ -228,9 +228,13 @@ def apply_overrides(cfg: T, overrides: list[str]) -> T:
         parts = _resolve_aliases(type(cfg), key.strip().split("."))
         key = ".".join(parts)
         node = data
+        free = _free_form_depth(type(cfg), parts)
         for i, part in enumerate(parts):
             if part not in node:
-                raise unknown_key_error(part, node, ".".join(parts[:i]), f" in override {item!r}")
+                if free is not None and i > free:  # a free-form mapping (e.g. model.options): any key
+                    node[part] = {} if i < len(parts) - 1 else None
+                else:
+                    raise unknown_key_error(part, node, ".".join(parts[:i]), f" in override {item!r}")
             if i < len(parts) - 1:
                 if not isinstance(node[part], dict):
                     raise ConfigError(
@@ -240,6 +244,22 @@ def apply_overrides(cfg: T, overrides: list[str]) -> T:
         # A string field takes the text as written (YAML would turn name=0613 into the integer 613).
         node[parts[-1]] = _unquote(raw) if isinstance(node[parts[-1]], str) else _parse_scalar(raw)
     return from_dict(type(cfg), data)
+
+
+def _free_form_depth(cls: type, parts: list[str]) -> int | None:
+    """The position in ``parts`` of a field typed as a plain mapping (``dict[str, Any]``: keys not known
+    to the config, such as a plug-in matcher's ``model.options``), or None."""
+    for i, part in enumerate(parts):
+        if not dataclasses.is_dataclass(cls):
+            return None
+        hints = typing.get_type_hints(cls)
+        if part not in hints:
+            return None
+        hint = hints[part]
+        if hint is dict or typing.get_origin(hint) is dict:
+            return i
+        cls = hint
+    return None
 
 
 def _resolve_aliases(cls: type, parts: list[str]) -> list[str]:

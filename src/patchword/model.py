@@ -27,6 +27,7 @@ from patchword.encoders import (
 )
 from patchword.errors import ConfigError
 from patchword.matching import (
+    DEFAULT_MATCHER,
     FILIPConfig,
     MatcherOutput,
     NAAFConfig,
@@ -35,13 +36,13 @@ from patchword.matching import (
     TGDTConfig,
     VSEConfig,
     build_matcher,
-    matcher_config_class,
     matcher_reads_dense,
 )
-from patchword.matching.registry import GEOMETRY, matcher_preset
+from patchword.matching.base import Matcher
+from patchword.matching.registry import GEOMETRY, list_matchers, matcher_preset, matcher_spec
 
 __all__ = [
-    "MATCHER_SECTIONS",
+    "typed_sections",
     "ModelConfig",
     "NAAFOptions",
     "SCANOptions",
@@ -59,17 +60,11 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 
 
-#: Model config section -> the matcher config it fills. A matcher reads the section of its config class
-#: (``laps`` is SEPS without dense text, so it reads ``seps``); the token geometry (embed_dim, num_patches,
-#: has_cls) is not part of a section: it comes from ``embed_dim`` and the image encoder.
-MATCHER_SECTIONS: dict[str, type] = {
-    "seps": SEPSConfig,
-    "vse": VSEConfig,
-    "filip": FILIPConfig,
-    "scan": SCANConfig,
-    "naaf": NAAFConfig,
-    "tgdt": TGDTConfig,
-}
+# Typed option sections of the built-in matchers (``model.seps.sparse_ratio``, ``model.scan.direction``):
+# each is the matcher's own config dataclass minus the token geometry (embed_dim, num_patches, has_cls), which
+# comes from ``embed_dim`` and the image encoder. A registered matcher names its section
+# (``register_matcher(..., section=)``); a third-party matcher without a typed section here reads
+# ``model.options`` (type-checked against its config class when the run starts).
 SEPSOptions = field_subset(
     SEPSConfig, GEOMETRY, "SEPSOptions", __name__, "Options of SEPS / LAPS (see SEPSConfig)."
 )
@@ -93,7 +88,7 @@ class ModelConfig:
     nothing, so it is an error).
     """
 
-    matcher: str = "seps"  # registry name: seps | laps | vse | clip | filip | scan | naaf | tgdt
+    matcher: str = DEFAULT_MATCHER  # a registry name (patchword.matching.list_matchers())
     embed_dim: int = 512  # width of the projected tokens shared by both encoders (official 512)
     image_encoder: Literal["tiny", "hf", "precomp"] = "tiny"  # hf: ViT / Swin, local dir or hub id;
     # precomp: region features
@@ -118,6 +113,7 @@ class ModelConfig:
     scan: SCANOptions = field(default_factory=SCANOptions)  # matcher = scan
     naaf: NAAFOptions = field(default_factory=NAAFOptions)  # matcher = naaf
     tgdt: TGDTOptions = field(default_factory=TGDTOptions)  # matcher = tgdt
+    options: dict[str, Any] = field(default_factory=dict)  # a plug-in matcher's options (no typed section)
 
     # Configs written before the matcher sections existed (saved runs, old YAML files) keep loading.
     ALIASES: ClassVar[dict[str, str]] = {
@@ -140,18 +136,25 @@ class ModelConfig:
 
 
 def matcher_section(matcher: str) -> str:
-    """The :class:`ModelConfig` section that holds ``matcher``'s options (``laps`` -> ``seps``)."""
-    config_cls = matcher_config_class(matcher)
-    for name, cls in MATCHER_SECTIONS.items():
-        if cls is config_cls:
-            return name
-    raise ConfigError("model.matcher", f"{matcher!r} has no options section in ModelConfig")
+    """The :class:`ModelConfig` section that holds ``matcher``'s options (``laps`` -> ``seps``; ``options``
+    for a plug-in matcher without a typed section)."""
+    try:
+        section = matcher_spec(matcher).section
+    except KeyError as err:
+        raise ConfigError("model.matcher", str(err.args[0])) from None
+    return section if section in typed_sections() else "options"
+
+
+def typed_sections() -> list[str]:
+    """The :class:`ModelConfig` fields that hold a registered matcher's options."""
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    return sorted({matcher_spec(m).section for m in list_matchers()} & names)
 
 
 class RetrievalModel(nn.Module):
     """dataset tensors -> encoders -> tokens -> matcher -> similarities."""
 
-    def __init__(self, image_encoder: nn.Module, text_encoder: nn.Module, matcher: nn.Module) -> None:
+    def __init__(self, image_encoder: nn.Module, text_encoder: nn.Module, matcher: Matcher) -> None:
         super().__init__()
         self.image_encoder = image_encoder
         self.text_encoder = text_encoder
@@ -329,6 +332,7 @@ def model_reads_dense(cfg: ModelConfig) -> bool:
 def matcher_arguments(cfg: ModelConfig) -> dict[str, Any]:
     """The matcher's config fields from its section (the geometry comes from the encoders); fields the
     registered preset fixes (``laps``: no dense text) keep the preset's value."""
-    options = dataclasses.asdict(getattr(cfg, matcher_section(cfg.matcher)))
+    section = matcher_section(cfg.matcher)
+    options = dict(cfg.options) if section == "options" else dataclasses.asdict(getattr(cfg, section))
     preset = matcher_preset(cfg.matcher)
     return {k: v for k, v in options.items() if k not in preset}

@@ -143,7 +143,7 @@ class LoadedRun:
     @property
     def image_size(self) -> int:
         """Square input side of the image encoder in pixels."""
-        size = getattr(self.model.image_encoder, "image_size", None)
+        size = self.model.image_encoder.image_size
         if size is None:
             raise ValueError(f"{self.run_dir}: the image encoder does not take images (region features?)")
         return int(size)

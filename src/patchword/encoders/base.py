@@ -32,6 +32,9 @@ class EncoderBase(nn.Module):
         pretrained: True when the backbone weights were loaded from a checkpoint (the trainer applies
             the reduced backbone learning rate only then).
         image_size, image_mean, image_std: the preprocessing an image encoder expects.
+        num_patches, has_cls: an image encoder's token geometry: spatial tokens (patches or regions) and
+            whether a CLS token comes first (the matcher is built for them).
+        patch_size: pixels per patch side of a patch-grid encoder (None: regions, or not known).
         max_len, vocab_size: the sequences a text encoder accepts (position and token embeddings).
     """
 
@@ -44,6 +47,9 @@ class EncoderBase(nn.Module):
     image_size: int | None = None
     image_mean: tuple[float, float, float] = IMAGENET_MEAN
     image_std: tuple[float, float, float] = IMAGENET_STD
+    num_patches: int | None = None
+    has_cls: bool = False
+    patch_size: int | None = None
     # Text encoders: the longest id sequence accepted (None: no limit) and the number of token ids.
     max_len: int | None = None
     vocab_size: int | None = None

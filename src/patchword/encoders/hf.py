@@ -160,6 +160,8 @@ class HFVisionEncoder(EncoderBase):
         self.has_cls = self.kind == "vit"
         self.num_patches = _num_patches(config, self.kind)
         self.image_size = _pair(config.image_size)[0]
+        # pixels per token side: the patch for ViT, the last stage's downsampled cell for Swin
+        self.patch_size = self.image_size // max(1, round(self.num_patches**0.5))
         self.embed_dim = embed_dim
         self.pretrained = not _is_config(backbone)
         self.proj = projection(config.hidden_size, embed_dim)

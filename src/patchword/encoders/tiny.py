@@ -144,6 +144,7 @@ class TinyViT(EncoderBase):
         self.cfg = cfg
         self.embed_dim = cfg.embed_dim
         self.num_patches = (cfg.image_size // cfg.patch_size) ** 2
+        self.patch_size = cfg.patch_size
         self.image_size = cfg.image_size
         if cfg.stem == "patch":
             self.patch_embed = nn.Conv2d(3, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size)

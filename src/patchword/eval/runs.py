@@ -18,7 +18,8 @@ from patchword.data.prepare import PreparedData, eval_role
 from patchword.distributed import Distributed
 from patchword.eval.protocol import evaluate
 from patchword.fileio import atomic_write_text, probe_writable
-from patchword.model import RetrievalModel, matcher_section
+from patchword.matching import matcher_spec
+from patchword.model import RetrievalModel, matcher_arguments
 from patchword.run_config import RunConfig
 
 __all__ = [
@@ -34,10 +35,12 @@ __all__ = [
 def run_metadata(cfg: RunConfig, model: RetrievalModel, role: str) -> dict[str, Any]:
     """What a metrics file must say about how it was obtained."""
     matcher = model.matcher
+    options = matcher_arguments(cfg.model)
     return {
         "split": role,
         "matcher": cfg.model.matcher,
-        "variant": cfg.model.seps.variant if matcher_section(cfg.model.matcher) == "seps" else None,
+        # the options the matcher's registration asks every metrics file to record (SEPS: its variant)
+        **{key: options.get(key) for key in matcher_spec(cfg.model.matcher).report},
         "dense_pairing": matcher.dense_pairing if matcher.consumes_dense else None,
         "leaky": bool(cfg.data.dense and matcher.leaky),
     }

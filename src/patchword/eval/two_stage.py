@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from patchword.eval.engine.core import (
     DEFAULT_MAX_MEMORY_MB,
@@ -32,6 +31,7 @@ from patchword.eval.engine.core import (
     prepare_inputs,
 )
 from patchword.eval.engine.memory import BYTES_PER_MB, budget_bytes
+from patchword.matching.base import Matcher
 
 if TYPE_CHECKING:
     from patchword.distributed import Distributed
@@ -136,7 +136,7 @@ class GlobalIndex:
 
 @torch.no_grad()
 def global_embeddings(
-    matcher: nn.Module,
+    matcher: Matcher,
     img_tokens: torch.Tensor,
     cap_tokens: torch.Tensor,
     cap_lens: torch.Tensor,
@@ -189,7 +189,7 @@ class TwoStageResult:
 
 @torch.no_grad()
 def two_stage_scores(
-    matcher: nn.Module,
+    matcher: Matcher,
     img_tokens: torch.Tensor,
     cap_tokens: torch.Tensor,
     cap_lens: object,

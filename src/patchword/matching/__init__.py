@@ -8,6 +8,7 @@ from patchword.matching.registry import (
     list_matchers,
     matcher_config_class,
     matcher_reads_dense,
+    matcher_spec,
     register_matcher,
 )
 from patchword.matching.scan import SCANConfig, SCANMatcher
@@ -15,7 +16,11 @@ from patchword.matching.seps import SEPSConfig, SEPSMatcher
 from patchword.matching.tgdt import TGDTConfig, TGDTMatcher
 from patchword.matching.vse import VSEConfig, VSEMatcher
 
+#: The matcher a run config uses unless it names another (``model.matcher``).
+DEFAULT_MATCHER = "seps"
+
 __all__ = [
+    "DEFAULT_MATCHER",
     "FILIPConfig",
     "FILIPMatcher",
     "Matcher",
@@ -35,5 +40,6 @@ __all__ = [
     "list_matchers",
     "matcher_config_class",
     "matcher_reads_dense",
+    "matcher_spec",
     "register_matcher",
 ]

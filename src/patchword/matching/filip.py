@@ -43,7 +43,7 @@ class FILIPConfig:
     max_pair_elements: int = 2**26  # patch x word products per block of caption columns (bounds memory)
 
 
-@register_matcher("filip", FILIPConfig)
+@register_matcher("filip", FILIPConfig, losses=("hinge", "infonce"))
 class FILIPMatcher(Matcher):
     """FILIP's token-wise similarity averaged with the global cosine; a learned temperature for InfoNCE."""
 

@@ -1,41 +1,103 @@
-"""Registry and factory for matchers: ``build_matcher("seps", embed_dim=512, ...)``."""
+"""Registry and factory for matchers: ``build_matcher("seps", embed_dim=512, ...)``.
+
+A matcher is one plug-in: the ``@register_matcher`` decorator on its class declares everything the rest of
+patchword needs to know about it (as timm's ``@register_model``), so nothing else names it:
+
+* its options dataclass (every constructor argument) and a preset (``laps`` is ``seps`` without dense text);
+* ``section``: where its options live in a run config (``model.<section>``; ``laps`` reads ``seps``);
+* ``losses``: the training losses it can be trained with (``infonce`` needs a learned temperature);
+* ``pair_chunk``: whether its training step can be scored in blocks of captions (``train.pair_chunk``);
+* ``engine``: its fast exact scoring engine, as ``"module:Class"`` (imported when first used; without one
+  the evaluation calls its forward block by block);
+* ``report``: option fields every metrics file records (SEPS: ``variant``).
+
+The built-in matchers register when :mod:`patchword.matching` is imported (its ``__init__`` imports them);
+a third-party matcher registers by being imported. The registry itself imports no matcher.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
 __all__ = [
+    "MatcherSpec",
     "register_matcher",
     "build_matcher",
     "list_matchers",
+    "matcher_spec",
+    "matcher_spec_for",
     "matcher_config_class",
     "matcher_reads_dense",
     "matcher_preset",
     "GEOMETRY",
+    "LOSSES",
 ]
 
-# name -> (matcher class, config dataclass, preset overrides applied before the user's keywords)
-_REGISTRY: dict[str, tuple[type[nn.Module], type, dict[str, Any]]] = {}
+#: Training losses a matcher may declare: the VSE++ hinge on its sims, or CLIP's symmetric InfoNCE scaled
+#: by the matcher's learned temperature (``Matcher.temperature_scale``).
+LOSSES = ("hinge", "infonce")
 
 
-def register_matcher(name: str, config_cls: type, **preset: Any) -> Callable[[type], type]:
+@dataclass(frozen=True)
+class MatcherSpec:
+    """What registration declares about a matcher (see the module docstring)."""
+
+    name: str
+    cls: type
+    config_cls: type
+    preset: dict[str, Any]
+    section: str
+    losses: tuple[str, ...] = ("hinge",)
+    pair_chunk: bool = False
+    engine: str | None = None
+    report: tuple[str, ...] = ()
+
+
+_REGISTRY: dict[str, MatcherSpec] = {}
+
+
+def register_matcher(
+    name: str,
+    config_cls: type,
+    *,
+    section: str | None = None,
+    losses: tuple[str, ...] = ("hinge",),
+    pair_chunk: bool = False,
+    engine: str | None = None,
+    report: tuple[str, ...] = (),
+    **preset: Any,
+) -> Callable[[type], type]:
     """Class decorator registering a matcher under ``name``.
 
-    The same class may be registered several times with different presets (``laps`` is ``seps`` without
-    the dense branch). ``config_cls`` is the dataclass holding every constructor argument.
+    Args:
+        name: the registry name (``model.matcher``).
+        config_cls: the dataclass holding every constructor argument.
+        section: the run-config section of its options (default ``name``).
+        losses: training losses it supports (of :data:`LOSSES`).
+        pair_chunk: its training step may be chunked over captions.
+        engine: ``"module:Class"`` of its scoring engine (a :class:`~patchword.eval.engine.ScoringEngine`
+            taking the matcher), or None for block-wise forward calls.
+        report: option fields written into every metrics file.
+        **preset: option values fixed for this name (the same class may be registered several times).
     """
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    unknown = (set(preset) | set(report)) - fields
+    if unknown:
+        raise ValueError(f"matcher {name!r}: preset or report names unknown fields {sorted(unknown)}")
+    if set(losses) - set(LOSSES) or not losses:
+        raise ValueError(f"matcher {name!r}: losses must be a non-empty subset of {LOSSES}, got {losses}")
 
     def decorator(cls: type) -> type:
         if name in _REGISTRY:
             raise ValueError(f"matcher {name!r} is already registered")
-        unknown = set(preset) - {f.name for f in dataclasses.fields(config_cls)}
-        if unknown:
-            raise ValueError(f"preset for {name!r} sets unknown fields {sorted(unknown)}")
-        _REGISTRY[name] = (cls, config_cls, dict(preset))
+        _REGISTRY[name] = MatcherSpec(
+            name, cls, config_cls, dict(preset), section or name, tuple(losses), pair_chunk, engine, report
+        )
         return cls
 
     return decorator
@@ -43,24 +105,43 @@ def register_matcher(name: str, config_cls: type, **preset: Any) -> Callable[[ty
 
 def list_matchers() -> list[str]:
     """Names of all registered matchers, sorted."""
-    _import_builtin_matchers()
     return sorted(_REGISTRY)
+
+
+def matcher_spec(name: str) -> MatcherSpec:
+    """What matcher ``name`` declared at registration.
+
+    Raises:
+        KeyError: unknown matcher name.
+    """
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown matcher {name!r}; registered: {sorted(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def matcher_spec_for(matcher: nn.Module) -> MatcherSpec | None:
+    """The registration of a matcher instance's class (the first of its names; None if unregistered)."""
+    for cls in type(matcher).__mro__:
+        for spec in _REGISTRY.values():
+            if spec.cls is cls:
+                return spec
+    return None
 
 
 def matcher_config_class(name: str) -> type:
     """The config dataclass of matcher ``name``."""
-    return _lookup(name)[1]
+    return matcher_spec(name).config_cls
 
 
 def matcher_preset(name: str) -> dict[str, Any]:
     """The config values registration fixes for ``name`` (``laps``: ``use_dense=False``)."""
-    return dict(_lookup(name)[2])
+    return dict(matcher_spec(name).preset)
 
 
 def matcher_reads_dense(name: str, **kwargs: Any) -> bool:
     """Whether matcher ``name`` built with ``kwargs`` reads dense text, without building it."""
-    cls, config_cls, preset = _lookup(name)
-    return cls.reads_dense(config_cls(**{**preset, **kwargs}))
+    spec = matcher_spec(name)
+    return spec.cls.reads_dense(spec.config_cls(**{**spec.preset, **kwargs}))
 
 
 #: The token geometry every matcher is offered (``build_model`` passes the image encoder's). A matcher whose
@@ -92,29 +173,15 @@ def build_matcher(name: str, config: Any = None, **kwargs: Any) -> nn.Module:
         TypeError: a keyword that is not a field of the matcher's config.
         ValueError: ``has_cls=True`` for a matcher that takes no CLS token.
     """
-    cls, config_cls, preset = _lookup(name)
+    spec = matcher_spec(name)
     base = (
         {} if config is None else (dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config)
     )
-    fields = {f.name for f in dataclasses.fields(config_cls)}
+    fields = {f.name for f in dataclasses.fields(spec.config_cls)}
     kwargs = _geometry_for(name, fields, kwargs)
     unknown = (set(base) | set(kwargs)) - fields
     if unknown:
         raise TypeError(
             f"matcher {name!r} got unknown argument(s) {sorted(unknown)}; valid: {sorted(fields)}"
         )
-    values = {**preset, **base, **kwargs}
-    return cls(config_cls(**values))
-
-
-def _lookup(name: str) -> tuple[type[nn.Module], type, dict[str, Any]]:
-    _import_builtin_matchers()
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown matcher {name!r}; registered: {sorted(_REGISTRY)}")
-    return _REGISTRY[name]
-
-
-def _import_builtin_matchers() -> None:
-    # Importing the modules runs their @register_matcher decorators; done lazily so that importing the
-    # registry never pulls in every model.
-    from patchword.matching import naaf, scan, seps, tgdt, vse  # noqa: F401
+    return spec.cls(spec.config_cls(**{**spec.preset, **base, **kwargs}))

@@ -111,17 +111,24 @@ class SEPSConfig:
     # s_im, the image saliency of selection: cosine with the mean patch (official) or with CLS (needs has_cls)
     saliency: Literal["mean_patch", "cls"] = "mean_patch"
 
-    def resolved(self) -> SEPSConfig:
-        """A copy with every ``None`` switch filled from the variant preset, validated."""
+    def check(self) -> None:
+        """Checks that need no token geometry (the run config runs them before anything is built)."""
         if self.variant not in VARIANT_PRESETS:
             raise ValueError(f"variant must be one of {_CHOICES['variant']}, got {self.variant!r}")
+        for name, allowed in _CHOICES.items():
+            value = getattr(self, name)
+            if value is not None and value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        for name in ("sparse_ratio", "aggr_ratio"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must lie in (0, 1], got {getattr(self, name)!r}")
+
+    def resolved(self) -> SEPSConfig:
+        """A copy with every ``None`` switch filled from the variant preset, validated."""
+        self.check()
         preset = VARIANT_PRESETS[self.variant]
         cfg = replace(self, **{k: v for k, v in preset.items() if getattr(self, k) is None})
-        for name, allowed in _CHOICES.items():
-            if getattr(cfg, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(cfg, name)!r}")
-        if not 0 < cfg.sparse_ratio <= 1 or not 0 < cfg.aggr_ratio <= 1:
-            raise ValueError("sparse_ratio and aggr_ratio must lie in (0, 1]")
+        cfg.check()
         if cfg.saliency == "cls" and not cfg.has_cls:
             raise ValueError("saliency='cls' needs image tokens with a CLS token (has_cls=True)")
         if cfg.num_keep < 1 or cfg.num_aggregated < 1:
@@ -192,8 +199,11 @@ class SelectionTrace:
     cls: torch.Tensor | None
 
 
-@register_matcher("seps", SEPSConfig)
-@register_matcher("laps", SEPSConfig, use_dense=False)
+_SEPS_PLUGIN = dict(pair_chunk=True, engine="patchword.eval.engine.seps:SEPSEngine", report=("variant",))
+
+
+@register_matcher("seps", SEPSConfig, **_SEPS_PLUGIN)
+@register_matcher("laps", SEPSConfig, section="seps", use_dense=False, **_SEPS_PLUGIN)
 class SEPSMatcher(Matcher):
     """SEPS / LAPS similarity head over projected image and text tokens.
 

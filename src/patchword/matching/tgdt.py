@@ -80,7 +80,7 @@ class TGDTTokens:
     mask: torch.Tensor | None = None
 
 
-@register_matcher("tgdt", TGDTConfig)
+@register_matcher("tgdt", TGDTConfig, engine="patchword.eval.engine.tgdt:TGDTEngine")
 class TGDTMatcher(Matcher):
     """TGDT similarity head: global and token-level local similarity of transformer outputs.
 

@@ -34,8 +34,15 @@ class VSEConfig:
     max_logit_scale: float = 100.0  # CLIP clamps exp(logit_scale) at 100
 
 
-@register_matcher("vse", VSEConfig)
-@register_matcher("clip", VSEConfig, learn_temperature=True)
+@register_matcher("vse", VSEConfig, engine="patchword.eval.engine.vse:VSEEngine")
+@register_matcher(
+    "clip",
+    VSEConfig,
+    section="vse",
+    losses=("hinge", "infonce"),
+    engine="patchword.eval.engine.vse:VSEEngine",
+    learn_temperature=True,
+)
 class VSEMatcher(Matcher):
     """sims = cos(pooled image, mean of valid caption tokens); dense text is ignored.
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from patchword.matching.base import Matcher
 from patchword.matching.ops import l2norm
 
 __all__ = ["BranchMask", "WordAttention", "Explanation", "explain_pair", "SPECIAL_TOKENS"]
@@ -124,7 +125,7 @@ class Explanation:
 
 @torch.no_grad()
 def explain_pair(
-    matcher: torch.nn.Module,
+    matcher: Matcher,
     img_tokens: torch.Tensor,
     cap_tokens: torch.Tensor,
     cap_len: int,
@@ -218,7 +219,7 @@ def _explain_selection(trace, cap_tokens: torch.Tensor, names: list[str], score:
 
 
 def _explain_token_cosine(
-    matcher: torch.nn.Module,
+    matcher: Matcher,
     img_tokens: torch.Tensor,
     cap_tokens: torch.Tensor,
     names: list[str],

@@ -46,15 +46,15 @@ def model_identity(run: LoadedRun) -> dict[str, Any]:
     """What an index records about its model: where it came from, what decides compatibility
     (``weights_sha256``, ``vocab_sha256``), and the shapes it produces."""
     encoder = run.model.image_encoder
-    if getattr(encoder, "image_size", None) is None:
+    if encoder.image_size is None:
         raise ConfigError(
             "model.image_encoder",
             f"{run.run_dir}: this model reads precomputed region features, not image files; "
             "an image index needs a model with an image encoder (tiny or hf)",
         )
     size = int(encoder.image_size)
-    num_patches, has_cls = getattr(encoder, "num_patches", None), getattr(encoder, "has_cls", None)
-    if num_patches is not None and has_cls is not None:
+    num_patches, has_cls = encoder.num_patches, encoder.has_cls
+    if num_patches is not None:
         shape = (int(num_patches) + int(has_cls), int(encoder.embed_dim))
     else:  # an encoder that does not say: ask it
         with torch.no_grad():

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from patchword.encoders.base import EncoderBase
 from patchword.errors import DataError, MissingFileError
 from patchword.eval.engine.core import engine_for, prepare_inputs
 from patchword.eval.engine.memory import budget_bytes
@@ -345,11 +346,10 @@ def token_namer(tokenizer: object):
     return lambda i: f"[{i}]"
 
 
-def patch_grid(image_encoder: object, num_patches: int) -> tuple[int, int]:
+def patch_grid(image_encoder: EncoderBase, num_patches: int) -> tuple[int, int]:
     """(rows, cols) of the patch grid: ``image_size // patch_size`` when the encoder says, else the square
     root of the patch count, else one row."""
-    cfg = getattr(image_encoder, "cfg", None)
-    size, patch = getattr(image_encoder, "image_size", None), getattr(cfg, "patch_size", None)
+    size, patch = image_encoder.image_size, image_encoder.patch_size
     if size and patch and (size // patch) ** 2 == num_patches:
         return size // patch, size // patch
     side = int(round(num_patches**0.5))

@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 from patchword.data.pipeline import ShardBatch
 from patchword.distributed import Distributed
 from patchword.losses import CMCLoss, ContrastiveLoss, HingeLoss, RatioLoss
-from patchword.matching.base import MatcherOutput
+from patchword.matching.base import Matcher, MatcherOutput
 from patchword.matching.ops import full_precision
 from patchword.model import RetrievalModel
 from patchword.run_config import RunConfig
@@ -37,7 +37,7 @@ _logger = logging.getLogger(__name__)
 
 
 def matcher_rows(
-    matcher: nn.Module,
+    matcher: Matcher,
     img: torch.Tensor,
     caps: torch.Tensor,
     lens: torch.Tensor,

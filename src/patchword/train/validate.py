@@ -8,6 +8,7 @@ device availability); :func:`check_model_data` runs once the tokenizer, the mode
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -22,8 +23,14 @@ from patchword.data.prepare import (
 )
 from patchword.device import resolve_device
 from patchword.errors import ConfigError, MissingFileError
-from patchword.matching.registry import matcher_preset
-from patchword.model import MATCHER_SECTIONS, RetrievalModel, matcher_section, model_reads_dense
+from patchword.matching.registry import list_matchers, matcher_spec
+from patchword.model import (
+    RetrievalModel,
+    matcher_arguments,
+    matcher_section,
+    model_reads_dense,
+    typed_sections,
+)
 from patchword.run_config import RunConfig
 
 __all__ = ["check_config", "check_launch", "check_model_data", "data_image_size", "RESUMABLE_KEYS"]
@@ -63,6 +70,61 @@ def _at_least(value: float, low: float, key: str) -> None:
 def _ratio(value: float, key: str) -> None:
     if not 0 < value <= 1:
         raise ConfigError(key, f"must lie in (0, 1], got {value!r}")
+
+
+def _check_matcher(cfg: RunConfig) -> None:
+    """What the matcher declared at registration, checked against the config: its training losses,
+    chunking, the options its preset fixes, its options themselves, and sections it does not read."""
+    mc, tc = cfg.model, cfg.train
+    try:
+        spec = matcher_spec(mc.matcher)
+    except KeyError:
+        raise ConfigError(
+            "model.matcher", f"unknown matcher {mc.matcher!r}; registered: {', '.join(list_matchers())}"
+        ) from None
+    if tc.loss not in spec.losses:
+        raise ConfigError(
+            "train.loss",
+            f"model.matcher={mc.matcher} trains with {' or '.join(spec.losses)}, not {tc.loss} (infonce "
+            "scales the sims by a learned temperature: a matcher that has one, e.g. clip or filip)",
+        )
+    if tc.pair_chunk and not spec.pair_chunk:
+        raise ConfigError("train.pair_chunk", f"model.matcher={mc.matcher} does not chunk its training step")
+    in_use = matcher_section(mc.matcher)
+    if in_use != "options":
+        section = getattr(mc, in_use)
+        for key, value in spec.preset.items():
+            if getattr(section, key) != getattr(type(section)(), key):
+                raise ConfigError(
+                    f"model.{in_use}.{key}",
+                    f"is fixed to {value!r} by model.matcher={mc.matcher}: leave it at its default",
+                )
+    options = matcher_arguments(mc)
+    fields = {f.name for f in dataclasses.fields(spec.config_cls)}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise ConfigError(
+            f"model.options.{unknown[0]}",
+            f"is not an option of {mc.matcher}; valid: {', '.join(sorted(fields))}",
+        )
+    try:  # the options' own checks (those that need no token geometry)
+        config = spec.config_cls(**{**spec.preset, **options})
+        if hasattr(config, "check"):
+            config.check()
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"model.{in_use}", str(err)) from None
+    for name in typed_sections():
+        changed = config_diff(type(getattr(mc, name))(), getattr(mc, name)) if name != in_use else []
+        if changed:
+            raise ConfigError(
+                f"model.{name}.{changed[0]}",
+                f"has no effect with model.matcher={mc.matcher} (it reads model.{in_use})",
+            )
+    if mc.options and in_use != "options":
+        key = next(iter(mc.options))
+        raise ConfigError(
+            f"model.options.{key}", f"has no effect with model.matcher={mc.matcher} (it reads model.{in_use})"
+        )
 
 
 def _existing(path: str, key: str, kind: str = "file") -> None:
@@ -136,32 +198,7 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
         raise ConfigError("train.lr", f"must be > 0, got {tc.lr!r}")
     if not cfg.dist_timeout_s > 0:
         raise ConfigError("dist_timeout_s", f"must be > 0, got {cfg.dist_timeout_s!r}")
-    if tc.loss == "infonce" and mc.matcher not in ("clip", "filip"):
-        raise ConfigError(
-            "train.loss", "infonce scales the sims by a learned temperature: model.matcher=clip or filip"
-        )
-    if tc.pair_chunk and matcher_section(mc.matcher) != "seps":
-        raise ConfigError(
-            "train.pair_chunk", f"chunks the SEPS / LAPS step only, not model.matcher={mc.matcher}"
-        )
-    _ratio(mc.seps.sparse_ratio, "model.seps.sparse_ratio")
-    _ratio(mc.seps.aggr_ratio, "model.seps.aggr_ratio")
-    in_use = matcher_section(mc.matcher)
-    section = getattr(mc, in_use)
-    for key, value in matcher_preset(mc.matcher).items():
-        if getattr(section, key) != getattr(type(section)(), key):
-            raise ConfigError(
-                f"model.{in_use}.{key}",
-                f"is fixed to {value!r} by model.matcher={mc.matcher}: leave it at its default",
-            )
-    for name in MATCHER_SECTIONS:
-        options = getattr(mc, name)
-        changed = config_diff(type(options)(), options) if name != in_use else []
-        if changed:
-            raise ConfigError(
-                f"model.{name}.{changed[0]}",
-                f"has no effect with model.matcher={mc.matcher} (it reads model.{in_use})",
-            )
+    _check_matcher(cfg)
     if dc.dataset in SYNTHETIC_DATASETS:
         for key in ("num_train", "num_dev", "num_test"):
             _at_least(getattr(dc, key), 1, f"data.{key}")

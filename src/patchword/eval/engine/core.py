@@ -2,7 +2,7 @@
 
 A *scoring engine* computes the (N_img, N_txt) matrix of one matcher in blocks whose size is chosen from
 a memory budget. Engines live in this package and are registered for a matcher class
-(:func:`register_engine`); a matcher without one is scored by
+(``register_matcher(..., engine=...)``); a matcher without one is scored by
 :class:`~patchword.eval.engine.forward.ForwardEngine`, block-wise calls of its own forward.
 
 Every engine must equal the matcher's eval-mode forward pass (to float rounding); ``engine="forward"``
@@ -20,6 +20,7 @@ from torch import nn
 
 from patchword._validation import check_lengths, check_tensor
 from patchword.eval.engine.memory import budget_bytes
+from patchword.matching.base import Matcher
 from patchword.progress import progress_bar
 
 __all__ = [
@@ -100,7 +101,7 @@ class ScoringEngine:
 
     name = "engine"
 
-    def __init__(self, matcher: nn.Module) -> None:
+    def __init__(self, matcher: Matcher) -> None:
         self.matcher = matcher
         self.last_plan: BlockPlan | None = None
 
@@ -149,7 +150,8 @@ class ScoringEngine:
 
 
 def register_engine(matcher_cls: type) -> Callable[[Callable[[nn.Module], ScoringEngine]], Any]:
-    """Decorator registering an engine factory (usually the engine class) for a matcher class."""
+    """Decorator attaching an engine factory (usually the engine class) to a matcher class that was not
+    registered with one (``register_matcher(..., engine="module:Class")`` is the usual way)."""
 
     def decorator(factory: Callable[[nn.Module], ScoringEngine]) -> Any:
         _ENGINES[matcher_cls] = factory
@@ -158,40 +160,55 @@ def register_engine(matcher_cls: type) -> Callable[[Callable[[nn.Module], Scorin
     return decorator
 
 
-def engine_for(matcher: nn.Module, engine: str | ScoringEngine | None = None) -> ScoringEngine:
+def _declared_engine(matcher: Matcher) -> Callable[[nn.Module], ScoringEngine] | None:
+    """The engine a matcher's class was given: attached with :func:`register_engine`, or declared at its
+    registration (imported now)."""
+    import importlib
+
+    from patchword.matching.registry import matcher_spec_for
+
+    for cls in type(matcher).__mro__:
+        if cls in _ENGINES:
+            return _ENGINES[cls]
+    spec = matcher_spec_for(matcher)
+    if spec is None or spec.engine is None:
+        return None
+    module, _, name = spec.engine.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def engine_for(matcher: Matcher, engine: str | ScoringEngine | None = None) -> ScoringEngine:
     """The engine that will score ``matcher``.
 
     Args:
         matcher: any matcher module.
-        engine: ``None`` / ``"auto"`` (fast engine if any, else the forward fallback), ``"forward"``
-            (always block-wise forward calls), or a ready engine instance.
+        engine: ``None`` / ``"auto"`` (the matcher's declared fast engine if any, else the forward
+            fallback), ``"forward"`` (always block-wise forward calls), or a ready engine instance.
     """
-    from patchword.eval.engine import forward, seps, tgdt, vse  # noqa: F401  (registers the built-in engines)
+    from patchword.eval.engine.forward import ForwardEngine
 
     if isinstance(engine, ScoringEngine):
         return engine
     if engine == "forward":
-        return forward.ForwardEngine(matcher)
+        return ForwardEngine(matcher)
     if engine not in (None, "auto"):
         raise ValueError(f"engine must be None, 'auto', 'forward' or a ScoringEngine, got {engine!r}")
-    for cls in type(matcher).__mro__:
-        if cls in _ENGINES:
-            return _ENGINES[cls](matcher)
-    return forward.ForwardEngine(matcher)
+    factory = _declared_engine(matcher)
+    return factory(matcher) if factory is not None else ForwardEngine(matcher)
 
 
-def _matcher_device(matcher: nn.Module) -> torch.device:
+def _matcher_device(matcher: Matcher) -> torch.device:
     for tensor in list(matcher.parameters()) + list(matcher.buffers()):
         return tensor.device
     return torch.device("cpu")
 
 
-def _dense_pairing(matcher: nn.Module) -> str:
+def _dense_pairing(matcher: Matcher) -> str:
     return matcher.dense_pairing if matcher.consumes_dense else "none"
 
 
 def prepare_inputs(
-    matcher: nn.Module,
+    matcher: Matcher,
     img_tokens: torch.Tensor,
     cap_tokens: torch.Tensor,
     cap_lens: object,
@@ -236,7 +253,7 @@ def prepare_inputs(
 
 @torch.no_grad()
 def score_matrix(
-    matcher: nn.Module,
+    matcher: Matcher,
     img_tokens: torch.Tensor,
     cap_tokens: torch.Tensor,
     cap_lens: object,

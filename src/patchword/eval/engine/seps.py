@@ -45,7 +45,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from patchword.eval.engine.core import BlockPlan, ScoringEngine, ScoringInputs, register_engine
+from patchword.eval.engine.core import BlockPlan, ScoringEngine, ScoringInputs
 from patchword.eval.engine.memory import largest_fitting
 from patchword.eval.engine.seps_blocks import (
     MIN_BUCKET,
@@ -88,7 +88,6 @@ _SMALL_BMM = 1.5
 _WORKING_SET = 64 << 20
 
 
-@register_engine(SEPSMatcher)
 class SEPSEngine(ScoringEngine):
     """Fast exact scorer of :class:`~patchword.matching.seps.SEPSMatcher` (see the module docstring).
 

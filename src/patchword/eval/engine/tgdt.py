@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from patchword.eval.engine.core import register_engine
 from patchword.eval.engine.forward import ForwardEngine
-from patchword.matching.tgdt import TGDTMatcher
 
 __all__ = ["TGDTEngine"]
 
 
-@register_engine(TGDTMatcher)
 class TGDTEngine(ForwardEngine):
     """:class:`ForwardEngine` whose ``score_pairs`` scores listed pairs with
     :meth:`TGDTMatcher.paired_scores` (no per-image forward calls): the re-ranking of two-stage search."""

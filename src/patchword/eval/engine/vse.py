@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from patchword.eval.engine.core import BlockPlan, ScoringEngine, register_engine
-from patchword.matching.vse import VSEMatcher
+from patchword.eval.engine.core import BlockPlan, ScoringEngine
 from patchword.progress import progress_bar
 
 __all__ = ["VSEEngine"]
@@ -13,7 +12,6 @@ __all__ = ["VSEEngine"]
 _F32 = 4
 
 
-@register_engine(VSEMatcher)
 class VSEEngine(ScoringEngine):
     """sims = global_image(img) @ global_text(cap).T, exactly what :class:`VSEMatcher` computes.
 
