@@ -22,7 +22,7 @@ from patchword.matching import (
 
 DIM = 32
 N_PATCHES = 16  # a 4x4 grid
-BUILTIN = "seps laps vse clip filip scan naaf tgdt".split()
+BUILTIN = ["seps", "laps", "vse", "clip", "filip", "scan", "naaf", "tgdt"]
 
 
 def _takes_cls(name: str) -> bool:

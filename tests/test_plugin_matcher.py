@@ -8,7 +8,6 @@ import json
 from dataclasses import dataclass
 
 import pytest
-import torch
 from torch import nn
 
 from conftest import TINY_MODEL_32, one_error_line
