@@ -26,18 +26,16 @@ from pathlib import Path
 import torch
 
 from patchword.bench.machine import machine_description
-from patchword.config import apply_overrides
 from patchword.data.prepare import prepare_data
-from patchword.demo import DEMO_OVERRIDES
+from patchword.demo import demo_config
 from patchword.eval.compositional import format_compositional_comparison
 from patchword.eval.runs import evaluate_suite
 from patchword.fileio import atomic_write_text
-from patchword.run_config import RunConfig
 from patchword.train.runner import resume_run, train_run
 
 MODELS = {
-    "vse (global: CLS vs mean of words)": ["model.matcher=vse"],
-    "laps (code)": ["model.matcher=laps", "model.seps.variant=code"],
+    "vse (global: CLS vs mean of words)": ["model.name=vse-tiny"],
+    "laps (code)": ["model.name=laps-tiny"],
     "seps code, image-tied dense": ["model.seps.variant=code", "model.seps.dense_pairing=image"],
     "seps code, caption-tied dense (official protocol, LEAKY)": [
         "model.seps.variant=code",
@@ -50,10 +48,11 @@ KINDS = ["attribute_swap", "relation_swap", "object_replace", "count_change"]
 
 
 def _common(args: argparse.Namespace) -> list[str]:
-    skip = ("name=", "model.seps.variant", "model.seps.dense_pairing")
+    # the demo's encoders, also under another model.name (a named model replaces the model section)
+    demo = demo_config(args.overrides)
     return [
-        *(o for o in DEMO_OVERRIDES if not o.startswith(skip)),
         *args.overrides,
+        f"model.tiny_pretrained={demo.model.tiny_pretrained}",
         f"output_dir={args.out_dir}",
         f"seed={args.seed}",
         f"train.num_threads={args.threads}",
@@ -63,7 +62,7 @@ def _common(args: argparse.Namespace) -> list[str]:
 
 
 def _table(results: dict, common: list[str]) -> str:
-    cfg = apply_overrides(RunConfig(), common)
+    cfg = demo_config(common)
     steps, encoders = cfg.train.max_steps, cfg.model.tiny_pretrained
     machine = machine_description()
     lines = [
@@ -114,13 +113,13 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     torch.set_flush_denormal(True)
     common = _common(args)
-    data = prepare_data(apply_overrides(RunConfig(), common).data)
+    data = prepare_data(demo_config(common).data)
     results_path = args.out_dir / "comparison.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
     for i, (label, overrides) in enumerate(MODELS.items()):
         if label in results or (args.only and not any(s in label for s in args.only)):
             continue
-        cfg = apply_overrides(RunConfig(), [*common, f"name=m{i}", *overrides])
+        cfg = demo_config([*common, f"name=m{i}", *overrides])
         run_dir = args.out_dir / f"m{i}"
         t0 = time.perf_counter()
         if (run_dir / "summary.json").is_file():  # trained, but its row was not recorded yet

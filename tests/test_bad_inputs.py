@@ -16,17 +16,8 @@ from conftest import one_error_line
 from patchword.cli import main
 
 TINY_MODEL = [
-    "model.embed_dim=16",
-    "model.tiny_vit.image_size=32",
-    "model.tiny_vit.patch_size=8",
-    "model.tiny_vit.width=16",
-    "model.tiny_vit.depth=1",
-    "model.tiny_vit.heads=2",
-    "model.tiny_text_width=16",
-    "model.tiny_text_depth=1",
-    "model.max_text_len=64",
+    "model.name=vse-tiny-16",
     "data.max_dense_len=48",
-    "model.matcher=vse",
     "train.batch_size=4",
     "train.max_steps=1",
     "train.num_threads=1",

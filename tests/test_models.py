@@ -21,6 +21,8 @@ GEOMETRY = {
     "swin-b-384": (144, False),
     "precomp": (36, False),
     "tiny": (64, True),
+    "tiny-32": (16, True),  # 32 px in 8 px patches
+    "tiny-16": (16, True),
     "tiny-regions": (36, False),
 }
 
@@ -83,3 +85,56 @@ def test_a_word_encoder_without_a_vocabulary_size_is_one_error_naming_the_argume
     with pytest.raises(ConfigError, match="^vocab_size: .*vocabulary size"):
         build_model(get_model_config(name))
     assert create_model(name, pretrained=False, vocab_size=40).text_encoder.vocab_size == 40
+
+
+def test_create_model_and_transforms_gives_a_matching_tokenizer_and_preprocessing():
+    from PIL import Image
+
+    from patchword import create_model_and_transforms
+
+    torch.manual_seed(0)
+    model, tokenizer, preprocess = create_model_and_transforms("seps-tiny-32", pretrained=False)
+    torch.manual_seed(0)
+    same = create_model("seps-tiny-32", pretrained=False)
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), same.state_dict().values(), strict=True)
+    )
+    pixels = preprocess(Image.new("RGB", (50, 40), (200, 30, 30)))
+    assert pixels.shape == (3, 32, 32)
+    ids, lens = tokenizer.batch_encode(["a large red circle", "two small squares"])
+    assert int(ids.max()) < model.text_encoder.vocab_size
+    with torch.no_grad():
+        sims = model.eval()(pixels[None], ids, lens).sims
+    assert sims.shape == (1, 2) and torch.isfinite(sims).all()
+    regions = create_model_and_transforms("scan-tiny-regions", pretrained=False)
+    assert regions[2] is None  # region features: no image preprocessing
+
+
+def test_a_run_config_names_its_model_and_overrides_apply_on_top_in_any_order():
+    from patchword.config import apply_overrides
+    from patchword.run_config import RunConfig
+
+    for overrides in (
+        ["model.embed_dim=64", "model.name=seps-tiny-paper"],
+        ["model.name=seps-tiny-paper", "model.embed_dim=64"],
+    ):
+        cfg = apply_overrides(RunConfig(), overrides)
+        assert (cfg.model.name, cfg.model.embed_dim, cfg.model.seps.variant) == (
+            "seps-tiny-paper",
+            64,
+            "paper",
+        )
+        assert cfg.model.tiny_vit.image_size == 64
+    with pytest.raises(ConfigError, match="model.name: unknown model 'seps-tiny-papr'"):
+        apply_overrides(RunConfig(), ["model.name=seps-tiny-papr"])
+
+
+def test_every_shipped_recipe_loads_and_names_a_shipped_model():
+    from patchword.run_config import list_recipes, load_run_config
+
+    recipes = list_recipes()
+    assert {"demo", "pretrain-synthetic-64", "synthetic_seps_paper", "f30k_seps_vit224"} <= set(recipes)
+    for recipe in recipes:
+        cfg = load_run_config(recipe)
+        assert cfg.model.name in list_models() or cfg.model.matcher in ("clip", "filip"), recipe

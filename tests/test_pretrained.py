@@ -18,17 +18,7 @@ from patchword.model import build_model
 from patchword.pretrained import load_pretrained_encoders, save_pretrained_encoders
 from patchword.run_config import RunConfig
 
-SMALL = [
-    "model.embed_dim=16",
-    "model.tiny_vit.image_size=32",
-    "model.tiny_vit.patch_size=8",
-    "model.tiny_vit.width=16",
-    "model.tiny_vit.depth=1",
-    "model.tiny_vit.heads=2",
-    "model.tiny_text_width=16",
-    "model.tiny_text_depth=1",
-    "model.max_text_len=32",
-]
+SMALL = ["model.name=vse-tiny-16", "model.matcher=seps", "model.max_text_len=32"]
 
 
 def test_contrastive_loss_is_clips_symmetric_cross_entropy():

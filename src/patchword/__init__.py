@@ -2,12 +2,18 @@
 
 Data flows one way: dataset -> encoders -> token tensors -> matcher -> similarities -> loss | metrics.
 
-``create_model("seps-vit-b16-code")`` builds a named architecture (:func:`list_models`);
+``create_model("seps-vit-b16-code")`` builds a named architecture (:func:`list_models`),
+``create_model_and_transforms`` also its tokenizer and image preprocessing;
 ``patchword.matching.build_matcher`` a similarity head alone; ``patchword.runs.load_run`` a trained run.
 """
 
 __version__ = "0.1.0"
 
-from patchword.factory import create_model, get_model_config, list_models  # noqa: E402
+from patchword.factory import (  # noqa: E402
+    create_model,
+    create_model_and_transforms,
+    get_model_config,
+    list_models,
+)
 
-__all__ = ["__version__", "create_model", "get_model_config", "list_models"]
+__all__ = ["__version__", "create_model", "create_model_and_transforms", "get_model_config", "list_models"]

@@ -219,8 +219,27 @@ def _check_value(value: Any, hint: Any, key: str) -> Any:
 
 
 def apply_overrides(cfg: T, overrides: list[str]) -> T:
-    """Return a copy of ``cfg`` with ``section.field=value`` overrides applied."""
+    """Return a copy of ``cfg`` with ``section.field=value`` overrides applied.
+
+    An override naming a section's named configuration (``model.name=seps-tiny-paper``, see
+    :func:`load_config`) applies first: the section becomes that configuration, and the section's other
+    overrides apply on top of it, whatever their order.
+    """
     data = config_to_dict(cfg)
+    naming = [item for item in overrides if _names_a_base(type(cfg), item)]
+    for item in naming:
+        key, raw = item.split("=", 1)
+        *path, _ = key.strip().split(".")
+        sub = _section_class(type(cfg), path)
+        node = data
+        for part in path[:-1]:
+            node = node[part]
+        name = _unquote(raw)
+        node[path[-1]] = {
+            **_deep_merge(config_to_dict(sub()), sub.named_base(name), ".".join(path)),
+            "name": name,
+        }
+    overrides = [item for item in overrides if item not in naming]
     for item in overrides:
         if "=" not in item:
             raise ConfigError("", f"override {item!r} must look like key.path=value")
@@ -244,6 +263,27 @@ def apply_overrides(cfg: T, overrides: list[str]) -> T:
         # A string field takes the text as written (YAML would turn name=0613 into the integer 613).
         node[parts[-1]] = _unquote(raw) if isinstance(node[parts[-1]], str) else _parse_scalar(raw)
     return from_dict(type(cfg), data)
+
+
+def _section_class(cls: type, path: list[str]) -> type | None:
+    """The dataclass at dotted ``path`` below ``cls`` (None if the path leaves the dataclasses)."""
+    for part in path:
+        hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+        if part not in hints or _dataclass_type(hints[part]) is None:
+            return None
+        cls = _dataclass_type(hints[part])
+    return cls
+
+
+def _names_a_base(cls: type, item: str) -> bool:
+    """Whether override ``item`` sets the ``name`` of a section that offers named configurations."""
+    if "=" not in item:
+        return False
+    parts = item.split("=", 1)[0].strip().split(".")
+    if len(parts) < 2 or parts[-1] != "name":
+        return False
+    sub = _section_class(cls, parts[:-1])
+    return sub is not None and hasattr(sub, "named_base")
 
 
 def _free_form_depth(cls: type, parts: list[str]) -> int | None:
@@ -314,10 +354,29 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         if not isinstance(data, dict):
             raise ConfigError("", f"{path}: expected a mapping at the top level")
         try:
-            cfg = from_dict(cls, _deep_merge(config_to_dict(cfg), _upgrade(cls, data, ""), ""))
+            data = _upgrade(cls, data, "")
+            cfg = from_dict(cls, _deep_merge(_named_bases(cls, config_to_dict(cfg), data, ""), data, ""))
         except ConfigError as err:
             raise ConfigError(err.key, f"{err.detail} (in {path})") from None
     return apply_overrides(cfg, overrides or [])
+
+
+def _named_bases(cls: type, base: dict[str, Any], update: dict[str, Any], where: str) -> dict[str, Any]:
+    """``base`` with every section that ``update`` names (``model: {name: seps-tiny-paper}``) replaced by
+    that named configuration, so the rest of ``update``'s section applies on top of it. A dataclass
+    offers names through a ``named_base(name) -> dict`` classmethod (``ModelConfig``: the model configs)."""
+    hints = typing.get_type_hints(cls)
+    out = dict(base)
+    for f in dataclasses.fields(cls):
+        sub, value = _dataclass_type(hints[f.name]), update.get(f.name)
+        if sub is None or not isinstance(value, dict):
+            continue
+        section = base[f.name]
+        name = value.get("name")
+        if name and hasattr(sub, "named_base"):
+            section = _deep_merge(section, sub.named_base(name), f"{where}{f.name}")
+        out[f.name] = _named_bases(sub, section, value, f"{where}{f.name}.")
+    return out
 
 
 def _deep_merge(base: dict[str, Any], update: dict[str, Any], where: str) -> dict[str, Any]:

@@ -21,44 +21,20 @@ from typing import Any
 
 import torch
 
-from patchword.config import apply_overrides
 from patchword.pretrain import KEYS
-from patchword.run_config import RunConfig
+from patchword.run_config import RunConfig, load_run_config
 
-__all__ = ["DEMO_OVERRIDES", "demo_config", "run_demo", "format_table"]
+__all__ = ["DEMO_RECIPE", "demo_config", "run_demo", "format_table"]
 
 _logger = logging.getLogger(__name__)
 
-# What the demo sets, and why (measured: docs/benchmarks.md, "make demo" and "Demo calibration"): the
-# shipped pretrained tiny encoders and their vocabulary; the paper-variant SEPS with image-tied dense text;
-# the official recipe's optimiser (AdamW, backbones at lr x0.1, summed negatives: the official first-epoch
-# loss, kept for the whole short run) without the alignment ramp (the encoders are already trained);
-# negatives the generator knows to fit a caption masked; float32; a fixed step count (no time budget),
-# sized to keep `make demo` well under 15 minutes on a 2-core CPU without bfloat16, set-up included
-# (200 -> 400 steps bought +9 test rSum, 417.9 -> 427.1, for twice the training time).
-DEMO_OVERRIDES = [
-    "name=demo",
-    "model.matcher=seps",
-    "model.embed_dim=128",
-    "model.tiny_pretrained=synthetic-64",
-    "data.vocab_path=synthetic-64",
-    "model.seps.variant=paper",
-    "model.seps.dense_pairing=image",
-    "precision=fp32",
-    "train.lr=5e-4",
-    "train.max_steps=250",
-    "train.epochs=100",
-    "train.hardest_after_epochs=100",
-    "train.align_warmup_epochs=0",
-    "train.eval_every=125",
-    "train.eval_max_images=300",
-    "train.log_every=20",
-]
+#: The demo's recipe: ``patchword/configs/demo.yaml`` (what it sets, and why, is written there).
+DEMO_RECIPE = "demo"
 
 
 def demo_config(overrides: list[str] | None = None) -> RunConfig:
-    """The demo run: defaults + :data:`DEMO_OVERRIDES` + the user's overrides."""
-    return apply_overrides(RunConfig(), DEMO_OVERRIDES + list(overrides or []))
+    """The demo run: defaults + the demo recipe + the user's overrides."""
+    return load_run_config(DEMO_RECIPE, overrides)
 
 
 def format_table(summary: dict[str, Any]) -> str:

@@ -20,7 +20,13 @@ from patchword.config import config_to_dict, from_dict
 from patchword.errors import ConfigError
 from patchword.model import ModelConfig, RetrievalModel, build_model
 
-__all__ = ["list_models", "get_model_config", "create_model"]
+__all__ = [
+    "list_models",
+    "get_model_config",
+    "named_model_mapping",
+    "create_model",
+    "create_model_and_transforms",
+]
 
 _PACKAGE = "patchword.model_configs"
 #: The vocabulary a word-level text encoder (tiny transformer, GRU) gets when ``create_model`` is not told
@@ -56,52 +62,118 @@ def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def named_model_mapping(name: str) -> dict[str, Any]:
+    """The ``model`` mapping of named architecture ``name`` (with ``name`` itself), as its YAML file holds it.
+
+    Raises:
+        ConfigError: ``name`` is not a shipped model config (the message lists them).
+    """
+    if name not in _named():
+        raise ConfigError("model.name", f"unknown model {name!r}; shipped: {', '.join(list_models())}")
+    return {**_named()[name]["model"], "name": name}
+
+
 def get_model_config(name: str, **overrides: Any) -> ModelConfig:
     """The :class:`ModelConfig` of named architecture ``name`` with field ``overrides`` on top
     (sections as mappings: ``seps={"sparse_ratio": 0.6}``)."""
-    if name not in _named():
-        raise ConfigError("model", f"unknown model {name!r}; shipped: {', '.join(list_models())}")
-    merged = _merge(config_to_dict(ModelConfig()), _named()[name]["model"])
+    merged = _merge(config_to_dict(ModelConfig()), named_model_mapping(name))
     return from_dict(ModelConfig, _merge(merged, overrides), "model")
 
 
 def create_model(
-    name: str,
+    model: str | ModelConfig,
     *,
     pretrained: bool = True,
     vocab_size: int | None = None,
     vocab_words: list[str] | None = None,
     device: str | torch.device = "cpu",
+    random_init: dict[str, dict[str, Any]] | None = None,
     **overrides: Any,
 ) -> RetrievalModel:
-    """Build named architecture ``name``.
+    """Build a model: the one factory behind training, ``load_run`` and the public API.
 
     Args:
-        name: one of :func:`list_models`.
-        pretrained: load the Hugging Face backbones' weights (local directory or cached hub id); False
-            builds them randomly initialised from the architecture in the model config (no download).
-            The tiny and region encoders always start from scratch.
+        model: a named architecture (one of :func:`list_models`) or a :class:`ModelConfig` (a run's
+            ``model`` section, which may itself name one).
+        pretrained: load the pretrained weights the config points at (Hugging Face backbones from a local
+            directory or cached hub id; ``tiny_pretrained`` encoders); False builds the Hugging Face
+            backbones randomly initialised from the architecture in the named model config (no
+            download). Region and GRU encoders always start from scratch.
         vocab_size: the tokenizer's vocabulary size, for the tiny and GRU text encoders (word ids). None:
             the shipped synthetic vocabulary (:data:`DEFAULT_VOCAB`), logged; pass your tokenizer's size
             for other data.
         vocab_words: the vocabulary by id (aligns a GloVe file with the GRU encoder).
         device: where to put the model.
+        random_init: the Hugging Face architectures to build randomly initialised (``{"vision"|"text":
+            config kwargs}``, as a run's ``backbones.json`` holds them); overrides ``pretrained``.
         **overrides: :class:`ModelConfig` fields (``embed_dim=256``, ``seps={"sparse_ratio": 0.6}``).
     """
-    cfg = get_model_config(name, **overrides)
+    if isinstance(model, ModelConfig):
+        cfg = (
+            from_dict(ModelConfig, _merge(config_to_dict(model), overrides), "model") if overrides else model
+        )
+    else:
+        cfg = get_model_config(model, **overrides)
     if vocab_size is None and cfg.text_encoder in _WORD_ENCODERS:
         vocab_size, vocab_words = _default_vocab(vocab_words)
         _logger.info(
             "%s: vocab_size not given, using the shipped %s vocabulary (%d words); pass vocab_size= for "
             "your tokenizer",
-            name,
+            cfg.name or "model",
             DEFAULT_VOCAB,
             vocab_size,
         )
-    random_init = None if pretrained else _named()[name].get("random_init", {})
-    return build_model(cfg, vocab_size=vocab_size, vocab_words=vocab_words, random_init=random_init).to(
-        device
+    if random_init is None and not pretrained:
+        random_init = _named()[cfg.name].get("random_init", {}) if cfg.name in _named() else {}
+        cfg = dataclasses.replace(cfg, tiny_pretrained="")
+    built = build_model(cfg, vocab_size=vocab_size, vocab_words=vocab_words, random_init=random_init)
+    return built.to(device)
+
+
+def create_model_and_transforms(
+    model: str | ModelConfig,
+    *,
+    pretrained: bool = True,
+    vocab: str | None = None,
+    device: str | torch.device = "cpu",
+    **overrides: Any,
+) -> tuple[RetrievalModel, Any, Any]:
+    """``(model, tokenizer, preprocess)``, as open_clip's function of the same name.
+
+    Args:
+        model, pretrained, device, overrides: as :func:`create_model`.
+        vocab: word encoders: a vocabulary json or a pretrained-encoders directory / shipped name (default
+            :data:`DEFAULT_VOCAB`); BERT encoders read the model's ``hf_text`` vocabulary.
+    Returns:
+        The model; a tokenizer (``batch_encode(texts) -> (ids, lens)``); ``preprocess``, a PIL image ->
+        (3, H, W) tensor transform as the image encoder expects (None for region-feature encoders).
+    """
+    from patchword.data.transforms import test_transform
+
+    cfg = model if isinstance(model, ModelConfig) else get_model_config(model, **overrides)
+    if isinstance(model, ModelConfig) and overrides:
+        cfg = from_dict(ModelConfig, _merge(config_to_dict(model), overrides), "model")
+    if cfg.text_encoder in _WORD_ENCODERS:
+        from patchword.data.tokenizers.word import WordVocab
+        from patchword.pretrained import resolve_vocab_path
+
+        tokenizer = WordVocab.load(resolve_vocab_path(vocab or DEFAULT_VOCAB))
+        vocab_size, words = len(tokenizer), list(tokenizer.idx2word)
+    else:
+        from patchword.data.tokenizers import BertCaptionTokenizer
+
+        tokenizer = BertCaptionTokenizer.from_pretrained(
+            cfg.hf_text, local_files_only=cfg.hf_local_files_only
+        )
+        vocab_size, words = None, None
+    built = create_model(cfg, pretrained=pretrained, vocab_size=vocab_size, vocab_words=words, device=device)
+    encoder = built.image_encoder
+    preprocess = (
+        test_transform(encoder.image_size, encoder.image_mean, encoder.image_std)
+        if encoder.image_size is not None
+        else None
     )
+    return built, tokenizer, preprocess
 
 
 def _default_vocab(words: list[str] | None) -> tuple[int, list[str]]:

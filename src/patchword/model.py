@@ -88,6 +88,9 @@ class ModelConfig:
     nothing, so it is an error).
     """
 
+    # a named architecture (patchword/model_configs/NAME.yaml, `patchword.list_models()`) this section starts
+    # from: its values apply first, the section's other keys on top ("" = the defaults below)
+    name: str = ""
     matcher: str = DEFAULT_MATCHER  # a registry name (patchword.matching.list_matchers())
     embed_dim: int = 512  # width of the projected tokens shared by both encoders (official 512)
     image_encoder: Literal["tiny", "hf", "precomp"] = "tiny"  # hf: ViT / Swin, local dir or hub id;
@@ -123,6 +126,14 @@ class ModelConfig:
         "aggr_ratio": "seps.aggr_ratio",
         "detach_selection": "seps.detach_selection",
     }
+
+    @classmethod
+    def named_base(cls, name: str) -> dict[str, Any]:
+        """The ``model`` mapping of named architecture ``name`` (a config loader applies it under the
+        section's own keys; see :func:`patchword.config.load_config`)."""
+        from patchword.factory import named_model_mapping
+
+        return named_model_mapping(name)
 
     @classmethod
     def upgrade_legacy(cls, data: dict[str, Any]) -> dict[str, Any]:

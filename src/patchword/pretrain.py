@@ -16,39 +16,22 @@ from pathlib import Path
 from typing import Any
 
 from patchword.config import apply_overrides
-from patchword.run_config import RunConfig
+from patchword.run_config import RunConfig, load_run_config
 
-__all__ = ["PRETRAIN_OVERRIDES", "pretrain_config", "run_pretrain", "global_recall"]
+__all__ = ["PRETRAIN_RECIPE", "pretrain_config", "run_pretrain", "global_recall"]
 
 KEYS = ["i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum"]
 
 _logger = logging.getLogger(__name__)
 
-# The recipe that produced src/patchword/pretrained/synthetic-64 (docs/benchmarks.md, "Pretrained tiny
-# encoders"): the demo's encoders (64 px, 8x8 patches, width 128, 4 + 2 blocks, 128-d tokens), global
-# embeddings only (CLS and the mean of the words), symmetric InfoNCE with CLIP's learned temperature
-# (init 0.07), negatives the generator knows to fit a caption masked, AdamW at 5e-4 with the last quarter
-# of the epochs at 0.3x, batch 256, fp32 (the same numbers on any CPU up to float rounding).
-PRETRAIN_OVERRIDES = [
-    "name=pretrain-synthetic-64",
-    "model.matcher=clip",
-    "model.embed_dim=128",
-    "data.dataset=synthetic",
-    "train.loss=infonce",
-    "train.batch_size=256",
-    "train.lr=5e-4",
-    "train.epochs=20",
-    "train.lr_milestones=[15]",
-    "train.align_warmup_epochs=0",
-    "train.eval_max_images=1000",
-    "train.log_every=50",
-    "precision=fp32",
-]
+#: The recipe that produced ``src/patchword/pretrained/synthetic-64``:
+#: ``patchword/configs/pretrain-synthetic-64.yaml`` (what it trains, and why, is written there).
+PRETRAIN_RECIPE = "pretrain-synthetic-64"
 
 
-def pretrain_config(overrides: list[str] | None = None) -> RunConfig:
-    """The pretraining run: defaults + :data:`PRETRAIN_OVERRIDES` + the user's overrides."""
-    return apply_overrides(RunConfig(), PRETRAIN_OVERRIDES + list(overrides or []))
+def pretrain_config(overrides: list[str] | None = None, config: str | None = None) -> RunConfig:
+    """The pretraining run: defaults + the recipe ``config`` (default :data:`PRETRAIN_RECIPE`) + overrides."""
+    return load_run_config(config or PRETRAIN_RECIPE, overrides)
 
 
 def global_recall(cfg: RunConfig, data) -> dict[str, float]:
@@ -63,7 +46,9 @@ def global_recall(cfg: RunConfig, data) -> dict[str, float]:
     return {k: metrics[k] for k in KEYS}
 
 
-def run_pretrain(overrides: list[str] | None = None, *, out: Path, force: bool = False) -> dict[str, Any]:
+def run_pretrain(
+    overrides: list[str] | None = None, *, out: Path, force: bool = False, config: str | None = None
+) -> dict[str, Any]:
     """Train (or continue an interrupted run, or take a finished one) and export the encoders.
 
     Writes ``out/model.safetensors`` (the encoders of the best dev checkpoint, float16), ``vocab.json`` and
@@ -80,7 +65,7 @@ def run_pretrain(overrides: list[str] | None = None, *, out: Path, force: bool =
 
     if out.exists() and any(out.iterdir()) and not force:
         raise RunExistsError(f"{out} exists and is not empty; pass --force to replace the encoders in it")
-    cfg = pretrain_config(overrides)
+    cfg = pretrain_config(overrides, config)
     run_dir = Path(cfg.output_dir) / cfg.name
     if (run_dir / "config.yaml").is_file():  # an existing run is only taken if it is this recipe
         changed = [k for k in config_diff(read_run_config(run_dir), cfg) if k not in RESUMABLE_KEYS]
@@ -95,7 +80,7 @@ def run_pretrain(overrides: list[str] | None = None, *, out: Path, force: bool =
         summary = train_run(cfg)
     run = load_run(run_dir)
     meta = {
-        "recipe": PRETRAIN_OVERRIDES + list(overrides or []),
+        "recipe": {"config": config or PRETRAIN_RECIPE, "overrides": list(overrides or [])},
         "seed": cfg.seed,
         "run": str(run_dir),
         "best_dev_rsum": summary.get("best_dev_rsum"),

@@ -1,8 +1,12 @@
-"""Run configuration: the dataclasses behind ``patchword train --config run.yaml key.path=value``."""
+"""Run configuration: the dataclasses behind ``patchword train --config run.yaml key.path=value``, and the
+run recipes shipped with patchword (``patchword/configs/*.yaml``: ``--config demo`` names one)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
 from typing import Literal
 
 from patchword.data.config import DataConfig
@@ -10,7 +14,15 @@ from patchword.eval.config import EvalConfig
 from patchword.model import ModelConfig
 from patchword.precision import Precision
 
-__all__ = ["DataConfig", "TrainConfig", "EvalConfig", "RunConfig"]
+__all__ = [
+    "DataConfig",
+    "TrainConfig",
+    "EvalConfig",
+    "RunConfig",
+    "list_recipes",
+    "recipe_path",
+    "load_run_config",
+]
 
 
 @dataclass
@@ -66,3 +78,41 @@ class RunConfig:
     progress: bool | None = None  # progress bars (None = only on a terminal)
     dist_timeout_s: float = 600.0  # torchrun: seconds a process waits for the others in a collective
     # before the launch fails (a process that died or hangs ends the run with an error, never a hang)
+
+
+def list_recipes() -> list[str]:
+    """Names of the run recipes shipped in ``patchword/configs`` (``demo``, ``synthetic_seps_paper``...)."""
+    return sorted(
+        p.name[: -len(".yaml")]
+        for p in resources.files("patchword.configs").iterdir()
+        if p.name.endswith(".yaml")
+    )
+
+
+def recipe_path(value: str | os.PathLike[str]) -> Path:
+    """A YAML file: ``value`` itself when it exists, else the shipped recipe of that name (``demo``,
+    ``configs/demo.yaml``).
+
+    Raises:
+        MissingFileError: neither (the message lists the shipped recipes).
+    """
+    from patchword.errors import MissingFileError
+
+    path = Path(value).expanduser()
+    if path.is_file():
+        return path
+    name = path.name[: -len(".yaml")] if path.name.endswith(".yaml") else path.name
+    if name in list_recipes():
+        return Path(str(resources.files("patchword.configs") / f"{name}.yaml"))
+    raise MissingFileError(
+        f"config file {value} does not exist (shipped recipes: {', '.join(list_recipes())})"
+    )
+
+
+def load_run_config(
+    config: str | os.PathLike[str] | None = None, overrides: list[str] | None = None
+) -> RunConfig:
+    """Defaults, then the recipe ``config`` (a file or a shipped name), then dotted ``overrides``."""
+    from patchword.config import load_config
+
+    return load_config(RunConfig, recipe_path(config) if config else None, list(overrides or []))

@@ -108,12 +108,13 @@ def build_run_model(run_dir: str | Path, cfg: RunConfig, vocab_size: int | None,
     needed any more: not the pretrained tiny encoders (``model.tiny_pretrained``), not the Hugging Face
     weights (rebuilt from ``backbones.json``, randomly initialised), not ``train.init_from``.
     """
-    from patchword.model import build_model, started_pretrained
+    from patchword.factory import create_model
+    from patchword.model import started_pretrained
 
     path = Path(run_dir) / BACKBONES_FILE
-    random_init = json.loads(path.read_text()) if path.is_file() else None
+    random_init = json.loads(path.read_text()) if path.is_file() else {}
     model_cfg = dataclasses.replace(cfg.model, tiny_pretrained="")
-    model = build_model(model_cfg, vocab_size=vocab_size, vocab_words=vocab_words, random_init=random_init)
+    model = create_model(model_cfg, vocab_size=vocab_size, vocab_words=vocab_words, random_init=random_init)
     # The encoders that started from pretrained weights train at the backbone learning rate: the same
     # optimiser parameter groups as the run's checkpoint, although their weights now come from it.
     model.image_encoder.pretrained, model.text_encoder.pretrained = started_pretrained(cfg.model)

@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "check", help="validate a dataset layout (counts, every image decoded completely, dense coverage)"
     )
     check.add_argument(
-        "--config", type=Path, help="YAML file with RunConfig fields (its data section is read)"
+        "--config",
+        help="YAML file with RunConfig fields, or a shipped recipe's name (its data section is read)",
     )
     check.add_argument("--split", action="append", choices=("train", "dev", "test"), help="check only these")
     check.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.root=data/f30k")
@@ -114,11 +115,10 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from patchword.config import load_config
-    from patchword.run_config import RunConfig
+    from patchword.run_config import load_run_config
     from patchword.train.validate import check_config
 
-    cfg = load_config(RunConfig, args.config, args.overrides)
+    cfg = load_run_config(args.config, args.overrides)
     check_config(cfg)
     print(f"dataset: {cfg.data.dataset}" + (f"  root: {cfg.data.root}" if cfg.data.root else ""))
     rows = check_dataset(cfg, args.split or ("train", "dev", "test"))

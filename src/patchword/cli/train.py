@@ -15,7 +15,9 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, help="YAML file with RunConfig fields")
+    parser.add_argument(
+        "--config", help="YAML file with RunConfig fields, or a shipped recipe's name (e.g. demo)"
+    )
     parser.add_argument(
         "--resume",
         nargs="?",
@@ -53,9 +55,8 @@ def _resume_target(resume: str, overrides: list[str]) -> tuple[Path, list[str]]:
 
 
 def run(args: argparse.Namespace) -> None:
-    from patchword.config import load_config
     from patchword.distributed import launch_info
-    from patchword.run_config import RunConfig
+    from patchword.run_config import load_run_config
     from patchword.train.runner import resume_run, train_run
 
     main = launch_info().rank == 0
@@ -69,6 +70,6 @@ def run(args: argparse.Namespace) -> None:
         run_dir, overrides = _resume_target(args.resume, list(args.overrides))
         summary = resume_run(run_dir, overrides)
     else:
-        summary = train_run(load_config(RunConfig, args.config, args.overrides))
+        summary = train_run(load_run_config(args.config, args.overrides))
     if main:
         print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, (list, dict))}, indent=2))

@@ -36,8 +36,9 @@ from patchword.data.tokenizers import WordVocab
 from patchword.distributed import Distributed, session
 from patchword.errors import ConfigError, MissingFileError, RunExistsError
 from patchword.eval.runs import evaluate_run
+from patchword.factory import create_model
 from patchword.fileio import append_line, atomic_write_text, keep_jsonl_records, probe_writable
-from patchword.model import RetrievalModel, build_model, model_reads_dense
+from patchword.model import RetrievalModel, model_reads_dense
 from patchword.run_config import RunConfig
 from patchword.runs import (
     CONFIG_FILE,
@@ -88,7 +89,7 @@ def _build(
     if run_dir is not None:
         model = build_run_model(run_dir, cfg, data.vocab_size, data.vocab_words)
     else:
-        model = build_model(cfg.model, vocab_size=data.vocab_size, vocab_words=data.vocab_words)
+        model = create_model(cfg.model, vocab_size=data.vocab_size, vocab_words=data.vocab_words)
     check_model_data(cfg, model, data)
     if cfg.train.init_from and run_dir is None:
         warm_start(model, cfg.train.init_from)
