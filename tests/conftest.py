@@ -142,6 +142,45 @@ def one_error_line(stderr: str) -> str:
 # patches, 32-d tokens, one block each) on 32-pixel scenes.
 TINY_MODEL_32 = ["data.synthetic_image_size=32", "model.name=seps-tiny-32"]
 
+# The tiny region-feature model (SCAN / NAAF / TGDT) on synthetic regions: 14 regions of 16-d, BiGRU words.
+TINY_REGION_MODEL = [
+    "data.dataset=synthetic_regions",
+    "data.synthetic_image_size=16",
+    "data.num_regions=14",
+    "data.region_dim=16",
+    "model.image_encoder=precomp",
+    "model.text_encoder=gru",
+    "model.embed_dim=16",
+    "model.precomp.region_dim=16",
+    "model.precomp.num_regions=14",
+    "model.gru.word_dim=8",
+]
+
+# TGDT on the tiny region model: one small transformer layer over the regions and one over the words.
+TINY_TGDT = [
+    "model.matcher=tgdt",
+    "model.precomp.context.layers=1",
+    "model.precomp.context.heads=2",
+    "model.precomp.context.ffn_dim=16",
+    "model.text_context.layers=1",
+    "model.text_context.heads=2",
+    "model.text_context.ffn_dim=16",
+]
+
+# The tiny hashing (UCMFH) run: synthetic CLIP-like features, a one-layer fusion transformer.
+TINY_HASH = [
+    "data.num_train=64",
+    "data.num_query=16",
+    "data.synthetic_num_retrieval=96",
+    "data.synthetic_image_dim=32",
+    "data.synthetic_text_dim=32",
+    "model.hidden=32",
+    "model.dim_feedforward=32",
+    "model.num_layers=1",
+    "train.batch_size=32",
+    "eval.ks=[1,5]",
+]
+
 
 def tiny_model(vocab, **model_args):
     """The TINY_MODEL_32 retrieval model built in-process (seed 0, eval mode); ``variant`` and

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY_MODEL_32
+from conftest import TINY_MODEL_32, TINY_REGION_MODEL, TINY_TGDT
 from patchword.checkpoint import load_checkpoint
 from patchword.config import apply_overrides
 from patchword.run_config import RunConfig
@@ -55,19 +55,10 @@ TINY = [
     "eval.max_memory_mb=1",
 ]
 TINY_REGIONS = [
-    "data.dataset=synthetic_regions",
+    *TINY_REGION_MODEL,
     "data.num_train=21",
     "data.num_dev=8",
     "data.num_test=8",
-    "data.synthetic_image_size=16",
-    "data.num_regions=14",
-    "data.region_dim=16",
-    "model.image_encoder=precomp",
-    "model.text_encoder=gru",
-    "model.embed_dim=16",
-    "model.precomp.region_dim=16",
-    "model.precomp.num_regions=14",
-    "model.gru.word_dim=8",
     "train.batch_size=16",
     "train.lr=1e-3",
     "train.log_every=1",
@@ -89,15 +80,9 @@ CASES = {
     # TGDT: CMC loss over the global batch, and the two-stage search in every validation.
     "tgdt": [
         *TINY_REGIONS,
-        "model.matcher=tgdt",
-        "model.precomp.context.layers=1",
-        "model.precomp.context.heads=2",
-        "model.precomp.context.ffn_dim=16",
+        *TINY_TGDT,
         "model.precomp.context.dropout=0.0",
         "model.precomp.context.global_token=true",
-        "model.text_context.layers=1",
-        "model.text_context.heads=2",
-        "model.text_context.ffn_dim=16",
         "model.text_context.dropout=0.0",
         "model.tgdt.shortlist_i2t=5",
         "model.tgdt.shortlist_t2i=3",

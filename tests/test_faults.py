@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY_MODEL_32
+from conftest import TINY_HASH, TINY_MODEL_32
 from patchword.checkpoint import load_checkpoint
 from patchword.cli import main
 
@@ -77,6 +77,37 @@ def count_writes(run) -> int:
     with disk_full_from(10**9) as calls:
         run()
     return calls["n"]
+
+
+def fail_every_write_site_then_rerun(
+    command, fresh, capsys, *, min_sites, after_failure, after_rerun
+) -> None:
+    """For every write site n of ``command(target)`` (counted on an undisturbed run): the disk fills from
+    site n on, the command must exit with 2 and one error line (``after_failure(line, target, n)`` checks
+    what is left), then with space back the same command must finish (``after_rerun(target, n)``)."""
+    sites = count_writes(lambda: command(fresh("probe")))
+    assert sites >= min_sites, sites
+    capsys.readouterr()
+    for n in range(1, sites + 1):
+        target = fresh(n)
+        with disk_full_from(n):
+            assert command(target) == 2, n
+        line = one_error(capsys.readouterr().err)
+        assert "No space left on device (ENOSPC)" in line, line
+        after_failure(line, target, n)
+        assert command(target) == 0, n  # space is back: the same command finishes the job
+        capsys.readouterr()
+        after_rerun(target, n)
+
+
+def copies_of(run: Path, where: Path):
+    """n -> a fresh copy of run directory ``run`` under ``where`` (``full_at_<n>``)."""
+
+    def fresh(n) -> Path:
+        shutil.copytree(run, where / f"full_at_{n}")
+        return where / f"full_at_{n}"
+
+    return fresh
 
 
 def one_error(stderr: str) -> str:
@@ -136,27 +167,24 @@ def _continue(run: Path) -> int:
 def test_train_disk_full_at_every_write_site_then_rerun_finishes_like_an_undisturbed_run(
     train_root, tmp_path, capsys
 ):
-    probe = tmp_path / "probe"
-    shutil.copytree(train_root / "half", probe)
-    sites = count_writes(lambda: _continue(probe))
-    assert sites >= 8  # metrics lines, checkpoints, best.pt, export, metrics.json, summary.json, plots
-    capsys.readouterr()
-    for n in range(1, sites + 1):
-        run = tmp_path / f"full_at_{n}"
-        shutil.copytree(train_root / "half", run)
-        before = snapshot(run)
-        with disk_full_from(n):
-            assert _continue(run) == 2, n
-        line = one_error(capsys.readouterr().err)
-        assert "No space left on device (ENOSPC)" in line and str(run) in line, line
+    before = snapshot(train_root / "half")
+    fresh = copies_of(train_root / "half", tmp_path)
+
+    def after_failure(line, run, n):
+        assert str(run) in line, line
         assert_whole(run)
-        kept = load_checkpoint(run / "last.pt")["step"]
-        assert 6 <= kept <= 12
+        assert 6 <= load_checkpoint(run / "last.pt")["step"] <= 12
         if n == 1:  # nothing reached the disk: every file as it was
             assert snapshot(run) == before
-        assert _continue(run) == 0, n  # space is back: the same command finishes the run
+
+    def after_rerun(run, n):
         assert train_losses(run) == train_losses(train_root / "full"), n
         assert same_weights(run / "last.pt", train_root / "full" / "last.pt"), n
+
+    # metrics lines, checkpoints, best.pt, the export, metrics.json, summary.json, plots
+    fail_every_write_site_then_rerun(
+        _continue, fresh, capsys, min_sites=8, after_failure=after_failure, after_rerun=after_rerun
+    )
 
 
 def test_train_into_an_unwritable_output_dir_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
@@ -265,22 +293,7 @@ def test_train_sigkilled_at_a_random_step_resumes_to_the_undisturbed_run(train_r
 
 # ------------------------------------------------------------------------------------------- hash train
 
-HASH = [
-    "data.num_train=64",
-    "data.num_query=16",
-    "data.synthetic_num_retrieval=96",
-    "data.synthetic_image_dim=32",
-    "data.synthetic_text_dim=32",
-    "model.hidden=32",
-    "model.dim_feedforward=32",
-    "model.num_layers=1",
-    "train.batch_size=32",
-    "train.save_every=1",
-    "train.num_threads=1",
-    "eval.ks=[1,5]",
-    "--bits",
-    "16",
-]
+HASH = [*TINY_HASH, "train.save_every=1", "train.num_threads=1", "--bits", "16"]
 
 
 @pytest.fixture(scope="module")
@@ -315,22 +328,21 @@ def _hash_same(a: Path, b: Path) -> None:
 def test_hash_train_disk_full_at_every_write_site_then_rerun_finishes_like_an_undisturbed_run(
     hash_root, tmp_path, capsys
 ):
-    probe = tmp_path / "probe"
-    shutil.copytree(hash_root / "half", probe)
-    sites = count_writes(lambda: _hash_continue(probe))
-    assert sites >= 6  # per epoch a metrics line and last.pt; the export, eval.json, the test record
-    capsys.readouterr()
-    for n in range(1, sites + 1):
-        run = tmp_path / f"full_at_{n}"
-        shutil.copytree(hash_root / "half", run)
-        with disk_full_from(n):
-            assert _hash_continue(run) == 2, n
-        line = one_error(capsys.readouterr().err)
-        assert "ENOSPC" in line and str(run) in line, line
+    fresh = copies_of(hash_root / "half", tmp_path)
+
+    def after_failure(line, run, n):
+        assert str(run) in line, line
         assert_whole(run)
-        assert _hash_continue(run) == 0, n
-        capsys.readouterr()
-        _hash_same(run, hash_root / "full")
+
+    # per epoch a metrics line and last.pt; the export, eval.json, the test record
+    fail_every_write_site_then_rerun(
+        _hash_continue,
+        fresh,
+        capsys,
+        min_sites=6,
+        after_failure=after_failure,
+        after_rerun=lambda run, n: _hash_same(run, hash_root / "full"),
+    )
 
 
 def test_hash_train_sigkilled_at_a_random_epoch_resumes_to_the_undisturbed_run(hash_root):
@@ -384,20 +396,19 @@ def test_index_build_disk_full_at_every_write_site_then_rerun_resumes_to_the_sam
     index_env, tmp_path, capsys
 ):
     base, root = index_env
-    sites = count_writes(lambda: main([*base, "--out", str(tmp_path / "probe")]))
-    assert sites >= 10  # per shard its arrays and the manifest
-    capsys.readouterr()
-    for n in range(1, sites + 1):
-        out = tmp_path / f"full_at_{n}"
-        with disk_full_from(n):
-            assert main([*base, "--out", str(out)]) == 2, n
-        line = one_error(capsys.readouterr().err)
-        assert "ENOSPC" in line and str(out) in line and "rerun" in line, line
-        if out.exists():
-            assert not [p for p in out.rglob("*.tmp")]
-        assert main([*base, "--out", str(out)]) == 0, n  # space is back: the build resumes
-        capsys.readouterr()
-        _same_index(out, root / "whole")
+
+    def after_failure(line, out, n):
+        assert str(out) in line and "rerun" in line, line
+        assert not (out.exists() and [p for p in out.rglob("*.tmp")])
+
+    fail_every_write_site_then_rerun(  # per shard its arrays and the manifest
+        lambda out: main([*base, "--out", str(out)]),
+        lambda n: tmp_path / f"full_at_{n}",
+        capsys,
+        min_sites=10,
+        after_failure=after_failure,
+        after_rerun=lambda out, n: _same_index(out, root / "whole"),
+    )
 
 
 def test_index_build_sigkilled_at_a_random_shard_resumes_to_the_same_index(index_env, tmp_path):
@@ -428,20 +439,19 @@ def test_densify_disk_full_at_every_write_site_then_rerun_finishes_the_same_file
     _write_images(images, [f"{i:02d}.png" for i in range(20)])
     base = ["densify", "--images", str(images), *RUN]
     assert main([*base, "--out", str(tmp_path / "whole.jsonl")]) == 0
-    sites = count_writes(lambda: main([*base, "--out", str(tmp_path / "probe.jsonl")]))
-    assert sites >= 3  # the sidecar, one append per batch
-    capsys.readouterr()
-    for n in range(1, sites + 1):
-        out = tmp_path / f"full_at_{n}.jsonl"
-        with disk_full_from(n):
-            assert main([*base, "--out", str(out)]) == 2, n
-        line = one_error(capsys.readouterr().err)
-        assert "ENOSPC" in line, line
-        if out.exists():
-            assert out.read_bytes().endswith(b"\n") or out.stat().st_size == 0  # no torn line
-        assert main([*base, "--out", str(out)]) == 0, n
-        capsys.readouterr()
-        assert out.read_bytes() == (tmp_path / "whole.jsonl").read_bytes(), n
+    whole = (tmp_path / "whole.jsonl").read_bytes()
+
+    def after_failure(line, out, n):  # no torn line
+        assert not out.exists() or out.read_bytes().endswith(b"\n") or out.stat().st_size == 0
+
+    fail_every_write_site_then_rerun(  # the sidecar, one append per batch
+        lambda out: main([*base, "--out", str(out)]),
+        lambda n: tmp_path / f"full_at_{n}.jsonl",
+        capsys,
+        min_sites=3,
+        after_failure=after_failure,
+        after_rerun=lambda out, n: out.read_bytes() == whole or pytest.fail(f"site {n}: another file"),
+    )
 
 
 # ------------------------------------------------------------------------------------------------ Ctrl-C

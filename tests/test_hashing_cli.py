@@ -7,24 +7,13 @@ import json
 import numpy as np
 import pytest
 
-from conftest import one_error_line
+from conftest import TINY_HASH, one_error_line
 from patchword.hashing.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-TINY = [
-    "data.num_train=64",
-    "data.num_query=16",
-    "data.synthetic_num_retrieval=96",
-    "data.synthetic_image_dim=32",
-    "data.synthetic_text_dim=32",
-    "model.hidden=32",
-    "model.dim_feedforward=32",
-    "model.num_layers=1",
-    "train.batch_size=32",
-    "eval.ks=[1,5]",
-]
+TINY = TINY_HASH
 
 
 def test_cli_train_eval_search(tmp_path, capsys):

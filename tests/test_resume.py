@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY_MODEL_32
+from conftest import TINY_MODEL_32, TINY_REGION_MODEL, TINY_TGDT
 from patchword.checkpoint import load_checkpoint
 from patchword.config import apply_overrides
 from patchword.run_config import RunConfig
@@ -51,19 +51,10 @@ TINY = [
     *SCHEDULE,
 ]
 REGIONS = [
-    "data.dataset=synthetic_regions",
+    *TINY_REGION_MODEL,
     "data.num_train=21",
     "data.num_dev=6",
     "data.num_test=6",
-    "data.synthetic_image_size=16",
-    "data.num_regions=14",
-    "data.region_dim=16",
-    "model.image_encoder=precomp",
-    "model.text_encoder=gru",
-    "model.embed_dim=16",
-    "model.precomp.region_dim=16",
-    "model.precomp.num_regions=14",
-    "model.gru.word_dim=8",
     "train.batch_size=16",
     "train.lr=1e-3",
     "train.align_warmup_epochs=0",
@@ -93,16 +84,7 @@ CASES = {
     "clip_infonce": [*TINY, "model.matcher=clip", "train.loss=infonce"],
     "scan": [*REGIONS, "model.matcher=scan"],
     "naaf": [*REGIONS, "model.matcher=naaf", "model.naaf.min_samples=20"],
-    "tgdt": [
-        *REGIONS,
-        "model.matcher=tgdt",
-        "model.precomp.context.layers=1",
-        "model.precomp.context.heads=2",
-        "model.precomp.context.ffn_dim=16",
-        "model.text_context.layers=1",
-        "model.text_context.heads=2",
-        "model.text_context.ffn_dim=16",
-    ],
+    "tgdt": [*REGIONS, *TINY_TGDT],  # with the transformers' dropout: random draws inside the model
 }
 SNAPSHOTS = {"interval": 9, "validation": 8}
 

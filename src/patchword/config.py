@@ -29,6 +29,7 @@ from patchword.errors import ConfigError, MissingFileError
 
 __all__ = [
     "load_config",
+    "parse_with_overrides",
     "unknown_key_error",
     "apply_overrides",
     "config_to_dict",
@@ -216,6 +217,20 @@ def _check_value(value: Any, hint: Any, key: str) -> Any:
     if dataclasses.is_dataclass(hint):
         raise ConfigError(key, f"expects a mapping of {hint.__name__} fields, got {value!r}")
     return value  # a type this loader does not check (a library object passed in code)
+
+
+def parse_with_overrides(parser, argv: list[str] | None):
+    """``parser.parse_args(argv)`` that also takes dotted overrides after options
+    (``train --config x.yaml --no-plots train.epochs=3``): argparse ends a positional list at the first
+    option, so the ``key=value`` items it leaves over are appended to ``args.overrides``; anything else
+    left over is the usual "unrecognized arguments" error. (Intermixed parsing does not support
+    sub-commands.)"""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "overrides") or any(a.startswith("-") or "=" not in a for a in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
+    return args
 
 
 def apply_overrides(cfg: T, overrides: list[str]) -> T:

@@ -17,6 +17,7 @@ import itertools
 import sys
 from collections.abc import Callable
 
+from patchword.config import parse_with_overrides
 from patchword.errors import run_command
 from patchword.logs import setup_logging
 
@@ -83,15 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         verbose = bool(flags) or "-v" in rest or "--verbose" in rest
         sub_argv = [*rest[1:], *flags]
         return report_errors(lambda: getattr(importlib.import_module(module), function)(sub_argv), verbose)
-    parser = _parser()
-    # Overrides may come after flags too (`demo --no-plots train.max_steps=50`): argparse stops a
-    # positional list at the first flag, so the rest is picked up here (intermixed parsing does not
-    # support sub-commands).
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        if not hasattr(args, "overrides") or any(a.startswith("-") or "=" not in a for a in extra):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        args.overrides = [*args.overrides, *extra]
+    args = parse_with_overrides(_parser(), argv)  # overrides may follow options too
     setup_logging(args.verbose)
     module = importlib.import_module(_VERBS[args.command][0])
     return report_errors(lambda: module.run(args), args.verbose)

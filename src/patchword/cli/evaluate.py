@@ -56,42 +56,25 @@ def run(args: argparse.Namespace) -> None:
     from patchword.distributed import launch_info
     from patchword.eval.runs import evaluate_patch_suite, evaluate_run_dir, evaluate_suite
 
-    if args.suite == "patches":
+    common = dict(overrides=args.overrides, out=args.out, force=args.force)
+    if args.suite == "patches" or args.suite or args.suite_file:
+        from patchword.eval.compositional import format_compositional_table
         from patchword.eval.patch_probe import format_probe_table
 
-        result, out = evaluate_patch_suite(
-            args.run_dir, args.checkpoint, overrides=args.overrides, out=args.out, force=args.force
-        )
-        print(format_probe_table(result))
-        print(f"written: {out}")
-        return
-    if args.suite or args.suite_file:
-        from patchword.eval.compositional import format_compositional_table
-
-        result, out = evaluate_suite(
-            args.run_dir,
-            args.checkpoint,
-            suite_files=args.suite_file,
-            image_root=args.image_root,
-            overrides=args.overrides,
-            out=args.out,
-            force=args.force,
-        )
-        print(format_compositional_table(result))
+        if args.suite == "patches":
+            result, out = evaluate_patch_suite(args.run_dir, args.checkpoint, **common)
+            print(format_probe_table(result))
+        else:
+            files = dict(suite_files=args.suite_file, image_root=args.image_root)
+            result, out = evaluate_suite(args.run_dir, args.checkpoint, **files, **common)
+            print(format_compositional_table(result))
         print(f"written: {out}")
         return
 
     main = launch_info().rank == 0
     if not main:
         logging.getLogger().setLevel(logging.WARNING)  # one process reports
-    metrics, out = evaluate_run_dir(
-        args.run_dir,
-        args.checkpoint,
-        overrides=args.overrides,
-        ensemble=args.ensemble,
-        out=args.out,
-        force=args.force,
-    )
+    metrics, out = evaluate_run_dir(args.run_dir, args.checkpoint, ensemble=args.ensemble, **common)
     if main:
         print(json.dumps({k: v for k, v in metrics.items() if k != "ensemble"}, indent=2))
         print(f"written: {out}")

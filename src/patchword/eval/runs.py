@@ -131,7 +131,7 @@ def evaluate_run_dir(
 def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tuple[dict[str, Any], Path]:
     from patchword import __version__
     from patchword.data.prepare import eval_role, prepare_data
-    from patchword.errors import ConfigError, RunExistsError
+    from patchword.errors import ConfigError
     from patchword.eval.protocol import ensemble_metrics, evaluate
     from patchword.runs import config_hash, load_run, read_run_config, resolve_checkpoint
 
@@ -141,11 +141,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
     members = [(run_dir, checkpoint)] + [_member(p) for p in ensemble or []]
     # Everything cheap first: the output file, every member's config and checkpoint.
     out = out or run_dir / (f"eval_{role}_ensemble.json" if len(members) > 1 else f"eval_{role}.json")
-    if out.exists() and not force:
-        raise RunExistsError(f"{out} exists; pass --force to overwrite it or --out for another file")
-    if not out.parent.is_dir():
-        raise ConfigError("--out", f"directory {out.parent} does not exist")
-    probe_writable(out.parent)  # a read-only directory fails now, not after the evaluation
+    _check_output(out, force)
     for member_dir, member_ckpt in members:
         read_run_config(member_dir, overrides)
         resolve_checkpoint(member_dir, member_ckpt)
@@ -220,6 +216,19 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
     return metrics, out
 
 
+def _check_output(out: Path, force: bool) -> Path:
+    """Before any work: ``out`` must not exist (unless ``force``) and its directory must exist and take
+    files (a read-only directory fails now, not after the evaluation)."""
+    from patchword.errors import ConfigError, RunExistsError
+
+    if out.exists() and not force:
+        raise RunExistsError(f"{out} exists; pass --force to overwrite it or --out for another file")
+    if not out.parent.is_dir():
+        raise ConfigError("--out", f"directory {out.parent} does not exist")
+    probe_writable(out.parent)
+    return out
+
+
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2))
 
@@ -238,7 +247,7 @@ def evaluate_suite(
     (the true caption must score strictly higher; chance 50). Writes ``RUN/eval_compositional.json``."""
     from patchword.device import resolve_device
     from patchword.distributed import launch_info
-    from patchword.errors import ConfigError, RunExistsError
+    from patchword.errors import ConfigError
     from patchword.eval.compositional import (
         FileImageSource,
         compositional_accuracy,
@@ -251,10 +260,7 @@ def evaluate_suite(
         raise ConfigError("--suite", "runs in one process: start it without torchrun")
     overrides = list(overrides or [])
     cfg = read_run_config(run_dir, overrides)
-    out = out or run_dir / "eval_compositional.json"
-    if out.exists() and not force:
-        raise RunExistsError(f"{out} exists; pass --force to overwrite it or --out for another file")
-    probe_writable(out.parent)
+    out = _check_output(out or run_dir / "eval_compositional.json", force)
     if not suite_files and cfg.data.dataset != "synthetic":
         raise ConfigError("--suite-file", "a run on real data needs SugarCrepe-style files (--suite-file)")
     resolve_checkpoint(run_dir, checkpoint)
@@ -306,16 +312,13 @@ def evaluate_patch_suite(
     """Linear probes and patch-word grounding of the run's image encoder on its synthetic scenes
     (:mod:`patchword.eval.patch_probe`); writes ``RUN/eval_patches.json``."""
     from patchword.device import resolve_device
-    from patchword.errors import ConfigError, RunExistsError
+    from patchword.errors import ConfigError
     from patchword.eval.patch_probe import synthetic_patch_probe
     from patchword.runs import config_hash, load_run, read_run_config, resolve_checkpoint
 
     overrides = list(overrides or [])
     cfg = read_run_config(run_dir, overrides)
-    out = out or run_dir / "eval_patches.json"
-    if out.exists() and not force:
-        raise RunExistsError(f"{out} exists; pass --force to overwrite it or --out for another file")
-    probe_writable(out.parent)
+    out = _check_output(out or run_dir / "eval_patches.json", force)
     if cfg.data.dataset != "synthetic" or cfg.model.image_encoder != "tiny":
         raise ConfigError("--suite", "patches probes the tiny image encoder of a run on the synthetic scenes")
     resolve_checkpoint(run_dir, checkpoint)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from patchword.config import parse_with_overrides
 from patchword.errors import USER_ERRORS, ConfigError, MissingFileError, RunExistsError, report_user_error
 from patchword.fileio import atomic_write_text
 from patchword.logs import setup_logging
@@ -132,14 +133,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``patchword hash <argv>``; returns 0 on success, 2 on a user error (message logged)."""
-    parser = _parser()
-    # Overrides may follow flags (`train --config X --epochs 3 key=value`), as in `patchword train`:
-    # argparse ends a positional list at the first flag, so the rest is picked up here.
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        if not hasattr(args, "overrides") or any(a.startswith("-") or "=" not in a for a in extra):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        args.overrides = [*args.overrides, *extra]
+    args = parse_with_overrides(_parser(), argv)  # overrides may follow options, as in `patchword train`
     setup_logging(args.verbose)
     try:
         if args.command == "train":

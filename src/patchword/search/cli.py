@@ -106,24 +106,31 @@ def _search_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def open_searcher(args: argparse.Namespace):
+    """The :class:`~patchword.search.query.Searcher` of ``search`` / ``serve`` arguments (``index_dir``,
+    ``run``, ``checkpoint``, ``device``, ``shortlist``)."""
+    from patchword.search.query import Searcher
+
+    return Searcher.open(
+        args.index_dir,
+        run_dir=args.run,
+        checkpoint=args.checkpoint,
+        device=resolve_device(args.device, key="--device"),
+        shortlist=args.shortlist,
+    )
+
+
 def main_search(argv: list[str] | None = None) -> int:
     """``patchword search INDEX_DIR "query" [-k 10] [--json]``: prints rank, score, path and latency, and a
     ``warning:`` line on stderr naming the query words the model does not know (a query with no known word
     is an error, exit code 2)."""
     args = _search_parser().parse_args(argv)
     _logging(args.verbose)
-    from patchword.search.query import Searcher
 
     try:
         if args.k < 1:
             raise ValueError(f"-k must be positive, got {args.k}")
-        searcher = Searcher.open(
-            args.index_dir,
-            run_dir=args.run,
-            checkpoint=args.checkpoint,
-            device=resolve_device(args.device, key="--device"),
-            shortlist=args.shortlist,
-        )
+        searcher = open_searcher(args)
         result = searcher.search(args.query, k=args.k)
     except USER_ERRORS as err:
         return report_user_error(err, args.verbose)

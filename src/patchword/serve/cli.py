@@ -11,7 +11,6 @@ import os
 import sys
 from pathlib import Path
 
-from patchword.device import resolve_device
 from patchword.errors import USER_ERRORS, report_user_error
 from patchword.logs import setup_logging
 
@@ -63,18 +62,12 @@ def main_serve(argv: list[str] | None = None) -> int:
         import torch
         import uvicorn
 
-        from patchword.search.query import Searcher
+        from patchword.search.cli import open_searcher
 
         limits = ServeLimits(args.max_query_chars, args.max_k, args.workers, args.max_pending)
         threads = args.torch_threads or max(1, (os.cpu_count() or 1) // args.workers)
         torch.set_num_threads(threads)  # the application's choice: the library never sets it
-        searcher = Searcher.open(
-            args.index_dir,
-            run_dir=args.run,
-            checkpoint=args.checkpoint,
-            device=resolve_device(args.device, key="--device"),
-            shortlist=args.shortlist,
-        )
+        searcher = open_searcher(args)
         app = create_app(searcher, limits)
     except USER_ERRORS as err:
         return report_user_error(err, args.verbose)
