@@ -73,7 +73,9 @@ def load_run_tokenizer(run_dir: str | Path, data: DataConfig):
         return WordVocab.load(vocab)
     from patchword.data.tokenizers import BertCaptionTokenizer
 
-    return BertCaptionTokenizer.from_pretrained(data.bert_vocab)
+    # A run that carries its BERT vocabulary (an imported or exported run) names it relative to itself.
+    own = Path(run_dir) / data.bert_vocab
+    return BertCaptionTokenizer.from_pretrained(str(own) if own.is_file() else data.bert_vocab)
 
 
 def resolve_checkpoint(run_dir: str | Path, checkpoint: str | Path | None = None) -> Path:

@@ -1,0 +1,74 @@
+"""Bring your own model: checkpoints saved by the official SEPS / LAPS / SCAN / NAAF / TGDT / UCMFH code
+become ordinary patchword run directories (``patchword import CKPT --out RUN``), which ``load_run``,
+``patchword eval``, ``index build``, ``search`` and ``serve`` then use unchanged.
+
+:func:`import_checkpoint` reads the checkpoint with the restricted unpickler, recognises its family (or
+takes ``family=``), lets the family's importer map its ``opt`` and tensors (:mod:`patchword.imports.base`),
+and writes the run directory. The importers register themselves below.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from patchword.errors import DataError
+from patchword.imports.base import (
+    IMPORT_FILE,
+    ImportOptions,
+    ImportPlan,
+    family,
+    list_families,
+    register_family,
+    safe_load,
+    write_imported_run,
+)
+
+__all__ = [
+    "IMPORT_FILE",
+    "ImportOptions",
+    "ImportPlan",
+    "import_checkpoint",
+    "list_families",
+    "register_family",
+    "safe_load",
+]
+
+_logger = logging.getLogger(__name__)
+
+
+def import_checkpoint(
+    path: str | Path, out: str | Path, *, family_name: str | None = None, options: ImportOptions | None = None
+) -> dict[str, Any]:
+    """Import the official checkpoint ``path`` as the run directory ``out``; returns the import record.
+
+    Raises:
+        DataError: not a checkpoint of a family patchword reads (or not of ``family_name``), a tensor that
+            does not fit, a class outside the unpickling allow-list.
+        ConfigError: an ``opt`` value patchword cannot map (naming it), a missing ``--hf-*`` / ``--vocab``.
+        RunExistsError: ``out`` exists.
+    """
+    from patchword.config import apply_overrides
+
+    path, out, options = Path(path), Path(out), options or ImportOptions()
+    ckpt = safe_load(path)
+    matches = [f for f in list_families() if f.detect(ckpt)]
+    if family_name is not None:
+        chosen = family(family_name)
+        if chosen not in matches:
+            looks = f" (it looks like {', '.join(f.name for f in matches)})" if matches else ""
+            raise DataError(f"{path} is not a {family_name} checkpoint{looks}")
+    elif not matches:
+        known = ", ".join(f.name for f in list_families())
+        raise DataError(f"{path}: not a checkpoint of a family patchword imports ({known})")
+    else:
+        chosen = matches[0]
+    plan = chosen.convert(ckpt, options, path)
+    if options.overrides:
+        plan.config = apply_overrides(plan.config, list(options.overrides))
+    _logger.info("%s: %s checkpoint; its opt: %s", path, chosen.name, plan.opt)
+    for key, reason in plan.ignored.items():
+        _logger.info("not loaded: %s (%s)", key, reason)
+    writer = chosen.writer or write_imported_run
+    return writer(plan, path, out)

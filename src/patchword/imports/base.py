@@ -1,0 +1,276 @@
+"""What every importer shares: reading an official checkpoint safely, the plan an importer makes of it,
+and writing that plan as an ordinary run directory.
+
+An importer (one module per family: ``seps``, ``scan``, ...) registers two functions:
+
+* ``detect(checkpoint) -> bool``: whether a loaded checkpoint is of its family (by its keys and ``opt``);
+* ``convert(checkpoint, options) -> ImportPlan``: the run config the checkpoint's own ``opt`` implies
+  (every hyperparameter mapped onto patchword's keys, an unknown ``opt`` value an error naming it), and
+  the checkpoint's tensors renamed to patchword's parameter names. Every tensor is either mapped or
+  listed in ``ImportPlan.ignored`` with the reason (an optimizer state, a buffer patchword recomputes).
+
+:func:`write_imported_run` then builds the model the config describes (Hugging Face backbones randomly
+initialised from the ``--hf-*`` architectures: their weights come from the checkpoint, never from
+there), loads the mapped tensors with ``strict=True`` (a missing, unexpected or mis-shaped tensor is one
+error naming it), and writes the run directory atomically: ``config.yaml``, the tokenizer, ``backbones.json``,
+``best.pt`` / ``last.pt`` (the imported weights, step 0) and ``import.json`` (source file, its sha256, the
+family, the official ``opt``, what was ignored and why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import pickle
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from patchword.checkpoint import atomic_save
+from patchword.config import config_to_dict, save_config
+from patchword.errors import ConfigError, DataError, MissingFileError, RunExistsError
+from patchword.fileio import atomic_write_text, probe_writable
+from patchword.run_config import RunConfig
+
+__all__ = [
+    "ImportOptions",
+    "ImportPlan",
+    "Family",
+    "register_family",
+    "list_families",
+    "family",
+    "safe_load",
+    "opt_dict",
+    "write_imported_run",
+    "IMPORT_FILE",
+]
+
+_logger = logging.getLogger(__name__)
+
+IMPORT_FILE = "import.json"
+
+#: The only classes an official checkpoint's pickle may name besides tensors and containers: the
+#: ``argparse.Namespace`` every official ``train.py`` saves as ``opt``.
+SAFE_GLOBALS = [argparse.Namespace]
+
+
+@dataclass
+class ImportOptions:
+    """What the user adds to a checkpoint (``patchword import`` arguments)."""
+
+    hf_vision: str | None = None  # Hugging Face vision architecture + image preprocessing (dir or hub id)
+    hf_text: str | None = None  # Hugging Face text architecture + tokenizer files (dir or hub id)
+    vocab: str | None = None  # word vocabulary file (SCAN / NAAF json or pkl)
+    dense_pairing: str | None = None  # SEPS: "image" (leak-free, default) or "caption" (official, leaky)
+    overrides: list[str] = field(default_factory=list)  # dotted run-config overrides on top of the mapping
+
+
+@dataclass
+class ImportPlan:
+    """What an importer makes of a checkpoint.
+
+    Attributes:
+        family: the importer's name.
+        config: the run config the checkpoint's ``opt`` implies (data, model, eval sections).
+        state_dict: the checkpoint's tensors under patchword's parameter names.
+        ignored: checkpoint key -> why it is not loaded.
+        opt: the official ``opt`` as plain values (written to import.json, shown in the log).
+        tokenizer: a word vocabulary (``WordVocab``) for word encoders; None for BERT (its files come from
+            ``--hf-text`` and are copied into the run directory).
+        architectures: ``{"vision"|"text": transformers config dict}`` of the Hugging Face backbones.
+        metadata: epoch, best rsum and the like, as the checkpoint records them.
+    """
+
+    family: str
+    config: RunConfig
+    state_dict: dict[str, torch.Tensor]
+    ignored: dict[str, str] = field(default_factory=dict)
+    opt: dict[str, Any] = field(default_factory=dict)
+    tokenizer: Any = None
+    architectures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    bert_files: Path | None = None
+
+
+@dataclass(frozen=True)
+class Family:
+    """A registered importer: ``detect(checkpoint) -> bool``, ``convert(checkpoint, options, path) ->
+    ImportPlan`` and, for a family whose runs are not retrieval runs (UCMFH hashing), its own ``writer(plan,
+    source, out) -> dict`` instead of :func:`write_imported_run`."""
+
+    name: str
+    description: str
+    detect: Callable[[dict[str, Any]], bool]
+    convert: Callable[[dict[str, Any], ImportOptions, Path], ImportPlan]
+    writer: Callable[[ImportPlan, Path, Path], dict[str, Any]] | None = None
+
+
+_FAMILIES: dict[str, Family] = {}
+
+
+def register_family(
+    name: str,
+    description: str,
+    detect: Callable[[dict[str, Any]], bool],
+    convert: Callable[[dict[str, Any], ImportOptions, Path], ImportPlan],
+    writer: Callable[[ImportPlan, Path, Path], dict[str, Any]] | None = None,
+) -> None:
+    """Register an importer (each family module calls it once, at import)."""
+    if name in _FAMILIES:
+        raise ValueError(f"importer {name!r} is already registered")
+    _FAMILIES[name] = Family(name, description, detect, convert, writer)
+
+
+def list_families() -> list[Family]:
+    """The families ``patchword import`` reads, by name."""
+    return [_FAMILIES[name] for name in sorted(_FAMILIES)]
+
+
+def family(name: str) -> Family:
+    if name not in _FAMILIES:
+        raise ConfigError("--family", f"unknown family {name!r}; known: {', '.join(sorted(_FAMILIES))}")
+    return _FAMILIES[name]
+
+
+def safe_load(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """An official checkpoint, read with torch's restricted unpickler (tensors, containers and the
+    ``argparse.Namespace`` of ``opt``; never arbitrary classes).
+
+    Raises:
+        MissingFileError: no such file.
+        DataError: not a checkpoint (truncated, not a pickle) or a pickle naming a class outside the
+            allow-list (the message names it).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise MissingFileError(f"checkpoint {path} does not exist")
+    try:
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        reason = str(err).split("\n")[0]
+        named = [w for w in str(err).split() if w.startswith("GLOBAL")]
+        what = f" ({' '.join(str(err).split()[str(err).split().index(named[0]) :][:2])})" if named else ""
+        raise DataError(
+            f"{path}: refused to unpickle{what}: only tensors, containers and argparse.Namespace are "
+            f"allowed in a checkpoint ({reason})"
+        ) from None
+    except (RuntimeError, EOFError, ValueError, OSError) as err:
+        raise DataError(f"{path} is not a readable checkpoint: {str(err).splitlines()[0]}") from None
+    if not isinstance(ckpt, dict):
+        raise DataError(f"{path}: a checkpoint is a mapping, got {type(ckpt).__name__}")
+    return ckpt
+
+
+def opt_dict(ckpt: dict[str, Any], path: str = "") -> dict[str, Any]:
+    """The checkpoint's ``opt`` (an ``argparse.Namespace`` or a dict) as a plain dict."""
+    opt = ckpt.get("opt")
+    if isinstance(opt, argparse.Namespace):
+        return dict(vars(opt))
+    if isinstance(opt, dict):
+        return dict(opt)
+    raise DataError(
+        f"{path or 'the checkpoint'} has no 'opt' (the official train.py saves its arguments there)"
+    )
+
+
+def hf_architecture(source: str | None, role: str, arg: str) -> dict[str, Any]:
+    """A Hugging Face config dict from a local directory or a cached hub id (no weights are read)."""
+    from patchword.hub import require_transformers, resolve_pretrained
+
+    if not source:
+        raise ConfigError(arg, f"the checkpoint holds a Hugging Face {role} backbone: give its architecture")
+    transformers = require_transformers()
+    try:
+        config = transformers.AutoConfig.from_pretrained(resolve_pretrained(source), local_files_only=True)
+    except OSError as err:
+        raise ConfigError(
+            arg, f"{source}: no Hugging Face config there ({str(err).splitlines()[0]})"
+        ) from None
+    return config.to_dict()
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_imported_run(plan: ImportPlan, source: Path, out: Path) -> dict[str, Any]:
+    """Build the planned model, load the mapped tensors strictly, write the run directory atomically.
+
+    Raises:
+        RunExistsError: ``out`` exists.
+        DataError: a tensor is missing, unexpected or of another shape (the message names it).
+    """
+    from patchword.factory import create_model
+    from patchword.runs import BACKBONES_FILE, CONFIG_FILE, VOCAB_FILE
+
+    if out.exists():
+        raise RunExistsError(f"{out} exists; choose another --out (an imported run is never overwritten)")
+    probe_writable(out.parent)
+    cfg = plan.config
+    vocab_size = len(plan.tokenizer) if plan.tokenizer is not None else None
+    words = list(plan.tokenizer.idx2word) if plan.tokenizer is not None else None
+    model = create_model(
+        cfg.model, vocab_size=vocab_size, vocab_words=words, random_init=plan.architectures, pretrained=False
+    )
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(plan.state_dict))
+    unexpected = sorted(set(plan.state_dict) - set(expected))
+    if missing or unexpected:
+        what = [
+            f"missing {missing[:3]}" if missing else "",
+            f"unexpected {unexpected[:3]}" if unexpected else "",
+        ]
+        raise DataError(
+            f"{source}: the {plan.family} checkpoint does not fit the model: {'; '.join(filter(None, what))}"
+        )
+    for key, tensor in plan.state_dict.items():
+        if tuple(tensor.shape) != tuple(expected[key].shape):
+            raise DataError(
+                f"{source}: {key} has shape {tuple(tensor.shape)}, the model built from its opt needs "
+                f"{tuple(expected[key].shape)}"
+            )
+    model.load_state_dict(plan.state_dict, strict=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.import-"))
+    try:
+        save_config(cfg, tmp / CONFIG_FILE)
+        if plan.tokenizer is not None:
+            plan.tokenizer.save(tmp / VOCAB_FILE)
+        if plan.bert_files is not None:
+            shutil.copyfile(plan.bert_files, tmp / "bert_vocab.txt")
+        if plan.architectures:
+            atomic_write_text(tmp / BACKBONES_FILE, json.dumps(plan.architectures, indent=2))
+        weights = {"model": model.state_dict(), "step": 0, "metrics": {}, "config": config_to_dict(cfg)}
+        atomic_save(weights, tmp / "best.pt")
+        atomic_save(weights, tmp / "last.pt")
+        record = {
+            "family": plan.family,
+            "source": str(source),
+            "source_sha256": _sha256(source),
+            "opt": {
+                k: v if isinstance(v, (int, float, str, bool, type(None), list)) else repr(v)
+                for k, v in plan.opt.items()
+            },
+            "ignored": plan.ignored,
+            "loaded": len(plan.state_dict),
+            "metadata": plan.metadata,
+        }
+        atomic_write_text(tmp / IMPORT_FILE, json.dumps(record, indent=2, default=str))
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return record
