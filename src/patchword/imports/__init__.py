@@ -72,3 +72,7 @@ def import_checkpoint(
         _logger.info("not loaded: %s (%s)", key, reason)
     writer = chosen.writer or write_imported_run
     return writer(plan, path, out)
+
+
+# The built-in importers register themselves.
+from patchword.imports import scan_naaf, seps, tgdt, ucmfh  # noqa: E402, F401

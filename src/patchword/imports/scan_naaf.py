@@ -1,0 +1,1 @@
+"""Importer of the official scan_naaf checkpoints (see patchword.imports.base)."""

@@ -1,0 +1,1 @@
+"""Importer of the official seps checkpoints (see patchword.imports.base)."""

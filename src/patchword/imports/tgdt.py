@@ -1,0 +1,1 @@
+"""Importer of the official tgdt checkpoints (see patchword.imports.base)."""

@@ -1,0 +1,1 @@
+"""Importer of the official ucmfh checkpoints (see patchword.imports.base)."""
