@@ -11,6 +11,7 @@ import dataclasses
 import logging
 from functools import cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -93,8 +94,9 @@ def create_model(
     """Build a model: the one factory behind training, ``load_run`` and the public API.
 
     Args:
-        model: a named architecture (one of :func:`list_models`) or a :class:`ModelConfig` (a run's
-            ``model`` section, which may itself name one).
+        model: a named architecture (one of :func:`list_models`), a :class:`ModelConfig` (a run's
+            ``model`` section, which may itself name one), or a saved model: a directory written by
+            ``patchword export`` (or a run directory), or ``hf-hub:user/name`` from the local cache.
         pretrained: load the pretrained weights the config points at (Hugging Face backbones from a local
             directory or cached hub id; ``tiny_pretrained`` encoders); False builds the Hugging Face
             backbones randomly initialised from the architecture in the named model config (no
@@ -108,6 +110,13 @@ def create_model(
             config kwargs}``, as a run's ``backbones.json`` holds them); overrides ``pretrained``.
         **overrides: :class:`ModelConfig` fields (``embed_dim=256``, ``seps={"sparse_ratio": 0.6}``).
     """
+    directory = None if isinstance(model, ModelConfig) else _model_directory(model)
+    if directory is not None:  # an exported model (or a run directory): its config and weights
+        from patchword.runs import load_run
+
+        if overrides or vocab_size is not None or random_init is not None:
+            raise ConfigError("model", f"{model}: a saved model is loaded as it is (no overrides)")
+        return load_run(directory, device=device).model
     if isinstance(model, ModelConfig):
         cfg = (
             from_dict(ModelConfig, _merge(config_to_dict(model), overrides), "model") if overrides else model
@@ -128,6 +137,28 @@ def create_model(
         cfg = dataclasses.replace(cfg, tiny_pretrained="")
     built = build_model(cfg, vocab_size=vocab_size, vocab_words=vocab_words, random_init=random_init)
     return built.to(device)
+
+
+def _model_directory(value: str) -> Path | None:
+    """A saved model: a directory holding ``config.yaml`` (``patchword export`` output or a run), or
+    ``hf-hub:user/name`` resolved through the local Hugging Face cache (never downloaded)."""
+    if value.startswith("hf-hub:"):
+        from patchword.errors import ModelNotFoundError
+        from patchword.hub import require_transformers
+
+        require_transformers()
+        from huggingface_hub import snapshot_download
+
+        repo = value[len("hf-hub:") :]
+        try:
+            return Path(snapshot_download(repo, local_files_only=True))
+        except Exception as err:  # the hub library raises its own types for a missing cache entry
+            raise ModelNotFoundError(
+                f"{value}: not in the local Hugging Face cache (download it once with `huggingface-cli "
+                f"download {repo}`): {str(err).splitlines()[0]}"
+            ) from None
+    path = Path(value).expanduser()
+    return path if (path / "config.yaml").is_file() else None
 
 
 def create_model_and_transforms(

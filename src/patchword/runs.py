@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from patchword.checkpoint import load_checkpoint
+from patchword.checkpoint import load_weights
 from patchword.config import load_config
 from patchword.data.config import DataConfig
 from patchword.errors import ConfigError, MissingFileError
@@ -30,6 +30,7 @@ __all__ = [
     "CONFIG_FILE",
     "VOCAB_FILE",
     "BACKBONES_FILE",
+    "WEIGHTS_FILE",
     "METRICS_FILE",
     "LoadedRun",
     "load_run",
@@ -75,13 +76,21 @@ def load_run_tokenizer(run_dir: str | Path, data: DataConfig):
 
     # A run that carries its BERT vocabulary (an imported or exported run) names it relative to itself.
     own = Path(run_dir) / data.bert_vocab
-    return BertCaptionTokenizer.from_pretrained(str(own) if own.is_file() else data.bert_vocab)
+    return BertCaptionTokenizer.from_pretrained(str(own) if own.exists() else data.bert_vocab)
+
+
+#: The weights of an exported model directory (``patchword export``), which has no checkpoints.
+WEIGHTS_FILE = "model.safetensors"
 
 
 def resolve_checkpoint(run_dir: str | Path, checkpoint: str | Path | None = None) -> Path:
-    """``run_dir/best.pt`` (default) or the named file; a missing file is an error naming what exists."""
+    """``run_dir/best.pt`` (default; ``model.safetensors`` in an exported model directory) or the named
+    file; a missing file is an error naming what exists."""
     run_dir = Path(run_dir)
-    path = Path(checkpoint) if checkpoint is not None else run_dir / "best.pt"
+    default = run_dir / "best.pt"
+    if checkpoint is None and not default.is_file() and (run_dir / WEIGHTS_FILE).is_file():
+        default = run_dir / WEIGHTS_FILE
+    path = Path(checkpoint) if checkpoint is not None else default
     if not path.is_absolute() and not path.is_file() and (run_dir / path).is_file():
         path = run_dir / path
     if not path.is_file():
@@ -196,7 +205,7 @@ def load_run(
     model = build_run_model(run_dir, cfg, len(words) if words else None, words)
     model.to(weight_dtype(cfg.precision))  # before loading: an fp64 run's weights stay fp64
     try:
-        model.load_state_dict(load_checkpoint(path)["model"])
+        model.load_state_dict(load_weights(path))
     except RuntimeError as err:  # shapes or names differ: the overrides changed the architecture
         detail = str(err).split("\n\t", 2)
         raise ConfigError(

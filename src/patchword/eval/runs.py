@@ -32,12 +32,14 @@ __all__ = [
 ]
 
 
-def run_metadata(cfg: RunConfig, model: RetrievalModel, role: str) -> dict[str, Any]:
-    """What a metrics file must say about how it was obtained."""
+def run_metadata(cfg: RunConfig, model: RetrievalModel, role: str, split) -> dict[str, Any]:
+    """What a metrics file must say about how it was obtained (``split``: the scored EncodedSplit)."""
     matcher = model.matcher
     options = matcher_arguments(cfg.model)
     return {
         "split": role,
+        "images": split.num_images,  # the gallery of caption queries
+        "captions": split.num_captions,
         "matcher": cfg.model.matcher,
         # the options the matcher's registration asks every metrics file to record (SEPS: its variant)
         **{key: options.get(key) for key in matcher_spec(cfg.model.matcher).report},
@@ -95,7 +97,7 @@ def evaluate_run(
     metrics["eval_seconds"] = time.perf_counter() - t0
     if role in data.oracle:
         metrics["oracle_rsum"] = data.oracle[role]["rsum"]
-    metrics.update(run_metadata(cfg, model, role))
+    metrics.update(run_metadata(cfg, model, role, split))
     if dist.is_main:
         atomic_write_text(run_dir / "metrics.json", json.dumps(metrics, indent=2))
     return metrics
@@ -182,7 +184,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
             "run_dir": str(member_dir),
             "checkpoint": str(loaded.checkpoint),
             "config_hash": config_hash(member_dir),
-            **run_metadata(mcfg, model, role),
+            **run_metadata(mcfg, model, role, split),
         }
         results.append((meta, metrics))
     mcfg, data, split, model = reference

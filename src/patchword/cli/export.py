@@ -1,0 +1,21 @@
+"""``patchword export RUN OUT``: a run as a self-contained model directory (see :mod:`patchword.export`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, metavar="RUN", help="a run directory (trained or imported)")
+    parser.add_argument("out", type=Path, metavar="OUT", help="the model directory to write (must not exist)")
+    parser.add_argument("--checkpoint", default=None, help="checkpoint inside RUN (default best.pt)")
+
+
+def run(args: argparse.Namespace) -> None:
+    from patchword.export import export_run
+
+    out = export_run(args.run_dir, args.out, args.checkpoint)
+    print(f"written: {out} (README.md, model.safetensors, config.yaml, tokenizer, metrics.json)")

@@ -1,0 +1,172 @@
+"""``patchword export RUN OUT``: a trained (or imported) run as a self-describing model directory.
+
+The directory holds what using the model needs and nothing of its training: ``model.safetensors`` (the
+weights of the run's best checkpoint), ``config.yaml`` (the resolved run config), the tokenizer
+(``vocab.json`` or ``bert_vocab.txt``), ``backbones.json`` (Hugging Face architectures, so nothing is
+downloaded), ``metrics.json`` (what the run measured) and a ``README.md`` model card generated from the run
+(family, variant, backbones, training data and steps, the evaluation with its split, gallery size and
+protocol, leaky or not, config hash, patchword version). ``patchword.runs.load_run(OUT)`` and
+``patchword.create_model(OUT)`` load it offline; a Hugging Face hub id of such a directory resolves
+through the local cache (``create_model("hf-hub:user/name")``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import save
+
+from patchword.errors import RunExistsError
+from patchword.fileio import atomic_write_bytes, atomic_write_text, probe_writable
+
+__all__ = ["export_run", "model_card"]
+
+_COPIED = ("config.yaml", "vocab.json", "backbones.json", "import.json")
+BERT_VOCAB_DIR = "bert_vocab"  # vocab.txt + tokenizer_config.json: what BertCaptionTokenizer reads
+
+
+def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | None = None) -> Path:
+    """Write the model directory ``out`` of ``run_dir`` (atomically: a temporary directory renamed).
+
+    Raises:
+        RunExistsError: ``out`` exists.
+        MissingFileError: ``run_dir`` is not a run directory, or lacks the checkpoint.
+    """
+    from patchword import __version__
+    from patchword.runs import config_hash, load_run
+
+    run_dir, out = Path(run_dir), Path(out)
+    if out.exists():
+        raise RunExistsError(f"{out} exists; choose another directory (an export is never overwritten)")
+    probe_writable(out.parent)
+    run = load_run(run_dir, checkpoint)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in run.model.state_dict().items()}
+    metrics = _read_json(run_dir / "summary.json") or _read_json(run_dir / "metrics.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.export-"))
+    try:
+        for name in _COPIED:
+            if (run_dir / name).is_file():
+                shutil.copyfile(run_dir / name, tmp / name)
+        if run.config.data.tokenizer == "bert":  # the vocabulary travels with the model
+            _write_bert_vocab(run.tokenizer, tmp / BERT_VOCAB_DIR)
+            _set_bert_vocab(tmp / "config.yaml")
+        atomic_write_bytes(tmp / "model.safetensors", save(tensors))
+        record = {
+            "patchword_version": __version__,
+            "source_run": str(run_dir),
+            "checkpoint": run.checkpoint.name,
+            "config_hash": config_hash(run_dir),
+            "metrics": metrics,
+        }
+        atomic_write_text(tmp / "metrics.json", json.dumps(record, indent=2))
+        atomic_write_text(tmp / "README.md", model_card(run, record))
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _write_bert_vocab(tokenizer, directory: Path) -> None:
+    """The BERT tokenizer's vocabulary (``vocab.txt`` in id order) and its casing."""
+    words = sorted(tokenizer.vocab, key=tokenizer.vocab.__getitem__)
+    directory.mkdir()
+    atomic_write_text(directory / "vocab.txt", "".join(f"{w}\n" for w in words))
+    atomic_write_text(
+        directory / "tokenizer_config.json", json.dumps({"do_lower_case": bool(tokenizer.do_lower_case)})
+    )
+
+
+def _set_bert_vocab(config: Path) -> None:
+    """Point the exported config's ``data.bert_vocab`` at the copied vocabulary (relative to the dir)."""
+    import yaml
+
+    data = yaml.safe_load(config.read_text())
+    data["data"]["bert_vocab"] = BERT_VOCAB_DIR
+    atomic_write_text(config, yaml.safe_dump(data, sort_keys=False))
+
+
+def model_card(run, record: dict[str, Any]) -> str:
+    """The ``README.md`` of an exported model: what it is, how it was trained, what it scored and how."""
+    cfg, model = run.config, run.model
+    mc, dc, tc = cfg.model, cfg.data, cfg.train
+    metrics = record.get("metrics") or {}
+    imported = _read_json(run.run_dir / "import.json")
+    backbones = {
+        "image": mc.hf_vision
+        if mc.image_encoder == "hf"
+        else f"{mc.image_encoder} ({mc.tiny_pretrained or 'from scratch'})",
+        "text": mc.hf_text if mc.text_encoder == "bert" else mc.text_encoder,
+    }
+    reads_dense = model.matcher.consumes_dense and dc.dense
+    dense = f"yes, tied to the {model.matcher.dense_pairing}" if reads_dense else "no"
+    lines = [
+        f"# {run.run_dir.name}",
+        "",
+        f"A patchword model: `{mc.matcher}`"
+        + (f" (`{mc.name}`)" if mc.name else "")
+        + f" over {backbones['image']} image tokens and {backbones['text']} text tokens, "
+        f"{mc.embed_dim}-d joint space.",
+        "",
+        "```python",
+        "from patchword.runs import load_run",
+        "run = load_run('.')          # model, tokenizer, image preprocessing; no download",
+        "```",
+        "",
+        "## Model",
+        "",
+        f"* matcher: `{mc.matcher}`"
+        + (f", variant `{mc.seps.variant}`" if mc.matcher in ("seps", "laps") else ""),
+        f"* image encoder: {backbones['image']}; text encoder: {backbones['text']}",
+        f"* patches: {model.image_encoder.num_patches}, CLS token: {model.image_encoder.has_cls}",
+        f"* dense text: {dense}",
+        "",
+        "## Training",
+        "",
+    ]
+    if imported:
+        lines += [
+            f"Imported from an official {imported.get('family')} checkpoint: `{imported.get('source')}` "
+            f"(sha256 `{str(imported.get('source_sha256', ''))[:16]}`), {imported.get('loaded')} tensors "
+            f"loaded, {len(imported.get('ignored', {}))} ignored (listed in `import.json`).",
+        ]
+    else:
+        data = dc.dataset + (
+            f" ({dc.synthetic_scenes} scenes, {dc.num_train} training images)"
+            if dc.dataset == "synthetic"
+            else f" ({dc.root})"
+        )
+        lines += [
+            f"* data: {data}",
+            f"* steps: {metrics.get('steps', 'n/a')}, batch {tc.batch_size}, lr {tc.lr}, loss {tc.loss}, "
+            f"precision {cfg.precision}, seed {cfg.seed}",
+        ]
+    lines += ["", "## Evaluation", ""]
+    keys = ["i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum"]
+    protocol = "LEAKY (a query carries dense text of its own image)" if metrics.get("leaky") else "leak-free"
+    if all(k in metrics for k in keys):
+        lines += [
+            "| split | images | captions | " + " | ".join(keys) + " |",
+            "|" + "---|" * (len(keys) + 3),
+            f"| {metrics.get('split', 'test')} | {metrics.get('images', '')} | "
+            f"{metrics.get('captions', '')} | " + " | ".join(f"{metrics[k]:.1f}" for k in keys) + " |",
+            "",
+            f"Protocol: {protocol}; checkpoint `{record['checkpoint']}` of the run.",
+        ]
+    else:
+        lines.append("No evaluation recorded with this run (an imported checkpoint: run `patchword eval`).")
+    lines += [
+        "",
+        f"config hash `{record['config_hash']}`, patchword {record['patchword_version']}.",
+        "",
+    ]
+    return "\n".join(lines)

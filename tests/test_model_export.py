@@ -1,0 +1,107 @@
+"""``patchword export RUN OUT``: a self-contained model directory that ``load_run`` and ``create_model`` read
+back bit for bit, offline, with a model card generated from the run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import TINY_MODEL_32, one_error_line
+from patchword import create_model
+from patchword.cli import main
+from patchword.runs import load_run
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _same(a, b) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("export")
+    args = [
+        *TINY_MODEL_32,
+        "model.seps.variant=paper",
+        "data.num_train=20",
+        "data.num_dev=8",
+        "data.num_test=8",
+    ]
+    args += [
+        "train.batch_size=16",
+        "train.max_steps=2",
+        "train.num_threads=1",
+        f"data.cache_dir={root / 'c'}",
+    ]
+    assert main(["train", *args, f"output_dir={root}", "name=run"]) == 0
+    return root / "run"
+
+
+def test_an_exported_model_loads_bit_for_bit_and_scores_as_the_run(trained, tmp_path, capsys):
+    out = tmp_path / "model"
+    assert main(["export", str(trained), str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md",
+        "config.yaml",
+        "metrics.json",
+        "model.safetensors",
+        "vocab.json",
+    ]
+    run = load_run(trained)
+    assert _same(load_run(out).model, run.model)  # no checkpoints in the directory: its safetensors
+    assert _same(create_model(str(out)), run.model)
+    # the model card says what it is and what it scored, with the protocol
+    card = (out / "README.md").read_text()
+    summary = json.loads((trained / "summary.json").read_text())
+    assert "`seps`" in card and "variant `paper`" in card and "leak-free" in card
+    assert f"{summary['rsum']:.1f}" in card and "| test | 8 | 40 |" in card
+    assert f"steps: {summary['steps']}" in card
+    # the exported directory evaluates like the run (same weights, same data section)
+    capsys.readouterr()
+    assert main(["eval", str(out), "--out", str(tmp_path / "e.json")]) == 0
+    assert json.loads((tmp_path / "e.json").read_text())["rsum"] == pytest.approx(summary["rsum"])
+    # never overwritten
+    assert main(["export", str(trained), str(out)]) == 2
+    assert "exists" in one_error_line(capsys.readouterr().err)
+
+
+def test_a_hugging_face_run_exports_its_bert_vocabulary(tiny_hf, laps_dataset, tmp_path):
+    """The export carries the BERT vocabulary: it loads with the original backbone directories gone."""
+    import shutil
+
+    bert, vit = tiny_hf
+    args = [
+        "data.dataset=laps",
+        f"data.root={laps_dataset['root']}",
+        f"data.image_root={laps_dataset['image_root']}",
+        "data.image_size=32",
+        "data.max_caption_len=12",
+        "data.tokenizer=bert",
+        f"data.bert_vocab={tmp_path / 'vocab20.txt'}",
+        "model.text_encoder=bert",
+        f"model.hf_text={bert}",
+        "model.image_encoder=hf",
+        f"model.hf_vision={vit}",
+        "model.embed_dim=16",
+        "model.matcher=laps",
+        "train.batch_size=4",
+        "train.max_steps=1",
+        "train.num_threads=1",
+        f"output_dir={tmp_path / 'runs'}",
+        "name=hf",
+    ]
+    assert main(["train", *args]) == 0
+    run_dir = tmp_path / "runs" / "hf"
+    before = load_run(run_dir)
+    assert main(["export", str(run_dir), str(tmp_path / "model")]) == 0
+    shutil.rmtree(bert)
+    shutil.rmtree(vit)
+    (tmp_path / "vocab20.txt").unlink()
+    exported = load_run(tmp_path / "model")
+    assert _same(exported.model, before.model)
+    ids, lens = exported.tokenize(["w1 w2 w3"])
+    assert torch.equal(ids, before.tokenize(["w1 w2 w3"])[0])
