@@ -62,6 +62,9 @@ def import_checkpoint(
     elif not matches:
         known = ", ".join(f.name for f in list_families())
         raise DataError(f"{path}: not a checkpoint of a family patchword imports ({known})")
+    elif len(matches) > 1:  # e.g. SEPS and LAPS share their arguments and parameters
+        names = " or ".join(f.name for f in matches)
+        raise DataError(f"{path} could be a {names} checkpoint: say which with --family")
     else:
         chosen = matches[0]
     plan = chosen.convert(ckpt, options, path)

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -156,7 +157,7 @@ def safe_load(path: str | os.PathLike[str]) -> dict[str, Any]:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        reason = str(err).split("\n")[0]
+        reason = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).split("\n")[0]  # torch colours its message
         named = [w for w in str(err).split() if w.startswith("GLOBAL")]
         what = f" ({' '.join(str(err).split()[str(err).split().index(named[0]) :][:2])})" if named else ""
         raise DataError(

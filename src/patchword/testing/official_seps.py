@@ -1,0 +1,189 @@
+"""The official SEPS / LAPS forward, computed from an official checkpoint's own state dict.
+
+This is the yardstick of the importer (``patchword.imports.seps``, ``tests/test_import_seps.py``): it reads
+the ``model`` dict of ``model_best.pth`` under its official keys (``img_enc.*``, ``txt_enc.*``,
+``cross_net.*``) and never a patchword model. Written from reference/seps_laps.md:
+
+* ``lib/encoders.py``: the backbone's ``last_hidden_state`` (ViT with CLS first, Swin without) through
+  ``vision_proj``; BERT with ``attention_mask = ids != 0`` through ``fc`` (``nn.Identity`` when the widths
+  match). The backbones are built the official way (``ViTModel`` / ``SwinModel`` / ``BertModel`` with their
+  pooling layers) and receive their tensors through transformers' own ``from_pretrained``, which also reads
+  the key names of checkpoints written with transformers 4;
+* ``lib/cross_net.py``: CLS by ``is_sqr(tokens)``, ``K = ceil(N * sparse_ratio)`` from the tokens the
+  backbone gives, the aggregation MLP as the checkpoint holds it (its ``N_c`` outputs), the dense branch of
+  SEPS. The per-caption loop is :func:`patchword.testing.seps_reference_scores`, handed a stand-in that
+  holds the official ``TokenAggregation``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+
+from patchword.testing.seps_reference import seps_reference_scores
+
+__all__ = ["OfficialSEPS", "OfficialTokenAggregation"]
+
+#: Buffers a transformers 4 checkpoint holds that transformers 5 rebuilds (not parameters of the model).
+_CONSTANT_BUFFERS = re.compile(r"(relative_position_index|position_ids|token_type_ids)$")
+
+
+class OfficialTokenAggregation(nn.Module):
+    """``lib/cross_net.py: TokenAggregation`` with its official parameter names and shapes."""
+
+    def __init__(self, dim: int, keeped_patches: int, dim_ratio: float = 0.2) -> None:
+        super().__init__()
+        hidden = int(dim * dim_ratio)
+        self.weight = nn.Sequential(
+            nn.LayerNorm(dim), nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, keeped_patches)
+        )
+        self.scale = nn.Parameter(torch.ones(1, 1, 1))
+
+
+def _sub_state(state: dict[str, torch.Tensor], prefix: str, used: set[str]) -> dict[str, torch.Tensor]:
+    out = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+    used.update(prefix + k for k in out)
+    return out
+
+
+def _backbone(class_name: str, architecture: dict[str, Any], tensors: dict[str, torch.Tensor]):
+    """A transformers backbone with its pooling layer (as the official code builds it), loaded with
+    ``from_pretrained`` from ``tensors``; any missing, mis-shaped or unknown tensor is an error."""
+    import transformers
+    from safetensors.torch import save_file
+
+    spec = dict(architecture)
+    config = transformers.AutoConfig.for_model(spec.pop("model_type"), **spec)
+    with tempfile.TemporaryDirectory() as tmp:
+        config.save_pretrained(tmp)
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(Path(tmp) / "model.safetensors"))
+        model, info = getattr(transformers, class_name).from_pretrained(tmp, output_loading_info=True)
+    unexpected = [k for k in info["unexpected_keys"] if not _CONSTANT_BUFFERS.search(k)]
+    problems = [*info["missing_keys"], *unexpected, *info["mismatched_keys"], *info["error_msgs"]]
+    if problems:
+        raise ValueError(
+            f"the official {class_name} does not load these tensors: {sorted(map(str, problems))}"
+        )
+    return model.float().eval()
+
+
+def _linear_or_identity(tensors: dict[str, torch.Tensor], in_dim: int, out_dim: int) -> nn.Module:
+    """``vision_proj`` / ``fc``: ``nn.Identity`` when the widths match, else a loaded ``nn.Linear``."""
+    if in_dim == out_dim:
+        if tensors:
+            raise ValueError(f"widths match ({in_dim}) but the checkpoint holds a projection")
+        return nn.Identity()
+    layer = nn.Linear(in_dim, out_dim)
+    layer.load_state_dict(tensors, strict=True)
+    return layer
+
+
+class OfficialSEPS:
+    """The official VSEModel's evaluation forward on an official state dict.
+
+    Args:
+        state: ``model_best.pth['model']`` (official keys).
+        opt: its ``opt`` (``vit_type``, ``embed_size``, ``sparse_ratio``, ``aggr_ratio``).
+        vision, text: the backbones' transformers config dicts (``model_type`` plus the architecture).
+        dense: True for SEPS (a dense branch), False for LAPS.
+    """
+
+    def __init__(
+        self,
+        state: dict[str, torch.Tensor],
+        opt: Any,
+        vision: dict[str, Any],
+        text: dict[str, Any],
+        *,
+        dense: bool,
+    ) -> None:
+        used: set[str] = set()
+        self.opt, self.dense = opt, dense
+        vision_class = "SwinModel" if "swin" in opt.vit_type else "ViTModel"
+        self.visual = _backbone(vision_class, vision, _sub_state(state, "img_enc.visual_encoder.", used))
+        self.bert = _backbone("BertModel", text, _sub_state(state, "txt_enc.bert.", used))
+        embed = opt.embed_size
+        self.vision_proj = _linear_or_identity(
+            _sub_state(state, "img_enc.vision_proj.", used), self.visual.config.hidden_size, embed
+        )
+        self.fc = _linear_or_identity(
+            _sub_state(state, "txt_enc.fc.", used), self.bert.config.hidden_size, embed
+        )
+        aggr = _sub_state(state, "cross_net.aggr_net.", used)
+        self.aggr_net = OfficialTokenAggregation(embed, aggr["weight.3.weight"].shape[0])
+        self.aggr_net.load_state_dict(aggr, strict=True)
+        left = sorted(set(state) - used)
+        if left:
+            raise ValueError(f"tensors the official VSEModel does not have: {left}")
+
+    @torch.no_grad()
+    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) normalised pixels -> (B, L_v, C) tokens (``VisionTransEncoder.forward``)."""
+        return self.vision_proj(self.visual(pixels).last_hidden_state)
+
+    @torch.no_grad()
+    def encode_texts(self, ids: torch.Tensor) -> torch.Tensor:
+        """(B, L) token ids, padding 0 -> (B, L, C) tokens (``EncoderText_BERT.forward``)."""
+        return self.fc(self.bert(input_ids=ids, attention_mask=(ids != 0).float())[0])
+
+    def scores(
+        self,
+        pixels: torch.Tensor,
+        cap_ids: torch.Tensor,
+        cap_lens: torch.Tensor,
+        dense_ids: torch.Tensor | None = None,
+        dense_lens: torch.Tensor | None = None,
+        *,
+        pairing: str = "caption",
+        dense_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B_v, B_t) similarities of ``cross_net`` over the encoded inputs.
+
+        Args:
+            dense_ids, dense_lens: SEPS dense captions, one per image (B_v rows).
+            pairing: ``"caption"`` (the official protocol: caption j uses dense row ``dense_index[j]``, its
+                ground-truth image's) or ``"image"`` (each image with its own dense caption).
+        """
+        img = self.encode_images(pixels)
+        has_cls = not _is_sqr(img.shape[1])
+        from patchword.matching.seps import SEPSConfig
+
+        config = SEPSConfig(
+            embed_dim=img.shape[2],
+            num_patches=img.shape[1] - int(has_cls),
+            has_cls=has_cls,
+            sparse_ratio=self.opt.sparse_ratio,
+            aggr_ratio=self.opt.aggr_ratio,
+            variant="code",
+            use_dense=self.dense,
+        ).resolved()
+        cross_net = SimpleNamespace(
+            config=config,
+            training=False,
+            aggr_net=self.aggr_net,
+            aggr_net_dense=None,
+            scorer=None,
+            hrpa=SimpleNamespace(word_topk=None, patch_topk=None),
+        )
+        dense = self.encode_texts(dense_ids) if self.dense and dense_ids is not None else None
+        return seps_reference_scores(
+            cross_net,
+            img,
+            self.encode_texts(cap_ids),
+            cap_lens,
+            dense,
+            dense_lens if dense is not None else None,
+            pairing=pairing,
+            dense_index=dense_index if pairing == "caption" else None,
+        )
+
+
+def _is_sqr(n: int) -> bool:
+    return math.isqrt(n) ** 2 == n

@@ -1,0 +1,420 @@
+"""Importing official SEPS / LAPS checkpoints (``patchword.imports.seps``).
+
+Each checkpoint is written the way the official ``train.py`` writes ``model_best.pth``: the VSEModel's state
+dict under its official keys (transformers 4 backbone key names, the backbones' pooling layers, the Swin
+index buffers) and an ``argparse.Namespace`` with every field of the official ``arguments.py``, built from
+tiny random backbones with every tensor moved off its initialisation. The imported run must score pixels and
+token ids as the official forward does (``patchword.testing.official_seps``, which reads the official keys
+through transformers' own ``from_pretrained`` and runs the official per-caption loop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import pathlib
+import re
+
+import pytest
+import torch
+
+from patchword.errors import ConfigError, DataError
+from patchword.imports import ImportOptions, import_checkpoint, list_families
+from patchword.runs import load_run
+from patchword.testing.official_seps import OfficialSEPS, OfficialTokenAggregation
+
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+#: float32 agreement required between the imported run and the official forward.
+TOLERANCE = 1e-4
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(35))]
+BERT = dict(
+    vocab_size=len(VOCAB),
+    hidden_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    intermediate_size=32,
+    max_position_embeddings=64,
+)
+VIT = dict(
+    hidden_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    intermediate_size=32,
+    image_size=32,
+    patch_size=8,
+)
+SWIN = dict(
+    image_size=32, patch_size=4, embed_dim=8, depths=[1, 1], num_heads=[1, 2], window_size=4, mlp_ratio=2.0
+)
+NUM_PATCHES = 16  # ViT: 4 x 4 patches of 8 px (+ CLS); Swin: 8 x 8 cells of 4 px merged once to 4 x 4
+
+
+class OfficialOrderedDict(collections.OrderedDict):
+    """A class the restricted unpickler must refuse to build."""
+
+
+# ------------------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+    """Tiny Hugging Face directories as save_pretrained writes them: ``vit``, ``swin``, ``bert`` (with its
+    ``vocab.txt``) and ``vit32`` (a ViT twice as wide as the checkpoints')."""
+    root = tmp_path_factory.mktemp("hf")
+    torch.manual_seed(0)
+    transformers.ViTModel(transformers.ViTConfig(**VIT), add_pooling_layer=False).save_pretrained(
+        root / "vit"
+    )
+    wide = {**VIT, "hidden_size": 32}
+    transformers.ViTModel(transformers.ViTConfig(**wide), add_pooling_layer=False).save_pretrained(
+        root / "vit32"
+    )
+    transformers.SwinModel(transformers.SwinConfig(**SWIN)).save_pretrained(root / "swin")
+    transformers.BertModel(transformers.BertConfig(**BERT)).save_pretrained(root / "bert")
+    (root / "bert" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    return {name: root / name for name in ("vit", "vit32", "swin", "bert")}
+
+
+def official_opt(**changes) -> argparse.Namespace:
+    """Every field the official train.py saves: arguments.py's defaults, ``model_name`` (train.py) and
+    ``num_patches`` (set by the official image encoder)."""
+    opt = dict(
+        data_path="data/", dataset="f30k", margin=0.2, num_epochs=30, batch_size=128, embed_size=512,
+        grad_clip=2.0, learning_rate=2e-4, workers=8, log_step=200, val_step=500, logger_name="runs/test",
+        max_violation=False, vse_mean_warmup_epochs=1, embedding_warmup_epochs=0,
+        f30k_img_path="/home/fzr/data/flickr30k-images", coco_img_path="/home/fzr/data/coco/", img_res=224,
+        vit_type="vit", multi_gpu=0, world_size=1, rank=0, local_rank=0, dist_backend="nccl",
+        dist_url="env://", seed=0, size_augment=1, loss="vse", eval=1, save_results=1, evaluate_cxc=0,
+        gpu_id=0, bert_path="../weights_models/bert-base-uncased", lr_schedules=[9, 15, 20, 25],
+        decay_rate=0.3, shard_size=256, max_word=90, aggr_ratio=0.4, sparse_ratio=0.5, attention_weight=0.8,
+        ratio_weight=2.0, model_name="runs/test", num_patches=196,
+    )  # fmt: skip
+    opt.update(changes)
+    return argparse.Namespace(**opt)
+
+
+# transformers 5 key names -> the transformers 4 names official checkpoints carry (written out here by hand,
+# independently of the importer's table; the official forward reads them through from_pretrained).
+_TO_V4 = {
+    "vit": [
+        (r"^layers\.(\d+)\.", r"encoder.layer.\1."),
+        (r"attention\.q_proj\.", "attention.attention.query."),
+        (r"attention\.k_proj\.", "attention.attention.key."),
+        (r"attention\.v_proj\.", "attention.attention.value."),
+        (r"attention\.o_proj\.", "attention.output.dense."),
+        (r"mlp\.fc1\.", "intermediate.dense."),
+        (r"mlp\.fc2\.", "output.dense."),
+    ],
+    "swin": [
+        (r"attention\.q_proj\.", "attention.self.query."),
+        (r"attention\.k_proj\.", "attention.self.key."),
+        (r"attention\.v_proj\.", "attention.self.value."),
+        (r"attention\.relative_position_bias\.", "attention.self."),
+        (r"attention\.o_proj\.", "attention.output.dense."),
+        (r"mlp\.fc1\.", "intermediate.dense."),
+        (r"mlp\.fc2\.", "output.dense."),
+    ],
+}
+
+
+def _v4_names(state: dict[str, torch.Tensor], kind: str) -> dict[str, torch.Tensor]:
+    out = {}
+    for key, value in state.items():
+        for source, target in _TO_V4[kind]:
+            key = re.sub(source, target, key)
+        out[key] = value
+    return out
+
+
+def _moved(module: torch.nn.Module, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """The module's state with noise added to every floating tensor (nothing left at its initial value)."""
+    return {
+        k: v + 0.05 * torch.randn(v.shape, generator=generator) if v.is_floating_point() else v.clone()
+        for k, v in module.state_dict().items()
+    }
+
+
+def official_checkpoint(
+    kind: str, *, embed: int, seed: int = 0, v4: bool = True, sparse=0.5, aggr=0.4, **opt_changes
+) -> dict:
+    """``model_best.pth`` of the official VSEModel over tiny random backbones (``kind``: vit or swin)."""
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    if kind == "vit":  # ViTModel.from_pretrained keeps its pooling layer
+        visual = transformers.ViTModel(transformers.ViTConfig(**VIT))
+    else:
+        visual = transformers.SwinModel(transformers.SwinConfig(**SWIN))
+    bert = transformers.BertModel(transformers.BertConfig(**BERT))
+    state = {}
+    vis = _moved(visual, gen)
+    if v4:
+        vis = _v4_names(vis, kind)
+        for name, buffer in visual.named_buffers():
+            if name.endswith("relative_position_index"):  # a persistent buffer in transformers 4
+                side = int(buffer.numel() ** 0.5)
+                vis[_v4_names({name: buffer}, kind).popitem()[0]] = buffer.reshape(side, side).clone()
+    state.update({f"img_enc.visual_encoder.{k}": v for k, v in vis.items()})
+    hidden = visual.config.hidden_size
+    if embed != hidden:
+        state.update(
+            {f"img_enc.vision_proj.{k}": v for k, v in _moved(torch.nn.Linear(hidden, embed), gen).items()}
+        )
+    state.update({f"txt_enc.bert.{k}": v for k, v in _moved(bert, gen).items()})
+    if v4:  # persistent in the transformers 4 releases before 4.31
+        state["txt_enc.bert.embeddings.position_ids"] = torch.arange(BERT["max_position_embeddings"])[None]
+    if embed != BERT["hidden_size"]:
+        state.update({f"txt_enc.fc.{k}": v for k, v in _moved(torch.nn.Linear(16, embed), gen).items()})
+    aggregation = OfficialTokenAggregation(embed, int(NUM_PATCHES * aggr * sparse))
+    state.update({f"cross_net.aggr_net.{k}": v for k, v in _moved(aggregation, gen).items()})
+    opt = official_opt(
+        vit_type=kind, img_res=32, embed_size=embed, sparse_ratio=sparse, aggr_ratio=aggr,
+        num_patches=NUM_PATCHES, **opt_changes,
+    )  # fmt: skip
+    return {"model": state, "opt": opt, "epoch": 12, "best_rsum": 512.5, "Eiters": 4242}
+
+
+def _inputs(seed: int = 1):
+    """3 images, 6 captions (2 per image), one dense caption per image; ids padded with 0."""
+    gen = torch.Generator().manual_seed(seed)
+    pixels = torch.randn(3, 3, 32, 32, generator=gen)
+
+    def texts(lengths):
+        ids = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+        for row, n in enumerate(lengths):
+            ids[row, :n] = torch.cat(
+                [torch.tensor([2]), torch.randint(5, len(VOCAB), (n - 2,), generator=gen), torch.tensor([3])]
+            )
+        return ids, torch.tensor(lengths)
+
+    cap_ids, cap_lens = texts([5, 7, 4, 9, 6, 8])
+    dense_ids, dense_lens = texts([20, 27, 16])
+    return pixels, cap_ids, cap_lens, dense_ids, dense_lens, torch.tensor([0, 0, 1, 1, 2, 2])
+
+
+def _architecture(path) -> dict:
+    return transformers.AutoConfig.from_pretrained(path).to_dict()
+
+
+def _nothing_written(runs: pathlib.Path) -> None:
+    assert not runs.exists() or not any(runs.iterdir()), sorted(p.name for p in runs.iterdir())
+
+
+# ------------------------------------------------------------------------------------------ equivalence
+
+CASES = [  # family, backbone, dense pairing, token width, transformers 4 key names
+    ("seps", "vit", "image", 24, True),
+    ("seps", "vit", "caption", 24, False),
+    ("seps", "swin", "image", 16, True),
+    ("seps", "swin", "caption", 24, True),
+    ("laps", "vit", None, 24, True),
+    ("laps", "swin", None, 16, False),
+]
+
+
+@pytest.mark.parametrize(("family", "kind", "pairing", "embed", "v4"), CASES)
+def test_imported_run_scores_as_the_official_forward(tmp_path, hf_dirs, family, kind, pairing, embed, v4):
+    from patchword.eval.engine import score_matrix
+
+    ratios = {"sparse": 0.8, "aggr": 0.6} if kind == "swin" else {}  # the README's Swin ratios
+    ckpt = official_checkpoint(kind, embed=embed, v4=v4, **ratios)
+    path = tmp_path / "model_best.pth"
+    torch.save(ckpt, path)
+    out = tmp_path / "run"
+    options = ImportOptions(hf_vision=str(hf_dirs[kind]), hf_text=str(hf_dirs["bert"]), dense_pairing=pairing)
+    record = import_checkpoint(path, out, family_name=family, options=options)
+
+    assert record["family"] == family
+    assert record["metadata"] == {"epoch": 12, "best_rsum": 512.5, "Eiters": 4242}
+    pooler = [k for k in ckpt["model"] if ".pooler." in k]
+    assert all(record["ignored"][k].startswith("pooling layer") for k in pooler) and pooler
+    loaded = set(ckpt["model"]) - set(record["ignored"])
+    assert record["loaded"] == len(loaded)
+
+    run = load_run(out)
+    cfg = run.config
+    assert (cfg.model.matcher, cfg.model.seps.variant, cfg.model.seps.detach_selection) == (
+        family,
+        "code",
+        family == "seps",
+    )
+    assert cfg.model.seps.dense_pairing == (pairing or "image")
+    assert (cfg.model.seps.sparse_ratio, cfg.model.seps.aggr_ratio) == (
+        ckpt["opt"].sparse_ratio,
+        ckpt["opt"].aggr_ratio,
+    )
+    assert (cfg.data.tokenizer, cfg.data.dense, cfg.data.max_caption_len) == ("bert", family == "seps", 64)
+    ids, lens = run.tokenize(["w3 W7"])
+    assert ids.tolist() == [[2, VOCAB.index("w3"), VOCAB.index("w7"), 3]] and lens.tolist() == [4]
+
+    pixels, cap_ids, cap_lens, dense_ids, dense_lens, txt2img = _inputs()
+    official = OfficialSEPS(
+        ckpt["model"],
+        ckpt["opt"],
+        _architecture(hf_dirs[kind]),
+        _architecture(hf_dirs["bert"]),
+        dense=family == "seps",
+    )
+    reference = official.scores(
+        pixels, cap_ids, cap_lens, dense_ids, dense_lens, pairing=pairing or "caption", dense_index=txt2img
+    )
+    model = run.model
+    caption_tied = pairing == "caption"
+    with torch.no_grad():
+        img = model.encode_images(pixels)
+        cap = model.encode_texts(cap_ids, cap_lens)
+        dense = model.encode_texts(dense_ids, dense_lens) if family == "seps" else None
+        engine = score_matrix(
+            model.matcher, img, cap, cap_lens, dense, dense_lens if dense is not None else None,
+            txt2img=txt2img if caption_tied else None,
+        )  # fmt: skip
+        rows = txt2img if caption_tied else torch.arange(3)
+        forward = model(pixels, cap_ids, cap_lens, dense_ids[rows], dense_lens[rows]).sims
+    for name, sims in (("engine", engine), ("forward", forward)):
+        diff = (sims - reference).abs().max().item()
+        print(f"{family}-{kind}-{pairing}: {name} vs official max |diff| = {diff:.2e}")
+        assert diff <= TOLERANCE, (name, diff)
+    # The scores are not degenerate: captions rank images differently, and the dense branch counts.
+    assert reference.std() > 1e-2
+    if family == "seps":
+        assert (reference - official.scores(pixels, cap_ids, cap_lens)).abs().min() > 1e-2
+
+
+def test_dense_pairings_agree_on_ground_truth_pairs(hf_dirs):
+    """The official protocol and the leak-free one differ only where a caption meets another image."""
+    ckpt = official_checkpoint("vit", embed=24, seed=3)
+    official = OfficialSEPS(
+        ckpt["model"], ckpt["opt"], _architecture(hf_dirs["vit"]), _architecture(hf_dirs["bert"]), dense=True
+    )
+    pixels, cap_ids, cap_lens, dense_ids, dense_lens, txt2img = _inputs(seed=4)
+    leaky = official.scores(
+        pixels, cap_ids, cap_lens, dense_ids, dense_lens, pairing="caption", dense_index=txt2img
+    )
+    leak_free = official.scores(pixels, cap_ids, cap_lens, dense_ids, dense_lens, pairing="image")
+    diagonal = txt2img, torch.arange(len(txt2img))
+    torch.testing.assert_close(leaky[diagonal], leak_free[diagonal], rtol=0, atol=1e-6)
+    assert (leaky - leak_free).abs().max() > 1e-3
+
+
+def test_both_families_recognise_the_layout():
+    """SEPS and LAPS save the same keys and opt fields: both importers claim it, --family decides."""
+    ckpt = official_checkpoint("vit", embed=24)
+    assert [f.name for f in list_families() if f.detect(ckpt)] == ["laps", "seps"]
+    scan_like = {"model": [ckpt["model"], ckpt["model"]], "opt": ckpt["opt"]}
+    assert not any(f.name in ("laps", "seps") and f.detect(scan_like) for f in list_families())
+
+
+# ------------------------------------------------------------------------------------------ bad inputs
+
+
+def _import_fails(tmp_path, ckpt, hf_dirs, error, *, family="seps", vision="vit", text="bert", **options):
+    """Import ``ckpt`` (a dict to save, or bytes to write) and return the error; nothing may be written."""
+    path = tmp_path / "model_best.pth"
+    if isinstance(ckpt, bytes):
+        path.write_bytes(ckpt)
+    else:
+        torch.save(ckpt, path)
+    runs = tmp_path / "runs"
+    hf = ImportOptions(
+        hf_vision=str(hf_dirs[vision]) if vision else None,
+        hf_text=str(hf_dirs[text]) if text else None,
+        **options,
+    )
+    with pytest.raises(error) as caught:
+        import_checkpoint(path, runs / "imported", family_name=family, options=hf)
+    _nothing_written(runs)
+    return caught.value, path
+
+
+def test_checkpoint_of_another_family_is_refused(tmp_path, hf_dirs):
+    ckpt = official_checkpoint("vit", embed=24)
+    scan_like = {"model": [ckpt["model"], ckpt["model"]], "opt": ckpt["opt"], "epoch": 3}
+    err, path = _import_fails(tmp_path, scan_like, hf_dirs, DataError)
+    assert str(path) in str(err) and "not a seps checkpoint" in str(err)
+
+
+def test_wider_hf_vision_names_the_tensor(tmp_path, hf_dirs):
+    ckpt = official_checkpoint("vit", embed=24)
+    err, path = _import_fails(tmp_path, ckpt, hf_dirs, DataError, vision="vit32")
+    assert str(path) in str(err)
+    assert "img_enc.visual_encoder.embeddings.cls_token" in str(err) and "--hf-vision" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("what", "named"),
+    [("subclass", "OfficialOrderedDict"), ("path", "Path")],
+)
+def test_classes_outside_the_allow_list_are_refused(tmp_path, hf_dirs, what, named):
+    ckpt = official_checkpoint("vit", embed=24)
+    if what == "subclass":
+        ckpt["model"] = OfficialOrderedDict(ckpt["model"])
+    else:
+        ckpt["opt"].data_path = pathlib.Path("data")
+    err, path = _import_fails(tmp_path, ckpt, hf_dirs, DataError)
+    assert named in str(err) and str(path) in str(err)
+
+
+def test_truncated_checkpoint(tmp_path, hf_dirs):
+    source = tmp_path / "whole.pth"
+    torch.save(official_checkpoint("vit", embed=24), source)
+    data = source.read_bytes()
+    err, path = _import_fails(tmp_path, data[: len(data) * 2 // 3], hf_dirs, DataError)
+    assert str(path) in str(err) and "not a readable checkpoint" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("changes", "key"),
+    [
+        ({"vit_type": "clip"}, "opt.vit_type"),
+        ({"vit_type": "swin"}, "--hf-vision"),  # a Swin checkpoint's opt with a ViT architecture
+        ({"sparse_ratio": 1.5}, "opt.sparse_ratio"),
+        ({"aggr_ratio": 0.01}, "opt.sparse_ratio"),  # no aggregated token left: N_c = 0
+        ({"dataset": "cc3m"}, "opt.dataset"),
+        ({"num_patches": 196}, "opt.num_patches"),
+        ({"img_res": 224}, "opt.img_res"),
+        ({"max_word": "90"}, "opt.max_word"),
+        ({"cross_attention": 1}, "opt.cross_attention"),  # a field the official code does not have
+    ],
+)
+def test_opt_values_patchword_cannot_map(tmp_path, hf_dirs, changes, key):
+    ckpt = official_checkpoint("vit", embed=24)
+    for name, value in changes.items():
+        setattr(ckpt["opt"], name, value)
+    err, _ = _import_fails(tmp_path, ckpt, hf_dirs, ConfigError)
+    assert err.key == key, str(err)
+
+
+def test_option_errors(tmp_path, hf_dirs):
+    ckpt = official_checkpoint("vit", embed=24)
+    err, _ = _import_fails(tmp_path, ckpt, hf_dirs, ConfigError, family="laps", dense_pairing="caption")
+    assert err.key == "--dense-pairing"
+    err, _ = _import_fails(tmp_path, ckpt, hf_dirs, ConfigError, text=None)
+    assert err.key == "--hf-text"
+
+
+# ------------------------------------------------------------------------------------------ CLI
+
+
+def test_cli_import(tmp_path, hf_dirs, capsys):
+    from patchword.cli import main
+
+    ckpt = official_checkpoint("swin", embed=24, dataset="coco")
+    path = tmp_path / "model_best.pth"
+    torch.save(ckpt, path)
+    out = tmp_path / "run"
+    argv = ["import", str(path), "--out", str(out), "--hf-vision", str(hf_dirs["swin"])]
+    argv += ["--hf-text", str(hf_dirs["bert"]), "--family", "seps", "--dense-pairing", "caption"]
+    assert main(argv) == 0
+    assert f"written: {out}" in capsys.readouterr().out
+    run = load_run(out)
+    assert run.config.model.seps.dense_pairing == "caption"
+    assert (run.config.data.test_split, run.config.eval.coco_1k) == ("testall", True)
+    record = json.loads((out / "import.json").read_text())
+    assert record["family"] == "seps" and record["opt"]["vit_type"] == "swin"
+    assert "txt_enc.bert.pooler.dense.weight" in record["ignored"]
+    assert any(k.endswith("relative_position_index") for k in record["ignored"])
+    assert main(argv) == 2  # the run exists: never overwritten
