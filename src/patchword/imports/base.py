@@ -20,6 +20,7 @@ family, the official ``opt``, what was ignored and why).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -207,26 +208,8 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_imported_run(plan: ImportPlan, source: Path, out: Path) -> dict[str, Any]:
-    """Build the planned model, load the mapped tensors strictly, write the run directory atomically.
-
-    Raises:
-        RunExistsError: ``out`` exists.
-        DataError: a tensor is missing, unexpected or of another shape (the message names it).
-    """
-    from patchword.factory import create_model
-    from patchword.runs import BACKBONES_FILE, CONFIG_FILE, VOCAB_FILE
-
-    if out.exists():
-        raise RunExistsError(f"{out} exists; choose another --out (an imported run is never overwritten)")
-    probe_writable(out.parent)
-    cfg = plan.config
-    vocab_size = len(plan.tokenizer) if plan.tokenizer is not None else None
-    words = list(plan.tokenizer.idx2word) if plan.tokenizer is not None else None
-    model = create_model(
-        cfg.model, vocab_size=vocab_size, vocab_words=words, random_init=plan.architectures, pretrained=False
-    )
-    expected = model.state_dict()
+def check_fit(plan: ImportPlan, expected: dict[str, torch.Tensor], source: Path) -> None:
+    """The mapped tensors are exactly the model's (names and shapes); else one DataError naming them."""
     missing = sorted(set(expected) - set(plan.state_dict))
     unexpected = sorted(set(plan.state_dict) - set(expected))
     if missing or unexpected:
@@ -243,10 +226,68 @@ def write_imported_run(plan: ImportPlan, source: Path, out: Path) -> dict[str, A
                 f"{source}: {key} has shape {tuple(tensor.shape)}, the model built from its opt needs "
                 f"{tuple(expected[key].shape)}"
             )
-    model.load_state_dict(plan.state_dict, strict=True)
+
+
+def import_record(plan: ImportPlan, source: Path) -> dict[str, Any]:
+    """What ``import.json`` says about an import: source file and its sha256, family, opt, ignored keys."""
+    opt = {
+        k: v if isinstance(v, (int, float, str, bool, type(None), list)) else repr(v)
+        for k, v in plan.opt.items()
+    }
+    return {
+        "family": plan.family,
+        "source": str(source),
+        "source_sha256": _sha256(source),
+        "opt": opt,
+        "ignored": plan.ignored,
+        "loaded": len(plan.state_dict),
+        "metadata": plan.metadata,
+    }
+
+
+@contextlib.contextmanager
+def new_directory(out: Path):
+    """Yield a temporary directory beside ``out`` that becomes ``out`` when the block ends without error
+    (removed otherwise): a run directory appears whole or not at all.
+
+    Raises:
+        RunExistsError: ``out`` exists.
+    """
+    if out.exists():
+        raise RunExistsError(f"{out} exists; choose another --out (an imported run is never overwritten)")
+    probe_writable(out.parent)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.import-"))
     try:
+        yield tmp
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_imported_run(plan: ImportPlan, source: Path, out: Path) -> dict[str, Any]:
+    """Build the planned model, load the mapped tensors strictly, write the run directory atomically.
+
+    Raises:
+        RunExistsError: ``out`` exists.
+        DataError: a tensor is missing, unexpected or of another shape (the message names it).
+    """
+    from patchword.factory import create_model
+    from patchword.runs import BACKBONES_FILE, CONFIG_FILE, VOCAB_FILE
+
+    if out.exists():
+        raise RunExistsError(f"{out} exists; choose another --out (an imported run is never overwritten)")
+    cfg = plan.config
+    vocab_size = len(plan.tokenizer) if plan.tokenizer is not None else None
+    words = list(plan.tokenizer.idx2word) if plan.tokenizer is not None else None
+    model = create_model(
+        cfg.model, vocab_size=vocab_size, vocab_words=words, random_init=plan.architectures, pretrained=False
+    )
+    check_fit(plan, model.state_dict(), source)
+    model.load_state_dict(plan.state_dict, strict=True)
+    record = import_record(plan, source)
+    with new_directory(out) as tmp:
         save_config(cfg, tmp / CONFIG_FILE)
         if plan.tokenizer is not None:
             plan.tokenizer.save(tmp / VOCAB_FILE)
@@ -257,21 +298,5 @@ def write_imported_run(plan: ImportPlan, source: Path, out: Path) -> dict[str, A
         weights = {"model": model.state_dict(), "step": 0, "metrics": {}, "config": config_to_dict(cfg)}
         atomic_save(weights, tmp / "best.pt")
         atomic_save(weights, tmp / "last.pt")
-        record = {
-            "family": plan.family,
-            "source": str(source),
-            "source_sha256": _sha256(source),
-            "opt": {
-                k: v if isinstance(v, (int, float, str, bool, type(None), list)) else repr(v)
-                for k, v in plan.opt.items()
-            },
-            "ignored": plan.ignored,
-            "loaded": len(plan.state_dict),
-            "metadata": plan.metadata,
-        }
         atomic_write_text(tmp / IMPORT_FILE, json.dumps(record, indent=2, default=str))
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return record
