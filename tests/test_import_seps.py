@@ -10,11 +10,9 @@ through transformers' own ``from_pretrained`` and runs the official per-caption 
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import pathlib
-import re
 
 import pytest
 import torch
@@ -22,7 +20,14 @@ import torch
 from patchword.errors import ConfigError, DataError
 from patchword.imports import ImportOptions, import_checkpoint, list_families
 from patchword.runs import load_run
-from patchword.testing.official_seps import OfficialSEPS, OfficialTokenAggregation
+from patchword.testing.official_seps import (
+    BERT,
+    SWIN,
+    VIT,
+    VOCAB,
+    OfficialSEPS,
+    official_checkpoint,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -30,28 +35,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 #: float32 agreement required between the imported run and the official forward.
 TOLERANCE = 1e-4
-
-VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(35))]
-BERT = dict(
-    vocab_size=len(VOCAB),
-    hidden_size=16,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    intermediate_size=32,
-    max_position_embeddings=64,
-)
-VIT = dict(
-    hidden_size=16,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    intermediate_size=32,
-    image_size=32,
-    patch_size=8,
-)
-SWIN = dict(
-    image_size=32, patch_size=4, embed_dim=8, depths=[1, 1], num_heads=[1, 2], window_size=4, mlp_ratio=2.0
-)
-NUM_PATCHES = 16  # ViT: 4 x 4 patches of 8 px (+ CLS); Swin: 8 x 8 cells of 4 px merged once to 4 x 4
 
 
 class OfficialOrderedDict(collections.OrderedDict):
@@ -78,104 +61,6 @@ def hf_dirs(tmp_path_factory):
     transformers.BertModel(transformers.BertConfig(**BERT)).save_pretrained(root / "bert")
     (root / "bert" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
     return {name: root / name for name in ("vit", "vit32", "swin", "bert")}
-
-
-def official_opt(**changes) -> argparse.Namespace:
-    """Every field the official train.py saves: arguments.py's defaults, ``model_name`` (train.py) and
-    ``num_patches`` (set by the official image encoder)."""
-    opt = dict(
-        data_path="data/", dataset="f30k", margin=0.2, num_epochs=30, batch_size=128, embed_size=512,
-        grad_clip=2.0, learning_rate=2e-4, workers=8, log_step=200, val_step=500, logger_name="runs/test",
-        max_violation=False, vse_mean_warmup_epochs=1, embedding_warmup_epochs=0,
-        f30k_img_path="/home/fzr/data/flickr30k-images", coco_img_path="/home/fzr/data/coco/", img_res=224,
-        vit_type="vit", multi_gpu=0, world_size=1, rank=0, local_rank=0, dist_backend="nccl",
-        dist_url="env://", seed=0, size_augment=1, loss="vse", eval=1, save_results=1, evaluate_cxc=0,
-        gpu_id=0, bert_path="../weights_models/bert-base-uncased", lr_schedules=[9, 15, 20, 25],
-        decay_rate=0.3, shard_size=256, max_word=90, aggr_ratio=0.4, sparse_ratio=0.5, attention_weight=0.8,
-        ratio_weight=2.0, model_name="runs/test", num_patches=196,
-    )  # fmt: skip
-    opt.update(changes)
-    return argparse.Namespace(**opt)
-
-
-# transformers 5 key names -> the transformers 4 names official checkpoints carry (written out here by hand,
-# independently of the importer's table; the official forward reads them through from_pretrained).
-_TO_V4 = {
-    "vit": [
-        (r"^layers\.(\d+)\.", r"encoder.layer.\1."),
-        (r"attention\.q_proj\.", "attention.attention.query."),
-        (r"attention\.k_proj\.", "attention.attention.key."),
-        (r"attention\.v_proj\.", "attention.attention.value."),
-        (r"attention\.o_proj\.", "attention.output.dense."),
-        (r"mlp\.fc1\.", "intermediate.dense."),
-        (r"mlp\.fc2\.", "output.dense."),
-    ],
-    "swin": [
-        (r"attention\.q_proj\.", "attention.self.query."),
-        (r"attention\.k_proj\.", "attention.self.key."),
-        (r"attention\.v_proj\.", "attention.self.value."),
-        (r"attention\.relative_position_bias\.", "attention.self."),
-        (r"attention\.o_proj\.", "attention.output.dense."),
-        (r"mlp\.fc1\.", "intermediate.dense."),
-        (r"mlp\.fc2\.", "output.dense."),
-    ],
-}
-
-
-def _v4_names(state: dict[str, torch.Tensor], kind: str) -> dict[str, torch.Tensor]:
-    out = {}
-    for key, value in state.items():
-        for source, target in _TO_V4[kind]:
-            key = re.sub(source, target, key)
-        out[key] = value
-    return out
-
-
-def _moved(module: torch.nn.Module, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """The module's state with noise added to every floating tensor (nothing left at its initial value)."""
-    return {
-        k: v + 0.05 * torch.randn(v.shape, generator=generator) if v.is_floating_point() else v.clone()
-        for k, v in module.state_dict().items()
-    }
-
-
-def official_checkpoint(
-    kind: str, *, embed: int, seed: int = 0, v4: bool = True, sparse=0.5, aggr=0.4, **opt_changes
-) -> dict:
-    """``model_best.pth`` of the official VSEModel over tiny random backbones (``kind``: vit or swin)."""
-    gen = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    if kind == "vit":  # ViTModel.from_pretrained keeps its pooling layer
-        visual = transformers.ViTModel(transformers.ViTConfig(**VIT))
-    else:
-        visual = transformers.SwinModel(transformers.SwinConfig(**SWIN))
-    bert = transformers.BertModel(transformers.BertConfig(**BERT))
-    state = {}
-    vis = _moved(visual, gen)
-    if v4:
-        vis = _v4_names(vis, kind)
-        for name, buffer in visual.named_buffers():
-            if name.endswith("relative_position_index"):  # a persistent buffer in transformers 4
-                side = int(buffer.numel() ** 0.5)
-                vis[_v4_names({name: buffer}, kind).popitem()[0]] = buffer.reshape(side, side).clone()
-    state.update({f"img_enc.visual_encoder.{k}": v for k, v in vis.items()})
-    hidden = visual.config.hidden_size
-    if embed != hidden:
-        state.update(
-            {f"img_enc.vision_proj.{k}": v for k, v in _moved(torch.nn.Linear(hidden, embed), gen).items()}
-        )
-    state.update({f"txt_enc.bert.{k}": v for k, v in _moved(bert, gen).items()})
-    if v4:  # persistent in the transformers 4 releases before 4.31
-        state["txt_enc.bert.embeddings.position_ids"] = torch.arange(BERT["max_position_embeddings"])[None]
-    if embed != BERT["hidden_size"]:
-        state.update({f"txt_enc.fc.{k}": v for k, v in _moved(torch.nn.Linear(16, embed), gen).items()})
-    aggregation = OfficialTokenAggregation(embed, int(NUM_PATCHES * aggr * sparse))
-    state.update({f"cross_net.aggr_net.{k}": v for k, v in _moved(aggregation, gen).items()})
-    opt = official_opt(
-        vit_type=kind, img_res=32, embed_size=embed, sparse_ratio=sparse, aggr_ratio=aggr,
-        num_patches=NUM_PATCHES, **opt_changes,
-    )  # fmt: skip
-    return {"model": state, "opt": opt, "epoch": 12, "best_rsum": 512.5, "Eiters": 4242}
 
 
 def _inputs(seed: int = 1):
