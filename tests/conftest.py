@@ -39,6 +39,7 @@ NUMERICS_MODULES = {
     "test_compositional",
     "test_selection",
     "test_index",
+    "test_codecs",
     "test_import_seps",
     "test_import_scan_naaf",
     "test_import_tgdt_ucmfh",

@@ -43,7 +43,13 @@ def _index_parser() -> argparse.ArgumentParser:
     build.add_argument(
         "--update", action="store_true", help="encode new and changed files, drop deleted ones"
     )
-    build.add_argument("--fp16", action="store_true", help="store image tokens as float16 (half the size)")
+    build.add_argument(
+        "--store",
+        choices=("float32", "float16", "int8", "pq"),
+        help="how token vectors are stored: float32 (default), float16 (1/2 the size), int8 with a per-token "
+        "scale (~1/4), pq: product-quantised, 64 bytes per token (~1/32; trains on the first shard)",
+    )
+    build.add_argument("--fp16", action="store_true", help="the same as --store float16")
     build.add_argument(
         "--dense",
         type=Path,
@@ -72,7 +78,7 @@ def main_index(argv: list[str] | None = None) -> int:
             args.images,
             args.out,
             update=args.update,
-            dtype="float16" if args.fp16 else None,
+            dtype="float16" if args.fp16 else args.store,
             dense=args.dense,
             batch_size=args.batch_size,
             shard_size=args.shard_size,

@@ -19,11 +19,13 @@ import torch
 
 from patchword.data.images import load_image
 from patchword.errors import DataError, MissingFileError
+from patchword.matching.ops import length_mask
 from patchword.runs import LoadedRun
+from patchword.search.codecs import TokenCodec
 from patchword.search.scan import ImageFile, SkippedFile
-from patchword.search.store import DTYPES, save_npy_atomic, shard_files
+from patchword.search.store import save_npy_atomic, shard_files
 
-__all__ = ["EncodedShard", "ShardEncoder", "read_dense_file", "write_shard"]
+__all__ = ["EncodedShard", "ShardEncoder", "read_dense_file", "write_shard", "codec_sample"]
 
 
 def read_dense_file(path: str | os.PathLike[str]) -> dict[str, str]:
@@ -135,15 +137,30 @@ def _pad_cat(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([torch.nn.functional.pad(p, (0, 0, 0, width - p.shape[1])) for p in parts])
 
 
-def write_shard(index_dir: Path, shard_id: int, encoded: EncodedShard, dtype: str) -> int:
-    """Write one shard's arrays (each atomically); returns its row count."""
+def write_shard(index_dir: Path, shard_id: int, encoded: EncodedShard, codec: TokenCodec) -> int:
+    """Write one shard's arrays (each atomically), token arrays through the index's codec; returns its row
+    count."""
     files = shard_files(index_dir, shard_id)
-    np_dtype = DTYPES[dtype]
     save_npy_atomic(files["global"], torch.cat(encoded.globals_).numpy().astype(np.float32))
-    save_npy_atomic(files["tokens"], torch.cat(encoded.tokens).numpy().astype(np_dtype))
+    for suffix, array in codec.encode(torch.cat(encoded.tokens).numpy()).items():
+        save_npy_atomic(files[f"tokens{suffix}"], array)
     if encoded.dense:
         lens = torch.cat(encoded.dense_lens)
         dense = _pad_cat(encoded.dense)[:, : int(lens.max())]
-        save_npy_atomic(files["dense"], dense.numpy().astype(np_dtype))
+        for suffix, array in codec.encode(dense.numpy()).items():
+            save_npy_atomic(files[f"dense{suffix}"], array)
         save_npy_atomic(files["dense_lens"], lens.numpy().astype(np.int32))
     return len(encoded.files)
+
+
+def codec_sample(encoded: EncodedShard, limit: int = 100_000, seed: int = 0) -> np.ndarray:
+    """(n, C) float32 tokens of a shard (image and dense) to train a quantiser on, ``limit`` at most."""
+    parts = [torch.cat(encoded.tokens).flatten(0, 1)]
+    if encoded.dense:
+        lens = torch.cat(encoded.dense_lens)
+        dense = _pad_cat(encoded.dense)
+        parts.append(dense[length_mask(lens, dense.shape[1])])
+    tokens = torch.cat(parts).numpy()
+    if len(tokens) > limit:
+        tokens = tokens[np.random.default_rng(seed).choice(len(tokens), limit, replace=False)]
+    return tokens

@@ -30,7 +30,8 @@ import torch
 from patchword.errors import ConfigError, DataError, RunExistsError
 from patchword.progress import progress_bar
 from patchword.runs import LoadedRun, load_run
-from patchword.search.encode import ShardEncoder, read_dense_file, write_shard
+from patchword.search.codecs import load_codec, make_codec
+from patchword.search.encode import ShardEncoder, codec_sample, read_dense_file, write_shard
 from patchword.search.identity import IndexMismatchError, check_index_model, model_identity, weights_sha256
 from patchword.search.scan import SkippedFile, scan_images
 from patchword.search.store import (
@@ -41,6 +42,7 @@ from patchword.search.store import (
     Manifest,
     broken_shards,
     save_npy_atomic,
+    shard_arrays,
     shard_files,
 )
 
@@ -161,7 +163,7 @@ def _open_or_create(
         )
     if dtype is not None and dtype != manifest.dtype:
         raise ConfigError(
-            "--fp16", f"{index_dir} stores {manifest.dtype} tokens; build a new index to change it"
+            "--store", f"{index_dir} stores {manifest.dtype} tokens; build a new index to change it"
         )
     if dense_file is not None and (
         manifest.dense is None or Path(manifest.dense["file"]) != dense_file.resolve()
@@ -188,11 +190,15 @@ def _compact(index_dir: Path, manifest: Manifest, shard_size: int) -> None:
         shard_id = manifest.next_shard
         files = shard_files(index_dir, shard_id)
         save_npy_atomic(files["global"], reader.global_embeddings().numpy()[ids])
-        save_npy_atomic(files["tokens"], reader.gather("tokens", ids))
-        if manifest.dense:
-            lens = reader.gather("dense_lens", ids)
-            save_npy_atomic(files["dense"], reader.gather("dense", ids, width=int(lens.max())))
-            save_npy_atomic(files["dense_lens"], lens)
+        for name in shard_arrays(manifest):  # rows copied as stored: nothing is decoded or re-encoded
+            if name == "global":
+                continue
+            width = (
+                int(reader.gather("dense_lens", ids).max())
+                if name.startswith("dense.") or name == "dense"
+                else None
+            )
+            save_npy_atomic(files[name], reader.gather(name, ids, width=width))
         entries += [
             Entry(e.path, e.size, e.mtime_ns, e.format, shard_id, row)
             for row, e in enumerate(manifest.entries[start : start + len(ids)])
@@ -258,7 +264,8 @@ def build_index(
         index_dir: where the index goes. A new build needs it absent or empty; an existing complete
             index needs ``update``; an interrupted build is resumed.
         update: refresh an existing index: encode new and changed files, drop deleted ones.
-        dtype: ``"float32"`` or ``"float16"`` storage of the token shards (None: float32 for a new
+        dtype: the token store of the shards, one of :data:`~patchword.search.codecs.STORES` (float32,
+            float16, int8, pq; None: float32 for a new
             index, the index's own for an existing one).
         dense: dense-caption JSONL (see :func:`read_dense_file`); images without a line are skipped.
             An existing index keeps the file it was built with.
@@ -280,7 +287,7 @@ def build_index(
     """
     start = time.perf_counter()
     if dtype is not None and dtype not in DTYPES:
-        raise ConfigError("--dtype", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        raise ConfigError("--store", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if batch_size < 1 or shard_size < 1:
         raise ConfigError("--batch-size", "batch and shard sizes must be positive")
     if not isinstance(run, LoadedRun):
@@ -358,12 +365,19 @@ def build_index(
         progress_bar(len(todo), "index images", progress, unit="img") as bar,
     ):
         encoder = ShardEncoder(run, images_root, batch_size, pool, dense_texts)
+        codec = load_codec(index_dir, manifest.dtype) if manifest.shards else None
         for first in range(0, len(todo), shard_size):
             encoded = encoder.encode(todo[first : first + shard_size], bar.update)
             skipped += encoded.failed
             if encoded.files:
+                if codec is None:  # the first shard: a quantiser trains on its tokens, once per index
+                    codec = make_codec(
+                        manifest.dtype, codec_sample(encoded) if manifest.dtype == "pq" else None
+                    )
+                    codec.save(index_dir)
+                    manifest.codec = codec.describe()
                 shard_id = manifest.next_shard
-                rows = write_shard(index_dir, shard_id, encoded, manifest.dtype)
+                rows = write_shard(index_dir, shard_id, encoded, codec)
                 manifest.shards.append({"id": shard_id, "rows": rows})
                 manifest.next_shard += 1
                 manifest.entries += [

@@ -5,10 +5,11 @@
     the image folder, the storage dtype, the shards, one entry per indexed image (relative path, size,
     mtime, format, shard and row) and the files skipped with their reason;
     ``shards/NNNNN.global.npy``      (rows, C) float32 L2-normalised global image embeddings;
-    ``shards/NNNNN.tokens.npy``      (rows, L_v, C) projected image tokens (float32 or float16), what the
-    fine matcher reads;
-    ``shards/NNNNN.dense.npy`` and ``NNNNN.dense_lens.npy``  (rows, L_d, C) dense-caption tokens and
-    their (rows,) lengths, only for an index built with dense captions.
+    ``shards/NNNNN.tokens.npy``      (rows, L_v, C) projected image tokens, what the fine matcher reads, in
+    the index's token store (:mod:`patchword.search.codecs`: float32, float16, int8 with
+    ``NNNNN.tokens.scale.npy``, or product-quantised codes with the index's ``codec.npz``);
+    ``shards/NNNNN.dense.npy`` and ``NNNNN.dense_lens.npy``  (rows, L_d, C) dense-caption tokens (same store)
+    and their (rows,) lengths, only for an index built with dense captions.
 
 Every file is written to a temporary name and renamed into place (``os.replace``), shards first and the
 manifest last, so the manifest only ever names complete shards: a build killed at any moment leaves a
@@ -33,6 +34,7 @@ import torch
 from patchword.data.npy import load_npy, npy_problem
 from patchword.errors import DataError, MissingFileError
 from patchword.fileio import atomic_write, atomic_write_bytes
+from patchword.search.codecs import STORES, TokenCodec, load_codec
 from patchword.search.scan import SkippedFile
 
 __all__ = [
@@ -54,7 +56,7 @@ FORMAT = "patchword-search-index"
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 SHARDS_DIR = "shards"
-DTYPES = {"float32": np.float32, "float16": np.float16}
+DTYPES = STORES  # the token stores an index may use (the manifest's ``dtype`` field names one)
 #: How a user repairs an index with a missing or damaged shard file: ``--update`` drops the entries stored
 #: in such a shard and encodes their images again (:func:`broken_shards`).
 REPAIR_HINT = (
@@ -83,7 +85,8 @@ class Manifest:
         model: identity of the model that encoded the images (``weights_sha256`` decides compatibility)
             and the shapes it produces.
         images_root: absolute path of the indexed folder.
-        dtype: storage dtype of the token shards (``float32`` or ``float16``).
+        dtype: the token store of the shards (:data:`~patchword.search.codecs.STORES`).
+        codec: what the store needs recorded (pq: the quantiser's shape), for people reading the manifest.
         dense: None, or the dense-caption file the index was built with (``file``, ``max_len``).
         state: ``building`` (a build or update is running or was interrupted) or ``complete``.
         shards: ``{"id", "rows"}`` of every shard file set, in creation order.
@@ -96,6 +99,7 @@ class Manifest:
     images_root: str
     dtype: str
     dense: dict[str, Any] | None = None
+    codec: dict[str, Any] = field(default_factory=dict)
     state: str = "building"
     shards: list[dict[str, int]] = field(default_factory=list)
     next_shard: int = 0
@@ -136,6 +140,7 @@ class Manifest:
                 images_root=payload["images_root"],
                 dtype=payload["dtype"],
                 dense=payload.get("dense"),
+                codec=payload.get("codec") or {},
                 state=payload["state"],
                 shards=list(payload["shards"]),
                 next_shard=int(payload["next_shard"]),
@@ -155,16 +160,29 @@ def save_npy_atomic(path: Path, array: np.ndarray) -> None:
     atomic_write(path, lambda fh: np.save(fh, np.ascontiguousarray(array), allow_pickle=False))
 
 
+#: Every array a shard may hold (``.scale``: the int8 store's per-token scales).
+ARRAYS = ("global", "tokens", "tokens.scale", "dense", "dense.scale", "dense_lens")
+
+
 def shard_files(index_dir: Path, shard_id: int) -> dict[str, Path]:
-    """Paths of one shard's arrays by name (``global``, ``tokens``, ``dense``, ``dense_lens``)."""
+    """Paths of one shard's arrays by name (:data:`ARRAYS`)."""
     base = Path(index_dir) / SHARDS_DIR
-    return {name: base / f"{shard_id:05d}.{name}.npy" for name in ("global", "tokens", "dense", "dense_lens")}
+    return {name: base / f"{shard_id:05d}.{name}.npy" for name in ARRAYS}
+
+
+def shard_arrays(manifest: Manifest) -> tuple[str, ...]:
+    """The arrays each shard of ``manifest`` holds."""
+    codec = TokenCodec(manifest.dtype)
+    names = ["global", *(f"tokens{s}" for s in codec.suffixes())]
+    if manifest.dense:
+        names += [*(f"dense{s}" for s in codec.suffixes()), "dense_lens"]
+    return tuple(names)
 
 
 def broken_shards(index_dir: Path, manifest: Manifest) -> dict[int, str]:
     """Shard id -> what is wrong with one of its files (missing, truncated, not a .npy array), for every
     shard of ``manifest`` that cannot be read; reads only the files' headers and sizes."""
-    names = ("global", "tokens", "dense", "dense_lens") if manifest.dense else ("global", "tokens")
+    names = shard_arrays(manifest)
     broken = {}
     for shard in manifest.shards:
         files = shard_files(index_dir, shard["id"])
@@ -189,9 +207,10 @@ class SearchIndex:
         self.manifest = manifest
         self.entries = manifest.entries
         self._arrays: dict[int, dict[str, np.ndarray]] = {}
+        self.codec = load_codec(index_dir, manifest.dtype)
+        names = shard_arrays(manifest)
         for shard in manifest.shards:
             files = shard_files(index_dir, shard["id"])
-            names = ("global", "tokens", "dense", "dense_lens") if manifest.dense else ("global", "tokens")
             arrays = {}
             for name in names:
                 if not files[name].is_file():
@@ -271,10 +290,16 @@ class SearchIndex:
                 out[at] = part
         return out
 
+    def _decoded(self, name: str, ids: np.ndarray, width: int | None = None) -> np.ndarray:
+        """Rows ``ids`` of the token array ``name`` (``tokens`` / ``dense``), decoded to float32: only the
+        rows asked for are read and decoded."""
+        arrays = {suffix: self.gather(f"{name}{suffix}", ids, width) for suffix in self.codec.suffixes()}
+        return self.codec.decode(arrays)
+
     def image_tokens(self, ids: torch.Tensor | np.ndarray) -> torch.Tensor:
         """(k,) index ids -> (k, L_v, C) float32 image tokens."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        return torch.from_numpy(self.gather("tokens", ids).astype(np.float32, copy=False))
+        return torch.from_numpy(self._decoded("tokens", ids))
 
     def dense_tokens(self, ids: torch.Tensor | np.ndarray) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(k,) index ids -> ((k, L_d, C) float32 dense tokens, (k,) int64 lengths), or None."""
@@ -283,5 +308,14 @@ class SearchIndex:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         lens = self.gather("dense_lens", ids).astype(np.int64)
         width = int(lens.max()) if lens.size else 1
-        tokens = self.gather("dense", ids, width=width).astype(np.float32, copy=False)
-        return torch.from_numpy(tokens), torch.from_numpy(lens)
+        return torch.from_numpy(self._decoded("dense", ids, width)), torch.from_numpy(lens)
+
+    def bytes_per_image(self) -> float:
+        """Bytes the shard files take per indexed image (all arrays)."""
+        total = sum(
+            f.stat().st_size
+            for shard in self.manifest.shards
+            for name, f in shard_files(self.index_dir, shard["id"]).items()
+            if f.is_file()
+        )
+        return total / max(1, len(self.entries))
