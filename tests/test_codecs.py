@@ -102,3 +102,27 @@ def test_an_interrupted_pq_build_resumes_to_the_same_index(env, tmp_path, monkey
     for path in sorted((tmp_path / "whole").rglob("*.npy")) + [tmp_path / "whole" / "codec.npz"]:
         twin = tmp_path / "cut" / path.relative_to(tmp_path / "whole")
         assert filecmp.cmp(path, twin, shallow=False), path.name
+
+
+def test_a_large_index_shortlists_with_an_hnsw_graph_built_once(env, tmp_path, monkeypatch):
+    """Above APPROXIMATE_ABOVE images the first stage is FAISS HNSW, its graph kept with the index."""
+    import shutil
+
+    from patchword.eval import two_stage
+    from patchword.search import query
+
+    shutil.copytree(env.index_dir, tmp_path / "idx")
+    exact = Searcher(SearchIndex.open(tmp_path / "idx"), env.run)
+    assert exact.backend == "faiss_flat"
+    monkeypatch.setattr(query, "APPROXIMATE_ABOVE", 10)
+    first = Searcher(SearchIndex.open(tmp_path / "idx"), env.run)
+    assert first.backend == "faiss_hnsw" and len(list((tmp_path / "idx").glob("global.*.hnsw"))) == 1
+    built = two_stage.GlobalIndex.__init__
+    monkeypatch.setattr(two_stage.GlobalIndex, "__init__", lambda *a, **k: pytest.fail("graph rebuilt"))
+    second = Searcher(SearchIndex.open(tmp_path / "idx"), env.run)  # loads the kept graph
+    monkeypatch.setattr(two_stage.GlobalIndex, "__init__", built)
+    captions, _ = caption_queries(env)
+    for caption in captions[:10]:  # 24 images: the graph finds the exact shortlist
+        want = [h.id for h in exact.search(caption, k=8).hits]
+        assert [h.id for h in first.search(caption, k=8).hits] == want
+        assert [h.id for h in second.search(caption, k=8).hits] == want

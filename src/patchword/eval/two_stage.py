@@ -17,6 +17,7 @@ the token-level similarity, optionally as the hybrid ``d_g + d_l``. Here:
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -103,6 +104,27 @@ class GlobalIndex:
             self._index = faiss.IndexHNSWFlat(self.dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
             self._index.hnsw.efConstruction = ef_construction
         self._index.add(data)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write a FAISS backend's index (an HNSW graph is slow to build: build it once) atomically."""
+        if self.backend == "exact":
+            raise ValueError("the exact backend has nothing to save")
+        from patchword.fileio import atomic_write
+
+        data = _faiss().serialize_index(self._index)
+        atomic_write(path, lambda fh: fh.write(data.tobytes()))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], backend: str, *, ef_search: int = 256) -> GlobalIndex:
+        """A FAISS backend's index written by :meth:`save`."""
+        import numpy as np
+
+        faiss = _faiss()
+        self = cls.__new__(cls)
+        self.backend, self._ef_search, self._budget = backend, ef_search, budget_bytes(256)
+        self._index = faiss.deserialize_index(np.fromfile(path, dtype=np.uint8))
+        self.size, self.dim = self._index.ntotal, self._index.d
+        return self
 
     def search(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-``k`` database entries of each query by inner product.

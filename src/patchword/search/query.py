@@ -18,6 +18,8 @@ threads at once: it keeps no per-query state, and each call builds its own scori
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import time
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from patchword.search.explain import Explanation
 
 __all__ = [
+    "APPROXIMATE_ABOVE",
     "DEFAULT_SHORTLIST",
     "QueryError",
     "Query",
@@ -54,6 +57,10 @@ logger = logging.getLogger(__name__)
 #: Images re-ranked by the fine matcher per query when the matcher has no plan of its own (TGDT's
 #: official value for caption queries).
 DEFAULT_SHORTLIST = 100
+#: Above this many images the first stage is approximate by default (a FAISS HNSW graph, kept with the
+#: index): exact search costs O(N) per query, 20 ms at 1M images on 2 cores, the graph ~1 ms; its recall of
+#: the exact shortlist is measured in docs/search.md.
+APPROXIMATE_ABOVE = 200_000
 
 
 class QueryError(DataError):
@@ -144,8 +151,9 @@ class Searcher:
         shortlist: images re-ranked per query (default: the matcher's two-stage plan, else
             :data:`DEFAULT_SHORTLIST`); clipped to the index size.
         alpha: weight of the global score in the final score (default: the plan's, else 0).
-        backend: first-stage backend: ``"auto"`` (FAISS flat when installed, else exact torch),
-            ``"exact"``, ``"faiss_flat"`` or ``"faiss_hnsw"``.
+        backend: first-stage backend: ``"auto"`` (exact below :data:`APPROXIMATE_ABOVE` images: FAISS flat
+            when installed, else torch; above it FAISS HNSW, approximate), ``"exact"``, ``"faiss_flat"``
+            or ``"faiss_hnsw"``.
         max_memory_mb: working-memory budget of the re-ranking engine.
 
     Raises:
@@ -176,11 +184,10 @@ class Searcher:
             raise ValueError(f"shortlist must be positive, got {wanted}")
         self.shortlist = min(int(wanted), len(index))
         if backend == "auto":
-            backend = "faiss_flat" if faiss_available() else "exact"
+            large = len(index) > APPROXIMATE_ABOVE and faiss_available()
+            backend = "faiss_hnsw" if large else ("faiss_flat" if faiss_available() else "exact")
         self.backend = backend
-        self.global_index = GlobalIndex(
-            index.global_embeddings(), backend=backend, max_memory_mb=max_memory_mb
-        )
+        self.global_index = self._global_index(backend, max_memory_mb)
         self.budget = budget_bytes(max_memory_mb)
         self._token_name = token_namer(run.tokenizer)
         pairing = self.fine.dense_pairing
@@ -191,6 +198,27 @@ class Searcher:
                 "so the fine stage scores without dense text",
                 pairing,
             )
+
+    def _global_index(self, backend: str, max_memory_mb: float) -> GlobalIndex:
+        """The first stage. An HNSW graph is built once per version of the index and kept beside it
+        (``global.hnsw``, named by the index's shard list): later opens load it."""
+        index = self.index
+        if backend != "faiss_hnsw":
+            return GlobalIndex(index.global_embeddings(), backend=backend, max_memory_mb=max_memory_mb)
+        stamp = hashlib.sha256(json.dumps(index.manifest.shards).encode()).hexdigest()[:16]
+        path = index.index_dir / f"global.{stamp}.hnsw"
+        if path.is_file():
+            return GlobalIndex.load(path, backend)
+        t0 = time.perf_counter()
+        graph = GlobalIndex(index.global_embeddings(), backend=backend, max_memory_mb=max_memory_mb)
+        logger.info("HNSW graph of %d images built in %.1f s: %s", len(index), time.perf_counter() - t0, path)
+        for old in index.index_dir.glob("global.*.hnsw"):  # graphs of earlier versions of the index
+            old.unlink(missing_ok=True)
+        try:
+            graph.save(path)
+        except OSError as err:  # a read-only index still searches; it rebuilds the graph next time
+            logger.warning("could not keep the HNSW graph at %s: %s", path, err)
+        return graph
 
     @classmethod
     def open(
