@@ -126,3 +126,34 @@ def test_a_large_index_shortlists_with_an_hnsw_graph_built_once(env, tmp_path, m
         want = [h.id for h in exact.search(caption, k=8).hits]
         assert [h.id for h in first.search(caption, k=8).hits] == want
         assert [h.id for h in second.search(caption, k=8).hits] == want
+
+
+def test_the_qdrant_backend_ranks_as_the_local_index(env, tmp_path, capsys):
+    """Embedded Qdrant (a local directory, the cluster's client API): the same rankings, through the CLI."""
+    import json
+    import shutil
+
+    from patchword.cli import main
+
+    shutil.copytree(env.index_dir, tmp_path / "idx")
+    images, run = env.export.files["images"], env.run_dir
+    # `index build --qdrant` on a complete index: nothing to encode, then the upload
+    dense, out, qdrant = env.export.files["dense"], tmp_path / "idx", tmp_path / "qdrant"
+    build = ["index", "build", str(run), "--images", str(images), "--out", str(out), "--update"]
+    assert main([*build, "--dense", str(dense), "--qdrant", str(qdrant)]) == 0
+    record = json.loads((tmp_path / "idx" / "qdrant.json").read_text())
+    assert record["points"] == len(SearchIndex.open(tmp_path / "idx")) and record["collection"] == "idx"
+    local = Searcher.open(tmp_path / "idx")
+    remote = Searcher.open(tmp_path / "idx", qdrant=True)
+    assert remote.backend == "store"
+    captions, _ = caption_queries(env)
+    for caption in captions[:15]:
+        want = local.search(caption, k=10).hits
+        got = remote.search(caption, k=10).hits
+        assert [h.id for h in got] == [h.id for h in want], caption
+        assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-5)
+    remote.index.client.close()  # embedded mode locks its directory
+    capsys.readouterr()
+    assert main(["search", str(tmp_path / "idx"), captions[0], "--qdrant", "--json", "-k", "3"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in body["results"]] == [h.id for h in local.search(captions[0], k=3).hits]

@@ -63,6 +63,12 @@ def _index_parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     build.add_argument("--checkpoint", default=None, help="checkpoint inside RUN_DIR (default best.pt)")
+    build.add_argument(
+        "--qdrant",
+        metavar="PATH_OR_URL",
+        help="also upload the index to Qdrant: a server / cluster URL, or a local directory (embedded mode)",
+    )
+    build.add_argument("--collection", default=None, help="the Qdrant collection (default: the --out name)")
     return parser
 
 
@@ -87,6 +93,11 @@ def main_index(argv: list[str] | None = None) -> int:
             checkpoint=args.checkpoint,
         )
         print(report.summary())
+        if args.qdrant:
+            from patchword.search.qdrant import upload_index
+
+            record = upload_index(args.out, args.qdrant, args.collection or args.out.name)
+            print(f"uploaded {record['points']} images to Qdrant collection {record['collection']!r}")
 
     # finished shards are kept (each written atomically, then the manifest): the same command resumes
     return run_command(build, args.verbose, f"rerun the same command to resume {args.out}")
@@ -108,6 +119,9 @@ def _search_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--checkpoint", default=None, help="checkpoint inside the run (default: the index's)")
     parser.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
+    parser.add_argument(
+        "--qdrant", action="store_true", help="vectors from the Qdrant collection the index was uploaded to"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
 
@@ -123,6 +137,7 @@ def open_searcher(args: argparse.Namespace):
         checkpoint=args.checkpoint,
         device=resolve_device(args.device, key="--device"),
         shortlist=args.shortlist,
+        qdrant=bool(getattr(args, "qdrant", False)),
     )
 
 

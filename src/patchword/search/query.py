@@ -183,11 +183,13 @@ class Searcher:
         if wanted < 1:
             raise ValueError(f"shortlist must be positive, got {wanted}")
         self.shortlist = min(int(wanted), len(index))
-        if backend == "auto":
+        if hasattr(index, "shortlist"):  # a store that ranks the first stage itself (Qdrant)
+            backend = "store"
+        elif backend == "auto":
             large = len(index) > APPROXIMATE_ABOVE and faiss_available()
             backend = "faiss_hnsw" if large else ("faiss_flat" if faiss_available() else "exact")
         self.backend = backend
-        self.global_index = self._global_index(backend, max_memory_mb)
+        self.global_index = index if backend == "store" else self._global_index(backend, max_memory_mb)
         self.budget = budget_bytes(max_memory_mb)
         self._token_name = token_namer(run.tokenizer)
         pairing = self.fine.dense_pairing
@@ -228,15 +230,22 @@ class Searcher:
         run_dir: str | os.PathLike[str] | None = None,
         checkpoint: str | os.PathLike[str] | None = None,
         device: str | torch.device = "cpu",
+        qdrant: bool = False,
         **options: Any,
     ) -> Searcher:
-        """Open ``index_dir`` with the run recorded in its manifest (or ``run_dir``, e.g. after moving it).
+        """Open ``index_dir`` with the run recorded in its manifest (or ``run_dir``, e.g. after moving it);
+        ``qdrant``: its vectors from the Qdrant collection it was uploaded to (``qdrant.json``).
 
         Raises:
             MissingFileError: no index, or the run that built it is not where the manifest says.
             IndexMismatchError: ``run_dir`` holds another model.
         """
-        index = SearchIndex.open(index_dir)
+        if qdrant:
+            from patchword.search.qdrant import QdrantIndex
+
+            index = QdrantIndex.open(index_dir)
+        else:
+            index = SearchIndex.open(index_dir)
         recorded = index.manifest.model
         if run_dir is None:
             run_dir = Path(recorded["run_dir"])
@@ -318,9 +327,11 @@ class Searcher:
         t0 = time.perf_counter()
         query = self.encode_query(text)
         t1 = time.perf_counter()
-        global_scores, ids = self.global_index.search(
-            query.global_embedding, max(self.shortlist, min(k, len(self)))
-        )
+        wanted = max(self.shortlist, min(k, len(self)))
+        if self.backend == "store":  # Qdrant ranks the first stage and returns the hits' tokens
+            global_scores, ids = self.index.shortlist(query.global_embedding, wanted)
+        else:
+            global_scores, ids = self.global_index.search(query.global_embedding, wanted)
         global_scores, ids = global_scores[0], ids[0]
         t2 = time.perf_counter()
         scores = self.rerank(query, ids)

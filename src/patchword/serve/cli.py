@@ -35,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging and error tracebacks")
     parser.add_argument("--shortlist", type=int, default=None, help="images re-ranked per query")
+    parser.add_argument(
+        "--qdrant", action="store_true", help="vectors from the Qdrant collection the index was uploaded to"
+    )
     parser.add_argument("--workers", type=int, default=2, help="threads doing model work (default 2)")
     parser.add_argument(
         "--torch-threads",

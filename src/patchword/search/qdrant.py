@@ -1,0 +1,168 @@
+"""A search index whose vectors live in Qdrant: one machine (embedded, a local path) or a cluster (a URL),
+with the same client API.
+
+Why Qdrant for this workload: it stores **multi-vector** points natively (a point holds the global embedding
+as one named vector and the image tokens and dense-caption tokens as two multi-vectors, returned with the
+hits), shards and replicates a collection over a cluster, filters by payload (the image path), and has an
+embedded mode (``QdrantClient(path=...)``) that runs in-process with the same API, which is how the tests
+run it. Qdrant ranks the first stage (the global cosine, ``DOT`` on L2-normalised vectors); patchword's
+fine matcher re-ranks the shortlist from the tokens Qdrant returns, so the rankings are those of the local
+backend (tested).
+
+``patchword index build ... --qdrant PATH_OR_URL`` builds the local index as usual (its shards are the
+resumable staging area), then uploads every entry (idempotent: a rerun uploads again, overwriting by id) and
+records the collection in ``INDEX_DIR/qdrant.json``. ``patchword search`` / ``serve`` read that file and take
+vectors from Qdrant: the index directory a server needs is then the manifest and ``qdrant.json`` only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from patchword.errors import ConfigError, DataError, MissingExtraError
+from patchword.fileio import atomic_write_text
+from patchword.search.store import Manifest, SearchIndex
+
+__all__ = ["QDRANT_FILE", "connect", "upload_index", "QdrantIndex"]
+
+QDRANT_FILE = "qdrant.json"
+
+
+def _client_module():
+    try:
+        import qdrant_client
+        from qdrant_client import models
+    except ImportError:
+        raise MissingExtraError(
+            "the Qdrant backend needs qdrant-client: pip install 'patchword[qdrant]'"
+        ) from None
+    return qdrant_client, models
+
+
+def connect(location: str):
+    """A Qdrant client: ``http(s)://host:port`` (a server or cluster), ``:memory:``, or a local directory
+    (embedded mode, in-process)."""
+    qdrant_client, _ = _client_module()
+    if location.startswith(("http://", "https://")):
+        return qdrant_client.QdrantClient(url=location)
+    if location == ":memory:":
+        return qdrant_client.QdrantClient(location=":memory:")
+    return qdrant_client.QdrantClient(path=location)
+
+
+def upload_index(index_dir: str | Path, location: str, collection: str, *, batch: int = 64) -> dict[str, Any]:
+    """Upload a complete local index to the Qdrant collection ``collection`` (created, or replaced when its
+    vector layout differs) and record it in ``INDEX_DIR/qdrant.json``; returns that record."""
+    _, models = _client_module()
+    index = SearchIndex.open(index_dir)
+    client = connect(location)
+    dim = int(index.manifest.model["embed_dim"])
+    multi = models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM)
+    vectors = {
+        "global": models.VectorParams(size=dim, distance=models.Distance.DOT),
+        "tokens": models.VectorParams(size=dim, distance=models.Distance.DOT, multivector_config=multi),
+    }
+    if index.has_dense:
+        vectors["dense"] = models.VectorParams(
+            size=dim, distance=models.Distance.DOT, multivector_config=multi
+        )
+    if client.collection_exists(collection):
+        client.delete_collection(collection)
+    client.create_collection(collection, vectors_config=vectors)
+    globals_ = index.global_embeddings().numpy()
+    for start in range(0, len(index), batch):
+        ids = np.arange(start, min(start + batch, len(index)))
+        tokens = index.image_tokens(ids).numpy()
+        dense = index.dense_tokens(ids)
+        points = []
+        for row, i in enumerate(ids):
+            vector = {"global": globals_[i].tolist(), "tokens": tokens[row].tolist()}
+            if dense is not None:
+                vector["dense"] = dense[0][row, : int(dense[1][row])].tolist()
+            points.append(models.PointStruct(id=int(i), vector=vector, payload={"path": index.path(int(i))}))
+        client.upsert(collection, points=points, wait=True)
+    record = {"location": location, "collection": collection, "points": len(index), "dense": index.has_dense}
+    atomic_write_text(Path(index_dir) / QDRANT_FILE, json.dumps(record, indent=2))
+    return record
+
+
+class QdrantIndex:
+    """An index read from Qdrant: what :class:`~patchword.search.query.Searcher` asks of a
+    :class:`~patchword.search.store.SearchIndex` (entries from the local manifest, vectors from Qdrant),
+    plus :meth:`shortlist`, the first stage done by Qdrant."""
+
+    def __init__(self, index_dir: Path, manifest: Manifest, record: dict[str, Any]) -> None:
+        self.index_dir, self.manifest, self.record = index_dir, manifest, record
+        self.entries = manifest.entries
+        self.client = connect(record["location"])
+        self.collection = record["collection"]
+        self._cache: dict[int, dict[str, Any]] = {}
+
+    @classmethod
+    def open(cls, index_dir: str | Path) -> QdrantIndex:
+        index_dir = Path(index_dir)
+        path = index_dir / QDRANT_FILE
+        if not path.is_file():
+            raise ConfigError("--qdrant", f"{index_dir} was not uploaded to Qdrant (no {QDRANT_FILE})")
+        manifest = Manifest.read(index_dir)
+        if manifest.state != "complete":
+            raise DataError(f"{index_dir}: the index build did not finish; rerun it")
+        return cls(index_dir, manifest, json.loads(path.read_text()))
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def images_root(self) -> Path:
+        return Path(self.manifest.images_root)
+
+    @property
+    def has_dense(self) -> bool:
+        return bool(self.record.get("dense"))
+
+    def path(self, image_id: int) -> str:
+        return self.entries[image_id].path
+
+    def shortlist(self, query: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(1, C) global query embedding -> ((1, k) scores, (1, k) ids) by Qdrant, best first; the hits'
+        tokens are kept for :meth:`image_tokens` / :meth:`dense_tokens` of the same ids."""
+        names = ["tokens", "dense"] if self.has_dense else ["tokens"]
+        hits = self.client.query_points(
+            self.collection, query=query[0].tolist(), using="global", limit=k, with_vectors=names
+        ).points
+        self._cache = {int(h.id): h.vector for h in hits}
+        scores = torch.tensor([[h.score for h in hits]], dtype=torch.float32)
+        ids = torch.tensor([[int(h.id) for h in hits]], dtype=torch.int64)
+        return scores, ids
+
+    def _vectors(self, ids: np.ndarray) -> list[dict[str, Any]]:
+        missing = [int(i) for i in ids if int(i) not in self._cache]
+        if missing:
+            for point in self.client.retrieve(self.collection, ids=missing, with_vectors=True):
+                self._cache[int(point.id)] = point.vector
+        return [self._cache[int(i)] for i in ids]
+
+    def image_tokens(self, ids) -> torch.Tensor:
+        """(k,) ids -> (k, L_v, C) float32 image tokens from Qdrant."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        return torch.tensor(np.stack([np.asarray(v["tokens"], np.float32) for v in self._vectors(ids)]))
+
+    def dense_tokens(self, ids) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(k,) ids -> ((k, L_d, C) zero-padded dense tokens, (k,) lengths), or None."""
+        if not self.has_dense:
+            return None
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        parts = [np.asarray(v["dense"], np.float32) for v in self._vectors(ids)]
+        lens = torch.tensor([len(p) for p in parts], dtype=torch.int64)
+        out = np.zeros((len(parts), int(lens.max()), parts[0].shape[1]), np.float32)
+        for row, part in enumerate(parts):
+            out[row, : len(part)] = part
+        return torch.from_numpy(out), lens
+
+    def global_embeddings(self) -> torch.Tensor:
+        raise NotImplementedError("the Qdrant backend shortlists in Qdrant")
