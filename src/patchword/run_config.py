@@ -59,6 +59,9 @@ class TrainConfig:
     pair_chunk: int = 0  # seps/laps: score the captions in blocks of N with activations recomputed in the
     # backward pass (bounds the step's B x B memory; same gradients, ~1/3 more matcher compute; 0 = off)
     compile: bool = False  # torch.compile the encoders and the matcher (GPU; the first steps compile)
+    report_to: list[str] = field(default_factory=list)  # experiment trackers: tensorboard, wandb (none: [])
+    wandb_project: str = "patchword"  # report_to=wandb: the W&B project
+    wandb_mode: Literal["offline", "online"] = "offline"  # report_to=wandb: offline keeps it on this machine
 
 
 @dataclass

@@ -34,6 +34,7 @@ from patchword.precision import autocast_context, weight_dtype
 from patchword.run_config import RunConfig
 from patchword.train.augment import CaptionAugmenter
 from patchword.train.step import ShardLoss, fused_supported, sync_batch_norm, usable_cpus, wrap_ddp
+from patchword.train.trackers import open_trackers
 
 __all__ = ["Trainer", "TrainingInterrupted", "torch_threads"]
 
@@ -159,7 +160,10 @@ class Trainer:
         self.step = 0
         self.best_rsum = -math.inf
         self._skipped = torch.zeros((), device=self.device)
+        self._grad_norm: torch.Tensor | None = None  # of the last step (read on logging steps only)
+        self._logged_at = (0, time.perf_counter())  # (step, time) of the last training log line
         self.history: list[dict[str, Any]] = []
+        self.trackers: list = []
 
     @property
     def skipped_steps(self) -> int:
@@ -228,8 +232,21 @@ class Trainer:
             TrainingInterrupted: SIGTERM / SIGINT arrived (after ``last.pt`` was written).
         """
         flag: dict[str, int] = {}
-        with torch_threads(self.tc.num_threads), _stop_signals(flag):
-            return self._fit(flag)
+        if self.dist.is_main and self.tc.report_to:
+            self.trackers = open_trackers(
+                list(self.tc.report_to),
+                self.run_dir,
+                asdict(self.cfg),
+                wandb_project=self.tc.wandb_project,
+                wandb_mode=self.tc.wandb_mode,
+            )
+        try:
+            with torch_threads(self.tc.num_threads), _stop_signals(flag):
+                return self._fit(flag)
+        finally:
+            for tracker in self.trackers:
+                tracker.close()
+            self.trackers = []
 
     def _fit(self, flag: dict[str, int]) -> dict[str, Any]:
         tc = self.tc
@@ -340,6 +357,9 @@ class Trainer:
         done = self.step + 1  # steps done with this one: the count dev records and checkpoints use
         if tc.log_every and done % tc.log_every == 0 and self.dist.is_main:
             loss_value, align, ratio = stats.tolist()
+            previous_step, previous_time = self._logged_at
+            now = time.perf_counter()
+            self._logged_at = (done, now)
             record = {
                 "split": "train",
                 "step": done,
@@ -348,6 +368,10 @@ class Trainer:
                 "align": align,
                 "ratio": ratio,
                 "lr": self.optimizer.param_groups[0]["lr"],
+                **{f"lr_{g['name']}": g["lr"] for g in self.optimizer.param_groups[1:] if "name" in g},
+                "grad_norm": float(self._grad_norm) if self._grad_norm is not None else None,
+                "skipped_steps": self.skipped_steps,
+                "step_seconds": (now - previous_time) / max(1, done - previous_step),
                 "time": time.time(),
             }
             _logger.info("step %d epoch %d loss %.4f", done, self.epoch, loss_value)
@@ -367,7 +391,9 @@ class Trainer:
         fused optimiser skips the update on the device where ``found_inf`` is 1."""
         if self.tc.grad_clip:
             self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.grad_clip, foreach=True)
+            self._grad_norm = torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(), self.tc.grad_clip, foreach=True
+            )
         if found_inf is not None:
             self.optimizer.found_inf = found_inf  # read by the fused AdamW kernel
         try:
@@ -406,3 +432,5 @@ class Trainer:
         self.history.append(record)
         if self.dist.is_main:
             append_line(self.run_dir / "metrics.jsonl", json.dumps(record))
+            for tracker in self.trackers:
+                tracker.log(record)

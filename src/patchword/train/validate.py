@@ -32,6 +32,7 @@ from patchword.model import (
     typed_sections,
 )
 from patchword.run_config import RunConfig
+from patchword.train.trackers import TRACKERS
 
 __all__ = ["check_config", "check_launch", "check_model_data", "data_image_size", "RESUMABLE_KEYS"]
 
@@ -57,6 +58,9 @@ RESUMABLE_KEYS = frozenset(
         "data.num_workers",
         "train.pair_chunk",
         "train.compile",
+        "train.report_to",
+        "train.wandb_project",
+        "train.wandb_mode",
         "dist_timeout_s",
     }
 )
@@ -199,6 +203,9 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
     if not cfg.dist_timeout_s > 0:
         raise ConfigError("dist_timeout_s", f"must be > 0, got {cfg.dist_timeout_s!r}")
     _check_matcher(cfg)
+    unknown = [name for name in tc.report_to if name not in TRACKERS]
+    if unknown:
+        raise ConfigError("train.report_to", f"unknown tracker {unknown[0]!r}; known: {', '.join(TRACKERS)}")
     if dc.dataset in SYNTHETIC_DATASETS:
         for key in ("num_train", "num_dev", "num_test"):
             _at_least(getattr(dc, key), 1, f"data.{key}")

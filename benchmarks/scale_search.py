@@ -1,0 +1,215 @@
+"""Search at real scale: an index of N images at ViT-B/16 shapes served from one machine.
+
+The model is SEPS (code variant) on ViT-B/16-224 + BERT-base, randomly initialised (no download; a made-up
+30522-word BERT vocabulary): what a user imports. The index holds N synthetic entries at its shapes — 197
+image tokens and 120 dense-caption tokens of 512 dimensions per image, in the product-quantised store
+(64 bytes per token) — written directly from random codes: the sizes, the memory and the serving latency
+are those of a real index of that size; the build figure is the writing of the shards only (a real build
+is bounded by the image encoder, measured at 10k-100k in docs/benchmarks.md "Search at scale").
+
+    python benchmarks/scale_search.py --work /work/scale --sizes 1000000 --out benchmarks/results
+
+Per size: bytes per image on disk, the shard-writing rate, the HNSW graph build (time, recall of the exact
+shortlist of 100 on 200 random queries), then `patchword serve` in a child process under 1 and 32 concurrent
+clients (p50 / p95 latency, requests/s, failures, the server's peak RSS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_load import SERVE_CMD, _child, _peak_rss_mib, _wait_ready, load  # noqa: E402
+
+IMAGE_TOKENS, DENSE_TOKENS, DIM, PQ_M = 197, 120, 512, 64
+WORDS = [
+    "a",
+    "an",
+    "the",
+    "red",
+    "blue",
+    "green",
+    "large",
+    "small",
+    "dog",
+    "cat",
+    "man",
+    "woman",
+    "child",
+    "car",
+    "tree",
+    "street",
+    "water",
+    "grass",
+]
+
+
+def make_run(run_dir: Path) -> None:
+    """A run directory of the random-init ViT-B/16 + BERT-base SEPS (what `patchword import` would write)."""
+    from patchword.checkpoint import atomic_save
+    from patchword.config import apply_overrides, save_config
+    from patchword.factory import create_model
+    from patchword.run_config import RunConfig
+    from patchword.runs import save_backbones
+
+    if (run_dir / "best.pt").is_file():
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", *(f"[unused{i}]" for i in range(99)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab += WORDS + [f"w{i}" for i in range(30522 - len(vocab) - len(WORDS))]
+    (run_dir / "bert_vocab").mkdir(exist_ok=True)
+    (run_dir / "bert_vocab" / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    (run_dir / "bert_vocab" / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    cfg = apply_overrides(
+        RunConfig(),
+        [
+            "model.name=seps-vit-b16-code",
+            "data.dataset=laps",
+            "data.tokenizer=bert",
+            "data.bert_vocab=bert_vocab",
+            "data.max_caption_len=32",
+            f"data.max_dense_len={DENSE_TOKENS}",
+            "name=scale",
+        ],
+    )
+    torch.manual_seed(0)
+    model = create_model(cfg.model, pretrained=False)
+    save_config(cfg, run_dir / "config.yaml")
+    save_backbones(model, run_dir)
+    atomic_save({"model": model.state_dict(), "step": 0, "metrics": {}}, run_dir / "best.pt")
+
+
+def write_index(run_dir: Path, index_dir: Path, size: int, shard_size: int = 8192, seed: int = 0) -> dict:
+    """N synthetic entries in the pq store: random L2-normalised global embeddings, random codes."""
+    from patchword.runs import load_run
+    from patchword.search.codecs import TokenCodec
+    from patchword.search.identity import model_identity
+    from patchword.search.store import Entry, Manifest, save_npy_atomic, shard_files
+
+    if (index_dir / "bench_build.json").is_file():
+        return json.loads((index_dir / "bench_build.json").read_text())
+    shutil.rmtree(index_dir, ignore_errors=True)
+    (index_dir / "shards").mkdir(parents=True)
+    run = load_run(run_dir)
+    rng = np.random.default_rng(seed)
+    centroids = rng.standard_normal((PQ_M, 256, DIM // PQ_M)).astype(np.float32) * 0.1
+    codec = TokenCodec("pq", centroids)
+    codec.save(index_dir)
+    manifest = Manifest(
+        model=model_identity(run),
+        images_root=str(index_dir / "images"),
+        dtype="pq",
+        dense={"file": "synthetic", "max_len": DENSE_TOKENS},
+        codec=codec.describe(),
+    )
+    start = time.perf_counter()
+    for shard_id, first in enumerate(range(0, size, shard_size)):
+        rows = min(shard_size, size - first)
+        files = shard_files(index_dir, shard_id)
+        glob = rng.standard_normal((rows, DIM)).astype(np.float32)
+        save_npy_atomic(files["global"], glob / np.linalg.norm(glob, axis=1, keepdims=True))
+        save_npy_atomic(files["tokens"], rng.integers(0, 256, (rows, IMAGE_TOKENS, PQ_M), dtype=np.uint8))
+        save_npy_atomic(files["dense"], rng.integers(0, 256, (rows, DENSE_TOKENS, PQ_M), dtype=np.uint8))
+        save_npy_atomic(files["dense_lens"], np.full(rows, DENSE_TOKENS, np.int32))
+        manifest.shards.append({"id": shard_id, "rows": rows})
+        manifest.entries += [Entry(f"{first + r:07d}.jpg", 0, 0, "JPEG", shard_id, r) for r in range(rows)]
+    manifest.next_shard = len(manifest.shards)
+    manifest.state = "complete"
+    manifest.write(index_dir)
+    seconds = time.perf_counter() - start
+    disk = sum(p.stat().st_size for p in (index_dir / "shards").iterdir())
+    record = {
+        "images": size,
+        "write_seconds": seconds,
+        "images_per_s": size / seconds,
+        "bytes_per_image": disk / size,
+    }
+    (index_dir / "bench_build.json").write_text(json.dumps(record, indent=2))
+    return record
+
+
+def hnsw(index_dir: Path, queries: int = 200, k: int = 100) -> dict:
+    """Build (once) the HNSW graph the server will load, and its recall of the exact top-k."""
+    from patchword.eval.two_stage import GlobalIndex
+    from patchword.search.store import SearchIndex
+
+    index = SearchIndex.open(index_dir)
+    db = index.global_embeddings()
+    start = time.perf_counter()
+    stamp_files = list(index_dir.glob("global.*.hnsw"))
+    if stamp_files:
+        graph = GlobalIndex.load(stamp_files[0], "faiss_hnsw")
+        built = None
+    else:
+        import hashlib
+
+        graph = GlobalIndex(db, backend="faiss_hnsw")
+        stamp = hashlib.sha256(json.dumps(index.manifest.shards).encode()).hexdigest()[:16]
+        graph.save(index_dir / f"global.{stamp}.hnsw")
+        built = time.perf_counter() - start
+    rng = np.random.default_rng(1)
+    q = torch.from_numpy(rng.standard_normal((queries, db.shape[1])).astype(np.float32))
+    q = q / q.norm(dim=1, keepdim=True)
+    _, approx = graph.search(q, k)
+    _, exact = GlobalIndex(db, backend="faiss_flat").search(q, k)
+    recall = np.mean([len(set(a.tolist()) & set(e.tolist())) / k for a, e in zip(approx, exact, strict=True)])
+    return {"hnsw_build_seconds": built, "hnsw_recall_at_100": float(recall)}
+
+
+def serve(
+    run_dir: Path, index_dir: Path, clients: list[int], requests: int
+) -> tuple[list[dict], float | None]:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = _child(SERVE_CMD, str(index_dir), "--run", str(run_dir), "--port", str(port), "--workers", "2")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}", proc, timeout=1800)
+        queries = [" ".join(np.random.default_rng(i).choice(WORDS, 5)) for i in range(500)]
+        results = [load("127.0.0.1", port, queries, c, max(requests, 4 * c), 10) for c in clients]
+        return results, _peak_rss_mib(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000])
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    from patchword.bench.machine import machine_description
+
+    run_dir = args.work / "run"
+    make_run(run_dir)
+    rows = []
+    for size in args.sizes:
+        index_dir = args.work / f"index-{size}"
+        row = {"size": size, **write_index(run_dir, index_dir, size), **hnsw(index_dir)}
+        row["load"], row["serve_peak_rss_mib"] = serve(run_dir, index_dir, args.clients, args.requests)
+        rows.append(row)
+        print(json.dumps(row, indent=2), flush=True)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "scale_search.json").write_text(
+            json.dumps({"machine": machine_description(), "rows": rows}, indent=2)
+        )
+
+
+if __name__ == "__main__":
+    main()
