@@ -51,6 +51,8 @@ _VERBS: dict[str, tuple[str, str]] = {
     "eval": ("patchword.cli.evaluate", "evaluate a trained run directory"),
     "data": ("patchword.cli.data", "datasets: data check (validate a layout) | data export synthetic"),
     "export": ("patchword.cli.export", "a run as a self-contained model directory with a model card"),
+    "sweep": ("patchword.cli.sweep", "one recipe over several seeds (and variants): mean and spread"),
+    "report": ("patchword.cli.report", "runs and sweeps side by side: metrics, differing keys, curves"),
     "import": (
         "patchword.cli.imports",
         "an official SEPS/LAPS/SCAN/NAAF/TGDT/UCMFH checkpoint as a run directory",

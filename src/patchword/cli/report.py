@@ -1,0 +1,28 @@
+"""``patchword report RUN_OR_SWEEP... --out report.md``: runs side by side (see :mod:`patchword.report`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "paths", nargs="+", type=Path, metavar="RUN_OR_SWEEP", help="run or sweep directories"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("report.md"), help="the Markdown file (default report.md)"
+    )
+    parser.add_argument("--force", action="store_true", help="overwrite an existing report")
+
+
+def run(args: argparse.Namespace) -> None:
+    from patchword.errors import ConfigError
+    from patchword.report import write_report
+
+    if args.out.exists() and not args.force:
+        raise ConfigError("--out", f"{args.out} exists: choose another --out or add --force")
+    out = write_report(args.paths, args.out)
+    print(f"written: {out}, {out.with_suffix('.html')}")

@@ -1,0 +1,74 @@
+"""``patchword sweep``: one recipe over several seeds (and named variants), with the mean and spread of every
+test metric in ``sweep.json`` (see :mod:`patchword.sweep`).
+
+    patchword sweep --config demo --seeds 0,1,2
+    patchword sweep --config demo --seeds 0 --name comparison --suite compositional \\
+        --variant "vse: model.name=vse-tiny model.tiny_pretrained=synthetic-64" \\
+        --variant "seps-paper: model.seps.variant=paper"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+
+__all__ = ["add_arguments", "parse_variant", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", help="YAML file with RunConfig fields, or a shipped recipe's name (e.g. demo)"
+    )
+    parser.add_argument("--seeds", required=True, help="seeds: 0,1,2 or 0-4")
+    parser.add_argument("--name", help="the sweep directory's name under output_dir (default <name>-sweep)")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar='"NAME: OVERRIDES"',
+        help="a named variant: its overrides on top of the common ones (repeat for more variants)",
+    )
+    parser.add_argument(
+        "--suite",
+        action="append",
+        choices=("compositional", "patches"),
+        default=[],
+        help="also run this evaluation suite on every finished run (repeatable)",
+    )
+    parser.add_argument("overrides", nargs="*", help="dotted overrides shared by every run")
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """``"vse: model.name=vse-tiny x.y=1"`` -> ("vse", ["model.name=vse-tiny", "x.y=1"])."""
+    from patchword.errors import ConfigError
+
+    name, sep, rest = text.partition(":")
+    if not sep or not name.strip():
+        raise ConfigError("--variant", f'expected "NAME: key=value ...", got {text!r}')
+    overrides = shlex.split(rest)
+    bad = [item for item in overrides if "=" not in item]
+    if bad:
+        raise ConfigError("--variant", f"{name.strip()}: expected key=value overrides, got {bad[0]!r}")
+    return name.strip(), overrides
+
+
+def run(args: argparse.Namespace) -> None:
+    from patchword.distributed import launch_info
+    from patchword.errors import ConfigError
+    from patchword.sweep import parse_seeds, run_sweep
+
+    variants = dict(parse_variant(v) for v in args.variant)
+    if len(variants) != len(args.variant):
+        raise ConfigError("--variant", "two variants share a name")
+    record = run_sweep(
+        args.config,
+        parse_seeds(args.seeds),
+        list(args.overrides),
+        name=args.name,
+        variants=variants or None,
+        suites=args.suite,
+    )
+    if launch_info().rank == 0:
+        print(json.dumps({v: s["mean"] | {"n": s["n"]} for v, s in record["summary"].items()}, indent=2))
+        print(f"written: {record['directory']}/sweep.json")

@@ -1,0 +1,243 @@
+"""``patchword report RUN_OR_SWEEP... --out report.md``: runs side by side.
+
+One row per run (or per variant of a sweep, as mean +- std over its seeds): the test recalls and rSum, the
+split and its gallery size, whether the protocol is leaky (flagged), patch-selection object recall against
+chance and the compositional accuracies where the run has them; then the config keys whose values differ
+between the runs (everything else is shared), and one figure of the training curves overlaid (training
+loss, dev rSum). Writes ``report.md``, ``report.html`` (the figure embedded) and ``report_curves.png``
+beside it.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from patchword.errors import MissingFileError
+from patchword.fileio import atomic_write_text
+from patchword.sweep import mean_std
+
+__all__ = ["Entry", "collect", "differing_keys", "write_report"]
+
+KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum")
+KINDS = ("attribute_swap", "relation_swap", "object_replace", "count_change")
+
+
+class Entry:
+    """One row: a run, or a variant of a sweep (its seeds' runs)."""
+
+    def __init__(self, label: str, runs: list[Path]) -> None:
+        self.label, self.runs = label, runs
+        self.summaries = [_json(r / "summary.json") or _json(r / "metrics.json") for r in runs]
+        self.compositional = [_json(r / "eval_compositional.json") for r in runs]
+
+    def value(self, key: str, source: str = "summaries") -> tuple[float, float] | None:
+        """(mean, sample std) of ``key`` (``a.b`` reaches into a mapping) over the entry's runs, None where
+        a run lacks it. ``source``: ``summaries`` or ``compositional``."""
+        values = []
+        for record in getattr(self, source):
+            for part in key.split("."):
+                record = record.get(part) if isinstance(record, dict) else None
+            values.append(record)
+        if not values or any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in values):
+            return None
+        return mean_std(values)
+
+    def first(self, key: str) -> Any:
+        return next((s[key] for s in self.summaries if key in s), None)
+
+
+def _json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def collect(paths: list[Path]) -> list[Entry]:
+    """Runs and sweeps -> rows (a sweep: one row per variant)."""
+    entries = []
+    for path in paths:
+        sweep = _json(path / "sweep.json")
+        if sweep:
+            for variant, runs in sweep["runs"].items():
+                parent = path / variant if variant != "runs" else path
+                label = f"{path.name}/{variant}" if variant != "runs" else path.name
+                entries.append(Entry(label, [parent / f"seed-{s}" for s in runs]))
+        elif (path / "config.yaml").is_file():
+            entries.append(Entry(path.name, [path]))
+        else:
+            raise MissingFileError(
+                f"{path} is neither a run directory nor a sweep (no config.yaml, no sweep.json)"
+            )
+    return entries
+
+
+def differing_keys(entries: list[Entry]) -> dict[str, list[Any]]:
+    """Config keys whose values differ between the rows, with the value of each row. Run names and
+    directories are left out; a sweep row's ``seed`` is its list of seeds."""
+    from patchword.config import config_to_dict
+    from patchword.runs import read_run_config
+
+    def flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+        out = {}
+        for k, v in d.items():
+            if isinstance(v, dict) and v:
+                out.update(flat(v, f"{prefix}{k}."))
+            else:
+                out[f"{prefix}{k}"] = v
+        return out
+
+    configs = []
+    for entry in entries:
+        config = flat(config_to_dict(read_run_config(entry.runs[0])))
+        if len(entry.runs) > 1:
+            config["seed"] = [read_run_config(run).seed for run in entry.runs]
+        configs.append(config)
+    keys = sorted(set().union(*configs))
+    ignored = {"name", "output_dir"}
+    return {
+        k: [c.get(k) for c in configs]
+        for k in keys
+        if k not in ignored and len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1
+    }
+
+
+def _cell(value: tuple[float, float] | None, n: int) -> str:
+    if value is None:
+        return ""
+    mean, std = value
+    return f"{mean:.1f} ± {std:.1f}" if n > 1 else f"{mean:.1f}"
+
+
+def _curves(entries: list[Entry], out: Path) -> Path | None:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    from patchword.plots import save_figure
+
+    fig = Figure(figsize=(10, 4))
+    loss_ax, dev_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    for i, entry in enumerate(entries):
+        colour = f"C{i % 10}"
+        for j, run in enumerate(entry.runs):
+            path = run / "metrics.jsonl"
+            if not path.is_file():
+                continue
+            records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            train = [r for r in records if r.get("split") == "train"]
+            dev = [r for r in records if r.get("split") == "dev"]
+            label = entry.label if j == 0 else None
+            loss_ax.plot(
+                [r["step"] for r in train], [r["loss"] for r in train], color=colour, alpha=0.8, label=label
+            )
+            dev_ax.plot(
+                [r["step"] for r in dev], [r["rsum"] for r in dev], "o-", color=colour, alpha=0.8, label=label
+            )
+    loss_ax.set(xlabel="step", ylabel="training loss", title="training loss")
+    dev_ax.set(xlabel="step", ylabel="dev rSum", title="dev rSum")
+    dev_ax.legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, out)
+    return out
+
+
+Table = tuple[str, list[str], list[list[str]]]  # (caption, header, rows)
+
+
+def _tables(entries: list[Entry]) -> list[Table]:
+    n = {e.label: len(e.runs) for e in entries}
+    rows = []
+    for e in entries:
+        recall, chance = e.value("selection_object_recall.caption"), e.value("selection_chance.caption")
+        selection = f"{_cell(recall, n[e.label])} / {chance[0]:.1f}" if recall and chance else ""
+        split = f"{e.first('split') or ''} ({e.first('images') or '?'} / {e.first('captions') or '?'})"
+        protocol = "LEAKY" if e.first("leaky") else "leak-free"
+        cells = [_cell(e.value(k), n[e.label]) for k in KEYS]
+        seconds = e.value("train_seconds")
+        rows.append(
+            [
+                e.label,
+                str(n[e.label]),
+                *cells,
+                split,
+                protocol,
+                selection,
+                f"{seconds[0]:.0f}" if seconds else "",
+            ]
+        )
+    caption = "Test metrics (mean ± sample std over seeds where a row has several)"
+    if any(e.first("leaky") for e in entries):
+        caption += (
+            "; LEAKY: queries carry dense text generated from their own target image (official SEPS code)"
+        )
+    header = [
+        "run",
+        "seeds",
+        *KEYS,
+        "split (images / captions)",
+        "protocol",
+        "selection recall / chance",
+        "train s",
+    ]
+    tables: list[Table] = [(caption, header, rows)]
+    with_suite = [e for e in entries if any(e.compositional)]
+    if with_suite:
+        rows = [
+            [e.label, *(_cell(e.value(k, "compositional"), n[e.label]) for k in KINDS)] for e in with_suite
+        ]
+        caption = (
+            "Compositional suite (accuracy %, chance 50: the caption must score above its one-fact negative)"
+        )
+        tables.append((caption, ["run", *KINDS], rows))
+    diff = differing_keys(entries)
+    rows = [[k, *(json.dumps(v, default=str) for v in values)] for k, values in diff.items()]
+    tables.append(
+        ("Config keys that differ (all others are equal)", ["key", *(e.label for e in entries)], rows)
+    )
+    return tables
+
+
+def _markdown(tables: list[Table], curves: Path | None) -> str:
+    lines = ["# patchword report"]
+    for caption, header, rows in tables:
+        lines += ["", caption + ":", ""]
+        if not rows:
+            lines.append("none")
+            continue
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    if curves is not None:
+        lines += ["", f"![training curves]({curves.name})"]
+    return "\n".join(lines) + "\n"
+
+
+def _html(tables: list[Table], curves: Path | None) -> str:
+    parts = [
+        "<!doctype html><meta charset=utf-8><title>patchword report</title>",
+        "<style>body{font-family:sans-serif}td,th{padding:2px 8px;border-bottom:1px solid #ddd}</style>",
+        "<h1>patchword report</h1>",
+    ]
+    for caption, header, rows in tables:
+        parts.append(f"<h3>{html.escape(caption)}</h3>")
+        if not rows:
+            parts.append("<p>none</p>")
+            continue
+        parts.append("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows]
+        parts.append("</table>")
+    if curves is not None:
+        data = base64.b64encode(curves.read_bytes()).decode()
+        parts.append(f'<img alt="training curves" src="data:image/png;base64,{data}">')
+    return "\n".join(parts) + "\n"
+
+
+def write_report(paths: list[Path], out: Path) -> Path:
+    """Write ``out`` (Markdown), ``out`` with ``.html`` and the curves PNG beside it; returns ``out``."""
+    entries = collect(paths)
+    tables = _tables(entries)
+    curves = _curves(entries, out.with_name(out.stem + "_curves.png"))
+    atomic_write_text(out, _markdown(tables, curves))
+    atomic_write_text(out.with_suffix(".html"), _html(tables, curves))
+    return out

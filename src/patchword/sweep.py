@@ -1,0 +1,190 @@
+"""``patchword sweep``: the same recipe over several seeds (and, optionally, named variants), with the mean
+and spread of every test metric.
+
+    patchword sweep --config demo --seeds 0,1,2                       # 3 runs of the demo's recipe
+    patchword sweep --config demo --seeds 0,1 --name vse-vs-seps \\
+        --variant "vse: model.name=vse-tiny model.tiny_pretrained=synthetic-64" \\
+        --variant "seps: model.seps.variant=paper"                    # 2 variants x 2 seeds
+
+A sweep directory ``OUTPUT_DIR/NAME`` holds one run directory per variant and seed
+(``<variant>/seed-<s>``, or ``seed-<s>`` without variants) and ``sweep.json``: the recipe, the overrides,
+every run's test metrics, and per variant the mean and the sample standard deviation (n - 1) of each
+metric, with the split, its gallery size and whether the protocol is leaky. It is resumable: a finished run
+(its ``summary.json`` exists) is kept, an interrupted one (``last.pt``) resumed, one stopped before its first
+checkpoint started again; ``sweep.json`` is rewritten (atomically) after every run. Under ``torchrun`` every
+process runs every seed in turn (each run uses all processes); rank 0 writes ``sweep.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+from patchword.errors import ConfigError
+from patchword.fileio import atomic_write_text
+
+__all__ = ["SWEEP_FILE", "mean_std", "parse_seeds", "run_sweep", "summarize"]
+
+_logger = logging.getLogger(__name__)
+
+SWEEP_FILE = "sweep.json"
+#: The test metrics a sweep summarises (those present in a run's summary).
+METRICS = (
+    "i2t_r1",
+    "i2t_r5",
+    "i2t_r10",
+    "t2i_r1",
+    "t2i_r5",
+    "t2i_r10",
+    "rsum",
+    "i2t_medr",
+    "t2i_medr",
+    "i2t_meanr",
+    "t2i_meanr",
+)
+#: What a sweep records about how its metrics were obtained (from the first run's summary).
+PROTOCOL = ("split", "images", "captions", "leaky", "matcher", "dense_pairing", "oracle_rsum")
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0,1,2"`` or ``"0-4"`` -> the seeds."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            if "-" in part.strip()[1:]:
+                low, high = part.split("-", 1)
+                seeds += list(range(int(low), int(high) + 1))
+            elif part.strip():
+                seeds.append(int(part))
+    except ValueError:
+        raise ConfigError("--seeds", f"expected seeds like 0,1,2 or 0-4, got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError("--seeds", f"expected distinct seeds, got {text!r}")
+    return seeds
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """The mean and the sample standard deviation (n - 1; 0 for one value)."""
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
+    return mean, math.sqrt(var)
+
+
+def summarize(results: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Per metric the mean and the sample standard deviation over the seeds' summaries (std 0 for one)."""
+    out: dict[str, Any] = {"n": len(results), "mean": {}, "std": {}}
+    keys = [*METRICS, *sorted({k for r in results.values() for k in r if "." in k})]  # suites' figures
+    for key in keys:
+        values = [float(r[key]) for r in results.values() if isinstance(r.get(key), (int, float))]
+        if len(values) != len(results) or not values:
+            continue
+        out["mean"][key], out["std"][key] = mean_std(values)
+    first = next(iter(results.values()), {})
+    out["protocol"] = {key: first.get(key) for key in PROTOCOL if key in first}
+    return out
+
+
+def _run_one(config: str | None, overrides: list[str], run_dir: Path, dist_main: bool) -> dict[str, Any]:
+    """Train, resume or read back one run of the sweep; returns its summary."""
+    from patchword.run_config import load_run_config
+    from patchword.train.runner import resume_run, train_run
+
+    if (run_dir / "summary.json").is_file():
+        _logger.info("%s is finished: kept", run_dir)
+        return json.loads((run_dir / "summary.json").read_text())
+    if (run_dir / "last.pt").is_file():
+        _logger.info("%s was interrupted: resuming it", run_dir)
+        return resume_run(run_dir)
+    if run_dir.exists() and dist_main:  # stopped before its first checkpoint: nothing to keep
+        shutil.rmtree(run_dir)
+    return train_run(load_run_config(config, overrides))
+
+
+def run_sweep(
+    config: str | None,
+    seeds: list[int],
+    overrides: list[str],
+    *,
+    name: str | None = None,
+    variants: dict[str, list[str]] | None = None,
+    suites: list[str] | None = None,
+) -> dict[str, Any]:
+    """Run (or continue) the sweep; returns what ``sweep.json`` holds (plus ``directory``).
+
+    ``suites`` (``compositional``, ``patches``) are evaluated on every finished run that lacks them; their
+    accuracies go into the run's row as ``<suite>.<key>``."""
+    from patchword.distributed import launch_info
+    from patchword.run_config import load_run_config
+
+    base = load_run_config(config, overrides)  # every override checked before anything runs
+    variants = variants or {"": []}
+    for variant, extra in variants.items():
+        load_run_config(config, [*overrides, *extra])
+        if variant and ("/" in variant or variant.startswith(".")):
+            raise ConfigError("--variant", f"a variant name is a directory name, got {variant!r}")
+    sweep_dir = Path(base.output_dir) / (name or f"{base.name}-sweep")
+    launch = launch_info()
+    main = launch.rank == 0
+    suites = list(suites or [])
+    if suites and launch.world_size > 1:
+        raise ConfigError("--suite", "the evaluation suites run in one process: sweep without torchrun")
+    record: dict[str, Any] = {
+        "config": config,
+        "overrides": overrides,
+        "seeds": seeds,
+        "variants": {v: extra for v, extra in variants.items() if v},
+        "runs": {},
+        "summary": {},
+    }
+    for variant, extra in variants.items():
+        parent = sweep_dir / variant if variant else sweep_dir
+        results: dict[int, dict[str, Any]] = {}
+        for seed in seeds:
+            where = [f"output_dir={parent}", f"name=seed-{seed}", f"seed={seed}"]
+            run_dir = parent / f"seed-{seed}"
+            summary = _run_one(config, [*overrides, *extra, *where], run_dir, main)
+            results[seed] = {
+                k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool, type(None)))
+            }
+            for suite in suites:
+                results[seed].update(_suite(run_dir, suite))
+            record["runs"].setdefault(variant or "runs", {})[str(seed)] = results[seed]
+            record["summary"][variant or "runs"] = summarize(results)
+            if main:
+                sweep_dir.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(sweep_dir / SWEEP_FILE, json.dumps(record, indent=2))
+    return {**record, "directory": str(sweep_dir)}
+
+
+def _suite(run_dir: Path, suite: str) -> dict[str, float]:
+    """A suite's accuracies for one run (evaluated once: its JSON in the run directory is reused)."""
+    from patchword.eval.runs import evaluate_patch_suite, evaluate_suite
+
+    path = run_dir / f"eval_{suite}.json"
+    if path.is_file():
+        result = json.loads(path.read_text())
+    elif suite == "compositional":
+        result, _ = evaluate_suite(run_dir)
+    else:
+        result, _ = evaluate_patch_suite(run_dir)
+    return {
+        f"{suite}.{k}": float(v)
+        for k, v in _flat(result).items()
+        if isinstance(v, (int, float))
+        and not k.startswith("n.")
+        and not k.endswith("seconds")  # counts, times
+    }
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        elif not isinstance(value, bool):
+            out[f"{prefix}{key}"] = value
+    return out

@@ -1,0 +1,162 @@
+"""``patchword sweep`` and ``patchword report``: a sweep killed in its second seed resumes (the first seed's
+run is kept as it is, the second continues from its checkpoint and ends where an undisturbed run of that seed
+ends) and its summary is the mean and sample standard deviation of its runs' own summaries; a report over
+runs lists exactly the config keys that differ."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import TINY_MODEL_32
+from patchword.checkpoint import load_checkpoint
+from patchword.cli import main
+from patchword.errors import ConfigError
+from patchword.report import collect, differing_keys
+from patchword.run_config import load_run_config
+from patchword.sweep import METRICS, parse_seeds
+from patchword.train.runner import train_run
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = [
+    "data.num_train=21",
+    "data.num_dev=6",
+    "data.num_test=6",
+    *TINY_MODEL_32,
+    "train.batch_size=16",
+    "train.lr=1e-3",
+    "train.max_steps=12",
+    "train.eval_every=4",
+    "train.checkpoint_every=3",
+    "train.log_every=1",
+    "train.num_threads=1",
+    "progress=false",
+]
+
+
+def _train_steps(metrics: Path) -> list[int]:
+    steps = []
+    for line in metrics.read_text().splitlines() if metrics.is_file() else []:
+        try:
+            record = json.loads(line)
+        except ValueError:  # the line being written when the process was killed
+            continue
+        if record.get("split") == "train":
+            steps.append(record["step"])
+    return steps
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> dict:
+    """A 2-seed sweep SIGKILLed after the second seed's checkpoint at step >= 6, then run again."""
+    root = tmp_path_factory.mktemp("sweep")
+    common = [*TINY, f"output_dir={root}", f"data.cache_dir={root / 'cache'}"]
+    cmd = [sys.executable, "-m", "patchword", "sweep", "--seeds", "0,1", "--name", "sw", *common]
+    second = root / "sw" / "seed-1"
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (second / "last.pt").is_file() and max(_train_steps(second / "metrics.jsonl"), default=0) >= 6:
+                break
+            time.sleep(0.005)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        _, stderr = proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, f"the sweep ended before it was killed: {stderr[-2000:]}"
+    assert not (second / "summary.json").exists()
+    first_summary = (root / "sw" / "seed-0" / "summary.json").read_bytes()
+    first_weights = (root / "sw" / "seed-0" / "best.pt").read_bytes()
+    assert main(["sweep", "--seeds", "0,1", "--name", "sw", *common]) == 0
+    return dict(root=root, common=common, first_summary=first_summary, first_weights=first_weights)
+
+
+def test_a_sweep_killed_in_its_second_seed_keeps_the_first_and_resumes_the_second(sweep):
+    sw = sweep["root"] / "sw"
+    assert (sw / "seed-0" / "summary.json").read_bytes() == sweep["first_summary"]  # not trained again
+    assert (sw / "seed-0" / "best.pt").read_bytes() == sweep["first_weights"]
+    assert (sw / "seed-1" / "resumes.jsonl").is_file()  # continued from its checkpoint
+    assert _train_steps(sw / "seed-1" / "metrics.jsonl") == list(range(1, 13))  # no step lost or repeated
+    # the resumed seed ends exactly where an undisturbed run of that seed ends
+    alone = train_run(load_run_config(None, [*sweep["common"], "name=alone", "seed=1"]))
+    resumed = json.loads((sw / "seed-1" / "summary.json").read_text())
+    assert {k: resumed[k] for k in METRICS} == {k: alone[k] for k in METRICS}
+    a = load_checkpoint(sw / "seed-1" / "last.pt")["model"]
+    b = load_checkpoint(sweep["root"] / "alone" / "last.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_sweep_summary_is_the_mean_and_std_of_its_runs_summaries(sweep):
+    record = json.loads((sweep["root"] / "sw" / "sweep.json").read_text())
+    runs = [json.loads((sweep["root"] / "sw" / f"seed-{s}" / "summary.json").read_text()) for s in (0, 1)]
+    summary = record["summary"]["runs"]
+    assert summary["n"] == 2 and record["seeds"] == [0, 1]
+    assert set(summary["mean"]) == set(METRICS)
+    for key in METRICS:
+        values = [r[key] for r in runs]
+        assert summary["mean"][key] == pytest.approx(statistics.mean(values), rel=1e-12, abs=1e-12)
+        assert summary["std"][key] == pytest.approx(statistics.stdev(values), rel=1e-9, abs=1e-12)
+        assert [record["runs"]["runs"][str(s)][key] for s in (0, 1)] == values
+    assert summary["protocol"] == {
+        "split": "test",
+        "images": 6,
+        "captions": 30,
+        "leaky": False,
+        "matcher": "seps",
+        "dense_pairing": "image",
+        "oracle_rsum": runs[0]["oracle_rsum"],
+    }
+
+
+def test_report_lists_exactly_the_config_keys_that_differ(sweep, tmp_path):
+    root = sweep["root"]
+    other = [*sweep["common"], "name=other", "seed=1", "train.lr=2e-3", "model.seps.sparse_ratio=0.6"]
+    assert main(["train", *other]) == 0
+    entries = collect([root / "alone", root / "other"])
+    assert sorted(differing_keys(entries)) == ["model.seps.sparse_ratio", "train.lr"]
+    assert differing_keys(entries)["train.lr"] == [1e-3, 2e-3]
+
+    out = tmp_path / "report.md"
+    paths = [str(root / "sw"), str(root / "alone"), str(root / "other")]
+    assert main(["report", *paths, "--out", str(out)]) == 0
+    text = out.read_text()
+    other_summary = json.loads((root / "other" / "summary.json").read_text())
+    assert f"| other | 1 | {other_summary['i2t_r1']:.1f} |" in text
+    runs = [json.loads((root / "sw" / f"seed-{s}" / "summary.json").read_text()) for s in (0, 1)]
+    rsum = [r["rsum"] for r in runs]
+    assert f"{statistics.mean(rsum):.1f} ± {statistics.stdev(rsum):.1f}" in text  # the sweep's row
+    # the sweep's row differs from the single runs in its seeds only, `other` also in two keys
+    assert sorted(differing_keys(collect([root / "sw", root / "alone", root / "other"]))) == [
+        "model.seps.sparse_ratio",
+        "seed",
+        "train.lr",
+    ]
+    assert "| model.seps.sparse_ratio | 0.5 | 0.5 | 0.6 |" in text
+    assert (tmp_path / "report_curves.png").stat().st_size > 1000
+    page = (tmp_path / "report.html").read_text()
+    assert "data:image/png;base64," in page and "<td>model.seps.sparse_ratio</td>" in page
+    assert main(["report", str(root / "alone"), "--out", str(out)]) == 2  # an existing report is kept
+    assert out.read_text() == text
+
+
+def test_sweep_arguments_are_checked_before_anything_runs(tmp_path, capsys):
+    assert parse_seeds("0-2,5") == [0, 1, 2, 5]
+    with pytest.raises(ConfigError):
+        parse_seeds("0,0")
+    with pytest.raises(ConfigError):
+        parse_seeds("a")
+    code = main(["sweep", "--seeds", "0", "--variant", "no-colon", f"output_dir={tmp_path}", *TINY])
+    assert code == 2 and "--variant" in capsys.readouterr().err
+    code = main(["sweep", "--seeds", "0", "--variant", "x: model.nope=1", f"output_dir={tmp_path}", *TINY])
+    assert code == 2 and "model.nope" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []  # nothing written
