@@ -49,9 +49,21 @@ test-numerics: venv
 demo: venv
 	$(VENV)/bin/patchword demo
 
-# Every matcher fine-tuned from the same pretrained encoders for the demo's step count (docs/benchmarks.md).
+# Every matcher fine-tuned from the demo's pretrained encoders for the demo's step count, as a sweep (one run
+# per matcher and seed under runs/comparison, resumable) and a report (runs/comparison/report.md / .html):
+# docs/benchmarks.md, "Matcher comparison at equal budget". More seeds: make compare SEEDS=0,1,2
+SEEDS    ?= 0
+ENCODERS := cluttered-64
+SELECT   := model.seps.saliency=cls
 compare: venv
-	$(PY) benchmarks/synthetic_comparison.py --out-dir runs/comparison
+	$(VENV)/bin/patchword sweep --config demo --seeds $(SEEDS) --name comparison --suite compositional \
+		--variant "vse: model.name=vse-tiny model.tiny_pretrained=$(ENCODERS)" \
+		--variant "filip: model.name=filip-tiny model.tiny_pretrained=$(ENCODERS)" \
+		--variant "laps: model.name=laps-tiny model.tiny_pretrained=$(ENCODERS) $(SELECT)" \
+		--variant "seps-code: model.seps.variant=code" \
+		--variant "seps-code-leaky: model.seps.variant=code model.seps.dense_pairing=caption" \
+		--variant "seps-paper: "
+	$(VENV)/bin/patchword report runs/comparison --out runs/comparison/report.md --force
 
 bench: venv
 	$(VENV)/bin/patchword bench scoring

@@ -15,7 +15,7 @@ from patchword.errors import ConfigError, MissingFileError
 from patchword.losses import ContrastiveLoss
 from patchword.matching import build_matcher
 from patchword.model import build_model
-from patchword.pretrained import load_pretrained_encoders, save_pretrained_encoders
+from patchword.pretrained import load_pretrained_encoders, save_pretrained_encoders, shipped_pretrained
 from patchword.run_config import RunConfig
 
 SMALL = ["model.name=vse-tiny-16", "model.matcher=seps", "model.max_text_len=32"]
@@ -116,19 +116,23 @@ def test_pretrained_encoder_errors_name_the_key(tmp_path):
     check_config(apply_overrides(no_vocab, [f"data.vocab_path={tmp_path / 'enc'}"]))  # accepted
 
 
-def test_shipped_encoders_load_and_reproduce_their_recorded_recall(tmp_path):
-    """The committed synthetic-64 encoders: what `patchword pretrain` recorded is what a user gets."""
+@pytest.mark.parametrize("name", shipped_pretrained())
+def test_shipped_encoders_load_and_reproduce_their_recorded_recall(tmp_path, name):
+    """The committed encoders: what `patchword pretrain` recorded is what a user gets, on the scenes their
+    recipe trained on."""
     from patchword.data.prepare import prepare_data
-    from patchword.pretrain import global_recall
+    from patchword.pretrain import global_recall, pretrained_recipe
     from patchword.pretrained import resolve_pretrained_dir
 
-    meta = json.loads((resolve_pretrained_dir("synthetic-64") / "config.json").read_text())
+    meta = json.loads((resolve_pretrained_dir(name) / "config.json").read_text())
+    recipe = pretrained_recipe(name)
     cfg = apply_overrides(
         RunConfig(),
         [
             "model.embed_dim=128",
-            "model.tiny_pretrained=synthetic-64",
-            "data.vocab_path=synthetic-64",
+            f"model.tiny_pretrained={name}",
+            f"data.vocab_path={name}",
+            f"data.synthetic_scenes={recipe.data.synthetic_scenes}",
             f"data.cache_dir={tmp_path}",
         ],
     )

@@ -221,6 +221,8 @@ def test_demo_smoke_fine_tunes_the_shipped_encoders(tmp_path, capsys):
     demo = tmp_path / "demo"
     summary = json.loads((demo / "summary.json").read_text())
     assert {"rsum", "oracle_rsum", "t2i_r1", "pretrained_global", "selection_object_recall"} <= set(summary)
+    # the shipped encoders were pretrained with FILIP: their own token-wise score is reported too
+    assert summary["pretrained_native"]["matcher"] == "filip" and "filip, the score" in printed
     assert summary["steps"] == 3 and "time_budget_s: 0.0" in (demo / "config.yaml").read_text()
     assert (demo / "training_curve.png").stat().st_size > 1000
     assert (demo / "retrievals.png").stat().st_size > 1000

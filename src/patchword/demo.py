@@ -46,6 +46,13 @@ def format_table(summary: dict[str, Any]) -> str:
     if baseline:
         cells = " | ".join(f"{baseline[k]:.1f}" for k in KEYS)
         lines.append(f"| pretrained encoders alone (global cosine, before fine-tuning) | {cells} |")
+    native = summary.get("pretrained_native")
+    if native:
+        cells = " | ".join(f"{native[k]:.1f}" for k in KEYS)
+        lines.append(
+            f"| pretrained encoders alone ({native['matcher']}, the score they were pretrained with) "
+            f"| {cells} |"
+        )
     cells = " | ".join(f"{summary[k]:.1f}" for k in KEYS)
     lines.append(f"| SEPS (paper variant, leak-free dense text), fine-tuned | {cells} |")
     if "oracle_rsum" in summary:
@@ -82,7 +89,7 @@ def run_demo(overrides: list[str] | None = None, *, plots: bool = True) -> dict[
     """Fine-tune, evaluate on the 1000-image test split, print the table, write plots."""
     from patchword.data.prepare import prepare_data
     from patchword.fileio import atomic_write_text
-    from patchword.pretrain import global_recall
+    from patchword.pretrain import global_recall, pretraining_recall
     from patchword.train.runner import train_run
 
     cfg = demo_config(overrides)
@@ -92,6 +99,9 @@ def run_demo(overrides: list[str] | None = None, *, plots: bool = True) -> dict[
         data = prepare_data(cfg.data)
         summary = train_run(cfg, data=data)
         summary["pretrained_global"] = global_recall(cfg, data)
+        native = pretraining_recall(cfg, data)
+        if native:
+            summary["pretrained_native"] = native
         atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
         print(format_table(summary))
         print(f"\nrun directory: {run_dir}  (summary.json, metrics.jsonl, config.yaml, checkpoints)")

@@ -18,7 +18,14 @@ from typing import Any
 from patchword.config import apply_overrides
 from patchword.run_config import RunConfig, load_run_config
 
-__all__ = ["PRETRAIN_RECIPE", "pretrain_config", "run_pretrain", "global_recall"]
+__all__ = [
+    "PRETRAIN_RECIPE",
+    "pretrain_config",
+    "run_pretrain",
+    "global_recall",
+    "pretrained_recipe",
+    "pretraining_recall",
+]
 
 KEYS = ["i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum"]
 
@@ -44,6 +51,51 @@ def global_recall(cfg: RunConfig, data) -> dict[str, float]:
     model = build_model(vse.model, vocab_size=data.vocab_size)
     metrics = evaluate(model, data.splits["test"], vse.eval, progress=False)
     return {k: metrics[k] for k in KEYS}
+
+
+def pretrained_recipe(name_or_path: str) -> RunConfig | None:
+    """The run config that trained a pretrained-encoders directory (its ``config.json`` ``recipe``: a
+    recipe name with overrides, or, in directories written before recipes had names, a list of overrides
+    on the defaults); None where none is recorded."""
+    from patchword.pretrained import CONFIG, resolve_pretrained_dir
+
+    recipe = json.loads((resolve_pretrained_dir(name_or_path) / CONFIG).read_text()).get("recipe")
+    if isinstance(recipe, list):
+        return load_run_config(None, recipe)
+    if isinstance(recipe, dict):
+        return load_run_config(recipe.get("config"), recipe.get("overrides", []))
+    return None
+
+
+def pretraining_recall(cfg: RunConfig, data) -> dict[str, Any] | None:
+    """Test recall of the pretrained encoders ``model.tiny_pretrained`` under the score they were pretrained
+    with, when that is not the global cosine (e.g. FILIP's token-wise late interaction), with no training:
+    ``{"matcher": name, **recall}``; None for global pretraining or no pretrained encoders."""
+    import dataclasses
+
+    from patchword.eval.protocol import evaluate
+    from patchword.matching import matcher_spec
+    from patchword.model import build_model
+
+    if not cfg.model.tiny_pretrained:
+        return None
+    recipe = pretrained_recipe(cfg.model.tiny_pretrained)
+    if recipe is None:
+        return None
+    trained = recipe.model
+    if trained.matcher in ("clip", "vse"):
+        return None
+    section = matcher_spec(trained.matcher).section
+    options = getattr(trained, section, None)
+    overrides = [f"model.matcher={trained.matcher}"]
+    if dataclasses.is_dataclass(options):
+        overrides += [
+            f"model.{section}.{f.name}={getattr(options, f.name)!r}" for f in dataclasses.fields(options)
+        ]
+    native = apply_overrides(cfg, overrides)
+    model = build_model(native.model, vocab_size=data.vocab_size)
+    metrics = evaluate(model, data.splits["test"], native.eval, progress=False)
+    return {"matcher": trained.matcher, **{k: metrics[k] for k in KEYS}}
 
 
 def run_pretrain(
