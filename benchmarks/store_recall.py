@@ -1,0 +1,101 @@
+"""What each token store costs in recall: the same images indexed with ``--store float32|float16|int8|pq``,
+every caption of the exported split searched through each index (``Searcher.search``, the code path of
+``patchword search`` and ``serve``), text-to-image R@1/5/10 against the uncompressed index and against the
+run's exhaustive evaluation, and the bytes per image of each index on disk.
+
+    patchword data export synthetic --split test --out /tmp/scenes --run runs/demo
+    python benchmarks/store_recall.py --run runs/demo --export /tmp/scenes --work /tmp/stores
+
+Writes ``WORK/store_recall.json`` and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from patchword.bench.machine import machine_description
+from patchword.search.cli import main_index
+from patchword.search.query import Searcher
+
+STORES = ("float32", "float16", "int8", "pq")
+
+
+def directory_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def token_bytes(path: Path) -> int:
+    """Bytes of the token shards and their codecs (what the store format changes)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.name.startswith("global"))
+
+
+def recall(searcher: Searcher, export: Path, split: str, limit: int | None) -> dict[str, float]:
+    captions = (export / f"{split}_caps.txt").read_text().splitlines()
+    ids = (export / f"{split}_ids.txt").read_text().splitlines()
+    files = json.loads((export / "id_mapping.json").read_text())
+    pairs = list(zip(captions, ids, strict=True))[:limit]
+    hits = {1: 0, 5: 0, 10: 0}
+    t0 = time.perf_counter()
+    for caption, image_id in pairs:
+        names = [Path(h.path).name for h in searcher.search(caption, k=10).hits]
+        want = Path(files[image_id]).name
+        for k in hits:
+            hits[k] += want in names[:k]
+    out = {f"t2i_r{k}": 100.0 * n / len(pairs) for k, n in hits.items()}
+    return {**out, "queries": len(pairs), "search_seconds": time.perf_counter() - t0}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--run", type=Path, required=True)
+    parser.add_argument("--export", type=Path, required=True, help="a `patchword data export` directory")
+    parser.add_argument("--work", type=Path, required=True, help="where the indexes are built")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--stores", nargs="+", default=list(STORES), choices=STORES)
+    parser.add_argument("--limit", type=int, help="only the first N captions")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    results: dict[str, dict] = {}
+    for store in args.stores:
+        out = args.work / f"index-{store}"
+        t0 = time.perf_counter()
+        if not (out / "manifest.json").is_file():
+            argv = ["build", str(args.run), "--images", str(args.export / "images"), "--out", str(out)]
+            argv += ["--store", store, "--dense", str(args.export / f"{args.split}.jsonl")]
+            if main_index(argv) != 0:
+                raise SystemExit(f"index build --store {store} failed")
+        build = time.perf_counter() - t0
+        searcher = Searcher.open(out, run_dir=args.run)
+        n = len(searcher)
+        results[store] = {
+            **recall(searcher, args.export, args.split, args.limit),
+            "images": n,
+            "bytes_per_image": directory_bytes(out) / n,
+            "token_bytes_per_image": token_bytes(out) / n,
+            "build_seconds": build,
+        }
+        print(store, json.dumps(results[store]), flush=True)
+    summary = json.loads((args.run / "summary.json").read_text())
+    record = {"run": str(args.run), "results": results, "machine": machine_description()}
+    record["exhaustive"] = {k: summary[k] for k in ("t2i_r1", "t2i_r5", "t2i_r10")}
+    (args.work / "store_recall.json").write_text(json.dumps(record, indent=2))
+    base = results.get("float32")
+    print("| store | bytes/image | t2i R@1 | R@5 | R@10 | R@10 vs float32 |")
+    print("|---|---|---|---|---|---|")
+    for store, r in results.items():
+        delta = f"{r['t2i_r10'] - base['t2i_r10']:+.2f}" if base else ""
+        cells = " | ".join(f"{r[f't2i_r{k}']:.2f}" for k in (1, 5, 10))
+        print(f"| {store} | {r['bytes_per_image']:.0f} | {cells} | {delta} |")
+    ex = record["exhaustive"]
+    cells = " | ".join(f"{ex[f't2i_r{k}']:.2f}" for k in (1, 5, 10))
+    print(f"| the run's exhaustive evaluation | | {cells} | |")
+
+
+if __name__ == "__main__":
+    main()
