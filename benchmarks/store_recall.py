@@ -30,8 +30,13 @@ def directory_bytes(path: Path) -> int:
 
 
 def token_bytes(path: Path) -> int:
-    """Bytes of the token shards and their codecs (what the store format changes)."""
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.name.startswith("global"))
+    """Bytes of the token shards and their codecs (what the store format changes): every file but the
+    global vectors (``shards/NNNNN.global.npy``, an HNSW graph ``global.*.hnsw``) and the manifest."""
+
+    def is_token_file(f: Path) -> bool:
+        return ".global." not in f.name and not f.name.startswith("global") and f.name != "manifest.json"
+
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and is_token_file(f))
 
 
 def recall(searcher: Searcher, export: Path, split: str, limit: int | None) -> dict[str, float]:

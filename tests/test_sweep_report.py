@@ -160,3 +160,15 @@ def test_sweep_arguments_are_checked_before_anything_runs(tmp_path, capsys):
     code = main(["sweep", "--seeds", "0", "--variant", "x: model.nope=1", f"output_dir={tmp_path}", *TINY])
     assert code == 2 and "model.nope" in capsys.readouterr().err
     assert os.listdir(tmp_path) == []  # nothing written
+
+
+def test_a_sweep_rerun_with_other_settings_under_the_same_name_is_refused(sweep, capsys):
+    """Finished runs are kept only when they were made with the settings asked for now: a changed override
+    under the same name would otherwise average two recipes. One line naming the key, nothing touched."""
+    sw = sweep["root"] / "sw"
+    before = {p: p.read_bytes() for p in sorted(sw.rglob("*")) if p.is_file()}
+    code = main(["sweep", "--seeds", "0,1", "--name", "sw", *sweep["common"], "train.lr=2e-3"])
+    err = capsys.readouterr().err
+    assert code == 2 and "train.lr 0.001 -> 0.002" in err and "another --name" in err
+    assert len(err.strip().splitlines()) == 1
+    assert {p: p.read_bytes() for p in sorted(sw.rglob("*")) if p.is_file()} == before

@@ -36,6 +36,7 @@ __all__ = [
     "save_config",
     "from_dict",
     "config_diff",
+    "flat_config",
     "field_subset",
 ]
 
@@ -97,6 +98,19 @@ def field_subset(cls: type, exclude: tuple[str, ...], name: str, module: str, do
 def config_to_dict(cfg: Any) -> dict[str, Any]:
     """A dataclass (nested) as plain dicts, lists and scalars."""
     return dataclasses.asdict(cfg)
+
+
+def flat_config(cfg: Any) -> dict[str, Any]:
+    """A dataclass (nested) as ``{"dotted.key": value}``, the keys overrides use."""
+
+    def flat(d: dict[str, Any], prefix: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            nested = isinstance(v, dict) and v and all(isinstance(x, str) for x in v)
+            out.update(flat(v, f"{prefix}{k}.") if nested else {f"{prefix}{k}": v})
+        return out
+
+    return flat(config_to_dict(cfg), "")
 
 
 def save_config(cfg: Any, path: str | Path) -> None:
@@ -412,17 +426,7 @@ def _deep_merge(base: dict[str, Any], update: dict[str, Any], where: str) -> dic
 
 def config_diff(a: Any, b: Any) -> list[str]:
     """Dotted keys whose values differ between two configs of the same dataclass (sorted)."""
-
-    def flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            if isinstance(v, dict) and v and all(isinstance(x, str) for x in v):
-                out.update(flat(v, f"{prefix}{k}."))
-            else:
-                out[f"{prefix}{k}"] = v
-        return out
-
-    fa, fb = flat(config_to_dict(a)), flat(config_to_dict(b))
+    fa, fb = flat_config(a), flat_config(b)
     return sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
 
 

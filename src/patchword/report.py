@@ -76,21 +76,12 @@ def collect(paths: list[Path]) -> list[Entry]:
 def differing_keys(entries: list[Entry]) -> dict[str, list[Any]]:
     """Config keys whose values differ between the rows, with the value of each row. Run names and
     directories are left out; a sweep row's ``seed`` is its list of seeds."""
-    from patchword.config import config_to_dict
+    from patchword.config import flat_config
     from patchword.runs import read_run_config
-
-    def flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-        out = {}
-        for k, v in d.items():
-            if isinstance(v, dict) and v:
-                out.update(flat(v, f"{prefix}{k}."))
-            else:
-                out[f"{prefix}{k}"] = v
-        return out
 
     configs = []
     for entry in entries:
-        config = flat(config_to_dict(read_run_config(entry.runs[0])))
+        config = flat_config(read_run_config(entry.runs[0]))
         if len(entry.runs) > 1:
             config["seed"] = [read_run_config(run).seed for run in entry.runs]
         configs.append(config)

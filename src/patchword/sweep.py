@@ -93,6 +93,8 @@ def _run_one(config: str | None, overrides: list[str], run_dir: Path, dist_main:
     from patchword.run_config import load_run_config
     from patchword.train.runner import resume_run, train_run
 
+    if (run_dir / "config.yaml").is_file():
+        _refuse_other_settings(run_dir, load_run_config(config, overrides))
     if (run_dir / "summary.json").is_file():
         _logger.info("%s is finished: kept", run_dir)
         return json.loads((run_dir / "summary.json").read_text())
@@ -102,6 +104,24 @@ def _run_one(config: str | None, overrides: list[str], run_dir: Path, dist_main:
     if run_dir.exists() and dist_main:  # stopped before its first checkpoint: nothing to keep
         shutil.rmtree(run_dir)
     return train_run(load_run_config(config, overrides))
+
+
+def _refuse_other_settings(run_dir: Path, wanted) -> None:
+    """A run directory left by an earlier sweep is kept or resumed only if it was made with the settings
+    asked for now: a changed override under the same sweep name would otherwise mix two recipes in one
+    mean."""
+    from patchword.config import config_diff, flat_config
+    from patchword.runs import read_run_config
+
+    saved_config = read_run_config(run_dir)
+    changed = config_diff(saved_config, wanted)
+    saved, asked = flat_config(saved_config), flat_config(wanted)
+    if changed:
+        shown = ", ".join(f"{k} {saved.get(k)!r} -> {asked.get(k)!r}" for k in changed[:3])
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        raise ConfigError(
+            "--name", f"{run_dir} was made with other settings ({shown}{more}): give the sweep another --name"
+        )
 
 
 def run_sweep(
