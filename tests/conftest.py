@@ -200,6 +200,29 @@ def tiny_model(vocab, **model_args):
     return build_model(cfg.model, vocab_size=len(vocab)).eval()
 
 
+def tiny_hf_laps_overrides(tiny_hf_dirs, laps_dataset, tmp_path) -> list[str]:
+    """Overrides of a LAPS run on the :func:`tiny_hf` backbones (BERT text, ViT images) over
+    ``laps_dataset``: 32 px images, 12-token captions, 16-d joint space, batch 4, one thread."""
+    bert, vit = tiny_hf_dirs
+    return [
+        "data.dataset=laps",
+        f"data.root={laps_dataset['root']}",
+        f"data.image_root={laps_dataset['image_root']}",
+        "data.image_size=32",
+        "data.max_caption_len=12",
+        "data.tokenizer=bert",
+        f"data.bert_vocab={tmp_path / 'vocab20.txt'}",
+        "model.text_encoder=bert",
+        f"model.hf_text={bert}",
+        "model.image_encoder=hf",
+        f"model.hf_vision={vit}",
+        "model.embed_dim=16",
+        "model.matcher=laps",
+        "train.batch_size=4",
+        "train.num_threads=1",
+    ]
+
+
 @pytest.fixture
 def tiny_hf(tmp_path):
     """Local tiny BERT (vocab 20, 16 positions) and ViT (32 px) directories, as save_pretrained writes;

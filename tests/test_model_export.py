@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import TINY_MODEL_32, one_error_line
+from conftest import TINY_MODEL_32, one_error_line, tiny_hf_laps_overrides
 from patchword import create_model
 from patchword.cli import main
 from patchword.runs import load_run
@@ -75,22 +75,8 @@ def test_a_hugging_face_run_exports_its_bert_vocabulary(tiny_hf, laps_dataset, t
 
     bert, vit = tiny_hf
     args = [
-        "data.dataset=laps",
-        f"data.root={laps_dataset['root']}",
-        f"data.image_root={laps_dataset['image_root']}",
-        "data.image_size=32",
-        "data.max_caption_len=12",
-        "data.tokenizer=bert",
-        f"data.bert_vocab={tmp_path / 'vocab20.txt'}",
-        "model.text_encoder=bert",
-        f"model.hf_text={bert}",
-        "model.image_encoder=hf",
-        f"model.hf_vision={vit}",
-        "model.embed_dim=16",
-        "model.matcher=laps",
-        "train.batch_size=4",
+        *tiny_hf_laps_overrides(tiny_hf, laps_dataset, tmp_path),
         "train.max_steps=1",
-        "train.num_threads=1",
         f"output_dir={tmp_path / 'runs'}",
         "name=hf",
     ]

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY_MODEL_32, TINY_REGION_MODEL, TINY_TGDT
+from conftest import TINY_MODEL_32, TINY_REGION_MODEL, TINY_TGDT, tiny_hf_laps_overrides
 from patchword.checkpoint import load_checkpoint
 from patchword.config import apply_overrides
 from patchword.run_config import RunConfig
@@ -252,27 +252,12 @@ def test_metrics_after_the_checkpoint_are_dropped_once_redone(tmp_path):
 def test_a_run_on_hugging_face_backbones_resumes_bit_for_bit(tiny_hf, laps_dataset, tmp_path):
     """Pretrained backbones train at lr x backbone_lr_mult: the resumed model must have the same two
     optimiser groups (it is rebuilt from backbones.json, not from the pretrained weights)."""
-    bert, vit = tiny_hf
     args = [
-        "data.dataset=laps",
-        f"data.root={laps_dataset['root']}",
-        f"data.image_root={laps_dataset['image_root']}",
-        "data.image_size=32",
+        *tiny_hf_laps_overrides(tiny_hf, laps_dataset, tmp_path),
         "data.max_dense_len=48",
-        "data.max_caption_len=12",
-        "data.tokenizer=bert",
-        f"data.bert_vocab={tmp_path / 'vocab20.txt'}",
-        "model.text_encoder=bert",
-        f"model.hf_text={bert}",
-        "model.image_encoder=hf",
-        f"model.hf_vision={vit}",
-        "model.embed_dim=16",
-        "model.matcher=laps",
-        "train.batch_size=4",
         "train.checkpoint_every=2",
         "train.eval_every=0",
         "train.log_every=1",
-        "train.num_threads=1",
         f"output_dir={tmp_path / 'runs'}",
     ]
     train_run(apply_overrides(RunConfig(), [*args, "name=full", "train.max_steps=6"]))

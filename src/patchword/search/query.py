@@ -59,7 +59,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_SHORTLIST = 100
 #: Above this many images the first stage is approximate by default (a FAISS HNSW graph, kept with the
 #: index): exact search costs O(N) per query, 20 ms at 1M images on 2 cores, the graph ~1 ms; its recall of
-#: the exact shortlist is measured in docs/search.md.
+#: the exact shortlist is measured in docs/benchmarks.md ("HNSW shortlist").
 APPROXIMATE_ABOVE = 200_000
 
 
