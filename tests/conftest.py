@@ -146,6 +146,17 @@ def one_error_line(stderr: str) -> str:
 # patches, 32-d tokens, one block each) on 32-pixel scenes.
 TINY_MODEL_32 = ["data.synthetic_image_size=32", "model.name=seps-tiny-32"]
 
+# A tiny SEPS run on 20 / 8 / 8 synthetic scenes, one thread, every step logged (add steps and intervals).
+TINY_RUN_32 = [
+    *TINY_MODEL_32,
+    "data.num_train=20",
+    "data.num_dev=8",
+    "data.num_test=8",
+    "train.batch_size=16",
+    "train.log_every=1",
+    "train.num_threads=1",
+]
+
 # The tiny region-feature model (SCAN / NAAF / TGDT) on synthetic regions: 14 regions of 16-d, BiGRU words.
 TINY_REGION_MODEL = [
     "data.dataset=synthetic_regions",
@@ -255,3 +266,20 @@ def tiny_hf(tmp_path):
         add_pooling_layer=False,
     ).save_pretrained(vit)
     return bert, vit
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """The tiny SEPS run trained, exported and indexed once per session (tests/search_support.py)."""
+    from search_support import search_env
+
+    return search_env(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def searcher(env):
+    """A :class:`~patchword.search.query.Searcher` over :func:`env`'s index."""
+    from patchword.search.query import Searcher
+    from patchword.search.store import SearchIndex
+
+    return Searcher(SearchIndex.open(env.index_dir), env.run)

@@ -15,7 +15,7 @@ from patchword.search.codecs import STORES, make_codec
 from patchword.search.index import build_index
 from patchword.search.query import Searcher
 from patchword.search.store import SearchIndex
-from search_support import caption_queries, search_env
+from search_support import caption_queries
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -49,11 +49,6 @@ def test_every_store_round_trips_within_its_error(store):
         assert rel.mean() < 0.6 < (np.linalg.norm(shuffled - x, axis=-1) / np.linalg.norm(x, axis=-1)).mean()
         assert arrays[""].dtype == np.uint8 and arrays[""].shape == (*x.shape[:2], 8)
     assert codec.bytes_per_token(32) == {"float32": 128, "float16": 64, "int8": 34, "pq": 8}[store]
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return search_env(tmp_path_factory)
 
 
 @pytest.mark.parametrize("store", ["float16", "int8", "pq"])

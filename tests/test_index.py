@@ -23,14 +23,8 @@ from patchword.search.index import IndexMismatchError, build_index
 from patchword.search.query import Searcher
 from patchword.search.scan import scan_images
 from patchword.search.store import Manifest, SearchIndex
-from search_support import search_env
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return search_env(tmp_path_factory)
 
 
 def _png_bytes(seed: int, size: int = 32) -> bytes:

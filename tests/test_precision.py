@@ -8,7 +8,7 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-from conftest import TINY_MODEL_32, tiny_model
+from conftest import TINY_RUN_32, tiny_model
 from patchword.checkpoint import load_checkpoint
 from patchword.config import apply_overrides
 from patchword.errors import ConfigError
@@ -18,13 +18,7 @@ from patchword.run_config import RunConfig
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = [
-    "data.num_train=20",
-    "data.num_dev=8",
-    "data.num_test=8",
-    *TINY_MODEL_32,
-    "train.batch_size=16",
-    "train.log_every=1",
-    "train.num_threads=1",
+    *TINY_RUN_32,
     "precision=fp64",
 ]
 

@@ -15,19 +15,9 @@ from patchword.search.cli import main_search
 from patchword.search.explain import explain_pair
 from patchword.search.query import QueryError, Searcher
 from patchword.search.store import SearchIndex
-from search_support import assert_ranked_as, caption_queries, library_t2i_scores, rank_bounds, search_env
+from search_support import assert_ranked_as, caption_queries, library_t2i_scores, rank_bounds
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return search_env(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def searcher(env):
-    return Searcher(SearchIndex.open(env.index_dir), env.run)
 
 
 @pytest.mark.parametrize("shortlist", [None, 8])

@@ -21,21 +21,11 @@ from patchword.search.query import Searcher
 from patchword.search.store import SearchIndex
 from patchword.serve.app import ServeLimits, create_app, require_serve_extra
 from patchword.serve.cli import main_serve
-from search_support import caption_queries, library_t2i_scores, live_server, rank_bounds, search_env
+from search_support import caption_queries, library_t2i_scores, live_server, rank_bounds
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 STATIC = Path(__file__).resolve().parents[1] / "src" / "patchword" / "serve" / "static"
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return search_env(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def searcher(env):
-    return Searcher(SearchIndex.open(env.index_dir), env.run)
 
 
 @pytest.fixture(scope="module")

@@ -9,20 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_MODEL_32
+from conftest import TINY_RUN_32
 from patchword.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = [
-    *TINY_MODEL_32,
-    "data.num_train=20",
-    "data.num_dev=8",
-    "data.num_test=8",
-    "train.batch_size=16",
-    "train.log_every=1",
+    *TINY_RUN_32,
     "train.eval_every=3",
-    "train.num_threads=1",
 ]
 
 

@@ -20,6 +20,7 @@ import difflib
 import logging
 import types
 import typing
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -36,6 +37,7 @@ __all__ = [
     "save_config",
     "from_dict",
     "config_diff",
+    "refuse_edited_config",
     "flat_config",
     "field_subset",
 ]
@@ -210,20 +212,14 @@ def _check_value(value: Any, hint: Any, key: str) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(key, f"expects true or false, got {value!r}")
         return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise ConfigError(key, f"expects an integer, got {value!r}")
+    if hint is int or hint is float:
+        accepted, what = ((int, str), "an integer") if hint is int else ((int, float, str), "a number")
+        if isinstance(value, bool) or not isinstance(value, accepted):
+            raise ConfigError(key, f"expects {what}, got {value!r}")
         try:
-            return int(value)
+            return hint(value)
         except ValueError:
-            raise ConfigError(key, f"expects an integer, got {value!r}") from None
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(key, f"expects a number, got {value!r}")
-        try:
-            return float(value)
-        except ValueError:
-            raise ConfigError(key, f"expects a number, got {value!r}") from None
+            raise ConfigError(key, f"expects {what}, got {value!r}") from None
     if hint is str:
         if not isinstance(value, str):
             raise ConfigError(key, f"expects a string, got {value!r}")
@@ -422,6 +418,18 @@ def _deep_merge(base: dict[str, Any], update: dict[str, Any], where: str) -> dic
         else:
             out[key] = value
     return out
+
+
+def refuse_edited_config(config_path: Path, saved: Any, stored: Any, resumable: Iterable[str]) -> None:
+    """A run's ``config.yaml`` (``saved``) must say what its checkpoint (``stored``) was trained with, up to
+    the keys a resume may change: a hand-edited file is refused, naming the keys."""
+    allowed = set(resumable)
+    edited = [k for k in config_diff(saved, stored) if k not in allowed]
+    if edited:
+        raise ConfigError(
+            edited[0],
+            f"{config_path} and last.pt disagree on {', '.join(edited)}: was {config_path.name} edited?",
+        )
 
 
 def config_diff(a: Any, b: Any) -> list[str]:

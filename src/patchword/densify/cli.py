@@ -32,14 +32,20 @@ _logger = logging.getLogger("patchword.densify")
 _SUBVERBS = ("merge", "stats")
 
 
+def _parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A verb's parser with the ``-v`` every verb has."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return p
+
+
 def _run_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="patchword densify",
-        description="Describe every image with a vision-language model into SEPS dense-caption JSONL "
+    p = _parser(
+        "patchword densify",
+        "Describe every image with a vision-language model into SEPS dense-caption JSONL "
         "(resumable: rerun the same command after an interruption). Also: `patchword densify merge "
         "SHARD... --out F` and `patchword densify stats FILE`.",
     )
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     src = p.add_argument_group("images (one of)")
     one = src.add_mutually_exclusive_group(required=True)
     one.add_argument(
@@ -82,10 +88,7 @@ def _run_parser() -> argparse.ArgumentParser:
 
 
 def _merge_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="patchword densify merge", description="Join shard files of one densify job, in image order."
-    )
-    p.add_argument("-v", "--verbose", action="store_true")
+    p = _parser("patchword densify merge", "Join shard files of one densify job, in image order.")
     p.add_argument("shards", nargs="+", type=Path, help="the shard files (any order)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--force", action="store_true", help="overwrite an existing --out")
@@ -93,10 +96,7 @@ def _merge_parser() -> argparse.ArgumentParser:
 
 
 def _stats_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="patchword densify stats", description="Quality report of dense-caption JSONL files."
-    )
-    p.add_argument("-v", "--verbose", action="store_true")
+    p = _parser("patchword densify stats", "Quality report of dense-caption JSONL files.")
     p.add_argument("files", nargs="+", type=Path)
     p.add_argument(
         "--bert-vocab", help="BERT vocab.txt, tokenizer directory or cached hub id: exact token counts"

@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from patchword.checkpoint import export_weights, load_checkpoint, seed_everything
-from patchword.config import config_diff, config_to_dict, from_dict, load_config, save_config
+from patchword.config import (
+    config_diff,
+    config_to_dict,
+    from_dict,
+    load_config,
+    refuse_edited_config,
+    save_config,
+)
 from patchword.device import resolve_device
 from patchword.errors import ConfigError, MissingFileError, RunExistsError
 from patchword.fileio import append_line, atomic_write_text, keep_jsonl_records
@@ -133,12 +140,7 @@ def resume_hashing(
     check_hash_config(cfg)
     state = load_checkpoint(run_dir / "last.pt", map_location="cpu")
     stored = from_dict(HashRunConfig, state["config"])
-    edited = [k for k in config_diff(cfg, stored) if k not in HASH_RESUMABLE_KEYS]
-    if edited:
-        raise ConfigError(
-            edited[0],
-            f"{run_dir / CONFIG_FILE} and last.pt disagree on {', '.join(edited)}: was {CONFIG_FILE} edited?",
-        )
+    refuse_edited_config(run_dir / CONFIG_FILE, cfg, stored, HASH_RESUMABLE_KEYS)
     return _train(cfg, run_dir, data, state=state, overrides=overrides)
 
 

@@ -26,7 +26,7 @@ import torch
 
 from patchword.errors import ConfigError, DataError, MissingExtraError
 from patchword.fileio import atomic_write_text
-from patchword.search.store import Manifest, SearchIndex
+from patchword.search.store import IndexEntries, Manifest, SearchIndex
 
 __all__ = ["QDRANT_FILE", "connect", "upload_index", "QdrantIndex"]
 
@@ -91,7 +91,7 @@ def upload_index(index_dir: str | Path, location: str, collection: str, *, batch
     return record
 
 
-class QdrantIndex:
+class QdrantIndex(IndexEntries):
     """An index read from Qdrant: what :class:`~patchword.search.query.Searcher` asks of a
     :class:`~patchword.search.store.SearchIndex` (entries from the local manifest, vectors from Qdrant),
     plus :meth:`shortlist`, the first stage done by Qdrant."""
@@ -114,19 +114,9 @@ class QdrantIndex:
             raise DataError(f"{index_dir}: the index build did not finish; rerun it")
         return cls(index_dir, manifest, json.loads(path.read_text()))
 
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    @property
-    def images_root(self) -> Path:
-        return Path(self.manifest.images_root)
-
     @property
     def has_dense(self) -> bool:
         return bool(self.record.get("dense"))
-
-    def path(self, image_id: int) -> str:
-        return self.entries[image_id].path
 
     def shortlist(self, query: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(1, C) global query embedding -> ((1, k) scores, (1, k) ids) by Qdrant, best first; the hits'

@@ -43,6 +43,7 @@ __all__ = [
     "MANIFEST_FILE",
     "SHARDS_DIR",
     "Entry",
+    "IndexEntries",
     "Manifest",
     "SearchIndex",
     "atomic_write",
@@ -194,7 +195,24 @@ def broken_shards(index_dir: Path, manifest: Manifest) -> dict[int, str]:
     return broken
 
 
-class SearchIndex:
+class IndexEntries:
+    """The image entries of an index's manifest, by index id: what every index backend shares."""
+
+    manifest: Manifest
+
+    def __len__(self) -> int:
+        return len(self.manifest.entries)
+
+    @property
+    def images_root(self) -> Path:
+        return Path(self.manifest.images_root)
+
+    def path(self, image_id: int) -> str:
+        """Relative path (POSIX) of image ``image_id``."""
+        return self.manifest.entries[image_id].path
+
+
+class SearchIndex(IndexEntries):
     """A complete index opened for reading: memory-mapped shards, entries by index id.
 
     Use :meth:`open`. Token and dense arrays stay on disk (memory maps) and only the rows a query
@@ -243,20 +261,9 @@ class SearchIndex:
         return cls(index_dir, manifest)
 
     # ------------------------------------------------------------------ entries
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    @property
-    def images_root(self) -> Path:
-        return Path(self.manifest.images_root)
-
     @property
     def has_dense(self) -> bool:
         return self.manifest.dense is not None
-
-    def path(self, image_id: int) -> str:
-        """Relative path (POSIX) of image ``image_id``."""
-        return self.entries[image_id].path
 
     # ------------------------------------------------------------------ vectors
     def global_embeddings(self) -> torch.Tensor:

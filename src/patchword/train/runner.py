@@ -23,7 +23,7 @@ from patchword.checkpoint import (
     seed_everything,
     warm_start,
 )
-from patchword.config import apply_overrides, config_diff, from_dict, save_config
+from patchword.config import apply_overrides, from_dict, refuse_edited_config, save_config
 from patchword.data.prepare import (
     ROLES,
     PreparedData,
@@ -200,12 +200,7 @@ def resume_run(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, 
     probe_writable(run_dir)
     state = load_checkpoint(last, map_location="cpu")
     stored = from_dict(RunConfig, state["config"])
-    changed = [k for k in config_diff(saved, stored) if k not in RESUMABLE_KEYS]
-    if changed:
-        raise ConfigError(
-            changed[0],
-            f"{run_dir / CONFIG_FILE} and last.pt disagree on {', '.join(changed)}: was config.yaml edited?",
-        )
+    refuse_edited_config(run_dir / CONFIG_FILE, saved, stored, RESUMABLE_KEYS)
     tokenizer = load_run_tokenizer(run_dir, cfg.data)
     with session(device, cfg.dist_timeout_s) as dist:
         check_launch(cfg, dist.world_size)

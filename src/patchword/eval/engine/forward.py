@@ -61,13 +61,9 @@ class ForwardEngine(ScoringEngine):
 
     @torch.no_grad()
     def score(self, inputs, out, *, budget, device, progress) -> None:
-        from patchword.eval.engine.workers import cpu_workers, in_workers, plan_for_workers
+        from patchword.eval.engine.workers import engine_plan, in_workers
 
-        plan, workers = plan_for_workers(
-            self.plan, inputs, budget, cpu_workers(torch.device(device), self.workers)
-        )
-        plan.details["workers"] = workers
-        self.last_plan = plan
+        plan, workers = engine_plan(self, inputs, budget, device)
         n_img, n_txt = inputs.num_images, inputs.num_texts
         image_tied = inputs.dense_tokens is not None and inputs.dense_index is None
         with progress_bar(n_img * n_txt, "score pairs", progress, unit="pair") as bar:

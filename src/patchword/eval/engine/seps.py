@@ -57,7 +57,7 @@ from patchword.eval.engine.seps_blocks import (
     TokenSet,
     length_blocks,
 )
-from patchword.eval.engine.workers import cpu_workers, in_workers, plan_for_workers
+from patchword.eval.engine.workers import engine_plan, in_workers
 from patchword.matching.aggregation import TokenAggregation
 from patchword.matching.ops import l2norm, masked_mean
 from patchword.matching.selection import (
@@ -467,11 +467,7 @@ class SEPSEngine(ScoringEngine):
 
     @torch.no_grad()
     def score(self, inputs, out, *, budget, device, progress) -> None:
-        plan, workers = plan_for_workers(
-            self.plan, inputs, budget, cpu_workers(torch.device(device), self.workers)
-        )
-        plan.details["workers"] = workers
-        self.last_plan = plan
+        plan, workers = engine_plan(self, inputs, budget, device)
         mode = plan.details["mode"]
         dtype = self.aggr.scale.dtype
         n_img, n_txt = inputs.num_images, inputs.num_texts
@@ -529,9 +525,7 @@ class SEPSEngine(ScoringEngine):
         # Re-ranking runs many small per-image products that intra-op threads barely speed up; on a CPU,
         # image blocks go to single-threaded workers (torch releases the GIL), see in_workers.
         device = torch.device(device)
-        plan, workers = plan_for_workers(self.plan, inputs, budget, cpu_workers(device, self.workers))
-        plan.details["workers"] = workers
-        self.last_plan = plan
+        plan, workers = engine_plan(self, inputs, budget, device)
         mode = plan.details["mode"]
         dtype = self.aggr.scale.dtype
         result = torch.empty(img_index.shape[0], dtype=torch.float32)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["cpu_workers", "in_workers", "plan_for_workers"]
+__all__ = ["cpu_workers", "engine_plan", "in_workers", "plan_for_workers"]
 
 
 def cpu_workers(device: torch.device, workers: int | None) -> int:
@@ -24,6 +24,17 @@ def plan_for_workers(plan, inputs, budget: int, workers: int):
         if workers == 1:
             raise
         return plan(inputs, budget), 1
+
+
+def engine_plan(engine, inputs, budget: int, device):
+    """``(plan, workers)`` of an engine with ``plan`` and ``workers`` attributes for these inputs on
+    ``device``; the plan records its worker count and becomes ``engine.last_plan``."""
+    plan, workers = plan_for_workers(
+        engine.plan, inputs, budget, cpu_workers(torch.device(device), engine.workers)
+    )
+    plan.details["workers"] = workers
+    engine.last_plan = plan
+    return plan, workers
 
 
 def in_workers(workers: int, items, fn) -> None:
