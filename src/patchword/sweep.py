@@ -110,12 +110,11 @@ def _refuse_other_settings(run_dir: Path, wanted) -> None:
     """A run directory left by an earlier sweep is kept or resumed only if it was made with the settings
     asked for now: a changed override under the same sweep name would otherwise mix two recipes in one
     mean."""
-    from patchword.config import config_diff, flat_config
+    from patchword.config import flat_config
     from patchword.runs import read_run_config
 
-    saved_config = read_run_config(run_dir)
-    changed = config_diff(saved_config, wanted)
-    saved, asked = flat_config(saved_config), flat_config(wanted)
+    saved, asked = flat_config(read_run_config(run_dir)), flat_config(wanted)
+    changed = sorted(k for k in saved.keys() | asked.keys() if saved.get(k) != asked.get(k))
     if changed:
         shown = ", ".join(f"{k} {saved.get(k)!r} -> {asked.get(k)!r}" for k in changed[:3])
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
