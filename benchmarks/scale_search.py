@@ -9,9 +9,9 @@ is bounded by the image encoder, measured at 10k-100k in docs/benchmarks.md "Sea
 
     python benchmarks/scale_search.py --work /work/scale --sizes 1000000 --out benchmarks/results
 
-Per size: bytes per image on disk, the shard-writing rate, the HNSW graph build (time, recall of the exact
-shortlist of 100 on 200 random queries), then `patchword serve` in a child process under 1 and 32 concurrent
-clients (p50 / p95 latency, requests/s, failures, the server's peak RSS).
+Per size: bytes per image on disk, the shard-writing rate, the IVF first stage's build (time, recall of the
+exact shortlist of 100 on 200 queries drawn like the database), then `patchword serve` in a child process
+under 1 and 32 concurrent clients (p50 / p95 latency, requests/s, failures, the server's peak RSS).
 """
 
 from __future__ import annotations
@@ -53,6 +53,16 @@ WORDS = [
 ]
 
 
+def clustered(n: int, dim: int, generator: torch.Generator, clusters: int = 1000) -> torch.Tensor:
+    """(n, dim) unit vectors around ``clusters`` fixed centres (the same centres on every call)."""
+    centres = torch.nn.functional.normalize(
+        torch.randn(clusters, dim, generator=torch.Generator().manual_seed(12345)), dim=1
+    )
+    which = torch.randint(clusters, (n,), generator=generator)
+    noise = torch.randn(n, dim, generator=generator) / dim**0.5
+    return torch.nn.functional.normalize(centres[which] + noise, dim=1)
+
+
 def make_run(run_dir: Path) -> None:
     """A run directory of the random-init ViT-B/16 + BERT-base SEPS (what `patchword import` would write)."""
     from patchword.checkpoint import atomic_save
@@ -89,7 +99,8 @@ def make_run(run_dir: Path) -> None:
 
 
 def write_index(run_dir: Path, index_dir: Path, size: int, shard_size: int = 8192, seed: int = 0) -> dict:
-    """N synthetic entries in the pq store: random L2-normalised global embeddings, random codes."""
+    """N synthetic entries in the pq store: clustered unit global embeddings (like real ones, which crowd
+    around topics; benchmarks/ann_recall.py), random codes."""
     from patchword.runs import load_run
     from patchword.search.codecs import TokenCodec
     from patchword.search.identity import model_identity
@@ -101,6 +112,7 @@ def write_index(run_dir: Path, index_dir: Path, size: int, shard_size: int = 819
     (index_dir / "shards").mkdir(parents=True)
     run = load_run(run_dir)
     rng = np.random.default_rng(seed)
+    generator = torch.Generator().manual_seed(seed)
     centroids = rng.standard_normal((PQ_M, 256, DIM // PQ_M)).astype(np.float32) * 0.1
     codec = TokenCodec("pq", centroids)
     codec.save(index_dir)
@@ -115,8 +127,8 @@ def write_index(run_dir: Path, index_dir: Path, size: int, shard_size: int = 819
     for shard_id, first in enumerate(range(0, size, shard_size)):
         rows = min(shard_size, size - first)
         files = shard_files(index_dir, shard_id)
-        glob = rng.standard_normal((rows, DIM)).astype(np.float32)
-        save_npy_atomic(files["global"], glob / np.linalg.norm(glob, axis=1, keepdims=True))
+        glob = clustered(rows, DIM, generator).numpy()
+        save_npy_atomic(files["global"], glob)
         save_npy_atomic(files["tokens"], rng.integers(0, 256, (rows, IMAGE_TOKENS, PQ_M), dtype=np.uint8))
         save_npy_atomic(files["dense"], rng.integers(0, 256, (rows, DENSE_TOKENS, PQ_M), dtype=np.uint8))
         save_npy_atomic(files["dense_lens"], np.full(rows, DENSE_TOKENS, np.int32))
@@ -137,32 +149,36 @@ def write_index(run_dir: Path, index_dir: Path, size: int, shard_size: int = 819
     return record
 
 
-def hnsw(index_dir: Path, queries: int = 200, k: int = 100) -> dict:
-    """Build (once) the HNSW graph the server will load, and its recall of the exact top-k."""
+def first_stage(index_dir: Path, queries: int = 200, k: int = 100) -> dict:
+    """Build (once) the IVF first stage the server will load, and its recall of the exact top-k."""
+    import hashlib
+
     from patchword.eval.two_stage import GlobalIndex
     from patchword.search.store import SearchIndex
 
     index = SearchIndex.open(index_dir)
     db = index.global_embeddings()
+    stamp = hashlib.sha256(json.dumps(index.manifest.shards).encode()).hexdigest()[:16]
+    path = index_dir / f"global.{stamp}.ivf"  # where Searcher looks for it (search/query.py)
     start = time.perf_counter()
-    stamp_files = list(index_dir.glob("global.*.hnsw"))
-    if stamp_files:
-        graph = GlobalIndex.load(stamp_files[0], "faiss_hnsw")
-        built = None
+    if path.is_file():
+        ivf, built = GlobalIndex.load(path, "faiss_ivf"), None
     else:
-        import hashlib
-
-        graph = GlobalIndex(db, backend="faiss_hnsw")
-        stamp = hashlib.sha256(json.dumps(index.manifest.shards).encode()).hexdigest()[:16]
-        graph.save(index_dir / f"global.{stamp}.hnsw")
+        ivf = GlobalIndex(db, backend="faiss_ivf")
+        ivf.save(path)
         built = time.perf_counter() - start
-    rng = np.random.default_rng(1)
-    q = torch.from_numpy(rng.standard_normal((queries, db.shape[1])).astype(np.float32))
-    q = q / q.norm(dim=1, keepdim=True)
-    _, approx = graph.search(q, k)
+    generator = torch.Generator().manual_seed(1)
+    q = clustered(queries, db.shape[1], generator)  # queries from the database's distribution
+    _, approx = ivf.search(q, k)
     _, exact = GlobalIndex(db, backend="faiss_flat").search(q, k)
-    recall = np.mean([len(set(a.tolist()) & set(e.tolist())) / k for a, e in zip(approx, exact, strict=True)])
-    return {"hnsw_build_seconds": built, "hnsw_recall_at_100": float(recall)}
+    found = [len(set(a.tolist()) & set(e.tolist())) / k for a, e in zip(approx, exact, strict=True)]
+    top10 = [len(set(a.tolist()) & set(e[:10].tolist())) / 10 for a, e in zip(approx, exact, strict=True)]
+    return {
+        "ivf_lists": int(ivf._index.nlist),
+        "ivf_build_seconds": built,
+        "ivf_recall_at_100": float(np.mean(found)),
+        "ivf_top10_in_100": float(np.mean(top10)),
+    }
 
 
 def serve(
@@ -200,7 +216,7 @@ def main() -> None:
     rows = []
     for size in args.sizes:
         index_dir = args.work / f"index-{size}"
-        row = {"size": size, **write_index(run_dir, index_dir, size), **hnsw(index_dir)}
+        row = {"size": size, **write_index(run_dir, index_dir, size), **first_stage(index_dir)}
         row["load"], row["serve_peak_rss_mib"] = serve(run_dir, index_dir, args.clients, args.requests)
         rows.append(row)
         print(json.dumps(row, indent=2), flush=True)

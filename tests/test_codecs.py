@@ -106,8 +106,8 @@ def test_an_interrupted_pq_build_resumes_to_the_same_index(env, tmp_path, monkey
         assert filecmp.cmp(path, twin, shallow=False), path.name
 
 
-def test_a_large_index_shortlists_with_an_hnsw_graph_built_once(env, tmp_path, monkeypatch):
-    """Above APPROXIMATE_ABOVE images the first stage is FAISS HNSW, its graph kept with the index."""
+def test_a_large_index_shortlists_with_ivf_lists_built_once(env, tmp_path, monkeypatch):
+    """Above APPROXIMATE_ABOVE images the first stage is FAISS IVF, its lists kept with the index."""
     import shutil
 
     from patchword.eval import two_stage
@@ -118,13 +118,13 @@ def test_a_large_index_shortlists_with_an_hnsw_graph_built_once(env, tmp_path, m
     assert exact.backend == "faiss_flat"
     monkeypatch.setattr(query, "APPROXIMATE_ABOVE", 10)
     first = Searcher(SearchIndex.open(tmp_path / "idx"), env.run)
-    assert first.backend == "faiss_hnsw" and len(list((tmp_path / "idx").glob("global.*.hnsw"))) == 1
+    assert first.backend == "faiss_ivf" and len(list((tmp_path / "idx").glob("global.*.ivf"))) == 1
     built = two_stage.GlobalIndex.__init__
-    monkeypatch.setattr(two_stage.GlobalIndex, "__init__", lambda *a, **k: pytest.fail("graph rebuilt"))
-    second = Searcher(SearchIndex.open(tmp_path / "idx"), env.run)  # loads the kept graph
+    monkeypatch.setattr(two_stage.GlobalIndex, "__init__", lambda *a, **k: pytest.fail("IVF lists rebuilt"))
+    second = Searcher(SearchIndex.open(tmp_path / "idx"), env.run)  # loads the kept lists
     monkeypatch.setattr(two_stage.GlobalIndex, "__init__", built)
     captions, _ = caption_queries(env)
-    for caption in captions[:10]:  # 24 images: the graph finds the exact shortlist
+    for caption in captions[:10]:  # 24 images: one list, scanned whole: the exact shortlist
         want = [h.id for h in exact.search(caption, k=8).hits]
         assert [h.id for h in first.search(caption, k=8).hits] == want
         assert [h.id for h in second.search(caption, k=8).hits] == want

@@ -12,6 +12,7 @@ import argparse
 import copy
 import json
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -96,6 +97,10 @@ def official_config(**changes):
     return config
 
 
+# configs/{f30k,coco}_all.yaml of the released runs: TERAN's post-processing before img_proj (4 layers there)
+RELEASED = {"image-model.transformer-layers": 2, "image-model.pos-encoding": "concat-and-process"}
+
+
 def bert_config(layers=1, **changes):
     return transformers.BertConfig(**{**BERT, "num_hidden_layers": layers, **changes})
 
@@ -168,13 +173,15 @@ def nothing_written(tmp_path, out):
     "changes",
     [
         {},
+        RELEASED,
+        {**RELEASED, "image-model.pos-encoding": "project-and-sum", "image-model.transformer-layers": 1},
         {
             "model.text-aggregation": "sum",
             "model.shared-transformer": True,
             "training.loss-type": "alignment",
         },
     ],
-    ids=["released-layout", "sum-shared"],
+    ids=["no-post-processing", "released-configs", "project-and-sum", "sum-shared"],
 )
 def test_tgdt_import_scores_as_official(tmp_path, hf_text, changes):
     from patchword.runs import load_run
@@ -190,43 +197,58 @@ def test_tgdt_import_scores_as_official(tmp_path, hf_text, changes):
     expected = {k for k in state if any(u in k for u in unused) or k.startswith(("img_first", "cap_first"))}
     assert {k for k in record["ignored"] if k in state} == expected
     assert {"optimizer", "scheduler"} <= set(record["ignored"])
-    # the rest is loaded: cap_proj under two names, img_proj.bias also as the global token, and with a
-    # shared transformer its 12 tensors per layer in both modalities
-    twice = 3 + (12 if changes.get("model.shared-transformer") else 0)
+    # the rest is loaded: cap_proj under two names, img_proj.bias also as the global token (without the
+    # post-processing; with it the zero slot runs through it), a shared transformer's 12 tensors per layer
+    # in both modalities
+    post = changes.get("image-model.pos-encoding") is not None
+    twice = 2 + (0 if post else 1) + (12 if changes.get("model.shared-transformer") else 0)
     assert record["loaded"] == len(state) - len(expected) + twice
     run = load_run(out)
     tg = run.config.model.tgdt
     assert (tg.skip_text_head, tg.skip_text_tail, tg.local_scale) == (1, 2, 10.0)
-    assert tg.inference == ("local" if changes else "hybrid")
+    assert tg.inference == ("local" if "training.loss-type" in changes else "hybrid")
     assert run.config.data.tokenizer == "bert" and run.tokenizer.vocab["w0"] == 5
+    assert run.config.data.region_boxes == post
+    assert run.config.model.precomp.post.layers == changes.get("image-model.transformer-layers", 0)
 
-    regions = torch.randn(3, 36, 12, generator=torch.Generator().manual_seed(5))
+    gen = torch.Generator().manual_seed(5)
+    regions = torch.randn(3, 36, 12, generator=gen)
+    corner = torch.rand(3, 36, 2, generator=gen) * 0.6
+    boxes = torch.cat([corner, corner + 0.05 + torch.rand(3, 36, 2, generator=gen) * 0.35], dim=2)
     caps, ids, lens = captions()
     model = run.model.eval()
     with torch.no_grad():
-        img, cap = model.encode_images(regions), model.encode_texts(ids, lens)
+        pixels = torch.cat([regions, boxes], dim=2) if post else regions  # what the precomp loader gives
+        img, cap = model.encode_images(pixels), model.encode_texts(ids, lens)
         ours = {
             mode: model.matcher.with_inference(mode).eval()(img, cap, lens).sims
             for mode in ("global", "local", "hybrid")
         }
-    official = official_tgdt_scores(state, config, bert_config(1), regions, caps)
+    # evaluation: the official test-time forward (switch_test(): local tokens from stage 1)
+    official = official_tgdt_scores(
+        state, config, bert_config(1), regions, caps, boxes=boxes if post else None, istest=True
+    )
     for mode, sims in ours.items():
         diff = (sims - official[mode]).abs().max().item()
-        print(f"TGDT {changes or 'released'} {mode}: max |imported - official| = {diff:.2e}")
+        print(f"TGDT {changes or 'no post-processing'} {mode}: max |imported - official| = {diff:.2e}")
         assert diff < TOL, mode
     assert official["local"].abs().max() > 1.0  # the local score is not trivially small
-    # the official test-time forward (switch_test) gives the same global scores; its local score reads the
-    # stage-1 tokens, which patchword's TGDT does not keep apart (documented in imports/tgdt.py)
-    at_test = official_tgdt_scores(state, config, bert_config(1), regions, caps, istest=True)
-    assert (at_test["global"] - ours["global"]).abs().max() < TOL
-    print(f"official test-time local vs imported local: {(at_test['local'] - ours['local']).abs().max():.3f}")
+    # training: the official training forward's local similarity reads the final (stage-2) tokens
+    at_train = official_tgdt_scores(
+        state, config, bert_config(1), regions, caps, boxes=boxes if post else None
+    )
+    with torch.no_grad():
+        trained = model.matcher.train()(img, cap, lens).sims
+    model.matcher.eval()
+    assert (trained - at_train["local"]).abs().max() < TOL
+    assert (at_train["local"] - official["local"]).abs().max() > 0.1  # the two token sets differ
 
 
 @pytest.mark.parametrize(
     ("key", "value"),
     [
-        ("image-model.transformer-layers", 4),
-        ("image-model.pos-encoding", "concat-and-process"),
+        ("image-model.transformer-layers", -1),
+        ("image-model.pos-encoding", "learned"),
         ("text-model.layers", 1),
         ("model.exclude-stopwords", True),
         ("model.text-aggregation", "gated"),
@@ -372,3 +394,64 @@ def test_ucmfh_cli_smoke(tmp_path):
     small = ["data.num_train=8", "data.num_query=8", "data.synthetic_num_retrieval=16", "eval.ks=[1,5]"]
     assert main(["hash", "eval", str(out), "--out", str(tmp_path / "eval.json"), *small]) == 0
     assert json.loads((tmp_path / "eval.json").read_text())["fusion"] == "official_fused"
+
+
+def test_tgdt_released_layout_evaluates_with_boxes_from_the_cli(tmp_path, hf_text, capsys):
+    """A checkpoint of the released configs (post-processing + box encoding) imports, and `patchword eval`
+    scores it on a precomp directory with {split}_boxes.npy; without the boxes, one line naming the file."""
+    from patchword.cli import main
+    from patchword.data.precomp import write_precomp_split
+
+    ckpt = tmp_path / "model_best_rsum.pth.tar"
+    config = official_config(**RELEASED)
+    state = write_tgdt(ckpt, config)
+    out = tmp_path / "run"
+    assert main(["import", str(ckpt), "--out", str(out), "--hf-text", str(hf_text)]) == 0
+    rng = np.random.default_rng(0)
+    corner = rng.uniform(0, 0.6, (4, 36, 2))
+    boxes = np.concatenate([corner, corner + rng.uniform(0.05, 0.4, (4, 36, 2))], axis=2)
+    caps = [" ".join(rng.choice(WORDS[5:], 5)) for _ in range(20)]
+    data, regions = tmp_path / "precomp", rng.standard_normal((4, 36, 12)).astype(np.float32)
+    write_precomp_split(data, "test", regions, caps, boxes=boxes)
+    args = ["eval", str(out), f"data.root={data}", "eval.split=test", "--out", str(tmp_path / "eval.json")]
+    assert main(args) == 0
+    metrics = json.loads((tmp_path / "eval.json").read_text())
+    # the same recalls as the official hybrid score (shortlists 50 / 100 hold every item here)
+    from patchword.eval.metrics import retrieval_metrics
+    from patchword.runs import load_run
+
+    tokenizer = load_run(out).tokenizer
+    ids = [torch.tensor(tokenizer.encode(c)) for c in caps]
+    boxes_t = torch.from_numpy(boxes).float()
+    official = official_tgdt_scores(
+        state, config, bert_config(1), torch.from_numpy(regions), ids, boxes=boxes_t, istest=True
+    )
+    want = retrieval_metrics(official["hybrid"], np.arange(20) // 5)
+    assert metrics["images"] == 4 and metrics["rsum"] > 0
+    for key in ("i2t_r1", "i2t_r5", "t2i_r1", "t2i_r5", "rsum"):
+        assert metrics[key] == pytest.approx(want[key]), key
+    (data / "test_boxes.npy").rename(data / "moved.npy")
+    assert main([*args[:-2], "--out", str(tmp_path / "eval2.json")]) == 2
+    err = capsys.readouterr().err
+    assert "test_boxes.npy" in err and "Traceback" not in err
+    assert main([*args[:-2], "data.region_boxes=false", "--out", str(tmp_path / "eval3.json")]) == 2
+    assert "data.region_boxes" in capsys.readouterr().err
+
+
+def test_region_boxes_are_checked_and_appended(tmp_path):
+    from patchword.data.precomp import RegionFeatures, load_region_boxes, write_precomp_split
+    from patchword.errors import DataError
+
+    feats = np.arange(2 * 3 * 2, dtype=np.float32).reshape(2, 3, 2)
+    boxes = np.tile(np.array([0.1, 0.2, 0.5, 0.9], np.float32), (2, 3, 1))
+    write_precomp_split(tmp_path, "dev", feats, ["a b"] * 2, boxes=boxes)
+    loaded = load_region_boxes(tmp_path, "dev", feats.shape)
+    batch = RegionFeatures(feats, loaded).batch(torch.tensor([1]), train=False)
+    assert batch.shape == (1, 3, 6)
+    assert batch[0, 2].tolist() == pytest.approx([10.0, 11.0, 0.1, 0.2, 0.5, 0.9])
+    np.save(tmp_path / "dev_boxes.npy", boxes * 640)  # pixels, not normalised
+    with pytest.raises(DataError, match=r"dev_boxes.npy: box coordinates range over \[64, 576\]"):
+        load_region_boxes(tmp_path, "dev", feats.shape)
+    np.save(tmp_path / "dev_boxes.npy", boxes[:, :2])
+    with pytest.raises(DataError, match=r"expected float boxes of shape \(2, 3, 4\)"):
+        load_region_boxes(tmp_path, "dev", feats.shape)

@@ -164,6 +164,67 @@ def test_region_and_text_transformers_feed_the_matcher():
     torch.testing.assert_close(padded[:, :4], alone, atol=1e-5, rtol=1e-5)
 
 
+def test_stage1_local_tokens_are_the_first_half_of_the_stack_in_eval_only():
+    """emit_stage1 hands over [final, after half the layers]; local_tokens=stage1 scores eval-mode local
+    similarity on the second part and everything else (global, training) on the first."""
+    ctx = ContextTransformer(
+        8, ContextConfig(layers=4, heads=2, ffn_dim=16, dropout=0.0, emit_stage1=True)
+    ).eval()
+    words, lens = torch.randn(3, 6, 8), torch.tensor([6, 4, 5])
+    both = ctx(words, lens)
+    half = words
+    mask = torch.arange(6)[None] >= lens[:, None]
+    for layer in ctx.layers[:2]:
+        half = layer(half, src_key_padding_mask=mask)
+    final = half
+    for layer in ctx.layers[2:]:
+        final = layer(final, src_key_padding_mask=mask)
+    assert both.shape == (3, 6, 16)
+    torch.testing.assert_close(both[..., :8], final)
+    torch.testing.assert_close(both[..., 8:], half)
+    img, cap, lens = _inputs()
+    img2 = torch.cat([img, torch.randn_like(img)], -1)
+    cap2 = torch.cat([cap, torch.randn_like(cap)], -1)
+    m = build_matcher("tgdt", embed_dim=8, local_tokens="stage1", inference="local").eval()
+    img_s1 = torch.cat([img2[:, :1, :8], img2[:, 1:, 8:]], 1)  # global slot of the final tokens
+    torch.testing.assert_close(
+        m(img2, cap2, lens).sims, ref_local(img_s1, cap2[..., 8:], lens), atol=1e-4, rtol=1e-5
+    )
+    torch.testing.assert_close(
+        m.train()(img2, cap2, lens).sims, ref_local(img, cap, lens), atol=1e-4, rtol=1e-5
+    )
+    g = m.eval().with_inference("global")(img2, cap2, lens).sims
+    torch.testing.assert_close(g, ref_global(img, cap))
+    with pytest.raises(ValueError, match="even number"):
+        ContextTransformer(8, ContextConfig(layers=3, heads=2, emit_stage1=True))
+
+
+def test_stage1_tokens_without_both_emitters_is_one_config_error():
+    from patchword.errors import ConfigError
+    from patchword.model import ModelConfig, build_model
+
+    cfg = ModelConfig(
+        matcher="tgdt",
+        embed_dim=8,
+        image_encoder="precomp",
+        precomp=PrecompConfig(
+            region_dim=12,
+            num_regions=5,
+            context=ContextConfig(layers=2, heads=2, global_token=True, emit_stage1=True),
+        ),
+        text_context=ContextConfig(layers=2, heads=2),
+    )
+    cfg.tgdt.local_tokens = "stage1"
+    with pytest.raises(ConfigError) as err:
+        build_model(cfg, vocab_size=30)
+    assert err.value.key == "model.text_context.emit_stage1"
+    cfg.text_context.emit_stage1 = True
+    build_model(cfg, vocab_size=30)
+    cfg.tgdt.local_tokens = "final"
+    with pytest.raises(ConfigError, match="only model.tgdt.local_tokens=stage1"):
+        build_model(cfg, vocab_size=30)
+
+
 def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="inference"):
         build_matcher("tgdt", embed_dim=8, inference="fused")

@@ -127,7 +127,7 @@ def test_exact_index_blocks_and_validation():
 
 
 @pytest.mark.skipif(not faiss_available(), reason="faiss is an optional extra (pip install faiss-cpu)")
-def test_faiss_flat_equals_exact_and_hnsw_is_close():
+def test_faiss_flat_equals_exact_and_the_approximate_indexes_are_close():
     g = torch.Generator().manual_seed(0)
     db = torch.nn.functional.normalize(torch.randn(500, 24, generator=g), dim=1)
     q = torch.nn.functional.normalize(torch.randn(60, 24, generator=g), dim=1)
@@ -137,6 +137,13 @@ def test_faiss_flat_equals_exact_and_hnsw_is_close():
     _, hnsw_idx = GlobalIndex(db, backend="faiss_hnsw", ef_search=128).search(q, 10)
     overlap = sum(len(set(a.tolist()) & set(b.tolist())) for a, b in zip(hnsw_idx, exact_idx, strict=True))
     assert overlap / exact_idx.numel() >= 0.9
+    # IVF scanning every list is exact; by default it scans nlist // 8 of them
+    ivf = GlobalIndex(db, backend="faiss_ivf", nlist=8, nprobe=8)
+    ivf_scores, ivf_idx = ivf.search(q, 10)
+    assert torch.equal(ivf_idx, exact_idx) and torch.allclose(ivf_scores, exact_scores, atol=1e-5)
+    default = GlobalIndex(db, backend="faiss_ivf", nlist=16)
+    default.search(q, 10)
+    assert default._index.nprobe == 2
 
     img, caps, lens, txt2img = _split(12, seed=2)
     m = _seps()

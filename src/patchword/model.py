@@ -250,6 +250,25 @@ def started_pretrained(cfg: ModelConfig) -> tuple[bool, bool]:
     )
 
 
+def _check_stage1_tokens(cfg: ModelConfig) -> None:
+    """TGDT's stage-1 local tokens need both context transformers to hand them over; only TGDT reads them."""
+    wants = cfg.matcher == "tgdt" and cfg.tgdt.local_tokens == "stage1"
+    emitters = {"model.text_context.emit_stage1": cfg.text_context.emit_stage1}
+    if cfg.image_encoder == "precomp":
+        emitters["model.precomp.context.emit_stage1"] = cfg.precomp.context.emit_stage1
+    for key, emits in emitters.items():
+        if emits != wants:
+            raise ConfigError(
+                key,
+                f"is {emits}, but {'' if wants else 'only '}model.tgdt.local_tokens=stage1 (TGDT's official "
+                "test-time local tokens) reads stage-1 tokens: set it and both emit_stage1 flags together",
+            )
+    if wants and cfg.image_encoder != "precomp":
+        raise ConfigError(
+            "model.tgdt.local_tokens", "stage1 needs the region encoder (model.image_encoder=precomp)"
+        )
+
+
 def build_model(
     cfg: ModelConfig,
     vocab_size: int | None = None,
@@ -303,6 +322,7 @@ def build_model(
         text_encoder = build_text_encoder(gru_cfg, vocab_size=vocab_size, words=vocab_words)
     else:
         raise ValueError(f"model.text_encoder must be 'tiny', 'bert' or 'gru', got {cfg.text_encoder!r}")
+    _check_stage1_tokens(cfg)
     if cfg.text_context.layers:
         if cfg.text_context.global_token:
             raise ValueError("model.text_context.global_token is unsupported: text token 0 is the global one")

@@ -66,7 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     two_stage.add_argument("--checkpoint", default=None, help="weights file in the run (default best.pt)")
     two_stage.add_argument("--ks", default="16,64,128,256", help="comma-separated shortlist sizes")
     two_stage.add_argument("--alpha", type=float, default=1.0, help="also run k=128 with alpha*global + fine")
-    two_stage.add_argument("--backend", default="exact", choices=["exact", "faiss_flat", "faiss_hnsw"])
+    two_stage.add_argument(
+        "--backend", default="exact", choices=["exact", "faiss_flat", "faiss_ivf", "faiss_hnsw"]
+    )
     two_stage.add_argument("--two-stage-repeats", type=int, default=2, help="timing repeats (best kept)")
 
     parser = argparse.ArgumentParser(

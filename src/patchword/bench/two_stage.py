@@ -43,7 +43,7 @@ def run_two_stage(
         alpha: weight of the global score in one more row at ``k = alpha_k`` (0 skips it).
         repeats: timing repeats (best kept).
         max_memory_mb: the scoring engine's working-memory budget.
-        backend: the shortlist index, ``exact``, ``faiss_flat`` or ``faiss_hnsw``.
+        backend: the shortlist index, ``exact``, ``faiss_flat``, ``faiss_ivf`` or ``faiss_hnsw``.
 
     Returns:
         A JSON-able dict: ``machine``, ``model`` (the run and its model config), ``backend``, ``rows``

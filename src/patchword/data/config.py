@@ -54,6 +54,8 @@ class DataConfig:
     # or shipped name, see model.tiny_pretrained) whose vocabulary to use ("" = build from the train text)
     vocab_min_count: int = 1  # tokenizer=word: keep words seen this often in training text (SCAN: 4)
     mmap: bool = True  # precomp: memory-map {split}_ims.npy instead of loading it
+    region_boxes: bool = False  # precomp: append each region's normalised box from {split}_boxes.npy
+    # (N_img, R, 4) to its feature, for a region encoder that encodes boxes (model.precomp.post.box_encoding)
     num_regions: int = 36  # synthetic_regions: regions per image
     region_dim: int = 256  # synthetic_regions: feature width
     boxes_per_object: int = 3  # synthetic_regions: regions per object

@@ -6,7 +6,10 @@
   read-only memory map, so an 8.5 GB training file costs no RAM until batches touch it (the official
   loaders ``np.load`` it whole);
 * ``{split}_caps.txt``: one caption per line, the captions of image k on consecutive lines;
-* ``{split}_ids.txt`` (optional): image ids, one per image or one per caption.
+* ``{split}_ids.txt`` (optional): image ids, one per image or one per caption;
+* ``{split}_boxes.npy`` (with ``data.region_boxes=true``): float (N_img, R, 4) boxes ``[x1, y1, x2, y2]``
+  normalised by the image width and height (TERAN / TGDT's ``bu_box`` divided by the image size), appended
+  to each region's feature as four trailing channels for a region encoder that encodes boxes.
 
 Captions map to images by SCAN's ``im_div`` rule generalised: with N_caps = c * N_img, caption k belongs
 to image k // c (official: c = 5 if N_img != N_caps else 1; any other count silently misaligns there and
@@ -32,6 +35,7 @@ from patchword.data.textfiles import read_lines
 __all__ = [
     "RegionFeatures",
     "load_precomp_split",
+    "load_region_boxes",
     "check_finite_rows",
     "write_precomp_split",
 ]
@@ -42,19 +46,22 @@ PathLike = str | os.PathLike[str]
 
 
 class RegionFeatures:
-    """An ``ImageSource`` over a (N_img, R, D) array (in memory or memory-mapped).
+    """An ``ImageSource`` over a (N_img, R, D) array (in memory or memory-mapped), optionally with boxes.
 
-    ``batch(indices, train)`` returns (B, R, D) float32 features of those images (no augmentation; the
-    official region models use none).
+    ``batch(indices, train)`` returns (B, R, D) float32 features of those images, or (B, R, D + 4) with each
+    region's box last when ``boxes`` (N_img, R, 4) are given (no augmentation; the official region models
+    use none).
     """
 
-    def __init__(self, features: np.ndarray) -> None:
+    def __init__(self, features: np.ndarray, boxes: np.ndarray | None = None) -> None:
         if not isinstance(features, np.ndarray) or features.ndim != 3:
             shape = getattr(features, "shape", None)
             raise ValueError(f"region features must be a (N_img, R, D) array, got shape {shape}")
         if not np.issubdtype(features.dtype, np.floating):
             raise ValueError(f"region features must be floating point, got dtype {features.dtype}")
-        self.features = features
+        if boxes is not None and boxes.shape != (*features.shape[:2], 4):
+            raise ValueError(f"boxes must be (N_img, R, 4) = {(*features.shape[:2], 4)}, got {boxes.shape}")
+        self.features, self.boxes = features, boxes
 
     def __len__(self) -> int:
         return self.features.shape[0]
@@ -70,7 +77,10 @@ class RegionFeatures:
     def batch(self, indices: torch.Tensor, train: bool) -> torch.Tensor:
         idx = np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices, dtype=np.int64)
         # Fancy indexing reads exactly these rows (from disk for a memory map) into a new array.
-        return torch.from_numpy(np.ascontiguousarray(self.features[idx], dtype=np.float32))
+        rows = np.ascontiguousarray(self.features[idx], dtype=np.float32)
+        if self.boxes is not None:
+            rows = np.concatenate([rows, np.asarray(self.boxes[idx], dtype=np.float32)], axis=2)
+        return torch.from_numpy(rows)
 
 
 # ------------------------------------------------------------------------------------------ SCAN layout
@@ -153,10 +163,47 @@ def load_precomp_split(
     return RetrievalSplit(name=split, images=feats, captions=captions, txt2img=txt2img, image_ids=image_ids)
 
 
+def load_region_boxes(root: PathLike, split: str, shape: tuple[int, ...]) -> np.ndarray:
+    """``{split}_boxes.npy`` of a SCAN-layout directory: (N_img, R, 4) normalised boxes, in memory.
+
+    Args:
+        shape: the split's feature array shape (N_img, R, D): the boxes must give every region one box.
+
+    Raises:
+        FileNotFoundError: no boxes file; DataError: not a float (N_img, R, 4) array, non-finite values, or
+            coordinates outside [0, 1] (boxes in pixels: divide them by the image width and height).
+    """
+    from patchword.errors import DataError
+
+    path = Path(root) / f"{split}_boxes.npy"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"region boxes not found: {path} "
+            "(data.region_boxes=true reads {split}_boxes.npy, (N_img, R, 4))"
+        )
+    boxes = load_npy(path, mmap=False, fix="write the boxes with numpy.save as a float (N_img, R, 4) array")
+    want = (*shape[:2], 4)
+    if boxes.shape != want or not np.issubdtype(boxes.dtype, np.floating):
+        raise DataError(f"{path}: expected float boxes of shape {want}, got {boxes.dtype} {boxes.shape}")
+    check_finite_rows(boxes, path)
+    if boxes.min() < 0 or boxes.max() > 1:
+        raise DataError(
+            f"{path}: box coordinates range over [{boxes.min():g}, {boxes.max():g}]; they must be normalised "
+            "to [0, 1] by the image width and height ([x1, y1, x2, y2] / [w, h, w, h])"
+        )
+    return boxes.astype(np.float32, copy=False)
+
+
 def write_precomp_split(
-    root: PathLike, split: str, features: np.ndarray, captions: list[str], image_ids: list[str] | None = None
+    root: PathLike,
+    split: str,
+    features: np.ndarray,
+    captions: list[str],
+    image_ids: list[str] | None = None,
+    boxes: np.ndarray | None = None,
 ) -> None:
-    """Write a split in the SCAN layout: ``{split}_ims.npy`` (float32), ``_caps.txt`` and ``_ids.txt``.
+    """Write a split in the SCAN layout: ``{split}_ims.npy`` (float32), ``_caps.txt``, ``_ids.txt`` and
+    (given ``boxes``, (N_img, R, 4) normalised) ``_boxes.npy``.
 
     ``captions`` must list the captions of image 0, then image 1, ... with the same count per image.
     """
@@ -173,3 +220,8 @@ def write_precomp_split(
     (root / f"{split}_caps.txt").write_text("".join(c + "\n" for c in captions), encoding="utf-8")
     if image_ids is not None:
         (root / f"{split}_ids.txt").write_text("".join(f"{i}\n" for i in image_ids), encoding="utf-8")
+    if boxes is not None:
+        boxes = np.asarray(boxes, dtype=np.float32)
+        if boxes.shape != (*features.shape[:2], 4):
+            raise ValueError(f"boxes must be (N_img, R, 4) = {(*features.shape[:2], 4)}, got {boxes.shape}")
+        np.save(root / f"{split}_boxes.npy", boxes)

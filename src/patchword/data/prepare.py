@@ -256,12 +256,19 @@ def _without_bad_images(split: RetrievalSplit, what: str, skip: bool) -> Retriev
 
 
 def _precomp(dc: DataConfig, roles: Sequence[str]) -> RawData:
-    from patchword.data.precomp import RegionFeatures, load_precomp_split
+    from patchword.data.precomp import RegionFeatures, load_precomp_split, load_region_boxes
 
     raw = {role: load_precomp_split(dc.root, getattr(dc, f"{role}_split"), mmap=dc.mmap) for role in roles}
-    return RawData(
-        raw, {role: RegionFeatures(raw[role].images) for role in roles}, {role: None for role in roles}
-    )
+    sources = {
+        role: RegionFeatures(
+            split.images,
+            load_region_boxes(dc.root, getattr(dc, f"{role}_split"), split.images.shape)
+            if dc.region_boxes
+            else None,
+        )
+        for role, split in raw.items()
+    }
+    return RawData(raw, sources, {role: None for role in roles})
 
 
 def load_raw_data(dc: DataConfig, roles: Sequence[str] = ROLES, *, use_dense: bool | None = None) -> RawData:

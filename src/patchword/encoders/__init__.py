@@ -19,6 +19,7 @@ from patchword.encoders.base import EncoderBase, padding_mask, projection
 from patchword.encoders.context import ContextConfig, ContextTransformer, ContextualTextEncoder
 from patchword.encoders.hf import HFTextConfig, HFTextEncoder, HFVisionConfig, HFVisionEncoder
 from patchword.encoders.precomp import PrecompConfig, PrecompRegionEncoder
+from patchword.encoders.region_post import RegionPostConfig, RegionPostProcessor
 from patchword.encoders.rnn import BiGRUTextEncoder, GRUTextConfig, load_glove
 from patchword.encoders.tiny import TinyTextConfig, TinyTextTransformer, TinyViT, TinyViTConfig
 
@@ -36,6 +37,8 @@ __all__ = [
     "ImageEncoderConfig",
     "PrecompConfig",
     "PrecompRegionEncoder",
+    "RegionPostConfig",
+    "RegionPostProcessor",
     "TextEncoderConfig",
     "TinyTextConfig",
     "TinyTextTransformer",

@@ -34,6 +34,9 @@ class ContextConfig:
     ffn_dim: int = 2048  # feed-forward hidden size (official 2048)
     dropout: float = 0.1  # dropout inside every layer (official 0.1)
     global_token: bool = False  # prepend a learned token whose output is the global embedding
+    # also return the tokens after the first half of the layers (TGDT's stage 1) as C trailing channels:
+    # (B, L, 2C) = [final, stage 1], for the official test-time local similarity (model.tgdt.local_tokens)
+    emit_stage1: bool = False
 
 
 class ContextTransformer(nn.Module):
@@ -50,6 +53,8 @@ class ContextTransformer(nn.Module):
             raise ValueError(f"layers must be >= 0, got {cfg.layers}")
         if cfg.layers and width % cfg.heads:
             raise ValueError(f"heads ({cfg.heads}) must divide the token width ({width})")
+        if cfg.emit_stage1 and (cfg.layers < 2 or cfg.layers % 2):
+            raise ValueError(f"emit_stage1 needs an even number of layers (two stages), got {cfg.layers}")
         self.cfg = cfg
         self.layers = nn.ModuleList(
             nn.TransformerEncoderLayer(
@@ -67,7 +72,8 @@ class ContextTransformer(nn.Module):
             nn.init.trunc_normal_(self.global_token, std=0.02)
 
     def forward(self, tokens: torch.Tensor, lens: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, L, C) tokens and optional (B,) valid lengths -> (B, L', C), L' = L + 1 with a global token.
+        """(B, L, C) tokens and optional (B,) valid lengths -> (B, L', C), L' = L + 1 with a global token
+        ((B, L', 2C) with ``emit_stage1``: the final tokens, then those after the first half of the layers).
 
         Positions at or beyond ``lens`` are excluded from attention (their outputs are meaningless).
         """
@@ -78,9 +84,12 @@ class ContextTransformer(nn.Module):
             if lens is not None:
                 lens = lens + 1
         mask = None if lens is None else padding_mask(lens.to(tokens.device), tokens.shape[1])
-        for layer in self.layers:
+        stage1, half = None, len(self.layers) // 2
+        for depth, layer in enumerate(self.layers, start=1):
             tokens = layer(tokens, src_key_padding_mask=mask)
-        return tokens
+            if self.cfg.emit_stage1 and depth == half:
+                stage1 = tokens
+        return tokens if stage1 is None else torch.cat([tokens, stage1], dim=-1)
 
 
 class ContextualTextEncoder(EncoderBase):

@@ -135,6 +135,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
     from patchword.data.prepare import eval_role, prepare_data
     from patchword.errors import ConfigError
     from patchword.eval.protocol import ensemble_metrics, evaluate
+    from patchword.run_checks import check_model_data
     from patchword.runs import config_hash, load_run, read_run_config, resolve_checkpoint
 
     overrides = list(overrides or [])
@@ -166,6 +167,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
                 local_files_only=mcfg.model.hf_local_files_only,
             )
         data = prepared[key]
+        check_model_data(mcfg, model, data)
         split = data.splits[role]
         if reference is None:
             reference = (mcfg, data, split, model)

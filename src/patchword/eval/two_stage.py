@@ -6,7 +6,8 @@ the token-level similarity, optionally as the hybrid ``d_g + d_l``. Here:
 1. every matcher's ``global_embed`` gives L2-normalised image and caption embeddings;
 2. a :class:`GlobalIndex` returns the top-k candidates of every query in each direction: exact inner
    products with torch (default, blocked matmul + top-k), or FAISS ``IndexFlatIP`` (the same results up
-   to ties) or ``IndexHNSWFlat`` (approximate) when the optional ``faiss`` package is installed;
+   to ties), ``IndexIVFFlat`` or ``IndexHNSWFlat`` (approximate) when the optional ``faiss`` package is
+   installed;
 3. the fine matcher scores the union of the shortlisted pairs once each (``ScoringEngine.score_pairs``,
    the same exact engine as :func:`~patchword.eval.engine.score_matrix`);
 4. the result is a pair of (N_img, N_txt) matrices ``(sims_i2t, sims_t2i)`` holding ``alpha * global +
@@ -37,9 +38,24 @@ from patchword.matching.base import Matcher
 if TYPE_CHECKING:
     from patchword.distributed import Distributed
 
-__all__ = ["GlobalIndex", "TwoStageResult", "global_embeddings", "two_stage_scores", "faiss_available"]
+__all__ = [
+    "APPROXIMATE_BACKENDS",
+    "GlobalIndex",
+    "TwoStageResult",
+    "faiss_available",
+    "global_embeddings",
+    "ivf_lists",
+    "two_stage_scores",
+]
 
-_BACKENDS = ("exact", "faiss_flat", "faiss_hnsw")
+_BACKENDS = ("exact", "faiss_flat", "faiss_ivf", "faiss_hnsw")
+APPROXIMATE_BACKENDS = ("faiss_ivf", "faiss_hnsw")
+
+
+def ivf_lists(size: int) -> int:
+    """Inverted lists of the IVF index over ``size`` vectors: ``4 sqrt(N)`` (FAISS's guideline), at most
+    ``N / 39`` so k-means has 39 training points per centroid."""
+    return max(1, min(int(4 * size**0.5), size // 39))
 
 
 def faiss_available() -> bool:
@@ -69,8 +85,11 @@ class GlobalIndex:
         database: (N, C) embeddings (any float dtype; searched in float32).
         backend: ``"exact"`` (torch matmul + top-k in query blocks), ``"faiss_flat"`` (FAISS
             ``IndexFlatIP``: exact, same results as ``"exact"`` up to ties and float rounding) or
-            ``"faiss_hnsw"`` (FAISS ``IndexHNSWFlat`` with inner product: approximate, faster on large
-            databases).
+            ``"faiss_ivf"`` (FAISS ``IndexIVFFlat``: k-means lists, the ``nprobe`` lists nearest the query
+            scanned exactly: approximate, built in seconds) or ``"faiss_hnsw"`` (FAISS ``IndexHNSWFlat``
+            with inner product: approximate, slow to build; docs/search.md compares them).
+        nlist: IVF lists (default :func:`ivf_lists`); ``nprobe``: lists scanned per query (default
+            ``nlist // 8``: 97% of the exact top-100 on benchmarks/ann_recall.py's clustered data).
         hnsw_m: HNSW graph degree. ``ef_search`` / ``ef_construction``: HNSW search/build breadth.
         max_memory_mb: bound on the (queries x N) score block of the exact backend.
     """
@@ -80,6 +99,8 @@ class GlobalIndex:
         database: torch.Tensor,
         *,
         backend: str = "exact",
+        nlist: int | None = None,
+        nprobe: int | None = None,
         hnsw_m: int = 32,
         ef_search: int = 256,
         ef_construction: int = 200,
@@ -92,7 +113,7 @@ class GlobalIndex:
         self.backend = backend
         self.size, self.dim = database.shape
         self._budget = budget_bytes(max_memory_mb)
-        self._ef_search = ef_search
+        self._ef_search, self._nprobe = ef_search, nprobe
         if backend == "exact":
             self._db = database.detach().float()
             return
@@ -100,6 +121,14 @@ class GlobalIndex:
         data = database.detach().float().cpu().contiguous().numpy()
         if backend == "faiss_flat":
             self._index = faiss.IndexFlatIP(self.dim)
+        elif backend == "faiss_ivf":
+            lists = nlist or ivf_lists(self.size)
+            self._index = faiss.IndexIVFFlat(
+                faiss.IndexFlatIP(self.dim), self.dim, lists, faiss.METRIC_INNER_PRODUCT
+            )
+            # k-means on an evenly spaced sample of 64 points per list (deterministic, no RNG state)
+            sample = data[:: max(1, self.size // (64 * lists))]
+            self._index.train(sample)
         else:
             self._index = faiss.IndexHNSWFlat(self.dim, hnsw_m, faiss.METRIC_INNER_PRODUCT)
             self._index.hnsw.efConstruction = ef_construction
@@ -115,13 +144,20 @@ class GlobalIndex:
         atomic_write(path, lambda fh: fh.write(data.tobytes()))
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], backend: str, *, ef_search: int = 256) -> GlobalIndex:
+    def load(
+        cls, path: str | os.PathLike[str], backend: str, *, ef_search: int = 256, nprobe: int | None = None
+    ) -> GlobalIndex:
         """A FAISS backend's index written by :meth:`save`."""
         import numpy as np
 
         faiss = _faiss()
         self = cls.__new__(cls)
-        self.backend, self._ef_search, self._budget = backend, ef_search, budget_bytes(256)
+        self.backend, self._ef_search, self._nprobe, self._budget = (
+            backend,
+            ef_search,
+            nprobe,
+            budget_bytes(256),
+        )
         self._index = faiss.deserialize_index(np.fromfile(path, dtype=np.uint8))
         self.size, self.dim = self._index.ntotal, self._index.d
         return self
@@ -144,6 +180,8 @@ class GlobalIndex:
         if self.backend != "exact":
             if self.backend == "faiss_hnsw":
                 self._index.hnsw.efSearch = max(self._ef_search, k)
+            elif self.backend == "faiss_ivf":
+                self._index.nprobe = self._nprobe or max(1, self._index.nlist // 8)
             scores, indices = self._index.search(queries.detach().float().cpu().contiguous().numpy(), k)
             return torch.from_numpy(scores), torch.from_numpy(indices).long()
         queries = queries.detach().float().to(self._db.device)

@@ -13,6 +13,8 @@ official (``model``)                                        patchword
 ``img_txt_enc.transformer_encoder_2.layers.i``              ``image_encoder.context.layers.i``
   (``transformer_encoder_1`` with ``shared-transformer``)
 ``img_txt_enc.transformer_encoder_img.layers.i``            ``image_encoder.context.layers.(L + i)``
+``img_txt_enc.img_enc.pos_encoding_image.map``              ``image_encoder.post.box_map``
+``img_txt_enc.img_enc.transformer_encoder.layers.i``        ``image_encoder.post.layers.i``
 ``img_txt_enc.txt_enc.bert_model.*``                        ``text_encoder.base.backbone.*``
 ``img_txt_enc.cap_proj``                                    ``text_encoder.base.proj``, ``text_encoder.proj``
 ``img_txt_enc.transformer_encoder_1.layers.i``              ``text_encoder.context.layers.i``
@@ -20,9 +22,14 @@ official (``model``)                                        patchword
 ==========================================================  ================================================
 
 ``L`` is ``model.layers`` (each stage's depth): patchword's context transformers run stage 1 and then
-stage 2 as one stack of ``2 L`` layers. The official collate function puts a zero feature at position 0 as
-the image's CLS slot; through the identity post-processing and ``img_proj`` it becomes ``img_proj.bias``,
-which is therefore the global token patchword prepends after its projection.
+stage 2 as one stack of ``2 L`` layers. The official collate function puts a zero feature (with a zero box)
+at position 0 as the image's CLS slot. The released configs (``image-model.transformer-layers: 4``,
+``pos-encoding: concat-and-process``) run TERAN's post-processing on the 2048-d regions before
+``img_proj``: it becomes ``model.precomp.post`` (box MLP + region transformer) and the zero slot goes through
+it, as officially; the boxes are read from ``{split}_boxes.npy`` beside the features
+(``data.region_boxes=true``: TERAN's ``bu_box`` divided by the image width and height). Without that stage
+(``transformer-layers: 0``, ``pos-encoding: null``) the zero slot becomes ``img_proj.bias`` through the
+projection, which is then the global token patchword prepends after its projection.
 
 Not loaded, with the reason in ``import.json``: BERT's pooler and ``position_ids`` buffer, the alias
 ``txt_enc.word_embeddings``, ``txt_enc.map`` and ``img_enc.fc`` (outputs the aggregations replace),
@@ -31,24 +38,22 @@ optimizer and scheduler states.
 
 What patchword cannot represent is refused, naming the ``config`` key (reference A.3):
 
-* ``image-model.transformer-layers`` > 0 and ``image-model.pos-encoding`` (the box MLP): the official
-  bottom-up post-processing runs a ``feat-dim`` transformer over the regions (and their boxes) *before*
-  ``img_proj``; patchword's precomp encoder projects first and reads no boxes. **The released configs use 4
-  layers with ``concat-and-process``**, so their checkpoints need that stage in the precomp encoder first;
-  the importer reads the identity configuration (``transformer-layers: 0``, ``pos-encoding: null``).
+* ``image-model.pos-encoding`` other than ``null``, ``concat-and-process`` or ``project-and-sum``;
 * ``text-model.layers`` > 0 (a transformer on BERT's output before ``cap_proj``), ``text-model.name`` other
   than ``bert``, pre-extracted text or image features, ``exclude-stopwords``, ``measure: order``, and
   aggregations other than ``first`` (image) / ``first`` or ``sum`` (caption).
 
-Two official behaviours the imported model does not share (patchword's TGDT, reference A.7 / A.10):
-the local similarity is computed on the tokens of the whole stack (the official *training-time* local
-tokens; at test time the official code uses stage 1's, ``switch_test()``), and the stage-2 transformers
-mask the padding (officially unmasked, so a caption's embedding depends on its batch). So the imported
-scores are those of the official forward on each caption alone: the global ones in training and test mode,
-the local and hybrid ones as computed on the training-time tokens (tests/test_import_tgdt_ucmfh.py).
+Local tokens as officially: the imported run's context transformers hand over stage 1's tokens too
+(``emit_stage1``) and ``model.tgdt.local_tokens=stage1`` computes the evaluation's local similarity on them,
+as the official test-time forward (``switch_test()``); in training mode it reads the final tokens, as the
+official training forward. One official behaviour the imported model does not share (reference A.10): the
+stage-2 transformers mask the padding (officially unmasked, so a caption's embedding depends on its batch).
+So the imported scores are those of the official forward on each caption alone, in training and test mode
+(tests/test_import_tgdt_ucmfh.py).
 
 The mapped ``config`` keys: ``model.embed-size`` / ``layers`` / ``dropout`` / ``shared-transformer`` /
-``text-aggregation``, ``image-model.feat-dim``, ``text-model.extraction-hidden-layer`` (BERT's depth) and
+``text-aggregation``, ``image-model.feat-dim`` / ``transformer-layers`` / ``pos-encoding`` / ``dropout``,
+``text-model.extraction-hidden-layer`` (BERT's depth) and
 ``word-dim`` (checked against ``--hf-text``), ``training.loss-type`` (``model.tgdt.inference``: local,
 global, or the two-stage hybrid of ``test_gl.py`` for ``alignment+matching``), ``dataset.name``
 (``eval.coco_1k``) and the training-only ``lr``, ``bs``, ``margin``, ``grad-clip``, ``max-violation``,
@@ -78,6 +83,8 @@ _P = "img_txt_enc."
 _HEADS = 4  # nhead of every official TGDT transformer (hard-coded in models/baseline.py)
 _MAX_CAPTION_TOKENS = 88  # the official evaluation buffers hold captions of up to 88 tokens
 _LAYER = re.compile(r"layers\.(\d+)\.(.+)$")
+_BOX_ENCODINGS = (None, "concat-and-process", "project-and-sum")  # image-model.pos-encoding
+_POST = _P + "img_enc.transformer_encoder"  # TERAN's region transformer (image-model.transformer-layers)
 
 # Tensors of the official model that TGDT never uses, by prefix (after img_txt_enc. where it applies).
 _UNUSED = {
@@ -132,19 +139,18 @@ def _check_config(cfg: _Config) -> None:
         )
     if cfg.get("image-model", "name") != "bottomup":
         raise cfg.refuse("image-model", "name", "TGDT's image branch is the bottom-up region encoder")
-    if cfg.get("image-model", "transformer-layers", 0):
-        raise cfg.refuse(
-            "image-model",
-            "transformer-layers",
-            "the official bottom-up branch runs a feat-dim transformer over the regions before img_proj; "
-            "patchword's precomp encoder projects first and has no such stage (only 0 layers import)",
-        )
-    if cfg.get("image-model", "pos-encoding", None) is not None:
+    if cfg.get("image-model", "pos-encoding", None) not in _BOX_ENCODINGS:
         raise cfg.refuse(
             "image-model",
             "pos-encoding",
-            "box encodings need the regions' boxes, which patchword's region features do not carry "
-            "(only pos-encoding: null imports)",
+            f"the box encodings of TERAN's post-processing are {_BOX_ENCODINGS}",
+        )
+    layers = cfg.get("image-model", "transformer-layers", 0)
+    if not isinstance(layers, int) or layers < 0:
+        raise cfg.refuse("image-model", "transformer-layers", "a number of layers (>= 0)")
+    if layers and int(cfg.get("image-model", "feat-dim")) % _HEADS:
+        raise cfg.refuse(
+            "image-model", "feat-dim", f"not divisible by the {_HEADS} heads of the region transformer"
         )
     if cfg.get("text-model", "name") != "bert":
         raise cfg.refuse("text-model", "name", "TGDT's text branch is BERT")
@@ -247,22 +253,34 @@ def _map_tensors(
         ),
         "text_encoder.context.layers": ("transformer_encoder_1", "transformer_encoder_text"),
     }
+    post_layers = int(cfg.get("image-model", "transformer-layers", 0))
+    post_active = bool(post_layers) or cfg.get("image-model", "pos-encoding", None) is not None
     mapped: dict[str, torch.Tensor] = {}
+
+    def take_layers(module: str, target: str, offset: int, depth: int, key: str) -> None:
+        layers = _stage_layers(state, module, path)
+        if sorted(layers) != list(range(depth)):
+            raise DataError(f"{path}: {_P}{module} has layers {sorted(layers)}, config.{key} says {depth}")
+        for index, params in layers.items():
+            mapped.update({f"{target}.{offset + index}.{name}": t for name, t in params.items()})
+
     for target, modules in stages.items():
         for offset, module in zip((0, depth), modules, strict=True):
-            layers = _stage_layers(state, module, path)
-            if sorted(layers) != list(range(depth)):
-                raise DataError(
-                    f"{path}: {_P}{module} has layers {sorted(layers)}, config.model.layers says {depth}"
-                )
-            for index, params in layers.items():
-                mapped.update({f"{target}.{offset + index}.{name}": t for name, t in params.items()})
-    consumed = {k for k in state if any(k.startswith(f"{_P}{m}.") for ms in stages.values() for m in ms)}
+            take_layers(module, target, offset, depth, "model.layers")
+    modules = [m for ms in stages.values() for m in ms]
+    if post_layers:
+        take_layers(
+            _POST[len(_P) :], "image_encoder.post.layers", 0, post_layers, "image-model.transformer-layers"
+        )
+        modules.append(_POST[len(_P) :])
+    consumed = {k for k in state if any(k.startswith(f"{_P}{m}.") for m in modules)}
     renames = {
         _P + "img_proj.": ["image_encoder.proj."],
         _P + "cap_proj.": ["text_encoder.base.proj.", "text_encoder.proj."],  # one module under two names
         _P + "txt_enc.bert_model.": ["text_encoder.base.backbone."],
     }
+    if cfg.get("image-model", "pos-encoding", None) is not None:
+        renames[_P + "img_enc.pos_encoding_image.map"] = ["image_encoder.post.box_map"]
     ignored: dict[str, str] = {}
     for key, tensor in state.items():
         if key in consumed:
@@ -284,8 +302,8 @@ def _map_tensors(
     bias = _P + "img_proj.bias"
     if bias not in state:
         raise DataError(f"{path}: the TGDT checkpoint has no {bias}")
-    # The zero CLS feature, projected: the constant patchword prepends after its projection.
-    mapped["image_encoder.context.global_token"] = state[bias].detach().clone().reshape(1, 1, -1)
+    if not post_active:  # the zero CLS feature, projected: the constant prepended after the projection
+        mapped["image_encoder.context.global_token"] = state[bias].detach().clone().reshape(1, 1, -1)
     return mapped, ignored
 
 
@@ -312,7 +330,7 @@ def _run_config(
     path: Path,
 ):
     from patchword.data.config import DataConfig
-    from patchword.encoders import ContextConfig, PrecompConfig
+    from patchword.encoders import ContextConfig, PrecompConfig, RegionPostConfig
     from patchword.eval.config import EvalConfig
     from patchword.model import ModelConfig, TGDTOptions
     from patchword.run_config import RunConfig, TrainConfig
@@ -332,6 +350,15 @@ def _run_config(
     dropout = float(cfg.get("model", "dropout", 0.1))
     shared = bool(cfg.get("model", "shared-transformer", False))
     loss_type = str(cfg.get("training", "loss-type", "alignment+matching"))
+    box_encoding = cfg.get("image-model", "pos-encoding", None)
+    post_layers = int(cfg.get("image-model", "transformer-layers", 0))
+    post = RegionPostConfig(
+        layers=post_layers,
+        heads=_HEADS,
+        ffn_dim=_ffn_dim(state, _POST[len(_P) :], path) if post_layers else RegionPostConfig.ffn_dim,
+        dropout=float(cfg.get("image-model", "dropout", 0.1)),
+        box_encoding=box_encoding or "none",
+    )
     model = ModelConfig(
         matcher="tgdt",
         embed_dim=embed,
@@ -348,13 +375,16 @@ def _run_config(
                 ffn_dim=_ffn_dim(state, "transformer_encoder_1" if shared else "transformer_encoder_2", path),
                 dropout=dropout,
                 global_token=True,
+                emit_stage1=True,
             ),
+            post=post,
         ),
         text_context=ContextConfig(
             layers=2 * depth,
             heads=_HEADS,
             ffn_dim=_ffn_dim(state, "transformer_encoder_1", path),
             dropout=dropout,
+            emit_stage1=True,
         ),
         tgdt=TGDTOptions(
             text_global="first" if cfg.get("model", "text-aggregation") == "first" else "mean",
@@ -365,6 +395,7 @@ def _run_config(
             hybrid_alpha=1.0,  # d_f = d_l + d_g
             shortlist_i2t=50,
             shortlist_t2i=100,
+            local_tokens="stage1",  # the test-time local similarity reads stage 1 (switch_test())
         ),
     )
     data = DataConfig(
@@ -373,6 +404,7 @@ def _run_config(
         bert_vocab="bert_vocab.txt",
         dense=False,
         size_augment=False,  # the official data pipeline tokenises captions as they are
+        region_boxes=box_encoding is not None,  # {split}_boxes.npy beside the features
         max_caption_len=min(_MAX_CAPTION_TOKENS, int(arch.get("max_position_embeddings", 512))),
     )
     epochs = int(opt.get("num_epochs", TrainConfig.epochs))
@@ -439,13 +471,25 @@ def convert(ckpt: dict[str, Any], options: ImportOptions, path: Path) -> ImportP
         "Eiters": ckpt.get("Eiters"),
         "dataset": cfg.get("dataset", "name", None),
         "inference": run.model.tgdt.inference,
-        "local_tokens": "the whole transformer stack (the official training-time tokens; its test-time local "
-        "similarity reads stage 1's, which patchword's TGDT does not separate)",
+        "local_tokens": "stage 1's in evaluation (the official switch_test()), the whole stack's in training",
         "data": "set data.root to a precomp directory of the same bottom-up features (36 regions of "
-        f"{run.model.precomp.region_dim}-d)",
+        f"{run.model.precomp.region_dim}-d)"
+        + (
+            " with their boxes in {split}_boxes.npy ((N_img, 36, 4), [x1, y1, x2, y2] / image size)"
+            if run.data.region_boxes
+            else ""
+        ),
     }
     depth = int(cfg.get("model", "layers"))
-    _logger.info("%s: TGDT, %d-d, %d + %d layers per modality", path, run.model.embed_dim, depth, depth)
+    _logger.info(
+        "%s: TGDT, %d-d, %d + %d layers per modality; regions: %d-layer post-processing, box encoding %s",
+        path,
+        run.model.embed_dim,
+        depth,
+        depth,
+        run.model.precomp.post.layers,
+        run.model.precomp.post.box_encoding,
+    )
     return ImportPlan(
         family=FAMILY,
         config=run,

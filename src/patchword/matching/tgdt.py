@@ -24,9 +24,11 @@ shortlist per query (50 captions per image, 100 images per caption, as official)
 is a miss (the official evaluator counts it as rank 0, a hit).
 
 Not reproduced (documented in reference A.7): the official code trains only a second transformer stage
-on a frozen, TERAN-pretrained first stage and computes the test-time local similarity on the first
-stage's tokens; here one transformer per modality is trained end to end and the same tokens serve
-training and test.
+on a frozen, TERAN-pretrained first stage. Here one transformer per modality is trained end to end and,
+by default, the same tokens serve training and test; ``local_tokens="stage1"`` (set by ``patchword
+import`` for official checkpoints) computes the eval-mode local similarity on the first stage's tokens as
+the official test-time forward does (``switch_test()``), the encoders handing over [final, stage 1]
+channels (``emit_stage1`` of their context transformers).
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ class TGDTConfig:
     hybrid_alpha: float = 1.0  # weight of s_g in the hybrid score (official: d_g + d_l)
     shortlist_i2t: int = 50  # two-stage: captions kept per image query (official 50)
     shortlist_t2i: int = 100  # two-stage: images kept per caption query (official 100)
+    # eval-mode local similarity on the final tokens, or on stage 1's as the official test-time forward
+    # (switch_test()); stage1 reads tokens of 2C channels [final, stage 1] (model.*.context.emit_stage1)
+    local_tokens: Literal["final", "stage1"] = "final"
     max_pair_elements: int = 1 << 22  # bound on B_v x captions x L x R elements per chunk (0 = no chunks)
 
 
@@ -103,30 +108,43 @@ class TGDTMatcher(Matcher):
             raise ValueError("skip_text_head and skip_text_tail must be >= 0")
         if config.shortlist_i2t < 1 or config.shortlist_t2i < 1:
             raise ValueError("shortlist_i2t and shortlist_t2i must be >= 1")
+        if config.local_tokens not in ("final", "stage1"):
+            raise ValueError(f"local_tokens must be 'final' or 'stage1', got {config.local_tokens!r}")
         self.config = config
-        self.embed_dim = config.embed_dim
+        # width of the tokens the encoders hand over: [final, stage 1] channels for stage-1 local tokens
+        self.embed_dim = config.embed_dim * (2 if config.local_tokens == "stage1" else 1)
         self.has_cls = config.has_cls
+
+    def _global_and_local(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, L, embed_dim) -> (tokens the global embedding reads, tokens the local similarity reads),
+        (N, L, C) each: the final tokens both, except stage 1's for the local similarity in eval mode."""
+        if self.config.local_tokens == "final":
+            return tokens, tokens
+        final, stage1 = tokens.split(self.config.embed_dim, dim=-1)
+        return final, final if self.training else stage1
 
     # ------------------------------------------------------------------ tokens
     def image_tokens(self, img_tokens: torch.Tensor) -> TGDTTokens:
         """(B_v, L_v, C) -> global (B_v, C) and regions (B_v, R, C), unit norm."""
         self.validate_image_tokens(img_tokens)
+        final, local = self._global_and_local(img_tokens)
         if self.has_cls:
             if img_tokens.shape[1] < 2:
                 raise ValueError(
                     f"img_tokens needs the global slot and at least one region, got {tuple(img_tokens.shape)}"
                 )
-            return TGDTTokens(l2norm(img_tokens[:, 0]), l2norm(img_tokens[:, 1:]))
-        return TGDTTokens(l2norm(img_tokens.mean(dim=1)), l2norm(img_tokens))
+            return TGDTTokens(l2norm(final[:, 0]), l2norm(local[:, 1:]))
+        return TGDTTokens(l2norm(final.mean(dim=1)), l2norm(local))
 
     def text_tokens(self, cap_tokens: torch.Tensor, cap_lens: object) -> TGDTTokens:
         """(B_t, L, C), (B_t,) -> global (B_t, C), words (B_t, L, C) unit norm, and the word mask."""
         lens = self.validate_text(cap_tokens, cap_lens)
         cfg = self.config
-        glob = cap_tokens[:, 0] if cfg.text_global == "first" else masked_mean(cap_tokens, lens)
+        final, local = self._global_and_local(cap_tokens)
+        glob = final[:, 0] if cfg.text_global == "first" else masked_mean(final, lens)
         pos = torch.arange(cap_tokens.shape[1], device=cap_tokens.device)[None]
         mask = (pos >= cfg.skip_text_head) & (pos < (lens - cfg.skip_text_tail)[:, None])
-        return TGDTTokens(l2norm(glob), l2norm(cap_tokens), mask)
+        return TGDTTokens(l2norm(glob), l2norm(local), mask)
 
     def global_image(self, img_tokens: torch.Tensor) -> torch.Tensor:
         return full_precision(self.image_tokens(img_tokens).global_)

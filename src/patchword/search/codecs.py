@@ -83,10 +83,14 @@ class TokenCodec:
             return main.astype(np.float32, copy=False)
         if self.store == "int8":
             return main.astype(np.float32) * arrays[".scale"].astype(np.float32)[..., None]
-        m, _, sub = self.centroids.shape
-        codes = main.astype(np.int64)  # (k, L, m)
-        parts = [self.centroids[j][codes[..., j]] for j in range(m)]  # each (k, L, sub)
-        return np.concatenate(parts, axis=-1)
+        import torch
+
+        m, n_centroids, sub = self.centroids.shape
+        # one gather from the (m * 256, sub) table, code c of sub-vector j at row j * 256 + c: torch's
+        # index_select runs on every thread (6x faster than m numpy gathers for 100 x 197 x 64 codes)
+        rows = torch.from_numpy(main.astype(np.int64)) + torch.arange(m) * n_centroids  # (k, L, m)
+        table = torch.from_numpy(self.centroids.reshape(m * n_centroids, sub))
+        return table.index_select(0, rows.reshape(-1)).reshape(*main.shape[:-1], m * sub).numpy()
 
     # ------------------------------------------------------------------ product quantisation
     def _pq_encode(self, tokens: np.ndarray) -> np.ndarray:

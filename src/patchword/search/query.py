@@ -33,7 +33,7 @@ from patchword.encoders.base import EncoderBase
 from patchword.errors import DataError, MissingFileError
 from patchword.eval.engine.core import engine_for, prepare_inputs
 from patchword.eval.engine.memory import budget_bytes
-from patchword.eval.two_stage import GlobalIndex, faiss_available
+from patchword.eval.two_stage import APPROXIMATE_BACKENDS, GlobalIndex, faiss_available
 from patchword.runs import LoadedRun, load_run
 from patchword.search.identity import check_index_model, model_identity
 from patchword.search.store import SearchIndex
@@ -57,9 +57,9 @@ logger = logging.getLogger(__name__)
 #: Images re-ranked by the fine matcher per query when the matcher has no plan of its own (TGDT's
 #: official value for caption queries).
 DEFAULT_SHORTLIST = 100
-#: Above this many images the first stage is approximate by default (a FAISS HNSW graph, kept with the
-#: index): exact search costs O(N) per query, 20 ms at 1M images on 2 cores, the graph ~1 ms; its recall of
-#: the exact shortlist is measured in docs/benchmarks.md ("HNSW shortlist").
+#: Above this many images the first stage is approximate by default (FAISS IVF lists, kept with the
+#: index): exact search costs O(N) per query (31 ms at 200k x 512 for one query on 2 cores), IVF scanning
+#: 1/8 of its lists 3.5 ms there with 97% of the exact top-100 (benchmarks/ann_recall.py, docs/search.md).
 APPROXIMATE_ABOVE = 200_000
 
 
@@ -152,8 +152,8 @@ class Searcher:
             :data:`DEFAULT_SHORTLIST`); clipped to the index size.
         alpha: weight of the global score in the final score (default: the plan's, else 0).
         backend: first-stage backend: ``"auto"`` (exact below :data:`APPROXIMATE_ABOVE` images: FAISS flat
-            when installed, else torch; above it FAISS HNSW, approximate), ``"exact"``, ``"faiss_flat"``
-            or ``"faiss_hnsw"``.
+            when installed, else torch; above it FAISS IVF, approximate), ``"exact"``, ``"faiss_flat"``,
+            ``"faiss_ivf"`` or ``"faiss_hnsw"``.
         max_memory_mb: working-memory budget of the re-ranking engine.
 
     Raises:
@@ -187,7 +187,7 @@ class Searcher:
             backend = "store"
         elif backend == "auto":
             large = len(index) > APPROXIMATE_ABOVE and faiss_available()
-            backend = "faiss_hnsw" if large else ("faiss_flat" if faiss_available() else "exact")
+            backend = "faiss_ivf" if large else ("faiss_flat" if faiss_available() else "exact")
         self.backend = backend
         self.global_index = index if backend == "store" else self._global_index(backend, max_memory_mb)
         self.budget = budget_bytes(max_memory_mb)
@@ -202,25 +202,33 @@ class Searcher:
             )
 
     def _global_index(self, backend: str, max_memory_mb: float) -> GlobalIndex:
-        """The first stage. An HNSW graph is built once per version of the index and kept beside it
-        (``global.hnsw``, named by the index's shard list): later opens load it."""
+        """The first stage. An approximate index (IVF lists, HNSW graph) is built once per version of the
+        index and kept beside it (``global.<stamp>.<backend>``, named by the index's shard list): later opens
+        load it."""
         index = self.index
-        if backend != "faiss_hnsw":
+        if backend not in APPROXIMATE_BACKENDS:
             return GlobalIndex(index.global_embeddings(), backend=backend, max_memory_mb=max_memory_mb)
         stamp = hashlib.sha256(json.dumps(index.manifest.shards).encode()).hexdigest()[:16]
-        path = index.index_dir / f"global.{stamp}.hnsw"
+        suffix = backend.removeprefix("faiss_")
+        path = index.index_dir / f"global.{stamp}.{suffix}"
         if path.is_file():
             return GlobalIndex.load(path, backend)
         t0 = time.perf_counter()
-        graph = GlobalIndex(index.global_embeddings(), backend=backend, max_memory_mb=max_memory_mb)
-        logger.info("HNSW graph of %d images built in %.1f s: %s", len(index), time.perf_counter() - t0, path)
-        for old in index.index_dir.glob("global.*.hnsw"):  # graphs of earlier versions of the index
+        built = GlobalIndex(index.global_embeddings(), backend=backend, max_memory_mb=max_memory_mb)
+        logger.info(
+            "%s first stage of %d images built in %.1f s: %s",
+            suffix,
+            len(index),
+            time.perf_counter() - t0,
+            path,
+        )
+        for old in index.index_dir.glob(f"global.*.{suffix}"):  # built for earlier versions of the index
             old.unlink(missing_ok=True)
         try:
-            graph.save(path)
-        except OSError as err:  # a read-only index still searches; it rebuilds the graph next time
-            logger.warning("could not keep the HNSW graph at %s: %s", path, err)
-        return graph
+            built.save(path)
+        except OSError as err:  # a read-only index still searches; it rebuilds the first stage next time
+            logger.warning("could not keep the %s first stage at %s: %s", suffix, path, err)
+        return built
 
     @classmethod
     def open(

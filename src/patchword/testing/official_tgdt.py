@@ -3,9 +3,11 @@ checkpoint's own tensors under their official names; the yardstick of the TGDT i
 
 Written from reference/tgdt_ucmfh.md A.2-A.4 and the official modules' structure, literally and slowly:
 
-* images: the collate function's zero feature at position 0 (the "CLS" slot), the bottom-up post-processing
-  (only its identity configuration, ``image-model.transformer-layers: 0`` without box encoding: the one the
-  importer reads), ``img_proj``, stage 1 (``transformer_encoder_2``, or ``transformer_encoder_1`` with
+* images: the collate function's zero feature at position 0 (the "CLS" slot, with a zero box), TERAN's
+  bottom-up post-processing (``TransformerPostProcessing`` without its unused ``fc``: the box encoding of
+  ``image-model.pos-encoding`` on ``[x1, y1, x2, y2, area]``, then ``image-model.transformer-layers``
+  feat-dim layers; the identity for ``0`` / ``null``), ``img_proj``, stage 1 (``transformer_encoder_2``,
+  or ``transformer_encoder_1`` with
   ``shared-transformer``), stage 2 (``transformer_encoder_img``); the global embedding is stage 2's output
   at position 0;
 * captions: BERT truncated to ``extraction-hidden-layer`` layers (its last hidden state), ``cap_proj``,
@@ -120,14 +122,35 @@ class OfficialTGDTEmbeddings:
 
 
 def _check_supported(config: dict[str, Any]) -> None:
-    image = config["image-model"]
-    if image.get("transformer-layers", 0) or image.get("pos-encoding") is not None:
-        raise NotImplementedError(
-            "the reference implements the bottom-up post-processing only as the identity "
-            "(image-model.transformer-layers: 0, pos-encoding: null)"
-        )
     if config["model"]["image-aggregation"] != "first":
         raise NotImplementedError("image-aggregation other than 'first'")
+    if config["image-model"].get("pos-encoding") not in (None, "concat-and-process", "project-and-sum"):
+        raise NotImplementedError(f"pos-encoding {config['image-model']['pos-encoding']!r}")
+
+
+def _post_processing(
+    feats: torch.Tensor, boxes: torch.Tensor | None, state: dict[str, torch.Tensor], config: dict[str, Any]
+) -> torch.Tensor:
+    """``TransformerPostProcessing`` before its ``fc``: box encoding, then the feat-dim transformer.
+
+    Args:
+        feats: (B, 1 + R, feat-dim) with the zero CLS slot; ``boxes`` (B, 1 + R, 4) with a zero box there.
+    """
+    mode = config["image-model"].get("pos-encoding")
+    if mode is not None:
+        if boxes is None:
+            raise ValueError(f"pos-encoding {mode!r} needs the regions' boxes")
+        area = (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
+        info = torch.cat([boxes, area[..., None]], dim=-1)  # [x1, y1, x2, y2, area]
+        prefix = _P + "img_enc.pos_encoding_image.map"
+        if mode == "concat-and-process":  # Linear(D + 5, D) -> ReLU -> Linear(D, D)
+            hidden = F.relu(_linear(torch.cat([feats, info], dim=-1), state, prefix + ".0"))
+            feats = _linear(hidden, state, prefix + ".2")
+        else:  # project-and-sum: Linear(5, D) added to every region
+            feats = feats + _linear(info, state, prefix)
+    if config["image-model"].get("transformer-layers", 0):
+        feats = transformer_stack(feats, state, _P + "img_enc.transformer_encoder.", OFFICIAL_HEADS)
+    return feats
 
 
 @torch.no_grad()
@@ -139,6 +162,7 @@ def official_tgdt_embeddings(
     ids: torch.Tensor,
     lens: torch.Tensor,
     *,
+    boxes: torch.Tensor | None = None,
     istest: bool = False,
 ) -> OfficialTGDTEmbeddings:
     """The official embeddings of a batch of images and a batch of captions (eval mode).
@@ -151,6 +175,8 @@ def official_tgdt_embeddings(
         regions: (B_v, R, feat-dim) region features (without the CLS slot: it is added here, as the
             official collate function does).
         ids: (B_t, L) BERT token ids, 0-padded; ``lens`` (B_t,) their lengths.
+        boxes: (B_v, R, 4) normalised region boxes (needed with ``image-model.pos-encoding``); the CLS
+            slot gets a zero box, as the official collate function pads it.
         istest: after ``switch_test()``: local tokens from stage 1 instead of stage 2.
     """
     from transformers import BertModel
@@ -158,8 +184,11 @@ def official_tgdt_embeddings(
     _check_supported(config)
     mcfg = config["model"]
     stage1_img = "transformer_encoder_1" if mcfg.get("shared-transformer") else "transformer_encoder_2"
-    # images: zero CLS slot, identity post-processing, projection, stage 1 (no padding: R fixed), stage 2
+    # images: zero CLS slot (zero box), post-processing, projection, stage 1 (no padding: R fixed), stage 2
     feats = torch.cat([regions.new_zeros(regions.shape[0], 1, regions.shape[2]), regions], dim=1)
+    if boxes is not None:
+        boxes = torch.cat([boxes.new_zeros(boxes.shape[0], 1, 4), boxes], dim=1)
+    feats = _post_processing(feats, boxes, state, config)
     x = _linear(feats, state, _P + "img_proj")
     s1 = transformer_stack(x, state, f"{_P}{stage1_img}.", OFFICIAL_HEADS)
     s2 = transformer_stack(s1, state, _P + "transformer_encoder_img.", OFFICIAL_HEADS)
@@ -212,6 +241,7 @@ def official_tgdt_scores(
     regions: torch.Tensor,
     captions: list[torch.Tensor],
     *,
+    boxes: torch.Tensor | None = None,
     istest: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Global, local and hybrid (``d_g + d_l``, the two-stage re-ranking score) similarities, (B_v, B_t) each.
@@ -222,12 +252,20 @@ def official_tgdt_scores(
 
     Args:
         captions: B_t 1-D tensors of BERT ids ([CLS] ... [SEP]), at least 4 long.
+        boxes: (B_v, R, 4) normalised region boxes (with ``image-model.pos-encoding``).
     """
     globals_, columns = [], []
     img = None
     for ids in captions:
         emb = official_tgdt_embeddings(
-            state, config, bert_config, regions, ids[None], torch.tensor([len(ids)]), istest=istest
+            state,
+            config,
+            bert_config,
+            regions,
+            ids[None],
+            torch.tensor([len(ids)]),
+            boxes=boxes,
+            istest=istest,
         )
         img = emb
         globals_.append(emb.txt_global)

@@ -18,19 +18,18 @@ from patchword.data.prepare import (
     FILE_DATASETS,
     REGION_DATASETS,
     SYNTHETIC_DATASETS,
-    PreparedData,
     eval_role,
 )
 from patchword.device import resolve_device
 from patchword.errors import ConfigError, MissingFileError
 from patchword.matching.registry import list_matchers, matcher_spec
 from patchword.model import (
-    RetrievalModel,
     matcher_arguments,
     matcher_section,
     model_reads_dense,
     typed_sections,
 )
+from patchword.run_checks import check_model_data, check_region_boxes, data_image_size
 from patchword.run_config import RunConfig
 from patchword.train.trackers import TRACKERS
 
@@ -138,14 +137,6 @@ def _existing(path: str, key: str, kind: str = "file") -> None:
         raise MissingFileError(f"{key}={path}: no such {kind}")
 
 
-def data_image_size(cfg: RunConfig) -> int | None:
-    """Side in pixels of the images the data feeds the image encoder (None for region features)."""
-    dc = cfg.data
-    if dc.dataset in REGION_DATASETS:
-        return None
-    return dc.synthetic_image_size if dc.dataset in SYNTHETIC_DATASETS else dc.image_size
-
-
 def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
     """Check everything that can be checked from the config alone; return the resolved device.
 
@@ -221,6 +212,7 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
             "model.image_encoder",
             f"model.image_encoder=precomp needs region features: data.dataset in {REGION_DATASETS}",
         )
+    check_region_boxes(cfg)
     if mc.text_encoder in ("tiny", "gru") and dc.tokenizer != "word":
         raise ConfigError("data.tokenizer", f"model.text_encoder={mc.text_encoder} embeds word ids: use word")
     if mc.text_encoder == "bert" and dc.tokenizer != "bert":
@@ -292,43 +284,3 @@ def check_launch(cfg: RunConfig, world_size: int) -> None:
             f"{cfg.train.batch_size} captions do not split over {world_size} processes: the global batch "
             f"must be a multiple of the world size (torchrun --nproc_per_node x --nnodes)",
         )
-
-
-def check_model_data(cfg: RunConfig, model: RetrievalModel, data: PreparedData) -> None:
-    """Check the built model against the data and tokenizer (before training starts).
-
-    Raises:
-        ConfigError: image size, text length or vocabulary the encoders cannot take, or region features of
-            another shape than the model expects; each names the key to change.
-    """
-    dc, mc = cfg.data, cfg.model
-    image_enc, text_enc = model.image_encoder, model.text_encoder
-    want = data_image_size(cfg)
-    if want is not None and image_enc.image_size is not None and image_enc.image_size != want:
-        key = "data.synthetic_image_size" if dc.dataset in SYNTHETIC_DATASETS else "data.image_size"
-        raise ConfigError(
-            key, f"is {want} but the image encoder ({mc.hf_vision}) takes {image_enc.image_size} pixels"
-        )
-    if text_enc.max_len is not None:
-        lengths = [("data.max_caption_len", dc.max_caption_len)]
-        if any(split.dense_ids is not None for split in data.splits.values()):
-            lengths.append(("data.max_dense_len", dc.max_dense_len))
-        for key, length in lengths:
-            if length > text_enc.max_len:
-                raise ConfigError(key, f"is {length} but the text encoder has {text_enc.max_len} positions")
-    vocab = data.vocab_size if data.vocab_size is not None else getattr(data.tokenizer, "vocab_size", None)
-    if vocab is not None and text_enc.vocab_size is not None and vocab > text_enc.vocab_size:
-        raise ConfigError(
-            "data.bert_vocab",
-            f"the tokenizer has {vocab} ids but the text encoder ({mc.hf_text}) embeds {text_enc.vocab_size}",
-        )
-    if dc.dataset in REGION_DATASETS:
-        images = data.splits[next(iter(data.splits))].images
-        have = (images.num_regions, images.dim)
-        expected = (mc.precomp.num_regions, mc.precomp.region_dim)
-        if have != expected:
-            raise ConfigError(
-                "model.precomp",
-                f"the region features have {have[0]} regions of {have[1]} dims but model.precomp.num_regions="
-                f"{expected[0]}, model.precomp.region_dim={expected[1]}",
-            )

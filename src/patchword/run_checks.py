@@ -1,0 +1,84 @@
+"""Whether a run's data fits its model: checks shared by training (before the first step) and evaluation.
+
+Each failure is a :class:`~patchword.errors.ConfigError` naming the key to change.
+"""
+
+from __future__ import annotations
+
+from patchword.data.prepare import REGION_DATASETS, SYNTHETIC_DATASETS, PreparedData
+from patchword.errors import ConfigError
+from patchword.model import RetrievalModel
+from patchword.run_config import RunConfig
+
+__all__ = ["check_model_data", "check_region_boxes", "data_image_size"]
+
+
+def data_image_size(cfg: RunConfig) -> int | None:
+    """Side in pixels of the images the data feeds the image encoder (None for region features)."""
+    dc = cfg.data
+    if dc.dataset in REGION_DATASETS:
+        return None
+    return dc.synthetic_image_size if dc.dataset in SYNTHETIC_DATASETS else dc.image_size
+
+
+def check_region_boxes(cfg: RunConfig) -> None:
+    """Boxes appended to the region features (``data.region_boxes``) exactly when the model encodes them."""
+    dc, mc = cfg.data, cfg.model
+    region_data = dc.dataset in REGION_DATASETS
+    if dc.region_boxes and dc.dataset != "precomp":
+        raise ConfigError(
+            "data.region_boxes", f"reads {{split}}_boxes.npy of data.dataset=precomp, not {dc.dataset}"
+        )
+    if region_data and dc.region_boxes != mc.precomp.post.reads_boxes:
+        if dc.region_boxes:
+            raise ConfigError(
+                "data.region_boxes",
+                "appends boxes to the region features, but model.precomp.post.box_encoding is none: set "
+                "the box encoding the model was trained with, or data.region_boxes=false",
+            )
+        raise ConfigError(
+            "data.region_boxes",
+            f"model.precomp.post.box_encoding={mc.precomp.post.box_encoding} encodes each region's box: set "
+            "data.region_boxes=true and put {split}_boxes.npy (N_img, R, 4, normalised) beside the features",
+        )
+
+
+def check_model_data(cfg: RunConfig, model: RetrievalModel, data: PreparedData) -> None:
+    """Check the built model against the data and tokenizer (before training starts).
+
+    Raises:
+        ConfigError: image size, text length or vocabulary the encoders cannot take, or region features of
+            another shape than the model expects; each names the key to change.
+    """
+    dc, mc = cfg.data, cfg.model
+    image_enc, text_enc = model.image_encoder, model.text_encoder
+    want = data_image_size(cfg)
+    if want is not None and image_enc.image_size is not None and image_enc.image_size != want:
+        key = "data.synthetic_image_size" if dc.dataset in SYNTHETIC_DATASETS else "data.image_size"
+        raise ConfigError(
+            key, f"is {want} but the image encoder ({mc.hf_vision}) takes {image_enc.image_size} pixels"
+        )
+    if text_enc.max_len is not None:
+        lengths = [("data.max_caption_len", dc.max_caption_len)]
+        if any(split.dense_ids is not None for split in data.splits.values()):
+            lengths.append(("data.max_dense_len", dc.max_dense_len))
+        for key, length in lengths:
+            if length > text_enc.max_len:
+                raise ConfigError(key, f"is {length} but the text encoder has {text_enc.max_len} positions")
+    vocab = data.vocab_size if data.vocab_size is not None else getattr(data.tokenizer, "vocab_size", None)
+    if vocab is not None and text_enc.vocab_size is not None and vocab > text_enc.vocab_size:
+        raise ConfigError(
+            "data.bert_vocab",
+            f"the tokenizer has {vocab} ids but the text encoder ({mc.hf_text}) embeds {text_enc.vocab_size}",
+        )
+    check_region_boxes(cfg)
+    if dc.dataset in REGION_DATASETS:
+        images = data.splits[next(iter(data.splits))].images
+        have = (images.num_regions, images.dim)
+        expected = (mc.precomp.num_regions, mc.precomp.region_dim)
+        if have != expected:
+            raise ConfigError(
+                "model.precomp",
+                f"the region features have {have[0]} regions of {have[1]} dims but model.precomp.num_regions="
+                f"{expected[0]}, model.precomp.region_dim={expected[1]}",
+            )
