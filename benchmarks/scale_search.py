@@ -3,7 +3,8 @@
 The model is SEPS (code variant) on ViT-B/16-224 + BERT-base, randomly initialised (no download; a made-up
 30522-word BERT vocabulary): what a user imports. The index holds N synthetic entries at its shapes — 197
 image tokens and 120 dense-caption tokens of 512 dimensions per image, in the product-quantised store
-(64 bytes per token) — written directly from random codes: the sizes, the memory and the serving latency
+(64 bytes per token; with ``--dense-store scores`` one float per image instead of the dense tokens) —
+written directly from random codes: the sizes, the memory and the serving latency
 are those of a real index of that size; the build figure is the writing of the shards only (a real build
 is bounded by the image encoder, measured at 10k-100k in docs/benchmarks.md "Search at scale").
 
@@ -98,7 +99,14 @@ def make_run(run_dir: Path) -> None:
     atomic_save({"model": model.state_dict(), "step": 0, "metrics": {}}, run_dir / "best.pt")
 
 
-def write_index(run_dir: Path, index_dir: Path, size: int, shard_size: int = 8192, seed: int = 0) -> dict:
+def write_index(
+    run_dir: Path,
+    index_dir: Path,
+    size: int,
+    shard_size: int = 8192,
+    seed: int = 0,
+    dense_store: str = "tokens",
+) -> dict:
     """N synthetic entries in the pq store: clustered unit global embeddings (like real ones, which crowd
     around topics; benchmarks/ann_recall.py), random codes."""
     from patchword.runs import load_run
@@ -120,7 +128,7 @@ def write_index(run_dir: Path, index_dir: Path, size: int, shard_size: int = 819
         model=model_identity(run),
         images_root=str(index_dir / "images"),
         dtype="pq",
-        dense={"file": "synthetic", "max_len": DENSE_TOKENS},
+        dense={"file": "synthetic", "max_len": DENSE_TOKENS, "store": dense_store},
         codec=codec.describe(),
     )
     start = time.perf_counter()
@@ -130,8 +138,11 @@ def write_index(run_dir: Path, index_dir: Path, size: int, shard_size: int = 819
         glob = clustered(rows, DIM, generator).numpy()
         save_npy_atomic(files["global"], glob)
         save_npy_atomic(files["tokens"], rng.integers(0, 256, (rows, IMAGE_TOKENS, PQ_M), dtype=np.uint8))
-        save_npy_atomic(files["dense"], rng.integers(0, 256, (rows, DENSE_TOKENS, PQ_M), dtype=np.uint8))
-        save_npy_atomic(files["dense_lens"], np.full(rows, DENSE_TOKENS, np.int32))
+        if dense_store == "scores":  # the dense branch's score per image (index build --dense-store scores)
+            save_npy_atomic(files["dense_score"], rng.standard_normal(rows).astype(np.float32))
+        else:
+            save_npy_atomic(files["dense"], rng.integers(0, 256, (rows, DENSE_TOKENS, PQ_M), dtype=np.uint8))
+            save_npy_atomic(files["dense_lens"], np.full(rows, DENSE_TOKENS, np.int32))
         manifest.shards.append({"id": shard_id, "rows": rows})
         manifest.entries += [Entry(f"{first + r:07d}.jpg", 0, 0, "JPEG", shard_id, r) for r in range(rows)]
     manifest.next_shard = len(manifest.shards)
@@ -207,6 +218,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000])
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--dense-store", choices=("tokens", "scores"), default="tokens")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     from patchword.bench.machine import machine_description
@@ -215,14 +227,15 @@ def main() -> None:
     make_run(run_dir)
     rows = []
     for size in args.sizes:
-        index_dir = args.work / f"index-{size}"
-        row = {"size": size, **write_index(run_dir, index_dir, size), **first_stage(index_dir)}
+        index_dir = args.work / f"index-{size}-{args.dense_store}"
+        built = write_index(run_dir, index_dir, size, dense_store=args.dense_store)
+        row = {"size": size, "dense_store": args.dense_store, **built, **first_stage(index_dir)}
         row["load"], row["serve_peak_rss_mib"] = serve(run_dir, index_dir, args.clients, args.requests)
         rows.append(row)
         print(json.dumps(row, indent=2), flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "scale_search.json").write_text(
+        (args.out / f"scale_search_{args.dense_store}.json").write_text(
             json.dumps({"machine": machine_description(), "rows": rows}, indent=2)
         )
 

@@ -159,3 +159,48 @@ def test_the_qdrant_backend_ranks_as_the_local_index(env, tmp_path, capsys):
     assert main(["search", str(tmp_path / "idx"), captions[0], "--qdrant", "--json", "-k", "3"]) == 0
     body = json.loads(capsys.readouterr().out)
     assert [r["id"] for r in body["results"]] == [h.id for h in local.search(captions[0], k=3).hits]
+
+
+def test_dense_scores_index_searches_like_dense_tokens_and_is_smaller(env, tmp_path, one_thread):
+    """--dense-store scores (SEPS as released: the dense branch is one number per image) keeps that number
+    instead of the dense tokens: the same hits and scores, fewer bytes; refused for a matcher without it."""
+    from patchword.config import apply_overrides
+    from patchword.errors import ConfigError
+    from patchword.run_config import RunConfig
+    from patchword.runs import load_run
+    from patchword.train.runner import train_run
+    from search_support import TINY
+
+    overrides = [o for o in TINY if not o.startswith(("model.seps.variant", "train.epochs", "name="))]
+    cfg = apply_overrides(
+        RunConfig(),
+        [
+            f"output_dir={tmp_path / 'runs'}",
+            f"data.cache_dir={env.root / 'cache'}",
+            *overrides,
+            "name=code",
+            "model.seps.variant=code",
+            "train.epochs=1",
+        ],
+    )
+    train_run(cfg)
+    run = load_run(tmp_path / "runs" / "code")
+    images, dense = env.export.files["images"], env.export.files["dense"]
+    build_index(run, images, tmp_path / "tokens", dense=dense, shard_size=10)
+    report = build_index(run, images, tmp_path / "scores", dense=dense, dense_store="scores", shard_size=10)
+    assert report.num_images == 24
+    tokens, scores = SearchIndex.open(tmp_path / "tokens"), SearchIndex.open(tmp_path / "scores")
+    assert scores.dense_store == "scores" and scores.dense_tokens([0]) is None
+    assert not list((tmp_path / "scores" / "shards").glob("*.dense.npy"))
+    assert scores.bytes_per_image() < 0.7 * tokens.bytes_per_image()
+    a, b = Searcher(tokens, run), Searcher(scores, run)
+    captions, _ = caption_queries(env)
+    for caption in captions[:8]:
+        want, got = a.search(caption, k=5).hits, b.search(caption, k=5).hits
+        assert [h.id for h in got] == [h.id for h in want]
+        assert max(abs(g.score - w.score) for g, w in zip(got, want, strict=True)) < 1e-5
+    with pytest.raises(ConfigError) as err:  # the paper variant's dense text enters every pair's selection
+        build_index(env.run, images, tmp_path / "refused", dense=dense, dense_store="scores")
+    assert err.value.key == "--dense-store" and not (tmp_path / "refused").exists()
+    with pytest.raises(ConfigError, match="keeps dense scores"):
+        build_index(run, images, tmp_path / "scores", dense=dense, dense_store="tokens", update=True)

@@ -221,3 +221,29 @@ def test_input_validation():
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("kind", ["vit", "swin"])
+def test_precomputed_image_constants_give_the_scores_of_the_dense_tokens(kind):
+    """SEPS as released ("branch" mode, dense text tied to the image): the dense branch is one number per
+    image; stored instead of the dense tokens it gives the same scores (the index-time precompute)."""
+    m = _matcher(kind, "code", dense_pairing="image")
+    img, caps, lens, dense, dense_lens, _ = _inputs(kind)
+    engine = SEPSEngine(m)
+    constants = engine.image_constants(img, dense, dense_lens, device="cpu", block=2)
+    assert constants.shape == (img.shape[0],) and constants.abs().min() > 0
+    want = _forward(m, img, caps, lens, dense, dense_lens)
+    without = _forward(m, img, caps, lens)
+    out = torch.empty(img.shape[0], caps.shape[0])
+    inputs = prepare_inputs(m, img, caps, lens, None, None, None, image_constants=constants)
+    engine.score(inputs, out, budget=1 << 28, device="cpu", progress=False)
+    assert (out - want).abs().max() <= 1e-5
+    assert (without - want).abs().max() > 1e-2  # the dense branch matters
+    pairs = engine.score_pairs(
+        inputs, torch.tensor([0, 3, 4]), torch.tensor([1, 1, 7]), budget=1 << 28, device="cpu"
+    )
+    torch.testing.assert_close(pairs, want[[0, 3, 4], [1, 1, 7]], atol=1e-5, rtol=0)
+    # "guide" mode (the paper variant): dense text enters every pair's selection, no per-image part
+    assert SEPSEngine(_matcher(kind, "paper")).image_constants(img, dense, dense_lens, device="cpu") is None
+    with pytest.raises(ValueError, match="not both"):
+        prepare_inputs(m, img, caps, lens, dense, dense_lens, None, image_constants=constants)

@@ -301,7 +301,7 @@ def test_opt_is_mapped_onto_the_run_config(tmp_path):
         cross_attn="i2t", agg_func="Mean", lambda_softmax=4.0, lambda_lse=20.0, data_name="coco_precomp"
     )
     torch.save(official_checkpoint(opt), tmp_path / "ckpt.pth.tar")
-    # nltk keeps punctuation and hyphenated words, which patchword's tokenizer never produces (recorded)
+    # nltk keeps punctuation and hyphenated words: the imported vocabulary splits words as nltk does
     words = [*SCAN_SPECIALS, *WORDS[:-2], ".", "white-walled"]
     vocab = write_json_vocab(tmp_path / "vocab.json", words)
     import_checkpoint(tmp_path / "ckpt.pth.tar", tmp_path / "run", options=ImportOptions(vocab=str(vocab)))
@@ -319,7 +319,13 @@ def test_opt_is_mapped_onto_the_run_config(tmp_path):
     assert record["family"] == "scan" and record["ignored"] == {}
     assert record["metadata"]["epoch"] == 12 and record["metadata"]["best_rsum"] == 431.5
     assert record["metadata"]["vocab_ids"] == "as the official vocabulary"
-    assert record["metadata"]["vocab_words_never_tokenized"] == 2
+    assert record["metadata"]["vocab_words_never_tokenized"] == 0
+    run = load_run(tmp_path / "run")
+    assert run.tokenizer.split == "treebank"
+    ids, lens = run.tokenize([f"{WORDS[0]} white-walled {WORDS[1]}."])
+    assert ids[0, : int(lens[0])].tolist() == [
+        words.index(w) for w in ("<start>", WORDS[0], "white-walled", WORDS[1], ".", "<end>")
+    ]
     training_only = set(record["metadata"]["training_only_opt"])
     assert {"margin", "max_violation", "learning_rate", "lr_update", "data_path"} <= training_only
     assert record["opt"]["cross_attn"] == "i2t"

@@ -31,6 +31,31 @@ def test_tokenize_lowercases_and_drops_punctuation() -> None:
     assert tokenize(" ... ") == []
 
 
+def test_treebank_split_keeps_punctuation_and_hyphens_as_nltk_word_tokenize() -> None:
+    """The split of official SCAN / NAAF vocabularies: nltk.word_tokenize on a one-sentence caption."""
+    nltk = pytest.importorskip("nltk")  # a dev dependency: never skipped in CI
+    text = "A white-walled room, and the dog's bowl."
+    want = nltk.tokenize.word_tokenize(text.lower(), preserve_line=True)
+    assert tokenize(text, "treebank") == want
+    assert want == ["a", "white-walled", "room", ",", "and", "the", "dog", "'s", "bowl", "."]
+    assert tokenize(text) == ["a", "white", "walled", "room", "and", "the", "dog", "s", "bowl"]
+
+
+def test_the_split_is_saved_with_the_vocabulary(tmp_path: Path) -> None:
+    vocab = WordVocab(["a", "dog", ".", "'s"], split="treebank")
+    assert vocab.encode("A dog's.") == [1, 4, 5, 7, 6, 2]
+    vocab.save(tmp_path / "v.json")
+    assert json.loads((tmp_path / "v.json").read_text())["split"] == "treebank"
+    again = WordVocab.load(tmp_path / "v.json")
+    assert again.split == "treebank" and again.encode("A dog's.") == vocab.encode("A dog's.")
+    WordVocab(["a"]).save(tmp_path / "plain.json")  # the default rule writes SCAN's own keys only
+    assert set(json.loads((tmp_path / "plain.json").read_text())) == {"word2idx", "idx2word", "idx"}
+    payload = json.loads((tmp_path / "v.json").read_text()) | {"split": "spaces"}
+    (tmp_path / "bad.json").write_text(json.dumps(payload))
+    with pytest.raises(ValueError, match="unknown word split 'spaces'"):
+        WordVocab.load(tmp_path / "bad.json")
+
+
 def test_specials_and_frequency_order(vocab: WordVocab) -> None:
     assert vocab.idx2word[:4] == ["<pad>", "<start>", "<end>", "<unk>"]
     assert (vocab.pad_id, vocab.start_id, vocab.end_id, vocab.unk_id) == (0, 1, 2, 3)

@@ -22,7 +22,7 @@ from torch import nn
 
 from patchword.encoders.base import EncoderBase, padding_mask
 
-__all__ = ["ContextConfig", "ContextTransformer", "ContextualTextEncoder"]
+__all__ = ["ContextConfig", "ContextTransformer", "ContextualTextEncoder", "post_norm_layers"]
 
 
 @dataclass
@@ -39,6 +39,26 @@ class ContextConfig:
     emit_stage1: bool = False
 
 
+def post_norm_layers(width: int, layers: int, heads: int, ffn_dim: int, dropout: float) -> nn.ModuleList:
+    """``layers`` PyTorch post-norm ``TransformerEncoderLayer`` s (ReLU, batch first): the official TGDT /
+    TERAN layers, under the official parameter names (``self_attn.in_proj_weight``, ``linear1``...)."""
+    if layers < 0:
+        raise ValueError(f"layers must be >= 0, got {layers}")
+    if layers and width % heads:
+        raise ValueError(f"heads ({heads}) must divide the token width ({width})")
+    return nn.ModuleList(
+        nn.TransformerEncoderLayer(
+            d_model=width,
+            nhead=heads,
+            dim_feedforward=ffn_dim,
+            dropout=dropout,
+            activation="relu",
+            batch_first=True,
+        )
+        for _ in range(layers)
+    )
+
+
 class ContextTransformer(nn.Module):
     """Post-norm transformer layers over (B, L, C) tokens, optionally with a learned global token first.
 
@@ -49,24 +69,10 @@ class ContextTransformer(nn.Module):
 
     def __init__(self, width: int, cfg: ContextConfig) -> None:
         super().__init__()
-        if cfg.layers < 0:
-            raise ValueError(f"layers must be >= 0, got {cfg.layers}")
-        if cfg.layers and width % cfg.heads:
-            raise ValueError(f"heads ({cfg.heads}) must divide the token width ({width})")
         if cfg.emit_stage1 and (cfg.layers < 2 or cfg.layers % 2):
             raise ValueError(f"emit_stage1 needs an even number of layers (two stages), got {cfg.layers}")
         self.cfg = cfg
-        self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(
-                d_model=width,
-                nhead=cfg.heads,
-                dim_feedforward=cfg.ffn_dim,
-                dropout=cfg.dropout,
-                activation="relu",
-                batch_first=True,
-            )
-            for _ in range(cfg.layers)
-        )
+        self.layers = post_norm_layers(width, cfg.layers, cfg.heads, cfg.ffn_dim, cfg.dropout)
         self.global_token = nn.Parameter(torch.zeros(1, 1, width)) if cfg.global_token else None
         if self.global_token is not None:
             nn.init.trunc_normal_(self.global_token, std=0.02)

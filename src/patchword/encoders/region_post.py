@@ -27,6 +27,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from patchword.encoders.context import post_norm_layers
+
 __all__ = ["BOX_CHANNELS", "RegionPostConfig", "RegionPostProcessor", "box_features"]
 
 #: Channels a box adds to a region feature: normalised ``x1, y1, x2, y2``.
@@ -73,10 +75,6 @@ class RegionPostProcessor(nn.Module):
         super().__init__()
         if cfg.box_encoding not in _BOX_ENCODINGS:
             raise ValueError(f"box_encoding must be one of {_BOX_ENCODINGS}, got {cfg.box_encoding!r}")
-        if cfg.layers < 0:
-            raise ValueError(f"layers must be >= 0, got {cfg.layers}")
-        if cfg.layers and width % cfg.heads:
-            raise ValueError(f"heads ({cfg.heads}) must divide region_dim ({width})")
         self.cfg = cfg
         if cfg.box_encoding == "concat-and-process":
             self.box_map: nn.Module | None = nn.Sequential(
@@ -86,17 +84,7 @@ class RegionPostProcessor(nn.Module):
             self.box_map = nn.Linear(5, width)
         else:
             self.box_map = None
-        self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(
-                d_model=width,
-                nhead=cfg.heads,
-                dim_feedforward=cfg.ffn_dim,
-                dropout=cfg.dropout,
-                activation="relu",
-                batch_first=True,
-            )
-            for _ in range(cfg.layers)
-        )
+        self.layers = post_norm_layers(width, cfg.layers, cfg.heads, cfg.ffn_dim, cfg.dropout)
 
     def forward(self, features: torch.Tensor, boxes: torch.Tensor | None) -> torch.Tensor:
         """Encode the boxes into the features, then run the region transformer (every region valid).

@@ -182,7 +182,8 @@ def read_official_vocab(path: str | Path) -> list[str]:
 
 def _word_vocab(official: list[str]):
     """patchword's WordVocab of the same words, and the official id of every patchword id (its row order)."""
-    vocab = WordVocab(w for w in official if w not in _SPECIALS)
+    # captions cut as the official nltk.word_tokenize cuts them, so every vocabulary word can occur
+    vocab = WordVocab((w for w in official if w not in _SPECIALS), split="treebank")
     index = {w: i for i, w in enumerate(official)}
     return vocab, [index[w] for w in vocab.idx2word]
 
@@ -438,11 +439,10 @@ def _convert(family: str, ckpt: dict[str, Any], options: ImportOptions, path: Pa
         _logger.warning(
             "%s: opt fields the official %s code does not have (not read): %s", path, family, unrecognised
         )
-    unreachable = [w for w in vocab.idx2word[len(_SPECIALS) :] if tokenize(w) != [w]]
+    unreachable = [w for w in vocab.idx2word[len(_SPECIALS) :] if tokenize(w, vocab.split) != [w]]
     if unreachable:
         _logger.warning(
-            "%s: %d vocabulary words (e.g. %s) are never produced by patchword's word tokenizer, which drops "
-            "punctuation and splits hyphenated words (the official code tokenises with nltk)",
+            "%s: %d vocabulary words (e.g. %s) are never produced by nltk's Treebank tokenizer on their own",
             options.vocab,
             len(unreachable),
             ", ".join(repr(w) for w in unreachable[:5]),

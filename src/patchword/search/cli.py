@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from patchword.device import resolve_device
-from patchword.errors import USER_ERRORS, report_user_error, run_command
+from patchword.errors import USER_ERRORS, ConfigError, report_user_error, run_command
 from patchword.logs import setup_logging
 
 __all__ = ["main_index", "main_search"]
@@ -56,6 +56,13 @@ def _index_parser() -> argparse.ArgumentParser:
         help="dense captions (SEPS JSONL, metadata.file = image path relative to --images) for matchers "
         "that read them",
     )
+    build.add_argument(
+        "--dense-store",
+        choices=("tokens", "scores"),
+        help="what the index keeps of the dense captions: tokens (default), or scores: the per-image score "
+        "they give, computed once here (exact for SEPS as released, whose dense branch depends on the image "
+        "alone; smaller and faster to search; no dense branch in explanations)",
+    )
     build.add_argument("--batch-size", type=int, default=64, help="images per encoder batch (default 64)")
     build.add_argument("--shard-size", type=int, default=2048, help="images per shard (default 2048)")
     build.add_argument(
@@ -79,6 +86,10 @@ def main_index(argv: list[str] | None = None) -> int:
     from patchword.search.index import build_index
 
     def build() -> None:
+        if args.qdrant and args.dense_store == "scores":
+            raise ConfigError(
+                "--dense-store", "the Qdrant backend holds dense tokens: use --dense-store tokens"
+            )
         report = build_index(
             args.run_dir,
             args.images,
@@ -86,6 +97,7 @@ def main_index(argv: list[str] | None = None) -> int:
             update=args.update,
             dtype="float16" if args.fp16 else args.store,
             dense=args.dense,
+            dense_store=args.dense_store,
             batch_size=args.batch_size,
             shard_size=args.shard_size,
             workers=args.workers,

@@ -19,13 +19,14 @@ import torch
 
 from patchword.data.images import load_image
 from patchword.errors import DataError, MissingFileError
+from patchword.eval.engine.core import ScoringEngine
 from patchword.matching.ops import length_mask
 from patchword.runs import LoadedRun
 from patchword.search.codecs import TokenCodec
 from patchword.search.scan import ImageFile, SkippedFile
 from patchword.search.store import save_npy_atomic, shard_files
 
-__all__ = ["EncodedShard", "ShardEncoder", "read_dense_file", "write_shard", "codec_sample"]
+__all__ = ["EncodedShard", "ShardEncoder", "codec_sample", "dense_scores", "read_dense_file", "write_shard"]
 
 
 def read_dense_file(path: str | os.PathLike[str]) -> dict[str, str]:
@@ -137,14 +138,33 @@ def _pad_cat(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([torch.nn.functional.pad(p, (0, 0, 0, width - p.shape[1])) for p in parts])
 
 
-def write_shard(index_dir: Path, shard_id: int, encoded: EncodedShard, codec: TokenCodec) -> int:
-    """Write one shard's arrays (each atomically), token arrays through the index's codec; returns its row
-    count."""
+def dense_scores(engine: ScoringEngine, encoded: EncodedShard, device) -> np.ndarray:
+    """(rows,) float32: the per-image score each image's dense caption gives (``--dense-store scores``)."""
+    lens = torch.cat(encoded.dense_lens)
+    scores = engine.image_constants(
+        torch.cat(encoded.tokens), _pad_cat(encoded.dense)[:, : int(lens.max())], lens, device=device
+    )
+    if scores is None:  # checked before the build starts (build_index)
+        raise RuntimeError("the matcher has no per-image dense score")
+    return scores.numpy().astype(np.float32)
+
+
+def write_shard(
+    index_dir: Path,
+    shard_id: int,
+    encoded: EncodedShard,
+    codec: TokenCodec,
+    dense_score: np.ndarray | None = None,
+) -> int:
+    """Write one shard's arrays (each atomically), token arrays through the index's codec; with
+    ``dense_score`` (rows,) that array instead of the dense tokens. Returns the shard's row count."""
     files = shard_files(index_dir, shard_id)
     save_npy_atomic(files["global"], torch.cat(encoded.globals_).numpy().astype(np.float32))
     for suffix, array in codec.encode(torch.cat(encoded.tokens).numpy()).items():
         save_npy_atomic(files[f"tokens{suffix}"], array)
-    if encoded.dense:
+    if dense_score is not None:
+        save_npy_atomic(files["dense_score"], dense_score)
+    elif encoded.dense:
         lens = torch.cat(encoded.dense_lens)
         dense = _pad_cat(encoded.dense)[:, : int(lens.max())]
         for suffix, array in codec.encode(dense.numpy()).items():
@@ -153,10 +173,13 @@ def write_shard(index_dir: Path, shard_id: int, encoded: EncodedShard, codec: To
     return len(encoded.files)
 
 
-def codec_sample(encoded: EncodedShard, limit: int = 100_000, seed: int = 0) -> np.ndarray:
-    """(n, C) float32 tokens of a shard (image and dense) to train a quantiser on, ``limit`` at most."""
+def codec_sample(
+    encoded: EncodedShard, limit: int = 100_000, seed: int = 0, *, dense: bool = True
+) -> np.ndarray:
+    """(n, C) float32 tokens of a shard (image, and dense unless ``dense`` is False: the ones the index
+    stores) to train a quantiser on, ``limit`` at most."""
     parts = [torch.cat(encoded.tokens).flatten(0, 1)]
-    if encoded.dense:
+    if encoded.dense and dense:
         lens = torch.cat(encoded.dense_lens)
         dense = _pad_cat(encoded.dense)
         parts.append(dense[length_mask(lens, dense.shape[1])])

@@ -28,13 +28,15 @@ import numpy as np
 import torch
 
 from patchword.errors import ConfigError, DataError, RunExistsError
+from patchword.eval.engine.core import engine_for
 from patchword.progress import progress_bar
 from patchword.runs import LoadedRun, load_run
 from patchword.search.codecs import load_codec, make_codec
-from patchword.search.encode import ShardEncoder, codec_sample, read_dense_file, write_shard
+from patchword.search.encode import ShardEncoder, codec_sample, dense_scores, read_dense_file, write_shard
 from patchword.search.identity import IndexMismatchError, check_index_model, model_identity, weights_sha256
 from patchword.search.scan import SkippedFile, scan_images
 from patchword.search.store import (
+    DENSE_STORES,
     DTYPES,
     MANIFEST_FILE,
     SHARDS_DIR,
@@ -144,6 +146,7 @@ def _open_or_create(
     dtype: str | None,
     dense_file: Path | None,
     update: bool,
+    dense_store: str | None = None,
 ) -> tuple[Manifest, bool]:
     """The manifest to continue (resume / update) or a new one; refuses what would mix two indexes."""
     if not (index_dir / MANIFEST_FILE).is_file():
@@ -152,6 +155,7 @@ def _open_or_create(
         dense = None
         if dense_file is not None:
             dense = {"file": str(dense_file.resolve()), "max_len": identity["max_dense_len"]}
+            dense["store"] = dense_store or "tokens"
         return Manifest(
             model=identity, images_root=str(images_root), dtype=dtype or "float32", dense=dense
         ), False
@@ -170,6 +174,11 @@ def _open_or_create(
     ):
         had = manifest.dense["file"] if manifest.dense else "no dense captions"
         raise ConfigError("--dense", f"{index_dir} was built with {had}; build a new index to change it")
+    kept = None if manifest.dense is None else manifest.dense.get("store", "tokens")
+    if dense_store is not None and dense_store != kept:
+        raise ConfigError(
+            "--dense-store", f"{index_dir} keeps dense {kept or 'nothing'}; build a new index to change it"
+        )
     resumed = manifest.state == "building"
     if manifest.state == "complete" and not update:
         raise RunExistsError(
@@ -177,6 +186,13 @@ def _open_or_create(
             "(and drop deleted ones), or choose another --out"
         )
     return manifest, resumed
+
+
+def _has_dense_scores(engine, identity: dict[str, Any]) -> bool:
+    """Whether the fine matcher's dense part is one number per image (probed on one zero image)."""
+    image = torch.zeros(1, identity["image_tokens"], identity["embed_dim"])
+    dense = torch.zeros(1, 2, identity["embed_dim"])
+    return engine.image_constants(image, dense, torch.tensor([2]), device="cpu") is not None
 
 
 def _compact(index_dir: Path, manifest: Manifest, shard_size: int) -> None:
@@ -249,6 +265,7 @@ def build_index(
     update: bool = False,
     dtype: str | None = None,
     dense: str | os.PathLike[str] | None = None,
+    dense_store: str | None = None,
     batch_size: int = 64,
     shard_size: int = 2048,
     workers: int | None = None,
@@ -269,6 +286,9 @@ def build_index(
             index, the index's own for an existing one).
         dense: dense-caption JSONL (see :func:`read_dense_file`); images without a line are skipped.
             An existing index keeps the file it was built with.
+        dense_store: what the index keeps of the dense captions (``DENSE_STORES``): ``tokens``
+            (default) or ``scores``, the per-image score they give, computed once here (exact,
+            for a matcher whose dense part depends on the image alone: SEPS as released; refused otherwise).
         batch_size: images per encoder batch.
         shard_size: images per shard (the unit of resumption).
         workers: decoding threads (default: min(4, CPU count)).
@@ -290,13 +310,31 @@ def build_index(
         raise ConfigError("--store", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if batch_size < 1 or shard_size < 1:
         raise ConfigError("--batch-size", "batch and shard sizes must be positive")
+    if dense_store is not None and dense_store not in DENSE_STORES:
+        raise ConfigError("--dense-store", f"must be one of {', '.join(DENSE_STORES)}, got {dense_store!r}")
     if not isinstance(run, LoadedRun):
         run = load_run(run, checkpoint, device=device)
     identity = model_identity(run)
     images_root = Path(images).expanduser().resolve()
     index_dir = Path(index_dir).expanduser()
     dense_file = Path(dense).expanduser() if dense is not None else None
-    manifest, resumed = _open_or_create(index_dir, identity, images_root, dtype, dense_file, update)
+    if dense_store == "scores" and dense_file is None and not (index_dir / MANIFEST_FILE).is_file():
+        raise ConfigError("--dense-store", "scores are computed from dense captions: give --dense FILE")
+    manifest, resumed = _open_or_create(
+        index_dir, identity, images_root, dtype, dense_file, update, dense_store
+    )
+    plan = run.model.matcher.two_stage_plan()
+    engine = engine_for(
+        plan.fine if plan is not None else run.model.matcher
+    )  # the matcher search re-ranks with
+    store_scores = manifest.dense is not None and manifest.dense.get("store", "tokens") == "scores"
+    if store_scores and not _has_dense_scores(engine, identity):
+        raise ConfigError(
+            "--dense-store",
+            f"scores: {run.run_dir}'s matcher ({run.config.model.matcher}) has no per-image dense score "
+            "(its dense text enters every pair's selection, as in SEPS's paper variant): use --dense-store "
+            "tokens",
+        )
     # Scanned before anything is written: a folder without images is an error, not an empty index (nor,
     # for --update, an index emptied of every entry).
     scan = scan_images(images_root, exclude=index_dir)
@@ -371,13 +409,13 @@ def build_index(
             skipped += encoded.failed
             if encoded.files:
                 if codec is None:  # the first shard: a quantiser trains on its tokens, once per index
-                    codec = make_codec(
-                        manifest.dtype, codec_sample(encoded) if manifest.dtype == "pq" else None
-                    )
+                    sample = codec_sample(encoded, dense=not store_scores) if manifest.dtype == "pq" else None
+                    codec = make_codec(manifest.dtype, sample)
                     codec.save(index_dir)
                     manifest.codec = codec.describe()
                 shard_id = manifest.next_shard
-                rows = write_shard(index_dir, shard_id, encoded, codec)
+                scores = dense_scores(engine, encoded, run.device) if store_scores else None
+                rows = write_shard(index_dir, shard_id, encoded, codec, scores)
                 manifest.shards.append({"id": shard_id, "rows": rows})
                 manifest.next_shard += 1
                 manifest.entries += [

@@ -60,6 +60,12 @@ def upload_index(index_dir: str | Path, location: str, collection: str, *, batch
     vector layout differs) and record it in ``INDEX_DIR/qdrant.json``; returns that record."""
     _, models = _client_module()
     index = SearchIndex.open(index_dir)
+    if index.dense_store == "scores":
+        raise ConfigError(
+            "--qdrant",
+            f"{index_dir} keeps dense scores, the Qdrant backend dense tokens: build it with "
+            "--dense-store tokens",
+        )
     client = connect(location)
     dim = int(index.manifest.model["embed_dim"])
     multi = models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM)
@@ -141,6 +147,10 @@ class QdrantIndex(IndexEntries):
         """(k,) ids -> (k, L_v, C) float32 image tokens from Qdrant."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         return torch.tensor(np.stack([np.asarray(v["tokens"], np.float32) for v in self._vectors(ids)]))
+
+    def dense_scores(self, ids) -> None:
+        """Always None: a Qdrant collection holds dense tokens, never precomputed dense scores."""
+        return None
 
     def dense_tokens(self, ids) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(k,) ids -> ((k, L_d, C) zero-padded dense tokens, (k,) lengths), or None."""

@@ -304,8 +304,11 @@ class Searcher:
     @torch.no_grad()
     def rerank(self, query: Query, ids: torch.Tensor) -> torch.Tensor:
         """Fine scores of the images ``ids`` (k,) for ``query``: (k,) float32 (no global term)."""
+        if hasattr(self.index, "prefetch"):  # shards on disk: read the shortlisted rows together
+            self.index.prefetch(ids)
         img = self.index.image_tokens(ids)
         dense = self.index.dense_tokens(ids) if self.use_dense else None
+        scores = self.index.dense_scores(ids) if self.use_dense else None  # --dense-store scores
         inputs = prepare_inputs(
             self.fine,
             img,
@@ -314,6 +317,7 @@ class Searcher:
             None if dense is None else dense[0],
             None if dense is None else dense[1],
             None,
+            image_constants=scores,
         )
         # One caption against k images is a (k, 1) matrix: the engine's matrix path batches the images,
         # where its pair path (built for images with many captions) takes them one at a time; same

@@ -1,6 +1,15 @@
 """Word-level vocabulary for from-scratch text encoders (the SCAN / VSE++ convention).
 
-Texts are lowercased and split on every non-alphanumeric character, so punctuation disappears. Encoded
+Texts are lowercased and split into words by the vocabulary's rule (``split``, saved with it):
+
+* ``alnum`` (patchword's default): on every non-alphanumeric character, so punctuation disappears;
+* ``treebank``: nltk's Treebank word tokenizer (``NLTKWordTokenizer``, what SCAN / NAAF's
+  ``nltk.word_tokenize`` applies to each sentence), so ``.``, ``,`` and ``'s`` are tokens and hyphenated
+  words stay whole: the vocabularies of official SCAN / NAAF checkpoints (``patchword import``). Needs the
+  optional ``nltk`` package; the sentence splitting before it (punkt, a data download) is left out, which
+  changes nothing for one-sentence captions.
+
+Encoded
 sequences are wrapped as ``<start> w1 ... wn <end>``; their lengths include both specials, like BERT's
 [CLS] / [SEP], so a word-level and a BERT text encoder report comparable token counts. The JSON format
 is SCAN's (``{"word2idx": ..., "idx2word": ..., "idx": n}``), so SCAN's precomputed vocabularies load as is.
@@ -16,21 +25,39 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-__all__ = ["WordVocab", "tokenize", "PAD", "START", "END", "UNK"]
+__all__ = ["SPLITS", "WordVocab", "tokenize", "PAD", "START", "END", "UNK"]
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 SPECIALS = (PAD, START, END, UNK)  # their ids are their positions: <pad> = 0 is also the padding value
 
 _WORD = re.compile(r"[^\W_]+")  # maximal runs of letters and digits (any script)
+SPLITS = ("alnum", "treebank")
 
 
-def tokenize(text: str) -> list[str]:
-    """Lowercased alphanumeric words of ``text``; punctuation and underscores separate words."""
-    return _WORD.findall(text.lower())
+def _treebank():
+    try:
+        from nltk.tokenize.destructive import NLTKWordTokenizer
+    except ImportError as err:
+        from patchword.errors import MissingExtraError
+
+        raise MissingExtraError(
+            "the treebank word split (the vocabulary of an official SCAN / NAAF checkpoint) needs nltk: "
+            "pip install 'patchword[nltk]'"
+        ) from err
+    return NLTKWordTokenizer()
 
 
-def _words(text: str, index: int) -> list[str]:
-    words = tokenize(text)
+def tokenize(text: str, split: str = "alnum") -> list[str]:
+    """Lowercased words of ``text``: alphanumeric runs (``alnum``), nltk's Treebank tokens (``treebank``)."""
+    if split == "alnum":
+        return _WORD.findall(text.lower())
+    if split == "treebank":
+        return _treebank().tokenize(text.lower())
+    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+def _words(text: str, index: int, split: str = "alnum") -> list[str]:
+    words = tokenize(text, split)
     if not words:
         raise ValueError(f"text {index} is empty (no words): {text!r}")
     return words
@@ -41,11 +68,15 @@ class WordVocab:
 
     Args:
         words: the non-special words, in id order (ids start at 4).
+        split: how texts are cut into words (:data:`SPLITS`), saved with the vocabulary.
     """
 
     pad_id, start_id, end_id, unk_id = range(len(SPECIALS))
 
-    def __init__(self, words: Iterable[str] = ()) -> None:
+    def __init__(self, words: Iterable[str] = (), split: str = "alnum") -> None:
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        self.split = split
         self.idx2word: list[str] = list(SPECIALS)
         self.word2idx: dict[str, int] = {w: i for i, w in enumerate(SPECIALS)}
         for word in words:
@@ -72,7 +103,7 @@ class WordVocab:
     def known_and_unknown_words(self, text: str) -> tuple[list[str], list[str]]:
         """The words of ``text`` in this vocabulary and those not in it (each once, in order of appearance);
         an unknown word encodes as ``<unk>``, which tells the model nothing about it."""
-        words = list(dict.fromkeys(tokenize(text)))
+        words = list(dict.fromkeys(tokenize(text, self.split)))
         return [w for w in words if w in self.word2idx], [w for w in words if w not in self.word2idx]
 
     def encode(self, text: str, index: int = 0) -> list[int]:
@@ -80,7 +111,7 @@ class WordVocab:
 
         ``index`` only names the text in the error raised when it has no words.
         """
-        ids = [self.word2idx.get(w, self.unk_id) for w in _words(text, index)]
+        ids = [self.word2idx.get(w, self.unk_id) for w in _words(text, index, self.split)]
         return [self.start_id, *ids, self.end_id]
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
@@ -127,11 +158,14 @@ class WordVocab:
             "idx2word": {str(i): w for i, w in enumerate(self.idx2word)},
             "idx": len(self),
         }
+        if self.split != "alnum":  # a key SCAN's own loader ignores; absent: the default rule
+            payload["split"] = self.split
         atomic_write_text(path, json.dumps(payload, ensure_ascii=False))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> WordVocab:
-        """Read a SCAN-style JSON vocabulary (ids must be 0..n-1 with the four specials first)."""
+        """Read a SCAN-style JSON vocabulary (ids must be 0..n-1 with the four specials first); its
+        ``split`` key, when present, is the word rule (default ``alnum``)."""
         with open(path, encoding="utf-8") as f:
             payload = json.load(f)
         try:
@@ -148,7 +182,10 @@ class WordVocab:
             raise ValueError(f"{path}: word2idx and idx2word disagree or ids are not 0..{len(words) - 1}")
         if tuple(words[: len(SPECIALS)]) != SPECIALS:
             raise ValueError(f"{path}: the first ids must be {SPECIALS}, got {tuple(words[: len(SPECIALS)])}")
-        return cls(words[len(SPECIALS) :])
+        split = payload.get("split", "alnum")
+        if split not in SPLITS:
+            raise ValueError(f"{path}: unknown word split {split!r} (known: {', '.join(SPLITS)})")
+        return cls(words[len(SPECIALS) :], split=split)
 
     def __repr__(self) -> str:
-        return f"WordVocab({len(self)} words)"
+        return f"WordVocab({len(self)} words, split={self.split})"

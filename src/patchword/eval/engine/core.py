@@ -50,6 +50,9 @@ class ScoringInputs:
         dense_tokens: (N_dense, L_d, C) dense-caption tokens or None; ``dense_lens`` (N_dense,).
         dense_index: (N_txt,) row of ``dense_tokens`` paired with each caption when dense text is tied to
             captions (official protocol); None when it is tied to images (row v belongs to image v).
+        image_constants: (N_img,) the part of every score that depends on the image alone, precomputed by
+            :meth:`ScoringEngine.image_constants` (SEPS's image-tied dense branch), in place of the dense
+            tokens it came from; None when computed from the inputs.
     """
 
     img_tokens: torch.Tensor
@@ -58,6 +61,7 @@ class ScoringInputs:
     dense_tokens: torch.Tensor | None = None
     dense_lens: torch.Tensor | None = None
     dense_index: torch.Tensor | None = None
+    image_constants: torch.Tensor | None = None
 
     def subset(self, images: torch.Tensor, texts: torch.Tensor) -> ScoringInputs:
         """The inputs restricted to some images and texts (index tensors; dense rows follow)."""
@@ -66,8 +70,15 @@ class ScoringInputs:
             dense, dense_lens = dense[images], dense_lens[images]
         elif dense is not None:
             index = index[texts]
+        constants = None if self.image_constants is None else self.image_constants[images]
         return ScoringInputs(
-            self.img_tokens[images], self.cap_tokens[texts], self.cap_lens[texts], dense, dense_lens, index
+            self.img_tokens[images],
+            self.cap_tokens[texts],
+            self.cap_lens[texts],
+            dense,
+            dense_lens,
+            index,
+            constants,
         )
 
     @property
@@ -104,6 +115,15 @@ class ScoringEngine:
     def __init__(self, matcher: Matcher) -> None:
         self.matcher = matcher
         self.last_plan: BlockPlan | None = None
+
+    def image_constants(
+        self, img_tokens: torch.Tensor, dense_tokens: torch.Tensor, dense_lens: torch.Tensor, *, device
+    ) -> torch.Tensor | None:
+        """The part of every score that depends on the image alone, if the matcher has one: (N_img,)
+        float32, computed from (N_img, L_v, C) image tokens and their image-tied (N_img, L_d, C) dense
+        tokens. A search index can store it instead of the dense tokens (``ScoringInputs.image_constants``
+        then replaces them, with the same scores). None (the default): no such part."""
+        return None
 
     def score(
         self,
@@ -215,8 +235,12 @@ def prepare_inputs(
     dense_tokens: torch.Tensor | None,
     dense_lens: object,
     txt2img: object,
+    image_constants: torch.Tensor | None = None,
 ) -> ScoringInputs:
-    """Validate ``score_matrix``'s arguments and resolve the dense pairing into :class:`ScoringInputs`."""
+    """Validate ``score_matrix``'s arguments and resolve the dense pairing into :class:`ScoringInputs`.
+
+    ``image_constants`` (N_img,): the precomputed per-image part of every score (see
+    :meth:`ScoringEngine.image_constants`), given instead of the dense tokens it replaces."""
     img_tokens = check_tensor(img_tokens, "img_tokens", ndim=3, finite=False)
     dim = img_tokens.shape[2]
     cap_tokens = check_tensor(cap_tokens, "cap_tokens", shape=(None, None, dim), finite=False)
@@ -224,6 +248,11 @@ def prepare_inputs(
         raise ValueError("score_matrix needs at least one image and one caption")
     cap_lens = check_lengths(cap_lens, "cap_lens", size=cap_tokens.shape[0], max_len=cap_tokens.shape[1])
     pairing = _dense_pairing(matcher)
+    if image_constants is not None:
+        if dense_tokens is not None:
+            raise ValueError("give dense_tokens or the image_constants computed from them, not both")
+        image_constants = check_tensor(image_constants, "image_constants", shape=(img_tokens.shape[0],))
+        return ScoringInputs(img_tokens, cap_tokens, cap_lens, image_constants=image_constants)
     if dense_tokens is None or pairing == "none":
         return ScoringInputs(img_tokens, cap_tokens, cap_lens)
     dense_tokens = check_tensor(dense_tokens, "dense_tokens", shape=(None, None, dim), finite=False)

@@ -459,11 +459,38 @@ class SEPSEngine(ScoringEngine):
         return distinct, where[rows]
 
     def _prepare(self, inputs: ScoringInputs, rows: torch.Tensor, device, dtype) -> ImageBlock:
-        """Per-image work of the images ``rows``, image-tied dense text included."""
+        """Per-image work of the images ``rows``, image-tied dense text (or its precomputed score) too."""
         img = self._images(inputs.img_tokens[rows].to(device=device, dtype=dtype))
-        if inputs.dense_tokens is not None and inputs.dense_index is None:
+        if inputs.image_constants is not None:
+            img.dense_const = inputs.image_constants[rows].to(device=device, dtype=dtype)
+        elif inputs.dense_tokens is not None and inputs.dense_index is None:
             self._image_dense(img, inputs, rows, device, dtype)
         return img
+
+    @torch.no_grad()
+    def image_constants(
+        self,
+        img_tokens: torch.Tensor,
+        dense_tokens: torch.Tensor,
+        dense_lens: torch.Tensor,
+        *,
+        device,
+        block: int = 8,
+    ) -> torch.Tensor | None:
+        """The image-tied dense branch's score of each image ("branch" mode: SEPS as released), (N_img,)
+        float32, in blocks of ``block`` images; None in "guide" mode, where dense text enters the selection
+        of every pair."""
+        if self.cfg.dense_mode != "branch":
+            return None
+        device = torch.device(device)
+        dtype = self.aggr.scale.dtype
+        caption = img_tokens.new_zeros(1, 1, img_tokens.shape[2])  # no caption is read
+        inputs = ScoringInputs(img_tokens, caption, torch.ones(1, dtype=torch.long), dense_tokens, dense_lens)
+        out = torch.empty(img_tokens.shape[0], dtype=torch.float32)
+        for i0 in range(0, img_tokens.shape[0], block):
+            rows = torch.arange(i0, min(i0 + block, img_tokens.shape[0]))
+            out[rows] = self._prepare(inputs, rows, device, dtype).dense_const.float().cpu()
+        return out
 
     @torch.no_grad()
     def score(self, inputs, out, *, budget, device, progress) -> None:
