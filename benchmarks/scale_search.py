@@ -193,14 +193,16 @@ def first_stage(index_dir: Path, queries: int = 200, k: int = 100) -> dict:
 
 
 def serve(
-    run_dir: Path, index_dir: Path, clients: list[int], requests: int
+    run_dir: Path, index_dir: Path, clients: list[int], requests: int, workers: int = 2
 ) -> tuple[list[dict], float | None]:
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    cmd = _child(SERVE_CMD, str(index_dir), "--run", str(run_dir), "--port", str(port), "--workers", "2")
+    cmd = _child(
+        SERVE_CMD, str(index_dir), "--run", str(run_dir), "--port", str(port), "--workers", str(workers)
+    )
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _wait_ready(f"http://127.0.0.1:{port}", proc, timeout=1800)
@@ -219,6 +221,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--dense-store", choices=("tokens", "scores"), default="tokens")
+    parser.add_argument(
+        "--serve-workers", type=int, default=2, help="serve --workers (torch threads: CPUs // workers)"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     from patchword.bench.machine import machine_description
@@ -230,12 +235,16 @@ def main() -> None:
         index_dir = args.work / f"index-{size}-{args.dense_store}"
         built = write_index(run_dir, index_dir, size, dense_store=args.dense_store)
         row = {"size": size, "dense_store": args.dense_store, **built, **first_stage(index_dir)}
-        row["load"], row["serve_peak_rss_mib"] = serve(run_dir, index_dir, args.clients, args.requests)
+        row["serve_workers"] = args.serve_workers
+        row["load"], row["serve_peak_rss_mib"] = serve(
+            run_dir, index_dir, args.clients, args.requests, args.serve_workers
+        )
         rows.append(row)
         print(json.dumps(row, indent=2), flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"scale_search_{args.dense_store}.json").write_text(
+        suffix = "" if args.serve_workers == 2 else f"_workers{args.serve_workers}"
+        (args.out / f"scale_search_{args.dense_store}{suffix}.json").write_text(
             json.dumps({"machine": machine_description(), "rows": rows}, indent=2)
         )
 

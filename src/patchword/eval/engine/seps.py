@@ -171,10 +171,18 @@ class SEPSEngine(ScoringEngine):
         small = branches * 2 * n_c * k * c + 2 * m * c * length
         return _SMALL_BMM * small + 2 * n * c + cls + _GATHER_FLOPS * branches * (k * c + k * n_c)
 
-    def _form(self, length: int, branches: int = 1) -> str:
+    def _form(self, length: int, branches: int = 1, texts_per_image: int | None = None) -> str:
+        """The cheapest formulation for texts of ``length`` words. With ``texts_per_image``, "gram" also
+        pays its share of the per-image Gram matrices (2 N^2 C FLOPs shared by the image's texts): nothing
+        when an evaluation scores hundreds of captions per image, the whole of it in a search (1 caption
+        against 100 images at ViT-B/16 shapes: "direct" 25% faster, docs/benchmarks.md)."""
         if self.formulation != "auto":
             return self.formulation
-        return min(_FORMS, key=lambda form: self.flops_per_pair(form, length, branches))
+        setup = 0.0 if texts_per_image is None else 2 * self.n * self.n * self.dim / max(1, texts_per_image)
+        return min(
+            _FORMS,
+            key=lambda form: self.flops_per_pair(form, length, branches) + (setup if form == "gram" else 0.0),
+        )
 
     def _pair_bytes(self, form: str, length: int, branches: int = 1) -> int:
         """Upper bound of the working bytes per pair of one image's alignment with a text block."""
@@ -204,7 +212,7 @@ class SEPSEngine(ScoringEngine):
         cap_len = int(inputs.cap_lens.max())
         dense_len = 0 if inputs.dense_tokens is None else int(inputs.dense_lens.max())
         c, n = self.dim, self.n
-        form = self._form(cap_len, branches)
+        form = self._form(cap_len, branches, n_txt)
         # Blocks of shorter texts may pick another formulation: budget for the hungriest.
         forms = _FORMS if self.formulation == "auto" else (self.formulation,)
         per_text = _F32 * (3 * cap_len * c + 3 * c)  # gathered rows, unit words, guide
@@ -591,7 +599,9 @@ class SEPSEngine(ScoringEngine):
                 dense_scores = self._caption_dense(img_v, inputs, dense_rows, plan, device, dtype)
             # few texts per image: fewer, longer buckets (per-block overhead beats padding here)
             for start, stop in length_blocks(inputs.cap_lens[texts], plan.text_block, 4 * MIN_BUCKET):
-                block = self._caption_block(img_v, inputs, texts[start:stop], mode, device, dtype)[0]
+                block = self._caption_block(
+                    img_v, inputs, texts[start:stop], mode, device, dtype, texts_per_image=texts.numel()
+                )[0]
                 if dense_scores is not None:
                     block = block + dense_scores[0, dense_pos[start:stop].to(device)]
                 result[sel[start:stop]] = block.float().cpu()
@@ -612,12 +622,21 @@ class SEPSEngine(ScoringEngine):
             self._cache = PackedTexts.build(inputs.cap_tokens, inputs.cap_lens, device, dtype)
 
     def _caption_block(
-        self, img, inputs, cols, mode, device, dtype, txt: Texts | None = None
+        self,
+        img,
+        inputs,
+        cols,
+        mode,
+        device,
+        dtype,
+        txt: Texts | None = None,
+        texts_per_image: int | None = None,
     ) -> torch.Tensor:
-        """(B, T) similarities of the image block with the captions ``cols`` (sparse + guided parts)."""
+        """(B, T) similarities of the image block with the captions ``cols`` (sparse + guided parts);
+        ``texts_per_image``: how many texts each image meets in this call (default: every text)."""
         txt = self._captions(inputs, cols, device, dtype) if txt is None else txt
         branches = 2 if mode == "pair_guide" else 1
-        form = self._form(txt.words.shape[1], branches)
+        form = self._form(txt.words.shape[1], branches, texts_per_image or inputs.num_texts)
         relevance = text_relevance(img.unit, txt.guide, per_image=False)  # (B, T, N)
         if mode == "pair_guide":
             if inputs.dense_index is None:  # joint score with image-tied dense text
