@@ -193,16 +193,21 @@ def first_stage(index_dir: Path, queries: int = 200, k: int = 100) -> dict:
 
 
 def serve(
-    run_dir: Path, index_dir: Path, clients: list[int], requests: int, workers: int = 2
+    run_dir: Path,
+    index_dir: Path,
+    clients: list[int],
+    requests: int,
+    workers: int = 2,
+    shortlist: int | None = None,
 ) -> tuple[list[dict], float | None]:
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    cmd = _child(
-        SERVE_CMD, str(index_dir), "--run", str(run_dir), "--port", str(port), "--workers", str(workers)
-    )
+    options = ["--port", str(port), "--workers", str(workers)]
+    options += ["--shortlist", str(shortlist)] if shortlist else []
+    cmd = _child(SERVE_CMD, str(index_dir), "--run", str(run_dir), *options)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _wait_ready(f"http://127.0.0.1:{port}", proc, timeout=1800)
@@ -224,6 +229,7 @@ def main() -> None:
     parser.add_argument(
         "--serve-workers", type=int, default=2, help="serve --workers (torch threads: CPUs // workers)"
     )
+    parser.add_argument("--shortlist", type=int, default=None, help="serve --shortlist (default: 100)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     from patchword.bench.machine import machine_description
@@ -235,15 +241,16 @@ def main() -> None:
         index_dir = args.work / f"index-{size}-{args.dense_store}"
         built = write_index(run_dir, index_dir, size, dense_store=args.dense_store)
         row = {"size": size, "dense_store": args.dense_store, **built, **first_stage(index_dir)}
-        row["serve_workers"] = args.serve_workers
+        row["serve_workers"], row["shortlist"] = args.serve_workers, args.shortlist or 100
         row["load"], row["serve_peak_rss_mib"] = serve(
-            run_dir, index_dir, args.clients, args.requests, args.serve_workers
+            run_dir, index_dir, args.clients, args.requests, args.serve_workers, args.shortlist
         )
         rows.append(row)
         print(json.dumps(row, indent=2), flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         suffix = "" if args.serve_workers == 2 else f"_workers{args.serve_workers}"
+        suffix += f"_shortlist{args.shortlist}" if args.shortlist else ""
         (args.out / f"scale_search_{args.dense_store}{suffix}.json").write_text(
             json.dumps({"machine": machine_description(), "rows": rows}, indent=2)
         )

@@ -1,10 +1,13 @@
 """What each token store costs in recall: the same images indexed with ``--store float32|float16|int8|pq``,
 every caption of the exported split searched through each index (``Searcher.search``, the code path of
 ``patchword search`` and ``serve``), text-to-image R@1/5/10 against the uncompressed index and against the
-run's exhaustive evaluation, and the bytes per image of each index on disk.
+run's exhaustive evaluation, and the bytes per image of each index on disk; with ``--shortlists 100 50``
+also what a shorter global shortlist (fewer images re-ranked: a faster search) costs.
 
     patchword data export synthetic --split test --out /tmp/scenes --run runs/demo
     python benchmarks/store_recall.py --run runs/demo --export /tmp/scenes --work /tmp/stores
+    python benchmarks/store_recall.py --run runs/demo --export /tmp/scenes --work /tmp/stores \
+        --stores float32 --shortlists 100 50 25
 
 Writes ``WORK/store_recall.json`` and prints a Markdown table.
 """
@@ -62,6 +65,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, required=True, help="where the indexes are built")
     parser.add_argument("--split", default="test")
     parser.add_argument("--stores", nargs="+", default=list(STORES), choices=STORES)
+    parser.add_argument("--shortlists", type=int, nargs="+", default=[100], help="images re-ranked per query")
     parser.add_argument("--limit", type=int, help="only the first N captions")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -76,16 +80,19 @@ def main() -> None:
             if main_index(argv) != 0:
                 raise SystemExit(f"index build --store {store} failed")
         build = time.perf_counter() - t0
-        searcher = Searcher.open(out, run_dir=args.run)
-        n = len(searcher)
-        results[store] = {
-            **recall(searcher, args.export, args.split, args.limit),
-            "images": n,
-            "bytes_per_image": directory_bytes(out) / n,
-            "token_bytes_per_image": token_bytes(out) / n,
-            "build_seconds": build,
-        }
-        print(store, json.dumps(results[store]), flush=True)
+        for shortlist in args.shortlists:
+            searcher = Searcher.open(out, run_dir=args.run, shortlist=shortlist)
+            n = len(searcher)
+            name = store if shortlist == 100 else f"{store}, shortlist {shortlist}"
+            results[name] = {
+                **recall(searcher, args.export, args.split, args.limit),
+                "shortlist": shortlist,
+                "images": n,
+                "bytes_per_image": directory_bytes(out) / n,
+                "token_bytes_per_image": token_bytes(out) / n,
+                "build_seconds": build,
+            }
+            print(name, json.dumps(results[name]), flush=True)
     summary = json.loads((args.run / "summary.json").read_text())
     record = {"run": str(args.run), "results": results, "machine": machine_description()}
     record["exhaustive"] = {k: summary[k] for k in ("t2i_r1", "t2i_r5", "t2i_r10")}
