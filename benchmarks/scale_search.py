@@ -106,6 +106,7 @@ def write_index(
     shard_size: int = 8192,
     seed: int = 0,
     dense_store: str = "tokens",
+    pq_bytes: int = PQ_M,
 ) -> dict:
     """N synthetic entries in the pq store: clustered unit global embeddings (like real ones, which crowd
     around topics; benchmarks/ann_recall.py), random codes."""
@@ -121,7 +122,7 @@ def write_index(
     run = load_run(run_dir)
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
-    centroids = rng.standard_normal((PQ_M, 256, DIM // PQ_M)).astype(np.float32) * 0.1
+    centroids = rng.standard_normal((pq_bytes, 256, DIM // pq_bytes)).astype(np.float32) * 0.1
     codec = TokenCodec("pq", centroids)
     codec.save(index_dir)
     manifest = Manifest(
@@ -137,11 +138,13 @@ def write_index(
         files = shard_files(index_dir, shard_id)
         glob = clustered(rows, DIM, generator).numpy()
         save_npy_atomic(files["global"], glob)
-        save_npy_atomic(files["tokens"], rng.integers(0, 256, (rows, IMAGE_TOKENS, PQ_M), dtype=np.uint8))
+        save_npy_atomic(files["tokens"], rng.integers(0, 256, (rows, IMAGE_TOKENS, pq_bytes), dtype=np.uint8))
         if dense_store == "scores":  # the dense branch's score per image (index build --dense-store scores)
             save_npy_atomic(files["dense_score"], rng.standard_normal(rows).astype(np.float32))
         else:
-            save_npy_atomic(files["dense"], rng.integers(0, 256, (rows, DENSE_TOKENS, PQ_M), dtype=np.uint8))
+            save_npy_atomic(
+                files["dense"], rng.integers(0, 256, (rows, DENSE_TOKENS, pq_bytes), dtype=np.uint8)
+            )
             save_npy_atomic(files["dense_lens"], np.full(rows, DENSE_TOKENS, np.int32))
         manifest.shards.append({"id": shard_id, "rows": rows})
         manifest.entries += [Entry(f"{first + r:07d}.jpg", 0, 0, "JPEG", shard_id, r) for r in range(rows)]
@@ -230,6 +233,9 @@ def main() -> None:
         "--serve-workers", type=int, default=2, help="serve --workers (torch threads: CPUs // workers)"
     )
     parser.add_argument("--shortlist", type=int, default=None, help="serve --shortlist (default: 100)")
+    parser.add_argument(
+        "--pq-bytes", type=int, default=PQ_M, help="pq bytes per token (index build --pq-bytes)"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     from patchword.bench.machine import machine_description
@@ -238,9 +244,11 @@ def main() -> None:
     make_run(run_dir)
     rows = []
     for size in args.sizes:
-        index_dir = args.work / f"index-{size}-{args.dense_store}"
-        built = write_index(run_dir, index_dir, size, dense_store=args.dense_store)
-        row = {"size": size, "dense_store": args.dense_store, **built, **first_stage(index_dir)}
+        pq = "" if args.pq_bytes == PQ_M else f"-pq{args.pq_bytes}"
+        index_dir = args.work / f"index-{size}-{args.dense_store}{pq}"
+        built = write_index(run_dir, index_dir, size, dense_store=args.dense_store, pq_bytes=args.pq_bytes)
+        row = {"size": size, "dense_store": args.dense_store, "pq_bytes": args.pq_bytes, **built}
+        row.update(first_stage(index_dir))
         row["serve_workers"], row["shortlist"] = args.serve_workers, args.shortlist or 100
         row["load"], row["serve_peak_rss_mib"] = serve(
             run_dir, index_dir, args.clients, args.requests, args.serve_workers, args.shortlist
@@ -251,6 +259,7 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         suffix = "" if args.serve_workers == 2 else f"_workers{args.serve_workers}"
         suffix += f"_shortlist{args.shortlist}" if args.shortlist else ""
+        suffix += f"_pq{args.pq_bytes}" if args.pq_bytes != PQ_M else ""
         (args.out / f"scale_search_{args.dense_store}{suffix}.json").write_text(
             json.dumps({"machine": machine_description(), "rows": rows}, indent=2)
         )

@@ -66,24 +66,30 @@ def main() -> None:
     parser.add_argument("--split", default="test")
     parser.add_argument("--stores", nargs="+", default=list(STORES), choices=STORES)
     parser.add_argument("--shortlists", type=int, nargs="+", default=[100], help="images re-ranked per query")
+    parser.add_argument(
+        "--pq-bytes", type=int, nargs="+", default=[0], help="pq store: bytes per token (0: the default)"
+    )
     parser.add_argument("--limit", type=int, help="only the first N captions")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     results: dict[str, dict] = {}
-    for store in args.stores:
-        out = args.work / f"index-{store}"
+    variants = [(s, b) for s in args.stores for b in (args.pq_bytes if s == "pq" else [0])]
+    for store, pq_bytes in variants:
+        label = f"{store}-{pq_bytes}" if pq_bytes else store
+        out = args.work / f"index-{label}"
         t0 = time.perf_counter()
         if not (out / "manifest.json").is_file():
             argv = ["build", str(args.run), "--images", str(args.export / "images"), "--out", str(out)]
             argv += ["--store", store, "--dense", str(args.export / f"{args.split}.jsonl")]
+            argv += ["--pq-bytes", str(pq_bytes)] if pq_bytes else []
             if main_index(argv) != 0:
                 raise SystemExit(f"index build --store {store} failed")
         build = time.perf_counter() - t0
         for shortlist in args.shortlists:
             searcher = Searcher.open(out, run_dir=args.run, shortlist=shortlist)
             n = len(searcher)
-            name = store if shortlist == 100 else f"{store}, shortlist {shortlist}"
+            name = label if shortlist == 100 else f"{label}, shortlist {shortlist}"
             results[name] = {
                 **recall(searcher, args.export, args.split, args.limit),
                 "shortlist": shortlist,

@@ -84,6 +84,32 @@ def test_a_compressed_index_decodes_and_searches_like_the_float32_one(env, tmp_p
     assert (moved > allowed).mean() <= 0.005, np.sort(moved)[-10:]
 
 
+def test_more_pq_bytes_per_token_store_the_tokens_more_exactly(env, tmp_path):
+    """--pq-bytes: twice the sub-quantisers (half the dimensions each) roughly halves the error."""
+    from patchword.errors import ConfigError
+
+    images, dense = env.export.files["images"], env.export.files["dense"]
+    build_index(env.run, images, tmp_path / "f32", dense=dense)
+    build_index(env.run, images, tmp_path / "pq4", dense=dense, dtype="pq")  # default: 32 dims / 8 = 4
+    build_index(env.run, images, tmp_path / "pq16", dense=dense, dtype="pq", pq_bytes=16)
+    exact = SearchIndex.open(tmp_path / "f32").image_tokens(np.arange(24))
+    errors = {}
+    for name, m in (("pq4", 4), ("pq16", 16)):
+        index = SearchIndex.open(tmp_path / name)
+        assert index.manifest.codec["pq_m"] == m and index.codec.bytes_per_token(32) == m
+        decoded = index.image_tokens(np.arange(24))
+        errors[name] = float(((decoded - exact).norm(dim=-1) / exact.norm(dim=-1)).mean())
+    assert errors["pq16"] < 0.6 * errors["pq4"], errors
+    with pytest.raises(ConfigError, match="--pq-bytes"):
+        build_index(
+            env.run, images, tmp_path / "bad", dense=dense, dtype="pq", pq_bytes=5
+        )  # 5 does not divide 32
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(ConfigError, match="--pq-bytes"):
+        build_index(env.run, images, tmp_path / "bad2", dense=dense, dtype="int8", pq_bytes=16)
+    assert not (tmp_path / "bad2").exists()
+
+
 def test_an_interrupted_pq_build_resumes_to_the_same_index(env, tmp_path, monkeypatch):
     images, dense = env.export.files["images"], env.export.files["dense"]
     build_index(env.run, images, tmp_path / "whole", dense=dense, shard_size=8, dtype="pq")

@@ -51,6 +51,12 @@ def _index_parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--fp16", action="store_true", help="the same as --store float16")
     build.add_argument(
+        "--pq-bytes",
+        type=int,
+        help="--store pq: bytes per token (sub-quantisers of 256 centroids; must divide the token width; "
+        "default one per 8 dimensions, at most 64): more bytes, less error",
+    )
+    build.add_argument(
         "--dense",
         type=Path,
         help="dense captions (SEPS JSONL, metadata.file = image path relative to --images) for matchers "
@@ -98,6 +104,7 @@ def main_index(argv: list[str] | None = None) -> int:
             dtype="float16" if args.fp16 else args.store,
             dense=args.dense,
             dense_store=args.dense_store,
+            pq_bytes=args.pq_bytes,
             batch_size=args.batch_size,
             shard_size=args.shard_size,
             workers=args.workers,

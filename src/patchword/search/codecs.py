@@ -10,13 +10,13 @@ store      arrays per token                              bytes (C = 512)
 float32    C float32                                     2048
 float16    C float16                                     1024
 int8       C int8 + one float16 scale (~max |x| / 127)   514
-pq         m uint8 codes of a product quantiser           m (64 by default)
+pq         m uint8 codes of a product quantiser           m (64 by default, ``--pq-bytes``)
 =========  ===========================================  ================
 
 The product quantiser (FAISS's ``ProductQuantizer``, ``m`` sub-vectors of C / m dimensions, 256 centroids
 each) is trained once per index, on the tokens of the first shard encoded, and stored in the index
-(``codec.npz``: the centroids). Decoding is numpy gathers, so FAISS is needed to build a PQ index, not to
-search it.
+(``codec.npz``: the centroids). Decoding is one gather from the centroid table, so FAISS is needed to build
+a PQ index, not to search it.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def make_codec(
     dim = sample.shape[1]
     pq_m = pq_m or max(1, min(64, dim // 8))
     if dim % pq_m:
-        raise ConfigError("--pq-m", f"{pq_m} sub-vectors do not divide the {dim}-d tokens")
+        raise ConfigError("--pq-bytes", f"{pq_m} sub-quantisers do not divide the {dim}-d tokens")
     if len(sample) < 256:  # one per centroid at the least (FAISS wants ~40x that for good centroids)
         raise ConfigError(
             "--store", f"pq needs at least 256 tokens to train on, the first shard has {len(sample)}"

@@ -266,6 +266,7 @@ def build_index(
     dtype: str | None = None,
     dense: str | os.PathLike[str] | None = None,
     dense_store: str | None = None,
+    pq_bytes: int | None = None,
     batch_size: int = 64,
     shard_size: int = 2048,
     workers: int | None = None,
@@ -286,6 +287,8 @@ def build_index(
             index, the index's own for an existing one).
         dense: dense-caption JSONL (see :func:`read_dense_file`); images without a line are skipped.
             An existing index keeps the file it was built with.
+        pq_bytes: ``pq`` store: bytes (sub-quantisers) per token, which must divide the token width
+            (default: one per 8 dimensions, at most 64). A new index only.
         dense_store: what the index keeps of the dense captions (``DENSE_STORES``): ``tokens``
             (default) or ``scores``, the per-image score they give, computed once here (exact,
             for a matcher whose dense part depends on the image alone: SEPS as released; refused otherwise).
@@ -310,6 +313,10 @@ def build_index(
         raise ConfigError("--store", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if batch_size < 1 or shard_size < 1:
         raise ConfigError("--batch-size", "batch and shard sizes must be positive")
+    if pq_bytes is not None and (dtype != "pq" or pq_bytes < 1):
+        raise ConfigError(
+            "--pq-bytes", "sets the pq store's bytes per token: give --store pq and a positive count"
+        )
     if dense_store is not None and dense_store not in DENSE_STORES:
         raise ConfigError("--dense-store", f"must be one of {', '.join(DENSE_STORES)}, got {dense_store!r}")
     if not isinstance(run, LoadedRun):
@@ -323,6 +330,16 @@ def build_index(
     manifest, resumed = _open_or_create(
         index_dir, identity, images_root, dtype, dense_file, update, dense_store
     )
+    if pq_bytes is not None and identity["embed_dim"] % pq_bytes:
+        raise ConfigError(
+            "--pq-bytes",
+            f"{pq_bytes} sub-quantisers do not divide the model's {identity['embed_dim']}-d tokens",
+        )
+    kept_m = (manifest.codec or {}).get("pq_m")
+    if pq_bytes is not None and kept_m is not None and kept_m != pq_bytes:
+        raise ConfigError(
+            "--pq-bytes", f"{index_dir} stores {kept_m} bytes per token; build a new index to change it"
+        )
     plan = run.model.matcher.two_stage_plan()
     engine = engine_for(
         plan.fine if plan is not None else run.model.matcher
@@ -410,7 +427,7 @@ def build_index(
             if encoded.files:
                 if codec is None:  # the first shard: a quantiser trains on its tokens, once per index
                     sample = codec_sample(encoded, dense=not store_scores) if manifest.dtype == "pq" else None
-                    codec = make_codec(manifest.dtype, sample)
+                    codec = make_codec(manifest.dtype, sample, pq_m=pq_bytes)
                     codec.save(index_dir)
                     manifest.codec = codec.describe()
                 shard_id = manifest.next_shard
