@@ -34,6 +34,7 @@ from patchword.runs import LoadedRun, load_run
 from patchword.search.codecs import load_codec, make_codec
 from patchword.search.encode import ShardEncoder, codec_sample, dense_scores, read_dense_file, write_shard
 from patchword.search.identity import IndexMismatchError, check_index_model, model_identity, weights_sha256
+from patchword.search.query import fine_matcher
 from patchword.search.scan import SkippedFile, scan_images
 from patchword.search.store import (
     DENSE_STORES,
@@ -174,10 +175,10 @@ def _open_or_create(
     ):
         had = manifest.dense["file"] if manifest.dense else "no dense captions"
         raise ConfigError("--dense", f"{index_dir} was built with {had}; build a new index to change it")
-    kept = None if manifest.dense is None else manifest.dense.get("store", "tokens")
-    if dense_store is not None and dense_store != kept:
+    if dense_store is not None and dense_store != manifest.dense_store:
         raise ConfigError(
-            "--dense-store", f"{index_dir} keeps dense {kept or 'nothing'}; build a new index to change it"
+            "--dense-store",
+            f"{index_dir} keeps dense {manifest.dense_store or 'nothing'}; build a new index to change it",
         )
     resumed = manifest.state == "building"
     if manifest.state == "complete" and not update:
@@ -340,11 +341,8 @@ def build_index(
         raise ConfigError(
             "--pq-bytes", f"{index_dir} stores {kept_m} bytes per token; build a new index to change it"
         )
-    plan = run.model.matcher.two_stage_plan()
-    engine = engine_for(
-        plan.fine if plan is not None else run.model.matcher
-    )  # the matcher search re-ranks with
-    store_scores = manifest.dense is not None and manifest.dense.get("store", "tokens") == "scores"
+    engine = engine_for(fine_matcher(run.model.matcher))
+    store_scores = manifest.dense_store == "scores"
     if store_scores and not _has_dense_scores(engine, identity):
         raise ConfigError(
             "--dense-store",

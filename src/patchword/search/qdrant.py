@@ -148,6 +148,9 @@ class QdrantIndex(IndexEntries):
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         return torch.tensor(np.stack([np.asarray(v["tokens"], np.float32) for v in self._vectors(ids)]))
 
+    def prefetch(self, ids) -> None:
+        """Nothing to do: the shortlist's vectors came back with the hits (:meth:`shortlist`)."""
+
     def dense_scores(self, ids) -> None:
         """Always None: a Qdrant collection holds dense tokens, never precomputed dense scores."""
         return None

@@ -34,6 +34,7 @@ from patchword.errors import DataError, MissingFileError
 from patchword.eval.engine.core import engine_for, prepare_inputs
 from patchword.eval.engine.memory import budget_bytes
 from patchword.eval.two_stage import APPROXIMATE_BACKENDS, GlobalIndex, faiss_available
+from patchword.matching.base import Matcher
 from patchword.runs import LoadedRun, load_run
 from patchword.search.identity import check_index_model, model_identity
 from patchword.search.store import SearchIndex
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "APPROXIMATE_ABOVE",
+    "fine_matcher",
     "DEFAULT_SHORTLIST",
     "QueryError",
     "Query",
@@ -61,6 +63,12 @@ DEFAULT_SHORTLIST = 100
 #: index): exact search costs O(N) per query (31 ms at 200k x 512 for one query on 2 cores), IVF scanning
 #: 1/8 of its lists 3.5 ms there with 97% of the exact top-100 (benchmarks/ann_recall.py, docs/search.md).
 APPROXIMATE_ABOVE = 200_000
+
+
+def fine_matcher(matcher: Matcher) -> Matcher:
+    """The matcher a search re-ranks with: the fine stage of the matcher's two-stage plan, or itself."""
+    plan = matcher.two_stage_plan()
+    return plan.fine if plan is not None else matcher
 
 
 class QueryError(DataError):
@@ -175,7 +183,7 @@ class Searcher:
         matcher = run.model.matcher
         plan = matcher.two_stage_plan()
         self.matcher = matcher
-        self.fine = plan.fine if plan is not None else matcher
+        self.fine = fine_matcher(matcher)
         self.alpha = float(alpha if alpha is not None else (plan.alpha if plan is not None else 0.0))
         wanted = (
             shortlist if shortlist is not None else (plan.k_t2i if plan is not None else DEFAULT_SHORTLIST)
@@ -304,8 +312,7 @@ class Searcher:
     @torch.no_grad()
     def rerank(self, query: Query, ids: torch.Tensor) -> torch.Tensor:
         """Fine scores of the images ``ids`` (k,) for ``query``: (k,) float32 (no global term)."""
-        if hasattr(self.index, "prefetch"):  # shards on disk: read the shortlisted rows together
-            self.index.prefetch(ids)
+        self.index.prefetch(ids)  # shards on disk: the shortlisted rows are read together
         img = self.index.image_tokens(ids)
         dense = self.index.dense_tokens(ids) if self.use_dense else None
         scores = self.index.dense_scores(ids) if self.use_dense else None  # --dense-store scores

@@ -92,7 +92,8 @@ class Manifest:
         images_root: absolute path of the indexed folder.
         dtype: the token store of the shards (:data:`~patchword.search.codecs.STORES`).
         codec: what the store needs recorded (pq: the quantiser's shape), for people reading the manifest.
-        dense: None, or the dense-caption file the index was built with (``file``, ``max_len``).
+        dense: None, or the dense-caption file the index was built with (``file``, ``max_len``) and what
+            the index keeps of it (``store``: :data:`DENSE_STORES`; absent in older indexes: tokens).
         state: ``building`` (a build or update is running or was interrupted) or ``complete``.
         shards: ``{"id", "rows"}`` of every shard file set, in creation order.
         next_shard: id of the next shard to write.
@@ -110,6 +111,11 @@ class Manifest:
     next_shard: int = 0
     entries: list[Entry] = field(default_factory=list)
     skipped: list[SkippedFile] = field(default_factory=list)
+
+    @property
+    def dense_store(self) -> str | None:
+        """``tokens`` or ``scores`` (see :data:`DENSE_STORES`); None without dense captions."""
+        return None if self.dense is None else self.dense.get("store", "tokens")
 
     def to_json(self) -> str:
         payload = {"format": FORMAT, "version": FORMAT_VERSION, **asdict(self)}
@@ -182,9 +188,9 @@ def shard_arrays(manifest: Manifest) -> tuple[str, ...]:
     """The arrays each shard of ``manifest`` holds."""
     codec = TokenCodec(manifest.dtype)
     names = ["global", *(f"tokens{s}" for s in codec.suffixes())]
-    if manifest.dense and manifest.dense.get("store", "tokens") == "scores":
+    if manifest.dense_store == "scores":
         names.append("dense_score")
-    elif manifest.dense:
+    elif manifest.dense_store == "tokens":
         names += [*(f"dense{s}" for s in codec.suffixes()), "dense_lens"]
     return tuple(names)
 
@@ -277,7 +283,7 @@ class SearchIndex(IndexEntries):
     @property
     def dense_store(self) -> str | None:
         """``tokens`` or ``scores`` (see :data:`DENSE_STORES`); None without dense captions."""
-        return None if self.manifest.dense is None else self.manifest.dense.get("store", "tokens")
+        return self.manifest.dense_store
 
     # ------------------------------------------------------------------ vectors
     def global_embeddings(self) -> torch.Tensor:
