@@ -3,7 +3,8 @@
 The model is SEPS (code variant) on ViT-B/16-224 + BERT-base, randomly initialised (no download; a made-up
 30522-word BERT vocabulary): what a user imports. The index holds N synthetic entries at its shapes — 197
 image tokens and 120 dense-caption tokens of 512 dimensions per image, in the product-quantised store
-(64 bytes per token; with ``--dense-store scores`` one float per image instead of the dense tokens) —
+(64 bytes per token; with ``--dense-store scores`` one float per image instead of the dense tokens; with
+``--keep-patches F`` only that fraction of the 196 patches, as ``index build --keep-patches``) —
 written directly from random codes: the sizes, the memory and the serving latency
 are those of a real index of that size; the build figure is the writing of the shards only (a real build
 is bounded by the image encoder, measured at 10k-100k in docs/benchmarks.md "Search at scale").
@@ -107,6 +108,7 @@ def write_index(
     seed: int = 0,
     dense_store: str = "tokens",
     pq_bytes: int = PQ_M,
+    keep_patches: float = 1.0,
 ) -> dict:
     """N synthetic entries in the pq store: clustered unit global embeddings (like real ones, which crowd
     around topics; benchmarks/ann_recall.py), random codes."""
@@ -120,6 +122,13 @@ def write_index(
     shutil.rmtree(index_dir, ignore_errors=True)
     (index_dir / "shards").mkdir(parents=True)
     run = load_run(run_dir)
+    pruning = None
+    if keep_patches < 1:  # what `index build --keep-patches` records and stores
+        from patchword.eval.engine.core import engine_for
+        from patchword.search.pruning import pruning_record
+
+        pruning = pruning_record(engine_for(run.model.matcher), keep_patches)
+    kept = pruning["kept"] if pruning else IMAGE_TOKENS - 1
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
     centroids = rng.standard_normal((pq_bytes, 256, DIM // pq_bytes)).astype(np.float32) * 0.1
@@ -131,6 +140,7 @@ def write_index(
         dtype="pq",
         dense={"file": "synthetic", "max_len": DENSE_TOKENS, "store": dense_store},
         codec=codec.describe(),
+        pruning=pruning,
     )
     start = time.perf_counter()
     for shard_id, first in enumerate(range(0, size, shard_size)):
@@ -138,7 +148,11 @@ def write_index(
         files = shard_files(index_dir, shard_id)
         glob = clustered(rows, DIM, generator).numpy()
         save_npy_atomic(files["global"], glob)
-        save_npy_atomic(files["tokens"], rng.integers(0, 256, (rows, IMAGE_TOKENS, pq_bytes), dtype=np.uint8))
+        save_npy_atomic(files["tokens"], rng.integers(0, 256, (rows, 1 + kept, pq_bytes), dtype=np.uint8))
+        if pruning:  # kept patches' grid positions (sorted) and selection priors
+            ids = np.sort(rng.permuted(np.tile(np.arange(IMAGE_TOKENS - 1), (rows, 1)), axis=1)[:, :kept], 1)
+            save_npy_atomic(files["patch_ids"], ids.astype(np.int16))
+            save_npy_atomic(files["patch_prior"], rng.uniform(-0.2, 0.6, (rows, kept)).astype(np.float32))
         if dense_store == "scores":  # the dense branch's score per image (index build --dense-store scores)
             save_npy_atomic(files["dense_score"], rng.standard_normal(rows).astype(np.float32))
         else:
@@ -236,6 +250,9 @@ def main() -> None:
     parser.add_argument(
         "--pq-bytes", type=int, default=PQ_M, help="pq bytes per token (index build --pq-bytes)"
     )
+    parser.add_argument(
+        "--keep-patches", type=float, default=1.0, help="index build --keep-patches (1: every patch)"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     from patchword.bench.machine import machine_description
@@ -245,9 +262,18 @@ def main() -> None:
     rows = []
     for size in args.sizes:
         pq = "" if args.pq_bytes == PQ_M else f"-pq{args.pq_bytes}"
+        pq += "" if args.keep_patches == 1 else f"-keep{args.keep_patches}"
         index_dir = args.work / f"index-{size}-{args.dense_store}{pq}"
-        built = write_index(run_dir, index_dir, size, dense_store=args.dense_store, pq_bytes=args.pq_bytes)
+        built = write_index(
+            run_dir,
+            index_dir,
+            size,
+            dense_store=args.dense_store,
+            pq_bytes=args.pq_bytes,
+            keep_patches=args.keep_patches,
+        )
         row = {"size": size, "dense_store": args.dense_store, "pq_bytes": args.pq_bytes, **built}
+        row["keep_patches"] = args.keep_patches
         row.update(first_stage(index_dir))
         row["serve_workers"], row["shortlist"] = args.serve_workers, args.shortlist or 100
         row["load"], row["serve_peak_rss_mib"] = serve(
@@ -260,6 +286,7 @@ def main() -> None:
         suffix = "" if args.serve_workers == 2 else f"_workers{args.serve_workers}"
         suffix += f"_shortlist{args.shortlist}" if args.shortlist else ""
         suffix += f"_pq{args.pq_bytes}" if args.pq_bytes != PQ_M else ""
+        suffix += f"_keep{args.keep_patches}" if args.keep_patches != 1 else ""
         (args.out / f"scale_search_{args.dense_store}{suffix}.json").write_text(
             json.dumps({"machine": machine_description(), "rows": rows}, indent=2)
         )

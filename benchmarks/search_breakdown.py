@@ -53,6 +53,7 @@ def main() -> None:
         img = index.image_tokens(ids)
         dense = index.dense_tokens(ids) if searcher.use_dense else None
         scores = index.dense_scores(ids) if searcher.use_dense else None
+        prior = index.patch_priors(ids)  # an index pruned at build time
         t3 = time.perf_counter()
         inputs = prepare_inputs(
             fine,
@@ -62,6 +63,7 @@ def main() -> None:
             *(dense if dense is not None else (None, None)),
             None,
             image_constants=scores,
+            patch_prior=prior,
         )
         out = torch.empty(img.shape[0], 1)
         engine_for(fine).score(inputs, out, budget=searcher.budget, device="cpu", progress=False)

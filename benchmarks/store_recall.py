@@ -2,12 +2,15 @@
 every caption of the exported split searched through each index (``Searcher.search``, the code path of
 ``patchword search`` and ``serve``), text-to-image R@1/5/10 against the uncompressed index and against the
 run's exhaustive evaluation, and the bytes per image of each index on disk; with ``--shortlists 100 50``
-also what a shorter global shortlist (fewer images re-ranked: a faster search) costs.
+also what a shorter global shortlist (fewer images re-ranked: a faster search) costs, with
+``--keep-patches 0.75`` what index-time patch pruning costs.
 
     patchword data export synthetic --split test --out /tmp/scenes --run runs/demo
     python benchmarks/store_recall.py --run runs/demo --export /tmp/scenes --work /tmp/stores
     python benchmarks/store_recall.py --run runs/demo --export /tmp/scenes --work /tmp/stores \
         --stores float32 --shortlists 100 50 25
+    python benchmarks/store_recall.py --run runs/demo --export /tmp/scenes --work /tmp/stores \
+        --stores float32 --keep-patches 1 0.875 0.75 0.625
 
 Writes ``WORK/store_recall.json`` and prints a Markdown table.
 """
@@ -69,20 +72,33 @@ def main() -> None:
     parser.add_argument(
         "--pq-bytes", type=int, nargs="+", default=[0], help="pq store: bytes per token (0: the default)"
     )
+    parser.add_argument(
+        "--keep-patches",
+        type=float,
+        nargs="+",
+        default=[1.0],
+        help="index-time patch pruning: fractions of each image's patches kept (1: none pruned)",
+    )
     parser.add_argument("--limit", type=int, help="only the first N captions")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     results: dict[str, dict] = {}
-    variants = [(s, b) for s in args.stores for b in (args.pq_bytes if s == "pq" else [0])]
-    for store, pq_bytes in variants:
-        label = f"{store}-{pq_bytes}" if pq_bytes else store
-        out = args.work / f"index-{label}"
+    variants = [
+        (s, b, keep)
+        for s in args.stores
+        for b in (args.pq_bytes if s == "pq" else [0])
+        for keep in args.keep_patches
+    ]
+    for store, pq_bytes, keep in variants:
+        label = (f"{store}-{pq_bytes}" if pq_bytes else store) + (f", keep {keep}" if keep < 1 else "")
+        out = args.work / f"index-{label.replace(', keep ', '-keep')}"
         t0 = time.perf_counter()
         if not (out / "manifest.json").is_file():
             argv = ["build", str(args.run), "--images", str(args.export / "images"), "--out", str(out)]
             argv += ["--store", store, "--dense", str(args.export / f"{args.split}.jsonl")]
             argv += ["--pq-bytes", str(pq_bytes)] if pq_bytes else []
+            argv += ["--keep-patches", str(keep)] if keep < 1 else []
             if main_index(argv) != 0:
                 raise SystemExit(f"index build --store {store} failed")
         build = time.perf_counter() - t0

@@ -142,8 +142,14 @@ def test_faiss_flat_equals_exact_and_the_approximate_indexes_are_close():
     ivf_scores, ivf_idx = ivf.search(q, 10)
     assert torch.equal(ivf_idx, exact_idx) and torch.allclose(ivf_scores, exact_scores, atol=1e-5)
     default = GlobalIndex(db, backend="faiss_ivf", nlist=16)
-    default.search(q, 10)
+    batch_scores, batch_idx = default.search(q, 10)
     assert default._index.nprobe == 2
+    # one query (a search) splits its lists over FAISS's threads instead of the batch: the same hits
+    for row in (0, 17, 59):
+        one_scores, one_idx = default.search(q[row : row + 1], 10)
+        assert default._index.parallel_mode == 1
+        assert torch.equal(one_idx[0], batch_idx[row])
+        torch.testing.assert_close(one_scores[0], batch_scores[row], atol=1e-6, rtol=0)
 
     img, caps, lens, txt2img = _split(12, seed=2)
     m = _seps()

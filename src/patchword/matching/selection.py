@@ -7,7 +7,15 @@ from torch import nn
 
 from patchword.matching.ops import l2norm, masked_softmax, minmax_normalise
 
-__all__ = ["PatchScorer", "image_saliency", "text_relevance", "topk_decisions", "fusion_weights"]
+__all__ = [
+    "PatchScorer",
+    "fusion_weights",
+    "image_prior",
+    "image_saliency",
+    "scores_from_prior",
+    "text_relevance",
+    "topk_decisions",
+]
 
 
 class PatchScorer(nn.Module):
@@ -91,6 +99,33 @@ def combine_paper_scores(
     """
     text = sum(minmax_normalise(s) for s in s_texts) * (2.0 / len(s_texts))
     return (1 - 2 * beta) * s_pred[:, None] + beta * (text + 2 * minmax_normalise(s_im)[:, None])
+
+
+def image_prior(
+    s_im: torch.Tensor, s_pred: torch.Tensor | None, score_mode: str, beta: float
+) -> torch.Tensor:
+    """The part of the selection score that depends on the image alone: (B_v, N).
+
+    ``"sum"`` (official code): s_im; ``"predictor"`` (paper Eq. 3, see :func:`combine_paper_scores`):
+    (1 - 2 beta) s_p + 2 beta minmax(s_im). An index pruned at build time keeps it for its kept patches
+    (:func:`scores_from_prior`).
+    """
+    if score_mode == "sum":
+        return s_im
+    return (1 - 2 * beta) * s_pred + 2 * beta * minmax_normalise(s_im)
+
+
+def scores_from_prior(
+    prior: torch.Tensor, s_texts: list[torch.Tensor], score_mode: str, beta: float
+) -> torch.Tensor:
+    """Selection scores from a precomputed :func:`image_prior` (B_v, N) and the text terms, each
+    (B_v, T, N) or (B_v, 1, N): ``prior + sum(s_texts)`` (``"sum"``) or ``prior + beta * text`` with the
+    text terms min-max normalised over the N patches given (``"predictor"``). On every patch of an image it
+    equals the direct scores; on the patches an index kept, the min-max runs over the kept ones only."""
+    if score_mode == "sum":
+        return prior[:, None] + sum(s_texts)
+    text = sum(minmax_normalise(s) for s in s_texts) * (2.0 / len(s_texts))
+    return prior[:, None] + beta * text
 
 
 def topk_decisions(

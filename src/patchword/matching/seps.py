@@ -28,6 +28,7 @@ from typing import Literal
 
 import torch
 
+from patchword._validation import check_tensor
 from patchword.matching.aggregation import TokenAggregation
 from patchword.matching.base import Matcher, MatcherOutput
 from patchword.matching.hrpa import HRPA, pair_cosines
@@ -39,6 +40,7 @@ from patchword.matching.selection import (
     fusion_weights,
     image_saliency,
     saliency_centre,
+    scores_from_prior,
     text_relevance,
     topk_decisions,
 )
@@ -250,16 +252,21 @@ class SEPSMatcher(Matcher):
         cap_lens: torch.Tensor,
         dense_tokens: torch.Tensor | None = None,
         dense_lens: torch.Tensor | None = None,
+        *,
+        patch_prior: torch.Tensor | None = None,
     ) -> MatcherOutput:
+        """(B_v, B_t) similarities and the selection decisions. ``patch_prior`` (B_v, M): images pruned
+        at index time to M patches (``img_tokens`` (B_v, [1 +] M, C)) and the image part of their selection
+        scores (:func:`~patchword.matching.selection.image_prior` on all patches before pruning)."""
         cfg = self.config
-        self.validate_image_tokens(img_tokens, cfg.num_patches + int(cfg.has_cls))
+        self._validate_images(img_tokens, patch_prior)
         cap_lens = self.validate_text(cap_tokens, cap_lens)
         if not cfg.use_dense:
             dense_tokens = None
         if dense_tokens is not None:
             expected = img_tokens.shape[0] if cfg.dense_pairing == "image" else cap_tokens.shape[0]
             dense_lens = self.validate_text(dense_tokens, dense_lens, "dense_tokens", batch=expected)
-        img = _ImageCache.build(self, img_tokens)
+        img = _ImageCache.build(self, img_tokens, patch_prior)
         image_dense = None
         if dense_tokens is not None and cfg.dense_pairing == "image":
             image_dense = self._image_tied_dense(img, dense_tokens, dense_lens)
@@ -283,6 +290,20 @@ class SEPSMatcher(Matcher):
         return MatcherOutput(sims=full_precision(torch.cat(sims, dim=1)), decisions=decisions)
 
     # ------------------------------------------------------------------ internals
+    def _validate_images(self, img_tokens: torch.Tensor, patch_prior: torch.Tensor | None) -> None:
+        cfg = self.config
+        if patch_prior is None:
+            self.validate_image_tokens(img_tokens, cfg.num_patches + int(cfg.has_cls))
+            return
+        kept = patch_prior.shape[-1]
+        if not cfg.num_keep < kept <= cfg.num_patches:
+            raise ValueError(
+                f"images pruned to {kept} patches: the matcher keeps K={cfg.num_keep} of "
+                f"N={cfg.num_patches} per pair and needs more than K (the fusion token) and at most N"
+            )
+        self.validate_image_tokens(img_tokens, kept + int(cfg.has_cls))
+        check_tensor(patch_prior, "patch_prior", shape=(img_tokens.shape[0], kept))
+
     def _image_tied_dense(self, img: _ImageCache, tokens: torch.Tensor, lens: torch.Tensor) -> _DenseText:
         """Dense text of each candidate image: its selection (and in "branch" mode its whole score) is
         a per-image quantity, computed once instead of once per caption."""
@@ -363,19 +384,22 @@ class SEPSMatcher(Matcher):
         cap_lens: torch.Tensor,
         dense_tokens: torch.Tensor | None = None,
         dense_lens: torch.Tensor | None = None,
+        *,
+        patch_prior: torch.Tensor | None = None,
     ) -> SelectionTrace:
         """The selection of one pair, as ``forward`` makes it (eval mode: hard top-K, no Gumbel noise).
 
         Args:
             img_tokens: (1, L_v, C); cap_tokens: (1, L, C) and cap_lens (1,); dense_tokens: (1, L_d, C)
-                and dense_lens (1,), tied to the image, or None.
+                and dense_lens (1,), tied to the image, or None; patch_prior: (1, M) for an image pruned
+                at index time (see :meth:`forward`), or None.
         """
         if self.training:
             raise ValueError("selection_trace explains the eval-mode selection: call .eval() first")
         cfg = self.config
         cap_lens = self.validate_text(cap_tokens, cap_lens, batch=1)
-        self.validate_image_tokens(img_tokens, cfg.num_patches + int(cfg.has_cls))
-        img = _ImageCache.build(self, img_tokens)
+        self._validate_images(img_tokens, patch_prior)
+        img = _ImageCache.build(self, img_tokens, patch_prior)
         dense = None
         if dense_tokens is not None and cfg.use_dense:
             dense_lens = self.validate_text(dense_tokens, dense_lens, "dense_tokens", batch=1)
@@ -392,7 +416,9 @@ class SEPSMatcher(Matcher):
     def _select(self, img: _ImageCache, text_terms: list[torch.Tensor], aggr: TokenAggregation) -> _Branch:
         """Score, select, aggregate and fuse patches for every pair (B_v, T) of the block."""
         cfg = self.config
-        if cfg.score_mode == "sum":
+        if img.prior is not None:  # an image pruned at index time
+            score = scores_from_prior(img.prior, text_terms, cfg.score_mode, cfg.beta).detach()
+        elif cfg.score_mode == "sum":
             # Official code: s_im + s_t, computed without gradient.
             score = (img.saliency[:, None] + sum(text_terms)).detach()
         else:
@@ -442,12 +468,15 @@ class _ImageCache:
     cls: torch.Tensor | None  # (B_v, C) raw CLS token
     patches_sel: torch.Tensor  # (B_v, N, C) raw patches feeding selection (detached if configured)
     patches_unit: torch.Tensor  # (B_v, N, C) L2-normalised patches
-    saliency: torch.Tensor  # (B_v, N) s_im
+    saliency: torch.Tensor | None  # (B_v, N) s_im (None with ``prior``)
     predicted: torch.Tensor | None  # (B_v, N) s_p (paper score predictor)
     aggr_logits: dict[int, torch.Tensor]  # id(TokenAggregation) -> (B_v, N, N_c)
+    prior: torch.Tensor | None = None  # (B_v, N) image part of the selection score (pruned images)
 
     @classmethod
-    def build(cls, matcher: SEPSMatcher, img_tokens: torch.Tensor) -> _ImageCache:
+    def build(
+        cls, matcher: SEPSMatcher, img_tokens: torch.Tensor, prior: torch.Tensor | None = None
+    ) -> _ImageCache:
         has_cls = matcher.config.has_cls
         patches = img_tokens[:, int(has_cls) :]
         # detach_selection reproduces the official torch.no_grad() around TokenSparse: selected and
@@ -455,15 +484,14 @@ class _ImageCache:
         patches_sel = patches.detach() if matcher.config.detach_selection else patches
         patches_unit = l2norm(patches_sel)
         nets = [net for net in (matcher.aggr_net, matcher.aggr_net_dense) if net is not None]
+        pruned = prior is not None  # the image-only terms came with the pruned patches
+        centre = saliency_centre(img_tokens, matcher.config.saliency, matcher.config.detach_selection)
         return cls(
             cls=img_tokens[:, 0] if has_cls else None,
             patches_sel=patches_sel,
             patches_unit=patches_unit,
-            saliency=image_saliency(
-                patches_sel,
-                patches_unit,
-                saliency_centre(img_tokens, matcher.config.saliency, matcher.config.detach_selection),
-            ),
-            predicted=matcher.scorer(patches_sel) if matcher.scorer is not None else None,
+            saliency=None if pruned else image_saliency(patches_sel, patches_unit, centre),
+            predicted=matcher.scorer(patches_sel) if matcher.scorer is not None and not pruned else None,
             aggr_logits={id(net): net.logits(patches_sel) for net in nets},
+            prior=prior,
         )

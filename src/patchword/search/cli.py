@@ -69,6 +69,14 @@ def _index_parser() -> argparse.ArgumentParser:
         "they give, computed once here (exact for SEPS as released, whose dense branch depends on the image "
         "alone; smaller and faster to search; no dense branch in explanations)",
     )
+    build.add_argument(
+        "--keep-patches",
+        type=float,
+        metavar="FRACTION",
+        help="SEPS / LAPS: store only this fraction of each image's patches, those with the highest "
+        "image-only selection score (an approximation with a measured recall cost: docs/search.md; "
+        "smaller and faster to search; default: every patch)",
+    )
     build.add_argument("--batch-size", type=int, default=64, help="images per encoder batch (default 64)")
     build.add_argument("--shard-size", type=int, default=2048, help="images per shard (default 2048)")
     build.add_argument(
@@ -96,6 +104,8 @@ def main_index(argv: list[str] | None = None) -> int:
             raise ConfigError(
                 "--dense-store", "the Qdrant backend holds dense tokens: use --dense-store tokens"
             )
+        if args.qdrant and args.keep_patches is not None:
+            raise ConfigError("--keep-patches", "the Qdrant backend holds every patch: leave it out")
         report = build_index(
             args.run_dir,
             args.images,
@@ -105,6 +115,7 @@ def main_index(argv: list[str] | None = None) -> int:
             dense=args.dense,
             dense_store=args.dense_store,
             pq_bytes=args.pq_bytes,
+            keep_patches=args.keep_patches,
             batch_size=args.batch_size,
             shard_size=args.shard_size,
             workers=args.workers,

@@ -23,10 +23,19 @@ from patchword.eval.engine.core import ScoringEngine
 from patchword.matching.ops import length_mask
 from patchword.runs import LoadedRun
 from patchword.search.codecs import TokenCodec
+from patchword.search.pruning import PrunedTokens, prune_patches
 from patchword.search.scan import ImageFile, SkippedFile
 from patchword.search.store import save_npy_atomic, shard_files
 
-__all__ = ["EncodedShard", "ShardEncoder", "codec_sample", "dense_scores", "read_dense_file", "write_shard"]
+__all__ = [
+    "EncodedShard",
+    "ShardEncoder",
+    "codec_sample",
+    "dense_scores",
+    "prune_shard",
+    "read_dense_file",
+    "write_shard",
+]
 
 
 def read_dense_file(path: str | os.PathLike[str]) -> dict[str, str]:
@@ -149,19 +158,32 @@ def dense_scores(engine: ScoringEngine, encoded: EncodedShard, device) -> np.nda
     return scores.numpy().astype(np.float32)
 
 
+def prune_shard(engine: ScoringEngine, encoded: EncodedShard, keep: int, device) -> PrunedTokens:
+    """Prune the shard's image tokens to ``keep`` patches per image (``--keep-patches``): its tokens
+    are replaced by the kept ones; returns them with their grid positions and priors."""
+    pruned = prune_patches(engine, torch.cat(encoded.tokens), keep, device=device)
+    encoded.tokens = [pruned.tokens]
+    return pruned
+
+
 def write_shard(
     index_dir: Path,
     shard_id: int,
     encoded: EncodedShard,
     codec: TokenCodec,
     dense_score: np.ndarray | None = None,
+    pruned: PrunedTokens | None = None,
 ) -> int:
     """Write one shard's arrays (each atomically), token arrays through the index's codec; with
-    ``dense_score`` (rows,) that array instead of the dense tokens. Returns the shard's row count."""
+    ``dense_score`` (rows,) that array instead of the dense tokens; with ``pruned`` (:func:`prune_shard`)
+    the kept patches' positions and priors. Returns the shard's row count."""
     files = shard_files(index_dir, shard_id)
     save_npy_atomic(files["global"], torch.cat(encoded.globals_).numpy().astype(np.float32))
     for suffix, array in codec.encode(torch.cat(encoded.tokens).numpy()).items():
         save_npy_atomic(files[f"tokens{suffix}"], array)
+    if pruned is not None:
+        save_npy_atomic(files["patch_ids"], pruned.patch_ids.numpy())
+        save_npy_atomic(files["patch_prior"], pruned.prior.numpy().astype(np.float32))
     if dense_score is not None:
         save_npy_atomic(files["dense_score"], dense_score)
     elif encoded.dense:

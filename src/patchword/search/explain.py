@@ -134,6 +134,8 @@ def explain_pair(
     *,
     token_strings: list[str] | None = None,
     grid: tuple[int, int] | None = None,
+    patch_prior: torch.Tensor | None = None,
+    patch_ids: torch.Tensor | None = None,
 ) -> Explanation:
     """Explain one (image, query) pair.
 
@@ -144,6 +146,10 @@ def explain_pair(
         dense_tokens: (L_d, C) the image's dense-caption tokens and ``dense_len``, or None.
         token_strings: the ``cap_len`` token texts (default ``[0]``, ``[1]``...).
         grid: (rows, cols) of the patch grid (default: one row).
+        patch_prior, patch_ids: (M,) each, for an image an index pruned to M patches
+            (:mod:`patchword.search.pruning`): the kept patches' selection priors and grid positions. The
+            explanation is then that of the pruned image, laid out on the whole grid (``grid``): pruned
+            patches are never kept and carry no heat.
 
     Returns:
         :class:`Explanation`.
@@ -157,26 +163,47 @@ def explain_pair(
     device = next(iter(matcher.parameters()), img_tokens).device
     img_tokens, cap_tokens = img_tokens.to(device).float(), cap_tokens.to(device).float()
     dense_tokens = None if dense_tokens is None else dense_tokens.to(device).float()
+    pruned = {} if patch_prior is None else {"patch_prior": patch_prior[None].to(device).float()}
     out = matcher(
         img_tokens[None],
         cap_tokens[None],
         torch.tensor([cap_len], device=device),
         None if dense_tokens is None else dense_tokens[None],
         None if dense_tokens is None else torch.tensor([dense_len], device=device),
+        **pruned,
     )
     score = float(out.sims[0, 0])
     dense_args = (None, None)
     if dense_tokens is not None:
         dense_args = (dense_tokens[None], torch.tensor([dense_tokens.shape[0]], device=device))
     lens = torch.tensor([cap_tokens.shape[0]], device=device)
-    trace = matcher.selection_trace(img_tokens[None], cap_tokens[None], lens, *dense_args)
+    trace = matcher.selection_trace(img_tokens[None], cap_tokens[None], lens, *dense_args, **pruned)
     if trace is not None:
         explanation = _explain_selection(trace, cap_tokens, names, score)
     else:
         explanation = _explain_token_cosine(matcher, img_tokens, cap_tokens, names, score)
+    if patch_ids is not None:
+        _onto_grid(
+            explanation, patch_ids.long().cpu(), grid[0] * grid[1] if grid else int(patch_ids.max()) + 1
+        )
     n = explanation.words[0].heat.numel() if explanation.words else 0
     explanation.grid = grid if grid is not None and grid[0] * grid[1] == n else (1, n)
     return explanation
+
+
+def _onto_grid(explanation: Explanation, patch_ids: torch.Tensor, num_patches: int) -> None:
+    """Lay an explanation of M kept patches out on the whole grid of ``num_patches``: masks False and
+    heat 0 where the index pruned the patch."""
+
+    def spread(values: torch.Tensor) -> torch.Tensor:
+        full = torch.zeros(num_patches, dtype=values.dtype)
+        full[patch_ids] = values.cpu()
+        return full
+
+    for branch in explanation.branches:
+        branch.kept = spread(branch.kept)
+    for word in explanation.words:
+        word.heat = spread(word.heat)
 
 
 def _word(text: str, heat: torch.Tensor, best: str, cosine: float) -> WordAttention:

@@ -20,20 +20,28 @@ import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from patchword.errors import ConfigError, DataError, RunExistsError
 from patchword.eval.engine.core import engine_for
 from patchword.progress import progress_bar
 from patchword.runs import LoadedRun, load_run
+from patchword.search.build_report import BuildReport, no_images_message
 from patchword.search.codecs import load_codec, make_codec
-from patchword.search.encode import ShardEncoder, codec_sample, dense_scores, read_dense_file, write_shard
+from patchword.search.encode import (
+    ShardEncoder,
+    codec_sample,
+    dense_scores,
+    prune_shard,
+    read_dense_file,
+    write_shard,
+)
 from patchword.search.identity import IndexMismatchError, check_index_model, model_identity, weights_sha256
+from patchword.search.maintenance import COMPACT_DEAD_FRACTION, compact, drop_broken_shards, remove_orphans
+from patchword.search.pruning import pruning_record
 from patchword.search.query import fine_matcher
 from patchword.search.scan import SkippedFile, scan_images
 from patchword.search.store import (
@@ -43,10 +51,6 @@ from patchword.search.store import (
     SHARDS_DIR,
     Entry,
     Manifest,
-    broken_shards,
-    save_npy_atomic,
-    shard_arrays,
-    shard_files,
 )
 
 __all__ = [
@@ -61,83 +65,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Compact the shards when more than this fraction of the stored rows belongs to no entry.
-COMPACT_DEAD_FRACTION = 0.25
-#: Skipped files listed by :meth:`BuildReport.summary` (the manifest keeps them all).
-SHOWN_SKIPPED = 20
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Report
-# ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class BuildReport:
-    """What :func:`build_index` did.
-
-    Attributes:
-        index_dir: the index.
-        num_images: images in the index now.
-        added: images encoded by this call (new or changed files).
-        kept: images whose stored vectors were reused (unchanged files, or done before an interruption).
-        removed: entries dropped (files deleted or changed since the last build).
-        skipped: files left out with the reason (unreadable, corrupt, no dense caption...).
-        ignored: other files under the folder (not images).
-        resumed: an interrupted build was continued.
-        compacted: the shards were rewritten without their dead rows.
-        seconds: wall time of the call; ``encode_seconds`` of the encoding loop alone.
-    """
-
-    index_dir: Path
-    num_images: int = 0
-    added: int = 0
-    kept: int = 0
-    removed: int = 0
-    skipped: list[SkippedFile] = field(default_factory=list)
-    ignored: int = 0
-    resumed: bool = False
-    compacted: bool = False
-    seconds: float = 0.0
-    encode_seconds: float = 0.0
-
-    def summary(self) -> str:
-        """Human-readable lines for the CLI."""
-        rate = self.added / self.encode_seconds if self.encode_seconds > 0 else 0.0
-        lines = [
-            f"index {self.index_dir}: {self.num_images} images "
-            f"({self.added} encoded, {self.kept} kept, {self.removed} removed"
-            f"{', resumed' if self.resumed else ''}{', compacted' if self.compacted else ''}) "
-            f"in {self.seconds:.1f} s ({rate:.1f} images/s encoding)",
-        ]
-        if self.skipped:
-            lines.append(f"skipped {len(self.skipped)} files:")
-            lines += [f"  {s.path}: {s.reason}" for s in self.skipped[:SHOWN_SKIPPED]]
-            if len(self.skipped) > SHOWN_SKIPPED:
-                lines.append(
-                    f"  ... and {len(self.skipped) - SHOWN_SKIPPED} more (all are listed in "
-                    f"{self.index_dir / MANIFEST_FILE})"
-                )
-        return "\n".join(lines)
-
 
 # ---------------------------------------------------------------------------------------------------------
 # Build / update / resume
 # ---------------------------------------------------------------------------------------------------------
-
-
-def _remove_orphans(index_dir: Path, manifest: Manifest) -> None:
-    """Delete shard files no manifest shard names (left by a kill between a shard and the manifest, or
-    by a compaction) and temporary files a killed write left behind."""
-    for stray in index_dir.glob(f".{MANIFEST_FILE}.*.tmp"):
-        stray.unlink(missing_ok=True)
-    live = {f.name for s in manifest.shards for f in shard_files(index_dir, s["id"]).values()}
-    shards_dir = index_dir / SHARDS_DIR
-    if not shards_dir.is_dir():
-        return
-    for path in shards_dir.iterdir():
-        if path.name not in live and (path.name.endswith(".npy") or path.name.endswith(".tmp")):
-            path.unlink(missing_ok=True)
 
 
 def _open_or_create(
@@ -196,66 +127,23 @@ def _has_dense_scores(engine, identity: dict[str, Any]) -> bool:
     return engine.image_constants(image, dense, torch.tensor([2]), device="cpu") is not None
 
 
-def _compact(index_dir: Path, manifest: Manifest, shard_size: int) -> None:
-    """Copy the live rows into new shards (entry order), switch the manifest, delete the old files."""
-    from patchword.search.store import SearchIndex
-
-    reader = SearchIndex(index_dir, manifest)
-    entries, shards = [], []
-    for start in range(0, len(manifest.entries), shard_size):
-        ids = np.arange(start, min(start + shard_size, len(manifest.entries)))
-        shard_id = manifest.next_shard
-        files = shard_files(index_dir, shard_id)
-        save_npy_atomic(files["global"], reader.global_embeddings().numpy()[ids])
-        for name in shard_arrays(manifest):  # rows copied as stored: nothing is decoded or re-encoded
-            if name == "global":
-                continue
-            width = (
-                int(reader.gather("dense_lens", ids).max())
-                if name.startswith("dense.") or name == "dense"
-                else None
-            )
-            save_npy_atomic(files[name], reader.gather(name, ids, width=width))
-        entries += [
-            Entry(e.path, e.size, e.mtime_ns, e.format, shard_id, row)
-            for row, e in enumerate(manifest.entries[start : start + len(ids)])
-        ]
-        shards.append({"id": shard_id, "rows": len(ids)})
-        manifest.next_shard += 1
-    del reader  # release the memory maps before their files are deleted
-    manifest.entries, manifest.shards = entries, shards
-    manifest.write(index_dir)
-    _remove_orphans(index_dir, manifest)
-
-
-def _drop_broken_shards(index_dir: Path, manifest: Manifest) -> None:
-    """Forget the shards of a resumed or updated index that cannot be read (a file missing, truncated or
-    overwritten) and their entries: their images are encoded again, the files deleted as orphans."""
-    broken = broken_shards(index_dir, manifest)
-    for shard_id, problem in broken.items():
-        rows = sum(e.shard == shard_id for e in manifest.entries)
-        logger.warning(
-            "%s: shard %d is damaged (%s); its %d images are encoded again",
-            index_dir,
-            shard_id,
-            problem,
-            rows,
-        )
-    if broken:
-        manifest.shards = [s for s in manifest.shards if s["id"] not in broken]
-        manifest.entries = [e for e in manifest.entries if e.shard not in broken]
-
-
-def _no_images_message(root: Path, skipped: list[SkippedFile], ignored: int) -> str:
-    """One line: ``root`` holds no image Pillow can open, and what it holds instead."""
-    held = []
-    if skipped:
-        shown = "; ".join(f"{s.path}: {s.reason}" for s in skipped[:3])
-        held.append(f"{len(skipped)} unreadable image files ({shown}{' ...' if len(skipped) > 3 else ''})")
-    if ignored:
-        held.append(f"{ignored} other files")
-    holds = ", ".join(held) if held else "no files (hidden ones are not scanned)"
-    return f"--images: no image to index under {root}: it holds {holds}; nothing was written"
+def _pruning(manifest: Manifest, engine, keep_patches: float | None, index_dir: Path) -> int | None:
+    """Patches kept per image (None: all), recording a new index's choice in ``manifest``; refuses a
+    choice that differs from an existing index's."""
+    if manifest.shards or manifest.entries:  # an existing index keeps what it was built with
+        had = manifest.pruning
+        if keep_patches is not None and (had is None or had["fraction"] != keep_patches):
+            kept = f"keeps {had['fraction']} of its patches" if had else "keeps every patch"
+            raise ConfigError("--keep-patches", f"{index_dir} {kept}; build a new index to change it")
+        return None if had is None else int(had["kept"])
+    manifest.pruning = None
+    if keep_patches is None:
+        return None
+    record = pruning_record(engine, keep_patches)  # validates the fraction and that the matcher can prune
+    if record["kept"] == record["of"]:
+        return None  # every patch kept: an index like any other
+    manifest.pruning = record
+    return int(record["kept"])
 
 
 def build_index(
@@ -268,6 +156,7 @@ def build_index(
     dense: str | os.PathLike[str] | None = None,
     dense_store: str | None = None,
     pq_bytes: int | None = None,
+    keep_patches: float | None = None,
     batch_size: int = 64,
     shard_size: int = 2048,
     workers: int | None = None,
@@ -293,6 +182,9 @@ def build_index(
         dense_store: what the index keeps of the dense captions (``DENSE_STORES``): ``tokens``
             (default) or ``scores``, the per-image score they give, computed once here (exact,
             for a matcher whose dense part depends on the image alone: SEPS as released; refused otherwise).
+        keep_patches: SEPS / LAPS: store only this fraction of each image's patches, those with the
+            highest image-only selection score (:mod:`patchword.search.pruning`: an approximation, recorded
+            in the manifest; None: every patch for a new index, the index's own choice for an existing one).
         batch_size: images per encoder batch.
         shard_size: images per shard (the unit of resumption).
         workers: decoding threads (default: min(4, CPU count)).
@@ -342,6 +234,7 @@ def build_index(
             "--pq-bytes", f"{index_dir} stores {kept_m} bytes per token; build a new index to change it"
         )
     engine = engine_for(fine_matcher(run.model.matcher))
+    keep = _pruning(manifest, engine, keep_patches, index_dir)
     store_scores = manifest.dense_store == "scores"
     if store_scores and not _has_dense_scores(engine, identity):
         raise ConfigError(
@@ -354,8 +247,8 @@ def build_index(
     # for --update, an index emptied of every entry).
     scan = scan_images(images_root, exclude=index_dir)
     if not scan.images:
-        raise DataError(_no_images_message(images_root, scan.skipped, scan.ignored))
-    _drop_broken_shards(index_dir, manifest)
+        raise DataError(no_images_message(images_root, scan.skipped, scan.ignored))
+    drop_broken_shards(index_dir, manifest)
     manifest.state = "building"
     created = not index_dir.exists()
     index_dir.mkdir(parents=True, exist_ok=True)
@@ -367,7 +260,7 @@ def build_index(
         if created:
             shutil.rmtree(index_dir, ignore_errors=True)
         raise
-    _remove_orphans(index_dir, manifest)
+    remove_orphans(index_dir, manifest)
     reads_dense = run.model.matcher.consumes_dense and run.config.data.dense
     if dense_file is None and manifest.dense is None and reads_dense:
         logger.warning(
@@ -423,14 +316,16 @@ def build_index(
             encoded = encoder.encode(todo[first : first + shard_size], bar.update)
             skipped += encoded.failed
             if encoded.files:
+                # the dense scores read every patch: computed before pruning (exact either way)
+                scores = dense_scores(engine, encoded, run.device) if store_scores else None
+                pruned = prune_shard(engine, encoded, keep, run.device) if keep else None
                 if codec is None:  # the first shard: a quantiser trains on its tokens, once per index
                     sample = codec_sample(encoded, dense=not store_scores) if manifest.dtype == "pq" else None
                     codec = make_codec(manifest.dtype, sample, pq_m=pq_bytes)
                     codec.save(index_dir)
                     manifest.codec = codec.describe()
                 shard_id = manifest.next_shard
-                scores = dense_scores(engine, encoded, run.device) if store_scores else None
-                rows = write_shard(index_dir, shard_id, encoded, codec, scores)
+                rows = write_shard(index_dir, shard_id, encoded, codec, scores, pruned)
                 manifest.shards.append({"id": shard_id, "rows": rows})
                 manifest.next_shard += 1
                 manifest.entries += [
@@ -444,12 +339,13 @@ def build_index(
 
     total_rows = sum(s["rows"] for s in manifest.shards)
     if total_rows and total_rows - len(manifest.entries) > COMPACT_DEAD_FRACTION * total_rows:
-        _compact(index_dir, manifest, shard_size)
+        compact(index_dir, manifest, shard_size)
         report.compacted = True
     manifest.state = "complete"
     manifest.write(index_dir)
-    _remove_orphans(index_dir, manifest)
+    remove_orphans(index_dir, manifest)
     report.num_images = len(manifest.entries)
     report.skipped = manifest.skipped
+    report.pruning = manifest.pruning
     report.seconds = time.perf_counter() - start
     return report

@@ -66,6 +66,10 @@ def upload_index(index_dir: str | Path, location: str, collection: str, *, batch
             f"{index_dir} keeps dense scores, the Qdrant backend dense tokens: build it with "
             "--dense-store tokens",
         )
+    if index.pruning is not None:
+        raise ConfigError(
+            "--qdrant", f"{index_dir} was pruned (--keep-patches); the Qdrant backend holds every patch"
+        )
     client = connect(location)
     dim = int(index.manifest.model["embed_dim"])
     multi = models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM)
@@ -153,6 +157,10 @@ class QdrantIndex(IndexEntries):
 
     def dense_scores(self, ids) -> None:
         """Always None: a Qdrant collection holds dense tokens, never precomputed dense scores."""
+        return None
+
+    def patch_priors(self, ids) -> None:
+        """Always None: a Qdrant collection holds every patch (pruned indexes are not uploaded)."""
         return None
 
     def dense_tokens(self, ids) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -325,6 +325,7 @@ class Searcher:
             None if dense is None else dense[1],
             None,
             image_constants=scores,
+            patch_prior=self.index.patch_priors(ids),  # --keep-patches
         )
         # One caption against k images is a (k, 1) matrix: the engine's matrix path batches the images,
         # where its pair path (built for images with many captions) takes them one at a time; same
@@ -389,7 +390,15 @@ class Searcher:
             None if dense is None else int(dense[1][0]),
             token_strings=[self._token_name(i) for i in query.ids[0, : int(query.lens[0])].tolist()],
             grid=patch_grid(self.run.model.image_encoder, int(self.index.manifest.model["num_patches"])),
+            **self._pruned(ids),
         )
+
+    def _pruned(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``explain_pair``'s arguments for one image of an index pruned at build time, else none."""
+        prior = self.index.patch_priors(ids)
+        if prior is None:
+            return {}
+        return {"patch_prior": prior[0], "patch_ids": self.index.patch_ids(ids)[0]}
 
 
 def token_namer(tokenizer: object):

@@ -11,7 +11,10 @@
     ``shards/NNNNN.dense.npy`` and ``NNNNN.dense_lens.npy``  (rows, L_d, C) dense-caption tokens (same store)
     and their (rows,) lengths, only for an index built with dense captions; or, with ``--dense-store
     scores``, ``NNNNN.dense_score.npy`` (rows,) float32: the part of every score the image's dense caption
-    decides alone (SEPS as released: the dense branch), computed at build time in place of the tokens.
+    decides alone (SEPS as released: the dense branch), computed at build time in place of the tokens;
+    ``shards/NNNNN.patch_ids.npy`` (rows, M) int16 and ``NNNNN.patch_prior.npy`` (rows, M) float32, only for
+    an index pruned to M patches per image (``--keep-patches``, :mod:`patchword.search.pruning`): the grid
+    positions of the patches kept in ``tokens`` and the image part of their selection scores.
 
 Every file is written to a temporary name and renamed into place (``os.replace``), shards first and the
 manifest last, so the manifest only ever names complete shards: a build killed at any moment leaves a
@@ -94,6 +97,9 @@ class Manifest:
         codec: what the store needs recorded (pq: the quantiser's shape), for people reading the manifest.
         dense: None, or the dense-caption file the index was built with (``file``, ``max_len``) and what
             the index keeps of it (``store``: :data:`DENSE_STORES`; absent in older indexes: tokens).
+        pruning: None (every patch stored), or how the patches were pruned at build time (``kept`` M of
+            ``of`` N per image, ``fraction``, ``by``: the rule, ``exact``: false), see
+            :func:`patchword.search.pruning.pruning_record`.
         state: ``building`` (a build or update is running or was interrupted) or ``complete``.
         shards: ``{"id", "rows"}`` of every shard file set, in creation order.
         next_shard: id of the next shard to write.
@@ -106,6 +112,7 @@ class Manifest:
     dtype: str
     dense: dict[str, Any] | None = None
     codec: dict[str, Any] = field(default_factory=dict)
+    pruning: dict[str, Any] | None = None
     state: str = "building"
     shards: list[dict[str, int]] = field(default_factory=list)
     next_shard: int = 0
@@ -152,6 +159,7 @@ class Manifest:
                 dtype=payload["dtype"],
                 dense=payload.get("dense"),
                 codec=payload.get("codec") or {},
+                pruning=payload.get("pruning"),
                 state=payload["state"],
                 shards=list(payload["shards"]),
                 next_shard=int(payload["next_shard"]),
@@ -172,7 +180,17 @@ def save_npy_atomic(path: Path, array: np.ndarray) -> None:
 
 
 #: Every array a shard may hold (``.scale``: the int8 store's per-token scales).
-ARRAYS = ("global", "tokens", "tokens.scale", "dense", "dense.scale", "dense_lens", "dense_score")
+ARRAYS = (
+    "global",
+    "tokens",
+    "tokens.scale",
+    "dense",
+    "dense.scale",
+    "dense_lens",
+    "dense_score",
+    "patch_ids",
+    "patch_prior",
+)
 #: How an index keeps what its dense captions contribute (``--dense-store``): their tokens, or the per-image
 #: score they give (exact for a matcher whose dense part depends on the image alone).
 DENSE_STORES = ("tokens", "scores")
@@ -192,6 +210,8 @@ def shard_arrays(manifest: Manifest) -> tuple[str, ...]:
         names.append("dense_score")
     elif manifest.dense_store == "tokens":
         names += [*(f"dense{s}" for s in codec.suffixes()), "dense_lens"]
+    if manifest.pruning is not None:
+        names += ["patch_ids", "patch_prior"]
     return tuple(names)
 
 
@@ -360,6 +380,25 @@ class SearchIndex(IndexEntries):
             return None
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         return torch.from_numpy(self.gather("dense_score", ids).astype(np.float32))
+
+    @property
+    def pruning(self) -> dict[str, Any] | None:
+        """How the index pruned its patches (``Manifest.pruning``), or None."""
+        return self.manifest.pruning
+
+    def patch_priors(self, ids: torch.Tensor | np.ndarray) -> torch.Tensor | None:
+        """(k,) index ids -> (k, M) float32 selection priors of the kept patches, or None (not pruned)."""
+        if self.pruning is None:
+            return None
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        return torch.from_numpy(self.gather("patch_prior", ids).astype(np.float32))
+
+    def patch_ids(self, ids: torch.Tensor | np.ndarray) -> torch.Tensor | None:
+        """(k,) index ids -> (k, M) int64 grid positions of the kept patches, or None (not pruned)."""
+        if self.pruning is None:
+            return None
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        return torch.from_numpy(self.gather("patch_ids", ids).astype(np.int64))
 
     def dense_tokens(self, ids: torch.Tensor | np.ndarray) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(k,) index ids -> ((k, L_d, C) float32 dense tokens, (k,) int64 lengths), or None (no dense

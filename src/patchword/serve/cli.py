@@ -70,7 +70,8 @@ def main_serve(argv: list[str] | None = None) -> int:
         limits = ServeLimits(args.max_query_chars, args.max_k, args.workers, args.max_pending)
         threads = args.torch_threads or max(1, (os.cpu_count() or 1) // args.workers)
         torch.set_num_threads(threads)  # the application's choice: the library never sets it
-        searcher = open_searcher(args)
+        searcher = open_searcher(args)  # (may build the IVF lists first, with every core)
+        _faiss_threads(threads)
         app = create_app(searcher, limits)
     except USER_ERRORS as err:
         return report_user_error(err, args.verbose)
@@ -96,3 +97,13 @@ def main_serve(argv: list[str] | None = None) -> int:
         server_header=False,
     )
     return 0
+
+
+def _faiss_threads(threads: int) -> None:
+    """FAISS's OpenMP threads for the first stage: as many as torch's, for the same reason."""
+    from patchword.eval.two_stage import faiss_available
+
+    if faiss_available():
+        import faiss
+
+        faiss.omp_set_num_threads(threads)

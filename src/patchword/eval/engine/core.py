@@ -53,6 +53,10 @@ class ScoringInputs:
         image_constants: (N_img,) the part of every score that depends on the image alone, precomputed by
             :meth:`ScoringEngine.image_constants` (SEPS's image-tied dense branch), in place of the dense
             tokens it came from; None when computed from the inputs.
+        patch_prior: (N_img, M) for images pruned to M patches at index time (``img_tokens`` then holds
+            [CLS?, M kept patches]): the image-only part of each kept patch's selection score, computed
+            on all the image's patches before pruning (:func:`patchword.search.pruning.prune_patches`);
+            only engines with ``prunable`` read it. None: every patch is there.
     """
 
     img_tokens: torch.Tensor
@@ -62,6 +66,7 @@ class ScoringInputs:
     dense_lens: torch.Tensor | None = None
     dense_index: torch.Tensor | None = None
     image_constants: torch.Tensor | None = None
+    patch_prior: torch.Tensor | None = None
 
     def subset(self, images: torch.Tensor, texts: torch.Tensor) -> ScoringInputs:
         """The inputs restricted to some images and texts (index tensors; dense rows follow)."""
@@ -71,6 +76,7 @@ class ScoringInputs:
         elif dense is not None:
             index = index[texts]
         constants = None if self.image_constants is None else self.image_constants[images]
+        prior = None if self.patch_prior is None else self.patch_prior[images]
         return ScoringInputs(
             self.img_tokens[images],
             self.cap_tokens[texts],
@@ -79,6 +85,7 @@ class ScoringInputs:
             dense_lens,
             index,
             constants,
+            prior,
         )
 
     @property
@@ -111,6 +118,8 @@ class ScoringEngine:
     """
 
     name = "engine"
+    #: Whether the engine scores images pruned at index time (``ScoringInputs.patch_prior``).
+    prunable = False
 
     def __init__(self, matcher: Matcher) -> None:
         self.matcher = matcher
@@ -236,11 +245,27 @@ def prepare_inputs(
     dense_lens: object,
     txt2img: object,
     image_constants: torch.Tensor | None = None,
+    patch_prior: torch.Tensor | None = None,
 ) -> ScoringInputs:
     """Validate ``score_matrix``'s arguments and resolve the dense pairing into :class:`ScoringInputs`.
 
     ``image_constants`` (N_img,): the precomputed per-image part of every score (see
-    :meth:`ScoringEngine.image_constants`), given instead of the dense tokens it replaces."""
+    :meth:`ScoringEngine.image_constants`), given instead of the dense tokens it replaces.
+    ``patch_prior`` (N_img, M): images pruned to M patches at index time (see ``ScoringInputs``)."""
+    inputs = _prepare_inputs(
+        matcher, img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens, txt2img, image_constants
+    )
+    if patch_prior is not None:
+        factory = _declared_engine(matcher)
+        if not getattr(factory, "prunable", False):
+            raise ValueError(f"{type(matcher).__name__} cannot score images pruned at index time")
+        inputs.patch_prior = check_tensor(patch_prior, "patch_prior", shape=(inputs.num_images, None))
+    return inputs
+
+
+def _prepare_inputs(
+    matcher, img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens, txt2img, image_constants
+) -> ScoringInputs:
     img_tokens = check_tensor(img_tokens, "img_tokens", ndim=3, finite=False)
     dim = img_tokens.shape[2]
     cap_tokens = check_tensor(cap_tokens, "cap_tokens", shape=(None, None, dim), finite=False)

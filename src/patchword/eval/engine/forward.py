@@ -71,6 +71,10 @@ class ForwardEngine(ScoringEngine):
             def image_block(i0: int) -> None:
                 rows = slice(i0, i0 + plan.image_block)
                 img = inputs.img_tokens[rows].to(device)
+                # images pruned at index time: only matchers with a prunable engine accept them (SEPS)
+                pruned = (
+                    {} if inputs.patch_prior is None else {"patch_prior": inputs.patch_prior[rows].to(device)}
+                )
                 for t0 in range(0, n_txt, plan.text_block):
                     cols = slice(t0, t0 + plan.text_block)
                     width = int(inputs.cap_lens[cols].max())
@@ -81,7 +85,7 @@ class ForwardEngine(ScoringEngine):
                         owner = inputs.dense_index[cols]
                         dense = (inputs.dense_tokens[owner].to(device), inputs.dense_lens[owner].to(device))
                     caps = inputs.cap_tokens[cols, :width].to(device)
-                    sims = self.matcher(img, caps, inputs.cap_lens[cols].to(device), *dense).sims
+                    sims = self.matcher(img, caps, inputs.cap_lens[cols].to(device), *dense, **pruned).sims
                     out[rows, cols] = sims.float().cpu()
                     bar.update(sims.numel())
 

@@ -63,8 +63,10 @@ from patchword.matching.ops import l2norm, masked_mean
 from patchword.matching.selection import (
     combine_paper_scores,
     fusion_weights,
+    image_prior,
     image_saliency,
     saliency_centre,
+    scores_from_prior,
     text_relevance,
 )
 from patchword.matching.seps import SEPSMatcher
@@ -107,6 +109,7 @@ class SEPSEngine(ScoringEngine):
     """
 
     name = "seps"
+    prunable = True
 
     def __init__(
         self,
@@ -204,8 +207,26 @@ class SEPSEngine(ScoringEngine):
             floats += max(self._pair_bytes(f, dense_len) for f in _FORMS) // _F32 + n_c * c
         return _F32 * floats
 
+    def _bind(self, inputs: ScoringInputs) -> None:
+        """Take the patch count N of this job: the matcher's, or M for images pruned at index time
+        (``inputs.patch_prior``). An engine scores one job at a time."""
+        patches = inputs.img_tokens.shape[1] - int(self.has_cls)
+        if inputs.patch_prior is None:
+            self.n = self.cfg.num_patches
+            return
+        kept = inputs.patch_prior.shape[1]
+        if kept != patches:
+            raise ValueError(f"patch_prior has {kept} patches per image, the image tokens {patches}")
+        if not self.k < kept <= self.cfg.num_patches:
+            raise ValueError(
+                f"images pruned to {kept} patches: the matcher keeps K={self.k} of N={self.cfg.num_patches} "
+                "per pair and needs more than K (the fusion token) and at most N"
+            )
+        self.n = kept
+
     def plan(self, inputs: ScoringInputs, budget: int) -> BlockPlan:
         """Block sizes whose estimated peak fits ``budget``: images B, captions T, dense texts D."""
+        self._bind(inputs)
         mode = self._mode(inputs)
         branches = 2 if mode == "pair_guide" else 1
         n_img, n_txt = inputs.num_images, inputs.num_texts
@@ -282,7 +303,9 @@ class SEPSEngine(ScoringEngine):
         )
 
     # ------------------------------------------------------------------ per-image work
-    def _images(self, img_tokens: torch.Tensor) -> ImageBlock:
+    def _images(self, img_tokens: torch.Tensor, prior: torch.Tensor | None = None) -> ImageBlock:
+        """Per-image tensors of a block of (B, L_v, C) tokens; with ``prior`` (B, N), images pruned at
+        index time and the image-only part of their selection scores (saliency and predictor unused)."""
         cls_tok = img_tokens[:, 0] if self.has_cls else None
         patches = img_tokens[:, int(self.has_cls) :].contiguous()
         unit = l2norm(patches)
@@ -293,14 +316,15 @@ class SEPSEngine(ScoringEngine):
             logits_t[id(net)] = lg
             exp_t[id(net)] = torch.exp(lg - top)
             stable[id(net)] = ((top.squeeze(2) - lg.amin(dim=2)).amax(dim=1) < _EXP_RANGE).tolist()
-        scorer = self.matcher.scorer
+        scorer = self.matcher.scorer if prior is None else None
         return ImageBlock(
             patches=patches,
             unit=unit,
-            saliency=image_saliency(
-                patches, unit, saliency_centre(img_tokens, self.cfg.saliency, detach=False)
-            ),
+            saliency=None
+            if prior is not None
+            else image_saliency(patches, unit, saliency_centre(img_tokens, self.cfg.saliency, detach=False)),
             predicted=scorer(patches) if scorer is not None else None,
+            prior=prior,
             logits_t=logits_t,
             exp_t=exp_t,
             stable=stable,
@@ -308,8 +332,32 @@ class SEPSEngine(ScoringEngine):
             cls=l2norm(cls_tok) if cls_tok is not None else None,
         )
 
+    def _prior(self, img: ImageBlock) -> torch.Tensor:
+        """(B, N) the image-only part of the selection score: s_im ("sum"), or paper Eq. (3)'s
+        (1 - 2 beta) s_p + 2 beta minmax(s_im) ("predictor"; see ``combine_paper_scores``)."""
+        if img.prior is not None:
+            return img.prior
+        return image_prior(img.saliency, img.predicted, self.cfg.score_mode, self.cfg.beta)
+
+    @torch.no_grad()
+    def patch_priors(self, img_tokens: torch.Tensor, *, device, block: int = 64) -> torch.Tensor:
+        """(N_img, N) float32: the image-only part of every patch's selection score (:meth:`_prior`) of
+        (N_img, L_v, C) unpruned image tokens, in blocks of ``block`` images: what index-time pruning
+        ranks patches by and keeps for the kept ones (``ScoringInputs.patch_prior``)."""
+        self.n = self.cfg.num_patches
+        dtype = self.aggr.scale.dtype
+        out = torch.empty(img_tokens.shape[:2], dtype=torch.float32)[:, int(self.has_cls) :]
+        for i0 in range(0, img_tokens.shape[0], block):
+            img = self._images(img_tokens[i0 : i0 + block].to(device=device, dtype=dtype))
+            out[i0 : i0 + block] = self._prior(img).float().cpu()
+        return out
+
     def _scores(self, img: ImageBlock, terms: list[torch.Tensor]) -> torch.Tensor:
-        """Selection scores of every pair, exactly as ``SEPSMatcher._select``: (B, T, N)."""
+        """Selection scores of every pair, exactly as ``SEPSMatcher._select``: (B, T, N). On images
+        pruned at index time, the precomputed image part plus the text terms, min-max normalised (paper
+        variant) over the kept patches: an approximation (docs/search.md, "Index-time patch pruning")."""
+        if img.prior is not None:
+            return scores_from_prior(img.prior, terms, self.cfg.score_mode, self.cfg.beta)
         if self.cfg.score_mode == "sum":
             return img.saliency[:, None] + sum(terms)
         return combine_paper_scores(img.predicted, img.saliency, terms, self.cfg.beta)
@@ -468,12 +516,22 @@ class SEPSEngine(ScoringEngine):
 
     def _prepare(self, inputs: ScoringInputs, rows: torch.Tensor, device, dtype) -> ImageBlock:
         """Per-image work of the images ``rows``, image-tied dense text (or its precomputed score) too."""
-        img = self._images(inputs.img_tokens[rows].to(device=device, dtype=dtype))
+        img = self._images(
+            inputs.img_tokens[rows].to(device=device, dtype=dtype),
+            self._prior_rows(inputs, rows, device, dtype),
+        )
         if inputs.image_constants is not None:
             img.dense_const = inputs.image_constants[rows].to(device=device, dtype=dtype)
         elif inputs.dense_tokens is not None and inputs.dense_index is None:
             self._image_dense(img, inputs, rows, device, dtype)
         return img
+
+    @staticmethod
+    def _prior_rows(inputs: ScoringInputs, rows, device, dtype) -> torch.Tensor | None:
+        """The precomputed selection priors of the images ``rows`` (pruned images), or None."""
+        if inputs.patch_prior is None:
+            return None
+        return inputs.patch_prior[rows].to(device=device, dtype=dtype)
 
     @torch.no_grad()
     def image_constants(
@@ -494,6 +552,7 @@ class SEPSEngine(ScoringEngine):
         dtype = self.aggr.scale.dtype
         caption = img_tokens.new_zeros(1, 1, img_tokens.shape[2])  # no caption is read
         inputs = ScoringInputs(img_tokens, caption, torch.ones(1, dtype=torch.long), dense_tokens, dense_lens)
+        self._bind(inputs)
         out = torch.empty(img_tokens.shape[0], dtype=torch.float32)
         for i0 in range(0, img_tokens.shape[0], block):
             rows = torch.arange(i0, min(i0 + block, img_tokens.shape[0]))
@@ -712,7 +771,11 @@ class SEPSEngine(ScoringEngine):
             txt = self._text_block(inputs.dense_tokens[rows], inputs.dense_lens[rows], device, dtype)
             for i0 in range(0, n_img, plan.image_block):
                 i1 = min(i0 + plan.image_block, n_img)
-                img = self._images(inputs.img_tokens[i0:i1].to(device=device, dtype=dtype))
+                rows = torch.arange(i0, i1)
+                img = self._images(
+                    inputs.img_tokens[rows].to(device=device, dtype=dtype),
+                    self._prior_rows(inputs, rows, device, dtype),
+                )
                 out[i0:i1, start:stop] = self._dense_scores(img, txt)
                 bar.update((i1 - i0) * (stop - start))
         return out

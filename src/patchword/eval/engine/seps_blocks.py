@@ -132,7 +132,7 @@ class ImageBlock:
 
     patches: torch.Tensor  # (B, N, C) raw
     unit: torch.Tensor  # (B, N, C)
-    saliency: torch.Tensor  # (B, N)
+    saliency: torch.Tensor | None  # (B, N); None when ``prior`` was given
     predicted: torch.Tensor | None  # (B, N) paper score predictor
     logits_t: dict[int, torch.Tensor]  # id(net) -> (B, N_c, N) aggregation logits, transposed
     exp_t: dict[int, torch.Tensor]  # id(net) -> (B, N_c, N) exp(logits - max over patches)
@@ -142,6 +142,8 @@ class ImageBlock:
     dense_relevance: torch.Tensor | None = None  # (B, 1, N) image-tied dense s_dt
     dense_const: torch.Tensor | None = None  # (B,) image-tied "branch"-mode dense score
     part: ImagePart | None = None  # image-tied "guide"-mode dense token sets (batched)
+    # (B, N) image-only part of the selection scores, precomputed before index-time pruning
+    prior: torch.Tensor | None = None
 
     @property
     def gram(self) -> torch.Tensor:
@@ -158,7 +160,7 @@ class ImageBlock:
         return ImageBlock(
             patches=self.patches[j : j + 1],
             unit=self.unit[j : j + 1],
-            saliency=self.saliency[j : j + 1],
+            saliency=cut(self.saliency),
             predicted=cut(self.predicted),
             logits_t={key: x[j : j + 1] for key, x in self.logits_t.items()},
             exp_t={key: x[j : j + 1] for key, x in self.exp_t.items()},
@@ -167,6 +169,7 @@ class ImageBlock:
             cls=cut(self.cls),
             dense_relevance=cut(self.dense_relevance),
             dense_const=cut(self.dense_const),
+            prior=cut(self.prior),
             part=None
             if self.part is None
             else ImagePart(*(x[j : j + 1] for x in astuple_shallow(self.part))),

@@ -1,0 +1,84 @@
+"""What :func:`patchword.search.index.build_index` reports: :class:`BuildReport` and its summary lines."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from patchword.search.scan import SkippedFile
+from patchword.search.store import MANIFEST_FILE
+
+__all__ = ["BuildReport", "no_images_message"]
+
+#: Skipped files listed by :meth:`BuildReport.summary` (the manifest keeps them all).
+SHOWN_SKIPPED = 20
+
+
+@dataclass
+class BuildReport:
+    """What :func:`build_index` did.
+
+    Attributes:
+        index_dir: the index.
+        num_images: images in the index now.
+        added: images encoded by this call (new or changed files).
+        kept: images whose stored vectors were reused (unchanged files, or done before an interruption).
+        removed: entries dropped (files deleted or changed since the last build).
+        skipped: files left out with the reason (unreadable, corrupt, no dense caption...).
+        ignored: other files under the folder (not images).
+        resumed: an interrupted build was continued.
+        compacted: the shards were rewritten without their dead rows.
+        seconds: wall time of the call; ``encode_seconds`` of the encoding loop alone.
+        pruning: the index's patch pruning (``Manifest.pruning``), or None.
+    """
+
+    index_dir: Path
+    num_images: int = 0
+    added: int = 0
+    kept: int = 0
+    removed: int = 0
+    skipped: list[SkippedFile] = field(default_factory=list)
+    ignored: int = 0
+    resumed: bool = False
+    compacted: bool = False
+    seconds: float = 0.0
+    encode_seconds: float = 0.0
+    pruning: dict[str, Any] | None = None
+
+    def summary(self) -> str:
+        """Human-readable lines for the CLI."""
+        rate = self.added / self.encode_seconds if self.encode_seconds > 0 else 0.0
+        lines = [
+            f"index {self.index_dir}: {self.num_images} images "
+            f"({self.added} encoded, {self.kept} kept, {self.removed} removed"
+            f"{', resumed' if self.resumed else ''}{', compacted' if self.compacted else ''}) "
+            f"in {self.seconds:.1f} s ({rate:.1f} images/s encoding)",
+        ]
+        if self.pruning:
+            kept, of, fraction = (self.pruning[key] for key in ("kept", "of", "fraction"))
+            lines.append(
+                f"patches pruned: {kept} of {of} kept per image (--keep-patches {fraction}, an "
+                "approximation: docs/search.md)"
+            )
+        if self.skipped:
+            lines.append(f"skipped {len(self.skipped)} files:")
+            lines += [f"  {s.path}: {s.reason}" for s in self.skipped[:SHOWN_SKIPPED]]
+            if len(self.skipped) > SHOWN_SKIPPED:
+                lines.append(
+                    f"  ... and {len(self.skipped) - SHOWN_SKIPPED} more (all are listed in "
+                    f"{self.index_dir / MANIFEST_FILE})"
+                )
+        return "\n".join(lines)
+
+
+def no_images_message(root: Path, skipped: list[SkippedFile], ignored: int) -> str:
+    """One line: ``root`` holds no image Pillow can open, and what it holds instead."""
+    held = []
+    if skipped:
+        shown = "; ".join(f"{s.path}: {s.reason}" for s in skipped[:3])
+        held.append(f"{len(skipped)} unreadable image files ({shown}{' ...' if len(skipped) > 3 else ''})")
+    if ignored:
+        held.append(f"{ignored} other files")
+    holds = ", ".join(held) if held else "no files (hidden ones are not scanned)"
+    return f"--images: no image to index under {root}: it holds {holds}; nothing was written"
