@@ -66,7 +66,9 @@ def main() -> None:
             patch_prior=prior,
         )
         out = torch.empty(img.shape[0], 1)
-        engine_for(fine).score(inputs, out, budget=searcher.budget, device="cpu", progress=False)
+        engine = engine_for(fine)
+        engine.workers = 1  # as Searcher.rerank
+        engine.score(inputs, out, budget=searcher.budget, device="cpu", progress=False)
         t4 = time.perf_counter()
         if q >= args.warmup:
             for name, value in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0), strict=True):

@@ -230,3 +230,15 @@ def test_dense_scores_index_searches_like_dense_tokens_and_is_smaller(env, tmp_p
     assert err.value.key == "--dense-store" and not (tmp_path / "refused").exists()
     with pytest.raises(ConfigError, match="keeps dense scores"):
         build_index(run, images, tmp_path / "scores", dense=dense, dense_store="tokens", update=True)
+
+
+@pytest.mark.parametrize("pq_m", [8, 16, 32])  # 4, 2 and 1 dimensions per code (gathered rows / elements)
+def test_pq_decoding_is_the_centroid_of_every_code(pq_m):
+    x = _tokens(n=60, length=5)
+    codec = make_codec("pq", x.reshape(-1, x.shape[-1]), pq_m=pq_m)
+    codes = codec.encode(x)[""]
+    m, _, sub = codec.centroids.shape
+    want = np.stack([codec.centroids[j][codes[..., j]] for j in range(m)], axis=-2).reshape(
+        *codes.shape[:-1], m * sub
+    )
+    assert np.array_equal(codec.decode({"": codes}), want)

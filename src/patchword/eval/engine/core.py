@@ -120,6 +120,9 @@ class ScoringEngine:
     name = "engine"
     #: Whether the engine scores images pruned at index time (``ScoringInputs.patch_prior``).
     prunable = False
+    #: CPU threads of control taking image blocks (None: one per torch thread; 1: the caller alone, its
+    #: ops on torch's intra-op threads), for engines that split a job (:mod:`~patchword.eval.engine.workers`).
+    workers: int | None = None
 
     def __init__(self, matcher: Matcher) -> None:
         self.matcher = matcher

@@ -34,6 +34,11 @@ vector) once per text block. Dense text tied to captions (the official, leaky pr
 per distinct dense text (the 5 captions of an image share one) and gathered. HRPA takes its maxima
 before the LeakyReLU (monotone, so exact) and calls the matcher's own TopK-MLP modules (paper variant).
 
+Images pruned at index time (``ScoringInputs.patch_prior``, :mod:`patchword.search.pruning`) hold M < N
+patches: N is taken from the job (``_bind``), and the image part of the selection score is the stored
+prior instead of the saliency / predictor computed here; the result equals the matcher's forward on the
+same pruned tokens and priors.
+
 Selection ties at the K-th score may resolve differently from the forward pass (as they do in the
 forward itself between different batchings); everything else equals the forward to float rounding.
 """
