@@ -187,3 +187,25 @@ def live_server(app) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@contextmanager
+def killed_after_shards(monkeypatch: pytest.MonkeyPatch, shards: int) -> Iterator[None]:
+    """Within the block, ``build_index`` is interrupted (``KeyboardInterrupt``, as by Ctrl-C) when it is
+    about to write shard number ``shards + 1``; the real shard writer is back afterwards."""
+    from patchword.search import index as index_module
+
+    real_write = index_module.write_shard
+    written = []
+
+    def dying_write(*args, **kwargs):
+        if len(written) == shards:
+            raise KeyboardInterrupt
+        written.append(args[1])
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(index_module, "write_shard", dying_write)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(index_module, "write_shard", real_write)

@@ -17,12 +17,12 @@ from PIL import Image
 from patchword.errors import DataError, RunExistsError
 from patchword.runs import load_run
 from patchword.search import encode as encode_module
-from patchword.search import index as index_module
 from patchword.search.cli import main_index
 from patchword.search.index import IndexMismatchError, build_index
 from patchword.search.query import Searcher
 from patchword.search.scan import scan_images
 from patchword.search.store import Manifest, SearchIndex
+from search_support import killed_after_shards
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -135,23 +135,13 @@ def test_an_interrupted_build_resumes_to_the_same_index(env, tmp_path, monkeypat
     dense = env.export.files["dense"]
     build_index(env.run, images, tmp_path / "whole", dense=dense, shard_size=5, batch_size=4)
 
-    real_write = index_module.write_shard
-    written = []
-
-    def dying_write(*args, **kwargs):
-        if len(written) == 2:
-            raise KeyboardInterrupt  # killed while encoding the third shard
-        written.append(args[1])
-        return real_write(*args, **kwargs)
-
-    monkeypatch.setattr(index_module, "write_shard", dying_write)
-    with pytest.raises(KeyboardInterrupt):
+    # killed while writing the third shard
+    with killed_after_shards(monkeypatch, 2), pytest.raises(KeyboardInterrupt):
         build_index(env.run, images, tmp_path / "cut", dense=dense, shard_size=5, batch_size=4)
     partial = Manifest.read(tmp_path / "cut")
     assert partial.state == "building" and len(partial.entries) == 10
     with pytest.raises(DataError, match="did not finish"):
         SearchIndex.open(tmp_path / "cut")
-    monkeypatch.setattr(index_module, "write_shard", real_write)
     report = build_index(env.run, images, tmp_path / "cut", dense=dense, shard_size=5, batch_size=4)
     assert report.resumed and (report.kept, report.added) == (10, env.export.num_images - 10)
     assert Manifest.read(tmp_path / "cut") == Manifest.read(tmp_path / "whole")

@@ -15,13 +15,12 @@ from patchword.errors import ConfigError
 from patchword.eval.engine.core import prepare_inputs
 from patchword.eval.engine.seps import SEPSEngine
 from patchword.matching.ops import l2norm
-from patchword.search import index as index_module
 from patchword.search.cli import main_index
 from patchword.search.index import build_index
 from patchword.search.pruning import kept_patches, prune_patches
 from patchword.search.query import Searcher
 from patchword.search.store import Manifest, SearchIndex
-from search_support import caption_queries
+from search_support import caption_queries, killed_after_shards
 from test_engine import _inputs, _matcher
 
 # Patches kept per image in the engine tests: between K (ViT 98, Swin 40) and N (196, 49).
@@ -169,19 +168,8 @@ def test_an_interrupted_pruned_build_resumes_to_the_same_index(env, tmp_path, mo
     images, dense = env.export.files["images"], env.export.files["dense"]
     options = dict(dense=dense, shard_size=5, batch_size=4, keep_patches=0.75)
     build_index(env.run, images, tmp_path / "whole", **options)
-    real_write = index_module.write_shard
-    written = []
-
-    def dying_write(*args, **kwargs):
-        if len(written) == 2:
-            raise KeyboardInterrupt  # killed while writing the third shard
-        written.append(args[1])
-        return real_write(*args, **kwargs)
-
-    monkeypatch.setattr(index_module, "write_shard", dying_write)
-    with pytest.raises(KeyboardInterrupt):
+    with killed_after_shards(monkeypatch, 2), pytest.raises(KeyboardInterrupt):  # in the third shard
         build_index(env.run, images, tmp_path / "cut", **options)
-    monkeypatch.setattr(index_module, "write_shard", real_write)
     report = build_index(env.run, images, tmp_path / "cut", dense=dense, shard_size=5, batch_size=4)
     assert report.resumed and report.kept == 10  # resumed without the flag: the manifest keeps it
     assert Manifest.read(tmp_path / "cut") == Manifest.read(tmp_path / "whole")
