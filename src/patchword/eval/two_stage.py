@@ -154,7 +154,6 @@ class GlobalIndex:
         cls, path: str | os.PathLike[str], backend: str, *, ef_search: int = 256, nprobe: int | None = None
     ) -> GlobalIndex:
         """A FAISS backend's index written by :meth:`save`."""
-
         faiss = _faiss()
         self = cls.__new__(cls)
         self.backend, self._ef_search, self._nprobe, self._budget = (

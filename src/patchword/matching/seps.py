@@ -150,6 +150,15 @@ class SEPSConfig:
         """N_c = int(N * aggr_ratio * rho) aggregated tokens (the official expression)."""
         return int(self.num_patches * self.aggr_ratio * self.sparse_ratio)
 
+    def check_pruned(self, kept: int) -> None:
+        """Images pruned at index time to ``kept`` patches need more than K (the fusion token needs
+        dropped patches) and at most N."""
+        if not self.num_keep < kept <= self.num_patches:
+            raise ValueError(
+                f"images pruned to {kept} patches: the matcher keeps K={self.num_keep} of "
+                f"N={self.num_patches} per pair and needs more than K (the fusion token) and at most N"
+            )
+
 
 @dataclass
 class _Branch:
@@ -296,11 +305,7 @@ class SEPSMatcher(Matcher):
             self.validate_image_tokens(img_tokens, cfg.num_patches + int(cfg.has_cls))
             return
         kept = patch_prior.shape[-1]
-        if not cfg.num_keep < kept <= cfg.num_patches:
-            raise ValueError(
-                f"images pruned to {kept} patches: the matcher keeps K={cfg.num_keep} of "
-                f"N={cfg.num_patches} per pair and needs more than K (the fusion token) and at most N"
-            )
+        cfg.check_pruned(kept)
         self.validate_image_tokens(img_tokens, kept + int(cfg.has_cls))
         check_tensor(patch_prior, "patch_prior", shape=(img_tokens.shape[0], kept))
 

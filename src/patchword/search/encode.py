@@ -183,7 +183,7 @@ def write_shard(
         save_npy_atomic(files[f"tokens{suffix}"], array)
     if pruned is not None:
         save_npy_atomic(files["patch_ids"], pruned.patch_ids.numpy())
-        save_npy_atomic(files["patch_prior"], pruned.prior.numpy().astype(np.float32))
+        save_npy_atomic(files["patch_prior"], pruned.prior.numpy())  # float32
     if dense_score is not None:
         save_npy_atomic(files["dense_score"], dense_score)
     elif encoded.dense:

@@ -49,7 +49,7 @@ def kept_patches(engine: ScoringEngine, fraction: float) -> int:
         ConfigError: (``--keep-patches``) the matcher cannot score pruned images, the fraction is not in
             (0, 1], or M leaves no patch for the fusion token (M <= K).
     """
-    if not getattr(engine, "prunable", False):
+    if not engine.prunable:
         raise ConfigError(
             "--keep-patches",
             f"{type(engine.matcher).__name__} cannot score images pruned at index time (only SEPS / LAPS "

@@ -338,7 +338,7 @@ class SearchIndex(IndexEntries):
         return out
 
     def prefetch(self, ids: torch.Tensor | np.ndarray) -> None:
-        """Ask the kernel to read the rows ``ids`` of every per-image array now (``madvise(WILLNEED)``).
+        """Ask the kernel to read now the rows ``ids`` of every array a re-ranking reads (``madvise``).
 
         A row not in the page cache is a disk read; reading the shortlist row by row waits for each in
         turn, while advising all of them first lets the disk serve them together (1M images at ViT-B/16
@@ -354,7 +354,7 @@ class SearchIndex(IndexEntries):
         for shard_id, row in zip(shards.tolist(), rows.tolist(), strict=True):
             for name, array in self._arrays[shard_id].items():
                 region = getattr(array, "_mmap", None)
-                if name == "global" or region is None:
+                if name in ("global", "patch_ids") or region is None:  # rows a search does not read
                     continue
                 start = int(array.offset) + row * array.strides[0]
                 aligned = start - start % page

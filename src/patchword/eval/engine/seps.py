@@ -215,18 +215,13 @@ class SEPSEngine(ScoringEngine):
     def _bind(self, inputs: ScoringInputs) -> None:
         """Take the patch count N of this job: the matcher's, or M for images pruned at index time
         (``inputs.patch_prior``). An engine scores one job at a time."""
-        patches = inputs.img_tokens.shape[1] - int(self.has_cls)
         if inputs.patch_prior is None:
             self.n = self.cfg.num_patches
             return
-        kept = inputs.patch_prior.shape[1]
+        kept, patches = inputs.patch_prior.shape[1], inputs.img_tokens.shape[1] - int(self.has_cls)
         if kept != patches:
             raise ValueError(f"patch_prior has {kept} patches per image, the image tokens {patches}")
-        if not self.k < kept <= self.cfg.num_patches:
-            raise ValueError(
-                f"images pruned to {kept} patches: the matcher keeps K={self.k} of N={self.cfg.num_patches} "
-                "per pair and needs more than K (the fusion token) and at most N"
-            )
+        self.cfg.check_pruned(kept)
         self.n = kept
 
     def plan(self, inputs: ScoringInputs, budget: int) -> BlockPlan:
@@ -337,16 +332,9 @@ class SEPSEngine(ScoringEngine):
             cls=l2norm(cls_tok) if cls_tok is not None else None,
         )
 
-    def _prior(self, img: ImageBlock) -> torch.Tensor:
-        """(B, N) the image-only part of the selection score: s_im ("sum"), or paper Eq. (3)'s
-        (1 - 2 beta) s_p + 2 beta minmax(s_im) ("predictor"; see ``combine_paper_scores``)."""
-        if img.prior is not None:
-            return img.prior
-        return image_prior(img.saliency, img.predicted, self.cfg.score_mode, self.cfg.beta)
-
     @torch.no_grad()
     def patch_priors(self, img_tokens: torch.Tensor, *, device, block: int = 64) -> torch.Tensor:
-        """(N_img, N) float32: the image-only part of every patch's selection score (:meth:`_prior`) of
+        """(N_img, N) float32: the image-only part of every patch's selection score (``image_prior``) of
         (N_img, L_v, C) unpruned image tokens, in blocks of ``block`` images: what index-time pruning
         ranks patches by and keeps for the kept ones (``ScoringInputs.patch_prior``)."""
         self.n = self.cfg.num_patches
@@ -354,7 +342,8 @@ class SEPSEngine(ScoringEngine):
         out = torch.empty(img_tokens.shape[:2], dtype=torch.float32)[:, int(self.has_cls) :]
         for i0 in range(0, img_tokens.shape[0], block):
             img = self._images(img_tokens[i0 : i0 + block].to(device=device, dtype=dtype))
-            out[i0 : i0 + block] = self._prior(img).float().cpu()
+            prior = image_prior(img.saliency, img.predicted, self.cfg.score_mode, self.cfg.beta)
+            out[i0 : i0 + block] = prior.float().cpu()
         return out
 
     def _scores(self, img: ImageBlock, terms: list[torch.Tensor]) -> torch.Tensor:
@@ -776,10 +765,9 @@ class SEPSEngine(ScoringEngine):
             txt = self._text_block(inputs.dense_tokens[rows], inputs.dense_lens[rows], device, dtype)
             for i0 in range(0, n_img, plan.image_block):
                 i1 = min(i0 + plan.image_block, n_img)
-                rows = torch.arange(i0, i1)
                 img = self._images(
-                    inputs.img_tokens[rows].to(device=device, dtype=dtype),
-                    self._prior_rows(inputs, rows, device, dtype),
+                    inputs.img_tokens[i0:i1].to(device=device, dtype=dtype),
+                    self._prior_rows(inputs, slice(i0, i1), device, dtype),
                 )
                 out[i0:i1, start:stop] = self._dense_scores(img, txt)
                 bar.update((i1 - i0) * (stop - start))
