@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv browser test test-numerics lint format demo compare bench clean
+.PHONY: venv browser test test-numerics lint format demo compare bench gpu-check clean
 
 venv: $(STAMP)
 
@@ -67,6 +67,16 @@ compare: venv
 
 bench: venv
 	$(VENV)/bin/patchword bench scoring
+
+# On a lent GPU machine, with the interpreter found there (no venv, nothing installed: it must not depend on
+# venv): `PYTHON=python3 make gpu-check`. Within a wall budget (--budget-s, default 450 s) it records the
+# device, runs the `cuda` tests, times exhaustive scoring (Flickr30K / COCO-5K shapes), the ViT-B/16 + BERT
+# training step and the demo, then profiles scoring; results go to $OUT or gpu_check_out/ (gpu_check.json,
+# gpu_check.md) after every step. A CPU smoke run here:
+# make gpu-check PYTHON=.venv/bin/python GPU_CHECK_ARGS="--quick --device cpu --out /tmp/gc"
+GPU_CHECK_ARGS ?=
+gpu-check:
+	PYTHONPATH=src PYTHONUNBUFFERED=1 $(PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff format --check src tests benchmarks

@@ -15,4 +15,12 @@ class EvalConfig:
     batch_size: int = 128  # images / texts per encoder batch
     coco_1k: bool = False  # also report the COCO 1K five-fold protocol (5K test)
     coco_extended: bool = False  # also report ECCV Caption / CxC metrics (COCO 5K test; extra: coco)
-    max_memory_mb: int = 1024  # working-memory budget of the scoring engine (block sizes follow it)
+    # working-memory budget of the scoring engine in MiB (block sizes follow it); 0: automatic, 1024 on
+    # the CPU and half the free memory of an accelerator, at most 32 GiB (engine.memory.default_budget_mb)
+    max_memory_mb: int = 0
+
+    def scoring_budget_mb(self, device) -> float:
+        """``max_memory_mb``, or (0) the automatic budget of ``device``."""
+        from patchword.eval.engine.memory import default_budget_mb
+
+        return default_budget_mb(device) if self.max_memory_mb == 0 else self.max_memory_mb

@@ -123,7 +123,7 @@ def score_split(
             dense,
             dense_lens,
             txt2img=split.txt2img,
-            max_memory_mb=eval_cfg.max_memory_mb,
+            max_memory_mb=eval_cfg.scoring_budget_mb(device),
             device=device,
             progress=progress,
         )
@@ -148,7 +148,7 @@ def _two_stage(
         split.cap_lens,
         k=(plan.k_i2t, plan.k_t2i),
         alpha=plan.alpha,
-        max_memory_mb=eval_cfg.max_memory_mb,
+        max_memory_mb=eval_cfg.scoring_budget_mb(device),
         device=device,
         progress=progress,
         dist=dist,

@@ -290,7 +290,7 @@ def evaluate_suite(
         max_dense_len=dc.max_dense_len,
         dense_captions=dense if dc.dense else None,
         device=loaded.device,
-        max_memory_mb=loaded.config.eval.max_memory_mb,
+        max_memory_mb=loaded.config.eval.scoring_budget_mb(loaded.device),
         progress=loaded.config.progress,
     )
     result.update(

@@ -6,5 +6,6 @@ use them to verify, never to score a dataset.
 """
 
 from patchword.testing.seps_reference import seps_reference_scores
+from patchword.testing.simulated_device import DeviceCounts, MixedDeviceError, SimulatedDevice
 
-__all__ = ["seps_reference_scores"]
+__all__ = ["DeviceCounts", "MixedDeviceError", "SimulatedDevice", "seps_reference_scores"]

@@ -174,7 +174,7 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
         ("train.pair_chunk", tc.pair_chunk, 0),
         ("data.num_workers", dc.num_workers, 0),
         ("eval.batch_size", ec.batch_size, 1),
-        ("eval.max_memory_mb", ec.max_memory_mb, 1),
+        ("eval.max_memory_mb", ec.max_memory_mb, 0),
         ("data.max_caption_len", dc.max_caption_len, 3),
         ("data.max_dense_len", dc.max_dense_len, 3),
         ("data.dev_from_train", dc.dev_from_train, 0),

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from patchword._validation import check_lengths, check_tensor
-from patchword.eval.engine.memory import budget_bytes
+from patchword.eval.engine.memory import budget_bytes, default_budget_mb
 from patchword.matching.base import Matcher
 from patchword.progress import progress_bar
 
@@ -69,18 +69,23 @@ class ScoringInputs:
     patch_prior: torch.Tensor | None = None
 
     def subset(self, images: torch.Tensor, texts: torch.Tensor) -> ScoringInputs:
-        """The inputs restricted to some images and texts (index tensors; dense rows follow)."""
+        """The inputs restricted to some images and texts (index tensors on any device: each tensor is
+        indexed with a copy on its own device; dense rows follow)."""
+
+        def take(tensor: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | None:
+            return None if tensor is None else tensor[index.to(tensor.device)]
+
         dense, dense_lens, index = self.dense_tokens, self.dense_lens, self.dense_index
         if dense is not None and index is None:  # image-tied: row v belongs to image v
-            dense, dense_lens = dense[images], dense_lens[images]
+            dense, dense_lens = take(dense, images), take(dense_lens, images)
         elif dense is not None:
-            index = index[texts]
-        constants = None if self.image_constants is None else self.image_constants[images]
-        prior = None if self.patch_prior is None else self.patch_prior[images]
+            index = take(index, texts)
+        constants = take(self.image_constants, images)
+        prior = take(self.patch_prior, images)
         return ScoringInputs(
-            self.img_tokens[images],
-            self.cap_tokens[texts],
-            self.cap_lens[texts],
+            take(self.img_tokens, images),
+            take(self.cap_tokens, texts),
+            take(self.cap_lens, texts),
             dense,
             dense_lens,
             index,
@@ -113,8 +118,10 @@ class BlockPlan:
 class ScoringEngine:
     """Base class of the engines. Subclasses implement :meth:`score` and set ``self.last_plan``.
 
-    ``score`` fills ``out`` (N_img, N_txt) float32 on the CPU with the matcher's eval-mode similarities,
-    never keeping more than ``budget`` bytes of working tensors alive (inputs and ``out`` excluded).
+    ``score`` fills ``out`` (N_img, N_txt) float32 (on the CPU, or on the compute device) with the
+    matcher's eval-mode similarities, never keeping more than ``budget`` bytes of working tensors alive
+    (inputs and ``out`` excluded). Inputs may be on the CPU or on the compute device; engines that compute
+    on an accelerator stage them there once (:mod:`~patchword.eval.engine.staging`).
     """
 
     name = "engine"
@@ -164,6 +171,8 @@ class ScoringEngine:
         The default groups the pairs by image and scores each image against its own captions with
         :meth:`score`; engines may override it with something faster.
         """
+        # the grouping is planned on the host (one copy of each index when they are on a device)
+        img_index, txt_index = img_index.cpu(), txt_index.cpu()
         result = torch.empty(img_index.shape[0], dtype=torch.float32)
         order = torch.argsort(img_index, stable=True)
         images, counts = torch.unique_consecutive(img_index[order], return_counts=True)
@@ -318,7 +327,7 @@ def score_matrix(
     dense_lens: object = None,
     *,
     txt2img: object = None,
-    max_memory_mb: float = DEFAULT_MAX_MEMORY_MB,
+    max_memory_mb: float | None = None,
     device: torch.device | str | None = None,
     progress: bool | None = None,
     engine: str | ScoringEngine | None = None,
@@ -340,11 +349,15 @@ def score_matrix(
         txt2img: (N_txt,) with caption-tied dense text, caption j uses dense row ``txt2img[j]`` (rows =
             images); captions sharing a dense row share its dense-branch work.
         max_memory_mb: budget for the engine's working tensors in MiB (inputs and the result excluded);
-            block sizes are chosen so that the peak stays below it, whatever N_img x N_txt is.
-        device: where to compute (default: the matcher's device). Results are gathered on the CPU.
+            block sizes are chosen so that the peak stays below it, whatever N_img x N_txt is. None:
+            :func:`~patchword.eval.engine.memory.default_budget_mb` of ``device`` (1024 MiB on the CPU;
+            on an accelerator half its free memory, at most 32 GiB: blocks of thousands of pairs).
+        device: where to compute (default: the matcher's device). On an accelerator the inputs are moved
+            there once and each image block's rows come back once.
         progress: progress bar (default: only on a terminal).
         engine: None/"auto", "forward" (block-wise forward fallback) or a :class:`ScoringEngine`.
-        out: optional preallocated (N_img, N_txt) float32 CPU tensor to fill (e.g. over a memory map).
+        out: optional preallocated (N_img, N_txt) float32 tensor to fill, on the CPU (e.g. over a memory
+            map) or on ``device`` (then nothing comes back to the host).
 
     Returns:
         (N_img, N_txt) float32 CPU tensor (``out`` when given).
@@ -353,13 +366,13 @@ def score_matrix(
         ValueError: malformed inputs, or a budget too small for a single image-caption block.
     """
     inputs = prepare_inputs(matcher, img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens, txt2img)
-    budget = budget_bytes(max_memory_mb)
     device = _matcher_device(matcher) if device is None else torch.device(device)
+    budget = budget_bytes(default_budget_mb(device) if max_memory_mb is None else max_memory_mb)
     shape = (inputs.num_images, inputs.num_texts)
     if out is None:
         out = torch.empty(shape, dtype=torch.float32)
-    elif out.shape != shape or out.dtype != torch.float32 or out.device.type != "cpu":
-        raise ValueError(f"out must be a float32 CPU tensor of shape {shape}")
+    elif out.shape != shape or out.dtype != torch.float32 or out.device.type not in ("cpu", device.type):
+        raise ValueError(f"out must be a float32 tensor of shape {shape} on the CPU or on {device}")
     scorer = engine_for(matcher, engine)
     was_training = matcher.training
     matcher.eval()

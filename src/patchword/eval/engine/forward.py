@@ -34,7 +34,7 @@ class ForwardEngine(ScoringEngine):
 
     name = "forward"
 
-    def plan(self, inputs: ScoringInputs, budget: int) -> BlockPlan:
+    def plan(self, inputs: ScoringInputs, budget: int, device: torch.device | None = None) -> BlockPlan:
         """Images and captions per block so that inputs, working tensors and the output block fit."""
         n_img, n_txt = inputs.num_images, inputs.num_texts
         l_v, dim = inputs.img_tokens.shape[1:]
@@ -61,32 +61,39 @@ class ForwardEngine(ScoringEngine):
 
     @torch.no_grad()
     def score(self, inputs, out, *, budget, device, progress) -> None:
+        from patchword.eval.engine.staging import row_buffer, stage
         from patchword.eval.engine.workers import engine_plan, in_workers
 
+        job = stage(inputs, device, None)
+        inputs = job.inputs  # lengths and pairing on the host: widths are read there
         plan, workers = engine_plan(self, inputs, budget, device)
         n_img, n_txt = inputs.num_images, inputs.num_texts
         image_tied = inputs.dense_tokens is not None and inputs.dense_index is None
         with progress_bar(n_img * n_txt, "score pairs", progress, unit="pair") as bar:
 
             def image_block(i0: int) -> None:
-                rows = slice(i0, i0 + plan.image_block)
+                i1 = min(i0 + plan.image_block, n_img)
+                rows = slice(i0, i1)
                 img = inputs.img_tokens[rows].to(device)
                 # images pruned at index time: only matchers with a prunable engine accept them (SEPS)
                 pruned = (
                     {} if inputs.patch_prior is None else {"patch_prior": inputs.patch_prior[rows].to(device)}
                 )
+                target_rows, target = row_buffer(job, out, i0, i1)
                 for t0 in range(0, n_txt, plan.text_block):
                     cols = slice(t0, t0 + plan.text_block)
-                    width = int(inputs.cap_lens[cols].max())
+                    width = int(inputs.cap_lens[cols].max())  # host
                     dense = (None, None)
                     if image_tied:
-                        dense = (inputs.dense_tokens[rows].to(device), inputs.dense_lens[rows].to(device))
+                        dense = (inputs.dense_tokens[rows].to(device), job.dense_lens[rows])
                     elif inputs.dense_tokens is not None:
-                        owner = inputs.dense_index[cols]
-                        dense = (inputs.dense_tokens[owner].to(device), inputs.dense_lens[owner].to(device))
+                        owner = job.dense_index[cols]
+                        dense = (inputs.dense_tokens[owner].to(device), job.dense_lens[owner])
                     caps = inputs.cap_tokens[cols, :width].to(device)
-                    sims = self.matcher(img, caps, inputs.cap_lens[cols].to(device), *dense, **pruned).sims
-                    out[rows, cols] = sims.float().cpu()
+                    sims = self.matcher(img, caps, job.cap_lens[cols], *dense, **pruned).sims
+                    target_rows[:, cols] = sims.float()
                     bar.update(sims.numel())
+                if target is not None:
+                    target.copy_(target_rows)
 
             in_workers(workers, range(0, n_img, plan.image_block), image_block)

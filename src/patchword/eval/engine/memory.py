@@ -18,9 +18,27 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["BYTES_PER_MB", "TensorMemoryMeter", "budget_bytes", "largest_fitting"]
+__all__ = ["BYTES_PER_MB", "TensorMemoryMeter", "budget_bytes", "default_budget_mb", "largest_fitting"]
 
 BYTES_PER_MB = 1 << 20
+#: Working-memory budget of a scoring job on the CPU when none is given (MiB).
+CPU_BUDGET_MB = 1024
+#: The most an accelerator's default budget takes (MiB): blocks of tens of thousands of pairs, enough to
+#: amortise the launches of a block (measured: docs/benchmarks.md, "GPU").
+ACCELERATOR_BUDGET_MB = 32768
+
+
+def default_budget_mb(device: torch.device | str) -> float:
+    """The working-memory budget (MiB) of a scoring job on ``device`` when the caller gives none: 1024 on
+    the CPU; on a CUDA device half of its free memory, at most ``ACCELERATOR_BUDGET_MB``; on any other
+    accelerator ``ACCELERATOR_BUDGET_MB``."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return CPU_BUDGET_MB
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return max(256.0, min(ACCELERATOR_BUDGET_MB, free / 2 / BYTES_PER_MB))
+    return ACCELERATOR_BUDGET_MB
 
 
 def budget_bytes(max_memory_mb: float) -> int:

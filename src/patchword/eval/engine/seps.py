@@ -46,6 +46,7 @@ forward itself between different batchings); everything else equals the forward 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +63,7 @@ from patchword.eval.engine.seps_blocks import (
     TokenSet,
     length_blocks,
 )
+from patchword.eval.engine.staging import Staged, host, is_accelerator, row_buffer, stage
 from patchword.eval.engine.workers import engine_plan, in_workers
 from patchword.matching.aggregation import TokenAggregation
 from patchword.matching.ops import l2norm, masked_mean
@@ -93,6 +95,18 @@ _SMALL_BMM = 1.5
 # Pair tensors of one block are kept under this many bytes even when the budget allows more: larger
 # blocks fall out of the caches and run slower (measured), without amortising anything more.
 _WORKING_SET = 64 << 20
+# On an accelerator the cost of a block is its launches (~100 ops) and the host waiting for the device, not
+# its caches: blocks are as large as the budget allows, up to these many images and texts, and length
+# buckets hold at least _ACCEL_BUCKET texts (sorted by length, so the padding they add stays small).
+_ACCEL_IMAGES = 256
+_ACCEL_TEXTS = 2048
+_ACCEL_DENSE_TEXTS = 1024
+_ACCEL_BUCKET = 512
+# On an accelerator, image-tied dense text is scored for groups of this many images at once: the (G, G)
+# block of the group's images with the group's descriptions, whose diagonal is kept (``_image_dense``).
+_DIAGONAL_GROUP = 16
+# Dense texts per chunk when their guides are computed once per call (caption-tied "guide" mode).
+_GUIDE_CHUNK = 64
 
 
 class SEPSEngine(ScoringEngine):
@@ -144,6 +158,10 @@ class SEPSEngine(ScoringEngine):
         self.aggr = matcher.aggr_net
         self.aggr_dense = matcher.aggr_net_dense or matcher.aggr_net
         self._cache: PackedTexts | None = None  # unit words of all captions during a call, if they fit
+        # during a call: the formulation of every caption block (accelerators: the plan's, one for all;
+        # None: chosen per block) and the guides of caption-tied dense texts ("guide" mode)
+        self._caption_form: str | None = None
+        self._dense_guide: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ modes, costs, memory plan
     def _mode(self, inputs: ScoringInputs) -> str:
@@ -224,9 +242,14 @@ class SEPSEngine(ScoringEngine):
         self.cfg.check_pruned(kept)
         self.n = kept
 
-    def plan(self, inputs: ScoringInputs, budget: int) -> BlockPlan:
-        """Block sizes whose estimated peak fits ``budget``: images B, captions T, dense texts D."""
+    def plan(self, inputs: ScoringInputs, budget: int, device: torch.device | str | None = None) -> BlockPlan:
+        """Block sizes whose estimated peak fits ``budget``: images B, captions T, dense texts D.
+
+        On the CPU blocks are cache-sized; on an accelerator (``device``) as large as the budget allows
+        (module constants ``_ACCEL_*``), the caption-tied dense texts are built once per call instead of
+        getting a pass of their own, and length buckets are merged."""
         self._bind(inputs)
+        accel = device is not None and is_accelerator(device)
         mode = self._mode(inputs)
         branches = 2 if mode == "pair_guide" else 1
         n_img, n_txt = inputs.num_images, inputs.num_texts
@@ -236,9 +259,11 @@ class SEPSEngine(ScoringEngine):
         form = self._form(cap_len, branches, n_txt)
         # Blocks of shorter texts may pick another formulation: budget for the hungriest.
         forms = _FORMS if self.formulation == "auto" else (self.formulation,)
+        if accel:  # one formulation for every caption block of the call (``_caption_block``): budget for it
+            forms = (form,)
         per_text = _F32 * (3 * cap_len * c + 3 * c)  # gathered rows, unit words, guide
-        if mode == "pair_guide":
-            per_text += _F32 * (2 * dense_len * c + 2 * c)
+        if mode == "pair_guide":  # each caption's dense guide and relevance (the guides: ``_dense_guides``)
+            per_text += _F32 * 2 * c
         per_pair_sel = _F32 * 3 * n * branches  # batched relevance and scores of the image block
         heavy = max(self._pair_bytes(f, cap_len, branches) for f in forms)
         n_dense = 0 if inputs.dense_index is None else int(torch.unique(inputs.dense_index).numel())
@@ -252,37 +277,59 @@ class SEPSEngine(ScoringEngine):
         # (x 1.25: the blocks built from it once per call pad each text to its bucket's longest)
         cache = int(1.25 * _F32 * ((int(inputs.cap_lens.sum()) + 1) * c + n_txt * c)) + _I64 * 2 * n_txt
         cache = cache if cache <= budget // 4 and self.text_cache is not False else 0
-        dense_pass = mode == "caption_branch" and _F32 * n_img * n_dense <= budget // 4
+        dense_pass = mode == "caption_branch" and _F32 * n_img * n_dense <= budget // 4 and not accel
         dense_pass = dense_pass and self.dense_pass is not False
         fixed_all = cache + (_F32 * n_img * n_dense if dense_pass else 0) + _I64 * 3 * n_txt
+        if mode == "pair_guide" and inputs.dense_index is not None:
+            fixed_all += _F32 * c * (inputs.dense_tokens.shape[0] + 3 * _GUIDE_CHUNK * dense_len)  # + a chunk
+        # Accelerator: the distinct dense texts' blocks (tokens and unit words) built once per call.
+        dense_cache = 2 * _F32 * n_dense * dense_len * c if mode == "caption_branch" and accel else 0
+        dense_cache = dense_cache if dense_cache <= budget // 4 else 0
+        fixed_all += dense_cache
+        # the (G, G) diagonal blocks of _image_dense on an accelerator, G = min(_DIAGONAL_GROUP, B)
+        diagonal = (
+            self._pair_bytes("direct", dense_len) + per_pair_sel if accel and mode == "image_branch" else 0
+        )
 
-        def cost(b: int, t: int, d: int) -> int:
+        def cost(b: int, t: int, d: int, length: int = cap_len) -> int:
             fixed = fixed_all + b * self._image_bytes(mode, dense_len) + _F32 * 2 * b * t
+            fixed += min(_DIAGONAL_GROUP, b) ** 2 * diagonal
             if mode == "caption_branch" and not dense_pass:
                 fixed += _F32 * b * n_dense
-            caps = t * per_text + b * t * (per_pair_sel + heavy)
+            text, pair = per_text, heavy
+            if length != cap_len:  # a block of shorter texts (accelerator plans size each bucket)
+                text = per_text - _F32 * 3 * (cap_len - length) * c
+                pair = max(self._pair_bytes(f, length, branches) for f in forms)
+            caps = t * text + b * t * (per_pair_sel + pair)
             dense = d * dense_text + b * d * (per_pair_sel + dense_heavy) if mode == "caption_branch" else 0
             # x 1.5: temporaries the per-term counts miss (measured peak / estimate <= 1.27 at ViT-224)
             return int(1.5 * (fixed + max(caps, dense)))
 
         # Beyond the budget, blocks are kept cache-sized: the pair tensors of one block (B x T pairs)
         # should not exceed _WORKING_SET, texts first (long length buckets), then images.
+        # On an accelerator only the budget bounds them.
         def preferred(per_pair: int, n_texts: int, limit: int) -> tuple[int, int]:
+            if accel:
+                return min(n_img, _ACCEL_IMAGES), min(n_texts, limit)
             pairs = max(1, _WORKING_SET // max(per_pair, 1))
             texts = min(n_texts, limit, max(MIN_BUCKET, pairs))
             return max(1, min(self.max_image_block, n_img, pairs // texts)), texts
 
-        b_pref, t_pref = preferred(heavy + per_pair_sel, n_txt, 1024)
+        b_pref, t_pref = preferred(heavy + per_pair_sel, n_txt, _ACCEL_TEXTS if accel else 1024)
         d_pref = 1
         if mode == "caption_branch":
-            b_dense, d_pref = preferred(dense_heavy + per_pair_sel, n_dense, 512)
+            b_dense, d_pref = preferred(
+                dense_heavy + per_pair_sel, n_dense, _ACCEL_DENSE_TEXTS if accel else 512
+            )
             b_pref = min(b_pref, b_dense)
-        for b in sorted({min(b_pref, x) for x in (b_pref, 8, 4, 2, 1)}, reverse=True):
+        min_texts = min(t_pref, _ACCEL_BUCKET if accel else 64)
+        candidates = (b_pref, 128, 64, 32, 16, 8, 4, 2, 1) if accel else (b_pref, 8, 4, 2, 1)
+        for b in sorted({min(b_pref, x) for x in candidates}, reverse=True):
             t = largest_fitting(lambda t, b=b: cost(b, t, 1), 1, t_pref, budget)
             d = 1
             if mode == "caption_branch":
                 d = largest_fitting(lambda d, b=b: cost(b, 1, d), 1, d_pref, budget)
-            if t >= 1 and d >= 1 and (t >= min(t_pref, 64) or b == 1):
+            if t >= 1 and d >= 1 and (t >= min_texts or b == 1):
                 d = (
                     min(d, largest_fitting(lambda d, b=b, t=t: cost(b, t, d), 1, d_pref, budget))
                     if d > 1
@@ -294,7 +341,20 @@ class SEPSEngine(ScoringEngine):
                     "dense_formulation": dense_form,
                     "text_cache": bool(cache),
                     "dense_pass": dense_pass,
+                    "dense_cache": bool(dense_cache),
+                    "accelerator": accel,
+                    "min_bucket": _ACCEL_BUCKET if accel else MIN_BUCKET,
                 }
+                if accel:  # blocks of shorter captions hold more of them, within the same budget
+                    details["text_block_for_length"] = [t] + [
+                        largest_fitting(
+                            lambda t, b=b, d=d, length=length: cost(b, t, d, length),
+                            t,
+                            min(_ACCEL_TEXTS, n_txt),
+                            budget,
+                        )
+                        for length in range(1, cap_len + 1)
+                    ]
                 dense_block = d if mode == "caption_branch" else 0
                 return BlockPlan(self.name, b, t, dense_block, cost(b, t, max(d, 1)), budget, details)
         raise ValueError(
@@ -309,13 +369,16 @@ class SEPSEngine(ScoringEngine):
         cls_tok = img_tokens[:, 0] if self.has_cls else None
         patches = img_tokens[:, int(self.has_cls) :].contiguous()
         unit = l2norm(patches)
-        logits_t, exp_t, stable = {}, {}, {}
+        logits_t, exp_t, flags = {}, {}, {}
         for net in {id(self.aggr): self.aggr, id(self.aggr_dense): self.aggr_dense}.values():
             lg = net.logits(patches).transpose(1, 2).contiguous()  # (B, N_c, N): the MLP once per image
             top = lg.amax(dim=2, keepdim=True)
             logits_t[id(net)] = lg
             exp_t[id(net)] = torch.exp(lg - top)
-            stable[id(net)] = ((top.squeeze(2) - lg.amin(dim=2)).amax(dim=1) < _EXP_RANGE).tolist()
+            flags[id(net)] = (top.squeeze(2) - lg.amin(dim=2)).amax(dim=1) < _EXP_RANGE
+        # the flags of every net read on the host at once: one wait for the device per image block
+        read = torch.stack(list(flags.values())).tolist()
+        stable = dict(zip(flags, read, strict=True))
         scorer = self.matcher.scorer if prior is None else None
         return ImageBlock(
             patches=patches,
@@ -339,12 +402,13 @@ class SEPSEngine(ScoringEngine):
         ranks patches by and keeps for the kept ones (``ScoringInputs.patch_prior``)."""
         self.n = self.cfg.num_patches
         dtype = self.aggr.scale.dtype
-        out = torch.empty(img_tokens.shape[:2], dtype=torch.float32)[:, int(self.has_cls) :]
+        shape = (img_tokens.shape[0], img_tokens.shape[1] - int(self.has_cls))
+        out = torch.empty(shape, dtype=torch.float32, device=device)  # copied back once
         for i0 in range(0, img_tokens.shape[0], block):
             img = self._images(img_tokens[i0 : i0 + block].to(device=device, dtype=dtype))
             prior = image_prior(img.saliency, img.predicted, self.cfg.score_mode, self.cfg.beta)
-            out[i0 : i0 + block] = prior.float().cpu()
-        return out
+            out[i0 : i0 + block] = prior.float()
+        return host(out)
 
     def _scores(self, img: ImageBlock, terms: list[torch.Tensor]) -> torch.Tensor:
         """Selection scores of every pair, exactly as ``SEPSMatcher._select``: (B, T, N). On images
@@ -457,8 +521,11 @@ class SEPSEngine(ScoringEngine):
     def _cosines(self, tokens: torch.Tensor, txt: Texts) -> torch.Tensor:
         """Raw tokens (B, T, M, C) -> cosines with the words (B, T, L, M)."""
         inv = torch.linalg.vector_norm(tokens, dim=-1).clamp_min(1e-12).reciprocal()  # (B, T, M)
-        words_t = txt.words.transpose(1, 2)  # (T, C, L), shared by the images: one bmm per image
-        cos = torch.stack([torch.bmm(tokens[i], words_t) for i in range(tokens.shape[0])])  # (B, T, M, L)
+        words_t = txt.words.transpose(1, 2)  # (T, C, L), shared by the images
+        if is_accelerator(tokens.device):  # one broadcast product: one launch for the whole block
+            cos = torch.matmul(tokens, words_t)
+        else:  # one bmm per image (measured faster on the CPU than the broadcast copy of the words)
+            cos = torch.stack([torch.bmm(tokens[i], words_t) for i in range(tokens.shape[0])])  # (B,T,M,L)
         return cos.mul_(inv[..., None]).transpose(2, 3)
 
     def _cosines_kept(self, img: ImageBlock, ts: TokenSet, txt: Texts) -> torch.Tensor:
@@ -477,7 +544,7 @@ class SEPSEngine(ScoringEngine):
         if ts.part is not None:
             agg.add_(ts.part.tokens[:, None])
         fus = torch.bmm(ts.fusion, img.patches)[:, :, None, :]  # (B, T, 1, C)
-        return torch.cat([self._cosines(agg, txt), self._cosines(fus, txt)], dim=3)
+        return self._cosines(torch.cat([agg, fus], dim=2), txt)  # (B, T, L, N_c + 1)
 
     def _hrpa(self, tok: torch.Tensor, cls: torch.Tensor | None, txt: Texts) -> torch.Tensor:
         """``HRPA.forward`` on [CLS?, tokens] x words from the parts: (B, T, L, M'), (B, T, L) -> (B, T)."""
@@ -500,32 +567,28 @@ class SEPSEngine(ScoringEngine):
         return sims
 
     # ------------------------------------------------------------------ drivers
-    def _dense_columns(self, inputs: ScoringInputs, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Distinct dense rows (sorted by decreasing length) and, per entry of ``rows``, its column."""
+    def _dense_columns(
+        self, dense_lens: torch.Tensor, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Distinct dense rows (sorted by decreasing length) and, per entry of ``rows``, its column; all on
+        the host (``dense_lens`` (N_dense,) and ``rows`` are host tensors)."""
         distinct = torch.unique(rows)
-        distinct = distinct[torch.argsort(inputs.dense_lens[distinct], descending=True, stable=True)]
+        distinct = distinct[torch.argsort(dense_lens[distinct], descending=True, stable=True)]
         where = torch.empty(int(distinct.max()) + 1, dtype=torch.long)
         where[distinct] = torch.arange(distinct.numel())
         return distinct, where[rows]
 
-    def _prepare(self, inputs: ScoringInputs, rows: torch.Tensor, device, dtype) -> ImageBlock:
-        """Per-image work of the images ``rows``, image-tied dense text (or its precomputed score) too."""
-        img = self._images(
-            inputs.img_tokens[rows].to(device=device, dtype=dtype),
-            self._prior_rows(inputs, rows, device, dtype),
-        )
+    def _prepare(self, job: Staged, rows, host_rows) -> ImageBlock:
+        """Per-image work of the images ``rows`` (a slice, or an index on the tokens' device; ``host_rows``
+        the same on the host), image-tied dense text (or its precomputed score) too."""
+        inputs = job.inputs
+        prior = None if inputs.patch_prior is None else job.tokens(inputs.patch_prior[rows])
+        img = self._images(job.tokens(inputs.img_tokens[rows]), prior)
         if inputs.image_constants is not None:
-            img.dense_const = inputs.image_constants[rows].to(device=device, dtype=dtype)
+            img.dense_const = job.tokens(inputs.image_constants[rows])
         elif inputs.dense_tokens is not None and inputs.dense_index is None:
-            self._image_dense(img, inputs, rows, device, dtype)
+            self._image_dense(img, job, rows, host_rows)
         return img
-
-    @staticmethod
-    def _prior_rows(inputs: ScoringInputs, rows, device, dtype) -> torch.Tensor | None:
-        """The precomputed selection priors of the images ``rows`` (pruned images), or None."""
-        if inputs.patch_prior is None:
-            return None
-        return inputs.patch_prior[rows].to(device=device, dtype=dtype)
 
     @torch.no_grad()
     def image_constants(
@@ -538,70 +601,89 @@ class SEPSEngine(ScoringEngine):
         block: int = 8,
     ) -> torch.Tensor | None:
         """The image-tied dense branch's score of each image ("branch" mode: SEPS as released), (N_img,)
-        float32, in blocks of ``block`` images; None in "guide" mode, where dense text enters the selection
-        of every pair."""
+        float32 on the CPU, in blocks of ``block`` images; None in "guide" mode, where dense text enters
+        the selection of every pair."""
         if self.cfg.dense_mode != "branch":
             return None
         device = torch.device(device)
-        dtype = self.aggr.scale.dtype
         caption = img_tokens.new_zeros(1, 1, img_tokens.shape[2])  # no caption is read
         inputs = ScoringInputs(img_tokens, caption, torch.ones(1, dtype=torch.long), dense_tokens, dense_lens)
-        self._bind(inputs)
-        out = torch.empty(img_tokens.shape[0], dtype=torch.float32)
-        for i0 in range(0, img_tokens.shape[0], block):
-            rows = torch.arange(i0, min(i0 + block, img_tokens.shape[0]))
-            out[rows] = self._prepare(inputs, rows, device, dtype).dense_const.float().cpu()
-        return out
+        job = stage(inputs, device, self.aggr.scale.dtype)
+        self._bind(job.inputs)
+        n_img = img_tokens.shape[0]
+        out = torch.empty(n_img, dtype=torch.float32, device=device)  # copied back once
+        for i0 in range(0, n_img, block):
+            rows = slice(i0, min(i0 + block, n_img))
+            out[rows] = self._prepare(job, rows, rows).dense_const.float()
+        return host(out)
 
     @torch.no_grad()
     def score(self, inputs, out, *, budget, device, progress) -> None:
+        device = torch.device(device)
+        job = stage(inputs, device, self.aggr.scale.dtype)
+        inputs = job.inputs  # lengths and pairing on the host from here on
         plan, workers = engine_plan(self, inputs, budget, device)
         mode = plan.details["mode"]
-        dtype = self.aggr.scale.dtype
         n_img, n_txt = inputs.num_images, inputs.num_texts
         # Texts sorted by length (descending) and cut into length buckets; results are put back in place.
         cap_order = torch.argsort(inputs.cap_lens, descending=True, stable=True)
-        cap_blocks = length_blocks(inputs.cap_lens[cap_order], plan.text_block)
+        cap_blocks = length_blocks(
+            inputs.cap_lens[cap_order],
+            plan.text_block,
+            plan.details["min_bucket"],
+            plan.details.get("text_block_for_length"),
+        )
+        widths = inputs.cap_lens[cap_order].tolist()
         plan.details["text_blocks"] = len(cap_blocks)
+        order = job.put(cap_order)  # sliced per block on the device: no upload inside the loop
         dense_rows = dense_pos = dense_all = None
         total = n_img * n_txt
         if mode == "caption_branch":
-            dense_rows, dense_pos = self._dense_columns(inputs, inputs.dense_index)
+            dense_rows, dense_pos = self._dense_columns(inputs.dense_lens, inputs.dense_index)
+            dense_pos = job.put(dense_pos)
             total += n_img * dense_rows.numel()
         try:
-            self._build_cache(inputs, plan, device, dtype)
-            # Every image block meets the same caption blocks: build them once when the cache exists.
+            self._start_call(job, plan, mode)
+            # Every image block meets the same caption (and dense) blocks: build them once when they fit.
             cached = (
                 None
                 if self._cache is None
-                else [self._cache.block(cap_order[a:b].to(device)) for a, b in cap_blocks]
+                else [self._cache.block(order[a:b], widths[a]) for a, b in cap_blocks]
             )
             self._cache = None
+            dense_blocks = None
+            if plan.details["dense_cache"]:
+                dense_blocks = list(self._dense_blocks(job, dense_rows, plan))
             with progress_bar(total, "score pairs", progress, unit="pair") as bar:
                 if plan.details["dense_pass"]:
-                    dense_all = self._dense_pass(inputs, dense_rows, plan, device, dtype, bar)
+                    dense_all = self._dense_pass(job, dense_rows, plan, bar)
 
                 def image_block(i0: int) -> None:  # one block of image rows against every caption
-                    rows = torch.arange(i0, min(i0 + plan.image_block, n_img))
-                    img = self._prepare(inputs, rows, device, dtype)
+                    i1 = min(i0 + plan.image_block, n_img)
+                    img = self._prepare(job, slice(i0, i1), slice(i0, i1))
                     dense_scores = None
                     if dense_all is not None:
-                        dense_scores = dense_all[i0 : i0 + len(rows)]
+                        dense_scores = dense_all[i0:i1]
                     elif mode == "caption_branch":
-                        dense_scores = self._caption_dense(img, inputs, dense_rows, plan, device, dtype)
+                        dense_scores = self._caption_dense(img, job, dense_rows, plan, dense_blocks)
                         bar.update(dense_scores.numel())
+                    rows, target = row_buffer(job, out, i0, i1)
                     for j, (start, stop) in enumerate(cap_blocks):
-                        cols = cap_order[start:stop]
+                        cols = order[start:stop]
                         txt = None if cached is None else cached[j]
-                        block = self._caption_block(img, inputs, cols, mode, device, dtype, txt)
+                        block = self._caption_block(
+                            img, job, cols, mode, widths[start], txt, host_cols=cap_order[start:stop]
+                        )
                         if dense_scores is not None:
-                            block = block + dense_scores[:, dense_pos[cols].to(device)]
-                        out[i0 : i0 + len(rows), cols] = block.float().cpu()
+                            block = block + dense_scores[:, dense_pos[cols]]
+                        rows[:, cols] = block.float()
                         bar.update(block.numel())
+                    if target is not None:
+                        target.copy_(rows)  # the one copy back of this image block
 
                 in_workers(workers, range(0, n_img, plan.image_block), image_block)
         finally:
-            self._cache = None
+            self._cache = self._caption_form = self._dense_guide = None
 
     @torch.no_grad()
     def score_pairs(self, inputs, img_index, txt_index, *, budget, device, progress=None) -> torch.Tensor:
@@ -613,94 +695,115 @@ class SEPSEngine(ScoringEngine):
         # Re-ranking runs many small per-image products that intra-op threads barely speed up; on a CPU,
         # image blocks go to single-threaded workers (torch releases the GIL), see in_workers.
         device = torch.device(device)
+        job = stage(inputs, device, self.aggr.scale.dtype)
+        inputs = job.inputs
+        img_index, txt_index = (
+            host(torch.as_tensor(img_index)).long(),
+            host(torch.as_tensor(txt_index)).long(),
+        )
         plan, workers = engine_plan(self, inputs, budget, device)
         mode = plan.details["mode"]
-        dtype = self.aggr.scale.dtype
-        result = torch.empty(img_index.shape[0], dtype=torch.float32)
+        result = torch.empty(img_index.shape[0], dtype=torch.float32, device=device)  # copied back once
         try:
-            self._build_cache(inputs, plan, device, dtype)
+            self._start_call(job, plan, mode)
             with progress_bar(int(img_index.shape[0]), "re-rank pairs", progress, unit="pair") as bar:
                 by_length = torch.argsort(inputs.cap_lens[txt_index], descending=True, stable=True)
                 order = by_length[torch.argsort(img_index[by_length], stable=True)]  # by image, then length
                 images, counts = torch.unique_consecutive(img_index[order], return_counts=True)
-                groups = (order, images, counts, torch.cumsum(counts, 0) - counts)
-                args = (inputs, txt_index, groups, plan, mode, device, dtype, result, bar)
+                starts = (torch.cumsum(counts, 0) - counts).tolist()
+                on_device = (job.put(order), job.put(txt_index), job.put(images))
+                groups = (order, images, counts.tolist(), starts, on_device)
+                args = (job, txt_index, groups, plan, mode, result, bar)
                 in_workers(
                     workers,
                     range(0, images.numel(), plan.image_block),
                     lambda b0: self._score_pairs(*args, b0),
                 )
         finally:
-            self._cache = None
-        return result
+            self._cache = self._caption_form = self._dense_guide = None
+        return host(result)
 
-    def _score_pairs(
-        self, inputs, txt_index, groups, plan, mode, device, dtype, result, bar, b0: int
-    ) -> None:
+    def _score_pairs(self, job: Staged, txt_index, groups, plan, mode, result, bar, b0: int) -> None:
         """Score the pairs of the images ``b0 .. b0 + image_block`` (of the sorted distinct images) into
-        ``result``."""
-        order, images, counts, starts = groups
+        ``result`` (on the device)."""
+        inputs = job.inputs
+        order, images, counts, starts, (order_dev, txt_dev, images_dev) = groups
         rows = images[b0 : b0 + plan.image_block]
-        img = self._prepare(inputs, rows, device, dtype)
+        img = self._prepare(job, images_dev[b0 : b0 + plan.image_block], rows)
         for j in range(rows.numel()):
             img_v = img.select(j)
-            sel = order[starts[b0 + j] : starts[b0 + j] + counts[b0 + j]]
-            texts = txt_index[sel]
+            first, count = starts[b0 + j], counts[b0 + j]
+            texts = txt_index[order[first : first + count]]  # host: lengths and buckets
+            sel = order_dev[first : first + count]
+            texts_dev = txt_dev[sel]
             dense_scores = dense_pos = None
             if mode == "caption_branch":
-                dense_rows, dense_pos = self._dense_columns(inputs, inputs.dense_index[texts])
-                dense_scores = self._caption_dense(img_v, inputs, dense_rows, plan, device, dtype)
+                dense_rows, dense_pos = self._dense_columns(inputs.dense_lens, inputs.dense_index[texts])
+                dense_scores = self._caption_dense(img_v, job, dense_rows, plan)
+                dense_pos = job.put(dense_pos)
             # few texts per image: fewer, longer buckets (per-block overhead beats padding here)
+            lens = inputs.cap_lens[texts].tolist()
             for start, stop in length_blocks(inputs.cap_lens[texts], plan.text_block, 4 * MIN_BUCKET):
                 block = self._caption_block(
-                    img_v, inputs, texts[start:stop], mode, device, dtype, texts_per_image=texts.numel()
+                    img_v,
+                    job,
+                    texts_dev[start:stop],
+                    mode,
+                    lens[start],
+                    texts_per_image=count,
+                    host_cols=texts[start:stop],
                 )[0]
                 if dense_scores is not None:
-                    block = block + dense_scores[0, dense_pos[start:stop].to(device)]
-                result[sel[start:stop]] = block.float().cpu()
-            bar.update(sel.numel())
+                    block = block + dense_scores[0, dense_pos[start:stop]]
+                result[sel[start:stop]] = block.float()
+            bar.update(count)
 
-    def _text_block(self, tokens, lens, device, dtype) -> Texts:
-        return Texts.build(tokens.to(device=device, dtype=dtype), lens.to(device))
+    def _captions(self, job: Staged, cols, width: int) -> Texts:
+        """The captions ``cols`` (device index) as a text block, from the packed cache when there is one."""
+        if self._cache is not None:
+            return self._cache.block(cols, width)
+        inputs = job.inputs
+        return Texts.build(job.tokens(inputs.cap_tokens[cols]), job.cap_lens[cols], width)
 
-    def _captions(self, inputs, cols, device, dtype) -> Texts:
-        """The captions ``cols`` as a text block, from the packed cache when there is one."""
-        if self._cache is None:
-            return self._text_block(inputs.cap_tokens[cols], inputs.cap_lens[cols], device, dtype)
-        return self._cache.block(cols.to(device))
-
-    def _build_cache(self, inputs, plan, device, dtype) -> None:
+    def _start_call(self, job: Staged, plan: BlockPlan, mode: str) -> None:
+        """The per-call state: the packed caption cache, the caption formulation, the dense guides."""
+        self._caption_form = plan.details["formulation"] if plan.details["accelerator"] else None
+        self._dense_guide = None
+        if mode == "pair_guide" and job.inputs.dense_index is not None:
+            self._dense_guide = self._dense_guides(job)
         self._cache = None
         if plan.details.get("text_cache"):
-            self._cache = PackedTexts.build(inputs.cap_tokens, inputs.cap_lens, device, dtype)
+            inputs = job.inputs
+            self._cache = PackedTexts.build(
+                inputs.cap_tokens, job.cap_lens, inputs.cap_lens, job.device, job.dtype
+            )
 
     def _caption_block(
         self,
         img,
-        inputs,
+        job: Staged,
         cols,
         mode,
-        device,
-        dtype,
+        width: int,
         txt: Texts | None = None,
         texts_per_image: int | None = None,
+        host_cols: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """(B, T) similarities of the image block with the captions ``cols`` (sparse + guided parts);
+        """(B, T) similarities of the image block with the captions ``cols`` (an index on the device, of
+        the longest length ``width``; ``host_cols`` the same on the host) (sparse + guided parts);
         ``texts_per_image``: how many texts each image meets in this call (default: every text)."""
-        txt = self._captions(inputs, cols, device, dtype) if txt is None else txt
+        inputs = job.inputs
+        txt = self._captions(job, cols, width) if txt is None else txt
         branches = 2 if mode == "pair_guide" else 1
-        form = self._form(txt.words.shape[1], branches, texts_per_image or inputs.num_texts)
-        relevance = text_relevance(img.unit, txt.guide, per_image=False)  # (B, T, N)
+        form = self._caption_form or self._form(
+            txt.words.shape[1], branches, texts_per_image or inputs.num_texts
+        )
+        relevance = self._relevance(img, txt.guide)  # (B, T, N)
         if mode == "pair_guide":
             if inputs.dense_index is None:  # joint score with image-tied dense text
                 dense_rel = img.dense_relevance
-            else:
-                owner = inputs.dense_index[cols]
-                lens = inputs.dense_lens[owner]
-                tokens = inputs.dense_tokens[owner, : int(lens.max())].to(device=device, dtype=dtype)
-                dense_rel = text_relevance(
-                    img.unit, l2norm(masked_mean(tokens, lens.to(device))), per_image=False
-                )
+            else:  # each caption's dense text: its guide, computed once per dense row (``_dense_guides``)
+                dense_rel = self._relevance(img, self._dense_guide[job.dense_index[cols]])
             if self.cfg.joint_score:
                 score_s = score_d = self._scores(img, [relevance, dense_rel])
             else:
@@ -719,10 +822,13 @@ class SEPSEngine(ScoringEngine):
             sims = sims + img.dense_const[:, None]
         return sims
 
-    def _image_dense(self, img: ImageBlock, inputs, rows, device, dtype) -> None:
+    def _image_dense(self, img: ImageBlock, job: Staged, rows, host_rows) -> None:
         """Image-tied dense text: its selection (and in "branch" mode its whole score) per image."""
-        tokens = inputs.dense_tokens[rows].to(device=device, dtype=dtype)
-        lens = inputs.dense_lens[rows].to(device)
+        inputs = job.inputs
+        host_lens = inputs.dense_lens[host_rows]
+        width = int(host_lens.max())
+        tokens = job.tokens(inputs.dense_tokens[rows][:, :width])
+        lens = job.dense_lens[rows]
         guide = l2norm(masked_mean(tokens, lens))
         img.dense_relevance = text_relevance(img.unit, guide, per_image=True)  # (B, 1, N)
         if self.cfg.dense_mode == "guide":
@@ -730,45 +836,79 @@ class SEPSEngine(ScoringEngine):
                 img.part = self._part(img, self._scores(img, [img.dense_relevance]))
             return
         score = self._scores(img, [img.dense_relevance])  # (B, 1, N)
+        # Image v against its own description only. On the CPU one image at a time; on an accelerator
+        # groups of G images against their G descriptions as one (G, G) block whose diagonal is kept:
+        # G times the arithmetic of these few pairs, 1 / G of the launches.
+        group = 1 if not job.accelerator else _DIAGONAL_GROUP
         const = []
-        for v in range(score.shape[0]):  # image v against its own description only
-            txt = Texts.build(tokens[v : v + 1], lens[v : v + 1])
-            sel, fusion = self._select(score[v : v + 1], self.aggr_dense)
-            one = img.select(v)
-            const.append(
-                self._align(one, TokenSet([sel], None, fusion), txt, self._form(txt.words.shape[1]))[0]
+        for v0 in range(0, score.shape[0], group):
+            v1 = min(v0 + group, score.shape[0])
+            txt = Texts.build(tokens[v0:v1], lens[v0:v1], int(host_lens[v0:v1].max()))
+            sel, fusion = self._select(score[v0:v1].expand(-1, v1 - v0, -1), self.aggr_dense)
+            sims = self._align(
+                img.take(v0, v1), TokenSet([sel], None, fusion), txt, self._form(txt.words.shape[1])
             )
+            const.append(sims.diagonal())
         img.dense_const = torch.cat(const)
+
+    @staticmethod
+    def _relevance(img: ImageBlock, guide: torch.Tensor) -> torch.Tensor:
+        """``text_relevance(img.unit, guide, per_image=False)``, (B, T, N), as one matrix product: the
+        einsum decomposes into a dozen ops, each a launch on an accelerator."""
+        return torch.matmul(img.unit, guide.T).transpose(1, 2)
+
+    def _dense_guides(self, job: Staged) -> torch.Tensor:
+        """(N_dense, C) the selection guide of every dense text (L2-normalised masked mean of its raw
+        tokens), in blocks of ``_GUIDE_CHUNK`` rows: caption-tied "guide" mode reads each caption's."""
+        inputs = job.inputs
+        n_dense = inputs.dense_tokens.shape[0]
+        lens = inputs.dense_lens.tolist()
+        guides = []
+        for start in range(0, n_dense, _GUIDE_CHUNK):
+            stop = min(start + _GUIDE_CHUNK, n_dense)
+            tokens = job.tokens(inputs.dense_tokens[start:stop, : max(lens[start:stop])])
+            guides.append(l2norm(masked_mean(tokens, job.dense_lens[start:stop])))
+        return torch.cat(guides)
 
     def _dense_scores(self, img: ImageBlock, txt: Texts) -> torch.Tensor:
         """ "Branch"-mode dense scores (B, D) of an image block with a block of dense texts."""
-        score = self._scores(img, [text_relevance(img.unit, txt.guide, per_image=False)])
+        score = self._scores(img, [self._relevance(img, txt.guide)])
         sel, fusion = self._select(score, self.aggr_dense)
         return self._align(img, TokenSet([sel], None, fusion), txt, self._form(txt.words.shape[1]))
 
-    def _caption_dense(self, img: ImageBlock, inputs, dense_rows, plan, device, dtype) -> torch.Tensor:
-        """Caption-tied "branch"-mode dense scores of the image block with every distinct dense text:
-        (B, D_total), column j = dense row ``dense_rows[j]``."""
-        out = torch.empty(img.patches.shape[0], dense_rows.numel(), dtype=img.patches.dtype, device=device)
+    def _dense_blocks(self, job: Staged, dense_rows, plan) -> Iterator[tuple[int, int, Texts]]:
+        """The distinct dense texts ``dense_rows`` (host, sorted by decreasing length) as text blocks on
+        the device, built as they are taken: (start, stop, block) per length bucket of at most
+        ``plan.dense_block``."""
+        inputs = job.inputs
+        rows_dev = job.put(dense_rows)
         for start, stop in length_blocks(inputs.dense_lens[dense_rows], plan.dense_block):
-            rows = dense_rows[start:stop]
-            txt = self._text_block(inputs.dense_tokens[rows], inputs.dense_lens[rows], device, dtype)
+            rows = rows_dev[start:stop]
+            width = int(inputs.dense_lens[dense_rows[start]])
+            tokens = job.tokens(inputs.dense_tokens[rows][:, :width])
+            yield start, stop, Texts.build(tokens, job.dense_lens[rows], width)
+
+    def _caption_dense(self, img: ImageBlock, job: Staged, dense_rows, plan, blocks=None) -> torch.Tensor:
+        """Caption-tied "branch"-mode dense scores of the image block with every distinct dense text:
+        (B, D_total), column j = dense row ``dense_rows[j]``; ``blocks``: the dense text blocks, when
+        built once per call (:meth:`_dense_blocks`)."""
+        out = torch.empty(
+            img.patches.shape[0], dense_rows.numel(), dtype=img.patches.dtype, device=job.device
+        )
+        for start, stop, txt in blocks if blocks is not None else self._dense_blocks(job, dense_rows, plan):
             out[:, start:stop] = self._dense_scores(img, txt)
         return out
 
-    def _dense_pass(self, inputs, dense_rows, plan, device, dtype, bar) -> torch.Tensor:
+    def _dense_pass(self, job: Staged, dense_rows, plan, bar) -> torch.Tensor:
         """(N_img, D_total) caption-tied dense scores, dense text blocks outside: each is built once."""
+        inputs = job.inputs
         n_img = inputs.num_images
-        out = torch.empty(n_img, dense_rows.numel(), dtype=dtype, device=device)
-        for start, stop in length_blocks(inputs.dense_lens[dense_rows], plan.dense_block):
-            rows = dense_rows[start:stop]
-            txt = self._text_block(inputs.dense_tokens[rows], inputs.dense_lens[rows], device, dtype)
+        out = torch.empty(n_img, dense_rows.numel(), dtype=job.dtype, device=job.device)
+        for start, stop, txt in self._dense_blocks(job, dense_rows, plan):
             for i0 in range(0, n_img, plan.image_block):
                 i1 = min(i0 + plan.image_block, n_img)
-                img = self._images(
-                    inputs.img_tokens[i0:i1].to(device=device, dtype=dtype),
-                    self._prior_rows(inputs, slice(i0, i1), device, dtype),
-                )
+                prior = None if inputs.patch_prior is None else job.tokens(inputs.patch_prior[i0:i1])
+                img = self._images(job.tokens(inputs.img_tokens[i0:i1]), prior)
                 out[i0:i1, start:stop] = self._dense_scores(img, txt)
                 bar.update((i1 - i0) * (stop - start))
         return out

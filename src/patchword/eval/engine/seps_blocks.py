@@ -38,8 +38,10 @@ class Texts:
     guide: torch.Tensor  # (T, C) L2-normalised mean of the raw tokens (selection guide)
 
     @classmethod
-    def build(cls, tokens: torch.Tensor, lens: torch.Tensor) -> Texts:
-        width = int(lens.max())
+    def build(cls, tokens: torch.Tensor, lens: torch.Tensor, width: int | None = None) -> Texts:
+        """(T, L, C) tokens and (T,) lengths; ``width``: the longest length, when the caller knows it on
+        the host (reading it from device lengths would make the host wait)."""
+        width = int(lens.max()) if width is None else width
         tokens = tokens[:, :width]
         valid = length_mask(lens, width)
         return cls(l2norm(tokens), valid, valid.sum(-1).to(tokens.dtype), l2norm(masked_mean(tokens, lens)))
@@ -64,23 +66,41 @@ class PackedTexts:
     guide: torch.Tensor  # (N, C)
 
     @classmethod
-    def build(cls, tokens: torch.Tensor, lens: torch.Tensor, device, dtype, chunk: int = 256) -> PackedTexts:
-        words, guides = [], []
+    def build(
+        cls,
+        tokens: torch.Tensor,
+        lens: torch.Tensor,
+        host_lens: torch.Tensor,
+        device,
+        dtype,
+        chunk: int = 256,
+    ) -> PackedTexts:
+        """(N, L, C) tokens, their (N,) lengths on the tokens' device and the same on the host (widths
+        and the packed layout are planned there: no value is read back from the device)."""
+        words, guides, rows = [], [], []
+        host_lens = host_lens.tolist()
         for start in range(0, tokens.shape[0], chunk):
+            stop = min(start + chunk, tokens.shape[0])
+            width = max(host_lens[start:stop])
             block = Texts.build(
-                tokens[start : start + chunk].to(device=device, dtype=dtype),
-                lens[start : start + chunk].to(device),
+                tokens[start:stop].to(device=device, dtype=dtype), lens[start:stop].to(device), width
             )
-            words.append(block.words[block.valid])  # row-major: text by text, word by word
+            # the valid words, row-major (text by text, word by word), gathered at host-known positions
+            # (a boolean mask would make the device report how many rows it selected)
+            flat = [t * width + w for t, n in enumerate(host_lens[start:stop]) for w in range(n)]
+            rows.append(len(flat))
+            index = torch.tensor(flat, dtype=torch.long).to(block.words.device, non_blocking=True)
+            words.append(block.words.reshape(-1, block.words.shape[-1]).index_select(0, index))
             guides.append(block.guide)
         words.append(torch.zeros(1, tokens.shape[2], dtype=dtype, device=device))
         lens = lens.to(device)
         return cls(torch.cat(words), torch.cumsum(lens, 0) - lens, lens, torch.cat(guides))
 
-    def block(self, cols: torch.Tensor) -> Texts:
-        """The texts ``cols`` as a padded block (one row gather)."""
+    def block(self, cols: torch.Tensor, width: int | None = None) -> Texts:
+        """The texts ``cols`` as a padded block (one row gather); ``width``: their longest length, when
+        the caller knows it on the host."""
         lens = self.lens[cols]
-        width = int(lens.max())
+        width = int(lens.max()) if width is None else width
         pos = torch.arange(width, device=lens.device)
         valid = pos[None] < lens[:, None]
         rows = torch.where(valid, self.offsets[cols, None] + pos[None], self.words.shape[0] - 1)
@@ -153,43 +173,50 @@ class ImageBlock:
 
     def select(self, j: int) -> ImageBlock:
         """Image j of the block as a block of one (views)."""
+        return self.take(j, j + 1)
+
+    def take(self, start: int, stop: int) -> ImageBlock:
+        """Images ``start .. stop`` of the block as a block (views)."""
 
         def cut(x):
-            return None if x is None else x[j : j + 1]
+            return None if x is None else x[start:stop]
 
         return ImageBlock(
-            patches=self.patches[j : j + 1],
-            unit=self.unit[j : j + 1],
+            patches=cut(self.patches),
+            unit=cut(self.unit),
             saliency=cut(self.saliency),
             predicted=cut(self.predicted),
-            logits_t={key: x[j : j + 1] for key, x in self.logits_t.items()},
-            exp_t={key: x[j : j + 1] for key, x in self.exp_t.items()},
-            stable={key: x[j : j + 1] for key, x in self.stable.items()},
+            logits_t={key: cut(x) for key, x in self.logits_t.items()},
+            exp_t={key: cut(x) for key, x in self.exp_t.items()},
+            stable={key: cut(x) for key, x in self.stable.items()},
             gram_=cut(self.gram_),
             cls=cut(self.cls),
             dense_relevance=cut(self.dense_relevance),
             dense_const=cut(self.dense_const),
             prior=cut(self.prior),
-            part=None
-            if self.part is None
-            else ImagePart(*(x[j : j + 1] for x in astuple_shallow(self.part))),
+            part=None if self.part is None else ImagePart(*(cut(x) for x in astuple_shallow(self.part))),
         )
 
 
 def length_blocks(
-    lens_sorted: torch.Tensor, max_block: int, min_bucket: int = MIN_BUCKET
+    lens_sorted: torch.Tensor,
+    max_block: int,
+    min_bucket: int = MIN_BUCKET,
+    block_for_length: list[int] | None = None,
 ) -> list[tuple[int, int]]:
     """Split texts sorted by decreasing length into [start, stop) blocks of at most ``max_block``.
 
     A block also ends where the next text is shorter than ``BUCKET_SLACK`` times the block's first
     (longest) one, once it holds ``min_bucket`` texts: padding every caption to the longest of 5000
-    would double the word-side work.
+    would double the word-side work. ``block_for_length[L]``: the most texts a block whose longest text
+    has L tokens may hold (shorter texts, larger blocks), instead of ``max_block``.
     """
     lens = lens_sorted.tolist()
     blocks, start = [], 0
     for i, length in enumerate(lens):
         size = i - start
-        if size >= max_block or (size >= min_bucket and length < BUCKET_SLACK * lens[start]):
+        limit = max_block if block_for_length is None else block_for_length[lens[start]]
+        if size >= limit or (size >= min_bucket and length < BUCKET_SLACK * lens[start]):
             blocks.append((start, i))
             start = i
     blocks.append((start, len(lens)))

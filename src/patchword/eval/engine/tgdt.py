@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from patchword.eval.engine.forward import ForwardEngine
+from patchword.eval.engine.staging import host, stage
 
 __all__ = ["TGDTEngine"]
 
@@ -21,13 +22,17 @@ class TGDTEngine(ForwardEngine):
         # gathered and normalised tokens of both sides plus the (L_t, L_v) score block, fp32
         per_pair = 4 * (2 * (l_v + l_t) * dim + 2 * l_v * l_t)
         step = max(1, budget // per_pair)
-        out = torch.empty(img_index.shape[0], dtype=torch.float32)
+        job = stage(inputs, device, None)
+        # each index where the tensors it indexes live (uploaded once on an accelerator)
+        img_index, txt_index = (
+            job.put(torch.as_tensor(img_index).cpu()),
+            job.put(torch.as_tensor(txt_index).cpu()),
+        )
+        out = torch.empty(img_index.shape[0], dtype=torch.float32, device=job.device)  # copied back once
         for p0 in range(0, img_index.shape[0], step):
             r, c = img_index[p0 : p0 + step], txt_index[p0 : p0 + step]
             scores = self.matcher.paired_scores(
-                inputs.img_tokens[r].to(device),
-                inputs.cap_tokens[c].to(device),
-                inputs.cap_lens[c].to(device),
+                job.inputs.img_tokens[r], job.inputs.cap_tokens[c], job.cap_lens[c]
             )
-            out[p0 : p0 + step] = scores.float().cpu()
-        return out
+            out[p0 : p0 + step] = scores.float()
+        return host(out)

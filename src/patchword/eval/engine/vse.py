@@ -23,6 +23,10 @@ class VSEEngine(ScoringEngine):
 
     @torch.no_grad()
     def score(self, inputs, out, *, budget, device, progress) -> None:
+        from patchword.eval.engine.staging import row_buffer, stage
+
+        job = stage(inputs, device, None)
+        inputs = job.inputs
         n_img, n_txt = inputs.num_images, inputs.num_texts
         l_v, dim = inputs.img_tokens.shape[1:]
         l_t = inputs.cap_tokens.shape[1]
@@ -43,11 +47,14 @@ class VSEEngine(ScoringEngine):
         m = self.matcher
         with progress_bar(n_img * n_txt, "score pairs", progress, unit="pair") as bar:
             for i0 in range(0, n_img, image_block):
-                rows = slice(i0, i0 + image_block)
-                img = m.global_image(inputs.img_tokens[rows].to(device))
+                i1 = min(i0 + image_block, n_img)
+                img = m.global_image(inputs.img_tokens[i0:i1].to(device))
+                rows, target = row_buffer(job, out, i0, i1)
                 for t0 in range(0, n_txt, text_block):
                     cols = slice(t0, t0 + text_block)
-                    txt = m.global_text(inputs.cap_tokens[cols].to(device), inputs.cap_lens[cols].to(device))
+                    txt = m.global_text(inputs.cap_tokens[cols].to(device), job.cap_lens[cols])
                     block = img @ txt.T
-                    out[rows, cols] = block.float().cpu()
+                    rows[:, cols] = block.float()
                     bar.update(block.numel())
+                if target is not None:
+                    target.copy_(rows)

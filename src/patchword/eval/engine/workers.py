@@ -3,6 +3,8 @@ why, in :func:`in_workers`."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 __all__ = ["cpu_workers", "engine_plan", "in_workers", "plan_for_workers"]
@@ -29,8 +31,9 @@ def plan_for_workers(plan, inputs, budget: int, workers: int):
 def engine_plan(engine, inputs, budget: int, device):
     """``(plan, workers)`` of an engine with ``plan`` and ``workers`` attributes for these inputs on
     ``device``; the plan records its worker count and becomes ``engine.last_plan``."""
+    device = torch.device(device)
     plan, workers = plan_for_workers(
-        engine.plan, inputs, budget, cpu_workers(torch.device(device), engine.workers)
+        functools.partial(engine.plan, device=device), inputs, budget, cpu_workers(device, engine.workers)
     )
     plan.details["workers"] = workers
     engine.last_plan = plan

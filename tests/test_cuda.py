@@ -1,0 +1,173 @@
+"""The CUDA paths against the CPU: exhaustive scoring, re-ranking and one training step give the CPU's values.
+
+Marked ``cuda``: they run once per CUDA device present and skip without one (also under ``CI=true``, see
+conftest.py); ``make gpu-check`` runs them on a GPU machine. The CPU side is the ground truth (scores: the
+matcher's own forward, ``engine="forward"``), so a failure here is a device bug, not a tolerance. TF32 is
+off for the whole comparison: it would round matmuls and convolutions to 10 mantissa bits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import pytest
+import torch
+
+from patchword.eval import score_matrix, two_stage_scores
+from patchword.eval.engine import engine_for
+from patchword.eval.engine.core import prepare_inputs
+from test_engine import _inputs, _matcher
+
+#: One entry per CUDA device of this machine (none: every test skips).
+DEVICES = [f"cuda:{i}" for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+pytestmark = pytest.mark.cuda
+
+on_each_device = pytest.mark.parametrize(
+    "device", DEVICES or [pytest.param(None, marks=pytest.mark.skip(reason="no CUDA device"))]
+)
+
+
+@contextlib.contextmanager
+def _fp32_exact():
+    """float32 matmuls and convolutions in full precision on CUDA for the block, restored after."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = matmul.allow_tf32, cudnn.allow_tf32
+    matmul.allow_tf32 = cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = before
+
+
+def _to(device, *tensors):
+    return [None if t is None else t.to(device) for t in tensors]
+
+
+# ----------------------------------------------------------------------------------------------- scoring
+
+
+# dense text: tied to the image; tied to captions through txt2img (rows = images); tied to captions with
+# one row per caption (no txt2img)
+DENSE = ["image", "caption-txt2img", "caption-rows"]
+
+
+def _scoring_case(kind: str, variant: str, dense: str, n_img: int = 5, n_txt: int = 8):
+    """A tiny seeded SEPS matcher and its score_matrix arguments: (matcher, args, txt2img)."""
+    m = _matcher(kind, variant, dense_pairing="image" if dense == "image" else "caption")
+    img, caps, lens, d, dl, t2i = _inputs(kind, n_img=n_img, n_txt=n_txt)
+    if dense == "caption-rows":
+        d, dl, t2i = d[t2i], dl[t2i], None
+    elif dense == "image":
+        t2i = None
+    return m, (img, caps, lens, d, dl), t2i
+
+
+@on_each_device
+@pytest.mark.parametrize("inputs_on", ["host", "device"])
+@pytest.mark.parametrize("dense", DENSE)
+@pytest.mark.parametrize("variant", ["code", "paper"])
+def test_score_matrix_on_cuda_equals_the_forward_on_the_cpu(device, variant, dense, inputs_on):
+    m, args, t2i = _scoring_case("vit", variant, dense)
+    want = score_matrix(m, *args, txt2img=t2i, engine="forward")
+    on_device = copy.deepcopy(m).to(device)
+    given = _to(device, *args) if inputs_on == "device" else args
+    with _fp32_exact():
+        got = score_matrix(on_device, *given, txt2img=t2i, device=device)
+    assert got.device.type == "cpu" and got.shape == want.shape and got.dtype == torch.float32
+    assert (got - want).abs().max().item() <= 1e-5
+
+
+@on_each_device
+@pytest.mark.parametrize("dense", ["image", "caption-txt2img"])
+def test_score_matrix_on_cuda_in_many_blocks_equals_the_forward_on_the_cpu(device, dense):
+    """A budget of a few images per block: the block seams and the upload of each block are exercised."""
+    m, args, t2i = _scoring_case("swin", "paper", dense, n_img=7, n_txt=13)
+    want = score_matrix(m, *args, txt2img=t2i, engine="forward")
+    with _fp32_exact():
+        got = score_matrix(copy.deepcopy(m).to(device), *args, txt2img=t2i, device=device, max_memory_mb=0.5)
+    assert (got - want).abs().max().item() <= 1e-5
+
+
+@on_each_device
+@pytest.mark.parametrize("inputs_on", ["host", "device"])
+@pytest.mark.parametrize(("variant", "dense"), [("code", "image"), ("paper", "caption-txt2img")])
+def test_score_pairs_and_two_stage_re_ranking_on_cuda_equal_the_cpu(device, variant, dense, inputs_on):
+    m, args, t2i = _scoring_case("swin", variant, dense, n_img=6, n_txt=12)
+    full = score_matrix(m, *args, txt2img=t2i, engine="forward")
+    on_device = copy.deepcopy(m).to(device)
+    given = _to(device, *args) if inputs_on == "device" else args
+    g = torch.Generator().manual_seed(0)
+    vi, ti = torch.randint(0, 6, (40,), generator=g), torch.randint(0, 12, (40,), generator=g)
+    with _fp32_exact():
+        inputs = prepare_inputs(on_device, *given, t2i)
+        pairs = engine_for(on_device).score_pairs(inputs, vi, ti, budget=1 << 26, device=torch.device(device))
+        cpu = two_stage_scores(m, *args, txt2img=t2i, k=(3, 2))
+        gpu = two_stage_scores(on_device, *given, txt2img=t2i, k=(3, 2), device=device)
+    assert pairs.device.type == "cpu" and (pairs - full[vi, ti]).abs().max().item() <= 1e-5
+    # the same shortlists, and the same fine scores on them (-inf off the shortlist)
+    assert torch.equal(gpu.i2t_candidates.cpu(), cpu.i2t_candidates)
+    assert torch.equal(gpu.t2i_candidates.cpu(), cpu.t2i_candidates)
+    for got, want in ((gpu.sims_i2t.cpu(), cpu.sims_i2t), (gpu.sims_t2i.cpu(), cpu.sims_t2i)):
+        shown = torch.isfinite(want)
+        assert torch.equal(torch.isfinite(got), shown)
+        assert (got[shown] - want[shown]).abs().max().item() <= 1e-5
+        assert (want[shown] - full[shown]).abs().max().item() <= 1e-5
+
+
+# -------------------------------------------------------------------------------------------- training
+
+
+def _tiny_step(variant: str, pairing: str, device: str):
+    """Loss and gradients of one training step (ShardLoss forward + backward, one process, fp32) of the
+    seeded seps-tiny-32 model on a fixed batch of 6 captions of 6 images, on ``device``."""
+    from patchword.config import apply_overrides
+    from patchword.data.pipeline import ShardBatch
+    from patchword.distributed import Distributed
+    from patchword.factory import create_model
+    from patchword.run_config import RunConfig
+    from patchword.train.step import ShardLoss
+
+    torch.manual_seed(0)
+    # no Gumbel noise (the paper variant's default): the CPU and the device would draw different noise
+    seps = {"variant": variant, "dense_pairing": pairing, "gumbel": False}
+    model = create_model("seps-tiny-32", pretrained=False, vocab_size=40, seps=seps).to(device).train()
+    cfg = apply_overrides(RunConfig(), ["precision=fp32"])
+    g = torch.Generator().manual_seed(1)
+    lens = torch.tensor([7, 3, 9, 5, 9, 4])
+    dense_lens = torch.tensor([12, 20, 8, 20, 15, 10])
+    batch = ShardBatch(
+        images=torch.randn(6, 3, 32, 32, generator=g),
+        ids=torch.randint(5, 40, (6, 9), generator=g),
+        lens=lens,
+        lens_all=lens,
+        img_ids=torch.arange(6),
+        dense_ids=torch.randint(5, 40, (6, 20), generator=g),
+        dense_lens=dense_lens,
+        dense_lens_all=dense_lens,
+    ).to(torch.device(device))
+    with _fp32_exact():
+        loss, stats = ShardLoss(model, cfg, Distributed(device=torch.device(device)))(
+            batch, False, False, 1.0
+        )
+        loss.backward()
+    grads = {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach().cpu(), stats.detach().cpu(), grads
+
+
+@on_each_device
+@pytest.mark.parametrize(("variant", "pairing"), [("code", "image"), ("paper", "caption")])
+def test_one_training_step_on_cuda_has_the_loss_and_gradients_of_the_cpu(device, variant, pairing):
+    loss_cpu, stats_cpu, grads_cpu = _tiny_step(variant, pairing, "cpu")
+    loss_dev, stats_dev, grads_dev = _tiny_step(variant, pairing, device)
+    assert loss_cpu > 0 and torch.isfinite(loss_cpu)
+    assert abs(float(loss_dev - loss_cpu)) <= 1e-4 * abs(float(loss_cpu))
+    torch.testing.assert_close(stats_dev, stats_cpu, rtol=1e-4, atol=1e-6)
+    assert grads_dev.keys() == grads_cpu.keys() and len(grads_cpu) > 10
+    total = torch.cat([g.flatten() for g in grads_cpu.values()]).norm()
+    for name, want in grads_cpu.items():
+        # relative to the tensor's gradient; a structurally zero one (a softmax-invariant bias) is noise on
+        # both sides, compared against the whole gradient's size instead
+        scale = max(float(want.norm()), 1e-3 * float(total))
+        assert float((grads_dev[name] - want).norm()) <= 1e-4 * scale, name
