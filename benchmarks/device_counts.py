@@ -9,7 +9,7 @@ meta tensors (no arithmetic: seconds for COCO 5K), ``--real`` computes on the CP
 Commands (docs/benchmarks.md, "GPU"):
 
     .venv/bin/python benchmarks/device_counts.py scoring --json counts.json
-    .venv/bin/python benchmarks/device_counts.py scoring --shapes f30k --configs seps-code-image --real --images 8
+    .venv/bin/python benchmarks/device_counts.py scoring --shapes f30k --configs laps --real --images 8
     .venv/bin/python benchmarks/device_counts.py step --batches 64,128
 
 ``scoring`` prints, per SEPS/LAPS configuration and shape (Flickr30K 1000 x 5000, COCO 5K 5000 x 25000, ViT-B/16
@@ -128,7 +128,6 @@ def count_scoring(config: str, n_img: int, n_txt: int, *, images: int | None, dr
 def count_step(batch: int, *, dry: bool) -> dict:
     """Counts of one training step of the SEPS matcher (code variant, image-tied dense text): forward of
     the in-batch (B, B) pairs at ViT-B/16 + BERT-base token shapes, the contrastive loss, backward."""
-    from patchword.losses import build_loss  # noqa: F401  (import check: the loss module exists)
 
     matcher = build_bench_matcher("seps-code-image").train()
     cap_lens, dense_lens = _lengths(batch, 5 * batch)

@@ -246,6 +246,9 @@ class TinyTextTransformer(EncoderBase):
             )
         length = ids.shape[1]
         # min_len=1 keeps at least one key per row: a fully masked row would make attention NaN.
-        lens = check_lengths(lens, "lens", size=ids.shape[0], max_len=length).to(ids.device)
+        # values are read (a host sync) only outside training: a training step must not wait for the device
+        lens = check_lengths(lens, "lens", size=ids.shape[0], max_len=length, values=not self.training).to(
+            ids.device
+        )
         x = self.embed_drop(self.token_embed(ids) + self.pos_embed[:, :length])
         return self.proj(self.encoder(x, key_padding_mask=padding_mask(lens, length)))
