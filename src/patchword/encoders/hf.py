@@ -236,9 +236,14 @@ class HFTextEncoder(EncoderBase):
         """
         if ids.dim() != 2 or ids.shape[1] > self.max_len:
             raise ValueError(f"ids must have shape (B, L) with L <= {self.max_len}, got {tuple(ids.shape)}")
-        # values are read (a host sync) only outside training: a training step must not wait for the device
+        # values are checked when reading them is free (host lengths) or outside training: a training step
+        # on an accelerator must not wait for the device
         lens = check_lengths(
-            lens, "lens", size=ids.shape[0], max_len=ids.shape[1], values=not self.training
+            lens,
+            "lens",
+            size=ids.shape[0],
+            max_len=ids.shape[1],
+            values=not self.training or lens.device.type == "cpu",
         ).to(ids.device)
         # The official mask is ids != 0; also masking positions >= lens makes the output independent of
         # whatever a caller left in the padding.

@@ -246,9 +246,14 @@ class TinyTextTransformer(EncoderBase):
             )
         length = ids.shape[1]
         # min_len=1 keeps at least one key per row: a fully masked row would make attention NaN.
-        # values are read (a host sync) only outside training: a training step must not wait for the device
-        lens = check_lengths(lens, "lens", size=ids.shape[0], max_len=length, values=not self.training).to(
-            ids.device
-        )
+        # values are checked when reading them is free (host lengths) or outside training: a training step
+        # on an accelerator must not wait for the device
+        lens = check_lengths(
+            lens,
+            "lens",
+            size=ids.shape[0],
+            max_len=length,
+            values=not self.training or lens.device.type == "cpu",
+        ).to(ids.device)
         x = self.embed_drop(self.token_embed(ids) + self.pos_embed[:, :length])
         return self.proj(self.encoder(x, key_padding_mask=padding_mask(lens, length)))
