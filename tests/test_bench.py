@@ -200,3 +200,16 @@ def test_two_stage_on_a_trained_run(tmp_path, capsys):
     # a checkpoint that is not there is an error, not a silent fall-back to last.pt
     assert main([*argv, "--checkpoint", "missing.pt"]) == 2
     assert "missing.pt" in capsys.readouterr().err
+
+
+def test_the_engine_flop_count_sees_the_cpu_workers(tmp_path):
+    """With 2 threads the engine scores in 2 worker threads, which a profiler of the calling thread does
+    not see (f715cbc reported 0 MFLOP per pair and 0 GFLOP/s for the engine): the count runs the engine with
+    one thread of control and finds the work of the single-threaded run."""
+    counts = {}
+    for threads in ("1", "2"):
+        out = tmp_path / f"scoring{threads}.json"
+        assert main([*TINY_SCORING, "--configs", "laps", "--threads", threads, "--json", str(out)]) == 0
+        counts[threads] = json.loads(out.read_text())["scoring"]["configs"]["laps"]["engine_mflop_per_pair"]
+    assert counts["2"] > 0
+    assert counts["2"] == pytest.approx(counts["1"], rel=1e-9)

@@ -171,7 +171,7 @@ def test_copy_bytes_are_numel_times_element_size():
     c = sim.counts
     assert (c.h2d_copies, c.h2d_bytes) == (2, 5 * 7 * 2 + 3 * 8)
     assert (c.d2h_copies, c.d2h_bytes) == (3, 3 * 5 * 7 * 2)
-    assert c.syncs == 2
+    assert c.syncs == 4  # the two blocking uploads and the two blocking copies back
     assert c.op_names["aten.zeros.default"] == 1 and isinstance(z, SimTensor)
     assert json.loads(json.dumps(c.as_dict()))["d2h_bytes"] == 3 * 5 * 7 * 2
 
@@ -204,7 +204,10 @@ def test_results_equal_the_cpu_computation():
     expected = _chain(x, w, index)
     sim = SimulatedDevice()
     with sim:
-        got = _chain(sim.to_device(x), sim.to_device(w), sim.to_device(index))
+        args = sim.to_device(x), sim.to_device(w), sim.to_device(index)
+        assert sim.counts.syncs == 3  # blocking uploads: PyTorch waits for the stream after each
+        sim.reset()
+        got = _chain(*args)
     assert isinstance(got, SimTensor) and got.shape == expected.shape
     assert torch.equal(sim.to_host(got), expected)
     assert sim.counts.syncs == 0
@@ -248,7 +251,7 @@ def test_linear_mse_backward_gives_the_cpu_gradients_on_the_device():
     for (name, p), q in zip(model.named_parameters(), cpu_model.parameters(), strict=True):
         assert isinstance(p.grad, SimTensor), name
         torch.testing.assert_close(sim.to_host(p.grad), q.grad, rtol=0, atol=0)
-    assert sim.counts.syncs == 0
+    assert sim.counts.syncs == sim.counts.h2d_copies  # the blocking uploads only: nothing else waits
 
 
 def test_module_to_device_inside_the_mode():
@@ -276,5 +279,15 @@ def test_dry_mode_walks_real_sizes_with_counts():
     assert best == 7.0 and listed == [7.0, 7.0] and host.tolist() == [[7.0] * 3] * 2
     assert masked.shape == (2,)
     c = sim.counts
-    assert (c.h2d_copies, c.d2h_copies, c.syncs) == (3, 2, 4)  # the host mask: a copy and a sync
+    # syncs: item, .cpu(), tolist, the host mask (a copy and a sync) and the two blocking uploads
+    assert (c.h2d_copies, c.d2h_copies, c.syncs) == (3, 2, 6)
     assert c.h2d_bytes == 512 * 512 * 4 + 4 * 4 + 4
+
+
+def test_a_non_blocking_upload_is_a_copy_but_no_sync():
+    sim = SimulatedDevice()
+    with sim:
+        torch.ones(3).to(sim.device, non_blocking=True)
+        assert (sim.counts.h2d_copies, sim.counts.syncs) == (1, 0)
+        torch.ones(3).to(sim.device)
+        assert (sim.counts.h2d_copies, sim.counts.syncs) == (2, 1)

@@ -151,10 +151,15 @@ def run_scoring(
         for _ in range(repeats):  # interleaved: both see the same machine state
             engine_s = min(engine_s, best_time(run_engine, 1))
             ref_s = min(ref_s, best_time(run_reference, 1))
-        with TensorMemoryMeter() as meter:
-            run_engine()
         plan = engine.last_plan  # of the full block (the FLOP count below scores fewer images)
-        engine_flops = count_flops(lambda run=run_engine: run(count_rows)) / (n_count * caps.shape[0])
+        # The meter and the FLOP count are dispatch modes and profilers of the calling thread: they run the
+        # same engine with one thread of control (its CPU workers would hide every op from them).
+        single = SEPSEngine(matcher, workers=1)
+        with TensorMemoryMeter() as meter:
+            run_engine(engine=single)
+        engine_flops = count_flops(lambda run=run_engine: run(count_rows, engine=single)) / (
+            n_count * caps.shape[0]
+        )
         ref_flops = count_flops(lambda run=run_reference: run(count_rows)) / (n_count * ref_cols.numel())
         engine_pair_s, ref_pair_s = engine_s / n_pairs, ref_s / ref.numel()
         entry = {

@@ -12,7 +12,7 @@ ops included. Each op runs on the wrapped CPU tensors, so results equal the CPU 
 * host<->device copies (``.to``, ``.cpu()``, ``copy_``, ``torch.tensor(..., device=dev)``) are counted
   with their bytes, the bytes of the host-side tensor;
 * host syncs are counted with their call site: ``item()``/``int()``/``bool()``, ``tolist()``,
-  ``numpy(force=True)``, blocking device->host copies, and ops whose output shape depends on device data
+  ``numpy(force=True)``, blocking copies in either direction (PyTorch waits for the stream after them), and ops whose output shape depends on device data
   (``nonzero``, ``masked_select``, boolean-mask indexing, ``unique*``, ``bincount``,
   ``repeat_interleave`` without ``output_size``) or return a Python value (``equal``, ``allclose``,
   ``is_nonzero``). ``numpy()`` of a device tensor raises, as on CUDA; ``numpy(force=True)`` copies.
@@ -556,14 +556,12 @@ class SimulatedDevice:
                     return self._host_copy(src, dtype)
                 return func(src.elem, **kwargs)
             if not isinstance(src, SimTensor) and target is not None and torch.device(target) == _DEVICE:
-                self.counts.h2d_copies += 1
-                self.counts.h2d_bytes += src.numel() * src.element_size()
+                self._count_h2d(src.numel() * src.element_size(), kwargs.get("non_blocking", False))
                 return SimTensor(func(src, **{**kwargs, "device": self._storage_device}), self)
             return None
         dst, src = args[0], args[1]
         if isinstance(dst, SimTensor) and not isinstance(src, SimTensor):
-            self.counts.h2d_copies += 1
-            self.counts.h2d_bytes += src.numel() * src.element_size()
+            self._count_h2d(src.numel() * src.element_size(), kwargs.get("non_blocking", False))
             dst.elem.copy_(src.to(_DEVICE) if self.dry else src)
             return dst
         if not isinstance(dst, SimTensor) and isinstance(src, SimTensor):
@@ -575,6 +573,14 @@ class SimulatedDevice:
                 return dst.fill_(self._fill_value(dst.dtype))
             return dst.copy_(src.elem)
         return None
+
+    def _count_h2d(self, nbytes: int, non_blocking: bool) -> None:
+        # PyTorch waits for the stream after a blocking host->device copy (copy_kernel_cuda); with
+        # non_blocking=True it does not (pageable memory is staged before the call returns).
+        self.counts.h2d_copies += 1
+        self.counts.h2d_bytes += nbytes
+        if not non_blocking:
+            self._sync()
 
     def _count_d2h(self, nbytes: int, non_blocking: bool) -> None:
         self.counts.d2h_copies += 1

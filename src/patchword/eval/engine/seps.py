@@ -105,6 +105,11 @@ _ACCEL_BUCKET = 512
 # On an accelerator, image-tied dense text is scored for groups of this many images at once: the (G, G)
 # block of the group's images with the group's descriptions, whose diagonal is kept (``_image_dense``).
 _DIAGONAL_GROUP = 16
+# On an accelerator "kdirect" is left out: its per-pair row gathers ran slowest on an H200 (Flickr30K
+# shape, SEPS code variant: gram 1.75 s, direct 1.83 s, kdirect 2.42 s; docs/benchmarks.md, "GPU"), and the
+# CPU cost model's choice between the other two matched the measurement (gram for captions, direct for
+# dense captions).
+_ACCEL_FORMS = ("gram", "direct")
 # Dense texts per chunk when their guides are computed once per call (caption-tied "guide" mode).
 _GUIDE_CHUNK = 64
 
@@ -162,6 +167,7 @@ class SEPSEngine(ScoringEngine):
         # None: chosen per block) and the guides of caption-tied dense texts ("guide" mode)
         self._caption_form: str | None = None
         self._dense_guide: torch.Tensor | None = None
+        self._accelerator = False  # whether the job planned last computes on an accelerator
 
     # ------------------------------------------------------------------ modes, costs, memory plan
     def _mode(self, inputs: ScoringInputs) -> str:
@@ -206,7 +212,7 @@ class SEPSEngine(ScoringEngine):
             return self.formulation
         setup = 0.0 if texts_per_image is None else 2 * self.n * self.n * self.dim / max(1, texts_per_image)
         return min(
-            _FORMS,
+            _ACCEL_FORMS if self._accelerator else _FORMS,
             key=lambda form: self.flops_per_pair(form, length, branches) + (setup if form == "gram" else 0.0),
         )
 
@@ -249,7 +255,7 @@ class SEPSEngine(ScoringEngine):
         (module constants ``_ACCEL_*``), the caption-tied dense texts are built once per call instead of
         getting a pass of their own, and length buckets are merged."""
         self._bind(inputs)
-        accel = device is not None and is_accelerator(device)
+        accel = self._accelerator = device is not None and is_accelerator(device)
         mode = self._mode(inputs)
         branches = 2 if mode == "pair_guide" else 1
         n_img, n_txt = inputs.num_images, inputs.num_texts
@@ -280,8 +286,11 @@ class SEPSEngine(ScoringEngine):
         dense_pass = mode == "caption_branch" and _F32 * n_img * n_dense <= budget // 4 and not accel
         dense_pass = dense_pass and self.dense_pass is not False
         fixed_all = cache + (_F32 * n_img * n_dense if dense_pass else 0) + _I64 * 3 * n_txt
+        guide_chunk = 0
         if mode == "pair_guide" and inputs.dense_index is not None:
-            fixed_all += _F32 * c * (inputs.dense_tokens.shape[0] + 3 * _GUIDE_CHUNK * dense_len)  # + a chunk
+            # the guides of every dense text, computed in chunks of at most 1/16 of the budget
+            guide_chunk = max(1, min(_GUIDE_CHUNK, budget // 16 // (3 * _F32 * max(dense_len, 1) * c)))
+            fixed_all += _F32 * c * (inputs.dense_tokens.shape[0] + 3 * guide_chunk * dense_len)
         # Accelerator: the distinct dense texts' blocks (tokens and unit words) built once per call.
         dense_cache = 2 * _F32 * n_dense * dense_len * c if mode == "caption_branch" and accel else 0
         dense_cache = dense_cache if dense_cache <= budget // 4 else 0
@@ -344,6 +353,7 @@ class SEPSEngine(ScoringEngine):
                     "dense_cache": bool(dense_cache),
                     "accelerator": accel,
                     "min_bucket": _ACCEL_BUCKET if accel else MIN_BUCKET,
+                    "guide_chunk": guide_chunk,
                 }
                 if accel:  # blocks of shorter captions hold more of them, within the same budget
                     details["text_block_for_length"] = [t] + [
@@ -610,6 +620,7 @@ class SEPSEngine(ScoringEngine):
         inputs = ScoringInputs(img_tokens, caption, torch.ones(1, dtype=torch.long), dense_tokens, dense_lens)
         job = stage(inputs, device, self.aggr.scale.dtype)
         self._bind(job.inputs)
+        self._accelerator = job.accelerator
         n_img = img_tokens.shape[0]
         out = torch.empty(n_img, dtype=torch.float32, device=device)  # copied back once
         for i0 in range(0, n_img, block):
@@ -770,7 +781,7 @@ class SEPSEngine(ScoringEngine):
         self._caption_form = plan.details["formulation"] if plan.details["accelerator"] else None
         self._dense_guide = None
         if mode == "pair_guide" and job.inputs.dense_index is not None:
-            self._dense_guide = self._dense_guides(job)
+            self._dense_guide = self._dense_guides(job, plan.details["guide_chunk"])
         self._cache = None
         if plan.details.get("text_cache"):
             inputs = job.inputs
@@ -857,15 +868,15 @@ class SEPSEngine(ScoringEngine):
         einsum decomposes into a dozen ops, each a launch on an accelerator."""
         return torch.matmul(img.unit, guide.T).transpose(1, 2)
 
-    def _dense_guides(self, job: Staged) -> torch.Tensor:
+    def _dense_guides(self, job: Staged, chunk: int) -> torch.Tensor:
         """(N_dense, C) the selection guide of every dense text (L2-normalised masked mean of its raw
-        tokens), in blocks of ``_GUIDE_CHUNK`` rows: caption-tied "guide" mode reads each caption's."""
+        tokens), in blocks of ``chunk`` rows: caption-tied "guide" mode reads each caption's."""
         inputs = job.inputs
         n_dense = inputs.dense_tokens.shape[0]
         lens = inputs.dense_lens.tolist()
         guides = []
-        for start in range(0, n_dense, _GUIDE_CHUNK):
-            stop = min(start + _GUIDE_CHUNK, n_dense)
+        for start in range(0, n_dense, chunk):
+            stop = min(start + chunk, n_dense)
             tokens = job.tokens(inputs.dense_tokens[start:stop, : max(lens[start:stop])])
             guides.append(l2norm(masked_mean(tokens, job.dense_lens[start:stop])))
         return torch.cat(guides)
