@@ -12,11 +12,11 @@ Commands (docs/benchmarks.md, "GPU"):
     .venv/bin/python benchmarks/device_counts.py scoring --shapes f30k --configs laps --real --images 8
     .venv/bin/python benchmarks/device_counts.py step --batches 64,128
 
-``scoring`` prints, per SEPS/LAPS configuration and shape (Flickr30K 1000 x 5000, COCO 5K 5000 x 25000, ViT-B/16
-shapes): op calls, op calls per million pairs, host syncs, host<->device bytes, blocks. ``--images N``
-scores the first N images against every caption (ops grow linearly with images: the full count is then
-extrapolated, and said to be). ``step`` counts one SEPS training step of the matcher (forward + backward
-of the in-batch B x B pairs and the contrastive loss) at ViT-B/16 + BERT-base token shapes.
+``scoring`` prints, per SEPS/LAPS configuration and shape (Flickr30K 1000 x 5000, COCO 5K 5000 x 25000,
+ViT-B/16 shapes): op calls, op calls per million pairs, host syncs, host<->device bytes, blocks. ``--images
+N`` scores the first N images against every caption (ops grow linearly with images: the full count is then
+extrapolated, and said to be). ``step`` counts one SEPS training step of the matcher (forward + backward of
+the in-batch B x B pairs and the contrastive loss) at ViT-B/16 + BERT-base token shapes.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import torch
 
 from patchword.eval import score_matrix
 from patchword.eval.engine import SEPSEngine, engine_for
-from patchword.eval.engine import seps as seps_engine
+from patchword.eval.engine import seps_plan as seps_engine
 from patchword.eval.engine.core import prepare_inputs
 from patchword.matching import build_matcher
 from patchword.search.pruning import prune_patches

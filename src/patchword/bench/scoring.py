@@ -157,7 +157,7 @@ def run_scoring(
         single = SEPSEngine(matcher, workers=1)
         with TensorMemoryMeter() as meter:
             run_engine(engine=single)
-        engine_flops = count_flops(lambda run=run_engine: run(count_rows, engine=single)) / (
+        engine_flops = count_flops(lambda run=run_engine, single=single: run(count_rows, engine=single)) / (
             n_count * caps.shape[0]
         )
         ref_flops = count_flops(lambda run=run_reference: run(count_rows)) / (n_count * ref_cols.numel())

@@ -12,10 +12,11 @@ ops included. Each op runs on the wrapped CPU tensors, so results equal the CPU 
 * host<->device copies (``.to``, ``.cpu()``, ``copy_``, ``torch.tensor(..., device=dev)``) are counted
   with their bytes, the bytes of the host-side tensor;
 * host syncs are counted with their call site: ``item()``/``int()``/``bool()``, ``tolist()``,
-  ``numpy(force=True)``, blocking copies in either direction (PyTorch waits for the stream after them), and ops whose output shape depends on device data
-  (``nonzero``, ``masked_select``, boolean-mask indexing, ``unique*``, ``bincount``,
-  ``repeat_interleave`` without ``output_size``) or return a Python value (``equal``, ``allclose``,
-  ``is_nonzero``). ``numpy()`` of a device tensor raises, as on CUDA; ``numpy(force=True)`` copies.
+  ``numpy(force=True)``, blocking copies in either direction (PyTorch waits for the stream after them), and
+  ops whose output shape depends on device data (``nonzero``, ``masked_select``, boolean-mask indexing,
+  ``unique*``, ``bincount``, ``repeat_interleave`` without ``output_size``) or return a Python value
+  (``equal``, ``allclose``, ``is_nonzero``). ``numpy()`` of a device tensor raises, as on CUDA;
+  ``numpy(force=True)`` copies.
 
 With ``dry=True`` the wrapped tensors are ``meta`` tensors (shapes only), so real-size problems can be
 walked for their op, copy and sync counts in seconds (meta outputs are cached by the inputs' metadata:
