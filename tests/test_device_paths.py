@@ -243,3 +243,86 @@ def test_searcher_reranks_on_the_device_as_on_the_cpu():
         inputs = prepare_inputs(m, tokens, c, cl, None, None, None, image_constants=k)
         engine.score(inputs, got, budget=64 << 20, device=sim.device, progress=False)
     assert (got - want).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize(("variant", "pairing"), [("code", "image"), ("paper", "caption")])
+def test_one_training_step_on_the_device_has_the_loss_and_gradients_of_the_cpu(variant, pairing):
+    """ShardLoss forward + backward of a tiny SEPS model (tests/test_cuda.py's step) on the simulated
+    device: no op mixes devices, the step waits for the device only to upload its batch, and the loss and
+    every gradient equal the CPU's."""
+    from test_cuda import _tiny_step
+
+    loss_cpu, stats_cpu, grads_cpu = _tiny_step(variant, pairing, "cpu")
+    sim = SimulatedDevice()
+    with sim:
+        loss, stats, grads = _tiny_step(variant, pairing, sim.device)
+    assert abs(float(loss - loss_cpu)) <= 1e-5 * abs(float(loss_cpu))
+    torch.testing.assert_close(stats, stats_cpu, rtol=1e-5, atol=1e-7)
+    assert grads.keys() == grads_cpu.keys() and len(grads) > 10
+    total = torch.cat([g.flatten() for g in grads_cpu.values()]).norm()
+    for name, want in grads_cpu.items():
+        # relative to the tensor's gradient; a structurally zero one (a softmax-invariant bias) is rounding
+        # noise on both sides, compared against the whole gradient's size instead
+        scale = max(float(want.norm()), 1e-3 * float(total))
+        assert float((grads[name] - want).norm()) <= 1e-5 * scale, name
+    # the only waits: the blocking uploads of the model and the batch, and the results read back at the end
+    waits = set(sim.counts.sync_sites)
+    assert all("test_cuda.py" in site or "nn/modules/module.py" in site for site in waits), waits
+
+
+@pytest.mark.parametrize(("variant", "pairing"), [("code", "image"), ("paper", "caption")])
+def test_two_stage_search_on_the_device_equals_the_cpu(variant, pairing):
+    from patchword.eval.two_stage import two_stage_scores
+
+    m = _matcher("seps", variant, pairing)
+    img, caps, lens, d, dl, txt2img = _inputs()
+    t2i = txt2img if pairing == "caption" else None
+    cpu = two_stage_scores(m, img, caps, lens, d, dl, txt2img=t2i, k=(3, 2))
+    sim = _simulated(m)
+    with sim:
+        got = two_stage_scores(
+            m, *_on(sim, [img, caps, lens, d, dl], True), txt2img=t2i, k=(3, 2), device=sim.device
+        )
+    for want, have in zip(cpu.sims, got.sims, strict=True):
+        assert have.device.type == "cpu"
+        assert torch.equal(torch.isinf(want), torch.isinf(have))  # the same shortlists
+        finite = torch.isfinite(want)
+        assert (want[finite] - have[finite]).abs().max().item() <= 1e-5
+
+
+def test_searcher_on_the_device_finds_what_it_finds_on_the_cpu(env):
+    """The search Searcher with its run loaded on the simulated device: query encoding, first stage and
+    re-ranking give the CPU's hits and scores."""
+    from patchword.runs import load_run
+    from patchword.search.query import Searcher
+    from patchword.search.store import SearchIndex
+
+    queries = ["a red circle", "a small blue square left of a green triangle"]
+    cpu = Searcher(SearchIndex.open(env.index_dir), env.run)
+    want = [cpu.search(q, k=5) for q in queries]
+    sim = SimulatedDevice()
+    with sim:
+        searcher = Searcher(SearchIndex.open(env.index_dir), load_run(env.run_dir, device=sim.device))
+        got = [searcher.search(q, k=5) for q in queries]
+    for a, b in zip(want, got, strict=True):
+        assert [h.id for h in a.hits] == [h.id for h in b.hits]
+        assert max(abs(h.score - g.score) for h, g in zip(a.hits, b.hits, strict=True)) <= 1e-5
+
+
+def test_evaluating_a_run_on_the_device_gives_the_cpu_metrics(env, tmp_path):
+    """``patchword eval``'s evaluation (eval.runs._evaluate: encoding, the full matrix, the metrics) with
+    the run on the simulated device."""
+    from patchword.distributed import Distributed
+    from patchword.eval.runs import _evaluate
+
+    with SimulatedDevice() as sim:
+        got, _ = _evaluate(
+            env.run_dir, None, [], None, tmp_path / "sim.json", True, Distributed(device=sim.device)
+        )
+    want, _ = _evaluate(
+        env.run_dir, None, [], None, tmp_path / "cpu.json", True, Distributed(device=torch.device("cpu"))
+    )
+    keys = [k for k, v in want.items() if isinstance(v, float) and ("r1" in k or "rsum" in k)]
+    assert keys
+    for key in keys:
+        assert got[key] == pytest.approx(want[key], abs=1e-6), key
