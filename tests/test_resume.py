@@ -270,3 +270,30 @@ def test_a_run_on_hugging_face_backbones_resumes_bit_for_bit(tiny_hf, laps_datas
     a, b = load_checkpoint(full / "last.pt"), load_checkpoint(cut / "last.pt")
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
+
+
+def test_train_seconds_count_every_session_of_a_resumed_run(tmp_path):
+    """summary.json's train_seconds is the training time of all the run's sessions, as last.pt records it:
+    f715cbc recorded only the last session's (a finished run resumed went from 14.79 s to 3.7e-05 s, an
+    extension counted only itself)."""
+    cfg = apply_overrides(
+        RunConfig(),
+        [*TINY, "model.matcher=vse", "train.max_steps=3", f"output_dir={tmp_path}", "name=timed"],
+    )
+    cfg.data.cache_dir = str(tmp_path / "cache")
+    train_run(cfg)
+    run = tmp_path / "timed"
+
+    def recorded() -> tuple[float, float]:
+        summary = json.loads((run / "summary.json").read_text())["train_seconds"]
+        return summary, load_checkpoint(run / "last.pt")["train_seconds"]
+
+    first, saved = recorded()
+    assert first > 0 and first == saved
+    resume_run(run)  # already finished: nothing to train, the time is kept
+    again, saved = recorded()
+    assert again >= first and saved == first
+    resume_run(run, ["train.max_steps=5"])  # an extension adds its own time to the earlier sessions'
+    longer, saved = recorded()
+    assert longer >= again and longer == saved
+    assert load_checkpoint(run / "last.pt")["step"] == 5

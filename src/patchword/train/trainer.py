@@ -159,11 +159,22 @@ class Trainer:
         self.batch_in_epoch = 0
         self.step = 0
         self.best_rsum = -math.inf
+        # Training time of the sessions before this one (from the checkpoint a resume loads) and the start
+        # of this session's fit: train_seconds in checkpoints and summaries counts every session.
+        self._seconds_before = 0.0
+        self._fit_start: float | None = None
+        self._saved_seconds: float | None = None  # train_seconds in the last.pt written last
         self._skipped = torch.zeros((), device=self.device)
         self._grad_norm: torch.Tensor | None = None  # of the last step (read on logging steps only)
         self._logged_at = (0, time.perf_counter())  # (step, time) of the last training log line
         self.history: list[dict[str, Any]] = []
         self.trackers: list = []
+
+    @property
+    def train_seconds(self) -> float:
+        """Seconds spent in ``fit`` over every session of the run (resumes add theirs)."""
+        running = 0.0 if self._fit_start is None else time.perf_counter() - self._fit_start
+        return self._seconds_before + running
 
     @property
     def skipped_steps(self) -> int:
@@ -187,6 +198,7 @@ class Trainer:
             "step": self.step,
             "best_rsum": self.best_rsum,
             "skipped_steps": self.skipped_steps,
+            "train_seconds": self.train_seconds,
             "rng": rng_state(),
             "rng_ranks": self.dist.all_gather_object(rng_state()),
             "world_size": self.dist.world_size,
@@ -200,6 +212,8 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.epoch, self.batch_in_epoch, self.step = state["epoch"], state["batch_in_epoch"], state["step"]
         self.best_rsum, self.skipped_steps = state["best_rsum"], state["skipped_steps"]
+        # checkpoints written before train_seconds was kept hold none: their sessions count 0
+        self._seconds_before = float(state.get("train_seconds", 0.0))
         ranks = state.get("rng_ranks") or [state["rng"]]
         if len(ranks) == self.dist.world_size:
             set_rng_state(ranks[self.dist.rank])
@@ -221,6 +235,7 @@ class Trainer:
 
     def save_last(self) -> None:
         state = self.state_dict()
+        self._saved_seconds = state["train_seconds"]
         if self.dist.is_main:
             atomic_save(state, self.run_dir / "last.pt")
 
@@ -250,7 +265,7 @@ class Trainer:
 
     def _fit(self, flag: dict[str, int]) -> dict[str, Any]:
         tc = self.tc
-        start = time.perf_counter()
+        start = self._fit_start = time.perf_counter()
         stop = bool(tc.max_steps and self.step >= tc.max_steps)  # a resumed run that already got there
         while self.epoch < tc.epochs and not stop:
             batches = self._epoch_batches(self.epoch)
@@ -285,7 +300,8 @@ class Trainer:
             "steps": self.step,
             "epochs_done": self.epoch,
             "skipped_steps": self.skipped_steps,
-            "train_seconds": time.perf_counter() - start,
+            # what last.pt records (the fit ends with a save): a resume continues from exactly this
+            "train_seconds": self.train_seconds if self._saved_seconds is None else self._saved_seconds,
         }
 
     def _epoch_batches(self, epoch: int) -> list[torch.Tensor]:
