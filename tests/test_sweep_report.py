@@ -172,3 +172,26 @@ def test_a_sweep_rerun_with_other_settings_under_the_same_name_is_refused(sweep,
     assert code == 2 and "train.lr 0.001 -> 0.002" in err and "another --name" in err
     assert len(err.strip().splitlines()) == 1
     assert {p: p.read_bytes() for p in sorted(sw.rglob("*")) if p.is_file()} == before
+
+
+def test_a_sweep_killed_before_all_its_seeds_finished_is_reported_as_incomplete(sweep, tmp_path):
+    """The sweep.json a sweep killed in its second seed leaves (its first seed's run only; f715cbc's
+    report showed "seeds 1" with that seed's numbers as if the sweep were done): "1 of 2" and INCOMPLETE."""
+    import shutil
+
+    from patchword.report import _tables
+
+    killed = tmp_path / "killed"
+    shutil.copytree(sweep["root"] / "sw", killed)
+    record = json.loads((killed / "sweep.json").read_text())
+    del record["runs"]["runs"]["1"]  # as written before seed 1 finished
+    (killed / "sweep.json").write_text(json.dumps(record))
+    caption, header, rows = _tables(collect([killed, sweep["root"] / "sw"]))[0]
+    seeds = header.index("seeds")
+    assert rows[0][0] == "killed (INCOMPLETE)" and rows[0][seeds] == "1 of 2"
+    assert rows[1][0] == "sw" and rows[1][seeds] == "2"
+    assert "INCOMPLETE" in caption and "resumes" in caption
+    # the whole report says so too
+    out = tmp_path / "report.md"
+    assert main(["report", str(killed), "--out", str(out)]) == 0
+    assert "| killed (INCOMPLETE) | 1 of 2 |" in out.read_text()

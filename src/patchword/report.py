@@ -29,8 +29,10 @@ KINDS = ("attribute_swap", "relation_swap", "object_replace", "count_change")
 class Entry:
     """One row: a run, or a variant of a sweep (its seeds' runs)."""
 
-    def __init__(self, label: str, runs: list[Path]) -> None:
+    def __init__(self, label: str, runs: list[Path], planned: int | None = None) -> None:
         self.label, self.runs = label, runs
+        # the seeds a sweep set out to run; fewer finished runs: an interrupted sweep (never shown as whole)
+        self.planned = max(planned or 0, len(runs))
         self.summaries = [_json(r / "summary.json") or _json(r / "metrics.json") for r in runs]
         self.compositional = [_json(r / "eval_compositional.json") for r in runs]
 
@@ -60,10 +62,12 @@ def collect(paths: list[Path]) -> list[Entry]:
     for path in paths:
         sweep = _json(path / "sweep.json")
         if sweep:
+            seeds = sweep.get("seeds")
+            planned = len(seeds) if isinstance(seeds, list) else None
             for variant, runs in sweep["runs"].items():
                 parent = path / variant if variant != "runs" else path
                 label = f"{path.name}/{variant}" if variant != "runs" else path.name
-                entries.append(Entry(label, [parent / f"seed-{s}" for s in runs]))
+                entries.append(Entry(label, [parent / f"seed-{s}" for s in runs], planned))
         elif (path / "config.yaml").is_file():
             entries.append(Entry(path.name, [path]))
         else:
@@ -147,10 +151,11 @@ def _tables(entries: list[Entry]) -> list[Table]:
         protocol = "LEAKY" if e.first("leaky") else "leak-free"
         cells = [_cell(e.value(k), n[e.label]) for k in KEYS]
         seconds = e.value("train_seconds")
+        done = n[e.label]
         rows.append(
             [
-                e.label,
-                str(n[e.label]),
+                e.label + (" (INCOMPLETE)" if done < e.planned else ""),
+                str(done) if done == e.planned else f"{done} of {e.planned}",
                 *cells,
                 split,
                 protocol,
@@ -159,6 +164,11 @@ def _tables(entries: list[Entry]) -> list[Table]:
             ]
         )
     caption = "Test metrics (mean ± sample std over seeds where a row has several)"
+    if any(len(e.runs) < e.planned for e in entries):
+        caption += (
+            "; INCOMPLETE: a sweep that stopped before all its seeds finished, its figures over the finished"
+            " seeds only (the same `patchword sweep` command resumes it)"
+        )
     if any(e.first("leaky") for e in entries):
         caption += (
             "; LEAKY: queries carry dense text generated from their own target image (official SEPS code)"
