@@ -27,3 +27,17 @@ def test_readme_library_example_runs():
         scope["list_models"]()
     )
     assert set(scope["metrics"]) >= {"i2t_r1", "t2i_r10", "rsum"}
+
+
+def test_readme_names_every_registered_matcher():
+    """The README's list of registered matchers is the registry's (f715cbc's omitted ``filip``)."""
+    from patchword.matching import list_matchers
+
+    sentence = re.search(
+        r"Registered matchers \(`patchword.matching.list_matchers\(\)`\):(.*?)\. Every",
+        README.read_text(),
+        flags=re.S,
+    )
+    assert sentence is not None
+    listed = set(re.findall(r"`([a-z]+)`", sentence.group(1)))
+    assert listed == set(list_matchers())
