@@ -91,3 +91,51 @@ def test_a_hugging_face_run_exports_its_bert_vocabulary(tiny_hf, laps_dataset, t
     assert _same(exported.model, before.model)
     ids, lens = exported.tokenize(["w1 w2 w3"])
     assert torch.equal(ids, before.tokenize(["w1 w2 w3"])[0])
+
+
+def test_an_export_card_reports_the_evaluation_of_the_exported_checkpoint(trained, tmp_path, capsys):
+    """f715cbc labelled summary.json's row (an evaluation of best.pt) "checkpoint last.pt" when last.pt was
+    exported. Now: no evaluation of last.pt -> none shown, with the command that measures it; after
+    ``patchword eval --checkpoint last.pt`` -> that evaluation; best.pt -> summary.json's."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    summary = json.loads((run / "summary.json").read_text())
+    assert main(["export", str(run), str(tmp_path / "last1"), "--checkpoint", "last.pt"]) == 0
+    record = json.loads((tmp_path / "last1" / "metrics.json").read_text())
+    assert record["checkpoint"] == "last.pt" and record["metrics"] == {} and record["metrics_source"] is None
+    card = (tmp_path / "last1" / "README.md").read_text()
+    assert "No evaluation of checkpoint `last.pt`" in card and f"{summary['rsum']:.1f}" not in card
+    assert f"steps: {summary['steps']}" in card  # training facts still come from the run
+    # evaluate last.pt, then export it again: the card is that evaluation
+    assert main(["eval", str(run), "--checkpoint", "last.pt", "--out", str(run / "eval_test.json")]) == 0
+    measured = json.loads((run / "eval_test.json").read_text())
+    assert main(["export", str(run), str(tmp_path / "last2"), "--checkpoint", "last.pt"]) == 0
+    record = json.loads((tmp_path / "last2" / "metrics.json").read_text())
+    assert record["metrics_source"] == "eval_test.json" and record["metrics"]["rsum"] == measured["rsum"]
+    assert f"{measured['rsum']:.1f}" in (tmp_path / "last2" / "README.md").read_text()
+    # the default (best.pt) is what training evaluated
+    assert main(["export", str(run), str(tmp_path / "best")]) == 0
+    record = json.loads((tmp_path / "best" / "metrics.json").read_text())
+    assert record["metrics_source"] == "summary.json" and record["metrics"]["rsum"] == summary["rsum"]
+
+
+def test_report_and_export_find_the_evaluation_of_a_run_without_a_summary(trained, tmp_path):
+    """A run without summary.json (an imported checkpoint) evaluated by ``patchword eval``: f715cbc's export
+    wrote "No evaluation recorded" and its report an empty row."""
+    import shutil
+
+    from patchword.report import collect
+
+    run = tmp_path / "imported"
+    shutil.copytree(trained, run)
+    for name in ("summary.json", "metrics.json"):
+        (run / name).unlink(missing_ok=True)
+    assert main(["eval", str(run)]) == 0
+    measured = json.loads((run / "eval_test.json").read_text())
+    (entry,) = collect([run])
+    assert entry.value("rsum") == (pytest.approx(measured["rsum"]), 0.0)
+    assert main(["export", str(run), str(tmp_path / "out")]) == 0
+    record = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert record["metrics_source"] == "eval_test.json" and record["metrics"]["rsum"] == measured["rsum"]

@@ -37,6 +37,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
         MissingFileError: ``run_dir`` is not a run directory, or lacks the checkpoint.
     """
     from patchword import __version__
+    from patchword.eval.recorded import evaluation_of
     from patchword.runs import config_hash, load_run
 
     run_dir, out = Path(run_dir), Path(out)
@@ -45,7 +46,9 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
     probe_writable(out.parent)
     run = load_run(run_dir, checkpoint)
     tensors = {k: v.detach().cpu().contiguous() for k, v in run.model.state_dict().items()}
-    metrics = _read_json(run_dir / "summary.json") or _read_json(run_dir / "metrics.json")
+    # the evaluation of the exported checkpoint (summary.json describes best.pt, eval_*.json name theirs)
+    metrics, source = evaluation_of(run_dir, run.checkpoint, run.config.eval.split)
+    training = _read_json(run_dir / "summary.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.export-"))
     try:
@@ -62,6 +65,8 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
             "checkpoint": run.checkpoint.name,
             "config_hash": config_hash(run_dir),
             "metrics": metrics,
+            "metrics_source": source,
+            "steps": training.get("steps"),
         }
         atomic_write_text(tmp / "metrics.json", json.dumps(record, indent=2))
         atomic_write_text(tmp / "README.md", model_card(run, record))
@@ -147,7 +152,7 @@ def model_card(run, record: dict[str, Any]) -> str:
         )
         lines += [
             f"* data: {data}",
-            f"* steps: {metrics.get('steps', 'n/a')}, batch {tc.batch_size}, lr {tc.lr}, loss {tc.loss}, "
+            f"* steps: {record.get('steps') or 'n/a'}, batch {tc.batch_size}, lr {tc.lr}, loss {tc.loss}, "
             f"precision {cfg.precision}, seed {cfg.seed}",
         ]
     lines += ["", "## Evaluation", ""]
@@ -160,10 +165,14 @@ def model_card(run, record: dict[str, Any]) -> str:
             f"| {metrics.get('split', 'test')} | {metrics.get('images', '')} | "
             f"{metrics.get('captions', '')} | " + " | ".join(f"{metrics[k]:.1f}" for k in keys) + " |",
             "",
-            f"Protocol: {protocol}; checkpoint `{record['checkpoint']}` of the run.",
+            f"Protocol: {protocol}; checkpoint `{record['checkpoint']}` of the run, evaluated in "
+            f"`{record.get('metrics_source')}`.",
         ]
     else:
-        lines.append("No evaluation recorded with this run (an imported checkpoint: run `patchword eval`).")
+        lines.append(
+            f"No evaluation of checkpoint `{record['checkpoint']}` with this config is recorded with the "
+            f"run: `patchword eval RUN --checkpoint {record['checkpoint']}` measures it (then export again)."
+        )
     lines += [
         "",
         f"config hash `{record['config_hash']}`, patchword {record['patchword_version']}.",

@@ -33,7 +33,7 @@ class Entry:
         self.label, self.runs = label, runs
         # the seeds a sweep set out to run; fewer finished runs: an interrupted sweep (never shown as whole)
         self.planned = max(planned or 0, len(runs))
-        self.summaries = [_json(r / "summary.json") or _json(r / "metrics.json") for r in runs]
+        self.summaries = [_metrics(r) for r in runs]
         self.compositional = [_json(r / "eval_compositional.json") for r in runs]
 
     def value(self, key: str, source: str = "summaries") -> tuple[float, float] | None:
@@ -50,6 +50,23 @@ class Entry:
 
     def first(self, key: str) -> Any:
         return next((s[key] for s in self.summaries if key in s), None)
+
+
+def _metrics(run: Path) -> dict[str, Any]:
+    """A run's row: its training summary, else the recorded evaluation of its default checkpoint (an
+    imported run evaluated with ``patchword eval``), else its metrics.json."""
+    from patchword.errors import MissingFileError
+    from patchword.eval.recorded import evaluation_of
+    from patchword.runs import resolve_checkpoint
+
+    summary = _json(run / "summary.json")
+    if summary:
+        return summary
+    try:
+        evaluation, _ = evaluation_of(run, resolve_checkpoint(run))
+    except MissingFileError:
+        evaluation = {}
+    return evaluation or _json(run / "metrics.json")
 
 
 def _json(path: Path) -> dict[str, Any]:

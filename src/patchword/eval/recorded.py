@@ -1,0 +1,67 @@
+"""Which recorded evaluation of a run describes a given checkpoint of it.
+
+A run directory can hold several evaluations: ``summary.json`` (written by training, from ``best.pt`` when
+there is one, else from the final weights, which ``last.pt`` holds) and the ``eval_<split>.json`` files
+``patchword eval`` writes (each naming its checkpoint and the hash of the config it used). A number shown
+next to a checkpoint (an export's model card, a report row) must come from an evaluation of that checkpoint
+with the run's current config: :func:`evaluation_of` finds it, or says there is none.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["evaluation_of"]
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    """A JSON object, or None when the file is missing, damaged or not an object."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def evaluation_of(
+    run_dir: str | Path, checkpoint: str | Path, split: str | None = None
+) -> tuple[dict, str | None]:
+    """The recorded evaluation of ``checkpoint`` (a file of ``run_dir``) and the file it came from.
+
+    Candidates, newest first: ``eval_*.json`` of that checkpoint (by file name), made with the run's current
+    ``config.yaml`` (config hash), without overrides, not an ensemble, and not older than the checkpoint
+    file; those of ``split`` (e.g. the run's ``eval.split``) before others. Then ``summary.json`` when the
+    checkpoint is the one training evaluated (``best.pt``, or ``last.pt`` in a run without one) and the
+    summary is not older than it. ``({}, None)`` when none describes it.
+    """
+    from patchword.runs import config_hash
+
+    run_dir, checkpoint = Path(run_dir), Path(checkpoint)
+    if not checkpoint.is_absolute() and not checkpoint.is_file():
+        checkpoint = run_dir / checkpoint
+    written = checkpoint.stat().st_mtime if checkpoint.is_file() else 0.0
+    current = config_hash(run_dir) if (run_dir / "config.yaml").is_file() else None
+    found = []
+    for path in run_dir.glob("eval_*.json"):
+        record = _read(path)
+        if (
+            record is None
+            or "ensemble" in record
+            or record.get("overrides")
+            or Path(str(record.get("checkpoint", ""))).name != checkpoint.name
+            or record.get("config_hash") != current
+            or path.stat().st_mtime < written
+        ):
+            continue
+        found.append(((split is None or record.get("split") == split), path.stat().st_mtime, path, record))
+    if found:
+        _, _, path, record = max(found, key=lambda item: item[:2])
+        return record, path.name
+    summary_path = run_dir / "summary.json"
+    summary = _read(summary_path)
+    trained = "best.pt" if (run_dir / "best.pt").is_file() else "last.pt"
+    if summary and checkpoint.name == trained and summary_path.stat().st_mtime >= written:
+        return summary, summary_path.name
+    return {}, None
