@@ -303,3 +303,31 @@ def test_cli_import(tmp_path, hf_dirs, capsys):
     assert "txt_enc.bert.pooler.dense.weight" in record["ignored"]
     assert any(k.endswith("relative_position_index") for k in record["ignored"])
     assert main(argv) == 2  # the run exists: never overwritten
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("model.seps.similarity=cosine", "model.seps.similarity"),
+        ("model.seps.aggr_ratio=0.45", "model.seps.aggr_ratio"),
+    ],
+)
+def test_model_overrides_that_contradict_the_checkpoint_are_refused(tmp_path, hf_dirs, override, key):
+    """f715cbc imported with these overrides silently (eval 253.3 instead of the official model's 243.3,
+    nothing recorded): the model is what the checkpoint says, so the key is named and nothing written."""
+    ckpt = official_checkpoint("vit", embed=24)
+    err, _ = _import_fails(tmp_path, ckpt, hf_dirs, ConfigError, overrides=[override])
+    assert err.key == key and "contradicts the seps checkpoint" in str(err)
+
+
+def test_data_overrides_are_accepted_and_flags_a_family_ignores_are_refused(tmp_path, hf_dirs):
+    ckpt = official_checkpoint("vit", embed=24)
+    err, _ = _import_fails(tmp_path, ckpt, hf_dirs, ConfigError, vocab=str(tmp_path / "vocab.json"))
+    assert err.key == "--vocab" and "does not use it" in str(err)  # f715cbc ignored it
+    path = tmp_path / "ok.pth"
+    torch.save(ckpt, path)
+    options = ImportOptions(
+        hf_vision=str(hf_dirs["vit"]), hf_text=str(hf_dirs["bert"]), overrides=["data.root=elsewhere"]
+    )
+    import_checkpoint(path, tmp_path / "run", family_name="seps", options=options)
+    assert load_run(tmp_path / "run").config.data.root == "elsewhere"

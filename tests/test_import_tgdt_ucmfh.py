@@ -377,7 +377,8 @@ def test_ucmfh_bad_inputs(tmp_path):
     torch.save(ckpt, path)
     with pytest.raises(ConfigError, match="--hf-text"):
         import_checkpoint(path, out, options=ImportOptions(hf_text="bert-base-uncased"))
-    with pytest.raises(DataError, match=r"fuse_encoder\.layers\.0\.linear1\.weight has shape"):
+    # an override of what the checkpoint fixes is refused naming the key (issue 35: never silently)
+    with pytest.raises(ConfigError, match=r"model\.dim_feedforward: 32 contradicts the ucmfh checkpoint"):
         import_checkpoint(path, out, options=ImportOptions(overrides=["model.dim_feedforward=32"]))
     assert nothing_written(tmp_path, out)
 

@@ -13,9 +13,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from patchword.errors import DataError
+from patchword.errors import ConfigError, DataError
 from patchword.imports.base import (
     IMPORT_FILE,
+    IMPORT_FLAGS,
     ImportOptions,
     ImportPlan,
     family,
@@ -49,8 +50,6 @@ def import_checkpoint(
         ConfigError: an ``opt`` value patchword cannot map (naming it), a missing ``--hf-*`` / ``--vocab``.
         RunExistsError: ``out`` exists.
     """
-    from patchword.config import apply_overrides
-
     path, out, options = Path(path), Path(out), options or ImportOptions()
     ckpt = safe_load(path)
     matches = [f for f in list_families() if f.detect(ckpt)]
@@ -67,14 +66,39 @@ def import_checkpoint(
         raise DataError(f"{path} could be a {names} checkpoint: say which with --family")
     else:
         chosen = matches[0]
+    for flag, spelled in IMPORT_FLAGS.items():
+        if getattr(options, flag) is not None and flag not in chosen.reads:
+            raise ConfigError(spelled, f"a {chosen.name} checkpoint does not use it; leave it out")
     plan = chosen.convert(ckpt, options, path)
     if options.overrides:
-        plan.config = apply_overrides(plan.config, list(options.overrides))
+        plan.config = _checked_overrides(plan.config, list(options.overrides), chosen.name)
     _logger.info("%s: %s checkpoint; its opt: %s", path, chosen.name, plan.opt)
     for key, reason in plan.ignored.items():
         _logger.info("not loaded: %s (%s)", key, reason)
     writer = chosen.writer or write_imported_run
     return writer(plan, path, out)
+
+
+#: model keys an import may override: how the model is loaded, not what it computes
+_LOADING_KEYS = {"model.hf_local_files_only"}
+
+
+def _checked_overrides(config, overrides: list[str], family_name: str):
+    """``config`` with ``overrides`` applied; an override that changes a ``model.*`` value the checkpoint
+    set (architecture, scoring) is refused naming the key: an imported model is what its checkpoint says."""
+    from patchword.config import apply_overrides, flat_config
+
+    before = flat_config(config)
+    after_config = apply_overrides(config, overrides)
+    after = flat_config(after_config)
+    for key, value in after.items():
+        if key.startswith("model.") and key not in _LOADING_KEYS and value != before.get(key):
+            raise ConfigError(
+                key,
+                f"{value!r} contradicts the {family_name} checkpoint, which implies {before.get(key)!r}: an "
+                "imported model computes what its checkpoint says; override data.* and eval.* keys only",
+            )
+    return after_config
 
 
 # The built-in importers register themselves.

@@ -113,7 +113,18 @@ class Family:
     detect: Callable[[dict[str, Any]], bool]
     convert: Callable[[dict[str, Any], ImportOptions, Path], ImportPlan]
     writer: Callable[[ImportPlan, Path, Path], dict[str, Any]] | None = None
+    #: the ImportOptions flags (``hf_vision``, ``hf_text``, ``vocab``, ``dense_pairing``) the family reads;
+    #: another one given is refused, never silently ignored
+    reads: tuple[str, ...] = ("hf_vision", "hf_text", "vocab", "dense_pairing")
 
+
+#: The import flags a family may declare it reads (``Family.reads``), as the command line spells them.
+IMPORT_FLAGS = {
+    "hf_vision": "--hf-vision",
+    "hf_text": "--hf-text",
+    "vocab": "--vocab",
+    "dense_pairing": "--dense-pairing",
+}
 
 _FAMILIES: dict[str, Family] = {}
 
@@ -124,11 +135,16 @@ def register_family(
     detect: Callable[[dict[str, Any]], bool],
     convert: Callable[[dict[str, Any], ImportOptions, Path], ImportPlan],
     writer: Callable[[ImportPlan, Path, Path], dict[str, Any]] | None = None,
+    reads: tuple[str, ...] = tuple(IMPORT_FLAGS),
 ) -> None:
-    """Register an importer (each family module calls it once, at import)."""
+    """Register an importer (each family module calls it once, at import); ``reads``: the import flags
+    it uses (``IMPORT_FLAGS``)."""
     if name in _FAMILIES:
         raise ValueError(f"importer {name!r} is already registered")
-    _FAMILIES[name] = Family(name, description, detect, convert, writer)
+    unknown = set(reads) - set(IMPORT_FLAGS)
+    if unknown:
+        raise ValueError(f"importer {name!r} declares unknown import flags {sorted(unknown)}")
+    _FAMILIES[name] = Family(name, description, detect, convert, writer, tuple(reads))
 
 
 def list_families() -> list[Family]:

@@ -476,10 +476,12 @@ register_family(
     "kuanghuei/SCAN model_best.pth.tar, t2i or i2t; needs --vocab",
     _detect_scan,
     partial(_convert, "scan"),
+    reads=("vocab",),
 )
 register_family(
     "naaf",
     "CrossmodalGroup/NAAF model_best.pth.tar with its learned thresholds; needs --vocab",
     _detect_naaf,
     partial(_convert, "naaf"),
+    reads=("vocab",),
 )

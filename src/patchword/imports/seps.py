@@ -473,10 +473,12 @@ register_family(
     "official SEPS model_best.pth (ViT / Swin + BERT, dense-caption branch)",
     detect,
     functools.partial(convert, family="seps"),
+    reads=("hf_vision", "hf_text", "dense_pairing"),
 )
 register_family(
     "laps",
     "official LAPS model_best.pth (ViT / Swin + BERT)",
     detect,
     functools.partial(convert, family="laps"),
+    reads=("hf_vision", "hf_text", "dense_pairing"),  # --dense-pairing: refused with its reason
 )

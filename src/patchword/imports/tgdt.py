@@ -507,4 +507,5 @@ register_family(
     "TGDT (LCFractal/TGDT model_best_rsum.pth.tar: regions + BERT, token-guided transformers; --hf-text)",
     detect,
     convert,
+    reads=("hf_text",),
 )

@@ -125,16 +125,9 @@ def convert(ckpt: dict[str, Any], options: ImportOptions, path: Path) -> ImportP
     Raises:
         DataError: a real-valued checkpoint (no hash heads), an entry that is not UCMFH's, heads whose
             shapes disagree with each other or with the fusion encoder (naming the tensor).
-        ConfigError: an option that does not apply (``--hf-text`` ...).
     """
     from patchword.hashing.config import HashDataConfig, HashEvalConfig, HashModelConfig, HashRunConfig
 
-    for option in ("hf_vision", "hf_text", "vocab", "dense_pairing"):
-        if getattr(options, option):
-            raise ConfigError(
-                f"--{option.replace('_', '-')}",
-                "does not apply to a UCMFH checkpoint (it reads CLIP features)",
-            )
     missing = [part for part in ("ImageMlp", "TextMlp") if not isinstance(ckpt.get(part), dict)]
     if missing:
         raise DataError(
@@ -251,4 +244,5 @@ register_family(
     detect,
     convert,
     writer=write_hashing_run,
+    reads=(),  # it reads CLIP features: no backbone, vocabulary or dense text to name
 )
