@@ -139,3 +139,12 @@ def test_report_and_export_find_the_evaluation_of_a_run_without_a_summary(traine
     assert main(["export", str(run), str(tmp_path / "out")]) == 0
     record = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert record["metrics_source"] == "eval_test.json" and record["metrics"]["rsum"] == measured["rsum"]
+
+
+def test_an_export_gets_the_permissions_of_a_run_directory(trained, tmp_path):
+    """f715cbc's export (and import) directories were private (0700, from mkdtemp) while runs are 0755."""
+    import stat
+
+    assert main(["export", str(trained), str(tmp_path / "shared")]) == 0
+    mode = stat.S_IMODE((tmp_path / "shared").stat().st_mode)
+    assert mode == stat.S_IMODE(trained.stat().st_mode)  # what mkdir gives a run (0755 under umask 022)

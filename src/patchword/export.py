@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from safetensors.torch import save
 
 from patchword.errors import RunExistsError
-from patchword.fileio import atomic_write_bytes, atomic_write_text, probe_writable
+from patchword.fileio import atomic_write_bytes, atomic_write_text, probe_writable, staging_dir
 
 __all__ = ["export_run", "model_card"]
 
@@ -50,7 +49,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
     metrics, source = evaluation_of(run_dir, run.checkpoint, run.config.eval.split)
     training = _read_json(run_dir / "summary.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.export-"))
+    tmp = Path(staging_dir(out, "export"))
     try:
         for name in _COPIED:
             if (run_dir / name).is_file():

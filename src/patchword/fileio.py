@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import IO
 
 __all__ = [
+    "staging_dir",
     "atomic_write",
     "atomic_write_bytes",
     "atomic_write_text",
@@ -34,6 +35,17 @@ def _read_umask() -> int:
 
 
 _UMASK = _read_umask()
+
+
+def staging_dir(final: str | os.PathLike[str], label: str) -> str:
+    """A new empty directory beside ``final`` (``.{name}.{label}-XXXX``) to fill and then rename to it.
+
+    ``mkdtemp`` makes it private (0700); the directory a user keeps gets the permissions ``mkdir`` gives
+    (0777 less the umask), like a run directory."""
+    final = os.fspath(final)
+    tmp = tempfile.mkdtemp(dir=os.path.dirname(final) or ".", prefix=f".{os.path.basename(final)}.{label}-")
+    os.chmod(tmp, 0o777 & ~_UMASK)
+    return tmp
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> None:

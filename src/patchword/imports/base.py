@@ -28,7 +28,6 @@ import os
 import pickle
 import re
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +38,7 @@ import torch
 from patchword.checkpoint import atomic_save
 from patchword.config import config_to_dict, save_config
 from patchword.errors import ConfigError, DataError, MissingFileError, RunExistsError
-from patchword.fileio import atomic_write_text, probe_writable
+from patchword.fileio import atomic_write_text, probe_writable, staging_dir
 from patchword.run_config import RunConfig
 
 __all__ = [
@@ -273,7 +272,7 @@ def new_directory(out: Path):
         raise RunExistsError(f"{out} exists; choose another --out (an imported run is never overwritten)")
     probe_writable(out.parent)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.import-"))
+    tmp = Path(staging_dir(out, "import"))
     try:
         yield tmp
         os.replace(tmp, out)
