@@ -156,6 +156,16 @@ def _tiny_step(variant: str, pairing: str, device: str):
     return loss.detach().cpu(), stats.detach().cpu(), grads
 
 
+def assert_gradients_close(got: dict, want: dict, rel: float) -> None:
+    """Every parameter's gradient within ``rel`` of its own norm; a structurally zero one (a
+    softmax-invariant bias) is rounding noise on both sides, compared against the whole gradient's size."""
+    assert got.keys() == want.keys() and len(want) > 10
+    total = torch.cat([g.flatten() for g in want.values()]).norm()
+    for name, expected in want.items():
+        scale = max(float(expected.norm()), 1e-3 * float(total))
+        assert float((got[name] - expected).norm()) <= rel * scale, name
+
+
 @on_each_device
 @pytest.mark.parametrize(("variant", "pairing"), [("code", "image"), ("paper", "caption")])
 def test_one_training_step_on_cuda_has_the_loss_and_gradients_of_the_cpu(device, variant, pairing):
@@ -164,10 +174,4 @@ def test_one_training_step_on_cuda_has_the_loss_and_gradients_of_the_cpu(device,
     assert loss_cpu > 0 and torch.isfinite(loss_cpu)
     assert abs(float(loss_dev - loss_cpu)) <= 1e-4 * abs(float(loss_cpu))
     torch.testing.assert_close(stats_dev, stats_cpu, rtol=1e-4, atol=1e-6)
-    assert grads_dev.keys() == grads_cpu.keys() and len(grads_cpu) > 10
-    total = torch.cat([g.flatten() for g in grads_cpu.values()]).norm()
-    for name, want in grads_cpu.items():
-        # relative to the tensor's gradient; a structurally zero one (a softmax-invariant bias) is noise on
-        # both sides, compared against the whole gradient's size instead
-        scale = max(float(want.norm()), 1e-3 * float(total))
-        assert float((grads_dev[name] - want).norm()) <= 1e-4 * scale, name
+    assert_gradients_close(grads_dev, grads_cpu, 1e-4)
