@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from patchword.eval.engine.core import BlockPlan, ScoringEngine, ScoringInputs
+from patchword.eval.engine.staging import row_buffer, stage
 from patchword.progress import progress_bar
 
 __all__ = ["ForwardEngine", "forward_pair_bytes"]
@@ -61,7 +62,6 @@ class ForwardEngine(ScoringEngine):
 
     @torch.no_grad()
     def score(self, inputs, out, *, budget, device, progress) -> None:
-        from patchword.eval.engine.staging import row_buffer, stage
         from patchword.eval.engine.workers import engine_plan, in_workers
 
         job = stage(inputs, device, None)

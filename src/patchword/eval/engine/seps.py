@@ -231,9 +231,7 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
                     for j, (start, stop) in enumerate(cap_blocks):
                         cols = order[start:stop]
                         txt = None if cached is None else cached[j]
-                        block = self._caption_block(
-                            img, job, cols, mode, widths[start], txt, host_cols=cap_order[start:stop]
-                        )
+                        block = self._caption_block(img, job, cols, mode, widths[start], txt)
                         if dense_scores is not None:
                             block = block + dense_scores[:, dense_pos[cols]]
                         rows[:, cols] = block.float()
@@ -243,7 +241,7 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
 
                 in_workers(workers, range(0, n_img, plan.image_block), image_block)
         finally:
-            self._cache = self._caption_form = self._dense_guide = None
+            self._end_call()
 
     @torch.no_grad()
     def score_pairs(self, inputs, img_index, txt_index, *, budget, device, progress=None) -> torch.Tensor:
@@ -280,7 +278,7 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
                     lambda b0: self._score_pairs(*args, b0),
                 )
         finally:
-            self._cache = self._caption_form = self._dense_guide = None
+            self._end_call()
         return host(result)
 
     def _score_pairs(self, job: Staged, txt_index, groups, plan, mode, result, bar, b0: int) -> None:
@@ -305,13 +303,7 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
             lens = inputs.cap_lens[texts].tolist()
             for start, stop in length_blocks(inputs.cap_lens[texts], plan.text_block, 4 * MIN_BUCKET):
                 block = self._caption_block(
-                    img_v,
-                    job,
-                    texts_dev[start:stop],
-                    mode,
-                    lens[start],
-                    texts_per_image=count,
-                    host_cols=texts[start:stop],
+                    img_v, job, texts_dev[start:stop], mode, lens[start], texts_per_image=count
                 )[0]
                 if dense_scores is not None:
                     block = block + dense_scores[0, dense_pos[start:stop]]
@@ -338,6 +330,9 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
                 inputs.cap_tokens, job.cap_lens, inputs.cap_lens, job.device, job.dtype
             )
 
+    def _end_call(self) -> None:
+        self._cache = self._caption_form = self._dense_guide = None
+
     def _caption_block(
         self,
         img,
@@ -347,11 +342,10 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
         width: int,
         txt: Texts | None = None,
         texts_per_image: int | None = None,
-        host_cols: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """(B, T) similarities of the image block with the captions ``cols`` (an index on the device, of
-        the longest length ``width``; ``host_cols`` the same on the host) (sparse + guided parts);
-        ``texts_per_image``: how many texts each image meets in this call (default: every text)."""
+        the longest length ``width``) (sparse + guided parts); ``texts_per_image``: how many texts each
+        image meets in this call (default: every text)."""
         inputs = job.inputs
         txt = self._captions(job, cols, width) if txt is None else txt
         branches = 2 if mode == "pair_guide" else 1
@@ -461,8 +455,7 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
         for start, stop, txt in self._dense_blocks(job, dense_rows, plan):
             for i0 in range(0, n_img, plan.image_block):
                 i1 = min(i0 + plan.image_block, n_img)
-                prior = None if inputs.patch_prior is None else job.tokens(inputs.patch_prior[i0:i1])
-                img = self._images(job.tokens(inputs.img_tokens[i0:i1]), prior)
+                img = self._prepare(job, slice(i0, i1), slice(i0, i1))
                 out[i0:i1, start:stop] = self._dense_scores(img, txt)
                 bar.update((i1 - i0) * (stop - start))
         return out

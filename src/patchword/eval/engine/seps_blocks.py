@@ -77,19 +77,17 @@ class PackedTexts:
     ) -> PackedTexts:
         """(N, L, C) tokens, their (N,) lengths on the tokens' device and the same on the host (widths
         and the packed layout are planned there: no value is read back from the device)."""
-        words, guides, rows = [], [], []
-        host_lens = host_lens.tolist()
+        words, guides = [], []
         for start in range(0, tokens.shape[0], chunk):
             stop = min(start + chunk, tokens.shape[0])
-            width = max(host_lens[start:stop])
+            width = int(host_lens[start:stop].max())
             block = Texts.build(
                 tokens[start:stop].to(device=device, dtype=dtype), lens[start:stop].to(device), width
             )
-            # the valid words, row-major (text by text, word by word), gathered at host-known positions
-            # (a boolean mask would make the device report how many rows it selected)
-            flat = [t * width + w for t, n in enumerate(host_lens[start:stop]) for w in range(n)]
-            rows.append(len(flat))
-            index = torch.tensor(flat, dtype=torch.long).to(block.words.device, non_blocking=True)
+            # the valid words, row-major (text by text, word by word), gathered at positions found on the
+            # host (a boolean mask on the device would make the device report how many rows it selected)
+            index = length_mask(host_lens[start:stop], width).reshape(-1).nonzero().squeeze(1)
+            index = index.to(block.words.device, non_blocking=True)
             words.append(block.words.reshape(-1, block.words.shape[-1]).index_select(0, index))
             guides.append(block.guide)
         words.append(torch.zeros(1, tokens.shape[2], dtype=dtype, device=device))

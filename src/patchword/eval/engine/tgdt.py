@@ -25,8 +25,8 @@ class TGDTEngine(ForwardEngine):
         job = stage(inputs, device, None)
         # each index where the tensors it indexes live (uploaded once on an accelerator)
         img_index, txt_index = (
-            job.put(torch.as_tensor(img_index).cpu()),
-            job.put(torch.as_tensor(txt_index).cpu()),
+            torch.as_tensor(img_index).to(job.device),
+            torch.as_tensor(txt_index).to(job.device),
         )
         out = torch.empty(img_index.shape[0], dtype=torch.float32, device=job.device)  # copied back once
         for p0 in range(0, img_index.shape[0], step):

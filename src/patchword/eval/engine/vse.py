@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from patchword.eval.engine.core import BlockPlan, ScoringEngine
+from patchword.eval.engine.staging import row_buffer, stage
 from patchword.progress import progress_bar
 
 __all__ = ["VSEEngine"]
@@ -23,8 +24,6 @@ class VSEEngine(ScoringEngine):
 
     @torch.no_grad()
     def score(self, inputs, out, *, budget, device, progress) -> None:
-        from patchword.eval.engine.staging import row_buffer, stage
-
         job = stage(inputs, device, None)
         inputs = job.inputs
         n_img, n_txt = inputs.num_images, inputs.num_texts
