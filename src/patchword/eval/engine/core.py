@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from patchword._validation import check_lengths, check_tensor
-from patchword.eval.engine.memory import budget_bytes, default_budget_mb
+from patchword.eval.engine.memory import CPU_BUDGET_MB, budget_bytes, default_budget_mb
 from patchword.matching.base import Matcher
 from patchword.progress import progress_bar
 
@@ -33,8 +33,9 @@ __all__ = [
     "score_matrix",
 ]
 
-#: Working-memory budget of :func:`score_matrix` when none is given (MiB).
-DEFAULT_MAX_MEMORY_MB = 1024
+#: Working-memory budget on the CPU when none is given (MiB): the default of the engines' callers that
+#: take a number (two-stage search, the compositional suite); ``score_matrix`` picks one per device.
+DEFAULT_MAX_MEMORY_MB = CPU_BUDGET_MB
 
 # matcher class -> engine factory; looked up along the MRO, so subclasses inherit their base's engine.
 _ENGINES: dict[type, Callable[[nn.Module], ScoringEngine]] = {}
