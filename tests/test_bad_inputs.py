@@ -411,3 +411,84 @@ def test_unknown_keys_of_a_saved_config_each_get_their_closest_match():
         "unknown config key (did you mean model for modle, train for trian?); "
         f"valid keys: {_valid_keys(RunConfig)}"
     )
+
+
+# ------------------------------------------------------------------- values checked before anything runs
+
+SYNTHETIC_TINY = [*TINY_MODEL, "data.num_train=8", "data.num_dev=4", "data.num_test=4"]
+
+# (case, overrides, the start of the one error line); f715cbc trained with lr=nan until the first step
+# failed, seeded numpy with -1 after writing the run, and took an empty name for the output directory.
+VALUE_CASES = [
+    ("lr nan", ["train.lr=nan"], "error: train.lr: must be a finite number > 0, got nan"),
+    ("lr inf", ["train.lr=inf"], "error: train.lr: must be a finite number > 0, got inf"),
+    ("negative seed", ["seed=-1"], "error: seed: must lie in [0, 2**32 - 1]"),
+    ("seed beyond numpy", [f"seed={2**32}"], "error: seed: must lie in [0, 2**32 - 1]"),
+    ("empty name", ["name="], "error: name: is the run's directory under output_dir"),
+    ("name with a slash", ["name=a/b"], "error: name: is the run's directory under output_dir"),
+    ("nan anywhere", ["train.grad_clip=nan"], "error: train.grad_clip: must be >= 0, got nan"),
+    ("nan margin", ["train.margin=nan"], "error: train.margin: is NaN"),
+]
+
+
+@pytest.mark.parametrize(("case", "overrides", "expected"), VALUE_CASES, ids=[c[0] for c in VALUE_CASES])
+def test_bad_values_are_refused_before_the_run_directory_exists(tmp_path, capsys, case, overrides, expected):
+    runs = tmp_path / "runs"
+    argv = ["train", *SYNTHETIC_TINY, f"output_dir={runs}", "name=run", *overrides]
+    assert main(argv) == 2, case
+    assert one_error_line(capsys.readouterr().err).startswith(expected)
+    assert not runs.exists()
+
+
+def test_wandb_online_without_an_api_key_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    """f715cbc wrote the run directory, then wandb.init raised UsageError (a traceback)."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("NETRC", str(tmp_path / "home" / ".netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "home" / ".config" / "wandb"))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    runs = tmp_path / "runs"
+    argv = ["train", *SYNTHETIC_TINY, f"output_dir={runs}", "name=run"]
+    assert main([*argv, "train.report_to=[wandb]", "train.wandb_mode=online"]) == 2
+    assert one_error_line(capsys.readouterr().err).startswith(
+        "error: train.wandb_mode: online needs a W&B API"
+    )
+    assert not runs.exists()
+
+
+def test_a_sweep_named_after_an_ordinary_run_is_refused(small_run, capsys):
+    """f715cbc's `sweep --name run` over an ordinary run wrote seed directories and sweep.json into it."""
+    before = _snapshot(small_run)
+    argv = [
+        "sweep",
+        "--seeds",
+        "0",
+        "--name",
+        small_run.name,
+        *SYNTHETIC_TINY,
+        f"output_dir={small_run.parent}",
+    ]
+    assert main(argv) == 2
+    assert "is a run directory, not a sweep" in one_error_line(capsys.readouterr().err)
+    assert _snapshot(small_run) == before
+
+
+@pytest.mark.parametrize("verb", ["eval", "report"])
+def test_out_naming_a_directory_is_refused_before_any_work(small_run, tmp_path, capsys, monkeypatch, verb):
+    """f715cbc evaluated (or collected), then failed writing: ``[Errno 21] Is a directory``."""
+    import patchword.report
+    import patchword.runs
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the work started")
+
+    monkeypatch.setattr(patchword.runs, "load_run", no_work)
+    monkeypatch.setattr(patchword.report, "collect", no_work)
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [verb, str(small_run), "--out", str(out)]
+    assert main([*argv, "--force"]) == 2
+    assert (
+        one_error_line(capsys.readouterr().err)
+        == f"error: --out: {out} is a directory: --out names the file to write"
+    )

@@ -439,7 +439,7 @@ def test_a_truncated_checkpoint_is_refused(scan_files, tmp_path):
     ckpt, vocab, out = scan_files
     data = ckpt.read_bytes()
     (tmp_path / "cut.pth.tar").write_bytes(data[: len(data) // 2])
-    with pytest.raises(DataError, match="cut.pth.tar is not a readable checkpoint"):
+    with pytest.raises(DataError, match="cut.pth.tar: not a readable checkpoint: the archive is truncated"):
         import_checkpoint(tmp_path / "cut.pth.tar", out, options=ImportOptions(vocab=str(vocab)))
     nothing_written(out)
 

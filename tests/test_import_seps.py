@@ -310,6 +310,8 @@ def test_cli_import(tmp_path, hf_dirs, capsys):
     [
         ("model.seps.similarity=cosine", "model.seps.similarity"),
         ("model.seps.aggr_ratio=0.45", "model.seps.aggr_ratio"),
+        # f715cbc: a shape error blamed on "the model built from its opt", which the override had changed
+        ("model.embed_dim=32", "model.embed_dim"),
     ],
 )
 def test_model_overrides_that_contradict_the_checkpoint_are_refused(tmp_path, hf_dirs, override, key):

@@ -195,3 +195,30 @@ def test_a_sweep_killed_before_all_its_seeds_finished_is_reported_as_incomplete(
     out = tmp_path / "report.md"
     assert main(["report", str(killed), "--out", str(out)]) == 0
     assert "| killed (INCOMPLETE) | 1 of 2 |" in out.read_text()
+
+
+def test_report_shows_resume_overrides_as_differing_keys_and_marks_stale_suite_files(sweep, tmp_path, capsys):
+    """An extended run (``--resume RUN train.max_steps=15``) differs from its origin in that key although
+    its config.yaml keeps 12 (the override lives in resumes.jsonl); a suite file scored before the
+    checkpoint it names was rewritten is marked STALE (f715cbc showed neither)."""
+    import shutil
+
+    from patchword.report import _tables
+
+    origin, extended = tmp_path / "origin", tmp_path / "extended"
+    shutil.copytree(sweep["root"] / "sw" / "seed-0", origin)
+    shutil.copytree(origin, extended)
+    assert main(["eval", str(extended), "--suite", "compositional"]) == 0
+    assert main(["train", "--resume", str(extended), "train.max_steps=15"]) == 0
+    assert "max_steps: 12" in (extended / "config.yaml").read_text()  # the saved config is never rewritten
+    entries = collect([origin, extended])
+    assert differing_keys(entries) == {"train.max_steps": [12, 15]}
+    # the suite scored best.pt; training went on and wrote it again (forced here: a better dev rSum is
+    # not guaranteed in 3 steps)
+    suite = extended / "eval_compositional.json"
+    os.utime(extended / "best.pt", (suite.stat().st_mtime + 10,) * 2)
+    caption, _, rows = _tables(collect([origin, extended]))[1]
+    assert [row[0] for row in rows] == ["extended (STALE: before best.pt)"]
+    assert "STALE" in caption
+    os.utime(suite, (suite.stat().st_mtime + 20,) * 2)  # scored again after it: no mark
+    assert [row[0] for row in _tables(collect([extended]))[1][2]] == ["extended"]

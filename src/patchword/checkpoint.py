@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import json
 import logging
-import pickle
 import random
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save
+from safetensors.torch import save
 
-from patchword.errors import DataError, MissingFileError
 from patchword.fileio import atomic_write, atomic_write_bytes, atomic_write_text
+from patchword.readers import read_checkpoint, read_safetensors
 
 _logger = logging.getLogger(__name__)
 
@@ -36,14 +35,14 @@ def atomic_save(obj: Any, path: str | Path) -> None:
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a training checkpoint written by :func:`atomic_save` (plain containers only)."""
-    path = Path(path)
-    if not path.is_file():
-        raise MissingFileError(f"checkpoint {path} does not exist")
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError) as err:
-        raise DataError(f"{path} is not a readable patchword checkpoint: {err}") from None
+    """Load a training checkpoint written by :func:`atomic_save` (plain containers only).
+
+    Raises:
+        MissingFileError: no such file.
+        DataError: anything that is not a patchword checkpoint (empty, text, truncated, another kind of
+            ``torch.save`` file); one line naming the file (:func:`patchword.readers.read_checkpoint`).
+    """
+    return read_checkpoint(path, map_location, what="patchword checkpoint", require=("model",))
 
 
 def seed_everything(seed: int) -> None:
@@ -102,11 +101,8 @@ def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
             f"no weights at {path} (expected best.pt, last.pt, an export dir or .safetensors)"
         )
     if path.suffix == ".safetensors":
-        return load_file(str(path))
-    ckpt = load_checkpoint(path)
-    if "model" not in ckpt:
-        raise ValueError(f"{path} has no 'model' entry (keys: {sorted(ckpt)})")
-    return ckpt["model"]
+        return read_safetensors(path)
+    return load_checkpoint(path)["model"]
 
 
 def warm_start(model: torch.nn.Module, path: str | Path) -> dict[str, list[str]]:

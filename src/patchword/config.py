@@ -372,12 +372,9 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         path = Path(path)
         if not path.is_file():
             raise MissingFileError(f"config file {path} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError("", f"{path} is not valid YAML: {err}") from None
-        if not isinstance(data, dict):
-            raise ConfigError("", f"{path}: expected a mapping at the top level")
+        from patchword.readers import read_yaml_mapping
+
+        data = read_yaml_mapping(path, "config file")
         try:
             data = _upgrade(cls, data, "")
             cfg = from_dict(cls, _deep_merge(_named_bases(cls, config_to_dict(cfg), data, ""), data, ""))

@@ -21,6 +21,7 @@ from safetensors.torch import save
 
 from patchword.errors import RunExistsError
 from patchword.fileio import atomic_write_bytes, atomic_write_text, probe_writable, staging_dir
+from patchword.readers import read_json
 
 __all__ = ["export_run", "model_card"]
 
@@ -77,7 +78,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return read_json(path, path.name, default={})
 
 
 def _write_bert_vocab(tokenizer, directory: Path) -> None:

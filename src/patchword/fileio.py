@@ -25,6 +25,7 @@ __all__ = [
     "append_line",
     "keep_jsonl_records",
     "probe_writable",
+    "check_output_file",
 ]
 
 
@@ -56,7 +57,16 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            write(fh)
+            recorder = _WriteErrors(fh)
+            try:
+                write(recorder)
+            except Exception as err:
+                # a writer that catches the failure of its own write and raises something else (torch's
+                # zip writer: "RuntimeError: [enforce fail at inline_container.cc] unexpected pos") still
+                # failed because the disk did: report the operating system's error, naming the file
+                if recorder.error is None or isinstance(err, OSError):
+                    raise
+                raise _naming(recorder.error, path) from err
             fh.flush()
             os.fsync(fh.fileno())
         # mkstemp creates the file private (0600); a file the user keeps gets the usual permissions.
@@ -68,6 +78,23 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
         if isinstance(err, OSError) and err.filename is None:
             raise _naming(err, path) from err
         raise
+
+
+class _WriteErrors:
+    """A binary file that remembers the first ``OSError`` its ``write`` raised (and raises it as before)."""
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        self._fh, self.error = fh, None
+
+    def write(self, data) -> int:
+        try:
+            return self._fh.write(data)
+        except OSError as err:
+            self.error = self.error or err
+            raise
+
+    def __getattr__(self, name: str):  # flush, tell, seek, fileno...: the file's own
+        return getattr(self._fh, name)
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -156,3 +183,21 @@ def probe_writable(directory: str | os.PathLike[str]) -> None:
         raise OSError(err.errno, f"cannot write here: {err.strerror}", folder) from err
     os.close(fd)
     os.unlink(tmp)
+
+
+def check_output_file(out: str | os.PathLike[str], force: bool, flag: str = "--out") -> None:
+    """Before any work, the file a command will write: not a directory, not an existing file (unless
+    ``force``), in an existing directory that takes files. Raises the errors the command line prints as
+    one line naming ``flag`` (``ConfigError``, ``RunExistsError``, ``OSError`` naming the directory)."""
+    from patchword.errors import ConfigError, RunExistsError
+
+    out = os.fspath(out)
+    folder = os.path.dirname(os.path.abspath(out))
+    if os.path.isdir(out):
+        raise ConfigError(flag, f"{out} is a directory: {flag} names the file to write")
+    if os.path.exists(out) and not force:
+        raise RunExistsError(f"{out} exists; pass --force to overwrite it or {flag} for another file")
+    if not os.path.isdir(folder):
+        what = "is a file" if os.path.exists(folder) else "does not exist"
+        raise ConfigError(flag, f"directory {folder} {what}")
+    probe_writable(folder)

@@ -3,7 +3,6 @@ word of the caption looked (application code: matplotlib is the optional ``plots
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +10,7 @@ import torch
 
 from patchword.errors import MissingExtraError
 from patchword.fileio import atomic_write
+from patchword.readers import read_json_lines
 
 try:
     from matplotlib.figure import Figure
@@ -45,7 +45,7 @@ _FUNCTION_WORDS = frozenset(
 
 def plot_training_curve(metrics_jsonl: str | Path, out: str | Path, title: str = "") -> None:
     """Training loss and dev rSum against optimiser steps."""
-    records = [json.loads(line) for line in Path(metrics_jsonl).read_text().splitlines() if line.strip()]
+    records = read_json_lines(metrics_jsonl, "metrics log")
     train = [r for r in records if r["split"] == "train"]
     dev = [r for r in records if r["split"] == "dev"]
     fig = Figure(figsize=(7, 4))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from patchword.config import apply_overrides
+from patchword.readers import read_json
 from patchword.run_config import RunConfig, load_run_config
 
 __all__ = [
@@ -125,7 +126,7 @@ def run_pretrain(
             raise ConfigError(changed[0], f"{run_dir} was trained with another value: choose another name=")
     if (run_dir / "summary.json").is_file():  # trained already: export again (e.g. to another --out)
         _logger.info("%s is finished: exporting its encoders", run_dir)
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = read_json(run_dir / "summary.json", "run summary")
     elif (run_dir / "last.pt").is_file():  # interrupted: continue it with its own config
         summary = resume_run(run_dir)
     else:

@@ -18,7 +18,8 @@ from typing import Any
 
 from patchword.errors import MissingFileError
 from patchword.fileio import atomic_write_text
-from patchword.sweep import mean_std
+from patchword.readers import read_json, read_json_lines
+from patchword.sweep import SWEEP_FILE, mean_std, read_sweep
 
 __all__ = ["Entry", "collect", "differing_keys", "write_report"]
 
@@ -34,7 +35,10 @@ class Entry:
         # the seeds a sweep set out to run; fewer finished runs: an interrupted sweep (never shown as whole)
         self.planned = max(planned or 0, len(runs))
         self.summaries = [_metrics(r) for r in runs]
-        self.compositional = [_json(r / "eval_compositional.json") for r in runs]
+        suites = [_suite_record(r, "eval_compositional.json") for r in runs]
+        self.compositional = [record for record, _ in suites]
+        # suite files scored before the checkpoint they name was last written (a run resumed since)
+        self.stale = [name for _, name in suites if name]
 
     def value(self, key: str, source: str = "summaries") -> tuple[float, float] | None:
         """(mean, sample std) of ``key`` (``a.b`` reaches into a mapping) over the entry's runs, None where
@@ -69,18 +73,38 @@ def _metrics(run: Path) -> dict[str, Any]:
     return evaluation or _json(run / "metrics.json")
 
 
+def _suite_record(run: Path, name: str) -> tuple[dict[str, Any], str | None]:
+    """A suite's evaluation file in ``run`` and, when it is older than the checkpoint it names (training
+    went on after it was scored), the name of that checkpoint."""
+    path = run / name
+    record = _json(path)
+    checkpoint = run / Path(str(record.get("checkpoint") or "best.pt")).name
+    if record and checkpoint.is_file() and path.stat().st_mtime < checkpoint.stat().st_mtime:
+        return record, checkpoint.name
+    return record, None
+
+
+def resume_overrides(run: Path) -> list[str]:
+    """The overrides of every ``--resume`` of ``run``, in order (``resumes.jsonl``): what the run became
+    differs from its ``config.yaml`` by these (a longer ``train.max_steps``...)."""
+    from patchword.runs import RESUMES_FILE
+
+    return [
+        o for record in read_json_lines(run / RESUMES_FILE, "resume log") for o in record.get("overrides", [])
+    ]
+
+
 def _json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return read_json(path, path.name, default={})
 
 
 def collect(paths: list[Path]) -> list[Entry]:
     """Runs and sweeps -> rows (a sweep: one row per variant)."""
     entries = []
     for path in paths:
-        sweep = _json(path / "sweep.json")
-        if sweep:
-            seeds = sweep.get("seeds")
-            planned = len(seeds) if isinstance(seeds, list) else None
+        if (path / SWEEP_FILE).exists():
+            sweep = read_sweep(path)
+            planned = len(sweep.get("seeds", [])) or None
             for variant, runs in sweep["runs"].items():
                 parent = path / variant if variant != "runs" else path
                 label = f"{path.name}/{variant}" if variant != "runs" else path.name
@@ -95,14 +119,16 @@ def collect(paths: list[Path]) -> list[Entry]:
 
 
 def differing_keys(entries: list[Entry]) -> dict[str, list[Any]]:
-    """Config keys whose values differ between the rows, with the value of each row. Run names and
-    directories are left out; a sweep row's ``seed`` is its list of seeds."""
+    """Config keys whose values differ between the rows, with the value of each row. A run's config is its
+    ``config.yaml`` with the overrides of its resumes applied. Run names and directories are left out; a
+    sweep row's ``seed`` is its list of seeds."""
     from patchword.config import flat_config
     from patchword.runs import read_run_config
 
     configs = []
     for entry in entries:
-        config = flat_config(read_run_config(entry.runs[0]))
+        # the config each run ended with: config.yaml, then what its resumes changed
+        config = flat_config(read_run_config(entry.runs[0], resume_overrides(entry.runs[0])))
         if len(entry.runs) > 1:
             config["seed"] = [read_run_config(run).seed for run in entry.runs]
         configs.append(config)
@@ -134,10 +160,7 @@ def _curves(entries: list[Entry], out: Path) -> Path | None:
     for i, entry in enumerate(entries):
         colour = f"C{i % 10}"
         for j, run in enumerate(entry.runs):
-            path = run / "metrics.jsonl"
-            if not path.is_file():
-                continue
-            records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            records = read_json_lines(run / "metrics.jsonl", "metrics log")
             train = [r for r in records if r.get("split") == "train"]
             dev = [r for r in records if r.get("split") == "dev"]
             label = entry.label if j == 0 else None
@@ -203,11 +226,20 @@ def _tables(entries: list[Entry]) -> list[Table]:
     with_suite = [e for e in entries if any(e.compositional)]
     if with_suite:
         rows = [
-            [e.label, *(_cell(e.value(k, "compositional"), n[e.label]) for k in KINDS)] for e in with_suite
+            [
+                e.label + (f" (STALE: before {', '.join(sorted(set(e.stale)))})" if e.stale else ""),
+                *(_cell(e.value(k, "compositional"), n[e.label]) for k in KINDS),
+            ]
+            for e in with_suite
         ]
         caption = (
             "Compositional suite (accuracy %, chance 50: the caption must score above its one-fact negative)"
         )
+        if any(e.stale for e in with_suite):
+            caption += (
+                "; STALE: scored before the named checkpoint was last written (training went on since): "
+                "`patchword eval RUN --suite compositional --force` scores it again"
+            )
         tables.append((caption, ["run", *KINDS], rows))
     diff = differing_keys(entries)
     rows = [[k, *(json.dumps(v, default=str) for v in values)] for k, values in diff.items()]

@@ -24,6 +24,7 @@ from patchword.data.config import DataConfig
 from patchword.errors import ConfigError, MissingFileError
 from patchword.model import RetrievalModel
 from patchword.precision import weight_dtype
+from patchword.readers import read_json
 from patchword.run_config import RunConfig
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
 CONFIG_FILE = "config.yaml"
 VOCAB_FILE = "vocab.json"
 METRICS_FILE = "metrics.jsonl"
+RESUMES_FILE = "resumes.jsonl"  # one record per --resume: when, at which step, with which overrides
 
 
 def read_run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
@@ -123,7 +125,7 @@ def build_run_model(run_dir: str | Path, cfg: RunConfig, vocab_size: int | None,
     from patchword.model import started_pretrained
 
     path = Path(run_dir) / BACKBONES_FILE
-    random_init = json.loads(path.read_text()) if path.is_file() else {}
+    random_init = read_json(path, path.name, default={})
     model_cfg = dataclasses.replace(cfg.model, tiny_pretrained="")
     model = create_model(model_cfg, vocab_size=vocab_size, vocab_words=vocab_words, random_init=random_init)
     # The encoders that started from pretrained weights train at the backbone learning rate: the same

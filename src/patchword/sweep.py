@@ -26,8 +26,9 @@ from typing import Any
 
 from patchword.errors import ConfigError
 from patchword.fileio import atomic_write_text
+from patchword.readers import read_json
 
-__all__ = ["SWEEP_FILE", "mean_std", "parse_seeds", "run_sweep", "summarize"]
+__all__ = ["SWEEP_FILE", "mean_std", "parse_seeds", "read_sweep", "run_sweep", "summarize"]
 
 _logger = logging.getLogger(__name__)
 
@@ -97,13 +98,49 @@ def _run_one(config: str | None, overrides: list[str], run_dir: Path, dist_main:
         _refuse_other_settings(run_dir, load_run_config(config, overrides))
     if (run_dir / "summary.json").is_file():
         _logger.info("%s is finished: kept", run_dir)
-        return json.loads((run_dir / "summary.json").read_text())
+        return read_json(run_dir / "summary.json", "run summary")
     if (run_dir / "last.pt").is_file():
         _logger.info("%s was interrupted: resuming it", run_dir)
         return resume_run(run_dir)
     if run_dir.exists() and dist_main:  # stopped before its first checkpoint: nothing to keep
         shutil.rmtree(run_dir)
     return train_run(load_run_config(config, overrides))
+
+
+def _refuse_foreign_directory(sweep_dir: Path, key: str) -> None:
+    """A sweep directory is new or a sweep's own: never an ordinary run (the sweep would write into it) and
+    never a file."""
+    if sweep_dir.exists() and not sweep_dir.is_dir():
+        raise ConfigError(key, f"{sweep_dir} is a file, not a sweep directory; choose another name")
+    if (sweep_dir / "config.yaml").is_file():
+        raise ConfigError(
+            key, f"{sweep_dir} is a run directory, not a sweep; choose another name (--name) for the sweep"
+        )
+
+
+def read_sweep(sweep_dir: str | Path) -> dict[str, Any]:
+    """``sweep_dir/sweep.json``, checked: ``runs`` maps each variant (``runs`` without variants) to its
+    finished seeds, ``seeds`` lists the seeds the sweep set out to run.
+
+    Raises:
+        MissingFileError: no sweep.json.
+        DataError: damaged, or not the shape :func:`run_sweep` writes; the message names the file.
+    """
+    from patchword.errors import DataError
+
+    path = Path(sweep_dir) / SWEEP_FILE
+    record = read_json(path, "sweep record")
+    runs, seeds = record.get("runs"), record.get("seeds", [])
+    if not isinstance(runs, dict) or not all(isinstance(v, dict) for v in runs.values()):
+        raise DataError(f"{path}: not a sweep record: 'runs' must map each variant to its seeds' results")
+    if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise DataError(f"{path}: not a sweep record: 'seeds' must be a list of integers")
+    for variant, done in runs.items():
+        if not all(str(s).lstrip("-").isdigit() for s in done):
+            raise DataError(
+                f"{path}: not a sweep record: variant {variant!r} names a seed that is not a number"
+            )
+    return record
 
 
 def _refuse_other_settings(run_dir: Path, wanted) -> None:
@@ -146,6 +183,7 @@ def run_sweep(
         if variant and ("/" in variant or variant.startswith(".")):
             raise ConfigError("--variant", f"a variant name is a directory name, got {variant!r}")
     sweep_dir = Path(base.output_dir) / (name or f"{base.name}-sweep")
+    _refuse_foreign_directory(sweep_dir, "--name")
     launch = launch_info()
     main = launch.rank == 0
     suites = list(suites or [])
@@ -185,7 +223,7 @@ def _suite(run_dir: Path, suite: str) -> dict[str, float]:
 
     path = run_dir / f"eval_{suite}.json"
     if path.is_file():
-        result = json.loads(path.read_text())
+        result = read_json(path, "suite evaluation")
     elif suite == "compositional":
         result, _ = evaluate_suite(run_dir)
     else:

@@ -19,10 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from patchword.errors import ConfigError
+    from patchword.fileio import check_output_file
     from patchword.report import write_report
 
-    if args.out.exists() and not args.force:
-        raise ConfigError("--out", f"{args.out} exists: choose another --out or add --force")
+    check_output_file(args.out, args.force)
+    check_output_file(args.out.with_suffix(".html"), args.force)
     out = write_report(args.paths, args.out)
     print(f"written: {out}, {out.with_suffix('.html')}")

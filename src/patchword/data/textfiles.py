@@ -125,7 +125,8 @@ def resolve_images(names: Sequence[str], image_root: PathLike | None, check_imag
             shown = ", ".join(missing[:3])
             raise FileNotFoundError(
                 f"{len(missing)} of {len(paths)} image files are missing under {root}, e.g. {shown} "
-                "(pass check_images=False to build the split anyway)"
+                "(set data.check_images=false, or pass check_images=False to the loader, to build the split "
+                "anyway)"
             )
     return paths
 

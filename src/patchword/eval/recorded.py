@@ -9,20 +9,19 @@ with the run's current config: :func:`evaluation_of` finds it, or says there is 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from patchword.readers import read_json
 
 __all__ = ["evaluation_of"]
 
 
 def _read(path: Path) -> dict[str, Any] | None:
-    """A JSON object, or None when the file is missing, damaged or not an object."""
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
+    """A JSON object, or None when the file is missing; a damaged one is a DataError naming it."""
+    return read_json(
+        path, "recorded evaluation" if path.name.startswith("eval_") else "run summary", default=None
+    )
 
 
 def evaluation_of(

@@ -17,7 +17,7 @@ import torch
 from patchword.data.prepare import PreparedData, eval_role
 from patchword.distributed import Distributed
 from patchword.eval.protocol import evaluate
-from patchword.fileio import atomic_write_text, probe_writable
+from patchword.fileio import atomic_write_text, check_output_file
 from patchword.matching import matcher_spec
 from patchword.model import RetrievalModel, matcher_arguments
 from patchword.run_config import RunConfig
@@ -221,15 +221,9 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
 
 
 def _check_output(out: Path, force: bool) -> Path:
-    """Before any work: ``out`` must not exist (unless ``force``) and its directory must exist and take
-    files (a read-only directory fails now, not after the evaluation)."""
-    from patchword.errors import ConfigError, RunExistsError
-
-    if out.exists() and not force:
-        raise RunExistsError(f"{out} exists; pass --force to overwrite it or --out for another file")
-    if not out.parent.is_dir():
-        raise ConfigError("--out", f"directory {out.parent} does not exist")
-    probe_writable(out.parent)
+    """Before any work: ``out`` is a file to write (:func:`patchword.fileio.check_output_file`); a
+    finished evaluation is never lost to an existing file or a read-only directory."""
+    check_output_file(out, force)
     return out
 
 

@@ -25,8 +25,6 @@ import hashlib
 import json
 import logging
 import os
-import pickle
-import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,8 +35,9 @@ import torch
 
 from patchword.checkpoint import atomic_save
 from patchword.config import config_to_dict, save_config
-from patchword.errors import ConfigError, DataError, MissingFileError, RunExistsError
+from patchword.errors import ConfigError, DataError, RunExistsError
 from patchword.fileio import atomic_write_text, probe_writable, staging_dir
+from patchword.readers import read_checkpoint
 from patchword.run_config import RunConfig
 
 __all__ = [
@@ -166,25 +165,7 @@ def safe_load(path: str | os.PathLike[str]) -> dict[str, Any]:
         DataError: not a checkpoint (truncated, not a pickle) or a pickle naming a class outside the
             allow-list (the message names it).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise MissingFileError(f"checkpoint {path} does not exist")
-    try:
-        with torch.serialization.safe_globals(SAFE_GLOBALS):
-            ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        reason = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).split("\n")[0]  # torch colours its message
-        named = [w for w in str(err).split() if w.startswith("GLOBAL")]
-        what = f" ({' '.join(str(err).split()[str(err).split().index(named[0]) :][:2])})" if named else ""
-        raise DataError(
-            f"{path}: refused to unpickle{what}: only tensors, containers and argparse.Namespace are "
-            f"allowed in a checkpoint ({reason})"
-        ) from None
-    except (RuntimeError, EOFError, ValueError, OSError) as err:
-        raise DataError(f"{path} is not a readable checkpoint: {str(err).splitlines()[0]}") from None
-    if not isinstance(ckpt, dict):
-        raise DataError(f"{path}: a checkpoint is a mapping, got {type(ckpt).__name__}")
-    return ckpt
+    return read_checkpoint(path, what="checkpoint", safe_globals=SAFE_GLOBALS)
 
 
 def opt_dict(ckpt: dict[str, Any], path: str = "") -> dict[str, Any]:

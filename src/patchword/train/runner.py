@@ -43,6 +43,7 @@ from patchword.run_config import RunConfig
 from patchword.runs import (
     CONFIG_FILE,
     METRICS_FILE,
+    RESUMES_FILE,
     VOCAB_FILE,
     build_run_model,
     load_run_tokenizer,
@@ -62,8 +63,6 @@ __all__ = [
 ]
 
 _logger = logging.getLogger(__name__)
-
-RESUMES_FILE = "resumes.jsonl"
 
 
 def _build(

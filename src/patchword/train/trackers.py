@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from patchword.errors import MissingExtraError
 
-__all__ = ["Tracker", "open_trackers", "TRACKERS"]
+__all__ = ["Tracker", "open_trackers", "import_wandb", "TRACKERS"]
 
 _logger = logging.getLogger(__name__)
 
@@ -69,14 +69,18 @@ class TensorBoardTracker:
         self.writer.close()
 
 
+def import_wandb():
+    """The ``wandb`` module, or the error naming the extra that installs it."""
+    try:
+        import wandb
+    except ImportError:
+        raise MissingExtraError("train.report_to=wandb needs wandb: pip install 'patchword[wandb]'") from None
+    return wandb
+
+
 class WandbTracker:
     def __init__(self, run_dir: Path, config: dict[str, Any], project: str, mode: str) -> None:
-        try:
-            import wandb
-        except ImportError:
-            raise MissingExtraError(
-                "train.report_to=wandb needs wandb: pip install 'patchword[wandb]'"
-            ) from None
+        wandb = import_wandb()
         id_file = run_dir / WANDB_ID_FILE
         if not id_file.is_file():
             from patchword.fileio import atomic_write_text

@@ -9,11 +9,12 @@ device availability); :func:`check_model_data` runs once the tokenizer, the mode
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import torch
 
-from patchword.config import config_diff
+from patchword.config import config_diff, flat_config
 from patchword.data.prepare import (
     FILE_DATASETS,
     REGION_DATASETS,
@@ -66,7 +67,7 @@ RESUMABLE_KEYS = frozenset(
 
 
 def _at_least(value: float, low: float, key: str) -> None:
-    if value < low:
+    if not value >= low:  # NaN fails too
         raise ConfigError(key, f"must be >= {low:g}, got {value!r}")
 
 
@@ -130,6 +131,35 @@ def _check_matcher(cfg: RunConfig) -> None:
         )
 
 
+def _check_wandb(mode: str) -> None:
+    """W&B installed, and for ``online`` an API key (environment, ``~/.netrc`` or W&B's settings): without
+    one ``wandb.init`` fails after the run directory was written."""
+    from patchword.train.trackers import import_wandb
+
+    wandb = import_wandb()
+    if mode == "online" and not wandb.login(prompt=False, verify=False):
+        raise ConfigError(
+            "train.wandb_mode",
+            "online needs a W&B API key: run `wandb login` or set WANDB_API_KEY, or log offline "
+            "(train.wandb_mode=offline, the default) and `wandb sync` later",
+        )
+
+
+def _check_identity(cfg: RunConfig) -> None:
+    """The run's name (its directory under ``output_dir``), its seed, and no NaN anywhere: a NaN compares
+    false with every bound, so a range check alone would let it through to the first step."""
+    name = cfg.name
+    if not name.strip() or name in (".", "..") or "/" in name or "\\" in name:
+        raise ConfigError(
+            "name", f"is the run's directory under output_dir: a plain non-empty name, got {name!r}"
+        )
+    if not 0 <= cfg.seed < 2**32:
+        raise ConfigError("seed", f"must lie in [0, 2**32 - 1] (numpy's seed range), got {cfg.seed!r}")
+    for key, value in flat_config(cfg).items():
+        if isinstance(value, float) and math.isnan(value):
+            raise ConfigError(key, "is NaN: give a number")
+
+
 def _existing(path: str, key: str, kind: str = "file") -> None:
     p = Path(path).expanduser()
     ok = p.is_dir() if kind == "directory" else p.is_file() if kind == "file" else p.exists()
@@ -189,14 +219,17 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
         from patchword.eval.coco_extended import CocoGroundTruth
 
         CocoGroundTruth.load()  # the extra and its data, now rather than after training
-    if tc.lr <= 0:
-        raise ConfigError("train.lr", f"must be > 0, got {tc.lr!r}")
+    if not 0 < tc.lr < math.inf:
+        raise ConfigError("train.lr", f"must be a finite number > 0, got {tc.lr!r}")
+    _check_identity(cfg)
     if not cfg.dist_timeout_s > 0:
         raise ConfigError("dist_timeout_s", f"must be > 0, got {cfg.dist_timeout_s!r}")
     _check_matcher(cfg)
     unknown = [name for name in tc.report_to if name not in TRACKERS]
     if unknown:
         raise ConfigError("train.report_to", f"unknown tracker {unknown[0]!r}; known: {', '.join(TRACKERS)}")
+    if "wandb" in tc.report_to:
+        _check_wandb(tc.wandb_mode)
     if dc.dataset in SYNTHETIC_DATASETS:
         for key in ("num_train", "num_dev", "num_test"):
             _at_least(getattr(dc, key), 1, f"data.{key}")

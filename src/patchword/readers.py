@@ -1,0 +1,254 @@
+"""Reading the files a user hands in: one reader per kind, every failure one :class:`DataError` naming the
+file and what is wrong with it.
+
+The verbs (eval, export, train --resume, index build, import, report, search, serve) read checkpoints, run
+directories, JSON summaries, JSONL logs, sweep manifests and index manifests through these functions, so a
+damaged, empty, truncated or misplaced file is always the same kind of one-line error (exit code 2 at the
+command line), never a ``KeyError`` from inside a parser.
+
+* :func:`read_checkpoint`: a ``torch.save`` file, read with the restricted (``weights_only``) unpickler;
+* :func:`read_json`: one JSON document of an expected shape (an object, a list);
+* :func:`read_json_lines`: a JSONL log; a last line cut short by a kill is dropped, any other bad line named
+  with its row;
+* :func:`read_yaml_mapping`: a YAML file holding a mapping.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import zipfile
+from collections.abc import Iterable
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+from patchword.errors import DataError, MissingFileError
+
+__all__ = [
+    "read_checkpoint",
+    "read_safetensors",
+    "read_json",
+    "read_json_lines",
+    "read_yaml_mapping",
+    "describe_content",
+]
+
+_PICKLE_START = (
+    0x80  # the PROTO opcode: every pickle of protocol 2 or later (torch's legacy format) starts so
+)
+
+
+def describe_content(path: Path, limit: int = 24) -> str:
+    """What a file that is not what it should be looks like: ``empty``, ``text starting 'hello'``,
+    ``binary data`` (for error messages)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(limit)
+    except OSError:
+        return "unreadable"
+    if not head:
+        return "empty"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return "binary data"
+    first = text.splitlines()[0] if text.splitlines() else text
+    return f"text starting {first[:limit]!r}"
+
+
+def _checkpoint_problem(path: Path, err: BaseException) -> str:
+    """Why ``torch.load`` failed on ``path``, in words a user can act on."""
+    size = path.stat().st_size
+    if size == 0:
+        return "the file is empty"
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if head.startswith(b"PK"):  # torch's zip format
+        if not zipfile.is_zipfile(path):
+            return f"the archive is truncated or damaged ({size} bytes; copy or download it again)"
+        return f"the archive is damaged ({_first_line(err)})"
+    if head[:1] != bytes([_PICKLE_START]):
+        return f"it is not a PyTorch file ({describe_content(path)})"
+    return f"a damaged or truncated legacy PyTorch file ({_first_line(err) or type(err).__name__})"
+
+
+def _first_line(err: BaseException) -> str:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip()  # torch colours some of its messages
+    return text.splitlines()[0] if text else ""
+
+
+def read_checkpoint(
+    path: str | Path,
+    map_location: Any = "cpu",
+    *,
+    what: str = "checkpoint",
+    require: Iterable[str] = (),
+    safe_globals: Iterable[Any] = (),
+) -> dict[str, Any]:
+    """A ``torch.save`` file as a dict, read with torch's restricted unpickler (tensors and containers,
+    plus the classes in ``safe_globals``).
+
+    Args:
+        path: the file.
+        map_location: where tensors go (``torch.load``'s argument).
+        what: what the file should be, for messages (``training checkpoint``, ``official SEPS checkpoint``).
+        require: top-level keys it must hold (``("model",)`` for a patchword training checkpoint).
+        safe_globals: classes the file may name besides tensors and containers (``argparse.Namespace``).
+
+    Raises:
+        MissingFileError: no such file (or a directory).
+        DataError: anything else: empty, text, truncated, a class outside the allow-list, not a mapping, a
+            required key missing; the message names the file.
+    """
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise MissingFileError(f"{what} {path} does not exist" + (" (a directory)" if path.is_dir() else ""))
+    allowed = list(safe_globals)
+    try:
+        with torch.serialization.safe_globals(allowed) if allowed else nullcontext():
+            state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        # the restricted unpickler names a class it refuses: "GLOBAL module.Class was not an allowed global"
+        named = re.search(r"GLOBAL (\S+)", str(err))
+        if named is None and path.stat().st_size and not _looks_like_torch(path):
+            raise DataError(f"{path}: not a {what}: {_checkpoint_problem(path, err)}") from None
+        refused = f" ({named.group(1)})" if named else ""
+        raise DataError(
+            f"{path}: refused to unpickle a class{refused}: a {what} may hold tensors, containers"
+            f"{' and ' + ', '.join(c.__qualname__ for c in allowed) if allowed else ''} only"
+        ) from None
+    except MemoryError:
+        raise
+    except Exception as err:  # torch's loaders raise KeyError, IndexError, OSError(EINVAL)... on garbage
+        raise DataError(f"{path}: not a readable {what}: {_checkpoint_problem(path, err)}") from None
+    if not isinstance(state, dict):
+        raise DataError(f"{path}: not a {what}: it holds a {type(state).__name__}, not a mapping")
+    missing = [key for key in require if key not in state]
+    if missing:
+        keys = ", ".join(sorted(map(str, state))[:8]) or "none"
+        raise DataError(f"{path}: not a {what}: no {', '.join(map(repr, missing))} entry (its keys: {keys})")
+    return state
+
+
+def read_safetensors(path: str | Path, what: str = "weights file") -> dict[str, Any]:
+    """The tensors of a ``.safetensors`` file (on the CPU).
+
+    Raises:
+        MissingFileError: no such file.
+        DataError: not a safetensors file (empty, truncated, another format); the message names the file.
+    """
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise MissingFileError(f"{what} {path} does not exist")
+    try:
+        return load_file(str(path))
+    except MemoryError:
+        raise
+    except Exception as err:  # SafetensorError, or OSError from the memory map of a damaged file
+        detail = "the file is empty" if path.stat().st_size == 0 else _first_line(err) or type(err).__name__
+        raise DataError(f"{path}: not a readable {what} (safetensors): {detail}") from None
+
+
+def _looks_like_torch(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        head = fh.read(2)
+    return head == b"PK" or head[:1] == bytes([_PICKLE_START])
+
+
+def _read_text(path: Path, what: str) -> str:
+    if not path.is_file():
+        raise MissingFileError(f"{what} {path} does not exist" + (" (a directory)" if path.is_dir() else ""))
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not a {what}: {describe_content(path)}") from None
+
+
+_SHAPES = {dict: "a JSON object", list: "a JSON list"}
+_MISSING = object()
+
+
+def read_json(path: str | Path, what: str, *, expect: type = dict, default: Any = _MISSING) -> Any:
+    """The JSON document in ``path``, which must be of type ``expect`` (an object, by default).
+
+    ``default`` is returned when the file does not exist (without it, a missing file raises
+    :class:`MissingFileError`). A damaged file is never taken for a missing one.
+
+    Raises:
+        DataError: not UTF-8, not JSON (the message gives line and column), or not of the expected shape.
+    """
+    path = Path(path)
+    if default is not _MISSING and not path.exists():
+        return default
+    text = _read_text(path, what)
+    if not text.strip():
+        raise DataError(f"{path}: not a {what}: the file is empty")
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise DataError(f"{path}: not a {what}: invalid JSON ({err})") from None
+    if not isinstance(value, expect):
+        raise DataError(
+            f"{path}: not a {what}: expected {_SHAPES.get(expect, expect.__name__)}, "
+            f"found {_json_kind(value)}"
+        )
+    return value
+
+
+def _json_kind(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+def read_json_lines(path: str | Path, what: str) -> list[dict[str, Any]]:
+    """The records (JSON objects, one per line) of a JSONL log; ``[]`` when the file does not exist.
+
+    A last line that is not a complete record (a kill during the append) is dropped, as the writers do on
+    resume; any other line that is not a JSON object is an error naming its row.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    lines = _read_text(path, what).splitlines()
+    records = []
+    for row, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as err:
+            if row == len(lines):
+                break  # torn by a kill while it was appended
+            raise DataError(f"{path}:{row}: not a {what} record: invalid JSON ({err})") from None
+        if not isinstance(record, dict):
+            raise DataError(
+                f"{path}:{row}: not a {what} record: expected a JSON object, found {_json_kind(record)}"
+            )
+        records.append(record)
+    return records
+
+
+def read_yaml_mapping(path: str | Path, what: str) -> dict[str, Any]:
+    """The mapping in a YAML file (an empty file is ``{}``)."""
+    import yaml
+
+    path = Path(path)
+    text = _read_text(path, what)
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where is not None else ""
+        problem = getattr(err, "problem", None) or type(err).__name__
+        raise DataError(f"{path}: not a {what}: invalid YAML{line} ({problem})") from None
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise DataError(f"{path}: not a {what}: expected a mapping, found {type(value).__name__}")
+    return value
