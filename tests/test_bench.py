@@ -213,3 +213,14 @@ def test_the_engine_flop_count_sees_the_cpu_workers(tmp_path):
         counts[threads] = json.loads(out.read_text())["scoring"]["configs"]["laps"]["engine_mflop_per_pair"]
     assert counts["2"] > 0
     assert counts["2"] == pytest.approx(counts["1"], rel=1e-9)
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--threads", "-1"), ("--images", "0"), ("--repeats", "0")])
+def test_numeric_flags_out_of_range_are_argparse_errors_naming_the_flag(capsys, flag, value):
+    """f715cbc: ``--threads -1`` reached torch.set_num_threads (a RuntimeError traceback)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["scoring", "--quick", flag, value])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert f"error: argument {flag}: must be >= " in err.splitlines()[-1]

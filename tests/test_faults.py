@@ -11,7 +11,10 @@ For each command a user runs for long (train, eval, index build, densify, hash t
 * **Ctrl-C**: one ``interrupted:`` line, exit code 130, no traceback.
 
 Writes reach the disk through ``patchword.fileio`` (atomic replace, or append + fsync), so the fault is
-injected at ``os.fsync``: the n-th call and every later one fail, as on a disk that stays full.
+injected at ``os.fsync``: the n-th call and every later one fail, as on a disk that stays full. The index's
+shard arrays are written with ``os.write`` (:func:`patchword.search.store.write_npy`), where a disk that fills
+in the middle of a write is injected too (:func:`short_writes_from`), and a real short write is made by a
+file size limit.
 """
 
 from __future__ import annotations
@@ -72,25 +75,58 @@ def disk_full_from(n: int):
         os.fsync = real
 
 
-def count_writes(run) -> int:
-    """How many writes reach the disk (fsync calls) while ``run()`` runs undisturbed."""
-    with disk_full_from(10**9) as calls:
+@contextlib.contextmanager
+def short_writes_from(n: int, under: Path, cut: dict | None = None):
+    """The n-th ``os.write`` (1-based) to a file under ``under`` writes only part of its bytes, as on a
+    disk that fills up in the middle of a write, and every later one fails with ENOSPC; ``cut["file"]``
+    is the file whose write was cut short. Yields the call counter (a writer that loops on ``os.write``
+    counts once per call)."""
+    real, calls, under = os.write, {"n": 0}, str(under.resolve())
+
+    def write(fd, data):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            target = ""
+        if not target.startswith(under + os.sep):
+            return real(fd, data)
+        calls["n"] += 1
+        if calls["n"] > n:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if calls["n"] == n:
+            if cut is not None:
+                cut["file"] = target
+            data = memoryview(data)[: len(data) // 2]
+        return real(fd, data)
+
+    os.write = write
+    try:
+        yield calls
+    finally:
+        os.write = real
+
+
+def count_writes(run, inject=disk_full_from) -> int:
+    """How many writes reach the disk (fsync calls, or the calls ``inject`` counts) while ``run()`` runs
+    undisturbed."""
+    with inject(10**9) as calls:
         run()
     return calls["n"]
 
 
 def fail_every_write_site_then_rerun(
-    command, fresh, capsys, *, min_sites, after_failure, after_rerun
+    command, fresh, capsys, *, min_sites, after_failure, after_rerun, inject=disk_full_from
 ) -> None:
     """For every write site n of ``command(target)`` (counted on an undisturbed run): the disk fills from
-    site n on, the command must exit with 2 and one error line (``after_failure(line, target, n)`` checks
-    what is left), then with space back the same command must finish (``after_rerun(target, n)``)."""
-    sites = count_writes(lambda: command(fresh("probe")))
+    site n on (``inject(n)``, by default at ``os.fsync``), the command must exit with 2 and one error line
+    (``after_failure(line, target, n)`` checks what is left), then with space back the same command must
+    finish (``after_rerun(target, n)``)."""
+    sites = count_writes(lambda: command(fresh("probe")), inject)
     assert sites >= min_sites, sites
     capsys.readouterr()
     for n in range(1, sites + 1):
         target = fresh(n)
-        with disk_full_from(n):
+        with inject(n):
             assert command(target) == 2, n
         line = one_error(capsys.readouterr().err)
         assert "No space left on device (ENOSPC)" in line, line
@@ -411,6 +447,68 @@ def test_index_build_disk_full_at_every_write_site_then_rerun_resumes_to_the_sam
     )
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="finds the file written through /proc")
+def test_index_build_disk_full_in_the_middle_of_every_shard_write_names_the_file_then_rerun_resumes(
+    index_env, tmp_path, capsys
+):
+    """A shard array is written with ``os.write`` until every byte is on disk: a write the full disk cuts
+    short, then ENOSPC, is one line naming the shard file and the errno (``np.save``'s ``tofile`` said only
+    "266240 requested and 244704 written"), and the same command then resumes to the same index."""
+    from patchword.search.store import Manifest, broken_shards
+
+    base, root = index_env
+    cut: dict[str, str] = {}
+
+    def after_failure(line, out, n):
+        tmp = Path(cut["file"])  # atomic: the temporary file beside the shard (".NAME.XXXXXXXX.tmp")
+        assert tmp.parent == (out / "shards").resolve() and tmp.name.endswith(".tmp"), tmp
+        shard = out / "shards" / tmp.name[1:].removesuffix(".tmp").rsplit(".", 1)[0]
+        assert line == (
+            f"error: {shard}: No space left on device (ENOSPC); rerun the same command to resume {out}"
+        ), n
+        assert not shard.exists() and not list(out.rglob("*.tmp")), n
+        manifest = Manifest.read(out)  # the shards it names are whole
+        assert manifest.state == "building" and broken_shards(out, manifest) == {}, n
+
+    # per shard: global, tokens, dense, dense_lens; each a header and the data
+    fail_every_write_site_then_rerun(
+        lambda out: main([*base, "--out", str(out)]),
+        lambda n: tmp_path / f"short_at_{n}",
+        capsys,
+        min_sites=20,
+        after_failure=after_failure,
+        after_rerun=lambda out, n: _same_index(out, root / "whole"),
+        inject=lambda n: short_writes_from(n, tmp_path, cut),
+    )
+
+
+def test_index_build_a_real_short_write_names_the_shard_and_the_errno(index_env, tmp_path):
+    """A file size limit (``RLIMIT_FSIZE``) makes the kernel write a shard only in part and then refuse
+    (EFBIG), as a full disk does with ENOSPC: the line names the shard and the errno, not numpy's
+    "4352 requested and 1968 written"."""
+    base, root = index_env
+    out = tmp_path / "idx"
+    script = (
+        "import resource, signal, sys\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (8000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))\n"
+        "from patchword.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-c", script, *base, "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2, done.stderr
+    # the first shard's global embeddings (5 x 32 float32) fit under the limit, its tokens (5 x 17 x 32) not
+    shard = out / "shards" / "00000.tokens.npy"
+    assert one_error(done.stderr) == (
+        f"error: {shard}: File too large (EFBIG); rerun the same command to resume {out}"
+    )
+    assert not shard.exists() and not list(out.rglob("*.tmp"))
+    assert main([*base, "--out", str(out)]) == 0
+    _same_index(out, root / "whole")
+
+
 def test_index_build_sigkilled_at_a_random_shard_resumes_to_the_same_index(index_env, tmp_path):
     from patchword.search.store import Manifest
 
@@ -489,3 +587,59 @@ def test_ctrl_c_of_a_real_eval_stops_within_seconds_with_one_line(tmp_path):
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted: "), err
     assert stopped_in < 5, stopped_in
     assert not (tmp_path / "e.json").exists()
+
+
+# ------------------------------------------------------------------------- a failure inside a writer
+
+
+class _FillingFile:
+    """A file on a disk that fills after ``room`` bytes: ``write`` raises ENOSPC from then on (as the
+    buffered file object does once its flush reaches the full disk)."""
+
+    def __init__(self, fh, room: int) -> None:
+        self._fh, self._room = fh, room
+
+    def write(self, data) -> int:
+        size = len(memoryview(data).cast("B"))
+        if size > self._room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self._room -= size
+        return self._fh.write(data)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._fh.close()
+
+    def __getattr__(self, name):
+        return getattr(self._fh, name)
+
+
+@pytest.mark.parametrize("room", [0, 100, 4000])
+def test_disk_full_inside_torchs_zip_writer_is_the_enospc_line_naming_the_checkpoint(
+    train_root, tmp_path, capsys, monkeypatch, room
+):
+    """torch's zip writer catches the failed write and raises ``RuntimeError: [enforce fail at
+    inline_container.cc:672] unexpected pos`` (f715cbc: a traceback, exit 1); the disk's own error is what
+    the user must read, naming the file, and the checkpoint before it stays whole."""
+    import patchword.fileio
+
+    run = tmp_path / "half"
+    shutil.copytree(train_root / "half", run)
+    before = (run / "last.pt").read_bytes()
+    real_fdopen = os.fdopen
+
+    def fdopen(fd, mode="r", *args, **kwargs):
+        fh = real_fdopen(fd, mode, *args, **kwargs)
+        return _FillingFile(fh, room) if "w" in mode else fh
+
+    monkeypatch.setattr(patchword.fileio.os, "fdopen", fdopen)
+    assert _continue(run) == 2
+    line = one_error(capsys.readouterr().err)
+    assert line.startswith(f"error: {run}/") and ".pt: No space left on device (ENOSPC)" in line, line
+    monkeypatch.undo()
+    assert (run / "last.pt").read_bytes() == before
+    assert_whole(run)
+    assert _continue(run) == 0  # space is back: the run goes on
+    assert same_weights(run / "last.pt", train_root / "full" / "last.pt")

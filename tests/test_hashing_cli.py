@@ -276,3 +276,22 @@ def test_overrides_may_follow_options(tmp_path, capsys):
             main([*argv, *extra])
         assert exit_.value.code == 2
         assert f"unrecognized arguments: {extra[0]}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--seed", "-1"], "error: train.seed: must lie in [0, 2**32 - 1]"),
+        (["data.split_seed=4294967296"], "error: data.split_seed: must lie in [0, 2**32 - 1]"),
+        (["train.lr_heads=nan"], "error: train.lr_heads: must be a finite number >= 0, got nan"),
+        (["train.weight_decay=nan"], "error: train.weight_decay: is NaN"),
+        (["--name", "a/b"], "error: name: is the run's directory under output_dir"),
+    ],
+)
+def test_hash_values_are_refused_before_anything_is_written(tmp_path, capsys, argv, expected):
+    """f715cbc wrote the run directory, then numpy refused seed -1 ("Seed must be between ..." naming no
+    key); a NaN learning rate trained."""
+    out = tmp_path / "runs"
+    assert main(["train", "--output-dir", str(out), "--name", "v", *TINY, *argv]) == 2
+    assert one_error_line(capsys.readouterr().err).startswith(expected)
+    assert not out.exists()

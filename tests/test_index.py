@@ -7,6 +7,7 @@ import filecmp
 import io
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -334,3 +335,179 @@ def test_a_damaged_shard_names_the_file_and_update_repairs_it(env, tmp_path, cap
     repaired = SearchIndex.open(index_dir)
     order = np.argsort([e.path for e in repaired.entries])
     torch.testing.assert_close(repaired.image_tokens(order), tokens, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------ checks before anything is written
+
+
+def _refused_then_corrected(capsys, out: Path, bad: list[tuple[list[str], str, tuple[str, ...]]], good):
+    """Each bad command (argv, the start of its error line, modules made unimportable) exits with 2 and one
+    line, leaving ``out`` as it was (absent, or the same bytes); then the corrected command ``good``
+    builds the index."""
+    from conftest import one_error_line
+
+    before = out.read_bytes() if out.is_file() else None
+    for argv, expected, blocked in bad:
+        with pytest.MonkeyPatch.context() as patch:
+            for module in blocked:
+                patch.setitem(sys.modules, module, None)  # what `import module` does when it is not installed
+            assert main_index(argv) == 2, argv
+        line = one_error_line(capsys.readouterr().err)
+        assert line.startswith(f"error: {expected}"), (argv, line)
+        if before is None:
+            assert not out.exists(), (argv, sorted(out.rglob("*")))
+        else:
+            assert out.read_bytes() == before, argv
+    assert main_index(good) == 0, good
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("kind", ["files", "numbers", "stores and extras"])
+def test_index_build_checks_every_flag_and_file_before_writing_and_the_corrected_command_works(
+    env, tmp_path, capsys, kind
+):
+    """A bad flag or file used to be found after the manifest was written (``--dense nope.jsonl``,
+    ``--workers -1``, ``--store pq`` without FAISS: the manifest pinned the typo and the corrected command
+    was refused), or after the whole build (``--qdrant`` without qdrant-client), or named another flag
+    (``--shard-size 0`` blamed ``--batch-size``). Now each one is refused with one line naming its flag or
+    file before anything is written, and the corrected command then builds the index."""
+    folder = tmp_path / "imgs"
+    _copy_images(env, folder, 3)
+    out = tmp_path / "idx"
+    dense = env.export.files["dense"]
+
+    def build(*extra, run=env.run_dir, to=out) -> list[str]:
+        return ["build", str(run), "--images", str(folder), "--out", str(to), *map(str, extra)]
+
+    if kind == "files":
+        (tmp_path / "bad.jsonl").write_text(
+            '{"text": "a circle", "metadata": {"file": "x.png"}}\n{not json\n'
+        )
+        (tmp_path / "latin1.jsonl").write_bytes(b'{"text": "caf\xe9", "metadata": {"file": "x.png"}}\n')
+        (tmp_path / "a_file").write_text("not a folder")
+        run = shutil.copytree(env.run_dir, tmp_path / "run")
+        (run / "cut.pt").write_bytes((run / "best.pt").read_bytes()[:300])
+        nope, cut = tmp_path / "nope.jsonl", run / "cut.pt"
+        bad = [
+            (build("--dense", nope), f"--dense: dense caption file not found: {nope}", ()),
+            (build("--dense", folder), f"--dense: {folder} is a directory, not a dense caption file", ()),
+            (
+                build("--dense", tmp_path / "bad.jsonl"),
+                f"--dense: {tmp_path / 'bad.jsonl'}:2: malformed JSON",
+                (),
+            ),
+            (
+                build("--dense", tmp_path / "latin1.jsonl"),
+                f"--dense: {tmp_path / 'latin1.jsonl'}:1: not UTF-8",
+                (),
+            ),
+            (
+                build("--images", tmp_path / "missing"),
+                f"--images: image folder not found: {tmp_path / 'missing'}",
+                (),
+            ),
+            (
+                build("--images", tmp_path / "a_file"),
+                f"--images: {tmp_path / 'a_file'} is a file, not a folder",
+                (),
+            ),
+            (
+                build(to=tmp_path / "a_file" / "idx"),
+                f"--out: {tmp_path / 'a_file'}: Not a directory (ENOTDIR)",
+                (),
+            ),
+            (build(run=tmp_path / "no_run"), f"run directory {tmp_path / 'no_run'} does not exist", ()),
+            (build("--checkpoint", cut, run=run), f"{cut}: not a readable patchword checkpoint", ()),
+        ]
+        _refused_then_corrected(capsys, out, bad, build("--dense", dense))
+        # --out naming a file: refused, the file kept as it was
+        bad = [
+            (
+                build(to=tmp_path / "a_file"),
+                f"--out {tmp_path / 'a_file'} exists and is not a search index",
+                (),
+            )
+        ]
+        _refused_then_corrected(capsys, tmp_path / "a_file", bad, build(to=tmp_path / "idx2"))
+        assert Manifest.read(out).dense["file"] == str(dense.resolve())
+    elif kind == "numbers":
+        bad = [
+            (build("--workers", -1), "--workers: must be 0 (the default: min(4, CPUs)) or more, got -1", ()),
+            (build("--batch-size", 0), "--batch-size: must be at least 1, got 0", ()),
+            (build("--shard-size", 0), "--shard-size: must be at least 1, got 0", ()),
+            (build("--pq-bytes", 4), "--pq-bytes: sets the pq store's bytes per token: give --store pq", ()),
+            (build("--store", "pq", "--pq-bytes", 5), "--pq-bytes: 5 sub-quantisers do not divide", ()),
+            (build("--keep-patches", 0), "--keep-patches: must be a fraction in (0, 1], got 0.0", ()),
+            (build("--keep-patches", 1.5), "--keep-patches: must be a fraction in (0, 1], got 1.5", ()),
+        ]
+        _refused_then_corrected(
+            capsys, out, bad, build("--workers", 1, "--shard-size", 2, "--keep-patches", 0.75)
+        )
+        manifest = Manifest.read(out)
+        assert [s["rows"] for s in manifest.shards] == [2, 1] and manifest.pruning["kept"] == 12
+    else:
+        bad = [
+            (build("--store", "pq"), "--store pq trains FAISS's product quantiser: pip install", ("faiss",)),
+            # 3 images of 17 tokens cannot train 256 centroids: refused before the first shard, not after
+            (
+                build("--store", "pq"),
+                "--store: pq trains its quantiser on the first shard's tokens and needs",
+                (),
+            ),
+            (build("--dense-store", "scores"), "--dense-store: scores are computed from dense captions", ()),
+            (
+                build("--qdrant", tmp_path / "q"),
+                "--qdrant: the Qdrant backend needs qdrant-client",
+                ("qdrant_client",),
+            ),
+            (build("--device", "tpu"), "--device: must be auto, cpu, cuda, cuda:N or mps, got 'tpu'", ()),
+        ]
+        _refused_then_corrected(capsys, out, bad, build("--store", "int8"))
+        assert Manifest.read(out).dtype == "int8" and not (tmp_path / "q").exists()
+    index = SearchIndex.open(out)
+    assert sorted(e.path for e in index.entries) == sorted(p.name for p in folder.iterdir())
+
+
+def test_a_refused_update_leaves_the_index_as_it_was(env, tmp_path, capsys):
+    """``--update --workers -1``, or an update whose dense caption file was moved away, used to write the
+    manifest as ``building`` before failing: the complete index could no longer be searched."""
+    from conftest import one_error_line
+
+    folder = tmp_path / "imgs"
+    _copy_images(env, folder, 3)
+    dense = tmp_path / "dense.jsonl"
+    shutil.copy(env.export.files["dense"], dense)
+    out = tmp_path / "idx"
+    args = ["build", str(env.run_dir), "--images", str(folder), "--out", str(out), "--dense", str(dense)]
+    assert main_index(args) == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    fourth = sorted(env.export.files["images"].iterdir())[3]  # a new image, with a dense caption
+    shutil.copy2(fourth, folder / fourth.name)
+    assert main_index([*args, "--update", "--workers", "-1"]) == 2
+    assert one_error_line(capsys.readouterr().err).startswith("error: --workers: must be 0")
+    dense.rename(tmp_path / "moved.jsonl")
+    assert main_index(args[:-2] + ["--update"]) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        f"error: {out} was built with the dense captions of {dense}, which is missing: put it back, or build "
+        "a new index"
+    )
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert len(SearchIndex.open(out)) == 3  # still complete: searchable
+    (tmp_path / "moved.jsonl").rename(dense)
+    assert main_index(args[:-2] + ["--update"]) == 0
+    assert "4 images (1 encoded, 3 kept, 0 removed)" in capsys.readouterr().out
+
+
+def test_a_build_stopped_before_its_first_shard_does_not_pin_its_settings(env, tmp_path, monkeypatch):
+    """A first build that stored no image yet (killed, or failed on its first shard) left a manifest whose
+    settings refused the next command ("stores float16 tokens; build a new index to change it")."""
+    folder = tmp_path / "imgs"
+    _copy_images(env, folder, 3)
+    with killed_after_shards(monkeypatch, 0), pytest.raises(KeyboardInterrupt):
+        build_index(env.run, folder, tmp_path / "idx", dtype="float16", dense=env.export.files["dense"])
+    partial = Manifest.read(tmp_path / "idx")
+    assert (partial.state, partial.shards, partial.dtype) == ("building", [], "float16")
+    report = build_index(env.run, folder, tmp_path / "idx", dtype="int8")
+    assert (report.resumed, report.added) == (False, 3)
+    manifest = Manifest.read(tmp_path / "idx")
+    assert (manifest.state, manifest.dtype, manifest.dense) == ("complete", "int8", None)

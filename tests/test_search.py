@@ -4,6 +4,9 @@ the run's, and explanations equal the matcher's own selection and alignment."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -194,3 +197,84 @@ def test_a_query_with_some_unknown_words_answers_with_a_warning(env, searcher, c
     assert captured.err.splitlines()[-1] == f"warning: {body['warning']}"
     assert main_search([str(env.index_dir), "a small red circle", "-k", "5"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+# The control characters a query may not hold: C0 (newline, tab, CR, NUL, ESC, backspace), DEL and C1.
+CONTROL_CHARACTERS = ["\n", "\t", "\r", "\x00", "\x1b", "\x08", "\x7f", "\x85", "\x9b"]
+
+
+def test_queries_with_control_characters_are_refused_naming_them(searcher):
+    """docs/search.md said control characters are refused; the library searched "red\\ncircle"."""
+    for char in CONTROL_CHARACTERS:
+        expected = rf"^the query contains control characters \(U\+{ord(char):04X} at character 4\): "
+        with pytest.raises(QueryError, match=expected):
+            searcher.search(f"red{char}circle")
+        with pytest.raises(QueryError, match=expected):
+            searcher.explain(f"red{char}circle", 0)
+    with pytest.raises(QueryError, match=r"\(U\+000A at character 11, U\+0009 at character 12\)"):
+        searcher.search("red circle\n\t")  # trailing: not stripped away
+    # Accents, CJK and other printable text are queries like any other.
+    result = searcher.search("a red circle café 赤い円", k=3)
+    assert len(result.hits) == 3 and result.unknown_words == ["café", "赤い円"]
+
+
+def test_search_cli_refuses_control_characters_in_one_line_before_loading(env, capsys):
+    from conftest import one_error_line
+
+    for index_dir in (env.index_dir, env.root / "nowhere"):  # no index needed to say so
+        for char in ("\n", "\x7f", "\x85"):
+            assert main_search([str(index_dir), f"red{char}circle", "-k", "3"]) == 2
+            captured = capsys.readouterr()
+            assert one_error_line(captured.err) == (
+                f"error: the query contains control characters (U+{ord(char):04X} at character 4): a query "
+                "is one line of printable text"
+            )
+            assert captured.out == ""
+    assert main_search([str(env.index_dir), "a red circle", "--shortlist", "0"]) == 2
+    assert one_error_line(capsys.readouterr().err) == "error: --shortlist: must be >= 1, got 0"
+
+
+def test_search_cli_prints_no_faiss_loader_chatter(env):
+    """Every search printed ~8 INFO lines of the FAISS loader trying builds this machine lacks
+    (``Could not load library with AVX512 support due to: ModuleNotFoundError("No module named
+    'faiss.swigfaiss_avx512'")``)."""
+    pytest.importorskip("faiss")
+    argv = [sys.executable, "-m", "patchword", "search", str(env.index_dir), "a red circle", "-k", "2"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 4 and lines[0].split() == ["#", "score", "global", "path"], done.stdout
+    assert "swigfaiss" not in done.stderr and "faiss.loader" not in done.stderr, done.stderr
+
+
+def test_faiss_import_drops_the_loaders_info_and_keeps_its_errors(tmp_path):
+    """The loader's logger is quiet for the import only: an error it logs (no build loads) still shows,
+    an ImportError still says FAISS is unavailable, and the logger's level is left as it was."""
+    fake = tmp_path / "faiss"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        "import logging\n"
+        "log = logging.getLogger('faiss.loader')\n"
+        "log.info(\"Could not load library with AVX512 support due to: ModuleNotFoundError('No module "
+        "named faiss.swigfaiss_avx512')\")\n"
+        "log.error('no build of faiss loads on this machine')\n"
+        "raise ImportError('no build of faiss loads')\n"
+    )
+    script = (
+        "import logging, sys\n"
+        "logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)\n"
+        "from patchword.eval.two_stage import faiss_available\n"
+        "print(faiss_available(), logging.getLogger('faiss.loader').level)\n"
+    )
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "False 0\n"
+    assert "ERROR:faiss.loader:no build of faiss loads on this machine" in done.stderr
+    assert "swigfaiss" not in done.stderr, done.stderr

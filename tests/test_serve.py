@@ -304,3 +304,120 @@ def test_http_client_sees_json_errors_on_the_live_server(env):
         response = conn.getresponse()
         assert response.status == 400 and "must lie in" in json.loads(response.read())["error"]
         conn.close()
+
+
+# ----------------------------------------------------------------------------- flags, port, control chars
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (["--port", "70000"], "error: --port: must lie in 0..65535 (0: any free port), got 70000"),
+        (["--port", "-1"], "error: --port: must lie in 0..65535 (0: any free port), got -1"),
+        (["--torch-threads", "-1"], "error: --torch-threads: must be >= 0 (0: CPUs // --workers), got -1"),
+        (["--workers", "0"], "error: --workers: must be >= 1, got 0"),
+        (["--max-pending", "0"], "error: --max-pending: must be >= 1, got 0"),
+        (["--max-k", "-5"], "error: --max-k: must be >= 1, got -5"),
+        (["--max-query-chars", "0"], "error: --max-query-chars: must be >= 1, got 0"),
+        (["--shortlist", "0"], "error: --shortlist: must be >= 1, got 0"),
+        (["--host", ""], "error: --host: is empty; give an address (0.0.0.0 listens on every interface)"),
+    ],
+)
+def test_serve_flags_out_of_range_are_one_line_naming_the_flag_before_anything_loads(
+    tmp_path, capsys, flags, line
+):
+    """--port 70000 ended in an OverflowError traceback, --torch-threads -1 crashed torch, and the limits
+    said "serve limits must be positive" naming no flag. The index does not exist: the flag is checked
+    first."""
+    from conftest import one_error_line
+
+    assert main_serve([str(tmp_path / "nothing"), *flags]) == 2
+    captured = capsys.readouterr()
+    assert one_error_line(captured.err) == line and captured.out == ""
+
+
+def test_serve_limits_name_the_argument():
+    for name in ("max_query_chars", "max_k", "workers", "max_pending"):
+        with pytest.raises(ValueError, match=rf"^ServeLimits: {name} must be a positive int, got 0$"):
+            ServeLimits(**{name: 0})
+
+
+def _serve_argv(env, *flags: str) -> list[str]:
+    # One worker thread, one torch thread: main_serve sets the process's torch threads (one_thread's count).
+    return [str(env.index_dir), "--workers", "1", "--torch-threads", "1", "--log-level", "warning", *flags]
+
+
+def test_a_busy_port_is_one_error_line_naming_host_and_port_and_nothing_is_announced(env, capsys):
+    """The URL was printed, then uvicorn logged the bind error and exited 3."""
+    from conftest import one_error_line
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main_serve(_serve_argv(env, "--port", str(port))) == 2
+    captured = capsys.readouterr()
+    line = one_error_line(captured.err)
+    assert line.startswith(f"error: --port: cannot listen on 127.0.0.1:{port}: ") and "(EADDRINUSE)" in line
+    assert "choose another --port" in line
+    assert "serving" not in captured.out and "http://" not in captured.out + captured.err
+
+
+def test_an_address_of_another_machine_is_one_error_line_naming_it(env, capsys):
+    from conftest import one_error_line
+
+    assert main_serve(_serve_argv(env, "--host", "192.0.2.1", "--port", "8123")) == 2  # TEST-NET-1
+    captured = capsys.readouterr()
+    line = one_error_line(captured.err)
+    assert line.startswith("error: --host: cannot listen on 192.0.2.1:8123: ") and "(EADDRNOTAVAIL)" in line
+    assert "serving" not in captured.out
+
+
+def test_serve_hands_uvicorn_the_socket_it_bound_with_the_same_options(env, capsys, monkeypatch):
+    """uvicorn serves on the socket bound before the announcement (no window in which the port could be
+    taken), the announced URL names the port --port 0 got, and the uvicorn options are those of before."""
+    import uvicorn
+
+    seen = {}
+
+    def fake_run(server, sockets=None):  # instead of serving forever: what uvicorn was given
+        seen["config"], seen["sockets"] = server.config, sockets
+        (sock,) = sockets
+        host, port = sock.getsockname()[:2]
+        seen["address"] = (host, port)
+        with socket.create_connection((host, port), timeout=5):  # already listening
+            pass
+        with socket.socket() as other, pytest.raises(OSError):  # and nobody else can have the port
+            other.bind((host, port))
+
+    monkeypatch.setattr(uvicorn.Server, "run", fake_run)
+    assert main_serve(_serve_argv(env, "--port", "0", "--max-pending", "100")) == 0
+    host, port = seen["address"]
+    assert host == "127.0.0.1" and port > 0
+    out = capsys.readouterr().out
+    assert f"serving 24 images of {env.index_dir} at http://127.0.0.1:{port}/ (1 workers x 1" in out
+    config = seen["config"]
+    assert (config.limit_concurrency, config.timeout_keep_alive, config.server_header) == (400, 5, False)
+    assert config.log_level == "warning"
+    assert seen["sockets"][0].fileno() == -1  # closed once uvicorn returns
+
+
+CONTROL_CHARACTERS = ["%0a", "%09", "%0d", "%7f", "%00", "%1b", "%08", "%c2%85", "%c2%9b", "%c2%80"]
+
+
+def test_queries_with_control_characters_are_a_400_naming_them(client, searcher):
+    """docs/search.md said control characters are refused; newline, tab, CR, DEL and C1 passed (and a
+    trailing newline was stripped away unseen)."""
+    for raw in CONTROL_CHARACTERS:
+        code = f"U+{ord(bytes.fromhex(raw.replace('%', '')).decode('utf-8')):04X}"
+        for url in (
+            f"/api/search?q=red{raw}circle",
+            f"/api/search?q=red+circle{raw}",
+            f"/api/explain?q={raw}red+circle&id=0",
+        ):
+            message = _error(client.get(url), 400)
+            assert message.startswith("parameter 'q' contains control characters (") and code in message, url
+    # Accents, CJK and other printable text still search.
+    query = "a red circle café 赤い円"
+    response = client.get("/api/search", params={"q": query, "k": 3})
+    assert response.status_code == 200 and response.json()["query"] == query
+    assert [r["id"] for r in response.json()["results"]] == [h.id for h in searcher.search(query, 3).hits]
+    assert response.json()["unknown_words"] == ["café", "赤い円"]

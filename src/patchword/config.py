@@ -40,6 +40,7 @@ __all__ = [
     "refuse_edited_config",
     "flat_config",
     "field_subset",
+    "check_common_values",
 ]
 
 T = TypeVar("T")
@@ -444,3 +445,34 @@ def _dataclass_type(hint: Any) -> type | None:
             if dataclasses.is_dataclass(arg):
                 return arg
     return None
+
+
+#: numpy's seed range (``np.random.seed`` refuses anything else): a seed outside it fails after the run
+#: directory was written, so it is checked with the config
+SEED_RANGE = (0, 2**32 - 1)
+
+
+def check_common_values(cfg: Any, seeds: Iterable[str] = ("seed",), name_key: str | None = "name") -> None:
+    """Checks every run config needs, before anything is written: no NaN in any value (a NaN compares false
+    with every bound, so a range check alone lets it through to the first step), each key of ``seeds`` in
+    :data:`SEED_RANGE`, and the run's name (``name_key``) a plain directory name.
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    import math
+
+    values = flat_config(cfg)
+    for key, value in values.items():
+        if isinstance(value, float) and math.isnan(value):
+            raise ConfigError(key, "is NaN: give a number")
+    low, high = SEED_RANGE
+    for key in seeds:
+        if not low <= values[key] <= high:
+            raise ConfigError(key, f"must lie in [0, 2**32 - 1] (numpy's seed range), got {values[key]!r}")
+    if name_key is not None:
+        name = values[name_key]
+        if name in (".", "..") or "/" in name or "\\" in name:
+            raise ConfigError(
+                name_key, f"is the run's directory under output_dir: a plain name, got {name!r}"
+            )

@@ -17,6 +17,7 @@ import torch
 
 from patchword.bench.formatting import format_scoring, format_two_stage
 from patchword.bench.inputs import SCORING_CONFIGS
+from patchword.cli.argtypes import int_at_least
 from patchword.errors import USER_ERRORS, ConfigError, RunExistsError, report_user_error
 from patchword.fileio import atomic_write_text
 from patchword.logs import setup_logging
@@ -32,7 +33,12 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--quick", action="store_true", help="small sizes, one repeat (a smoke run)")
     common.add_argument("--max-memory-mb", type=float, default=1024, help="the scoring engine's budget")
-    common.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    common.add_argument(
+        "--threads",
+        type=int_at_least(0, "0: torch's default"),
+        default=0,
+        help="torch threads (0 = torch's default)",
+    )
     common.add_argument("--json", type=Path, default=None, help="write the raw results here")
     common.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     common.add_argument("-v", "--verbose", action="store_true", help="tracebacks of errors")
@@ -40,13 +46,17 @@ def _parser() -> argparse.ArgumentParser:
     scoring = argparse.ArgumentParser(add_help=False)
     scoring.add_argument(
         "--images",
-        type=int,
+        type=int_at_least(1),
         help="images of the timed block (default 256); the reference loops over captions against all of "
         "them, as the official evaluation does with its 256-image shards",
     )
-    scoring.add_argument("--caption-images", type=int, help="the 5 captions of this many images (48)")
-    scoring.add_argument("--ref-captions", type=int, help="captions the reference loop scores (10)")
-    scoring.add_argument("--repeats", type=int, help="interleaved repeats, the best is kept (3)")
+    scoring.add_argument(
+        "--caption-images", type=int_at_least(1), help="the 5 captions of this many images (48)"
+    )
+    scoring.add_argument(
+        "--ref-captions", type=int_at_least(1), help="captions the reference loop scores (10)"
+    )
+    scoring.add_argument("--repeats", type=int_at_least(1), help="interleaved repeats, the best is kept (3)")
     scoring.add_argument("--configs", default=",".join(SCORING_CONFIGS), help="comma-separated configs")
     lengths = scoring.add_mutually_exclusive_group()
     lengths.add_argument("--data", default=None, help="the shared data folder (default ../shared/data)")
@@ -56,7 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     scoring.add_argument(
         "--bert-vocab", default="bert-base-uncased", help="BERT vocabulary for dense lengths ('' = none)"
     )
-    scoring.add_argument("--peak-size", type=int, help="matrix side of the matmul peak measurement (2048)")
+    scoring.add_argument(
+        "--peak-size", type=int_at_least(1), help="matrix side of the matmul peak measurement (2048)"
+    )
     scoring.add_argument("--no-rss", action="store_true", help="skip the fresh-process RSS measurement")
 
     two_stage = argparse.ArgumentParser(add_help=False)
@@ -69,7 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     two_stage.add_argument(
         "--backend", default="exact", choices=["exact", "faiss_flat", "faiss_ivf", "faiss_hnsw"]
     )
-    two_stage.add_argument("--two-stage-repeats", type=int, default=2, help="timing repeats (best kept)")
+    two_stage.add_argument(
+        "--two-stage-repeats", type=int_at_least(1), default=2, help="timing repeats (best kept)"
+    )
 
     parser = argparse.ArgumentParser(
         prog="patchword bench", description="Benchmarks of exhaustive scoring and two-stage search."

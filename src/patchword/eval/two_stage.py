@@ -18,6 +18,7 @@ the token-level similarity, optionally as the hybrid ``d_g + d_l``. Here:
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ __all__ = [
     "GlobalIndex",
     "TwoStageResult",
     "faiss_available",
+    "import_faiss",
     "global_embeddings",
     "ivf_lists",
     "two_stage_scores",
@@ -58,10 +60,33 @@ def ivf_lists(size: int) -> int:
     return max(1, min(int(4 * size**0.5), size // 39))
 
 
+def import_faiss():
+    """The ``faiss`` module, imported without its loader's INFO lines.
+
+    Raises:
+        ImportError: faiss is not installed or cannot be loaded.
+    """
+    # The first import logs at INFO each instruction set it tries and misses (``Could not load library with
+    # AVX512 support due to: ModuleNotFoundError("No module named 'faiss.swigfaiss_avx512'")``...): ~8 lines
+    # on the stderr of every command, although the build it falls back to is the normal case. WARNING for
+    # the import only: the loader's errors (no build loads at all) still show, and a level the application
+    # set on that logger itself is kept.
+    loader = logging.getLogger("faiss.loader")
+    quiet = loader.level == logging.NOTSET
+    if quiet:
+        loader.setLevel(logging.WARNING)
+    try:
+        import faiss
+    finally:
+        if quiet:
+            loader.setLevel(logging.NOTSET)
+    return faiss
+
+
 def faiss_available() -> bool:
     """Whether the optional ``faiss`` package (``pip install faiss-cpu``) can be imported."""
     try:
-        import faiss  # noqa: F401
+        import_faiss()
     except ImportError:
         return False
     return True
@@ -69,7 +94,7 @@ def faiss_available() -> bool:
 
 def _faiss():
     try:
-        import faiss
+        faiss = import_faiss()
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise ImportError(
             "the FAISS backends need the optional faiss package: pip install faiss-cpu "

@@ -245,8 +245,10 @@ def cosine_topk(
 
 
 def _import_faiss():
+    from patchword.eval.two_stage import import_faiss
+
     try:
-        import faiss
+        faiss = import_faiss()  # without the loader's INFO lines
     except ImportError as err:
         raise MissingExtraError(
             "backend='faiss' needs FAISS: pip install 'patchword[ann]' (faiss-cpu); the default "

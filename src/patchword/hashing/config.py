@@ -7,10 +7,12 @@ cross-field rules are :func:`check_hash_config`. The defaults are the official U
 
 from __future__ import annotations
 
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
+from patchword.config import check_common_values
 from patchword.errors import ConfigError
 
 __all__ = [
@@ -153,4 +155,8 @@ def check_hash_config(cfg: HashRunConfig):
         raise ConfigError("train.epochs", f"must be >= 0, got {tc.epochs}")
     if tc.num_threads < 0:
         raise ConfigError("train.num_threads", f"must be >= 0 (0 = torch's default), got {tc.num_threads}")
+    for key in ("lr_encoder", "lr_heads"):
+        if not 0 <= getattr(tc, key) < math.inf:
+            raise ConfigError(f"train.{key}", f"must be a finite number >= 0, got {getattr(tc, key)!r}")
+    check_common_values(cfg, seeds=("train.seed", "data.split_seed", "data.synthetic_seed"))
     return device

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from patchword.device import resolve_device
-from patchword.errors import USER_ERRORS, ConfigError, report_user_error, run_command
+from patchword.errors import USER_ERRORS, ConfigError, MissingExtraError, report_user_error, run_command
 from patchword.logs import setup_logging
 
 __all__ = ["main_index", "main_search"]
@@ -106,6 +106,13 @@ def main_index(argv: list[str] | None = None) -> int:
             )
         if args.qdrant and args.keep_patches is not None:
             raise ConfigError("--keep-patches", "the Qdrant backend holds every patch: leave it out")
+        if args.qdrant:  # checked before the build: the upload comes after it
+            from patchword.search.qdrant import _client_module
+
+            try:
+                _client_module()
+            except MissingExtraError as err:
+                raise MissingExtraError(f"--qdrant: {err}") from None
         report = build_index(
             args.run_dir,
             args.images,
@@ -174,13 +181,17 @@ def open_searcher(args: argparse.Namespace):
 def main_search(argv: list[str] | None = None) -> int:
     """``patchword search INDEX_DIR "query" [-k 10] [--json]``: prints rank, score, path and latency, and a
     ``warning:`` line on stderr naming the query words the model does not know (a query with no known word
-    is an error, exit code 2)."""
+    or with control characters is an error, exit code 2)."""
     args = _search_parser().parse_args(argv)
     _logging(args.verbose)
+    from patchword.search.query import check_query_text
 
     try:
         if args.k < 1:
             raise ValueError(f"-k must be positive, got {args.k}")
+        if args.shortlist is not None and args.shortlist < 1:
+            raise ConfigError("--shortlist", f"must be >= 1, got {args.shortlist}")
+        check_query_text(args.query)  # before the model loads (the search checks it again)
         searcher = open_searcher(args)
         result = searcher.search(args.query, k=args.k)
     except USER_ERRORS as err:

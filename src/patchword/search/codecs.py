@@ -29,10 +29,13 @@ import numpy as np
 
 from patchword.errors import ConfigError, MissingExtraError
 
-__all__ = ["STORES", "TokenCodec", "make_codec", "load_codec", "CODEC_FILE"]
+__all__ = ["STORES", "TokenCodec", "check_store", "make_codec", "load_codec", "CODEC_FILE"]
 
 STORES = ("float32", "float16", "int8", "pq")
 CODEC_FILE = "codec.npz"
+#: Tokens the product quantiser needs to train on: one per centroid at the least (FAISS wants ~40x that
+#: for good centroids).
+PQ_MIN_TOKENS = 256
 
 
 @dataclass
@@ -130,6 +133,27 @@ class TokenCodec:
         return out
 
 
+def check_store(store: str) -> None:
+    """Check, before an index is written, that ``store`` is one of :data:`STORES` and that what building
+    it needs is installed (pq: FAISS).
+
+    Raises:
+        ConfigError: an unknown store.
+        MissingExtraError: pq without FAISS.
+    """
+    if store not in STORES:
+        raise ConfigError("--store", f"must be one of {', '.join(STORES)}, got {store!r}")
+    if store == "pq":
+        from patchword.eval.two_stage import import_faiss
+
+        try:
+            import_faiss()  # quietly: faiss's loader logs every build it tries
+        except ImportError:
+            raise MissingExtraError(
+                "--store pq trains FAISS's product quantiser: pip install 'patchword[ann]'"
+            ) from None
+
+
 def make_codec(
     store: str, sample: np.ndarray | None = None, *, pq_m: int | None = None, seed: int = 0
 ) -> TokenCodec:
@@ -140,24 +164,20 @@ def make_codec(
         ConfigError: an unknown store, or pq with C not divisible by ``pq_m`` / too few samples.
         MissingExtraError: pq without FAISS.
     """
-    if store not in STORES:
-        raise ConfigError("--store", f"must be one of {', '.join(STORES)}, got {store!r}")
+    check_store(store)
     if store != "pq":
         return TokenCodec(store)
-    try:
-        import faiss
-    except ImportError:
-        raise MissingExtraError(
-            "--store pq trains FAISS's product quantiser: pip install 'patchword[ann]'"
-        ) from None
+    import faiss  # imported (quietly) by check_store
+
     sample = np.ascontiguousarray(sample, dtype=np.float32)
     dim = sample.shape[1]
     pq_m = pq_m or max(1, min(64, dim // 8))
     if dim % pq_m:
         raise ConfigError("--pq-bytes", f"{pq_m} sub-quantisers do not divide the {dim}-d tokens")
-    if len(sample) < 256:  # one per centroid at the least (FAISS wants ~40x that for good centroids)
+    if len(sample) < PQ_MIN_TOKENS:
         raise ConfigError(
-            "--store", f"pq needs at least 256 tokens to train on, the first shard has {len(sample)}"
+            "--store",
+            f"pq needs at least {PQ_MIN_TOKENS} tokens to train on, the first shard has {len(sample)}",
         )
     faiss.omp_set_num_threads(1)  # the same centroids whatever the machine's core count
     pq = faiss.ProductQuantizer(dim, pq_m, 8)

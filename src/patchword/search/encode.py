@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from patchword.data.images import load_image
-from patchword.errors import DataError, MissingFileError
+from patchword.errors import DataError, MissingFileError, describe_os_error
 from patchword.eval.engine.core import ScoringEngine
 from patchword.matching.ops import length_mask
 from patchword.runs import LoadedRun
@@ -45,32 +45,41 @@ def read_dense_file(path: str | os.PathLike[str]) -> dict[str, str]:
 
     Raises:
         MissingFileError: no such file.
-        DataError: a malformed line (named by number) or the same image twice.
+        DataError: a directory, a file that cannot be read or is not UTF-8 text, a malformed line (named
+            by number) or the same image twice; every message starts with ``--dense:``.
     """
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"--dense: {path} is a directory, not a dense caption file (JSONL)")
     if not path.is_file():
         raise MissingFileError(f"--dense: dense caption file not found: {path}")
     texts: dict[str, str] = {}
-    with path.open(encoding="utf-8", errors="strict") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{lineno}: malformed JSON: {err.msg}") from err
-            meta = record.get("metadata") if isinstance(record, dict) else None
-            text = record.get("text") if isinstance(record, dict) else None
-            key = (meta.get("file") or meta.get("image_id")) if isinstance(meta, dict) else None
-            if not isinstance(text, str) or not text.strip() or not isinstance(key, str) or not key:
-                raise DataError(
-                    f"{path}:{lineno}: expected {{'text': ..., 'metadata': {{'file': <image path relative to "
-                    "--images>}}}}"
-                )
-            key = Path(key).as_posix()
-            if key in texts:
-                raise DataError(f"{path}:{lineno}: a second dense caption for {key}")
-            texts[key] = text.strip()
+    lineno = 0
+    try:
+        with path.open(encoding="utf-8", errors="strict") as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise DataError(f"--dense: {path}:{lineno}: malformed JSON: {err.msg}") from err
+                meta = record.get("metadata") if isinstance(record, dict) else None
+                text = record.get("text") if isinstance(record, dict) else None
+                key = (meta.get("file") or meta.get("image_id")) if isinstance(meta, dict) else None
+                if not isinstance(text, str) or not text.strip() or not isinstance(key, str) or not key:
+                    raise DataError(
+                        f"--dense: {path}:{lineno}: expected {{'text': ..., 'metadata': {{'file': <image "
+                        "path relative to --images>}}}}"
+                    )
+                key = Path(key).as_posix()
+                if key in texts:
+                    raise DataError(f"--dense: {path}:{lineno}: a second dense caption for {key}")
+                texts[key] = text.strip()
+    except UnicodeDecodeError as err:
+        raise DataError(f"--dense: {path}:{lineno + 1}: not UTF-8 text ({err.reason})") from err
+    except OSError as err:  # unreadable (permissions, an I/O error): the file is what the user fixes
+        raise DataError(f"--dense: cannot read {describe_os_error(err)}") from err
     return texts
 
 

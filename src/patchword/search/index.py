@@ -25,12 +25,13 @@ from typing import Any
 
 import torch
 
-from patchword.errors import ConfigError, DataError, RunExistsError
+from patchword.errors import ConfigError, DataError, MissingFileError, RunExistsError, describe_os_error
 from patchword.eval.engine.core import engine_for
+from patchword.fileio import probe_writable
 from patchword.progress import progress_bar
 from patchword.runs import LoadedRun, load_run
 from patchword.search.build_report import BuildReport, no_images_message
-from patchword.search.codecs import load_codec, make_codec
+from patchword.search.codecs import PQ_MIN_TOKENS, check_store, load_codec, make_codec
 from patchword.search.encode import (
     ShardEncoder,
     codec_sample,
@@ -43,7 +44,7 @@ from patchword.search.identity import IndexMismatchError, check_index_model, mod
 from patchword.search.maintenance import COMPACT_DEAD_FRACTION, compact, drop_broken_shards, remove_orphans
 from patchword.search.pruning import pruning_record
 from patchword.search.query import fine_matcher
-from patchword.search.scan import SkippedFile, scan_images
+from patchword.search.scan import SkippedFile, check_image_folder, scan_images
 from patchword.search.store import (
     DENSE_STORES,
     DTYPES,
@@ -71,6 +72,22 @@ logger = logging.getLogger(__name__)
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _new_manifest(
+    identity: dict[str, Any],
+    images_root: Path,
+    dtype: str | None,
+    dense_file: Path | None,
+    dense_store: str | None,
+) -> Manifest:
+    if dense_store == "scores" and dense_file is None:
+        raise ConfigError("--dense-store", "scores are computed from dense captions: give --dense FILE")
+    dense = None
+    if dense_file is not None:
+        dense = {"file": str(dense_file.resolve()), "max_len": identity["max_dense_len"]}
+        dense["store"] = dense_store or "tokens"
+    return Manifest(model=identity, images_root=str(images_root), dtype=dtype or "float32", dense=dense)
+
+
 def _open_or_create(
     index_dir: Path,
     identity: dict[str, Any],
@@ -80,18 +97,18 @@ def _open_or_create(
     update: bool,
     dense_store: str | None = None,
 ) -> tuple[Manifest, bool]:
-    """The manifest to continue (resume / update) or a new one; refuses what would mix two indexes."""
+    """The manifest to continue (resume / update) or a new one; refuses what would mix two indexes.
+    Writes nothing."""
     if not (index_dir / MANIFEST_FILE).is_file():
         if index_dir.exists() and (not index_dir.is_dir() or any(index_dir.iterdir())):
             raise RunExistsError(f"--out {index_dir} exists and is not a search index; choose another --out")
-        dense = None
-        if dense_file is not None:
-            dense = {"file": str(dense_file.resolve()), "max_len": identity["max_dense_len"]}
-            dense["store"] = dense_store or "tokens"
-        return Manifest(
-            model=identity, images_root=str(images_root), dtype=dtype or "float32", dense=dense
-        ), False
+        return _new_manifest(identity, images_root, dtype, dense_file, dense_store), False
     manifest = Manifest.read(index_dir)
+    if manifest.state == "building" and not manifest.shards and not manifest.entries:
+        # A first build stopped before it stored any image (killed, a full disk, a model that failed on
+        # the first shard): there is nothing to keep, so nothing it recorded binds this command.
+        logger.info("%s holds no image yet: starting it again with this command's settings", index_dir)
+        return _new_manifest(identity, images_root, dtype, dense_file, dense_store), False
     check_index_model(manifest.model, identity, index_dir)
     if Path(manifest.images_root) != images_root:
         raise ConfigError(
@@ -146,6 +163,41 @@ def _pruning(manifest: Manifest, engine, keep_patches: float | None, index_dir: 
     return int(record["kept"])
 
 
+def _check_out(index_dir: Path) -> None:
+    """``--out``: not a file, and a directory (or, when it does not exist yet, the nearest existing parent)
+    where files can be created."""
+    if index_dir.exists() and not index_dir.is_dir():
+        raise RunExistsError(f"--out {index_dir} exists and is not a search index; choose another --out")
+    try:
+        probe_writable(index_dir)
+    except OSError as err:  # a file on the way, a read-only or vanished directory
+        raise ConfigError("--out", describe_os_error(err)) from err
+
+
+def _index_dense_texts(index_dir: Path, manifest: Manifest) -> dict[str, str]:
+    """The dense captions of the file an existing index was built with."""
+    file = Path(manifest.dense["file"])
+    if not file.is_file():
+        raise MissingFileError(
+            f"{index_dir} was built with the dense captions of {file}, which is missing: put it back, or "
+            "build a new index"
+        )
+    return read_dense_file(file)
+
+
+def _check_pq_sample(identity: dict[str, Any], first_shard: int, with_dense: bool) -> None:
+    """Refuse a pq store whose first shard (``first_shard`` images) cannot hold the tokens its quantiser
+    needs (checked again, exactly, on the encoded shard: an image may still fail to decode)."""
+    per_image = identity["image_tokens"] + (identity["max_dense_len"] if with_dense else 0)
+    if first_shard * per_image < PQ_MIN_TOKENS:
+        raise ConfigError(
+            "--store",
+            f"pq trains its quantiser on the first shard's tokens and needs at least {PQ_MIN_TOKENS}; the "
+            f"first shard's {first_shard} images give at most {first_shard * per_image}: index more images "
+            "or choose another --store",
+        )
+
+
 def build_index(
     run: LoadedRun | str | os.PathLike[str],
     images: str | os.PathLike[str],
@@ -170,7 +222,8 @@ def build_index(
         run: a loaded run, or a run directory (loaded with ``checkpoint`` on ``device``).
         images: the folder to index (recursively; images found by content).
         index_dir: where the index goes. A new build needs it absent or empty; an existing complete
-            index needs ``update``; an interrupted build is resumed.
+            index needs ``update``; an interrupted build is resumed (one stopped before it stored any
+            image is started again, with this call's settings).
         update: refresh an existing index: encode new and changed files, drop deleted ones.
         dtype: the token store of the shards, one of :data:`~patchword.search.codecs.STORES` (float32,
             float16, int8, pq; None: float32 for a new
@@ -187,7 +240,7 @@ def build_index(
             in the manifest; None: every patch for a new index, the index's own choice for an existing one).
         batch_size: images per encoder batch.
         shard_size: images per shard (the unit of resumption).
-        workers: decoding threads (default: min(4, CPU count)).
+        workers: decoding threads (None or 0: min(4, CPU count)).
         device, checkpoint: used when ``run`` is a directory.
         progress: progress bar (default: only on a terminal).
 
@@ -197,29 +250,41 @@ def build_index(
     Raises:
         IndexMismatchError: ``index_dir`` was built by another model.
         RunExistsError: ``index_dir`` holds something else, or a complete index without ``update``.
-        DataError: ``images`` holds no image (nothing is written).
-        ConfigError: ``--images`` / ``--fp16`` / ``--dense`` disagree with the existing index, or the model
-            cannot read images.
+        MissingFileError: no ``images`` folder, ``dense`` file, run or checkpoint.
+        DataError: ``images`` holds no image; a ``dense`` file that cannot be read.
+        ConfigError: a value out of its range (``--batch-size``, ``--shard-size``, ``--workers``,
+            ``--pq-bytes``, ``--keep-patches``...), ``--out`` where no index can be written, ``--images`` /
+            ``--fp16`` / ``--dense`` disagreeing with the existing index, or a model that cannot read images.
+        MissingExtraError: ``--store pq`` without FAISS.
+
+    Each of these is raised before anything is written, and names the flag or file it is about. An
+    ``OSError`` while the index is written (a full disk) names the file; the same call then resumes.
     """
     start = time.perf_counter()
+    # Every flag and file is checked before anything is written: a refused command leaves --out as it was
+    # (absent, or the index it held), so nothing a typo recorded can refuse the corrected command.
     if dtype is not None and dtype not in DTYPES:
         raise ConfigError("--store", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if batch_size < 1 or shard_size < 1:
-        raise ConfigError("--batch-size", "batch and shard sizes must be positive")
+    if batch_size < 1:
+        raise ConfigError("--batch-size", f"must be at least 1, got {batch_size}")
+    if shard_size < 1:
+        raise ConfigError("--shard-size", f"must be at least 1, got {shard_size}")
+    if workers is not None and workers < 0:
+        raise ConfigError("--workers", f"must be 0 (the default: min(4, CPUs)) or more, got {workers}")
     if pq_bytes is not None and (dtype != "pq" or pq_bytes < 1):
         raise ConfigError(
             "--pq-bytes", "sets the pq store's bytes per token: give --store pq and a positive count"
         )
     if dense_store is not None and dense_store not in DENSE_STORES:
         raise ConfigError("--dense-store", f"must be one of {', '.join(DENSE_STORES)}, got {dense_store!r}")
+    images_root = check_image_folder(images).resolve()
+    index_dir = Path(index_dir).expanduser()
+    _check_out(index_dir)
+    dense_file = Path(dense).expanduser() if dense is not None else None
+    given_dense = read_dense_file(dense_file) if dense_file is not None else None
     if not isinstance(run, LoadedRun):
         run = load_run(run, checkpoint, device=device)
     identity = model_identity(run)
-    images_root = Path(images).expanduser().resolve()
-    index_dir = Path(index_dir).expanduser()
-    dense_file = Path(dense).expanduser() if dense is not None else None
-    if dense_store == "scores" and dense_file is None and not (index_dir / MANIFEST_FILE).is_file():
-        raise ConfigError("--dense-store", "scores are computed from dense captions: give --dense FILE")
     manifest, resumed = _open_or_create(
         index_dir, identity, images_root, dtype, dense_file, update, dense_store
     )
@@ -243,24 +308,6 @@ def build_index(
             "(its dense text enters every pair's selection, as in SEPS's paper variant): use --dense-store "
             "tokens",
         )
-    # Scanned before anything is written: a folder without images is an error, not an empty index (nor,
-    # for --update, an index emptied of every entry).
-    scan = scan_images(images_root, exclude=index_dir)
-    if not scan.images:
-        raise DataError(no_images_message(images_root, scan.skipped, scan.ignored))
-    drop_broken_shards(index_dir, manifest)
-    manifest.state = "building"
-    created = not index_dir.exists()
-    index_dir.mkdir(parents=True, exist_ok=True)
-    (index_dir / SHARDS_DIR).mkdir(exist_ok=True)
-    try:
-        manifest.write(index_dir)
-    except BaseException:
-        # Nothing to resume yet (the first manifest is what makes the directory an index): leave nothing.
-        if created:
-            shutil.rmtree(index_dir, ignore_errors=True)
-        raise
-    remove_orphans(index_dir, manifest)
     reads_dense = run.model.matcher.consumes_dense and run.config.data.dense
     if dense_file is None and manifest.dense is None and reads_dense:
         logger.warning(
@@ -268,7 +315,21 @@ def build_index(
             "without them, which is not how the model was evaluated",
             run.run_dir,
         )
-    dense_texts = read_dense_file(manifest.dense["file"]) if manifest.dense else None
+    if manifest.dense is None:
+        dense_texts = None
+    elif given_dense is not None:
+        dense_texts = given_dense  # the index's own file (_open_or_create refuses another)
+    else:
+        dense_texts = _index_dense_texts(index_dir, manifest)
+    # Scanned before anything is written: a folder without images is an error, not an empty index (nor,
+    # for --update, an index emptied of every entry).
+    scan = scan_images(images_root, exclude=index_dir)
+    if not scan.images:
+        raise DataError(no_images_message(images_root, scan.skipped, scan.ignored))
+    drop_broken_shards(index_dir, manifest)
+    codec = load_codec(index_dir, manifest.dtype) if manifest.shards else None
+    if codec is None:
+        check_store(manifest.dtype)  # pq: FAISS, which trains the quantiser on the first shard
 
     report = BuildReport(index_dir=index_dir, resumed=resumed, ignored=scan.ignored)
     scanned = {f.path: f for f in scan.images}
@@ -298,9 +359,24 @@ def build_index(
             skipped.append(SkippedFile(file.path, f"no dense caption in {manifest.dense['file']}"))
             continue
         todo.append(file)
+    if codec is None and manifest.dtype == "pq" and todo:
+        _check_pq_sample(identity, min(len(todo), shard_size), dense_texts is not None and not store_scores)
+
+    # Everything checked: from here on the index is written (the first manifest makes --out an index).
+    manifest.state = "building"
     manifest.entries = kept
     manifest.skipped = sorted(skipped, key=lambda s: s.path)
-    manifest.write(index_dir)
+    created = not index_dir.exists()
+    index_dir.mkdir(parents=True, exist_ok=True)
+    (index_dir / SHARDS_DIR).mkdir(exist_ok=True)
+    try:
+        manifest.write(index_dir)
+    except BaseException:
+        # Nothing to resume yet (the first manifest is what makes the directory an index): leave nothing.
+        if created:
+            shutil.rmtree(index_dir, ignore_errors=True)
+        raise
+    remove_orphans(index_dir, manifest)
     if resumed:
         logger.info("resuming %s: %d images done, %d to encode", index_dir, len(kept), len(todo))
 
@@ -311,7 +387,6 @@ def build_index(
         progress_bar(len(todo), "index images", progress, unit="img") as bar,
     ):
         encoder = ShardEncoder(run, images_root, batch_size, pool, dense_texts)
-        codec = load_codec(index_dir, manifest.dtype) if manifest.shards else None
         for first in range(0, len(todo), shard_size):
             encoded = encoder.encode(todo[first : first + shard_size], bar.update)
             skipped += encoded.failed

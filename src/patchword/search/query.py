@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import time
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,7 @@ __all__ = [
     "DEFAULT_SHORTLIST",
     "QueryError",
     "Query",
+    "check_query_text",
     "SearchHit",
     "SearchResult",
     "Searcher",
@@ -72,12 +74,30 @@ def fine_matcher(matcher: Matcher) -> Matcher:
 
 
 class QueryError(DataError):
-    """A query the model cannot read: empty, no word at all, or no word the model's vocabulary knows
-    (``unknown_words`` then names them)."""
+    """A query the model cannot read: empty, with control characters, no word at all, or no word the
+    model's vocabulary knows (``unknown_words`` then names them)."""
 
     def __init__(self, message: str, unknown_words: list[str] | None = None) -> None:
         super().__init__(message)
         self.unknown_words = list(unknown_words or [])
+
+
+def check_query_text(text: str, what: str = "the query") -> None:
+    """Refuse a query holding control characters (C0 such as newline, tab, CR or NUL; DEL; C1): a query is
+    one line of text, and a control character in it is a pasting or encoding accident (or an attempt to
+    forge log lines), never something a caption means. Accents, CJK, emoji and other printable text pass.
+
+    Raises:
+        QueryError: naming the first control characters by code point (``U+000A``) and position.
+    """
+    found = [(i, c) for i, c in enumerate(text) if unicodedata.category(c) == "Cc"]
+    if found:
+        # Named by code point: printing the character itself would break the one-line error it goes into.
+        named = ", ".join(f"U+{ord(c):04X} at character {i + 1}" for i, c in found[:3])
+        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+        raise QueryError(
+            f"{what} contains control characters ({named}{more}): a query is one line of printable text"
+        )
 
 
 def _quoted(words: list[str]) -> str:
@@ -289,10 +309,12 @@ class Searcher:
         in ``Query.unknown_words``.
 
         Raises:
-            QueryError: empty, no word at all, or no word the model knows (naming the words).
+            QueryError: empty, control characters (:func:`check_query_text`), no word at all, or no word
+                the model knows (naming the words).
         """
         if not isinstance(text, str) or not text.strip():
             raise QueryError("the query is empty")
+        check_query_text(text)
         known, unknown = self.run.tokenizer.known_and_unknown_words(text.strip())
         if unknown and not known:
             raise QueryError(

@@ -24,9 +24,17 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
-from patchword.errors import MissingFileError
+from patchword.errors import ConfigError, MissingFileError
 
-__all__ = ["IMAGE_SUFFIXES", "ImageFile", "SkippedFile", "ScanResult", "scan_images", "file_signature"]
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "ImageFile",
+    "SkippedFile",
+    "ScanResult",
+    "check_image_folder",
+    "scan_images",
+    "file_signature",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +110,21 @@ def _inside(path: Path, root: Path) -> bool:
     return True
 
 
+def check_image_folder(folder: str | os.PathLike[str]) -> Path:
+    """``folder`` (``~`` expanded) when it is a directory.
+
+    Raises:
+        MissingFileError: nothing there.
+        ConfigError: a file, not a folder (both name ``--images``).
+    """
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        if root.exists():
+            raise ConfigError("--images", f"{root} is a file, not a folder of images")
+        raise MissingFileError(f"--images: image folder not found: {root}")
+    return root
+
+
 def scan_images(
     folder: str | os.PathLike[str], *, exclude: os.PathLike[str] | str | None = None
 ) -> ScanResult:
@@ -115,11 +138,9 @@ def scan_images(
         :class:`ScanResult` with the images sorted by relative path.
 
     Raises:
-        MissingFileError: ``folder`` is not a directory.
+        MissingFileError, ConfigError: ``folder`` is not a directory (:func:`check_image_folder`).
     """
-    root = Path(folder).expanduser()
-    if not root.is_dir():
-        raise MissingFileError(f"--images: image folder not found: {root}")
+    root = check_image_folder(folder)
     real_root = root.resolve()
     excluded = Path(exclude).resolve() if exclude is not None else None
     result = ScanResult(root=root)

@@ -27,12 +27,14 @@ version of the index.
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import mmap
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -54,6 +56,7 @@ __all__ = [
     "SearchIndex",
     "atomic_write",
     "save_npy_atomic",
+    "write_npy",
     "shard_files",
     "broken_shards",
     "DENSE_STORES",
@@ -175,8 +178,49 @@ class Manifest:
 
 
 def save_npy_atomic(path: Path, array: np.ndarray) -> None:
-    """``np.save`` to ``path`` atomically (temporary file, fsync, rename)."""
-    atomic_write(path, lambda fh: np.save(fh, np.ascontiguousarray(array), allow_pickle=False))
+    """``np.save`` to ``path`` atomically (temporary file, fsync, rename).
+
+    The bytes are those ``np.save`` writes, written with :func:`write_npy`: a full disk is
+    ``OSError(ENOSPC)`` naming ``path``, not numpy's "266240 requested and 244704 written"."""
+    atomic_write(path, lambda fh: write_npy(fh, array, path))
+
+
+def write_npy(fh: IO[bytes], array: np.ndarray, path: str | os.PathLike[str]) -> None:
+    """Write ``array`` in ``.npy`` format (``np.save``'s bytes, no pickles) to the open file ``fh``.
+
+    ``np.save`` writes a real file with ``ndarray.tofile`` (C ``fwrite``), which reports a write cut
+    short by a full disk as "N requested and M written", without the errno or the file. Here every byte
+    goes through ``os.write`` until all are written: the operating system's error comes out as an
+    ``OSError`` naming ``path`` (``path: No space left on device (ENOSPC)``), and a write that takes
+    nothing without an error is a full disk too."""
+    array = np.ascontiguousarray(array)
+    if array.dtype.hasobject:
+        raise ValueError(f"{path}: object arrays are not stored in an index")
+    header = io.BytesIO()
+    fields = np.lib.format.header_data_from_array_1_0(array)
+    try:
+        np.lib.format.write_array_header_1_0(header, fields)
+    except ValueError:  # a header over 64 KiB: np.save writes format 2.0 then
+        header = io.BytesIO()
+        np.lib.format.write_array_header_2_0(header, fields)
+    fh.flush()  # nothing may be buffered ahead of the bytes written to the descriptor
+    fd = fh.fileno()
+    for data in (header.getbuffer(), memoryview(array.reshape(-1).view(np.uint8))):
+        _write_all(fd, data, path)
+
+
+def _write_all(fd: int, data: memoryview, path: str | os.PathLike[str]) -> None:
+    """``os.write`` until every byte of ``data`` is written; a failure is an ``OSError`` naming ``path``."""
+    while len(data):
+        try:
+            written = os.write(fd, data)
+        except OSError as err:
+            if err.filename is not None:
+                raise
+            raise OSError(err.errno, err.strerror or str(err), os.fspath(path)) from err
+        if written <= 0:  # nothing taken and no error: a disk with no room left
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(path))
+        data = data[written:]
 
 
 #: Every array a shard may hold (``.scale``: the int8 store's per-token scales).

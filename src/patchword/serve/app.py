@@ -13,10 +13,10 @@ Routes (all JSON errors are ``{"error": message}`` with a 4xx / 5xx status):
 - ``GET /healthz``: liveness and what is served; ``GET /`` and ``/static/{app.js,style.css}``: the page.
 
 Robustness: parameters are parsed from the raw query string with strict UTF-8 and explicit bounds
-(query length, ``k``); model work (encoding, re-ranking, explaining) and file reads run in a bounded
-thread pool, so the event loop only parses and answers; requests beyond ``max_pending`` waiting for the
-pool get ``503`` at once instead of queueing without limit; any exception in a request is answered with
-``500`` and logged, and the server goes on.
+(query length, ``k``), and a query holding control characters is refused; model work (encoding,
+re-ranking, explaining) and file reads run in a bounded thread pool, so the event loop only parses and
+answers; requests beyond ``max_pending`` waiting for the pool get ``503`` at once instead of queueing
+without limit; any exception in a request is answered with ``500`` and logged, and the server goes on.
 
 (No ``from __future__ import annotations`` here: FastAPI reads the route signatures' annotations, and the
 FastAPI names are imported inside :func:`create_app` so that this module imports without the extra.)
@@ -35,7 +35,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from patchword.errors import MissingExtraError
-from patchword.search.query import QueryError, Searcher
+from patchword.search.query import QueryError, Searcher, check_query_text
 
 __all__ = ["ServeLimits", "create_app", "require_serve_extra", "BROWSER_FORMATS"]
 
@@ -91,8 +91,15 @@ class ServeLimits:
     def __init__(
         self, max_query_chars: int = 512, max_k: int = 100, workers: int = 2, max_pending: int = 64
     ) -> None:
-        if min(max_query_chars, max_k, workers, max_pending) < 1:
-            raise ValueError("serve limits must be positive")
+        given = {
+            "max_query_chars": max_query_chars,
+            "max_k": max_k,
+            "workers": workers,
+            "max_pending": max_pending,
+        }
+        for name, value in given.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ServeLimits: {name} must be a positive int, got {value!r}")
         self.max_query_chars, self.max_k = max_query_chars, max_k
         self.workers, self.max_pending = workers, max_pending
 
@@ -124,13 +131,16 @@ class _Params:
         value = self.values.get(key)
         if value is None:
             raise _BadRequest(400, f"missing parameter {key!r}")
+        # Before stripping: strip() would silently drop a trailing newline (and \x1c-\x1f, \x85).
+        try:
+            check_query_text(value, f"parameter {key!r}")
+        except QueryError as err:
+            raise _BadRequest(400, str(err)) from err
         value = value.strip()
         if not value:
             raise _BadRequest(400, f"parameter {key!r} is empty")
         if len(value) > max_chars:
             raise _BadRequest(400, f"parameter {key!r} is longer than {max_chars} characters")
-        if any(ord(c) < 32 and c not in "\t\n\r" for c in value):
-            raise _BadRequest(400, f"parameter {key!r} contains control characters")
         return value
 
     def integer(self, key: str, low: int, high: int, default: int | None = None) -> int:

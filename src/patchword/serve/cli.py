@@ -1,17 +1,21 @@
 """``patchword serve INDEX_DIR [--host 127.0.0.1] [--port 8000]``: the search page and API with uvicorn.
 
-``main_serve(argv)`` takes the arguments after ``serve`` and returns an exit code (2 after ``error: ...``
-for a user error, such as a missing index or the ``serve`` extra not installed).
+``main_serve(argv)`` takes the arguments after ``serve`` and returns an exit code (2 after one ``error: ...``
+line for a user error, such as a flag out of range, a missing index, the ``serve`` extra not installed or
+a port already in use).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
+import socket
 import sys
 from pathlib import Path
 
-from patchword.errors import USER_ERRORS, report_user_error
+from patchword.errors import ConfigError, describe_os_error, run_command
 from patchword.logs import setup_logging
 
 __all__ = ["main_serve"]
@@ -54,48 +58,120 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_flags(args: argparse.Namespace) -> None:
+    """Refuse the flag values that cannot work, each error naming its flag, before anything is loaded.
+
+    Raises:
+        ConfigError: ``--host`` empty, ``--port`` outside 0..65535, ``--torch-threads`` negative, or
+            ``--workers`` / ``--max-pending`` / ``--max-k`` / ``--max-query-chars`` / ``--shortlist`` < 1.
+    """
+    if not args.host.strip():
+        # An empty host would bind every interface: that must be asked for by name (0.0.0.0 or ::).
+        raise ConfigError("--host", "is empty; give an address (0.0.0.0 listens on every interface)")
+    if not 0 <= args.port <= 65535:
+        raise ConfigError("--port", f"must lie in 0..65535 (0: any free port), got {args.port}")
+    if args.torch_threads < 0:
+        raise ConfigError("--torch-threads", f"must be >= 0 (0: CPUs // --workers), got {args.torch_threads}")
+    for flag in ("--workers", "--max-pending", "--max-k", "--max-query-chars", "--shortlist"):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None and value < 1:
+            raise ConfigError(flag, f"must be >= 1, got {value}")
+
+
+def _address(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 address in brackets (``[::1]:8000``) as in a URL."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` and listening, for uvicorn to serve on.
+
+    Binding here, before the ``serving ...`` line, makes a busy port one error line instead of an announced
+    URL followed by uvicorn's exit 3; and since uvicorn serves on this very socket, nothing can take the
+    port between the check and the serving.
+
+    Raises:
+        ConfigError: ``host`` does not resolve or is not an address of this machine (``--host``), or the
+            port is taken or privileged (``--port``); the message names ``host:port`` and the reason.
+    """
+    where = _address(host, port)
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except OSError as err:  # socket.gaierror: a name that does not resolve
+        raise ConfigError("--host", f"cannot listen on {where}: {describe_os_error(err)}") from err
+    sock = socket.socket(family, kind, proto)
+    try:
+        # As uvicorn binds: a restarted server gets its port back while old connections are in TIME_WAIT.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        # Listening now, not when uvicorn starts: on Linux two SO_REUSEADDR sockets may both bind a port
+        # nobody listens on yet, and only the second listen() fails (uvicorn listens again, harmlessly).
+        sock.listen()
+    except OSError as err:
+        sock.close()
+        flag = "--host" if err.errno == errno.EADDRNOTAVAIL else "--port"
+        hint = "; another program listens there: stop it or choose another --port"
+        hint = hint if err.errno == errno.EADDRINUSE else ""
+        raise ConfigError(flag, f"cannot listen on {where}: {describe_os_error(err)}{hint}") from err
+    return sock
+
+
 def main_serve(argv: list[str] | None = None) -> int:
-    """Load the index and its run, then serve until interrupted."""
+    """Check the flags, load the index and its run, bind the port, then serve until interrupted."""
     args = _parser().parse_args(argv)
     setup_logging(level=args.log_level.upper())
+    return run_command(lambda: _serve(args), args.verbose)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """``serve`` itself; user and operating-system errors propagate to :func:`run_command`."""
+    _check_flags(args)
+    from patchword.serve.app import ServeLimits, create_app, require_serve_extra
+
+    require_serve_extra()
+    import torch
+    import uvicorn
+
+    from patchword.search.cli import open_searcher
+
+    limits = ServeLimits(args.max_query_chars, args.max_k, args.workers, args.max_pending)
+    threads = args.torch_threads or max(1, (os.cpu_count() or 1) // args.workers)
+    torch.set_num_threads(threads)  # the application's choice: the library never sets it
+    searcher = open_searcher(args)  # (may build the IVF lists first, with every core)
+    _faiss_threads(threads)
+    app = create_app(searcher, limits)
+    sock = _listen(args.host, args.port)
     try:
-        from patchword.serve.app import ServeLimits, create_app, require_serve_extra
-
-        require_serve_extra()
-        import torch
-        import uvicorn
-
-        from patchword.search.cli import open_searcher
-
-        limits = ServeLimits(args.max_query_chars, args.max_k, args.workers, args.max_pending)
-        threads = args.torch_threads or max(1, (os.cpu_count() or 1) // args.workers)
-        torch.set_num_threads(threads)  # the application's choice: the library never sets it
-        searcher = open_searcher(args)  # (may build the IVF lists first, with every core)
-        _faiss_threads(threads)
-        app = create_app(searcher, limits)
-    except USER_ERRORS as err:
-        return report_user_error(err, args.verbose)
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        port = sock.getsockname()[1]  # the port the system chose for --port 0
+        if args.host not in ("127.0.0.1", "localhost", "::1"):
+            print(
+                f"warning: listening on {args.host}: the server has no authentication and serves every "
+                "indexed image to whoever can reach it",
+                file=sys.stderr,
+            )
         print(
-            f"warning: listening on {args.host}: the server has no authentication and serves every indexed "
-            "image to whoever can reach it",
-            file=sys.stderr,
+            f"serving {len(searcher)} images of {args.index_dir} at http://{_address(args.host, port)}/ "
+            f"({args.workers} workers x {threads} torch threads; Ctrl-C stops)",
+            flush=True,
         )
-    print(
-        f"serving {len(searcher)} images of {args.index_dir} at http://{args.host}:{args.port}/ "
-        f"({args.workers} workers x {threads} torch threads; Ctrl-C stops)",
-        flush=True,
-    )
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        # Beyond this many open connections uvicorn answers 503 before the app sees the request.
-        limit_concurrency=max(4 * args.max_pending, 256),
-        timeout_keep_alive=5,
-        server_header=False,
-    )
+        config = uvicorn.Config(
+            app,
+            host=args.host,
+            port=port,
+            log_level=args.log_level,
+            # Beyond this many open connections uvicorn answers 503 before the app sees the request.
+            limit_concurrency=max(4 * args.max_pending, 256),
+            timeout_keep_alive=5,
+            server_header=False,
+        )
+        # uvicorn shuts down gracefully on Ctrl-C, then raises it again; Ctrl-C is how a server is stopped,
+        # so it exits 0, as uvicorn.run does.
+        with contextlib.suppress(KeyboardInterrupt):
+            uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
     return 0
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from patchword.config import config_diff, flat_config
+from patchword.config import check_common_values, config_diff
 from patchword.data.prepare import (
     FILE_DATASETS,
     REGION_DATASETS,
@@ -146,18 +146,10 @@ def _check_wandb(mode: str) -> None:
 
 
 def _check_identity(cfg: RunConfig) -> None:
-    """The run's name (its directory under ``output_dir``), its seed, and no NaN anywhere: a NaN compares
-    false with every bound, so a range check alone would let it through to the first step."""
-    name = cfg.name
-    if not name.strip() or name in (".", "..") or "/" in name or "\\" in name:
-        raise ConfigError(
-            "name", f"is the run's directory under output_dir: a plain non-empty name, got {name!r}"
-        )
-    if not 0 <= cfg.seed < 2**32:
-        raise ConfigError("seed", f"must lie in [0, 2**32 - 1] (numpy's seed range), got {cfg.seed!r}")
-    for key, value in flat_config(cfg).items():
-        if isinstance(value, float) and math.isnan(value):
-            raise ConfigError(key, "is NaN: give a number")
+    """The run's name (its directory under ``output_dir``, never empty), its seed, and no NaN anywhere."""
+    if not cfg.name.strip():
+        raise ConfigError("name", "is the run's directory under output_dir: a plain non-empty name, got ''")
+    check_common_values(cfg)
 
 
 def _existing(path: str, key: str, kind: str = "file") -> None:
