@@ -54,6 +54,12 @@ def _rewrite(path: Path, edit: Callable[[list[str]], list[str]]) -> None:
 # (case id, how to break the LAPS dataset, extra overrides, text the error must contain)
 LAPS_CASES = [
     ("missing image", lambda p: (p["image_root"] / "test1.png").unlink(), [], "test1.png"),
+    (  # f715cbc told a command-line user to "pass check_images=False", a library argument
+        "missing image names the config key",
+        lambda p: (p["image_root"] / "test1.png").unlink(),
+        [],
+        "set data.check_images=false",
+    ),
     (
         "corrupt image",
         lambda p: (p["image_root"] / "test1.png").write_bytes(b"not an image"),
