@@ -43,7 +43,7 @@ test: venv browser
 AVX2_KERNELS := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
 
 test-numerics: venv
-	$(AVX2_KERNELS) $(PY) -m pytest -q -m numerics
+	$(AVX2_KERNELS) $(PY) -m pytest -q -m numerics --expect-cpu-capability AVX2
 
 # Fine-tune the paper-variant SEPS on the synthetic scenes (CPU, fixed steps) and print the recall table.
 demo: venv

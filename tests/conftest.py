@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-#: Under CI (``CI=true``, as ``.ci/run`` is run) a skipped test fails: a missing optional dependency or data
-#: file would otherwise leave code untested without anyone noticing. ``make test`` installs what the suite
-#: exercises. The one exception: tests marked ``cuda`` skip on a machine without a CUDA device.
-IN_CI = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
-
+# The CI rule that nothing skips (tests/ci_guard.py): its hooks, registered here.
+from ci_guard import (  # noqa: E402, F401
+    IN_CI,
+    pytest_make_collect_report,
+    pytest_runtest_makereport,
+    pytest_sessionfinish,
+)
 
 #: Modules whose verdicts rest on floating-point agreement between two computations: trajectories in
 #: several processes or orders, resume, fast engines against forwards, rankings through two paths, numbers
@@ -44,7 +44,43 @@ NUMERICS_MODULES = {
     "test_import_scan_naaf",
     "test_import_tgdt_ucmfh",
     "test_cuda",
+    # engines against forwards, exported and re-evaluated models, references at 1e-5
+    "test_pruning",
+    "test_model_export",
+    "test_bench",
+    "test_device_paths",
+    "test_filip",
+    "test_seps_independent",
+    "test_losses",
+    "test_hashing_losses",
+    "test_hashing_metrics",
+    "test_encoders",
 }
+
+#: What makes a module numerics whatever its author remembered (``test_isolation.py`` checks it): it
+#: compares a fast scoring engine, or a reference loop, with something else.
+NUMERICS_SIGNS = ("score_matrix", "score_pairs", "eval.engine", "evaluate_matcher", "seps_reference")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--expect-cpu-capability",
+        default=None,
+        help="fail at once unless torch's CPU kernels run with this capability (make test-numerics: AVX2)",
+    )
+
+
+def pytest_configure(config):
+    """``make test-numerics`` restricts the kernels to AVX2 through environment variables a torch build
+    might ignore; then the rerun would prove nothing about AVX2, so the run stops instead."""
+    expected = config.getoption("--expect-cpu-capability")
+    if expected:
+        actual = torch.backends.cpu.get_cpu_capability()
+        if actual.upper() != expected.upper():
+            raise pytest.UsageError(
+                f"--expect-cpu-capability {expected}: torch's CPU kernels run with {actual} "
+                "(ATEN_CPU_CAPABILITY not honoured?)"
+            )
 
 
 def pytest_report_header(config):
@@ -66,20 +102,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.numerics)
 
 
-def _skips_for_want_of_cuda(item) -> bool:
-    """Whether ``item`` is marked ``cuda`` and this machine has no CUDA device: such a skip is expected
-    under CI (a CPU machine), the tests run where ``make gpu-check`` runs them."""
-    return item.get_closest_marker("cuda") is not None and not torch.cuda.is_available()
+@pytest.fixture(scope="session", autouse=True)
+def private_caches(tmp_path_factory):
+    """Every cache patchword keeps (``$PATCHWORD_CACHE``: the synthetic scenes) in this session's temporary
+    directory, for the tests and the processes they start: a test never reads what another session (or the
+    user) left in ``~/.cache/patchword``, and never writes there. Matplotlib's font cache too."""
+    import os
 
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
-    if IN_CI and report.skipped and not hasattr(report, "wasxfail") and not _skips_for_want_of_cuda(item):
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        report.outcome = "failed"
-        report.longrepr = f"skipped under CI=true, where nothing may skip: {reason}"
+    root = tmp_path_factory.mktemp("caches")
+    saved = {key: os.environ.get(key) for key in ("PATCHWORD_CACHE", "MPLCONFIGDIR")}
+    os.environ["PATCHWORD_CACHE"] = str(root / "patchword")
+    os.environ["MPLCONFIGDIR"] = str(root / "matplotlib")
+    yield root
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 @pytest.fixture

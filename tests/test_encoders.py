@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+import transformers  # a dev dependency: a missing one fails collection, never skips
 
 from patchword.data.tokenizers import BertCaptionTokenizer, size_augment
 from patchword.encoders import (
@@ -27,8 +28,6 @@ from patchword.encoders import (
     build_text_encoder,
 )
 from patchword.errors import ModelNotFoundError
-
-transformers = pytest.importorskip("transformers")
 
 VIT_CFG = TinyViTConfig(image_size=32, patch_size=8, width=32, depth=2, heads=2, embed_dim=48)
 TEXT_CFG = TinyTextConfig(vocab_size=50, max_len=16, width=32, depth=2, heads=2, embed_dim=48)

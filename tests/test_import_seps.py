@@ -16,6 +16,7 @@ import pathlib
 
 import pytest
 import torch
+import transformers  # a dev dependency: a missing one fails collection, never skips
 
 from patchword.errors import ConfigError, DataError
 from patchword.imports import ImportOptions, import_checkpoint, list_families
@@ -28,8 +29,6 @@ from patchword.testing.official_seps import (
     OfficialSEPS,
     official_checkpoint,
 )
-
-transformers = pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
