@@ -34,7 +34,7 @@ $(BROWSER_STAMP): | $(STAMP)
 		echo "warning: /usr/bin/chromedriver is missing and apt-get cannot run here: the browser test will skip" >&2; \
 	fi
 
-test: venv browser
+test: venv browser lint
 	$(PY) -m pytest -q
 
 # The numerically sensitive tests (pytest marker `numerics`) again with PyTorch's kernels (ATen, MKL, oneDNN)
@@ -78,9 +78,12 @@ GPU_CHECK_ARGS ?=
 gpu-check:
 	PYTHONPATH=src PYTHONUNBUFFERED=1 $(PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
+# Formatting, lint and the import contracts (pyproject.toml [tool.importlinter]: the layers of
+# docs/architecture.md); `make test` runs it first.
 lint: venv
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/lint-imports
 
 format: venv
 	$(VENV)/bin/ruff format src tests benchmarks

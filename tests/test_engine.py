@@ -13,7 +13,6 @@ from patchword.eval.engine import (
     TensorMemoryMeter,
     VSEEngine,
     engine_for,
-    register_engine,
 )
 from patchword.eval.engine.core import prepare_inputs
 from patchword.matching import Matcher, MatcherOutput, build_matcher
@@ -138,17 +137,19 @@ class _Dot(Matcher):
         return MatcherOutput(sims=img @ txt.T)
 
 
-def test_unknown_matchers_use_forward_and_may_register_their_own_engine():
+def test_unknown_matchers_use_forward_and_subclasses_inherit_the_declared_engine():
+    """An engine is attached one way: ``register_matcher(..., engine="module:Class")``; a subclass of a
+    registered matcher inherits it, a matcher never registered is scored by its forward."""
     m = _Dot()
     assert isinstance(engine_for(m), ForwardEngine)
     _check(m, "swin", None)
 
-    class Own(_Dot):
+    class Own(type(build_matcher("vse", embed_dim=DIM))):
         pass
 
-    register_engine(Own)(VSEEngine)
-    assert isinstance(engine_for(Own()), VSEEngine)
-    assert isinstance(engine_for(_Dot()), ForwardEngine)  # registered for the subclass only
+    assert isinstance(engine_for(Own(build_matcher("vse", embed_dim=DIM).config)), VSEEngine)
+    assert isinstance(engine_for(_Dot()), ForwardEngine)
+    assert isinstance(engine_for(Own(build_matcher("vse", embed_dim=DIM).config), "forward"), ForwardEngine)
     with pytest.raises(ValueError, match="engine must be"):
         engine_for(m, "fastest")
 

@@ -7,13 +7,12 @@ Data flows one way: dataset -> encoders -> token tensors -> matcher -> similarit
 ``patchword.matching.build_matcher`` a similarity head alone; ``patchword.runs.load_run`` a trained run.
 """
 
-__version__ = "0.1.0"
-
-from patchword.factory import (  # noqa: E402
+from patchword.factory import (
     create_model,
     create_model_and_transforms,
     get_model_config,
     list_models,
 )
+from patchword.version import __version__
 
 __all__ = ["__version__", "create_model", "create_model_and_transforms", "get_model_config", "list_models"]

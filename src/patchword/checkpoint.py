@@ -14,6 +14,7 @@ from safetensors.torch import save
 
 from patchword.fileio import atomic_write, atomic_write_bytes, atomic_write_text
 from patchword.readers import read_checkpoint, read_safetensors
+from patchword.version import __version__
 
 _logger = logging.getLogger(__name__)
 
@@ -80,8 +81,6 @@ def export_weights(
     model: torch.nn.Module, config: dict[str, Any], directory: str | Path, **extra: Any
 ) -> None:
     """Write ``model.safetensors`` + ``config.json`` (the resolved run config and library version)."""
-    from patchword import __version__
-
     directory = Path(directory)
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     atomic_write_bytes(directory / "model.safetensors", save(tensors))

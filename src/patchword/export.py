@@ -22,6 +22,7 @@ from safetensors.torch import save
 from patchword.errors import RunExistsError
 from patchword.fileio import atomic_write_bytes, atomic_write_text, probe_writable, staging_dir
 from patchword.readers import read_json
+from patchword.version import __version__
 
 __all__ = ["export_run", "model_card"]
 
@@ -36,7 +37,6 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
         RunExistsError: ``out`` exists.
         MissingFileError: ``run_dir`` is not a run directory, or lacks the checkpoint.
     """
-    from patchword import __version__
     from patchword.eval.recorded import evaluation_of
     from patchword.runs import config_hash, load_run
 
@@ -100,6 +100,15 @@ def _set_bert_vocab(config: Path) -> None:
     atomic_write_text(config, yaml.safe_dump(data, sort_keys=False))
 
 
+def _reported(mc) -> dict[str, Any]:
+    """The option fields the matcher's registration reports (SEPS / LAPS: ``variant``) and their values."""
+    from patchword.matching import matcher_spec
+    from patchword.model import matcher_arguments
+
+    options = {**matcher_spec(mc.matcher).preset, **matcher_arguments(mc)}
+    return {key: options[key] for key in matcher_spec(mc.matcher).report}
+
+
 def model_card(run, record: dict[str, Any]) -> str:
     """The ``README.md`` of an exported model: what it is, how it was trained, what it scored and how."""
     cfg, model = run.config, run.model
@@ -129,8 +138,7 @@ def model_card(run, record: dict[str, Any]) -> str:
         "",
         "## Model",
         "",
-        f"* matcher: `{mc.matcher}`"
-        + (f", variant `{mc.seps.variant}`" if mc.matcher in ("seps", "laps") else ""),
+        f"* matcher: `{mc.matcher}`" + "".join(f", {key} `{value}`" for key, value in _reported(mc).items()),
         f"* image encoder: {backbones['image']}; text encoder: {backbones['text']}",
         f"* patches: {model.image_encoder.num_patches}, CLS token: {model.image_encoder.has_cls}",
         f"* dense text: {dense}",

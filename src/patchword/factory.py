@@ -1,25 +1,28 @@
-"""Named architectures: ``create_model("seps-vit-b16-code")``, as open_clip's ``create_model``.
+"""``create_model``: the one way in, as open_clip's ``create_model``: a named architecture
+(``create_model("seps-vit-b16-code")``), a :class:`~patchword.model.ModelConfig`, or a saved model (an
+export or run directory, ``hf-hub:user/name``).
 
-Each name is a YAML file in ``patchword/model_configs/``: a ``model`` mapping of
-:class:`~patchword.model.ModelConfig` fields and, for Hugging Face backbones, a ``random_init`` mapping with
-their architecture so ``pretrained=False`` builds them without downloading anything.
+The names are the table in :mod:`patchword.model_configs` (a ``model`` mapping of ``ModelConfig`` fields
+and, for Hugging Face backbones, a ``random_init`` mapping with their architecture so ``pretrained=False``
+builds them without downloading anything). A saved model is read by :func:`patchword.runs.load_run`: this
+module sits above the run directory in the layers (docs/architecture.md), which builds its models with
+:func:`patchword.model.build_model` directly.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from patchword.config import config_to_dict, from_dict
 from patchword.errors import ConfigError
 from patchword.model import ModelConfig, RetrievalModel, build_model
+from patchword.model_configs import list_models, named_model_mapping, named_random_init
+from patchword.runs import load_run
 
 __all__ = [
     "list_models",
@@ -29,27 +32,12 @@ __all__ = [
     "create_model_and_transforms",
 ]
 
-_PACKAGE = "patchword.model_configs"
 #: The vocabulary a word-level text encoder (tiny transformer, GRU) gets when ``create_model`` is not told
 #: the tokenizer's: the shipped synthetic-scenes vocabulary (what the demo and the shipped encoders use).
 DEFAULT_VOCAB = "synthetic-64"
 _WORD_ENCODERS = ("tiny", "gru")
 
 _logger = logging.getLogger(__name__)
-
-
-@cache
-def _named() -> dict[str, dict[str, Any]]:
-    configs = {}
-    for entry in resources.files(_PACKAGE).iterdir():
-        if entry.name.endswith(".yaml"):
-            configs[entry.name[: -len(".yaml")]] = yaml.safe_load(entry.read_text())
-    return configs
-
-
-def list_models() -> list[str]:
-    """Names of the shipped model configs, sorted."""
-    return sorted(_named())
 
 
 def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
@@ -61,17 +49,6 @@ def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
             _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
         )
     return out
-
-
-def named_model_mapping(name: str) -> dict[str, Any]:
-    """The ``model`` mapping of named architecture ``name`` (with ``name`` itself), as its YAML file holds it.
-
-    Raises:
-        ConfigError: ``name`` is not a shipped model config (the message lists them).
-    """
-    if name not in _named():
-        raise ConfigError("model.name", f"unknown model {name!r}; shipped: {', '.join(list_models())}")
-    return {**_named()[name]["model"], "name": name}
 
 
 def get_model_config(name: str, **overrides: Any) -> ModelConfig:
@@ -112,8 +89,6 @@ def create_model(
     """
     directory = None if isinstance(model, ModelConfig) else _model_directory(model)
     if directory is not None:  # an exported model (or a run directory): its config and weights
-        from patchword.runs import load_run
-
         if overrides or vocab_size is not None or random_init is not None:
             raise ConfigError("model", f"{model}: a saved model is loaded as it is (no overrides)")
         return load_run(directory, device=device).model
@@ -133,7 +108,7 @@ def create_model(
             vocab_size,
         )
     if random_init is None and not pretrained:
-        random_init = _named()[cfg.name].get("random_init", {}) if cfg.name in _named() else {}
+        random_init = named_random_init(cfg.name)
         cfg = dataclasses.replace(cfg, tiny_pretrained="")
     built = build_model(cfg, vocab_size=vocab_size, vocab_words=vocab_words, random_init=random_init)
     return built.to(device)

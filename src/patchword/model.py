@@ -39,7 +39,14 @@ from patchword.matching import (
     matcher_reads_dense,
 )
 from patchword.matching.base import Matcher
-from patchword.matching.registry import GEOMETRY, list_matchers, matcher_preset, matcher_spec
+from patchword.matching.registry import (
+    GEOMETRY,
+    list_matchers,
+    matcher_preset,
+    matcher_reads_stage1_tokens,
+    matcher_spec,
+)
+from patchword.model_configs import named_model_mapping
 
 __all__ = [
     "typed_sections",
@@ -131,8 +138,6 @@ class ModelConfig:
     def named_base(cls, name: str) -> dict[str, Any]:
         """The ``model`` mapping of named architecture ``name`` (a config loader applies it under the
         section's own keys; see :func:`patchword.config.load_config`)."""
-        from patchword.factory import named_model_mapping
-
         return named_model_mapping(name)
 
     @classmethod
@@ -251,8 +256,9 @@ def started_pretrained(cfg: ModelConfig) -> tuple[bool, bool]:
 
 
 def _check_stage1_tokens(cfg: ModelConfig) -> None:
-    """TGDT's stage-1 local tokens need both context transformers to hand them over; only TGDT reads them."""
-    wants = cfg.matcher == "tgdt" and cfg.tgdt.local_tokens == "stage1"
+    """Stage-1 local tokens (TGDT's) need both context transformers to hand them over, and only a matcher
+    that reads them may ask for them (the matcher declares it: ``Matcher.reads_stage1_tokens``)."""
+    wants = matcher_reads_stage1_tokens(cfg.matcher, **matcher_arguments(cfg))
     emitters = {"model.text_context.emit_stage1": cfg.text_context.emit_stage1}
     if cfg.image_encoder == "precomp":
         emitters["model.precomp.context.emit_stage1"] = cfg.precomp.context.emit_stage1

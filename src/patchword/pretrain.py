@@ -84,7 +84,7 @@ def pretraining_recall(cfg: RunConfig, data) -> dict[str, Any] | None:
     if recipe is None:
         return None
     trained = recipe.model
-    if trained.matcher in ("clip", "vse"):
+    if not matcher_spec(trained.matcher).cls.token_level:  # global pretraining: the cosine is all there is
         return None
     section = matcher_spec(trained.matcher).section
     options = getattr(trained, section, None)

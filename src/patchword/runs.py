@@ -22,7 +22,7 @@ from patchword.checkpoint import load_weights
 from patchword.config import load_config
 from patchword.data.config import DataConfig
 from patchword.errors import ConfigError, MissingFileError
-from patchword.model import RetrievalModel
+from patchword.model import RetrievalModel, build_model, started_pretrained
 from patchword.precision import weight_dtype
 from patchword.readers import read_json
 from patchword.run_config import RunConfig
@@ -121,13 +121,10 @@ def build_run_model(run_dir: str | Path, cfg: RunConfig, vocab_size: int | None,
     needed any more: not the pretrained tiny encoders (``model.tiny_pretrained``), not the Hugging Face
     weights (rebuilt from ``backbones.json``, randomly initialised), not ``train.init_from``.
     """
-    from patchword.factory import create_model
-    from patchword.model import started_pretrained
-
     path = Path(run_dir) / BACKBONES_FILE
     random_init = read_json(path, path.name, default={})
     model_cfg = dataclasses.replace(cfg.model, tiny_pretrained="")
-    model = create_model(model_cfg, vocab_size=vocab_size, vocab_words=vocab_words, random_init=random_init)
+    model = build_model(model_cfg, vocab_size=vocab_size, vocab_words=vocab_words, random_init=random_init)
     # The encoders that started from pretrained weights train at the backbone learning rate: the same
     # optimiser parameter groups as the run's checkpoint, although their weights now come from it.
     model.image_encoder.pretrained, model.text_encoder.pretrained = started_pretrained(cfg.model)

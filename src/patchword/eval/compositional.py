@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from patchword.errors import DataError, MissingFileError
-from patchword.eval.engine.core import DEFAULT_MAX_MEMORY_MB, engine_for, prepare_inputs
+from patchword.eval.engine.base import DEFAULT_MAX_MEMORY_MB
+from patchword.eval.engine.core import engine_for, prepare_inputs
 from patchword.eval.engine.memory import budget_bytes
 from patchword.eval.scoring import encode_image_tokens, encode_text_tokens
 

@@ -26,10 +26,11 @@ import torch
 
 from patchword.data.pipeline import EncodedSplit, SelectedImages
 from patchword.distributed import Distributed
-from patchword.eval.config import EvalConfig
 from patchword.eval.engine import score_matrix
+from patchword.eval.engine.memory import configured_budget_mb
 from patchword.eval.metrics import coco_1k_folds, fold_bounds, retrieval_metrics
 from patchword.eval.scoring import encode_image_tokens, encode_text_tokens
+from patchword.run_config import EvalConfig
 
 __all__ = [
     "score_split",
@@ -123,7 +124,7 @@ def score_split(
             dense,
             dense_lens,
             txt2img=split.txt2img,
-            max_memory_mb=eval_cfg.scoring_budget_mb(device),
+            max_memory_mb=configured_budget_mb(eval_cfg.max_memory_mb, device),
             device=device,
             progress=progress,
         )
@@ -148,7 +149,7 @@ def _two_stage(
         split.cap_lens,
         k=(plan.k_i2t, plan.k_t2i),
         alpha=plan.alpha,
-        max_memory_mb=eval_cfg.scoring_budget_mb(device),
+        max_memory_mb=configured_budget_mb(eval_cfg.max_memory_mb, device),
         device=device,
         progress=progress,
         dist=dist,

@@ -16,11 +16,13 @@ import torch
 
 from patchword.data.prepare import PreparedData, eval_role
 from patchword.distributed import Distributed
+from patchword.eval.engine.memory import configured_budget_mb
 from patchword.eval.protocol import evaluate
 from patchword.fileio import atomic_write_text, check_output_file
 from patchword.matching import matcher_spec
 from patchword.model import RetrievalModel, matcher_arguments
 from patchword.run_config import RunConfig
+from patchword.version import __version__
 
 __all__ = [
     "run_metadata",
@@ -131,7 +133,6 @@ def evaluate_run_dir(
 
 
 def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tuple[dict[str, Any], Path]:
-    from patchword import __version__
     from patchword.data.prepare import eval_role, prepare_data
     from patchword.errors import ConfigError
     from patchword.eval.protocol import ensemble_metrics, evaluate
@@ -284,7 +285,7 @@ def evaluate_suite(
         max_dense_len=dc.max_dense_len,
         dense_captions=dense if dc.dense else None,
         device=loaded.device,
-        max_memory_mb=loaded.config.eval.scoring_budget_mb(loaded.device),
+        max_memory_mb=configured_budget_mb(loaded.config.eval.max_memory_mb, loaded.device),
         progress=loaded.config.progress,
     )
     result.update(

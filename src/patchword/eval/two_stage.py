@@ -26,13 +26,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from patchword.eval.engine.core import (
-    DEFAULT_MAX_MEMORY_MB,
-    ScoringEngine,
-    _matcher_device,
-    engine_for,
-    prepare_inputs,
-)
+from patchword.eval.engine.base import DEFAULT_MAX_MEMORY_MB, ScoringEngine
+from patchword.eval.engine.core import _matcher_device, engine_for, prepare_inputs
 from patchword.eval.engine.memory import BYTES_PER_MB, budget_bytes
 from patchword.matching.base import Matcher
 

@@ -331,9 +331,8 @@ def _run_config(
 ):
     from patchword.data.config import DataConfig
     from patchword.encoders import ContextConfig, PrecompConfig, RegionPostConfig
-    from patchword.eval.config import EvalConfig
     from patchword.model import ModelConfig, TGDTOptions
-    from patchword.run_config import RunConfig, TrainConfig
+    from patchword.run_config import EvalConfig, RunConfig, TrainConfig
 
     embed = int(cfg.get("model", "embed-size"))
     if embed == arch["hidden_size"]:

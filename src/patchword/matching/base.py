@@ -84,6 +84,16 @@ class Matcher(nn.Module):
     # Names of the ``MatcherOutput.decisions`` branches, in order (SEPS: ("caption", "dense")).
     selection_branches: tuple[str, ...] = ()
 
+    #: Whether it compares tokens (False: a global matcher, pooled embeddings only; pretraining with one is
+    #: evaluated by the global cosine, nothing finer)
+    token_level: bool = True
+
+    @classmethod
+    def reads_stage1_tokens(cls, config: object) -> bool:
+        """Whether a matcher built from ``config`` reads the context transformers' stage-1 tokens
+        (``emit_stage1``; TGDT's official test-time local tokens), known before building it."""
+        return False
+
     @classmethod
     def reads_dense(cls, config: object) -> bool:
         """Whether a matcher built from ``config`` reads dense text (known before building it, so data

@@ -36,6 +36,7 @@ __all__ = [
     "matcher_preset",
     "GEOMETRY",
     "LOSSES",
+    "matcher_reads_stage1_tokens",
 ]
 
 #: Training losses a matcher may declare: the VSE++ hinge on its sims, or CLIP's symmetric InfoNCE scaled
@@ -142,6 +143,12 @@ def matcher_reads_dense(name: str, **kwargs: Any) -> bool:
     """Whether matcher ``name`` built with ``kwargs`` reads dense text, without building it."""
     spec = matcher_spec(name)
     return spec.cls.reads_dense(spec.config_cls(**{**spec.preset, **kwargs}))
+
+
+def matcher_reads_stage1_tokens(name: str, **kwargs: Any) -> bool:
+    """Whether matcher ``name`` built with ``kwargs`` reads stage-1 context tokens, without building it."""
+    spec = matcher_spec(name)
+    return spec.cls.reads_stage1_tokens(spec.config_cls(**{**spec.preset, **kwargs}))
 
 
 #: The token geometry every matcher is offered (``build_model`` passes the image encoder's). A matcher whose

@@ -98,6 +98,10 @@ class TGDTMatcher(Matcher):
 
     consumes_dense = False  # region / global matchers ignore dense text
 
+    @classmethod
+    def reads_stage1_tokens(cls, config: object) -> bool:
+        return config.local_tokens == "stage1"
+
     def __init__(self, config: TGDTConfig) -> None:
         super().__init__()
         if config.inference not in _INFERENCE:

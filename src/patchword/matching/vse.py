@@ -51,6 +51,7 @@ class VSEMatcher(Matcher):
     """
 
     consumes_dense = False  # region / global matchers ignore dense text
+    token_level = False  # pooled embeddings only
 
     def __init__(self, config: VSEConfig) -> None:
         super().__init__()

@@ -19,7 +19,7 @@ import torch
 
 from patchword.data.images import load_image
 from patchword.errors import DataError, MissingFileError, describe_os_error
-from patchword.eval.engine.core import ScoringEngine
+from patchword.eval.engine.base import ScoringEngine
 from patchword.matching.ops import length_mask
 from patchword.runs import LoadedRun
 from patchword.search.codecs import TokenCodec

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from patchword.errors import ConfigError
-from patchword.eval.engine.core import ScoringEngine
+from patchword.eval.engine.base import ScoringEngine
 
 __all__ = ["PrunedTokens", "kept_patches", "prune_patches", "pruning_record"]
 

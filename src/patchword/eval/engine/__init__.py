@@ -1,18 +1,12 @@
 """Scoring engines: the exact full similarity matrix of a matcher, fast and in bounded memory.
 
-``score_matrix`` is the entry point; see :mod:`patchword.eval.engine.core` for the engine protocol and
-:mod:`patchword.eval.engine.seps` for the SEPS/LAPS reformulation.
+``score_matrix`` is the entry point (:mod:`patchword.eval.engine.core`, the dispatcher); the engine
+protocol and the types every engine shares are in :mod:`patchword.eval.engine.base`;
+:mod:`patchword.eval.engine.seps` is the SEPS/LAPS reformulation.
 """
 
-from patchword.eval.engine.core import (
-    DEFAULT_MAX_MEMORY_MB,
-    BlockPlan,
-    ScoringEngine,
-    ScoringInputs,
-    engine_for,
-    register_engine,
-    score_matrix,
-)
+from patchword.eval.engine.base import DEFAULT_MAX_MEMORY_MB, BlockPlan, ScoringEngine, ScoringInputs
+from patchword.eval.engine.core import engine_for, score_matrix
 from patchword.eval.engine.forward import ForwardEngine
 from patchword.eval.engine.memory import TensorMemoryMeter
 from patchword.eval.engine.seps import SEPSEngine
@@ -30,6 +24,5 @@ __all__ = [
     "TensorMemoryMeter",
     "VSEEngine",
     "engine_for",
-    "register_engine",
     "score_matrix",
 ]

@@ -106,3 +106,9 @@ class TensorMemoryMeter(TorchDispatchMode):
             self.peak_bytes = max(self.peak_bytes, self.current_bytes)
             weakref.finalize(storage, self._release, key, record)
         return out
+
+
+def configured_budget_mb(max_memory_mb: int, device) -> float:
+    """A config's ``eval.max_memory_mb``: the number itself, or (0) the automatic budget of ``device``
+    (:func:`default_budget_mb`)."""
+    return default_budget_mb(device) if max_memory_mb == 0 else max_memory_mb

@@ -49,7 +49,7 @@ from collections.abc import Iterator
 
 import torch
 
-from patchword.eval.engine.core import BlockPlan, ScoringEngine, ScoringInputs
+from patchword.eval.engine.base import BlockPlan, ScoringEngine, ScoringInputs
 from patchword.eval.engine.seps_align import SEPSAlignment
 from patchword.eval.engine.seps_blocks import (
     MIN_BUCKET,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from patchword.eval.engine.core import BlockPlan, ScoringInputs
+from patchword.eval.engine.base import BlockPlan, ScoringInputs
 from patchword.eval.engine.memory import largest_fitting
 from patchword.eval.engine.seps_blocks import MIN_BUCKET
 from patchword.eval.engine.staging import is_accelerator

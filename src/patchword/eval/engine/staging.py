@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from patchword.eval.engine.core import ScoringInputs
+from patchword.eval.engine.base import ScoringInputs
 
 __all__ = ["Staged", "host", "is_accelerator", "row_buffer", "stage"]
 

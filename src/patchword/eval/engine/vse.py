@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from patchword.eval.engine.core import BlockPlan, ScoringEngine
+from patchword.eval.engine.base import BlockPlan, ScoringEngine
 from patchword.eval.engine.staging import row_buffer, stage
 from patchword.progress import progress_bar
 
