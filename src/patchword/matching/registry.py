@@ -12,7 +12,11 @@ patchword needs to know about it (as timm's ``@register_model``), so nothing els
 * ``report``: option fields every metrics file records (SEPS: ``variant``).
 
 The built-in matchers register when :mod:`patchword.matching` is imported (its ``__init__`` imports them);
-a third-party matcher registers by being imported. The registry itself imports no matcher.
+a third-party matcher registers by being imported: by the user's code, or by patchword itself when its
+distribution declares an entry point in the ``patchword.matchers`` group (``[project.entry-points.
+"patchword.matchers"] my_matcher = "my_package.matcher"``), so ``patchword train model.matcher=...`` finds
+it from the shell. The registry itself imports no matcher; it imports the entry points the first time a
+name is looked up.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ __all__ = [
     "GEOMETRY",
     "LOSSES",
     "matcher_reads_stage1_tokens",
+    "ENTRY_POINT_GROUP",
+    "load_plugins",
 ]
 
 #: Training losses a matcher may declare: the VSE++ hinge on its sims, or CLIP's symmetric InfoNCE scaled
@@ -104,8 +110,42 @@ def register_matcher(
     return decorator
 
 
+#: The entry-point group third-party matchers declare (each entry point names a module that registers one).
+ENTRY_POINT_GROUP = "patchword.matchers"
+_plugins_loaded = False
+
+
+def load_plugins() -> list[str]:
+    """Import every module declared in the :data:`ENTRY_POINT_GROUP` entry points (once per process);
+    returns the names of the entry points imported now. A plug-in that fails to import is logged with its
+    error and left out: one broken distribution must not stop patchword."""
+    import logging
+    from importlib.metadata import entry_points
+
+    global _plugins_loaded
+    if _plugins_loaded:
+        return []
+    _plugins_loaded = True
+    loaded = []
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            entry.load()
+        except Exception as err:  # a third party's import error, whatever its type
+            logging.getLogger(__name__).warning(
+                "matcher plug-in %r (%s) failed to load: %s: %s",
+                entry.name,
+                entry.value,
+                type(err).__name__,
+                err,
+            )
+        else:
+            loaded.append(entry.name)
+    return loaded
+
+
 def list_matchers() -> list[str]:
-    """Names of all registered matchers, sorted."""
+    """Names of all registered matchers (entry-point plug-ins included), sorted."""
+    load_plugins()
     return sorted(_REGISTRY)
 
 
@@ -115,6 +155,8 @@ def matcher_spec(name: str) -> MatcherSpec:
     Raises:
         KeyError: unknown matcher name.
     """
+    if name not in _REGISTRY:
+        load_plugins()
     if name not in _REGISTRY:
         raise KeyError(f"unknown matcher {name!r}; registered: {sorted(_REGISTRY)}")
     return _REGISTRY[name]
