@@ -145,11 +145,9 @@ def find_bad_images(
     the order of ``paths``.
 
     Every image is decoded completely (:func:`image_problem`), in ``workers`` threads (default
-    min(4, CPUs); Pillow releases the GIL while decoding). Cost, measured with Pillow 13 on one core of an
-    AMD EPYC VM: 1.7 ms per 500 x 375 JPEG (plus reading the file), so the 31,783 Flickr30K images take
-    about 1 minute on one core and COCO's 123,287 about 4 minutes, a quarter of that with 4 threads, once
-    per ``train`` / ``eval`` start; the header alone takes 0.02 ms but misses every file cut short after
-    its header.
+    min(4, CPUs); Pillow releases the GIL while decoding): about a minute for Flickr30K and four for COCO
+    on one core, once per ``train`` / ``eval`` start (docs/benchmarks.md, "Numbers behind code choices");
+    reading the header alone would be far cheaper but misses every file cut short after its header.
     """
     from patchword.progress import progress_bar
 

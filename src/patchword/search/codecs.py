@@ -90,12 +90,13 @@ class TokenCodec:
 
         m, n_centroids, sub = self.centroids.shape
         # one gather from the (m * 256, sub) table, code c of sub-vector j at row j * 256 + c: torch's
-        # index_select runs on every thread (6x faster than m numpy gathers for 100 x 197 x 64 codes)
+        # index_select runs on every thread, m numpy gathers on one (docs/benchmarks.md, "Numbers behind
+        # code choices")
         rows = torch.from_numpy(main).to(torch.int32)
         rows += torch.arange(m, dtype=torch.int32) * n_centroids  # (k, L, m)
         table = torch.from_numpy(self.centroids.reshape(m * n_centroids, sub))
-        if sub in (1, 2):  # a centroid is one 4- or 8-byte element: an element gather (50 x 124 x 256 codes:
-            table = table.view(torch.int32 if sub == 1 else torch.int64).reshape(-1)  # 2.0 vs 3.5 ms)
+        if sub in (1, 2):  # a centroid is one 4- or 8-byte element: an element gather beats a row gather
+            table = table.view(torch.int32 if sub == 1 else torch.int64).reshape(-1)
             return (
                 table.index_select(0, rows.reshape(-1))
                 .view(torch.float32)

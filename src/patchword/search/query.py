@@ -62,8 +62,8 @@ logger = logging.getLogger(__name__)
 #: official value for caption queries).
 DEFAULT_SHORTLIST = 100
 #: Above this many images the first stage is approximate by default (FAISS IVF lists, kept with the
-#: index): exact search costs O(N) per query (31 ms at 200k x 512 for one query on 2 cores), IVF scanning
-#: 1/8 of its lists 3.5 ms there with 97% of the exact top-100 (benchmarks/ann_recall.py, docs/search.md).
+#: index): exact search costs O(N) per query, IVF scans 1/8 of its lists at a small loss of the exact
+#: top-100 (measured: docs/benchmarks.md, "Numbers behind code choices"; benchmarks/ann_recall.py).
 APPROXIMATE_ABOVE = 200_000
 
 
@@ -354,8 +354,8 @@ class Searcher:
         # scores, ~4x lower query latency at k=100 (docs/benchmarks.md, "Search at scale").
         out = torch.empty(img.shape[0], 1, dtype=torch.float32)
         engine = engine_for(self.fine)
-        # A query is too small a job for worker threads: starting them costs more than they save (50 / 100
-        # images at ViT-B/16 shapes, 2 threads: 18.8 / 30.1 ms on intra-op threads, 24.0 / 33.9 in workers)
+        # A query is too small a job for worker threads: starting them costs more than they save
+        # (docs/benchmarks.md, "Numbers behind code choices")
         engine.workers = 1
         engine.score(inputs, out, budget=self.budget, device=self.run.device, progress=False)
         return out[:, 0]

@@ -385,8 +385,8 @@ class SearchIndex(IndexEntries):
         """Ask the kernel to read now the rows ``ids`` of every array a re-ranking reads (``madvise``).
 
         A row not in the page cache is a disk read; reading the shortlist row by row waits for each in
-        turn, while advising all of them first lets the disk serve them together (1M images at ViT-B/16
-        shapes on this machine's disk: 100 cold rows in 37-77 ms instead of 0.5-0.6 s). Does nothing where
+        turn, while advising all of them first lets the disk serve them together (an order of magnitude
+        for cold rows: docs/benchmarks.md, "Numbers behind code choices"). Does nothing where
         ``madvise`` is unavailable.
         """
         advice = getattr(mmap, "MADV_WILLNEED", None)
