@@ -11,6 +11,9 @@ model: ...``).
 A dataclass may declare ``ALIASES`` (a class variable: old field name -> dotted path of its new place)
 so that config files, saved runs and overrides written for an earlier layout keep loading; each use logs a
 deprecation warning.
+
+Over 400 lines: parsing, overrides, type checks, aliases and named sections share their helpers and their
+error messages.
 """
 
 from __future__ import annotations

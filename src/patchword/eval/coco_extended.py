@@ -29,6 +29,8 @@ into the top level of its result; here every requested metric is computed and na
 The positives are read from a directory with ECCV Caption's files (``{original,cxc,eccv}_{image_to_caption,
 caption_to_image}.json``, ``coco_test_ids.npy``, optionally ``pm_*.json``): by default the data the
 ``eccv_caption`` package ships (``pip install 'patchword[coco]'``); nothing is downloaded.
+
+Over 400 lines: ECCV Caption and CxC metrics with the loading of their ground truth.
 """
 
 from __future__ import annotations

@@ -37,6 +37,8 @@ Training-only ``opt`` fields (recorded in import.json, not mapped: patchword's t
 optimisation settings): ``margin``, ``max_violation``, ``num_epochs``, ``batch_size``, ``learning_rate``,
 ``lr_update``, ``grad_clip``, ``workers``, ``log_step``, ``val_step``, ``resume``; and paths of the
 training machine: ``data_path``, ``vocab_path``, ``logger_name``, ``logg_path``, ``model_name``.
+
+Over 400 lines: two families that share the official vocabulary readers and opt mapping.
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ Tensors (official prefix -> patchword prefix):
 
 Not loaded (listed in import.json with the reason): the backbones' pooling layers (the official encoders
 read ``last_hidden_state``) and constant index buffers the backbones rebuild from their architecture.
+
+Over 400 lines: the key map of SEPS / LAPS checkpoints with the ViT / Swin / BERT backbone renaming, one
+official format.
 """
 
 from __future__ import annotations

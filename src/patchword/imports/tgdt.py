@@ -60,6 +60,9 @@ global, or the two-stage hybrid of ``test_gl.py`` for ``alignment+matching``), `
 ``scheduler`` / ``step-size`` / ``gamma``, ``text-model.fine-tune``, ``opt.num_epochs``. The official
 constants become ``model.tgdt``: local scale 10, words ``[1:-2]`` (skip 1 head, 2 tail), ``d_g + d_l``,
 shortlists 50 / 100; 4 heads.
+
+Over 400 lines: one official format: the key map of TGDT's checkpoints, its opt and the region-encoder
+conversion belong together.
 """
 
 from __future__ import annotations

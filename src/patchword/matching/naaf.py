@@ -42,6 +42,8 @@ blend chains within the batch (starting from 0 after the per-caption reset). Her
 is scored with the threshold from before the batch, the statistics are fitted once on all of the batch's
 samples, and the blend is with the previous batch's value (a running estimate across batches, which is
 what the paper's update rounds k describe). The test-time scores have no such state and are exact.
+
+Over 400 lines: NAAF's official math (negative-aware attention and its fitted distributions) in one class.
 """
 
 from __future__ import annotations

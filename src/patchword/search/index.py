@@ -11,6 +11,8 @@ stopped and finishes with the same index an uninterrupted build writes.
 changed files are encoded, deleted ones are dropped; when more than a quarter of the stored rows are
 dead the shards are compacted (rows copied, nothing re-encoded). An index belongs to one model: opening
 or updating it with other weights raises :class:`IndexMismatchError`.
+
+Over 400 lines: building, updating and resuming an index, every check before the first write.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@
 This is :func:`~patchword.eval.two_stage.two_stage_scores` for one caption query, so a query's ranking is
 the one the library computes for the same tokens (tested). A :class:`Searcher` is safe to call from several
 threads at once: it keeps no per-query state, and each call builds its own scoring engine.
+
+Over 400 lines: the searcher: the first stage, the re-ranking and the query checks of one request.
 """
 
 from __future__ import annotations

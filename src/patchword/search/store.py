@@ -23,6 +23,8 @@ points at them) until the index is compacted.
 
 An index id is the position of an entry in the manifest: ids are dense (0..N-1) and stable for one
 version of the index.
+
+Over 400 lines: the on-disk index format: manifest, shards and their atomic writes, one format in one place.
 """
 
 from __future__ import annotations

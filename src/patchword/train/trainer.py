@@ -4,6 +4,8 @@ One loop for one process and for ``torchrun``'s many (one per device). Every pro
 global batches (a permutation seeded by (seed, epoch)) and loads its contiguous shard of each; the loss of
 the global batch is split between the processes so that their sum, and the summed gradients, are exactly
 those of a one-process run of the same global batch (:class:`ShardLoss`). Only rank 0 logs and writes.
+
+Over 400 lines: the loop, its checkpoints, signals and validation share the trainer's state.
 """
 
 from __future__ import annotations

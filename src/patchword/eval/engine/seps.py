@@ -41,6 +41,9 @@ same pruned tokens and priors.
 
 Selection ties at the K-th score may resolve differently from the forward pass (as they do in the
 forward itself between different batchings); everything else equals the forward to float rounding.
+
+Over 400 lines: the drivers of every SEPS / LAPS scoring mode (image- or caption-tied, paper or code) over one
+plan.
 """
 
 from __future__ import annotations
@@ -233,7 +236,7 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
                         txt = None if cached is None else cached[j]
                         block = self._caption_block(img, job, cols, mode, widths[start], txt)
                         if dense_scores is not None:
-                            block = block + dense_scores[:, dense_pos[cols]]
+                            block = block + dense_scores[:, job.dense_index[cols]]
                         rows[:, cols] = block.float()
                         bar.update(block.numel())
                     if target is not None:
