@@ -236,7 +236,7 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
                         txt = None if cached is None else cached[j]
                         block = self._caption_block(img, job, cols, mode, widths[start], txt)
                         if dense_scores is not None:
-                            block = block + dense_scores[:, job.dense_index[cols]]
+                            block = block + dense_scores[:, dense_pos[cols]]
                         rows[:, cols] = block.float()
                         bar.update(block.numel())
                     if target is not None:
