@@ -20,8 +20,9 @@ from patchword.search.index import build_index
 from patchword.search.pruning import kept_patches, prune_patches
 from patchword.search.query import Searcher
 from patchword.search.store import Manifest, SearchIndex
+from patchword.testing.seps_independent import SEPSOptions, independent_seps_scores
 from search_support import caption_queries, killed_after_shards
-from test_engine import _inputs, _matcher
+from test_engine import SHAPES, _inputs, _matcher
 
 # Patches kept per image in the engine tests: between K (ViT 98, Swin 40) and N (196, 49).
 KEEP = {"vit": 130, "swin": 45}
@@ -58,17 +59,27 @@ def test_a_prior_on_every_patch_gives_the_unpruned_scores(kind, variant, dense):
 @pytest.mark.parametrize("variant", ["code", "paper"])
 @pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize("formulation", ["gram", "direct", "kdirect"])
-def test_the_engine_scores_pruned_images_as_the_matcher_does(kind, variant, dense, formulation):
+def test_the_engine_and_forward_score_pruned_images_as_the_independent_reference(
+    kind, variant, dense, formulation
+):
+    """Ground truth: ``patchword.testing.seps_independent`` (official options written out, raw weights),
+    never the library's own forward."""
     m = _matcher(kind, variant, dense_pairing="image")
     img, caps, lens, d, dl, _ = _inputs(kind)
     args = (d, dl) if dense else (None, None)
     pruned = prune_patches(SEPSEngine(m), img, KEEP[kind], device="cpu")
     assert pruned.tokens.shape == (img.shape[0], KEEP[kind] + int(m.config.has_cls), img.shape[2])
+    n, _, rho, aggr = SHAPES[kind]
+    opt = SEPSOptions(sparse_ratio=rho, aggr_ratio=aggr, num_patches=n, variant=variant)
+    want = independent_seps_scores(
+        opt, m.state_dict(), pruned.tokens, caps, lens, *args, dense_pairing="image", patch_prior=pruned.prior
+    )
     with torch.no_grad():
-        want = m(pruned.tokens, caps, lens, *args, patch_prior=pruned.prior).sims
+        forward = m(pruned.tokens, caps, lens, *args, patch_prior=pruned.prior).sims
         unpruned = m(img, caps, lens, *args).sims
     got, inputs = _scores(m, pruned.tokens, caps, lens, args, pruned.prior, formulation)
     assert (got - want).abs().max() <= 1e-5
+    assert (forward - want).abs().max() <= 1e-5
     assert (unpruned - want).abs().max() > 1e-3  # an approximation: the pruned patches are missed
     pairs = SEPSEngine(m).score_pairs(
         inputs, torch.tensor([0, 3, 4]), torch.tensor([1, 1, 7]), budget=1 << 28, device="cpu"

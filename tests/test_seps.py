@@ -9,8 +9,8 @@ import torch
 
 from patchword.matching import build_matcher
 from patchword.matching.seps import VARIANT_PRESETS
-from patchword.testing import seps_reference_scores as seps_code_reference
-from patchword.testing import seps_reference_scores as seps_paper_reference
+from patchword.testing import seps_reference_scores
+from patchword.testing.seps_independent import SEPSOptions, independent_seps_scores
 
 # (num_patches, has_cls, sparse_ratio, aggr_ratio): ViT-B/16-224 (197 tokens) and Swin-B-224 (49)
 SHAPES = {"vit": (196, True, 0.5, 0.4), "swin": (49, False, 0.8, 0.6)}
@@ -51,7 +51,7 @@ def test_code_variant_matches_official_loop(kind, dense):
     args = (d, dl) if dense else (None, None)
     with torch.no_grad():
         got = m(img, caps, lens, *args).sims
-        want = seps_code_reference(m, img, caps, lens, *args, pairing=dense or "image")
+        want = seps_reference_scores(m, img, caps, lens, *args, pairing=dense or "image")
     assert got.shape == (5, 6) and got.dtype == torch.float32
     assert (got - want).abs().max().item() <= 1e-5
 
@@ -65,7 +65,7 @@ def test_paper_variant_matches_reference(kind, dense):
     args = (d, dl) if dense else (None, None)
     with torch.no_grad():
         got = m(img, caps, lens, *args).sims
-        want = seps_paper_reference(m, img, caps, lens, *args, pairing=dense or "image")
+        want = seps_reference_scores(m, img, caps, lens, *args, pairing=dense or "image")
     assert (got - want).abs().max().item() <= 1e-5
 
 
@@ -188,21 +188,61 @@ def test_gumbel_decisions_forward_equal_hard_mask():
         assert torch.allclose(dec.detach().sum(-1), torch.full(dec.shape[:2], 98.0))
 
 
+# Switches of the paper preset that change eval scores; gumbel changes the training gradient, ratio_mode the
+# ratio loss, and neither the eval scores (hard top-K either way).
+SCORE_SWITCHES = ("score_mode", "dense_mode", "aggregation", "hrpa_topk", "similarity")
+
+
 def test_every_switch_is_independent():
+    """Each paper switch, flipped alone on the code variant, leaves the others at their code values and
+    changes what it governs; where that is the scores, they equal the independent reference's."""
+    from patchword.losses import RatioLoss
+
     img, caps, lens, d, dl = _inputs(196, True)
     switches = VARIANT_PRESETS["paper"]
+    assert set(switches) == {*SCORE_SWITCHES, "gumbel", "ratio_mode"}
+    n, _, rho, aggr = SHAPES["vit"]
     base = _matcher("vit")
-    ref = base(img, caps, lens, d, dl).sims
+    with torch.no_grad():
+        ref = base(img, caps, lens, d, dl).sims
+    base_train = base.train()(img, caps, lens, d, dl).decisions
+    base.eval()
     for name, value in switches.items():
         m = _matcher("vit", **{name: value})
         assert getattr(m.config, name) == value
         for other, default in base.config.__dict__.items():
             if other in switches and other != name:
                 assert getattr(m.config, other) == default
-        out = m(img, caps, lens, d, dl).sims
-        assert out.shape == ref.shape and torch.isfinite(out).all()
+        with torch.no_grad():
+            out = m(img, caps, lens, d, dl).sims
+        if name in SCORE_SWITCHES:
+            assert (out - ref).abs().max() > 1e-3, name
+            opt = SEPSOptions(
+                sparse_ratio=rho, aggr_ratio=aggr, num_patches=n, variant="code", **{name: value}
+            )
+            want = independent_seps_scores(opt, m.state_dict(), img, caps, lens, d, dl, dense_pairing="image")
+            assert (out - want).abs().max() <= 1e-5, name
+            continue
+        assert torch.equal(out, ref), name  # same weights, same hard selection
+        decisions = m.train()(img, caps, lens, d, dl).decisions
+        if name == "gumbel":
+            # The code variant's scores carry no gradient (official no_grad), so its relaxed decisions have
+            # none to pass on; with a learned score the straight-through decisions do, hard masks never.
+            assert not any(dec.requires_grad for dec in decisions + base_train)
+            for gumbel in (True, False):
+                learned = _matcher("vit", score_mode="predictor", gumbel=gumbel).train()
+                decisions = learned(img, caps, lens, d, dl).decisions
+                assert all(dec.requires_grad == gumbel for dec in decisions)
+        else:  # ratio_mode: the same masks, another loss
+            assert RatioLoss(rho, mode=value)(decisions) != RatioLoss(rho, mode=base.ratio_mode)(base_train)
+    paper = _matcher("vit", variant="paper")
     joint = _matcher("vit", variant="paper", joint_score=True)
-    assert joint(img, caps, lens, d, dl).sims.shape == (5, 6)
+    with torch.no_grad():
+        out = joint(img, caps, lens, d, dl).sims
+        assert (out - paper(img, caps, lens, d, dl).sims).abs().max() > 1e-3
+    opt = SEPSOptions(sparse_ratio=rho, aggr_ratio=aggr, num_patches=n, variant="paper", joint_score=True)
+    want = independent_seps_scores(opt, joint.state_dict(), img, caps, lens, d, dl, dense_pairing="image")
+    assert (out - want).abs().max() <= 1e-5
 
 
 def test_global_embed_and_vse():

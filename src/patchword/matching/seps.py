@@ -18,6 +18,9 @@ switch                    ``variant="code"`` (official SEPS)     ``variant="pape
 Any switch can be set explicitly to mix the two (ablations). ``dense_pairing`` decides which dense
 caption a pair uses: ``"image"`` (default, leak-free) the candidate image's own; ``"caption"`` (official
 protocol, leaky) the one of the caption's ground-truth image.
+
+Over 400 lines: SEPS and LAPS, both variants and every switch of the official semantics in one class, read
+side by side with the reference notes.
 """
 
 from __future__ import annotations

@@ -5,7 +5,14 @@ They are deliberately slow and literal (loops written like the official code, on
 use them to verify, never to score a dataset.
 """
 
+from patchword.testing.seps_independent import independent_seps_scores
 from patchword.testing.seps_reference import seps_reference_scores
 from patchword.testing.simulated_device import DeviceCounts, MixedDeviceError, SimulatedDevice
 
-__all__ = ["DeviceCounts", "MixedDeviceError", "SimulatedDevice", "seps_reference_scores"]
+__all__ = [
+    "DeviceCounts",
+    "MixedDeviceError",
+    "SimulatedDevice",
+    "independent_seps_scores",
+    "seps_reference_scores",
+]

@@ -9,26 +9,26 @@ the ``model`` dict of ``model_best.pth`` under its official keys (``img_enc.*``,
   match). The backbones are built the official way (``ViTModel`` / ``SwinModel`` / ``BertModel`` with their
   pooling layers) and receive their tensors through transformers' own ``from_pretrained``, which also reads
   the key names of checkpoints written with transformers 4;
-* ``lib/cross_net.py``: CLS by ``is_sqr(tokens)``, ``K = ceil(N * sparse_ratio)`` from the tokens the
-  backbone gives, the aggregation MLP as the checkpoint holds it (its ``N_c`` outputs), the dense branch of
-  SEPS. The per-caption loop is :func:`patchword.testing.seps_reference_scores`, handed a stand-in that
-  holds the official ``TokenAggregation``.
+* ``lib/cross_net.py``: :func:`patchword.testing.seps_independent.independent_seps_scores`, which imports
+  nothing from ``patchword`` and is handed the checkpoint's own ``opt`` values and ``cross_net.aggr_net``
+  tensors: CLS by ``is_sqr(tokens)``, ``K = ceil(N * sparse_ratio)`` computed there from the N spatial
+  tokens the backbone gives, ``N_c = int(opt.num_patches * aggr_ratio * sparse_ratio)`` checked against the
+  aggregation MLP the checkpoint holds, the per-caption loop and the dense branch of SEPS. No library
+  config (``SEPSConfig``) is involved.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import nn
 
-from patchword.testing.seps_reference import seps_reference_scores
+from patchword.testing.seps_independent import SEPSOptions, independent_seps_scores
 
 __all__ = ["OfficialSEPS", "OfficialTokenAggregation"]
 
@@ -153,41 +153,24 @@ class OfficialSEPS:
                 ground-truth image's) or ``"image"`` (each image with its own dense caption).
         """
         img = self.encode_images(pixels)
-        has_cls = not _is_sqr(img.shape[1])
-        from patchword.matching.seps import SEPSConfig
-
-        config = SEPSConfig(
-            embed_dim=img.shape[2],
-            num_patches=img.shape[1] - int(has_cls),
-            has_cls=has_cls,
+        opt = SEPSOptions(
             sparse_ratio=self.opt.sparse_ratio,
             aggr_ratio=self.opt.aggr_ratio,
-            variant="code",
-            use_dense=self.dense,
-        ).resolved()
-        cross_net = SimpleNamespace(
-            config=config,
-            training=False,
-            aggr_net=self.aggr_net,
-            aggr_net_dense=None,
-            scorer=None,
-            hrpa=SimpleNamespace(word_topk=None, patch_topk=None),
+            num_patches=getattr(self.opt, "num_patches", None),  # None: the N the backbone gives
         )
+        weights = {f"aggr_net.{k}": v for k, v in self.aggr_net.state_dict().items()}
         dense = self.encode_texts(dense_ids) if self.dense and dense_ids is not None else None
-        return seps_reference_scores(
-            cross_net,
+        return independent_seps_scores(
+            opt,
+            weights,
             img,
             self.encode_texts(cap_ids),
             cap_lens,
             dense,
             dense_lens if dense is not None else None,
-            pairing=pairing,
+            dense_pairing=pairing,
             dense_index=dense_index if pairing == "caption" else None,
         )
-
-
-def _is_sqr(n: int) -> bool:
-    return math.isqrt(n) ** 2 == n
 
 
 # ------------------------------------------------------------------ official checkpoints of tiny models
