@@ -55,6 +55,7 @@ NUMERICS_MODULES = {
     "test_hashing_losses",
     "test_hashing_metrics",
     "test_encoders",
+    "test_protocol_paths",
 }
 
 #: What makes a module numerics whatever its author remembered (``test_isolation.py`` checks it): it

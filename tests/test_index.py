@@ -223,15 +223,27 @@ def test_fp16_index_halves_the_tokens_and_keeps_the_ranking(env, tmp_path):
     f32 = np.load(tmp_path / "f32" / "shards" / "00000.tokens.npy", mmap_mode="r")
     f16 = np.load(tmp_path / "f16" / "shards" / "00000.tokens.npy", mmap_mode="r")
     assert f32.dtype == np.float32 and f16.dtype == np.float16
-    assert np.allclose(f16.astype(np.float32), f32, atol=2e-3, rtol=2e-3)
+    # IEEE round-to-nearest into float16 (11 significant bits) moves a value by at most 2^-11 of itself
+    # (2^-25 absolute below float16's normal range): the same bound on every CPU.
+    assert np.allclose(f16.astype(np.float32), f32, atol=2**-24, rtol=2**-11)
     s32, s16 = Searcher.open(tmp_path / "f32"), Searcher.open(tmp_path / "f16")
     query = env.export.files["caps"].read_text().splitlines()[0]
     a, b = s32.search(query, k=len(s32)), s16.search(query, k=5)
-    # float16 tokens move scores by up to ~1e-3: the top image may trade places with one scoring that close
-    # (the trained weights, hence the near ties, depend on the CPU), never with a clearly worse one
+    # float16 tokens (each within 2^-11 of itself, checked above) move most scores by ~1e-5, but a patch at
+    # the edge of SEPS's top-K selection can swap in or out, and the score then jumps. Measured on an AMD
+    # EPYC (AVX-512), 2 cores: the TINY run of search_support.py trained with seed=0..11, each with torch's
+    # default and with AVX2 kernels (ATEN_CPU_CAPABILITY=avx2: other weights), both indexes built and every
+    # one of the 120 test captions searched with k=len(index). Over the 24 models' 14,400 top-5 hits the
+    # largest |float32 score - float16 score| was 3.9e-3 (median per model ~1e-5; 0.04% of all 69,120
+    # scores above 1e-3, the largest 6.5e-3). The trained weights, hence those near-ties, depend on the CPU,
+    # so the tolerance is 3x the largest top-5 error: 1.2e-2. The top image may then trade places only
+    # with one scoring within 2 x 1.2e-2 in float32 (each of the two scores moved by at most that much).
+    score_tolerance = 1.2e-2
     f32_scores = {h.id: h.score for h in a.hits}
-    assert f32_scores[b.hits[0].id] >= a.hits[0].score - 1e-2
-    assert np.allclose([f32_scores[h.id] for h in b.hits], [h.score for h in b.hits], atol=1e-2)
+    assert f32_scores[b.hits[0].id] >= a.hits[0].score - 2 * score_tolerance
+    assert np.allclose(
+        [f32_scores[h.id] for h in b.hits], [h.score for h in b.hits], atol=score_tolerance, rtol=0
+    )
 
 
 def test_index_cli_builds_updates_and_reports_errors(env, tmp_path, capsys):

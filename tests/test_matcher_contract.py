@@ -5,6 +5,7 @@ dense-text handling as the matcher declares it."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -55,6 +56,13 @@ def name(request):
     return request.param
 
 
+# Matchers split by what they declare, at collection, so that each case below runs its asserts (a test that
+# returned early for the matchers it does not apply to would pass them without checking anything).
+SELECTING = [n for n in list_matchers() if _build(n).selection_ratio is not None]
+NOT_SELECTING = [n for n in list_matchers() if n not in SELECTING]
+REGION = [n for n in list_matchers() if not _takes_cls(n)]
+
+
 def test_every_builtin_matcher_is_registered():
     assert set(list_matchers()) >= set(BUILTIN)
 
@@ -77,19 +85,35 @@ def test_contract_attributes_are_declared(name):
     assert scale is None or scale.item() > 0
 
 
-def test_selection_trace_matches_the_forward_decisions(name):
-    m = _build(name)
+def test_the_declared_splits_cover_the_builtins():
+    # Guards the collection-time lists below: each names the built-ins it must, so none is silently empty.
+    assert {"seps", "laps"} <= set(SELECTING)
+    assert {"vse", "clip", "filip", "scan", "naaf", "tgdt"} <= set(NOT_SELECTING)
+    assert {"scan", "naaf"} <= set(REGION) and not {"seps", "laps", "vse", "clip"} & set(REGION)
+
+
+@pytest.mark.parametrize("selecting", SELECTING)
+def test_selection_trace_matches_the_forward_decisions(selecting):
+    m = _build(selecting)
     img, caps, lens, dense, dense_lens = _inputs(m, n_img=1, n_txt=1)
     trace = m.selection_trace(img, caps, lens, dense, dense_lens)
-    if m.selection_ratio is None:
-        assert trace is None
-        return
     with torch.no_grad():
         out = m(img, caps, lens, dense if m.consumes_dense else None, dense_lens)
+    assert len(trace.branches) == len(out.decisions) >= 1
     assert [b for b, _ in trace.branches] == list(m.selection_branches)[: len(trace.branches)]
     for (_, kept), decision in zip(trace.branches, out.decisions, strict=True):
         assert torch.equal(kept, decision[0, 0] > 0.5)
+        # Hard top-K in eval mode: K = ceil(ratio * N) patches kept (8 of 16 at the default ratio 0.5).
+        assert int(kept.sum()) == math.ceil(m.selection_ratio * N_PATCHES)
     assert trace.mixture.shape[1] == N_PATCHES and trace.patches.shape == (N_PATCHES, DIM)
+
+
+@pytest.mark.parametrize("plain", NOT_SELECTING)
+def test_a_matcher_that_selects_no_patches_has_no_trace(plain):
+    m = _build(plain)
+    img, caps, lens, dense, dense_lens = _inputs(m, n_img=1, n_txt=1)
+    assert m.selection_ratio is None
+    assert m.selection_trace(img, caps, lens, dense, dense_lens) is None
 
 
 def test_forward_shapes_and_global_embeddings(name):
@@ -158,11 +182,11 @@ def test_dense_text_is_read_only_when_declared(name):
         assert torch.equal(with_dense, without)
 
 
-def test_region_matchers_refuse_a_cls_token(name):
-    if _takes_cls(name):
-        return
-    with pytest.raises(ValueError, match="without a CLS token"):
-        build_matcher(name, embed_dim=DIM, num_patches=N_PATCHES, has_cls=True)
+@pytest.mark.parametrize("region", REGION)
+def test_region_matchers_refuse_a_cls_token(region):
+    with pytest.raises(ValueError, match=f"matcher {region!r} takes tokens without a CLS token"):
+        build_matcher(region, embed_dim=DIM, num_patches=N_PATCHES, has_cls=True)
+    assert not _build(region).has_cls  # built without one, it takes its tokens as regions
 
 
 def test_a_float64_matcher_scores_in_float64(name):

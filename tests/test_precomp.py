@@ -110,7 +110,15 @@ def test_region_features_batches():
     assert len(source) == 4 and source.num_regions == 3 and source.dim == 2
     batch = source.batch(torch.tensor([3, 0, 3]), train=True)
     assert batch.dtype == torch.float32 and batch.shape == (3, 3, 2)
-    assert torch.equal(batch[0], torch.from_numpy(feats[3]).float()) and torch.equal(batch[1], batch[1])
+    # Each row is the requested image's features, in the order asked (a repeated index repeats the image).
+    expected = torch.tensor(feats[[3, 0, 3]], dtype=torch.float32)
+    assert torch.equal(batch, expected)
+    assert torch.equal(batch[1], torch.tensor(feats[0], dtype=torch.float32))
+    boxes = np.arange(4 * 3 * 4, dtype=np.float32).reshape(4, 3, 4) / 100
+    with_boxes = RegionFeatures(feats, boxes).batch(torch.tensor([2, 1]), train=False)
+    assert with_boxes.shape == (2, 3, 6)
+    assert torch.equal(with_boxes[..., :2], torch.tensor(feats[[2, 1]], dtype=torch.float32))
+    assert torch.equal(with_boxes[..., 2:], torch.from_numpy(boxes[[2, 1]]))
     with pytest.raises(ValueError, match=r"\(N_img, R, D\)"):
         RegionFeatures(np.zeros((4, 3)))
 

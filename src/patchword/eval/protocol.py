@@ -166,8 +166,9 @@ def _two_stage(
         shortlist_t2i=int(result.t2i_candidates.shape[1]),
         hybrid_alpha=plan.alpha,
         pairs_scored=result.pairs_scored,
-        shortlist_miss_i2t=100.0 * float((~i2t_found).float().mean()),
-        shortlist_miss_t2i=100.0 * float((~t2i_found).float().mean()),
+        # counts divided in Python: a float32 mean would print 80% as 80.0000012
+        shortlist_miss_i2t=100.0 * int((~i2t_found).sum()) / i2t_found.numel(),
+        shortlist_miss_t2i=100.0 * int((~t2i_found).sum()) / t2i_found.numel(),
         sims=result.sims,
     )
     return metrics

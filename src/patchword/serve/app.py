@@ -262,14 +262,22 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
             raise _BadRequest(404, f"no image with id {number} (the index holds {num_images})")
         return number
 
-    @app.middleware("http")
-    async def headers(request: Request, call_next):
-        response = await call_next(request)
+    def secured(response: Response, request: Request) -> Response:
         for key, value in _SECURITY_HEADERS.items():
             response.headers.setdefault(key, value)
         if request.url.path.startswith("/api/"):
             response.headers.setdefault("Cache-Control", "no-store")
         return response
+
+    @app.middleware("http")
+    async def headers(request: Request, call_next):
+        return secured(await call_next(request), request)
+
+    @app.exception_handler(Exception)
+    async def last_resort(request: Request, exc: Exception) -> Response:
+        # An exception outside the guarded handlers is answered by Starlette's outermost middleware, past
+        # the one above: its 500 gets the headers here (Starlette then re-raises it for the server's log).
+        return secured(error(500, "internal error (logged on the server)"), request)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

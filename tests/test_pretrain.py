@@ -1,0 +1,143 @@
+"""``patchword pretrain`` in-process (CONTRIBUTING: one smoke test per CLI verb): the shipped recipe made
+tiny, trained for three steps, exported, and run again into the same folder with and without ``--force``."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from patchword.cli import main
+from patchword.config import apply_overrides
+from patchword.pretrain import KEYS, PRETRAIN_RECIPE, global_recall, pretrain_config
+
+STEPS = 3
+
+
+def _overrides(tmp_path, **changes) -> list[str]:
+    """The pretraining recipe on the smallest tiny encoders (still the clip matcher and InfoNCE), 32 training
+    scenes in batches of 16, stopped after STEPS optimiser steps."""
+    values = {
+        "output_dir": tmp_path / "runs",
+        "name": "pt",
+        "data.cache_dir": tmp_path / "cache",
+        "model.name": "vse-tiny-16",
+        "model.matcher": "clip",
+        "data.synthetic_image_size": 32,
+        "data.num_train": 32,
+        "data.num_dev": 8,
+        "data.num_test": 8,
+        "train.batch_size": 16,
+        "train.epochs": 2,
+        "train.max_steps": STEPS,
+        "train.eval_max_images": 8,
+        "train.log_every": 1,
+        "train.num_threads": 1,
+        **changes,
+    }
+    return [f"{key}={value}" for key, value in values.items()]
+
+
+def _jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """One tiny pretraining run and its export: (tmp_path, overrides, out, printed meta)."""
+    import contextlib
+    import io
+
+    tmp_path = tmp_path_factory.mktemp("pretrain")
+    overrides, out = _overrides(tmp_path), tmp_path / "enc"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["pretrain", "--out", str(out), *overrides]) == 0
+    return tmp_path, overrides, out, json.loads(printed.getvalue())
+
+
+def test_pretrain_trains_the_steps_asked_and_exports_the_encoders(pretrained):
+    tmp_path, overrides, out, printed = pretrained
+    run_dir = tmp_path / "runs" / "pt"
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "vocab.json"]
+    meta = json.loads((out / "config.json").read_text())
+    # config.json is the architecture plus what the command printed
+    assert {k: v for k, v in meta.items() if k != "architecture"} == printed
+    assert meta["architecture"]["embed_dim"] == 16 and meta["architecture"]["tiny_vit"]["image_size"] == 32
+    assert meta["recipe"] == {"config": PRETRAIN_RECIPE, "overrides": overrides}
+    assert meta["seed"] == 0 and meta["run"] == str(run_dir)
+
+    # the steps asked, each one's loss recorded and finite; the recipe's InfoNCE has no ratio term
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert meta["steps"] == summary["steps"] == STEPS
+    records = _jsonl(run_dir / "metrics.jsonl")
+    train = [r for r in records if r["split"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, STEPS + 1))
+    assert all(math.isfinite(r["loss"]) and r["loss"] > 0 and r["loss"] == r["align"] for r in train)
+    assert all(r["ratio"] == 0.0 and r["lr"] == pytest.approx(5e-4) for r in train)  # the recipe's lr
+    dev = [r for r in records if r["split"] == "dev"]
+    assert dev and meta["best_dev_rsum"] == max(r["rsum"] for r in dev) == summary["best_dev_rsum"]
+    assert meta["oracle_rsum"] == summary["oracle_rsum"] == 600.0  # every positive found: 6 x 100
+    assert meta["train_seconds"] == round(summary["train_seconds"], 1)
+
+    # the exported weights are the run's best encoders in float16, and its vocabulary
+    from patchword.runs import load_run
+
+    model = load_run(run_dir).model
+    weights = load_file(str(out / "model.safetensors"))
+    want = {
+        k: v.half() if v.is_floating_point() else v
+        for k, v in model.state_dict().items()
+        if k.startswith(("image_encoder.", "text_encoder."))
+    }
+    assert weights.keys() == want.keys() and all(torch.equal(weights[k], want[k]) for k in want)
+    assert (out / "vocab.json").read_bytes() == (run_dir / "vocab.json").read_bytes()
+
+    # the recorded test recall is that of the weights as shipped, computed again through the export
+    from patchword.data.prepare import prepare_data
+
+    shipped = apply_overrides(
+        pretrain_config(overrides), [f"model.tiny_pretrained={out}", f"data.vocab_path={out}"]
+    )
+    again = global_recall(shipped, prepare_data(shipped.data, roles=["test"]))
+    assert list(meta["test_global"]) == KEYS and meta["test_global"] == again
+    assert meta["test_global"]["rsum"] == pytest.approx(sum(again[k] for k in KEYS[:-1]))
+
+
+def test_a_second_pretrain_into_the_same_folder_refuses_then_re_exports_with_force(pretrained, capsys):
+    tmp_path, overrides, out, _ = pretrained
+    run_dir = tmp_path / "runs" / "pt"
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    log = (run_dir / "metrics.jsonl").read_bytes()
+    capsys.readouterr()
+
+    # without --force: one error line naming the folder and the flag, nothing touched
+    assert main(["pretrain", "--out", str(out), *overrides]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {out} exists and is not empty; pass --force")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+    # with --force the finished run is exported again, not trained further: the same weights and recall
+    assert main(["pretrain", "--force", "--out", str(out), *overrides]) == 0
+    assert (run_dir / "metrics.jsonl").read_bytes() == log
+    assert (out / "model.safetensors").read_bytes() == before["model.safetensors"]
+    assert (out / "vocab.json").read_bytes() == before["vocab.json"]
+    old, new = json.loads(before["config.json"]), json.loads((out / "config.json").read_text())
+    assert {k: v for k, v in new.items() if k != "machine"} == {
+        k: v for k, v in old.items() if k != "machine"
+    }
+    assert new["steps"] == STEPS
+
+
+def test_a_finished_run_with_another_recipe_value_is_refused_before_anything_is_written(pretrained, capsys):
+    tmp_path, _, _, _ = pretrained
+    out = tmp_path / "other"
+    capsys.readouterr()
+    # train.lr is not resumable: the run "pt" was trained with the recipe's 5e-4
+    assert main(["pretrain", "--out", str(out), *_overrides(tmp_path, **{"train.lr": 1e-3})]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: train.lr") and "choose another name=" in err
+    assert not out.exists()
