@@ -276,7 +276,7 @@ def gpu_step(args: argparse.Namespace) -> dict:
     from patchword.data.pipeline import ShardBatch
     from patchword.distributed import Distributed
     from patchword.factory import create_model
-    from patchword.run_config import RunConfig
+    from patchword.runs.config import RunConfig
     from patchword.train.step import ShardLoss
     from patchword.train.trainer import autocast_context
 

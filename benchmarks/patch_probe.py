@@ -23,7 +23,7 @@ from patchword.data.tokenizers.word import WordVocab
 from patchword.eval.patch_probe import format_probe_table, synthetic_patch_probe
 from patchword.model import build_model
 from patchword.pretrained import resolve_pretrained_dir
-from patchword.run_config import RunConfig
+from patchword.runs.config import RunConfig
 
 
 def main() -> None:

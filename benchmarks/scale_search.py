@@ -70,7 +70,7 @@ def make_run(run_dir: Path) -> None:
     from patchword.checkpoint import atomic_save
     from patchword.config import apply_overrides, save_config
     from patchword.factory import create_model
-    from patchword.run_config import RunConfig
+    from patchword.runs.config import RunConfig
     from patchword.runs import save_backbones
 
     if (run_dir / "best.pt").is_file():

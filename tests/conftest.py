@@ -249,7 +249,7 @@ def tiny_model(vocab, **model_args):
     ``dense_pairing`` go to the SEPS section, every other keyword to the model section."""
     from patchword.config import apply_overrides
     from patchword.model import build_model
-    from patchword.run_config import RunConfig
+    from patchword.runs.config import RunConfig
 
     seps = ("variant", "dense_pairing")
     overrides = [f"model.{'seps.' if k in seps else ''}{k}={v}" for k, v in model_args.items()]

@@ -20,7 +20,7 @@ import torch
 from conftest import TINY_MODEL_32
 from patchword.config import apply_overrides
 from patchword.data.export import ExportSummary, export_synthetic_split
-from patchword.run_config import RunConfig
+from patchword.runs.config import RunConfig
 from patchword.runs import LoadedRun, load_run
 
 # A paper-variant SEPS that reads image-tied dense captions (the demo's model), at toy size: 32-pixel

@@ -390,7 +390,7 @@ def test_unknown_key_lists_the_valid_keys_and_suggests_the_closest(
 ):
     """The README promised that the unknown-key message lists the valid keys; `model.sesp.variant=paper`
     only said "unknown config section"."""
-    from patchword.run_config import RunConfig
+    from patchword.runs.config import RunConfig
 
     runs = tmp_path / "runs"
     config = tmp_path / "run.yaml"
@@ -408,7 +408,7 @@ def test_unknown_key_lists_the_valid_keys_and_suggests_the_closest(
 def test_unknown_keys_of_a_saved_config_each_get_their_closest_match():
     from patchword.config import from_dict
     from patchword.errors import ConfigError
-    from patchword.run_config import RunConfig
+    from patchword.runs.config import RunConfig
 
     with pytest.raises(ConfigError) as err:
         from_dict(RunConfig, {"trian": {}, "modle": {}, "zzz": 1})

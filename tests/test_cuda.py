@@ -126,7 +126,7 @@ def _tiny_step(variant: str, pairing: str, device: str):
     from patchword.data.pipeline import ShardBatch
     from patchword.distributed import Distributed
     from patchword.factory import create_model
-    from patchword.run_config import RunConfig
+    from patchword.runs.config import RunConfig
     from patchword.train.step import ShardLoss
 
     torch.manual_seed(0)

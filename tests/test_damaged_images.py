@@ -87,7 +87,7 @@ def test_train_refuses_truncated_images_before_writing_anything(laps_dataset, tm
 def test_skip_bad_images_leaves_them_and_their_captions_out(laps_dataset):
     from patchword.config import apply_overrides
     from patchword.data.prepare import load_raw_data
-    from patchword.run_config import RunConfig
+    from patchword.runs.config import RunConfig
 
     dense = [
         f"data.dense_train={laps_dataset['dense_train']}",

@@ -340,7 +340,7 @@ def test_laps_layout_dense_file_loads_with_the_split(tmp_path):
 def test_laps_dense_files_train_and_evaluate(tmp_path):
     """``data.dense_{train,dev,test}=<densify output>`` with the laps loader: one tiny training epoch."""
     from patchword.config import apply_overrides
-    from patchword.run_config import RunConfig
+    from patchword.runs.config import RunConfig
     from patchword.train.runner import train_run
 
     data = _write_laps(

@@ -307,7 +307,7 @@ def test_evaluating_a_run_on_the_device_gives_the_cpu_metrics(env, tmp_path):
     """``patchword eval``'s evaluation (eval.runs._evaluate: encoding, the full matrix, the metrics) with
     the run on the simulated device."""
     from patchword.distributed import Distributed
-    from patchword.eval.runs import _evaluate
+    from patchword.runs.evaluate import _evaluate
 
     with SimulatedDevice() as sim:
         got, _ = _evaluate(

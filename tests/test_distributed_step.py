@@ -19,7 +19,7 @@ from patchword.data.pipeline import FileImages, SelectedImages, load_images, tra
 from patchword.distributed import launch_info, shard_bounds
 from patchword.losses import CMCLoss, HingeLoss, RatioLoss
 from patchword.matching import build_matcher
-from patchword.run_config import RunConfig
+from patchword.runs.config import RunConfig
 from patchword.train.step import matcher_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")

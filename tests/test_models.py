@@ -113,7 +113,7 @@ def test_create_model_and_transforms_gives_a_matching_tokenizer_and_preprocessin
 
 def test_a_run_config_names_its_model_and_overrides_apply_on_top_in_any_order():
     from patchword.config import apply_overrides
-    from patchword.run_config import RunConfig
+    from patchword.runs.config import RunConfig
 
     for overrides in (
         ["model.embed_dim=64", "model.name=seps-tiny-paper"],
@@ -131,7 +131,7 @@ def test_a_run_config_names_its_model_and_overrides_apply_on_top_in_any_order():
 
 
 def test_every_shipped_recipe_loads_and_names_a_shipped_model():
-    from patchword.run_config import list_recipes, load_run_config
+    from patchword.runs.config import list_recipes, load_run_config
 
     recipes = list_recipes()
     assert {"demo", "pretrain-synthetic-64", "synthetic_seps_paper", "f30k_seps_vit224"} <= set(recipes)

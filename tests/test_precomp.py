@@ -25,7 +25,7 @@ from patchword.encoders import (
 )
 from patchword.errors import ConfigError
 from patchword.model import build_model
-from patchword.run_config import RunConfig
+from patchword.runs.config import RunConfig
 from patchword.train.validate import check_config, check_model_data
 
 # ------------------------------------------------------------------ SCAN layout

@@ -17,7 +17,7 @@ from patchword.losses import ContrastiveLoss
 from patchword.matching import build_matcher
 from patchword.model import build_model
 from patchword.pretrained import load_pretrained_encoders, save_pretrained_encoders, shipped_pretrained
-from patchword.run_config import RunConfig
+from patchword.runs.config import RunConfig
 
 SMALL = ["model.name=vse-tiny-16", "model.matcher=seps", "model.max_text_len=32"]
 

@@ -25,7 +25,7 @@ from patchword.eval.metrics import coco_1k_folds
 from patchword.eval.protocol import evaluate
 from patchword.eval.scoring import encode_image_tokens, encode_text_tokens
 from patchword.model import build_model
-from patchword.run_config import RunConfig
+from patchword.runs.config import RunConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -157,7 +157,7 @@ def test_mismatched_encoder_and_data_is_a_clear_error(tmp_path, cache, capsys):
 
 def test_presets_for_real_data_parse(tmp_path):
     from patchword.config import load_config
-    from patchword.run_config import RunConfig
+    from patchword.runs.config import RunConfig
 
     for name in ("scan_t2i_f30k", "scan_i2t_f30k", "naaf_f30k", "tgdt_f30k"):
         cfg = load_config(RunConfig, CONFIGS / f"{name}.yaml")

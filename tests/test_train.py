@@ -14,7 +14,7 @@ from patchword.checkpoint import load_checkpoint
 from patchword.cli import main
 from patchword.config import apply_overrides, load_config
 from patchword.data.prepare import prepare_data
-from patchword.run_config import RunConfig
+from patchword.runs.config import RunConfig
 from patchword.train.runner import resume_run, train_run
 
 TINY = [

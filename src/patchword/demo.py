@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from patchword.pretrain import KEYS
-from patchword.run_config import RunConfig, load_run_config
+from patchword.runs.config import RunConfig, load_run_config
+from patchword.runs.files import SUMMARY_FILE
 
 __all__ = ["DEMO_RECIPE", "demo_config", "run_demo", "format_table"]
 
@@ -102,7 +103,7 @@ def run_demo(overrides: list[str] | None = None, *, plots: bool = True) -> dict[
         native = pretraining_recall(cfg, data)
         if native:
             summary["pretrained_native"] = native
-        atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+        atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2))
         print(format_table(summary))
         print(f"\nrun directory: {run_dir}  (summary.json, metrics.jsonl, config.yaml, checkpoints)")
         if plots:

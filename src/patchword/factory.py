@@ -23,6 +23,7 @@ from patchword.errors import ConfigError
 from patchword.model import ModelConfig, RetrievalModel, build_model
 from patchword.model_configs import list_models, named_model_mapping, named_random_init
 from patchword.runs import load_run
+from patchword.runs.files import CONFIG_FILE
 
 __all__ = [
     "list_models",
@@ -133,7 +134,7 @@ def _model_directory(value: str) -> Path | None:
                 f"download {repo}`): {str(err).splitlines()[0]}"
             ) from None
     path = Path(value).expanduser()
-    return path if (path / "config.yaml").is_file() else None
+    return path if (path / CONFIG_FILE).is_file() else None
 
 
 def create_model_and_transforms(

@@ -17,7 +17,8 @@ from typing import Any
 
 from patchword.config import apply_overrides
 from patchword.readers import read_json
-from patchword.run_config import RunConfig, load_run_config
+from patchword.runs.config import RunConfig, load_run_config
+from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT, SUMMARY_FILE, VOCAB_FILE
 
 __all__ = [
     "PRETRAIN_RECIPE",
@@ -120,14 +121,14 @@ def run_pretrain(
         raise RunExistsError(f"{out} exists and is not empty; pass --force to replace the encoders in it")
     cfg = pretrain_config(overrides, config)
     run_dir = Path(cfg.output_dir) / cfg.name
-    if (run_dir / "config.yaml").is_file():  # an existing run is only taken if it is this recipe
+    if (run_dir / CONFIG_FILE).is_file():  # an existing run is only taken if it is this recipe
         changed = [k for k in config_diff(read_run_config(run_dir), cfg) if k not in RESUMABLE_KEYS]
         if changed:
             raise ConfigError(changed[0], f"{run_dir} was trained with another value: choose another name=")
-    if (run_dir / "summary.json").is_file():  # trained already: export again (e.g. to another --out)
+    if (run_dir / SUMMARY_FILE).is_file():  # trained already: export again (e.g. to another --out)
         _logger.info("%s is finished: exporting its encoders", run_dir)
-        summary = read_json(run_dir / "summary.json", "run summary")
-    elif (run_dir / "last.pt").is_file():  # interrupted: continue it with its own config
+        summary = read_json(run_dir / SUMMARY_FILE, "run summary")
+    elif (run_dir / LAST_CHECKPOINT).is_file():  # interrupted: continue it with its own config
         summary = resume_run(run_dir)
     else:
         summary = train_run(cfg)
@@ -142,11 +143,11 @@ def run_pretrain(
         "train_seconds": round(summary["train_seconds"], 1),
         "machine": machine_description(),
     }
-    save_pretrained_encoders(run.model, cfg.model, run_dir / "vocab.json", out, meta)
+    save_pretrained_encoders(run.model, cfg.model, run_dir / VOCAB_FILE, out, meta)
     # The recorded recall is that of the weights as shipped (stored in float16): what a user loads.
     shipped = apply_overrides(cfg, [f"model.tiny_pretrained={out}", f"data.vocab_path={out}"])
     meta["test_global"] = global_recall(shipped, prepare_data(shipped.data, roles=["test"]))
-    save_pretrained_encoders(run.model, cfg.model, run_dir / "vocab.json", out, meta)
+    save_pretrained_encoders(run.model, cfg.model, run_dir / VOCAB_FILE, out, meta)
     _logger.info("pretrained encoders written to %s", out)
     print(json.dumps(meta, indent=2))
     return meta

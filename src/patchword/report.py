@@ -19,6 +19,7 @@ from typing import Any
 from patchword.errors import MissingFileError
 from patchword.fileio import atomic_write_text
 from patchword.readers import read_json, read_json_lines
+from patchword.runs.files import BEST_CHECKPOINT, CONFIG_FILE, METRICS_JSON, SUMMARY_FILE
 from patchword.sweep import SWEEP_FILE, mean_std, read_sweep
 
 __all__ = ["Entry", "collect", "differing_keys", "write_report"]
@@ -60,17 +61,17 @@ def _metrics(run: Path) -> dict[str, Any]:
     """A run's row: its training summary, else the recorded evaluation of its default checkpoint (an
     imported run evaluated with ``patchword eval``), else its metrics.json."""
     from patchword.errors import MissingFileError
-    from patchword.eval.recorded import evaluation_of
     from patchword.runs import resolve_checkpoint
+    from patchword.runs.recorded import evaluation_of
 
-    summary = _json(run / "summary.json")
+    summary = _json(run / SUMMARY_FILE)
     if summary:
         return summary
     try:
         evaluation, _ = evaluation_of(run, resolve_checkpoint(run))
     except MissingFileError:
         evaluation = {}
-    return evaluation or _json(run / "metrics.json")
+    return evaluation or _json(run / METRICS_JSON)
 
 
 def _suite_record(run: Path, name: str) -> tuple[dict[str, Any], str | None]:
@@ -78,7 +79,7 @@ def _suite_record(run: Path, name: str) -> tuple[dict[str, Any], str | None]:
     went on after it was scored), the name of that checkpoint."""
     path = run / name
     record = _json(path)
-    checkpoint = run / Path(str(record.get("checkpoint") or "best.pt")).name
+    checkpoint = run / Path(str(record.get("checkpoint") or BEST_CHECKPOINT)).name
     if record and checkpoint.is_file() and path.stat().st_mtime < checkpoint.stat().st_mtime:
         return record, checkpoint.name
     return record, None
@@ -109,7 +110,7 @@ def collect(paths: list[Path]) -> list[Entry]:
                 parent = path / variant if variant != "runs" else path
                 label = f"{path.name}/{variant}" if variant != "runs" else path.name
                 entries.append(Entry(label, [parent / f"seed-{s}" for s in runs], planned))
-        elif (path / "config.yaml").is_file():
+        elif (path / CONFIG_FILE).is_file():
             entries.append(Entry(path.name, [path]))
         else:
             raise MissingFileError(

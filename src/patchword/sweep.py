@@ -27,6 +27,7 @@ from typing import Any
 from patchword.errors import ConfigError
 from patchword.fileio import atomic_write_text
 from patchword.readers import read_json
+from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT, SUMMARY_FILE
 
 __all__ = ["SWEEP_FILE", "mean_std", "parse_seeds", "read_sweep", "run_sweep", "summarize"]
 
@@ -91,15 +92,15 @@ def summarize(results: dict[int, dict[str, Any]]) -> dict[str, Any]:
 
 def _run_one(config: str | None, overrides: list[str], run_dir: Path, dist_main: bool) -> dict[str, Any]:
     """Train, resume or read back one run of the sweep; returns its summary."""
-    from patchword.run_config import load_run_config
+    from patchword.runs.config import load_run_config
     from patchword.train.runner import resume_run, train_run
 
-    if (run_dir / "config.yaml").is_file():
+    if (run_dir / CONFIG_FILE).is_file():
         _refuse_other_settings(run_dir, load_run_config(config, overrides))
-    if (run_dir / "summary.json").is_file():
+    if (run_dir / SUMMARY_FILE).is_file():
         _logger.info("%s is finished: kept", run_dir)
-        return read_json(run_dir / "summary.json", "run summary")
-    if (run_dir / "last.pt").is_file():
+        return read_json(run_dir / SUMMARY_FILE, "run summary")
+    if (run_dir / LAST_CHECKPOINT).is_file():
         _logger.info("%s was interrupted: resuming it", run_dir)
         return resume_run(run_dir)
     if run_dir.exists() and dist_main:  # stopped before its first checkpoint: nothing to keep
@@ -112,7 +113,7 @@ def _refuse_foreign_directory(sweep_dir: Path, key: str) -> None:
     never a file."""
     if sweep_dir.exists() and not sweep_dir.is_dir():
         raise ConfigError(key, f"{sweep_dir} is a file, not a sweep directory; choose another name")
-    if (sweep_dir / "config.yaml").is_file():
+    if (sweep_dir / CONFIG_FILE).is_file():
         raise ConfigError(
             key, f"{sweep_dir} is a run directory, not a sweep; choose another name (--name) for the sweep"
         )
@@ -174,7 +175,7 @@ def run_sweep(
     ``suites`` (``compositional``, ``patches``) are evaluated on every finished run that lacks them; their
     accuracies go into the run's row as ``<suite>.<key>``."""
     from patchword.distributed import launch_info
-    from patchword.run_config import load_run_config
+    from patchword.runs.config import load_run_config
 
     base = load_run_config(config, overrides)  # every override checked before anything runs
     variants = variants or {"": []}
@@ -219,7 +220,7 @@ def run_sweep(
 
 def _suite(run_dir: Path, suite: str) -> dict[str, float]:
     """A suite's accuracies for one run (evaluated once: its JSON in the run directory is reused)."""
-    from patchword.eval.runs import evaluate_patch_suite, evaluate_suite
+    from patchword.runs.evaluate import evaluate_patch_suite, evaluate_suite
 
     path = run_dir / f"eval_{suite}.json"
     if path.is_file():

@@ -1,6 +1,6 @@
 """The ``patchword`` command (also ``python -m patchword``).
 
-Configuration is the :class:`~patchword.run_config.RunConfig` dataclass; ``--config run.yaml`` and
+Configuration is the :class:`~patchword.runs.config.RunConfig` dataclass; ``--config run.yaml`` and
 dotted overrides (``model.seps.sparse_ratio=0.6 train.epochs=3``) apply on top of its defaults. ``main(argv)``
 is importable so tests run the CLI in-process.
 

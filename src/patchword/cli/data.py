@@ -101,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from patchword.config import apply_overrides
     from patchword.data.export import export_synthetic_split
-    from patchword.run_config import RunConfig
     from patchword.runs import read_run_config
+    from patchword.runs.config import RunConfig
 
     cfg = (
         read_run_config(args.run, args.overrides)
@@ -115,7 +115,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from patchword.run_config import load_run_config
+    from patchword.runs.config import load_run_config
     from patchword.train.validate import check_config
 
     cfg = load_run_config(args.config, args.overrides)

@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from patchword.distributed import launch_info
-    from patchword.eval.runs import evaluate_patch_suite, evaluate_run_dir, evaluate_suite
+    from patchword.runs.evaluate import evaluate_patch_suite, evaluate_run_dir, evaluate_suite
 
     common = dict(overrides=args.overrides, out=args.out, force=args.force)
     if args.suite == "patches" or args.suite or args.suite_file:

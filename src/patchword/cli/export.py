@@ -1,4 +1,4 @@
-"""``patchword export RUN OUT``: a run as a self-contained model directory (see :mod:`patchword.export`)."""
+"""``patchword export RUN OUT``: a run as a self-contained model directory (:mod:`patchword.runs.export`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from patchword.export import export_run
+    from patchword.runs.export import export_run
 
     out = export_run(args.run_dir, args.out, args.checkpoint)
     print(f"written: {out} (README.md, model.safetensors, config.yaml, tokenizer, metrics.json)")

@@ -56,7 +56,7 @@ def _resume_target(resume: str, overrides: list[str]) -> tuple[Path, list[str]]:
 
 def run(args: argparse.Namespace) -> None:
     from patchword.distributed import launch_info
-    from patchword.run_config import load_run_config
+    from patchword.runs.config import load_run_config
     from patchword.train.runner import resume_run, train_run
 
     main = launch_info().rank == 0

@@ -1,1 +1,1 @@
-"""Run recipes shipped with patchword (YAML files read by ``patchword.run_config.recipe_path``)."""
+"""Run recipes shipped with patchword (YAML files read by ``patchword.runs.config.recipe_path``)."""

@@ -26,11 +26,11 @@ import torch
 
 from patchword.data.pipeline import EncodedSplit, SelectedImages
 from patchword.distributed import Distributed
+from patchword.eval.config import EvalConfig
 from patchword.eval.engine import score_matrix
 from patchword.eval.engine.memory import configured_budget_mb
 from patchword.eval.metrics import coco_1k_folds, fold_bounds, retrieval_metrics
 from patchword.eval.scoring import encode_image_tokens, encode_text_tokens
-from patchword.run_config import EvalConfig
 
 __all__ = [
     "score_split",

@@ -41,13 +41,12 @@ from patchword.hashing.dataset import HashDataset
 from patchword.hashing.evaluate import evaluate_hashing
 from patchword.hashing.model import UCMFH
 from patchword.hashing.trainer import HashTrainer, append_metrics
+from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT, RESUMES_FILE
 
 __all__ = ["hashing_run_dir", "train_hashing", "resume_config", "resume_hashing", "load_hashing_run"]
 
 _logger = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.yaml"
-RESUMES_FILE = "resumes.jsonl"
 
 #: Keys that say where a run lives, not how it trains: a run directory that was moved still resumes.
 _LOCATION_KEYS = frozenset({"output_dir", "name"})
@@ -91,7 +90,7 @@ def train_hashing(
             )
         values = _flat(cfg)
         return resume_hashing(run_dir, [f"{k}={json.dumps(values[k])}" for k in changed], data=data)
-    if (run_dir / "last.pt").exists():
+    if (run_dir / LAST_CHECKPOINT).exists():
         raise RunExistsError(f"{run_dir} already holds a run; pass --resume or choose another name")
     return _train(cfg, run_dir, data)
 
@@ -105,7 +104,7 @@ def resume_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> HashRun
         ConfigError: an override of a key that is not safe to change on a resume, naming the key.
     """
     run_dir = Path(run_dir)
-    if not (run_dir / "last.pt").is_file():
+    if not (run_dir / LAST_CHECKPOINT).is_file():
         raise MissingFileError(f"{run_dir} has no last.pt to resume (no such run, or it never saved one)")
     if not (run_dir / CONFIG_FILE).is_file():
         raise MissingFileError(f"{run_dir} is not a hashing run directory (no {CONFIG_FILE})")
@@ -138,7 +137,7 @@ def resume_hashing(
     run_dir = Path(run_dir)
     cfg = resume_config(run_dir, overrides)
     check_hash_config(cfg)
-    state = load_checkpoint(run_dir / "last.pt", map_location="cpu")
+    state = load_checkpoint(run_dir / LAST_CHECKPOINT, map_location="cpu")
     stored = from_dict(HashRunConfig, state["config"])
     refuse_edited_config(run_dir / CONFIG_FILE, cfg, stored, HASH_RESUMABLE_KEYS)
     return _train(cfg, run_dir, data, state=state, overrides=overrides)
@@ -201,7 +200,7 @@ def load_hashing_run(
     run_dir = Path(run_dir)
     if not (run_dir / CONFIG_FILE).is_file():
         raise MissingFileError(f"{run_dir} is not a hashing run directory (no {CONFIG_FILE})")
-    if not (run_dir / "last.pt").is_file():
+    if not (run_dir / LAST_CHECKPOINT).is_file():
         raise MissingFileError(f"{run_dir} has no last.pt: the run never saved a checkpoint")
     cfg = load_config(HashRunConfig, run_dir / CONFIG_FILE, overrides or [])
     cfg = replace(
@@ -209,5 +208,5 @@ def load_hashing_run(
     )
     data = build_hashing_dataset(cfg.data)
     model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)
-    model.load_state_dict(load_checkpoint(run_dir / "last.pt", map_location=cfg.device)["model"])
+    model.load_state_dict(load_checkpoint(run_dir / LAST_CHECKPOINT, map_location=cfg.device)["model"])
     return cfg, model.to(cfg.device).eval(), data

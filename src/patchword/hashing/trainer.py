@@ -29,6 +29,7 @@ from patchword.hashing.config import HashRunConfig, check_hash_config
 from patchword.hashing.dataset import HashDataset
 from patchword.hashing.model import UCMFH
 from patchword.losses import BalancedInfoNCE, HashNetLoss, InfoNCE
+from patchword.runs.files import LAST_CHECKPOINT
 
 __all__ = ["HashTrainer", "append_metrics"]
 
@@ -164,9 +165,9 @@ class HashTrainer:
             append_metrics(self.run_dir, record)
             # A CLIP-sized model with Adam state is ~350 MB: checkpoint every few epochs, and at the end.
             if self.epoch == self.tc.epochs or (self.tc.save_every and self.epoch % self.tc.save_every == 0):
-                atomic_save(self.state_dict(), self.run_dir / "last.pt")
-        if not (self.run_dir / "last.pt").exists():  # epochs == 0 (evaluate an untrained model)
-            atomic_save(self.state_dict(), self.run_dir / "last.pt")
+                atomic_save(self.state_dict(), self.run_dir / LAST_CHECKPOINT)
+        if not (self.run_dir / LAST_CHECKPOINT).exists():  # epochs == 0 (evaluate an untrained model)
+            atomic_save(self.state_dict(), self.run_dir / LAST_CHECKPOINT)
         return {"epochs": self.epoch, "steps": self.step, "train_seconds": time.perf_counter() - start}
 
 

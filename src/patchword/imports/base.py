@@ -38,7 +38,8 @@ from patchword.config import config_to_dict, save_config
 from patchword.errors import ConfigError, DataError, RunExistsError
 from patchword.fileio import atomic_write_text, probe_writable, staging_dir
 from patchword.readers import read_checkpoint
-from patchword.run_config import RunConfig
+from patchword.runs.config import RunConfig
+from patchword.runs.files import BEST_CHECKPOINT, IMPORT_FILE, LAST_CHECKPOINT
 
 __all__ = [
     "ImportOptions",
@@ -55,7 +56,6 @@ __all__ = [
 
 _logger = logging.getLogger(__name__)
 
-IMPORT_FILE = "import.json"
 
 #: The only classes an official checkpoint's pickle may name besides tensors and containers: the
 #: ``argparse.Namespace`` every official ``train.py`` saves as ``opt``.
@@ -292,7 +292,7 @@ def write_imported_run(plan: ImportPlan, source: Path, out: Path) -> dict[str, A
         if plan.architectures:
             atomic_write_text(tmp / BACKBONES_FILE, json.dumps(plan.architectures, indent=2))
         weights = {"model": model.state_dict(), "step": 0, "metrics": {}, "config": config_to_dict(cfg)}
-        atomic_save(weights, tmp / "best.pt")
-        atomic_save(weights, tmp / "last.pt")
+        atomic_save(weights, tmp / BEST_CHECKPOINT)
+        atomic_save(weights, tmp / LAST_CHECKPOINT)
         atomic_write_text(tmp / IMPORT_FILE, json.dumps(record, indent=2, default=str))
     return record

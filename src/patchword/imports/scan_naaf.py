@@ -58,7 +58,7 @@ from patchword.config import from_dict
 from patchword.data.tokenizers.word import WordVocab, tokenize
 from patchword.errors import ConfigError, DataError, MissingFileError
 from patchword.imports.base import ImportOptions, ImportPlan, opt_dict, register_family
-from patchword.run_config import RunConfig
+from patchword.runs.config import RunConfig
 
 __all__ = ["read_official_vocab", "VOCAB_CLASSES"]
 

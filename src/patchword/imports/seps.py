@@ -162,7 +162,7 @@ def convert(ckpt: dict[str, Any], options: ImportOptions, path: Path, *, family:
     """The run of an official checkpoint: the ``seps`` matcher (``variant=code``, the dense-caption branch)
     for SEPS, ``laps`` (no dense text) for LAPS; Hugging Face encoders of the ``--hf-*`` architectures."""
     from patchword.config import from_dict
-    from patchword.run_config import RunConfig
+    from patchword.runs.config import RunConfig
 
     opt = opt_dict(ckpt, str(path))
     _check_opt_keys(opt, family)

@@ -334,8 +334,9 @@ def _run_config(
 ):
     from patchword.data.config import DataConfig
     from patchword.encoders import ContextConfig, PrecompConfig, RegionPostConfig
+    from patchword.eval.config import EvalConfig
     from patchword.model import ModelConfig, TGDTOptions
-    from patchword.run_config import EvalConfig, RunConfig, TrainConfig
+    from patchword.runs.config import RunConfig, TrainConfig
 
     embed = int(cfg.get("model", "embed-size"))
     if embed == arch["hidden_size"]:

@@ -53,6 +53,7 @@ from patchword.imports.base import (
     new_directory,
     register_family,
 )
+from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT
 
 __all__ = ["FAMILY", "detect", "convert", "write_hashing_run"]
 
@@ -227,11 +228,11 @@ def write_hashing_run(plan: ImportPlan, source: Path, out: Path) -> dict[str, An
     model.load_state_dict(plan.state_dict, strict=True)
     record = import_record(plan, source)
     with new_directory(out) as tmp:
-        save_config(cfg, tmp / "config.yaml")
+        save_config(cfg, tmp / CONFIG_FILE)
         # last.pt as HashTrainer saves it (model, fresh optimiser, epoch 0): load_hashing_run reads it, and
         # `patchword hash train --resume` fine-tunes the imported weights on the run's data.
         trainer = HashTrainer(cfg, model, _placeholder_data(*dims), tmp)
-        atomic_save(trainer.state_dict(), tmp / "last.pt")
+        atomic_save(trainer.state_dict(), tmp / LAST_CHECKPOINT)
         export_weights(model, asdict(cfg), tmp, imported_from=str(source))
         atomic_write_text(tmp / IMPORT_FILE, json.dumps(record, indent=2, default=str))
     _logger.info("%s: UCMFH hashing run written to %s", source, out)

@@ -35,11 +35,9 @@ from patchword.data.prepare import (
 from patchword.data.tokenizers import WordVocab
 from patchword.distributed import Distributed, session
 from patchword.errors import ConfigError, MissingFileError, RunExistsError
-from patchword.eval.runs import evaluate_run
 from patchword.factory import create_model
 from patchword.fileio import append_line, atomic_write_text, keep_jsonl_records, probe_writable
 from patchword.model import RetrievalModel, model_reads_dense
-from patchword.run_config import RunConfig
 from patchword.runs import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -50,6 +48,9 @@ from patchword.runs import (
     read_run_config,
     save_backbones,
 )
+from patchword.runs.config import RunConfig
+from patchword.runs.evaluate import evaluate_run
+from patchword.runs.files import BEST_CHECKPOINT, LAST_CHECKPOINT, SUMMARY_FILE
 from patchword.train.trainer import Trainer
 from patchword.train.validate import RESUMABLE_KEYS, check_config, check_launch, check_model_data
 
@@ -153,7 +154,7 @@ def train_run(cfg: RunConfig, *, data: PreparedData | None = None) -> dict[str, 
             fit = trainer.fit()
         except BaseException:
             # Nothing to resume yet: leave no half-made run behind (the same name can simply be rerun).
-            if dist.is_main and not (run_dir / "last.pt").is_file():
+            if dist.is_main and not (run_dir / LAST_CHECKPOINT).is_file():
                 _remove_run(run_dir, created)
             raise
         return _finish(cfg, model, data, run_dir, trainer, fit, dist)
@@ -180,7 +181,7 @@ def resume_run(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, 
     """
     run_dir = Path(run_dir)
     saved = read_run_config(run_dir)
-    last = run_dir / "last.pt"
+    last = run_dir / LAST_CHECKPOINT
     if not last.is_file():
         raise MissingFileError(
             f"{run_dir} has no last.pt to resume from (it stopped before its first checkpoint): nothing "
@@ -231,8 +232,8 @@ def _finish(
     cfg, model, data, run_dir: Path, trainer: Trainer, fit: dict, dist: Distributed
 ) -> dict[str, Any]:
     dist.barrier()  # rank 0 has written best.pt (the processes read it from the shared run directory)
-    if (run_dir / "best.pt").is_file():
-        model.load_state_dict(load_checkpoint(run_dir / "best.pt")["model"])
+    if (run_dir / BEST_CHECKPOINT).is_file():
+        model.load_state_dict(load_checkpoint(run_dir / BEST_CHECKPOINT)["model"])
     if dist.is_main:
         export_weights(model, asdict(cfg), run_dir / "export", vocab_size=data.vocab_size)
     summary = evaluate_run(cfg, model, data, run_dir, device=dist.device, dist=dist)
@@ -240,7 +241,7 @@ def _finish(
     summary["skipped_steps"] = trainer.skipped_steps
     summary["world_size"] = dist.world_size
     if dist.is_main:
-        atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+        atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2))
     return summary
 
 

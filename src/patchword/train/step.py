@@ -21,7 +21,7 @@ from patchword.losses import CMCLoss, ContrastiveLoss, HingeLoss, RatioLoss
 from patchword.matching.base import Matcher, MatcherOutput
 from patchword.matching.ops import full_precision
 from patchword.model import RetrievalModel
-from patchword.run_config import RunConfig
+from patchword.runs.config import RunConfig
 
 __all__ = [
     "ShardLoss",

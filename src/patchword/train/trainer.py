@@ -33,7 +33,8 @@ from patchword.eval.protocol import evaluate
 from patchword.fileio import append_line
 from patchword.model import RetrievalModel
 from patchword.precision import autocast_context, weight_dtype
-from patchword.run_config import RunConfig
+from patchword.runs.config import RunConfig
+from patchword.runs.files import BEST_CHECKPOINT, LAST_CHECKPOINT
 from patchword.train.augment import CaptionAugmenter
 from patchword.train.step import ShardLoss, fused_supported, sync_batch_norm, usable_cpus, wrap_ddp
 from patchword.train.trackers import open_trackers
@@ -239,7 +240,7 @@ class Trainer:
         state = self.state_dict()
         self._saved_seconds = state["train_seconds"]
         if self.dist.is_main:
-            atomic_save(state, self.run_dir / "last.pt")
+            atomic_save(state, self.run_dir / LAST_CHECKPOINT)
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict[str, Any]:
@@ -284,7 +285,7 @@ class Trainer:
                 if signalled:
                     self.save_last()
                     signum = flag.get("signum", signal.SIGTERM)
-                    raise TrainingInterrupted(signum, self.step, self.run_dir / "last.pt")
+                    raise TrainingInterrupted(signum, self.step, self.run_dir / LAST_CHECKPOINT)
                 stop = bool((tc.max_steps and self.step >= tc.max_steps) or out_of_time)
                 if tc.eval_every and self.step % tc.eval_every == 0 and not stop:
                     self.validate()
@@ -442,7 +443,7 @@ class Trainer:
             self.best_rsum = metrics["rsum"]
             if self.dist.is_main:
                 best = {"model": self.model.state_dict(), "metrics": metrics, "step": self.step}
-                atomic_save({**best, "config": asdict(self.cfg)}, self.run_dir / "best.pt")
+                atomic_save({**best, "config": asdict(self.cfg)}, self.run_dir / BEST_CHECKPOINT)
         self.save_last()
         return metrics
 

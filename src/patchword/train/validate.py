@@ -30,8 +30,8 @@ from patchword.model import (
     model_reads_dense,
     typed_sections,
 )
-from patchword.run_checks import check_model_data, check_region_boxes, data_image_size
-from patchword.run_config import RunConfig
+from patchword.runs.checks import check_model_data, check_region_boxes, data_image_size
+from patchword.runs.config import RunConfig
 from patchword.train.trackers import TRACKERS
 
 __all__ = ["check_config", "check_launch", "check_model_data", "data_image_size", "RESUMABLE_KEYS"]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from patchword.data.config import DataConfig
+from patchword.eval.config import EvalConfig
 from patchword.model import ModelConfig
 from patchword.precision import Precision
 
@@ -22,19 +23,6 @@ __all__ = [
     "recipe_path",
     "load_run_config",
 ]
-
-
-@dataclass
-class EvalConfig:
-    """Evaluation after training (and ``patchword eval``)."""
-
-    split: str = "test"  # which split to report
-    batch_size: int = 128  # images / texts per encoder batch
-    coco_1k: bool = False  # also report the COCO 1K five-fold protocol (5K test)
-    coco_extended: bool = False  # also report ECCV Caption / CxC metrics (COCO 5K test; extra: coco)
-    # working-memory budget of the scoring engine in MiB (block sizes follow it); 0: automatic, 1024 on
-    # the CPU and half the free memory of an accelerator, at most 32 GiB (engine.memory.configured_budget_mb)
-    max_memory_mb: int = 0
 
 
 @dataclass

@@ -19,6 +19,7 @@ from typing import Any
 
 from safetensors.torch import save
 
+from patchword.runs.files import BACKBONES_FILE, CONFIG_FILE, IMPORT_FILE, METRICS_JSON, SUMMARY_FILE, VOCAB_FILE
 from patchword.errors import RunExistsError
 from patchword.fileio import atomic_write_bytes, atomic_write_text, probe_writable, staging_dir
 from patchword.readers import read_json
@@ -26,7 +27,7 @@ from patchword.version import __version__
 
 __all__ = ["export_run", "model_card"]
 
-_COPIED = ("config.yaml", "vocab.json", "backbones.json", "import.json")
+_COPIED = (CONFIG_FILE, VOCAB_FILE, BACKBONES_FILE, IMPORT_FILE)
 BERT_VOCAB_DIR = "bert_vocab"  # vocab.txt + tokenizer_config.json: what BertCaptionTokenizer reads
 
 
@@ -37,7 +38,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
         RunExistsError: ``out`` exists.
         MissingFileError: ``run_dir`` is not a run directory, or lacks the checkpoint.
     """
-    from patchword.eval.recorded import evaluation_of
+    from patchword.runs.recorded import evaluation_of
     from patchword.runs import config_hash, load_run
 
     run_dir, out = Path(run_dir), Path(out)
@@ -48,7 +49,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
     tensors = {k: v.detach().cpu().contiguous() for k, v in run.model.state_dict().items()}
     # the evaluation of the exported checkpoint (summary.json describes best.pt, eval_*.json name theirs)
     metrics, source = evaluation_of(run_dir, run.checkpoint, run.config.eval.split)
-    training = _read_json(run_dir / "summary.json")
+    training = _read_json(run_dir / SUMMARY_FILE)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(staging_dir(out, "export"))
     try:
@@ -57,7 +58,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
                 shutil.copyfile(run_dir / name, tmp / name)
         if run.config.data.tokenizer == "bert":  # the vocabulary travels with the model
             _write_bert_vocab(run.tokenizer, tmp / BERT_VOCAB_DIR)
-            _set_bert_vocab(tmp / "config.yaml")
+            _set_bert_vocab(tmp / CONFIG_FILE)
         atomic_write_bytes(tmp / "model.safetensors", save(tensors))
         record = {
             "patchword_version": __version__,
@@ -68,7 +69,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
             "metrics_source": source,
             "steps": training.get("steps"),
         }
-        atomic_write_text(tmp / "metrics.json", json.dumps(record, indent=2))
+        atomic_write_text(tmp / METRICS_JSON, json.dumps(record, indent=2))
         atomic_write_text(tmp / "README.md", model_card(run, record))
         tmp.rename(out)
     except BaseException:
@@ -114,7 +115,7 @@ def model_card(run, record: dict[str, Any]) -> str:
     cfg, model = run.config, run.model
     mc, dc, tc = cfg.model, cfg.data, cfg.train
     metrics = record.get("metrics") or {}
-    imported = _read_json(run.run_dir / "import.json")
+    imported = _read_json(run.run_dir / IMPORT_FILE)
     backbones = {
         "image": mc.hf_vision
         if mc.image_encoder == "hf"

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from patchword.runs.files import BEST_CHECKPOINT, CONFIG_FILE, LAST_CHECKPOINT, SUMMARY_FILE
 from patchword.readers import read_json
 
 __all__ = ["evaluation_of"]
@@ -41,7 +42,7 @@ def evaluation_of(
     if not checkpoint.is_absolute() and not checkpoint.is_file():
         checkpoint = run_dir / checkpoint
     written = checkpoint.stat().st_mtime if checkpoint.is_file() else 0.0
-    current = config_hash(run_dir) if (run_dir / "config.yaml").is_file() else None
+    current = config_hash(run_dir) if (run_dir / CONFIG_FILE).is_file() else None
     found = []
     for path in run_dir.glob("eval_*.json"):
         record = _read(path)
@@ -58,9 +59,9 @@ def evaluation_of(
     if found:
         _, _, path, record = max(found, key=lambda item: item[:2])
         return record, path.name
-    summary_path = run_dir / "summary.json"
+    summary_path = run_dir / SUMMARY_FILE
     summary = _read(summary_path)
-    trained = "best.pt" if (run_dir / "best.pt").is_file() else "last.pt"
+    trained = BEST_CHECKPOINT if (run_dir / BEST_CHECKPOINT).is_file() else LAST_CHECKPOINT
     if summary and checkpoint.name == trained and summary_path.stat().st_mtime >= written:
         return summary, summary_path.name
     return {}, None

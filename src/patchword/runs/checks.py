@@ -8,7 +8,7 @@ from __future__ import annotations
 from patchword.data.prepare import REGION_DATASETS, SYNTHETIC_DATASETS, PreparedData
 from patchword.errors import ConfigError
 from patchword.model import RetrievalModel
-from patchword.run_config import RunConfig
+from patchword.runs.config import RunConfig
 
 __all__ = ["check_model_data", "check_region_boxes", "data_image_size"]
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from patchword.runs.files import METRICS_JSON, VOCAB_FILE
 from patchword.data.prepare import PreparedData, eval_role
 from patchword.distributed import Distributed
 from patchword.eval.engine.memory import configured_budget_mb
@@ -21,7 +22,7 @@ from patchword.eval.protocol import evaluate
 from patchword.fileio import atomic_write_text, check_output_file
 from patchword.matching import matcher_spec
 from patchword.model import RetrievalModel, matcher_arguments
-from patchword.run_config import RunConfig
+from patchword.runs.config import RunConfig
 from patchword.version import __version__
 
 __all__ = [
@@ -101,7 +102,7 @@ def evaluate_run(
         metrics["oracle_rsum"] = data.oracle[role]["rsum"]
     metrics.update(run_metadata(cfg, model, role, split))
     if dist.is_main:
-        atomic_write_text(run_dir / "metrics.json", json.dumps(metrics, indent=2))
+        atomic_write_text(run_dir / METRICS_JSON, json.dumps(metrics, indent=2))
     return metrics
 
 
@@ -136,7 +137,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
     from patchword.data.prepare import eval_role, prepare_data
     from patchword.errors import ConfigError
     from patchword.eval.protocol import ensemble_metrics, evaluate
-    from patchword.run_checks import check_model_data
+    from patchword.runs.checks import check_model_data
     from patchword.runs import config_hash, load_run, read_run_config, resolve_checkpoint
 
     overrides = list(overrides or [])
@@ -158,7 +159,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
         loaded = load_run(member_dir, member_ckpt, device=device, overrides=overrides)
         mcfg, model = loaded.config, loaded.model
         use_dense = mcfg.data.dense and model.matcher.consumes_dense
-        key = json.dumps([vars(mcfg.data), str(member_dir / "vocab.json"), use_dense], default=str)
+        key = json.dumps([vars(mcfg.data), str(member_dir / VOCAB_FILE), use_dense], default=str)
         if key not in prepared:
             prepared[key] = prepare_data(
                 mcfg.data,

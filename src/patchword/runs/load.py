@@ -1,5 +1,5 @@
-"""A run directory: the one module that reads it back (config, tokenizer, checkpoint, model) and the
-files it is made of (``patchword eval``, index building, search, serving, plots and benchmarks all use it).
+"""Reading a run directory back: config, tokenizer, checkpoint, model (``patchword eval``, index building,
+search, serving, plots and benchmarks all load runs through :func:`load_run`).
 
 A run directory written by ``patchword train`` holds ``config.yaml`` (the resolved :class:`RunConfig`,
 written once), ``vocab.json`` (word tokenizers), ``backbones.json`` (Hugging Face architectures),
@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
+from patchword.runs.files import BEST_CHECKPOINT
 from patchword.checkpoint import load_weights
 from patchword.config import load_config
 from patchword.data.config import DataConfig
@@ -25,14 +26,10 @@ from patchword.errors import ConfigError, MissingFileError
 from patchword.model import RetrievalModel, build_model, started_pretrained
 from patchword.precision import weight_dtype
 from patchword.readers import read_json
-from patchword.run_config import RunConfig
+from patchword.runs.config import RunConfig
+from patchword.runs.files import BACKBONES_FILE, CONFIG_FILE, METRICS_FILE, RESUMES_FILE, VOCAB_FILE, WEIGHTS_FILE
 
 __all__ = [
-    "CONFIG_FILE",
-    "VOCAB_FILE",
-    "BACKBONES_FILE",
-    "WEIGHTS_FILE",
-    "METRICS_FILE",
     "LoadedRun",
     "load_run",
     "read_run_config",
@@ -43,10 +40,6 @@ __all__ = [
     "save_backbones",
 ]
 
-CONFIG_FILE = "config.yaml"
-VOCAB_FILE = "vocab.json"
-METRICS_FILE = "metrics.jsonl"
-RESUMES_FILE = "resumes.jsonl"  # one record per --resume: when, at which step, with which overrides
 
 
 def read_run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
@@ -82,14 +75,13 @@ def load_run_tokenizer(run_dir: str | Path, data: DataConfig):
 
 
 #: The weights of an exported model directory (``patchword export``), which has no checkpoints.
-WEIGHTS_FILE = "model.safetensors"
 
 
 def resolve_checkpoint(run_dir: str | Path, checkpoint: str | Path | None = None) -> Path:
     """``run_dir/best.pt`` (default; ``model.safetensors`` in an exported model directory) or the named
     file; a missing file is an error naming what exists."""
     run_dir = Path(run_dir)
-    default = run_dir / "best.pt"
+    default = run_dir / BEST_CHECKPOINT
     if checkpoint is None and not default.is_file() and (run_dir / WEIGHTS_FILE).is_file():
         default = run_dir / WEIGHTS_FILE
     path = Path(checkpoint) if checkpoint is not None else default
@@ -102,7 +94,6 @@ def resolve_checkpoint(run_dir: str | Path, checkpoint: str | Path | None = None
     return path
 
 
-BACKBONES_FILE = "backbones.json"
 
 
 def save_backbones(model, run_dir: Path) -> None:
