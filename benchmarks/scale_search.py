@@ -70,8 +70,8 @@ def make_run(run_dir: Path) -> None:
     from patchword.checkpoint import atomic_save
     from patchword.config import apply_overrides, save_config
     from patchword.factory import create_model
-    from patchword.runs.config import RunConfig
     from patchword.runs import save_backbones
+    from patchword.runs.config import RunConfig
 
     if (run_dir / "best.pt").is_file():
         return

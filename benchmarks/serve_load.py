@@ -49,8 +49,8 @@ def _child(code: str, *args: str) -> list[str]:
     return [sys.executable, "-c", code, *args]
 
 
-INDEX_CMD = "import sys; from patchword.search.cli import main_index; sys.exit(main_index(sys.argv[1:]))"
-SERVE_CMD = "import sys; from patchword.serve.cli import main_serve; sys.exit(main_serve(sys.argv[1:]))"
+INDEX_CMD = "import sys; from patchword.cli.search import main_index; sys.exit(main_index(sys.argv[1:]))"
+SERVE_CMD = "import sys; from patchword.cli.serve import main_serve; sys.exit(main_serve(sys.argv[1:]))"
 
 
 def export_images(run_dir: Path, size: int, work: Path) -> Path:

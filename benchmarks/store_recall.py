@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from patchword.bench.machine import machine_description
-from patchword.search.cli import main_index
+from patchword.cli.search import main_index
 from patchword.search.query import Searcher
 
 STORES = ("float32", "float16", "int8", "pq")

@@ -20,8 +20,8 @@ import torch
 from conftest import TINY_MODEL_32
 from patchword.config import apply_overrides
 from patchword.data.export import ExportSummary, export_synthetic_split
-from patchword.runs.config import RunConfig
 from patchword.runs import LoadedRun, load_run
+from patchword.runs.config import RunConfig
 
 # A paper-variant SEPS that reads image-tied dense captions (the demo's model), at toy size: 32-pixel
 # scenes, 8-pixel patches (a 4 x 4 grid, K = 8 kept patches), 32-wide encoders.

@@ -192,8 +192,8 @@ def test_dense_scores_index_searches_like_dense_tokens_and_is_smaller(env, tmp_p
     instead of the dense tokens: the same hits and scores, fewer bytes; refused for a matcher without it."""
     from patchword.config import apply_overrides
     from patchword.errors import ConfigError
-    from patchword.runs.config import RunConfig
     from patchword.runs import load_run
+    from patchword.runs.config import RunConfig
     from patchword.train.runner import train_run
     from search_support import TINY
 

@@ -16,6 +16,7 @@ import torch
 from PIL import Image
 
 from conftest import TINY_MODEL_32
+from patchword.cli.densify import main
 from patchword.data.laps import load_laps_split
 from patchword.data.textfiles import load_dense_jsonl
 from patchword.densify import (
@@ -29,7 +30,6 @@ from patchword.densify import (
     read_records,
     shard_output_path,
 )
-from patchword.densify.cli import main
 from patchword.errors import ConfigError, DataError, RunExistsError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -138,7 +138,7 @@ def test_interrupted_runs_resume_to_the_uninterrupted_file(image_dir, vlm, refer
 def test_killed_subprocess_mid_write_reruns_to_the_uninterrupted_file(image_dir, reference, tmp_path):
     """A real SIGKILL: the test hook stalls the child after 3 batches with half a batch written."""
     out = tmp_path / "dense.jsonl"
-    code = "import sys; from patchword.densify.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from patchword.cli.densify import main; sys.exit(main(sys.argv[1:]))"
     env = {**os.environ, "PATCHWORD_DENSIFY_TEST_STALL": "3:torn", "OMP_NUM_THREADS": "1"}
     child = subprocess.Popen(
         [sys.executable, "-c", code, "--images", str(image_dir), "--out", str(out), *RUN],

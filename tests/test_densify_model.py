@@ -10,6 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
+from patchword.cli.densify import main
 from patchword.densify import (
     GenerationSettings,
     images_from_folder,
@@ -17,7 +18,6 @@ from patchword.densify import (
     read_records,
     resolve_precision,
 )
-from patchword.densify.cli import main
 from patchword.densify.config import resolve_device
 from patchword.densify.tiny import TINY_WORDS, build_tiny_random
 from patchword.errors import ConfigError

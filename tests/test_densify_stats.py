@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from patchword.cli.densify import main
 from patchword.data.synthetic import COLOURS, SHAPES, SyntheticConfig, generate_split
 from patchword.data.tokenizers import BertCaptionTokenizer
-from patchword.densify.cli import main
 from patchword.densify.stats import dense_stats, mentioned_pairs, read_texts, scene_coverage, scene_index
 from patchword.errors import DataError
 

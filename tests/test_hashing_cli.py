@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import TINY_HASH, one_error_line
-from patchword.hashing.cli import main
+from patchword.cli.hash import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

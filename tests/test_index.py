@@ -15,10 +15,10 @@ import pytest
 import torch
 from PIL import Image
 
+from patchword.cli.search import main_index
 from patchword.errors import DataError, RunExistsError
 from patchword.runs import load_run
 from patchword.search import encode as encode_module
-from patchword.search.cli import main_index
 from patchword.search.index import IndexMismatchError, build_index
 from patchword.search.query import Searcher
 from patchword.search.scan import scan_images
@@ -320,7 +320,7 @@ def test_a_folder_without_images_is_an_error_and_nothing_is_written(env, tmp_pat
 def test_a_damaged_shard_names_the_file_and_update_repairs_it(env, tmp_path, capsys, damage):
     """A truncated shard said only "mmap length is greater than file size"."""
     from conftest import one_error_line
-    from patchword.search.cli import main_search
+    from patchword.cli.search import main_search
 
     folder = tmp_path / "imgs"
     _copy_images(env, folder, 5)

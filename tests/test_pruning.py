@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
+from patchword.cli.search import main_index
 from patchword.errors import ConfigError
 from patchword.eval.engine.core import prepare_inputs
 from patchword.eval.engine.seps import SEPSEngine
 from patchword.matching.ops import l2norm
-from patchword.search.cli import main_index
 from patchword.search.index import build_index
 from patchword.search.pruning import kept_patches, prune_patches
 from patchword.search.query import Searcher

@@ -11,10 +11,10 @@ import sys
 import pytest
 import torch
 
+from patchword.cli.search import main_search
 from patchword.eval import evaluate
 from patchword.matching import build_matcher
 from patchword.matching.ops import length_mask
-from patchword.search.cli import main_search
 from patchword.search.explain import explain_pair
 from patchword.search.query import QueryError, Searcher
 from patchword.search.store import SearchIndex

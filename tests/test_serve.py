@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from patchword.cli.serve import main_serve
 from patchword.errors import MissingExtraError
 from patchword.search.query import Searcher
 from patchword.search.store import SearchIndex
 from patchword.serve.app import ServeLimits, create_app, require_serve_extra
-from patchword.serve.cli import main_serve
 from search_support import caption_queries, library_t2i_scores, live_server, rank_bounds
 
 pytestmark = pytest.mark.usefixtures("one_thread")

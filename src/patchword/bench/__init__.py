@@ -10,10 +10,10 @@ An application on top of the library (nothing in the library imports it), split 
   (:func:`patchword.testing.seps_reference_scores`, the same reference the tests use);
 * :mod:`~patchword.bench.two_stage` - shortlist + re-ranking against exhaustive scoring on a trained run;
 * :mod:`~patchword.bench.formatting` - the markdown tables;
-* :mod:`~patchword.bench.cli` - ``main(argv)``, the arguments after ``bench``.
+
+The command line is :mod:`patchword.cli.bench` (``patchword bench``, ``python -m patchword.bench``).
 """
 
-from patchword.bench.cli import main
 from patchword.bench.flops import count_flops
 from patchword.bench.formatting import format_duration, format_scoring, format_two_stage
 from patchword.bench.machine import machine_description, matmul_peak_gflops
@@ -26,7 +26,6 @@ __all__ = [
     "format_scoring",
     "format_two_stage",
     "machine_description",
-    "main",
     "matmul_peak_gflops",
     "run_scoring",
     "run_two_stage",

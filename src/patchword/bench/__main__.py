@@ -1,5 +1,5 @@
 """``python -m patchword.bench ...`` (the fresh-process memory probe runs this way)."""
 
-from patchword.bench.cli import main
+from patchword.cli.bench import main
 
 raise SystemExit(main())

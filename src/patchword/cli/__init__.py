@@ -16,47 +16,58 @@ import importlib
 import itertools
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from patchword.config import parse_with_overrides
 from patchword.errors import run_command
 from patchword.logs import setup_logging
 
-__all__ = ["main", "report_errors", "setup_logging"]
+__all__ = ["VERBS", "Verb", "main", "report_errors", "setup_logging"]
 
-# Verbs with their own argument parsers: everything after the verb is handed to ``module.function``.
-_DELEGATED: dict[str, tuple[str, str, str]] = {
-    "hash": ("patchword.hashing.cli", "main", "cross-modal hashing (UCMFH): hash train | eval | search"),
-    "bench": ("patchword.bench.cli", "main", "benchmarks: bench scoring | two-stage"),
-    "densify": (
-        "patchword.densify.cli",
-        "main",
+
+@dataclass(frozen=True)
+class Verb:
+    """A verb of the ``patchword`` command: its module in this package, and how it takes its arguments.
+
+    ``entry`` None: the module has ``add_arguments(parser)`` and ``run(args)`` (parsed here, with dotted
+    overrides); otherwise the name of its function taking the arguments after the verb (verbs with
+    sub-commands of their own, ``hash train | eval | search``, parse them themselves).
+    """
+
+    module: str
+    help: str
+    entry: str | None = None
+
+
+#: Every verb, in the order ``patchword --help`` lists them: the one dispatch table.
+VERBS: dict[str, Verb] = {
+    "demo": Verb("patchword.cli.demo", "train and evaluate SEPS on the synthetic scenes (CPU, no download)"),
+    "pretrain": Verb(
+        "patchword.cli.pretrain", "contrastive pretraining of the tiny encoders (CLIP-style InfoNCE)"
+    ),
+    "train": Verb(
+        "patchword.cli.train", "train a model (or --resume a run) and evaluate its best dev checkpoint"
+    ),
+    "eval": Verb("patchword.cli.evaluate", "evaluate a trained run directory"),
+    "data": Verb("patchword.cli.data", "datasets: data check (validate a layout) | data export synthetic"),
+    "export": Verb("patchword.cli.export", "a run as a self-contained model directory with a model card"),
+    "sweep": Verb("patchword.cli.sweep", "one recipe over several seeds (and variants): mean and spread"),
+    "report": Verb("patchword.cli.report", "runs and sweeps side by side: metrics, differing keys, curves"),
+    "import": Verb(
+        "patchword.cli.imports", "an official SEPS/LAPS/SCAN/NAAF/TGDT/UCMFH checkpoint as a run directory"
+    ),
+    "hash": Verb("patchword.cli.hash", "cross-modal hashing (UCMFH): hash train | eval | search", "main"),
+    "bench": Verb("patchword.cli.bench", "benchmarks: bench scoring | two-stage", "main"),
+    "densify": Verb(
+        "patchword.cli.densify",
         "dense captions from a vision-language model: densify | densify merge | densify stats",
+        "main",
     ),
-    "index": ("patchword.search.cli", "main_index", "index a folder of images: index build RUN --images DIR"),
-    "search": ("patchword.search.cli", "main_search", 'search an index: search INDEX "query" -k 10'),
-    "serve": ("patchword.serve.cli", "main_serve", "web page + JSON API over an index (extra: serve)"),
-}
-
-# Verbs defined in this package: name -> (module, help).
-_VERBS: dict[str, tuple[str, str]] = {
-    "demo": ("patchword.cli.demo", "train and evaluate SEPS on the synthetic scenes (CPU, no download)"),
-    "pretrain": (
-        "patchword.cli.pretrain",
-        "contrastive pretraining of the tiny encoders (CLIP-style InfoNCE)",
+    "index": Verb(
+        "patchword.cli.search", "index a folder of images: index build RUN --images DIR", "main_index"
     ),
-    "train": (
-        "patchword.cli.train",
-        "train a model (or --resume a run) and evaluate its best dev checkpoint",
-    ),
-    "eval": ("patchword.cli.evaluate", "evaluate a trained run directory"),
-    "data": ("patchword.cli.data", "datasets: data check (validate a layout) | data export synthetic"),
-    "export": ("patchword.cli.export", "a run as a self-contained model directory with a model card"),
-    "sweep": ("patchword.cli.sweep", "one recipe over several seeds (and variants): mean and spread"),
-    "report": ("patchword.cli.report", "runs and sweeps side by side: metrics, differing keys, curves"),
-    "import": (
-        "patchword.cli.imports",
-        "an official SEPS/LAPS/SCAN/NAAF/TGDT/UCMFH checkpoint as a run directory",
-    ),
+    "search": Verb("patchword.cli.search", 'search an index: search INDEX "query" -k 10', "main_search"),
+    "serve": Verb("patchword.cli.serve", "web page + JSON API over an index (extra: serve)", "main_serve"),
 }
 
 
@@ -74,10 +85,12 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="as above")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (module, help_text) in _VERBS.items():
-        importlib.import_module(module).add_arguments(sub.add_parser(name, help=help_text, parents=[common]))
-    for name, (_, _, help_text) in _DELEGATED.items():
-        sub.add_parser(name, help=help_text, add_help=False)
+    for name, verb in VERBS.items():
+        if verb.entry is None:
+            parser_of_verb = sub.add_parser(name, help=verb.help, parents=[common])
+            importlib.import_module(verb.module).add_arguments(parser_of_verb)
+        else:
+            sub.add_parser(name, help=verb.help, add_help=False)
     return parser
 
 
@@ -86,12 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     # Global flags (-v) may precede a delegated verb: they are handed on with the rest.
     flags = [a for a in itertools.takewhile(lambda a: a in ("-v", "--verbose"), argv)]
     rest = argv[len(flags) :]
-    if rest and rest[0] in _DELEGATED:
-        module, function, _ = _DELEGATED[rest[0]]
+    if rest and rest[0] in VERBS and VERBS[rest[0]].entry is not None:
+        verb = VERBS[rest[0]]
         verbose = bool(flags) or "-v" in rest or "--verbose" in rest
         sub_argv = [*rest[1:], *flags]
-        return report_errors(lambda: getattr(importlib.import_module(module), function)(sub_argv), verbose)
+        return report_errors(
+            lambda: getattr(importlib.import_module(verb.module), verb.entry)(sub_argv), verbose
+        )
     args = parse_with_overrides(_parser(), argv)  # overrides may follow options too
     setup_logging(args.verbose)
-    module = importlib.import_module(_VERBS[args.command][0])
+    module = importlib.import_module(VERBS[args.command].module)
     return report_errors(lambda: module.run(args), args.verbose)

@@ -5,7 +5,7 @@ them from JSONL files. This package writes such files for any image list: a fold
 synthetic scenes, with transformers' image-text-to-text models (LLaVA-1.5, LLaVA-NeXT, Qwen2-VL, ...) or the
 in-process ``tiny-random`` smoke-test model. Output lines are appended and flushed batch by batch, reruns
 continue where a run stopped, shards split the work across processes and :func:`merge_shards` joins them.
-``patchword densify`` is the command line (:mod:`patchword.densify.cli`); docs/densify.md the guide.
+``patchword densify`` is the command line (:mod:`patchword.cli.densify`); docs/densify.md the guide.
 
 Modules, one job each:
 

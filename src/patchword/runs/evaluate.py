@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from patchword.runs.files import METRICS_JSON, VOCAB_FILE
 from patchword.data.prepare import PreparedData, eval_role
 from patchword.distributed import Distributed
 from patchword.eval.engine.memory import configured_budget_mb
@@ -23,6 +22,7 @@ from patchword.fileio import atomic_write_text, check_output_file
 from patchword.matching import matcher_spec
 from patchword.model import RetrievalModel, matcher_arguments
 from patchword.runs.config import RunConfig
+from patchword.runs.files import METRICS_JSON, VOCAB_FILE
 from patchword.version import __version__
 
 __all__ = [
@@ -137,8 +137,8 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
     from patchword.data.prepare import eval_role, prepare_data
     from patchword.errors import ConfigError
     from patchword.eval.protocol import ensemble_metrics, evaluate
-    from patchword.runs.checks import check_model_data
     from patchword.runs import config_hash, load_run, read_run_config, resolve_checkpoint
+    from patchword.runs.checks import check_model_data
 
     overrides = list(overrides or [])
     cfg = read_run_config(run_dir, overrides)

@@ -19,10 +19,17 @@ from typing import Any
 
 from safetensors.torch import save
 
-from patchword.runs.files import BACKBONES_FILE, CONFIG_FILE, IMPORT_FILE, METRICS_JSON, SUMMARY_FILE, VOCAB_FILE
 from patchword.errors import RunExistsError
 from patchword.fileio import atomic_write_bytes, atomic_write_text, probe_writable, staging_dir
 from patchword.readers import read_json
+from patchword.runs.files import (
+    BACKBONES_FILE,
+    CONFIG_FILE,
+    IMPORT_FILE,
+    METRICS_JSON,
+    SUMMARY_FILE,
+    VOCAB_FILE,
+)
 from patchword.version import __version__
 
 __all__ = ["export_run", "model_card"]
@@ -38,8 +45,8 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
         RunExistsError: ``out`` exists.
         MissingFileError: ``run_dir`` is not a run directory, or lacks the checkpoint.
     """
-    from patchword.runs.recorded import evaluation_of
     from patchword.runs import config_hash, load_run
+    from patchword.runs.recorded import evaluation_of
 
     run_dir, out = Path(run_dir), Path(out)
     if out.exists():

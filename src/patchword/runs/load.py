@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from patchword.runs.files import BEST_CHECKPOINT
 from patchword.checkpoint import load_weights
 from patchword.config import load_config
 from patchword.data.config import DataConfig
@@ -27,7 +26,13 @@ from patchword.model import RetrievalModel, build_model, started_pretrained
 from patchword.precision import weight_dtype
 from patchword.readers import read_json
 from patchword.runs.config import RunConfig
-from patchword.runs.files import BACKBONES_FILE, CONFIG_FILE, METRICS_FILE, RESUMES_FILE, VOCAB_FILE, WEIGHTS_FILE
+from patchword.runs.files import (
+    BACKBONES_FILE,
+    BEST_CHECKPOINT,
+    CONFIG_FILE,
+    VOCAB_FILE,
+    WEIGHTS_FILE,
+)
 
 __all__ = [
     "LoadedRun",

@@ -134,7 +134,7 @@ def _serve(args: argparse.Namespace) -> int:
     import torch
     import uvicorn
 
-    from patchword.search.cli import open_searcher
+    from patchword.cli.search import open_searcher
 
     limits = ServeLimits(args.max_query_chars, args.max_k, args.workers, args.max_pending)
     threads = args.torch_threads or max(1, (os.cpu_count() or 1) // args.workers)

@@ -326,5 +326,5 @@ def _stats(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":  # torchrun --nproc_per_node=N -m patchword.densify.cli --images ... --out ...
+if __name__ == "__main__":  # torchrun --nproc_per_node=N -m patchword.cli.densify --images ... --out ...
     raise SystemExit(main())
