@@ -46,7 +46,6 @@ __all__ = [
 ]
 
 
-
 def read_run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
     """The run's saved config, with dotted ``overrides`` applied in memory (the file is never changed)."""
     run_dir = Path(run_dir)
@@ -97,8 +96,6 @@ def resolve_checkpoint(run_dir: str | Path, checkpoint: str | Path | None = None
         hint = f" (it has {', '.join(found)}: pass --checkpoint)" if found else " (it has no checkpoint)"
         raise MissingFileError(f"checkpoint {path} does not exist in {run_dir}{hint}")
     return path
-
-
 
 
 def save_backbones(model, run_dir: Path) -> None:
