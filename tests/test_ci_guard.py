@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).parent
+from project_paths import TESTS
 
 CASES = {
     "module-level importorskip": (

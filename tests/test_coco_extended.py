@@ -17,8 +17,9 @@ from patchword.eval.coco_extended import (
     coco_extended_percent,
 )
 from patchword.eval.metrics import retrieval_metrics
+from project_paths import SHARED_DATA
 
-SHARED_COCO = Path(__file__).resolve().parents[2] / "shared" / "data" / "coco_5k_test"
+SHARED_COCO = SHARED_DATA / "coco_5k_test"
 
 
 def _write_truth(directory: Path, image_ids, caption_ids, positives: dict) -> Path:

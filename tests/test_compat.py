@@ -6,15 +6,15 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from patchword.cli import main
+from project_paths import BENCHMARKS, TEST_DATA
 
-FIXTURE = Path(__file__).parent / "data" / "compat_f715cbc"
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+FIXTURE = TEST_DATA / "compat_f715cbc"
+sys.path.insert(0, str(BENCHMARKS))
 from compat_fixture import score  # noqa: E402  (the same inputs the old version scored)
 
 KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum", "i2t_medr", "t2i_medr")

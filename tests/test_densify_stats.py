@@ -12,10 +12,11 @@ from patchword.data.synthetic import COLOURS, SHAPES, SyntheticConfig, generate_
 from patchword.data.tokenizers import BertCaptionTokenizer
 from patchword.densify.stats import dense_stats, mentioned_pairs, read_texts, scene_coverage, scene_index
 from patchword.errors import DataError
+from project_paths import SHARED_DATA
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-RELEASED = Path(__file__).resolve().parents[2] / "shared" / "data" / "seps_dense_llava"
+RELEASED = SHARED_DATA / "seps_dense_llava"
 
 TEXTS = [
     "A red circles.",

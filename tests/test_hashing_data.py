@@ -23,11 +23,12 @@ from patchword.hashing import (
     split_dataset,
     synthetic_dataset,
 )
+from project_paths import SHARED_DATA
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED = SHARED_DATA
 CLIP_DIR = SHARED / "f30k_first1000_clipL14"
 MIR_DIR = SHARED / "mirflickr25k_text"
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from project_paths import TESTS
+
 
 def test_the_synthetic_cache_lives_in_the_sessions_temporary_directory(private_caches):
     from patchword.data.synthetic.dataset import default_cache_dir
@@ -28,10 +30,10 @@ def test_every_module_comparing_an_engine_or_a_reference_is_rerun_with_avx2_kern
     floating-point agreement: it belongs to ``make test-numerics`` (f715cbc left test_pruning out)."""
     from conftest import NUMERICS_MODULES, NUMERICS_SIGNS
 
-    tests = Path(__file__).parent
+    tests = TESTS
     comparing = {
         path.stem
-        for path in tests.glob("test_*.py")
+        for path in tests.rglob("test_*.py")
         if any(sign in path.read_text() for sign in NUMERICS_SIGNS) and path.stem != "test_isolation"
     }
     assert comparing - NUMERICS_MODULES == set()
@@ -46,7 +48,7 @@ def test_the_numerics_rerun_refuses_to_run_without_the_kernels_it_names(tmp_path
     actual = torch.backends.cpu.get_cpu_capability()
     other = "AVX2" if actual != "AVX2" else "DEFAULT"
     (tmp_path / "test_one.py").write_text("def test_one():\n    assert True\n")
-    tests = Path(__file__).parent
+    tests = TESTS
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path)]
     cmd += ["--confcutdir", str(tests), "-p", "conftest", str(tmp_path / "test_one.py")]
     env = {**os.environ, "PYTHONPATH": str(tests)}

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from project_paths import ROOT
+
 SRC = ROOT / "src" / "patchword"
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 

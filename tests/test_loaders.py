@@ -24,8 +24,9 @@ from patchword.data.laps import load_laps_split
 from patchword.data.split import RetrievalSplit
 from patchword.data.textfiles import load_dense_jsonl, read_lines
 from patchword.data.transforms import test_transform as make_test_transform
+from project_paths import SHARED_DATA
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED = SHARED_DATA
 needs_shared = pytest.mark.skipif(
     not SHARED.is_dir(), reason=f"real caption files not available ({SHARED} is absent)"
 )

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from patchword.eval import coco_1k_folds, retrieval_metrics, retrieval_ranks
+from project_paths import SHARED_DATA
 
-CLIP_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "f30k_first1000_clipL14"
+CLIP_DIR = SHARED_DATA / "f30k_first1000_clipL14"
 NEG_INF = -math.inf
 KEYS = [
     "i2t_r1",

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+from project_paths import ROOT
+
+README = ROOT / "README.md"
 
 
 def _python_blocks(text: str) -> list[str]:

@@ -15,8 +15,9 @@ from patchword.cli import main
 from patchword.data.precomp import write_precomp_split
 from patchword.data.synthetic import SyntheticConfig, SyntheticScenes
 from patchword.data.synthetic.regions import RegionFeatureConfig, synthetic_region_split
+from project_paths import ROOT
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = ROOT / "configs"
 
 # Shrinks any synthetic region preset to a few seconds of CPU.
 TINY = [

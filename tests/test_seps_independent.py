@@ -9,8 +9,6 @@ shows up as a difference. ``tests/data/official_seps_golden.pt`` holds scores of
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -27,6 +25,7 @@ from patchword.testing.seps_independent import (
     independent_seps_scores,
     token_counts,
 )
+from project_paths import TEST_DATA
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: thread barriers cost more than the work
 
@@ -39,7 +38,7 @@ N_IMG, N_TXT = 5, 8
 TXT2IMG = torch.tensor([3, 0, 1, 4, 2, 3, 0, 1])
 # float64 forward vs float64 reference; the engine returns float32
 FORWARD_TOL, ENGINE_TOL = 1e-10, 1e-6
-GOLDEN = Path(__file__).parent / "data" / "official_seps_golden.pt"
+GOLDEN = TEST_DATA / "official_seps_golden.pt"
 
 
 def _matcher(kind: str, variant: str = "code", name: str = "seps", seed: int = 1, **kw):

@@ -11,7 +11,6 @@ import sys
 import threading
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -21,11 +20,12 @@ from patchword.errors import MissingExtraError
 from patchword.search.query import Searcher
 from patchword.search.store import SearchIndex
 from patchword.serve.app import ServeLimits, create_app, require_serve_extra
+from project_paths import ROOT
 from search_support import caption_queries, library_t2i_scores, live_server, rank_bounds
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-STATIC = Path(__file__).resolve().parents[1] / "src" / "patchword" / "serve" / "static"
+STATIC = ROOT / "src" / "patchword" / "serve" / "static"
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from patchword.config import apply_overrides, load_config
 from patchword.data.prepare import prepare_data
 from patchword.runs.config import RunConfig
 from patchword.train.runner import resume_run, train_run
+from project_paths import ROOT
 
 TINY = [
     "data.num_train=20",
@@ -240,9 +241,8 @@ def test_bad_overrides_are_errors(tmp_path):
 
 
 def test_shipped_configs_load():
-    from pathlib import Path
 
-    configs = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+    configs = sorted((ROOT / "configs").glob("*.yaml"))
     assert configs
     for path in configs:
         cfg = load_config(RunConfig, path)
