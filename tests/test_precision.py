@@ -13,7 +13,7 @@ from patchword.checkpoint import load_checkpoint
 from patchword.config import apply_overrides
 from patchword.errors import ConfigError
 from patchword.precision import autocast_context, weight_dtype
-from patchword.run_config import RunConfig
+from patchword.runs.config import RunConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -50,14 +50,18 @@ def test_encode_images_casts_pixels_to_the_encoder_dtype():
 
 
 @pytest.fixture(scope="module")
-def fp64_run(tmp_path_factory):
+def cache(tmp_path_factory):
+    """The synthetic scenes' cache of this module's runs (never ``~/.cache/patchword``)."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def fp64_run(tmp_path_factory, cache):
     from patchword.train.runner import train_run
 
     root = tmp_path_factory.mktemp("fp64")
-    summary = train_run(
-        apply_overrides(RunConfig(), [*TINY, f"output_dir={root}", "name=r", "train.max_steps=6"])
-    )
-    return root / "r", summary
+    args = [*TINY, f"output_dir={root}", f"data.cache_dir={cache}", "name=r", "train.max_steps=6"]
+    return root / "r", train_run(apply_overrides(RunConfig(), args))
 
 
 def test_an_fp64_run_trains_saves_and_loads_in_float64(fp64_run):
@@ -74,11 +78,12 @@ def test_an_fp64_run_trains_saves_and_loads_in_float64(fp64_run):
         assert state[name].dtype == torch.float64 and torch.equal(state[name], value), name
 
 
-def test_an_fp64_resume_equals_the_uninterrupted_run(fp64_run, tmp_path):
+def test_an_fp64_resume_equals_the_uninterrupted_run(fp64_run, cache, tmp_path):
     from patchword.train.runner import resume_run, train_run
 
     run_dir, _ = fp64_run
-    cfg = apply_overrides(RunConfig(), [*TINY, f"output_dir={tmp_path}", "name=half", "train.max_steps=3"])
+    args = [*TINY, f"output_dir={tmp_path}", f"data.cache_dir={cache}", "name=half", "train.max_steps=3"]
+    cfg = apply_overrides(RunConfig(), args)
     train_run(cfg)
     assert resume_run(tmp_path / "half", ["train.max_steps=6"])["steps"] == 6
     a = load_checkpoint(run_dir / "last.pt")["model"]

@@ -6,7 +6,8 @@ validation (``train.eval_every``), on the step interval (``train.checkpoint_ever
 and at the end of a run that is later continued with more steps. The validation and interval cases are
 taken in-process: the uninterrupted run copies its whole run directory right after each save, which is
 exactly what a kill at that moment leaves behind; one case is a real SIGKILL of a ``patchword train``
-subprocess. Same machine, same thread count: the arithmetic is the same, so equality is exact (float32).
+subprocess, stalled where it is killed (``tests/stall_support.py``). Same machine, same thread count: the
+arithmetic is the same, so equality is exact (float32).
 """
 
 from __future__ import annotations
@@ -15,9 +16,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,9 +24,10 @@ import torch
 from conftest import TINY_MODEL_32, TINY_REGION_MODEL, TINY_TGDT, tiny_hf_laps_overrides
 from patchword.checkpoint import load_checkpoint
 from patchword.config import apply_overrides
-from patchword.run_config import RunConfig
+from patchword.runs.config import RunConfig
 from patchword.train import trainer as trainer_module
 from patchword.train.runner import resume_run, train_run
+from stall_support import run_until_stalled, stalled_command
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -190,49 +189,20 @@ def test_a_finished_run_continued_with_more_steps_equals_the_longer_run(root, un
     _assert_same_run(uninterrupted[case][0], run)
 
 
-def test_a_sigkilled_train_process_resumes_bit_for_bit(root, uninterrupted):
-    """A real ``kill -9`` of ``patchword train`` once it has logged step 5 (somewhere before the end)."""
+def test_a_sigkilled_train_process_resumes_bit_for_bit(root, uninterrupted, tmp_path):
+    """A real ``kill -9`` of ``patchword train`` right after it logged step 5, between the validation
+    checkpoint of step 4 and the interval one of step 6: the command stalls there until it is killed
+    (tests/stall_support.py), so the kill never races the run's end."""
     case, name = "seps_paper_gumbel", "sigkilled"
     args = [a.format(source="") for a in CASES[case]]
-    cmd = [
-        sys.executable,
-        "-m",
-        "patchword",
-        "train",
-        *args,
-        f"output_dir={root}",
-        f"name={name}",
-        f"data.cache_dir={root / 'cache'}",
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    metrics = root / name / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if metrics.is_file() and any(step >= 5 for step, _ in _losses_lenient(metrics)):
-                break
-            time.sleep(0.01)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
-    stopped = load_checkpoint(root / name / "last.pt")["step"]
-    assert 3 <= stopped < STEPS
+    argv = ["train", *args, f"output_dir={root}", f"name={name}", f"data.cache_dir={root / 'cache'}"]
+    marker = tmp_path / "stalled.json"
+    cmd = stalled_command(marker, {"at": "train_log", "step": 5}, argv)
+    assert run_until_stalled(cmd, marker, tmp_path / "train.log") == {"step": 5, "checkpoint_step": 4}
+    assert load_checkpoint(root / name / "last.pt")["step"] == 4
+    assert [step for step, _ in _losses(root / name)] == [1, 2, 3, 4, 5]
     resume_run(root / name)
     _assert_same_run(uninterrupted[case][0], root / name)
-
-
-def _losses_lenient(metrics: Path) -> list[tuple[int, float]]:
-    out = []
-    for line in metrics.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # being written
-        if record.get("split") == "train":
-            out.append((record["step"], record["loss"]))
-    return out
 
 
 def test_metrics_after_the_checkpoint_are_dropped_once_redone(tmp_path):

@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,9 +18,10 @@ from patchword.checkpoint import load_checkpoint
 from patchword.cli import main
 from patchword.errors import ConfigError
 from patchword.report import collect, differing_keys
-from patchword.run_config import load_run_config
+from patchword.runs.config import load_run_config
 from patchword.sweep import METRICS, parse_seeds
 from patchword.train.runner import train_run
+from stall_support import run_until_stalled, stalled_command
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -58,26 +55,20 @@ def _train_steps(metrics: Path) -> list[int]:
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> dict:
-    """A 2-seed sweep SIGKILLed after the second seed's checkpoint at step >= 6, then run again."""
+    """A 2-seed sweep SIGKILLed right after the second seed logged step 6 (its last.pt is the validation
+    checkpoint of step 4), then run again. The sweep stalls there until it is killed
+    (tests/stall_support.py): the kill never races the sweep's end."""
     root = tmp_path_factory.mktemp("sweep")
     common = [*TINY, f"output_dir={root}", f"data.cache_dir={root / 'cache'}"]
-    cmd = [sys.executable, "-m", "patchword", "sweep", "--seeds", "0,1", "--name", "sw", *common]
+    argv = ["sweep", "--seeds", "0,1", "--name", "sw", *common]
     second = root / "sw" / "seed-1"
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if (second / "last.pt").is_file() and max(_train_steps(second / "metrics.jsonl"), default=0) >= 6:
-                break
-            time.sleep(0.005)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        _, stderr = proc.communicate()
-    assert proc.returncode == -signal.SIGKILL, f"the sweep ended before it was killed: {stderr[-2000:]}"
+    marker = root / "stalled.json"
+    cmd = stalled_command(marker, {"at": "train_log", "step": 6, "run": "seed-1"}, argv)
+    assert run_until_stalled(cmd, marker, root / "killed.log") == {"step": 6, "checkpoint_step": 4}
     assert not (second / "summary.json").exists()
     first_summary = (root / "sw" / "seed-0" / "summary.json").read_bytes()
     first_weights = (root / "sw" / "seed-0" / "best.pt").read_bytes()
-    assert main(["sweep", "--seeds", "0,1", "--name", "sw", *common]) == 0
+    assert main(argv) == 0
     return dict(root=root, common=common, first_summary=first_summary, first_weights=first_weights)
 
 
