@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install --quiet -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
-# The browser test (tests/test_browser.py) drives Debian's chromium through its chromium-driver; both come
+# The browser test (tests/search/test_browser.py) drives Debian's chromium through its chromium-driver; both come
 # from apt when /usr/bin/chromedriver is missing (once: the stamp). Without root or apt it only warns and the
 # browser test skips (CI runs as root, where it must pass; the test fails instead of skipping when CI is set).
 BROWSER_STAMP := $(VENV)/.browser

@@ -1,5 +1,5 @@
 """Make the backward-compatibility fixture: a tiny run directory and its export written by one patchword
-version, with the scores that version gives, for ``tests/test_compat.py`` to load with today's code.
+version, with the scores that version gives, for ``tests/runs/test_compat.py`` to load with today's code.
 
 Run it with the *old* version first on the path (a ``git worktree`` of the commit)::
 

@@ -1,8 +1,8 @@
 """How long one batch query of the synthetic scenes' fits oracle takes (the false-negative mask of a batch).
 
 :class:`patchword.data.synthetic.FitsOracle` answers a B x B query of captions against images in one
-vectorised kernel call (``tests/test_synthetic.py`` checks that it is one call and equals the full matrix);
-what that call costs depends on the machine, so it is measured here rather than asserted in the tests
+vectorised kernel call (``tests/datasets/test_synthetic.py`` checks that it is one call and equals the full
+matrix); what that call costs depends on the machine, so it is measured here rather than asserted in the tests
 (it was a `< 20 ms` verdict there until issue 36). Command:
 
     .venv/bin/python benchmarks/fits_oracle_speed.py [--batch 128] [--images 1000] [--repeats 20] [--json F]

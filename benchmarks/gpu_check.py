@@ -7,7 +7,8 @@
 Steps, in order, each printed as soon as it has a result:
 
 a. ``device``: GPU name and memory, torch / CUDA / cuDNN versions, driver (``nvidia-smi``), TF32 flags.
-b. ``pytest``: ``pytest -m cuda`` in a subprocess with a timeout (tests/test_cuda.py: CUDA equals the CPU).
+b. ``pytest``: ``pytest -m cuda`` in a subprocess with a timeout (tests/eval/test_cuda.py: CUDA equals
+   the CPU).
 c. ``scoring``: ``score_matrix`` at the Flickr30K (1000 x 5000) and COCO-5K (5000 x 25000) shapes,
    ViT-B/16-224 tokens, SEPS code variant with image-tied then caption-tied dense text, inputs already on
    the device and given from the host (the upload included); exactness against the official per-caption
@@ -254,7 +255,7 @@ def step_demo(args, budget: Budget, partial) -> dict:
     steps = 3 if args.quick else args.demo_steps
     overrides = [f"device={args.device}", f"train.max_steps={steps}", f"output_dir={work}"]
     overrides.append(f"data.cache_dir={work / 'cache'}")
-    if args.quick:  # the smoke test's sizes (tests/test_train.py)
+    if args.quick:  # the smoke test's sizes (tests/train/test_train.py)
         overrides += ["data.num_train=20", "data.num_dev=12", "data.num_test=12", "train.batch_size=16"]
         overrides += ["train.eval_every=0", "train.eval_max_images=0", "eval.max_memory_mb=16"]
     cmd = [sys.executable, "-m", "patchword", "demo", *overrides, "--no-plots"]

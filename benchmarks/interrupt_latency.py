@@ -1,6 +1,6 @@
 """How long ``patchword eval`` takes to stop after Ctrl-C while its scoring workers are busy.
 
-``tests/test_faults.py`` checks what the stop does, by counts (no scoring block is started after the
+``tests/cli/test_faults.py`` checks what the stop does, by counts (no scoring block is started after the
 signal, one ``interrupted:`` line, exit code 130); how long it takes depends on the machine and its load
 (the blocks in hand are finished first), so it is measured here rather than asserted there (it was a
 `< 5 s` verdict until issue 36). Command:
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from patchword.cli import main as patchword  # noqa: E402
 
-# tests/test_faults.py's tiny SEPS run, with the Ctrl-C test's test split and memory budget
+# tests/cli/test_faults.py's tiny SEPS run, with the Ctrl-C test's test split and memory budget
 RUN = [
     "data.num_train=21",
     "data.num_dev=6",

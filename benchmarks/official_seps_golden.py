@@ -1,5 +1,6 @@
 """Golden scores of the real official ``CrossSparseAggrNet_v2`` (LAPS and SEPS ``lib/cross_net.py``) on tiny
-seeded inputs, saved as ``tests/data/official_seps_golden.pt`` for ``tests/test_seps_independent.py``.
+seeded inputs, saved as ``tests/data/official_seps_golden.pt`` for
+``tests/matching/test_seps_independent.py``.
 
 The official code is imported from the given exports at run time; none of it is copied into the project.
 Export the ``lib/`` directories of the two official repositories, then run:

@@ -5,8 +5,8 @@ A missing optional dependency or data file would otherwise leave code untested w
 ``make test`` installs what the suite exercises. The one exception: tests marked ``cuda`` skip on a machine
 without a CUDA device (``make gpu-check`` runs them where there is one).
 
-``tests/conftest.py`` re-exports these hooks; ``tests/test_ci_guard.py`` runs an inner pytest with this
-module alone as a plugin (``-p ci_guard``) to check them.
+``tests/conftest.py`` re-exports these hooks; ``tests/project/test_ci_guard.py`` runs an inner pytest
+with this module alone as a plugin (``-p ci_guard``) to check them.
 """
 
 from __future__ import annotations

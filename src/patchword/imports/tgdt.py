@@ -49,7 +49,7 @@ as the official test-time forward (``switch_test()``); in training mode it reads
 official training forward. One official behaviour the imported model does not share (reference A.10): the
 stage-2 transformers mask the padding (officially unmasked, so a caption's embedding depends on its batch).
 So the imported scores are those of the official forward on each caption alone, in training and test mode
-(tests/test_import_tgdt_ucmfh.py).
+(tests/imports/test_import_tgdt_ucmfh.py).
 
 The mapped ``config`` keys: ``model.embed-size`` / ``layers`` / ``dropout`` / ``shared-transformer`` /
 ``text-aggregation``, ``image-model.feat-dim`` / ``transformer-layers`` / ``pos-encoding`` / ``dropout``,

@@ -57,7 +57,7 @@ class Matcher(nn.Module):
     when ``has_cls``. Caption lengths count every valid position including [CLS]/[SEP].
 
     Everything a trainer, an evaluator, a scoring engine or a server asks of a matcher is declared here
-    with a default; subclasses override what differs (``tests/test_matcher_contract.py`` checks every
+    with a default; subclasses override what differs (``tests/matching/test_matcher_contract.py`` checks every
     registered matcher against it).
     """
 

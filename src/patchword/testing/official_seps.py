@@ -1,7 +1,7 @@
 """The official SEPS / LAPS forward, computed from an official checkpoint's own state dict.
 
-This is the yardstick of the importer (``patchword.imports.seps``, ``tests/test_import_seps.py``): it reads
-the ``model`` dict of ``model_best.pth`` under its official keys (``img_enc.*``, ``txt_enc.*``,
+This is the yardstick of the importer (``patchword.imports.seps``, ``tests/imports/test_import_seps.py``): it
+reads the ``model`` dict of ``model_best.pth`` under its official keys (``img_enc.*``, ``txt_enc.*``,
 ``cross_net.*``) and never a patchword model. Written from reference/seps_laps.md:
 
 * ``lib/encoders.py``: the backbone's ``last_hidden_state`` (ViT with CLS first, Swin without) through

@@ -1,7 +1,8 @@
 """SEPS/LAPS scores computed the way the official code does: one caption at a time, nothing shared.
 
 This is the yardstick the vectorised matcher (``patchword.matching.seps``) and the scoring engine
-(``patchword.eval.engine``) are checked against (``tests/test_seps.py``, ``patchword bench scoring``). It
+(``patchword.eval.engine``) are checked against (``tests/matching/test_seps.py``, ``patchword bench
+scoring``). It
 is written from reference/seps_laps.md and follows the structure of the official ``lib/cross_net.py`` /
 ``lib/xttn.py``: per caption, the text-guided patch scores, ``torch.sort``, a gather of the kept patches,
 the aggregation MLP on the gathered tokens, the softmax-weighted fusion of the dropped ones, L2

@@ -39,10 +39,10 @@ from conftest import TINY_MODEL_32, TINY_REGION_MODEL, TINY_TGDT
 from patchword.checkpoint import load_checkpoint
 from patchword.config import apply_overrides
 from patchword.runs.config import RunConfig
+from project_paths import ROOT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = [
     "data.num_train=21",  # 105 captions: batches of 16 and a last one of 9 (uneven shards 5 / 4)
     "data.num_dev=12",

@@ -212,7 +212,8 @@ def test_memory_probe_in_a_fresh_process_sees_a_known_allocation(monkeypatch):
     assert growth >= known_mb, growth
 
 
-# A trained run small enough for a test (as tests/test_train.py builds them): 12 test images, 60 captions.
+# A trained run small enough for a test (as tests/train/test_train.py builds them): 12 test images,
+# 60 captions.
 TINY_RUN = [
     "data.num_train=20",
     "data.num_dev=12",

@@ -247,7 +247,7 @@ def test_searcher_reranks_on_the_device_as_on_the_cpu():
 
 @pytest.mark.parametrize(("variant", "pairing"), [("code", "image"), ("paper", "caption")])
 def test_one_training_step_on_the_device_has_the_loss_and_gradients_of_the_cpu(variant, pairing):
-    """ShardLoss forward + backward of a tiny SEPS model (tests/test_cuda.py's step) on the simulated
+    """ShardLoss forward + backward of a tiny SEPS model (tests/eval/test_cuda.py's step) on the simulated
     device: no op mixes devices, the step waits for the device only to upload its batch, and the loss and
     every gradient equal the CPU's."""
     from test_cuda import _tiny_step, assert_gradients_close

@@ -13,11 +13,11 @@ import copy
 
 import pytest
 import torch
+from test_engine import _inputs, _matcher
 
 from patchword.eval import score_matrix, two_stage_scores
 from patchword.eval.engine import engine_for
 from patchword.eval.engine.core import prepare_inputs
-from test_engine import _inputs, _matcher
 
 #: One entry per CUDA device of this machine (none: every test skips).
 DEVICES = [f"cuda:{i}" for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []

@@ -315,11 +315,12 @@ def test_dev_from_train_holds_out_images_with_their_captions_and_dense_text(laps
 
 def test_bert_size_augmentation_is_on_in_training_and_reproducible(tmp_path):
     """The official augmentation runs by default with a BERT tokenizer, seeded by (seed, step)."""
+    from test_encoders import VOCAB
+
     from patchword.data.pipeline import ArrayImages, encode_split
     from patchword.data.split import RetrievalSplit
     from patchword.data.tokenizers import BertCaptionTokenizer
     from patchword.train.augment import CaptionAugmenter
-    from test_encoders import VOCAB
 
     tok = BertCaptionTokenizer({w: i for i, w in enumerate(VOCAB)})
     import numpy as np

@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_engine import SHAPES, _inputs, _matcher
 
 from patchword.cli.search import main_index
 from patchword.errors import ConfigError
@@ -22,7 +23,6 @@ from patchword.search.query import Searcher
 from patchword.search.store import Manifest, SearchIndex
 from patchword.testing.seps_independent import SEPSOptions, independent_seps_scores
 from search_support import caption_queries, killed_after_shards
-from test_engine import SHAPES, _inputs, _matcher
 
 # Patches kept per image in the engine tests: between K (ViT 98, Swin 40) and N (196, 49).
 KEEP = {"vit": 130, "swin": 45}

@@ -107,7 +107,7 @@ def test_under_ci_the_suite_fails_when_transformers_cannot_be_imported(tmp_path)
         )
     )
     env = {**os.environ, "CI": "true", "PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS)])}
-    names = ("test_import_seps.py", "test_import_tgdt_ucmfh.py", "test_encoders.py")
+    names = ("imports/test_import_seps.py", "imports/test_import_tgdt_ucmfh.py", "encoders/test_encoders.py")
     modules = [str(TESTS / name) for name in names]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", *modules],
