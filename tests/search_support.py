@@ -209,3 +209,23 @@ def killed_after_shards(monkeypatch: pytest.MonkeyPatch, shards: int) -> Iterato
         yield
     finally:
         monkeypatch.setattr(index_module, "write_shard", real_write)
+
+
+def stalled_searcher(env: SearchEnv):
+    """A searcher of the shared index whose ``search`` sets ``entered`` and then waits for ``release``
+    (at most 30 s) before answering: what a server looks like while one request holds its only worker.
+    Returns ``(searcher, entered, release)``."""
+    from patchword.search.query import Searcher
+    from patchword.search.store import SearchIndex
+
+    searcher = Searcher(SearchIndex.open(env.index_dir), env.run)
+    entered, release = threading.Event(), threading.Event()
+    real_search = searcher.search
+
+    def slow_search(query, k):
+        entered.set()
+        release.wait(timeout=30)
+        return real_search(query, k)
+
+    searcher.search = slow_search
+    return searcher, entered, release

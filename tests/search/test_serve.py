@@ -21,7 +21,7 @@ from patchword.search.query import Searcher
 from patchword.search.store import SearchIndex
 from patchword.serve.app import ServeLimits, create_app, require_serve_extra
 from project_paths import ROOT
-from search_support import caption_queries, library_t2i_scores, live_server, rank_bounds
+from search_support import caption_queries, library_t2i_scores, live_server, rank_bounds, stalled_searcher
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -212,16 +212,7 @@ def test_an_internal_error_is_a_500_and_the_server_keeps_serving(client, searche
 
 
 def test_an_overloaded_server_answers_503_and_its_event_loop_stays_free(env):
-    searcher = Searcher(SearchIndex.open(env.index_dir), env.run)
-    entered, release = threading.Event(), threading.Event()
-    real_search = searcher.search
-
-    def slow_search(query, k):
-        entered.set()
-        release.wait(timeout=30)
-        return real_search(query, k)
-
-    searcher.search = slow_search
+    searcher, entered, release = stalled_searcher(env)
     app = create_app(searcher, ServeLimits(workers=1, max_pending=1))
     with live_server(app) as url:
         result = {}
@@ -243,7 +234,8 @@ def test_an_overloaded_server_answers_503_and_its_event_loop_stays_free(env):
         release.set()
         thread.join(timeout=60)
         assert [r["id"] for r in result["body"]["results"]] == [
-            h.id for h in real_search("red circle", 2).hits
+            h.id
+            for h in type(searcher).search(searcher, "red circle", 2).hits  # the unstalled search
         ]
 
 

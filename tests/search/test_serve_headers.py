@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from patchword.search.query import Searcher
 from patchword.search.store import SearchIndex
 from patchword.serve.app import ServeLimits, create_app
-from search_support import live_server
+from search_support import live_server, stalled_searcher
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -137,16 +137,7 @@ def test_an_error_outside_the_request_handlers_carries_the_security_headers(env)
 
 
 def test_an_overloaded_server_answers_503_with_the_security_headers(env):
-    searcher = Searcher(SearchIndex.open(env.index_dir), env.run)
-    entered, release = threading.Event(), threading.Event()
-    real_search = searcher.search
-
-    def slow_search(query, k):
-        entered.set()
-        release.wait(timeout=30)
-        return real_search(query, k)
-
-    searcher.search = slow_search
+    searcher, entered, release = stalled_searcher(env)
     with live_server(create_app(searcher, ServeLimits(workers=1, max_pending=1))) as url:
         done = {}
 
