@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from patchword.demo import demo_config
 from patchword.model import build_model
+from patchword.recipes.demo import demo_config
 from patchword.train.runner import prepare_data
 
 

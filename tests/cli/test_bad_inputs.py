@@ -482,14 +482,14 @@ def test_a_sweep_named_after_an_ordinary_run_is_refused(small_run, capsys):
 @pytest.mark.parametrize("verb", ["eval", "report"])
 def test_out_naming_a_directory_is_refused_before_any_work(small_run, tmp_path, capsys, monkeypatch, verb):
     """f715cbc evaluated (or collected), then failed writing: ``[Errno 21] Is a directory``."""
-    import patchword.report
+    import patchword.experiments.report
     import patchword.runs
 
     def no_work(*args, **kwargs):
         raise AssertionError("the work started")
 
     monkeypatch.setattr(patchword.runs, "load_run", no_work)
-    monkeypatch.setattr(patchword.report, "collect", no_work)
+    monkeypatch.setattr(patchword.experiments.report, "collect", no_work)
     out = tmp_path / "out"
     out.mkdir()
     argv = [verb, str(small_run), "--out", str(out)]

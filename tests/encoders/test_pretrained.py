@@ -187,8 +187,8 @@ def test_shipped_encoders_load_and_reproduce_their_recorded_recall(tmp_path, nam
     recipe trained on."""
     import patchword.eval.protocol as protocol
     from patchword.data.prepare import prepare_data
-    from patchword.pretrain import global_recall, pretrained_recipe
     from patchword.pretrained import resolve_pretrained_dir
+    from patchword.recipes.pretrain import global_recall, pretrained_recipe
 
     meta = json.loads((resolve_pretrained_dir(name) / "config.json").read_text())
     recipe = pretrained_recipe(name)

@@ -126,7 +126,7 @@ def test_report_and_export_find_the_evaluation_of_a_run_without_a_summary(traine
     wrote "No evaluation recorded" and its report an empty row."""
     import shutil
 
-    from patchword.report import collect
+    from patchword.experiments.report import collect
 
     run = tmp_path / "imported"
     shutil.copytree(trained, run)

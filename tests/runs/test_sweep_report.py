@@ -17,9 +17,9 @@ from conftest import TINY_MODEL_32
 from patchword.checkpoint import load_checkpoint
 from patchword.cli import main
 from patchword.errors import ConfigError
-from patchword.report import collect, differing_keys
+from patchword.experiments.report import collect, differing_keys
+from patchword.experiments.sweep import METRICS, parse_seeds
 from patchword.runs.config import load_run_config
-from patchword.sweep import METRICS, parse_seeds
 from patchword.train.runner import train_run
 from stall_support import run_until_stalled, stalled_command
 
@@ -170,7 +170,7 @@ def test_a_sweep_killed_before_all_its_seeds_finished_is_reported_as_incomplete(
     report showed "seeds 1" with that seed's numbers as if the sweep were done): "1 of 2" and INCOMPLETE."""
     import shutil
 
-    from patchword.report import _tables
+    from patchword.experiments.report import _tables
 
     killed = tmp_path / "killed"
     shutil.copytree(sweep["root"] / "sw", killed)
@@ -194,7 +194,7 @@ def test_report_shows_resume_overrides_as_differing_keys_and_marks_stale_suite_f
     checkpoint it names was rewritten is marked STALE (f715cbc showed neither)."""
     import shutil
 
-    from patchword.report import _tables
+    from patchword.experiments.report import _tables
 
     origin, extended = tmp_path / "origin", tmp_path / "extended"
     shutil.copytree(sweep["root"] / "sw" / "seed-0", origin)

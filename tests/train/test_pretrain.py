@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from patchword.cli import main
 from patchword.config import apply_overrides
-from patchword.pretrain import KEYS, PRETRAIN_RECIPE, global_recall, pretrain_config
+from patchword.recipes.pretrain import KEYS, PRETRAIN_RECIPE, global_recall, pretrain_config
 
 STEPS = 3
 

@@ -1,4 +1,4 @@
-"""``patchword demo``: the synthetic fine-tuning demo (see :mod:`patchword.demo`)."""
+"""``patchword demo``: the synthetic fine-tuning demo (see :mod:`patchword.recipes.demo`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from patchword.demo import run_demo
+    from patchword.recipes.demo import run_demo
 
     run_demo(args.overrides, plots=not args.no_plots)

@@ -1,4 +1,4 @@
-"""``patchword pretrain``: contrastive pretraining of the tiny encoders (see :mod:`patchword.pretrain`)."""
+"""``patchword pretrain``: contrastive pretraining of the tiny encoders (patchword.recipes.pretrain)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from patchword.pretrain import run_pretrain
+    from patchword.recipes.pretrain import run_pretrain
 
     run_pretrain(args.overrides, out=args.out, force=args.force, config=args.config)

@@ -1,4 +1,4 @@
-"""``patchword report RUN_OR_SWEEP... --out report.md``: runs side by side (see :mod:`patchword.report`)."""
+"""``patchword report RUN_OR_SWEEP... --out report.md``: runs side by side (patchword.experiments.report)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    from patchword.experiments.report import write_report
     from patchword.fileio import check_output_file
-    from patchword.report import write_report
 
     check_output_file(args.out, args.force)
     check_output_file(args.out.with_suffix(".html"), args.force)

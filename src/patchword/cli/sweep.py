@@ -1,5 +1,5 @@
 """``patchword sweep``: one recipe over several seeds (and named variants), with the mean and spread of every
-test metric in ``sweep.json`` (see :mod:`patchword.sweep`).
+test metric in ``sweep.json`` (see :mod:`patchword.experiments.sweep`).
 
     patchword sweep --config demo --seeds 0,1,2
     patchword sweep --config demo --seeds 0 --name comparison --suite compositional \\
@@ -56,7 +56,7 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 def run(args: argparse.Namespace) -> None:
     from patchword.distributed import launch_info
     from patchword.errors import ConfigError
-    from patchword.sweep import parse_seeds, run_sweep
+    from patchword.experiments.sweep import parse_seeds, run_sweep
 
     variants = dict(parse_variant(v) for v in args.variant)
     if len(variants) != len(args.variant):

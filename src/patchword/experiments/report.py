@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from patchword.errors import MissingFileError
+from patchword.experiments.sweep import SWEEP_FILE, mean_std, read_sweep
 from patchword.fileio import atomic_write_text
 from patchword.readers import read_json, read_json_lines
 from patchword.runs.files import BEST_CHECKPOINT, CONFIG_FILE, METRICS_JSON, SUMMARY_FILE
-from patchword.sweep import SWEEP_FILE, mean_std, read_sweep
 
 __all__ = ["Entry", "collect", "differing_keys", "write_report"]
 
@@ -154,7 +154,7 @@ def _curves(entries: list[Entry], out: Path) -> Path | None:
         from matplotlib.figure import Figure
     except ImportError:
         return None
-    from patchword.plots import save_figure
+    from patchword.experiments.plots import save_figure
 
     fig = Figure(figsize=(10, 4))
     loss_ax, dev_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from patchword.pretrain import KEYS
+from patchword.recipes.pretrain import KEYS
 from patchword.runs.config import RunConfig, load_run_config
 from patchword.runs.files import SUMMARY_FILE
 
@@ -90,7 +90,7 @@ def run_demo(overrides: list[str] | None = None, *, plots: bool = True) -> dict[
     """Fine-tune, evaluate on the 1000-image test split, print the table, write plots."""
     from patchword.data.prepare import prepare_data
     from patchword.fileio import atomic_write_text
-    from patchword.pretrain import global_recall, pretraining_recall
+    from patchword.recipes.pretrain import global_recall, pretraining_recall
     from patchword.train.runner import train_run
 
     cfg = demo_config(overrides)
@@ -113,7 +113,7 @@ def run_demo(overrides: list[str] | None = None, *, plots: bool = True) -> dict[
 
 def _plots(run_dir: Path, data) -> None:
     try:
-        from patchword.plots import plot_retrievals, plot_training_curve
+        from patchword.experiments.plots import plot_retrievals, plot_training_curve
     except ImportError as err:  # matplotlib is optional
         _logger.warning("plots skipped: %s", err)
         return
