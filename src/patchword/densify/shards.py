@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from patchword.densify.sources import fingerprint
 from patchword.densify.store import (
     DenseRecord,
     read_records,
@@ -155,8 +156,6 @@ def _check_tiling(shards: Sequence[_ShardFile]) -> None:
 
 def check_merge_ready(paths: Sequence[str | os.PathLike[str]]) -> list[DenseRecord]:
     """Validate shard files and return their records in image order (see :func:`merge_shards`)."""
-    from patchword.densify.sources import fingerprint
-
     if not paths:
         raise ConfigError("merge", "no shard files given")
     shards = [_read_shard(Path(p)) for p in paths]

@@ -248,6 +248,7 @@ def load_vlm(
         ConfigError: the model is not an image-text-to-text model.
     """
     if name_or_path == TINY_RANDOM:
+        # the smoke-test model only: tiny builds on this module (through the package), so it stays here
         from patchword.densify.tiny import TINY_MODEL_ID, build_tiny_random
 
         model, processor = build_tiny_random(seed=seed)

@@ -31,6 +31,7 @@ from patchword.eval.engine import score_matrix
 from patchword.eval.engine.memory import configured_budget_mb
 from patchword.eval.metrics import coco_1k_folds, fold_bounds, retrieval_metrics
 from patchword.eval.scoring import encode_image_tokens, encode_text_tokens
+from patchword.eval.two_stage import two_stage_scores
 
 __all__ = [
     "score_split",
@@ -138,8 +139,6 @@ def _two_stage(
 ) -> dict[str, Any] | None:
     """Metrics of the two-stage search ``plan`` on ``split``, plus ``"sims"`` = (sims_i2t, sims_t2i); on
     rank 0 only with several processes (None elsewhere)."""
-    from patchword.eval.two_stage import two_stage_scores
-
     dist = _sharded(dist, split, device)
     img, cap, _, _, _ = _encode_shard(model, split, eval_cfg, dist, device=device, progress=progress)
     result = two_stage_scores(

@@ -13,6 +13,7 @@ from patchword.search.store import (
     SHARDS_DIR,
     Entry,
     Manifest,
+    SearchIndex,
     broken_shards,
     save_npy_atomic,
     shard_arrays,
@@ -43,8 +44,6 @@ def remove_orphans(index_dir: Path, manifest: Manifest) -> None:
 
 def compact(index_dir: Path, manifest: Manifest, shard_size: int) -> None:
     """Copy the live rows into new shards (entry order), switch the manifest, delete the old files."""
-    from patchword.search.store import SearchIndex
-
     reader = SearchIndex(index_dir, manifest)
     entries, shards = [], []
     for start in range(0, len(manifest.entries), shard_size):

@@ -39,6 +39,7 @@ from patchword.eval.engine.memory import budget_bytes
 from patchword.eval.two_stage import APPROXIMATE_BACKENDS, GlobalIndex, faiss_available
 from patchword.matching.base import Matcher
 from patchword.runs import LoadedRun, load_run
+from patchword.search.explain import explain_pair
 from patchword.search.identity import check_index_model, model_identity
 from patchword.search.store import SearchIndex
 
@@ -279,6 +280,7 @@ class Searcher:
             IndexMismatchError: ``run_dir`` holds another model.
         """
         if qdrant:
+            # the qdrant extra, only when asked; qdrant builds on this module (through the package)
             from patchword.search.qdrant import QdrantIndex
 
             index = QdrantIndex.open(index_dir)
@@ -402,8 +404,6 @@ class Searcher:
 
     def explain(self, text: str, image_id: int) -> Explanation:
         """Why image ``image_id`` matches ``text``: see :func:`patchword.search.explain.explain_pair`."""
-        from patchword.search.explain import explain_pair
-
         if isinstance(image_id, bool) or not isinstance(image_id, int) or not 0 <= image_id < len(self):
             raise KeyError(image_id)
         query = self.encode_query(text)

@@ -6,6 +6,7 @@ import torch
 
 from patchword.eval.engine.base import BlockPlan, ScoringEngine, ScoringInputs
 from patchword.eval.engine.staging import row_buffer, stage
+from patchword.eval.engine.workers import engine_plan, in_workers
 from patchword.progress import progress_bar
 
 __all__ = ["ForwardEngine", "forward_pair_bytes"]
@@ -62,8 +63,6 @@ class ForwardEngine(ScoringEngine):
 
     @torch.no_grad()
     def score(self, inputs, out, *, budget, device, progress) -> None:
-        from patchword.eval.engine.workers import engine_plan, in_workers
-
         job = stage(inputs, device, None)
         inputs = job.inputs  # lengths and pairing on the host: widths are read there
         plan, workers = engine_plan(self, inputs, budget, device)
