@@ -135,6 +135,13 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+# A WordPiece vocabulary small enough to read: the BERT caption tokenizer's tests build on it.
+TINY_WORDPIECE = [
+    "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
+    "a", "man", "rid", "##ing", "horse", "##s", ".", ",", "the", "dog", "is", "run", "##ning",
+]  # fmt: skip
+
+
 # A tiny dataset in the official LAPS / SEPS layout, written with real PNG files: like the SEPS release it
 # has dense captions for train and test but none for dev.
 LAPS_SIZES = {"train": 8, "dev": 3, "test": 4}

@@ -23,6 +23,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "append_line",
+    "write_all",
     "keep_jsonl_records",
     "probe_writable",
     "check_output_file",
@@ -110,6 +111,24 @@ def _naming(err: OSError, path: str) -> OSError:
     return OSError(err.errno, err.strerror or str(err), path)
 
 
+def write_all(fd: int, data: bytes | memoryview, path: str | os.PathLike[str]) -> None:
+    """``os.write`` to descriptor ``fd`` until every byte of ``data`` is written. A failure is an ``OSError``
+    naming ``path``; a write that takes nothing without an error is a full disk (``ENOSPC``), not a loop."""
+    import errno
+
+    view = memoryview(data).cast("B")
+    while view:
+        try:
+            written = os.write(fd, view)
+        except OSError as err:
+            if err.filename is None:
+                raise _naming(err, os.fspath(path)) from err
+            raise
+        if written <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(path))
+        view = view[written:]
+
+
 def append_line(path: str | os.PathLike[str], line: str) -> None:
     """Append ``line`` (one JSONL record, no newline needed) to ``path`` and flush it to disk.
 
@@ -123,9 +142,7 @@ def append_line(path: str | os.PathLike[str], line: str) -> None:
     try:
         start = os.lseek(fd, 0, os.SEEK_END)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, data, path)
             os.fsync(fd)
         except BaseException as err:
             os.ftruncate(fd, start)

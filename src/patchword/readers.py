@@ -35,17 +35,26 @@ __all__ = [
     "describe_content",
 ]
 
-_PICKLE_START = (
-    0x80  # the PROTO opcode: every pickle of protocol 2 or later (torch's legacy format) starts so
-)
+# the PROTO opcode: every pickle of protocol 2 or later (torch's legacy format) starts with it
+_PICKLE_START = b"\x80"
+_ZIP_START = b"PK"  # torch's zip format
+
+
+def _head(path: Path, size: int) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read(size)
+
+
+def _require_file(path: Path, what: str) -> None:
+    if not path.is_file():
+        raise MissingFileError(f"{what} {path} does not exist" + (" (a directory)" if path.is_dir() else ""))
 
 
 def describe_content(path: Path, limit: int = 24) -> str:
     """What a file that is not what it should be looks like: ``empty``, ``text starting 'hello'``,
     ``binary data`` (for error messages)."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(limit)
+        head = _head(path, limit)
     except OSError:
         return "unreadable"
     if not head:
@@ -63,13 +72,12 @@ def _checkpoint_problem(path: Path, err: BaseException) -> str:
     size = path.stat().st_size
     if size == 0:
         return "the file is empty"
-    with open(path, "rb") as fh:
-        head = fh.read(4)
-    if head.startswith(b"PK"):  # torch's zip format
+    head = _head(path, len(_ZIP_START))
+    if head == _ZIP_START:
         if not zipfile.is_zipfile(path):
             return f"the archive is truncated or damaged ({size} bytes; copy or download it again)"
         return f"the archive is damaged ({_first_line(err)})"
-    if head[:1] != bytes([_PICKLE_START]):
+    if not head.startswith(_PICKLE_START):
         return f"it is not a PyTorch file ({describe_content(path)})"
     return f"a damaged or truncated legacy PyTorch file ({_first_line(err) or type(err).__name__})"
 
@@ -105,8 +113,7 @@ def read_checkpoint(
     import torch
 
     path = Path(path)
-    if not path.is_file():
-        raise MissingFileError(f"{what} {path} does not exist" + (" (a directory)" if path.is_dir() else ""))
+    _require_file(path, what)
     allowed = list(safe_globals)
     try:
         with torch.serialization.safe_globals(allowed) if allowed else nullcontext():
@@ -114,7 +121,7 @@ def read_checkpoint(
     except pickle.UnpicklingError as err:
         # the restricted unpickler names a class it refuses: "GLOBAL module.Class was not an allowed global"
         named = re.search(r"GLOBAL (\S+)", str(err))
-        if named is None and path.stat().st_size and not _looks_like_torch(path):
+        if named is None and not _head(path, 2).startswith((_ZIP_START, _PICKLE_START)):
             raise DataError(f"{path}: not a {what}: {_checkpoint_problem(path, err)}") from None
         refused = f" ({named.group(1)})" if named else ""
         raise DataError(
@@ -144,8 +151,7 @@ def read_safetensors(path: str | Path, what: str = "weights file") -> dict[str, 
     from safetensors.torch import load_file
 
     path = Path(path)
-    if not path.is_file():
-        raise MissingFileError(f"{what} {path} does not exist")
+    _require_file(path, what)
     try:
         return load_file(str(path))
     except MemoryError:
@@ -155,15 +161,8 @@ def read_safetensors(path: str | Path, what: str = "weights file") -> dict[str, 
         raise DataError(f"{path}: not a readable {what} (safetensors): {detail}") from None
 
 
-def _looks_like_torch(path: Path) -> bool:
-    with open(path, "rb") as fh:
-        head = fh.read(2)
-    return head == b"PK" or head[:1] == bytes([_PICKLE_START])
-
-
 def _read_text(path: Path, what: str) -> str:
-    if not path.is_file():
-        raise MissingFileError(f"{what} {path} does not exist" + (" (a directory)" if path.is_dir() else ""))
+    _require_file(path, what)
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:

@@ -504,7 +504,8 @@ def test_index_build_sigkilled_at_a_random_shard_resumes_to_the_same_index(index
 
 
 def test_densify_disk_full_at_every_write_site_then_rerun_finishes_the_same_file(tmp_path, capsys):
-    from test_densify import RUN, _write_images
+    from densify_support import RUN
+    from densify_support import write_images as _write_images
 
     images = tmp_path / "images"
     _write_images(images, [f"{i:02d}.png" for i in range(20)])

@@ -10,12 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from conftest import TINY_MODEL_32
+from densify_support import RUN, TOKENS
+from densify_support import write_images as _write_images
 from patchword.cli.densify import main
 from patchword.data.laps import load_laps_split
 from patchword.data.textfiles import load_dense_jsonl
@@ -34,18 +34,7 @@ from patchword.errors import ConfigError, DataError, RunExistsError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TOKENS = 6  # new tokens per description: enough to differ between images, cheap on a CPU
 SETTINGS = GenerationSettings(max_new_tokens=TOKENS)
-RUN = ["--model", "tiny-random", "--max-new-tokens", str(TOKENS), "--batch-size", "8", "--no-progress"]
-
-
-def _write_images(root: Path, names: list[str], seed: int = 0) -> None:
-    rng = np.random.default_rng(seed)
-    for name in names:
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        h, w = rng.integers(10, 30, size=2)
-        Image.fromarray(rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)).save(path)
 
 
 # 50 images whose sorted order differs from creation order and from numeric order ("a/10" < "a/9").

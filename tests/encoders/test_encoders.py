@@ -14,6 +14,7 @@ import pytest
 import torch
 import transformers  # a dev dependency: a missing one fails collection, never skips
 
+from conftest import TINY_WORDPIECE
 from patchword.data.tokenizers import BertCaptionTokenizer, size_augment
 from patchword.encoders import (
     HFTextConfig,
@@ -314,10 +315,7 @@ def test_import_works_without_transformers_and_adapters_say_how_to_install(monke
 # BERT caption tokenizer
 # ----------------------------------------------------------------------------------------------
 
-VOCAB = [
-    "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
-    "a", "man", "rid", "##ing", "horse", "##s", ".", ",", "the", "dog", "is", "run", "##ning",
-]  # fmt: skip
+VOCAB = TINY_WORDPIECE
 ID = {t: i for i, t in enumerate(VOCAB)}
 
 

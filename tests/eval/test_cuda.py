@@ -13,8 +13,9 @@ import copy
 
 import pytest
 import torch
-from test_engine import _inputs, _matcher
 
+from matcher_support import engine_inputs as _inputs
+from matcher_support import engine_matcher as _matcher
 from patchword.eval import score_matrix, two_stage_scores
 from patchword.eval.engine import engine_for
 from patchword.eval.engine.core import prepare_inputs

@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 
+from matcher_support import seeded_matcher
 from patchword.eval import score_matrix
 from patchword.eval.engine import SEPSEngine, engine_for
 from patchword.eval.engine import seps_plan as seps_engine
@@ -29,19 +30,7 @@ SHAPES = {"vit": (36, True, 0.5, 0.4), "swin": (16, False, 0.8, 0.6)}
 
 
 def _matcher(name="seps", variant="code", pairing="image", kind="vit", **kw):
-    n, has_cls, rho, aggr = SHAPES[kind]
-    torch.manual_seed(1)
-    return build_matcher(
-        name,
-        embed_dim=DIM,
-        num_patches=n,
-        has_cls=has_cls,
-        sparse_ratio=rho,
-        aggr_ratio=aggr,
-        variant=variant,
-        dense_pairing=pairing,
-        **kw,
-    ).eval()
+    return seeded_matcher(name, SHAPES[kind], DIM, variant=variant, dense_pairing=pairing, **kw)
 
 
 def _inputs(kind="vit", n_img=6, n_txt=30, n_dense=None, seed=0):

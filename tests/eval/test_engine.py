@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from matcher_support import ENGINE_DIM as DIM
+from matcher_support import engine_inputs as _inputs
+from matcher_support import engine_matcher as _matcher
 from patchword.eval import score_matrix
 from patchword.eval.engine import (
     ForwardEngine,
@@ -16,38 +19,6 @@ from patchword.eval.engine import (
 )
 from patchword.eval.engine.core import prepare_inputs
 from patchword.matching import Matcher, MatcherOutput, build_matcher
-
-# (num_patches, has_cls, sparse_ratio, aggr_ratio): ViT-B/16-224 (196 + CLS) and Swin-B-224 (49, no CLS)
-SHAPES = {"vit": (196, True, 0.5, 0.4), "swin": (49, False, 0.8, 0.6)}
-DIM = 64
-
-
-def _matcher(kind="vit", variant="code", name="seps", **kw):
-    n, has_cls, rho, aggr = SHAPES[kind]
-    torch.manual_seed(1)
-    m = build_matcher(
-        name,
-        embed_dim=DIM,
-        num_patches=n,
-        has_cls=has_cls,
-        sparse_ratio=rho,
-        aggr_ratio=aggr,
-        variant=variant,
-        **kw,
-    )
-    return m.eval()
-
-
-def _inputs(kind="vit", n_img=5, n_txt=8, seed=0):
-    n, has_cls, *_ = SHAPES[kind]
-    g = torch.Generator().manual_seed(seed)
-    img = torch.randn(n_img, n + int(has_cls), DIM, generator=g)
-    caps = torch.randn(n_txt, 14, DIM, generator=g)
-    lens = torch.randint(3, 15, (n_txt,), generator=g)
-    dense = torch.randn(n_img, 40, DIM, generator=g)
-    dense_lens = torch.randint(5, 41, (n_img,), generator=g)
-    txt2img = torch.arange(n_txt) % n_img
-    return img, caps, lens, dense, dense_lens, txt2img
 
 
 def _forward(m, img, caps, lens, dense=None, dense_lens=None, txt2img=None):

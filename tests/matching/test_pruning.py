@@ -10,8 +10,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_engine import SHAPES, _inputs, _matcher
 
+from matcher_support import ENGINE_SHAPES as SHAPES
+from matcher_support import engine_inputs as _inputs
+from matcher_support import engine_matcher as _matcher
 from patchword.cli.search import main_index
 from patchword.errors import ConfigError
 from patchword.eval.engine.core import prepare_inputs

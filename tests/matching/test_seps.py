@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from matcher_support import seeded_matcher
 from patchword.matching import build_matcher
 from patchword.matching.seps import VARIANT_PRESETS
 from patchword.testing import seps_reference_scores
@@ -27,19 +28,7 @@ def _inputs(n_patches, has_cls, dim=64, b_v=5, b_t=6, dense_batch=None, seed=0, 
 
 
 def _matcher(kind, variant="code", dim=64, **kw):
-    n, has_cls, rho, aggr = SHAPES[kind]
-    torch.manual_seed(1)
-    m = build_matcher(
-        "seps",
-        embed_dim=dim,
-        num_patches=n,
-        has_cls=has_cls,
-        sparse_ratio=rho,
-        aggr_ratio=aggr,
-        variant=variant,
-        **kw,
-    )
-    return m.eval()
+    return seeded_matcher("seps", SHAPES[kind], dim, variant=variant, **kw)
 
 
 @pytest.mark.parametrize("kind", ["vit", "swin"])

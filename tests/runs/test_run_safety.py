@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY_MODEL_32, one_error_line
+from conftest import TINY_MODEL_32, TINY_WORDPIECE, one_error_line
 from patchword.checkpoint import load_checkpoint
 from patchword.cli import main
 
@@ -315,17 +315,16 @@ def test_dev_from_train_holds_out_images_with_their_captions_and_dense_text(laps
 
 def test_bert_size_augmentation_is_on_in_training_and_reproducible(tmp_path):
     """The official augmentation runs by default with a BERT tokenizer, seeded by (seed, step)."""
-    from test_encoders import VOCAB
 
     from patchword.data.pipeline import ArrayImages, encode_split
     from patchword.data.split import RetrievalSplit
     from patchword.data.tokenizers import BertCaptionTokenizer
     from patchword.train.augment import CaptionAugmenter
 
-    tok = BertCaptionTokenizer({w: i for i, w in enumerate(VOCAB)})
+    tok = BertCaptionTokenizer({w: i for i, w in enumerate(TINY_WORDPIECE)})
     import numpy as np
 
-    words = [w for w in VOCAB if w.isalpha()]
+    words = [w for w in TINY_WORDPIECE if w.isalpha()]
     caps = [" ".join(words[i : i + 8]) for i in range(8)]
     split = RetrievalSplit("t", np.zeros((8, 4, 4, 3), np.uint8), caps, np.arange(8), dense_captions=caps)
     enc = encode_split(

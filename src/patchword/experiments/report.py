@@ -16,11 +16,21 @@ import json
 from pathlib import Path
 from typing import Any
 
+from patchword.config import flat_config
 from patchword.errors import MissingFileError
 from patchword.experiments.sweep import SWEEP_FILE, mean_std, read_sweep
 from patchword.fileio import atomic_write_text
 from patchword.readers import read_json, read_json_lines
-from patchword.runs.files import BEST_CHECKPOINT, CONFIG_FILE, METRICS_JSON, SUMMARY_FILE
+from patchword.runs.files import (
+    BEST_CHECKPOINT,
+    CONFIG_FILE,
+    METRICS_FILE,
+    METRICS_JSON,
+    RESUMES_FILE,
+    SUMMARY_FILE,
+)
+from patchword.runs.load import read_run_config, resolve_checkpoint
+from patchword.runs.recorded import evaluation_of
 
 __all__ = ["Entry", "collect", "differing_keys", "write_report"]
 
@@ -60,10 +70,6 @@ class Entry:
 def _metrics(run: Path) -> dict[str, Any]:
     """A run's row: its training summary, else the recorded evaluation of its default checkpoint (an
     imported run evaluated with ``patchword eval``), else its metrics.json."""
-    from patchword.errors import MissingFileError
-    from patchword.runs import resolve_checkpoint
-    from patchword.runs.recorded import evaluation_of
-
     summary = _json(run / SUMMARY_FILE)
     if summary:
         return summary
@@ -88,8 +94,6 @@ def _suite_record(run: Path, name: str) -> tuple[dict[str, Any], str | None]:
 def resume_overrides(run: Path) -> list[str]:
     """The overrides of every ``--resume`` of ``run``, in order (``resumes.jsonl``): what the run became
     differs from its ``config.yaml`` by these (a longer ``train.max_steps``...)."""
-    from patchword.runs import RESUMES_FILE
-
     return [
         o for record in read_json_lines(run / RESUMES_FILE, "resume log") for o in record.get("overrides", [])
     ]
@@ -123,9 +127,6 @@ def differing_keys(entries: list[Entry]) -> dict[str, list[Any]]:
     """Config keys whose values differ between the rows, with the value of each row. A run's config is its
     ``config.yaml`` with the overrides of its resumes applied. Run names and directories are left out; a
     sweep row's ``seed`` is its list of seeds."""
-    from patchword.config import flat_config
-    from patchword.runs import read_run_config
-
     configs = []
     for entry in entries:
         # the config each run ended with: config.yaml, then what its resumes changed
@@ -161,7 +162,7 @@ def _curves(entries: list[Entry], out: Path) -> Path | None:
     for i, entry in enumerate(entries):
         colour = f"C{i % 10}"
         for j, run in enumerate(entry.runs):
-            records = read_json_lines(run / "metrics.jsonl", "metrics log")
+            records = read_json_lines(run / METRICS_FILE, "metrics log")
             train = [r for r in records if r.get("split") == "train"]
             dev = [r for r in records if r.get("split") == "dev"]
             label = entry.label if j == 0 else None

@@ -21,6 +21,8 @@ from safetensors.torch import save
 
 from patchword.errors import RunExistsError
 from patchword.fileio import atomic_write_bytes, atomic_write_text, probe_writable, staging_dir
+from patchword.matching import matcher_spec
+from patchword.model import matcher_arguments
 from patchword.readers import read_json
 from patchword.runs.files import (
     BACKBONES_FILE,
@@ -29,7 +31,10 @@ from patchword.runs.files import (
     METRICS_JSON,
     SUMMARY_FILE,
     VOCAB_FILE,
+    WEIGHTS_FILE,
 )
+from patchword.runs.load import config_hash, load_run
+from patchword.runs.recorded import evaluation_of
 from patchword.version import __version__
 
 __all__ = ["export_run", "model_card"]
@@ -45,9 +50,6 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
         RunExistsError: ``out`` exists.
         MissingFileError: ``run_dir`` is not a run directory, or lacks the checkpoint.
     """
-    from patchword.runs import config_hash, load_run
-    from patchword.runs.recorded import evaluation_of
-
     run_dir, out = Path(run_dir), Path(out)
     if out.exists():
         raise RunExistsError(f"{out} exists; choose another directory (an export is never overwritten)")
@@ -66,7 +68,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
         if run.config.data.tokenizer == "bert":  # the vocabulary travels with the model
             _write_bert_vocab(run.tokenizer, tmp / BERT_VOCAB_DIR)
             _set_bert_vocab(tmp / CONFIG_FILE)
-        atomic_write_bytes(tmp / "model.safetensors", save(tensors))
+        atomic_write_bytes(tmp / WEIGHTS_FILE, save(tensors))
         record = {
             "patchword_version": __version__,
             "source_run": str(run_dir),
@@ -110,9 +112,6 @@ def _set_bert_vocab(config: Path) -> None:
 
 def _reported(mc) -> dict[str, Any]:
     """The option fields the matcher's registration reports (SEPS / LAPS: ``variant``) and their values."""
-    from patchword.matching import matcher_spec
-    from patchword.model import matcher_arguments
-
     options = {**matcher_spec(mc.matcher).preset, **matcher_arguments(mc)}
     return {key: options[key] for key in matcher_spec(mc.matcher).report}
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from patchword.readers import read_json
 from patchword.runs.files import BEST_CHECKPOINT, CONFIG_FILE, LAST_CHECKPOINT, SUMMARY_FILE
+from patchword.runs.load import config_hash
 
 __all__ = ["evaluation_of"]
 
@@ -36,8 +37,6 @@ def evaluation_of(
     checkpoint is the one training evaluated (``best.pt``, or ``last.pt`` in a run without one) and the
     summary is not older than it. ``({}, None)`` when none describes it.
     """
-    from patchword.runs import config_hash
-
     run_dir, checkpoint = Path(run_dir), Path(checkpoint)
     if not checkpoint.is_absolute() and not checkpoint.is_file():
         checkpoint = run_dir / checkpoint

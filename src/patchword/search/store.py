@@ -29,7 +29,6 @@ Over 400 lines: the on-disk index format: manifest, shards and their atomic writ
 
 from __future__ import annotations
 
-import errno
 import io
 import json
 import mmap
@@ -43,7 +42,7 @@ import torch
 
 from patchword.data.npy import load_npy, npy_problem
 from patchword.errors import DataError, MissingFileError
-from patchword.fileio import atomic_write, atomic_write_bytes
+from patchword.fileio import atomic_write, atomic_write_bytes, write_all
 from patchword.search.codecs import STORES, TokenCodec, load_codec
 from patchword.search.scan import SkippedFile
 
@@ -208,21 +207,7 @@ def write_npy(fh: IO[bytes], array: np.ndarray, path: str | os.PathLike[str]) ->
     fh.flush()  # nothing may be buffered ahead of the bytes written to the descriptor
     fd = fh.fileno()
     for data in (header.getbuffer(), memoryview(array.reshape(-1).view(np.uint8))):
-        _write_all(fd, data, path)
-
-
-def _write_all(fd: int, data: memoryview, path: str | os.PathLike[str]) -> None:
-    """``os.write`` until every byte of ``data`` is written; a failure is an ``OSError`` naming ``path``."""
-    while len(data):
-        try:
-            written = os.write(fd, data)
-        except OSError as err:
-            if err.filename is not None:
-                raise
-            raise OSError(err.errno, err.strerror or str(err), os.fspath(path)) from err
-        if written <= 0:  # nothing taken and no error: a disk with no room left
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(path))
-        data = data[written:]
+        write_all(fd, data, path)
 
 
 #: Every array a shard may hold (``.scale``: the int8 store's per-token scales).

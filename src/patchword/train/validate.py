@@ -32,7 +32,7 @@ from patchword.model import (
 )
 from patchword.runs.checks import check_model_data, check_region_boxes, data_image_size
 from patchword.runs.config import RunConfig
-from patchword.train.trackers import TRACKERS
+from patchword.train.trackers import TRACKERS, import_wandb
 
 __all__ = ["check_config", "check_launch", "check_model_data", "data_image_size", "RESUMABLE_KEYS"]
 
@@ -134,8 +134,6 @@ def _check_matcher(cfg: RunConfig) -> None:
 def _check_wandb(mode: str) -> None:
     """W&B installed, and for ``online`` an API key (environment, ``~/.netrc`` or W&B's settings): without
     one ``wandb.init`` fails after the run directory was written."""
-    from patchword.train.trackers import import_wandb
-
     wandb = import_wandb()
     if mode == "online" and not wandb.login(prompt=False, verify=False):
         raise ConfigError(
