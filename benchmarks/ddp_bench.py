@@ -28,6 +28,7 @@ Every subcommand takes ``--quick`` (tiny sizes, a smoke run on the CPU) and ``--
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -347,8 +348,46 @@ def gpu_step(args: argparse.Namespace) -> dict:
         "steps_per_s": args.steps / seconds,
         "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
     }
-    print(json.dumps(result, indent=2))
+    if getattr(args, "profile_steps", 0):
+        result["profile"] = _profile_steps(step, sync, args.profile_steps, device)
+    print(json.dumps({k: v for k, v in result.items() if k != "profile"}, indent=2))
     return result
+
+
+def _profile_steps(step, sync, n: int, device) -> dict:
+    """``torch.profiler`` over ``n`` steps: host wall ms per step, device busy ms per step (the kernels'
+    self time), kernel launches and host syncs per step, and the top ops by device then host time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        for _ in range(n):
+            step()
+        sync()
+    wall = time.perf_counter() - start
+    events = prof.key_averages()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    device_us = sum(e.time_range.elapsed_us() for e in kernels)  # kernels, copies and sets
+    syncs = sum(e.count for e in events if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize"))
+    launches = sum(
+        e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx")
+    )
+    ops = sum(e.count for e in events if e.key.startswith("aten::"))
+    tables = {}
+    for key in ("self_device_time_total", "self_cpu_time_total") if kernels else ("self_cpu_time_total",):
+        with contextlib.suppress(AttributeError, KeyError, ValueError):
+            tables[key] = events.table(sort_by=key, row_limit=20)
+    return {
+        "steps": n,
+        "wall_ms_per_step": 1e3 * wall / n,  # profiled: slower than the timed steps
+        "device_busy_ms_per_step": device_us / 1e3 / n,
+        "kernel_launches_per_step": launches / n,
+        "aten_calls_per_step": ops / n,
+        "host_syncs_per_step": syncs / n,
+        "tables": tables,
+    }
 
 
 # -------------------------------------------------------------------------------------- gpu-scoring
@@ -478,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     p_gpu.add_argument("--compile", action="store_true")
     p_gpu.add_argument("--tf32", action="store_true", help="TF32 matmuls for the fp32 parts")
     p_gpu.add_argument("--sync-debug", action="store_true", help="warn on every host-device sync of the step")
+    p_gpu.add_argument("--profile-steps", type=int, default=0, help="then profile this many steps")
     p_sc = sub.add_parser("gpu-scoring", help="exhaustive scoring vs the official loop")
     p_sc.add_argument("--device", default="cuda")
     p_sc.add_argument("--config", default="seps-code-image", help="a patchword.bench SCORING_CONFIGS name")

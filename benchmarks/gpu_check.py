@@ -19,6 +19,11 @@ e. ``demo``: ``patchword demo device=... train.max_steps=...`` end to end, timed
 f. ``profile``: ``torch.profiler`` of one ``score_matrix`` call on a slice: top ops by self device time and
    the host-device synchronisations and copies.
 
+More steps, run when ``--steps`` names them (``benchmarks/gpu_check_extra.py``): ``tf32`` (scoring in
+float32 and ``precision="tf32"``), ``eval_tf32`` (``patchword eval --eval-run RUN`` in both),
+``train_profile`` (the training step under the profiler), ``train_compile`` (steps/s with
+``torch.compile``).
+
 Timings come before the profiler (it slows what it watches). A step is skipped, with a line saying so, when
 the budget left cannot hold it and the minimum of the steps after it; a step that fails prints its
 traceback, is recorded as an error and the next one runs. ``gpu_check.json`` and ``gpu_check.md`` are
@@ -52,6 +57,9 @@ for _path in (ROOT / "src", ROOT / "benchmarks"):
 
 #: Least wall seconds each step needs to say anything; a later (chosen) step's minimum is kept free for it.
 MIN_SECONDS = {"device": 5, "pytest": 20, "scoring": 30, "train": 60, "demo": 45, "profile": 15}
+# the steps of gpu_check_extra.py, run when --steps names them
+MIN_SECONDS.update({"tf32": 20, "eval_tf32": 40, "train_profile": 30, "train_compile": 60})
+DEFAULT_STEPS = ["device", "pytest", "scoring", "train", "demo", "profile"]
 
 
 def say(line: str) -> None:
@@ -158,12 +166,21 @@ def _child_env() -> dict[str, str]:
     }
 
 
+def _holds_cuda_tests(path: Path) -> bool:
+    text = path.read_text()
+    return "pytestmark = pytest.mark.cuda" in text or "@pytest.mark.cuda" in text
+
+
 def step_pytest(args, budget: Budget, partial) -> dict:
     timeout = min(args.pytest_timeout_s, budget.free("pytest"))
     # --continue-on-collection-errors: a module importing a package this machine lacks (fastapi) must not
     # stop the cuda tests, which it does not hold
     cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider"]
     cmd.append("--continue-on-collection-errors")
+    # only the modules that hold cuda tests: the others may import packages this machine lacks (fastapi)
+    cmd += sorted(
+        str(f.relative_to(ROOT)) for f in (ROOT / "tests").rglob("test_*.py") if _holds_cuda_tests(f)
+    )
     start = time.perf_counter()
     try:
         proc = subprocess.run(
@@ -339,6 +356,30 @@ def _free_memory() -> None:
             torch.cuda.empty_cache()
 
 
+def step_tf32(args, budget: Budget, partial) -> dict:
+    import gpu_check_extra
+
+    return gpu_check_extra.step_tf32(args, budget, partial, say)
+
+
+def step_eval_tf32(args, budget: Budget, partial) -> dict:
+    import gpu_check_extra
+
+    return gpu_check_extra.step_eval_tf32(args, budget, partial, say, _child_env)
+
+
+def step_train_profile(args, budget: Budget, partial) -> dict:
+    import gpu_check_extra
+
+    return gpu_check_extra.step_train_profile(args, budget, partial, say)
+
+
+def step_train_compile(args, budget: Budget, partial) -> dict:
+    import gpu_check_extra
+
+    return gpu_check_extra.step_train_compile(args, budget, partial, say, _child_env)
+
+
 STEPS = {
     "device": step_device,
     "pytest": step_pytest,
@@ -346,6 +387,10 @@ STEPS = {
     "train": step_train,
     "demo": step_demo,
     "profile": step_profile,
+    "tf32": step_tf32,
+    "eval_tf32": step_eval_tf32,
+    "train_profile": step_train_profile,
+    "train_compile": step_train_compile,
 }
 
 
@@ -376,6 +421,24 @@ def markdown(data: dict) -> str:
         for r in train:
             peak = f"{r['peak_memory_gb']:.1f}" if r.get("peak_memory_gb") else "-"
             lines.append(f"| {r['model']} | {r['batch']} | {r['steps_per_s']:.2f} | {peak} |")
+    tf32 = [r for r in steps.get("tf32", {}).get("rows", []) if "seconds" in r]
+    if tf32:
+        lines += ["", "## float32 vs precision=tf32 (alignment products only)", ""]
+        lines += [
+            "| config | shape | precision | seconds | pairs/s | max abs diff | top-1 changed (t2i / i2t) |"
+        ]
+        lines.append("|---|---|---|---:|---:|---:|---|")
+        for r in tf32:
+            diff = f"{r['max_abs_diff']:.1e}" if "max_abs_diff" in r else ""
+            top = f"{100 * r['top1_changed_t2i']:.3f}% / {100 * r['top1_changed_i2t']:.3f}%" if diff else ""
+            cells = [
+                r["config"],
+                r["shape"],
+                r["precision"],
+                f"{r['seconds']:.2f}",
+                f"{r['pairs_per_s']:.3g}",
+            ]
+            lines.append("| " + " | ".join([*cells, diff, top]) + " |")
     if steps.get("profile", {}).get("table"):
         shape = steps["profile"]["shape"]
         lines += ["", f"## Profile of score_matrix ({shape[0]} x {shape[1]}, seps-code-image)", ""]
@@ -409,7 +472,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run (with --device cpu)")
     parser.add_argument("--budget-s", type=float, default=450.0, help="wall seconds for all the steps")
-    parser.add_argument("--steps", default=",".join(STEPS), help="which steps, comma-separated, in order")
+    parser.add_argument(
+        "--steps",
+        default=",".join(DEFAULT_STEPS),
+        help=f"which steps, comma-separated, of {', '.join(STEPS)}",
+    )
+    parser.add_argument("--eval-run", default=None, help="a trained run directory for the eval_tf32 step")
     parser.add_argument("--pytest-timeout-s", type=float, default=90.0)
     parser.add_argument("--ref-images", type=int, default=200, help="images of the official loop's slice")
     parser.add_argument("--ref-captions", type=int, default=10, help="captions of the official loop's slice")
@@ -420,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.steps.split(",")) - set(STEPS)
     if unknown:
         parser.error(f"unknown steps {sorted(unknown)}; choose from {', '.join(STEPS)}")
-    chosen = [name for name in STEPS if name in args.steps.split(",")]
+    chosen = [name for name in args.steps.split(",") if name]  # in the order given
     budget = Budget(args.budget_s, chosen)
     report = Report(Path(args.out), args)
     say(f"gpu-check: {args.device}, budget {args.budget_s:.0f} s, results in {Path(args.out).resolve()}")

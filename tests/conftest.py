@@ -28,6 +28,7 @@ NUMERICS_MODULES = {
     "test_search",
     "test_serve",
     "test_engine",
+    "test_engine_precision",
     "test_seps",
     "test_naaf",
     "test_scan",

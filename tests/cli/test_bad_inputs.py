@@ -256,6 +256,16 @@ RUN_CASES = [
     ),
     ("architecture override", lambda run: ["eval", str(run), "model.embed_dim=24"], "do not fit the model"),
     (
+        "tf32 of an engine without it",  # refused before the data is prepared
+        lambda run: ["eval", str(run), "eval.precision=tf32"],
+        "eval.precision: the vse scoring engine computes in fp32 only",
+    ),
+    (
+        "unknown precision",
+        lambda run: ["eval", str(run), "eval.precision=bf16"],
+        "eval.precision: must be one of",
+    ),
+    (
         "resume missing run",
         lambda run: ["train", "--resume", str(run.parent / "nope")],
         "nope does not exist",

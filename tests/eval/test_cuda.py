@@ -117,6 +117,21 @@ def test_score_pairs_and_two_stage_re_ranking_on_cuda_equal_the_cpu(device, vari
         assert (want[shown] - full[shown]).abs().max().item() <= 1e-5
 
 
+@on_each_device
+@pytest.mark.parametrize(
+    ("variant", "dense"), [("code", "image"), ("code", "caption-txt2img"), ("paper", "image")]
+)
+def test_tf32_scores_on_cuda_stay_near_float32_and_leave_the_flag_as_found(device, variant, dense):
+    m, args, t2i = _scoring_case("vit", variant, dense, n_img=6, n_txt=12)
+    on_device = copy.deepcopy(m).to(device)
+    with _fp32_exact():
+        exact = score_matrix(on_device, *args, txt2img=t2i, device=device)
+        fast = score_matrix(on_device, *args, txt2img=t2i, device=device, precision="tf32")
+        assert not torch.backends.cuda.matmul.allow_tf32
+    # TF32 keeps 10 mantissa bits of each operand: a relative error of ~1e-3 on the alignment products
+    assert (fast - exact).abs().max().item() <= 1e-2
+
+
 # -------------------------------------------------------------------------------------------- training
 
 

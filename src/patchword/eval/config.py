@@ -18,3 +18,6 @@ class EvalConfig:
     # working-memory budget of the scoring engine in MiB (block sizes follow it); 0: automatic, 1024 on
     # the CPU and half the free memory of an accelerator, at most 32 GiB (engine.memory.configured_budget_mb)
     max_memory_mb: int = 0
+    # precision of the scoring engine's matrix products: "fp32" (exact) or "tf32" (CUDA, SEPS / LAPS: the
+    # alignment products on TF32 tensor cores, the patch ranking in float32; score_matrix's ``precision``)
+    precision: str = "fp32"

@@ -128,6 +128,7 @@ def score_split(
             max_memory_mb=configured_budget_mb(eval_cfg.max_memory_mb, device),
             device=device,
             progress=progress,
+            precision=eval_cfg.precision,
         )
     finally:
         model.train(was_training)

@@ -5,12 +5,16 @@ Each failure is a :class:`~patchword.errors.ConfigError` naming the key to chang
 
 from __future__ import annotations
 
+import torch
+
 from patchword.data.prepare import REGION_DATASETS, SYNTHETIC_DATASETS, PreparedData
 from patchword.errors import ConfigError
+from patchword.eval.engine.base import PRECISIONS
+from patchword.eval.engine.core import declared_precisions
 from patchword.model import RetrievalModel
 from patchword.runs.config import RunConfig
 
-__all__ = ["check_model_data", "check_region_boxes", "data_image_size"]
+__all__ = ["check_eval_precision", "check_model_data", "check_region_boxes", "data_image_size"]
 
 
 def data_image_size(cfg: RunConfig) -> int | None:
@@ -82,3 +86,18 @@ def check_model_data(cfg: RunConfig, model: RetrievalModel, data: PreparedData) 
                 f"the region features have {have[0]} regions of {have[1]} dims but model.precomp.num_regions="
                 f"{expected[0]}, model.precomp.region_dim={expected[1]}",
             )
+
+
+def check_eval_precision(cfg: RunConfig, device: torch.device) -> None:
+    """``eval.precision``: one that the matcher's scoring engine offers, TF32 on a CUDA ``device`` only
+    (before training, and before ``patchword eval`` loads any data)."""
+    precision, matcher = cfg.eval.precision, cfg.model.matcher
+    if precision not in PRECISIONS:
+        raise ConfigError("eval.precision", f"must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    offered = declared_precisions(matcher)
+    if precision not in offered:
+        raise ConfigError(
+            "eval.precision", f"the {matcher} scoring engine computes in {', '.join(offered)} only"
+        )
+    if precision == "tf32" and device.type != "cuda":
+        raise ConfigError("eval.precision", f"tf32 uses CUDA tensor cores; the run's device is {device}")

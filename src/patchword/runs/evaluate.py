@@ -48,6 +48,7 @@ def run_metadata(cfg: RunConfig, model: RetrievalModel, role: str, split) -> dic
         **{key: options.get(key) for key in matcher_spec(cfg.model.matcher).report},
         "dense_pairing": matcher.dense_pairing if matcher.consumes_dense else None,
         "leaky": bool(cfg.data.dense and matcher.leaky),
+        "precision": cfg.eval.precision,  # of the scoring engine's products: "tf32" is not exact
     }
 
 
@@ -138,11 +139,12 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
     from patchword.errors import ConfigError
     from patchword.eval.protocol import ensemble_metrics, evaluate
     from patchword.runs import config_hash, load_run, read_run_config, resolve_checkpoint
-    from patchword.runs.checks import check_model_data
+    from patchword.runs.checks import check_eval_precision, check_model_data
 
     overrides = list(overrides or [])
     cfg = read_run_config(run_dir, overrides)
     role = eval_role(cfg.data, cfg.eval.split)
+    check_eval_precision(cfg, dist.device)
     members = [(run_dir, checkpoint)] + [_member(p) for p in ensemble or []]
     # Everything cheap first: the output file, every member's config and checkpoint.
     out = out or run_dir / (f"eval_{role}_ensemble.json" if len(members) > 1 else f"eval_{role}.json")

@@ -30,7 +30,7 @@ from patchword.model import (
     model_reads_dense,
     typed_sections,
 )
-from patchword.runs.checks import check_model_data, check_region_boxes, data_image_size
+from patchword.runs.checks import check_eval_precision, check_model_data, check_region_boxes, data_image_size
 from patchword.runs.config import RunConfig
 from patchword.train.trackers import TRACKERS, import_wandb
 
@@ -51,6 +51,7 @@ RESUMABLE_KEYS = frozenset(
         "eval.batch_size",
         "eval.coco_1k",
         "eval.max_memory_mb",
+        "eval.precision",
         "eval.coco_extended",
         "device",
         "progress",
@@ -178,6 +179,7 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
         raise ConfigError("precision", "amp_bf16 needs a GPU with bfloat16 support; use amp_fp16 or fp32")
     if cfg.precision == "fp64" and device.type == "mps":
         raise ConfigError("precision", "fp64 is not supported on mps (no float64 kernels); use fp32 or cpu")
+    check_eval_precision(cfg, device)
     # ranges
     for key, value, low in [
         ("train.batch_size", tc.batch_size, 2),

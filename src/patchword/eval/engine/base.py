@@ -7,6 +7,8 @@ engines and dispatcher never import each other (the import contracts in pyprojec
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,11 +18,24 @@ from patchword.eval.engine.memory import CPU_BUDGET_MB
 from patchword.matching.base import Matcher
 from patchword.progress import progress_bar
 
-__all__ = ["DEFAULT_MAX_MEMORY_MB", "BlockPlan", "ScoringEngine", "ScoringInputs"]
+__all__ = [
+    "DEFAULT_MAX_MEMORY_MB",
+    "PRECISIONS",
+    "BlockPlan",
+    "ScoringEngine",
+    "ScoringInputs",
+    "check_precision",
+    "tf32_products",
+]
 
 #: Working-memory budget on the CPU when none is given (MiB): the default of the engines' callers that
 #: take a number (two-stage search, the compositional suite); ``score_matrix`` picks one per device.
 DEFAULT_MAX_MEMORY_MB = CPU_BUDGET_MB
+
+#: Precisions of an engine's matrix products (``score_matrix(precision=...)``): "fp32" everywhere (exact),
+#: or "tf32": TF32 tensor cores (10-bit mantissa operands, fp32 accumulation) for the products that only
+#: feed the final similarity, never for those that feed a top-K patch selection (CUDA only).
+PRECISIONS = ("fp32", "tf32")
 
 
 @dataclass
@@ -113,10 +128,13 @@ class ScoringEngine:
     #: CPU threads of control taking image blocks (None: one per torch thread; 1: the caller alone, its
     #: ops on torch's intra-op threads), for engines that split a job (:mod:`~patchword.eval.engine.workers`).
     workers: int | None = None
+    #: The :data:`PRECISIONS` the engine implements; ``precision`` is the one it computes in.
+    precisions: tuple[str, ...] = ("fp32",)
 
     def __init__(self, matcher: Matcher) -> None:
         self.matcher = matcher
         self.last_plan: BlockPlan | None = None
+        self.precision = "fp32"
 
     def image_constants(
         self, img_tokens: torch.Tensor, dense_tokens: torch.Tensor, dense_lens: torch.Tensor, *, device
@@ -171,3 +189,33 @@ class ScoringEngine:
                 result[sel] = out[0]
                 bar.update(count)
         return result
+
+
+def check_precision(engine: ScoringEngine, precision: str, device: torch.device) -> str:
+    """``precision`` if ``engine`` can compute in it on ``device``, else ValueError naming what fits."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision not in engine.precisions:
+        raise ValueError(
+            f"precision={precision!r}: the {engine.name} engine of {type(engine.matcher).__name__} computes "
+            f"in {', '.join(engine.precisions)} only"
+        )
+    if precision == "tf32" and device.type != "cuda":
+        raise ValueError(f"precision='tf32' uses CUDA tensor cores; the device is {device} (use 'fp32')")
+    return precision
+
+
+@contextlib.contextmanager
+def tf32_products(enabled: bool) -> Iterator[None]:
+    """CUDA float32 matrix products in TF32 within the block when ``enabled`` (the previous setting is
+    restored after). torch has no per-product precision: the flag is process-wide, so an engine turns it
+    on around exactly the products that may use it (one thread of control on an accelerator)."""
+    if not enabled:
+        yield
+        return
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before

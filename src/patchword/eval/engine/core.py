@@ -19,13 +19,13 @@ import torch
 from torch import nn
 
 from patchword._validation import check_lengths, check_tensor
-from patchword.eval.engine.base import ScoringEngine, ScoringInputs
+from patchword.eval.engine.base import ScoringEngine, ScoringInputs, check_precision
 from patchword.eval.engine.forward import ForwardEngine
 from patchword.eval.engine.memory import budget_bytes, default_budget_mb
 from patchword.matching.base import Matcher
-from patchword.matching.registry import matcher_spec_for
+from patchword.matching.registry import matcher_spec, matcher_spec_for
 
-__all__ = ["engine_for", "prepare_inputs", "score_matrix"]
+__all__ = ["declared_precisions", "engine_for", "prepare_inputs", "score_matrix"]
 
 
 def _declared_engine(matcher: Matcher) -> Callable[[nn.Module], ScoringEngine] | None:
@@ -36,6 +36,17 @@ def _declared_engine(matcher: Matcher) -> Callable[[nn.Module], ScoringEngine] |
         return None
     module, _, name = spec.engine.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def declared_precisions(matcher_name: str) -> tuple[str, ...]:
+    """The :data:`~patchword.eval.engine.base.PRECISIONS` that the engine declared for the registered
+    matcher ``matcher_name`` offers (``("fp32",)`` with the forward fallback): a config can be checked
+    before any model is built."""
+    spec = matcher_spec(matcher_name)
+    if spec.engine is None:
+        return ForwardEngine.precisions
+    module, _, name = spec.engine.partition(":")
+    return getattr(importlib.import_module(module), name).precisions
 
 
 def engine_for(matcher: Matcher, engine: str | ScoringEngine | None = None) -> ScoringEngine:
@@ -150,6 +161,7 @@ def score_matrix(
     progress: bool | None = None,
     engine: str | ScoringEngine | None = None,
     out: torch.Tensor | None = None,
+    precision: str = "fp32",
 ) -> torch.Tensor:
     """The exact (N_img, N_txt) similarity matrix of ``matcher`` in bounded memory.
 
@@ -176,12 +188,16 @@ def score_matrix(
         engine: None/"auto", "forward" (block-wise forward fallback) or a :class:`ScoringEngine`.
         out: optional preallocated (N_img, N_txt) float32 tensor to fill, on the CPU (e.g. over a memory
             map) or on ``device`` (then nothing comes back to the host).
+        precision: "fp32" (exact) or "tf32" (CUDA, an engine that offers it: SEPS / LAPS): the alignment
+            products in TF32, the products that rank patches for the top-K selection in float32. Not exact:
+            scores move by ~1e-3 (docs/benchmarks.md has the effect on R@K).
 
     Returns:
         (N_img, N_txt) float32 CPU tensor (``out`` when given).
 
     Raises:
-        ValueError: malformed inputs, or a budget too small for a single image-caption block.
+        ValueError: malformed inputs, a budget too small for a single image-caption block, or a precision
+            the engine or the device does not offer.
     """
     inputs = prepare_inputs(matcher, img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens, txt2img)
     device = _matcher_device(matcher) if device is None else torch.device(device)
@@ -192,6 +208,7 @@ def score_matrix(
     elif out.shape != shape or out.dtype != torch.float32 or out.device.type not in ("cpu", device.type):
         raise ValueError(f"out must be a float32 tensor of shape {shape} on the CPU or on {device}")
     scorer = engine_for(matcher, engine)
+    scorer.precision = check_precision(scorer, precision, device)
     was_training = matcher.training
     matcher.eval()
     try:

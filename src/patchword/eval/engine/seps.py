@@ -93,6 +93,7 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
 
     name = "seps"
     prunable = True
+    precisions = ("fp32", "tf32")
 
     def __init__(
         self,

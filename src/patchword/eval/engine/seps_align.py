@@ -10,6 +10,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from patchword.eval.engine.base import tf32_products
 from patchword.eval.engine.seps_blocks import ImageBlock, ImagePart, Selection, Texts, TokenSet
 from patchword.eval.engine.staging import host, is_accelerator
 from patchword.matching.aggregation import TokenAggregation
@@ -170,7 +171,14 @@ class SEPSAlignment:
 
     # ------------------------------------------------------------------ alignment (B images x T texts)
     def _align(self, img: ImageBlock, ts: TokenSet, txt: Texts, form: str) -> torch.Tensor:
-        """HRPA of the block's pairs (token set ``ts``) with a text block: (B, T) similarities."""
+        """HRPA of the block's pairs (token set ``ts``) with a text block: (B, T) similarities.
+
+        The selection is made by then: with ``precision="tf32"`` on an accelerator, these products (the
+        bulk of the arithmetic) use TF32; the relevance products that rank patches stay float32."""
+        with tf32_products(self.precision == "tf32" and is_accelerator(img.patches.device)):
+            return self._align_products(img, ts, txt, form)
+
+    def _align_products(self, img: ImageBlock, ts: TokenSet, txt: Texts, form: str) -> torch.Tensor:
         b, t, n = img.patches.shape[0], txt.size, self.n
         length = txt.words.shape[1]
         if form == "kdirect":

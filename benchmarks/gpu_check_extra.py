@@ -1,0 +1,195 @@
+"""Steps of ``benchmarks/gpu_check.py`` beyond the default run (``--steps ...`` names them):
+
+* ``tf32``: exhaustive scoring in float32 and with ``precision="tf32"`` (the alignment products on TF32
+  tensor cores, the patch ranking in float32) at the Flickr30K and COCO-5K shapes, image- and caption-tied
+  SEPS: time of each, the largest score difference and how many caption queries change their top image.
+* ``eval_tf32``: ``patchword eval`` of a trained run (``--eval-run``, carried to the machine) with
+  ``eval.precision=fp32`` and ``tf32``: the recalls of both.
+* ``train_profile``: ``torch.profiler`` over a few training steps (ViT-B/16 + BERT-base, batch 64): host
+  wall and device busy time per step, kernel launches, host syncs, the top ops.
+* ``train_compile``: training steps/s with ``torch.compile`` of the encoders and the matcher, in a child
+  process killed at the budget (compilation can take minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: (config, shape, precisions) in the order they run: cheap shapes first, the caption-tied COCO case (the
+#: one above 60 s in float32) before the image-tied one.
+TF32_CASES = [
+    ("seps-code-caption", "f30k", ("fp32", "tf32")),
+    ("seps-code-image", "f30k", ("fp32", "tf32")),
+    ("seps-code-caption", "coco5k", ("tf32", "fp32")),
+    ("seps-code-image", "coco5k", ("tf32", "fp32")),
+]
+
+
+def step_tf32(args, budget, partial, say) -> dict:
+    import torch
+
+    from patchword.bench.inputs import (
+        COCO_CAPTIONS,
+        COCO_IMAGES,
+        F30K_CAPTIONS,
+        F30K_IMAGES,
+        build_bench_matcher,
+        scoring_inputs,
+        stand_in_lengths,
+    )
+    from patchword.eval import score_matrix
+
+    device = torch.device(args.device)
+    shapes = {"f30k": (F30K_IMAGES, F30K_CAPTIONS), "coco5k": (COCO_IMAGES, COCO_CAPTIONS)}
+    if args.quick:
+        shapes = {"f30k": (16, 80), "coco5k": (40, 200)}
+    cap_lens, dense_lens = stand_in_lengths()
+    rows: list[dict] = []
+    per_pair: dict[str, float] = {}
+    made: dict[str, tuple] = {}  # shape -> host inputs, generated once
+    for config, shape, precisions in TF32_CASES:
+        n_img, n_txt = shapes[shape]
+        if shape not in made:
+            made.clear()  # one shape's inputs at a time in host memory
+            reps = (n_img + dense_lens.numel() - 1) // dense_lens.numel()
+            made[shape] = scoring_inputs(n_img, cap_lens.repeat(reps), dense_lens.repeat(reps))
+        img, caps, lens, dense, dlens, t2i = made[shape]
+        given = [t.to(device) for t in (img, caps[:n_txt], lens[:n_txt], dense, dlens)]
+        matcher = build_bench_matcher(config).to(device)
+        txt2img = t2i[:n_txt] if matcher.dense_pairing == "caption" else None
+        sims = {}
+        for precision in precisions:
+            key = f"{config}/{precision}"
+            need = 1.3 * per_pair.get(key, per_pair.get(f"{config}/fp32", 0.0)) * n_img * n_txt
+            if need > budget.free("tf32"):
+                say(f"tf32 {config} {shape} {precision}: skipped, ~{need:.0f} s needed")
+                rows.append({"config": config, "shape": shape, "precision": precision, "status": "skipped"})
+                continue
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            sims[precision] = score_matrix(
+                matcher, *given, txt2img=txt2img, device=device, precision=precision
+            )
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds = time.perf_counter() - start
+            per_pair[key] = seconds / (n_img * n_txt)
+            row = {"config": config, "shape": shape, "precision": precision, "seconds": round(seconds, 2)}
+            row["pairs_per_s"] = n_img * n_txt / seconds
+            rows.append(row)
+            say(f"tf32 {config} {shape} {n_img}x{n_txt} precision={precision}: {seconds:.2f} s")
+            partial({"rows": rows})
+        if len(sims) == 2:
+            diff = (sims["tf32"] - sims["fp32"]).abs()
+            top_t2i = (sims["tf32"].argmax(0) != sims["fp32"].argmax(0)).float().mean().item()
+            top_i2t = (sims["tf32"].argmax(1) != sims["fp32"].argmax(1)).float().mean().item()
+            compared = {"max_abs_diff": diff.max().item(), "mean_abs_diff": diff.mean().item()}
+            compared.update(top1_changed_t2i=top_t2i, top1_changed_i2t=top_i2t)
+            rows[-1].update(compared)
+            say(
+                f"tf32 {config} {shape}: max |tf32 - fp32| {compared['max_abs_diff']:.2e} (mean "
+                f"{compared['mean_abs_diff']:.1e}); top-1 image changed for {100 * top_t2i:.3f}% of "
+                "captions, "
+                f"top-1 caption for {100 * top_i2t:.3f}% of images"
+            )
+            partial({"rows": rows})
+        del sims, given
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    timed = [r for r in rows if "seconds" in r]
+    summary = "; ".join(
+        f"{r['config'].removeprefix('seps-code-')} {r['shape']} {r['precision']} {r['seconds']} s"
+        for r in timed
+    )
+    return {"rows": rows, "summary": summary or "nothing measured"}
+
+
+def step_eval_tf32(args, budget, partial, say, child_env) -> dict:
+    if not args.eval_run:
+        return {"status": "skipped", "summary": "no --eval-run given"}
+    work = Path(tempfile.mkdtemp(prefix="gpu_check_eval_"))
+    results = {}
+    for precision in ("fp32", "tf32"):
+        out = Path(args.out) / f"eval_{precision}.json"
+        cmd = [sys.executable, "-m", "patchword", "eval", str(args.eval_run), "--out", str(out), "--force"]
+        cmd += [f"device={args.device}", f"eval.precision={precision}", f"data.cache_dir={work / 'cache'}"]
+        cmd += ["progress=false"]
+        start = time.perf_counter()
+        proc = subprocess.run(
+            cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=budget.free("eval_tf32")
+        )
+        seconds = round(time.perf_counter() - start, 1)
+        if proc.returncode != 0:
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+            return {"status": "failed", "tail": tail, "summary": f"eval {precision}: exit {proc.returncode}"}
+        metrics = json.loads(out.read_text())
+        keep = ("rsum", "i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "precision")
+        results[precision] = {k: metrics.get(k) for k in keep} | {"seconds": seconds}
+        say(f"eval_tf32 {precision}: rSum {metrics.get('rsum'):.2f} ({seconds} s with start-up and data)")
+        partial({"results": results})
+    delta = {
+        k: results["tf32"][k] - results["fp32"][k]
+        for k in results["fp32"]
+        if k not in ("precision", "seconds")
+    }
+    fp32, tf32 = results["fp32"]["rsum"], results["tf32"]["rsum"]
+    summary = f"rSum fp32 {fp32:.2f}, tf32 {tf32:.2f} (delta {delta['rsum']:+.2f})"
+    return {"results": results, "delta": delta, "summary": summary}
+
+
+def step_train_profile(args, budget, partial, say) -> dict:
+    import ddp_bench
+
+    model = "seps-tiny-paper" if args.quick else "seps-vit-b16-paper"
+    ns = argparse.Namespace(device=args.device, quick=args.quick, model=model, batch=8 if args.quick else 64)
+    ns.__dict__.update(precision="amp_bf16", steps=3, warmup=3, pair_chunk=0, tf32=False, compile=False)
+    ns.__dict__.update(sync_debug=False, profile_steps=3)
+    with contextlib.redirect_stdout(io.StringIO()):
+        row = ddp_bench.gpu_step(ns)
+    prof = row.pop("profile")
+    tables = prof.pop("tables")
+    for key, table in tables.items():
+        (Path(args.out) / f"train_profile_{key}.txt").write_text(table)
+    say(tables.get("self_device_time_total") or tables.get("self_cpu_time_total", ""))
+    summary = (
+        f"{row['model']} b{row['batch']}: wall {prof['wall_ms_per_step']:.1f} ms/step profiled, device busy "
+        f"{prof['device_busy_ms_per_step']:.1f} ms/step, {prof['kernel_launches_per_step']:.0f} launches, "
+        f"{prof['aten_calls_per_step']:.0f} aten calls, {prof['host_syncs_per_step']:.1f} syncs per step"
+    )
+    return {"row": row, "profile": prof, "summary": summary}
+
+
+def step_train_compile(args, budget, partial, say, child_env) -> dict:
+    model = "seps-tiny-paper" if args.quick else "seps-vit-b16-paper"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "ddp_bench.py"), "gpu-step", "--device", args.device]
+    cmd += ["--model", model, "--batch", "8" if args.quick else "64", "--compile", "--steps", "10"]
+    cmd += ["--warmup", "3", "--json", str(Path(args.out) / "train_compile.json")]
+    if args.quick:
+        cmd.append("--quick")
+    timeout = budget.free("train_compile")
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"status": "timed out", "summary": f"compile + 13 steps did not finish in {timeout:.0f} s"}
+    seconds = round(time.perf_counter() - start, 1)
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+        return {"status": "failed", "tail": tail, "summary": f"exit {proc.returncode} after {seconds} s"}
+    result = json.loads((Path(args.out) / "train_compile.json").read_text())
+    row = result[0] if isinstance(result, list) else result
+    summary = (
+        f"{model} b{row['batch']} compiled: {row['steps_per_s']:.2f} steps/s ({seconds} s with compilation)"
+    )
+    return {"row": row, "seconds": seconds, "summary": summary}
