@@ -397,10 +397,7 @@ def gpu_scoring(args: argparse.Namespace) -> dict:
     import torch
 
     from patchword.bench.inputs import (
-        COCO_CAPTIONS,
-        COCO_IMAGES,
-        F30K_CAPTIONS,
-        F30K_IMAGES,
+        SCORING_SHAPES,
         build_bench_matcher,
         scoring_inputs,
         stand_in_lengths,
@@ -411,7 +408,7 @@ def gpu_scoring(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
     if args.tf32:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    shapes = {"f30k": (F30K_IMAGES, F30K_CAPTIONS), "coco5k": (COCO_IMAGES, COCO_CAPTIONS)}
+    shapes = dict(SCORING_SHAPES)
     if args.quick:
         shapes = {"tiny": (16, 80)}
     matcher = build_bench_matcher(args.config).to(device)

@@ -86,21 +86,11 @@ def bench_tiny_cpu(args: argparse.Namespace) -> list[dict]:
 
 
 def _big_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from patchword.densify.tiny import word_level_tokenizer
 
     tokens = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(3, IMAGE_TOKEN)] + ["<image>", "<pad>"]
     tokens += [f"x{i}" for i in range(len(tokens), VOCAB)]
-    backend = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(tokens)}, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        pad_token="<pad>",
-        extra_special_tokens={"image_token": "<image>"},
-    )
+    return word_level_tokenizer(tokens)
 
 
 def build_llava(arch: str, device: torch.device, dtype: torch.dtype):

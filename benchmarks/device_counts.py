@@ -34,11 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from patchword.bench.inputs import (  # noqa: E402
-    COCO_CAPTIONS,
-    COCO_IMAGES,
-    F30K_CAPTIONS,
-    F30K_IMAGES,
     SCORING_CONFIGS,
+    SCORING_SHAPES,
     VIT_DIM,
     VIT_PATCHES,
     build_bench_matcher,
@@ -46,7 +43,7 @@ from patchword.bench.inputs import (  # noqa: E402
 )
 from patchword.testing.simulated_device import SimulatedDevice  # noqa: E402
 
-SHAPES = {"f30k": (F30K_IMAGES, F30K_CAPTIONS), "coco5k": (COCO_IMAGES, COCO_CAPTIONS)}
+SHAPES = SCORING_SHAPES
 
 
 def _lengths(n_img: int, n_txt: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,22 +38,14 @@ TF32_CASES = [
 def step_tf32(args, budget, partial, say) -> dict:
     import torch
 
-    from patchword.bench.inputs import (
-        COCO_CAPTIONS,
-        COCO_IMAGES,
-        F30K_CAPTIONS,
-        F30K_IMAGES,
-        build_bench_matcher,
-        scoring_inputs,
-        stand_in_lengths,
-    )
+    from patchword.bench import inputs as bench
     from patchword.eval import score_matrix
 
     device = torch.device(args.device)
-    shapes = {"f30k": (F30K_IMAGES, F30K_CAPTIONS), "coco5k": (COCO_IMAGES, COCO_CAPTIONS)}
+    shapes = dict(bench.SCORING_SHAPES)
     if args.quick:
         shapes = {"f30k": (16, 80), "coco5k": (40, 200)}
-    cap_lens, dense_lens = stand_in_lengths()
+    cap_lens, dense_lens = bench.stand_in_lengths()
     rows: list[dict] = []
     per_pair: dict[str, float] = {}
     made: dict[str, tuple] = {}  # shape -> host inputs, generated once
@@ -62,10 +54,10 @@ def step_tf32(args, budget, partial, say) -> dict:
         if shape not in made:
             made.clear()  # one shape's inputs at a time in host memory
             reps = (n_img + dense_lens.numel() - 1) // dense_lens.numel()
-            made[shape] = scoring_inputs(n_img, cap_lens.repeat(reps), dense_lens.repeat(reps))
+            made[shape] = bench.scoring_inputs(n_img, cap_lens.repeat(reps), dense_lens.repeat(reps))
         img, caps, lens, dense, dlens, t2i = made[shape]
         given = [t.to(device) for t in (img, caps[:n_txt], lens[:n_txt], dense, dlens)]
-        matcher = build_bench_matcher(config).to(device)
+        matcher = bench.build_bench_matcher(config).to(device)
         txt2img = t2i[:n_txt] if matcher.dense_pairing == "caption" else None
         sims = {}
         for precision in precisions:

@@ -39,16 +39,13 @@ def run_scoring(args, budget, partial, say) -> dict:
     import torch
 
     from patchword.bench.inputs import (
-        COCO_CAPTIONS,
-        COCO_IMAGES,
-        F30K_CAPTIONS,
-        F30K_IMAGES,
+        SCORING_SHAPES,
         scoring_inputs,
         stand_in_lengths,
     )
 
     device = torch.device(args.device)
-    shapes = {"f30k": (F30K_IMAGES, F30K_CAPTIONS), "coco5k": (COCO_IMAGES, COCO_CAPTIONS)}
+    shapes = dict(SCORING_SHAPES)
     if args.quick:
         shapes = {"f30k": (16, 80), "coco5k": (40, 200)}
     cap_lens, dense_lens = stand_in_lengths()

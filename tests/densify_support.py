@@ -20,3 +20,8 @@ def write_images(root: Path, names: list[str], seed: int = 0) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         h, w = rng.integers(10, 30, size=2)
         Image.fromarray(rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)).save(path)
+
+
+def laps_split_args(data: Path, images: Path, out: Path, split: str = "test") -> list[str]:
+    """``patchword densify`` flags for a LAPS-layout split (``data``) whose images are in ``images``."""
+    return ["--data-root", str(data), "--split", split, "--image-root", str(images), "--out", str(out)]

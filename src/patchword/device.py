@@ -1,14 +1,20 @@
-"""Turn a ``device`` config value into a ``torch.device``, with one clear error when it is unavailable."""
+"""Turn a ``device`` config value into a ``torch.device``, with one clear error when it is unavailable; say
+what a device and the machine around it are (what a measured time needs beside it)."""
 
 from __future__ import annotations
 
+import platform
 import re
+import resource
+import sys
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from patchword.errors import ConfigError
 
-__all__ = ["resolve_device"]
+__all__ = ["cpu_model", "describe_device", "peak_host_rss_mb", "resolve_device"]
 
 _PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
@@ -38,3 +44,34 @@ def resolve_device(spec: str | torch.device, key: str = "device") -> torch.devic
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(key, "mps requested but the Apple MPS backend is not available; use device=auto")
     return device
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else what ``platform`` knows)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def describe_device(device: torch.device | str) -> dict[str, Any]:
+    """Where a computation ran: ``device`` (``cuda:0``), ``device_name`` (the GPU's name, or the CPU model
+    on the CPU), ``cpu`` (the host's model) and ``threads`` (torch's intra-op threads)."""
+    device = torch.device(device)
+    cpu = cpu_model()
+    name = cpu
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    elif device.type != "cpu":
+        name = device.type
+    return {"device": str(device), "device_name": name, "cpu": cpu, "threads": torch.get_num_threads()}
+
+
+def peak_host_rss_mb() -> float:
+    """The process's peak resident memory so far in MiB (``ru_maxrss``: KiB on Linux, bytes on macOS):
+    a high-water mark of the whole process since it started, not of one call."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024

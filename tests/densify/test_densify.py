@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import TINY_MODEL_32
-from densify_support import RUN, TOKENS
+from densify_support import RUN, TOKENS, laps_split_args
 from densify_support import write_images as _write_images
 from patchword.cli.densify import main
 from patchword.data.laps import load_laps_split
@@ -308,16 +308,7 @@ def _write_laps(root: Path, splits: dict[str, list[int]], captions_per_image: in
 def test_laps_layout_dense_file_loads_with_the_split(tmp_path):
     data = _write_laps(tmp_path, {"test": [31, 4, 17, 8, 2, 40]})
     out = tmp_path / "test_dense.jsonl"
-    args = [
-        "--data-root",
-        str(data),
-        "--split",
-        "test",
-        "--image-root",
-        str(tmp_path / "images"),
-        "--out",
-        str(out),
-    ]
+    args = laps_split_args(data, tmp_path / "images", out)
     assert main([*args, *RUN]) == 0
     split = load_laps_split(data, "test", tmp_path / "images", dense_jsonl=out)
     records = read_records(out)[0]

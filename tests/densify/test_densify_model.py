@@ -10,6 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
+from densify_support import laps_split_args
 from patchword.cli.densify import main
 from patchword.densify import (
     GenerationSettings,
@@ -223,16 +224,7 @@ def test_missing_image_file_stops_before_loading_the_model(tmp_path, capsys):
     (data / "id_mapping.json").write_text(json.dumps({"1": "img00.png", "2": "gone.png"}))
     _save_images(tmp_path / "images", 1)
     out = tmp_path / "d.jsonl"
-    args = [
-        "--data-root",
-        str(data),
-        "--split",
-        "test",
-        "--image-root",
-        str(tmp_path / "images"),
-        "--out",
-        str(out),
-    ]
+    args = laps_split_args(data, tmp_path / "images", out)
     assert main([*args, *RUN]) == 2
     line = _error_line(capsys)
     assert "1 of 2 image files are missing" in line and str(tmp_path / "images" / "gone.png") in line

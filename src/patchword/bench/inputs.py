@@ -25,6 +25,7 @@ __all__ = [
     "COCO_CAPTIONS",
     "MAX_DENSE_LEN",
     "SCORING_CONFIGS",
+    "SCORING_SHAPES",
     "build_bench_matcher",
     "benchmark_lengths",
     "find_shared_data",
@@ -39,6 +40,8 @@ _logger = logging.getLogger(__name__)
 VIT_PATCHES, VIT_DIM = 196, 512
 F30K_IMAGES, F30K_CAPTIONS = 1000, 5000
 COCO_IMAGES, COCO_CAPTIONS = 5000, 25000
+#: The test galleries the scoring benchmarks are quoted at: (images, captions).
+SCORING_SHAPES = {"f30k": (F30K_IMAGES, F30K_CAPTIONS), "coco5k": (COCO_IMAGES, COCO_CAPTIONS)}
 MAX_DENSE_LEN = 128  # the default data.max_dense_len: the same cap in training and evaluation
 
 #: Benchmark name -> matcher, variant, dense pairing and whether dense text is given; the first is the

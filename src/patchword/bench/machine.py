@@ -12,10 +12,11 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
+
+from patchword.device import cpu_model
 
 __all__ = ["machine_description", "load_average", "matmul_peak_gflops", "best_time"]
 
@@ -27,16 +28,8 @@ def load_average() -> list[float] | None:
 
 def machine_description() -> dict[str, Any]:
     """CPU model, cores, torch build and threads, load average."""
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
-        "cpu": cpu,
+        "cpu": cpu_model(),
         "logical_cpus": os.cpu_count(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),

@@ -47,10 +47,16 @@ _PATCH_SIZE = 4
 
 
 def _tokenizer():
+    return word_level_tokenizer((*_SPECIALS, *_ROLES, *TINY_WORDS))
+
+
+def word_level_tokenizer(tokens):
+    """A whitespace word-level LLaVA-style tokenizer over ``tokens`` (which must hold ``<unk>``, ``<s>``,
+    ``</s>``, ``<pad>`` and ``<image>``): id i is ``tokens[i]``."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {token: i for i, token in enumerate((*_SPECIALS, *_ROLES, *TINY_WORDS))}
+    vocab = {token: i for i, token in enumerate(tokens)}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(

@@ -26,10 +26,14 @@ import torch
 
 from patchword._validation import check_tensor
 
-__all__ = ["RECALL_KS", "retrieval_ranks", "retrieval_metrics", "coco_1k_folds"]
+__all__ = ["RANK_KEYS", "RECALL_KEYS", "RECALL_KS", "retrieval_ranks", "retrieval_metrics", "coco_1k_folds"]
 
 #: The cut-offs reported by every retrieval paper this library reproduces.
 RECALL_KS: tuple[int, ...] = (1, 5, 10)
+#: The recall figures of :func:`retrieval_metrics` (percent) and their sum, in the order tables show them.
+RECALL_KEYS: tuple[str, ...] = (*(f"{d}_r{k}" for d in ("i2t", "t2i") for k in RECALL_KS), "rsum")
+#: Its rank statistics (median and mean rank of the ground truth, 1-based).
+RANK_KEYS: tuple[str, ...] = ("i2t_medr", "t2i_medr", "i2t_meanr", "t2i_meanr")
 
 # Elements of one query block, a (queries, candidates) comparison. 2**24 keeps the per-block temporaries
 # to a few hundred MB whatever the matrix size (measured: ~0.3 GB above the 0.5 GB input for COCO 5K).

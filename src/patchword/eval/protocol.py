@@ -19,12 +19,14 @@ and ensembles alike.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from patchword.data.pipeline import EncodedSplit, SelectedImages
+from patchword.device import describe_device, peak_host_rss_mb
 from patchword.distributed import Distributed
 from patchword.eval.config import EvalConfig
 from patchword.eval.engine import score_matrix
@@ -34,6 +36,7 @@ from patchword.eval.scoring import encode_image_tokens, encode_text_tokens
 from patchword.eval.two_stage import two_stage_scores
 
 __all__ = [
+    "evaluation_cost",
     "score_split",
     "evaluate",
     "ensemble_metrics",
@@ -103,17 +106,27 @@ def _sharded(dist: Distributed | None, split: EncodedSplit, device) -> Distribut
 
 
 def score_split(
-    model, split: EncodedSplit, eval_cfg: EvalConfig, *, device="cpu", progress=None, dist=None
+    model,
+    split: EncodedSplit,
+    eval_cfg: EvalConfig,
+    *,
+    device="cpu",
+    progress=None,
+    dist=None,
+    timings: dict[str, float] | None = None,
 ) -> torch.Tensor | None:
     """The exact (N_img, N_txt) similarity matrix of ``split`` within ``eval_cfg.max_memory_mb``.
 
     With ``dist`` (several processes) every process scores its block of image rows and the matrix is
-    returned on rank 0 only (None elsewhere).
+    returned on rank 0 only (None elsewhere). ``timings``, when given, receives this process's
+    ``encode_seconds``, ``scoring_seconds`` and the ``pairs`` it scored.
     """
     dist = _sharded(dist, split, device)
+    start = time.perf_counter()
     img, cap, dense, dense_lens, _ = _encode_shard(
         model, split, eval_cfg, dist, device=device, progress=progress
     )
+    encoded = time.perf_counter()
     was_training = model.training
     model.eval()
     try:
@@ -132,6 +145,9 @@ def score_split(
         )
     finally:
         model.train(was_training)
+    if timings is not None:  # the matrix is on the host by now: the time includes the device's work
+        timings.update(encode_seconds=encoded - start, scoring_seconds=time.perf_counter() - encoded)
+        timings["pairs"] = img.shape[0] * cap.shape[0]
     return dist.gather_cpu(rows)
 
 
@@ -199,8 +215,14 @@ def evaluate(
     dist = dist or Distributed(device=torch.device(device))
     plan = model.matcher.two_stage_plan()
     metrics: dict[str, Any] | None = None
+    timings: dict[str, float] = {}
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
     if plan is None:
-        sims = score_split(model, split, eval_cfg, device=device, progress=progress, dist=dist)
+        sims = score_split(
+            model, split, eval_cfg, device=device, progress=progress, dist=dist, timings=timings
+        )
         if sims is not None:
             metrics = _matrix_metrics(sims, split.txt2img, eval_cfg)
     else:
@@ -217,9 +239,37 @@ def evaluate(
             if metrics is not None:
                 metrics.update({f"coco1k_{key}": sum(f[key] for f in folds) / len(folds) for key in folds[0]})
     metrics = dist.broadcast_object(metrics)
+    if not timings:  # a two-stage search: encoding and both stages together
+        timings = {"search_seconds": time.perf_counter() - start}
+    metrics["cost"] = evaluation_cost(timings, device, eval_cfg, dist.world_size, exhaustive=plan is None)
     if return_sims:
         metrics["sims"] = sims
     return metrics
+
+
+def evaluation_cost(
+    timings: dict[str, float], device, eval_cfg: EvalConfig, world_size: int, *, exhaustive: bool
+) -> dict[str, Any]:
+    """What an evaluation cost and where it ran (the ``"cost"`` entry of its metrics).
+
+    ``scoring_seconds`` is the exhaustive matrix alone (inputs encoded, result on the host), of this
+    process's rows under several processes; ``pairs_per_s`` its rate; ``peak_device_mb`` the most CUDA
+    memory allocated during the evaluation (None elsewhere); ``peak_host_rss_mb`` the process's high-water
+    mark since it started (it includes whatever ran before, training too).
+    """
+    device = torch.device(device)
+    cost: dict[str, Any] = {"exhaustive": exhaustive, **timings}
+    if timings.get("scoring_seconds"):
+        cost["pairs"] = int(timings["pairs"])
+        cost["pairs_per_s"] = timings["pairs"] / timings["scoring_seconds"]
+    cost["peak_device_mb"] = (
+        round(torch.cuda.max_memory_allocated(device) / (1 << 20), 1) if device.type == "cuda" else None
+    )
+    cost["peak_host_rss_mb"] = round(peak_host_rss_mb(), 1)
+    cost.update(describe_device(device))
+    cost.update(world_size=world_size, precision=eval_cfg.precision)
+    cost["max_memory_mb"] = configured_budget_mb(eval_cfg.max_memory_mb, device)
+    return cost
 
 
 def average_scores(members: Sequence[Sims]) -> Sims:

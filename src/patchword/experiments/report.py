@@ -2,10 +2,13 @@
 
 One row per run (or per variant of a sweep, as mean +- std over its seeds): the test recalls and rSum, the
 split and its gallery size, whether the protocol is leaky (flagged), patch-selection object recall against
-chance and the compositional accuracies where the run has them; then the config keys whose values differ
-between the runs (everything else is shared), and one figure of the training curves overlaid (training
-loss, dev rSum). Writes ``report.md``, ``report.html`` (the figure embedded) and ``report_curves.png``
-beside it.
+chance and the compositional accuracies where the run has them; what each costs (scoring time per 1K x 5K,
+memory, parameters, training time, index size: :mod:`patchword.experiments.cost`, the Pareto front of
+accuracy against scoring time marked within each machine); the gallery-scale benchmarks given; then the
+config keys whose values differ between the runs (everything else is shared), one figure of the training
+curves overlaid (training loss, dev rSum) and one of accuracy against cost. Writes ``report.md``,
+``report.html`` (the figures embedded), ``report_curves.png`` and ``report_cost.png`` beside it, and with
+``csv`` one CSV row per report row (mean and std of every figure).
 """
 
 from __future__ import annotations
@@ -17,7 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from patchword.config import flat_config
-from patchword.errors import MissingFileError
+from patchword.errors import DataError, MissingFileError
+from patchword.eval.metrics import RECALL_KEYS
+from patchword.experiments.cost import (
+    cost_rows,
+    csv_text,
+    gallery_rows,
+    index_bytes_per_image,
+    plot_accuracy_cost,
+)
 from patchword.experiments.sweep import SWEEP_FILE, mean_std, read_sweep
 from patchword.fileio import atomic_write_text
 from patchword.readers import read_json, read_json_lines
@@ -34,7 +45,7 @@ from patchword.runs.recorded import evaluation_of
 
 __all__ = ["Entry", "collect", "differing_keys", "write_report"]
 
-KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum")
+KEYS = RECALL_KEYS
 KINDS = ("attribute_swap", "relation_swap", "object_replace", "count_change")
 
 
@@ -183,7 +194,9 @@ def _curves(entries: list[Entry], out: Path) -> Path | None:
 Table = tuple[str, list[str], list[list[str]]]  # (caption, header, rows)
 
 
-def _tables(entries: list[Entry]) -> list[Table]:
+def _tables(
+    entries: list[Entry], index_sizes: dict[str, float] | None = None, galleries: tuple[Path, ...] = ()
+) -> list[Table]:
     n = {e.label: len(e.runs) for e in entries}
     rows = []
     for e in entries:
@@ -243,6 +256,8 @@ def _tables(entries: list[Entry]) -> list[Table]:
                 "`patchword eval RUN --suite compositional --force` scores it again"
             )
         tables.append((caption, ["run", *KINDS], rows))
+    tables.append(cost_rows(entries, index_sizes or {}))
+    tables += [gallery_rows(path) for path in galleries]
     diff = differing_keys(entries)
     rows = [[k, *(json.dumps(v, default=str) for v in values)] for k, values in diff.items()]
     tables.append(
@@ -251,7 +266,7 @@ def _tables(entries: list[Entry]) -> list[Table]:
     return tables
 
 
-def _markdown(tables: list[Table], curves: Path | None) -> str:
+def _markdown(tables: list[Table], figures: list[tuple[str, Path]]) -> str:
     lines = ["# patchword report"]
     for caption, header, rows in tables:
         lines += ["", caption + ":", ""]
@@ -260,12 +275,12 @@ def _markdown(tables: list[Table], curves: Path | None) -> str:
             continue
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
-    if curves is not None:
-        lines += ["", f"![training curves]({curves.name})"]
+    for alt, path in figures:
+        lines += ["", f"![{alt}]({path.name})"]
     return "\n".join(lines) + "\n"
 
 
-def _html(tables: list[Table], curves: Path | None) -> str:
+def _html(tables: list[Table], figures: list[tuple[str, Path]]) -> str:
     parts = [
         "<!doctype html><meta charset=utf-8><title>patchword report</title>",
         "<style>body{font-family:sans-serif}td,th{padding:2px 8px;border-bottom:1px solid #ddd}</style>",
@@ -279,17 +294,48 @@ def _html(tables: list[Table], curves: Path | None) -> str:
         parts.append("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>")
         parts += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows]
         parts.append("</table>")
-    if curves is not None:
-        data = base64.b64encode(curves.read_bytes()).decode()
-        parts.append(f'<img alt="training curves" src="data:image/png;base64,{data}">')
+    for alt, path in figures:
+        data = base64.b64encode(path.read_bytes()).decode()
+        parts.append(f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">')
     return "\n".join(parts) + "\n"
 
 
-def write_report(paths: list[Path], out: Path) -> Path:
-    """Write ``out`` (Markdown), ``out`` with ``.html`` and the curves PNG beside it; returns ``out``."""
+def _index_sizes(entries: list[Entry], indexes: tuple[Path, ...]) -> dict[str, float]:
+    """Row label -> bytes per image of the search index built from that row's run (``--index``)."""
+    sizes = {}
+    for index in indexes:
+        run, per_image = index_bytes_per_image(index)
+        owner = next((e for e in entries if run and Path(run).resolve() == e.runs[0].resolve()), None)
+        if owner is None:
+            raise DataError(
+                f"{index}: built from the run {run or '(none recorded)'}, which is not in the report"
+            )
+        sizes[owner.label] = per_image
+    return sizes
+
+
+def write_report(
+    paths: list[Path],
+    out: Path,
+    *,
+    csv: Path | None = None,
+    indexes: tuple[Path, ...] = (),
+    galleries: tuple[Path, ...] = (),
+) -> Path:
+    """Write ``out`` (Markdown), ``out`` with ``.html`` and the figures beside it, and the CSV when asked
+    (``csv``); ``indexes``: search index directories (their bytes per image join their run's row);
+    ``galleries``: ``patchword bench gallery`` JSON files. Returns ``out``."""
     entries = collect(paths)
-    tables = _tables(entries)
+    tables = _tables(entries, _index_sizes(entries, indexes), galleries)
+    figures = []
     curves = _curves(entries, out.with_name(out.stem + "_curves.png"))
-    atomic_write_text(out, _markdown(tables, curves))
-    atomic_write_text(out.with_suffix(".html"), _html(tables, curves))
+    if curves is not None:
+        figures.append(("training curves", curves))
+    trade_off = plot_accuracy_cost(entries, out.with_name(out.stem + "_cost.png"))
+    if trade_off is not None:
+        figures.append(("accuracy vs cost", trade_off))
+    atomic_write_text(out, _markdown(tables, figures))
+    atomic_write_text(out.with_suffix(".html"), _html(tables, figures))
+    if csv is not None:
+        atomic_write_text(csv, csv_text(entries))
     return out

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from patchword.errors import ConfigError
+from patchword.eval.metrics import RANK_KEYS, RECALL_KEYS
 from patchword.fileio import atomic_write_text
 from patchword.readers import read_json
 from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT, SUMMARY_FILE
@@ -35,19 +36,7 @@ _logger = logging.getLogger(__name__)
 
 SWEEP_FILE = "sweep.json"
 #: The test metrics a sweep summarises (those present in a run's summary).
-METRICS = (
-    "i2t_r1",
-    "i2t_r5",
-    "i2t_r10",
-    "t2i_r1",
-    "t2i_r5",
-    "t2i_r10",
-    "rsum",
-    "i2t_medr",
-    "t2i_medr",
-    "i2t_meanr",
-    "t2i_meanr",
-)
+METRICS = (*RECALL_KEYS, *RANK_KEYS)
 #: What a sweep records about how its metrics were obtained (from the first run's summary).
 PROTOCOL = ("split", "images", "captions", "leaky", "matcher", "dense_pairing", "oracle_rsum")
 

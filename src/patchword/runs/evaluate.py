@@ -49,6 +49,9 @@ def run_metadata(cfg: RunConfig, model: RetrievalModel, role: str, split) -> dic
         "dense_pairing": matcher.dense_pairing if matcher.consumes_dense else None,
         "leaky": bool(cfg.data.dense and matcher.leaky),
         "precision": cfg.eval.precision,  # of the scoring engine's products: "tf32" is not exact
+        "params_total": sum(p.numel() for p in model.parameters()),
+        # what fine-tuning updates (frozen embeddings excluded), as the model is built from the config
+        "params_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
     }
 
 

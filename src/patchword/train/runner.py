@@ -240,6 +240,9 @@ def _finish(
     summary.update(fit)
     summary["skipped_steps"] = trainer.skipped_steps
     summary["world_size"] = dist.world_size
+    seconds = summary.get("train_seconds") or 0.0
+    # every session's steps over every session's training time (validation and saving included)
+    summary["train_steps_per_s"] = round(summary["steps"] / seconds, 3) if seconds > 0 else None
     if dist.is_main:
         atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2))
     return summary

@@ -430,6 +430,7 @@ class Trainer:
         metrics = evaluate(
             self.model, self.dev_split, eval_cfg, device=self.device, progress=progress, dist=self.dist
         )
+        metrics.pop("cost")  # the test evaluation records it (summary.json); dev records stay flat
         record = {"split": "dev", "step": self.step, "epoch": self.epoch, **metrics, "time": time.time()}
         self._log(record)
         _logger.info(

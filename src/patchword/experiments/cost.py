@@ -1,0 +1,253 @@
+"""What a model costs beside what it scores, for ``patchword report``: the cost columns of a row, the
+accuracy-vs-cost Pareto front, the figure and the CSV.
+
+A row's cost comes from the ``"cost"`` entry its evaluation recorded (:func:`patchword.eval.protocol.
+evaluation_cost`: scoring time of the exhaustive matrix, pairs/s, peak memory, device, CPU, threads), its
+parameters and, for a trained run, its training time. Times are comparable only on one machine: rows are
+grouped by :func:`machine_of` and the Pareto front is drawn within each group, never across.
+
+Functions take the report's rows (``patchword.experiments.report.Entry``: ``label``, ``runs``,
+``value(key)`` -> (mean, std) or None, ``first(key)``) without importing them.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+
+from patchword.eval.metrics import RECALL_KEYS
+from patchword.readers import read_json
+
+__all__ = [
+    "CSV_KEYS",
+    "GALLERY_PAIRS",
+    "cost_rows",
+    "csv_text",
+    "gallery_rows",
+    "index_bytes_per_image",
+    "machine_of",
+    "pareto_front",
+    "plot_accuracy_cost",
+    "seconds_per_gallery",
+]
+
+#: The gallery the scoring time is quoted for: 1K images x 5K captions (Flickr30K / COCO 1K test).
+GALLERY_PAIRS = 1000 * 5000
+
+#: Numeric figures of a row in the CSV (mean and std columns each), in order; dotted keys reach into
+#: the recorded evaluation (``cost.scoring_seconds``).
+CSV_KEYS = (
+    *RECALL_KEYS,
+    "images",
+    "captions",
+    "cost.scoring_seconds",
+    "cost.pairs_per_s",
+    "cost.peak_device_mb",
+    "cost.peak_host_rss_mb",
+    "cost.threads",
+    "params_total",
+    "params_trainable",
+    "train_seconds",
+    "train_steps_per_s",
+)
+
+
+def machine_of(entry) -> str:
+    """Where a row's times were measured: the device's name (a GPU's, or the CPU model) and, on a CPU, the
+    thread count; "unknown" for an evaluation that recorded no cost (written before it was recorded)."""
+    name = entry.first("cost")
+    if not isinstance(name, dict) or not name.get("device_name"):
+        return "unknown"
+    if str(name.get("device", "cpu")).startswith("cpu"):
+        threads = name.get("threads", "?")
+        return f"{name['device_name']}, {threads} thread{'' if threads == 1 else 's'}"
+    return str(name["device_name"])
+
+
+def seconds_per_gallery(entry) -> tuple[float, float] | None:
+    """Scoring seconds of a 1K x 5K exhaustive matrix (mean, std over the row's runs), scaled from the
+    recorded time and pair count: None without an exhaustive scoring time."""
+    values = []
+    for summary in entry.summaries:
+        cost = summary.get("cost") if isinstance(summary.get("cost"), dict) else {}
+        if not cost.get("scoring_seconds") or not cost.get("pairs"):
+            return None
+        values.append(cost["scoring_seconds"] * GALLERY_PAIRS / cost["pairs"])
+    if not values:
+        return None
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
+    return mean, math.sqrt(var)
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[bool]:
+    """For (accuracy, cost) points, whether each is on the front: no other point is at least as accurate
+    and at most as costly while better in one of the two. Ties (equal points) are all on it."""
+    on = []
+    for i, (acc, cost) in enumerate(points):
+        dominated = any(
+            a >= acc and c <= cost and (a > acc or c < cost) for j, (a, c) in enumerate(points) if j != i
+        )
+        on.append(not dominated)
+    return on
+
+
+def _fronts(entries) -> dict[str, bool]:
+    """label -> on the Pareto front of rSum vs 1K x 5K seconds among the rows of its machine."""
+    groups: dict[str, list] = {}
+    for entry in entries:
+        if entry.value("rsum") and seconds_per_gallery(entry) and machine_of(entry) != "unknown":
+            groups.setdefault(machine_of(entry), []).append(entry)
+    front = {}
+    for members in groups.values():
+        points = [(e.value("rsum")[0], seconds_per_gallery(e)[0]) for e in members]
+        front.update({e.label: on for e, on in zip(members, pareto_front(points), strict=True)})
+    return front
+
+
+def index_bytes_per_image(index_dir: Path) -> tuple[str, float]:
+    """(the run the search index was built from, its bytes on disk per indexed image)."""
+    manifest = read_json(index_dir / "manifest.json", "search index manifest", expect=dict)
+    images = len(manifest.get("entries", []))
+    size = sum(f.stat().st_size for f in index_dir.rglob("*") if f.is_file())
+    return str(manifest.get("model", {}).get("run", "")), size / max(images, 1)
+
+
+def _fmt(value: tuple[float, float] | None, n: int, digits: int = 1) -> str:
+    if value is None:
+        return ""
+    mean, std = value
+    return f"{mean:.{digits}f} ± {std:.{digits}f}" if n > 1 else f"{mean:.{digits}f}"
+
+
+def cost_rows(entries, index_sizes: dict[str, float]) -> tuple[str, list[str], list[list[str]]]:
+    """The cost table: (caption, header, rows)."""
+    front = _fronts(entries)
+    machines = {machine_of(e) for e in entries} - {"unknown"}
+    rows = []
+    for e in entries:
+        n = len(e.runs)
+        params = e.value("params_total")
+        trainable = e.value("params_trainable")
+        gallery = seconds_per_gallery(e)
+        mark = "★" if front.get(e.label) else ""
+        rows.append(
+            [
+                e.label,
+                _fmt(e.value("rsum"), n),
+                _fmt(gallery, n, 2) + (f" {mark}" if mark else ""),
+                _fmt(e.value("cost.pairs_per_s"), n, 0),
+                _fmt(e.value("cost.peak_device_mb"), n, 0),
+                _fmt(e.value("cost.peak_host_rss_mb"), n, 0),
+                f"{params[0] / 1e6:.2f} / {trainable[0] / 1e6:.2f}" if params and trainable else "",
+                _fmt(e.value("train_seconds"), n, 0),
+                _fmt(e.value("train_steps_per_s"), n, 2),
+                f"{index_sizes[e.label]:,.0f}" if e.label in index_sizes else "",
+                machine_of(e)
+                + (f", {e.first('cost').get('precision')}" if isinstance(e.first("cost"), dict) else ""),
+            ]
+        )
+    caption = (
+        "Cost (s / 1K x 5K: the exhaustive matrix's scoring time scaled to 1000 images x 5000 captions; "
+        "★ on the Pareto front of rSum against it among the rows of one machine; peak host memory is the "
+        "process's high-water mark)"
+    )
+    if len(machines) > 1:
+        caption += (
+            f"; {len(machines)} MACHINES: times measured on different devices or CPUs are not comparable, "
+            "each row is ranked only against the rows of its own machine"
+        )
+    header = [
+        "run",
+        "rsum",
+        "s / 1K x 5K",
+        "pairs/s",
+        "peak device MB",
+        "peak host MB",
+        "params M (total / trainable)",
+        "train s",
+        "train steps/s",
+        "index bytes/image",
+        "machine, precision",
+    ]
+    return caption, header, rows
+
+
+def csv_text(entries) -> str:
+    """One row per report row: label, seeds, machine, then the mean and std of every :data:`CSV_KEYS`
+    figure and of the 1K x 5K scoring seconds (empty where a row lacks it)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    keys = [*CSV_KEYS, "seconds_per_1k_x_5k"]
+    writer.writerow(["run", "seeds", "machine", *(f"{k}_{s}" for k in keys for s in ("mean", "std"))])
+    for e in entries:
+        row: list = [e.label, len(e.runs), machine_of(e)]
+        for value in [*(e.value(k) for k in CSV_KEYS), seconds_per_gallery(e)]:
+            row += ["", ""] if value is None else list(value)  # floats as repr: they read back equal
+        writer.writerow(row)
+    return out.getvalue()
+
+
+def plot_accuracy_cost(entries, out: Path) -> Path | None:
+    """rSum against 1K x 5K scoring seconds (log scale), one point per row, one marker per machine, the
+    Pareto front of each machine drawn as a step line; None without matplotlib or without two points."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    from patchword.experiments.plots import save_figure
+
+    front = _fronts(entries)
+    placed = [e for e in entries if e.label in front]
+    if not placed:
+        return None
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot(1, 1, 1)
+    markers = "os^Dv<>p"
+    for m, machine in enumerate(sorted({machine_of(e) for e in placed})):
+        members = [e for e in placed if machine_of(e) == machine]
+        xs = [seconds_per_gallery(e)[0] for e in members]
+        ys = [e.value("rsum")[0] for e in members]
+        ax.scatter(xs, ys, marker=markers[m % len(markers)], label=machine)
+        for e, x, y in zip(members, xs, ys, strict=True):
+            ax.annotate(e.label, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        best = sorted((x, y) for e, x, y in zip(members, xs, ys, strict=True) if front[e.label])
+        if len(best) > 1:
+            ax.step([p[0] for p in best], [p[1] for p in best], where="post", linestyle="--", alpha=0.6)
+    ax.set_xscale("log")
+    ax.set(xlabel="scoring seconds per 1K x 5K (log)", ylabel="test rSum", title="accuracy vs cost")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, out)
+    return out
+
+
+def gallery_rows(path: Path) -> tuple[str, list[str], list[list[str]]]:
+    """The table of a ``patchword bench gallery --json`` file: (caption, header, rows); extrapolated
+    rows say so."""
+    record = read_json(path, "gallery benchmark", expect=dict)
+    rows = []
+    for r in record.get("rows", []):
+        measured = (
+            "extrapolated from {:,} pairs".format(r["pairs_scored"]) if r.get("extrapolated") else "measured"
+        )
+        peak = r.get("peak_device_mb")
+        rows.append(
+            [
+                f"{r['images']:,} x {r['captions']:,}",
+                f"{r['seconds']:.1f}",
+                f"{r['pairs_per_s']:,.0f}",
+                f"{r['peak_host_mb']:,.0f}",
+                "" if peak is None else f"{peak:,.0f}",
+                measured,
+            ]
+        )
+    machine = record.get("machine", {})
+    caption = (
+        f"Gallery scale ({path.name}: {record.get('config')}, device {record.get('device')}, "
+        f"CPU {machine.get('cpu', '?')}, budget {record.get('max_memory_mb')} MiB)"
+    )
+    header = ["images x captions", "seconds", "pairs/s", "peak host MB", "peak device MB", ""]
+    return caption, header, rows

@@ -1,0 +1,147 @@
+"""Cost beside accuracy (issue 38): what an evaluation records about its cost, what ``patchword report``
+shows of it (cost columns, machines never ranked together, the Pareto front), and ``report --csv``."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import TINY_RUN_32
+from patchword.cli import main
+from patchword.device import cpu_model
+from patchword.experiments.cost import GALLERY_PAIRS, cost_rows, machine_of, pareto_front, seconds_per_gallery
+from patchword.experiments.report import collect
+from patchword.runs import load_run
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+COMPAT = Path(__file__).resolve().parents[1] / "data" / "compat_f715cbc"
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory) -> list[Path]:
+    root = tmp_path_factory.mktemp("cost")
+    runs = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the evaluation after the fit runs with torch's threads: one, recorded
+    try:
+        for name, extra in (("seps", []), ("longer", ["train.lr=1e-3"])):
+            args = [*TINY_RUN_32, "train.max_steps=3", "train.eval_every=0", "progress=false"]
+            args += [f"output_dir={root}", f"data.cache_dir={root / 'cache'}", f"name={name}", *extra]
+            assert main(["train", *args]) == 0
+            runs.append(root / name)
+    finally:
+        torch.set_num_threads(threads)
+    return runs
+
+
+def test_a_run_records_what_its_evaluation_cost(two_runs):
+    run = two_runs[0]
+    summary = json.loads((run / "summary.json").read_text())
+    cost = summary["cost"]
+    assert cost["exhaustive"] is True
+    assert cost["pairs"] == summary["images"] * summary["captions"] == 8 * 40
+    assert cost["scoring_seconds"] > 0 and cost["encode_seconds"] > 0
+    assert cost["pairs_per_s"] == pytest.approx(cost["pairs"] / cost["scoring_seconds"], rel=1e-3)
+    assert (cost["device"], cost["device_name"], cost["cpu"]) == ("cpu", cpu_model(), cpu_model())
+    assert cost["threads"] == 1  # torch's threads at the evaluation (train.num_threads is the fit's)
+    assert cost["precision"] == "fp32" and cost["world_size"] == 1
+    assert cost["peak_device_mb"] is None and cost["peak_host_rss_mb"] > 0
+    model = load_run(run).model
+    assert summary["params_total"] == sum(p.numel() for p in model.parameters())
+    assert summary["params_trainable"] == sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert summary["train_steps_per_s"] == pytest.approx(
+        summary["steps"] / summary["train_seconds"], rel=1e-2
+    )
+
+
+def test_patchword_eval_records_the_cost_too(two_runs, tmp_path):
+    out = tmp_path / "eval.json"
+    assert main(["eval", str(two_runs[0]), "--out", str(out), "progress=false"]) == 0
+    record = json.loads(out.read_text())
+    assert record["cost"]["pairs"] == 8 * 40 and record["cost"]["scoring_seconds"] > 0
+    assert record["params_total"] > 0 and record["precision"] == "fp32"
+
+
+def test_report_csv_round_trips_the_runs_figures(two_runs, tmp_path):
+    csv_path = tmp_path / "report.csv"
+    out = tmp_path / "report.md"
+    assert main(["report", *map(str, two_runs), "--out", str(out), "--csv", str(csv_path)]) == 0
+    rows = list(csv.DictReader(csv_path.open()))
+    assert [r["run"] for r in rows] == ["seps", "longer"]
+    for row, run in zip(rows, two_runs, strict=True):
+        summary = json.loads((run / "summary.json").read_text())
+        assert row["seeds"] == "1" and row["machine"] == f"{cpu_model()}, 1 thread"
+        for key in ("rsum", "i2t_r1", "t2i_r10", "params_total", "train_seconds", "train_steps_per_s"):
+            assert float(row[f"{key}_mean"]) == summary[key], key
+            assert float(row[f"{key}_std"]) == 0.0
+        for key in ("scoring_seconds", "pairs_per_s", "peak_host_rss_mb", "threads"):
+            assert float(row[f"cost.{key}_mean"]) == summary["cost"][key], key
+        assert row["cost.peak_device_mb_mean"] == ""  # recorded as None on the CPU: an empty cell
+        expected = summary["cost"]["scoring_seconds"] * GALLERY_PAIRS / summary["cost"]["pairs"]
+        assert float(row["seconds_per_1k_x_5k_mean"]) == pytest.approx(expected, rel=1e-12)
+    text = out.read_text()
+    assert "s / 1K x 5K" in text and "MACHINES" not in text  # one machine: nothing flagged
+    assert (tmp_path / "report_cost.png").is_file() and "![accuracy vs cost](report_cost.png)" in text
+
+
+def test_an_evaluation_from_before_costs_were_recorded_still_reads(tmp_path):
+    run = shutil.copytree(COMPAT / "run", tmp_path / "old")
+    (entry,) = collect([run])
+    assert machine_of(entry) == "unknown" and seconds_per_gallery(entry) is None
+    caption, header, rows = cost_rows([entry], {})
+    assert rows[0][header.index("s / 1K x 5K")] == "" and rows[0][-1] == "unknown"
+
+
+def test_the_pareto_front_of_a_hand_made_set():
+    # (rsum, seconds): b is beaten by a (more accurate, cheaper); d ties c exactly; e is slow but best
+    points = {
+        "a": (400, 1.0),
+        "b": (390, 2.0),
+        "c": (380, 0.5),
+        "d": (380, 0.5),
+        "e": (450, 9.0),
+        "f": (300, 0.5),
+    }
+    front = dict(zip(points, pareto_front(list(points.values())), strict=True))
+    assert front == {"a": True, "b": False, "c": True, "d": True, "e": True, "f": False}
+
+
+def _entry(label, rsum, seconds, device_name, device="cuda:0", threads=8):
+    cost = {"scoring_seconds": seconds, "pairs": GALLERY_PAIRS, "device": device, "device_name": device_name}
+    cost |= {"threads": threads, "precision": "fp32"}
+    summary = {"rsum": rsum, "cost": cost}
+
+    def value(key):
+        record = summary
+        for part in key.split("."):
+            record = record.get(part) if isinstance(record, dict) else None
+        return (float(record), 0.0) if isinstance(record, (int, float)) else None
+
+    return SimpleNamespace(
+        label=label, runs=[Path(label)], summaries=[summary], value=value, first=lambda k: summary.get(k)
+    )
+
+
+def test_rows_measured_on_different_machines_are_never_ranked_against_each_other():
+    # on the H100 the slow model is dominated; on the CPU it is alone, so on its own front
+    entries = [
+        _entry("fast-h100", 400, 1.0, "NVIDIA H100"),
+        _entry("slow-h100", 390, 5.0, "NVIDIA H100"),
+        _entry("cpu", 380, 50.0, "AMD EPYC", device="cpu", threads=2),
+    ]
+    caption, header, rows = cost_rows(entries, {})
+    cells = {row[0]: row[header.index("s / 1K x 5K")] for row in rows}
+    assert cells == {"fast-h100": "1.00 ★", "slow-h100": "5.00", "cpu": "50.00 ★"}
+    assert "2 MACHINES" in caption
+    assert [row[-1] for row in rows] == [
+        "NVIDIA H100, fp32",
+        "NVIDIA H100, fp32",
+        "AMD EPYC, 2 threads, fp32",
+    ]
