@@ -145,3 +145,18 @@ def test_rows_measured_on_different_machines_are_never_ranked_against_each_other
         "NVIDIA H100, fp32",
         "AMD EPYC, 2 threads, fp32",
     ]
+
+
+def test_report_shows_the_bytes_per_image_of_an_index_built_from_a_run(env, two_runs, tmp_path):
+    out = tmp_path / "report.md"
+    assert main(["report", str(env.run_dir), "--out", str(out), "--index", str(env.index_dir)]) == 0
+    manifest = json.loads((env.index_dir / "manifest.json").read_text())
+    size = sum(f.stat().st_size for f in env.index_dir.rglob("*") if f.is_file())
+    expected = f"{size / len(manifest['entries']):,.0f}"
+    rows = [line for line in out.read_text().splitlines() if line.startswith(f"| {env.run_dir.name} |")]
+    cost_row = rows[1]  # the recall table's row, then the cost table's
+    assert cost_row.split(" | ")[-2] == expected  # the index column, before the machine
+    # an index of a run the report does not show: one line, exit 2, nothing written
+    other = tmp_path / "other.md"
+    assert main(["report", str(two_runs[0]), "--out", str(other), "--index", str(env.index_dir)]) == 2
+    assert not other.exists()

@@ -112,7 +112,7 @@ def index_bytes_per_image(index_dir: Path) -> tuple[str, float]:
     manifest = read_json(index_dir / "manifest.json", "search index manifest", expect=dict)
     images = len(manifest.get("entries", []))
     size = sum(f.stat().st_size for f in index_dir.rglob("*") if f.is_file())
-    return str(manifest.get("model", {}).get("run", "")), size / max(images, 1)
+    return str(manifest.get("model", {}).get("run_dir", "")), size / max(images, 1)
 
 
 def _fmt(value: tuple[float, float] | None, n: int, digits: int = 1) -> str:
