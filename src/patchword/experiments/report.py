@@ -31,6 +31,15 @@ from patchword.experiments.cost import (
 )
 from patchword.experiments.sweep import SWEEP_FILE, mean_std, read_sweep
 from patchword.fileio import atomic_write_text
+from patchword.imports.base import IMPORT_FILE
+from patchword.imports.published import (
+    DATASETS,
+    caveats,
+    compare_rows,
+    imported_model,
+    measured_metrics,
+    published_results,
+)
 from patchword.readers import read_json, read_json_lines
 from patchword.runs.files import (
     BEST_CHECKPOINT,
@@ -257,6 +266,9 @@ def _tables(
             )
         tables.append((caption, ["run", *KINDS], rows))
     tables.append(cost_rows(entries, index_sizes or {}))
+    published = _published_table(entries)
+    if published is not None:
+        tables.append(published)
     tables += [gallery_rows(path) for path in galleries]
     diff = differing_keys(entries)
     rows = [[k, *(json.dumps(v, default=str) for v in values)] for k, values in diff.items()]
@@ -264,6 +276,39 @@ def _tables(
         ("Config keys that differ (all others are equal)", ["key", *(e.label for e in entries)], rows)
     )
     return tables
+
+
+def _published_table(entries: list[Entry]) -> Table | None:
+    """Published vs measured here for the rows that are imported official checkpoints
+    (:mod:`patchword.imports.published`): per published result of the method, backbone and dataset the
+    checkpoint was trained for, its row, the row's measured figures and their difference."""
+    rows, notes = [], []
+    for e in entries:
+        model = imported_model(_json(e.runs[0] / IMPORT_FILE))
+        if model is None:
+            continue
+        for dataset in model.datasets:
+            for published in published_results(model.family, model.backbone, dataset):
+                measured = measured_metrics(e.summaries[0], published.dataset)
+                what = DATASETS[published.dataset] + (f", {published.variant}" if published.variant else "")
+                for row in compare_rows(published, measured):
+                    signed = row["row"] == "difference"
+                    cells = [
+                        "" if row[k] is None else f"{row[k]:+.1f}" if signed else f"{row[k]:.1f}"
+                        for k in KEYS
+                    ]
+                    source = published.source if row["row"] == "published" else ""
+                    rows.append([e.label, what, row["row"], *cells, source])
+                notes += [f"{e.label}, {what}: {text}" for text in caveats(published, e.summaries[0])]
+    if not rows:
+        return None
+    caption = (
+        "Published (paper / official README, as printed) vs measured here, for imported official "
+        "checkpoints; difference = measured - published"
+    )
+    if notes:
+        caption += "; NOT LIKE FOR LIKE: " + "; ".join(notes)
+    return caption, ["run", "published result", "row", *KEYS, "source"], rows
 
 
 def _markdown(tables: list[Table], figures: list[tuple[str, Path]]) -> str:

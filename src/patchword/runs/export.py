@@ -5,9 +5,10 @@ weights of the run's best checkpoint), ``config.yaml`` (the resolved run config)
 (``vocab.json`` or ``bert_vocab.txt``), ``backbones.json`` (Hugging Face architectures, so nothing is
 downloaded), ``metrics.json`` (what the run measured) and a ``README.md`` model card generated from the run
 (family, variant, backbones, training data and steps, the evaluation with its split, gallery size and
-protocol, leaky or not, config hash, patchword version). ``patchword.runs.load_run(OUT)`` and
-``patchword.create_model(OUT)`` load it offline; a Hugging Face hub id of such a directory resolves
-through the local cache (``create_model("hf-hub:user/name")``).
+protocol, leaky or not, config hash, patchword version; for an imported official checkpoint, the published
+results of its method beside the numbers measured here, from :mod:`patchword.imports.published`).
+``patchword.runs.load_run(OUT)`` and ``patchword.create_model(OUT)`` load it offline; a Hugging Face hub id
+of such a directory resolves through the local cache (``create_model("hf-hub:user/name")``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,15 @@ from safetensors.torch import save
 
 from patchword.errors import RunExistsError
 from patchword.fileio import atomic_write_bytes, atomic_write_text, probe_writable, staging_dir
+from patchword.imports.published import (
+    DATASETS,
+    METRIC_KEYS,
+    caveats,
+    compare_rows,
+    imported_model,
+    measured_metrics,
+    published_results,
+)
 from patchword.matching import matcher_spec
 from patchword.model import matcher_arguments
 from patchword.readers import read_json
@@ -188,9 +198,81 @@ def model_card(run, record: dict[str, Any]) -> str:
             f"No evaluation of checkpoint `{record['checkpoint']}` with this config is recorded with the "
             f"run: `patchword eval RUN --checkpoint {record['checkpoint']}` measures it (then export again)."
         )
+    lines += _published_section(imported, metrics, record)
     lines += [
         "",
         f"config hash `{record['config_hash']}`, patchword {record['patchword_version']}.",
         "",
     ]
     return "\n".join(lines)
+
+
+_COLUMNS = ("i2t R@1", "i2t R@5", "i2t R@10", "t2i R@1", "t2i R@5", "t2i R@10", "rSum")
+
+
+def _cell(value: float | None, signed: bool = False) -> str:
+    """A number of the comparison table, one decimal as published; a dash where there is none."""
+    return "—" if value is None else f"{value:+.1f}" if signed else f"{value:.1f}"
+
+
+def _published_section(
+    imported: dict[str, Any], metrics: dict[str, Any], record: dict[str, Any]
+) -> list[str]:
+    """The card's "Published vs measured here" for an imported official checkpoint: each published
+    result of its method, backbone and dataset (:func:`patchword.imports.published.published_results`)
+    beside the run's recorded evaluation of the exported checkpoint (``metrics``), with source, protocol
+    and notes."""
+    model = imported_model(imported)
+    if model is None:
+        return []
+    datasets = " and ".join(DATASETS[d] for d in model.datasets) or "no dataset patchword's table knows"
+    lines = ["", "## Published vs measured here", ""]
+    rows = [row for d in model.datasets for row in published_results(model.family, model.backbone, d)]
+    if not rows:
+        return lines + [
+            f"patchword's table of published results has no row for the official `{model.family}` code with "
+            f"backbone `{model.backbone}` on {datasets} (read from `import.json`: {model.basis})."
+        ]
+    lines += [
+        f"The results published for the official `{model.family}` code with backbone `{model.backbone}` on "
+        f"{datasets} (read from `import.json`: {model.basis}), as printed by their sources (nothing "
+        "corrected; `patchword.imports.published`), beside this run's evaluation of checkpoint "
+        f"`{record['checkpoint']}`. difference = measured here - published.",
+        "",
+    ]
+    if metrics:
+        lines.append(
+            f"Measured here: `{record.get('metrics_source')}`, split {metrics.get('split', 'test')}, "
+            f"{metrics.get('images', '?')} images, "
+            + ("LEAKY protocol." if metrics.get("leaky") else "leak-free protocol.")
+        )
+    else:
+        lines.append(
+            f"Not measured here yet: no evaluation of checkpoint `{record['checkpoint']}` is recorded with "
+            "the run (`patchword eval RUN` measures it; then export again)."
+        )
+    for published in rows:
+        measured = measured_metrics(metrics, published.dataset)
+        compared = compare_rows(published, measured)
+        title = DATASETS[published.dataset] + (f", {published.variant}" if published.variant else "")
+        lines += [
+            "",
+            f"**{title}**",
+            "",
+            "| | " + " | ".join(_COLUMNS) + " |",
+            "|---" * (len(_COLUMNS) + 1) + "|",
+        ]
+        for row in compared:
+            name = row["row"]
+            if name != "published" and not measured:
+                if name == "measured here":
+                    lines.append("| measured here | not measured here yet |" + " |" * (len(_COLUMNS) - 1))
+                continue
+            values = [_cell(row[key], signed=name == "difference") for key in METRIC_KEYS]
+            lines.append(f"| {name} | " + " | ".join(values) + " |")
+        lines += ["", f"* source: {published.source}", f"* protocol: {published.protocol}"]
+        if published.note:
+            lines.append(f"* note: {published.note}")
+        if measured:
+            lines += [f"* caveat: {text}" for text in caveats(published, metrics)]
+    return lines
