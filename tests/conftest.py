@@ -29,6 +29,7 @@ NUMERICS_MODULES = {
     "test_serve",
     "test_engine",
     "test_engine_precision",
+    "test_gallery",
     "test_seps",
     "test_naaf",
     "test_scan",

@@ -57,7 +57,7 @@ VERBS: dict[str, Verb] = {
         "patchword.cli.imports", "an official SEPS/LAPS/SCAN/NAAF/TGDT/UCMFH checkpoint as a run directory"
     ),
     "hash": Verb("patchword.cli.hash", "cross-modal hashing (UCMFH): hash train | eval | search", "main"),
-    "bench": Verb("patchword.cli.bench", "benchmarks: bench scoring | two-stage", "main"),
+    "bench": Verb("patchword.cli.bench", "benchmarks: bench scoring | two-stage | gallery", "main"),
     "densify": Verb(
         "patchword.cli.densify",
         "dense captions from a vision-language model: densify | densify merge | densify stats",

@@ -1,4 +1,4 @@
-"""``patchword bench scoring | two-stage | all``: the benchmarks as markdown tables (and JSON).
+"""``patchword bench scoring | two-stage | gallery | all``: the benchmarks as markdown tables (and JSON).
 
 ``main(argv)`` takes the arguments after ``bench`` (``main(["scoring", "--quick"])``) and returns an exit
 code; ``python -m patchword.bench`` is the same. Thread count (``--threads``) and flush-to-zero of
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import torch
 from patchword.bench.formatting import format_scoring, format_two_stage
 from patchword.bench.inputs import SCORING_CONFIGS
 from patchword.cli.argtypes import int_at_least
-from patchword.errors import USER_ERRORS, ConfigError, RunExistsError, report_user_error
+from patchword.errors import USER_ERRORS, ConfigError, MissingFileError, RunExistsError, report_user_error
 from patchword.fileio import atomic_write_text
 from patchword.logs import setup_logging
 
@@ -32,7 +33,6 @@ _FULL = {"images": 256, "caption_images": 48, "ref_captions": 10, "repeats": 3, 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--quick", action="store_true", help="small sizes, one repeat (a smoke run)")
-    common.add_argument("--max-memory-mb", type=float, default=1024, help="the scoring engine's budget")
     common.add_argument(
         "--threads",
         type=int_at_least(0, "0: torch's default"),
@@ -42,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--json", type=Path, default=None, help="write the raw results here")
     common.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     common.add_argument("-v", "--verbose", action="store_true", help="tracebacks of errors")
+    # Its own parent: gallery's default budget is the device's (a GPU's is not 1024 MiB).
+    memory = argparse.ArgumentParser(add_help=False)
+    memory.add_argument("--max-memory-mb", type=float, default=1024, help="the scoring engine's budget")
 
     scoring = argparse.ArgumentParser(add_help=False)
     scoring.add_argument(
@@ -85,15 +88,60 @@ def _parser() -> argparse.ArgumentParser:
         "--two-stage-repeats", type=int_at_least(1), default=2, help="timing repeats (best kept)"
     )
 
+    gallery = argparse.ArgumentParser(add_help=False)
+    gallery.add_argument(
+        "--shapes",
+        default=None,
+        help="comma-separated gallery shapes: 1k (1000 x 5000), 10k (10000 x 50000), 100k (100000 x 500000), "
+        "quick (20 x 100); default 1k,10k,100k (quick with --quick)",
+    )
+    gallery.add_argument(
+        "--config",
+        default="seps-code-image",
+        help=f"the matcher config scored (default seps-code-image; one of {', '.join(SCORING_CONFIGS)})",
+    )
+    gallery.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
+    gallery.add_argument(
+        "--max-seconds",
+        type=float,
+        default=600.0,
+        help="wall-clock budget (600); a shape predicted to end past it is extrapolated from its first block",
+    )
+    gallery.add_argument(
+        "--max-memory-mb",
+        type=float,
+        default=None,
+        help="the scoring engine's budget (default the device's: 1024 on the CPU, half a GPU's free memory)",
+    )
+    gallery.add_argument(
+        "--workdir", type=Path, default=None, help="folder for the matrix files (default a temporary folder)"
+    )
+    gallery.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the matrices in --workdir (gallery-SHAPE-NxM.f32; --force overwrites)",
+    )
+    gallery.add_argument(
+        "--block-images", type=int_at_least(1), help="images per score_matrix call (100 CPU, 1000 GPU)"
+    )
+    gallery.add_argument("--block-captions", type=int_at_least(1), help="captions per call (5000)")
+
     parser = argparse.ArgumentParser(
         prog="patchword bench", description="Benchmarks of exhaustive scoring and two-stage search."
     )
-    sub = parser.add_subparsers(dest="what", required=True, metavar="{scoring,two-stage,all}")
+    sub = parser.add_subparsers(dest="what", required=True, metavar="{scoring,two-stage,gallery,all}")
     sub.add_parser(
-        "scoring", parents=[common, scoring], help="score_matrix throughput vs the per-caption reference loop"
+        "scoring",
+        parents=[common, memory, scoring],
+        help="score_matrix throughput vs the per-caption reference loop",
     )
-    sub.add_parser("two-stage", parents=[common, two_stage], help="two-stage search vs exhaustive")
-    sub.add_parser("all", parents=[common, scoring, two_stage], help="scoring, then two-stage")
+    sub.add_parser("two-stage", parents=[common, memory, two_stage], help="two-stage search vs exhaustive")
+    sub.add_parser(
+        "gallery",
+        parents=[common, gallery],
+        help="exhaustive scoring at gallery shapes (1K x 5K to 100K x 500K) into a memory-mapped matrix",
+    )
+    sub.add_parser("all", parents=[common, memory, scoring, two_stage], help="scoring, then two-stage")
     probe = sub.add_parser("_rss")  # internal: one scoring call in a fresh process (memory.py)
     probe.add_argument("--config", required=True, choices=list(SCORING_CONFIGS))
     probe.add_argument("--images", type=int, required=True)
@@ -141,6 +189,31 @@ def _two_stage(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+# --quick: the tiny gallery shape in blocks small enough that it takes several (explicit flags still win).
+_QUICK_GALLERY = {"shapes": "quick", "block_images": 8, "block_captions": 40}
+
+
+def _gallery(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    """``run_gallery`` of the flags; it checks them all before any work."""
+    from patchword.bench.gallery import run_gallery
+
+    quick = _QUICK_GALLERY if args.quick else {}
+    shapes = args.shapes if args.shapes is not None else quick.get("shapes", "1k,10k,100k")
+    return run_gallery(
+        shapes=[s.strip() for s in shapes.split(",") if s.strip()],
+        config=args.config,
+        device=args.device,
+        max_seconds=args.max_seconds,
+        max_memory_mb=args.max_memory_mb,
+        workdir=args.workdir,
+        keep=args.keep,
+        overwrite=args.force,
+        block_images=args.block_images or quick.get("block_images"),
+        block_captions=args.block_captions or quick.get("block_captions"),
+        command="patchword bench " + shlex.join(argv),
+    )
+
+
 def _write_json(path: Path, results: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(results, indent=2))
 
@@ -155,6 +228,16 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         )
     if args.json is not None and args.json.exists() and not args.force:
         raise RunExistsError(f"{args.json} exists; pass --force to overwrite it")
+    if args.what == "gallery":  # its own JSON shape, which `patchword report` reads
+        from patchword.bench.gallery import format_gallery
+
+        if args.json is not None and not args.json.parent.is_dir():
+            raise MissingFileError(f"--json {args.json}: folder {args.json.parent} does not exist")
+        result = _gallery(args, argv)
+        print(format_gallery(result))
+        if args.json is not None:
+            _write_json(args.json, result)
+        return 0
     results: dict[str, Any] = {"command": "patchword bench " + " ".join(argv)}
     if args.what in ("scoring", "all"):
         results["scoring"] = _scoring(args)
@@ -168,7 +251,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``patchword bench {scoring,two-stage,all} [options]``; 0 on success, 2 on a user error."""
+    """``patchword bench {scoring,two-stage,gallery,all} [options]``; 0 on success, 2 on a user error."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     setup_logging(fmt="%(message)s")
