@@ -14,7 +14,7 @@ import torch
 
 from patchword.errors import ConfigError
 
-__all__ = ["cpu_model", "describe_device", "peak_host_rss_mb", "resolve_device"]
+__all__ = ["cpu_model", "describe_device", "peak_host_rss_mb", "reset_peak_host_rss", "resolve_device"]
 
 _PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
@@ -71,7 +71,23 @@ def describe_device(device: torch.device | str) -> dict[str, Any]:
 
 
 def peak_host_rss_mb() -> float:
-    """The process's peak resident memory so far in MiB (``ru_maxrss``: KiB on Linux, bytes on macOS):
-    a high-water mark of the whole process since it started, not of one call."""
+    """The process's peak resident memory in MiB since :func:`reset_peak_host_rss` last succeeded (Linux:
+    ``VmHWM``), else since the process started (``ru_maxrss``: KiB on Linux, bytes on macOS)."""
+    try:
+        found = re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text())
+        if found:
+            return int(found.group(1)) / 1024
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
+
+
+def reset_peak_host_rss() -> bool:
+    """Start a new peak of :func:`peak_host_rss_mb` from the current resident memory (Linux: ``5`` to
+    ``/proc/self/clear_refs``); False where the system cannot, and the peak stays the process's."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -63,10 +64,25 @@ def test_a_run_records_what_its_evaluation_cost(two_runs):
 
 def test_patchword_eval_records_the_cost_too(two_runs, tmp_path):
     out = tmp_path / "eval.json"
+    resident = _resident_mb()
+    spike = bytearray(400 << 20)  # 400 MiB resident before the evaluation, freed before it starts
+    spike[::4096] = b"x" * len(range(0, len(spike), 4096))
+    del spike
     assert main(["eval", str(two_runs[0]), "--out", str(out), "progress=false"]) == 0
     record = json.loads(out.read_text())
     assert record["cost"]["pairs"] == 8 * 40 and record["cost"]["scoring_seconds"] > 0
     assert record["params_total"] > 0 and record["precision"] == "fp32"
+    if sys.platform == "linux":  # the peak is the evaluation's, not the process's (which saw the spike)
+        assert record["cost"]["peak_host_scope"] == "evaluation"
+        assert record["cost"]["peak_host_rss_mb"] < resident + 300
+
+
+def _resident_mb() -> float:
+    """This process's resident memory now (Linux ``VmRSS``), MiB; 0 elsewhere."""
+    if sys.platform != "linux":
+        return 0.0
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
 
 
 def test_report_csv_round_trips_the_runs_figures(two_runs, tmp_path):
@@ -113,10 +129,10 @@ def test_the_pareto_front_of_a_hand_made_set():
     assert front == {"a": True, "b": False, "c": True, "d": True, "e": True, "f": False}
 
 
-def _entry(label, rsum, seconds, device_name, device="cuda:0", threads=8):
+def _entry(label, rsum, seconds, device_name, device="cuda:0", threads=8, images=1000):
     cost = {"scoring_seconds": seconds, "pairs": GALLERY_PAIRS, "device": device, "device_name": device_name}
     cost |= {"threads": threads, "precision": "fp32"}
-    summary = {"rsum": rsum, "cost": cost}
+    summary = {"rsum": rsum, "cost": cost, "split": "test", "images": images, "captions": 5 * images}
 
     def value(key):
         record = summary
@@ -160,3 +176,30 @@ def test_report_shows_the_bytes_per_image_of_an_index_built_from_a_run(env, two_
     other = tmp_path / "other.md"
     assert main(["report", str(two_runs[0]), "--out", str(other), "--index", str(env.index_dir)]) == 2
     assert not other.exists()
+
+
+def test_an_evaluation_with_only_neutral_overrides_still_describes_the_run(two_runs, tmp_path):
+    from patchword.runs.recorded import evaluation_of
+
+    run = shutil.copytree(two_runs[1], tmp_path / "copy")
+    (run / "summary.json").unlink()  # only eval files describe the run now
+    assert main(["eval", str(run), "progress=false", "eval.max_memory_mb=64"]) == 0
+    record, name = evaluation_of(run, run / "best.pt")
+    assert name == "eval_test.json" and record["overrides"] == ["progress=false", "eval.max_memory_mb=64"]
+    # an override that changes what is measured: that file is not the run's evaluation
+    assert main(["eval", str(run), "--out", str(run / "eval_dev.json"), "eval.split=dev"]) == 0
+    (run / "eval_test.json").unlink()
+    assert evaluation_of(run, run / "best.pt") == ({}, None)
+
+
+def test_rows_measured_on_different_test_galleries_are_never_ranked_against_each_other():
+    # the 12-image gallery's higher rSum says nothing about the 1000-image rows: each is its own front
+    entries = [
+        _entry("big-a", 400, 1.0, "NVIDIA H100"),
+        _entry("big-b", 390, 5.0, "NVIDIA H100"),
+        _entry("tiny", 500, 9.0, "NVIDIA H100", images=12),
+    ]
+    caption, header, rows = cost_rows(entries, {})
+    cells = {row[0]: row[header.index("s / 1K x 5K")] for row in rows}
+    assert cells == {"big-a": "1.00 ★", "big-b": "5.00", "tiny": "9.00 ★"}
+    assert "2 TEST GALLERIES (test 1000 x 5000, test 12 x 60)" in caption and "MACHINES" not in caption

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from patchword.data.pipeline import EncodedSplit, SelectedImages
-from patchword.device import describe_device, peak_host_rss_mb
+from patchword.device import describe_device, peak_host_rss_mb, reset_peak_host_rss
 from patchword.distributed import Distributed
 from patchword.eval.config import EvalConfig
 from patchword.eval.engine import score_matrix
@@ -218,6 +218,7 @@ def evaluate(
     timings: dict[str, float] = {}
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    host_scope = "evaluation" if reset_peak_host_rss() else "process"
     start = time.perf_counter()
     if plan is None:
         sims = score_split(
@@ -242,6 +243,7 @@ def evaluate(
     if not timings:  # a two-stage search: encoding and both stages together
         timings = {"search_seconds": time.perf_counter() - start}
     metrics["cost"] = evaluation_cost(timings, device, eval_cfg, dist.world_size, exhaustive=plan is None)
+    metrics["cost"]["peak_host_scope"] = host_scope
     if return_sims:
         metrics["sims"] = sims
     return metrics
@@ -254,8 +256,9 @@ def evaluation_cost(
 
     ``scoring_seconds`` is the exhaustive matrix alone (inputs encoded, result on the host), of this
     process's rows under several processes; ``pairs_per_s`` its rate; ``peak_device_mb`` the most CUDA
-    memory allocated during the evaluation (None elsewhere); ``peak_host_rss_mb`` the process's high-water
-    mark since it started (it includes whatever ran before, training too).
+    memory allocated during the evaluation (None elsewhere); ``peak_host_rss_mb`` the process's resident
+    high-water mark during the evaluation where the system can reset it (Linux), else since the process
+    started (``peak_host_scope``: "evaluation" or "process", set by :func:`evaluate`).
     """
     device = torch.device(device)
     cost: dict[str, Any] = {"exhaustive": exhaustive, **timings}

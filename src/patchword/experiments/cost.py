@@ -94,12 +94,22 @@ def pareto_front(points: list[tuple[float, float]]) -> list[bool]:
     return on
 
 
+def gallery_of(entry) -> str:
+    """The test gallery a row's rSum was measured on (rSum is comparable only on one): split and size."""
+    return f"{entry.first('split') or '?'} {entry.first('images') or '?'} x {entry.first('captions') or '?'}"
+
+
+def _group(entry) -> str:
+    """Rows ranked against each other: one machine (times) and one test gallery (rSum)."""
+    return f"{machine_of(entry)}; {gallery_of(entry)}"
+
+
 def _fronts(entries) -> dict[str, bool]:
-    """label -> on the Pareto front of rSum vs 1K x 5K seconds among the rows of its machine."""
+    """label -> on the Pareto front of rSum vs 1K x 5K seconds among the rows of its machine and gallery."""
     groups: dict[str, list] = {}
     for entry in entries:
         if entry.value("rsum") and seconds_per_gallery(entry) and machine_of(entry) != "unknown":
-            groups.setdefault(machine_of(entry), []).append(entry)
+            groups.setdefault(_group(entry), []).append(entry)
     front = {}
     for members in groups.values():
         points = [(e.value("rsum")[0], seconds_per_gallery(e)[0]) for e in members]
@@ -122,10 +132,25 @@ def _fmt(value: tuple[float, float] | None, n: int, digits: int = 1) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}" if n > 1 else f"{mean:.{digits}f}"
 
 
+def _host_scope(entry) -> str:
+    """ " (process)" where a row's peak host memory is the process's since it started (a system that
+    cannot reset it, or an evaluation recorded before it could)."""
+    scopes = {
+        s.get("cost", {}).get("peak_host_scope") for s in entry.summaries if isinstance(s.get("cost"), dict)
+    }
+    return "" if not scopes or scopes == {"evaluation"} else " (process)"
+
+
+def _scaled_up(entry) -> bool:
+    cost = entry.first("cost")
+    return isinstance(cost, dict) and bool(cost.get("pairs")) and cost["pairs"] < GALLERY_PAIRS
+
+
 def cost_rows(entries, index_sizes: dict[str, float]) -> tuple[str, list[str], list[list[str]]]:
     """The cost table: (caption, header, rows)."""
     front = _fronts(entries)
     machines = {machine_of(e) for e in entries} - {"unknown"}
+    galleries = {gallery_of(e) for e in entries if machine_of(e) != "unknown"}
     rows = []
     for e in entries:
         n = len(e.runs)
@@ -137,10 +162,10 @@ def cost_rows(entries, index_sizes: dict[str, float]) -> tuple[str, list[str], l
             [
                 e.label,
                 _fmt(e.value("rsum"), n),
-                _fmt(gallery, n, 2) + (f" {mark}" if mark else ""),
+                _fmt(gallery, n, 2) + (" †" if _scaled_up(e) else "") + (f" {mark}" if mark else ""),
                 _fmt(e.value("cost.pairs_per_s"), n, 0),
                 _fmt(e.value("cost.peak_device_mb"), n, 0),
-                _fmt(e.value("cost.peak_host_rss_mb"), n, 0),
+                _fmt(e.value("cost.peak_host_rss_mb"), n, 0) + _host_scope(e),
                 f"{params[0] / 1e6:.2f} / {trainable[0] / 1e6:.2f}" if params and trainable else "",
                 _fmt(e.value("train_seconds"), n, 0),
                 _fmt(e.value("train_steps_per_s"), n, 2),
@@ -151,13 +176,19 @@ def cost_rows(entries, index_sizes: dict[str, float]) -> tuple[str, list[str], l
         )
     caption = (
         "Cost (s / 1K x 5K: the exhaustive matrix's scoring time scaled to 1000 images x 5000 captions; "
-        "★ on the Pareto front of rSum against it among the rows of one machine; peak host memory is the "
-        "process's high-water mark)"
+        "† scaled up from a smaller gallery, where fixed costs weigh more; ★ on the Pareto front of rSum "
+        "against it among the rows of one machine and one test gallery; peak host memory: the resident "
+        "high-water mark during the evaluation, or since the process started where marked (process))"
     )
     if len(machines) > 1:
         caption += (
             f"; {len(machines)} MACHINES: times measured on different devices or CPUs are not comparable, "
             "each row is ranked only against the rows of its own machine"
+        )
+    if len(galleries) > 1:
+        caption += (
+            f"; {len(galleries)} TEST GALLERIES ({', '.join(sorted(galleries))}): rSum depends on the "
+            "gallery, each row is ranked only against the rows measured on its own"
         )
     header = [
         "run",
@@ -191,8 +222,8 @@ def csv_text(entries) -> str:
 
 
 def plot_accuracy_cost(entries, out: Path) -> Path | None:
-    """rSum against 1K x 5K scoring seconds (log scale), one point per row, one marker per machine, the
-    Pareto front of each machine drawn as a step line; None without matplotlib or without two points."""
+    """rSum against 1K x 5K scoring seconds (log scale), one point per row, one marker per machine and test
+    gallery, the Pareto front of each drawn as a step line; None without matplotlib or without a point."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
@@ -206,11 +237,11 @@ def plot_accuracy_cost(entries, out: Path) -> Path | None:
     fig = Figure(figsize=(6, 4))
     ax = fig.add_subplot(1, 1, 1)
     markers = "os^Dv<>p"
-    for m, machine in enumerate(sorted({machine_of(e) for e in placed})):
-        members = [e for e in placed if machine_of(e) == machine]
+    for m, group in enumerate(sorted({_group(e) for e in placed})):
+        members = [e for e in placed if _group(e) == group]
         xs = [seconds_per_gallery(e)[0] for e in members]
         ys = [e.value("rsum")[0] for e in members]
-        ax.scatter(xs, ys, marker=markers[m % len(markers)], label=machine)
+        ax.scatter(xs, ys, marker=markers[m % len(markers)], label=group)
         for e, x, y in zip(members, xs, ys, strict=True):
             ax.annotate(e.label, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
         best = sorted((x, y) for e, x, y in zip(members, xs, ys, strict=True) if front[e.label])

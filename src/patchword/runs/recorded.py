@@ -16,7 +16,7 @@ from patchword.readers import read_json
 from patchword.runs.files import BEST_CHECKPOINT, CONFIG_FILE, LAST_CHECKPOINT, SUMMARY_FILE
 from patchword.runs.load import config_hash
 
-__all__ = ["evaluation_of"]
+__all__ = ["NEUTRAL_OVERRIDES", "evaluation_of"]
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -26,13 +26,20 @@ def _read(path: Path) -> dict[str, Any] | None:
     )
 
 
+#: Overrides of ``patchword eval`` after which its file still describes the run as configured: the
+#: progress bar, where the data cache lives, loader workers, the scoring engine's memory budget (block
+#: sizes: the engine is exact whatever they are).
+NEUTRAL_OVERRIDES = frozenset({"progress", "data.cache_dir", "data.num_workers", "eval.max_memory_mb"})
+
+
 def evaluation_of(
     run_dir: str | Path, checkpoint: str | Path, split: str | None = None
 ) -> tuple[dict, str | None]:
     """The recorded evaluation of ``checkpoint`` (a file of ``run_dir``) and the file it came from.
 
     Candidates, newest first: ``eval_*.json`` of that checkpoint (by file name), made with the run's current
-    ``config.yaml`` (config hash), without overrides, not an ensemble, and not older than the checkpoint
+    ``config.yaml`` (config hash), without overrides but those of :data:`NEUTRAL_OVERRIDES` (they change
+    how the evaluation runs, not what it measures), not an ensemble, and not older than the checkpoint
     file; those of ``split`` (e.g. the run's ``eval.split``) before others. Then ``summary.json`` when the
     checkpoint is the one training evaluated (``best.pt``, or ``last.pt`` in a run without one) and the
     summary is not older than it. ``({}, None)`` when none describes it.
@@ -48,7 +55,7 @@ def evaluation_of(
         if (
             record is None
             or "ensemble" in record
-            or record.get("overrides")
+            or any(str(o).split("=", 1)[0] not in NEUTRAL_OVERRIDES for o in record.get("overrides") or [])
             or Path(str(record.get("checkpoint", ""))).name != checkpoint.name
             or record.get("config_hash") != current
             or path.stat().st_mtime < written
