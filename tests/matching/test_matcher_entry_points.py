@@ -9,51 +9,33 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from conftest import TINY_MODEL_32
 
-TOY = """
-from dataclasses import dataclass
 
-from torch import nn
-
-from patchword.matching import Matcher, MatcherOutput, register_matcher
-from patchword.matching.ops import l2norm, masked_mean
-
-
-@dataclass
-class ToyConfig:
-    embed_dim: int = 32
-    num_patches: int = 16
-    has_cls: bool = True
-    scale: float = 1.0
-
-
-@register_matcher("toy-entry-point", ToyConfig, report=("scale",))
-class ToyMatcher(Matcher):
-    consumes_dense = False
-
-    def __init__(self, config):
-        super().__init__()
-        self.config, self.embed_dim, self.has_cls = config, config.embed_dim, config.has_cls
-        self.word_map = nn.Linear(config.embed_dim, config.embed_dim)
-
-    def forward(self, img_tokens, cap_tokens, cap_lens, dense_tokens=None, dense_lens=None):
-        lens = self.validate_text(cap_tokens, cap_lens)
-        img = l2norm(img_tokens[:, int(self.has_cls) :].mean(1))
-        txt = l2norm(masked_mean(self.word_map(cap_tokens), lens))
-        return MatcherOutput(sims=self.config.scale * img @ txt.T)
-"""
+def _toy_source() -> str:
+    """The toy matcher of test_plugin_matcher.py (its imports, config and class), registered under another
+    name: the same plug-in, shipped as a distribution instead of defined in the test."""
+    text = (Path(__file__).parent / "test_plugin_matcher.py").read_text()
+    imports = [
+        line
+        for line in text.splitlines()
+        if line.startswith(("from dataclasses", "from torch", "from patchword.matching"))
+    ]
+    body = text[text.index("@dataclass\nclass ToyConfig") : text.index("\n\nTINY = [")]
+    assert '@register_matcher("toy-dot", ToyConfig, report=("flavour",))' in body
+    body = body.replace('@register_matcher("toy-dot", ToyConfig, report=("flavour",))',
+                        '@register_matcher("toy-entry-point", ToyConfig, report=("scale",))')  # fmt: skip
+    return "\n".join(["from __future__ import annotations", *imports, "", body, ""])
 
 
 def _install_toy_distribution(site: Path) -> None:
     """What ``pip install`` leaves for a distribution with one module and two entry points (one broken)."""
     site.mkdir(parents=True, exist_ok=True)
-    (site / "toy_entry_point_matcher.py").write_text(textwrap.dedent(TOY))
+    (site / "toy_entry_point_matcher.py").write_text(_toy_source())
     info = site / "toy_entry_point_matcher-0.1.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-entry-point-matcher\nVersion: 0.1\n")

@@ -101,12 +101,8 @@ def _parser() -> argparse.ArgumentParser:
         help=f"the matcher config scored (default seps-code-image; one of {', '.join(SCORING_CONFIGS)})",
     )
     gallery.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
-    gallery.add_argument(
-        "--max-seconds",
-        type=float,
-        default=600.0,
-        help="wall-clock budget (600); a shape predicted to end past it is extrapolated from its first block",
-    )
+    # a shape predicted to end past the budget stops after its first block and is extrapolated (marked)
+    gallery.add_argument("--max-seconds", type=float, default=600.0, help="wall-clock budget (default 600)")
     gallery.add_argument(
         "--max-memory-mb",
         type=float,

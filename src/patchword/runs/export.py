@@ -22,15 +22,7 @@ from safetensors.torch import save
 
 from patchword.errors import RunExistsError
 from patchword.fileio import atomic_write_bytes, atomic_write_text, probe_writable, staging_dir
-from patchword.imports.published import (
-    DATASETS,
-    METRIC_KEYS,
-    caveats,
-    compare_rows,
-    imported_model,
-    measured_metrics,
-    published_results,
-)
+from patchword.imports import published as published_table
 from patchword.matching import matcher_spec
 from patchword.model import matcher_arguments
 from patchword.readers import read_json
@@ -222,12 +214,19 @@ def _published_section(
     result of its method, backbone and dataset (:func:`patchword.imports.published.published_results`)
     beside the run's recorded evaluation of the exported checkpoint (``metrics``), with source, protocol
     and notes."""
-    model = imported_model(imported)
+    model = published_table.imported_model(imported)
     if model is None:
         return []
-    datasets = " and ".join(DATASETS[d] for d in model.datasets) or "no dataset patchword's table knows"
+    datasets = (
+        " and ".join(published_table.DATASETS[d] for d in model.datasets)
+        or "no dataset patchword's table knows"
+    )
     lines = ["", "## Published vs measured here", ""]
-    rows = [row for d in model.datasets for row in published_results(model.family, model.backbone, d)]
+    rows = [
+        row
+        for d in model.datasets
+        for row in published_table.published_results(model.family, model.backbone, d)
+    ]
     if not rows:
         return lines + [
             f"patchword's table of published results has no row for the official `{model.family}` code with "
@@ -252,9 +251,11 @@ def _published_section(
             "the run (`patchword eval RUN` measures it; then export again)."
         )
     for published in rows:
-        measured = measured_metrics(metrics, published.dataset)
-        compared = compare_rows(published, measured)
-        title = DATASETS[published.dataset] + (f", {published.variant}" if published.variant else "")
+        measured = published_table.measured_metrics(metrics, published.dataset)
+        compared = published_table.compare_rows(published, measured)
+        title = published_table.DATASETS[published.dataset] + (
+            f", {published.variant}" if published.variant else ""
+        )
         lines += [
             "",
             f"**{title}**",
@@ -268,11 +269,11 @@ def _published_section(
                 if name == "measured here":
                     lines.append("| measured here | not measured here yet |" + " |" * (len(_COLUMNS) - 1))
                 continue
-            values = [_cell(row[key], signed=name == "difference") for key in METRIC_KEYS]
+            values = [_cell(row[key], signed=name == "difference") for key in published_table.METRIC_KEYS]
             lines.append(f"| {name} | " + " | ".join(values) + " |")
         lines += ["", f"* source: {published.source}", f"* protocol: {published.protocol}"]
         if published.note:
             lines.append(f"* note: {published.note}")
         if measured:
-            lines += [f"* caveat: {text}" for text in caveats(published, metrics)]
+            lines += [f"* caveat: {text}" for text in published_table.caveats(published, metrics)]
     return lines
