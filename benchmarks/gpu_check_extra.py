@@ -126,7 +126,7 @@ def step_eval_tf32(args, budget, partial, say, child_env) -> dict:
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
             return {"status": "failed", "tail": tail, "summary": f"eval {precision}: exit {proc.returncode}"}
         metrics = json.loads(out.read_text())
-        keep = ("rsum", "i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "precision")
+        keep = ("rsum", "i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "eval_precision")
         results[precision] = {k: metrics.get(k) for k in keep} | {"seconds": seconds}
         say(f"eval_tf32 {precision}: rSum {metrics.get('rsum'):.2f} ({seconds} s with start-up and data)")
         partial({"results": results})

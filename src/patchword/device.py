@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import platform
 import re
-import resource
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -48,10 +48,27 @@ def resolve_device(spec: str | torch.device, key: str = "device") -> torch.devic
 
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo`` on Linux, else what ``platform`` knows)."""
+    if sys.platform == "darwin":  # platform.processor() says only "arm" or "i386"
+        try:
+            name = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5
+            ).stdout.strip()
+            if name:
+                return name
+        except (OSError, subprocess.SubprocessError):
+            pass
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        fields = dict(
+            (key.strip(), value.strip())
+            for key, _, value in (
+                line.partition(":") for line in Path("/proc/cpuinfo").read_text().splitlines()
+            )
+        )
+        if fields.get("model name"):
+            return fields["model name"]
+        if fields.get("CPU part"):  # Arm Linux names no model: implementer and part tell the core apart
+            implementer = fields.get("CPU implementer", "?")
+            return f"{platform.machine()} (implementer {implementer}, part {fields['CPU part']})"
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
@@ -65,20 +82,25 @@ def describe_device(device: torch.device | str) -> dict[str, Any]:
     name = cpu
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-    elif device.type != "cpu":
-        name = device.type
+    elif device.type != "cpu":  # mps and others: the chip is the host's (Apple silicon)
+        name = f"{device.type} ({cpu})"
     return {"device": str(device), "device_name": name, "cpu": cpu, "threads": torch.get_num_threads()}
 
 
-def peak_host_rss_mb() -> float:
+def peak_host_rss_mb() -> float | None:
     """The process's peak resident memory in MiB since :func:`reset_peak_host_rss` last succeeded (Linux:
-    ``VmHWM``), else since the process started (``ru_maxrss``: KiB on Linux, bytes on macOS)."""
+    ``VmHWM``), else since the process started (``ru_maxrss``: KiB on Linux, bytes on macOS); None where
+    the system says neither (Windows)."""
     try:
         found = re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text())
         if found:
             return int(found.group(1)) / 1024
     except OSError:
         pass
+    try:
+        import resource  # Unix only: Windows has neither /proc nor this
+    except ImportError:
+        return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
 

@@ -27,6 +27,7 @@ ROW_KEYS = {
     "seconds",
     "pairs_per_s",
     "peak_host_mb",
+    "peak_host_scope",
     "peak_device_mb",
     "extrapolated",
 }

@@ -71,7 +71,7 @@ def test_patchword_eval_records_the_cost_too(two_runs, tmp_path):
     assert main(["eval", str(two_runs[0]), "--out", str(out), "progress=false"]) == 0
     record = json.loads(out.read_text())
     assert record["cost"]["pairs"] == 8 * 40 and record["cost"]["scoring_seconds"] > 0
-    assert record["params_total"] > 0 and record["precision"] == "fp32"
+    assert record["params_total"] > 0 and record["eval_precision"] == "fp32"
     if sys.platform == "linux":  # the peak is the evaluation's, not the process's (which saw the spike)
         assert record["cost"]["peak_host_scope"] == "evaluation"
         assert record["cost"]["peak_host_rss_mb"] < resident + 300
@@ -203,3 +203,43 @@ def test_rows_measured_on_different_test_galleries_are_never_ranked_against_each
     cells = {row[0]: row[header.index("s / 1K x 5K")] for row in rows}
     assert cells == {"big-a": "1.00 ★", "big-b": "5.00", "tiny": "9.00 ★"}
     assert "2 TEST GALLERIES (test 1000 x 5000, test 12 x 60)" in caption and "MACHINES" not in caption
+
+
+def test_report_refuses_a_json_that_is_not_a_gallery_benchmark(two_runs, tmp_path, capsys):
+    wrong = tmp_path / "scoring.json"
+    wrong.write_text(json.dumps({"kind": "scoring", "rows": []}))
+    broken = tmp_path / "gallery.json"
+    broken.write_text(json.dumps({"kind": "gallery", "rows": [{"images": 1000, "captions": 5000}]}))
+    for path, message in ((wrong, "not a `patchword bench gallery --json` file"), (broken, "row 1 lacks")):
+        out = tmp_path / f"{path.stem}.md"
+        assert main(["report", str(two_runs[0]), "--out", str(out), "--gallery", str(path)]) == 2
+        line = capsys.readouterr().err.strip()
+        assert line.startswith("error: ") and str(path) in line and message in line and "\n" not in line
+        assert not out.exists()
+    out = tmp_path / "r.md"
+    assert (
+        main(["report", str(two_runs[0]), "--out", str(out), "--csv", str(tmp_path / "nowhere" / "r.csv")])
+        == 2
+    )
+    assert "--csv" in capsys.readouterr().err
+
+
+def test_cost_of_a_several_process_evaluation_counts_the_whole_matrix():
+    from patchword.eval.config import EvalConfig
+    from patchword.eval.protocol import evaluation_cost
+
+    timings = {
+        "encode_seconds": 1.0,
+        "scoring_seconds": 2.0,
+        "pairs": 2_500_000,
+        "gallery_pairs": GALLERY_PAIRS,
+    }
+    cost = evaluation_cost(timings, "cpu", EvalConfig(), 2, exhaustive=True)
+    assert (cost["pairs"], cost["pairs_this_process"], cost["pairs_per_s"]) == (
+        GALLERY_PAIRS,
+        2_500_000,
+        2.5e6,
+    )
+    entry = _entry("two", 400, 2.0, "NVIDIA H100")
+    entry.summaries[0]["cost"]["world_size"] = 2
+    assert machine_of(entry) == "NVIDIA H100, 2 processes"

@@ -105,6 +105,10 @@ def test_pretrain_trains_the_steps_asked_and_exports_the_encoders(pretrained):
     again = global_recall(shipped, prepare_data(shipped.data, roles=["test"]))
     assert list(meta["test_global"]) == KEYS and meta["test_global"] == again
     assert meta["test_global"]["rsum"] == pytest.approx(sum(again[k] for k in KEYS[:-1]))
+    # a run set up for TF32 on a GPU (eval.precision=tf32) still gets its global recall, in float32 on
+    # the CPU: the recipe's helpers score another matcher on another device than the run's
+    tf32_run = apply_overrides(shipped, ["eval.precision=tf32"])
+    assert global_recall(tf32_run, prepare_data(shipped.data, roles=["test"])) == again
 
 
 def test_a_second_pretrain_into_the_same_folder_refuses_then_re_exports_with_force(pretrained, capsys):

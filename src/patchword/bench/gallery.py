@@ -37,7 +37,7 @@ from patchword.bench.inputs import (
     stand_in_lengths,
 )
 from patchword.bench.machine import load_average, machine_description
-from patchword.device import describe_device, peak_host_rss_mb, resolve_device
+from patchword.device import describe_device, peak_host_rss_mb, reset_peak_host_rss, resolve_device
 from patchword.errors import ConfigError, MissingFileError, RunExistsError
 
 __all__ = [
@@ -233,6 +233,7 @@ def _score_shape(job: _Job, shape: str, folder: Path, deadline: float) -> dict[s
     n_img = GALLERY_SHAPES[shape]
     n_txt = n_img * CAPTIONS_PER_IMAGE
     pairs = n_img * n_txt
+    host_scope = "shape" if reset_peak_host_rss() else "process"  # the shape's own peak (Linux)
     tokens = GalleryTokens(n_img, seed=job.seed, device=job.device)
     path = matrix_path(folder, shape)
     with open(path, "wb") as fh:  # a sparse file: only the blocks scored take disk space
@@ -283,6 +284,7 @@ def _score_shape(job: _Job, shape: str, folder: Path, deadline: float) -> dict[s
         "seconds": pairs / rate if extrapolated else score_s,
         "pairs_per_s": rate,
         "peak_host_mb": peak_host_rss_mb(),
+        "peak_host_scope": host_scope,
         "peak_device_mb": torch.cuda.max_memory_allocated(job.device) / (1 << 20) if cuda else None,
         "extrapolated": extrapolated,
     }
@@ -381,7 +383,8 @@ def format_gallery(result: dict[str, Any]) -> str:
     where = machine.get("device_name", result["device"])
     lines = [
         f"Gallery scale: {result['config']} on {result['device']} ({where}, {machine['torch_threads']} torch "
-        f"threads, torch {machine['torch']}); peak host = the process's peak RSS so far.",
+        f"threads, torch {machine['torch']}); peak host = the resident peak of each shape (Linux), "
+        "else the process's so far.",
         "",
         "| shape | images | captions | pairs | seconds | pairs/s | peak host MiB | peak device MiB "
         "| budget MiB |",

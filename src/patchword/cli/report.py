@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> None:
     check_output_file(args.out, args.force)
     check_output_file(args.out.with_suffix(".html"), args.force)
     if args.csv is not None:
-        check_output_file(args.csv, args.force)
+        check_output_file(args.csv, args.force, flag="--csv")
     for index in args.index:
         if not (index / "manifest.json").is_file():
             raise MissingFileError(f"--index {index}: not a search index (no manifest.json)")

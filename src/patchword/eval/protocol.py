@@ -240,8 +240,10 @@ def evaluate(
             if metrics is not None:
                 metrics.update({f"coco1k_{key}": sum(f[key] for f in folds) / len(folds) for key in folds[0]})
     metrics = dist.broadcast_object(metrics)
-    if not timings:  # a two-stage search: encoding and both stages together
+    if not timings:  # a two-stage search: encoding and both stages (and the COCO 1K folds) together
         timings = {"search_seconds": time.perf_counter() - start}
+    else:
+        timings["gallery_pairs"] = split.num_images * split.num_captions
     metrics["cost"] = evaluation_cost(timings, device, eval_cfg, dist.world_size, exhaustive=plan is None)
     metrics["cost"]["peak_host_scope"] = host_scope
     if return_sims:
@@ -254,21 +256,28 @@ def evaluation_cost(
 ) -> dict[str, Any]:
     """What an evaluation cost and where it ran (the ``"cost"`` entry of its metrics).
 
-    ``scoring_seconds`` is the exhaustive matrix alone (inputs encoded, result on the host), of this
-    process's rows under several processes; ``pairs_per_s`` its rate; ``peak_device_mb`` the most CUDA
+    ``scoring_seconds`` is the exhaustive matrix alone (inputs encoded, result on the host): the wall time
+    of this process's rows, which under several processes run side by side; ``pairs`` the whole matrix's
+    (``pairs_this_process`` this process's share) and ``pairs_per_s`` the whole matrix over that time (all
+    ``world_size`` processes together); ``peak_device_mb`` the most CUDA
     memory allocated during the evaluation (None elsewhere); ``peak_host_rss_mb`` the process's resident
     high-water mark during the evaluation where the system can reset it (Linux), else since the process
     started (``peak_host_scope``: "evaluation" or "process", set by :func:`evaluate`).
     """
     device = torch.device(device)
-    cost: dict[str, Any] = {"exhaustive": exhaustive, **timings}
+    cost: dict[str, Any] = {
+        "exhaustive": exhaustive,
+        **{k: v for k, v in timings.items() if k != "gallery_pairs"},
+    }
     if timings.get("scoring_seconds"):
-        cost["pairs"] = int(timings["pairs"])
-        cost["pairs_per_s"] = timings["pairs"] / timings["scoring_seconds"]
+        cost["pairs_this_process"] = int(cost.pop("pairs"))
+        cost["pairs"] = int(timings.get("gallery_pairs", timings["pairs"]))
+        cost["pairs_per_s"] = cost["pairs"] / timings["scoring_seconds"]
     cost["peak_device_mb"] = (
         round(torch.cuda.max_memory_allocated(device) / (1 << 20), 1) if device.type == "cuda" else None
     )
-    cost["peak_host_rss_mb"] = round(peak_host_rss_mb(), 1)
+    peak = peak_host_rss_mb()
+    cost["peak_host_rss_mb"] = None if peak is None else round(peak, 1)
     cost.update(describe_device(device))
     cost.update(world_size=world_size, precision=eval_cfg.precision)
     cost["max_memory_mb"] = configured_budget_mb(eval_cfg.max_memory_mb, device)

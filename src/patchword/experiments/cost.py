@@ -17,6 +17,7 @@ import io
 import math
 from pathlib import Path
 
+from patchword.errors import DataError
 from patchword.eval.metrics import RECALL_KEYS
 from patchword.readers import read_json
 
@@ -55,15 +56,18 @@ CSV_KEYS = (
 
 
 def machine_of(entry) -> str:
-    """Where a row's times were measured: the device's name (a GPU's, or the CPU model) and, on a CPU, the
-    thread count; "unknown" for an evaluation that recorded no cost (written before it was recorded)."""
+    """Where a row's times were measured: the device's name (a GPU's, or the CPU model), on a CPU the thread
+    count, and the number of processes when several shared the evaluation; "unknown" for an evaluation that
+    recorded no cost (written before it was recorded)."""
     name = entry.first("cost")
     if not isinstance(name, dict) or not name.get("device_name"):
         return "unknown"
+    processes = name.get("world_size") or 1
+    several = f", {processes} processes" if processes > 1 else ""
     if str(name.get("device", "cpu")).startswith("cpu"):
         threads = name.get("threads", "?")
-        return f"{name['device_name']}, {threads} thread{'' if threads == 1 else 's'}"
-    return str(name["device_name"])
+        return f"{name['device_name']}, {threads} thread{'' if threads == 1 else 's'}{several}"
+    return str(name["device_name"]) + several
 
 
 def seconds_per_gallery(entry) -> tuple[float, float] | None:
@@ -259,10 +263,19 @@ def gallery_rows(path: Path) -> tuple[str, list[str], list[list[str]]]:
     """The table of a ``patchword bench gallery --json`` file: (caption, header, rows); extrapolated
     rows say so."""
     record = read_json(path, "gallery benchmark", expect=dict)
+    needed = ("images", "captions", "seconds", "pairs_per_s", "peak_host_mb", "extrapolated")
+    if record.get("kind") != "gallery" or not isinstance(record.get("rows"), list):
+        raise DataError(f"{path}: not a `patchword bench gallery --json` file (kind {record.get('kind')!r})")
+    for i, r in enumerate(record["rows"], start=1):
+        missing = [k for k in needed if not isinstance(r, dict) or k not in r]
+        if missing:
+            raise DataError(f"{path}: row {i} lacks {', '.join(missing)}")
     rows = []
     for r in record.get("rows", []):
         measured = (
-            "extrapolated from {:,} pairs".format(r["pairs_scored"]) if r.get("extrapolated") else "measured"
+            "extrapolated from {:,} pairs".format(r.get("pairs_scored", 0))
+            if r["extrapolated"]
+            else "measured"
         )
         peak = r.get("peak_device_mb")
         rows.append(
@@ -270,7 +283,10 @@ def gallery_rows(path: Path) -> tuple[str, list[str], list[list[str]]]:
                 f"{r['images']:,} x {r['captions']:,}",
                 f"{r['seconds']:.1f}",
                 f"{r['pairs_per_s']:,.0f}",
-                f"{r['peak_host_mb']:,.0f}",
+                ""
+                if r["peak_host_mb"] is None
+                else f"{r['peak_host_mb']:,.0f}"
+                + ("" if r.get("peak_host_scope") == "shape" else " (process)"),
                 "" if peak is None else f"{peak:,.0f}",
                 measured,
             ]

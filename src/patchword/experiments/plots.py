@@ -3,6 +3,7 @@ word of the caption looked (application code: matplotlib is the optional ``plots
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -87,7 +88,9 @@ def plot_retrievals(
 
     model, device = run.model, run.device
     split = split.first_images(gallery)
-    sims = score_split(model, split, run.config.eval, device=device, progress=False)
+    # the figure's scores in float32 wherever the run is loaded (tf32 exists on CUDA only)
+    eval_cfg = dataclasses.replace(run.config.eval, precision="fp32")
+    sims = score_split(model, split, eval_cfg, device=device, progress=False)
     queries = np.linspace(0, split.num_captions - 1, n_queries).round().astype(int)
     side = int(round(model.image_encoder.num_patches**0.5))
     name_of = token_namer(run.tokenizer)

@@ -285,7 +285,7 @@ def _published_table(entries: list[Entry]) -> Table | None:
     rows, notes = [], []
     for e in entries:
         model = imported_model(_json(e.runs[0] / IMPORT_FILE))
-        if model is None:
+        if model is None or not model.backbone:  # an unknown backbone matches no published row
             continue
         for dataset in model.datasets:
             for published in published_results(model.family, model.backbone, dataset):
@@ -350,7 +350,9 @@ def _index_sizes(entries: list[Entry], indexes: tuple[Path, ...]) -> dict[str, f
     sizes = {}
     for index in indexes:
         run, per_image = index_bytes_per_image(index)
-        owner = next((e for e in entries if run and Path(run).resolve() == e.runs[0].resolve()), None)
+        owner = next(
+            (e for e in entries if run and any(Path(run).resolve() == r.resolve() for r in e.runs)), None
+        )
         if owner is None:
             raise DataError(
                 f"{index}: built from the run {run or '(none recorded)'}, which is not in the report"

@@ -49,7 +49,8 @@ def global_recall(cfg: RunConfig, data) -> dict[str, float]:
     from patchword.eval.protocol import evaluate
     from patchword.model import build_model
 
-    vse = apply_overrides(cfg, ["model.matcher=vse"])
+    # on the CPU in float32: the run's eval.precision (tf32) is its own matcher's, on its device
+    vse = apply_overrides(cfg, ["model.matcher=vse", "eval.precision=fp32"])
     model = build_model(vse.model, vocab_size=data.vocab_size)
     metrics = evaluate(model, data.splits["test"], vse.eval, progress=False)
     return {k: metrics[k] for k in KEYS}
@@ -89,7 +90,7 @@ def pretraining_recall(cfg: RunConfig, data) -> dict[str, Any] | None:
         return None
     section = matcher_spec(trained.matcher).section
     options = getattr(trained, section, None)
-    overrides = [f"model.matcher={trained.matcher}"]
+    overrides = [f"model.matcher={trained.matcher}", "eval.precision=fp32"]  # scored on the CPU
     if dataclasses.is_dataclass(options):
         overrides += [
             f"model.{section}.{f.name}={getattr(options, f.name)!r}" for f in dataclasses.fields(options)

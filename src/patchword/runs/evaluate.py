@@ -48,7 +48,7 @@ def run_metadata(cfg: RunConfig, model: RetrievalModel, role: str, split) -> dic
         **{key: options.get(key) for key in matcher_spec(cfg.model.matcher).report},
         "dense_pairing": matcher.dense_pairing if matcher.consumes_dense else None,
         "leaky": bool(cfg.data.dense and matcher.leaky),
-        "precision": cfg.eval.precision,  # of the scoring engine's products: "tf32" is not exact
+        "eval_precision": cfg.eval.precision,  # the scoring engine's products ("tf32" is not exact)
         "params_total": sum(p.numel() for p in model.parameters()),
         # what fine-tuning updates (frozen embeddings excluded), as the model is built from the config
         "params_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
@@ -153,7 +153,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
     out = out or run_dir / (f"eval_{role}_ensemble.json" if len(members) > 1 else f"eval_{role}.json")
     _check_output(out, force)
     for member_dir, member_ckpt in members:
-        read_run_config(member_dir, overrides)
+        check_eval_precision(read_run_config(member_dir, overrides), dist.device)
         resolve_checkpoint(member_dir, member_ckpt)
     device = dist.device
 

@@ -224,7 +224,7 @@ def _published_section(
     lines = ["", "## Published vs measured here", ""]
     rows = [
         row
-        for d in model.datasets
+        for d in (model.datasets if model.backbone else ())  # an unknown backbone matches no row
         for row in published_table.published_results(model.family, model.backbone, d)
     ]
     if not rows:
