@@ -356,28 +356,15 @@ def _free_memory() -> None:
             torch.cuda.empty_cache()
 
 
-def step_tf32(args, budget: Budget, partial) -> dict:
-    import gpu_check_extra
+def _extra(name: str):
+    """Step ``name`` of gpu_check_extra.py, imported when it runs."""
 
-    return gpu_check_extra.step_tf32(args, budget, partial, say)
+    def step(args, budget: Budget, partial) -> dict:
+        import gpu_check_extra
 
+        return getattr(gpu_check_extra, f"step_{name}")(args, budget, partial, say, _child_env)
 
-def step_eval_tf32(args, budget: Budget, partial) -> dict:
-    import gpu_check_extra
-
-    return gpu_check_extra.step_eval_tf32(args, budget, partial, say, _child_env)
-
-
-def step_train_profile(args, budget: Budget, partial) -> dict:
-    import gpu_check_extra
-
-    return gpu_check_extra.step_train_profile(args, budget, partial, say)
-
-
-def step_train_compile(args, budget: Budget, partial) -> dict:
-    import gpu_check_extra
-
-    return gpu_check_extra.step_train_compile(args, budget, partial, say, _child_env)
+    return step
 
 
 STEPS = {
@@ -387,10 +374,7 @@ STEPS = {
     "train": step_train,
     "demo": step_demo,
     "profile": step_profile,
-    "tf32": step_tf32,
-    "eval_tf32": step_eval_tf32,
-    "train_profile": step_train_profile,
-    "train_compile": step_train_compile,
+    **{name: _extra(name) for name in ("tf32", "eval_tf32", "train_profile", "train_compile")},
 }
 
 

@@ -1,4 +1,5 @@
-"""Steps of ``benchmarks/gpu_check.py`` beyond the default run (``--steps ...`` names them):
+"""Steps of ``benchmarks/gpu_check.py`` beyond the default run (``--steps ...`` names them), each called as
+``step_NAME(args, budget, partial, say, child_env)``:
 
 * ``tf32``: exhaustive scoring in float32 and with ``precision="tf32"`` (the alignment products on TF32
   tensor cores, the patch ranking in float32) at the Flickr30K and COCO-5K shapes, image- and caption-tied
@@ -35,7 +36,7 @@ TF32_CASES = [
 ]
 
 
-def step_tf32(args, budget, partial, say) -> dict:
+def step_tf32(args, budget, partial, say, child_env) -> dict:
     import torch
 
     from patchword.bench import inputs as bench
@@ -140,7 +141,7 @@ def step_eval_tf32(args, budget, partial, say, child_env) -> dict:
     return {"results": results, "delta": delta, "summary": summary}
 
 
-def step_train_profile(args, budget, partial, say) -> dict:
+def step_train_profile(args, budget, partial, say, child_env) -> dict:
     import ddp_bench
 
     model = "seps-tiny-paper" if args.quick else "seps-vit-b16-paper"

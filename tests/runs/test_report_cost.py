@@ -228,13 +228,10 @@ def test_cost_of_a_several_process_evaluation_counts_the_whole_matrix():
     from patchword.eval.config import EvalConfig
     from patchword.eval.protocol import evaluation_cost
 
-    timings = {
-        "encode_seconds": 1.0,
-        "scoring_seconds": 2.0,
-        "pairs": 2_500_000,
-        "gallery_pairs": GALLERY_PAIRS,
-    }
-    cost = evaluation_cost(timings, "cpu", EvalConfig(), 2, exhaustive=True)
+    timings = {"encode_seconds": 1.0, "scoring_seconds": 2.0, "pairs": 2_500_000}
+    cost = evaluation_cost(
+        timings, "cpu", EvalConfig(), 2, gallery_pairs=GALLERY_PAIRS, host_scope="evaluation"
+    )
     assert (cost["pairs"], cost["pairs_this_process"], cost["pairs_per_s"]) == (
         GALLERY_PAIRS,
         2_500_000,

@@ -39,6 +39,7 @@ from patchword.bench.inputs import (
 from patchword.bench.machine import load_average, machine_description
 from patchword.device import describe_device, peak_host_rss_mb, reset_peak_host_rss, resolve_device
 from patchword.errors import ConfigError, MissingFileError, RunExistsError
+from patchword.eval import score_matrix
 
 __all__ = [
     "CAPTIONS_PER_IMAGE",
@@ -164,9 +165,9 @@ def _check(shapes, config, device, max_seconds, max_memory_mb, workdir, keep, ov
         raise RunExistsError(f"{existing[0]} exists; pass --force to overwrite it")
     folder = Path(tempfile.gettempdir() if workdir is None else workdir)
     need = max(_block_bytes(min(blocks[0], GALLERY_SHAPES[s]), blocks[1]) for s in shapes) + _DISK_MARGIN
-    if shutil.disk_usage(folder).free < need:  # the first block of every shape is always scored
-        free = shutil.disk_usage(folder).free >> 20
-        raise ConfigError("--workdir", f"{folder} has {free} MiB free; a block needs {need >> 20} MiB")
+    free = shutil.disk_usage(folder).free
+    if free < need:  # the first block of every shape is always scored
+        raise ConfigError("--workdir", f"{folder} has {free >> 20} MiB free; a block needs {need >> 20} MiB")
     return resolved, blocks
 
 
@@ -211,8 +212,6 @@ def _caption_block(job: _Job, tokens: GalleryTokens, j0: int, j1: int):
 def _score_block(job: _Job, images, captions, out: torch.Tensor) -> None:
     """Score ``captions`` (:func:`_caption_block`) against ``images`` (:func:`_image_block`) into ``out``
     ((B_img, B_txt) float32: a view of the memory-mapped matrix)."""
-    from patchword.eval import score_matrix
-
     img, img_dense, img_dlens = images
     caps, lens, dense, dlens, txt2img = captions
     if img_dense is not None:

@@ -242,17 +242,27 @@ def evaluate(
     metrics = dist.broadcast_object(metrics)
     if not timings:  # a two-stage search: encoding and both stages (and the COCO 1K folds) together
         timings = {"search_seconds": time.perf_counter() - start}
-    else:
-        timings["gallery_pairs"] = split.num_images * split.num_captions
-    metrics["cost"] = evaluation_cost(timings, device, eval_cfg, dist.world_size, exhaustive=plan is None)
-    metrics["cost"]["peak_host_scope"] = host_scope
+    metrics["cost"] = evaluation_cost(
+        timings,
+        device,
+        eval_cfg,
+        dist.world_size,
+        gallery_pairs=split.num_images * split.num_captions if plan is None else None,
+        host_scope=host_scope,
+    )
     if return_sims:
         metrics["sims"] = sims
     return metrics
 
 
 def evaluation_cost(
-    timings: dict[str, float], device, eval_cfg: EvalConfig, world_size: int, *, exhaustive: bool
+    timings: dict[str, float],
+    device,
+    eval_cfg: EvalConfig,
+    world_size: int,
+    *,
+    gallery_pairs: int | None,
+    host_scope: str,
 ) -> dict[str, Any]:
     """What an evaluation cost and where it ran (the ``"cost"`` entry of its metrics).
 
@@ -262,24 +272,25 @@ def evaluation_cost(
     ``world_size`` processes together); ``peak_device_mb`` the most CUDA
     memory allocated during the evaluation (None elsewhere); ``peak_host_rss_mb`` the process's resident
     high-water mark during the evaluation where the system can reset it (Linux), else since the process
-    started (``peak_host_scope``: "evaluation" or "process", set by :func:`evaluate`).
+    started (``host_scope``: "evaluation" or "process"). ``timings``: :func:`score_split`'s (``pairs``
+    this process's), or a two-stage search's ``search_seconds``; ``gallery_pairs``: the exhaustive
+    matrix's size, None for a two-stage search.
     """
     device = torch.device(device)
-    cost: dict[str, Any] = {
-        "exhaustive": exhaustive,
-        **{k: v for k, v in timings.items() if k != "gallery_pairs"},
-    }
-    if timings.get("scoring_seconds"):
-        cost["pairs_this_process"] = int(cost.pop("pairs"))
-        cost["pairs"] = int(timings.get("gallery_pairs", timings["pairs"]))
-        cost["pairs_per_s"] = cost["pairs"] / timings["scoring_seconds"]
+    cost: dict[str, Any] = {"exhaustive": gallery_pairs is not None}
+    if gallery_pairs is None:
+        cost.update(timings)
+    else:
+        cost.update(encode_seconds=timings["encode_seconds"], scoring_seconds=timings["scoring_seconds"])
+        cost.update(pairs=gallery_pairs, pairs_this_process=int(timings["pairs"]))
+        cost["pairs_per_s"] = gallery_pairs / timings["scoring_seconds"]
     cost["peak_device_mb"] = (
         round(torch.cuda.max_memory_allocated(device) / (1 << 20), 1) if device.type == "cuda" else None
     )
     peak = peak_host_rss_mb()
     cost["peak_host_rss_mb"] = None if peak is None else round(peak, 1)
     cost.update(describe_device(device))
-    cost.update(world_size=world_size, precision=eval_cfg.precision)
+    cost.update(world_size=world_size, precision=eval_cfg.precision, peak_host_scope=host_scope)
     cost["max_memory_mb"] = configured_budget_mb(eval_cfg.max_memory_mb, device)
     return cost
 

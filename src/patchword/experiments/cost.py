@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 from pathlib import Path
 
 from patchword.errors import DataError
 from patchword.eval.metrics import RECALL_KEYS
+from patchword.experiments.sweep import mean_std
 from patchword.readers import read_json
 
 __all__ = [
@@ -59,15 +59,15 @@ def machine_of(entry) -> str:
     """Where a row's times were measured: the device's name (a GPU's, or the CPU model), on a CPU the thread
     count, and the number of processes when several shared the evaluation; "unknown" for an evaluation that
     recorded no cost (written before it was recorded)."""
-    name = entry.first("cost")
-    if not isinstance(name, dict) or not name.get("device_name"):
+    cost = entry.first("cost")
+    if not isinstance(cost, dict) or not cost.get("device_name"):
         return "unknown"
-    processes = name.get("world_size") or 1
+    processes = cost.get("world_size") or 1
     several = f", {processes} processes" if processes > 1 else ""
-    if str(name.get("device", "cpu")).startswith("cpu"):
-        threads = name.get("threads", "?")
-        return f"{name['device_name']}, {threads} thread{'' if threads == 1 else 's'}{several}"
-    return str(name["device_name"]) + several
+    if str(cost.get("device", "cpu")).startswith("cpu"):
+        threads = cost.get("threads", "?")
+        return f"{cost['device_name']}, {threads} thread{'' if threads == 1 else 's'}{several}"
+    return str(cost["device_name"]) + several
 
 
 def seconds_per_gallery(entry) -> tuple[float, float] | None:
@@ -79,11 +79,7 @@ def seconds_per_gallery(entry) -> tuple[float, float] | None:
         if not cost.get("scoring_seconds") or not cost.get("pairs"):
             return None
         values.append(cost["scoring_seconds"] * GALLERY_PAIRS / cost["pairs"])
-    if not values:
-        return None
-    mean = sum(values) / len(values)
-    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
-    return mean, math.sqrt(var)
+    return mean_std(values) if values else None
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[bool]:

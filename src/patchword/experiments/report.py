@@ -38,7 +38,6 @@ from patchword.imports.published import (
     compare_rows,
     imported_model,
     measured_metrics,
-    published_results,
 )
 from patchword.readers import read_json, read_json_lines
 from patchword.runs.files import (
@@ -285,21 +284,17 @@ def _published_table(entries: list[Entry]) -> Table | None:
     rows, notes = [], []
     for e in entries:
         model = imported_model(_json(e.runs[0] / IMPORT_FILE))
-        if model is None or not model.backbone:  # an unknown backbone matches no published row
-            continue
-        for dataset in model.datasets:
-            for published in published_results(model.family, model.backbone, dataset):
-                measured = measured_metrics(e.summaries[0], published.dataset)
-                what = DATASETS[published.dataset] + (f", {published.variant}" if published.variant else "")
-                for row in compare_rows(published, measured):
-                    signed = row["row"] == "difference"
-                    cells = [
-                        "" if row[k] is None else f"{row[k]:+.1f}" if signed else f"{row[k]:.1f}"
-                        for k in KEYS
-                    ]
-                    source = published.source if row["row"] == "published" else ""
-                    rows.append([e.label, what, row["row"], *cells, source])
-                notes += [f"{e.label}, {what}: {text}" for text in caveats(published, e.summaries[0])]
+        for published in model.published() if model is not None else []:
+            measured = measured_metrics(e.summaries[0], published.dataset)
+            what = DATASETS[published.dataset] + (f", {published.variant}" if published.variant else "")
+            for row in compare_rows(published, measured):
+                signed = row["row"] == "difference"
+                cells = [
+                    "" if row[k] is None else f"{row[k]:+.1f}" if signed else f"{row[k]:.1f}" for k in KEYS
+                ]
+                source = published.source if row["row"] == "published" else ""
+                rows.append([e.label, what, row["row"], *cells, source])
+            notes += [f"{e.label}, {what}: {text}" for text in caveats(published, e.summaries[0])]
     if not rows:
         return None
     caption = (

@@ -131,6 +131,13 @@ class ImportedModel:
     datasets: tuple[str, ...]
     basis: str
 
+    def published(self) -> list[PublishedResult]:
+        """The table's rows for this checkpoint: its family and backbone on each of its datasets; none
+        when the backbone is unknown (``published_results`` would take None for "any backbone")."""
+        if self.backbone is None:
+            return []
+        return [row for d in self.datasets for row in published_results(self.family, self.backbone, d)]
+
 
 def _number(value: Any, where: str) -> float | None:
     if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):

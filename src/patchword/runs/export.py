@@ -222,11 +222,7 @@ def _published_section(
         or "no dataset patchword's table knows"
     )
     lines = ["", "## Published vs measured here", ""]
-    rows = [
-        row
-        for d in (model.datasets if model.backbone else ())  # an unknown backbone matches no row
-        for row in published_table.published_results(model.family, model.backbone, d)
-    ]
+    rows = model.published()
     if not rows:
         return lines + [
             f"patchword's table of published results has no row for the official `{model.family}` code with "

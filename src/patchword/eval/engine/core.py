@@ -31,7 +31,11 @@ __all__ = ["declared_precisions", "engine_for", "prepare_inputs", "score_matrix"
 def _declared_engine(matcher: Matcher) -> Callable[[nn.Module], ScoringEngine] | None:
     """The engine declared at the matcher's registration (``register_matcher(..., engine="module:Class")``,
     the one way to attach one; subclasses inherit it), imported now; None without one."""
-    spec = matcher_spec_for(matcher)
+    return _engine_class(matcher_spec_for(matcher))
+
+
+def _engine_class(spec) -> Callable[[nn.Module], ScoringEngine] | None:
+    """The engine class a registration names (``"module:Class"``), imported now; None without one."""
     if spec is None or spec.engine is None:
         return None
     module, _, name = spec.engine.partition(":")
@@ -42,11 +46,7 @@ def declared_precisions(matcher_name: str) -> tuple[str, ...]:
     """The :data:`~patchword.eval.engine.base.PRECISIONS` that the engine declared for the registered
     matcher ``matcher_name`` offers (``("fp32",)`` with the forward fallback): a config can be checked
     before any model is built."""
-    spec = matcher_spec(matcher_name)
-    if spec.engine is None:
-        return ForwardEngine.precisions
-    module, _, name = spec.engine.partition(":")
-    return getattr(importlib.import_module(module), name).precisions
+    return (_engine_class(matcher_spec(matcher_name)) or ForwardEngine).precisions
 
 
 def engine_for(matcher: Matcher, engine: str | ScoringEngine | None = None) -> ScoringEngine:
