@@ -22,6 +22,7 @@ the in-batch B x B pairs and the contrastive loss) at ViT-B/16 + BERT-base token
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -33,6 +34,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from patchword.bench.device_work import DeviceWork, modelled_seconds  # noqa: E402
 from patchword.bench.inputs import (  # noqa: E402
     SCORING_CONFIGS,
     SCORING_SHAPES,
@@ -53,8 +55,18 @@ def _lengths(n_img: int, n_txt: int) -> tuple[torch.Tensor, torch.Tensor]:
     return cap_lens.repeat(reps)[:n_txt], dense_lens.repeat(reps)[:n_img]
 
 
-def count_scoring(config: str, n_img: int, n_txt: int, *, images: int | None, dry: bool, budget_mb: float):
-    """Counts of ``score_matrix`` for ``config`` at (n_img, n_txt) on the simulated device, host inputs."""
+def count_scoring(
+    config: str,
+    n_img: int,
+    n_txt: int,
+    *,
+    images: int | None,
+    dry: bool,
+    budget_mb: float,
+    work: bool = False,
+):
+    """Counts of ``score_matrix`` for ``config`` at (n_img, n_txt) on the simulated device, host inputs;
+    with ``work`` also its bytes, FLOPs and modelled H100 time (:mod:`patchword.bench.device_work`)."""
     from patchword.eval import score_matrix
 
     spec = SCORING_CONFIGS[config]
@@ -78,19 +90,21 @@ def count_scoring(config: str, n_img: int, n_txt: int, *, images: int | None, dr
         from patchword.eval.engine import engine_for
 
         engine = engine_for(matcher)
-        score_matrix(
-            matcher,
-            img,
-            caps,
-            cap_lens,
-            dense,
-            dlens,
-            txt2img=txt2img if caption_tied and spec["dense"] else None,
-            max_memory_mb=budget_mb,
-            device=sim.device,
-            engine=engine,
-            progress=False,
-        )
+        recorder = DeviceWork()
+        with recorder if work else contextlib.nullcontext():
+            score_matrix(
+                matcher,
+                img,
+                caps,
+                cap_lens,
+                dense,
+                dlens,
+                txt2img=txt2img if caption_tied and spec["dense"] else None,
+                max_memory_mb=budget_mb,
+                device=sim.device,
+                engine=engine,
+                progress=False,
+            )
         seconds = time.perf_counter() - start
     counts = sim.counts
     plan = engine.last_plan
@@ -119,7 +133,80 @@ def count_scoring(config: str, n_img: int, n_txt: int, *, images: int | None, dr
         "walk_s": round(seconds, 1),
         "top_sync_sites": counts.sync_sites.most_common(4),
     }
+    if work:
+        ops = recorder.ops
+        row["modelled_s"] = modelled_seconds(ops) * scale
+        row["modelled_us_per_pair"] = modelled_seconds(ops) / pairs * 1e6
+        row["kb_per_pair"] = sum(op.bytes for op in ops) / pairs / 1e3
+        row["mflop_per_pair"] = sum(op.flops for op in ops) / pairs / 1e6
+        row["top_sites"] = [[site, round(1e3 * sec * scale, 1)] for site, *_, sec in recorder.by_site()[:5]]
     return row
+
+
+def step_work(batch: int, name: str) -> dict:
+    """Bytes, FLOPs and modelled H100 kernel time of one training step (encoders, ShardLoss, backward,
+    gradient clipping, AdamW) of ``name`` at batch ``batch``, computed on the CPU under bf16 autocast.
+
+    The CPU's autocast policy stands in for CUDA's (both cast matrix products to bf16 and keep layer norm
+    and softmax in fp32); attention runs the CPU's SDPA kernels, not cuDNN's. Real arithmetic: about a
+    minute at ViT-B/16 + BERT-base, batch 64, on 2 cores. The optimizer's state is created by a first step
+    outside the count."""
+    from patchword.config import apply_overrides
+    from patchword.data.pipeline import ShardBatch
+    from patchword.distributed import Distributed
+    from patchword.factory import create_model
+    from patchword.runs.config import RunConfig
+    from patchword.train.step import ShardLoss
+
+    torch.manual_seed(0)
+    device = torch.device("cpu")
+    model = create_model(name, pretrained=False, device=device).train()
+    cfg = apply_overrides(RunConfig(), ["precision=amp_bf16"])
+    loss_module = ShardLoss(model, cfg, Distributed(device=device))
+    cap_lens, dense_lens = stand_in_lengths()  # as ddp_bench.py gpu-step
+    lens, dlens = cap_lens[:batch].clamp(max=40), dense_lens[:batch]
+    g = torch.Generator().manual_seed(0)
+    shard = ShardBatch(
+        images=torch.randn(batch, 3, 224, 224, generator=g),
+        ids=torch.randint(1000, 30522, (batch, int(lens.max())), generator=g),
+        lens=lens,
+        lens_all=lens,
+        img_ids=torch.arange(batch),
+        dense_ids=torch.randint(1000, 30522, (batch, int(dlens.max())), generator=g),
+        dense_lens=dlens,
+        dense_lens_all=dlens,
+    )
+    params = model.parameter_groups(cfg.train.lr, cfg.train.backbone_lr_mult)
+    optimizer = torch.optim.AdamW(params, weight_decay=cfg.train.weight_decay, fused=True)
+    for p in model.parameters():  # the optimizer's state, made before the counted step
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    recorder = DeviceWork()
+    start = time.perf_counter()
+    with recorder:
+        with torch.autocast("cpu", torch.bfloat16):
+            loss, _ = loss_module(shard, True, False, 1.0)
+        forward_ops = len(recorder.ops)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip, foreach=True)
+        optimizer.step()
+    ops = recorder.ops
+    return {
+        "model": name,
+        "batch": batch,
+        "ops": len(ops),
+        "forward_ops": forward_ops,
+        "gb": sum(op.bytes for op in ops) / 1e9,
+        "tflop": sum(op.flops for op in ops) / 1e12,
+        "modelled_ms": 1e3 * modelled_seconds(ops),
+        "modelled_ms_forward": 1e3 * modelled_seconds(ops[:forward_ops]),
+        "by_op": [
+            [f"{k[0]} {k[1]}", n, round(b / 1e9, 2), round(1e3 * sec, 2)]
+            for k, n, b, _, sec in recorder.by_op()[:15]
+        ],
+        "walk_s": round(time.perf_counter() - start, 1),
+    }
 
 
 def count_step(batch: int, *, dry: bool) -> dict:
@@ -175,10 +262,14 @@ def main(argv: list[str] | None = None) -> int:
     mode = p_sc.add_mutually_exclusive_group()
     mode.add_argument("--dry", dest="dry", action="store_true", default=True)
     mode.add_argument("--real", dest="dry", action="store_false", help="compute on the CPU (small shapes)")
+    p_sc.add_argument("--work", action="store_true", help="also bytes, FLOPs and the modelled H100 time")
+    p_sw = sub.add_parser("step-work", help="bytes, FLOPs and modelled H100 time of one training step")
+    p_sw.add_argument("--batches", default="64")
+    p_sw.add_argument("--model", default="seps-vit-b16-paper")
     p_st = sub.add_parser("step", help="op, sync and copy counts of one matcher training step")
     p_st.add_argument("--batches", default="64,128")
     p_st.add_argument("--real", action="store_true", help="compute on the CPU instead of a dry walk")
-    for p in (p_sc, p_st):
+    for p in (p_sc, p_st, p_sw):
         p.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args(argv)
     rows = []
@@ -187,11 +278,22 @@ def main(argv: list[str] | None = None) -> int:
             n_img, n_txt = SHAPES[shape]
             for config in args.configs.split(","):
                 row = count_scoring(
-                    config, n_img, n_txt, images=args.images, dry=args.dry, budget_mb=args.budget_mb
+                    config,
+                    n_img,
+                    n_txt,
+                    images=args.images,
+                    dry=args.dry,
+                    budget_mb=args.budget_mb,
+                    work=args.work,
                 )
                 row["shape"] = shape
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+    elif args.command == "step-work":
+        for batch in (int(b) for b in args.batches.split(",")):
+            row = step_work(batch, args.model)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     else:
         for batch in (int(b) for b in args.batches.split(",")):
             row = count_step(batch, dry=not args.real)

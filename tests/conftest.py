@@ -30,6 +30,7 @@ NUMERICS_MODULES = {
     "test_engine",
     "test_engine_precision",
     "test_gallery",
+    "test_device_work",
     "test_seps",
     "test_naaf",
     "test_scan",

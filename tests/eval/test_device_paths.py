@@ -309,3 +309,34 @@ def test_evaluating_a_run_on_the_device_gives_the_cpu_metrics(env, tmp_path):
     assert keys
     for key in keys:
         assert got[key] == pytest.approx(want[key], abs=1e-6), key
+
+
+@pytest.mark.parametrize("on_device", [False, True], ids=["host-inputs", "device-inputs"])
+def test_caption_blocks_choose_their_formulation_by_their_width_on_the_device(on_device, monkeypatch):
+    """An accelerator plan sorts the captions into length buckets; each caption block takes the cheaper
+    formulation for its own width ("gram" for short texts), as on the CPU. f07ac7d used the longest
+    caption's for every block ("direct" here). Scores equal the forward's either way."""
+    monkeypatch.setattr(seps_engine, "_ACCEL_IMAGES", 2)
+    monkeypatch.setattr(seps_engine, "_ACCEL_TEXTS", 8)
+    monkeypatch.setattr(seps_engine, "_ACCEL_BUCKET", 4)
+    dim = 256  # 16 patches, 8 tokens per pair: "gram" is cheaper below 25 words at this width
+    m = seeded_matcher("seps", SHAPES["swin"], dim, variant="code")
+    g = torch.Generator().manual_seed(0)
+    img = torch.randn(4, 16, dim, generator=g)
+    lens = torch.tensor([4, 6, 8, 10, 12, 30, 34, 40] * 2)
+    caps = torch.randn(lens.numel(), 40, dim, generator=g)
+    forms = []
+    align = SEPSEngine._align
+
+    def spy(self, img, ts, txt, form):
+        forms.append((txt.words.shape[1], form))
+        return align(self, img, ts, txt, form)
+
+    monkeypatch.setattr(SEPSEngine, "_align", spy)
+    want = score_matrix(m, img, caps, lens, engine="forward")
+    sim = _simulated(m)
+    with sim:
+        got = score_matrix(m, *_on(sim, [img, caps, lens], on_device), device=sim.device, max_memory_mb=64)
+    assert {form for width, form in forms if width <= 12} == {"gram"}
+    assert {form for width, form in forms if width >= 30} == {"direct"}
+    assert (got - want).abs().max().item() <= 1e-5

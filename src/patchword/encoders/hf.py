@@ -22,6 +22,7 @@ import torch
 
 from patchword._validation import check_lengths
 from patchword.encoders.base import EncoderBase, padding_mask, projection
+from patchword.encoders.fused import fuse_qkv
 from patchword.hub import hub_load_errors, require_transformers, resolve_pretrained
 
 if TYPE_CHECKING:
@@ -156,6 +157,7 @@ class HFVisionEncoder(EncoderBase):
     ) -> None:
         super().__init__()
         self.backbone, self.kind = _load_backbone(backbone, _VISION_MODELS, kind, local_files_only)
+        fuse_qkv(self.backbone)  # one query/key/value product per block (same weights and results)
         config = self.backbone.config
         self.has_cls = self.kind == "vit"
         self.num_patches = _num_patches(config, self.kind)
@@ -217,6 +219,7 @@ class HFTextEncoder(EncoderBase):
     ) -> None:
         super().__init__()
         self.backbone, _ = _load_backbone(backbone, _TEXT_MODELS, None, local_files_only)
+        fuse_qkv(self.backbone)  # one query/key/value product per block (same weights and results)
         config = self.backbone.config
         self.vocab_size = config.vocab_size
         self.max_len = config.max_position_embeddings

@@ -59,6 +59,11 @@ _DEVICE = torch.device("meta")
 _HOST = torch.device("cpu")
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _THIS_FILE = os.path.abspath(__file__)
+# Dispatch modes that may run above this one (their frames are not the caller of an op).
+_MODE_FILES = (
+    _THIS_FILE,
+    os.path.join(os.path.dirname(os.path.dirname(_THIS_FILE)), "bench", "device_work.py"),
+)
 
 aten = torch.ops.aten
 
@@ -125,7 +130,7 @@ def _call_site() -> str:
     frame = sys._getframe(1)
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if not (path.startswith(_TORCH_DIR) or path == _THIS_FILE or frame.f_code.co_filename[0] == "<"):
+        if not (path.startswith(_TORCH_DIR) or path in _MODE_FILES or frame.f_code.co_filename[0] == "<"):
             relative = os.path.relpath(path)
             return f"{path if relative.startswith('..') else relative}:{frame.f_lineno}"
         frame = frame.f_back

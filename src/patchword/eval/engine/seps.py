@@ -123,9 +123,7 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
         self.aggr = matcher.aggr_net
         self.aggr_dense = matcher.aggr_net_dense or matcher.aggr_net
         self._cache: PackedTexts | None = None  # unit words of all captions during a call, if they fit
-        # during a call: the formulation of every caption block (accelerators: the plan's, one for all;
-        # None: chosen per block) and the guides of caption-tied dense texts ("guide" mode)
-        self._caption_form: str | None = None
+        # during a call: the guides of caption-tied dense texts ("guide" mode)
         self._dense_guide: torch.Tensor | None = None
         self._accelerator = False  # whether the job planned last computes on an accelerator
 
@@ -322,8 +320,7 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
         return Texts.build(job.tokens(inputs.cap_tokens[cols]), job.cap_lens[cols], width)
 
     def _start_call(self, job: Staged, plan: BlockPlan, mode: str) -> None:
-        """The per-call state: the packed caption cache, the caption formulation, the dense guides."""
-        self._caption_form = plan.details["formulation"] if plan.details["accelerator"] else None
+        """The per-call state: the packed caption cache and the dense guides."""
         self._dense_guide = None
         if mode == "pair_guide" and job.inputs.dense_index is not None:
             self._dense_guide = self._dense_guides(job, plan.details["guide_chunk"])
@@ -335,7 +332,7 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
             )
 
     def _end_call(self) -> None:
-        self._cache = self._caption_form = self._dense_guide = None
+        self._cache = self._dense_guide = None
 
     def _caption_block(
         self,
@@ -353,9 +350,10 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
         inputs = job.inputs
         txt = self._captions(job, cols, width) if txt is None else txt
         branches = 2 if mode == "pair_guide" else 1
-        form = self._caption_form or self._form(
-            txt.words.shape[1], branches, texts_per_image or inputs.num_texts
-        )
+        # Chosen per block from its width, on every device: the length buckets of an accelerator plan
+        # are sorted, and most of them are far shorter than the longest caption (at ViT-B/16 shapes
+        # "gram" is cheaper below ~30 words, "direct" above; docs/benchmarks.md, "device work").
+        form = self._form(txt.words.shape[1], branches, texts_per_image or inputs.num_texts)
         relevance = self._relevance(img, txt.guide)  # (B, T, N)
         if mode == "pair_guide":
             if inputs.dense_index is None:  # joint score with image-tied dense text

@@ -201,7 +201,14 @@ class SEPSAlignment:
         """Raw tokens (B, T, M, C) -> cosines with the words (B, T, L, M)."""
         inv = torch.linalg.vector_norm(tokens, dim=-1).clamp_min(1e-12).reciprocal()  # (B, T, M)
         words_t = txt.words.transpose(1, 2)  # (T, C, L), shared by the images
-        if is_accelerator(tokens.device):  # one broadcast product: one launch for the whole block
+        b, t, m, c = tokens.shape
+        if is_accelerator(tokens.device) and m < words_t.shape[2]:
+            # One product batched over the texts, the images' tokens as rows: it copies the tokens once
+            # (M x C per pair) where the broadcast product below copies each text's words once per
+            # image (C x L per pair): dense texts are longer than the M token set.
+            rows = tokens.transpose(0, 1).reshape(t, b * m, c)  # (T, B * M, C)
+            cos = torch.bmm(rows, words_t).view(t, b, m, -1).transpose(0, 1)  # (B, T, M, L) view
+        elif is_accelerator(tokens.device):  # one broadcast product: one launch for the whole block
             cos = torch.matmul(tokens, words_t)
         else:  # one bmm per image (measured faster on the CPU than the broadcast copy of the words)
             cos = torch.stack([torch.bmm(tokens[i], words_t) for i in range(tokens.shape[0])])  # (B,T,M,L)

@@ -142,10 +142,9 @@ class SEPSPlanner:
         dense_len = 0 if inputs.dense_tokens is None else int(inputs.dense_lens.max())
         c, n = self.dim, self.n
         form = self._form(cap_len, branches, n_txt)
-        # Blocks of shorter texts may pick another formulation: budget for the hungriest.
-        forms = _FORMS if self.formulation == "auto" else (self.formulation,)
-        if accel:  # one formulation for every caption block of the call (``_caption_block``): budget for it
-            forms = (form,)
+        # Blocks of shorter texts may pick another formulation (``_caption_block``): budget for the
+        # hungriest. ``form`` is the longest captions' (reported in the plan's details).
+        forms = (_ACCEL_FORMS if accel else _FORMS) if self.formulation == "auto" else (self.formulation,)
         per_text = _F32 * (3 * cap_len * c + 3 * c)  # gathered rows, unit words, guide
         if mode == "pair_guide":  # each caption's dense guide and relevance (the guides: ``_dense_guides``)
             per_text += _F32 * 2 * c

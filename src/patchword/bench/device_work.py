@@ -1,0 +1,206 @@
+"""What a piece of code asks of a GPU's memory and arithmetic units, counted on the CPU (issue 34).
+
+Op and sync counts (:mod:`patchword.testing.simulated_device`) tell whether code is launch-bound. Once it
+is not, a GPU's time is set by each kernel's bytes and FLOPs: :class:`DeviceWork` is a dispatch mode that
+records, for every aten op, the bytes it reads and writes (its tensor arguments and outputs; views and
+metadata-only ops move nothing), its FLOPs (``torch.utils.flop_counter``'s formulas: matrix products,
+convolutions, attention) and the line of the caller that issued it. :func:`modelled_seconds` turns the
+records into a roofline estimate: per op ``max(bytes / bandwidth, FLOPs / peak) + a per-kernel floor``.
+
+The constants of :data:`H100` are not the data sheet's peaks but rates an H100 reached on this project's
+work (docs/benchmarks.md, "Device work"): 2.8 TB/s, 515 TFLOP/s on bf16 products (a training step's GEMMs:
+12.4 TFLOP in 24 ms), 45 TFLOP/s in fp32. With them the model gave 0.35 / 0.47 us per pair for image- /
+caption-tied SEPS scoring (measured 0.35 / 0.52) and 72 ms of kernels for a ViT-B/16 + BERT-base training
+step (measured 70 ms). It is a guide for choosing between formulations, not a measurement: caches, kernel
+choices and overlap are not modelled, and an elementwise op counts every argument as read once.
+
+Usage (the mode goes inside a :class:`~patchword.testing.simulated_device.SimulatedDevice` to see the
+accelerator plan; ``dry=True`` walks real sizes without arithmetic)::
+
+    work = DeviceWork()
+    with sim, work:
+        score_matrix(matcher, ..., device=sim.device)
+    modelled_seconds(work.ops), work.by_site()
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
+
+__all__ = ["H100", "DeviceWork", "Machine", "OpWork", "modelled_seconds"]
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_THIS_FILE = os.path.abspath(__file__)
+# The counting modes: their frames sit between an op and the code that issued it.
+_SKIP_FILES = (
+    _THIS_FILE,
+    os.path.join(os.path.dirname(os.path.dirname(_THIS_FILE)), "testing", "simulated_device.py"),
+)
+# Ops that move no data: views, metadata, allocation without initialisation, scalar reads.
+_NO_DATA = frozenset(
+    [
+        "view",
+        "_unsafe_view",
+        "t",
+        "transpose",
+        "permute",
+        "expand",
+        "slice",
+        "select",
+        "unsqueeze",
+        "squeeze",
+        "as_strided",
+        "detach",
+        "alias",
+        "split",
+        "split_with_sizes",
+        "unbind",
+        "diagonal",
+        "_reshape_alias",
+        "unfold",
+        "lift_fresh",
+        "narrow",
+        "chunk",
+        "reshape",
+        "empty",
+        "empty_like",
+        "new_empty",
+        "empty_strided",
+        "new_empty_strided",
+        "_local_scalar_dense",
+        "is_same_size",
+        "sym_size",
+        "sym_stride",
+        "sym_numel",
+        "expand_as",
+        "view_as",
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Sustained rates of one accelerator: bytes/s, FLOP/s of 16-bit and 32-bit products, and the
+    shortest time a kernel takes (launch and tail)."""
+
+    name: str
+    bandwidth: float
+    flops_16bit: float
+    flops_32bit: float
+    kernel_floor_s: float
+
+
+H100 = Machine("NVIDIA H100 (rates measured on this project's work)", 2.8e12, 515e12, 45e12, 2.5e-6)
+
+
+@dataclass(frozen=True)
+class OpWork:
+    """One aten op: its name, bytes read and written, FLOPs, output dtype and issuing ``path:line``."""
+
+    name: str
+    read: int
+    written: int
+    flops: int
+    dtype: torch.dtype | None
+    site: str
+
+    @property
+    def bytes(self) -> int:
+        return self.read + self.written
+
+
+def _tensors(x):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _tensors(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _tensors(v)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _site() -> str:
+    """``path:line`` of the innermost caller outside torch and the counting modes: a backward op's is the
+    line that called ``backward()`` (``<autograd>`` when the engine runs it on a thread of its own)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        absolute = os.path.abspath(path)
+        if not (absolute.startswith(_TORCH_DIR) or absolute in _SKIP_FILES or path[:1] == "<"):
+            cut = path.split("site-packages" + os.sep)
+            return f"{cut[-1] if len(cut) > 1 else os.path.relpath(path)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "<autograd>"
+
+
+def _flops(func, args, kwargs, out) -> int:
+    formula = flop_registry.get(func.overloadpacket)
+    # The registered formulas read shapes from the arguments and the output (``out_val``).
+    return 0 if formula is None else int(formula(*args, **kwargs, out_val=out))
+
+
+class DeviceWork(TorchDispatchMode):
+    """Records an :class:`OpWork` for every aten op run while active (``ops``, in order).
+
+    An in-place op (``add_``) writes its first argument; a view writes nothing. Bytes are the full sizes
+    of the tensor arguments and outputs (an expanded argument counts its expanded size, as a kernel
+    reading it through stride 0 would issue those loads, mostly from cache).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[OpWork] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func.overloadpacket.__name__
+        if name in _NO_DATA:
+            return out
+        read = sum(_nbytes(t) for t in _tensors((args, kwargs)))
+        outputs = list(_tensors(out))
+        written = sum(_nbytes(t) for t in outputs)
+        if name.endswith("_") and not name.startswith("_") and args and isinstance(args[0], torch.Tensor):
+            written = _nbytes(args[0])  # in place: the output is the first argument
+        dtype = outputs[0].dtype if outputs else None
+        self.ops.append(OpWork(name, read, written, _flops(func, args, kwargs, out), dtype, _site()))
+        return out
+
+    def by(self, key, machine: Machine = H100) -> list[tuple[object, int, int, int, float]]:
+        """``(key, ops, bytes, FLOPs, modelled seconds)`` per ``key(op)``, the most expensive first."""
+        rows = defaultdict(lambda: [0, 0, 0, 0.0])
+        for op in self.ops:
+            row = rows[key(op)]
+            row[0] += 1
+            row[1] += op.bytes
+            row[2] += op.flops
+            row[3] += modelled_seconds([op], machine)
+        return sorted(((k, *v) for k, v in rows.items()), key=lambda r: -r[4])
+
+    def by_site(self, machine: Machine = H100):
+        return self.by(lambda op: op.site, machine)
+
+    def by_op(self, machine: Machine = H100):
+        return self.by(lambda op: (op.name, str(op.dtype).replace("torch.", "")), machine)
+
+
+def modelled_seconds(ops: list[OpWork], machine: Machine = H100) -> float:
+    """Roofline time of ``ops`` run one after another on ``machine``: per op the longer of its memory
+    time and its arithmetic time (16-bit rate for 16-bit outputs), plus the machine's kernel floor."""
+    total = 0.0
+    for op in ops:
+        peak = machine.flops_16bit if op.dtype in (torch.bfloat16, torch.float16) else machine.flops_32bit
+        total += max(op.bytes / machine.bandwidth, op.flops / peak) + machine.kernel_floor_s
+    return total

@@ -1,0 +1,140 @@
+"""Fused query/key/value projections (``patchword.encoders.fused``): the same outputs and gradients as
+transformers' three products, the same state dict, fewer products and casts (issue 34)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from patchword.bench.device_work import DeviceWork
+from patchword.encoders.fused import FusedProjection, fuse_qkv
+
+transformers = pytest.importorskip("transformers")
+
+
+def _vit():
+    config = transformers.ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=32,
+        patch_size=8,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return transformers.ViTModel(config, add_pooling_layer=False), lambda g: {
+        "pixel_values": torch.randn(3, 3, 32, 32, generator=g)
+    }
+
+
+def _bert():
+    config = transformers.BertConfig(
+        vocab_size=50,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+
+    def inputs(g):
+        ids = torch.randint(1, 50, (3, 9), generator=g)
+        mask = torch.arange(9) < torch.tensor([9, 4, 2])[:, None]
+        return {"input_ids": ids * mask, "attention_mask": mask}
+
+    return transformers.BertModel(config, add_pooling_layer=False), inputs
+
+
+def _swin():
+    config = transformers.SwinConfig(
+        image_size=32,
+        patch_size=4,
+        embed_dim=8,
+        depths=[1, 1],
+        num_heads=[1, 2],
+        window_size=4,
+        drop_path_rate=0.0,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return transformers.SwinModel(config, add_pooling_layer=False), lambda g: {
+        "pixel_values": torch.randn(2, 3, 32, 32, generator=g)
+    }
+
+
+@pytest.mark.parametrize(
+    ("build", "triples"), [(_vit, 2), (_bert, 2), (_swin, 2)], ids=["vit", "bert", "swin"]
+)
+def test_fused_backbone_gives_the_outputs_and_gradients_of_the_original(build, triples):
+    torch.manual_seed(0)
+    original, make_inputs = build()
+    fused = copy.deepcopy(original)
+    assert fuse_qkv(fused) == triples
+    assert list(fused.state_dict()) == list(original.state_dict())
+    inputs = make_inputs(torch.Generator().manual_seed(1))
+    outs = []
+    for model in (original, fused):
+        model.train()  # dropout off in the configs: gradients of the training forward
+        out = model(**inputs).last_hidden_state
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+        (out * weights).sum().backward()
+        outs.append(out)
+    assert (outs[0] - outs[1]).abs().max().item() <= 1e-5
+    for (name, p), q in zip(original.named_parameters(), fused.parameters(), strict=True):
+        # float32 rounding of the same sums in another order: relative to the gradient's scale
+        assert (p.grad - q.grad).abs().max().item() <= 1e-6 * max(1.0, p.grad.abs().max().item()), name
+
+
+def test_a_fused_model_loads_an_unfused_state_dict():
+    torch.manual_seed(0)
+    original, make_inputs = _bert()
+    torch.manual_seed(1)
+    fused, _ = _bert()
+    fuse_qkv(fused)
+    fused.load_state_dict(original.state_dict())
+    inputs = make_inputs(torch.Generator().manual_seed(1))
+    original.eval(), fused.eval()
+    diff = original(**inputs).last_hidden_state - fused(**inputs).last_hidden_state
+    assert diff.abs().max().item() <= 1e-5
+
+
+def test_one_product_and_one_cast_per_block_under_autocast():
+    """Under bf16 autocast the three projections of a block read one cast of the hidden states: the
+    forward has 2 fewer products and 2 fewer casts per block, the backward 2 fewer float32 sums."""
+    counts = []
+    for fuse in (False, True):
+        torch.manual_seed(0)
+        model, make_inputs = _vit()
+        if fuse:
+            fuse_qkv(model)
+        work = DeviceWork()
+        with work:
+            with torch.autocast("cpu", torch.bfloat16):
+                out = model(**make_inputs(torch.Generator().manual_seed(1))).last_hidden_state
+            out.float().sum().backward()
+        ops = [op.name for op in work.ops]
+        counts.append({name: ops.count(name) for name in ("addmm", "_to_copy", "add")})
+    blocks = 2
+    assert counts[0]["addmm"] - counts[1]["addmm"] == 2 * blocks
+    assert counts[0]["_to_copy"] - counts[1]["_to_copy"] >= 4 * blocks  # 2 casts forward, 2 back
+    assert counts[0]["add"] - counts[1]["add"] >= 2 * blocks
+
+
+def test_members_called_on_different_tensors_project_each_their_own():
+    """Cross-attention projects keys and values from another sequence: each member then computes its
+    own product, whatever the order of the calls."""
+    torch.manual_seed(0)
+    parent = nn.Module()
+    parent.query, parent.key, parent.value = nn.Linear(4, 6), nn.Linear(4, 6), nn.Linear(4, 5)
+    plain = copy.deepcopy(parent)
+    assert fuse_qkv(parent) == 1 and isinstance(parent.key, FusedProjection)
+    x, y = torch.randn(2, 4), torch.randn(3, 4)
+    for name, arg in [("key", y), ("query", x), ("value", y), ("key", x), ("query", x), ("value", x)]:
+        got = getattr(parent, name)(arg)
+        assert torch.allclose(got, getattr(plain, name)(arg), atol=1e-6), name
