@@ -274,18 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = []
     if args.command == "scoring":
+        options = {"images": args.images, "dry": args.dry, "budget_mb": args.budget_mb, "work": args.work}
         for shape in args.shapes.split(","):
-            n_img, n_txt = SHAPES[shape]
             for config in args.configs.split(","):
-                row = count_scoring(
-                    config,
-                    n_img,
-                    n_txt,
-                    images=args.images,
-                    dry=args.dry,
-                    budget_mb=args.budget_mb,
-                    work=args.work,
-                )
+                row = count_scoring(config, *SHAPES[shape], **options)
                 row["shape"] = shape
                 rows.append(row)
                 print(json.dumps(row), flush=True)

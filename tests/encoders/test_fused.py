@@ -15,33 +15,20 @@ from patchword.encoders.fused import FusedProjection, fuse_qkv
 transformers = pytest.importorskip("transformers")
 
 
+# Two blocks of width 32; no dropout, so that two forward passes in training mode are comparable.
+_BLOCKS = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+_BLOCKS.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
 def _vit():
-    config = transformers.ViTConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        image_size=32,
-        patch_size=8,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
+    config = transformers.ViTConfig(image_size=32, patch_size=8, **_BLOCKS)
     return transformers.ViTModel(config, add_pooling_layer=False), lambda g: {
         "pixel_values": torch.randn(3, 3, 32, 32, generator=g)
     }
 
 
 def _bert():
-    config = transformers.BertConfig(
-        vocab_size=50,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=32,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
+    config = transformers.BertConfig(vocab_size=50, max_position_embeddings=32, **_BLOCKS)
 
     def inputs(g):
         ids = torch.randint(1, 50, (3, 9), generator=g)
