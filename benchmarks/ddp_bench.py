@@ -286,6 +286,10 @@ def gpu_step(args: argparse.Namespace) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     name = "seps-tiny-paper" if args.quick else args.model
     model = create_model(name, pretrained=False, vocab_size=1000 if args.quick else None, device=device)
+    if args.unfused:  # query/key/value as three products, as transformers writes them
+        from patchword.encoders.fused import unfuse_qkv
+
+        unfuse_qkv(model)
     cfg = apply_overrides(RunConfig(), [f"train.pair_chunk={args.pair_chunk}", f"precision={args.precision}"])
     if args.compile:
         for module in (model.image_encoder, model.text_encoder, model.matcher):
@@ -345,6 +349,7 @@ def gpu_step(args: argparse.Namespace) -> dict:
         "precision": args.precision,
         "pair_chunk": args.pair_chunk,
         "compile": args.compile,
+        "fused_qkv": not args.unfused,
         "steps_per_s": args.steps / seconds,
         "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
     }
@@ -512,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     p_gpu.add_argument("--warmup", type=int, default=3)
     p_gpu.add_argument("--pair-chunk", type=int, default=0)
     p_gpu.add_argument("--compile", action="store_true")
+    p_gpu.add_argument("--unfused", action="store_true", help="query/key/value as three products (A/B)")
     p_gpu.add_argument("--tf32", action="store_true", help="TF32 matmuls for the fp32 parts")
     p_gpu.add_argument("--sync-debug", action="store_true", help="warn on every host-device sync of the step")
     p_gpu.add_argument("--profile-steps", type=int, default=0, help="then profile this many steps")

@@ -143,17 +143,19 @@ def count_scoring(
     return row
 
 
-def step_work(batch: int, name: str) -> dict:
+def step_work(batch: int, name: str, fused: bool = True) -> dict:
     """Bytes, FLOPs and modelled H100 kernel time of one training step (encoders, ShardLoss, backward,
     gradient clipping, AdamW) of ``name`` at batch ``batch``, computed on the CPU under bf16 autocast.
 
     The CPU's autocast policy stands in for CUDA's (both cast matrix products to bf16 and keep layer norm
     and softmax in fp32); attention runs the CPU's SDPA kernels, not cuDNN's. Real arithmetic: about a
     minute at ViT-B/16 + BERT-base, batch 64, on 2 cores. The optimizer's state is created by a first step
-    outside the count."""
+    outside the count. ``fused=False`` undoes the fused query/key/value projections of the Hugging Face
+    backbones (:mod:`patchword.encoders.fused`) to count the step as transformers writes it."""
     from patchword.config import apply_overrides
     from patchword.data.pipeline import ShardBatch
     from patchword.distributed import Distributed
+    from patchword.encoders.fused import unfuse_qkv
     from patchword.factory import create_model
     from patchword.runs.config import RunConfig
     from patchword.train.step import ShardLoss
@@ -161,6 +163,8 @@ def step_work(batch: int, name: str) -> dict:
     torch.manual_seed(0)
     device = torch.device("cpu")
     model = create_model(name, pretrained=False, device=device).train()
+    if not fused:
+        unfuse_qkv(model)
     cfg = apply_overrides(RunConfig(), ["precision=amp_bf16"])
     loss_module = ShardLoss(model, cfg, Distributed(device=device))
     cap_lens, dense_lens = stand_in_lengths()  # as ddp_bench.py gpu-step
@@ -195,6 +199,7 @@ def step_work(batch: int, name: str) -> dict:
     return {
         "model": name,
         "batch": batch,
+        "fused_qkv": fused,
         "ops": len(ops),
         "forward_ops": forward_ops,
         "gb": sum(op.bytes for op in ops) / 1e9,
@@ -266,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     p_sw = sub.add_parser("step-work", help="bytes, FLOPs and modelled H100 time of one training step")
     p_sw.add_argument("--batches", default="64")
     p_sw.add_argument("--model", default="seps-vit-b16-paper")
+    p_sw.add_argument("--unfused", action="store_true", help="query/key/value as three products")
     p_st = sub.add_parser("step", help="op, sync and copy counts of one matcher training step")
     p_st.add_argument("--batches", default="64,128")
     p_st.add_argument("--real", action="store_true", help="compute on the CPU instead of a dry walk")
@@ -283,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(row), flush=True)
     elif args.command == "step-work":
         for batch in (int(b) for b in args.batches.split(",")):
-            row = step_work(batch, args.model)
+            row = step_work(batch, args.model, fused=not args.unfused)
             rows.append(row)
             print(json.dumps(row), flush=True)
     else:

@@ -229,39 +229,48 @@ def step_train(args, budget: Budget, partial) -> dict:
     models = ["seps-tiny-paper"] if args.quick else ["seps-vit-b16-paper", "seps-vit-b16-code"]
     batches = [8, 16] if args.quick else [64, 128]
     steps, warmup = (2, 1) if args.quick else (args.train_steps, 3)
+    # the first model at the first batch again with query/key/value as three products: the effect of
+    # patchword.encoders.fused on this GPU, side by side
+    cases = [(m, b, False) for m in models for b in batches]
+    cases.insert(1, (models[0], batches[0], True))
     rows, last_wall = [], None
-    for model in models:
-        for batch in batches:
-            # a doubled batch costs about twice the steps; the first call also pays the model build
-            need = 2 * last_wall if last_wall else MIN_SECONDS["train"] / 2
-            if need > budget.free("train"):
-                free = budget.free("train")
-                say(f"train {model} batch {batch}: skipped, ~{need:.0f} s needed, {free:.0f} s free")
-                rows.append({"model": model, "batch": batch, "status": "skipped (budget)"})
-                continue
-            ns = argparse.Namespace(device=args.device, quick=args.quick, model=model, batch=batch)
-            ns.__dict__.update(precision="amp_bf16", steps=steps, warmup=warmup, pair_chunk=0)
-            ns.__dict__.update(tf32=False, compile=False, sync_debug=False)
-            start = time.perf_counter()
-            try:
-                with contextlib.redirect_stdout(io.StringIO()):  # its JSON: we print one line instead
-                    row = ddp_bench.gpu_step(ns)
-            except torch.cuda.OutOfMemoryError as err:
-                row = {"model": model, "batch": batch, "status": f"out of memory: {str(err)[:200]}"}
-            last_wall = time.perf_counter() - start
-            row["wall_s"] = round(last_wall, 1)
-            rows.append(row)
-            peak = row.get("peak_memory_gb")
-            say(
-                f"train {row['model']} batch {batch} {row.get('precision', '')}: "
-                + (f"{row['steps_per_s']:.2f} steps/s" if "steps_per_s" in row else row["status"])
-                + (f", peak {peak:.1f} GB" if peak else "")
-                + f" ({row['wall_s']} s with the build)"
-            )
-            partial({"rows": rows})
-            _free_memory()
+    for model, batch, unfused in cases:
+        # a doubled batch costs about twice the steps; the first call also pays the model build
+        need = 2 * last_wall if last_wall else MIN_SECONDS["train"] / 2
+        if need > budget.free("train"):
+            free = budget.free("train")
+            say(f"train {model} batch {batch}: skipped, ~{need:.0f} s needed, {free:.0f} s free")
+            rows.append({"model": model, "batch": batch, "status": "skipped (budget)"})
+            continue
+        ns = argparse.Namespace(device=args.device, quick=args.quick, model=model, batch=batch)
+        ns.__dict__.update(precision="amp_bf16", steps=steps, warmup=warmup, pair_chunk=0)
+        ns.__dict__.update(tf32=False, compile=False, sync_debug=False, unfused=unfused)
+        start = time.perf_counter()
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):  # its JSON: we print one line instead
+                row = ddp_bench.gpu_step(ns)
+        except torch.cuda.OutOfMemoryError as err:
+            row = {"model": model, "batch": batch, "status": f"out of memory: {str(err)[:200]}"}
+        last_wall = time.perf_counter() - start
+        row["wall_s"] = round(last_wall, 1)
+        rows.append(row)
+        peak = row.get("peak_memory_gb")
+        say(
+            f"train {row['model']} batch {batch} {row.get('precision', '')}"
+            + (" (q/k/v unfused)" if unfused else "")
+            + ": "
+            + (f"{row['steps_per_s']:.2f} steps/s" if "steps_per_s" in row else row["status"])
+            + (f", peak {peak:.1f} GB" if peak else "")
+            + f" ({row['wall_s']} s with the build)"
+        )
+        partial({"rows": rows})
+        _free_memory()
     done = [r for r in rows if "steps_per_s" in r]
-    summary = "; ".join(f"{r['model']} b{r['batch']}: {r['steps_per_s']:.2f} steps/s" for r in done)
+    summary = "; ".join(
+        f"{r['model']} b{r['batch']}{' unfused' if not r.get('fused_qkv', True) else ''}: "
+        f"{r['steps_per_s']:.2f} steps/s"
+        for r in done
+    )
     return {"rows": rows, "summary": summary or "nothing measured"}
 
 

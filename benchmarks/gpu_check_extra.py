@@ -147,7 +147,7 @@ def step_train_profile(args, budget, partial, say, child_env) -> dict:
     model = "seps-tiny-paper" if args.quick else "seps-vit-b16-paper"
     ns = argparse.Namespace(device=args.device, quick=args.quick, model=model, batch=8 if args.quick else 64)
     ns.__dict__.update(precision="amp_bf16", steps=3, warmup=3, pair_chunk=0, tf32=False, compile=False)
-    ns.__dict__.update(sync_debug=False, profile_steps=3)
+    ns.__dict__.update(sync_debug=False, profile_steps=3, unfused=False)
     with contextlib.redirect_stdout(io.StringIO()):
         row = ddp_bench.gpu_step(ns)
     prof = row.pop("profile")

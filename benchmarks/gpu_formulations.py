@@ -87,6 +87,7 @@ def profile_step(device, quick: bool) -> dict:
         warmup=3,
         steps=10,
         sync_debug=False,
+        unfused=False,
     )
     timed = ddp_bench.gpu_step(args)  # prints its JSON
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])

@@ -125,3 +125,106 @@ def test_members_called_on_different_tensors_project_each_their_own():
     for name, arg in [("key", y), ("query", x), ("value", y), ("key", x), ("query", x), ("value", x)]:
         got = getattr(parent, name)(arg)
         assert torch.allclose(got, getattr(plain, name)(arg), atol=1e-6), name
+
+
+def test_a_fused_backbone_compiles_into_one_graph():
+    """``train.compile=true`` compiles the encoders: the shared product traces without a graph break
+    (``fullgraph=True`` raises on one) and gives the eager outputs."""
+    torch.manual_seed(0)
+    model, make_inputs = _bert()
+    fuse_qkv(model)
+    inputs = make_inputs(torch.Generator().manual_seed(1))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    for _ in range(2):  # the second call reuses the graph: the group holds nothing between calls
+        got = compiled(**inputs).last_hidden_state
+        assert (got - model(**inputs).last_hidden_state).abs().max().item() <= 1e-6
+
+
+def test_hugging_face_encoders_fuse_their_projections():
+    from patchword.encoders import HFTextEncoder, HFVisionEncoder
+
+    config = transformers.BertConfig(vocab_size=50, max_position_embeddings=32, **_BLOCKS)
+    text = HFTextEncoder(config, embed_dim=16)
+    vision = HFVisionEncoder(transformers.ViTConfig(image_size=32, patch_size=8, **_BLOCKS), embed_dim=16)
+    for encoder in (text, vision):
+        projections = [m for m in encoder.modules() if isinstance(m, FusedProjection)]
+        assert len(projections) == 3 * _BLOCKS["num_hidden_layers"]
+
+
+def test_inference_runs_the_three_products_as_written():
+    """Without gradients (evaluation, search queries) nothing is shared: no concatenated weights."""
+    torch.manual_seed(0)
+    model, make_inputs = _bert()
+    fuse_qkv(model)
+    work = DeviceWork()
+    with torch.no_grad(), work:
+        model(**make_inputs(torch.Generator().manual_seed(1)))
+    assert "cat" not in {op.name for op in work.ops}
+
+
+def test_a_changed_input_weight_or_grad_mode_is_projected_again():
+    torch.manual_seed(0)
+    parent = nn.Module()
+    parent.query, parent.key, parent.value = nn.Linear(4, 6), nn.Linear(4, 6), nn.Linear(4, 6)
+    plain = copy.deepcopy(parent)
+    fuse_qkv(parent)
+    x = torch.randn(2, 4, requires_grad=True)
+    parent.query(x)
+    with torch.no_grad():
+        x.mul_(2)  # in place: its version changes
+    assert torch.allclose(parent.key(x), plain.key(x), atol=1e-6)
+    parent.query(x)
+    with torch.no_grad():
+        parent.value.weight.add_(1.0)
+        plain.value.weight.add_(1.0)
+    assert torch.allclose(parent.value(x), plain.value(x), atol=1e-6)
+    parent.query(x)
+    with torch.no_grad():
+        assert parent.key(x).grad_fn is None and torch.allclose(parent.key(x), plain.key(x), atol=1e-6)
+
+
+def test_threads_running_one_fused_model_get_their_own_outputs():
+    """The search server encodes queries in a thread pool, a training process could too: each thread
+    shares products with itself only (f07ac7d's first fused version mixed threads' outputs up)."""
+    import sys
+    import threading
+
+    torch.manual_seed(0)
+    model, make_inputs = _bert()
+    fuse_qkv(model)
+    batches = [make_inputs(torch.Generator().manual_seed(seed)) for seed in range(4)]
+    with torch.no_grad():
+        fused_off = [model(**b).last_hidden_state for b in batches]  # no sharing without gradients
+    errors = []
+
+    def run(i: int) -> None:
+        for _ in range(60):
+            got = model(**batches[i]).last_hidden_state.detach()
+            errors.append((got - fused_off[i]).abs().max().item())
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert len(errors) == 240 and max(errors) <= 1e-5
+
+
+def test_a_fused_model_deep_copies_and_pickles():
+    import pickle
+
+    torch.manual_seed(0)
+    model, make_inputs = _bert()
+    fuse_qkv(model)
+    inputs = make_inputs(torch.Generator().manual_seed(1))
+    want = model(**inputs).last_hidden_state
+    for other in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        query = other.encoder.layer[0].attention.self.query
+        assert query._qkv_group.members[0] is query  # the copy's group holds the copy's members
+        assert (other(**inputs).last_hidden_state - want).abs().max().item() <= 1e-6

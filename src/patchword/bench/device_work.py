@@ -8,11 +8,12 @@ convolutions, attention) and the line of the caller that issued it. :func:`model
 records into a roofline estimate: per op ``max(bytes / bandwidth, FLOPs / peak) + a per-kernel floor``.
 
 The constants of :data:`H100` are not the data sheet's peaks but rates an H100 reached on this project's
-work (docs/benchmarks.md, "Device work"): 2.8 TB/s, 515 TFLOP/s on bf16 products (a training step's GEMMs:
-12.4 TFLOP in 24 ms), 45 TFLOP/s in fp32. With them the model gave 0.35 / 0.47 us per pair for image- /
-caption-tied SEPS scoring (measured 0.35 / 0.52) and 72 ms of kernels for a ViT-B/16 + BERT-base training
-step (measured 70 ms). It is a guide for choosing between formulations, not a measurement: caches, kernel
-choices and overlap are not modelled, and an elementwise op counts every argument as read once.
+work (docs/benchmarks.md, "Device work"): 2.8 TB/s, 515 TFLOP/s on bf16 products (a training step's
+12.4 TFLOP in ~24 ms of products and attention), 45 TFLOP/s in fp32. With them the model gave 37.9 / 51.8 s
+for COCO 5K image- / caption-tied SEPS scoring (measured 44.0 / 65.4 s) and 72.8 ms of kernels for a
+ViT-B/16 + BERT-base training step (measured 70.2 ms). It is a guide for choosing between formulations,
+not a measurement: caches, kernel choices and overlap are not modelled, and an elementwise op counts
+every argument as read once.
 
 Usage (the mode goes inside a :class:`~patchword.testing.simulated_device.SimulatedDevice` to see the
 accelerator plan; ``dry=True`` walks real sizes without arithmetic)::
@@ -25,14 +26,15 @@ accelerator plan; ``dry=True`` walks real sizes without arithmetic)::
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
+from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
 
 __all__ = ["H100", "DeviceWork", "Machine", "OpWork", "modelled_seconds"]
 
@@ -43,46 +45,29 @@ _SKIP_FILES = (
     _THIS_FILE,
     os.path.join(os.path.dirname(os.path.dirname(_THIS_FILE)), "testing", "simulated_device.py"),
 )
-# Ops that move no data: views, metadata, allocation without initialisation, scalar reads.
+# Ops that move no data besides their views: allocation without initialisation, scalar reads, profiler
+# markers. (Views, including in-place ones such as ``squeeze_``, are recognised from their schema.)
 _NO_DATA = frozenset(
-    [
-        "view",
-        "_unsafe_view",
-        "t",
-        "transpose",
-        "permute",
-        "expand",
-        "slice",
-        "select",
-        "unsqueeze",
-        "squeeze",
-        "as_strided",
-        "detach",
-        "alias",
-        "split",
-        "split_with_sizes",
-        "unbind",
-        "diagonal",
-        "_reshape_alias",
-        "unfold",
-        "lift_fresh",
-        "narrow",
-        "chunk",
-        "reshape",
-        "empty",
-        "empty_like",
-        "new_empty",
-        "empty_strided",
-        "new_empty_strided",
-        "_local_scalar_dense",
-        "is_same_size",
-        "sym_size",
-        "sym_stride",
-        "sym_numel",
-        "expand_as",
-        "view_as",
-    ]
+    ["empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "_local_scalar_dense"]
+    + ["_unsafe_view", "_reshape_alias"]
+    + ["_record_function_enter", "_record_function_enter_new", "_record_function_exit", "lift_fresh"]
 )
+# In-place ops that overwrite their first argument without reading it.
+_WRITE_ONLY = frozenset(
+    ["copy_", "fill_", "zero_", "normal_", "uniform_", "bernoulli_", "random_", "exponential_"]
+    + ["geometric_", "cauchy_", "log_normal_"]
+)
+_aten = torch.ops.aten
+# FLOPs of the CPU attention kernels, which the flop counter's registry does not list (the CUDA ones it
+# does): the same formulas as scaled_dot_product_attention's.
+_EXTRA_FLOPS = {
+    _aten._scaled_dot_product_flash_attention_for_cpu: lambda a: flop_counter.sdpa_flop_count(
+        a[0].shape, a[1].shape, a[2].shape
+    ),
+    _aten._scaled_dot_product_flash_attention_for_cpu_backward: lambda a: (
+        flop_counter.sdpa_backward_flop_count(a[0].shape, a[1].shape, a[2].shape, a[3].shape)
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -146,17 +131,67 @@ def _site() -> str:
 
 
 def _flops(func, args, kwargs, out) -> int:
-    formula = flop_registry.get(func.overloadpacket)
+    extra = _EXTRA_FLOPS.get(func.overloadpacket)
+    if extra is not None:
+        return int(extra(args))
+    formula = flop_counter.flop_registry.get(func.overloadpacket)
     # The registered formulas read shapes from the arguments and the output (``out_val``).
     return 0 if formula is None else int(formula(*args, **kwargs, out_val=out))
+
+
+def _returns_view(schema) -> bool:
+    returns = [r.alias_info for r in schema.returns]
+    return bool(returns) and all(a is not None and not a.is_write for a in returns)
+
+
+@functools.cache
+def _is_view(func) -> bool:
+    """Whether ``func`` returns a view of an argument, or is the in-place form of an op that does
+    (``squeeze_``, ``t_``: they only change metadata)."""
+    if _returns_view(func._schema):
+        return True
+    name = func.overloadpacket.__name__
+    packet = getattr(_aten, name[:-1], None) if name.endswith("_") and not name.endswith("__") else None
+    overload = getattr(packet, func._overloadname, None) if packet is not None else None
+    return overload is not None and _returns_view(overload._schema)
+
+
+def _traffic(func, args, kwargs, out) -> tuple[int, int] | None:
+    """(bytes read, bytes written) of one op from its schema, or None for an op that moves no data.
+
+    Arguments are read, except ``out=`` destinations and the first argument of ``_WRITE_ONLY`` ops;
+    arguments the schema marks as written (in place, ``out=``, the lists of ``_foreach_*`` and fused
+    optimizer ops) are written; outputs are written unless they alias an argument (views, in-place and
+    ``out=`` results)."""
+    schema = func._schema
+    name = func.overloadpacket.__name__
+    if _is_view(func):
+        return None
+    read = written = 0
+    values = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args) :]]
+    for position, (arg, value) in enumerate(zip(schema.arguments, values, strict=False)):
+        size = sum(_nbytes(t) for t in _tensors(value))
+        writes = arg.alias_info is not None and arg.alias_info.is_write
+        if not (arg.is_out or (position == 0 and name in _WRITE_ONLY)):
+            read += size
+        if writes:
+            written += size
+    aliasing = [r.alias_info is not None for r in schema.returns]
+    outputs = out if isinstance(out, (list, tuple)) else (out,)
+    for value, aliases in zip(outputs, aliasing, strict=False):
+        if not aliases:
+            written += sum(_nbytes(t) for t in _tensors(value))
+    if name == "embedding":  # reads the rows it gathers, not the whole table
+        read = _nbytes(args[1]) + written
+    return read, written
 
 
 class DeviceWork(TorchDispatchMode):
     """Records an :class:`OpWork` for every aten op run while active (``ops``, in order).
 
-    An in-place op (``add_``) writes its first argument; a view writes nothing. Bytes are the full sizes
-    of the tensor arguments and outputs (an expanded argument counts its expanded size, as a kernel
-    reading it through stride 0 would issue those loads, mostly from cache).
+    Bytes are the full sizes of the tensors an op reads and writes, as its schema says (:func:`_traffic`);
+    an expanded argument counts its expanded size, as a kernel reading it through stride 0 issues those
+    loads (mostly from cache). Views and allocations are not recorded.
     """
 
     def __init__(self) -> None:
@@ -167,15 +202,13 @@ class DeviceWork(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = func.overloadpacket.__name__
-        if name in _NO_DATA:
+        traffic = None if name in _NO_DATA else _traffic(func, args, kwargs, out)
+        if traffic is None:
             return out
-        read = sum(_nbytes(t) for t in _tensors((args, kwargs)))
         outputs = list(_tensors(out))
-        written = sum(_nbytes(t) for t in outputs)
-        if name.endswith("_") and not name.startswith("_") and args and isinstance(args[0], torch.Tensor):
-            written = _nbytes(args[0])  # in place: the output is the first argument
         dtype = outputs[0].dtype if outputs else None
-        self.ops.append(OpWork(name, read, written, _flops(func, args, kwargs, out), dtype, _site()))
+        flops = _flops(func, args, kwargs, out)
+        self.ops.append(OpWork(name, *traffic, flops, dtype, _site()))
         return out
 
     def by(self, key, machine: Machine = H100) -> list[tuple[object, int, int, int, float]]:

@@ -3,56 +3,100 @@
 transformers' ViT, Swin and BERT project the same hidden states three times (``query``, ``key``,
 ``value``, or ``q_proj``, ``k_proj``, ``v_proj``): three products and, under autocast, three casts of
 the input to bf16, three input gradients cast back to float32 and two float32 sums of them in the
-backward pass. :func:`fuse_qkv` makes the three ``nn.Linear`` share one product with the concatenated
-weights: the same parameters and state-dict entries, the same dot products, one cast, one input
-gradient (the gradients of the three outputs meet in one ``split`` backward).
+backward pass. :func:`fuse_qkv` makes the three ``nn.Linear`` of a training forward share one product
+with the concatenated weights: the same parameters and state-dict entries, the same dot products, one
+cast, one input gradient (the gradients of the three outputs meet in one ``split`` backward).
 
 Why it matters on a GPU (issue 34): counted with :mod:`patchword.bench.device_work` on one training step
-of ViT-B/16 + BERT-base at batch 64 (docs/benchmarks.md, "Device work"), the separate projections cost
-about 9 GB of memory traffic for the casts and sums alone.
+of ViT-B/16 + BERT-base at batch 64, the fusion removes ~560 of ~4,350 kernels and ~10 GB of memory
+traffic (docs/benchmarks.md, "Device work").
 
-The sharing is by identity: the first member called on a tensor computes all three outputs and hands the
-other two theirs when they are called on that same tensor object; a member called on another tensor
-(cross-attention) starts over, so the results never depend on the call order.
+Only forwards that record gradients share the product: in inference the three projections run as
+transformers wrote them (a batch-1 query would pay the concatenation of the weights for nothing). The
+sharing is by identity: the first member called on a tensor computes all three outputs and hands the
+other two theirs when they are called on that same tensor, unchanged (its version counter), with the
+same weights, grad and autocast modes, in the same thread. A block whose members read different tensors
+(cross-attention: keys and values from another sequence) stops sharing at its first such call.
 """
 
 from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["FusedProjection", "fuse_qkv"]
+__all__ = ["FusedProjection", "fuse_qkv", "unfuse_qkv"]
 
 _TRIPLES = (("query", "key", "value"), ("q_proj", "k_proj", "v_proj"))
 
 
+@dataclass
+class _Shared:
+    """One thread's last shared product: its input, what it depended on, its outputs, who took theirs."""
+
+    input: torch.Tensor
+    key: tuple
+    outputs: tuple[torch.Tensor, ...]
+    handed: set[int] = field(default_factory=set)
+
+
 class _Group:
-    """The members of one fused projection and the outputs of their last shared product."""
+    """The members of one fused projection and, per thread, the outputs of their last shared product."""
 
     def __init__(self, members: tuple[nn.Linear, ...]) -> None:
         self.members = members
-        self.input: torch.Tensor | None = None
-        self.outputs: tuple[torch.Tensor, ...] = ()
-        self.handed: set[int] = set()
+        self.sharing = True  # False once the members were seen reading different tensors
+        self._local = threading.local()
+
+    def __deepcopy__(self, memo) -> _Group:
+        import copy
+
+        group = _Group(copy.deepcopy(self.members, memo))
+        group.sharing = self.sharing
+        return group
+
+    def __getstate__(self) -> dict:  # a thread-local holds nothing worth keeping
+        return {"members": self.members, "sharing": self.sharing}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["members"])
+        self.sharing = state["sharing"]
+
+    def _key(self, x: torch.Tensor) -> tuple:
+        modes = (torch.is_grad_enabled(), torch.is_autocast_enabled(x.device.type))
+        if torch.compiler.is_compiling():  # one traced graph: no in-place change between the calls
+            return modes
+        versions = tuple(p._version for m in self.members for p in (m.weight, m.bias) if p is not None)
+        return (x._version, *modes, versions)
 
     def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        if self.input is not x or index in self.handed:
-            members = self.members
-            weight = torch.cat([m.weight for m in members])
-            bias = None if members[0].bias is None else torch.cat([m.bias for m in members])
+        member = self.members[index]
+        if not (self.sharing and torch.is_grad_enabled()):
+            return F.linear(x, member.weight, member.bias)
+        shared: _Shared | None = getattr(self._local, "shared", None)
+        key = self._key(x)
+        if shared is not None and (shared.input is not x or shared.key != key) and index not in shared.handed:
+            # A member reads another tensor than the ones before it in this block: cross-attention.
+            self.sharing, self._local.shared = False, None
+            return F.linear(x, member.weight, member.bias)
+        if shared is None or shared.input is not x or shared.key != key or index in shared.handed:
+            weight = torch.cat([m.weight for m in self.members])
+            bias = None if member.bias is None else torch.cat([m.bias for m in self.members])
             product = F.linear(x, weight, bias)  # (..., sum of out_features)
-            self.input, self.handed = x, set()
-            self.outputs = product.split([m.out_features for m in members], dim=-1)
-        self.handed.add(index)
-        out = self.outputs[index]
-        if len(self.handed) == len(self.members):  # all handed out: hold no activations
-            self.input, self.outputs = None, ()
-        return out
+            outputs = product.split([m.out_features for m in self.members], dim=-1)
+            shared = self._local.shared = _Shared(x, key, outputs)
+        shared.handed.add(index)
+        if len(shared.handed) == len(self.members):  # all handed out: hold no activations
+            self._local.shared = None
+        return shared.outputs[index]
 
 
 class FusedProjection(nn.Linear):
-    """An ``nn.Linear`` that computes its output in one product with the other members of its group."""
+    """An ``nn.Linear`` that, in a forward that records gradients, computes its output in one product
+    with the other members of its group."""
 
     _qkv_group: _Group
     _qkv_index: int
@@ -78,3 +122,14 @@ def fuse_qkv(module: nn.Module) -> int:
                 member._qkv_group, member._qkv_index = group, index
             fused += 1
     return fused
+
+
+def unfuse_qkv(module: nn.Module) -> int:
+    """Undo :func:`fuse_qkv` in place (benchmarks compare the two); returns how many projections."""
+    count = 0
+    for child in module.modules():
+        if type(child) is FusedProjection:
+            child.__class__ = nn.Linear
+            del child._qkv_group, child._qkv_index
+            count += 1
+    return count
