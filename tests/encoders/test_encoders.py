@@ -272,6 +272,37 @@ def test_hf_text_uses_the_attention_mask():
     assert not torch.allclose(unmasked[1, :4], out[1, :4], atol=1e-4)
 
 
+@pytest.mark.parametrize("lens", [(9, 4, 1), (9, 9, 9)], ids=["padded", "no-padding"])
+def test_hf_text_mask_equals_the_one_transformers_builds(lens):
+    """The encoder hands BERT a ready (B, 1, L, L) mask (no host check for padding); the outputs are
+    those of transformers' own (B, L) mask, with padding and without (where transformers drops it)."""
+    torch.manual_seed(0)
+    enc = HFTextEncoder(tiny_bert_config(), embed_dim=24).eval()
+    ids, lens = random_text(lens=lens)
+    valid = torch.arange(ids.shape[1]) < lens[:, None]
+    want = enc.proj(enc.backbone(input_ids=ids, attention_mask=valid).last_hidden_state)
+    got = enc(ids, lens)
+    for row, n in enumerate(lens.tolist()):
+        torch.testing.assert_close(got[row, :n], want[row, :n], atol=1e-6, rtol=1e-6)
+
+
+def test_hf_text_training_encode_does_not_wait_for_the_device():
+    """On an accelerator a training step's text encoding makes the host wait for nothing: f07ac7d
+    waited once per call in transformers' padding check (``mask.all()``)."""
+    from patchword.testing.simulated_device import SimulatedDevice
+
+    torch.manual_seed(0)
+    enc = HFTextEncoder(tiny_bert_config(), embed_dim=24).train()
+    ids, lens = random_text()
+    sim = SimulatedDevice()
+    with sim:
+        sim.to_device(enc)
+        ids, lens = sim.to_device(ids), sim.to_device(lens)
+        sim.reset()
+        enc(ids, lens).sum().backward()
+    assert sim.counts.syncs == 0, sim.counts.sync_sites
+
+
 def test_hf_text_gradients_and_length_check():
     enc = HFTextEncoder(tiny_bert_config(), embed_dim=24)
     ids, lens = random_text()

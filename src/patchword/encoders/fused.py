@@ -33,6 +33,13 @@ __all__ = ["FusedProjection", "fuse_qkv", "unfuse_qkv"]
 _TRIPLES = (("query", "key", "value"), ("q_proj", "k_proj", "v_proj"))
 
 
+def _autocast_enabled(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:  # a device type autocast does not know (the simulated device's meta)
+        return False
+
+
 @dataclass
 class _Shared:
     """One thread's last shared product: its input, what it depended on, its outputs, who took theirs."""
@@ -66,7 +73,7 @@ class _Group:
         self.sharing = state["sharing"]
 
     def _key(self, x: torch.Tensor) -> tuple:
-        modes = (torch.is_grad_enabled(), torch.is_autocast_enabled(x.device.type))
+        modes = (torch.is_grad_enabled(), _autocast_enabled(x.device.type))
         if torch.compiler.is_compiling():  # one traced graph: no in-place change between the calls
             return modes
         versions = tuple(p._version for m in self.members for p in (m.weight, m.bias) if p is not None)

@@ -250,6 +250,11 @@ class HFTextEncoder(EncoderBase):
         ).to(ids.device)
         # The official mask is ids != 0; also masking positions >= lens makes the output independent of
         # whatever a caller left in the padding.
-        attention_mask = (ids != 0) & ~padding_mask(lens, ids.shape[1])
+        attention_mask = (ids != 0) & ~padding_mask(lens, ids.shape[1])  # (B, L) keys to attend to
+        if self.backbone.config._attn_implementation == "sdpa":
+            # The (B, 1, L, L) mask transformers builds from the (B, L) one for SDPA, given ready-made:
+            # it then skips its check whether any position is padded (``mask.all()``), a host sync on an
+            # accelerator, twice per training step (captions, dense captions).
+            attention_mask = attention_mask[:, None, None, :].expand(-1, 1, ids.shape[1], -1)
         hidden = self.backbone(input_ids=ids, attention_mask=attention_mask).last_hidden_state
         return self.proj(hidden)
