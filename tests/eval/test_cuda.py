@@ -191,3 +191,55 @@ def test_one_training_step_on_cuda_has_the_loss_and_gradients_of_the_cpu(device,
     assert abs(float(loss_dev - loss_cpu)) <= 1e-4 * abs(float(loss_cpu))
     torch.testing.assert_close(stats_dev, stats_cpu, rtol=1e-4, atol=1e-6)
     assert_gradients_close(grads_dev, grads_cpu, 1e-4)
+
+
+# ------------------------------------------------------------------------ fused query/key/value on CUDA
+
+
+@on_each_device
+def test_fused_projections_on_cuda_equal_the_unfused_and_do_not_sync(device):
+    """A tiny Hugging Face BERT on CUDA with ``fuse_qkv`` (as every patchword HF encoder) against the same
+    weights without it: equal outputs and gradients in float32, close under bf16 autocast, and a training
+    encode that never makes the host wait (``set_sync_debug_mode("error")`` raises on any sync)."""
+    transformers = pytest.importorskip("transformers")
+    from patchword.encoders import HFTextEncoder
+    from patchword.encoders.fused import unfuse_qkv
+
+    config = transformers.BertConfig(
+        vocab_size=50,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    torch.manual_seed(0)
+    fused = HFTextEncoder(config, embed_dim=32).to(device).train()
+    plain = copy.deepcopy(fused)
+    unfuse_qkv(plain)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 50, (4, 12), generator=g).to(device)
+    lens = torch.tensor([12, 7, 3, 9]).to(device)
+    outs = {}
+    for name, model in (("fused", fused), ("plain", plain)):
+        with _fp32_exact():
+            out = model(ids, lens)
+            out.sum().backward()
+        with torch.autocast("cuda", torch.bfloat16):
+            outs[name + "_bf16"] = model(ids, lens).float()
+        outs[name] = out
+    assert (outs["fused"] - outs["plain"]).abs().max().item() <= 1e-5
+    for p, q in zip(fused.parameters(), plain.parameters(), strict=True):
+        assert (p.grad - q.grad).abs().max().item() <= 1e-5 * max(1.0, q.grad.abs().max().item())
+    # bf16 products: another GEMM shape may sum in another order (a few bf16 ulps)
+    scale = max(1.0, outs["plain_bf16"].abs().max().item())
+    assert (outs["fused_bf16"] - outs["plain_bf16"]).abs().max().item() <= 2e-2 * scale
+    torch.cuda.synchronize(device)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.autocast("cuda", torch.bfloat16):
+            fused(ids, lens).float().sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
