@@ -269,26 +269,31 @@ def memory(args: argparse.Namespace) -> dict:
 # ----------------------------------------------------------------------------------------- gpu-step
 
 
-def gpu_step(args: argparse.Namespace) -> dict:
+def _model_name(args: argparse.Namespace) -> str:
+    return "seps-tiny-paper" if args.quick else args.model
+
+
+def step_setup(args: argparse.Namespace):
+    """The gpu-step setting on ``args.device``: ``(model, cfg, step_module, optimizer, shard)`` for
+    ``args.model`` (``seps-tiny-paper`` with ``--quick``) at ``args.batch``, random initialisation, stand-in
+    text lengths, fused AdamW; ``args.unfused`` undoes the fused query/key/value projections and
+    ``args.compile`` compiles the encoders and the matcher. Also used by device_counts.py step-work."""
     import torch
 
     from patchword.bench.inputs import stand_in_lengths
     from patchword.config import apply_overrides
     from patchword.data.pipeline import ShardBatch
     from patchword.distributed import Distributed
+    from patchword.encoders.fused import unfuse_qkv
     from patchword.factory import create_model
     from patchword.runs.config import RunConfig
     from patchword.train.step import ShardLoss
-    from patchword.train.trainer import autocast_context
 
     device = torch.device(args.device)
-    if args.tf32:
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    name = "seps-tiny-paper" if args.quick else args.model
-    model = create_model(name, pretrained=False, vocab_size=1000 if args.quick else None, device=device)
+    model = create_model(
+        _model_name(args), pretrained=False, vocab_size=1000 if args.quick else None, device=device
+    )
     if args.unfused:  # query/key/value as three products, as transformers writes them
-        from patchword.encoders.fused import unfuse_qkv
-
         unfuse_qkv(model)
     cfg = apply_overrides(RunConfig(), [f"train.pair_chunk={args.pair_chunk}", f"precision={args.precision}"])
     if args.compile:
@@ -314,6 +319,19 @@ def gpu_step(args: argparse.Namespace) -> dict:
         dense_lens_all=dlens,
     ).to(device)
     model.train()
+    return model, cfg, step_module, optimizer, shard
+
+
+def gpu_step(args: argparse.Namespace) -> dict:
+    import torch
+
+    from patchword.train.trainer import autocast_context
+
+    device = torch.device(args.device)
+    if args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    model, cfg, step_module, optimizer, shard = step_setup(args)
+    name, batch = _model_name(args), args.batch
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)

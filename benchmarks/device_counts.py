@@ -152,36 +152,12 @@ def step_work(batch: int, name: str, fused: bool = True) -> dict:
     minute at ViT-B/16 + BERT-base, batch 64, on 2 cores. The optimizer's state is created by a first step
     outside the count. ``fused=False`` undoes the fused query/key/value projections of the Hugging Face
     backbones (:mod:`patchword.encoders.fused`) to count the step as transformers writes it."""
-    from patchword.config import apply_overrides
-    from patchword.data.pipeline import ShardBatch
-    from patchword.distributed import Distributed
-    from patchword.encoders.fused import unfuse_qkv
-    from patchword.factory import create_model
-    from patchword.runs.config import RunConfig
-    from patchword.train.step import ShardLoss
+    import ddp_bench  # beside us: the gpu-step setting
 
     torch.manual_seed(0)
-    device = torch.device("cpu")
-    model = create_model(name, pretrained=False, device=device).train()
-    if not fused:
-        unfuse_qkv(model)
-    cfg = apply_overrides(RunConfig(), ["precision=amp_bf16"])
-    loss_module = ShardLoss(model, cfg, Distributed(device=device))
-    cap_lens, dense_lens = stand_in_lengths()  # as ddp_bench.py gpu-step
-    lens, dlens = cap_lens[:batch].clamp(max=40), dense_lens[:batch]
-    g = torch.Generator().manual_seed(0)
-    shard = ShardBatch(
-        images=torch.randn(batch, 3, 224, 224, generator=g),
-        ids=torch.randint(1000, 30522, (batch, int(lens.max())), generator=g),
-        lens=lens,
-        lens_all=lens,
-        img_ids=torch.arange(batch),
-        dense_ids=torch.randint(1000, 30522, (batch, int(dlens.max())), generator=g),
-        dense_lens=dlens,
-        dense_lens_all=dlens,
-    )
-    params = model.parameter_groups(cfg.train.lr, cfg.train.backbone_lr_mult)
-    optimizer = torch.optim.AdamW(params, weight_decay=cfg.train.weight_decay, fused=True)
+    setting = argparse.Namespace(device="cpu", quick=False, model=name, batch=batch, unfused=not fused)
+    setting.__dict__.update(precision="amp_bf16", pair_chunk=0, compile=False)
+    model, cfg, loss_module, optimizer, shard = ddp_bench.step_setup(setting)
     for p in model.parameters():  # the optimizer's state, made before the counted step
         p.grad = torch.zeros_like(p)
     optimizer.step()

@@ -27,8 +27,6 @@ accelerator plan; ``dry=True`` walks real sizes without arithmetic)::
 from __future__ import annotations
 
 import functools
-import os
-import sys
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -36,15 +34,10 @@ import torch
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from patchword.testing.simulated_device import call_site
+
 __all__ = ["H100", "DeviceWork", "Machine", "OpWork", "modelled_seconds"]
 
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-_THIS_FILE = os.path.abspath(__file__)
-# The counting modes: their frames sit between an op and the code that issued it.
-_SKIP_FILES = (
-    _THIS_FILE,
-    os.path.join(os.path.dirname(os.path.dirname(_THIS_FILE)), "testing", "simulated_device.py"),
-)
 # Ops that move no data besides their views: allocation without initialisation, scalar reads, profiler
 # markers. (Views, including in-place ones such as ``squeeze_``, are recognised from their schema.)
 _NO_DATA = frozenset(
@@ -87,7 +80,9 @@ H100 = Machine("NVIDIA H100 (rates measured on this project's work)", 2.8e12, 51
 
 @dataclass(frozen=True)
 class OpWork:
-    """One aten op: its name, bytes read and written, FLOPs, output dtype and issuing ``path:line``."""
+    """One aten op: its name, bytes read and written, FLOPs, output dtype and issuing ``path:line``
+    (:func:`~patchword.testing.simulated_device.call_site`: a backward op's is the line that called
+    ``backward()``, ``<unknown>`` when the autograd engine runs it on a thread of its own)."""
 
     name: str
     read: int
@@ -114,20 +109,6 @@ def _tensors(x):
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
-
-
-def _site() -> str:
-    """``path:line`` of the innermost caller outside torch and the counting modes: a backward op's is the
-    line that called ``backward()`` (``<autograd>`` when the engine runs it on a thread of its own)."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        path = frame.f_code.co_filename
-        absolute = os.path.abspath(path)
-        if not (absolute.startswith(_TORCH_DIR) or absolute in _SKIP_FILES or path[:1] == "<"):
-            cut = path.split("site-packages" + os.sep)
-            return f"{cut[-1] if len(cut) > 1 else os.path.relpath(path)}:{frame.f_lineno}"
-        frame = frame.f_back
-    return "<autograd>"
 
 
 def _flops(func, args, kwargs, out) -> int:
@@ -208,7 +189,7 @@ class DeviceWork(TorchDispatchMode):
         outputs = list(_tensors(out))
         dtype = outputs[0].dtype if outputs else None
         flops = _flops(func, args, kwargs, out)
-        self.ops.append(OpWork(name, *traffic, flops, dtype, _site()))
+        self.ops.append(OpWork(name, *traffic, flops, dtype, call_site()))
         return out
 
     def by(self, key, machine: Machine = H100) -> list[tuple[object, int, int, int, float]]:

@@ -21,6 +21,7 @@ same weights, grad and autocast modes, in the same thread. A block whose members
 
 from __future__ import annotations
 
+import copy
 import threading
 from dataclasses import dataclass, field
 
@@ -59,8 +60,6 @@ class _Group:
         self._local = threading.local()
 
     def __deepcopy__(self, memo) -> _Group:
-        import copy
-
         group = _Group(copy.deepcopy(self.members, memo))
         group.sharing = self.sharing
         return group
@@ -73,11 +72,12 @@ class _Group:
         self.sharing = state["sharing"]
 
     def _key(self, x: torch.Tensor) -> tuple:
-        modes = (torch.is_grad_enabled(), _autocast_enabled(x.device.type))
+        """What a shared product depends on besides ``x`` itself (always computed with gradients)."""
+        autocast = _autocast_enabled(x.device.type)
         if torch.compiler.is_compiling():  # one traced graph: no in-place change between the calls
-            return modes
+            return (autocast,)
         versions = tuple(p._version for m in self.members for p in (m.weight, m.bias) if p is not None)
-        return (x._version, *modes, versions)
+        return (autocast, x._version, versions)
 
     def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
         member = self.members[index]
@@ -85,11 +85,12 @@ class _Group:
             return F.linear(x, member.weight, member.bias)
         shared: _Shared | None = getattr(self._local, "shared", None)
         key = self._key(x)
-        if shared is not None and (shared.input is not x or shared.key != key) and index not in shared.handed:
+        current = shared is not None and shared.input is x and shared.key == key
+        if shared is not None and not current and index not in shared.handed:
             # A member reads another tensor than the ones before it in this block: cross-attention.
             self.sharing, self._local.shared = False, None
             return F.linear(x, member.weight, member.bias)
-        if shared is None or shared.input is not x or shared.key != key or index in shared.handed:
+        if not current or index in shared.handed:
             weight = torch.cat([m.weight for m in self.members])
             bias = None if member.bias is None else torch.cat([m.bias for m in self.members])
             product = F.linear(x, weight, bias)  # (..., sum of out_features)

@@ -53,7 +53,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-__all__ = ["DeviceCounts", "MixedDeviceError", "SimTensor", "SimulatedDevice"]
+__all__ = ["DeviceCounts", "MixedDeviceError", "SimTensor", "SimulatedDevice", "call_site"]
 
 _DEVICE = torch.device("meta")
 _HOST = torch.device("cpu")
@@ -125,8 +125,9 @@ class DeviceCounts:
         return out
 
 
-def _call_site() -> str:
-    """``path:line`` of the innermost frame outside torch and this file (path relative to the cwd)."""
+def call_site() -> str:
+    """``path:line`` of the innermost frame outside torch and the counting modes (this file and
+    :mod:`patchword.bench.device_work`), the path relative to the cwd when below it."""
     frame = sys._getframe(1)
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
@@ -328,7 +329,7 @@ class _FunctionMode(TorchFunctionMode):
         if func is torch.Tensor.numpy and isinstance(args[0], SimTensor):
             if not (kwargs.get("force") or (len(args) > 1 and args[1])):
                 raise MixedDeviceError(
-                    f"Tensor.numpy of a device tensor at {_call_site()} (CUDA: can't convert cuda:0 device "
+                    f"Tensor.numpy of a device tensor at {call_site()} (CUDA: can't convert cuda:0 device "
                     "type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first.)"
                 )
             return self.sim._read_to_host(args[0]).numpy().copy()
@@ -413,7 +414,7 @@ class SimulatedDevice:
 
     def _sync(self) -> None:
         self.counts.syncs += 1
-        self.counts.sync_sites[_call_site()] += 1
+        self.counts.sync_sites[call_site()] += 1
 
     def _fill_value(self, dtype: torch.dtype):
         if dtype == torch.bool:
@@ -462,7 +463,7 @@ class SimulatedDevice:
         for t in on_host:
             if t.device.type == "meta":
                 raise RuntimeError(
-                    f"{func} got a plain meta tensor {_describe(t)} at {_call_site()}: it was made outside "
+                    f"{func} got a plain meta tensor {_describe(t)} at {call_site()}: it was made outside "
                     "the SimulatedDevice (make device tensors inside `with sim:` or with sim.to_device)"
                 )
         device_kw = kwargs.get("device")
@@ -546,7 +547,7 @@ class SimulatedDevice:
         if wide:
             hint = _CUDA_HINTS.get(packet, _SAME_DEVICE_HINT)
             raise MixedDeviceError(
-                f"{func} mixes host and device tensors at {_call_site()} (CUDA: {hint}); "
+                f"{func} mixes host and device tensors at {call_site()} (CUDA: {hint}); "
                 f"host: {', '.join(_describe(t) for t in wide)}"
             )
         for t in host_indices:
@@ -599,7 +600,7 @@ class SimulatedDevice:
 
     def _dry_error(self, func) -> RuntimeError:
         return RuntimeError(
-            f"{func} at {_call_site()} has an output shape that depends on device data, "
+            f"{func} at {call_site()} has an output shape that depends on device data, "
             "which a dry SimulatedDevice (meta tensors, no values) cannot compute"
         )
 
