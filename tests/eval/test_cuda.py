@@ -205,16 +205,9 @@ def test_fused_projections_on_cuda_equal_the_unfused_and_do_not_sync(device):
     from patchword.encoders import HFTextEncoder
     from patchword.encoders.fused import unfuse_qkv
 
-    config = transformers.BertConfig(
-        vocab_size=50,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=32,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
+    blocks = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+    no_dropout = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    config = transformers.BertConfig(vocab_size=50, max_position_embeddings=32, **blocks, **no_dropout)
     torch.manual_seed(0)
     fused = HFTextEncoder(config, embed_dim=32).to(device).train()
     plain = copy.deepcopy(fused)
