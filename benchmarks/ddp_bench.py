@@ -274,10 +274,12 @@ def _model_name(args: argparse.Namespace) -> str:
 
 
 def step_setup(args: argparse.Namespace):
-    """The gpu-step setting on ``args.device``: ``(model, cfg, step_module, optimizer, shard)`` for
+    """The gpu-step setting on ``args.device``: ``(model, cfg, step_module, optimizer, shard, bf16)`` for
     ``args.model`` (``seps-tiny-paper`` with ``--quick``) at ``args.batch``, random initialisation, stand-in
     text lengths, fused AdamW; ``args.unfused`` undoes the fused query/key/value projections and
-    ``args.compile`` compiles the encoders and the matcher. Also used by device_counts.py step-work."""
+    ``args.compile`` compiles the encoders and the matcher. Under ``--precision bf16`` the step module
+    runs on ``bf16``, the model's bfloat16 copy (the trainer's :class:`BF16Copy`), else ``bf16`` is None.
+    Also used by device_counts.py step-work."""
     import torch
 
     from patchword.bench.inputs import stand_in_lengths
@@ -287,6 +289,7 @@ def step_setup(args: argparse.Namespace):
     from patchword.encoders.fused import unfuse_qkv
     from patchword.factory import create_model
     from patchword.runs.config import RunConfig
+    from patchword.train.master_weights import BF16Copy
     from patchword.train.step import ShardLoss
 
     device = torch.device(args.device)
@@ -296,10 +299,12 @@ def step_setup(args: argparse.Namespace):
     if args.unfused:  # query/key/value as three products, as transformers writes them
         unfuse_qkv(model)
     cfg = apply_overrides(RunConfig(), [f"train.pair_chunk={args.pair_chunk}", f"precision={args.precision}"])
+    bf16 = BF16Copy(model) if args.precision == "bf16" else None
+    step_model = model if bf16 is None else bf16.module
     if args.compile:
-        for module in (model.image_encoder, model.text_encoder, model.matcher):
+        for module in (step_model.image_encoder, step_model.text_encoder, step_model.matcher):
             module.compile()
-    step_module = ShardLoss(model, cfg, Distributed(device=device))
+    step_module = ShardLoss(step_model, cfg, Distributed(device=device))
     params = model.parameter_groups(cfg.train.lr, cfg.train.backbone_lr_mult)
     optimizer = torch.optim.AdamW(params, weight_decay=cfg.train.weight_decay, fused=True)
     batch, side = args.batch, model.image_encoder.image_size or 224
@@ -318,8 +323,8 @@ def step_setup(args: argparse.Namespace):
         dense_lens=dlens,
         dense_lens_all=dlens,
     ).to(device)
-    model.train()
-    return model, cfg, step_module, optimizer, shard
+    step_model.train()
+    return model, cfg, step_module, optimizer, shard, bf16
 
 
 def gpu_step(args: argparse.Namespace) -> dict:
@@ -330,18 +335,22 @@ def gpu_step(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
     if args.tf32:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    model, cfg, step_module, optimizer, shard = step_setup(args)
+    model, cfg, step_module, optimizer, shard, bf16 = step_setup(args)
     name, batch = _model_name(args), args.batch
 
-    def step() -> None:
+    def step() -> None:  # the trainer's step (Trainer._train_step) without its logging
         optimizer.zero_grad(set_to_none=True)
         with autocast_context(cfg.precision, device):
             loss, stats = step_module(shard, True, False, 1.0)
         loss.backward()
+        if bf16 is not None:
+            bf16.push_grads()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip, foreach=True)
         optimizer.found_inf = (~torch.isfinite(stats[0])).float()
         optimizer.step()
         del optimizer.found_inf
+        if bf16 is not None:
+            bf16.pull()
 
     def sync() -> None:
         if device.type == "cuda":
@@ -530,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     p_gpu.add_argument("--device", default="cuda")
     p_gpu.add_argument("--model", default="seps-vit-b16-paper", help="a patchword.factory model name")
     p_gpu.add_argument("--batch", type=int, default=64)
-    p_gpu.add_argument("--precision", default="amp_bf16", choices=["fp32", "amp_bf16", "amp_fp16"])
+    p_gpu.add_argument("--precision", default="amp_bf16", choices=["fp32", "amp_bf16", "amp_fp16", "bf16"])
     p_gpu.add_argument("--steps", type=int, default=20)
     p_gpu.add_argument("--warmup", type=int, default=3)
     p_gpu.add_argument("--pair-chunk", type=int, default=0)

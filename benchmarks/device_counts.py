@@ -143,9 +143,11 @@ def count_scoring(
     return row
 
 
-def step_work(batch: int, name: str, fused: bool = True) -> dict:
+def step_work(batch: int, name: str, fused: bool = True, precision: str = "amp_bf16") -> dict:
     """Bytes, FLOPs and modelled H100 kernel time of one training step (encoders, ShardLoss, backward,
-    gradient clipping, AdamW) of ``name`` at batch ``batch``, computed on the CPU under bf16 autocast.
+    gradient clipping, AdamW) of ``name`` at batch ``batch``, computed on the CPU under ``precision``
+    (``amp_bf16``: bf16 autocast; ``bf16``: the bfloat16 copy with float32 master weights, gradients moved
+    to them and the copy refreshed after the step, as the trainer does).
 
     The CPU's autocast policy stands in for CUDA's (both cast matrix products to bf16 and keep layer norm
     and softmax in fp32); attention runs the CPU's SDPA kernels, not cuDNN's. Real arithmetic: about a
@@ -154,10 +156,12 @@ def step_work(batch: int, name: str, fused: bool = True) -> dict:
     backbones (:mod:`patchword.encoders.fused`) to count the step as transformers writes it."""
     import ddp_bench  # beside us: the gpu-step setting
 
+    from patchword.precision import autocast_context
+
     torch.manual_seed(0)
     setting = argparse.Namespace(device="cpu", quick=False, model=name, batch=batch, unfused=not fused)
-    setting.__dict__.update(precision="amp_bf16", pair_chunk=0, compile=False)
-    model, cfg, loss_module, optimizer, shard = ddp_bench.step_setup(setting)
+    setting.__dict__.update(precision=precision, pair_chunk=0, compile=False)
+    model, cfg, loss_module, optimizer, shard, bf16 = ddp_bench.step_setup(setting)
     for p in model.parameters():  # the optimizer's state, made before the counted step
         p.grad = torch.zeros_like(p)
     optimizer.step()
@@ -165,16 +169,21 @@ def step_work(batch: int, name: str, fused: bool = True) -> dict:
     recorder = DeviceWork()
     start = time.perf_counter()
     with recorder:
-        with torch.autocast("cpu", torch.bfloat16):
+        with autocast_context(precision, torch.device("cpu")):
             loss, _ = loss_module(shard, True, False, 1.0)
         forward_ops = len(recorder.ops)
         loss.backward()
+        if bf16 is not None:
+            bf16.push_grads()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip, foreach=True)
         optimizer.step()
+        if bf16 is not None:
+            bf16.pull()
     ops = recorder.ops
     return {
         "model": name,
         "batch": batch,
+        "precision": precision,
         "fused_qkv": fused,
         "ops": len(ops),
         "forward_ops": forward_ops,
@@ -248,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     p_sw.add_argument("--batches", default="64")
     p_sw.add_argument("--model", default="seps-vit-b16-paper")
     p_sw.add_argument("--unfused", action="store_true", help="query/key/value as three products")
+    p_sw.add_argument("--precision", default="amp_bf16", choices=["amp_bf16", "bf16"])
     p_st = sub.add_parser("step", help="op, sync and copy counts of one matcher training step")
     p_st.add_argument("--batches", default="64,128")
     p_st.add_argument("--real", action="store_true", help="compute on the CPU instead of a dry walk")
@@ -265,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(row), flush=True)
     elif args.command == "step-work":
         for batch in (int(b) for b in args.batches.split(",")):
-            row = step_work(batch, args.model, fused=not args.unfused)
+            row = step_work(batch, args.model, fused=not args.unfused, precision=args.precision)
             rows.append(row)
             print(json.dumps(row), flush=True)
     else:

@@ -13,8 +13,9 @@ c. ``scoring``: ``score_matrix`` at the Flickr30K (1000 x 5000) and COCO-5K (500
    ViT-B/16-224 tokens, SEPS code variant with image-tied then caption-tied dense text, inputs already on
    the device and given from the host (the upload included); exactness against the official per-caption
    loop (``patchword.testing.seps_reference_scores``) on a slice and the engine's speed-up over it per pair.
-d. ``train``: training steps/s at ViT-B/16 + BERT-base shapes, batch 64 and 128, bfloat16 autocast
-   (``ddp_bench.py gpu-step``; random initialisation, needs transformers).
+d. ``train``: training steps/s at ViT-B/16 + BERT-base shapes, batch 64 and 128, bfloat16 autocast, and
+   at batch 64 also with unfused query/key/value projections and in ``precision=bf16`` (the bfloat16 copy
+   with float32 master weights) (``ddp_bench.py gpu-step``; random initialisation, needs transformers).
 e. ``demo``: ``patchword demo device=... train.max_steps=...`` end to end, timed, its test rSum.
 f. ``profile``: ``torch.profiler`` of one ``score_matrix`` call on a slice: top ops by self device time and
    the host-device synchronisations and copies.
@@ -22,7 +23,7 @@ f. ``profile``: ``torch.profiler`` of one ``score_matrix`` call on a slice: top 
 More steps, run when ``--steps`` names them (``benchmarks/gpu_check_extra.py``): ``tf32`` (scoring in
 float32 and ``precision="tf32"``), ``eval_tf32`` (``patchword eval --eval-run RUN`` in both),
 ``train_profile`` (the training step under the profiler), ``train_compile`` (steps/s with
-``torch.compile``).
+``torch.compile``, in ``--compile-precision``).
 
 Timings come before the profiler (it slows what it watches). A step is skipped, with a line saying so, when
 the budget left cannot hold it and the minimum of the steps after it; a step that fails prints its
@@ -229,12 +230,13 @@ def step_train(args, budget: Budget, partial) -> dict:
     models = ["seps-tiny-paper"] if args.quick else ["seps-vit-b16-paper", "seps-vit-b16-code"]
     batches = [8, 16] if args.quick else [64, 128]
     steps, warmup = (2, 1) if args.quick else (args.train_steps, 3)
-    # the first model at the first batch again with query/key/value as three products: the effect of
-    # patchword.encoders.fused on this GPU, side by side
-    cases = [(m, b, False) for m in models for b in batches]
-    cases.insert(1, (models[0], batches[0], True))
+    # the first model at the first batch again with query/key/value as three products (the effect of
+    # patchword.encoders.fused) and in precision=bf16 (the bfloat16 copy with float32 master weights):
+    # each beside the amp_bf16 row on this GPU
+    cases = [(m, b, False, "amp_bf16") for m in models for b in batches]
+    cases[1:1] = [(models[0], batches[0], True, "amp_bf16"), (models[0], batches[0], False, "bf16")]
     rows, last_wall = [], None
-    for model, batch, unfused in cases:
+    for model, batch, unfused, precision in cases:
         # a doubled batch costs about twice the steps; the first call also pays the model build
         need = 2 * last_wall if last_wall else MIN_SECONDS["train"] / 2
         if need > budget.free("train"):
@@ -243,7 +245,7 @@ def step_train(args, budget: Budget, partial) -> dict:
             rows.append({"model": model, "batch": batch, "status": "skipped (budget)"})
             continue
         ns = argparse.Namespace(device=args.device, quick=args.quick, model=model, batch=batch)
-        ns.__dict__.update(precision="amp_bf16", steps=steps, warmup=warmup, pair_chunk=0)
+        ns.__dict__.update(precision=precision, steps=steps, warmup=warmup, pair_chunk=0)
         ns.__dict__.update(tf32=False, compile=False, sync_debug=False, unfused=unfused)
         start = time.perf_counter()
         try:
@@ -267,7 +269,7 @@ def step_train(args, budget: Budget, partial) -> dict:
         _free_memory()
     done = [r for r in rows if "steps_per_s" in r]
     summary = "; ".join(
-        f"{r['model']} b{r['batch']}{' unfused' if not r.get('fused_qkv', True) else ''}: "
+        f"{r['model']} b{r['batch']} {r['precision']}{' unfused' if not r.get('fused_qkv', True) else ''}: "
         f"{r['steps_per_s']:.2f} steps/s"
         for r in done
     )
@@ -409,11 +411,13 @@ def markdown(data: dict) -> str:
         lines += ["", "## Exhaustive scoring", "", *scoring_table(scoring)]
     train = [r for r in steps.get("train", {}).get("rows", []) if "steps_per_s" in r]
     if train:
-        lines += ["", "## Training step (bf16 autocast)", "", "| model | batch | steps/s | peak GB |"]
-        lines.append("|---|---:|---:|---:|")
+        lines += ["", "## Training step", "", "| model | batch | precision | q/k/v | steps/s | peak GB |"]
+        lines.append("|---|---:|---|---|---:|---:|")
         for r in train:
             peak = f"{r['peak_memory_gb']:.1f}" if r.get("peak_memory_gb") else "-"
-            lines.append(f"| {r['model']} | {r['batch']} | {r['steps_per_s']:.2f} | {peak} |")
+            qkv = "fused" if r.get("fused_qkv", True) else "unfused"
+            cells = [r["model"], r["batch"], r["precision"], qkv, f"{r['steps_per_s']:.2f}", peak]
+            lines.append("| " + " | ".join(map(str, cells)) + " |")
     tf32 = [r for r in steps.get("tf32", {}).get("rows", []) if "seconds" in r]
     if tf32:
         lines += ["", "## float32 vs precision=tf32 (alignment products only)", ""]
@@ -475,6 +479,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ref-images", type=int, default=200, help="images of the official loop's slice")
     parser.add_argument("--ref-captions", type=int, default=10, help="captions of the official loop's slice")
     parser.add_argument("--train-steps", type=int, default=10, help="timed training steps per batch size")
+    parser.add_argument(
+        "--compile-precision",
+        default="bf16",
+        choices=["amp_bf16", "bf16"],
+        help="the train_compile step's precision (its 2026-11-26 H100 figure: amp_bf16, 15.30 steps/s)",
+    )
     parser.add_argument("--demo-steps", type=int, default=50, help="the demo's train.max_steps")
     parser.add_argument("--demo-timeout-s", type=float, default=240.0)
     args = parser.parse_args(argv)

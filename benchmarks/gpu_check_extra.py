@@ -167,7 +167,8 @@ def step_train_compile(args, budget, partial, say, child_env) -> dict:
     model = "seps-tiny-paper" if args.quick else "seps-vit-b16-paper"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "ddp_bench.py"), "gpu-step", "--device", args.device]
     cmd += ["--model", model, "--batch", "8" if args.quick else "64", "--compile", "--steps", "10"]
-    cmd += ["--warmup", "3", "--json", str(Path(args.out) / "train_compile.json")]
+    cmd += ["--warmup", "3", "--precision", args.compile_precision]
+    cmd += ["--json", str(Path(args.out) / "train_compile.json")]
     if args.quick:
         cmd.append("--quick")
     timeout = budget.free("train_compile")
@@ -183,6 +184,7 @@ def step_train_compile(args, budget, partial, say, child_env) -> dict:
     result = json.loads((Path(args.out) / "train_compile.json").read_text())
     row = result[0] if isinstance(result, list) else result
     summary = (
-        f"{model} b{row['batch']} compiled: {row['steps_per_s']:.2f} steps/s ({seconds} s with compilation)"
+        f"{model} b{row['batch']} {row['precision']} compiled: {row['steps_per_s']:.2f} steps/s "
+        f"({seconds} s with compilation)"
     )
     return {"row": row, "seconds": seconds, "summary": summary}

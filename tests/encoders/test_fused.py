@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from patchword.bench.device_work import DeviceWork
 from patchword.encoders.fused import FusedProjection, fuse_qkv
@@ -225,6 +226,13 @@ def test_a_fused_model_deep_copies_and_pickles():
     inputs = make_inputs(torch.Generator().manual_seed(1))
     want = model(**inputs).last_hidden_state
     for other in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
-        query = other.encoder.layer[0].attention.self.query
-        assert query._qkv_group.members[0] is query  # the copy's group holds the copy's members
-        assert (other(**inputs).last_hidden_state - want).abs().max().item() <= 1e-6
+        attention = other.encoder.layer[0].attention.self
+        group = attention.query._qkv_group
+        assert group.members == (attention.query, attention.key, attention.value)  # the copy's members
+        # ... and one group, so one product: a member with a group of its own computes all three outputs
+        assert attention.key._qkv_group is group and attention.value._qkv_group is group
+        with FlopCounterMode(display=False) as flops:
+            assert (other(**inputs).last_hidden_state - want).abs().max().item() <= 1e-6
+        with FlopCounterMode(display=False) as flops_original:
+            model(**inputs)
+        assert flops.get_total_flops() == flops_original.get_total_flops()

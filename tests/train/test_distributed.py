@@ -119,6 +119,10 @@ FP64_WEIGHT_ABS = 1e-9
 FP32_STEP1_REL = 1e-5
 FP32 = ["precision=fp32", "train.max_steps=1", "train.align_warmup_epochs=0"]  # a full loss at step 1
 FP64 = ["precision=fp64"]
+# precision=bf16 (a bfloat16 copy computes, float32 master weights): gradients summed over the processes
+# in float32 by the DDP hook; bfloat16 rounding leaves the 1- and 2-process losses ~1e-3 apart.
+BF16 = ["precision=bf16", "train.max_steps=3"]
+BF16_LOSS_REL = 2e-2
 
 
 def _args(root: Path, case: str, name: str, *extra: str) -> list[str]:
@@ -359,11 +363,13 @@ def launch(tmp_path_factory):
     for case in CASES:
         train_run(_cfg(one / "fp64", case, case, *FP64))
         train_run(_cfg(one / "fp32", case, case, *FP32))
+    train_run(_cfg(one, "seps_paper", "bf16", *BF16))
     done_when = [*DONE_WHEN_FP64, f"data.cache_dir={root / 'cache'}"]
     _job_train_config(str(DONE_WHEN_CONFIG), [*done_when, f"output_dir={one}", "name=done_when_fp64"])
     named = [(f"fp64/{case}", ("train", (_args(two / "fp64", case, case, *FP64),))) for case in CASES]
     named += [(f"fp32/{case}", ("train", (_args(two / "fp32", case, case, *FP32),))) for case in CASES]
     named += [
+        ("bf16", ("train", (_args(two, "seps_paper", "bf16", *BF16),))),
         # resume repeats the uninterrupted arithmetic: float32, bit-equal
         ("full32", ("train", (_args(two, "seps_paper", "full32"),))),
         ("half", ("train", (_args(two, "seps_paper", "half", "train.max_steps=9"),))),
@@ -429,6 +435,18 @@ def test_two_processes_take_the_first_float32_step_like_one(launch, case):
     assert [s for s, _ in a] == [s for s, _ in b] == [1]
     assert abs(a[0][1]) > 0.1
     assert max(_relative_gaps(a, b)) <= FP32_STEP1_REL, (a, b)
+
+
+def test_two_processes_train_in_bf16_like_one(launch):
+    """The bfloat16 copy under DDP: both processes step the float32 master weights with the summed
+    gradients, and the losses follow the one-process run's within bfloat16 rounding."""
+    root = launch["root"]
+    assert _job(launch, "bf16")["steps"] == 3
+    a, b = _train_losses(root / "one" / "bf16"), _train_losses(root / "two" / "bf16")
+    assert [s for s, _ in a] == [s for s, _ in b] == [1, 2, 3]
+    assert max(_relative_gaps(a, b)) <= BF16_LOSS_REL, (a, b)
+    saved = load_checkpoint(root / "two" / "bf16" / "last.pt")["model"]
+    assert {v.dtype for v in saved.values() if v.is_floating_point()} == {torch.float32}
 
 
 def test_the_issue_command_in_float64_trains_like_one_process(launch):

@@ -60,7 +60,11 @@ class _Group:
         self._local = threading.local()
 
     def __deepcopy__(self, memo) -> _Group:
-        group = _Group(copy.deepcopy(self.members, memo))
+        # In the memo before the members are copied: each member refers to this group, and a member copied
+        # from here must find this copy, not start another (members with groups of their own would each
+        # compute the whole product, three times the work, with the same results).
+        group = memo[id(self)] = _Group(())
+        group.members = copy.deepcopy(self.members, memo)
         group.sharing = self.sharing
         return group
 

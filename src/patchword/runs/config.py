@@ -76,7 +76,8 @@ class RunConfig:
     name: str = "run"  # run directory name under output_dir
     seed: int = 0  # seeds torch, numpy and python
     device: str = "auto"  # auto (CUDA when available, else CPU) | cpu | cuda | cuda:1 | mps
-    # fp32 | amp_bf16 / amp_fp16 (fp32 weights, autocast) | fp64 (float64 weights and ops: numerical checks)
+    # fp32 | amp_bf16 / amp_fp16 (fp32 weights, autocast) | bf16 (the step in bfloat16 on a copy, fp32 master
+    # weights) | fp64 (float64 weights and ops: numerical checks)
     precision: Precision = "fp32"
     progress: bool | None = None  # progress bars (None = only on a terminal)
     dist_timeout_s: float = 600.0  # torchrun: seconds a process waits for the others in a collective

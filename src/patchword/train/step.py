@@ -147,9 +147,12 @@ class ShardLoss(nn.Module):
 
 def sum_gradients(state, bucket):
     """DDP comm hook: sum the processes' gradients (the loss is a sum over the global batch; DDP's default
-    would average them)."""
-    fut = torch.distributed.all_reduce(bucket.buffer(), async_op=True).get_future()
-    return fut.then(lambda f: f.value()[0])
+    would average them). 16-bit gradients (``precision=bf16``) are summed in float32: one rounding of the
+    sum instead of one per process."""
+    buffer = bucket.buffer()
+    wide = buffer.float() if buffer.dtype in (torch.bfloat16, torch.float16) else buffer
+    fut = torch.distributed.all_reduce(wide, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].to(buffer.dtype))
 
 
 def wrap_ddp(module: nn.Module, device: torch.device) -> nn.Module:

@@ -36,6 +36,7 @@ from patchword.precision import autocast_context, weight_dtype
 from patchword.runs.config import RunConfig
 from patchword.runs.files import BEST_CHECKPOINT, LAST_CHECKPOINT
 from patchword.train.augment import CaptionAugmenter
+from patchword.train.master_weights import BF16Copy
 from patchword.train.step import ShardLoss, fused_supported, sync_batch_norm, usable_cpus, wrap_ddp
 from patchword.train.trackers import open_trackers
 
@@ -149,10 +150,14 @@ class Trainer:
             )
         if self.dist.enabled:
             sync_batch_norm(model, self.dist)
+        # The model the step computes with: the model itself, or its bfloat16 copy (precision=bf16), whose
+        # gradients go to the model's float32 master weights before the optimiser step.
+        self.bf16 = BF16Copy(model) if cfg.precision == "bf16" else None
+        step_model = self.bf16.module if self.bf16 is not None else model
         if tc.compile:
-            for module in (model.image_encoder, model.text_encoder, model.matcher):
+            for module in (step_model.image_encoder, step_model.text_encoder, step_model.matcher):
                 module.compile()
-        self.loss = ShardLoss(self.model, cfg, self.dist)
+        self.loss = ShardLoss(step_model, cfg, self.dist)
         self.step_fn: nn.Module = self.loss
         if self.dist.enabled:
             self.step_fn = wrap_ddp(self.loss, self.device)
@@ -210,6 +215,8 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
+        if self.bf16 is not None:
+            self.bf16.pull()
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
@@ -349,7 +356,7 @@ class Trainer:
 
     def _train_step(self, batch: ShardBatch, n_batches: int) -> None:
         tc = self.tc
-        self.model.train()
+        self.loss.model.train()
         scale = 1.0
         if self.epoch < tc.align_warmup_epochs:
             # official warm-up: the alignment term grows linearly over the first epoch(s)
@@ -362,6 +369,8 @@ class Trainer:
                 batch, self.epoch >= tc.hardest_after_epochs, self.step < tc.global_warmup_steps, scale
             )
         self.scaler.scale(loss).backward()
+        if self.bf16 is not None:
+            self.bf16.push_grads()
         stats = self.dist.all_reduce(stats)  # [loss, align, ratio] of the global batch
         found_inf = (~torch.isfinite(stats[0])).float()  # the same verdict in every process
         if self.scaler.is_enabled() or not self.fused:
@@ -421,6 +430,8 @@ class Trainer:
             if found_inf is not None:
                 del self.optimizer.found_inf
         self.scaler.update()
+        if self.bf16 is not None:
+            self.bf16.pull()
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:

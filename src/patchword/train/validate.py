@@ -175,8 +175,11 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
 
     if mc.matcher not in list_matchers():
         raise ConfigError("model.matcher", f"must be one of {', '.join(list_matchers())}, got {mc.matcher!r}")
-    if cfg.precision == "amp_bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ConfigError("precision", "amp_bf16 needs a GPU with bfloat16 support; use amp_fp16 or fp32")
+    bf16 = cfg.precision in ("amp_bf16", "bf16")
+    if bf16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError(
+            "precision", f"{cfg.precision} needs a GPU with bfloat16 support; use amp_fp16 or fp32"
+        )
     if cfg.precision == "fp64" and device.type == "mps":
         raise ConfigError("precision", "fp64 is not supported on mps (no float64 kernels); use fp32 or cpu")
     check_eval_precision(cfg, device)
