@@ -237,12 +237,14 @@ def step_train(args, budget: Budget, partial) -> dict:
     cases[1:1] = [(models[0], batches[0], True, "amp_bf16"), (models[0], batches[0], False, "bf16")]
     rows, last_wall = [], None
     for model, batch, unfused, precision in cases:
+        case = {"model": model, "batch": batch, "precision": precision, "fused_qkv": not unfused}
         # a doubled batch costs about twice the steps; the first call also pays the model build
         need = 2 * last_wall if last_wall else MIN_SECONDS["train"] / 2
         if need > budget.free("train"):
             free = budget.free("train")
-            say(f"train {model} batch {batch}: skipped, ~{need:.0f} s needed, {free:.0f} s free")
-            rows.append({"model": model, "batch": batch, "status": "skipped (budget)"})
+            label = f"{model} batch {batch} {precision}" + (" (q/k/v unfused)" if unfused else "")
+            say(f"train {label}: skipped, ~{need:.0f} s needed, {free:.0f} s free")
+            rows.append({**case, "status": "skipped (budget)"})
             continue
         ns = argparse.Namespace(device=args.device, quick=args.quick, model=model, batch=batch)
         ns.__dict__.update(precision=precision, steps=steps, warmup=warmup, pair_chunk=0)
@@ -252,7 +254,7 @@ def step_train(args, budget: Budget, partial) -> dict:
             with contextlib.redirect_stdout(io.StringIO()):  # its JSON: we print one line instead
                 row = ddp_bench.gpu_step(ns)
         except torch.cuda.OutOfMemoryError as err:
-            row = {"model": model, "batch": batch, "status": f"out of memory: {str(err)[:200]}"}
+            row = {**case, "status": f"out of memory: {str(err)[:200]}"}
         last_wall = time.perf_counter() - start
         row["wall_s"] = round(last_wall, 1)
         rows.append(row)

@@ -1,14 +1,15 @@
 """The ``precision`` config value: the dtype of a run's weights and the autocast context of its steps.
 
 ``fp32`` trains fp32 weights without autocast; ``amp_bf16`` / ``amp_fp16`` keep fp32 weights and run
-eligible ops in half precision; ``bf16`` runs the whole training step (weights, activations, gradients)
-in bfloat16 on a copy of the model while the fp32 model keeps the master weights the optimiser updates,
-the checkpoints save and evaluation uses (:mod:`patchword.train.master_weights`); ``fp64`` keeps weights
-and every op in float64. fp64 is for numerical
-checks, not speed: a fine-grained matcher's discrete choices (top-K selection, a word's max over patches)
-flip on fp32 rounding differences, so two fp32 runs that differ only in the order of float additions
-(1 vs 2 threads, or 1 vs 2 processes) drift apart within a few steps; in fp64 they stay equal to ~1e-13
-(docs/distributed.md).
+eligible ops in half precision; ``bf16`` runs the training step's weights, activations and gradients in
+bfloat16 (the loss and BatchNorm layers in float32) on a copy of the model while the fp32 model keeps the
+master weights the optimiser updates, the checkpoints save and evaluation uses
+(:mod:`patchword.train.master_weights`); ``fp64`` keeps weights and every op in float64.
+
+fp64 is for numerical checks, not speed: a fine-grained matcher's discrete choices (top-K selection, a
+word's max over patches) flip on fp32 rounding differences, so two fp32 runs that differ only in the order
+of float additions (1 vs 2 threads, or 1 vs 2 processes) drift apart within a few steps; in fp64 they stay
+equal to ~1e-13 (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Literal, get_args
 
 import torch
 
-__all__ = ["PRECISIONS", "Precision", "autocast_context", "step_dtype", "weight_dtype"]
+__all__ = ["PRECISIONS", "Precision", "autocast_context", "weight_dtype"]
 
 #: The values of ``RunConfig.precision`` (the config checks them through this ``Literal``).
 Precision = Literal["fp32", "amp_bf16", "amp_fp16", "bf16", "fp64"]
@@ -36,11 +37,6 @@ def weight_dtype(precision: str) -> torch.dtype:
     the master weights: what checkpoints hold and evaluation uses)."""
     _check(precision)
     return torch.float64 if precision == "fp64" else torch.float32
-
-
-def step_dtype(precision: str) -> torch.dtype:
-    """The dtype of the weights a training step computes with: bfloat16 under ``bf16``, else the model's."""
-    return torch.bfloat16 if precision == "bf16" else weight_dtype(precision)
 
 
 def autocast_context(precision: str, device: torch.device):

@@ -4,12 +4,12 @@ the master weights, which the optimiser updates, checkpoints save and evaluation
 Why a copy and not bfloat16 weights: bfloat16 has 8 significant bits. An AdamW update of lr = 1e-5 moves
 a weight of 0.05 by 2e-4 of its size, below half a bfloat16 step (at least 2^-9 ~ 2e-3 of it), so
 bfloat16 weights updated in place would never move. The float32 master weights accumulate such updates
-and the copy follows once they add up to a bfloat16 step (``tests/train/test_master_weights.py``).
+and the copy follows once they add up to half a bfloat16 step (``tests/train/test_master_weights.py``).
 
 What the step gains over ``amp_bf16`` (autocast): no cast of the residual stream before every product and
 of every gradient after it, half the bytes of every elementwise op and of the saved activations. Counted
-with :mod:`patchword.bench.device_work` for ViT-B/16 + BERT-base at batch 64 (docs/benchmarks.md): 68.8 ms
-of modelled H100 kernel time under autocast, 60.4 ms in bf16, 3,758 -> 3,043 kernels.
+with :mod:`patchword.bench.device_work` for ViT-B/16 + BERT-base at batch 64: 12% less modelled H100 kernel
+time than autocast (docs/benchmarks.md, "Device work").
 
 What is not copied (the copy shares the model's tensors): buffers (learned statistics such as NAAF's
 thresholds, BatchNorm's running statistics) and every BatchNorm layer whole, whose kernels take bfloat16
@@ -44,27 +44,24 @@ class BF16Copy:
     """
 
     def __init__(self, model: nn.Module) -> None:
-        shared: dict[int, object] = {id(b): b for b in model.buffers()}
-        for module in model.modules():
-            if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                shared[id(module)] = module
+        norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        in_norms = {id(p) for m in norms for p in m.parameters()}
+        # The deep copy takes what the memo holds instead of copying it: the model's own buffers and
+        # BatchNorm layers, and a bfloat16 parameter for every other floating parameter (made directly:
+        # no float32 duplicate; a tied parameter is one entry, so its uses stay tied in the copy).
+        memo: dict[int, object] = {id(b): b for b in model.buffers()}
+        memo.update((id(m), m) for m in norms)
+        self._pairs: list[tuple[nn.Parameter, nn.Parameter]] = []  # (master, copy)
+        for master in model.parameters():
+            if master.is_floating_point() and id(master) not in in_norms:
+                own = nn.Parameter(master.detach().to(torch.bfloat16), master.requires_grad)
+                memo[id(master)] = own
+                self._pairs.append((master, own))
         self.model = model
-        self.module = copy.deepcopy(model, shared)
-        # copied parameter's id -> (master, copied parameter), which stays alive while ids are looked up
-        masters = {
-            id(own): (master, own)
-            for master, own in zip(model.parameters(), self.module.parameters(), strict=True)
-        }
-        cast: dict[int, nn.Parameter] = {}  # one bfloat16 parameter per copied one (tied weights stay tied)
+        self.module = copy.deepcopy(model, memo)
         for module in self.module.modules():
-            for name, own in module._parameters.items():
-                if own is None or own is masters[id(own)][0] or not own.is_floating_point():
-                    continue
-                if id(own) not in cast:
-                    cast[id(own)] = nn.Parameter(own.detach().to(torch.bfloat16), own.requires_grad)
-                module._parameters[name] = cast[id(own)]
-        # (master, copy) of every parameter the copy does not share with the model
-        self._pairs = [(masters[key][0], own) for key, own in cast.items()]
+            if isinstance(module, nn.RNNBase):  # cuDNN's weight layout for the new parameters
+                module.flatten_parameters()
 
     def pull(self) -> None:
         """Copy the master weights into the copy (rounded to bfloat16)."""

@@ -161,6 +161,13 @@ class Trainer:
         self.step_fn: nn.Module = self.loss
         if self.dist.enabled:
             self.step_fn = wrap_ddp(self.loss, self.device)
+            if self.bf16 is not None:
+                # DDP gave every process rank 0's weights, but in the copy, which the next refresh
+                # overwrites: the master weights the optimiser steps must be rank 0's as well.
+                with torch.no_grad():
+                    for p in model.parameters():
+                        torch.distributed.broadcast(p, src=0, group=self.dist.group)
+                self.bf16.pull()
             # In-model random draws (Gumbel noise, dropout) from a stream of their own on every process.
             torch.manual_seed(cfg.seed * 1_000_003 + 7919 * (self.dist.rank + 1))
         self.epoch = 0
