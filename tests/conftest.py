@@ -268,6 +268,27 @@ def tiny_model(vocab, **model_args):
     return build_model(cfg.model, vocab_size=len(vocab)).eval()
 
 
+def tiny_shard_batch(device):
+    """The fixed training batch of the tiny SEPS step tests (tests/eval/test_cuda.py,
+    tests/train/test_master_weights.py): 6 captions of 6 32-px images, ids below 40, a dense caption per
+    image, on ``device``."""
+    from patchword.data.pipeline import ShardBatch
+
+    g = torch.Generator().manual_seed(1)
+    lens = torch.tensor([7, 3, 9, 5, 9, 4])
+    dense_lens = torch.tensor([12, 20, 8, 20, 15, 10])
+    return ShardBatch(
+        images=torch.randn(6, 3, 32, 32, generator=g),
+        ids=torch.randint(5, 40, (6, 9), generator=g),
+        lens=lens,
+        lens_all=lens,
+        img_ids=torch.arange(6),
+        dense_ids=torch.randint(5, 40, (6, 20), generator=g),
+        dense_lens=dense_lens,
+        dense_lens_all=dense_lens,
+    ).to(torch.device(device))
+
+
 def tiny_hf_laps_overrides(tiny_hf_dirs, laps_dataset, tmp_path) -> list[str]:
     """Overrides of a LAPS run on the :func:`tiny_hf` backbones (BERT text, ViT images) over
     ``laps_dataset``: 32 px images, 12-token captions, 16-d joint space, batch 4, one thread."""

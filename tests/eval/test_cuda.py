@@ -14,6 +14,7 @@ import copy
 import pytest
 import torch
 
+from conftest import tiny_shard_batch
 from matcher_support import engine_inputs as _inputs
 from matcher_support import engine_matcher as _matcher
 from patchword.eval import score_matrix, two_stage_scores
@@ -139,7 +140,6 @@ def _tiny_step(variant: str, pairing: str, device: str):
     """Loss and gradients of one training step (ShardLoss forward + backward, one process, fp32) of the
     seeded seps-tiny-32 model on a fixed batch of 6 captions of 6 images, on ``device``."""
     from patchword.config import apply_overrides
-    from patchword.data.pipeline import ShardBatch
     from patchword.distributed import Distributed
     from patchword.factory import create_model
     from patchword.runs.config import RunConfig
@@ -150,19 +150,7 @@ def _tiny_step(variant: str, pairing: str, device: str):
     seps = {"variant": variant, "dense_pairing": pairing, "gumbel": False}
     model = create_model("seps-tiny-32", pretrained=False, vocab_size=40, seps=seps).to(device).train()
     cfg = apply_overrides(RunConfig(), ["precision=fp32"])
-    g = torch.Generator().manual_seed(1)
-    lens = torch.tensor([7, 3, 9, 5, 9, 4])
-    dense_lens = torch.tensor([12, 20, 8, 20, 15, 10])
-    batch = ShardBatch(
-        images=torch.randn(6, 3, 32, 32, generator=g),
-        ids=torch.randint(5, 40, (6, 9), generator=g),
-        lens=lens,
-        lens_all=lens,
-        img_ids=torch.arange(6),
-        dense_ids=torch.randint(5, 40, (6, 20), generator=g),
-        dense_lens=dense_lens,
-        dense_lens_all=dense_lens,
-    ).to(torch.device(device))
+    batch = tiny_shard_batch(device)
     with _fp32_exact():
         loss, stats = ShardLoss(model, cfg, Distributed(device=torch.device(device)))(
             batch, False, False, 1.0

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import TINY_REGION_MODEL, TINY_RUN_32, TINY_TGDT, tiny_hf_laps_overrides
+from conftest import TINY_REGION_MODEL, TINY_RUN_32, TINY_TGDT, tiny_hf_laps_overrides, tiny_shard_batch
 from patchword.checkpoint import load_checkpoint
 from patchword.config import apply_overrides
 from patchword.precision import autocast_context, weight_dtype
@@ -266,7 +266,6 @@ def test_a_bf16_resume_equals_the_uninterrupted_run(tmp_path, cache):
 def _bf16_step(device) -> dict:
     """Master weights after one bf16 step (copy forward + backward, gradients to the master weights,
     clipping, AdamW, copy refreshed) of the seeded seps-tiny-32 model on a fixed batch, on ``device``."""
-    from patchword.data.pipeline import ShardBatch
     from patchword.distributed import Distributed
     from patchword.factory import create_model
     from patchword.train.step import ShardLoss
@@ -276,18 +275,7 @@ def _bf16_step(device) -> dict:
     model = create_model("seps-tiny-32", pretrained=False, vocab_size=40, seps=seps).to(device).train()
     copy = BF16Copy(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)  # none on the meta device
-    g = torch.Generator().manual_seed(1)
-    lens, dense_lens = torch.tensor([7, 3, 9, 5]), torch.tensor([12, 20, 8, 20])
-    batch = ShardBatch(
-        images=torch.randn(4, 3, 32, 32, generator=g),
-        ids=torch.randint(5, 40, (4, 9), generator=g),
-        lens=lens,
-        lens_all=lens,
-        img_ids=torch.arange(4),
-        dense_ids=torch.randint(5, 40, (4, 20), generator=g),
-        dense_lens=dense_lens,
-        dense_lens_all=dense_lens,
-    ).to(torch.device(device))
+    batch = tiny_shard_batch(device)
     cfg = apply_overrides(RunConfig(), ["precision=bf16"])
     loss, _ = ShardLoss(copy.module, cfg, Distributed(device=torch.device(device)))(batch, False, False, 1.0)
     loss.backward()
