@@ -70,7 +70,8 @@ def check_lengths(
         max_len: the token axis length; no entry may exceed it.
         min_len: the smallest allowed length (an empty caption has nothing to align).
         values: also check the values (range, integrality); reading them makes the host wait for the
-            device, so a training step skips it.
+            device, so a training step skips it. Never checked while ``torch.compile`` traces: reading a
+            value would break the graph.
     """
     if not isinstance(lens, torch.Tensor):
         try:
@@ -79,7 +80,7 @@ def check_lengths(
             raise ValueError(f"{name} must be a 1-D tensor of lengths: {err}") from err
     if lens.dim() != 1 or lens.shape[0] != size:
         raise ValueError(f"{name} must have shape ({size},), got {tuple(lens.shape)}")
-    if not values:
+    if not values or torch.compiler.is_compiling():
         return lens.long()
     if lens.is_floating_point() and not bool((lens == lens.round()).all()):
         raise ValueError(f"{name} must hold integer lengths")

@@ -1,0 +1,58 @@
+"""``train.compile=true`` on a GPU: the training step of the patch-token families (SEPS, LAPS, VSE, CLIP,
+FILIP; tiny encoders and Hugging Face BERT + ViT) traces into one graph, without a break. A break costs a
+return to Python and the fusion across it on every step; checked with ``torch._dynamo.explain`` on the
+CPU, where the tracing is the same. (The region families break where they read lengths on the host: the
+GRU's ``pack_padded_sequence``, SCAN's and NAAF's ``int(lens.max())``: docs/distributed.md.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import TINY_RUN_32, tiny_hf_laps_overrides
+from patchword.config import apply_overrides
+from patchword.runs.config import RunConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PATCH_FAMILIES = {
+    "seps_paper": ["model.seps.variant=paper"],
+    "seps_code_caption": ["model.seps.variant=code", "model.seps.dense_pairing=caption"],
+    "laps": ["model.matcher=laps"],
+    "vse": ["model.matcher=vse"],
+    "clip_infonce": ["model.matcher=clip", "train.loss=infonce"],
+    "filip": ["model.matcher=filip", "train.loss=infonce"],
+}
+
+
+def _breaks(overrides: list[str], tmp_path) -> tuple[int, int, list[str]]:
+    """(graphs, graph breaks, reasons) of the traced loss of the first training batch (ShardLoss forward,
+    hardest negatives, the alignment loss at full weight)."""
+    from patchword.train.runner import _build
+    from patchword.train.trainer import Trainer
+
+    cfg = apply_overrides(RunConfig(), [*overrides, f"data.cache_dir={tmp_path / 'cache'}"])
+    data, model = _build(cfg, None)
+    trainer = Trainer(
+        cfg, model, data.splits["train"], data.splits["dev"], tmp_path, tokenizer=data.tokenizer
+    )
+    batch = next(iter(trainer._loader(trainer._epoch_batches(0))))
+    trainer.loss.model.train()
+    torch._dynamo.reset()
+    try:
+        explained = torch._dynamo.explain(lambda b: trainer.loss(b, True, False, 1.0))(batch)
+    finally:
+        torch._dynamo.reset()
+    reasons = [f"{b.reason} at {b.user_stack[-1] if b.user_stack else '?'}" for b in explained.break_reasons]
+    return explained.graph_count, explained.graph_break_count, reasons
+
+
+@pytest.mark.parametrize("family", list(PATCH_FAMILIES))
+def test_the_training_step_of_a_patch_family_traces_into_one_graph(family, tmp_path):
+    graphs, breaks, reasons = _breaks([*TINY_RUN_32, *PATCH_FAMILIES[family]], tmp_path)
+    assert (graphs, breaks) == (1, 0), reasons
+
+
+def test_the_training_step_of_hugging_face_backbones_traces_into_one_graph(tiny_hf, laps_dataset, tmp_path):
+    graphs, breaks, reasons = _breaks(tiny_hf_laps_overrides(tiny_hf, laps_dataset, tmp_path), tmp_path)
+    assert (graphs, breaks) == (1, 0), reasons
