@@ -327,6 +327,24 @@ def step_setup(args: argparse.Namespace):
     return model, cfg, step_module, optimizer, shard, bf16
 
 
+def optimizer_step(model, cfg, optimizer, bf16, found_inf=None) -> None:
+    """What the trainer does after the backward pass: the bfloat16 copy's gradients to the master weights
+    (``bf16``, from :func:`step_setup`), clipping, the fused AdamW step (skipped on the device where
+    ``found_inf`` is 1), the copy refreshed."""
+    import torch
+
+    if bf16 is not None:
+        bf16.push_grads()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip, foreach=True)
+    if found_inf is not None:
+        optimizer.found_inf = found_inf
+    optimizer.step()
+    if found_inf is not None:
+        del optimizer.found_inf
+    if bf16 is not None:
+        bf16.pull()
+
+
 def gpu_step(args: argparse.Namespace) -> dict:
     import torch
 
@@ -343,14 +361,7 @@ def gpu_step(args: argparse.Namespace) -> dict:
         with autocast_context(cfg.precision, device):
             loss, stats = step_module(shard, True, False, 1.0)
         loss.backward()
-        if bf16 is not None:
-            bf16.push_grads()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip, foreach=True)
-        optimizer.found_inf = (~torch.isfinite(stats[0])).float()
-        optimizer.step()
-        del optimizer.found_inf
-        if bf16 is not None:
-            bf16.pull()
+        optimizer_step(model, cfg, optimizer, bf16, found_inf=(~torch.isfinite(stats[0])).float())
 
     def sync() -> None:
         if device.type == "cuda":

@@ -173,12 +173,7 @@ def step_work(batch: int, name: str, fused: bool = True, precision: str = "amp_b
             loss, _ = loss_module(shard, True, False, 1.0)
         forward_ops = len(recorder.ops)
         loss.backward()
-        if bf16 is not None:
-            bf16.push_grads()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip, foreach=True)
-        optimizer.step()
-        if bf16 is not None:
-            bf16.pull()
+        ddp_bench.optimizer_step(model, cfg, optimizer, bf16)
     ops = recorder.ops
     return {
         "model": name,

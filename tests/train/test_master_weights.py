@@ -252,15 +252,12 @@ def test_a_bf16_resume_equals_the_uninterrupted_run(tmp_path, cache):
     for key, value in full["model"].items():
         assert torch.equal(value, half["model"][key]), key
     assert value.dtype == torch.float32
-    assert [
-        r["loss"]
-        for r in map(json.loads, (tmp_path / "full" / "metrics.jsonl").read_text().splitlines())
-        if r["split"] == "train"
-    ] == [
-        r["loss"]
-        for r in map(json.loads, (tmp_path / "half" / "metrics.jsonl").read_text().splitlines())
-        if r["split"] == "train"
-    ]
+    assert _train_losses(tmp_path / "full") == _train_losses(tmp_path / "half")
+
+
+def _train_losses(run_dir) -> list[float]:
+    records = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+    return [r["loss"] for r in records if r["split"] == "train"]
 
 
 def _bf16_step(device) -> dict:
