@@ -277,7 +277,9 @@ def step_setup(args: argparse.Namespace):
     """The gpu-step setting on ``args.device``: ``(model, cfg, step_module, optimizer, shard, bf16)`` for
     ``args.model`` (``seps-tiny-paper`` with ``--quick``) at ``args.batch``, random initialisation, stand-in
     text lengths, fused AdamW; ``args.unfused`` undoes the fused query/key/value projections and
-    ``args.compile`` compiles the encoders and the matcher. Under ``--precision bf16`` the step module
+    ``args.compile`` compiles the encoders and the matcher (``--compile-scope modules``, the trainer's
+    ``train.compile``) or the whole loss module in one graph (``step``), in ``torch.compile`` mode
+    ``args.compile_mode`` (None: the default). Under ``--precision bf16`` the step module
     runs on ``bf16``, the model's bfloat16 copy (the trainer's :class:`BF16Copy`), else ``bf16`` is None.
     Also used by device_counts.py step-work."""
     import torch
@@ -301,10 +303,13 @@ def step_setup(args: argparse.Namespace):
     cfg = apply_overrides(RunConfig(), [f"train.pair_chunk={args.pair_chunk}", f"precision={args.precision}"])
     bf16 = BF16Copy(model) if args.precision == "bf16" else None
     step_model = model if bf16 is None else bf16.module
-    if args.compile:
+    scope, mode = getattr(args, "compile_scope", "modules"), getattr(args, "compile_mode", None)
+    if args.compile and scope == "modules":
         for module in (step_model.image_encoder, step_model.text_encoder, step_model.matcher):
-            module.compile()
+            module.compile(mode=mode)
     step_module = ShardLoss(step_model, cfg, Distributed(device=device))
+    if args.compile and scope == "step":  # encoders, matcher and loss in one graph
+        step_module.compile(mode=mode)
     params = model.parameter_groups(cfg.train.lr, cfg.train.backbone_lr_mult)
     optimizer = torch.optim.AdamW(params, weight_decay=cfg.train.weight_decay, fused=True)
     batch, side = args.batch, model.image_encoder.image_size or 224
@@ -356,7 +361,11 @@ def gpu_step(args: argparse.Namespace) -> dict:
     model, cfg, step_module, optimizer, shard, bf16 = step_setup(args)
     name, batch = _model_name(args), args.batch
 
+    cuda_graphs = args.compile and getattr(args, "compile_mode", None) == "reduce-overhead"
+
     def step() -> None:  # the trainer's step (Trainer._train_step) without its logging
+        if cuda_graphs:  # the previous step's graph outputs are dead: their memory may be reused
+            torch.compiler.cudagraph_mark_step_begin()
         optimizer.zero_grad(set_to_none=True)
         with autocast_context(cfg.precision, device):
             loss, stats = step_module(shard, True, False, 1.0)
@@ -387,6 +396,8 @@ def gpu_step(args: argparse.Namespace) -> dict:
         "precision": args.precision,
         "pair_chunk": args.pair_chunk,
         "compile": args.compile,
+        "compile_scope": getattr(args, "compile_scope", "modules") if args.compile else None,
+        "compile_mode": getattr(args, "compile_mode", None) if args.compile else None,
         "fused_qkv": not args.unfused,
         "steps_per_s": args.steps / seconds,
         "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
@@ -555,6 +566,15 @@ def main(argv: list[str] | None = None) -> int:
     p_gpu.add_argument("--warmup", type=int, default=3)
     p_gpu.add_argument("--pair-chunk", type=int, default=0)
     p_gpu.add_argument("--compile", action="store_true")
+    p_gpu.add_argument(
+        "--compile-scope",
+        default="modules",
+        choices=["modules", "step"],
+        help="compile the encoders and the matcher (train.compile) or the whole loss module",
+    )
+    p_gpu.add_argument(
+        "--compile-mode", default=None, help="torch.compile mode, e.g. reduce-overhead (CUDA graphs)"
+    )
     p_gpu.add_argument("--unfused", action="store_true", help="query/key/value as three products (A/B)")
     p_gpu.add_argument("--tf32", action="store_true", help="TF32 matmuls for the fp32 parts")
     p_gpu.add_argument("--sync-debug", action="store_true", help="warn on every host-device sync of the step")

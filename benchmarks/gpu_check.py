@@ -23,7 +23,7 @@ f. ``profile``: ``torch.profiler`` of one ``score_matrix`` call on a slice: top 
 More steps, run when ``--steps`` names them (``benchmarks/gpu_check_extra.py``): ``tf32`` (scoring in
 float32 and ``precision="tf32"``), ``eval_tf32`` (``patchword eval --eval-run RUN`` in both),
 ``train_profile`` (the training step under the profiler), ``train_compile`` (steps/s with
-``torch.compile``, in ``--compile-precision``).
+``torch.compile``, one child process per ``--compile-variants`` item).
 
 Timings come before the profiler (it slows what it watches). A step is skipped, with a line saying so, when
 the budget left cannot hold it and the minimum of the steps after it; a step that fails prints its
@@ -482,10 +482,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ref-captions", type=int, default=10, help="captions of the official loop's slice")
     parser.add_argument("--train-steps", type=int, default=10, help="timed training steps per batch size")
     parser.add_argument(
-        "--compile-precision",
+        "--compile-variants",
+        default="bf16:modules",
+        help="the train_compile step's settings, comma-separated precision:scope[:mode] (precision amp_bf16 "
+        "or bf16; scope modules, as train.compile, or step, the whole loss module; mode a torch.compile "
+        "mode such as reduce-overhead); the 2026-11-26 H100 figure: amp_bf16:modules, 15.30 steps/s",
+    )
+    parser.add_argument(
+        "--profile-precision",
         default="bf16",
         choices=["amp_bf16", "bf16"],
-        help="the train_compile step's precision (its 2026-11-26 H100 figure: amp_bf16, 15.30 steps/s)",
+        help="the train_profile step's precision",
+    )
+    parser.add_argument(
+        "--host-shapes",
+        default="f30k,coco5k",
+        help="the scoring shapes also timed with the inputs given from the host (the upload timed too)",
     )
     parser.add_argument("--demo-steps", type=int, default=50, help="the demo's train.max_steps")
     parser.add_argument("--demo-timeout-s", type=float, default=240.0)
@@ -493,6 +505,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.steps.split(",")) - set(STEPS)
     if unknown:
         parser.error(f"unknown steps {sorted(unknown)}; choose from {', '.join(STEPS)}")
+    import gpu_check_extra
+
+    try:
+        gpu_check_extra.parse_compile_variants(args.compile_variants)
+    except ValueError as err:
+        parser.error(f"--compile-variants: {err}")
     chosen = [name for name in args.steps.split(",") if name]  # in the order given
     budget = Budget(args.budget_s, chosen)
     report = Report(Path(args.out), args)

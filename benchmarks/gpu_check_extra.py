@@ -146,7 +146,8 @@ def step_train_profile(args, budget, partial, say, child_env) -> dict:
 
     model = "seps-tiny-paper" if args.quick else "seps-vit-b16-paper"
     ns = argparse.Namespace(device=args.device, quick=args.quick, model=model, batch=8 if args.quick else 64)
-    ns.__dict__.update(precision="amp_bf16", steps=3, warmup=3, pair_chunk=0, tf32=False, compile=False)
+    ns.__dict__.update(precision=args.profile_precision, steps=3, warmup=3, pair_chunk=0, tf32=False)
+    ns.compile = False
     ns.__dict__.update(sync_debug=False, profile_steps=3, unfused=False)
     with contextlib.redirect_stdout(io.StringIO()):
         row = ddp_bench.gpu_step(ns)
@@ -156,35 +157,93 @@ def step_train_profile(args, budget, partial, say, child_env) -> dict:
         (Path(args.out) / f"train_profile_{key}.txt").write_text(table)
     say(tables.get("self_device_time_total") or tables.get("self_cpu_time_total", ""))
     summary = (
-        f"{row['model']} b{row['batch']}: wall {prof['wall_ms_per_step']:.1f} ms/step profiled, device busy "
+        f"{row['model']} b{row['batch']} {row['precision']}: wall {prof['wall_ms_per_step']:.1f} ms/step "
+        f"profiled, device busy "
         f"{prof['device_busy_ms_per_step']:.1f} ms/step, {prof['kernel_launches_per_step']:.0f} launches, "
         f"{prof['aten_calls_per_step']:.0f} aten calls, {prof['host_syncs_per_step']:.1f} syncs per step"
     )
     return {"row": row, "profile": prof, "summary": summary}
 
 
+def parse_compile_variants(text: str) -> list[dict]:
+    """``precision:scope[:mode]`` items, comma-separated (``bf16:step:reduce-overhead``) -> the
+    ``gpu-step`` settings ``{"precision", "scope", "mode"}``; ``ValueError`` names a bad item."""
+    variants = []
+    for item in filter(None, text.split(",")):
+        parts = item.split(":")
+        if (
+            len(parts) not in (2, 3)
+            or parts[0] not in ("amp_bf16", "bf16")
+            or parts[1] not in ("modules", "step")
+        ):
+            raise ValueError(
+                f"{item!r}: expected precision:scope[:mode], precision amp_bf16 or bf16, "
+                "scope modules or step"
+            )
+        variants.append(
+            {"precision": parts[0], "scope": parts[1], "mode": parts[2] if len(parts) == 3 else None}
+        )
+    return variants
+
+
+def variant_label(variant: dict) -> str:
+    return ":".join(v for v in (variant["precision"], variant["scope"], variant["mode"]) if v)
+
+
 def step_train_compile(args, budget, partial, say, child_env) -> dict:
+    """Steps/s of the compiled training step, one child process per ``--compile-variants`` item, in
+    order, while the budget holds one (a variant after the first is given the first's wall time, less
+    where the compiler's cache serves it)."""
     model = "seps-tiny-paper" if args.quick else "seps-vit-b16-paper"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "ddp_bench.py"), "gpu-step", "--device", args.device]
-    cmd += ["--model", model, "--batch", "8" if args.quick else "64", "--compile", "--steps", "10"]
-    cmd += ["--warmup", "3", "--precision", args.compile_precision]
-    cmd += ["--json", str(Path(args.out) / "train_compile.json")]
-    if args.quick:
-        cmd.append("--quick")
-    timeout = budget.free("train_compile")
-    start = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"status": "timed out", "summary": f"compile + 13 steps did not finish in {timeout:.0f} s"}
-    seconds = round(time.perf_counter() - start, 1)
-    if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
-        return {"status": "failed", "tail": tail, "summary": f"exit {proc.returncode} after {seconds} s"}
-    result = json.loads((Path(args.out) / "train_compile.json").read_text())
-    row = result[0] if isinstance(result, list) else result
-    summary = (
-        f"{model} b{row['batch']} {row['precision']} compiled: {row['steps_per_s']:.2f} steps/s "
-        f"({seconds} s with compilation)"
+    rows, first_wall = [], None
+    for variant in parse_compile_variants(args.compile_variants):
+        label = variant_label(variant)
+        free = budget.free("train_compile")
+        if first_wall is not None and free < 0.6 * first_wall:
+            rows.append({**variant, "status": f"skipped (budget: {free:.0f} s free)"})
+            say(f"train_compile {label}: skipped, {free:.0f} s free")
+            continue
+        out = Path(args.out) / f"train_compile_{label.replace(':', '_')}.json"
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "ddp_bench.py"), "gpu-step", "--device", args.device]
+        cmd += ["--model", model, "--batch", "8" if args.quick else "64", "--compile", "--steps", "10"]
+        cmd += ["--warmup", "3", "--precision", variant["precision"], "--compile-scope", variant["scope"]]
+        cmd += ["--json", str(out)]
+        if variant["mode"]:
+            cmd += ["--compile-mode", variant["mode"]]
+        if args.quick:
+            cmd.append("--quick")
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run(
+                cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=free
+            )
+        except subprocess.TimeoutExpired:
+            rows.append({**variant, "status": f"timed out after {free:.0f} s"})
+            say(f"train_compile {label}: compile + 13 steps did not finish in {free:.0f} s")
+            partial({"rows": rows})
+            continue
+        seconds = round(time.perf_counter() - start, 1)
+        first_wall = first_wall or seconds
+        if proc.returncode != 0:
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+            rows.append(
+                {**variant, "status": f"failed: exit {proc.returncode} after {seconds} s", "tail": tail}
+            )
+            say(f"train_compile {label}: exit {proc.returncode}\n" + "\n".join(tail))
+        else:
+            row = json.loads(out.read_text())
+            rows.append({**variant, **row, "seconds": seconds})
+            say(f"train_compile {label}: {row['steps_per_s']:.2f} steps/s ({seconds} s with compilation)")
+        partial({"rows": rows})
+    summary = "; ".join(
+        f"{model} b{r['batch']} {variant_label(r)}: {r['steps_per_s']:.2f} steps/s "
+        f"({r['seconds']} s with compilation)"
+        if "steps_per_s" in r
+        else f"{variant_label(r)}: {r['status']}"
+        for r in rows
     )
-    return {"row": row, "seconds": seconds, "summary": summary}
+    failed = [r for r in rows if "tail" in r]
+    entry = {"rows": rows, "summary": summary}
+    if failed and len(failed) == len(rows):
+        entry.update(status="failed", tail=failed[0]["tail"])
+    return entry

@@ -61,11 +61,16 @@ def run_scoring(args, budget, partial, say) -> dict:
         if rate is None and per_pair:
             rate = CAPTION_TIED_COST * per_pair["seps-code-image"]
 
-        def kinds_for(rate: float, prep: float = prep, pairs: int = n_img * n_txt) -> list[str]:
-            """Both input placements, the device-resident one alone, or none: what the budget holds."""
+        host_too = shape in getattr(args, "host_shapes", "f30k,coco5k").split(",")
+
+        def kinds_for(
+            rate: float, prep: float = prep, pairs: int = n_img * n_txt, host_too=host_too
+        ) -> list[str]:
+            """Both input placements (where ``--host-shapes`` names the shape), the device-resident one
+            alone, or none: what the budget holds."""
             one = 1.2 * rate * pairs + 2.0  # + the official loop's slice
             free = budget.free("scoring") - prep
-            return ["device", "host"] if 2 * one <= free else ["device"] if one <= free else []
+            return ["device", "host"] if host_too and 2 * one <= free else ["device"] if one <= free else []
 
         label = f"scoring {config} {shape} {n_img}x{n_txt}"
         skipped = {"config": config, "shape": shape, "status": "skipped (budget)"}
