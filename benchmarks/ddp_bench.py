@@ -402,9 +402,9 @@ def gpu_step(args: argparse.Namespace) -> dict:
         "steps_per_s": args.steps / seconds,
         "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
     }
+    print(json.dumps(result, indent=2), flush=True)  # the timing first: the profiler may not finish
     if getattr(args, "profile_steps", 0):
         result["profile"] = _profile_steps(step, sync, args.profile_steps, device)
-    print(json.dumps({k: v for k, v in result.items() if k != "profile"}, indent=2))
     return result
 
 
