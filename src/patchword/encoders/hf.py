@@ -39,9 +39,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Key lengths a compiled text encoder's attention is padded to a multiple of (HFTextEncoder.forward).
-_ATTENTION_ALIGN = 16
-
 VisionKind = Literal["vit", "swin"]
 # Backbone class per ``model_type`` of a transformers config.
 _VISION_MODELS: Mapping[str, str] = {"vit": "ViTModel", "swin": "SwinModel"}
@@ -251,14 +248,6 @@ class HFTextEncoder(EncoderBase):
             max_len=ids.shape[1],
             values=not self.training or lens.device.type == "cpu",
         ).to(ids.device)
-        length = ids.shape[1]
-        if torch.compiler.is_compiling():
-            # Traced by torch.compile, a masked attention whose key length is not a multiple of 16 lowers
-            # to the decomposed "math" attention, computed in float32 (two float32 batched products and a
-            # softmax per layer: 11 ms of the 60 ms bfloat16 step at batch 64 on an H100, where captions
-            # were 35 tokens long), not to the fused kernel eager mode runs (which pads its mask itself).
-            # Masked padding positions keep the fused kernel; their outputs are dropped below.
-            ids = torch.nn.functional.pad(ids, (0, min(-length % _ATTENTION_ALIGN, self.max_len - length)))
         # The official mask is ids != 0; also masking positions >= lens makes the output independent of
         # whatever a caller left in the padding.
         attention_mask = (ids != 0) & ~padding_mask(lens, ids.shape[1])  # (B, L) keys to attend to
@@ -268,4 +257,4 @@ class HFTextEncoder(EncoderBase):
             # accelerator, twice per training step (captions, dense captions).
             attention_mask = attention_mask[:, None, None, :].expand(-1, 1, ids.shape[1], -1)
         hidden = self.backbone(input_ids=ids, attention_mask=attention_mask).last_hidden_state
-        return self.proj(hidden[:, :length])
+        return self.proj(hidden)
