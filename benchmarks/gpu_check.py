@@ -23,7 +23,8 @@ f. ``profile``: ``torch.profiler`` of one ``score_matrix`` call on a slice: top 
 More steps, run when ``--steps`` names them (``benchmarks/gpu_check_extra.py``): ``tf32`` (scoring in
 float32 and ``precision="tf32"``), ``eval_tf32`` (``patchword eval --eval-run RUN`` in both),
 ``train_profile`` (the training step under the profiler), ``train_compile`` (steps/s with
-``torch.compile``, one child process per ``--compile-variants`` item).
+``torch.compile``, one child process per ``--compile-variants`` item), ``attention`` (which attention
+kernel the encoders run, eager and compiled: ``benchmarks/attention_probe.py``).
 
 Timings come before the profiler (it slows what it watches). A step is skipped, with a line saying so, when
 the budget left cannot hold it and the minimum of the steps after it; a step that fails prints its
@@ -59,7 +60,7 @@ for _path in (ROOT / "src", ROOT / "benchmarks"):
 #: Least wall seconds each step needs to say anything; a later (chosen) step's minimum is kept free for it.
 MIN_SECONDS = {"device": 5, "pytest": 20, "scoring": 30, "train": 60, "demo": 45, "profile": 15}
 # the steps of gpu_check_extra.py, run when --steps names them
-MIN_SECONDS.update({"tf32": 20, "eval_tf32": 40, "train_profile": 30, "train_compile": 60})
+MIN_SECONDS.update({"tf32": 20, "eval_tf32": 40, "train_profile": 30, "train_compile": 60, "attention": 30})
 DEFAULT_STEPS = ["device", "pytest", "scoring", "train", "demo", "profile"]
 
 
@@ -387,7 +388,7 @@ STEPS = {
     "train": step_train,
     "demo": step_demo,
     "profile": step_profile,
-    **{name: _extra(name) for name in ("tf32", "eval_tf32", "train_profile", "train_compile")},
+    **{name: _extra(name) for name in ("tf32", "eval_tf32", "train_profile", "train_compile", "attention")},
 }
 
 

@@ -247,3 +247,27 @@ def step_train_compile(args, budget, partial, say, child_env) -> dict:
     if failed and len(failed) == len(rows):
         entry.update(status="failed", tail=failed[0]["tail"])
     return entry
+
+
+def step_attention(args, budget, partial, say, child_env) -> dict:
+    """``attention_probe.py``: the attention backend of every probed case, eager and compiled."""
+    out = Path(args.out) / "attention.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "attention_probe.py"), "--device", args.device]
+    cmd += ["--json", str(out)] + (["--quick"] if args.quick else [])
+    timeout = budget.free("attention")
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"status": "timed out", "summary": f"the probe did not finish in {timeout:.0f} s"}
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+        return {"status": "failed", "tail": tail, "summary": f"exit {proc.returncode}"}
+    rows = json.loads(out.read_text())
+    for row in rows:
+        say(json.dumps(row))
+    math = [r for r in rows if r["case"] == "sdpa" and r["compiled"] == "math"]
+    encoders = "; ".join(f"{r['case']} {r['keys']}: {r['compiled']}" for r in rows if r["case"] != "sdpa")
+    summary = (
+        f"{len(math)} of {sum(r['case'] == 'sdpa' for r in rows)} attention cases compile to math; {encoders}"
+    )
+    return {"rows": rows, "summary": summary}

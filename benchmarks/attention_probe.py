@@ -1,0 +1,171 @@
+"""Which kernel ``scaled_dot_product_attention`` runs for the encoders' shapes, eagerly and traced by
+``torch.compile`` (``make gpu-check`` step ``attention``; alone: ``python benchmarks/attention_probe.py``).
+
+Why: on an H100 (docs/benchmarks.md, gpu-check run 3) the compiled bfloat16 training step ran 12 of its
+36 attention layers (one BERT-base pass) as the decomposed float32 "math" attention (two float32 batched
+products and a softmax per layer, ~12 ms of its 59 ms), where eager mode ran cuDNN attention for all 36.
+Padding the captions' keys to 48 did not change it. This probe records the backend for each candidate
+cause, in seconds and without timing anything: the key length (35 captions, 48, 64, 128 dense captions),
+attention dropout (BERT's 0.1 in training, 0), the mask (the encoder's ready-made (B, 1, L, L) boolean,
+none), and with the math backend disallowed (``sdpa_kernel``). Eagerly the choice is
+``torch._fused_sdp_choice``; compiled, the attention ops of the forward graph AOTAutograd traces (no
+Inductor code generation, so each case takes about a second). Last, the benchmark model's encoders
+(ViT-B/16, BERT-base at both caption lengths) as the bfloat16 training step runs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "src") not in sys.path:
+    sys.path.insert(0, str(ROOT / "src"))
+
+#: aten attention ops of a traced graph -> the backend they are
+_TRACED = {
+    "_scaled_dot_product_cudnn_attention": "cudnn",
+    "_scaled_dot_product_flash_attention_for_cpu": "flash (cpu)",
+    "_scaled_dot_product_flash_attention": "flash",
+    "_scaled_dot_product_efficient_attention": "efficient",
+    "_safe_softmax": "math",
+}
+
+
+def traced_backends(fn, *inputs) -> list[str]:
+    """The attention backends, in order, of the forward graph ``torch.compile`` traces for ``fn(*inputs)``
+    (AOTAutograd's aten graph; nothing is generated or run compiled beyond it)."""
+    import torch
+    from torch._dynamo.backends.common import aot_autograd
+
+    seen: list[str] = []
+
+    def record(graph_module, example_inputs):
+        for node in graph_module.graph.nodes:
+            name = str(node.target).removeprefix("aten.").split(".")[0]
+            if node.op == "call_function" and name in _TRACED:
+                seen.append(_TRACED[name])
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(fn, backend=aot_autograd(fw_compiler=record), fullgraph=True)(*inputs)
+    finally:
+        torch._dynamo.reset()
+    return seen
+
+
+def eager_backend(q, k, v, mask, dropout: float) -> str:
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    return SDPBackend(torch._fused_sdp_choice(q, k, v, attn_mask=mask, dropout_p=dropout)).name.lower()
+
+
+def probe(device: str, quick: bool) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dev = torch.device(device)
+    batch, heads, head_dim = (2, 2, 64) if quick else (64, 12, 64)
+    rows = []
+    g = torch.Generator().manual_seed(0)
+    for length in (35, 48, 64, 128):
+        shape = (batch, heads, length, head_dim)
+        q, k, v = (torch.randn(shape, generator=g).to(dev, torch.bfloat16).requires_grad_() for _ in range(3))
+        keep = torch.arange(length) < torch.randint(3, length + 1, (batch, 1), generator=g)  # (B, L) keys
+        expanded = keep.to(dev)[:, None, None, :].expand(-1, 1, length, -1)  # as HFTextEncoder passes it
+        for mask_name, mask in (("(B,1,L,L) bool", expanded), ("none", None)):
+            for dropout in (0.1, 0.0):
+                row = {"case": "sdpa", "keys": length, "mask": mask_name, "dropout": dropout}
+                row["eager"] = eager_backend(q, k, v, mask, dropout)
+
+                def attend(q, k, v, mask=mask, dropout=dropout):
+                    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+
+                row["compiled"] = traced_backends(attend, q, k, v)[0]
+                if row["compiled"] == "math":  # the fused kernels alone: chosen, or an error saying why not
+                    fused = [
+                        SDPBackend.CUDNN_ATTENTION,
+                        SDPBackend.FLASH_ATTENTION,
+                        SDPBackend.EFFICIENT_ATTENTION,
+                    ]
+                    try:
+                        with sdpa_kernel(fused):
+                            row["compiled_without_math"] = traced_backends(attend, q, k, v)[0]
+                    except Exception as err:  # noqa: BLE001 - the reason is the result
+                        cause = err.__cause__ or err
+                        row["compiled_without_math"] = f"error: {' '.join(str(cause).split())[:300]}"
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    rows += _encoder_rows(dev, quick)
+    return rows
+
+
+def _encoder_rows(dev, quick: bool) -> list[dict]:
+    """The encoders of the benchmark model (``seps-vit-b16-paper``: ViT-B/16 + BERT-base, random
+    initialisation) as the bfloat16 training step runs them (``BF16Copy``, training mode): the backend
+    counts of their traced attention layers, the text encoder at 35 and 128 tokens. ``quick``: a two-layer
+    tiny BERT instead."""
+    import importlib.util
+    from collections import Counter
+
+    import torch
+
+    if importlib.util.find_spec("transformers") is None:
+        print("attention probe: transformers is not installed, no encoder rows", flush=True)
+        return []
+    import transformers
+
+    from patchword.encoders.hf import HFTextEncoder
+
+    torch.manual_seed(0)
+    if quick:
+        config = transformers.BertConfig(
+            num_hidden_layers=2, hidden_size=64, num_attention_heads=1, intermediate_size=128
+        )
+        text, image, vocab = HFTextEncoder(config).to(dev, torch.bfloat16), None, config.vocab_size
+    else:
+        from patchword.factory import create_model
+        from patchword.train.master_weights import BF16Copy
+
+        copy = BF16Copy(create_model("seps-vit-b16-paper", pretrained=False, device=dev)).module
+        text, image, vocab = copy.text_encoder, copy.image_encoder, copy.text_encoder.vocab_size
+    rows, batch = [], 2 if quick else 64
+    for length in (35, 128):
+        g = torch.Generator().manual_seed(length)
+        ids = torch.randint(1000, vocab, (batch, length), generator=g)
+        lens = torch.randint(3, length + 1, (batch,), generator=g)
+        lens[0] = length
+        ids[torch.arange(length) >= lens[:, None]] = 0
+        seen = traced_backends(text.train(), ids.to(dev), lens.to(dev))
+        rows.append({"case": "text encoder, training", "keys": length, "compiled": dict(Counter(seen))})
+        print(json.dumps(rows[-1]), flush=True)
+    if image is not None:
+        pixels = torch.randn(batch, 3, 224, 224).to(dev, torch.bfloat16)
+        seen = traced_backends(image.train(), pixels)
+        rows.append({"case": "image encoder, training", "keys": 197, "compiled": dict(Counter(seen))})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes (a CPU smoke run)")
+    parser.add_argument("--json", default=None, help="also write the rows here")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    rows = probe(args.device, args.quick)
+    print(f"attention probe: {len(rows)} cases in {time.perf_counter() - start:.1f} s", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
