@@ -6,8 +6,9 @@ Why: on an H100 (docs/benchmarks.md, gpu-check run 3) the compiled bfloat16 trai
 products and a softmax per layer, ~12 ms of its 59 ms), where eager mode ran cuDNN attention for all 36.
 Padding the captions' keys to 48 did not change it. This probe records the backend for each candidate
 cause, in seconds and without timing anything: the key length (35 captions, 48, 64, 128 dense captions),
-attention dropout (BERT's 0.1 in training, 0), the mask (the encoder's ready-made (B, 1, L, L) boolean,
-none), and with the math backend disallowed (``sdpa_kernel``). Eagerly the choice is
+attention dropout (BERT's 0.1 in training, 0), the form of the mask (:data:`MASKS`: the encoder's
+(B, 1, L, L) boolean view and the alternatives a fix could pass), and with the math backend disallowed
+(``sdpa_kernel``). Eagerly the choice is
 ``torch._fused_sdp_choice``; compiled, the attention ops of the forward graph AOTAutograd traces (no
 Inductor code generation, so each case takes about a second). Last, the benchmark model's encoders
 (ViT-B/16, BERT-base at both caption lengths) as the bfloat16 training step runs them.
@@ -83,6 +84,62 @@ def eager_backend(q, k, v, mask, dropout: float) -> str:
     return SDPBackend(torch._fused_sdp_choice(q, k, v, attn_mask=mask, dropout_p=dropout)).name.lower()
 
 
+#: the forms of the key padding mask probed: the text encoder's (B, 1, L, L) boolean view, the same
+#: broadcast from (B, 1, 1, L), made contiguous, as an additive bfloat16 mask, and no mask
+MASKS = ("bool (B,1,L,L) expanded", "bool (B,1,1,L)", "bool (B,1,L,L) contiguous", "bf16 additive", "none")
+
+
+def make_mask(form: str, lens, length: int, dtype):
+    """The key padding mask of ``lens`` ((B,) valid lengths) in ``form`` (one of :data:`MASKS`)."""
+    import torch
+
+    keep = torch.arange(length, device=lens.device)[None, :] < lens[:, None]  # (B, L) keys to attend to
+    if form == "none":
+        return None
+    if form == "bool (B,1,1,L)":
+        return keep[:, None, None, :]
+    expanded = keep[:, None, None, :].expand(-1, 1, length, -1)
+    if form == "bool (B,1,L,L) contiguous":
+        return expanded.contiguous()
+    if form == "bf16 additive":
+        zero = torch.zeros((), dtype=dtype, device=lens.device)
+        return torch.where(expanded, zero, torch.finfo(dtype).min)
+    return expanded
+
+
+def fused_checks(q, k, v, mask, dropout: float, fake: bool) -> dict:
+    """Whether each fused backend accepts these inputs, and the reasons it gives when not
+    (``torch.backends.cuda.can_use_*`` with ``debug=True``; on the CPU they answer False without a
+    reason). ``fake``: asked of FakeTensor copies, as torch.compile's tracing sees the inputs."""
+    import contextlib
+    import warnings
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.backends import cuda
+
+    checks = {
+        "cudnn": cuda.can_use_cudnn_attention,
+        "flash": cuda.can_use_flash_attention,
+        "efficient": cuda.can_use_efficient_attention,
+    }
+    mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+    out = {}
+    with mode:
+        if fake:
+            q, k, v = (mode.from_tensor(t) for t in (q, k, v))
+            mask = None if mask is None else mode.from_tensor(mask)
+        params = cuda.SDPAParams(q, k, v, mask, dropout, False, False)
+        for name, check in checks.items():
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    ok = check(params, True)
+                out[name] = True if ok else [" ".join(str(w.message).split())[:300] for w in caught]
+            except Exception as err:  # noqa: BLE001 - the reason is the result
+                out[name] = f"error: {type(err).__name__}: {str(err)[:200]}"
+    return out
+
+
 def probe(device: str, quick: bool) -> list[dict]:
     import torch
     import torch.nn.functional as F
@@ -95,18 +152,21 @@ def probe(device: str, quick: bool) -> list[dict]:
     for length in (35, 48, 64, 128):
         shape = (batch, heads, length, head_dim)
         q, k, v = (torch.randn(shape, generator=g).to(dev, torch.bfloat16).requires_grad_() for _ in range(3))
-        keep = torch.arange(length) < torch.randint(3, length + 1, (batch, 1), generator=g)  # (B, L) keys
-        expanded = keep.to(dev)[:, None, None, :].expand(-1, 1, length, -1)  # as HFTextEncoder passes it
-        for mask_name, mask in (("(B,1,L,L) bool", expanded), ("none", None)):
+        lens = torch.randint(3, length + 1, (batch,), generator=g).to(dev)
+        for form in MASKS:
             for dropout in (0.1, 0.0):
-                row = {"case": "sdpa", "keys": length, "mask": mask_name, "dropout": dropout}
-                row["eager"] = eager_backend(q, k, v, mask, dropout)
+                row = {"case": "sdpa", "keys": length, "mask": form, "dropout": dropout}
+                row["eager"] = eager_backend(q, k, v, make_mask(form, lens, length, q.dtype), dropout)
 
-                def attend(q, k, v, mask=mask, dropout=dropout):
+                def attend(q, k, v, lens, form=form, dropout=dropout):  # the mask made inside, as the encoder
+                    mask = make_mask(form, lens, q.shape[-2], q.dtype)
                     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
 
-                row["compiled"] = traced_backends(attend, q, k, v)[0]
-                if row["compiled"] == "math":  # the fused kernels alone: chosen, or an error saying why not
+                row["compiled"] = (traced_backends(attend, q, k, v, lens) or ["none traced"])[0]
+                if row["compiled"] == "math":  # why not fused: eager and traced views, math disallowed
+                    mask = make_mask(form, lens, length, q.dtype)
+                    row["fused_eager"] = fused_checks(q, k, v, mask, dropout, fake=False)
+                    row["fused_traced"] = fused_checks(q, k, v, mask, dropout, fake=True)
                     fused = [
                         SDPBackend.CUDNN_ATTENTION,
                         SDPBackend.FLASH_ATTENTION,
@@ -114,10 +174,12 @@ def probe(device: str, quick: bool) -> list[dict]:
                     ]
                     try:
                         with sdpa_kernel(fused):
-                            row["compiled_without_math"] = traced_backends(attend, q, k, v)[0]
+                            row["compiled_without_math"] = traced_backends(attend, q, k, v, lens)[0]
                     except Exception as err:  # noqa: BLE001 - the reason is the result
-                        cause = err.__cause__ or err
-                        row["compiled_without_math"] = f"error: {' '.join(str(cause).split())[:300]}"
+                        while err.__cause__ or err.__context__:  # the innermost error says why
+                            err = err.__cause__ or err.__context__
+                        text = " ".join(str(err).split())
+                        row["compiled_without_math"] = f"error: {type(err).__name__}: {text[:400]}"
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     rows += _encoder_rows(dev, quick)

@@ -263,8 +263,11 @@ def step_attention(args, budget, partial, say, child_env) -> dict:
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
         return {"status": "failed", "tail": tail, "summary": f"exit {proc.returncode}"}
     rows = json.loads(out.read_text())
-    for row in rows:
-        say(json.dumps(row))
+    for row in rows:  # one short line each; the reasons are in attention.json
+        where = f"{row['keys']} keys" + (
+            f", mask {row['mask']}, dropout {row['dropout']}" if "mask" in row else ""
+        )
+        say(f"attention {row['case']}, {where}: eager {row.get('eager')}, compiled {row['compiled']}")
     math = [r for r in rows if r["case"] == "sdpa" and r["compiled"] == "math"]
     encoders = "; ".join(f"{r['case']} {r['keys']}: {r['compiled']}" for r in rows if r["case"] != "sdpa")
     summary = (
