@@ -77,6 +77,40 @@ def eager_backends(fn, *inputs) -> list[str]:
     return seen
 
 
+def first_attention_call(fn, *inputs) -> dict:
+    """The arguments of the first ``F.scaled_dot_product_attention`` call of ``fn(*inputs)`` run
+    eagerly (q, k, v, attn_mask, dropout_p), as the encoder passes them."""
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+
+    calls: list[dict] = []
+
+    class Capture(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is F.scaled_dot_product_attention and not calls:
+                names = ("query", "key", "value", "attn_mask", "dropout_p")
+                given = dict(zip(names, args, strict=False)) | kwargs
+                calls.append({name: given.get(name) for name in names})
+            return func(*args, **kwargs)
+
+    with Capture():  # with gradients: the training forward (fused q/k/v share one product there)
+        fn(*inputs)
+    return calls[0] if calls else {}
+
+
+def describe(tensor) -> dict | None:
+    """Shape, strides, storage offset and dtype: what the backends' checks read."""
+    if tensor is None:
+        return None
+    return {
+        "shape": list(tensor.shape),
+        "stride": list(tensor.stride()),
+        "offset": tensor.storage_offset(),
+        "dtype": str(tensor.dtype),
+    }
+
+
 def eager_backend(q, k, v, mask, dropout: float) -> str:
     import torch
     from torch.nn.attention import SDPBackend
@@ -226,6 +260,18 @@ def _encoder_rows(dev, quick: bool) -> list[dict]:
         row = {"case": "text encoder, training", "keys": length}
         row["eager"] = dict(Counter(eager_backends(text.train(), ids, lens)))
         row["compiled"] = dict(Counter(traced_backends(text, ids, lens)))
+        call = first_attention_call(text, ids, lens)  # the encoder's own q, k, v and mask, and why not fused
+        if call:
+            q, k, v, mask = (call[n] for n in ("query", "key", "value", "attn_mask"))
+            dropout = float(call["dropout_p"] or 0.0)
+            row["first_call"] = {
+                "q": describe(q),
+                "k": describe(k),
+                "mask": describe(mask),
+                "dropout": dropout,
+            }
+            row["fused_eager"] = fused_checks(q, k, v, mask, dropout, fake=False)
+            row["fused_traced"] = fused_checks(q, k, v, mask, dropout, fake=True)
         rows.append(row)
         print(json.dumps(rows[-1]), flush=True)
     if image is not None:
