@@ -358,6 +358,9 @@ def gpu_step(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
     if args.tf32:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    if getattr(args, "math_sdp_bf16", False):
+        # the "math" attention in bfloat16 instead of upcast to float32 (PyTorch's default since 2.5)
+        torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)
     model, cfg, step_module, optimizer, shard, bf16 = step_setup(args)
     name, batch = _model_name(args), args.batch
 
@@ -399,6 +402,7 @@ def gpu_step(args: argparse.Namespace) -> dict:
         "compile_scope": getattr(args, "compile_scope", "modules") if args.compile else None,
         "compile_mode": getattr(args, "compile_mode", None) if args.compile else None,
         "fused_qkv": not args.unfused,
+        "math_sdp_bf16": bool(getattr(args, "math_sdp_bf16", False)),
         "steps_per_s": args.steps / seconds,
         "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
     }
@@ -406,6 +410,29 @@ def gpu_step(args: argparse.Namespace) -> dict:
     if getattr(args, "profile_steps", 0):
         result["profile"] = _profile_steps(step, sync, args.profile_steps, device)
     return result
+
+
+#: kernel name patterns -> the kind of device work they are (first match wins; see kernel_kind)
+KERNEL_KINDS = (
+    ("attention, softmax", ("sdpa", "flash", "fmha", "attention", "softmax")),
+    ("gemm fp32", ("gemm_f32f32", "sgemm")),
+    ("gemm", ("gemm", "nvjet", "xmma", "cublas", "cutlass", "sm90_", "sm80_")),
+    ("optimizer", ("multi_tensor", "adam", "foreach")),
+    ("copy", ("memcpy", "memset", "copy")),
+    ("triton", ("triton_",)),
+    ("norm", ("layer_norm", "layernorm", "gammabeta", "rowwisemoments")),
+    ("reduction", ("reduce_kernel",)),
+    ("elementwise", ("elementwise", "vectorized")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    """The kind of a CUDA kernel from its name (:data:`KERNEL_KINDS`), ``other`` when none matches."""
+    low = name.lower()
+    for kind, patterns in KERNEL_KINDS:
+        if any(pattern in low for pattern in patterns):
+            return kind
+    return "other"
 
 
 def _profile_steps(step, sync, n: int, device) -> dict:
@@ -424,6 +451,10 @@ def _profile_steps(step, sync, n: int, device) -> dict:
     events = prof.key_averages()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     device_us = sum(e.time_range.elapsed_us() for e in kernels)  # kernels, copies and sets
+    by_kind: dict[str, float] = {}
+    for e in kernels:
+        kind = kernel_kind(e.name)
+        by_kind[kind] = by_kind.get(kind, 0.0) + e.time_range.elapsed_us() / 1e3 / n
     syncs = sum(e.count for e in events if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize"))
     launches = sum(
         e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx")
@@ -440,6 +471,7 @@ def _profile_steps(step, sync, n: int, device) -> dict:
         "kernel_launches_per_step": launches / n,
         "aten_calls_per_step": ops / n,
         "host_syncs_per_step": syncs / n,
+        "device_ms_per_step_by_kind": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
         "tables": tables,
     }
 
@@ -576,6 +608,11 @@ def main(argv: list[str] | None = None) -> int:
         "--compile-mode", default=None, help="torch.compile mode, e.g. reduce-overhead (CUDA graphs)"
     )
     p_gpu.add_argument("--unfused", action="store_true", help="query/key/value as three products (A/B)")
+    p_gpu.add_argument(
+        "--math-sdp-bf16",
+        action="store_true",
+        help="attention on the math backend in bfloat16, not float32 (allow_fp16_bf16_reduction_math_sdp)",
+    )
     p_gpu.add_argument("--tf32", action="store_true", help="TF32 matmuls for the fp32 parts")
     p_gpu.add_argument("--sync-debug", action="store_true", help="warn on every host-device sync of the step")
     p_gpu.add_argument("--profile-steps", type=int, default=0, help="then profile this many steps")

@@ -160,34 +160,51 @@ def step_train_profile(args, budget, partial, say, child_env) -> dict:
         f"{row['model']} b{row['batch']} {row['precision']}: wall {prof['wall_ms_per_step']:.1f} ms/step "
         f"profiled, device busy "
         f"{prof['device_busy_ms_per_step']:.1f} ms/step, {prof['kernel_launches_per_step']:.0f} launches, "
-        f"{prof['aten_calls_per_step']:.0f} aten calls, {prof['host_syncs_per_step']:.1f} syncs per step"
+        f"{prof['aten_calls_per_step']:.0f} aten calls, {prof['host_syncs_per_step']:.1f} syncs per step; "
+        f"ms per step: {kinds_line(prof)}"
     )
     return {"row": row, "profile": prof, "summary": summary}
 
 
+#: the options a --compile-variants item may add after its scope (other than a torch.compile mode)
+VARIANT_FLAGS = {"math-bf16": "--math-sdp-bf16"}
+
+
 def parse_compile_variants(text: str) -> list[dict]:
-    """``precision:scope[:mode]`` items, comma-separated (``bf16:step:reduce-overhead``) -> the
-    ``gpu-step`` settings ``{"precision", "scope", "mode"}``; ``ValueError`` names a bad item."""
+    """``precision:scope[:option...]`` items, comma-separated (``bf16:step:reduce-overhead:math-bf16``)
+    -> the ``gpu-step`` settings ``{"precision", "scope", "mode", "flags"}``: an option is a
+    :data:`VARIANT_FLAGS` name or else the torch.compile mode (one at most); ``ValueError`` names a bad
+    item."""
     variants = []
     for item in filter(None, text.split(",")):
         parts = item.split(":")
+        modes = [o for o in parts[2:] if o not in VARIANT_FLAGS]
         if (
-            len(parts) not in (2, 3)
+            len(parts) < 2
             or parts[0] not in ("amp_bf16", "bf16")
             or parts[1] not in ("modules", "step")
+            or len(modes) > 1
         ):
             raise ValueError(
-                f"{item!r}: expected precision:scope[:mode], precision amp_bf16 or bf16, "
-                "scope modules or step"
+                f"{item!r}: expected precision:scope[:option...], precision amp_bf16 or bf16, scope "
+                f"modules or step, options a torch.compile mode (one) or {', '.join(VARIANT_FLAGS)}"
             )
+        flags = [o for o in parts[2:] if o in VARIANT_FLAGS]
         variants.append(
-            {"precision": parts[0], "scope": parts[1], "mode": parts[2] if len(parts) == 3 else None}
+            {"precision": parts[0], "scope": parts[1], "mode": modes[0] if modes else None, "flags": flags}
         )
     return variants
 
 
 def variant_label(variant: dict) -> str:
-    return ":".join(v for v in (variant["precision"], variant["scope"], variant["mode"]) if v)
+    parts = (variant["precision"], variant["scope"], variant["mode"], *variant.get("flags", ()))
+    return ":".join(v for v in parts if v)
+
+
+def kinds_line(profile: dict) -> str:
+    """'gemm 21.3, attention 15.1, ...' ms per step, from a gpu-step profile."""
+    kinds = profile.get("device_ms_per_step_by_kind", {})
+    return ", ".join(f"{kind} {ms:.1f}" for kind, ms in kinds.items())
 
 
 def step_train_compile(args, budget, partial, say, child_env) -> dict:
@@ -207,9 +224,10 @@ def step_train_compile(args, budget, partial, say, child_env) -> dict:
         cmd = [sys.executable, str(ROOT / "benchmarks" / "ddp_bench.py"), "gpu-step", "--device", args.device]
         cmd += ["--model", model, "--batch", "8" if args.quick else "64", "--compile", "--steps", "10"]
         cmd += ["--warmup", "3", "--precision", variant["precision"], "--compile-scope", variant["scope"]]
-        cmd += ["--json", str(out)]
+        cmd += ["--json", str(out), "--profile-steps", "3"]  # the profile after the timed steps
         if variant["mode"]:
             cmd += ["--compile-mode", variant["mode"]]
+        cmd += [VARIANT_FLAGS[flag] for flag in variant["flags"]]
         if args.quick:
             cmd.append("--quick")
         start = time.perf_counter()
@@ -232,8 +250,16 @@ def step_train_compile(args, budget, partial, say, child_env) -> dict:
             say(f"train_compile {label}: exit {proc.returncode}\n" + "\n".join(tail))
         else:
             row = json.loads(out.read_text())
-            rows.append({**variant, **row, "seconds": seconds})
-            say(f"train_compile {label}: {row['steps_per_s']:.2f} steps/s ({seconds} s with compilation)")
+            profile = row.pop("profile", None) or {}
+            for key, table in profile.pop("tables", {}).items():
+                (Path(args.out) / f"train_compile_{label.replace(':', '_')}_{key}.txt").write_text(table)
+            rows.append({**variant, **row, "profile": profile, "seconds": seconds})
+            said = f"train_compile {label}: {row['steps_per_s']:.2f} steps/s ({seconds} s with compilation)"
+            if profile:
+                said += (
+                    f"; device busy {profile['device_busy_ms_per_step']:.1f} ms/step: {kinds_line(profile)}"
+                )
+            say(said)
         partial({"rows": rows})
     summary = "; ".join(
         f"{model} b{r['batch']} {variant_label(r)}: {r['steps_per_s']:.2f} steps/s "
