@@ -408,7 +408,10 @@ def gpu_step(args: argparse.Namespace) -> dict:
     }
     print(json.dumps(result, indent=2), flush=True)  # the timing first: the profiler may not finish
     if getattr(args, "profile_steps", 0):
-        result["profile"] = _profile_steps(step, sync, args.profile_steps, device)
+        try:
+            result["profile"] = _profile_steps(step, sync, args.profile_steps, device)
+        except Exception as err:  # noqa: BLE001 - the timing above stands without its profile
+            result["profile_error"] = f"{type(err).__name__}: {err}"[:500]
     return result
 
 
