@@ -151,6 +151,8 @@ def step_train_profile(args, budget, partial, say, child_env) -> dict:
     ns.__dict__.update(sync_debug=False, profile_steps=3, unfused=False)
     with contextlib.redirect_stdout(io.StringIO()):
         row = ddp_bench.gpu_step(ns)
+    if "profile" not in row:
+        return {"status": "failed", "row": row, "summary": f"profile failed: {row.get('profile_error')}"}
     prof = row.pop("profile")
     tables = prof.pop("tables")
     for key, table in tables.items():
