@@ -17,6 +17,7 @@ Inductor code generation, so each case takes about a second). Last, the benchmar
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -174,14 +175,14 @@ def fused_checks(q, k, v, mask, dropout: float, fake: bool) -> dict:
     return out
 
 
-def probe(device: str, quick: bool) -> list[dict]:
+def probe(device: str, quick: bool, emit) -> None:
+    """Every case, each row handed to ``emit`` as soon as it exists."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     dev = torch.device(device)
     batch, heads, head_dim = (2, 2, 64) if quick else (64, 12, 64)
-    rows = []
     g = torch.Generator().manual_seed(0)
     for length in (35, 48, 64, 128):
         shape = (batch, heads, length, head_dim)
@@ -214,17 +215,15 @@ def probe(device: str, quick: bool) -> list[dict]:
                             err = err.__cause__ or err.__context__
                         text = " ".join(str(err).split())
                         row["compiled_without_math"] = f"error: {type(err).__name__}: {text[:400]}"
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-    rows += _encoder_rows(dev, quick)
-    return rows
+                emit(row)
+    _encoder_rows(dev, quick, emit)
 
 
-def _encoder_rows(dev, quick: bool) -> list[dict]:
+def _encoder_rows(dev, quick: bool, emit) -> None:
     """The encoders of the benchmark model (``seps-vit-b16-paper``: ViT-B/16 + BERT-base, random
     initialisation) as the bfloat16 training step runs them (``BF16Copy``, training mode): the backend
     counts of their traced attention layers, the text encoder at 35 and 128 tokens. ``quick``: a two-layer
-    tiny BERT instead."""
+    tiny BERT instead. A row that fails records its error; the next one runs."""
     import importlib.util
     from collections import Counter
 
@@ -232,7 +231,7 @@ def _encoder_rows(dev, quick: bool) -> list[dict]:
 
     if importlib.util.find_spec("transformers") is None:
         print("attention probe: transformers is not installed, no encoder rows", flush=True)
-        return []
+        return
     import transformers
 
     from patchword.encoders.hf import HFTextEncoder
@@ -249,7 +248,7 @@ def _encoder_rows(dev, quick: bool) -> list[dict]:
 
         copy = BF16Copy(create_model("seps-vit-b16-paper", pretrained=False, device=dev)).module
         text, image, vocab = copy.text_encoder, copy.image_encoder, copy.text_encoder.vocab_size
-    rows, batch = [], 2 if quick else 64
+    batch = 2 if quick else 64
     for length in (35, 128):
         g = torch.Generator().manual_seed(length)
         ids = torch.randint(1000, vocab, (batch, length), generator=g)
@@ -258,30 +257,45 @@ def _encoder_rows(dev, quick: bool) -> list[dict]:
         ids[torch.arange(length) >= lens[:, None]] = 0
         ids, lens = ids.to(dev), lens.to(dev)
         row = {"case": "text encoder, training", "keys": length}
-        row["eager"] = dict(Counter(eager_backends(text.train(), ids, lens)))
-        row["compiled"] = dict(Counter(traced_backends(text, ids, lens)))
-        call = first_attention_call(text, ids, lens)  # the encoder's own q, k, v and mask, and why not fused
-        if call:
-            q, k, v, mask = (call[n] for n in ("query", "key", "value", "attn_mask"))
-            dropout = float(call["dropout_p"] or 0.0)
-            row["first_call"] = {
-                "q": describe(q),
-                "k": describe(k),
-                "mask": describe(mask),
-                "dropout": dropout,
-            }
-            row["fused_eager"] = fused_checks(q, k, v, mask, dropout, fake=False)
-            row["fused_traced"] = fused_checks(q, k, v, mask, dropout, fake=True)
-        rows.append(row)
-        print(json.dumps(rows[-1]), flush=True)
+        with _recorded_error(row):
+            _text_row(row, text, ids, lens)
+        emit(row)
     if image is not None:
         pixels = torch.randn(batch, 3, 224, 224).to(dev, torch.bfloat16)
         row = {"case": "image encoder, training", "keys": 197}
-        row["eager"] = dict(Counter(eager_backends(image.train(), pixels)))
-        row["compiled"] = dict(Counter(traced_backends(image, pixels)))
-        rows.append(row)
-        print(json.dumps(rows[-1]), flush=True)
-    return rows
+        with _recorded_error(row):
+            row["eager"] = dict(Counter(eager_backends(image.train(), pixels)))
+            row["compiled"] = dict(Counter(traced_backends(image, pixels)))
+        emit(row)
+
+
+@contextlib.contextmanager
+def _recorded_error(row: dict):
+    """Run the block; an exception becomes ``row["error"]`` instead of ending the probe."""
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001 - the error is the result
+        row["error"] = f"{type(err).__name__}: {' '.join(str(err).split())[:400]}"
+
+
+def _text_row(row: dict, text, ids, lens) -> None:
+    """The text encoder's backends at these ids, eager and traced, and its first attention call."""
+    from collections import Counter
+
+    row["eager"] = dict(Counter(eager_backends(text.train(), ids, lens)))
+    row["compiled"] = dict(Counter(traced_backends(text, ids, lens)))
+    call = first_attention_call(text, ids, lens)  # the encoder's own q, k, v and mask, and why not fused
+    if call:
+        q, k, v, mask = (call[n] for n in ("query", "key", "value", "attn_mask"))
+        dropout = float(call["dropout_p"] or 0.0)
+        row["first_call"] = {
+            "q": describe(q),
+            "k": describe(k),
+            "mask": describe(mask),
+            "dropout": dropout,
+        }
+        row["fused_eager"] = fused_checks(q, k, v, mask, dropout, fake=False)
+        row["fused_traced"] = fused_checks(q, k, v, mask, dropout, fake=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,11 +304,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny shapes (a CPU smoke run)")
     parser.add_argument("--json", default=None, help="also write the rows here")
     args = parser.parse_args(argv)
-    start = time.perf_counter()
-    rows = probe(args.device, args.quick)
+    start, rows = time.perf_counter(), []
+
+    def emit(row: dict) -> None:  # printed and written at once: a run cut short keeps what it found
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=2))
+
+    probe(args.device, args.quick, emit)
     print(f"attention probe: {len(rows)} cases in {time.perf_counter() - start:.1f} s", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
 
 

@@ -232,14 +232,14 @@ def step_train_compile(args, budget, partial, say, child_env) -> dict:
         cmd += [VARIANT_FLAGS[flag] for flag in variant["flags"]]
         if args.quick:
             cmd.append("--quick")
+        # a compiler cache of its own: its keys do not hold every setting a variant changes (math-bf16)
+        env = {**child_env(), "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="gpu_check_inductor_")}
         start = time.perf_counter()
         try:
-            proc = subprocess.run(
-                cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=free
-            )
+            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=free)
         except subprocess.TimeoutExpired:
             rows.append({**variant, "status": f"timed out after {free:.0f} s"})
-            say(f"train_compile {label}: compile + 13 steps did not finish in {free:.0f} s")
+            say(f"train_compile {label}: compile, 13 steps and the profile did not finish in {free:.0f} s")
             partial({"rows": rows})
             continue
         seconds = round(time.perf_counter() - start, 1)
@@ -256,7 +256,8 @@ def step_train_compile(args, budget, partial, say, child_env) -> dict:
             for key, table in profile.pop("tables", {}).items():
                 (Path(args.out) / f"train_compile_{label.replace(':', '_')}_{key}.txt").write_text(table)
             rows.append({**variant, **row, "profile": profile, "seconds": seconds})
-            said = f"train_compile {label}: {row['steps_per_s']:.2f} steps/s ({seconds} s with compilation)"
+            said = f"train_compile {label}: {row['steps_per_s']:.2f} steps/s "
+            said += f"({seconds} s with compilation, profile)"
             if profile:
                 said += (
                     f"; device busy {profile['device_busy_ms_per_step']:.1f} ms/step: {kinds_line(profile)}"
@@ -265,7 +266,7 @@ def step_train_compile(args, budget, partial, say, child_env) -> dict:
         partial({"rows": rows})
     summary = "; ".join(
         f"{model} b{r['batch']} {variant_label(r)}: {r['steps_per_s']:.2f} steps/s "
-        f"({r['seconds']} s with compilation)"
+        f"({r['seconds']} s with compilation, profile)"
         if "steps_per_s" in r
         else f"{variant_label(r)}: {r['status']}"
         for r in rows
@@ -278,27 +279,44 @@ def step_train_compile(args, budget, partial, say, child_env) -> dict:
 
 
 def step_attention(args, budget, partial, say, child_env) -> dict:
-    """``attention_probe.py``: the attention backend of every probed case, eager and compiled."""
+    """``attention_probe.py``: the attention backend of every probed case, eager and compiled. Its output,
+    with the backends' C++ warnings in order (the reasons a fused kernel is refused may be printed there
+    rather than raised as Python warnings), goes to ``attention_log.txt``; at most 180 s."""
     out = Path(args.out) / "attention.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "attention_probe.py"), "--device", args.device]
     cmd += ["--json", str(out)] + (["--quick"] if args.quick else [])
-    timeout = budget.free("attention")
+    timeout = min(budget.free("attention"), 180.0)
+    log = Path(args.out) / "attention_log.txt"
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"status": "timed out", "summary": f"the probe did not finish in {timeout:.0f} s"}
-    if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
-        return {"status": "failed", "tail": tail, "summary": f"exit {proc.returncode}"}
-    rows = json.loads(out.read_text())
-    for row in rows:  # one short line each; the reasons are in attention.json
+        proc = subprocess.run(
+            cmd,
+            cwd=ROOT,
+            env=child_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+        )
+        log.write_text(proc.stdout)
+        status = None if proc.returncode == 0 else f"exit {proc.returncode}"
+    except subprocess.TimeoutExpired as err:
+        log.write_text(err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or ""))
+        status = f"timed out after {timeout:.0f} s"
+    rows = json.loads(out.read_text()) if out.exists() else []
+    for row in rows:  # one short line each; the reasons are in attention.json and attention_log.txt
         where = f"{row['keys']} keys" + (
             f", mask {row['mask']}, dropout {row['dropout']}" if "mask" in row else ""
         )
-        say(f"attention {row['case']}, {where}: eager {row.get('eager')}, compiled {row['compiled']}")
-    math = [r for r in rows if r["case"] == "sdpa" and r["compiled"] == "math"]
-    encoders = "; ".join(f"{r['case']} {r['keys']}: {r['compiled']}" for r in rows if r["case"] != "sdpa")
+        said = row.get("error") or f"eager {row.get('eager')}, compiled {row.get('compiled')}"
+        say(f"attention {row['case']}, {where}: {said}")
+    math = [r for r in rows if r["case"] == "sdpa" and r.get("compiled") == "math"]
+    encoders = "; ".join(
+        f"{r['case']} {r['keys']}: {r.get('error') or r.get('compiled')}" for r in rows if r["case"] != "sdpa"
+    )
     summary = (
         f"{len(math)} of {sum(r['case'] == 'sdpa' for r in rows)} attention cases compile to math; {encoders}"
     )
-    return {"rows": rows, "summary": summary}
+    entry = {"rows": rows, "summary": summary if not status else f"{status}; {summary}"}
+    if status:
+        entry.update(status="failed", tail=log.read_text().strip().splitlines()[-15:])
+    return entry
