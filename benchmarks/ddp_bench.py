@@ -303,6 +303,8 @@ def step_setup(args: argparse.Namespace):
     cfg = apply_overrides(RunConfig(), [f"train.pair_chunk={args.pair_chunk}", f"precision={args.precision}"])
     bf16 = BF16Copy(model) if args.precision == "bf16" else None
     step_model = model if bf16 is None else bf16.module
+    if getattr(args, "text_mask", "default") != "default":
+        use_text_mask(step_model.text_encoder, args.text_mask)
     scope, mode = getattr(args, "compile_scope", "modules"), getattr(args, "compile_mode", None)
     if args.compile and scope == "modules":
         for module in (step_model.image_encoder, step_model.text_encoder, step_model.matcher):
@@ -330,6 +332,40 @@ def step_setup(args: argparse.Namespace):
     ).to(device)
     step_model.train()
     return model, cfg, step_module, optimizer, shard, bf16
+
+
+def use_text_mask(encoder, form: str) -> None:
+    """An experiment, not the library's behaviour: ``encoder`` (a Hugging Face text encoder) hands BERT its
+    key padding mask in ``form``: ``additive`` (0 / the dtype's minimum, (B, 1, L, L)), ``broadcast``
+    (boolean (B, 1, 1, L)) or ``contiguous`` (boolean (B, 1, L, L), materialised) instead of the
+    library's boolean (B, 1, L, L) view; which form keeps a fused attention kernel when compiled is what
+    ``benchmarks/attention_probe.py`` asks. Same values: only the mask's layout changes."""
+    import types
+
+    import torch
+
+    from patchword.encoders.hf import HFTextEncoder
+
+    if not isinstance(encoder, HFTextEncoder):
+        raise SystemExit(f"--text-mask needs a Hugging Face text encoder, not {type(encoder).__name__}")
+
+    def forward(self, ids: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        length = ids.shape[1]
+        keep = (ids != 0) & (torch.arange(length, device=ids.device) < lens.to(ids.device)[:, None])
+        if form == "broadcast":
+            mask = keep[:, None, None, :]
+        else:
+            mask = keep[:, None, None, :].expand(-1, 1, length, -1)
+            if form == "contiguous":
+                mask = mask.contiguous()
+            elif form == "additive":
+                dtype = self.proj.weight.dtype
+                mask = torch.where(
+                    mask, torch.zeros((), dtype=dtype, device=ids.device), torch.finfo(dtype).min
+                )
+        return self.proj(self.backbone(input_ids=ids, attention_mask=mask).last_hidden_state)
+
+    encoder.forward = types.MethodType(forward, encoder)
 
 
 def optimizer_step(model, cfg, optimizer, bf16, found_inf=None) -> None:
@@ -403,6 +439,7 @@ def gpu_step(args: argparse.Namespace) -> dict:
         "compile_mode": getattr(args, "compile_mode", None) if args.compile else None,
         "fused_qkv": not args.unfused,
         "math_sdp_bf16": bool(getattr(args, "math_sdp_bf16", False)),
+        "text_mask": getattr(args, "text_mask", "default"),
         "steps_per_s": args.steps / seconds,
         "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
     }
@@ -619,6 +656,12 @@ def main(argv: list[str] | None = None) -> int:
         "--compile-mode", default=None, help="torch.compile mode, e.g. reduce-overhead (CUDA graphs)"
     )
     p_gpu.add_argument("--unfused", action="store_true", help="query/key/value as three products (A/B)")
+    p_gpu.add_argument(
+        "--text-mask",
+        default="default",
+        choices=["default", "additive", "broadcast", "contiguous"],
+        help="the form of the key padding mask the text encoder hands BERT (an experiment: use_text_mask)",
+    )
     p_gpu.add_argument(
         "--math-sdp-bf16",
         action="store_true",

@@ -169,7 +169,10 @@ def step_train_profile(args, budget, partial, say, child_env) -> dict:
 
 
 #: the options a --compile-variants item may add after its scope (other than a torch.compile mode)
-VARIANT_FLAGS = {"math-bf16": "--math-sdp-bf16"}
+VARIANT_FLAGS = {
+    "math-bf16": ["--math-sdp-bf16"],
+    **{f"mask-{form}": ["--text-mask", form] for form in ("additive", "broadcast", "contiguous")},
+}
 
 
 def parse_compile_variants(text: str) -> list[dict]:
@@ -229,7 +232,7 @@ def step_train_compile(args, budget, partial, say, child_env) -> dict:
         cmd += ["--json", str(out), "--profile-steps", "3"]  # the profile after the timed steps
         if variant["mode"]:
             cmd += ["--compile-mode", variant["mode"]]
-        cmd += [VARIANT_FLAGS[flag] for flag in variant["flags"]]
+        cmd += [arg for flag in variant["flags"] for arg in VARIANT_FLAGS[flag]]
         if args.quick:
             cmd.append("--quick")
         # a compiler cache of its own: its keys do not hold every setting a variant changes (math-bf16)
