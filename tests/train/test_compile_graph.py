@@ -56,3 +56,41 @@ def test_the_training_step_of_a_patch_family_traces_into_one_graph(family, tmp_p
 def test_the_training_step_of_hugging_face_backbones_traces_into_one_graph(tiny_hf, laps_dataset, tmp_path):
     graphs, breaks, reasons = _breaks(tiny_hf_laps_overrides(tiny_hf, laps_dataset, tmp_path), tmp_path)
     assert (graphs, breaks) == (1, 0), reasons
+
+
+def test_an_epoch_of_varying_batch_shapes_compiles_once_per_varying_dimension(tmp_path):
+    """Batches differ in caption length and the last one in size: torch.compile then traces the first
+    batch, once more with the length dynamic and once more with the batch size dynamic, and never again
+    (a recompilation per batch would cost minutes per step on a GPU), without a graph break."""
+    from patchword.train.runner import _build
+    from patchword.train.trainer import Trainer
+
+    cfg = apply_overrides(
+        RunConfig(), [*TINY_RUN_32, "model.seps.variant=paper", f"data.cache_dir={tmp_path / 'cache'}"]
+    )
+    data, model = _build(cfg, None)
+    trainer = Trainer(
+        cfg, model, data.splits["train"], data.splits["dev"], tmp_path, tokenizer=data.tokenizer
+    )
+    batches = list(trainer._loader(trainer._epoch_batches(0)))
+    widths = {b.ids.shape[1] for b in batches}
+    sizes = {b.ids.shape[0] for b in batches}
+    assert len(batches) >= 5 and len(widths) >= 3 and len(sizes) == 2  # what the test is about
+    trainer.loss.model.train()
+    graphs = []
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        step = torch.compile(lambda b: trainer.loss(b, True, False, 1.0), backend=counting_backend)
+        for batch in batches:
+            step(batch)
+        breaks = dict(torch._dynamo.utils.counters["graph_break"])
+    finally:
+        torch._dynamo.reset()
+    assert len(graphs) == 3, f"{len(graphs)} graphs for {len(batches)} batches"
+    assert breaks == {}
