@@ -267,9 +267,16 @@ def step_train_compile(args, budget, partial, say, child_env) -> dict:
                 )
             say(said)
         partial({"rows": rows})
+
+    def busy(r: dict) -> str:
+        profile = r.get("profile") or {}
+        if "device_busy_ms_per_step" not in profile:
+            return ""
+        return f", device busy {profile['device_busy_ms_per_step']:.1f} ms/step ({kinds_line(profile)})"
+
     summary = "; ".join(
         f"{model} b{r['batch']} {variant_label(r)}: {r['steps_per_s']:.2f} steps/s "
-        f"({r['seconds']} s with compilation, profile)"
+        f"({r['seconds']} s with compilation, profile){busy(r)}"
         if "steps_per_s" in r
         else f"{variant_label(r)}: {r['status']}"
         for r in rows
