@@ -119,34 +119,42 @@ def eager_backend(q, k, v, mask, dropout: float) -> str:
     return SDPBackend(torch._fused_sdp_choice(q, k, v, attn_mask=mask, dropout_p=dropout)).name.lower()
 
 
-#: the forms of the key padding mask probed: the text encoder's (B, 1, L, L) boolean view, the same
-#: broadcast from (B, 1, 1, L), made contiguous, as an additive bfloat16 mask, and no mask
-MASKS = ("bool (B,1,L,L) expanded", "bool (B,1,1,L)", "bool (B,1,L,L) contiguous", "bf16 additive", "none")
+#: the forms of the key padding mask probed (``--text-mask`` of ``ddp_bench.py gpu-step`` takes the same
+#: names): ``expanded``, the text encoder's boolean (B, 1, L, L) view of (B, 1, 1, L); ``broadcast``, that
+#: (B, 1, 1, L) mask itself; ``contiguous``, the (B, 1, L, L) mask materialised; ``additive``, 0 / the
+#: dtype's minimum in (B, 1, L, L); ``none``, no mask
+MASKS = ("expanded", "broadcast", "contiguous", "additive", "none")
+
+
+def key_mask(form: str, keep, dtype):
+    """The attention mask in ``form`` (one of :data:`MASKS`) of ``keep``, the (B, L) boolean keys to attend
+    to; ``dtype`` is the additive mask's."""
+    import torch
+
+    if form == "none":
+        return None
+    if form == "broadcast":
+        return keep[:, None, None, :]
+    expanded = keep[:, None, None, :].expand(-1, 1, keep.shape[1], -1)
+    if form == "contiguous":
+        return expanded.contiguous()
+    if form == "additive":
+        zero = torch.zeros((), dtype=dtype, device=keep.device)
+        return torch.where(expanded, zero, torch.finfo(dtype).min)
+    return expanded
 
 
 def make_mask(form: str, lens, length: int, dtype):
-    """The key padding mask of ``lens`` ((B,) valid lengths) in ``form`` (one of :data:`MASKS`)."""
+    """:func:`key_mask` of the first ``lens`` ((B,) valid lengths) of ``length`` keys."""
     import torch
 
-    keep = torch.arange(length, device=lens.device)[None, :] < lens[:, None]  # (B, L) keys to attend to
-    if form == "none":
-        return None
-    if form == "bool (B,1,1,L)":
-        return keep[:, None, None, :]
-    expanded = keep[:, None, None, :].expand(-1, 1, length, -1)
-    if form == "bool (B,1,L,L) contiguous":
-        return expanded.contiguous()
-    if form == "bf16 additive":
-        zero = torch.zeros((), dtype=dtype, device=lens.device)
-        return torch.where(expanded, zero, torch.finfo(dtype).min)
-    return expanded
+    return key_mask(form, torch.arange(length, device=lens.device)[None, :] < lens[:, None], dtype)
 
 
 def fused_checks(q, k, v, mask, dropout: float, fake: bool) -> dict:
     """Whether each fused backend accepts these inputs, and the reasons it gives when not
     (``torch.backends.cuda.can_use_*`` with ``debug=True``; on the CPU they answer False without a
     reason). ``fake``: asked of FakeTensor copies, as torch.compile's tracing sees the inputs."""
-    import contextlib
     import warnings
 
     from torch._subclasses.fake_tensor import FakeTensorMode

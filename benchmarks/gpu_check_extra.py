@@ -147,8 +147,7 @@ def step_train_profile(args, budget, partial, say, child_env) -> dict:
     model = "seps-tiny-paper" if args.quick else "seps-vit-b16-paper"
     ns = argparse.Namespace(device=args.device, quick=args.quick, model=model, batch=8 if args.quick else 64)
     ns.__dict__.update(precision=args.profile_precision, steps=3, warmup=3, pair_chunk=0, tf32=False)
-    ns.compile = False
-    ns.__dict__.update(sync_debug=False, profile_steps=3, unfused=False)
+    ns.__dict__.update(compile=False, sync_debug=False, profile_steps=3, unfused=False)
     with contextlib.redirect_stdout(io.StringIO()):
         row = ddp_bench.gpu_step(ns)
     if "profile" not in row:
@@ -212,10 +211,17 @@ def kinds_line(profile: dict) -> str:
     return ", ".join(f"{kind} {ms:.1f}" for kind, ms in kinds.items())
 
 
+def busy_line(profile: dict | None) -> str:
+    """', device busy 57.0 ms/step (gemm 21.3, ...)' from a gpu-step profile; '' without one."""
+    if not (profile or {}).get("device_ms_per_step_by_kind"):  # no profile, or no device kernels
+        return ""
+    return f", device busy {profile['device_busy_ms_per_step']:.1f} ms/step ({kinds_line(profile)})"
+
+
 def step_train_compile(args, budget, partial, say, child_env) -> dict:
-    """Steps/s of the compiled training step, one child process per ``--compile-variants`` item, in
-    order, while the budget holds one (a variant after the first is given the first's wall time, less
-    where the compiler's cache serves it)."""
+    """Steps/s of the compiled training step, one child process per ``--compile-variants`` item, each
+    with a compiler cache of its own, in order, while the budget holds one (a variant after the first is
+    expected to take most of the first's wall time)."""
     model = "seps-tiny-paper" if args.quick else "seps-vit-b16-paper"
     rows, first_wall = [], None
     for variant in parse_compile_variants(args.compile_variants):
@@ -252,35 +258,17 @@ def step_train_compile(args, budget, partial, say, child_env) -> dict:
             rows.append(
                 {**variant, "status": f"failed: exit {proc.returncode} after {seconds} s", "tail": tail}
             )
-            say(f"train_compile {label}: exit {proc.returncode}\n" + "\n".join(tail))
+            say("\n".join(tail))
         else:
             row = json.loads(out.read_text())
             profile = row.pop("profile", None) or {}
             for key, table in profile.pop("tables", {}).items():
                 (Path(args.out) / f"train_compile_{label.replace(':', '_')}_{key}.txt").write_text(table)
             rows.append({**variant, **row, "profile": profile, "seconds": seconds})
-            said = f"train_compile {label}: {row['steps_per_s']:.2f} steps/s "
-            said += f"({seconds} s with compilation, profile)"
-            if profile:
-                said += (
-                    f"; device busy {profile['device_busy_ms_per_step']:.1f} ms/step: {kinds_line(profile)}"
-                )
-            say(said)
         partial({"rows": rows})
+        say(f"train_compile {_compiled_line(model, rows[-1])}")
 
-    def busy(r: dict) -> str:
-        profile = r.get("profile") or {}
-        if "device_busy_ms_per_step" not in profile:
-            return ""
-        return f", device busy {profile['device_busy_ms_per_step']:.1f} ms/step ({kinds_line(profile)})"
-
-    summary = "; ".join(
-        f"{model} b{r['batch']} {variant_label(r)}: {r['steps_per_s']:.2f} steps/s "
-        f"({r['seconds']} s with compilation, profile){busy(r)}"
-        if "steps_per_s" in r
-        else f"{variant_label(r)}: {r['status']}"
-        for r in rows
-    )
+    summary = "; ".join(_compiled_line(model, r) for r in rows)
     failed = [r for r in rows if "tail" in r]
     entry = {"rows": rows, "summary": summary}
     if failed and len(failed) == len(rows):
@@ -330,3 +318,13 @@ def step_attention(args, budget, partial, say, child_env) -> dict:
     if status:
         entry.update(status="failed", tail=log.read_text().strip().splitlines()[-15:])
     return entry
+
+
+def _compiled_line(model: str, r: dict) -> str:
+    """One compile variant's result in a line: steps/s, seconds and device time, or its status."""
+    if "steps_per_s" not in r:
+        return f"{variant_label(r)}: {r['status']}"
+    return (
+        f"{model} b{r['batch']} {variant_label(r)}: {r['steps_per_s']:.2f} steps/s "
+        f"({r['seconds']} s with compilation, profile){busy_line(r.get('profile'))}"
+    )

@@ -25,9 +25,9 @@ PATCH_FAMILIES = {
 }
 
 
-def _breaks(overrides: list[str], tmp_path) -> tuple[int, int, list[str]]:
-    """(graphs, graph breaks, reasons) of the traced loss of the first training batch (ShardLoss forward,
-    hardest negatives, the alignment loss at full weight)."""
+def _trainer_and_batches(overrides: list[str], tmp_path):
+    """The trainer of a run with ``overrides`` (its model in training mode) and its first epoch's
+    batches."""
     from patchword.train.runner import _build
     from patchword.train.trainer import Trainer
 
@@ -36,8 +36,16 @@ def _breaks(overrides: list[str], tmp_path) -> tuple[int, int, list[str]]:
     trainer = Trainer(
         cfg, model, data.splits["train"], data.splits["dev"], tmp_path, tokenizer=data.tokenizer
     )
-    batch = next(iter(trainer._loader(trainer._epoch_batches(0))))
+    batches = list(trainer._loader(trainer._epoch_batches(0)))
     trainer.loss.model.train()
+    return trainer, batches
+
+
+def _breaks(overrides: list[str], tmp_path) -> tuple[int, int, list[str]]:
+    """(graphs, graph breaks, reasons) of the traced loss of the first training batch (ShardLoss forward,
+    hardest negatives, the alignment loss at full weight)."""
+    trainer, batches = _trainer_and_batches(overrides, tmp_path)
+    batch = batches[0]
     torch._dynamo.reset()
     try:
         explained = torch._dynamo.explain(lambda b: trainer.loss(b, True, False, 1.0))(batch)
@@ -62,21 +70,10 @@ def test_an_epoch_of_varying_batch_shapes_compiles_once_per_varying_dimension(tm
     """Batches differ in caption length and the last one in size: torch.compile then traces the first
     batch, once more with the length dynamic and once more with the batch size dynamic, and never again
     (a recompilation per batch would cost minutes per step on a GPU), without a graph break."""
-    from patchword.train.runner import _build
-    from patchword.train.trainer import Trainer
-
-    cfg = apply_overrides(
-        RunConfig(), [*TINY_RUN_32, "model.seps.variant=paper", f"data.cache_dir={tmp_path / 'cache'}"]
-    )
-    data, model = _build(cfg, None)
-    trainer = Trainer(
-        cfg, model, data.splits["train"], data.splits["dev"], tmp_path, tokenizer=data.tokenizer
-    )
-    batches = list(trainer._loader(trainer._epoch_batches(0)))
+    trainer, batches = _trainer_and_batches([*TINY_RUN_32, "model.seps.variant=paper"], tmp_path)
     widths = {b.ids.shape[1] for b in batches}
     sizes = {b.ids.shape[0] for b in batches}
     assert len(batches) >= 5 and len(widths) >= 3 and len(sizes) == 2  # what the test is about
-    trainer.loss.model.train()
     graphs = []
 
     def counting_backend(graph_module, example_inputs):
