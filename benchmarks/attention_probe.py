@@ -60,6 +60,90 @@ def traced_backends(fn, *inputs) -> list[str]:
     return seen
 
 
+def traced_layers(fn, *inputs, fullgraph: bool = True) -> list[str]:
+    """Like :func:`traced_backends`, one ``"backend@keys"`` per attention layer of the forward graphs (a
+    fused op's key length from its key's shape, the math attention's from its softmax's input), so that
+    layers of different passes (35-token captions, 128-token dense captions) can be told apart."""
+    import torch
+    from torch._dynamo.backends.common import aot_autograd
+
+    seen: list[str] = []
+
+    def record(graph_module, example_inputs):
+        for node in graph_module.graph.nodes:
+            name = str(node.target).removeprefix("aten.").split(".")[0]
+            if node.op != "call_function" or name not in _TRACED:
+                continue
+            shaped = node.args[1] if name != "_safe_softmax" else node.args[0]
+            value = shaped.meta.get("val") if isinstance(shaped, torch.fx.Node) else None
+            seen.append(f"{_TRACED[name]}@{value.shape[-2] if name != '_safe_softmax' else value.shape[-1]}")
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(fn, backend=aot_autograd(fw_compiler=record), fullgraph=fullgraph)(*inputs)
+    finally:
+        torch._dynamo.reset()
+    return seen
+
+
+def dynamo_attention_calls(fn, *inputs) -> list[dict]:
+    """Every ``F.scaled_dot_product_attention`` call in the graphs Dynamo captures for ``fn(*inputs)``, in
+    order: its arguments as the trace holds them (fake tensors: shapes, strides, offsets, dtype, whether
+    they require gradients), the backend ``torch._fused_sdp_choice`` picks for them, and where that is not
+    a fused one, the fused backends' reasons (:func:`fused_checks`). On CUDA this is the choice
+    AOTAutograd makes when it traces the call (the fake-tensor implementation of ``_fused_sdp_choice`` asks
+    the CUDA checks), asked directly, so the reason is the one the compiled step met; on the CPU that
+    implementation answers math while the trace asks the CPU's own checks (:func:`traced_layers` says
+    what the trace chose there)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend
+
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+    calls: list[dict] = []
+
+    def value(arg):  # graph nodes -> the fake tensors (or constants) Dynamo traced them as
+        return torch.fx.node.map_arg(arg, lambda node: node.meta.get("example_value"))
+
+    def record(graph_module, example_inputs):
+        for node in graph_module.graph.nodes:
+            if node.op != "call_function" or node.target is not F.scaled_dot_product_attention:
+                continue
+
+            given = dict(zip(names, value(node.args), strict=False)) | value(dict(node.kwargs))
+            q, k, v, mask = (given.get(n) for n in names[:4])
+            dropout, causal = float(given.get("dropout_p") or 0.0), bool(given.get("is_causal") or False)
+            call = {
+                "keys": int(k.shape[-2]),
+                "q": describe(q) | {"requires_grad": q.requires_grad},
+                "k": describe(k),
+                "v": describe(v),
+                "mask": None if mask is None else describe(mask) | {"requires_grad": mask.requires_grad},
+                "dropout": dropout,
+                "is_causal": causal,
+                "scale": given.get("scale"),
+            }
+            try:
+                choice = torch._fused_sdp_choice(
+                    q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=given.get("scale")
+                )
+                call["backend"] = SDPBackend(choice).name.lower()
+            except Exception as err:  # noqa: BLE001 - the error is the result
+                call["backend"] = f"error: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
+            if not call["backend"].endswith("attention"):  # math, or an error
+                call["fused"] = fused_checks(q, k, v, mask, dropout, fake=False)
+            calls.append(call)
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(fn, backend=record)(*inputs)
+    finally:
+        torch._dynamo.reset()
+    return calls
+
+
 def eager_backends(fn, *inputs) -> list[str]:
     """The attention backends, in order, that running ``fn(*inputs)`` eagerly dispatches."""
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -190,6 +274,7 @@ def probe(device: str, quick: bool, emit) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     dev = torch.device(device)
+    _step_rows(dev, quick, emit)
     batch, heads, head_dim = (2, 2, 64) if quick else (64, 12, 64)
     g = torch.Generator().manual_seed(0)
     for length in (35, 48, 64, 128):
@@ -225,6 +310,49 @@ def probe(device: str, quick: bool, emit) -> None:
                         row["compiled_without_math"] = f"error: {type(err).__name__}: {text[:400]}"
                 emit(row)
     _encoder_rows(dev, quick, emit)
+
+
+def _step_rows(dev, quick: bool, emit) -> None:
+    """The whole bfloat16 training step as ``ddp_bench.py gpu-step --precision bf16 --compile
+    --compile-scope step`` compiles it (``seps-vit-b16-paper`` at batch 64; ``quick``: ``seps-tiny-paper``
+    at batch 2): first every attention call Dynamo captures with the backend chosen for its traced inputs
+    and, where not fused, why (:func:`dynamo_attention_calls`); then the backend of each layer of the
+    forward graph AOTAutograd traces (:func:`traced_layers`), with the library's key padding mask and with
+    the additive one (``--text-mask additive``). Each row records its error, if any, and the next one runs."""
+    import argparse
+    from collections import Counter
+
+    import ddp_bench
+
+    setting = argparse.Namespace(
+        device=str(dev), quick=quick, model="seps-vit-b16-paper", batch=2 if quick else 64, unfused=False
+    )
+    setting.__dict__.update(precision="bf16", pair_chunk=0, compile=False, text_mask="default")
+    row = {"case": "step, dynamo", "mask": "expanded"}
+    with _recorded_error(row):
+        _, _, step_module, _, shard, _ = ddp_bench.step_setup(setting)
+
+        def step(shard):
+            return step_module(shard, True, False, 1.0)
+
+        calls = dynamo_attention_calls(step, shard)
+        row["compiled"] = dict(
+            Counter(f"{c['backend'].removesuffix('_attention')}@{c['keys']}" for c in calls)
+        )
+        row["calls"] = calls
+    emit(row)
+    if "error" in row:
+        return
+    from patchword.encoders.hf import HFTextEncoder
+
+    text = step_module.model.text_encoder
+    for form in ("expanded", "additive") if isinstance(text, HFTextEncoder) else ("expanded",):
+        if form != "expanded":
+            ddp_bench.use_text_mask(text, form)
+        row = {"case": "step, traced", "mask": form}
+        with _recorded_error(row):
+            row["compiled"] = dict(Counter(traced_layers(step, shard, fullgraph=False)))
+        emit(row)
 
 
 def _encoder_rows(dev, quick: bool, emit) -> None:

@@ -305,6 +305,8 @@ def step_setup(args: argparse.Namespace):
     step_model = model if bf16 is None else bf16.module
     if getattr(args, "text_mask", "default") != "default":
         use_text_mask(step_model.text_encoder, args.text_mask)
+    if getattr(args, "eager_attention", "none") != "none":
+        attention_outside_compile(step_model, args.eager_attention)
     scope, mode = getattr(args, "compile_scope", "modules"), getattr(args, "compile_mode", None)
     if args.compile and scope == "modules":
         for module in (step_model.image_encoder, step_model.text_encoder, step_model.matcher):
@@ -357,6 +359,42 @@ def use_text_mask(encoder, form: str) -> None:
         return self.proj(self.backbone(input_ids=ids, attention_mask=mask).last_hidden_state)
 
     encoder.forward = types.MethodType(forward, encoder)
+
+
+def attention_outside_compile(model, which: str) -> int:
+    """An experiment, not the library's behaviour: the Hugging Face attention layers of ``model``'s text
+    encoder (``which="text"``) or of both encoders (``"all"``) run ``F.scaled_dot_product_attention``
+    outside any compiled graph (``torch.compiler.disable``: a graph break around each call). Eager
+    dispatch then picks the backend from the real tensors, as it does without compile (cuDNN attention
+    for every layer on the H100 of run 3), whatever the traced view of them would pick (the float32 math
+    attention for one BERT pass there). The cost is a graph break per layer and pass. Same values.
+    Returns how many attention layers were marked."""
+    import functools
+
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    encoders = [model.text_encoder] + ([model.image_encoder] if which == "all" else [])
+    marked = 0
+    for encoder in encoders:
+        backbone = getattr(encoder, "backbone", None)
+        if not isinstance(backbone, torch.nn.Module):
+            raise SystemExit(f"--eager-attention needs Hugging Face encoders, not {type(encoder).__name__}")
+        for module in backbone.modules():  # the self-attention layers, which call the attention function
+            if all(isinstance(getattr(module, n, None), torch.nn.Module) for n in ("query", "key", "value")):
+                module._attention_outside_compile = True
+                marked += 1
+    outside = torch.compiler.disable(sdpa_attention_forward)
+
+    @functools.wraps(sdpa_attention_forward)
+    def attention(module, *args, **kwargs):
+        if getattr(module, "_attention_outside_compile", False):
+            return outside(module, *args, **kwargs)
+        return sdpa_attention_forward(module, *args, **kwargs)
+
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = attention  # this process's models: the benchmark's only
+    return marked
 
 
 def optimizer_step(model, cfg, optimizer, bf16, found_inf=None) -> None:
@@ -431,6 +469,7 @@ def gpu_step(args: argparse.Namespace) -> dict:
         "fused_qkv": not args.unfused,
         "math_sdp_bf16": bool(getattr(args, "math_sdp_bf16", False)),
         "text_mask": getattr(args, "text_mask", "default"),
+        "eager_attention": getattr(args, "eager_attention", "none"),
         "steps_per_s": args.steps / seconds,
         "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
     }
@@ -651,6 +690,13 @@ def main(argv: list[str] | None = None) -> int:
         default="default",
         choices=["default", "additive", "broadcast", "contiguous"],
         help="the form of the key padding mask the text encoder hands BERT (an experiment: use_text_mask)",
+    )
+    p_gpu.add_argument(
+        "--eager-attention",
+        default="none",
+        choices=["none", "text", "all"],
+        help="run the text encoder's (or every encoder's) attention outside the compiled graph, eagerly "
+        "(an experiment: attention_outside_compile)",
     )
     p_gpu.add_argument(
         "--math-sdp-bf16",

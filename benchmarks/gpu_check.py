@@ -488,7 +488,9 @@ def main(argv: list[str] | None = None) -> int:
         help="the train_compile step's settings, comma-separated precision:scope[:option...] (precision "
         "amp_bf16 or bf16; scope modules, as train.compile, or step, the whole loss module; options a "
         "torch.compile mode such as reduce-overhead; math-bf16: math attention in bfloat16; mask-additive, "
-        "mask-broadcast, mask-contiguous: the form of BERT's key padding mask (ddp_bench.use_text_mask)); "
+        "mask-broadcast, mask-contiguous: the form of BERT's key padding mask (ddp_bench.use_text_mask); "
+        "eager-attention-text, eager-attention-all: the text encoder's or every encoder's attention outside "
+        "the compiled graph (ddp_bench.attention_outside_compile)); "
         "H100 figures: amp_bf16:modules 15.30 steps/s (run 1), bf16:step:reduce-overhead 17.23 (run 3)",
     )
     parser.add_argument(

@@ -171,6 +171,7 @@ def step_train_profile(args, budget, partial, say, child_env) -> dict:
 VARIANT_FLAGS = {
     "math-bf16": ["--math-sdp-bf16"],
     **{f"mask-{form}": ["--text-mask", form] for form in ("additive", "broadcast", "contiguous")},
+    **{f"eager-attention-{which}": ["--eager-attention", which] for which in ("text", "all")},
 }
 
 
@@ -276,6 +277,21 @@ def step_train_compile(args, budget, partial, say, child_env) -> dict:
     return entry
 
 
+def _attention_case(row: dict) -> str:
+    """What an attention probe row varied: '35 keys, mask additive, dropout 0.1', or 'mask expanded' for a
+    whole training step (every key length at once)."""
+    parts = [f"{row['keys']} keys"] if "keys" in row else []
+    parts += [f"mask {row['mask']}"] if "mask" in row else []
+    parts += [f"dropout {row['dropout']}"] if "dropout" in row else []
+    return ", ".join(parts)
+
+
+def _attention_result(row: dict) -> str:
+    if "error" in row:
+        return row["error"]
+    return ", ".join(f"{k} {row[k]}" for k in ("eager", "compiled") if k in row)
+
+
 def step_attention(args, budget, partial, say, child_env) -> dict:
     """``attention_probe.py``: the attention backend of every probed case, eager and compiled. Its output,
     with the backends' C++ warnings in order (the reasons a fused kernel is refused may be printed there
@@ -302,14 +318,12 @@ def step_attention(args, budget, partial, say, child_env) -> dict:
         status = f"timed out after {timeout:.0f} s"
     rows = json.loads(out.read_text()) if out.exists() else []
     for row in rows:  # one short line each; the reasons are in attention.json and attention_log.txt
-        where = f"{row['keys']} keys" + (
-            f", mask {row['mask']}, dropout {row['dropout']}" if "mask" in row else ""
-        )
-        said = row.get("error") or f"eager {row.get('eager')}, compiled {row.get('compiled')}"
-        say(f"attention {row['case']}, {where}: {said}")
+        say(f"attention {row['case']}, {_attention_case(row)}: {_attention_result(row)}")
     math = [r for r in rows if r["case"] == "sdpa" and r.get("compiled") == "math"]
     encoders = "; ".join(
-        f"{r['case']} {r['keys']}: {r.get('error') or r.get('compiled')}" for r in rows if r["case"] != "sdpa"
+        f"{r['case']} {_attention_case(r)}: {r.get('error') or r.get('compiled')}"
+        for r in rows
+        if r["case"] != "sdpa"
     )
     summary = (
         f"{len(math)} of {sum(r['case'] == 'sdpa' for r in rows)} attention cases compile to math; {encoders}"
