@@ -224,3 +224,60 @@ def test_fused_projections_on_cuda_equal_the_unfused_and_do_not_sync(device):
             fused(ids, lens).float().sum().backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+# ------------------------------------------------------------------ the compiled step as CUDA graphs
+
+
+@on_each_device
+def test_the_training_step_replayed_as_cuda_graphs_logs_the_eager_losses(device, tmp_path, monkeypatch):
+    """``train.compile_scope=step`` with ``train.compile_mode=reduce-overhead``: three trainer steps on
+    CUDA replay the training loss as CUDA graphs and log the eager step's losses. Dynamo's ``cudagraphs``
+    backend stands in for Inductor's (the same CUDA graph trees, without the code generation that would
+    take longer than the rest of this suite). Every step opens a new generation of the graphs, so reading
+    a step's loss and statistics never meets an output that a later replay overwrote."""
+    from conftest import TINY_MODEL_32
+    from patchword.config import apply_overrides
+    from patchword.data.prepare import prepare_data
+    from patchword.model import build_model
+    from patchword.runs.config import RunConfig
+    from patchword.train.trainer import Trainer
+
+    original, marks = torch.compile, []
+    mark = torch.compiler.cudagraph_mark_step_begin
+
+    def cuda_graph_compile(fn, *args, **kwargs):
+        assert kwargs.pop("mode", None) == "reduce-overhead"
+        return original(fn, *args, **{**kwargs, "backend": "cudagraphs"})
+
+    monkeypatch.setattr(torch, "compile", cuda_graph_compile)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: (marks.append(1), mark())[1])
+    tiny = [*TINY_MODEL_32, "data.num_train=12", "data.num_dev=6", "data.num_test=6"]
+    tiny += ["model.seps.variant=code", "train.batch_size=6", "train.log_every=1"]
+
+    def losses(*extra):
+        cfg = apply_overrides(RunConfig(), [*tiny, f"data.cache_dir={tmp_path / 'cache'}", *extra])
+        data = prepare_data(cfg.data)
+        torch.manual_seed(0)
+        model = build_model(cfg.model, vocab_size=data.vocab_size)
+        trainer = Trainer(
+            cfg,
+            model,
+            data.splits["train"],
+            data.splits["dev"],
+            tmp_path,
+            device=device,
+            tokenizer=data.tokenizer,
+        )
+        batches = trainer._epoch_batches(0)
+        with _fp32_exact():
+            for batch in list(trainer._loader(batches))[:3]:
+                trainer._train_step(batch, len(batches))
+                trainer.step += 1
+        return [r["loss"] for r in trainer.history]
+
+    eager = losses()
+    assert len(eager) == 3 and not marks
+    graphs = losses("train.compile=true", "train.compile_scope=step", "train.compile_mode=reduce-overhead")
+    assert graphs == pytest.approx(eager, rel=1e-5)
+    assert len(marks) == 3  # one generation per step

@@ -252,16 +252,19 @@ def test_python_dash_m_patchword_help():
 
 def test_compile_flag_compiles_the_encoders_and_matcher(tmp_path, monkeypatch):
     """``train.compile`` goes through ``nn.Module.compile``; dynamo's eager backend keeps the test fast
-    (the GPU default, inductor, generates kernels). One training step, compiled and not."""
+    (the GPU default, inductor, generates kernels). One training step, compiled and not: the encoders and
+    the matcher (``train.compile_scope=modules``) or the whole training loss (``step``), in
+    ``train.compile_mode``."""
     from patchword.data.prepare import prepare_data
     from patchword.model import build_model
     from patchword.train.trainer import Trainer
 
-    compiled = []
+    compiled, modes = [], []
     original = torch.compile
 
     def eager_compile(fn, *args, **kwargs):
         compiled.append(type(getattr(fn, "__self__", fn)).__name__)
+        modes.append(kwargs.pop("mode", None))
         return original(fn, *args, **{**kwargs, "backend": "eager"})
 
     monkeypatch.setattr(torch, "compile", eager_compile)
@@ -284,6 +287,12 @@ def test_compile_flag_compiles_the_encoders_and_matcher(tmp_path, monkeypatch):
     assert not compiled
     assert losses("train.compile=true") == pytest.approx(plain, rel=1e-5)
     assert sorted(compiled) == sorted(["TinyViT", "TinyTextTransformer", "SEPSMatcher"])
+    assert modes == [None] * 3
+    compiled.clear()
+    modes.clear()
+    step = ("train.compile=true", "train.compile_scope=step", "train.compile_mode=max-autotune-no-cudagraphs")
+    assert losses(*step) == pytest.approx(plain, rel=1e-5)
+    assert (compiled, modes) == (["ShardLoss"], ["max-autotune-no-cudagraphs"])  # the loss alone, one graph
 
 
 # ------------------------------------------------------------------------------------- CPU scoring
@@ -351,6 +360,11 @@ def test_queue_workers_score_exactly_like_one_thread_of_control(pairing):
         (["train.loss=infonce"], "train.loss"),
         (["dist_timeout_s=0"], "dist_timeout_s"),
         (["data.num_workers=-2"], "data.num_workers"),
+        (["train.compile_scope=graph"], "train.compile_scope"),
+        (["train.compile_mode=fast"], "train.compile_mode"),
+        # CUDA graphs only where evaluation does not run the compiled modules
+        (["train.compile=true", "train.compile_mode=reduce-overhead"], "train.compile_mode"),
+        (["train.compile_scope=modules", "train.compile_mode=max-autotune"], "train.compile_mode"),
     ],
 )
 def test_new_config_keys_are_checked(overrides, key):
@@ -363,3 +377,17 @@ def test_new_config_keys_are_checked(overrides, key):
     check_launch(apply_overrides(RunConfig(), ["train.batch_size=64"]), 4)  # 16 per process: fine
     with pytest.raises(ConfigError, match="64 captions do not split over 3 processes"):
         check_launch(apply_overrides(RunConfig(), ["train.batch_size=64"]), 3)
+
+
+def test_the_whole_step_compiles_alone_in_one_process():
+    from patchword.errors import ConfigError
+    from patchword.train.validate import check_config, check_launch
+
+    step = ["train.compile=true", "train.compile_scope=step", "train.compile_mode=reduce-overhead"]
+    cfg = apply_overrides(RunConfig(), ["device=cpu", *step])
+    check_config(cfg)  # CUDA graphs of the training loss alone: accepted
+    check_launch(cfg, 1)
+    with pytest.raises(ConfigError) as err:
+        check_launch(cfg, 2)
+    assert err.value.key == "train.compile_scope"
+    check_launch(apply_overrides(RunConfig(), ["train.compile_scope=step"]), 2)  # not compiling: fine

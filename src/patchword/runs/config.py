@@ -15,6 +15,7 @@ from patchword.model import ModelConfig
 from patchword.precision import Precision
 
 __all__ = [
+    "CUDA_GRAPH_COMPILE_MODES",
     "DataConfig",
     "TrainConfig",
     "EvalConfig",
@@ -23,6 +24,12 @@ __all__ = [
     "recipe_path",
     "load_run_config",
 ]
+
+
+#: ``train.compile_mode``: torch.compile's modes ("default" passes none)
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+#: the ``train.compile_mode`` values under which torch.compile replays the compiled step as CUDA graphs
+CUDA_GRAPH_COMPILE_MODES = ("reduce-overhead", "max-autotune")
 
 
 @dataclass
@@ -58,7 +65,13 @@ class TrainConfig:
     # SIGTERM / SIGINT write it too before the run stops
     pair_chunk: int = 0  # seps/laps: score the captions in blocks of N with activations recomputed in the
     # backward pass (bounds the step's B x B memory; same gradients, ~1/3 more matcher compute; 0 = off)
-    compile: bool = False  # torch.compile the encoders and the matcher (GPU; the first steps compile)
+    compile: bool = False  # torch.compile the training step (GPU; the first steps compile)
+    compile_scope: Literal["modules", "step"] = "modules"  # train.compile: the encoders and the matcher
+    # one by one (evaluation runs them compiled too), or the whole training loss in one graph (encoders,
+    # matcher and loss: fusion across them; evaluation runs the plain modules)
+    # torch.compile's mode; reduce-overhead and max-autotune replay the step as CUDA graphs
+    # (compile_scope=step only: a replay overwrites the previous one's outputs)
+    compile_mode: CompileMode = "default"
     report_to: list[str] = field(default_factory=list)  # experiment trackers: tensorboard, wandb (none: [])
     wandb_project: str = "patchword"  # report_to=wandb: the W&B project
     wandb_mode: Literal["offline", "online"] = "offline"  # report_to=wandb: offline keeps it on this machine

@@ -33,7 +33,7 @@ from patchword.eval.protocol import evaluate
 from patchword.fileio import append_line
 from patchword.model import RetrievalModel
 from patchword.precision import autocast_context, weight_dtype
-from patchword.runs.config import RunConfig
+from patchword.runs.config import CUDA_GRAPH_COMPILE_MODES, RunConfig
 from patchword.runs.files import BEST_CHECKPOINT, LAST_CHECKPOINT
 from patchword.train.augment import CaptionAugmenter
 from patchword.train.master_weights import BF16Copy
@@ -154,10 +154,18 @@ class Trainer:
         # gradients go to the model's float32 master weights before the optimiser step.
         self.bf16 = BF16Copy(model) if cfg.precision == "bf16" else None
         step_model = self.bf16.module if self.bf16 is not None else model
-        if tc.compile:
+        mode = None if tc.compile_mode == "default" else tc.compile_mode
+        if tc.compile and tc.compile_scope == "modules":
             for module in (step_model.image_encoder, step_model.text_encoder, step_model.matcher):
-                module.compile()
+                module.compile(mode=mode)
         self.loss = ShardLoss(step_model, cfg, self.dist)
+        if tc.compile and tc.compile_scope == "step":  # encoders, matcher and loss: one graph
+            self.loss.compile(mode=mode)
+        # CUDA graph replays: each step starts a new generation, whose replays may overwrite the outputs of
+        # the previous step's (its loss and statistics are read before the next step starts).
+        self._cuda_graphs = (
+            tc.compile and tc.compile_mode in CUDA_GRAPH_COMPILE_MODES and self.device.type == "cuda"
+        )
         self.step_fn: nn.Module = self.loss
         if self.dist.enabled:
             self.step_fn = wrap_ddp(self.loss, self.device)
@@ -371,6 +379,8 @@ class Trainer:
                 1.0, (self.epoch * n_batches + self.batch_in_epoch) / (tc.align_warmup_epochs * n_batches)
             )
         self.optimizer.zero_grad(set_to_none=True)
+        if self._cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         with autocast_context(self.cfg.precision, self.device):
             loss, stats = self.step_fn(
                 batch, self.epoch >= tc.hardest_after_epochs, self.step < tc.global_warmup_steps, scale

@@ -31,7 +31,7 @@ from patchword.model import (
     typed_sections,
 )
 from patchword.runs.checks import check_eval_precision, check_model_data, check_region_boxes, data_image_size
-from patchword.runs.config import RunConfig
+from patchword.runs.config import CUDA_GRAPH_COMPILE_MODES, RunConfig
 from patchword.train.trackers import TRACKERS, import_wandb
 
 __all__ = ["check_config", "check_launch", "check_model_data", "data_image_size", "RESUMABLE_KEYS"]
@@ -59,6 +59,8 @@ RESUMABLE_KEYS = frozenset(
         "data.num_workers",
         "train.pair_chunk",
         "train.compile",
+        "train.compile_scope",
+        "train.compile_mode",
         "train.report_to",
         "train.wandb_project",
         "train.wandb_mode",
@@ -129,6 +131,19 @@ def _check_matcher(cfg: RunConfig) -> None:
         key = next(iter(mc.options))
         raise ConfigError(
             f"model.options.{key}", f"has no effect with model.matcher={mc.matcher} (it reads model.{in_use})"
+        )
+
+
+def _check_compile(cfg: RunConfig) -> None:
+    tc = cfg.train
+    if tc.compile_mode in CUDA_GRAPH_COMPILE_MODES and tc.compile_scope != "step":
+        # A CUDA graph's replay writes its outputs where the previous replay left its own: evaluation,
+        # which encodes every batch before scoring, would find earlier batches overwritten.
+        raise ConfigError(
+            "train.compile_mode",
+            f"{tc.compile_mode} replays CUDA graphs, whose outputs the next replay overwrites; evaluation "
+            "keeps the compiled encoders' outputs across batches: set train.compile_scope=step (the "
+            "training loss alone is compiled)",
         )
 
 
@@ -220,6 +235,7 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
     if not cfg.dist_timeout_s > 0:
         raise ConfigError("dist_timeout_s", f"must be > 0, got {cfg.dist_timeout_s!r}")
     _check_matcher(cfg)
+    _check_compile(cfg)
     unknown = [name for name in tc.report_to if name not in TRACKERS]
     if unknown:
         raise ConfigError("train.report_to", f"unknown tracker {unknown[0]!r}; known: {', '.join(TRACKERS)}")
@@ -306,6 +322,12 @@ def check_launch(cfg: RunConfig, world_size: int) -> None:
     Raises:
         ConfigError: a global batch that does not split evenly over the processes.
     """
+    if world_size > 1 and cfg.train.compile and cfg.train.compile_scope == "step":
+        raise ConfigError(
+            "train.compile_scope",
+            "step compiles the loss module, whose gathers across processes have not been tested compiled: "
+            "under torchrun use train.compile_scope=modules",
+        )
     if cfg.train.batch_size % world_size:
         raise ConfigError(
             "train.batch_size",
