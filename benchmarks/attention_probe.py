@@ -40,29 +40,13 @@ _TRACED = {
 def traced_backends(fn, *inputs) -> list[str]:
     """The attention backends, in order, of the forward graph ``torch.compile`` traces for ``fn(*inputs)``
     (AOTAutograd's aten graph; nothing is generated or run compiled beyond it)."""
-    import torch
-    from torch._dynamo.backends.common import aot_autograd
-
-    seen: list[str] = []
-
-    def record(graph_module, example_inputs):
-        for node in graph_module.graph.nodes:
-            name = str(node.target).removeprefix("aten.").split(".")[0]
-            if node.op == "call_function" and name in _TRACED:
-                seen.append(_TRACED[name])
-        return graph_module.forward
-
-    torch._dynamo.reset()
-    try:
-        torch.compile(fn, backend=aot_autograd(fw_compiler=record), fullgraph=True)(*inputs)
-    finally:
-        torch._dynamo.reset()
-    return seen
+    return [layer.split("@")[0] for layer in traced_layers(fn, *inputs)]
 
 
 def traced_layers(fn, *inputs, fullgraph: bool = True) -> list[str]:
-    """Like :func:`traced_backends`, one ``"backend@keys"`` per attention layer of the forward graphs (a
-    fused op's key length from its key's shape, the math attention's from its softmax's input), so that
+    """One ``"backend@keys"`` per attention layer, in order, of the forward graphs ``torch.compile`` traces
+    for ``fn(*inputs)`` (AOTAutograd's aten graphs; nothing is generated or run compiled beyond them): a
+    fused op's key length from its key's shape, the math attention's from its softmax's input, so that
     layers of different passes (35-token captions, 128-token dense captions) can be told apart."""
     import torch
     from torch._dynamo.backends.common import aot_autograd

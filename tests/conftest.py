@@ -289,6 +289,36 @@ def tiny_shard_batch(device):
     ).to(torch.device(device))
 
 
+def trainer_losses(overrides: list[str], tmp_path, steps: int, device: str = "cpu") -> list[float]:
+    """The logged losses of the first ``steps`` training steps of a run with ``overrides`` (seed 0 for
+    the model, run directory ``tmp_path``, every step logged when ``train.log_every=1``), trained by the
+    Trainer in-process on ``device``."""
+    from patchword.config import apply_overrides
+    from patchword.data.prepare import prepare_data
+    from patchword.model import build_model
+    from patchword.runs.config import RunConfig
+    from patchword.train.trainer import Trainer
+
+    cfg = apply_overrides(RunConfig(), [*overrides, f"data.cache_dir={tmp_path / 'cache'}"])
+    data = prepare_data(cfg.data)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, vocab_size=data.vocab_size)
+    trainer = Trainer(
+        cfg,
+        model,
+        data.splits["train"],
+        data.splits["dev"],
+        tmp_path,
+        device=device,
+        tokenizer=data.tokenizer,
+    )
+    batches = trainer._epoch_batches(0)
+    for batch in list(trainer._loader(batches))[:steps]:
+        trainer._train_step(batch, len(batches))
+        trainer.step += 1
+    return [r["loss"] for r in trainer.history]
+
+
 def tiny_hf_laps_overrides(tiny_hf_dirs, laps_dataset, tmp_path) -> list[str]:
     """Overrides of a LAPS run on the :func:`tiny_hf` backbones (BERT text, ViT images) over
     ``laps_dataset``: 32 px images, 12-token captions, 16-d joint space, batch 4, one thread."""

@@ -236,12 +236,7 @@ def test_the_training_step_replayed_as_cuda_graphs_logs_the_eager_losses(device,
     backend stands in for Inductor's (the same CUDA graph trees, without the code generation that would
     take longer than the rest of this suite). Every step opens a new generation of the graphs, so reading
     a step's loss and statistics never meets an output that a later replay overwrote."""
-    from conftest import TINY_MODEL_32
-    from patchword.config import apply_overrides
-    from patchword.data.prepare import prepare_data
-    from patchword.model import build_model
-    from patchword.runs.config import RunConfig
-    from patchword.train.trainer import Trainer
+    from conftest import TINY_MODEL_32, trainer_losses
 
     original, marks = torch.compile, []
     mark = torch.compiler.cudagraph_mark_step_begin
@@ -256,25 +251,8 @@ def test_the_training_step_replayed_as_cuda_graphs_logs_the_eager_losses(device,
     tiny += ["model.seps.variant=code", "train.batch_size=6", "train.log_every=1"]
 
     def losses(*extra):
-        cfg = apply_overrides(RunConfig(), [*tiny, f"data.cache_dir={tmp_path / 'cache'}", *extra])
-        data = prepare_data(cfg.data)
-        torch.manual_seed(0)
-        model = build_model(cfg.model, vocab_size=data.vocab_size)
-        trainer = Trainer(
-            cfg,
-            model,
-            data.splits["train"],
-            data.splits["dev"],
-            tmp_path,
-            device=device,
-            tokenizer=data.tokenizer,
-        )
-        batches = trainer._epoch_batches(0)
         with _fp32_exact():
-            for batch in list(trainer._loader(batches))[:3]:
-                trainer._train_step(batch, len(batches))
-                trainer.step += 1
-        return [r["loss"] for r in trainer.history]
+            return trainer_losses([*tiny, *extra], tmp_path, steps=3, device=device)
 
     eager = losses()
     assert len(eager) == 3 and not marks

@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import TINY_MODEL_32
+from conftest import TINY_MODEL_32, trainer_losses
 from patchword.config import apply_overrides
 from patchword.data.pipeline import FileImages, SelectedImages, load_images, train_image_seeds
 from patchword.distributed import launch_info, shard_bounds
@@ -255,10 +255,6 @@ def test_compile_flag_compiles_the_encoders_and_matcher(tmp_path, monkeypatch):
     (the GPU default, inductor, generates kernels). One training step, compiled and not: the encoders and
     the matcher (``train.compile_scope=modules``) or the whole training loss (``step``), in
     ``train.compile_mode``."""
-    from patchword.data.prepare import prepare_data
-    from patchword.model import build_model
-    from patchword.train.trainer import Trainer
-
     compiled, modes = [], []
     original = torch.compile
 
@@ -270,18 +266,7 @@ def test_compile_flag_compiles_the_encoders_and_matcher(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "compile", eager_compile)
 
     def losses(*extra):
-        cfg = apply_overrides(RunConfig(), [*_TINY, f"data.cache_dir={tmp_path / 'cache'}", *extra])
-        data = prepare_data(cfg.data)
-        torch.manual_seed(0)
-        model = build_model(cfg.model, vocab_size=data.vocab_size)
-        trainer = Trainer(
-            cfg, model, data.splits["train"], data.splits["dev"], tmp_path, tokenizer=data.tokenizer
-        )
-        batches = trainer._epoch_batches(0)
-        for batch in list(trainer._loader(batches))[:1]:
-            trainer._train_step(batch, len(batches))
-            trainer.step += 1
-        return [r["loss"] for r in trainer.history]
+        return trainer_losses([*_TINY, *extra], tmp_path, steps=1)
 
     plain = losses()
     assert not compiled
