@@ -415,6 +415,86 @@ def optimizer_step(model, cfg, optimizer, bf16, found_inf=None) -> None:
         bf16.pull()
 
 
+class CompiledOptimizerSide:
+    """An experiment, not the library's behaviour: the optimizer side of a ``precision=bf16`` step as one
+    ``torch.compile``'d function, so that Inductor fuses what :func:`optimizer_step` runs as separate
+    passes over every weight: the bfloat16 gradients read where the backward pass left them (no float32
+    copy), the global norm, the clipping, AdamW on the float32 master weights and the refreshed bfloat16
+    copy (docs/benchmarks.md, run 3: the optimizer side reads and writes ~10 GB per step; one fused pass
+    needs about 6). PyTorch's multi-tensor AdamW (``foreach``, ``capturable``: no host value read) on the
+    state the fused optimizer made in a first eager step. Unlike the trainer's step it does not skip a step
+    whose loss is not finite.
+
+    Usage: ``side = CompiledOptimizerSide(model, cfg, optimizer, bf16)`` after one :func:`optimizer_step`,
+    then ``side()`` after each backward pass instead of it; returns the gradient norm before clipping.
+    """
+
+    def __init__(self, model, cfg, optimizer, bf16) -> None:
+        import torch
+
+        copy_of = {id(master): own for master, own in (bf16._pairs if bf16 is not None else [])}
+        self.groups, self.hypers = [], []
+        for group in optimizer.param_groups:
+            params = [p for p in group["params"] if p in optimizer.state]
+            hyper = {
+                "lr": group["lr"],
+                "beta1": group["betas"][0],
+                "beta2": group["betas"][1],
+                "weight_decay": group["weight_decay"],
+                "eps": group["eps"],
+                "amsgrad": group["amsgrad"],
+                "maximize": group["maximize"],
+            }
+            # (master, the tensor whose .grad the backward pass fills: its bf16 copy or itself)
+            self.groups.append([(p, copy_of.get(id(p), p)) for p in params])
+            self.hypers.append(hyper)
+        self.optimizer, self.max_norm = optimizer, cfg.train.grad_clip
+        self.copies = [(master, own) for master, own in (bf16._pairs if bf16 is not None else [])]
+        self._compiled = torch.compile(self._side)
+
+    def _side(self, grads, masters, exp_avgs, exp_avg_sqs, steps, copies, copied_from):
+        import torch
+        from torch.optim.adamw import adamw
+
+        flat = [g for group in grads for g in group]
+        total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(flat, 2, dtype=torch.float32)))
+        coef = (self.max_norm / (total + 1e-6)).clamp(max=1.0) if self.max_norm else total.new_ones(())
+        for hyper, g, p, m, v, t in zip(
+            self.hypers, grads, masters, exp_avgs, exp_avg_sqs, steps, strict=True
+        ):
+            wide = [x.float() * coef for x in g]
+            adamw(p, wide, m, v, [], t, foreach=True, capturable=True, **hyper)
+        if copies:
+            torch._foreach_copy_(copies, copied_from)
+        return total
+
+    def __call__(self):
+        import torch
+
+        lists = [[], [], [], [], []]  # grads, masters, exp_avgs, exp_avg_sqs, steps per group
+        for pairs in self.groups:
+            used = [(p, src) for p, src in pairs if src.grad is not None]
+            state = [self.optimizer.state[p] for p, _ in used]
+            for out, part in zip(
+                lists,
+                (
+                    [src.grad for _, src in used],
+                    [p for p, _ in used],
+                    [s["exp_avg"] for s in state],
+                    [s["exp_avg_sq"] for s in state],
+                    [s["step"] for s in state],
+                ),
+                strict=True,
+            ):
+                out.append(part)
+        with torch.no_grad():
+            total = self._compiled(*lists, [o for _, o in self.copies], [m for m, _ in self.copies])
+        for pairs in self.groups:  # the gradients are spent: the next backward pass starts afresh
+            for p, src in pairs:
+                src.grad = p.grad = None
+        return total
+
+
 def gpu_step(args: argparse.Namespace) -> dict:
     import torch
 
@@ -430,6 +510,7 @@ def gpu_step(args: argparse.Namespace) -> dict:
     name, batch = _model_name(args), args.batch
 
     cuda_graphs = args.compile and getattr(args, "compile_mode", None) == "reduce-overhead"
+    compiled_side: list[CompiledOptimizerSide] = []  # --compile-optimizer: made after the first step
 
     def step() -> None:  # the trainer's step (Trainer._train_step) without its logging
         if cuda_graphs:  # the previous step's graph outputs are dead: their memory may be reused
@@ -438,7 +519,12 @@ def gpu_step(args: argparse.Namespace) -> dict:
         with autocast_context(cfg.precision, device):
             loss, stats = step_module(shard, True, False, 1.0)
         loss.backward()
+        if compiled_side:
+            compiled_side[0]()
+            return
         optimizer_step(model, cfg, optimizer, bf16, found_inf=(~torch.isfinite(stats[0])).float())
+        if getattr(args, "compile_optimizer", False):  # the optimizer's state exists now
+            compiled_side.append(CompiledOptimizerSide(model, cfg, optimizer, bf16))
 
     def sync() -> None:
         if device.type == "cuda":
@@ -470,6 +556,7 @@ def gpu_step(args: argparse.Namespace) -> dict:
         "math_sdp_bf16": bool(getattr(args, "math_sdp_bf16", False)),
         "text_mask": getattr(args, "text_mask", "default"),
         "eager_attention": getattr(args, "eager_attention", "none"),
+        "compile_optimizer": bool(getattr(args, "compile_optimizer", False)),
         "steps_per_s": args.steps / seconds,
         "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
     }
@@ -697,6 +784,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=["none", "text", "all"],
         help="run the text encoder's (or every encoder's) attention outside the compiled graph, eagerly "
         "(an experiment: attention_outside_compile)",
+    )
+    p_gpu.add_argument(
+        "--compile-optimizer",
+        action="store_true",
+        help="the optimizer side of the step (clipping, AdamW, the bf16 copy) as one compiled function after "
+        "the first step (an experiment: CompiledOptimizerSide)",
     )
     p_gpu.add_argument(
         "--math-sdp-bf16",

@@ -172,6 +172,7 @@ VARIANT_FLAGS = {
     "math-bf16": ["--math-sdp-bf16"],
     **{f"mask-{form}": ["--text-mask", form] for form in ("additive", "broadcast", "contiguous")},
     **{f"eager-attention-{which}": ["--eager-attention", which] for which in ("text", "all")},
+    "compiled-optimizer": ["--compile-optimizer"],
 }
 
 
