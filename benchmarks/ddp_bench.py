@@ -495,6 +495,68 @@ class CompiledOptimizerSide:
         return total
 
 
+def compiled_optimizer_check(args: argparse.Namespace) -> dict:
+    """:class:`CompiledOptimizerSide` against :func:`optimizer_step` (the trainer's optimizer side) from the
+    same weights, optimizer state and gradients (a second step of ``args.model`` at ``args.batch`` in
+    ``precision=bf16``, on ``args.device``): the largest weight difference (absolute, and in units of the
+    learning rate), the largest moment difference, and how many bfloat16 copies are bit-identical."""
+    import copy
+
+    import torch
+
+    setting = argparse.Namespace(**{**vars(args), "precision": "bf16", "pair_chunk": 0, "compile": False})
+    model, cfg, step_module, optimizer, shard, bf16 = step_setup(setting)
+
+    def backward() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        step_module(shard, True, False, 1.0)[0].backward()
+
+    backward()
+    optimizer_step(model, cfg, optimizer, bf16)  # the optimizer's state
+    backward()
+    weights = [p.detach().clone() for p in model.parameters()]
+    state = copy.deepcopy(optimizer.state_dict())
+    grads = [(own, own.grad.clone()) for _, own in bf16._pairs if own.grad is not None]
+    own_grads = [(p, p.grad.clone()) for p in model.parameters() if p.grad is not None]  # not copied
+    optimizer_step(model, cfg, optimizer, bf16)
+    eager = [p.detach().clone() for p in model.parameters()]
+    eager_copies = [own.detach().clone() for _, own in bf16._pairs]
+    eager_state = copy.deepcopy(optimizer.state_dict())["state"]
+    with torch.no_grad():  # back to before the eager step
+        for p, w in zip(model.parameters(), weights, strict=True):
+            p.copy_(w)
+    optimizer.load_state_dict(state)
+    for tensor, grad in grads + own_grads:
+        tensor.grad = grad
+    bf16.pull()
+    start = time.perf_counter()
+    CompiledOptimizerSide(model, cfg, optimizer, bf16)()
+    compile_s = time.perf_counter() - start
+    diff = max(float((p.detach() - e).abs().max()) for p, e in zip(model.parameters(), eager, strict=True))
+    after = optimizer.state_dict()["state"]
+    moments = max(
+        float((after[k][name] - eager_state[k][name]).abs().max())
+        for k in after
+        for name in ("exp_avg", "exp_avg_sq")
+    )
+    same = sum(bool(torch.equal(own, e)) for (_, own), e in zip(bf16._pairs, eager_copies, strict=True))
+    lr = optimizer.param_groups[0]["lr"]
+    result = {
+        "model": _model_name(args),
+        "batch": args.batch,
+        "device": args.device,
+        "weights": sum(p.numel() for p in model.parameters()),
+        "max_weight_diff": diff,
+        "max_weight_diff_in_lr": diff / lr,
+        "max_moment_diff": moments,
+        "bf16_copies_identical": same,
+        "bf16_copies": len(eager_copies),
+        "compile_and_step_s": round(compile_s, 1),
+    }
+    print(json.dumps(result, indent=2))
+    return result
+
+
 def gpu_step(args: argparse.Namespace) -> dict:
     import torch
 
@@ -799,6 +861,13 @@ def main(argv: list[str] | None = None) -> int:
     p_gpu.add_argument("--tf32", action="store_true", help="TF32 matmuls for the fp32 parts")
     p_gpu.add_argument("--sync-debug", action="store_true", help="warn on every host-device sync of the step")
     p_gpu.add_argument("--profile-steps", type=int, default=0, help="then profile this many steps")
+    p_co = sub.add_parser(
+        "compiled-optimizer-check", help="the compiled optimizer side against the eager one, one step"
+    )
+    p_co.add_argument("--device", default="cpu")
+    p_co.add_argument("--model", default="seps-vit-b16-paper", help="a patchword.factory model name")
+    p_co.add_argument("--batch", type=int, default=4)
+    p_co.add_argument("--unfused", action="store_true", help=argparse.SUPPRESS)
     p_sc = sub.add_parser("gpu-scoring", help="exhaustive scoring vs the official loop")
     p_sc.add_argument("--device", default="cuda")
     p_sc.add_argument("--config", default="seps-code-image", help="a patchword.bench SCORING_CONFIGS name")
@@ -807,7 +876,7 @@ def main(argv: list[str] | None = None) -> int:
     p_sc.add_argument("--ref-captions", type=int, default=20, help="captions of the official loop's slice")
     p_sc.add_argument("--max-memory-mb", type=float, default=16384)
     p_sc.add_argument("--tf32", action="store_true")
-    for p in (p_cpu, p_grads, p_gw, p_mem, p_child, p_gpu, p_sc):
+    for p in (p_cpu, p_grads, p_gw, p_mem, p_child, p_gpu, p_co, p_sc):
         p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
         p.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args(argv)
@@ -832,6 +901,7 @@ def main(argv: list[str] | None = None) -> int:
         "memory": memory,
         "gpu-step": gpu_step,
         "gpu-scoring": gpu_scoring,
+        "compiled-optimizer-check": compiled_optimizer_check,
     }
     run = commands[args.command]
     result = run(args)
