@@ -239,12 +239,11 @@ def fused_checks(q, k, v, mask, dropout: float, fake: bool) -> dict:
         if fake:
             q, k, v = (mode.from_tensor(t) for t in (q, k, v))
             mask = None if mask is None else mode.from_tensor(mask)
-        params = cuda.SDPAParams(q, k, v, mask, dropout, False, False)
         for name, check in checks.items():
             try:
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
-                    ok = check(params, True)
+                    ok = check(cuda.SDPAParams(q, k, v, mask, dropout, False, False), True)
                 out[name] = True if ok else [" ".join(str(w.message).split())[:300] for w in caught]
             except Exception as err:  # noqa: BLE001 - the reason is the result
                 out[name] = f"error: {type(err).__name__}: {str(err)[:200]}"
@@ -299,41 +298,46 @@ def probe(device: str, quick: bool, emit) -> None:
 def _step_rows(dev, quick: bool, emit) -> None:
     """The whole bfloat16 training step as ``ddp_bench.py gpu-step --precision bf16 --compile
     --compile-scope step`` compiles it (``seps-vit-b16-paper`` at batch 64; ``quick``: ``seps-tiny-paper``
-    at batch 2): first every attention call Dynamo captures with the backend chosen for its traced inputs
-    and, where not fused, why (:func:`dynamo_attention_calls`); then the backend of each layer of the
-    forward graph AOTAutograd traces (:func:`traced_layers`), with the library's key padding mask and with
-    the additive one (``--text-mask additive``). Each row records its error, if any, and the next one runs."""
+    at batch 2): the backend of each layer of the forward graph AOTAutograd traces (:func:`traced_layers`);
+    every attention call Dynamo captures with the backend chosen for its traced inputs and, where not
+    fused, why (:func:`dynamo_attention_calls`); the traced layers again with the additive key padding mask
+    (``--text-mask additive``). Each row records its error, if any, and the next one runs."""
     import argparse
     from collections import Counter
 
     import ddp_bench
 
+    from patchword.encoders.hf import HFTextEncoder
+
     setting = argparse.Namespace(
         device=str(dev), quick=quick, model="seps-vit-b16-paper", batch=2 if quick else 64, unfused=False
     )
     setting.__dict__.update(precision="bf16", pair_chunk=0, compile=False, text_mask="default")
-    row = {"case": "step, dynamo", "mask": "expanded"}
+    row = {"case": "step, traced", "mask": "expanded"}
     with _recorded_error(row):
         _, _, step_module, _, shard, _ = ddp_bench.step_setup(setting)
+    if "error" in row:  # no model: nothing below can run
+        emit(row)
+        return
 
-        def step(shard):
-            return step_module(shard, True, False, 1.0)
+    def step(shard):
+        return step_module(shard, True, False, 1.0)
 
+    with _recorded_error(row):
+        row["compiled"] = dict(Counter(traced_layers(step, shard, fullgraph=False)))
+    emit(row)
+    row = {"case": "step, dynamo", "mask": "expanded"}
+    with _recorded_error(row):
         calls = dynamo_attention_calls(step, shard)
         row["compiled"] = dict(
             Counter(f"{c['backend'].removesuffix('_attention')}@{c['keys']}" for c in calls)
         )
         row["calls"] = calls
     emit(row)
-    if "error" in row:
-        return
-    from patchword.encoders.hf import HFTextEncoder
-
     text = step_module.model.text_encoder
-    for form in ("expanded", "additive") if isinstance(text, HFTextEncoder) else ("expanded",):
-        if form != "expanded":
-            ddp_bench.use_text_mask(text, form)
-        row = {"case": "step, traced", "mask": form}
+    if isinstance(text, HFTextEncoder):
+        ddp_bench.use_text_mask(text, "additive")
+        row = {"case": "step, traced", "mask": "additive"}
         with _recorded_error(row):
             row["compiled"] = dict(Counter(traced_layers(step, shard, fullgraph=False)))
         emit(row)

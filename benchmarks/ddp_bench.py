@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import resource
 import subprocess
@@ -422,8 +423,9 @@ class CompiledOptimizerSide:
     copy), the global norm, the clipping, AdamW on the float32 master weights and the refreshed bfloat16
     copy (docs/benchmarks.md, run 3: the optimizer side reads and writes ~10 GB per step; one fused pass
     needs about 6). PyTorch's multi-tensor AdamW (``foreach``, ``capturable``: no host value read) on the
-    state the fused optimizer made in a first eager step. Unlike the trainer's step it does not skip a step
-    whose loss is not finite.
+    state the fused optimizer made in a first eager step (a parameter without state then is left out for
+    good: the benchmark's step trains the same parameters every time). Unlike the trainer's step it does
+    not skip a step whose loss is not finite.
 
     Usage: ``side = CompiledOptimizerSide(model, cfg, optimizer, bf16)`` after one :func:`optimizer_step`,
     then ``side()`` after each backward pass instead of it; returns the gradient norm before clipping.
@@ -557,6 +559,36 @@ def compiled_optimizer_check(args: argparse.Namespace) -> dict:
     return result
 
 
+#: why torch.compile kept graphs off CUDA graphs in this process (``skipping cudagraphs due to ...``)
+CUDAGRAPH_SKIPS: list[str] = []
+
+
+class _SkipReasons(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("skipping cudagraphs"):
+            CUDAGRAPH_SKIPS.append(" ".join(message.split())[:300])
+
+
+def record_cudagraph_skips() -> None:
+    """Collect, in :data:`CUDAGRAPH_SKIPS`, the reasons PyTorch logs for each graph it does not capture."""
+    logging.getLogger("torch._inductor.cudagraph_utils").addHandler(_SkipReasons())
+
+
+def compile_counts() -> dict:
+    """What torch.compile did in this process so far: graphs compiled, graph breaks, and graphs kept off
+    CUDA graphs with the first reasons given: a CUDA-graph variant that skipped its graphs measures the
+    uncaptured step."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "unique_graphs": int(counters["stats"]["unique_graphs"]),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+        "cudagraph_skips": int(counters["inductor"]["cudagraph_skips"]),
+        "cudagraph_skip_reasons": CUDAGRAPH_SKIPS[:5],
+    }
+
+
 def gpu_step(args: argparse.Namespace) -> dict:
     import torch
 
@@ -568,6 +600,7 @@ def gpu_step(args: argparse.Namespace) -> dict:
     if getattr(args, "math_sdp_bf16", False):
         # the "math" attention in bfloat16 instead of upcast to float32 (PyTorch's default since 2.5)
         torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)
+    record_cudagraph_skips()
     model, cfg, step_module, optimizer, shard, bf16 = step_setup(args)
     name, batch = _model_name(args), args.batch
 
@@ -622,6 +655,8 @@ def gpu_step(args: argparse.Namespace) -> dict:
         "steps_per_s": args.steps / seconds,
         "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
     }
+    if args.compile or getattr(args, "compile_optimizer", False):
+        result["compile_counts"] = compile_counts()
     print(json.dumps(result, indent=2), flush=True)  # the timing first: the profiler may not finish
     if getattr(args, "json", None):
         Path(args.json).write_text(json.dumps(result, indent=2))  # rewritten with the profile below

@@ -339,7 +339,14 @@ def _compiled_line(model: str, r: dict) -> str:
     """One compile variant's result in a line: steps/s, seconds and device time, or its status."""
     if "steps_per_s" not in r:
         return f"{variant_label(r)}: {r['status']}"
+    counts = r.get("compile_counts") or {}
+    graphs = (
+        f", {counts['unique_graphs']} graphs, {counts['graph_breaks']} breaks, "
+        f"{counts['cudagraph_skips']} kept off CUDA graphs"
+        if counts
+        else ""
+    )
     return (
         f"{model} b{r['batch']} {variant_label(r)}: {r['steps_per_s']:.2f} steps/s "
-        f"({r['seconds']} s with compilation, profile){busy_line(r.get('profile'))}"
+        f"({r['seconds']} s with compilation, profile{graphs}){busy_line(r.get('profile'))}"
     )

@@ -289,10 +289,12 @@ def tiny_shard_batch(device):
     ).to(torch.device(device))
 
 
-def trainer_losses(overrides: list[str], tmp_path, steps: int, device: str = "cpu") -> list[float]:
+def trainer_losses(
+    overrides: list[str], tmp_path, steps: int, device: str = "cpu", same_batch: bool = False
+) -> list[float]:
     """The logged losses of the first ``steps`` training steps of a run with ``overrides`` (seed 0 for
     the model, run directory ``tmp_path``, every step logged when ``train.log_every=1``), trained by the
-    Trainer in-process on ``device``."""
+    Trainer in-process on ``device``; ``same_batch``: every step on the epoch's first batch (one shape)."""
     from patchword.config import apply_overrides
     from patchword.data.prepare import prepare_data
     from patchword.model import build_model
@@ -313,8 +315,10 @@ def trainer_losses(overrides: list[str], tmp_path, steps: int, device: str = "cp
         tokenizer=data.tokenizer,
     )
     batches = trainer._epoch_batches(0)
-    for batch in list(trainer._loader(batches))[:steps]:
+    loaded = list(trainer._loader(batches))[:steps]
+    for batch in loaded[:1] * steps if same_batch else loaded:  # as Trainer._fit steps through an epoch
         trainer._train_step(batch, len(batches))
+        trainer.batch_in_epoch += 1
         trainer.step += 1
     return [r["loss"] for r in trainer.history]
 

@@ -231,11 +231,15 @@ def test_fused_projections_on_cuda_equal_the_unfused_and_do_not_sync(device):
 
 @on_each_device
 def test_the_training_step_replayed_as_cuda_graphs_logs_the_eager_losses(device, tmp_path, monkeypatch):
-    """``train.compile_scope=step`` with ``train.compile_mode=reduce-overhead``: three trainer steps on
-    CUDA replay the training loss as CUDA graphs and log the eager step's losses. Dynamo's ``cudagraphs``
-    backend stands in for Inductor's (the same CUDA graph trees, without the code generation that would
-    take longer than the rest of this suite). Every step opens a new generation of the graphs, so reading
-    a step's loss and statistics never meets an output that a later replay overwrote."""
+    """``train.compile_scope=step`` with ``train.compile_mode=reduce-overhead``: five trainer steps on one
+    batch (so the CUDA graph is recorded, then replayed) in the alignment warm-up (a new loss weight at
+    every step, which reaches the graph as a device tensor) replay the training loss as CUDA graphs and log
+    the eager step's losses, without a graph skipped. Dynamo's ``cudagraphs`` backend stands in for
+    Inductor's (the same CUDA graph trees, without the code generation that would take longer than the
+    rest of this suite). Every step opens a new generation of the graphs, so reading a step's loss and
+    statistics never meets an output that a later replay overwrote."""
+    from torch._dynamo.utils import counters
+
     from conftest import TINY_MODEL_32, trainer_losses
 
     original, marks = torch.compile, []
@@ -252,10 +256,13 @@ def test_the_training_step_replayed_as_cuda_graphs_logs_the_eager_losses(device,
 
     def losses(*extra):
         with _fp32_exact():
-            return trainer_losses([*tiny, *extra], tmp_path, steps=3, device=device)
+            return trainer_losses([*tiny, *extra], tmp_path, steps=5, device=device, same_batch=True)
 
     eager = losses()
-    assert len(eager) == 3 and not marks
+    assert len(eager) == 5 and not marks
+    torch._dynamo.reset()
+    counters.clear()
     graphs = losses("train.compile=true", "train.compile_scope=step", "train.compile_mode=reduce-overhead")
     assert graphs == pytest.approx(eager, rel=1e-5)
-    assert len(marks) == 3  # one generation per step
+    assert len(marks) == 5  # one generation per step
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])

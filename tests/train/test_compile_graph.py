@@ -91,3 +91,37 @@ def test_an_epoch_of_varying_batch_shapes_compiles_once_per_varying_dimension(tm
         torch._dynamo.reset()
     assert len(graphs) == 3, f"{len(graphs)} graphs for {len(batches)} batches"
     assert breaks == {}
+
+
+def test_the_alignment_warm_up_does_not_recompile_the_compiled_step(tmp_path, monkeypatch):
+    """The alignment loss's weight grows at every step of the first epoch. Compiled, it reaches the step as
+    a 0-d tensor on the device, so one batch shape compiles once, not again for the changing weight (a
+    Python float recompiles, then enters the graph as a host scalar, which keeps that graph, the one
+    every later step reuses, from being replayed as CUDA graphs)."""
+    graphs = []
+    original = torch.compile
+
+    def counting_compile(fn, **kwargs):
+        kwargs.pop("mode", None)
+
+        def backend(graph_module, example_inputs):
+            graphs.append(graph_module)
+            return graph_module.forward
+
+        return original(fn, **{**kwargs, "backend": backend})
+
+    monkeypatch.setattr(torch, "compile", counting_compile)
+    step = ["train.compile=true", "train.compile_scope=step", "model.seps.variant=code"]
+    trainer, batches = _trainer_and_batches([*TINY_RUN_32, *step], tmp_path)
+    torch._dynamo.reset()
+    scales = []
+    try:
+        for i in range(4):  # one batch, four steps of the warm-up
+            trainer.batch_in_epoch = i
+            scales.append(float(trainer._align_scale(len(batches))))
+            trainer._train_step(batches[0], len(batches))
+            trainer.step += 1
+    finally:
+        torch._dynamo.reset()
+    assert len(set(scales)) == 4 and scales[0] == 0.0  # the weight did change
+    assert len(graphs) == 1

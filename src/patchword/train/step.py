@@ -89,7 +89,7 @@ class ShardLoss(nn.Module):
         self.ratio_weight, self.pair_chunk = tc.ratio_weight, tc.pair_chunk
 
     def forward(
-        self, batch: ShardBatch, hardest: bool, global_only: bool, align_scale: float
+        self, batch: ShardBatch, hardest: bool, global_only: bool, align_scale: float | torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (this process's loss share, detached [loss, align, ratio] shares); summed over processes
         they are the global batch's loss and its terms."""

@@ -166,6 +166,7 @@ class Trainer:
         self._cuda_graphs = (
             tc.compile and tc.compile_mode in CUDA_GRAPH_COMPILE_MODES and self.device.type == "cuda"
         )
+        self._scale_schedule: tuple[tuple[int, int], torch.Tensor] | None = None  # (epoch, batches), scales
         self.step_fn: nn.Module = self.loss
         if self.dist.enabled:
             self.step_fn = wrap_ddp(self.loss, self.device)
@@ -369,15 +370,31 @@ class Trainer:
         for batch in loader:
             yield batch.to(self.device)
 
+    def _align_scale(self, n_batches: int) -> float | torch.Tensor:
+        """The weight of the alignment loss at this step: the official warm-up grows it linearly over the
+        first epoch(s), then 1. Compiled (``train.compile``) it is a 0-d tensor on the device, one entry of
+        this epoch's schedule (uploaded once per epoch): a Python float that changes every step would make
+        the compiler specialise on it (a recompilation) and then take it as a host scalar input, which
+        keeps that graph, the one every later step reuses, from being replayed as a CUDA graph."""
+        warmup = self.tc.align_warmup_epochs
+
+        def scale(i: int) -> float:
+            if self.epoch >= warmup:
+                return 1.0
+            return min(1.0, (self.epoch * n_batches + i) / (warmup * n_batches))
+
+        if not self.tc.compile:
+            return scale(self.batch_in_epoch)
+        key = (self.epoch, n_batches)
+        if self._scale_schedule is None or self._scale_schedule[0] != key:
+            values = torch.tensor([scale(i) for i in range(n_batches)], device=self.device)
+            self._scale_schedule = (key, values)
+        return self._scale_schedule[1][self.batch_in_epoch]
+
     def _train_step(self, batch: ShardBatch, n_batches: int) -> None:
         tc = self.tc
         self.loss.model.train()
-        scale = 1.0
-        if self.epoch < tc.align_warmup_epochs:
-            # official warm-up: the alignment term grows linearly over the first epoch(s)
-            scale = min(
-                1.0, (self.epoch * n_batches + self.batch_in_epoch) / (tc.align_warmup_epochs * n_batches)
-            )
+        scale = self._align_scale(n_batches)
         self.optimizer.zero_grad(set_to_none=True)
         if self._cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
