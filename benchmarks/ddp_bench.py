@@ -362,13 +362,18 @@ def use_text_mask(encoder, form: str) -> None:
     encoder.forward = types.MethodType(forward, encoder)
 
 
+#: the projections an attention layer of transformers holds (BERT: query/key/value; ViT since 5.x: q_proj...)
+_QKV = (("query", "key", "value"), ("q_proj", "k_proj", "v_proj"))
+
+
 def attention_outside_compile(model, which: str) -> int:
     """An experiment, not the library's behaviour: the Hugging Face attention layers of ``model``'s text
-    encoder (``which="text"``) or of both encoders (``"all"``) run ``F.scaled_dot_product_attention``
-    outside any compiled graph (``torch.compiler.disable``: a graph break around each call). Eager
-    dispatch then picks the backend from the real tensors, as it does without compile (cuDNN attention
-    for every layer on the H100 of run 3), whatever the traced view of them would pick (the float32 math
-    attention for one BERT pass there). The cost is a graph break per layer and pass. Same values.
+    encoder (``which="text"``), its image encoder (``"image"``) or both (``"all"``) run
+    ``F.scaled_dot_product_attention`` outside any compiled graph (``torch.compiler.disable``: a graph
+    break around each call). Eager dispatch then picks the backend from the real tensors, as it does
+    without compile (cuDNN attention for every layer on the H100 of run 3), whatever the traced view of
+    them would pick (the float32 math attention for 12 of the 36 layers there: one pass of one encoder,
+    which the probe names). The cost is a graph break per layer and pass. Same values.
     Returns how many attention layers were marked."""
     import functools
 
@@ -376,16 +381,20 @@ def attention_outside_compile(model, which: str) -> int:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    encoders = [model.text_encoder] + ([model.image_encoder] if which == "all" else [])
+    encoders = {"text": [model.text_encoder], "image": [model.image_encoder]}.get(
+        which, [model.text_encoder, model.image_encoder]
+    )
     marked = 0
     for encoder in encoders:
         backbone = getattr(encoder, "backbone", None)
         if not isinstance(backbone, torch.nn.Module):
             raise SystemExit(f"--eager-attention needs Hugging Face encoders, not {type(encoder).__name__}")
         for module in backbone.modules():  # the self-attention layers, which call the attention function
-            if all(isinstance(getattr(module, n, None), torch.nn.Module) for n in ("query", "key", "value")):
+            if any(all(isinstance(getattr(module, n, None), torch.nn.Module) for n in t) for t in _QKV):
                 module._attention_outside_compile = True
                 marked += 1
+    if not marked:
+        raise SystemExit(f"--eager-attention {which}: no attention layer found (transformers changed?)")
     outside = torch.compiler.disable(sdpa_attention_forward)
 
     @functools.wraps(sdpa_attention_forward)
@@ -878,8 +887,8 @@ def main(argv: list[str] | None = None) -> int:
     p_gpu.add_argument(
         "--eager-attention",
         default="none",
-        choices=["none", "text", "all"],
-        help="run the text encoder's (or every encoder's) attention outside the compiled graph, eagerly "
+        choices=["none", "text", "image", "all"],
+        help="run the text encoder's (image encoder's, every encoder's) attention outside the compiled graph "
         "(an experiment: attention_outside_compile)",
     )
     p_gpu.add_argument(

@@ -489,8 +489,9 @@ def main(argv: list[str] | None = None) -> int:
         "amp_bf16 or bf16; scope modules, as train.compile, or step, the whole loss module; options a "
         "torch.compile mode such as reduce-overhead; math-bf16: math attention in bfloat16; mask-additive, "
         "mask-broadcast, mask-contiguous: the form of BERT's key padding mask (ddp_bench.use_text_mask); "
-        "eager-attention-text, eager-attention-all: the text encoder's or every encoder's attention outside "
-        "the compiled graph (ddp_bench.attention_outside_compile); compiled-optimizer: clipping, AdamW and "
+        "eager-attention-text, -image, -all: the text encoder's, the image encoder's or every encoder's "
+        "attention outside the compiled graph (ddp_bench.attention_outside_compile); compiled-optimizer: "
+        "clipping, AdamW and "
         "the bf16 copy as one compiled function (ddp_bench.CompiledOptimizerSide)); "
         "H100 figures: amp_bf16:modules 15.30 steps/s (run 1), bf16:step:reduce-overhead 17.23 (run 3)",
     )

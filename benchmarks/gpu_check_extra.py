@@ -171,7 +171,7 @@ def step_train_profile(args, budget, partial, say, child_env) -> dict:
 VARIANT_FLAGS = {
     "math-bf16": ["--math-sdp-bf16"],
     **{f"mask-{form}": ["--text-mask", form] for form in ("additive", "broadcast", "contiguous")},
-    **{f"eager-attention-{which}": ["--eager-attention", which] for which in ("text", "all")},
+    **{f"eager-attention-{which}": ["--eager-attention", which] for which in ("text", "image", "all")},
     "compiled-optimizer": ["--compile-optimizer"],
 }
 
