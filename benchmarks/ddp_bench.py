@@ -460,7 +460,8 @@ class CompiledOptimizerSide:
             self.groups.append([(p, copy_of.get(id(p), p)) for p in params])
             self.hypers.append(hyper)
         self.optimizer, self.max_norm = optimizer, cfg.train.grad_clip
-        self.copies = [(master, own) for master, own in (bf16._pairs if bf16 is not None else [])]
+        pairs = bf16._pairs if bf16 is not None else []
+        self._copies, self._copied_from = [own for _, own in pairs], [master for master, _ in pairs]
         self._compiled = torch.compile(self._side)
 
     def _side(self, grads, masters, exp_avgs, exp_avg_sqs, steps, copies, copied_from):
@@ -482,24 +483,19 @@ class CompiledOptimizerSide:
     def __call__(self):
         import torch
 
-        lists = [[], [], [], [], []]  # grads, masters, exp_avgs, exp_avg_sqs, steps per group
+        grads, masters, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []  # one list per group each
         for pairs in self.groups:
             used = [(p, src) for p, src in pairs if src.grad is not None]
             state = [self.optimizer.state[p] for p, _ in used]
-            for out, part in zip(
-                lists,
-                (
-                    [src.grad for _, src in used],
-                    [p for p, _ in used],
-                    [s["exp_avg"] for s in state],
-                    [s["exp_avg_sq"] for s in state],
-                    [s["step"] for s in state],
-                ),
-                strict=True,
-            ):
-                out.append(part)
+            grads.append([src.grad for _, src in used])
+            masters.append([p for p, _ in used])
+            exp_avgs.append([s["exp_avg"] for s in state])
+            exp_avg_sqs.append([s["exp_avg_sq"] for s in state])
+            steps.append([s["step"] for s in state])
         with torch.no_grad():
-            total = self._compiled(*lists, [o for _, o in self.copies], [m for m, _ in self.copies])
+            total = self._compiled(
+                grads, masters, exp_avgs, exp_avg_sqs, steps, self._copies, self._copied_from
+            )
         for pairs in self.groups:  # the gradients are spent: the next backward pass starts afresh
             for p, src in pairs:
                 src.grad = p.grad = None

@@ -67,8 +67,8 @@ class TrainConfig:
     # backward pass (bounds the step's B x B memory; same gradients, ~1/3 more matcher compute; 0 = off)
     compile: bool = False  # torch.compile the training step (GPU; the first steps compile)
     compile_scope: Literal["modules", "step"] = "modules"  # train.compile: the encoders and the matcher
-    # one by one (evaluation runs them compiled too), or the whole training loss in one graph (encoders,
-    # matcher and loss: fusion across them; evaluation runs the plain modules)
+    # one by one (evaluation runs them compiled too, except under precision=bf16), or the whole training
+    # loss in one graph (encoders, matcher and loss: fusion across them; evaluation runs the plain modules)
     # torch.compile's mode; reduce-overhead and max-autotune replay the step as CUDA graphs
     # (compile_scope=step only: a replay overwrites the previous one's outputs)
     compile_mode: CompileMode = "default"

@@ -320,7 +320,8 @@ def check_launch(cfg: RunConfig, world_size: int) -> None:
     """Check the config against the number of processes of a ``torchrun`` launch.
 
     Raises:
-        ConfigError: a global batch that does not split evenly over the processes.
+        ConfigError: a global batch that does not split evenly over the processes; the whole training
+            loss compiled (``train.compile_scope=step``) under several processes.
     """
     if world_size > 1 and cfg.train.compile and cfg.train.compile_scope == "step":
         raise ConfigError(
