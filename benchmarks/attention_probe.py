@@ -6,7 +6,7 @@ Why: on an H100 (docs/benchmarks.md, gpu-check run 3) the compiled bfloat16 trai
 products and a softmax per layer, ~12 ms of its 59 ms), where eager mode ran cuDNN attention for all 36.
 Padding the captions' keys to 48 did not change it. This probe records the backend for each candidate
 cause, in seconds and without timing anything: the key length (35 captions, 48, 64, 128 dense captions),
-attention dropout (BERT's 0.1 in training, 0), the form of the mask (:data:`MASKS`: the encoder's
+attention dropout (:data:`DROPOUTS`), the form of the mask (:data:`MASKS`: the encoder's
 (B, 1, L, L) boolean view and the alternatives a fix could pass), and with the math backend disallowed
 (``sdpa_kernel``). Eagerly the choice is
 ``torch._fused_sdp_choice``; compiled, the attention ops of the forward graph AOTAutograd traces (no
@@ -250,6 +250,39 @@ def fused_checks(q, k, v, mask, dropout: float, fake: bool) -> dict:
     return out
 
 
+def setting_row(dev) -> dict:
+    """What decides the choice besides the inputs: the torch, CUDA and cuDNN versions, the GPU's compute
+    capability, the backends enabled, whether the math backend may reduce in bfloat16, and PyTorch's
+    priority order (set by the first selection: cuDNN first on some GPUs and cuDNN versions)."""
+    import torch
+    from torch.backends import cuda
+    from torch.nn.attention import SDPBackend
+
+    row = {"case": "setting", "torch": torch.__version__, "cuda": torch.version.cuda}
+    row["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    if dev.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(dev)
+        row["capability"] = f"sm{major}{minor}"
+    q = torch.zeros(1, 1, 8, 64, device=dev, dtype=torch.bfloat16)
+    eager_backend(q, q, q, None, 0.0)  # a first selection, so that the order read next is the one used
+    row["priority"] = [SDPBackend(int(b)).name.lower() for b in torch._C._get_sdp_priority_order()]
+    enabled = {
+        "cudnn": cuda.cudnn_sdp_enabled(),
+        "flash": cuda.flash_sdp_enabled(),
+        "efficient": cuda.mem_efficient_sdp_enabled(),
+        "math": cuda.math_sdp_enabled(),
+    }
+    row["enabled"] = [name for name, on in enabled.items() if on]
+    row["math_bf16_reduction"] = cuda.fp16_bf16_reduction_math_sdp_allowed()
+    return row
+
+
+#: attention dropout probed: BERT's 0.1 in training; 0.125, a multiple of 1/16 (the resolution of cuDNN's
+#: dropout: builds with pytorch/pytorch#174245, merged 2026-02-26, refuse cuDNN for other values, older
+#: ones round them silently); none (evaluation, the ViT)
+DROPOUTS = (0.1, 0.125, 0.0)
+
+
 def probe(device: str, quick: bool, emit) -> None:
     """Every case, each row handed to ``emit`` as soon as it exists."""
     import torch
@@ -257,6 +290,10 @@ def probe(device: str, quick: bool, emit) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     dev = torch.device(device)
+    row = {"case": "setting"}
+    with _recorded_error(row):
+        row = setting_row(dev)
+    emit(row)
     _step_rows(dev, quick, emit)
     batch, heads, head_dim = (2, 2, 64) if quick else (64, 12, 64)
     g = torch.Generator().manual_seed(0)
@@ -265,7 +302,7 @@ def probe(device: str, quick: bool, emit) -> None:
         q, k, v = (torch.randn(shape, generator=g).to(dev, torch.bfloat16).requires_grad_() for _ in range(3))
         lens = torch.randint(3, length + 1, (batch,), generator=g).to(dev)
         for form in MASKS:
-            for dropout in (0.1, 0.0):
+            for dropout in DROPOUTS if form == "expanded" else (0.1, 0.0):
                 row = {"case": "sdpa", "keys": length, "mask": form, "dropout": dropout}
                 row["eager"] = eager_backend(q, k, v, make_mask(form, lens, length, q.dtype), dropout)
 

@@ -290,6 +290,8 @@ def _attention_case(row: dict) -> str:
 def _attention_result(row: dict) -> str:
     if "error" in row:
         return row["error"]
+    if row["case"] == "setting":  # versions, backends enabled and their order
+        return ", ".join(f"{k} {row[k]}" for k in row if k != "case")
     return ", ".join(f"{k} {row[k]}" for k in ("eager", "compiled") if k in row)
 
 
@@ -319,16 +321,20 @@ def step_attention(args, budget, partial, say, child_env) -> dict:
         status = f"timed out after {timeout:.0f} s"
     rows = json.loads(out.read_text()) if out.exists() else []
     for row in rows:  # one short line each; the reasons are in attention.json and attention_log.txt
-        say(f"attention {row['case']}, {_attention_case(row)}: {_attention_result(row)}")
+        label = ", ".join(filter(None, (row["case"], _attention_case(row))))
+        say(f"attention {label}: {_attention_result(row)}")
     math = [r for r in rows if r["case"] == "sdpa" and r.get("compiled") == "math"]
     encoders = "; ".join(
         f"{r['case']} {_attention_case(r)}: {r.get('error') or r.get('compiled')}"
         for r in rows
-        if r["case"] != "sdpa"
+        if r["case"] not in ("sdpa", "setting")
     )
     summary = (
         f"{len(math)} of {sum(r['case'] == 'sdpa' for r in rows)} attention cases compile to math; {encoders}"
     )
+    setting = next((r for r in rows if r["case"] == "setting"), None)
+    if setting:  # the versions and the order the choices above were made under
+        summary = f"{_attention_result(setting)}; {summary}"
     entry = {"rows": rows, "summary": summary if not status else f"{status}; {summary}"}
     if status:
         entry.update(status="failed", tail=log.read_text().strip().splitlines()[-15:])
