@@ -125,3 +125,30 @@ def test_the_alignment_warm_up_does_not_recompile_the_compiled_step(tmp_path, mo
         torch._dynamo.reset()
     assert len(set(scales)) == 4 and scales[0] == 0.0  # the weight did change
     assert len(graphs) == 1
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp64"])
+def test_the_compiled_steps_warm_up_weight_gives_the_uncompiled_steps_losses(
+    precision, tmp_path, monkeypatch
+):
+    """Compiled, the alignment loss's warm-up weight is a 0-d tensor (one entry of the epoch's schedule)
+    where the uncompiled step multiplies by a Python float. The losses must not differ for it: not in
+    dtype (a float32 0-d tensor times a bfloat16 0-d loss promotes the loss to float32) and not in value
+    (a float32 schedule rounds the weight an fp64 run uses). The step runs uncompiled in both trainers
+    here, so that only the weight's form differs."""
+    monkeypatch.setattr(torch, "compile", lambda fn=None, **kwargs: fn)
+    base = [*TINY_RUN_32, "model.seps.variant=code", f"precision={precision}"]
+    plain, batches = _trainer_and_batches(base, tmp_path / "plain")
+    compiled, _ = _trainer_and_batches(
+        [*base, "train.compile=true", "train.compile_scope=step"], tmp_path / "c"
+    )
+    compiled.loss.load_state_dict(plain.loss.state_dict())
+    for i in (1, 2, 3):  # weights 1/3 of the way through the first epoch's warm-up: not exact in binary
+        plain.batch_in_epoch = compiled.batch_in_epoch = i
+        weight, entry = plain._align_scale(len(batches)), compiled._align_scale(len(batches))
+        assert isinstance(weight, float) and isinstance(entry, torch.Tensor) and 0 < weight < 1
+        with torch.no_grad():
+            loss, stats = plain.loss(batches[0], True, False, weight)
+            loss_c, stats_c = compiled.loss(batches[0], True, False, entry)
+        assert loss_c.dtype == loss.dtype and stats_c.dtype == stats.dtype
+        assert torch.equal(stats_c, stats), (stats_c - stats).abs().max()

@@ -350,6 +350,9 @@ def test_queue_workers_score_exactly_like_one_thread_of_control(pairing):
         # CUDA graphs only where evaluation does not run the compiled modules
         (["train.compile=true", "train.compile_mode=reduce-overhead"], "train.compile_mode"),
         (["train.compile_scope=modules", "train.compile_mode=max-autotune"], "train.compile_mode"),
+        # set without compiling: refused rather than silently ignored
+        (["train.compile_mode=max-autotune-no-cudagraphs"], "train.compile_mode"),
+        (["train.compile_scope=step"], "train.compile_scope"),
     ],
 )
 def test_new_config_keys_are_checked(overrides, key):

@@ -387,7 +387,9 @@ class Trainer:
             return scale(self.batch_in_epoch)
         key = (self.epoch, n_batches)
         if self._scale_schedule is None or self._scale_schedule[0] != key:
-            values = torch.tensor([scale(i) for i in range(n_batches)], device=self.device)
+            # the losses' dtype (float64 in an fp64 run): a float32 schedule would round the weight
+            dtype = weight_dtype(self.cfg.precision)
+            values = torch.tensor([scale(i) for i in range(n_batches)], dtype=dtype, device=self.device)
             self._scale_schedule = (key, values)
         return self._scale_schedule[1][self.batch_in_epoch]
 

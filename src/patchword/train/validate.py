@@ -136,6 +136,13 @@ def _check_matcher(cfg: RunConfig) -> None:
 
 def _check_compile(cfg: RunConfig) -> None:
     tc = cfg.train
+    if not tc.compile:  # a scope or mode set without compiling would be silently ignored
+        for key, value, default in (
+            ("compile_scope", tc.compile_scope, "modules"),
+            ("compile_mode", tc.compile_mode, "default"),
+        ):
+            if value != default:
+                raise ConfigError(f"train.{key}", f"{value} has no effect without train.compile=true")
     if tc.compile_mode in CUDA_GRAPH_COMPILE_MODES and tc.compile_scope != "step":
         # A CUDA graph's replay writes its outputs where the previous replay left its own: evaluation,
         # which encodes every batch before scoring, would find earlier batches overwritten.
