@@ -152,3 +152,42 @@ def test_the_compiled_steps_warm_up_weight_gives_the_uncompiled_steps_losses(
             loss_c, stats_c = compiled.loss(batches[0], True, False, entry)
         assert loss_c.dtype == loss.dtype and stats_c.dtype == stats.dtype
         assert torch.equal(stats_c, stats), (stats_c - stats).abs().max()
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "default"])
+def test_a_compiled_graph_run_without_the_cuda_graphs_asked_for_is_said_once(
+    mode, tmp_path, monkeypatch, caplog
+):
+    """PyTorch runs a graph it cannot capture without CUDA graphs and says so only in a log that is off by
+    default; the trainer warns when its count grows (here a stand-in compile that counts one such graph
+    when it compiles, as Inductor does on the CPU: ``the device is cpu``), once, and not for a mode that
+    asked for none."""
+    from torch._dynamo.utils import counters
+
+    def counting_compile(fn=None, **kwargs):
+        compiled = []
+
+        def run(*args, **kw):
+            if not compiled:  # compiled at the first call, as torch.compile does
+                compiled.append(True)
+                counters["inductor"]["cudagraph_skips"] += 1
+            return fn(*args, **kw)
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", counting_compile)
+    step = ["train.compile=true", "train.compile_scope=step", f"train.compile_mode={mode}"]
+    trainer, batches = _trainer_and_batches([*TINY_RUN_32, *step], tmp_path)
+    with caplog.at_level("WARNING", logger="patchword.train.cuda_graphs"):
+        for i in range(3):
+            trainer.batch_in_epoch = i
+            trainer._train_step(batches[0], len(batches))
+            trainer.step += 1
+    said = [r.getMessage() for r in caplog.records if "without CUDA graphs" in r.getMessage()]
+    if mode == "default":
+        assert said == []
+    else:
+        assert said == [
+            "train.compile_mode=reduce-overhead: 1 more compiled graph(s) run without CUDA graphs (same "
+            "results, more host time per step); the device is cpu, which has none"
+        ]

@@ -36,6 +36,7 @@ from patchword.precision import autocast_context, weight_dtype
 from patchword.runs.config import CUDA_GRAPH_COMPILE_MODES, RunConfig
 from patchword.runs.files import BEST_CHECKPOINT, LAST_CHECKPOINT
 from patchword.train.augment import CaptionAugmenter
+from patchword.train.cuda_graphs import CudaGraphSkips
 from patchword.train.master_weights import BF16Copy
 from patchword.train.step import ShardLoss, fused_supported, sync_batch_norm, usable_cpus, wrap_ddp
 from patchword.train.trackers import open_trackers
@@ -163,9 +164,9 @@ class Trainer:
             self.loss.compile(mode=mode)
         # CUDA graph replays: each step starts a new generation, whose replays may overwrite the outputs of
         # the previous step's (its loss and statistics are read before the next step starts).
-        self._cuda_graphs = (
-            tc.compile and tc.compile_mode in CUDA_GRAPH_COMPILE_MODES and self.device.type == "cuda"
-        )
+        wants_graphs = tc.compile and tc.compile_mode in CUDA_GRAPH_COMPILE_MODES
+        self._cuda_graphs = wants_graphs and self.device.type == "cuda"
+        self._graph_skips = CudaGraphSkips(tc.compile_mode, wants_graphs, self.device)
         self._scale_schedule: tuple[tuple[int, int], torch.Tensor] | None = None  # (epoch, batches), scales
         self.step_fn: nn.Module = self.loss
         if self.dist.enabled:
@@ -405,6 +406,7 @@ class Trainer:
                 batch, self.epoch >= tc.hardest_after_epochs, self.step < tc.global_warmup_steps, scale
             )
         self.scaler.scale(loss).backward()
+        self._graph_skips.check()  # a compiled graph run without the CUDA graphs asked for: said once
         if self.bf16 is not None:
             self.bf16.push_grads()
         stats = self.dist.all_reduce(stats)  # [loss, align, ratio] of the global batch
