@@ -8,11 +8,13 @@ float32 math attention, and ~23 ms of everything else (docs/benchmarks.md, run 3
 generates for that "everything else" (element-wise work, norms, reductions, dropout) are bound by memory
 bandwidth, so the bytes they move bound their time from below. This script compiles the same step with
 Inductor on the CPU (caches off, so that every graph is lowered here) and records, for every scheduled
-kernel, the bytes Inductor's own count gives (``GraphLowering.count_bytes``: each buffer read or written
-once, the best case) and the module its ops come from. Inductor fuses for the CPU's C++ kernels, not for
-Triton's, so the split is a model of the GPU's, not a measurement of it; library calls (products,
-attention) are listed apart and their bytes are not their cost. The CPU runs BERT's attention (dropout
-0.1) as the decomposed math attention; on a GPU it is one fused kernel, so it is listed apart as well.
+kernel, the bytes Inductor's own metrics count for it (``get_read_write_buffers_sizes``, as
+``GraphLowering.count_bytes`` sums them: each buffer read or written once, the best case) and the module
+its ops come from (a private Inductor API: checked with torch 2.13). Inductor fuses for the CPU's
+C++ kernels, not for Triton's, so the split is a model of the GPU's, not a measurement of it; library
+calls (products, attention) are listed apart and their bytes are not their cost. The CPU runs BERT's
+attention (dropout 0.1) as the decomposed math attention; on a GPU it is one fused kernel, so it is
+listed apart as well.
 
     .venv/bin/python benchmarks/compiled_step_bytes.py --batch 64 --json step_bytes.json
 
