@@ -250,15 +250,16 @@ def fused_checks(q, k, v, mask, dropout: float, fake: bool) -> dict:
     return out
 
 
-def setting_row(dev) -> dict:
-    """What decides the choice besides the inputs: the torch, CUDA and cuDNN versions, the GPU's compute
-    capability, the backends enabled, whether the math backend may reduce in bfloat16, and PyTorch's
-    priority order (set by the first selection: cuDNN first on some GPUs and cuDNN versions)."""
+def setting_row(dev, row: dict) -> None:
+    """Fill ``row`` with what decides the choice besides the inputs: the torch, CUDA and cuDNN versions,
+    the GPU's compute capability, the backends enabled, whether the math backend may reduce in bfloat16,
+    and PyTorch's priority order (set by the first selection: cuDNN first on some GPUs and cuDNN
+    versions). Filled in place, so that what was read stays when a later field raises."""
     import torch
     from torch.backends import cuda
     from torch.nn.attention import SDPBackend
 
-    row = {"case": "setting", "torch": torch.__version__, "cuda": torch.version.cuda}
+    row.update(torch=torch.__version__, cuda=torch.version.cuda)
     row["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     if dev.type == "cuda":
         major, minor = torch.cuda.get_device_capability(dev)
@@ -274,7 +275,6 @@ def setting_row(dev) -> dict:
     }
     row["enabled"] = [name for name, on in enabled.items() if on]
     row["math_bf16_reduction"] = cuda.fp16_bf16_reduction_math_sdp_allowed()
-    return row
 
 
 #: attention dropout probed: BERT's 0.1 in training; 0.125, a multiple of 1/16 (the resolution of cuDNN's
@@ -292,7 +292,7 @@ def probe(device: str, quick: bool, emit) -> None:
     dev = torch.device(device)
     row = {"case": "setting"}
     with _recorded_error(row):
-        row = setting_row(dev)
+        setting_row(dev, row)
     emit(row)
     _step_rows(dev, quick, emit)
     batch, heads, head_dim = (2, 2, 64) if quick else (64, 12, 64)

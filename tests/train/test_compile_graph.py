@@ -155,13 +155,13 @@ def test_the_compiled_steps_warm_up_weight_gives_the_uncompiled_steps_losses(
 
 
 @pytest.mark.parametrize("mode", ["reduce-overhead", "default"])
-def test_a_compiled_graph_run_without_the_cuda_graphs_asked_for_is_said_once(
+def test_a_compiled_graph_run_without_the_cuda_graphs_asked_for_is_warned_about(
     mode, tmp_path, monkeypatch, caplog
 ):
     """PyTorch runs a graph it cannot capture without CUDA graphs and says so only in a log that is off by
     default; the trainer warns when its count grows (here a stand-in compile that counts one such graph
-    when it compiles, as Inductor does on the CPU: ``the device is cpu``), once, and not for a mode that
-    asked for none."""
+    when it compiles, as Inductor does on the CPU: ``the device is cpu``): once for that graph over three
+    steps, and not for a mode that asked for none."""
     from torch._dynamo.utils import counters
 
     def counting_compile(fn=None, **kwargs):

@@ -379,3 +379,8 @@ def test_the_whole_step_compiles_alone_in_one_process():
         check_launch(cfg, 2)
     assert err.value.key == "train.compile_scope"
     check_launch(apply_overrides(RunConfig(), ["train.compile_scope=step"]), 2)  # not compiling: fine
+    # a step-compiled run resumed without compiling (say on a CPU): its saved scope and mode are moot
+    resumed = apply_overrides(RunConfig(), ["device=cpu", *step, "train.compile=false"])
+    check_config(resumed, resuming=True)
+    with pytest.raises(ConfigError, match="train.compile_scope=modules"):
+        check_config(resumed)

@@ -46,7 +46,7 @@ class CudaGraphSkips:
             return
         new, self.seen = skipped - self.seen, skipped
         why = (
-            "TORCH_LOGS=cudagraphs prints PyTorch's reasons"
+            "TORCH_LOGS=cudagraphs may print PyTorch's reasons"
             if self.device.type == "cuda"
             else f"the device is {self.device.type}, which has none"
         )

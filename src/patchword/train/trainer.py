@@ -406,7 +406,7 @@ class Trainer:
                 batch, self.epoch >= tc.hardest_after_epochs, self.step < tc.global_warmup_steps, scale
             )
         self.scaler.scale(loss).backward()
-        self._graph_skips.check()  # a compiled graph run without the CUDA graphs asked for: said once
+        self._graph_skips.check()  # warns when more compiled graphs run without the CUDA graphs asked for
         if self.bf16 is not None:
             self.bf16.push_grads()
         stats = self.dist.all_reduce(stats)  # [loss, align, ratio] of the global batch

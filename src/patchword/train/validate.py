@@ -134,15 +134,20 @@ def _check_matcher(cfg: RunConfig) -> None:
         )
 
 
-def _check_compile(cfg: RunConfig) -> None:
+def _check_compile(cfg: RunConfig, resuming: bool) -> None:
     tc = cfg.train
-    if not tc.compile:  # a scope or mode set without compiling would be silently ignored
+    # A scope or mode set without compiling would be silently ignored. Not checked on resume: the saved
+    # run compiled with them, and turning train.compile off to continue elsewhere leaves them moot.
+    if not tc.compile and not resuming:
         for key, value, default in (
             ("compile_scope", tc.compile_scope, "modules"),
             ("compile_mode", tc.compile_mode, "default"),
         ):
             if value != default:
-                raise ConfigError(f"train.{key}", f"{value} has no effect without train.compile=true")
+                raise ConfigError(
+                    f"train.{key}",
+                    f"{value} has no effect without train.compile=true (set that, or train.{key}={default})",
+                )
     if tc.compile_mode in CUDA_GRAPH_COMPILE_MODES and tc.compile_scope != "step":
         # A CUDA graph's replay writes its outputs where the previous replay left its own: evaluation,
         # which encodes every batch before scoring, would find earlier batches overwritten.
@@ -242,7 +247,7 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
     if not cfg.dist_timeout_s > 0:
         raise ConfigError("dist_timeout_s", f"must be > 0, got {cfg.dist_timeout_s!r}")
     _check_matcher(cfg)
-    _check_compile(cfg)
+    _check_compile(cfg, resuming)
     unknown = [name for name in tc.report_to if name not in TRACKERS]
     if unknown:
         raise ConfigError("train.report_to", f"unknown tracker {unknown[0]!r}; known: {', '.join(TRACKERS)}")
