@@ -443,7 +443,8 @@ class CompiledOptimizerSide:
     def __init__(self, model, cfg, optimizer, bf16) -> None:
         import torch
 
-        copy_of = {id(master): own for master, own in (bf16._pairs if bf16 is not None else [])}
+        pairs = bf16._pairs if bf16 is not None else []  # (float32 master, its bfloat16 copy)
+        copy_of = {id(master): own for master, own in pairs}
         self.groups, self.hypers = [], []
         for group in optimizer.param_groups:
             params = [p for p in group["params"] if p in optimizer.state]
@@ -460,7 +461,6 @@ class CompiledOptimizerSide:
             self.groups.append([(p, copy_of.get(id(p), p)) for p in params])
             self.hypers.append(hyper)
         self.optimizer, self.max_norm = optimizer, cfg.train.grad_clip
-        pairs = bf16._pairs if bf16 is not None else []
         self._copies, self._copied_from = [own for _, own in pairs], [master for master, _ in pairs]
         self._compiled = torch.compile(self._side)
 
@@ -597,6 +597,7 @@ def compile_counts() -> dict:
 def gpu_step(args: argparse.Namespace) -> dict:
     import torch
 
+    from patchword.runs.config import CUDA_GRAPH_COMPILE_MODES
     from patchword.train.trainer import autocast_context
 
     device = torch.device(args.device)
@@ -609,7 +610,8 @@ def gpu_step(args: argparse.Namespace) -> dict:
     model, cfg, step_module, optimizer, shard, bf16 = step_setup(args)
     name, batch = _model_name(args), args.batch
 
-    cuda_graphs = args.compile and getattr(args, "compile_mode", None) == "reduce-overhead"
+    cuda_graphs = args.compile and getattr(args, "compile_mode", None) in CUDA_GRAPH_COMPILE_MODES
+    compile_optimizer = bool(getattr(args, "compile_optimizer", False))
     compiled_side: list[CompiledOptimizerSide] = []  # --compile-optimizer: made after the first step
 
     def step() -> None:  # the trainer's step (Trainer._train_step) without its logging
@@ -623,7 +625,7 @@ def gpu_step(args: argparse.Namespace) -> dict:
             compiled_side[0]()
             return
         optimizer_step(model, cfg, optimizer, bf16, found_inf=(~torch.isfinite(stats[0])).float())
-        if getattr(args, "compile_optimizer", False):  # the optimizer's state exists now
+        if compile_optimizer:  # the optimizer's state exists now
             compiled_side.append(CompiledOptimizerSide(model, cfg, optimizer, bf16))
 
     def sync() -> None:
@@ -632,7 +634,7 @@ def gpu_step(args: argparse.Namespace) -> dict:
 
     # --compile-optimizer: the first step makes the optimizer's state, the second compiles the side; a
     # compilation inside the timed steps would be timed as a step
-    warmup = max(args.warmup, 2) if getattr(args, "compile_optimizer", False) else args.warmup
+    warmup = max(args.warmup, 2) if compile_optimizer else args.warmup
     for _ in range(warmup):
         step()
     sync()
@@ -659,12 +661,12 @@ def gpu_step(args: argparse.Namespace) -> dict:
         "math_sdp_bf16": bool(getattr(args, "math_sdp_bf16", False)),
         "text_mask": getattr(args, "text_mask", "default"),
         "eager_attention": getattr(args, "eager_attention", "none"),
-        "compile_optimizer": bool(getattr(args, "compile_optimizer", False)),
+        "compile_optimizer": compile_optimizer,
         "warmup_steps": warmup,
         "steps_per_s": args.steps / seconds,
         "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
     }
-    if args.compile or getattr(args, "compile_optimizer", False):
+    if args.compile or compile_optimizer:
         result["compile_counts"] = compile_counts()
     print(json.dumps(result, indent=2), flush=True)  # the timing first: the profiler may not finish
     if getattr(args, "json", None):
