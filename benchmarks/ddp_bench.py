@@ -287,7 +287,7 @@ def step_setup(args: argparse.Namespace):
 
     from patchword.bench.inputs import stand_in_lengths
     from patchword.config import apply_overrides
-    from patchword.data.pipeline import ShardBatch
+    from patchword.data.batches import ShardBatch
     from patchword.distributed import Distributed
     from patchword.encoders.fused import unfuse_qkv
     from patchword.factory import create_model

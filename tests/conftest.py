@@ -272,7 +272,7 @@ def tiny_shard_batch(device):
     """The fixed training batch of the tiny SEPS step tests (tests/eval/test_cuda.py,
     tests/train/test_master_weights.py): 6 captions of 6 32-px images, ids below 40, a dense caption per
     image, on ``device``."""
-    from patchword.data.pipeline import ShardBatch
+    from patchword.data.batches import ShardBatch
 
     g = torch.Generator().manual_seed(1)
     lens = torch.tensor([7, 3, 9, 5, 9, 4])

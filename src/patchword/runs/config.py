@@ -72,6 +72,9 @@ class TrainConfig:
     # torch.compile's mode; reduce-overhead and max-autotune replay the step as CUDA graphs
     # (compile_scope=step only: a replay overwrites the previous one's outputs)
     compile_mode: CompileMode = "default"
+    text_width_multiple: int = 1  # pad each batch's caption and dense-caption ids to a multiple of this
+    # many positions (at most data.max_caption_len / max_dense_len; 1 = to the batch's longest): fewer
+    # distinct batch shapes, each of which a CUDA-graph step (compile_mode=reduce-overhead) records once
     report_to: list[str] = field(default_factory=list)  # experiment trackers: tensorboard, wandb (none: [])
     wandb_project: str = "patchword"  # report_to=wandb: the W&B project
     wandb_mode: Literal["offline", "online"] = "offline"  # report_to=wandb: offline keeps it on this machine

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from patchword.data.pipeline import ShardBatch
+from patchword.data.batches import ShardBatch
 from patchword.distributed import Distributed
 from patchword.losses import CMCLoss, ContrastiveLoss, HingeLoss, RatioLoss
 from patchword.matching.base import Matcher, MatcherOutput

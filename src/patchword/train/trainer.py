@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 from patchword.checkpoint import atomic_save, load_checkpoint, rng_state, set_rng_state
-from patchword.data.pipeline import EncodedSplit, ShardBatch, ShardedBatches, reads_files
+from patchword.data.batches import ShardBatch, ShardedBatches
+from patchword.data.pipeline import EncodedSplit, reads_files
 from patchword.distributed import Distributed
 from patchword.errors import ConfigError, Interrupted
 from patchword.eval.protocol import evaluate
@@ -354,6 +355,8 @@ class Trainer:
             seed=self.cfg.seed,
             text=self.augmenter,
             mask_false_negatives=self.tc.mask_false_negatives,
+            width_multiple=self.tc.text_width_multiple,
+            max_widths=self._max_text_widths(),
         )
         workers = min(self.cfg.data.num_workers, usable_cpus()) if reads_files(self.train_split.images) else 0
         pin = self.device.type == "cuda"
@@ -370,6 +373,13 @@ class Trainer:
         )
         for batch in loader:
             yield batch.to(self.device)
+
+    def _max_text_widths(self) -> tuple[int, int]:
+        """The widest ``train.text_width_multiple`` may pad (captions, dense captions): the data's caps,
+        and no more positions than the text encoder has (a GRU has no limit)."""
+        dc, limit = self.cfg.data, getattr(self.model.text_encoder, "max_len", None)
+        caps = (dc.max_caption_len, dc.max_dense_len)
+        return caps if not isinstance(limit, int) else (min(caps[0], limit), min(caps[1], limit))
 
     def _align_scale(self, n_batches: int) -> float | torch.Tensor:
         """The weight of the alignment loss at this step: the official warm-up grows it linearly over the
