@@ -642,6 +642,10 @@ def gpu_step(args: argparse.Namespace) -> dict:
         torch.cuda.reset_peak_memory_stats()
         if args.sync_debug:  # report every op of the step that makes the host wait for the GPU
             torch.cuda.set_sync_debug_mode("warn")
+    if getattr(args, "wait_go", False):  # compiled and warm: wait for the turn to time (gpu_check_extra)
+        print("gpu-step: ready", flush=True)
+        if not sys.stdin.readline():
+            raise SystemExit("gpu-step: stdin closed before the turn to time came")
     start = time.perf_counter()
     for _ in range(args.steps):
         step()
@@ -907,6 +911,12 @@ def main(argv: list[str] | None = None) -> int:
     p_gpu.add_argument("--tf32", action="store_true", help="TF32 matmuls for the fp32 parts")
     p_gpu.add_argument("--sync-debug", action="store_true", help="warn on every host-device sync of the step")
     p_gpu.add_argument("--profile-steps", type=int, default=0, help="then profile this many steps")
+    p_gpu.add_argument(
+        "--wait-go",
+        action="store_true",
+        help="after the warm-up steps print 'gpu-step: ready' and time only once a line arrives on stdin "
+        "(several variants compile at once, then take turns on the device: gpu_check_extra)",
+    )
     p_co = sub.add_parser(
         "compiled-optimizer-check", help="the compiled optimizer side against the eager one, one step"
     )

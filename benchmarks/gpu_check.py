@@ -496,6 +496,13 @@ def main(argv: list[str] | None = None) -> int:
         "H100 figures: amp_bf16:modules 15.30 steps/s (run 1), bf16:step:reduce-overhead 17.23 (run 3)",
     )
     parser.add_argument(
+        "--compile-parallel",
+        type=int,
+        default=4,
+        help="train_compile: variants compiling at once (then timed one at a time; ViT-B/16 + BERT-base "
+        "takes ~12 GB of GPU memory per variant)",
+    )
+    parser.add_argument(
         "--profile-precision",
         default="bf16",
         choices=["amp_bf16", "bf16"],
@@ -518,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
         gpu_check_extra.parse_compile_variants(args.compile_variants)
     except ValueError as err:
         parser.error(f"--compile-variants: {err}")
+    if args.compile_parallel < 1:
+        parser.error(f"--compile-parallel must be >= 1, got {args.compile_parallel}")
     chosen = [name for name in args.steps.split(",") if name]  # in the order given
     budget = Budget(args.budget_s, chosen)
     report = Report(Path(args.out), args)

@@ -8,8 +8,9 @@
   ``eval.precision=fp32`` and ``tf32``: the recalls of both.
 * ``train_profile``: ``torch.profiler`` over a few training steps (ViT-B/16 + BERT-base, batch 64): host
   wall and device busy time per step, kernel launches, host syncs, the top ops.
-* ``train_compile``: training steps/s with ``torch.compile`` of the encoders and the matcher, in a child
-  process killed at the budget (compilation can take minutes).
+* ``train_compile``: training steps/s with ``torch.compile``, one child process per ``--compile-variants``
+  item, several compiling at once and timed one at a time (:mod:`gpu_compile_variants`), killed at the
+  budget (compilation can take minutes).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from gpu_compile_variants import parse_compile_variants, run_variants, variant_command, variant_label
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -167,46 +170,6 @@ def step_train_profile(args, budget, partial, say, child_env) -> dict:
     return {"row": row, "profile": prof, "summary": summary}
 
 
-#: the options a --compile-variants item may add after its scope (other than a torch.compile mode)
-VARIANT_FLAGS = {
-    "math-bf16": ["--math-sdp-bf16"],
-    **{f"mask-{form}": ["--text-mask", form] for form in ("additive", "broadcast", "contiguous")},
-    **{f"eager-attention-{which}": ["--eager-attention", which] for which in ("text", "image", "all")},
-    "compiled-optimizer": ["--compile-optimizer"],
-}
-
-
-def parse_compile_variants(text: str) -> list[dict]:
-    """``precision:scope[:option...]`` items, comma-separated (``bf16:step:reduce-overhead:math-bf16``)
-    -> the ``gpu-step`` settings ``{"precision", "scope", "mode", "flags"}``: an option is a
-    :data:`VARIANT_FLAGS` name or else the torch.compile mode (one at most); ``ValueError`` names a bad
-    item."""
-    variants = []
-    for item in filter(None, text.split(",")):
-        parts = item.split(":")
-        modes = [o for o in parts[2:] if o not in VARIANT_FLAGS]
-        if (
-            len(parts) < 2
-            or parts[0] not in ("amp_bf16", "bf16")
-            or parts[1] not in ("modules", "step")
-            or len(modes) > 1
-        ):
-            raise ValueError(
-                f"{item!r}: expected precision:scope[:option...], precision amp_bf16 or bf16, scope "
-                f"modules or step, options a torch.compile mode (one) or {', '.join(VARIANT_FLAGS)}"
-            )
-        flags = [o for o in parts[2:] if o in VARIANT_FLAGS]
-        variants.append(
-            {"precision": parts[0], "scope": parts[1], "mode": modes[0] if modes else None, "flags": flags}
-        )
-    return variants
-
-
-def variant_label(variant: dict) -> str:
-    parts = (variant["precision"], variant["scope"], variant["mode"], *variant.get("flags", ()))
-    return ":".join(v for v in parts if v)
-
-
 def kinds_line(profile: dict) -> str:
     """'gemm 21.3, attention 15.1, ...' ms per step, from a gpu-step profile."""
     kinds = profile.get("device_ms_per_step_by_kind", {})
@@ -221,55 +184,38 @@ def busy_line(profile: dict | None) -> str:
 
 
 def step_train_compile(args, budget, partial, say, child_env) -> dict:
-    """Steps/s of the compiled training step, one child process per ``--compile-variants`` item, each
-    with a compiler cache of its own, in order, while the budget holds one (a variant after the first is
-    expected to take most of the first's wall time)."""
+    """Steps/s of the compiled training step, one child process per ``--compile-variants`` item, in waves
+    of ``--compile-parallel`` that compile at once and are then timed one at a time
+    (:mod:`gpu_compile_variants`), while the budget holds."""
     model = "seps-tiny-paper" if args.quick else "seps-vit-b16-paper"
-    rows, first_wall = [], None
-    for variant in parse_compile_variants(args.compile_variants):
-        label = variant_label(variant)
-        free = budget.free("train_compile")
-        if first_wall is not None and free < 0.6 * first_wall:
-            rows.append({**variant, "status": f"skipped (budget: {free:.0f} s free)"})
-            say(f"train_compile {label}: skipped, {free:.0f} s free")
-            continue
-        out = Path(args.out) / f"train_compile_{label.replace(':', '_')}.json"
-        cmd = [sys.executable, str(ROOT / "benchmarks" / "ddp_bench.py"), "gpu-step", "--device", args.device]
-        cmd += ["--model", model, "--batch", "8" if args.quick else "64", "--compile", "--steps", "10"]
-        cmd += ["--warmup", "3", "--precision", variant["precision"], "--compile-scope", variant["scope"]]
-        cmd += ["--json", str(out), "--profile-steps", "3"]  # the profile after the timed steps
-        if variant["mode"]:
-            cmd += ["--compile-mode", variant["mode"]]
-        cmd += [arg for flag in variant["flags"] for arg in VARIANT_FLAGS[flag]]
-        if args.quick:
-            cmd.append("--quick")
-        # a compiler cache of its own: its keys do not hold every setting a variant changes (math-bf16)
-        env = {**child_env(), "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="gpu_check_inductor_")}
-        start = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=free)
-        except subprocess.TimeoutExpired:
-            rows.append({**variant, "status": f"timed out after {free:.0f} s"})
-            say(f"train_compile {label}: compile, 13 steps and the profile did not finish in {free:.0f} s")
-            partial({"rows": rows})
-            continue
-        seconds = round(time.perf_counter() - start, 1)
-        first_wall = first_wall or seconds
-        if proc.returncode != 0:
-            tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
-            rows.append(
-                {**variant, "status": f"failed: exit {proc.returncode} after {seconds} s", "tail": tail}
-            )
-            say("\n".join(tail))
-        else:
-            row = json.loads(out.read_text())
-            profile = row.pop("profile", None) or {}
-            for key, table in profile.pop("tables", {}).items():
-                (Path(args.out) / f"train_compile_{label.replace(':', '_')}_{key}.txt").write_text(table)
-            rows.append({**variant, **row, "profile": profile, "seconds": seconds})
-        partial({"rows": rows})
-        say(f"train_compile {_compiled_line(model, rows[-1])}")
+    rows: list[dict] = []
 
+    def command(variant: dict, out: Path) -> list[str]:
+        return variant_command(sys.executable, ROOT, variant, args.device, args.quick, out)
+
+    def report(row: dict) -> None:
+        label = variant_label(row).replace(":", "_")
+        profile = row.pop("profile", None) or {}
+        for key, table in profile.pop("tables", {}).items():
+            (Path(args.out) / f"train_compile_{label}_{key}.txt").write_text(table)
+        if "steps_per_s" in row:
+            row["profile"] = profile
+        rows.append(row)
+        partial({"rows": rows})
+        say(f"train_compile {_compiled_line(model, row)}")
+        if "tail" in row:
+            say("\n".join(row["tail"]))
+
+    run_variants(
+        parse_compile_variants(args.compile_variants),
+        command,
+        child_env(),
+        ROOT,
+        Path(args.out),
+        args.compile_parallel,
+        lambda: budget.free("train_compile"),
+        report,
+    )
     summary = "; ".join(_compiled_line(model, r) for r in rows)
     failed = [r for r in rows if "tail" in r]
     entry = {"rows": rows, "summary": summary}
@@ -352,7 +298,9 @@ def _compiled_line(model: str, r: dict) -> str:
         if counts
         else ""
     )
+    together = r.get("compiling_at_once", 1)
     return (
         f"{model} b{r['batch']} {variant_label(r)}: {r['steps_per_s']:.2f} steps/s "
-        f"({r['seconds']} s with compilation, profile{graphs}){busy_line(r.get('profile'))}"
+        f"(compiled and warm in {r['ready_s']} s, {together} compiling at once; {r['seconds']} s with the "
+        f"timed steps and the profile{graphs}){busy_line(r.get('profile'))}"
     )

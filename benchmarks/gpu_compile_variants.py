@@ -1,0 +1,212 @@
+"""The ``train_compile`` step of ``make gpu-check``: steps/s of the compiled training step for each
+``--compile-variants`` item, one ``ddp_bench.py gpu-step`` child process per variant.
+
+Compilation takes most of a variant's wall time (~2 minutes for ViT-B/16 + BERT-base on an H100 machine),
+and most of it runs on one CPU core: tracing, lowering and scheduling are single-threaded, only the
+kernels compile in a pool. A GPU machine's time is scarce and it has 16 cores, so ``--compile-parallel N``
+variants compile at once, each in a child with its own compiler cache, then take turns on the device: a
+child warms up, prints ``gpu-step: ready`` and waits (``--wait-go``); once every child of the wave is
+ready (or gone), each in turn is told to time its steps and profile, alone on an otherwise idle GPU and
+CPU. The figures are those of variants run one after the other; only the wall time to compile changes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+#: the options a --compile-variants item may add after its scope (other than a torch.compile mode)
+VARIANT_FLAGS = {
+    "math-bf16": ["--math-sdp-bf16"],
+    **{f"mask-{form}": ["--text-mask", form] for form in ("additive", "broadcast", "contiguous")},
+    **{f"eager-attention-{which}": ["--eager-attention", which] for which in ("text", "image", "all")},
+    "compiled-optimizer": ["--compile-optimizer"],
+}
+
+#: seconds kept, per child of a wave, for its timed steps and its profile once compiled
+TURN_RESERVE_S = 30.0
+
+
+def parse_compile_variants(text: str) -> list[dict]:
+    """``precision:scope[:option...]`` items, comma-separated (``bf16:step:reduce-overhead:math-bf16``)
+    -> the ``gpu-step`` settings ``{"precision", "scope", "mode", "flags"}``: an option is a
+    :data:`VARIANT_FLAGS` name or else the torch.compile mode (one at most); ``ValueError`` names a bad
+    item."""
+    variants = []
+    for item in filter(None, text.split(",")):
+        parts = item.split(":")
+        modes = [o for o in parts[2:] if o not in VARIANT_FLAGS]
+        if (
+            len(parts) < 2
+            or parts[0] not in ("amp_bf16", "bf16")
+            or parts[1] not in ("modules", "step")
+            or len(modes) > 1
+        ):
+            raise ValueError(
+                f"{item!r}: expected precision:scope[:option...], precision amp_bf16 or bf16, scope "
+                f"modules or step, options a torch.compile mode (one) or {', '.join(VARIANT_FLAGS)}"
+            )
+        flags = [o for o in parts[2:] if o in VARIANT_FLAGS]
+        variants.append(
+            {"precision": parts[0], "scope": parts[1], "mode": modes[0] if modes else None, "flags": flags}
+        )
+    return variants
+
+
+def variant_label(variant: dict) -> str:
+    parts = (variant["precision"], variant["scope"], variant["mode"], *variant.get("flags", ()))
+    return ":".join(v for v in parts if v)
+
+
+def variant_command(python: str, root: Path, variant: dict, device: str, quick: bool, out: Path) -> list[str]:
+    """The ``gpu-step`` command of one variant: batch 64 of seps-vit-b16-paper (``quick``: batch 8 of
+    seps-tiny-paper), 3 warm-up steps, then (told to go) 10 timed steps and 3 profiled ones, JSON to
+    ``out``."""
+    model = "seps-tiny-paper" if quick else "seps-vit-b16-paper"
+    cmd = [python, str(root / "benchmarks" / "ddp_bench.py"), "gpu-step", "--device", device]
+    cmd += ["--model", model, "--batch", "8" if quick else "64", "--compile", "--steps", "10"]
+    cmd += ["--warmup", "3", "--precision", variant["precision"], "--compile-scope", variant["scope"]]
+    cmd += ["--json", str(out), "--profile-steps", "3", "--wait-go"]  # the profile after the timed steps
+    if variant["mode"]:
+        cmd += ["--compile-mode", variant["mode"]]
+    cmd += [arg for flag in variant["flags"] for arg in VARIANT_FLAGS[flag]]
+    return [*cmd, "--quick"] if quick else cmd
+
+
+class VariantChild:
+    """One variant's ``gpu-step`` process: its output lines (read by a thread, so that a full pipe never
+    blocks it) and whether it said it is ready."""
+
+    def __init__(self, variant: dict, cmd: list[str], env: dict, cwd: Path) -> None:
+        self.variant, self.out = variant, Path(cmd[cmd.index("--json") + 1])
+        self.start = time.perf_counter()
+        self.ready_s: float | None = None
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if line.strip() == "gpu-step: ready":
+                self.ready_s = round(time.perf_counter() - self.start, 1)
+                self.ready.set()
+
+    def settled(self) -> bool:
+        """Ready to time, or gone."""
+        return self.ready.is_set() or self.proc.poll() is not None
+
+    def tail(self, n: int = 15) -> list[str]:
+        return self.lines[-n:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._reader.join(timeout=5)
+
+    def take_turn(self, timeout: float) -> dict:
+        """Time, profile and exit within ``timeout`` seconds: the row of :func:`run_variants`."""
+        label = variant_label(self.variant)
+        if not self.ready.is_set():
+            self.stop()
+            if self.proc.returncode not in (0, -9):
+                tail = self.tail()
+                return {**self.variant, "status": f"failed: exit {self.proc.returncode}", "tail": tail}
+            return {**self.variant, "status": f"not compiled in {time.perf_counter() - self.start:.0f} s"}
+        try:
+            self.proc.stdin.write("go\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=max(timeout, 1.0))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            return {
+                **self.variant,
+                "status": f"{label}: its timed steps and profile ran past {timeout:.0f} s",
+            }
+        except BrokenPipeError:  # it exited between saying ready and now
+            self.stop()
+        self._reader.join(timeout=5)
+        if self.proc.returncode != 0:
+            return {**self.variant, "status": f"failed: exit {self.proc.returncode}", "tail": self.tail()}
+        row = json.loads(self.out.read_text())
+        seconds = round(time.perf_counter() - self.start, 1)
+        return {**self.variant, **row, "ready_s": self.ready_s, "seconds": seconds}
+
+
+def run_variants(
+    variants: list[dict],
+    command: Callable[[dict, Path], list[str]],
+    env: dict,
+    cwd: Path,
+    out_dir: Path,
+    parallel: int,
+    free_s: Callable[[], float],
+    report: Callable[[dict], None],
+) -> list[dict]:
+    """Run ``variants`` in waves of ``parallel`` (compiled at once, then timed one at a time), in order.
+
+    Args:
+        command: ``(variant, json_path) -> argv`` of its ``gpu-step --wait-go`` child.
+        env: the children's environment; each gets its own ``TORCHINDUCTOR_CACHE_DIR`` (a cache's keys
+            do not hold every setting a variant changes, such as math-bf16) and a share of the CPUs for
+            kernel compilation.
+        free_s: seconds of the budget left for this step, asked before each wave and each turn.
+        report: called with each finished row, in variant order.
+
+    Returns:
+        one row per variant: ``gpu-step``'s JSON, ``ready_s`` (wall seconds to compile and warm up,
+        ``compiling_at_once`` of them together) and ``seconds`` (start to exit), or a ``status`` saying
+        why not (and the child's last lines, ``tail``, where it failed).
+    """
+    rows: list[dict] = []
+    threads = str(max(1, (os.cpu_count() or 1) // max(1, parallel)))
+    for first in range(0, len(variants), max(1, parallel)):
+        wave = variants[first : first + max(1, parallel)]
+        if rows and free_s() < TURN_RESERVE_S * len(wave) + 30:
+            for variant in wave + variants[first + len(wave) :]:
+                report(row := {**variant, "status": f"skipped (budget: {free_s():.0f} s free)"})
+                rows.append(row)
+            break
+        children = []
+        for variant in wave:
+            label = variant_label(variant).replace(":", "_")
+            child_env = {
+                **env,
+                "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="gpu_check_inductor_"),
+                "TORCHINDUCTOR_COMPILE_THREADS": threads,
+            }
+            children.append(
+                VariantChild(
+                    variant, command(variant, out_dir / f"train_compile_{label}.json"), child_env, cwd
+                )
+            )
+        try:
+            # compile together, while the budget leaves every child its turn
+            while not all(c.settled() for c in children) and free_s() > TURN_RESERVE_S * len(children):
+                time.sleep(0.5)
+            for k, child in enumerate(children):
+                row = child.take_turn(timeout=free_s() - TURN_RESERVE_S * (len(children) - 1 - k))
+                row["compiling_at_once"] = len(children)
+                rows.append(row)
+                report(row)
+        finally:
+            for child in children:
+                child.stop()
+    return rows

@@ -1,0 +1,139 @@
+"""``make gpu-check``'s ``train_compile`` step (``benchmarks/gpu_compile_variants.py``): the variants of a
+wave compile at once and are timed one at a time, so that no timed step shares the machine with another
+variant's compilation or steps. Stand-in children (a few lines of Python speaking ``gpu-step --wait-go``'s
+protocol) record when they compiled and when they timed."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+
+from project_paths import BENCHMARKS
+
+sys.path.insert(0, str(BENCHMARKS))
+import gpu_compile_variants as gcv  # noqa: E402
+
+# A stand-in gpu-step: says it began "compiling" (a file in the gate directory), compiles until the gate
+# file "release" exists, then dies ("fail") or says it is ready, waits for its turn, "times" for 0.2 s
+# and writes its JSON. "hang" never gets ready. Ordering is read from the time stamps it records, never
+# from how long anything took.
+CHILD = """
+import json, pathlib, sys, time
+out, how, gate = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3])
+began = time.time()
+(gate / f"began-{pathlib.Path(out).stem}").touch()
+while how == "hang" or not (gate / "release").exists():
+    time.sleep(0.01)
+if how == "fail":
+    print("Traceback: the compiler failed", flush=True)
+    sys.exit(1)
+ready = time.time()
+print("gpu-step: ready", flush=True)
+if not sys.stdin.readline():
+    sys.exit("no turn")
+start = time.time()
+time.sleep(0.2)
+row = {"steps_per_s": 1.0, "batch": 8, "began": began, "ready": ready, "timed": [start, time.time()]}
+json.dump(row, open(out, "w"))
+"""
+
+
+def _variants(text: str) -> list[dict]:
+    return gcv.parse_compile_variants(text)
+
+
+def _runner(tmp_path, variants, how: dict, parallel: int, free_s=lambda: 600.0):
+    """The rows of run_variants over stand-in children, run in a thread: (thread, rows, gate dir)."""
+    script, gate = tmp_path / "child.py", tmp_path / "gate"
+    script.write_text(CHILD)
+    gate.mkdir()
+    rows, reported = [], []
+
+    def command(variant, out):
+        return [
+            sys.executable,
+            str(script),
+            str(out),
+            how[gcv.variant_label(variant)],
+            str(gate),
+            "--json",
+            str(out),
+        ]
+
+    def run():
+        rows.extend(
+            gcv.run_variants(variants, command, {}, tmp_path, tmp_path, parallel, free_s, reported.append)
+        )
+        assert rows == reported  # reported as each finishes, in variant order
+
+    thread = threading.Thread(target=run, daemon=True)  # a runner that hangs must not hang pytest
+    thread.start()
+    return thread, rows, gate
+
+
+def _wait_for(predicate, what: str) -> None:
+    for _ in range(3000):  # 30 s: only ever reached when the runner is wrong
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError(what)
+
+
+def test_a_wave_compiles_at_once_and_times_one_variant_at_a_time(tmp_path):
+    variants = _variants("bf16:step,bf16:step:reduce-overhead,bf16:step:reduce-overhead:math-bf16")
+    thread, rows, gate = _runner(tmp_path, variants, dict.fromkeys(map(gcv.variant_label, variants), "ok"), 3)
+    # all three compile at once: none is ready (the gate is shut) and yet all have begun
+    _wait_for(lambda: len(list(gate.glob("began-*"))) == 3, "the variants of a wave did not compile at once")
+    (gate / "release").touch()
+    thread.join(timeout=60)
+    assert [gcv.variant_label(r) for r in rows] == list(map(gcv.variant_label, variants))
+    assert all(r["compiling_at_once"] == 3 and r["ready_s"] is not None for r in rows)
+    turns = [r["timed"] for r in rows]
+    assert turns[0][0] >= max(r["ready"] for r in rows)  # no turn while another variant compiles
+    assert all(
+        later[0] >= earlier[1] for earlier, later in zip(turns, turns[1:], strict=False)
+    )  # one at a time
+
+
+def test_waves_follow_each_other_and_a_failed_compilation_keeps_its_last_lines(tmp_path):
+    variants = _variants("bf16:step,bf16:step:reduce-overhead,bf16:modules")
+    how = {"bf16:step": "ok", "bf16:step:reduce-overhead": "fail", "bf16:modules": "ok"}
+    thread, rows, gate = _runner(tmp_path, variants, how, parallel=2)
+    (gate / "release").touch()
+    thread.join(timeout=60)
+    ok, failed, second_wave = rows
+    assert ok["steps_per_s"] == 1.0 and ok["compiling_at_once"] == 2
+    assert failed["status"].startswith("failed: exit 1") and failed["tail"] == [
+        "Traceback: the compiler failed"
+    ]
+    assert second_wave["steps_per_s"] == 1.0 and second_wave["compiling_at_once"] == 1
+    assert second_wave["began"] > ok["timed"][1]  # the second wave starts once the first has been timed
+
+
+def test_a_variant_still_compiling_when_the_budget_ends_is_stopped_and_said_so(tmp_path):
+    variants = _variants("bf16:step,bf16:step:reduce-overhead")
+    deadline = time.monotonic() + 2 * gcv.TURN_RESERVE_S + 1.0  # 1 s to compile, then the turns' reserve
+    thread, rows, gate = _runner(
+        tmp_path,
+        variants,
+        {"bf16:step": "ok", "bf16:step:reduce-overhead": "hang"},
+        parallel=2,
+        free_s=lambda: deadline - time.monotonic(),
+    )
+    (gate / "release").touch()
+    thread.join(timeout=60)
+    assert rows[0]["steps_per_s"] == 1.0
+    assert rows[1]["status"].startswith("not compiled in")
+
+
+def test_the_child_command_asks_gpu_step_to_wait_for_its_turn(tmp_path):
+    (variant,) = _variants("bf16:step:reduce-overhead:eager-attention-all")
+    cmd = gcv.variant_command("python3", BENCHMARKS.parent, variant, "cuda", False, tmp_path / "v.json")
+    assert cmd[cmd.index("--json") + 1] == str(tmp_path / "v.json") and "--wait-go" in cmd
+    assert cmd[cmd.index("--compile-mode") + 1] == "reduce-overhead"
+    assert cmd[cmd.index("--eager-attention") + 1] == "all" and "--quick" not in cmd
+    assert json.dumps(gcv.parse_compile_variants("amp_bf16:modules")) == json.dumps(
+        [{"precision": "amp_bf16", "scope": "modules", "mode": None, "flags": []}]
+    )
