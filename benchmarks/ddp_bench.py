@@ -603,6 +603,10 @@ def gpu_step(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
     if args.tf32:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    if getattr(args, "no_math_sdp", False):
+        # attention may not fall back to the math backend: the trace picks a fused kernel or fails, and
+        # PyTorch's warnings then say why each fused kernel was refused
+        torch.backends.cuda.enable_math_sdp(False)
     if getattr(args, "math_sdp_bf16", False):
         # the "math" attention in bfloat16 instead of upcast to float32 (PyTorch's default since 2.5)
         torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)
@@ -663,6 +667,7 @@ def gpu_step(args: argparse.Namespace) -> dict:
         "compile_mode": getattr(args, "compile_mode", None) if args.compile else None,
         "fused_qkv": not args.unfused,
         "math_sdp_bf16": bool(getattr(args, "math_sdp_bf16", False)),
+        "no_math_sdp": bool(getattr(args, "no_math_sdp", False)),
         "text_mask": getattr(args, "text_mask", "default"),
         "eager_attention": getattr(args, "eager_attention", "none"),
         "compile_optimizer": compile_optimizer,
@@ -907,6 +912,12 @@ def main(argv: list[str] | None = None) -> int:
         "--math-sdp-bf16",
         action="store_true",
         help="attention on the math backend in bfloat16, not float32 (allow_fp16_bf16_reduction_math_sdp)",
+    )
+    p_gpu.add_argument(
+        "--no-math-sdp",
+        action="store_true",
+        help="disable the math attention backend (torch.backends.cuda.enable_math_sdp(False)): a fused "
+        "kernel or an error naming why none fits",
     )
     p_gpu.add_argument("--tf32", action="store_true", help="TF32 matmuls for the fp32 parts")
     p_gpu.add_argument("--sync-debug", action="store_true", help="warn on every host-device sync of the step")

@@ -487,7 +487,8 @@ def main(argv: list[str] | None = None) -> int:
         default="bf16:modules",
         help="the train_compile step's settings, comma-separated precision:scope[:option...] (precision "
         "amp_bf16 or bf16; scope modules, as train.compile, or step, the whole loss module; options a "
-        "torch.compile mode such as reduce-overhead; math-bf16: math attention in bfloat16; mask-additive, "
+        "torch.compile mode such as reduce-overhead; math-bf16: math attention in bfloat16; math-off: the "
+        "math attention backend disabled (a fused kernel, or an error saying why none fits); mask-additive, "
         "mask-broadcast, mask-contiguous: the form of BERT's key padding mask (ddp_bench.use_text_mask); "
         "eager-attention-text, -image, -all: the text encoder's, the image encoder's or every encoder's "
         "attention outside the compiled graph (ddp_bench.attention_outside_compile); compiled-optimizer: "

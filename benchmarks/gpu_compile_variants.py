@@ -24,6 +24,7 @@ from pathlib import Path
 #: the options a --compile-variants item may add after its scope (other than a torch.compile mode)
 VARIANT_FLAGS = {
     "math-bf16": ["--math-sdp-bf16"],
+    "math-off": ["--no-math-sdp"],
     **{f"mask-{form}": ["--text-mask", form] for form in ("additive", "broadcast", "contiguous")},
     **{f"eager-attention-{which}": ["--eager-attention", which] for which in ("text", "image", "all")},
     "compiled-optimizer": ["--compile-optimizer"],
