@@ -174,7 +174,8 @@ def run_variants(
     Returns:
         one row per variant: ``gpu-step``'s JSON, ``ready_s`` (wall seconds to compile and warm up,
         ``compiling_at_once`` of them together) and ``seconds`` (start to exit), or a ``status`` saying
-        why not (and the child's last lines, ``tail``, where it failed).
+        why not (and the child's last lines, ``tail``, where it failed). Each child's whole output goes
+        to ``train_compile_LABEL.log`` beside its JSON.
     """
     rows: list[dict] = []
     threads = str(max(1, (os.cpu_count() or 1) // max(1, parallel)))
@@ -205,6 +206,8 @@ def run_variants(
             for k, child in enumerate(children):
                 row = child.take_turn(timeout=free_s() - TURN_RESERVE_S * (len(children) - 1 - k))
                 row["compiling_at_once"] = len(children)
+                # everything it printed (PyTorch's reasons for refusing a kernel come as warnings)
+                child.out.with_suffix(".log").write_text("\n".join(child.lines) + "\n")
                 rows.append(row)
                 report(row)
         finally:

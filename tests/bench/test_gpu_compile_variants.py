@@ -108,6 +108,8 @@ def test_waves_follow_each_other_and_a_failed_compilation_keeps_its_last_lines(t
     assert failed["status"].startswith("failed: exit 1") and failed["tail"] == [
         "Traceback: the compiler failed"
     ]
+    log = tmp_path / "train_compile_bf16_step_reduce-overhead.log"
+    assert log.read_text() == "Traceback: the compiler failed\n"  # a child's whole output is kept
     assert second_wave["steps_per_s"] == 1.0 and second_wave["compiling_at_once"] == 1
     assert second_wave["began"] > ok["timed"][1]  # the second wave starts once the first has been timed
 
