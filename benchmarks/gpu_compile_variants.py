@@ -12,6 +12,7 @@ CPU. The figures are those of variants run one after the other; only the wall ti
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -88,6 +89,7 @@ class VariantChild:
         self.variant, self.out = variant, Path(cmd[cmd.index("--json") + 1])
         self.start = time.perf_counter()
         self.ready_s: float | None = None
+        self.killed = False  # stopped by the runner (the budget), not gone by itself
         self.lines: list[str] = []
         self.ready = threading.Event()
         self.proc = subprocess.Popen(
@@ -117,38 +119,49 @@ class VariantChild:
         return self.lines[-n:]
 
     def stop(self) -> None:
+        """Kill it if it still runs, and close its pipes."""
         if self.proc.poll() is None:
+            self.killed = True
             self.proc.kill()
         self.proc.wait()
         self._reader.join(timeout=5)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+    def _timing(self) -> dict | None:
+        """The JSON ``gpu-step`` writes right after its timed steps (again with its profile), if readable."""
+        try:
+            return json.loads(self.out.read_text())
+        except (OSError, ValueError):
+            return None
 
     def take_turn(self, timeout: float) -> dict:
         """Time, profile and exit within ``timeout`` seconds: the row of :func:`run_variants`."""
-        label = variant_label(self.variant)
         if not self.ready.is_set():
             self.stop()
-            if self.proc.returncode not in (0, -9):
-                tail = self.tail()
-                return {**self.variant, "status": f"failed: exit {self.proc.returncode}", "tail": tail}
-            return {**self.variant, "status": f"not compiled in {time.perf_counter() - self.start:.0f} s"}
+            if self.killed:
+                return {**self.variant, "status": f"not compiled in {time.perf_counter() - self.start:.0f} s"}
+            return {**self.variant, "status": f"failed: exit {self.proc.returncode}", "tail": self.tail()}
         try:
             self.proc.stdin.write("go\n")
             self.proc.stdin.close()
             self.proc.wait(timeout=max(timeout, 1.0))
         except subprocess.TimeoutExpired:
             self.stop()
-            return {
-                **self.variant,
-                "status": f"{label}: its timed steps and profile ran past {timeout:.0f} s",
-            }
+            status = f"stopped: its timed steps and profile ran past {timeout:.0f} s"
+            timing = self._timing()  # the steps/s stand if they were written before the profile
+            return {**self.variant, **(timing or {}), "status": status, "ready_s": self.ready_s}
         except BrokenPipeError:  # it exited between saying ready and now
             self.stop()
-        self._reader.join(timeout=5)
+        self.stop()
         if self.proc.returncode != 0:
             return {**self.variant, "status": f"failed: exit {self.proc.returncode}", "tail": self.tail()}
-        row = json.loads(self.out.read_text())
+        timing = self._timing()
+        if timing is None:
+            return {**self.variant, "status": f"failed: no readable {self.out.name}", "tail": self.tail()}
         seconds = round(time.perf_counter() - self.start, 1)
-        return {**self.variant, **row, "ready_s": self.ready_s, "seconds": seconds}
+        return {**self.variant, **timing, "ready_s": self.ready_s, "seconds": seconds}
 
 
 def run_variants(
@@ -171,6 +184,10 @@ def run_variants(
         free_s: seconds of the budget left for this step, asked before each wave and each turn.
         report: called with each finished row, in variant order.
 
+    A wave starts only if the budget holds its turns (:data:`TURN_RESERVE_S` each) and, after the first,
+    as long a compilation as the previous wave's slowest. Children still compiling when the budget
+    leaves only the turns are stopped before any turn, so that nothing compiles while a variant is timed.
+
     Returns:
         one row per variant: ``gpu-step``'s JSON, ``ready_s`` (wall seconds to compile and warm up,
         ``compiling_at_once`` of them together) and ``seconds`` (start to exit), or a ``status`` saying
@@ -178,31 +195,33 @@ def run_variants(
         to ``train_compile_LABEL.log`` beside its JSON.
     """
     rows: list[dict] = []
-    threads = str(max(1, (os.cpu_count() or 1) // max(1, parallel)))
-    for first in range(0, len(variants), max(1, parallel)):
-        wave = variants[first : first + max(1, parallel)]
-        if rows and free_s() < TURN_RESERVE_S * len(wave) + 30:
-            for variant in wave + variants[first + len(wave) :]:
+    parallel, compile_s = max(1, parallel), 30.0  # compile_s: the last wave's slowest, once known
+    for first in range(0, len(variants), parallel):
+        wave = variants[first : first + parallel]
+        if free_s() < TURN_RESERVE_S * len(wave) + compile_s:
+            for variant in variants[first:]:
                 report(row := {**variant, "status": f"skipped (budget: {free_s():.0f} s free)"})
                 rows.append(row)
             break
-        children = []
-        for variant in wave:
-            label = variant_label(variant).replace(":", "_")
-            child_env = {
-                **env,
-                "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="gpu_check_inductor_"),
-                "TORCHINDUCTOR_COMPILE_THREADS": threads,
-            }
-            children.append(
-                VariantChild(
-                    variant, command(variant, out_dir / f"train_compile_{label}.json"), child_env, cwd
-                )
-            )
+        threads = str(max(1, (os.cpu_count() or 1) // len(wave)))
+        children: list[VariantChild] = []
         try:
-            # compile together, while the budget leaves every child its turn
+            for variant in wave:
+                label = variant_label(variant).replace(":", "_")
+                child_env = {
+                    **env,
+                    "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="gpu_check_inductor_"),
+                    "TORCHINDUCTOR_COMPILE_THREADS": threads,
+                }
+                cmd = command(variant, out_dir / f"train_compile_{label}.json")
+                children.append(VariantChild(variant, cmd, child_env, cwd))
+            # compile together, while the budget leaves every child its turn; then nothing compiles
             while not all(c.settled() for c in children) and free_s() > TURN_RESERVE_S * len(children):
                 time.sleep(0.5)
+            for child in children:
+                if not child.ready.is_set():
+                    child.stop()
+            compile_s = max([c.ready_s for c in children if c.ready_s is not None] or [compile_s])
             for k, child in enumerate(children):
                 row = child.take_turn(timeout=free_s() - TURN_RESERVE_S * (len(children) - 1 - k))
                 row["compiling_at_once"] = len(children)

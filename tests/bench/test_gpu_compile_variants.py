@@ -5,7 +5,6 @@ protocol) record when they compiled and when they timed."""
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import time
@@ -17,19 +16,22 @@ import gpu_compile_variants as gcv  # noqa: E402
 
 # A stand-in gpu-step: says it began "compiling" (a file in the gate directory), compiles until the gate
 # file "release" exists, then dies ("fail") or says it is ready, waits for its turn, "times" for 0.2 s
-# and writes its JSON. "hang" never gets ready. Ordering is read from the time stamps it records, never
-# from how long anything took.
+# and writes its JSON. "hang" never gets ready, and leaves the time it last compiled in "heartbeat".
+# Ordering is read from the time stamps it records, never from how long anything took.
 CHILD = """
 import json, pathlib, sys, time
 out, how, gate = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3])
 began = time.time()
 (gate / f"began-{pathlib.Path(out).stem}").touch()
 while how == "hang" or not (gate / "release").exists():
+    if how == "hang":  # still compiling: a heartbeat
+        (gate / "heartbeat").write_text(str(time.time()))
     time.sleep(0.01)
 if how == "fail":
     print("Traceback: the compiler failed", flush=True)
     sys.exit(1)
 ready = time.time()
+(gate / f"ready-{pathlib.Path(out).stem}").touch()
 print("gpu-step: ready", flush=True)
 if not sys.stdin.readline():
     sys.exit("no turn")
@@ -45,7 +47,7 @@ def _variants(text: str) -> list[dict]:
 
 
 def _runner(tmp_path, variants, how: dict, parallel: int, free_s=lambda: 600.0):
-    """The rows of run_variants over stand-in children, run in a thread: (thread, rows, gate dir)."""
+    """run_variants over stand-in children, in a thread: (a function that waits for its rows, gate dir)."""
     script, gate = tmp_path / "child.py", tmp_path / "gate"
     script.write_text(CHILD)
     gate.mkdir()
@@ -66,11 +68,17 @@ def _runner(tmp_path, variants, how: dict, parallel: int, free_s=lambda: 600.0):
         rows.extend(
             gcv.run_variants(variants, command, {}, tmp_path, tmp_path, parallel, free_s, reported.append)
         )
-        assert rows == reported  # reported as each finishes, in variant order
 
     thread = threading.Thread(target=run, daemon=True)  # a runner that hangs must not hang pytest
+
+    def finish() -> list[dict]:
+        thread.join(timeout=60)
+        assert not thread.is_alive() and len(rows) == len(variants)
+        assert rows == reported  # reported as each finishes, in variant order
+        return rows
+
     thread.start()
-    return thread, rows, gate
+    return finish, gate
 
 
 def _wait_for(predicate, what: str) -> None:
@@ -83,11 +91,11 @@ def _wait_for(predicate, what: str) -> None:
 
 def test_a_wave_compiles_at_once_and_times_one_variant_at_a_time(tmp_path):
     variants = _variants("bf16:step,bf16:step:reduce-overhead,bf16:step:reduce-overhead:math-bf16")
-    thread, rows, gate = _runner(tmp_path, variants, dict.fromkeys(map(gcv.variant_label, variants), "ok"), 3)
+    finish, gate = _runner(tmp_path, variants, dict.fromkeys(map(gcv.variant_label, variants), "ok"), 3)
     # all three compile at once: none is ready (the gate is shut) and yet all have begun
     _wait_for(lambda: len(list(gate.glob("began-*"))) == 3, "the variants of a wave did not compile at once")
     (gate / "release").touch()
-    thread.join(timeout=60)
+    rows = finish()
     assert [gcv.variant_label(r) for r in rows] == list(map(gcv.variant_label, variants))
     assert all(r["compiling_at_once"] == 3 and r["ready_s"] is not None for r in rows)
     turns = [r["timed"] for r in rows]
@@ -100,9 +108,9 @@ def test_a_wave_compiles_at_once_and_times_one_variant_at_a_time(tmp_path):
 def test_waves_follow_each_other_and_a_failed_compilation_keeps_its_last_lines(tmp_path):
     variants = _variants("bf16:step,bf16:step:reduce-overhead,bf16:modules")
     how = {"bf16:step": "ok", "bf16:step:reduce-overhead": "fail", "bf16:modules": "ok"}
-    thread, rows, gate = _runner(tmp_path, variants, how, parallel=2)
+    finish, gate = _runner(tmp_path, variants, how, parallel=2)
     (gate / "release").touch()
-    thread.join(timeout=60)
+    rows = finish()
     ok, failed, second_wave = rows
     assert ok["steps_per_s"] == 1.0 and ok["compiling_at_once"] == 2
     assert failed["status"].startswith("failed: exit 1") and failed["tail"] == [
@@ -114,20 +122,21 @@ def test_waves_follow_each_other_and_a_failed_compilation_keeps_its_last_lines(t
     assert second_wave["began"] > ok["timed"][1]  # the second wave starts once the first has been timed
 
 
-def test_a_variant_still_compiling_when_the_budget_ends_is_stopped_and_said_so(tmp_path):
+def test_a_variant_still_compiling_when_the_budget_ends_is_stopped_before_any_turn(tmp_path):
     variants = _variants("bf16:step,bf16:step:reduce-overhead")
-    deadline = time.monotonic() + 2 * gcv.TURN_RESERVE_S + 1.0  # 1 s to compile, then the turns' reserve
-    thread, rows, gate = _runner(
-        tmp_path,
-        variants,
-        {"bf16:step": "ok", "bf16:step:reduce-overhead": "hang"},
-        parallel=2,
-        free_s=lambda: deadline - time.monotonic(),
-    )
+    how = {"bf16:step": "ok", "bf16:step:reduce-overhead": "hang"}
+    gate = tmp_path / "gate"
+
+    def free_s() -> float:  # plenty until the first child is ready, then only the two turns' reserve
+        ready = (gate / "ready-train_compile_bf16_step").exists()
+        return 2 * gcv.TURN_RESERVE_S - 1 if ready else 600.0
+
+    finish, _ = _runner(tmp_path, variants, how, parallel=2, free_s=free_s)
     (gate / "release").touch()
-    thread.join(timeout=60)
-    assert rows[0]["steps_per_s"] == 1.0
-    assert rows[1]["status"].startswith("not compiled in")
+    ok, hung = finish()
+    assert ok["steps_per_s"] == 1.0 and hung["status"].startswith("not compiled in")
+    assert "tail" not in hung  # stopped by the budget, not failed
+    assert float((gate / "heartbeat").read_text()) < ok["timed"][0]  # and before the other's turn
 
 
 def test_the_child_command_asks_gpu_step_to_wait_for_its_turn(tmp_path):
@@ -136,6 +145,6 @@ def test_the_child_command_asks_gpu_step_to_wait_for_its_turn(tmp_path):
     assert cmd[cmd.index("--json") + 1] == str(tmp_path / "v.json") and "--wait-go" in cmd
     assert cmd[cmd.index("--compile-mode") + 1] == "reduce-overhead"
     assert cmd[cmd.index("--eager-attention") + 1] == "all" and "--quick" not in cmd
-    assert json.dumps(gcv.parse_compile_variants("amp_bf16:modules")) == json.dumps(
-        [{"precision": "amp_bf16", "scope": "modules", "mode": None, "flags": []}]
-    )
+    assert gcv.parse_compile_variants("amp_bf16:modules") == [
+        {"precision": "amp_bf16", "scope": "modules", "mode": None, "flags": []}
+    ]

@@ -1,7 +1,8 @@
 """``train.text_width_multiple``: training batches whose caption and dense-caption ids are padded to a
-multiple of N positions, so that a CUDA-graph step meets (and records) fewer batch shapes
-(docs/distributed.md). Padding must not change what a step computes: every family's encoders and matcher
-read the lengths, never the width."""
+multiple of N positions (16 by default when the step replays CUDA graphs), so that the step meets (and
+records) fewer batch shapes (docs/distributed.md). Padding must not change what a step computes: every
+family's encoders and matcher read the lengths, never the width (dropout aside, whose draws follow the
+tensor's size)."""
 
 from __future__ import annotations
 
@@ -110,14 +111,12 @@ def test_a_hugging_face_batch_padded_wider_trains_to_the_same_loss_and_gradients
     _assert_same_step(trainer, batch)
 
 
-def _widths(overrides: list[str], tmp_path) -> tuple[set[int], set[int], list[torch.Tensor]]:
+def _widths(overrides: list[str], tmp_path, dense: bool = True) -> tuple[set[int], set[int], list]:
+    """The caption widths, dense-caption widths and caption lengths of a run's first epoch's batches."""
     trainer = _trainer(overrides, tmp_path)
     batches = list(trainer._loader(trainer._epoch_batches(0)))
-    return (
-        {b.ids.shape[1] for b in batches},
-        {b.dense_ids.shape[1] for b in batches},
-        [b.lens for b in batches],
-    )
+    dense_widths = {b.dense_ids.shape[1] for b in batches} if dense else set()
+    return {b.ids.shape[1] for b in batches}, dense_widths, [b.lens for b in batches]
 
 
 def test_the_trainer_pads_each_batch_to_the_multiple_and_keeps_its_lengths(tmp_path):
@@ -130,12 +129,38 @@ def test_the_trainer_pads_each_batch_to_the_multiple_and_keeps_its_lengths(tmp_p
     assert all(torch.equal(a, b) for a, b in zip(lens, padded_lens, strict=True))
 
 
-def test_the_multiple_is_checked_before_anything_is_written():
+def test_the_multiple_is_16_when_the_step_replays_cuda_graphs_and_1_otherwise():
     from patchword.errors import ConfigError
     from patchword.train.validate import check_config
 
-    check_config(apply_overrides(RunConfig(), ["device=cpu", "train.text_width_multiple=16"]))
-    for value in ("0", "-8"):
-        with pytest.raises(ConfigError) as err:
-            check_config(apply_overrides(RunConfig(), ["device=cpu", f"train.text_width_multiple={value}"]))
-        assert err.value.key == "train.text_width_multiple"
+    def resolved(*overrides: str) -> int:
+        cfg = apply_overrides(RunConfig(), ["device=cpu", *overrides])
+        check_config(cfg)  # checked before anything is written
+        return cfg.train.width_multiple()
+
+    graphs = ("train.compile=true", "train.compile_scope=step")
+    assert resolved() == 1
+    assert resolved(*graphs) == 1
+    assert resolved(*graphs, "train.compile_mode=reduce-overhead") == 16
+    assert resolved(*graphs, "train.compile_mode=max-autotune") == 16
+    assert resolved(*graphs, "train.compile_mode=max-autotune-no-cudagraphs") == 1
+    assert resolved("train.text_width_multiple=8") == 8
+    assert resolved(*graphs, "train.compile_mode=reduce-overhead", "train.text_width_multiple=1") == 1
+    with pytest.raises(ConfigError) as err:
+        resolved("train.text_width_multiple=-1")
+    assert err.value.key == "train.text_width_multiple"
+
+
+def test_the_padding_stops_at_the_data_caps_and_the_text_encoders_positions(tiny_hf, laps_dataset, tmp_path):
+    # BERT here has 16 positions: a multiple of 32 gives the captions' cap of 12 (augmented captions),
+    # and 16 where the cap is above BERT's positions (a Trainer built without the run's checks)
+    trainer = _trainer(
+        [*tiny_hf_laps_overrides(tiny_hf, laps_dataset, tmp_path), "train.text_width_multiple=32"], tmp_path
+    )
+    assert {b.ids.shape[1] for b in trainer._loader(trainer._epoch_batches(0))} == {12}
+    trainer.cfg.data.max_caption_len = 20
+    assert {b.ids.shape[1] for b in trainer._loader(trainer._epoch_batches(0))} == {16}
+    # the GRU has no limit of its own: the data caps (captions 40 words, the default)
+    regions = [*TINY_RUN_32, *TINY_REGION_MODEL, "model.matcher=scan", "train.text_width_multiple=64"]
+    widths, _, _ = _widths(regions, tmp_path / "gru", dense=False)
+    assert widths == {40}

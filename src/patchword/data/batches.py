@@ -23,7 +23,8 @@ class ShardBatch:
     """
 
     images: torch.Tensor  # (b, 3, H, W) images or (b, R, D) regions of this shard's captions
-    ids: torch.Tensor  # (b, L) caption ids, padded to the longest caption of the *global* batch
+    ids: torch.Tensor  # (b, L) caption ids, padded to the longest caption of the *global* batch (or
+    # further, to a multiple: ShardedBatches' width_multiple)
     lens: torch.Tensor  # (b,)
     lens_all: torch.Tensor  # (B,) every caption's length
     img_ids: torch.Tensor  # (B,) image index of every sample: pairs sharing an image are not negatives
@@ -72,7 +73,7 @@ class ShardedBatches(torch.utils.data.Dataset):
         width_multiple: pad the caption and dense-caption ids of a global batch to a multiple of this many
             positions (:func:`pad_width`; 1: to the batch's longest row), at most ``max_widths``.
         max_widths: (captions, dense captions): the widest the padding may make them (``data.max_caption_len``
-            and ``data.max_dense_len``); never narrower than the batch's longest row.
+            and ``data.max_dense_len``), None for no cap; never narrower than the batch's longest row.
     """
 
     def __init__(
@@ -87,7 +88,7 @@ class ShardedBatches(torch.utils.data.Dataset):
         text: BatchText | None = None,
         mask_false_negatives: bool = True,
         width_multiple: int = 1,
-        max_widths: tuple[int, int] = (0, 0),
+        max_widths: tuple[int, int] | None = None,
     ) -> None:
         self.split, self.batches, self.shard = split, list(batches), shard
         self.first, self.first_step, self.seed, self.text = first, first_step, seed, text
@@ -112,9 +113,10 @@ class ShardedBatches(torch.utils.data.Dataset):
             if data.dense_ids is not None:
                 dense_lens = data.dense_lens[img_idx]
                 dense_ids = data.dense_ids[img_idx, : int(dense_lens.max())]
-        ids = pad_width(ids, self.width_multiple, self.max_widths[0])
+        caps = self.max_widths or (None, None)
+        ids = pad_width(ids, self.width_multiple, caps[0])
         if dense_ids is not None:
-            dense_ids = pad_width(dense_ids, self.width_multiple, self.max_widths[1])
+            dense_ids = pad_width(dense_ids, self.width_multiple, caps[1])
         ignore = None
         if self.mask:
             fits = data.fits(cap_idx.numpy(), img_idx.numpy())  # (B_t, B_v)
@@ -134,11 +136,14 @@ class ShardedBatches(torch.utils.data.Dataset):
         )
 
 
-def pad_width(ids: torch.Tensor, multiple: int, cap: int) -> torch.Tensor:
+def pad_width(ids: torch.Tensor, multiple: int, cap: int | None = None) -> torch.Tensor:
     """``ids`` (B, L) padded with id 0 to the next multiple of ``multiple`` positions, at most ``cap``
-    (and never narrower than L): a compiled training step meets a handful of text widths instead of one
-    per longest caption, and records a CUDA graph for each (PyTorch's advice for graphs of many input
-    sizes). The lengths are unchanged; every encoder and matcher ignores positions past them."""
+    (None: no cap) and never narrower than L: a compiled training step then meets a handful of text
+    widths instead of one per longest caption, and records a CUDA graph for each (PyTorch's advice for
+    graphs of many input sizes). The lengths are unchanged; every encoder and matcher ignores positions
+    past them."""
     width = ids.shape[1]
-    target = min(-(-width // multiple) * multiple, max(cap, width))
+    target = -(-width // multiple) * multiple
+    if cap is not None:
+        target = min(target, max(cap, width))
     return ids if target == width else torch.nn.functional.pad(ids, (0, target - width))

@@ -72,12 +72,20 @@ class TrainConfig:
     # torch.compile's mode; reduce-overhead and max-autotune replay the step as CUDA graphs
     # (compile_scope=step only: a replay overwrites the previous one's outputs)
     compile_mode: CompileMode = "default"
-    text_width_multiple: int = 1  # pad each batch's caption and dense-caption ids to a multiple of this
-    # many positions (at most data.max_caption_len / max_dense_len; 1 = to the batch's longest): fewer
-    # distinct batch shapes, each of which a CUDA-graph step (compile_mode=reduce-overhead) records once
+    text_width_multiple: int = 0  # pad each batch's caption and dense-caption ids to a multiple of this
+    # many positions (at most data.max_caption_len / max_dense_len): fewer distinct batch shapes, each of
+    # which a CUDA-graph step records once; 0 = 16 when the step replays CUDA graphs, else 1 (the longest)
     report_to: list[str] = field(default_factory=list)  # experiment trackers: tensorboard, wandb (none: [])
     wandb_project: str = "patchword"  # report_to=wandb: the W&B project
     wandb_mode: Literal["offline", "online"] = "offline"  # report_to=wandb: offline keeps it on this machine
+
+    def width_multiple(self) -> int:
+        """``text_width_multiple`` with 0 resolved: 16 when the compiled step replays CUDA graphs (one
+        recorded per batch shape; PyTorch calls more than 8 too many and advises padding to a few shapes),
+        else 1 (each batch as wide as its longest caption)."""
+        if self.text_width_multiple:
+            return self.text_width_multiple
+        return 16 if self.compile and self.compile_mode in CUDA_GRAPH_COMPILE_MODES else 1
 
 
 @dataclass

@@ -355,7 +355,7 @@ class Trainer:
             seed=self.cfg.seed,
             text=self.augmenter,
             mask_false_negatives=self.tc.mask_false_negatives,
-            width_multiple=self.tc.text_width_multiple,
+            width_multiple=self.tc.width_multiple(),
             max_widths=self._max_text_widths(),
         )
         workers = min(self.cfg.data.num_workers, usable_cpus()) if reads_files(self.train_split.images) else 0

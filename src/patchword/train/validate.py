@@ -225,7 +225,7 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
         ("train.num_threads", tc.num_threads, 0),
         ("train.grad_clip", tc.grad_clip, 0),
         ("train.pair_chunk", tc.pair_chunk, 0),
-        ("train.text_width_multiple", tc.text_width_multiple, 1),
+        ("train.text_width_multiple", tc.text_width_multiple, 0),
         ("data.num_workers", dc.num_workers, 0),
         ("eval.batch_size", ec.batch_size, 1),
         ("eval.max_memory_mb", ec.max_memory_mb, 0),
