@@ -99,7 +99,7 @@ def dynamo_attention_calls(fn, *inputs) -> list[dict]:
             q, k, v, mask = (given.get(n) for n in names[:4])
             dropout, causal = float(given.get("dropout_p") or 0.0), bool(given.get("is_causal") or False)
             call = {
-                "keys": int(k.shape[-2]),
+                "keys": _size(k.shape[-2]),
                 "q": describe(q) | {"requires_grad": q.requires_grad},
                 "k": describe(k),
                 "v": describe(v),
@@ -168,14 +168,20 @@ def first_attention_call(fn, *inputs) -> dict:
     return calls[0] if calls else {}
 
 
+def _size(value) -> int | str:
+    """A size as a number, or a traced symbolic size as its expression (``s0``, ``2304*s0``)."""
+    return value if isinstance(value, int) else str(value)
+
+
 def describe(tensor) -> dict | None:
-    """Shape, strides, storage offset and dtype: what the backends' checks read."""
+    """Shape, strides, storage offset and dtype: what the backends' checks read (symbolic sizes, of a
+    trace with dynamic shapes, as their expressions)."""
     if tensor is None:
         return None
     return {
-        "shape": list(tensor.shape),
-        "stride": list(tensor.stride()),
-        "offset": tensor.storage_offset(),
+        "shape": [_size(n) for n in tensor.shape],
+        "stride": [_size(n) for n in tensor.stride()],
+        "offset": _size(tensor.storage_offset()),
         "dtype": str(tensor.dtype),
     }
 
@@ -337,13 +343,16 @@ def _step_rows(dev, quick: bool, emit) -> None:
     --compile-scope step`` compiles it (``seps-vit-b16-paper`` at batch 64; ``quick``: ``seps-tiny-paper``
     at batch 2): the backend of each layer of the forward graph AOTAutograd traces (:func:`traced_layers`);
     every attention call Dynamo captures with the backend chosen for its traced inputs and, where not
-    fused, why (:func:`dynamo_attention_calls`); the traced layers again with the additive key padding mask
-    (``--text-mask additive``). Each row records its error, if any, and the next one runs."""
+    fused, why (:func:`dynamo_attention_calls`), with the batch's widths as the batch has them and again
+    symbolic (as torch.compile traces the step once batches of several widths have come); the traced
+    layers again with the additive key padding mask (``--text-mask additive``). Each row records its
+    error, if any, and the next one runs."""
     import argparse
     from collections import Counter
 
     import ddp_bench
 
+    from patchword.data.batches import ShardBatch
     from patchword.encoders.hf import HFTextEncoder
 
     setting = argparse.Namespace(
@@ -366,6 +375,22 @@ def _step_rows(dev, quick: bool, emit) -> None:
     row = {"case": "step, dynamo", "mask": "expanded"}
     with _recorded_error(row):
         calls = dynamo_attention_calls(step, shard)
+        row["compiled"] = dict(
+            Counter(f"{c['backend'].removesuffix('_attention')}@{c['keys']}" for c in calls)
+        )
+        row["calls"] = calls
+    emit(row)
+    # A real dataset's batches differ in text width: from the second width on, torch.compile traces the
+    # step with the widths symbolic, and the backends' checks then see symbolic sizes.
+    import torch
+
+    dynamic = ShardBatch(**vars(shard))
+    dynamic.ids, dynamic.dense_ids = shard.ids.clone(), shard.dense_ids.clone()
+    for ids in (dynamic.ids, dynamic.dense_ids):
+        torch._dynamo.maybe_mark_dynamic(ids, 1)
+    row = {"case": "step, dynamo", "mask": "expanded", "widths": "dynamic"}
+    with _recorded_error(row):
+        calls = dynamo_attention_calls(step, dynamic)
         row["compiled"] = dict(
             Counter(f"{c['backend'].removesuffix('_attention')}@{c['keys']}" for c in calls)
         )

@@ -557,6 +557,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"[{name}] {entry['status']} ({entry['wall_s']} s): {said}")
         report.record(name, entry)
         _free_memory()
+    gpu_check_extra.finish_background()  # a probe left running when train_compile did not run
     say(f"gpu-check done in {budget.total_s - budget.left():.0f} s: {Path(args.out) / 'gpu_check.md'}")
     return 0
 

@@ -215,6 +215,7 @@ def step_train_compile(args, budget, partial, say, child_env) -> dict:
         args.compile_parallel,
         lambda: budget.free("train_compile"),
         report,
+        before_turns=finish_background,  # the attention probe, if it runs beside the compilation
     )
     summary = "; ".join(_compiled_line(model, r) for r in rows)
     failed = [r for r in rows if "tail" in r]
@@ -241,15 +242,51 @@ def _attention_result(row: dict) -> str:
     return ", ".join(f"{k} {row[k]}" for k in ("eager", "compiled") if k in row)
 
 
+#: work started in the background (the attention probe beside train_compile's compilation), each a
+#: function that waits for it and records its result: see :func:`finish_background`
+_BACKGROUND: list = []
+
+
+def finish_background() -> None:
+    """Wait for what runs in the background and record it; before any timed step, and at the end."""
+    while _BACKGROUND:
+        _BACKGROUND.pop(0)()
+
+
 def step_attention(args, budget, partial, say, child_env) -> dict:
     """``attention_probe.py``: the attention backend of every probed case, eager and compiled. Its output,
     with the backends' C++ warnings in order (the reasons a fused kernel is refused may be printed there
-    rather than raised as Python warnings), goes to ``attention_log.txt``; at most 180 s."""
-    out = Path(args.out) / "attention.json"
+    rather than raised as Python warnings), goes to ``attention_log.txt``; at most 180 s. When
+    ``train_compile`` comes later, the probe (which times nothing) runs in the background beside the
+    variants' compilation, at most 300 s, and is waited for before their first timed step."""
+    out, log = Path(args.out) / "attention.json", Path(args.out) / "attention_log.txt"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "attention_probe.py"), "--device", args.device]
     cmd += ["--json", str(out)] + (["--quick"] if args.quick else [])
+    chosen = [name for name in args.steps.split(",") if name]
+    if "train_compile" in chosen[chosen.index("attention") + 1 :]:
+        start, handle = time.perf_counter(), log.open("w")
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=handle, stderr=subprocess.STDOUT)
+        deadline = start + min(budget.left(), 300.0)
+
+        def finish() -> None:
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.perf_counter()))
+                status = None if proc.returncode == 0 else f"exit {proc.returncode}"
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                status = f"timed out after {deadline - start:.0f} s"
+            handle.close()
+            entry = _attention_entry(out, log, status, say)
+            entry.setdefault("status", "ok")
+            entry["wall_s"] = round(time.perf_counter() - start, 1)
+            partial(entry)  # over the "running" entry the step returned
+            took = f"{entry['wall_s']} s, beside the compilation"
+            say(f"[attention] {entry['status']} ({took}): {entry['summary']}")
+
+        _BACKGROUND.append(finish)
+        return {"status": "running", "summary": "in the background, beside train_compile's compilation"}
     timeout = min(budget.free("attention"), 180.0)
-    log = Path(args.out) / "attention_log.txt"
     try:
         proc = subprocess.run(
             cmd,
@@ -265,6 +302,12 @@ def step_attention(args, budget, partial, say, child_env) -> dict:
     except subprocess.TimeoutExpired as err:
         log.write_text(err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or ""))
         status = f"timed out after {timeout:.0f} s"
+    return _attention_entry(out, log, status, say)
+
+
+def _attention_entry(out: Path, log: Path, status: str | None, say) -> dict:
+    """The attention step's entry from the probe's rows (``out``) and output (``log``); ``status`` says
+    why the probe did not finish, None when it did."""
     rows = json.loads(out.read_text()) if out.exists() else []
     for row in rows:  # one short line each; the reasons are in attention.json and attention_log.txt
         label = ", ".join(filter(None, (row["case"], _attention_case(row))))

@@ -173,6 +173,7 @@ def run_variants(
     parallel: int,
     free_s: Callable[[], float],
     report: Callable[[dict], None],
+    before_turns: Callable[[], None] | None = None,
 ) -> list[dict]:
     """Run ``variants`` in waves of ``parallel`` (compiled at once, then timed one at a time), in order.
 
@@ -183,6 +184,8 @@ def run_variants(
             kernel compilation.
         free_s: seconds of the budget left for this step, asked before each wave and each turn.
         report: called with each finished row, in variant order.
+        before_turns: called once the wave has compiled (or been stopped) and before its first turn:
+            work that ran beside the compilation and must end before anything is timed.
 
     A wave starts only if the budget holds its turns (:data:`TURN_RESERVE_S` each) and, after the first,
     as long a compilation as the previous wave's slowest. Children still compiling when the budget
@@ -221,6 +224,8 @@ def run_variants(
             for child in children:
                 if not child.ready.is_set():
                     child.stop()
+            if before_turns is not None:
+                before_turns()
             compile_s = max([c.ready_s for c in children if c.ready_s is not None] or [compile_s])
             for k, child in enumerate(children):
                 row = child.take_turn(timeout=free_s() - TURN_RESERVE_S * (len(children) - 1 - k))

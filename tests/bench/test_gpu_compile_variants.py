@@ -46,7 +46,7 @@ def _variants(text: str) -> list[dict]:
     return gcv.parse_compile_variants(text)
 
 
-def _runner(tmp_path, variants, how: dict, parallel: int, free_s=lambda: 600.0):
+def _runner(tmp_path, variants, how: dict, parallel: int, free_s=lambda: 600.0, before_turns=None):
     """run_variants over stand-in children, in a thread: (a function that waits for its rows, gate dir)."""
     script, gate = tmp_path / "child.py", tmp_path / "gate"
     script.write_text(CHILD)
@@ -66,7 +66,9 @@ def _runner(tmp_path, variants, how: dict, parallel: int, free_s=lambda: 600.0):
 
     def run():
         rows.extend(
-            gcv.run_variants(variants, command, {}, tmp_path, tmp_path, parallel, free_s, reported.append)
+            gcv.run_variants(
+                variants, command, {}, tmp_path, tmp_path, parallel, free_s, reported.append, before_turns
+            )
         )
 
     thread = threading.Thread(target=run, daemon=True)  # a runner that hangs must not hang pytest
@@ -91,7 +93,9 @@ def _wait_for(predicate, what: str) -> None:
 
 def test_a_wave_compiles_at_once_and_times_one_variant_at_a_time(tmp_path):
     variants = _variants("bf16:step,bf16:step:reduce-overhead,bf16:step:reduce-overhead:math-bf16")
-    finish, gate = _runner(tmp_path, variants, dict.fromkeys(map(gcv.variant_label, variants), "ok"), 3)
+    background = []  # when the work run beside the compilation was waited for
+    how = dict.fromkeys(map(gcv.variant_label, variants), "ok")
+    finish, gate = _runner(tmp_path, variants, how, 3, before_turns=lambda: background.append(time.time()))
     # all three compile at once: none is ready (the gate is shut) and yet all have begun
     _wait_for(lambda: len(list(gate.glob("began-*"))) == 3, "the variants of a wave did not compile at once")
     (gate / "release").touch()
@@ -100,6 +104,7 @@ def test_a_wave_compiles_at_once_and_times_one_variant_at_a_time(tmp_path):
     assert all(r["compiling_at_once"] == 3 and r["ready_s"] is not None for r in rows)
     turns = [r["timed"] for r in rows]
     assert turns[0][0] >= max(r["ready"] for r in rows)  # no turn while another variant compiles
+    assert len(background) == 1 and max(r["ready"] for r in rows) <= background[0] <= turns[0][0]
     assert all(
         later[0] >= earlier[1] for earlier, later in zip(turns, turns[1:], strict=False)
     )  # one at a time
