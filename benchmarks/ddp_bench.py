@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -337,6 +338,16 @@ def step_setup(args: argparse.Namespace):
     return model, cfg, step_module, optimizer, shard, bf16
 
 
+def caption_width(shard, width: int):
+    """``shard`` with its caption ids cut or padded (id 0) to ``width`` positions, its lengths cut to
+    it: a batch of another caption width, for steps that take turns over several (``--caption-widths``)."""
+    from patchword.data.batches import ShardBatch, pad_width
+
+    lens = shard.lens.clamp(max=width)
+    ids = pad_width(shard.ids[:, :width], width)
+    return ShardBatch(**{**vars(shard), "ids": ids, "lens": lens, "lens_all": lens})
+
+
 def use_text_mask(encoder, form: str) -> None:
     """An experiment, not the library's behaviour: ``encoder`` (a Hugging Face text encoder) hands BERT its
     key padding mask in ``form``: ``additive`` (0 / the dtype's minimum, (B, 1, L, L)), ``broadcast``
@@ -613,6 +624,10 @@ def gpu_step(args: argparse.Namespace) -> dict:
     record_cudagraph_skips()
     model, cfg, step_module, optimizer, shard, bf16 = step_setup(args)
     name, batch = _model_name(args), args.batch
+    widths = [int(w) for w in getattr(args, "caption_widths", "").split(",") if w]
+    # --caption-widths: the steps take turns over batches of these caption widths, as a dataset's do
+    shards = [caption_width(shard, w) for w in widths] or [shard]
+    turns = itertools.count()
 
     cuda_graphs = args.compile and getattr(args, "compile_mode", None) in CUDA_GRAPH_COMPILE_MODES
     compile_optimizer = bool(getattr(args, "compile_optimizer", False))
@@ -623,7 +638,7 @@ def gpu_step(args: argparse.Namespace) -> dict:
             torch.compiler.cudagraph_mark_step_begin()
         optimizer.zero_grad(set_to_none=True)
         with autocast_context(cfg.precision, device):
-            loss, stats = step_module(shard, True, False, 1.0)
+            loss, stats = step_module(shards[next(turns) % len(shards)], True, False, 1.0)
         loss.backward()
         if compiled_side:
             compiled_side[0]()
@@ -639,6 +654,8 @@ def gpu_step(args: argparse.Namespace) -> dict:
     # --compile-optimizer: the first step makes the optimizer's state, the second compiles the side; a
     # compilation inside the timed steps would be timed as a step
     warmup = max(args.warmup, 2) if compile_optimizer else args.warmup
+    if len(shards) > 1:  # each width: traced (the second one with the width symbolic), then recorded
+        warmup = max(warmup, 3 * len(shards))
     for _ in range(warmup):
         step()
     sync()
@@ -671,6 +688,7 @@ def gpu_step(args: argparse.Namespace) -> dict:
         "text_mask": getattr(args, "text_mask", "default"),
         "eager_attention": getattr(args, "eager_attention", "none"),
         "compile_optimizer": compile_optimizer,
+        "caption_widths": widths or [shard.ids.shape[1]],
         "warmup_steps": warmup,
         "steps_per_s": args.steps / seconds,
         "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
@@ -918,6 +936,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="disable the math attention backend (torch.backends.cuda.enable_math_sdp(False)): a fused "
         "kernel or an error naming why none fits",
+    )
+    p_gpu.add_argument(
+        "--caption-widths",
+        default="",
+        help="comma-separated caption widths the steps take turns over (e.g. 32,40: a dataset's batches "
+        "padded to multiples of 16, train.text_width_multiple); default: the one stand-in batch (35)",
     )
     p_gpu.add_argument("--tf32", action="store_true", help="TF32 matmuls for the fp32 parts")
     p_gpu.add_argument("--sync-debug", action="store_true", help="warn on every host-device sync of the step")

@@ -29,6 +29,9 @@ VARIANT_FLAGS = {
     **{f"mask-{form}": ["--text-mask", form] for form in ("additive", "broadcast", "contiguous")},
     **{f"eager-attention-{which}": ["--eager-attention", which] for which in ("text", "image", "all")},
     "compiled-optimizer": ["--compile-optimizer"],
+    # batches of two caption widths in turn (a dataset's, padded to multiples of 16): a symbolic width in
+    # the trace and a CUDA graph recorded per width, as training on real data has them
+    "widths-32-40": ["--caption-widths", "32,40"],
 }
 
 #: seconds kept, per child of a wave, for its timed steps and its profile once compiled

@@ -153,3 +153,21 @@ def test_the_child_command_asks_gpu_step_to_wait_for_its_turn(tmp_path):
     assert gcv.parse_compile_variants("amp_bf16:modules") == [
         {"precision": "amp_bf16", "scope": "modules", "mode": None, "flags": []}
     ]
+
+
+def test_a_variant_of_two_caption_widths_steps_over_batches_cut_and_padded_to_them():
+    import ddp_bench
+    import torch
+
+    from patchword.data.batches import ShardBatch
+
+    (variant,) = _variants("bf16:step:reduce-overhead:widths-32-40")
+    cmd = gcv.variant_command("python3", BENCHMARKS.parent, variant, "cuda", False, BENCHMARKS / "v.json")
+    assert cmd[cmd.index("--caption-widths") + 1] == "32,40"
+    lens = torch.tensor([35, 12])
+    ids = torch.arange(1, 71).reshape(2, 35) * (torch.arange(35) < lens[:, None])
+    shard = ShardBatch(images=torch.zeros(2, 3), ids=ids, lens=lens, lens_all=lens, img_ids=torch.arange(2))
+    cut, padded = ddp_bench.caption_width(shard, 32), ddp_bench.caption_width(shard, 40)
+    assert cut.ids.shape == (2, 32) and cut.lens.tolist() == [32, 12] and torch.equal(cut.ids, ids[:, :32])
+    assert padded.ids.shape == (2, 40) and padded.lens.tolist() == [35, 12]
+    assert torch.equal(padded.ids[:, :35], ids) and not padded.ids[:, 35:].any()
