@@ -372,14 +372,6 @@ def _step_rows(dev, quick: bool, emit) -> None:
     with _recorded_error(row):
         row["compiled"] = dict(Counter(traced_layers(step, shard, fullgraph=False)))
     emit(row)
-    row = {"case": "step, dynamo", "mask": "expanded"}
-    with _recorded_error(row):
-        calls = dynamo_attention_calls(step, shard)
-        row["compiled"] = dict(
-            Counter(f"{c['backend'].removesuffix('_attention')}@{c['keys']}" for c in calls)
-        )
-        row["calls"] = calls
-    emit(row)
     # A real dataset's batches differ in text width: from the second width on, torch.compile traces the
     # step with the widths symbolic, and the backends' checks then see symbolic sizes.
     import torch
@@ -388,14 +380,15 @@ def _step_rows(dev, quick: bool, emit) -> None:
     dynamic.ids, dynamic.dense_ids = shard.ids.clone(), shard.dense_ids.clone()
     for ids in (dynamic.ids, dynamic.dense_ids):
         torch._dynamo.maybe_mark_dynamic(ids, 1)
-    row = {"case": "step, dynamo", "mask": "expanded", "widths": "dynamic"}
-    with _recorded_error(row):
-        calls = dynamo_attention_calls(step, dynamic)
-        row["compiled"] = dict(
-            Counter(f"{c['backend'].removesuffix('_attention')}@{c['keys']}" for c in calls)
-        )
-        row["calls"] = calls
-    emit(row)
+    for batch, widths in ((shard, {}), (dynamic, {"widths": "dynamic"})):
+        row = {"case": "step, dynamo", "mask": "expanded", **widths}
+        with _recorded_error(row):
+            calls = dynamo_attention_calls(step, batch)
+            row["compiled"] = dict(
+                Counter(f"{c['backend'].removesuffix('_attention')}@{c['keys']}" for c in calls)
+            )
+            row["calls"] = calls
+        emit(row)
     text = step_module.model.text_encoder
     if isinstance(text, HFTextEncoder):
         ddp_bench.use_text_mask(text, "additive")

@@ -239,6 +239,24 @@ TINY_TGDT = [
     "model.text_context.ffn_dim=16",
 ]
 
+# A tiny run of the region model: 20 / 8 / 8 synthetic region sets, batches of 16, every step logged.
+TINY_REGIONS = [*TINY_REGION_MODEL, "data.num_train=20", "data.num_dev=8", "data.num_test=8"]
+TINY_REGIONS += ["train.batch_size=16", "train.log_every=1", "train.num_threads=1"]
+
+# A tiny run of every family's training step: the patch-token matchers on the tiny ViT (SEPS with its
+# dense captions; LAPS, VSE, CLIP and FILIP without) and the region matchers on the GRU's words.
+TRAINING_FAMILIES = {
+    "seps_paper": [*TINY_RUN_32, "model.seps.variant=paper"],
+    "seps_code_caption": [*TINY_RUN_32, "model.seps.variant=code", "model.seps.dense_pairing=caption"],
+    "laps": [*TINY_RUN_32, "model.matcher=laps"],
+    "vse": [*TINY_RUN_32, "model.matcher=vse"],
+    "clip_infonce": [*TINY_RUN_32, "model.matcher=clip", "train.loss=infonce"],
+    "filip": [*TINY_RUN_32, "model.matcher=filip", "train.loss=infonce"],
+    "scan": [*TINY_REGIONS, "model.matcher=scan"],
+    "naaf": [*TINY_REGIONS, "model.matcher=naaf", "model.naaf.min_samples=20"],
+    "tgdt": [*TINY_REGIONS, *TINY_TGDT],
+}
+
 # The tiny hashing (UCMFH) run: synthetic CLIP-like features, a one-layer fusion transformer.
 TINY_HASH = [
     "data.num_train=64",

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import TINY_REGION_MODEL, TINY_RUN_32, TINY_TGDT, tiny_hf_laps_overrides, tiny_shard_batch
+from conftest import TRAINING_FAMILIES, tiny_hf_laps_overrides, tiny_shard_batch
 from patchword.checkpoint import load_checkpoint
 from patchword.config import apply_overrides
 from patchword.precision import autocast_context, weight_dtype
@@ -152,19 +152,7 @@ def test_updates_below_a_bfloat16_step_accumulate_in_the_master_weights():
 
 # --------------------------------------------------------------------------------------------- runs
 
-TINY_REGIONS = [*TINY_REGION_MODEL, "data.num_train=20", "data.num_dev=8", "data.num_test=8"]
-TINY_REGIONS += ["train.batch_size=16", "train.log_every=1", "train.num_threads=1"]
-FAMILIES = {
-    "seps_paper": [*TINY_RUN_32, "model.seps.variant=paper"],
-    "seps_code_caption": [*TINY_RUN_32, "model.seps.variant=code", "model.seps.dense_pairing=caption"],
-    "laps": [*TINY_RUN_32, "model.matcher=laps"],
-    "vse": [*TINY_RUN_32, "model.matcher=vse"],
-    "clip_infonce": [*TINY_RUN_32, "model.matcher=clip", "train.loss=infonce"],
-    "filip": [*TINY_RUN_32, "model.matcher=filip", "train.loss=infonce"],
-    "scan": [*TINY_REGIONS, "model.matcher=scan"],
-    "naaf": [*TINY_REGIONS, "model.matcher=naaf", "model.naaf.min_samples=20"],
-    "tgdt": [*TINY_REGIONS, *TINY_TGDT],
-}
+FAMILIES = TRAINING_FAMILIES
 
 
 @pytest.fixture(scope="module")

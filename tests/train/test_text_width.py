@@ -9,26 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TINY_REGION_MODEL, TINY_RUN_32, TINY_TGDT, tiny_hf_laps_overrides
+from conftest import TINY_REGION_MODEL, TINY_RUN_32, TRAINING_FAMILIES, tiny_hf_laps_overrides
 from patchword.config import apply_overrides
 from patchword.data.batches import ShardBatch, pad_width
 from patchword.runs.config import RunConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-# Every family's training step: the patch-token matchers on the tiny ViT (with the dense captions of
-# SEPS; LAPS, VSE, CLIP and FILIP without), and the region matchers on the GRU's words.
-FAMILIES = {
-    "seps_paper": [*TINY_RUN_32, "model.seps.variant=paper"],
-    "seps_code_caption": [*TINY_RUN_32, "model.seps.variant=code", "model.seps.dense_pairing=caption"],
-    "laps": [*TINY_RUN_32, "model.matcher=laps"],
-    "vse": [*TINY_RUN_32, "model.matcher=vse"],
-    "clip_infonce": [*TINY_RUN_32, "model.matcher=clip", "train.loss=infonce"],
-    "filip": [*TINY_RUN_32, "model.matcher=filip", "train.loss=infonce"],
-    "scan": [*TINY_RUN_32, *TINY_REGION_MODEL, "model.matcher=scan"],
-    "naaf": [*TINY_RUN_32, *TINY_REGION_MODEL, "model.matcher=naaf"],
-    "tgdt": [*TINY_RUN_32, *TINY_REGION_MODEL, *TINY_TGDT],
-}
+FAMILIES = TRAINING_FAMILIES  # every family's training step
 
 
 def test_pad_width_rounds_up_to_the_multiple_within_the_cap():
