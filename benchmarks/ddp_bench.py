@@ -660,6 +660,8 @@ def gpu_step(args: argparse.Namespace) -> dict:
         step()
     sync()
     if device.type == "cuda":
+        if getattr(args, "wait_go", False):  # while others compile beside it: hold only what it uses
+            torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         if args.sync_debug:  # report every op of the step that makes the host wait for the GPU
             torch.cuda.set_sync_debug_mode("warn")

@@ -500,9 +500,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--compile-parallel",
         type=int,
-        default=4,
-        help="train_compile: variants compiling at once (then timed one at a time; ViT-B/16 + BERT-base "
-        "takes ~12 GB of GPU memory per variant)",
+        default=5,
+        help="train_compile: at most this many variants compiling at once (then timed one at a time), and "
+        "no more than the free device memory holds at --compile-variant-gb each",
+    )
+    parser.add_argument(
+        "--compile-variant-gb",
+        type=float,
+        default=20.0,
+        help="train_compile: device memory a compiling variant may take (ViT-B/16 + BERT-base, batch 64: "
+        "~12 GB at its peak in run 3, plus the warm-up's cache and the CUDA graphs' pool)",
     )
     parser.add_argument(
         "--profile-precision",

@@ -189,6 +189,15 @@ def step_train_compile(args, budget, partial, say, child_env) -> dict:
     (:mod:`gpu_compile_variants`), while the budget holds."""
     model = "seps-tiny-paper" if args.quick else "seps-vit-b16-paper"
     rows: list[dict] = []
+    parallel = args.compile_parallel
+    if args.device.startswith("cuda") and not args.quick:  # as many as the free device memory holds
+        import torch
+
+        free_gb = torch.cuda.mem_get_info(torch.device(args.device))[0] / 2**30
+        free_gb -= PROBE_GB if _BACKGROUND else 0.0  # the attention probe beside them
+        parallel = max(1, min(parallel, int(free_gb // args.compile_variant_gb)))
+        each = f"{args.compile_variant_gb:g} GB each"
+        say(f"train_compile: {parallel} variants at once ({free_gb:.0f} GB free, {each})")
 
     def command(variant: dict, out: Path) -> list[str]:
         return variant_command(sys.executable, ROOT, variant, args.device, args.quick, out)
@@ -212,7 +221,7 @@ def step_train_compile(args, budget, partial, say, child_env) -> dict:
         child_env(),
         ROOT,
         Path(args.out),
-        args.compile_parallel,
+        parallel,
         lambda: budget.free("train_compile"),
         report,
         before_turns=finish_background,  # the attention probe, if it runs beside the compilation
@@ -241,6 +250,10 @@ def _attention_result(row: dict) -> str:
         return ", ".join(f"{k} {row[k]}" for k in row if k != "case")
     return ", ".join(f"{k} {row[k]}" for k in ("eager", "compiled") if k in row)
 
+
+#: device memory the attention probe may take beside the compiling variants (the benchmark model on the
+#: device, traced with fake tensors, and its encoders run eagerly once at batch 64)
+PROBE_GB = 6.0
 
 #: work started in the background (the attention probe beside train_compile's compilation), each a
 #: function that waits for it and records its result: see :func:`finish_background`
