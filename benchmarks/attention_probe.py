@@ -343,7 +343,7 @@ def _step_rows(dev, quick: bool, emit) -> None:
     --compile-scope step`` compiles it (``seps-vit-b16-paper`` at batch 64; ``quick``: ``seps-tiny-paper``
     at batch 2): the backend of each layer of the forward graph AOTAutograd traces (:func:`traced_layers`);
     every attention call Dynamo captures with the backend chosen for its traced inputs and, where not
-    fused, why (:func:`dynamo_attention_calls`), with the batch's widths as the batch has them and again
+    fused, why (:func:`dynamo_attention_calls`), with the caption width as the batch has it and again
     symbolic (as torch.compile traces the step once batches of several widths have come); the traced
     layers again with the additive key padding mask (``--text-mask additive``). Each row records its
     error, if any, and the next one runs."""
@@ -372,14 +372,13 @@ def _step_rows(dev, quick: bool, emit) -> None:
     with _recorded_error(row):
         row["compiled"] = dict(Counter(traced_layers(step, shard, fullgraph=False)))
     emit(row)
-    # A real dataset's batches differ in text width: from the second width on, torch.compile traces the
-    # step with the widths symbolic, and the backends' checks then see symbolic sizes.
+    # A real dataset's batches differ in caption width (the dense captions, cut at 128 tokens, are nearly
+    # always 128 wide): from the second width on, torch.compile traces the step with the caption width
+    # symbolic, and the backends' checks then see symbolic sizes.
     import torch
 
-    dynamic = ShardBatch(**vars(shard))
-    dynamic.ids, dynamic.dense_ids = shard.ids.clone(), shard.dense_ids.clone()
-    for ids in (dynamic.ids, dynamic.dense_ids):
-        torch._dynamo.maybe_mark_dynamic(ids, 1)
+    dynamic = ShardBatch(**{**vars(shard), "ids": shard.ids.clone()})
+    torch._dynamo.maybe_mark_dynamic(dynamic.ids, 1)
     for batch, widths in ((shard, {}), (dynamic, {"widths": "dynamic"})):
         row = {"case": "step, dynamo", "mask": "expanded", **widths}
         with _recorded_error(row):

@@ -655,7 +655,7 @@ def gpu_step(args: argparse.Namespace) -> dict:
     # compilation inside the timed steps would be timed as a step
     warmup = max(args.warmup, 2) if compile_optimizer else args.warmup
     if len(shards) > 1:  # each width: traced (the second one with the width symbolic), then recorded
-        warmup = max(warmup, 3 * len(shards))
+        warmup = max(warmup, 4 * len(shards))  # a round more than that takes
     for _ in range(warmup):
         step()
     sync()

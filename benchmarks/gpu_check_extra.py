@@ -25,7 +25,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpu_compile_variants import parse_compile_variants, run_variants, variant_command, variant_label
+from gpu_compile_variants import (
+    TURN_RESERVE_S,
+    parse_compile_variants,
+    run_variants,
+    variant_command,
+    variant_label,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -215,17 +221,23 @@ def step_train_compile(args, budget, partial, say, child_env) -> dict:
         if "tail" in row:
             say("\n".join(row["tail"]))
 
-    run_variants(
-        parse_compile_variants(args.compile_variants),
-        command,
-        child_env(),
-        ROOT,
-        Path(args.out),
-        parallel,
-        lambda: budget.free("train_compile"),
-        report,
-        before_turns=finish_background,  # the attention probe, if it runs beside the compilation
-    )
+    def before_turns() -> None:  # the attention probe, if it runs beside the compilation: done, or stopped
+        finish_background(limit_s=max(10.0, budget.free("train_compile") - TURN_RESERVE_S * parallel))
+
+    try:
+        run_variants(
+            parse_compile_variants(args.compile_variants),
+            command,
+            child_env(),
+            ROOT,
+            Path(args.out),
+            parallel,
+            lambda: budget.free("train_compile"),
+            report,
+            before_turns=before_turns,
+        )
+    finally:
+        finish_background(limit_s=10.0)  # a wave that never reached its turns
     summary = "; ".join(_compiled_line(model, r) for r in rows)
     failed = [r for r in rows if "tail" in r]
     entry = {"rows": rows, "summary": summary}
@@ -240,6 +252,7 @@ def _attention_case(row: dict) -> str:
     parts = [f"{row['keys']} keys"] if "keys" in row else []
     parts += [f"mask {row['mask']}"] if "mask" in row else []
     parts += [f"dropout {row['dropout']}"] if "dropout" in row else []
+    parts += [f"widths {row['widths']}"] if "widths" in row else []
     return ", ".join(parts)
 
 
@@ -252,18 +265,19 @@ def _attention_result(row: dict) -> str:
 
 
 #: device memory the attention probe may take beside the compiling variants (the benchmark model on the
-#: device, traced with fake tensors, and its encoders run eagerly once at batch 64)
-PROBE_GB = 6.0
+#: device; its traces run the step's forward at batch 64, as the eager bf16 step's 10.3 GB peak bounds)
+PROBE_GB = 10.0
 
 #: work started in the background (the attention probe beside train_compile's compilation), each a
 #: function that waits for it and records its result: see :func:`finish_background`
 _BACKGROUND: list = []
 
 
-def finish_background() -> None:
-    """Wait for what runs in the background and record it; before any timed step, and at the end."""
+def finish_background(limit_s: float | None = None) -> None:
+    """Wait for what runs in the background (at most ``limit_s`` seconds each, then stop it) and record
+    it: before any other step, before train_compile's first timed step, and at the end."""
     while _BACKGROUND:
-        _BACKGROUND.pop(0)()
+        _BACKGROUND.pop(0)(limit_s)
 
 
 def step_attention(args, budget, partial, say, child_env) -> dict:
@@ -271,31 +285,42 @@ def step_attention(args, budget, partial, say, child_env) -> dict:
     with the backends' C++ warnings in order (the reasons a fused kernel is refused may be printed there
     rather than raised as Python warnings), goes to ``attention_log.txt``; at most 180 s. When
     ``train_compile`` comes later, the probe (which times nothing) runs in the background beside the
-    variants' compilation, at most 300 s, and is waited for before their first timed step."""
+    variants' compilation (when it is the next step), at most 300 s, and is waited for before their
+    first timed step."""
     out, log = Path(args.out) / "attention.json", Path(args.out) / "attention_log.txt"
+    out.unlink(missing_ok=True)  # rows of an earlier run in the same folder are not this run's
     cmd = [sys.executable, str(ROOT / "benchmarks" / "attention_probe.py"), "--device", args.device]
     cmd += ["--json", str(out)] + (["--quick"] if args.quick else [])
     chosen = [name for name in args.steps.split(",") if name]
-    if "train_compile" in chosen[chosen.index("attention") + 1 :]:
+    if chosen[chosen.index("attention") + 1 : chosen.index("attention") + 2] == ["train_compile"]:
         start, handle = time.perf_counter(), log.open("w")
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=handle, stderr=subprocess.STDOUT)
+        try:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=handle, stderr=subprocess.STDOUT)
+        except OSError:
+            handle.close()
+            raise
         deadline = start + min(budget.left(), 300.0)
 
-        def finish() -> None:
+        def finish(limit_s: float | None) -> None:
+            wait = deadline - time.perf_counter()
             try:
-                proc.wait(timeout=max(1.0, deadline - time.perf_counter()))
+                proc.wait(timeout=max(1.0, wait if limit_s is None else min(wait, limit_s)))
                 status = None if proc.returncode == 0 else f"exit {proc.returncode}"
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired:  # what it found so far is in its rows
                 proc.kill()
                 proc.wait()
-                status = f"timed out after {deadline - start:.0f} s"
-            handle.close()
-            entry = _attention_entry(out, log, status, say)
-            entry.setdefault("status", "ok")
+                status = f"stopped after {time.perf_counter() - start:.0f} s"
+            finally:
+                handle.close()
+            try:
+                entry = _attention_entry(out, log, status, say)
+                entry.setdefault("status", "ok")
+            except Exception as err:  # noqa: BLE001 - the probe's result is lost, the variants are not
+                entry = {"status": "error", "error": f"{type(err).__name__}: {err}"[:500], "summary": ""}
             entry["wall_s"] = round(time.perf_counter() - start, 1)
             partial(entry)  # over the "running" entry the step returned
             took = f"{entry['wall_s']} s, beside the compilation"
-            say(f"[attention] {entry['status']} ({took}): {entry['summary']}")
+            say(f"[attention] {entry['status']} ({took}): {entry.get('summary') or entry.get('error')}")
 
         _BACKGROUND.append(finish)
         return {"status": "running", "summary": "in the background, beside train_compile's compilation"}
