@@ -491,6 +491,11 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.json).write_text(json.dumps(rows, indent=2))
 
     probe(args.device, args.quick, emit)
+    import torch
+
+    if torch.device(args.device).type == "cuda":  # what it took beside the variants compiling (gpu-check)
+        peak = torch.cuda.max_memory_reserved(torch.device(args.device)) / 2**30
+        emit({"case": "memory", "peak_reserved_gb": round(peak, 2)})
     print(f"attention probe: {len(rows)} cases in {time.perf_counter() - start:.1f} s", flush=True)
     return 0
 

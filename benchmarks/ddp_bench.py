@@ -659,9 +659,12 @@ def gpu_step(args: argparse.Namespace) -> dict:
     for _ in range(warmup):
         step()
     sync()
+    held: dict = {}  # device memory the compilation and warm-up reserved, and what stays reserved
     if device.type == "cuda":
+        held["warmup_peak_reserved_gb"] = torch.cuda.max_memory_reserved(device) / 2**30
         if getattr(args, "wait_go", False):  # while others compile beside it: hold only what it uses
             torch.cuda.empty_cache()
+        held["reserved_after_warmup_gb"] = torch.cuda.memory_reserved(device) / 2**30
         torch.cuda.reset_peak_memory_stats()
         if args.sync_debug:  # report every op of the step that makes the host wait for the GPU
             torch.cuda.set_sync_debug_mode("warn")
@@ -694,6 +697,7 @@ def gpu_step(args: argparse.Namespace) -> dict:
         "warmup_steps": warmup,
         "steps_per_s": args.steps / seconds,
         "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+        **held,
     }
     if args.compile or compile_optimizer:
         result["compile_counts"] = compile_counts()

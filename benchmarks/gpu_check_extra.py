@@ -259,7 +259,7 @@ def _attention_case(row: dict) -> str:
 def _attention_result(row: dict) -> str:
     if "error" in row:
         return row["error"]
-    if row["case"] == "setting":  # versions, backends enabled and their order
+    if row["case"] in ("setting", "memory"):  # versions, backends and their order; the device memory
         return ", ".join(f"{k} {row[k]}" for k in row if k != "case")
     return ", ".join(f"{k} {row[k]}" for k in ("eager", "compiled") if k in row)
 
@@ -354,7 +354,7 @@ def _attention_entry(out: Path, log: Path, status: str | None, say) -> dict:
     encoders = "; ".join(
         f"{r['case']} {_attention_case(r)}: {r.get('error') or r.get('compiled')}"
         for r in rows
-        if r["case"] not in ("sdpa", "setting")
+        if r["case"] not in ("sdpa", "setting", "memory")
     )
     summary = (
         f"{len(math)} of {sum(r['case'] == 'sdpa' for r in rows)} attention cases compile to math; {encoders}"
@@ -362,6 +362,9 @@ def _attention_entry(out: Path, log: Path, status: str | None, say) -> dict:
     setting = next((r for r in rows if r["case"] == "setting"), None)
     if setting:  # the versions and the order the choices above were made under
         summary = f"{_attention_result(setting)}; {summary}"
+    memory = next((r for r in rows if r["case"] == "memory"), None)
+    if memory:
+        summary += f"; device memory reserved at most {memory['peak_reserved_gb']} GB"
     entry = {"rows": rows, "summary": summary if not status else f"{status}; {summary}"}
     if status:
         entry.update(status="failed", tail=log.read_text().strip().splitlines()[-15:])
@@ -380,8 +383,13 @@ def _compiled_line(model: str, r: dict) -> str:
         else ""
     )
     together = r.get("compiling_at_once", 1)
+    # a variant stopped during its profile keeps the steps/s it wrote before it, without "seconds"
+    seconds = f"; {r['seconds']} s with the timed steps and the profile" if "seconds" in r else ""
+    reserved = r.get("warmup_peak_reserved_gb")
+    memory = f", {reserved:.1f} GB of device memory reserved at most" if reserved is not None else ""
+    status = f" [{r['status']}]" if r.get("status") else ""
     return (
-        f"{model} b{r['batch']} {variant_label(r)}: {r['steps_per_s']:.2f} steps/s "
-        f"(compiled and warm in {r['ready_s']} s, {together} compiling at once; {r['seconds']} s with the "
-        f"timed steps and the profile{graphs}){busy_line(r.get('profile'))}"
+        f"{model} b{r['batch']} {variant_label(r)}: {r['steps_per_s']:.2f} steps/s{status} "
+        f"(compiled and warm in {r['ready_s']} s, {together} compiling at once{seconds}{graphs}{memory})"
+        f"{busy_line(r.get('profile'))}"
     )

@@ -114,3 +114,12 @@ def test_gpu_check_finishes_the_probe_before_any_other_step(stand_in_probe, tmp_
 def _limited(finish):
     """finish_background with a short limit by default: the hanging stand-in is stopped at once."""
     return lambda limit_s=None: finish(0.5 if limit_s is None else min(limit_s, 0.5))
+
+
+def test_a_variant_stopped_during_its_profile_keeps_its_steps_per_second_in_the_summary():
+    row = {"precision": "bf16", "scope": "step", "mode": "reduce-overhead", "flags": [], "batch": 64}
+    row |= {"steps_per_s": 17.23, "ready_s": 120.0, "compiling_at_once": 3, "warmup_peak_reserved_gb": 18.3}
+    stopped = gpu_check_extra._compiled_line("m", {**row, "status": "stopped: its profile ran past 30 s"})
+    assert "17.23 steps/s [stopped: its profile ran past 30 s]" in stopped and "18.3 GB" in stopped
+    done = gpu_check_extra._compiled_line("m", {**row, "seconds": 150.2})
+    assert "17.23 steps/s (compiled and warm in 120.0 s, 3 compiling at once; 150.2 s" in done
