@@ -309,6 +309,10 @@ def step_setup(args: argparse.Namespace):
         use_text_mask(step_model.text_encoder, args.text_mask)
     if getattr(args, "eager_attention", "none") != "none":
         attention_outside_compile(step_model, args.eager_attention)
+        # Between the graph breaks, BERT's layers are frames of their own, called at 35 keys (captions)
+        # and then at 128 (dense captions): torch.compile would recompile them with the length symbolic
+        # (7 of 25 graphs, counted on the CPU). Static graphs, one per length, compare like with like.
+        torch._dynamo.config.automatic_dynamic_shapes = False
     scope, mode = getattr(args, "compile_scope", "modules"), getattr(args, "compile_mode", None)
     if args.compile and scope == "modules":
         for module in (step_model.image_encoder, step_model.text_encoder, step_model.matcher):
@@ -694,6 +698,7 @@ def gpu_step(args: argparse.Namespace) -> dict:
         "eager_attention": getattr(args, "eager_attention", "none"),
         "compile_optimizer": compile_optimizer,
         "caption_widths": widths or [shard.ids.shape[1]],
+        "automatic_dynamic_shapes": bool(torch._dynamo.config.automatic_dynamic_shapes),
         "warmup_steps": warmup,
         "steps_per_s": args.steps / seconds,
         "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
