@@ -309,9 +309,11 @@ def step_setup(args: argparse.Namespace):
         use_text_mask(step_model.text_encoder, args.text_mask)
     if getattr(args, "eager_attention", "none") != "none":
         attention_outside_compile(step_model, args.eager_attention)
-        # Between the graph breaks, BERT's layers are frames of their own, called at 35 keys (captions)
-        # and then at 128 (dense captions): torch.compile would recompile them with the length symbolic
-        # (7 of 25 graphs, counted on the CPU). Static graphs, one per length, compare like with like.
+    if getattr(args, "eager_attention", "none") != "none" or getattr(args, "static_shapes", False):
+        # Between graph breaks, BERT's layers are frames of their own, called at 35 keys (captions) and
+        # then at 128 (dense captions): torch.compile would recompile them with the length symbolic (7 of
+        # 25 graphs with --eager-attention all, counted on the CPU), and a symbolic length may change the
+        # attention kernel chosen. Static graphs, one per length, compare like with like.
         torch._dynamo.config.automatic_dynamic_shapes = False
     scope, mode = getattr(args, "compile_scope", "modules"), getattr(args, "compile_mode", None)
     if args.compile and scope == "modules":
@@ -947,6 +949,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="disable the math attention backend (torch.backends.cuda.enable_math_sdp(False)): a fused "
         "kernel or an error naming why none fits",
+    )
+    p_gpu.add_argument(
+        "--static-shapes",
+        action="store_true",
+        help="no automatic dynamic shapes: a frame called at another size is recompiled for it, never "
+        "traced with the size symbolic (torch._dynamo.config.automatic_dynamic_shapes=False)",
     )
     p_gpu.add_argument(
         "--caption-widths",

@@ -492,7 +492,8 @@ def main(argv: list[str] | None = None) -> int:
         "mask-broadcast, mask-contiguous: the form of BERT's key padding mask (ddp_bench.use_text_mask); "
         "eager-attention-text, -image, -all: the text encoder's, the image encoder's or every encoder's "
         "attention outside the compiled graph (ddp_bench.attention_outside_compile); widths-32-40: batches "
-        "of caption widths 32 and 40 in turn (a symbolic width, a CUDA graph per width); compiled-optimizer: "
+        "of caption widths 32 and 40 in turn (a symbolic width, a CUDA graph per width); static: no "
+        "automatic dynamic shapes (a frame recompiled per size, never symbolic); compiled-optimizer: "
         "clipping, AdamW and "
         "the bf16 copy as one compiled function (ddp_bench.CompiledOptimizerSide)); "
         "H100 figures: amp_bf16:modules 15.30 steps/s (run 1), bf16:step:reduce-overhead 17.23 (run 3)",

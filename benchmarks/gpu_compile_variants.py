@@ -29,6 +29,9 @@ VARIANT_FLAGS = {
     **{f"mask-{form}": ["--text-mask", form] for form in ("additive", "broadcast", "contiguous")},
     **{f"eager-attention-{which}": ["--eager-attention", which] for which in ("text", "image", "all")},
     "compiled-optimizer": ["--compile-optimizer"],
+    # every frame compiled for the sizes it meets: if a graph break on the GPU splits BERT into frames
+    # called at 35 and then 128 keys, the second is not traced with a symbolic length
+    "static": ["--static-shapes"],
     # batches of two caption widths in turn (a dataset's, padded to multiples of 16): a symbolic width in
     # the trace and a CUDA graph recorded per width, as training on real data has them
     "widths-32-40": ["--caption-widths", "32,40"],
