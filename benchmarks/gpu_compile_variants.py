@@ -1,7 +1,7 @@
 """The ``train_compile`` step of ``make gpu-check``: steps/s of the compiled training step for each
 ``--compile-variants`` item, one ``ddp_bench.py gpu-step`` child process per variant.
 
-Compilation takes most of a variant's wall time (~2 minutes for ViT-B/16 + BERT-base on an H100 machine),
+Compilation takes most of a variant's wall time (1-2 minutes for ViT-B/16 + BERT-base on an H100 machine),
 and most of it runs on one CPU core: tracing, lowering and scheduling are single-threaded, only the
 kernels compile in a pool. A GPU machine's time is scarce and it has 16 cores, so ``--compile-parallel N``
 variants compile at once, each in a child with its own compiler cache, then take turns on the device: a

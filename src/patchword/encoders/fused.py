@@ -55,7 +55,7 @@ class _Local(threading.local):
     """One thread's state of a group. ``shared`` is set in every thread before its first use (a
     ``threading.local`` subclass runs ``__init__`` once per thread): a compiled step that found it unset
     on its first call would guard on that and be compiled a second time once the first call had set it
-    (the whole ViT-B/16 + BERT-base step: ~2 minutes on an H100 machine)."""
+    (the whole ViT-B/16 + BERT-base step: about a minute on an H100 machine)."""
 
     def __init__(self) -> None:
         self.shared: _Shared | None = None
