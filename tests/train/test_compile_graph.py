@@ -132,7 +132,7 @@ def test_the_compiled_step_of_hugging_face_backbones_compiles_once(
 ):
     """The fused query/key/value projections keep their shared product in a thread-local. Were it unset
     until a first call set it, the compiled step would guard on its absence and compile a second time at
-    the second step: twice the ~2 minutes of the ViT-B/16 + BERT-base step on an H100 machine."""
+    the second step: a second compilation of the whole ViT-B/16 + BERT-base step on an H100 machine."""
     graphs = []
     original = torch.compile
 
