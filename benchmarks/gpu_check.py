@@ -23,8 +23,10 @@ f. ``profile``: ``torch.profiler`` of one ``score_matrix`` call on a slice: top 
 More steps, run when ``--steps`` names them (``benchmarks/gpu_check_extra.py``): ``tf32`` (scoring in
 float32 and ``precision="tf32"``), ``eval_tf32`` (``patchword eval --eval-run RUN`` in both),
 ``train_profile`` (the training step under the profiler), ``train_compile`` (steps/s with
-``torch.compile``, one child process per ``--compile-variants`` item), ``attention`` (which attention
-kernel the encoders run, eager and compiled: ``benchmarks/attention_probe.py``).
+``torch.compile``, one child process per ``--compile-variants`` item, several compiling at once and timed
+one at a time: ``benchmarks/gpu_compile_variants.py``), ``attention`` (which attention kernel the
+encoders run, eager and compiled: ``benchmarks/attention_probe.py``; in the background beside the
+compilation when ``train_compile`` is the next step, finished before anything else runs).
 
 Timings come before the profiler (it slows what it watches). A step is skipped, with a line saying so, when
 the budget left cannot hold it and the minimum of the steps after it; a step that fails prints its
