@@ -93,11 +93,9 @@ def test_an_epoch_of_varying_batch_shapes_compiles_once_per_varying_dimension(tm
     assert breaks == {}
 
 
-def test_the_alignment_warm_up_does_not_recompile_the_compiled_step(tmp_path, monkeypatch):
-    """The alignment loss's weight grows at every step of the first epoch. Compiled, it reaches the step as
-    a 0-d tensor on the device, so one batch shape compiles once, not again for the changing weight (a
-    Python float recompiles, then enters the graph as a host scalar, which keeps that graph, the one
-    every later step reuses, from being replayed as CUDA graphs)."""
+def _count_compiled_graphs(monkeypatch) -> list:
+    """Make ``torch.compile`` (as the trainer calls it) trace without generating code; the returned list
+    fills with the graphs it compiles."""
     graphs = []
     original = torch.compile
 
@@ -111,6 +109,15 @@ def test_the_alignment_warm_up_does_not_recompile_the_compiled_step(tmp_path, mo
         return original(fn, **{**kwargs, "backend": backend})
 
     monkeypatch.setattr(torch, "compile", counting_compile)
+    return graphs
+
+
+def test_the_alignment_warm_up_does_not_recompile_the_compiled_step(tmp_path, monkeypatch):
+    """The alignment loss's weight grows at every step of the first epoch. Compiled, it reaches the step as
+    a 0-d tensor on the device, so one batch shape compiles once, not again for the changing weight (a
+    Python float recompiles, then enters the graph as a host scalar, which keeps that graph, the one
+    every later step reuses, from being replayed as CUDA graphs)."""
+    graphs = _count_compiled_graphs(monkeypatch)
     step = ["train.compile=true", "train.compile_scope=step", "model.seps.variant=code"]
     trainer, batches = _trainer_and_batches([*TINY_RUN_32, *step], tmp_path)
     torch._dynamo.reset()
@@ -133,19 +140,7 @@ def test_the_compiled_step_of_hugging_face_backbones_compiles_once(
     """The fused query/key/value projections keep their shared product in a thread-local. Were it unset
     until a first call set it, the compiled step would guard on its absence and compile a second time at
     the second step: a second compilation of the whole ViT-B/16 + BERT-base step on an H100 machine."""
-    graphs = []
-    original = torch.compile
-
-    def counting_compile(fn, **kwargs):
-        kwargs.pop("mode", None)
-
-        def backend(graph_module, example_inputs):
-            graphs.append(graph_module)
-            return graph_module.forward
-
-        return original(fn, **{**kwargs, "backend": backend})
-
-    monkeypatch.setattr(torch, "compile", counting_compile)
+    graphs = _count_compiled_graphs(monkeypatch)
     step = ["train.compile=true", "train.compile_scope=step"]
     trainer, batches = _trainer_and_batches(
         [*tiny_hf_laps_overrides(tiny_hf, laps_dataset, tmp_path), *step], tmp_path
