@@ -307,9 +307,10 @@ def step_setup(args: argparse.Namespace):
     step_model = model if bf16 is None else bf16.module
     if getattr(args, "text_mask", "default") != "default":
         use_text_mask(step_model.text_encoder, args.text_mask)
-    if getattr(args, "eager_attention", "none") != "none":
+    eager_attention = getattr(args, "eager_attention", "none") != "none"
+    if eager_attention:
         attention_outside_compile(step_model, args.eager_attention)
-    if getattr(args, "eager_attention", "none") != "none" or getattr(args, "static_shapes", False):
+    if eager_attention or getattr(args, "static_shapes", False):
         # Between graph breaks, BERT's layers are frames of their own, called at 35 keys (captions) and
         # then at 128 (dense captions): torch.compile would recompile them with the length symbolic (7 of
         # 25 graphs with --eager-attention all, counted on the CPU), and a symbolic length may change the
@@ -379,10 +380,6 @@ def use_text_mask(encoder, form: str) -> None:
     encoder.forward = types.MethodType(forward, encoder)
 
 
-#: the projections an attention layer of transformers holds (BERT: query/key/value; ViT since 5.x: q_proj...)
-_QKV = (("query", "key", "value"), ("q_proj", "k_proj", "v_proj"))
-
-
 def attention_outside_compile(model, which: str) -> int:
     """An experiment, not the library's behaviour: the Hugging Face attention layers of ``model``'s text
     encoder (``which="text"``), its image encoder (``"image"``) or both (``"all"``) run
@@ -398,6 +395,8 @@ def attention_outside_compile(model, which: str) -> int:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    from patchword.encoders.fused import QKV_NAMES
+
     encoders = {"text": [model.text_encoder], "image": [model.image_encoder]}.get(
         which, [model.text_encoder, model.image_encoder]
     )
@@ -407,7 +406,7 @@ def attention_outside_compile(model, which: str) -> int:
         if not isinstance(backbone, torch.nn.Module):
             raise SystemExit(f"--eager-attention needs Hugging Face encoders, not {type(encoder).__name__}")
         for module in backbone.modules():  # the self-attention layers, which call the attention function
-            if any(all(isinstance(getattr(module, n, None), torch.nn.Module) for n in t) for t in _QKV):
+            if any(all(isinstance(getattr(module, n, None), torch.nn.Module) for n in t) for t in QKV_NAMES):
                 module._attention_outside_compile = True
                 marked += 1
     if not marked:
@@ -637,6 +636,7 @@ def gpu_step(args: argparse.Namespace) -> dict:
 
     cuda_graphs = args.compile and getattr(args, "compile_mode", None) in CUDA_GRAPH_COMPILE_MODES
     compile_optimizer = bool(getattr(args, "compile_optimizer", False))
+    wait_go = bool(getattr(args, "wait_go", False))  # timed only when told (gpu_compile_variants)
     compiled_side: list[CompiledOptimizerSide] = []  # --compile-optimizer: made after the first step
 
     def step() -> None:  # the trainer's step (Trainer._train_step) without its logging
@@ -668,13 +668,13 @@ def gpu_step(args: argparse.Namespace) -> dict:
     held: dict = {}  # device memory the compilation and warm-up reserved, and what stays reserved
     if device.type == "cuda":
         held["warmup_peak_reserved_gb"] = torch.cuda.max_memory_reserved(device) / 2**30
-        if getattr(args, "wait_go", False):  # while others compile beside it: hold only what it uses
+        if wait_go:  # while others compile beside it: hold only what it uses
             torch.cuda.empty_cache()
         held["reserved_after_warmup_gb"] = torch.cuda.memory_reserved(device) / 2**30
         torch.cuda.reset_peak_memory_stats()
         if args.sync_debug:  # report every op of the step that makes the host wait for the GPU
             torch.cuda.set_sync_debug_mode("warn")
-    if getattr(args, "wait_go", False):  # compiled and warm: wait for the turn to time (gpu_check_extra)
+    if wait_go:  # compiled and warm: wait for the turn to time
         print("gpu-step: ready", flush=True)
         if not sys.stdin.readline():
             raise SystemExit("gpu-step: stdin closed before the turn to time came")

@@ -284,15 +284,15 @@ def step_attention(args, budget, partial, say, child_env) -> dict:
     """``attention_probe.py``: the attention backend of every probed case, eager and compiled. Its output,
     with the backends' C++ warnings in order (the reasons a fused kernel is refused may be printed there
     rather than raised as Python warnings), goes to ``attention_log.txt``; at most 180 s. When
-    ``train_compile`` comes later, the probe (which times nothing) runs in the background beside the
-    variants' compilation (when it is the next step), at most 300 s, and is waited for before their
-    first timed step."""
+    ``train_compile`` is the next step, the probe (which times nothing) runs in the background beside
+    the variants' compilation, at most 300 s, and is waited for before their first timed step."""
     out, log = Path(args.out) / "attention.json", Path(args.out) / "attention_log.txt"
     out.unlink(missing_ok=True)  # rows of an earlier run in the same folder are not this run's
     cmd = [sys.executable, str(ROOT / "benchmarks" / "attention_probe.py"), "--device", args.device]
     cmd += ["--json", str(out)] + (["--quick"] if args.quick else [])
     chosen = [name for name in args.steps.split(",") if name]
-    if chosen[chosen.index("attention") + 1 : chosen.index("attention") + 2] == ["train_compile"]:
+    after = chosen.index("attention") + 1
+    if chosen[after : after + 1] == ["train_compile"]:
         start, handle = time.perf_counter(), log.open("w")
         try:
             proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=handle, stderr=subprocess.STDOUT)

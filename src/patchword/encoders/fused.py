@@ -29,9 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["FusedProjection", "fuse_qkv", "unfuse_qkv"]
+__all__ = ["QKV_NAMES", "FusedProjection", "fuse_qkv", "unfuse_qkv"]
 
-_TRIPLES = (("query", "key", "value"), ("q_proj", "k_proj", "v_proj"))
+#: the names transformers gives an attention layer's query, key and value projections (BERT; ViT, Swin)
+QKV_NAMES = (("query", "key", "value"), ("q_proj", "k_proj", "v_proj"))
 
 
 def _autocast_enabled(device_type: str) -> bool:
@@ -132,7 +133,7 @@ def fuse_qkv(module: nn.Module) -> int:
     the same width and agree on having a bias; returns how many triples were fused."""
     fused = 0
     for parent in module.modules():
-        for names in _TRIPLES:
+        for names in QKV_NAMES:
             members = tuple(getattr(parent, name, None) for name in names)
             if not all(type(m) is nn.Linear for m in members):
                 continue
