@@ -141,7 +141,12 @@ def _entry(label, rsum, seconds, device_name, device="cuda:0", threads=8, images
         return (float(record), 0.0) if isinstance(record, (int, float)) else None
 
     return SimpleNamespace(
-        label=label, runs=[Path(label)], summaries=[summary], value=value, first=lambda k: summary.get(k)
+        label=label,
+        runs=[Path(label)],
+        planned=1,
+        summaries=[summary],
+        value=value,
+        first=lambda k: summary.get(k),
     )
 
 
@@ -202,7 +207,7 @@ def test_rows_measured_on_different_test_galleries_are_never_ranked_against_each
     caption, header, rows = cost_rows(entries, {})
     cells = {row[0]: row[header.index("s / 1K x 5K")] for row in rows}
     assert cells == {"big-a": "1.00 ★", "big-b": "5.00", "tiny": "9.00 ★"}
-    assert "2 TEST GALLERIES (test 1000 x 5000, test 12 x 60)" in caption and "MACHINES" not in caption
+    assert "2 TEST GALLERIES [test 1000 x 5000; test 12 x 60]" in caption and "MACHINES" not in caption
 
 
 def test_report_refuses_a_json_that_is_not_a_gallery_benchmark(two_runs, tmp_path, capsys):

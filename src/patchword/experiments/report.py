@@ -1,10 +1,11 @@
 """``patchword report RUN_OR_SWEEP... --out report.md``: runs side by side.
 
-One row per run (or per variant of a sweep, as mean +- std over its seeds): the test recalls and rSum, the
-split and its gallery size, whether the protocol is leaky (flagged), patch-selection object recall against
-chance and the compositional accuracies where the run has them; what each costs (scoring time per 1K x 5K,
-memory, parameters, training time, index size: :mod:`patchword.experiments.cost`, the Pareto front of
-accuracy against scoring time marked within each machine); the gallery-scale benchmarks given; then the
+One row per run (or per variant of a sweep, as mean +- std over its seeds; every variant the sweep set out to
+run, INCOMPLETE where seeds are missing): the test recalls and rSum, the split and its gallery size, whether
+the protocol is leaky (flagged), patch-selection object recall against chance and the compositional
+accuracies where the run has them; what each costs (scoring time per 1K x 5K, memory, parameters, training
+time, index size: :mod:`patchword.experiments.cost`, the Pareto front of accuracy against scoring time
+marked within each machine, test gallery and protocol); the gallery-scale benchmarks given; then the
 config keys whose values differ between the runs (everything else is shared), one figure of the training
 curves overlaid (training loss, dev rSum) and one of accuracy against cost. Writes ``report.md``,
 ``report.html`` (the figures embedded), ``report_curves.png`` and ``report_cost.png`` beside it, and with
@@ -13,8 +14,6 @@ curves overlaid (training loss, dev rSum) and one of accuracy against cost. Writ
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 from pathlib import Path
 from typing import Any
@@ -25,10 +24,13 @@ from patchword.eval.metrics import RECALL_KEYS
 from patchword.experiments.cost import (
     cost_rows,
     csv_text,
-    gallery_rows,
+    dataset_label,
     index_bytes_per_image,
+    is_leaky,
     plot_accuracy_cost,
 )
+from patchword.experiments.gallery_table import gallery_rows
+from patchword.experiments.report_page import Table, html_page, markdown_page
 from patchword.experiments.sweep import SWEEP_FILE, mean_std, read_sweep
 from patchword.fileio import atomic_write_text
 from patchword.imports.base import IMPORT_FILE
@@ -64,7 +66,7 @@ class Entry:
         self.label, self.runs = label, runs
         # the seeds a sweep set out to run; fewer finished runs: an interrupted sweep (never shown as whole)
         self.planned = max(planned or 0, len(runs))
-        self.summaries = [_metrics(r) for r in runs]
+        self.summaries = [_with_dataset(r, _metrics(r)) for r in runs]
         suites = [_suite_record(r, "eval_compositional.json") for r in runs]
         self.compositional = [record for record, _ in suites]
         # suite files scored before the checkpoint they name was last written (a run resumed since)
@@ -99,6 +101,14 @@ def _metrics(run: Path) -> dict[str, Any]:
     return evaluation or _json(run / METRICS_JSON)
 
 
+def _with_dataset(run: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with the ``"dataset"`` its test gallery came from (from the run's config where the
+    record does not say): rSum is ranked only among rows of one dataset."""
+    if record.get("dataset"):
+        return record
+    return {**record, "dataset": dataset_label(read_run_config(run).data)}
+
+
 def _suite_record(run: Path, name: str) -> tuple[dict[str, Any], str | None]:
     """A suite's evaluation file in ``run`` and, when it is older than the checkpoint it names (training
     went on after it was scored), the name of that checkpoint."""
@@ -123,13 +133,16 @@ def _json(path: Path) -> dict[str, Any]:
 
 
 def collect(paths: list[Path]) -> list[Entry]:
-    """Runs and sweeps -> rows (a sweep: one row per variant)."""
+    """Runs and sweeps -> rows (a sweep: one row per variant it set out to run, those with no finished
+    seed yet included: an interrupted sweep never reads as whole)."""
     entries = []
     for path in paths:
         if (path / SWEEP_FILE).exists():
             sweep = read_sweep(path)
             planned = len(sweep.get("seeds", [])) or None
-            for variant, runs in sweep["runs"].items():
+            # the planned variants in their order, then any finished one the record does not plan ("runs")
+            for variant in dict.fromkeys([*sweep.get("variants", {}), *sweep["runs"]]):
+                runs = sweep["runs"].get(variant, {})
                 parent = path / variant if variant != "runs" else path
                 label = f"{path.name}/{variant}" if variant != "runs" else path.name
                 entries.append(Entry(label, [parent / f"seed-{s}" for s in runs], planned))
@@ -145,20 +158,24 @@ def collect(paths: list[Path]) -> list[Entry]:
 def differing_keys(entries: list[Entry]) -> dict[str, list[Any]]:
     """Config keys whose values differ between the rows, with the value of each row. A run's config is its
     ``config.yaml`` with the overrides of its resumes applied. Run names and directories are left out; a
-    sweep row's ``seed`` is its list of seeds."""
-    configs = []
+    sweep row's ``seed`` is its list of seeds. A row without a finished run has no config: its values are
+    None and take no part in what differs."""
+    configs: list[dict[str, Any] | None] = []
     for entry in entries:
+        if not entry.runs:
+            configs.append(None)
+            continue
         # the config each run ended with: config.yaml, then what its resumes changed
         config = flat_config(read_run_config(entry.runs[0], resume_overrides(entry.runs[0])))
         if len(entry.runs) > 1:
             config["seed"] = [read_run_config(run).seed for run in entry.runs]
         configs.append(config)
-    keys = sorted(set().union(*configs))
+    present = [c for c in configs if c is not None]
     ignored = {"name", "output_dir"}
     return {
-        k: [c.get(k) for c in configs]
-        for k in keys
-        if k not in ignored and len({json.dumps(c.get(k), sort_keys=True, default=str) for c in configs}) > 1
+        k: [None if c is None else c.get(k) for c in configs]
+        for k in sorted(set().union(*present))
+        if k not in ignored and len({json.dumps(c.get(k), sort_keys=True, default=str) for c in present}) > 1
     }
 
 
@@ -199,40 +216,41 @@ def _curves(entries: list[Entry], out: Path) -> Path | None:
     return out
 
 
-Table = tuple[str, list[str], list[list[str]]]  # (caption, header, rows)
+def _test_row(e: Entry) -> list[str]:
+    """A row of the test-metrics table (a row without a finished run: its label and seed count only)."""
+    done = len(e.runs)
+    label = e.label + (" (INCOMPLETE)" if done < e.planned else "")
+    seeds = str(done) if done == e.planned else f"{done} of {e.planned}"
+    if not done:
+        return [label, seeds, *[""] * (len(KEYS) + 4)]
+    recall, chance = e.value("selection_object_recall.caption"), e.value("selection_chance.caption")
+    selection = f"{_cell(recall, done)} / {chance[0]:.1f}" if recall and chance else ""
+    split = f"{e.first('split') or ''} ({e.first('images') or '?'} / {e.first('captions') or '?'})"
+    seconds = e.value("train_seconds")
+    return [
+        label,
+        seeds,
+        *(_cell(e.value(k), done) for k in KEYS),
+        split,
+        "LEAKY" if is_leaky(e) else "leak-free",
+        selection,
+        f"{seconds[0]:.0f}" if seconds else "",
+    ]
 
 
 def _tables(
     entries: list[Entry], index_sizes: dict[str, float] | None = None, galleries: tuple[Path, ...] = ()
 ) -> list[Table]:
     n = {e.label: len(e.runs) for e in entries}
-    rows = []
-    for e in entries:
-        recall, chance = e.value("selection_object_recall.caption"), e.value("selection_chance.caption")
-        selection = f"{_cell(recall, n[e.label])} / {chance[0]:.1f}" if recall and chance else ""
-        split = f"{e.first('split') or ''} ({e.first('images') or '?'} / {e.first('captions') or '?'})"
-        protocol = "LEAKY" if e.first("leaky") else "leak-free"
-        cells = [_cell(e.value(k), n[e.label]) for k in KEYS]
-        seconds = e.value("train_seconds")
-        done = n[e.label]
-        rows.append(
-            [
-                e.label + (" (INCOMPLETE)" if done < e.planned else ""),
-                str(done) if done == e.planned else f"{done} of {e.planned}",
-                *cells,
-                split,
-                protocol,
-                selection,
-                f"{seconds[0]:.0f}" if seconds else "",
-            ]
-        )
+    rows = [_test_row(e) for e in entries]
     caption = "Test metrics (mean ± sample std over seeds where a row has several)"
     if any(len(e.runs) < e.planned for e in entries):
         caption += (
             "; INCOMPLETE: a sweep that stopped before all its seeds finished, its figures over the finished"
-            " seeds only (the same `patchword sweep` command resumes it)"
+            " seeds only, none for a variant with no finished seed (the same `patchword sweep` command"
+            " resumes it)"
         )
-    if any(e.first("leaky") for e in entries):
+    if any(is_leaky(e) for e in entries):
         caption += (
             "; LEAKY: queries carry dense text generated from their own target image (official SEPS code)"
         )
@@ -270,7 +288,10 @@ def _tables(
         tables.append(published)
     tables += [gallery_rows(path) for path in galleries]
     diff = differing_keys(entries)
-    rows = [[k, *(json.dumps(v, default=str) for v in values)] for k, values in diff.items()]
+    rows = [
+        [k, *("" if not e.runs else json.dumps(v, default=str) for e, v in zip(entries, values, strict=True))]
+        for k, values in diff.items()
+    ]
     tables.append(
         ("Config keys that differ (all others are equal)", ["key", *(e.label for e in entries)], rows)
     )
@@ -282,7 +303,7 @@ def _published_table(entries: list[Entry]) -> Table | None:
     (:mod:`patchword.imports.published`): per published result of the method, backbone and dataset the
     checkpoint was trained for, its row, the row's measured figures and their difference."""
     rows, notes = [], []
-    for e in entries:
+    for e in filter(lambda e: e.runs, entries):
         model = imported_model(_json(e.runs[0] / IMPORT_FILE))
         for published in model.published() if model is not None else []:
             measured = measured_metrics(e.summaries[0], published.dataset)
@@ -304,40 +325,6 @@ def _published_table(entries: list[Entry]) -> Table | None:
     if notes:
         caption += "; NOT LIKE FOR LIKE: " + "; ".join(notes)
     return caption, ["run", "published result", "row", *KEYS, "source"], rows
-
-
-def _markdown(tables: list[Table], figures: list[tuple[str, Path]]) -> str:
-    lines = ["# patchword report"]
-    for caption, header, rows in tables:
-        lines += ["", caption + ":", ""]
-        if not rows:
-            lines.append("none")
-            continue
-        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
-    for alt, path in figures:
-        lines += ["", f"![{alt}]({path.name})"]
-    return "\n".join(lines) + "\n"
-
-
-def _html(tables: list[Table], figures: list[tuple[str, Path]]) -> str:
-    parts = [
-        "<!doctype html><meta charset=utf-8><title>patchword report</title>",
-        "<style>body{font-family:sans-serif}td,th{padding:2px 8px;border-bottom:1px solid #ddd}</style>",
-        "<h1>patchword report</h1>",
-    ]
-    for caption, header, rows in tables:
-        parts.append(f"<h3>{html.escape(caption)}</h3>")
-        if not rows:
-            parts.append("<p>none</p>")
-            continue
-        parts.append("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>")
-        parts += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows]
-        parts.append("</table>")
-    for alt, path in figures:
-        data = base64.b64encode(path.read_bytes()).decode()
-        parts.append(f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">')
-    return "\n".join(parts) + "\n"
 
 
 def _index_sizes(entries: list[Entry], indexes: tuple[Path, ...]) -> dict[str, float]:
@@ -376,8 +363,8 @@ def write_report(
     trade_off = plot_accuracy_cost(entries, out.with_name(out.stem + "_cost.png"))
     if trade_off is not None:
         figures.append(("accuracy vs cost", trade_off))
-    atomic_write_text(out, _markdown(tables, figures))
-    atomic_write_text(out.with_suffix(".html"), _html(tables, figures))
+    atomic_write_text(out, markdown_page(tables, figures))
+    atomic_write_text(out.with_suffix(".html"), html_page(tables, figures))
     if csv is not None:
         atomic_write_text(csv, csv_text(entries))
     return out

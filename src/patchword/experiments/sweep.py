@@ -110,7 +110,8 @@ def _refuse_foreign_directory(sweep_dir: Path, key: str) -> None:
 
 def read_sweep(sweep_dir: str | Path) -> dict[str, Any]:
     """``sweep_dir/sweep.json``, checked: ``runs`` maps each variant (``runs`` without variants) to its
-    finished seeds, ``seeds`` lists the seeds the sweep set out to run.
+    finished seeds, ``seeds`` lists the seeds the sweep set out to run, ``variants`` (absent from files
+    written before it) maps each variant the sweep set out to run to its overrides.
 
     Raises:
         MissingFileError: no sweep.json.
@@ -125,6 +126,8 @@ def read_sweep(sweep_dir: str | Path) -> dict[str, Any]:
         raise DataError(f"{path}: not a sweep record: 'runs' must map each variant to its seeds' results")
     if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise DataError(f"{path}: not a sweep record: 'seeds' must be a list of integers")
+    if not isinstance(record.get("variants", {}), dict):
+        raise DataError(f"{path}: not a sweep record: 'variants' must map each variant to its overrides")
     for variant, done in runs.items():
         if not all(str(s).lstrip("-").isdigit() for s in done):
             raise DataError(
