@@ -156,3 +156,36 @@ def test_faiss_flat_equals_exact_and_the_approximate_indexes_are_close():
     exact = two_stage_scores(m, img, caps, lens, k=4)
     flat = two_stage_scores(m, img, caps, lens, k=4, backend="faiss_flat")
     assert torch.equal(exact.sims_i2t, flat.sims_i2t) and torch.equal(exact.sims_t2i, flat.sims_t2i)
+
+
+@pytest.mark.skipif(not faiss_available(), reason="faiss is an optional extra (pip install faiss-cpu)")
+def test_an_ivf_shortlist_it_cannot_fill_is_shorter_and_its_empty_slots_are_no_pairs():
+    """FAISS IVF marks the slots a query's scanned lists cannot fill with label -1 (score -3.4e38): they are
+    dropped (the pairs stay -inf, misses), never read as caption N_txt - 1 of the previous image or as
+    negative pair ids, and ``pairs_scored`` counts the real pairs only."""
+    img, caps, lens, _ = _split(60, seed=4)
+    m = build_matcher("vse", embed_dim=DIM, has_cls=False, pool="mean").eval()
+    img_emb, txt_emb = global_embeddings(m, img, caps, lens)
+    ivf = GlobalIndex(img_emb, backend="faiss_ivf", nlist=6, nprobe=1)
+    scores, ids = ivf.search(txt_emb, 40)
+    assert (ids < 0).any(), "the test needs shortlists IVF cannot fill"
+    assert torch.equal(ids < 0, scores == float("-inf"))  # no -3.4e38 passed off as a score
+    options = {"nlist": 6, "nprobe": 1}
+    res = two_stage_scores(m, img, caps, lens, k=40, backend="faiss_ivf", index_options=options)
+    full = score_matrix(m, img, caps, lens)
+    for sims, candidates, by_row in (
+        (res.sims_i2t, res.i2t_candidates, True),
+        (res.sims_t2i, res.t2i_candidates, False),
+    ):
+        want = torch.zeros_like(full, dtype=torch.bool)
+        for query, row in enumerate(candidates.tolist()):
+            real = [c for c in row if c >= 0]
+            if by_row:
+                want[query, real] = True
+            else:
+                want[real, query] = True
+        assert torch.equal(torch.isfinite(sims), want)
+        assert torch.allclose(sims[want], full[want], atol=1e-5)
+    assert (res.t2i_candidates < 0).any()
+    real_pairs = torch.isfinite(res.sims_i2t) | torch.isfinite(res.sims_t2i)
+    assert res.pairs_scored == int(real_pairs.sum())

@@ -13,6 +13,7 @@ import torch
 
 from patchword.cli.search import main_search
 from patchword.eval import evaluate
+from patchword.eval.two_stage import faiss_available
 from patchword.matching import build_matcher
 from patchword.matching.ops import length_mask
 from patchword.search.explain import explain_pair
@@ -278,3 +279,115 @@ def test_faiss_import_drops_the_loaders_info_and_keeps_its_errors(tmp_path):
     assert done.stdout == "False 0\n"
     assert "ERROR:faiss.loader:no build of faiss loads on this machine" in done.stderr
     assert "swigfaiss" not in done.stderr, done.stderr
+
+
+def _global_column(searcher, caption: str) -> torch.Tensor:
+    """(N,) global similarities of every indexed image to ``caption``: what a first stage must report."""
+    return searcher.index.global_embeddings() @ searcher.encode_query(caption).global_embedding[0]
+
+
+@pytest.mark.skipif(not faiss_available(), reason="faiss is an optional extra (pip install faiss-cpu)")
+def test_an_approximate_first_stage_kept_with_the_index_is_rebuilt_after_an_update_that_deletes_files(
+    env, tmp_path
+):
+    """The HNSW graph / IVF lists kept beside the index describe its rows by index id; an update that only
+    deletes files keeps the shards but moves the ids: the kept first stage must not be reused (old code: an
+    IndexError, or another image's global score reported for a hit)."""
+    import shutil
+
+    from patchword.search.index import build_index
+
+    images = tmp_path / "images"
+    shutil.copytree(env.export.files["images"], images)
+    dense = env.export.files["dense"]
+    build_index(env.run, images, tmp_path / "idx", dense=dense, shard_size=100)
+    captions, _ = caption_queries(env)
+    backends = ("faiss_hnsw", "faiss_ivf")
+    for backend in backends:  # built and kept for the 24 images
+        Searcher(SearchIndex.open(tmp_path / "idx"), env.run, backend=backend).search(captions[0], k=3)
+    for name in sorted(p.name for p in images.iterdir())[1:9:3]:
+        (images / name).unlink()
+    report = build_index(env.run, images, tmp_path / "idx", update=True, shard_size=100)
+    assert (report.removed, report.added, report.num_images) == (3, 0, 21)
+    index = SearchIndex.open(tmp_path / "idx")
+    assert len(index.manifest.shards) == 1  # the same shard list: only the entries moved
+    exact = Searcher(index, env.run, backend="exact", shortlist=len(index))
+    for backend in backends:
+        whole = Searcher(index, env.run, backend=backend, shortlist=len(index))
+        short = Searcher(index, env.run, backend=backend, shortlist=5)
+        for caption in captions[:6]:
+            want = {h.id: h.score for h in exact.search(caption, k=len(index)).hits}
+            got = {h.id: h.score for h in whole.search(caption, k=len(index)).hits}
+            assert got.keys() == want.keys() and all(abs(got[i] - want[i]) < 1e-5 for i in want), backend
+            truth = _global_column(exact, caption)
+            hits = short.search(caption, k=5).hits
+            for hit in hits:  # each hit's first-stage score is its own image's
+                assert hit.global_score == pytest.approx(float(truth[hit.id]), abs=1e-5), backend
+                assert hit.path == index.path(hit.id)
+            boundary = float(truth.sort(descending=True).values[4])  # the exact top 5, up to near ties
+            must = set((truth > boundary + 1e-5).nonzero().flatten().tolist())
+            may = set((truth >= boundary - 1e-5).nonzero().flatten().tolist())
+            assert must <= {h.id for h in hits} <= may, backend
+    assert len(list((tmp_path / "idx").glob("global.*.hnsw"))) == 1  # the stale graph was replaced
+
+
+@pytest.mark.skipif(not faiss_available(), reason="faiss is an optional extra (pip install faiss-cpu)")
+def test_a_search_whose_ivf_lists_hold_fewer_images_than_its_shortlist_gets_a_shorter_one(env):
+    """FAISS fills the slots an IVF scan cannot with id -1: no hit may be "image -1" (the last entry's path
+    under another image's score), the shortlist is the images actually found."""
+    from patchword.eval.two_stage import GlobalIndex
+
+    index = SearchIndex.open(env.index_dir)
+    searcher = Searcher(index, env.run, backend="exact", shortlist=len(index))
+    searcher.global_index = GlobalIndex(index.global_embeddings(), backend="faiss_ivf", nlist=4, nprobe=1)
+    captions, _ = caption_queries(env)
+    short = 0
+    for caption in captions[:6]:
+        _, raw = searcher.global_index.search(searcher.encode_query(caption).global_embedding, len(index))
+        found = raw[0][raw[0] >= 0].tolist()
+        short += len(found) < len(index)
+        result = searcher.search(caption, k=len(index))
+        ids = [h.id for h in result.hits]
+        assert sorted(ids) == sorted(found) and result.shortlist == len(found)
+        truth = _global_column(searcher, caption)
+        for hit in result.hits:
+            assert hit.global_score == pytest.approx(float(truth[hit.id]), abs=1e-5)
+            assert hit.path == index.path(hit.id)
+    assert short, "the test needs queries whose scanned lists hold fewer images than the shortlist"
+
+
+def test_an_explanation_on_a_dense_scores_index_scores_as_its_search(env, tmp_path):
+    """--dense-store scores keeps the dense branch's score per image instead of its tokens: the explanation
+    adds it as the search does (old code: the caption branch alone, about half the search's score)."""
+    from patchword.config import apply_overrides
+    from patchword.runs import load_run
+    from patchword.runs.config import RunConfig
+    from patchword.search.index import build_index
+    from patchword.train.runner import train_run
+    from search_support import TINY
+
+    overrides = [o for o in TINY if not o.startswith(("model.seps.variant", "train.epochs", "name="))]
+    cfg = apply_overrides(
+        RunConfig(),
+        [
+            f"output_dir={tmp_path / 'runs'}",
+            f"data.cache_dir={env.root / 'cache'}",
+            *overrides,
+            "name=code",
+            "model.seps.variant=code",
+            "train.epochs=1",
+        ],
+    )
+    train_run(cfg)
+    run = load_run(tmp_path / "runs" / "code")
+    images, dense = env.export.files["images"], env.export.files["dense"]
+    build_index(run, images, tmp_path / "tokens", dense=dense, shard_size=10)
+    build_index(run, images, tmp_path / "scores", dense=dense, dense_store="scores", shard_size=10)
+    tokens = Searcher(SearchIndex.open(tmp_path / "tokens"), run)
+    scores = Searcher(SearchIndex.open(tmp_path / "scores"), run)
+    captions, _ = caption_queries(env)
+    for caption in captions[:3]:
+        for hit in scores.search(caption, k=3).hits:
+            explained = scores.explain(caption, hit.id)
+            assert explained.score == pytest.approx(hit.score, abs=1e-5)
+            assert explained.score == pytest.approx(tokens.explain(caption, hit.id).score, abs=1e-5)

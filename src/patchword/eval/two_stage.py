@@ -196,7 +196,9 @@ class GlobalIndex:
             k: candidates per query (clipped to the database size).
 
         Returns:
-            ``(scores, indices)``, (Q, k) float32 and int64 on the CPU, best first.
+            ``(scores, indices)``, (Q, k) float32 and int64 on the CPU, best first. An approximate index
+            may find fewer than ``k`` entries for a query (IVF: the lists it scans hold fewer): the empty
+            slots, last, have index -1 and score ``-inf``.
         """
         if queries.dim() != 2 or queries.shape[1] != self.dim:
             raise ValueError(f"queries must be (Q, {self.dim}), got shape {tuple(queries.shape)}")
@@ -212,7 +214,9 @@ class GlobalIndex:
                 # split instead (the same hits: 1M x 512, 500 lists, 2 threads: 13.5 -> 9.9 ms)
                 self._index.parallel_mode = 1 if queries.shape[0] == 1 else 0
             scores, indices = self._index.search(queries.detach().float().cpu().contiguous().numpy(), k)
-            return torch.from_numpy(scores), torch.from_numpy(indices).long()
+            scores, indices = torch.from_numpy(scores), torch.from_numpy(indices).long()
+            # FAISS marks an empty slot with label -1 and the lowest float32 (-3.4e38), no score at all
+            return scores.masked_fill(indices < 0, float("-inf")), indices
         queries = queries.detach().float().to(self._db.device)
         block = max(1, self._budget // (3 * 4 * self.size))  # scores + top-k temporaries per query
         scores, indices = [], []
@@ -257,9 +261,11 @@ class TwoStageResult:
         sims_i2t: (N_img, N_txt) float32, ``alpha * global + fine`` on each image's shortlisted
             captions, ``-inf`` elsewhere (rank image queries with it).
         sims_t2i: (N_img, N_txt) float32, the same for each caption's shortlisted images.
-        i2t_candidates: (N_img, k) caption indices of each image's shortlist, best global score first.
-        t2i_candidates: (N_txt, k) image indices of each caption's shortlist.
-        pairs_scored: distinct pairs the fine matcher scored (union of both shortlists).
+        i2t_candidates: (N_img, k) caption indices of each image's shortlist, best global score first;
+            -1 in the slots an approximate index left empty (a shorter shortlist).
+        t2i_candidates: (N_txt, k) image indices of each caption's shortlist (-1 likewise).
+        pairs_scored: distinct pairs the fine matcher scored (union of both shortlists, empty slots not
+            counted).
         timings: seconds of the stages: ``embed``, ``search``, ``rerank``, ``total``.
     """
 
@@ -305,7 +311,9 @@ def two_stage_scores(
             of candidates (k >= N reproduces exhaustive search).
         alpha: weight of the global similarity in the final score ``alpha * global + fine`` (TGDT's
             hybrid d_g + d_l is ``alpha=1``); 0 ranks the shortlist by the fine score alone.
-        backend: :class:`GlobalIndex` backend: ``"exact"``, ``"faiss_flat"`` or ``"faiss_hnsw"``.
+        backend: :class:`GlobalIndex` backend: ``"exact"``, ``"faiss_flat"``, ``"faiss_ivf"`` or
+            ``"faiss_hnsw"`` (approximate: a shortlist they cannot fill is shorter, its missing pairs
+            ``-inf``).
         index_options: extra :class:`GlobalIndex` keywords (``hnsw_m``, ``ef_search``...).
         max_memory_mb: working-memory budget of the re-ranking engine (and of the exact index).
         device, progress, engine: as in :func:`~patchword.eval.engine.score_matrix`.
@@ -350,8 +358,9 @@ def two_stage_scores(
     t_search = time.perf_counter()
     # The union of both shortlists, each pair scored once by the fine matcher: by the process holding
     # its image (pairs are sorted by image, so each process's pairs are one contiguous range).
-    i2t_ids = (torch.arange(n_img)[:, None] * n_txt + i2t).reshape(-1)
-    t2i_ids = (t2i * n_txt + torch.arange(n_txt)[:, None]).reshape(-1)
+    # Empty slots of an approximate shortlist (index -1) are no pair: that query's shortlist is shorter.
+    i2t_ids = (torch.arange(n_img)[:, None] * n_txt + i2t)[i2t >= 0]
+    t2i_ids = (t2i * n_txt + torch.arange(n_txt)[:, None])[t2i >= 0]
     pair_ids, inverse = torch.unique(torch.cat([i2t_ids, t2i_ids]), return_inverse=True)
     pair_img, pair_txt = pair_ids // n_txt, pair_ids % n_txt
     first, last = torch.searchsorted(pair_img, torch.tensor([lo, lo + inputs.num_images])).tolist()

@@ -77,7 +77,8 @@ class Explanation:
     Attributes:
         method: ``"seps_selection"`` (exact decomposition, module docstring) or ``"token_cosine"``.
         grid: (rows, cols) of the patch grid; N = rows * cols.
-        score: the matcher's similarity of the pair (its eval-mode forward).
+        score: the matcher's similarity of the pair (its eval-mode forward, plus the stored dense score of
+            a ``--dense-store scores`` index): the score the search ranks with.
         branches: kept patches per selection branch (empty without patch selection).
         words: one entry per query token (specials included: HRPA reads them too).
         num_keep: K, patches each branch keeps (None without patch selection).
@@ -136,6 +137,7 @@ def explain_pair(
     grid: tuple[int, int] | None = None,
     patch_prior: torch.Tensor | None = None,
     patch_ids: torch.Tensor | None = None,
+    image_constant: float | None = None,
 ) -> Explanation:
     """Explain one (image, query) pair.
 
@@ -150,6 +152,9 @@ def explain_pair(
             (:mod:`patchword.search.pruning`): the kept patches' selection priors and grid positions. The
             explanation is then that of the pruned image, laid out on the whole grid (``grid``): pruned
             patches are never kept and carry no heat.
+        image_constant: the part of the pair's score the image decides alone, given in place of its dense
+            tokens (a ``--dense-store scores`` index: the dense branch's score); added to the score, as the
+            scoring engine adds it, so the explanation's score is the one the search ranks with.
 
     Returns:
         :class:`Explanation`.
@@ -172,7 +177,7 @@ def explain_pair(
         None if dense_tokens is None else torch.tensor([dense_len], device=device),
         **pruned,
     )
-    score = float(out.sims[0, 0])
+    score = float(out.sims[0, 0]) + (0.0 if image_constant is None else float(image_constant))
     dense_args = (None, None)
     if dense_tokens is not None:
         dense_args = (dense_tokens[None], torch.tensor([dense_tokens.shape[0]], device=device))

@@ -11,22 +11,26 @@ backend (tested).
 
 ``patchword index build ... --qdrant PATH_OR_URL`` builds the local index as usual (its shards are the
 resumable staging area), then uploads every entry (idempotent: a rerun uploads again, overwriting by id) and
-records the collection in ``INDEX_DIR/qdrant.json``. ``patchword search`` / ``serve`` read that file and take
-vectors from Qdrant: the index directory a server needs is then the manifest and ``qdrant.json`` only.
+records the collection in ``INDEX_DIR/qdrant.json``: where (an embedded store's directory as an absolute
+path) and which version of the index it holds (:func:`~patchword.search.store.rows_digest`: point ids are
+index ids). ``patchword search`` / ``serve`` read that file and take vectors from Qdrant: the index directory
+a server needs is then the manifest and ``qdrant.json`` only. An index updated since its upload is refused
+there, naming the command that uploads it again.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from patchword.errors import ConfigError, DataError, MissingExtraError
+from patchword.errors import ConfigError, DataError, MissingExtraError, MissingFileError
 from patchword.fileio import atomic_write_text
-from patchword.search.store import IndexEntries, Manifest, SearchIndex
+from patchword.search.store import IndexEntries, Manifest, SearchIndex, rows_digest
 
 __all__ = ["QDRANT_FILE", "connect", "upload_index", "QdrantIndex"]
 
@@ -44,9 +48,14 @@ def _client_module():
     return qdrant_client, models
 
 
+def is_local(location: str) -> bool:
+    """Whether ``location`` names an embedded store's directory (not a URL, not ``:memory:``)."""
+    return not location.startswith(("http://", "https://")) and location != ":memory:"
+
+
 def connect(location: str):
     """A Qdrant client: ``http(s)://host:port`` (a server or cluster), ``:memory:``, or a local directory
-    (embedded mode, in-process)."""
+    (embedded mode, in-process; created when missing)."""
     qdrant_client, _ = _client_module()
     if location.startswith(("http://", "https://")):
         return qdrant_client.QdrantClient(url=location)
@@ -59,6 +68,8 @@ def upload_index(index_dir: str | Path, location: str, collection: str, *, batch
     """Upload a complete local index to the Qdrant collection ``collection`` (created, or replaced when its
     vector layout differs) and record it in ``INDEX_DIR/qdrant.json``; returns that record."""
     _, models = _client_module()
+    if is_local(location):  # recorded as typed, a relative path would name another store from elsewhere
+        location = str(Path(location).expanduser().resolve())
     index = SearchIndex.open(index_dir)
     if index.dense_store == "scores":
         raise ConfigError(
@@ -96,7 +107,13 @@ def upload_index(index_dir: str | Path, location: str, collection: str, *, batch
                 vector["dense"] = dense[0][row, : int(dense[1][row])].tolist()
             points.append(models.PointStruct(id=int(i), vector=vector, payload={"path": index.path(int(i))}))
         client.upsert(collection, points=points, wait=True)
-    record = {"location": location, "collection": collection, "points": len(index), "dense": index.has_dense}
+    record = {
+        "location": location,
+        "collection": collection,
+        "points": len(index),
+        "dense": index.has_dense,
+        "rows": rows_digest(index.manifest),
+    }
     atomic_write_text(Path(index_dir) / QDRANT_FILE, json.dumps(record, indent=2))
     return record
 
@@ -104,17 +121,29 @@ def upload_index(index_dir: str | Path, location: str, collection: str, *, batch
 class QdrantIndex(IndexEntries):
     """An index read from Qdrant: what :class:`~patchword.search.query.Searcher` asks of a
     :class:`~patchword.search.store.SearchIndex` (entries from the local manifest, vectors from Qdrant),
-    plus :meth:`shortlist`, the first stage done by Qdrant."""
+    plus :meth:`shortlist`, the first stage done by Qdrant.
+
+    Safe to use from several threads at once: the vectors a :meth:`shortlist` returns with its hits are kept
+    for the thread that asked (the re-ranking of the same query, in the same thread, reads them), never in
+    state another thread's query replaces."""
 
     def __init__(self, index_dir: Path, manifest: Manifest, record: dict[str, Any]) -> None:
         self.index_dir, self.manifest, self.record = index_dir, manifest, record
         self.entries = manifest.entries
         self.client = connect(record["location"])
         self.collection = record["collection"]
-        self._cache: dict[int, dict[str, Any]] = {}
+        self._hits = threading.local()  # .vectors: id -> vectors of this thread's last shortlist
 
     @classmethod
     def open(cls, index_dir: str | Path) -> QdrantIndex:
+        """Open an uploaded index.
+
+        Raises:
+            ConfigError: the index was not uploaded (``--qdrant``).
+            DataError: the build did not finish, or the index changed since its upload (the collection's
+                point ids would name other images).
+            MissingFileError: the embedded store recorded is not there.
+        """
         index_dir = Path(index_dir)
         path = index_dir / QDRANT_FILE
         if not path.is_file():
@@ -122,7 +151,29 @@ class QdrantIndex(IndexEntries):
         manifest = Manifest.read(index_dir)
         if manifest.state != "complete":
             raise DataError(f"{index_dir}: the index build did not finish; rerun it")
-        return cls(index_dir, manifest, json.loads(path.read_text()))
+        record = json.loads(path.read_text())
+        location = str(record.get("location"))
+        again = (
+            f"rerun `patchword index build RUN_DIR --images DIR --out {index_dir} --update --qdrant "
+            f"{location}` to upload it again"
+        )
+        if record.get("rows") != rows_digest(manifest):
+            raise DataError(
+                f"{index_dir}: the index changed since it was uploaded to Qdrant ({path} describes an "
+                f"older version, whose point ids name other images); {again}"
+            )
+        if is_local(location) and not Path(location).is_dir():
+            raise MissingFileError(
+                f"{index_dir}: the embedded Qdrant store {location} named in {path} does not exist; {again}"
+            )
+        index = cls(index_dir, manifest, record)
+        if is_local(location) and not index.client.collection_exists(index.collection):
+            index.client.close()
+            raise DataError(
+                f"{index_dir}: the embedded Qdrant store {location} has no collection "
+                f"{index.collection!r}; {again}"
+            )
+        return index
 
     @property
     def has_dense(self) -> bool:
@@ -130,22 +181,32 @@ class QdrantIndex(IndexEntries):
 
     def shortlist(self, query: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(1, C) global query embedding -> ((1, k) scores, (1, k) ids) by Qdrant, best first; the hits'
-        tokens are kept for :meth:`image_tokens` / :meth:`dense_tokens` of the same ids."""
+        tokens are kept for :meth:`image_tokens` / :meth:`dense_tokens` of the same ids in this thread."""
         names = ["tokens", "dense"] if self.has_dense else ["tokens"]
         hits = self.client.query_points(
             self.collection, query=query[0].tolist(), using="global", limit=k, with_vectors=names
         ).points
-        self._cache = {int(h.id): h.vector for h in hits}
+        self._hits.vectors = {int(h.id): h.vector for h in hits}
         scores = torch.tensor([[h.score for h in hits]], dtype=torch.float32)
         ids = torch.tensor([[int(h.id) for h in hits]], dtype=torch.int64)
         return scores, ids
 
     def _vectors(self, ids: np.ndarray) -> list[dict[str, Any]]:
-        missing = [int(i) for i in ids if int(i) not in self._cache]
+        """The vectors of ``ids``: from this thread's last shortlist, the others retrieved from Qdrant (held
+        for this call only)."""
+        found = dict(getattr(self._hits, "vectors", {}))
+        missing = [int(i) for i in ids if int(i) not in found]
         if missing:
             for point in self.client.retrieve(self.collection, ids=missing, with_vectors=True):
-                self._cache[int(point.id)] = point.vector
-        return [self._cache[int(i)] for i in ids]
+                found[int(point.id)] = point.vector
+        absent = [i for i in missing if i not in found]
+        if absent:
+            raise DataError(
+                f"{self.index_dir}: Qdrant collection {self.collection!r} has no point {absent[0]}; rerun "
+                f"`patchword index build ... --out {self.index_dir} --update --qdrant "
+                f"{self.record['location']}` to upload it again"
+            )
+        return [found[int(i)] for i in ids]
 
     def image_tokens(self, ids) -> torch.Tensor:
         """(k,) ids -> (k, L_v, C) float32 image tokens from Qdrant."""

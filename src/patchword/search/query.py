@@ -20,8 +20,6 @@ Over 400 lines: the searcher: the first stage, the re-ranking and the query chec
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import time
@@ -41,7 +39,7 @@ from patchword.matching.base import Matcher
 from patchword.runs import LoadedRun, load_run
 from patchword.search.explain import explain_pair
 from patchword.search.identity import check_index_model, model_identity
-from patchword.search.store import SearchIndex
+from patchword.search.store import SearchIndex, rows_digest
 
 if TYPE_CHECKING:
     from patchword.search.explain import Explanation
@@ -234,12 +232,14 @@ class Searcher:
 
     def _global_index(self, backend: str, max_memory_mb: float) -> GlobalIndex:
         """The first stage. An approximate index (IVF lists, HNSW graph) is built once per version of the
-        index and kept beside it (``global.<stamp>.<backend>``, named by the index's shard list): later opens
-        load it."""
+        index and kept beside it (``global.<stamp>.<backend>``): later opens load it. The stamp is
+        :func:`~patchword.search.store.rows_digest`, which row every index id reads: an update that only
+        deletes files keeps the shards but moves the ids, and a graph of the old rows would answer with
+        ids (and scores) of other images."""
         index = self.index
         if backend not in APPROXIMATE_BACKENDS:
             return GlobalIndex(index.global_embeddings(), backend=backend, max_memory_mb=max_memory_mb)
-        stamp = hashlib.sha256(json.dumps(index.manifest.shards).encode()).hexdigest()[:16]
+        stamp = rows_digest(index.manifest)
         suffix = backend.removeprefix("faiss_")
         path = index.index_dir / f"global.{stamp}.{suffix}"
         if path.is_file():
@@ -382,9 +382,12 @@ class Searcher:
             global_scores, ids = self.index.shortlist(query.global_embedding, wanted)
         else:
             global_scores, ids = self.global_index.search(query.global_embedding, wanted)
-        global_scores, ids = global_scores[0], ids[0]
+        # an approximate first stage may find fewer than asked (IVF: the lists scanned hold fewer): its
+        # empty slots (id -1) are no image, and the shortlist is shorter
+        found = ids[0] >= 0
+        global_scores, ids = global_scores[0][found], ids[0][found]
         t2 = time.perf_counter()
-        scores = self.rerank(query, ids)
+        scores = self.rerank(query, ids) if ids.numel() else global_scores.clone()  # nothing found: no hit
         if self.alpha:
             scores = scores + self.alpha * global_scores
         order = torch.sort(scores, descending=True, stable=True).indices[:k]
@@ -409,6 +412,7 @@ class Searcher:
         query = self.encode_query(text)
         ids = torch.tensor([image_id])
         dense = self.index.dense_tokens(ids) if self.use_dense else None
+        dense_score = self.index.dense_scores(ids) if self.use_dense else None  # --dense-store scores
         return explain_pair(
             self.fine,
             self.index.image_tokens(ids)[0],
@@ -418,6 +422,7 @@ class Searcher:
             None if dense is None else int(dense[1][0]),
             token_strings=[self._token_name(i) for i in query.ids[0, : int(query.lens[0])].tolist()],
             grid=patch_grid(self.run.model.image_encoder, int(self.index.manifest.model["num_patches"])),
+            image_constant=None if dense_score is None else float(dense_score[0]),
             **self._pruned(ids),
         )
 

@@ -29,6 +29,7 @@ Over 400 lines: the on-disk index format: manifest, shards and their atomic writ
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import mmap
@@ -60,6 +61,7 @@ __all__ = [
     "write_npy",
     "shard_files",
     "broken_shards",
+    "rows_digest",
     "DENSE_STORES",
     "REPAIR_HINT",
 ]
@@ -225,6 +227,18 @@ ARRAYS = (
 #: How an index keeps what its dense captions contribute (``--dense-store``): their tokens, or the per-image
 #: score they give (exact for a matcher whose dense part depends on the image alone).
 DENSE_STORES = ("tokens", "scores")
+
+
+def rows_digest(manifest: Manifest) -> str:
+    """A digest of which stored row each index id reads: the shard list and every entry's (shard, row), in
+    id order, and the model's weights. Shard files are never rewritten under the same id (a new shard takes
+    ``next_shard``), so equal digests mean equal vectors behind every id: what anything derived from the
+    rows (a kept approximate first stage, a Qdrant upload whose point ids are index ids) must match."""
+    digest = hashlib.sha256()
+    digest.update(json.dumps([manifest.model.get("weights_sha256"), manifest.shards]).encode())
+    rows = np.array([(e.shard, e.row) for e in manifest.entries], dtype=np.int64).reshape(-1, 2)
+    digest.update(rows.tobytes())
+    return digest.hexdigest()[:16]
 
 
 def shard_files(index_dir: Path, shard_id: int) -> dict[str, Path]:
