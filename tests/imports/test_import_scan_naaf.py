@@ -360,6 +360,20 @@ def scan_files(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    "override", ["data.max_caption_len=40", "data.region_boxes=true", "data.tokenizer=bert"]
+)
+def test_import_refuses_data_overrides_that_contradict_a_scan_checkpoint(scan_files, override):
+    """f715cbc accepted them: a SCAN model fed truncated captions, boxed regions or BERT ids."""
+    ckpt, vocab, out = scan_files
+    with pytest.raises(ConfigError) as caught:
+        import_checkpoint(ckpt, out, options=ImportOptions(vocab=str(vocab), overrides=[override]))
+    assert caught.value.key == override.split("=", 1)[0] and "contradicts the scan checkpoint" in str(
+        caught.value
+    )
+    assert not out.parent.exists() or list(out.parent.iterdir()) == []
+
+
 def test_a_seps_checkpoint_given_family_scan_is_refused(tmp_path):
     seps = {
         "model": {

@@ -59,7 +59,8 @@ def test_an_exported_model_loads_bit_for_bit_and_scores_as_the_run(trained, tmp_
     summary = json.loads((trained / "summary.json").read_text())
     assert "`seps`" in card and "variant `paper`" in card and "leak-free" in card
     assert f"{summary['rsum']:.1f}" in card and "| test | 8 | 40 |" in card
-    assert f"steps: {summary['steps']}" in card
+    best_step = torch.load(trained / "best.pt", weights_only=True)["step"]
+    assert f"`best.pt`: saved at training step {best_step} (the run trained {summary['steps']} steps)" in card
     # the exported directory evaluates like the run (same weights, same data section)
     capsys.readouterr()
     assert main(["eval", str(out), "--out", str(tmp_path / "e.json")]) == 0
@@ -107,7 +108,7 @@ def test_an_export_card_reports_the_evaluation_of_the_exported_checkpoint(traine
     assert record["checkpoint"] == "last.pt" and record["metrics"] == {} and record["metrics_source"] is None
     card = (tmp_path / "last1" / "README.md").read_text()
     assert "No evaluation of checkpoint `last.pt`" in card and f"{summary['rsum']:.1f}" not in card
-    assert f"steps: {summary['steps']}" in card  # training facts still come from the run
+    assert f"`last.pt`: saved at training step {summary['steps']}" in card  # its own step, the run's last
     # evaluate last.pt, then export it again: the card is that evaluation
     assert main(["eval", str(run), "--checkpoint", "last.pt", "--out", str(run / "eval_test.json")]) == 0
     measured = json.loads((run / "eval_test.json").read_text())

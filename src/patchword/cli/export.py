@@ -11,7 +11,11 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=Path, metavar="RUN", help="a run directory (trained or imported)")
     parser.add_argument("out", type=Path, metavar="OUT", help="the model directory to write (must not exist)")
-    parser.add_argument("--checkpoint", default=None, help="checkpoint inside RUN (default best.pt)")
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="a checkpoint file of RUN (default best.pt); one outside RUN is refused",
+    )
 
 
 def run(args: argparse.Namespace) -> None:

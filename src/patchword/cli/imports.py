@@ -34,7 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="SEPS dense text: tied to the candidate image (leak-free, default) or to the caption's own "
         "image (the official protocol, leaky)",
     )
-    parser.add_argument("overrides", nargs="*", help="dotted run-config overrides, e.g. data.root=data/f30k")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="dotted run-config overrides of where the data lies and how it is evaluated, e.g. "
+        "data.root=data/f30k (recorded in import.json); a key the checkpoint decides (model.*, the "
+        "tokenizer, text length, image size, dense text) is refused",
+    )
 
 
 def run(args: argparse.Namespace) -> None:
@@ -50,5 +56,7 @@ def run(args: argparse.Namespace) -> None:
     record = import_checkpoint(args.checkpoint, args.out, family_name=args.family, options=options)
     summary = {k: record[k] for k in ("family", "source", "loaded") if k in record}
     summary["ignored"] = len(record.get("ignored", {}))
+    if record.get("overrides"):
+        summary["overrides"] = record["overrides"]
     print(json.dumps(summary, indent=2))
     print(f"written: {args.out}")

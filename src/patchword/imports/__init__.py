@@ -17,6 +17,7 @@ from patchword.errors import ConfigError, DataError
 from patchword.imports.base import (
     IMPORT_FILE,
     IMPORT_FLAGS,
+    Family,
     ImportOptions,
     ImportPlan,
     family,
@@ -71,7 +72,11 @@ def import_checkpoint(
             raise ConfigError(spelled, f"a {chosen.name} checkpoint does not use it; leave it out")
     plan = chosen.convert(ckpt, options, path)
     if options.overrides:
-        plan.config = _checked_overrides(plan.config, list(options.overrides), chosen.name)
+        plan.config = _checked_overrides(plan.config, list(options.overrides), chosen)
+        plan.overrides = list(options.overrides)
+        _logger.info(
+            "%s: overrides applied on import (recorded in %s): %s", path, IMPORT_FILE, plan.overrides
+        )
     _logger.info("%s: %s checkpoint; its opt: %s", path, chosen.name, plan.opt)
     for key, reason in plan.ignored.items():
         _logger.info("not loaded: %s (%s)", key, reason)
@@ -83,20 +88,25 @@ def import_checkpoint(
 _LOADING_KEYS = {"model.hf_local_files_only"}
 
 
-def _checked_overrides(config, overrides: list[str], family_name: str):
-    """``config`` with ``overrides`` applied; an override that changes a ``model.*`` value the checkpoint
-    set (architecture, scoring) is refused naming the key: an imported model is what its checkpoint says."""
+def _checked_overrides(config, overrides: list[str], chosen: Family):
+    """``config`` with ``overrides`` applied. An override that changes a value the checkpoint set is refused
+    naming the key: a ``model.*`` value (architecture, scoring) or one of the keys the family declares its
+    checkpoints decide (``Family.determines``: tokenizer, text length, image size, dense text...). An
+    imported model is what its checkpoint says, fed as it was trained; where the data lies and how it is
+    evaluated (``data.root``, ``eval.*``) are the user's."""
     from patchword.config import apply_overrides, flat_config
 
     before = flat_config(config)
     after_config = apply_overrides(config, overrides)
     after = flat_config(after_config)
     for key, value in after.items():
-        if key.startswith("model.") and key not in _LOADING_KEYS and value != before.get(key):
+        decided = (key.startswith("model.") and key not in _LOADING_KEYS) or key in chosen.determines
+        if decided and value != before.get(key):
             raise ConfigError(
                 key,
-                f"{value!r} contradicts the {family_name} checkpoint, which implies {before.get(key)!r}: an "
-                "imported model computes what its checkpoint says; override data.* and eval.* keys only",
+                f"{value!r} contradicts the {chosen.name} checkpoint, which implies {before.get(key)!r}: an "
+                "imported model computes what its checkpoint says, on the input it was trained with; "
+                "override where the data lies (data.root, ...) and eval.* keys only",
             )
     return after_config
 

@@ -14,7 +14,7 @@ initialised from the ``--hf-*`` architectures: their weights come from the check
 there), loads the mapped tensors with ``strict=True`` (a missing, unexpected or mis-shaped tensor is one
 error naming it), and writes the run directory atomically: ``config.yaml``, the tokenizer, ``backbones.json``,
 ``best.pt`` / ``last.pt`` (the imported weights, step 0) and ``import.json`` (source file, its sha256, the
-family, the official ``opt``, what was ignored and why).
+family, the official ``opt``, what was ignored and why, the user's overrides).
 """
 
 from __future__ import annotations
@@ -87,6 +87,8 @@ class ImportPlan:
             ``--hf-text`` and are copied into the run directory).
         architectures: ``{"vision"|"text": transformers config dict}`` of the Hugging Face backbones.
         metadata: epoch, best rsum and the like, as the checkpoint records them.
+        bert_files: the BERT vocabulary file copied into the run directory.
+        overrides: the dotted overrides the user gave on import and that were applied to ``config``.
     """
 
     family: str
@@ -98,6 +100,7 @@ class ImportPlan:
     architectures: dict[str, dict[str, Any]] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
     bert_files: Path | None = None
+    overrides: list[str] = field(default_factory=list)  # the user's accepted overrides (import.json)
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,9 @@ class Family:
     #: the ImportOptions flags (``hf_vision``, ``hf_text``, ``vocab``, ``dense_pairing``) the family reads;
     #: another one given is refused, never silently ignored
     reads: tuple[str, ...] = ("hf_vision", "hf_text", "vocab", "dense_pairing")
+    #: the non-``model.*`` config keys the checkpoint decides (what its model is fed: tokenizer, text length,
+    #: image size, dense text...); an override changing one is refused like a ``model.*`` one
+    determines: tuple[str, ...] = ()
 
 
 #: The import flags a family may declare it reads (``Family.reads``), as the command line spells them.
@@ -134,15 +140,17 @@ def register_family(
     convert: Callable[[dict[str, Any], ImportOptions, Path], ImportPlan],
     writer: Callable[[ImportPlan, Path, Path], dict[str, Any]] | None = None,
     reads: tuple[str, ...] = tuple(IMPORT_FLAGS),
+    determines: tuple[str, ...] = (),
 ) -> None:
     """Register an importer (each family module calls it once, at import); ``reads``: the import flags
-    it uses (``IMPORT_FLAGS``)."""
+    it uses (``IMPORT_FLAGS``); ``determines``: the dotted config keys outside ``model.*`` that its
+    checkpoints decide (``Family.determines``)."""
     if name in _FAMILIES:
         raise ValueError(f"importer {name!r} is already registered")
     unknown = set(reads) - set(IMPORT_FLAGS)
     if unknown:
         raise ValueError(f"importer {name!r} declares unknown import flags {sorted(unknown)}")
-    _FAMILIES[name] = Family(name, description, detect, convert, writer, tuple(reads))
+    _FAMILIES[name] = Family(name, description, detect, convert, writer, tuple(reads), tuple(determines))
 
 
 def list_families() -> list[Family]:
@@ -225,7 +233,8 @@ def check_fit(plan: ImportPlan, expected: dict[str, torch.Tensor], source: Path)
 
 
 def import_record(plan: ImportPlan, source: Path) -> dict[str, Any]:
-    """What ``import.json`` says about an import: source file and its sha256, family, opt, ignored keys."""
+    """What ``import.json`` says about an import: source file and its sha256, family, opt, ignored keys,
+    the overrides the user applied."""
     opt = {
         k: v if isinstance(v, (int, float, str, bool, type(None), list)) else repr(v)
         for k, v in plan.opt.items()
@@ -238,6 +247,7 @@ def import_record(plan: ImportPlan, source: Path) -> dict[str, Any]:
         "ignored": plan.ignored,
         "loaded": len(plan.state_dict),
         "metadata": plan.metadata,
+        "overrides": list(plan.overrides),
     }
 
 

@@ -473,12 +473,17 @@ def _convert(family: str, ckpt: dict[str, Any], options: ImportOptions, path: Pa
     return ImportPlan(family, config, state, ignored, opt, tokenizer=vocab, metadata=metadata)
 
 
+#: The data keys the checkpoint decides: the --vocab word tokens (untruncated, as the official loader
+#: feeds them), no dense text, region features without boxes. An import override may not change them.
+_DETERMINED = ("data.tokenizer", "data.max_caption_len", "data.dense", "data.region_boxes")
+
 register_family(
     "scan",
     "kuanghuei/SCAN model_best.pth.tar, t2i or i2t; needs --vocab",
     _detect_scan,
     partial(_convert, "scan"),
     reads=("vocab",),
+    determines=_DETERMINED,
 )
 register_family(
     "naaf",
@@ -486,4 +491,5 @@ register_family(
     _detect_naaf,
     partial(_convert, "naaf"),
     reads=("vocab",),
+    determines=_DETERMINED,
 )

@@ -330,6 +330,19 @@ def _check_geometry(opt: dict[str, Any], num_patches: int, has_cls: bool, image_
         )
 
 
+#: The data keys :func:`_data_and_eval` derives from the checkpoint (its BERT tokens, their length, the image
+#: resolution, the dense text and the caption augmentation): an import override may not change them.
+_DETERMINED = (
+    "data.tokenizer",
+    "data.bert_vocab",
+    "data.max_caption_len",
+    "data.max_dense_len",
+    "data.image_size",
+    "data.dense",
+    "data.size_augment",
+)
+
+
 def _data_and_eval(
     opt: dict[str, Any], family: str, max_positions: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -477,6 +490,7 @@ register_family(
     detect,
     functools.partial(convert, family="seps"),
     reads=("hf_vision", "hf_text", "dense_pairing"),
+    determines=_DETERMINED,
 )
 register_family(
     "laps",
@@ -484,4 +498,5 @@ register_family(
     detect,
     functools.partial(convert, family="laps"),
     reads=("hf_vision", "hf_text", "dense_pairing"),  # --dense-pairing: refused with its reason
+    determines=_DETERMINED,
 )

@@ -505,10 +505,22 @@ def convert(ckpt: dict[str, Any], options: ImportOptions, path: Path) -> ImportP
     )
 
 
+#: The data keys the checkpoint decides (its BERT tokens and their length, no dense text, captions as they
+#: are, boxes when its region encoder encodes them): an import override may not change them.
+_DETERMINED = (
+    "data.tokenizer",
+    "data.bert_vocab",
+    "data.max_caption_len",
+    "data.dense",
+    "data.size_augment",
+    "data.region_boxes",
+)
+
 register_family(
     FAMILY,
     "TGDT (LCFractal/TGDT model_best_rsum.pth.tar: regions + BERT, token-guided transformers; --hf-text)",
     detect,
     convert,
     reads=("hf_text",),
+    determines=_DETERMINED,
 )

@@ -4,9 +4,11 @@ The directory holds what using the model needs and nothing of its training: ``mo
 weights of the run's best checkpoint), ``config.yaml`` (the resolved run config), the tokenizer
 (``vocab.json`` or ``bert_vocab.txt``), ``backbones.json`` (Hugging Face architectures, so nothing is
 downloaded), ``metrics.json`` (what the run measured) and a ``README.md`` model card generated from the run
-(family, variant, backbones, training data and steps, the evaluation with its split, gallery size and
-protocol, leaky or not, config hash, patchword version; for an imported official checkpoint, the published
-results of its method beside the numbers measured here, from :mod:`patchword.imports.published`).
+(family, variant, backbones, training data, the exported checkpoint's step beside the run's, the evaluation
+of that checkpoint with its split, gallery size and protocol, leaky or not, the hash of the exported
+``config.yaml``, patchword version; for an imported official checkpoint, the published results of its method
+beside the numbers measured here, from :mod:`patchword.imports.published`). The checkpoint must be a file of
+the run: the directory pairs it with the run's config, vocabulary and training record.
 ``patchword.runs.load_run(OUT)`` and ``patchword.create_model(OUT)`` load it offline; a Hugging Face hub id
 of such a directory resolves through the local cache (``create_model("hf-hub:user/name")``).
 """
@@ -20,7 +22,7 @@ from typing import Any
 
 from safetensors.torch import save
 
-from patchword.errors import RunExistsError
+from patchword.errors import ConfigError, RunExistsError
 from patchword.fileio import atomic_write_bytes, atomic_write_text, probe_writable, staging_dir
 from patchword.imports import published as published_table
 from patchword.matching import matcher_spec
@@ -35,8 +37,8 @@ from patchword.runs.files import (
     VOCAB_FILE,
     WEIGHTS_FILE,
 )
-from patchword.runs.load import config_hash, load_run
-from patchword.runs.recorded import evaluation_of
+from patchword.runs.load import config_hash, load_run, resolve_checkpoint
+from patchword.runs.recorded import checkpoint_facts, evaluation_of, path_in_run
 from patchword.version import __version__
 
 __all__ = ["export_run", "model_card"]
@@ -51,12 +53,14 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
     Raises:
         RunExistsError: ``out`` exists.
         MissingFileError: ``run_dir`` is not a run directory, or lacks the checkpoint.
+        ConfigError: ``checkpoint`` is not a file of ``run_dir`` (``--checkpoint``).
     """
     run_dir, out = Path(run_dir), Path(out)
     if out.exists():
         raise RunExistsError(f"{out} exists; choose another directory (an export is never overwritten)")
+    path = _own_checkpoint(run_dir, checkpoint)
     probe_writable(out.parent)
-    run = load_run(run_dir, checkpoint)
+    run = load_run(run_dir, path)
     tensors = {k: v.detach().cpu().contiguous() for k, v in run.model.state_dict().items()}
     # the evaluation of the exported checkpoint (summary.json describes best.pt, eval_*.json name theirs)
     metrics, source = evaluation_of(run_dir, run.checkpoint, run.config.eval.split)
@@ -74,11 +78,16 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
         record = {
             "patchword_version": __version__,
             "source_run": str(run_dir),
-            "checkpoint": run.checkpoint.name,
-            "config_hash": config_hash(run_dir),
+            "checkpoint": path_in_run(run_dir, run.checkpoint).as_posix(),
+            # the training step the exported weights were saved at; the run may have trained longer
+            "checkpoint_step": checkpoint_facts(run.checkpoint).get("step"),
+            "run_steps": training.get("steps"),
+            # this directory's config.yaml (the BERT vocabulary path is rewritten to the copy in it) and
+            # the source run's, with which the evaluation below was made
+            "config_hash": config_hash(tmp),
+            "source_config_hash": config_hash(run_dir),
             "metrics": metrics,
             "metrics_source": source,
-            "steps": training.get("steps"),
         }
         atomic_write_text(tmp / METRICS_JSON, json.dumps(record, indent=2))
         atomic_write_text(tmp / "README.md", model_card(run, record))
@@ -87,6 +96,30 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _own_checkpoint(run_dir: Path, checkpoint: str | Path | None) -> Path:
+    """The checkpoint file of ``run_dir`` an export takes (``best.pt`` by default; a relative name is looked
+    up in the run first).
+
+    Raises:
+        MissingFileError: no such checkpoint.
+        ConfigError: the file lies outside ``run_dir``. An export pairs the weights with the run's config,
+            vocabulary and training record, and its card with the run's evaluations: weights of another run
+            would be described as this one's (and a word vocabulary would index other embeddings).
+    """
+    relative = checkpoint is not None and not Path(checkpoint).is_absolute()
+    if relative and (run_dir / checkpoint).is_file():
+        path = run_dir / checkpoint
+    else:
+        path = resolve_checkpoint(run_dir, checkpoint)
+    if path_in_run(run_dir, path) is None:
+        raise ConfigError(
+            "--checkpoint",
+            f"{path} is not a file of {run_dir}: an export describes the run's own checkpoints (its config, "
+            "vocabulary and evaluations); export the run that checkpoint belongs to",
+        )
+    return path
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -169,8 +202,9 @@ def model_card(run, record: dict[str, Any]) -> str:
         )
         lines += [
             f"* data: {data}",
-            f"* steps: {record.get('steps') or 'n/a'}, batch {tc.batch_size}, lr {tc.lr}, loss {tc.loss}, "
-            f"precision {cfg.precision}, seed {cfg.seed}",
+            _steps_line(record),
+            f"* batch {tc.batch_size}, lr {tc.lr}, loss {tc.loss}, precision {cfg.precision}, "
+            f"seed {cfg.seed}",
         ]
     lines += ["", "## Evaluation", ""]
     keys = ["i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum"]
@@ -193,10 +227,27 @@ def model_card(run, record: dict[str, Any]) -> str:
     lines += _published_section(imported, metrics, record)
     lines += [
         "",
-        f"config hash `{record['config_hash']}`, patchword {record['patchword_version']}.",
+        _hash_line(record) + f", patchword {record['patchword_version']}.",
         "",
     ]
     return "\n".join(lines)
+
+
+def _steps_line(record: dict[str, Any]) -> str:
+    """The exported checkpoint's training step, and the run's, each labelled as what it is."""
+    step, total = record.get("checkpoint_step"), record.get("run_steps")
+    line = f"* checkpoint `{record['checkpoint']}`: saved at training step {'n/a' if step is None else step}"
+    return line + (f" (the run trained {total} steps)" if total is not None else "")
+
+
+def _hash_line(record: dict[str, Any]) -> str:
+    """The hash of this directory's ``config.yaml``, and the source run's where it differs (a BERT run's
+    export points its vocabulary at the copy)."""
+    line = f"config hash `{record['config_hash']}` (this directory's `config.yaml`"
+    source = record.get("source_config_hash")
+    if source and source != record["config_hash"]:
+        line += f"; the source run's, which its evaluations name: `{source}`"
+    return line + ")"
 
 
 _COLUMNS = ("i2t R@1", "i2t R@5", "i2t R@10", "t2i R@1", "t2i R@5", "t2i R@10", "rSum")
