@@ -505,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=5,
         help="train_compile: at most this many variants compiling at once (then timed one at a time), and "
-        "no more than the free device memory holds at --compile-variant-gb each",
+        "no more than the free device memory holds at --compile-variant-gb each nor than the CPUs",
     )
     parser.add_argument(
         "--compile-variant-gb",

@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -189,21 +190,29 @@ def busy_line(profile: dict | None) -> str:
     return f", device busy {profile['device_busy_ms_per_step']:.1f} ms/step ({kinds_line(profile)})"
 
 
+def wave_size(requested: int, free_gb: float | None, variant_gb: float, cpus: int) -> int:
+    """How many variants compile at once: ``--compile-parallel``, no more than the free device memory holds
+    at ``variant_gb`` each (``free_gb`` None: not counted), and no more than the CPUs (a compilation is
+    mostly one Python thread: more processes than CPUs only share them, and each finishes later)."""
+    fit = requested if free_gb is None else int(free_gb // variant_gb)
+    return max(1, min(requested, fit, cpus))
+
+
 def step_train_compile(args, budget, partial, say, child_env) -> dict:
     """Steps/s of the compiled training step, one child process per ``--compile-variants`` item, in waves
     of ``--compile-parallel`` that compile at once and are then timed one at a time
     (:mod:`gpu_compile_variants`), while the budget holds."""
     model = "seps-tiny-paper" if args.quick else "seps-vit-b16-paper"
     rows: list[dict] = []
-    parallel = args.compile_parallel
+    free_gb = None
     if args.device.startswith("cuda") and not args.quick:  # as many as the free device memory holds
         import torch
 
         free_gb = torch.cuda.mem_get_info(torch.device(args.device))[0] / 2**30
         free_gb -= PROBE_GB if _BACKGROUND else 0.0  # the attention probe beside them
-        parallel = max(1, min(parallel, int(free_gb // args.compile_variant_gb)))
-        each = f"{args.compile_variant_gb:g} GB each"
-        say(f"train_compile: {parallel} variants at once ({free_gb:.0f} GB free, {each})")
+    parallel = wave_size(args.compile_parallel, free_gb, args.compile_variant_gb, os.cpu_count() or 1)
+    memory = "" if free_gb is None else f", {free_gb:.0f} GB free, {args.compile_variant_gb:g} GB each"
+    say(f"train_compile: {parallel} variants at once ({os.cpu_count()} CPUs{memory})")
 
     def command(variant: dict, out: Path) -> list[str]:
         return variant_command(sys.executable, ROOT, variant, args.device, args.quick, out)

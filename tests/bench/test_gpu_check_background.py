@@ -123,3 +123,18 @@ def test_a_variant_stopped_during_its_profile_keeps_its_steps_per_second_in_the_
     assert "17.23 steps/s [stopped: its profile ran past 30 s]" in stopped and "18.3 GB" in stopped
     done = gpu_check_extra._compiled_line("m", {**row, "seconds": 150.2})
     assert "17.23 steps/s (compiled and warm in 120.0 s, 3 compiling at once; 150.2 s" in done
+
+
+@pytest.mark.parametrize(
+    ("requested", "free_gb", "cpus", "expected"),
+    [
+        (5, 60.0, 16, 3),  # an H100 with the probe beside: memory decides
+        (5, 120.0, 16, 5),  # an H200: --compile-parallel decides
+        (5, None, 2, 2),  # a 2-core CPU smoke run: the CPUs decide (5 at once never finished there)
+        (5, 5.0, 16, 1),  # less memory than one variant takes: still one
+    ],
+)
+def test_the_compile_wave_holds_no_more_variants_than_memory_and_cpus_allow(
+    requested, free_gb, cpus, expected
+):
+    assert gpu_check_extra.wave_size(requested, free_gb, 20.0, cpus) == expected
