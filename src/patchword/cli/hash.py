@@ -23,8 +23,15 @@ from pathlib import Path
 import numpy as np
 
 from patchword.config import parse_with_overrides
-from patchword.errors import USER_ERRORS, ConfigError, MissingFileError, RunExistsError, report_user_error
-from patchword.fileio import atomic_write_text
+from patchword.errors import (
+    USER_ERRORS,
+    ConfigError,
+    DataError,
+    MissingExtraError,
+    PatchwordError,
+    report_user_error,
+)
+from patchword.fileio import atomic_write_text, check_output_file
 from patchword.logs import setup_logging
 
 __all__ = ["main"]
@@ -128,6 +135,7 @@ def _parser() -> argparse.ArgumentParser:
         "--rebuild", action="store_true", help="re-encode the database even if its index is cached"
     )
     se.add_argument("--out", type=Path, help="write the results JSON here instead of stdout")
+    se.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     return parser
 
 
@@ -152,19 +160,24 @@ def _train(args: argparse.Namespace) -> None:
     from patchword.hashing.config import HashRunConfig
     from patchword.hashing.runner import resume_config, resume_hashing, train_hashing
 
-    flags = [
-        f"{key}={getattr(args, attr)}" for attr, key in _SHORTCUTS.items() if getattr(args, attr) is not None
-    ]
-    if args.resume is not None:
-        if args.config is not None:
-            raise ConfigError("--config", "a resumed run keeps its own config.yaml: drop --config")
-        run_dir, overrides = _resume_target(args.resume, [*args.overrides, *flags])
-        with _threads(resume_config(run_dir, overrides).train.num_threads):
-            summary = resume_hashing(run_dir, overrides)
-    else:
-        cfg = load_config(HashRunConfig, args.config, [*args.overrides, *flags])
-        with _threads(cfg.train.num_threads):
-            summary = train_hashing(cfg)
+    given = {key: attr for attr, key in _SHORTCUTS.items() if getattr(args, attr) is not None}
+    flags = [f"{key}={getattr(args, attr)}" for key, attr in given.items()]
+    try:
+        if args.resume is not None:
+            if args.config is not None:
+                raise ConfigError("--config", "a resumed run keeps its own config.yaml: drop --config")
+            run_dir, overrides = _resume_target(args.resume, [*args.overrides, *flags])
+            with _threads(resume_config(run_dir, overrides).train.num_threads):
+                summary = resume_hashing(run_dir, overrides)
+        else:
+            cfg = load_config(HashRunConfig, args.config, [*args.overrides, *flags])
+            with _threads(cfg.train.num_threads):
+                summary = train_hashing(cfg)
+    except ConfigError as err:
+        if err.key not in given:
+            raise
+        # the flags win over overrides: a refused value of a shortcut's key came from the flag
+        raise ConfigError(err.key, f"{err.detail} (set by --{given[err.key].replace('_', '-')})") from err
     print(json.dumps(summary, indent=2))
 
 
@@ -204,9 +217,19 @@ def _threads(num_threads: int) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def _check_out(path: Path | None, force: bool) -> None:
-    if path is not None and path.exists() and not force:
-        raise RunExistsError(f"{path} exists; pass --force to overwrite it")
+def _check_plot_file(path: Path, force: bool) -> None:
+    """Before the evaluation: ``--pr-plot`` names a new file (or ``force``) in a writable directory, with a
+    suffix matplotlib writes (it picks the format)."""
+    check_output_file(path, force, flag="--pr-plot")
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as err:  # pragma: no cover - only without the extra
+        raise MissingExtraError("--pr-plot needs matplotlib: pip install 'patchword[plots]'") from err
+    formats = Figure().canvas.get_supported_filetypes()
+    if path.suffix.lstrip(".").lower() not in formats:
+        raise ConfigError(
+            "--pr-plot", f"{path}: the suffix picks the image format, one of {', '.join(formats)}"
+        )
 
 
 def _eval(args: argparse.Namespace) -> None:
@@ -216,8 +239,10 @@ def _eval(args: argparse.Namespace) -> None:
     from patchword.hashing.metrics import plot_pr_curves, precision_recall_curve
     from patchword.hashing.runner import load_hashing_run
 
-    _check_out(args.out, args.force)
-    _check_out(args.pr_plot, args.force)
+    if args.out is not None:
+        check_output_file(args.out, args.force)
+    if args.pr_plot is not None:
+        _check_plot_file(args.pr_plot, args.force)
     cfg, model, data = load_hashing_run(args.run_dir, args.overrides)
     if args.map_all:
         cfg.eval.map_all = True
@@ -239,45 +264,23 @@ def _eval(args: argparse.Namespace) -> None:
 
 
 def _search(args: argparse.Namespace) -> None:
+    """Every input is checked (flags, --out, the query file, then the run) before the database index is
+    built and cached in the run directory."""
     import torch
 
-    from patchword.hashing.codes import HammingIndex
     from patchword.hashing.model import UCMFH
     from patchword.hashing.runner import load_hashing_run
 
-    _check_out(args.out, False)
+    if args.k < 1:
+        raise ConfigError("--k", f"must be >= 1 (neighbours per query), got {args.k}")
+    if args.out is not None:
+        check_output_file(args.out, args.force)
+    file_queries = _read_query_file(args.query) if args.query is not None else None
     cfg, model, data = load_hashing_run(args.run_dir)
     if model.fusion != "unimodal":
         raise ValueError("search needs a unimodal model: official_fused codes need the paired other modality")
-    db_modality = "text" if args.modality == "image" else "image"
-    index_path = args.run_dir / f"index_{db_modality}.npz"
-    if index_path.is_file() and not args.rebuild:
-        index = HammingIndex.load(index_path, backend=args.backend)
-    else:
-        feats = torch.from_numpy(getattr(data.retrieval, db_modality)).to(cfg.device)
-        encode = model.encode_text if db_modality == "text" else model.encode_image
-        index = HammingIndex(model.bits, backend=args.backend)
-        index.add(UCMFH.codes(encode(feats)).cpu().numpy().astype(np.int8))
-        index.save(index_path)
-    if args.query is not None:
-        if not args.query.is_file():
-            raise MissingFileError(f"{args.query} does not exist")
-        queries = np.load(args.query, allow_pickle=False)
-        dim = model.image_dim if args.modality == "image" else model.text_dim
-        if queries.ndim == 1:
-            queries = queries[None, :]
-        if queries.ndim != 2 or queries.shape[1] != dim:
-            raise ValueError(
-                f"{args.query}: expected (N, {dim}) {args.modality} features, got shape {queries.shape}"
-            )
-        if not np.isfinite(queries).all():
-            raise ValueError(f"{args.query}: contains NaN/inf values")
-    else:
-        split = getattr(data.query, args.modality)
-        bad = [i for i in args.query_index if not 0 <= i < len(split)]
-        if bad:
-            raise ValueError(f"--query-index {bad} out of range for the {len(split)} query pairs")
-        queries = split[args.query_index]
+    queries = _queries(args, model, data, file_queries)
+    index, db_modality = _database_index(args, cfg.device, model, data)
     q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32)).to(cfg.device)
     encode = model.encode_image if args.modality == "image" else model.encode_text
     dist, idx = index.search(UCMFH.codes(encode(q)).cpu().numpy().astype(np.int8), args.k)
@@ -298,6 +301,69 @@ def _search(args: argparse.Namespace) -> None:
         atomic_write_text(args.out, text)
     else:
         print(text)
+
+
+def _read_query_file(path: Path) -> np.ndarray:
+    """``--query``: a readable .npy of finite numbers, one row per query (a single vector is one query)."""
+    from patchword.hashing.readers import read_npy
+
+    queries = read_npy(path)
+    if queries.ndim == 1:
+        queries = queries[None, :]
+    if queries.ndim != 2 or queries.dtype.kind not in "biuf":
+        raise DataError(
+            f"{path}: expected (N, d) numeric query features, got {queries.dtype} {queries.shape}"
+        )
+    if not np.isfinite(queries).all():
+        raise DataError(f"{path}: contains NaN/inf values")
+    return queries
+
+
+def _queries(args: argparse.Namespace, model, data, file_queries: np.ndarray | None) -> np.ndarray:
+    """The query features: the --query file's rows (checked against the model's input size) or the rows
+    --query-index names of the run's query split."""
+    if file_queries is not None:
+        dim = model.image_dim if args.modality == "image" else model.text_dim
+        if file_queries.shape[1] != dim:
+            raise DataError(
+                f"{args.query}: expected (N, {dim}) {args.modality} features, got shape {file_queries.shape}"
+            )
+        return file_queries
+    split = getattr(data.query, args.modality)
+    bad = [i for i in args.query_index if not 0 <= i < len(split)]
+    if bad:
+        raise ConfigError("--query-index", f"{bad} out of range for the {len(split)} query pairs")
+    return split[args.query_index]
+
+
+def _database_index(args: argparse.Namespace, device: str, model, data):
+    """The Hamming index of the retrieval split's other modality: cached in the run directory as
+    ``index_{modality}.npz``, built (and cached) when missing or with --rebuild. Returns (index, modality)."""
+    import torch
+
+    from patchword.hashing.codes import HammingIndex
+    from patchword.hashing.model import UCMFH
+
+    db_modality = "text" if args.modality == "image" else "image"
+    index_path = args.run_dir / f"index_{db_modality}.npz"
+    if index_path.is_file() and not args.rebuild:
+        try:
+            index = HammingIndex.load(index_path, backend=args.backend)
+        except (PatchwordError, MemoryError):
+            raise
+        except Exception as err:  # numpy's readers raise EOFError, BadZipFile... on a damaged file
+            raise DataError(f"{index_path}: cached index unreadable ({err}); pass --rebuild") from None
+        if index.bits != model.bits:
+            raise DataError(
+                f"{index_path}: {index.bits}-bit codes, the run's model {model.bits}; pass --rebuild"
+            )
+        return index, db_modality
+    feats = torch.from_numpy(getattr(data.retrieval, db_modality)).to(device)
+    encode = model.encode_text if db_modality == "text" else model.encode_image
+    index = HammingIndex(model.bits, backend=args.backend)
+    index.add(UCMFH.codes(encode(feats)).cpu().numpy().astype(np.int8))
+    index.save(index_path)
+    return index, db_modality
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from patchword.config import check_common_values
@@ -17,6 +17,7 @@ from patchword.errors import ConfigError
 
 __all__ = [
     "HASH_RESUMABLE_KEYS",
+    "HASH_EVAL_KEYS",
     "LOSSES",
     "HashDataConfig",
     "HashModelConfig",
@@ -132,6 +133,15 @@ HASH_RESUMABLE_KEYS = frozenset(
 )
 
 
+#: Keys ``hash eval`` may override on a trained run: how to evaluate, where, and on which data (an imported
+#: checkpoint has no data of its own; the weights must fit the features' sizes). Every other key builds
+#: another model than the trained weights (``model.bits``) or has no effect on an evaluation.
+HASH_EVAL_KEYS = frozenset(
+    {"eval.topk", "eval.ks", "eval.map_all", "device", "model.eval_batch_size"}
+    | {f"data.{f.name}" for f in fields(HashDataConfig)}
+)
+
+
 def check_hash_config(cfg: HashRunConfig):
     """Rules the field types cannot express (configs built in code skip the loader's checks, so the
     choices are checked here too); returns the resolved ``torch.device``.
@@ -158,5 +168,7 @@ def check_hash_config(cfg: HashRunConfig):
     for key in ("lr_encoder", "lr_heads"):
         if not 0 <= getattr(tc, key) < math.inf:
             raise ConfigError(f"train.{key}", f"must be a finite number >= 0, got {getattr(tc, key)!r}")
+    if cfg.model.bits < 1:
+        raise ConfigError("model.bits", f"must be >= 1 (the code length), got {cfg.model.bits}")
     check_common_values(cfg, seeds=("train.seed", "data.split_seed", "data.synthetic_seed"))
     return device

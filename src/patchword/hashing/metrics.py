@@ -30,6 +30,7 @@ import torch
 
 from patchword._validation import check_tensor
 from patchword.errors import MissingExtraError
+from patchword.fileio import atomic_write
 from patchword.hashing.codes import as_pm1_codes
 
 __all__ = [
@@ -326,7 +327,8 @@ def precision_recall_curve(q_codes: object, db_codes: object, q_labels: object, 
 def plot_pr_curves(
     curves: Mapping[str, PRCurve], out: str | Path, title: str = "Hamming-radius PR curve"
 ) -> None:
-    """Draw one or more :class:`PRCurve` s (e.g. ``{"I->T 64 bits": c1, "T->I 64 bits": c2}``) to a PNG."""
+    """Draw one or more :class:`PRCurve` s (e.g. ``{"I->T 64 bits": c1, "T->I 64 bits": c2}``) to a PNG
+    (or the format ``out``'s suffix names), written atomically."""
     try:
         # A Figure of its own (no pyplot): the process's matplotlib backend and figure list stay untouched.
         from matplotlib.figure import Figure
@@ -344,4 +346,5 @@ def plot_pr_curves(
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    fmt = Path(out).suffix.lstrip(".").lower() or "png"  # what savefig(out) would pick
+    atomic_write(out, lambda fh: fig.savefig(fh, format=fmt, dpi=110))

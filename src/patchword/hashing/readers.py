@@ -34,8 +34,10 @@ from patchword.hashing.dataset import (
     split_dataset,
 )
 from patchword.hashing.unpickle import read_array_pickle
+from patchword.readers import describe_content
 
 __all__ = [
+    "read_npy",
     "load_split",
     "load_split_dir",
     "load_mat",
@@ -47,6 +49,62 @@ __all__ = [
 _IMAGE_KEYS = ("image", "images", "img", "IAll", "I")
 _TEXT_KEYS = ("text", "texts", "txt", "YAll", "tags", "T")
 _LABEL_KEYS = ("label", "labels", "LAll", "L")
+_PICKLE_PROTO = b"\x80"  # the first byte of every pickle of protocol 2 or later
+
+
+def _unreadable(path: Path, kind: str, err: BaseException) -> DataError:
+    """The one-line error for a ``kind`` file (``.npy``, ``.npz``, ``.mat``) its library could not read."""
+    if path.stat().st_size == 0:
+        return DataError(f"{path}: not a readable {kind} file: the file is empty")
+    text = str(err).strip()
+    if isinstance(err, ValueError) and "allow_pickle" in text:  # numpy refusing object arrays, or taking
+        with open(path, "rb") as fh:  # whatever is neither .npy nor .zip for a pickle
+            pickled = "Object arrays" in text or fh.read(1) == _PICKLE_PROTO
+        if pickled:
+            return DataError(
+                f"{path}: holds pickled (object) data, not read without pickle: save numeric arrays"
+            )
+        return DataError(f"{path}: not a {kind} file ({describe_content(path)})")
+    detail = text.splitlines()[0] if text else type(err).__name__
+    return DataError(
+        f"{path}: not a readable {kind} file (damaged, truncated or another format): {detail} "
+        f"({describe_content(path)})"
+    )
+
+
+def read_npy(path: str | Path) -> np.ndarray:
+    """The array of a ``.npy`` file, read without pickle.
+
+    Raises:
+        MissingFileError: no such file.
+        DataError: empty, truncated, damaged, an ``.npz`` archive or pickled objects; names the file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise MissingFileError(f"{path} does not exist")
+    try:
+        array = np.load(path, allow_pickle=False)
+    except MemoryError:
+        raise
+    except Exception as err:  # numpy raises EOFError, ValueError, tokenize errors... on a damaged file
+        raise _unreadable(path, ".npy", err) from None
+    if not isinstance(array, np.ndarray):  # an .npz archive under another name
+        array.close()
+        raise DataError(f"{path}: an .npz archive, not a .npy array: save one array with np.save")
+    return array
+
+
+def _read_npz(path: Path) -> dict[str, Any]:
+    try:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise DataError(f"{path}: a single .npy array, not an .npz archive of named fields")
+        with data:
+            return {k: data[k] for k in data.files}
+    except (MemoryError, DataError):
+        raise
+    except Exception as err:  # EOFError, BadZipFile, zlib.error, ValueError (object arrays)...
+        raise _unreadable(path, ".npz", err) from None
 
 
 def _read_mapping(path: Path) -> dict[str, Any]:
@@ -55,11 +113,7 @@ def _read_mapping(path: Path) -> dict[str, Any]:
         raise MissingFileError(f"{path} does not exist")
     suffix = path.suffix.lower()
     if suffix == ".npz":
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                return {k: data[k] for k in data.files}
-        except ValueError as err:  # object arrays need pickle: refuse them
-            raise DataError(f"{path}: cannot read without pickle (object arrays?): {err}") from err
+        return _read_npz(path)
     if suffix in (".pkl", ".pickle"):
         return read_array_pickle(path)
     raise DataError(f"{path}: unsupported split file type {suffix!r} (use .npz, .pkl or .pickle)")
@@ -126,15 +180,24 @@ def _loadmat(path: Path) -> dict[str, Any]:
         return {k: v for k, v in data.items() if not k.startswith("__")}
     except NotImplementedError:
         pass  # MATLAB v7.3 is HDF5
+    except MemoryError:
+        raise
+    except Exception as err:  # MatReadError, OSError, IndexError, TypeError... on a damaged file
+        raise _unreadable(path, ".mat", err) from None
     try:
         import h5py
     except ImportError as err:
         raise MissingExtraError(
             f"{path} is a MATLAB v7.3 (HDF5) file; reading it needs h5py: pip install h5py"
         ) from err
-    with h5py.File(path, "r") as f:
-        # HDF5 stores MATLAB's column-major arrays transposed.
-        return {k: np.asarray(f[k]).T for k in f if isinstance(f[k], h5py.Dataset)}
+    try:
+        with h5py.File(path, "r") as f:
+            # HDF5 stores MATLAB's column-major arrays transposed.
+            return {k: np.asarray(f[k]).T for k in f if isinstance(f[k], h5py.Dataset)}
+    except MemoryError:
+        raise
+    except Exception as err:  # h5py raises OSError, KeyError... on a damaged HDF5 file
+        raise _unreadable(path, "MATLAB v7.3 (HDF5) .mat", err) from None
 
 
 def load_mat(
@@ -185,18 +248,7 @@ def load_mat(
 
 def load_pairs(image: str | Path, text: str | Path, labels: str | Path | None = None) -> HashSplit:
     """Paired ``.npy`` embeddings (row i of ``image`` pairs with row i of ``text``), optional labels."""
-    arrays = []
-    for path in (image, text, labels):
-        if path is None:
-            arrays.append(None)
-            continue
-        path = Path(path)
-        if not path.is_file():
-            raise MissingFileError(f"{path} does not exist")
-        try:
-            arrays.append(np.load(path, allow_pickle=False))
-        except ValueError as err:
-            raise DataError(f"{path}: not a plain .npy array: {err}") from err
+    arrays = [None if path is None else read_npy(path) for path in (image, text, labels)]
     return make_split(
         arrays[0], arrays[1], arrays[2], source=f"{image} + {text}", keys=(str(image), str(text), str(labels))
     )

@@ -36,7 +36,7 @@ from patchword.device import resolve_device
 from patchword.errors import ConfigError, MissingFileError, RunExistsError
 from patchword.fileio import append_line, atomic_write_text, keep_jsonl_records
 from patchword.hashing.build import build_hashing_dataset, build_hashing_model
-from patchword.hashing.config import HASH_RESUMABLE_KEYS, HashRunConfig, check_hash_config
+from patchword.hashing.config import HASH_EVAL_KEYS, HASH_RESUMABLE_KEYS, HashRunConfig, check_hash_config
 from patchword.hashing.dataset import HashDataset
 from patchword.hashing.evaluate import evaluate_hashing
 from patchword.hashing.model import UCMFH
@@ -194,19 +194,46 @@ def load_hashing_run(
 ) -> tuple[HashRunConfig, UCMFH, HashDataset]:
     """Config, trained model (eval mode, on the config's or the given device) and dataset of a run.
 
+    ``overrides`` may change only the keys in :data:`HASH_EVAL_KEYS` (evaluation options, the device, the
+    data): the run's model is its own.
+
     Raises:
         MissingFileError: ``run_dir`` has no ``config.yaml`` or no ``last.pt``.
+        ConfigError: an override of another key, or data whose feature sizes do not fit the trained weights.
     """
     run_dir = Path(run_dir)
     if not (run_dir / CONFIG_FILE).is_file():
         raise MissingFileError(f"{run_dir} is not a hashing run directory (no {CONFIG_FILE})")
     if not (run_dir / LAST_CHECKPOINT).is_file():
         raise MissingFileError(f"{run_dir} has no last.pt: the run never saved a checkpoint")
+    _refuse_trained_run_overrides(overrides or [])
     cfg = load_config(HashRunConfig, run_dir / CONFIG_FILE, overrides or [])
     cfg = replace(
         cfg, device=str(resolve_device(device or cfg.device, key="--device" if device else "device"))
     )
     data = build_hashing_dataset(cfg.data)
     model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)
-    model.load_state_dict(load_checkpoint(run_dir / LAST_CHECKPOINT, map_location=cfg.device)["model"])
+    weights = load_checkpoint(run_dir / LAST_CHECKPOINT, map_location=cfg.device)["model"]
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as err:  # data (overridden, or its files replaced) with other feature sizes
+        detail = str(err).split("\n\t", 2)
+        raise ConfigError(
+            "data",
+            f"the weights in {run_dir / LAST_CHECKPOINT} do not fit the model these data build "
+            f"(image {data.image_dim}-d, text {data.text_dim}-d): {' '.join(detail[1:2])}",
+        ) from None
     return cfg, model.to(cfg.device).eval(), data
+
+
+def _refuse_trained_run_overrides(overrides: Sequence[str]) -> None:
+    """Before anything is read: an override of a key outside :data:`HASH_EVAL_KEYS` is refused, naming it
+    (``model.bits=16`` on a 32-bit run would build a model its weights do not fit)."""
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if "=" in item and key not in HASH_EVAL_KEYS:
+            raise ConfigError(
+                key,
+                "cannot change on a trained run (its weights fix the model; train.* has no effect on an "
+                "evaluation): override data.*, eval.*, device or model.eval_batch_size",
+            )

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from patchword.errors import DataError
+from patchword.readers import describe_content
 
 __all__ = ["ArraysOnlyUnpickler", "read_array_pickle"]
 
@@ -50,8 +51,15 @@ def read_array_pickle(path: Path) -> dict[str, Any]:
     """
     try:
         data = ArraysOnlyUnpickler(io.BytesIO(path.read_bytes())).load()
-    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, IndexError) as err:
-        raise DataError(f"{path}: cannot read the pickle safely: {err}") from err
+    except pickle.UnpicklingError as err:  # a refused class, or a truncated pickle
+        raise DataError(f"{path}: cannot read the pickle safely: {err}") from None
+    except MemoryError:
+        raise
+    except Exception as err:  # text or damaged bytes make the opcodes fail with ValueError, KeyError...
+        content = describe_content(path)
+        if content != "binary data":  # empty, or text: the opcode's complaint would only confuse
+            raise DataError(f"{path}: not a pickle ({content})") from None
+        raise DataError(f"{path}: a damaged or truncated pickle: {err}") from None
     if not isinstance(data, dict):
         raise DataError(f"{path}: expected a dict of arrays at the top level, got {type(data).__name__}")
     return data
