@@ -294,3 +294,32 @@ def test_hash_eval_pr_plot_format_follows_the_suffix(run, tmp_path, capsys):
     assert main(["eval", str(run), "--pr-plot", str(tmp_path / "pr.svg")]) == 0
     assert b"<svg" in (tmp_path / "pr.svg").read_bytes()[:400]
     assert [p.name for p in tmp_path.iterdir()] == ["pr.svg"]  # no temporary file left behind
+
+
+def test_hash_search_rebuilds_an_index_cached_before_the_run_was_trained_on(run, tmp_path, capsys):
+    """The cached ``index_*.npz`` held the codes of the weights it was built with; a run resumed and
+    trained on since kept answering with the old codes unless --rebuild was given."""
+    import os
+    import shutil
+
+    copy = tmp_path / "r"
+    shutil.copytree(run, copy)
+    (copy / "index_text.npz").unlink(missing_ok=True)
+    argv = ["search", str(copy), "--modality", "image", "--query-index", "0", "1", "2", "--k", "5"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    old_codes = (copy / "index_text.npz").read_bytes()
+    # "trained on": other weights in last.pt, written after the index (negated weights flip every code)
+    state = torch.load(copy / "last.pt", map_location="cpu", weights_only=False)
+    state["model"] = {k: -v if v.is_floating_point() else v for k, v in state["model"].items()}
+    torch.save(state, copy / "last.pt")
+    later = (copy / "index_text.npz").stat().st_mtime + 10
+    os.utime(copy / "last.pt", (later, later))
+    assert main(argv) == 0
+    cached = json.loads(capsys.readouterr().out)
+    new_codes = (copy / "index_text.npz").read_bytes()
+    assert new_codes != old_codes
+    assert main([*argv, "--rebuild"]) == 0
+    assert (
+        json.loads(capsys.readouterr().out) == cached and (copy / "index_text.npz").read_bytes() == new_codes
+    )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from patchword.errors import (
 )
 from patchword.fileio import atomic_write_text, check_output_file
 from patchword.logs import setup_logging
+from patchword.runs.files import LAST_CHECKPOINT
 
 __all__ = ["main"]
 
@@ -52,6 +54,8 @@ _SHORTCUTS = {
     "name": "name",
     "device": "device",
 }
+
+_logger = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -338,7 +342,8 @@ def _queries(args: argparse.Namespace, model, data, file_queries: np.ndarray | N
 
 def _database_index(args: argparse.Namespace, device: str, model, data):
     """The Hamming index of the retrieval split's other modality: cached in the run directory as
-    ``index_{modality}.npz``, built (and cached) when missing or with --rebuild. Returns (index, modality)."""
+    ``index_{modality}.npz``, built (and cached) when missing, older than the run's ``last.pt`` (trained
+    on since) or with --rebuild. Returns (index, modality)."""
     import torch
 
     from patchword.hashing.codes import HammingIndex
@@ -346,7 +351,13 @@ def _database_index(args: argparse.Namespace, device: str, model, data):
 
     db_modality = "text" if args.modality == "image" else "image"
     index_path = args.run_dir / f"index_{db_modality}.npz"
-    if index_path.is_file() and not args.rebuild:
+    # codes of older weights (the run was resumed and trained on since the index was cached) are stale
+    stale = (
+        index_path.is_file() and index_path.stat().st_mtime < (args.run_dir / LAST_CHECKPOINT).stat().st_mtime
+    )
+    if stale:
+        _logger.info("%s: older than the run's %s; rebuilding it", index_path, LAST_CHECKPOINT)
+    if index_path.is_file() and not args.rebuild and not stale:
         try:
             index = HammingIndex.load(index_path, backend=args.backend)
         except (PatchwordError, MemoryError):
