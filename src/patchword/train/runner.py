@@ -3,16 +3,26 @@
 A run directory is the unit a user owns. Its ``config.yaml`` is written once, after the whole config, the
 data and the model have been checked, and never rewritten: ``--resume`` reads it back, accepts only the
 overrides in :data:`~patchword.train.validate.RESUMABLE_KEYS` and records itself in ``resumes.jsonl``.
-A start that fails before its first checkpoint leaves nothing behind.
+A start that fails (or is stopped by SIGTERM / SIGINT) before its first checkpoint leaves nothing behind.
+
+One command at a time owns a run directory: it holds an advisory lock on its :data:`LOCK_FILE` for its
+whole life (the operating system drops it when the process ends, even by ``kill -9``), so a second start
+of the same name or a second ``--resume`` is refused instead of writing into the same files.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import logging
+import os
 import shutil
+import signal
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -34,11 +44,12 @@ from patchword.data.prepare import (
 )
 from patchword.data.tokenizers import WordVocab
 from patchword.distributed import Distributed, session
-from patchword.errors import ConfigError, MissingFileError, RunExistsError
+from patchword.errors import ConfigError, Interrupted, MissingFileError, RunExistsError
 from patchword.factory import create_model
 from patchword.fileio import append_line, atomic_write_text, keep_jsonl_records, probe_writable
 from patchword.model import RetrievalModel, model_reads_dense
 from patchword.runs import (
+    BACKBONES_FILE,
     CONFIG_FILE,
     METRICS_FILE,
     RESUMES_FILE,
@@ -50,7 +61,7 @@ from patchword.runs import (
 )
 from patchword.runs.config import RunConfig
 from patchword.runs.evaluate import evaluate_run
-from patchword.runs.files import BEST_CHECKPOINT, LAST_CHECKPOINT, SUMMARY_FILE
+from patchword.runs.files import BEST_CHECKPOINT, LAST_CHECKPOINT, METRICS_JSON, SUMMARY_FILE
 from patchword.train.trainer import Trainer
 from patchword.train.validate import RESUMABLE_KEYS, check_config, check_launch, check_model_data
 
@@ -61,9 +72,103 @@ __all__ = [
     "resume_run",
     "drop_metrics_after",
     "RESUMABLE_KEYS",
+    "LOCK_FILE",
 ]
 
 _logger = logging.getLogger(__name__)
+
+#: The file in a run directory whose lock the command training the run holds (empty; it may stay behind).
+LOCK_FILE = ".lock"
+
+
+@contextlib.contextmanager
+def _stop_raises(phase: dict[str, Any]) -> Iterator[None]:
+    """SIGTERM / SIGINT outside the training loop (which stops at a step, last.pt written) raise
+    :class:`Interrupted` saying ``phase["then"]``: what is kept and how to go on. SIGTERM's default action
+    kills the process on the spot, leaving a half-made run directory behind and no ``interrupted:`` line."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be installed from the main thread
+        return
+
+    def handler(signum, frame):  # noqa: ARG001
+        if "signum" in phase:  # a second signal: the first is unwinding (and cleaning up) already
+            return
+        phase["signum"] = signum
+        raise Interrupted(signum, f"{signal.Signals(signum).name} received {phase['then']}")
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def _run_lock(run_dir: Path) -> Iterator[None]:
+    """Hold the exclusive lock of ``run_dir`` for the block.
+
+    Raises:
+        RunExistsError: another process holds it (it trains or resumes this run now).
+    """
+    with open(run_dir / LOCK_FILE, "a") as fh:  # "a": create it, never truncate another holder's file
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunExistsError(
+                f"run directory {run_dir} is in use by another process (a `patchword train` or "
+                "`--resume` of it is running): wait for it to end, or stop it first"
+            ) from None
+        except OSError as err:
+            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            _logger.warning(
+                "%s cannot be locked (%s): a second command on it would not be refused", run_dir, err
+            )
+        yield
+
+
+def _on_main(dist: Distributed, run_dir: Path, claim: Callable[[], None]) -> None:
+    """``claim()`` on rank 0, the process that writes the run; its refusal stops every process."""
+    error = None
+    if dist.is_main:
+        try:
+            claim()
+        except Exception as err:  # noqa: BLE001 - raised below, after every process has heard of it
+            error = err
+    (refused,) = dist.any(error is not None)
+    if error is not None:
+        raise error
+    if refused:
+        raise RunExistsError(f"run directory {run_dir}: refused by rank 0 (its error says why)")
+
+
+def _holds_files(run_dir: Path) -> bool:
+    """Whether ``run_dir`` exists with something in it (its lock file alone is nothing)."""
+    return run_dir.exists() and any(p.name != LOCK_FILE for p in run_dir.iterdir())
+
+
+def _exists_error(run_dir: Path) -> RunExistsError:
+    return RunExistsError(
+        f"run directory {run_dir} already exists; choose another name= or continue it with "
+        f"`patchword train --resume {run_dir}`"
+    )
+
+
+def _claim_new_run(run_dir: Path, locks: contextlib.ExitStack, claim: dict[str, bool]) -> None:
+    """Create ``run_dir`` and lock it, or take the empty directory a user made, under the lock; race-free
+    against another start of the same name. ``claim`` says what a failed start may remove: ``owned`` once
+    the run is this command's, ``created`` when it made the directory."""
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir()  # the atomic claim: of two starts of one name, one creates the directory
+        created = True
+    except FileExistsError:
+        created = False
+    locks.enter_context(_run_lock(run_dir))
+    if not created and _holds_files(run_dir):  # looked at under the lock: nobody writes it now
+        raise _exists_error(run_dir)
+    claim.update(created=created, owned=True)
 
 
 def _build(
@@ -125,26 +230,25 @@ def train_run(cfg: RunConfig, *, data: PreparedData | None = None) -> dict[str, 
     (:mod:`patchword.distributed`) and rank 0 alone writes the run directory.
 
     Raises:
-        RunExistsError: the run directory already exists (it is never overwritten).
+        RunExistsError: the run directory already exists (it is never overwritten), or another process is
+            starting a run of the same name.
         ConfigError, DataError, MissingFileError, ModelNotFoundError: a check failed; nothing was written.
         DistributedError: another process of the launch died or stopped answering.
+        Interrupted: SIGTERM / SIGINT before training (nothing kept) or during the final evaluation.
     """
     device = check_config(cfg)
     probe_writable(cfg.output_dir)  # a read-only or vanished output_dir fails now, not after data loading
-    with session(device, cfg.dist_timeout_s) as dist:
+    run_dir = Path(cfg.output_dir) / cfg.name
+    phase: dict[str, Any] = {"then": "before training started: nothing was kept; run the same command again"}
+    with _stop_raises(phase), session(device, cfg.dist_timeout_s) as dist, contextlib.ExitStack() as locks:
         check_launch(cfg, dist.world_size)
-        run_dir = Path(cfg.output_dir) / cfg.name
-        if run_dir.exists() and any(run_dir.iterdir()):
-            raise RunExistsError(
-                f"run directory {run_dir} already exists; choose another name= or continue it with "
-                f"`patchword train --resume {run_dir}`"
-            )
+        if _holds_files(run_dir):  # early, before the data is loaded; the claim below checks again
+            raise _exists_error(run_dir)
         dist.barrier()  # every process has checked before rank 0 creates the directory
         data, model = _build(cfg, data)
-        created = not run_dir.exists()
-        if dist.is_main:
-            run_dir.mkdir(parents=True, exist_ok=True)
+        claim = {"owned": False, "created": False}
         try:
+            _on_main(dist, run_dir, lambda: _claim_new_run(run_dir, locks, claim))
             if dist.is_main:
                 save_config(cfg, run_dir / CONFIG_FILE)
                 _save_tokenizer(data.tokenizer, run_dir)
@@ -154,17 +258,25 @@ def train_run(cfg: RunConfig, *, data: PreparedData | None = None) -> dict[str, 
             fit = trainer.fit()
         except BaseException:
             # Nothing to resume yet: leave no half-made run behind (the same name can simply be rerun).
-            if dist.is_main and not (run_dir / LAST_CHECKPOINT).is_file():
-                _remove_run(run_dir, created)
+            if claim["owned"] and not (run_dir / LAST_CHECKPOINT).is_file():
+                _remove_run(run_dir, claim["created"])
             raise
+        phase["then"] = _evaluating(run_dir)
         return _finish(cfg, model, data, run_dir, trainer, fit, dist)
+
+
+def _evaluating(run_dir: Path) -> str:
+    return (
+        f"during the final evaluation: training is finished ({run_dir / LAST_CHECKPOINT}); "
+        f"`patchword train --resume {run_dir}` evaluates it"
+    )
 
 
 def _remove_run(run_dir: Path, created: bool) -> None:
     if created:
         shutil.rmtree(run_dir, ignore_errors=True)
     else:  # an empty directory the user made: remove only what this run wrote
-        for name in (CONFIG_FILE, VOCAB_FILE, METRICS_FILE):
+        for name in (CONFIG_FILE, VOCAB_FILE, BACKBONES_FILE, METRICS_FILE):
             (run_dir / name).unlink(missing_ok=True)
     _logger.info("start failed before the first checkpoint: %s removed", run_dir)
 
@@ -178,6 +290,8 @@ def resume_run(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, 
     Raises:
         MissingFileError: no such run, or it has no config.yaml / last.pt.
         ConfigError: an override of a key that is not safe to change on a resume.
+        RunExistsError: another process trains or resumes the run now.
+        Interrupted: SIGTERM / SIGINT outside the training loop (which stops with last.pt written).
     """
     run_dir = Path(run_dir)
     saved = read_run_config(run_dir)
@@ -202,8 +316,12 @@ def resume_run(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, 
     stored = from_dict(RunConfig, state["config"])
     refuse_edited_config(run_dir / CONFIG_FILE, saved, stored, RESUMABLE_KEYS)
     tokenizer = load_run_tokenizer(run_dir, cfg.data)
-    with session(device, cfg.dist_timeout_s) as dist:
+    phase: dict[str, Any] = {
+        "then": f"before training resumed: `patchword train --resume {run_dir}` continues it"
+    }
+    with _stop_raises(phase), session(device, cfg.dist_timeout_s) as dist, contextlib.ExitStack() as locks:
         check_launch(cfg, dist.world_size)
+        _on_main(dist, run_dir, lambda: locks.enter_context(_run_lock(run_dir)))
         data, model = _build(cfg, None, tokenizer=tokenizer, run_dir=run_dir)
         trainer = _trainer(cfg, model, data, run_dir, dist)
         trainer.load_state_dict(state)
@@ -215,17 +333,30 @@ def resume_run(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, 
             trainer.step,
         )
         if dist.is_main:
-            redone = drop_metrics_after(run_dir, trainer.step)
+            redone = drop_metrics_after(run_dir, trainer.step, validation_due=trainer.validation_due)
             if redone:
-                _logger.info("%d metrics records after step %d dropped: redone now", redone, trainer.step)
+                _logger.info("%d metrics records of step %d on dropped: redone now", redone, trainer.step)
             record = {
                 "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "step": trainer.step,
                 "overrides": list(overrides),
             }
             append_line(run_dir / RESUMES_FILE, json.dumps(record))
+            if not trainer.finished:
+                _set_aside_results(run_dir)
         fit = trainer.fit()
+        phase["then"] = _evaluating(run_dir)
         return _finish(cfg, model, data, run_dir, trainer, fit, dist)
+
+
+def _set_aside_results(run_dir: Path) -> None:
+    """Rename summary.json and metrics.json to ``*.previous.json`` before a resume trains further: until it
+    writes them again they would describe a run that has moved on (``patchword report`` would show them,
+    a sweep would take the run for finished)."""
+    for name in (SUMMARY_FILE, METRICS_JSON):
+        path = run_dir / name
+        if path.is_file():
+            os.replace(path, path.with_suffix(".previous.json"))
 
 
 def _finish(
@@ -248,8 +379,14 @@ def _finish(
     return summary
 
 
-def drop_metrics_after(run_dir: str | Path, step: int) -> int:
+def drop_metrics_after(run_dir: str | Path, step: int, *, validation_due: bool = False) -> int:
     """Keep the records of ``metrics.jsonl`` up to ``step`` (the checkpoint a resume starts from), dropping
     those of the steps the resume will redo and a last line cut short by a kill; returns how many were
-    dropped."""
-    return keep_jsonl_records(Path(run_dir) / METRICS_FILE, lambda record: int(record["step"]) <= step)
+    dropped. ``validation_due``: the checkpoint was written before the validation of ``step``, which the
+    resume runs again: a dev record of ``step`` (logged before a kill) goes too."""
+
+    def keep(record: dict) -> bool:
+        at = int(record["step"])
+        return at < step or (at == step and not (validation_due and record.get("split") == "dev"))
+
+    return keep_jsonl_records(Path(run_dir) / METRICS_FILE, keep)

@@ -17,6 +17,7 @@ import math
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -104,6 +105,12 @@ class Trainer:
     step, position in the batch), so a resumed run sees exactly the batches an uninterrupted run would
     have seen, whatever the number of processes.
 
+    Validation follows every ``train.eval_every``-th step, each epoch's last step and the run's last step,
+    once per step. A signal on such a step stops the run at once (pre-emption leaves seconds) with the
+    validation recorded as due in ``last.pt``; the resume runs it first, so an interrupted run validates
+    the same steps as an uninterrupted one. ``train.time_budget_s`` counts the training time of every
+    session of the run.
+
     Under ``torchrun`` (``dist`` with several processes) each process trains on its shard of every global
     batch; rank 0 alone logs, writes ``metrics.jsonl`` and the checkpoints. The optimiser step has no
     host synchronisation (a non-finite loss skips the step on the device through the fused optimiser);
@@ -185,6 +192,8 @@ class Trainer:
         self.batch_in_epoch = 0
         self.step = 0
         self.best_rsum = -math.inf
+        # The validation of the step ``last.pt`` is at is still to run: a signal stopped the run before it.
+        self.validation_due = False
         # Training time of the sessions before this one (from the checkpoint a resume loads) and the start
         # of this session's fit: train_seconds in checkpoints and summaries counts every session.
         self._seconds_before = 0.0
@@ -225,6 +234,7 @@ class Trainer:
             "best_rsum": self.best_rsum,
             "skipped_steps": self.skipped_steps,
             "train_seconds": self.train_seconds,
+            "validation_due": self.validation_due,
             "rng": rng_state(),
             "rng_ranks": self.dist.all_gather_object(rng_state()),
             "world_size": self.dist.world_size,
@@ -242,6 +252,17 @@ class Trainer:
         self.best_rsum, self.skipped_steps = state["best_rsum"], state["skipped_steps"]
         # checkpoints written before train_seconds was kept hold none: their sessions count 0
         self._seconds_before = float(state.get("train_seconds", 0.0))
+        self.validation_due = bool(state.get("validation_due", False))
+        if self.batch_in_epoch >= len(self._epoch_batches(self.epoch)):
+            # Written at an epoch's last step by an older patchword (before the epoch rolled over and was
+            # validated): continue as from the checkpoint this version writes there. The optimiser, just
+            # loaded, has not stepped in this process: torch's warning about the order is moot.
+            with warnings.catch_warnings():
+                warnings.filterwarnings(
+                    "ignore", message="Detected call of `lr_scheduler.step", category=UserWarning
+                )
+                self._next_epoch()
+            self.validation_due = True
         ranks = state.get("rng_ranks") or [state["rng"]]
         if len(ranks) == self.dist.world_size:
             set_rng_state(ranks[self.dist.rank])
@@ -291,11 +312,28 @@ class Trainer:
                 tracker.close()
             self.trackers = []
 
+    @property
+    def finished(self) -> bool:
+        """Nothing left to train or validate (a resume of a finished run only evaluates it again)."""
+        return self._limit_reached() and not self.validation_due
+
+    def _limit_reached(self) -> bool:
+        """The epochs, ``max_steps`` or the time budget (counted over every session of the run) are spent."""
+        tc = self.tc
+        return bool(
+            self.epoch >= tc.epochs
+            or (tc.max_steps and self.step >= tc.max_steps)
+            or (tc.time_budget_s and self.train_seconds >= tc.time_budget_s)
+        )
+
     def _fit(self, flag: dict[str, int]) -> dict[str, Any]:
         tc = self.tc
-        start = self._fit_start = time.perf_counter()
-        stop = bool(tc.max_steps and self.step >= tc.max_steps)  # a resumed run that already got there
-        while self.epoch < tc.epochs and not stop:
+        self._fit_start = time.perf_counter()
+        self._logged_at = (self.step, self._fit_start)  # step_seconds: this session's steps, not its setup
+        if self.validation_due:  # the signal that stopped the last session came before this validation
+            self.validate()
+        stop = self._limit_reached()  # a resumed run that already got there
+        while not stop:
             batches = self._epoch_batches(self.epoch)
             for batch in self._loader(batches):
                 self._train_step(batch, len(batches))
@@ -304,25 +342,24 @@ class Trainer:
                 if self.step in tc.lr_milestone_steps:
                     for group in self.optimizer.param_groups:
                         group["lr"] *= tc.lr_decay
+                epoch_end = self.batch_in_epoch >= len(batches)
+                if epoch_end:
+                    self._next_epoch()
                 # Decisions every process must take at the same step (a signal reaches one process).
-                out_of_time = bool(tc.time_budget_s) and time.perf_counter() - start >= tc.time_budget_s
-                signalled, out_of_time = self.dist.any("signum" in flag, out_of_time)
+                signalled, stop = self.dist.any("signum" in flag, self._limit_reached())
+                due = epoch_end or stop or bool(tc.eval_every and self.step % tc.eval_every == 0)
                 if signalled:
+                    # Stop now (pre-emption leaves seconds); this step's validation waits for the resume.
+                    self.validation_due = due
                     self.save_last()
                     signum = flag.get("signum", signal.SIGTERM)
                     raise TrainingInterrupted(signum, self.step, self.run_dir / LAST_CHECKPOINT)
-                stop = bool((tc.max_steps and self.step >= tc.max_steps) or out_of_time)
-                if tc.eval_every and self.step % tc.eval_every == 0 and not stop:
+                if due:
                     self.validate()
                 elif tc.checkpoint_every and self.step % tc.checkpoint_every == 0:
                     self.save_last()
                 if stop:
                     break
-            if self.batch_in_epoch >= len(batches):
-                self.epoch += 1
-                self.batch_in_epoch = 0
-                self.scheduler.step()
-            self.validate()
         return {
             "best_dev_rsum": self.best_rsum,
             "steps": self.step,
@@ -331,6 +368,11 @@ class Trainer:
             # what last.pt records (the fit ends with a save): a resume continues from exactly this
             "train_seconds": self.train_seconds if self._saved_seconds is None else self._saved_seconds,
         }
+
+    def _next_epoch(self) -> None:
+        self.epoch += 1
+        self.batch_in_epoch = 0
+        self.scheduler.step()
 
     def _epoch_batches(self, epoch: int) -> list[torch.Tensor]:
         """The global batches of ``epoch`` (the same in every process, whatever their number)."""
@@ -492,6 +534,7 @@ class Trainer:
         metrics.pop("cost")  # the test evaluation records it (summary.json); dev records stay flat
         record = {"split": "dev", "step": self.step, "epoch": self.epoch, **metrics, "time": time.time()}
         self._log(record)
+        self.validation_due = False
         _logger.info(
             "dev @ step %d: rsum %.1f (t2i R@1 %.1f, i2t R@1 %.1f)",
             self.step,

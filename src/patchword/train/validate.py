@@ -179,6 +179,19 @@ def _check_identity(cfg: RunConfig) -> None:
     check_common_values(cfg)
 
 
+def _check_optimiser(cfg: RunConfig) -> None:
+    """AdamW's and the schedule's factors: checked here, or AdamW refuses a negative weight decay after the
+    run directory was written, and a negative decay gives negative learning rates without a word."""
+    tc = cfg.train
+    for key, value in (
+        ("train.weight_decay", tc.weight_decay),
+        ("train.backbone_lr_mult", tc.backbone_lr_mult),
+    ):
+        if not 0 <= value < math.inf:
+            raise ConfigError(key, f"must be a finite number >= 0, got {value!r}")
+    _ratio(tc.lr_decay, "train.lr_decay")  # the factor each milestone multiplies the learning rates by
+
+
 def _existing(path: str, key: str, kind: str = "file") -> None:
     p = Path(path).expanduser()
     ok = p.is_dir() if kind == "directory" else p.is_file() if kind == "file" else p.exists()
@@ -245,6 +258,7 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
         CocoGroundTruth.load()  # the extra and its data, now rather than after training
     if not 0 < tc.lr < math.inf:
         raise ConfigError("train.lr", f"must be a finite number > 0, got {tc.lr!r}")
+    _check_optimiser(cfg)
     _check_identity(cfg)
     if not cfg.dist_timeout_s > 0:
         raise ConfigError("dist_timeout_s", f"must be > 0, got {cfg.dist_timeout_s!r}")
