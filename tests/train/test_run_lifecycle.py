@@ -411,3 +411,14 @@ def test_optimiser_factors_out_of_range_are_one_line_before_anything_is_written(
     line = one_error_line(capsys.readouterr().err)
     assert line.startswith(f"error: {key}:"), line
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_an_output_dir_that_is_a_file_is_one_line_naming_the_key(tmp_path, capsys, below):
+    """It was ``error: [Errno 20] Not a directory: '...'``, naming neither the key nor the cause."""
+    (tmp_path / "runs").write_text("a file")
+    output_dir = tmp_path / "runs" / below if below else tmp_path / "runs"
+    assert main(["train", *TINY_MODEL_32, f"output_dir={output_dir}", "name=x"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line == f"error: output_dir: {tmp_path / 'runs'} is a file: runs go in a directory there"
+    assert (tmp_path / "runs").read_text() == "a file"

@@ -237,7 +237,10 @@ def train_run(cfg: RunConfig, *, data: PreparedData | None = None) -> dict[str, 
         Interrupted: SIGTERM / SIGINT before training (nothing kept) or during the final evaluation.
     """
     device = check_config(cfg)
-    probe_writable(cfg.output_dir)  # a read-only or vanished output_dir fails now, not after data loading
+    try:  # a read-only or vanished output_dir fails now, not after data loading
+        probe_writable(cfg.output_dir)
+    except NotADirectoryError as err:  # a file where the directory (or one of its parents) must go
+        raise ConfigError("output_dir", f"{err.filename} is a file: runs go in a directory there") from None
     run_dir = Path(cfg.output_dir) / cfg.name
     phase: dict[str, Any] = {"then": "before training started: nothing was kept; run the same command again"}
     with _stop_raises(phase), session(device, cfg.dist_timeout_s) as dist, contextlib.ExitStack() as locks:
