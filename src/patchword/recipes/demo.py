@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from patchword.errors import ConfigError
 from patchword.recipes.pretrain import KEYS
 from patchword.runs.config import RunConfig, load_run_config
 from patchword.runs.files import SUMMARY_FILE
@@ -67,12 +68,31 @@ def format_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _check_demo(cfg: RunConfig) -> None:
+    """Everything the demo can check before it moves a previous demo aside or prepares its scenes: the
+    config (what ``train_run`` checks again, cheaply) and an ``output_dir`` that can hold the run."""
+    from patchword.errors import describe_os_error
+    from patchword.fileio import probe_writable
+    from patchword.train.validate import check_config
+
+    check_config(cfg)
+    try:
+        probe_writable(cfg.output_dir)
+    except OSError as err:  # a file in its place, a read-only or unreachable directory
+        raise ConfigError("output_dir", f"cannot hold the demo's run: {describe_os_error(err)}") from err
+
+
 def _set_aside(run_dir: Path) -> None:
     # Never overwrite a previous demo silently: keep it under a timestamped name and say so.
-    if run_dir.exists():
-        target = run_dir.with_name(f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-        shutil.move(str(run_dir), target)
-        _logger.warning("previous %s moved to %s", run_dir, target)
+    if not run_dir.exists():
+        return
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target, n = run_dir.with_name(f"{run_dir.name}-{stamp}"), 1
+    while target.exists():  # a second demo within the same second: moving into it would nest the run
+        n += 1
+        target = run_dir.with_name(f"{run_dir.name}-{stamp}-{n}")
+    shutil.move(str(run_dir), target)
+    _logger.warning("previous %s moved to %s", run_dir, target)
 
 
 @contextlib.contextmanager
@@ -95,6 +115,7 @@ def run_demo(overrides: list[str] | None = None, *, plots: bool = True) -> dict[
 
     cfg = demo_config(overrides)
     run_dir = Path(cfg.output_dir) / cfg.name
+    _check_demo(cfg)  # before a previous demo is moved or 12,000 scenes are prepared
     _set_aside(run_dir)
     with _flush_denormals():
         data = prepare_data(cfg.data)

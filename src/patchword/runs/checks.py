@@ -14,7 +14,13 @@ from patchword.eval.engine.core import declared_precisions
 from patchword.model import RetrievalModel
 from patchword.runs.config import RunConfig
 
-__all__ = ["check_eval_precision", "check_model_data", "check_region_boxes", "data_image_size"]
+__all__ = [
+    "check_eval_precision",
+    "check_eval_settings",
+    "check_model_data",
+    "check_region_boxes",
+    "data_image_size",
+]
 
 
 def data_image_size(cfg: RunConfig) -> int | None:
@@ -101,3 +107,22 @@ def check_eval_precision(cfg: RunConfig, device: torch.device) -> None:
         )
     if precision == "tf32" and device.type != "cuda":
         raise ConfigError("eval.precision", f"tf32 uses CUDA tensor cores; the run's device is {device}")
+
+
+#: The lowest value of each numeric ``eval`` key: a batch holds at least one image or text; a memory
+#: budget of 0 MiB means the automatic one (``eval.engine.memory.configured_budget_mb``).
+EVAL_MINIMUMS = {"batch_size": 1, "max_memory_mb": 0}
+
+
+def check_eval_settings(cfg: RunConfig, device: torch.device) -> None:
+    """The ``eval`` section, before any data is read: the numeric keys' ranges and ``eval.precision``
+    against the matcher and ``device`` (``patchword eval`` and ``train.validate.check_config`` both call it).
+
+    Raises:
+        ConfigError: naming the first offending key.
+    """
+    for name, low in EVAL_MINIMUMS.items():
+        value = getattr(cfg.eval, name)
+        if not value >= low:
+            raise ConfigError(f"eval.{name}", f"must be >= {low}, got {value!r}")
+    check_eval_precision(cfg, device)

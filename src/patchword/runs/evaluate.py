@@ -21,6 +21,7 @@ from patchword.eval.protocol import evaluate
 from patchword.fileio import atomic_write_text, check_output_file
 from patchword.matching import matcher_spec
 from patchword.model import RetrievalModel, matcher_arguments
+from patchword.runs.checks import check_eval_settings
 from patchword.runs.config import RunConfig
 from patchword.runs.files import METRICS_JSON, VOCAB_FILE
 from patchword.version import __version__
@@ -142,18 +143,18 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
     from patchword.errors import ConfigError
     from patchword.eval.protocol import ensemble_metrics, evaluate
     from patchword.runs import config_hash, load_run, read_run_config, resolve_checkpoint
-    from patchword.runs.checks import check_eval_precision, check_model_data
+    from patchword.runs.checks import check_model_data
 
     overrides = list(overrides or [])
     cfg = read_run_config(run_dir, overrides)
     role = eval_role(cfg.data, cfg.eval.split)
-    check_eval_precision(cfg, dist.device)
+    check_eval_settings(cfg, dist.device)
     members = [(run_dir, checkpoint)] + [_member(p) for p in ensemble or []]
     # Everything cheap first: the output file, every member's config and checkpoint.
     out = out or run_dir / (f"eval_{role}_ensemble.json" if len(members) > 1 else f"eval_{role}.json")
     _check_output(out, force)
     for member_dir, member_ckpt in members:
-        check_eval_precision(read_run_config(member_dir, overrides), dist.device)
+        check_eval_settings(read_run_config(member_dir, overrides), dist.device)
         resolve_checkpoint(member_dir, member_ckpt)
     device = dist.device
 
@@ -265,6 +266,7 @@ def evaluate_suite(
         raise ConfigError("--suite", "runs in one process: start it without torchrun")
     overrides = list(overrides or [])
     cfg = read_run_config(run_dir, overrides)
+    check_eval_settings(cfg, resolve_device(cfg.device))
     out = _check_output(out or run_dir / "eval_compositional.json", force)
     if not suite_files and cfg.data.dataset != "synthetic":
         raise ConfigError("--suite-file", "a run on real data needs SugarCrepe-style files (--suite-file)")
@@ -277,8 +279,9 @@ def evaluate_suite(
         images, source = FileImageSource(paths, loaded.image_transform()), [str(f) for f in suite_files]
     else:
         from patchword.data.synthetic import SyntheticScenes
+        from patchword.data.synthetic.config import synthetic_config_for
 
-        scenes = SyntheticScenes.load_or_generate(dc.synthetic_config(), cache_dir=dc.cache_dir or None)
+        scenes = SyntheticScenes.load_or_generate(synthetic_config_for(dc), cache_dir=dc.cache_dir or None)
         images, triples, dense = synthetic_suite(scenes, dc.test_split, seed=0)
         source = f"synthetic {dc.test_split} split, seed {dc.synthetic_seed}"
     t0 = time.perf_counter()
@@ -316,6 +319,7 @@ def evaluate_patch_suite(
 ) -> tuple[dict[str, Any], Path]:
     """Linear probes and patch-word grounding of the run's image encoder on its synthetic scenes
     (:mod:`patchword.eval.patch_probe`); writes ``RUN/eval_patches.json``."""
+    from patchword.data.synthetic.config import synthetic_config_for
     from patchword.device import resolve_device
     from patchword.errors import ConfigError
     from patchword.eval.patch_probe import synthetic_patch_probe
@@ -323,6 +327,7 @@ def evaluate_patch_suite(
 
     overrides = list(overrides or [])
     cfg = read_run_config(run_dir, overrides)
+    check_eval_settings(cfg, resolve_device(cfg.device))
     out = _check_output(out or run_dir / "eval_patches.json", force)
     if cfg.data.dataset != "synthetic" or cfg.model.image_encoder != "tiny":
         raise ConfigError("--suite", "patches probes the tiny image encoder of a run on the synthetic scenes")
@@ -332,7 +337,7 @@ def evaluate_patch_suite(
     t0 = time.perf_counter()
     result = synthetic_patch_probe(
         loaded.model,
-        dc.synthetic_config(),
+        synthetic_config_for(dc),
         loaded.tokenizer,
         cache_dir=dc.cache_dir or None,
         device=loaded.device,

@@ -30,7 +30,7 @@ from patchword.model import (
     model_reads_dense,
     typed_sections,
 )
-from patchword.runs.checks import check_eval_precision, check_model_data, check_region_boxes, data_image_size
+from patchword.runs.checks import check_eval_settings, check_model_data, check_region_boxes, data_image_size
 from patchword.runs.config import CUDA_GRAPH_COMPILE_MODES, RunConfig
 from patchword.train.trackers import TRACKERS, import_wandb
 
@@ -223,7 +223,7 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
         )
     if cfg.precision == "fp64" and device.type == "mps":
         raise ConfigError("precision", "fp64 is not supported on mps (no float64 kernels); use fp32 or cpu")
-    check_eval_precision(cfg, device)
+    check_eval_settings(cfg, device)  # its ranges and precision, as `patchword eval` checks them
     # ranges
     for key, value, low in [
         ("train.batch_size", tc.batch_size, 2),
@@ -240,8 +240,6 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
         ("train.pair_chunk", tc.pair_chunk, 0),
         ("train.text_width_multiple", tc.text_width_multiple, 0),
         ("data.num_workers", dc.num_workers, 0),
-        ("eval.batch_size", ec.batch_size, 1),
-        ("eval.max_memory_mb", ec.max_memory_mb, 0),
         ("data.max_caption_len", dc.max_caption_len, 3),
         ("data.max_dense_len", dc.max_dense_len, 3),
         ("data.dev_from_train", dc.dev_from_train, 0),
@@ -332,6 +330,10 @@ def _check_initialisation(cfg: RunConfig) -> None:
     dc, mc = cfg.data, cfg.model
     if dc.vocab_path:
         _existing(resolve_vocab_path(dc.vocab_path), "data.vocab_path")
+        if dc.tokenizer == "word":  # a damaged file fails now (naming it), not after the data is loaded
+            from patchword.data.tokenizers import WordVocab
+
+            WordVocab.load(resolve_vocab_path(dc.vocab_path))
     if mc.tiny_pretrained:
         vocab = (resolve_pretrained_dir(mc.tiny_pretrained) / VOCAB).resolve()
         given = Path(resolve_vocab_path(dc.vocab_path)).resolve() if dc.vocab_path else None

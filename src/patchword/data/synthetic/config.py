@@ -7,6 +7,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from patchword.errors import ConfigError
+
 # Bump when generation changes in any way that alters the output, so stale caches are never reused.
 GENERATOR_VERSION = 1
 
@@ -78,18 +80,27 @@ class SyntheticConfig:
     attribute_repeat_prob: float = 0.0
 
     def __post_init__(self) -> None:
+        # Each error names the field (ConfigError.key): a caller that sets the fields from its own config
+        # keys (the run config's data section: data_key_error) names those instead.
         if not 1 <= self.min_objects <= self.max_objects <= NUM_CELLS:
-            raise ValueError(
-                f"need 1 <= min_objects <= max_objects <= {NUM_CELLS}, "
-                f"got {self.min_objects}..{self.max_objects}"
+            raise ConfigError(
+                "min_objects" if self.min_objects < 1 else "max_objects",
+                f"need 1 <= min_objects <= max_objects <= {NUM_CELLS} (at most one object per grid cell), "
+                f"got {self.min_objects}..{self.max_objects}",
             )
-        unknown = [s for s in self.shapes if s not in SHAPES] + [c for c in self.colours if c not in COLOURS]
-        if unknown or len(self.shapes) < 2 or len(self.colours) < 2:
-            raise ValueError(f"need >= 2 shapes from {SHAPES} and >= 2 colours from {tuple(COLOURS)}")
+        for name, values, known in (
+            ("shapes", self.shapes, SHAPES),
+            ("colours", self.colours, tuple(COLOURS)),
+        ):
+            if len(values) < 2 or not set(values) <= set(known):
+                raise ConfigError(name, f"need >= 2 of {known}, got {values}")
         if self.image_size < 4 * GRID:
-            raise ValueError(f"image_size must be >= {4 * GRID}, got {self.image_size}")
+            raise ConfigError(
+                "image_size",
+                f"must be >= {4 * GRID} (at least 4 pixels per grid cell), got {self.image_size}",
+            )
         if not 1 <= self.captions_per_image <= 5:
-            raise ValueError(f"captions_per_image must be in 1..5, got {self.captions_per_image}")
+            raise ConfigError("captions_per_image", f"must be in 1..5, got {self.captions_per_image}")
         for name in (
             "partial_attr_prob",
             "dense_omit_prob",
@@ -97,9 +108,12 @@ class SyntheticConfig:
             "attribute_repeat_prob",
         ):
             if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be a probability, got {getattr(self, name)}")
-        if min(self.num_train, self.num_dev, self.num_test) < 1:
-            raise ValueError("every split needs at least one image")
+                raise ConfigError(name, f"must be a probability, got {getattr(self, name)}")
+        for split in SPLITS:
+            if self.split_size(split) < 1:
+                raise ConfigError(
+                    f"num_{split}", f"every split needs at least one image, got {self.split_size(split)}"
+                )
 
     def split_size(self, split: str) -> int:
         """Number of images of ``split``."""
@@ -120,3 +134,25 @@ SCENE_PRESETS: dict[str, dict[str, object]] = {
     "simple": {},
     "cluttered": {"min_objects": 5, "max_objects": 9, "attribute_repeat_prob": 0.5},
 }
+
+
+#: The run config key (``data`` section) that sets each generator field; the fields not listed come from
+#: the preset that ``data.synthetic_scenes`` names (``patchword.data.config.DataConfig.synthetic_config``).
+DATA_KEYS: dict[str, str] = {
+    "seed": "data.synthetic_seed",
+    "image_size": "data.synthetic_image_size",
+    "num_train": "data.num_train",
+    "num_dev": "data.num_dev",
+    "num_test": "data.num_test",
+    "dense_omit_prob": "data.dense_omit_prob",
+    "dense_wrong_attr_prob": "data.dense_wrong_attr_prob",
+}
+
+
+def synthetic_config_for(data) -> SyntheticConfig:
+    """``data.synthetic_config()`` of a run config's data section (``DataConfig``), whose errors name the
+    data key to change (``data.num_test``) rather than the generator's own field (``num_test``)."""
+    try:
+        return data.synthetic_config()
+    except ConfigError as err:
+        raise ConfigError(DATA_KEYS.get(err.key, "data.synthetic_scenes"), err.detail) from err

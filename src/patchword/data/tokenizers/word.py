@@ -166,26 +166,56 @@ class WordVocab:
     def load(cls, path: str | os.PathLike) -> WordVocab:
         """Read a SCAN-style JSON vocabulary (ids must be 0..n-1 with the four specials first); its
         ``split`` key, when present, is the word rule (default ``alnum``)."""
-        with open(path, encoding="utf-8") as f:
-            payload = json.load(f)
+        from patchword.errors import DataError
+
+        payload = _read_json(path)
         try:
             idx2word = {int(i): w for i, w in payload["idx2word"].items()}
             word2idx = {w: int(i) for w, i in payload["word2idx"].items()}
         except (KeyError, AttributeError, TypeError, ValueError) as err:
-            raise ValueError(f"{path}: not a word2idx / idx2word vocabulary json ({err})") from err
+            raise DataError(f"{path}: not a word2idx / idx2word vocabulary json ({err})") from err
         words = [idx2word.get(i) for i in range(len(idx2word))]
+        # before word2idx is looked up: a list would be unhashable there (a missing id is None, reported next)
+        not_words = [i for i, w in enumerate(words) if w is not None and not isinstance(w, str)]
+        if not_words:
+            bad = not_words[0]
+            raise DataError(f"{path}: idx2word[{bad}] is {words[bad]!r}, not a word (a string)")
         if (
             None in words
             or any(word2idx.get(w) != i for i, w in enumerate(words))
             or len(word2idx) != len(words)
         ):
-            raise ValueError(f"{path}: word2idx and idx2word disagree or ids are not 0..{len(words) - 1}")
+            raise DataError(f"{path}: word2idx and idx2word disagree or ids are not 0..{len(words) - 1}")
         if tuple(words[: len(SPECIALS)]) != SPECIALS:
-            raise ValueError(f"{path}: the first ids must be {SPECIALS}, got {tuple(words[: len(SPECIALS)])}")
+            raise DataError(f"{path}: the first ids must be {SPECIALS}, got {tuple(words[: len(SPECIALS)])}")
         split = payload.get("split", "alnum")
         if split not in SPLITS:
-            raise ValueError(f"{path}: unknown word split {split!r} (known: {', '.join(SPLITS)})")
+            raise DataError(f"{path}: unknown word split {split!r} (known: {', '.join(SPLITS)})")
         return cls(words[len(SPECIALS) :], split=split)
 
     def __repr__(self) -> str:
         return f"WordVocab({len(self)} words, split={self.split})"
+
+
+def _read_json(path: str | os.PathLike):
+    """The parsed JSON of a vocabulary file; text that is not UTF-8 or not JSON is a
+    :class:`~patchword.errors.DataError` naming the file and where it breaks (json's own message names
+    neither the file nor, for bad bytes, what kind of file was expected)."""
+    from patchword.errors import DataError
+
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"{path}: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); a vocabulary is "
+            "SCAN-style JSON"
+        ) from err
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(
+            f"{path}: not valid JSON: {err.msg} (line {err.lineno} column {err.colno}); a vocabulary is "
+            "SCAN-style JSON"
+        ) from err

@@ -1,0 +1,231 @@
+"""Bad input to ``eval``, ``export``, ``demo``, ``train`` and ``data export``: a corrupt vocabulary file,
+``eval.*`` values out of range, a demo config that cannot run, synthetic-scene sizes the generator refuses.
+Each ends in one ``error:`` line (exit 2) naming the file or the config key, before anything is written,
+moved or prepared."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from test_bad_inputs import _snapshot
+
+from conftest import TINY_RUN_32, one_error_line
+from patchword.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("vocab_eval")
+    args = [*TINY_RUN_32, "train.max_steps=2", f"output_dir={tmp / 'runs'}", "name=tiny"]
+    assert main(["train", *args]) == 0
+    return tmp / "runs" / "tiny"
+
+
+@pytest.fixture
+def run_copy(tiny_run, tmp_path) -> Path:
+    """A copy of the tiny run that a test may damage."""
+    return Path(shutil.copytree(tiny_run, tmp_path / "run"))
+
+
+def _no_heavy_work(monkeypatch) -> None:
+    """Fail the test if the data is prepared or a run is loaded: the checks must come first."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("data prepared / run loaded before the inputs were checked")
+
+    monkeypatch.setattr("patchword.data.prepare.prepare_data", refuse)
+    monkeypatch.setattr("patchword.runs.load_run", refuse)
+
+
+# -------------------------------------------------------------------------------- corrupt vocabulary files
+
+CORRUPT_VOCABS = [
+    ("truncated json", b'{"a":\n', "not valid JSON: Expecting value (line 2 column 1)"),
+    ("not utf-8", b'\xff\xfe{"word2idx": {}}', "not UTF-8 text (byte 0xff at offset 0)"),
+    ("json but not a vocabulary", b"[1, 2]", "not a word2idx / idx2word vocabulary json"),
+    (
+        "ids that are no words",
+        json.dumps({"word2idx": {"7": 0}, "idx2word": {"0": 7}}).encode(),
+        "idx2word[0] is 7, not a word",
+    ),
+    (
+        "an unhashable word",
+        json.dumps({"word2idx": {"a": 0}, "idx2word": {"0": ["a"]}}).encode(),
+        "idx2word[0] is ['a'], not a word",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "content", "expected"), CORRUPT_VOCABS, ids=[c[0] for c in CORRUPT_VOCABS])
+def test_corrupt_vocabulary_file_is_one_line_naming_it(run_copy, tmp_path, capsys, case, content, expected):
+    """Bug: json's own message ("Expecting value: line 2 column 1 (char 6)", "'utf-8' codec can't decode
+    byte 0xff") reached the user without the vocabulary file's name."""
+    vocab = run_copy / "vocab.json"
+    vocab.write_bytes(content)
+    before = _snapshot(run_copy)
+    for argv in (
+        ["eval", str(run_copy), "--out", str(tmp_path / "e.json")],
+        ["export", str(run_copy), str(tmp_path / "exported")],
+    ):
+        assert main(argv) == 2, argv
+        line = one_error_line(capsys.readouterr().err)
+        assert line.startswith(f"error: {vocab}: ") and expected in line, line
+    assert _snapshot(run_copy) == before
+    assert not (tmp_path / "e.json").exists() and not (tmp_path / "exported").exists()
+
+
+def test_truncated_vocab_path_of_a_new_run_names_the_file(tiny_run, tmp_path, capsys, monkeypatch):
+    """Named, and before the data is prepared (the check used to come after loading it)."""
+    from patchword.train import runner
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data was prepared before the vocabulary was checked")
+
+    monkeypatch.setattr(runner, "load_raw_data", no_data)
+    truncated = tmp_path / "vocab.json"
+    truncated.write_bytes((tiny_run / "vocab.json").read_bytes()[:30])
+    runs = tmp_path / "runs"
+    args = [*TINY_RUN_32, "train.max_steps=1", f"data.vocab_path={truncated}", f"output_dir={runs}", "name=t"]
+    assert main(["train", *args]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: {truncated}: not valid JSON: Unterminated string"), line
+    assert not runs.exists()
+
+
+def test_vocabulary_load_errors_are_data_errors_and_a_valid_file_still_loads(tiny_run, tmp_path):
+    from patchword.data.tokenizers import WordVocab
+    from patchword.errors import DataError
+
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b'{"word2idx": \xc3\x28}')  # an invalid two-byte sequence at offset 13
+    with pytest.raises(DataError, match=r"bad\.json: not UTF-8 text \(byte 0xc3 at offset 13\)"):
+        WordVocab.load(bad)
+    vocab = WordVocab.load(tiny_run / "vocab.json")
+    saved = json.loads((tiny_run / "vocab.json").read_text())
+    assert len(vocab) == saved["idx"] and vocab.idx2word[:4] == ["<pad>", "<start>", "<end>", "<unk>"]
+
+
+# ----------------------------------------------------------------------------------------- eval.* ranges
+
+EVAL_VALUES = [
+    ("eval.batch_size=0", "eval.batch_size: must be >= 1, got 0"),
+    ("eval.batch_size=-3", "eval.batch_size: must be >= 1, got -3"),
+    ("eval.max_memory_mb=-1", "eval.max_memory_mb: must be >= 0, got -1"),
+]
+EVAL_MODES = [[], ["--suite", "compositional"], ["--suite", "patches"]]
+
+
+@pytest.mark.parametrize("mode", EVAL_MODES, ids=["recall", "compositional", "patches"])
+@pytest.mark.parametrize(("override", "expected"), EVAL_VALUES, ids=[v[0] for v in EVAL_VALUES])
+def test_eval_range_checks_eval_keys_before_loading_anything(
+    tiny_run, tmp_path, capsys, monkeypatch, mode, override, expected
+):
+    """Bug: eval.batch_size=0 failed in range() after the data was loaded, -3 in torch.cat, a negative
+    eval.max_memory_mb without its section; the compositional suite accepted batch_size=0."""
+    _no_heavy_work(monkeypatch)
+    out = tmp_path / "e.json"
+    before = _snapshot(tiny_run)
+    assert main(["eval", str(tiny_run), *mode, "--out", str(out), override]) == 2
+    assert expected in one_error_line(capsys.readouterr().err)
+    assert not out.exists() and _snapshot(tiny_run) == before
+
+
+def test_train_and_eval_share_the_eval_checks(tiny_run, capsys):
+    """Training refuses the same values with the same words, and the lowest valid values pass."""
+    import torch
+
+    from patchword.runs import read_run_config
+    from patchword.runs.checks import check_eval_settings
+
+    cfg = read_run_config(tiny_run, ["eval.batch_size=1", "eval.max_memory_mb=0"])
+    check_eval_settings(cfg, torch.device("cpu"))  # the boundaries are valid
+    for override, expected in EVAL_VALUES:
+        assert main(["train", *TINY_RUN_32, f"output_dir={tiny_run.parent / 'new'}", override]) == 2
+        assert expected in one_error_line(capsys.readouterr().err)
+    assert not (tiny_run.parent / "new").exists()
+
+
+# --------------------------------------------------------------------------------------------------- demo
+
+
+def _demo_must_not_start(monkeypatch) -> None:
+    def refuse(*args, **kwargs):
+        raise AssertionError("the demo prepared its data before its config was checked")
+
+    monkeypatch.setattr("patchword.data.prepare.prepare_data", refuse)
+
+
+def test_demo_checks_its_config_before_moving_the_previous_demo(tmp_path, capsys, monkeypatch):
+    """Bug: the previous demo was moved aside and 12,000 scenes prepared before train.max_steps=-4 was
+    refused."""
+    _demo_must_not_start(monkeypatch)
+    previous = tmp_path / "out" / "demo"
+    previous.mkdir(parents=True)
+    (previous / "summary.json").write_text("{}")
+    assert main(["demo", f"output_dir={tmp_path / 'out'}", "train.max_steps=-4"]) == 2
+    assert "error: train.max_steps: must be >= 0, got -4" in one_error_line(capsys.readouterr().err)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["demo"]
+    assert (previous / "summary.json").read_text() == "{}"
+
+
+@pytest.mark.parametrize("below", ["", "sub"], ids=["is a file", "under a file"])
+def test_demo_output_dir_that_cannot_hold_a_run_names_output_dir(tmp_path, capsys, monkeypatch, below):
+    """Bug: ``[Errno 20] Not a directory`` after the data was prepared, no key named."""
+    _demo_must_not_start(monkeypatch)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    output_dir = a_file / below if below else a_file
+    assert main(["demo", f"output_dir={output_dir}"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: output_dir: cannot hold the demo's run: ") and str(a_file) in line, line
+    assert a_file.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_demo_sets_a_previous_demo_aside_under_a_new_name_even_within_the_same_second(tmp_path, monkeypatch):
+    from patchword.recipes import demo
+
+    monkeypatch.setattr(demo.time, "strftime", lambda fmt: "20260101-000000")
+    run_dir = tmp_path / "demo"
+    for n in (1, 2):
+        run_dir.mkdir()
+        (run_dir / "n").write_text(str(n))
+        demo._set_aside(run_dir)
+    assert not run_dir.exists()
+    assert (tmp_path / "demo-20260101-000000" / "n").read_text() == "1"
+    assert (tmp_path / "demo-20260101-000000-2" / "n").read_text() == "2"
+
+
+# -------------------------------------------------------------------------------- synthetic data export
+
+EXPORT_VALUES = [
+    ("data.num_test=0", "data.num_test: every split needs at least one image, got 0"),
+    ("data.num_dev=-2", "data.num_dev: every split needs at least one image, got -2"),
+    ("data.synthetic_image_size=0", "data.synthetic_image_size: must be >= 12"),
+    ("data.dense_omit_prob=1.5", "data.dense_omit_prob: must be a probability, got 1.5"),
+]
+
+
+@pytest.mark.parametrize(("override", "expected"), EXPORT_VALUES, ids=[v[0] for v in EXPORT_VALUES])
+def test_synthetic_export_names_the_data_key(tmp_path, capsys, override, expected):
+    """Bug: "every split needs at least one image" / "image_size must be >= 12, got 0" named no key."""
+    out = tmp_path / "exported"
+    assert main(["data", "export", "synthetic", "--out", str(out), override]) == 2
+    assert one_error_line(capsys.readouterr().err).startswith(f"error: {expected}")
+    assert not out.exists()
+
+
+def test_generator_config_errors_name_the_field_and_stay_value_errors():
+    from patchword.data.synthetic import SyntheticConfig
+    from patchword.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^num_test: every split needs at least one image, got 0$") as err:
+        SyntheticConfig(num_test=0)
+    assert err.value.key == "num_test" and isinstance(err.value, ValueError)
+    with pytest.raises(ValueError, match=r"^image_size: must be >= 12"):
+        SyntheticConfig(image_size=11)
+    SyntheticConfig(image_size=12, num_train=1, num_dev=1, num_test=1)  # the lowest valid values
