@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from patchword.errors import MissingFileError
+from patchword.errors import ConfigError, MissingFileError, PatchwordError
 
 __all__ = [
     "VIT_PATCHES",
@@ -24,9 +24,11 @@ __all__ = [
     "COCO_IMAGES",
     "COCO_CAPTIONS",
     "MAX_DENSE_LEN",
+    "DEFAULT_BERT_VOCAB",
     "SCORING_CONFIGS",
     "SCORING_SHAPES",
     "build_bench_matcher",
+    "check_bert_vocab",
     "benchmark_lengths",
     "find_shared_data",
     "stand_in_lengths",
@@ -43,6 +45,8 @@ COCO_IMAGES, COCO_CAPTIONS = 5000, 25000
 #: The test galleries the scoring benchmarks are quoted at: (images, captions).
 SCORING_SHAPES = {"f30k": (F30K_IMAGES, F30K_CAPTIONS), "coco5k": (COCO_IMAGES, COCO_CAPTIONS)}
 MAX_DENSE_LEN = 128  # the default data.max_dense_len: the same cap in training and evaluation
+#: The vocabulary of the dense lengths when none is named: used where it is cached offline, else word counts.
+DEFAULT_BERT_VOCAB = "bert-base-uncased"
 
 #: Benchmark name -> matcher, variant, dense pairing and whether dense text is given; the first is the
 #: headline case (official SEPS with the official, caption-tied dense text).
@@ -93,6 +97,26 @@ def find_shared_data(path: str | Path | None = None) -> Path | None:
         if (candidate / "f30k_1k_test").is_dir():
             return candidate.resolve()
     return None
+
+
+def check_bert_vocab(name: str, key: str = "bert_vocab") -> None:
+    """Load the BERT vocabulary ``name`` (a ``vocab.txt``, a tokenizer folder or a cached hub id) once, before
+    any work: one the user named must load, where :func:`real_lengths` would fall back to word counts.
+
+    Raises:
+        ConfigError: it does not load; the message names ``key`` (the flag) and why.
+    """
+    from patchword.data.tokenizers import BertCaptionTokenizer
+
+    try:
+        BertCaptionTokenizer.from_pretrained(name)
+    except (PatchwordError, OSError, ValueError) as err:
+        if Path(name).expanduser().exists():  # found but unreadable: the reason is the news
+            raise ConfigError(key, f"{name}: not a BERT vocabulary that loads: {err}") from err
+        # (the hub lookup's own advice names a config key of training runs, not this flag)
+        raise ConfigError(
+            key, f"{name}: no such file or folder, nor a hub id in the offline Hugging Face cache"
+        ) from err
 
 
 def stand_in_lengths() -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,18 +9,29 @@ loaded with :func:`patchword.runs.load_run`) it measures the recall and the time
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from patchword.bench.machine import best_time, machine_description
+from patchword.errors import ConfigError
 
 __all__ = ["run_two_stage"]
 
 _logger = logging.getLogger(__name__)
 
 _REPORTED = ("rsum", "i2t_r1", "t2i_r1")
+
+
+def _check_plan(ks: tuple[int, ...], alpha: float, alpha_k: int) -> None:
+    """The rows asked for, before the run and its data load (the library checks k only when it scores)."""
+    for key, k in [*(("ks", k) for k in ks), ("alpha_k", alpha_k)]:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ConfigError(key, f"a shortlist size is an integer >= 1, got {k!r}")
+    if not math.isfinite(alpha):
+        raise ConfigError("alpha", f"must be a finite number, got {alpha!r}")
 
 
 def run_two_stage(
@@ -51,6 +62,7 @@ def run_two_stage(
 
     Raises:
         MissingFileError: no such run directory, config or checkpoint.
+        ConfigError: a shortlist size below 1 or an ``alpha`` that is not a finite number (before any work).
     """
     from patchword.config import config_to_dict
     from patchword.data.prepare import prepare_data
@@ -58,6 +70,7 @@ def run_two_stage(
     from patchword.eval.scoring import encode_image_tokens, encode_text_tokens
     from patchword.runs import load_run
 
+    _check_plan(ks, alpha, alpha_k)
     run = load_run(run_dir, checkpoint)
     split = prepare_data(run.config.data, run.tokenizer, roles=("test",)).splits["test"]
     model = run.model

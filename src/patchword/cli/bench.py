@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 
 from patchword.bench.formatting import format_scoring, format_two_stage
-from patchword.bench.inputs import SCORING_CONFIGS
+from patchword.bench.inputs import DEFAULT_BERT_VOCAB, SCORING_CONFIGS, check_bert_vocab
 from patchword.cli.argtypes import int_at_least
 from patchword.errors import USER_ERRORS, ConfigError, MissingFileError, RunExistsError, report_user_error
 from patchword.fileio import atomic_write_text
@@ -28,6 +29,33 @@ __all__ = ["main"]
 # --quick: a smoke run at small sizes (explicit size flags still win).
 _QUICK = {"images": 16, "caption_images": 8, "ref_captions": 3, "repeats": 1, "peak_size": 512}
 _FULL = {"images": 256, "caption_images": 48, "ref_captions": 10, "repeats": 3, "peak_size": 2048}
+
+
+def _shortlist_sizes(text: str) -> tuple[int, ...]:
+    """``--ks``: comma-separated shortlist sizes, each an integer >= 1 (argparse names the flag)."""
+    positive = int_at_least(1)
+    sizes = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        try:
+            sizes.append(positive(item))
+        except argparse.ArgumentTypeError as err:
+            raise argparse.ArgumentTypeError(f"{err} (in {text!r}; expected sizes like 16,64,128)") from None
+    if not sizes:
+        raise argparse.ArgumentTypeError(f"expected comma-separated sizes like 16,64,128, got {text!r}")
+    return tuple(sizes)
+
+
+def _finite_float(text: str) -> float:
+    """A float that is a number: NaN or infinity would run the whole benchmark and then fail on its scores."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,7 +95,11 @@ def _parser() -> argparse.ArgumentParser:
         "--stand-in-lengths", action="store_true", help="seeded stand-in caption lengths, no data folder"
     )
     scoring.add_argument(
-        "--bert-vocab", default="bert-base-uncased", help="BERT vocabulary for dense lengths ('' = none)"
+        "--bert-vocab",
+        default=None,
+        help="BERT vocabulary for dense lengths: a vocab.txt, a tokenizer folder or a cached hub id; one "
+        f"given here must load ('' = none: word counts); default {DEFAULT_BERT_VOCAB} where it is cached "
+        "offline, else word counts",
     )
     scoring.add_argument(
         "--peak-size", type=int_at_least(1), help="matrix side of the matmul peak measurement (2048)"
@@ -79,8 +111,15 @@ def _parser() -> argparse.ArgumentParser:
         "--run-dir", default=None, help="a trained run directory (`make demo` writes runs/demo)"
     )
     two_stage.add_argument("--checkpoint", default=None, help="weights file in the run (default best.pt)")
-    two_stage.add_argument("--ks", default="16,64,128,256", help="comma-separated shortlist sizes")
-    two_stage.add_argument("--alpha", type=float, default=1.0, help="also run k=128 with alpha*global + fine")
+    two_stage.add_argument(
+        "--ks", type=_shortlist_sizes, default="16,64,128,256", help="comma-separated shortlist sizes"
+    )
+    two_stage.add_argument(
+        "--alpha",
+        type=_finite_float,
+        default=1.0,
+        help="also run k=128 with alpha*global + fine (0 skips it)",
+    )
     two_stage.add_argument(
         "--backend", default="exact", choices=["exact", "faiss_flat", "faiss_ivf", "faiss_hnsw"]
     )
@@ -164,7 +203,7 @@ def _scoring(args: argparse.Namespace) -> dict[str, Any]:
         configs=[c for c in args.configs.split(",") if c],
         max_memory_mb=args.max_memory_mb,
         data=args.data,
-        bert_vocab=args.bert_vocab or None,
+        bert_vocab=DEFAULT_BERT_VOCAB if args.bert_vocab is None else args.bert_vocab or None,
         stand_in_lengths=args.stand_in_lengths,
         rss=not (args.quick or args.no_rss),
         peak_size=_size(args, "peak_size"),
@@ -177,7 +216,7 @@ def _two_stage(args: argparse.Namespace) -> dict[str, Any]:
     return run_two_stage(
         args.run_dir,
         checkpoint=args.checkpoint,
-        ks=tuple(int(k) for k in args.ks.split(",") if k),
+        ks=args.ks,
         alpha=args.alpha,
         repeats=1 if args.quick else args.two_stage_repeats,
         max_memory_mb=args.max_memory_mb,
@@ -224,6 +263,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         )
     if args.json is not None and args.json.exists() and not args.force:
         raise RunExistsError(f"{args.json} exists; pass --force to overwrite it")
+    if args.what in ("scoring", "all") and args.bert_vocab:  # one the user gave: it must load, not fall back
+        check_bert_vocab(args.bert_vocab, key="--bert-vocab")
     if args.what == "gallery":  # its own JSON shape, which `patchword report` reads
         from patchword.bench.gallery import format_gallery
 

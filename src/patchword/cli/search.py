@@ -43,13 +43,15 @@ def _index_parser() -> argparse.ArgumentParser:
     build.add_argument(
         "--update", action="store_true", help="encode new and changed files, drop deleted ones"
     )
-    build.add_argument(
+    # one way to name the storage: --fp16 with --store X would silently override X
+    storage = build.add_mutually_exclusive_group()
+    storage.add_argument(
         "--store",
         choices=("float32", "float16", "int8", "pq"),
         help="how token vectors are stored: float32 (default), float16 (1/2 the size), int8 with a per-token "
         "scale (~1/4), pq: product-quantised, 64 bytes per token (~1/32; trains on the first shard)",
     )
-    build.add_argument("--fp16", action="store_true", help="the same as --store float16")
+    storage.add_argument("--fp16", action="store_true", help="the same as --store float16")
     build.add_argument(
         "--pq-bytes",
         type=int,

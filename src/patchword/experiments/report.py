@@ -53,7 +53,7 @@ from patchword.runs.files import (
 from patchword.runs.load import read_run_config, resolve_checkpoint
 from patchword.runs.recorded import evaluation_of
 
-__all__ = ["Entry", "collect", "differing_keys", "write_report"]
+__all__ = ["Entry", "collect", "differing_keys", "report_files", "write_report"]
 
 KEYS = RECALL_KEYS
 KINDS = ("attribute_swap", "relation_swap", "object_replace", "count_change")
@@ -343,6 +343,17 @@ def _index_sizes(entries: list[Entry], indexes: tuple[Path, ...]) -> dict[str, f
     return sizes
 
 
+def report_files(out: Path) -> dict[str, Path]:
+    """The files :func:`write_report` writes for ``out`` (the CSV aside): the Markdown, the HTML and the two
+    figures beside them."""
+    return {
+        "markdown": out,
+        "html": out.with_suffix(".html"),
+        "curves": out.with_name(out.stem + "_curves.png"),
+        "cost": out.with_name(out.stem + "_cost.png"),
+    }
+
+
 def write_report(
     paths: list[Path],
     out: Path,
@@ -356,15 +367,16 @@ def write_report(
     ``galleries``: ``patchword bench gallery`` JSON files. Returns ``out``."""
     entries = collect(paths)
     tables = _tables(entries, _index_sizes(entries, indexes), galleries)
+    files = report_files(out)
     figures = []
-    curves = _curves(entries, out.with_name(out.stem + "_curves.png"))
+    curves = _curves(entries, files["curves"])
     if curves is not None:
         figures.append(("training curves", curves))
-    trade_off = plot_accuracy_cost(entries, out.with_name(out.stem + "_cost.png"))
+    trade_off = plot_accuracy_cost(entries, files["cost"])
     if trade_off is not None:
         figures.append(("accuracy vs cost", trade_off))
     atomic_write_text(out, markdown_page(tables, figures))
-    atomic_write_text(out.with_suffix(".html"), html_page(tables, figures))
+    atomic_write_text(files["html"], html_page(tables, figures))
     if csv is not None:
         atomic_write_text(csv, csv_text(entries))
     return out

@@ -11,8 +11,10 @@ A sweep directory ``OUTPUT_DIR/NAME`` holds one run directory per variant and se
 every run's test metrics, and per variant the mean and the sample standard deviation (n - 1) of each
 metric, with the split, its gallery size and whether the protocol is leaky. It is resumable: a finished run
 (its ``summary.json`` exists) is kept, an interrupted one (``last.pt``) resumed, one stopped before its first
-checkpoint started again; ``sweep.json`` is rewritten (atomically) after every run. Under ``torchrun`` every
-process runs every seed in turn (each run uses all processes); rank 0 writes ``sweep.json``.
+checkpoint started again; what every member left is checked (readable, same settings) before the first run,
+so a bad one stops the sweep with ``sweep.json`` as it was; ``sweep.json`` is rewritten (atomically) after
+every run. Under ``torchrun`` every process runs every seed in turn (each run uses all processes); rank 0
+writes ``sweep.json``.
 """
 
 from __future__ import annotations
@@ -79,13 +81,44 @@ def summarize(results: dict[int, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _members(
+    overrides: list[str], variants: dict[str, list[str]], seeds: list[int], sweep_dir: Path
+) -> list[tuple[str, int, list[str], Path]]:
+    """``(variant, seed, overrides, run directory)`` of every run of the sweep, in the order they run."""
+    members = []
+    for variant, extra in variants.items():
+        parent = sweep_dir / variant if variant else sweep_dir
+        for seed in seeds:
+            where = [f"output_dir={parent}", f"name=seed-{seed}", f"seed={seed}"]
+            members.append((variant, seed, [*overrides, *extra, *where], parent / f"seed-{seed}"))
+    return members
+
+
+def _check_existing_member(
+    config: str | None, overrides: list[str], run_dir: Path, suites: list[str]
+) -> None:
+    """What an earlier sweep left in ``run_dir`` is readable and made with the settings asked for now: checked
+    for every member before the first run, so that a bad one stops the sweep before ``sweep.json`` is
+    rewritten (the seeds before it would otherwise replace a complete record)."""
+    from patchword.runs.config import load_run_config
+
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError("--name", f"{run_dir} is a file where the sweep keeps a run: move it away")
+    if (run_dir / CONFIG_FILE).is_file():
+        _refuse_other_settings(run_dir, load_run_config(config, overrides))
+    if (run_dir / SUMMARY_FILE).is_file():
+        read_json(run_dir / SUMMARY_FILE, "run summary")
+        for suite in suites:
+            if (run_dir / f"eval_{suite}.json").is_file():
+                read_json(run_dir / f"eval_{suite}.json", "suite evaluation")
+
+
 def _run_one(config: str | None, overrides: list[str], run_dir: Path, dist_main: bool) -> dict[str, Any]:
-    """Train, resume or read back one run of the sweep; returns its summary."""
+    """Train, resume or read back one run of the sweep (checked by :func:`_check_existing_member`); returns
+    its summary."""
     from patchword.runs.config import load_run_config
     from patchword.train.runner import resume_run, train_run
 
-    if (run_dir / CONFIG_FILE).is_file():
-        _refuse_other_settings(run_dir, load_run_config(config, overrides))
     if (run_dir / SUMMARY_FILE).is_file():
         _logger.info("%s is finished: kept", run_dir)
         return read_json(run_dir / SUMMARY_FILE, "run summary")
@@ -190,23 +223,21 @@ def run_sweep(
         "runs": {},
         "summary": {},
     }
-    for variant, extra in variants.items():
-        parent = sweep_dir / variant if variant else sweep_dir
-        results: dict[int, dict[str, Any]] = {}
-        for seed in seeds:
-            where = [f"output_dir={parent}", f"name=seed-{seed}", f"seed={seed}"]
-            run_dir = parent / f"seed-{seed}"
-            summary = _run_one(config, [*overrides, *extra, *where], run_dir, main)
-            results[seed] = {
-                k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool, type(None)))
-            }
-            for suite in suites:
-                results[seed].update(_suite(run_dir, suite))
-            record["runs"].setdefault(variant or "runs", {})[str(seed)] = results[seed]
-            record["summary"][variant or "runs"] = summarize(results)
-            if main:
-                sweep_dir.mkdir(parents=True, exist_ok=True)
-                atomic_write_text(sweep_dir / SWEEP_FILE, json.dumps(record, indent=2))
+    members = _members(overrides, variants, seeds, sweep_dir)
+    for _, _, member_overrides, run_dir in members:
+        _check_existing_member(config, member_overrides, run_dir, suites)
+    results: dict[str, dict[int, dict[str, Any]]] = {}
+    for variant, seed, member_overrides, run_dir in members:
+        summary = _run_one(config, member_overrides, run_dir, main)
+        row = {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool, type(None)))}
+        for suite in suites:
+            row.update(_suite(run_dir, suite))
+        results.setdefault(variant, {})[seed] = row
+        record["runs"].setdefault(variant or "runs", {})[str(seed)] = row
+        record["summary"][variant or "runs"] = summarize(results[variant])
+        if main:
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(sweep_dir / SWEEP_FILE, json.dumps(record, indent=2))
     return {**record, "directory": str(sweep_dir)}
 
 

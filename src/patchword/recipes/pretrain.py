@@ -22,6 +22,7 @@ from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT, SUMMARY_FILE, VOC
 
 __all__ = [
     "PRETRAIN_RECIPE",
+    "check_encoders_dir",
     "pretrain_config",
     "run_pretrain",
     "global_recall",
@@ -101,6 +102,22 @@ def pretraining_recall(cfg: RunConfig, data) -> dict[str, Any] | None:
     return {"matcher": trained.matcher, **{k: metrics[k] for k in KEYS}}
 
 
+def check_encoders_dir(out: Path, force: bool) -> None:
+    """``--out`` before any work: a directory (or one that can be created) where files can be written, empty
+    unless ``force``. Errors name ``--out``; a read-only place is the ``OSError`` naming it."""
+    from patchword.errors import ConfigError, RunExistsError
+    from patchword.fileio import probe_writable
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError("--out", f"{out} is a file: --out names the directory for the encoders")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise RunExistsError(f"{out} exists and is not empty; pass --force to replace the encoders in it")
+    try:
+        probe_writable(out)
+    except NotADirectoryError as err:  # a file where one of its parent directories must go
+        raise ConfigError("--out", f"{err.filename} is a file: {out} cannot be created under it") from None
+
+
 def run_pretrain(
     overrides: list[str] | None = None, *, out: Path, force: bool = False, config: str | None = None
 ) -> dict[str, Any]:
@@ -112,14 +129,13 @@ def run_pretrain(
     from patchword.bench.machine import machine_description
     from patchword.config import config_diff
     from patchword.data.prepare import prepare_data
-    from patchword.errors import ConfigError, RunExistsError
+    from patchword.errors import ConfigError
     from patchword.pretrained import save_pretrained_encoders
     from patchword.runs import load_run, read_run_config
     from patchword.train.runner import resume_run, train_run
     from patchword.train.validate import RESUMABLE_KEYS
 
-    if out.exists() and any(out.iterdir()) and not force:
-        raise RunExistsError(f"{out} exists and is not empty; pass --force to replace the encoders in it")
+    check_encoders_dir(out, force)
     cfg = pretrain_config(overrides, config)
     run_dir = Path(cfg.output_dir) / cfg.name
     if (run_dir / CONFIG_FILE).is_file():  # an existing run is only taken if it is this recipe
