@@ -99,7 +99,9 @@ def test_pretrained_encoder_errors_name_the_key(tmp_path):
     with pytest.raises(MissingFileError, match="model.tiny_pretrained=nowhere: no such directory"):
         build_model(apply_overrides(cfg, ["model.tiny_pretrained=nowhere"]).model, vocab_size=12)
     vocab = tmp_path / "vocab.json"
-    vocab.write_text("{}")
+    from patchword.data.tokenizers import WordVocab
+
+    WordVocab([f"w{i}" for i in range(8)]).save(vocab)  # 12 ids with the 4 specials (a run reads it)
     save_pretrained_encoders(_tiny(cfg), cfg.model, vocab, tmp_path / "enc", {})
     wider = apply_overrides(cfg, [f"model.tiny_pretrained={tmp_path / 'enc'}", "model.tiny_text_width=32"])
     with pytest.raises(ConfigError, match="model.tiny_text_width: is 32 but the pretrained encoders"):
