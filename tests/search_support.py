@@ -229,3 +229,24 @@ def stalled_searcher(env: SearchEnv):
 
     searcher.search = slow_search
     return searcher, entered, release
+
+
+def train_code_variant(env: SearchEnv, root: Path) -> LoadedRun:
+    """A run of the search environment's recipe with SEPS's code variant (its dense branch is one score per
+    image: what ``--dense-store scores`` keeps), trained under ``root / "runs" / "code"``; loaded."""
+    from patchword.train.runner import train_run
+
+    overrides = [o for o in TINY if not o.startswith(("model.seps.variant", "train.epochs", "name="))]
+    cfg = apply_overrides(
+        RunConfig(),
+        [
+            f"output_dir={root / 'runs'}",
+            f"data.cache_dir={env.root / 'cache'}",
+            *overrides,
+            "name=code",
+            "model.seps.variant=code",
+            "train.epochs=1",
+        ],
+    )
+    train_run(cfg)
+    return load_run(root / "runs" / "code")

@@ -15,7 +15,7 @@ from patchword.search.codecs import STORES, make_codec
 from patchword.search.index import build_index
 from patchword.search.query import Searcher
 from patchword.search.store import SearchIndex
-from search_support import caption_queries
+from search_support import caption_queries, train_code_variant
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -190,27 +190,9 @@ def test_the_qdrant_backend_ranks_as_the_local_index(env, tmp_path, capsys):
 def test_dense_scores_index_searches_like_dense_tokens_and_is_smaller(env, tmp_path, one_thread):
     """--dense-store scores (SEPS as released: the dense branch is one number per image) keeps that number
     instead of the dense tokens: the same hits and scores, fewer bytes; refused for a matcher without it."""
-    from patchword.config import apply_overrides
     from patchword.errors import ConfigError
-    from patchword.runs import load_run
-    from patchword.runs.config import RunConfig
-    from patchword.train.runner import train_run
-    from search_support import TINY
 
-    overrides = [o for o in TINY if not o.startswith(("model.seps.variant", "train.epochs", "name="))]
-    cfg = apply_overrides(
-        RunConfig(),
-        [
-            f"output_dir={tmp_path / 'runs'}",
-            f"data.cache_dir={env.root / 'cache'}",
-            *overrides,
-            "name=code",
-            "model.seps.variant=code",
-            "train.epochs=1",
-        ],
-    )
-    train_run(cfg)
-    run = load_run(tmp_path / "runs" / "code")
+    run = train_code_variant(env, tmp_path)
     images, dense = env.export.files["images"], env.export.files["dense"]
     build_index(run, images, tmp_path / "tokens", dense=dense, shard_size=10)
     report = build_index(run, images, tmp_path / "scores", dense=dense, dense_store="scores", shard_size=10)

@@ -19,7 +19,13 @@ from patchword.matching.ops import length_mask
 from patchword.search.explain import explain_pair
 from patchword.search.query import QueryError, Searcher
 from patchword.search.store import SearchIndex
-from search_support import assert_ranked_as, caption_queries, library_t2i_scores, rank_bounds
+from search_support import (
+    assert_ranked_as,
+    caption_queries,
+    library_t2i_scores,
+    rank_bounds,
+    train_code_variant,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -359,27 +365,9 @@ def test_a_search_whose_ivf_lists_hold_fewer_images_than_its_shortlist_gets_a_sh
 def test_an_explanation_on_a_dense_scores_index_scores_as_its_search(env, tmp_path):
     """--dense-store scores keeps the dense branch's score per image instead of its tokens: the explanation
     adds it as the search does (old code: the caption branch alone, about half the search's score)."""
-    from patchword.config import apply_overrides
-    from patchword.runs import load_run
-    from patchword.runs.config import RunConfig
     from patchword.search.index import build_index
-    from patchword.train.runner import train_run
-    from search_support import TINY
 
-    overrides = [o for o in TINY if not o.startswith(("model.seps.variant", "train.epochs", "name="))]
-    cfg = apply_overrides(
-        RunConfig(),
-        [
-            f"output_dir={tmp_path / 'runs'}",
-            f"data.cache_dir={env.root / 'cache'}",
-            *overrides,
-            "name=code",
-            "model.seps.variant=code",
-            "train.epochs=1",
-        ],
-    )
-    train_run(cfg)
-    run = load_run(tmp_path / "runs" / "code")
+    run = train_code_variant(env, tmp_path)
     images, dense = env.export.files["images"], env.export.files["dense"]
     build_index(run, images, tmp_path / "tokens", dense=dense, shard_size=10)
     build_index(run, images, tmp_path / "scores", dense=dense, dense_store="scores", shard_size=10)

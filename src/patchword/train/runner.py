@@ -20,7 +20,6 @@ import logging
 import os
 import shutil
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
@@ -62,7 +61,7 @@ from patchword.runs import (
 from patchword.runs.config import RunConfig
 from patchword.runs.evaluate import evaluate_run
 from patchword.runs.files import BEST_CHECKPOINT, LAST_CHECKPOINT, METRICS_JSON, SUMMARY_FILE
-from patchword.train.trainer import Trainer
+from patchword.train.trainer import Trainer, on_stop_signals
 from patchword.train.validate import RESUMABLE_KEYS, check_config, check_launch, check_model_data
 
 __all__ = [
@@ -81,14 +80,10 @@ _logger = logging.getLogger(__name__)
 LOCK_FILE = ".lock"
 
 
-@contextlib.contextmanager
-def _stop_raises(phase: dict[str, Any]) -> Iterator[None]:
+def _stop_raises(phase: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
     """SIGTERM / SIGINT outside the training loop (which stops at a step, last.pt written) raise
     :class:`Interrupted` saying ``phase["then"]``: what is kept and how to go on. SIGTERM's default action
     kills the process on the spot, leaving a half-made run directory behind and no ``interrupted:`` line."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be installed from the main thread
-        return
 
     def handler(signum, frame):  # noqa: ARG001
         if "signum" in phase:  # a second signal: the first is unwinding (and cleaning up) already
@@ -96,12 +91,7 @@ def _stop_raises(phase: dict[str, Any]) -> Iterator[None]:
         phase["signum"] = signum
         raise Interrupted(signum, f"{signal.Signals(signum).name} received {phase['then']}")
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+    return on_stop_signals(handler)
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -74,21 +74,23 @@ class TrainingInterrupted(Interrupted):
 
 
 @contextlib.contextmanager
-def _stop_signals(flag: dict[str, int]) -> Iterator[None]:
-    """Record SIGTERM / SIGINT in ``flag["signum"]`` instead of dying mid-step (cluster pre-emption)."""
+def on_stop_signals(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """``handler`` for SIGTERM / SIGINT during the block, the previous handlers back after it (from the main
+    thread only: elsewhere signal handlers cannot be installed, and the block runs without)."""
     if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be installed from the main thread
+        yield
         return
-
-    def handler(signum, frame):  # noqa: ARG001
-        flag["signum"] = signum
-
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def _stop_signals(flag: dict[str, int]) -> contextlib.AbstractContextManager[None]:
+    """Record SIGTERM / SIGINT in ``flag["signum"]`` instead of dying mid-step (cluster pre-emption)."""
+    return on_stop_signals(lambda signum, frame: flag.__setitem__("signum", signum))
 
 
 # ------------------------------------------------------------------------------------------------- loss
