@@ -4,22 +4,24 @@ export or run directory, ``hf-hub:user/name``).
 
 The names are the table in :mod:`patchword.model_configs` (a ``model`` mapping of ``ModelConfig`` fields
 and, for Hugging Face backbones, a ``random_init`` mapping with their architecture so ``pretrained=False``
-builds them without downloading anything). A saved model is read by :func:`patchword.runs.load_run`: this
-module sits above the run directory in the layers (docs/architecture.md), which builds its models with
-:func:`patchword.model.build_model` directly.
+builds them without downloading anything; a backbone the caller points elsewhere is built from the
+``config.json`` of that source instead, never from its weights). A saved model is read by
+:func:`patchword.runs.load_run`: this module sits above the run directory in the layers
+(docs/architecture.md), which builds its models with :func:`patchword.model.build_model` directly.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from patchword.config import config_to_dict, from_dict
-from patchword.errors import ConfigError
+from patchword.errors import ConfigError, MissingFileError, ModelNotFoundError
 from patchword.model import ModelConfig, RetrievalModel, build_model
 from patchword.model_configs import list_models, named_model_mapping, named_random_init
 from patchword.runs import load_run
@@ -60,7 +62,7 @@ def get_model_config(name: str, **overrides: Any) -> ModelConfig:
 
 
 def create_model(
-    model: str | ModelConfig,
+    model: str | os.PathLike[str] | ModelConfig,
     *,
     pretrained: bool = True,
     vocab_size: int | None = None,
@@ -73,72 +75,137 @@ def create_model(
 
     Args:
         model: a named architecture (one of :func:`list_models`), a :class:`ModelConfig` (a run's
-            ``model`` section, which may itself name one), or a saved model: a directory written by
-            ``patchword export`` (or a run directory), or ``hf-hub:user/name`` from the local cache.
+            ``model`` section, which may itself name one), or a saved model: a directory (``str`` or
+            ``Path``) written by ``patchword export`` (or a run directory), or ``hf-hub:user/name`` from the
+            local cache.
         pretrained: load the pretrained weights the config points at (Hugging Face backbones from a local
-            directory or cached hub id; ``tiny_pretrained`` encoders); False builds the Hugging Face
-            backbones randomly initialised from the architecture in the named model config (no
-            download). Region and GRU encoders always start from scratch.
+            directory or cached hub id; ``tiny_pretrained`` encoders); False builds every Hugging Face
+            backbone randomly initialised, with the architecture of the ``hf_vision`` / ``hf_text`` the
+            config names after the overrides (read from its ``config.json``, no weights; a named model's
+            own backbones use the architecture its config ships, so nothing is downloaded). Region and GRU
+            encoders always start from scratch.
         vocab_size: the tokenizer's vocabulary size, for the tiny and GRU text encoders (word ids). None:
-            the shipped synthetic vocabulary (:data:`DEFAULT_VOCAB`), logged; pass your tokenizer's size
-            for other data.
+            the vocabulary of the pretrained encoders the config names (``tiny_pretrained``), else the
+            shipped synthetic vocabulary (:data:`DEFAULT_VOCAB`), logged; pass your tokenizer's size for
+            other data.
         vocab_words: the vocabulary by id (aligns a GloVe file with the GRU encoder).
         device: where to put the model.
         random_init: the Hugging Face architectures to build randomly initialised (``{"vision"|"text":
-            config kwargs}``, as a run's ``backbones.json`` holds them); overrides ``pretrained``.
+            config kwargs}``, as a run's ``backbones.json`` holds them); overrides ``pretrained`` for the
+            backbones it names.
         **overrides: :class:`ModelConfig` fields (``embed_dim=256``, ``seps={"sparse_ratio": 0.6}``).
     """
-    directory = None if isinstance(model, ModelConfig) else _model_directory(model)
+    directory = None if isinstance(model, ModelConfig) else _saved_model_directory(model)
     if directory is not None:  # an exported model (or a run directory): its config and weights
         if overrides or vocab_size is not None or random_init is not None:
             raise ConfigError("model", f"{model}: a saved model is loaded as it is (no overrides)")
         return load_run(directory, device=device).model
-    if isinstance(model, ModelConfig):
-        cfg = (
-            from_dict(ModelConfig, _merge(config_to_dict(model), overrides), "model") if overrides else model
-        )
-    else:
-        cfg = get_model_config(model, **overrides)
+    cfg = _model_config(model, overrides)
     if vocab_size is None and cfg.text_encoder in _WORD_ENCODERS:
-        vocab_size, vocab_words = _default_vocab(vocab_words)
+        vocabulary = _word_vocabulary(cfg)
+        vocab_size, vocab_words = _vocab_of(vocabulary, vocab_words)
         _logger.info(
-            "%s: vocab_size not given, using the shipped %s vocabulary (%d words); pass vocab_size= for "
-            "your tokenizer",
+            "%s: vocab_size not given, using the %s vocabulary (%d words); pass vocab_size= for your "
+            "tokenizer",
             cfg.name or "model",
-            DEFAULT_VOCAB,
+            vocabulary,
             vocab_size,
         )
-    if random_init is None and not pretrained:
-        random_init = named_random_init(cfg.name)
+    if not pretrained:
+        random_init = {**_random_architectures(cfg, skip=set(random_init or {})), **(random_init or {})}
         cfg = dataclasses.replace(cfg, tiny_pretrained="")
     built = build_model(cfg, vocab_size=vocab_size, vocab_words=vocab_words, random_init=random_init)
     return built.to(device)
 
 
-def _model_directory(value: str) -> Path | None:
+def _word_vocabulary(cfg: ModelConfig) -> str:
+    """The vocabulary a word text encoder of ``cfg`` reads when none is given: that of the pretrained
+    encoders it names (their embedding table has one row per word of it), else :data:`DEFAULT_VOCAB`."""
+    return cfg.tiny_pretrained or DEFAULT_VOCAB
+
+
+def _model_config(model: str | os.PathLike[str] | ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
+    if isinstance(model, ModelConfig):
+        return (
+            from_dict(ModelConfig, _merge(config_to_dict(model), overrides), "model") if overrides else model
+        )
+    return get_model_config(os.fspath(model), **overrides)
+
+
+#: The Hugging Face backbone roles: ``random_init`` key -> (the ModelConfig field naming its source, the
+#: encoder setting that uses it).
+_HF_ROLES = {"vision": ("hf_vision", "image_encoder", "hf"), "text": ("hf_text", "text_encoder", "bert")}
+
+
+def _random_architectures(cfg: ModelConfig, skip: set[str]) -> dict[str, dict[str, Any]]:
+    """The architecture of each Hugging Face backbone ``cfg`` uses (but those in ``skip``), for a randomly
+    initialised build: the one a shipped named model carries for its own backbone (no download), otherwise
+    that of the source the config names (an override, or a config without a name), read from its
+    ``config.json``: never the weights."""
+    shipped = get_model_config(cfg.name) if cfg.name in list_models() else None
+    shipped_architectures = named_random_init(cfg.name) if shipped is not None else {}
+    out = {}
+    for role, (source_key, encoder_key, encoder) in _HF_ROLES.items():
+        if role in skip or getattr(cfg, encoder_key) != encoder:
+            continue
+        source = getattr(cfg, source_key)
+        if role in shipped_architectures and getattr(shipped, source_key) == source:
+            out[role] = shipped_architectures[role]
+        else:
+            out[role] = _architecture_of(source, cfg.hf_local_files_only)
+    return out
+
+
+def _architecture_of(source: str, local_files_only: bool) -> dict[str, Any]:
+    """``{"model_type": ..., **architecture}`` of a Hugging Face directory or cached hub id (its config)."""
+    from patchword.hub import hub_load_errors, require_transformers, resolve_pretrained
+
+    transformers = require_transformers()
+    name = resolve_pretrained(source)
+    with hub_load_errors(name, local_files_only):
+        config = transformers.AutoConfig.from_pretrained(name, local_files_only=local_files_only)
+    return config.to_dict()
+
+
+def _saved_model_directory(value: str | os.PathLike[str]) -> Path | None:
     """A saved model: a directory holding ``config.yaml`` (``patchword export`` output or a run), or
-    ``hf-hub:user/name`` resolved through the local Hugging Face cache (never downloaded)."""
-    if value.startswith("hf-hub:"):
-        from patchword.errors import ModelNotFoundError
-        from patchword.hub import require_transformers
+    ``hf-hub:user/name`` resolved through the local Hugging Face cache (never downloaded). None for a model
+    name; a path (a ``Path``, or a string with a separator) that is not a saved model is an error."""
+    text = os.fspath(value)
+    if isinstance(value, str) and text.startswith("hf-hub:"):
+        return _hub_snapshot(text)
+    path = Path(text).expanduser()
+    if (path / CONFIG_FILE).is_file():
+        return path
+    if isinstance(value, str) and text in list_models():
+        return None
+    if not isinstance(value, str) or os.sep in text or "/" in text or path.is_dir():
+        what = "has no " + CONFIG_FILE if path.is_dir() else "does not exist"
+        raise MissingFileError(
+            f"{text}: {what}; expected a directory written by `patchword export` (or a run directory), "
+            f"hf-hub:user/name or a model name ({', '.join(list_models())})"
+        )
+    return None
 
-        require_transformers()
-        from huggingface_hub import snapshot_download
 
-        repo = value[len("hf-hub:") :]
-        try:
-            return Path(snapshot_download(repo, local_files_only=True))
-        except Exception as err:  # the hub library raises its own types for a missing cache entry
-            raise ModelNotFoundError(
-                f"{value}: not in the local Hugging Face cache (download it once with `huggingface-cli "
-                f"download {repo}`): {str(err).splitlines()[0]}"
-            ) from None
-    path = Path(value).expanduser()
-    return path if (path / CONFIG_FILE).is_file() else None
+def _hub_snapshot(value: str) -> Path:
+    from patchword.hub import require_transformers
+
+    require_transformers()
+    from huggingface_hub import snapshot_download
+
+    repo = value[len("hf-hub:") :]
+    try:
+        return Path(snapshot_download(repo, local_files_only=True))
+    except Exception as err:  # the hub library raises its own types for a missing cache entry
+        raise ModelNotFoundError(
+            f"{value}: not in the local Hugging Face cache (download it once with `huggingface-cli "
+            f"download {repo}`): {str(err).splitlines()[0]}"
+        ) from None
 
 
 def create_model_and_transforms(
-    model: str | ModelConfig,
+    model: str | os.PathLike[str] | ModelConfig,
     *,
     pretrained: bool = True,
     vocab: str | None = None,
@@ -148,23 +215,27 @@ def create_model_and_transforms(
     """``(model, tokenizer, preprocess)``, as open_clip's function of the same name.
 
     Args:
-        model, pretrained, device, overrides: as :func:`create_model`.
-        vocab: word encoders: a vocabulary json or a pretrained-encoders directory / shipped name (default
-            :data:`DEFAULT_VOCAB`); BERT encoders read the model's ``hf_text`` vocabulary.
+        model, pretrained, device, overrides: as :func:`create_model` (a saved model directory or
+            ``hf-hub:`` id gives its own model and the tokenizer it was trained with).
+        vocab: word encoders: a vocabulary json or a pretrained-encoders directory / shipped name (default:
+            that of the pretrained encoders the config names, else :data:`DEFAULT_VOCAB`); BERT encoders
+            read the model's ``hf_text`` vocabulary.
     Returns:
         The model; a tokenizer (``batch_encode(texts) -> (ids, lens)``); ``preprocess``, a PIL image ->
         (3, H, W) tensor transform as the image encoder expects (None for region-feature encoders).
     """
-    from patchword.data.transforms import test_transform
-
-    cfg = model if isinstance(model, ModelConfig) else get_model_config(model, **overrides)
-    if isinstance(model, ModelConfig) and overrides:
-        cfg = from_dict(ModelConfig, _merge(config_to_dict(model), overrides), "model")
+    directory = None if isinstance(model, ModelConfig) else _saved_model_directory(model)
+    if directory is not None:
+        if overrides or vocab is not None:
+            raise ConfigError("model", f"{model}: a saved model is loaded as it is (no overrides, no vocab)")
+        loaded = load_run(directory, device=device)
+        return loaded.model, loaded.tokenizer, _preprocess(loaded.model)
+    cfg = _model_config(model, overrides)
     if cfg.text_encoder in _WORD_ENCODERS:
         from patchword.data.tokenizers.word import WordVocab
         from patchword.pretrained import resolve_vocab_path
 
-        tokenizer = WordVocab.load(resolve_vocab_path(vocab or DEFAULT_VOCAB))
+        tokenizer = WordVocab.load(resolve_vocab_path(vocab or _word_vocabulary(cfg)))
         vocab_size, words = len(tokenizer), list(tokenizer.idx2word)
     else:
         from patchword.data.tokenizers import BertCaptionTokenizer
@@ -174,18 +245,22 @@ def create_model_and_transforms(
         )
         vocab_size, words = None, None
     built = create_model(cfg, pretrained=pretrained, vocab_size=vocab_size, vocab_words=words, device=device)
-    encoder = built.image_encoder
-    preprocess = (
-        test_transform(encoder.image_size, encoder.image_mean, encoder.image_std)
-        if encoder.image_size is not None
-        else None
-    )
-    return built, tokenizer, preprocess
+    return built, tokenizer, _preprocess(built)
 
 
-def _default_vocab(words: list[str] | None) -> tuple[int, list[str]]:
+def _preprocess(model: RetrievalModel):
+    """The PIL image -> (3, H, W) tensor transform ``model``'s image encoder expects (None: regions)."""
+    from patchword.data.transforms import test_transform
+
+    encoder = model.image_encoder
+    if encoder.image_size is None:
+        return None
+    return test_transform(encoder.image_size, encoder.image_mean, encoder.image_std)
+
+
+def _vocab_of(vocabulary: str, words: list[str] | None) -> tuple[int, list[str]]:
     from patchword.data.tokenizers.word import WordVocab
     from patchword.pretrained import resolve_vocab_path
 
-    vocab = WordVocab.load(resolve_vocab_path(DEFAULT_VOCAB))
+    vocab = WordVocab.load(resolve_vocab_path(vocabulary))
     return len(vocab), words if words is not None else list(vocab.idx2word)

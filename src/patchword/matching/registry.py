@@ -211,6 +211,19 @@ def _geometry_for(name: str, fields: set[str], kwargs: dict[str, Any]) -> dict[s
 def build_matcher(name: str, config: Any = None, **kwargs: Any) -> nn.Module:
     """Build a registered matcher.
 
+    The preset ``name`` was registered with (``laps``: ``use_dense=False``; ``clip``:
+    ``learn_temperature=True``) holds on both construction paths: ``build_matcher(name, config=cfg)``
+    builds the same matcher as ``build_matcher(name, **fields_cfg_sets)``.
+
+    * A keyword is the caller's explicit choice and wins over the preset (as it wins over ``config``).
+    * A ``config`` value for a preset key that equals the config class's default is taken as unset and the
+      preset's value is used: a config object carries every field, so ``SEPSConfig(embed_dim=...)`` given
+      for ``laps`` builds laps, not SEPS.
+    * A ``config`` value that differs from both the preset and the class default was set by the caller for
+      another family: refused with a ``ValueError`` naming the key and the family, rather than silently
+      building something else. (The built-in presets flip a boolean default, so for them every config
+      value is the preset's or the default; the check matters for presets of other values.)
+
     Args:
         name: registry name (see :func:`list_matchers`).
         config: an optional config dataclass instance (or dict) to start from instead of the defaults.
@@ -220,7 +233,8 @@ def build_matcher(name: str, config: Any = None, **kwargs: Any) -> nn.Module:
     Raises:
         KeyError: unknown matcher name.
         TypeError: a keyword that is not a field of the matcher's config.
-        ValueError: ``has_cls=True`` for a matcher that takes no CLS token.
+        ValueError: ``has_cls=True`` for a matcher that takes no CLS token; a ``config`` that sets a
+            preset key of ``name`` to another value.
     """
     spec = matcher_spec(name)
     base = (
@@ -233,4 +247,32 @@ def build_matcher(name: str, config: Any = None, **kwargs: Any) -> nn.Module:
         raise TypeError(
             f"matcher {name!r} got unknown argument(s) {sorted(unknown)}; valid: {sorted(fields)}"
         )
+    base = _config_under_preset(spec, base, set(kwargs))
     return spec.cls(spec.config_cls(**{**spec.preset, **base, **kwargs}))
+
+
+def _config_under_preset(spec: MatcherSpec, base: dict[str, Any], by_keyword: set[str]) -> dict[str, Any]:
+    """``base`` (a ``config`` given to :func:`build_matcher`) without the preset keys it leaves at the
+    config class's default: a whole config object carries every field, so a default value there says
+    nothing about the caller's intent and must not replace the family's preset. A value that differs from
+    both is a config written for another family: refused (keywords, the explicit choice, are not checked)."""
+    defaults = {f.name: _field_default(f) for f in dataclasses.fields(spec.config_cls)}
+    kept = dict(base)
+    for key, preset_value in spec.preset.items():
+        if key not in kept or key in by_keyword or kept[key] == preset_value:
+            continue
+        if kept[key] != defaults[key]:
+            raise ValueError(
+                f"matcher {spec.name!r} fixes {key}={preset_value!r}, but the config sets {key}="
+                f"{kept[key]!r} (that is not {spec.name}): leave {key} at its default or pass it by keyword"
+            )
+        del kept[key]
+    return kept
+
+
+def _field_default(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
