@@ -228,6 +228,12 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             f"{result.out}: {result.done} of {result.expected} images ({result.generated} generated now: "
             f"{result.generate_seconds:.1f} s, {rate:.2f} images/s; {result.seconds:.1f} s with loading)"
         )
+    elif result.failed:
+        # the images left were tried again and are still unreadable: "nothing left" would not be true
+        print(
+            f"{result.out}: {result.done} of {result.expected} images (nothing generated now: "
+            f"{len(result.failed)} unreadable image(s) skipped again)"
+        )
     else:
         print(f"{result.out}: {result.done} of {result.expected} images (nothing left to generate)")
     if not result.complete:
@@ -254,7 +260,7 @@ def _finished_job(out: Path, images, settings, model_name: str) -> bool:
 
 def _wait_and_merge(out: Path, shard, poll_s: float = 10.0) -> None:
     """Rank 0: wait until every rank's shard file is complete, then merge them into ``out``."""
-    from patchword.densify.shards import Shard, merge_shards, shard_output_path
+    from patchword.densify.shards import Shard, check_shard_sidecar, merge_shards, shard_output_path
     from patchword.densify.store import read_records, read_sidecar
 
     paths = [shard_output_path(out, Shard(r, shard.count)) for r in range(shard.count)]
@@ -263,7 +269,9 @@ def _wait_and_merge(out: Path, shard, poll_s: float = 10.0) -> None:
         waiting = []
         for path in paths:
             meta = read_sidecar(path) if path.exists() else None
-            if meta is None or len(read_records(path)[0]) != int(meta["stop"]) - int(meta["start"]):
+            if meta is not None:
+                check_shard_sidecar(path, meta)
+            if meta is None or len(read_records(path)[0]) != meta["stop"] - meta["start"]:
                 waiting.append(path.name)
         if not waiting:
             break

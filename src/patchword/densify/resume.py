@@ -17,7 +17,7 @@ from patchword.densify.sources import ImageList, fingerprint
 from patchword.densify.store import DenseRecord, read_records, read_sidecar, repair_tail, write_sidecar
 from patchword.errors import DataError, RunExistsError
 
-__all__ = ["run_meta", "open_output", "finished_before", "is_complete", "check_records"]
+__all__ = ["run_meta", "check_existing", "open_output", "finished_before", "is_complete", "check_records"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,18 +82,40 @@ def _mismatch(out: Path, key: str, old: object, new: object) -> RunExistsError:
     )
 
 
-def open_output(out: Path, meta: dict[str, object]) -> list[DenseRecord]:
-    """Validate or create ``out`` and its sidecar; returns the records already in it (torn tail removed)."""
+def _refuse_foreign(out: Path, old: dict[str, object] | None) -> None:
+    if old is None:
+        raise RunExistsError(
+            f"{out} exists but was not written by patchword densify (no {out.name}.densify.json); "
+            "choose another --out"
+        )
+
+
+def check_existing(out: Path, wanted: dict[str, int]) -> set[str]:
+    """The ids ``out`` holds, every line checked, the file left as it is (a run looks before it loads).
+
+    Raises:
+        RunExistsError: ``out`` exists without a sidecar (not densify's).
+        DataError: a line is blank or malformed, or names an image twice or one not of this run.
+    """
+    if not out.exists():
+        return set()
+    _refuse_foreign(out, read_sidecar(out))
+    return check_records(read_records(out)[0], wanted, out)
+
+
+def open_output(out: Path, meta: dict[str, object], wanted: dict[str, int]) -> set[str]:
+    """Validate or create ``out`` and its sidecar; returns the ids already in it.
+
+    Everything is checked before anything changes: the torn last line of a killed run is cut off only
+    once the sidecar and every complete line passed (a file that is refused stays byte for byte as it was).
+    """
     old = read_sidecar(out)
     if out.exists():
-        if old is None:
-            raise RunExistsError(
-                f"{out} exists but was not written by patchword densify (no {out.name}.densify.json); "
-                "choose another --out"
-            )
+        _refuse_foreign(out, old)
         for key in _RESUME_FIELDS:
             if old.get(key) != meta[key]:
                 raise _mismatch(out, key, old.get(key), meta[key])
+        done = check_records(read_records(out)[0], wanted, out)
         if old.get("batch_size") != meta["batch_size"] or old.get("device") != meta["device"]:
             logger.warning(
                 "resuming %s with batch size %s on %s (first run: %s on %s): the remaining images may differ "
@@ -104,12 +126,12 @@ def open_output(out: Path, meta: dict[str, object]) -> list[DenseRecord]:
                 old.get("batch_size"),
                 old.get("device"),
             )
-        repair_tail(out)
-        return read_records(out)[0]
+        repair_tail(out)  # only bytes after the last newline go: the records checked above stay
+        return done
     write_sidecar(out, meta)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.touch()
-    return []
+    return set()
 
 
 def finished_before(

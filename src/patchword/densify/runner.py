@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchword.densify.config import GenerationSettings
-from patchword.densify.resume import check_records, finished_before, open_output, run_meta
+from patchword.densify.lock import exclusive_lock, lock_path
+from patchword.densify.resume import check_existing, finished_before, open_output, run_meta
 from patchword.densify.shards import Shard
 from patchword.densify.sources import ImageItem, ImageList
 from patchword.densify.store import DenseRecord, append_records, read_records, write_records_atomic
@@ -114,6 +115,17 @@ def _prepare(
     return _Prepared(batch, kept, inputs, failed)
 
 
+def _plan_batches(images: ImageList, start: int, stop: int, batch_size: int, done: set[str]) -> list[_Batch]:
+    """The batches of ``[start, stop)`` that still lack an image (a batch is always regenerated whole)."""
+    batches = []
+    for first in range(start, stop, batch_size):
+        indices = list(range(first, min(first + batch_size, stop)))
+        todo = [i for i in indices if images.items[i].image_id not in done]
+        if todo:
+            batches.append(_Batch(first // batch_size, indices, todo))
+    return batches
+
+
 def _stall_hook() -> tuple[int, bool] | None:
     value = os.environ.get(_STALL_ENV)
     if not value:
@@ -170,7 +182,10 @@ def densify(
         a :class:`DensifyResult`; ``complete`` says whether every image of the range is in the file.
 
     Raises:
-        RunExistsError: ``out`` exists but holds other work (other settings or images, or not ours).
+        RunExistsError: ``out`` exists but holds other work (other settings or images, or not ours), or
+            another process writes it now (it is locked through ``<out>.lock`` while this call runs).
+        DataError: ``out`` holds a blank, malformed or duplicated line (checked before the model loads and
+            before anything in the file changes).
         MissingFileError / DataError: an image cannot be read (``on_bad_image="error"``).
     """
     started = time.perf_counter()
@@ -184,54 +199,62 @@ def densify(
     start, stop = shard.image_range(len(images), batch_size)
     wanted = {images.items[i].image_id: i for i in range(start, stop)}
 
-    loaded = vlm if isinstance(vlm, VisionLanguageModel) else None
-    if loaded is None:
-        # Model id and precision are known only once the model is loaded; everything else is compared
-        # first, so that a finished file is recognised, and a wrong rerun refused, without loading it.
-        if finished_before(out, images, model_name, settings, shard, start, stop, list(wanted)):
-            logger.info("%s is complete (%d images); nothing to do", out, stop - start)
-            return DensifyResult(out, stop - start, stop - start, seconds=time.perf_counter() - started)
-        if on_bad_image == "error":
-            _check_files_exist(images, start, stop)
-        loaded = vlm()
-    meta = run_meta(
-        images,
-        model_name or loaded.model_id,
-        loaded.model_id,
-        loaded.precision,
-        settings,
-        shard,
-        start,
-        stop,
-        batch_size,
-        loaded.device.type,
-    )
-    done = check_records(open_output(out, meta), wanted, out)
-    batches = []
-    for first in range(start, stop, batch_size):
-        indices = list(range(first, min(first + batch_size, stop)))
-        todo = [i for i in indices if images.items[i].image_id not in done]
-        if todo:
-            batches.append(_Batch(first // batch_size, indices, todo))
-    result = DensifyResult(out, stop - start, len(done))
-    pending = sum(len(b.todo) for b in batches)
-    if pending:
-        logger.info(
-            "densify %s: %d of %d images to describe (%d done before), batch size %d, %s on %s",
-            out,
-            pending,
-            stop - start,
-            len(done),
-            batch_size,
+    # One writer per file, from the first look at it to the last line: a second command on the same --out
+    # would append every image again.
+    with exclusive_lock(lock_path(out), f"{out} (a densify output)"):
+        loaded = vlm if isinstance(vlm, VisionLanguageModel) else None
+        if loaded is None:
+            # Model id and precision are known only once the model is loaded; everything else (the lines
+            # already written included) is checked first, so that a finished file is recognised, and a
+            # wrong rerun or a damaged file refused, without loading it.
+            if finished_before(out, images, model_name, settings, shard, start, stop, list(wanted)):
+                logger.info("%s is complete (%d images); nothing to do", out, stop - start)
+                return DensifyResult(out, stop - start, stop - start, seconds=time.perf_counter() - started)
+            check_existing(out, wanted)
+            if on_bad_image == "error":
+                _check_files_exist(images, start, stop)
+            loaded = vlm()
+        meta = run_meta(
+            images,
+            model_name or loaded.model_id,
             loaded.model_id,
-            loaded.device,
+            loaded.precision,
+            settings,
+            shard,
+            start,
+            stop,
+            batch_size,
+            loaded.device.type,
         )
-        loop_start = time.perf_counter()
-        _generate_all(
-            images, loaded, out, settings, batches, on_bad_image == "skip", progress, on_batch_written, result
-        )
-        result.generate_seconds = time.perf_counter() - loop_start
-    _finish(images, out, start, stop, result)
+        done = open_output(out, meta, wanted)
+        batches = _plan_batches(images, start, stop, batch_size, done)
+        result = DensifyResult(out, stop - start, len(done))
+        pending = sum(len(b.todo) for b in batches)
+        if pending:
+            logger.info(
+                "densify %s: %d of %d images to describe (%d done before), batch size %d, %s on %s",
+                out,
+                pending,
+                stop - start,
+                len(done),
+                batch_size,
+                loaded.model_id,
+                loaded.device,
+            )
+            loop_start = time.perf_counter()
+            _generate_all(
+                images,
+                loaded,
+                out,
+                settings,
+                batches,
+                on_bad_image == "skip",
+                progress,
+                on_batch_written,
+                result,
+            )
+            result.generate_seconds = time.perf_counter() - loop_start
+        _finish(images, out, start, stop, result)
     result.seconds = time.perf_counter() - started
     return result
 

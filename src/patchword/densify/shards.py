@@ -20,12 +20,21 @@ from patchword.densify.store import (
     DenseRecord,
     read_records,
     read_sidecar,
+    sidecar_path,
     write_records_atomic,
     write_sidecar,
 )
 from patchword.errors import ConfigError, DataError, MissingFileError, RunExistsError
 
-__all__ = ["Shard", "parse_shard", "shard_from_env", "shard_output_path", "merge_shards", "check_merge_ready"]
+__all__ = [
+    "Shard",
+    "parse_shard",
+    "shard_from_env",
+    "shard_output_path",
+    "merge_shards",
+    "check_merge_ready",
+    "check_shard_sidecar",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -111,8 +120,34 @@ def _read_shard(path: Path) -> _ShardFile:
             f"{path} has no {path.name}.densify.json next to it: merge joins only files written by "
             "`patchword densify` (the sidecar says which images each shard holds)"
         )
+    check_shard_sidecar(path, meta)
     records, torn = read_records(path)
     return _ShardFile(path, meta, records, torn)
+
+
+def check_shard_sidecar(path: Path, meta: dict) -> None:
+    """The sidecar fields merge relies on must be there and make sense (a hand-edited sidecar is named).
+
+    Raises:
+        DataError: a field is missing or of the wrong kind, or the range is not ``0 <= start <= stop <= n``.
+    """
+    where = sidecar_path(path)
+    for key in ("num_images", "start", "stop"):
+        value = meta.get(key)
+        if key not in meta:
+            raise DataError(f"{where}: missing key {key!r} (the sidecar was edited or damaged)")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise DataError(f"{where}: {key!r} must be a non-negative integer, got {value!r}")
+    for key in ("shard", "images_sha256"):
+        if key not in meta:
+            raise DataError(f"{where}: missing key {key!r} (the sidecar was edited or damaged)")
+        if not isinstance(meta[key], str):
+            raise DataError(f"{where}: {key!r} must be a string, got {meta[key]!r}")
+    if not meta["start"] <= meta["stop"] <= meta["num_images"]:
+        raise DataError(
+            f"{where}: invalid image range: start {meta['start']}, stop {meta['stop']}, "
+            f"num_images {meta['num_images']} (expected start <= stop <= num_images)"
+        )
 
 
 def _check_compatible(shards: Sequence[_ShardFile]) -> None:

@@ -136,11 +136,36 @@ def images_from_folder(folder: str | os.PathLike[str]) -> ImageList:
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         for name in filenames:
             if not name.startswith(".") and Path(name).suffix.lower() in IMAGE_SUFFIXES:
-                found.append(Path(dirpath, name).relative_to(root).as_posix())
+                found.append(_utf8_name(root, Path(dirpath, name).relative_to(root).as_posix()))
     if not found:
         raise DataError(f"--images: no image files ({', '.join(IMAGE_SUFFIXES)}) under {root}")
     items = [ImageItem(rel, rel, root / rel) for rel in sorted(found)]
     return ImageList(items, {"kind": "folder", "root": str(root.resolve())})
+
+
+def _utf8_name(root: Path, rel: str) -> str:
+    """``rel`` if it is valid UTF-8: the id goes into the UTF-8 output and its fingerprint.
+
+    Raises:
+        DataError: a file (or folder) name that is not UTF-8 (Python decodes its bytes to surrogates).
+    """
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        raise DataError(
+            f"--images: {root}: the file name {rel!r} is not valid UTF-8: rename it (or move it out of the "
+            "folder); image ids are written as UTF-8 text"
+        ) from None
+    return rel
+
+
+def _file_name(path: Path, image_root: Path) -> str:
+    """The name of ``path`` shown in metadata: relative to ``image_root``, or as the mapping gave it (an
+    absolute path elsewhere, which the laps loader accepts too)."""
+    try:
+        return path.relative_to(image_root).as_posix()
+    except ValueError:
+        return path.as_posix()
 
 
 def images_from_laps(
@@ -158,7 +183,7 @@ def images_from_laps(
     image_root = Path(data_root if image_root is None else image_root).expanduser()
     laps = load_laps_split(data_root, split, image_root, check_images=False)
     items = [
-        ImageItem(str(image_id), Path(path).relative_to(image_root).as_posix(), Path(path))
+        ImageItem(str(image_id), _file_name(Path(path), image_root), Path(path))
         for image_id, path in zip(laps.image_ids, laps.images, strict=True)
     ]
     source = {

@@ -116,16 +116,17 @@ def read_records(path: str | os.PathLike[str]) -> tuple[list[DenseRecord], int]:
     """The complete (newline-terminated) lines of ``path`` and the byte count of a torn tail after them.
 
     Raises:
-        DataError: a complete line is not a record (names the line).
+        DataError: a complete line is blank or not a record (names the line).
     """
     path = Path(path)
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1  # bytes after the last newline are a torn write
-    records = [
-        _parse_line(line, path, lineno)
-        for lineno, line in enumerate(data[:end].split(b"\n")[:-1], start=1)
-        if line.strip()
-    ]
+    records = []
+    for lineno, line in enumerate(data[:end].split(b"\n")[:-1], start=1):
+        if not line.strip():
+            # densify never writes one; the training reader (load_dense_jsonl) and `densify stats` refuse it
+            raise DataError(f"{path}:{lineno}: blank line (expected one JSON object per image)")
+        records.append(_parse_line(line, path, lineno))
     return records, len(data) - end
 
 
