@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from PIL import Image
 
 from patchword.data.synthetic import SPLITS, SyntheticConfig, generate_split
 from patchword.errors import ConfigError, RunExistsError
+from patchword.fileio import staging_dir
 from patchword.progress import progress_bar
 
 __all__ = ["ExportSummary", "export_synthetic_split", "DENSE_MODEL_ID"]
@@ -159,7 +159,8 @@ def export_synthetic_split(
     ids = scene_split.image_ids
     names = [f"{image_id}.png" for image_id in ids]
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    # staging_dir: the renamed directory gets mkdir's permissions (umask), not mkdtemp's private 0700.
+    tmp = Path(staging_dir(out_dir, "tmp"))
     try:
         images_dir = tmp / IMAGES_DIR
         images_dir.mkdir()

@@ -74,6 +74,8 @@ def _strict_decoding() -> Iterator[None]:
 # Pillow reports corrupt data through all of these depending on the codec (a truncated file is an
 # OSError "image file is truncated", a broken PNG chunk a SyntaxError or ValueError).
 _DECODE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError)
+# Pillow refuses files over ``Image.MAX_IMAGE_PIXELS`` (x2) with a DecompressionBombError.
+_BOMB = "refused as a decompression bomb"
 
 
 def _decode_failure(err: BaseException) -> str:
@@ -94,7 +96,8 @@ def load_image(path: PathLike) -> Image.Image:
 
     Raises:
         MissingFileError: the file does not exist.
-        DataError: the file is not an image, or is truncated or damaged (names the file and the reason).
+        DataError: the file is not an image, is truncated or damaged, or is over Pillow's pixel limit (a
+            decompression bomb); names the file and the reason.
     """
     from patchword.errors import DataError, MissingFileError
 
@@ -107,6 +110,10 @@ def load_image(path: PathLike) -> Image.Image:
             return image.convert("RGB")
     except _DECODE_ERRORS as err:
         raise DataError(f"cannot read image {path}: {_decode_failure(err)}") from err
+    except Image.DecompressionBombError as err:
+        # Not an OSError: without this clause a huge image escapes as a traceback (densify's
+        # --skip-bad-images, a training worker) instead of an unreadable file like the others.
+        raise DataError(f"cannot read image {path}: {_BOMB} ({err})") from err
 
 
 def image_problem(path: PathLike) -> str | None:
@@ -130,7 +137,7 @@ def image_problem(path: PathLike) -> str | None:
     except _DECODE_ERRORS as err:
         return _decode_failure(err)
     except Image.DecompressionBombError as err:
-        return f"refused as a decompression bomb ({err})"
+        return f"{_BOMB} ({err})"
     return None
 
 

@@ -35,13 +35,34 @@ def _karpathy_field(entry: object, key: str, path: Path, index: int) -> object:
     return entry[key]
 
 
+def _string_field(entry: dict, key: str, path: Path, index: int, default: str | None = None) -> str:
+    """A field that must be a non-empty string (``split``, ``filename``; ``filepath`` when present)."""
+    value = entry.get(key, default) if default is not None else _karpathy_field(entry, key, path, index)
+    if not isinstance(value, str) or (not value and default is None):
+        raise ValueError(f"{path}: images[{index}] field {key!r} is {value!r}, expected a non-empty string")
+    return value
+
+
+def _image_id(entry: dict, name: str, path: Path, index: int) -> str:
+    """LAPS identifies COCO images by COCO id and Flickr30K images by Karpathy index (``imgid``); an image
+    with neither is named by its file."""
+    for key in ("cocoid", "imgid"):
+        if key in entry:
+            value = entry[key]
+            if isinstance(value, bool) or not isinstance(value, int | str) or value == "":
+                raise ValueError(
+                    f"{path}: images[{index}] field {key!r} is {value!r}, expected an integer or string id"
+                )
+            return str(value)
+    return name
+
+
 def _karpathy_image(entry: dict, path: Path, index: int) -> tuple[str, str, list[str]]:
     """``(relative file path, image id, raw captions)`` of one ``images[]`` entry."""
-    filename = _karpathy_field(entry, "filename", path, index)
+    filename = _string_field(entry, "filename", path, index)
     # COCO entries keep the sub-folder (train2014 / val2014) in "filepath"; Flickr30K has none.
-    name = str(Path(entry.get("filepath", "")) / str(filename))
-    # LAPS identifies COCO images by COCO id and Flickr30K images by Karpathy index (``imgid``).
-    image_id = str(entry.get("cocoid", entry.get("imgid", name)))
+    name = str(Path(_string_field(entry, "filepath", path, index, default="")) / filename)
+    image_id = _image_id(entry, name, path, index)
     sentences = _karpathy_field(entry, "sentences", path, index)
     if not isinstance(sentences, list) or not sentences:
         raise ValueError(f"{path}: images[{index}] ({name}) has no sentences")
@@ -85,7 +106,7 @@ def load_karpathy_json(
     wanted = _karpathy_splits(split, restval_into_train)
     names, image_ids, captions, txt2img = [], [], [], []
     for index, entry in enumerate(entries):
-        if _karpathy_field(entry, "split", path, index) not in wanted:
+        if _string_field(entry, "split", path, index) not in wanted:
             continue
         name, image_id, sentences = _karpathy_image(entry, path, index)
         txt2img.extend([len(names)] * len(sentences))

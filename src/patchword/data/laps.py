@@ -17,6 +17,7 @@ import numpy as np
 
 from patchword.data.split import RetrievalSplit
 from patchword.data.textfiles import assemble_split, load_json, read_lines, require_file, resolve_images
+from patchword.errors import DataError
 
 __all__ = ["load_laps_split", "load_id_mapping"]
 
@@ -76,6 +77,25 @@ def _caption_to_id_line(n_caps: int, n_ids: int, caps_file: Path, ids_file: Path
     return np.arange(n_caps, dtype=np.int64) // im_div
 
 
+def _check_one_line_per_image(id_lines: Sequence[str], n_caps: int, ids_file: Path) -> None:
+    """In the one-id-per-image layout (fewer ids than captions) every line is its own image.
+
+    A repeated id there would merge two images into one (the second image's captions silently joining the
+    first's, its file dropped), so it is refused. With one id per caption repeats are the layout itself.
+    """
+    if len(id_lines) == n_caps:
+        return
+    first_line: dict[str, int] = {}
+    for lineno, image_id in enumerate(id_lines, start=1):
+        if image_id in first_line:
+            raise DataError(
+                f"{ids_file}:{lineno}: image id {image_id!r} repeats line {first_line[image_id]}; with one "
+                f"id per image ({len(id_lines)} ids for {n_caps} captions) every line must be a distinct "
+                "image"
+            )
+        first_line[image_id] = lineno
+
+
 def _image_names(
     ids: list[str],
     first_lines: list[int],
@@ -120,8 +140,8 @@ def load_laps_split(
 
     ``data_dir`` holds ``{split}_caps.txt`` (one caption per line) and ``{split}_ids.txt``. The ids file
     either has one line per caption (dev/test: each id repeated 5x) or one line per image (train: each
-    image's ``im_div = n_caps / n_ids`` captions are consecutive). Images are the distinct ids in order of
-    first appearance.
+    image's ``im_div = n_caps / n_ids`` captions are consecutive, and every line is a distinct image).
+    Images are the distinct ids in order of first appearance.
 
     Args:
         data_dir: folder with the caption and id files (``data/f30k`` in the official repos).
@@ -144,6 +164,7 @@ def load_laps_split(
     captions = read_lines(caps_file, "caption")
     id_lines = read_lines(ids_file, "image id")
     line_of_caption = _caption_to_id_line(len(captions), len(id_lines), caps_file, ids_file)
+    _check_one_line_per_image(id_lines, len(captions), ids_file)
     image_ids, line_to_image, first_lines = _unique_in_order(id_lines)
     names = _image_names(image_ids, first_lines, ids_file, data_dir, id_mapping, image_root)
     return assemble_split(

@@ -6,7 +6,8 @@
   read-only memory map, so an 8.5 GB training file costs no RAM until batches touch it (the official
   loaders ``np.load`` it whole);
 * ``{split}_caps.txt``: one caption per line, the captions of image k on consecutive lines;
-* ``{split}_ids.txt`` (optional): image ids, one per image or one per caption;
+* ``{split}_ids.txt`` (optional): image ids, one per image or one per caption (then each image's captions
+  repeat its id on consecutive lines, checked);
 * ``{split}_boxes.npy`` (with ``data.region_boxes=true``): float (N_img, R, 4) boxes ``[x1, y1, x2, y2]``
   normalised by the image width and height (TERAN / TGDT's ``bu_box`` divided by the image size), appended
   to each region's feature as four trailing channels for a region encoder that encodes boxes.
@@ -106,6 +107,40 @@ def check_finite_rows(features: np.ndarray, path: PathLike, chunk: int = 1024) -
         )
 
 
+def _ids_per_caption_to_images(ids: list[str], per_image: int, ids_path: Path) -> list[str]:
+    """One id per image from an ids file with one line per caption (the im_div rule applied to ids, as
+    VSE-inf does).
+
+    Each image's ``per_image`` lines must repeat one id that no other image has; anything else means the
+    ids file groups the captions differently from the features and the captions, so it is refused rather
+    than sliced (``ids[::per_image]`` would label images with the wrong ids).
+
+    Raises:
+        DataError: naming the ids file and the first line that breaks the runs.
+    """
+    from patchword.errors import DataError
+
+    image_ids: list[str] = []
+    first_line: dict[str, int] = {}
+    for start in range(0, len(ids), per_image):
+        image_id = ids[start]
+        for offset, other in enumerate(ids[start : start + per_image]):
+            if other != image_id:
+                raise DataError(
+                    f"{ids_path}:{start + offset + 1}: id {other!r} breaks the run of {image_id!r} from line "
+                    f"{start + 1}; with one id per caption each image's {per_image} lines repeat one id"
+                )
+        if image_id in first_line:
+            raise DataError(
+                f"{ids_path}:{start + 1}: id {image_id!r} starts a second run of {per_image} lines (the "
+                f"first starts at line {first_line[image_id]}); each image's {per_image} lines must repeat "
+                "its own id"
+            )
+        first_line[image_id] = start + 1
+        image_ids.append(image_id)
+    return image_ids
+
+
 def load_precomp_split(
     root: PathLike, split: str, *, mmap: bool = True, check_finite: bool = True
 ) -> RetrievalSplit:
@@ -156,7 +191,7 @@ def load_precomp_split(
     if ids_path.is_file():
         ids = read_lines(ids_path, "image id")
         if len(ids) == n_caps and per_image > 1:
-            ids = ids[::per_image]  # one id per caption line (the im_div rule applied to ids, as VSE-inf)
+            ids = _ids_per_caption_to_images(ids, per_image, ids_path)
         if len(ids) != n_img:
             raise ValueError(f"{ids_path}: {len(ids)} ids for {n_img} images / {n_caps} captions")
         image_ids = ids

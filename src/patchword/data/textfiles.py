@@ -10,14 +10,18 @@ import json
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 
 from patchword.data.split import RetrievalSplit
+from patchword.errors import DataError
 
 __all__ = [
     "read_lines",
+    "DenseLine",
+    "read_dense_lines",
     "load_dense_jsonl",
     "load_json",
     "require_file",
@@ -43,13 +47,36 @@ def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
 
     Iterating the text file splits on newlines only (universal newlines, like the official loaders);
     ``str.splitlines`` would also split on form feeds and Unicode separators and shift every later line.
+
+    Raises:
+        DataError: the file is not valid UTF-8 (names the line and the byte offset in the file).
     """
     try:
         with path.open(encoding="utf-8") as f:
             for lineno, line in enumerate(f, start=1):
                 yield lineno, line.rstrip("\n")
     except UnicodeDecodeError as err:
-        raise ValueError(f"{path} is not valid UTF-8: {err}") from err
+        raise _not_utf8(path) from err
+
+
+def _not_utf8(path: Path) -> DataError:
+    """The error for a file that does not decode as UTF-8, located by line and byte offset in the file.
+
+    A text reader decodes in chunks, so its ``UnicodeDecodeError`` counts bytes from the start of a chunk;
+    the file is decoded again whole (only on this error path) to locate the bad byte.
+    """
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        before = data[: err.start]
+        # Count lines as the text reader does (universal newlines: \n, \r\n and a lone \r end a line).
+        lineno = before.replace(b"\r\n", b"\n").replace(b"\r", b"\n").count(b"\n") + 1
+        return DataError(
+            f"{path} is not valid UTF-8: line {lineno}, byte 0x{data[err.start]:02x} at byte offset "
+            f"{err.start} of the file ({err.reason}); save the file as UTF-8"
+        )
+    return DataError(f"{path}: not valid UTF-8")  # the file changed since the failed read
 
 
 def read_lines(path: PathLike, what: str = "line") -> list[str]:
@@ -80,20 +107,56 @@ def load_json(path: Path) -> object:
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: malformed JSON at line {err.lineno}: {err.msg}") from err
     except UnicodeDecodeError as err:
-        raise ValueError(f"{path} is not valid UTF-8: {err}") from err
+        raise _not_utf8(path) from err
 
 
-def load_dense_jsonl(path: PathLike) -> list[str]:
+@dataclass(frozen=True)
+class DenseLine:
+    """One line of a dense caption file: its text and the image identity it records, if any.
+
+    Attributes:
+        lineno: 1-based line number in the file.
+        text: the description, stripped.
+        image_id: ``metadata.image_id`` (``patchword densify`` writes the dataset id of a LAPS split, the
+            relative path for a folder); None when absent (the SEPS release records none).
+        file: ``metadata.file``, the image file relative to the densified root; None when absent.
+    """
+
+    lineno: int
+    text: str
+    image_id: str | None
+    file: str | None
+
+    def identity(self) -> str:
+        """How the line names its image, for error messages."""
+        parts = [f"image_id {self.image_id!r}" if self.image_id is not None else ""]
+        parts.append(f"file {self.file!r}" if self.file is not None else "")
+        return ", ".join(p for p in parts if p)
+
+
+def _metadata_field(metadata: object, key: str, path: Path, lineno: int) -> str | None:
+    value = metadata.get(key) if isinstance(metadata, dict) else None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
+        raise DataError(
+            f"{path}:{lineno}: metadata.{key} is {value!r}, expected a non-empty string or integer"
+        )
+    return str(value)
+
+
+def read_dense_lines(path: PathLike) -> list[DenseLine]:
     """Read SEPS dense captions: one ``{"text": ..., "model_id": ..., "metadata": {...}}`` per line.
 
-    Only ``text`` is kept; lines stay in file order, which is image order in the SEPS release.
+    Lines stay in file order, which is image order in the SEPS release.
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: a line is blank, is not valid JSON, or lacks a non-empty string ``text`` field.
+        ValueError: a line is blank, is not valid JSON, lacks a non-empty string ``text`` field, or has a
+            ``metadata.image_id`` / ``metadata.file`` that is not a string or an integer.
     """
     path = require_file(path, "dense caption file")
-    texts = []
+    lines = []
     for lineno, line in iter_lines(path):
         if not line.strip():
             raise ValueError(f"{path}:{lineno}: empty line (expected one JSON object per image)")
@@ -104,8 +167,16 @@ def load_dense_jsonl(path: PathLike) -> list[str]:
         text = record.get("text") if isinstance(record, dict) else None
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"{path}:{lineno}: expected an object with a non-empty string field 'text'")
-        texts.append(text.strip())
-    return texts
+        metadata = record.get("metadata")
+        image_id = _metadata_field(metadata, "image_id", path, lineno)
+        file = _metadata_field(metadata, "file", path, lineno)
+        lines.append(DenseLine(lineno, text.strip(), image_id, file))
+    return lines
+
+
+def load_dense_jsonl(path: PathLike) -> list[str]:
+    """The texts of a SEPS dense caption file (:func:`read_dense_lines`), in file order."""
+    return [line.text for line in read_dense_lines(path)]
 
 
 def resolve_images(names: Sequence[str], image_root: PathLike | None, check_images: bool) -> list[str]:
@@ -131,18 +202,60 @@ def resolve_images(names: Sequence[str], image_root: PathLike | None, check_imag
     return paths
 
 
-def _load_dense_for(path: PathLike, num_images: int, num_captions: int) -> list[str]:
-    """Dense captions for a split of ``num_images`` images, checked to be one per image."""
-    dense = load_dense_jsonl(path)
-    if len(dense) != num_images:
+def _names_same_file(image: str, file: str) -> bool:
+    """Whether the split's image path (or relative name) ends with the relative path ``file``."""
+    file_parts = PurePosixPath(file).parts
+    image_parts = PurePosixPath(Path(image).as_posix()).parts
+    return 0 < len(file_parts) <= len(image_parts) and image_parts[-len(file_parts) :] == file_parts
+
+
+def _is_image(line: DenseLine, image_id: str, image: str) -> bool:
+    """Whether a line's recorded identity names this image: by dataset id (a LAPS-split densify, the
+    export) or by file (a folder densify records the path relative to the folder, not the dataset id)."""
+    if line.image_id is not None and line.image_id == image_id:
+        return True
+    return line.file is not None and _names_same_file(image, line.file)
+
+
+def _check_dense_identities(
+    path: PathLike, lines: list[DenseLine], images: list[str], image_ids: list[str]
+) -> None:
+    """Refuse a line whose recorded image is not the split's image at its position.
+
+    Lines without an identity (the SEPS release) are matched by order alone, as the official loaders do.
+    A file in another order is refused rather than reordered: the error shows where the order breaks.
+    """
+    for k, line in enumerate(lines):
+        if (line.image_id is None and line.file is None) or _is_image(line, image_ids[k], images[k]):
+            continue
+        # Only on the error path: where the line's image sits in the split, if anywhere.
+        where = next((j for j in range(len(images)) if _is_image(line, image_ids[j], images[j])), None)
+        hint = (
+            f"; that is image {where} of the split, so the lines are in another order (a folder densify "
+            "sorts by file name: densify the split itself with --data-root/--split)"
+            if where is not None
+            else "; it is not an image of this split (a dense file of another split?)"
+        )
+        raise DataError(
+            f"{path}:{line.lineno}: the line describes {line.identity()}, but image {k} of the split is "
+            f"id {image_ids[k]!r} ({images[k]}); dense captions must follow the split's image order{hint}"
+        )
+
+
+def _load_dense_for(path: PathLike, images: list[str], image_ids: list[str], num_captions: int) -> list[str]:
+    """Dense captions for a split, checked to be one per image and, where the lines record which image
+    they describe, to describe the split's images in its order."""
+    lines = read_dense_lines(path)
+    if len(lines) != len(images):
         hint = ""
-        if len(dense) == num_captions:
+        if len(lines) == num_captions:
             hint = " (it has one line per caption; store one line per image, in image order)"
         raise ValueError(
-            f"{path}: {len(dense)} dense captions for a split of {num_images} images; expected one line "
+            f"{path}: {len(lines)} dense captions for a split of {len(images)} images; expected one line "
             f"per image in image order{hint}"
         )
-    return dense
+    _check_dense_identities(path, lines, [str(i) for i in images], image_ids)
+    return [line.text for line in lines]
 
 
 def assemble_split(
@@ -153,7 +266,7 @@ def assemble_split(
     image_ids: list[str],
     dense_jsonl: PathLike | None,
 ) -> RetrievalSplit:
-    dense = None if dense_jsonl is None else _load_dense_for(dense_jsonl, len(images), len(captions))
+    dense = None if dense_jsonl is None else _load_dense_for(dense_jsonl, images, image_ids, len(captions))
     split = RetrievalSplit(
         name=name,
         images=images,
