@@ -1,5 +1,9 @@
 """The simulated accelerator: mixed-device errors name the caller, syncs and copies are counted, results
-equal the CPU computation, and dry mode walks real-size shapes."""
+equal the CPU computation, and dry mode walks real-size shapes.
+
+Over 400 lines: each device rule (host scalars, packed sequences, copies, syncs) is checked next to the
+others it must agree with, against the same CUDA behaviour.
+"""
 
 import copy
 import json
@@ -9,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from patchword.testing.simulated_device import DeviceCounts, MixedDeviceError, SimTensor, SimulatedDevice
 
@@ -291,3 +296,185 @@ def test_a_non_blocking_upload_is_a_copy_but_no_sync():
         assert (sim.counts.h2d_copies, sim.counts.syncs) == (1, 0)
         torch.ones(3).to(sim.device)
         assert (sim.counts.h2d_copies, sim.counts.syncs) == (2, 1)
+
+
+def _sites_by_file(counts: DeviceCounts) -> dict[str, int]:
+    by_file: dict[str, int] = {}
+    for site, n in counts.sync_sites.items():
+        name = site.rsplit("/", 1)[-1].split(":")[0]
+        by_file[name] = by_file.get(name, 0) + n
+    return by_file
+
+
+def test_pack_padded_sequence_takes_host_lengths_and_keeps_batch_sizes_on_the_host():
+    """CUDA requires the lengths on the CPU and returns batch_sizes there (PackedSequence.cpp); the
+    simulator refused host lengths as a mixed-device op, so no GRU model could run on it."""
+    x = torch.arange(24.0).reshape(3, 4, 2)
+    lengths = torch.tensor([4, 2, 3])
+    want_packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+    want_padded, want_lengths = pad_packed_sequence(want_packed, batch_first=True)
+    sim = SimulatedDevice()
+    with sim:
+        device_x = sim.to_device(x)
+        sim.reset()
+        pack_line = _next_line()
+        packed = pack_padded_sequence(device_x, lengths, batch_first=True, enforce_sorted=False)
+        pad_line = _next_line()
+        padded, padded_lengths = pad_packed_sequence(packed, batch_first=True)
+    assert isinstance(packed.data, SimTensor) and torch.equal(sim.to_host(packed.data), want_packed.data)
+    assert type(packed.batch_sizes) is torch.Tensor and packed.batch_sizes.tolist() == [3, 3, 2, 1]
+    assert torch.equal(sim.to_host(padded), want_padded)
+    assert type(padded_lengths) is torch.Tensor and torch.equal(padded_lengths, want_lengths)
+    # enforce_sorted=False: PyTorch uploads the sort order (3 int64) and reads the inverse back in
+    # pad_packed_sequence (`lengths[unsorted_indices.cpu()]`): one blocking copy each way, as on CUDA.
+    c = sim.counts
+    assert (c.h2d_copies, c.h2d_bytes, c.d2h_copies, c.d2h_bytes) == (1, 24, 1, 24)
+    assert {s.rsplit(":", 1)[1]: n for s, n in c.sync_sites.items()} == {str(pack_line): 1, str(pad_line): 1}
+    sim.reset()
+    with sim:  # sorted lengths: nothing crosses
+        pad_packed_sequence(pack_padded_sequence(device_x, torch.tensor([4, 3, 2]), batch_first=True))
+    assert (sim.counts.syncs, sim.counts.h2d_copies, sim.counts.d2h_copies) == (0, 0, 0)
+
+
+def test_pack_padded_sequence_refuses_device_lengths_like_cuda():
+    """PyTorch does not move device lengths over: CUDA raises "'lengths' argument should be a 1D CPU
+    int64 tensor" (the simulator raised an unrelated "batch_sizes should always be on CPU")."""
+    sim = SimulatedDevice()
+    with sim:
+        x = sim.to_device(torch.ones(2, 3, 4))
+        lengths = sim.to_device(torch.tensor([3, 2]))
+        line = _next_line()
+        info = pytest.raises(MixedDeviceError, lambda: pack_padded_sequence(x, lengths, batch_first=True))
+    assert "'lengths' argument should be a 1D CPU int64 tensor" in str(info.value)
+    assert f"test_simulated_device.py:{line} " in str(info.value)
+
+
+def test_dry_mode_packs_by_the_values_of_host_lengths():
+    """The lengths decide the packed shapes: a dry walk reads them (not a cache keyed by their shape)."""
+    sim = SimulatedDevice(dry=True)
+    with sim:
+        x = torch.empty(3, 5, 2, device=sim.device)
+        for lengths, batch_sizes in (([5, 3, 1], [3, 2, 2, 1, 1]), ([2, 2, 2], [3, 3])):
+            packed = pack_padded_sequence(x, torch.tensor(lengths), batch_first=True)
+            assert packed.batch_sizes.tolist() == batch_sizes
+            assert packed.data.shape == (sum(lengths), 2) and isinstance(packed.data, SimTensor)
+
+
+def test_a_gru_over_packed_sequences_trains_on_the_device_with_cudas_syncs():
+    """pack -> bidirectional GRU -> pad, forward and backward: the CPU outputs and gradients; the only
+    syncs are PyTorch's own two copies of the sort order (none in the GRU or in backward)."""
+    torch.manual_seed(0)
+    gru = nn.GRU(2, 3, batch_first=True, bidirectional=True)
+    x, lengths = torch.randn(3, 4, 2), torch.tensor([2, 4, 3])
+
+    def run(rnn, inputs):
+        packed = pack_padded_sequence(inputs, lengths, batch_first=True, enforce_sorted=False)
+        out, _ = pad_packed_sequence(rnn(packed)[0], batch_first=True, total_length=4)
+        out.pow(2).sum().backward()
+        return out
+
+    want = run(gru, x)
+    device_gru = copy.deepcopy(gru)
+    device_gru.zero_grad(set_to_none=True)
+    sim = SimulatedDevice()
+    with sim:
+        sim.to_device(device_gru)
+        device_x = sim.to_device(x)
+        sim.reset()
+        got = run(device_gru, device_x)
+    torch.testing.assert_close(sim.to_host(got), want, rtol=0, atol=1e-6)
+    for p, q in zip(device_gru.parameters(), gru.parameters(), strict=True):
+        torch.testing.assert_close(sim.to_host(p.grad), q.grad, rtol=0, atol=1e-6)
+    assert (sim.counts.syncs, sim.counts.h2d_copies, sim.counts.d2h_copies) == (2, 1, 1)
+
+
+def test_bigru_text_encoder_runs_on_the_device_and_counts_its_length_reads():
+    """BiGRUTextEncoder (SCAN's text side) on the device: the CPU output; its host reads of device
+    lengths are counted where they happen (check_lengths' max/min, ``lens.cpu()``)."""
+    from patchword.encoders.rnn import BiGRUTextEncoder, GRUTextConfig
+
+    torch.manual_seed(0)
+    enc = BiGRUTextEncoder(GRUTextConfig(vocab_size=20, word_dim=6, embed_dim=5)).eval()
+    ids, lens = torch.tensor([[3, 4, 0, 0], [5, 6, 7, 8], [9, 2, 1, 0]]), torch.tensor([2, 4, 3])
+    want = enc(ids, lens)
+    sim = SimulatedDevice()
+    with sim:
+        sim.to_device(enc)
+        device_ids, device_lens = sim.to_device(ids), sim.to_device(lens)
+        sim.reset()
+        got = enc(device_ids, device_lens)
+    torch.testing.assert_close(sim.to_host(got), want, rtol=0, atol=1e-6)
+    # rnn.py: lens.cpu(), then pack_padded_sequence's upload of the sort order and pad_packed_sequence's
+    # read of its inverse (3 int64 each); elsewhere only check_lengths' reads of the lengths' values.
+    by_file = _sites_by_file(sim.counts)
+    assert by_file.pop("rnn.py") == 3 and set(by_file) <= {"_validation.py"}
+    assert (sim.counts.h2d_copies, sim.counts.d2h_copies, sim.counts.d2h_bytes) == (1, 2, 2 * 3 * 8)
+
+
+def _host0d(kind: str) -> torch.Tensor:
+    return torch.tensor(1) if kind == "index" else torch.tensor(1.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "op"),
+    [
+        ("aten.stack", "value", lambda d, h: torch.stack([d[0], h])),
+        ("aten.index_select", "index", lambda d, h: d.index_select(0, h)),
+        ("aten.take", "index", lambda d, h: torch.take(d, h)),
+        ("aten.embedding", "index", lambda d, h: F.embedding(h, d[:, None])),
+        ("aten.searchsorted", "value", lambda d, h: torch.searchsorted(d, h)),
+        ("aten.add_", "value", lambda d, h: h.add_(d[0])),  # a written host scalar is no operand
+    ],
+)
+def test_a_0dim_host_tensor_outside_an_elementwise_op_raises_naming_the_line(name, kind, op):
+    """CUDA takes a 0-dim CPU tensor only as a scalar operand of a TensorIterator op; the simulator let
+    every 0-dim host tensor through (``torch.stack([dev0d, host0d])`` passed)."""
+    sim = SimulatedDevice()
+    with sim:
+        device = sim.to_device(torch.tensor([0.5, 1.5, 2.5]))
+        info = pytest.raises(MixedDeviceError, lambda: op(device, _host0d(kind)))
+    message = str(info.value)
+    line = op.__code__.co_firstlineno  # the op's own line, in the list above
+    assert message.startswith(f"{name}.") and f"test_simulated_device.py:{line} " in message
+    assert "only as a scalar operand of an elementwise op" in message
+
+
+@pytest.mark.parametrize(
+    ("op", "h2d_copies"),
+    [
+        (lambda d, h: d + h, 0),
+        (lambda d, h: h * d, 0),
+        (lambda d, h: torch.clamp(d, min=h), 0),
+        (lambda d, h: d.masked_fill(d > 1, h), 0),  # CUDA reads the value with item() on the host
+        (lambda d, h: d.clone().fill_(h), 0),
+        (lambda d, h: torch.where(d > 1, d, h), 1),  # where_self_out copies it over: a sync
+        (lambda d, h: d.clone().index_put_((torch.tensor([0, 2]),), h), 2),  # host index and value
+    ],
+)
+def test_a_0dim_host_scalar_joins_elementwise_ops_and_where_copies_it(op, h2d_copies):
+    host = torch.tensor(2.0)
+    want = op(torch.tensor([0.5, 1.5, 2.5]), host)
+    sim = SimulatedDevice()
+    with sim:
+        device = sim.to_device(torch.tensor([0.5, 1.5, 2.5]))
+        sim.reset()
+        got = op(device, host)
+    assert torch.equal(sim.to_host(got), want)
+    assert (sim.counts.h2d_copies, sim.counts.syncs) == (h2d_copies, min(h2d_copies, 1))
+
+
+def test_assigning_a_number_is_a_host_scalar_as_on_cuda():
+    """On CUDA ``x[i] = 0.0`` makes the number a CPU tensor (THPVariable_setitem): a device mask turns
+    the assignment into masked_fill_ (no sync), device indices copy the value over (a sync)."""
+    sim = SimulatedDevice()
+    with sim:
+        x = sim.to_device(torch.tensor([0.5, 1.5, 2.5]))
+        index = sim.to_device(torch.tensor([0]))
+        sim.reset()
+        x[x > 1] = -1.0
+        assert (sim.counts.syncs, sim.counts.h2d_copies) == (0, 0)
+        line = _next_line()
+        x[index] = 7.0
+        _assert_one_sync_at(sim.counts, line)
+        assert (sim.counts.h2d_copies, sim.counts.h2d_bytes) == (1, 4)
+    assert sim.to_host(x).tolist() == [7.0, -1.0, -1.0]

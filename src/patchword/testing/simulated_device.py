@@ -5,10 +5,15 @@ in for the GPU: its tensors (:class:`SimTensor`) report ``device.type == "meta"`
 a wrapped CPU tensor, and while it is active (``with sim:``) a dispatch mode sees every aten op, factory
 ops included. Each op runs on the wrapped CPU tensors, so results equal the CPU computation, and:
 
-* an op mixing device tensors with host tensors of ``ndim >= 1`` raises :class:`MixedDeviceError`
-  naming the op and the first caller line outside torch, as CUDA would refuse it (0-dim host tensors
-  mix freely: CUDA passes them to kernels as scalars). A device tensor indexed by host indices
-  (``aten.index``, ``index_put_``) is allowed, as on CUDA, and counted as a copy plus a sync;
+* an op mixing device tensors with host tensors raises :class:`MixedDeviceError` naming the op and the
+  first caller line outside torch, as CUDA would refuse it. CUDA's exceptions are followed: a 0-dim host
+  tensor is a scalar operand of an elementwise (TensorIterator) op (``x + torch.tensor(2.)``) and the
+  value of ``masked_fill``/``fill_``/``index_put_``, but not an input of ``cat``, ``stack``,
+  ``index_select``, ``gather``, ``embedding``, ...; ``where`` and ``index_put_`` copy such a scalar over
+  (a copy plus a sync). A device tensor indexed by host indices (``aten.index``, ``index_put_``) is
+  allowed and counted as a copy plus a sync; ``x[i] = 0.0`` assigns a host scalar, as on CUDA.
+  PackedSequence ops keep lengths and ``batch_sizes`` on the host by design: ``pack_padded_sequence``
+  takes CPU lengths (device lengths raise, as on CUDA) and returns a host ``batch_sizes``;
 * host<->device copies (``.to``, ``.cpu()``, ``copy_``, ``torch.tensor(..., device=dev)``) are counted
   with their bytes, the bytes of the host-side tensor;
 * host syncs are counted with their call site: ``item()``/``int()``/``bool()``, ``tolist()``,
@@ -32,8 +37,10 @@ what a CUDA build launches as well. Metadata-only ops (``view``, ``t``, ``detach
 What it cannot see: CUDA streams, asynchronous execution and memory limits; ops inside custom C++/CUDA
 extensions; device-specific kernel choices (SDPA backends, TF32); ``repr()`` of a SimTensor (uncounted,
 while printing a CUDA tensor syncs); and host syncs hidden inside an op's CUDA kernel that are not in the
-list above (``histc`` without a range, ...). The device is ``meta``, so a plain meta tensor made
-outside the simulated device (shape inference with ``torch.device("meta")``) cannot join its ops.
+list above (``histc`` without a range, ...); the one-CPU-scalar limit of some TensorIterator kernels; an
+op that copies several host tensors over counts one sync, not one per copy. The device is ``meta``, so a
+plain meta tensor made outside the simulated device (shape inference with ``torch.device("meta")``)
+cannot join its ops.
 
 Over 400 lines: the tensor subclass, its dispatch rules and its counters share one state and are read
 together.
@@ -92,11 +99,41 @@ _REPEAT_INTERLEAVE = {aten.repeat_interleave.Tensor, aten.repeat_interleave.self
 # Python-level constructors that build a meta tensor directly, never reaching the dispatcher.
 _DATA_CONSTRUCTORS = {torch.tensor, torch.as_tensor, torch.asarray, torch.Tensor.new_tensor}
 
+# Arguments a CUDA kernel reads on the host by design (PackedSequence.cpp's checkLongTensor: "'lengths'
+# argument should be a 1D CPU int64 tensor"; cudnn takes batch_sizes as a host array). Only
+# `_pack_padded_sequence` reaches the mode in PyTorch 2.x; the others decompose above it (their parts are
+# device ops, batch_sizes is read in C++) and are listed for a build that dispatches them whole.
+_HOST_ARGUMENTS = {
+    aten._pack_padded_sequence: "lengths",
+    aten._pad_packed_sequence: "batch_sizes",
+    aten._pack_padded_sequence_backward: "batch_sizes",
+    aten.gru: "batch_sizes",
+    aten.lstm: "batch_sizes",
+    aten.rnn_tanh: "batch_sizes",
+    aten.rnn_relu: "batch_sizes",
+}
+# Returns that stay on the host: the packed `batch_sizes` and the padded `lengths`.
+_HOST_RETURNS = {aten._pack_padded_sequence: 1, aten._pad_packed_sequence: 1}
+# Non-elementwise ops whose CUDA kernel takes a 0-dim host value: read with `item()` on the host
+# (masked_fill, fill_) or copied to the device (index_put_, see `_host_scalars`).
+_HOST_SCALAR_ARGUMENTS = {
+    aten.masked_fill: "value",
+    aten.masked_fill_: "value",
+    aten.fill: "value",
+    aten.fill_: "value",
+    aten.index_put: "values",
+    aten.index_put_: "values",
+    aten._index_put_impl_: "values",
+    aten._unsafe_index_put: "values",
+}
+
 _CUDA_HINTS = {
     aten.index: "indices should be either on cpu or on the same device as the indexed tensor",
     aten.index_select: "Input, output and indices must be on the current device",
 }
 _SAME_DEVICE_HINT = "Expected all tensors to be on the same device, but found at least two devices"
+_SCALAR_HINT = "a 0-dim host tensor joins a device op only as a scalar operand of an elementwise op"
+_HOST_ARGUMENT_HINT = "'lengths' argument should be a 1D CPU int64 tensor"
 
 
 class MixedDeviceError(RuntimeError):
@@ -213,6 +250,73 @@ def _alias_plan(func) -> tuple[list[tuple[int, int, str]], list[tuple[int, str]]
             else:
                 views.append((r, position, arg.name))
     return views, writes
+
+
+@functools.cache
+def _argument_position(func, name: str) -> int | None:
+    """Where the schema argument ``name`` goes (-1: keyword-only), ``None`` when the op has none."""
+    for position, arg in enumerate(func._schema.arguments):
+        if arg.name == name:
+            return -1 if arg.kwarg_only else position
+    return None
+
+
+def _argument(func, args, kwargs, name: str):
+    """The value passed for the schema argument ``name`` (``None`` when absent or defaulted)."""
+    position = _argument_position(func, name)
+    if position is None:
+        return None
+    return args[position] if 0 <= position < len(args) else kwargs.get(name)
+
+
+def _written(func, args, kwargs) -> list:
+    """The arguments an in-place or ``out=`` op writes."""
+    return [args[p] if 0 <= p < len(args) else kwargs.get(n) for p, n in _alias_plan(func)[1]]
+
+
+@functools.cache
+def _takes_host_scalars(func) -> bool:
+    """Whether CUDA runs ``func`` as a TensorIterator op, which takes 0-dim host inputs as scalars."""
+    return torch.Tag.pointwise in func.tags or func.overloadpacket is aten.where
+
+
+def _index_put_fills_a_mask(func, args, kwargs) -> bool:
+    """Whether CUDA's ``index_put_`` runs as ``masked_fill_`` (``canDispatchToMaskedFill``): a single
+    boolean index on the device, a one-element host value, no accumulation. It then reads the value on the
+    host and neither copies it nor counts the mask's ``nonzero`` (no sync)."""
+    if _HOST_SCALAR_ARGUMENTS.get(func.overloadpacket) != "values" or _argument(
+        func, args, kwargs, "accumulate"
+    ):
+        return False
+    values = _argument(func, args, kwargs, "values")
+    if isinstance(values, SimTensor) or values.numel() != 1:
+        return False
+    indices = [t for t in args[1] if t is not None]
+    return (
+        len(indices) == 1
+        and isinstance(indices[0], SimTensor)
+        and indices[0].dtype in (torch.bool, torch.uint8)
+    )
+
+
+def _host_scalars(func, args, kwargs, on_host: list[torch.Tensor]) -> tuple[list, list]:
+    """The host values CUDA takes in this device op: (read as scalars, copied to the device first)."""
+    packet = func.overloadpacket
+    if _takes_host_scalars(func):
+        written = {id(t) for t in _written(func, args, kwargs)}
+        operands = [t for t in on_host if t.dim() == 0 and id(t) not in written]
+        # `where_self_out` moves 0-dim CPU operands to the device (`.to(device)`); TensorIterator reads them.
+        return ([], operands) if packet is aten.where else (operands, [])
+    name = _HOST_SCALAR_ARGUMENTS.get(packet)
+    value = None if name is None else _argument(func, args, kwargs, name)
+    if not isinstance(value, torch.Tensor) or isinstance(value, SimTensor):
+        return [], []
+    if name == "values" and _index_put_fills_a_mask(func, args, kwargs):
+        return [value], []
+    if value.dim() != 0:
+        return [], []
+    # `_index_put_impl_` copies a 0-dim value over; masked_fill/fill_ read it with `item()`.
+    return ([], [value]) if name == "values" else ([value], [])
 
 
 def _alias_outputs(func, args, kwargs, out):
@@ -333,6 +437,14 @@ class _FunctionMode(TorchFunctionMode):
                     "type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first.)"
                 )
             return self.sim._read_to_host(args[0]).numpy().copy()
+        if (
+            func is torch.Tensor.__setitem__
+            and isinstance(args[0], SimTensor)
+            and isinstance(args[2], (bool, int, float, complex))
+        ):
+            # THPVariable_setitem makes a Python number a CPU tensor when `self` is on CUDA (on `self`'s
+            # device otherwise): a mask then becomes a masked_fill (no sync), tensor indices copy it over.
+            args = (args[0], args[1], torch.tensor(args[2], dtype=args[0].dtype, device=_HOST))
         return func(*args, **kwargs)
 
 
@@ -480,9 +592,8 @@ class SimulatedDevice:
                 return transfer
         packet = func.overloadpacket
         # A factory op reads only the shape and dtype of a host template (`zeros_like(x, device=dev)`).
-        host_indices = [] if makes_device else self._check_mixing(func, args, on_host)
-        sync = bool(host_indices)
-        if packet in _HOST_INDEX_OPS:
+        sync = False if makes_device else self._check_mixing(func, args, kwargs, on_host)
+        if packet in _HOST_INDEX_OPS and not _index_put_fills_a_mask(func, args, kwargs):
             masks = [t for t in args[1] if t is not None and t.dtype in (torch.bool, torch.uint8)]
             if self.dry and any(isinstance(t, SimTensor) for t in masks):
                 raise self._dry_error(func)
@@ -503,12 +614,19 @@ class SimulatedDevice:
         if makes_device:
             inner_kwargs["device"] = self._storage_device
         if self.dry and on_host:
-            inner_args, inner_kwargs = self._host_to_meta(packet, inner_args, inner_kwargs)
-        out = (
-            self._meta_call(func, inner_args, inner_kwargs) if self.dry else func(*inner_args, **inner_kwargs)
-        )
+            inner_args, inner_kwargs = self._host_to_meta(func, inner_args, inner_kwargs)
+        # A host argument's values can decide the output's shape (lengths): no cached metadata then.
+        if self.dry and packet not in _HOST_ARGUMENTS:
+            out = self._meta_call(func, inner_args, inner_kwargs)
+        else:
+            out = func(*inner_args, **inner_kwargs)
         if device_kw is None or makes_device:
-            out = self._wrap(out)
+            host_return = _HOST_RETURNS.get(packet)
+            out = (
+                self._wrap(out)
+                if host_return is None
+                else tuple(v if r == host_return else self._wrap(v) for r, v in enumerate(out))
+            )
         return _alias_outputs(func, args, kwargs, out)
 
     def _meta_call(self, func, args, kwargs):
@@ -537,23 +655,45 @@ class SimulatedDevice:
             return type(x)(self._wrap(v) for v in x)
         return x
 
-    def _check_mixing(self, func, args, on_host: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Raise on a device op with a host tensor of ``ndim >= 1``; return the allowed host indices."""
+    def _check_mixing(self, func, args, kwargs, on_host: list[torch.Tensor]) -> bool:
+        """Raise on a host tensor that CUDA refuses in this device op; count the copies CUDA makes of the
+        ones it takes over (host indices, scalars that ``where``/``index_put_`` copy). Returns whether the
+        op waits for such a copy (one sync per op)."""
         packet = func.overloadpacket
-        host_indices: list[torch.Tensor] = []
+        by_design = self._host_argument(func, args, kwargs)
+        if not on_host:
+            return False
+        copied: list[torch.Tensor] = []
         if packet in _HOST_INDEX_OPS and isinstance(args[0], SimTensor):
-            host_indices = [t for t in args[1] if t is not None and not isinstance(t, SimTensor)]
-        wide = [t for t in on_host if t.dim() > 0 and not any(t is i for i in host_indices)]
-        if wide:
+            copied = [t for t in args[1] if t is not None and not isinstance(t, SimTensor)]
+        read, copied_scalars = _host_scalars(func, args, kwargs, on_host)
+        copied += copied_scalars
+        taken = {id(t) for t in (*by_design, *read, *copied)}
+        refused = [t for t in on_host if id(t) not in taken]
+        if refused:
             hint = _CUDA_HINTS.get(packet, _SAME_DEVICE_HINT)
+            if all(t.dim() == 0 for t in refused):
+                hint = f"{hint}; {_SCALAR_HINT}"
             raise MixedDeviceError(
                 f"{func} mixes host and device tensors at {call_site()} (CUDA: {hint}); "
-                f"host: {', '.join(_describe(t) for t in wide)}"
+                f"host: {', '.join(_describe(t) for t in refused)}"
             )
-        for t in host_indices:
+        for t in copied:
             self.counts.h2d_copies += 1
             self.counts.h2d_bytes += t.numel() * t.element_size()
-        return host_indices
+        return bool(copied)
+
+    def _host_argument(self, func, args, kwargs) -> list[torch.Tensor]:
+        """The argument this op reads on the host by design (``[]`` when none); raise when it is on the
+        device, as CUDA does (``pack_padded_sequence`` does not move device lengths over)."""
+        name = _HOST_ARGUMENTS.get(func.overloadpacket)
+        value = None if name is None else _argument(func, args, kwargs, name)
+        if isinstance(value, SimTensor):
+            raise MixedDeviceError(
+                f"{func} got `{name}` on the device ({_describe(value)}) at {call_site()} (CUDA: "
+                f"{_HOST_ARGUMENT_HINT}, but got a cuda:0 tensor); pass `{name}` on the host (`.cpu()`)"
+            )
+        return [] if value is None else [value]
 
     def _transfer(self, func, args, kwargs):
         """A copy between host and device: count it and run it; ``None`` when it stays on one side."""
@@ -604,8 +744,11 @@ class SimulatedDevice:
             "which a dry SimulatedDevice (meta tensors, no values) cannot compute"
         )
 
-    def _host_to_meta(self, packet, args, kwargs):
-        """Dry mode: host tensors joining a device op become meta; host masks become their indices."""
+    def _host_to_meta(self, func, args, kwargs):
+        """Dry mode: host tensors joining a device op become meta (those it reads on the host by design
+        stay); host masks become their indices."""
+        packet = func.overloadpacket
+        keep = _argument_position(func, _HOST_ARGUMENTS[packet]) if packet in _HOST_ARGUMENTS else None
         if packet in _HOST_INDEX_OPS:
             indices = []
             for t in args[1]:
@@ -622,4 +765,5 @@ class SimulatedDevice:
                 return type(x)(to_meta(v) for v in x)
             return x
 
-        return to_meta(args), {k: to_meta(v) for k, v in kwargs.items()}
+        args = tuple(a if p == keep else to_meta(a) for p, a in enumerate(args))
+        return args, {k: v if k == _HOST_ARGUMENTS.get(packet) else to_meta(v) for k, v in kwargs.items()}
