@@ -20,6 +20,7 @@ from ci_guard import (  # noqa: E402, F401
 #: set only fails in CI, not on the next user's CPU.
 NUMERICS_MODULES = {
     "test_distributed",
+    "test_engine_block_syncs",
     "test_distributed_step",
     "test_precision",
     "test_train",

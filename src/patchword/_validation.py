@@ -2,15 +2,46 @@
 
 Every check raises ``ValueError`` naming the offending argument, so a user who passes a wrongly shaped
 or corrupt tensor learns which one it was instead of reading a stack trace from deep inside an einsum.
+
+Checking a value (finiteness, a length range) reads it on the host, which makes the host wait for an
+accelerator. A block loop whose caller checked the values of its whole inputs once runs its blocks under
+:func:`values_checked`, so the matcher forward it calls per block checks shapes only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
 
 import torch
 
-__all__ = ["check_tensor", "check_lengths", "check_finite"]
+__all__ = ["check_tensor", "check_lengths", "check_finite", "check_all_finite", "values_checked"]
+
+# Per thread: the CPU scoring engines run their blocks in worker threads, and a caller checking its own
+# inputs in another thread must not be affected by a loop that runs beside it.
+_checked = threading.local()
+
+
+@contextlib.contextmanager
+def values_checked() -> Iterator[None]:
+    """Within the block, in this thread only: :func:`check_finite` and the value checks of
+    :func:`check_lengths` pass without reading anything (shapes are still checked).
+
+    For the block loop of a caller that has checked the values of its whole inputs once (a scoring engine:
+    :func:`check_all_finite` and host-side length checks before the loop): the per-block checks would read
+    the same values again, one wait for the device each.
+    """
+    before = getattr(_checked, "active", False)
+    _checked.active = True
+    try:
+        yield
+    finally:
+        _checked.active = before
+
+
+def _values_already_checked() -> bool:
+    return getattr(_checked, "active", False)
 
 
 def check_tensor(
@@ -52,10 +83,34 @@ def check_tensor(
 
 
 def check_finite(x: torch.Tensor, name: str) -> None:
-    """Raise if ``x`` holds NaN or infinite values."""
+    """Raise if ``x`` holds NaN or infinite values (nothing is read under :func:`values_checked`)."""
+    if _values_already_checked():
+        return
     if x.is_floating_point() and not bool(torch.isfinite(x).all()):
-        bad = int((~torch.isfinite(x)).sum())
-        raise ValueError(f"{name} contains {bad} non-finite value(s) (NaN or inf)")
+        _raise_non_finite(x, name)
+
+
+def _raise_non_finite(x: torch.Tensor, name: str) -> None:
+    bad = int((~torch.isfinite(x)).sum())
+    raise ValueError(f"{name} contains {bad} non-finite value(s) (NaN or inf)")
+
+
+def check_all_finite(named: Sequence[tuple[torch.Tensor, str]]) -> None:
+    """:func:`check_finite` of several ``(tensor, name)`` on one device with one read for all of them
+    (always, also under :func:`values_checked`: it is the check done once).
+
+    Whole inputs can be large: their minimum and maximum are finite exactly when every value is (both
+    propagate NaN and reach an infinity), so no temporary as large as a tensor is made.
+    """
+    floating = [(x, name) for x, name in named if x.is_floating_point() and x.numel()]
+    if not floating:
+        return
+    flags = torch.stack([torch.isfinite(torch.stack([x.amin(), x.amax()])).all() for x, _ in floating])
+    if bool(flags.all()):
+        return
+    for x, name in floating:
+        if not bool(torch.isfinite(x).all()):
+            _raise_non_finite(x, name)
 
 
 def check_lengths(
@@ -71,7 +126,7 @@ def check_lengths(
         min_len: the smallest allowed length (an empty caption has nothing to align).
         values: also check the values (range, integrality); reading them makes the host wait for the
             device, so a training step skips it. Never checked while ``torch.compile`` traces: reading a
-            value would break the graph.
+            value would break the graph, nor under :func:`values_checked`.
     """
     if not isinstance(lens, torch.Tensor):
         try:
@@ -80,7 +135,7 @@ def check_lengths(
             raise ValueError(f"{name} must be a 1-D tensor of lengths: {err}") from err
     if lens.dim() != 1 or lens.shape[0] != size:
         raise ValueError(f"{name} must have shape ({size},), got {tuple(lens.shape)}")
-    if not values or torch.compiler.is_compiling():
+    if not values or torch.compiler.is_compiling() or _values_already_checked():
         return lens.long()
     if lens.is_floating_point() and not bool((lens == lens.round()).all()):
         raise ValueError(f"{name} must hold integer lengths")

@@ -2,7 +2,8 @@
 FILIP; tiny encoders and Hugging Face BERT + ViT) traces into one graph, without a break. A break costs a
 return to Python and the fusion across it on every step; checked with ``torch._dynamo.explain`` on the
 CPU, where the tracing is the same. (The region families break where they read lengths on the host: the
-GRU's ``pack_padded_sequence``, SCAN's and NAAF's ``int(lens.max())``: docs/distributed.md.)"""
+GRU's ``pack_padded_sequence``, SCAN's and NAAF's chunk widths, one read of the lengths per forward:
+docs/distributed.md.)"""
 
 from __future__ import annotations
 

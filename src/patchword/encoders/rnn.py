@@ -153,10 +153,11 @@ class BiGRUTextEncoder(EncoderBase):
         if ids.dim() != 2 or ids.is_floating_point():
             raise ValueError(f"ids must be a (B, L) integer tensor, got {tuple(ids.shape)} {ids.dtype}")
         length = ids.shape[1]
-        lens = check_lengths(lens, "lens", size=ids.shape[0], max_len=length)
+        # Packing reads the lengths on the host (one copy, the only wait): checked there, at no extra wait.
+        host_lens = check_lengths(torch.as_tensor(lens).cpu(), "lens", size=ids.shape[0], max_len=length)
         x = self.drop(self.embed(ids))
         # Packed sequences: each caption's backward direction starts at its own last word, as in SCAN.
-        packed = pack_padded_sequence(x, lens.cpu(), batch_first=True, enforce_sorted=False)
+        packed = pack_padded_sequence(x, host_lens, batch_first=True, enforce_sorted=False)
         out, _ = self.rnn(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=length)
         if self.cfg.bidirectional:

@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from patchword._validation import check_lengths, check_tensor
 from patchword.matching.ops import full_precision, l2norm, masked_mean
 
-__all__ = ["MatcherOutput", "Matcher", "TwoStagePlan"]
+__all__ = ["MatcherOutput", "Matcher", "TwoStagePlan", "chunk_widths"]
 
 
 @dataclass
@@ -88,6 +89,12 @@ class Matcher(nn.Module):
     #: evaluated by the global cosine, nothing finer)
     token_level: bool = True
 
+    #: Whether ``forward`` plans with the values of ``cap_lens`` (SCAN and NAAF trim each chunk of captions
+    #: to its longest one) and takes them on the host while its tokens are on an accelerator: the forward
+    #: engine then hands it the host lengths it planned with, which it reads without waiting for the device
+    #: (False: the lengths come on the tokens' device).
+    host_lengths: bool = False
+
     @classmethod
     def reads_stage1_tokens(cls, config: object) -> bool:
         """Whether a matcher built from ``config`` reads the context transformers' stage-1 tokens
@@ -149,7 +156,8 @@ class Matcher(nn.Module):
         lens = check_lengths(
             lens, lens_name, size=tokens.shape[0], max_len=tokens.shape[1], values=not self.training
         )
-        return lens.to(tokens.device)
+        # host lengths go up without waiting for the device's queue (pageable memory is staged at once)
+        return lens.to(tokens.device, non_blocking=lens.device.type == "cpu")
 
     def global_image(self, img_tokens: torch.Tensor) -> torch.Tensor:
         """(B_v, L_v, C) tokens -> (B_v, C) L2-normalised global image embedding (CLS or mean, see
@@ -174,3 +182,16 @@ class Matcher(nn.Module):
             global similarity.
         """
         return self.global_image(img_tokens), self.global_text(cap_tokens, cap_lens)
+
+
+def chunk_widths(cap_lens: object, lens: torch.Tensor, step: int) -> list[int]:
+    """The longest caption of each chunk of ``step`` captions: the widths the chunks are trimmed to.
+
+    Read from ``cap_lens`` as the caller gave it when that is on the host (a sequence, or the host lengths
+    a scoring engine planned with: no wait for the device), else from the validated ``lens`` on their
+    device, in one read for all chunks.
+    """
+    given_on_host = not isinstance(cap_lens, torch.Tensor) or cap_lens.device.type == "cpu"
+    source = torch.as_tensor(cap_lens).long() if given_on_host else lens
+    padded = F.pad(source, (0, -source.shape[0] % step))  # lengths are >= 0: the zeros change no maximum
+    return padded.view(-1, step).amax(dim=1).tolist()

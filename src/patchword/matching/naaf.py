@@ -64,7 +64,7 @@ from patchword.matching.attention import (
     official_l2norm,
     word_region_scores,
 )
-from patchword.matching.base import Matcher, MatcherOutput
+from patchword.matching.base import Matcher, MatcherOutput, chunk_widths
 from patchword.matching.ops import length_mask
 from patchword.matching.registry import register_matcher
 
@@ -211,6 +211,7 @@ class NAAFMatcher(Matcher):
     threshold_safe: torch.Tensor
 
     consumes_dense = False  # region / global matchers ignore dense text
+    host_lengths = True  # each caption chunk is trimmed to its longest caption
 
     def __init__(self, config: NAAFConfig) -> None:
         super().__init__()
@@ -267,7 +268,8 @@ class NAAFMatcher(Matcher):
 
         Args:
             img_tokens: (B_v, R, D) region vectors.
-            cap_tokens: (B_t, L, D) word vectors; ``cap_lens`` (B_t,) valid counts (<start>/<end> included).
+            cap_tokens: (B_t, L, D) word vectors; ``cap_lens`` (B_t,) valid counts (<start>/<end> included),
+                on any device (read without waiting for the device when on the host).
             dense_tokens, dense_lens: ignored.
 
         Returns:
@@ -289,9 +291,9 @@ class NAAFMatcher(Matcher):
         step = caption_chunks(n_img, n_txt, n_word * n_reg, self.config.max_pair_elements)
         img_gram = gram(img)[:, None]  # (B_v, 1, R, R)
         sims, row_maxes = [], []
-        for t0 in range(0, n_txt, step):
+        for t0, width in zip(range(0, n_txt, step), chunk_widths(cap_lens, lens, step), strict=True):
             part = slice(t0, t0 + step)
-            chunk_sims, row_max = self._score(img, cap[part], lens[part], t, img_gram)
+            chunk_sims, row_max = self._score(img, cap[part, :width], lens[part], t, img_gram)
             sims.append(chunk_sims)
             if mine:  # chunks are trimmed to their own longest caption: pad back to a common width
                 row_maxes.append(F.pad(row_max.detach() + t, (0, n_word - row_max.shape[2])))
@@ -356,12 +358,11 @@ class NAAFMatcher(Matcher):
         t: torch.Tensor,
         img_gram: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B_v, R, D), (T, L, D) -> sims (B_v, T) and Row_max = max_r (s - t), (B_v, T, L)."""
+        """(B_v, R, D), (T, L, D) trimmed to the longest caption -> sims (B_v, T) and
+        Row_max = max_r (s - t), (B_v, T, L)."""
         cfg = self.config
         lam = cfg.lambda_softmax
-        width = int(lens.max())
-        cap = cap[:, :width]
-        valid = length_mask(lens, width)  # (T, L)
+        valid = length_mask(lens, cap.shape[1])  # (T, L)
         s = word_region_scores(img, cap)  # (B_v, T, L, R)
         shifted = s - t
         row_max = shifted.amax(-1)  # (B_v, T, L)

@@ -32,7 +32,7 @@ from patchword.matching.attention import (
     official_l2norm,
     word_region_scores,
 )
-from patchword.matching.base import Matcher, MatcherOutput
+from patchword.matching.base import Matcher, MatcherOutput, chunk_widths
 from patchword.matching.ops import length_mask
 from patchword.matching.registry import register_matcher
 
@@ -67,6 +67,7 @@ class SCANMatcher(Matcher):
     """
 
     consumes_dense = False  # region / global matchers ignore dense text
+    host_lengths = True  # each caption chunk is trimmed to its longest caption
 
     def __init__(self, config: SCANConfig) -> None:
         super().__init__()
@@ -98,7 +99,8 @@ class SCANMatcher(Matcher):
         Args:
             img_tokens: (B_v, R, D) region vectors.
             cap_tokens: (B_t, L, D) word vectors; ``cap_lens`` (B_t,) valid counts (<start>/<end> included,
-                as SCAN scores every token of its captions).
+                as SCAN scores every token of its captions), on any device (read without waiting for the
+                device when on the host).
             dense_tokens, dense_lens: ignored (SCAN has no dense text).
 
         Returns:
@@ -115,19 +117,19 @@ class SCANMatcher(Matcher):
         step = caption_chunks(n_img, n_txt, n_word * n_reg, self.config.max_pair_elements)
         score = self._t2i if self.config.direction == "t2i" else self._i2t
         img_gram = gram(img) if self.config.direction == "t2i" else None
+        starts = range(0, n_txt, step)
         sims = [
-            score(img, cap[t0 : t0 + step], lens[t0 : t0 + step], img_gram) for t0 in range(0, n_txt, step)
+            score(img, cap[t0 : t0 + step, :width], lens[t0 : t0 + step], img_gram)
+            for t0, width in zip(starts, chunk_widths(cap_lens, lens, step), strict=True)
         ]
         return MatcherOutput(sims=torch.cat(sims, dim=1))
 
     def _t2i(
         self, img: torch.Tensor, cap: torch.Tensor, lens: torch.Tensor, img_gram: torch.Tensor | None
     ) -> torch.Tensor:
-        """Words attend over regions: (B_v, R, D), (T, L, D) -> (B_v, T)."""
+        """Words attend over regions: (B_v, R, D), (T, L, D) trimmed to the longest caption -> (B_v, T)."""
         cfg = self.config
-        width = int(lens.max())
-        cap = cap[:, :width]
-        valid = length_mask(lens, width)  # (T, L)
+        valid = length_mask(lens, cap.shape[1])  # (T, L)
         s = word_region_scores(img, cap)  # (B_v, T, L, R)
         normed = feature_norm(s, cfg.feature_norm, dim=2, valid=valid[None, :, :, None])
         attn = torch.softmax(normed * cfg.lambda_softmax, dim=-1)  # over regions
@@ -138,11 +140,9 @@ class SCANMatcher(Matcher):
     def _i2t(
         self, img: torch.Tensor, cap: torch.Tensor, lens: torch.Tensor, _: torch.Tensor | None
     ) -> torch.Tensor:
-        """Regions attend over words: (B_v, R, D), (T, L, D) -> (B_v, T)."""
+        """Regions attend over words: (B_v, R, D), (T, L, D) trimmed to the longest caption -> (B_v, T)."""
         cfg = self.config
-        width = int(lens.max())
-        cap = cap[:, :width]
-        valid = length_mask(lens, width)  # (T, L)
+        valid = length_mask(lens, cap.shape[1])  # (T, L)
         s = word_region_scores(img, cap).transpose(-1, -2)  # (B_v, T, R, L): query = regions
         # Every region is a valid query; the norm runs over regions, the softmax over the valid words.
         normed = feature_norm(s, cfg.feature_norm, dim=2)

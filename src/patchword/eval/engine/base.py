@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from patchword._validation import check_all_finite, check_lengths
 from patchword.eval.engine.memory import CPU_BUDGET_MB
 from patchword.matching.base import Matcher
 from patchword.progress import progress_bar
@@ -24,6 +25,7 @@ __all__ = [
     "BlockPlan",
     "ScoringEngine",
     "ScoringInputs",
+    "check_input_values",
     "check_precision",
     "tf32_products",
 ]
@@ -189,6 +191,24 @@ class ScoringEngine:
                 result[sel] = out[0]
                 bar.update(count)
         return result
+
+
+def check_input_values(inputs: ScoringInputs, caption_width: int | None = None) -> None:
+    """Check once, before a block loop, the values that the matcher calls of every block would check: the
+    lengths fit their token axes (on the host: staged lengths) and the tokens are finite (one read of the
+    device for all of them). The loop then runs under :func:`patchword._validation.values_checked` and
+    waits for the device only for its results.
+
+    ``caption_width``: the caption positions the loop reads (trimmed to the widest caption), None: all.
+    """
+    cap_lens, dense_lens = inputs.cap_lens, inputs.dense_lens
+    check_lengths(cap_lens, "cap_lens", size=inputs.num_texts, max_len=inputs.cap_tokens.shape[1])
+    named = [(inputs.img_tokens, "img_tokens"), (inputs.cap_tokens[:, :caption_width], "cap_tokens")]
+    if inputs.dense_tokens is not None:
+        dense = inputs.dense_tokens
+        check_lengths(dense_lens, "dense_lens", size=dense.shape[0], max_len=dense.shape[1])
+        named.append((dense, "dense_tokens"))
+    check_all_finite(named)
 
 
 def check_precision(engine: ScoringEngine, precision: str, device: torch.device) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from patchword.eval.engine.base import BlockPlan, ScoringEngine, ScoringInputs
+from patchword._validation import values_checked
+from patchword.eval.engine.base import BlockPlan, ScoringEngine, ScoringInputs, check_input_values
 from patchword.eval.engine.staging import row_buffer, stage
 from patchword.eval.engine.workers import engine_plan, in_workers
 from patchword.progress import progress_bar
@@ -32,6 +33,9 @@ class ForwardEngine(ScoringEngine):
     """Score by calling ``matcher(img_block, cap_block, lens, dense...)``: exact by construction.
 
     Used for matchers without a fast engine, and as the ground truth the fast engines are tested against.
+    The values of the inputs are checked once before the loop, so the matcher calls check shapes only;
+    ``lens`` are the host lengths for a matcher that plans with them (``Matcher.host_lengths``): on an
+    accelerator the loop waits for the device once per image block, for its rows.
     """
 
     name = "forward"
@@ -65,11 +69,14 @@ class ForwardEngine(ScoringEngine):
     def score(self, inputs, out, *, budget, device, progress) -> None:
         job = stage(inputs, device, None)
         inputs = job.inputs  # lengths and pairing on the host: widths are read there
+        check_input_values(inputs, caption_width=int(inputs.cap_lens.max()))  # blocks read up to there
         plan, workers = engine_plan(self, inputs, budget, device)
         n_img, n_txt = inputs.num_images, inputs.num_texts
         image_tied = inputs.dense_tokens is not None and inputs.dense_index is None
+        cap_lens = inputs.cap_lens if self.matcher.host_lengths else job.cap_lens
         with progress_bar(n_img * n_txt, "score pairs", progress, unit="pair") as bar:
 
+            @values_checked()  # in the thread that takes the block: the checks are per thread
             def image_block(i0: int) -> None:
                 i1 = min(i0 + plan.image_block, n_img)
                 rows = slice(i0, i1)
@@ -89,7 +96,7 @@ class ForwardEngine(ScoringEngine):
                         owner = job.dense_index[cols]
                         dense = (inputs.dense_tokens[owner].to(device), job.dense_lens[owner])
                     caps = inputs.cap_tokens[cols, :width].to(device)
-                    sims = self.matcher(img, caps, job.cap_lens[cols], *dense, **pruned).sims
+                    sims = self.matcher(img, caps, cap_lens[cols], *dense, **pruned).sims
                     target_rows[:, cols] = sims.float()
                     bar.update(sims.numel())
                 if target is not None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from patchword._validation import values_checked
+from patchword.eval.engine.base import check_input_values
 from patchword.eval.engine.forward import ForwardEngine
 from patchword.eval.engine.staging import host, stage
 
@@ -23,16 +25,18 @@ class TGDTEngine(ForwardEngine):
         per_pair = 4 * (2 * (l_v + l_t) * dim + 2 * l_v * l_t)
         step = max(1, budget // per_pair)
         job = stage(inputs, device, None)
+        check_input_values(job.inputs)  # once: the pair chunks below check shapes only
         # each index where the tensors it indexes live (uploaded once on an accelerator)
         img_index, txt_index = (
             torch.as_tensor(img_index).to(job.device),
             torch.as_tensor(txt_index).to(job.device),
         )
         out = torch.empty(img_index.shape[0], dtype=torch.float32, device=job.device)  # copied back once
-        for p0 in range(0, img_index.shape[0], step):
-            r, c = img_index[p0 : p0 + step], txt_index[p0 : p0 + step]
-            scores = self.matcher.paired_scores(
-                job.inputs.img_tokens[r], job.inputs.cap_tokens[c], job.cap_lens[c]
-            )
-            out[p0 : p0 + step] = scores.float()
+        with values_checked():
+            for p0 in range(0, img_index.shape[0], step):
+                r, c = img_index[p0 : p0 + step], txt_index[p0 : p0 + step]
+                scores = self.matcher.paired_scores(
+                    job.inputs.img_tokens[r], job.inputs.cap_tokens[c], job.cap_lens[c]
+                )
+                out[p0 : p0 + step] = scores.float()
         return host(out)

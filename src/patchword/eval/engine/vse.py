@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from patchword.eval.engine.base import BlockPlan, ScoringEngine
+from patchword._validation import values_checked
+from patchword.eval.engine.base import BlockPlan, ScoringEngine, check_input_values
 from patchword.eval.engine.staging import row_buffer, stage
 from patchword.progress import progress_bar
 
@@ -26,6 +27,7 @@ class VSEEngine(ScoringEngine):
     def score(self, inputs, out, *, budget, device, progress) -> None:
         job = stage(inputs, device, None)
         inputs = job.inputs
+        check_input_values(inputs)  # once: the embeddings of the blocks below check shapes only
         n_img, n_txt = inputs.num_images, inputs.num_texts
         l_v, dim = inputs.img_tokens.shape[1:]
         l_t = inputs.cap_tokens.shape[1]
@@ -44,7 +46,7 @@ class VSEEngine(ScoringEngine):
         peak = image_block * per_img + text_block * (per_txt + _F32 * image_block)
         self.last_plan = BlockPlan(self.name, image_block, int(text_block), 0, int(peak), budget)
         m = self.matcher
-        with progress_bar(n_img * n_txt, "score pairs", progress, unit="pair") as bar:
+        with progress_bar(n_img * n_txt, "score pairs", progress, unit="pair") as bar, values_checked():
             for i0 in range(0, n_img, image_block):
                 i1 = min(i0 + image_block, n_img)
                 img = m.global_image(inputs.img_tokens[i0:i1].to(device))
