@@ -12,9 +12,12 @@ one line (:func:`patchword.errors.run_command`).
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import logging
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO
 
 __all__ = [
@@ -27,7 +30,10 @@ __all__ = [
     "keep_jsonl_records",
     "probe_writable",
     "check_output_file",
+    "exclusive_lock",
 ]
+
+_logger = logging.getLogger(__name__)
 
 
 def _read_umask() -> int:
@@ -218,3 +224,33 @@ def check_output_file(out: str | os.PathLike[str], force: bool, flag: str = "--o
         what = "is a file" if os.path.exists(folder) else "does not exist"
         raise ConfigError(flag, f"directory {folder} {what}")
     probe_writable(folder)
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | os.PathLike[str], busy: str) -> Iterator[None]:
+    """Hold the exclusive, non-blocking advisory lock (``flock``) of the file ``path`` (created if missing,
+    never truncated, left in place) for the block: one command at a time on what it guards. The operating
+    system drops the lock when the process ends, however it ends, so a lock file left behind is harmless;
+    removing it would let a third process lock a new file while a second still holds the old one.
+
+    Args:
+        path: the lock file.
+        busy: the error when another process holds it (names what is guarded and what to do).
+
+    Raises:
+        RunExistsError: ``busy``, another process holds the lock.
+    """
+    import fcntl
+
+    from patchword.errors import RunExistsError
+
+    with open(path, "a") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunExistsError(busy) from None
+        except OSError as err:  # a file system without locks: work on, unguarded, and say so
+            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            _logger.warning("%s cannot be locked (%s): a second command would not be refused", path, err)
+        yield

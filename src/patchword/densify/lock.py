@@ -9,18 +9,12 @@ removing it would let a third process lock a new file while the second still hol
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import logging
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
-from patchword.errors import RunExistsError
+from patchword.fileio import exclusive_lock
 
-__all__ = ["LOCK_SUFFIX", "lock_path", "exclusive_lock"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["LOCK_SUFFIX", "lock_path", "output_lock"]
 
 LOCK_SUFFIX = ".lock"
 
@@ -31,29 +25,16 @@ def lock_path(out: str | os.PathLike[str]) -> Path:
     return out.with_name(out.name + LOCK_SUFFIX)
 
 
-@contextlib.contextmanager
-def exclusive_lock(path: str | os.PathLike[str], what: str) -> Iterator[None]:
-    """Hold the exclusive, non-blocking lock of the file ``path`` (created if needed) for the block.
-
-    Args:
-        path: the lock file.
-        what: the thing the lock guards, for the error (e.g. ``"dense.jsonl (a densify output)"``).
+def output_lock(out: str | os.PathLike[str]) -> contextlib.AbstractContextManager[None]:
+    """The lock of the densify output ``out`` (its folder created if missing), held for the block.
 
     Raises:
-        RunExistsError: another process holds the lock.
+        RunExistsError: another process writes ``out``.
     """
-    path = Path(path)
+    path = lock_path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:  # "a": create it, never truncate another holder's file
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RunExistsError(
-                f"{what} is being written by another process (lock {path} is held): wait for it to end, "
-                "or stop it first"
-            ) from None
-        except OSError as err:
-            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                raise
-            logger.warning("%s cannot be locked (%s): a second command on it would not be refused", path, err)
-        yield
+    return exclusive_lock(
+        path,
+        f"{out} (a densify output) is being written by another process (lock {path} is held): wait for it "
+        "to end, or stop it first",
+    )

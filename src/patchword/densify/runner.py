@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchword.densify.config import GenerationSettings
-from patchword.densify.lock import exclusive_lock, lock_path
+from patchword.densify.lock import output_lock
 from patchword.densify.resume import check_existing, finished_before, open_output, run_meta
 from patchword.densify.shards import Shard
 from patchword.densify.sources import ImageItem, ImageList
@@ -201,7 +201,7 @@ def densify(
 
     # One writer per file, from the first look at it to the last line: a second command on the same --out
     # would append every image again.
-    with exclusive_lock(lock_path(out), f"{out} (a densify output)"):
+    with output_lock(out):
         loaded = vlm if isinstance(vlm, VisionLanguageModel) else None
         if loaded is None:
             # Model id and precision are known only once the model is loaded; everything else (the lines

@@ -13,15 +13,13 @@ of the same name or a second ``--resume`` is refused instead of writing into the
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import logging
 import os
 import shutil
 import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -45,7 +43,13 @@ from patchword.data.tokenizers import WordVocab
 from patchword.distributed import Distributed, session
 from patchword.errors import ConfigError, Interrupted, MissingFileError, RunExistsError
 from patchword.factory import create_model
-from patchword.fileio import append_line, atomic_write_text, keep_jsonl_records, probe_writable
+from patchword.fileio import (
+    append_line,
+    atomic_write_text,
+    exclusive_lock,
+    keep_jsonl_records,
+    probe_writable,
+)
 from patchword.model import RetrievalModel, model_reads_dense
 from patchword.runs import (
     BACKBONES_FILE,
@@ -94,28 +98,17 @@ def _stop_raises(phase: dict[str, Any]) -> contextlib.AbstractContextManager[Non
     return on_stop_signals(handler)
 
 
-@contextlib.contextmanager
-def _run_lock(run_dir: Path) -> Iterator[None]:
+def _run_lock(run_dir: Path) -> contextlib.AbstractContextManager[None]:
     """Hold the exclusive lock of ``run_dir`` for the block.
 
     Raises:
         RunExistsError: another process holds it (it trains or resumes this run now).
     """
-    with open(run_dir / LOCK_FILE, "a") as fh:  # "a": create it, never truncate another holder's file
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RunExistsError(
-                f"run directory {run_dir} is in use by another process (a `patchword train` or "
-                "`--resume` of it is running): wait for it to end, or stop it first"
-            ) from None
-        except OSError as err:
-            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                raise
-            _logger.warning(
-                "%s cannot be locked (%s): a second command on it would not be refused", run_dir, err
-            )
-        yield
+    return exclusive_lock(
+        run_dir / LOCK_FILE,
+        f"run directory {run_dir} is in use by another process (a `patchword train` or `--resume` of it is "
+        "running): wait for it to end, or stop it first",
+    )
 
 
 def _on_main(dist: Distributed, run_dir: Path, claim: Callable[[], None]) -> None:
