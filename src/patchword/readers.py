@@ -233,14 +233,37 @@ def read_json_lines(path: str | Path, what: str) -> list[dict[str, Any]]:
     return records
 
 
+def _unique_key_loader():
+    """A ``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last one
+    silently: ``train:`` twice would drop the first section's settings without a word)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"key {key!r} given twice (first at line {seen[key] + 1})",
+                        key_node.start_mark,
+                    )
+                seen[key] = key_node.start_mark.line
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
 def read_yaml_mapping(path: str | Path, what: str) -> dict[str, Any]:
-    """The mapping in a YAML file (an empty file is ``{}``)."""
+    """The mapping in a YAML file (an empty file is ``{}``); a key given twice in one mapping is an error."""
     import yaml
 
     path = Path(path)
     text = _read_text(path, what)
     try:
-        value = yaml.safe_load(text)
+        value = yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as err:
         where = getattr(err, "problem_mark", None)
         line = f" at line {where.line + 1}" if where is not None else ""

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import one_error_line
+from conftest import TINY_RUN_32, one_error_line
 from patchword.cli import main
 
 TINY_MODEL = [
@@ -443,7 +443,7 @@ VALUE_CASES = [
     ("empty name", ["name="], "error: name: is the run's directory under output_dir"),
     ("name with a slash", ["name=a/b"], "error: name: is the run's directory under output_dir"),
     ("nan anywhere", ["train.grad_clip=nan"], "error: train.grad_clip: must be >= 0, got nan"),
-    ("nan margin", ["train.margin=nan"], "error: train.margin: is NaN"),
+    ("nan margin", ["train.margin=nan"], "error: train.margin: must be a finite number >= 0, got nan"),
 ]
 
 
@@ -508,3 +508,22 @@ def test_out_naming_a_directory_is_refused_before_any_work(small_run, tmp_path, 
         one_error_line(capsys.readouterr().err)
         == f"error: --out: {out} is a directory: --out names the file to write"
     )
+
+
+@pytest.mark.parametrize(
+    "yaml_text",
+    ["train:\n  epochs: 3\ntrain:\n  lr: 0.1\n", "train:\n  epochs: 3\n  lr: 0.1\n  epochs: 5\n"],
+    ids=["section", "key"],
+)
+def test_a_key_given_twice_in_a_config_file_is_one_line_naming_it(tmp_path, capsys, yaml_text):
+    """PyYAML keeps the last of two equal keys: a second `train:` section silently dropped the first's
+    settings (epochs 3 became the default)."""
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml_text)
+    runs = tmp_path / "runs"
+    # tiny, so that a loader taking the file would train for seconds, not hours, before the assertion
+    argv = ["train", "--config", str(config), *TINY_RUN_32, "train.max_steps=1", f"output_dir={runs}"]
+    assert main(argv) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: {config}: not a ") and "given twice (first at line" in line, line
+    assert not runs.exists()

@@ -323,3 +323,23 @@ def test_hash_search_rebuilds_an_index_cached_before_the_run_was_trained_on(run,
     assert (
         json.loads(capsys.readouterr().out) == cached and (copy / "index_text.npz").read_bytes() == new_codes
     )
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("eval.topk=0", "eval.topk"),  # ran and reported map@0 = 0.0
+        ("model.dropout=1.5", "model.dropout"),  # torch's own message, naming no key
+        ("model.head_dropout=-0.1", "model.head_dropout"),
+        ("train.betas=[2.0,0.9]", "train.betas[0]"),
+        ("train.temperature=0", "train.temperature"),
+    ],
+)
+def test_hash_train_values_out_of_range_name_their_key_before_anything_is_written(
+    tmp_path, capsys, override, key
+):
+    out = tmp_path / "runs"
+    argv = ["train", "--bits", "16", "--epochs", "1", "--output-dir", str(out), "--name", "r", *TINY_HASH]
+    assert main([*argv, override]) == 2
+    assert one_error_line(capsys.readouterr().err).startswith(f"error: {key}:")
+    assert not out.exists()

@@ -399,6 +399,11 @@ def test_the_time_budget_counts_every_session_of_the_run(root, clock, monkeypatc
         (["train.lr_decay=-1", "train.lr_milestone_steps=[2]"], "train.lr_decay"),
         (["train.lr_decay=0"], "train.lr_decay"),
         (["train.backbone_lr_mult=-0.1"], "train.backbone_lr_mult"),
+        # an infinite margin made every loss NaN: every step skipped, exit 0
+        (["train.margin=.inf"], "train.margin"),
+        (["train.margin=-1"], "train.margin"),
+        (["train.ratio_weight=-5"], "train.ratio_weight"),
+        (["dist_timeout_s=.inf"], "dist_timeout_s"),
     ],
 )
 def test_optimiser_factors_out_of_range_are_one_line_before_anything_is_written(

@@ -168,7 +168,18 @@ def check_hash_config(cfg: HashRunConfig):
     for key in ("lr_encoder", "lr_heads"):
         if not 0 <= getattr(tc, key) < math.inf:
             raise ConfigError(f"train.{key}", f"must be a finite number >= 0, got {getattr(tc, key)!r}")
-    if cfg.model.bits < 1:
-        raise ConfigError("model.bits", f"must be >= 1 (the code length), got {cfg.model.bits}")
+    for i, beta in enumerate(tc.betas):  # torch names no key ("Invalid beta parameter at index 0")
+        if not 0 <= beta < 1:
+            raise ConfigError(f"train.betas[{i}]", f"must lie in [0, 1), got {beta!r}")
+    if not 0 < tc.temperature < math.inf:
+        raise ConfigError("train.temperature", f"must be a finite number > 0, got {tc.temperature!r}")
+    mc = cfg.model
+    if mc.bits < 1:
+        raise ConfigError("model.bits", f"must be >= 1 (the code length), got {mc.bits}")
+    for key in ("dropout", "head_dropout"):  # torch's message names no key either
+        if not 0 <= getattr(mc, key) < 1:
+            raise ConfigError(f"model.{key}", f"must lie in [0, 1), got {getattr(mc, key)!r}")
+    if cfg.eval.topk < 1:  # mAP@0 is no measurement: a run wrote 0.0 for it
+        raise ConfigError("eval.topk", f"must be >= 1, got {cfg.eval.topk}")
     check_common_values(cfg, seeds=("train.seed", "data.split_seed", "data.synthetic_seed"))
     return device

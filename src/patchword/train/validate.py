@@ -180,12 +180,15 @@ def _check_identity(cfg: RunConfig) -> None:
 
 
 def _check_optimiser(cfg: RunConfig) -> None:
-    """AdamW's and the schedule's factors: checked here, or AdamW refuses a negative weight decay after the
-    run directory was written, and a negative decay gives negative learning rates without a word."""
+    """AdamW's, the schedule's and the loss's factors: checked here, or AdamW refuses a negative weight decay
+    after the run directory was written, a negative decay gives negative learning rates without a word, and
+    an infinite margin makes every loss non-finite, every step skipped, and the run still "succeeds"."""
     tc = cfg.train
     for key, value in (
         ("train.weight_decay", tc.weight_decay),
         ("train.backbone_lr_mult", tc.backbone_lr_mult),
+        ("train.margin", tc.margin),
+        ("train.ratio_weight", tc.ratio_weight),
     ):
         if not 0 <= value < math.inf:
             raise ConfigError(key, f"must be a finite number >= 0, got {value!r}")
@@ -258,8 +261,8 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
         raise ConfigError("train.lr", f"must be a finite number > 0, got {tc.lr!r}")
     _check_optimiser(cfg)
     _check_identity(cfg)
-    if not cfg.dist_timeout_s > 0:
-        raise ConfigError("dist_timeout_s", f"must be > 0, got {cfg.dist_timeout_s!r}")
+    if not 0 < cfg.dist_timeout_s < math.inf:
+        raise ConfigError("dist_timeout_s", f"must be a finite number > 0, got {cfg.dist_timeout_s!r}")
     _check_matcher(cfg)
     _check_compile(cfg, resuming)
     unknown = [name for name in tc.report_to if name not in TRACKERS]
