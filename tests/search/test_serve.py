@@ -413,3 +413,14 @@ def test_queries_with_control_characters_are_a_400_naming_them(client, searcher)
     assert response.status_code == 200 and response.json()["query"] == query
     assert [r["id"] for r in response.json()["results"]] == [h.id for h in searcher.search(query, 3).hits]
     assert response.json()["unknown_words"] == ["café", "赤い円"]
+
+
+def test_a_request_after_the_server_shut_down_is_a_503_not_a_500(searcher):
+    """The worker pool is shut down with the app; a request arriving then raised "cannot schedule new
+    futures after shutdown": a logged 500 instead of a 503 with Retry-After."""
+    app = create_app(searcher)
+    with TestClient(app) as running:
+        assert running.get("/api/search", params={"q": "a red circle", "k": 1}).status_code == 200
+    late = TestClient(app, raise_server_exceptions=False).get("/api/search", params={"q": "a red circle"})
+    assert late.status_code == 503 and late.headers["Retry-After"] == "1"
+    assert late.json() == {"error": "the server is shutting down"}

@@ -23,6 +23,7 @@ FastAPI names are imported inside :func:`create_app` so that this module imports
 """
 
 import asyncio
+import concurrent.futures
 import io
 import logging
 import re
@@ -236,6 +237,11 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
             admitted += 1
         try:
             return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+        except (RuntimeError, concurrent.futures.CancelledError) as err:
+            # the pool was shut down (the server is stopping): refused, or cancelled while waiting
+            if isinstance(err, RuntimeError) and "after shutdown" not in str(err):
+                raise
+            raise _BadRequest(503, "the server is shutting down") from None
         finally:
             with admitted_lock:
                 admitted -= 1
