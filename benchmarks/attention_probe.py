@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 import time
@@ -352,7 +353,6 @@ def _step_rows(dev, quick: bool, emit) -> None:
 
     import ddp_bench
 
-    from patchword.data.batches import ShardBatch
     from patchword.encoders.hf import HFTextEncoder
 
     setting = argparse.Namespace(
@@ -377,7 +377,7 @@ def _step_rows(dev, quick: bool, emit) -> None:
     # symbolic, and the backends' checks then see symbolic sizes.
     import torch
 
-    dynamic = ShardBatch(**{**vars(shard), "ids": shard.ids.clone()})
+    dynamic = dataclasses.replace(shard, ids=shard.ids.clone())
     torch._dynamo.maybe_mark_dynamic(dynamic.ids, 1)
     for batch, widths in ((shard, {}), (dynamic, {"widths": "dynamic"})):
         row = {"case": "step, dynamo", "mask": "expanded", **widths}

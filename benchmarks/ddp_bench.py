@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -348,11 +349,11 @@ def step_setup(args: argparse.Namespace):
 def caption_width(shard, width: int):
     """``shard`` with its caption ids cut or padded (id 0) to ``width`` positions, its lengths cut to
     it: a batch of another caption width, for steps that take turns over several (``--caption-widths``)."""
-    from patchword.data.batches import ShardBatch, pad_width
+    from patchword.data.batches import pad_width
 
     lens = shard.lens.clamp(max=width)
     ids = pad_width(shard.ids[:, :width], width)
-    return ShardBatch(**{**vars(shard), "ids": ids, "lens": lens, "lens_all": lens})
+    return dataclasses.replace(shard, ids=ids, lens=lens, lens_all=lens)
 
 
 def use_text_mask(encoder, form: str) -> None:

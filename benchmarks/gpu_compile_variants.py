@@ -158,8 +158,8 @@ class VariantChild:
             status = f"stopped: its timed steps and profile ran past {timeout:.0f} s"
             timing = self._timing()  # the steps/s stand if they were written before the profile
             return {**self.variant, **(timing or {}), "status": status, "ready_s": self.ready_s}
-        except BrokenPipeError:  # it exited between saying ready and now
-            self.stop()
+        except BrokenPipeError:  # it exited between saying ready and now: stopped below like the others
+            pass
         self.stop()
         if self.proc.returncode != 0:
             return {**self.variant, "status": f"failed: exit {self.proc.returncode}", "tail": self.tail()}

@@ -104,6 +104,23 @@ def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
     return load_checkpoint(path)["model"]
 
 
+def load_fitting_weights(
+    model: torch.nn.Module, weights: dict[str, Any], path: Any, key: str, builds: str
+) -> None:
+    """``model.load_state_dict(weights)``; weights that do not fit (other shapes or names) are a
+    :class:`~patchword.errors.ConfigError` naming ``key`` and the first mismatch: "the weights in PATH do not
+    fit the model ``builds``: ..." (``builds``: what made the model, e.g. "this config builds")."""
+    from patchword.errors import ConfigError
+
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as err:
+        detail = str(err).split("\n\t", 2)
+        raise ConfigError(
+            key, f"the weights in {path} do not fit the model {builds}: {' '.join(detail[1:2])}"
+        ) from None
+
+
 def warm_start(model: torch.nn.Module, path: str | Path) -> dict[str, list[str]]:
     """Copy every weight of ``path`` whose name and shape match ``model``; the rest keep their init.
 

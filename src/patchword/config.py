@@ -421,6 +421,17 @@ def _deep_merge(base: dict[str, Any], update: dict[str, Any], where: str) -> dic
     return out
 
 
+def refuse_overrides(overrides: Iterable[str], allowed: Iterable[str], why: str) -> None:
+    """Refuse, naming it, the first ``key=value`` override whose key is not in ``allowed`` (a resume, an
+    evaluation of a trained run: keys that would change what the run is); ``why`` ends the message. An item
+    without ``=`` is left to :func:`apply_overrides`, which names it."""
+    allowed = set(allowed)
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if "=" in item and key not in allowed:
+            raise ConfigError(key, why)
+
+
 def refuse_edited_config(config_path: Path, saved: Any, stored: Any, resumable: Iterable[str]) -> None:
     """A run's ``config.yaml`` (``saved``) must say what its checkpoint (``stored``) was trained with, up to
     the keys a resume may change: a hand-edited file is refused, naming the keys."""

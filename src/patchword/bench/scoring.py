@@ -22,6 +22,7 @@ from patchword.bench.flops import count_flops
 from patchword.bench.inputs import (
     COCO_CAPTIONS,
     COCO_IMAGES,
+    DEFAULT_BERT_VOCAB,
     F30K_CAPTIONS,
     F30K_IMAGES,
     SCORING_CONFIGS,
@@ -52,7 +53,7 @@ def run_scoring(
     configs: list[str] | None = None,
     max_memory_mb: float = 1024,
     data: str | None = None,
-    bert_vocab: str | None = "bert-base-uncased",
+    bert_vocab: str | None = DEFAULT_BERT_VOCAB,
     stand_in_lengths: bool = False,
     rss: bool = True,
     peak_size: int = 2048,

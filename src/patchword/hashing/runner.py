@@ -23,13 +23,14 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from patchword.checkpoint import export_weights, load_checkpoint, seed_everything
+from patchword.checkpoint import export_weights, load_checkpoint, load_fitting_weights, seed_everything
 from patchword.config import (
     config_diff,
     config_to_dict,
     from_dict,
     load_config,
     refuse_edited_config,
+    refuse_overrides,
     save_config,
 )
 from patchword.device import resolve_device
@@ -108,14 +109,12 @@ def resume_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> HashRun
         raise MissingFileError(f"{run_dir} has no last.pt to resume (no such run, or it never saved one)")
     if not (run_dir / CONFIG_FILE).is_file():
         raise MissingFileError(f"{run_dir} is not a hashing run directory (no {CONFIG_FILE})")
-    for item in overrides:
-        key = item.split("=", 1)[0].strip()
-        if "=" in item and key not in HASH_RESUMABLE_KEYS:
-            raise ConfigError(
-                key,
-                "cannot change on --resume (the run keeps its own data, model and optimiser settings); "
-                f"resumable keys: {', '.join(sorted(HASH_RESUMABLE_KEYS))}",
-            )
+    refuse_overrides(
+        overrides,
+        HASH_RESUMABLE_KEYS,
+        "cannot change on --resume (the run keeps its own data, model and optimiser settings); "
+        f"resumable keys: {', '.join(sorted(HASH_RESUMABLE_KEYS))}",
+    )
     return load_config(HashRunConfig, run_dir / CONFIG_FILE, list(overrides))
 
 
@@ -214,26 +213,18 @@ def load_hashing_run(
     data = build_hashing_dataset(cfg.data)
     model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)
     weights = load_checkpoint(run_dir / LAST_CHECKPOINT, map_location=cfg.device)["model"]
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError as err:  # data (overridden, or its files replaced) with other feature sizes
-        detail = str(err).split("\n\t", 2)
-        raise ConfigError(
-            "data",
-            f"the weights in {run_dir / LAST_CHECKPOINT} do not fit the model these data build "
-            f"(image {data.image_dim}-d, text {data.text_dim}-d): {' '.join(detail[1:2])}",
-        ) from None
+    # data (overridden, or its files replaced) with other feature sizes build a model the weights do not fit
+    builds = f"these data build (image {data.image_dim}-d, text {data.text_dim}-d)"
+    load_fitting_weights(model, weights, run_dir / LAST_CHECKPOINT, "data", builds)
     return cfg, model.to(cfg.device).eval(), data
 
 
 def _refuse_trained_run_overrides(overrides: Sequence[str]) -> None:
     """Before anything is read: an override of a key outside :data:`HASH_EVAL_KEYS` is refused, naming it
     (``model.bits=16`` on a 32-bit run would build a model its weights do not fit)."""
-    for item in overrides:
-        key = item.split("=", 1)[0].strip()
-        if "=" in item and key not in HASH_EVAL_KEYS:
-            raise ConfigError(
-                key,
-                "cannot change on a trained run (its weights fix the model; train.* has no effect on an "
-                "evaluation): override data.*, eval.*, device or model.eval_batch_size",
-            )
+    refuse_overrides(
+        overrides,
+        HASH_EVAL_KEYS,
+        "cannot change on a trained run (its weights fix the model; train.* has no effect on an "
+        "evaluation): override data.*, eval.*, device or model.eval_batch_size",
+    )

@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from patchword.checkpoint import load_weights
+from patchword.checkpoint import load_fitting_weights, load_weights
 from patchword.config import load_config
 from patchword.data.config import DataConfig
-from patchword.errors import ConfigError, MissingFileError
+from patchword.errors import MissingFileError
 from patchword.model import RetrievalModel, build_model, started_pretrained
 from patchword.precision import weight_dtype
 from patchword.readers import read_json
@@ -196,15 +196,9 @@ def load_run(
     words = list(tokenizer.idx2word) if isinstance(tokenizer, WordVocab) else None
     model = build_run_model(run_dir, cfg, len(words) if words else None, words)
     model.to(weight_dtype(cfg.precision))  # before loading: an fp64 run's weights stay fp64
-    try:
-        model.load_state_dict(load_weights(path))
-    except RuntimeError as err:  # shapes or names differ: the overrides changed the architecture
-        detail = str(err).split("\n\t", 2)
-        raise ConfigError(
-            "model",
-            f"the weights in {path} do not fit the model this config builds"
-            f"{' (overrides: ' + ' '.join(overrides) + ')' if overrides else ''}: {' '.join(detail[1:2])}",
-        ) from None
+    # shapes or names differ: the overrides changed the architecture
+    builds = "this config builds" + (f" (overrides: {' '.join(overrides)})" if overrides else "")
+    load_fitting_weights(model, load_weights(path), path, "model", builds)
     device = torch.device(device)
     model.to(device).eval()
     return LoadedRun(run_dir, cfg, model, tokenizer, path, device)

@@ -30,7 +30,7 @@ from patchword.checkpoint import (
     seed_everything,
     warm_start,
 )
-from patchword.config import apply_overrides, from_dict, refuse_edited_config, save_config
+from patchword.config import apply_overrides, from_dict, refuse_edited_config, refuse_overrides, save_config
 from patchword.data.prepare import (
     ROLES,
     PreparedData,
@@ -287,14 +287,12 @@ def resume_run(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, 
             f"{run_dir} has no last.pt to resume from (it stopped before its first checkpoint): nothing "
             "to continue; remove it and start the run again"
         )
-    for item in overrides:
-        key = item.split("=", 1)[0].strip()
-        if key not in RESUMABLE_KEYS:
-            raise ConfigError(
-                key,
-                "cannot change on --resume (the run keeps its own data, model and optimiser settings); "
-                f"resumable keys: {', '.join(sorted(RESUMABLE_KEYS))}",
-            )
+    refuse_overrides(
+        overrides,
+        RESUMABLE_KEYS,
+        "cannot change on --resume (the run keeps its own data, model and optimiser settings); "
+        f"resumable keys: {', '.join(sorted(RESUMABLE_KEYS))}",
+    )
     cfg = apply_overrides(saved, list(overrides))
     device = check_config(cfg, resuming=True)
     probe_writable(run_dir)
