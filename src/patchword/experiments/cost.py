@@ -32,6 +32,7 @@ __all__ = [
     "dataset_label",
     "gallery_of",
     "index_bytes_per_image",
+    "is_incomplete",
     "is_leaky",
     "machine_of",
     "mixed_machines",
@@ -101,6 +102,11 @@ def machine_of(entry) -> str:
     return "MIXED: " + "; ".join(f"{m} ({n} run{'' if n == 1 else 's'})" for m, n in sorted(counts.items()))
 
 
+def is_incomplete(entry) -> bool:
+    """Seeds the row's sweep set out to run are not all finished: its figures are never shown as whole."""
+    return len(entry.runs) < entry.planned
+
+
 def is_leaky(entry) -> bool:
     """Whether a run of the row was scored with the caption-tied (leaky) dense protocol."""
     return any(summary.get("leaky") is True for summary in entry.summaries)
@@ -110,7 +116,7 @@ def row_label(entry) -> str:
     """The row's label with what makes its figures not like the others': LEAKY (the caption-tied dense
     protocol) and INCOMPLETE (a sweep variant with seeds still to run)."""
     marks = []
-    if len(entry.runs) < entry.planned:
+    if is_incomplete(entry):
         marks.append(f"INCOMPLETE, {len(entry.runs)} of {entry.planned} seeds")
     if is_leaky(entry):
         marks.append("LEAKY")
@@ -300,7 +306,7 @@ def _caption_flags(entries, machines: set[str], galleries: set[str]) -> str:
             "; LEAKY: queries carry dense text generated from their own target image (official SEPS "
             "protocol), ranked only against other leaky rows"
         )
-    if any(len(e.runs) < e.planned for e in entries):
+    if any(is_incomplete(e) for e in entries):
         flags += (
             "; INCOMPLETE: a sweep variant that stopped before all its seeds finished, its figures over the "
             "finished seeds only"
@@ -320,7 +326,7 @@ def csv_text(entries) -> str:
     writer.writerow([*described, *(f"{k}_{s}" for k in keys for s in ("mean", "std"))])
     for e in entries:
         protocol = ("leaky" if is_leaky(e) else "leak-free") if e.runs else ""
-        complete = "yes" if len(e.runs) == e.planned else "no"
+        complete = "no" if is_incomplete(e) else "yes"
         row: list = [
             e.label,
             len(e.runs),

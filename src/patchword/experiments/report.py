@@ -26,6 +26,7 @@ from patchword.experiments.cost import (
     csv_text,
     dataset_label,
     index_bytes_per_image,
+    is_incomplete,
     is_leaky,
     plot_accuracy_cost,
 )
@@ -219,8 +220,8 @@ def _curves(entries: list[Entry], out: Path) -> Path | None:
 def _test_row(e: Entry) -> list[str]:
     """A row of the test-metrics table (a row without a finished run: its label and seed count only)."""
     done = len(e.runs)
-    label = e.label + (" (INCOMPLETE)" if done < e.planned else "")
-    seeds = str(done) if done == e.planned else f"{done} of {e.planned}"
+    label = e.label + (" (INCOMPLETE)" if is_incomplete(e) else "")
+    seeds = f"{done} of {e.planned}" if is_incomplete(e) else str(done)
     if not done:
         return [label, seeds, *[""] * (len(KEYS) + 4)]
     recall, chance = e.value("selection_object_recall.caption"), e.value("selection_chance.caption")
@@ -244,7 +245,7 @@ def _tables(
     n = {e.label: len(e.runs) for e in entries}
     rows = [_test_row(e) for e in entries]
     caption = "Test metrics (mean ± sample std over seeds where a row has several)"
-    if any(len(e.runs) < e.planned for e in entries):
+    if any(is_incomplete(e) for e in entries):
         caption += (
             "; INCOMPLETE: a sweep that stopped before all its seeds finished, its figures over the finished"
             " seeds only, none for a variant with no finished seed (the same `patchword sweep` command"

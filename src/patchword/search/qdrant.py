@@ -118,6 +118,12 @@ def upload_index(index_dir: str | Path, location: str, collection: str, *, batch
     return record
 
 
+def _upload_again(index_dir: Path, location: str) -> str:
+    """How to bring a Qdrant collection back in line with its index: the build that uploads it again."""
+    command = f"patchword index build RUN_DIR --images DIR --out {index_dir} --update --qdrant {location}"
+    return f"rerun `{command}` to upload it again"
+
+
 class QdrantIndex(IndexEntries):
     """An index read from Qdrant: what :class:`~patchword.search.query.Searcher` asks of a
     :class:`~patchword.search.store.SearchIndex` (entries from the local manifest, vectors from Qdrant),
@@ -153,10 +159,7 @@ class QdrantIndex(IndexEntries):
             raise DataError(f"{index_dir}: the index build did not finish; rerun it")
         record = json.loads(path.read_text())
         location = str(record.get("location"))
-        again = (
-            f"rerun `patchword index build RUN_DIR --images DIR --out {index_dir} --update --qdrant "
-            f"{location}` to upload it again"
-        )
+        again = _upload_again(index_dir, location)
         if record.get("rows") != rows_digest(manifest):
             raise DataError(
                 f"{index_dir}: the index changed since it was uploaded to Qdrant ({path} describes an "
@@ -202,9 +205,8 @@ class QdrantIndex(IndexEntries):
         absent = [i for i in missing if i not in found]
         if absent:
             raise DataError(
-                f"{self.index_dir}: Qdrant collection {self.collection!r} has no point {absent[0]}; rerun "
-                f"`patchword index build ... --out {self.index_dir} --update --qdrant "
-                f"{self.record['location']}` to upload it again"
+                f"{self.index_dir}: Qdrant collection {self.collection!r} has no point {absent[0]}; "
+                + _upload_again(self.index_dir, self.record["location"])
             )
         return [found[int(i)] for i in ids]
 
