@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
+import re
 import types
 import typing
 from collections.abc import Iterable
@@ -183,6 +184,11 @@ def _type_name(hint: Any) -> str:
     return getattr(hint, "__name__", str(hint))
 
 
+#: The strings a numeric field takes: plain decimal numerals (``1e-4`` is a string to PyYAML's YAML 1.1).
+_INT_TEXT = re.compile(r"[+-]?[0-9]+")
+_FLOAT_TEXT = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
 def _check_value(value: Any, hint: Any, key: str) -> Any:
     """``value`` converted to ``hint`` where YAML's scalar guess differs (``1e-4`` is a string to PyYAML,
     ``1`` an int where a float is declared), else a ConfigError naming ``key``."""
@@ -217,13 +223,15 @@ def _check_value(value: Any, hint: Any, key: str) -> Any:
             raise ConfigError(key, f"expects true or false, got {value!r}")
         return value
     if hint is int or hint is float:
-        accepted, what = ((int, str), "an integer") if hint is int else ((int, float, str), "a number")
+        accepted, what = ((int,), "an integer") if hint is int else ((int, float), "a number")
+        # A string is taken in plain decimal form only: PyYAML reads ``1e-4`` as one, but Python's int()
+        # and float() would also take " 3_0 ", "inf" or "nan" and turn a typo into a setting.
+        numeral = _INT_TEXT if hint is int else _FLOAT_TEXT
+        if isinstance(value, str) and numeral.fullmatch(value):
+            return hint(value)
         if isinstance(value, bool) or not isinstance(value, accepted):
             raise ConfigError(key, f"expects {what}, got {value!r}")
-        try:
-            return hint(value)
-        except ValueError:
-            raise ConfigError(key, f"expects {what}, got {value!r}") from None
+        return hint(value)
     if hint is str:
         if not isinstance(value, str):
             raise ConfigError(key, f"expects a string, got {value!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -238,6 +239,26 @@ def test_bad_overrides_are_errors(tmp_path):
     with pytest.raises(ValueError, match="expects a number"):
         apply_overrides(RunConfig(), ["train.lr=fast"])
     assert main(["train", f"output_dir={tmp_path}", "train.nope=1"]) == 2
+
+
+def test_numeric_strings_only_in_plain_decimal_form(tmp_path):
+    """A quoted number in a YAML file loads (PyYAML reads ``1e-4`` as a string too), but int()/float()'s
+    own extras (whitespace, digit underscores, inf/nan words) are refused, naming the key."""
+    config = tmp_path / "run.yaml"
+    config.write_text('train:\n  epochs: "30"\n  lr: "2e-4"\n  grad_clip: .5\n')
+    cfg = load_config(RunConfig, config)
+    assert (cfg.train.epochs, cfg.train.lr, cfg.train.grad_clip) == (30, 2e-4, 0.5)
+    assert apply_overrides(RunConfig(), ["train.lr=1e-4"]).train.lr == 1e-4
+    for text, message in [
+        ('" 3_0 "', "train.epochs: expects an integer, got ' 3_0 '"),
+        ('"1e3"', "train.epochs: expects an integer, got '1e3'"),
+    ]:
+        config.write_text(f"train:\n  epochs: {text}\n")
+        with pytest.raises(ValueError, match=re.escape(message)):
+            load_config(RunConfig, config)
+    for override in ["train.lr='nan'", "train.lr=' 0.1'", "train.lr=infinity"]:
+        with pytest.raises(ValueError, match="train.lr: expects a number"):
+            apply_overrides(RunConfig(), [override])
 
 
 def test_shipped_configs_load():
