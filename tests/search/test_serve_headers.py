@@ -80,6 +80,13 @@ def client(searcher):
         ("GET", "/api/search?q=a+red+circle&k=3", 200, "application/json"),
         ("GET", "/api/explain?q=a+red+circle&id=0", 200, "application/json"),
         ("GET", "/api/image/0", 200, "image/png"),
+        # HEAD answers as GET does, on every route (it was a 405 on all but / and /healthz)
+        ("HEAD", "/api/search?q=a+red+circle&k=3", 200, "application/json"),
+        ("HEAD", "/api/explain?q=a+red+circle&id=0", 200, "application/json"),
+        ("HEAD", "/api/image/0", 200, "image/png"),
+        ("HEAD", "/static/app.js", 200, "text/javascript"),
+        ("HEAD", "/healthz", 200, "application/json"),
+        ("GET", "/api/search?q=dog&top_k=3", 400, "application/json"),  # a misspelt parameter
         # errors the app answers itself...
         ("GET", "/api/search?q=", 400, "application/json"),
         ("GET", "/api/search?q=dog&k=ten", 400, "application/json"),
@@ -105,6 +112,8 @@ def test_every_response_kind_carries_the_security_headers(client, method, url, s
 def test_api_answers_are_not_cached_and_the_page_is_the_same_policy(client):
     page, api = client.get("/"), client.get("/api/search?q=a+red+circle")
     assert api.headers["cache-control"] == "no-store" and "cache-control" not in page.headers
+    # the health check is live state too: a cached "ok" would hide a server that went down
+    assert client.get("/healthz").headers["cache-control"] == "no-store"
     assert page.headers["content-security-policy"] == api.headers["content-security-policy"]
 
 
@@ -159,3 +168,25 @@ def test_an_overloaded_server_answers_503_with_the_security_headers(env):
         assert_locked_down(busy.value.headers, "503 busy")
         assert done["status"] == 200
         assert_locked_down(done["headers"], "200 over a live socket")
+
+
+@pytest.mark.parametrize(
+    "url, parameter, takes",
+    [
+        ("/api/search?q=dog&top_k=3", "top_k", "q, k"),
+        ("/api/search?query=dog", "query", "q, k"),
+        ("/api/explain?q=dog&id=0&k=3", "k", "q, id"),
+    ],
+)
+def test_an_unknown_parameter_is_a_400_naming_it(client, url, parameter, takes):
+    """Bug: ``top_k=3`` was ignored and ten results came back as if it had been understood."""
+    response = client.get(url)
+    assert response.status_code == 400
+    assert response.json()["error"] == f"unknown parameter {parameter!r} (this endpoint takes {takes})"
+
+
+def test_head_answers_with_get_headers_and_no_body(client):
+    get, head = client.get("/api/search?q=a+red+circle&k=3"), client.head("/api/search?q=a+red+circle&k=3")
+    assert head.status_code == get.status_code == 200 and head.content == b""
+    assert head.headers["content-type"] == get.headers["content-type"]
+    assert head.headers["cache-control"] == "no-store"

@@ -12,8 +12,12 @@ Routes (all JSON errors are ``{"error": message}`` with a 4xx / 5xx status):
   system); formats browsers do not show (TIFF, PPM...) are sent as PNG;
 - ``GET /healthz``: liveness and what is served; ``GET /`` and ``/static/{app.js,style.css}``: the page.
 
+Every route answers ``HEAD`` as it answers ``GET``; JSON answers (``/api/*``, ``/healthz``) are
+``Cache-Control: no-store``.
+
 Robustness: parameters are parsed from the raw query string with strict UTF-8 and explicit bounds
-(query length, ``k``), and a query holding control characters is refused; model work (encoding,
+(query length, ``k``); a parameter the endpoint does not take, or one given twice, is a 400 naming it,
+and a query holding control characters is refused; model work (encoding,
 re-ranking, explaining) and file reads run in a bounded thread pool, so the event loop only parses and
 answers; requests beyond ``max_pending`` waiting for the pool get ``503`` at once instead of queueing
 without limit; any exception in a request is answered with ``500`` and logged, and the server goes on.
@@ -114,7 +118,7 @@ class _BadRequest(Exception):
 class _Params:
     """Query-string parameters decoded strictly (malformed UTF-8 and repeated keys are errors)."""
 
-    def __init__(self, raw: bytes) -> None:
+    def __init__(self, raw: bytes, allowed: tuple[str, ...]) -> None:
         try:
             text = raw.decode("utf-8", errors="strict")
             pairs = parse_qsl(text, keep_blank_values=True, encoding="utf-8", errors="strict")
@@ -124,6 +128,11 @@ class _Params:
             raise _BadRequest(400, f"malformed query string: {err}") from err
         self.values: dict[str, str] = {}
         for key, value in pairs:
+            # A misspelt parameter (``top_k=5``) must not answer as if it were not there (k=10).
+            if key not in allowed:
+                raise _BadRequest(
+                    400, f"unknown parameter {key[:40]!r} (this endpoint takes {', '.join(allowed)})"
+                )
             if key in self.values:
                 raise _BadRequest(400, f"parameter {key!r} is given more than once")
             self.values[key] = value
@@ -271,7 +280,7 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
     def secured(response: Response, request: Request) -> Response:
         for key, value in _SECURITY_HEADERS.items():
             response.headers.setdefault(key, value)
-        if request.url.path.startswith("/api/"):
+        if request.url.path.startswith("/api/") or request.url.path == "/healthz":
             response.headers.setdefault("Cache-Control", "no-store")
         return response
 
@@ -305,10 +314,10 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
             "dense": searcher.use_dense,
         }
 
-    @app.get("/api/search")
+    @app.api_route("/api/search", methods=["GET", "HEAD"])
     async def search(request: Request) -> Response:
         async def handle(request: Request) -> Response:
-            params = _Params(request.scope.get("query_string", b""))
+            params = _Params(request.scope.get("query_string", b""), ("q", "k"))
             query = params.text("q", limits.max_query_chars)
             k = params.integer("k", 1, limits.max_k, default=10)
             t0 = time.perf_counter()
@@ -319,10 +328,10 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
 
         return await guarded(handle, request)
 
-    @app.get("/api/explain")
+    @app.api_route("/api/explain", methods=["GET", "HEAD"])
     async def explain(request: Request) -> Response:
         async def handle(request: Request) -> Response:
-            params = _Params(request.scope.get("query_string", b""))
+            params = _Params(request.scope.get("query_string", b""), ("q", "id"))
             query = params.text("q", limits.max_query_chars)
             image_id = image_id_of(params.values.get("id", "").strip()) if "id" in params.values else None
             if image_id is None:
@@ -334,7 +343,7 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
 
         return await guarded(handle, request)
 
-    @app.get("/api/image/{image_id}")
+    @app.api_route("/api/image/{image_id}", methods=["GET", "HEAD"])
     async def image(request: Request, image_id: str) -> Response:
         async def handle(request: Request) -> Response:
             number = image_id_of(image_id)
@@ -347,7 +356,7 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
     async def page() -> Response:
         return Response(_static_file("index.html"), media_type=_STATIC["index.html"])
 
-    @app.get("/static/{name}")
+    @app.api_route("/static/{name}", methods=["GET", "HEAD"])
     async def static(name: str) -> Response:
         if name not in _STATIC or name == "index.html":
             return error(404, "not found")
