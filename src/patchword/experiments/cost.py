@@ -373,7 +373,8 @@ def plot_accuracy_cost(entries, out: Path) -> Path | None:
             ax.step([p[0] for p in best], [p[1] for p in best], where="post", linestyle="--", alpha=0.6)
     ax.set_xscale("log")
     ax.set(xlabel="scoring seconds per 1K x 5K (log)", ylabel="test rSum", title="accuracy vs cost")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+    # Below the axes: a group's label (machine; gallery) is long and inside it would hide points and ticks.
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+    fig.set_layout_engine("constrained")
     save_figure(fig, out)
     return out
