@@ -404,11 +404,36 @@ def test_bigru_text_encoder_runs_on_the_device_and_counts_its_length_reads():
         sim.reset()
         got = enc(device_ids, device_lens)
     torch.testing.assert_close(sim.to_host(got), want, rtol=0, atol=1e-6)
-    # rnn.py: lens.cpu(), then pack_padded_sequence's upload of the sort order and pad_packed_sequence's
-    # read of its inverse (3 int64 each); elsewhere only check_lengths' reads of the lengths' values.
+    # rnn.py: lens.cpu() only (3 int64), the one read packing needs; elsewhere only check_lengths' reads of
+    # the lengths' values. (pack_padded_sequence(enforce_sorted=False) added an upload of its sort order and
+    # a read of its inverse: the encoder sorts on each side itself.)
     by_file = _sites_by_file(sim.counts)
-    assert by_file.pop("rnn.py") == 3 and set(by_file) <= {"_validation.py"}
-    assert (sim.counts.h2d_copies, sim.counts.d2h_copies, sim.counts.d2h_bytes) == (1, 2, 2 * 3 * 8)
+    assert by_file.pop("rnn.py") == 1 and set(by_file) <= {"_validation.py"}
+    assert (sim.counts.h2d_copies, sim.counts.d2h_copies, sim.counts.d2h_bytes) == (0, 1, 3 * 8)
+
+
+def test_bigru_sorting_itself_matches_packing_unsorted_and_keeps_gradients():
+    """The encoder's own longest-first sort gives the outputs and gradients of
+    ``pack_padded_sequence(enforce_sorted=False)`` (ties in length included), lengths on host or device."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    from patchword.encoders.rnn import BiGRUTextEncoder, GRUTextConfig
+
+    torch.manual_seed(0)
+    enc = BiGRUTextEncoder(GRUTextConfig(vocab_size=20, word_dim=6, embed_dim=5)).eval()
+    ids = torch.randint(1, 20, (6, 5))
+    lens = torch.tensor([2, 5, 2, 1, 5, 3])
+    packed = pack_padded_sequence(enc.embed(ids), lens, batch_first=True, enforce_sorted=False)
+    want, _ = pad_packed_sequence(enc.rnn(packed)[0], batch_first=True, total_length=5)
+    want = (want[..., :5] + want[..., 5:]) / 2
+    for given in (lens, lens.tolist()):
+        got = enc(ids, given)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    got.sum().backward()
+    grad = enc.embed.weight.grad.clone()
+    enc.zero_grad()
+    want.sum().backward()
+    torch.testing.assert_close(grad, enc.embed.weight.grad, rtol=0, atol=1e-6)
 
 
 def _host0d(kind: str) -> torch.Tensor:

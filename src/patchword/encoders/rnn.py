@@ -153,13 +153,24 @@ class BiGRUTextEncoder(EncoderBase):
         if ids.dim() != 2 or ids.is_floating_point():
             raise ValueError(f"ids must be a (B, L) integer tensor, got {tuple(ids.shape)} {ids.dtype}")
         length = ids.shape[1]
+        lens = torch.as_tensor(lens)
         # Packing reads the lengths on the host (one copy, the only wait): checked there, at no extra wait.
-        host_lens = check_lengths(torch.as_tensor(lens).cpu(), "lens", size=ids.shape[0], max_len=length)
-        x = self.drop(self.embed(ids))
+        host_lens = check_lengths(lens.cpu(), "lens", size=ids.shape[0], max_len=length)
+        # The captions are sorted longest first here rather than by pack_padded_sequence(enforce_sorted=
+        # False), which uploads its host sort order and reads the inverse back (two more waits on a GPU):
+        # the same stable sort of the lengths on each side gives the same order with no copy.
+        host_lens, host_order = torch.sort(host_lens, descending=True, stable=True)
+        if lens.device == ids.device:
+            order = torch.sort(lens, descending=True, stable=True).indices
+        else:
+            order = host_order.to(ids.device)
+        x = self.drop(self.embed(ids)).index_select(0, order)
         # Packed sequences: each caption's backward direction starts at its own last word, as in SCAN.
-        packed = pack_padded_sequence(x, host_lens, batch_first=True, enforce_sorted=False)
+        packed = pack_padded_sequence(x, host_lens, batch_first=True, enforce_sorted=True)
         out, _ = self.rnn(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=length)
+        restore = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+        out = out.index_select(0, restore)
         if self.cfg.bidirectional:
             half = out.shape[-1] // 2
             out = (out[..., :half] + out[..., half:]) / 2
