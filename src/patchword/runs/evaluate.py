@@ -24,6 +24,7 @@ from patchword.model import RetrievalModel, matcher_arguments
 from patchword.runs.checks import check_eval_settings
 from patchword.runs.config import RunConfig
 from patchword.runs.files import METRICS_JSON, VOCAB_FILE
+from patchword.runs.recorded import checkpoint_identity
 from patchword.version import __version__
 
 __all__ = [
@@ -193,6 +194,9 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
         meta = {
             "run_dir": str(member_dir),
             "checkpoint": str(loaded.checkpoint),
+            # its step and the digest of its bytes: which weights these numbers belong to, whatever
+            # later happens to the file or its date (runs.recorded.evaluation_of); rank 0 writes the file
+            **(checkpoint_identity(loaded.checkpoint) if dist.is_main else {}),
             "config_hash": config_hash(member_dir),
             **run_metadata(mcfg, model, role, split),
         }
@@ -279,9 +283,8 @@ def evaluate_suite(
         images, source = FileImageSource(paths, loaded.image_transform()), [str(f) for f in suite_files]
     else:
         from patchword.data.synthetic import SyntheticScenes
-        from patchword.data.synthetic.config import synthetic_config_for
 
-        scenes = SyntheticScenes.load_or_generate(synthetic_config_for(dc), cache_dir=dc.cache_dir or None)
+        scenes = SyntheticScenes.load_or_generate(dc.synthetic_config(), cache_dir=dc.cache_dir or None)
         images, triples, dense = synthetic_suite(scenes, dc.test_split, seed=0)
         source = f"synthetic {dc.test_split} split, seed {dc.synthetic_seed}"
     t0 = time.perf_counter()
@@ -319,7 +322,6 @@ def evaluate_patch_suite(
 ) -> tuple[dict[str, Any], Path]:
     """Linear probes and patch-word grounding of the run's image encoder on its synthetic scenes
     (:mod:`patchword.eval.patch_probe`); writes ``RUN/eval_patches.json``."""
-    from patchword.data.synthetic.config import synthetic_config_for
     from patchword.device import resolve_device
     from patchword.errors import ConfigError
     from patchword.eval.patch_probe import synthetic_patch_probe
@@ -337,7 +339,7 @@ def evaluate_patch_suite(
     t0 = time.perf_counter()
     result = synthetic_patch_probe(
         loaded.model,
-        synthetic_config_for(dc),
+        dc.synthetic_config(),
         loaded.tokenizer,
         cache_dir=dc.cache_dir or None,
         device=loaded.device,

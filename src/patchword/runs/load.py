@@ -83,13 +83,17 @@ def load_run_tokenizer(run_dir: str | Path, data: DataConfig):
 
 def resolve_checkpoint(run_dir: str | Path, checkpoint: str | Path | None = None) -> Path:
     """``run_dir/best.pt`` (default; ``model.safetensors`` in an exported model directory) or the named
-    file; a missing file is an error naming what exists."""
+    file; a missing file is an error naming what exists.
+
+    A relative name is the run's own file when the run has one (``--checkpoint last.pt`` is
+    ``run_dir/last.pt`` even where the working directory holds a ``last.pt`` of another run), else a path
+    from the working directory (``--checkpoint ../other/best.pt``)."""
     run_dir = Path(run_dir)
     default = run_dir / BEST_CHECKPOINT
     if checkpoint is None and not default.is_file() and (run_dir / WEIGHTS_FILE).is_file():
         default = run_dir / WEIGHTS_FILE
     path = Path(checkpoint) if checkpoint is not None else default
-    if not path.is_absolute() and not path.is_file() and (run_dir / path).is_file():
+    if checkpoint is not None and not path.is_absolute() and (run_dir / path).is_file():
         path = run_dir / path
     if not path.is_file():
         found = sorted(p.name for p in run_dir.glob("*.pt"))

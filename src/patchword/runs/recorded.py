@@ -6,11 +6,20 @@ there is one, else from the final weights, which ``last.pt`` holds) and the ``ev
 A number shown next to a checkpoint (an export's model card, a report row) must come from an evaluation of
 that checkpoint with the run's current config: :func:`evaluation_of` finds it, or says there is none. A
 checkpoint outside the run directory has none: nothing the run recorded measured it.
+
+Which checkpoint a record measured is decided by content: ``patchword eval`` and training record the sha256
+of the checkpoint file they scored (``checkpoint_sha256``), and the record describes a file only while it
+holds those bytes. File dates cannot say it: a checkpoint copied over another with its date kept (``cp -p``,
+``rsync -t``) or a clock set back leaves a newer-looking evaluation of other weights. Records written before
+the digest was kept fall back to the path they name and the dates.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +27,21 @@ from patchword.readers import read_json
 from patchword.runs.files import BEST_CHECKPOINT, CONFIG_FILE, LAST_CHECKPOINT, SUMMARY_FILE
 from patchword.runs.load import config_hash
 
-__all__ = ["NEUTRAL_OVERRIDES", "checkpoint_facts", "evaluation_of", "path_in_run"]
+__all__ = [
+    "DIGEST_FIELD",
+    "NEUTRAL_OVERRIDES",
+    "checkpoint_facts",
+    "checkpoint_identity",
+    "evaluation_of",
+    "file_sha256",
+    "path_in_run",
+]
+
+#: The field of an evaluation record (``eval_*.json``, ``summary.json``) holding the sha256 of the
+#: checkpoint file it scored.
+DIGEST_FIELD = "checkpoint_sha256"
+
+_CHUNK = 1 << 20  # bytes hashed at a time: a checkpoint can be gigabytes, never read whole
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -72,6 +95,42 @@ def checkpoint_facts(checkpoint: str | Path) -> dict[str, Any]:
     return facts
 
 
+def file_sha256(path: str | Path) -> str:
+    """sha256 (hex) of a file's bytes, read in chunks: what identifies a checkpoint whatever its date."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(_CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def checkpoint_identity(checkpoint: str | Path) -> dict[str, Any]:
+    """What an evaluation records of the checkpoint it scored: ``checkpoint_step`` (the training step it was
+    saved at; None for a file that records none) and its content digest (:data:`DIGEST_FIELD`), by which
+    :func:`evaluation_of` later tells whether the file still holds those weights."""
+    return {
+        "checkpoint_step": checkpoint_facts(checkpoint).get("step"),
+        DIGEST_FIELD: file_sha256(checkpoint),
+    }
+
+
+def _lazy_digest(path: Path) -> Callable[[], str | None]:
+    """The digest of ``path`` (None when it is no file), computed on the first call only: hashing a large
+    checkpoint is paid once per lookup, and not at all when no record carries a digest."""
+    return functools.cache(lambda: file_sha256(path) if path.is_file() else None)
+
+
+def _measured(
+    record: dict[str, Any], digest: Callable[[], str | None], recorded_at: float, written: float
+) -> bool:
+    """Whether ``record`` (written at ``recorded_at``) measured the checkpoint's present bytes: by content
+    when it carries their digest (dates play no part), else, for records of older versions, when it is not
+    older than the checkpoint file (``written``)."""
+    if record.get(DIGEST_FIELD) is not None:
+        return record[DIGEST_FIELD] == digest()
+    return recorded_at >= written
+
+
 def _names(record: dict[str, Any], checkpoint: Path) -> bool:
     """Whether an ``eval_*.json`` record evaluated ``checkpoint`` (a path relative to the run directory):
     the checkpoint it names, relative to the run directory it names (both as ``patchword eval`` was given
@@ -97,9 +156,13 @@ def _usable(record: dict[str, Any] | None, checkpoint: Path, current: str | None
 
 
 def _summary_describes(run_dir: Path, summary: dict[str, Any], checkpoint: Path, absolute: Path) -> bool:
-    """Whether ``summary.json`` is training's evaluation of ``checkpoint``: it is the file training evaluated
-    (``best.pt``, or ``last.pt`` in a run without one) and, for ``best.pt``, holds the dev rSum the summary
-    says the best checkpoint reached (a file copied over it with its date kept holds another)."""
+    """Whether ``summary.json`` is training's evaluation of ``checkpoint``: a summary carrying the digest of
+    the file it evaluated describes the file holding those bytes (checked by :func:`_measured`); an older
+    one, the file training evaluated (``best.pt``, or ``last.pt`` in a run without one) and, for ``best.pt``,
+    only while it holds the dev rSum the summary says the best checkpoint reached (a file copied over it
+    with its date kept holds another)."""
+    if summary.get(DIGEST_FIELD) is not None:
+        return True
     trained = BEST_CHECKPOINT if (run_dir / BEST_CHECKPOINT).is_file() else LAST_CHECKPOINT
     if checkpoint != Path(trained):
         return False
@@ -111,31 +174,35 @@ def _summary_describes(run_dir: Path, summary: dict[str, Any], checkpoint: Path,
 def evaluation_of(
     run_dir: str | Path, checkpoint: str | Path, split: str | None = None
 ) -> tuple[dict, str | None]:
-    """The recorded evaluation of ``checkpoint`` (a file of ``run_dir``) and the file it came from.
+    """The recorded evaluation of ``checkpoint`` (a file of ``run_dir``; a relative path is looked up in the
+    run first, as :func:`~patchword.runs.load.resolve_checkpoint` does) and the file it came from.
 
     Candidates, newest first: ``eval_*.json`` of that checkpoint (the file it names, relative to the run
     directory it names, is this one), made with the run's current ``config.yaml`` (config hash), without
     overrides but those of :data:`NEUTRAL_OVERRIDES` (they change how the evaluation runs, not what it
-    measures), not an ensemble, and not older than the checkpoint file; those of ``split`` (e.g. the run's
-    ``eval.split``) before others. Then ``summary.json`` when the checkpoint is the one training evaluated
-    (``best.pt`` holding the summary's best dev rSum, or ``last.pt`` in a run without one) and the summary is
-    not older than it. ``({}, None)`` when none describes it, and always for a checkpoint outside the run.
+    measures), not an ensemble, and of the file's present content (the digest it records; for a record
+    without one, not older than the checkpoint file); those of ``split`` (e.g. the run's ``eval.split``)
+    before others. Then ``summary.json`` when it evaluated these bytes (its digest) or, for a summary without
+    a digest, the checkpoint is the one training evaluated (``best.pt`` holding the summary's best dev rSum,
+    or ``last.pt`` in a run without one) and the summary is not older than it. ``({}, None)`` when none
+    describes it, and always for a checkpoint outside the run. The checkpoint is hashed at most once, and
+    only when a candidate carries a digest.
     """
     run_dir, absolute = Path(run_dir), Path(checkpoint)
-    if not absolute.is_absolute() and not absolute.is_file():
+    if not absolute.is_absolute() and ((run_dir / absolute).is_file() or not absolute.is_file()):
         absolute = run_dir / absolute
     inside = path_in_run(run_dir, absolute)
     if inside is None:
         return {}, None
     written = absolute.stat().st_mtime if absolute.is_file() else 0.0
+    digest = _lazy_digest(absolute)
     current = config_hash(run_dir) if (run_dir / CONFIG_FILE).is_file() else None
     found = []
     for path in run_dir.glob("eval_*.json"):
         record = _read(path)
-        if _usable(record, inside, current) and path.stat().st_mtime >= written:
-            found.append(
-                ((split is None or record.get("split") == split), path.stat().st_mtime, path, record)
-            )
+        recorded_at = path.stat().st_mtime
+        if _usable(record, inside, current) and _measured(record, digest, recorded_at, written):
+            found.append(((split is None or record.get("split") == split), recorded_at, path, record))
     if found:
         _, _, path, record = max(found, key=lambda item: item[:2])
         return record, path.name
@@ -143,8 +210,8 @@ def evaluation_of(
     summary = _read(summary_path)
     if (
         summary
-        and summary_path.stat().st_mtime >= written
         and _summary_describes(run_dir, summary, inside, absolute)
+        and _measured(summary, digest, summary_path.stat().st_mtime, written)
     ):
         return summary, summary_path.name
     return {}, None

@@ -65,6 +65,7 @@ from patchword.runs import (
 from patchword.runs.config import RunConfig
 from patchword.runs.evaluate import evaluate_run
 from patchword.runs.files import BEST_CHECKPOINT, LAST_CHECKPOINT, METRICS_JSON, SUMMARY_FILE
+from patchword.runs.recorded import DIGEST_FIELD, file_sha256
 from patchword.train.trainer import Trainer, on_stop_signals
 from patchword.train.validate import RESUMABLE_KEYS, check_config, check_launch, check_model_data
 
@@ -359,6 +360,11 @@ def _finish(
     # every session's steps over every session's training time (validation and saving included)
     summary["train_steps_per_s"] = round(summary["steps"] / seconds, 3) if seconds > 0 else None
     if dist.is_main:
+        # the digest of the file whose weights were evaluated (best.pt, else last.pt, which holds the final
+        # ones): the summary describes that file while it holds these bytes (runs.recorded.evaluation_of)
+        trained = run_dir / (BEST_CHECKPOINT if (run_dir / BEST_CHECKPOINT).is_file() else LAST_CHECKPOINT)
+        if trained.is_file():
+            summary[DIGEST_FIELD] = file_sha256(trained)
         atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2))
     return summary
 
