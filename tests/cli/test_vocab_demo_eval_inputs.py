@@ -219,6 +219,17 @@ def test_synthetic_export_names_the_data_key(tmp_path, capsys, override, expecte
     assert not out.exists()
 
 
+def test_training_data_names_the_data_key(tmp_path, capsys):
+    """Bug: training's own data preparation said the generator's field (``image_size: must be >= 12``), not
+    the key to change (the image size check against the model passes when both are set to 8)."""
+    out = tmp_path / "run"
+    overrides = ["data.synthetic_image_size=8", "model.tiny_vit.image_size=8"]
+    assert main(["train", f"output_dir={out}", "progress=false", "train.max_steps=1", *overrides]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: data.synthetic_image_size: must be >= 12"), line
+    assert not out.exists()
+
+
 def test_generator_config_errors_name_the_field_and_stay_value_errors():
     from patchword.data.synthetic import SyntheticConfig
     from patchword.errors import ConfigError

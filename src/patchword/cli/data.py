@@ -101,7 +101,6 @@ def run(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from patchword.config import apply_overrides
     from patchword.data.export import export_synthetic_split
-    from patchword.data.synthetic.config import synthetic_config_for
     from patchword.runs import read_run_config
     from patchword.runs.config import RunConfig
 
@@ -110,7 +109,7 @@ def _export(args: argparse.Namespace) -> int:
         if args.run
         else apply_overrides(RunConfig(), args.overrides)
     )
-    summary = export_synthetic_split(args.out, args.split, config=synthetic_config_for(cfg.data))
+    summary = export_synthetic_split(args.out, args.split, config=cfg.data.synthetic_config())
     print(summary.describe())
     return 0
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from patchword.errors import ConfigError
+
 __all__ = ["DataConfig"]
 
 
@@ -62,17 +64,25 @@ class DataConfig:
     region_noise: float = 0.3  # synthetic_regions: norm of the noise added to every region
 
     def synthetic_config(self):
-        """The generator config of the synthetic scenes this section describes (synthetic datasets)."""
-        from patchword.data.synthetic import SyntheticConfig
-        from patchword.data.synthetic.config import SCENE_PRESETS
+        """The generator config of the synthetic scenes this section describes (synthetic datasets).
 
-        return SyntheticConfig(
-            **SCENE_PRESETS[self.synthetic_scenes],
-            seed=self.synthetic_seed,
-            image_size=self.synthetic_image_size,
-            num_train=self.num_train,
-            num_dev=self.num_dev,
-            num_test=self.num_test,
-            dense_omit_prob=self.dense_omit_prob,
-            dense_wrong_attr_prob=self.dense_wrong_attr_prob,
-        )
+        Raises:
+            ConfigError: a value the generator refuses, naming the ``data.*`` key that sets it
+                (``data.num_test``), not the generator's own field (``num_test``).
+        """
+        from patchword.data.synthetic import SyntheticConfig
+        from patchword.data.synthetic.config import DATA_KEYS, SCENE_PRESETS
+
+        try:
+            return SyntheticConfig(
+                **SCENE_PRESETS[self.synthetic_scenes],
+                seed=self.synthetic_seed,
+                image_size=self.synthetic_image_size,
+                num_train=self.num_train,
+                num_dev=self.num_dev,
+                num_test=self.num_test,
+                dense_omit_prob=self.dense_omit_prob,
+                dense_wrong_attr_prob=self.dense_wrong_attr_prob,
+            )
+        except ConfigError as err:
+            raise ConfigError(DATA_KEYS.get(err.key, "data.synthetic_scenes"), err.detail) from err

@@ -137,7 +137,8 @@ SCENE_PRESETS: dict[str, dict[str, object]] = {
 
 
 #: The run config key (``data`` section) that sets each generator field; the fields not listed come from
-#: the preset that ``data.synthetic_scenes`` names (``patchword.data.config.DataConfig.synthetic_config``).
+#: the preset that ``data.synthetic_scenes`` names (``patchword.data.config.DataConfig.synthetic_config``,
+#: whose errors name these keys).
 DATA_KEYS: dict[str, str] = {
     "seed": "data.synthetic_seed",
     "image_size": "data.synthetic_image_size",
@@ -147,12 +148,3 @@ DATA_KEYS: dict[str, str] = {
     "dense_omit_prob": "data.dense_omit_prob",
     "dense_wrong_attr_prob": "data.dense_wrong_attr_prob",
 }
-
-
-def synthetic_config_for(data) -> SyntheticConfig:
-    """``data.synthetic_config()`` of a run config's data section (``DataConfig``), whose errors name the
-    data key to change (``data.num_test``) rather than the generator's own field (``num_test``)."""
-    try:
-        return data.synthetic_config()
-    except ConfigError as err:
-        raise ConfigError(DATA_KEYS.get(err.key, "data.synthetic_scenes"), err.detail) from err
