@@ -151,13 +151,49 @@ def main(argv: list[str] | None = None) -> int:
 # --------------------------------------------------------------------------------------------------------
 
 
-def _synthetic_config(seed: int, split: str, num_images: int | None, image_size: int = 64):
+# The flags that set the synthetic generator's config, by what they set ("num_images": num_<split>). The
+# generator's errors name its own field (ConfigError.key: "num_test", "image_size"), which the user never
+# typed; the error is reported with the flag instead, as the run config reports it with its data.* key.
+_RUN_SYNTHETIC_FLAGS = {
+    "split": "--synthetic",
+    "seed": "--synthetic-seed",
+    "num_images": "--synthetic-num-images",
+    "image_size": "--synthetic-image-size",
+}
+_STATS_SYNTHETIC_FLAGS = {
+    "split": "--synthetic-split",
+    "seed": "--synthetic-seed",
+    "num_images": "--synthetic-num-images",
+}
+
+
+def _synthetic_config(
+    seed: int,
+    split: str,
+    num_images: int | None,
+    image_size: int = 64,
+    flags: dict[str, str] = _RUN_SYNTHETIC_FLAGS,
+):
+    """The generator config of ``split`` from the ``--synthetic-*`` flags (named by ``flags``).
+
+    Raises:
+        ConfigError: a value the generator refuses, keyed by the flag that set it.
+    """
     from patchword.data.synthetic import SPLITS, SyntheticConfig
+    from patchword.errors import ConfigError
 
     if split not in SPLITS:
-        raise ValueError(f"unknown synthetic split {split!r}; expected one of {', '.join(SPLITS)}")
+        raise ConfigError(
+            flags["split"], f"unknown synthetic split {split!r}; expected one of {', '.join(SPLITS)}"
+        )
+    if seed < 0:  # numpy's SeedSequence refuses it, later and without a name
+        raise ConfigError(flags["seed"], f"must be >= 0, got {seed}")
     sizes = {} if num_images is None else {f"num_{split}": num_images}
-    return SyntheticConfig(seed=seed, image_size=image_size, **sizes)
+    try:
+        return SyntheticConfig(seed=seed, image_size=image_size, **sizes)
+    except ConfigError as err:
+        field = "num_images" if err.key == f"num_{split}" else err.key
+        raise ConfigError(flags.get(field, flags["split"]), err.detail) from err
 
 
 def _image_list(args: argparse.Namespace, parser: argparse.ArgumentParser):
@@ -299,17 +335,25 @@ def _merge(args: argparse.Namespace) -> int:
 def _synthetic_for(path: Path, args: argparse.Namespace):
     """``(split, SyntheticConfig)`` for the scene coverage, from the flags or the file's sidecar."""
     from patchword.data.synthetic import SyntheticConfig
-    from patchword.densify.store import read_sidecar
+    from patchword.densify.store import read_sidecar, sidecar_path
+    from patchword.errors import ConfigError, DataError
 
     if args.synthetic_split:
         return args.synthetic_split, _synthetic_config(
-            args.synthetic_seed, args.synthetic_split, args.synthetic_num_images
+            args.synthetic_seed, args.synthetic_split, args.synthetic_num_images, flags=_STATS_SYNTHETIC_FLAGS
         )
     meta = read_sidecar(path)
     source = meta.get("source") if meta else None
     if isinstance(source, dict) and source.get("kind") == "synthetic":
-        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in source["config"].items()}
-        return source["split"], SyntheticConfig(**fields)
+        try:
+            fields = {k: tuple(v) if isinstance(v, list) else v for k, v in source["config"].items()}
+            return source["split"], SyntheticConfig(**fields)
+        except (KeyError, AttributeError, TypeError, ConfigError) as err:
+            # densify wrote a valid config there: an unknown field or a refused value was edited in
+            raise DataError(
+                f"{sidecar_path(path)}: source.config is not a synthetic generator config ({err}); the "
+                "sidecar was edited or damaged (--synthetic-split SPLIT gives the scenes instead)"
+            ) from err
     return None
 
 

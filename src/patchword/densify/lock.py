@@ -1,22 +1,42 @@
-"""One writer per output file: an advisory lock on ``<out>.lock`` held while a densify command runs.
+"""One writer per output file: an advisory lock on ``<out>.lock`` held while a densify command writes ``out``
+(a run, or a merge of shards into it); and a refused command takes back what it created.
 
 Two processes appending to one output would each generate every image and leave a file with every line
-twice, which no rerun can continue. The lock is an OS lock (``flock``), so it is released when the process
-ends however it ends (a kill included) and a stale lock file is harmless. The lock file is left in place:
-removing it would let a third process lock a new file while the second still holds the old one.
+twice, which no rerun can continue; a merge into an output another command writes would interleave with it.
+The lock is an OS lock (``flock``, the lock :func:`patchword.fileio.exclusive_lock` takes), so it is released
+when the process ends however it ends (a kill included) and a stale lock file is harmless.
+
+A command that fails before it wrote a line leaves nothing behind: the output and sidecar it created, its
+lock file and the folders it made for them are removed (never a file or folder that was there before it
+started), so a mistyped command does not litter the disk and its empty output does not make the corrected
+command refuse to start ("started with other settings"). Removing a lock file is safe only because taking
+the lock checks, once the lock is held, that the file locked is still the one at the path: a command that
+locked a file which its holder removed meanwhile lets it go and locks the one at the path now. (Without
+that check it could run beside a third command that created and locked a new file.) After a command that
+wrote something, the lock file is left in place, as the other locks of patchword are.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
-from patchword.fileio import exclusive_lock
+from patchword.densify.store import sidecar_path
+from patchword.errors import RunExistsError
 
 __all__ = ["LOCK_SUFFIX", "lock_path", "output_lock"]
 
+logger = logging.getLogger(__name__)
+
 LOCK_SUFFIX = ".lock"
+
+# Tries to lock the file at the path when holders keep removing it under us (each try needs one to do so).
+_ATTEMPTS = 50
 
 
 def lock_path(out: str | os.PathLike[str]) -> Path:
@@ -25,16 +45,140 @@ def lock_path(out: str | os.PathLike[str]) -> Path:
     return out.with_name(out.name + LOCK_SUFFIX)
 
 
-def output_lock(out: str | os.PathLike[str]) -> contextlib.AbstractContextManager[None]:
-    """The lock of the densify output ``out`` (its folder created if missing), held for the block.
+def _make_dirs(folder: Path, made: list[Path]) -> None:
+    """Create ``folder`` and its missing parents, appending to ``made`` (outermost first) those created here:
+    a folder another process creates at the same moment is not ours to remove."""
+    missing = []
+    while not folder.is_dir() and folder.parent != folder:
+        missing.append(folder)
+        folder = folder.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir()
+        except FileExistsError:
+            if not path.is_dir():
+                raise
+        else:
+            made.append(path)
+
+
+def _open_lock_file(path: Path, made_dirs: list[Path]) -> tuple[int, bool]:
+    """An open descriptor of ``path`` (its folders created if missing) and whether this call created it."""
+    while True:
+        _make_dirs(path.parent, made_dirs)
+        try:
+            return os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), True
+        except FileExistsError:
+            pass
+        except FileNotFoundError:  # a refused command removed the folder it made: make it again
+            continue
+        try:
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC), False
+        except FileNotFoundError:  # removed by its holder between the two opens
+            continue
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        at_path = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (at_path.st_dev, at_path.st_ino)
+
+
+def _lock(path: Path, busy: str, made_dirs: list[Path]) -> tuple[int, bool]:
+    """Lock the file at ``path``: ``(descriptor, created by this call)``.
+
+    Raises:
+        RunExistsError: ``busy``, another process holds it.
+    """
+    for _ in range(_ATTEMPTS):
+        fd, made = _open_lock_file(path, made_dirs)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)  # a file this call created and another process locked first is that one's now
+            raise RunExistsError(busy) from None
+        except OSError as err:  # a file system without locks: work on, unguarded, and say so
+            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                os.close(fd)
+                raise
+            logger.warning("%s cannot be locked (%s): a second command would not be refused", path, err)
+            return fd, made
+        if _same_file(fd, path):
+            return fd, made
+        os.close(fd)  # its holder removed it after we opened it: lock the file at the path now
+    raise RunExistsError(busy)
+
+
+def _created(path: Path) -> bool:
+    return not os.path.lexists(path)
+
+
+@contextlib.contextmanager
+def output_lock(out: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the lock of the densify output ``out`` (its folder created if missing) for the block.
+
+    If the block raises, what this command created and did not fill is removed before the lock is let go:
+    ``out`` if it is still empty, its sidecar if ``out`` is gone, the lock file, the folders made for them
+    (only when empty: another rank's shard file, or a file the block did fill, keeps its folder).
 
     Raises:
         RunExistsError: another process writes ``out``.
     """
+    out = Path(out)
     path = lock_path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return exclusive_lock(
-        path,
+    busy = (
         f"{out} (a densify output) is being written by another process (lock {path} is held): wait for it "
-        "to end, or stop it first",
+        "to end, or stop it first"
     )
+    made_dirs: list[Path] = []
+    try:
+        fd, made_lock = _lock(path, busy, made_dirs)
+    except BaseException:
+        _remove_empty_dirs(made_dirs)
+        raise
+    try:
+        new_out, new_sidecar = _created(out), _created(sidecar_path(out))
+        try:
+            yield
+        except BaseException:
+            _take_back(out, new_out, new_sidecar, path if made_lock else None, made_dirs)
+            raise
+    finally:
+        os.close(fd)
+
+
+def _take_back(out: Path, new_out: bool, new_sidecar: bool, lock: Path | None, made_dirs: list[Path]) -> None:
+    """Remove what a failed command created and left empty (the lock still held: nobody else writes)."""
+    if new_out and _empty_file(out):
+        _remove(out)
+    if new_sidecar and not out.exists():
+        _remove(sidecar_path(out))
+    if lock is not None:
+        _remove(lock)
+    _remove_empty_dirs(made_dirs)
+
+
+def _empty_file(path: Path) -> bool:
+    try:
+        return path.stat().st_size == 0 and path.is_file()
+    except OSError:
+        return False
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as err:  # cleaning up must never hide the error that stopped the command
+        logger.warning("could not remove %s (created by this command): %s", path, err)
+
+
+def _remove_empty_dirs(made_dirs: list[Path]) -> None:
+    for folder in reversed(made_dirs):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (or gone): it and the folders around it stay
+            return
+        logger.debug("removed %s, created by this command", folder)

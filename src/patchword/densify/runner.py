@@ -162,7 +162,9 @@ def densify(
     """Describe every image of ``images`` (or of one shard of it) into the JSONL file ``out``.
 
     Rerunning with the same arguments continues an interrupted run; on a finished file it does nothing
-    (and does not load the model).
+    (and does not load the model). A call that fails before it wrote a line (a model that does not load,
+    missing images, a bad first batch) leaves nothing behind: the output, sidecar, lock file and folders
+    it created are removed again (see :func:`patchword.densify.lock.output_lock`).
 
     Args:
         images: the ordered image list (see :mod:`patchword.densify.sources`).
@@ -200,7 +202,7 @@ def densify(
     wanted = {images.items[i].image_id: i for i in range(start, stop)}
 
     # One writer per file, from the first look at it to the last line: a second command on the same --out
-    # would append every image again.
+    # would append every image again. If this call fails, the lock takes back what it created and left empty.
     with output_lock(out):
         loaded = vlm if isinstance(vlm, VisionLanguageModel) else None
         if loaded is None:

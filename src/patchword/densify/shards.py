@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from patchword.densify.lock import output_lock
 from patchword.densify.sources import fingerprint
 from patchword.densify.store import (
     DenseRecord,
@@ -226,20 +227,25 @@ def merge_shards(
     Raises:
         DataError: shards of different jobs or settings, a gap or an overlap between ranges, an incomplete
             shard, an image id in two shards, or ids that differ from the job's image list.
-        RunExistsError: ``out`` exists and ``force`` is False.
+        RunExistsError: ``out`` exists and ``force`` is False, or another process writes it now (its lock
+            ``<out>.lock`` is held).
     """
     out = Path(out)
-    if out.exists() and not force:
-        raise RunExistsError(f"{out} exists; pass --force to overwrite it or choose another --out")
     if any(Path(p).resolve() == out.resolve() for p in paths):
         raise ConfigError("--out", f"{out} is one of the shards being merged")
-    records = check_merge_ready(paths)
-    meta = read_sidecar(paths[0])
-    assert meta is not None
-    num_images = int(meta["num_images"])
-    merged = {key: meta.get(key) for key in ("model", *_SHARED_FIELDS, "source", "batch_size", "device")}
-    # Sidecar first: a crash in between leaves a sidecar without a file, which a rerun simply replaces.
-    write_sidecar(out, {**merged, "shard": "0/1", "start": 0, "stop": num_images})
-    write_records_atomic(out, records)
+    # The lock every densify command holds on its output: a merge (rank 0's under torchrun included) must
+    # not write --out while another command runs or merges into it. A refused merge takes back the lock
+    # file and the folders it made (see patchword.densify.lock).
+    with output_lock(out):
+        if out.exists() and not force:
+            raise RunExistsError(f"{out} exists; pass --force to overwrite it or choose another --out")
+        records = check_merge_ready(paths)
+        meta = read_sidecar(paths[0])
+        assert meta is not None
+        num_images = int(meta["num_images"])
+        merged = {key: meta.get(key) for key in ("model", *_SHARED_FIELDS, "source", "batch_size", "device")}
+        # Sidecar first: a crash in between leaves a sidecar without a file, which a rerun simply replaces.
+        write_sidecar(out, {**merged, "shard": "0/1", "start": 0, "stop": num_images})
+        write_records_atomic(out, records)
     logger.info("merged %d shards into %s (%d lines)", len(paths), out, len(records))
     return len(records)
