@@ -74,8 +74,10 @@ def create_model(
     """Build a model: the one factory behind training, ``load_run`` and the public API.
 
     Args:
-        model: a named architecture (one of :func:`list_models`), a :class:`ModelConfig` (a run's
-            ``model`` section, which may itself name one), or a saved model: a directory (``str`` or
+        model: a named architecture (one of :func:`list_models`; it wins over a folder of the same name
+            in the working directory, reached as ``./NAME``), a :class:`ModelConfig` (used as it is, like a
+            run's resolved ``model`` section; one setting only ``name`` is that named architecture, and
+            ``create_model(name, **overrides)`` changes one), or a saved model: a directory (``str`` or
             ``Path``) written by ``patchword export`` (or a run directory), or ``hf-hub:user/name`` from the
             local cache.
         pretrained: load the pretrained weights the config points at (Hugging Face backbones from a local
@@ -125,7 +127,12 @@ def _word_vocabulary(cfg: ModelConfig) -> str:
 
 
 def _model_config(model: str | os.PathLike[str] | ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
+    """The config to build. A :class:`ModelConfig` is taken as it is (a run's resolved ``model`` section
+    carries its name as a label beside the fields it resolved to), except one that sets nothing but a
+    registered ``name``: that is the named architecture (it built the default one under that name)."""
     if isinstance(model, ModelConfig):
+        if model.name in list_models() and dataclasses.replace(model, name="") == ModelConfig():
+            return get_model_config(model.name, **overrides)
         return (
             from_dict(ModelConfig, _merge(config_to_dict(model), overrides), "model") if overrides else model
         )
@@ -175,10 +182,16 @@ def _saved_model_directory(value: str | os.PathLike[str]) -> Path | None:
     if isinstance(value, str) and text.startswith("hf-hub:"):
         return _hub_snapshot(text)
     path = Path(text).expanduser()
+    if isinstance(value, str) and text in list_models():
+        # A registered name is that architecture wherever the command runs: a folder of the same name in
+        # the working directory (a run named after its model, say) is reached as ./NAME or a Path.
+        if (path / CONFIG_FILE).is_file():
+            _logger.warning(
+                "%s is a registered model name: building it; pass ./%s for the saved model", text, text
+            )
+        return None
     if (path / CONFIG_FILE).is_file():
         return path
-    if isinstance(value, str) and text in list_models():
-        return None
     if not isinstance(value, str) or os.sep in text or "/" in text or path.is_dir():
         what = "has no " + CONFIG_FILE if path.is_dir() else "does not exist"
         raise MissingFileError(

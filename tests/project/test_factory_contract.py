@@ -34,6 +34,10 @@ def _backbones(model) -> tuple[torch.nn.Module, torch.nn.Module]:
     return model.image_encoder.backbone, model.text_encoder.backbone
 
 
+def _shapes(model) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
 def _same_weights(a, b) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
@@ -118,6 +122,33 @@ def test_a_saved_model_directory_is_accepted_as_str_or_path_by_both_factories(tm
         create_model(tmp_path / "no-such-export")
     with pytest.raises(MissingFileError, match="has no config.yaml"):
         create_model_and_transforms(str(tmp_path))
+
+
+def test_a_registered_name_wins_over_a_folder_of_that_name_in_the_working_directory(tmp_path, monkeypatch):
+    """Old code: a folder ``seps-tiny-32/config.yaml`` in the working directory (a run named after its
+    model) turned ``create_model("seps-tiny-32")`` into "checkpoint seps-tiny-32/best.pt does not exist"."""
+    (tmp_path / "seps-tiny-32").mkdir()
+    (tmp_path / "seps-tiny-32" / "config.yaml").write_text("name: x\n")
+    monkeypatch.chdir(tmp_path)
+    assert _shapes(create_model("seps-tiny-32", pretrained=False)) == _shapes(
+        create_model(get_model_config("seps-tiny-32"), pretrained=False)
+    )
+    with pytest.raises(MissingFileError, match="best.pt"):  # the folder is still reachable as a path
+        create_model("./seps-tiny-32")
+
+
+def test_a_model_config_naming_only_a_registered_model_is_that_model():
+    """Old code: ``create_model(ModelConfig(name="seps-tiny-32"))`` built the default architecture (512-d,
+    64 px, 1.45M parameters) under that name; a resolved config is still taken as it is."""
+    named = _shapes(create_model("seps-tiny-32", pretrained=False))
+    assert _shapes(create_model(ModelConfig(name="seps-tiny-32"), pretrained=False)) == named
+    assert _shapes(create_model(ModelConfig(), pretrained=False)) != named
+    changed = create_model(ModelConfig(name="seps-tiny-32"), pretrained=False, embed_dim=16)
+    assert _shapes(changed) == _shapes(create_model("seps-tiny-32", pretrained=False, embed_dim=16)) != named
+    resolved = get_model_config("seps-tiny-32", embed_dim=ModelConfig().embed_dim)  # a run's model section
+    assert _shapes(create_model(resolved, pretrained=False)) == _shapes(
+        create_model("seps-tiny-32", pretrained=False, embed_dim=ModelConfig().embed_dim)
+    )
 
 
 def test_tiny_pretrained_encoders_bring_their_own_vocabulary():
