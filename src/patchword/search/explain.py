@@ -78,7 +78,8 @@ class Explanation:
         method: ``"seps_selection"`` (exact decomposition, module docstring) or ``"token_cosine"``.
         grid: (rows, cols) of the patch grid; N = rows * cols.
         score: the matcher's similarity of the pair (its eval-mode forward, plus the stored dense score of
-            a ``--dense-store scores`` index): the score the search ranks with.
+            a ``--dense-store scores`` index; ``Searcher.explain`` adds ``alpha * global`` where the search
+            does): the score the search ranks with.
         branches: kept patches per selection branch (empty without patch selection).
         words: one entry per query token (specials included: HRPA reads them too).
         num_keep: K, patches each branch keeps (None without patch selection).

@@ -413,7 +413,7 @@ class Searcher:
         ids = torch.tensor([image_id])
         dense = self.index.dense_tokens(ids) if self.use_dense else None
         dense_score = self.index.dense_scores(ids) if self.use_dense else None  # --dense-store scores
-        return explain_pair(
+        explanation = explain_pair(
             self.fine,
             self.index.image_tokens(ids)[0],
             query.tokens[0],
@@ -425,6 +425,11 @@ class Searcher:
             image_constant=None if dense_score is None else float(dense_score[0]),
             **self._pruned(ids),
         )
+        if self.alpha:  # the score the search ranks with: fine + alpha * global (a TGDT hybrid plan)
+            image_global = self.index.global_embeddings()[image_id].float()
+            global_score = float(query.global_embedding[0].float().cpu() @ image_global)
+            explanation.score += self.alpha * global_score
+        return explanation
 
     def _pruned(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """``explain_pair``'s arguments for one image of an index pruned at build time, else none."""
