@@ -177,6 +177,28 @@ def test_other_engines_and_the_forward_fallback_run_on_the_device(name):
     assert (forward - want).abs().max().item() <= 1e-5
 
 
+@pytest.mark.parametrize("name", ["scan", "vse"])
+def test_a_matcher_without_parameters_scores_where_its_inputs_are(name):
+    """Old code: with no ``device=``, a matcher holding no parameter (SCAN, VSE, TGDT's fine stage) was
+    taken to be on the CPU, so device inputs were copied to the host and scored there."""
+    torch.manual_seed(0)
+    has_cls = name != "scan"
+    m = build_matcher(name, embed_dim=DIM, num_patches=36, has_cls=has_cls).eval()
+    assert not list(m.parameters()) and not list(m.buffers())
+    img, caps, lens, *_ = _inputs()
+    img = img if has_cls else img[:, 1:]
+    want = score_matrix(m, img, caps, lens)
+    sim = SimulatedDevice()
+    with sim:
+        inputs = _on(sim, [img, caps, lens], True)
+        sim.reset()
+        got = score_matrix(m, *inputs)
+    assert (got - want).abs().max().item() <= 1e-5
+    assert sim.counts.ops > 0  # the scoring ran on the device...
+    # ...and only the scores came back: no token block was copied to the host
+    assert sim.counts.d2h_bytes < img.numel() * 4
+
+
 def test_the_device_plan_uses_large_blocks_and_few_ops_per_pair():
     """Counted on a dry walk at ViT-B/16 shapes (196 patches, C = 512): 64 images x 2048 captions. On
     f715cbc the engine ran 1 image x ~147 captions per block and ~895 ops per image per 1000 captions

@@ -238,7 +238,7 @@ def global_embeddings(
     max_memory_mb: float = 256,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``matcher.global_embed`` over a whole split in blocks: ((N_img, C), (N_txt, C)) float32 on the CPU."""
-    device = _matcher_device(matcher) if device is None else torch.device(device)
+    device = _matcher_device(matcher, img_tokens) if device is None else torch.device(device)
     budget = budget_bytes(max_memory_mb)
 
     def blocked(fn, tokens: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
@@ -331,7 +331,7 @@ def two_stage_scores(
     t_start = time.perf_counter()
     inputs = prepare_inputs(matcher, img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens, txt2img)
     k_i2t, k_t2i = (k, k) if isinstance(k, int) else k
-    device = _matcher_device(matcher) if device is None else torch.device(device)
+    device = _matcher_device(matcher, img_tokens) if device is None else torch.device(device)
     dist = dist or Distributed(device=device)
     sizes = dist.all_gather_object(inputs.num_images)
     lo, n_img, n_txt = sum(sizes[: dist.rank]), sum(sizes), inputs.num_texts

@@ -67,9 +67,14 @@ def engine_for(matcher: Matcher, engine: str | ScoringEngine | None = None) -> S
     return factory(matcher) if factory is not None else ForwardEngine(matcher)
 
 
-def _matcher_device(matcher: Matcher) -> torch.device:
+def _matcher_device(matcher: Matcher, inputs: torch.Tensor | None = None) -> torch.device:
+    """Where to compute by default: the matcher's (its first parameter or buffer), else, for a matcher
+    without any (VSE, SCAN, TGDT's fine stage), the inputs' (CUDA tokens are scored on CUDA, not quietly on
+    the CPU), else the CPU."""
     for tensor in list(matcher.parameters()) + list(matcher.buffers()):
         return tensor.device
+    if isinstance(inputs, torch.Tensor):
+        return inputs.device
     return torch.device("cpu")
 
 
@@ -200,7 +205,7 @@ def score_matrix(
             the engine or the device does not offer.
     """
     inputs = prepare_inputs(matcher, img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens, txt2img)
-    device = _matcher_device(matcher) if device is None else torch.device(device)
+    device = _matcher_device(matcher, img_tokens) if device is None else torch.device(device)
     budget = budget_bytes(default_budget_mb(device) if max_memory_mb is None else max_memory_mb)
     shape = (inputs.num_images, inputs.num_texts)
     if out is None:
