@@ -228,3 +228,43 @@ def test_cmc_gradient_flows_to_both_modalities() -> None:
 def test_cmc_invalid_inputs(img: torch.Tensor, txt: torch.Tensor, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         CMCLoss()(img, txt)
+
+
+@pytest.mark.parametrize(
+    ("variant", "num_patches", "sparse_ratio", "constant"),
+    [
+        ("code", 16, 0.5, True),  # hard masks: always constant
+        ("code", 49, 0.8, True),
+        ("paper", 16, 0.5, True),  # straight-through, but K/N = rho: the coefficient is zero
+        ("paper", 49, 0.8, False),  # K = 40 of 49 = 0.816: a (small) gradient
+    ],
+)
+def test_the_ratio_loss_is_reported_constant_exactly_when_a_training_step_gives_it_no_gradient(
+    variant, num_patches, sparse_ratio, constant
+) -> None:
+    """README/SPEC said the paper variant's ratio loss has a gradient; with top-K selection it has none
+    whenever rho * N is an integer (every shipped preset). The log line says so, checked against a step."""
+    from patchword.matching import build_matcher
+    from patchword.train.step import constant_ratio_loss
+
+    torch.manual_seed(0)
+    matcher = build_matcher(
+        "seps",
+        embed_dim=16,
+        num_patches=num_patches,
+        has_cls=True,
+        sparse_ratio=sparse_ratio,
+        variant=variant,
+    ).train()
+    img = torch.randn(3, num_patches + 1, 16, requires_grad=True)
+    caps, lens = torch.randn(4, 6, 16), torch.tensor([6, 4, 5, 3])
+    dense, dense_lens = torch.randn(3, 9, 16), torch.tensor([9, 7, 8])
+    out = matcher(img, caps, lens, dense, dense_lens)
+    loss = RatioLoss(sparse_ratio, mode=matcher.ratio_mode)(out.decisions)
+    note = constant_ratio_loss(matcher, weight=2.0)
+    (grad,) = torch.autograd.grad(loss + 0 * img.sum(), img)
+    assert (note is not None) == constant == bool(torch.all(grad == 0))
+    if note is not None:
+        assert f"the constant {loss.item():.4g} with zero gradient" in note
+    assert constant_ratio_loss(matcher, weight=0.0) is None
+    assert constant_ratio_loss(build_matcher("vse", embed_dim=16), weight=2.0) is None

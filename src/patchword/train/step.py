@@ -87,6 +87,9 @@ class ShardLoss(nn.Module):
         self.ratio = RatioLoss(matcher.selection_ratio or 1.0, mode=matcher.ratio_mode)
         self.cmc = CMCLoss(margin=tc.margin) if matcher.global_loss == "cmc" else None
         self.ratio_weight, self.pair_chunk = tc.ratio_weight, tc.pair_chunk
+        note = constant_ratio_loss(matcher, tc.ratio_weight)
+        if note and dist.is_main:
+            _logger.info(note)
 
     def forward(
         self, batch: ShardBatch, hardest: bool, global_only: bool, align_scale: float | torch.Tensor
@@ -143,6 +146,33 @@ class ShardLoss(nn.Module):
         share = ratio / dist.world_size  # every process computes the whole ratio loss
         loss = align + self.ratio_weight * share
         return loss, torch.stack([loss, align, share]).detach()
+
+
+def constant_ratio_loss(matcher: Matcher, weight: float) -> str | None:
+    """The log line saying that the ratio loss cannot train this matcher, or None where it can (or there is
+    none: no patch selection, ``train.ratio_weight=0``).
+
+    Top-K selection keeps exactly K = ceil(rho * N) patches per branch, so every decision's forward mean is
+    K/N and the loss is a constant: ``(n_b * K/N - rho)^2`` summing the masks (official code) or
+    ``n_b * (K/N - rho)^2`` per branch (paper variant). Its gradient is that constant's coefficient times
+    the relaxed decisions' gradient: zero with hard masks (code variant), and zero with straight-through
+    (Gumbel) decisions too when K/N = rho, i.e. whenever rho * N is an integer (every shipped preset).
+    """
+    rho, cfg = matcher.selection_ratio, getattr(matcher, "config", None)
+    n, k = getattr(cfg, "num_patches", None), getattr(matcher, "num_keep", None)
+    if not rho or not weight or n is None or k is None:
+        return None
+    branches, share = len(getattr(matcher, "selection_branches", ("caption",))), k / n
+    coefficient = branches * share - rho if matcher.ratio_mode == "sum_masks" else share - rho
+    value = coefficient**2 if matcher.ratio_mode == "sum_masks" else branches * coefficient**2
+    if getattr(cfg, "gumbel", False) and coefficient != 0:
+        return None
+    why = "its decisions are hard masks" if not getattr(cfg, "gumbel", False) else f"K/N = rho = {rho}"
+    return (
+        f"train.ratio_weight={weight}: the ratio loss is the constant {value:.4g} with zero gradient (top-K "
+        f"selection keeps exactly K={k} of N={n} patches per branch and {why}): it offsets the logged loss "
+        "and trains nothing"
+    )
 
 
 def sum_gradients(state, bucket):
