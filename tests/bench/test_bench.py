@@ -77,14 +77,23 @@ def test_format_scoring_row():
         "f30k_engine_s": 61.7,
         "f30k_reference_s": 753.0,
         "max_abs_diff_vs_reference": 8.9e-8,
+        "extrapolated_from_pairs": {"engine": 480, "reference": 40},
     }
     # the percentage is of the larger of the two peak measurements (90, not 80)
     table = format_scoring({"peak_gflops": 80.0, "peak_gflops_end": 90.0, "configs": {"seps": entry}})
     lines = table.splitlines()
-    assert len(lines) == 3 and lines[0].startswith("| config | engine us/pair")
+    assert len(lines) == 5 and lines[0].startswith("| config | engine us/pair")
+    # the Flickr30K times were never measured: the column, the cells and a line under the table say so
+    assert "| F30K 1000x5000 engine / reference (extrapolated) |" in lines[0]
     assert lines[2] == (
-        "| seps | 12.3 | 151 | **12.2x** | 45.0 / 15.0 (50%) | 7.1 / 35.2 | 81 | 62 s / 12.6 min | 8.9e-08 |"
+        "| seps | 12.3 | 151 | **12.2x** | 45.0 / 15.0 (50%) | 7.1 / 35.2 | 81 | ~62 s / ~12.6 min "
+        "| 8.9e-08 |"
     )
+    assert lines[3:] == [
+        "",
+        "F30K times (~) are extrapolated to its 5,000,000 pairs from the time per pair of the pairs timed: "
+        "480 (engine) and 40 (reference).",
+    ]
 
 
 def test_format_two_stage_rows():
@@ -117,7 +126,9 @@ def test_tiny_scoring_run_matches_reference_and_writes_json(tmp_path, capsys):
         assert entry["engine_us_per_pair"] > 0 and entry["f30k_engine_s"] > 0
         assert {"image_block", "text_block", "dense_block"} <= set(entry["plan"])
         assert "engine_rss_growth_mb" not in entry  # --no-rss
+        assert entry["extrapolated_from_pairs"] == {"engine": 3 * 5, "reference": 3 * 2}
         assert f"| {name} |" in table
+    assert "from the time per pair of the pairs timed: 15 (engine) and 6 (reference)." in table
     # an existing result file is never overwritten silently
     assert main([*TINY_SCORING, "--configs", "laps", "--json", str(out)]) == 2
     assert "--force" in capsys.readouterr().err

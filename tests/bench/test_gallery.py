@@ -12,7 +12,13 @@ import torch
 
 from conftest import one_error_line
 from patchword.bench import format_gallery, run_gallery
-from patchword.bench.gallery import CAPTIONS_PER_IMAGE, GALLERY_SHAPES, GalleryTokens, matrix_path
+from patchword.bench.gallery import (
+    CAPTIONS_PER_IMAGE,
+    GALLERY_SHAPES,
+    GalleryTokens,
+    matrix_path,
+    partial_path,
+)
 from patchword.bench.inputs import SCORING_CONFIGS, build_bench_matcher
 from patchword.cli.bench import main as bench_main
 from patchword.eval import score_matrix
@@ -30,6 +36,7 @@ ROW_KEYS = {
     "peak_host_scope",
     "peak_device_mb",
     "extrapolated",
+    "matrix_file",
 }
 # Blocks that do not divide the quick shape (20 x 100): ragged last blocks in both directions.
 BLOCKS = {"block_images": 8, "block_captions": 35}
@@ -47,9 +54,9 @@ def _one_call(config: str, n_img: int) -> torch.Tensor:
     return score_matrix(matcher, tokens.images(0, n_img), caps, lens, dense, dlens, txt2img=t2i)
 
 
-def _read_matrix(folder, shape: str) -> np.ndarray:
+def _read_matrix(folder, shape: str, path=matrix_path) -> np.ndarray:
     n_img = GALLERY_SHAPES[shape]
-    return np.fromfile(matrix_path(folder, shape), dtype=np.float32).reshape(n_img, -1)
+    return np.fromfile(path(folder, shape), dtype=np.float32).reshape(n_img, -1)
 
 
 def test_gallery_tokens_do_not_depend_on_the_tiling():
@@ -70,6 +77,10 @@ def test_memory_mapped_matrix_equals_one_score_matrix_call(tmp_path, config):
     result = run_gallery(shapes=["quick"], config=config, workdir=tmp_path, keep=True, **BLOCKS)
     (row,) = result["rows"]
     assert not row["extrapolated"] and row["pairs_scored"] == row["pairs"] == 20 * 100
+    assert (
+        row["matrix_file"] == str(matrix_path(tmp_path, "quick"))
+        and not partial_path(tmp_path, "quick").exists()
+    )
     matrix = _read_matrix(tmp_path, "quick")
     assert matrix.shape == (20, 100)
     np.testing.assert_allclose(matrix, _one_call(config, 20).numpy(), rtol=0, atol=1e-5)
@@ -81,9 +92,15 @@ def test_a_shape_past_the_time_budget_is_extrapolated_from_its_first_block(tmp_p
     first_block = BLOCKS["block_images"] * BLOCKS["block_captions"]
     assert row["extrapolated"] and row["pairs_scored"] == first_block < row["pairs"]
     assert row["seconds"] == pytest.approx(row["pairs"] / row["pairs_per_s"])
-    assert f"extrapolated from {first_block:,} pairs" in format_gallery(result)
+    table = format_gallery(result)
+    assert f"extrapolated from {first_block:,} pairs" in table
+    # the file kept is named as partial (the complete matrix's name was on a file 2000 - 280 entries zero),
+    # and the output says it is incomplete
+    partial = partial_path(tmp_path, "quick")
+    assert sorted(tmp_path.iterdir()) == [partial] and row["matrix_file"] == str(partial)
+    assert table.endswith(f"Kept: {partial} (incomplete: 280 of 2,000 pairs scored, the rest zero)")
     # the block it scored is real, the rest of the file was never written
-    matrix = _read_matrix(tmp_path, "quick")
+    matrix = _read_matrix(tmp_path, "quick", partial_path)
     expected = _one_call("seps-code-image", 20).numpy()
     np.testing.assert_allclose(matrix[:8, :35], expected[:8, :35], rtol=0, atol=1e-5)
     assert not matrix[8:].any() and not matrix[:, 35:].any()
@@ -112,6 +129,7 @@ def test_json_has_the_report_shape_and_round_trips(tmp_path):
         assert (row["images"], row["captions"], row["pairs"]) == (20, 100, 2000)
         assert row["seconds"] > 0 and row["pairs_per_s"] > 0 and row["peak_host_mb"] > 0
         assert row["peak_device_mb"] is None and row["extrapolated"] is False
+        assert row["matrix_file"] is None  # not kept
     assert json.loads(json.dumps(result, allow_nan=False)) == result
 
 
@@ -125,7 +143,7 @@ def test_cli_smoke_writes_the_table_and_the_json(tmp_path, capsys):
     assert set(result) == TOP_KEYS and [r["shape"] for r in result["rows"]] == ["quick"]
     assert set(result["rows"][0]) == ROW_KEYS and not result["rows"][0]["extrapolated"]
     assert result["command"].startswith("patchword bench gallery --quick")
-    assert "| quick | 20 | 100 | 2,000 |" in table and "extrapolated" not in table
+    assert "| quick | 20 | 100 | 2,000 |" in table and "extrapolated" not in table and "Kept" not in table
 
 
 @pytest.mark.parametrize(
@@ -155,3 +173,34 @@ def test_bad_flags_are_one_line_before_any_work(tmp_path, capsys, monkeypatch, f
     assert bench_main(["gallery", "--quick", *flags]) == 2
     assert expected in one_error_line(capsys.readouterr().err)
     assert sorted(tmp_path.rglob("*")) == before and (tmp_path / "exists.json").read_text() == "{}"
+
+
+def test_a_shape_cut_short_never_has_the_name_of_a_complete_matrix(tmp_path, monkeypatch):
+    """A kill mid-shape (here: an error after the first block) left ``gallery-quick-20x100.f32`` with most
+    of it zero; the file is ``.partial`` until every block is scored."""
+    import patchword.bench.gallery as gallery
+
+    real, blocks = gallery._score_block, []
+
+    def killed_after_one_block(job, images, captions, out):
+        if len(blocks) == 2:  # the warm-up call, then the first block of the shape
+            raise KeyboardInterrupt
+        blocks.append(out.shape)
+        real(job, images, captions, out)
+
+    monkeypatch.setattr(gallery, "_score_block", killed_after_one_block)
+    with pytest.raises(KeyboardInterrupt):
+        run_gallery(shapes=["quick"], workdir=tmp_path, keep=True, **BLOCKS)
+    assert sorted(tmp_path.iterdir()) == [partial_path(tmp_path, "quick")]
+
+
+def test_force_replaces_a_complete_matrix_only_with_a_complete_one(tmp_path):
+    """An extrapolated shape with --force used to overwrite a complete matrix with a mostly-zero one."""
+    run_gallery(shapes=["quick"], workdir=tmp_path, keep=True, **BLOCKS)
+    complete = matrix_path(tmp_path, "quick").read_bytes()
+    result = run_gallery(
+        shapes=["quick"], workdir=tmp_path, keep=True, overwrite=True, max_seconds=1e-6, **BLOCKS
+    )
+    assert result["rows"][0]["extrapolated"]
+    assert matrix_path(tmp_path, "quick").read_bytes() == complete
+    assert partial_path(tmp_path, "quick").is_file()

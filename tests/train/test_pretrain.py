@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import one_error_line
 from patchword.cli import main
 from patchword.config import apply_overrides
 from patchword.recipes.pretrain import KEYS, PRETRAIN_RECIPE, global_recall, pretrain_config
@@ -145,3 +146,146 @@ def test_a_finished_run_with_another_recipe_value_is_refused_before_anything_is_
     err = capsys.readouterr().err
     assert err.startswith("error: train.lr") and "choose another name=" in err
     assert not out.exists()
+
+
+def _pretrain(out, overrides, *flags) -> int:
+    """``patchword pretrain`` in-process with its JSON output swallowed."""
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        return main(["pretrain", *flags, "--out", str(out), *overrides])
+
+
+def test_a_finished_run_is_not_exported_under_another_resumable_value(tmp_path, capsys):
+    """A finished 3-step run exported again with ``train.max_steps=6`` gave its 3-step weights a recipe that
+    says 6; it is refused (one line, nothing written). Continued with ``patchword train --resume`` as the
+    error advises, the same command then exports the 6-step weights under the recipe that says 6."""
+    overrides = _overrides(tmp_path, **{"train.epochs": 10})
+    assert _pretrain(tmp_path / "enc3", overrides) == 0
+    run_dir = tmp_path / "runs" / "pt"
+    longer = _overrides(tmp_path, **{"train.epochs": 10, "train.max_steps": 6})
+    capsys.readouterr()
+    assert _pretrain(tmp_path / "enc6", longer) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: train.max_steps: {run_dir} is finished, trained with 3, not 6")
+    assert f"`patchword train --resume {run_dir} train.max_steps=6`" in line
+    assert not (tmp_path / "enc6").exists()
+
+    assert main(["train", "--resume", str(run_dir), "train.max_steps=6"]) == 0
+    assert _pretrain(tmp_path / "enc6", longer) == 0
+    meta = json.loads((tmp_path / "enc6" / "config.json").read_text())
+    assert meta["steps"] == 6 and meta["recipe"]["overrides"] == longer
+    # and the 3-step recipe no longer describes the run
+    assert _pretrain(tmp_path / "enc3b", overrides) == 2
+    assert "trained with 6, not 3" in one_error_line(capsys.readouterr().err)
+
+
+def _interrupted(tmp_path, monkeypatch) -> int:
+    """A pretraining run asked for 8 steps (of 20 in its epochs), stopped by SIGTERM during step 1; the
+    exit code of the command."""
+    import os
+    import signal
+
+    import patchword.train.trainer as trainer_module
+
+    original = trainer_module.Trainer._train_step
+
+    def step_then_signal(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if self.step == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(trainer_module.Trainer, "_train_step", step_then_signal)
+        return _pretrain(tmp_path / "enc", _overrides(tmp_path, **{"train.epochs": 10, "train.max_steps": 8}))
+
+
+def test_an_interrupted_pretrain_says_to_run_the_same_command_again(tmp_path, capsys, monkeypatch):
+    """The runner's advice, ``patchword train --resume``, would never export the encoders."""
+    run_dir = tmp_path / "runs" / "pt"
+    assert _interrupted(tmp_path, monkeypatch) == 128 + 15
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "train --resume" not in err
+    assert f"interrupted: SIGTERM received: stopped at step 1, {run_dir / 'last.pt'} written" in err
+    assert "continue by running the same `patchword pretrain` command again" in err
+    assert (run_dir / "last.pt").is_file() and not (tmp_path / "enc").exists()
+
+
+def test_an_interrupted_run_resumes_with_the_values_of_the_command_that_continues_it(tmp_path, monkeypatch):
+    """Rerun with ``train.max_steps=3``, the run asked for 8 resumed with its own 8 while the encoders'
+    recipe said 3."""
+    run_dir, out = tmp_path / "runs" / "pt", tmp_path / "enc"
+    assert _interrupted(tmp_path, monkeypatch) == 128 + 15
+    rerun = _overrides(tmp_path, **{"train.epochs": 10, "train.max_steps": 3})
+    assert _pretrain(out, rerun) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    meta = json.loads((out / "config.json").read_text())
+    assert summary["steps"] == meta["steps"] == 3 and meta["recipe"]["overrides"] == rerun
+    assert [r["overrides"] for r in _jsonl(run_dir / "resumes.jsonl")] == [["train.max_steps=3"]]
+
+
+@pytest.mark.parametrize(
+    ("config", "changes", "key"),
+    [
+        ("scan_synthetic", {}, "model.image_encoder"),
+        (None, {"model.text_encoder": "gru"}, "model.text_encoder"),
+        (None, {"model.text_context.layers": 1}, "model.text_context.layers"),
+        (None, {"data.tokenizer": "bert"}, "data.tokenizer"),
+    ],
+)
+def test_a_recipe_the_export_cannot_take_is_refused_before_training(
+    tmp_path, capsys, monkeypatch, config, changes, key
+):
+    """``--config scan_synthetic`` (region features, GRU text) trained fully, then failed to export, leaving
+    model.safetensors, vocab.json and a wrong config.json in --out (and a rerun refused: not empty)."""
+    import patchword.train.runner as runner
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(runner, "train_run", no_training)
+    overrides = _overrides(tmp_path, **changes)
+    if config:
+        overrides = [o for o in overrides if not o.startswith(("model.", "data.synthetic_image_size"))]
+    out = tmp_path / "enc"
+    flags = ["--config", config] if config else []
+    assert _pretrain(out, overrides, *flags) == 2
+    assert one_error_line(capsys.readouterr().err).startswith(f"error: {key}: is ")
+    assert not out.exists() and not (tmp_path / "runs").exists()
+
+
+def test_an_export_that_fails_leaves_out_as_it_was(tmp_path, monkeypatch):
+    """The encoders were written into --out before their test recall was measured: a failure there left
+    model.safetensors, vocab.json and a config.json without the recall, and a rerun was refused (not
+    empty). They are staged beside --out and moved in once complete."""
+    import patchword.recipes.pretrain as recipe
+
+    def recall_fails(*args, **kwargs):
+        raise OSError(28, "No space left on device", str(tmp_path))
+
+    monkeypatch.setattr(recipe, "global_recall", recall_fails)
+    out = tmp_path / "enc"
+    assert _pretrain(out, _overrides(tmp_path)) == 2
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["cache", "runs"]
+    monkeypatch.undo()
+    assert _pretrain(out, _overrides(tmp_path)) == 0  # the finished run, exported
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "vocab.json"]
+
+
+def test_an_interrupted_final_evaluation_also_says_to_run_pretrain_again(tmp_path):
+    """The runner's other interruptions (before training resumed, during the final evaluation) name
+    ``patchword train --resume`` too."""
+    from patchword.errors import Interrupted
+    from patchword.recipes.pretrain import _pretrain_hint
+
+    run_dir = tmp_path / "runs" / "pt"
+    stopped = Interrupted(
+        15,
+        f"SIGTERM received during the final evaluation: training is finished ({run_dir / 'last.pt'}); "
+        f"`patchword train --resume {run_dir}` evaluates it",
+    )
+    hinted = _pretrain_hint(stopped, run_dir)
+    assert hinted.signum == 15 and str(hinted).endswith(
+        "; running the same `patchword pretrain` command again evaluates it"
+    )

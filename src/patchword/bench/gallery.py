@@ -10,12 +10,21 @@ captions ~40 GB) are generated block by block, and every ``score_matrix`` call s
 A shape whose remaining blocks would end past the ``max_seconds`` deadline (predicted from the wall time
 of its blocks so far) stops after its first block(s): its row is *extrapolated* from the pairs scored
 (``"extrapolated": true``, ``pairs_scored`` < ``pairs``) and the table says so.
+
+A matrix is written under its ``.partial`` name (:func:`partial_path`) and renamed to :func:`matrix_path`
+once every block is scored: a kept file under the matrix's own name is always complete, one cut short (an
+extrapolated shape, a kill) keeps the ``.partial`` name, and the output lists which is which.
+
+Over 400 lines: the block plan, the deadline, the memory-mapped matrix and its file names, and the report
+of each shape share one loop and its state.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import math
+import os
 import shutil
 import tempfile
 import time
@@ -48,6 +57,7 @@ __all__ = [
     "GalleryTokens",
     "format_gallery",
     "matrix_path",
+    "partial_path",
     "run_gallery",
 ]
 
@@ -126,9 +136,17 @@ def matrix_path(folder: str | Path, shape: str) -> Path:
     return Path(folder) / f"gallery-{shape}-{images}x{images * CAPTIONS_PER_IMAGE}.f32"
 
 
+def partial_path(folder: str | Path, shape: str) -> Path:
+    """Where the matrix of ``shape`` is written until every block is scored (:func:`matrix_path` plus
+    ``.partial``): a matrix cut short never has the name of a complete one."""
+    path = matrix_path(folder, shape)
+    return path.with_name(path.name + ".partial")
+
+
 @dataclass
 class _Job:
-    """What every block of every shape shares; ``options``: the keyword arguments of ``score_matrix``."""
+    """What every block of every shape shares; ``options``: the keyword arguments of ``score_matrix``;
+    ``keep``: the matrices stay in the work folder (their paths go in the result)."""
 
     config: str
     device: torch.device
@@ -137,6 +155,7 @@ class _Job:
     blocks: tuple[int, int]
     seed: int
     clock: Callable[[], float]
+    keep: bool = False
 
 
 def _check(shapes, config, device, max_seconds, max_memory_mb, workdir, keep, overwrite, blocks):
@@ -149,8 +168,8 @@ def _check(shapes, config, device, max_seconds, max_memory_mb, workdir, keep, ov
         raise ConfigError("--config", f"unknown config {config!r}; choose from {', '.join(SCORING_CONFIGS)}")
     if not max_seconds > 0:  # NaN too
         raise ConfigError("--max-seconds", f"must be > 0, got {max_seconds}")
-    if max_memory_mb is not None and not max_memory_mb > 0:
-        raise ConfigError("--max-memory-mb", f"must be > 0, got {max_memory_mb}")
+    if max_memory_mb is not None and not (math.isfinite(max_memory_mb) and max_memory_mb > 0):
+        raise ConfigError("--max-memory-mb", f"must be a finite number > 0, got {max_memory_mb}")
     resolved = resolve_device(device, "--device")
     default = _CPU_BLOCKS if resolved.type == "cpu" else _ACCEL_BLOCKS
     blocks = tuple(default[k] if blocks[k] is None else blocks[k] for k in (0, 1))
@@ -234,7 +253,7 @@ def _score_shape(job: _Job, shape: str, folder: Path, deadline: float) -> dict[s
     pairs = n_img * n_txt
     host_scope = "shape" if reset_peak_host_rss() else "process"  # the shape's own peak (Linux)
     tokens = GalleryTokens(n_img, seed=job.seed, device=job.device)
-    path = matrix_path(folder, shape)
+    path = partial_path(folder, shape)  # renamed to matrix_path once every block is scored
     with open(path, "wb") as fh:  # a sparse file: only the blocks scored take disk space
         fh.truncate(4 * pairs)
     block_i, block_c = job.blocks
@@ -271,6 +290,11 @@ def _score_shape(job: _Job, shape: str, folder: Path, deadline: float) -> dict[s
             break
     rate = scored / max(score_s, 1e-9)
     extrapolated = scored < pairs
+    if not extrapolated:
+        os.replace(path, matrix_path(folder, shape))
+        path = matrix_path(folder, shape)
+    elif job.keep and matrix_path(folder, shape).exists():  # --force: replaced only by a complete matrix
+        _logger.warning("%s is left as it was: this run's matrix is incomplete", matrix_path(folder, shape))
     note = f"; stopped ({why}): extrapolated" if extrapolated else ""
     level = logging.WARNING if extrapolated else logging.INFO
     _logger.log(level, "%s: %d of %d pairs scored in %.2f s%s", shape, scored, pairs, score_s, note)
@@ -286,6 +310,8 @@ def _score_shape(job: _Job, shape: str, folder: Path, deadline: float) -> dict[s
         "peak_host_scope": host_scope,
         "peak_device_mb": torch.cuda.max_memory_allocated(job.device) / (1 << 20) if cuda else None,
         "extrapolated": extrapolated,
+        # the file kept in --workdir: complete under its matrix_path, cut short under its partial_path
+        "matrix_file": str(path) if job.keep else None,
     }
 
 
@@ -316,8 +342,10 @@ def run_gallery(
         max_memory_mb: the engine's working-memory budget (default: ``score_matrix``'s default for the
             device: 1024 MiB on the CPU, half the free memory of a GPU, at most 32 GiB).
         workdir: folder for the matrices (default the system's temporary folder); a fresh folder is made in
-            it and removed afterwards, unless ``keep``: then the files stay in ``workdir`` itself
-            (:func:`matrix_path`), and existing ones are overwritten only with ``overwrite``.
+            it and removed afterwards, unless ``keep``: then the files stay in ``workdir`` itself, each
+            under its :func:`matrix_path` once complete, else (an extrapolated shape) under its
+            :func:`partial_path`; existing complete ones are overwritten only with ``overwrite``, and only
+            by a complete matrix.
         block_images, block_captions: block of one ``score_matrix`` call (default 100 x 5000 on the CPU,
             1000 x 5000 on an accelerator).
         seed: seed of the synthetic tokens (:class:`GalleryTokens`).
@@ -329,8 +357,9 @@ def run_gallery(
         ``rows`` (per shape: ``shape``, ``images``, ``captions``, ``pairs``, ``pairs_scored``, ``seconds``
         (of the ``score_matrix`` calls and their writes, not of drawing the inputs; extrapolated rows:
         ``pairs / pairs_per_s``), ``pairs_per_s``, ``peak_host_mb`` (the process's peak RSS so far),
-        ``peak_device_mb`` (CUDA ``max_memory_allocated`` over the shape, else None), ``extrapolated``),
-        ``command`` and ``time`` (ISO 8601, UTC, at the start).
+        ``peak_device_mb`` (CUDA ``max_memory_allocated`` over the shape, else None), ``extrapolated``,
+        ``matrix_file`` (with ``keep``: the file kept, a ``.partial`` one where the shape is extrapolated;
+        else None)), ``command`` and ``time`` (ISO 8601, UTC, at the start).
 
     Raises:
         ConfigError, MissingFileError, RunExistsError: a bad argument, before any work.
@@ -345,7 +374,7 @@ def run_gallery(
     budget = float(default_budget_mb(device) if max_memory_mb is None else max_memory_mb)
     matcher = build_bench_matcher(config).to(device)
     options = {"max_memory_mb": budget, "device": device, "engine": engine_for(matcher), "progress": False}
-    job = _Job(config, device, matcher, options, blocks, seed, clock)
+    job = _Job(config, device, matcher, options, blocks, seed, clock, keep)
     machine = {**machine_description(), "device_name": describe_device(device)["device_name"]}
     if device.type == "cuda":
         machine["cuda"] = torch.version.cuda
@@ -377,7 +406,7 @@ def _seconds_cell(row: dict[str, Any]) -> str:
 
 def format_gallery(result: dict[str, Any]) -> str:
     """A line naming the config, device and machine, then a markdown table of :func:`run_gallery`'s rows
-    (an extrapolated row says from how many pairs)."""
+    (an extrapolated row says from how many pairs), then the matrix files kept, each complete or not."""
     machine = result["machine"]
     where = machine.get("device_name", result["device"])
     lines = [
@@ -396,4 +425,13 @@ def format_gallery(result: dict[str, Any]) -> str:
             f"{_seconds_cell(row)} | {row['pairs_per_s']:,.0f} | {row['peak_host_mb']:,.0f} | {device_mb} | "
             f"{result['max_memory_mb']:,.0f} |"
         )
+    kept = [row for row in result["rows"] if row.get("matrix_file")]
+    if kept:
+        lines.append("")
+    for row in kept:
+        if row["extrapolated"]:
+            state = f"incomplete: {row['pairs_scored']:,} of {row['pairs']:,} pairs scored, the rest zero"
+        else:
+            state = "complete"
+        lines.append(f"Kept: {row['matrix_file']} ({state})")
     return "\n".join(lines)

@@ -34,14 +34,81 @@ from patchword.bench.inputs import (
 )
 from patchword.bench.machine import best_time, load_average, machine_description, matmul_peak_gflops
 from patchword.bench.memory import ScoringCall, measure_rss_in_subprocess
+from patchword.errors import ConfigError
 from patchword.testing import seps_reference_scores
 
-__all__ = ["run_scoring"]
+__all__ = ["check_scoring_plan", "run_scoring"]
 
 _logger = logging.getLogger(__name__)
 
 #: Images whose pairs the FLOP count covers: FLOPs per pair do not depend on how many images are scored.
 _FLOP_COUNT_IMAGES = 32
+
+
+def check_scoring_plan(
+    *,
+    images: int,
+    caption_images: int,
+    ref_captions: int,
+    configs: list[str],
+    max_memory_mb: float,
+    length_images: int = F30K_IMAGES,
+    captions_per_image: int = F30K_CAPTIONS // F30K_IMAGES,
+    names: dict[str, str] | None = None,
+) -> int:
+    """Check a scoring benchmark's sizes before any work; the number of captions the engine scores.
+
+    The inputs take their token counts from the lengths of ``length_images`` images and their
+    ``captions_per_image`` captions each (the Flickr30K 1K test: 1000 and 5): more images than that with
+    dense text, or captions of more images, have no lengths (``dense_lens must have shape (1001,)`` deep in
+    the first config), and the reference cannot score more captions than there are (the spread of
+    ``ref_captions`` over them would score one caption several times while reporting each).
+
+    Args:
+        names: what the errors call each argument (the command line passes its flags: ``--images``...);
+            default the argument names.
+
+    Raises:
+        ConfigError: naming the argument, its limit and why.
+    """
+    names = {k: k for k in ("images", "caption_images", "ref_captions", "configs", "max_memory_mb")} | (
+        names or {}
+    )
+    unknown = [name for name in configs if name not in SCORING_CONFIGS]
+    if not configs or unknown:
+        what = f"unknown scoring config(s) {unknown}" if unknown else "no scoring config given"
+        raise ConfigError(names["configs"], f"{what}; choose from {', '.join(SCORING_CONFIGS)}")
+    if not (math.isfinite(max_memory_mb) and max_memory_mb > 0):
+        raise ConfigError(names["max_memory_mb"], f"must be a finite number > 0, got {max_memory_mb}")
+    for key, value in (
+        ("images", images),
+        ("caption_images", caption_images),
+        ("ref_captions", ref_captions),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(names[key], f"must be an integer >= 1, got {value!r}")
+    dense = [name for name in configs if SCORING_CONFIGS[name]["dense"]]
+    if dense and images > length_images:
+        raise ConfigError(
+            names["images"],
+            f"at most {length_images} with dense text ({', '.join(dense)}): the lengths of the dense "
+            f"captions of {length_images} images are known, got {images}",
+        )
+    captioned = min(images, caption_images)
+    if captioned > length_images:
+        raise ConfigError(
+            names["caption_images"],
+            f"at most {length_images}: the caption lengths of {length_images} images are known, got "
+            f"{caption_images}",
+        )
+    captions = captions_per_image * captioned
+    if ref_captions > captions:
+        raise ConfigError(
+            names["ref_captions"],
+            f"at most {captions}, the captions scored ({captions_per_image} each of {captioned} image(s): "
+            f"{names['caption_images']} {caption_images}, {names['images']} {images}), got {ref_captions}",
+        )
+    return captions
 
 
 def run_scoring(
@@ -78,16 +145,30 @@ def run_scoring(
 
     Returns:
         A JSON-able dict: ``machine``, ``lengths``, ``setup``, ``peak_gflops`` (and ``peak_gflops_end``,
-        measured again at the end), and ``configs`` (name -> the measurements of that config).
+        measured again at the end), and ``configs`` (name -> the measurements of that config; its
+        ``f30k_*_s`` and ``coco5k_engine_s`` are the gallery's pairs times the time per pair, extrapolated
+        from the pairs timed, ``extrapolated_from_pairs``).
+
+    Raises:
+        ConfigError: a size, config or budget :func:`check_scoring_plan` refuses, before any work.
     """
     from patchword.eval import score_matrix
     from patchword.eval.engine import SEPSEngine, TensorMemoryMeter
 
     configs = configs or list(SCORING_CONFIGS)
-    unknown = [name for name in configs if name not in SCORING_CONFIGS]
-    if unknown:
-        raise ValueError(f"unknown scoring config(s) {unknown}; choose from {', '.join(SCORING_CONFIGS)}")
+    sizes = {
+        "images": images,
+        "caption_images": caption_images,
+        "ref_captions": ref_captions,
+        "configs": configs,
+        "max_memory_mb": max_memory_mb,
+    }
+    check_scoring_plan(**sizes)
     cap_lens, dense_lens, source = benchmark_lengths(data, bert_vocab, stand_in=stand_in_lengths)
+    # again with the lengths found (a data folder may hold fewer images than the Flickr30K test's 1000)
+    check_scoring_plan(
+        **sizes, length_images=dense_lens.numel(), captions_per_image=cap_lens.numel() // dense_lens.numel()
+    )
     img, caps, lens, dense, dlens, t2i = scoring_inputs(
         images, cap_lens, dense_lens, caption_images=caption_images
     )
@@ -180,9 +261,11 @@ def run_scoring(
                 "dense_block": plan.dense_block,
                 **plan.details,
             },
+            # Extrapolated from the time per pair of the pairs timed (the table says so).
             "f30k_engine_s": F30K_IMAGES * F30K_CAPTIONS * engine_pair_s,
             "f30k_reference_s": F30K_IMAGES * F30K_CAPTIONS * ref_pair_s,
             "coco5k_engine_s": COCO_IMAGES * COCO_CAPTIONS * engine_pair_s,
+            "extrapolated_from_pairs": {"engine": n_pairs, "reference": ref.numel()},
         }
         if rss and name == configs[0]:
             call = ScoringCall(name, images, caption_images, max_memory_mb, data, stand_in_lengths)

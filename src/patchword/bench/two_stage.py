@@ -18,20 +18,49 @@ import torch
 from patchword.bench.machine import best_time, machine_description
 from patchword.errors import ConfigError
 
-__all__ = ["run_two_stage"]
+__all__ = ["check_run", "run_two_stage"]
 
 _logger = logging.getLogger(__name__)
 
 _REPORTED = ("rsum", "i2t_r1", "t2i_r1")
 
 
-def _check_plan(ks: tuple[int, ...], alpha: float, alpha_k: int) -> None:
-    """The rows asked for, before the run and its data load (the library checks k only when it scores)."""
+def check_run(
+    run_dir: str | Path, checkpoint: str | None = None, names: tuple[str, str] = ("run_dir", "checkpoint")
+) -> None:
+    """The run and its checkpoint exist (what :func:`~patchword.runs.load_run` reads first), checked before
+    any work: ``bench all`` scores for minutes before its two-stage part loads the run.
+
+    Args:
+        names: what the errors call ``run_dir`` and ``checkpoint`` (the command line: its flags).
+
+    Raises:
+        MissingFileError: no such run directory, no ``config.yaml`` or no such checkpoint; the message
+            starts with the name of the argument.
+    """
+    from patchword.errors import MissingFileError
+    from patchword.runs import read_run_config, resolve_checkpoint
+
+    try:
+        read_run_config(run_dir)
+    except MissingFileError as err:
+        raise MissingFileError(f"{names[0]}: {err}") from None
+    try:
+        resolve_checkpoint(run_dir, checkpoint)
+    except MissingFileError as err:
+        raise MissingFileError(f"{names[1]}: {err}") from None
+
+
+def _check_plan(ks: tuple[int, ...], alpha: float, alpha_k: int, max_memory_mb: float) -> None:
+    """The rows asked for and the budget, before the run and its data load (the library checks k only when
+    it scores, and the budget once the run is loaded)."""
     for key, k in [*(("ks", k) for k in ks), ("alpha_k", alpha_k)]:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ConfigError(key, f"a shortlist size is an integer >= 1, got {k!r}")
     if not math.isfinite(alpha):
         raise ConfigError("alpha", f"must be a finite number, got {alpha!r}")
+    if not (math.isfinite(max_memory_mb) and max_memory_mb > 0):
+        raise ConfigError("max_memory_mb", f"must be a finite number > 0, got {max_memory_mb!r}")
 
 
 def run_two_stage(
@@ -62,7 +91,8 @@ def run_two_stage(
 
     Raises:
         MissingFileError: no such run directory, config or checkpoint.
-        ConfigError: a shortlist size below 1 or an ``alpha`` that is not a finite number (before any work).
+        ConfigError: a shortlist size below 1, an ``alpha`` that is not a finite number or a
+            ``max_memory_mb`` that is not a finite number > 0 (before any work).
     """
     from patchword.config import config_to_dict
     from patchword.data.prepare import prepare_data
@@ -70,7 +100,7 @@ def run_two_stage(
     from patchword.eval.scoring import encode_image_tokens, encode_text_tokens
     from patchword.runs import load_run
 
-    _check_plan(ks, alpha, alpha_k)
+    _check_plan(ks, alpha, alpha_k, max_memory_mb)
     run = load_run(run_dir, checkpoint)
     split = prepare_data(run.config.data, run.tokenizer, roles=("test",)).splits["test"]
     model = run.model

@@ -20,8 +20,8 @@ import torch
 from patchword.bench.formatting import format_scoring, format_two_stage
 from patchword.bench.inputs import DEFAULT_BERT_VOCAB, SCORING_CONFIGS, check_bert_vocab
 from patchword.cli.argtypes import int_at_least
-from patchword.errors import USER_ERRORS, ConfigError, MissingFileError, RunExistsError, report_user_error
-from patchword.fileio import atomic_write_text
+from patchword.errors import ConfigError, PatchwordError, describe_os_error, run_command
+from patchword.fileio import atomic_write_text, check_output_file
 from patchword.logs import setup_logging
 
 __all__ = ["main"]
@@ -58,6 +58,15 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _positive_budget(text: str) -> float:
+    """``--max-memory-mb``: a finite number > 0 (NaN reached the engine as ``cannot convert float NaN to
+    integer``, for two-stage after the run and its data were loaded)."""
+    value = _finite_float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--quick", action="store_true", help="small sizes, one repeat (a smoke run)")
@@ -72,7 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("-v", "--verbose", action="store_true", help="tracebacks of errors")
     # Its own parent: gallery's default budget is the device's (a GPU's is not 1024 MiB).
     memory = argparse.ArgumentParser(add_help=False)
-    memory.add_argument("--max-memory-mb", type=float, default=1024, help="the scoring engine's budget")
+    memory.add_argument(
+        "--max-memory-mb", type=_positive_budget, default=1024, help="the scoring engine's budget"
+    )
 
     scoring = argparse.ArgumentParser(add_help=False)
     scoring.add_argument(
@@ -144,7 +155,7 @@ def _parser() -> argparse.ArgumentParser:
     gallery.add_argument("--max-seconds", type=float, default=600.0, help="wall-clock budget (default 600)")
     gallery.add_argument(
         "--max-memory-mb",
-        type=float,
+        type=_positive_budget,
         default=None,
         help="the scoring engine's budget (default the device's: 1024 on the CPU, half a GPU's free memory)",
     )
@@ -154,7 +165,8 @@ def _parser() -> argparse.ArgumentParser:
     gallery.add_argument(
         "--keep",
         action="store_true",
-        help="keep the matrices in --workdir (gallery-SHAPE-NxM.f32; --force overwrites)",
+        help="keep the matrices in --workdir (gallery-SHAPE-NxM.f32 once complete, with .partial added "
+        "while scoring or when the shape is extrapolated; --force overwrites)",
     )
     gallery.add_argument(
         "--block-images", type=int_at_least(1), help="images per score_matrix call (100 CPU, 1000 GPU)"
@@ -192,16 +204,33 @@ def _size(args: argparse.Namespace, name: str) -> int:
     return value if value is not None else (_QUICK if args.quick else _FULL)[name]
 
 
+#: What the scoring benchmark's checks call its arguments: the flags.
+_SCORING_FLAGS = {
+    "images": "--images",
+    "caption_images": "--caption-images",
+    "ref_captions": "--ref-captions",
+    "configs": "--configs",
+    "max_memory_mb": "--max-memory-mb",
+}
+
+
+def _scoring_plan(args: argparse.Namespace) -> dict[str, Any]:
+    """The sizes, configs and budget of the scoring benchmark, as :func:`run_scoring` takes them."""
+    return {
+        "images": _size(args, "images"),
+        "caption_images": _size(args, "caption_images"),
+        "ref_captions": _size(args, "ref_captions"),
+        "configs": [c for c in args.configs.split(",") if c],
+        "max_memory_mb": args.max_memory_mb,
+    }
+
+
 def _scoring(args: argparse.Namespace) -> dict[str, Any]:
     from patchword.bench.scoring import run_scoring
 
     return run_scoring(
-        images=_size(args, "images"),
-        caption_images=_size(args, "caption_images"),
-        ref_captions=_size(args, "ref_captions"),
+        **_scoring_plan(args),
         repeats=_size(args, "repeats"),
-        configs=[c for c in args.configs.split(",") if c],
-        max_memory_mb=args.max_memory_mb,
         data=args.data,
         bert_vocab=DEFAULT_BERT_VOCAB if args.bert_vocab is None else args.bert_vocab or None,
         stand_in_lengths=args.stand_in_lengths,
@@ -253,23 +282,44 @@ def _write_json(path: Path, results: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(results, indent=2))
 
 
-def _run(args: argparse.Namespace, argv: list[str]) -> int:
-    # Checked before anything runs: a benchmark can take many minutes.
-    if args.what in ("two-stage", "all") and args.run_dir is None:
+def _check_run_dir(args: argparse.Namespace) -> None:
+    """``--run-dir`` and ``--checkpoint`` of the two-stage part: errors name the flag."""
+    from patchword.bench.two_stage import check_run
+
+    if args.run_dir is None:
         raise ConfigError(
             "--run-dir",
             "the two-stage benchmark needs a trained run: run `make demo` (writes runs/demo) "
             "or pass --run-dir RUN",
         )
-    if args.json is not None and args.json.exists() and not args.force:
-        raise RunExistsError(f"{args.json} exists; pass --force to overwrite it")
-    if args.what in ("scoring", "all") and args.bert_vocab:  # one the user gave: it must load, not fall back
-        check_bert_vocab(args.bert_vocab, key="--bert-vocab")
+    check_run(args.run_dir, args.checkpoint, names=("--run-dir", "--checkpoint"))
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Every flag of the verb before anything runs: a benchmark can take many minutes, and a result file
+    that cannot be written, or a run that is not there, must not be found out at its end."""
+    if args.json is not None:
+        try:
+            check_output_file(args.json, args.force, flag="--json")
+        except OSError as err:  # a folder that takes no files (/proc, read-only): name the flag too
+            if isinstance(err, PatchwordError):
+                raise
+            raise ConfigError("--json", f"{args.json} cannot be written: {describe_os_error(err)}") from None
+    if args.what in ("two-stage", "all"):
+        _check_run_dir(args)
+    if args.what in ("scoring", "all"):
+        from patchword.bench.scoring import check_scoring_plan
+
+        check_scoring_plan(**_scoring_plan(args), names=_SCORING_FLAGS)
+        if args.bert_vocab:  # one the user gave: it must load, not fall back
+            check_bert_vocab(args.bert_vocab, key="--bert-vocab")
+
+
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    _check(args)  # the gallery's own flags: run_gallery checks them all before any work
     if args.what == "gallery":  # its own JSON shape, which `patchword report` reads
         from patchword.bench.gallery import format_gallery
 
-        if args.json is not None and not args.json.parent.is_dir():
-            raise MissingFileError(f"--json {args.json}: folder {args.json.parent} does not exist")
         result = _gallery(args, argv)
         print(format_gallery(result))
         if args.json is not None:
@@ -310,10 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)  # denormals would make timings depend on the random inputs
-    try:
-        return _run(args, argv)
-    except USER_ERRORS as err:
-        return report_user_error(err, args.verbose)
+    try:  # user and operating-system errors (an unwritable --json) as one line, exit 2
+        return run_command(lambda: _run(args, argv), args.verbose)
     finally:  # main() also runs in-process (tests, the top-level CLI): leave the caller's settings
         torch.set_num_threads(threads)
         torch.set_flush_denormal(False)  # torch's default; torch has no getter to restore from

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT, SUMMARY_FILE, VOC
 __all__ = [
     "PRETRAIN_RECIPE",
     "check_encoders_dir",
+    "check_exportable",
     "pretrain_config",
     "run_pretrain",
     "global_recall",
@@ -118,37 +122,184 @@ def check_encoders_dir(out: Path, force: bool) -> None:
         raise ConfigError("--out", f"{err.filename} is a file: {out} cannot be created under it") from None
 
 
+def check_exportable(cfg: RunConfig) -> None:
+    """What the export needs of the run, checked before it trains (a run that cannot be exported is
+    minutes of training for an error): the tiny image and text encoders with nothing after the text
+    encoder (what ``model.tiny_pretrained`` loads, :func:`patchword.model.build_model`) and the word
+    tokenizer (the run's ``vocab.json`` is shipped beside the weights).
+
+    Raises:
+        ConfigError: naming the key that does not fit.
+    """
+    from patchword.errors import ConfigError
+
+    needs = "the export is tiny encoders (what model.tiny_pretrained loads)"
+    for key, value in (("image_encoder", cfg.model.image_encoder), ("text_encoder", cfg.model.text_encoder)):
+        if value != "tiny":
+            raise ConfigError(f"model.{key}", f"is {value!r}, but pretrain needs 'tiny': {needs}")
+    if cfg.model.text_context.layers:
+        raise ConfigError(
+            "model.text_context.layers",
+            f"is {cfg.model.text_context.layers}, but pretrain needs 0: {needs}, with no context layers",
+        )
+    if cfg.data.tokenizer != "word":
+        raise ConfigError(
+            "data.tokenizer",
+            f"is {cfg.data.tokenizer!r}, but pretrain needs 'word': the run's word vocabulary is shipped "
+            "with the encoders",
+        )
+
+
+def _as_override(key: str, value: Any) -> str:
+    """``key=value`` as a user types it: a string as written, anything else as JSON (which YAML reads)."""
+    return f"{key}={value}" if isinstance(value, str) else f"{key}={json.dumps(value)}"
+
+
+def _last_session_config(run_dir: Path) -> RunConfig:
+    """The config the run's last session trained with: ``config.yaml`` with the overrides of its last
+    ``--resume`` (each resume applies its own overrides to ``config.yaml``, see ``resume_run``)."""
+    from patchword.readers import read_json_lines
+    from patchword.runs import RESUMES_FILE, read_run_config
+
+    resumes = read_json_lines(run_dir / RESUMES_FILE, "resume log")
+    return read_run_config(run_dir, resumes[-1].get("overrides", []) if resumes else [])
+
+
+def _refuse_other_values(finished: RunConfig, cfg: RunConfig, run_dir: Path) -> None:
+    """A finished run is exported as it is: a value of the command that differs from the one the run
+    trained with (even a resumable one, ``train.max_steps``) would be recorded in the encoders' recipe
+    beside weights it did not produce."""
+    from patchword.config import config_diff, flat_config
+    from patchword.errors import ConfigError
+    from patchword.runs.recorded import NEUTRAL_OVERRIDES
+
+    # how the work runs (progress bars, data cache, loader workers) says nothing of the weights
+    changed = [key for key in config_diff(finished, cfg) if key not in NEUTRAL_OVERRIDES]
+    if changed:
+        key = changed[0]
+        have, want = flat_config(finished).get(key), flat_config(cfg).get(key)
+        raise ConfigError(
+            key,
+            f"{run_dir} is finished, trained with {have!r}, not {want!r}: its encoders are exported only "
+            f"with the values they were trained with (to train it further: `patchword train --resume "
+            f"{run_dir} {_as_override(key, want)}`, then this command again; or choose another name=)",
+        )
+
+
+def _resume_overrides(run_dir: Path, cfg: RunConfig) -> list[str]:
+    """The overrides that make a resume of the interrupted ``run_dir`` train with ``cfg``: its resumable
+    keys whose values differ from the run's ``config.yaml`` (the others are checked equal already), each
+    checked to read back as ``cfg``'s value (a string field takes the text as written, other fields YAML).
+    """
+    from patchword.config import config_diff, flat_config
+    from patchword.errors import ConfigError
+    from patchword.runs import read_run_config
+
+    saved = read_run_config(run_dir)
+    values = flat_config(cfg)
+    overrides = []
+    for key in config_diff(saved, cfg):
+        value = values.get(key)
+        spellings = [_as_override(key, value), f"{key}={json.dumps(value, ensure_ascii=False)}"]
+        fits = [o for o in spellings if flat_config(apply_overrides(saved, [o])).get(key) == value]
+        if not fits:  # the resume would train with another value than the one recorded with the encoders
+            raise ConfigError(key, f"{value!r} cannot be passed on to the resume of {run_dir}")
+        overrides.append(fits[0])
+    return overrides
+
+
+_TRAIN_RESUME = "`patchword train --resume {}`"
+_RERUN = "running the same `patchword pretrain` command again"
+
+
+def _pretrain_hint(err: Exception, run_dir: Path) -> Exception:
+    """``err`` (an interruption of the training or its evaluation) saying how to go on with *pretrain*:
+    ``patchword train --resume``, which the runner advises, would never export the encoders; the same
+    ``patchword pretrain`` command resumes the run and then exports them."""
+    from patchword.errors import Interrupted
+    from patchword.train.trainer import TrainingInterrupted
+
+    if isinstance(err, TrainingInterrupted):
+        name = signal.Signals(err.signum).name
+        return Interrupted(
+            err.signum,
+            f"{name} received: stopped at step {err.step}, {err.checkpoint} written; continue by {_RERUN} "
+            f"(it resumes {run_dir} and exports the encoders)",
+        )
+    text = str(err)
+    if isinstance(err, Interrupted) and _TRAIN_RESUME.format(run_dir) in text:
+        return Interrupted(err.signum, text.replace(_TRAIN_RESUME.format(run_dir), _RERUN))
+    return err
+
+
+def _export(run, cfg: RunConfig, run_dir: Path, out: Path, meta: dict[str, Any]) -> None:
+    """Write the encoders, their vocabulary and ``config.json`` (``meta`` plus the test recall of the
+    weights as stored) into a staging folder beside ``out``, then move them into ``out``: a failure or a
+    kill while the recall is measured leaves ``out`` as it was, not with a ``config.json`` lacking it."""
+    from patchword.data.prepare import prepare_data
+    from patchword.fileio import staging_dir
+    from patchword.pretrained import CONFIG, VOCAB, WEIGHTS, save_pretrained_encoders
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(staging_dir(out, "export"))
+    try:
+        save_pretrained_encoders(run.model, cfg.model, run_dir / VOCAB_FILE, stage, meta)
+        # The recorded recall is that of the weights as shipped (stored in float16): what a user loads.
+        shipped = apply_overrides(cfg, [f"model.tiny_pretrained={stage}", f"data.vocab_path={stage}"])
+        meta["test_global"] = global_recall(shipped, prepare_data(shipped.data, roles=["test"]))
+        save_pretrained_encoders(run.model, cfg.model, run_dir / VOCAB_FILE, stage, meta)
+        if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+            os.replace(stage, out)  # all three at once (a rename onto an empty directory replaces it)
+        else:  # --force over earlier encoders: one file at a time, config.json (their description) last
+            for name in (WEIGHTS, VOCAB, CONFIG):
+                os.replace(stage / name, out / name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
 def run_pretrain(
     overrides: list[str] | None = None, *, out: Path, force: bool = False, config: str | None = None
 ) -> dict[str, Any]:
     """Train (or continue an interrupted run, or take a finished one) and export the encoders.
 
     Writes ``out/model.safetensors`` (the encoders of the best dev checkpoint, float16), ``vocab.json`` and
-    ``config.json`` (architecture, recipe, seed, machine, time and the global test metrics).
+    ``config.json`` (architecture, recipe, seed, machine, time and the global test metrics). The recipe
+    recorded there is the command's, so the run it exports must have trained with the command's values:
+    an interrupted run resumes with the command's resumable values (``train.max_steps``...), a finished one
+    is refused where any value differs.
+
+    Raises:
+        ConfigError: before any work, a run that cannot be exported (:func:`check_exportable`), an existing
+            run trained with another value, or ``--out`` naming a file.
+        RunExistsError: ``--out`` is not empty and ``force`` is not given.
+        Interrupted: SIGTERM / SIGINT; the message says to run the same command again.
     """
     from patchword.bench.machine import machine_description
     from patchword.config import config_diff
-    from patchword.data.prepare import prepare_data
-    from patchword.errors import ConfigError
-    from patchword.pretrained import save_pretrained_encoders
+    from patchword.errors import ConfigError, Interrupted
     from patchword.runs import load_run, read_run_config
     from patchword.train.runner import resume_run, train_run
     from patchword.train.validate import RESUMABLE_KEYS
 
     check_encoders_dir(out, force)
     cfg = pretrain_config(overrides, config)
+    check_exportable(cfg)
     run_dir = Path(cfg.output_dir) / cfg.name
     if (run_dir / CONFIG_FILE).is_file():  # an existing run is only taken if it is this recipe
         changed = [k for k in config_diff(read_run_config(run_dir), cfg) if k not in RESUMABLE_KEYS]
         if changed:
             raise ConfigError(changed[0], f"{run_dir} was trained with another value: choose another name=")
-    if (run_dir / SUMMARY_FILE).is_file():  # trained already: export again (e.g. to another --out)
-        _logger.info("%s is finished: exporting its encoders", run_dir)
-        summary = read_json(run_dir / SUMMARY_FILE, "run summary")
-    elif (run_dir / LAST_CHECKPOINT).is_file():  # interrupted: continue it with its own config
-        summary = resume_run(run_dir)
-    else:
-        summary = train_run(cfg)
+    try:
+        if (run_dir / SUMMARY_FILE).is_file():  # trained already: export again (e.g. to another --out)
+            _refuse_other_values(_last_session_config(run_dir), cfg, run_dir)
+            _logger.info("%s is finished: exporting its encoders", run_dir)
+            summary = read_json(run_dir / SUMMARY_FILE, "run summary")
+        elif (run_dir / LAST_CHECKPOINT).is_file():  # interrupted: continue it with this command's values
+            summary = resume_run(run_dir, _resume_overrides(run_dir, cfg))
+        else:
+            summary = train_run(cfg)
+    except Interrupted as err:
+        raise _pretrain_hint(err, run_dir) from None
     run = load_run(run_dir)
     meta = {
         "recipe": {"config": config or PRETRAIN_RECIPE, "overrides": list(overrides or [])},
@@ -160,11 +311,7 @@ def run_pretrain(
         "train_seconds": round(summary["train_seconds"], 1),
         "machine": machine_description(),
     }
-    save_pretrained_encoders(run.model, cfg.model, run_dir / VOCAB_FILE, out, meta)
-    # The recorded recall is that of the weights as shipped (stored in float16): what a user loads.
-    shipped = apply_overrides(cfg, [f"model.tiny_pretrained={out}", f"data.vocab_path={out}"])
-    meta["test_global"] = global_recall(shipped, prepare_data(shipped.data, roles=["test"]))
-    save_pretrained_encoders(run.model, cfg.model, run_dir / VOCAB_FILE, out, meta)
+    _export(run, cfg, run_dir, out, meta)
     _logger.info("pretrained encoders written to %s", out)
     print(json.dumps(meta, indent=2))
     return meta
