@@ -9,7 +9,9 @@ shortcut flags (``--bits``, ``--epochs``, ...), which win. ``hash train --resume
 with its own saved config, as ``patchword train --resume`` does: only the keys in
 :data:`~patchword.hashing.config.HASH_RESUMABLE_KEYS` may be overridden (``--epochs 100``,
 ``device=cuda:0``). ``train.num_threads`` (when > 0) sets torch's thread count here, in the application,
-for the duration of ``hash train``: the library's training functions never change it.
+for the duration of ``hash train``: the library's training functions never change it. SIGTERM / SIGINT
+stop ``hash train`` with ``last.pt`` written and exit 128 + signal, one ``interrupted:`` line naming the
+resume command. ``hash eval`` reports which checkpoint (epoch, step, finished) it evaluated.
 """
 
 from __future__ import annotations
@@ -24,17 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from patchword.config import parse_with_overrides
-from patchword.errors import (
-    USER_ERRORS,
-    ConfigError,
-    DataError,
-    MissingExtraError,
-    PatchwordError,
-    report_user_error,
-)
+from patchword.errors import ConfigError, DataError, MissingExtraError, PatchwordError, run_command
 from patchword.fileio import atomic_write_text, check_output_file
 from patchword.logs import setup_logging
-from patchword.runs.files import LAST_CHECKPOINT
 
 __all__ = ["main"]
 
@@ -144,19 +138,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``patchword hash <argv>``; returns 0 on success, 2 on a user error (message logged)."""
+    """Run ``patchword hash <argv>``; returns 0 on success, 2 on a user error (one ``error:`` line), 128 +
+    signal when SIGTERM / SIGINT stopped training (one ``interrupted:`` line saying how to resume)."""
     args = parse_with_overrides(_parser(), argv)  # overrides may follow options, as in `patchword train`
     setup_logging(args.verbose)
-    try:
-        if args.command == "train":
-            _train(args)
-        elif args.command == "eval":
-            _eval(args)
-        else:
-            _search(args)
-    except USER_ERRORS as err:
-        return report_user_error(err, args.verbose)
-    return 0
+    commands = {"train": _train, "eval": _eval, "search": _search}
+    return run_command(lambda: commands[args.command](args), args.verbose)
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -241,13 +228,14 @@ def _eval(args: argparse.Namespace) -> None:
 
     from patchword.hashing.evaluate import encode_hashing_split, evaluate_hashing
     from patchword.hashing.metrics import plot_pr_curves, precision_recall_curve
-    from patchword.hashing.runner import load_hashing_run
+    from patchword.hashing.runner import open_hashing_run
 
     if args.out is not None:
         check_output_file(args.out, args.force)
     if args.pr_plot is not None:
         _check_plot_file(args.pr_plot, args.force)
-    cfg, model, data = load_hashing_run(args.run_dir, args.overrides)
+    run = open_hashing_run(args.run_dir, args.overrides)
+    cfg, model, data = run.cfg, run.model, run.data
     if args.map_all:
         cfg.eval.map_all = True
     with torch.no_grad():
@@ -261,7 +249,8 @@ def _eval(args: argparse.Namespace) -> None:
             f"T->I {model.bits} bits": precision_recall_curve(q_txt, db_img, ql, dbl),
         }
         plot_pr_curves(curves, args.pr_plot, title=f"UCMFH {model.fusion}, {args.run_dir.name}")
-    text = json.dumps(metrics, indent=2)
+    # which weights these numbers describe: the checkpoint's epoch and step, and whether the run finished
+    text = json.dumps({**metrics, "checkpoint": run.checkpoint}, indent=2)
     if args.out is not None:
         atomic_write_text(args.out, text)
     print(text)
@@ -273,14 +262,15 @@ def _search(args: argparse.Namespace) -> None:
     import torch
 
     from patchword.hashing.model import UCMFH
-    from patchword.hashing.runner import load_hashing_run
+    from patchword.hashing.runner import open_hashing_run
 
     if args.k < 1:
         raise ConfigError("--k", f"must be >= 1 (neighbours per query), got {args.k}")
     if args.out is not None:
         check_output_file(args.out, args.force)
     file_queries = _read_query_file(args.query) if args.query is not None else None
-    cfg, model, data = load_hashing_run(args.run_dir)
+    run = open_hashing_run(args.run_dir)
+    cfg, model, data = run.cfg, run.model, run.data
     if model.fusion != "unimodal":
         raise ValueError("search needs a unimodal model: official_fused codes need the paired other modality")
     queries = _queries(args, model, data, file_queries)
@@ -318,6 +308,8 @@ def _read_query_file(path: Path) -> np.ndarray:
         raise DataError(
             f"{path}: expected (N, d) numeric query features, got {queries.dtype} {queries.shape}"
         )
+    if queries.shape[0] == 0:  # was torch.cat()'s "expected a non-empty list of Tensors", naming no file
+        raise DataError(f"{path}: holds no query (shape {queries.shape}); give at least one row")
     if not np.isfinite(queries).all():
         raise DataError(f"{path}: contains NaN/inf values")
     return queries
@@ -342,8 +334,9 @@ def _queries(args: argparse.Namespace, model, data, file_queries: np.ndarray | N
 
 def _database_index(args: argparse.Namespace, device: str, model, data):
     """The Hamming index of the retrieval split's other modality: cached in the run directory as
-    ``index_{modality}.npz``, built (and cached) when missing, older than the run's ``last.pt`` (trained
-    on since) or with --rebuild. Returns (index, modality)."""
+    ``index_{modality}.npz`` with the fingerprint of what it was built from (:func:`_index_fingerprint`),
+    built (and cached) when missing, when built from other weights or features, or with --rebuild.
+    Returns (index, modality)."""
     import torch
 
     from patchword.hashing.codes import HammingIndex
@@ -351,30 +344,50 @@ def _database_index(args: argparse.Namespace, device: str, model, data):
 
     db_modality = "text" if args.modality == "image" else "image"
     index_path = args.run_dir / f"index_{db_modality}.npz"
-    # codes of older weights (the run was resumed and trained on since the index was cached) are stale
-    stale = (
-        index_path.is_file() and index_path.stat().st_mtime < (args.run_dir / LAST_CHECKPOINT).stat().st_mtime
-    )
-    if stale:
-        _logger.info("%s: older than the run's %s; rebuilding it", index_path, LAST_CHECKPOINT)
-    if index_path.is_file() and not args.rebuild and not stale:
+    feats = getattr(data.retrieval, db_modality)
+    fingerprint = _index_fingerprint(model, feats, db_modality)
+    if index_path.is_file() and not args.rebuild:
         try:
             index = HammingIndex.load(index_path, backend=args.backend)
         except (PatchwordError, MemoryError):
             raise
         except Exception as err:  # numpy's readers raise EOFError, BadZipFile... on a damaged file
             raise DataError(f"{index_path}: cached index unreadable ({err}); pass --rebuild") from None
-        if index.bits != model.bits:
-            raise DataError(
-                f"{index_path}: {index.bits}-bit codes, the run's model {model.bits}; pass --rebuild"
-            )
-        return index, db_modality
-    feats = torch.from_numpy(getattr(data.retrieval, db_modality)).to(device)
+        if index.metadata == fingerprint:
+            return index, db_modality
+        # the run was trained on since, or its data (files or data.* keys) changed: stale codes
+        _logger.info("%s: built from other weights or retrieval features; rebuilding it", index_path)
     encode = model.encode_text if db_modality == "text" else model.encode_image
     index = HammingIndex(model.bits, backend=args.backend)
-    index.add(UCMFH.codes(encode(feats)).cpu().numpy().astype(np.int8))
+    index.add(UCMFH.codes(encode(torch.from_numpy(feats).to(device))).cpu().numpy().astype(np.int8))
+    index.metadata = fingerprint
     index.save(index_path)
     return index, db_modality
+
+
+def _index_fingerprint(model, feats: np.ndarray, modality: str) -> dict:
+    """What a cached index's codes are a function of: the database features (rows and a digest) and the
+    model's weights (a digest of its state). The index of an unchanged run is reused; one of replaced data
+    files, other data.* settings or weights trained on since is rebuilt (the file dates said nothing of
+    the data, and a copied run keeps no dates)."""
+    import hashlib
+
+    import torch
+
+    weights = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        weights.update(f"{name}:{flat.dtype}:{tuple(tensor.shape)};".encode())
+        weights.update(flat.view(torch.uint8).numpy().data)
+    feats = np.ascontiguousarray(feats)
+    return {
+        "database": modality,
+        "rows": int(feats.shape[0]),
+        "features_sha256": hashlib.sha256(feats.data).hexdigest(),
+        "features": f"{feats.dtype}{list(feats.shape)}",
+        "weights_sha256": weights.hexdigest(),
+        "bits": int(model.bits),
+    }
 
 
 if __name__ == "__main__":

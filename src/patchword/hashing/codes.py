@@ -17,7 +17,9 @@ returns the same distances but its order among equal distances is its own.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -281,6 +283,9 @@ class HammingIndex:
             raise ValueError(f"backend must be one of {self.BACKENDS}, got {backend!r}")
         self.bits = int(bits)
         self.backend = backend
+        # what the codes were made from (JSON values), saved with them: a cache compares it with what it
+        # would be built from now, and rebuilds on a difference
+        self.metadata: dict[str, Any] = {}
         self._packed = np.zeros((0, (self.bits + 7) // 8), dtype=np.uint8)
         self._faiss = None
         if backend == "faiss":
@@ -324,11 +329,15 @@ class HammingIndex:
         return hamming_topk(q, self._packed, k)
 
     def save(self, path: str | Path) -> None:
-        """Write the packed codes and the code length to an ``.npz`` file (no pickle)."""
+        """Write the packed codes, the code length and :attr:`metadata` (as JSON text) to an ``.npz`` file
+        (no pickle)."""
         path = Path(path)
         if path.suffix != ".npz":
             path = path.with_name(path.name + ".npz")  # what np.savez does with a path
-        atomic_write(path, lambda fh: np.savez(fh, packed=self._packed, bits=np.int64(self.bits)))
+        meta = np.array(json.dumps(self.metadata, sort_keys=True))
+        atomic_write(
+            path, lambda fh: np.savez(fh, packed=self._packed, bits=np.int64(self.bits), metadata=meta)
+        )
 
     @classmethod
     def load(cls, path: str | Path, backend: str = "numpy") -> HammingIndex:
@@ -341,6 +350,8 @@ class HammingIndex:
                 raise ValueError(f"{path}: not a HammingIndex file (needs fields 'packed' and 'bits')")
             index = cls(int(data["bits"]), backend=backend)
             packed = _check_packed(data["packed"], f"{path}: field 'packed'", index.bits)
+            if "metadata" in data:  # files of older versions hold none
+                index.metadata = json.loads(str(data["metadata"]))
         if len(packed):
             index.add(packed)
         return index

@@ -146,40 +146,89 @@ def check_hash_config(cfg: HashRunConfig):
     """Rules the field types cannot express (configs built in code skip the loader's checks, so the
     choices are checked here too); returns the resolved ``torch.device``.
 
+    Every numeric key is checked for its range here, before anything is built or written: a value out of
+    range otherwise surfaced after training (``eval.ks=[0]``), as a traceback from torch
+    (``model.nhead=0``: ZeroDivisionError) or not at all (``eval.topk=-5`` reported a mislabelled mAP).
+    What depends on the data (``nhead`` dividing the feature widths, the number of pairs) is checked when
+    the data are built (:mod:`~patchword.hashing.build`), still before anything is written.
+
     Raises:
         ConfigError: naming the dotted key (an unavailable device included).
     """
     from patchword.device import resolve_device
 
     device = resolve_device(cfg.device)
+    _check_choices(cfg)
+    _check_train_ranges(cfg.train)
+    _check_model_ranges(cfg.model)
+    _check_data_ranges(cfg.data)
+    _check_eval_ranges(cfg.eval)
+    check_common_values(cfg, seeds=("train.seed", "data.split_seed", "data.synthetic_seed"))
+    return device
+
+
+def _at_least(key: str, value: int, low: int, why: str) -> None:
+    if value < low:
+        raise ConfigError(key, f"must be >= {low} ({why}), got {value}")
+
+
+def _finite_at_least_zero(key: str, value: float) -> None:
+    if not 0 <= value < math.inf:
+        raise ConfigError(key, f"must be a finite number >= 0, got {value!r}")
+
+
+def _check_choices(cfg: HashRunConfig) -> None:
     tc = cfg.train
     if tc.loss not in LOSSES:
         raise ConfigError("train.loss", f"must be one of {', '.join(LOSSES)}, got {tc.loss!r}")
     if tc.optimizer not in ("adam", "adamw", "sgd"):
         raise ConfigError("train.optimizer", f"must be adam, adamw or sgd, got {tc.optimizer!r}")
-    if tc.batch_size < 2:
-        raise ConfigError("train.batch_size", f"must be >= 2 (a contrastive batch), got {tc.batch_size}")
+
+
+def _check_train_ranges(tc: HashTrainConfig) -> None:
+    _at_least("train.batch_size", tc.batch_size, 2, "a contrastive batch")
     if len(tc.betas) != 2:
         raise ConfigError("train.betas", f"must be two numbers, got {tc.betas}")
-    if tc.epochs < 0:
-        raise ConfigError("train.epochs", f"must be >= 0, got {tc.epochs}")
-    if tc.num_threads < 0:
-        raise ConfigError("train.num_threads", f"must be >= 0 (0 = torch's default), got {tc.num_threads}")
-    for key in ("lr_encoder", "lr_heads"):
-        if not 0 <= getattr(tc, key) < math.inf:
-            raise ConfigError(f"train.{key}", f"must be a finite number >= 0, got {getattr(tc, key)!r}")
+    _at_least("train.epochs", tc.epochs, 0, "0 evaluates the untrained model")
+    _at_least("train.num_threads", tc.num_threads, 0, "0 = torch's default")
+    _at_least("train.save_every", tc.save_every, 0, "epochs between checkpoints; 0 = at the end only")
+    for key in ("lr_encoder", "lr_heads", "weight_decay", "feature_weight", "hash_weight", "hashnet_alpha"):
+        _finite_at_least_zero(f"train.{key}", getattr(tc, key))
     for i, beta in enumerate(tc.betas):  # torch names no key ("Invalid beta parameter at index 0")
         if not 0 <= beta < 1:
             raise ConfigError(f"train.betas[{i}]", f"must lie in [0, 1), got {beta!r}")
     if not 0 < tc.temperature < math.inf:
         raise ConfigError("train.temperature", f"must be a finite number > 0, got {tc.temperature!r}")
-    mc = cfg.model
-    if mc.bits < 1:
-        raise ConfigError("model.bits", f"must be >= 1 (the code length), got {mc.bits}")
+
+
+def _check_model_ranges(mc: HashModelConfig) -> None:
+    _at_least("model.bits", mc.bits, 1, "the code length")
+    _at_least("model.nhead", mc.nhead, 1, "attention heads")  # 0 was a ZeroDivisionError in torch
+    _at_least("model.num_layers", mc.num_layers, 1, "encoder layers")  # 0 was an IndexError in torch
+    _at_least("model.dim_feedforward", mc.dim_feedforward, 1, "the encoder's feed-forward width")
+    _at_least("model.hidden", mc.hidden, 1, "the hash heads' hidden width")
+    _at_least("model.eval_batch_size", mc.eval_batch_size, 1, "pairs per evaluation block")
     for key in ("dropout", "head_dropout"):  # torch's message names no key either
         if not 0 <= getattr(mc, key) < 1:
             raise ConfigError(f"model.{key}", f"must lie in [0, 1), got {getattr(mc, key)!r}")
-    if cfg.eval.topk < 1:  # mAP@0 is no measurement: a run wrote 0.0 for it
-        raise ConfigError("eval.topk", f"must be >= 1, got {cfg.eval.topk}")
-    check_common_values(cfg, seeds=("train.seed", "data.split_seed", "data.synthetic_seed"))
-    return device
+
+
+def _check_data_ranges(dc: HashDataConfig) -> None:
+    _at_least("data.num_query", dc.num_query, 1, "query pairs")
+    _at_least("data.num_train", dc.num_train, 2, "a contrastive batch needs two training pairs")
+    _at_least("data.synthetic_num_retrieval", dc.synthetic_num_retrieval, 1, "retrieval pairs")
+    _at_least("data.synthetic_image_dim", dc.synthetic_image_dim, 1, "the image feature width")
+    _at_least("data.synthetic_text_dim", dc.synthetic_text_dim, 1, "the text feature width")
+    if dc.format == "synthetic" and dc.num_train > dc.synthetic_num_retrieval:
+        raise ConfigError(
+            "data.num_train",
+            f"synthetic training pairs are drawn from the retrieval set: at most "
+            f"data.synthetic_num_retrieval={dc.synthetic_num_retrieval}, got {dc.num_train}",
+        )
+
+
+def _check_eval_ranges(ec: HashEvalConfig) -> None:
+    if ec.topk < 1:  # mAP@0 is no measurement: a run wrote 0.0 for it
+        raise ConfigError("eval.topk", f"must be >= 1, got {ec.topk}")
+    if not ec.ks or min(ec.ks) < 1:  # found only after training, by the metrics
+        raise ConfigError("eval.ks", f"must be a non-empty list of cut-offs >= 1, got {ec.ks}")

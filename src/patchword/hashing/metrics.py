@@ -256,6 +256,8 @@ def retrieval_report(
         int}``; ``map`` is None when ``map_k`` is None. Precision uses ``min(k, Ndb)`` as denominator.
     """
     ks = _check_ks(ks)
+    if map_k is not None and int(map_k) < 1:  # map@0 read 0.0; map@-5 was the mAP over all but 5 (map@45)
+        raise ValueError(f"map_k must be >= 1 (or None for no mAP), got {map_k}")
     depth = max(ks + ([map_k] if map_k is not None else []))
     aps, hits, totals = [], [], []
     for rel, n_rel, _, _ in _ranked_blocks(q_codes, db_codes, q_labels, db_labels, depth, measure):

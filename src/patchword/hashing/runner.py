@@ -4,8 +4,14 @@ A run directory holds ``config.yaml`` (the resolved :class:`HashRunConfig`, what
 written once, after everything was checked and built, and never rewritten), ``metrics.jsonl`` (one record
 per epoch, then the final evaluation), ``last.pt`` (atomic, everything to resume; written every
 ``train.save_every`` epochs and at the end), ``model.safetensors`` + ``config.json`` (weights-only export),
-``eval.json`` and, once resumed, ``resumes.jsonl`` (one record per resume with its overrides). The test
+``eval.json`` (with the epoch and step of the checkpoint it evaluated), ``.lock`` (held while a command
+trains the run) and, once resumed, ``resumes.jsonl`` (one record per resume with its overrides). The test
 split is evaluated once at the end, never used to select a checkpoint (SPEC decision 4).
+
+A new run never writes into a directory that holds anything (:mod:`~patchword.hashing.rundir`), and one
+whose start fails before its first checkpoint is removed again. SIGTERM / SIGINT while training save
+``last.pt`` and stop (:class:`~patchword.hashing.trainer.HashTrainingInterrupted`); elsewhere they stop
+with a line saying what was kept.
 
 :func:`resume_hashing` continues a run with its own config, as ``patchword train --resume`` does: only
 the keys in :data:`~patchword.hashing.config.HASH_RESUMABLE_KEYS` may be overridden, and a resumed run
@@ -15,11 +21,12 @@ generators restored from ``last.pt``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,17 +41,26 @@ from patchword.config import (
     save_config,
 )
 from patchword.device import resolve_device
-from patchword.errors import ConfigError, MissingFileError, RunExistsError
-from patchword.fileio import append_line, atomic_write_text, keep_jsonl_records
+from patchword.errors import ConfigError, MissingFileError
+from patchword.fileio import append_line, atomic_write_text, keep_jsonl_records, probe_writable
 from patchword.hashing.build import build_hashing_dataset, build_hashing_model
 from patchword.hashing.config import HASH_EVAL_KEYS, HASH_RESUMABLE_KEYS, HashRunConfig, check_hash_config
 from patchword.hashing.dataset import HashDataset
 from patchword.hashing.evaluate import evaluate_hashing
 from patchword.hashing.model import UCMFH
+from patchword.hashing.rundir import claim_new_run, refuse_existing, remove_run, run_lock, stop_raises
 from patchword.hashing.trainer import HashTrainer, append_metrics
-from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT, RESUMES_FILE
+from patchword.runs.files import CONFIG_FILE, IMPORT_FILE, LAST_CHECKPOINT, METRICS_FILE, RESUMES_FILE
 
-__all__ = ["hashing_run_dir", "train_hashing", "resume_config", "resume_hashing", "load_hashing_run"]
+__all__ = [
+    "HashRun",
+    "hashing_run_dir",
+    "train_hashing",
+    "resume_config",
+    "resume_hashing",
+    "load_hashing_run",
+    "open_hashing_run",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -69,12 +85,15 @@ def train_hashing(
     Args:
         cfg: the resolved config.
         resume: continue ``run_dir/last.pt`` (:func:`resume_hashing` with the keys where ``cfg`` differs
-            from the run's config.yaml); without it an existing run directory with a checkpoint is an
-            error (no silent overwrite).
+            from the run's config.yaml); without it a run directory that holds anything is an error (no
+            silent overwrite, no second run's records in a killed run's metrics.jsonl).
         data: an already built dataset (benchmarks reuse one); built from ``cfg.data`` when None.
 
     Raises:
-        RunExistsError: the run directory already holds a checkpoint and ``resume`` is False.
+        RunExistsError: the run directory holds something and ``resume`` is False, or another process
+            trains the run now.
+        Interrupted: SIGTERM / SIGINT (:class:`~patchword.hashing.trainer.HashTrainingInterrupted` during
+            training, after last.pt was written).
         MissingFileError: ``resume`` of a run that does not exist or never saved a checkpoint.
         ConfigError: ``resume`` with settings other than the run's own (except
             :data:`HASH_RESUMABLE_KEYS`); the run's config.yaml is never rewritten.
@@ -91,8 +110,11 @@ def train_hashing(
             )
         values = _flat(cfg)
         return resume_hashing(run_dir, [f"{k}={json.dumps(values[k])}" for k in changed], data=data)
-    if (run_dir / LAST_CHECKPOINT).exists():
-        raise RunExistsError(f"{run_dir} already holds a run; pass --resume or choose another name")
+    try:  # a read-only or vanished output_dir fails now, not after the data were built
+        probe_writable(cfg.output_dir)
+    except NotADirectoryError as err:  # a file where the directory (or one of its parents) must go
+        raise ConfigError("output_dir", f"{err.filename} is a file: runs go in a directory there") from None
+    refuse_existing(run_dir)  # early; checked again under the run's lock, before anything is written
     return _train(cfg, run_dir, data)
 
 
@@ -151,29 +173,55 @@ def _train(
     overrides: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Build, then start (``state`` None: creates the run directory and its config.yaml) or continue from
-    ``state`` (a loaded last.pt), train, evaluate once on the test split."""
+    ``state`` (a loaded last.pt), train, evaluate once on the test split; the run directory is locked
+    throughout."""
     device = check_hash_config(cfg)
-    seed_everything(cfg.train.seed)
-    data = data if data is not None else build_hashing_dataset(cfg.data)
-    if cfg.train.loss == "hashnet" and not data.has_labels:
-        _logger.info("hashnet loss without labels: pairs are similar only to themselves (ids)")
-    model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)
-    trainer = HashTrainer(cfg, model, data, run_dir)
-    if state is None:  # everything is checked and built: now the run directory and its config
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / CONFIG_FILE)
-    else:
-        trainer.load_state_dict(state)
-        _logger.info("resumed %s at epoch %d, step %d", run_dir, trainer.epoch, trainer.step)
-        # the records of the epochs this resume redoes (a kill after the checkpoint) go
-        keep_jsonl_records(run_dir / "metrics.jsonl", lambda r, step=trainer.step: int(r["step"]) <= step)
-        record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "epoch": trainer.epoch, "step": trainer.step}
-        append_line(run_dir / RESUMES_FILE, json.dumps({**record, "overrides": list(overrides)}))
-    fit = trainer.fit()
-    export_weights(model, asdict(cfg), run_dir, data=data.summary())
-    metrics = evaluate_hashing(model, data, cfg.eval, device)
-    append_metrics(run_dir, {"split": "test", "epoch": trainer.epoch, "step": trainer.step, **metrics})
-    atomic_write_text(run_dir / "eval.json", json.dumps(metrics, indent=2))
+    resume_hint = f"`patchword hash train --resume {run_dir}`"
+    phase: dict[str, Any] = {
+        "then": "before training started: nothing was kept; run the same command again"
+        if state is None
+        else f"before training resumed: {resume_hint} continues it"
+    }
+    claim = {"owned": False, "created": False}
+    with stop_raises(phase), contextlib.ExitStack() as locks:
+        if state is not None:
+            locks.enter_context(run_lock(run_dir))
+        seed_everything(cfg.train.seed)
+        data = data if data is not None else build_hashing_dataset(cfg.data)
+        if cfg.train.loss == "hashnet" and not data.has_labels:
+            _logger.info("hashnet loss without labels: pairs are similar only to themselves (ids)")
+        model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)
+        trainer = HashTrainer(cfg, model, data, run_dir)
+        try:
+            if state is None:  # everything is checked and built: now the run directory and its config
+                claim_new_run(run_dir, locks, claim)
+                save_config(cfg, run_dir / CONFIG_FILE)
+            else:
+                trainer.load_state_dict(state)
+                _logger.info("resumed %s at epoch %d, step %d", run_dir, trainer.epoch, trainer.step)
+                # the records of the epochs this resume redoes (a kill after the checkpoint) go
+                keep_jsonl_records(
+                    run_dir / METRICS_FILE, lambda r, step=trainer.step: int(r["step"]) <= step
+                )
+                record = {
+                    "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    "epoch": trainer.epoch,
+                    "step": trainer.step,
+                }
+                append_line(run_dir / RESUMES_FILE, json.dumps({**record, "overrides": list(overrides)}))
+            fit = trainer.fit()
+        except BaseException:
+            if claim["owned"] and not (run_dir / LAST_CHECKPOINT).is_file():
+                remove_run(run_dir, claim["created"])
+            raise
+        phase["then"] = f"during the final evaluation: training is finished; {resume_hint} evaluates it"
+        export_weights(model, asdict(cfg), run_dir, data=data.summary())
+        metrics = evaluate_hashing(model, data, cfg.eval, device)
+        metrics["checkpoint"] = checkpoint_record(
+            run_dir, trainer.epoch, trainer.batch_in_epoch, trainer.step, cfg.train.epochs
+        )
+        append_metrics(run_dir, {"split": "test", "epoch": trainer.epoch, "step": trainer.step, **metrics})
+        atomic_write_text(run_dir / "eval.json", json.dumps(metrics, indent=2))
     return {"run_dir": str(run_dir), "data": data.summary(), **fit, **metrics}
 
 
@@ -188,35 +236,79 @@ def _flat(cfg: HashRunConfig) -> dict[str, Any]:
     return out
 
 
-def load_hashing_run(
-    run_dir: str | Path, overrides: list[str] | None = None, device: str | None = None
-) -> tuple[HashRunConfig, UCMFH, HashDataset]:
-    """Config, trained model (eval mode, on the config's or the given device) and dataset of a run.
+def checkpoint_record(
+    run_dir: Path, epoch: int, batch_in_epoch: int, step: int, epochs: int
+) -> dict[str, Any]:
+    """What an evaluation says about the weights it evaluated (``last.pt`` of ``run_dir``): its epoch and
+    step, and whether the run had finished (reached the ``epochs`` it was trained to) or stopped on the
+    way; an imported checkpoint not trained on since says so."""
+    record: dict[str, Any] = {
+        "file": LAST_CHECKPOINT,
+        "epoch": epoch,
+        "step": step,
+        "finished": epoch >= epochs and batch_in_epoch == 0,
+    }
+    if step == 0 and (run_dir / IMPORT_FILE).is_file():
+        record["imported"] = True
+    return record
 
-    ``overrides`` may change only the keys in :data:`HASH_EVAL_KEYS` (evaluation options, the device, the
-    data): the run's model is its own.
 
-    Raises:
-        MissingFileError: ``run_dir`` has no ``config.yaml`` or no ``last.pt``.
-        ConfigError: an override of another key, or data whose feature sizes do not fit the trained weights.
-    """
+@dataclass
+class HashRun:
+    """A trained run loaded back: config (with the overrides applied), model (eval mode, on
+    ``cfg.device``), data, and :func:`checkpoint_record` of the weights."""
+
+    cfg: HashRunConfig
+    model: UCMFH
+    data: HashDataset
+    checkpoint: dict[str, Any]
+
+
+def open_hashing_run(
+    run_dir: str | Path, overrides: Sequence[str] | None = None, device: str | None = None
+) -> HashRun:
+    """Config, trained model, dataset and checkpoint record of a run (see :func:`load_hashing_run`)."""
     run_dir = Path(run_dir)
     if not (run_dir / CONFIG_FILE).is_file():
         raise MissingFileError(f"{run_dir} is not a hashing run directory (no {CONFIG_FILE})")
     if not (run_dir / LAST_CHECKPOINT).is_file():
         raise MissingFileError(f"{run_dir} has no last.pt: the run never saved a checkpoint")
     _refuse_trained_run_overrides(overrides or [])
-    cfg = load_config(HashRunConfig, run_dir / CONFIG_FILE, overrides or [])
+    cfg = load_config(HashRunConfig, run_dir / CONFIG_FILE, list(overrides or []))
     cfg = replace(
         cfg, device=str(resolve_device(device or cfg.device, key="--device" if device else "device"))
     )
+    # the overridden eval / data keys get the checks training made (eval.topk=0 reported map@0 = 0.0)
+    check_hash_config(cfg)
     data = build_hashing_dataset(cfg.data)
     model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)
-    weights = load_checkpoint(run_dir / LAST_CHECKPOINT, map_location=cfg.device)["model"]
+    state = load_checkpoint(run_dir / LAST_CHECKPOINT, map_location=cfg.device)
     # data (overridden, or its files replaced) with other feature sizes build a model the weights do not fit
     builds = f"these data build (image {data.image_dim}-d, text {data.text_dim}-d)"
-    load_fitting_weights(model, weights, run_dir / LAST_CHECKPOINT, "data", builds)
-    return cfg, model.to(cfg.device).eval(), data
+    load_fitting_weights(model, state["model"], run_dir / LAST_CHECKPOINT, "data", builds)
+    # the epochs the session that wrote it trained to (a resume may have raised config.yaml's)
+    epochs = (state.get("config") or {}).get("train", {}).get("epochs", cfg.train.epochs)
+    checkpoint = checkpoint_record(
+        run_dir, int(state["epoch"]), int(state.get("batch_in_epoch", 0)), int(state["step"]), int(epochs)
+    )
+    return HashRun(cfg, model.to(cfg.device).eval(), data, checkpoint)
+
+
+def load_hashing_run(
+    run_dir: str | Path, overrides: list[str] | None = None, device: str | None = None
+) -> tuple[HashRunConfig, UCMFH, HashDataset]:
+    """Config, trained model (eval mode, on the config's or the given device) and dataset of a run.
+
+    ``overrides`` may change only the keys in :data:`HASH_EVAL_KEYS` (evaluation options, the device, the
+    data): the run's model is its own. The overridden config is checked as training checks it.
+
+    Raises:
+        MissingFileError: ``run_dir`` has no ``config.yaml`` or no ``last.pt``.
+        ConfigError: an override of another key, a value out of range, or data whose feature sizes do not
+            fit the trained weights.
+    """
+    run = open_hashing_run(run_dir, overrides, device)
+    return run.cfg, run.model, run.data
 
 
 def _refuse_trained_run_overrides(overrides: Sequence[str]) -> None:

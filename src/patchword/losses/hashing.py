@@ -77,7 +77,8 @@ class InfoNCE(nn.Module):
         logits = z @ z.T / self.temperature
         # Self-similarity is never a candidate; -inf drops it from the log-sum-exp exactly.
         logits = logits.masked_fill(torch.eye(2 * batch, dtype=torch.bool, device=logits.device), -math.inf)
-        target = torch.cat([torch.arange(batch, 2 * batch), torch.arange(batch)]).to(logits.device)
+        # built on the device: a host tensor copied over makes the host wait for the device every step
+        target = torch.arange(2 * batch, device=logits.device).roll(batch)
         return F.cross_entropy(logits, target)
 
     def extra_repr(self) -> str:
@@ -207,9 +208,11 @@ class HashNetLoss(nn.Module):
         # log(1 + e^x) - s x, written as softplus so that large |x| neither overflows nor loses precision.
         pair_loss = F.softplus(ip) - similar.to(ip.dtype) * ip
         loss = ip.new_zeros(())
+        # The mean over each class present, without reading on the host whether it is (one wait for the
+        # device per class and step): an absent class sums 0 over a count clamped to 1.
         for mask in (similar, ~similar):
-            if bool(mask.any()):
-                loss = loss + pair_loss[mask].mean()
+            count = mask.sum().to(ip.dtype)
+            loss = loss + torch.where(mask, pair_loss, 0.0).sum() / count.clamp(min=1)
         return loss
 
     def extra_repr(self) -> str:

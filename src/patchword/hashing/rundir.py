@@ -1,0 +1,106 @@
+"""A hashing run directory while a command trains it: claimed by one new run (never written into when it
+holds anything), locked against a second command, removed again when the start fails before its first
+checkpoint, and SIGTERM / SIGINT outside the training loop turned into :class:`Interrupted` with a line
+saying what was kept. The same rules as ``patchword train``'s run directories (:mod:`patchword.train.runner`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+from patchword.errors import Interrupted, RunExistsError
+from patchword.fileio import exclusive_lock
+from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT, METRICS_FILE
+from patchword.train.runner import LOCK_FILE
+from patchword.train.trainer import on_stop_signals
+
+__all__ = ["claim_new_run", "refuse_existing", "remove_run", "run_lock", "stop_raises"]
+
+_logger = logging.getLogger(__name__)
+
+
+def _holds_files(run_dir: Path) -> bool:
+    """Whether ``run_dir`` exists with something in it (its lock file alone is nothing)."""
+    return run_dir.is_dir() and any(p.name != LOCK_FILE for p in run_dir.iterdir())
+
+
+def refuse_existing(run_dir: Path) -> None:
+    """A new run never writes into a directory that holds anything: a killed run's config.yaml was
+    rewritten and its metrics.jsonl got a second run's records appended.
+
+    Raises:
+        RunExistsError: saying how to continue (``--resume``) or, without a checkpoint, what to remove.
+    """
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunExistsError(f"{run_dir} is a file: choose another --name or --output-dir")
+    if not _holds_files(run_dir):
+        return
+    if (run_dir / LAST_CHECKPOINT).is_file():
+        raise RunExistsError(
+            f"{run_dir} already holds a run; continue it with `patchword hash train --resume {run_dir}` or "
+            "choose another --name"
+        )
+    what = f"a run that stopped before its first checkpoint ({CONFIG_FILE}, no {LAST_CHECKPOINT})"
+    if not (run_dir / CONFIG_FILE).is_file():
+        what = "files of something else"
+    raise RunExistsError(
+        f"{run_dir} already holds {what}: nothing to --resume; remove it or choose another --name"
+    )
+
+
+def run_lock(run_dir: Path) -> contextlib.AbstractContextManager[None]:
+    """The exclusive lock of ``run_dir`` for the block (one training command at a time on a run).
+
+    Raises:
+        RunExistsError: another process holds it.
+    """
+    return exclusive_lock(
+        run_dir / LOCK_FILE,
+        f"run directory {run_dir} is in use by another process (a `patchword hash train` or `--resume` of "
+        "it is running): wait for it to end, or stop it first",
+    )
+
+
+def claim_new_run(run_dir: Path, locks: contextlib.ExitStack, claim: dict[str, bool]) -> None:
+    """Create ``run_dir`` and lock it (or take the empty directory a user made, under the lock); race-free
+    against another start of the same name. ``claim`` says what a failed start may remove: ``owned`` once
+    the run is this command's, ``created`` when it made the directory."""
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir()  # of two starts of one name, one creates the directory
+        created = True
+    except FileExistsError:
+        created = False
+    locks.enter_context(run_lock(run_dir))
+    refuse_existing(run_dir)  # under the lock: nobody writes it now
+    claim.update(created=created, owned=True)
+
+
+def remove_run(run_dir: Path, created: bool) -> None:
+    """A start that failed before the first checkpoint leaves nothing behind (the same command can simply
+    be run again; a half-made directory would be refused)."""
+    if created:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    else:  # an empty directory the user made: remove only what this run wrote
+        for name in (CONFIG_FILE, METRICS_FILE):
+            (run_dir / name).unlink(missing_ok=True)
+    _logger.info("start failed before the first checkpoint: %s removed", run_dir)
+
+
+def stop_raises(phase: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
+    """SIGTERM / SIGINT outside the training loop (which stops at a step, last.pt written) raise
+    :class:`Interrupted` saying ``phase["then"]``: what is kept and how to go on. SIGTERM's default action
+    kills the process on the spot, with no ``interrupted:`` line and a half-made run directory."""
+
+    def handler(signum, frame):  # noqa: ARG001
+        if "signum" in phase:  # a second signal: the first is unwinding (and cleaning up) already
+            return
+        phase["signum"] = signum
+        raise Interrupted(signum, f"{signal.Signals(signum).name} received {phase['then']}")
+
+    return on_stop_signals(handler)
