@@ -60,6 +60,8 @@ NUMERICS_MODULES = {
     "test_hashing_metrics",
     "test_encoders",
     "test_protocol_paths",
+    # float32 against autocast / bfloat16 / float16 forwards of the matchers
+    "test_reduced_precision",
 }
 
 #: What makes a module numerics whatever its author remembered (``test_isolation.py`` checks it): it

@@ -20,6 +20,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from patchword.matching.ops import full_precision
+
 __all__ = [
     "FEATURE_NORMS",
     "AGGREGATIONS",
@@ -45,9 +47,12 @@ def official_l2norm(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """SCAN / NAAF ``l2norm``: ``x / (sqrt(sum x^2) + 1e-8)`` along ``dim``.
 
     ``vector_norm`` has a zero (sub)gradient at 0, where ``sqrt(sum x^2)`` has an infinite one: a zero
-    vector (a padded GRU position) would otherwise turn every gradient into NaN.
+    vector (a padded GRU position) would otherwise turn every gradient into NaN. In float16 the 1e-8
+    rounds away and a zero vector is 0 / 0: the denominator is floored at the dtype's smallest normal
+    number (a no-op in float32, where it never gets below 1e-8).
     """
-    return x / (torch.linalg.vector_norm(x, dim=dim, keepdim=True) + _EPS)
+    norm = torch.linalg.vector_norm(x, dim=dim, keepdim=True) + _EPS
+    return x / norm.clamp_min(torch.finfo(norm.dtype).tiny)
 
 
 def feature_norm(
@@ -80,7 +85,8 @@ def feature_norm(
     if kind.endswith("l2norm"):
         return official_l2norm(x, dim)
     if kind.endswith("l1norm"):
-        return x / (x.abs().sum(dim=dim, keepdim=True) + _EPS)
+        # floored for float16, where the 1e-8 rounds away (see official_l2norm)
+        return x / (x.abs().sum(dim=dim, keepdim=True) + _EPS).clamp_min(torch.finfo(x.dtype).tiny)
     return x  # "clipped" and "no_norm"
 
 
@@ -129,15 +135,20 @@ def attended_cosine(
             for NAAF's, which divides by ``max(|a|, 1e-8)`` only.
 
     Returns:
-        (..., Q) cosines.
+        (..., Q) cosines, in float32 when the inputs are float16 / bfloat16 (autocast).
+
+    The products may run in half precision; the floors, the square root and the division run in float32:
+    float16 rounds the 1e-16 and 1e-8 floors to 0, so a query with all-zero weights (a NAAF word with no
+    region above the threshold) would be 0 / 0 = NaN, and a near-zero norm would be a float16 subnormal
+    with a few significant bits. float32 and float64 inputs compute exactly as before.
     """
-    dot = (weights * scores).sum(-1)
+    dot = full_precision((weights * scores).sum(-1))
     # w^T G w can come out a hair below 0 from rounding when a ~ 0. Clamping it at 1e-16 before the square
     # root keeps the gradient finite; the value only changes where the official max(., 1e-8) floor of the
     # denominator applies anyway (unit query vectors).
-    norm = ((weights @ context_gram) * weights).sum(-1).clamp_min(_EPS * _EPS).sqrt()
+    norm = full_precision(((weights @ context_gram) * weights).sum(-1)).clamp_min(_EPS * _EPS).sqrt()
     if divide_query_norm:
-        return dot / (query_norm * norm).clamp_min(_EPS)
+        return dot / (full_precision(query_norm) * norm).clamp_min(_EPS)
     return dot / norm
 
 

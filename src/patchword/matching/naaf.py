@@ -382,7 +382,11 @@ class NAAFMatcher(Matcher):
         top = row_max.clamp_min(0).unsqueeze(-1)
         above = shifted > 0
         expo = torch.exp(lam * (shifted - top)) * above.to(s.dtype)
-        weights = expo / (expo.sum(-1, keepdim=True) + 1e-8 * torch.exp(-lam * top))
+        denominator = expo.sum(-1, keepdim=True) + 1e-8 * torch.exp(-lam * top)
+        # A word with no region above the threshold has expo = 0 and the denominator 1e-8, which float16
+        # rounds to 0 (0 / 0 = NaN): floored at the dtype's smallest normal number its weights are 0, as in
+        # float32. Nothing else moves: every other denominator is >= 1 (the row max contributes exp(0)).
+        weights = expo / denominator.clamp_min(torch.finfo(denominator.dtype).tiny)
         pos_f = attended_cosine(weights, s, img_gram, None, divide_query_norm=False)
 
         # Positive branch 2: SCAN t2i attention on the raw scores (the threshold does not enter).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from patchword.matching.ops import l2norm, masked_softmax, minmax_normalise
@@ -26,8 +27,18 @@ class PatchScorer(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(dim, dim // 4), nn.GELU(), nn.Linear(dim // 4, 1))
 
     def forward(self, patches: torch.Tensor) -> torch.Tensor:
-        """(B_v, N, C) raw patches -> (B_v, N) scores in (0, 1)."""
-        return torch.sigmoid(self.mlp(patches).squeeze(-1))
+        """(B_v, N, C) raw patches -> (B_v, N) scores in (0, 1), computed in the dtype of ``patches``.
+
+        SEPS passes float32 patches with autocast off (the score ranks patches for the top-K). Under
+        ``precision=bf16`` the weights are bfloat16: they are cast to the patches' dtype for this product
+        (C x C/4 weights, little next to the encoders) instead of casting the patches down.
+        """
+        first, act, last = self.mlp
+        if first.weight.dtype == patches.dtype:
+            return torch.sigmoid(self.mlp(patches).squeeze(-1))
+        dtype = patches.dtype
+        hidden = act(F.linear(patches, first.weight.to(dtype), first.bias.to(dtype)))
+        return torch.sigmoid(F.linear(hidden, last.weight.to(dtype), last.bias.to(dtype)).squeeze(-1))
 
 
 def saliency_centre(img_tokens: torch.Tensor, saliency: str, detach: bool) -> torch.Tensor | None:

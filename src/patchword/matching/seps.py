@@ -35,7 +35,7 @@ from patchword._validation import check_tensor
 from patchword.matching.aggregation import TokenAggregation
 from patchword.matching.base import Matcher, MatcherOutput
 from patchword.matching.hrpa import HRPA, pair_cosines
-from patchword.matching.ops import full_precision, l2norm, length_mask, masked_mean
+from patchword.matching.ops import autocast_off, full_precision, l2norm, length_mask, masked_mean
 from patchword.matching.registry import register_matcher
 from patchword.matching.selection import (
     PatchScorer,
@@ -317,7 +317,7 @@ class SEPSMatcher(Matcher):
         a per-image quantity, computed once instead of once per caption."""
         cfg = self.config
         words = l2norm(tokens)
-        relevance = text_relevance(img.patches_unit, l2norm(masked_mean(tokens, lens)), per_image=True)
+        relevance = self._relevance(img, tokens, lens, per_image=True)
         dense = _DenseText(relevance, words, lens)
         if cfg.dense_mode == "guide" and cfg.joint_score:
             return dense  # the joint score mixes in the caption: selection stays per pair
@@ -330,15 +330,29 @@ class SEPSMatcher(Matcher):
 
     def _caption_tied_dense(self, img: _ImageCache, tokens: torch.Tensor, lens: torch.Tensor) -> _DenseText:
         """Dense text of each caption's ground-truth image (official protocol): a per-pair quantity."""
-        relevance = text_relevance(img.patches_unit, l2norm(masked_mean(tokens, lens)), per_image=False)
+        relevance = self._relevance(img, tokens, lens, per_image=False)
         return _DenseText(relevance, l2norm(tokens), lens)
+
+    @staticmethod
+    def _relevance(
+        img: _ImageCache, tokens: torch.Tensor, lens: torch.Tensor, per_image: bool
+    ) -> torch.Tensor:
+        """s_t of every patch for the texts ``tokens`` (T, L, C) with lengths ``lens`` (T,): (B_v, T, N),
+        or (B_v, 1, N) when ``per_image`` (T = B_v), in float32 whatever the autocast or token dtype.
+
+        It ranks patches for the top-K: in bfloat16 (8 significant bits) the cosines of ~200 patches tie
+        at the K-th place for most pairs and rounding, not the text, decides the kept set (see
+        :meth:`_ImageCache.build`)."""
+        with autocast_off(tokens):
+            guide = l2norm(masked_mean(full_precision(tokens), lens))
+            return text_relevance(img.patches_unit, guide, per_image)
 
     def _select_block(
         self, img: _ImageCache, cap_tokens: torch.Tensor, cap_lens: torch.Tensor, dense: _DenseText | None
     ) -> _BlockSelection:
         """Select, aggregate and fuse patches for all images against a block of T captions."""
         cfg = self.config
-        s_sparse = text_relevance(img.patches_unit, l2norm(masked_mean(cap_tokens, cap_lens)), False)
+        s_sparse = self._relevance(img, cap_tokens, cap_lens, per_image=False)
         aggr_dense = self.aggr_net_dense or self.aggr_net
         if dense is not None and cfg.dense_mode == "guide":
             joint = [s_sparse, dense.relevance]
@@ -422,25 +436,36 @@ class SEPSMatcher(Matcher):
         return SelectionTrace(branches, mixture, img.patches_sel[0], None if img.cls is None else img.cls[0])
 
     def _select(self, img: _ImageCache, text_terms: list[torch.Tensor], aggr: TokenAggregation) -> _Branch:
-        """Score, select, aggregate and fuse patches for every pair (B_v, T) of the block."""
+        """Score, select, aggregate and fuse patches for every pair (B_v, T) of the block.
+
+        ``text_terms``: (B_v, T, N) or (B_v, 1, N) float32 relevances (:meth:`_relevance`). The score, the
+        top-K decisions and the fusion weights are float32 with autocast off (reduced precision never
+        decides which patches are kept); the aggregation and the token products that follow run in the
+        precision of the rest of the matcher."""
         cfg = self.config
-        if img.prior is not None:  # an image pruned at index time
-            score = scores_from_prior(img.prior, text_terms, cfg.score_mode, cfg.beta).detach()
-        elif cfg.score_mode == "sum":
-            # Official code: s_im + s_t, computed without gradient.
-            score = (img.saliency[:, None] + sum(text_terms)).detach()
-        else:
-            score = combine_paper_scores(img.predicted, img.saliency, text_terms, cfg.beta)
-        keep, decision, soft = topk_decisions(
-            score, self.num_keep, gumbel=cfg.gumbel, tau=cfg.gumbel_tau, sample=self.training
-        )
+        with autocast_off(img.patches_sel):
+            if img.prior is not None:  # an image pruned at index time
+                prior = full_precision(img.prior)
+                score = scores_from_prior(prior, text_terms, cfg.score_mode, cfg.beta).detach()
+            elif cfg.score_mode == "sum":
+                # Official code: s_im + s_t, computed without gradient.
+                score = (img.saliency[:, None] + sum(text_terms)).detach()
+            else:
+                score = combine_paper_scores(img.predicted, img.saliency, text_terms, cfg.beta)
+            keep, decision, soft = topk_decisions(
+                score, self.num_keep, gumbel=cfg.gumbel, tau=cfg.gumbel_tau, sample=self.training
+            )
+            fuse = fusion_weights(score, keep)
         weights = aggr.weights(img.aggr_logits[id(aggr)], keep)
-        fuse = fusion_weights(score, keep)
+        # The float32 fusion weights and decisions back to the dtypes of the products below: needed under
+        # precision=bf16, whose bfloat16 einsums take no float32 operand; a no-op in float32 and float64,
+        # and under autocast the einsums would cast them down anyway.
+        fuse = fuse.to(img.patches_sel.dtype)
         if decision.requires_grad:
             # The identity in the forward pass (the decision is 1 on kept and 0 on dropped patches); it
             # routes the straight-through gradient to the scores.
-            weights = weights * decision[..., None]
-            fuse = fuse * (1.0 - decision)
+            weights = weights * decision.to(weights.dtype)[..., None]
+            fuse = fuse * (1.0 - decision.to(fuse.dtype))
         aggregated = torch.einsum("vtnk,vnc->vtkc", weights, img.patches_sel)
         extra = torch.einsum("vtn,vnc->vtc", fuse, img.patches_sel)
         return _Branch(keep, decision, soft, aggregated, extra, weights, fuse)
@@ -475,9 +500,9 @@ class _ImageCache:
 
     cls: torch.Tensor | None  # (B_v, C) raw CLS token
     patches_sel: torch.Tensor  # (B_v, N, C) raw patches feeding selection (detached if configured)
-    patches_unit: torch.Tensor  # (B_v, N, C) L2-normalised patches
-    saliency: torch.Tensor | None  # (B_v, N) s_im (None with ``prior``)
-    predicted: torch.Tensor | None  # (B_v, N) s_p (paper score predictor)
+    patches_unit: torch.Tensor  # (B_v, N, C) L2-normalised patches, float32 (or float64)
+    saliency: torch.Tensor | None  # (B_v, N) s_im, float32 (None with ``prior``)
+    predicted: torch.Tensor | None  # (B_v, N) s_p (paper score predictor), float32
     aggr_logits: dict[int, torch.Tensor]  # id(TokenAggregation) -> (B_v, N, N_c)
     prior: torch.Tensor | None = None  # (B_v, N) image part of the selection score (pruned images)
 
@@ -490,16 +515,26 @@ class _ImageCache:
         # detach_selection reproduces the official torch.no_grad() around TokenSparse: selected and
         # fusion tokens carry no gradient to the image encoder (CLS still does).
         patches_sel = patches.detach() if matcher.config.detach_selection else patches
-        patches_unit = l2norm(patches_sel)
         nets = [net for net in (matcher.aggr_net, matcher.aggr_net_dense) if net is not None]
         pruned = prior is not None  # the image-only terms came with the pruned patches
         centre = saliency_centre(img_tokens, matcher.config.saliency, matcher.config.detach_selection)
+        # The image terms of the selection score in float32 with autocast off, whatever the run's
+        # precision: in bfloat16 the scores of a ViT-B image's 196 patches tie at the K-th place for most
+        # pairs, and the kept set then differs from float32's almost always. (float32 tensors pass through
+        # unchanged, float64 stays float64.)
+        with autocast_off(patches_sel):
+            patches_full = full_precision(patches_sel)
+            patches_unit = l2norm(patches_full)
+            centre = None if centre is None else full_precision(centre)
+            saliency = None if pruned else image_saliency(patches_full, patches_unit, centre)
+            scored = matcher.scorer is not None and not pruned
+            predicted = matcher.scorer(patches_full) if scored else None
         return cls(
             cls=img_tokens[:, 0] if has_cls else None,
             patches_sel=patches_sel,
             patches_unit=patches_unit,
-            saliency=None if pruned else image_saliency(patches_sel, patches_unit, centre),
-            predicted=matcher.scorer(patches_sel) if matcher.scorer is not None and not pruned else None,
+            saliency=saliency,
+            predicted=predicted,
             aggr_logits={id(net): net.logits(patches_sel) for net in nets},
             prior=prior,
         )
