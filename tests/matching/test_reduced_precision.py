@@ -225,3 +225,19 @@ def test_the_official_normalisations_of_a_zero_vector_are_zero_in_float16():
         assert torch.isfinite(got).all()
         assert torch.equal(got[1], torch.zeros(8, dtype=torch.float16))
         assert (got.float() - ref).abs().max().item() < 2e-3
+
+
+def test_hrpa_cosines_of_a_zero_token_are_zero_in_float16():
+    """``1 / max(||x||, 1e-12)``: in float16 the floor rounds to 0, a zero fusion token (no patch dropped)
+    got an infinite inverse norm and its cosines were inf * 0 = NaN."""
+    from patchword.matching.hrpa import pair_cosines
+
+    g = torch.Generator().manual_seed(0)
+    cls, aggregated = torch.randn(2, 8, generator=g), torch.randn(2, 3, 4, 8, generator=g)
+    extra = torch.randn(2, 3, 8, generator=g)
+    extra[1, 2] = 0.0
+    words = torch.nn.functional.normalize(torch.randn(3, 5, 8, generator=g), dim=-1)
+    ref = pair_cosines(cls, aggregated, extra, words)
+    got = pair_cosines(cls.half(), aggregated.half(), extra.half(), words.half())
+    assert torch.isfinite(got).all()
+    assert (got.float() - ref).abs().max().item() < 5e-3

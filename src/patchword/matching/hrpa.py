@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from patchword.matching.ops import floor_eps
+
 __all__ = ["HRPA", "pair_cosines"]
 
 
@@ -104,7 +106,8 @@ def pair_cosines(
     """
 
     def inv_norm(x: torch.Tensor) -> torch.Tensor:
-        return 1.0 / torch.linalg.vector_norm(x, dim=-1).clamp_min(1e-12)
+        # floor_eps: 1e-12 is 0 in float16, and a zero token's 1 / 0 would be inf (inf * 0 = NaN cosines)
+        return 1.0 / torch.linalg.vector_norm(x, dim=-1).clamp_min(floor_eps(1e-12, x.dtype))
 
     if diagonal:
         agg = torch.einsum("vkc,vlc->vkl", aggregated[:, 0], words)[:, None]
