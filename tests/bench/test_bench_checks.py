@@ -176,3 +176,16 @@ def test_the_library_checks_sizes_and_budget_before_any_work(monkeypatch, tmp_pa
     with pytest.raises(ConfigError) as err:
         run_two_stage(tmp_path, max_memory_mb=math.nan)
     assert err.value.key == "max_memory_mb"
+
+
+def test_json_dash_is_stdout_and_the_tables_go_to_stderr(tmp_path, monkeypatch, capsys):
+    """Old code: ``--json -`` wrote a file named ``-`` in the working directory and printed the table to
+    stdout, so ``| jq`` read a table."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["scoring", *TINY, "--threads", "1", "--json", "-"]) == 0
+    printed = capsys.readouterr()
+    results = json.loads(printed.out)
+    assert results["command"].startswith("patchword bench scoring") and "scoring" in results
+    assert "engine" in printed.err and not (tmp_path / "-").exists()

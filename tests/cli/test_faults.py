@@ -249,7 +249,9 @@ def test_eval_disk_full_keeps_the_previous_result_and_says_so_in_one_line(train_
     out = tmp_path / "eval.json"
     assert main(["eval", str(run), "--out", str(out)]) == 0
     before = out.read_bytes()
-    capsys.readouterr()
+    printed = capsys.readouterr()
+    # stdout is the metrics as one JSON document (| jq); "written:" goes to stderr
+    assert json.loads(printed.out)["rsum"] == json.loads(before)["rsum"] and f"written: {out}" in printed.err
     with disk_full_from(1):
         assert main(["eval", str(run), "--out", str(out), "--force"]) == 2
     line = one_error(capsys.readouterr().err)

@@ -496,4 +496,6 @@ def test_cli_import(scan_files, capsys):
     ckpt, vocab, out = scan_files
     assert main(["import", str(ckpt), "--out", str(out), "--vocab", str(vocab)]) == 0
     assert json.loads((out / IMPORT_FILE).read_text())["family"] == "scan"
-    assert "written:" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    # stdout is one JSON document (| jq); the file written is said on stderr
+    assert json.loads(printed.out)["family"] == "scan" and f"written: {out}" in printed.err

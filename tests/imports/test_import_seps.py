@@ -293,7 +293,8 @@ def test_cli_import(tmp_path, hf_dirs, capsys):
     argv = ["import", str(path), "--out", str(out), "--hf-vision", str(hf_dirs["swin"])]
     argv += ["--hf-text", str(hf_dirs["bert"]), "--family", "seps", "--dense-pairing", "caption"]
     assert main(argv) == 0
-    assert f"written: {out}" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert json.loads(printed.out)["family"] == "seps" and f"written: {out}" in printed.err
     run = load_run(out)
     assert run.config.model.seps.dense_pairing == "caption"
     assert (run.config.data.test_split, run.config.eval.coco_1k) == ("testall", True)

@@ -76,7 +76,12 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         help="torch threads (0 = torch's default)",
     )
-    common.add_argument("--json", type=Path, default=None, help="write the raw results here")
+    common.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="write the raw results here ('-': stdout, the tables on stderr)",
+    )
     common.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     common.add_argument("-v", "--verbose", action="store_true", help="tracebacks of errors")
     # Its own parent: gallery's default budget is the device's (a GPU's is not 1024 MiB).
@@ -278,8 +283,16 @@ def _gallery(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     )
 
 
+def _to_stdout(args: argparse.Namespace) -> bool:
+    """``--json -``: the results are stdout's one JSON document (| jq), so the tables go to stderr."""
+    return args.json is not None and str(args.json) == "-"
+
+
 def _write_json(path: Path, results: dict[str, Any]) -> None:
-    atomic_write_text(path, json.dumps(results, indent=2))
+    if str(path) == "-":
+        print(json.dumps(results, indent=2))
+    else:
+        atomic_write_text(path, json.dumps(results, indent=2))
 
 
 def _check_run_dir(args: argparse.Namespace) -> None:
@@ -298,7 +311,7 @@ def _check_run_dir(args: argparse.Namespace) -> None:
 def _check(args: argparse.Namespace) -> None:
     """Every flag of the verb before anything runs: a benchmark can take many minutes, and a result file
     that cannot be written, or a run that is not there, must not be found out at its end."""
-    if args.json is not None:
+    if args.json is not None and not _to_stdout(args):
         try:
             check_output_file(args.json, args.force, flag="--json")
         except OSError as err:  # a folder that takes no files (/proc, read-only): name the flag too
@@ -317,21 +330,22 @@ def _check(args: argparse.Namespace) -> None:
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
     _check(args)  # the gallery's own flags: run_gallery checks them all before any work
+    tables = sys.stderr if _to_stdout(args) else sys.stdout
     if args.what == "gallery":  # its own JSON shape, which `patchword report` reads
         from patchword.bench.gallery import format_gallery
 
         result = _gallery(args, argv)
-        print(format_gallery(result))
+        print(format_gallery(result), file=tables)
         if args.json is not None:
             _write_json(args.json, result)
         return 0
     results: dict[str, Any] = {"command": "patchword bench " + " ".join(argv)}
     if args.what in ("scoring", "all"):
         results["scoring"] = _scoring(args)
-        print(format_scoring(results["scoring"]))
+        print(format_scoring(results["scoring"]), file=tables)
     if args.what in ("two-stage", "all"):
         results["two_stage"] = _two_stage(args)
-        print(format_two_stage(results["two_stage"]))
+        print(format_two_stage(results["two_stage"]), file=tables)
     if args.json is not None:
         _write_json(args.json, results)
     return 0

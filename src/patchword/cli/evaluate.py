@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from pathlib import Path
 
 __all__ = ["add_arguments", "run"]
@@ -77,4 +78,4 @@ def run(args: argparse.Namespace) -> None:
     metrics, out = evaluate_run_dir(args.run_dir, args.checkpoint, ensemble=args.ensemble, **common)
     if main:
         print(json.dumps({k: v for k, v in metrics.items() if k != "ensemble"}, indent=2))
-        print(f"written: {out}")
+        print(f"written: {out}", file=sys.stderr)  # stdout stays one JSON document (| jq)

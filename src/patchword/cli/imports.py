@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 __all__ = ["add_arguments", "run"]
@@ -59,4 +60,4 @@ def run(args: argparse.Namespace) -> None:
     if record.get("overrides"):
         summary["overrides"] = record["overrides"]
     print(json.dumps(summary, indent=2))
-    print(f"written: {args.out}")
+    print(f"written: {args.out}", file=sys.stderr)  # stdout stays one JSON document

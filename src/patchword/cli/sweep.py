@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 
 __all__ = ["add_arguments", "parse_variant", "run"]
 
@@ -71,4 +72,4 @@ def run(args: argparse.Namespace) -> None:
     )
     if launch_info().rank == 0:
         print(json.dumps({v: s["mean"] | {"n": s["n"]} for v, s in record["summary"].items()}, indent=2))
-        print(f"written: {record['directory']}/sweep.json")
+        print(f"written: {record['directory']}/sweep.json", file=sys.stderr)  # stdout: one JSON document
