@@ -436,14 +436,17 @@ SYNTHETIC_TINY = [*TINY_MODEL, "data.num_train=8", "data.num_dev=4", "data.num_t
 # (case, overrides, the start of the one error line); f715cbc trained with lr=nan until the first step
 # failed, seeded numpy with -1 after writing the run, and took an empty name for the output directory.
 VALUE_CASES = [
-    ("lr nan", ["train.lr=nan"], "error: train.lr: must be a finite number > 0, got nan"),
-    ("lr inf", ["train.lr=inf"], "error: train.lr: must be a finite number > 0, got inf"),
+    # YAML's own .nan / .inf are numbers, refused by the range checks; the words nan / inf are strings,
+    # which a number field takes only as a plain decimal numeral
+    ("lr nan", ["train.lr=.nan"], "error: train.lr: must be a finite number > 0, got nan"),
+    ("lr inf", ["train.lr=.inf"], "error: train.lr: must be a finite number > 0, got inf"),
+    ("lr nan word", ["train.lr=nan"], "error: train.lr: expects a number, got 'nan'"),
     ("negative seed", ["seed=-1"], "error: seed: must lie in [0, 2**32 - 1]"),
     ("seed beyond numpy", [f"seed={2**32}"], "error: seed: must lie in [0, 2**32 - 1]"),
     ("empty name", ["name="], "error: name: is the run's directory under output_dir"),
     ("name with a slash", ["name=a/b"], "error: name: is the run's directory under output_dir"),
-    ("nan anywhere", ["train.grad_clip=nan"], "error: train.grad_clip: must be >= 0, got nan"),
-    ("nan margin", ["train.margin=nan"], "error: train.margin: must be a finite number >= 0, got nan"),
+    ("nan anywhere", ["train.grad_clip=.nan"], "error: train.grad_clip: must be >= 0, got nan"),
+    ("nan margin", ["train.margin=.NaN"], "error: train.margin: must be a finite number >= 0, got nan"),
 ]
 
 
