@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +34,7 @@ import torch
 from patchword.data.npy import load_npy
 from patchword.data.split import RetrievalSplit
 from patchword.data.textfiles import read_lines
+from patchword.fileio import atomic_write, atomic_write_text, staging_dir
 
 __all__ = [
     "RegionFeatures",
@@ -177,6 +180,11 @@ def load_precomp_split(
         logger.info("%s holds %s features; batches are converted to float32", ims_path, feats.dtype)
     if check_finite:
         check_finite_rows(feats, ims_path)
+    if not caps_path.is_file() and _stages(root, split):
+        raise FileNotFoundError(
+            f"captions not found: {caps_path}: a write_precomp_split of split {split!r} was stopped while it "
+            f"replaced the files ({_stages(root, split)[0].name} is what it left); write the split again"
+        )
     captions = read_lines(caps_path, "caption")
     n_img, n_caps = feats.shape[0], len(captions)
     if n_caps % n_img:
@@ -241,6 +249,12 @@ def write_precomp_split(
     (given ``boxes``, (N_img, R, 4) normalised) ``_boxes.npy``.
 
     ``captions`` must list the captions of image 0, then image 1, ... with the same count per image.
+
+    The files are one set: every file is written in full (flushed to disk) in a staging folder beside them
+    before any old file changes, so an error (a full disk) leaves the split as it was. The old captions go
+    first and the new ones come last, so a kill while the files are moved in leaves a split without
+    captions, which :func:`load_precomp_split` refuses, never new features beside old captions. An old
+    ``_ids.txt`` or ``_boxes.npy`` this call does not replace is removed: it describes other images.
     """
     features = np.asarray(features, dtype=np.float32)
     if features.ndim != 3:
@@ -249,14 +263,53 @@ def write_precomp_split(
         raise ValueError(f"{len(captions)} captions for {features.shape[0]} images: not a multiple")
     if any("\n" in c or not c.strip() for c in captions):
         raise ValueError("captions must be non-empty single lines")
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    np.save(root / f"{split}_ims.npy", features)
-    (root / f"{split}_caps.txt").write_text("".join(c + "\n" for c in captions), encoding="utf-8")
-    if image_ids is not None:
-        (root / f"{split}_ids.txt").write_text("".join(f"{i}\n" for i in image_ids), encoding="utf-8")
     if boxes is not None:
         boxes = np.asarray(boxes, dtype=np.float32)
         if boxes.shape != (*features.shape[:2], 4):
             raise ValueError(f"boxes must be (N_img, R, 4) = {(*features.shape[:2], 4)}, got {boxes.shape}")
-        np.save(root / f"{split}_boxes.npy", boxes)
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_stale_stages(root, split)
+    names = {key: f"{split}_{key}" for key in ("ims.npy", "caps.txt", "ids.txt", "boxes.npy")}
+    arrays = {"ims.npy": features, "boxes.npy": boxes}
+    texts = {
+        "caps.txt": "".join(c + "\n" for c in captions),
+        "ids.txt": None if image_ids is None else "".join(f"{i}\n" for i in image_ids),
+    }
+    stage = Path(staging_dir(root / split, _STAGE_LABEL))
+    try:
+        for key, array in arrays.items():
+            if array is not None:
+                atomic_write(stage / names[key], lambda fh, a=array: np.save(fh, a, allow_pickle=False))
+        for key, text in texts.items():
+            if text is not None:
+                atomic_write_text(stage / names[key], text)
+        # the set is complete on disk: move it in, the captions last (see the docstring)
+        (root / names["caps.txt"]).unlink(missing_ok=True)
+        for key in ("ims.npy", "ids.txt", "boxes.npy", "caps.txt"):
+            if (stage / names[key]).exists():
+                os.replace(stage / names[key], root / names[key])
+            else:
+                (root / names[key]).unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+_STAGE_LABEL = "precomp"
+
+
+def _stages(root: Path, split: str) -> list[Path]:
+    """The staging folders of writes of ``split`` in ``root`` (exactly ``staging_dir``'s names: mkdtemp
+    adds 8 of [a-z0-9_]); outside a write, those a killed write left."""
+    stage_name = re.compile(re.escape(f".{split}.{_STAGE_LABEL}-") + r"[a-z0-9_]{8}")
+    return sorted(
+        path
+        for path in root.iterdir()
+        if stage_name.fullmatch(path.name) and path.is_dir() and not path.is_symlink()
+    )
+
+
+def _remove_stale_stages(root: Path, split: str) -> None:
+    """Remove what killed writes of ``split`` left (each staging folder as large as the features)."""
+    for path in _stages(root, split):
+        shutil.rmtree(path, ignore_errors=True)

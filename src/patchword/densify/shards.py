@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import re
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from patchword.densify.store import (
     write_sidecar,
 )
 from patchword.errors import ConfigError, DataError, MissingFileError, RunExistsError
+from patchword.fileio import staging_dir
 
 __all__ = [
     "Shard",
@@ -239,13 +241,50 @@ def merge_shards(
     with output_lock(out):
         if out.exists() and not force:
             raise RunExistsError(f"{out} exists; pass --force to overwrite it or choose another --out")
+        _remove_stale_stages(out)
         records = check_merge_ready(paths)
         meta = read_sidecar(paths[0])
         assert meta is not None
         num_images = int(meta["num_images"])
         merged = {key: meta.get(key) for key in ("model", *_SHARED_FIELDS, "source", "batch_size", "device")}
-        # Sidecar first: a crash in between leaves a sidecar without a file, which a rerun simply replaces.
-        write_sidecar(out, {**merged, "shard": "0/1", "start": 0, "stop": num_images})
-        write_records_atomic(out, records)
+        _replace_output(out, records, {**merged, "shard": "0/1", "start": 0, "stop": num_images})
     logger.info("merged %d shards into %s (%d lines)", len(paths), out, len(records))
     return len(records)
+
+
+_STAGE_LABEL = "merge"
+
+
+def _replace_output(out: Path, records: Sequence[DenseRecord], meta: dict) -> None:
+    """Put ``records`` and their sidecar ``meta`` at ``out`` so that no moment pairs a sidecar with lines
+    it does not describe, a kill included.
+
+    Both files are written in full (and flushed to disk) in a staging folder beside ``out`` first, so a
+    full disk or any error leaves the old output and its sidecar as they were. Then the old output goes,
+    the new sidecar comes, and the new output last: a kill in between leaves a sidecar without an output,
+    which a rerun of densify treats as a fresh start (its own sidecar replaces it) and a rerun of the merge
+    overwrites without ``--force``. Replacing the sidecar while the old lines were still there is what
+    made a rerun with the new settings find "nothing left to generate" in the old text.
+    """
+    stage = Path(staging_dir(out, _STAGE_LABEL))
+    try:
+        write_records_atomic(stage / out.name, records)
+        write_sidecar(stage / out.name, meta)
+        out.unlink(missing_ok=True)
+        os.replace(sidecar_path(stage / out.name), sidecar_path(out))
+        os.replace(stage / out.name, out)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _remove_stale_stages(out: Path) -> None:
+    """Remove the staging folders of merges into ``out`` that were killed (only merges make them, and
+    only under ``out``'s lock, which the caller holds: none of them belongs to a live merge)."""
+    # exactly staging_dir's names (mkdtemp adds 8 of [a-z0-9_]): not the stage of an output named
+    # "<out>.merge-x", which another lock guards
+    stage_name = re.compile(re.escape(f".{out.name}.{_STAGE_LABEL}-") + r"[a-z0-9_]{8}")
+    folder = out.parent
+    for name in os.listdir(folder) if folder.is_dir() else ():
+        path = folder / name
+        if stage_name.fullmatch(name) and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)

@@ -90,6 +90,25 @@ def _new_manifest(
     return Manifest(model=identity, images_root=str(images_root), dtype=dtype or "float32", dense=dense)
 
 
+def _empty_or_failed_start(index_dir: Path) -> bool:
+    """Whether ``index_dir`` is a directory a new index may go in: empty, or holding only what a build
+    killed before its first manifest leaves (an empty ``shards/``, the manifest's ``atomic_write``
+    temporary files ``.manifest.json.*.tmp``). Without the second case a build killed in its first moment
+    would make every rerun refuse its own --out; the first manifest removes the temporary files
+    (``remove_orphans``)."""
+    if not index_dir.is_dir():
+        return False
+    for path in index_dir.iterdir():
+        if path.is_symlink():
+            return False
+        name = path.name
+        empty_shards = name == SHARDS_DIR and path.is_dir() and not any(path.iterdir())
+        manifest_temp = name.startswith(f".{MANIFEST_FILE}.") and name.endswith(".tmp") and path.is_file()
+        if not (empty_shards or manifest_temp):
+            return False
+    return True
+
+
 def _open_or_create(
     index_dir: Path,
     identity: dict[str, Any],
@@ -102,7 +121,7 @@ def _open_or_create(
     """The manifest to continue (resume / update) or a new one; refuses what would mix two indexes.
     Writes nothing."""
     if not (index_dir / MANIFEST_FILE).is_file():
-        if index_dir.exists() and (not index_dir.is_dir() or any(index_dir.iterdir())):
+        if index_dir.exists() and not _empty_or_failed_start(index_dir):
             raise RunExistsError(f"--out {index_dir} exists and is not a search index; choose another --out")
         return _new_manifest(identity, images_root, dtype, dense_file, dense_store), False
     manifest = Manifest.read(index_dir)

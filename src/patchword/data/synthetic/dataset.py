@@ -8,7 +8,6 @@ import logging
 import os
 import random
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from patchword.data.synthetic.config import SPLITS, SyntheticConfig
 from patchword.data.synthetic.fits import FitsOracle
 from patchword.data.synthetic.records import CaptionTable, DenseTable, SceneTable
 from patchword.data.synthetic.scenes import _sample_scenes, render_scenes
+from patchword.fileio import staging_dir
 
 logger = logging.getLogger(__name__)
 
@@ -210,7 +210,9 @@ class SyntheticScenes:
     def save(self, target: Path) -> None:
         """Write to ``target`` atomically: a reader sees either nothing or a complete directory."""
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        # staging_dir, as data/export.py: the renamed directory gets mkdir's permissions (the umask), not
+        # mkdtemp's private 0700, which would lock other users out of a shared PATCHWORD_CACHE.
+        tmp = Path(staging_dir(target, "tmp"))
         try:
             for split in self.scene_splits.values():
                 split.save(tmp)
