@@ -5,6 +5,10 @@
   failure leaves the old file as it was.
 * :func:`append_line`: one JSONL record appended and flushed to disk; a failure cuts the file back to what
   it held, so the next append never continues a torn line.
+* :func:`remove_stale_temps`: a kill (``kill -9``, the OOM killer) runs no cleanup, so the temporary file of
+  a write it cut short stays; the command that owns the directory removes them when it starts again.
+* :func:`replace_directory`: a filled folder put in place of a non-empty one so that a kill leaves the old
+  set or the new one, never a mix (:func:`recover_directory` finishes what a kill between two renames left).
 
 An operating-system error always names the file (``OSError.filename``), so the command line reports it as
 one line (:func:`patchword.errors.run_command`).
@@ -16,8 +20,10 @@ import contextlib
 import errno
 import logging
 import os
+import re
+import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import IO
 
 __all__ = [
@@ -28,6 +34,12 @@ __all__ = [
     "append_line",
     "write_all",
     "keep_jsonl_records",
+    "repair_jsonl",
+    "is_temp_of",
+    "only_entries",
+    "remove_stale_temps",
+    "replace_directory",
+    "recover_directory",
     "probe_writable",
     "check_output_file",
     "exclusive_lock",
@@ -186,6 +198,115 @@ def keep_jsonl_records(path: str | os.PathLike[str], keep: Callable[[dict], bool
     if dropped:
         atomic_write_text(path, "".join(f"{line}\n" for line in kept))
     return dropped
+
+
+def repair_jsonl(path: str | os.PathLike[str]) -> int:
+    """Drop what a kill during an :func:`append_line` left in JSONL file ``path`` (a torn last line, onto
+    which the next record would be glued into one unreadable line) before appending to it; returns the
+    lines dropped, logged as a warning."""
+    dropped = keep_jsonl_records(path, lambda record: True)
+    if dropped:
+        _logger.warning("%s: dropped %d damaged line(s) left by an interrupted write", path, dropped)
+    return dropped
+
+
+def is_temp_of(filename: str, names: Collection[str]) -> bool:
+    """Whether ``filename`` is a temporary file :func:`atomic_write` makes for one of ``names``:
+    ``.{name}.{random}.tmp``, the random part as ``tempfile`` draws it (no dots), so ``.metrics.jsonl.X.tmp``
+    is not one of ``metrics.json``."""
+    match = re.fullmatch(r"\.(.+)\.[a-z0-9_]+\.tmp", filename)
+    return match is not None and match.group(1) in names
+
+
+def only_entries(
+    directory: str | os.PathLike[str], names: Collection[str], temps_of: Collection[str] = ()
+) -> list[str] | None:
+    """The entries of ``directory`` when each is one of ``names`` or a temporary file of one of ``temps_of``
+    (:func:`is_temp_of`); None when anything else is there or the directory does not exist. What tells a
+    directory a command left (and may remove) from one holding something it did not write."""
+    try:
+        entries = sorted(os.listdir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if all(name in names or is_temp_of(name, temps_of) for name in entries):
+        return entries
+    return None
+
+
+def remove_stale_temps(directory: str | os.PathLike[str], names: Collection[str]) -> list[str]:
+    """Delete the temporary files a kill during :func:`atomic_write` of ``names`` left in ``directory`` (a
+    ``.last.pt.k3j9x1ab.tmp`` as large as the checkpoint, which nothing else ever removes); returns their
+    names, and logs them.
+
+    Call it only while holding the lock of whatever writes those files: a write in progress has a temporary
+    file of the same form."""
+    try:
+        entries = sorted(os.listdir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    removed = []
+    for name in entries:
+        path = os.path.join(directory, name)
+        if is_temp_of(name, names) and os.path.isfile(path) and not os.path.islink(path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            removed.append(name)
+    if removed:
+        _logger.info("%s: removed %s, left by a write a kill cut short", directory, ", ".join(removed))
+    return removed
+
+
+def replace_directory(stage: str | os.PathLike[str], final: str | os.PathLike[str]) -> None:
+    """Put the filled directory ``stage`` (a :func:`staging_dir` of ``final``) in the place of ``final``.
+
+    An absent or empty ``final`` is replaced in one rename. A non-empty one is renamed aside
+    (``.{name}.replaced-XXXX``), ``stage`` renamed in, then the old one deleted: a kill at any moment leaves
+    ``final`` holding the old set or the new one, whole, except between the two renames, where ``final`` is
+    absent and the old set lies aside whole; :func:`recover_directory` puts it back. Replacing the files one
+    at a time instead could leave new weights described by an old ``config.json``."""
+    stage, final = os.fspath(stage), os.fspath(final)
+    if not os.path.isdir(final) or not os.listdir(final):
+        os.replace(stage, final)  # a rename onto an empty directory replaces it
+        return
+    aside = staging_dir(final, "replaced")
+    os.replace(final, aside)  # onto the empty directory mkdtemp made
+    try:
+        os.replace(stage, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.replace(aside, final)  # the old set back where it was
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def recover_directory(
+    final: str | os.PathLike[str], required: Collection[str], staged: Collection[str] = ()
+) -> None:
+    """Finish what a kill during :func:`replace_directory` of ``final`` left beside it: with ``final``
+    absent, the old set renamed aside is renamed back (when it holds every name in ``required``: a kill
+    while it was being deleted leaves it partial, and ``final`` then holds the new set); the other
+    directories set aside, and the :func:`staging_dir` folders of the labels ``staged`` (a kill while one
+    was being filled), are deleted. Logs what it did. Two commands replacing one ``final`` at once are not
+    supported: the second would delete the first's staging folder (the first then fails; ``final`` stays
+    whole)."""
+    final = os.fspath(final)
+    parent, name = os.path.dirname(final) or ".", os.path.basename(final)
+    if not os.path.isdir(parent):
+        return
+    prefixes = tuple(f".{name}.{label}-" for label in ("replaced", *staged))
+    left = sorted(os.path.join(parent, n) for n in os.listdir(parent) if n.startswith(prefixes))
+    left = [path for path in left if os.path.isdir(path) and not os.path.islink(path)]
+    if not os.path.exists(final):
+        asides = [p for p in left if os.path.basename(p).startswith(prefixes[0])]
+        whole = [p for p in asides if all(os.path.isfile(os.path.join(p, r)) for r in required)]
+        if whole:
+            restored = max(whole, key=os.path.getmtime)
+            os.replace(restored, final)
+            left.remove(restored)
+            _logger.warning("%s restored from %s: a kill interrupted replacing it", final, restored)
+    for path in left:
+        shutil.rmtree(path, ignore_errors=True)
+        _logger.info("removed %s, left by a kill while %s was being written", path, final)
 
 
 def probe_writable(directory: str | os.PathLike[str]) -> None:

@@ -1,11 +1,14 @@
 """The life of a ``patchword hash train`` run directory: stopped by SIGTERM / SIGINT (last.pt written, exit
 128 + signal, a resume equal to the uninterrupted run), never written into by a new run, locked while it
-trains, removed when a start fails before its first checkpoint, its training time counted over every
-session, and evaluations that say which checkpoint they describe."""
+trains, removed when a start fails before its first checkpoint and started again when one was killed before
+it, cleared of what killed writes left, its training time counted over every session, progress logged per
+epoch, and evaluations that say which checkpoint they describe."""
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 import signal
 import types
 from pathlib import Path
@@ -144,12 +147,14 @@ def test_train_seconds_count_every_session_and_say_which(tmp_path, capsys, clock
 
 def test_a_new_run_never_writes_into_a_directory_that_holds_one(tmp_path, capsys):
     """Defect: a fresh `hash train` into a killed run's directory (config.yaml + metrics.jsonl, no last.pt)
-    rewrote config.yaml and appended a second run's records to metrics.jsonl."""
+    rewrote config.yaml and appended a second run's records to metrics.jsonl. What a start writes before its
+    first checkpoint is removed now (below); anything more stops the start, untouched."""
     out = tmp_path / "runs"
     assert _train(out, "r", "--epochs", "1") == 0
     run = out / "r"
     for name in ("last.pt", "model.safetensors", "config.json", "eval.json"):
         (run / name).unlink()  # what a kill before the first checkpoint leaves: config.yaml, metrics.jsonl
+    (run / "notes.txt").write_text("not the run's")
     before = {p.name: p.read_bytes() for p in run.iterdir()}
     capsys.readouterr()
     assert _train(out, "r", "--epochs", "2") == 2
@@ -163,6 +168,77 @@ def test_a_new_run_never_writes_into_a_directory_that_holds_one(tmp_path, capsys
     assert f"continue it with `patchword hash train --resume {out / 'done'}`" in one_error_line(
         capsys.readouterr().err
     )
+
+
+class Killed(BaseException):
+    """What ``kill -9`` does to the process at the point it is raised: nothing after it runs."""
+
+
+def test_a_start_killed_before_its_first_checkpoint_is_started_again(tmp_path, capsys, monkeypatch, caplog):
+    """Defect: a start killed outright (the OOM killer: no cleanup) during its first checkpoint write left
+    config.yaml, metrics.jsonl and the checkpoint's temporary file; the same command was then refused
+    ("nothing to --resume; remove it") and --resume found no last.pt."""
+    import patchword.hashing.runner as runner_module
+
+    def kill_while_saving(state, path):
+        Path(path).parent.joinpath(f".{Path(path).name}.k3j9x1ab.tmp").write_bytes(b"half a checkpoint")
+        raise Killed
+
+    out, run = tmp_path / "runs", tmp_path / "runs" / "r"
+    with monkeypatch.context() as patched:
+        patched.setattr(trainer_module, "atomic_save", kill_while_saving)
+        patched.setattr(runner_module, "remove_run", lambda *args: None)  # the cleanup a kill never reaches
+        with pytest.raises(Killed):
+            _train(out, "r", "--epochs", "2", "train.save_every=1000")
+    assert sorted(p.name for p in run.iterdir()) == [
+        ".last.pt.k3j9x1ab.tmp",
+        ".lock",
+        "config.yaml",
+        "metrics.jsonl",
+    ]
+    assert [r["epoch"] for r in _records(run)] == [1, 2]
+    capsys.readouterr()
+    with caplog.at_level(logging.WARNING, logger="patchword.hashing.rundir"):
+        assert _train(out, "r", "--epochs", "2", "train.save_every=1000") == 0
+    assert any("a start killed before its first checkpoint left" in r.getMessage() for r in caplog.records)
+    assert ".last.pt.k3j9x1ab.tmp" not in {p.name for p in run.iterdir()}
+    assert [r["epoch"] for r in _records(run)] == [1, 2]  # the killed start's records are gone
+
+
+def test_a_resume_removes_what_killed_writes_left_and_repairs_a_torn_resume_log(tmp_path, capsys):
+    """Defects: a ``.last.pt.XXXX.tmp`` left by a kill during a write stayed for good; a resume's record
+    was glued onto the torn last line of resumes.jsonl (unreadable once another record followed)."""
+    out = tmp_path / "runs"
+    assert _train(out, "r", "--epochs", "1") == 0
+    run = out / "r"
+    stale = [run / ".last.pt.a1b2c3d4.tmp", run / ".eval.json.zz99yy88.tmp"]
+    foreign = run / ".notes.txt.a1b2c3d4.tmp"  # not the temporary file of anything the run writes
+    for path in [*stale, foreign]:
+        path.write_bytes(b"left by a kill")
+    first = {"time": "2026-11-27T00:00:00", "epoch": 1, "step": 2, "overrides": []}
+    (run / "resumes.jsonl").write_text(json.dumps(first) + '\n{"time": "2026-11-')  # torn by a kill
+    assert main(["train", "--resume", str(run), "--epochs", "2"]) == 0
+    assert not any(p.exists() for p in stale) and foreign.exists()
+    records = [json.loads(line) for line in (run / "resumes.jsonl").read_text().splitlines()]
+    assert records[0] == first and len(records) == 2 and records[1]["overrides"] == ["train.epochs=2"]
+
+
+def test_each_epoch_logs_a_progress_line_at_most_every_few_seconds(tmp_path, caplog, clock):
+    """Defect: `hash train` printed nothing until its final summary, however many epochs it trained. One
+    line per epoch, thinned to one every LOG_EVERY_S seconds (the clock: 2 s an epoch), the first and the
+    last epoch always."""
+    with caplog.at_level(logging.INFO, logger="patchword.hashing.trainer"):
+        assert _train(tmp_path / "runs", "r", "--epochs", "6") == 0
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch ")]
+    assert [line.split(":")[0] for line in lines] == [
+        "epoch 1/6 step 2",
+        "epoch 4/6 step 8",
+        "epoch 6/6 step 12",
+    ]
+    assert re.fullmatch(
+        r"epoch 1/6 step 2: loss [\d.]+, loss_feature [\d.]+, loss_hash [\d.]+; 2\.0 s", lines[0]
+    )
+    assert trainer_module.LOG_EVERY_S == 5.0
 
 
 def test_a_run_being_trained_is_locked(tmp_path, capsys):

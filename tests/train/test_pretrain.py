@@ -289,3 +289,81 @@ def test_an_interrupted_final_evaluation_also_says_to_run_pretrain_again(tmp_pat
     assert hinted.signum == 15 and str(hinted).endswith(
         "; running the same `patchword pretrain` command again evaluates it"
     )
+
+
+class Killed(BaseException):
+    """What ``kill -9`` does to the process at the point it is raised: nothing after it runs."""
+
+
+def test_a_pretrain_killed_before_its_first_checkpoint_runs_again(tmp_path, monkeypatch):
+    """Defect: killed (the OOM killer) before its first checkpoint, the run left config.yaml and vocab.json,
+    and the same command was refused: the run directory exists (and --resume found no last.pt)."""
+    import patchword.train.runner as runner
+    import patchword.train.trainer as trainer_module
+
+    def killed(self):
+        raise Killed
+
+    overrides, out, run_dir = _overrides(tmp_path), tmp_path / "enc", tmp_path / "runs" / "pt"
+    with monkeypatch.context() as patched:
+        patched.setattr(trainer_module.Trainer, "fit", killed)
+        patched.setattr(runner, "_remove_run", lambda *args: None)  # the cleanup a kill never reaches
+        with pytest.raises(Killed):
+            _pretrain(out, overrides)
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "config.yaml", "vocab.json"]
+    assert _pretrain(out, overrides) == 0
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == STEPS
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "vocab.json"]
+
+
+def _encoders(folder) -> dict:
+    """The files of an encoders folder; config.json without its ``machine`` (the load average moves)."""
+    files = {p.name: p.read_bytes() for p in folder.iterdir()}
+    files["config.json"] = {k: v for k, v in json.loads(files["config.json"]).items() if k != "machine"}
+    return files
+
+
+def test_a_kill_while_force_replaces_the_encoders_leaves_the_old_or_the_new_set_whole(
+    pretrained, monkeypatch
+):
+    """Defect: ``--force`` replaced the three files one at a time, so a kill between two left the new
+    weights beside the earlier vocabulary and config.json (their description). Killed at the second rename
+    into --out, the folder holds one whole set, or none with the earlier set whole beside it, which the
+    rerun puts back before replacing it; nothing stays beside --out."""
+    import os
+    from pathlib import Path
+
+    tmp_path, overrides, _, _ = pretrained
+    out = tmp_path / "enc_force"
+    assert _pretrain(out, overrides) == 0
+    new = _encoders(out)
+    meta = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**meta, "earlier": True}))  # earlier encoders, told apart
+    for name in ("model.safetensors", "vocab.json"):
+        (out / name).write_bytes((out / name).read_bytes() + b" ")
+    old = _encoders(out)
+    real, moves = os.replace, []
+
+    def replace(src, dst, *args, **kwargs):
+        if "killed" in moves:  # nothing runs after a kill
+            raise Killed
+        dst = Path(dst)
+        if out in (dst, dst.parent) or dst.name.startswith(f".{out.name}.replaced-"):
+            moves.append(dst)
+            if len(moves) == 2:
+                moves.append("killed")
+                raise Killed
+        return real(src, dst, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "replace", replace)
+        with pytest.raises(Killed):
+            _pretrain(out, overrides, "--force")
+    if out.exists():
+        assert _encoders(out) in (old, new)
+    else:  # between the two renames: the earlier set whole, aside
+        (aside,) = tmp_path.glob(f".{out.name}.replaced-*")
+        assert _encoders(aside) == old
+    assert _pretrain(out, overrides, "--force") == 0
+    assert _encoders(out) == new
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(f".{out.name}.")] == []

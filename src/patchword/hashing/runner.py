@@ -8,10 +8,12 @@ per epoch, then the final evaluation), ``last.pt`` (atomic, everything to resume
 trains the run) and, once resumed, ``resumes.jsonl`` (one record per resume with its overrides). The test
 split is evaluated once at the end, never used to select a checkpoint (SPEC decision 4).
 
-A new run never writes into a directory that holds anything (:mod:`~patchword.hashing.rundir`), and one
-whose start fails before its first checkpoint is removed again. SIGTERM / SIGINT while training save
-``last.pt`` and stop (:class:`~patchword.hashing.trainer.HashTrainingInterrupted`); elsewhere they stop
-with a line saying what was kept.
+A new run never writes into a directory that holds anything but what a start killed before its first
+checkpoint left, which it removes (:mod:`~patchword.hashing.rundir`), and one whose start fails before its
+first checkpoint is removed again. SIGTERM / SIGINT while training save ``last.pt`` and stop
+(:class:`~patchword.hashing.trainer.HashTrainingInterrupted`); elsewhere they stop with a line saying what
+was kept. A resume first removes what a kill during a write left (temporary files, a torn last line of
+``resumes.jsonl``).
 
 :func:`resume_hashing` continues a run with its own config, as ``patchword train --resume`` does: only
 the keys in :data:`~patchword.hashing.config.HASH_RESUMABLE_KEYS` may be overridden, and a resumed run
@@ -42,13 +44,13 @@ from patchword.config import (
 )
 from patchword.device import resolve_device
 from patchword.errors import ConfigError, MissingFileError
-from patchword.fileio import append_line, atomic_write_text, keep_jsonl_records, probe_writable
+from patchword.fileio import append_line, atomic_write_text, keep_jsonl_records, probe_writable, repair_jsonl
 from patchword.hashing.build import build_hashing_dataset, build_hashing_model
 from patchword.hashing.config import HASH_EVAL_KEYS, HASH_RESUMABLE_KEYS, HashRunConfig, check_hash_config
 from patchword.hashing.dataset import HashDataset
 from patchword.hashing.evaluate import evaluate_hashing
 from patchword.hashing.model import UCMFH
-from patchword.hashing.rundir import claim_new_run, refuse_existing, remove_run, run_lock, stop_raises
+from patchword.hashing.rundir import claim_new_run, lock_run, refuse_existing, remove_run, stop_raises
 from patchword.hashing.trainer import HashTrainer, append_metrics
 from patchword.runs.files import CONFIG_FILE, IMPORT_FILE, LAST_CHECKPOINT, METRICS_FILE, RESUMES_FILE
 
@@ -185,7 +187,7 @@ def _train(
     claim = {"owned": False, "created": False}
     with stop_raises(phase), contextlib.ExitStack() as locks:
         if state is not None:
-            locks.enter_context(run_lock(run_dir))
+            lock_run(run_dir, locks)  # and removes what a kill during a write left
         seed_everything(cfg.train.seed)
         data = data if data is not None else build_hashing_dataset(cfg.data)
         if cfg.train.loss == "hashnet" and not data.has_labels:
@@ -208,6 +210,7 @@ def _train(
                     "epoch": trainer.epoch,
                     "step": trainer.step,
                 }
+                repair_jsonl(run_dir / RESUMES_FILE)  # a torn last line would glue onto this record
                 append_line(run_dir / RESUMES_FILE, json.dumps({**record, "overrides": list(overrides)}))
             fit = trainer.fit()
         except BaseException:

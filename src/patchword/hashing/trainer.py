@@ -11,6 +11,9 @@ caller's (``patchword hash train`` applies it). During :meth:`HashTrainer.fit` S
 run after the step in progress with ``last.pt`` written (:class:`HashTrainingInterrupted`), as
 ``patchword train`` does: a cluster's pre-emption leaves seconds, not an epoch.
 
+Progress is one INFO line per epoch (losses, training time), at most one every :data:`LOG_EVERY_S`
+seconds besides the first and the last epoch, as ``patchword train`` logs every ``train.log_every`` steps.
+
 On an accelerator the step loop does not wait for the device: the training set is uploaded once, each
 epoch's order once, the losses are summed on the device and read once an epoch (for its metrics record,
 which also checks them for NaN / inf).
@@ -47,6 +50,10 @@ _logger = logging.getLogger(__name__)
 
 #: The per-step losses, in the order of the device-side sums (and of a checkpoint's ``epoch_loss_sums``).
 LOSS_KEYS = ("loss", "loss_feature", "loss_hash")
+
+#: Seconds between two progress lines: an epoch of a small set takes milliseconds, and a line for each
+#: would bury everything else. The first epoch of a session and the last of the run always get one.
+LOG_EVERY_S = 5.0
 
 
 class HashTrainingInterrupted(Interrupted):
@@ -146,6 +153,7 @@ class HashTrainer:
         self._session_seconds = 0.0
         self._saved_seconds: float | None = None
         self._saved_step: int | None = None  # the step of the last.pt this trainer wrote last
+        self._logged_at: float | None = None  # when the last progress line was logged (perf_counter)
 
     def _contrastive(self, loss: str):
         if loss == "balanced":
@@ -315,9 +323,28 @@ class HashTrainer:
             "elapsed_s": round(self.train_seconds, 3),
         }
         append_metrics(self.run_dir, record)
+        self._log_progress(means)
         # A CLIP-sized model with Adam state is ~350 MB: checkpoint every few epochs, and at the end.
         if self.epoch == self.tc.epochs or (self.tc.save_every and self.epoch % self.tc.save_every == 0):
             self.save_last()
+
+    def _log_progress(self, means: dict[str, float]) -> None:
+        """One INFO line for the epoch just ended (as ``patchword train`` logs every ``train.log_every``
+        steps): without it ``patchword hash train`` is silent until the end, however long it trains."""
+        now = time.perf_counter()
+        last = self.epoch == self.tc.epochs
+        if not last and self._logged_at is not None and now - self._logged_at < LOG_EVERY_S:
+            return
+        self._logged_at = now
+        losses = ", ".join(f"{key} {value:.4f}" for key, value in means.items())
+        _logger.info(
+            "epoch %d/%d step %d: %s; %.1f s",
+            self.epoch,
+            self.tc.epochs,
+            self.step,
+            losses,
+            self.train_seconds,
+        )
 
     def _stop(self, signum: int, batches: int) -> None:
         """Save (unless the epoch's end just did) and stop: pre-emption leaves seconds."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import signal
 from pathlib import Path
@@ -232,13 +231,24 @@ def _pretrain_hint(err: Exception, run_dir: Path) -> Exception:
     return err
 
 
+def _recover_out(out: Path) -> None:
+    """Before anything else, what a kill during an earlier export to ``out`` left beside it: the earlier
+    encoders renamed aside (put back when ``out`` is missing: the rerun then replaces them again), staging
+    folders (deleted)."""
+    from patchword.fileio import recover_directory
+    from patchword.pretrained import CONFIG, VOCAB, WEIGHTS
+
+    recover_directory(out, required=(WEIGHTS, VOCAB, CONFIG), staged=("export",))
+
+
 def _export(run, cfg: RunConfig, run_dir: Path, out: Path, meta: dict[str, Any]) -> None:
     """Write the encoders, their vocabulary and ``config.json`` (``meta`` plus the test recall of the
-    weights as stored) into a staging folder beside ``out``, then move them into ``out``: a failure or a
-    kill while the recall is measured leaves ``out`` as it was, not with a ``config.json`` lacking it."""
+    weights as stored) into a staging folder beside ``out``, then put it in the place of ``out``
+    (:func:`~patchword.fileio.replace_directory`): a failure or a kill at any moment leaves the earlier
+    encoders or the new ones, whole, never new weights described by the earlier ``config.json``."""
     from patchword.data.prepare import prepare_data
-    from patchword.fileio import staging_dir
-    from patchword.pretrained import CONFIG, VOCAB, WEIGHTS, save_pretrained_encoders
+    from patchword.fileio import replace_directory, staging_dir
+    from patchword.pretrained import save_pretrained_encoders
 
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(staging_dir(out, "export"))
@@ -248,11 +258,7 @@ def _export(run, cfg: RunConfig, run_dir: Path, out: Path, meta: dict[str, Any])
         shipped = apply_overrides(cfg, [f"model.tiny_pretrained={stage}", f"data.vocab_path={stage}"])
         meta["test_global"] = global_recall(shipped, prepare_data(shipped.data, roles=["test"]))
         save_pretrained_encoders(run.model, cfg.model, run_dir / VOCAB_FILE, stage, meta)
-        if not out.exists() or (out.is_dir() and not any(out.iterdir())):
-            os.replace(stage, out)  # all three at once (a rename onto an empty directory replaces it)
-        else:  # --force over earlier encoders: one file at a time, config.json (their description) last
-            for name in (WEIGHTS, VOCAB, CONFIG):
-                os.replace(stage / name, out / name)
+        replace_directory(stage, out)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 
@@ -281,11 +287,14 @@ def run_pretrain(
     from patchword.train.runner import resume_run, train_run
     from patchword.train.validate import RESUMABLE_KEYS
 
+    _recover_out(out)  # a kill between the renames of a --force export left ``out`` aside: back first
     check_encoders_dir(out, force)
     cfg = pretrain_config(overrides, config)
     check_exportable(cfg)
     run_dir = Path(cfg.output_dir) / cfg.name
-    if (run_dir / CONFIG_FILE).is_file():  # an existing run is only taken if it is this recipe
+    # An existing run is only taken if it is this recipe; one with no checkpoint (a start killed before
+    # its first) is nothing to take: train_run starts it again.
+    if (run_dir / LAST_CHECKPOINT).is_file() and (run_dir / CONFIG_FILE).is_file():
         changed = [k for k in config_diff(read_run_config(run_dir), cfg) if k not in RESUMABLE_KEYS]
         if changed:
             raise ConfigError(changed[0], f"{run_dir} was trained with another value: choose another name=")

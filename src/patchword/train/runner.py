@@ -3,11 +3,17 @@
 A run directory is the unit a user owns. Its ``config.yaml`` is written once, after the whole config, the
 data and the model have been checked, and never rewritten: ``--resume`` reads it back, accepts only the
 overrides in :data:`~patchword.train.validate.RESUMABLE_KEYS` and records itself in ``resumes.jsonl``.
-A start that fails (or is stopped by SIGTERM / SIGINT) before its first checkpoint leaves nothing behind.
+A start that fails (or is stopped by SIGTERM / SIGINT) before its first checkpoint leaves nothing behind;
+one killed outright (``kill -9``, the OOM killer: no cleanup runs) leaves only files a start writes, and
+the same command removes them and starts again (:func:`_failed_start`). A start or ``--resume`` also
+removes the temporary files of writes a kill cut short.
 
 One command at a time owns a run directory: it holds an advisory lock on its :data:`LOCK_FILE` for its
 whole life (the operating system drops it when the process ends, even by ``kill -9``), so a second start
 of the same name or a second ``--resume`` is refused instead of writing into the same files.
+
+Over 400 lines: the rules of a run directory's life (claimed, locked, a failed or killed start cleared,
+resumed) sit beside the two commands that follow them, so that they are read and changed in one place.
 """
 
 from __future__ import annotations
@@ -48,7 +54,10 @@ from patchword.fileio import (
     atomic_write_text,
     exclusive_lock,
     keep_jsonl_records,
+    only_entries,
     probe_writable,
+    remove_stale_temps,
+    repair_jsonl,
 )
 from patchword.model import RetrievalModel, model_reads_dense
 from patchword.runs import (
@@ -57,6 +66,7 @@ from patchword.runs import (
     METRICS_FILE,
     RESUMES_FILE,
     VOCAB_FILE,
+    WEIGHTS_FILE,
     build_run_model,
     load_run_tokenizer,
     read_run_config,
@@ -64,8 +74,9 @@ from patchword.runs import (
 )
 from patchword.runs.config import RunConfig
 from patchword.runs.evaluate import evaluate_run
-from patchword.runs.files import BEST_CHECKPOINT, LAST_CHECKPOINT, METRICS_JSON, SUMMARY_FILE
+from patchword.runs.files import BEST_CHECKPOINT, EXPORT_DIR, LAST_CHECKPOINT, METRICS_JSON, SUMMARY_FILE
 from patchword.runs.recorded import DIGEST_FIELD, file_sha256
+from patchword.train.trackers import TENSORBOARD_DIR, WANDB_ID_FILE
 from patchword.train.trainer import Trainer, on_stop_signals
 from patchword.train.validate import RESUMABLE_KEYS, check_config, check_launch, check_model_data
 
@@ -83,6 +94,16 @@ _logger = logging.getLogger(__name__)
 
 #: The file in a run directory whose lock the command training the run holds (empty; it may stay behind).
 LOCK_FILE = ".lock"
+
+#: What a start writes into its run directory before its first ``last.pt`` (metrics.jsonl: records of steps
+#: nobody can resume), and the files it writes atomically by then, whose ``.{name}.XXXX.tmp`` a kill during
+#: the write leaves. Not best.pt: a kill between it and the first last.pt leaves weights one may evaluate.
+_START_FILES = (LOCK_FILE, CONFIG_FILE, VOCAB_FILE, BACKBONES_FILE, METRICS_FILE)
+_START_TEMPS = (CONFIG_FILE, VOCAB_FILE, BACKBONES_FILE, LAST_CHECKPOINT, BEST_CHECKPOINT, WANDB_ID_FILE)
+#: Every file a run writes atomically (:func:`~patchword.fileio.atomic_write`).
+_ATOMIC_FILES = (*_START_TEMPS, METRICS_FILE, METRICS_JSON, SUMMARY_FILE, RESUMES_FILE)
+#: What each tracker of ``train.report_to`` writes into the run directory once training starts.
+_TRACKER_FILES = {"tensorboard": (TENSORBOARD_DIR,), "wandb": (WANDB_ID_FILE, "wandb")}
 
 
 def _stop_raises(phase: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
@@ -133,10 +154,37 @@ def _holds_files(run_dir: Path) -> bool:
 
 
 def _exists_error(run_dir: Path) -> RunExistsError:
+    if not (run_dir / LAST_CHECKPOINT).is_file():  # --resume would refuse it: do not advise it
+        return RunExistsError(
+            f"run directory {run_dir} already exists, with no {LAST_CHECKPOINT} to resume from and files a "
+            "start killed before its first checkpoint does not leave; choose another name= or remove it"
+        )
     return RunExistsError(
         f"run directory {run_dir} already exists; choose another name= or continue it with "
         f"`patchword train --resume {run_dir}`"
     )
+
+
+def _failed_start(run_dir: Path) -> list[str] | None:
+    """The entries of ``run_dir`` when it holds only what a start writes before its first checkpoint, and
+    the temporary files of those writes (a start killed outright, ``kill -9`` or the OOM killer, which runs
+    no cleanup): nothing anyone could resume or evaluate, so the same command starts the run again. None
+    when it holds anything else: a checkpoint, results, a file the run did not write."""
+    try:  # the outputs of the trackers its config names count as its own
+        report_to = read_run_config(run_dir).train.report_to
+    except Exception:  # noqa: BLE001 - no readable config.yaml: no tracker wrote into it either
+        report_to = []
+    names = [*_START_FILES, *(name for tracker in report_to for name in _TRACKER_FILES.get(tracker, ()))]
+    return only_entries(run_dir, names, temps_of=_START_TEMPS)
+
+
+def _remove_entries(run_dir: Path, names: Sequence[str]) -> None:
+    for name in names:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        elif name != LOCK_FILE:  # the lock stays: another start may hold an open handle on it
+            path.unlink(missing_ok=True)
 
 
 def _claim_new_run(run_dir: Path, locks: contextlib.ExitStack, claim: dict[str, bool]) -> None:
@@ -151,7 +199,15 @@ def _claim_new_run(run_dir: Path, locks: contextlib.ExitStack, claim: dict[str, 
         created = False
     locks.enter_context(_run_lock(run_dir))
     if not created and _holds_files(run_dir):  # looked at under the lock: nobody writes it now
-        raise _exists_error(run_dir)
+        left = _failed_start(run_dir)
+        if left is None:
+            raise _exists_error(run_dir)
+        _remove_entries(run_dir, left)
+        _logger.warning(
+            "%s: a start killed before its first checkpoint left %s: removed, starting the run again",
+            run_dir,
+            ", ".join(name for name in left if name != LOCK_FILE),
+        )
     claim.update(created=created, owned=True)
 
 
@@ -229,8 +285,8 @@ def train_run(cfg: RunConfig, *, data: PreparedData | None = None) -> dict[str, 
     phase: dict[str, Any] = {"then": "before training started: nothing was kept; run the same command again"}
     with _stop_raises(phase), session(device, cfg.dist_timeout_s) as dist, contextlib.ExitStack() as locks:
         check_launch(cfg, dist.world_size)
-        if _holds_files(run_dir):  # early, before the data is loaded; the claim below checks again
-            raise _exists_error(run_dir)
+        if _holds_files(run_dir) and _failed_start(run_dir) is None:  # early, before the data is loaded
+            raise _exists_error(run_dir)  # (the claim below checks again, under the lock)
         dist.barrier()  # every process has checked before rank 0 creates the directory
         data, model = _build(cfg, data)
         claim = {"owned": False, "created": False}
@@ -263,8 +319,7 @@ def _remove_run(run_dir: Path, created: bool) -> None:
     if created:
         shutil.rmtree(run_dir, ignore_errors=True)
     else:  # an empty directory the user made: remove only what this run wrote
-        for name in (CONFIG_FILE, VOCAB_FILE, BACKBONES_FILE, METRICS_FILE):
-            (run_dir / name).unlink(missing_ok=True)
+        _remove_entries(run_dir, _failed_start(run_dir) or _START_FILES)
     _logger.info("start failed before the first checkpoint: %s removed", run_dir)
 
 
@@ -286,7 +341,7 @@ def resume_run(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, 
     if not last.is_file():
         raise MissingFileError(
             f"{run_dir} has no last.pt to resume from (it stopped before its first checkpoint): nothing "
-            "to continue; remove it and start the run again"
+            "to continue; run the command that started it again (it starts the run anew)"
         )
     refuse_overrides(
         overrides,
@@ -306,7 +361,7 @@ def resume_run(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, 
     }
     with _stop_raises(phase), session(device, cfg.dist_timeout_s) as dist, contextlib.ExitStack() as locks:
         check_launch(cfg, dist.world_size)
-        _on_main(dist, run_dir, lambda: locks.enter_context(_run_lock(run_dir)))
+        _on_main(dist, run_dir, lambda: _claim_run(run_dir, locks))
         data, model = _build(cfg, None, tokenizer=tokenizer, run_dir=run_dir)
         trainer = _trainer(cfg, model, data, run_dir, dist)
         trainer.load_state_dict(state)
@@ -326,12 +381,20 @@ def resume_run(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, 
                 "step": trainer.step,
                 "overrides": list(overrides),
             }
+            repair_jsonl(run_dir / RESUMES_FILE)  # a torn last line would glue onto this record
             append_line(run_dir / RESUMES_FILE, json.dumps(record))
             if not trainer.finished:
                 _set_aside_results(run_dir)
         fit = trainer.fit()
         phase["then"] = _evaluating(run_dir)
         return _finish(cfg, model, data, run_dir, trainer, fit, dist)
+
+
+def _claim_run(run_dir: Path, locks: contextlib.ExitStack) -> None:
+    """Lock the run for a resume; then, nobody else writing it, delete what a kill during a write left."""
+    locks.enter_context(_run_lock(run_dir))
+    remove_stale_temps(run_dir, _ATOMIC_FILES)
+    remove_stale_temps(run_dir / EXPORT_DIR, (WEIGHTS_FILE, "config.json"))
 
 
 def _set_aside_results(run_dir: Path) -> None:
