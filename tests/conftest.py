@@ -275,6 +275,22 @@ TINY_HASH = [
 ]
 
 
+@pytest.fixture(scope="module")
+def hash_run(tmp_path_factory):
+    """A trained 16-bit UCMFH run (``TINY_HASH``, one epoch, one thread) of the module: its directory."""
+    from patchword.cli.hash import main
+
+    out = tmp_path_factory.mktemp("hash") / "runs"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        argv = ["train", "--bits", "16", "--epochs", "1", "--output-dir", str(out), "--name", "r", *TINY_HASH]
+        assert main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return out / "r"
+
+
 def tiny_model(vocab, **model_args):
     """The TINY_MODEL_32 retrieval model built in-process (seed 0, eval mode); ``variant`` and
     ``dense_pairing`` go to the SEPS section, every other keyword to the model section."""

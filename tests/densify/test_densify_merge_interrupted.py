@@ -13,10 +13,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 
-from densify_support import TOKENS, write_images
-from patchword.densify import GenerationSettings, Shard, densify, images_from_folder, load_vlm, merge_shards
+from densify_support import TOKENS, tiny_vlm, twelve_images  # noqa: F401 - fixtures
+from patchword.densify import GenerationSettings, Shard, densify, images_from_folder, merge_shards
 from patchword.densify import shards as shards_module
 from patchword.densify.store import read_sidecar
 from patchword.errors import RunExistsError
@@ -30,18 +29,6 @@ NAMES = [f"img{i:02d}.png" for i in range(12)]  # two shards at batch size 8: 8 
 
 class Killed(BaseException):
     """Stands for a SIGKILL: no ``except Exception`` catches it (the file state it leaves is a kill's)."""
-
-
-@pytest.fixture(scope="module")
-def image_dir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("images")
-    write_images(root, NAMES)
-    return root
-
-
-@pytest.fixture(scope="module")
-def vlm():
-    return load_vlm("tiny-random", device=torch.device("cpu"), precision="fp32")
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,20 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 from conftest import one_error_line
-from densify_support import RUN, TOKENS, laps_split_args, write_images
+from densify_support import (  # noqa: F401 - fixtures
+    RUN,
+    TOKENS,
+    laps_split_args,
+    reference_file,
+    tiny_vlm,
+    twelve_images,
+    write_images,
+)
 from patchword.cli import main as patchword_main
 from patchword.cli.densify import main
-from patchword.densify import GenerationSettings, Shard, densify, images_from_folder, load_vlm, merge_shards
+from patchword.densify import GenerationSettings, Shard, densify, images_from_folder, merge_shards
 from patchword.densify import lock as lock_module
 from patchword.densify.lock import output_lock
 from patchword.errors import DataError, RunExistsError
@@ -25,26 +32,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 SETTINGS = GenerationSettings(max_new_tokens=TOKENS)
 NAMES = [f"img{i:02d}.png" for i in range(12)]  # two batches of RUN's 8: one per rank of two
-
-
-@pytest.fixture(scope="module")
-def image_dir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("images")
-    write_images(root, NAMES)
-    return root
-
-
-@pytest.fixture(scope="module")
-def vlm():
-    return load_vlm("tiny-random", device=torch.device("cpu"), precision="fp32")
-
-
-@pytest.fixture(scope="module")
-def reference(image_dir, vlm, tmp_path_factory) -> bytes:
-    """The file of one uninterrupted single-process run over the 12 images (batch size 8, as ``RUN``)."""
-    out = tmp_path_factory.mktemp("ref") / "dense.jsonl"
-    densify(images_from_folder(image_dir), vlm, out, SETTINGS, model_name="tiny-random", batch_size=8)
-    return out.read_bytes()
 
 
 def _hold(lock_file: Path):

@@ -14,39 +14,18 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from conftest import one_error_line
-from densify_support import RUN, TOKENS, write_images
+from densify_support import RUN, TOKENS, reference_file, tiny_vlm, twelve_images, write_images  # noqa: F401 - fixtures
 from patchword.cli.densify import main
 from patchword.data.textfiles import load_dense_jsonl
-from patchword.densify import GenerationSettings, Shard, densify, images_from_folder, load_vlm, read_records
+from patchword.densify import GenerationSettings, Shard, densify, images_from_folder, read_records
 from patchword.errors import DataError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 SETTINGS = GenerationSettings(max_new_tokens=TOKENS)
 NAMES = [f"img{i:02d}.png" for i in range(12)]
-
-
-@pytest.fixture(scope="module")
-def image_dir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("images")
-    write_images(root, NAMES)
-    return root
-
-
-@pytest.fixture(scope="module")
-def vlm():
-    return load_vlm("tiny-random", device=torch.device("cpu"), precision="fp32")
-
-
-@pytest.fixture(scope="module")
-def reference(image_dir, vlm, tmp_path_factory) -> bytes:
-    """The file of one uninterrupted run over the 12 images (batch size 8, as ``RUN``)."""
-    out = tmp_path_factory.mktemp("ref") / "dense.jsonl"
-    densify(images_from_folder(image_dir), vlm, out, SETTINGS, model_name="tiny-random", batch_size=8)
-    return out.read_bytes()
 
 
 def _never_load():

@@ -27,17 +27,9 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
+def run(hash_run) -> Path:
     """A trained 16-bit UCMFH run on tiny synthetic data (32-d image and text features)."""
-    out = tmp_path_factory.mktemp("hash") / "runs"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        argv = ["train", "--bits", "16", "--epochs", "1", "--output-dir", str(out), "--name", "r", *TINY_HASH]
-        assert main(argv) == 0
-    finally:
-        torch.set_num_threads(threads)
-    return out / "r"
+    return hash_run
 
 
 def _npy_bytes(array: np.ndarray, tmp_path: Path) -> bytes:

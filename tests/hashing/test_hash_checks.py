@@ -19,19 +19,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    """A trained 16-bit run on tiny synthetic data (32-d features)."""
-    import torch
-
-    out = tmp_path_factory.mktemp("hash") / "runs"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        argv = ["train", "--bits", "16", "--epochs", "1", "--output-dir", str(out), "--name", "r", *TINY_HASH]
-        assert main(argv) == 0
-    finally:
-        torch.set_num_threads(threads)
-    return out / "r"
+def run(hash_run) -> Path:
+    """A trained 16-bit UCMFH run on tiny synthetic data (32-d image and text features)."""
+    return hash_run
 
 
 @pytest.mark.parametrize(

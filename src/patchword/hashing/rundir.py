@@ -11,17 +11,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
-import signal
 from pathlib import Path
-from typing import Any
 
-from patchword.errors import Interrupted, RunExistsError
+from patchword.errors import RunExistsError
 from patchword.fileio import exclusive_lock, only_entries, remove_stale_temps
 from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT, METRICS_FILE, RESUMES_FILE, WEIGHTS_FILE
 from patchword.train.runner import LOCK_FILE
-from patchword.train.trainer import on_stop_signals
 
-__all__ = ["claim_new_run", "lock_run", "refuse_existing", "remove_run", "run_lock", "stop_raises"]
+__all__ = ["claim_new_run", "lock_run", "refuse_existing", "remove_run", "run_lock"]
 
 _logger = logging.getLogger(__name__)
 
@@ -127,17 +124,3 @@ def remove_run(run_dir: Path, created: bool) -> None:
             if name != LOCK_FILE:
                 (run_dir / name).unlink(missing_ok=True)
     _logger.info("start failed before the first checkpoint: %s removed", run_dir)
-
-
-def stop_raises(phase: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
-    """SIGTERM / SIGINT outside the training loop (which stops at a step, last.pt written) raise
-    :class:`Interrupted` saying ``phase["then"]``: what is kept and how to go on. SIGTERM's default action
-    kills the process on the spot, with no ``interrupted:`` line and a half-made run directory."""
-
-    def handler(signum, frame):  # noqa: ARG001
-        if "signum" in phase:  # a second signal: the first is unwinding (and cleaning up) already
-            return
-        phase["signum"] = signum
-        raise Interrupted(signum, f"{signal.Signals(signum).name} received {phase['then']}")
-
-    return on_stop_signals(handler)

@@ -50,9 +50,10 @@ from patchword.hashing.config import HASH_EVAL_KEYS, HASH_RESUMABLE_KEYS, HashRu
 from patchword.hashing.dataset import HashDataset
 from patchword.hashing.evaluate import evaluate_hashing
 from patchword.hashing.model import UCMFH
-from patchword.hashing.rundir import claim_new_run, lock_run, refuse_existing, remove_run, stop_raises
+from patchword.hashing.rundir import claim_new_run, lock_run, refuse_existing, remove_run
 from patchword.hashing.trainer import HashTrainer, append_metrics
 from patchword.runs.files import CONFIG_FILE, IMPORT_FILE, LAST_CHECKPOINT, METRICS_FILE, RESUMES_FILE
+from patchword.train.trainer import stop_raises
 
 __all__ = [
     "HashRun",

@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -47,7 +46,7 @@ from patchword.data.prepare import (
 )
 from patchword.data.tokenizers import WordVocab
 from patchword.distributed import Distributed, session
-from patchword.errors import ConfigError, Interrupted, MissingFileError, RunExistsError
+from patchword.errors import ConfigError, MissingFileError, RunExistsError
 from patchword.factory import create_model
 from patchword.fileio import (
     append_line,
@@ -77,7 +76,7 @@ from patchword.runs.evaluate import evaluate_run
 from patchword.runs.files import BEST_CHECKPOINT, EXPORT_DIR, LAST_CHECKPOINT, METRICS_JSON, SUMMARY_FILE
 from patchword.runs.recorded import DIGEST_FIELD, file_sha256
 from patchword.train.trackers import TENSORBOARD_DIR, WANDB_ID_FILE
-from patchword.train.trainer import Trainer, on_stop_signals
+from patchword.train.trainer import Trainer, stop_raises
 from patchword.train.validate import RESUMABLE_KEYS, check_config, check_launch, check_model_data
 
 __all__ = [
@@ -104,20 +103,6 @@ _START_TEMPS = (CONFIG_FILE, VOCAB_FILE, BACKBONES_FILE, LAST_CHECKPOINT, BEST_C
 _ATOMIC_FILES = (*_START_TEMPS, METRICS_FILE, METRICS_JSON, SUMMARY_FILE, RESUMES_FILE)
 #: What each tracker of ``train.report_to`` writes into the run directory once training starts.
 _TRACKER_FILES = {"tensorboard": (TENSORBOARD_DIR,), "wandb": (WANDB_ID_FILE, "wandb")}
-
-
-def _stop_raises(phase: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
-    """SIGTERM / SIGINT outside the training loop (which stops at a step, last.pt written) raise
-    :class:`Interrupted` saying ``phase["then"]``: what is kept and how to go on. SIGTERM's default action
-    kills the process on the spot, leaving a half-made run directory behind and no ``interrupted:`` line."""
-
-    def handler(signum, frame):  # noqa: ARG001
-        if "signum" in phase:  # a second signal: the first is unwinding (and cleaning up) already
-            return
-        phase["signum"] = signum
-        raise Interrupted(signum, f"{signal.Signals(signum).name} received {phase['then']}")
-
-    return on_stop_signals(handler)
 
 
 def _run_lock(run_dir: Path) -> contextlib.AbstractContextManager[None]:
@@ -283,7 +268,7 @@ def train_run(cfg: RunConfig, *, data: PreparedData | None = None) -> dict[str, 
         raise ConfigError("output_dir", f"{err.filename} is a file: runs go in a directory there") from None
     run_dir = Path(cfg.output_dir) / cfg.name
     phase: dict[str, Any] = {"then": "before training started: nothing was kept; run the same command again"}
-    with _stop_raises(phase), session(device, cfg.dist_timeout_s) as dist, contextlib.ExitStack() as locks:
+    with stop_raises(phase), session(device, cfg.dist_timeout_s) as dist, contextlib.ExitStack() as locks:
         check_launch(cfg, dist.world_size)
         if _holds_files(run_dir) and _failed_start(run_dir) is None:  # early, before the data is loaded
             raise _exists_error(run_dir)  # (the claim below checks again, under the lock)
@@ -359,7 +344,7 @@ def resume_run(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, 
     phase: dict[str, Any] = {
         "then": f"before training resumed: `patchword train --resume {run_dir}` continues it"
     }
-    with _stop_raises(phase), session(device, cfg.dist_timeout_s) as dist, contextlib.ExitStack() as locks:
+    with stop_raises(phase), session(device, cfg.dist_timeout_s) as dist, contextlib.ExitStack() as locks:
         check_launch(cfg, dist.world_size)
         _on_main(dist, run_dir, lambda: _claim_run(run_dir, locks))
         data, model = _build(cfg, None, tokenizer=tokenizer, run_dir=run_dir)

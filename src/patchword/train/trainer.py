@@ -88,6 +88,21 @@ def on_stop_signals(handler: Callable[[int, Any], None]) -> Iterator[None]:
             signal.signal(s, h)
 
 
+def stop_raises(phase: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
+    """SIGTERM / SIGINT outside a training loop (which stops at a step, last.pt written) raise
+    :class:`Interrupted` saying ``phase["then"]``: what is kept and how to go on (the runners update it as
+    they go). SIGTERM's default action kills the process on the spot, leaving a half-made run directory
+    behind and no ``interrupted:`` line."""
+
+    def handler(signum, frame):  # noqa: ARG001
+        if "signum" in phase:  # a second signal: the first is unwinding (and cleaning up) already
+            return
+        phase["signum"] = signum
+        raise Interrupted(signum, f"{signal.Signals(signum).name} received {phase['then']}")
+
+    return on_stop_signals(handler)
+
+
 def _stop_signals(flag: dict[str, int]) -> contextlib.AbstractContextManager[None]:
     """Record SIGTERM / SIGINT in ``flag["signum"]`` instead of dying mid-step (cluster pre-emption)."""
     return on_stop_signals(lambda signum, frame: flag.__setitem__("signum", signum))
