@@ -55,9 +55,12 @@ class Killed(BaseException):
 
 
 def _config(root: Path, name: str, *extra: str) -> RunConfig:
-    return apply_overrides(
-        RunConfig(), [*TINY, f"output_dir={root}", f"name={name}", f"data.cache_dir={root / 'cache'}", *extra]
-    )
+    return apply_overrides(RunConfig(), _overrides(root, name, *extra))
+
+
+def _overrides(root: Path, name: str, *extra: str) -> list[str]:
+    """The overrides of :func:`_config` as a command line gives them."""
+    return [*TINY, f"output_dir={root}", f"name={name}", f"data.cache_dir={root / 'cache'}", *extra]
 
 
 def _records(run: Path, split: str) -> list[dict]:
@@ -239,6 +242,20 @@ def test_a_run_held_by_another_process_is_refused_by_the_cli_in_one_line(root, c
     line = one_error_line(capsys.readouterr().err)
     assert str(run) in line and "in use by another process" in line, line
     assert (run / "last.pt").read_bytes() == before
+
+
+def test_a_second_start_of_a_run_in_training_says_in_use_not_resume(root, capsys):
+    """Old message: "already exists; ... continue it with patchword train --resume", which the lock then
+    refuses as in use."""
+    run = root / "held_start"
+    train_run(_config(root, run.name, "train.max_steps=2"))
+    with open(run / LOCK_FILE, "a") as other:  # the process that trains it now
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert main(["train", *_overrides(root, run.name, "train.max_steps=2")]) == 2
+        line = one_error_line(capsys.readouterr().err)
+    assert str(run) in line and "in use by another process" in line and "continue it" not in line, line
+    assert main(["train", *_overrides(root, run.name, "train.max_steps=2")]) == 2  # free: "already exists"
+    assert "already exists" in one_error_line(capsys.readouterr().err)
 
 
 def test_two_starts_of_one_name_leave_one_run_and_refuse_the_other(root, monkeypatch):

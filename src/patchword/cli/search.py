@@ -49,7 +49,8 @@ def _index_parser() -> argparse.ArgumentParser:
         "--store",
         choices=("float32", "float16", "int8", "pq"),
         help="how token vectors are stored: float32 (default), float16 (1/2 the size), int8 with a per-token "
-        "scale (~1/4), pq: product-quantised, 64 bytes per token (~1/32; trains on the first shard)",
+        "scale (~1/4), pq: product-quantised, C/8 bytes per token up to 64 (~1/32 of float32; --pq-bytes; "
+        "trains on the first shard)",
     )
     storage.add_argument("--fp16", action="store_true", help="the same as --store float16")
     build.add_argument(

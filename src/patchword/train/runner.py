@@ -271,6 +271,11 @@ def train_run(cfg: RunConfig, *, data: PreparedData | None = None) -> dict[str, 
     with stop_raises(phase), session(device, cfg.dist_timeout_s) as dist, contextlib.ExitStack() as locks:
         check_launch(cfg, dist.world_size)
         if _holds_files(run_dir) and _failed_start(run_dir) is None:  # early, before the data is loaded
+            if dist.is_main and (run_dir / LOCK_FILE).is_file():
+                # the run is training now: "in use" is the refusal that fits (the --resume that
+                # "already exists" advises would be refused as in use)
+                with _run_lock(run_dir):
+                    pass
             raise _exists_error(run_dir)  # (the claim below checks again, under the lock)
         dist.barrier()  # every process has checked before rank 0 creates the directory
         data, model = _build(cfg, data)
