@@ -134,11 +134,32 @@ def read_checkpoint(
         raise DataError(f"{path}: not a readable {what}: {_checkpoint_problem(path, err)}") from None
     if not isinstance(state, dict):
         raise DataError(f"{path}: not a {what}: it holds a {type(state).__name__}, not a mapping")
+    _check_zip_members(path, what)
     missing = [key for key in require if key not in state]
     if missing:
         keys = ", ".join(sorted(map(str, state))[:8]) or "none"
         raise DataError(f"{path}: not a {what}: no {', '.join(map(repr, missing))} entry (its keys: {keys})")
     return state
+
+
+def _check_zip_members(path: Path, what: str) -> None:
+    """Refuse a ``torch.save`` archive with a damaged member: torch.load does not check the CRC32 each zip
+    member records, so flipped bytes inside a tensor load as other weights without an error (a copy cut
+    short is caught; a corrupted one was not). Reading the file once more costs ~1 s per GB."""
+    import zipfile
+
+    if not _head(path, len(_ZIP_START)).startswith(_ZIP_START):
+        return  # the legacy (pre-1.6) format: a plain pickle stream with no checksums to test
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, OSError) as err:
+        raise DataError(f"{path}: not a readable {what}: {err}") from None
+    if damaged is not None:
+        raise DataError(
+            f"{path}: not a readable {what}: its member {damaged} fails its CRC check (the file is damaged: "
+            "copy it again)"
+        )
 
 
 def read_safetensors(path: str | Path, what: str = "weights file") -> dict[str, Any]:

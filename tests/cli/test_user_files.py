@@ -212,6 +212,27 @@ def test_checkpoint_reader_says_what_the_file_is(tmp_path):
         read_checkpoint(tmp_path / "class.pt")
 
 
+def test_checkpoint_reader_refuses_flipped_bytes_inside_a_tensor(tmp_path, capsys):
+    """Old code: torch.load does not check the zip members' CRC32, so a checkpoint corrupted in the middle
+    (not cut short) loaded other weights without an error (an import gave weights off by up to 1931)."""
+    from patchword.errors import DataError
+    from patchword.readers import read_checkpoint
+
+    weights = torch.arange(4096, dtype=torch.float32)
+    good = tmp_path / "good.pt"
+    torch.save({"model": {"w": weights}}, good)
+    data = bytearray(good.read_bytes())
+    start = bytes(data).index(weights[:4].numpy().tobytes())  # the tensor's bytes, stored uncompressed
+    data[start + 4000 : start + 4064] = bytes(64)
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(bytes(data))
+    assert not torch.equal(torch.load(bad, weights_only=True)["model"]["w"], weights)  # torch takes it
+    with pytest.raises(DataError, match=r"bad\.pt: not a readable .*fails its CRC check") as info:
+        read_checkpoint(bad, require=("model",))
+    assert "copy it again" in str(info.value)
+    assert torch.equal(read_checkpoint(good, require=("model",))["model"]["w"], weights)
+
+
 def test_jsonl_reader_drops_a_torn_last_line_and_names_a_bad_row(tmp_path):
     from patchword.errors import DataError
     from patchword.readers import read_json_lines
