@@ -306,6 +306,8 @@ def _published_table(entries: list[Entry]) -> Table | None:
     rows, notes = [], []
     for e in filter(lambda e: e.runs, entries):
         model = imported_model(_json(e.runs[0] / IMPORT_FILE))
+        # the data config the evaluation read: which split its recorded role is, which data lay there
+        data = read_run_config(e.runs[0]).data if model is not None else None
         for published in model.published() if model is not None else []:
             measured = measured_metrics(e.summaries[0], published.dataset)
             what = DATASETS[published.dataset] + (f", {published.variant}" if published.variant else "")
@@ -316,7 +318,9 @@ def _published_table(entries: list[Entry]) -> Table | None:
                 ]
                 source = published.source if row["row"] == "published" else ""
                 rows.append([e.label, what, row["row"], *cells, source])
-            notes += [f"{e.label}, {what}: {text}" for text in caveats(published, e.summaries[0])]
+            notes += [
+                f"{e.label}, {what}: {text}" for text in caveats(published, e.summaries[0], data, model)
+            ]
     if not rows:
         return None
     caption = (

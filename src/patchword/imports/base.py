@@ -13,8 +13,9 @@ An importer (one module per family: ``seps``, ``scan``, ...) registers two funct
 initialised from the ``--hf-*`` architectures: their weights come from the checkpoint, never from
 there), loads the mapped tensors with ``strict=True`` (a missing, unexpected or mis-shaped tensor is one
 error naming it), and writes the run directory atomically: ``config.yaml``, the tokenizer, ``backbones.json``,
-``best.pt`` / ``last.pt`` (the imported weights, step 0) and ``import.json`` (source file, its sha256, the
-family, the official ``opt``, what was ignored and why, the user's overrides).
+``best.pt`` / ``last.pt`` (the imported weights, step 0) and ``import.json`` (source file as an absolute
+path, its sha256, the family, the dataset the ``opt`` implies, the official ``opt``, what was ignored and
+why, the user's overrides).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ __all__ = [
     "family",
     "safe_load",
     "opt_dict",
+    "check_opt_names",
     "write_imported_run",
     "IMPORT_FILE",
 ]
@@ -89,6 +91,7 @@ class ImportPlan:
         metadata: epoch, best rsum and the like, as the checkpoint records them.
         bert_files: the BERT vocabulary file copied into the run directory.
         overrides: the dotted overrides the user gave on import and that were applied to ``config``.
+        dataset: ``f30k`` / ``coco`` as the checkpoint's ``opt`` implies, or None.
     """
 
     family: str
@@ -101,6 +104,10 @@ class ImportPlan:
     metadata: dict[str, Any] = field(default_factory=dict)
     bert_files: Path | None = None
     overrides: list[str] = field(default_factory=list)  # the user's accepted overrides (import.json)
+    #: the dataset the checkpoint's ``opt`` says it was trained (and evaluated) on: ``f30k`` or ``coco``;
+    #: None where the opt names another or none. import.json keeps it, so that a comparison with published
+    #: results can tell when the run was evaluated on other data (``data.root`` is the user's to override)
+    dataset: str | None = None
 
 
 @dataclass(frozen=True)
@@ -188,6 +195,22 @@ def opt_dict(ckpt: dict[str, Any], path: str = "") -> dict[str, Any]:
     )
 
 
+def check_opt_names(opt: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """Every field of ``opt`` is named by a string, as an ``argparse.Namespace`` names them. An ``opt``
+    saved as a dict can hold any key; one that is not a name is no option of any official code, and would
+    otherwise fail deep inside a mapping (sorting or hashing mixed keys) instead of as one line naming it.
+
+    Raises:
+        DataError: a field named by something else (the message names it and its type).
+    """
+    for key in opt:
+        if not isinstance(key, str):
+            raise DataError(
+                f"{path}: opt has a field named {key!r} ({type(key).__name__}), not a name: the official "
+                "train.py saves its arguments (an argparse.Namespace), whose fields are names"
+            )
+
+
 def hf_architecture(source: str | None, role: str, arg: str) -> dict[str, Any]:
     """A Hugging Face config dict from a local directory or a cached hub id (no weights are read)."""
     from patchword.hub import require_transformers, resolve_pretrained
@@ -233,16 +256,18 @@ def check_fit(plan: ImportPlan, expected: dict[str, torch.Tensor], source: Path)
 
 
 def import_record(plan: ImportPlan, source: Path) -> dict[str, Any]:
-    """What ``import.json`` says about an import: source file and its sha256, family, opt, ignored keys,
-    the overrides the user applied."""
+    """What ``import.json`` says about an import: source file (its absolute path: a path relative to the
+    directory the import ran in names nothing once the run is read from elsewhere) and its sha256, family,
+    the dataset its opt implies, opt, ignored keys, the overrides the user applied."""
     opt = {
         k: v if isinstance(v, (int, float, str, bool, type(None), list)) else repr(v)
         for k, v in plan.opt.items()
     }
     return {
         "family": plan.family,
-        "source": str(source),
+        "source": str(Path(source).resolve()),
         "source_sha256": _sha256(source),
+        "dataset": plan.dataset,
         "opt": opt,
         "ignored": plan.ignored,
         "loaded": len(plan.state_dict),

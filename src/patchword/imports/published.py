@@ -12,17 +12,23 @@ ablation rows and the LAPS README print R@1 and R@5 only). TGDT and UCMFH have n
 were not available to the notes.
 
 Families and backbones are spelled as ``patchword import`` records a checkpoint: ``family`` as in
-``import.json``, the backbone as :func:`imported_model` derives it from the checkpoint's ``opt``. Everything
+``import.json``, the backbone as :func:`imported_model` derives it from the checkpoint's ``opt``. A SCAN
+checkpoint is one of four variants (``opt.cross_attn`` x ``opt.agg_func``: ``t-i LSE``, ``t-i AVG``, ``i-t
+LSE``, ``i-t AVG``): only the rows of its variant, and the ensembles it is one member of, are its
+published results. :func:`caveats` says why a comparison is not like for like: another image count,
+protocol (leaky or not), split, dataset, an ensemble's row beside one model, another SCAN lambda. Everything
 here is pure, for ``patchword report`` and the export card: the only file read is the shipped table.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
+from pathlib import PurePath
 from typing import Any
 
 from patchword.eval.metrics import RECALL_KEYS
@@ -31,6 +37,7 @@ __all__ = [
     "DATASETS",
     "METRIC_KEYS",
     "TEST_IMAGES",
+    "TEST_SPLITS",
     "ImportedModel",
     "PublishedResult",
     "caveats",
@@ -38,6 +45,7 @@ __all__ = [
     "imported_model",
     "measured_metrics",
     "published_results",
+    "scan_variant",
 ]
 
 #: the shipped table, beside this module
@@ -52,6 +60,22 @@ DATASETS = {"f30k": "Flickr30K 1K", "coco1k": "MS-COCO 1K", "coco5k": "MS-COCO 5
 
 #: images of the test split each published protocol evaluates (COCO 1K: the 5K split, in five folds)
 TEST_IMAGES = {"f30k": 1000, "coco1k": 5000, "coco5k": 5000}
+
+#: the split each published protocol evaluates, as the imported runs name it (``data.test_split``):
+#: Flickr30K's 1K ``test``; MS-COCO's 5K ``testall`` (COCO 1K: its five folds). COCO's own ``test`` split
+#: is a single 1K set, and a ``dev`` split is never a published test result (reference/naaf_scan_vse.md 3.5)
+TEST_SPLITS = {"f30k": "test", "coco1k": "testall", "coco5k": "testall"}
+
+#: published dataset -> the data it was measured on; and how a caveat names that data
+_DATA_OF = {"f30k": "f30k", "coco1k": "coco", "coco5k": "coco"}
+_DATA_NAMES = {"f30k": "Flickr30K", "coco": "MS-COCO", "f8k": "Flickr8K", "synthetic": "synthetic"}
+
+#: words in a ``data.root`` path component that name a dataset (Flickr8K before the Flickr catch-all)
+_ROOT_WORDS = (("coco", ("coco",)), ("f8k", ("f8k", "flickr8k")), ("f30k", ("f30k", "flickr")))
+
+#: SCAN's ``opt.cross_attn`` and ``opt.agg_func`` -> how the published rows name a variant (``t-i AVG``)
+_SCAN_DIRECTIONS = {"t2i": "t-i", "i2t": "i-t"}
+_SCAN_AGGREGATIONS = {"LogSumExp": "LSE", "Mean": "AVG", "Max": "MAX", "Sum": "SUM"}
 
 #: ``opt.dataset`` (SEPS / LAPS) or ``opt.data_name`` (SCAN / NAAF) -> the datasets its evaluation reports
 _OPT_DATASETS = {
@@ -124,19 +148,29 @@ class ImportedModel:
         backbone: the backbone the official code trains for the checkpoint's ``opt`` (``None``: unknown).
         datasets: the published datasets its ``opt`` names (COCO: ``coco1k`` and ``coco5k``).
         basis: the ``opt`` values both were read from, in words (for a model card).
+        variant: SCAN only: ``t-i LSE``, ``t-i AVG``, ``i-t LSE`` or ``i-t AVG`` (:func:`scan_variant`);
+            ``None`` for the other families, or a SCAN opt naming none of them.
+        opt: the official ``opt`` as recorded (a caveat compares the hyperparameters a row names).
     """
 
     family: str
     backbone: str | None
     datasets: tuple[str, ...]
     basis: str
+    variant: str | None = None
+    opt: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def published(self) -> list[PublishedResult]:
         """The table's rows for this checkpoint: its family and backbone on each of its datasets; none
-        when the backbone is unknown (``published_results`` would take None for "any backbone")."""
+        when the backbone is unknown (``published_results`` would take None for "any backbone"). For SCAN,
+        only the rows of its variant and the ensembles it is a member of: a t-i LSE model's "difference"
+        from an i-t AVG row measures the variant, not the import (none when its variant is unknown)."""
         if self.backbone is None:
             return []
-        return [row for d in self.datasets for row in published_results(self.family, self.backbone, d)]
+        rows = [row for d in self.datasets for row in published_results(self.family, self.backbone, d)]
+        if self.family == "scan":
+            rows = [row for row in rows if self.variant is not None and self.variant in _scan_members(row)]
+        return rows
 
 
 def _number(value: Any, where: str) -> float | None:
@@ -229,10 +263,115 @@ def compare_rows(published: PublishedResult, measured: Mapping[str, Any] | None)
     ]
 
 
-def caveats(published: PublishedResult, record: Mapping[str, Any] | None) -> list[str]:
+def _field(data: Any, key: str) -> Any:
+    """``data.key`` of a ``DataConfig``, or ``data[key]`` of its dict form."""
+    return data.get(key) if isinstance(data, Mapping) else getattr(data, key, None)
+
+
+def _root_dataset(root: str) -> str | None:
+    """The dataset a ``data.root`` path names (``f30k``, ``coco``, ``f8k``), read from its last component
+    that names exactly one; ``None`` when none does (a layout patchword cannot recognise)."""
+    for part in reversed(PurePath(root).parts):
+        low = part.lower()
+        named = {name for name, words in _ROOT_WORDS if any(w in low for w in words)}
+        if "f8k" in named:  # "flickr8k" also holds the catch-all "flickr"
+            named.discard("f30k")
+        if len(named) == 1:
+            return named.pop()
+    return None
+
+
+def _split_caveat(published: PublishedResult, record: Mapping[str, Any], data: Any) -> list[str]:
+    """The measured split, as the run names it, against the published protocol's test split. A record
+    names the role it scored (``test`` / ``dev``); ``data`` (the run's data config) says which split of the
+    dataset that role reads. Without ``data`` a ``test`` role cannot be named, and is taken on trust."""
+    split = record.get("split")
+    if not isinstance(split, str):
+        return []
+    if split in ("test", "dev"):
+        name = _field(data, f"{split}_split") if data is not None else ("dev" if split == "dev" else None)
+    else:
+        name = split
+    expected = TEST_SPLITS[published.dataset]
+    if not isinstance(name, str) or name == expected:
+        return []
+    return [
+        f"measured on split `{name}`, the published {DATASETS[published.dataset]} protocol on split "
+        f"`{expected}` (its test split): not a like-for-like comparison"
+    ]
+
+
+def _dataset_caveat(published: PublishedResult, data: Any) -> list[str]:
+    """The data the run measured (its ``data`` config: the reader and ``data.root``) against the dataset
+    of the published row. The root is the user's to override, on import or later; its name is all that
+    says which dataset lies there."""
+    if data is None:
+        return []
+    wanted, protocol = _DATA_OF[published.dataset], DATASETS[published.dataset]
+    reader, root = _field(data, "dataset"), _field(data, "root")
+    if isinstance(reader, str) and reader.startswith("synthetic"):
+        return [
+            f"measured on synthetic data (data.dataset `{reader}`), the published {protocol} row on "
+            f"{_DATA_NAMES[wanted]}: not a like-for-like comparison"
+        ]
+    found = _root_dataset(str(root)) if root else None
+    if found is None:
+        return [
+            f"data.root `{root}` names neither Flickr30K nor MS-COCO: patchword cannot check that the data "
+            f"measured here is the published {protocol} row's ({_DATA_NAMES[wanted]})"
+        ]
+    if found != wanted:
+        return [
+            f"measured on {_DATA_NAMES[found]} data (data.root `{root}`), the published {protocol} row on "
+            f"{_DATA_NAMES[wanted]} (the dataset the checkpoint's opt names): not a like-for-like comparison"
+        ]
+    return []
+
+
+def _variant_caveats(
+    published: PublishedResult, record: Mapping[str, Any], model: ImportedModel | None
+) -> list[str]:
+    """An ensemble's row beside one model; a SCAN row of another variant or another softmax lambda."""
+    found = []
+    if published.variant.startswith("ensemble"):
+        which = published.variant.removeprefix("ensemble").lstrip(":").strip()
+        members = record.get("ensemble")  # an ensemble evaluation records its members
+        here = f"{len(members)} models" if isinstance(members, list) and len(members) > 1 else "one model"
+        found.append(  # no semicolon: the report joins its caveats with them
+            f"published for a two-model ensemble ({f'{which}: ' if which else ''}two models' similarities "
+            f"averaged), measured here: {here}: not a like-for-like comparison"
+        )
+    if model is None or model.family != "scan" or published.family != "scan":
+        return found
+    if model.variant not in _scan_members(published):
+        found.append(
+            f"published for another SCAN variant ({published.variant}); this checkpoint is SCAN "
+            f"{model.variant or 'of a variant its opt does not name'}: not a like-for-like comparison"
+        )
+    printed = re.search(r"lambda1=([0-9.]+)", published.variant)
+    trained = model.opt.get("lambda_softmax")
+    number = isinstance(trained, (int, float)) and not isinstance(trained, bool)
+    if printed and number and float(trained) != float(printed.group(1)):
+        found.append(
+            f"published with lambda1={printed.group(1)} (opt.lambda_softmax), this checkpoint trained with "
+            f"{trained:g}: not a like-for-like comparison"
+        )
+    return found
+
+
+def caveats(
+    published: PublishedResult,
+    record: Mapping[str, Any] | None,
+    data: Any = None,
+    model: ImportedModel | None = None,
+) -> list[str]:
     """Why a recorded evaluation (``eval_*.json`` / ``summary.json``) is not a like-for-like comparison with
-    ``published``: another number of test images, another protocol (leaky or not). ``[]`` when nothing
-    recorded says so (or nothing is recorded)."""
+    ``published``: another number of test images, another protocol (leaky or not), another split than the
+    published protocol's test split, other data than the row's dataset, an ensemble's row beside one model,
+    and (``model``: the imported checkpoint) a SCAN row of another variant or lambda. ``data``: the data
+    config the evaluation ran with (a ``DataConfig`` or its dict; the run's ``config.yaml``, which a
+    recorded evaluation matches), without which split names and the dataset go unchecked. ``[]`` when
+    nothing recorded says so (or nothing is recorded)."""
     if not record:
         return []
     found = []
@@ -249,7 +388,29 @@ def caveats(published: PublishedResult, record: Mapping[str, Any] | None) -> lis
             f"published with a {'LEAKY' if published.leaky else 'leak-free'} protocol, measured here "
             f"{'LEAKY' if here else 'leak-free'}"
         )
+    found += _split_caveat(published, record, data)
+    found += _dataset_caveat(published, data)
+    found += _variant_caveats(published, record, model)
     return found
+
+
+def scan_variant(opt: Mapping[str, Any]) -> str | None:
+    """The SCAN variant of an official ``opt`` as the published rows name it: ``opt.cross_attn`` (``t2i``:
+    ``t-i``, ``i2t``: ``i-t``) and ``opt.agg_func`` (``LogSumExp``: ``LSE``, ``Mean``: ``AVG``...), e.g.
+    ``t-i LSE``; ``None`` when either is not an official value."""
+    direction, aggregation = opt.get("cross_attn"), opt.get("agg_func")
+    if not isinstance(direction, str) or not isinstance(aggregation, str):
+        return None
+    if direction not in _SCAN_DIRECTIONS or aggregation not in _SCAN_AGGREGATIONS:
+        return None
+    return f"{_SCAN_DIRECTIONS[direction]} {_SCAN_AGGREGATIONS[aggregation]}"
+
+
+def _scan_members(row: PublishedResult) -> set[str]:
+    """The SCAN variants a row was measured with: ``t-i AVG (lambda1=9)`` -> {t-i AVG}; an ensemble's
+    ``ensemble: t-i AVG + i-t LSE`` -> both."""
+    text = row.variant.removeprefix("ensemble:").strip()
+    return {re.sub(r"\s*\(.*\)$", "", member).strip() for member in text.split(" + ") if member.strip()}
 
 
 def _vision_backbone(family: str, opt: Mapping[str, Any]) -> tuple[str | None, str]:
@@ -268,7 +429,11 @@ def _region_backbone(family: str, opt: Mapping[str, Any]) -> tuple[str | None, s
         text = opt.get("precomp_enc_text_type")
         return _NAAF_TEXT.get(text), f"opt.precomp_enc_text_type `{text}`"
     bi_gru = opt.get("bi_gru")
-    return ("butd-regions+bigru" if bi_gru else "butd-regions+gru"), f"opt.bi_gru `{bi_gru}`"
+    variant = scan_variant(opt)
+    said = f"opt.bi_gru `{bi_gru}`, opt.cross_attn `{opt.get('cross_attn')}`, "
+    said += f"opt.agg_func `{opt.get('agg_func')}`"
+    said += f" (SCAN {variant})" if variant else " (no SCAN variant patchword knows)"
+    return ("butd-regions+bigru" if bi_gru else "butd-regions+gru"), said
 
 
 def imported_model(record: Mapping[str, Any] | None) -> ImportedModel | None:
@@ -295,4 +460,9 @@ def imported_model(record: Mapping[str, Any] | None) -> ImportedModel | None:
     if family in ("seps", "laps") and "dataset" not in opt:  # the official arguments.py default
         datasets = _OPT_DATASETS["f30k"]
         basis.append("opt.dataset absent (the official default f30k)")
-    return ImportedModel(family, backbone, datasets, ", ".join(basis))
+    recorded = record.get("dataset")  # what the importer read from the opt (import.json's "dataset")
+    if not datasets and isinstance(recorded, str) and recorded in ("f30k", "coco"):
+        datasets = _OPT_DATASETS[recorded]
+        basis.append(f"import.json dataset `{recorded}`")
+    variant = scan_variant(opt) if family == "scan" else None
+    return ImportedModel(family, backbone, datasets, ", ".join(basis), variant, dict(opt))

@@ -38,6 +38,11 @@ optimisation settings): ``margin``, ``max_violation``, ``num_epochs``, ``batch_s
 ``lr_update``, ``grad_clip``, ``workers``, ``log_step``, ``val_step``, ``resume``; and paths of the
 training machine: ``data_path``, ``vocab_path``, ``logger_name``, ``logg_path``, ``model_name``.
 
+Any other ``opt`` field is refused naming it (a fork's option can change the score, and the import would
+present the fork as plain SCAN / NAAF), except the process bookkeeping of the SEPS / VSE-infinity lineage
+(``seed``, ``gpu``, distributed launch fields), which is recorded and warned about. import.json records the
+dataset ``data_name`` names (``f30k`` / ``coco``) for the published-results comparison.
+
 Over 400 lines: two families that share the official vocabulary readers and opt mapping.
 """
 
@@ -57,7 +62,7 @@ import torch
 from patchword.config import from_dict
 from patchword.data.tokenizers.word import WordVocab, tokenize
 from patchword.errors import ConfigError, DataError, MissingFileError
-from patchword.imports.base import ImportOptions, ImportPlan, opt_dict, register_family
+from patchword.imports.base import ImportOptions, ImportPlan, check_opt_names, opt_dict, register_family
 from patchword.runs.config import RunConfig
 
 __all__ = ["read_official_vocab", "VOCAB_CLASSES"]
@@ -83,6 +88,19 @@ _SCAN_ONLY = ("bi_gru", "cross_attn", "agg_func", "lambda_softmax", "lambda_lse"
 _NAAF_ONLY = ("precomp_enc_text_type", "lambda_softmax", "alpha", "using_intra_info", *_NAAF_STATE)
 _MAPPED = {"scan": (*_COMMON, *_SCAN_ONLY), "naaf": (*_COMMON, *_NAAF_ONLY)}
 _OTHER_KNOWN = ("vocab_size", "data_name")
+#: Fields neither official train.py has, named as the process and logging bookkeeping of the official
+#: SEPS / LAPS / VSE-infinity arguments.py (seed, GPU choice, distributed launch): a fork that adds them
+#: still computes what SCAN / NAAF compute from a saved checkpoint, so they are recorded and warned about.
+#: Any other unknown field is refused: a fork's option (``focal_type``, ``measure``, ``position_embed``...)
+#: can change the score, and an import must not present such a model as plain SCAN / NAAF.
+_BOOKKEEPING = frozenset(
+    {
+        "seed", "gpu", "gpu_id", "multi_gpu", "distributed", "world_size", "rank", "local_rank",
+        "dist_backend", "dist_url",
+    }
+)  # fmt: skip
+#: ``opt.data_name`` -> the dataset recorded in import.json (the README's two; another: None)
+_DATASETS = {"f30k_precomp": "f30k", "coco_precomp": "coco"}
 _METADATA_KEYS = ("epoch", "best_rsum", "Eiters")
 
 _AGG = {"LogSumExp": "logsumexp", "Mean": "mean", "Max": "max", "Sum": "sum"}
@@ -374,8 +392,33 @@ def _plain(value: Any) -> Any:
     return repr(value)
 
 
+def _check_opt_fields(family: str, opt: dict[str, Any], path: Path) -> list[str]:
+    """The opt fields neither official train.py has and that are bookkeeping only (:data:`_BOOKKEEPING`),
+    after refusing any other unknown field: patchword maps the official options only, and a field it does
+    not know may change what the model computes (a fork's attention focus, similarity measure, position
+    embedding), so the checkpoint would be scored as something it is not.
+
+    Raises:
+        DataError: a field not named by a string.
+        ConfigError: unknown fields (the key is the first; the message names them all).
+    """
+    check_opt_names(opt, path)
+    known = {*_MAPPED[family], *_TRAINING_ONLY, *_OTHER_KNOWN}
+    unknown = sorted(k for k in opt if k not in known and k not in _BOOKKEEPING)
+    if unknown:
+        official = "kuanghuei/SCAN" if family == "scan" else "CrossmodalGroup/NAAF"
+        raise ConfigError(
+            f"opt.{unknown[0]}",
+            f"not an option of the official {official} train.py (unknown opt field(s): "
+            f"{', '.join(unknown)}): a fork's option may change what the model computes, and patchword "
+            f"maps the official {family.upper()} options only, so it does not import the checkpoint",
+        )
+    return sorted(k for k in opt if k in _BOOKKEEPING and k not in known)
+
+
 def _convert(family: str, ckpt: dict[str, Any], options: ImportOptions, path: Path) -> ImportPlan:
     opt = opt_dict(ckpt, str(path))
+    bookkeeping = _check_opt_fields(family, opt, path)
     o = _Opt(opt, path)
     states = _states(ckpt)
     if states is None:
@@ -416,7 +459,9 @@ def _convert(family: str, ckpt: dict[str, Any], options: ImportOptions, path: Pa
     if family == "naaf":
         state.update(_naaf_buffers(o))
 
-    data_name = str(opt.get("data_name", ""))
+    data_name = opt.get("data_name", "")
+    if not isinstance(data_name, str):  # it names the data directory: a list would become "data/['...']"
+        raise ConfigError("opt.data_name", f"expected a dataset name such as f30k_precomp, got {data_name!r}")
     coco = data_name == "coco_precomp"
     config = from_dict(
         RunConfig,
@@ -435,11 +480,12 @@ def _convert(family: str, ckpt: dict[str, Any], options: ImportOptions, path: Pa
         },
     )
 
-    known = {*_MAPPED[family], *_TRAINING_ONLY, *_OTHER_KNOWN}
-    unrecognised = sorted(k for k in opt if k not in known)
-    if unrecognised:
+    if bookkeeping:
         _logger.warning(
-            "%s: opt fields the official %s code does not have (not read): %s", path, family, unrecognised
+            "%s: opt fields the official %s code does not have, bookkeeping only (not read): %s",
+            path,
+            family,
+            bookkeeping,
         )
     unreachable = [w for w in vocab.idx2word[len(_SPECIALS) :] if tokenize(w, vocab.split) != [w]]
     if unreachable:
@@ -452,13 +498,13 @@ def _convert(family: str, ckpt: dict[str, Any], options: ImportOptions, path: Pa
     metadata: dict[str, Any] = {k: _plain(ckpt[k]) for k in _METADATA_KEYS if k in ckpt}
     metadata.update(
         {
-            "vocab": str(options.vocab),
+            "vocab": str(Path(options.vocab).resolve()),  # absolute, as import.json's source
             "vocab_ids": "as the official vocabulary"
             if same_ids
             else "renumbered: <pad> <start> <end> <unk> first, the embedding rows reordered to match",
             "vocab_words_never_tokenized": len(unreachable),
             "training_only_opt": sorted(k for k in opt if k in _TRAINING_ONLY),
-            "unrecognised_opt": unrecognised,
+            "unrecognised_opt": bookkeeping,
         }
     )
     if family == "naaf":
@@ -470,7 +516,16 @@ def _convert(family: str, ckpt: dict[str, Any], options: ImportOptions, path: Pa
         for key in ckpt
         if key not in ("model", "opt", *_METADATA_KEYS)
     }
-    return ImportPlan(family, config, state, ignored, opt, tokenizer=vocab, metadata=metadata)
+    return ImportPlan(
+        family,
+        config,
+        state,
+        ignored,
+        opt,
+        tokenizer=vocab,
+        metadata=metadata,
+        dataset=_DATASETS.get(data_name),
+    )
 
 
 #: The data keys the checkpoint decides: the --vocab word tokens (untruncated, as the official loader

@@ -36,7 +36,14 @@ from typing import Any
 import torch
 
 from patchword.errors import ConfigError, DataError
-from patchword.imports.base import ImportOptions, ImportPlan, hf_architecture, opt_dict, register_family
+from patchword.imports.base import (
+    ImportOptions,
+    ImportPlan,
+    check_opt_names,
+    hf_architecture,
+    opt_dict,
+    register_family,
+)
 
 __all__ = ["detect", "convert"]
 
@@ -165,7 +172,7 @@ def convert(ckpt: dict[str, Any], options: ImportOptions, path: Path, *, family:
     from patchword.runs.config import RunConfig
 
     opt = opt_dict(ckpt, str(path))
-    _check_opt_keys(opt, family)
+    _check_opt_keys(opt, family, path)
     pairing = _dense_pairing(options, family)
     kind = _vit_kind(opt)
     architectures = {
@@ -198,6 +205,8 @@ def convert(ckpt: dict[str, Any], options: ImportOptions, path: Path, *, family:
         architectures=architectures,
         metadata={k: _plain(ckpt[k]) for k in ("epoch", "best_rsum", "Eiters") if k in ckpt},
         bert_files=_bert_vocab(options.hf_text, architectures["text"]),
+        # _data_and_eval checked it is f30k or coco (absent: the arguments.py default f30k)
+        dataset=str(opt.get("dataset", _EVAL_OPT_DEFAULTS["dataset"])),
     )
 
 
@@ -205,7 +214,8 @@ def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
 
 
-def _check_opt_keys(opt: dict[str, Any], family: str) -> None:
+def _check_opt_keys(opt: dict[str, Any], family: str, path: Path) -> None:
+    check_opt_names(opt, path)  # a non-name key would fail the sorting below with a traceback
     known = set(_MODEL_OPT) | set(_EVAL_OPT_DEFAULTS) | _TRAINING_ONLY_OPT
     unknown = sorted(set(opt) - known)
     if unknown:
@@ -232,7 +242,8 @@ def _dense_pairing(options: ImportOptions, family: str) -> str:
 
 def _vit_kind(opt: dict[str, Any]) -> str:
     value = opt["vit_type"]
-    if value not in _VIT_TYPES:
+    # a string first: a list (or any unhashable value) would fail the dict lookup with a traceback
+    if not isinstance(value, str) or value not in _VIT_TYPES:
         raise ConfigError(
             "opt.vit_type", f"{value!r} is not a backbone of the official code ({', '.join(_VIT_TYPES)})"
         )

@@ -224,7 +224,7 @@ def model_card(run, record: dict[str, Any]) -> str:
             f"No evaluation of checkpoint `{record['checkpoint']}` with this config is recorded with the "
             f"run: `patchword eval RUN --checkpoint {record['checkpoint']}` measures it (then export again)."
         )
-    lines += _published_section(imported, metrics, record)
+    lines += _published_section(imported, metrics, record, dc)
     lines += [
         "",
         _hash_line(record) + f", patchword {record['patchword_version']}.",
@@ -259,12 +259,12 @@ def _cell(value: float | None, signed: bool = False) -> str:
 
 
 def _published_section(
-    imported: dict[str, Any], metrics: dict[str, Any], record: dict[str, Any]
+    imported: dict[str, Any], metrics: dict[str, Any], record: dict[str, Any], data: Any = None
 ) -> list[str]:
     """The card's "Published vs measured here" for an imported official checkpoint: each published
     result of its method, backbone and dataset (:func:`patchword.imports.published.published_results`)
     beside the run's recorded evaluation of the exported checkpoint (``metrics``), with source, protocol
-    and notes."""
+    and notes. ``data``: the run's data config (the split and data the evaluation read, for the caveats)."""
     model = published_table.imported_model(imported)
     if model is None:
         return []
@@ -274,13 +274,15 @@ def _published_section(
     )
     lines = ["", "## Published vs measured here", ""]
     rows = model.published()
+    # SCAN: the rows are those of the checkpoint's variant (t-i LSE...), which the sentence names
+    backbone = f"`{model.backbone}`" + (f" (variant {model.variant})" if model.variant else "")
     if not rows:
         return lines + [
             f"patchword's table of published results has no row for the official `{model.family}` code with "
-            f"backbone `{model.backbone}` on {datasets} (read from `import.json`: {model.basis})."
+            f"backbone {backbone} on {datasets} (read from `import.json`: {model.basis})."
         ]
     lines += [
-        f"The results published for the official `{model.family}` code with backbone `{model.backbone}` on "
+        f"The results published for the official `{model.family}` code with backbone {backbone} on "
         f"{datasets} (read from `import.json`: {model.basis}), as printed by their sources (nothing "
         "corrected; `patchword.imports.published`), beside this run's evaluation of checkpoint "
         f"`{record['checkpoint']}`. difference = measured here - published.",
@@ -322,5 +324,6 @@ def _published_section(
         if published.note:
             lines.append(f"* note: {published.note}")
         if measured:
-            lines += [f"* caveat: {text}" for text in published_table.caveats(published, metrics)]
+            caveats = published_table.caveats(published, metrics, data, model)
+            lines += [f"* caveat: {text}" for text in caveats]
     return lines
