@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from test_bad_inputs import _snapshot
@@ -148,6 +149,103 @@ def test_train_and_eval_share_the_eval_checks(tiny_run, capsys):
         assert main(["train", *TINY_RUN_32, f"output_dir={tiny_run.parent / 'new'}", override]) == 2
         assert expected in one_error_line(capsys.readouterr().err)
     assert not (tiny_run.parent / "new").exists()
+
+
+# ------------------------------------------------------------------------- options a mode does not take
+
+SUITE_CONFLICTS = [
+    (["--suite", "compositional", "--ensemble", "RUN"], "--ensemble: averages the recall of several runs"),
+    (["--suite", "patches", "--ensemble", "RUN"], "--ensemble: averages the recall of several runs"),
+    (
+        ["--suite-file", "triples.json", "--ensemble", "RUN"],
+        "--ensemble: averages the recall of several runs",
+    ),
+    (
+        ["--suite", "patches", "--suite-file", "triples.json"],
+        "--suite-file: is read by --suite compositional",
+    ),
+    (["--suite", "patches", "--image-root", "images"], "--image-root: is read by --suite compositional"),
+    (["--image-root", "images"], "--image-root: is the directory of the --suite-file images"),
+]
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"), SUITE_CONFLICTS, ids=[" ".join(c[0]) for c in SUITE_CONFLICTS]
+)
+def test_eval_refuses_options_its_mode_ignores(tiny_run, tmp_path, capsys, monkeypatch, options, expected):
+    """Bug: ``--suite compositional --ensemble /nonexistent/run`` exited 0 with the single model's table,
+    and ``--suite patches`` ignored --suite-file / --image-root: a usage error now, before anything."""
+    _no_heavy_work(monkeypatch)
+    out = tmp_path / "e.json"
+    options = [str(tmp_path / "missing") if o == "RUN" else o for o in options]
+    assert main(["eval", str(tiny_run), *options, "--out", str(out)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: {expected}"), line
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------------ COCO protocols on other splits
+
+
+def _no_scoring(monkeypatch) -> None:
+    def refuse(*args, **kwargs):
+        raise AssertionError("the split was scored before the eval settings were checked against it")
+
+    monkeypatch.setattr("patchword.eval.protocol.score_split", refuse)
+    monkeypatch.setattr("patchword.eval.protocol._two_stage", refuse)
+
+
+def test_coco_1k_on_a_split_that_is_not_coco_5k_is_refused_before_scoring(
+    tiny_run, tmp_path, capsys, monkeypatch
+):
+    """Bug: eval.coco_1k=true on the 8-image test split reported coco1k_* from folds of 1, 2, 2, 1, 2
+    images (a 1000-image COCO split: folds of 200), as if they were COCO 1K. Refused, naming the key and
+    the COCO 5K split, before scoring; training refuses it before it writes a run."""
+    _no_scoring(monkeypatch)
+    out = tmp_path / "e.json"
+    assert main(["eval", str(tiny_run), "--out", str(out), "eval.coco_1k=true"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: eval.coco_1k: the COCO 1K protocol averages 5 folds of 1000 images"), line
+    assert "has 8 images: set data.test_split=testall" in line and not out.exists()
+    runs = tmp_path / "runs"
+    assert main(["train", *TINY_RUN_32, f"output_dir={runs}", "name=t", "eval.coco_1k=true"]) == 2
+    assert "has 8 images: set data.test_split=testall" in one_error_line(capsys.readouterr().err)
+    assert not (runs / "t").exists()
+
+
+def test_coco_extended_needs_the_coco_5k_split_before_anything_is_scored(
+    tiny_run, tmp_path, capsys, monkeypatch
+):
+    """Bug: on a split other than COCO 5K eval.coco_extended failed after the whole split was scored
+    ("sims must have shape ... (1000, 25000), got (1000, 5000)") and no JSON was written. Now: synthetic
+    data before anything is loaded, another split size once it is read, before scoring."""
+    import torch
+
+    from patchword.errors import ConfigError
+    from patchword.runs import read_run_config
+    from patchword.runs.checks import check_eval_settings, check_eval_split
+
+    _no_heavy_work(monkeypatch)
+    out = tmp_path / "e.json"
+    assert main(["eval", str(tiny_run), "--out", str(out), "eval.coco_extended=true"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line == "error: eval.coco_extended: needs the COCO 5K test split (ECCV Caption / CxC ids)"
+    cfg = read_run_config(tiny_run, ["eval.coco_extended=true", "eval.coco_1k=true"])
+    one_k = SimpleNamespace(num_images=1000, num_captions=5000)  # COCO's 1K test split
+    with pytest.raises(ConfigError, match=r"eval\.coco_1k: .*has 1000 images: set data\.test_split=testall"):
+        check_eval_split(cfg, one_k)
+    cfg.eval.coco_1k = False
+    with pytest.raises(
+        ConfigError,
+        match=r"eval\.coco_extended: .*1000 images and 5000 captions: set data\.test_split=testall",
+    ):
+        check_eval_split(cfg, one_k)
+    check_eval_split(cfg, SimpleNamespace(num_images=5000, num_captions=25000))
+    cfg.eval.coco_1k = True
+    check_eval_split(cfg, SimpleNamespace(num_images=5000, num_captions=25000))
+    cfg.eval.coco_extended = False  # the same check through the shared eval-settings check
+    with pytest.raises(ConfigError, match="eval.coco_1k"):
+        check_eval_settings(cfg, torch.device("cpu"), split=one_k)
 
 
 # --------------------------------------------------------------------------------------------------- demo

@@ -65,7 +65,7 @@ def _train(tmp_path, cache, preset, name, *extra):
 
 
 @pytest.mark.parametrize("method", ["scan", "naaf", "tgdt"])
-def test_train_then_eval_from_the_synthetic_preset(tmp_path, cache, method):
+def test_train_then_eval_from_the_synthetic_preset(tmp_path, cache, method, monkeypatch, capsys):
     extra = TINY_CONTEXT if method == "tgdt" else []
     run = _train(tmp_path, cache, f"{method}_synthetic.yaml", method, *extra)
     for name in ("config.yaml", "vocab.json", "best.pt", "last.pt", "metrics.json", "summary.json"):
@@ -96,7 +96,14 @@ def test_train_then_eval_from_the_synthetic_preset(tmp_path, cache, method):
             == 0
         )
         assert "shortlist_i2t" not in json.loads((tmp_path / "local.json").read_text())
-        # COCO 1K protocol: every fold runs its own two-stage search
+        # COCO 1K protocol: every fold runs its own two-stage search. The 8-image test split is no COCO
+        # 5K (refused before scoring), so the folds are shrunk to 4 x 2 images for the test.
+        assert main(["eval", str(run), "eval.coco_1k=true", "--out", str(tmp_path / "folds.json")]) == 2
+        assert "data.test_split=testall" in capsys.readouterr().err
+        import patchword.eval.protocol as protocol
+
+        monkeypatch.setattr(protocol, "COCO_FOLDS", 4)
+        monkeypatch.setattr(protocol, "COCO_FOLD_IMAGES", 2)
         assert main(["eval", str(run), "eval.coco_1k=true", "--out", str(tmp_path / "folds.json")]) == 0
         folds = json.loads((tmp_path / "folds.json").read_text())
         assert 0 <= folds["coco1k_rsum"] <= 600 and "coco1k_shortlist_miss_t2i" in folds

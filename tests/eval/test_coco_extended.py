@@ -247,7 +247,7 @@ def test_a_two_stage_pair_ranks_each_direction_with_its_own_matrix(universe):
     directory, image_ids, caption_ids, sims = universe
     other = np.random.default_rng(5).standard_normal(sims.shape).astype(np.float32)
     other[other < 0.5] = -np.inf  # not shortlisted
-    metrics = ("coco_1k_recalls", "cxc_recalls", "eccv_map_at_r", "eccv_rprecision")
+    metrics = ("coco_5k_recalls", "cxc_recalls", "eccv_map_at_r", "eccv_rprecision")
     args = dict(metrics=metrics, ground_truth=directory)
     pair = coco_extended_metrics((sims, other), image_ids, caption_ids, **args)
     first = coco_extended_metrics(sims, image_ids, caption_ids, **args)
@@ -257,6 +257,138 @@ def test_a_two_stage_pair_ranks_each_direction_with_its_own_matrix(universe):
         assert pair[name] == {"i2t": first[name]["i2t"], "t2i": second[name]["t2i"]}, name
 
 
+@pytest.mark.parametrize("metric", ["coco_1k_r1", "coco_1k_recalls"])
+def test_a_two_stage_pair_takes_no_coco_1k_metric(universe, metric):
+    """Bug: the 1K figures of a two-stage pair cut the 5K search's shortlists per fold, while the model's
+    coco1k_* re-run the search per fold (TGDT, 100 images: 536.0 vs 343.8 rSum): two protocols under one
+    name. A pair is refused them; a single matrix still gets them."""
+    directory, image_ids, caption_ids, sims = universe
+    with pytest.raises(ValueError, match=f"{metric}: .*own search"):
+        coco_extended_metrics((sims, sims), image_ids, caption_ids, metrics=(metric,), ground_truth=directory)
+    assert coco_extended_metrics(sims, image_ids, caption_ids, metrics=(metric,), ground_truth=directory)
+
+
+def test_scores_and_cutoffs_that_give_no_number_are_refused(universe):
+    """Bug: +inf scores were ranked (retrieval_metrics refuses them), and ks=() made every *_recalls
+    metric return nothing at all."""
+    directory, image_ids, caption_ids, sims = universe
+    args = dict(image_ids=image_ids, caption_ids=caption_ids, ground_truth=directory)
+    for value, what in ((np.inf, r"1 \+inf value\(s\); only -inf"), (np.nan, r"1 NaN value\(s\)")):
+        bad = sims.copy()
+        bad[3, 7] = value
+        with pytest.raises(ValueError, match=f"sims contains {what}"):
+            coco_extended_metrics(bad, **args)
+        with pytest.raises(ValueError, match=f"sims\\[1\\] contains {what}"):
+            coco_extended_metrics((sims, bad), metrics=("eccv_r1",), **args)
+    shortlisted = sims.copy()
+    shortlisted[3, 7] = -np.inf  # not shortlisted: allowed, ranked last
+    coco_extended_metrics(shortlisted, **args)
+    for metric in ("coco_5k_recalls", "eccv_recalls", "coco_1k_recalls"):
+        with pytest.raises(ValueError, match=f"ks is empty: {metric}"):
+            coco_extended_metrics(sims, metrics=(metric, "eccv_r1"), ks=(), **args)
+    assert coco_extended_metrics(sims, metrics=("eccv_r1",), ks=(), **args).keys() == {"eccv_r1"}
+
+
+def _pm_case(n_img: int, positives: int, seed: int):
+    """Every image with ``positives`` plausible-match captions (the real files list up to 13,380), every
+    caption with 1-3 images; scores with ties (integers), so tied positives and floors occur."""
+    rng = np.random.default_rng(seed)
+    image_ids = [int(i) for i in rng.choice(10**6, n_img, replace=False)]
+    caption_ids = [int(c) for c in rng.choice(10**6, 5 * n_img, replace=False) + 10**6]
+    own = {i: caption_ids[5 * n : 5 * n + 5] for n, i in enumerate(image_ids)}
+    owner = {c: image_ids[j // 5] for j, c in enumerate(caption_ids)}
+    pm_i2t = {i: [int(c) for c in rng.choice(caption_ids, positives, replace=False)] for i in image_ids}
+    pm_t2i = {c: list(dict.fromkeys([owner[c], *map(int, rng.choice(image_ids, 2))])) for c in caption_ids}
+    original = (own, {c: [owner[c]] for c in caption_ids})
+    truth = CocoGroundTruth(
+        coco={"i2t": original[0], "t2i": original[1]},
+        cxc={"i2t": original[0], "t2i": original[1]},
+        eccv={"i2t": {i: pm_i2t[i][:9] for i in image_ids[::2]}, "t2i": original[1]},
+        pm={"i2t": pm_i2t, "t2i": pm_t2i},
+        coco_ids=np.asarray(caption_ids, np.int64),
+    )
+    sims = rng.integers(0, 6, (n_img, 5 * n_img)).astype(np.float32)
+    return truth, image_ids, caption_ids, sims
+
+
+def test_pmrp_ranks_in_blocks_of_queries_each_metric_at_its_own_depth(monkeypatch):
+    """Bug: the ranking built (queries, positives, depth) tensors at once (terabytes for the real PM files,
+    up to 13,380 positives per image), and PMRP's depth (the largest R) was shared by every metric, so
+    asking for pmrp made the ECCV / CxC ranking as deep. Now: blocks of queries within max_memory_mb,
+    every comparison linear in (queries x positives), each metric ranked only as deep as it looks; the
+    numbers are those of the package (exact ranks) and identical whatever the block size."""
+    truth, image_ids, caption_ids, sims = _pm_case(n_img=40, positives=150, seed=0)
+    metrics = ("pmrp", "eccv_r1", "eccv_rprecision", "eccv_map_at_r", "cxc_r1", "coco_5k_recalls")
+    args = dict(metrics=metrics, ground_truth=truth)
+    sizes, depths = [], []
+    real_ge, real_eq, real_topk = torch.Tensor.__ge__, torch.Tensor.__eq__, torch.Tensor.topk
+
+    def ge(a, b):
+        out = real_ge(a, b)
+        sizes.append(out.numel())
+        return out
+
+    def eq(a, b):
+        out = real_eq(a, b)
+        sizes.append(out.numel())
+        return out
+
+    def topk(t, k, *a, **kw):
+        depths.append(k)
+        return real_topk(t, k, *a, **kw)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(torch.Tensor, "__ge__", ge)
+        patched.setattr(torch.Tensor, "__eq__", eq)
+        patched.setattr(torch.Tensor, "topk", topk)
+        got = coco_extended_metrics(sims, image_ids, caption_ids, **args)
+    # no (queries x positives x positives-or-depth) comparison: 40 x 150 x 150 = 900,000 before
+    assert max(sizes) <= sims.size, max(sizes)
+    # the recall rankings stop at K (10), PMRP goes to its R (150)
+    assert min(depths) <= 10 and max(depths) == 150
+    # the same numbers one query per block (a budget of a few bytes) and with every query in one block
+    tiny = coco_extended_metrics(sims, image_ids, caption_ids, max_memory_mb=1e-6, **args)
+    assert tiny == got
+    # exact R-Precision by hand: the positives among each query's top R, ties ranked pessimistically
+    # (a tied negative ahead, tied positives in index order)
+    column = {c: j for j, c in enumerate(caption_ids)}
+    want = []
+    for n, image in enumerate(image_ids):
+        positives = {column[c] for c in truth.pm["i2t"][image]}
+        row = sims[n]
+        ranks = [
+            sum(1 for j in range(len(row)) if j not in positives and row[j] >= row[p])
+            + sum(1 for q in positives if row[q] > row[p] or (row[q] == row[p] and q < p))
+            for p in positives
+        ]
+        want.append(sum(r < len(positives) for r in ranks) / len(positives))
+    assert got["pmrp"]["i2t"] == pytest.approx(np.mean(want), abs=1e-12)
+    assert 0 < got["pmrp"]["i2t"] < 1 and 0 < got["pmrp"]["t2i"] < 1
+
+
+def test_pmrp_is_the_exact_r_precision_not_the_papers_top_k_variant(tmp_path):
+    """The documented difference (the module table and coco_extended_metrics' docstring): R = 6
+    plausible matches ranked 1st, 2nd, 3rd and below 6th: this pmrp is 3/6; the ECCV Caption
+    paper's "modified PMRP" on top-K lists (here K = 4) would be 3/4."""
+    import patchword.eval.coco_extended as module
+
+    image_ids, caption_ids = [100, 200], list(range(10))
+    own = {100: [0, 1, 2, 3, 4], 200: [5, 6, 7, 8, 9]}
+    owner = {c: [100 if c < 5 else 200] for c in caption_ids}
+    truth = CocoGroundTruth(
+        coco={"i2t": own, "t2i": owner},
+        cxc={"i2t": own, "t2i": owner},
+        eccv={"i2t": {100: [0]}, "t2i": {0: [100]}},
+        pm={"i2t": {100: [0, 9, 5, 2, 3, 4]}, "t2i": {0: [100]}},
+        coco_ids=np.asarray(caption_ids, np.int64),
+    )
+    sims = np.zeros((2, 10), np.float32)
+    sims[0, [0, 9, 5, 8, 7, 1, 2, 3, 4, 6]] = np.arange(10, 0, -1)
+    got = coco_extended_metrics(sims, image_ids, caption_ids, metrics=("pmrp",), ground_truth=truth)
+    assert got["pmrp"]["i2t"] == 0.5
+    assert "modified PMRP" in module.coco_extended_metrics.__doc__ and "top-50" in module.__doc__
+
+
 def test_public_import_path():
     """``patchword.eval.coco_extended_metrics`` is the public name (README, docs)."""
     import patchword.eval
@@ -264,3 +396,28 @@ def test_public_import_path():
 
     assert patchword.eval.coco_extended_metrics is coco_extended_metrics
     assert "coco_extended_metrics" in patchword.eval.__all__
+
+
+def test_a_two_stage_runs_metrics_file_says_why_it_has_no_coco_1k_figures():
+    """What ``patchword eval`` writes with eval.coco_extended=true: a two-stage search's (i2t, t2i) pair
+    gets the ECCV / CxC / 5K figures but no coco_1k_r1 (its 1K folds need a search each: coco1k_*), and
+    the file says so; a single matrix keeps them."""
+    pytest.importorskip("eccv_caption")
+    from types import SimpleNamespace
+
+    from patchword.runs.config import RunConfig
+    from patchword.runs.evaluate import extra_metrics
+
+    image_ids, _ = CocoGroundTruth.load().standard_ids()
+    cfg = RunConfig()
+    cfg.data.dataset, cfg.eval.coco_extended = "precomp", True
+    split = SimpleNamespace(txt2img=torch.arange(25000) // 5)
+    raw = SimpleNamespace(image_ids=[str(i) for i in image_ids])
+    sims = torch.randn(5000, 25000, generator=torch.Generator().manual_seed(0))
+    single = extra_metrics(cfg, None, split, raw, sims, "cpu")
+    pair = extra_metrics(cfg, None, split, raw, (sims, sims), "cpu")
+    assert "coco_1k_r1_i2t" in single and "coco_extended_note" not in single
+    assert "coco_1k_r1_i2t" not in pair and pair["coco_extended_note"].startswith("coco_1k_r1 left out")
+    assert {k: v for k, v in single.items() if not k.startswith("coco_1k")} == {
+        k: v for k, v in pair.items() if k != "coco_extended_note"
+    }

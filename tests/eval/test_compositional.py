@@ -329,6 +329,24 @@ def test_ties_count_as_wrong(suite):
     assert all(result[k] == 0.0 for k in NEGATIVE_KINDS)
 
 
+class _NaNModel(_ConstantModel):
+    """A broken model: its matcher scores every pair NaN (a diverged checkpoint)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.matcher.forward = lambda img, cap, *a, **k: MatcherOutput(
+            sims=torch.full((img.shape[0], cap.shape[0]), float("nan"))
+        )
+
+
+def test_nan_scores_are_refused_not_counted_wrong(suite):
+    """Bug: NaN > x is False, so a NaN-scoring model read as 0.0% correct over the full n of every kind,
+    a plausible number; now a ValueError names the non-finite scores."""
+    images, triples, dense, vocab = suite
+    with pytest.raises(ValueError, match=r"true caption scores of \d+ of \d+ triple\(s\) are not finite"):
+        compositional_accuracy(_NaNModel(), vocab, images, triples, max_caption_len=40)
+
+
 def test_format_tables():
     result = {"attribute_swap": 61.25, "relation_swap": None, "n": {"attribute_swap": 8, "relation_swap": 0}}
     table = format_compositional_table(result)

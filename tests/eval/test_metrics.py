@@ -232,7 +232,7 @@ def test_coco_folds_equal_per_fold_calls() -> None:
     sims, txt2img = random_case(5, n_img=n_img, n_txt=57, p_neg_inf=0.05)
     t2i_sims = sims + torch.rand(sims.shape, generator=torch.Generator().manual_seed(0))
     t2i_sims[sims == NEG_INF] = NEG_INF
-    out = coco_1k_folds((sims, t2i_sims), txt2img, n_folds=n_folds)
+    out = coco_1k_folds((sims, t2i_sims), txt2img, n_folds=n_folds, fold_size=per_fold)
     owner = torch.tensor(txt2img)
     assert len(out["folds"]) == n_folds
     for f, fold in enumerate(out["folds"]):
@@ -246,7 +246,7 @@ def test_coco_folds_equal_per_fold_calls() -> None:
 
 def test_coco_one_fold_is_the_full_protocol() -> None:
     sims, txt2img = random_case(6, n_img=6, n_txt=14)
-    out = coco_1k_folds(sims, txt2img, n_folds=1)
+    out = coco_1k_folds(sims, txt2img, n_folds=1, fold_size=6)
     assert out["folds"] == [retrieval_metrics(sims, txt2img)]
 
 
@@ -281,12 +281,23 @@ def test_invalid_inputs_raise(sims: object, txt2img: object, match: str) -> None
 def test_invalid_chunk_and_folds_raise() -> None:
     with pytest.raises(ValueError, match="chunk_size"):
         retrieval_metrics(torch.eye(2), [0, 1], chunk_size=0)
+    with pytest.raises(ValueError, match="3 folds of 1 images = 3 images"):
+        coco_1k_folds(torch.eye(2), [0, 1], n_folds=3, fold_size=1)
     with pytest.raises(ValueError, match="n_folds"):
-        coco_1k_folds(torch.eye(2), [0, 1], n_folds=3)
-    with pytest.raises(ValueError, match="n_folds"):
-        coco_1k_folds(torch.eye(2), [0, 1], n_folds=0)
+        coco_1k_folds(torch.eye(2), [0, 1], n_folds=0, fold_size=1)
+    with pytest.raises(ValueError, match="fold_size"):
+        coco_1k_folds(torch.eye(2), [0, 1], n_folds=2, fold_size=0)
     with pytest.raises(ValueError, match="txt2img"):
-        coco_1k_folds(torch.eye(3), [0, 0, 1])
+        coco_1k_folds(torch.eye(3), [0, 0, 1], n_folds=3, fold_size=1)
+
+
+@pytest.mark.parametrize("n_img", [7, 1000], ids=["folds of 1, 1, 1, 2, 2", "folds of 200"])
+def test_coco_1k_folds_refuse_a_split_that_is_not_5_x_1000_images(n_img: int) -> None:
+    """Bug: on 7 images the "1K" folds held 1, 1, 1, 2 and 2 images, on a 1000-image split 200 each,
+    and the mean was reported as coco1k_* all the same (five times fewer distractors than COCO 1K)."""
+    sims = torch.zeros(n_img, n_img)
+    with pytest.raises(ValueError, match=r"5 folds of 1000 images = 5000 images.*data\.test_split=testall"):
+        coco_1k_folds(sims, torch.arange(n_img))
 
 
 # -------------------------------------------------------------------------------------------- real data

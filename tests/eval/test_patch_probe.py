@@ -82,3 +82,29 @@ def test_probe_patch_tokens_reads_every_task_from_tokens_that_hold_it():
         {k: v[20:] for k, v in targets.items()},
     )
     assert {task: out[task]["accuracy"] for task in out} == {"object": 100.0, "shape": 100.0, "colour": 100.0}
+
+
+def test_nan_tokens_and_scores_are_refused():
+    """Bug: NaN patch tokens made every probe predict one class (accuracy = the majority chance, 84.2 on
+    the demo) and the grounding AUC came out near 50 (roc_auc([.1, nan, .3, .2], ...) was 50.0): numbers
+    that look like an encoder that learned nothing. Each now raises, naming what is not finite."""
+    with pytest.raises(ValueError, match=r"the AUC's scores: 1 of 4 value\(s\) are not finite"):
+        roc_auc(torch.tensor([0.1, float("nan"), 0.3, 0.2]), torch.tensor([1, 1, 0, 0]))
+    with pytest.raises(ValueError, match="not finite"):
+        roc_auc(torch.tensor([0.1, float("inf"), 0.3, 0.2]), torch.tensor([1, 1, 0, 0]))
+    y = _labels(40, 2, 0)
+    x = torch.randn(40, 3, generator=torch.Generator().manual_seed(1))
+    broken = x.clone()
+    broken[5, 1] = float("nan")
+    with pytest.raises(ValueError, match="the probe's training features: 1 of 120"):
+        fit_linear_probe(broken, y, x, y)
+    with pytest.raises(ValueError, match="the probe's test features"):
+        fit_linear_probe(x, y, broken, y)
+    tokens = torch.full((2, 4, 3), float("nan"))
+    targets = {
+        "object": np.array([[True, False, True, False]] * 2),
+        "shape": np.array([[0, -1, 1, -1]] * 2),
+        "colour": np.array([[1, -1, 0, -1]] * 2),
+    }
+    with pytest.raises(ValueError, match="patch tokens of the training images: 24 of 24"):
+        probe_patch_tokens(tokens, targets, tokens, targets)

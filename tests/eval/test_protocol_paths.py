@@ -6,7 +6,8 @@ What the code documents (eval/two_stage.py, matching/tgdt.py): each query keeps 
 highest global similarity, re-ranks them by ``alpha * global + local``, and every other candidate is out
 (``-inf``, ranked last); a ground truth outside the shortlist is a miss at every K (the official TGDT
 evaluator counts it as rank 1). COCO 1K: fold ``f`` holds images ``[f*N/5, (f+1)*N/5)`` and their captions,
-each fold is ranked on its own, and every metric is the mean of the five folds' values.
+each fold is ranked on its own, and every metric is the mean of the five folds' values. The protocol takes
+only splits of 5 x 1000 images; the tiny cases here lower ``COCO_FOLD_IMAGES`` to their own fold size.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TINY_REGION_MODEL, TINY_TGDT
+from conftest import TINY_REGION_MODEL, TINY_REGIONS, TINY_TGDT
 from patchword.config import apply_overrides
 from patchword.data.pipeline import EncodedSplit
 from patchword.data.precomp import RegionFeatures
-from patchword.eval.metrics import coco_1k_folds
-from patchword.eval.protocol import evaluate
+from patchword.errors import ConfigError
+from patchword.eval import protocol
+from patchword.eval.metrics import coco_1k_folds, retrieval_metrics
+from patchword.eval.protocol import average_scores, ensemble_metrics, evaluate
 from patchword.eval.scoring import encode_image_tokens, encode_text_tokens
 from patchword.model import build_model
 from patchword.runs.config import RunConfig
@@ -157,7 +160,7 @@ def test_coco_1k_folds_by_hand():
     perm = np.random.default_rng(0).permutation(20)
     sims, txt2img = sims[:, perm], txt2img[perm]
 
-    got = coco_1k_folds(torch.from_numpy(sims), torch.from_numpy(txt2img))
+    got = coco_1k_folds(torch.from_numpy(sims), torch.from_numpy(txt2img), fold_size=2)
     want_folds = [
         {"i2t_r1": 100, "i2t_r5": 100, "i2t_r10": 100, "t2i_r1": 100, "t2i_r5": 100, "t2i_r10": 100},
         {"i2t_r1": 50, "i2t_r5": 100, "i2t_r10": 100, "t2i_r1": 75, "t2i_r5": 100, "t2i_r10": 100},
@@ -204,7 +207,13 @@ def _model(*overrides: str):
     return build_model(cfg.model, vocab_size=VOCAB).eval(), cfg.eval
 
 
-def test_matrix_protocol_coco_1k_is_the_mean_of_its_folds_ranked_alone():
+@pytest.fixture
+def folds_of_four(monkeypatch):
+    """The COCO 1K protocol on the 20-image splits below: five folds of 4 images."""
+    monkeypatch.setattr(protocol, "COCO_FOLD_IMAGES", 4)
+
+
+def test_matrix_protocol_coco_1k_is_the_mean_of_its_folds_ranked_alone(folds_of_four):
     model, eval_cfg = _model("model.matcher=scan")
     split = _split()
     assert model.matcher.two_stage_plan() is None  # ranked on the full matrix
@@ -262,7 +271,7 @@ def test_tgdt_two_stage_with_short_shortlists_equals_a_per_query_loop():
     assert got["pairs_scored"] == len(i2t | t2i)
 
 
-def test_tgdt_coco_1k_searches_each_fold_on_its_own():
+def test_tgdt_coco_1k_searches_each_fold_on_its_own(folds_of_four):
     model, eval_cfg, plan = _tgdt()
     split = _split(seed=1)
     eval_cfg.coco_1k = True
@@ -282,3 +291,83 @@ def test_tgdt_coco_1k_searches_each_fold_on_its_own():
     full = two_stage_loop(glob, local, txt2img, 1.0, K_I2T, K_T2I)
     assert_protocol_metrics(got, full)
     assert want["shortlist_miss_t2i"] < full["shortlist_miss_t2i"]
+
+
+# ------------------------------------------------------------------------ COCO 1K: one protocol everywhere
+
+
+@pytest.mark.parametrize("matcher", ["scan", "tgdt"])
+def test_coco_1k_on_a_split_that_is_not_5_x_1000_images_is_refused_before_encoding(monkeypatch, matcher):
+    """Bug: a 1000-image split was cut into folds of 200 (and 7 images into 1, 1, 1, 2, 2) and reported
+    as coco1k_*. Refused now, naming the key and the COCO 5K split, before anything is encoded."""
+    model, eval_cfg = _model("model.matcher=scan") if matcher == "scan" else _tgdt()[:2]
+    eval_cfg.coco_1k = True
+
+    def no_encoding(*args, **kwargs):
+        raise AssertionError("encoded before eval.coco_1k was checked")
+
+    monkeypatch.setattr(protocol, "encode_image_tokens", no_encoding)
+    with pytest.raises(ConfigError, match=r"eval\.coco_1k: .*has 20 images: set data\.test_split=testall"):
+        evaluate(model, _split(), eval_cfg, progress=False)
+
+
+def test_an_ensemble_of_two_stage_members_searches_each_fold_as_one_model_does(folds_of_four):
+    """Bug: a two-stage member's coco1k_* in an ensemble came from cutting its 5K shortlists per fold,
+    while the same model alone re-runs the search per fold: two protocols under one label (TGDT, 100
+    images: 536.0 vs 343.8 rSum). Now the ensemble averages each member's own search of the fold: two
+    copies of one model score exactly what the model scores alone, and a matrix member's fold is its
+    slice."""
+    model, eval_cfg, _ = _tgdt()
+    split = _split(seed=1)
+    eval_cfg.coco_1k = True
+    alone = evaluate(model, split, eval_cfg, progress=False, return_sims=True, return_fold_sims=True)
+    pair, folds = alone["sims"], alone["coco1k_sims"]
+    assert isinstance(pair, tuple) and len(folds) == 5
+    twice = ensemble_metrics([pair, pair], split.txt2img, eval_cfg, fold_members=[folds, folds])
+    for key in [*RECALLS, "rsum", "i2t_medr", "t2i_medr", "i2t_meanr", "t2i_meanr"]:
+        assert twice[f"coco1k_{key}"] == pytest.approx(alone[f"coco1k_{key}"], abs=1e-9), key
+        assert twice[key] == pytest.approx(alone[key], abs=1e-9), key
+    # the other protocol (the 5K shortlists cut per fold) gives other numbers on this case
+    cut = coco_1k_folds(pair, split.txt2img, fold_size=4)
+    assert cut["rsum"] != pytest.approx(alone["coco1k_rsum"])
+    # without the members' fold searches the ensemble refuses rather than cut the shortlists
+    with pytest.raises(ValueError, match="own search of each fold"):
+        ensemble_metrics([pair, pair], split.txt2img, eval_cfg)
+    # a matrix member joins with its slice of each fold
+    scan, _ = _model("model.matcher=scan")
+    matrix = evaluate(scan, split, eval_cfg, progress=False, return_sims=True, return_fold_sims=True)
+    assert "coco1k_sims" not in matrix  # a matrix's folds are slices of its matrix
+    mixed = ensemble_metrics([matrix["sims"], pair], split.txt2img, eval_cfg, fold_members=[None, folds])
+    txt2img = split.txt2img
+    per_fold = []
+    for f in range(5):
+        lo, hi = 4 * f, 4 * f + 4
+        cols = ((txt2img >= lo) & (txt2img < hi)).nonzero().squeeze(1)
+        fold = average_scores([matrix["sims"][lo:hi, cols], folds[f]])
+        per_fold.append(retrieval_metrics(fold, txt2img[cols] - lo))
+    for key in [*RECALLS, "rsum"]:
+        assert mixed[f"coco1k_{key}"] == pytest.approx(np.mean([f[key] for f in per_fold]), abs=1e-9), key
+
+
+def test_patchword_eval_ensemble_of_two_stage_runs_reports_the_single_models_protocol(
+    tmp_path, folds_of_four
+):
+    """The same through ``patchword eval``: a TGDT run ensembled with itself reports the coco1k_* the run
+    reports alone (each member's folds searched on their own), where the 5K shortlists cut per fold gave
+    other numbers."""
+    import json
+
+    from patchword.cli import main
+
+    shortlists = [f"model.tgdt.shortlist_i2t={K_I2T}", f"model.tgdt.shortlist_t2i={K_T2I}"]
+    train = [*TINY_REGIONS, *TINY_TGDT, *shortlists, "data.num_test=20", "train.max_steps=2"]
+    assert main(["train", *train, f"output_dir={tmp_path}", "name=tgdt"]) == 0
+    run = str(tmp_path / "tgdt")
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    assert main(["eval", run, "eval.coco_1k=true", "--out", str(one)]) == 0
+    assert main(["eval", run, "eval.coco_1k=true", "--ensemble", run, "--out", str(two)]) == 0
+    alone, ensembled = json.loads(one.read_text()), json.loads(two.read_text())
+    assert len(ensembled["ensemble"]) == 2 and "coco1k_sims" not in ensembled["ensemble"][0]
+    for key in [*RECALLS, "rsum", "i2t_medr", "t2i_medr"]:
+        assert ensembled[f"coco1k_{key}"] == pytest.approx(alone[f"coco1k_{key}"], abs=1e-9), key
+        assert ensembled[key] == pytest.approx(alone[key], abs=1e-9), key

@@ -5,6 +5,9 @@ checked before anything else, so a finished evaluation is never lost to an exist
 
 Under ``torchrun --nproc_per_node=N -m patchword eval RUN`` the processes share the encoding and the
 scoring (:func:`patchword.eval.protocol.evaluate`); rank 0 writes and prints the metrics.
+
+Each mode takes its own options and refuses the others' (one ``error:`` line, exit 2, before anything is
+read): an ignored ``--ensemble`` would write a single model's numbers as if they were the ensemble's.
 """
 
 from __future__ import annotations
@@ -53,16 +56,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _mode(args: argparse.Namespace) -> str | None:
+    """The suite to run (None: recall), once the options are checked against it.
+
+    ``--suite-file`` alone means the compositional suite (its files are compositional triples).
+
+    Raises:
+        ConfigError: an option the mode does not read, naming the option.
+    """
+    from patchword.errors import ConfigError
+
+    suite = args.suite or ("compositional" if args.suite_file else None)
+    if suite is not None and args.ensemble:
+        raise ConfigError(
+            "--ensemble", f"averages the recall of several runs; --suite {suite} scores one run: drop one"
+        )
+    if suite == "patches":
+        for flag, value in (("--suite-file", args.suite_file), ("--image-root", args.image_root)):
+            if value:
+                raise ConfigError(flag, "is read by --suite compositional, not --suite patches")
+    if args.image_root and not args.suite_file:
+        raise ConfigError("--image-root", "is the directory of the --suite-file images: give --suite-file")
+    return suite
+
+
 def run(args: argparse.Namespace) -> None:
     from patchword.distributed import launch_info
     from patchword.runs.evaluate import evaluate_patch_suite, evaluate_run_dir, evaluate_suite
 
+    suite = _mode(args)
     common = dict(overrides=args.overrides, out=args.out, force=args.force)
-    if args.suite == "patches" or args.suite or args.suite_file:
+    if suite is not None:
         from patchword.eval.compositional import format_compositional_table
         from patchword.eval.patch_probe import format_probe_table
 
-        if args.suite == "patches":
+        if suite == "patches":
             result, out = evaluate_patch_suite(args.run_dir, args.checkpoint, **common)
             print(format_probe_table(result))
         else:

@@ -11,12 +11,14 @@ the same names and the same nested result (``metric -> {"i2t": value, "t2i": val
 metric                            what
 ================================  ================================================================
 ``coco_5k_r1`` / ``_recalls``     R@1 / R@K for every K of ``ks`` with COCO's own positives (5K test)
-``coco_1k_r1`` / ``_recalls``     the same on the five 1K folds (items restricted to the fold), averaged
+``coco_1k_r1`` / ``_recalls``     the same on the five 1K folds (items restricted to the fold), averaged;
+                                  one matrix only: a two-stage pair's folds need a search of their own
 ``cxc_r1`` / ``cxc_recalls``      R@1 / R@K with the CxC positives
 ``eccv_r1`` / ``eccv_recalls``    R@1 / R@K with the ECCV Caption positives
 ``eccv_rprecision``               R-Precision: the positive share of the top R (R = number of positives)
 ``eccv_map_at_r``                 mAP@R: mean over the top R of the precision at each positive
-``pmrp``                          R-Precision with the plausible-match positives (files not shipped)
+``pmrp``                          exact R-Precision (whole ranking) with the plausible-match positives
+                                  (files not shipped); not the paper's "modified PMRP" on top-50 lists
 ================================  ================================================================
 
 Only the queries the positives files list are evaluated (ECCV Caption: 1332 captions, 1261 images), all
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,8 +82,8 @@ DEFAULT_COCO_EXTENDED_METRICS: tuple[str, ...] = (
 )
 
 _SOURCES = ("original", "cxc", "eccv", "pm")
-# Score elements ranked per block (queries x items): bounds the sort's temporaries to ~100 MB.
-_BLOCK_ELEMENTS = 1 << 22
+# Working memory of one block of ranked queries, unless the caller gives max_memory_mb.
+_DEFAULT_MEMORY_MB = 256
 
 Positives = dict[
     str, dict[int, list[int]]
@@ -159,58 +162,64 @@ class CocoGroundTruth:
 
 @dataclass
 class _Ranked:
-    """Where each query's positives rank among its candidates.
+    """Where each query's positives rank, summarised per query (O(queries) memory, whatever R is).
 
-    positions: (Q, P) float64 0-based ranks of the positives present among the candidates, ascending, +inf
-    padding; num_positives: (Q,) R, the number of distinct positives (absent ones included).
+    best: (Q,) 0-based rank of the best-ranked positive (+inf: none within the ranked depth);
+    num_positives: (Q,) R, the number of distinct positives (absent ones included); hits: (Q,) positives
+    in the top R and precision_sum: (Q,) the sum of the precisions at those positives, both only when
+    ranked down to each query's R (``to_r``), else None.
     """
 
-    positions: np.ndarray
+    best: np.ndarray
     num_positives: np.ndarray
+    hits: np.ndarray | None
+    precision_sum: np.ndarray | None
 
     def recall(self, k: int) -> float:
-        return float((self.positions[:, 0] < k).mean())
+        return float((self.best < k).mean())
 
     def rprecision(self) -> float:
-        r = self.num_positives[:, None]
-        return float(((self.positions < r).sum(1) / self.num_positives).mean())
+        return float((self.hits / self.num_positives).mean())
 
     def map_at_r(self) -> float:
         # Precision at the j-th positive (1-based) ranked at position p is j / (p + 1); mAP@R averages it
         # over the top R, counting 0 for the non-positives there.
-        j = np.arange(1, self.positions.shape[1] + 1)
-        terms = np.where(self.positions < self.num_positives[:, None], j / (self.positions + 1), 0.0)
-        return float((terms.sum(1) / self.num_positives).mean())
+        return float((self.precision_sum / self.num_positives).mean())
 
 
 class _Ranker:
     """Ranks positives among the candidates (columns) of one queries x candidates score matrix.
 
-    The top ``depth`` scores of every query are found once, in one pass over the matrix (``topk``: much
-    cheaper than sorting 25000 captions per image), and serve every positives file. Ranks are exact down
-    to ``depth``; a positive below it gets rank +inf, which no metric with a cut-off (K <= depth, or
-    R <= depth) can tell from its true rank.
+    Queries are ranked in blocks that keep the working memory near ``budget_bytes`` (at least one query
+    per block): each block takes its rows' top ``depth`` scores (``topk``: much cheaper than sorting 25000
+    captions per image) and places every positive among them by binary search, so nothing grows with
+    (positives x depth): the plausible-match files list up to 13,380 positives per image. Ranks are exact
+    down to the depth; a positive below it gets rank +inf, which no metric with a cut-off (K <= depth, or
+    R <= depth) can tell from its true rank. Each metric asks for its own depth (``rank``), so one that
+    looks deep (PMRP) does not make the others rank deep.
 
     Args:
         scores: (N_queries, N) scores (any strided view, e.g. ``sims.T`` for text-to-image).
         query_index, item_index: id -> row, id -> column.
-        depth: the deepest rank any metric looks at (max K, max R).
+        budget_bytes: the working memory of one block of queries.
     """
 
-    def __init__(self, scores: torch.Tensor, query_index: dict, item_index: dict, depth: int) -> None:
+    def __init__(self, scores: torch.Tensor, query_index: dict, item_index: dict, budget_bytes: int) -> None:
         self.scores, self.query_index, self.item_index = scores, query_index, item_index
-        n_rows, n = scores.shape
-        self.depth = min(max(depth, 1), n)
-        self.top = torch.empty(n_rows, self.depth, dtype=scores.dtype)  # descending
-        block = max(1, _BLOCK_ELEMENTS // max(n, 1))
-        for r0 in range(0, n_rows, block):
-            rows = scores[r0 : r0 + block].contiguous()
-            self.top[r0 : r0 + block] = rows.topk(self.depth, dim=1, sorted=True).values
+        self.budget_bytes = budget_bytes
 
     def rank(
-        self, truth: dict[int, list[int]], queries: Sequence[int] | None = None, what: str = ""
+        self,
+        truth: dict[int, list[int]],
+        queries: Sequence[int] | None = None,
+        what: str = "",
+        *,
+        depth: int = 1,
+        to_r: bool = False,
     ) -> _Ranked:
-        """Ranks of the positives of ``queries`` (default: every query of ``truth``)."""
+        """Ranks of the positives of ``queries`` (default: every query of ``truth``), exact down to
+        ``depth`` (the largest K asked for), and with ``to_r`` down to each query's R (R-Precision,
+        mAP@R)."""
         queries = list(truth) if queries is None else list(queries)
         missing = [qid for qid in queries if qid not in self.query_index]
         if missing:
@@ -218,39 +227,75 @@ class _Ranker:
                 f"{len(missing)} of the {len(queries)} {what} query ids are not in the similarity matrix "
                 f"(first: {missing[0]}): the COCO extended metrics need the full COCO 5K test split"
             )
-        wanted = [sorted({self.item_index[i] for i in truth[qid] if i in self.item_index}) for qid in queries]
+        n = self.scores.shape[1]
         num_positives = np.array([len(set(truth[qid])) for qid in queries], np.float64)
+        present = np.array([sum(1 for i in set(truth[qid]) if i in self.item_index) for qid in queries])
+        # each query's depth: the largest K, and with to_r its own R (capped at the candidates)
+        need = np.full(len(queries), depth, np.int64)
+        if to_r:
+            need = np.maximum(need, num_positives.astype(np.int64))
+        need = need.clip(1, max(n, 1))
+        best = np.full(len(queries), np.inf)
+        hits = np.zeros(len(queries)) if to_r else None
+        precision_sum = np.zeros(len(queries)) if to_r else None
+        per_item = self.scores.element_size()
+        start = 0
+        while start < len(queries):
+            stop, top_depth, width = start + 1, int(need[start]), int(present[start])
+            while stop < len(queries):
+                d, p = max(top_depth, int(need[stop])), max(width, int(present[stop]))
+                # the block's rows, their top scores and indices, and ~a dozen (block, P) temporaries
+                if (stop + 1 - start) * (n * per_item + 24 * d + 128 * p) > self.budget_bytes:
+                    break
+                stop, top_depth, width = stop + 1, d, p
+            block = slice(start, stop)
+            positions = self._positions(truth, queries[block], top_depth)
+            best[block] = positions[:, 0]
+            if to_r:
+                r = num_positives[block, None]
+                j = np.arange(1, positions.shape[1] + 1)
+                hits[block] = (positions < r).sum(1)
+                # a running sum: the same float64 additions in the same order whatever the block's width
+                terms = np.where(positions < r, j / (positions + 1), 0.0)
+                precision_sum[block] = terms.cumsum(1)[:, -1]
+            start = stop
+        return _Ranked(best, num_positives, hits, precision_sum)
+
+    def _positions(self, truth: dict[int, list[int]], queries: list[int], depth: int) -> np.ndarray:
+        """(B, P) float64 0-based ranks of the positives of one block of queries among the candidates,
+        ascending, +inf for a positive below the top ``depth`` and for padding."""
+        wanted = [sorted({self.item_index[i] for i in truth[qid] if i in self.item_index}) for qid in queries]
         counts = np.array([len(p) for p in wanted], np.int64)
-        valid = np.arange(max(1, counts.max(initial=1)))[None, :] < counts[:, None]  # (Q, P)
+        valid = np.arange(max(1, counts.max(initial=1)))[None, :] < counts[:, None]  # (B, P)
         index = np.zeros(valid.shape, np.int64)
         index[valid] = np.fromiter((i for p in wanted for i in p), np.int64, int(counts.sum()))
         index, valid = torch.from_numpy(index), torch.from_numpy(valid)
         rows = torch.as_tensor([self.query_index[qid] for qid in queries], dtype=torch.long)
-        scores = self.scores[rows[:, None], index]  # (Q, P) the positives' scores
-        top = self.top[rows]  # (Q, depth)
+        block = self.scores[rows]  # (B, N) a copy of the block's rows
+        top = block.topk(min(depth, block.shape[1]), dim=1, sorted=True).values  # (B, depth) descending
+        scores = block.gather(1, index)  # (B, P) the positives' scores
         floor = top[:, -1:]  # the depth-th best score of each query
-        # Candidates scoring >= a positive, itself included (a tied negative ranks ahead: pessimistic).
-        # Above the floor they are all in ``top``; a positive at the floor also counts the candidates
-        # tied with it outside ``top`` (rare: looked up only for those queries).
-        at_least = (top[:, None, :] >= scores[:, :, None]).sum(2)
+        # Candidates scoring >= a positive, itself included (a tied negative ranks ahead: pessimistic),
+        # counted by binary search in the ascending top. Above the floor they are all in ``top``; a
+        # positive at the floor also counts the candidates tied with it outside ``top`` (rare: looked up
+        # only for those queries).
+        ascending = top.flip(1).contiguous()
+        at_least = top.shape[1] - torch.searchsorted(ascending, scores.contiguous(), side="left")
         at_floor = valid & (scores == floor)
         for q in at_floor.any(1).nonzero().squeeze(1).tolist():
-            outside = int((self.scores[rows[q]] == floor[q]).sum() - (top[q] == floor[q]).sum())
+            outside = int((block[q] == floor[q]).sum() - (top[q] == floor[q]).sum())
             at_least[q] += at_floor[q] * outside
-        # Tied positives keep index order: those with a larger index do not rank ahead.
-        tied_after = (
-            (scores[:, None, :] == scores[:, :, None])
-            & (index[:, None, :] > index[:, :, None])
-            & valid[:, None, :]
-        ).sum(2)
+        # Tied positives keep index order: those with a larger index (later in the row: ``wanted`` is
+        # sorted) do not rank ahead. A stable sort keeps that order within each group of equal scores;
+        # the padding sorts last (+inf: no valid score is +inf, _as_matrix refuses it).
+        ordered, order = scores.masked_fill(~valid, float("inf")).sort(dim=1, stable=True)
+        group_end = torch.searchsorted(ordered, ordered, side="right")
+        after = group_end - 1 - torch.arange(ordered.shape[1])  # equal scores sorted after each one
+        tied_after = torch.empty_like(after).scatter_(1, order, after)
         rank = (at_least - 1 - tied_after).double()
         reached = valid & (scores >= floor)
         positions = torch.where(reached, rank, torch.full_like(rank, float("inf"))).sort(1).values
-        return _Ranked(positions.numpy(), num_positives)
-
-
-def _max_positives(truth: dict[int, list[int]]) -> int:
-    return max((len(set(v)) for v in truth.values()), default=1)
+        return positions.numpy()
 
 
 # -- the metrics --------------------------------------------------------------------------------------------
@@ -283,13 +328,23 @@ def _check_alignment(gt: CocoGroundTruth, image_ids, caption_ids, txt2img) -> No
 
 
 def _as_matrix(x, name: str, shape: tuple[int, int]) -> torch.Tensor:
+    """A (N_img, N_txt) floating-point score matrix on the host; ``-inf`` (not shortlisted) is allowed,
+    NaN and ``+inf`` are not (as in :func:`patchword.eval.metrics.retrieval_metrics`)."""
     x = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x).detach().cpu()
     if x.dim() != 2 or tuple(x.shape) != shape:
         raise ValueError(
             f"{name} must have shape (len(image_ids), len(caption_ids)) = {shape}, got {tuple(x.shape)}"
         )
-    if not x.is_floating_point() or bool(torch.isnan(x).any()):
-        raise ValueError(f"{name} must be a floating-point matrix without NaN")
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point matrix, got dtype {x.dtype}")
+    top = x.max()  # one reduction: NaN propagates, +inf is the maximum
+    if bool(torch.isnan(top)):
+        raise ValueError(f"{name} contains {int(torch.isnan(x).sum())} NaN value(s)")
+    if bool(torch.isposinf(top)):
+        raise ValueError(
+            f"{name} contains {int(torch.isposinf(x).sum())} +inf value(s); only -inf (not shortlisted) "
+            "is allowed"
+        )
     return full_precision(x)
 
 
@@ -302,27 +357,41 @@ def coco_extended_metrics(
     *,
     ground_truth: CocoGroundTruth | str | Path | None = None,
     txt2img: Sequence[int] | np.ndarray | None = None,
+    max_memory_mb: float | None = None,
 ) -> dict[str, dict[str, float]]:
     """ECCV Caption, CxC and COCO metrics of a COCO 5K similarity matrix (see the module docstring).
+
+    ``pmrp`` here is the exact R-Precision with the plausible-match positives over the whole ranking: the
+    share of positives among a query's top R (R = its number of positives, up to 13,380 for an image).
+    The ECCV Caption paper reports a "modified PMRP" on top-K lists (K = 50 for COCO 5K), which is what
+    the ``eccv_caption`` package computes from such lists: the precision of the top min(R, K), i.e. of the
+    whole list when R > K. The two can differ whenever R > K: with R = 6 positives ranked 1st, 2nd, 3rd
+    and below 6th, the exact value is 3/6 = 0.5, the modified one on a top-4 list 3/4 = 0.75. Do not
+    compare this ``pmrp`` with the paper's PMRP column.
 
     Args:
         sims: (N_img, N_txt) similarities, rows = ``image_ids``, columns = ``caption_ids``; or the pair
             ``(sims_i2t, sims_t2i)`` of a two-stage search (``-inf`` = not shortlisted: ranked last).
-            The 1K folds restrict the given matrices to each fold.
+            A pair takes no ``coco_1k_*`` metric: a two-stage search's 1K folds each run their own search
+            (:func:`patchword.eval.evaluate`), which its 5K shortlists cannot stand for.
         image_ids: COCO image ids of the rows (default: the standard 5K order).
         caption_ids: COCO caption (annotation) ids of the columns (default: the standard 5K order,
             ``coco_test_ids.npy``, i.e. the line order of ``testall_caps.txt``).
         metrics: names from :data:`COCO_EXTENDED_METRICS` (default: ``eccv_caption``'s default).
-        ks: the K of the ``*_recalls`` metrics.
+        ks: the K of the ``*_recalls`` metrics (at least one when one is asked for).
         ground_truth: a :class:`CocoGroundTruth`, a directory of ECCV Caption's files, or None for the
             data of the ``eccv_caption`` package.
         txt2img: (N_txt,) the split's caption -> image row map; when given, every caption id is checked to
             be a COCO caption of its row's image id (catches a split read in another order).
+        max_memory_mb: working memory of the ranking (blocks of queries; default 256 MB); only memory and
+            speed depend on it, never the result.
     Returns:
         ``{name: {"i2t": value, "t2i": value}}`` with values in [0, 1]; recall metrics are named
         ``{dataset}_r{K}`` as in ``eccv_caption``.
     Raises:
         ConfigError: an unknown metric, or ``pmrp`` without its files.
+        ValueError: NaN or ``+inf`` scores, an empty ``ks`` for a ``*_recalls`` metric, a ``coco_1k_*``
+            metric of a two-stage pair, a wrong shape.
         DataError: a query id of a requested metric is not in ``sims``; ids that do not match ``txt2img``.
     """
     unknown = [m for m in metrics if m not in COCO_EXTENDED_METRICS]
@@ -332,6 +401,19 @@ def coco_extended_metrics(
         )
     if any(isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1 for k in ks):
         raise ValueError(f"ks must be positive integers, got {list(ks)}")
+    recalls = [m for m in metrics if m.endswith("_recalls")]
+    if recalls and not len(ks):
+        raise ValueError(f"ks is empty: {recalls[0]} reports R@K for every K of ks; give at least one K")
+    if max_memory_mb is not None and not 0 < max_memory_mb < math.inf:
+        raise ValueError(f"max_memory_mb must be a positive number, got {max_memory_mb!r}")
+    pair = isinstance(sims, (tuple, list))
+    one_k = [m for m in metrics if m.startswith("coco_1k")]
+    if pair and one_k:
+        raise ValueError(
+            f"{one_k[0]}: the folds of a two-stage (sims_i2t, sims_t2i) pair would cut the 5K search's "
+            "shortlists, while a two-stage search's COCO 1K folds each run their own search (coco1k_* of "
+            "patchword.eval.evaluate with eval.coco_1k=true): leave coco_1k_* out of metrics"
+        )
     gt = ground_truth if isinstance(ground_truth, CocoGroundTruth) else CocoGroundTruth.load(ground_truth)
     if "pmrp" in metrics and gt.pm is None:
         raise ConfigError(
@@ -341,7 +423,7 @@ def coco_extended_metrics(
     image_ids = default_images if image_ids is None else np.asarray(image_ids)
     caption_ids = default_captions if caption_ids is None else np.asarray(caption_ids)
     shape = (len(image_ids), len(caption_ids))
-    if isinstance(sims, (tuple, list)):
+    if pair:
         if len(sims) != 2:
             raise ValueError("sims must be one (N_img, N_txt) matrix or a pair (sims_i2t, sims_t2i)")
         sims_i2t, sims_t2i = (_as_matrix(m, f"sims[{i}]", shape) for i, m in enumerate(sims))
@@ -350,25 +432,24 @@ def coco_extended_metrics(
     if txt2img is not None:
         _check_alignment(gt, image_ids, caption_ids, txt2img)
     rows, cols = _index(image_ids, "image_ids"), _index(caption_ids, "caption_ids")
+    budget = int((_DEFAULT_MEMORY_MB if max_memory_mb is None else max_memory_mb) * (1 << 20))
     wanted = set(metrics)
-    sources = [("coco_5k", gt.coco), ("cxc", gt.cxc), ("eccv", gt.eccv), ("pmrp", gt.pm)]
-    used = [truth for name, truth in sources if any(m.startswith(name) for m in wanted)]
-    depth = max([1, *ks, *(_max_positives(t[d]) for t in used for d in ("i2t", "t2i"))])
-    rankers: dict[str, _Ranker] = {}
+    rankers = {
+        "i2t": _Ranker(sims_i2t, rows, cols, budget),
+        "t2i": _Ranker(sims_t2i.T, cols, rows, budget),
+    }
 
-    def ranked(truth: Positives, what: str) -> dict[str, _Ranked]:
-        if not rankers:  # one pass over the matrix per direction, shared by every positives file
-            rankers["i2t"] = _Ranker(sims_i2t, rows, cols, depth)
-            rankers["t2i"] = _Ranker(sims_t2i.T, cols, rows, depth)
-        return {d: r.rank(truth[d], what=f"{what} {d}") for d, r in rankers.items()}
+    def ranked(truth: Positives, what: str, **how) -> dict[str, _Ranked]:
+        return {d: r.rank(truth[d], what=f"{what} {d}", **how) for d, r in rankers.items()}
 
     out: dict[str, dict[str, float]] = {}
     for name, truth in (("coco_5k", gt.coco), ("cxc", gt.cxc), ("eccv", gt.eccv)):
         cutoffs = list(ks) if f"{name}_recalls" in wanted else [1] if f"{name}_r1" in wanted else []
-        eccv_extra = name == "eccv" and wanted & {"eccv_rprecision", "eccv_map_at_r"}
+        eccv_extra = name == "eccv" and bool(wanted & {"eccv_rprecision", "eccv_map_at_r"})
         if not cutoffs and not eccv_extra:
             continue
-        by_direction = ranked(truth, name)
+        # each metric ranks as deep as it looks: R@K down to K, R-Precision and mAP@R down to R
+        by_direction = ranked(truth, name, depth=max(cutoffs, default=1), to_r=eccv_extra)
         for k in cutoffs:
             out[f"{name}_r{k}"] = {d: r.recall(k) for d, r in by_direction.items()}
         if "eccv_rprecision" in wanted and name == "eccv":
@@ -377,18 +458,18 @@ def coco_extended_metrics(
             out["eccv_map_at_r"] = {d: r.map_at_r() for d, r in by_direction.items()}
     cutoffs = list(ks) if "coco_1k_recalls" in wanted else [1] if "coco_1k_r1" in wanted else []
     if cutoffs:
-        folds = _coco_1k_folds(gt, (sims_i2t, sims_t2i), rows, cols, max(cutoffs))
+        folds = _coco_1k_folds(gt, sims_i2t, rows, cols, max(cutoffs), budget)
         for k in cutoffs:
             out[f"coco_1k_r{k}"] = {
                 d: float(np.mean([f[d].recall(k) for f in folds])) for d in ("i2t", "t2i")
             }
     if "pmrp" in wanted:
-        out["pmrp"] = {d: r.rprecision() for d, r in ranked(gt.pm, "pmrp").items()}
+        out["pmrp"] = {d: r.rprecision() for d, r in ranked(gt.pm, "pmrp", to_r=True).items()}
     return out
 
 
 def _coco_1k_folds(
-    gt: CocoGroundTruth, sims: tuple[torch.Tensor, torch.Tensor], rows: dict, cols: dict, depth: int
+    gt: CocoGroundTruth, sims: torch.Tensor, rows: dict, cols: dict, depth: int, budget: int
 ) -> list[dict[str, _Ranked]]:
     """Each 1K fold ranked on its own: its captions and images only (consecutive fifths of the 5K order)."""
     size = len(gt.coco_ids) // 5
@@ -404,15 +485,15 @@ def _coco_1k_folds(
             )
         img_rows = torch.as_tensor([rows[i] for i in fold_images])
         cap_cols = torch.as_tensor([cols[c] for c in fold_captions])
-        block_i2t, block_t2i = (m[img_rows][:, cap_cols] for m in sims)
+        block = sims[img_rows][:, cap_cols]
         local_img = {i: n for n, i in enumerate(fold_images)}
         local_cap = {c: n for n, c in enumerate(fold_captions)}
-        i2t = _Ranker(block_i2t, local_img, local_cap, depth)
-        t2i = _Ranker(block_t2i.T, local_cap, local_img, depth)
+        i2t = _Ranker(block, local_img, local_cap, budget)
+        t2i = _Ranker(block.T, local_cap, local_img, budget)
         folds.append(
             {
-                "i2t": i2t.rank(gt.coco["i2t"], fold_images, "coco_1k i2t"),
-                "t2i": t2i.rank(gt.coco["t2i"], fold_captions, "coco_1k t2i"),
+                "i2t": i2t.rank(gt.coco["i2t"], fold_images, "coco_1k i2t", depth=depth),
+                "t2i": t2i.rank(gt.coco["t2i"], fold_captions, "coco_1k t2i", depth=depth),
             }
         )
     return folds

@@ -212,8 +212,21 @@ def compositional_accuracy(
         ``{kind: accuracy % or None (no triple), ..., "n": {kind: number of triples}}``, kinds in
         ``triples.kinds`` order; for the synthetic suite ``attribute_swap``, ``relation_swap``,
         ``object_replace``, ``count_change``.
+
+    Raises:
+        ValueError: a score is NaN or infinite (a broken model), naming the first triple.
     """
     pos, neg = score_triples(model, tokenizer, images, triples, **score_args)
+    # NaN compares False: a broken model would read as 0% correct over the full count, a plausible number
+    for name, scores in (("true caption", pos), ("negative", neg)):
+        bad = ~torch.isfinite(scores)
+        if bool(bad.any()):
+            first = int(bad.nonzero()[0])
+            raise ValueError(
+                f"the model's {name} scores of {int(bad.sum())} of {len(scores)} triple(s) are not finite "
+                f"(NaN or inf; first: triple {first}, kind {triples.kind[first]}): no accuracy can be "
+                "computed"
+            )
     return accuracy_by_kind(pos > neg, triples.kind, triples.kinds)
 
 

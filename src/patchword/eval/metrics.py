@@ -26,7 +26,16 @@ import torch
 
 from patchword._validation import check_tensor
 
-__all__ = ["RANK_KEYS", "RECALL_KEYS", "RECALL_KS", "retrieval_ranks", "retrieval_metrics", "coco_1k_folds"]
+__all__ = [
+    "COCO_1K_FOLDS",
+    "COCO_1K_FOLD_IMAGES",
+    "RANK_KEYS",
+    "RECALL_KEYS",
+    "RECALL_KS",
+    "retrieval_ranks",
+    "retrieval_metrics",
+    "coco_1k_folds",
+]
 
 #: The cut-offs reported by every retrieval paper this library reproduces.
 RECALL_KS: tuple[int, ...] = (1, 5, 10)
@@ -239,34 +248,80 @@ def fold_bounds(n_img: int, n_folds: int) -> list[tuple[int, int]]:
     return [(f * n_img // n_folds, (f + 1) * n_img // n_folds) for f in range(n_folds)]
 
 
+#: The COCO 1K protocol: the 5K test split (``testall``) cut into five folds of 1000 images.
+COCO_1K_FOLDS = 5
+COCO_1K_FOLD_IMAGES = 1000
+
+
+def check_fold_geometry(n_img: int, n_folds: int, fold_size: int) -> None:
+    """Raise unless ``n_img`` images make exactly ``n_folds`` folds of ``fold_size`` images.
+
+    ``coco1k_*`` promises folds of 1000 images: on a 1000-image split :func:`fold_bounds` would make folds
+    of 200 (five times fewer distractors, inflated recall), on 7 images folds of 1, 1, 1, 2 and 2.
+    """
+    for name, value in (("n_folds", n_folds), ("fold_size", fold_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if n_img != n_folds * fold_size:
+        coco = (n_folds, fold_size) == (COCO_1K_FOLDS, COCO_1K_FOLD_IMAGES)
+        raise ValueError(
+            f"the COCO 1K protocol needs {n_folds} folds of {fold_size} images = {n_folds * fold_size} "
+            f"images{' (the COCO 5K test split: data.test_split=testall)' if coco else ''}, got a matrix "
+            f"of {n_img} images"
+        )
+
+
 def coco_1k_folds(
-    sims: SimsLike, txt2img: object, n_folds: int = 5, *, chunk_size: int | None = None
+    sims: SimsLike,
+    txt2img: object,
+    n_folds: int = COCO_1K_FOLDS,
+    *,
+    fold_size: int = COCO_1K_FOLD_IMAGES,
+    chunk_size: int | None = None,
 ) -> dict[str, Any]:
     """The COCO 1K protocol computed from the full (5K) matrix: metrics averaged over image folds.
 
-    Fold ``f`` holds images ``[f*N//n_folds, (f+1)*N//n_folds)`` and exactly the captions whose
-    ``txt2img`` falls in that range, wherever they sit in the caption axis and however many there are
-    per image. Each fold is scored on its own sub-matrix with :func:`retrieval_metrics`; unlike the
-    official evaluators the folds are sliced from one matrix instead of being re-scored from scratch.
+    Fold ``f`` holds images ``[f*fold_size, (f+1)*fold_size)`` and exactly the captions whose ``txt2img``
+    falls in that range, wherever they sit in the caption axis and however many there are per image.
+    Each fold is scored on its own sub-matrix with :func:`retrieval_metrics`; unlike the official
+    evaluators the folds are sliced from one matrix instead of being re-scored from scratch, which is the
+    same for a matrix scored pair by pair. It is not for a two-stage search: each fold's shortlists must be
+    drawn from the fold (:func:`patchword.eval.evaluate` re-runs the search per fold), not cut from the 5K
+    search's.
 
     Args:
         sims: an (N_img, N_txt) matrix or a pair ``(sims_i2t, sims_t2i)``, as in :func:`retrieval_metrics`.
         txt2img: (N_txt,) integer image index of each caption.
         n_folds: number of contiguous image folds (5 for COCO 5K -> 5 x 1K).
+        fold_size: images per fold (1000 for COCO 1K); ``N_img`` must be exactly ``n_folds * fold_size``.
         chunk_size: forwarded to :func:`retrieval_metrics`.
 
     Returns:
         Every key of :func:`retrieval_metrics` averaged over folds (``rsum`` is therefore the mean of the
         per-fold rSums, as in the official code), plus ``"folds"``: the list of per-fold metric dicts.
+
+    Raises:
+        ValueError: ``sims`` does not hold ``n_folds * fold_size`` images (by default: not COCO 5K), or
+            any error of :func:`retrieval_metrics`.
     """
     sims_i2t, sims_t2i = _as_sims_pair(sims)
     n_img, n_txt = sims_i2t.shape
+    check_fold_geometry(n_img, n_folds, fold_size)
     txt2img = _as_txt2img(txt2img, n_img, n_txt, sims_i2t.device)
     folds = []
     for lo, hi in fold_bounds(n_img, n_folds):
-        cols = ((txt2img >= lo) & (txt2img < hi)).nonzero().squeeze(1)
+        cols = fold_columns(txt2img, lo, hi)
         fold_i2t = sims_i2t[lo:hi, cols]  # advanced indexing copies: slice once in the single-matrix form
         fold_t2i = fold_i2t if sims_t2i is sims_i2t else sims_t2i[lo:hi, cols]
         folds.append(retrieval_metrics((fold_i2t, fold_t2i), txt2img[cols] - lo, chunk_size=chunk_size))
-    mean = {key: sum(fold[key] for fold in folds) / len(folds) for key in folds[0]}
-    return {**mean, "folds": folds}
+    return {**fold_mean(folds), "folds": folds}
+
+
+def fold_columns(txt2img: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """The caption columns of images ``lo..hi-1``, in caption order (``EncodedSplit.select_images``'s)."""
+    return ((txt2img >= lo) & (txt2img < hi)).nonzero().squeeze(1)
+
+
+def fold_mean(folds: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Every key averaged over the folds (``rsum`` is the mean of the per-fold rSums, as officially)."""
+    return {key: sum(fold[key] for fold in folds) / len(folds) for key in folds[0]}

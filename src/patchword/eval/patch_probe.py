@@ -44,6 +44,17 @@ __all__ = [
 OBJECT_COVERAGE = 0.5
 
 
+def _check_finite(x: torch.Tensor, what: str) -> None:
+    """Refuse NaN / inf features or scores: a NaN token makes the probe predict one class (accuracy =
+    the majority chance) and every AUC 50, numbers that look like an encoder that learned nothing."""
+    bad = ~torch.isfinite(x)
+    if bool(bad.any()):
+        raise ValueError(
+            f"{what}: {int(bad.sum())} of {x.numel()} value(s) are not finite (NaN or inf); no probe or "
+            "AUC can be computed from them"
+        )
+
+
 @dataclass(frozen=True)
 class ProbeScore:
     """Test accuracy of one linear probe (%), with its chance levels (%) and sample counts."""
@@ -78,9 +89,13 @@ def fit_linear_probe(
         max_iter: L-BFGS iterations.
     Returns:
         :class:`ProbeScore` (float64 throughout: the same numbers on any CPU up to rounding).
+    Raises:
+        ValueError: no samples, or a feature that is NaN or infinite.
     """
     if train_x.shape[0] == 0 or test_x.shape[0] == 0:
         raise ValueError("the probe needs training and test samples")
+    _check_finite(train_x, "the probe's training features")
+    _check_finite(test_x, "the probe's test features")
     x = train_x.double()
     mean, std = x.mean(0), x.std(0).clamp_min(1e-8)
     x = (x - mean) / std
@@ -165,7 +180,11 @@ def probe_patch_tokens(
     Returns:
         ``{probe: ProbeScore.as_dict()}``; None for a probe with fewer than two classes in its data (no
         object patch at all: objects smaller than half a patch).
+    Raises:
+        ValueError: a patch token holds NaN or inf.
     """
+    _check_finite(train_tokens, "the image encoder's patch tokens of the training images")
+    _check_finite(test_tokens, "the image encoder's patch tokens of the test images")
     gen = torch.Generator().manual_seed(seed)
     out = {}
     for task in ("object", "shape", "colour"):
@@ -186,8 +205,14 @@ def probe_patch_tokens(
 
 def roc_auc(scores: torch.Tensor, positive: torch.Tensor) -> float:
     """Area under the ROC curve (%) of ``scores`` (M,) for the bool labels ``positive`` (M,): the chance that
-    a random positive outscores a random negative (ties count half)."""
+    a random positive outscores a random negative (ties count half).
+
+    Raises:
+        ValueError: no positive or no negative, or a NaN / infinite score (NaN sorts anywhere: the AUC
+            of a NaN-scored set came out near 50, a plausible chance level).
+    """
     scores, positive = scores.double().flatten(), positive.bool().flatten()
+    _check_finite(scores, "the AUC's scores")
     n_pos, n_neg = int(positive.sum()), int((~positive).sum())
     if n_pos == 0 or n_neg == 0:
         raise ValueError("the AUC needs positives and negatives")
@@ -222,13 +247,17 @@ def patch_word_grounding(
         targets: :func:`patch_targets` of the same images.
     Returns:
         ``{"colour_auc", "shape_auc"}`` (%, chance 50; None when no patch is an object patch).
+    Raises:
+        ValueError: a patch or word token holds NaN or inf.
     """
+    _check_finite(patch_tokens, "the patch tokens")
     tokens = torch.nn.functional.normalize(patch_tokens.double().reshape(-1, patch_tokens.shape[-1]), dim=-1)
     out = {}
     for task, words in (("colour", synthetic_config.colours), ("shape", synthetic_config.shapes)):
         labels = torch.as_tensor(targets[task]).flatten()
         ids, lens = tokenizer.batch_encode(list(words))
         encoded = model.encode_texts(ids.to(device), lens.to(device)).double().cpu()
+        _check_finite(encoded[:, 1], f"the text encoder's {task} word tokens")
         aucs = []
         for k, _ in enumerate(words):
             positive = labels == k

@@ -8,13 +8,20 @@ and ensembles alike.
   (:meth:`Matcher.two_stage_plan`: TGDT's hybrid search), in which case it is searched that way (global
   shortlist, fine re-ranking, a ground truth outside the shortlist is a miss) in validation and test alike.
 * ``eval.coco_1k`` adds the COCO 1K protocol: five 1000-image folds of the 5K test, averaged; each fold of
-  a two-stage search runs its own search, as the official fold-wise evaluation does.
+  a two-stage search runs its own search, as the official fold-wise evaluation does, for one model and
+  for an ensemble alike (a two-stage member's fold scores come from its own search of the fold, never
+  from cutting its 5K shortlists). A split of any other size than 5 x 1000 images is refused before
+  anything is scored: folds of 200 images (a 1K split) would report recall against five times fewer
+  distractors under the same ``coco1k_*`` label.
 * Under ``torchrun`` (a :class:`~patchword.distributed.Distributed` with several processes) the processes
   share the work: each encodes a contiguous block of the images and of the captions (the caption tokens
   are then all-gathered: every process scores its images against every caption), scores its block of
   image rows within ``eval.max_memory_mb``, and rank 0 gathers the rows, computes the metrics and
   broadcasts them. A two-stage search shards its queries the same way. The metrics equal a one-process
   evaluation's.
+
+Over 400 lines: the one protocol every caller shares (matrix, two-stage search, COCO 1K folds, ensembles,
+cost record) stays in one module, so no path can drift from the others.
 """
 
 from __future__ import annotations
@@ -28,10 +35,19 @@ import torch
 from patchword.data.pipeline import EncodedSplit, SelectedImages
 from patchword.device import describe_device, peak_host_rss_mb, reset_peak_host_rss
 from patchword.distributed import Distributed
+from patchword.errors import ConfigError
 from patchword.eval.config import EvalConfig
 from patchword.eval.engine import score_matrix
 from patchword.eval.engine.memory import configured_budget_mb
-from patchword.eval.metrics import coco_1k_folds, fold_bounds, retrieval_metrics
+from patchword.eval.metrics import (
+    COCO_1K_FOLD_IMAGES,
+    COCO_1K_FOLDS,
+    coco_1k_folds,
+    fold_bounds,
+    fold_columns,
+    fold_mean,
+    retrieval_metrics,
+)
 from patchword.eval.scoring import encode_image_tokens, encode_text_tokens
 from patchword.eval.two_stage import two_stage_scores
 
@@ -41,10 +57,14 @@ __all__ = [
     "evaluate",
     "ensemble_metrics",
     "average_scores",
+    "check_coco_1k",
     "COCO_FOLDS",
+    "COCO_FOLD_IMAGES",
 ]
 
-COCO_FOLDS = 5
+#: The COCO 1K folds: ``eval.coco_1k`` needs a split of exactly COCO_FOLDS x COCO_FOLD_IMAGES images.
+COCO_FOLDS = COCO_1K_FOLDS
+COCO_FOLD_IMAGES = COCO_1K_FOLD_IMAGES
 
 Sims = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
@@ -190,6 +210,19 @@ def _two_stage(
     return metrics
 
 
+def check_coco_1k(num_images: int) -> None:
+    """``eval.coco_1k`` on a split of ``num_images`` images: refused (ConfigError naming the key and
+    ``data.test_split=testall``) unless the split is COCO_FOLDS folds of COCO_FOLD_IMAGES images."""
+    want = COCO_FOLDS * COCO_FOLD_IMAGES
+    if num_images != want:
+        raise ConfigError(
+            "eval.coco_1k",
+            f"the COCO 1K protocol averages {COCO_FOLDS} folds of {COCO_FOLD_IMAGES} images of the COCO 5K "
+            f"test split ({want} images), but the evaluated split has {num_images} images: set "
+            "data.test_split=testall (COCO 5K), or eval.coco_1k=false",
+        )
+
+
 def evaluate(
     model,
     split: EncodedSplit,
@@ -198,11 +231,15 @@ def evaluate(
     device: torch.device | str = "cpu",
     progress: bool | None = None,
     return_sims: bool = False,
+    return_fold_sims: bool = False,
     dist: Distributed | None = None,
 ) -> dict[str, Any]:
     """Metrics of ``model`` on ``split`` under the protocol its matcher declares (see the module doc).
 
     Args:
+        return_fold_sims: with ``eval_cfg.coco_1k`` and a two-stage search, also return each fold's own
+            search (``"coco1k_sims"``: a list of ``(sims_i2t, sims_t2i)``, rank 0 only), which an ensemble
+            averages fold by fold (:func:`ensemble_metrics`); a matrix's folds are slices of ``"sims"``.
         dist: the processes of a ``torchrun`` launch, which share the work (every one must call this);
             None or one process: all of it here.
 
@@ -211,9 +248,16 @@ def evaluate(
         statistics for a two-stage search), the same on every process; with ``return_sims`` the scores
         under ``"sims"``: one (N_img, N_txt) matrix, or the ``(sims_i2t, sims_t2i)`` pair of a two-stage
         search (rank 0 only; None on the other processes).
+
+    Raises:
+        ConfigError: ``eval_cfg.coco_1k`` on a split that is not COCO_FOLDS x COCO_FOLD_IMAGES images
+            (before anything is encoded).
     """
+    if eval_cfg.coco_1k:
+        check_coco_1k(split.num_images)
     dist = dist or Distributed(device=torch.device(device))
     plan = model.matcher.two_stage_plan()
+    fold_sims: list[Sims] | None = None
     metrics: dict[str, Any] | None = None
     timings: dict[str, float] = {}
     if torch.device(device).type == "cuda":
@@ -230,15 +274,15 @@ def evaluate(
         metrics = _two_stage(model, split, eval_cfg, plan, device=device, progress=progress, dist=dist)
         sims = None if metrics is None else metrics.pop("sims")
         if eval_cfg.coco_1k:
-            folds = []
+            folds, fold_sims = [], []
             for lo, hi in fold_bounds(split.num_images, COCO_FOLDS):
                 part = split.select_images(torch.arange(lo, hi), name=f"{split.name}[{lo}:{hi}]")
                 fold = _two_stage(model, part, eval_cfg, plan, device=device, progress=progress, dist=dist)
                 if fold is not None:
-                    fold.pop("sims")
+                    fold_sims.append(fold.pop("sims"))
                     folds.append(fold)
             if metrics is not None:
-                metrics.update({f"coco1k_{key}": sum(f[key] for f in folds) / len(folds) for key in folds[0]})
+                metrics.update({f"coco1k_{key}": value for key, value in fold_mean(folds).items()})
     metrics = dist.broadcast_object(metrics)
     if not timings:  # a two-stage search: encoding and both stages (and the COCO 1K folds) together
         timings = {"search_seconds": time.perf_counter() - start}
@@ -252,6 +296,8 @@ def evaluate(
     )
     if return_sims:
         metrics["sims"] = sims
+    if return_fold_sims and fold_sims is not None:
+        metrics["coco1k_sims"] = fold_sims if dist.is_main else None
     return metrics
 
 
@@ -303,20 +349,77 @@ def average_scores(members: Sequence[Sims]) -> Sims:
     return sims_i2t if all(p[0] is p[1] for p in pairs) else (sims_i2t, sims_t2i)
 
 
-def ensemble_metrics(members: Sequence[Sims], txt2img: torch.Tensor, eval_cfg: EvalConfig) -> dict[str, Any]:
+def ensemble_metrics(
+    members: Sequence[Sims],
+    txt2img: torch.Tensor,
+    eval_cfg: EvalConfig,
+    *,
+    fold_members: Sequence[Sequence[Sims] | None] | None = None,
+) -> dict[str, Any]:
     """Metrics of the average of several models' scores on one split (SCAN / NAAF report ensembles).
 
     ``members`` are (N_img, N_txt) matrices or two-stage ``(sims_i2t, sims_t2i)`` pairs; a pair outside one
     member's shortlist is -inf and stays out of the ensemble's.
+
+    With ``eval_cfg.coco_1k`` every fold averages the members' scores of that fold: a matrix member's
+    slice of its 5K matrix, a two-stage member's own search of the fold (``fold_members[i]``, the
+    ``"coco1k_sims"`` of :func:`evaluate`), the protocol of a single two-stage model's ``coco1k_*``.
+
+    Raises:
+        ValueError: ``eval_cfg.coco_1k`` with a two-stage member whose fold searches are not given, or a
+            split that is not COCO_FOLDS x COCO_FOLD_IMAGES images.
     """
+    fold_members = list(fold_members) if fold_members is not None else [None] * len(members)
+    if len(fold_members) != len(members):
+        raise ValueError(f"fold_members: {len(fold_members)} entries for {len(members)} members")
     sims = average_scores(members)
-    return _matrix_metrics(sims, txt2img, eval_cfg)
+    if not eval_cfg.coco_1k or all(f is None for f in fold_members):
+        if eval_cfg.coco_1k and any(isinstance(m, tuple) for m in members):
+            raise ValueError(
+                "eval.coco_1k: a two-stage member's 1K folds must come from its own search of each fold "
+                "(evaluate(..., return_fold_sims=True)), not from its 5K shortlists: pass fold_members"
+            )
+        return _matrix_metrics(sims, txt2img, eval_cfg)
+    metrics: dict[str, Any] = retrieval_metrics(sims, txt2img)
+    metrics.update({f"coco1k_{k}": v for k, v in _ensemble_folds(members, fold_members, txt2img).items()})
+    return metrics
+
+
+def _ensemble_folds(
+    members: Sequence[Sims], fold_members: Sequence[Sequence[Sims] | None], txt2img: torch.Tensor
+) -> dict[str, float]:
+    """The COCO 1K folds of an ensemble with two-stage members (see :func:`ensemble_metrics`)."""
+    first = members[0][0] if isinstance(members[0], tuple) else members[0]
+    check_coco_1k(first.shape[0])
+    txt2img = torch.as_tensor(txt2img).long()
+    folds = []
+    for f, (lo, hi) in enumerate(fold_bounds(first.shape[0], COCO_FOLDS)):
+        cols = fold_columns(txt2img, lo, hi)
+        parts = []
+        for n, (member, own) in enumerate(zip(members, fold_members, strict=True)):
+            if own is None and isinstance(member, tuple):
+                raise ValueError(f"fold_members[{n}]: a two-stage member needs its own search of each fold")
+            if own is not None and len(own) != COCO_FOLDS:
+                raise ValueError(f"fold_members[{n}]: {len(own)} folds, expected {COCO_FOLDS}")
+            part = own[f] if own is not None else member[lo:hi, cols]
+            shape = tuple((part[0] if isinstance(part, tuple) else part).shape)
+            if shape != (hi - lo, len(cols)):
+                raise ValueError(f"fold_members[{n}][{f}] has shape {shape}, expected {(hi - lo, len(cols))}")
+            parts.append(part)
+        folds.append(retrieval_metrics(average_scores(parts), txt2img[cols] - lo))
+    return fold_mean(folds)
 
 
 def _matrix_metrics(sims: Sims, txt2img: torch.Tensor, eval_cfg: EvalConfig) -> dict[str, Any]:
     """Recall of a score matrix, plus the COCO 1K folds (``coco1k_*``) with ``eval.coco_1k``."""
     metrics: dict[str, Any] = retrieval_metrics(sims, txt2img)
     if eval_cfg.coco_1k:
-        folds = coco_1k_folds(sims, txt2img)
+        check_coco_1k(_num_images(sims))
+        folds = coco_1k_folds(sims, txt2img, COCO_FOLDS, fold_size=COCO_FOLD_IMAGES)
         metrics.update({f"coco1k_{k}": v for k, v in folds.items() if k != "folds"})
     return metrics
+
+
+def _num_images(sims: Sims) -> int:
+    """The number of images (rows) of a matrix or a two-stage pair."""
+    return int((sims[0] if isinstance(sims, tuple) else sims).shape[0])

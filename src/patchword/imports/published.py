@@ -18,6 +18,9 @@ LSE``, ``i-t AVG``): only the rows of its variant, and the ensembles it is one m
 published results. :func:`caveats` says why a comparison is not like for like: another image count,
 protocol (leaky or not), split, dataset, an ensemble's row beside one model, another SCAN lambda. Everything
 here is pure, for ``patchword report`` and the export card: the only file read is the shipped table.
+
+Over 400 lines: the table's rows, the checkpoint facts they are matched by (backbone, variant, dataset,
+split) and every reason a comparison is not like for like are read together; one module keeps them in step.
 """
 
 from __future__ import annotations

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import torch
 
-from patchword.data.prepare import REGION_DATASETS, SYNTHETIC_DATASETS, PreparedData
+from patchword.data.prepare import REGION_DATASETS, SYNTHETIC_DATASETS, PreparedData, eval_role
 from patchword.errors import ConfigError
 from patchword.eval.engine.base import PRECISIONS
 from patchword.eval.engine.core import declared_precisions
+from patchword.eval.protocol import check_coco_1k
 from patchword.model import RetrievalModel
 from patchword.runs.config import RunConfig
 
 __all__ = [
     "check_eval_precision",
     "check_eval_settings",
+    "check_eval_split",
     "check_model_data",
     "check_region_boxes",
     "data_image_size",
@@ -54,12 +56,18 @@ def check_region_boxes(cfg: RunConfig) -> None:
 
 
 def check_model_data(cfg: RunConfig, model: RetrievalModel, data: PreparedData) -> None:
-    """Check the built model against the data and tokenizer (before training starts).
+    """Check the built model against the data and tokenizer (before training starts, and before
+    ``patchword eval`` scores anything), and the ``eval`` keys against the split they evaluate
+    (:func:`check_eval_split`).
 
     Raises:
-        ConfigError: image size, text length or vocabulary the encoders cannot take, or region features of
-            another shape than the model expects; each names the key to change.
+        ConfigError: image size, text length or vocabulary the encoders cannot take, region features of
+            another shape than the model expects, or an ``eval`` protocol the evaluated split cannot take;
+            each names the key to change.
     """
+    role = eval_role(cfg.data, cfg.eval.split)
+    if role in data.splits:
+        check_eval_split(cfg, data.splits[role])
     dc, mc = cfg.data, cfg.model
     image_enc, text_enc = model.image_encoder, model.text_encoder
     want = data_image_size(cfg)
@@ -114,15 +122,51 @@ def check_eval_precision(cfg: RunConfig, device: torch.device) -> None:
 EVAL_MINIMUMS = {"batch_size": 1, "max_memory_mb": 0}
 
 
-def check_eval_settings(cfg: RunConfig, device: torch.device) -> None:
-    """The ``eval`` section, before any data is read: the numeric keys' ranges and ``eval.precision``
-    against the matcher and ``device`` (``patchword eval`` and ``train.validate.check_config`` both call it).
+#: The COCO 5K test split (``testall``) that ECCV Caption and CxC annotate.
+COCO_5K_IMAGES, COCO_5K_CAPTIONS = 5000, 25000
+
+
+def check_eval_settings(cfg: RunConfig, device: torch.device, split=None) -> None:
+    """The ``eval`` section, before any data is read: the numeric keys' ranges, ``eval.precision``
+    against the matcher and ``device``, ``eval.coco_extended`` against the dataset and its ground truth
+    files (``patchword eval`` and ``train.validate.check_config`` both call it); with ``split`` (the
+    EncodedSplit to evaluate) also :func:`check_eval_split`.
 
     Raises:
         ConfigError: naming the first offending key.
+        MissingExtraError, MissingFileError: ``eval.coco_extended`` without its ground truth.
     """
     for name, low in EVAL_MINIMUMS.items():
         value = getattr(cfg.eval, name)
         if not value >= low:
             raise ConfigError(f"eval.{name}", f"must be >= {low}, got {value!r}")
     check_eval_precision(cfg, device)
+    if cfg.eval.coco_extended:
+        if cfg.data.dataset in SYNTHETIC_DATASETS:
+            raise ConfigError("eval.coco_extended", "needs the COCO 5K test split (ECCV Caption / CxC ids)")
+        from patchword.eval.coco_extended import CocoGroundTruth
+
+        CocoGroundTruth.load()  # the extra and its data, now rather than after scoring (or training)
+    if split is not None:
+        check_eval_split(cfg, split)
+
+
+def check_eval_split(cfg: RunConfig, split) -> None:
+    """``eval.coco_1k`` and ``eval.coco_extended`` against the split they evaluate (an EncodedSplit), once
+    it is read and before anything is scored: both are COCO 5K protocols. On another split the 1K folds
+    would silently be folds of 200 images (a 1K split) or of uneven sizes, and the ECCV Caption / CxC
+    metrics would fail after the whole split was scored, writing nothing.
+
+    Raises:
+        ConfigError: naming the key and ``data.test_split=testall``.
+    """
+    if cfg.eval.coco_1k:
+        check_coco_1k(split.num_images)
+    have = (split.num_images, split.num_captions)
+    if cfg.eval.coco_extended and have != (COCO_5K_IMAGES, COCO_5K_CAPTIONS):
+        raise ConfigError(
+            "eval.coco_extended",
+            f"ECCV Caption / CxC rank the COCO 5K test split ({COCO_5K_IMAGES} images, {COCO_5K_CAPTIONS} "
+            f"captions), but the evaluated split has {have[0]} images and {have[1]} captions: set "
+            "data.test_split=testall (COCO 5K), or eval.coco_extended=false",
+        )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -57,14 +58,39 @@ def run_metadata(cfg: RunConfig, model: RetrievalModel, role: str, split) -> dic
     }
 
 
+#: Why a two-stage search's metrics file has no ``coco_1k_r1_*`` (its ``"coco_extended_note"``).
+TWO_STAGE_COCO_1K_NOTE = (
+    "coco_1k_r1 left out: a two-stage search's COCO 1K folds each run their own search (coco1k_* with "
+    "eval.coco_1k=true); cutting the 5K search's shortlists per fold would be another protocol"
+)
+
+
 def extra_metrics(cfg: RunConfig, model: RetrievalModel, split, raw, sims, device) -> dict[str, Any]:
     """What a run reports beside recall: ECCV Caption / CxC on COCO (``eval.coco_extended``, from the
-    split's scores ``sims``), and on the synthetic scenes how well patch selection finds the objects."""
+    split's scores ``sims``), and on the synthetic scenes how well patch selection finds the objects.
+
+    ``sims`` of a two-stage search (an ``(i2t, t2i)`` pair) get no ``coco_1k_r1_*``: its 1K folds are
+    searched fold by fold (``coco1k_*``), not cut from the 5K shortlists; ``"coco_extended_note"`` says so.
+    """
     out: dict[str, Any] = {}
     if cfg.eval.coco_extended:
-        from patchword.eval.coco_extended import coco_extended_metrics, coco_extended_percent
+        from patchword.eval.coco_extended import (
+            DEFAULT_COCO_EXTENDED_METRICS,
+            coco_extended_metrics,
+            coco_extended_percent,
+        )
 
-        ext = coco_extended_metrics(sims, image_ids=raw.image_ids, txt2img=split.txt2img)
+        names = DEFAULT_COCO_EXTENDED_METRICS
+        if isinstance(sims, tuple):
+            names = tuple(name for name in names if not name.startswith("coco_1k"))
+            out["coco_extended_note"] = TWO_STAGE_COCO_1K_NOTE
+        ext = coco_extended_metrics(
+            sims,
+            image_ids=raw.image_ids,
+            metrics=names,
+            txt2img=split.txt2img,
+            max_memory_mb=configured_budget_mb(cfg.eval.max_memory_mb, "cpu"),  # ranked on the host
+        )
         out.update(coco_extended_percent(ext))
     if cfg.data.dataset == "synthetic":
         from patchword.eval.selection import synthetic_selection_report
@@ -151,6 +177,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
     role = eval_role(cfg.data, cfg.eval.split)
     check_eval_settings(cfg, dist.device)
     members = [(run_dir, checkpoint)] + [_member(p) for p in ensemble or []]
+    ensembled = len(members) > 1
     # Everything cheap first: the output file, every member's config and checkpoint.
     out = out or run_dir / (f"eval_{role}_ensemble.json" if len(members) > 1 else f"eval_{role}.json")
     _check_output(out, force)
@@ -165,6 +192,11 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
     for member_dir, member_ckpt in members:
         loaded = load_run(member_dir, member_ckpt, device=device, overrides=overrides)
         mcfg, model = loaded.config, loaded.model
+        if ensembled:
+            # every member under the ensemble's COCO 1K setting (checked and evaluated so): a two-stage
+            # member's folds are its own searches of each fold (return_fold_sims), which the ensemble
+            # averages fold by fold
+            mcfg = replace(mcfg, eval=replace(mcfg.eval, coco_1k=cfg.eval.coco_1k))
         use_dense = mcfg.data.dense and model.matcher.consumes_dense
         key = json.dumps([vars(mcfg.data), str(member_dir / VOCAB_FILE), use_dense], default=str)
         if key not in prepared:
@@ -188,7 +220,8 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
             mcfg.eval,
             device=device,
             progress=mcfg.progress if dist.is_main else False,
-            return_sims=len(members) > 1 or mcfg.eval.coco_extended,
+            return_sims=ensembled or mcfg.eval.coco_extended,
+            return_fold_sims=ensembled,
             dist=dist,
         )
         meta = {
@@ -205,9 +238,10 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
     if not dist.is_main:  # rank 0 holds the score matrices and writes the file
         return results[0][1], out
     raw = data.raw[role]
-    if len(members) > 1:
+    if ensembled:
         scores = [m.pop("sims") for _, m in results]
-        metrics = ensemble_metrics(scores, split.txt2img, mcfg.eval)
+        folds = [m.pop("coco1k_sims", None) for _, m in results]
+        metrics = ensemble_metrics(scores, split.txt2img, mcfg.eval, fold_members=folds)
         metrics["ensemble"] = [{**meta, **m} for meta, m in results]
         metrics.update({k: v for k, v in results[0][0].items() if k in ("split", "leaky")})
         metrics["leaky"] = any(meta["leaky"] for meta, _ in results)

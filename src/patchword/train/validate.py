@@ -226,7 +226,9 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
         )
     if cfg.precision == "fp64" and device.type == "mps":
         raise ConfigError("precision", "fp64 is not supported on mps (no float64 kernels); use fp32 or cpu")
-    check_eval_settings(cfg, device)  # its ranges and precision, as `patchword eval` checks them
+    # its ranges, precision and COCO extras, as `patchword eval` checks them; the split sizes the COCO
+    # protocols need are checked once the data is read (check_model_data -> check_eval_split)
+    check_eval_settings(cfg, device)
     # ranges
     for key, value, low in [
         ("train.batch_size", tc.batch_size, 2),
@@ -251,12 +253,6 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
     ]:
         _at_least(value, low, key)
     eval_role(dc, ec.split)  # "test" or "dev" (or the dataset's names for them)
-    if ec.coco_extended:
-        if dc.dataset in SYNTHETIC_DATASETS:
-            raise ConfigError("eval.coco_extended", "needs the COCO 5K test split (ECCV Caption / CxC ids)")
-        from patchword.eval.coco_extended import CocoGroundTruth
-
-        CocoGroundTruth.load()  # the extra and its data, now rather than after training
     if not 0 < tc.lr < math.inf:
         raise ConfigError("train.lr", f"must be a finite number > 0, got {tc.lr!r}")
     _check_optimiser(cfg)
