@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from kill_support import Killed, kept, stopping
 from patchword import fileio
 from patchword.data import precomp
 from patchword.data.precomp import load_precomp_split, write_precomp_split
@@ -24,10 +25,6 @@ from patchword.errors import DataError
 
 N_IMG, REGIONS, DIM = 4, 3, 8
 OLD_IDS = ["a", "b", "c", "d"]
-
-
-class Killed(BaseException):
-    """Stands for a SIGKILL: no ``except Exception`` catches it."""
 
 
 def _captions(tag: str) -> list[str]:
@@ -117,22 +114,6 @@ def test_a_failure_while_the_captions_are_written_keeps_the_old_split(tmp_path, 
     assert _loaded(tmp_path) == "old"
 
 
-def _stopping(real, calls: dict[str, int]):
-    """``real``, its calls counted in ``calls["n"]`` with the others': call ``calls["stop_at"]`` is killed."""
-
-    def call(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == calls["stop_at"]:
-            raise Killed
-        return real(*args, **kwargs)
-
-    return call
-
-
-def _kept(*args, **kwargs) -> None:
-    """``shutil.rmtree`` after a kill: nothing is cleaned up."""
-
-
 def test_a_write_stopped_at_any_step_never_loads_as_a_mixed_split(tmp_path, monkeypatch):
     """Stop the write before each file-system change (replace, unlink) in turn until one runs to its end:
     the split loads as the old one, the new one, or not at all; the rerun writes the new one and removes
@@ -143,9 +124,9 @@ def test_a_write_stopped_at_any_step_never_loads_as_a_mixed_split(tmp_path, monk
         _write_old(root)
         calls = {"n": 0, "stop_at": stop_at}
         with monkeypatch.context() as patch:
-            patch.setattr(os, "replace", _stopping(os.replace, calls))
-            patch.setattr(os, "unlink", _stopping(os.unlink, calls))
-            patch.setattr(precomp, "shutil", SimpleNamespace(rmtree=_kept), raising=False)
+            patch.setattr(os, "replace", stopping(os.replace, calls))
+            patch.setattr(os, "unlink", stopping(os.unlink, calls))
+            patch.setattr(precomp, "shutil", SimpleNamespace(rmtree=kept), raising=False)
             try:
                 _write_new(root)
             except Killed:

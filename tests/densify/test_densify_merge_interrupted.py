@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from densify_support import TOKENS, tiny_vlm, twelve_images  # noqa: F401 - fixtures
+from kill_support import Killed, kept, stopping
 from patchword.densify import GenerationSettings, Shard, densify, images_from_folder, merge_shards
 from patchword.densify import shards as shards_module
 from patchword.densify.store import read_sidecar
@@ -25,10 +26,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 PROMPT_A = GenerationSettings(max_new_tokens=TOKENS)
 PROMPT_B = GenerationSettings(prompt="Describe.", max_new_tokens=TOKENS)
 NAMES = [f"img{i:02d}.png" for i in range(12)]  # two shards at batch size 8: 8 and 4 images
-
-
-class Killed(BaseException):
-    """Stands for a SIGKILL: no ``except Exception`` catches it (the file state it leaves is a kill's)."""
 
 
 @pytest.fixture(scope="module")
@@ -79,22 +76,6 @@ def _rerun_densify_b(image_dir, vlm, out: Path, merged) -> None:
     assert out.read_bytes() == merged["B"][0]
 
 
-def _stopping(real, calls: dict[str, int]):
-    """``real``, its calls counted in ``calls["n"]`` with the others': call ``calls["stop_at"]`` is killed."""
-
-    def call(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == calls["stop_at"]:
-            raise Killed
-        return real(*args, **kwargs)
-
-    return call
-
-
-def _kept(*args, **kwargs) -> None:
-    """``shutil.rmtree`` after a kill: nothing is cleaned up."""
-
-
 @pytest.mark.parametrize("failing", ["write_records_atomic", "write_sidecar"])
 def test_a_failed_write_leaves_the_old_output_with_its_own_sidecar(
     failing, image_dir, vlm, jobs, merged, tmp_path, monkeypatch
@@ -132,10 +113,10 @@ def test_a_merge_killed_at_any_step_never_pairs_a_sidecar_with_other_lines(
         merge_shards(jobs["A"], out)
         calls = {"n": 0, "stop_at": stop_at}
         with monkeypatch.context() as patch:
-            patch.setattr(os, "replace", _stopping(os.replace, calls))
-            patch.setattr(os, "unlink", _stopping(os.unlink, calls))
+            patch.setattr(os, "replace", stopping(os.replace, calls))
+            patch.setattr(os, "unlink", stopping(os.unlink, calls))
             # and nothing cleans up after a kill: the merge's staging folder stays
-            patch.setattr(shards_module, "shutil", SimpleNamespace(rmtree=_kept), raising=False)
+            patch.setattr(shards_module, "shutil", SimpleNamespace(rmtree=kept), raising=False)
             try:
                 merge_shards(jobs["B"], out, force=True)
             except Killed:

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from patchword.errors import ConfigError, DataError, MissingExtraError, MissingFileError
+from patchword.eval.metrics import refuse_nan_and_posinf
 from patchword.matching.ops import full_precision
 
 __all__ = [
@@ -337,14 +338,7 @@ def _as_matrix(x, name: str, shape: tuple[int, int]) -> torch.Tensor:
         )
     if not x.is_floating_point():
         raise ValueError(f"{name} must be a floating-point matrix, got dtype {x.dtype}")
-    top = x.max()  # one reduction: NaN propagates, +inf is the maximum
-    if bool(torch.isnan(top)):
-        raise ValueError(f"{name} contains {int(torch.isnan(x).sum())} NaN value(s)")
-    if bool(torch.isposinf(top)):
-        raise ValueError(
-            f"{name} contains {int(torch.isposinf(x).sum())} +inf value(s); only -inf (not shortlisted) "
-            "is allowed"
-        )
+    refuse_nan_and_posinf(x, name)
     return full_precision(x)
 
 

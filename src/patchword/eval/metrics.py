@@ -58,7 +58,15 @@ def _as_score_matrix(x: object, name: str) -> torch.Tensor:
     x = check_tensor(x, name, ndim=2, finite=False)
     if x.shape[0] == 0 or x.shape[1] == 0:
         raise ValueError(f"{name} must have at least one image and one caption, got shape {tuple(x.shape)}")
-    # One reduction without a full-size temporary: max() propagates NaN and is +inf if any entry is.
+    refuse_nan_and_posinf(x, name)
+    return x
+
+
+def refuse_nan_and_posinf(x: torch.Tensor, name: str) -> None:
+    """Raise ValueError when score matrix ``x`` holds NaN or ``+inf`` (``-inf``: not shortlisted, allowed).
+
+    One reduction without a full-size temporary: ``max()`` propagates NaN and is ``+inf`` if any entry is;
+    the entries are counted only for the message."""
     top = x.max()
     if bool(torch.isnan(top)):
         raise ValueError(f"{name} contains {int(torch.isnan(x).sum())} NaN value(s)")
@@ -67,7 +75,6 @@ def _as_score_matrix(x: object, name: str) -> torch.Tensor:
             f"{name} contains {int(torch.isposinf(x).sum())} +inf value(s); only -inf (not shortlisted) "
             "is allowed"
         )
-    return x
 
 
 def _as_sims_pair(sims: SimsLike) -> tuple[torch.Tensor, torch.Tensor]:
