@@ -131,3 +131,20 @@ def test_a_querys_shortlisted_vectors_survive_other_threads_queries(env, tmp_pat
         answers = list(pool.map(lambda c: (c, _hits(searcher, c)), captions[:8] * 3))
     assert all(got == wanted[caption] for caption, got in answers)
     index.client.close()
+
+
+def test_an_explanation_with_a_global_term_reads_its_image_from_qdrant(env, tmp_path):
+    """Old code: ``Searcher.explain`` with ``alpha`` read the global embedding from the whole local matrix,
+    which a Qdrant index does not have (NotImplementedError): the explanation of a TGDT hybrid plan failed."""
+    index_dir, _ = _uploaded_copy(env, tmp_path)
+    index = qdrant.QdrantIndex.open(index_dir)
+    remote, local = (
+        Searcher(index, env.run, alpha=0.7),
+        Searcher(SearchIndex.open(index_dir), env.run, alpha=0.7),
+    )
+    captions, _ = caption_queries(env)
+    hit = remote.search(captions[0], k=1).hits[0]
+    explained = remote.explain(captions[0], hit.id)
+    assert explained.score == pytest.approx(hit.score, abs=1e-4)
+    assert explained.score == pytest.approx(local.explain(captions[0], hit.id).score, abs=1e-4)
+    index.client.close()

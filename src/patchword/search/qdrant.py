@@ -238,5 +238,21 @@ class QdrantIndex(IndexEntries):
             out[row, : len(part)] = part
         return torch.from_numpy(out), lens
 
+    def global_rows(self, ids) -> torch.Tensor:
+        """(k,) ids -> (k, C) float32 global image embeddings from Qdrant (a shortlist's hits do not carry
+        them: they are fetched here)."""
+        ids = [int(i) for i in np.asarray(ids, dtype=np.int64).reshape(-1)]
+        points = {
+            int(p.id): p.vector
+            for p in self.client.retrieve(self.collection, ids=ids, with_vectors=["global"])
+        }
+        absent = [i for i in ids if i not in points]
+        if absent:
+            raise DataError(
+                f"{self.index_dir}: Qdrant collection {self.collection!r} has no point {absent[0]}; "
+                + _upload_again(self.index_dir, self.record["location"])
+            )
+        return torch.tensor(np.stack([np.asarray(points[i]["global"], np.float32) for i in ids]))
+
     def global_embeddings(self) -> torch.Tensor:
         raise NotImplementedError("the Qdrant backend shortlists in Qdrant")

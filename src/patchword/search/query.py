@@ -426,7 +426,7 @@ class Searcher:
             **self._pruned(ids),
         )
         if self.alpha:  # the score the search ranks with: fine + alpha * global (a TGDT hybrid plan)
-            image_global = self.index.global_embeddings()[image_id].float()
+            image_global = self.index.global_rows(ids)[0]  # that row only (a Qdrant index included)
             global_score = float(query.global_embedding[0].float().cpu() @ image_global)
             explanation.score += self.alpha * global_score
         return explanation

@@ -363,6 +363,11 @@ class SearchIndex(IndexEntries):
             self._global = torch.from_numpy(out)
         return self._global
 
+    def global_rows(self, ids: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """(k,) ids -> (k, C) float32 global image embeddings, read for those rows only."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        return torch.from_numpy(self.gather("global", ids).astype(np.float32, copy=False))
+
     def gather(self, name: str, ids: np.ndarray, width: int | None = None) -> np.ndarray:
         """Rows ``ids`` (index ids) of one stored array (``global``, ``tokens``, ``dense``, ``dense_lens``),
         in the order given, zero-padded (or cut) to ``width`` along axis 1."""
