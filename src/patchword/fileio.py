@@ -43,6 +43,8 @@ __all__ = [
     "probe_writable",
     "check_output_file",
     "exclusive_lock",
+    "lock_or_refuse",
+    "staging_dirs",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -66,6 +68,21 @@ def staging_dir(final: str | os.PathLike[str], label: str) -> str:
     tmp = tempfile.mkdtemp(dir=os.path.dirname(final) or ".", prefix=f".{os.path.basename(final)}.{label}-")
     os.chmod(tmp, 0o777 & ~_UMASK)
     return tmp
+
+
+def staging_dirs(final: str | os.PathLike[str], label: str) -> list[str]:
+    """The :func:`staging_dir` folders of ``final`` and ``label`` (exactly its names: ``mkdtemp`` adds 8 of
+    ``[a-z0-9_]``, so the stage of an output named ``<final>.<label>-x`` is not one), sorted; outside a
+    write, those a killed write left (each as large as what it was filling)."""
+    final = os.fspath(final)
+    folder = os.path.dirname(final) or "."
+    name = re.compile(re.escape(f".{os.path.basename(final)}.{label}-") + r"[a-z0-9_]{8}")
+    try:
+        entries = sorted(os.listdir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    paths = (os.path.join(folder, entry) for entry in entries if name.fullmatch(entry))
+    return [path for path in paths if os.path.isdir(path) and not os.path.islink(path)]
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> None:
@@ -361,17 +378,29 @@ def exclusive_lock(path: str | os.PathLike[str], busy: str) -> Iterator[None]:
     Raises:
         RunExistsError: ``busy``, another process holds the lock.
     """
+    with open(path, "a") as fh:
+        lock_or_refuse(fh.fileno(), path, busy)
+        yield
+
+
+def lock_or_refuse(fd: int, path: str | os.PathLike[str], busy: str) -> bool:
+    """Take the exclusive, non-blocking ``flock`` of the open file ``fd`` (the file ``path``): True when
+    held, False on a file system without locks (logged: work goes on unguarded).
+
+    Raises:
+        RunExistsError: ``busy``, another process holds it.
+    """
     import fcntl
 
     from patchword.errors import RunExistsError
 
-    with open(path, "a") as fh:
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RunExistsError(busy) from None
-        except OSError as err:  # a file system without locks: work on, unguarded, and say so
-            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                raise
-            _logger.warning("%s cannot be locked (%s): a second command would not be refused", path, err)
-        yield
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise RunExistsError(busy) from None
+    except OSError as err:  # a file system without locks: work on, unguarded, and say so
+        if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+        _logger.warning("%s cannot be locked (%s): a second command would not be refused", path, err)
+        return False
+    return True

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 from pathlib import Path
 
@@ -34,7 +33,7 @@ import torch
 from patchword.data.npy import load_npy
 from patchword.data.split import RetrievalSplit
 from patchword.data.textfiles import read_lines
-from patchword.fileio import atomic_write, atomic_write_text, staging_dir
+from patchword.fileio import atomic_write, atomic_write_text, staging_dir, staging_dirs
 
 __all__ = [
     "RegionFeatures",
@@ -299,14 +298,8 @@ _STAGE_LABEL = "precomp"
 
 
 def _stages(root: Path, split: str) -> list[Path]:
-    """The staging folders of writes of ``split`` in ``root`` (exactly ``staging_dir``'s names: mkdtemp
-    adds 8 of [a-z0-9_]); outside a write, those a killed write left."""
-    stage_name = re.compile(re.escape(f".{split}.{_STAGE_LABEL}-") + r"[a-z0-9_]{8}")
-    return sorted(
-        path
-        for path in root.iterdir()
-        if stage_name.fullmatch(path.name) and path.is_dir() and not path.is_symlink()
-    )
+    """The staging folders of writes of ``split`` in ``root``; outside a write, those a killed write left."""
+    return [Path(path) for path in staging_dirs(root / split, _STAGE_LABEL)]
 
 
 def _remove_stale_stages(root: Path, split: str) -> None:

@@ -19,8 +19,6 @@ wrote something, the lock file is left in place, as the other locks of patchword
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import logging
 import os
 from collections.abc import Iterator
@@ -28,6 +26,7 @@ from pathlib import Path
 
 from patchword.densify.store import sidecar_path
 from patchword.errors import RunExistsError
+from patchword.fileio import lock_or_refuse
 
 __all__ = ["LOCK_SUFFIX", "lock_path", "output_lock"]
 
@@ -96,17 +95,11 @@ def _lock(path: Path, busy: str, made_dirs: list[Path]) -> tuple[int, bool]:
     for _ in range(_ATTEMPTS):
         fd, made = _open_lock_file(path, made_dirs)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            held = lock_or_refuse(fd, path, busy)
+        except BaseException:
             os.close(fd)  # a file this call created and another process locked first is that one's now
-            raise RunExistsError(busy) from None
-        except OSError as err:  # a file system without locks: work on, unguarded, and say so
-            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                os.close(fd)
-                raise
-            logger.warning("%s cannot be locked (%s): a second command would not be refused", path, err)
-            return fd, made
-        if _same_file(fd, path):
+            raise
+        if not held or _same_file(fd, path):
             return fd, made
         os.close(fd)  # its holder removed it after we opened it: lock the file at the path now
     raise RunExistsError(busy)

@@ -27,7 +27,7 @@ from patchword.densify.store import (
     write_sidecar,
 )
 from patchword.errors import ConfigError, DataError, MissingFileError, RunExistsError
-from patchword.fileio import staging_dir
+from patchword.fileio import staging_dir, staging_dirs
 
 __all__ = [
     "Shard",
@@ -280,11 +280,5 @@ def _replace_output(out: Path, records: Sequence[DenseRecord], meta: dict) -> No
 def _remove_stale_stages(out: Path) -> None:
     """Remove the staging folders of merges into ``out`` that were killed (only merges make them, and
     only under ``out``'s lock, which the caller holds: none of them belongs to a live merge)."""
-    # exactly staging_dir's names (mkdtemp adds 8 of [a-z0-9_]): not the stage of an output named
-    # "<out>.merge-x", which another lock guards
-    stage_name = re.compile(re.escape(f".{out.name}.{_STAGE_LABEL}-") + r"[a-z0-9_]{8}")
-    folder = out.parent
-    for name in os.listdir(folder) if folder.is_dir() else ():
-        path = folder / name
-        if stage_name.fullmatch(name) and path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
+    for path in staging_dirs(out, _STAGE_LABEL):
+        shutil.rmtree(path, ignore_errors=True)
