@@ -40,6 +40,7 @@ __all__ = [
     "remove_stale_temps",
     "replace_directory",
     "recover_directory",
+    "file_sha256",
     "probe_writable",
     "check_output_file",
     "exclusive_lock",
@@ -324,6 +325,18 @@ def recover_directory(
     for path in left:
         shutil.rmtree(path, ignore_errors=True)
         _logger.info("removed %s, left by a kill while %s was being written", path, final)
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """sha256 (hex) of a file's bytes, read 1 MiB at a time (a checkpoint can be gigabytes): what identifies
+    a file whatever its name or date."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def probe_writable(directory: str | os.PathLike[str]) -> None:

@@ -276,7 +276,7 @@ def test_hash_eval_pr_plot_location_is_checked_before_the_evaluation(
     import patchword.hashing.runner as runner
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(runner, "load_hashing_run", lambda *a, **k: pytest.fail("the run was loaded"))
+    monkeypatch.setattr(runner, "open_hashing_run", lambda *a, **k: pytest.fail("the run was loaded"))
     assert main(["eval", str(run), "--pr-plot", target]) == 2
     assert one_error_line(capsys.readouterr().err).startswith(expected.format(tmp=tmp_path))
     assert list(tmp_path.iterdir()) == []

@@ -42,7 +42,7 @@ from patchword.hashing.dataset import HashDataset
 from patchword.hashing.model import UCMFH
 from patchword.losses import BalancedInfoNCE, HashNetLoss, InfoNCE
 from patchword.runs.files import LAST_CHECKPOINT
-from patchword.train.trainer import on_stop_signals
+from patchword.train.trainer import record_stop_signals
 
 __all__ = ["HashTrainer", "HashTrainingInterrupted", "append_metrics"]
 
@@ -279,7 +279,7 @@ class HashTrainer:
         """
         flag: dict[str, int] = {}
         # The training set was checked finite once (__init__): the per-batch checks would each wait.
-        with on_stop_signals(lambda signum, frame: flag.__setitem__("signum", signum)), values_checked():
+        with record_stop_signals(flag), values_checked():
             self._fit_start = time.perf_counter()
             try:
                 self._fit(flag)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -37,7 +36,7 @@ import torch
 from patchword.checkpoint import atomic_save
 from patchword.config import config_to_dict, save_config
 from patchword.errors import ConfigError, DataError, RunExistsError
-from patchword.fileio import atomic_write_text, probe_writable, staging_dir
+from patchword.fileio import atomic_write_text, file_sha256, probe_writable, staging_dir
 from patchword.readers import read_checkpoint
 from patchword.runs.config import RunConfig
 from patchword.runs.files import BEST_CHECKPOINT, IMPORT_FILE, LAST_CHECKPOINT
@@ -227,14 +226,6 @@ def hf_architecture(source: str | None, role: str, arg: str) -> dict[str, Any]:
     return config.to_dict()
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def check_fit(plan: ImportPlan, expected: dict[str, torch.Tensor], source: Path) -> None:
     """The mapped tensors are exactly the model's (names and shapes); else one DataError naming them."""
     missing = sorted(set(expected) - set(plan.state_dict))
@@ -266,7 +257,7 @@ def import_record(plan: ImportPlan, source: Path) -> dict[str, Any]:
     return {
         "family": plan.family,
         "source": str(Path(source).resolve()),
-        "source_sha256": _sha256(source),
+        "source_sha256": file_sha256(source),
         "dataset": plan.dataset,
         "opt": opt,
         "ignored": plan.ignored,

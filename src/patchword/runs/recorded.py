@@ -17,12 +17,12 @@ the digest was kept fall back to the path they name and the dates.
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from patchword.fileio import file_sha256
 from patchword.readers import read_json
 from patchword.runs.files import BEST_CHECKPOINT, CONFIG_FILE, LAST_CHECKPOINT, SUMMARY_FILE
 from patchword.runs.load import config_hash
@@ -40,8 +40,6 @@ __all__ = [
 #: The field of an evaluation record (``eval_*.json``, ``summary.json``) holding the sha256 of the
 #: checkpoint file it scored.
 DIGEST_FIELD = "checkpoint_sha256"
-
-_CHUNK = 1 << 20  # bytes hashed at a time: a checkpoint can be gigabytes, never read whole
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -93,15 +91,6 @@ def checkpoint_facts(checkpoint: str | Path) -> dict[str, Any]:
     if isinstance(rsum, (int, float)):
         facts["dev_rsum"] = float(rsum)
     return facts
-
-
-def file_sha256(path: str | Path) -> str:
-    """sha256 (hex) of a file's bytes, read in chunks: what identifies a checkpoint whatever its date."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(_CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def checkpoint_identity(checkpoint: str | Path) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from patchword.errors import ConfigError, DataError
+from patchword.fileio import file_sha256
 from patchword.runs import LoadedRun, config_hash
 
 __all__ = ["IndexMismatchError", "weights_sha256", "model_identity", "check_index_model"]
@@ -39,7 +40,7 @@ def weights_sha256(model: torch.nn.Module) -> str:
 
 
 def _file_sha256(path: Path) -> str | None:
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    return file_sha256(path) if path.is_file() else None
 
 
 def model_identity(run: LoadedRun) -> dict[str, Any]:

@@ -103,7 +103,7 @@ def stop_raises(phase: dict[str, Any]) -> contextlib.AbstractContextManager[None
     return on_stop_signals(handler)
 
 
-def _stop_signals(flag: dict[str, int]) -> contextlib.AbstractContextManager[None]:
+def record_stop_signals(flag: dict[str, int]) -> contextlib.AbstractContextManager[None]:
     """Record SIGTERM / SIGINT in ``flag["signum"]`` instead of dying mid-step (cluster pre-emption)."""
     return on_stop_signals(lambda signum, frame: flag.__setitem__("signum", signum))
 
@@ -322,7 +322,7 @@ class Trainer:
                 wandb_mode=self.tc.wandb_mode,
             )
         try:
-            with torch_threads(self.tc.num_threads), _stop_signals(flag):
+            with torch_threads(self.tc.num_threads), record_stop_signals(flag):
                 return self._fit(flag)
         finally:
             for tracker in self.trackers:
