@@ -12,6 +12,10 @@
 
 An operating-system error always names the file (``OSError.filename``), so the command line reports it as
 one line (:func:`patchword.errors.run_command`).
+
+Over 400 lines: the writers and the clean-up after a kill share the names of temporary files and staging
+folders (:func:`is_temp_of` and :func:`staging_dirs` must match what :func:`atomic_write` and
+:func:`staging_dir` create), so they stay in one module.
 """
 
 from __future__ import annotations
