@@ -7,14 +7,17 @@ the rate and an estimate of the time left, and one line when it ends.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
+from collections.abc import Iterator
 from types import TracebackType
 
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
-__all__ = ["progress_bar"]
+__all__ = ["progress_bar", "terminal_bar"]
 
 _logger = logging.getLogger("patchword.progress")
 
@@ -86,3 +89,27 @@ def progress_bar(
     if bar:
         return tqdm(total=total, desc=desc, leave=False, unit=unit, unit_scale=unit == "pair")
     return _LogProgress(total, desc, unit, log_every_s)
+
+
+@contextlib.contextmanager
+def terminal_bar(
+    total: int | None, desc: str, enabled: bool | None = None, *, initial: int = 0, unit: str = "it"
+) -> Iterator[tqdm | None]:
+    """A bar for a loop that logs its own periodic lines (training logs a record every ``log_every``
+    steps): a tqdm bar where a person watches, None elsewhere, where those lines report the progress.
+
+    While the bar is shown, the root logger's console lines are written above it (``tqdm.write``) so
+    that a log line does not break the bar in two.
+
+    Args:
+        total: units the loop will process in all (None: unknown, the bar counts without a percentage).
+        desc: what the loop does (``"train"``).
+        enabled: True: always a bar; False: never; None: a bar only when stderr is a terminal.
+        initial: units already done before this session (a resumed run).
+        unit: the unit's name in the bar.
+    """
+    if not (sys.stderr.isatty() if enabled is None else enabled):
+        yield None
+        return
+    with logging_redirect_tqdm(), tqdm(total=total, initial=initial, desc=desc, unit=unit) as bar:
+        yield bar

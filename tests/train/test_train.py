@@ -268,3 +268,17 @@ def test_shipped_configs_load():
     for path in configs:
         cfg = load_config(RunConfig, path)
         assert cfg.name == path.stem or cfg.name  # every preset names its run
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_training_shows_a_step_bar_only_where_asked(tmp_path, tiny_data, capsys, progress):
+    """A terminal gets a bar over the planned steps (epochs x batches, capped by max_steps) with the
+    logged loss beside it; progress=false (and a log file) gets the periodic log lines only."""
+    cfg = _cfg(tmp_path, "train.epochs=2", "train.max_steps=3", f"progress={str(progress).lower()}")
+    train_run(cfg, data=tiny_data)
+    err = capsys.readouterr().err
+    if progress:
+        assert re.search(r"train: +100%.*\b3/3 ", err), err
+        assert "loss=" in err
+    else:
+        assert "train:" not in err

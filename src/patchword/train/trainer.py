@@ -35,6 +35,7 @@ from patchword.eval.protocol import evaluate
 from patchword.fileio import append_line
 from patchword.model import RetrievalModel
 from patchword.precision import autocast_context, weight_dtype
+from patchword.progress import terminal_bar
 from patchword.runs.config import CUDA_GRAPH_COMPILE_MODES, RunConfig
 from patchword.runs.files import BEST_CHECKPOINT, LAST_CHECKPOINT
 from patchword.train.augment import CaptionAugmenter
@@ -216,6 +217,7 @@ class Trainer:
         self._seconds_before = 0.0
         self._fit_start: float | None = None
         self._saved_seconds: float | None = None  # train_seconds in the last.pt written last
+        self._bar = None  # the terminal's bar while fit() runs (None: not a terminal, or not rank 0)
         self._skipped = torch.zeros((), device=self.device)
         self._grad_norm: torch.Tensor | None = None  # of the last step (read on logging steps only)
         self._logged_at = (0, time.perf_counter())  # (step, time) of the last training log line
@@ -344,18 +346,42 @@ class Trainer:
         )
 
     def _fit(self, flag: dict[str, int]) -> dict[str, Any]:
-        tc = self.tc
         self._fit_start = time.perf_counter()
         self._logged_at = (self.step, self._fit_start)  # step_seconds: this session's steps, not its setup
         if self.validation_due:  # the signal that stopped the last session came before this validation
             self.validate()
         stop = self._limit_reached()  # a resumed run that already got there
+        bar_enabled = self.cfg.progress if self.dist.is_main else False
+        with terminal_bar(self._planned_steps(), "train", bar_enabled, initial=self.step, unit="step") as bar:
+            self._bar = bar
+            try:
+                self._train_loop(flag, stop)
+            finally:
+                self._bar = None
+        return {
+            "best_dev_rsum": self.best_rsum,
+            "steps": self.step,
+            "epochs_done": self.epoch,
+            "skipped_steps": self.skipped_steps,
+            # what last.pt records (the fit ends with a save): a resume continues from exactly this
+            "train_seconds": self.train_seconds if self._saved_seconds is None else self._saved_seconds,
+        }
+
+    def _planned_steps(self) -> int:
+        """The steps ``epochs`` and ``max_steps`` allow (a time budget may end the run sooner)."""
+        steps = self.tc.epochs * len(self._epoch_batches(0))  # every epoch has the same number of batches
+        return min(steps, self.tc.max_steps) if self.tc.max_steps else steps
+
+    def _train_loop(self, flag: dict[str, int], stop: bool) -> None:
+        tc = self.tc
         while not stop:
             batches = self._epoch_batches(self.epoch)
             for batch in self._loader(batches):
                 self._train_step(batch, len(batches))
                 self.batch_in_epoch += 1
                 self.step += 1
+                if self._bar is not None:
+                    self._bar.update(1)
                 if self.step in tc.lr_milestone_steps:
                     for group in self.optimizer.param_groups:
                         group["lr"] *= tc.lr_decay
@@ -377,14 +403,6 @@ class Trainer:
                     self.save_last()
                 if stop:
                     break
-        return {
-            "best_dev_rsum": self.best_rsum,
-            "steps": self.step,
-            "epochs_done": self.epoch,
-            "skipped_steps": self.skipped_steps,
-            # what last.pt records (the fit ends with a save): a resume continues from exactly this
-            "train_seconds": self.train_seconds if self._saved_seconds is None else self._saved_seconds,
-        }
 
     def _next_epoch(self) -> None:
         self.epoch += 1
@@ -510,6 +528,8 @@ class Trainer:
                 "time": time.time(),
             }
             _logger.info("step %d epoch %d loss %.4f", done, self.epoch, loss_value)
+            if self._bar is not None:
+                self._bar.set_postfix(epoch=self.epoch, loss=f"{loss_value:.4f}", refresh=False)
             if not math.isfinite(loss_value):
                 _logger.warning(
                     "non-finite loss at step %d: step skipped (%d so far)", self.step, self.skipped_steps
