@@ -9,6 +9,8 @@
   a write it cut short stays; the command that owns the directory removes them when it starts again.
 * :func:`replace_directory`: a filled folder put in place of a non-empty one so that a kill leaves the old
   set or the new one, never a mix (:func:`recover_directory` finishes what a kill between two renames left).
+* Each of them then syncs the directory (:func:`fsync_directory`), so that the new name, not only the new
+  bytes, survives a power loss.
 
 An operating-system error always names the file (``OSError.filename``), so the command line reports it as
 one line (:func:`patchword.errors.run_command`).
@@ -35,6 +37,7 @@ __all__ = [
     "atomic_write",
     "atomic_write_bytes",
     "atomic_write_text",
+    "fsync_directory",
     "append_line",
     "write_all",
     "keep_jsonl_records",
@@ -90,6 +93,25 @@ def staging_dirs(final: str | os.PathLike[str], label: str) -> list[str]:
     return [path for path in paths if os.path.isdir(path) and not os.path.islink(path)]
 
 
+def fsync_directory(folder: str | os.PathLike[str]) -> None:
+    """Flush ``folder``'s entries to disk after a rename or a new file in it.
+
+    The file's own ``fsync`` makes its bytes durable, not its name: after a power loss (not a kill: the
+    kernel keeps a dead process's renames) the directory could still list the old file, or none. Skipped
+    where a directory cannot be opened or synced (Windows; some network file systems refuse it).
+    """
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> None:
     """Create or replace ``path`` with what ``write(file)`` writes into an open binary file."""
     path = os.fspath(path)
@@ -113,6 +135,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
         # mkstemp creates the file private (0600); a file the user keeps gets the usual permissions.
         os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
+        fsync_directory(folder)
     except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -184,6 +207,8 @@ def append_line(path: str | os.PathLike[str], line: str) -> None:
         try:
             write_all(fd, data, path)
             os.fsync(fd)
+            if start == 0:  # the file may be new: its name is an entry of the directory
+                fsync_directory(os.path.dirname(path) or ".")
         except BaseException as err:
             os.ftruncate(fd, start)
             if start == 0:  # nothing was there: leave nothing
@@ -287,8 +312,10 @@ def replace_directory(stage: str | os.PathLike[str], final: str | os.PathLike[st
     absent and the old set lies aside whole; :func:`recover_directory` puts it back. Replacing the files one
     at a time instead could leave new weights described by an old ``config.json``."""
     stage, final = os.fspath(stage), os.fspath(final)
+    parent = os.path.dirname(os.path.abspath(final))
     if not os.path.isdir(final) or not os.listdir(final):
         os.replace(stage, final)  # a rename onto an empty directory replaces it
+        fsync_directory(parent)
         return
     aside = staging_dir(final, "replaced")
     os.replace(final, aside)  # onto the empty directory mkdtemp made
@@ -298,6 +325,7 @@ def replace_directory(stage: str | os.PathLike[str], final: str | os.PathLike[st
         with contextlib.suppress(OSError):
             os.replace(aside, final)  # the old set back where it was
         raise
+    fsync_directory(parent)
     shutil.rmtree(aside, ignore_errors=True)
 
 

@@ -27,7 +27,7 @@ from patchword.densify.store import (
     write_sidecar,
 )
 from patchword.errors import ConfigError, DataError, MissingFileError, RunExistsError
-from patchword.fileio import staging_dir, staging_dirs
+from patchword.fileio import fsync_directory, staging_dir, staging_dirs
 
 __all__ = [
     "Shard",
@@ -273,6 +273,7 @@ def _replace_output(out: Path, records: Sequence[DenseRecord], meta: dict) -> No
         out.unlink(missing_ok=True)
         os.replace(sidecar_path(stage / out.name), sidecar_path(out))
         os.replace(stage / out.name, out)
+        fsync_directory(out.parent)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 
