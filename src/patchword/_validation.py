@@ -1,7 +1,9 @@
-"""Input checks shared by matchers, losses and metrics.
+"""Input checks shared by matchers, losses and metrics, and the range checks of config values.
 
 Every check raises ``ValueError`` naming the offending argument, so a user who passes a wrongly shaped
 or corrupt tensor learns which one it was instead of reading a stack trace from deep inside an einsum.
+The range checks (:func:`check_at_least`, :func:`check_finite_number`) raise its subclass
+:class:`~patchword.errors.ConfigError`, naming the config key (or flag).
 
 Checking a value (finiteness, a length range) reads it on the host, which makes the host wait for an
 accelerator. A block loop whose caller checked the values of its whole inputs once runs its blocks under
@@ -11,12 +13,23 @@ accelerator. A block loop whose caller checked the values of its whole inputs on
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Iterator, Sequence
 
 import torch
 
-__all__ = ["check_tensor", "check_lengths", "check_finite", "check_all_finite", "values_checked"]
+from patchword.errors import ConfigError
+
+__all__ = [
+    "check_tensor",
+    "check_lengths",
+    "check_finite",
+    "check_all_finite",
+    "values_checked",
+    "check_at_least",
+    "check_finite_number",
+]
 
 # Per thread: the CPU scoring engines run their blocks in worker threads, and a caller checking its own
 # inputs in another thread must not be affected by a loop that runs beside it.
@@ -82,17 +95,18 @@ def check_tensor(
     return x
 
 
-def check_finite(x: torch.Tensor, name: str) -> None:
-    """Raise if ``x`` holds NaN or infinite values (nothing is read under :func:`values_checked`)."""
+def check_finite(x: torch.Tensor, name: str, *, why: str = "") -> None:
+    """Raise if ``x`` holds NaN or infinite values (nothing is read under :func:`values_checked`); ``why``
+    (what cannot be computed from them) is added to the message."""
     if _values_already_checked():
         return
     if x.is_floating_point() and not bool(torch.isfinite(x).all()):
-        _raise_non_finite(x, name)
+        _raise_non_finite(x, name, why)
 
 
-def _raise_non_finite(x: torch.Tensor, name: str) -> None:
+def _raise_non_finite(x: torch.Tensor, name: str, why: str = "") -> None:
     bad = int((~torch.isfinite(x)).sum())
-    raise ValueError(f"{name} contains {bad} non-finite value(s) (NaN or inf)")
+    raise ValueError(f"{name} contains {bad} non-finite value(s) (NaN or inf){'; ' + why if why else ''}")
 
 
 def check_all_finite(named: Sequence[tuple[torch.Tensor, str]]) -> None:
@@ -147,3 +161,18 @@ def check_lengths(
     if size and int(lens.min()) < min_len:
         raise ValueError(f"{name} has a length {int(lens.min())} below the minimum of {min_len}")
     return lens
+
+
+def check_at_least(key: str, value: float, low: float, why: str = "") -> None:
+    """Raise a :class:`ConfigError` naming ``key`` unless ``value >= low`` (NaN fails too); ``why`` (what
+    the bound means, e.g. ``"0 = torch's default"``) is added to the message."""
+    if not value >= low:
+        note = f" ({why})" if why else ""
+        raise ConfigError(key, f"must be >= {low:g}{note}, got {value!r}")
+
+
+def check_finite_number(key: str, value: float, *, low: float = 0, inclusive: bool = True) -> None:
+    """Raise a :class:`ConfigError` naming ``key`` unless ``value`` is a finite number ``>= low`` (``> low``
+    when not ``inclusive``): NaN and infinities fail."""
+    if not (low <= value < math.inf if inclusive else low < value < math.inf):
+        raise ConfigError(key, f"must be a finite number {'>=' if inclusive else '>'} {low:g}, got {value!r}")

@@ -165,12 +165,9 @@ def _random_architectures(cfg: ModelConfig, skip: set[str]) -> dict[str, dict[st
 
 def _architecture_of(source: str, local_files_only: bool) -> dict[str, Any]:
     """``{"model_type": ..., **architecture}`` of a Hugging Face directory or cached hub id (its config)."""
-    from patchword.hub import hub_load_errors, require_transformers, resolve_pretrained
+    from patchword.hub import read_hf_config
 
-    transformers = require_transformers()
-    name = resolve_pretrained(source)
-    with hub_load_errors(name, local_files_only):
-        config = transformers.AutoConfig.from_pretrained(name, local_files_only=local_files_only)
+    _, config = read_hf_config(source, local_files_only=local_files_only)
     return config.to_dict()
 
 

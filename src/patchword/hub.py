@@ -1,4 +1,5 @@
-"""Finding Hugging Face models and tokenizers: a local directory or a hub id, with errors a user can act on.
+"""Finding Hugging Face models and tokenizers (a local directory or a hub id) and reading their
+``config.json``, with errors a user can act on.
 
 ``transformers`` is an optional dependency (``pip install 'patchword[hf]'``), imported only when needed.
 """
@@ -10,10 +11,14 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from patchword.errors import MissingExtraError, MissingFileError, ModelNotFoundError
 
-__all__ = ["require_transformers", "resolve_pretrained", "hub_load_errors"]
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+__all__ = ["require_transformers", "resolve_pretrained", "hub_load_errors", "read_hf_config"]
 
 
 def require_transformers() -> ModuleType:
@@ -92,3 +97,30 @@ def hub_load_errors(name: str, local_files_only: bool) -> Iterator[None]:
             f"'{name}' is neither a local directory nor in the local Hugging Face cache; {how} point the "
             "config at a local copy (a directory written by save_pretrained or a hub snapshot)"
         ) from err
+
+
+def read_hf_config(
+    name_or_path: str | os.PathLike[str], *, local_files_only: bool, reword_errors: bool = True
+) -> tuple[str, PretrainedConfig]:
+    """The ``config.json`` of a Hugging Face model (a local directory or a hub id; no weights are read).
+
+    Args:
+        name_or_path: a local directory or a hub id, checked by :func:`resolve_pretrained`.
+        local_files_only: never download (passed to ``from_pretrained``).
+        reword_errors: transformers' lookup errors as :func:`hub_load_errors` words them; False lets them
+            through as transformers raised them (an ``OSError``), for a caller that words its own.
+
+    Returns:
+        ``(source, config)``: the source as ``from_pretrained`` takes it (:func:`resolve_pretrained`), and
+        its transformers config (``.to_dict()``: ``{"model_type": ..., **architecture}``).
+
+    Raises:
+        MissingExtraError: transformers is not installed.
+        FileNotFoundError, NotADirectoryError: as :func:`resolve_pretrained`.
+        ModelNotFoundError: transformers found no config there (with ``reword_errors``; else its OSError).
+    """
+    transformers = require_transformers()
+    name = resolve_pretrained(name_or_path)
+    with hub_load_errors(name, local_files_only) if reword_errors else contextlib.nullcontext():
+        config = transformers.AutoConfig.from_pretrained(name, local_files_only=local_files_only)
+    return name, config

@@ -133,6 +133,62 @@ def test_scoring_sizes_beyond_the_inputs_are_refused_naming_the_flag(
     assert _error(capsys).startswith(expected)
 
 
+def _shared_data(root: Path, images: int) -> Path:
+    """A shared data folder as the scoring benchmark reads it: the BERT ids of 5 captions per image and one
+    dense caption per image."""
+    (root / "f30k_1k_test").mkdir(parents=True)
+    (root / "seps_dense_llava").mkdir()
+    (root / "f30k_1k_test" / "test_bert_caps.txt").write_text("101,1037,2158,102\n" * 5 * images)
+    dense = '{"text": "a man riding a horse, the dog is running."}\n'
+    (root / "seps_dense_llava" / "f30k_test.jsonl").write_text(dense * images)
+    return root
+
+
+@pytest.mark.parametrize("verb", ["scoring", "all"])
+def test_a_data_folder_of_fewer_images_is_refused_before_the_benchmark_naming_the_flag(
+    tmp_path, capsys, no_work, verb
+):
+    """The command checked its sizes against the Flickr30K test's 1000 images, and the benchmark checked
+    them again against the data folder's once it had started, naming its argument (``images: at most
+    3``). The lengths are read, and the sizes checked against them, before any benchmark runs."""
+    data = _shared_data(tmp_path / "data", images=3)
+    argv = [arg for arg in _argv(verb, tmp_path, "--data", str(data)) if arg != "--stand-in-lengths"]
+    assert main([*argv, "--images", "4", "--configs", "seps-code-image"]) == 2
+    assert _error(capsys) == (
+        "error: --images: at most 3 with dense text (seps-code-image): the lengths of the dense captions of "
+        "3 images are known, got 4"
+    )
+
+
+def test_one_command_loads_the_vocabulary_and_checks_the_plan_once(tmp_path, capsys, monkeypatch):
+    """``bench scoring --bert-vocab V`` loaded V to check it and again for the dense lengths, and checked
+    its sizes three times (the command, the benchmark, the benchmark with the lengths found)."""
+    import patchword.bench.scoring
+    from conftest import TINY_WORDPIECE
+    from patchword.data.tokenizers import BertCaptionTokenizer
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(TINY_WORDPIECE) + "\n")
+    loads, checks = [], []
+    load, check = BertCaptionTokenizer.from_pretrained, patchword.bench.scoring.check_scoring_plan
+    monkeypatch.setattr(
+        BertCaptionTokenizer, "from_pretrained", lambda *a, **k: loads.append(a) or load(*a, **k)
+    )
+    monkeypatch.setattr(
+        patchword.bench.scoring, "check_scoring_plan", lambda **k: checks.append(k) or check(**k)
+    )
+
+    def stop(*args, **kwargs):  # the lengths are read: nothing more is needed
+        raise ConfigError("stop", "the inputs are made")
+
+    monkeypatch.setattr(patchword.bench.scoring, "scoring_inputs", stop)
+    data = _shared_data(tmp_path / "data", images=1000)
+    argv = [arg for arg in VERBS["scoring"] if arg not in ("--stand-in-lengths", "--bert-vocab", "")]
+    assert main([*argv, "--data", str(data), "--bert-vocab", str(vocab)]) == 2
+    assert _error(capsys) == "error: stop: the inputs are made"
+    assert loads == [(str(vocab),)] and len(checks) == 1
+
+
 def test_the_limit_on_images_is_that_of_dense_text():
     """LAPS reads no dense text: more images than have dense lengths still score (their captions' lengths
     are those of the first ones)."""

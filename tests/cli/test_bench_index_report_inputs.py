@@ -121,16 +121,18 @@ def test_bench_scoring_bert_vocab_given_and_found_runs(tmp_path, capsys):
 
 
 def test_bench_scoring_without_bert_vocab_keeps_the_offline_fallback(monkeypatch, capsys):
-    """The default vocabulary is used where it is cached, and word counts where not: never an error."""
+    """The default vocabulary is used where it is cached, and word counts where not: never an error (the
+    lengths are read with it, once, before the benchmark runs)."""
     import patchword.bench.scoring
 
     seen = {}
 
-    def capture(**kwargs):
-        seen.update(kwargs)
+    def capture(data, bert_vocab, **kwargs):
+        seen.update(kwargs, bert_vocab=bert_vocab)
         raise ConfigError("stop", "captured")
 
-    monkeypatch.setattr(patchword.bench.scoring, "run_scoring", capture)
+    monkeypatch.setattr(patchword.bench.scoring, "benchmark_lengths", capture)
+    monkeypatch.setattr(patchword.bench.scoring, "run_scoring", _no_work)
     assert main(TINY_SCORING) == 2
     assert one_error_line(capsys.readouterr().err) == "error: stop: captured"
     assert seen["bert_vocab"] == "bert-base-uncased"

@@ -128,6 +128,45 @@ def test_a_split_file_with_one_training_pair_is_refused_naming_it(tmp_path, caps
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_mat_file_is_split_under_the_checks_of_npy_pairs(tmp_path):
+    """One check of the split sizes, made before the split for every format. A whole-set .mat file was
+    checked after it: its errors named split_dataset's arguments (``num_query must be in [1, 39] for 40
+    pairs, got 40``), and a pair-only file leaving one training pair was caught by a second check; both now
+    read as for .npy pairs. A labelled set asked to train on one pair names data.num_train (it named
+    data.num_query)."""
+    from patchword.errors import ConfigError
+    from patchword.hashing.build import build_hashing_dataset
+    from patchword.hashing.config import HashDataConfig
+
+    scipy_io = pytest.importorskip("scipy.io")
+    rng = np.random.default_rng(0)
+    image, text = (rng.standard_normal((40, 8)).astype(np.float32) for _ in range(2))
+    labelled, pairs = tmp_path / "labelled.mat", tmp_path / "pairs.mat"
+    scipy_io.savemat(
+        labelled, {"IAll": image, "YAll": text, "LAll": np.eye(4, dtype=np.uint8)[np.arange(40) % 4]}
+    )
+    scipy_io.savemat(pairs, {"IAll": image, "YAll": text})
+
+    def error(path: Path, **sizes) -> str:
+        with pytest.raises(ConfigError) as err:
+            build_hashing_dataset(HashDataConfig(format="mat", root=str(path), **sizes))
+        return str(err.value)
+
+    assert (
+        error(labelled, num_query=40) == f"data.num_query: must lie in [1, 39] for the 40 pairs of {labelled}"
+    )
+    assert error(labelled, num_query=10, num_train=31) == (
+        f"data.num_train: 31 exceeds the 30 retrieval pairs of {labelled} (n - data.num_query)"
+    )
+    assert error(pairs, num_query=39, num_train=5) == (
+        f"data.num_query: data.num_query=39 of the 40 pairs of {pairs} leaves 1 training pair(s) "
+        "(data.num_train=5); a contrastive batch needs at least 2"
+    )
+    assert error(labelled, num_query=10, num_train=1).startswith("data.num_train: ")
+    data = build_hashing_dataset(HashDataConfig(format="mat", root=str(labelled), num_query=10, num_train=20))
+    assert (len(data.train), len(data.query), len(data.retrieval)) == (20, 10, 30)
+
+
 def test_hash_search_empty_query_file_is_one_line_naming_it(run, tmp_path, capsys):
     """Defect: a (0, d) --query ended in "torch.cat(): expected a non-empty list of Tensors"."""
     np.save(tmp_path / "none.npy", np.zeros((0, 32), np.float32))

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import math
 import os
 import shutil
 import tempfile
@@ -37,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from patchword._validation import check_finite_number
 from patchword.bench.formatting import format_duration
 from patchword.bench.inputs import (
     SCORING_CONFIGS,
@@ -168,8 +168,8 @@ def _check(shapes, config, device, max_seconds, max_memory_mb, workdir, keep, ov
         raise ConfigError("--config", f"unknown config {config!r}; choose from {', '.join(SCORING_CONFIGS)}")
     if not max_seconds > 0:  # NaN too
         raise ConfigError("--max-seconds", f"must be > 0, got {max_seconds}")
-    if max_memory_mb is not None and not (math.isfinite(max_memory_mb) and max_memory_mb > 0):
-        raise ConfigError("--max-memory-mb", f"must be a finite number > 0, got {max_memory_mb}")
+    if max_memory_mb is not None:
+        check_finite_number("--max-memory-mb", max_memory_mb, inclusive=False)
     resolved = resolve_device(device, "--device")
     default = _CPU_BLOCKS if resolved.type == "cpu" else _ACCEL_BLOCKS
     blocks = tuple(default[k] if blocks[k] is None else blocks[k] for k in (0, 1))

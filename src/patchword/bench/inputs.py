@@ -10,11 +10,14 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from patchword.errors import ConfigError, MissingFileError, PatchwordError
+
+if TYPE_CHECKING:
+    from patchword.data.tokenizers import BertCaptionTokenizer
 
 __all__ = [
     "VIT_PATCHES",
@@ -99,9 +102,12 @@ def find_shared_data(path: str | Path | None = None) -> Path | None:
     return None
 
 
-def check_bert_vocab(name: str, key: str = "bert_vocab") -> None:
+def check_bert_vocab(name: str, key: str = "bert_vocab") -> BertCaptionTokenizer:
     """Load the BERT vocabulary ``name`` (a ``vocab.txt``, a tokenizer folder or a cached hub id) once, before
     any work: one the user named must load, where :func:`real_lengths` would fall back to word counts.
+
+    Returns:
+        The tokenizer, for :func:`real_lengths` (``tokenizer=``): it is not loaded a second time.
 
     Raises:
         ConfigError: it does not load; the message names ``key`` (the flag) and why.
@@ -109,7 +115,7 @@ def check_bert_vocab(name: str, key: str = "bert_vocab") -> None:
     from patchword.data.tokenizers import BertCaptionTokenizer
 
     try:
-        BertCaptionTokenizer.from_pretrained(name)
+        return BertCaptionTokenizer.from_pretrained(name)
     except (PatchwordError, OSError, ValueError) as err:
         if Path(name).expanduser().exists():  # found but unreadable: the reason is the news
             raise ConfigError(key, f"{name}: not a BERT vocabulary that loads: {err}") from err
@@ -127,13 +133,16 @@ def stand_in_lengths() -> tuple[torch.Tensor, torch.Tensor]:
     return caps.long(), dense.long()
 
 
-def real_lengths(data: Path | None, bert_vocab: str | None) -> tuple[torch.Tensor, torch.Tensor, str]:
+def real_lengths(
+    data: Path | None, bert_vocab: str | None, *, tokenizer: BertCaptionTokenizer | None = None
+) -> tuple[torch.Tensor, torch.Tensor, str]:
     """Token counts (specials included) of the Flickr30K 1K test captions (5000, image-major) and of the
     SEPS LLaVA dense captions of its 1000 images (capped at ``MAX_DENSE_LEN``), and where they came from.
 
     Captions: ``test_bert_caps.txt`` already holds their BERT ids. Dense captions: BERT WordPiece with
-    ``bert_vocab`` when it loads (offline), otherwise basic tokens (words and punctuation) + 2.
-    Without the data folder (``data`` None): :func:`stand_in_lengths`.
+    ``bert_vocab`` when it loads (offline), otherwise basic tokens (words and punctuation) + 2; ``tokenizer``:
+    ``bert_vocab`` already loaded (:func:`check_bert_vocab`). Without the data folder (``data`` None):
+    :func:`stand_in_lengths`.
     """
     if data is None:
         caps, dense = stand_in_lengths()
@@ -147,9 +156,10 @@ def real_lengths(data: Path | None, bert_vocab: str | None) -> tuple[torch.Tenso
     counts = None
     if bert_vocab:
         try:
-            from patchword.data.tokenizers import BertCaptionTokenizer
+            if tokenizer is None:
+                from patchword.data.tokenizers import BertCaptionTokenizer
 
-            tokenizer = BertCaptionTokenizer.from_pretrained(bert_vocab)
+                tokenizer = BertCaptionTokenizer.from_pretrained(bert_vocab)
             counts = [len(tokenizer.encode(text)) for text in texts]
             source += f"; dense: BERT WordPiece ({bert_vocab})"
         except Exception as err:  # noqa: BLE001 - any failure means "no vocabulary here"
@@ -162,14 +172,19 @@ def real_lengths(data: Path | None, bert_vocab: str | None) -> tuple[torch.Tenso
 
 
 def benchmark_lengths(
-    data: str | None, bert_vocab: str | None, *, stand_in: bool = False
+    data: str | None,
+    bert_vocab: str | None,
+    *,
+    stand_in: bool = False,
+    tokenizer: BertCaptionTokenizer | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, str]:
     """Caption and dense lengths for the benchmark: :func:`stand_in_lengths` when ``stand_in`` or when no
-    shared data folder is found (``data`` None), else :func:`real_lengths` of that folder."""
+    shared data folder is found (``data`` None), else :func:`real_lengths` of that folder (``tokenizer``:
+    ``bert_vocab`` already loaded)."""
     folder = None if stand_in else find_shared_data(data)
     if folder is None and not stand_in:
         _logger.info("no shared data folder found: synthetic stand-in lengths")
-    return real_lengths(folder, bert_vocab)
+    return real_lengths(folder, bert_vocab, tokenizer=tokenizer)
 
 
 def scoring_inputs(

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from patchword._validation import check_finite_number
 from patchword.bench.flops import count_flops
 from patchword.bench.inputs import (
     COCO_CAPTIONS,
@@ -30,6 +32,7 @@ from patchword.bench.inputs import (
     VIT_PATCHES,
     benchmark_lengths,
     build_bench_matcher,
+    check_bert_vocab,
     scoring_inputs,
 )
 from patchword.bench.machine import best_time, load_average, machine_description, matmul_peak_gflops
@@ -37,7 +40,7 @@ from patchword.bench.memory import ScoringCall, measure_rss_in_subprocess
 from patchword.errors import ConfigError
 from patchword.testing import seps_reference_scores
 
-__all__ = ["check_scoring_plan", "run_scoring"]
+__all__ = ["ScoringPlan", "check_scoring_plan", "plan_scoring", "run_scoring"]
 
 _logger = logging.getLogger(__name__)
 
@@ -71,15 +74,12 @@ def check_scoring_plan(
     Raises:
         ConfigError: naming the argument, its limit and why.
     """
-    names = {k: k for k in ("images", "caption_images", "ref_captions", "configs", "max_memory_mb")} | (
-        names or {}
-    )
+    names = _argument_names(names)
     unknown = [name for name in configs if name not in SCORING_CONFIGS]
     if not configs or unknown:
         what = f"unknown scoring config(s) {unknown}" if unknown else "no scoring config given"
         raise ConfigError(names["configs"], f"{what}; choose from {', '.join(SCORING_CONFIGS)}")
-    if not (math.isfinite(max_memory_mb) and max_memory_mb > 0):
-        raise ConfigError(names["max_memory_mb"], f"must be a finite number > 0, got {max_memory_mb}")
+    check_finite_number(names["max_memory_mb"], max_memory_mb, inclusive=False)
     for key, value in (
         ("images", images),
         ("caption_images", caption_images),
@@ -111,6 +111,97 @@ def check_scoring_plan(
     return captions
 
 
+def _argument_names(names: dict[str, str] | None) -> dict[str, str]:
+    """What the errors call each argument of the plan: ``names`` over the argument names."""
+    keys = ("images", "caption_images", "ref_captions", "configs", "max_memory_mb", "bert_vocab")
+    return {key: key for key in keys} | (names or {})
+
+
+@dataclass(frozen=True)
+class ScoringPlan:
+    """A scoring benchmark's sizes, configs and budget, checked against the token lengths its inputs take,
+    and those lengths (:func:`plan_scoring`): what :func:`run_scoring` measures.
+
+    Attributes:
+        cap_lens, dense_lens, lengths_source: :func:`~patchword.bench.inputs.benchmark_lengths`.
+        data, stand_in_lengths: where the lengths came from (the RSS probe reads them again in its process).
+    """
+
+    images: int
+    caption_images: int
+    ref_captions: int
+    configs: list[str]
+    max_memory_mb: float
+    cap_lens: torch.Tensor
+    dense_lens: torch.Tensor
+    lengths_source: str
+    data: str | None
+    stand_in_lengths: bool
+
+
+def plan_scoring(
+    *,
+    images: int = 256,
+    caption_images: int = 48,
+    ref_captions: int = 10,
+    configs: list[str] | None = None,
+    max_memory_mb: float = 1024,
+    data: str | None = None,
+    bert_vocab: str | None = DEFAULT_BERT_VOCAB,
+    vocab_must_load: bool = False,
+    stand_in_lengths: bool = False,
+    names: dict[str, str] | None = None,
+) -> ScoringPlan:
+    """Check a scoring benchmark's arguments and read the token lengths of its inputs, before any work.
+
+    The sizes are checked (:func:`check_scoring_plan`) before anything is read, against the lengths of the
+    Flickr30K 1K test (the stand-in's and the shared data folder's); a data folder of another size is checked
+    again against its own once its lengths are read.
+
+    Args:
+        bert_vocab: BERT vocabulary for dense-caption lengths (offline only), or None for word counts.
+        vocab_must_load: ``bert_vocab`` was named by the user: it must load (loaded once, here), where the
+            default falls back to word counts.
+        names: what the errors call each argument (the command line passes its flags: ``--images``...);
+            default the argument names.
+        Others: as :func:`run_scoring` (``configs`` None: all; an empty list is refused).
+
+    Raises:
+        ConfigError: a size, config, budget or vocabulary that cannot work, naming the argument.
+        MissingFileError: ``data`` is not the shared data folder.
+    """
+    configs = list(SCORING_CONFIGS) if configs is None else configs
+    names = _argument_names(names)
+    sizes = {
+        "images": images,
+        "caption_images": caption_images,
+        "ref_captions": ref_captions,
+        "configs": configs,
+        "max_memory_mb": max_memory_mb,
+    }
+    check_scoring_plan(**sizes, names=names)
+    tokenizer = (
+        check_bert_vocab(bert_vocab, key=names["bert_vocab"]) if vocab_must_load and bert_vocab else None
+    )
+    cap_lens, dense_lens, source = benchmark_lengths(
+        data, bert_vocab, stand_in=stand_in_lengths, tokenizer=tokenizer
+    )
+    length_images, captions_per_image = dense_lens.numel(), cap_lens.numel() // dense_lens.numel()
+    if (length_images, captions_per_image) != (F30K_IMAGES, F30K_CAPTIONS // F30K_IMAGES):
+        # a data folder of another size than the Flickr30K test's: its own limits
+        check_scoring_plan(
+            **sizes, length_images=length_images, captions_per_image=captions_per_image, names=names
+        )
+    return ScoringPlan(
+        **sizes,
+        cap_lens=cap_lens,
+        dense_lens=dense_lens,
+        lengths_source=source,
+        data=data,
+        stand_in_lengths=stand_in_lengths,
+    )
+
+
 def run_scoring(
     *,
     images: int = 256,
@@ -125,6 +216,7 @@ def run_scoring(
     rss: bool = True,
     peak_size: int = 2048,
     progress: bool = False,
+    plan: ScoringPlan | None = None,
 ) -> dict[str, Any]:
     """Measure every scoring config (see the module docstring).
 
@@ -142,6 +234,9 @@ def run_scoring(
         rss: also measure the first config's peak RSS growth in a fresh process.
         peak_size: matrix side of the fp32 matmul peak measurement.
         progress: progress bars of the engine.
+        plan: the arguments already checked and the lengths already read (:func:`plan_scoring`, as the
+            command line does before any benchmark runs); then ``images`` to ``stand_in_lengths`` are
+            not read.
 
     Returns:
         A JSON-able dict: ``machine``, ``lengths``, ``setup``, ``peak_gflops`` (and ``peak_gflops_end``,
@@ -155,20 +250,20 @@ def run_scoring(
     from patchword.eval import score_matrix
     from patchword.eval.engine import SEPSEngine, TensorMemoryMeter
 
-    configs = configs or list(SCORING_CONFIGS)
-    sizes = {
-        "images": images,
-        "caption_images": caption_images,
-        "ref_captions": ref_captions,
-        "configs": configs,
-        "max_memory_mb": max_memory_mb,
-    }
-    check_scoring_plan(**sizes)
-    cap_lens, dense_lens, source = benchmark_lengths(data, bert_vocab, stand_in=stand_in_lengths)
-    # again with the lengths found (a data folder may hold fewer images than the Flickr30K test's 1000)
-    check_scoring_plan(
-        **sizes, length_images=dense_lens.numel(), captions_per_image=cap_lens.numel() // dense_lens.numel()
-    )
+    if plan is None:
+        plan = plan_scoring(
+            images=images,
+            caption_images=caption_images,
+            ref_captions=ref_captions,
+            configs=configs or list(SCORING_CONFIGS),
+            max_memory_mb=max_memory_mb,
+            data=data,
+            bert_vocab=bert_vocab,
+            stand_in_lengths=stand_in_lengths,
+        )
+    images, caption_images, ref_captions = plan.images, plan.caption_images, plan.ref_captions
+    configs, max_memory_mb = plan.configs, plan.max_memory_mb
+    cap_lens, dense_lens, source = plan.cap_lens, plan.dense_lens, plan.lengths_source
     img, caps, lens, dense, dlens, t2i = scoring_inputs(
         images, cap_lens, dense_lens, caption_images=caption_images
     )
@@ -268,7 +363,7 @@ def run_scoring(
             "extrapolated_from_pairs": {"engine": n_pairs, "reference": ref.numel()},
         }
         if rss and name == configs[0]:
-            call = ScoringCall(name, images, caption_images, max_memory_mb, data, stand_in_lengths)
+            call = ScoringCall(name, images, caption_images, max_memory_mb, plan.data, plan.stand_in_lengths)
             entry["engine_rss_growth_mb"] = measure_rss_in_subprocess(call)
         result["configs"][name] = entry
         _logger.info("%s: %s", name, {k: v for k, v in entry.items() if k != "plan"})

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from patchword._validation import check_finite_number
 from patchword.bench.machine import best_time, machine_description
 from patchword.errors import ConfigError
 
@@ -59,8 +60,7 @@ def _check_plan(ks: tuple[int, ...], alpha: float, alpha_k: int, max_memory_mb: 
             raise ConfigError(key, f"a shortlist size is an integer >= 1, got {k!r}")
     if not math.isfinite(alpha):
         raise ConfigError("alpha", f"must be a finite number, got {alpha!r}")
-    if not (math.isfinite(max_memory_mb) and max_memory_mb > 0):
-        raise ConfigError("max_memory_mb", f"must be a finite number > 0, got {max_memory_mb!r}")
+    check_finite_number("max_memory_mb", max_memory_mb, inclusive=False)
 
 
 def run_two_stage(

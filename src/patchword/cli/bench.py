@@ -13,16 +13,19 @@ import math
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from patchword.bench.formatting import format_scoring, format_two_stage
-from patchword.bench.inputs import DEFAULT_BERT_VOCAB, SCORING_CONFIGS, check_bert_vocab
+from patchword.bench.inputs import DEFAULT_BERT_VOCAB, SCORING_CONFIGS
 from patchword.cli.argtypes import int_at_least
 from patchword.errors import ConfigError, PatchwordError, describe_os_error, run_command
 from patchword.fileio import atomic_write_text, check_output_file
 from patchword.logs import setup_logging
+
+if TYPE_CHECKING:
+    from patchword.bench.scoring import ScoringPlan
 
 __all__ = ["main"]
 
@@ -216,29 +219,35 @@ _SCORING_FLAGS = {
     "ref_captions": "--ref-captions",
     "configs": "--configs",
     "max_memory_mb": "--max-memory-mb",
+    "bert_vocab": "--bert-vocab",
 }
 
 
-def _scoring_plan(args: argparse.Namespace) -> dict[str, Any]:
-    """The sizes, configs and budget of the scoring benchmark, as :func:`run_scoring` takes them."""
-    return {
-        "images": _size(args, "images"),
-        "caption_images": _size(args, "caption_images"),
-        "ref_captions": _size(args, "ref_captions"),
-        "configs": [c for c in args.configs.split(",") if c],
-        "max_memory_mb": args.max_memory_mb,
-    }
+def _scoring_plan(args: argparse.Namespace) -> ScoringPlan:
+    """The sizes, configs, budget and lengths of the scoring benchmark, checked (errors name the flags) and
+    read once, before any benchmark runs: what :func:`run_scoring` measures."""
+    from patchword.bench.scoring import plan_scoring
+
+    return plan_scoring(
+        images=_size(args, "images"),
+        caption_images=_size(args, "caption_images"),
+        ref_captions=_size(args, "ref_captions"),
+        configs=[c for c in args.configs.split(",") if c],
+        max_memory_mb=args.max_memory_mb,
+        data=args.data,
+        bert_vocab=DEFAULT_BERT_VOCAB if args.bert_vocab is None else args.bert_vocab or None,
+        vocab_must_load=args.bert_vocab is not None,  # one the user gave: it must load, not fall back
+        stand_in_lengths=args.stand_in_lengths,
+        names=_SCORING_FLAGS,
+    )
 
 
-def _scoring(args: argparse.Namespace) -> dict[str, Any]:
+def _scoring(args: argparse.Namespace, plan: ScoringPlan) -> dict[str, Any]:
     from patchword.bench.scoring import run_scoring
 
     return run_scoring(
-        **_scoring_plan(args),
+        plan=plan,
         repeats=_size(args, "repeats"),
-        data=args.data,
-        bert_vocab=DEFAULT_BERT_VOCAB if args.bert_vocab is None else args.bert_vocab or None,
-        stand_in_lengths=args.stand_in_lengths,
         rss=not (args.quick or args.no_rss),
         peak_size=_size(args, "peak_size"),
     )
@@ -308,9 +317,10 @@ def _check_run_dir(args: argparse.Namespace) -> None:
     check_run(args.run_dir, args.checkpoint, names=("--run-dir", "--checkpoint"))
 
 
-def _check(args: argparse.Namespace) -> None:
+def _check(args: argparse.Namespace) -> ScoringPlan | None:
     """Every flag of the verb before anything runs: a benchmark can take many minutes, and a result file
-    that cannot be written, or a run that is not there, must not be found out at its end."""
+    that cannot be written, or a run that is not there, must not be found out at its end. Returns the
+    scoring benchmark's plan (``scoring`` and ``all``; None otherwise)."""
     if args.json is not None and not _to_stdout(args):
         try:
             check_output_file(args.json, args.force, flag="--json")
@@ -320,16 +330,11 @@ def _check(args: argparse.Namespace) -> None:
             raise ConfigError("--json", f"{args.json} cannot be written: {describe_os_error(err)}") from None
     if args.what in ("two-stage", "all"):
         _check_run_dir(args)
-    if args.what in ("scoring", "all"):
-        from patchword.bench.scoring import check_scoring_plan
-
-        check_scoring_plan(**_scoring_plan(args), names=_SCORING_FLAGS)
-        if args.bert_vocab:  # one the user gave: it must load, not fall back
-            check_bert_vocab(args.bert_vocab, key="--bert-vocab")
+    return _scoring_plan(args) if args.what in ("scoring", "all") else None
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
-    _check(args)  # the gallery's own flags: run_gallery checks them all before any work
+    plan = _check(args)  # the gallery's own flags: run_gallery checks them all before any work
     tables = sys.stderr if _to_stdout(args) else sys.stdout
     if args.what == "gallery":  # its own JSON shape, which `patchword report` reads
         from patchword.bench.gallery import format_gallery
@@ -341,7 +346,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         return 0
     results: dict[str, Any] = {"command": "patchword bench " + " ".join(argv)}
     if args.what in ("scoring", "all"):
-        results["scoring"] = _scoring(args)
+        results["scoring"] = _scoring(args, plan)
         print(format_scoring(results["scoring"]), file=tables)
     if args.what in ("two-stage", "all"):
         results["two_stage"] = _two_stage(args)

@@ -23,7 +23,7 @@ import torch
 from patchword._validation import check_lengths
 from patchword.encoders.base import EncoderBase, padding_mask, projection
 from patchword.encoders.fused import fuse_qkv
-from patchword.hub import hub_load_errors, require_transformers, resolve_pretrained
+from patchword.hub import hub_load_errors, read_hf_config, require_transformers, resolve_pretrained
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
@@ -71,9 +71,7 @@ def _load_backbone(
     if _is_config(source):
         config, name = source, None
     else:
-        name = resolve_pretrained(source)
-        with hub_load_errors(name, local_files_only):
-            config = transformers.AutoConfig.from_pretrained(name, local_files_only=local_files_only)
+        name, config = read_hf_config(source, local_files_only=local_files_only)
     model_type = config.model_type
     if model_type not in models:
         raise ValueError(f"unsupported backbone model_type '{model_type}'; expected one of {sorted(models)}")

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from patchword._validation import check_tensor
+from patchword.errors import ConfigError
 
 __all__ = [
     "COCO_1K_FOLDS",
@@ -260,22 +261,37 @@ COCO_1K_FOLDS = 5
 COCO_1K_FOLD_IMAGES = 1000
 
 
-def check_fold_geometry(n_img: int, n_folds: int, fold_size: int) -> None:
-    """Raise unless ``n_img`` images make exactly ``n_folds`` folds of ``fold_size`` images.
+def check_fold_geometry(n_img: int, n_folds: int, fold_size: int, *, setting: str | None = None) -> None:
+    """Raise unless ``n_img`` images make exactly ``n_folds`` folds of ``fold_size`` images: the one check of
+    the COCO 1K split size (:func:`coco_1k_folds`, and :func:`patchword.eval.protocol.check_coco_1k` before
+    anything is scored).
 
     ``coco1k_*`` promises folds of 1000 images: on a 1000-image split :func:`fold_bounds` would make folds
     of 200 (five times fewer distractors, inflated recall), on 7 images folds of 1, 1, 1, 2 and 2.
+
+    Args:
+        setting: the config key that asked for the folds (``eval.coco_1k``): the error is then a
+            :class:`ConfigError` naming it, about the evaluated split; None: a ValueError about the matrix.
     """
     for name, value in (("n_folds", n_folds), ("fold_size", fold_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if n_img != n_folds * fold_size:
-        coco = (n_folds, fold_size) == (COCO_1K_FOLDS, COCO_1K_FOLD_IMAGES)
-        raise ValueError(
-            f"the COCO 1K protocol needs {n_folds} folds of {fold_size} images = {n_folds * fold_size} "
-            f"images{' (the COCO 5K test split: data.test_split=testall)' if coco else ''}, got a matrix "
-            f"of {n_img} images"
+    want = n_folds * fold_size
+    if n_img == want:
+        return
+    if setting is not None:
+        raise ConfigError(
+            setting,
+            f"the COCO 1K protocol averages {n_folds} folds of {fold_size} images of the COCO 5K test split "
+            f"({want} images), but the evaluated split has {n_img} images: set data.test_split=testall "
+            f"(COCO 5K), or {setting}=false",
         )
+    coco = (n_folds, fold_size) == (COCO_1K_FOLDS, COCO_1K_FOLD_IMAGES)
+    raise ValueError(
+        f"the COCO 1K protocol needs {n_folds} folds of {fold_size} images = {want} "
+        f"images{' (the COCO 5K test split: data.test_split=testall)' if coco else ''}, got a matrix "
+        f"of {n_img} images"
+    )
 
 
 def coco_1k_folds(
@@ -285,6 +301,7 @@ def coco_1k_folds(
     *,
     fold_size: int = COCO_1K_FOLD_IMAGES,
     chunk_size: int | None = None,
+    setting: str | None = None,
 ) -> dict[str, Any]:
     """The COCO 1K protocol computed from the full (5K) matrix: metrics averaged over image folds.
 
@@ -302,18 +319,19 @@ def coco_1k_folds(
         n_folds: number of contiguous image folds (5 for COCO 5K -> 5 x 1K).
         fold_size: images per fold (1000 for COCO 1K); ``N_img`` must be exactly ``n_folds * fold_size``.
         chunk_size: forwarded to :func:`retrieval_metrics`.
+        setting: the config key that asked for the folds, named by a size error (:func:`check_fold_geometry`).
 
     Returns:
         Every key of :func:`retrieval_metrics` averaged over folds (``rsum`` is therefore the mean of the
         per-fold rSums, as in the official code), plus ``"folds"``: the list of per-fold metric dicts.
 
     Raises:
-        ValueError: ``sims`` does not hold ``n_folds * fold_size`` images (by default: not COCO 5K), or
-            any error of :func:`retrieval_metrics`.
+        ValueError: ``sims`` does not hold ``n_folds * fold_size`` images (by default: not COCO 5K; a
+            ConfigError naming ``setting`` where given), or any error of :func:`retrieval_metrics`.
     """
     sims_i2t, sims_t2i = _as_sims_pair(sims)
     n_img, n_txt = sims_i2t.shape
-    check_fold_geometry(n_img, n_folds, fold_size)
+    check_fold_geometry(n_img, n_folds, fold_size, setting=setting)
     txt2img = _as_txt2img(txt2img, n_img, n_txt, sims_i2t.device)
     folds = []
     for lo, hi in fold_bounds(n_img, n_folds):

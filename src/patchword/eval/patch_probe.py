@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from patchword._validation import check_finite
+
 __all__ = [
     "ProbeScore",
     "fit_linear_probe",
@@ -44,15 +46,10 @@ __all__ = [
 OBJECT_COVERAGE = 0.5
 
 
-def _check_finite(x: torch.Tensor, what: str) -> None:
-    """Refuse NaN / inf features or scores: a NaN token makes the probe predict one class (accuracy =
-    the majority chance) and every AUC 50, numbers that look like an encoder that learned nothing."""
-    bad = ~torch.isfinite(x)
-    if bool(bad.any()):
-        raise ValueError(
-            f"{what}: {int(bad.sum())} of {x.numel()} value(s) are not finite (NaN or inf); no probe or "
-            "AUC can be computed from them"
-        )
+#: Why NaN / inf features or scores are refused (``check_finite``'s ``why``): a NaN token makes the probe
+#: predict one class (accuracy = the majority chance) and every AUC 50, numbers that look like an encoder
+#: that learned nothing.
+_NOT_FINITE = "no probe or AUC can be computed from them"
 
 
 @dataclass(frozen=True)
@@ -94,8 +91,8 @@ def fit_linear_probe(
     """
     if train_x.shape[0] == 0 or test_x.shape[0] == 0:
         raise ValueError("the probe needs training and test samples")
-    _check_finite(train_x, "the probe's training features")
-    _check_finite(test_x, "the probe's test features")
+    check_finite(train_x, "the probe's training features", why=_NOT_FINITE)
+    check_finite(test_x, "the probe's test features", why=_NOT_FINITE)
     x = train_x.double()
     mean, std = x.mean(0), x.std(0).clamp_min(1e-8)
     x = (x - mean) / std
@@ -183,8 +180,8 @@ def probe_patch_tokens(
     Raises:
         ValueError: a patch token holds NaN or inf.
     """
-    _check_finite(train_tokens, "the image encoder's patch tokens of the training images")
-    _check_finite(test_tokens, "the image encoder's patch tokens of the test images")
+    check_finite(train_tokens, "the image encoder's patch tokens of the training images", why=_NOT_FINITE)
+    check_finite(test_tokens, "the image encoder's patch tokens of the test images", why=_NOT_FINITE)
     gen = torch.Generator().manual_seed(seed)
     out = {}
     for task in ("object", "shape", "colour"):
@@ -212,7 +209,7 @@ def roc_auc(scores: torch.Tensor, positive: torch.Tensor) -> float:
             of a NaN-scored set came out near 50, a plausible chance level).
     """
     scores, positive = scores.double().flatten(), positive.bool().flatten()
-    _check_finite(scores, "the AUC's scores")
+    check_finite(scores, "the AUC's scores", why=_NOT_FINITE)
     n_pos, n_neg = int(positive.sum()), int((~positive).sum())
     if n_pos == 0 or n_neg == 0:
         raise ValueError("the AUC needs positives and negatives")
@@ -250,14 +247,14 @@ def patch_word_grounding(
     Raises:
         ValueError: a patch or word token holds NaN or inf.
     """
-    _check_finite(patch_tokens, "the patch tokens")
+    check_finite(patch_tokens, "the patch tokens", why=_NOT_FINITE)
     tokens = torch.nn.functional.normalize(patch_tokens.double().reshape(-1, patch_tokens.shape[-1]), dim=-1)
     out = {}
     for task, words in (("colour", synthetic_config.colours), ("shape", synthetic_config.shapes)):
         labels = torch.as_tensor(targets[task]).flatten()
         ids, lens = tokenizer.batch_encode(list(words))
         encoded = model.encode_texts(ids.to(device), lens.to(device)).double().cpu()
-        _check_finite(encoded[:, 1], f"the text encoder's {task} word tokens")
+        check_finite(encoded[:, 1], f"the text encoder's {task} word tokens", why=_NOT_FINITE)
         aucs = []
         for k, _ in enumerate(words):
             positive = labels == k

@@ -35,13 +35,13 @@ import torch
 from patchword.data.pipeline import EncodedSplit, SelectedImages
 from patchword.device import describe_device, peak_host_rss_mb, reset_peak_host_rss
 from patchword.distributed import Distributed
-from patchword.errors import ConfigError
 from patchword.eval.config import EvalConfig
 from patchword.eval.engine import score_matrix
 from patchword.eval.engine.memory import configured_budget_mb
 from patchword.eval.metrics import (
     COCO_1K_FOLD_IMAGES,
     COCO_1K_FOLDS,
+    check_fold_geometry,
     coco_1k_folds,
     fold_bounds,
     fold_columns,
@@ -65,6 +65,8 @@ __all__ = [
 #: The COCO 1K folds: ``eval.coco_1k`` needs a split of exactly COCO_FOLDS x COCO_FOLD_IMAGES images.
 COCO_FOLDS = COCO_1K_FOLDS
 COCO_FOLD_IMAGES = COCO_1K_FOLD_IMAGES
+#: The setting that asks for them, named by the size check.
+_COCO_1K_KEY = "eval.coco_1k"
 
 Sims = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
@@ -212,15 +214,9 @@ def _two_stage(
 
 def check_coco_1k(num_images: int) -> None:
     """``eval.coco_1k`` on a split of ``num_images`` images: refused (ConfigError naming the key and
-    ``data.test_split=testall``) unless the split is COCO_FOLDS folds of COCO_FOLD_IMAGES images."""
-    want = COCO_FOLDS * COCO_FOLD_IMAGES
-    if num_images != want:
-        raise ConfigError(
-            "eval.coco_1k",
-            f"the COCO 1K protocol averages {COCO_FOLDS} folds of {COCO_FOLD_IMAGES} images of the COCO 5K "
-            f"test split ({want} images), but the evaluated split has {num_images} images: set "
-            "data.test_split=testall (COCO 5K), or eval.coco_1k=false",
-        )
+    ``data.test_split=testall``) unless the split is COCO_FOLDS folds of COCO_FOLD_IMAGES images
+    (:func:`~patchword.eval.metrics.check_fold_geometry`, the check the folds themselves make)."""
+    check_fold_geometry(num_images, COCO_FOLDS, COCO_FOLD_IMAGES, setting=_COCO_1K_KEY)
 
 
 def evaluate(
@@ -414,12 +410,6 @@ def _matrix_metrics(sims: Sims, txt2img: torch.Tensor, eval_cfg: EvalConfig) -> 
     """Recall of a score matrix, plus the COCO 1K folds (``coco1k_*``) with ``eval.coco_1k``."""
     metrics: dict[str, Any] = retrieval_metrics(sims, txt2img)
     if eval_cfg.coco_1k:
-        check_coco_1k(_num_images(sims))
-        folds = coco_1k_folds(sims, txt2img, COCO_FOLDS, fold_size=COCO_FOLD_IMAGES)
+        folds = coco_1k_folds(sims, txt2img, COCO_FOLDS, fold_size=COCO_FOLD_IMAGES, setting=_COCO_1K_KEY)
         metrics.update({f"coco1k_{k}": v for k, v in folds.items() if k != "folds"})
     return metrics
-
-
-def _num_images(sims: Sims) -> int:
-    """The number of images (rows) of a matrix or a two-stage pair."""
-    return int((sims[0] if isinstance(sims, tuple) else sims).shape[0])

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from patchword.errors import ConfigError, DataError
 from patchword.hashing.config import HashDataConfig, HashModelConfig
-from patchword.hashing.dataset import HashDataset, split_dataset
+from patchword.hashing.dataset import HashDataset, HashSplit, split_dataset
 from patchword.hashing.model import UCMFH
-from patchword.hashing.readers import load_mat, load_pairs, load_split_dir
+from patchword.hashing.readers import load_pairs, load_split_dir, read_mat
 from patchword.hashing.synthetic import synthetic_dataset
 
 __all__ = ["build_hashing_dataset", "build_hashing_model"]
@@ -33,40 +33,31 @@ def build_hashing_dataset(dc: HashDataConfig) -> HashDataset:
             image_dim=dc.synthetic_image_dim,
             text_dim=dc.synthetic_text_dim,
         )
+    data: HashDataset | HashSplit
     if dc.format == "pairs":
         if not dc.image or not dc.text:
             raise ConfigError("data.image", "data.format=pairs needs data.image and data.text (.npy files)")
-        full = load_pairs(dc.image, dc.text, dc.labels or None)
-        _check_split_sizes(len(full), full.labels is not None, dc, full.source)
-        data = split_dataset(full, num_query=dc.num_query, num_train=dc.num_train, seed=dc.split_seed)
+        data = load_pairs(dc.image, dc.text, dc.labels or None)
     elif dc.format == "splits":
         data = load_split_dir(dc.root)
     elif dc.format == "mat":
-        try:
-            data = load_mat(dc.root, num_query=dc.num_query, num_train=dc.num_train, seed=dc.split_seed)
-        except DataError:
-            raise
-        except ValueError as err:  # split_dataset's size errors name its arguments, not the config keys
-            key = "data.num_train" if str(err).startswith("num_train") else "data.num_query"
-            raise ConfigError(key, f"{err} ({dc.root})") from None
+        data = read_mat(dc.root)
     else:
         raise ConfigError("data.format", f"must be synthetic, pairs, splits or mat, got {dc.format!r}")
-    if len(data.train) < 2:  # all batches were dropped: the run reported 0 steps and exit 0
-        if data.info.get("split_seed") is None:  # the file's own training split
-            raise DataError(
-                f"{data.train.source}: {len(data.train)} training pair(s); a contrastive batch needs 2"
-            )
-        raise ConfigError(
-            "data.num_query",
-            f"leaves {len(data.train)} training pair(s) of {data.info.get('source')} (data.num_query="
-            f"{dc.num_query}, data.num_train={dc.num_train}); a contrastive batch needs at least 2",
+    if isinstance(data, HashSplit):  # one set of pairs, split here: the sizes asked of it, checked first
+        _check_split_sizes(len(data), data.labels is not None, dc, data.source)
+        return split_dataset(data, num_query=dc.num_query, num_train=dc.num_train, seed=dc.split_seed)
+    if len(data.train) < 2:  # the file's own training split: all batches were dropped, 0 steps and exit 0
+        raise DataError(
+            f"{data.train.source}: {len(data.train)} training pair(s); a contrastive batch needs 2"
         )
     return data
 
 
 def _check_split_sizes(n: int, labelled: bool, dc: HashDataConfig, source: str) -> None:
-    """The sizes :func:`split_dataset` is asked for fit the ``n`` pairs of ``source``, checked first: its
-    own errors name its arguments, not the config keys."""
+    """The sizes :func:`split_dataset` is asked for fit the ``n`` pairs of ``source`` and leave a contrastive
+    batch to train on: the one check of them, before the split (its own errors name its arguments, not the
+    config keys)."""
     if not 0 < dc.num_query < n:
         raise ConfigError("data.num_query", f"must lie in [1, {n - 1}] for the {n} pairs of {source}")
     rest = n - dc.num_query
@@ -75,11 +66,13 @@ def _check_split_sizes(n: int, labelled: bool, dc: HashDataConfig, source: str) 
             "data.num_train",
             f"{dc.num_train} exceeds the {rest} retrieval pairs of {source} (n - data.num_query)",
         )
-    if not labelled and min(dc.num_train, rest) < 2:  # pair-only data train on what the queries leave
+    # labelled data train on num_train of the retrieval pairs, pair-only data on what the queries leave
+    train = dc.num_train if labelled else min(dc.num_train, rest)
+    if train < 2:  # all batches would be dropped: the run reported 0 steps and exit 0
         raise ConfigError(
-            "data.num_query",
-            f"data.num_query={dc.num_query} of the {n} pairs of {source} leaves {min(dc.num_train, rest)} "
-            f"training pair(s) (data.num_train={dc.num_train}); a contrastive batch needs at least 2",
+            "data.num_train" if dc.num_train < 2 else "data.num_query",
+            f"data.num_query={dc.num_query} of the {n} pairs of {source} leaves {train} training pair(s) "
+            f"(data.num_train={dc.num_train}); a contrastive batch needs at least 2",
         )
 
 

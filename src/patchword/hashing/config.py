@@ -7,11 +7,11 @@ cross-field rules are :func:`check_hash_config`. The defaults are the official U
 
 from __future__ import annotations
 
-import math
 import typing
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
+from patchword._validation import check_at_least, check_finite_number
 from patchword.config import check_common_values
 from patchword.errors import ConfigError
 
@@ -167,16 +167,6 @@ def check_hash_config(cfg: HashRunConfig):
     return device
 
 
-def _at_least(key: str, value: int, low: int, why: str) -> None:
-    if value < low:
-        raise ConfigError(key, f"must be >= {low} ({why}), got {value}")
-
-
-def _finite_at_least_zero(key: str, value: float) -> None:
-    if not 0 <= value < math.inf:
-        raise ConfigError(key, f"must be a finite number >= 0, got {value!r}")
-
-
 def _check_choices(cfg: HashRunConfig) -> None:
     tc = cfg.train
     if tc.loss not in LOSSES:
@@ -186,39 +176,38 @@ def _check_choices(cfg: HashRunConfig) -> None:
 
 
 def _check_train_ranges(tc: HashTrainConfig) -> None:
-    _at_least("train.batch_size", tc.batch_size, 2, "a contrastive batch")
+    check_at_least("train.batch_size", tc.batch_size, 2, "a contrastive batch")
     if len(tc.betas) != 2:
         raise ConfigError("train.betas", f"must be two numbers, got {tc.betas}")
-    _at_least("train.epochs", tc.epochs, 0, "0 evaluates the untrained model")
-    _at_least("train.num_threads", tc.num_threads, 0, "0 = torch's default")
-    _at_least("train.save_every", tc.save_every, 0, "epochs between checkpoints; 0 = at the end only")
+    check_at_least("train.epochs", tc.epochs, 0, "0 evaluates the untrained model")
+    check_at_least("train.num_threads", tc.num_threads, 0, "0 = torch's default")
+    check_at_least("train.save_every", tc.save_every, 0, "epochs between checkpoints; 0 = at the end only")
     for key in ("lr_encoder", "lr_heads", "weight_decay", "feature_weight", "hash_weight", "hashnet_alpha"):
-        _finite_at_least_zero(f"train.{key}", getattr(tc, key))
+        check_finite_number(f"train.{key}", getattr(tc, key))
     for i, beta in enumerate(tc.betas):  # torch names no key ("Invalid beta parameter at index 0")
         if not 0 <= beta < 1:
             raise ConfigError(f"train.betas[{i}]", f"must lie in [0, 1), got {beta!r}")
-    if not 0 < tc.temperature < math.inf:
-        raise ConfigError("train.temperature", f"must be a finite number > 0, got {tc.temperature!r}")
+    check_finite_number("train.temperature", tc.temperature, inclusive=False)
 
 
 def _check_model_ranges(mc: HashModelConfig) -> None:
-    _at_least("model.bits", mc.bits, 1, "the code length")
-    _at_least("model.nhead", mc.nhead, 1, "attention heads")  # 0 was a ZeroDivisionError in torch
-    _at_least("model.num_layers", mc.num_layers, 1, "encoder layers")  # 0 was an IndexError in torch
-    _at_least("model.dim_feedforward", mc.dim_feedforward, 1, "the encoder's feed-forward width")
-    _at_least("model.hidden", mc.hidden, 1, "the hash heads' hidden width")
-    _at_least("model.eval_batch_size", mc.eval_batch_size, 1, "pairs per evaluation block")
+    check_at_least("model.bits", mc.bits, 1, "the code length")
+    check_at_least("model.nhead", mc.nhead, 1, "attention heads")  # 0 was a ZeroDivisionError in torch
+    check_at_least("model.num_layers", mc.num_layers, 1, "encoder layers")  # 0 was an IndexError in torch
+    check_at_least("model.dim_feedforward", mc.dim_feedforward, 1, "the encoder's feed-forward width")
+    check_at_least("model.hidden", mc.hidden, 1, "the hash heads' hidden width")
+    check_at_least("model.eval_batch_size", mc.eval_batch_size, 1, "pairs per evaluation block")
     for key in ("dropout", "head_dropout"):  # torch's message names no key either
         if not 0 <= getattr(mc, key) < 1:
             raise ConfigError(f"model.{key}", f"must lie in [0, 1), got {getattr(mc, key)!r}")
 
 
 def _check_data_ranges(dc: HashDataConfig) -> None:
-    _at_least("data.num_query", dc.num_query, 1, "query pairs")
-    _at_least("data.num_train", dc.num_train, 2, "a contrastive batch needs two training pairs")
-    _at_least("data.synthetic_num_retrieval", dc.synthetic_num_retrieval, 1, "retrieval pairs")
-    _at_least("data.synthetic_image_dim", dc.synthetic_image_dim, 1, "the image feature width")
-    _at_least("data.synthetic_text_dim", dc.synthetic_text_dim, 1, "the text feature width")
+    check_at_least("data.num_query", dc.num_query, 1, "query pairs")
+    check_at_least("data.num_train", dc.num_train, 2, "a contrastive batch needs two training pairs")
+    check_at_least("data.synthetic_num_retrieval", dc.synthetic_num_retrieval, 1, "retrieval pairs")
+    check_at_least("data.synthetic_image_dim", dc.synthetic_image_dim, 1, "the image feature width")
+    check_at_least("data.synthetic_text_dim", dc.synthetic_text_dim, 1, "the text feature width")
     if dc.format == "synthetic" and dc.num_train > dc.synthetic_num_retrieval:
         raise ConfigError(
             "data.num_train",

@@ -41,6 +41,7 @@ __all__ = [
     "load_split",
     "load_split_dir",
     "load_mat",
+    "read_mat",
     "load_pairs",
     "load_mirflickr25k_text",
     "convert_pickle_to_npz",
@@ -216,6 +217,22 @@ def load_mat(
     = query, ``db`` = retrieval). Whole-set files (``IAll YAll LAll`` or ``image text label``, or the
     keys given) are split by :func:`split_dataset` with ``num_query``, ``num_train`` and ``seed``.
     """
+    data = read_mat(path, image_key=image_key, text_key=text_key, label_key=label_key)
+    if isinstance(data, HashDataset):
+        return data
+    return split_dataset(data, num_query=num_query, num_train=num_train, seed=seed)
+
+
+def read_mat(
+    path: str | Path,
+    *,
+    image_key: str | None = None,
+    text_key: str | None = None,
+    label_key: str | None = None,
+) -> HashDataset | HashSplit:
+    """A ``.mat`` file as :func:`load_mat` reads it, before any split is made: a pre-split file as its
+    :class:`HashDataset`, a whole-set file as one :class:`HashSplit` (for a caller that checks the split
+    sizes it will ask of it first)."""
     path = Path(path)
     if not path.is_file():
         raise MissingFileError(f"{path} does not exist")
@@ -240,10 +257,9 @@ def load_mat(
     for key in (ki, kt, kl):
         if key is not None and key not in data:
             raise DataError(f"{source}: missing field {key!r}; found {sorted(data)}")
-    full = make_split(
+    return make_split(
         data[ki], data[kt], data[kl] if kl else None, source=source, keys=(ki, kt, kl or "label")
     )
-    return split_dataset(full, num_query=num_query, num_train=num_train, seed=seed)
 
 
 def load_pairs(image: str | Path, text: str | Path, labels: str | Path | None = None) -> HashSplit:

@@ -212,13 +212,12 @@ def check_opt_names(opt: dict[str, Any], path: str | os.PathLike[str]) -> None:
 
 def hf_architecture(source: str | None, role: str, arg: str) -> dict[str, Any]:
     """A Hugging Face config dict from a local directory or a cached hub id (no weights are read)."""
-    from patchword.hub import require_transformers, resolve_pretrained
+    from patchword.hub import read_hf_config
 
     if not source:
         raise ConfigError(arg, f"the checkpoint holds a Hugging Face {role} backbone: give its architecture")
-    transformers = require_transformers()
     try:
-        config = transformers.AutoConfig.from_pretrained(resolve_pretrained(source), local_files_only=True)
+        _, config = read_hf_config(source, local_files_only=True, reword_errors=False)
     except OSError as err:
         raise ConfigError(
             arg, f"{source}: no Hugging Face config there ({str(err).splitlines()[0]})"
