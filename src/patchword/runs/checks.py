@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from patchword._validation import check_at_least
 from patchword.data.prepare import REGION_DATASETS, SYNTHETIC_DATASETS, PreparedData, eval_role
 from patchword.errors import ConfigError
 from patchword.eval.engine.base import PRECISIONS
@@ -126,20 +127,18 @@ EVAL_MINIMUMS = {"batch_size": 1, "max_memory_mb": 0}
 COCO_5K_IMAGES, COCO_5K_CAPTIONS = 5000, 25000
 
 
-def check_eval_settings(cfg: RunConfig, device: torch.device, split=None) -> None:
+def check_eval_settings(cfg: RunConfig, device: torch.device) -> None:
     """The ``eval`` section, before any data is read: the numeric keys' ranges, ``eval.precision``
     against the matcher and ``device``, ``eval.coco_extended`` against the dataset and its ground truth
-    files (``patchword eval`` and ``train.validate.check_config`` both call it); with ``split`` (the
-    EncodedSplit to evaluate) also :func:`check_eval_split`.
+    files (``patchword eval`` and ``train.validate.check_config`` both call it; :func:`check_eval_split`
+    checks the protocols against the split once it is read).
 
     Raises:
         ConfigError: naming the first offending key.
         MissingExtraError, MissingFileError: ``eval.coco_extended`` without its ground truth.
     """
     for name, low in EVAL_MINIMUMS.items():
-        value = getattr(cfg.eval, name)
-        if not value >= low:
-            raise ConfigError(f"eval.{name}", f"must be >= {low}, got {value!r}")
+        check_at_least(f"eval.{name}", getattr(cfg.eval, name), low)
     check_eval_precision(cfg, device)
     if cfg.eval.coco_extended:
         if cfg.data.dataset in SYNTHETIC_DATASETS:
@@ -147,8 +146,6 @@ def check_eval_settings(cfg: RunConfig, device: torch.device, split=None) -> Non
         from patchword.eval.coco_extended import CocoGroundTruth
 
         CocoGroundTruth.load()  # the extra and its data, now rather than after scoring (or training)
-    if split is not None:
-        check_eval_split(cfg, split)
 
 
 def check_eval_split(cfg: RunConfig, split) -> None:

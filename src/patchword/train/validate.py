@@ -9,11 +9,11 @@ device availability); :func:`check_model_data` runs once the tokenizer, the mode
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 
 import torch
 
+from patchword._validation import check_at_least, check_finite_number
 from patchword.config import check_common_values, config_diff
 from patchword.data.prepare import (
     FILE_DATASETS,
@@ -68,11 +68,6 @@ RESUMABLE_KEYS = frozenset(
         "dist_timeout_s",
     }
 )
-
-
-def _at_least(value: float, low: float, key: str) -> None:
-    if not value >= low:  # NaN fails too
-        raise ConfigError(key, f"must be >= {low:g}, got {value!r}")
 
 
 def _ratio(value: float, key: str) -> None:
@@ -190,8 +185,7 @@ def _check_optimiser(cfg: RunConfig) -> None:
         ("train.margin", tc.margin),
         ("train.ratio_weight", tc.ratio_weight),
     ):
-        if not 0 <= value < math.inf:
-            raise ConfigError(key, f"must be a finite number >= 0, got {value!r}")
+        check_finite_number(key, value)
     _ratio(tc.lr_decay, "train.lr_decay")  # the factor each milestone multiplies the learning rates by
 
 
@@ -251,14 +245,12 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
         ("data.image_size", dc.image_size, 1),
         ("model.embed_dim", mc.embed_dim, 1),
     ]:
-        _at_least(value, low, key)
+        check_at_least(key, value, low)
     eval_role(dc, ec.split)  # "test" or "dev" (or the dataset's names for them)
-    if not 0 < tc.lr < math.inf:
-        raise ConfigError("train.lr", f"must be a finite number > 0, got {tc.lr!r}")
+    check_finite_number("train.lr", tc.lr, inclusive=False)
     _check_optimiser(cfg)
     _check_identity(cfg)
-    if not 0 < cfg.dist_timeout_s < math.inf:
-        raise ConfigError("dist_timeout_s", f"must be a finite number > 0, got {cfg.dist_timeout_s!r}")
+    check_finite_number("dist_timeout_s", cfg.dist_timeout_s, inclusive=False)
     _check_matcher(cfg)
     _check_compile(cfg, resuming)
     unknown = [name for name in tc.report_to if name not in TRACKERS]
@@ -268,7 +260,7 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
         _check_wandb(tc.wandb_mode)
     if dc.dataset in SYNTHETIC_DATASETS:
         for key in ("num_train", "num_dev", "num_test"):
-            _at_least(getattr(dc, key), 1, f"data.{key}")
+            check_at_least(f"data.{key}", getattr(dc, key), 1)
     # combinations
     region_data = dc.dataset in REGION_DATASETS
     if region_data != (mc.image_encoder == "precomp"):
