@@ -98,7 +98,10 @@ def fsync_directory(folder: str | os.PathLike[str]) -> None:
 
     The file's own ``fsync`` makes its bytes durable, not its name: after a power loss (not a kill: the
     kernel keeps a dead process's renames) the directory could still list the old file, or none. Skipped
-    where a directory cannot be opened or synced (Windows; some network file systems refuse it).
+    where a directory cannot be opened or synced at all (Windows; file systems that refuse it with
+    EINVAL). Any other failure (EIO, ENOSPC) is a warning, not an error: the rename is done and every
+    process sees the new file, so the command's result stands; only its survival of a power loss is
+    unconfirmed (an error would tell the user to rerun a job whose output is complete, which refuses).
     """
     try:
         fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
@@ -106,10 +109,20 @@ def fsync_directory(folder: str | os.PathLike[str]) -> None:
         return
     try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as err:
+        if err.errno not in _NO_DIRECTORY_SYNC:
+            _logger.warning(
+                "%s: the directory could not be synced to disk (%s): its new entries may not survive a "
+                "power loss",
+                os.fspath(folder),
+                err.strerror or err,
+            )
     finally:
         os.close(fd)
+
+
+#: What a file system that cannot sync a directory answers (not a failure of the disk).
+_NO_DIRECTORY_SYNC = {errno.EINVAL, errno.EBADF, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EACCES, errno.EPERM}
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> None:

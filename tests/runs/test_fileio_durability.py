@@ -4,6 +4,8 @@ synced)."""
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import stat
 
@@ -52,3 +54,23 @@ def test_replace_directory_syncs_the_parent(tmp_path, synced):
     fileio.replace_directory(stage, final)
     assert sorted(os.listdir(final)) == ["new"]
     assert synced[-1] == f"{tmp_path}/"
+
+
+def test_a_directory_that_cannot_be_synced_is_a_warning_after_a_complete_write(tmp_path, monkeypatch, caplog):
+    """The rename is done when the directory's sync fails: the file is there, whole, and the command's
+    result stands (an error would send the user to rerun a finished job); the warning says what is
+    unconfirmed. A file system that cannot sync directories at all (EINVAL) is silent."""
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(code, os.strerror(code))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    for code, warned in ((errno.EIO, True), (errno.EINVAL, False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="patchword.fileio"):
+            fileio.atomic_write_text(tmp_path / "a.json", f"{code}")
+        assert (tmp_path / "a.json").read_text() == f"{code}"
+        assert (f"{tmp_path}: the directory could not be synced" in caplog.text) == warned, caplog.text
