@@ -8,6 +8,10 @@ see :data:`USER_ERRORS`) is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import os
+import signal
+from dataclasses import dataclass
+
 __all__ = [
     "PatchwordError",
     "ConfigError",
@@ -17,6 +21,8 @@ __all__ = [
     "ModelNotFoundError",
     "MissingExtraError",
     "Interrupted",
+    "ResumeHint",
+    "resume_command",
     "USER_ERRORS",
     "report_user_error",
     "report_os_error",
@@ -65,6 +71,57 @@ class Interrupted(Exception):
     def __init__(self, signum: int, message: str) -> None:
         self.signum = signum
         super().__init__(message)
+
+
+def resume_command(command: str, run_dir: str | os.PathLike[str]) -> str:
+    """The command line that continues the run in ``run_dir`` (``command`` is what trains it, ``patchword
+    train``), quoted as messages quote it: ```patchword train --resume runs/x```, backquotes included."""
+    return f"`{command} --resume {run_dir}`"
+
+
+@dataclass(frozen=True)
+class ResumeHint:
+    """How a user goes on with a training run that a signal stopped: the one wording of the interruption
+    messages of every training command (``patchword train``, ``patchword hash train``, ``patchword
+    pretrain``), each passing its own way to go on.
+
+    Attributes:
+        how: what continues the run, said as the subject of "... continues it": a command line
+            (:meth:`resume`), or "running the same `patchword pretrain` command again".
+        advice: what the message of a stop with the checkpoint written advises; "continue with {how}" when
+            empty.
+    """
+
+    how: str
+    advice: str = ""
+
+    @classmethod
+    def resume(cls, command: str, run_dir: str | os.PathLike[str]) -> ResumeHint:
+        """Go on with ``command --resume run_dir`` (:func:`resume_command`)."""
+        return cls(resume_command(command, run_dir))
+
+    def stopped(self, signum: int, step: int, checkpoint: str | os.PathLike[str], where: str = "") -> str:
+        """The message of a training loop that ``signum`` stopped at ``step`` (``where``: more precisely,
+        in parentheses) once it had written ``checkpoint``."""
+        name, at = signal.Signals(signum).name, f" ({where})" if where else ""
+        advice = self.advice or f"continue with {self.how}"
+        return f"{name} received: stopped at step {step}{at}, {checkpoint} written; {advice}"
+
+    @staticmethod
+    def before_start() -> str:
+        """What a signal before a new run's training started leaves (nothing), said after "SIGTERM
+        received"."""
+        return "before training started: nothing was kept; run the same command again"
+
+    def before_resumed(self) -> str:
+        """What a signal before a resumed run's training went on leaves, said after "SIGTERM received"."""
+        return f"before training resumed: {self.how} continues it"
+
+    def evaluating(self, checkpoint: str | os.PathLike[str] | None = None) -> str:
+        """What a signal during the final evaluation leaves (the finished training, in ``checkpoint`` when
+        given), said after "SIGTERM received"."""
+        kept = f" ({checkpoint})" if checkpoint is not None else ""
+        return f"during the final evaluation: training is finished{kept}; {self.how} evaluates it"
 
 
 #: What the CLI reports as one line: our own errors, and the built-ins that library code raises for bad
@@ -124,7 +181,6 @@ def run_command(run, verbose: bool = False, resume_hint: str = "") -> int:
 
     ``verbose`` adds the traceback. Anything else is a bug and keeps its traceback.
     """
-    import signal
     import sys
 
     try:

@@ -29,7 +29,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from typing import IO
 
 __all__ = [
@@ -50,8 +50,6 @@ __all__ = [
     "file_sha256",
     "probe_writable",
     "check_output_file",
-    "exclusive_lock",
-    "lock_or_refuse",
     "staging_dirs",
 ]
 
@@ -420,45 +418,3 @@ def check_output_file(out: str | os.PathLike[str], force: bool, flag: str = "--o
         what = "is a file" if os.path.exists(folder) else "does not exist"
         raise ConfigError(flag, f"directory {folder} {what}")
     probe_writable(folder)
-
-
-@contextlib.contextmanager
-def exclusive_lock(path: str | os.PathLike[str], busy: str) -> Iterator[None]:
-    """Hold the exclusive, non-blocking advisory lock (``flock``) of the file ``path`` (created if missing,
-    never truncated, left in place) for the block: one command at a time on what it guards. The operating
-    system drops the lock when the process ends, however it ends, so a lock file left behind is harmless;
-    removing it would let a third process lock a new file while a second still holds the old one.
-
-    Args:
-        path: the lock file.
-        busy: the error when another process holds it (names what is guarded and what to do).
-
-    Raises:
-        RunExistsError: ``busy``, another process holds the lock.
-    """
-    with open(path, "a") as fh:
-        lock_or_refuse(fh.fileno(), path, busy)
-        yield
-
-
-def lock_or_refuse(fd: int, path: str | os.PathLike[str], busy: str) -> bool:
-    """Take the exclusive, non-blocking ``flock`` of the open file ``fd`` (the file ``path``): True when
-    held, False on a file system without locks (logged: work goes on unguarded).
-
-    Raises:
-        RunExistsError: ``busy``, another process holds it.
-    """
-    import fcntl
-
-    from patchword.errors import RunExistsError
-
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise RunExistsError(busy) from None
-    except OSError as err:  # a file system without locks: work on, unguarded, and say so
-        if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-            raise
-        _logger.warning("%s cannot be locked (%s): a second command would not be refused", path, err)
-        return False
-    return True

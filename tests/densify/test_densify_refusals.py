@@ -21,10 +21,10 @@ from densify_support import (  # noqa: F401 - fixtures
     twelve_images,
     write_images,
 )
+from patchword import locks
 from patchword.cli import main as patchword_main
 from patchword.cli.densify import main
 from patchword.densify import GenerationSettings, Shard, densify, images_from_folder, merge_shards
-from patchword.densify import lock as lock_module
 from patchword.densify.lock import output_lock
 from patchword.errors import DataError, RunExistsError
 
@@ -165,14 +165,14 @@ def test_a_lock_file_removed_by_its_holder_is_not_held(tmp_path, monkeypatch):
     stale.touch()
     opened = os.open(stale, os.O_RDONLY)
     os.unlink(stale)  # the file this command opened is no longer the one at the path
-    real_open = lock_module._open_lock_file
+    real_open = locks._open_lock_file
     calls = []
 
-    def open_stale_first(path, made_dirs):
+    def open_stale_first(path, make_folder):
         calls.append(path)
-        return (opened, False) if len(calls) == 1 else real_open(path, made_dirs)
+        return (opened, False) if len(calls) == 1 else real_open(path, make_folder)
 
-    monkeypatch.setattr(lock_module, "_open_lock_file", open_stale_first)
+    monkeypatch.setattr(locks, "_open_lock_file", open_stale_first)
     with output_lock(out):
         assert len(calls) == 2  # it let the removed file go and locked the one at the path
         with pytest.raises(BlockingIOError), open(tmp_path / "d.jsonl.lock") as other:

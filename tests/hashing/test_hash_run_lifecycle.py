@@ -20,7 +20,8 @@ import patchword.hashing.trainer as trainer_module
 from conftest import TINY_HASH, one_error_line
 from patchword.checkpoint import load_checkpoint
 from patchword.cli.hash import main
-from patchword.fileio import exclusive_lock
+from patchword.locks import exclusive_lock
+from patchword.runs.claim import RunKind
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -178,7 +179,6 @@ def test_a_start_killed_before_its_first_checkpoint_is_started_again(tmp_path, c
     """Defect: a start killed outright (the OOM killer: no cleanup) during its first checkpoint write left
     config.yaml, metrics.jsonl and the checkpoint's temporary file; the same command was then refused
     ("nothing to --resume; remove it") and --resume found no last.pt."""
-    import patchword.hashing.runner as runner_module
 
     def kill_while_saving(state, path):
         Path(path).parent.joinpath(f".{Path(path).name}.k3j9x1ab.tmp").write_bytes(b"half a checkpoint")
@@ -187,7 +187,7 @@ def test_a_start_killed_before_its_first_checkpoint_is_started_again(tmp_path, c
     out, run = tmp_path / "runs", tmp_path / "runs" / "r"
     with monkeypatch.context() as patched:
         patched.setattr(trainer_module, "atomic_save", kill_while_saving)
-        patched.setattr(runner_module, "remove_run", lambda *args: None)  # the cleanup a kill never reaches
+        patched.setattr(RunKind, "remove_failed_start", lambda *args: None)  # what a kill never reaches
         with pytest.raises(Killed):
             _train(out, "r", "--epochs", "2", "train.save_every=1000")
     assert sorted(p.name for p in run.iterdir()) == [
@@ -252,6 +252,23 @@ def test_a_run_being_trained_is_locked(tmp_path, capsys):
         assert main(["train", "--resume", str(run), "--epochs", "2"]) == 2
     assert "is in use by another process" in one_error_line(capsys.readouterr().err)
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+def test_a_second_start_of_a_run_in_training_says_in_use_not_resume(tmp_path, capsys):
+    """It said "already holds a run; continue it with `patchword hash train --resume`", which the lock then
+    refused as in use (as ``patchword train`` did before; the same rules serve both commands now)."""
+    out = tmp_path / "runs"
+    assert _train(out, "r", "--epochs", "1") == 0
+    run = out / "r"
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    capsys.readouterr()
+    with exclusive_lock(run / ".lock", "held by the test"):  # the process that trains it now
+        assert _train(out, "r", "--epochs", "1") == 2
+        line = one_error_line(capsys.readouterr().err)
+    assert str(run) in line and "is in use by another process" in line and "continue it" not in line, line
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    assert _train(out, "r", "--epochs", "1") == 2  # free: "already holds a run; continue it with ..."
+    assert "continue it with `patchword hash train --resume" in one_error_line(capsys.readouterr().err)
 
 
 def test_a_start_that_fails_before_its_first_checkpoint_leaves_nothing(tmp_path, capsys, monkeypatch):

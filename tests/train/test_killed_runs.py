@@ -19,6 +19,7 @@ from conftest import TINY_MODEL_32
 from patchword.config import apply_overrides, save_config
 from patchword.errors import RunExistsError
 from patchword.readers import read_json_lines
+from patchword.runs.claim import RunKind
 from patchword.runs.config import RunConfig
 from patchword.train import runner
 from patchword.train import trainer as trainer_module
@@ -62,7 +63,7 @@ def _killed_during_first_checkpoint(cfg: RunConfig, monkeypatch) -> Path:
 
     with monkeypatch.context() as patched:
         patched.setattr(trainer_module, "atomic_save", kill_while_saving)
-        patched.setattr(runner, "_remove_run", lambda *args: None)  # the cleanup a kill never reaches
+        patched.setattr(RunKind, "remove_failed_start", lambda *args: None)  # what a kill never reaches
         with pytest.raises(Killed):
             train_run(cfg)
     return Path(cfg.output_dir) / cfg.name
@@ -110,9 +111,9 @@ def test_the_outputs_of_the_trackers_a_failed_start_names_are_its_own(tmp_path):
     run = tmp_path / "k3"
     (run / "tensorboard").mkdir(parents=True)
     save_config(_config(tmp_path, "k3"), run / "config.yaml")
-    assert runner._failed_start(run) is None
+    assert runner.TRAIN_RUNS.failed_start(run) is None
     save_config(_config(tmp_path, "k3", "train.report_to=[tensorboard]"), run / "config.yaml")
-    assert runner._failed_start(run) == ["config.yaml", "tensorboard"]
+    assert runner.TRAIN_RUNS.failed_start(run) == ["config.yaml", "tensorboard"]
 
 
 def test_a_resume_removes_what_killed_writes_left_and_repairs_a_torn_resume_log(tmp_path, caplog):

@@ -14,6 +14,7 @@ from conftest import one_error_line
 from patchword.cli import main
 from patchword.config import apply_overrides
 from patchword.recipes.pretrain import KEYS, PRETRAIN_RECIPE, global_recall, pretrain_config
+from patchword.runs.claim import RunKind
 
 STEPS = 3
 
@@ -273,22 +274,69 @@ def test_an_export_that_fails_leaves_out_as_it_was(tmp_path, monkeypatch):
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "vocab.json"]
 
 
-def test_an_interrupted_final_evaluation_also_says_to_run_pretrain_again(tmp_path):
+def test_an_interrupted_final_evaluation_also_says_to_run_pretrain_again(tmp_path, capsys, monkeypatch):
     """The runner's other interruptions (before training resumed, during the final evaluation) name
-    ``patchword train --resume`` too."""
-    from patchword.errors import Interrupted
-    from patchword.recipes.pretrain import _pretrain_hint
+    ``patchword train --resume`` by default; pretrain passes its own way to go on, and the rerun finishes
+    the run and exports the encoders."""
+    import os
+    import signal
 
-    run_dir = tmp_path / "runs" / "pt"
-    stopped = Interrupted(
-        15,
-        f"SIGTERM received during the final evaluation: training is finished ({run_dir / 'last.pt'}); "
-        f"`patchword train --resume {run_dir}` evaluates it",
+    import patchword.train.runner as runner
+
+    original = runner.evaluate_run
+
+    def signalled_evaluation(*args, **kwargs):
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            raise AssertionError("SIGTERM's default action here: the process dies where it stands")
+        os.kill(os.getpid(), signal.SIGTERM)
+        return original(*args, **kwargs)
+
+    run_dir, out = tmp_path / "runs" / "pt", tmp_path / "enc"
+    with monkeypatch.context() as patched:
+        patched.setattr(runner, "evaluate_run", signalled_evaluation)
+        assert _pretrain(out, _overrides(tmp_path)) == 128 + 15
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "train --resume" not in err
+    (line,) = [line for line in err.splitlines() if line.startswith("interrupted: ")]
+    assert line == (
+        f"interrupted: SIGTERM received during the final evaluation: training is finished "
+        f"({run_dir / 'last.pt'}); running the same `patchword pretrain` command again evaluates it"
     )
-    hinted = _pretrain_hint(stopped, run_dir)
-    assert hinted.signum == 15 and str(hinted).endswith(
-        "; running the same `patchword pretrain` command again evaluates it"
-    )
+    assert _pretrain(out, _overrides(tmp_path)) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "vocab.json"]
+
+
+def test_a_second_pretrain_into_the_same_out_is_refused_before_it_touches_anything(tmp_path, capsys):
+    """Defect: no lock beside --out; a second `patchword pretrain --out X` while the first exported into X
+    took the first's staging folder for a killed export's and deleted it (the first then failed). It is
+    refused now, in one line, before it writes or removes anything; the first ends as if alone."""
+    import patchword.recipes.pretrain as recipe
+
+    out, overrides = tmp_path / "enc", _overrides(tmp_path)
+    original, seen = recipe.global_recall, {}
+
+    def recall_while_another_starts(*args, **kwargs):
+        if not seen:  # the first command, its encoders half-staged beside --out
+            seen["started"] = True
+            (stage,) = tmp_path.glob(".enc.export-*")
+            staged = sorted(p.name for p in stage.iterdir())
+            seen["code"] = _pretrain(out, overrides)
+            seen["err"] = capsys.readouterr().err
+            seen["kept"] = stage.is_dir() and sorted(p.name for p in stage.iterdir()) == staged
+            seen["out"] = out.exists()
+        return original(*args, **kwargs)
+
+    recipe.global_recall = recall_while_another_starts
+    try:
+        first = _pretrain(out, overrides)
+    finally:
+        recipe.global_recall = original
+    assert (seen["code"], seen["kept"], seen["out"]) == (2, True, False)
+    line = one_error_line(seen["err"])
+    assert line.startswith(f"error: {out} is being written by another `patchword pretrain` (lock ")
+    assert first == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "vocab.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "enc", "runs"]  # no lock file left
 
 
 class Killed(BaseException):
@@ -298,7 +346,6 @@ class Killed(BaseException):
 def test_a_pretrain_killed_before_its_first_checkpoint_runs_again(tmp_path, monkeypatch):
     """Defect: killed (the OOM killer) before its first checkpoint, the run left config.yaml and vocab.json,
     and the same command was refused: the run directory exists (and --resume found no last.pt)."""
-    import patchword.train.runner as runner
     import patchword.train.trainer as trainer_module
 
     def killed(self):
@@ -307,7 +354,7 @@ def test_a_pretrain_killed_before_its_first_checkpoint_runs_again(tmp_path, monk
     overrides, out, run_dir = _overrides(tmp_path), tmp_path / "enc", tmp_path / "runs" / "pt"
     with monkeypatch.context() as patched:
         patched.setattr(trainer_module.Trainer, "fit", killed)
-        patched.setattr(runner, "_remove_run", lambda *args: None)  # the cleanup a kill never reaches
+        patched.setattr(RunKind, "remove_failed_start", lambda *args: None)  # what a kill never reaches
         with pytest.raises(Killed):
             _pretrain(out, overrides)
     assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "config.yaml", "vocab.json"]

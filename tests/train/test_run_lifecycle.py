@@ -444,3 +444,14 @@ def test_an_output_dir_that_is_a_file_is_one_line_naming_the_key(tmp_path, capsy
     line = one_error_line(capsys.readouterr().err)
     assert line == f"error: output_dir: {tmp_path / 'runs'} is a file: runs go in a directory there"
     assert (tmp_path / "runs").read_text() == "a file"
+
+
+def test_a_run_name_that_is_a_file_is_one_line_saying_so(tmp_path, capsys):
+    """It was ``error: [Errno 20] Not a directory: '...'``; ``patchword hash train`` said what is wrong (the
+    same rules, :mod:`patchword.runs.claim`, serve both commands now)."""
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "x").write_text("a file")
+    assert main(["train", *TINY_MODEL_32, f"output_dir={tmp_path / 'runs'}", "name=x"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line == f"error: {tmp_path / 'runs' / 'x'} is a file: choose another name= or output_dir="
+    assert (tmp_path / "runs" / "x").read_text() == "a file"

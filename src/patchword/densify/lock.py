@@ -3,7 +3,7 @@
 
 Two processes appending to one output would each generate every image and leave a file with every line
 twice, which no rerun can continue; a merge into an output another command writes would interleave with it.
-The lock is an OS lock (``flock``, the lock :func:`patchword.fileio.exclusive_lock` takes), so it is released
+The lock is an OS lock (``flock``, the lock :func:`patchword.locks.exclusive_lock` takes), so it is released
 when the process ends however it ends (a kill included) and a stale lock file is harmless.
 
 A command that fails before it wrote a line leaves nothing behind: the output and sidecar it created, its
@@ -25,17 +25,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from patchword.densify.store import sidecar_path
-from patchword.errors import RunExistsError
-from patchword.fileio import lock_or_refuse
+from patchword.locks import lock_removable_file
 
 __all__ = ["LOCK_SUFFIX", "lock_path", "output_lock"]
 
 logger = logging.getLogger(__name__)
 
 LOCK_SUFFIX = ".lock"
-
-# Tries to lock the file at the path when holders keep removing it under us (each try needs one to do so).
-_ATTEMPTS = 50
 
 
 def lock_path(out: str | os.PathLike[str]) -> Path:
@@ -61,48 +57,14 @@ def _make_dirs(folder: Path, made: list[Path]) -> None:
             made.append(path)
 
 
-def _open_lock_file(path: Path, made_dirs: list[Path]) -> tuple[int, bool]:
-    """An open descriptor of ``path`` (its folders created if missing) and whether this call created it."""
-    while True:
-        _make_dirs(path.parent, made_dirs)
-        try:
-            return os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), True
-        except FileExistsError:
-            pass
-        except FileNotFoundError:  # a refused command removed the folder it made: make it again
-            continue
-        try:
-            return os.open(path, os.O_RDONLY | os.O_CLOEXEC), False
-        except FileNotFoundError:  # removed by its holder between the two opens
-            continue
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        at_path = os.stat(path)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(fd)
-    return (held.st_dev, held.st_ino) == (at_path.st_dev, at_path.st_ino)
-
-
 def _lock(path: Path, busy: str, made_dirs: list[Path]) -> tuple[int, bool]:
-    """Lock the file at ``path``: ``(descriptor, created by this call)``.
+    """Lock the file at ``path``, its folders created if missing (appended to ``made_dirs``): ``(descriptor,
+    created by this call)`` (:func:`~patchword.locks.lock_removable_file`).
 
     Raises:
         RunExistsError: ``busy``, another process holds it.
     """
-    for _ in range(_ATTEMPTS):
-        fd, made = _open_lock_file(path, made_dirs)
-        try:
-            held = lock_or_refuse(fd, path, busy)
-        except BaseException:
-            os.close(fd)  # a file this call created and another process locked first is that one's now
-            raise
-        if not held or _same_file(fd, path):
-            return fd, made
-        os.close(fd)  # its holder removed it after we opened it: lock the file at the path now
-    raise RunExistsError(busy)
+    return lock_removable_file(path, busy, lambda: _make_dirs(path.parent, made_dirs))
 
 
 def _created(path: Path) -> bool:

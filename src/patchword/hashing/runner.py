@@ -9,11 +9,11 @@ trains the run) and, once resumed, ``resumes.jsonl`` (one record per resume with
 split is evaluated once at the end, never used to select a checkpoint (SPEC decision 4).
 
 A new run never writes into a directory that holds anything but what a start killed before its first
-checkpoint left, which it removes (:mod:`~patchword.hashing.rundir`), and one whose start fails before its
-first checkpoint is removed again. SIGTERM / SIGINT while training save ``last.pt`` and stop
-(:class:`~patchword.hashing.trainer.HashTrainingInterrupted`); elsewhere they stop with a line saying what
-was kept. A resume first removes what a kill during a write left (temporary files, a torn last line of
-``resumes.jsonl``).
+checkpoint left, which it removes, and one whose start fails before its first checkpoint is removed again
+(:mod:`~patchword.hashing.rundir`: the rules of :mod:`patchword.runs.claim`). SIGTERM / SIGINT while
+training save ``last.pt`` and stop (:class:`~patchword.hashing.trainer.HashTrainingInterrupted`); elsewhere
+they stop with a line saying what was kept. A resume first removes what a kill during a write left
+(temporary files, a torn last line of ``resumes.jsonl``).
 
 :func:`resume_hashing` continues a run with its own config, as ``patchword train --resume`` does: only
 the keys in :data:`~patchword.hashing.config.HASH_RESUMABLE_KEYS` may be overridden, and a resumed run
@@ -43,15 +43,16 @@ from patchword.config import (
     save_config,
 )
 from patchword.device import resolve_device
-from patchword.errors import ConfigError, MissingFileError
+from patchword.errors import ConfigError, MissingFileError, ResumeHint
 from patchword.fileio import append_line, atomic_write_text, keep_jsonl_records, probe_writable, repair_jsonl
 from patchword.hashing.build import build_hashing_dataset, build_hashing_model
 from patchword.hashing.config import HASH_EVAL_KEYS, HASH_RESUMABLE_KEYS, HashRunConfig, check_hash_config
 from patchword.hashing.dataset import HashDataset
 from patchword.hashing.evaluate import evaluate_hashing
 from patchword.hashing.model import UCMFH
-from patchword.hashing.rundir import claim_new_run, lock_run, refuse_existing, remove_run
+from patchword.hashing.rundir import HASH_RUNS
 from patchword.hashing.trainer import HashTrainer, append_metrics
+from patchword.runs.claim import Claim
 from patchword.runs.files import CONFIG_FILE, IMPORT_FILE, LAST_CHECKPOINT, METRICS_FILE, RESUMES_FILE
 from patchword.train.trainer import stop_raises
 
@@ -117,7 +118,7 @@ def train_hashing(
         probe_writable(cfg.output_dir)
     except NotADirectoryError as err:  # a file where the directory (or one of its parents) must go
         raise ConfigError("output_dir", f"{err.filename} is a file: runs go in a directory there") from None
-    refuse_existing(run_dir)  # early; checked again under the run's lock, before anything is written
+    HASH_RUNS.refuse_existing(run_dir)  # early; checked again under the lock, before anything is written
     return _train(cfg, run_dir, data)
 
 
@@ -179,16 +180,12 @@ def _train(
     ``state`` (a loaded last.pt), train, evaluate once on the test split; the run directory is locked
     throughout."""
     device = check_hash_config(cfg)
-    resume_hint = f"`patchword hash train --resume {run_dir}`"
-    phase: dict[str, Any] = {
-        "then": "before training started: nothing was kept; run the same command again"
-        if state is None
-        else f"before training resumed: {resume_hint} continues it"
-    }
-    claim = {"owned": False, "created": False}
+    hint = ResumeHint.resume(HASH_RUNS.command, run_dir)
+    phase: dict[str, Any] = {"then": hint.before_start() if state is None else hint.before_resumed()}
+    claim = Claim()
     with stop_raises(phase), contextlib.ExitStack() as locks:
         if state is not None:
-            lock_run(run_dir, locks)  # and removes what a kill during a write left
+            HASH_RUNS.lock_for_resume(run_dir, locks)  # and removes what a kill during a write left
         seed_everything(cfg.train.seed)
         data = data if data is not None else build_hashing_dataset(cfg.data)
         if cfg.train.loss == "hashnet" and not data.has_labels:
@@ -197,7 +194,7 @@ def _train(
         trainer = HashTrainer(cfg, model, data, run_dir)
         try:
             if state is None:  # everything is checked and built: now the run directory and its config
-                claim_new_run(run_dir, locks, claim)
+                HASH_RUNS.claim_new(run_dir, locks, claim)
                 save_config(cfg, run_dir / CONFIG_FILE)
             else:
                 trainer.load_state_dict(state)
@@ -215,10 +212,10 @@ def _train(
                 append_line(run_dir / RESUMES_FILE, json.dumps({**record, "overrides": list(overrides)}))
             fit = trainer.fit()
         except BaseException:
-            if claim["owned"] and not (run_dir / LAST_CHECKPOINT).is_file():
-                remove_run(run_dir, claim["created"])
+            if claim.owned and not (run_dir / LAST_CHECKPOINT).is_file():
+                HASH_RUNS.remove_failed_start(run_dir, claim.created)
             raise
-        phase["then"] = f"during the final evaluation: training is finished; {resume_hint} evaluates it"
+        phase["then"] = hint.evaluating()
         export_weights(model, asdict(cfg), run_dir, data=data.summary())
         metrics = evaluate_hashing(model, data, cfg.eval, device)
         metrics["checkpoint"] = checkpoint_record(

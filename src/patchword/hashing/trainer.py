@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import signal
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -35,7 +34,7 @@ import torch
 
 from patchword._validation import check_all_finite, values_checked
 from patchword.checkpoint import atomic_save, load_checkpoint, rng_state, set_rng_state
-from patchword.errors import ConfigError, Interrupted
+from patchword.errors import ConfigError, Interrupted, ResumeHint
 from patchword.fileio import append_line
 from patchword.hashing.config import HashRunConfig, check_hash_config
 from patchword.hashing.dataset import HashDataset
@@ -62,15 +61,11 @@ class HashTrainingInterrupted(Interrupted):
 
     def __init__(self, signum: int, epoch: int, batch_in_epoch: int, step: int, checkpoint: Path) -> None:
         self.epoch, self.step, self.checkpoint = epoch, step, checkpoint
-        name = signal.Signals(signum).name
+        self.resume = ResumeHint.resume("patchword hash train", checkpoint.parent)
         where = (
             f"{batch_in_epoch} batches into epoch {epoch + 1}" if batch_in_epoch else f"end of epoch {epoch}"
         )
-        super().__init__(
-            signum,
-            f"{name} received: stopped at step {step} ({where}), {checkpoint} written; "
-            f"continue with `patchword hash train --resume {checkpoint.parent}`",
-        )
+        super().__init__(signum, self.resume.stopped(signum, step, checkpoint, where))
 
 
 class HashTrainer:

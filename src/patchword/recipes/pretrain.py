@@ -6,18 +6,27 @@ learned temperature, :class:`~patchword.losses.ContrastiveLoss` with the ``clip`
 train split, and the result is shipped in ``src/patchword/pretrained/synthetic-64`` for
 ``model.tiny_pretrained``. This module is the recipe and the export; the training itself is an ordinary
 run (``runs/<name>``: resumable, validated on dev, evaluated on test).
+
+One command at a time writes an ``--out``: it holds an advisory lock on ``.{name}.lock`` beside it from
+before it clears what an earlier export left there until its own export is in place, so a second one is
+refused before it writes or removes anything. The lock file goes when the command ends (``--out`` may be a
+folder of the package, where a file left beside it would be shipped); so taking the lock checks, once held,
+that the file locked is still the one at its path, as densify's output lock does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import shutil
-import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from patchword.config import apply_overrides
+from patchword.errors import ResumeHint
 from patchword.readers import read_json
 from patchword.runs.config import RunConfig, load_run_config
 from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT, SUMMARY_FILE, VOCAB_FILE
@@ -108,17 +117,62 @@ def pretraining_recall(cfg: RunConfig, data) -> dict[str, Any] | None:
 def check_encoders_dir(out: Path, force: bool) -> None:
     """``--out`` before any work: a directory (or one that can be created) where files can be written, empty
     unless ``force``. Errors name ``--out``; a read-only place is the ``OSError`` naming it."""
-    from patchword.errors import ConfigError, RunExistsError
+    _check_out_place(out)
+    _refuse_filled_out(out, force)
+
+
+def _check_out_place(out: Path) -> None:
+    """``--out`` is a directory, or one that can be created, where files can be written (nothing is created:
+    a probe file in its nearest existing folder comes and goes)."""
+    from patchword.errors import ConfigError
     from patchword.fileio import probe_writable
 
     if out.exists() and not out.is_dir():
         raise ConfigError("--out", f"{out} is a file: --out names the directory for the encoders")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise RunExistsError(f"{out} exists and is not empty; pass --force to replace the encoders in it")
     try:
         probe_writable(out)
     except NotADirectoryError as err:  # a file where one of its parent directories must go
         raise ConfigError("--out", f"{err.filename} is a file: {out} cannot be created under it") from None
+
+
+def _refuse_filled_out(out: Path, force: bool) -> None:
+    """``--out`` holds files and ``force`` is not given: refused."""
+    from patchword.errors import RunExistsError
+
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise RunExistsError(f"{out} exists and is not empty; pass --force to replace the encoders in it")
+
+
+def _out_lock_path(out: Path) -> Path:
+    """The lock file of ``--out``: ``.{name}.lock`` beside it (inside, it would make ``out`` not empty)."""
+    final = Path(os.path.abspath(out))  # ``--out .`` names the folder ``.`` is: its lock is beside it
+    return final.parent / f".{final.name}.lock"
+
+
+@contextlib.contextmanager
+def _out_lock(out: Path) -> Iterator[None]:
+    """Hold the lock of ``--out`` for the block (the folder it goes in created if missing); remove its file.
+
+    Raises:
+        RunExistsError: another ``patchword pretrain`` writes ``out`` now.
+    """
+    from patchword.locks import lock_removable_file
+
+    path = _out_lock_path(out)
+    busy = (
+        f"{out} is being written by another `patchword pretrain` (lock {path} is held): wait for it to end, "
+        "or stop it first"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, _ = lock_removable_file(path, busy)
+    try:
+        yield
+    finally:
+        # removed while still held: a command that opened it meanwhile sees it gone once it locks it, and
+        # retries; a failure here must not hide the error that ended the command
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+        os.close(fd)
 
 
 def check_exportable(cfg: RunConfig) -> None:
@@ -207,28 +261,13 @@ def _resume_overrides(run_dir: Path, cfg: RunConfig) -> list[str]:
     return overrides
 
 
-_TRAIN_RESUME = "`patchword train --resume {}`"
-_RERUN = "running the same `patchword pretrain` command again"
-
-
-def _pretrain_hint(err: Exception, run_dir: Path) -> Exception:
-    """``err`` (an interruption of the training or its evaluation) saying how to go on with *pretrain*:
-    ``patchword train --resume``, which the runner advises, would never export the encoders; the same
-    ``patchword pretrain`` command resumes the run and then exports them."""
-    from patchword.errors import Interrupted
-    from patchword.train.trainer import TrainingInterrupted
-
-    if isinstance(err, TrainingInterrupted):
-        name = signal.Signals(err.signum).name
-        return Interrupted(
-            err.signum,
-            f"{name} received: stopped at step {err.step}, {err.checkpoint} written; continue by {_RERUN} "
-            f"(it resumes {run_dir} and exports the encoders)",
-        )
-    text = str(err)
-    if isinstance(err, Interrupted) and _TRAIN_RESUME.format(run_dir) in text:
-        return Interrupted(err.signum, text.replace(_TRAIN_RESUME.format(run_dir), _RERUN))
-    return err
+def _pretrain_hint(run_dir: Path) -> ResumeHint:
+    """How an interruption of the pretraining run in ``run_dir`` says to go on
+    (:class:`~patchword.errors.ResumeHint`): the same ``patchword pretrain`` command, which resumes the run
+    and then exports the encoders (``patchword train --resume``, the runner's own advice, never exports
+    them)."""
+    rerun = "running the same `patchword pretrain` command again"
+    return ResumeHint(rerun, f"continue by {rerun} (it resumes {run_dir} and exports the encoders)")
 
 
 def _recover_out(out: Path) -> None:
@@ -277,20 +316,31 @@ def run_pretrain(
     Raises:
         ConfigError: before any work, a run that cannot be exported (:func:`check_exportable`), an existing
             run trained with another value, or ``--out`` naming a file.
-        RunExistsError: ``--out`` is not empty and ``force`` is not given.
+        RunExistsError: ``--out`` is not empty and ``force`` is not given, or another ``patchword
+            pretrain`` writes it now.
         Interrupted: SIGTERM / SIGINT; the message says to run the same command again.
     """
+    _check_out_place(out)
+    cfg = pretrain_config(overrides, config)
+    check_exportable(cfg)
+    # One command at a time on --out: a second one's recovery would delete the first's staging folder.
+    with _out_lock(out):
+        _recover_out(out)  # a kill between the renames of a --force export left ``out`` aside: back first
+        _refuse_filled_out(out, force)
+        return _train_and_export(cfg, out, overrides, config)
+
+
+def _train_and_export(
+    cfg: RunConfig, out: Path, overrides: list[str] | None, config: str | None
+) -> dict[str, Any]:
+    """The work of :func:`run_pretrain` once ``out`` is checked and locked."""
     from patchword.bench.machine import machine_description
     from patchword.config import config_diff
-    from patchword.errors import ConfigError, Interrupted
+    from patchword.errors import ConfigError
     from patchword.runs import load_run, read_run_config
     from patchword.train.runner import resume_run, train_run
     from patchword.train.validate import RESUMABLE_KEYS
 
-    _recover_out(out)  # a kill between the renames of a --force export left ``out`` aside: back first
-    check_encoders_dir(out, force)
-    cfg = pretrain_config(overrides, config)
-    check_exportable(cfg)
     run_dir = Path(cfg.output_dir) / cfg.name
     # An existing run is only taken if it is this recipe; one with no checkpoint (a start killed before
     # its first) is nothing to take: train_run starts it again.
@@ -298,17 +348,15 @@ def run_pretrain(
         changed = [k for k in config_diff(read_run_config(run_dir), cfg) if k not in RESUMABLE_KEYS]
         if changed:
             raise ConfigError(changed[0], f"{run_dir} was trained with another value: choose another name=")
-    try:
-        if (run_dir / SUMMARY_FILE).is_file():  # trained already: export again (e.g. to another --out)
-            _refuse_other_values(_last_session_config(run_dir), cfg, run_dir)
-            _logger.info("%s is finished: exporting its encoders", run_dir)
-            summary = read_json(run_dir / SUMMARY_FILE, "run summary")
-        elif (run_dir / LAST_CHECKPOINT).is_file():  # interrupted: continue it with this command's values
-            summary = resume_run(run_dir, _resume_overrides(run_dir, cfg))
-        else:
-            summary = train_run(cfg)
-    except Interrupted as err:
-        raise _pretrain_hint(err, run_dir) from None
+    hint = _pretrain_hint(run_dir)
+    if (run_dir / SUMMARY_FILE).is_file():  # trained already: export again (e.g. to another --out)
+        _refuse_other_values(_last_session_config(run_dir), cfg, run_dir)
+        _logger.info("%s is finished: exporting its encoders", run_dir)
+        summary = read_json(run_dir / SUMMARY_FILE, "run summary")
+    elif (run_dir / LAST_CHECKPOINT).is_file():  # interrupted: continue it with this command's values
+        summary = resume_run(run_dir, _resume_overrides(run_dir, cfg), hint=hint)
+    else:
+        summary = train_run(cfg, hint=hint)
     run = load_run(run_dir)
     meta = {
         "recipe": {"config": config or PRETRAIN_RECIPE, "overrides": list(overrides or [])},

@@ -9,6 +9,8 @@ evaluated and exported.
 * :mod:`~patchword.runs.evaluate`: evaluating a run and writing its JSON (recall, ensembles, the suites);
 * :mod:`~patchword.runs.recorded`: which recorded evaluation describes a given checkpoint;
 * :mod:`~patchword.runs.export`: a run as a self-contained model directory with its card.
+* :mod:`~patchword.runs.claim`: a run directory while a command trains it (claimed, locked, a killed
+  start cleared), one :class:`~patchword.runs.claim.RunKind` per training command.
 
 The package sits above evaluation in the layers (docs/architecture.md): it uses ``patchword.eval``, which
 never reads a run directory. ``from patchword.runs import load_run`` is the usual entry.

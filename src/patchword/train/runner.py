@@ -5,15 +5,10 @@ data and the model have been checked, and never rewritten: ``--resume`` reads it
 overrides in :data:`~patchword.train.validate.RESUMABLE_KEYS` and records itself in ``resumes.jsonl``.
 A start that fails (or is stopped by SIGTERM / SIGINT) before its first checkpoint leaves nothing behind;
 one killed outright (``kill -9``, the OOM killer: no cleanup runs) leaves only files a start writes, and
-the same command removes them and starts again (:func:`_failed_start`). A start or ``--resume`` also
-removes the temporary files of writes a kill cut short.
-
-One command at a time owns a run directory: it holds an advisory lock on its :data:`LOCK_FILE` for its
-whole life (the operating system drops it when the process ends, even by ``kill -9``), so a second start
-of the same name or a second ``--resume`` is refused instead of writing into the same files.
-
-Over 400 lines: the rules of a run directory's life (claimed, locked, a failed or killed start cleared,
-resumed) sit beside the two commands that follow them, so that they are read and changed in one place.
+the same command removes them and starts again. A start or ``--resume`` also removes the temporary files
+of writes a kill cut short. One command at a time owns a run directory: it holds an advisory lock on its
+:data:`LOCK_FILE` for its whole life. These rules are every training command's
+(:mod:`patchword.runs.claim`); :data:`TRAIN_RUNS` says which files are this command's.
 """
 
 from __future__ import annotations
@@ -22,7 +17,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -46,18 +40,9 @@ from patchword.data.prepare import (
 )
 from patchword.data.tokenizers import WordVocab
 from patchword.distributed import Distributed, session
-from patchword.errors import ConfigError, MissingFileError, RunExistsError
+from patchword.errors import ConfigError, MissingFileError, ResumeHint, RunExistsError
 from patchword.factory import create_model
-from patchword.fileio import (
-    append_line,
-    atomic_write_text,
-    exclusive_lock,
-    keep_jsonl_records,
-    only_entries,
-    probe_writable,
-    remove_stale_temps,
-    repair_jsonl,
-)
+from patchword.fileio import append_line, atomic_write_text, keep_jsonl_records, probe_writable, repair_jsonl
 from patchword.model import RetrievalModel, model_reads_dense
 from patchword.runs import (
     BACKBONES_FILE,
@@ -71,12 +56,13 @@ from patchword.runs import (
     read_run_config,
     save_backbones,
 )
+from patchword.runs.claim import LOCK_FILE, Claim, Refusals, RunKind
 from patchword.runs.config import RunConfig
 from patchword.runs.evaluate import evaluate_run
 from patchword.runs.files import BEST_CHECKPOINT, EXPORT_DIR, LAST_CHECKPOINT, METRICS_JSON, SUMMARY_FILE
 from patchword.runs.recorded import DIGEST_FIELD, file_sha256
 from patchword.train.trackers import TENSORBOARD_DIR, WANDB_ID_FILE
-from patchword.train.trainer import Trainer, stop_raises
+from patchword.train.trainer import Trainer, TrainingInterrupted, stop_raises
 from patchword.train.validate import RESUMABLE_KEYS, check_config, check_launch, check_model_data
 
 __all__ = [
@@ -87,35 +73,59 @@ __all__ = [
     "drop_metrics_after",
     "RESUMABLE_KEYS",
     "LOCK_FILE",
+    "TRAIN_RUNS",
 ]
 
 _logger = logging.getLogger(__name__)
 
-#: The file in a run directory whose lock the command training the run holds (empty; it may stay behind).
-LOCK_FILE = ".lock"
-
-#: What a start writes into its run directory before its first ``last.pt`` (metrics.jsonl: records of steps
-#: nobody can resume), and the files it writes atomically by then, whose ``.{name}.XXXX.tmp`` a kill during
-#: the write leaves. Not best.pt: a kill between it and the first last.pt leaves weights one may evaluate.
-_START_FILES = (LOCK_FILE, CONFIG_FILE, VOCAB_FILE, BACKBONES_FILE, METRICS_FILE)
-_START_TEMPS = (CONFIG_FILE, VOCAB_FILE, BACKBONES_FILE, LAST_CHECKPOINT, BEST_CHECKPOINT, WANDB_ID_FILE)
-#: Every file a run writes atomically (:func:`~patchword.fileio.atomic_write`).
-_ATOMIC_FILES = (*_START_TEMPS, METRICS_FILE, METRICS_JSON, SUMMARY_FILE, RESUMES_FILE)
 #: What each tracker of ``train.report_to`` writes into the run directory once training starts.
 _TRACKER_FILES = {"tensorboard": (TENSORBOARD_DIR,), "wandb": (WANDB_ID_FILE, "wandb")}
 
 
-def _run_lock(run_dir: Path) -> contextlib.AbstractContextManager[None]:
-    """Hold the exclusive lock of ``run_dir`` for the block.
+def _tracker_outputs(run_dir: Path) -> list[str]:
+    """What the trackers that the config of the run in ``run_dir`` names write there (a start's own)."""
+    try:
+        report_to = read_run_config(run_dir).train.report_to
+    except Exception:  # noqa: BLE001 - no readable config.yaml: no tracker wrote into it either
+        report_to = []
+    return [name for tracker in report_to for name in _TRACKER_FILES.get(tracker, ())]
 
-    Raises:
-        RunExistsError: another process holds it (it trains or resumes this run now).
-    """
-    return exclusive_lock(
-        run_dir / LOCK_FILE,
-        f"run directory {run_dir} is in use by another process (a `patchword train` or `--resume` of it is "
-        "running): wait for it to end, or stop it first",
-    )
+
+#: A new run's refusal of a directory without a last.pt (--resume would refuse it: not advised).
+_NOTHING_TO_RESUME = (
+    f"run directory {{run_dir}} already exists, with no {LAST_CHECKPOINT} to resume from and files a start "
+    "killed before its first checkpoint does not leave; choose another name= or remove it"
+)
+
+#: The files a start writes atomically before its first ``last.pt`` (and that one), whose
+#: ``.{name}.XXXX.tmp`` a kill during the write leaves.
+_START_TEMPS = (CONFIG_FILE, VOCAB_FILE, BACKBONES_FILE, LAST_CHECKPOINT, BEST_CHECKPOINT, WANDB_ID_FILE)
+
+#: Start files: what a start writes into its run directory before its first ``last.pt`` (metrics.jsonl:
+#: records of steps nobody can resume), besides its trackers' outputs. Not best.pt: a kill between it and
+#: the first last.pt leaves weights one may evaluate. Atomic files: every file a run writes atomically
+#: (:func:`~patchword.fileio.atomic_write`), the export's in export/.
+TRAIN_RUNS = RunKind(
+    command="patchword train",
+    start_files=(LOCK_FILE, CONFIG_FILE, VOCAB_FILE, BACKBONES_FILE, METRICS_FILE),
+    start_temps=_START_TEMPS,
+    atomic_files=(
+        *_START_TEMPS,
+        *(METRICS_FILE, METRICS_JSON, SUMMARY_FILE, RESUMES_FILE),
+        f"{EXPORT_DIR}/{WEIGHTS_FILE}",
+        f"{EXPORT_DIR}/config.json",
+    ),
+    refusals=Refusals(
+        resumable=(
+            "run directory {run_dir} already exists; choose another name= or continue it with {resume}"
+        ),
+        stopped=_NOTHING_TO_RESUME,
+        foreign=_NOTHING_TO_RESUME,
+        is_file="{run_dir} is a file: choose another name= or output_dir=",
+    ),
+    own_outputs=_tracker_outputs,
+    logger=__name__,
+)
 
 
 def _on_main(dist: Distributed, run_dir: Path, claim: Callable[[], None]) -> None:
@@ -131,69 +141,6 @@ def _on_main(dist: Distributed, run_dir: Path, claim: Callable[[], None]) -> Non
         raise error
     if refused:
         raise RunExistsError(f"run directory {run_dir}: refused by rank 0 (its error says why)")
-
-
-def _holds_files(run_dir: Path) -> bool:
-    """Whether ``run_dir`` exists with something in it (its lock file alone is nothing)."""
-    return run_dir.exists() and any(p.name != LOCK_FILE for p in run_dir.iterdir())
-
-
-def _exists_error(run_dir: Path) -> RunExistsError:
-    if not (run_dir / LAST_CHECKPOINT).is_file():  # --resume would refuse it: do not advise it
-        return RunExistsError(
-            f"run directory {run_dir} already exists, with no {LAST_CHECKPOINT} to resume from and files a "
-            "start killed before its first checkpoint does not leave; choose another name= or remove it"
-        )
-    return RunExistsError(
-        f"run directory {run_dir} already exists; choose another name= or continue it with "
-        f"`patchword train --resume {run_dir}`"
-    )
-
-
-def _failed_start(run_dir: Path) -> list[str] | None:
-    """The entries of ``run_dir`` when it holds only what a start writes before its first checkpoint, and
-    the temporary files of those writes (a start killed outright, ``kill -9`` or the OOM killer, which runs
-    no cleanup): nothing anyone could resume or evaluate, so the same command starts the run again. None
-    when it holds anything else: a checkpoint, results, a file the run did not write."""
-    try:  # the outputs of the trackers its config names count as its own
-        report_to = read_run_config(run_dir).train.report_to
-    except Exception:  # noqa: BLE001 - no readable config.yaml: no tracker wrote into it either
-        report_to = []
-    names = [*_START_FILES, *(name for tracker in report_to for name in _TRACKER_FILES.get(tracker, ()))]
-    return only_entries(run_dir, names, temps_of=_START_TEMPS)
-
-
-def _remove_entries(run_dir: Path, names: Sequence[str]) -> None:
-    for name in names:
-        path = run_dir / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        elif name != LOCK_FILE:  # the lock stays: another start may hold an open handle on it
-            path.unlink(missing_ok=True)
-
-
-def _claim_new_run(run_dir: Path, locks: contextlib.ExitStack, claim: dict[str, bool]) -> None:
-    """Create ``run_dir`` and lock it, or take the empty directory a user made, under the lock; race-free
-    against another start of the same name. ``claim`` says what a failed start may remove: ``owned`` once
-    the run is this command's, ``created`` when it made the directory."""
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        run_dir.mkdir()  # the atomic claim: of two starts of one name, one creates the directory
-        created = True
-    except FileExistsError:
-        created = False
-    locks.enter_context(_run_lock(run_dir))
-    if not created and _holds_files(run_dir):  # looked at under the lock: nobody writes it now
-        left = _failed_start(run_dir)
-        if left is None:
-            raise _exists_error(run_dir)
-        _remove_entries(run_dir, left)
-        _logger.warning(
-            "%s: a start killed before its first checkpoint left %s: removed, starting the run again",
-            run_dir,
-            ", ".join(name for name in left if name != LOCK_FILE),
-        )
-    claim.update(created=created, owned=True)
 
 
 def _build(
@@ -245,11 +192,14 @@ def _save_tokenizer(tokenizer, run_dir: Path) -> None:
         tokenizer.save(run_dir / VOCAB_FILE)
 
 
-def train_run(cfg: RunConfig, *, data: PreparedData | None = None) -> dict[str, Any]:
+def train_run(
+    cfg: RunConfig, *, data: PreparedData | None = None, hint: ResumeHint | None = None
+) -> dict[str, Any]:
     """Check everything, then create ``output_dir/name``, train, evaluate the best dev checkpoint.
 
     Writes config.yaml, vocab.json (word tokenizers), metrics.jsonl, last.pt / best.pt, export/,
-    metrics.json and summary.json. ``data`` may be passed to reuse already tokenised splits.
+    metrics.json and summary.json. ``data`` may be passed to reuse already tokenised splits. ``hint``: how
+    an interruption's message says to go on with the run (default ``patchword train --resume``).
 
     Under ``torchrun`` every process runs this function: each trains on its shard of every global batch
     (:mod:`patchword.distributed`) and rank 0 alone writes the run directory.
@@ -259,7 +209,8 @@ def train_run(cfg: RunConfig, *, data: PreparedData | None = None) -> dict[str, 
             starting a run of the same name.
         ConfigError, DataError, MissingFileError, ModelNotFoundError: a check failed; nothing was written.
         DistributedError: another process of the launch died or stopped answering.
-        Interrupted: SIGTERM / SIGINT before training (nothing kept) or during the final evaluation.
+        Interrupted: SIGTERM / SIGINT before training (nothing kept) or during the final evaluation;
+            :class:`~patchword.train.trainer.TrainingInterrupted` during training (last.pt written).
     """
     device = check_config(cfg)
     try:  # a read-only or vanished output_dir fails now, not after data loading
@@ -267,63 +218,60 @@ def train_run(cfg: RunConfig, *, data: PreparedData | None = None) -> dict[str, 
     except NotADirectoryError as err:  # a file where the directory (or one of its parents) must go
         raise ConfigError("output_dir", f"{err.filename} is a file: runs go in a directory there") from None
     run_dir = Path(cfg.output_dir) / cfg.name
-    phase: dict[str, Any] = {"then": "before training started: nothing was kept; run the same command again"}
+    hint = hint or ResumeHint.resume(TRAIN_RUNS.command, run_dir)
+    phase: dict[str, Any] = {"then": hint.before_start()}
     with stop_raises(phase), session(device, cfg.dist_timeout_s) as dist, contextlib.ExitStack() as locks:
         check_launch(cfg, dist.world_size)
-        if _holds_files(run_dir) and _failed_start(run_dir) is None:  # early, before the data is loaded
-            if dist.is_main and (run_dir / LOCK_FILE).is_file():
-                # the run is training now: "in use" is the refusal that fits (the --resume that
-                # "already exists" advises would be refused as in use)
-                with _run_lock(run_dir):
-                    pass
-            raise _exists_error(run_dir)  # (the claim below checks again, under the lock)
+        # early, before the data is loaded (the claim checks again, under the lock); rank 0 alone takes the
+        # lock for a moment to see whether the run trains now: two ranks at once would see each other
+        TRAIN_RUNS.refuse_existing(run_dir, probe_lock=dist.is_main)
         dist.barrier()  # every process has checked before rank 0 creates the directory
         data, model = _build(cfg, data)
-        claim = {"owned": False, "created": False}
+        claim = Claim()
         try:
-            _on_main(dist, run_dir, lambda: _claim_new_run(run_dir, locks, claim))
+            _on_main(dist, run_dir, lambda: TRAIN_RUNS.claim_new(run_dir, locks, claim))
             if dist.is_main:
                 save_config(cfg, run_dir / CONFIG_FILE)
                 _save_tokenizer(data.tokenizer, run_dir)
                 save_backbones(model, run_dir)
             seed_everything(cfg.seed)
             trainer = _trainer(cfg, model, data, run_dir, dist)
-            fit = trainer.fit()
+            fit = _fit(trainer, hint)
         except BaseException:
             # Nothing to resume yet: leave no half-made run behind (the same name can simply be rerun).
-            if claim["owned"] and not (run_dir / LAST_CHECKPOINT).is_file():
-                _remove_run(run_dir, claim["created"])
+            if claim.owned and not (run_dir / LAST_CHECKPOINT).is_file():
+                TRAIN_RUNS.remove_failed_start(run_dir, claim.created)
             raise
-        phase["then"] = _evaluating(run_dir)
+        phase["then"] = hint.evaluating(run_dir / LAST_CHECKPOINT)
         return _finish(cfg, model, data, run_dir, trainer, fit, dist)
 
 
-def _evaluating(run_dir: Path) -> str:
-    return (
-        f"during the final evaluation: training is finished ({run_dir / LAST_CHECKPOINT}); "
-        f"`patchword train --resume {run_dir}` evaluates it"
-    )
+def _fit(trainer: Trainer, hint: ResumeHint) -> dict[str, Any]:
+    """``trainer.fit()``; a signal that stops it (last.pt written) says to go on as ``hint`` says (the
+    trainer itself knows only ``patchword train --resume``)."""
+    try:
+        return trainer.fit()
+    except TrainingInterrupted as err:
+        if err.resume == hint:
+            raise
+        raise TrainingInterrupted(err.signum, err.step, err.checkpoint, hint) from None
 
 
-def _remove_run(run_dir: Path, created: bool) -> None:
-    if created:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    else:  # an empty directory the user made: remove only what this run wrote
-        _remove_entries(run_dir, _failed_start(run_dir) or _START_FILES)
-    _logger.info("start failed before the first checkpoint: %s removed", run_dir)
-
-
-def resume_run(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+def resume_run(
+    run_dir: str | Path, overrides: Sequence[str] = (), *, hint: ResumeHint | None = None
+) -> dict[str, Any]:
     """Continue ``run_dir`` from its ``last.pt`` with its own saved config.
 
     Only the keys in :data:`RESUMABLE_KEYS` may be overridden (more epochs, another device, other eval
-    options); ``config.yaml`` is never rewritten: each resume is appended to ``resumes.jsonl``.
+    options); ``config.yaml`` is never rewritten: each resume is appended to ``resumes.jsonl``. ``hint``:
+    how an interruption's message says to go on with the run (default ``patchword train --resume``).
 
     Raises:
         MissingFileError: no such run, or it has no config.yaml / last.pt.
         ConfigError: an override of a key that is not safe to change on a resume.
         RunExistsError: another process trains or resumes the run now.
-        Interrupted: SIGTERM / SIGINT outside the training loop (which stops with last.pt written).
+        Interrupted: SIGTERM / SIGINT outside the training loop;
+            :class:`~patchword.train.trainer.TrainingInterrupted` during training (last.pt written).
     """
     run_dir = Path(run_dir)
     saved = read_run_config(run_dir)
@@ -346,12 +294,12 @@ def resume_run(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, 
     stored = from_dict(RunConfig, state["config"])
     refuse_edited_config(run_dir / CONFIG_FILE, saved, stored, RESUMABLE_KEYS)
     tokenizer = load_run_tokenizer(run_dir, cfg.data)
-    phase: dict[str, Any] = {
-        "then": f"before training resumed: `patchword train --resume {run_dir}` continues it"
-    }
+    hint = hint or ResumeHint.resume(TRAIN_RUNS.command, run_dir)
+    phase: dict[str, Any] = {"then": hint.before_resumed()}
     with stop_raises(phase), session(device, cfg.dist_timeout_s) as dist, contextlib.ExitStack() as locks:
         check_launch(cfg, dist.world_size)
-        _on_main(dist, run_dir, lambda: _claim_run(run_dir, locks))
+        # locked, then what a kill during a write left (export/ included) removed
+        _on_main(dist, run_dir, lambda: TRAIN_RUNS.lock_for_resume(run_dir, locks))
         data, model = _build(cfg, None, tokenizer=tokenizer, run_dir=run_dir)
         trainer = _trainer(cfg, model, data, run_dir, dist)
         trainer.load_state_dict(state)
@@ -375,16 +323,9 @@ def resume_run(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, 
             append_line(run_dir / RESUMES_FILE, json.dumps(record))
             if not trainer.finished:
                 _set_aside_results(run_dir)
-        fit = trainer.fit()
-        phase["then"] = _evaluating(run_dir)
+        fit = _fit(trainer, hint)
+        phase["then"] = hint.evaluating(run_dir / LAST_CHECKPOINT)
         return _finish(cfg, model, data, run_dir, trainer, fit, dist)
-
-
-def _claim_run(run_dir: Path, locks: contextlib.ExitStack) -> None:
-    """Lock the run for a resume; then, nobody else writing it, delete what a kill during a write left."""
-    locks.enter_context(_run_lock(run_dir))
-    remove_stale_temps(run_dir, _ATOMIC_FILES)
-    remove_stale_temps(run_dir / EXPORT_DIR, (WEIGHTS_FILE, "config.json"))
 
 
 def _set_aside_results(run_dir: Path) -> None:

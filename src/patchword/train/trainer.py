@@ -30,7 +30,7 @@ from patchword.checkpoint import atomic_save, load_checkpoint, rng_state, set_rn
 from patchword.data.batches import ShardBatch, ShardedBatches
 from patchword.data.pipeline import EncodedSplit, reads_files
 from patchword.distributed import Distributed
-from patchword.errors import ConfigError, Interrupted
+from patchword.errors import ConfigError, Interrupted, ResumeHint
 from patchword.eval.protocol import evaluate
 from patchword.fileio import append_line
 from patchword.model import RetrievalModel
@@ -62,16 +62,14 @@ def torch_threads(count: int) -> Iterator[None]:
 
 
 class TrainingInterrupted(Interrupted):
-    """SIGTERM / SIGINT arrived; ``last.pt`` was written at ``step`` and the run can be resumed."""
+    """SIGTERM / SIGINT arrived; ``last.pt`` was written at ``step`` and the run can be resumed. The message
+    says so and how to go on: ``resume`` (:class:`~patchword.errors.ResumeHint`), by default ``patchword
+    train --resume``."""
 
-    def __init__(self, signum: int, step: int, checkpoint: Path) -> None:
+    def __init__(self, signum: int, step: int, checkpoint: Path, resume: ResumeHint | None = None) -> None:
         self.step, self.checkpoint = step, checkpoint
-        name = signal.Signals(signum).name
-        super().__init__(
-            signum,
-            f"{name} received: stopped at step {step}, {checkpoint} written; continue with "
-            f"`patchword train --resume {checkpoint.parent}`",
-        )
+        self.resume = resume or ResumeHint.resume("patchword train", checkpoint.parent)
+        super().__init__(signum, self.resume.stopped(signum, step, checkpoint))
 
 
 @contextlib.contextmanager
