@@ -101,7 +101,12 @@ def test_a_directory_holding_more_than_a_failed_start_is_refused_untouched(tmp_p
     before = {p.name: p.read_bytes() for p in run.iterdir()}
     with pytest.raises(RunExistsError, match="already exists") as refused:
         train_run(cfg)
-    assert "--resume" not in str(refused.value) and "no last.pt to resume from" in str(refused.value)
+    assert "--resume" not in str(refused.value)
+    if extra == "best.pt":  # the weights of the first validation: say how to use them
+        assert "with best.pt but no last.pt" in str(refused.value)
+        assert f"`patchword eval {run}`" in str(refused.value)
+    else:
+        assert "no last.pt to resume from" in str(refused.value)
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from patchword.errors import RunExistsError, resume_command
 from patchword.fileio import only_entries, remove_stale_temps
 from patchword.locks import exclusive_lock
-from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT
+from patchword.runs.files import BEST_CHECKPOINT, CONFIG_FILE, LAST_CHECKPOINT
 
 __all__ = ["LOCK_FILE", "Claim", "Refusals", "RunKind"]
 
@@ -54,6 +54,9 @@ class Refusals:
     foreign: str
     #: ``run_dir`` is a file.
     is_file: str
+    #: It holds the best checkpoint but no ``last.pt`` (a kill while the first was written): weights one
+    #: may evaluate, nothing to resume. Empty: ``stopped`` / ``foreign`` say it.
+    evaluable: str = ""
 
 
 @dataclass
@@ -129,6 +132,8 @@ class RunKind:
         words = self.refusals
         if (run_dir / LAST_CHECKPOINT).is_file():
             template = words.resumable
+        elif words.evaluable and (run_dir / BEST_CHECKPOINT).is_file():
+            template = words.evaluable
         elif (run_dir / CONFIG_FILE).is_file():
             template = words.stopped
         else:

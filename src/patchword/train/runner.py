@@ -122,6 +122,11 @@ TRAIN_RUNS = RunKind(
         stopped=_NOTHING_TO_RESUME,
         foreign=_NOTHING_TO_RESUME,
         is_file="{run_dir} is a file: choose another name= or output_dir=",
+        evaluable=(
+            f"run directory {{run_dir}} already exists, with {BEST_CHECKPOINT} but no {LAST_CHECKPOINT} "
+            f"(a run killed while it wrote its first {LAST_CHECKPOINT}): nothing to resume; evaluate its "
+            "weights with `patchword eval {run_dir}`, or remove it or choose another name= to train again"
+        ),
     ),
     own_outputs=_tracker_outputs,
     logger=__name__,
