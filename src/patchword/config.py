@@ -45,6 +45,7 @@ __all__ = [
     "flat_config",
     "field_subset",
     "check_common_values",
+    "check_dir_name",
 ]
 
 T = TypeVar("T")
@@ -493,8 +494,22 @@ def check_common_values(cfg: Any, seeds: Iterable[str] = ("seed",), name_key: st
         if not low <= values[key] <= high:
             raise ConfigError(key, f"must lie in [0, 2**32 - 1] (numpy's seed range), got {values[key]!r}")
     if name_key is not None:
-        name = values[name_key]
-        if name in (".", "..") or "/" in name or "\\" in name:
-            raise ConfigError(
-                name_key, f"is the run's directory under output_dir: a plain name, got {name!r}"
-            )
+        check_dir_name(values[name_key], name_key)
+
+
+def check_dir_name(name: str, key: str, what: str = "the run's directory under output_dir") -> None:
+    """``name`` (``what`` says whose directory it names) is one plain directory name: not ``.`` or ``..``, no
+    path separator or NUL, and UTF-8 text (a name given as bytes that are not UTF-8 arrives
+    holding surrogates, which ``config.yaml`` would store and every later reader of the run choke on).
+
+    Raises:
+        ConfigError: naming ``key``.
+    """
+    if name in (".", "..") or any(char in name for char in "/\\\0"):
+        raise ConfigError(key, f"is {what}: a plain name, got {name!r}")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(
+            key, f"is {what}: a name in UTF-8 text, got {name!r} (bytes that are not UTF-8)"
+        ) from None

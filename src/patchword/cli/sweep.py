@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", help="YAML file with RunConfig fields, or a shipped recipe's name (e.g. demo)"
     )
-    parser.add_argument("--seeds", required=True, help="seeds: 0,1,2 or 0-4")
+    parser.add_argument("--seeds", required=True, help="seeds: 0,1,2 or 0-4 (distinct, at most 1000)")
     parser.add_argument("--name", help="the sweep directory's name under output_dir (default <name>-sweep)")
     parser.add_argument(
         "--variant",

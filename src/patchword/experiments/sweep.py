@@ -11,10 +11,19 @@ A sweep directory ``OUTPUT_DIR/NAME`` holds one run directory per variant and se
 every run's test metrics, and per variant the mean and the sample standard deviation (n - 1) of each
 metric, with the split, its gallery size and whether the protocol is leaky. It is resumable: a finished run
 (its ``summary.json`` exists) is kept, an interrupted one (``last.pt``) resumed, one stopped before its first
-checkpoint started again; what every member left is checked (readable, same settings) before the first run,
-so a bad one stops the sweep with ``sweep.json`` as it was; ``sweep.json`` is rewritten (atomically) after
-every run. Under ``torchrun`` every process runs every seed in turn (each run uses all processes); rank 0
-writes ``sweep.json``.
+checkpoint started again (as ``patchword train`` does: only what such a start writes is removed, a seed
+directory holding anything else is refused, naming it); what every member left is checked (readable, same
+settings) before the first run, so a bad one stops the sweep with ``sweep.json`` as it was; ``sweep.json`` is
+rewritten (atomically) after every run. Under ``torchrun`` every process runs every seed in turn (each run
+uses all processes); rank 0 writes ``sweep.json``.
+
+The record of a sweep name lists every seed and variant ever run under it: a later invocation with fewer
+seeds or other variants adds to it, keeping the finished runs it records (read back from their directories
+and checked like the runs asked for; one whose ``summary.json`` is gone is left out, its seed still
+planned, so the sweep shows as incomplete), and ``seeds`` becomes every seed any invocation set out to run.
+
+Seeds come from ``--seeds`` alone (``seed=`` among the overrides is refused), at most :data:`MAX_SEEDS`
+of them, each in numpy's seed range; ``--name`` is one plain directory name under ``output_dir``.
 """
 
 from __future__ import annotations
@@ -22,17 +31,17 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 from pathlib import Path
 from typing import Any
 
+from patchword.config import SEED_RANGE, check_dir_name
 from patchword.errors import ConfigError
 from patchword.eval.metrics import RANK_KEYS, RECALL_KEYS
 from patchword.fileio import atomic_write_text
 from patchword.readers import read_json
 from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT, SUMMARY_FILE
 
-__all__ = ["SWEEP_FILE", "mean_std", "parse_seeds", "read_sweep", "run_sweep", "summarize"]
+__all__ = ["MAX_SEEDS", "SWEEP_FILE", "mean_std", "parse_seeds", "read_sweep", "run_sweep", "summarize"]
 
 _logger = logging.getLogger(__name__)
 
@@ -41,21 +50,39 @@ SWEEP_FILE = "sweep.json"
 METRICS = (*RECALL_KEYS, *RANK_KEYS)
 #: What a sweep records about how its metrics were obtained (from the first run's summary).
 PROTOCOL = ("split", "images", "captions", "leaky", "matcher", "dense_pairing", "oracle_rsum")
+#: The most seeds one sweep runs (each is a whole training run): more is a typo such as ``0-99999999``.
+MAX_SEEDS = 1000
 
 
 def parse_seeds(text: str) -> list[int]:
-    """``"0,1,2"`` or ``"0-4"`` -> the seeds."""
-    seeds: list[int] = []
-    try:
-        for part in text.split(","):
-            if "-" in part.strip()[1:]:
-                low, high = part.split("-", 1)
-                seeds += list(range(int(low), int(high) + 1))
-            elif part.strip():
-                seeds.append(int(part))
-    except ValueError:
-        raise ConfigError("--seeds", f"expected seeds like 0,1,2 or 0-4, got {text!r}") from None
-    if not seeds or len(set(seeds)) != len(seeds):
+    """``"0,1,2"`` or ``"0-4"`` -> the seeds: distinct, in numpy's seed range, at most :data:`MAX_SEEDS`
+    (counted before any range is expanded).
+
+    Raises:
+        ConfigError: naming ``--seeds``.
+    """
+    ranges: list[tuple[int, int]] = []
+    for part in text.split(","):
+        item = part.strip()
+        if not item:
+            raise ConfigError("--seeds", f"an empty item in {text!r}: expected seeds like 0,1,2 or 0-4")
+        low, dash, high = item[1:].partition("-")  # a leading "-" is a sign, not a range
+        try:
+            ranges.append((int(item[0] + low), int(high)) if dash else (int(item), int(item)))
+        except ValueError:
+            raise ConfigError("--seeds", f"expected seeds like 0,1,2 or 0-4, got {text!r}") from None
+    for low, high in ranges:
+        if low > high:
+            raise ConfigError("--seeds", f"the range {low}-{high} runs backwards (write {high}-{low})")
+        if low < SEED_RANGE[0] or high > SEED_RANGE[1]:
+            raise ConfigError("--seeds", f"seeds lie in [0, 2**32 - 1] (numpy's seed range), got {text!r}")
+    count = sum(high - low + 1 for low, high in ranges)
+    if count > MAX_SEEDS:
+        raise ConfigError(
+            "--seeds", f"{text!r} is {count} seeds: a sweep runs at most {MAX_SEEDS} (one training run each)"
+        )
+    seeds = [seed for low, high in ranges for seed in range(low, high + 1)]
+    if len(set(seeds)) != len(seeds):
         raise ConfigError("--seeds", f"expected distinct seeds, got {text!r}")
     return seeds
 
@@ -82,11 +109,12 @@ def summarize(results: dict[int, dict[str, Any]]) -> dict[str, Any]:
 
 
 def _members(
-    overrides: list[str], variants: dict[str, list[str]], seeds: list[int], sweep_dir: Path
+    overrides: list[str], plan: dict[str, tuple[list[str], list[int]]], sweep_dir: Path
 ) -> list[tuple[str, int, list[str], Path]]:
-    """``(variant, seed, overrides, run directory)`` of every run of the sweep, in the order they run."""
+    """``(variant, seed, overrides, run directory)`` of every run of the sweep, in the order they run;
+    ``plan`` maps each variant to its overrides and its seeds."""
     members = []
-    for variant, extra in variants.items():
+    for variant, (extra, seeds) in plan.items():
         parent = sweep_dir / variant if variant else sweep_dir
         for seed in seeds:
             where = [f"output_dir={parent}", f"name=seed-{seed}", f"seed={seed}"]
@@ -101,9 +129,19 @@ def _check_existing_member(
     for every member before the first run, so that a bad one stops the sweep before ``sweep.json`` is
     rewritten (the seeds before it would otherwise replace a complete record)."""
     from patchword.runs.config import load_run_config
+    from patchword.train.runner import TRAIN_RUNS
 
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError("--name", f"{run_dir} is a file where the sweep keeps a run: move it away")
+    unfinished = not (run_dir / SUMMARY_FILE).is_file() and not (run_dir / LAST_CHECKPOINT).is_file()
+    # a start killed before its first checkpoint is started again (train_run removes what it left); the
+    # files of anything else stay where they are
+    if unfinished and TRAIN_RUNS.holds_files(run_dir) and TRAIN_RUNS.failed_start(run_dir) is None:
+        raise ConfigError(
+            "--name",
+            f"{run_dir} holds files a run of the sweep did not leave: move them away or give the sweep "
+            "another --name",
+        )
     if (run_dir / CONFIG_FILE).is_file():
         _refuse_other_settings(run_dir, load_run_config(config, overrides))
     if (run_dir / SUMMARY_FILE).is_file():
@@ -113,7 +151,7 @@ def _check_existing_member(
                 read_json(run_dir / f"eval_{suite}.json", "suite evaluation")
 
 
-def _run_one(config: str | None, overrides: list[str], run_dir: Path, dist_main: bool) -> dict[str, Any]:
+def _run_one(config: str | None, overrides: list[str], run_dir: Path) -> dict[str, Any]:
     """Train, resume or read back one run of the sweep (checked by :func:`_check_existing_member`); returns
     its summary."""
     from patchword.runs.config import load_run_config
@@ -125,8 +163,7 @@ def _run_one(config: str | None, overrides: list[str], run_dir: Path, dist_main:
     if (run_dir / LAST_CHECKPOINT).is_file():
         _logger.info("%s was interrupted: resuming it", run_dir)
         return resume_run(run_dir)
-    if run_dir.exists() and dist_main:  # stopped before its first checkpoint: nothing to keep
-        shutil.rmtree(run_dir)
+    # new, or a start killed before its first checkpoint, which train_run clears and starts again
     return train_run(load_run_config(config, overrides))
 
 
@@ -186,6 +223,67 @@ def _refuse_other_settings(run_dir: Path, wanted) -> None:
         )
 
 
+#: What a sweep sets for each of its runs: a variant's override of one of them would be dropped unsaid.
+_SET_BY_SWEEP = ("seed", "output_dir", "name")
+
+
+def _refuse_set_keys(overrides: list[str], variants: dict[str, list[str]]) -> None:
+    """``seed=`` among the common overrides, or any key of :data:`_SET_BY_SWEEP` among a variant's: the
+    sweep sets it for every run (the seed from ``--seeds``, the directory from ``output_dir`` and ``--name``).
+
+    Raises:
+        ConfigError: naming ``seed`` or ``--variant``.
+    """
+    for item in overrides:
+        if "=" in item and item.split("=", 1)[0].strip() == "seed":
+            raise ConfigError("seed", f"is set for each run of a sweep by --seeds: drop {item!r}")
+    for variant, extra in variants.items():
+        for item in extra:
+            key = item.split("=", 1)[0].strip()
+            if key in _SET_BY_SWEEP:
+                raise ConfigError(
+                    "--variant",
+                    f"{variant}: {key} is set for each run of a sweep (--seeds, output_dir= and --name "
+                    f"outside the variants): drop {item!r}",
+                )
+
+
+def _merge_earlier(
+    earlier: dict[str, Any] | None, variants: dict[str, list[str]], seeds: list[int], sweep_dir: Path
+) -> tuple[dict[str, tuple[list[str], list[int]]], dict[str, dict[int, dict[str, Any]]]]:
+    """This invocation's plan merged with the record ``earlier`` (the ``sweep.json`` an earlier invocation
+    under the same name wrote; None: none): the plan (each variant's overrides and seeds: those asked for,
+    then the finished ones the record holds and this invocation does not run, read back from their
+    directories) and the recorded rows of those kept runs (variant -> seed -> row). A kept run whose
+    ``summary.json`` is gone is left out; one of a variant whose overrides the record does not hold (a file
+    written before it recorded them) keeps its row as recorded."""
+    plan = {variant: (extra, list(seeds)) for variant, extra in variants.items()}
+    kept: dict[str, dict[int, dict[str, Any]]] = {}
+    recorded = (earlier or {}).get("variants", {})
+    for key, done in (earlier or {}).get("runs", {}).items():
+        variant = "" if key == "runs" and key not in recorded else key
+        extra = variants[variant] if variant in variants else recorded.get(variant, None if variant else [])
+        if variant and ("/" in variant or variant.startswith(".")):
+            extra = None  # not a directory name: nothing is read from where it points
+        asked = plan[variant][1] if variant in plan else []
+        parent = sweep_dir / variant if variant else sweep_dir
+        rows: dict[int, dict[str, Any]] = {}
+        for seed, row in done.items():
+            if int(seed) in asked or not isinstance(row, dict):
+                continue
+            if extra is not None and not (parent / f"seed-{seed}" / SUMMARY_FILE).is_file():
+                _logger.warning(
+                    "%s: no %s any more: left out of the sweep", parent / f"seed-{seed}", SUMMARY_FILE
+                )
+                continue
+            rows[int(seed)] = row
+        if rows:
+            kept[variant] = rows
+            if extra is not None:
+                plan[variant] = (extra, [*asked, *rows])
+    return plan, kept
+
+
 def run_sweep(
     config: str | None,
     seeds: list[int],
@@ -198,43 +296,70 @@ def run_sweep(
     """Run (or continue) the sweep; returns what ``sweep.json`` holds (plus ``directory``).
 
     ``suites`` (``compositional``, ``patches``) are evaluated on every finished run that lacks them; their
-    accuracies go into the run's row as ``<suite>.<key>``."""
+    accuracies go into the run's row as ``<suite>.<key>``. An earlier ``sweep.json`` of the same name is
+    added to, never cut down: its finished runs stay in the record (see the module docstring)."""
     from patchword.distributed import launch_info
     from patchword.runs.config import load_run_config
 
+    _refuse_set_keys(overrides, variants or {})
     base = load_run_config(config, overrides)  # every override checked before anything runs
     variants = variants or {"": []}
     for variant, extra in variants.items():
         load_run_config(config, [*overrides, *extra])
         if variant and ("/" in variant or variant.startswith(".")):
             raise ConfigError("--variant", f"a variant name is a directory name, got {variant!r}")
-    sweep_dir = Path(base.output_dir) / (name or f"{base.name}-sweep")
+    if name is None:  # the sweep's directory is NAME-sweep
+        check_dir_name(base.name, "name", "the sweep's name without --name (its directory NAME-sweep)")
+    elif not name.strip():
+        raise ConfigError(
+            "--name", f"is the sweep's directory under output_dir: a plain non-empty name, got {name!r}"
+        )
+    else:
+        check_dir_name(name, "--name", "the sweep's directory under output_dir")
+    sweep_dir = Path(base.output_dir) / (name if name is not None else f"{base.name}-sweep")
     _refuse_foreign_directory(sweep_dir, "--name")
     launch = launch_info()
     main = launch.rank == 0
     suites = list(suites or [])
     if suites and launch.world_size > 1:
         raise ConfigError("--suite", "the evaluation suites run in one process: sweep without torchrun")
+    earlier = read_sweep(sweep_dir) if (sweep_dir / SWEEP_FILE).is_file() else None
+    plan, kept = _merge_earlier(earlier, variants, seeds, sweep_dir)
+    planned = list((earlier or {}).get("seeds", []))
     record: dict[str, Any] = {
         "config": config,
         "overrides": overrides,
-        "seeds": seeds,
-        "variants": {v: extra for v, extra in variants.items() if v},
+        "seeds": [*planned, *(seed for seed in seeds if seed not in planned)],
+        "variants": {
+            **(earlier or {}).get("variants", {}),
+            **{v: extra for v, extra in variants.items() if v},
+        },
         "runs": {},
         "summary": {},
     }
-    members = _members(overrides, variants, seeds, sweep_dir)
+    position = {seed: i for i, seed in enumerate(record["seeds"])}
+
+    def in_order(seeds: list[int]) -> list[int]:  # the record's order of seeds
+        return sorted(seeds, key=lambda seed: position.get(seed, len(position)))
+
+    def store(variant: str) -> None:
+        rows = results[variant]
+        record["runs"][variant or "runs"] = {str(seed): rows[seed] for seed in in_order(list(rows))}
+        record["summary"][variant or "runs"] = summarize(rows)
+
+    results = {variant: dict(rows) for variant, rows in kept.items()}
+    for variant in results:  # in the record until read back: a kill now loses none of them
+        store(variant)
+    members = _members(overrides, {v: (extra, in_order(s)) for v, (extra, s) in plan.items()}, sweep_dir)
     for _, _, member_overrides, run_dir in members:
         _check_existing_member(config, member_overrides, run_dir, suites)
-    results: dict[str, dict[int, dict[str, Any]]] = {}
     for variant, seed, member_overrides, run_dir in members:
-        summary = _run_one(config, member_overrides, run_dir, main)
+        summary = _run_one(config, member_overrides, run_dir)
         row = {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool, type(None)))}
         for suite in suites:
             row.update(_suite(run_dir, suite))
         results.setdefault(variant, {})[seed] = row
-        record["runs"].setdefault(variant or "runs", {})[str(seed)] = row
-        record["summary"][variant or "runs"] = summarize(results[variant])
+        store(variant)
         if main:
             sweep_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_text(sweep_dir / SWEEP_FILE, json.dumps(record, indent=2))
