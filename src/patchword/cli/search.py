@@ -103,6 +103,8 @@ def main_index(argv: list[str] | None = None) -> int:
     from patchword.search.index import build_index
 
     def build() -> None:
+        if args.collection is not None and not args.qdrant:
+            raise ConfigError("--collection", "names the Qdrant collection of an upload: give --qdrant too")
         if args.qdrant and args.dense_store == "scores":
             raise ConfigError(
                 "--dense-store", "the Qdrant backend holds dense tokens: use --dense-store tokens"
@@ -204,7 +206,7 @@ def main_search(argv: list[str] | None = None) -> int:
     if args.json:
         body = result.to_json()
         body["timings_ms"] = {key: round(1000 * value, 3) for key, value in result.timings.items()}
-        print(json.dumps(body, indent=2, ensure_ascii=False))
+        print(json.dumps(body, indent=2, ensure_ascii=False, allow_nan=False))  # NaN is not JSON
         return 0
     width = max((len(str(h.rank)) for h in result.hits), default=1)
     print(f"{'#':>{width}}  {'score':>8}  {'global':>8}  path")

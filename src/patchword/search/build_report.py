@@ -9,7 +9,7 @@ from typing import Any
 from patchword.search.scan import SkippedFile
 from patchword.search.store import MANIFEST_FILE
 
-__all__ = ["BuildReport", "no_images_message"]
+__all__ = ["BuildReport", "no_images_message", "nothing_indexed_message"]
 
 #: Skipped files listed by :meth:`BuildReport.summary` (the manifest keeps them all).
 SHOWN_SKIPPED = 20
@@ -82,3 +82,14 @@ def no_images_message(root: Path, skipped: list[SkippedFile], ignored: int) -> s
         held.append(f"{ignored} other files")
     holds = ", ".join(held) if held else "no files (hidden ones are not scanned)"
     return f"--images: no image to index under {root}: it holds {holds}; nothing was written"
+
+
+def nothing_indexed_message(flag: str, root: Path, skipped: list[SkippedFile], outcome: str) -> str:
+    """One line: no image under ``root`` can be indexed, how many files were skipped and why (the first
+    three), and ``outcome`` (what became of ``--out``)."""
+    skipped = sorted(skipped, key=lambda s: s.path)
+    shown = "; ".join(f"{s.path}: {s.reason}" for s in skipped[:3])
+    return (
+        f"{flag}: no image under {root} can be indexed: {len(skipped)} files were skipped "
+        f"({shown}{' ...' if len(skipped) > 3 else ''}); {outcome}"
+    )

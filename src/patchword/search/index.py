@@ -29,10 +29,10 @@ import torch
 
 from patchword.errors import ConfigError, DataError, MissingFileError, RunExistsError, describe_os_error
 from patchword.eval.engine.core import engine_for
-from patchword.fileio import probe_writable
+from patchword.fileio import atomic_write_bytes, probe_writable
 from patchword.progress import progress_bar
 from patchword.runs import LoadedRun, load_run
-from patchword.search.build_report import BuildReport, no_images_message
+from patchword.search.build_report import BuildReport, no_images_message, nothing_indexed_message
 from patchword.search.codecs import PQ_MIN_TOKENS, check_store, load_codec, make_codec
 from patchword.search.encode import (
     ShardEncoder,
@@ -272,7 +272,9 @@ def build_index(
         IndexMismatchError: ``index_dir`` was built by another model.
         RunExistsError: ``index_dir`` holds something else, or a complete index without ``update``.
         MissingFileError: no ``images`` folder, ``dense`` file, run or checkpoint.
-        DataError: ``images`` holds no image; a ``dense`` file that cannot be read.
+        DataError: ``images`` holds no image, or none that can be indexed (every one fails to decode or has
+            no dense caption: no index is left, an updated one is put back as it was); a ``dense`` file that
+            cannot be read; a manifest in ``index_dir`` that cannot be read.
         ConfigError: a value out of its range (``--batch-size``, ``--shard-size``, ``--workers``,
             ``--pq-bytes``, ``--keep-patches``...), ``--out`` where no index can be written, ``--images`` /
             ``--fp16`` / ``--dense`` disagreeing with the existing index, or a model that cannot read images.
@@ -372,14 +374,18 @@ def build_index(
         and (scanned[s.path].size, scanned[s.path].mtime_ns) == (s.size, s.mtime_ns)
     }
     skipped = list(scan.skipped) + list(failed_before.values())
-    todo = []
+    todo, uncaptioned = [], 0
     for file in scan.images:
         if file.path in kept_paths or file.path in failed_before:
             continue
         if dense_texts is not None and file.path not in dense_texts:
             skipped.append(SkippedFile(file.path, f"no dense caption in {manifest.dense['file']}"))
+            uncaptioned += 1
             continue
         todo.append(file)
+    if not kept and not todo:  # an index of no image: every later search would refuse it
+        flag = "--dense" if uncaptioned else "--images"
+        raise DataError(nothing_indexed_message(flag, images_root, skipped, "nothing was written"))
     if codec is None and manifest.dtype == "pq" and todo:
         _check_pq_sample(identity, min(len(todo), shard_size), dense_texts is not None and not store_scores)
 
@@ -388,6 +394,9 @@ def build_index(
     manifest.entries = kept
     manifest.skipped = sorted(skipped, key=lambda s: s.path)
     created = not index_dir.exists()
+    manifest_file = index_dir / MANIFEST_FILE
+    # put back if every file fails to decode (only possible when no entry is kept)
+    previous = manifest_file.read_bytes() if not kept and manifest_file.is_file() else None
     index_dir.mkdir(parents=True, exist_ok=True)
     (index_dir / SHARDS_DIR).mkdir(exist_ok=True)
     try:
@@ -432,6 +441,15 @@ def build_index(
             manifest.skipped = sorted(skipped, key=lambda s: s.path)
             manifest.write(index_dir)
     report.encode_seconds = time.perf_counter() - t_encode
+    if not manifest.entries:  # every file failed to decode: no index rather than an empty one
+        if created:
+            shutil.rmtree(index_dir, ignore_errors=True)
+        elif previous is None:
+            manifest_file.unlink(missing_ok=True)
+        else:
+            atomic_write_bytes(manifest_file, previous)
+        outcome = "nothing was written" if previous is None else f"{index_dir} was left as it was"
+        raise DataError(nothing_indexed_message("--images", images_root, skipped, outcome))
 
     total_rows = sum(s["rows"] for s in manifest.shards)
     if total_rows and total_rows - len(manifest.entries) > COMPACT_DEAD_FRACTION * total_rows:

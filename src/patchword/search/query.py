@@ -21,6 +21,7 @@ Over 400 lines: the searcher: the first stage, the re-ranking and the query chec
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 import unicodedata
@@ -39,7 +40,7 @@ from patchword.matching.base import Matcher
 from patchword.runs import LoadedRun, load_run
 from patchword.search.explain import explain_pair
 from patchword.search.identity import check_index_model, model_identity
-from patchword.search.store import SearchIndex, rows_digest
+from patchword.search.store import REPAIR_HINT, DamagedIndexError, SearchIndex, rows_digest
 
 if TYPE_CHECKING:
     from patchword.search.explain import Explanation
@@ -387,9 +388,21 @@ class Searcher:
         found = ids[0] >= 0
         global_scores, ids = global_scores[0][found], ids[0][found]
         t2 = time.perf_counter()
-        scores = self.rerank(query, ids) if ids.numel() else global_scores.clone()  # nothing found: no hit
+        if not ids.numel():
+            scores = global_scores.clone()  # nothing found: no hit
+        else:
+            try:
+                scores = self.rerank(query, ids)
+            except ValueError as err:  # an engine that checks its inputs' values: stored rows of nan?
+                damaged = self._non_finite(query, ids, known=False)
+                if damaged is None:
+                    raise
+                raise damaged from err
         if self.alpha:
             scores = scores + self.alpha * global_scores
+        finite = torch.isfinite(scores) & torch.isfinite(global_scores)
+        if not bool(finite.all()):  # a nan would rank first (and is not JSON): no result is better
+            raise self._non_finite(query, ids[~finite])
         order = torch.sort(scores, descending=True, stable=True).indices[:k]
         t3 = time.perf_counter()
         hits = [
@@ -411,6 +424,9 @@ class Searcher:
             raise KeyError(image_id)
         query = self.encode_query(text)
         ids = torch.tensor([image_id])
+        damaged = self._non_finite(query, ids, known=False)
+        if damaged is not None:  # found before the matcher refuses the tokens with a ValueError
+            raise damaged
         dense = self.index.dense_tokens(ids) if self.use_dense else None
         dense_score = self.index.dense_scores(ids) if self.use_dense else None  # --dense-store scores
         explanation = explain_pair(
@@ -429,7 +445,35 @@ class Searcher:
             image_global = self.index.global_rows(ids)[0]  # that row only (a Qdrant index included)
             global_score = float(query.global_embedding[0].float().cpu() @ image_global)
             explanation.score += self.alpha * global_score
+        if not math.isfinite(explanation.score):  # a store without shard files (Qdrant)
+            raise self._non_finite(query, ids)
         return explanation
+
+    def _non_finite(self, query: Query, ids: torch.Tensor, *, known: bool = True) -> DamagedIndexError | None:
+        """The error of scoring the images ``ids`` for ``query`` when their scores are (``known``), or may be,
+        non-finite: naming the model when the query's encoding is not finite, else the shard file holding
+        non-finite values in those images' rows, else (``known`` only; otherwise None) the index."""
+        query_finite = bool(
+            torch.isfinite(query.tokens).all() and torch.isfinite(query.global_embedding).all()
+        )
+        damaged = {}
+        if query_finite and isinstance(self.index, SearchIndex):
+            damaged = self.index.non_finite_files(ids)
+        if query_finite and not damaged and not known:
+            return None
+        bad = list(damaged) or [int(i) for i in ids.reshape(-1)]
+        more = f" and {len(bad) - 1} more images" if len(bad) > 1 else ""
+        what = f"image {self.index.path(bad[0])}{more} cannot be scored"
+        if not query_finite:
+            return DamagedIndexError(
+                f"{self.run.checkpoint}: the model encodes the query to non-finite values ({what}); its "
+                "weights are damaged: train or restore the run"
+            )
+        if damaged:
+            return DamagedIndexError(
+                f"{damaged[bad[0]]}: holds non-finite values ({what}): delete it and {REPAIR_HINT}"
+            )
+        return DamagedIndexError(f"{self.index.index_dir}: the index is damaged ({what}); build a new one")
 
     def _pruned(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """``explain_pair``'s arguments for one image of an index pruned at build time, else none."""

@@ -24,7 +24,8 @@ points at them) until the index is compacted.
 An index id is the position of an entry in the manifest: ids are dense (0..N-1) and stable for one
 version of the index.
 
-Over 400 lines: the on-disk index format: manifest, shards and their atomic writes, one format in one place.
+Over 400 lines: the on-disk index format: manifest, shards, their checks and atomic writes, one format in one
+place.
 """
 
 from __future__ import annotations
@@ -56,11 +57,14 @@ __all__ = [
     "IndexEntries",
     "Manifest",
     "SearchIndex",
+    "DamagedIndexError",
     "atomic_write",
     "save_npy_atomic",
     "write_npy",
     "shard_files",
     "broken_shards",
+    "shape_problem",
+    "token_width",
     "rows_digest",
     "DENSE_STORES",
     "REPAIR_HINT",
@@ -159,7 +163,7 @@ class Manifest:
                 f"{FORMAT_VERSION}); rebuild it with `patchword index build`"
             )
         try:
-            return cls(
+            manifest = cls(
                 model=payload["model"],
                 images_root=payload["images_root"],
                 dtype=payload["dtype"],
@@ -174,10 +178,76 @@ class Manifest:
             )
         except (KeyError, TypeError, ValueError) as err:
             raise DataError(f"{path}: malformed index manifest (field {err})") from err
+        problem = _manifest_problem(manifest)
+        if problem is not None:
+            raise DataError(
+                f"{path}: malformed index manifest: field {problem[0]!r} {problem[1]}; build a new index "
+                "with `patchword index build`"
+            )
+        return manifest
 
     def write(self, index_dir: str | os.PathLike[str]) -> None:
         """Replace ``index_dir/manifest.json`` atomically."""
         atomic_write_bytes(Path(index_dir) / MANIFEST_FILE, self.to_json().encode("utf-8"))
+
+
+def _count(value: Any, low: int = 0) -> bool:
+    """Whether ``value`` is an int (not a bool) of at least ``low``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _manifest_problem(m: Manifest) -> tuple[str, str] | None:
+    """The first field of ``m`` the readers cannot use, as (field, what is wrong with it); None when every
+    field is one they read (a hand-edited or damaged manifest would otherwise fail deep inside a search)."""
+    if not isinstance(m.model, dict):
+        return "model", "is not an object"
+    for key in ("embed_dim", "num_patches"):
+        if not _count(m.model.get(key), 1):
+            return f"model.{key}", f"is {m.model.get(key)!r}, not a positive integer"
+    for key in ("run_dir", "checkpoint"):
+        if not isinstance(m.model.get(key), str):
+            return f"model.{key}", f"is {m.model.get(key)!r}, not a path"
+    if not isinstance(m.images_root, str):
+        return "images_root", f"is {m.images_root!r}, not a path"
+    if m.dtype not in DTYPES:
+        return "dtype", f"is {m.dtype!r}, not one of {', '.join(DTYPES)}"
+    if m.state not in ("building", "complete"):
+        return "state", f"is {m.state!r}, not building or complete"
+    if m.dense is not None and not (
+        isinstance(m.dense, dict)
+        and isinstance(m.dense.get("file"), str)
+        and m.dense.get("store", "tokens") in DENSE_STORES
+    ):
+        return "dense", f"is {m.dense!r}, not null or {{'file': PATH, 'store': {' or '.join(DENSE_STORES)}}}"
+    if m.pruning is not None and not (
+        isinstance(m.pruning, dict)
+        and all(_count(m.pruning.get(key), 1) for key in ("kept", "of"))
+        and isinstance(m.pruning.get("fraction"), (int, float))
+    ):
+        return "pruning", f"is {m.pruning!r}, not null or {{'kept': M, 'of': N, 'fraction': F, ...}}"
+    if not isinstance(m.codec, dict):
+        return "codec", f"is {m.codec!r}, not an object"
+    if not _count(m.next_shard):
+        return "next_shard", f"is {m.next_shard!r}, not a count"
+    rows: dict[int, int] = {}
+    for i, shard in enumerate(m.shards):
+        if not (isinstance(shard, dict) and _count(shard.get("id")) and _count(shard.get("rows"))):
+            return f"shards[{i}]", f"is {shard!r}, not {{'id': N, 'rows': N}}"
+        if shard["id"] in rows:
+            return f"shards[{i}]", f"names shard {shard['id']} a second time"
+        rows[shard["id"]] = shard["rows"]
+    for i, e in enumerate(m.entries):
+        if not (isinstance(e.path, str) and _count(e.size) and isinstance(e.format, str) and _count(e.row)):
+            return (
+                f"entries[{i}]",
+                f"is {list(asdict(e).values())!r}, not [path, size, mtime_ns, format, shard, row]",
+            )
+        if not (isinstance(e.shard, int) and e.row < rows.get(e.shard, 0)):
+            return (
+                f"entries[{i}]",
+                f"points at row {e.row} of shard {e.shard}, which the shards list does not hold",
+            )
+    return None
 
 
 def save_npy_atomic(path: Path, array: np.ndarray) -> None:
@@ -260,19 +330,88 @@ def shard_arrays(manifest: Manifest) -> tuple[str, ...]:
     return tuple(names)
 
 
+#: The number of dimensions of each shard array: rows first, then (tokens) the token axis, then the width.
+NDIMS = {
+    "global": 2,
+    "tokens": 3,
+    "tokens.scale": 2,
+    "dense": 3,
+    "dense.scale": 2,
+    "dense_lens": 1,
+    "dense_score": 1,
+    "patch_ids": 2,
+    "patch_prior": 2,
+}
+
+
+def token_width(manifest: Manifest, codec: TokenCodec | None = None) -> int | None:
+    """The last dimension of the stored token arrays: the embedding width, or pq's bytes per token (from
+    ``codec``, else the manifest's record of it; None when neither says)."""
+    if manifest.dtype != "pq":
+        return int(manifest.model["embed_dim"])
+    if codec is not None and codec.centroids is not None:
+        return int(codec.centroids.shape[0])
+    return manifest.codec.get("pq_m")
+
+
+def shape_problem(
+    name: str, shapes: dict[str, tuple[int, ...]], rows: int, manifest: Manifest, width: int | None
+) -> str | None:
+    """What is wrong with the shape of the shard array ``name`` (``shapes[name]``; the shard's arrays
+    checked before it in :func:`shard_arrays` order are in ``shapes`` too) for a shard the manifest says
+    holds ``rows`` images; None when nothing is. Reads no file."""
+    shape = shapes[name]
+    if len(shape) != NDIMS[name]:
+        return f"has shape {shape}, an index's {name} array has {NDIMS[name]} dimensions"
+    want = [rows, *shape[1:]]
+    if name == "global":
+        want[1] = int(manifest.model["embed_dim"])
+    elif name in ("tokens", "dense") and width is not None:
+        want[2] = width
+    elif name.endswith(".scale"):
+        want[1] = shapes[name.removesuffix(".scale")][1]
+    elif name in ("patch_ids", "patch_prior"):
+        want[1] = int(manifest.pruning["kept"])
+    if name == "tokens" and manifest.pruning is None and _count(manifest.model.get("image_tokens"), 1):
+        want[1] = manifest.model["image_tokens"]
+    if (
+        name == "tokens"
+        and manifest.pruning is not None
+        and shape[1] - manifest.pruning["kept"] not in (0, 1)
+    ):
+        want[1] = manifest.pruning["kept"]  # the kept patches, after the CLS token where the model has one
+    if tuple(want) != tuple(shape):
+        return f"has shape {tuple(shape)}, its shard of {rows} images in {MANIFEST_FILE} needs {tuple(want)}"
+    return None
+
+
 def broken_shards(index_dir: Path, manifest: Manifest) -> dict[int, str]:
-    """Shard id -> what is wrong with one of its files (missing, truncated, not a .npy array), for every
-    shard of ``manifest`` that cannot be read; reads only the files' headers and sizes."""
+    """Shard id -> what is wrong with one of its files (missing, truncated, not a .npy array, a shape that
+    is not the one the manifest gives the shard), for every shard of ``manifest`` that cannot be read;
+    reads only the files' headers and sizes."""
     names = shard_arrays(manifest)
+    width = token_width(manifest)
     broken = {}
     for shard in manifest.shards:
         files = shard_files(index_dir, shard["id"])
+        shapes: dict[str, tuple[int, ...]] = {}
         for name in names:
             problem = npy_problem(files[name]) if files[name].is_file() else "missing"
+            if problem is None:
+                try:
+                    shapes[name] = np.load(files[name], mmap_mode="r", allow_pickle=False).shape
+                except (ValueError, EOFError) as err:
+                    problem = f"cannot read the array ({err})"
+                else:
+                    problem = shape_problem(name, shapes, shard["rows"], manifest, width)
             if problem is not None:
                 broken[shard["id"]] = f"{files[name].name}: {problem}"
                 break
     return broken
+
+
+class DamagedIndexError(DataError):
+    """An index whose stored vectors give a search non-finite scores (values overwritten on disk)."""
 
 
 class IndexEntries:
@@ -307,6 +446,7 @@ class SearchIndex(IndexEntries):
         self._arrays: dict[int, dict[str, np.ndarray]] = {}
         self.codec = load_codec(index_dir, manifest.dtype)
         names = shard_arrays(manifest)
+        width = token_width(manifest, self.codec)
         for shard in manifest.shards:
             files = shard_files(index_dir, shard["id"])
             arrays = {}
@@ -314,6 +454,11 @@ class SearchIndex(IndexEntries):
                 if not files[name].is_file():
                     raise DataError(f"{index_dir}: shard file {files[name].name} is missing; {REPAIR_HINT}")
                 arrays[name] = load_npy(files[name], mmap=True, fix=REPAIR_HINT)
+                # rows past the end would be an IndexError in the middle of a search
+                shapes = {n: a.shape for n, a in arrays.items()}
+                problem = shape_problem(name, shapes, shard["rows"], manifest, width)
+                if problem is not None:
+                    raise DataError(f"{files[name]}: {problem}; {REPAIR_HINT}")
             self._arrays[shard["id"]] = arrays
         shards = np.array([e.shard for e in self.entries], dtype=np.int64)
         rows = np.array([e.row for e in self.entries], dtype=np.int64)
@@ -352,7 +497,11 @@ class SearchIndex(IndexEntries):
 
     # ------------------------------------------------------------------ vectors
     def global_embeddings(self) -> torch.Tensor:
-        """(N, C) float32 global image embeddings in index-id order (gathered once, then cached)."""
+        """(N, C) float32 global image embeddings in index-id order (gathered once, then cached).
+
+        Raises:
+            DamagedIndexError: a row holds non-finite values (naming its shard file).
+        """
         if self._global is None:
             dim = int(self.manifest.model["embed_dim"])
             out = np.empty((len(self.entries), dim), dtype=np.float32)
@@ -360,6 +509,14 @@ class SearchIndex(IndexEntries):
                 mine = np.flatnonzero(self._shard_of == shard_id)
                 if mine.size:
                     out[mine] = arrays["global"][self._row_of[mine]]
+            bad = np.flatnonzero(~np.isfinite(out).all(axis=1))
+            if bad.size:  # a nan row would be left out of every shortlist without a word
+                file = shard_files(self.index_dir, int(self._shard_of[bad[0]]))["global"]
+                more = f" and {bad.size - 1} more images" if bad.size > 1 else ""
+                raise DamagedIndexError(
+                    f"{file}: holds non-finite values (image {self.entries[bad[0]].path}{more} cannot be "
+                    f"scored): delete it and {REPAIR_HINT}"
+                )
             self._global = torch.from_numpy(out)
         return self._global
 
@@ -459,6 +616,18 @@ class SearchIndex(IndexEntries):
         lens = self.gather("dense_lens", ids).astype(np.int64)
         width = int(lens.max()) if lens.size else 1
         return torch.from_numpy(self._decoded("dense", ids, width)), torch.from_numpy(lens)
+
+    def non_finite_files(self, ids: torch.Tensor | np.ndarray) -> dict[int, Path]:
+        """Index id -> the first shard file holding a non-finite value in its rows, for each of ``ids``
+        whose rows hold one (in the order given); reads those rows only."""
+        found = {}
+        for image_id in np.asarray(ids, dtype=np.int64).reshape(-1).tolist():
+            shard, row = int(self._shard_of[image_id]), int(self._row_of[image_id])
+            for name, array in self._arrays[shard].items():
+                if array.dtype.kind == "f" and not np.isfinite(array[row]).all():
+                    found[image_id] = shard_files(self.index_dir, shard)[name]
+                    break
+        return found
 
     def bytes_per_image(self) -> float:
         """Bytes the shard files take per indexed image (all arrays)."""

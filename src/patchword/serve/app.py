@@ -20,7 +20,8 @@ Robustness: parameters are parsed from the raw query string with strict UTF-8 an
 and a query holding control characters is refused; model work (encoding,
 re-ranking, explaining) and file reads run in a bounded thread pool, so the event loop only parses and
 answers; requests beyond ``max_pending`` waiting for the pool get ``503`` at once instead of queueing
-without limit; any exception in a request is answered with ``500`` and logged, and the server goes on.
+without limit; any exception in a request is answered with ``500`` and logged, and the server goes on (an
+index whose vectors give non-finite scores: a ``500`` saying so, logged in one line).
 
 (No ``from __future__ import annotations`` here: FastAPI reads the route signatures' annotations, and the
 FastAPI names are imported inside :func:`create_app` so that this module imports without the extra.)
@@ -41,6 +42,7 @@ from urllib.parse import parse_qsl
 
 from patchword.errors import MissingExtraError
 from patchword.search.query import QueryError, Searcher, check_query_text
+from patchword.search.store import DamagedIndexError
 
 __all__ = ["ServeLimits", "create_app", "require_serve_extra", "BROWSER_FORMATS"]
 
@@ -265,6 +267,9 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
         except QueryError as err:
             extra = {"unknown_words": err.unknown_words} if err.unknown_words else {}
             return error(400, str(err), **extra)
+        except DamagedIndexError as err:  # the operator's to repair: one line in the log, no traceback
+            logger.error("request %s %s failed: %s", request.method, request.url.path, err)
+            return error(500, "the search index is damaged (logged on the server)")
         except Exception:  # noqa: BLE001 - one bad request never takes the server down
             logger.exception("request %s %s failed", request.method, request.url.path)
             return error(500, "internal error (logged on the server)")
