@@ -30,7 +30,7 @@ def sweep(tmp_path) -> Path:
 @pytest.mark.parametrize(
     ("damaged", "expected"),
     [
-        ("config.yaml", "config.yaml: not a config file: invalid YAML"),
+        ("config.yaml", "config.yaml: not a run config: invalid YAML"),
         ("summary.json", "summary.json"),
     ],
 )

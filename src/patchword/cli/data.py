@@ -101,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from patchword.config import apply_overrides
     from patchword.data.export import export_synthetic_split
+    from patchword.data.prepare import SYNTHETIC_DATASETS
+    from patchword.errors import ConfigError
     from patchword.runs import read_run_config
     from patchword.runs.config import RunConfig
 
@@ -109,6 +111,19 @@ def _export(args: argparse.Namespace) -> int:
         if args.run
         else apply_overrides(RunConfig(), args.overrides)
     )
+    # a run on files has no scenes: the default scenes were written as if they were its data
+    dataset = cfg.data.dataset
+    if dataset not in SYNTHETIC_DATASETS:
+        key, what = (
+            ("--run", f"{args.run} has data.dataset={dataset}")
+            if args.run
+            else ("data.dataset", f"is {dataset}")
+        )
+        raise ConfigError(
+            key,
+            f"{what}, not the synthetic scenes: `data export synthetic` writes those of a run on "
+            f"data.dataset={' or '.join(SYNTHETIC_DATASETS)}",
+        )
     summary = export_synthetic_split(args.out, args.split, config=cfg.data.synthetic_config())
     print(summary.describe())
     return 0

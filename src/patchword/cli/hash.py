@@ -228,14 +228,17 @@ def _eval(args: argparse.Namespace) -> None:
 
     from patchword.hashing.evaluate import encode_hashing_split, evaluate_hashing
     from patchword.hashing.metrics import plot_pr_curves, precision_recall_curve
-    from patchword.hashing.runner import open_hashing_run
+    from patchword.hashing.runner import open_hashing_run, refuse_run_outputs
 
+    outputs = {"--out": args.out, "--pr-plot": args.pr_plot}
+    refuse_run_outputs(args.run_dir, outputs)  # --force replaces none of the run's files
     if args.out is not None:
         check_output_file(args.out, args.force)
     if args.pr_plot is not None:
         _check_plot_file(args.pr_plot, args.force)
     run = open_hashing_run(args.run_dir, args.overrides)
     cfg, model, data = run.cfg, run.model, run.data
+    refuse_run_outputs(args.run_dir, outputs, cfg=cfg)  # nor a feature file its data section reads
     if args.map_all:
         cfg.eval.map_all = True
     with torch.no_grad():
@@ -262,15 +265,17 @@ def _search(args: argparse.Namespace) -> None:
     import torch
 
     from patchword.hashing.model import UCMFH
-    from patchword.hashing.runner import open_hashing_run
+    from patchword.hashing.runner import open_hashing_run, refuse_run_outputs
 
     if args.k < 1:
         raise ConfigError("--k", f"must be >= 1 (neighbours per query), got {args.k}")
+    refuse_run_outputs(args.run_dir, {"--out": args.out}, reads=[args.query] if args.query else [])
     if args.out is not None:
         check_output_file(args.out, args.force)
     file_queries = _read_query_file(args.query) if args.query is not None else None
     run = open_hashing_run(args.run_dir)
     cfg, model, data = run.cfg, run.model, run.data
+    refuse_run_outputs(args.run_dir, {"--out": args.out}, cfg=cfg)
     if model.fusion != "unimodal":
         raise ValueError("search needs a unimodal model: official_fused codes need the paired other modality")
     queries = _queries(args, model, data, file_queries)

@@ -48,13 +48,30 @@ def report_outputs(out: Path, csv: Path | None) -> list[tuple[Path, str]]:
     return [*((path, "--out") for path in report_files(out).values()), *([(csv, "--csv")] if csv else [])]
 
 
+def _read_files(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
+    """The run directories the report reads (each given run, every run of a given sweep, and the sweep
+    directory itself), and the other files it reads: the runs' recorded evaluations (``eval*.json``), the
+    sweeps' ``sweep.json``, the ``--index`` manifests and ``--gallery`` files."""
+    from patchword.experiments.sweep import SWEEP_FILE
+    from patchword.runs.files import CONFIG_FILE
+
+    sweeps = [p / SWEEP_FILE for p in args.paths if (p / SWEEP_FILE).is_file()]
+    runs = [*args.paths, *(c.parent for sweep in sweeps for c in sweep.parent.rglob(CONFIG_FILE))]
+    reads = [*sweeps, *(index / "manifest.json" for index in args.index), *args.gallery]
+    return runs, [*reads, *(f for run in runs for f in run.glob("eval*.json"))]
+
+
 def run(args: argparse.Namespace) -> None:
     from patchword.errors import MissingFileError
     from patchword.experiments.report import write_report
     from patchword.fileio import check_output_file
+    from patchword.runs.load import refuse_run_output
 
-    # all of them before any work: a figure the user keeps under one of these names is theirs too
+    # all of them before any work: a figure the user keeps under one of these names is theirs too; a file
+    # the report reads (a run's summary.json, checkpoint or config) is never one, --force or not
+    runs, reads = _read_files(args)
     for path, flag in report_outputs(args.out, args.csv):
+        refuse_run_output(path, runs, reads, flag=flag)
         check_output_file(path, args.force, flag=flag)
     for index in args.index:
         if not (index / "manifest.json").is_file():

@@ -34,8 +34,10 @@ from typing import Any
 
 from patchword.checkpoint import export_weights, load_checkpoint, load_fitting_weights, seed_everything
 from patchword.config import (
+    apply_overrides,
     config_diff,
     config_to_dict,
+    flat_config,
     from_dict,
     load_config,
     refuse_edited_config,
@@ -54,6 +56,7 @@ from patchword.hashing.rundir import HASH_RUNS
 from patchword.hashing.trainer import HashTrainer, append_metrics
 from patchword.runs.claim import Claim
 from patchword.runs.files import CONFIG_FILE, IMPORT_FILE, LAST_CHECKPOINT, METRICS_FILE, RESUMES_FILE
+from patchword.runs.load import read_run_mapping, refuse_run_output
 from patchword.train.trainer import stop_raises
 
 __all__ = [
@@ -64,6 +67,8 @@ __all__ = [
     "resume_hashing",
     "load_hashing_run",
     "open_hashing_run",
+    "refuse_run_outputs",
+    "HASH_RUN_FILES",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -265,6 +270,37 @@ class HashRun:
     checkpoint: dict[str, Any]
 
 
+#: The files of a hashing run directory: what ``hash train`` writes and the database indexes ``hash search``
+#: caches there. No output of a command that reads the run replaces one, ``--force`` or not.
+HASH_RUN_FILES = frozenset(
+    {*HASH_RUNS.start_files, *HASH_RUNS.atomic_files, "index_image.npz", "index_text.npz"}
+)
+
+
+def refuse_run_outputs(
+    run_dir: str | Path,
+    outputs: dict[str, Path | None],
+    reads: Sequence[str | Path] = (),
+    cfg: HashRunConfig | None = None,
+) -> None:
+    """Before any work: no file a command writes (``outputs``: flag -> path, None where not given) is one
+    of the files of the run (:data:`HASH_RUN_FILES`, any checkpoint), one of ``reads`` (a query file) or,
+    once the run's ``cfg`` is read, a feature file of its data section (``data.image``, ``data.text``,
+    ``data.labels``, ``data.root`` or a file in it): ``hash eval RUN --out RUN/last.pt --force`` wrote the
+    metrics over the checkpoint.
+
+    Raises:
+        ConfigError: naming the flag.
+    """
+    data = (
+        [Path(v) for v in (cfg.data.image, cfg.data.text, cfg.data.labels, cfg.data.root) if v] if cfg else []
+    )
+    reads = [*reads, *data, *(f for path in data if path.is_dir() for f in path.iterdir())]
+    for flag, path in outputs.items():
+        if path is not None:
+            refuse_run_output(path, [run_dir], reads, names=HASH_RUN_FILES, flag=flag)
+
+
 def open_hashing_run(
     run_dir: str | Path, overrides: Sequence[str] | None = None, device: str | None = None
 ) -> HashRun:
@@ -272,6 +308,8 @@ def open_hashing_run(
     run_dir = Path(run_dir)
     if not (run_dir / CONFIG_FILE).is_file():
         raise MissingFileError(f"{run_dir} is not a hashing run directory (no {CONFIG_FILE})")
+    # an empty config.yaml, or a retrieval run's (each of its keys was "unknown config key")
+    read_run_mapping(run_dir, kind="hashing")
     if not (run_dir / LAST_CHECKPOINT).is_file():
         raise MissingFileError(f"{run_dir} has no last.pt: the run never saved a checkpoint")
     _refuse_trained_run_overrides(overrides or [])
@@ -314,7 +352,12 @@ def load_hashing_run(
 
 def _refuse_trained_run_overrides(overrides: Sequence[str]) -> None:
     """Before anything is read: an override of a key outside :data:`HASH_EVAL_KEYS` is refused, naming it
-    (``model.bits=16`` on a 32-bit run would build a model its weights do not fit)."""
+    (``model.bits=16`` on a 32-bit run would build a model its weights do not fit); an unknown key is
+    named as one (``frob=1`` was said to be a key that "cannot change")."""
+    known = flat_config(HashRunConfig())
+    for item in overrides:
+        if "=" in item and item.split("=", 1)[0].strip() not in known:
+            apply_overrides(HashRunConfig(), [item])  # raises: the unknown key, and the closest valid one
     refuse_overrides(
         overrides,
         HASH_EVAL_KEYS,

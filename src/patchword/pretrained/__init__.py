@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save
+from safetensors.torch import save
 
-from patchword.errors import ConfigError, MissingFileError
+from patchword.errors import ConfigError, DataError, MissingFileError
 from patchword.fileio import atomic_write, atomic_write_text
+from patchword.readers import read_json, read_safetensors
 
 __all__ = [
     "ENCODER_KEYS",
@@ -89,11 +90,18 @@ def load_pretrained_encoders(model: torch.nn.Module, model_cfg, name_or_path: st
 
     Raises:
         MissingFileError: no such directory or file.
+        DataError: a damaged ``config.json`` (not JSON, no ``architecture`` mapping) or ``model.safetensors``
+            (empty, truncated), naming the file.
         ConfigError: the architecture in the config differs from the directory's (naming the key), or the
             weights do not fit the encoders.
     """
     path = resolve_pretrained_dir(name_or_path)
-    meta = json.loads((path / CONFIG).read_text())
+    meta = read_json(path / CONFIG, "pretrained-encoders config")
+    if not isinstance(meta.get("architecture"), dict):
+        raise DataError(
+            f"{path / CONFIG}: not a pretrained-encoders config: no 'architecture' mapping (the encoder "
+            "sizes `patchword pretrain` records)"
+        )
     want, have = _flat(encoder_architecture(model_cfg)), _flat(meta["architecture"])
     for key in sorted(set(want) | set(have)):
         if want.get(key) != have.get(key):
@@ -101,7 +109,7 @@ def load_pretrained_encoders(model: torch.nn.Module, model_cfg, name_or_path: st
                 f"model.{key}",
                 f"is {want.get(key)!r} but the pretrained encoders in {path} have {have.get(key)!r}",
             )
-    weights = load_file(str(path / WEIGHTS))
+    weights = read_safetensors(path / WEIGHTS)
     for prefix in ("image_encoder", "text_encoder"):
         encoder = getattr(model, prefix)
         part = {k[len(prefix) + 1 :]: v for k, v in weights.items() if k.startswith(prefix + ".")}

@@ -25,6 +25,7 @@ from patchword.model import RetrievalModel, matcher_arguments
 from patchword.runs.checks import check_eval_settings
 from patchword.runs.config import RunConfig
 from patchword.runs.files import METRICS_JSON, VOCAB_FILE
+from patchword.runs.load import refuse_run_output
 from patchword.runs.recorded import checkpoint_identity
 from patchword.version import __version__
 
@@ -180,10 +181,10 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
     ensembled = len(members) > 1
     # Everything cheap first: the output file, every member's config and checkpoint.
     out = out or run_dir / (f"eval_{role}_ensemble.json" if len(members) > 1 else f"eval_{role}.json")
-    _check_output(out, force)
+    _check_output(out, force, [member_dir for member_dir, _ in members])
     for member_dir, member_ckpt in members:
         check_eval_settings(read_run_config(member_dir, overrides), dist.device)
-        resolve_checkpoint(member_dir, member_ckpt)
+        refuse_run_output(out, reads=[resolve_checkpoint(member_dir, member_ckpt)])
     device = dist.device
 
     prepared: dict[str, Any] = {}  # identical data configs and tokenizers are tokenised once
@@ -266,9 +267,12 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
     return metrics, out
 
 
-def _check_output(out: Path, force: bool) -> Path:
-    """Before any work: ``out`` is a file to write (:func:`patchword.fileio.check_output_file`); a
+def _check_output(out: Path, force: bool, run_dirs: list[Path]) -> Path:
+    """Before any work: ``out`` is none of the files of the runs evaluated (``run_dirs``: their
+    checkpoints, config.yaml...; :func:`patchword.runs.load.refuse_run_output`), which ``--force`` would
+    have replaced with the metrics, and a file to write (:func:`patchword.fileio.check_output_file`); a
     finished evaluation is never lost to an existing file or a read-only directory."""
+    refuse_run_output(out, run_dirs)
     check_output_file(out, force)
     return out
 
@@ -305,10 +309,10 @@ def evaluate_suite(
     overrides = list(overrides or [])
     cfg = read_run_config(run_dir, overrides)
     check_eval_settings(cfg, resolve_device(cfg.device))
-    out = _check_output(out or run_dir / "eval_compositional.json", force)
+    out = _check_output(out or run_dir / "eval_compositional.json", force, [run_dir])
     if not suite_files and cfg.data.dataset != "synthetic":
         raise ConfigError("--suite-file", "a run on real data needs SugarCrepe-style files (--suite-file)")
-    resolve_checkpoint(run_dir, checkpoint)
+    refuse_run_output(out, reads=[resolve_checkpoint(run_dir, checkpoint), *(suite_files or [])])
     loaded = load_run(run_dir, checkpoint, device=resolve_device(cfg.device), overrides=overrides)
     dc = loaded.config.data
     dense = None
@@ -364,10 +368,10 @@ def evaluate_patch_suite(
     overrides = list(overrides or [])
     cfg = read_run_config(run_dir, overrides)
     check_eval_settings(cfg, resolve_device(cfg.device))
-    out = _check_output(out or run_dir / "eval_patches.json", force)
+    out = _check_output(out or run_dir / "eval_patches.json", force, [run_dir])
     if cfg.data.dataset != "synthetic" or cfg.model.image_encoder != "tiny":
         raise ConfigError("--suite", "patches probes the tiny image encoder of a run on the synthetic scenes")
-    resolve_checkpoint(run_dir, checkpoint)
+    refuse_run_output(out, reads=[resolve_checkpoint(run_dir, checkpoint)])
     loaded = load_run(run_dir, checkpoint, device=resolve_device(cfg.device), overrides=overrides)
     dc = loaded.config.data
     t0 = time.perf_counter()

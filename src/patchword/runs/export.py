@@ -3,7 +3,8 @@
 The directory holds what using the model needs and nothing of its training: ``model.safetensors`` (the
 weights of the run's best checkpoint), ``config.yaml`` (the resolved run config), the tokenizer
 (``vocab.json`` or ``bert_vocab.txt``), ``backbones.json`` (Hugging Face architectures, so nothing is
-downloaded), ``metrics.json`` (what the run measured) and a ``README.md`` model card generated from the run
+downloaded), ``metrics.json`` (what the run measured, and the sha256 of ``model.safetensors``, which
+:func:`~patchword.runs.load.load_run` checks) and a ``README.md`` model card generated from the run
 (family, variant, backbones, training data, the exported checkpoint's step beside the run's, the evaluation
 of that checkpoint with its split, gallery size and protocol, leaky or not, the hash of the exported
 ``config.yaml``, patchword version; for an imported official checkpoint, the published results of its method
@@ -15,6 +16,7 @@ of such a directory resolves through the local cache (``create_model("hf-hub:use
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -37,7 +39,13 @@ from patchword.runs.files import (
     VOCAB_FILE,
     WEIGHTS_FILE,
 )
-from patchword.runs.load import config_hash, load_run, resolve_checkpoint
+from patchword.runs.load import (
+    WEIGHTS_DIGEST_KEY,
+    config_hash,
+    load_run,
+    read_run_mapping,
+    resolve_checkpoint,
+)
 from patchword.runs.recorded import checkpoint_facts, evaluation_of, path_in_run
 from patchword.version import __version__
 
@@ -52,12 +60,15 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
 
     Raises:
         RunExistsError: ``out`` exists.
-        MissingFileError: ``run_dir`` is not a run directory, or lacks the checkpoint.
+        MissingFileError: ``run_dir`` is not a run directory (a file, no such directory, no config.yaml),
+            or lacks the checkpoint.
+        DataError: the run's config.yaml is empty or a hashing run's.
         ConfigError: ``checkpoint`` is not a file of ``run_dir`` (``--checkpoint``).
     """
     run_dir, out = Path(run_dir), Path(out)
     if out.exists():
         raise RunExistsError(f"{out} exists; choose another directory (an export is never overwritten)")
+    read_run_mapping(run_dir)  # the run directory first: "nope/best.pt does not exist in nope" named none
     path = _own_checkpoint(run_dir, checkpoint)
     probe_writable(out.parent)
     run = load_run(run_dir, path)
@@ -74,7 +85,8 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
         if run.config.data.tokenizer == "bert":  # the vocabulary travels with the model
             _write_bert_vocab(run.tokenizer, tmp / BERT_VOCAB_DIR)
             _set_bert_vocab(tmp / CONFIG_FILE)
-        atomic_write_bytes(tmp / WEIGHTS_FILE, save(tensors))
+        weights = save(tensors)
+        atomic_write_bytes(tmp / WEIGHTS_FILE, weights)
         record = {
             "patchword_version": __version__,
             "source_run": str(run_dir),
@@ -88,6 +100,9 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
             "source_config_hash": config_hash(run_dir),
             "metrics": metrics,
             "metrics_source": source,
+            # the digest of this directory's model.safetensors (``metrics.checkpoint_sha256`` is the source
+            # checkpoint's): load_run checks it, as safetensors keeps no checksum of its own
+            WEIGHTS_DIGEST_KEY: hashlib.sha256(weights).hexdigest(),
         }
         atomic_write_text(tmp / METRICS_JSON, json.dumps(record, indent=2))
         atomic_write_text(tmp / "README.md", model_card(run, record))
@@ -227,7 +242,8 @@ def model_card(run, record: dict[str, Any]) -> str:
     lines += _published_section(imported, metrics, record, dc)
     lines += [
         "",
-        _hash_line(record) + f", patchword {record['patchword_version']}.",
+        _hash_line(record) + f", weights sha256 `{record[WEIGHTS_DIGEST_KEY][:16]}` (`model.safetensors`), "
+        f"patchword {record['patchword_version']}.",
         "",
     ]
     return "\n".join(lines)

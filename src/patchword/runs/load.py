@@ -21,23 +21,36 @@ from PIL import Image
 from patchword.checkpoint import load_fitting_weights, load_weights
 from patchword.config import load_config
 from patchword.data.config import DataConfig
-from patchword.errors import MissingFileError
+from patchword.errors import ConfigError, DataError, MissingFileError
 from patchword.model import RetrievalModel, build_model, started_pretrained
 from patchword.precision import weight_dtype
-from patchword.readers import read_json
+from patchword.readers import read_json, read_yaml_mapping
 from patchword.runs.config import RunConfig
 from patchword.runs.files import (
     BACKBONES_FILE,
     BEST_CHECKPOINT,
     CONFIG_FILE,
+    EXPORT_DIR,
+    IMPORT_FILE,
+    LAST_CHECKPOINT,
+    METRICS_FILE,
+    METRICS_JSON,
+    RESUMES_FILE,
+    SUMMARY_FILE,
     VOCAB_FILE,
     WEIGHTS_FILE,
 )
 
 __all__ = [
     "LoadedRun",
+    "RUN_FILES",
+    "WEIGHTS_DIGEST_KEY",
     "load_run",
     "read_run_config",
+    "read_run_mapping",
+    "check_export_weights",
+    "config_kind",
+    "refuse_run_output",
     "load_run_tokenizer",
     "config_hash",
     "resolve_checkpoint",
@@ -46,15 +59,107 @@ __all__ = [
 ]
 
 
-def read_run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
-    """The run's saved config, with dotted ``overrides`` applied in memory (the file is never changed)."""
+#: What each kind of run is called, and the command that writes it (:func:`config_kind`).
+_KINDS = {"retrieval": "a retrieval run (patchword train)", "hashing": "a hashing run (patchword hash train)"}
+
+
+def config_kind(data: dict) -> str | None:
+    """Which kind of run a ``config.yaml`` mapping belongs to, by its shape: ``"hashing"`` (a
+    ``HashRunConfig``: ``data.format``, ``model.bits``), ``"retrieval"`` (a :class:`RunConfig`:
+    ``data.dataset``, ``model.matcher``), None when it says neither (a hand-written partial file)."""
+    sections = {
+        name: data.get(name) if isinstance(data.get(name), dict) else {} for name in ("data", "model")
+    }
+    hashing = "format" in sections["data"] or "bits" in sections["model"]
+    retrieval = "dataset" in sections["data"] or "matcher" in sections["model"]
+    return "hashing" if hashing and not retrieval else "retrieval" if retrieval and not hashing else None
+
+
+def read_run_mapping(run_dir: str | Path, kind: str = "retrieval") -> dict:
+    """The mapping of ``run_dir``'s ``config.yaml``, refused (one line naming it) when it is empty or
+    the config of another ``kind`` of run (a hashing run handed to ``patchword eval``: its keys were each
+    reported as an unknown config key).
+
+    Raises:
+        MissingFileError: no such run directory (or a file), or it has no config.yaml.
+        DataError: the file is not a YAML mapping, is empty, or belongs to another kind of run.
+    """
     run_dir = Path(run_dir)
     path = run_dir / CONFIG_FILE
+    if run_dir.is_file():
+        raise MissingFileError(f"{run_dir} is a file: give the run directory ({run_dir.parent})")
     if not run_dir.is_dir():
         raise MissingFileError(f"run directory {run_dir} does not exist")
     if not path.is_file():
         raise MissingFileError(f"{run_dir} is not a run directory: it has no {CONFIG_FILE}")
-    return load_config(RunConfig, path, list(overrides))
+    data = read_yaml_mapping(path, "run config")
+    if not data:  # the defaults of every key would build a model the checkpoint does not fit
+        raise DataError(f"{path}: not a run config: the file is empty (the run's settings are lost)")
+    found = config_kind(data)
+    if found is not None and found != kind:
+        raise DataError(f"{run_dir} is {_KINDS[found]}, not {_KINDS[kind]}")
+    return data
+
+
+def read_run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """The run's saved config, with dotted ``overrides`` applied in memory (the file is never changed).
+
+    Raises:
+        MissingFileError, DataError: as :func:`read_run_mapping` (no run, an empty config.yaml, a hashing
+            run's).
+        ConfigError: an unknown key or a wrong value, in the file or the overrides.
+    """
+    read_run_mapping(run_dir)
+    return load_config(RunConfig, Path(run_dir) / CONFIG_FILE, list(overrides))
+
+
+#: The files a run directory records its run in, which no command's output may replace (``--force`` or
+#: not): every name of :mod:`patchword.runs.files`. Any checkpoint (``*.pt``) and the files of ``export/``
+#: are the run's too (:func:`refuse_run_output`).
+RUN_FILES = frozenset(
+    {
+        CONFIG_FILE,
+        VOCAB_FILE,
+        BACKBONES_FILE,
+        WEIGHTS_FILE,
+        BEST_CHECKPOINT,
+        LAST_CHECKPOINT,
+        METRICS_FILE,
+        METRICS_JSON,
+        SUMMARY_FILE,
+        RESUMES_FILE,
+        IMPORT_FILE,
+    }
+)
+
+
+def refuse_run_output(
+    out: str | Path,
+    run_dirs: Sequence[str | Path] = (),
+    reads: Sequence[str | Path] = (),
+    *,
+    names: frozenset[str] = RUN_FILES,
+    flag: str = "--out",
+) -> None:
+    """Before any work: the file a command writes is neither one it reads (``reads``: the checkpoint it
+    evaluates...) nor one of the files of a run it reads (``names``, any ``*.pt`` and anything in
+    ``export/`` of each of ``run_dirs``): ``--force`` overwrites a file the command wrote before, never
+    the run's checkpoint or config. A new name in the run directory is allowed (``eval_dev.json``).
+
+    Raises:
+        ConfigError: naming ``flag``.
+    """
+    target = Path(out).resolve()
+    for path in reads:
+        if Path(path).resolve() == target:
+            raise ConfigError(flag, f"{out} is {path}, which this command reads: choose another file")
+    for run_dir in run_dirs:
+        run = Path(run_dir).resolve()
+        own = target.parent == run and (target.name in names or target.suffix == ".pt")
+        if own or target.parent == run / EXPORT_DIR:
+            raise ConfigError(
+                flag, f"{out} is one of the files of run {run_dir} ({target.name}): choose another file"
+            )
 
 
 def config_hash(run_dir: str | Path) -> str:
@@ -78,7 +183,30 @@ def load_run_tokenizer(run_dir: str | Path, data: DataConfig):
     return BertCaptionTokenizer.from_pretrained(str(own) if own.exists() else data.bert_vocab)
 
 
-#: The weights of an exported model directory (``patchword export``), which has no checkpoints.
+#: The key of an exported model directory's ``metrics.json`` that records the sha256 of its
+#: ``model.safetensors`` (``patchword export``): safetensors keeps no checksum, so flipped bytes inside a
+#: tensor would load as other weights without an error.
+WEIGHTS_DIGEST_KEY = "weights_sha256"
+
+
+def check_export_weights(run_dir: Path, path: Path) -> None:
+    """``path``, the weights of the exported model directory ``run_dir``, is still what the export wrote
+    (its recorded sha256); an export that recorded none (written before the digest was) is taken as it is.
+
+    Raises:
+        DataError: the digests differ, naming the file.
+    """
+    from patchword.fileio import file_sha256
+
+    if path.resolve() != (run_dir / WEIGHTS_FILE).resolve():
+        return
+    record = read_json(run_dir / METRICS_JSON, f"export record ({METRICS_JSON})", default={})
+    recorded = record.get(WEIGHTS_DIGEST_KEY)
+    if recorded and file_sha256(path) != recorded:
+        raise DataError(
+            f"{path}: not the weights the export wrote: its sha256 differs from the {WEIGHTS_DIGEST_KEY} "
+            f"in {run_dir / METRICS_JSON} (the file is damaged: copy or export it again)"
+        )
 
 
 def resolve_checkpoint(run_dir: str | Path, checkpoint: str | Path | None = None) -> Path:
@@ -190,10 +318,13 @@ def load_run(
 
     Raises:
         MissingFileError: no such run directory, no config.yaml, no vocabulary or no checkpoint.
+        DataError: an empty config.yaml or a hashing run's; an exported ``model.safetensors`` whose sha256
+            is not the one its export recorded.
     """
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir, overrides)
     path = resolve_checkpoint(run_dir, checkpoint)
+    check_export_weights(run_dir, path)
     tokenizer = load_run_tokenizer(run_dir, cfg.data)
     from patchword.data.tokenizers import WordVocab
 
