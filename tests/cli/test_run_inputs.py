@@ -186,6 +186,7 @@ def test_hash_verbs_refuse_a_retrieval_run_naming_its_kind(tiny_run, capsys):
     for argv in (
         ["hash", "eval", str(tiny_run)],
         ["hash", "search", str(tiny_run), "--modality", "image", "--query-index", "0"],
+        ["hash", "train", "--resume", str(tiny_run)],
     ):
         assert main(argv) == 2, argv
         line = _error(capsys)
@@ -239,3 +240,14 @@ def test_export_of_a_checkpoint_file_asks_for_the_run_directory(tiny_run, tmp_pa
     assert main(["export", str(tiny_run / "best.pt"), str(tmp_path / "out")]) == 2
     assert _error(capsys) == f"error: {tiny_run / 'best.pt'} is a file: give the run directory ({tiny_run})"
     assert not (tmp_path / "out").exists()
+
+
+def test_the_recipe_of_damaged_pretrained_encoders_names_the_file(tmp_path):
+    """Bug: ``pretrained_recipe`` read config.json with a bare ``json.loads``: json's message, no file."""
+    from patchword.errors import DataError
+    from patchword.recipes.pretrain import pretrained_recipe
+
+    pretrained = Path(shutil.copytree(SHIPPED, tmp_path / "pretrained"))
+    (pretrained / "config.json").write_text("{")
+    with pytest.raises(DataError, match=f"^{pretrained / 'config.json'}: .*invalid JSON"):
+        pretrained_recipe(str(pretrained))

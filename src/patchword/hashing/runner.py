@@ -140,6 +140,7 @@ def resume_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> HashRun
         raise MissingFileError(f"{run_dir} has no last.pt to resume (no such run, or it never saved one)")
     if not (run_dir / CONFIG_FILE).is_file():
         raise MissingFileError(f"{run_dir} is not a hashing run directory (no {CONFIG_FILE})")
+    read_run_mapping(run_dir, kind="hashing")  # a retrieval run's config: say so, not its unknown keys
     refuse_overrides(
         overrides,
         HASH_RESUMABLE_KEYS,

@@ -75,7 +75,8 @@ def pretrained_recipe(name_or_path: str) -> RunConfig | None:
     on the defaults); None where none is recorded."""
     from patchword.pretrained import CONFIG, resolve_pretrained_dir
 
-    recipe = json.loads((resolve_pretrained_dir(name_or_path) / CONFIG).read_text()).get("recipe")
+    meta = read_json(resolve_pretrained_dir(name_or_path) / CONFIG, "pretrained-encoders config")
+    recipe = meta.get("recipe") if isinstance(meta, dict) else None
     if isinstance(recipe, list):
         return load_run_config(None, recipe)
     if isinstance(recipe, dict):
