@@ -99,7 +99,7 @@ def test_a_shard_array_of_another_shape_than_the_manifest_says_is_one_line_and_u
     with pytest.raises(DataError) as err:
         SearchIndex.open(index_dir)
     assert str(err.value).startswith(f"{shard}: has shape ") and "--update" in str(err.value)
-    assert "manifest.json needs (10," in str(err.value)
+    assert "in the manifest needs (10," in str(err.value)
     captions, _ = caption_queries(env)
     assert main_search([str(index_dir), captions[0]]) == 2
     assert one_error_line(capsys.readouterr().err) == f"error: {err.value}"

@@ -2,6 +2,7 @@
 
 - :mod:`.scan`: find the images under a folder by content;
 - :mod:`.store`: the on-disk index (manifest + memory-mappable shards) and :class:`SearchIndex`;
+- :mod:`.checks`: what the readers can use of a manifest's fields and of the shard arrays;
 - :mod:`.index`: :func:`build_index` (build, ``update``, resume) and the model-identity check;
 - :mod:`.query`: :class:`Searcher` (global shortlist, fine re-ranking);
 - :mod:`.explain`: kept patches and word-to-patch attention of one (query, image) pair;

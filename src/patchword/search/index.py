@@ -17,10 +17,12 @@ Over 400 lines: building, updating and resuming an index, every check before the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -30,10 +32,11 @@ import torch
 from patchword.errors import ConfigError, DataError, MissingFileError, RunExistsError, describe_os_error
 from patchword.eval.engine.core import engine_for
 from patchword.fileio import atomic_write_bytes, probe_writable
+from patchword.locks import lock_removable_file
 from patchword.progress import progress_bar
 from patchword.runs import LoadedRun, load_run
 from patchword.search.build_report import BuildReport, no_images_message, nothing_indexed_message
-from patchword.search.codecs import PQ_MIN_TOKENS, check_store, load_codec, make_codec
+from patchword.search.codecs import PQ_MIN_TOKENS, TokenCodec, check_store, load_codec, make_codec
 from patchword.search.encode import (
     ShardEncoder,
     codec_sample,
@@ -46,14 +49,17 @@ from patchword.search.identity import IndexMismatchError, check_index_model, mod
 from patchword.search.maintenance import COMPACT_DEAD_FRACTION, compact, drop_broken_shards, remove_orphans
 from patchword.search.pruning import pruning_record
 from patchword.search.query import fine_matcher
-from patchword.search.scan import SkippedFile, check_image_folder, scan_images
+from patchword.search.scan import ImageFile, SkippedFile, check_image_folder, scan_images
 from patchword.search.store import (
     DENSE_STORES,
     DTYPES,
+    LOCK_FILE,
     MANIFEST_FILE,
+    PENDING_FILE,
     SHARDS_DIR,
     Entry,
     Manifest,
+    caption_digest,
 )
 
 __all__ = [
@@ -93,9 +99,9 @@ def _new_manifest(
 def _empty_or_failed_start(index_dir: Path) -> bool:
     """Whether ``index_dir`` is a directory a new index may go in: empty, or holding only what a build
     killed before its first manifest leaves (an empty ``shards/``, the manifest's ``atomic_write``
-    temporary files ``.manifest.json.*.tmp``). Without the second case a build killed in its first moment
-    would make every rerun refuse its own --out; the first manifest removes the temporary files
-    (``remove_orphans``)."""
+    temporary files ``.manifest.json.*.tmp``, the build's lock file). Without the second case a build
+    killed in its first moment would make every rerun refuse its own --out; the first manifest removes the
+    temporary files (``remove_orphans``)."""
     if not index_dir.is_dir():
         return False
     for path in index_dir.iterdir():
@@ -104,7 +110,8 @@ def _empty_or_failed_start(index_dir: Path) -> bool:
         name = path.name
         empty_shards = name == SHARDS_DIR and path.is_dir() and not any(path.iterdir())
         manifest_temp = name.startswith(f".{MANIFEST_FILE}.") and name.endswith(".tmp") and path.is_file()
-        if not (empty_shards or manifest_temp):
+        lock = name == LOCK_FILE and path.is_file()
+        if not (empty_shards or manifest_temp or lock):
             return False
     return True
 
@@ -117,19 +124,25 @@ def _open_or_create(
     dense_file: Path | None,
     update: bool,
     dense_store: str | None = None,
-) -> tuple[Manifest, bool]:
-    """The manifest to continue (resume / update) or a new one; refuses what would mix two indexes.
-    Writes nothing."""
+) -> tuple[Manifest, bool, Manifest | None]:
+    """The manifest to continue (resume / update) or a new one, whether it resumes a stopped build or
+    update, and the complete manifest an update starts from (None for a first build: searches read that one
+    until the update ends); refuses what would mix two indexes. Writes nothing."""
     if not (index_dir / MANIFEST_FILE).is_file():
         if index_dir.exists() and not _empty_or_failed_start(index_dir):
             raise RunExistsError(f"--out {index_dir} exists and is not a search index; choose another --out")
-        return _new_manifest(identity, images_root, dtype, dense_file, dense_store), False
-    manifest = Manifest.read(index_dir)
-    if manifest.state == "building" and not manifest.shards and not manifest.entries:
+        return _new_manifest(identity, images_root, dtype, dense_file, dense_store), False, None
+    manifest = live = Manifest.read(index_dir)
+    if live.state != "complete":
+        live = None  # a first build, stopped: it goes on in manifest.json
+    elif (index_dir / PENDING_FILE).is_file():  # an update stopped part-way: resumed
+        manifest = Manifest.read(index_dir, PENDING_FILE)
+        manifest.state = "building"
+    if live is None and not manifest.shards and not manifest.entries:
         # A first build stopped before it stored any image (killed, a full disk, a model that failed on
         # the first shard): there is nothing to keep, so nothing it recorded binds this command.
         logger.info("%s holds no image yet: starting it again with this command's settings", index_dir)
-        return _new_manifest(identity, images_root, dtype, dense_file, dense_store), False
+        return _new_manifest(identity, images_root, dtype, dense_file, dense_store), False, None
     check_index_model(manifest.model, identity, index_dir)
     if Path(manifest.images_root) != images_root:
         raise ConfigError(
@@ -155,7 +168,52 @@ def _open_or_create(
             f"{index_dir} already holds a complete index; pass --update to add new and changed images "
             "(and drop deleted ones), or choose another --out"
         )
-    return manifest, resumed
+    return manifest, resumed, live
+
+
+def _manifest_stamps(index_dir: Path) -> tuple[tuple[int, int, int] | None, ...]:
+    """(inode, size, mtime) of the manifest and the pending manifest (None: absent): what changes when a
+    build writes either (atomically: a new inode)."""
+    stamps = []
+    for name in (MANIFEST_FILE, PENDING_FILE):
+        try:
+            st = os.stat(index_dir / name)
+        except FileNotFoundError:
+            stamps.append(None)
+        else:
+            stamps.append((st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(stamps)
+
+
+@contextlib.contextmanager
+def _build_lock(index_dir: Path, seen: tuple[tuple[int, int, int] | None, ...]) -> Iterator[None]:
+    """Hold the index's lock (:data:`LOCK_FILE`) for the block: one build or update of an index at a time.
+    ``seen`` is :func:`_manifest_stamps` when this command read the index: a build that wrote it since then
+    (and ended) refuses this one, whose checks read what is no longer there. The lock file is removed at the
+    end (:func:`~patchword.locks.lock_removable_file`), so an index holds no file of it between builds.
+
+    Raises:
+        RunExistsError: another build or update holds the lock, or wrote the index since ``seen``.
+    """
+    path = index_dir / LOCK_FILE
+    busy = (
+        f"{index_dir} is being built or updated by another `patchword index build` (lock {path} is held): "
+        "wait for it to end, or stop it first (searching the index meanwhile is fine)"
+    )
+    fd, _ = lock_removable_file(path, busy)
+    try:
+        if _manifest_stamps(index_dir) != seen:
+            raise RunExistsError(
+                f"{index_dir} was written by another `patchword index build` while this command checked it: "
+                "run this command again"
+            )
+        yield
+    finally:
+        # removed while still held: a command that opened it meanwhile sees it gone once it locks it, and
+        # retries; a failure here must not hide the error that ended the build
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+        os.close(fd)
 
 
 def _has_dense_scores(engine, identity: dict[str, Any]) -> bool:
@@ -204,6 +262,16 @@ def _index_dense_texts(index_dir: Path, manifest: Manifest) -> dict[str, str]:
             "build a new index"
         )
     return read_dense_file(file)
+
+
+def _unchanged(entry: Entry, scanned: dict[str, ImageFile], captions: dict[str, str] | None) -> bool:
+    """Whether ``entry`` may keep its vectors: its file is still there with the same size and mtime and,
+    in an index with dense captions (``captions``: path -> :func:`caption_digest`), its caption line is still
+    there and says what it said when the image was encoded (an entry that does not record it: no)."""
+    file = scanned.get(entry.path)
+    if file is None or (file.size, file.mtime_ns) != (entry.size, entry.mtime_ns):
+        return False
+    return captions is None or (entry.dense_sha is not None and captions.get(entry.path) == entry.dense_sha)
 
 
 def _check_pq_sample(identity: dict[str, Any], first_shard: int, with_dense: bool) -> None:
@@ -308,7 +376,8 @@ def build_index(
     if not isinstance(run, LoadedRun):
         run = load_run(run, checkpoint, device=device)
     identity = model_identity(run)
-    manifest, resumed = _open_or_create(
+    seen = _manifest_stamps(index_dir)  # before it is read: a build that writes it meanwhile is noticed
+    manifest, resumed, live = _open_or_create(
         index_dir, identity, images_root, dtype, dense_file, update, dense_store
     )
     if pq_bytes is not None and identity["embed_dim"] % pq_bytes:
@@ -356,11 +425,14 @@ def build_index(
 
     report = BuildReport(index_dir=index_dir, resumed=resumed, ignored=scan.ignored)
     scanned = {f.path: f for f in scan.images}
-    kept = [
-        e
-        for e in manifest.entries
-        if e.path in scanned and (scanned[e.path].size, scanned[e.path].mtime_ns) == (e.size, e.mtime_ns)
-    ]
+    captions = None if dense_texts is None else {path: caption_digest(t) for path, t in dense_texts.items()}
+    kept = [e for e in manifest.entries if _unchanged(e, scanned, captions)]
+    if captions is not None and any(e.dense_sha is None for e in manifest.entries):
+        logger.warning(
+            "%s does not record the dense captions its images were encoded with (built by an older "
+            "patchword): those images are encoded again",
+            index_dir,
+        )
     report.removed = len(manifest.entries) - len(kept)
     report.kept = len(kept)
     kept_paths = {e.path for e in kept}
@@ -390,28 +462,88 @@ def build_index(
         _check_pq_sample(identity, min(len(todo), shard_size), dense_texts is not None and not store_scores)
 
     # Everything checked: from here on the index is written (the first manifest makes --out an index).
+    created = not index_dir.exists()
+    index_dir.mkdir(parents=True, exist_ok=True)
+    with _build_lock(index_dir, seen):
+        _write_index(
+            run,
+            images_root,
+            index_dir,
+            manifest,
+            live,
+            report,
+            kept,
+            todo,
+            skipped,
+            captions,
+            created=created,
+            dense_texts=dense_texts,
+            codec=codec,
+            engine=engine,
+            keep=keep,
+            store_scores=store_scores,
+            pq_bytes=pq_bytes,
+            batch_size=batch_size,
+            shard_size=shard_size,
+            workers=workers or min(4, os.cpu_count() or 1),
+            progress=progress,
+        )
+    report.num_images = len(manifest.entries)
+    report.skipped = manifest.skipped
+    report.pruning = manifest.pruning
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _write_index(
+    run: LoadedRun,
+    images_root: Path,
+    index_dir: Path,
+    manifest: Manifest,
+    live: Manifest | None,
+    report: BuildReport,
+    kept: list[Entry],
+    todo: list[ImageFile],
+    skipped: list[SkippedFile],
+    captions: dict[str, str] | None,
+    *,
+    created: bool,
+    dense_texts: dict[str, str] | None,
+    codec: TokenCodec | None,
+    engine,
+    keep: int | None,
+    store_scores: bool,
+    pq_bytes: int | None,
+    batch_size: int,
+    shard_size: int,
+    workers: int,
+    progress: bool | None,
+) -> None:
+    """The writing part of :func:`build_index`, everything checked and the index's lock held: encode
+    ``todo`` shard by shard after the ``kept`` entries, compact, mark the index complete. ``manifest`` ends
+    as the one written; ``live``: the complete manifest an update starts from (progress then goes to
+    :data:`PENDING_FILE`, and ``manifest.json`` is replaced last)."""
+    save = manifest.write if live is None else manifest.write_pending
     manifest.state = "building"
     manifest.entries = kept
     manifest.skipped = sorted(skipped, key=lambda s: s.path)
-    created = not index_dir.exists()
     manifest_file = index_dir / MANIFEST_FILE
-    # put back if every file fails to decode (only possible when no entry is kept)
-    previous = manifest_file.read_bytes() if not kept and manifest_file.is_file() else None
-    index_dir.mkdir(parents=True, exist_ok=True)
+    # a resumed first build: put back if every file fails to decode (only possible when no entry is kept)
+    previous = manifest_file.read_bytes() if not kept and live is None and manifest_file.is_file() else None
     (index_dir / SHARDS_DIR).mkdir(exist_ok=True)
     try:
-        manifest.write(index_dir)
+        save(index_dir)
     except BaseException:
         # Nothing to resume yet (the first manifest is what makes the directory an index): leave nothing.
         if created:
             shutil.rmtree(index_dir, ignore_errors=True)
         raise
-    remove_orphans(index_dir, manifest)
-    if resumed:
+    kept_shards = (manifest,) if live is None else (manifest, live)  # searches read ``live`` meanwhile
+    remove_orphans(index_dir, *kept_shards)
+    if report.resumed:
         logger.info("resuming %s: %d images done, %d to encode", index_dir, len(kept), len(todo))
 
     t_encode = time.perf_counter()
-    workers = workers or min(4, os.cpu_count() or 1)
     with (
         ThreadPoolExecutor(workers, thread_name_prefix="patchword-decode") as pool,
         progress_bar(len(todo), "index images", progress, unit="img") as bar,
@@ -434,21 +566,32 @@ def build_index(
                 manifest.shards.append({"id": shard_id, "rows": rows})
                 manifest.next_shard += 1
                 manifest.entries += [
-                    Entry(f.path, f.size, f.mtime_ns, f.format, shard_id, row)
+                    Entry(
+                        f.path,
+                        f.size,
+                        f.mtime_ns,
+                        f.format,
+                        shard_id,
+                        row,
+                        None if captions is None else captions[f.path],
+                    )
                     for row, f in enumerate(encoded.files)
                 ]
                 report.added += rows
             manifest.skipped = sorted(skipped, key=lambda s: s.path)
-            manifest.write(index_dir)
+            save(index_dir)
     report.encode_seconds = time.perf_counter() - t_encode
     if not manifest.entries:  # every file failed to decode: no index rather than an empty one
         if created:
             shutil.rmtree(index_dir, ignore_errors=True)
+        elif live is not None:  # manifest.json is the index as it was
+            (index_dir / PENDING_FILE).unlink(missing_ok=True)
         elif previous is None:
             manifest_file.unlink(missing_ok=True)
         else:
             atomic_write_bytes(manifest_file, previous)
-        outcome = "nothing was written" if previous is None else f"{index_dir} was left as it was"
+        left = live is not None or previous is not None
+        outcome = f"{index_dir} was left as it was" if left else "nothing was written"
         raise DataError(nothing_indexed_message("--images", images_root, skipped, outcome))
 
     total_rows = sum(s["rows"] for s in manifest.shards)
@@ -456,10 +599,7 @@ def build_index(
         compact(index_dir, manifest, shard_size)
         report.compacted = True
     manifest.state = "complete"
-    manifest.write(index_dir)
+    manifest.write(index_dir)  # searches opened from here on read the new index
+    if live is not None:
+        (index_dir / PENDING_FILE).unlink(missing_ok=True)
     remove_orphans(index_dir, manifest)
-    report.num_images = len(manifest.entries)
-    report.skipped = manifest.skipped
-    report.pruning = manifest.pruning
-    report.seconds = time.perf_counter() - start
-    return report

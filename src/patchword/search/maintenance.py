@@ -4,14 +4,15 @@ forgotten (their images are encoded again). Used by :func:`patchword.search.inde
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from patchword.search.store import (
     MANIFEST_FILE,
+    PENDING_FILE,
     SHARDS_DIR,
-    Entry,
     Manifest,
     SearchIndex,
     broken_shards,
@@ -28,12 +29,14 @@ logger = logging.getLogger(__name__)
 COMPACT_DEAD_FRACTION = 0.25
 
 
-def remove_orphans(index_dir: Path, manifest: Manifest) -> None:
-    """Delete shard files no manifest shard names (left by a kill between a shard and the manifest, or
-    by a compaction) and temporary files a killed write left behind."""
-    for stray in index_dir.glob(f".{MANIFEST_FILE}.*.tmp"):
-        stray.unlink(missing_ok=True)
-    live = {f.name for s in manifest.shards for f in shard_files(index_dir, s["id"]).values()}
+def remove_orphans(index_dir: Path, *manifests: Manifest) -> None:
+    """Delete shard files no shard of ``manifests`` names (left by a kill between a shard and the manifest,
+    or by a compaction) and temporary files a killed manifest write left behind. An update passes the
+    complete manifest searches read besides its own: the shards that one names stay until it is replaced."""
+    for name in (MANIFEST_FILE, PENDING_FILE):
+        for stray in index_dir.glob(f".{name}.*.tmp"):
+            stray.unlink(missing_ok=True)
+    live = {f.name for m in manifests for s in m.shards for f in shard_files(index_dir, s["id"]).values()}
     shards_dir = index_dir / SHARDS_DIR
     if not shards_dir.is_dir():
         return
@@ -43,7 +46,8 @@ def remove_orphans(index_dir: Path, manifest: Manifest) -> None:
 
 
 def compact(index_dir: Path, manifest: Manifest, shard_size: int) -> None:
-    """Copy the live rows into new shards (entry order), switch the manifest, delete the old files."""
+    """Copy the live rows into new shards (entry order) and point ``manifest`` at them; the caller writes it,
+    then deletes the old files (:func:`remove_orphans`)."""
     reader = SearchIndex(index_dir, manifest)
     entries, shards = [], []
     for start in range(0, len(manifest.entries), shard_size):
@@ -61,15 +65,13 @@ def compact(index_dir: Path, manifest: Manifest, shard_size: int) -> None:
             )
             save_npy_atomic(files[name], reader.gather(name, ids, width=width))
         entries += [
-            Entry(e.path, e.size, e.mtime_ns, e.format, shard_id, row)
+            replace(e, shard=shard_id, row=row)
             for row, e in enumerate(manifest.entries[start : start + len(ids)])
         ]
         shards.append({"id": shard_id, "rows": len(ids)})
         manifest.next_shard += 1
     del reader  # release the memory maps before their files are deleted
     manifest.entries, manifest.shards = entries, shards
-    manifest.write(index_dir)
-    remove_orphans(index_dir, manifest)
 
 
 def drop_broken_shards(index_dir: Path, manifest: Manifest) -> None:

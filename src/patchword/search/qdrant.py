@@ -12,10 +12,12 @@ backend (tested).
 ``patchword index build ... --qdrant PATH_OR_URL`` builds the local index as usual (its shards are the
 resumable staging area), then uploads every entry (idempotent: a rerun uploads again, overwriting by id) and
 records the collection in ``INDEX_DIR/qdrant.json``: where (an embedded store's directory as an absolute
-path) and which version of the index it holds (:func:`~patchword.search.store.rows_digest`: point ids are
-index ids). ``patchword search`` / ``serve`` read that file and take vectors from Qdrant: the index directory
-a server needs is then the manifest and ``qdrant.json`` only. An index updated since its upload is refused
-there, naming the command that uploads it again.
+path), how many points and which version of the index it holds (:func:`~patchword.search.store.rows_digest`:
+point ids are index ids). The record is removed before the collection is replaced and written once every
+point is in, so an upload stopped part-way leaves none. ``patchword search`` / ``serve`` read that file and
+take vectors from Qdrant: the index directory a server needs is then the manifest and ``qdrant.json`` only.
+An index updated since its upload, or a collection holding another number of points, is refused there,
+naming the command that uploads it again.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import torch
 
 from patchword.errors import ConfigError, DataError, MissingExtraError, MissingFileError
 from patchword.fileio import atomic_write_text
-from patchword.search.store import IndexEntries, Manifest, SearchIndex, rows_digest
+from patchword.search.store import IndexEntries, Manifest, SearchIndex, rows_digest, unfinished_build
 
 __all__ = ["QDRANT_FILE", "connect", "upload_index", "QdrantIndex"]
 
@@ -81,7 +83,21 @@ def upload_index(index_dir: str | Path, location: str, collection: str, *, batch
         raise ConfigError(
             "--qdrant", f"{index_dir} was pruned (--keep-patches); the Qdrant backend holds every patch"
         )
+    # The record goes first: while the collection is replaced it describes no collection, so an upload
+    # stopped half-way leaves an index that search / serve refuse (naming the upload), never a record whose
+    # digest still matches and a collection missing points.
+    (Path(index_dir) / QDRANT_FILE).unlink(missing_ok=True)
     client = connect(location)
+    try:
+        record = _upload(index, client, models, location, collection, batch)
+    finally:
+        client.close()  # an embedded store admits one client at a time: let the next command open it
+    atomic_write_text(Path(index_dir) / QDRANT_FILE, json.dumps(record, indent=2))
+    return record
+
+
+def _upload(index: SearchIndex, client, models, location: str, collection: str, batch: int) -> dict[str, Any]:
+    """Replace the collection with ``index``'s points; -> the record of what it holds."""
     dim = int(index.manifest.model["embed_dim"])
     multi = models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM)
     vectors = {
@@ -107,15 +123,13 @@ def upload_index(index_dir: str | Path, location: str, collection: str, *, batch
                 vector["dense"] = dense[0][row, : int(dense[1][row])].tolist()
             points.append(models.PointStruct(id=int(i), vector=vector, payload={"path": index.path(int(i))}))
         client.upsert(collection, points=points, wait=True)
-    record = {
+    return {
         "location": location,
         "collection": collection,
         "points": len(index),
         "dense": index.has_dense,
         "rows": rows_digest(index.manifest),
     }
-    atomic_write_text(Path(index_dir) / QDRANT_FILE, json.dumps(record, indent=2))
-    return record
 
 
 def _upload_again(index_dir: Path, location: str) -> str:
@@ -145,18 +159,24 @@ class QdrantIndex(IndexEntries):
         """Open an uploaded index.
 
         Raises:
-            ConfigError: the index was not uploaded (``--qdrant``).
-            DataError: the build did not finish, or the index changed since its upload (the collection's
-                point ids would name other images).
+            ConfigError: the index was not uploaded (``--qdrant``), or its upload did not finish.
+            DataError: the build did not finish, the index changed since its upload (the collection's
+                point ids would name other images), or the collection is missing, holds another number of
+                points than the upload recorded, or cannot be read.
             MissingFileError: the embedded store recorded is not there.
         """
         index_dir = Path(index_dir)
         path = index_dir / QDRANT_FILE
         if not path.is_file():
-            raise ConfigError("--qdrant", f"{index_dir} was not uploaded to Qdrant (no {QDRANT_FILE})")
+            raise ConfigError(
+                "--qdrant",
+                f"{index_dir} was not uploaded to Qdrant, or its upload did not finish (no {QDRANT_FILE}): "
+                f"upload it with `patchword index build RUN_DIR --images DIR --out {index_dir} --update "
+                "--qdrant PATH_OR_URL`",
+            )
         manifest = Manifest.read(index_dir)
         if manifest.state != "complete":
-            raise DataError(f"{index_dir}: the index build did not finish; rerun it")
+            raise DataError(unfinished_build(index_dir))
         record = json.loads(path.read_text())
         location = str(record.get("location"))
         again = _upload_again(index_dir, location)
@@ -170,13 +190,34 @@ class QdrantIndex(IndexEntries):
                 f"{index_dir}: the embedded Qdrant store {location} named in {path} does not exist; {again}"
             )
         index = cls(index_dir, manifest, record)
-        if is_local(location) and not index.client.collection_exists(index.collection):
+        from qdrant_client.http.exceptions import ApiException  # installed: connect() imported the client
+
+        try:
+            problem = index._collection_problem()
+        except ApiException as err:  # a server that cannot be reached or refuses: one line, not a traceback
             index.client.close()
             raise DataError(
-                f"{index_dir}: the embedded Qdrant store {location} has no collection "
-                f"{index.collection!r}; {again}"
-            )
+                f"{index_dir}: cannot read Qdrant collection {index.collection!r} at {location}: {err}"
+            ) from err
+        if problem is not None:
+            index.client.close()
+            raise DataError(f"{index_dir}: {problem}; {again}")
         return index
+
+    def _collection_problem(self) -> str | None:
+        """What keeps the collection from answering for the index (missing, or holding another number of
+        points than the record: an upload stopped part-way, points deleted), or None."""
+        location = self.record["location"]
+        where = f"the {'embedded ' if is_local(location) else ''}Qdrant store {location}"
+        if not self.client.collection_exists(self.collection):
+            return f"{where} has no collection {self.collection!r}"
+        points = self.client.count(self.collection, exact=True).count
+        if points != self.record.get("points"):
+            return (
+                f"Qdrant collection {self.collection!r} holds {points} points, but the index uploaded to it "
+                f"has {self.record.get('points')} (an upload stopped part-way, or points deleted since)"
+            )
+        return None
 
     @property
     def has_dense(self) -> bool:

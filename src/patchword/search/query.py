@@ -52,6 +52,7 @@ __all__ = [
     "QueryError",
     "Query",
     "check_query_text",
+    "truncation_warning",
     "SearchHit",
     "SearchResult",
     "Searcher",
@@ -89,9 +90,20 @@ def check_query_text(text: str, what: str = "the query") -> None:
     one line of text, and a control character in it is a pasting or encoding accident (or an attempt to
     forge log lines), never something a caption means. Accents, CJK, emoji and other printable text pass.
 
+    A lone surrogate (``U+DC80``-``U+DCFF``: how Python decodes command-line bytes that are not UTF-8) is
+    refused too: it is not text, and printing it back would write invalid UTF-8.
+
     Raises:
-        QueryError: naming the first control characters by code point (``U+000A``) and position.
+        QueryError: naming the first control characters (or surrogates) by code point (``U+000A``) and
+            position.
     """
+    surrogates = [(i, c) for i, c in enumerate(text) if unicodedata.category(c) == "Cs"]
+    if surrogates:
+        named = ", ".join(f"U+{ord(c):04X} at character {i + 1}" for i, c in surrogates[:3])
+        more = f" and {len(surrogates) - 3} more" if len(surrogates) > 3 else ""
+        raise QueryError(
+            f"{what} is not valid UTF-8 text ({named}{more}: bytes the text's encoding cannot decode)"
+        )
     found = [(i, c) for i, c in enumerate(text) if unicodedata.category(c) == "Cc"]
     if found:
         # Named by code point: printing the character itself would break the one-line error it goes into.
@@ -112,10 +124,20 @@ def unknown_words_warning(words: list[str]) -> str:
     return f"the model does not know {_quoted(words)}: the results rest on the other words of the query"
 
 
+def truncation_warning(dropped: int, max_tokens: int) -> str:
+    """The warning a result carries when the query is longer than the model reads: its last ``dropped``
+    words were left out."""
+    return (
+        f"the query is longer than the {max_tokens} tokens the model reads (data.max_caption_len): its last "
+        f"{dropped} words were left out"
+    )
+
+
 @dataclass
 class Query:
     """An encoded query: (1, L) ids, (1,) length, (1, L, C) tokens and (1, C) global embedding;
-    ``unknown_words``: its words the tokenizer encoded as unknown tokens."""
+    ``unknown_words``: the words the tokenizer encoded as unknown tokens, of those the model reads;
+    ``dropped_words``: the words (whitespace-separated) past the ``max_tokens`` tokens the model reads."""
 
     text: str
     ids: torch.Tensor
@@ -123,6 +145,8 @@ class Query:
     tokens: torch.Tensor
     global_embedding: torch.Tensor
     unknown_words: list[str] = field(default_factory=list)
+    dropped_words: int = 0
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -141,22 +165,29 @@ class SearchHit:
 class SearchResult:
     """Results of one query, best first; ``timings`` in seconds (``encode``, ``shortlist``, ``rerank``,
     ``total``); ``shortlist`` images were re-ranked; ``unknown_words``: query words the model does not
-    know (searched without them)."""
+    know (searched without them); ``dropped_words``: words past the ``max_tokens`` tokens the model reads
+    (searched without them)."""
 
     query: str
     hits: list[SearchHit]
     shortlist: int
     timings: dict[str, float] = field(default_factory=dict)
     unknown_words: list[str] = field(default_factory=list)
+    dropped_words: int = 0
+    max_tokens: int | None = None
 
     @property
     def warning(self) -> str | None:
-        """What the user should know about the result (unknown words), or None."""
-        return unknown_words_warning(self.unknown_words) if self.unknown_words else None
+        """What the user should know about the result (unknown words, words left out), or None."""
+        notes = [unknown_words_warning(self.unknown_words)] if self.unknown_words else []
+        if self.dropped_words:
+            notes.append(truncation_warning(self.dropped_words, int(self.max_tokens or 0)))
+        return "; ".join(notes) or None
 
     def to_json(self) -> dict[str, Any]:
         """The ``/api/search`` body: ``{"query", "results": [{"id", "path", "score", "global_score"}], "ms",
-        "shortlist"}``, plus ``"warning"`` and ``"unknown_words"`` when some query words are unknown."""
+        "shortlist"}``, plus ``"warning"`` when some query words are unknown (``"unknown_words"`` names them)
+        or left out (``"dropped_words"`` counts them)."""
         body: dict[str, Any] = {
             "query": self.query,
             "results": [
@@ -166,9 +197,12 @@ class SearchResult:
             "ms": round(1000.0 * self.timings.get("total", 0.0), 3),
             "shortlist": self.shortlist,
         }
-        if self.unknown_words:
+        if self.warning:
             body["warning"] = self.warning
+        if self.unknown_words:
             body["unknown_words"] = list(self.unknown_words)
+        if self.dropped_words:
+            body["dropped_words"] = self.dropped_words
         return body
 
 
@@ -311,20 +345,28 @@ class Searcher:
         would rank images for ``<unk>`` alone and answer with confident nonsense. What "unknown" means is
         the tokenizer's ``known_and_unknown_words``: for a word vocabulary, not in the vocabulary; for
         BERT, a word WordPiece turns into ``[UNK]`` as a whole. Some unknown words are allowed and listed
-        in ``Query.unknown_words``.
+        in ``Query.unknown_words``. Words are judged on the part of the query the model reads: words past
+        its ``max_caption_len`` tokens are left out, counted in ``Query.dropped_words``.
 
         Raises:
             QueryError: empty, control characters (:func:`check_query_text`), no word at all, or no word
-                the model knows (naming the words).
+                the model knows among those it reads (naming the words).
         """
         if not isinstance(text, str) or not text.strip():
             raise QueryError("the query is empty")
         check_query_text(text)
-        known, unknown = self.run.tokenizer.known_and_unknown_words(text.strip())
+        read, dropped = self._read_part(text.strip())
+        known, unknown = self.run.tokenizer.known_and_unknown_words(read)
         if unknown and not known:
+            max_tokens = self.run.config.data.max_caption_len
+            cut = (
+                f" in the {max_tokens} tokens it reads (its last {dropped} words were left out)"
+                if dropped
+                else ""
+            )
             raise QueryError(
-                f"the model knows none of the query's words ({_quoted(unknown)}); rephrase it with words "
-                "of its vocabulary (for a model trained from scratch: words of its training captions)",
+                f"the model knows none of the query's words ({_quoted(unknown)}){cut}; rephrase it with "
+                "words of its vocabulary (for a model trained from scratch: words of its training captions)",
                 unknown_words=unknown,
             )
         try:
@@ -334,7 +376,29 @@ class Searcher:
         device = self.run.device
         tokens = self.run.model.encode_texts(ids.to(device), lens.to(device))
         global_embedding = self.matcher.global_text(tokens, lens.to(device)).float().cpu()
-        return Query(text, ids, lens, tokens.float().cpu(), global_embedding, unknown)
+        max_tokens = self.run.config.data.max_caption_len
+        return Query(text, ids, lens, tokens.float().cpu(), global_embedding, unknown, dropped, max_tokens)
+
+    def _read_part(self, text: str) -> tuple[str, int]:
+        """The part of ``text`` the model reads (the whitespace-separated words whose tokens fit in
+        ``data.max_caption_len``, specials included) and how many words are left out after it. A first word
+        longer than that alone is read in part, and kept."""
+        max_tokens = self.run.config.data.max_caption_len
+
+        def fits(part: str) -> bool:
+            try:
+                return int(self.run.tokenizer.batch_encode([part])[1][0]) <= max_tokens
+            except ValueError:  # no word at all (punctuation): nothing that could be cut
+                return True
+
+        if max_tokens is None or fits(text):
+            return text, 0
+        words = text.split()
+        low, high = 1, len(words) - 1  # the first word is kept; the whole text does not fit
+        while low < high:  # the most words that fit (a longer prefix never takes fewer tokens)
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if fits(" ".join(words[:middle])) else (low, middle - 1)
+        return " ".join(words[:low]), len(words) - low
 
     @torch.no_grad()
     def rerank(self, query: Query, ids: torch.Tensor) -> torch.Tensor:
@@ -416,7 +480,9 @@ class Searcher:
             for rank, i in enumerate(order.tolist())
         ]
         timings = {"encode": t1 - t0, "shortlist": t2 - t1, "rerank": t3 - t2, "total": t3 - t0}
-        return SearchResult(text, hits, int(ids.numel()), timings, query.unknown_words)
+        return SearchResult(
+            text, hits, int(ids.numel()), timings, query.unknown_words, query.dropped_words, query.max_tokens
+        )
 
     def explain(self, text: str, image_id: int) -> Explanation:
         """Why image ``image_id`` matches ``text``: see :func:`patchword.search.explain.explain_pair`."""

@@ -18,13 +18,18 @@
 
 Every file is written to a temporary name and renamed into place (``os.replace``), shards first and the
 manifest last, so the manifest only ever names complete shards: a build killed at any moment leaves a
-consistent index to resume from. Rows of a shard whose image was deleted or changed are dead (no entry
-points at them) until the index is compacted.
+consistent index to resume from. An update of a complete index writes its progress to
+``manifest.pending.json`` and replaces ``manifest.json`` last: until then searches open the index as it was
+(shard files are never rewritten in place; the ones the new manifest drops are deleted after it). A build or
+update holds ``.build.lock`` (:mod:`patchword.locks`) while it writes. Rows of a shard whose image was
+deleted or changed are dead (no entry points at them) until the index is compacted.
 
 An index id is the position of an entry in the manifest: ids are dense (0..N-1) and stable for one
 version of the index.
 
-Over 400 lines: the on-disk index format: manifest, shards, their checks and atomic writes, one format in one
+What a reader can use of a manifest and of the shard arrays is checked by :mod:`patchword.search.checks`.
+
+Over 400 lines: the on-disk index format: manifest, shards, the reader and atomic writes, one format in one
 place.
 """
 
@@ -45,6 +50,13 @@ import torch
 from patchword.data.npy import load_npy, npy_problem
 from patchword.errors import DataError, MissingFileError
 from patchword.fileio import atomic_write, atomic_write_bytes, write_all
+from patchword.search.checks import (
+    DENSE_STORES,
+    manifest_problem,
+    shape_problem,
+    token_width,
+    values_problem,
+)
 from patchword.search.codecs import STORES, TokenCodec, load_codec
 from patchword.search.scan import SkippedFile
 
@@ -52,9 +64,12 @@ __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
     "MANIFEST_FILE",
+    "PENDING_FILE",
+    "LOCK_FILE",
     "SHARDS_DIR",
     "Entry",
     "IndexEntries",
+    "caption_digest",
     "Manifest",
     "SearchIndex",
     "DamagedIndexError",
@@ -68,11 +83,17 @@ __all__ = [
     "rows_digest",
     "DENSE_STORES",
     "REPAIR_HINT",
+    "unfinished_build",
 ]
 
 FORMAT = "patchword-search-index"
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
+#: The manifest of an update under way (or stopped part-way): ``manifest.json`` keeps the complete index it
+#: started from, what searches open, until the update's last write replaces it.
+PENDING_FILE = "manifest.pending.json"
+#: The lock a build or update holds on its index (one at a time); removed when it ends.
+LOCK_FILE = ".build.lock"
 SHARDS_DIR = "shards"
 DTYPES = STORES  # the token stores an index may use (the manifest's ``dtype`` field names one)
 #: How a user repairs an index with a missing or damaged shard file: ``--update`` drops the entries stored
@@ -85,7 +106,10 @@ REPAIR_HINT = (
 
 @dataclass(frozen=True)
 class Entry:
-    """One indexed image: its file (relative path, size, mtime, format) and where its vectors are."""
+    """One indexed image: its file (relative path, size, mtime, format), where its vectors are and, in an
+    index with dense captions, ``dense_sha``: the digest of the caption it was encoded with
+    (:func:`caption_digest`; None in an index written before it was recorded), so an update re-encodes an
+    image whose caption changed."""
 
     path: str
     size: int
@@ -93,6 +117,12 @@ class Entry:
     format: str
     shard: int
     row: int
+    dense_sha: str | None = None
+
+
+def caption_digest(text: str) -> str:
+    """The digest of a dense caption an entry records (``Entry.dense_sha``)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 @dataclass
@@ -136,19 +166,25 @@ class Manifest:
 
     def to_json(self) -> str:
         payload = {"format": FORMAT, "version": FORMAT_VERSION, **asdict(self)}
-        payload["entries"] = [[e.path, e.size, e.mtime_ns, e.format, e.shard, e.row] for e in self.entries]
-        payload["entry_fields"] = ["path", "size", "mtime_ns", "format", "shard", "row"]
+        fields = ["path", "size", "mtime_ns", "format", "shard", "row"]
+        if self.dense is not None:  # the caption each image was encoded with (an index without: as before)
+            fields.append("dense_sha")
+        payload["entries"] = [
+            [e.path, e.size, e.mtime_ns, e.format, e.shard, e.row, e.dense_sha][: len(fields)]
+            for e in self.entries
+        ]
+        payload["entry_fields"] = fields
         return json.dumps(payload, indent=1, ensure_ascii=False)
 
     @classmethod
-    def read(cls, index_dir: str | os.PathLike[str]) -> Manifest:
-        """Read ``index_dir/manifest.json``.
+    def read(cls, index_dir: str | os.PathLike[str], name: str = MANIFEST_FILE) -> Manifest:
+        """Read ``index_dir/manifest.json`` (or ``name``: :data:`PENDING_FILE`).
 
         Raises:
             MissingFileError: no manifest.
             DataError: not a patchword index, another format version, or a malformed file.
         """
-        path = Path(index_dir) / MANIFEST_FILE
+        path = Path(index_dir) / name
         if not path.is_file():
             raise MissingFileError(f"{index_dir} is not a search index: it has no {MANIFEST_FILE}")
         try:
@@ -178,7 +214,7 @@ class Manifest:
             )
         except (KeyError, TypeError, ValueError) as err:
             raise DataError(f"{path}: malformed index manifest (field {err})") from err
-        problem = _manifest_problem(manifest)
+        problem = manifest_problem(manifest)
         if problem is not None:
             raise DataError(
                 f"{path}: malformed index manifest: field {problem[0]!r} {problem[1]}; build a new index "
@@ -190,64 +226,10 @@ class Manifest:
         """Replace ``index_dir/manifest.json`` atomically."""
         atomic_write_bytes(Path(index_dir) / MANIFEST_FILE, self.to_json().encode("utf-8"))
 
-
-def _count(value: Any, low: int = 0) -> bool:
-    """Whether ``value`` is an int (not a bool) of at least ``low``."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
-
-
-def _manifest_problem(m: Manifest) -> tuple[str, str] | None:
-    """The first field of ``m`` the readers cannot use, as (field, what is wrong with it); None when every
-    field is one they read (a hand-edited or damaged manifest would otherwise fail deep inside a search)."""
-    if not isinstance(m.model, dict):
-        return "model", "is not an object"
-    for key in ("embed_dim", "num_patches"):
-        if not _count(m.model.get(key), 1):
-            return f"model.{key}", f"is {m.model.get(key)!r}, not a positive integer"
-    for key in ("run_dir", "checkpoint"):
-        if not isinstance(m.model.get(key), str):
-            return f"model.{key}", f"is {m.model.get(key)!r}, not a path"
-    if not isinstance(m.images_root, str):
-        return "images_root", f"is {m.images_root!r}, not a path"
-    if m.dtype not in DTYPES:
-        return "dtype", f"is {m.dtype!r}, not one of {', '.join(DTYPES)}"
-    if m.state not in ("building", "complete"):
-        return "state", f"is {m.state!r}, not building or complete"
-    if m.dense is not None and not (
-        isinstance(m.dense, dict)
-        and isinstance(m.dense.get("file"), str)
-        and m.dense.get("store", "tokens") in DENSE_STORES
-    ):
-        return "dense", f"is {m.dense!r}, not null or {{'file': PATH, 'store': {' or '.join(DENSE_STORES)}}}"
-    if m.pruning is not None and not (
-        isinstance(m.pruning, dict)
-        and all(_count(m.pruning.get(key), 1) for key in ("kept", "of"))
-        and isinstance(m.pruning.get("fraction"), (int, float))
-    ):
-        return "pruning", f"is {m.pruning!r}, not null or {{'kept': M, 'of': N, 'fraction': F, ...}}"
-    if not isinstance(m.codec, dict):
-        return "codec", f"is {m.codec!r}, not an object"
-    if not _count(m.next_shard):
-        return "next_shard", f"is {m.next_shard!r}, not a count"
-    rows: dict[int, int] = {}
-    for i, shard in enumerate(m.shards):
-        if not (isinstance(shard, dict) and _count(shard.get("id")) and _count(shard.get("rows"))):
-            return f"shards[{i}]", f"is {shard!r}, not {{'id': N, 'rows': N}}"
-        if shard["id"] in rows:
-            return f"shards[{i}]", f"names shard {shard['id']} a second time"
-        rows[shard["id"]] = shard["rows"]
-    for i, e in enumerate(m.entries):
-        if not (isinstance(e.path, str) and _count(e.size) and isinstance(e.format, str) and _count(e.row)):
-            return (
-                f"entries[{i}]",
-                f"is {list(asdict(e).values())!r}, not [path, size, mtime_ns, format, shard, row]",
-            )
-        if not (isinstance(e.shard, int) and e.row < rows.get(e.shard, 0)):
-            return (
-                f"entries[{i}]",
-                f"points at row {e.row} of shard {e.shard}, which the shards list does not hold",
-            )
-    return None
+    def write_pending(self, index_dir: str | os.PathLike[str]) -> None:
+        """Replace ``index_dir/manifest.pending.json`` (:data:`PENDING_FILE`, an update's progress)
+        atomically."""
+        atomic_write_bytes(Path(index_dir) / PENDING_FILE, self.to_json().encode("utf-8"))
 
 
 def save_npy_atomic(path: Path, array: np.ndarray) -> None:
@@ -294,9 +276,6 @@ ARRAYS = (
     "patch_ids",
     "patch_prior",
 )
-#: How an index keeps what its dense captions contribute (``--dense-store``): their tokens, or the per-image
-#: score they give (exact for a matcher whose dense part depends on the image alone).
-DENSE_STORES = ("tokens", "scores")
 
 
 def rows_digest(manifest: Manifest) -> str:
@@ -330,65 +309,11 @@ def shard_arrays(manifest: Manifest) -> tuple[str, ...]:
     return tuple(names)
 
 
-#: The number of dimensions of each shard array: rows first, then (tokens) the token axis, then the width.
-NDIMS = {
-    "global": 2,
-    "tokens": 3,
-    "tokens.scale": 2,
-    "dense": 3,
-    "dense.scale": 2,
-    "dense_lens": 1,
-    "dense_score": 1,
-    "patch_ids": 2,
-    "patch_prior": 2,
-}
-
-
-def token_width(manifest: Manifest, codec: TokenCodec | None = None) -> int | None:
-    """The last dimension of the stored token arrays: the embedding width, or pq's bytes per token (from
-    ``codec``, else the manifest's record of it; None when neither says)."""
-    if manifest.dtype != "pq":
-        return int(manifest.model["embed_dim"])
-    if codec is not None and codec.centroids is not None:
-        return int(codec.centroids.shape[0])
-    return manifest.codec.get("pq_m")
-
-
-def shape_problem(
-    name: str, shapes: dict[str, tuple[int, ...]], rows: int, manifest: Manifest, width: int | None
-) -> str | None:
-    """What is wrong with the shape of the shard array ``name`` (``shapes[name]``; the shard's arrays
-    checked before it in :func:`shard_arrays` order are in ``shapes`` too) for a shard the manifest says
-    holds ``rows`` images; None when nothing is. Reads no file."""
-    shape = shapes[name]
-    if len(shape) != NDIMS[name]:
-        return f"has shape {shape}, an index's {name} array has {NDIMS[name]} dimensions"
-    want = [rows, *shape[1:]]
-    if name == "global":
-        want[1] = int(manifest.model["embed_dim"])
-    elif name in ("tokens", "dense") and width is not None:
-        want[2] = width
-    elif name.endswith(".scale"):
-        want[1] = shapes[name.removesuffix(".scale")][1]
-    elif name in ("patch_ids", "patch_prior"):
-        want[1] = int(manifest.pruning["kept"])
-    if name == "tokens" and manifest.pruning is None and _count(manifest.model.get("image_tokens"), 1):
-        want[1] = manifest.model["image_tokens"]
-    if (
-        name == "tokens"
-        and manifest.pruning is not None
-        and shape[1] - manifest.pruning["kept"] not in (0, 1)
-    ):
-        want[1] = manifest.pruning["kept"]  # the kept patches, after the CLS token where the model has one
-    if tuple(want) != tuple(shape):
-        return f"has shape {tuple(shape)}, its shard of {rows} images in {MANIFEST_FILE} needs {tuple(want)}"
-    return None
-
-
 def broken_shards(index_dir: Path, manifest: Manifest) -> dict[int, str]:
     """Shard id -> what is wrong with one of its files (missing, truncated, not a .npy array, a shape that
-    is not the one the manifest gives the shard), for every shard of ``manifest`` that cannot be read;
-    reads only the files' headers and sizes."""
+    is not the one the manifest gives the shard, values that index past another array: see
+    :mod:`patchword.search.checks`), for every shard of ``manifest`` that cannot be read; reads the files'
+    headers and sizes, and the small arrays whose values are checked."""
     names = shard_arrays(manifest)
     width = token_width(manifest)
     broken = {}
@@ -399,15 +324,25 @@ def broken_shards(index_dir: Path, manifest: Manifest) -> dict[int, str]:
             problem = npy_problem(files[name]) if files[name].is_file() else "missing"
             if problem is None:
                 try:
-                    shapes[name] = np.load(files[name], mmap_mode="r", allow_pickle=False).shape
+                    array = np.load(files[name], mmap_mode="r", allow_pickle=False)
                 except (ValueError, EOFError) as err:
                     problem = f"cannot read the array ({err})"
                 else:
+                    shapes[name] = array.shape
                     problem = shape_problem(name, shapes, shard["rows"], manifest, width)
+                    problem = problem or values_problem(name, array, shapes)
             if problem is not None:
                 broken[shard["id"]] = f"{files[name].name}: {problem}"
                 break
     return broken
+
+
+def unfinished_build(index_dir: Path) -> str:
+    """Why an index whose first build has not finished cannot be opened, and what to do."""
+    return (
+        f"{index_dir}: the index build did not finish: it is still running (search the index when it ends), "
+        "or it was stopped (then rerun the same `patchword index build` command: it resumes the build)"
+    )
 
 
 class DamagedIndexError(DataError):
@@ -457,6 +392,7 @@ class SearchIndex(IndexEntries):
                 # rows past the end would be an IndexError in the middle of a search
                 shapes = {n: a.shape for n, a in arrays.items()}
                 problem = shape_problem(name, shapes, shard["rows"], manifest, width)
+                problem = problem or values_problem(name, arrays[name], shapes)
                 if problem is not None:
                     raise DataError(f"{files[name]}: {problem}; {REPAIR_HINT}")
             self._arrays[shard["id"]] = arrays
@@ -477,10 +413,7 @@ class SearchIndex(IndexEntries):
         index_dir = Path(index_dir)
         manifest = Manifest.read(index_dir)
         if manifest.state != "complete":
-            raise DataError(
-                f"{index_dir}: the index build did not finish; rerun the same `patchword index build` "
-                "command to resume it"
-            )
+            raise DataError(unfinished_build(index_dir))
         if not manifest.entries:
             raise DataError(f"{index_dir}: the index holds no image (see its manifest's skipped list)")
         return cls(index_dir, manifest)

@@ -5,11 +5,12 @@ Routes (all JSON errors are ``{"error": message}`` with a 4xx / 5xx status):
 - ``GET /api/search?q=...&k=...`` -> ``{"query", "results": [{"id", "path", "score", "global_score"}],
   "ms", "shortlist"}``, paths relative to the indexed folder, plus ``"warning"`` and ``"unknown_words"``
   when some query words are unknown to the model; a query with no known word is a 400 whose body adds
-  ``"unknown_words"``;
+  ``"unknown_words"``; ``k`` defaults to 10, or ``max_k`` when that is lower;
 - ``GET /api/explain?q=...&id=...`` -> the kept patches per selection branch and each word's heat over
   the patch grid (:meth:`patchword.search.explain.Explanation.to_json`) plus ``id``, ``path``, ``query``;
 - ``GET /api/image/{id}``: the image file of index id ``id`` (ids only: a path never reaches the file
-  system); formats browsers do not show (TIFF, PPM...) are sent as PNG;
+  system); formats browsers do not show (TIFF, PPM...) are sent as PNG; ``Cache-Control: no-cache`` with an
+  ``ETag`` (the file's path, size and mtime), ``If-None-Match`` answered with ``304``;
 - ``GET /healthz``: liveness and what is served; ``GET /`` and ``/static/{app.js,style.css}``: the page.
 
 Every route answers ``HEAD`` as it answers ``GET``; JSON answers (``/api/*``, ``/healthz``) are
@@ -29,6 +30,7 @@ FastAPI names are imported inside :func:`create_app` so that this module imports
 
 import asyncio
 import concurrent.futures
+import hashlib
 import io
 import logging
 import re
@@ -52,6 +54,7 @@ logger = logging.getLogger(__name__)
 BROWSER_FORMATS = {
     "PNG": "image/png",
     "JPEG": "image/jpeg",
+    "MPO": "image/jpeg",  # a JPEG with extra frames (phone cameras): browsers show its first, as Pillow reads
     "GIF": "image/gif",
     "WEBP": "image/webp",
     "BMP": "image/bmp",
@@ -71,6 +74,8 @@ _SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
 }
 _ID = re.compile(r"[0-9]{1,12}")
+#: Results of ``/api/search`` without ``k`` (at most ``max_k``).
+DEFAULT_K = 10
 
 
 def require_serve_extra() -> None:
@@ -169,9 +174,23 @@ class _Params:
         return number
 
 
-def _image_bytes(searcher: Searcher, image_id: int) -> tuple[bytes, str]:
-    """The file of ``image_id`` as (bytes, media type); only paths recorded in the index are read, and
-    only inside the indexed folder (a symbolic link swapped in later cannot lead outside)."""
+def _etag_matches(header: str | None, etag: str) -> bool:
+    """Whether an ``If-None-Match`` header names ``etag`` (weak comparison, as RFC 9110 asks of it)."""
+    if header is None:
+        return False
+    tags = [tag.strip().removeprefix("W/") for tag in header.split(",")]
+    return "*" in tags or etag in tags
+
+
+def _image_bytes(
+    searcher: Searcher, image_id: int, if_none_match: str | None = None
+) -> tuple[bytes | None, str, str]:
+    """The file of ``image_id`` as (bytes, media type, ETag), bytes None when ``if_none_match`` names the
+    ETag (the client's copy is current: nothing is read). Only paths recorded in the index are read, and
+    only inside the indexed folder (a symbolic link swapped in later cannot lead outside).
+
+    The ETag is the image's path, size and mtime: an index id names another image after an update (and the
+    server's restart), so a browser revalidates what it cached under an id rather than keep it for a time."""
     index = searcher.index
     entry = index.entries[image_id]
     root = index.images_root.resolve()
@@ -182,15 +201,21 @@ def _image_bytes(searcher: Searcher, image_id: int) -> tuple[bytes, str]:
         raise _BadRequest(404, f"image {image_id} is no longer inside the indexed folder") from err
     if not path.is_file():
         raise _BadRequest(404, f"the file of image {image_id} no longer exists")
+    stat = path.stat()
+    version = f"{entry.path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode("utf-8", "surrogateescape")
+    etag = f'"{hashlib.sha256(version).hexdigest()[:32]}"'
+    media_type = BROWSER_FORMATS.get(entry.format, "image/png")
+    if _etag_matches(if_none_match, etag):
+        return None, media_type, etag
     data = path.read_bytes()
     if entry.format in BROWSER_FORMATS:
-        return data, BROWSER_FORMATS[entry.format]
+        return data, media_type, etag
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as image:
         out = io.BytesIO()
         image.convert("RGB").save(out, format="PNG")
-    return out.getvalue(), "image/png"
+    return out.getvalue(), media_type, etag
 
 
 def _static_file(name: str) -> bytes:
@@ -324,7 +349,7 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
         async def handle(request: Request) -> Response:
             params = _Params(request.scope.get("query_string", b""), ("q", "k"))
             query = params.text("q", limits.max_query_chars)
-            k = params.integer("k", 1, limits.max_k, default=10)
+            k = params.integer("k", 1, limits.max_k, default=min(DEFAULT_K, limits.max_k))
             t0 = time.perf_counter()
             result = await in_pool(searcher.search, query, k)
             body = result.to_json()
@@ -352,8 +377,12 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
     async def image(request: Request, image_id: str) -> Response:
         async def handle(request: Request) -> Response:
             number = image_id_of(image_id)
-            data, media_type = await in_pool(_image_bytes, searcher, number)
-            return Response(data, media_type=media_type, headers={"Cache-Control": "private, max-age=3600"})
+            if_none_match = request.headers.get("if-none-match")
+            data, media_type, etag = await in_pool(_image_bytes, searcher, number, if_none_match)
+            headers = {"Cache-Control": "no-cache", "ETag": etag}  # kept, but revalidated: ids move
+            if data is None:
+                return Response(status_code=304, headers=headers)
+            return Response(data, media_type=media_type, headers=headers)
 
         return await guarded(handle, request)
 
