@@ -386,7 +386,7 @@ def probe_writable(directory: str | os.PathLike[str]) -> None:
     """Check, before any work, that files can be created in ``directory`` or, when it does not exist yet,
     in its nearest existing parent (nothing is created there): a read-only or vanished location fails now,
     with ``OSError`` naming it, instead of after an hour of work."""
-    folder = os.path.abspath(os.fspath(directory))
+    target = folder = os.path.abspath(os.fspath(directory))
     while not os.path.isdir(folder):
         if os.path.exists(folder):  # a file where a directory must go
             raise NotADirectoryError(20, "Not a directory", folder)
@@ -397,7 +397,16 @@ def probe_writable(directory: str | os.PathLike[str]) -> None:
     try:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".patchword-probe.")
     except OSError as err:
-        raise OSError(err.errno, f"cannot write here: {err.strerror}", folder) from err
+        code = f" ({errno.errorcode[err.errno]})" if err.errno in errno.errorcode else ""
+        reason = f"{err.strerror or err}{code}"
+        where = (
+            f"{folder}: cannot write here"
+            if folder == target
+            else f"cannot create {target}: {folder} takes no new files"
+        )
+        # One argument, the whole line: OSError(errno, ...) would become FileNotFoundError for ENOENT (as
+        # /proc answers), which prints as "[Errno 2] ...", and its file name would be the probe's temp file.
+        raise type(err)(f"{where}: {reason}") from err
     os.close(fd)
     os.unlink(tmp)
 

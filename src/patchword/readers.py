@@ -46,8 +46,10 @@ def _head(path: Path, size: int) -> bytes:
 
 
 def _require_file(path: Path, what: str) -> None:
+    if path.is_dir():
+        raise MissingFileError(f"{what} {path} is a directory, not a file")
     if not path.is_file():
-        raise MissingFileError(f"{what} {path} does not exist" + (" (a directory)" if path.is_dir() else ""))
+        raise MissingFileError(f"{what} {path} does not exist")
 
 
 def describe_content(path: Path, limit: int = 24) -> str:
@@ -187,7 +189,23 @@ def _read_text(path: Path, what: str) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise DataError(f"{path}: not a {what}: {describe_content(path)}") from None
+        raise DataError(_not_utf8(path, what)) from None
+
+
+def _not_utf8(path: Path, what: str) -> str:
+    """Where a file that is not UTF-8 text stops being it: ``path:LINE: not a WHAT: ...`` (a file that is
+    binary from its first byte is described as a whole)."""
+    raw = path.read_bytes()
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.start == 0:
+            return f"{path}: not a {what}: {describe_content(path)}"
+        line = raw.count(b"\n", 0, err.start) + 1
+        return (
+            f"{path}:{line}: not a {what}: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start})"
+        )
+    return f"{path}: not a {what}: not UTF-8 text"  # changed while it was read
 
 
 _SHAPES = {dict: "a JSON object", list: "a JSON list"}

@@ -94,6 +94,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _global_option(arg: str) -> bool:
+    """Whether argparse takes ``arg`` as ``-v`` / ``-h`` (``--verb``: a long option may be abbreviated)."""
+    return arg in ("-v", "-h") or (len(arg) > 2 and any(o.startswith(arg) for o in ("--verbose", "--help")))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Global flags (-v) may precede a delegated verb: they are handed on with the rest.
@@ -106,7 +111,15 @@ def main(argv: list[str] | None = None) -> int:
         return report_errors(
             lambda: getattr(importlib.import_module(verb.module), verb.entry)(sub_argv), verbose
         )
-    args = parse_with_overrides(_parser(), argv)  # overrides may follow options too
+    parser = _parser()
+    if all(a.startswith("-") for a in rest) and "-h" not in rest and "--help" not in rest:
+        unknown = [a for a in rest if not _global_option(a)]
+        if unknown:  # no COMMAND: argparse would say only that it is missing, never naming the option
+            parser.error(
+                f"unknown option {' '.join(unknown)}: patchword takes only -h and -v before the COMMAND "
+                "(a command's options go after it: patchword COMMAND --help)"
+            )
+    args = parse_with_overrides(parser, argv)  # overrides may follow options too
     setup_logging(args.verbose)
     module = importlib.import_module(VERBS[args.command].module)
     return report_errors(lambda: module.run(args), args.verbose)

@@ -71,9 +71,9 @@ def _run_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=int, default=500)
     gen.add_argument("--batch-size", type=int, default=8, help="images per generate call")
     gen.add_argument("--sample", action="store_true", help="sample (SEPS: temperature 0.2, top-p 0.9)")
-    gen.add_argument("--temperature", type=float, default=0.2)
-    gen.add_argument("--top-p", type=float, default=0.9)
-    gen.add_argument("--seed", type=int, default=0, help="sampling seed (batch k uses seed + k)")
+    gen.add_argument("--temperature", type=float, help="with --sample (default 0.2)")  # None: not given
+    gen.add_argument("--top-p", type=float, help="with --sample (default 0.9)")
+    gen.add_argument("--seed", type=int, help="with --sample: batch k is seeded with seed + k (default 0)")
     run = p.add_argument_group("output")
     run.add_argument("--out", type=Path, required=True, help="the JSONL file (appended, resumable)")
     run.add_argument("--shard", help="describe only shard I of N (0-based), e.g. 0/4")
@@ -215,15 +215,22 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from patchword.densify.config import DEFAULT_PROMPT, GenerationSettings, resolve_device, resolve_precision
     from patchword.densify.runner import densify
     from patchword.densify.shards import parse_shard, shard_from_env, shard_output_path
+    from patchword.densify.store import check_output_path
     from patchword.densify.vlm import load_vlm
+    from patchword.errors import ConfigError
 
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
+    given = {key: value for key, value in sampling.items() if value is not None}
+    if given and not args.sample:  # greedy decoding would ignore it without a word
+        flag = "--" + next(iter(given)).replace("_", "-")
+        raise ConfigError(
+            flag, "applies only with --sample (greedy decoding ignores it): add --sample or drop it"
+        )
     settings = GenerationSettings(
         prompt=args.prompt if args.prompt is not None else DEFAULT_PROMPT,
         max_new_tokens=args.max_new_tokens,
         do_sample=args.sample,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        seed=args.seed,
+        **given,
     )
     shard = parse_shard(args.shard) if args.shard else None
     ranked = shard_from_env() if shard is None else None
@@ -232,6 +239,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     images = _image_list(args, parser)
     out = args.out
     if ranked is not None:
+        check_output_path(out)  # the merge's --out, read before any rank's own file is checked
         if _finished_job(out, images, settings, args.model):
             print(f"{out}: complete ({len(images)} images); nothing to do")
             return 0
@@ -359,12 +367,21 @@ def _synthetic_for(path: Path, args: argparse.Namespace):
 
 def _stats(args: argparse.Namespace) -> int:
     from patchword.densify.stats import dense_stats, format_stats, read_texts
+    from patchword.errors import ConfigError, MissingFileError, ModelNotFoundError
 
+    too_low = [k for k in args.token_limits if k < 1]
+    if too_low:  # a share of descriptions "longer than 0 tokens" (or -5) says nothing about a length limit
+        raise ConfigError("--token-limits", f"must be BERT token counts of at least 1, got {too_low}")
     bert = None
     if args.bert_vocab:
         from patchword.data.tokenizers import BertCaptionTokenizer
 
-        bert = BertCaptionTokenizer.from_pretrained(args.bert_vocab)
+        try:
+            bert = BertCaptionTokenizer.from_pretrained(args.bert_vocab)
+        except (ModelNotFoundError, MissingFileError) as err:  # they speak of model directories, config keys
+            missing = f"{args.bert_vocab} does not exist (nor is it a hub id in the local Hugging Face cache)"
+            found = Path(args.bert_vocab).expanduser().exists()  # a directory without a vocabulary
+            raise ConfigError("--bert-vocab", str(err) if found else missing) from err
     reports = {}
     for path in args.files:
         data = read_texts(path)

@@ -36,8 +36,8 @@ import numpy as np
 from PIL import Image
 
 from patchword.data.synthetic import SPLITS, SyntheticConfig, generate_split
-from patchword.errors import ConfigError, RunExistsError
-from patchword.fileio import staging_dir
+from patchword.errors import ConfigError, RunExistsError, describe_os_error
+from patchword.fileio import probe_writable, staging_dir
 from patchword.progress import progress_bar
 
 __all__ = ["ExportSummary", "export_synthetic_split", "DENSE_MODEL_ID"]
@@ -149,12 +149,17 @@ def export_synthetic_split(
     Raises:
         ConfigError: unknown split.
         RunExistsError: ``out_dir`` exists and is not empty.
+        ConfigError: ``out_dir`` cannot be created (a read-only folder, a file on the way), before any work.
     """
     if split not in SPLITS:
         raise ConfigError("--split", f"must be one of {', '.join(SPLITS)}, got {split!r}")
     config = config or SyntheticConfig()
     out_dir = Path(out_dir)
     _check_target(out_dir)
+    try:  # before rendering, and so that the error names --out, not the staging folder beside it
+        probe_writable(out_dir.parent)
+    except OSError as err:
+        raise ConfigError("--out", f"{out_dir} cannot be created: {describe_os_error(err)}") from err
     scene_split = generate_split(config, split)
     ids = scene_split.image_ids
     names = [f"{image_id}.png" for image_id in ids]

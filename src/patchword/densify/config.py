@@ -7,6 +7,7 @@ recorded next to the output, so a rerun that would mix two kinds of text into on
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -52,8 +53,8 @@ class GenerationSettings:
             raise ConfigError("--prompt", "the prompt is empty")
         if self.max_new_tokens < 1:
             raise ConfigError("--max-new-tokens", f"must be at least 1, got {self.max_new_tokens}")
-        if self.temperature <= 0:
-            raise ConfigError("--temperature", f"must be positive, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):  # NaN passes a plain `<= 0`
+            raise ConfigError("--temperature", f"must be a positive finite number, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ConfigError("--top-p", f"must be in (0, 1], got {self.top_p}")
 

@@ -24,7 +24,13 @@ from patchword.densify.lock import output_lock
 from patchword.densify.resume import check_existing, finished_before, open_output, run_meta
 from patchword.densify.shards import Shard
 from patchword.densify.sources import ImageItem, ImageList
-from patchword.densify.store import DenseRecord, append_records, read_records, write_records_atomic
+from patchword.densify.store import (
+    DenseRecord,
+    append_records,
+    check_output_path,
+    read_records,
+    write_records_atomic,
+)
 from patchword.densify.vlm import VisionLanguageModel
 from patchword.errors import ConfigError, DataError, MissingFileError
 from patchword.progress import progress_bar
@@ -184,6 +190,7 @@ def densify(
         a :class:`DensifyResult`; ``complete`` says whether every image of the range is in the file.
 
     Raises:
+        ConfigError: ``out`` is a directory or its folder takes no files (before the lock and the model).
         RunExistsError: ``out`` exists but holds other work (other settings or images, or not ours), or
             another process writes it now (it is locked through ``<out>.lock`` while this call runs).
         DataError: ``out`` holds a blank, malformed or duplicated line (checked before the model loads and
@@ -198,6 +205,7 @@ def densify(
     if on_bad_image not in BAD_IMAGE_POLICIES:
         raise ConfigError("--on-bad-image", f"expected one of {BAD_IMAGE_POLICIES}, got {on_bad_image!r}")
     out = Path(out)
+    check_output_path(out)  # a directory or an unwritable folder is refused before the lock file is made
     start, stop = shard.image_range(len(images), batch_size)
     wanted = {images.items[i].image_id: i for i in range(start, stop)}
 

@@ -20,6 +20,7 @@ from patchword.densify.lock import output_lock
 from patchword.densify.sources import fingerprint
 from patchword.densify.store import (
     DenseRecord,
+    check_output_path,
     read_records,
     read_sidecar,
     sidecar_path,
@@ -115,6 +116,10 @@ class _ShardFile:
 
 
 def _read_shard(path: Path) -> _ShardFile:
+    if path.is_dir():
+        raise MissingFileError(
+            f"shard file {path} is a directory, not a file: merge joins densify output files"
+        )
     if not path.is_file():
         raise MissingFileError(f"shard file not found: {path}")
     meta = read_sidecar(path)
@@ -231,10 +236,12 @@ def merge_shards(
             shard, an image id in two shards, or ids that differ from the job's image list.
         RunExistsError: ``out`` exists and ``force`` is False, or another process writes it now (its lock
             ``<out>.lock`` is held).
+        ConfigError: ``out`` is a shard, a directory, or in a folder that takes no files (before any work).
     """
     out = Path(out)
     if any(Path(p).resolve() == out.resolve() for p in paths):
         raise ConfigError("--out", f"{out} is one of the shards being merged")
+    check_output_path(out)  # before the lock and before the shards are read and staged
     # The lock every densify command holds on its output: a merge (rank 0's under torchrun included) must
     # not write --out while another command runs or merges into it. A refused merge takes back the lock
     # file and the folders it made (see patchword.densify.lock).

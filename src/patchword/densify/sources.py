@@ -23,7 +23,7 @@ import numpy as np
 from PIL import Image
 
 from patchword.data.images import load_image
-from patchword.errors import DataError, MissingFileError
+from patchword.errors import ConfigError, DataError, MissingFileError
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -126,9 +126,12 @@ def images_from_folder(folder: str | os.PathLike[str]) -> ImageList:
 
     Raises:
         MissingFileError: the folder does not exist.
+        ConfigError: ``folder`` is a file.
         DataError: it holds no image file.
     """
     root = Path(folder).expanduser()
+    if root.exists() and not root.is_dir():
+        raise ConfigError("--images", f"{root} is a file, not a folder: --images names the folder of images")
     if not root.is_dir():
         raise MissingFileError(f"--images: image folder not found: {root}")
     found = []

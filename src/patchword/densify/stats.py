@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from patchword.errors import DataError
+from patchword.errors import DataError, MissingFileError
 
 __all__ = [
     "StatsInput",
@@ -72,6 +72,8 @@ def read_texts(path: str | os.PathLike[str]) -> StatsInput:
         DataError: a line is not JSON or has no string ``text`` (names the line).
     """
     path = Path(path)
+    if path.is_dir():
+        raise MissingFileError(f"dense caption file {path} is a directory, not a file")
     if not path.is_file():
         raise FileNotFoundError(f"dense caption file not found: {path}")
     data = path.read_bytes()

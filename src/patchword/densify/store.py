@@ -25,8 +25,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from patchword.errors import DataError, RunExistsError
-from patchword.fileio import atomic_write_bytes
+from patchword.errors import ConfigError, DataError, RunExistsError, describe_os_error
+from patchword.fileio import atomic_write_bytes, probe_writable
 
 __all__ = [
     "SIDECAR_SUFFIX",
@@ -39,6 +39,7 @@ __all__ = [
     "repair_tail",
     "append_records",
     "write_records_atomic",
+    "check_output_path",
 ]
 
 logger = logging.getLogger(__name__)
@@ -69,6 +70,22 @@ class DenseRecord:
     def to_line(self) -> bytes:
         record = {"text": self.text, "model_id": self.model_id, "metadata": self.metadata}
         return (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def check_output_path(out: str | os.PathLike[str]) -> None:
+    """Before any work (the lock included), that ``out`` can be written: not a directory, and files can be
+    created in its folder (or, when the folder is still to be made, in its nearest existing parent).
+
+    Raises:
+        ConfigError: naming ``--out`` and why (a directory; a read-only, vanished or refusing folder).
+    """
+    out = Path(out)
+    if out.is_dir():
+        raise ConfigError("--out", f"{out} is a directory: --out names the JSONL file to write")
+    try:
+        probe_writable(out.parent)
+    except OSError as err:  # a file on the way, a read-only or vanished folder: nothing can be written
+        raise ConfigError("--out", f"{out} cannot be written: {describe_os_error(err)}") from err
 
 
 def sidecar_path(out: str | os.PathLike[str]) -> Path:

@@ -6,6 +6,8 @@ config key (or the file) they concern, before a run directory is written.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from patchword.errors import ConfigError, DataError
 from patchword.hashing.config import HashDataConfig, HashModelConfig
 from patchword.hashing.dataset import HashDataset, HashSplit, split_dataset
@@ -20,8 +22,9 @@ def build_hashing_dataset(dc: HashDataConfig) -> HashDataset:
     """The train / query / retrieval :class:`HashDataset` described by ``dc`` (read or generated).
 
     Raises:
-        ConfigError: a split size (``data.num_query`` / ``data.num_train``) the data cannot give, naming
-            the key; a training set of fewer than two pairs (no contrastive batch) names the keys too.
+        ConfigError: ``data.root`` missing, or not the directory (``splits``) or file (``mat``) its format
+            reads; a split size (``data.num_query`` / ``data.num_train``) the data cannot give, naming the
+            key; a training set of fewer than two pairs (no contrastive batch) names the keys too.
         DataError: a split file whose training split holds fewer than two pairs, naming it.
     """
     if dc.format == "synthetic":
@@ -39,8 +42,10 @@ def build_hashing_dataset(dc: HashDataConfig) -> HashDataset:
             raise ConfigError("data.image", "data.format=pairs needs data.image and data.text (.npy files)")
         data = load_pairs(dc.image, dc.text, dc.labels or None)
     elif dc.format == "splits":
+        _check_root(dc.root, "splits", "the directory of train / query / retrieval .npz (or .pkl) files")
         data = load_split_dir(dc.root)
     elif dc.format == "mat":
+        _check_root(dc.root, "mat", "a .mat file of features")
         data = read_mat(dc.root)
     else:
         raise ConfigError("data.format", f"must be synthetic, pairs, splits or mat, got {dc.format!r}")
@@ -52,6 +57,19 @@ def build_hashing_dataset(dc: HashDataConfig) -> HashDataset:
             f"{data.train.source}: {len(data.train)} training pair(s); a contrastive batch needs 2"
         )
     return data
+
+
+def _check_root(root: str, fmt: str, expected: str) -> None:
+    """``data.root`` (``--root``) is given and is what ``data.format=fmt`` reads, ``expected`` (a directory
+    for ``splits``, a file for ``mat``): an empty root would read the working directory."""
+    if not root:
+        raise ConfigError("data.root", f"data.format={fmt} needs data.root (--root): {expected}")
+    path = Path(root).expanduser()
+    if not path.exists():
+        raise ConfigError("data.root", f"{root} does not exist; data.format={fmt} reads {expected}")
+    if path.is_dir() != (fmt == "splits"):
+        found = "a directory" if path.is_dir() else "a file"
+        raise ConfigError("data.root", f"{root} is {found}; data.format={fmt} reads {expected}")
 
 
 def _check_split_sizes(n: int, labelled: bool, dc: HashDataConfig, source: str) -> None:

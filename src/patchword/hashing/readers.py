@@ -73,6 +73,14 @@ def _unreadable(path: Path, kind: str, err: BaseException) -> DataError:
     )
 
 
+def _require_file(path: Path) -> None:
+    """A file the user named is there: a directory in its place is told apart from a missing file."""
+    if path.is_dir():
+        raise MissingFileError(f"{path} is a directory, not a file")
+    if not path.is_file():
+        raise MissingFileError(f"{path} does not exist")
+
+
 def read_npy(path: str | Path) -> np.ndarray:
     """The array of a ``.npy`` file, read without pickle.
 
@@ -81,8 +89,7 @@ def read_npy(path: str | Path) -> np.ndarray:
         DataError: empty, truncated, damaged, an ``.npz`` archive or pickled objects; names the file.
     """
     path = Path(path)
-    if not path.is_file():
-        raise MissingFileError(f"{path} does not exist")
+    _require_file(path)
     try:
         array = np.load(path, allow_pickle=False)
     except MemoryError:
@@ -110,8 +117,7 @@ def _read_npz(path: Path) -> dict[str, Any]:
 
 def _read_mapping(path: Path) -> dict[str, Any]:
     """Fields of an ``.npz`` or ``.pkl`` file."""
-    if not path.is_file():
-        raise MissingFileError(f"{path} does not exist")
+    _require_file(path)
     suffix = path.suffix.lower()
     if suffix == ".npz":
         return _read_npz(path)
@@ -155,6 +161,8 @@ def load_split(path: str | Path, *, require_labels: bool = False) -> HashSplit:
 def load_split_dir(root: str | Path) -> HashDataset:
     """Read ``root/{train,query,retrieval}.npz`` (or ``.pkl``), the official UCMFH layout."""
     root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise MissingFileError(f"split directory {root} is a file, not a directory")
     if not root.is_dir():
         raise MissingFileError(f"split directory {root} does not exist")
     splits = {}
@@ -234,8 +242,7 @@ def read_mat(
     :class:`HashDataset`, a whole-set file as one :class:`HashSplit` (for a caller that checks the split
     sizes it will ask of it first)."""
     path = Path(path)
-    if not path.is_file():
-        raise MissingFileError(f"{path} does not exist")
+    _require_file(path)
     data = _loadmat(path)
     source = str(path)
     if all(f"{m}_{s}" in data for m in "ITL" for s in ("tr", "te", "db")):
@@ -286,8 +293,7 @@ def load_mirflickr25k_text(
     root = Path(root)
     tags_path, labels_path = root / "all_tags.txt", root / "all_labels.txt"
     for p in (tags_path, labels_path):
-        if not p.is_file():
-            raise MissingFileError(f"{p} does not exist")
+        _require_file(p)
     try:
         labels = np.loadtxt(labels_path, dtype=np.int64, ndmin=2)
     except ValueError as err:

@@ -63,6 +63,7 @@ from patchword.config import from_dict
 from patchword.data.tokenizers.word import WordVocab, tokenize
 from patchword.errors import ConfigError, DataError, MissingFileError
 from patchword.imports.base import ImportOptions, ImportPlan, check_opt_names, opt_dict, register_family
+from patchword.readers import describe_content
 from patchword.runs.config import RunConfig
 
 __all__ = ["read_official_vocab", "VOCAB_CLASSES"]
@@ -119,10 +120,14 @@ class _VocabularyHolder:
     """What a pickled ``Vocabulary`` becomes: its attributes (``word2idx``, ``idx2word``, ``idx``) only."""
 
 
+class _Refused(pickle.UnpicklingError):
+    """A pickle naming what a vocabulary may not (told apart from bytes that are no pickle at all)."""
+
+
 def _rebuild(cls: type, base: type, state: Any) -> _VocabularyHolder:
     """``copyreg._reconstructor`` restricted to the holder (pickle protocols 0 and 1)."""
     if cls is not _VocabularyHolder or base is not object or state is not None:
-        raise pickle.UnpicklingError("copyreg._reconstructor is allowed for the Vocabulary only")
+        raise _Refused("copyreg._reconstructor is allowed for the Vocabulary only")
     return _VocabularyHolder()
 
 
@@ -134,7 +139,25 @@ class _VocabUnpickler(pickle.Unpickler):
             return _rebuild
         if (module, name) in {("__builtin__", "object"), ("builtins", "object")}:
             return object
-        raise pickle.UnpicklingError(f"class {module}.{name} is not allowed")
+        raise _Refused(f"class {module}.{name} is not allowed")
+
+
+def _not_a_vocabulary(path: Path, raw: bytes) -> DataError:
+    """The error of a ``--vocab`` file that is neither a json object nor a pickle (a json list, a text file
+    of words, binary data)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        found = "binary data that is neither UTF-8 text nor a pickle"
+    else:
+        try:
+            found = f"a json {type(json.loads(text)).__name__}"  # a list, a str: not an object
+        except ValueError:
+            found = describe_content(path)
+    return DataError(
+        f"--vocab {path} is not a word2idx vocabulary (a json object or a pickle of a dict or Vocabulary): "
+        f"it is {found}"
+    )
 
 
 def _vocab_mapping(raw: bytes, path: Path) -> dict[str, Any]:
@@ -145,13 +168,17 @@ def _vocab_mapping(raw: bytes, path: Path) -> dict[str, Any]:
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise DataError(f"vocabulary {path} is not valid json: {err}") from None
         return payload
+    if not raw.strip():
+        raise _not_a_vocabulary(path, raw)
     try:
         obj = _VocabUnpickler(io.BytesIO(raw), encoding="utf-8").load()
-    except pickle.UnpicklingError as err:
+    except _Refused as err:
         raise DataError(
             f"vocabulary {path}: refused to unpickle ({err}); a pickled vocabulary may name only "
             f"{', '.join(sorted(f'{m}.{n}' for m, n in VOCAB_CLASSES))}"
         ) from None
+    except pickle.UnpicklingError:  # no pickle at all ("invalid load key", "stack underflow")
+        raise _not_a_vocabulary(path, raw) from None
     except (EOFError, ValueError, TypeError, AttributeError, IndexError, UnicodeDecodeError) as err:
         raise DataError(f"vocabulary {path} is neither json nor a readable pickle ({err})") from None
     if isinstance(obj, _VocabularyHolder):
@@ -170,6 +197,8 @@ def read_official_vocab(path: str | Path) -> list[str]:
             class outside :data:`VOCAB_CLASSES`.
     """
     path = Path(path)
+    if path.is_dir():
+        raise MissingFileError(f"--vocab {path} is a directory, not a vocabulary file (json or pkl)")
     if not path.is_file():
         raise MissingFileError(f"vocabulary {path} does not exist")
     payload = _vocab_mapping(path.read_bytes(), path)

@@ -132,9 +132,8 @@ def recipe_path(value: str | os.PathLike[str]) -> Path:
     name = path.name[: -len(".yaml")] if path.name.endswith(".yaml") else path.name
     if name in list_recipes():
         return Path(str(resources.files("patchword.configs") / f"{name}.yaml"))
-    raise MissingFileError(
-        f"config file {value} does not exist (shipped recipes: {', '.join(list_recipes())})"
-    )
+    what = "is a directory, not a YAML file" if path.is_dir() else "does not exist"
+    raise MissingFileError(f"config file {value} {what} (shipped recipes: {', '.join(list_recipes())})")
 
 
 def load_run_config(
