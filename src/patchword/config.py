@@ -384,7 +384,8 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise MissingFileError(f"config file {path} does not exist")
+            state = "is a directory, not a YAML file" if path.is_dir() else "does not exist"
+            raise MissingFileError(f"config file {path} {state}")
         from patchword.readers import read_yaml_mapping
 
         data = read_yaml_mapping(path, "config file")

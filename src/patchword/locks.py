@@ -65,8 +65,13 @@ def lock_or_refuse(fd: int, path: str | os.PathLike[str], busy: str) -> bool:
 
 def _open_lock_file(path: str, make_folder: Callable[[], None] | None) -> tuple[int, bool]:
     """An open descriptor of the lock file ``path`` (created if missing, its folder by ``make_folder`` first
-    when given) and whether this call created it."""
-    while True:
+    when given) and whether this call created it.
+
+    Raises:
+        FileNotFoundError: the folder is missing (no ``make_folder``), or takes no new file however often it
+            is made (``/proc``): each of :data:`_LOCK_ATTEMPTS` tries found no file there.
+    """
+    for _ in range(_LOCK_ATTEMPTS):
         if make_folder is not None:
             make_folder()
         try:
@@ -81,6 +86,7 @@ def _open_lock_file(path: str, make_folder: Callable[[], None] | None) -> tuple[
             return os.open(path, os.O_RDONLY | os.O_CLOEXEC), False
         except FileNotFoundError:  # removed by its holder between the two opens
             continue
+    raise FileNotFoundError(errno.ENOENT, "cannot create the lock file", path)
 
 
 #: Tries to lock the file at a removable lock's path while its holders keep removing it (each try needs one).

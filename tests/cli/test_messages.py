@@ -214,6 +214,59 @@ def test_a_directory_where_a_file_is_expected_is_not_called_missing(tmp_path, ca
             read(Path("adir"), "metrics log")
 
 
+@pytest.mark.parametrize("where", ["load_config", "checkpoint", "sugarcrepe", "glove"])
+def test_the_other_readers_of_a_file_say_a_directory_is_one(tmp_path, where):
+    """Bug: each said "... does not exist" of a directory that is there."""
+    from patchword.config import load_config
+    from patchword.encoders.rnn import load_glove
+    from patchword.eval.compositional import _sugarcrepe_records
+    from patchword.runs.config import RunConfig
+    from patchword.runs.load import resolve_checkpoint
+
+    adir = tmp_path / "adir"
+    adir.mkdir()
+    calls = {
+        "load_config": lambda: load_config(RunConfig, adir),
+        "checkpoint": lambda: resolve_checkpoint(tmp_path, adir),
+        "sugarcrepe": lambda: _sugarcrepe_records(adir),
+        "glove": lambda: load_glove(adir, ["a"], 1, 4),
+    }
+    with pytest.raises(FileNotFoundError, match=f"{adir} is a directory, not a"):  # MissingFileError too
+        calls[where]()
+
+
+def test_report_gallery_that_is_a_directory_says_so(tmp_path, capsys):
+    (tmp_path / "adir").mkdir()
+    out = tmp_path / "r.md"
+    assert main(["report", str(tmp_path), "--gallery", str(tmp_path / "adir"), "--out", str(out)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"--gallery {tmp_path / 'adir'} is a directory, not a gallery JSON file" in line, line
+
+
+def test_a_lock_in_a_folder_that_takes_no_files_is_an_error_not_a_spin(tmp_path, monkeypatch):
+    """Bug: creating the lock file in a folder that exists but takes no new file (/proc answers ENOENT)
+    was retried for ever (densify --out /proc/y.jsonl hung)."""
+    from patchword import locks
+
+    path = str(tmp_path / "out.lock")
+    real_open, made = os.open, []
+
+    def no_new_file(name, flags, *args):
+        if name == path:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+        return real_open(name, flags, *args)
+
+    def make_folder():
+        made.append(1)
+        if len(made) > 1000:  # the old loop: stop it here instead of hanging the suite
+            raise RuntimeError("the lock kept retrying")
+
+    monkeypatch.setattr(os, "open", no_new_file)
+    with pytest.raises(FileNotFoundError, match="cannot create the lock file"):
+        locks.lock_removable_file(path, "busy", make_folder)
+    assert len(made) == locks._LOCK_ATTEMPTS
+
+
 # ------------------------------------------------------------------- output locations that take no files
 
 
@@ -237,8 +290,8 @@ def test_train_into_a_folder_that_takes_no_files_names_the_path_and_why(tmp_path
     assert main(["train", *TINY_RUN_32, f"output_dir={target}", "name=x"]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert line == (
-        f"error: cannot create {target}: {tmp_path / 'proc'} takes no new files: No such file or directory "
-        "(ENOENT)"
+        f"error: output_dir: cannot create {target}: {tmp_path / 'proc'} takes no new files: No such file or "
+        "directory (ENOENT)"
     )
     assert _tree(tmp_path) == ["proc"]
 

@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> None:
             raise MissingFileError(f"--index {index}: not a search index (no manifest.json)")
     for gallery in args.gallery:
         if not gallery.is_file():
-            raise MissingFileError(f"--gallery {gallery} does not exist")
+            state = "is a directory, not a gallery JSON file" if gallery.is_dir() else "does not exist"
+            raise MissingFileError(f"--gallery {gallery} {state}")
     out = write_report(
         args.paths, args.out, csv=args.csv, indexes=tuple(args.index), galleries=tuple(args.gallery)
     )

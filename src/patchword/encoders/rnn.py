@@ -71,7 +71,8 @@ def load_glove(
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"GloVe file {path} does not exist")
+        state = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"GloVe file {path} {state}")
     if path.suffix in _TENSOR_SUFFIXES:
         weight = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != (num_embeddings, dim):

@@ -316,7 +316,8 @@ def read_sugarcrepe(
 def _sugarcrepe_records(path: Path) -> list[Mapping]:
     """The records of one file, validated."""
     if not path.is_file():
-        raise MissingFileError(f"SugarCrepe file {path} does not exist")
+        state = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise MissingFileError(f"SugarCrepe file {path} {state}")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

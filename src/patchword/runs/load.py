@@ -223,6 +223,8 @@ def resolve_checkpoint(run_dir: str | Path, checkpoint: str | Path | None = None
     path = Path(checkpoint) if checkpoint is not None else default
     if checkpoint is not None and not path.is_absolute() and (run_dir / path).is_file():
         path = run_dir / path
+    if path.is_dir():
+        raise MissingFileError(f"checkpoint {path} is a directory, not a checkpoint file")
     if not path.is_file():
         found = sorted(p.name for p in run_dir.glob("*.pt"))
         hint = f" (it has {', '.join(found)}: pass --checkpoint)" if found else " (it has no checkpoint)"

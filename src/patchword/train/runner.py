@@ -40,7 +40,7 @@ from patchword.data.prepare import (
 )
 from patchword.data.tokenizers import WordVocab
 from patchword.distributed import Distributed, session
-from patchword.errors import ConfigError, MissingFileError, ResumeHint, RunExistsError
+from patchword.errors import ConfigError, MissingFileError, ResumeHint, RunExistsError, describe_os_error
 from patchword.factory import create_model
 from patchword.fileio import append_line, atomic_write_text, keep_jsonl_records, probe_writable, repair_jsonl
 from patchword.model import RetrievalModel, model_reads_dense
@@ -222,6 +222,8 @@ def train_run(
         probe_writable(cfg.output_dir)
     except NotADirectoryError as err:  # a file where the directory (or one of its parents) must go
         raise ConfigError("output_dir", f"{err.filename} is a file: runs go in a directory there") from None
+    except OSError as err:  # a read-only, vanished or refusing folder: the key that named it
+        raise ConfigError("output_dir", describe_os_error(err)) from err
     run_dir = Path(cfg.output_dir) / cfg.name
     hint = hint or ResumeHint.resume(TRAIN_RUNS.command, run_dir)
     phase: dict[str, Any] = {"then": hint.before_start()}
