@@ -36,9 +36,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     syn.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.num_test=200")
 
 
+def _text_tokenizer(dc):
+    """The tokenizer ``train`` reads the texts with, to find those it finds no word in; for a vocabulary
+    built from the training text, an empty one with the same word split (it finds the same words)."""
+    from patchword.data.prepare import build_tokenizer
+    from patchword.data.tokenizers import WordVocab
+
+    if dc.tokenizer == "word" and not dc.vocab_path:
+        return WordVocab(split=dc.word_split)
+    return build_tokenizer(dc, None)
+
+
 def check_dataset(cfg, roles=("train", "dev", "test")) -> list[dict[str, Any]]:
-    """One row per split role: counts, dense coverage and unusable images, or the error that stopped it."""
+    """One row per split role: counts, dense coverage and unusable images, or the error that stopped it
+    (a file, or a caption the tokenizer finds no word in)."""
     from patchword.data.images import find_bad_images
+    from patchword.data.pipeline import encode_split
     from patchword.data.prepare import FILE_DATASETS, load_raw_data
     from patchword.errors import USER_ERRORS
     from patchword.model import model_reads_dense
@@ -46,16 +59,25 @@ def check_dataset(cfg, roles=("train", "dev", "test")) -> list[dict[str, Any]]:
     use_dense = cfg.data.dense and model_reads_dense(cfg.model)
     # Counted below instead of raised (and reported, not left out, whatever data.skip_bad_images says).
     dc = dataclasses.replace(cfg.data, check_images=False, skip_bad_images=False)
+    tokenizer = _text_tokenizer(dc)
     rows = []
     for role in roles:
         row: dict[str, Any] = {"role": role, "split": getattr(dc, f"{role}_split")}
         try:
             raw = load_raw_data(dc, [role], use_dense=use_dense)
+            split = raw.splits[role]
+            encode_split(  # as train and eval tokenise the split
+                split,
+                tokenizer,
+                raw.images[role],
+                max_caption_len=dc.max_caption_len,
+                max_dense_len=dc.max_dense_len,
+                use_dense=split.dense_captions is not None,
+            )
         except USER_ERRORS as err:
             row["error"] = str(err)
             rows.append(row)
             continue
-        split = raw.splits[role]
         per_image = np.bincount(split.txt2img, minlength=split.num_images)
         row.update(
             split=split.name,

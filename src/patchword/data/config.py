@@ -22,6 +22,10 @@ class DataConfig:
     dense_train: str = ""  # laps: dense-caption jsonl of the train split (image order)
     dense_dev: str = ""  # laps: dense-caption jsonl of the dev split
     dense_test: str = ""  # laps: dense-caption jsonl of the test split
+    # laps / precomp: the most captions of one image where the files give one id (or feature row) per
+    # image (the official loaders hard-code 5): more captions per image are refused, since an ids or
+    # features file of only part of the images would shift every caption onto another image
+    captions_per_image: int = 5
     dev_from_train: int = 0  # real datasets: hold out this many training images (with their captions and
     # dense captions) as the dev split instead of reading dev_split; the SEPS release has no dev dense text
     check_images: bool = True  # real datasets: decode every image file completely before training or
@@ -55,6 +59,10 @@ class DataConfig:
     vocab_path: str = ""  # tokenizer=word: a SCAN-format vocabulary json, or pretrained encoders (a directory
     # or shipped name, see model.tiny_pretrained) whose vocabulary to use ("" = build from the train text)
     vocab_min_count: int = 1  # tokenizer=word: keep words seen this often in training text (SCAN: 4)
+    # tokenizer=word, a vocabulary built from the training text: how texts are cut into words, recorded in
+    # its vocab.json (a data.vocab_path vocabulary keeps its own): alnum (letters and digits) | treebank
+    # (nltk's, as SCAN) | unicode (alnum with NFC, combining marks kept in words, CJK one ideograph a word)
+    word_split: Literal["alnum", "treebank", "unicode"] = "alnum"
     mmap: bool = True  # precomp: memory-map {split}_ims.npy instead of loading it
     region_boxes: bool = False  # precomp: append each region's normalised box from {split}_boxes.npy
     # (N_img, R, 4) to its feature, for a region encoder that encodes boxes (model.precomp.post.box_encoding)
@@ -62,6 +70,10 @@ class DataConfig:
     region_dim: int = 256  # synthetic_regions: feature width
     boxes_per_object: int = 3  # synthetic_regions: regions per object
     region_noise: float = 0.3  # synthetic_regions: norm of the noise added to every region
+
+    def __post_init__(self) -> None:
+        if self.captions_per_image < 1:
+            raise ConfigError("data.captions_per_image", f"must be at least 1, got {self.captions_per_image}")
 
     def synthetic_config(self):
         """The generator config of the synthetic scenes this section describes (synthetic datasets).

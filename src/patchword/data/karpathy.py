@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from patchword.data.split import RetrievalSplit
-from patchword.data.textfiles import assemble_split, load_json, require_file, resolve_images
+from patchword.data.split import RetrievalSplit, TextOrigin
+from patchword.data.textfiles import assemble_split, first_repeat, load_json, require_file, resolve_images
+from patchword.errors import DataError
 
 __all__ = ["load_karpathy_json"]
 
@@ -104,7 +105,7 @@ def load_karpathy_json(
     if not isinstance(entries, list):
         raise ValueError(f"{path}: expected a JSON object with an 'images' list")
     wanted = _karpathy_splits(split, restval_into_train)
-    names, image_ids, captions, txt2img = [], [], [], []
+    names, image_ids, captions, txt2img, entry_of, places = [], [], [], [], [], []
     for index, entry in enumerate(entries):
         if _string_field(entry, "split", path, index) not in wanted:
             continue
@@ -112,9 +113,12 @@ def load_karpathy_json(
         txt2img.extend([len(names)] * len(sentences))
         names.append(name)
         image_ids.append(image_id)
+        entry_of.append(index)
         captions.extend(sentences)
+        places.extend((index, k) for k in range(len(sentences)))
     if not names:
         raise ValueError(f"{path}: no images in split {split!r} (looked for split in {sorted(wanted)})")
+    _refuse_repeated_images(path, names, image_ids, entry_of)
     return assemble_split(
         name=split,
         images=resolve_images(names, image_root, check_images),
@@ -122,4 +126,23 @@ def load_karpathy_json(
         txt2img=np.asarray(txt2img, dtype=np.int64),
         image_ids=image_ids,
         dense_jsonl=dense_jsonl,
+        caption_origin=TextOrigin(str(path), np.asarray(places, dtype=np.int64).reshape(-1, 2)),
     )
+
+
+def _refuse_repeated_images(path: Path, names: list[str], image_ids: list[str], entry_of: list[int]) -> None:
+    """Two ``images[]`` entries of the split with the same id or file are one image under two indices,
+    tied in every ranking (a tie ranks the ground truth behind the other copy): refused, naming both.
+
+    Raises:
+        DataError: naming the json file, both entries and what they share.
+    """
+    for what, keys in (("id", image_ids), ("file", [os.path.normpath(name) for name in names])):
+        repeat = first_repeat(keys)
+        if repeat is not None:
+            i, j = repeat
+            raise DataError(
+                f"{path}: images[{entry_of[i]}] and images[{entry_of[j]}] have the same {what} {keys[j]!r}; "
+                "each image of the split needs its own id and file (one image under two entries ties with "
+                "itself in every ranking)"
+            )

@@ -16,7 +16,15 @@ from pathlib import Path
 import numpy as np
 
 from patchword.data.split import RetrievalSplit
-from patchword.data.textfiles import assemble_split, load_json, read_lines, require_file, resolve_images
+from patchword.data.textfiles import (
+    assemble_split,
+    first_repeat,
+    line_origin,
+    load_json,
+    read_lines,
+    require_file,
+    resolve_images,
+)
 from patchword.errors import DataError
 
 __all__ = ["load_laps_split", "load_id_mapping"]
@@ -60,11 +68,15 @@ def _unique_in_order(keys: Sequence[str]) -> tuple[list[str], np.ndarray, list[i
     return list(position), inverse, first
 
 
-def _caption_to_id_line(n_caps: int, n_ids: int, caps_file: Path, ids_file: Path) -> np.ndarray:
+def _caption_to_id_line(
+    n_caps: int, n_ids: int, caps_file: Path, ids_file: Path, captions_per_image: int
+) -> np.ndarray:
     """(n_caps,) index of the ids-file line that gives each caption's image.
 
     dev/test ids files repeat each id once per caption (same length as the captions); train files list each
     image once and its ``im_div`` captions are consecutive, so caption ``i`` belongs to line ``i // im_div``.
+    ``im_div`` above ``captions_per_image`` (the official loaders hard-code 5) is refused: an ids file of
+    only part of the images would otherwise give each image other images' captions.
     """
     if n_ids == n_caps:
         return np.arange(n_caps, dtype=np.int64)
@@ -74,6 +86,12 @@ def _caption_to_id_line(n_caps: int, n_ids: int, caps_file: Path, ids_file: Path
             "or one id per image with the same whole number of consecutive captions per image"
         )
     im_div = n_caps // n_ids
+    if im_div > captions_per_image:
+        raise DataError(
+            f"{caps_file} has {n_caps} captions but {ids_file} has {n_ids} ids (one per image): {im_div} "
+            f"captions per image, more than data.captions_per_image={captions_per_image}; an ids file that "
+            "lists only part of the images would pair them with other images' captions"
+        )
     return np.arange(n_caps, dtype=np.int64) // im_div
 
 
@@ -124,6 +142,16 @@ def _image_names(
         if image_id not in mapping:
             raise ValueError(f"image id {image_id!r} ({ids_file}:{line + 1}) is missing from {source}")
         names.append(mapping[image_id])
+    # One file under two ids would be two images of the split, tied in every ranking (a tie ranks the
+    # ground truth behind the other copy).
+    repeat = first_repeat([os.path.normpath(name) for name in names])
+    if repeat is not None:
+        i, j = repeat
+        raise DataError(
+            f"{source}: ids {ids[i]!r} ({ids_file}:{first_lines[i] + 1}) and {ids[j]!r} "
+            f"({ids_file}:{first_lines[j] + 1}) both map to {names[j]!r}: one image under two ids; map each "
+            "id of the split to its own file"
+        )
     return names
 
 
@@ -135,13 +163,14 @@ def load_laps_split(
     dense_jsonl: PathLike | None = None,
     id_mapping: PathLike | Mapping[str, str] | None = None,
     check_images: bool = True,
+    captions_per_image: int = 5,
 ) -> RetrievalSplit:
     """Load a split in the official LAPS / SEPS layout.
 
     ``data_dir`` holds ``{split}_caps.txt`` (one caption per line) and ``{split}_ids.txt``. The ids file
     either has one line per caption (dev/test: each id repeated 5x) or one line per image (train: each
-    image's ``im_div = n_caps / n_ids`` captions are consecutive, and every line is a distinct image).
-    Images are the distinct ids in order of first appearance.
+    image's ``im_div = n_caps / n_ids`` captions are consecutive, at most ``captions_per_image``, and every
+    line is a distinct image). Images are the distinct ids in order of first appearance.
 
     Args:
         data_dir: folder with the caption and id files (``data/f30k`` in the official repos).
@@ -153,6 +182,8 @@ def load_laps_split(
             defaults to ``data_dir/id_mapping.json``. COCO's mapping is not distributed with the repos, so
             without it (and without an image root) the ids themselves are used as image names.
         check_images: with an ``image_root``, raise if any image file is missing.
+        captions_per_image: the most captions of one image in the one-id-per-image layout
+            (``data.captions_per_image``; the official loaders hard-code 5); more are refused.
 
     Returns:
         a split whose ``images`` are file paths (``image_root / name``), or the relative names / ids when
@@ -163,7 +194,9 @@ def load_laps_split(
     ids_file = data_dir / f"{split}_ids.txt"
     captions = read_lines(caps_file, "caption")
     id_lines = read_lines(ids_file, "image id")
-    line_of_caption = _caption_to_id_line(len(captions), len(id_lines), caps_file, ids_file)
+    line_of_caption = _caption_to_id_line(
+        len(captions), len(id_lines), caps_file, ids_file, captions_per_image
+    )
     _check_one_line_per_image(id_lines, len(captions), ids_file)
     image_ids, line_to_image, first_lines = _unique_in_order(id_lines)
     names = _image_names(image_ids, first_lines, ids_file, data_dir, id_mapping, image_root)
@@ -174,4 +207,5 @@ def load_laps_split(
         txt2img=line_to_image[line_of_caption],
         image_ids=image_ids,
         dense_jsonl=dense_jsonl,
+        caption_origin=line_origin(caps_file, len(captions)),
     )

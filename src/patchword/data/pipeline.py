@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from patchword.data.split import RetrievalSplit
-from patchword.data.tokenizers import TextTokenizer
+from patchword.data.tokenizers import NoWordsError, TextTokenizer
 from patchword.data.transforms import IMAGENET_MEAN, IMAGENET_STD, normalize_uint8_batch
 from patchword.errors import DataError
 
@@ -27,6 +27,7 @@ __all__ = [
     "SelectedImages",
     "EncodedSplit",
     "encode_split",
+    "text_without_words",
     "load_images",
     "reads_files",
     "train_image_seeds",
@@ -184,6 +185,17 @@ def load_images(
     return source.batch(indices, train)
 
 
+def text_without_words(
+    split: RetrievalSplit, err: NoWordsError, *, dense: bool, index: int | None = None
+) -> DataError:
+    """The error for caption ``index`` (default ``err.index``; with ``dense``, the dense caption of image
+    ``index``) of ``split`` that the tokenizer finds no word in, naming the file and line it was read from."""
+    index = err.index if index is None else index
+    place = split.dense_place(index) if dense else split.caption_place(index)
+    what = "dense caption" if dense else "caption"
+    return DataError(f"{place}: the {what} {err.text!r} has {err.reason}; reword or remove it")
+
+
 def encode_split(
     split: RetrievalSplit,
     tokenizer: TextTokenizer,
@@ -198,7 +210,10 @@ def encode_split(
     evaluation (no test-time truncation surprises, SPEC decision 6)."""
     if len(images) != split.num_images:
         raise DataError(f"split {split.name!r}: {len(images)} images for {split.num_images} image entries")
-    cap_ids, cap_lens = tokenizer.batch_encode(split.captions, max_len=max_caption_len)
+    try:
+        cap_ids, cap_lens = tokenizer.batch_encode(split.captions, max_len=max_caption_len)
+    except NoWordsError as err:
+        raise text_without_words(split, err, dense=False) from err
     dense_ids = dense_lens = None
     if use_dense:
         if split.dense_captions is None:
@@ -206,7 +221,10 @@ def encode_split(
                 f"split {split.name!r} has no dense captions but the model reads them: give the split's "
                 "dense jsonl (data.dense_<split>) or set data.dense=false"
             )
-        dense_ids, dense_lens = tokenizer.batch_encode(split.dense_captions, max_len=max_dense_len)
+        try:
+            dense_ids, dense_lens = tokenizer.batch_encode(split.dense_captions, max_len=max_dense_len)
+        except NoWordsError as err:
+            raise text_without_words(split, err, dense=True) from err
         truncated = int((dense_lens == max_dense_len).sum())
         if truncated:
             _logger.info("%s: %d dense captions reach max_dense_len=%d", split.name, truncated, max_dense_len)

@@ -6,18 +6,25 @@
   read-only memory map, so an 8.5 GB training file costs no RAM until batches touch it (the official
   loaders ``np.load`` it whole);
 * ``{split}_caps.txt``: one caption per line, the captions of image k on consecutive lines;
-* ``{split}_ids.txt`` (optional): image ids, one per image or one per caption (then each image's captions
-  repeat its id on consecutive lines, checked);
+* ``{split}_ids.txt`` (optional): image ids, one per image (each a distinct image, checked) or one per
+  caption (then each image's captions repeat its id on consecutive lines, checked);
 * ``{split}_boxes.npy`` (with ``data.region_boxes=true``): float (N_img, R, 4) boxes ``[x1, y1, x2, y2]``
   normalised by the image width and height (TERAN / TGDT's ``bu_box`` divided by the image size), appended
   to each region's feature as four trailing channels for a region encoder that encodes boxes.
 
 Captions map to images by SCAN's ``im_div`` rule generalised: with N_caps = c * N_img, caption k belongs
 to image k // c (official: c = 5 if N_img != N_caps else 1; any other count silently misaligns there and
-is an error here). COCO's ``testall`` (5000 images) is read like any split; ``eval.coco_1k=true`` reports
-the five 1K folds.
+is an error here). More than ``data.captions_per_image`` (5) captions per feature row is refused unless
+ids repeated per caption confirm it: a features file of part of the images would shift every caption.
+With one feature row per caption (N_img = N_caps, SCAN's layout of repeated image features, whose
+``evalrank`` keeps every 5th row) each image's rows, recognised by ids repeated in runs or by rows that are
+copies in runs, are read as one row (logged). COCO's ``testall`` (5000 images) is read like any split;
+``eval.coco_1k=true`` reports the five 1K folds.
 
 Synthetic region features for the embedded scenes live in :mod:`patchword.data.synthetic.regions`.
+
+Over 400 lines: the reader, the writer of the same layout and the checks that keep each caption on its
+image (ids per caption, repeated rows, caption counts) belong together; they share the file names.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import torch
 
 from patchword.data.npy import load_npy
 from patchword.data.split import RetrievalSplit
-from patchword.data.textfiles import read_lines
+from patchword.data.textfiles import first_repeat, line_origin, read_lines
 from patchword.fileio import atomic_write, atomic_write_text, staging_dir, staging_dirs
 
 __all__ = [
@@ -144,7 +151,7 @@ def _ids_per_caption_to_images(ids: list[str], per_image: int, ids_path: Path) -
 
 
 def load_precomp_split(
-    root: PathLike, split: str, *, mmap: bool = True, check_finite: bool = True
+    root: PathLike, split: str, *, mmap: bool = True, check_finite: bool = True, captions_per_image: int = 5
 ) -> RetrievalSplit:
     """Read one split of a SCAN-layout directory.
 
@@ -153,6 +160,9 @@ def load_precomp_split(
         split: the split name as the files spell it (``train``, ``dev``, ``test``, ``testall``).
         mmap: memory-map the features (read-only) instead of loading them.
         check_finite: scan the features for NaN / inf (in chunks) and fail naming the first bad row.
+        captions_per_image: the most captions an image has (``data.captions_per_image``; SCAN: 5). Without
+            ids that repeat per caption, more captions per feature row than this are refused: the
+            features would cover only part of the images.
 
     Returns:
         A :class:`RetrievalSplit` whose ``images`` is the (N_img, R, D) feature array; wrap it in
@@ -160,10 +170,14 @@ def load_precomp_split(
 
     Raises:
         FileNotFoundError: a required file is missing.
-        DataError: a features file that is not a .npy array (text, a pickle) or is truncated.
+        DataError: a features file that is not a .npy array (text, a pickle) or is truncated; more than
+            ``captions_per_image`` captions per image; a repeated image id; one row per caption whose runs
+            are not copies.
         ValueError: features that are not a float (N, R, D) array, an empty caption, or a caption count
             that is not a multiple of the image count (named with both numbers).
     """
+    from patchword.errors import DataError
+
     root = Path(root)
     ims_path, caps_path = root / f"{split}_ims.npy", root / f"{split}_caps.txt"
     if not ims_path.is_file():
@@ -191,18 +205,134 @@ def load_precomp_split(
             f"{caps_path}: {n_caps} captions for {n_img} images in {ims_path.name}; the caption count must "
             "be a multiple of the image count (SCAN layout: the captions of image k on consecutive lines)"
         )
-    per_image = n_caps // n_img
-    txt2img = np.arange(n_caps, dtype=np.int64) // per_image
-    image_ids = [str(i) for i in range(n_img)]
     ids_path = root / f"{split}_ids.txt"
-    if ids_path.is_file():
-        ids = read_lines(ids_path, "image id")
-        if len(ids) == n_caps and per_image > 1:
-            ids = _ids_per_caption_to_images(ids, per_image, ids_path)
+    ids = read_lines(ids_path, "image id") if ids_path.is_file() else None
+    if n_caps == n_img > 1:
+        feats, ids = _one_row_per_image(feats, ids, ims_path, ids_path)
+    # runs of copied rows, or of repeated ids, confirm the grouping whatever its count
+    grouped = feats.shape[0] < n_img
+    n_img = feats.shape[0]
+    per_image = n_caps // n_img
+    if ids is not None and len(ids) == n_caps and per_image > 1:
+        ids = _ids_per_caption_to_images(ids, per_image, ids_path)
+    elif per_image > captions_per_image and not grouped:
+        # More captions per image than the dataset has: the features (or ids) cover only part of the images.
+        listed = f" and {ids_path.name} lists {len(ids)} ids" if ids is not None else ""
+        raise DataError(
+            f"{caps_path}: {n_caps} captions for {n_img} images in {ims_path.name}{listed}: {per_image} "
+            f"captions per image, more than data.captions_per_image={captions_per_image}; a features file "
+            "that covers only part of the images would pair them with other images' captions"
+        )
+    image_ids = [str(i) for i in range(n_img)]
+    if ids is not None:
         if len(ids) != n_img:
             raise ValueError(f"{ids_path}: {len(ids)} ids for {n_img} images / {n_caps} captions")
+        _refuse_repeated_ids(ids, ids_path, n_caps)
         image_ids = ids
-    return RetrievalSplit(name=split, images=feats, captions=captions, txt2img=txt2img, image_ids=image_ids)
+    txt2img = np.arange(n_caps, dtype=np.int64) // per_image
+    return RetrievalSplit(
+        name=split,
+        images=feats,
+        captions=captions,
+        txt2img=txt2img,
+        image_ids=image_ids,
+        caption_origin=line_origin(caps_path, n_caps),
+    )
+
+
+def _refuse_repeated_ids(ids: list[str], ids_path: Path, n_caps: int) -> None:
+    """One id per image: a repeated id is one image under two indices (tied in every ranking).
+
+    Raises:
+        DataError: naming the ids file and both lines.
+    """
+    from patchword.errors import DataError
+
+    repeat = first_repeat(ids)
+    if repeat is not None:
+        i, j = repeat
+        raise DataError(
+            f"{ids_path}:{j + 1}: image id {ids[j]!r} repeats line {i + 1}; with one id per image "
+            f"({len(ids)} ids, one per feature row, for {n_caps} captions) each line is a distinct image"
+        )
+
+
+def _one_row_per_image(
+    feats: np.ndarray, ids: list[str] | None, ims_path: Path, ids_path: Path
+) -> tuple[np.ndarray, list[str] | None]:
+    """Features with one row per caption (SCAN's layout: each image's row repeated for each of its
+    captions, as the official loaders read it with ``im_div = 1`` and ``evalrank`` keeps every 5th row)
+    as one row per image, with one id per image.
+
+    The runs come from the ids (each image's lines repeat its id) or, without an ids file, from the rows
+    (each image's rows are copies). The result is a strided view of ``feats`` (a memory map stays one).
+    Rows that are all distinct images come back as they are.
+
+    Raises:
+        DataError: ids that repeat but not in runs of one length (one id per image with a repeated id),
+            or rows of one run that are not copies of each other.
+    """
+    n = feats.shape[0]
+    if ids is not None:
+        if len(ids) != n or all(ids[k] != ids[k - 1] for k in range(1, n)):
+            return feats, ids  # one id per image (repeats refused by the caller), or counts refused there
+        per_image = _run_length(ids)
+        if per_image is None:
+            return feats, ids  # not runs of one length: the caller refuses the repeated id, naming the lines
+        image_ids = _ids_per_caption_to_images(ids, per_image, ids_path)
+        source = f"{ids_path.name} repeats each id on {per_image} lines"
+    else:
+        per_image = 1
+        while per_image < n and np.array_equal(feats[per_image], feats[0]):
+            per_image += 1
+        if per_image == 1:
+            return feats, ids
+        image_ids = None
+        source = f"its rows come in runs of {per_image} copies"
+    _check_runs_are_copies(feats, per_image, ims_path)
+    logger.info(
+        "%s holds one row per caption (%s): read as %d images, one row each, as SCAN's evaluation does",
+        ims_path,
+        source,
+        n // per_image,
+    )
+    return feats[::per_image], image_ids
+
+
+def _run_length(ids: list[str]) -> int | None:
+    """The length every run of equal consecutive ids has, or None when the runs differ in length."""
+    starts = [k for k in range(len(ids)) if k == 0 or ids[k] != ids[k - 1]]
+    lengths = {b - a for a, b in zip(starts, [*starts[1:], len(ids)], strict=True)}
+    return lengths.pop() if len(lengths) == 1 and len(ids) % len(starts) == 0 else None
+
+
+def _check_runs_are_copies(feats: np.ndarray, per_image: int, ims_path: Path, chunk: int = 1024) -> None:
+    """Every run of ``per_image`` rows holds one image's features repeated (read in chunks of images).
+
+    Raises:
+        DataError: naming the features file and the first row that differs from its run's first row.
+    """
+    from patchword.errors import DataError
+
+    n = feats.shape[0]
+    if n % per_image:
+        raise DataError(
+            f"{ims_path}: rows 0..{per_image - 1} are copies of one image, but the {n} rows do not split "
+            f"into runs of {per_image}: the same features twice, or one row per caption with a partial run"
+        )
+    step = chunk * per_image
+    for start in range(0, n, step):
+        block = np.asarray(feats[start : start + step])
+        runs = block.reshape(-1, per_image, *block.shape[1:])
+        same = (runs == runs[:, :1]).reshape(runs.shape[0], per_image, -1).all(axis=2)
+        if not same.all():
+            run, offset = np.argwhere(~same)[0]
+            first = start + int(run) * per_image
+            raise DataError(
+                f"{ims_path}: row {first + int(offset)} differs from row {first}, the first of its run of "
+                f"{per_image} rows; with one row per caption each image's rows must be copies (or give one "
+                "row per image)"
+            )
 
 
 def load_region_boxes(root: PathLike, split: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -225,6 +355,13 @@ def load_region_boxes(root: PathLike, split: str, shape: tuple[int, ...]) -> np.
         )
     boxes = load_npy(path, mmap=False, fix="write the boxes with numpy.save as a float (N_img, R, 4) array")
     want = (*shape[:2], 4)
+    runs = boxes.shape[0] // shape[0] if boxes.ndim == 3 and boxes.shape[1:] == want[1:] else 1
+    if (
+        runs > 1
+        and boxes.shape[0] == runs * shape[0]
+        and np.array_equal(np.repeat(boxes[::runs], runs, 0), boxes)
+    ):
+        boxes = boxes[::runs]  # one row per caption, read as one row per image like the features
     if boxes.shape != want or not np.issubdtype(boxes.dtype, np.floating):
         raise DataError(f"{path}: expected float boxes of shape {want}, got {boxes.dtype} {boxes.shape}")
     check_finite_rows(boxes, path)

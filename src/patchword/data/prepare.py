@@ -16,9 +16,16 @@ from typing import Any
 import numpy as np
 
 from patchword.data.config import DataConfig
-from patchword.data.pipeline import ArrayImages, EncodedSplit, FileImages, ImageSource, encode_split
+from patchword.data.pipeline import (
+    ArrayImages,
+    EncodedSplit,
+    FileImages,
+    ImageSource,
+    encode_split,
+    text_without_words,
+)
 from patchword.data.split import RetrievalSplit
-from patchword.data.tokenizers import WordVocab
+from patchword.data.tokenizers import NoWordsError, WordVocab
 from patchword.errors import ConfigError, DataError
 
 __all__ = [
@@ -193,7 +200,12 @@ def _image_files(dc: DataConfig, roles: Sequence[str], use_dense: bool) -> RawDa
         dense = (getattr(dc, f"dense_{role}") or None) if use_dense else None
         if dc.dataset == "laps":
             raw[role] = load_laps_split(
-                dc.root, name, dc.image_root, dense_jsonl=dense, check_images=check_exist
+                dc.root,
+                name,
+                dc.image_root,
+                dense_jsonl=dense,
+                check_images=check_exist,
+                captions_per_image=dc.captions_per_image,
             )
         else:
             raw[role] = load_karpathy_json(
@@ -258,7 +270,12 @@ def _without_bad_images(split: RetrievalSplit, what: str, skip: bool) -> Retriev
 def _precomp(dc: DataConfig, roles: Sequence[str]) -> RawData:
     from patchword.data.precomp import RegionFeatures, load_precomp_split, load_region_boxes
 
-    raw = {role: load_precomp_split(dc.root, getattr(dc, f"{role}_split"), mmap=dc.mmap) for role in roles}
+    raw = {
+        role: load_precomp_split(
+            dc.root, getattr(dc, f"{role}_split"), mmap=dc.mmap, captions_per_image=dc.captions_per_image
+        )
+        for role in roles
+    }
     sources = {
         role: RegionFeatures(
             split.images,
@@ -305,7 +322,12 @@ def build_tokenizer(dc: DataConfig, train: RetrievalSplit | None, *, local_files
         if train is None:
             raise ValueError("a word vocabulary is built from the training split, which was not loaded")
         texts = list(train.captions) + list(train.dense_captions or [])
-        return WordVocab.build(texts, min_count=dc.vocab_min_count)
+        try:
+            return WordVocab.build(texts, min_count=dc.vocab_min_count, split=dc.word_split)
+        except NoWordsError as err:  # its index counts the captions, then the dense captions
+            dense = err.index >= train.num_captions
+            index = err.index - train.num_captions if dense else err.index
+            raise text_without_words(train, err, dense=dense, index=index) from err
     from patchword.data.tokenizers import BertCaptionTokenizer
 
     return BertCaptionTokenizer.from_pretrained(dc.bert_vocab, local_files_only=local_files_only)

@@ -6,7 +6,32 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["RetrievalSplit"]
+__all__ = ["RetrievalSplit", "TextOrigin"]
+
+
+@dataclass(frozen=True)
+class TextOrigin:
+    """Where each text of a split was read, so that an error about one text can name its file and line.
+
+    Attributes:
+        file: the file the texts were read from.
+        places: (N,) 1-based line numbers, or (N, 2) ``(entry, sentence)`` indices of a Karpathy json
+            (``images[entry].sentences[sentence]``).
+    """
+
+    file: str
+    places: np.ndarray
+
+    def describe(self, index: int) -> str:
+        """``FILE:LINE`` (or ``FILE: images[i].sentences[k]``) of text ``index``."""
+        place = self.places[index]
+        if place.ndim == 0:
+            return f"{self.file}:{int(place)}"
+        return f"{self.file}: images[{int(place[0])}].sentences[{int(place[1])}]"
+
+    def take(self, indices) -> TextOrigin:
+        """The origins of the texts at ``indices``, in that order."""
+        return TextOrigin(self.file, self.places[np.asarray(indices, dtype=np.int64)])
 
 
 @dataclass
@@ -23,6 +48,8 @@ class RetrievalSplit:
         dense_captions: optional N_img dense (MLLM-style) descriptions, one per image, in image order.
         fits: optional (N_txt, N_img) boolean matrix, True where caption t is a correct description of
             image v (a superset of the ground-truth pairs). Synthetic data knows it; real data does not.
+        caption_origin / dense_origin: where the file readers read each caption / dense caption (None for
+            generated text); errors about one text name its file and line with them.
     """
 
     name: str
@@ -32,6 +59,8 @@ class RetrievalSplit:
     image_ids: list[str] = field(default_factory=list)
     dense_captions: list[str] | None = None
     fits: np.ndarray | None = None
+    caption_origin: TextOrigin | None = None
+    dense_origin: TextOrigin | None = None
 
     @property
     def num_images(self) -> int:
@@ -54,7 +83,21 @@ class RetrievalSplit:
             image_ids=[self.image_ids[i] for i in idx] if self.image_ids else [],
             dense_captions=None if self.dense_captions is None else [self.dense_captions[i] for i in idx],
             fits=None if self.fits is None else self.fits[np.ix_(keep, idx)],
+            caption_origin=None if self.caption_origin is None else self.caption_origin.take(keep),
+            dense_origin=None if self.dense_origin is None else self.dense_origin.take(idx),
         )
+
+    def caption_place(self, index: int) -> str:
+        """Where caption ``index`` was read (``FILE:LINE``), or its index in the split for generated text."""
+        if self.caption_origin is None:
+            return f"split {self.name!r} caption {index}"
+        return self.caption_origin.describe(index)
+
+    def dense_place(self, index: int) -> str:
+        """Where the dense caption of image ``index`` was read, or its image index for generated text."""
+        if self.dense_origin is None:
+            return f"split {self.name!r} dense caption of image {index}"
+        return self.dense_origin.describe(index)
 
     @property
     def num_captions(self) -> int:

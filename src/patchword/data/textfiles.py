@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from patchword.data.split import RetrievalSplit
+from patchword.data.split import RetrievalSplit, TextOrigin
 from patchword.errors import DataError
 
 __all__ = [
@@ -28,6 +28,8 @@ __all__ = [
     "iter_lines",
     "resolve_images",
     "assemble_split",
+    "first_repeat",
+    "line_origin",
 ]
 
 logger = logging.getLogger(__name__)
@@ -47,12 +49,13 @@ def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
 
     Iterating the text file splits on newlines only (universal newlines, like the official loaders);
     ``str.splitlines`` would also split on form feeds and Unicode separators and shift every later line.
+    A UTF-8 byte order mark opening the file (Windows editors write one) is not part of the first line.
 
     Raises:
         DataError: the file is not valid UTF-8 (names the line and the byte offset in the file).
     """
     try:
-        with path.open(encoding="utf-8") as f:
+        with path.open(encoding="utf-8-sig") as f:
             for lineno, line in enumerate(f, start=1):
                 yield lineno, line.rstrip("\n")
     except UnicodeDecodeError as err:
@@ -101,8 +104,13 @@ def read_lines(path: PathLike, what: str = "line") -> list[str]:
 
 
 def load_json(path: Path) -> object:
+    """The parsed JSON of ``path`` (a UTF-8 byte order mark opening it is skipped).
+
+    Raises:
+        ValueError: malformed JSON (names the file and line); DataError: not UTF-8.
+    """
     try:
-        with path.open(encoding="utf-8") as f:
+        with path.open(encoding="utf-8-sig") as f:
             return json.load(f)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: malformed JSON at line {err.lineno}: {err.msg}") from err
@@ -242,9 +250,11 @@ def _check_dense_identities(
         )
 
 
-def _load_dense_for(path: PathLike, images: list[str], image_ids: list[str], num_captions: int) -> list[str]:
-    """Dense captions for a split, checked to be one per image and, where the lines record which image
-    they describe, to describe the split's images in its order."""
+def _load_dense_for(
+    path: PathLike, images: list[str], image_ids: list[str], num_captions: int
+) -> list[DenseLine]:
+    """Dense caption lines for a split, checked to be one per image and, where the lines record which
+    image they describe, to describe the split's images in its order."""
     lines = read_dense_lines(path)
     if len(lines) != len(images):
         hint = ""
@@ -255,7 +265,23 @@ def _load_dense_for(path: PathLike, images: list[str], image_ids: list[str], num
             f"per image in image order{hint}"
         )
     _check_dense_identities(path, lines, [str(i) for i in images], image_ids)
-    return [line.text for line in lines]
+    return lines
+
+
+def first_repeat(items: Sequence[str]) -> tuple[int, int] | None:
+    """``(i, j)``, i < j, of the first ``items[j]`` equal to an earlier ``items[i]``; None if all differ."""
+    first: dict[str, int] = {}
+    for j, item in enumerate(items):
+        if item in first:
+            return first[item], j
+        first[item] = j
+    return None
+
+
+def line_origin(path: PathLike, count: int) -> TextOrigin:
+    """The origin of ``count`` texts read one per line from ``path`` by :func:`read_lines` (which refuses
+    blank lines, so text ``i`` is line ``i + 1``)."""
+    return TextOrigin(str(path), np.arange(1, count + 1, dtype=np.int64))
 
 
 def assemble_split(
@@ -265,7 +291,10 @@ def assemble_split(
     txt2img: np.ndarray,
     image_ids: list[str],
     dense_jsonl: PathLike | None,
+    caption_origin: TextOrigin | None = None,
 ) -> RetrievalSplit:
+    """The split of these images and captions, with the dense captions of ``dense_jsonl`` (checked to
+    be one line per image, in image order) and where each text was read."""
     dense = None if dense_jsonl is None else _load_dense_for(dense_jsonl, images, image_ids, len(captions))
     split = RetrievalSplit(
         name=name,
@@ -273,7 +302,13 @@ def assemble_split(
         captions=captions,
         txt2img=txt2img,
         image_ids=image_ids,
-        dense_captions=dense,
+        dense_captions=None if dense is None else [line.text for line in dense],
+        caption_origin=caption_origin,
+        dense_origin=(
+            None
+            if dense is None
+            else TextOrigin(str(dense_jsonl), np.asarray([line.lineno for line in dense], dtype=np.int64))
+        ),
     )
     logger.info(
         "loaded split %r: %d images, %d captions%s",

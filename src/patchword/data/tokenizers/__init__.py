@@ -16,11 +16,12 @@ from typing import Protocol
 import torch
 
 from patchword.data.tokenizers.bert import BertCaptionTokenizer, size_augment
-from patchword.data.tokenizers.word import END, PAD, START, UNK, WordVocab, tokenize
+from patchword.data.tokenizers.word import END, PAD, START, UNK, NoWordsError, WordVocab, tokenize
 
 __all__ = [
     "TextTokenizer",
     "WordVocab",
+    "NoWordsError",
     "BertCaptionTokenizer",
     "size_augment",
     "tokenize",

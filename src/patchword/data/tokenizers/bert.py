@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from patchword.data.tokenizers.word import NoWordsError
 from patchword.errors import MissingFileError
 from patchword.hub import hub_load_errors, require_transformers, resolve_pretrained
 
@@ -278,7 +279,8 @@ class BertCaptionTokenizer:
         words = self.words(text)
         if not words:
             which = "caption" if index is None else f"caption {index}"
-            raise ValueError(f"{which} is empty (no tokens after basic tokenisation): {text!r}")
+            reason = "no tokens after BERT's basic tokenisation"
+            raise NoWordsError(f"{which} is empty ({reason}): {text!r}", index, text, reason)
         if augment:
             body = size_augment(words, mask_id=self.mask_id, random_ids=self.random_ids, generator=generator)
         else:

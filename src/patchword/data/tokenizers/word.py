@@ -7,7 +7,13 @@ Texts are lowercased and split into words by the vocabulary's rule (``split``, s
   ``nltk.word_tokenize`` applies to each sentence), so ``.``, ``,`` and ``'s`` are tokens and hyphenated
   words stay whole: the vocabularies of official SCAN / NAAF checkpoints (``patchword import``). Needs the
   optional ``nltk`` package; the sentence splitting before it (punkt, a data download) is left out, which
-  changes nothing for one-sentence captions.
+  changes nothing for one-sentence captions. A vocabulary file that records no split (SCAN's own) is read
+  with ``treebank`` when one of its words is not an alphanumeric run (``.``, ``'s``, ``t-shirt``);
+* ``unicode`` (``data.word_split=unicode``): ``alnum`` made consistent for any script: the text is NFC
+  normalised (a decomposed ``cafe\u0301`` and a precomposed ``café`` are one word), combining marks
+  (Hindi's vowel signs, accents) stay inside their word, and each CJK ideograph is a word of its own (a
+  Chinese caption is not one word). ``alnum`` keeps its old behaviour, so existing vocabularies encode as
+  before.
 
 Encoded
 sequences are wrapped as ``<start> w1 ... wn <end>``; their lengths include both specials, like BERT's
@@ -18,20 +24,35 @@ is SCAN's (``{"word2idx": ..., "idx2word": ..., "idx": n}``), so SCAN's precompu
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import torch
 
-__all__ = ["SPLITS", "WordVocab", "tokenize", "PAD", "START", "END", "UNK"]
+__all__ = ["SPLITS", "WordVocab", "NoWordsError", "tokenize", "PAD", "START", "END", "UNK"]
+
+_logger = logging.getLogger(__name__)
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 SPECIALS = (PAD, START, END, UNK)  # their ids are their positions: <pad> = 0 is also the padding value
 
 _WORD = re.compile(r"[^\W_]+")  # maximal runs of letters and digits (any script)
-SPLITS = ("alnum", "treebank")
+SPLITS = ("alnum", "treebank", "unicode")
+# CJK ideographs (BERT's _is_chinese_char blocks): scripts written without spaces between words
+_CJK = (
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B820, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+)
 
 
 def _treebank():
@@ -47,19 +68,55 @@ def _treebank():
     return NLTKWordTokenizer()
 
 
+def _unicode_words(text: str) -> list[str]:
+    """The ``unicode`` split: NFC-normalised runs of letters, digits and the combining marks inside them,
+    each CJK ideograph a word of its own."""
+    words: list[str] = []
+    word: list[str] = []
+    for char in unicodedata.normalize("NFC", text.lower()):
+        code = ord(char)
+        if any(low <= code <= high for low, high in _CJK):
+            words.extend(["".join(word), char] if word else [char])
+            word = []
+        elif char.isalnum() or (word and unicodedata.category(char).startswith("M")):
+            word.append(char)
+        elif word:
+            words.append("".join(word))
+            word = []
+    if word:
+        words.append("".join(word))
+    return words
+
+
 def tokenize(text: str, split: str = "alnum") -> list[str]:
-    """Lowercased words of ``text``: alphanumeric runs (``alnum``), nltk's Treebank tokens (``treebank``)."""
+    """Lowercased words of ``text``: alphanumeric runs (``alnum``), nltk's Treebank tokens (``treebank``),
+    NFC-normalised runs with their combining marks and CJK ideographs one by one (``unicode``)."""
     if split == "alnum":
         return _WORD.findall(text.lower())
     if split == "treebank":
         return _treebank().tokenize(text.lower())
+    if split == "unicode":
+        return _unicode_words(text)
     raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+class NoWordsError(ValueError):
+    """A text the tokenizer finds no word (or token) in.
+
+    Attributes:
+        index: its position in the texts encoded; text: the text; reason: what was found missing.
+    """
+
+    def __init__(self, message: str, index: int | None, text: str, reason: str) -> None:
+        super().__init__(message)
+        self.index, self.text, self.reason = index, text, reason
 
 
 def _words(text: str, index: int, split: str = "alnum") -> list[str]:
     words = tokenize(text, split)
     if not words:
-        raise ValueError(f"text {index} is empty (no words): {text!r}")
+        reason = f"no words: the {split} word split finds none"
+        raise NoWordsError(f"text {index} is empty (no words): {text!r}", index, text, reason)
     return words
 
 
@@ -85,14 +142,17 @@ class WordVocab:
                 self.idx2word.append(word)
 
     @classmethod
-    def build(cls, texts: Iterable[str], min_count: int = 1) -> WordVocab:
-        """Vocabulary of the words occurring at least ``min_count`` times in ``texts``.
+    def build(cls, texts: Iterable[str], min_count: int = 1, split: str = "alnum") -> WordVocab:
+        """Vocabulary of the words (by the ``split`` rule) occurring at least ``min_count`` times in
+        ``texts``.
 
         Ids follow decreasing frequency (ties alphabetically), so the result does not depend on text order.
         """
-        counts = Counter(w for i, text in enumerate(texts) for w in _words(text, i))
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        counts = Counter(w for i, text in enumerate(texts) for w in _words(text, i, split))
         kept = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
-        return cls(kept)
+        return cls(kept, split=split)
 
     def __len__(self) -> int:
         return len(self.idx2word)
@@ -165,7 +225,8 @@ class WordVocab:
     @classmethod
     def load(cls, path: str | os.PathLike) -> WordVocab:
         """Read a SCAN-style JSON vocabulary (ids must be 0..n-1 with the four specials first); its
-        ``split`` key, when present, is the word rule (default ``alnum``)."""
+        ``split`` key, when present, is the word rule; without one, ``alnum``, or ``treebank`` when a word
+        has punctuation in it (SCAN's own vocabularies, logged)."""
         from patchword.errors import DataError
 
         payload = _read_json(path)
@@ -188,13 +249,32 @@ class WordVocab:
             raise DataError(f"{path}: word2idx and idx2word disagree or ids are not 0..{len(words) - 1}")
         if tuple(words[: len(SPECIALS)]) != SPECIALS:
             raise DataError(f"{path}: the first ids must be {SPECIALS}, got {tuple(words[: len(SPECIALS)])}")
-        split = payload.get("split", "alnum")
+        split = payload.get("split")
+        if split is None:
+            split = _unrecorded_split(path, words[len(SPECIALS) :])
         if split not in SPLITS:
             raise DataError(f"{path}: unknown word split {split!r} (known: {', '.join(SPLITS)})")
         return cls(words[len(SPECIALS) :], split=split)
 
     def __repr__(self) -> str:
         return f"WordVocab({len(self)} words, split={self.split})"
+
+
+def _unrecorded_split(path: str | os.PathLike, words: Sequence[str]) -> str:
+    """The word split of a vocabulary that records none: ``alnum`` (patchword's own, which never makes a
+    word of punctuation), or ``treebank`` when a word is not one alphanumeric run (``.``, ``'s``,
+    ``t-shirt``): SCAN / NAAF's own vocabularies, built with nltk's word_tokenize, whose punctuation and
+    hyphenated words the ``alnum`` split would never produce (every caption would lose them as ``<unk>``)."""
+    other = next((w for w in words if not _WORD.fullmatch(w)), None)
+    if other is None:
+        return "alnum"
+    _logger.info(
+        "%s records no word split and holds words such as %r that the alnum split never makes: read with "
+        "the treebank split (nltk's word_tokenize, as SCAN's vocabularies were built)",
+        path,
+        other,
+    )
+    return "treebank"
 
 
 def _read_json(path: str | os.PathLike):
@@ -206,7 +286,7 @@ def _read_json(path: str | os.PathLike):
     with open(path, "rb") as f:
         raw = f.read()
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte order mark opening the file is not JSON
     except UnicodeDecodeError as err:
         raise DataError(
             f"{path}: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); a vocabulary is "
