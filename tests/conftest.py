@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -216,6 +218,48 @@ TINY_RUN_32 = [
     "train.log_every=1",
     "train.num_threads=1",
 ]
+
+# A VSE model on a one-layer 32-pixel ViT and a one-layer text transformer, one training step: the model of
+# the real-format (LAPS) reader tests, where what matters is the data, not the model.
+TINY_VIT_VSE_16 = [
+    "model.embed_dim=16",
+    "model.tiny_vit.image_size=32",
+    "model.tiny_vit.patch_size=8",
+    "model.tiny_vit.width=16",
+    "model.tiny_vit.depth=1",
+    "model.tiny_vit.heads=2",
+    "model.tiny_text_width=16",
+    "model.tiny_text_depth=1",
+    "model.max_text_len=64",
+    "model.matcher=vse",
+    "train.batch_size=4",
+    "train.max_steps=1",
+    "train.num_threads=1",
+    "data.num_workers=0",
+]
+
+
+def laps_args(paths: dict[str, Path], *extra: str) -> list[str]:
+    """:data:`TINY_VIT_VSE_16` on the LAPS-layout dataset ``paths`` (``root``, ``image_root``), 32 pixels."""
+    return [
+        *TINY_VIT_VSE_16,
+        "data.dataset=laps",
+        f"data.root={paths['root']}",
+        f"data.image_root={paths['image_root']}",
+        "data.image_size=32",
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def trained_tiny_run(tmp_path_factory) -> Path:
+    """A tiny SEPS run (:data:`TINY_RUN_32`, two steps), trained once per test module."""
+    from patchword.cli import main
+
+    runs = tmp_path_factory.mktemp("runs")
+    assert main(["train", *TINY_RUN_32, "train.max_steps=2", f"output_dir={runs}", "name=tiny"]) == 0
+    return runs / "tiny"
+
 
 # The tiny region-feature model (SCAN / NAAF / TGDT) on synthetic regions: 14 regions of 16-d, BiGRU words.
 TINY_REGION_MODEL = [

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import TINY_RUN_32, TINY_WORDPIECE, one_error_line
+from conftest import TINY_WORDPIECE, one_error_line
 from patchword.cli import main
 from patchword.errors import ConfigError
 
@@ -31,10 +31,8 @@ def _argparse_error(capsys, argv: list[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory) -> Path:
-    runs = tmp_path_factory.mktemp("runs")
-    assert main(["train", *TINY_RUN_32, "train.max_steps=2", f"output_dir={runs}", "name=tiny"]) == 0
-    return runs / "tiny"
+def tiny_run(trained_tiny_run) -> Path:
+    return trained_tiny_run
 
 
 # ---------------------------------------------------------------------------------------- bench two-stage

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from test_bad_inputs import _png_bytes, _snapshot
 
-from conftest import TINY_RUN_32, one_error_line
+from conftest import one_error_line
 from patchword.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -22,11 +22,8 @@ SHIPPED = Path(__file__).resolve().parents[2] / "src" / "patchword" / "pretraine
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("run_inputs")
-    args = [*TINY_RUN_32, "train.max_steps=2", f"output_dir={tmp / 'runs'}", "name=tiny"]
-    assert main(["train", *args]) == 0
-    return tmp / "runs" / "tiny"
+def tiny_run(trained_tiny_run) -> Path:
+    return trained_tiny_run
 
 
 @pytest.fixture

@@ -20,11 +20,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("vocab_eval")
-    args = [*TINY_RUN_32, "train.max_steps=2", f"output_dir={tmp / 'runs'}", "name=tiny"]
-    assert main(["train", *args]) == 0
-    return tmp / "runs" / "tiny"
+def tiny_run(trained_tiny_run) -> Path:
+    return trained_tiny_run
 
 
 @pytest.fixture

@@ -10,38 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import one_error_line
+from conftest import laps_args, one_error_line
 from patchword.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-TINY_MODEL = [
-    "model.embed_dim=16",
-    "model.tiny_vit.image_size=32",
-    "model.tiny_vit.patch_size=8",
-    "model.tiny_vit.width=16",
-    "model.tiny_vit.depth=1",
-    "model.tiny_vit.heads=2",
-    "model.tiny_text_width=16",
-    "model.tiny_text_depth=1",
-    "model.max_text_len=64",
-    "model.matcher=vse",
-    "train.batch_size=4",
-    "train.max_steps=1",
-    "train.num_threads=1",
-    "data.num_workers=0",
-]
-
-
-def _laps_args(paths: dict[str, Path], *extra: str) -> list[str]:
-    return [
-        *TINY_MODEL,
-        "data.dataset=laps",
-        f"data.root={paths['root']}",
-        f"data.image_root={paths['image_root']}",
-        "data.image_size=32",
-        *extra,
-    ]
 
 
 def _truncate(path: Path, keep: float = 0.6) -> None:
@@ -56,7 +28,7 @@ def test_data_check_decodes_every_image_and_lists_the_truncated_ones(laps_datase
     _truncate(images / "train3.png")
     _truncate(images / "test1.png")
     _truncate(images / "test2.png", keep=0.9)
-    assert main(["data", "check", *_laps_args(laps_dataset)]) == 2
+    assert main(["data", "check", *laps_args(laps_dataset)]) == 2
     out = capsys.readouterr().out
     rows = {
         line.split()[0]: line.split()
@@ -76,7 +48,7 @@ def test_train_refuses_truncated_images_before_writing_anything(laps_dataset, tm
     images, runs = laps_dataset["image_root"], tmp_path / "runs"
     for name in ("train1.png", "train3.png", "train4.png", "train6.png"):
         _truncate(images / name)
-    assert main(["train", *_laps_args(laps_dataset, f"output_dir={runs}", "name=r")]) == 2
+    assert main(["train", *laps_args(laps_dataset, f"output_dir={runs}", "name=r")]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert line.startswith("error: 4 of 8 image files of the train split are unusable: ")
     assert f"{images / 'train1.png'}: truncated file" in line and str(images / "train4.png") in line
@@ -93,7 +65,7 @@ def test_skip_bad_images_leaves_them_and_their_captions_out(laps_dataset):
         f"data.dense_train={laps_dataset['dense_train']}",
         f"data.dense_test={laps_dataset['dense_test']}",
     ]
-    cfg = apply_overrides(RunConfig(), _laps_args(laps_dataset, *dense))
+    cfg = apply_overrides(RunConfig(), laps_args(laps_dataset, *dense))
     full = load_raw_data(cfg.data, ["train"], use_dense=True).splits["train"]
     _truncate(laps_dataset["image_root"] / "train2.png")
     (laps_dataset["image_root"] / "train5.png").unlink()  # missing files are left out too
@@ -118,7 +90,7 @@ def test_skip_bad_images_leaves_them_and_their_captions_out(laps_dataset):
 )
 def test_skip_bad_images_is_validated(laps_dataset, tmp_path, capsys, extra, expected):
     runs = tmp_path / "runs"
-    args = _laps_args(laps_dataset, f"output_dir={runs}", "name=r", "data.skip_bad_images=true", *extra)
+    args = laps_args(laps_dataset, f"output_dir={runs}", "name=r", "data.skip_bad_images=true", *extra)
     assert main(["train", *args]) == 2
     assert expected in one_error_line(capsys.readouterr().err)
     assert not runs.exists()
@@ -137,7 +109,7 @@ def _without_image(paths: dict[str, Path], dest: Path, split: str, image_id: str
 
 def test_eval_refuses_a_truncated_test_image_or_scores_the_split_without_it(laps_dataset, tmp_path, capsys):
     runs = tmp_path / "runs"
-    assert main(["train", *_laps_args(laps_dataset, f"output_dir={runs}", "name=r")]) == 0
+    assert main(["train", *laps_args(laps_dataset, f"output_dir={runs}", "name=r")]) == 0
     run = runs / "r"
     clean = _without_image(laps_dataset, tmp_path / "clean", "test", "test1")
     assert main(["eval", str(run), "--out", str(tmp_path / "ref.json"), f"data.root={clean['root']}"]) == 0

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import one_error_line
+from conftest import laps_args, one_error_line
 from patchword.cli import main
 from patchword.config import apply_overrides
 from patchword.data.karpathy import load_karpathy_json
@@ -28,34 +28,6 @@ from patchword.runs.config import RunConfig
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 BOM = "\ufeff"
-
-TINY_MODEL = [
-    "model.embed_dim=16",
-    "model.tiny_vit.image_size=32",
-    "model.tiny_vit.patch_size=8",
-    "model.tiny_vit.width=16",
-    "model.tiny_vit.depth=1",
-    "model.tiny_vit.heads=2",
-    "model.tiny_text_width=16",
-    "model.tiny_text_depth=1",
-    "model.max_text_len=64",
-    "model.matcher=vse",
-    "train.batch_size=4",
-    "train.max_steps=1",
-    "train.num_threads=1",
-    "data.num_workers=0",
-]
-
-
-def _laps_args(paths: dict[str, Path], *extra: str) -> list[str]:
-    return [
-        *TINY_MODEL,
-        "data.dataset=laps",
-        f"data.root={paths['root']}",
-        f"data.image_root={paths['image_root']}",
-        "data.image_size=32",
-        *extra,
-    ]
 
 
 def _write_lines(path: Path, lines: list[str], prefix: str = "") -> Path:
@@ -274,11 +246,11 @@ def test_a_caption_without_words_is_named_by_file_and_line(laps_dataset, tmp_pat
     index counted over captions and dense captions); `data check` said ok."""
     root = laps_dataset["root"]
     _reword(root / "test_caps.txt", 3, ". . .")
-    assert main(["data", "check", *_laps_args(laps_dataset, "data.dense=false")]) == 2
+    assert main(["data", "check", *laps_args(laps_dataset, "data.dense=false")]) == 2
     out = capsys.readouterr().out
     assert f"error: {root / 'test_caps.txt'}:3: the caption '. . .' has no words" in out
     runs = tmp_path / "runs"
-    args = _laps_args(laps_dataset, "data.dense=false", f"output_dir={runs}", "name=r")
+    args = laps_args(laps_dataset, "data.dense=false", f"output_dir={runs}", "name=r")
     assert main(["train", *args]) == 2
     assert one_error_line(capsys.readouterr().err).startswith(
         f"error: {root / 'test_caps.txt'}:3: the caption '. . .' has no words"
@@ -298,7 +270,7 @@ def test_a_dense_or_karpathy_caption_without_words_is_named_where_it_was_read(la
     _reword(dense, 5, json.dumps({"text": "..."}))
     cfg = apply_overrides(
         RunConfig(),
-        _laps_args(laps_dataset, "model.matcher=seps", f"data.dense_train={dense}", "data.dev_from_train=2")
+        laps_args(laps_dataset, "model.matcher=seps", f"data.dense_train={dense}", "data.dev_from_train=2")
         + [f"data.dense_test={laps_dataset['dense_test']}"],
     )
     with pytest.raises(DataError, match=rf"^{dense}:5: the dense caption '\.\.\.' has no words"):
