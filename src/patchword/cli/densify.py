@@ -10,7 +10,11 @@
 
 Exit codes: 0 done, 1 finished but incomplete (unreadable images skipped), 2 user error (one line).
 Under torchrun (``WORLD_SIZE`` > 1, no ``--shard``) every rank writes ``<out stem>.shard-R-of-W<suffix>``
-and rank 0 merges them into ``--out`` once all are complete.
+and rank 0 merges them into ``--out`` once all are complete. An option the chosen images (or ``stats``
+without ``--synthetic-split``) would ignore, such as ``--images DIR --split test``, is refused, naming it.
+
+Over 400 lines: the run, ``merge`` and ``stats`` verbs share this module's parsers and synthetic-scene
+flags, as every verb's command line is one module of ``cli/``.
 """
 
 from __future__ import annotations
@@ -57,9 +61,20 @@ def _run_parser() -> argparse.ArgumentParser:
     src.add_argument(
         "--image-root", type=Path, metavar="DIR", help="with --data-root: image folder (default ROOT)"
     )
-    src.add_argument("--synthetic-seed", type=int, default=0, help="with --synthetic: generator seed")
+    # SUPPRESS: only a flag given is in the arguments (with another source it is refused, not ignored)
+    src.add_argument(
+        "--synthetic-seed",
+        type=int,
+        default=argparse.SUPPRESS,
+        help="with --synthetic: generator seed (default 0)",
+    )
     src.add_argument("--synthetic-num-images", type=int, help="with --synthetic: images of the split")
-    src.add_argument("--synthetic-image-size", type=int, default=64, help="with --synthetic: image side")
+    src.add_argument(
+        "--synthetic-image-size",
+        type=int,
+        default=argparse.SUPPRESS,
+        help="with --synthetic: image side (default 64)",
+    )
     mdl = p.add_argument_group("model")
     mdl.add_argument("--model", required=True, help="local directory, hub id, or tiny-random (smoke test)")
     mdl.add_argument("--model-id", help="name written into each line (default: hub id or directory name)")
@@ -106,9 +121,11 @@ def _stats_parser() -> argparse.ArgumentParser:
         help="count the scene objects each description names (ids syn-<split>-<i> or numbers); automatic for "
         "files written by densify --synthetic",
     )
-    p.add_argument("--synthetic-seed", type=int, default=0)
+    p.add_argument("--synthetic-seed", type=int, help="with --synthetic-split: generator seed (default 0)")
     p.add_argument(
-        "--synthetic-num-images", type=int, help="images of the split (default: generator default)"
+        "--synthetic-num-images",
+        type=int,
+        help="with --synthetic-split: images of the split (default: generator's)",
     )
     p.add_argument(
         "--token-limits", type=int, nargs="+", default=[90, 128], help="report the share above these"
@@ -197,18 +214,18 @@ def _synthetic_config(
 
 
 def _image_list(args: argparse.Namespace, parser: argparse.ArgumentParser):
-    from patchword.densify.sources import images_from_folder, images_from_laps, images_from_synthetic
+    from patchword.densify import sources
 
+    sources.check_source_options(vars(args))
     if args.images is not None:
-        return images_from_folder(args.images)
+        return sources.images_from_folder(args.images)
     if args.data_root is not None:
         if not args.split:
             parser.error("--data-root needs --split")
-        return images_from_laps(args.data_root, args.split, args.image_root)
-    config = _synthetic_config(
-        args.synthetic_seed, args.synthetic, args.synthetic_num_images, args.synthetic_image_size
-    )
-    return images_from_synthetic(args.synthetic, config)
+        return sources.images_from_laps(args.data_root, args.split, args.image_root)
+    seed, size = getattr(args, "synthetic_seed", 0), getattr(args, "synthetic_image_size", 64)
+    config = _synthetic_config(seed, args.synthetic, args.synthetic_num_images, size)
+    return sources.images_from_synthetic(args.synthetic, config)
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -348,7 +365,10 @@ def _synthetic_for(path: Path, args: argparse.Namespace):
 
     if args.synthetic_split:
         return args.synthetic_split, _synthetic_config(
-            args.synthetic_seed, args.synthetic_split, args.synthetic_num_images, flags=_STATS_SYNTHETIC_FLAGS
+            args.synthetic_seed or 0,
+            args.synthetic_split,
+            args.synthetic_num_images,
+            flags=_STATS_SYNTHETIC_FLAGS,
         )
     meta = read_sidecar(path)
     source = meta.get("source") if meta else None
@@ -369,6 +389,11 @@ def _stats(args: argparse.Namespace) -> int:
     from patchword.densify.stats import dense_stats, format_stats, read_texts
     from patchword.errors import ConfigError, MissingFileError, ModelNotFoundError
 
+    for flag in ("--synthetic-seed", "--synthetic-num-images"):
+        if getattr(args, flag[2:].replace("-", "_")) is not None and not args.synthetic_split:
+            raise ConfigError(
+                flag, "is read only with --synthetic-split (without it, each file's sidecar names its scenes)"
+            )
     too_low = [k for k in args.token_limits if k < 1]
     if too_low:  # a share of descriptions "longer than 0 tokens" (or -5) says nothing about a length limit
         raise ConfigError("--token-limits", f"must be BERT token counts of at least 1, got {too_low}")

@@ -8,6 +8,7 @@ scoring (:func:`patchword.eval.protocol.evaluate`); rank 0 writes and prints the
 
 Each mode takes its own options and refuses the others' (one ``error:`` line, exit 2, before anything is
 read): an ignored ``--ensemble`` would write a single model's numbers as if they were the ensemble's.
+So is an override of a key no evaluation reads (``train.max_steps=5``: :data:`NOT_EVALUATION_KEYS`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,23 @@ import logging
 import sys
 from pathlib import Path
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["NOT_EVALUATION_KEYS", "add_arguments", "run"]
+
+#: The override keys (a section, or one key) that no evaluation reads, with what they change instead:
+#: each is refused, naming it, rather than applied in memory and ignored. An architecture key
+#: (``model.embed_dim``) is refused by the checkpoint, whose weights it must fit.
+NOT_EVALUATION_KEYS = {
+    "train": "it changes training",
+    "output_dir": "it places a new run; the run evaluated is the RUN argument",
+    "name": "it names a new run; the run evaluated is the RUN argument",
+    "seed": "it seeds training",
+    "model.tiny_pretrained": "it initialises training; the weights come from the checkpoint",
+    "data.vocab_path": "it sets a training vocabulary; the run's own vocab.json is used",
+    "data.vocab_min_count": "it sets a training vocabulary; the run's own vocab.json is used",
+    "data.word_split": "the run's vocab.json records its word split",
+    "data.size_augment": "it augments training captions",
+    "data.num_workers": "it sets the workers decoding training batches",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,10 +97,26 @@ def _mode(args: argparse.Namespace) -> str | None:
     return suite
 
 
+def _refuse_unread_overrides(overrides: list[str]) -> None:
+    """An override of a key no evaluation reads (:data:`NOT_EVALUATION_KEYS`), refused before anything is
+    read; an item without ``=`` is left to the config loader, which names it.
+
+    Raises:
+        ConfigError: naming the key and what it changes instead.
+    """
+    from patchword.errors import ConfigError
+
+    for key in (item.split("=", 1)[0].strip() for item in overrides if "=" in item):
+        for refused, why in NOT_EVALUATION_KEYS.items():
+            if key == refused or key.startswith(refused + "."):
+                raise ConfigError(key, f"does not apply to an evaluation ({why})")
+
+
 def run(args: argparse.Namespace) -> None:
     from patchword.distributed import launch_info
     from patchword.runs.evaluate import evaluate_patch_suite, evaluate_run_dir, evaluate_suite
 
+    _refuse_unread_overrides(args.overrides)
     suite = _mode(args)
     common = dict(overrides=args.overrides, out=args.out, force=args.force)
     if suite is not None:

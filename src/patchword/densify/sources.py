@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +30,8 @@ __all__ = [
     "ImageItem",
     "ImageList",
     "ArrayImageList",
+    "SOURCE_OPTIONS",
+    "check_source_options",
     "images_from_folder",
     "images_from_laps",
     "images_from_synthetic",
@@ -38,6 +40,30 @@ __all__ = [
 
 #: File suffixes (lower case) a folder scan treats as images.
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+#: The options each image source of ``patchword densify`` reads, by the source's flag: given with another
+#: source, one would be ignored (``--images DIR --split test`` described every image below DIR).
+SOURCE_OPTIONS = {
+    "--images": (),
+    "--data-root": ("--split", "--image-root"),
+    "--synthetic": ("--synthetic-seed", "--synthetic-num-images", "--synthetic-image-size"),
+}
+
+
+def check_source_options(arguments: Mapping[str, object]) -> None:
+    """The image-source options among ``arguments`` (``patchword densify``'s parsed arguments by name,
+    ``synthetic_seed``; an option not given is absent or None) are those of the source given.
+
+    Raises:
+        ConfigError: naming the first option another source reads, the source that reads it and the
+            source given.
+    """
+    given = [f"--{name.replace('_', '-')}" for name, value in arguments.items() if value is not None]
+    source = next((flag for flag in given if flag in SOURCE_OPTIONS), None)
+    for flag in given if source is not None else ():
+        owner = next((name for name, options in SOURCE_OPTIONS.items() if flag in options), source)
+        if owner != source:
+            raise ConfigError(flag, f"is read only with {owner}; {source} does not read it: drop it")
 
 
 @dataclass(frozen=True)

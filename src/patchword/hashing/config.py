@@ -8,7 +8,9 @@ cross-field rules are :func:`check_hash_config`. The defaults are the official U
 from __future__ import annotations
 
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Literal
 
 from patchword._validation import check_at_least, check_finite_number
@@ -18,6 +20,7 @@ from patchword.errors import ConfigError
 __all__ = [
     "HASH_RESUMABLE_KEYS",
     "HASH_EVAL_KEYS",
+    "DATA_SOURCE_FORMATS",
     "LOSSES",
     "HashDataConfig",
     "HashModelConfig",
@@ -25,6 +28,8 @@ __all__ = [
     "HashEvalConfig",
     "HashRunConfig",
     "check_hash_config",
+    "check_data_source",
+    "check_run_data_overrides",
 ]
 
 #: ``train.loss``: the contrastive loss on both the features and the codes, or HashNet on the codes.
@@ -140,6 +145,67 @@ HASH_EVAL_KEYS = frozenset(
     {"eval.topk", "eval.ks", "eval.map_all", "device", "model.eval_batch_size"}
     | {f"data.{f.name}" for f in fields(HashDataConfig)}
 )
+
+
+#: The ``data.*`` keys that say where the features are, and the formats that read each: another format
+#: would ignore it (``--data synthetic --image x.npy`` trained on generated features).
+DATA_SOURCE_FORMATS = {
+    "data.image": ("pairs",),
+    "data.text": ("pairs",),
+    "data.labels": ("pairs",),
+    "data.root": ("splits", "mat"),
+}
+
+#: Where each ``data.format`` takes its features from (the error of a key it does not read says it).
+_FORMAT_READS = {
+    "synthetic": "generates its features",
+    "pairs": "reads data.image and data.text (--image, --text)",
+    "splits": "reads the split directory data.root (--root)",
+    "mat": "reads the .mat file data.root (--root)",
+}
+
+
+def check_data_source(
+    dc: HashDataConfig, overrides: Sequence[str] | None = None, flags: dict[str, str] | None = None
+) -> None:
+    """Each key of :data:`DATA_SOURCE_FORMATS` that is set is one ``data.format`` reads: another format's
+    key would be ignored without a word. ``overrides`` (``key=value`` items): check only the keys they set
+    (a trained run's own config.yaml is not refused for a key it kept); ``flags``: the command-line flag
+    that set a key (``{"data.image": "--image"}``), named instead of it, and the format named as ``--data``.
+
+    Raises:
+        ConfigError: naming the key (or its flag), the format and the formats that read it.
+    """
+    given = (
+        None if overrides is None else {item.split("=", 1)[0].strip() for item in overrides if "=" in item}
+    )
+    for key, formats in DATA_SOURCE_FORMATS.items():
+        value = getattr(dc, key.removeprefix("data."))
+        if (given is None or key in given) and value and dc.format not in formats:
+            name = (flags or {}).get(key, key)
+            spell = " or ".join(f"--data {f}" if flags is not None else f"data.format={f}" for f in formats)
+            reads = _FORMAT_READS.get(dc.format, "does not read it")
+            raise ConfigError(name, f"data.format={dc.format} {reads}; {name} is read only with {spell}")
+
+
+def check_run_data_overrides(run_dir: str | Path, overrides: Sequence[str]) -> None:
+    """``hash eval RUN data.image=x.npy``: each data source key ``overrides`` set is one the format of the
+    run's config (with the overrides) reads, checked before the run is opened. A directory without a
+    config.yaml is left to the command, which says what is there.
+
+    Raises:
+        ConfigError: as :func:`check_data_source`; an unknown key or a wrong value of the overrides.
+        DataError: the config.yaml is empty or a retrieval run's (as the command says).
+    """
+    from patchword.config import load_config
+    from patchword.runs.files import CONFIG_FILE
+    from patchword.runs.load import read_run_mapping
+
+    config = Path(run_dir) / CONFIG_FILE
+    keys = {item.split("=", 1)[0].strip() for item in overrides if "=" in item}
+    if keys & set(DATA_SOURCE_FORMATS) and config.is_file():  # no run: the command says what is there
+        read_run_mapping(run_dir, kind="hashing")  # a retrieval run's config: said so, not its keys
+        check_data_source(load_config(HashRunConfig, config, list(overrides)).data, overrides)
 
 
 def check_hash_config(cfg: HashRunConfig):

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from patchword.data.images import load_image
+from patchword.data.tokenizers import NoWordsError
 from patchword.errors import DataError, MissingFileError, describe_os_error
 from patchword.eval.engine.base import ScoringEngine
 from patchword.matching.ops import length_mask
@@ -28,6 +29,7 @@ from patchword.search.scan import ImageFile, SkippedFile
 from patchword.search.store import save_npy_atomic, shard_files
 
 __all__ = [
+    "DenseCaptions",
     "EncodedShard",
     "ShardEncoder",
     "codec_sample",
@@ -38,7 +40,20 @@ __all__ = [
 ]
 
 
-def read_dense_file(path: str | os.PathLike[str]) -> dict[str, str]:
+class DenseCaptions(dict[str, str]):
+    """Dense captions keyed by image file (:func:`read_dense_file`) that know where each was read:
+    ``place(file)`` is ``FILE:LINE`` of its line."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        self.lines: dict[str, int] = {}  # image file -> line number
+
+    def place(self, file: str) -> str:
+        return f"{self.path}:{self.lines[file]}"
+
+
+def read_dense_file(path: str | os.PathLike[str]) -> DenseCaptions:
     """Dense captions keyed by image file: a SEPS-format JSONL whose ``metadata.file`` (or, failing
     that, ``metadata.image_id``) is the image's path relative to the indexed folder, as
     ``patchword densify`` and ``patchword data export`` write them.
@@ -53,7 +68,7 @@ def read_dense_file(path: str | os.PathLike[str]) -> dict[str, str]:
         raise DataError(f"--dense: {path} is a directory, not a dense caption file (JSONL)")
     if not path.is_file():
         raise MissingFileError(f"--dense: dense caption file not found: {path}")
-    texts: dict[str, str] = {}
+    texts = DenseCaptions(path)
     lineno = 0
     try:
         with path.open(encoding="utf-8", errors="strict") as f:
@@ -75,7 +90,7 @@ def read_dense_file(path: str | os.PathLike[str]) -> dict[str, str]:
                 key = Path(key).as_posix()
                 if key in texts:
                     raise DataError(f"--dense: {path}:{lineno}: a second dense caption for {key}")
-                texts[key] = text.strip()
+                texts[key], texts.lines[key] = text.strip(), lineno
     except UnicodeDecodeError as err:
         raise DataError(f"--dense: {path}:{lineno + 1}: not UTF-8 text ({err.reason})") from err
     except OSError as err:  # unreadable (permissions, an I/O error): the file is what the user fixes
@@ -137,15 +152,29 @@ class ShardEncoder:
                 out.tokens.append(tokens.float().cpu())
                 out.globals_.append(model.matcher.global_image(tokens).float().cpu())
                 if self.dense_texts is not None:
-                    dense, lens = self._encode_dense([self.dense_texts[file.path] for file, _ in good])
+                    dense, lens = self._encode_dense([file.path for file, _ in good])
                     out.dense.append(dense)
                     out.dense_lens.append(lens)
             on_batch(len(batch))
         return out
 
-    def _encode_dense(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        run = self.run
-        ids, lens = run.tokenizer.batch_encode(texts, max_len=run.config.data.max_dense_len)
+    def _encode_dense(self, files: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The dense captions of the image ``files`` encoded: ((B, L, C) tokens, (B,) lengths).
+
+        Raises:
+            DataError: a caption the tokenizer finds no word in, naming its line and its image.
+        """
+        run, captions = self.run, self.dense_texts
+        texts = [captions[file] for file in files]
+        try:
+            ids, lens = run.tokenizer.batch_encode(texts, max_len=run.config.data.max_dense_len)
+        except NoWordsError as err:  # batch_encode numbers the texts: err.index is the image's
+            file = files[err.index]
+            where = captions.place(file) if isinstance(captions, DenseCaptions) else "dense captions"
+            raise DataError(
+                f"{where}: the dense caption of image {file} {err.text!r} has {err.reason}; reword or "
+                "remove it"
+            ) from err
         tokens = run.model.encode_texts(ids.to(run.device), lens.to(run.device)).float().cpu()
         return tokens, lens
 
