@@ -197,3 +197,16 @@ def test_index_build_names_the_dense_caption_without_words(trained_tiny_run, tmp
         f"error: {dense}:2: the dense caption of image b.png '?!' has no words: the alnum word split finds "
         "none; reword or remove it"
     )
+
+
+def test_train_hashing_from_code_refuses_a_data_key_its_format_does_not_read(tmp_path):
+    """The command line checked it; the library entry point did not (the key was ignored)."""
+    from patchword.config import apply_overrides
+    from patchword.errors import ConfigError
+    from patchword.hashing.config import HashRunConfig
+    from patchword.hashing.runner import train_hashing
+
+    cfg = apply_overrides(HashRunConfig(), [f"output_dir={tmp_path}", "data.image=x.npy"])
+    with pytest.raises(ConfigError, match=r"^data.image: "):
+        train_hashing(cfg)
+    assert list(tmp_path.iterdir()) == []

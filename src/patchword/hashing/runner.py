@@ -48,7 +48,13 @@ from patchword.device import resolve_device
 from patchword.errors import ConfigError, MissingFileError, ResumeHint
 from patchword.fileio import append_line, atomic_write_text, keep_jsonl_records, probe_writable, repair_jsonl
 from patchword.hashing.build import build_hashing_dataset, build_hashing_model
-from patchword.hashing.config import HASH_EVAL_KEYS, HASH_RESUMABLE_KEYS, HashRunConfig, check_hash_config
+from patchword.hashing.config import (
+    HASH_EVAL_KEYS,
+    HASH_RESUMABLE_KEYS,
+    HashRunConfig,
+    check_data_source,
+    check_hash_config,
+)
 from patchword.hashing.dataset import HashDataset
 from patchword.hashing.evaluate import evaluate_hashing
 from patchword.hashing.model import UCMFH
@@ -108,6 +114,8 @@ def train_hashing(
             :data:`HASH_RESUMABLE_KEYS`); the run's config.yaml is never rewritten.
     """
     check_hash_config(cfg)
+    if not resume:  # a key the format does not read would be ignored (a resume keeps the run's own config)
+        check_data_source(cfg.data)
     run_dir = hashing_run_dir(cfg)
     if resume:
         saved = resume_config(run_dir)
