@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never touch the network, even by accident
-
 import subprocess
 import sys
 
