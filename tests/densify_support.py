@@ -4,12 +4,16 @@ the fixtures of the modules that run on twelve images."""
 
 from __future__ import annotations
 
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+
+from stall_support import HANG_GUARD_S
 
 TOKENS = 6  # new tokens per description: enough to differ between images, cheap on a CPU
 RUN = ["--model", "tiny-random", "--max-new-tokens", str(TOKENS), "--batch-size", "8", "--no-progress"]
@@ -60,3 +64,18 @@ def reference_file(image_dir, vlm, tmp_path_factory) -> bytes:
     settings = GenerationSettings(max_new_tokens=TOKENS)
     densify(images_from_folder(image_dir), vlm, out, settings, model_name="tiny-random", batch_size=8)
     return out.read_bytes()
+
+
+def wait_for_stall(child: subprocess.Popen, log: Path) -> None:
+    """Until the densify ``child`` (its stderr to ``log``) says it stalled (``PATCHWORD_DENSIFY_TEST_STALL``);
+    fails the test if it ends first (it never got there) or after :data:`HANG_GUARD_S` (a hang), as
+    ``stall_support.wait_for_marker`` does."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while "densify: stalled for test" not in log.read_text(errors="replace"):
+        if child.poll() is not None:
+            pytest.fail(
+                f"densify ended (exit {child.returncode}) before its stall point: {log.read_text()[-3000:]}"
+            )
+        if time.monotonic() > deadline:
+            pytest.fail(f"hang guard: densify did not reach its stall point in {HANG_GUARD_S:g} s")
+        time.sleep(0.01)

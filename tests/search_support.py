@@ -22,6 +22,7 @@ from patchword.config import apply_overrides
 from patchword.data.export import ExportSummary, export_synthetic_split
 from patchword.runs import LoadedRun, load_run
 from patchword.runs.config import RunConfig
+from stall_support import HANG_GUARD_S
 
 # A paper-variant SEPS that reads image-tied dense captions (the demo's model), at toy size: 32-pixel
 # scenes, 8-pixel patches (a 4 x 4 grid, K = 8 kept patches), 32-wide encoders.
@@ -176,10 +177,13 @@ def live_server(app) -> Iterator[str]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + HANG_GUARD_S
     while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
+        if not thread.is_alive():
+            pytest.fail("uvicorn ended before it started serving (its log is in the captured output)")
+        if time.monotonic() > deadline:
+            server.should_exit = True
+            pytest.fail(f"hang guard: uvicorn did not start serving in {HANG_GUARD_S:g} s")
         time.sleep(0.02)
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
@@ -213,8 +217,8 @@ def killed_after_shards(monkeypatch: pytest.MonkeyPatch, shards: int) -> Iterato
 
 def stalled_searcher(env: SearchEnv):
     """A searcher of the shared index whose ``search`` sets ``entered`` and then waits for ``release``
-    (at most 30 s) before answering: what a server looks like while one request holds its only worker.
-    Returns ``(searcher, entered, release)``."""
+    (at most :data:`HANG_GUARD_S`, a hang guard: a test sets it, in a ``finally``) before answering: what a
+    server looks like while one request holds its only worker. Returns ``(searcher, entered, release)``."""
     from patchword.search.query import Searcher
     from patchword.search.store import SearchIndex
 
@@ -224,7 +228,7 @@ def stalled_searcher(env: SearchEnv):
 
     def slow_search(query, k):
         entered.set()
-        release.wait(timeout=30)
+        release.wait(timeout=HANG_GUARD_S)
         return real_search(query, k)
 
     searcher.search = slow_search

@@ -144,8 +144,13 @@ def test_cli_user_errors(tmp_path, capsys):
     real_lengths = [arg for arg in TINY_SCORING if arg != "--stand-in-lengths"]
     assert main([*real_lengths, "--data", str(tmp_path)]) == 2  # not the shared data folder
     assert "f30k_1k_test" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exited:  # argparse: usage, one error line naming the flag, exit 2
         main(["scoring", "--images", "many"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.rstrip().splitlines()[-1] == (
+        "patchword bench scoring: error: argument --images: expected an integer, got 'many'"
+    )
 
 
 def test_scoring_configs_cover_both_variants_and_pairings():

@@ -5,13 +5,17 @@ anything else runs or is timed. A stand-in probe writes its rows as the real one
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from project_paths import BENCHMARKS
+from stall_support import HANG_GUARD_S
 
 sys.path.insert(0, str(BENCHMARKS))
 import gpu_check  # noqa: E402
@@ -72,10 +76,28 @@ def test_the_probe_runs_beside_the_compilation_and_is_recorded_when_waited_for(s
 def test_a_probe_still_running_at_its_limit_is_stopped_and_what_it_wrote_is_kept(stand_in_probe, tmp_path):
     stand_in_probe[0] = "hang"
     _, recorded, _ = _attention(tmp_path, "attention,train_compile")
+    _wait_for_rows(tmp_path / "attention.json", 2)  # the limit is applied to a probe that has written them
     gpu_check_extra.finish_background(limit_s=0.5)
     (final,) = recorded
     assert final["status"] == "failed" and final["summary"].startswith("stopped after")
     assert len(final["rows"]) == 2  # the rows it had written
+
+
+def _wait_for_rows(out: Path, count: int) -> None:
+    """Until the running stand-in's ``out`` holds ``count`` rows (whole JSON: it may be read mid-write);
+    fails the test after :data:`HANG_GUARD_S` (a probe that never writes them)."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while True:
+        try:
+            if len(json.loads(out.read_text())) == count:
+                return
+        except (OSError, ValueError):  # not written yet, or half written
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"hang guard: the stand-in probe did not write {count} rows to {out} in {HANG_GUARD_S:g} s"
+            )
+        time.sleep(0.01)
 
 
 def test_the_probe_runs_in_the_foreground_unless_train_compile_is_next(stand_in_probe, tmp_path):

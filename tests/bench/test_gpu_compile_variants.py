@@ -9,7 +9,10 @@ import sys
 import threading
 import time
 
+import pytest
+
 from project_paths import BENCHMARKS
+from stall_support import HANG_GUARD_S
 
 sys.path.insert(0, str(BENCHMARKS))
 import gpu_compile_variants as gcv  # noqa: E402
@@ -74,8 +77,10 @@ def _runner(tmp_path, variants, how: dict, parallel: int, free_s=lambda: 600.0, 
     thread = threading.Thread(target=run, daemon=True)  # a runner that hangs must not hang pytest
 
     def finish() -> list[dict]:
-        thread.join(timeout=60)
-        assert not thread.is_alive() and len(rows) == len(variants)
+        thread.join(timeout=HANG_GUARD_S)
+        if thread.is_alive():
+            pytest.fail(f"hang guard: run_variants did not return in {HANG_GUARD_S:g} s")
+        assert len(rows) == len(variants)
         assert rows == reported  # reported as each finishes, in variant order
         return rows
 
@@ -84,11 +89,11 @@ def _runner(tmp_path, variants, how: dict, parallel: int, free_s=lambda: 600.0, 
 
 
 def _wait_for(predicate, what: str) -> None:
-    for _ in range(3000):  # 30 s: only ever reached when the runner is wrong
-        if predicate():
-            return
+    deadline = time.monotonic() + HANG_GUARD_S  # a hang guard: only ever reached when the runner is wrong
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"hang guard ({HANG_GUARD_S:g} s): {what}")
         time.sleep(0.01)
-    raise AssertionError(what)
 
 
 def test_a_wave_compiles_at_once_and_times_one_variant_at_a_time(tmp_path):

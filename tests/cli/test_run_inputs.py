@@ -6,6 +6,7 @@ with nothing written."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -99,10 +100,22 @@ def test_eval_out_naming_the_checkpoint_it_reads_is_refused(run_copy, tmp_path, 
 
 
 def test_eval_json_under_a_new_name_in_the_run_is_still_written(run_copy, capsys):
+    """Only the run's own files are refused: a new name in the run gets the metrics of a normal eval."""
+    assert main(["eval", str(run_copy)]) == 0
+    normal = _eval_record(run_copy / "eval_test.json")  # the default --out
     out = run_copy / "eval_again.json"
     assert main(["eval", str(run_copy), "--out", str(out)]) == 0
+    assert _eval_record(out) == normal
+    out.write_text("{}")
     assert main(["eval", str(run_copy), "--out", str(out), "--force"]) == 0
-    assert out.is_file()
+    assert _eval_record(out) == normal  # replaced with --force
+
+
+def _eval_record(path: Path) -> dict:
+    """An eval JSON without what differs between two evals of one checkpoint (timings, the time)."""
+    record = json.loads(path.read_text())
+    assert {"rsum", "i2t_r1", "t2i_r1", "checkpoint_sha256"} <= set(record), sorted(record)
+    return {k: v for k, v in record.items() if k not in ("cost", "eval_seconds", "time")}
 
 
 def test_report_out_naming_a_file_of_the_run_is_refused_with_force(run_copy, capsys):

@@ -439,20 +439,21 @@ def test_cache_key_and_default_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kwargs", "field"),
     [
-        {"min_objects": 0},
-        {"max_objects": 10},
-        {"min_objects": 3, "max_objects": 2},
-        {"shapes": ("circle", "hexagon")},
-        {"colours": ("red",)},
-        {"dense_omit_prob": 1.5},
-        {"captions_per_image": 6},
-        {"num_test": 0},
+        ({"min_objects": 0}, "min_objects"),
+        ({"max_objects": 10}, "max_objects"),
+        ({"min_objects": 3, "max_objects": 2}, "max_objects"),
+        ({"shapes": ("circle", "hexagon")}, "shapes"),
+        ({"colours": ("red",)}, "colours"),
+        ({"dense_omit_prob": 1.5}, "dense_omit_prob"),
+        ({"captions_per_image": 6}, "captions_per_image"),
+        ({"num_test": 0}, "num_test"),
     ],
 )
-def test_config_validation(kwargs: dict) -> None:
-    with pytest.raises(ValueError):
+def test_config_validation(kwargs: dict, field: str) -> None:
+    """Each bad value is refused with a message that starts with the field it is in."""
+    with pytest.raises(ValueError, match=rf"^{field}: "):
         SyntheticConfig(**kwargs)
 
 

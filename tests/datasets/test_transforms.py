@@ -35,6 +35,9 @@ def test_output_shape_and_dtype(make) -> None:
 def test_grayscale_input_becomes_three_channels() -> None:
     out = T.test_transform(8)(Image.new("L", (10, 10), 7))
     assert out.shape == (3, 8, 8)
+    for c in range(3):  # each channel is the gray value, normalised with that channel's statistics
+        expected = (7 / 255 - T.IMAGENET_MEAN[c]) / T.IMAGENET_STD[c]
+        torch.testing.assert_close(out[c], torch.full((8, 8), expected), atol=1e-6, rtol=0)
 
 
 def test_normalisation_of_a_constant_image() -> None:

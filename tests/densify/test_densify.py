@@ -7,14 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import TINY_MODEL_32
-from densify_support import RUN, TOKENS, laps_split_args
+from densify_support import RUN, TOKENS, laps_split_args, wait_for_stall
 from densify_support import write_images as _write_images
 from patchword.cli.densify import main
 from patchword.data.laps import load_laps_split
@@ -129,22 +128,18 @@ def test_killed_subprocess_mid_write_reruns_to_the_uninterrupted_file(image_dir,
     out = tmp_path / "dense.jsonl"
     code = "import sys; from patchword.cli.densify import main; sys.exit(main(sys.argv[1:]))"
     env = {**os.environ, "PATCHWORD_DENSIFY_TEST_STALL": "3:torn", "OMP_NUM_THREADS": "1"}
-    child = subprocess.Popen(
-        [sys.executable, "-c", code, "--images", str(image_dir), "--out", str(out), *RUN],
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    log = tmp_path / "child.log"
+    with log.open("w") as err:
+        child = subprocess.Popen(
+            [sys.executable, "-c", code, "--images", str(image_dir), "--out", str(out), *RUN],
+            env=env,
+            stderr=err,
+        )
     try:
-        deadline = time.monotonic() + 120
-        for line in child.stderr:
-            if "stalled for test" in line or time.monotonic() > deadline:
-                break
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
+        wait_for_stall(child, log)
     finally:
-        if child.poll() is None:
-            child.kill()
+        child.kill()
+        child.wait()
     assert child.returncode == -signal.SIGKILL
     data = out.read_bytes()
     assert not data.endswith(b"\n")  # killed inside a write

@@ -7,16 +7,14 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import one_error_line
-from densify_support import RUN, TOKENS, reference_file, tiny_vlm, twelve_images, write_images  # noqa: F401 - fixtures
+from densify_support import RUN, TOKENS, reference_file, tiny_vlm, twelve_images, wait_for_stall, write_images  # noqa: F401 - fixtures
 from patchword.cli.densify import main
 from patchword.data.textfiles import load_dense_jsonl
 from patchword.densify import GenerationSettings, Shard, densify, images_from_folder, read_records
@@ -64,19 +62,18 @@ def test_two_densify_processes_on_one_out_do_not_duplicate_lines(image_dir, refe
     args = ["--images", str(image_dir), "--out", str(out), *RUN]
     code = "import sys; from patchword.cli.densify import main; sys.exit(main(sys.argv[1:]))"
     env = {**os.environ, "PATCHWORD_DENSIFY_TEST_STALL": "1", "OMP_NUM_THREADS": "1"}
-    child = subprocess.Popen([sys.executable, "-c", code, *args], env=env, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "child.log"
+    with log.open("w") as err:
+        child = subprocess.Popen([sys.executable, "-c", code, *args], env=env, stderr=err)
     try:
-        deadline = time.monotonic() + 120
-        for line in child.stderr:
-            if "stalled for test" in line or time.monotonic() > deadline:
-                break
+        wait_for_stall(child, log)
         written = out.read_bytes()
         assert main(args) == 2
         assert "is being written by another process" in one_error_line(capsys.readouterr().err)
         assert out.read_bytes() == written  # untouched by the refused run
     finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
+        child.kill()
+        child.wait()
     assert main(args) == 0  # the lock died with its holder: the rerun finishes the file
     assert out.read_bytes() == reference
 

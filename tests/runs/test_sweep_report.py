@@ -142,9 +142,9 @@ def test_report_lists_exactly_the_config_keys_that_differ(sweep, tmp_path):
 
 def test_sweep_arguments_are_checked_before_anything_runs(tmp_path, capsys):
     assert parse_seeds("0-2,5") == [0, 1, 2, 5]
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match=r"^--seeds: expected distinct seeds, got '0,0'$"):
         parse_seeds("0,0")
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match=r"^--seeds: expected seeds like 0,1,2 or 0-4, got 'a'$"):
         parse_seeds("a")
     code = main(["sweep", "--seeds", "0", "--variant", "no-colon", f"output_dir={tmp_path}", *TINY])
     assert code == 2 and "--variant" in capsys.readouterr().err

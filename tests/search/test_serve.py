@@ -22,10 +22,16 @@ from patchword.search.store import SearchIndex
 from patchword.serve.app import ServeLimits, create_app, require_serve_extra
 from project_paths import ROOT
 from search_support import caption_queries, library_t2i_scores, live_server, rank_bounds, stalled_searcher
+from stall_support import HANG_GUARD_S
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 STATIC = ROOT / "src" / "patchword" / "serve" / "static"
+
+#: How long a request that the event loop answers itself (/healthz, a 503) may take while a search holds
+#: the only worker: generous, and shorter than the held search's own guard (HANG_GUARD_S), so that a loop
+#: blocked by that search fails here rather than answering once the search is let go.
+HEALTHZ_GUARD_S = HANG_GUARD_S / 3
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +128,7 @@ def test_path_traversal_never_reaches_a_file(client, env):
     with live_server(create_app(Searcher(SearchIndex.open(env.index_dir), env.run))) as url:
         host, port = url.removeprefix("http://").split(":")
         for path in TRAVERSALS:
-            with socket.create_connection((host, int(port)), timeout=10) as sock:
+            with socket.create_connection((host, int(port)), timeout=HANG_GUARD_S) as sock:
                 sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
                 data = b""
                 while chunk := sock.recv(65536):
@@ -190,13 +196,13 @@ def test_a_query_with_some_unknown_words_answers_with_a_warning(client, searcher
 def test_malformed_utf8_in_the_raw_request_line(env):
     with live_server(create_app(Searcher(SearchIndex.open(env.index_dir), env.run))) as url:
         host, port = url.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port)), timeout=10) as sock:
+        with socket.create_connection((host, int(port)), timeout=HANG_GUARD_S) as sock:
             sock.sendall(b"GET /api/search?q=\xff\xfe\xc3 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             data = b""
             while chunk := sock.recv(65536):
                 data += chunk
         assert 400 <= int(data.split(b" ", 2)[1]) < 500
-        with urllib.request.urlopen(f"{url}/healthz", timeout=10) as response:  # still serving
+        with urllib.request.urlopen(f"{url}/healthz", timeout=HANG_GUARD_S) as response:  # still serving
             assert json.load(response)["status"] == "ok"
 
 
@@ -218,21 +224,37 @@ def test_an_overloaded_server_answers_503_and_its_event_loop_stays_free(env):
         result = {}
 
         def first():
-            with urllib.request.urlopen(f"{url}/api/search?q=red+circle&k=2", timeout=60) as response:
+            held = f"{url}/api/search?q=red+circle&k=2"
+            with urllib.request.urlopen(held, timeout=HANG_GUARD_S) as response:
                 result["body"] = json.load(response)
 
         thread = threading.Thread(target=first)
         thread.start()
-        assert entered.wait(timeout=30)
-        with pytest.raises(urllib.error.HTTPError) as busy:
-            urllib.request.urlopen(f"{url}/api/search?q=blue+square", timeout=10)
-        assert busy.value.code == 503 and busy.value.headers["Retry-After"] == "1"
-        assert "busy" in json.load(busy.value)["error"]
-        # The event loop is not blocked by the running search: health checks answer meanwhile.
-        with urllib.request.urlopen(f"{url}/healthz", timeout=5) as response:
-            assert json.load(response)["images"] == 24
-        release.set()
-        thread.join(timeout=60)
+        try:
+            if not entered.wait(timeout=HANG_GUARD_S):
+                pytest.fail(f"hang guard: the first search did not reach the searcher in {HANG_GUARD_S:g} s")
+            # Both answers come from the event loop, not the held worker: a server that makes them wait
+            # for the running search answers only once it is released, at the searcher's guard
+            # (HANG_GUARD_S), after HEALTHZ_GUARD_S.
+            try:
+                with pytest.raises(urllib.error.HTTPError) as busy:
+                    urllib.request.urlopen(f"{url}/api/search?q=blue+square", timeout=HEALTHZ_GUARD_S)
+            except TimeoutError:
+                pytest.fail(f"a second search got no 503 in {HEALTHZ_GUARD_S:g} s: it waits for the first")
+            assert busy.value.code == 503 and busy.value.headers["Retry-After"] == "1"
+            assert "busy" in json.load(busy.value)["error"]
+            try:  # the event loop is not blocked by the running search: health checks answer meanwhile
+                with urllib.request.urlopen(f"{url}/healthz", timeout=HEALTHZ_GUARD_S) as response:
+                    assert json.load(response)["images"] == 24
+            except TimeoutError:
+                pytest.fail(
+                    f"/healthz did not answer in {HEALTHZ_GUARD_S:g} s while a search held the only "
+                    "worker: it waits for that search"
+                )
+        finally:
+            release.set()
+            thread.join(timeout=HANG_GUARD_S)
+        assert not thread.is_alive(), f"hang guard: the released search did not answer in {HANG_GUARD_S:g} s"
         assert [r["id"] for r in result["body"]["results"]] == [
             h.id
             for h in type(searcher).search(searcher, "red circle", 2).hits  # the unstalled search
@@ -291,7 +313,7 @@ def test_healthz(client):
 def test_http_client_sees_json_errors_on_the_live_server(env):
     with live_server(create_app(Searcher(SearchIndex.open(env.index_dir), env.run))) as url:
         host, port = url.removeprefix("http://").split(":")
-        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        conn = http.client.HTTPConnection(host, int(port), timeout=HANG_GUARD_S)
         conn.request("GET", "/api/search?q=dog&k=1000")
         response = conn.getresponse()
         assert response.status == 400 and "must lie in" in json.loads(response.read())["error"]
@@ -375,7 +397,7 @@ def test_serve_hands_uvicorn_the_socket_it_bound_with_the_same_options(env, caps
         (sock,) = sockets
         host, port = sock.getsockname()[:2]
         seen["address"] = (host, port)
-        with socket.create_connection((host, port), timeout=5):  # already listening
+        with socket.create_connection((host, port), timeout=HANG_GUARD_S):  # already listening
             pass
         with socket.socket() as other, pytest.raises(OSError):  # and nobody else can have the port
             other.bind((host, port))

@@ -20,6 +20,7 @@ from patchword.search.query import Searcher
 from patchword.search.store import SearchIndex
 from patchword.serve.app import ServeLimits, create_app
 from search_support import live_server, stalled_searcher
+from stall_support import HANG_GUARD_S
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -151,19 +152,24 @@ def test_an_overloaded_server_answers_503_with_the_security_headers(env):
         done = {}
 
         def first():
-            with urllib.request.urlopen(f"{url}/api/search?q=red+circle&k=2", timeout=60) as response:
+            with urllib.request.urlopen(
+                f"{url}/api/search?q=red+circle&k=2", timeout=HANG_GUARD_S
+            ) as response:
                 done["status"] = response.status
                 done["headers"] = response.headers
 
         thread = threading.Thread(target=first)
         thread.start()
         try:
-            assert entered.wait(timeout=30)
-            with pytest.raises(urllib.error.HTTPError) as busy:
-                urllib.request.urlopen(f"{url}/api/search?q=blue+square", timeout=10)
+            if not entered.wait(timeout=HANG_GUARD_S):
+                pytest.fail(f"hang guard: the first search did not start in {HANG_GUARD_S:g} s")
+            with pytest.raises(urllib.error.HTTPError) as busy:  # a guard, not a verdict: 503 is at once
+                urllib.request.urlopen(f"{url}/api/search?q=blue+square", timeout=HANG_GUARD_S / 3)
         finally:
             release.set()
-            thread.join(timeout=60)
+            thread.join(timeout=HANG_GUARD_S)
+        if thread.is_alive():
+            pytest.fail(f"hang guard: the first search did not end in {HANG_GUARD_S:g} s after its release")
         assert busy.value.code == 503 and busy.value.headers["Retry-After"] == "1"
         assert_locked_down(busy.value.headers, "503 busy")
         assert done["status"] == 200
