@@ -151,8 +151,8 @@ def _index_manifest(marker: Path, point: dict) -> None:
 
     original = Manifest.write
 
-    def write_then_stall(self, index_dir):
-        original(self, index_dir)
+    def write_then_stall(self, index_dir, *args, **kwargs):
+        original(self, index_dir, *args, **kwargs)
         if len(self.entries) >= point["entries"]:
             _stall(marker, {"entries": len(self.entries), "state": self.state})
 

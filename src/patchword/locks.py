@@ -16,7 +16,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 
-__all__ = ["exclusive_lock", "lock_or_refuse", "lock_removable_file"]
+__all__ = ["exclusive_lock", "lock_or_refuse", "lock_removable_file", "removable_lock"]
 
 _logger = logging.getLogger(__name__)
 
@@ -128,6 +128,25 @@ def lock_removable_file(
             return fd, created
         os.close(fd)  # its holder removed it after this call opened it: lock the file at the path now
     raise RunExistsError(busy)
+
+
+@contextlib.contextmanager
+def removable_lock(path: str | os.PathLike[str], busy: str) -> Iterator[None]:
+    """Hold the lock of :func:`lock_removable_file` for the block, then remove its file (while still
+    holding it) and let it go: nothing of the lock stays beside what it guards.
+
+    Raises:
+        RunExistsError: ``busy``, another process holds it.
+    """
+    fd, _ = lock_removable_file(path, busy)
+    try:
+        yield
+    finally:
+        # removed while still held: a command that opened it meanwhile sees it gone once it locks it, and
+        # retries; a failure here must not hide the error that ended the command
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        os.close(fd)
 
 
 def _same_file(fd: int, path: str) -> bool:

@@ -157,7 +157,7 @@ def _out_lock(out: Path) -> Iterator[None]:
     Raises:
         RunExistsError: another ``patchword pretrain`` writes ``out`` now.
     """
-    from patchword.locks import lock_removable_file
+    from patchword.locks import removable_lock
 
     path = _out_lock_path(out)
     busy = (
@@ -165,15 +165,8 @@ def _out_lock(out: Path) -> Iterator[None]:
         "or stop it first"
     )
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, _ = lock_removable_file(path, busy)
-    try:
+    with removable_lock(path, busy):
         yield
-    finally:
-        # removed while still held: a command that opened it meanwhile sees it gone once it locks it, and
-        # retries; a failure here must not hide the error that ended the command
-        with contextlib.suppress(OSError):
-            path.unlink(missing_ok=True)
-        os.close(fd)
 
 
 def check_exportable(cfg: RunConfig) -> None:

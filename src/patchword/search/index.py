@@ -18,6 +18,7 @@ Over 400 lines: building, updating and resuming an index, every check before the
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -32,7 +33,7 @@ import torch
 from patchword.errors import ConfigError, DataError, MissingFileError, RunExistsError, describe_os_error
 from patchword.eval.engine.core import engine_for
 from patchword.fileio import atomic_write_bytes, probe_writable
-from patchword.locks import lock_removable_file
+from patchword.locks import removable_lock
 from patchword.progress import progress_bar
 from patchword.runs import LoadedRun, load_run
 from patchword.search.build_report import BuildReport, no_images_message, nothing_indexed_message
@@ -190,7 +191,7 @@ def _build_lock(index_dir: Path, seen: tuple[tuple[int, int, int] | None, ...]) 
     """Hold the index's lock (:data:`LOCK_FILE`) for the block: one build or update of an index at a time.
     ``seen`` is :func:`_manifest_stamps` when this command read the index: a build that wrote it since then
     (and ended) refuses this one, whose checks read what is no longer there. The lock file is removed at the
-    end (:func:`~patchword.locks.lock_removable_file`), so an index holds no file of it between builds.
+    end (:func:`~patchword.locks.removable_lock`), so an index holds no file of it between builds.
 
     Raises:
         RunExistsError: another build or update holds the lock, or wrote the index since ``seen``.
@@ -200,20 +201,13 @@ def _build_lock(index_dir: Path, seen: tuple[tuple[int, int, int] | None, ...]) 
         f"{index_dir} is being built or updated by another `patchword index build` (lock {path} is held): "
         "wait for it to end, or stop it first (searching the index meanwhile is fine)"
     )
-    fd, _ = lock_removable_file(path, busy)
-    try:
+    with removable_lock(path, busy):
         if _manifest_stamps(index_dir) != seen:
             raise RunExistsError(
                 f"{index_dir} was written by another `patchword index build` while this command checked it: "
                 "run this command again"
             )
         yield
-    finally:
-        # removed while still held: a command that opened it meanwhile sees it gone once it locks it, and
-        # retries; a failure here must not hide the error that ended the build
-        with contextlib.suppress(OSError):
-            path.unlink(missing_ok=True)
-        os.close(fd)
 
 
 def _has_dense_scores(engine, identity: dict[str, Any]) -> bool:
@@ -523,7 +517,7 @@ def _write_index(
     ``todo`` shard by shard after the ``kept`` entries, compact, mark the index complete. ``manifest`` ends
     as the one written; ``live``: the complete manifest an update starts from (progress then goes to
     :data:`PENDING_FILE`, and ``manifest.json`` is replaced last)."""
-    save = manifest.write if live is None else manifest.write_pending
+    save = functools.partial(manifest.write, name=MANIFEST_FILE if live is None else PENDING_FILE)
     manifest.state = "building"
     manifest.entries = kept
     manifest.skipped = sorted(skipped, key=lambda s: s.path)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from patchword.fileio import remove_stale_temps
 from patchword.search.store import (
     MANIFEST_FILE,
     PENDING_FILE,
@@ -33,9 +34,7 @@ def remove_orphans(index_dir: Path, *manifests: Manifest) -> None:
     """Delete shard files no shard of ``manifests`` names (left by a kill between a shard and the manifest,
     or by a compaction) and temporary files a killed manifest write left behind. An update passes the
     complete manifest searches read besides its own: the shards that one names stay until it is replaced."""
-    for name in (MANIFEST_FILE, PENDING_FILE):
-        for stray in index_dir.glob(f".{name}.*.tmp"):
-            stray.unlink(missing_ok=True)
+    remove_stale_temps(index_dir, (MANIFEST_FILE, PENDING_FILE))  # the build's lock is held
     live = {f.name for m in manifests for s in m.shards for f in shard_files(index_dir, s["id"]).values()}
     shards_dir = index_dir / SHARDS_DIR
     if not shards_dir.is_dir():

@@ -78,8 +78,6 @@ __all__ = [
     "write_npy",
     "shard_files",
     "broken_shards",
-    "shape_problem",
-    "token_width",
     "rows_digest",
     "DENSE_STORES",
     "REPAIR_HINT",
@@ -222,14 +220,10 @@ class Manifest:
             )
         return manifest
 
-    def write(self, index_dir: str | os.PathLike[str]) -> None:
-        """Replace ``index_dir/manifest.json`` atomically."""
-        atomic_write_bytes(Path(index_dir) / MANIFEST_FILE, self.to_json().encode("utf-8"))
-
-    def write_pending(self, index_dir: str | os.PathLike[str]) -> None:
-        """Replace ``index_dir/manifest.pending.json`` (:data:`PENDING_FILE`, an update's progress)
+    def write(self, index_dir: str | os.PathLike[str], name: str = MANIFEST_FILE) -> None:
+        """Replace ``index_dir/manifest.json`` (or ``name``: :data:`PENDING_FILE`, an update's progress)
         atomically."""
-        atomic_write_bytes(Path(index_dir) / PENDING_FILE, self.to_json().encode("utf-8"))
+        atomic_write_bytes(Path(index_dir) / name, self.to_json().encode("utf-8"))
 
 
 def save_npy_atomic(path: Path, array: np.ndarray) -> None:
