@@ -171,8 +171,8 @@ def check_at_least(key: str, value: float, low: float, why: str = "") -> None:
         raise ConfigError(key, f"must be >= {low:g}{note}, got {value!r}")
 
 
-def check_finite_number(key: str, value: float, *, low: float = 0, inclusive: bool = True) -> None:
-    """Raise a :class:`ConfigError` naming ``key`` unless ``value`` is a finite number ``>= low`` (``> low``
+def check_finite_number(key: str, value: float, *, inclusive: bool = True) -> None:
+    """Raise a :class:`ConfigError` naming ``key`` unless ``value`` is a finite number ``>= 0`` (``> 0``
     when not ``inclusive``): NaN and infinities fail."""
-    if not (low <= value < math.inf if inclusive else low < value < math.inf):
-        raise ConfigError(key, f"must be a finite number {'>=' if inclusive else '>'} {low:g}, got {value!r}")
+    if not (0 <= value < math.inf if inclusive else 0 < value < math.inf):
+        raise ConfigError(key, f"must be a finite number {'>=' if inclusive else '>'} 0, got {value!r}")

@@ -16,7 +16,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 
-__all__ = ["exclusive_lock", "lock_or_refuse", "lock_removable_file", "removable_lock"]
+__all__ = ["exclusive_lock", "lock_removable_file", "removable_lock"]
 
 _logger = logging.getLogger(__name__)
 
@@ -36,11 +36,11 @@ def exclusive_lock(path: str | os.PathLike[str], busy: str) -> Iterator[None]:
         RunExistsError: ``busy``, another process holds the lock.
     """
     with open(path, "a") as fh:
-        lock_or_refuse(fh.fileno(), path, busy)
+        _lock_or_refuse(fh.fileno(), path, busy)
         yield
 
 
-def lock_or_refuse(fd: int, path: str | os.PathLike[str], busy: str) -> bool:
+def _lock_or_refuse(fd: int, path: str | os.PathLike[str], busy: str) -> bool:
     """Take the exclusive, non-blocking ``flock`` of the open file ``fd`` (the file ``path``): True when
     held, False on a file system without locks (logged: work goes on unguarded).
 
@@ -120,7 +120,7 @@ def lock_removable_file(
     for _ in range(_LOCK_ATTEMPTS):
         fd, created = _open_lock_file(path, make_folder)
         try:
-            held = lock_or_refuse(fd, path, busy)
+            held = _lock_or_refuse(fd, path, busy)
         except BaseException:
             os.close(fd)  # a file this call created and another process locked first is that one's now
             raise

@@ -27,10 +27,11 @@ from patchword.checkpoint import atomic_save, load_checkpoint
 from patchword.cli import main
 from patchword.config import apply_overrides
 from patchword.errors import Interrupted, RunExistsError
+from patchword.runs.claim import LOCK_FILE
 from patchword.runs.config import RunConfig
 from patchword.train import runner
 from patchword.train import trainer as trainer_module
-from patchword.train.runner import LOCK_FILE, resume_run, train_run
+from patchword.train.runner import resume_run, train_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -54,10 +54,11 @@ def _read_files(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
     sweeps' ``sweep.json``, the ``--index`` manifests and ``--gallery`` files."""
     from patchword.experiments.sweep import SWEEP_FILE
     from patchword.runs.files import CONFIG_FILE
+    from patchword.search.store import MANIFEST_FILE
 
     sweeps = [p / SWEEP_FILE for p in args.paths if (p / SWEEP_FILE).is_file()]
     runs = [*args.paths, *(c.parent for sweep in sweeps for c in sweep.parent.rglob(CONFIG_FILE))]
-    reads = [*sweeps, *(index / "manifest.json" for index in args.index), *args.gallery]
+    reads = [*sweeps, *(index / MANIFEST_FILE for index in args.index), *args.gallery]
     return runs, [*reads, *(f for run in runs for f in run.glob("eval*.json"))]
 
 
@@ -66,6 +67,7 @@ def run(args: argparse.Namespace) -> None:
     from patchword.experiments.report import write_report
     from patchword.fileio import check_output_file
     from patchword.runs.load import refuse_run_output
+    from patchword.search.store import MANIFEST_FILE
 
     # all of them before any work: a figure the user keeps under one of these names is theirs too; a file
     # the report reads (a run's summary.json, checkpoint or config) is never one, --force or not
@@ -74,8 +76,8 @@ def run(args: argparse.Namespace) -> None:
         refuse_run_output(path, runs, reads, flag=flag)
         check_output_file(path, args.force, flag=flag)
     for index in args.index:
-        if not (index / "manifest.json").is_file():
-            raise MissingFileError(f"--index {index}: not a search index (no manifest.json)")
+        if not (index / MANIFEST_FILE).is_file():
+            raise MissingFileError(f"--index {index}: not a search index (no {MANIFEST_FILE})")
     for gallery in args.gallery:
         if not gallery.is_file():
             state = "is a directory, not a gallery JSON file" if gallery.is_dir() else "does not exist"

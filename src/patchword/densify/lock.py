@@ -57,16 +57,6 @@ def _make_dirs(folder: Path, made: list[Path]) -> None:
             made.append(path)
 
 
-def _lock(path: Path, busy: str, made_dirs: list[Path]) -> tuple[int, bool]:
-    """Lock the file at ``path``, its folders created if missing (appended to ``made_dirs``): ``(descriptor,
-    created by this call)`` (:func:`~patchword.locks.lock_removable_file`).
-
-    Raises:
-        RunExistsError: ``busy``, another process holds it.
-    """
-    return lock_removable_file(path, busy, lambda: _make_dirs(path.parent, made_dirs))
-
-
 def _created(path: Path) -> bool:
     return not os.path.lexists(path)
 
@@ -90,7 +80,7 @@ def output_lock(out: str | os.PathLike[str]) -> Iterator[None]:
     )
     made_dirs: list[Path] = []
     try:
-        fd, made_lock = _lock(path, busy, made_dirs)
+        fd, made_lock = lock_removable_file(path, busy, lambda: _make_dirs(path.parent, made_dirs))
     except BaseException:
         _remove_empty_dirs(made_dirs)
         raise

@@ -61,11 +61,11 @@ class HashTrainingInterrupted(Interrupted):
 
     def __init__(self, signum: int, epoch: int, batch_in_epoch: int, step: int, checkpoint: Path) -> None:
         self.epoch, self.step, self.checkpoint = epoch, step, checkpoint
-        self.resume = ResumeHint.resume("patchword hash train", checkpoint.parent)
+        hint = ResumeHint.resume("patchword hash train", checkpoint.parent)
         where = (
             f"{batch_in_epoch} batches into epoch {epoch + 1}" if batch_in_epoch else f"end of epoch {epoch}"
         )
-        super().__init__(signum, self.resume.stopped(signum, step, checkpoint, where))
+        super().__init__(signum, hint.stopped(signum, step, checkpoint, where))
 
 
 class HashTrainer:

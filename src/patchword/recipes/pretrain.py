@@ -33,7 +33,6 @@ from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT, SUMMARY_FILE, VOC
 
 __all__ = [
     "PRETRAIN_RECIPE",
-    "check_encoders_dir",
     "check_exportable",
     "pretrain_config",
     "run_pretrain",
@@ -76,7 +75,7 @@ def pretrained_recipe(name_or_path: str) -> RunConfig | None:
     from patchword.pretrained import CONFIG, resolve_pretrained_dir
 
     meta = read_json(resolve_pretrained_dir(name_or_path) / CONFIG, "pretrained-encoders config")
-    recipe = meta.get("recipe") if isinstance(meta, dict) else None
+    recipe = meta.get("recipe")
     if isinstance(recipe, list):
         return load_run_config(None, recipe)
     if isinstance(recipe, dict):
@@ -113,13 +112,6 @@ def pretraining_recall(cfg: RunConfig, data) -> dict[str, Any] | None:
     model = build_model(native.model, vocab_size=data.vocab_size)
     metrics = evaluate(model, data.splits["test"], native.eval, progress=False)
     return {"matcher": trained.matcher, **{k: metrics[k] for k in KEYS}}
-
-
-def check_encoders_dir(out: Path, force: bool) -> None:
-    """``--out`` before any work: a directory (or one that can be created) where files can be written, empty
-    unless ``force``. Errors name ``--out``; a read-only place is the ``OSError`` naming it."""
-    _check_out_place(out)
-    _refuse_filled_out(out, force)
 
 
 def _check_out_place(out: Path) -> None:

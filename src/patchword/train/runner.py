@@ -42,7 +42,14 @@ from patchword.data.tokenizers import WordVocab
 from patchword.distributed import Distributed, session
 from patchword.errors import ConfigError, MissingFileError, ResumeHint, RunExistsError, describe_os_error
 from patchword.factory import create_model
-from patchword.fileio import append_line, atomic_write_text, keep_jsonl_records, probe_writable, repair_jsonl
+from patchword.fileio import (
+    append_line,
+    atomic_write_text,
+    file_sha256,
+    keep_jsonl_records,
+    probe_writable,
+    repair_jsonl,
+)
 from patchword.model import RetrievalModel, model_reads_dense
 from patchword.runs import (
     BACKBONES_FILE,
@@ -60,9 +67,9 @@ from patchword.runs.claim import LOCK_FILE, Claim, Refusals, RunKind
 from patchword.runs.config import RunConfig
 from patchword.runs.evaluate import evaluate_run
 from patchword.runs.files import BEST_CHECKPOINT, EXPORT_DIR, LAST_CHECKPOINT, METRICS_JSON, SUMMARY_FILE
-from patchword.runs.recorded import DIGEST_FIELD, file_sha256
+from patchword.runs.recorded import DIGEST_FIELD
 from patchword.train.trackers import TENSORBOARD_DIR, WANDB_ID_FILE
-from patchword.train.trainer import Trainer, TrainingInterrupted, stop_raises
+from patchword.train.trainer import Trainer, stop_raises
 from patchword.train.validate import RESUMABLE_KEYS, check_config, check_launch, check_model_data
 
 __all__ = [
@@ -72,7 +79,6 @@ __all__ = [
     "resume_run",
     "drop_metrics_after",
     "RESUMABLE_KEYS",
-    "LOCK_FILE",
     "TRAIN_RUNS",
 ]
 
@@ -178,7 +184,9 @@ def _build(
     return data, model
 
 
-def _trainer(cfg: RunConfig, model, data: PreparedData, run_dir: Path, dist: Distributed) -> Trainer:
+def _trainer(
+    cfg: RunConfig, model, data: PreparedData, run_dir: Path, dist: Distributed, hint: ResumeHint
+) -> Trainer:
     splits = data.splits
     return Trainer(
         cfg,
@@ -189,6 +197,7 @@ def _trainer(cfg: RunConfig, model, data: PreparedData, run_dir: Path, dist: Dis
         device=dist.device,
         tokenizer=data.tokenizer,
         dist=dist,
+        resume_hint=hint,
     )
 
 
@@ -242,8 +251,8 @@ def train_run(
                 _save_tokenizer(data.tokenizer, run_dir)
                 save_backbones(model, run_dir)
             seed_everything(cfg.seed)
-            trainer = _trainer(cfg, model, data, run_dir, dist)
-            fit = _fit(trainer, hint)
+            trainer = _trainer(cfg, model, data, run_dir, dist, hint)
+            fit = trainer.fit()
         except BaseException:
             # Nothing to resume yet: leave no half-made run behind (the same name can simply be rerun).
             if claim.owned and not (run_dir / LAST_CHECKPOINT).is_file():
@@ -251,17 +260,6 @@ def train_run(
             raise
         phase["then"] = hint.evaluating(run_dir / LAST_CHECKPOINT)
         return _finish(cfg, model, data, run_dir, trainer, fit, dist)
-
-
-def _fit(trainer: Trainer, hint: ResumeHint) -> dict[str, Any]:
-    """``trainer.fit()``; a signal that stops it (last.pt written) says to go on as ``hint`` says (the
-    trainer itself knows only ``patchword train --resume``)."""
-    try:
-        return trainer.fit()
-    except TrainingInterrupted as err:
-        if err.resume == hint:
-            raise
-        raise TrainingInterrupted(err.signum, err.step, err.checkpoint, hint) from None
 
 
 def resume_run(
@@ -308,7 +306,7 @@ def resume_run(
         # locked, then what a kill during a write left (export/ included) removed
         _on_main(dist, run_dir, lambda: TRAIN_RUNS.lock_for_resume(run_dir, locks))
         data, model = _build(cfg, None, tokenizer=tokenizer, run_dir=run_dir)
-        trainer = _trainer(cfg, model, data, run_dir, dist)
+        trainer = _trainer(cfg, model, data, run_dir, dist, hint)
         trainer.load_state_dict(state)
         _logger.info(
             "resumed %s at epoch %d, batch %d, step %d",
@@ -330,7 +328,7 @@ def resume_run(
             append_line(run_dir / RESUMES_FILE, json.dumps(record))
             if not trainer.finished:
                 _set_aside_results(run_dir)
-        fit = _fit(trainer, hint)
+        fit = trainer.fit()
         phase["then"] = hint.evaluating(run_dir / LAST_CHECKPOINT)
         return _finish(cfg, model, data, run_dir, trainer, fit, dist)
 

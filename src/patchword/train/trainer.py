@@ -68,8 +68,8 @@ class TrainingInterrupted(Interrupted):
 
     def __init__(self, signum: int, step: int, checkpoint: Path, resume: ResumeHint | None = None) -> None:
         self.step, self.checkpoint = step, checkpoint
-        self.resume = resume or ResumeHint.resume("patchword train", checkpoint.parent)
-        super().__init__(signum, self.resume.stopped(signum, step, checkpoint))
+        hint = resume or ResumeHint.resume("patchword train", checkpoint.parent)
+        super().__init__(signum, hint.stopped(signum, step, checkpoint))
 
 
 @contextlib.contextmanager
@@ -144,8 +144,10 @@ class Trainer:
         device: torch.device | str = "cpu",
         tokenizer=None,
         dist: Distributed | None = None,
+        resume_hint: ResumeHint | None = None,
     ) -> None:
         self.cfg = cfg
+        self.resume_hint = resume_hint  # how a stopped run goes on (None: `patchword train --resume`)
         self.tc = tc = cfg.train
         self.dist = dist or Distributed(device=torch.device(device))
         self.device = self.dist.device if dist is not None else torch.device(device)
@@ -394,7 +396,8 @@ class Trainer:
                     self.validation_due = due
                     self.save_last()
                     signum = flag.get("signum", signal.SIGTERM)
-                    raise TrainingInterrupted(signum, self.step, self.run_dir / LAST_CHECKPOINT)
+                    checkpoint = self.run_dir / LAST_CHECKPOINT
+                    raise TrainingInterrupted(signum, self.step, checkpoint, self.resume_hint)
                 if due:
                     self.validate()
                 elif tc.checkpoint_every and self.step % tc.checkpoint_every == 0:

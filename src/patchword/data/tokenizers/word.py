@@ -148,8 +148,6 @@ class WordVocab:
 
         Ids follow decreasing frequency (ties alphabetically), so the result does not depend on text order.
         """
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         counts = Counter(w for i, text in enumerate(texts) for w in _words(text, i, split))
         kept = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
         return cls(kept, split=split)
