@@ -165,6 +165,11 @@ _FORMAT_READS = {
 }
 
 
+def override_keys(overrides: Sequence[str]) -> set[str]:
+    """The keys ``key=value`` overrides set (an item without ``=`` is left to the config loader)."""
+    return {item.split("=", 1)[0].strip() for item in overrides if "=" in item}
+
+
 def check_data_source(
     dc: HashDataConfig, overrides: Sequence[str] | None = None, flags: dict[str, str] | None = None
 ) -> None:
@@ -176,9 +181,7 @@ def check_data_source(
     Raises:
         ConfigError: naming the key (or its flag), the format and the formats that read it.
     """
-    given = (
-        None if overrides is None else {item.split("=", 1)[0].strip() for item in overrides if "=" in item}
-    )
+    given = None if overrides is None else override_keys(overrides)
     for key, formats in DATA_SOURCE_FORMATS.items():
         value = getattr(dc, key.removeprefix("data."))
         if (given is None or key in given) and value and dc.format not in formats:
@@ -202,7 +205,7 @@ def check_run_data_overrides(run_dir: str | Path, overrides: Sequence[str]) -> N
     from patchword.runs.load import read_run_mapping
 
     config = Path(run_dir) / CONFIG_FILE
-    keys = {item.split("=", 1)[0].strip() for item in overrides if "=" in item}
+    keys = override_keys(overrides)
     if keys & set(DATA_SOURCE_FORMATS) and config.is_file():  # no run: the command says what is there
         read_run_mapping(run_dir, kind="hashing")  # a retrieval run's config: said so, not its keys
         check_data_source(load_config(HashRunConfig, config, list(overrides)).data, overrides)

@@ -99,19 +99,21 @@ def check_query_text(text: str, what: str = "the query") -> None:
     """
     surrogates = [(i, c) for i, c in enumerate(text) if unicodedata.category(c) == "Cs"]
     if surrogates:
-        named = ", ".join(f"U+{ord(c):04X} at character {i + 1}" for i, c in surrogates[:3])
-        more = f" and {len(surrogates) - 3} more" if len(surrogates) > 3 else ""
         raise QueryError(
-            f"{what} is not valid UTF-8 text ({named}{more}: bytes the text's encoding cannot decode)"
+            f"{what} is not valid UTF-8 text ({_named(surrogates)}: bytes the text's encoding cannot decode)"
         )
     found = [(i, c) for i, c in enumerate(text) if unicodedata.category(c) == "Cc"]
     if found:
-        # Named by code point: printing the character itself would break the one-line error it goes into.
-        named = ", ".join(f"U+{ord(c):04X} at character {i + 1}" for i, c in found[:3])
-        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
         raise QueryError(
-            f"{what} contains control characters ({named}{more}): a query is one line of printable text"
+            f"{what} contains control characters ({_named(found)}): a query is one line of printable text"
         )
+
+
+def _named(found: list[tuple[int, str]]) -> str:
+    """The first three ``(position, character)`` by code point and position (``U+000A at character 4``):
+    printing the characters themselves would break the one-line error they go into."""
+    named = ", ".join(f"U+{ord(c):04X} at character {i + 1}" for i, c in found[:3])
+    return named + (f" and {len(found) - 3} more" if len(found) > 3 else "")
 
 
 def _quoted(words: list[str]) -> str:
@@ -197,8 +199,9 @@ class SearchResult:
             "ms": round(1000.0 * self.timings.get("total", 0.0), 3),
             "shortlist": self.shortlist,
         }
-        if self.warning:
-            body["warning"] = self.warning
+        warning = self.warning
+        if warning:
+            body["warning"] = warning
         if self.unknown_words:
             body["unknown_words"] = list(self.unknown_words)
         if self.dropped_words:
