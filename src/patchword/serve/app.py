@@ -39,7 +39,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
-from stat import S_ISREG
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -200,13 +199,10 @@ def _image_bytes(
         path.relative_to(root)
     except ValueError as err:
         raise _BadRequest(404, f"image {image_id} is no longer inside the indexed folder") from err
-    try:
-        found = path.stat()
-    except FileNotFoundError:
-        found = None
-    if found is None or not S_ISREG(found.st_mode):  # one stat: a file removed between two would be a 500
+    if not path.is_file():
         raise _BadRequest(404, f"the file of image {image_id} no longer exists")
-    version = f"{entry.path}\0{found.st_size}\0{found.st_mtime_ns}".encode("utf-8", "surrogateescape")
+    stat = path.stat()
+    version = f"{entry.path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode("utf-8", "surrogateescape")
     etag = f'"{hashlib.sha256(version).hexdigest()[:32]}"'
     media_type = BROWSER_FORMATS.get(entry.format, "image/png")
     if _etag_matches(if_none_match, etag):
