@@ -165,6 +165,7 @@ def _precomp_args(root: Path, runs: Path) -> list[str]:
     return [
         "data.dataset=precomp",
         f"data.root={root}",
+        "data.captions_per_image=2",
         "model.image_encoder=precomp",
         "model.text_encoder=gru",
         "model.matcher=scan",

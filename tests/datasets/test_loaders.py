@@ -90,7 +90,7 @@ def test_laps_test_split_with_repeated_ids(laps_dir: Path, image_root: Path) -> 
 
 
 def test_laps_train_split_uses_im_div(laps_dir: Path, image_root: Path) -> None:
-    split = load_laps_split(laps_dir, "train", image_root)
+    split = load_laps_split(laps_dir, "train", image_root, captions_per_image=3)
     assert split.image_ids == ["3", "9"]
     assert split.images[1] == str(image_root / "sub" / "c.jpg")
     assert split.txt2img.tolist() == [0, 0, 0, 1, 1, 1]  # im_div = 6 captions / 2 ids = 3

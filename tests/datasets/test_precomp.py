@@ -49,7 +49,7 @@ def test_scan_layout_round_trip_is_memory_mapped(tmp_path):
     # one caption per feature row (im_div = 1) and ids listed once per caption
     write_precomp_split(tmp_path, "dev", feats, _caps(4, per=1))
     (tmp_path / "dev_ids.txt").write_text("".join(f"{i}\n" for i in range(4)))
-    assert load_precomp_split(tmp_path, "dev").txt2img.tolist() == [0, 1, 2, 3]
+    assert load_precomp_split(tmp_path, "dev", captions_per_image=1).txt2img.tolist() == [0, 1, 2, 3]
     (tmp_path / "test_ids.txt").write_text("".join(f"id{i // 5}\n" for i in range(20)))
     assert load_precomp_split(tmp_path, "test").image_ids == ["id0", "id1", "id2", "id3"]
 

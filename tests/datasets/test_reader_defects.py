@@ -100,7 +100,7 @@ def test_precomp_ids_repeated_outside_equal_runs_are_refused_naming_the_lines(tm
     write_precomp_split(tmp_path, "test", rng.random((4, 2, 3), dtype=np.float32), ["a b"] * 4)
     ids = _write_lines(tmp_path / "test_ids.txt", ["7", "7", "8", "9"])
     with pytest.raises(DataError, match=rf"^{ids}:2: image id '7' repeats line 1; with one id per image"):
-        load_precomp_split(tmp_path, "test")
+        load_precomp_split(tmp_path, "test", captions_per_image=1)
     # one row per image and five captions each: the same
     write_precomp_split(tmp_path, "test", rng.random((4, 2, 3), dtype=np.float32), ["a b"] * 20, list("7789"))
     with pytest.raises(DataError, match=rf"^{ids}:2: image id '7' repeats line 1"):
@@ -344,7 +344,13 @@ def test_the_unicode_word_split_reads_every_script_consistently(tmp_path):
     _write_lines(data / "train_ids.txt", ["0", "1"])
     cfg = apply_overrides(
         RunConfig(),
-        ["data.dataset=laps", f"data.root={data}", "data.dense=false", "data.word_split=unicode"],
+        [
+            "data.dataset=laps",
+            f"data.root={data}",
+            "data.dense=false",
+            "data.word_split=unicode",
+            "data.captions_per_image=1",
+        ],
     )
     cfg.data.image_root, cfg.data.check_images = "x", False
     (data / "id_mapping.json").write_text(json.dumps({"0": "0.jpg", "1": "1.jpg"}))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,46 @@ def test_bert_unknown_words_are_those_wordpiece_reads_as_a_single_unk() -> None:
     assert (known, unknown) == (["red", "zzzq", "circle", "!"], ["qz", "\N{SNOWMAN}"])
     body = tok.encode("Red zzzq qz \N{SNOWMAN} circle! qz")[1:-1]
     assert body.count(tok.unk_id) == 3 and len(body) == 10
+
+
+# BERT's _is_chinese_char blocks, as the unicode split's first version tested them one by one.
+_CJK_BLOCKS = [
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B820, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+]
+
+
+def _reference_unicode_words(text: str) -> list[str]:
+    """The unicode split written out plainly: each character tested against every block."""
+    words, word = [], ""
+    for char in unicodedata.normalize("NFC", text.lower()):
+        if any(low <= ord(char) <= high for low, high in _CJK_BLOCKS):
+            words += [word, char] if word else [char]
+            word = ""
+        elif char.isalnum() or (word and unicodedata.category(char).startswith("M")):
+            word += char
+        elif word:
+            words.append(word)
+            word = ""
+    return words + [word] if word else words
+
+
+def test_the_unicode_split_matches_a_plain_per_block_reference() -> None:
+    """Every block's first and last code point and its two neighbours outside it, inside and between
+    Latin words, with combining marks, digits and a decomposed accent: the same tokens as the reference."""
+    pieces = ["Café cafe\u0301 x\u0301y \u0301lead 42nd x_y हिन्दी ⅻ"]
+    for low, high in _CJK_BLOCKS:
+        pieces.append(f"a{chr(low)}b {chr(high)}\u0301c{chr(low - 1)}D{chr(high + 1)}7 {chr(low)}{chr(high)}")
+    text = " ".join(pieces)
+    tokens = tokenize(text, "unicode")
+    assert tokens == _reference_unicode_words(text)
+    for low, high in _CJK_BLOCKS:  # each end of each block is a word of its own (NFC maps compatibility ones)
+        for code in (low, high):
+            assert unicodedata.normalize("NFC", chr(code)) in tokens
+    assert tokens[:8] == ["café", "café", "x\u0301y", "lead", "42nd", "x", "y", "हिन्दी"]

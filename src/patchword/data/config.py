@@ -22,9 +22,11 @@ class DataConfig:
     dense_train: str = ""  # laps: dense-caption jsonl of the train split (image order)
     dense_dev: str = ""  # laps: dense-caption jsonl of the dev split
     dense_test: str = ""  # laps: dense-caption jsonl of the test split
-    # laps / precomp: the most captions of one image where the files give one id (or feature row) per
-    # image (the official loaders hard-code 5): more captions per image are refused, since an ids or
-    # features file of only part of the images would shift every caption onto another image
+    # laps / precomp: the captions of each image where the files give one id (or feature row) per image
+    # (the official loaders hard-code 5), exactly: more or fewer are refused, since an ids or features file
+    # of only part of the images, or a captions file cut short, would shift every caption onto another
+    # image; as many distinct ids (or rows) as captions is one caption per image, so it needs 1 here.
+    # Ids or rows repeated per caption group the captions themselves (any count per image)
     captions_per_image: int = 5
     dev_from_train: int = 0  # real datasets: hold out this many training images (with their captions and
     # dense captions) as the dev split instead of reading dev_split; the SEPS release has no dev dense text

@@ -18,6 +18,7 @@ import numpy as np
 from patchword.data.split import RetrievalSplit
 from patchword.data.textfiles import (
     assemble_split,
+    captions_per_image_mismatch,
     first_repeat,
     line_origin,
     load_json,
@@ -69,16 +70,25 @@ def _unique_in_order(keys: Sequence[str]) -> tuple[list[str], np.ndarray, list[i
 
 
 def _caption_to_id_line(
-    n_caps: int, n_ids: int, caps_file: Path, ids_file: Path, captions_per_image: int
+    n_caps: int, id_lines: Sequence[str], caps_file: Path, ids_file: Path, captions_per_image: int | None
 ) -> np.ndarray:
     """(n_caps,) index of the ids-file line that gives each caption's image.
 
-    dev/test ids files repeat each id once per caption (same length as the captions); train files list each
-    image once and its ``im_div`` captions are consecutive, so caption ``i`` belongs to line ``i // im_div``.
-    ``im_div`` above ``captions_per_image`` (the official loaders hard-code 5) is refused: an ids file of
-    only part of the images would otherwise give each image other images' captions.
+    dev/test ids files repeat each id once per caption (same length as the captions, some id repeated):
+    the ids group the captions. Train files list each image once and its ``im_div = n_caps / n_ids``
+    captions are consecutive, so caption ``i`` belongs to line ``i // im_div``; ``im_div`` must be exactly
+    ``captions_per_image`` (the official loaders hard-code 5). More would let an ids file of only part of
+    the images give each image other images' captions; fewer, a captions file cut short at a multiple of
+    the image count. As many distinct ids as captions is the one-id-per-image layout with one caption
+    each (``captions_per_image=1``): with 5, it is 5 captions per image cut to one line per image.
+    ``captions_per_image=None`` checks no count (a caller that reads only the images).
+
+    Raises:
+        ValueError: a caption count that is not a whole multiple of the id count.
+        DataError: ``im_div != captions_per_image``, naming both files, the counts and the setting.
     """
-    if n_ids == n_caps:
+    n_ids = len(id_lines)
+    if n_ids == n_caps and (captions_per_image in (None, 1) or first_repeat(id_lines) is not None):
         return np.arange(n_caps, dtype=np.int64)
     if n_ids == 0 or n_ids > n_caps or n_caps % n_ids:
         raise ValueError(
@@ -86,11 +96,10 @@ def _caption_to_id_line(
             "or one id per image with the same whole number of consecutive captions per image"
         )
     im_div = n_caps // n_ids
-    if im_div > captions_per_image:
+    if captions_per_image is not None and im_div != captions_per_image:
         raise DataError(
-            f"{caps_file} has {n_caps} captions but {ids_file} has {n_ids} ids (one per image): {im_div} "
-            f"captions per image, more than data.captions_per_image={captions_per_image}; an ids file that "
-            "lists only part of the images would pair them with other images' captions"
+            f"{caps_file} has {n_caps} captions but {ids_file} has {n_ids} ids (one per image): "
+            + captions_per_image_mismatch(im_div, captions_per_image, "an ids file")
         )
     return np.arange(n_caps, dtype=np.int64) // im_div
 
@@ -163,14 +172,15 @@ def load_laps_split(
     dense_jsonl: PathLike | None = None,
     id_mapping: PathLike | Mapping[str, str] | None = None,
     check_images: bool = True,
-    captions_per_image: int = 5,
+    captions_per_image: int | None = 5,
 ) -> RetrievalSplit:
     """Load a split in the official LAPS / SEPS layout.
 
     ``data_dir`` holds ``{split}_caps.txt`` (one caption per line) and ``{split}_ids.txt``. The ids file
     either has one line per caption (dev/test: each id repeated 5x) or one line per image (train: each
-    image's ``im_div = n_caps / n_ids`` captions are consecutive, at most ``captions_per_image``, and every
-    line is a distinct image). Images are the distinct ids in order of first appearance.
+    image's ``im_div = n_caps / n_ids`` captions are consecutive, exactly ``captions_per_image``, and every
+    line is a distinct image; as many distinct ids as captions counts as one line per image). Images are
+    the distinct ids in order of first appearance.
 
     Args:
         data_dir: folder with the caption and id files (``data/f30k`` in the official repos).
@@ -182,8 +192,9 @@ def load_laps_split(
             defaults to ``data_dir/id_mapping.json``. COCO's mapping is not distributed with the repos, so
             without it (and without an image root) the ids themselves are used as image names.
         check_images: with an ``image_root``, raise if any image file is missing.
-        captions_per_image: the most captions of one image in the one-id-per-image layout
-            (``data.captions_per_image``; the official loaders hard-code 5); more are refused.
+        captions_per_image: the captions of each image in the one-id-per-image layout
+            (``data.captions_per_image``; the official loaders hard-code 5); more or fewer are refused.
+            ``None``: no count is checked, for a caller that reads only the images (densify).
 
     Returns:
         a split whose ``images`` are file paths (``image_root / name``), or the relative names / ids when
@@ -194,9 +205,7 @@ def load_laps_split(
     ids_file = data_dir / f"{split}_ids.txt"
     captions = read_lines(caps_file, "caption")
     id_lines = read_lines(ids_file, "image id")
-    line_of_caption = _caption_to_id_line(
-        len(captions), len(id_lines), caps_file, ids_file, captions_per_image
-    )
+    line_of_caption = _caption_to_id_line(len(captions), id_lines, caps_file, ids_file, captions_per_image)
     _check_one_line_per_image(id_lines, len(captions), ids_file)
     image_ids, line_to_image, first_lines = _unique_in_order(id_lines)
     names = _image_names(image_ids, first_lines, ids_file, data_dir, id_mapping, image_root)

@@ -14,12 +14,13 @@
 
 Captions map to images by SCAN's ``im_div`` rule generalised: with N_caps = c * N_img, caption k belongs
 to image k // c (official: c = 5 if N_img != N_caps else 1; any other count silently misaligns there and
-is an error here). More than ``data.captions_per_image`` (5) captions per feature row is refused unless
-ids repeated per caption confirm it: a features file of part of the images would shift every caption.
-With one feature row per caption (N_img = N_caps, SCAN's layout of repeated image features, whose
-``evalrank`` keeps every 5th row) each image's rows, recognised by ids repeated in runs or by rows that are
-copies in runs, are read as one row (logged). COCO's ``testall`` (5000 images) is read like any split;
-``eval.coco_1k=true`` reports the five 1K folds.
+is an error here). Unless ids (or feature rows) repeated per caption confirm the grouping, c must be
+exactly ``data.captions_per_image`` (5): more means features of part of the images, fewer a captions file
+cut short, either shifting every caption; as many distinct rows as captions is one caption per image only
+with ``data.captions_per_image=1``. With one feature row per caption (N_img = N_caps, SCAN's layout of
+repeated image features, whose ``evalrank`` keeps every 5th row) each image's rows, recognised by ids
+repeated in runs or by rows that are copies in runs, are read as one row (logged). COCO's ``testall``
+(5000 images) is read like any split; ``eval.coco_1k=true`` reports the five 1K folds.
 
 Synthetic region features for the embedded scenes live in :mod:`patchword.data.synthetic.regions`.
 
@@ -39,7 +40,7 @@ import torch
 
 from patchword.data.npy import load_npy
 from patchword.data.split import RetrievalSplit
-from patchword.data.textfiles import first_repeat, line_origin, read_lines
+from patchword.data.textfiles import captions_per_image_mismatch, first_repeat, line_origin, read_lines
 from patchword.fileio import atomic_write, atomic_write_text, staging_dir, staging_dirs
 
 __all__ = [
@@ -160,9 +161,9 @@ def load_precomp_split(
         split: the split name as the files spell it (``train``, ``dev``, ``test``, ``testall``).
         mmap: memory-map the features (read-only) instead of loading them.
         check_finite: scan the features for NaN / inf (in chunks) and fail naming the first bad row.
-        captions_per_image: the most captions an image has (``data.captions_per_image``; SCAN: 5). Without
-            ids that repeat per caption, more captions per feature row than this are refused: the
-            features would cover only part of the images.
+        captions_per_image: the captions of each image (``data.captions_per_image``; SCAN: 5). Without
+            ids or rows that repeat per caption, more or fewer captions per feature row are refused: the
+            features would cover only part of the images, or the captions file was cut short.
 
     Returns:
         A :class:`RetrievalSplit` whose ``images`` is the (N_img, R, D) feature array; wrap it in
@@ -170,9 +171,9 @@ def load_precomp_split(
 
     Raises:
         FileNotFoundError: a required file is missing.
-        DataError: a features file that is not a .npy array (text, a pickle) or is truncated; more than
-            ``captions_per_image`` captions per image; a repeated image id; one row per caption whose runs
-            are not copies.
+        DataError: a features file that is not a .npy array (text, a pickle) or is truncated; other than
+            ``captions_per_image`` captions per image (without ids or rows repeated per caption); a
+            repeated image id; one row per caption whose runs are not copies.
         ValueError: features that are not a float (N, R, D) array, an empty caption, or a caption count
             that is not a multiple of the image count (named with both numbers).
     """
@@ -215,13 +216,12 @@ def load_precomp_split(
     per_image = n_caps // n_img
     if ids is not None and len(ids) == n_caps and per_image > 1:
         ids = _ids_per_caption_to_images(ids, per_image, ids_path)
-    elif per_image > captions_per_image and not grouped:
-        # More captions per image than the dataset has: the features (or ids) cover only part of the images.
+    elif per_image != captions_per_image and not grouped:
+        # features (or ids) of part of the images, or a captions file cut short: every caption would move
         listed = f" and {ids_path.name} lists {len(ids)} ids" if ids is not None else ""
         raise DataError(
-            f"{caps_path}: {n_caps} captions for {n_img} images in {ims_path.name}{listed}: {per_image} "
-            f"captions per image, more than data.captions_per_image={captions_per_image}; a features file "
-            "that covers only part of the images would pair them with other images' captions"
+            f"{caps_path}: {n_caps} captions for {n_img} images in {ims_path.name}{listed}: "
+            + captions_per_image_mismatch(per_image, captions_per_image, "a features file")
         )
     image_ids = [str(i) for i in range(n_img)]
     if ids is not None:
@@ -274,11 +274,11 @@ def _one_row_per_image(
     """
     n = feats.shape[0]
     if ids is not None:
-        if len(ids) != n or all(ids[k] != ids[k - 1] for k in range(1, n)):
-            return feats, ids  # one id per image (repeats refused by the caller), or counts refused there
-        per_image = _run_length(ids)
-        if per_image is None:
-            return feats, ids  # not runs of one length: the caller refuses the repeated id, naming the lines
+        per_image = _run_length(ids) if len(ids) == n else None
+        if per_image in (None, 1):
+            # counts refused by the caller; one id per image (repeats refused by the caller); or runs of
+            # several lengths: the caller refuses the repeated id, naming the lines
+            return feats, ids
         image_ids = _ids_per_caption_to_images(ids, per_image, ids_path)
         source = f"{ids_path.name} repeats each id on {per_image} lines"
     else:
@@ -300,10 +300,11 @@ def _one_row_per_image(
 
 
 def _run_length(ids: list[str]) -> int | None:
-    """The length every run of equal consecutive ids has, or None when the runs differ in length."""
+    """The length every run of equal consecutive ids has (1: no id repeats its neighbour), or None when the
+    runs differ in length (one scan)."""
     starts = [k for k in range(len(ids)) if k == 0 or ids[k] != ids[k - 1]]
     lengths = {b - a for a, b in zip(starts, [*starts[1:], len(ids)], strict=True)}
-    return lengths.pop() if len(lengths) == 1 and len(ids) % len(starts) == 0 else None
+    return lengths.pop() if len(lengths) == 1 else None
 
 
 def _check_runs_are_copies(feats: np.ndarray, per_image: int, ims_path: Path, chunk: int = 1024) -> None:

@@ -30,6 +30,7 @@ __all__ = [
     "assemble_split",
     "first_repeat",
     "line_origin",
+    "captions_per_image_mismatch",
 ]
 
 logger = logging.getLogger(__name__)
@@ -276,6 +277,25 @@ def first_repeat(items: Sequence[str]) -> tuple[int, int] | None:
             return first[item], j
         first[item] = j
     return None
+
+
+def captions_per_image_mismatch(per_image: int, captions_per_image: int, partial: str) -> str:
+    """Why a split with one id (or feature row) per image and ``per_image`` captions each is refused when
+    ``per_image != captions_per_image`` (``data.captions_per_image``), and the setting that accepts it.
+
+    Args:
+        partial: the file that may hold only part of the images (``"an ids file"``).
+    """
+    if per_image > captions_per_image:
+        more = "more"
+        why = f"{partial} of only part of the images would pair them with other images' captions"
+    else:
+        more, why = "fewer", "a captions file cut short would move captions onto other images"
+    captions = f"{per_image} caption{'s' if per_image > 1 else ''}"
+    return (
+        f"{captions} per image, {more} than data.captions_per_image={captions_per_image}; {why}; set "
+        f"data.captions_per_image={per_image} if each image has {captions}"
+    )
 
 
 def line_origin(path: PathLike, count: int) -> TextOrigin:

@@ -210,7 +210,8 @@ def images_from_laps(
     from patchword.data.laps import load_laps_split
 
     image_root = Path(data_root if image_root is None else image_root).expanduser()
-    laps = load_laps_split(data_root, split, image_root, check_images=False)
+    # densify reads only the images: no caption count is checked (densify has no data.* settings)
+    laps = load_laps_split(data_root, split, image_root, check_images=False, captions_per_image=None)
     items = [
         ImageItem(str(image_id), _file_name(Path(path), image_root), Path(path))
         for image_id, path in zip(laps.image_ids, laps.images, strict=True)
