@@ -115,7 +115,8 @@ def write_index(
     from patchword.runs import load_run
     from patchword.search.codecs import TokenCodec
     from patchword.search.identity import model_identity
-    from patchword.search.store import Entry, Manifest, save_npy_atomic, shard_files
+    from patchword.search.manifest import Entry, Manifest
+    from patchword.search.shards import save_npy_atomic, shard_files
 
     if (index_dir / "bench_build.json").is_file():
         return json.loads((index_dir / "bench_build.json").read_text())

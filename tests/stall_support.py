@@ -147,7 +147,7 @@ def _hash_save(marker: Path, point: dict) -> None:
 
 
 def _index_manifest(marker: Path, point: dict) -> None:
-    from patchword.search.store import Manifest
+    from patchword.search.manifest import Manifest
 
     original = Manifest.write
 

@@ -13,9 +13,9 @@ For each command a user runs for long (train, eval, index build, densify, hash t
 
 Writes reach the disk through ``patchword.fileio`` (atomic replace, or append + fsync), so the fault is
 injected at ``os.fsync``: the n-th call and every later one fail, as on a disk that stays full. The index's
-shard arrays are written with ``os.write`` (:func:`patchword.search.store.write_npy`), where a disk that fills
-in the middle of a write is injected too (:func:`short_writes_from`), and a real short write is made by a
-file size limit.
+shard arrays are written with ``os.write`` (:func:`patchword.search.shards.write_npy`), where a disk that
+fills in the middle of a write is injected too (:func:`short_writes_from`), and a real short write is made by
+a file size limit.
 """
 
 from __future__ import annotations
@@ -404,7 +404,7 @@ def index_env(tmp_path_factory):
 
 
 def _same_index(a: Path, b: Path) -> None:
-    from patchword.search.store import Manifest
+    from patchword.search.manifest import Manifest
 
     assert Manifest.read(a) == Manifest.read(b)
     assert snapshot(a / "shards") == snapshot(b / "shards")
@@ -436,7 +436,8 @@ def test_index_build_disk_full_in_the_middle_of_every_shard_write_names_the_file
     """A shard array is written with ``os.write`` until every byte is on disk: a write the full disk cuts
     short, then ENOSPC, is one line naming the shard file and the errno (``np.save``'s ``tofile`` said only
     "266240 requested and 244704 written"), and the same command then resumes to the same index."""
-    from patchword.search.store import Manifest, broken_shards
+    from patchword.search.manifest import Manifest
+    from patchword.search.store import broken_shards
 
     base, root = index_env
     cut: dict[str, str] = {}
@@ -492,7 +493,7 @@ def test_index_build_a_real_short_write_names_the_shard_and_the_errno(index_env,
 
 
 def test_index_build_sigkilled_at_a_random_shard_resumes_to_the_same_index(index_env, tmp_path):
-    from patchword.search.store import Manifest
+    from patchword.search.manifest import Manifest
 
     base, root = index_env
     out = tmp_path / "killed"

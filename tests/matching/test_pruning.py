@@ -20,9 +20,10 @@ from patchword.eval.engine.core import prepare_inputs
 from patchword.eval.engine.seps import SEPSEngine
 from patchword.matching.ops import l2norm
 from patchword.search.index import build_index
+from patchword.search.manifest import Manifest
 from patchword.search.pruning import kept_patches, prune_patches
 from patchword.search.query import Searcher
-from patchword.search.store import Manifest, SearchIndex
+from patchword.search.store import SearchIndex
 from patchword.testing.seps_independent import SEPSOptions, independent_seps_scores
 from search_support import caption_queries, killed_after_shards
 

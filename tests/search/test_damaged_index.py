@@ -18,8 +18,9 @@ from conftest import one_error_line
 from patchword.cli.search import main_index, main_search
 from patchword.errors import DataError
 from patchword.search.index import build_index
+from patchword.search.manifest import Manifest
 from patchword.search.query import Searcher
-from patchword.search.store import Manifest, SearchIndex
+from patchword.search.store import SearchIndex
 from search_support import caption_queries
 
 pytestmark = pytest.mark.usefixtures("one_thread")

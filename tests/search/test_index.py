@@ -20,9 +20,10 @@ from patchword.errors import DataError, RunExistsError
 from patchword.runs import load_run
 from patchword.search import encode as encode_module
 from patchword.search.index import IndexMismatchError, build_index
+from patchword.search.manifest import Manifest
 from patchword.search.query import Searcher
 from patchword.search.scan import scan_images
-from patchword.search.store import Manifest, SearchIndex
+from patchword.search.store import SearchIndex
 from search_support import killed_after_shards
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -15,7 +15,9 @@ import pytest
 from patchword.cli.search import main_index
 from patchword.errors import RunExistsError
 from patchword.search.index import build_index
-from patchword.search.store import MANIFEST_FILE, SHARDS_DIR, Manifest, SearchIndex
+from patchword.search.manifest import MANIFEST_FILE, Manifest
+from patchword.search.shards import SHARDS_DIR
+from patchword.search.store import SearchIndex
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import one_error_line
 from patchword.cli.search import main_search
-from patchword.search.query import QueryError, check_query_text
+from patchword.search.results import QueryError, check_query_text
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -17,7 +17,8 @@ from patchword.eval.two_stage import faiss_available
 from patchword.matching import build_matcher
 from patchword.matching.ops import length_mask
 from patchword.search.explain import explain_pair
-from patchword.search.query import QueryError, Searcher
+from patchword.search.query import Searcher
+from patchword.search.results import QueryError
 from patchword.search.store import SearchIndex
 from search_support import (
     assert_ranked_as,

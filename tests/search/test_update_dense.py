@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from patchword.search.index import build_index
+from patchword.search.manifest import MANIFEST_FILE, Manifest
 from patchword.search.query import Searcher
-from patchword.search.store import MANIFEST_FILE, Manifest, SearchIndex
+from patchword.search.store import SearchIndex
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

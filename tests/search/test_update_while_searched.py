@@ -16,15 +16,17 @@ from conftest import one_error_line
 from patchword.cli.search import main_index
 from patchword.errors import DataError, RunExistsError
 from patchword.search import index as index_module
+from patchword.search import store as store_module
 from patchword.search.index import build_index
+from patchword.search.manifest import MANIFEST_FILE, Manifest
 from patchword.search.query import Searcher
-from patchword.search.store import MANIFEST_FILE, Manifest, SearchIndex
+from patchword.search.store import REPAIR_HINT, SearchIndex
 from search_support import killed_after_shards
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 ARGS = {"shard_size": 4, "batch_size": 4}
-# store.PENDING_FILE and store.LOCK_FILE, spelt out: what a user sees in the index directory
+# manifest.PENDING_FILE and manifest.LOCK_FILE, spelt out: what a user sees in the index directory
 PENDING_FILE, LOCK_FILE = "manifest.pending.json", ".build.lock"
 
 
@@ -164,3 +166,58 @@ def test_a_lock_file_left_by_a_killed_first_build_does_not_refuse_the_rerun(env,
     (out / LOCK_FILE).touch()  # a kill -9 takes the lock away, not its file
     report = build_index(env.run, folder, out, **ARGS)
     assert report.added == 3 and sorted(p.name for p in out.iterdir()) == [MANIFEST_FILE, "shards"]
+
+
+def test_an_open_that_read_the_manifest_an_update_then_replaced_opens_the_new_index(
+    env, tmp_path, monkeypatch
+):
+    """The race of a search (or a server start) with the end of an update: the search reads manifest.json,
+    the update replaces it and deletes the shards it compacted away, the search opens a shard file the
+    manifest it read names. Old code failed the search: "shard file 00000.global.npy is missing". Here the
+    whole update runs at that instant: when the reader asks for its first shard's files."""
+    out = tmp_path / "idx"
+    folder, names = _half_then_all(env, tmp_path, out)  # 12 images indexed in shards 0-2, 12 more added
+    for name in names[:8]:  # 8 of the 12 indexed images deleted: 8 dead rows of 24, the update compacts
+        (folder / name).unlink()
+    old_shards = [s["id"] for s in Manifest.read(out).shards]
+    real_files, updates = store_module.shard_files, []
+
+    def update_then_files(index_dir, shard_id):
+        monkeypatch.setattr(store_module, "shard_files", real_files)  # the update's own reads are plain
+        updates.append(
+            build_index(env.run, folder, out, dense=env.export.files["dense"], update=True, **ARGS)
+        )
+        return real_files(index_dir, shard_id)
+
+    monkeypatch.setattr(store_module, "shard_files", update_then_files)
+    searcher = Searcher.open(out)
+    assert len(updates) == 1 and updates[0].compacted
+    assert not any((out / "shards" / f"{i:05d}.global.npy").exists() for i in old_shards)
+    fresh = Searcher(SearchIndex.open(out), env.run)
+    assert searcher.index.manifest == fresh.index.manifest and len(searcher) == 16
+    for caption in env.export.files["caps"].read_text().splitlines()[:3]:
+        assert searcher.search(caption, k=16).hits == fresh.search(caption, k=16).hits
+
+
+def test_a_shard_missing_under_an_unchanged_manifest_is_still_the_clear_error(env, tmp_path, monkeypatch):
+    out = Path(shutil.copytree(env.index_dir, tmp_path / "idx"))
+    (out / "shards" / "00001.tokens.npy").unlink()
+    with pytest.raises(DataError) as err:
+        SearchIndex.open(out)
+    assert str(err.value) == f"{out}: shard file 00001.tokens.npy is missing; {REPAIR_HINT}"
+    # deleted between the manifest's read and the shard's: the manifest unchanged, no second try helps
+    real_files, calls = store_module.shard_files, []
+
+    def files_then_delete(index_dir, shard_id):
+        calls.append(shard_id)
+        files = real_files(index_dir, shard_id)
+        if shard_id == 0:
+            files["global"].unlink()
+        return files
+
+    shutil.copy2(env.index_dir / "shards" / "00001.tokens.npy", out / "shards")
+    monkeypatch.setattr(store_module, "shard_files", files_then_delete)
+    with pytest.raises(DataError) as err:
+        SearchIndex.open(out)
+    assert str(err.value) == f"{out}: shard file 00000.global.npy is missing; {REPAIR_HINT}"
+    assert calls == [0]  # no second try

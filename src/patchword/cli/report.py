@@ -54,7 +54,7 @@ def _read_files(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
     sweeps' ``sweep.json``, the ``--index`` manifests and ``--gallery`` files."""
     from patchword.experiments.sweep import SWEEP_FILE
     from patchword.runs.files import CONFIG_FILE
-    from patchword.search.store import MANIFEST_FILE
+    from patchword.search.manifest import MANIFEST_FILE
 
     sweeps = [p / SWEEP_FILE for p in args.paths if (p / SWEEP_FILE).is_file()]
     runs = [*args.paths, *(c.parent for sweep in sweeps for c in sweep.parent.rglob(CONFIG_FILE))]
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> None:
     from patchword.experiments.report import write_report
     from patchword.fileio import check_output_file
     from patchword.runs.load import refuse_run_output
-    from patchword.search.store import MANIFEST_FILE
+    from patchword.search.manifest import MANIFEST_FILE
 
     # all of them before any work: a figure the user keeps under one of these names is theirs too; a file
     # the report reads (a run's summary.json, checkpoint or config) is never one, --force or not

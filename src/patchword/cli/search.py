@@ -189,7 +189,7 @@ def main_search(argv: list[str] | None = None) -> int:
     or with control characters is an error, exit code 2)."""
     args = _search_parser().parse_args(argv)
     _logging(args.verbose)
-    from patchword.search.query import check_query_text
+    from patchword.search.results import check_query_text
 
     try:
         if args.k < 1:

@@ -1,17 +1,21 @@
 """Search your own images: an index of a folder, two-stage text search, and explanations of a match.
 
 - :mod:`.scan`: find the images under a folder by content;
-- :mod:`.store`: the on-disk index (manifest + memory-mappable shards) and :class:`SearchIndex`;
+- :mod:`.manifest`: the on-disk index format and its manifest; :mod:`.shards`: the shard files
+  (memory-mappable ``.npy`` arrays);
+- :mod:`.store`: :class:`SearchIndex`, the reader of an index;
 - :mod:`.checks`: what the readers can use of a manifest's fields and of the shard arrays;
 - :mod:`.index`: :func:`build_index` (build, ``update``, resume) and the model-identity check;
-- :mod:`.query`: :class:`Searcher` (global shortlist, fine re-ranking);
+- :mod:`.query`: :class:`Searcher` (global shortlist, fine re-ranking); :mod:`.results`: the query's checks
+  and what a search answers;
 - :mod:`.explain`: kept patches and word-to-patch attention of one (query, image) pair;
 - :mod:`.cli`: ``patchword index build`` and ``patchword search``.
 """
 
 from patchword.search.explain import Explanation, explain_pair
 from patchword.search.index import BuildReport, IndexMismatchError, build_index
-from patchword.search.query import QueryError, Searcher, SearchHit, SearchResult
+from patchword.search.query import Searcher
+from patchword.search.results import QueryError, SearchHit, SearchResult
 from patchword.search.scan import ScanResult, scan_images
 from patchword.search.store import SearchIndex
 

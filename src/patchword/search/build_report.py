@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from patchword.search.manifest import MANIFEST_FILE
 from patchword.search.scan import SkippedFile
-from patchword.search.store import MANIFEST_FILE
 
 __all__ = ["BuildReport", "no_images_message", "nothing_indexed_message"]
 

@@ -1,8 +1,9 @@
 """What an index's readers can use: the fields of a manifest and the shapes and values of its shard arrays.
 
 A hand-edited or damaged manifest, or a shard array of the wrong shape or with impossible values, would fail
-deep inside a search (an ``IndexError``, a ``ValueError`` naming no file); :mod:`patchword.search.store`
-checks each when it reads the manifest or opens the shards, with these functions, and names the file. They
+deep inside a search (an ``IndexError``, a ``ValueError`` naming no file); :mod:`patchword.search.manifest`
+and :mod:`patchword.search.store` check each when they read the manifest or open the shards, with these
+functions, and name the file. They
 read no file themselves.
 """
 
@@ -16,7 +17,7 @@ import numpy as np
 from patchword.search.codecs import STORES, TokenCodec
 
 if TYPE_CHECKING:
-    from patchword.search.store import Manifest
+    from patchword.search.manifest import Manifest
 
 __all__ = [
     "DENSE_STORES",

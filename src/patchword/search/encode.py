@@ -7,9 +7,10 @@ its signature, never an exception. :func:`write_shard` writes one shard's arrays
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 
 from patchword.data.images import load_image
-from patchword.data.tokenizers import NoWordsError
+from patchword.data.tokenizers import BertCaptionTokenizer, NoWordsError, TextTokenizer, WordVocab, tokenize
 from patchword.errors import DataError, MissingFileError, describe_os_error
 from patchword.eval.engine.base import ScoringEngine
 from patchword.matching.ops import length_mask
@@ -26,16 +27,18 @@ from patchword.runs import LoadedRun
 from patchword.search.codecs import TokenCodec
 from patchword.search.pruning import PrunedTokens, prune_patches
 from patchword.search.scan import ImageFile, SkippedFile
-from patchword.search.store import save_npy_atomic, shard_files
+from patchword.search.shards import save_npy_atomic, shard_files
 
 __all__ = [
     "DenseCaptions",
     "EncodedShard",
     "ShardEncoder",
+    "check_dense_words",
     "codec_sample",
     "dense_scores",
     "prune_shard",
     "read_dense_file",
+    "word_split",
     "write_shard",
 ]
 
@@ -96,6 +99,53 @@ def read_dense_file(path: str | os.PathLike[str]) -> DenseCaptions:
     except OSError as err:  # unreadable (permissions, an I/O error): the file is what the user fixes
         raise DataError(f"--dense: cannot read {describe_os_error(err)}") from err
     return texts
+
+
+def word_split(tokenizer: TextTokenizer) -> Callable[[str], list]:
+    """The part of ``tokenizer``'s encoding that decides whether a text has no words (``NoWordsError``):
+    the word vocabulary's split (:func:`~patchword.data.tokenizers.tokenize` with its ``split``: ``!!!``
+    has no alphanumeric word), BERT's basic tokenisation (punctuation is a token; only whitespace, control
+    and replacement characters leave none), without the rest (WordPiece, ids, tensors). For another
+    tokenizer, its whole encoding of the text (exact, not cheaper). Texts with no words give ``[]``."""
+    if isinstance(tokenizer, WordVocab):
+        return functools.partial(tokenize, split=tokenizer.split)
+    if isinstance(tokenizer, BertCaptionTokenizer):
+        return tokenizer.basic_tokens
+
+    def encoded(text: str) -> list:
+        try:
+            return tokenizer.batch_encode([text])[0][0].tolist()
+        except NoWordsError:
+            return []
+
+    return encoded
+
+
+def _no_words(captions: dict[str, str], file: str, err: NoWordsError) -> DataError:
+    """The error for the dense caption of image ``file`` the tokenizer finds no word in, naming its line."""
+    where = captions.place(file) if isinstance(captions, DenseCaptions) else "dense captions"
+    return DataError(
+        f"{where}: the dense caption of image {file} {err.text!r} has {err.reason}; reword or remove it"
+    )
+
+
+def check_dense_words(tokenizer: TextTokenizer, captions: dict[str, str], files: Iterable[str]) -> None:
+    """Refuse a dense caption of the image ``files`` (keys of ``captions``) that ``tokenizer`` finds no word
+    in, before any is encoded: a build that met it in its last shard would stop after writing the others.
+    Runs the word split alone (:func:`word_split`), the tokenizer's own encoding only for a caption it
+    finds empty (its reason goes in the message).
+
+    Raises:
+        DataError: ``FILE:LINE`` of the first such caption (in ``files`` order) and its image.
+    """
+    split = word_split(tokenizer)
+    for file in files:
+        if split(captions[file]):
+            continue
+        try:
+            tokenizer.batch_encode([captions[file]])
+        except NoWordsError as err:
+            raise _no_words(captions, file, err) from err
 
 
 @dataclass
@@ -159,22 +209,12 @@ class ShardEncoder:
         return out
 
     def _encode_dense(self, files: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The dense captions of the image ``files`` encoded: ((B, L, C) tokens, (B,) lengths).
-
-        Raises:
-            DataError: a caption the tokenizer finds no word in, naming its line and its image.
+        """The dense captions of the image ``files`` encoded: ((B, L, C) tokens, (B,) lengths). Each has
+        words: :func:`check_dense_words` refused the build otherwise, before the first shard.
         """
         run, captions = self.run, self.dense_texts
         texts = [captions[file] for file in files]
-        try:
-            ids, lens = run.tokenizer.batch_encode(texts, max_len=run.config.data.max_dense_len)
-        except NoWordsError as err:  # batch_encode numbers the texts: err.index is the image's
-            file = files[err.index]
-            where = captions.place(file) if isinstance(captions, DenseCaptions) else "dense captions"
-            raise DataError(
-                f"{where}: the dense caption of image {file} {err.text!r} has {err.reason}; reword or "
-                "remove it"
-            ) from err
+        ids, lens = run.tokenizer.batch_encode(texts, max_len=run.config.data.max_dense_len)
         tokens = run.model.encode_texts(ids.to(run.device), lens.to(run.device)).float().cpu()
         return tokens, lens
 

@@ -4,7 +4,7 @@ Each image is decoded once (threads), encoded in batches by the run's image enco
 L2-normalised global embedding (the first search stage) and its projected image tokens (what the fine
 matcher re-scores); with a dense-caption file, each image's dense tokens too (SEPS reads them). Images
 are processed in shards in path order; after each shard the shard files and then the manifest are
-written atomically (:mod:`patchword.search.store`), so a build killed at any moment resumes where it
+written atomically (:mod:`patchword.search.manifest`), so a build killed at any moment resumes where it
 stopped and finishes with the same index an uninterrupted build writes.
 
 ``update=True`` rescans the folder: files whose size and mtime are unchanged keep their vectors, new and
@@ -37,9 +37,11 @@ from patchword.locks import removable_lock
 from patchword.progress import progress_bar
 from patchword.runs import LoadedRun, load_run
 from patchword.search.build_report import BuildReport, no_images_message, nothing_indexed_message
+from patchword.search.checks import DENSE_STORES
 from patchword.search.codecs import PQ_MIN_TOKENS, TokenCodec, check_store, load_codec, make_codec
 from patchword.search.encode import (
     ShardEncoder,
+    check_dense_words,
     codec_sample,
     dense_scores,
     prune_shard,
@@ -48,20 +50,19 @@ from patchword.search.encode import (
 )
 from patchword.search.identity import IndexMismatchError, check_index_model, model_identity, weights_sha256
 from patchword.search.maintenance import COMPACT_DEAD_FRACTION, compact, drop_broken_shards, remove_orphans
-from patchword.search.pruning import pruning_record
-from patchword.search.query import fine_matcher
-from patchword.search.scan import ImageFile, SkippedFile, check_image_folder, scan_images
-from patchword.search.store import (
-    DENSE_STORES,
+from patchword.search.manifest import (
     DTYPES,
     LOCK_FILE,
     MANIFEST_FILE,
     PENDING_FILE,
-    SHARDS_DIR,
     Entry,
     Manifest,
     caption_digest,
 )
+from patchword.search.pruning import pruning_record
+from patchword.search.query import fine_matcher
+from patchword.search.scan import ImageFile, SkippedFile, check_image_folder, scan_images
+from patchword.search.shards import SHARDS_DIR
 
 __all__ = [
     "BuildReport",
@@ -336,7 +337,8 @@ def build_index(
         MissingFileError: no ``images`` folder, ``dense`` file, run or checkpoint.
         DataError: ``images`` holds no image, or none that can be indexed (every one fails to decode or has
             no dense caption: no index is left, an updated one is put back as it was); a ``dense`` file that
-            cannot be read; a manifest in ``index_dir`` that cannot be read.
+            cannot be read, or with a caption to encode that the run's tokenizer finds no word in (its
+            ``FILE:LINE``); a manifest in ``index_dir`` that cannot be read.
         ConfigError: a value out of its range (``--batch-size``, ``--shard-size``, ``--workers``,
             ``--pq-bytes``, ``--keep-patches``...), ``--out`` where no index can be written, ``--images`` /
             ``--fp16`` / ``--dense`` disagreeing with the existing index, or a model that cannot read images.
@@ -452,6 +454,8 @@ def build_index(
     if not kept and not todo:  # an index of no image: every later search would refuse it
         flag = "--dense" if uncaptioned else "--images"
         raise DataError(nothing_indexed_message(flag, images_root, skipped, "nothing was written"))
+    if dense_texts is not None:  # a caption without words met in the last shard stopped a build part-way
+        check_dense_words(run.tokenizer, dense_texts, [f.path for f in todo])
     if codec is None and manifest.dtype == "pq" and todo:
         _check_pq_sample(identity, min(len(todo), shard_size), dense_texts is not None and not store_scores)
 

@@ -10,17 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from patchword.fileio import remove_stale_temps
-from patchword.search.store import (
-    MANIFEST_FILE,
-    PENDING_FILE,
-    SHARDS_DIR,
-    Manifest,
-    SearchIndex,
-    broken_shards,
-    save_npy_atomic,
-    shard_arrays,
-    shard_files,
-)
+from patchword.search.manifest import MANIFEST_FILE, PENDING_FILE, Manifest
+from patchword.search.shards import SHARDS_DIR, save_npy_atomic, shard_arrays, shard_files
+from patchword.search.store import SearchIndex, broken_shards
 
 __all__ = ["COMPACT_DEAD_FRACTION", "compact", "drop_broken_shards", "remove_orphans"]
 

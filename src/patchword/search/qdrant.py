@@ -12,10 +12,11 @@ backend (tested).
 ``patchword index build ... --qdrant PATH_OR_URL`` builds the local index as usual (its shards are the
 resumable staging area), then uploads every entry (idempotent: a rerun uploads again, overwriting by id) and
 records the collection in ``INDEX_DIR/qdrant.json``: where (an embedded store's directory as an absolute
-path), how many points and which version of the index it holds (:func:`~patchword.search.store.rows_digest`:
-point ids are index ids). The record is removed before the collection is replaced and written once every
-point is in, so an upload stopped part-way leaves none. ``patchword search`` / ``serve`` read that file and
-take vectors from Qdrant: the index directory a server needs is then the manifest and ``qdrant.json`` only.
+path), how many points and which version of the index it holds
+(:func:`~patchword.search.manifest.rows_digest`: point ids are index ids). The record is removed before the
+collection is replaced and written once every point is in, so an upload stopped part-way leaves none.
+``patchword search`` / ``serve`` read that file and take vectors from Qdrant: the index directory a server
+needs is then the manifest and ``qdrant.json`` only.
 An index updated since its upload, or a collection holding another number of points, is refused there,
 naming the command that uploads it again.
 """
@@ -32,7 +33,8 @@ import torch
 
 from patchword.errors import ConfigError, DataError, MissingExtraError, MissingFileError
 from patchword.fileio import atomic_write_text
-from patchword.search.store import IndexEntries, Manifest, SearchIndex, rows_digest, unfinished_build
+from patchword.search.manifest import Manifest, rows_digest, unfinished_build
+from patchword.search.store import IndexEntries, SearchIndex
 
 __all__ = ["QDRANT_FILE", "connect", "upload_index", "QdrantIndex"]
 

@@ -15,7 +15,10 @@ This is :func:`~patchword.eval.two_stage.two_stage_scores` for one caption query
 the one the library computes for the same tokens (tested). A :class:`Searcher` is safe to call from several
 threads at once: it keeps no per-query state, and each call builds its own scoring engine.
 
-Over 400 lines: the searcher: the first stage, the re-ranking and the query checks of one request.
+What a search is asked and answers (the query's text checks, the hits) is :mod:`patchword.search.results`.
+
+Over 400 lines: the searcher: the first stage, the re-ranking, the query's encoding and the damage checks of
+one request.
 """
 
 from __future__ import annotations
@@ -24,15 +27,13 @@ import logging
 import math
 import os
 import time
-import unicodedata
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from patchword.encoders.base import EncoderBase
-from patchword.errors import DataError, MissingFileError
+from patchword.errors import MissingFileError
 from patchword.eval.engine.core import engine_for, prepare_inputs
 from patchword.eval.engine.memory import budget_bytes
 from patchword.eval.two_stage import APPROXIMATE_BACKENDS, GlobalIndex, faiss_available
@@ -40,24 +41,14 @@ from patchword.matching.base import Matcher
 from patchword.runs import LoadedRun, load_run
 from patchword.search.explain import explain_pair
 from patchword.search.identity import check_index_model, model_identity
-from patchword.search.store import REPAIR_HINT, DamagedIndexError, SearchIndex, rows_digest
+from patchword.search.manifest import rows_digest
+from patchword.search.results import Query, QueryError, SearchHit, SearchResult, check_query_text, quote_words
+from patchword.search.store import REPAIR_HINT, DamagedIndexError, SearchIndex
 
 if TYPE_CHECKING:
     from patchword.search.explain import Explanation
 
-__all__ = [
-    "APPROXIMATE_ABOVE",
-    "fine_matcher",
-    "DEFAULT_SHORTLIST",
-    "QueryError",
-    "Query",
-    "check_query_text",
-    "truncation_warning",
-    "SearchHit",
-    "SearchResult",
-    "Searcher",
-    "unknown_words_warning",
-]
+__all__ = ["APPROXIMATE_ABOVE", "fine_matcher", "DEFAULT_SHORTLIST", "Searcher"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,139 +65,6 @@ def fine_matcher(matcher: Matcher) -> Matcher:
     """The matcher a search re-ranks with: the fine stage of the matcher's two-stage plan, or itself."""
     plan = matcher.two_stage_plan()
     return plan.fine if plan is not None else matcher
-
-
-class QueryError(DataError):
-    """A query the model cannot read: empty, with control characters, no word at all, or no word the
-    model's vocabulary knows (``unknown_words`` then names them)."""
-
-    def __init__(self, message: str, unknown_words: list[str] | None = None) -> None:
-        super().__init__(message)
-        self.unknown_words = list(unknown_words or [])
-
-
-def check_query_text(text: str, what: str = "the query") -> None:
-    """Refuse a query holding control characters (C0 such as newline, tab, CR or NUL; DEL; C1): a query is
-    one line of text, and a control character in it is a pasting or encoding accident (or an attempt to
-    forge log lines), never something a caption means. Accents, CJK, emoji and other printable text pass.
-
-    A lone surrogate (``U+DC80``-``U+DCFF``: how Python decodes command-line bytes that are not UTF-8) is
-    refused too: it is not text, and printing it back would write invalid UTF-8.
-
-    Raises:
-        QueryError: naming the first control characters (or surrogates) by code point (``U+000A``) and
-            position.
-    """
-    surrogates = [(i, c) for i, c in enumerate(text) if unicodedata.category(c) == "Cs"]
-    if surrogates:
-        raise QueryError(
-            f"{what} is not valid UTF-8 text ({_named(surrogates)}: bytes the text's encoding cannot decode)"
-        )
-    found = [(i, c) for i, c in enumerate(text) if unicodedata.category(c) == "Cc"]
-    if found:
-        raise QueryError(
-            f"{what} contains control characters ({_named(found)}): a query is one line of printable text"
-        )
-
-
-def _named(found: list[tuple[int, str]]) -> str:
-    """The first three ``(position, character)`` by code point and position (``U+000A at character 4``):
-    printing the characters themselves would break the one-line error they go into."""
-    named = ", ".join(f"U+{ord(c):04X} at character {i + 1}" for i, c in found[:3])
-    return named + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-
-
-def _quoted(words: list[str]) -> str:
-    return ", ".join(repr(w) for w in words)
-
-
-def unknown_words_warning(words: list[str]) -> str:
-    """The warning a result carries when some query words are unknown: they are encoded as the unknown
-    token, which tells the model nothing about them."""
-    return f"the model does not know {_quoted(words)}: the results rest on the other words of the query"
-
-
-def truncation_warning(dropped: int, max_tokens: int) -> str:
-    """The warning a result carries when the query is longer than the model reads: its last ``dropped``
-    words were left out."""
-    return (
-        f"the query is longer than the {max_tokens} tokens the model reads (data.max_caption_len): its last "
-        f"{dropped} words were left out"
-    )
-
-
-@dataclass
-class Query:
-    """An encoded query: (1, L) ids, (1,) length, (1, L, C) tokens and (1, C) global embedding;
-    ``unknown_words``: the words the tokenizer encoded as unknown tokens, of those the model reads;
-    ``dropped_words``: the words (whitespace-separated) past the ``max_tokens`` tokens the model reads."""
-
-    text: str
-    ids: torch.Tensor
-    lens: torch.Tensor
-    tokens: torch.Tensor
-    global_embedding: torch.Tensor
-    unknown_words: list[str] = field(default_factory=list)
-    dropped_words: int = 0
-    max_tokens: int | None = None
-
-
-@dataclass(frozen=True)
-class SearchHit:
-    """One result: 1-based ``rank``, index ``id``, ``path`` relative to the indexed folder, the final
-    ``score`` (fine + alpha * global) and the first-stage ``global_score``."""
-
-    rank: int
-    id: int
-    path: str
-    score: float
-    global_score: float
-
-
-@dataclass
-class SearchResult:
-    """Results of one query, best first; ``timings`` in seconds (``encode``, ``shortlist``, ``rerank``,
-    ``total``); ``shortlist`` images were re-ranked; ``unknown_words``: query words the model does not
-    know (searched without them); ``dropped_words``: words past the ``max_tokens`` tokens the model reads
-    (searched without them)."""
-
-    query: str
-    hits: list[SearchHit]
-    shortlist: int
-    timings: dict[str, float] = field(default_factory=dict)
-    unknown_words: list[str] = field(default_factory=list)
-    dropped_words: int = 0
-    max_tokens: int | None = None
-
-    @property
-    def warning(self) -> str | None:
-        """What the user should know about the result (unknown words, words left out), or None."""
-        notes = [unknown_words_warning(self.unknown_words)] if self.unknown_words else []
-        if self.dropped_words:
-            notes.append(truncation_warning(self.dropped_words, int(self.max_tokens or 0)))
-        return "; ".join(notes) or None
-
-    def to_json(self) -> dict[str, Any]:
-        """The ``/api/search`` body: ``{"query", "results": [{"id", "path", "score", "global_score"}], "ms",
-        "shortlist"}``, plus ``"warning"`` when some query words are unknown (``"unknown_words"`` names them)
-        or left out (``"dropped_words"`` counts them)."""
-        body: dict[str, Any] = {
-            "query": self.query,
-            "results": [
-                {"id": h.id, "path": h.path, "score": h.score, "global_score": h.global_score}
-                for h in self.hits
-            ],
-            "ms": round(1000.0 * self.timings.get("total", 0.0), 3),
-            "shortlist": self.shortlist,
-        }
-        warning = self.warning
-        if warning:
-            body["warning"] = warning
-        if self.unknown_words:
-            body["unknown_words"] = list(self.unknown_words)
-        if self.dropped_words:
-            body["dropped_words"] = self.dropped_words
-        return body
 
 
 class Searcher:
@@ -271,7 +129,7 @@ class Searcher:
     def _global_index(self, backend: str, max_memory_mb: float) -> GlobalIndex:
         """The first stage. An approximate index (IVF lists, HNSW graph) is built once per version of the
         index and kept beside it (``global.<stamp>.<backend>``): later opens load it. The stamp is
-        :func:`~patchword.search.store.rows_digest`, which row every index id reads: an update that only
+        :func:`~patchword.search.manifest.rows_digest`, which row every index id reads: an update that only
         deletes files keeps the shards but moves the ids, and a graph of the old rows would answer with
         ids (and scores) of other images."""
         index = self.index
@@ -368,7 +226,7 @@ class Searcher:
                 else ""
             )
             raise QueryError(
-                f"the model knows none of the query's words ({_quoted(unknown)}){cut}; rephrase it with "
+                f"the model knows none of the query's words ({quote_words(unknown)}){cut}; rephrase it with "
                 "words of its vocabulary (for a model trained from scratch: words of its training captions)",
                 unknown_words=unknown,
             )

@@ -1,99 +1,38 @@
-"""The on-disk format of a search index: a JSON manifest and memory-mappable ``.npy`` shards.
+"""Reading a search index: :class:`SearchIndex` opens a complete index (its manifest, then every shard
+memory-mapped and checked), and :func:`broken_shards` finds, with the same check, the shards an update
+must encode again.
 
-``INDEX_DIR/``
-    ``manifest.json``  format version, the model that wrote it (run, checkpoint, weights hash, config),
-    the image folder, the storage dtype, the shards, one entry per indexed image (relative path, size,
-    mtime, format, shard and row) and the files skipped with their reason;
-    ``shards/NNNNN.global.npy``      (rows, C) float32 L2-normalised global image embeddings;
-    ``shards/NNNNN.tokens.npy``      (rows, L_v, C) projected image tokens, what the fine matcher reads, in
-    the index's token store (:mod:`patchword.search.codecs`: float32, float16, int8 with
-    ``NNNNN.tokens.scale.npy``, or product-quantised codes with the index's ``codec.npz``);
-    ``shards/NNNNN.dense.npy`` and ``NNNNN.dense_lens.npy``  (rows, L_d, C) dense-caption tokens (same store)
-    and their (rows,) lengths, only for an index built with dense captions; or, with ``--dense-store
-    scores``, ``NNNNN.dense_score.npy`` (rows,) float32: the part of every score the image's dense caption
-    decides alone (SEPS as released: the dense branch), computed at build time in place of the tokens;
-    ``shards/NNNNN.patch_ids.npy`` (rows, M) int16 and ``NNNNN.patch_prior.npy`` (rows, M) float32, only for
-    an index pruned to M patches per image (``--keep-patches``, :mod:`patchword.search.pruning`): the grid
-    positions of the patches kept in ``tokens`` and the image part of their selection scores.
-
-Every file is written to a temporary name and renamed into place (``os.replace``), shards first and the
-manifest last, so the manifest only ever names complete shards: a build killed at any moment leaves a
-consistent index to resume from. An update of a complete index writes its progress to
-``manifest.pending.json`` and replaces ``manifest.json`` last: until then searches open the index as it was
-(shard files are never rewritten in place; the ones the new manifest drops are deleted after it). A build or
-update holds ``.build.lock`` (:mod:`patchword.locks`) while it writes. Rows of a shard whose image was
-deleted or changed are dead (no entry points at them) until the index is compacted.
-
-An index id is the position of an entry in the manifest: ids are dense (0..N-1) and stable for one
-version of the index.
-
-What a reader can use of a manifest and of the shard arrays is checked by :mod:`patchword.search.checks`.
-
-Over 400 lines: the on-disk index format: manifest, shards, the reader and atomic writes, one format in one
-place.
+The format is :mod:`patchword.search.manifest` (``manifest.json``, the layout) and
+:mod:`patchword.search.shards` (the shard files); what a reader can use of them is checked by
+:mod:`patchword.search.checks`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
 import mmap
 import os
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from patchword.data.npy import load_npy, npy_problem
+from patchword.data.npy import npy_problem
 from patchword.errors import DataError, MissingFileError
-from patchword.fileio import atomic_write, atomic_write_bytes, write_all
-from patchword.search.checks import (
-    DENSE_STORES,
-    manifest_problem,
-    shape_problem,
-    token_width,
-    values_problem,
-)
-from patchword.search.codecs import STORES, TokenCodec, load_codec
-from patchword.search.scan import SkippedFile
+from patchword.search.checks import shape_problem, token_width, values_problem
+from patchword.search.codecs import load_codec
+from patchword.search.manifest import MANIFEST_FILE, Manifest, unfinished_build
+from patchword.search.shards import shard_arrays, shard_files
 
 __all__ = [
-    "FORMAT",
-    "FORMAT_VERSION",
-    "MANIFEST_FILE",
-    "PENDING_FILE",
-    "LOCK_FILE",
-    "SHARDS_DIR",
-    "Entry",
-    "IndexEntries",
-    "caption_digest",
-    "Manifest",
-    "SearchIndex",
-    "DamagedIndexError",
-    "atomic_write",
-    "save_npy_atomic",
-    "write_npy",
-    "shard_files",
-    "broken_shards",
-    "rows_digest",
-    "DENSE_STORES",
     "REPAIR_HINT",
-    "unfinished_build",
+    "DamagedIndexError",
+    "MissingShardError",
+    "IndexEntries",
+    "SearchIndex",
+    "broken_shards",
 ]
 
-FORMAT = "patchword-search-index"
-FORMAT_VERSION = 1
-MANIFEST_FILE = "manifest.json"
-#: The manifest of an update under way (or stopped part-way): ``manifest.json`` keeps the complete index it
-#: started from, what searches open, until the update's last write replaces it.
-PENDING_FILE = "manifest.pending.json"
-#: The lock a build or update holds on its index (one at a time); removed when it ends.
-LOCK_FILE = ".build.lock"
-SHARDS_DIR = "shards"
-DTYPES = STORES  # the token stores an index may use (the manifest's ``dtype`` field names one)
 #: How a user repairs an index with a missing or damaged shard file: ``--update`` drops the entries stored
 #: in such a shard and encodes their images again (:func:`broken_shards`).
 REPAIR_HINT = (
@@ -102,205 +41,53 @@ REPAIR_HINT = (
 )
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One indexed image: its file (relative path, size, mtime, format), where its vectors are and, in an
-    index with dense captions, ``dense_sha``: the digest of the caption it was encoded with
-    (:func:`caption_digest`; None in an index written before it was recorded), so an update re-encodes an
-    image whose caption changed."""
-
-    path: str
-    size: int
-    mtime_ns: int
-    format: str
-    shard: int
-    row: int
-    dense_sha: str | None = None
+class DamagedIndexError(DataError):
+    """An index whose stored vectors give a search non-finite scores (values overwritten on disk)."""
 
 
-def caption_digest(text: str) -> str:
-    """The digest of a dense caption an entry records (``Entry.dense_sha``)."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+class MissingShardError(DataError):
+    """A shard file the manifest names is not there."""
 
 
-@dataclass
-class Manifest:
-    """Everything ``manifest.json`` holds (see the module docstring).
+class _Unreadable(Exception):
+    """One array of a shard that cannot be read: its ``file`` and ``problem``; ``missing``: it is gone."""
 
-    Attributes:
-        model: identity of the model that encoded the images (``weights_sha256`` decides compatibility)
-            and the shapes it produces.
-        images_root: absolute path of the indexed folder.
-        dtype: the token store of the shards (:data:`~patchword.search.codecs.STORES`).
-        codec: what the store needs recorded (pq: the quantiser's shape), for people reading the manifest.
-        dense: None, or the dense-caption file the index was built with (``file``, ``max_len``) and what
-            the index keeps of it (``store``: :data:`DENSE_STORES`; absent in older indexes: tokens).
-        pruning: None (every patch stored), or how the patches were pruned at build time (``kept`` M of
-            ``of`` N per image, ``fraction``, ``by``: the rule, ``exact``: false), see
-            :func:`patchword.search.pruning.pruning_record`.
-        state: ``building`` (a build or update is running or was interrupted) or ``complete``.
-        shards: ``{"id", "rows"}`` of every shard file set, in creation order.
-        next_shard: id of the next shard to write.
-        entries: the indexed images; an entry's position is its index id.
-        skipped: files left out, with the reason.
+    def __init__(self, file: Path, problem: str, missing: bool = False) -> None:
+        super().__init__(f"{file}: {problem}")
+        self.file, self.problem, self.missing = file, problem, missing
+
+
+def _map_shard(
+    files: dict[str, Path], names: tuple[str, ...], rows: int, manifest: Manifest, width: int
+) -> dict[str, np.ndarray]:
+    """Read-only memory maps of one shard's arrays ``names`` (``files``: :func:`shard_files`), each checked:
+    its ``.npy`` header and size, its shape against the shard's ``rows`` and the arrays before it, the
+    values that index past another array (:mod:`patchword.search.checks`); rows past the end would be an
+    ``IndexError`` in the middle of a search.
+
+    Raises:
+        _Unreadable: the first array that cannot be read.
     """
-
-    model: dict[str, Any]
-    images_root: str
-    dtype: str
-    dense: dict[str, Any] | None = None
-    codec: dict[str, Any] = field(default_factory=dict)
-    pruning: dict[str, Any] | None = None
-    state: str = "building"
-    shards: list[dict[str, int]] = field(default_factory=list)
-    next_shard: int = 0
-    entries: list[Entry] = field(default_factory=list)
-    skipped: list[SkippedFile] = field(default_factory=list)
-
-    @property
-    def dense_store(self) -> str | None:
-        """``tokens`` or ``scores`` (see :data:`DENSE_STORES`); None without dense captions."""
-        return None if self.dense is None else self.dense.get("store", "tokens")
-
-    def to_json(self) -> str:
-        payload = {"format": FORMAT, "version": FORMAT_VERSION, **asdict(self)}
-        fields = ["path", "size", "mtime_ns", "format", "shard", "row"]
-        if self.dense is not None:  # the caption each image was encoded with (an index without: as before)
-            fields.append("dense_sha")
-        payload["entries"] = [
-            [e.path, e.size, e.mtime_ns, e.format, e.shard, e.row, e.dense_sha][: len(fields)]
-            for e in self.entries
-        ]
-        payload["entry_fields"] = fields
-        return json.dumps(payload, indent=1, ensure_ascii=False)
-
-    @classmethod
-    def read(cls, index_dir: str | os.PathLike[str], name: str = MANIFEST_FILE) -> Manifest:
-        """Read ``index_dir/manifest.json`` (or ``name``: :data:`PENDING_FILE`).
-
-        Raises:
-            MissingFileError: no manifest.
-            DataError: not a patchword index, another format version, or a malformed file.
-        """
-        path = Path(index_dir) / name
-        if not path.is_file():
-            raise MissingFileError(f"{index_dir} is not a search index: it has no {MANIFEST_FILE}")
+    arrays: dict[str, np.ndarray] = {}
+    for name in names:
+        file = files[name]
+        if not file.is_file():
+            raise _Unreadable(file, "missing", missing=True)
         try:
-            payload = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise DataError(f"{path}: malformed index manifest ({err})") from err
-        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-            raise DataError(f"{path} is not a patchword search index manifest")
-        if payload.get("version") != FORMAT_VERSION:
-            raise DataError(
-                f"{path}: index format version {payload.get('version')} (this patchword reads "
-                f"{FORMAT_VERSION}); rebuild it with `patchword index build`"
-            )
-        try:
-            manifest = cls(
-                model=payload["model"],
-                images_root=payload["images_root"],
-                dtype=payload["dtype"],
-                dense=payload.get("dense"),
-                codec=payload.get("codec") or {},
-                pruning=payload.get("pruning"),
-                state=payload["state"],
-                shards=list(payload["shards"]),
-                next_shard=int(payload["next_shard"]),
-                entries=[Entry(*row) for row in payload["entries"]],
-                skipped=[SkippedFile(**s) for s in payload.get("skipped", [])],
-            )
-        except (KeyError, TypeError, ValueError) as err:
-            raise DataError(f"{path}: malformed index manifest (field {err})") from err
-        problem = manifest_problem(manifest)
+            problem = npy_problem(file)
+            if problem is None:
+                arrays[name] = np.load(file, mmap_mode="r", allow_pickle=False)
+        except (MissingFileError, FileNotFoundError):  # deleted since is_file()
+            raise _Unreadable(file, "missing", missing=True) from None
+        except (ValueError, EOFError) as err:
+            problem = f"cannot read the array ({err})"
+        if problem is None:
+            shapes = {n: a.shape for n, a in arrays.items()}
+            problem = shape_problem(name, shapes, rows, manifest, width)
+            problem = problem or values_problem(name, arrays[name], shapes)
         if problem is not None:
-            raise DataError(
-                f"{path}: malformed index manifest: field {problem[0]!r} {problem[1]}; build a new index "
-                "with `patchword index build`"
-            )
-        return manifest
-
-    def write(self, index_dir: str | os.PathLike[str], name: str = MANIFEST_FILE) -> None:
-        """Replace ``index_dir/manifest.json`` (or ``name``: :data:`PENDING_FILE`, an update's progress)
-        atomically."""
-        atomic_write_bytes(Path(index_dir) / name, self.to_json().encode("utf-8"))
-
-
-def save_npy_atomic(path: Path, array: np.ndarray) -> None:
-    """``np.save`` to ``path`` atomically (temporary file, fsync, rename).
-
-    The bytes are those ``np.save`` writes, written with :func:`write_npy`: a full disk is
-    ``OSError(ENOSPC)`` naming ``path``, not numpy's "266240 requested and 244704 written"."""
-    atomic_write(path, lambda fh: write_npy(fh, array, path))
-
-
-def write_npy(fh: IO[bytes], array: np.ndarray, path: str | os.PathLike[str]) -> None:
-    """Write ``array`` in ``.npy`` format (``np.save``'s bytes, no pickles) to the open file ``fh``.
-
-    ``np.save`` writes a real file with ``ndarray.tofile`` (C ``fwrite``), which reports a write cut
-    short by a full disk as "N requested and M written", without the errno or the file. Here every byte
-    goes through ``os.write`` until all are written: the operating system's error comes out as an
-    ``OSError`` naming ``path`` (``path: No space left on device (ENOSPC)``), and a write that takes
-    nothing without an error is a full disk too."""
-    array = np.ascontiguousarray(array)
-    if array.dtype.hasobject:
-        raise ValueError(f"{path}: object arrays are not stored in an index")
-    header = io.BytesIO()
-    fields = np.lib.format.header_data_from_array_1_0(array)
-    try:
-        np.lib.format.write_array_header_1_0(header, fields)
-    except ValueError:  # a header over 64 KiB: np.save writes format 2.0 then
-        header = io.BytesIO()
-        np.lib.format.write_array_header_2_0(header, fields)
-    fh.flush()  # nothing may be buffered ahead of the bytes written to the descriptor
-    fd = fh.fileno()
-    for data in (header.getbuffer(), memoryview(array.reshape(-1).view(np.uint8))):
-        write_all(fd, data, path)
-
-
-#: Every array a shard may hold (``.scale``: the int8 store's per-token scales).
-ARRAYS = (
-    "global",
-    "tokens",
-    "tokens.scale",
-    "dense",
-    "dense.scale",
-    "dense_lens",
-    "dense_score",
-    "patch_ids",
-    "patch_prior",
-)
-
-
-def rows_digest(manifest: Manifest) -> str:
-    """A digest of which stored row each index id reads: the shard list and every entry's (shard, row), in
-    id order, and the model's weights. Shard files are never rewritten under the same id (a new shard takes
-    ``next_shard``), so equal digests mean equal vectors behind every id: what anything derived from the
-    rows (a kept approximate first stage, a Qdrant upload whose point ids are index ids) must match."""
-    digest = hashlib.sha256()
-    digest.update(json.dumps([manifest.model.get("weights_sha256"), manifest.shards]).encode())
-    rows = np.array([(e.shard, e.row) for e in manifest.entries], dtype=np.int64).reshape(-1, 2)
-    digest.update(rows.tobytes())
-    return digest.hexdigest()[:16]
-
-
-def shard_files(index_dir: Path, shard_id: int) -> dict[str, Path]:
-    """Paths of one shard's arrays by name (:data:`ARRAYS`)."""
-    base = Path(index_dir) / SHARDS_DIR
-    return {name: base / f"{shard_id:05d}.{name}.npy" for name in ARRAYS}
-
-
-def shard_arrays(manifest: Manifest) -> tuple[str, ...]:
-    """The arrays each shard of ``manifest`` holds."""
-    codec = TokenCodec(manifest.dtype)
-    names = ["global", *(f"tokens{s}" for s in codec.suffixes())]
-    if manifest.dense_store == "scores":
-        names.append("dense_score")
-    elif manifest.dense_store == "tokens":
-        names += [*(f"dense{s}" for s in codec.suffixes()), "dense_lens"]
-    if manifest.pruning is not None:
-        names += ["patch_ids", "patch_prior"]
-    return tuple(names)
+            raise _Unreadable(file, problem)
+    return arrays
 
 
 def broken_shards(index_dir: Path, manifest: Manifest) -> dict[int, str]:
@@ -308,39 +95,33 @@ def broken_shards(index_dir: Path, manifest: Manifest) -> dict[int, str]:
     is not the one the manifest gives the shard, values that index past another array: see
     :mod:`patchword.search.checks`), for every shard of ``manifest`` that cannot be read; reads the files'
     headers and sizes, and the small arrays whose values are checked."""
-    names = shard_arrays(manifest)
-    width = token_width(manifest)
+    names, width = shard_arrays(manifest), token_width(manifest)
     broken = {}
     for shard in manifest.shards:
-        files = shard_files(index_dir, shard["id"])
-        shapes: dict[str, tuple[int, ...]] = {}
-        for name in names:
-            problem = npy_problem(files[name]) if files[name].is_file() else "missing"
-            if problem is None:
-                try:
-                    array = np.load(files[name], mmap_mode="r", allow_pickle=False)
-                except (ValueError, EOFError) as err:
-                    problem = f"cannot read the array ({err})"
-                else:
-                    shapes[name] = array.shape
-                    problem = shape_problem(name, shapes, shard["rows"], manifest, width)
-                    problem = problem or values_problem(name, array, shapes)
-            if problem is not None:
-                broken[shard["id"]] = f"{files[name].name}: {problem}"
-                break
+        try:
+            _map_shard(shard_files(index_dir, shard["id"]), names, shard["rows"], manifest, width)
+        except _Unreadable as err:
+            broken[shard["id"]] = f"{err.file.name}: {err.problem}"
     return broken
 
 
-def unfinished_build(index_dir: Path) -> str:
-    """Why an index whose first build has not finished cannot be opened, and what to do."""
-    return (
-        f"{index_dir}: the index build did not finish: it is still running (search the index when it ends), "
-        "or it was stopped (then rerun the same `patchword index build` command: it resumes the build)"
-    )
+def _manifest_stamp(index_dir: Path) -> tuple[int, int, int] | None:
+    """(inode, size, mtime) of ``manifest.json`` (None: absent): what a build's atomic replace changes."""
+    try:
+        st = os.stat(index_dir / MANIFEST_FILE)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
-class DamagedIndexError(DataError):
-    """An index whose stored vectors give a search non-finite scores (values overwritten on disk)."""
+def _complete_manifest(index_dir: Path) -> Manifest:
+    """The manifest of a complete index of at least one image (see :meth:`SearchIndex.open`)."""
+    manifest = Manifest.read(index_dir)
+    if manifest.state != "complete":
+        raise DataError(unfinished_build(index_dir))
+    if not manifest.entries:
+        raise DataError(f"{index_dir}: the index holds no image (see its manifest's skipped list)")
+    return manifest
 
 
 class IndexEntries:
@@ -377,18 +158,16 @@ class SearchIndex(IndexEntries):
         names = shard_arrays(manifest)
         width = token_width(manifest, self.codec)
         for shard in manifest.shards:
-            files = shard_files(index_dir, shard["id"])
-            arrays = {}
-            for name in names:
-                if not files[name].is_file():
-                    raise DataError(f"{index_dir}: shard file {files[name].name} is missing; {REPAIR_HINT}")
-                arrays[name] = load_npy(files[name], mmap=True, fix=REPAIR_HINT)
-                # rows past the end would be an IndexError in the middle of a search
-                shapes = {n: a.shape for n, a in arrays.items()}
-                problem = shape_problem(name, shapes, shard["rows"], manifest, width)
-                problem = problem or values_problem(name, arrays[name], shapes)
-                if problem is not None:
-                    raise DataError(f"{files[name]}: {problem}; {REPAIR_HINT}")
+            try:
+                arrays = _map_shard(
+                    shard_files(index_dir, shard["id"]), names, shard["rows"], manifest, width
+                )
+            except _Unreadable as err:
+                if err.missing:
+                    raise MissingShardError(
+                        f"{index_dir}: shard file {err.file.name} is missing; {REPAIR_HINT}"
+                    ) from None
+                raise DataError(f"{err.file}: {err.problem}; {REPAIR_HINT}") from None
             self._arrays[shard["id"]] = arrays
         shards = np.array([e.shard for e in self.entries], dtype=np.int64)
         rows = np.array([e.row for e in self.entries], dtype=np.int64)
@@ -399,18 +178,25 @@ class SearchIndex(IndexEntries):
     def open(cls, index_dir: str | os.PathLike[str]) -> SearchIndex:
         """Open a complete index.
 
+        An update replaces ``manifest.json`` and then deletes the shard files only the old manifest named
+        (compacted away): an open that read the old manifest just before finds one of them gone. It then
+        reads the new manifest and opens that index, once; a shard missing while the manifest is unchanged
+        is the damage it is (:class:`MissingShardError`).
+
         Raises:
             MissingFileError: not an index.
-            DataError: the build was interrupted (``state`` is ``building``), a shard is missing, or the
-                index is empty.
+            MissingShardError: a shard file the manifest names is missing.
+            DataError: the build was interrupted (``state`` is ``building``), a shard file cannot be read,
+                or the index is empty.
         """
         index_dir = Path(index_dir)
-        manifest = Manifest.read(index_dir)
-        if manifest.state != "complete":
-            raise DataError(unfinished_build(index_dir))
-        if not manifest.entries:
-            raise DataError(f"{index_dir}: the index holds no image (see its manifest's skipped list)")
-        return cls(index_dir, manifest)
+        stamp = _manifest_stamp(index_dir)  # taken before the read: a manifest replaced after it is noticed
+        try:
+            return cls(index_dir, _complete_manifest(index_dir))
+        except MissingShardError:
+            if _manifest_stamp(index_dir) == stamp:
+                raise
+        return cls(index_dir, _complete_manifest(index_dir))
 
     # ------------------------------------------------------------------ entries
     @property
@@ -419,7 +205,8 @@ class SearchIndex(IndexEntries):
 
     @property
     def dense_store(self) -> str | None:
-        """``tokens`` or ``scores`` (see :data:`DENSE_STORES`); None without dense captions."""
+        """``tokens`` or ``scores`` (:data:`~patchword.search.checks.DENSE_STORES`); None without dense
+        captions."""
         return self.manifest.dense_store
 
     # ------------------------------------------------------------------ vectors

@@ -43,7 +43,8 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from patchword.errors import MissingExtraError
-from patchword.search.query import QueryError, Searcher, check_query_text
+from patchword.search.query import Searcher
+from patchword.search.results import QueryError, check_query_text
 from patchword.search.store import DamagedIndexError
 
 __all__ = ["ServeLimits", "create_app", "require_serve_extra", "BROWSER_FORMATS"]

@@ -241,6 +241,11 @@ class BertCaptionTokenizer:
     def _word_ids_uncached(self, word: str) -> tuple[int, ...]:
         return tuple(self.vocab.get(p, self.unk_id) for p in self._wordpiece.tokenize(word))
 
+    def basic_tokens(self, text: str) -> list[str]:
+        """BERT's basic tokens of ``text`` (words and punctuation, before WordPiece); empty exactly when
+        :meth:`batch_encode` finds no word in it (WordPiece gives every basic token an id, [UNK] included)."""
+        return self._basic.tokenize(text)
+
     def words(self, text: str) -> list[tuple[int, ...]]:
         """WordPiece ids of every basic token of ``text`` (no [CLS]/[SEP])."""
         return [self._word_ids(w) for w in self._basic.tokenize(text)]
