@@ -61,6 +61,7 @@ __all__ = [
     "matcher_arguments",
     "matcher_section",
     "model_reads_dense",
+    "training_only_keys",
     "started_pretrained",
 ]
 
@@ -159,6 +160,22 @@ def matcher_section(matcher: str) -> str:
     except KeyError as err:
         raise ConfigError("model.matcher", str(err.args[0])) from None
     return section if section in typed_sections() else "options"
+
+
+def training_only_keys() -> dict[str, str]:
+    """The ``model.*`` override keys of the options every registered matcher declares training-only
+    (``register_matcher(..., training_only=)``), with why: ``model.<section>.<field>`` (``model.options.
+    <field>`` for a plug-in matcher without a typed section), and the legacy :attr:`ModelConfig.ALIASES`
+    spelling of one (``model.detach_selection``), which loads into the same field."""
+    keys = {}
+    for name in list_matchers():
+        section = matcher_section(name)
+        for option, why in matcher_spec(name).training_only.items():
+            keys[f"model.{section}.{option}"] = why
+    for old, new in ModelConfig.ALIASES.items():
+        if f"model.{new}" in keys:
+            keys[f"model.{old}"] = keys[f"model.{new}"]
+    return keys
 
 
 def typed_sections() -> list[str]:

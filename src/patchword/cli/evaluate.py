@@ -8,7 +8,10 @@ scoring (:func:`patchword.eval.protocol.evaluate`); rank 0 writes and prints the
 
 Each mode takes its own options and refuses the others' (one ``error:`` line, exit 2, before anything is
 read): an ignored ``--ensemble`` would write a single model's numbers as if they were the ensemble's.
-So is an override of a key no evaluation reads (``train.max_steps=5``: :data:`NOT_EVALUATION_KEYS`).
+So is an override of a key no evaluation reads (``train.max_steps=5``: :data:`NOT_EVALUATION_KEYS`), of a
+matcher option its registration declares training-only (``model.seps.detach_selection``:
+:func:`patchword.model.training_only_keys`), and of a Hugging Face backbone the run's ``backbones.json``
+records (``model.hf_vision``: :func:`patchword.runs.load.check_backbone_overrides`).
 """
 
 from __future__ import annotations
@@ -98,18 +101,28 @@ def _mode(args: argparse.Namespace) -> str | None:
 
 
 def _refuse_unread_overrides(overrides: list[str]) -> None:
-    """An override of a key no evaluation reads (:data:`NOT_EVALUATION_KEYS`), refused before anything is
-    read; an item without ``=`` is left to the config loader, which names it.
+    """An override of a key no evaluation reads (:data:`NOT_EVALUATION_KEYS`) or of a matcher option
+    declared training-only (:func:`~patchword.model.training_only_keys`), refused before anything is read;
+    an item without ``=`` is left to the config loader, which names it.
 
     Raises:
         ConfigError: naming the key and what it changes instead.
     """
     from patchword.errors import ConfigError
 
-    for key in (item.split("=", 1)[0].strip() for item in overrides if "=" in item):
+    keys = [item.split("=", 1)[0].strip() for item in overrides if "=" in item]
+    for key in keys:
         for refused, why in NOT_EVALUATION_KEYS.items():
             if key == refused or key.startswith(refused + "."):
                 raise ConfigError(key, f"does not apply to an evaluation ({why})")
+    if any(key.startswith("model.") for key in keys):
+        from patchword.model import training_only_keys
+
+        training_only = training_only_keys()
+        for key in keys:
+            if key in training_only:
+                why = training_only[key]
+                raise ConfigError(key, f"does not apply to an evaluation (a training-only option: {why})")
 
 
 def run(args: argparse.Namespace) -> None:

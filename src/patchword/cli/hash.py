@@ -12,7 +12,8 @@ with its own saved config, as ``patchword train --resume`` does: only the keys i
 for the duration of ``hash train``: the library's training functions never change it. SIGTERM / SIGINT
 stop ``hash train`` with ``last.pt`` written and exit 128 + signal, one ``interrupted:`` line naming the
 resume command. ``hash eval`` reports which checkpoint (epoch, step, finished) it evaluated. A data flag
-or key the chosen ``data.format`` does not read (``--data synthetic --image x.npy``) is refused, naming it.
+or key the chosen ``data.format`` does not read (``--data synthetic --image x.npy``) is refused, naming it, as
+is a key that splits one set of pairs (``data.num_query=200``) given for pre-split files.
 
 Over 400 lines: the three ``hash`` verbs, their parsers and checks, and the search's index cache are one
 command's module, as each other verb's is.
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _train(args: argparse.Namespace) -> None:
     from patchword.config import load_config
-    from patchword.hashing.config import HashRunConfig, check_data_source
+    from patchword.hashing.config import HashRunConfig, check_data_source, override_keys
     from patchword.hashing.runner import resume_config, resume_hashing, train_hashing
 
     given = {key: attr for attr, key in _SHORTCUTS.items() if getattr(args, attr) is not None}
@@ -168,7 +169,8 @@ def _train(args: argparse.Namespace) -> None:
             cfg = load_config(HashRunConfig, args.config, [*args.overrides, *flags])
             check_data_source(cfg.data, flags={key: f"--{attr}" for key, attr in given.items()})
             with _threads(cfg.train.num_threads):
-                summary = train_hashing(cfg)
+                # the split keys an override sets are refused for pre-split files, default values too
+                summary = train_hashing(cfg, given_keys=override_keys([*args.overrides, *flags]))
     except ConfigError as err:
         if err.key not in given:
             raise

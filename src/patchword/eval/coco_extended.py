@@ -229,8 +229,17 @@ class _Ranker:
                 f"(first: {missing[0]}): the COCO extended metrics need the full COCO 5K test split"
             )
         n = self.scores.shape[1]
-        num_positives = np.array([len(set(truth[qid])) for qid in queries], np.float64)
-        present = np.array([sum(1 for i in set(truth[qid]) if i in self.item_index) for qid in queries])
+        # each query's positives de-duplicated once: R counts the distinct ids (absent ones included), the
+        # ranking reads the sorted columns of those in the matrix (int32: the PM files list millions)
+        num_positives = np.empty(len(queries), np.float64)
+        columns = []
+        for q, qid in enumerate(queries):
+            ids = set(truth[qid])
+            num_positives[q] = len(ids)
+            columns.append(
+                np.array(sorted(self.item_index[i] for i in ids if i in self.item_index), np.int32)
+            )
+        present = np.array([len(c) for c in columns])
         # each query's depth: the largest K, and with to_r its own R (capped at the candidates)
         need = np.full(len(queries), depth, np.int64)
         if to_r:
@@ -250,7 +259,7 @@ class _Ranker:
                     break
                 stop, top_depth, width = stop + 1, d, p
             block = slice(start, stop)
-            positions = self._positions(truth, queries[block], top_depth)
+            positions = self._positions(queries[block], columns[block], top_depth)
             best[block] = positions[:, 0]
             if to_r:
                 r = num_positives[block, None]
@@ -262,14 +271,14 @@ class _Ranker:
             start = stop
         return _Ranked(best, num_positives, hits, precision_sum)
 
-    def _positions(self, truth: dict[int, list[int]], queries: list[int], depth: int) -> np.ndarray:
+    def _positions(self, queries: list[int], wanted: list[np.ndarray], depth: int) -> np.ndarray:
         """(B, P) float64 0-based ranks of the positives of one block of queries among the candidates,
-        ascending, +inf for a positive below the top ``depth`` and for padding."""
-        wanted = [sorted({self.item_index[i] for i in truth[qid] if i in self.item_index}) for qid in queries]
+        ascending, +inf for a positive below the top ``depth`` and for padding. ``wanted``: per query, the
+        ascending columns of its distinct positives."""
         counts = np.array([len(p) for p in wanted], np.int64)
         valid = np.arange(max(1, counts.max(initial=1)))[None, :] < counts[:, None]  # (B, P)
         index = np.zeros(valid.shape, np.int64)
-        index[valid] = np.fromiter((i for p in wanted for i in p), np.int64, int(counts.sum()))
+        index[valid] = np.concatenate([*wanted, np.empty(0, np.int32)])
         index, valid = torch.from_numpy(index), torch.from_numpy(valid)
         rows = torch.as_tensor([self.query_index[qid] for qid in queries], dtype=torch.long)
         block = self.scores[rows]  # (B, N) a copy of the block's rows

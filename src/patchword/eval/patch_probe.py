@@ -51,6 +51,9 @@ OBJECT_COVERAGE = 0.5
 #: that learned nothing.
 _NOT_FINITE = "no probe or AUC can be computed from them"
 
+#: The probes' L2 weight decay (per training sample) and L-BFGS iterations.
+_L2, _MAX_ITER = 1e-4, 200
+
 
 @dataclass(frozen=True)
 class ProbeScore:
@@ -74,8 +77,8 @@ def fit_linear_probe(
     test_x: torch.Tensor,
     test_y: torch.Tensor,
     *,
-    l2: float = 1e-4,
-    max_iter: int = 200,
+    l2: float = _L2,
+    max_iter: int = _MAX_ITER,
 ) -> ProbeScore:
     """Fit a multinomial logistic regression on (train_x, train_y), score it on (test_x, test_y).
 
@@ -93,6 +96,18 @@ def fit_linear_probe(
         raise ValueError("the probe needs training and test samples")
     check_finite(train_x, "the probe's training features", why=_NOT_FINITE)
     check_finite(test_x, "the probe's test features", why=_NOT_FINITE)
+    return _fit_probe(train_x, train_y, test_x, test_y, l2, max_iter)
+
+
+def _fit_probe(
+    train_x: torch.Tensor,
+    train_y: torch.Tensor,
+    test_x: torch.Tensor,
+    test_y: torch.Tensor,
+    l2: float = _L2,
+    max_iter: int = _MAX_ITER,
+) -> ProbeScore:
+    """:func:`fit_linear_probe` on features already checked (samples on both sides, all finite)."""
     x = train_x.double()
     mean, std = x.mean(0), x.std(0).clamp_min(1e-8)
     x = (x - mean) / std
@@ -180,14 +195,16 @@ def probe_patch_tokens(
     Raises:
         ValueError: a patch token holds NaN or inf.
     """
+    # checked once here: every probe fits on these tokens (a subset of them), unchecked again
     check_finite(train_tokens, "the image encoder's patch tokens of the training images", why=_NOT_FINITE)
     check_finite(test_tokens, "the image encoder's patch tokens of the test images", why=_NOT_FINITE)
     gen = torch.Generator().manual_seed(seed)
+    all_xs = train_tokens.reshape(-1, train_tokens.shape[-1])
+    all_xt = test_tokens.reshape(-1, test_tokens.shape[-1])
     out = {}
     for task in ("object", "shape", "colour"):
         ys, yt = (torch.as_tensor(t[task]).long().flatten() for t in (train_targets, test_targets))
-        xs = train_tokens.reshape(-1, train_tokens.shape[-1])
-        xt = test_tokens.reshape(-1, test_tokens.shape[-1])
+        xs, xt = all_xs, all_xt
         if task != "object":  # attributes of object patches only
             keep_s, keep_t = ys >= 0, yt >= 0
             xs, ys, xt, yt = xs[keep_s], ys[keep_s], xt[keep_t], yt[keep_t]
@@ -196,7 +213,7 @@ def probe_patch_tokens(
             xs, ys = xs[pick], ys[pick]
         # None: nothing to tell apart (no object patch at all: objects smaller than half a patch)
         ok = len(ys) and len(yt) and len(torch.unique(ys)) > 1 and len(torch.unique(yt)) > 1
-        out[task] = fit_linear_probe(xs, ys, xt, yt).as_dict() if ok else None
+        out[task] = _fit_probe(xs, ys, xt, yt).as_dict() if ok else None
     return out
 
 
@@ -208,8 +225,14 @@ def roc_auc(scores: torch.Tensor, positive: torch.Tensor) -> float:
         ValueError: no positive or no negative, or a NaN / infinite score (NaN sorts anywhere: the AUC
             of a NaN-scored set came out near 50, a plausible chance level).
     """
-    scores, positive = scores.double().flatten(), positive.bool().flatten()
+    scores = scores.double().flatten()
     check_finite(scores, "the AUC's scores", why=_NOT_FINITE)
+    return _roc_auc(scores, positive)
+
+
+def _roc_auc(scores: torch.Tensor, positive: torch.Tensor) -> float:
+    """:func:`roc_auc` of (M,) float64 scores already checked finite."""
+    positive = positive.bool().flatten()
     n_pos, n_neg = int(positive.sum()), int((~positive).sum())
     if n_pos == 0 or n_neg == 0:
         raise ValueError("the AUC needs positives and negatives")
@@ -247,6 +270,7 @@ def patch_word_grounding(
     Raises:
         ValueError: a patch or word token holds NaN or inf.
     """
+    # checked once: a cosine of finite unit vectors is finite, so no word's scores are checked again
     check_finite(patch_tokens, "the patch tokens", why=_NOT_FINITE)
     tokens = torch.nn.functional.normalize(patch_tokens.double().reshape(-1, patch_tokens.shape[-1]), dim=-1)
     out = {}
@@ -262,7 +286,7 @@ def patch_word_grounding(
                 continue
             # the word's token: position 1, after <start> (one word, no context to mix in)
             word = torch.nn.functional.normalize(encoded[k, 1], dim=0)
-            aucs.append(roc_auc(tokens @ word, positive))
+            aucs.append(_roc_auc(tokens @ word, positive))
         out[f"{task}_auc"] = sum(aucs) / len(aucs) if aucs else None  # None: no object patch
     return out
 

@@ -388,15 +388,17 @@ def _ensemble_folds(
     first = members[0][0] if isinstance(members[0], tuple) else members[0]
     check_coco_1k(first.shape[0])
     txt2img = torch.as_tensor(txt2img).long()
+    pairs = list(zip(members, fold_members, strict=True))
+    for n, (member, own) in enumerate(pairs):  # once per member; each fold's shapes below
+        if own is None and isinstance(member, tuple):
+            raise ValueError(f"fold_members[{n}]: a two-stage member needs its own search of each fold")
+        if own is not None and len(own) != COCO_FOLDS:
+            raise ValueError(f"fold_members[{n}]: {len(own)} folds, expected {COCO_FOLDS}")
     folds = []
     for f, (lo, hi) in enumerate(fold_bounds(first.shape[0], COCO_FOLDS)):
         cols = fold_columns(txt2img, lo, hi)
         parts = []
-        for n, (member, own) in enumerate(zip(members, fold_members, strict=True)):
-            if own is None and isinstance(member, tuple):
-                raise ValueError(f"fold_members[{n}]: a two-stage member needs its own search of each fold")
-            if own is not None and len(own) != COCO_FOLDS:
-                raise ValueError(f"fold_members[{n}]: {len(own)} folds, expected {COCO_FOLDS}")
+        for n, (member, own) in enumerate(pairs):
             part = own[f] if own is not None else member[lo:hi, cols]
             shape = tuple((part[0] if isinstance(part, tuple) else part).shape)
             if shape != (hi - lo, len(cols)):

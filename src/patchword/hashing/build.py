@@ -6,6 +6,8 @@ config key (or the file) they concern, before a run directory is written.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from dataclasses import fields
 from pathlib import Path
 
 from patchword.errors import ConfigError, DataError
@@ -15,16 +17,34 @@ from patchword.hashing.model import UCMFH
 from patchword.hashing.readers import load_pairs, load_split_dir, read_mat
 from patchword.hashing.synthetic import synthetic_dataset
 
-__all__ = ["build_hashing_dataset", "build_hashing_model"]
+__all__ = ["SPLIT_KEYS", "build_hashing_dataset", "build_hashing_model", "changed_split_keys"]
+
+#: The keys that split one set of pairs (``data.format=pairs``, a whole-set ``.mat``) into train / query /
+#: retrieval: pre-split files (a ``splits`` directory, a pre-split ``.mat``) bring their own splits.
+SPLIT_KEYS = ("data.num_query", "data.num_train", "data.split_seed")
 
 
-def build_hashing_dataset(dc: HashDataConfig) -> HashDataset:
+def changed_split_keys(dc: HashDataConfig) -> set[str]:
+    """The :data:`SPLIT_KEYS` whose values in ``dc`` differ from the defaults: set by whoever built the
+    config (a key left at its default cannot be told from one given at that value)."""
+    defaults = {f"data.{f.name}": f.default for f in fields(HashDataConfig)}
+    return {key for key in SPLIT_KEYS if getattr(dc, key.removeprefix("data.")) != defaults[key]}
+
+
+def build_hashing_dataset(dc: HashDataConfig, given: Collection[str] = ()) -> HashDataset:
     """The train / query / retrieval :class:`HashDataset` described by ``dc`` (read or generated).
+
+    Args:
+        dc: the data section.
+        given: the keys the caller set (``hash train``'s overrides, values other than the defaults:
+            :func:`changed_split_keys`); a :data:`SPLIT_KEYS` one among them is refused for pre-split data,
+            which would ignore it.
 
     Raises:
         ConfigError: ``data.root`` missing, or not the directory (``splits``) or file (``mat``) its format
             reads; a split size (``data.num_query`` / ``data.num_train``) the data cannot give, naming the
-            key; a training set of fewer than two pairs (no contrastive batch) names the keys too.
+            key; a training set of fewer than two pairs (no contrastive batch) names the keys too; a key of
+            ``given`` that splits pairs, for pre-split files.
         DataError: a split file whose training split holds fewer than two pairs, naming it.
     """
     if dc.format == "synthetic":
@@ -52,6 +72,13 @@ def build_hashing_dataset(dc: HashDataConfig) -> HashDataset:
     if isinstance(data, HashSplit):  # one set of pairs, split here: the sizes asked of it, checked first
         _check_split_sizes(len(data), data.labels is not None, dc, data.source)
         return split_dataset(data, num_query=dc.num_query, num_train=dc.num_train, seed=dc.split_seed)
+    refused = [key for key in SPLIT_KEYS if key in given]
+    if refused:
+        raise ConfigError(
+            refused[0],
+            f"data.format={dc.format} reads pre-split files ({dc.root}: train / query / retrieval): the "
+            f"pre-split files decide the splits, so {refused[0]} would be ignored; drop it",
+        )
     if len(data.train) < 2:  # the file's own training split: all batches were dropped, 0 steps and exit 0
         raise DataError(
             f"{data.train.source}: {len(data.train)} training pair(s); a contrastive batch needs 2"

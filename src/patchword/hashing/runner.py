@@ -27,7 +27,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -47,13 +47,14 @@ from patchword.config import (
 from patchword.device import resolve_device
 from patchword.errors import ConfigError, MissingFileError, ResumeHint
 from patchword.fileio import append_line, atomic_write_text, keep_jsonl_records, probe_writable, repair_jsonl
-from patchword.hashing.build import build_hashing_dataset, build_hashing_model
+from patchword.hashing.build import build_hashing_dataset, build_hashing_model, changed_split_keys
 from patchword.hashing.config import (
     HASH_EVAL_KEYS,
     HASH_RESUMABLE_KEYS,
     HashRunConfig,
     check_data_source,
     check_hash_config,
+    override_keys,
 )
 from patchword.hashing.dataset import HashDataset
 from patchword.hashing.evaluate import evaluate_hashing
@@ -91,7 +92,11 @@ def hashing_run_dir(cfg: HashRunConfig) -> Path:
 
 
 def train_hashing(
-    cfg: HashRunConfig, *, resume: bool = False, data: HashDataset | None = None
+    cfg: HashRunConfig,
+    *,
+    resume: bool = False,
+    data: HashDataset | None = None,
+    given_keys: Collection[str] = (),
 ) -> dict[str, Any]:
     """Build data and model from ``cfg``, train, evaluate once, write the run directory; returns the summary.
 
@@ -103,6 +108,9 @@ def train_hashing(
             from the run's config.yaml); without it a run directory that holds anything is an error (no
             silent overwrite, no second run's records in a killed run's metrics.jsonl).
         data: an already built dataset (benchmarks reuse one); built from ``cfg.data`` when None.
+        given_keys: the keys the caller's overrides set (``hash train``'s): a key that splits one set of
+            pairs (``data.num_query``...) is refused for pre-split files, which decide the splits, even at
+            its default value; such a key whose value differs from its default is refused anyway.
 
     Raises:
         RunExistsError: the run directory holds something and ``resume`` is False, or another process
@@ -111,7 +119,8 @@ def train_hashing(
             training, after last.pt was written).
         MissingFileError: ``resume`` of a run that does not exist or never saved a checkpoint.
         ConfigError: ``resume`` with settings other than the run's own (except
-            :data:`HASH_RESUMABLE_KEYS`); the run's config.yaml is never rewritten.
+            :data:`HASH_RESUMABLE_KEYS`); the run's config.yaml is never rewritten. A data key the format
+            does not read, or one that splits pairs given for pre-split files.
     """
     check_hash_config(cfg)
     if not resume:  # a key the format does not read would be ignored (a resume keeps the run's own config)
@@ -132,7 +141,7 @@ def train_hashing(
     except NotADirectoryError as err:  # a file where the directory (or one of its parents) must go
         raise ConfigError("output_dir", f"{err.filename} is a file: runs go in a directory there") from None
     HASH_RUNS.refuse_existing(run_dir)  # early; checked again under the lock, before anything is written
-    return _train(cfg, run_dir, data)
+    return _train(cfg, run_dir, data, given=set(given_keys) | changed_split_keys(cfg.data))
 
 
 def resume_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> HashRunConfig:
@@ -189,10 +198,11 @@ def _train(
     *,
     state: dict[str, Any] | None = None,
     overrides: Sequence[str] = (),
+    given: Collection[str] = (),
 ) -> dict[str, Any]:
     """Build, then start (``state`` None: creates the run directory and its config.yaml) or continue from
     ``state`` (a loaded last.pt), train, evaluate once on the test split; the run directory is locked
-    throughout."""
+    throughout. ``given``: the keys the caller set (:func:`build_hashing_dataset`)."""
     device = check_hash_config(cfg)
     hint = ResumeHint.resume(HASH_RUNS.command, run_dir)
     phase: dict[str, Any] = {"then": hint.before_start() if state is None else hint.before_resumed()}
@@ -201,7 +211,7 @@ def _train(
         if state is not None:
             HASH_RUNS.lock_for_resume(run_dir, locks)  # and removes what a kill during a write left
         seed_everything(cfg.train.seed)
-        data = data if data is not None else build_hashing_dataset(cfg.data)
+        data = data if data is not None else build_hashing_dataset(cfg.data, given)
         if cfg.train.loss == "hashnet" and not data.has_labels:
             _logger.info("hashnet loss without labels: pairs are similar only to themselves (ids)")
         model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)
@@ -328,7 +338,8 @@ def open_hashing_run(
     )
     # the overridden eval / data keys get the checks training made (eval.topk=0 reported map@0 = 0.0)
     check_hash_config(cfg)
-    data = build_hashing_dataset(cfg.data)
+    # a split key the overrides set for a run of pre-split files is refused (the run's own are not)
+    data = build_hashing_dataset(cfg.data, override_keys(overrides or []))
     model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)
     state = load_checkpoint(run_dir / LAST_CHECKPOINT, map_location=cfg.device)
     # data (overridden, or its files replaced) with other feature sizes build a model the weights do not fit

@@ -193,7 +193,22 @@ def threshold_update(
     }
 
 
-@register_matcher("naaf", NAAFConfig)
+# What changes training only: the thresholds are fitted in training mode and the checkpoint holds them
+# (buffers), so an evaluation scores with the trained ones whatever these are.
+_FITS_THRESHOLDS = "it fits the thresholds in training; an evaluation uses the checkpoint's"
+_STARTS_THRESHOLDS = "it initialises a threshold; an evaluation uses the checkpoint's"
+_TRAINING_ONLY = {
+    "alpha": _FITS_THRESHOLDS,
+    "update_threshold": _FITS_THRESHOLDS,
+    "min_samples": _FITS_THRESHOLDS,
+    "blend": _FITS_THRESHOLDS,
+    "reset_below_min": _FITS_THRESHOLDS,
+    "init_threshold": _STARTS_THRESHOLDS,
+    "init_threshold_safe": _STARTS_THRESHOLDS,
+}
+
+
+@register_matcher("naaf", NAAFConfig, training_only=_TRAINING_ONLY)
 class NAAFMatcher(Matcher):
     """NAAF similarity head (Text->Image only, as the official code).
 

@@ -9,7 +9,10 @@ patchword needs to know about it (as timm's ``@register_model``), so nothing els
 * ``pair_chunk``: whether its training step can be scored in blocks of captions (``train.pair_chunk``);
 * ``engine``: its fast exact scoring engine, as ``"module:Class"`` (imported when first used; without one
   the evaluation calls its forward block by block);
-* ``report``: option fields every metrics file records (SEPS: ``variant``).
+* ``report``: option fields every metrics file records (SEPS: ``variant``);
+* ``training_only``: option fields that change training only (gradients, training losses, what training
+  fits), each with why: an evaluation, whose scores they cannot change, refuses an override of one
+  (``patchword eval RUN model.<section>.<field>=...``) rather than applying it and ignoring it.
 
 The built-in matchers register when :mod:`patchword.matching` is imported (its ``__init__`` imports them);
 a third-party matcher registers by being imported: by the user's code, or by patchword itself when its
@@ -63,6 +66,7 @@ class MatcherSpec:
     pair_chunk: bool = False
     engine: str | None = None
     report: tuple[str, ...] = ()
+    training_only: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 _REGISTRY: dict[str, MatcherSpec] = {}
@@ -77,6 +81,7 @@ def register_matcher(
     pair_chunk: bool = False,
     engine: str | None = None,
     report: tuple[str, ...] = (),
+    training_only: dict[str, str] | None = None,
     **preset: Any,
 ) -> Callable[[type], type]:
     """Class decorator registering a matcher under ``name``.
@@ -90,12 +95,17 @@ def register_matcher(
         engine: ``"module:Class"`` of its scoring engine (a :class:`~patchword.eval.engine.ScoringEngine`
             taking the matcher), or None for block-wise forward calls.
         report: option fields written into every metrics file.
+        training_only: option field -> why it changes training only (``{"detach_selection": "it only
+            changes gradients"}``); an evaluation refuses an override of one, saying why.
         **preset: option values fixed for this name (the same class may be registered several times).
     """
     fields = {f.name for f in dataclasses.fields(config_cls)}
-    unknown = (set(preset) | set(report)) - fields
+    training_only = dict(training_only or {})
+    unknown = (set(preset) | set(report) | set(training_only)) - fields
     if unknown:
-        raise ValueError(f"matcher {name!r}: preset or report names unknown fields {sorted(unknown)}")
+        raise ValueError(
+            f"matcher {name!r}: preset, report or training_only names unknown fields {sorted(unknown)}"
+        )
     if set(losses) - set(LOSSES) or not losses:
         raise ValueError(f"matcher {name!r}: losses must be a non-empty subset of {LOSSES}, got {losses}")
 
@@ -103,7 +113,16 @@ def register_matcher(
         if name in _REGISTRY:
             raise ValueError(f"matcher {name!r} is already registered")
         _REGISTRY[name] = MatcherSpec(
-            name, cls, config_cls, dict(preset), section or name, tuple(losses), pair_chunk, engine, report
+            name,
+            cls,
+            config_cls,
+            dict(preset),
+            section or name,
+            tuple(losses),
+            pair_chunk,
+            engine,
+            report,
+            training_only,
         )
         return cls
 

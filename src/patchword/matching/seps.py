@@ -213,7 +213,20 @@ class SelectionTrace:
     cls: torch.Tensor | None
 
 
-_SEPS_PLUGIN = dict(pair_chunk=True, engine="patchword.eval.engine.seps:SEPSEngine", report=("variant",))
+# What changes training only: the scores of an eval-mode forward (hard top-K, no Gumbel noise) are the
+# same whatever these are (seps_independent's reference leaves them out for that reason).
+_TRAINING_ONLY = {
+    "detach_selection": "it only cuts the gradients of patch selection, as the official no_grad does",
+    "gumbel": "it only makes the selection's gradients straight-through; evaluation keeps the hard top-K",
+    "gumbel_tau": "it is the temperature of the straight-through gradients; evaluation keeps the hard top-K",
+    "ratio_mode": "it combines the training ratio loss",
+}
+_SEPS_PLUGIN = dict(
+    pair_chunk=True,
+    engine="patchword.eval.engine.seps:SEPSEngine",
+    report=("variant",),
+    training_only=_TRAINING_ONLY,
+)
 
 
 @register_matcher("seps", SEPSConfig, **_SEPS_PLUGIN)

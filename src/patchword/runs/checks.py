@@ -5,6 +5,8 @@ Each failure is a :class:`~patchword.errors.ConfigError` naming the key to chang
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from patchword._validation import check_at_least
@@ -15,6 +17,9 @@ from patchword.eval.engine.core import declared_precisions
 from patchword.eval.protocol import check_coco_1k
 from patchword.model import RetrievalModel
 from patchword.runs.config import RunConfig
+
+if TYPE_CHECKING:
+    from patchword.eval.coco_extended import CocoGroundTruth
 
 __all__ = [
     "check_eval_precision",
@@ -127,11 +132,21 @@ EVAL_MINIMUMS = {"batch_size": 1, "max_memory_mb": 0}
 COCO_5K_IMAGES, COCO_5K_CAPTIONS = 5000, 25000
 
 
-def check_eval_settings(cfg: RunConfig, device: torch.device) -> None:
+def check_eval_settings(
+    cfg: RunConfig, device: torch.device, ground_truth: CocoGroundTruth | None = None
+) -> CocoGroundTruth | None:
     """The ``eval`` section, before any data is read: the numeric keys' ranges, ``eval.precision``
     against the matcher and ``device``, ``eval.coco_extended`` against the dataset and its ground truth
     files (``patchword eval`` and ``train.validate.check_config`` both call it; :func:`check_eval_split`
     checks the protocols against the split once it is read).
+
+    Args:
+        ground_truth: the COCO ground truth an earlier call returned (another member of an ensemble): not
+            read again.
+
+    Returns:
+        With ``eval.coco_extended``, the ground truth read now (or ``ground_truth``), for the scoring to
+        use rather than read the files a second time; else ``ground_truth`` as given.
 
     Raises:
         ConfigError: naming the first offending key.
@@ -143,9 +158,12 @@ def check_eval_settings(cfg: RunConfig, device: torch.device) -> None:
     if cfg.eval.coco_extended:
         if cfg.data.dataset in SYNTHETIC_DATASETS:
             raise ConfigError("eval.coco_extended", "needs the COCO 5K test split (ECCV Caption / CxC ids)")
-        from patchword.eval.coco_extended import CocoGroundTruth
+        if ground_truth is None:
+            from patchword.eval.coco_extended import CocoGroundTruth
 
-        CocoGroundTruth.load()  # the extra and its data, now rather than after scoring (or training)
+            # the extra and its data, now rather than after scoring (or training)
+            ground_truth = CocoGroundTruth.load()
+    return ground_truth
 
 
 def check_eval_split(cfg: RunConfig, split) -> None:

@@ -66,9 +66,12 @@ TWO_STAGE_COCO_1K_NOTE = (
 )
 
 
-def extra_metrics(cfg: RunConfig, model: RetrievalModel, split, raw, sims, device) -> dict[str, Any]:
+def extra_metrics(
+    cfg: RunConfig, model: RetrievalModel, split, raw, sims, device, ground_truth=None
+) -> dict[str, Any]:
     """What a run reports beside recall: ECCV Caption / CxC on COCO (``eval.coco_extended``, from the
-    split's scores ``sims``), and on the synthetic scenes how well patch selection finds the objects.
+    split's scores ``sims``, with the COCO ``ground_truth`` that ``check_eval_settings`` read: None reads
+    it here), and on the synthetic scenes how well patch selection finds the objects.
 
     ``sims`` of a two-stage search (an ``(i2t, t2i)`` pair) get no ``coco_1k_r1_*``: its 1K folds are
     searched fold by fold (``coco1k_*``), not cut from the 5K shortlists; ``"coco_extended_note"`` says so.
@@ -90,6 +93,7 @@ def extra_metrics(cfg: RunConfig, model: RetrievalModel, split, raw, sims, devic
             image_ids=raw.image_ids,
             metrics=names,
             txt2img=split.txt2img,
+            ground_truth=ground_truth,
             max_memory_mb=configured_budget_mb(cfg.eval.max_memory_mb, "cpu"),  # ranked on the host
         )
         out.update(coco_extended_percent(ext))
@@ -163,35 +167,41 @@ def evaluate_run_dir(
 
     cfg = read_run_config(run_dir, list(overrides or []))
     with session(resolve_device(cfg.device), cfg.dist_timeout_s) as dist:
-        return _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist)
+        return _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg)
 
 
-def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tuple[dict[str, Any], Path]:
+def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg=None) -> tuple[dict, Path]:
+    """:func:`evaluate_run_dir` in its session (``cfg``: run_dir's config with the overrides, or None)."""
     from patchword.data.prepare import eval_role, prepare_data
     from patchword.errors import ConfigError
     from patchword.eval.protocol import ensemble_metrics, evaluate
     from patchword.runs import config_hash, load_run, read_run_config, resolve_checkpoint
     from patchword.runs.checks import check_model_data
+    from patchword.runs.load import check_backbone_overrides
 
     overrides = list(overrides or [])
-    cfg = read_run_config(run_dir, overrides)
+    cfg = cfg or read_run_config(run_dir, overrides)
     role = eval_role(cfg.data, cfg.eval.split)
-    check_eval_settings(cfg, dist.device)
+    truth = check_eval_settings(cfg, dist.device)  # the COCO ground truth the scoring reads, or None
     members = [(run_dir, checkpoint)] + [_member(p) for p in ensemble or []]
     ensembled = len(members) > 1
-    # Everything cheap first: the output file, every member's config and checkpoint.
+    # Everything cheap first: the output file, each member's config (read, checked once) and checkpoint.
     out = out or run_dir / (f"eval_{role}_ensemble.json" if len(members) > 1 else f"eval_{role}.json")
     _check_output(out, force, [member_dir for member_dir, _ in members])
-    for member_dir, member_ckpt in members:
-        check_eval_settings(read_run_config(member_dir, overrides), dist.device)
+    configs = [cfg]
+    for n, (member_dir, member_ckpt) in enumerate(members):
+        if n:
+            configs.append(read_run_config(member_dir, overrides))
+            truth = check_eval_settings(configs[n], dist.device, truth)
+        check_backbone_overrides(member_dir, overrides)
         refuse_run_output(out, reads=[resolve_checkpoint(member_dir, member_ckpt)])
     device = dist.device
 
     prepared: dict[str, Any] = {}  # identical data configs and tokenizers are tokenised once
     results, reference = [], None
     t0 = time.perf_counter()
-    for member_dir, member_ckpt in members:
-        loaded = load_run(member_dir, member_ckpt, device=device, overrides=overrides)
+    for (member_dir, member_ckpt), member_cfg in zip(members, configs, strict=True):
+        loaded = load_run(member_dir, member_ckpt, device=device, overrides=overrides, config=member_cfg)
         mcfg, model = loaded.config, loaded.model
         if ensembled:
             # every member under the ensemble's COCO 1K setting (checked and evaluated so): a two-stage
@@ -249,11 +259,11 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
         if mcfg.eval.coco_extended:
             from patchword.eval.protocol import average_scores
 
-            metrics.update(extra_metrics(mcfg, model, split, raw, average_scores(scores), device))
+            metrics.update(extra_metrics(mcfg, model, split, raw, average_scores(scores), device, truth))
     else:
         meta, metrics = results[0]
         metrics.update(meta)
-        metrics.update(extra_metrics(mcfg, model, split, raw, metrics.pop("sims", None), device))
+        metrics.update(extra_metrics(mcfg, model, split, raw, metrics.pop("sims", None), device, truth))
     if role in data.oracle:
         metrics["oracle_rsum"] = data.oracle[role]["rsum"]
     metrics.update(
@@ -263,7 +273,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist) -> tup
         time=time.strftime("%Y-%m-%dT%H:%M:%S"),
         overrides=overrides,
     )
-    _write_json(out, metrics)
+    atomic_write_text(out, json.dumps(metrics, indent=2))
     return metrics, out
 
 
@@ -275,10 +285,6 @@ def _check_output(out: Path, force: bool, run_dirs: list[Path]) -> Path:
     refuse_run_output(out, run_dirs)
     check_output_file(out, force)
     return out
-
-
-def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2))
 
 
 def evaluate_suite(
@@ -313,7 +319,7 @@ def evaluate_suite(
     if not suite_files and cfg.data.dataset != "synthetic":
         raise ConfigError("--suite-file", "a run on real data needs SugarCrepe-style files (--suite-file)")
     refuse_run_output(out, reads=[resolve_checkpoint(run_dir, checkpoint), *(suite_files or [])])
-    loaded = load_run(run_dir, checkpoint, device=resolve_device(cfg.device), overrides=overrides)
+    loaded = load_run(run_dir, checkpoint, device=resolve_device(cfg.device), overrides=overrides, config=cfg)
     dc = loaded.config.data
     dense = None
     if suite_files:
@@ -346,7 +352,7 @@ def evaluate_suite(
         matcher=loaded.config.model.matcher,
         eval_seconds=time.perf_counter() - t0,
     )
-    _write_json(out, result)
+    atomic_write_text(out, json.dumps(result, indent=2))
     return result, out
 
 
@@ -372,7 +378,7 @@ def evaluate_patch_suite(
     if cfg.data.dataset != "synthetic" or cfg.model.image_encoder != "tiny":
         raise ConfigError("--suite", "patches probes the tiny image encoder of a run on the synthetic scenes")
     refuse_run_output(out, reads=[resolve_checkpoint(run_dir, checkpoint)])
-    loaded = load_run(run_dir, checkpoint, device=resolve_device(cfg.device), overrides=overrides)
+    loaded = load_run(run_dir, checkpoint, device=resolve_device(cfg.device), overrides=overrides, config=cfg)
     dc = loaded.config.data
     t0 = time.perf_counter()
     result = synthetic_patch_probe(
@@ -389,5 +395,5 @@ def evaluate_patch_suite(
         config_hash=config_hash(run_dir),
         eval_seconds=time.perf_counter() - t0,
     )
-    _write_json(out, result)
+    atomic_write_text(out, json.dumps(result, indent=2))
     return result, out

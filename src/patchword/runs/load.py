@@ -55,6 +55,7 @@ __all__ = [
     "config_hash",
     "resolve_checkpoint",
     "build_run_model",
+    "check_backbone_overrides",
     "save_backbones",
 ]
 
@@ -241,6 +242,37 @@ def save_backbones(model, run_dir: Path) -> None:
         atomic_write_text(Path(run_dir) / BACKBONES_FILE, json.dumps(architectures, indent=2))
 
 
+#: The override keys that name a Hugging Face backbone, with the role ``backbones.json`` records it under.
+_BACKBONE_KEYS = {"model.hf_vision": ("vision", "image"), "model.hf_text": ("text", "text")}
+
+
+def check_backbone_overrides(run_dir: str | Path, overrides: Sequence[str]) -> None:
+    """An override of ``model.hf_vision`` / ``model.hf_text`` where the run's ``backbones.json`` records that
+    backbone is refused: :func:`build_run_model` rebuilds it from the recorded architecture and the
+    checkpoint gives every weight, so the override would be ignored. Where the file records none (a tiny or
+    region encoder; a run written before the file was), the override is applied as before: the backbone is
+    built from it, then the checkpoint's weights are loaded into it.
+
+    Raises:
+        ConfigError: naming the key.
+        DataError: a damaged ``backbones.json`` (read only when such an override is given).
+    """
+    keys = [item.split("=", 1)[0].strip() for item in overrides if "=" in item]
+    keys = [key for key in keys if key in _BACKBONE_KEYS]
+    if not keys:
+        return
+    path = Path(run_dir) / BACKBONES_FILE
+    recorded = read_json(path, path.name, default={})
+    for key in keys:
+        role, what = _BACKBONE_KEYS[key]
+        if role in recorded:
+            raise ConfigError(
+                key,
+                f"the run's {BACKBONES_FILE} decides its {what} backbone ({path} records the architecture, "
+                "the checkpoint holds the weights): the override would be ignored; drop it",
+            )
+
+
 def build_run_model(run_dir: str | Path, cfg: RunConfig, vocab_size: int | None, vocab_words=None):
     """The model of a saved run, ready for its checkpoint: built from the run's own files only.
 
@@ -309,6 +341,7 @@ def load_run(
     *,
     device: str | torch.device = "cpu",
     overrides: Sequence[str] = (),
+    config: RunConfig | None = None,
 ) -> LoadedRun:
     """Load ``run_dir`` (config, tokenizer, weights) for inference.
 
@@ -317,14 +350,18 @@ def load_run(
         checkpoint: a file inside ``run_dir`` (``best.pt``, ``last.pt``) or a path; default ``best.pt``.
         device: where to put the model.
         overrides: dotted config overrides applied in memory (e.g. ``eval.max_memory_mb=4096``).
+        config: the run's config with ``overrides`` applied (:func:`read_run_config`), when the caller has
+            read it already; None reads it here.
 
     Raises:
         MissingFileError: no such run directory, no config.yaml, no vocabulary or no checkpoint.
         DataError: an empty config.yaml or a hashing run's; an exported ``model.safetensors`` whose sha256
             is not the one its export recorded.
+        ConfigError: an override the run cannot apply (:func:`check_backbone_overrides`).
     """
     run_dir = Path(run_dir)
-    cfg = read_run_config(run_dir, overrides)
+    cfg = config if config is not None else read_run_config(run_dir, overrides)
+    check_backbone_overrides(run_dir, overrides)
     path = resolve_checkpoint(run_dir, checkpoint)
     check_export_weights(run_dir, path)
     tokenizer = load_run_tokenizer(run_dir, cfg.data)
