@@ -34,6 +34,7 @@ from patchword.errors import ConfigError, MissingFileError
 
 __all__ = [
     "load_config",
+    "config_from_mapping",
     "parse_with_overrides",
     "unknown_key_error",
     "apply_overrides",
@@ -388,13 +389,18 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
             raise MissingFileError(f"config file {path} {state}")
         from patchword.readers import read_yaml_mapping
 
-        data = read_yaml_mapping(path, "config file")
-        try:
-            data = _upgrade(cls, data, "")
-            cfg = from_dict(cls, _deep_merge(_named_bases(cls, config_to_dict(cfg), data, ""), data, ""))
-        except ConfigError as err:
-            raise ConfigError(err.key, f"{err.detail} (in {path})") from None
+        cfg = config_from_mapping(cls, read_yaml_mapping(path, "config file"), path)
     return apply_overrides(cfg, overrides or [])
+
+
+def config_from_mapping(cls: type[T], data: dict[str, Any], path: str | Path) -> T:
+    """Defaults of ``cls`` with ``data`` (a YAML file's mapping, already read from ``path``) on top: what
+    :func:`load_config` does with the file, for a caller that has read it (errors name ``path``)."""
+    try:
+        data = _upgrade(cls, data, "")
+        return from_dict(cls, _deep_merge(_named_bases(cls, config_to_dict(cls()), data, ""), data, ""))
+    except ConfigError as err:
+        raise ConfigError(err.key, f"{err.detail} (in {path})") from None
 
 
 def _named_bases(cls: type, base: dict[str, Any], update: dict[str, Any], where: str) -> dict[str, Any]:

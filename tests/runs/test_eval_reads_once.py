@@ -66,3 +66,17 @@ def test_the_coco_ground_truth_the_checks_read_is_the_one_the_scoring_uses(monke
     sims = torch.zeros(1, 2)
     got = patchword.runs.evaluate.extra_metrics(cfg, None, split, raw, sims, device, "gt")
     assert got == {"eccv_r1_i2t": 50.0, "eccv_r1_t2i": 25.0} and used == ["gt"] and len(loads) == 1
+
+
+def test_a_run_config_is_parsed_once(trained_tiny_run, monkeypatch):
+    """Before: ``read_run_config`` parsed config.yaml twice (its checks, then ``load_config``)."""
+    import patchword.readers
+
+    parses = _counting(monkeypatch, patchword.runs.load, "read_yaml_mapping")
+    monkeypatch.setattr(patchword.readers, "read_yaml_mapping", patchword.runs.load.read_yaml_mapping)
+    config = patchword.runs.read_run_config(trained_tiny_run, ["eval.split=dev"])
+    assert parses == [trained_tiny_run / "config.yaml"]
+    from patchword.config import load_config
+
+    expected = load_config(RunConfig, trained_tiny_run / "config.yaml", ["eval.split=dev"])
+    assert config.eval.split == "dev" and config == expected

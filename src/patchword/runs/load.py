@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 from patchword.checkpoint import load_fitting_weights, load_weights
-from patchword.config import load_config
+from patchword.config import apply_overrides, config_from_mapping
 from patchword.data.config import DataConfig
 from patchword.errors import ConfigError, DataError, MissingFileError
 from patchword.model import RetrievalModel, build_model, started_pretrained
@@ -110,8 +110,9 @@ def read_run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> RunCo
             run's).
         ConfigError: an unknown key or a wrong value, in the file or the overrides.
     """
-    read_run_mapping(run_dir)
-    return load_config(RunConfig, Path(run_dir) / CONFIG_FILE, list(overrides))
+    data = read_run_mapping(run_dir)  # read once: checked here, then built
+    config = config_from_mapping(RunConfig, data, Path(run_dir) / CONFIG_FILE)
+    return apply_overrides(config, list(overrides))
 
 
 #: The files a run directory records its run in, which no command's output may replace (``--force`` or
