@@ -25,7 +25,8 @@ def format_scoring(result: dict[str, Any]) -> str:
     run). A "peak" below the engine's rate (a matmul too small to reach the machine's peak, ``--peak-size``)
     is no ceiling: no percentage is shown for it, and a line under the table says why. The Flickr30K times
     are extrapolated from the time per pair of the (far fewer) pairs timed: their column says so (``~``),
-    and a line under the table says from how many pairs.
+    and a line under the table says from how many pairs. The peak RSS growth measured in a fresh process
+    (``engine_rss_growth_mb``, the first config's; absent with ``--no-rss``) is a line under the table too.
     """
     peak = max(result["peak_gflops"], result.get("peak_gflops_end", 0.0))
     above_peak = []
@@ -35,8 +36,11 @@ def format_scoring(result: dict[str, Any]) -> str:
         "| F30K 1000x5000 engine / reference (extrapolated) | max abs diff |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    timed = {}
+    timed, rss = {}, []
     for name, e in result["configs"].items():
+        if "engine_rss_growth_mb" in e:  # None: the probe failed (logged)
+            growth = e["engine_rss_growth_mb"]
+            rss.append(f"{name}: " + ("the probe failed" if growth is None else f"{growth:.0f} MiB"))
         gflops = f"{e['engine_gflops']:.1f} / {e['reference_gflops']:.1f}"
         if peak > 0 and e["engine_gflops"] <= peak:
             gflops += f" ({100 * e['engine_gflops'] / peak:.0f}%)"
@@ -67,6 +71,8 @@ def format_scoring(result: dict[str, Any]) -> str:
             f"F30K times (~) are extrapolated to its {F30K_IMAGES * F30K_CAPTIONS:,} pairs from the time per "
             f"pair of the pairs timed: {counts}.",
         ]
+    if rss:
+        lines += ["", f"Peak RSS growth of the engine's call in a fresh process: {'; '.join(rss)}."]
     return "\n".join(lines)
 
 

@@ -50,6 +50,8 @@ class ScoringCall:
         images: images scored; caption_images: the captions of this many of them.
         max_memory_mb: the engine's working-memory budget.
         data: the shared data folder (None: found or stand-in); stand_in_lengths: skip looking for it.
+        bert_vocab: the vocabulary of the dense lengths (None: word counts), as in the timed run: the probe
+            reads the lengths again, and dense text of other lengths is another call.
     """
 
     config: str
@@ -58,12 +60,14 @@ class ScoringCall:
     max_memory_mb: float
     data: str | None = None
     stand_in_lengths: bool = False
+    bert_vocab: str | None = None
 
     def probe_argv(self) -> list[str]:
         """Arguments of ``patchword bench _rss`` that repeat this call in a fresh process."""
         argv = ["_rss", "--config", self.config, "--images", str(self.images)]
         argv += ["--caption-images", str(self.caption_images), "--max-memory-mb", str(self.max_memory_mb)]
         argv += ["--data", self.data] if self.data else []
+        argv += ["--bert-vocab", self.bert_vocab] if self.bert_vocab else []
         return argv + (["--stand-in-lengths"] if self.stand_in_lengths else [])
 
 
@@ -72,7 +76,7 @@ def rss_growth_of_scoring(call: ScoringCall) -> float:
     kernels, lazy imports). Meaningful in a fresh process."""
     from patchword.eval import score_matrix
 
-    cap_lens, dense_lens, _ = benchmark_lengths(call.data, None, stand_in=call.stand_in_lengths)
+    cap_lens, dense_lens, _ = benchmark_lengths(call.data, call.bert_vocab, stand_in=call.stand_in_lengths)
     matcher = build_bench_matcher(call.config)
     img, caps, lens, dense, dlens, t2i = scoring_inputs(
         call.images, cap_lens, dense_lens, caption_images=call.caption_images

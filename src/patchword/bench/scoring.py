@@ -124,7 +124,8 @@ class ScoringPlan:
 
     Attributes:
         cap_lens, dense_lens, lengths_source: :func:`~patchword.bench.inputs.benchmark_lengths`.
-        data, stand_in_lengths: where the lengths came from (the RSS probe reads them again in its process).
+        data, stand_in_lengths, bert_vocab: where the lengths came from (the RSS probe reads them again in
+            its process); ``bert_vocab`` None: dense lengths from word counts.
     """
 
     images: int
@@ -137,6 +138,7 @@ class ScoringPlan:
     lengths_source: str
     data: str | None
     stand_in_lengths: bool
+    bert_vocab: str | None = None
 
 
 def plan_scoring(
@@ -199,6 +201,7 @@ def plan_scoring(
         lengths_source=source,
         data=data,
         stand_in_lengths=stand_in_lengths,
+        bert_vocab=bert_vocab,
     )
 
 
@@ -328,7 +331,9 @@ def run_scoring(
         for _ in range(repeats):  # interleaved: both see the same machine state
             engine_s = min(engine_s, best_time(run_engine, 1))
             ref_s = min(ref_s, best_time(run_reference, 1))
-        plan = engine.last_plan  # of the full block (the FLOP count below scores fewer images)
+        # of the full block (the FLOP count below scores fewer images); not ``plan``, the benchmark's plan,
+        # which the RSS probe below still reads
+        block_plan = engine.last_plan
         # The meter and the FLOP count are dispatch modes and profilers of the calling thread: they run the
         # same engine with one thread of control (its CPU workers would hide every op from them).
         single = SEPSEngine(matcher, workers=1)
@@ -351,10 +356,10 @@ def run_scoring(
             "reference_gflops": ref_flops / ref_pair_s / 1e9,
             "engine_peak_tensor_mb": meter.peak_bytes / (1 << 20),
             "plan": {
-                "image_block": plan.image_block,
-                "text_block": plan.text_block,
-                "dense_block": plan.dense_block,
-                **plan.details,
+                "image_block": block_plan.image_block,
+                "text_block": block_plan.text_block,
+                "dense_block": block_plan.dense_block,
+                **block_plan.details,
             },
             # Extrapolated from the time per pair of the pairs timed (the table says so).
             "f30k_engine_s": F30K_IMAGES * F30K_CAPTIONS * engine_pair_s,
@@ -363,7 +368,9 @@ def run_scoring(
             "extrapolated_from_pairs": {"engine": n_pairs, "reference": ref.numel()},
         }
         if rss and name == configs[0]:
-            call = ScoringCall(name, images, caption_images, max_memory_mb, plan.data, plan.stand_in_lengths)
+            call = ScoringCall(
+                name, images, caption_images, max_memory_mb, plan.data, plan.stand_in_lengths, plan.bert_vocab
+            )
             entry["engine_rss_growth_mb"] = measure_rss_in_subprocess(call)
         result["configs"][name] = entry
         _logger.info("%s: %s", name, {k: v for k, v in entry.items() if k != "plan"})

@@ -204,6 +204,7 @@ def _parser() -> argparse.ArgumentParser:
     probe.add_argument("--max-memory-mb", type=float, required=True)
     probe.add_argument("--data", default=None)
     probe.add_argument("--stand-in-lengths", action="store_true")
+    probe.add_argument("--bert-vocab", default=None)
     return parser
 
 
@@ -371,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             args.max_memory_mb,
             args.data,
             args.stand_in_lengths,
+            args.bert_vocab,
         )
         growth = rss_growth_of_scoring(call)
         print(json.dumps({"rss_growth_mb": growth}))
