@@ -26,6 +26,8 @@ cost record) stays in one module, so no path can drift from the others.
 
 from __future__ import annotations
 
+import ctypes
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -258,7 +260,11 @@ def evaluate(
     timings: dict[str, float] = {}
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    _release_free_heap()
     host_scope = "evaluation" if reset_peak_host_rss() else "process"
+    # right after a reset the peak is the resident set now: what the process already held (a training
+    # process holds far more than a fresh `patchword eval`), which the evaluation's own peak leaves out
+    host_start = peak_host_rss_mb() if host_scope == "evaluation" else None
     start = time.perf_counter()
     if plan is None:
         sims = score_split(
@@ -289,12 +295,27 @@ def evaluate(
         dist.world_size,
         gallery_pairs=split.num_images * split.num_captions if plan is None else None,
         host_scope=host_scope,
+        host_start_mb=host_start,
     )
     if return_sims:
         metrics["sims"] = sims
     if return_fold_sims and fold_sims is not None:
         metrics["coco1k_sims"] = fold_sims if dist.is_main else None
     return metrics
+
+
+def _release_free_heap() -> None:
+    """Give the C heap's free memory back to the system (glibc ``malloc_trim``) before the resident set is
+    taken as the evaluation's start: memory a training process freed but its allocator kept would take the
+    evaluation's first allocations without growing the resident set, and its ``peak_host_growth_mb`` would
+    read less than the same evaluation's elsewhere. Nothing where there is no glibc (macOS, Windows)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # another C library (musl)
+        return
+    trim(0)
 
 
 def evaluation_cost(
@@ -305,6 +326,7 @@ def evaluation_cost(
     *,
     gallery_pairs: int | None,
     host_scope: str,
+    host_start_mb: float | None = None,
 ) -> dict[str, Any]:
     """What an evaluation cost and where it ran (the ``"cost"`` entry of its metrics).
 
@@ -314,9 +336,17 @@ def evaluation_cost(
     ``world_size`` processes together); ``peak_device_mb`` the most CUDA
     memory allocated during the evaluation (None elsewhere); ``peak_host_rss_mb`` the process's resident
     high-water mark during the evaluation where the system can reset it (Linux), else since the process
-    started (``host_scope``: "evaluation" or "process"). ``timings``: :func:`score_split`'s (``pairs``
-    this process's), or a two-stage search's ``search_seconds``; ``gallery_pairs``: the exhaustive
-    matrix's size, None for a two-stage search.
+    started (``host_scope``: "evaluation" or "process"). That mark includes whatever the process held when
+    the evaluation began (``host_rss_start_mb``, the resident set then): in training, the optimizer, the
+    training data and the allocator's cache; in ``patchword eval``, far less, so the same checkpoint shows
+    two marks. ``peak_host_growth_mb`` (the mark less ``host_rss_start_mb``, the heap's free memory given
+    back first: the evaluation's own peak, whichever process ran it) is the figure that compares runs; a
+    process's first evaluation also pages in library code (a fixed amount whatever the gallery: about 30
+    MiB on a CPU). Both None where the mark cannot be reset (``host_scope`` "process", or
+    ``host_start_mb`` not given); records written before they were kept have only ``peak_host_rss_mb``.
+    ``timings``: :func:`score_split`'s (``pairs`` this process's), or a two-stage search's
+    ``search_seconds``; ``gallery_pairs``: the exhaustive matrix's size, None for a two-stage search;
+    ``host_start_mb``: the resident set when the evaluation began (None: unknown).
     """
     device = torch.device(device)
     cost: dict[str, Any] = {"exhaustive": gallery_pairs is not None}
@@ -331,6 +361,9 @@ def evaluation_cost(
     )
     peak = peak_host_rss_mb()
     cost["peak_host_rss_mb"] = None if peak is None else round(peak, 1)
+    known = peak is not None and host_start_mb is not None and host_scope == "evaluation"
+    cost["host_rss_start_mb"] = round(host_start_mb, 1) if known else None
+    cost["peak_host_growth_mb"] = round(max(peak - host_start_mb, 0.0), 1) if known else None
     cost.update(describe_device(device))
     cost.update(world_size=world_size, precision=eval_cfg.precision, peak_host_scope=host_scope)
     cost["max_memory_mb"] = configured_budget_mb(eval_cfg.max_memory_mb, device)

@@ -26,8 +26,7 @@ from patchword.runs.checks import check_eval_settings
 from patchword.runs.config import RunConfig
 from patchword.runs.files import METRICS_JSON, VOCAB_FILE
 from patchword.runs.load import refuse_run_output
-from patchword.runs.recorded import checkpoint_identity
-from patchword.version import __version__
+from patchword.runs.recorded import evaluation_identity, evaluation_provenance, suite_files_identity
 
 __all__ = [
     "run_metadata",
@@ -165,7 +164,7 @@ def evaluate_run_dir(
     from patchword.distributed import session
     from patchword.runs import read_run_config
 
-    cfg = read_run_config(run_dir, list(overrides or []))
+    cfg = read_run_config(run_dir, overrides)
     with session(resolve_device(cfg.device), cfg.dist_timeout_s) as dist:
         return _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg)
 
@@ -175,7 +174,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg=No
     from patchword.data.prepare import eval_role, prepare_data
     from patchword.errors import ConfigError
     from patchword.eval.protocol import ensemble_metrics, evaluate
-    from patchword.runs import config_hash, load_run, read_run_config, resolve_checkpoint
+    from patchword.runs import load_run, read_run_config, resolve_checkpoint
     from patchword.runs.checks import check_model_data
     from patchword.runs.load import check_backbone_overrides
 
@@ -236,12 +235,9 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg=No
             dist=dist,
         )
         meta = {
-            "run_dir": str(member_dir),
-            "checkpoint": str(loaded.checkpoint),
-            # its step and the digest of its bytes: which weights these numbers belong to, whatever
-            # later happens to the file or its date (runs.recorded.evaluation_of); rank 0 writes the file
-            **(checkpoint_identity(loaded.checkpoint) if dist.is_main else {}),
-            "config_hash": config_hash(member_dir),
+            # the checkpoint's step and the digest of its bytes: which weights these numbers belong to,
+            # whatever later happens to the file or its date (runs.recorded.evaluation_of); rank 0 writes
+            **evaluation_identity(member_dir, loaded.checkpoint, digest=dist.is_main),
             **run_metadata(mcfg, model, role, split),
         }
         results.append((meta, metrics))
@@ -267,11 +263,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg=No
     if role in data.oracle:
         metrics["oracle_rsum"] = data.oracle[role]["rsum"]
     metrics.update(
-        eval_seconds=time.perf_counter() - t0,
-        world_size=dist.world_size,
-        patchword_version=__version__,
-        time=time.strftime("%Y-%m-%dT%H:%M:%S"),
-        overrides=overrides,
+        eval_seconds=time.perf_counter() - t0, world_size=dist.world_size, **evaluation_provenance(overrides)
     )
     atomic_write_text(out, json.dumps(metrics, indent=2))
     return metrics, out
@@ -287,6 +279,42 @@ def _check_output(out: Path, force: bool, run_dirs: list[Path]) -> Path:
     return out
 
 
+def _suite_run(suite: str, run_dir: Path, checkpoint, overrides, out: Path | None, force: bool, check, reads):
+    """Both suites before scoring: one process; the config (with ``overrides``), the eval settings,
+    ``check(cfg)`` (the suite's refusals) and ``out`` (default ``RUN/eval_<suite>.json``) checked; the
+    files read (``reads``: suite files or None) refused as ``out``. Returns (loaded run, data config, out)."""
+    from patchword.device import resolve_device
+    from patchword.distributed import launch_info
+    from patchword.errors import ConfigError
+    from patchword.runs import load_run, read_run_config, resolve_checkpoint
+
+    if launch_info().world_size > 1:
+        raise ConfigError("--suite", "runs in one process: start it without torchrun")
+    overrides = list(overrides or [])
+    cfg = read_run_config(run_dir, overrides)
+    check_eval_settings(cfg, resolve_device(cfg.device))
+    out = _check_output(out or run_dir / f"eval_{suite}.json", force, [run_dir])
+    check(cfg)
+    refuse_run_output(out, reads=[resolve_checkpoint(run_dir, checkpoint), *(reads or [])])
+    loaded = load_run(run_dir, checkpoint, device=resolve_device(cfg.device), overrides=overrides, config=cfg)
+    return loaded, loaded.config.data, out
+
+
+def _write_suite(result: dict, loaded, run_dir: Path, overrides: list[str], files, out: Path, t0: float):
+    """A suite's record: its figures and the identity a recall record carries (the run, the checkpoint's
+    path, step and digest, the config hash, the overrides; :func:`~patchword.runs.recorded.
+    suite_evaluation_of` reads them), plus ``suite_files`` (the ``--suite-file`` files read and their
+    digests; [] for none), written to ``out``."""
+    result.update(
+        **evaluation_identity(run_dir, loaded.checkpoint),
+        suite_files=suite_files_identity(files),
+        eval_seconds=time.perf_counter() - t0,
+        **evaluation_provenance(list(overrides or [])),
+    )
+    atomic_write_text(out, json.dumps(result, indent=2))
+    return result, out
+
+
 def evaluate_suite(
     run_dir: Path,
     checkpoint: Path | str | None = None,
@@ -299,8 +327,6 @@ def evaluate_suite(
 ) -> tuple[dict[str, Any], Path]:
     """The compositional suite: every (image, caption, one-fact negative) triple, accuracy per kind
     (the true caption must score strictly higher; chance 50). Writes ``RUN/eval_compositional.json``."""
-    from patchword.device import resolve_device
-    from patchword.distributed import launch_info
     from patchword.errors import ConfigError
     from patchword.eval.compositional import (
         FileImageSource,
@@ -308,19 +334,14 @@ def evaluate_suite(
         read_sugarcrepe,
         synthetic_suite,
     )
-    from patchword.runs import config_hash, load_run, read_run_config, resolve_checkpoint
 
-    if launch_info().world_size > 1:
-        raise ConfigError("--suite", "runs in one process: start it without torchrun")
-    overrides = list(overrides or [])
-    cfg = read_run_config(run_dir, overrides)
-    check_eval_settings(cfg, resolve_device(cfg.device))
-    out = _check_output(out or run_dir / "eval_compositional.json", force, [run_dir])
-    if not suite_files and cfg.data.dataset != "synthetic":
-        raise ConfigError("--suite-file", "a run on real data needs SugarCrepe-style files (--suite-file)")
-    refuse_run_output(out, reads=[resolve_checkpoint(run_dir, checkpoint), *(suite_files or [])])
-    loaded = load_run(run_dir, checkpoint, device=resolve_device(cfg.device), overrides=overrides, config=cfg)
-    dc = loaded.config.data
+    def check(cfg: RunConfig) -> None:
+        if not suite_files and cfg.data.dataset != "synthetic":
+            raise ConfigError("--suite-file", "a run on real data needs SugarCrepe-style files")
+
+    loaded, dc, out = _suite_run(
+        "compositional", run_dir, checkpoint, overrides, out, force, check, suite_files
+    )
     dense = None
     if suite_files:
         paths, triples = read_sugarcrepe(suite_files, image_root)
@@ -344,16 +365,9 @@ def evaluate_suite(
         max_memory_mb=configured_budget_mb(loaded.config.eval.max_memory_mb, loaded.device),
         progress=loaded.config.progress,
     )
-    result.update(
-        suite="compositional",
-        source=source,
-        checkpoint=str(loaded.checkpoint),
-        config_hash=config_hash(run_dir),
-        matcher=loaded.config.model.matcher,
-        eval_seconds=time.perf_counter() - t0,
-    )
-    atomic_write_text(out, json.dumps(result, indent=2))
-    return result, out
+    root = str(image_root) if suite_files and image_root else None  # where the suite files' images are
+    result.update(suite="compositional", source=source, image_root=root, matcher=loaded.config.model.matcher)
+    return _write_suite(result, loaded, run_dir, overrides, suite_files, out, t0)
 
 
 def evaluate_patch_suite(
@@ -366,20 +380,14 @@ def evaluate_patch_suite(
 ) -> tuple[dict[str, Any], Path]:
     """Linear probes and patch-word grounding of the run's image encoder on its synthetic scenes
     (:mod:`patchword.eval.patch_probe`); writes ``RUN/eval_patches.json``."""
-    from patchword.device import resolve_device
     from patchword.errors import ConfigError
     from patchword.eval.patch_probe import synthetic_patch_probe
-    from patchword.runs import config_hash, load_run, read_run_config, resolve_checkpoint
 
-    overrides = list(overrides or [])
-    cfg = read_run_config(run_dir, overrides)
-    check_eval_settings(cfg, resolve_device(cfg.device))
-    out = _check_output(out or run_dir / "eval_patches.json", force, [run_dir])
-    if cfg.data.dataset != "synthetic" or cfg.model.image_encoder != "tiny":
-        raise ConfigError("--suite", "patches probes the tiny image encoder of a run on the synthetic scenes")
-    refuse_run_output(out, reads=[resolve_checkpoint(run_dir, checkpoint)])
-    loaded = load_run(run_dir, checkpoint, device=resolve_device(cfg.device), overrides=overrides, config=cfg)
-    dc = loaded.config.data
+    def check(cfg: RunConfig) -> None:
+        if cfg.data.dataset != "synthetic" or cfg.model.image_encoder != "tiny":
+            raise ConfigError("--suite", "patches probes a tiny image encoder on the synthetic scenes")
+
+    loaded, dc, out = _suite_run("patches", run_dir, checkpoint, overrides, out, force, check, None)
     t0 = time.perf_counter()
     result = synthetic_patch_probe(
         loaded.model,
@@ -388,12 +396,5 @@ def evaluate_patch_suite(
         cache_dir=dc.cache_dir or None,
         device=loaded.device,
     )
-    result.update(
-        suite="patches",
-        scenes=dc.synthetic_scenes,
-        checkpoint=str(loaded.checkpoint),
-        config_hash=config_hash(run_dir),
-        eval_seconds=time.perf_counter() - t0,
-    )
-    atomic_write_text(out, json.dumps(result, indent=2))
-    return result, out
+    result.update(suite="patches", scenes=dc.synthetic_scenes)
+    return _write_suite(result, loaded, run_dir, overrides, None, out, t0)

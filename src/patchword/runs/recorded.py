@@ -12,29 +12,41 @@ of the checkpoint file they scored (``checkpoint_sha256``), and the record descr
 holds those bytes. File dates cannot say it: a checkpoint copied over another with its date kept (``cp -p``,
 ``rsync -t``) or a clock set back leaves a newer-looking evaluation of other weights. Records written before
 the digest was kept fall back to the path they name and the dates.
+
+The suites (``eval_compositional.json``, ``eval_patches.json``: ``patchword eval RUN --suite``) record the
+same identity (:func:`evaluation_identity`, the fields a recall record carries) and
+:func:`suite_evaluation_of` finds the one describing a checkpoint by the same rules; a suite record written
+before they carried it is never trusted (nothing in it proves which weights or settings it scored).
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from patchword.fileio import file_sha256
 from patchword.readers import read_json
 from patchword.runs.files import BEST_CHECKPOINT, CONFIG_FILE, LAST_CHECKPOINT, SUMMARY_FILE
 from patchword.runs.load import config_hash
+from patchword.version import __version__
 
 __all__ = [
     "DIGEST_FIELD",
+    "IDENTITY_FIELDS",
     "NEUTRAL_OVERRIDES",
     "checkpoint_facts",
     "checkpoint_identity",
+    "evaluation_identity",
+    "evaluation_provenance",
     "evaluation_of",
     "file_sha256",
     "path_in_run",
+    "suite_evaluation_of",
+    "suite_files_identity",
 ]
 
 #: The field of an evaluation record (``eval_*.json``, ``summary.json``) holding the sha256 of the
@@ -103,6 +115,50 @@ def checkpoint_identity(checkpoint: str | Path) -> dict[str, Any]:
     }
 
 
+#: The fields :func:`evaluation_identity`, :func:`evaluation_provenance` and :func:`suite_files_identity`
+#: write into a record: what it measured and how, not figures (a reader collecting a suite's numbers skips
+#: them: ``checkpoint_step`` is a number too).
+IDENTITY_FIELDS = frozenset(
+    {"run_dir", "checkpoint", "checkpoint_step", DIGEST_FIELD, "config_hash"}
+    | {"patchword_version", "time", "overrides", "suite_files"}
+)
+
+
+def evaluation_identity(
+    run_dir: str | Path, checkpoint: str | Path, *, digest: bool = True
+) -> dict[str, Any]:
+    """What every evaluation record (``eval_<split>.json`` and each member of an ensemble's, the suites'
+    ``eval_compositional.json`` / ``eval_patches.json``) says about what it scored: ``run_dir`` and
+    ``checkpoint`` (the paths as the evaluation was given them, so relative to one working directory),
+    :func:`checkpoint_identity` (with ``digest``; false on the processes of a launch that write nothing:
+    hashing the file there would be wasted) and ``config_hash`` (the run's ``config.yaml``). By these
+    :func:`evaluation_of` and :func:`suite_evaluation_of` later tell whether it describes a checkpoint."""
+    return {
+        "run_dir": str(run_dir),
+        "checkpoint": str(checkpoint),
+        **(checkpoint_identity(checkpoint) if digest else {}),
+        "config_hash": config_hash(run_dir),
+    }
+
+
+def evaluation_provenance(overrides: list[str]) -> dict[str, Any]:
+    """What every evaluation file records beside :func:`evaluation_identity`: the version and time that
+    wrote it and the ``overrides`` it ran under (a record is trusted only without any but
+    :data:`NEUTRAL_OVERRIDES`)."""
+    return {
+        "patchword_version": __version__,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "overrides": overrides,
+    }
+
+
+def suite_files_identity(files: Sequence[str | Path] | None) -> list[dict[str, str]]:
+    """A suite record's ``"suite_files"``: each file it read (``--suite-file``) as ``{"path": as given,
+    "sha256": of its bytes}``; ``[]`` for a suite that read none (the run's own synthetic suite, the patch
+    probes)."""
+    return [{"path": str(f), "sha256": file_sha256(f)} for f in files or []]
+
+
 def _lazy_digest(path: Path) -> Callable[[], str | None]:
     """The digest of ``path`` (None when it is no file), computed on the first call only: hashing a large
     checkpoint is paid once per lookup, and not at all when no record carries a digest."""
@@ -131,17 +187,68 @@ def _names(record: dict[str, Any], checkpoint: Path) -> bool:
     return Path(os.path.normpath(os.path.relpath(str(recorded), str(run)))) == checkpoint
 
 
-def _usable(record: dict[str, Any] | None, checkpoint: Path, current: str | None) -> bool:
-    """An ``eval_*.json`` recall evaluation of ``checkpoint`` alone with the run's current config, as
-    configured."""
+def _non_neutral(overrides) -> bool:
+    """Whether ``overrides`` (a record's) hold one that changes what an evaluation measures."""
+    return any(str(o).split("=", 1)[0].strip() not in NEUTRAL_OVERRIDES for o in overrides or [])
+
+
+def _usable(record: dict[str, Any] | None, checkpoint: Path, current: str | None, suite: str | None) -> bool:
+    """An ``eval_*.json`` evaluation of ``checkpoint`` alone with the run's current config, as configured:
+    ``suite`` None, a recall evaluation (not an ensemble, not a suite's record); else a record of that suite
+    carrying every identity field (the digest, the overrides and the suite files it read: a suite record of
+    an older version, which has none, proves nothing)."""
+    if record is None or "ensemble" in record or record.get("suite") != suite:
+        return False
+    if suite is not None and (
+        record.get(DIGEST_FIELD) is None
+        or not isinstance(record.get("overrides"), list)
+        or not isinstance(record.get("suite_files"), list)
+    ):
+        return False
     return (
-        record is not None
-        and "ensemble" not in record
-        and "suite" not in record  # eval_compositional.json / eval_patches.json: no recall table
-        and not any(str(o).split("=", 1)[0] not in NEUTRAL_OVERRIDES for o in record.get("overrides") or [])
+        not _non_neutral(record.get("overrides"))
         and record.get("config_hash") == current
         and _names(record, checkpoint)
     )
+
+
+class _Target(NamedTuple):
+    """A checkpoint looked up in a run: ``absolute`` (its path), ``inside`` (relative to the run
+    directory), ``written`` (its mtime, 0 when missing), ``digest`` (lazy) and the run's ``current`` config
+    hash (None without a config.yaml)."""
+
+    absolute: Path
+    inside: Path
+    written: float
+    digest: Callable[[], str | None]
+    current: str | None
+
+
+def _target(run_dir: Path, checkpoint: str | Path) -> _Target | None:
+    """``checkpoint`` resolved as :func:`evaluation_of` describes; None for a file outside the run."""
+    absolute = Path(checkpoint)
+    if not absolute.is_absolute() and ((run_dir / absolute).is_file() or not absolute.is_file()):
+        absolute = run_dir / absolute
+    inside = path_in_run(run_dir, absolute)
+    if inside is None:
+        return None
+    written = absolute.stat().st_mtime if absolute.is_file() else 0.0
+    current = config_hash(run_dir) if (run_dir / CONFIG_FILE).is_file() else None
+    return _Target(absolute, inside, written, _lazy_digest(absolute), current)
+
+
+def _records(run_dir: Path, target: _Target, suite: str | None) -> list[tuple[float, Path, dict[str, Any]]]:
+    """(mtime, path, record) of each ``eval_*.json`` of ``run_dir`` that is :func:`_usable` for ``target``
+    (``suite``: None for recall records) and :func:`_measured` its present bytes."""
+    found = []
+    for path in run_dir.glob("eval_*.json"):
+        record = _read(path)
+        recorded_at = path.stat().st_mtime
+        if _usable(record, target.inside, target.current, suite) and _measured(
+            record, target.digest, recorded_at, target.written
+        ):
+            found.append((recorded_at, path, record))
+    return found
 
 
 def _summary_describes(run_dir: Path, summary: dict[str, Any], checkpoint: Path, absolute: Path) -> bool:
@@ -169,29 +276,22 @@ def evaluation_of(
     Candidates, newest first: ``eval_*.json`` of that checkpoint (the file it names, relative to the run
     directory it names, is this one), made with the run's current ``config.yaml`` (config hash), without
     overrides but those of :data:`NEUTRAL_OVERRIDES` (they change how the evaluation runs, not what it
-    measures), not an ensemble, and of the file's present content (the digest it records; for a record
-    without one, not older than the checkpoint file); those of ``split`` (e.g. the run's ``eval.split``)
-    before others. Then ``summary.json`` when it evaluated these bytes (its digest) or, for a summary without
-    a digest, the checkpoint is the one training evaluated (``best.pt`` holding the summary's best dev rSum,
-    or ``last.pt`` in a run without one) and the summary is not older than it. ``({}, None)`` when none
-    describes it, and always for a checkpoint outside the run. The checkpoint is hashed at most once, and
-    only when a candidate carries a digest.
+    measures), not an ensemble nor a suite's record (:func:`suite_evaluation_of`), and of the file's present
+    content (the digest it records; for a record without one, not older than the checkpoint file); those of
+    ``split`` (e.g. the run's ``eval.split``) before others. Then ``summary.json`` when it evaluated these
+    bytes (its digest) or, for a summary without a digest, the checkpoint is the one training evaluated
+    (``best.pt`` holding the summary's best dev rSum, or ``last.pt`` in a run without one) and the summary
+    is not older than it. ``({}, None)`` when none describes it, and always for a checkpoint outside the
+    run. The checkpoint is hashed at most once, and only when a candidate carries a digest.
     """
-    run_dir, absolute = Path(run_dir), Path(checkpoint)
-    if not absolute.is_absolute() and ((run_dir / absolute).is_file() or not absolute.is_file()):
-        absolute = run_dir / absolute
-    inside = path_in_run(run_dir, absolute)
-    if inside is None:
+    run_dir = Path(run_dir)
+    target = _target(run_dir, checkpoint)
+    if target is None:
         return {}, None
-    written = absolute.stat().st_mtime if absolute.is_file() else 0.0
-    digest = _lazy_digest(absolute)
-    current = config_hash(run_dir) if (run_dir / CONFIG_FILE).is_file() else None
-    found = []
-    for path in run_dir.glob("eval_*.json"):
-        record = _read(path)
-        recorded_at = path.stat().st_mtime
-        if _usable(record, inside, current) and _measured(record, digest, recorded_at, written):
-            found.append(((split is None or record.get("split") == split), recorded_at, path, record))
+    found = [
+        ((split is None or record.get("split") == split), recorded_at, path, record)
+        for recorded_at, path, record in _records(run_dir, target, None)
+    ]
     if found:
         _, _, path, record = max(found, key=lambda item: item[:2])
         return record, path.name
@@ -199,8 +299,63 @@ def evaluation_of(
     summary = _read(summary_path)
     if (
         summary
-        and _summary_describes(run_dir, summary, inside, absolute)
-        and _measured(summary, digest, summary_path.stat().st_mtime, written)
+        and _summary_describes(run_dir, summary, target.inside, target.absolute)
+        and _measured(summary, target.digest, summary_path.stat().st_mtime, target.written)
     ):
         return summary, summary_path.name
     return {}, None
+
+
+def _scored_files(record: dict[str, Any]) -> list[str]:
+    """The sorted digests of the suite files a suite record read (an entry without one: "")."""
+    return sorted(str(e.get("sha256") or "") if isinstance(e, dict) else "" for e in record["suite_files"])
+
+
+def suite_evaluation_of(
+    run_dir: str | Path,
+    checkpoint: str | Path,
+    suite: str,
+    *,
+    suite_files: Sequence[str | Path] | None = None,
+) -> tuple[dict, str | None]:
+    """The recorded ``suite`` evaluation (``"compositional"`` or ``"patches"``) of ``checkpoint`` and the
+    name of the file it came from in ``run_dir``; ``({}, None)`` when no record describes it.
+
+    ``checkpoint`` is resolved as :func:`evaluation_of` resolves it (pass
+    ``resolve_checkpoint(run_dir)`` for the run's best checkpoint). Candidates are the ``eval_*.json``
+    files of ``run_dir`` (``eval_compositional.json``, ``eval_patches.json``, or any ``--out`` name there)
+    whose ``"suite"`` is ``suite`` and which, by :func:`evaluation_of`'s rules, describe the checkpoint:
+    they name it (``run_dir`` / ``checkpoint``), carry the sha256 of its present bytes, the hash of the
+    run's present ``config.yaml`` and no overrides but :data:`NEUTRAL_OVERRIDES` (``data.synthetic_seed=3``
+    scores other scenes, ``--checkpoint last.pt`` other weights: neither is the run's result). The newest
+    of them (file mtime) is returned. Unlike :func:`evaluation_of` there is no fallback: a suite record
+    without the digest, the ``overrides`` list or the ``suite_files`` list (written by a version before
+    they were recorded) is never returned, whatever its dates, nor is ``summary.json`` (training runs no
+    suite). A checkpoint outside the run has none.
+
+    ``suite_files`` chooses what the suite must have scored (the record's ``"suite_files"``:
+    :func:`suite_files_identity`): None, anything (the run's synthetic suite or any ``--suite-file``: the
+    returned record's ``"suite_files"`` says which, with their digests); ``[]``, the run's own synthetic
+    suite only (no suite files: what ``patchword sweep --suite`` scores); files, exactly the files holding
+    these bytes now (compared by sha256, in any order; the images they name are not hashed, the record's
+    ``"image_root"`` says where they were read; a file that cannot be read raises OSError).
+
+    Returns:
+        (the record as written: for ``"compositional"`` ``{kind: accuracy % or None, ..., "n": {kind:
+        triples}, "suite", "source", "image_root", "matcher", "run_dir", "checkpoint", "checkpoint_step",
+        "checkpoint_sha256", "config_hash", "suite_files", "eval_seconds", "patchword_version", "time",
+        "overrides"}``; for ``"patches"`` the probe figures with the same identity, its file name such as
+        ``"eval_compositional.json"``), or ``({}, None)``. The checkpoint is hashed at most once.
+    """
+    run_dir = Path(run_dir)
+    target = _target(run_dir, checkpoint)
+    if target is None:
+        return {}, None
+    found = _records(run_dir, target, suite)
+    if suite_files is not None:
+        wanted = sorted(file_sha256(f) for f in suite_files)
+        found = [item for item in found if _scored_files(item[2]) == wanted]
+    if not found:
+        return {}, None
+    _, path, record = max(found, key=lambda item: item[0])
+    return record, path.name
