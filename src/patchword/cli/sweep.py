@@ -10,11 +10,12 @@ test metric in ``sweep.json`` (see :mod:`patchword.experiments.sweep`).
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
+from pathlib import Path
+from typing import Any
 
-__all__ = ["add_arguments", "parse_variant", "run"]
+__all__ = ["add_arguments", "format_summary", "parse_variant", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,5 +72,28 @@ def run(args: argparse.Namespace) -> None:
         suites=args.suite,
     )
     if launch_info().rank == 0:
-        print(json.dumps({v: s["mean"] | {"n": s["n"]} for v, s in record["summary"].items()}, indent=2))
-        print(f"written: {record['directory']}/sweep.json", file=sys.stderr)  # stdout: one JSON document
+        print(format_summary(record))
+        print(f"written: {record['directory']}/sweep.json", file=sys.stderr)  # stdout: the summary alone
+
+
+def format_summary(record: dict[str, Any]) -> str:
+    """Per variant, its finished seeds of those planned for it (``n of planned``, INCOMPLETE when fewer)
+    and each metric's ``mean ± std`` (sample standard deviation, 0 for one seed), as ``sweep.json``
+    (:func:`~patchword.experiments.sweep.run_sweep`'s record) holds them. A sweep without variants is
+    shown under its directory's name."""
+    from patchword.experiments.sweep import PLANNED_SEEDS
+
+    planned, summaries = record.get(PLANNED_SEEDS, {}), record["summary"]
+    lines = []
+    for key in dict.fromkeys([*planned, *summaries]):
+        summary = summaries.get(key, {"n": 0, "mean": {}, "std": {}})
+        total = max(len(planned.get(key, [])), summary["n"])
+        label = Path(record["directory"]).name if key == "runs" and key not in record["variants"] else key
+        mark = " (INCOMPLETE)" if summary["n"] < total else ""
+        lines.append(f"{label}: {summary['n']} of {total} seeds{mark}")
+        means = {k: f"{m:.2f}" for k, m in summary["mean"].items()}
+        key_width, mean_width = (max(map(len, texts), default=0) for texts in (means, means.values()))
+        lines += [
+            f"  {k:<{key_width}}  {m:>{mean_width}} ± {summary['std'][k]:.2f}" for k, m in means.items()
+        ]
+    return "\n".join(lines)

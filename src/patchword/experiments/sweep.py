@@ -13,14 +13,19 @@ metric, with the split, its gallery size and whether the protocol is leaky. It i
 (its ``summary.json`` exists) is kept, an interrupted one (``last.pt``) resumed, one stopped before its first
 checkpoint started again (as ``patchword train`` does: only what such a start writes is removed, a seed
 directory holding anything else is refused, naming it); what every member left is checked (readable, same
-settings) before the first run, so a bad one stops the sweep with ``sweep.json`` as it was; ``sweep.json`` is
-rewritten (atomically) after every run. Under ``torchrun`` every process runs every seed in turn (each run
+settings: its ``config.yaml`` and every ``--resume`` of it in ``resumes.jsonl``) before the first run, so a
+bad one stops the sweep with ``sweep.json`` as it was; ``sweep.json`` is rewritten (atomically) after every
+run. A suite file already in a run directory is reused only when it provably scored the run's best
+checkpoint without overrides (see :mod:`patchword.experiments.sweep_members`); otherwise it is set aside
+and the suite evaluated again. Under ``torchrun`` every process runs every seed in turn (each run
 uses all processes); rank 0 writes ``sweep.json``.
 
 The record of a sweep name lists every seed and variant ever run under it: a later invocation with fewer
 seeds or other variants adds to it, keeping the finished runs it records (read back from their directories
 and checked like the runs asked for; one whose ``summary.json`` is gone is left out, its seed still
-planned, so the sweep shows as incomplete), and ``seeds`` becomes every seed any invocation set out to run.
+planned, so the sweep shows as incomplete), ``seeds`` becomes every seed any invocation set out to run, and
+``planned_seeds`` (:data:`PLANNED_SEEDS`) those set out for each variant (keyed as ``runs``), so that a
+variant run with fewer seeds than another is complete when its own seeds are.
 
 Seeds come from ``--seeds`` alone (``seed=`` among the overrides is refused), at most :data:`MAX_SEEDS`
 of them, each in numpy's seed range; ``--name`` is one plain directory name under ``output_dir``.
@@ -37,15 +42,27 @@ from typing import Any
 from patchword.config import SEED_RANGE, check_dir_name
 from patchword.errors import ConfigError
 from patchword.eval.metrics import RANK_KEYS, RECALL_KEYS
+from patchword.experiments.sweep_members import check_existing_member, suite_figures
 from patchword.fileio import atomic_write_text
 from patchword.readers import read_json
 from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT, SUMMARY_FILE
 
-__all__ = ["MAX_SEEDS", "SWEEP_FILE", "mean_std", "parse_seeds", "read_sweep", "run_sweep", "summarize"]
+__all__ = [
+    "MAX_SEEDS",
+    "PLANNED_SEEDS",
+    "SWEEP_FILE",
+    "mean_std",
+    "parse_seeds",
+    "read_sweep",
+    "run_sweep",
+    "summarize",
+]
 
 _logger = logging.getLogger(__name__)
 
 SWEEP_FILE = "sweep.json"
+#: The field of ``sweep.json`` mapping each variant (as ``runs`` does) to the seeds set out for it.
+PLANNED_SEEDS = "planned_seeds"
 #: The test metrics a sweep summarises (those present in a run's summary).
 METRICS = (*RECALL_KEYS, *RANK_KEYS)
 #: What a sweep records about how its metrics were obtained (from the first run's summary).
@@ -122,38 +139,9 @@ def _members(
     return members
 
 
-def _check_existing_member(
-    config: str | None, overrides: list[str], run_dir: Path, suites: list[str]
-) -> None:
-    """What an earlier sweep left in ``run_dir`` is readable and made with the settings asked for now: checked
-    for every member before the first run, so that a bad one stops the sweep before ``sweep.json`` is
-    rewritten (the seeds before it would otherwise replace a complete record)."""
-    from patchword.runs.config import load_run_config
-    from patchword.train.runner import TRAIN_RUNS
-
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ConfigError("--name", f"{run_dir} is a file where the sweep keeps a run: move it away")
-    unfinished = not (run_dir / SUMMARY_FILE).is_file() and not (run_dir / LAST_CHECKPOINT).is_file()
-    # a start killed before its first checkpoint is started again (train_run removes what it left); the
-    # files of anything else stay where they are
-    if unfinished and TRAIN_RUNS.holds_files(run_dir) and TRAIN_RUNS.failed_start(run_dir) is None:
-        raise ConfigError(
-            "--name",
-            f"{run_dir} holds files a run of the sweep did not leave: move them away or give the sweep "
-            "another --name",
-        )
-    if (run_dir / CONFIG_FILE).is_file():
-        _refuse_other_settings(run_dir, load_run_config(config, overrides))
-    if (run_dir / SUMMARY_FILE).is_file():
-        read_json(run_dir / SUMMARY_FILE, "run summary")
-        for suite in suites:
-            if (run_dir / f"eval_{suite}.json").is_file():
-                read_json(run_dir / f"eval_{suite}.json", "suite evaluation")
-
-
 def _run_one(config: str | None, overrides: list[str], run_dir: Path) -> dict[str, Any]:
-    """Train, resume or read back one run of the sweep (checked by :func:`_check_existing_member`); returns
-    its summary."""
+    """Train, resume or read back one run of the sweep (checked by
+    :func:`~patchword.experiments.sweep_members.check_existing_member`); returns its summary."""
     from patchword.runs.config import load_run_config
     from patchword.train.runner import resume_run, train_run
 
@@ -181,7 +169,9 @@ def _refuse_foreign_directory(sweep_dir: Path, key: str) -> None:
 def read_sweep(sweep_dir: str | Path) -> dict[str, Any]:
     """``sweep_dir/sweep.json``, checked: ``runs`` maps each variant (``runs`` without variants) to its
     finished seeds, ``seeds`` lists the seeds the sweep set out to run, ``variants`` (absent from files
-    written before it) maps each variant the sweep set out to run to its overrides.
+    written before it) maps each variant the sweep set out to run to its overrides, and
+    :data:`PLANNED_SEEDS` maps each variant (keyed as ``runs``) to the seeds set out for it; a file written
+    before it was recorded gets every variant planned with all of ``seeds`` (what those files meant).
 
     Raises:
         MissingFileError: no sweep.json.
@@ -203,24 +193,15 @@ def read_sweep(sweep_dir: str | Path) -> dict[str, Any]:
             raise DataError(
                 f"{path}: not a sweep record: variant {variant!r} names a seed that is not a number"
             )
+    planned = record.setdefault(
+        PLANNED_SEEDS, {v: list(seeds) for v in dict.fromkeys([*record.get("variants", {}), *runs])}
+    )
+    if not isinstance(planned, dict) or not all(
+        isinstance(p, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in p)
+        for p in planned.values()
+    ):
+        raise DataError(f"{path}: not a sweep record: {PLANNED_SEEDS!r} must map each variant to its seeds")
     return record
-
-
-def _refuse_other_settings(run_dir: Path, wanted) -> None:
-    """A run directory left by an earlier sweep is kept or resumed only if it was made with the settings
-    asked for now: a changed override under the same sweep name would otherwise mix two recipes in one
-    mean."""
-    from patchword.config import flat_config
-    from patchword.runs import read_run_config
-
-    saved, asked = flat_config(read_run_config(run_dir)), flat_config(wanted)
-    changed = sorted(k for k in saved.keys() | asked.keys() if saved.get(k) != asked.get(k))
-    if changed:
-        shown = ", ".join(f"{k} {saved.get(k)!r} -> {asked.get(k)!r}" for k in changed[:3])
-        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-        raise ConfigError(
-            "--name", f"{run_dir} was made with other settings ({shown}{more}): give the sweep another --name"
-        )
 
 
 #: What a sweep sets for each of its runs: a variant's override of one of them would be dropped unsaid.
@@ -293,7 +274,8 @@ def run_sweep(
     variants: dict[str, list[str]] | None = None,
     suites: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Run (or continue) the sweep; returns what ``sweep.json`` holds (plus ``directory``).
+    """Run (or continue) the sweep; returns what ``sweep.json`` holds (plus ``directory``): ``seeds``, every
+    seed any invocation set out to run, and :data:`PLANNED_SEEDS`, those of each variant.
 
     ``suites`` (``compositional``, ``patches``) are evaluated on every finished run that lacks them; their
     accuracies go into the run's row as ``<suite>.<key>``. An earlier ``sweep.json`` of the same name is
@@ -326,10 +308,15 @@ def run_sweep(
     earlier = read_sweep(sweep_dir) if (sweep_dir / SWEEP_FILE).is_file() else None
     plan, kept = _merge_earlier(earlier, variants, seeds, sweep_dir)
     planned = list((earlier or {}).get("seeds", []))
+    per_variant = {key: list(s) for key, s in (earlier or {}).get(PLANNED_SEEDS, {}).items()}
+    for variant in variants:  # this invocation's seeds added to each of its variants' (keyed as runs)
+        have = per_variant.setdefault(variant or "runs", [])
+        have += [seed for seed in seeds if seed not in have]
     record: dict[str, Any] = {
         "config": config,
         "overrides": overrides,
         "seeds": [*planned, *(seed for seed in seeds if seed not in planned)],
+        PLANNED_SEEDS: per_variant,
         "variants": {
             **(earlier or {}).get("variants", {}),
             **{v: extra for v, extra in variants.items() if v},
@@ -344,6 +331,8 @@ def run_sweep(
 
     def store(variant: str) -> None:
         rows = results[variant]
+        have = per_variant.setdefault(variant or "runs", [])  # a finished seed was planned
+        have += [seed for seed in rows if seed not in have]
         record["runs"][variant or "runs"] = {str(seed): rows[seed] for seed in in_order(list(rows))}
         record["summary"][variant or "runs"] = summarize(rows)
 
@@ -352,45 +341,15 @@ def run_sweep(
         store(variant)
     members = _members(overrides, {v: (extra, in_order(s)) for v, (extra, s) in plan.items()}, sweep_dir)
     for _, _, member_overrides, run_dir in members:
-        _check_existing_member(config, member_overrides, run_dir, suites)
+        check_existing_member(config, member_overrides, run_dir, suites)
     for variant, seed, member_overrides, run_dir in members:
         summary = _run_one(config, member_overrides, run_dir)
         row = {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool, type(None)))}
         for suite in suites:
-            row.update(_suite(run_dir, suite))
+            row.update(suite_figures(run_dir, suite))
         results.setdefault(variant, {})[seed] = row
         store(variant)
         if main:
             sweep_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_text(sweep_dir / SWEEP_FILE, json.dumps(record, indent=2))
     return {**record, "directory": str(sweep_dir)}
-
-
-def _suite(run_dir: Path, suite: str) -> dict[str, float]:
-    """A suite's accuracies for one run (evaluated once: its JSON in the run directory is reused)."""
-    from patchword.runs.evaluate import evaluate_patch_suite, evaluate_suite
-
-    path = run_dir / f"eval_{suite}.json"
-    if path.is_file():
-        result = read_json(path, "suite evaluation")
-    elif suite == "compositional":
-        result, _ = evaluate_suite(run_dir)
-    else:
-        result, _ = evaluate_patch_suite(run_dir)
-    return {
-        f"{suite}.{k}": float(v)
-        for k, v in _flat(result).items()
-        if isinstance(v, (int, float))
-        and not k.startswith("n.")
-        and not k.endswith("seconds")  # counts, times
-    }
-
-
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in d.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        elif not isinstance(value, bool):
-            out[f"{prefix}{key}"] = value
-    return out
