@@ -127,3 +127,13 @@ def test_a_variant_overriding_what_the_sweep_sets_is_refused(tmp_path, capsys, n
     line = one_error_line(capsys.readouterr().err)
     assert code == 2 and line.startswith("error: --variant: v: ") and repr(item) in line
     assert os.listdir(tmp_path) == []
+
+
+def test_a_variant_named_runs_is_refused(tmp_path, capsys, no_training):
+    """sweep.json keeps a sweep without variants under "runs": a variant of that name shared its key."""
+    code = main(
+        ["sweep", "--seeds", "0", "--variant", "runs: train.lr=1e-4", *TINY, f"output_dir={tmp_path}"]
+    )
+    line = one_error_line(capsys.readouterr().err)
+    assert code == 2 and line.startswith("error: --variant: 'runs' is the name of a sweep without variants")
+    assert os.listdir(tmp_path) == []

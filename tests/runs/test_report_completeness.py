@@ -44,7 +44,8 @@ def test_a_sweep_stopped_in_its_second_variant_shows_that_variant_as_incomplete(
     assert [(e.label, len(e.runs), e.planned) for e in entries] == [("sw/a", 3, 3), ("sw/b", 0, 3)]
     caption, header, rows = _tables(entries)[0]
     assert rows[0][:2] == ["sw/a", "3"] and rows[0][header.index("rsum")] == "110.0 ± 10.0"
-    assert rows[1] == ["sw/b (INCOMPLETE)", "0 of 3", *[""] * (len(header) - 2)]  # no figure at all
+    # no figure at all; the seeds still to run named (a rerun with them resumes the variant)
+    assert rows[1] == ["sw/b (INCOMPLETE)", "0 of 3 (missing: 0, 1, 2)", *[""] * (len(header) - 2)]
     assert "INCOMPLETE" in caption and "none for a variant with no finished seed" in caption
     _, _, cost = cost_rows(entries, {})
     assert [row[0] for row in cost] == ["sw/a", "sw/b (INCOMPLETE, 0 of 3 seeds)"]
@@ -52,7 +53,7 @@ def test_a_sweep_stopped_in_its_second_variant_shows_that_variant_as_incomplete(
     # the whole report, the CSV too
     out, table = tmp_path / "report.md", tmp_path / "report.csv"
     assert main(["report", str(sw), "--out", str(out), "--csv", str(table)]) == 0
-    assert "| sw/b (INCOMPLETE) | 0 of 3 |" in out.read_text()
+    assert "| sw/b (INCOMPLETE) | 0 of 3 (missing: 0, 1, 2) |" in out.read_text()
     rows = list(csv.DictReader(table.open()))
     assert [(r["run"], r["seeds"], r["planned"], r["complete"]) for r in rows] == [
         ("sw/a", "3", "3", "yes"),

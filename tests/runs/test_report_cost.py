@@ -144,7 +144,11 @@ def _entry(label, rsum, seconds, device_name, device="cuda:0", threads=8, images
         label=label,
         runs=[Path(label)],
         planned=1,
+        missing=[],
         summaries=[summary],
+        galleries=[f"test {images} x {5 * images}"],
+        uses=[None],
+        seeds_differ=[],
         value=value,
         first=lambda k: summary.get(k),
     )
@@ -159,7 +163,7 @@ def test_rows_measured_on_different_machines_are_never_ranked_against_each_other
     ]
     caption, header, rows = cost_rows(entries, {})
     cells = {row[0]: row[header.index("s / 1K x 5K")] for row in rows}
-    assert cells == {"fast-h100": "1.00 ★", "slow-h100": "5.00", "cpu": "50.00 ★"}
+    assert cells == {"fast-h100": "1.00 ★", "slow-h100": "5.00", "cpu": "50.0 ★"}  # 3 significant digits
     assert "2 MACHINES" in caption
     assert [row[-1] for row in rows] == [
         "NVIDIA H100, fp32",

@@ -94,7 +94,7 @@ def test_a_row_whose_runs_were_timed_on_different_machines_is_not_averaged_as_on
     assert mixed[times : times + 4] == ["mixed"] * 4  # s / 1K x 5K, pairs/s, peak device and host memory
     assert mixed[-1] == "MIXED: NVIDIA H100 (1 run); Xeon, 4 threads (1 run), fp32"
     assert mixed[header.index("rsum")] == "300.0 ± 0.0"  # accuracy does not depend on the machine
-    assert alone[header.index("s / 1K x 5K")] == "50.00 ★"  # alone on the Xeon's front now
+    assert alone[header.index("s / 1K x 5K")] == "50.0 ★"  # alone on the Xeon's front now
     assert "MIXED" in caption and "2 MACHINES" in caption
     rows = list(csv.DictReader(csv_text(entries).splitlines()))
     assert rows[0]["machine"].startswith("MIXED: ")
@@ -103,11 +103,17 @@ def test_a_row_whose_runs_were_timed_on_different_machines_is_not_averaged_as_on
 
 
 def test_memory_is_labelled_in_mib_the_unit_it_is_recorded_in(tmp_path):
-    """peak_host_rss_mb is VmHWM kB / 1024 and peak_device_mb bytes / 2**20: MiB, shown as "MB"."""
+    """peak_host_rss_mb is VmHWM kB / 1024 and peak_device_mb bytes / 2**20: MiB, shown as "MB". The host
+    column is the scoring's own growth (peak_host_growth_mb); a record without it shows the process's peak,
+    marked, never averaged with growth figures."""
     summary = _summary(300.0, 2.0, H100)
     summary["cost"] |= {"peak_device_mb": 1536.0, "peak_host_rss_mb": 2048.0, "peak_host_scope": "evaluation"}
+    old = json.loads(json.dumps(summary))
+    summary["cost"] |= {"host_rss_start_mb": 1024.0, "peak_host_growth_mb": 1024.0}
     _, header, (row,) = cost_rows(collect([_run(tmp_path / "run", summary)]), {})
-    assert (row[header.index("peak device MiB")], row[header.index("peak host MiB")]) == ("1536", "2048")
+    assert (row[header.index("peak device MiB")], row[header.index("peak host MiB")]) == ("1536", "1024")
+    _, _, (row,) = cost_rows(collect([_run(tmp_path / "old", old)]), {})
+    assert row[header.index("peak host MiB")] == "2048 (process)"
     assert not any("MB" in h for h in header)
     gallery = tmp_path / "gallery.json"
     shape = {"images": 1000, "captions": 5000, "seconds": 2.0, "pairs_per_s": 2.5e6, "extrapolated": False}

@@ -179,19 +179,22 @@ def test_a_sweep_killed_before_all_its_seeds_finished_is_reported_as_incomplete(
     (killed / "sweep.json").write_text(json.dumps(record))
     caption, header, rows = _tables(collect([killed, sweep["root"] / "sw"]))[0]
     seeds = header.index("seeds")
-    assert rows[0][0] == "killed (INCOMPLETE)" and rows[0][seeds] == "1 of 2"
+    assert rows[0][0] == "killed (INCOMPLETE)" and rows[0][seeds] == "1 of 2 (missing: 1)"
     assert rows[1][0] == "sw" and rows[1][seeds] == "2"
     assert "INCOMPLETE" in caption and "resumes" in caption
     # the whole report says so too
     out = tmp_path / "report.md"
     assert main(["report", str(killed), "--out", str(out)]) == 0
-    assert "| killed (INCOMPLETE) | 1 of 2 |" in out.read_text()
+    assert "| killed (INCOMPLETE) | 1 of 2 (missing: 1) |" in out.read_text()
 
 
-def test_report_shows_resume_overrides_as_differing_keys_and_marks_stale_suite_files(sweep, tmp_path, capsys):
+def test_report_shows_resume_overrides_as_differing_keys_and_names_suite_files_of_other_bytes(
+    sweep, tmp_path, capsys
+):
     """An extended run (``--resume RUN train.max_steps=15``) differs from its origin in that key although
     its config.yaml keeps 12 (the override lives in resumes.jsonl); a suite file scored before the
-    checkpoint it names was rewritten is marked STALE (f715cbc showed neither)."""
+    checkpoint it names was rewritten is not shown as that checkpoint's, and is named (f715cbc showed
+    neither)."""
     import shutil
 
     from patchword.experiments.report import _tables
@@ -205,11 +208,11 @@ def test_report_shows_resume_overrides_as_differing_keys_and_marks_stale_suite_f
     entries = collect([origin, extended])
     assert differing_keys(entries) == {"train.max_steps": [12, 15]}
     # the suite scored best.pt; training went on and wrote it again (forced here: a better dev rSum is
-    # not guaranteed in 3 steps)
-    suite = extended / "eval_compositional.json"
-    os.utime(extended / "best.pt", (suite.stat().st_mtime + 10,) * 2)
+    # not guaranteed in 3 steps): the record describes other bytes now, and is not shown as best.pt's
+    shutil.copyfile(extended / "last.pt", extended / "best.pt")
     caption, _, rows = _tables(collect([origin, extended]))[1]
-    assert [row[0] for row in rows] == ["extended (STALE: before best.pt)"]
-    assert "STALE" in caption
-    os.utime(suite, (suite.stat().st_mtime + 20,) * 2)  # scored again after it: no mark
-    assert [row[0] for row in _tables(collect([extended]))[1][2]] == ["extended"]
+    assert [row[0] for row in rows] == ["extended (NOT SHOWN: extended)"]
+    assert [cell for cell in rows[0][1:] if cell] == [] and "NOT SHOWN" in caption
+    assert main(["eval", str(extended), "--suite", "compositional", "--force"]) == 0  # scored again
+    caption, _, rows = _tables(collect([extended]))[1]
+    assert rows[0][0] == "extended" and all(rows[0][1:]) and "NOT SHOWN" not in caption

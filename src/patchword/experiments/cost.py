@@ -9,18 +9,32 @@ only on one test gallery (dataset, split, size) under one protocol: rows are gro
 whose runs were evaluated on different machines is not averaged as one (its times read "mixed") and is on no
 front.
 
-Functions take the report's rows (``patchword.experiments.report.Entry``: ``label``, ``runs``, ``planned``
-(the seeds a sweep set out to run), ``summaries`` (one record per run), ``value(key)`` -> (mean, std) or
-None, ``first(key)``) without importing them.
+Functions take the report's rows (``patchword.experiments.entries.Entry``: ``label``, ``runs``, ``planned``
+(the seeds a sweep set out to run) and ``missing`` (those not finished), ``summaries`` (one record per run,
+``{}`` for a run not evaluated, its fields checked), ``galleries``, ``datasets``, ``scored`` and ``uses``
+(per run), ``seeds_differ`` (config keys whose values differ between the row's runs), ``value(key)`` ->
+(mean, std) or None, ``first(key)``) without importing them; what is keyed per row is keyed by the row
+itself (``id(row)``), never by its label.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import textwrap
 from pathlib import Path
 
 from patchword.eval.metrics import RECALL_KEYS
+from patchword.experiments.fields import LIST, MAPPING, TEXT, check_fields
+from patchword.experiments.rows import (
+    evaluated,
+    is_incomplete,
+    is_leaky,
+    row_label,
+    shared_flags,
+    significant,
+    split_use,
+)
 from patchword.experiments.sweep import mean_std
 from patchword.readers import read_json
 
@@ -29,7 +43,7 @@ __all__ = [
     "GALLERY_PAIRS",
     "cost_rows",
     "csv_text",
-    "dataset_label",
+    "evaluated",
     "gallery_of",
     "index_bytes_per_image",
     "is_incomplete",
@@ -40,6 +54,8 @@ __all__ = [
     "plot_accuracy_cost",
     "row_label",
     "seconds_per_gallery",
+    "significant",
+    "split_use",
 ]
 
 #: The gallery the scoring time is quoted for: 1K images x 5K captions (Flickr30K / COCO 1K test).
@@ -55,6 +71,8 @@ CSV_KEYS = (
     "cost.pairs_per_s",
     "cost.peak_device_mb",
     "cost.peak_host_rss_mb",
+    "cost.peak_host_growth_mb",
+    "cost.host_rss_start_mb",
     "cost.threads",
     "params_total",
     "params_trainable",
@@ -102,27 +120,6 @@ def machine_of(entry) -> str:
     return "MIXED: " + "; ".join(f"{m} ({n} run{'' if n == 1 else 's'})" for m, n in sorted(counts.items()))
 
 
-def is_incomplete(entry) -> bool:
-    """Seeds the row's sweep set out to run are not all finished: its figures are never shown as whole."""
-    return len(entry.runs) < entry.planned
-
-
-def is_leaky(entry) -> bool:
-    """Whether a run of the row was scored with the caption-tied (leaky) dense protocol."""
-    return any(summary.get("leaky") is True for summary in entry.summaries)
-
-
-def row_label(entry) -> str:
-    """The row's label with what makes its figures not like the others': LEAKY (the caption-tied dense
-    protocol) and INCOMPLETE (a sweep variant with seeds still to run)."""
-    marks = []
-    if is_incomplete(entry):
-        marks.append(f"INCOMPLETE, {len(entry.runs)} of {entry.planned} seeds")
-    if is_leaky(entry):
-        marks.append("LEAKY")
-    return entry.label + (f" ({'; '.join(marks)})" if marks else "")
-
-
 def seconds_per_gallery(entry) -> tuple[float, float] | None:
     """Scoring seconds of a 1K x 5K exhaustive matrix (mean, std over the row's runs), scaled from the
     recorded time and pair count: None without an exhaustive scoring time, and for a row whose runs were
@@ -150,21 +147,11 @@ def pareto_front(points: list[tuple[float, float]]) -> list[bool]:
     return on
 
 
-def dataset_label(data) -> str:
-    """The test data a run was scored on, from its ``data`` config (a ``DataConfig``): a real dataset's
-    reader and root directory; the synthetic scenes' preset, generator seed and image size."""
-    if data.dataset in ("synthetic", "synthetic_regions"):
-        scenes = f"{data.synthetic_scenes} scenes, seed {data.synthetic_seed}, {data.synthetic_image_size} px"
-        return f"{data.dataset} ({scenes})"
-    return f"{data.dataset} ({data.root})"
-
-
-def gallery_of(entry) -> str:
-    """The test gallery a row's rSum was measured on (rSum is comparable only on one): split and size, and
-    the dataset (``"dataset"`` of its record, which the report fills from the run's config)."""
-    dataset = entry.first("dataset")
-    size = f"{entry.first('split') or '?'} {entry.first('images') or '?'} x {entry.first('captions') or '?'}"
-    return f"{size} of {dataset}" if dataset else size
+def gallery_of(entry) -> str | None:
+    """The test gallery a row's rSum was measured on (rSum is comparable only on one): the split scored,
+    its size and the data (:func:`patchword.experiments.galleries.gallery_of_run` of its first evaluated
+    run); None for a row without an evaluation."""
+    return next((gallery for gallery in entry.galleries if gallery), None)
 
 
 def _group(entry) -> str:
@@ -172,9 +159,9 @@ def _group(entry) -> str:
     return f"{machine_of(entry)}; {gallery_of(entry)}" + ("; LEAKY" if is_leaky(entry) else "")
 
 
-def _fronts(entries) -> dict[str, bool]:
-    """label -> on the Pareto front of rSum vs 1K x 5K seconds among the rows of its machine, gallery and
-    protocol (rows with a mixed machine or an unknown one are on none)."""
+def _fronts(entries) -> dict[int, bool]:
+    """``id(row)`` -> on the Pareto front of rSum vs 1K x 5K seconds among the rows of its machine, gallery
+    and protocol (rows with a mixed machine or an unknown one are on none)."""
     groups: dict[str, list] = {}
     for entry in entries:
         if entry.value("rsum") and seconds_per_gallery(entry) and machine_of(entry) != "unknown":
@@ -182,16 +169,18 @@ def _fronts(entries) -> dict[str, bool]:
     front = {}
     for members in groups.values():
         points = [(e.value("rsum")[0], seconds_per_gallery(e)[0]) for e in members]
-        front.update({e.label: on for e, on in zip(members, pareto_front(points), strict=True)})
+        front.update({id(e): on for e, on in zip(members, pareto_front(points), strict=True)})
     return front
 
 
 def index_bytes_per_image(index_dir: Path) -> tuple[str, float]:
     """(the run the search index was built from, its bytes on disk per indexed image)."""
-    manifest = read_json(index_dir / "manifest.json", "search index manifest", expect=dict)
-    images = len(manifest.get("entries", []))
+    path = index_dir / "manifest.json"
+    manifest = read_json(path, "search index manifest", expect=dict)
+    check_fields(manifest, {"model": MAPPING, "model.run_dir": TEXT, "entries": LIST}, str(path))
+    images = len(manifest.get("entries") or [])
     size = sum(f.stat().st_size for f in index_dir.rglob("*") if f.is_file())
-    return str(manifest.get("model", {}).get("run_dir", "")), size / max(images, 1)
+    return str((manifest.get("model") or {}).get("run_dir") or ""), size / max(images, 1)
 
 
 def _fmt(value: tuple[float, float] | None, n: int, digits: int = 1) -> str:
@@ -201,13 +190,16 @@ def _fmt(value: tuple[float, float] | None, n: int, digits: int = 1) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}" if n > 1 else f"{mean:.{digits}f}"
 
 
-def _host_scope(entry) -> str:
-    """ " (process)" where a row's peak host memory is the process's since it started (a system that
-    cannot reset it, or an evaluation recorded before it could)."""
-    scopes = {
-        s.get("cost", {}).get("peak_host_scope") for s in entry.summaries if isinstance(s.get("cost"), dict)
-    }
-    return "" if not scopes or scopes == {"evaluation"} else " (process)"
+def _host_cell(entry, n: int) -> str:
+    """Peak host MiB of the scoring itself (``cost.peak_host_growth_mb``: the peak over the resident set at
+    its start, comparable between a training process and a fresh ``patchword eval``); for records without
+    it (older files, a system that cannot reset the peak), the process's peak, marked (process): never one
+    figure over both kinds."""
+    growth = _fmt(entry.value("cost.peak_host_growth_mb"), n, 0)
+    if growth:
+        return growth
+    peak = _fmt(entry.value("cost.peak_host_rss_mb"), n, 0)
+    return peak + " (process)" if peak else ""
 
 
 def _scaled_up(entry) -> bool:
@@ -221,13 +213,12 @@ def _measured_cells(entry, on_front: bool) -> list[str]:
     if mixed_machines(entry):
         return ["mixed"] * 4
     n = len(entry.runs)
-    host = _fmt(entry.value("cost.peak_host_rss_mb"), n, 0)
     marks = (" †" if _scaled_up(entry) else "") + (" ★" if on_front else "")
     return [
-        _fmt(seconds_per_gallery(entry), n, 2) + marks,
+        significant(seconds_per_gallery(entry), n) + marks,
         _fmt(entry.value("cost.pairs_per_s"), n, 0),
         _fmt(entry.value("cost.peak_device_mb"), n, 0),
-        host + (_host_scope(entry) if host else ""),
+        _host_cell(entry, n),
     ]
 
 
@@ -237,34 +228,43 @@ def _precisions(entry) -> str:
     return "".join(f", {p}" for p in sorted(found - {None}, key=str))
 
 
-def cost_rows(entries, index_sizes: dict[str, float]) -> tuple[str, list[str], list[list[str]]]:
-    """The cost table: (caption, header, rows)."""
+def _params(entry) -> str:
+    """Parameters in millions, total / trainable, to three significant digits (a 4K-parameter model is
+    0.00400, not 0.00)."""
+    params, trainable = entry.value("params_total"), entry.value("params_trainable")
+    if not params or not trainable:
+        return ""
+    return f"{significant(params[0] / 1e6)} / {significant(trainable[0] / 1e6)}"
+
+
+def cost_rows(entries, index_sizes: dict[int, float]) -> tuple[str, list[str], list[list[str]]]:
+    """The cost table: (caption, header, rows); ``index_sizes``: ``id(row)`` -> bytes per image of its
+    index (keyed by the row, never by its label: two rows may share a directory name)."""
     front = _fronts(entries)
     machines = {m for e in entries for m in _run_machines(e)} - {"unknown"}
-    galleries = {gallery_of(e) for e in entries if e.runs and machine_of(e) != "unknown"}
+    galleries = {gallery_of(e) for e in entries} - {None}  # every evaluated row, on a known machine or not
     rows = []
     for e in entries:
         n = len(e.runs)
-        params = e.value("params_total")
-        trainable = e.value("params_trainable")
         rows.append(
             [
                 row_label(e),
                 _fmt(e.value("rsum"), n),
-                *_measured_cells(e, bool(front.get(e.label))),
-                f"{params[0] / 1e6:.2f} / {trainable[0] / 1e6:.2f}" if params and trainable else "",
-                _fmt(e.value("train_seconds"), n, 0),
-                _fmt(e.value("train_steps_per_s"), n, 2),
-                f"{index_sizes[e.label]:,.0f}" if e.label in index_sizes else "",
-                machine_of(e) + _precisions(e) if e.runs else "",
+                *_measured_cells(e, bool(front.get(id(e)))),
+                _params(e),
+                significant(e.value("train_seconds"), n),
+                significant(e.value("train_steps_per_s"), n),
+                f"{index_sizes[id(e)]:,.0f}" if id(e) in index_sizes else "",
+                machine_of(e) + _precisions(e) if any(e.summaries) else "",  # none: nothing was measured
             ]
         )
     caption = (
-        "Cost (s / 1K x 5K: the exhaustive matrix's scoring time scaled to 1000 images x 5000 captions; "
+        "Cost (s / 1K x 5K: the exhaustive matrix's scoring time scaled to 1000 images x 5000 captions, "
+        "three significant digits; "
         "† scaled up from a smaller gallery, where fixed costs weigh more; ★ on the Pareto front of rSum "
         "against it among the rows of one machine, one test gallery and one protocol (leaky or leak-free); "
-        "peak host memory: the resident high-water mark during the evaluation, or since the process started "
-        "where marked (process); memory in MiB)"
+        "peak host memory: the scoring's own, its resident high-water mark over the resident set at its "
+        "start, or the process's whole peak where marked (process); memory in MiB)"
     )
     caption += _caption_flags(entries, machines, galleries)
     header = [
@@ -308,25 +308,37 @@ def _caption_flags(entries, machines: set[str], galleries: set[str]) -> str:
         )
     if any(is_incomplete(e) for e in entries):
         flags += (
-            "; INCOMPLETE: a sweep variant that stopped before all its seeds finished, its figures over the "
+            "; INCOMPLETE: a sweep variant with seeds it was asked for not finished, its figures over the "
             "finished seeds only"
         )
-    return flags
+    return flags + shared_flags(entries)
 
 
 def csv_text(entries) -> str:
-    """One row per report row: label, finished seeds, machine, planned seeds, whether all finished, protocol
-    and dataset, then the mean and std of every :data:`CSV_KEYS` figure and of the 1K x 5K scoring seconds
-    (empty where a row lacks it; the ``cost.`` figures also where the row's runs were evaluated on
-    different machines)."""
+    """One row per report row: label, finished seeds, machine, planned seeds, whether all finished and
+    evaluated, protocol, dataset, the split scored and what else it is to the run (``model selection``,
+    ``training``; empty for a held-out split), then the mean and std of every :data:`CSV_KEYS` figure and
+    of the 1K x 5K scoring seconds (empty where a row lacks it; the ``cost.`` figures also where the row's
+    runs were evaluated on different machines). A row not evaluated has no protocol, dataset or split."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     keys = [*CSV_KEYS, "seconds_per_1k_x_5k"]
-    described = ["run", "seeds", "machine", "planned", "complete", "protocol", "dataset"]
+    described = [
+        "run",
+        "seeds",
+        "machine",
+        "planned",
+        "complete",
+        "protocol",
+        "dataset",
+        "split",
+        "split_use",
+    ]
     writer.writerow([*described, *(f"{k}_{s}" for k in keys for s in ("mean", "std"))])
     for e in entries:
-        protocol = ("leaky" if is_leaky(e) else "leak-free") if e.runs else ""
-        complete = "no" if is_incomplete(e) else "yes"
+        done = evaluated(e)
+        protocol = ("leaky" if is_leaky(e) else "leak-free") if done else ""
+        complete = "yes" if done and not is_incomplete(e) else "no"
         row: list = [
             e.label,
             len(e.runs),
@@ -334,7 +346,9 @@ def csv_text(entries) -> str:
             e.planned,
             complete,
             protocol,
-            e.first("dataset") or "",
+            (next(filter(None, e.datasets), None) or "") if done else "",
+            (next(filter(None, e.scored), None) or "") if done else "",
+            (split_use(e) or "") if done else "",
         ]
         mixed = mixed_machines(e)
         values = [None if mixed and k.startswith("cost.") else e.value(k) for k in CSV_KEYS]
@@ -355,7 +369,7 @@ def plot_accuracy_cost(entries, out: Path) -> Path | None:
     from patchword.experiments.plots import save_figure
 
     front = _fronts(entries)
-    placed = [e for e in entries if e.label in front]
+    placed = [e for e in entries if id(e) in front]
     if not placed:
         return None
     fig = Figure(figsize=(6, 4))
@@ -365,14 +379,18 @@ def plot_accuracy_cost(entries, out: Path) -> Path | None:
         members = [e for e in placed if _group(e) == group]
         xs = [seconds_per_gallery(e)[0] for e in members]
         ys = [e.value("rsum")[0] for e in members]
-        ax.scatter(xs, ys, marker=markers[m % len(markers)], label=group)
+        # a group's label names every data setting of its gallery: wrapped, it stays below the axes' width
+        ax.scatter(xs, ys, marker=markers[m % len(markers)], label=textwrap.fill(group, 100))
         for e, x, y in zip(members, xs, ys, strict=True):
             ax.annotate(row_label(e), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        best = sorted((x, y) for e, x, y in zip(members, xs, ys, strict=True) if front[e.label])
+        best = sorted((x, y) for e, x, y in zip(members, xs, ys, strict=True) if front[id(e)])
         if len(best) > 1:
             ax.step([p[0] for p in best], [p[1] for p in best], where="post", linestyle="--", alpha=0.6)
     ax.set_xscale("log")
-    ax.set(xlabel="scoring seconds per 1K x 5K (log)", ylabel="test rSum", title="accuracy vs cost")
+    # "test rSum" only where every point is one: a dev-split row's legend entry names its split
+    held_out = not any(split_use(e) for e in placed)
+    ylabel = "test rSum" if held_out else "rSum of each row's split (see legend)"
+    ax.set(xlabel="scoring seconds per 1K x 5K (log)", ylabel=ylabel, title="accuracy vs cost")
     # Below the axes: a group's label (machine; gallery) is long and inside it would hide points and ticks.
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
     fig.set_layout_engine("constrained")

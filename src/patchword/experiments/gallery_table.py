@@ -5,33 +5,58 @@ from __future__ import annotations
 from pathlib import Path
 
 from patchword.errors import DataError
+from patchword.experiments.fields import FLAG, MAPPING, NUMBER, TEXT, check_fields
 from patchword.readers import read_json
 
 __all__ = ["gallery_rows"]
 
+#: The fields of the file and of each of its rows the table reads.
+_FILE_FIELDS = {
+    "machine": MAPPING,
+    "machine.cpu": TEXT,
+    "machine.torch_threads": NUMBER,
+    "device": TEXT,
+    "max_memory_mb": NUMBER,
+}
+_ROW_FIELDS = {
+    "images": NUMBER,
+    "captions": NUMBER,
+    "seconds": NUMBER,
+    "pairs_per_s": NUMBER,
+    "peak_host_mb": NUMBER,
+    "peak_host_scope": TEXT,
+    "peak_device_mb": NUMBER,
+    "pairs_scored": NUMBER,
+    "extrapolated": FLAG,
+}
+_NEEDED = ("images", "captions", "seconds", "pairs_per_s", "peak_host_mb", "extrapolated")
+
 
 def gallery_rows(path: Path) -> tuple[str, list[str], list[list[str]]]:
     """The table of a ``patchword bench gallery --json`` file: (caption, header, rows); extrapolated
-    rows say so."""
+    rows say so. The caption names the machine: its CPU and the torch threads the benchmark ran with
+    (times on one CPU differ with them)."""
     record = read_json(path, "gallery benchmark", expect=dict)
-    needed = ("images", "captions", "seconds", "pairs_per_s", "peak_host_mb", "extrapolated")
     if record.get("kind") != "gallery" or not isinstance(record.get("rows"), list):
         raise DataError(f"{path}: not a `patchword bench gallery --json` file (kind {record.get('kind')!r})")
+    check_fields(record, _FILE_FIELDS, str(path))
     for i, r in enumerate(record["rows"], start=1):
-        missing = [k for k in needed if not isinstance(r, dict) or k not in r]
-        if missing:
-            raise DataError(f"{path}: row {i} lacks {', '.join(missing)}")
+        if not isinstance(r, dict):
+            raise DataError(f"{path}: row {i} is not an object")
+        # a row's peak host memory is null where it could not be measured; every other figure is needed
+        needed = [k for k in _NEEDED if k != "peak_host_mb"]
+        check_fields(r, _ROW_FIELDS, f"{path}: row {i}", required=_NEEDED, not_null=needed)
     rows = []
-    for r in record.get("rows", []):
-        measured = (
-            "extrapolated from {:,} pairs".format(r.get("pairs_scored", 0))
-            if r["extrapolated"]
-            else "measured"
-        )
+    for r in record["rows"]:
+        scored = r.get("pairs_scored")
+        if not r["extrapolated"]:
+            measured = "measured"
+        else:  # a file without the count it was extrapolated from says so, never "from 0 pairs"
+            measured = "extrapolated" if scored is None else f"extrapolated from {scored:,.0f} pairs"
         peak = r.get("peak_device_mb")
         rows.append(
             [
-                f"{r['images']:,} x {r['captions']:,}",
+                f"{r['images']:,.0f} x {r['captions']:,.0f}",
                 f"{r['seconds']:.1f}",
                 f"{r['pairs_per_s']:,.0f}",
                 ""
@@ -42,10 +67,13 @@ def gallery_rows(path: Path) -> tuple[str, list[str], list[list[str]]]:
                 measured,
             ]
         )
-    machine = record.get("machine", {})
+    machine = record.get("machine") or {}
+    threads = machine.get("torch_threads")
+    threads_text = "?" if threads is None else f"{threads:g}"
     caption = (
         f"Gallery scale ({path.name}: {record.get('config')}, device {record.get('device')}, "
-        f"CPU {machine.get('cpu', '?')}, budget {record.get('max_memory_mb')} MiB)"
+        f"CPU {machine.get('cpu', '?')}, {threads_text} torch thread{'' if threads == 1 else 's'}, "
+        f"budget {record.get('max_memory_mb')} MiB)"
     )
     header = ["images x captions", "seconds", "pairs/s", "peak host MiB", "peak device MiB", ""]
     return caption, header, rows

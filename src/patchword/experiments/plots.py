@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from patchword.errors import MissingExtraError
+from patchword.experiments.fields import NUMBER, check_fields
 from patchword.fileio import atomic_write
 from patchword.readers import read_json_lines
 
@@ -18,7 +19,10 @@ try:
 except ImportError as err:  # pragma: no cover - exercised only without the extra
     raise MissingExtraError("plots need matplotlib: pip install 'patchword[plots]'") from err
 
-__all__ = ["plot_training_curve", "plot_retrievals"]
+__all__ = ["CURVE_FIELDS", "curve_records", "plot_training_curve", "plot_retrievals", "save_figure"]
+
+#: What a training curve reads from each record of ``metrics.jsonl``, by its ``split``.
+CURVE_FIELDS = {"train": {"step": NUMBER, "loss": NUMBER}, "dev": {"step": NUMBER, "rsum": NUMBER}}
 
 # Words the heat map is not shown for: they carry no content to localise.
 _FUNCTION_WORDS = frozenset(
@@ -44,11 +48,23 @@ _FUNCTION_WORDS = frozenset(
 )
 
 
+def curve_records(metrics_jsonl: str | Path) -> tuple[list[dict], list[dict]]:
+    """The training and dev records of a metrics log, each checked to hold its step and its loss (rSum):
+    a record without one is a DataError naming the file, the record and the field."""
+    path = Path(metrics_jsonl)
+    found: dict[str, list[dict]] = {"train": [], "dev": []}
+    for i, record in enumerate(read_json_lines(path, "metrics log"), start=1):
+        split = record.get("split")
+        if split in CURVE_FIELDS:
+            fields = CURVE_FIELDS[split]
+            check_fields(record, fields, f"{path}: record {i} ({split})", required=fields, not_null=fields)
+            found[split].append(record)
+    return found["train"], found["dev"]
+
+
 def plot_training_curve(metrics_jsonl: str | Path, out: str | Path, title: str = "") -> None:
     """Training loss and dev rSum against optimiser steps."""
-    records = read_json_lines(metrics_jsonl, "metrics log")
-    train = [r for r in records if r["split"] == "train"]
-    dev = [r for r in records if r["split"] == "dev"]
+    train, dev = curve_records(metrics_jsonl)
     fig = Figure(figsize=(7, 4))
     ax = fig.add_subplot()
     ax.plot([r["step"] for r in train], [r["loss"] for r in train], color="tab:blue", label="train loss")

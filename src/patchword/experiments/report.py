@@ -1,13 +1,16 @@
 """``patchword report RUN_OR_SWEEP... --out report.md``: runs side by side.
 
 One row per run (or per variant of a sweep, as mean +- std over its seeds; every variant the sweep set out to
-run, INCOMPLETE where seeds are missing): the test recalls and rSum, the split and its gallery size, whether
-the protocol is leaky (flagged), patch-selection object recall against chance and the compositional
-accuracies where the run has them; what each costs (scoring time per 1K x 5K, memory, parameters, training
-time, index size: :mod:`patchword.experiments.cost`, the Pareto front of accuracy against scoring time
-marked within each machine, test gallery and protocol); the gallery-scale benchmarks given; then the
-config keys whose values differ between the runs (everything else is shared), one figure of the training
-curves overlaid (training loss, dev rSum) and one of accuracy against cost. Writes ``report.md``,
+run, INCOMPLETE where seeds it was asked for are missing; rows and what they read:
+:mod:`patchword.experiments.entries`): the recalls and rSum, the split the evaluation read (flagged where it
+is the run's model-selection or training split) with its gallery size and, where the rows span several
+test galleries, its gallery's tag, whether the protocol is leaky (flagged), patch-selection object recall
+against chance and the compositional accuracies where the run has them; a run nothing evaluated is "not
+evaluated"; what each costs (scoring time per 1K x 5K, memory, parameters, training time, index size:
+:mod:`patchword.experiments.cost`, the Pareto front of accuracy against scoring time marked within each
+machine, test gallery and protocol); the gallery-scale benchmarks given; then the config keys whose values
+differ between the rows or between the seeds of one row (everything else is shared), one figure of the
+training curves overlaid (training loss, dev rSum) and one of accuracy against cost. Writes ``report.md``,
 ``report.html`` (the figures embedded), ``report_curves.png`` and ``report_cost.png`` beside it, and with
 ``csv`` one CSV row per report row (mean and std of every figure).
 """
@@ -18,165 +21,53 @@ import json
 from pathlib import Path
 from typing import Any
 
-from patchword.config import flat_config
-from patchword.errors import DataError, MissingFileError
+from patchword.errors import DataError
 from patchword.eval.metrics import RECALL_KEYS
 from patchword.experiments.cost import (
     cost_rows,
     csv_text,
-    dataset_label,
+    evaluated,
+    gallery_of,
     index_bytes_per_image,
     is_incomplete,
     is_leaky,
     plot_accuracy_cost,
+    shared_flags,
+    significant,
+    split_use,
 )
+from patchword.experiments.entries import Entry, SeedsDiffer, collect, resume_overrides
 from patchword.experiments.gallery_table import gallery_rows
 from patchword.experiments.report_page import Table, html_page, markdown_page
-from patchword.experiments.sweep import SWEEP_FILE, mean_std, read_sweep
 from patchword.fileio import atomic_write_text
 from patchword.imports.base import IMPORT_FILE
-from patchword.imports.published import (
-    DATASETS,
-    caveats,
-    compare_rows,
-    imported_model,
-    measured_metrics,
-)
-from patchword.readers import read_json, read_json_lines
-from patchword.runs.files import (
-    BEST_CHECKPOINT,
-    CONFIG_FILE,
-    METRICS_FILE,
-    METRICS_JSON,
-    RESUMES_FILE,
-    SUMMARY_FILE,
-)
-from patchword.runs.load import read_run_config, resolve_checkpoint
-from patchword.runs.recorded import evaluation_of
+from patchword.imports.published import DATASETS, caveats, compare_rows, imported_model, measured_metrics
+from patchword.readers import read_json
+from patchword.runs.files import METRICS_FILE
 
-__all__ = ["Entry", "collect", "differing_keys", "report_files", "write_report"]
+__all__ = ["Entry", "collect", "differing_keys", "report_files", "resume_overrides", "write_report"]
 
 KEYS = RECALL_KEYS
 KINDS = ("attribute_swap", "relation_swap", "object_replace", "count_change")
 
 
-class Entry:
-    """One row: a run, or a variant of a sweep (its seeds' runs)."""
-
-    def __init__(self, label: str, runs: list[Path], planned: int | None = None) -> None:
-        self.label, self.runs = label, runs
-        # the seeds a sweep set out to run; fewer finished runs: an interrupted sweep (never shown as whole)
-        self.planned = max(planned or 0, len(runs))
-        self.summaries = [_with_dataset(r, _metrics(r)) for r in runs]
-        suites = [_suite_record(r, "eval_compositional.json") for r in runs]
-        self.compositional = [record for record, _ in suites]
-        # suite files scored before the checkpoint they name was last written (a run resumed since)
-        self.stale = [name for _, name in suites if name]
-
-    def value(self, key: str, source: str = "summaries") -> tuple[float, float] | None:
-        """(mean, sample std) of ``key`` (``a.b`` reaches into a mapping) over the entry's runs, None where
-        a run lacks it. ``source``: ``summaries`` or ``compositional``."""
-        values = []
-        for record in getattr(self, source):
-            for part in key.split("."):
-                record = record.get(part) if isinstance(record, dict) else None
-            values.append(record)
-        if not values or any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in values):
-            return None
-        return mean_std(values)
-
-    def first(self, key: str) -> Any:
-        return next((s[key] for s in self.summaries if key in s), None)
-
-
-def _metrics(run: Path) -> dict[str, Any]:
-    """A run's row: its training summary, else the recorded evaluation of its default checkpoint (an
-    imported run evaluated with ``patchword eval``), else its metrics.json."""
-    summary = _json(run / SUMMARY_FILE)
-    if summary:
-        return summary
-    try:
-        evaluation, _ = evaluation_of(run, resolve_checkpoint(run))
-    except MissingFileError:
-        evaluation = {}
-    return evaluation or _json(run / METRICS_JSON)
-
-
-def _with_dataset(run: Path, record: dict[str, Any]) -> dict[str, Any]:
-    """``record`` with the ``"dataset"`` its test gallery came from (from the run's config where the
-    record does not say): rSum is ranked only among rows of one dataset."""
-    if record.get("dataset"):
-        return record
-    return {**record, "dataset": dataset_label(read_run_config(run).data)}
-
-
-def _suite_record(run: Path, name: str) -> tuple[dict[str, Any], str | None]:
-    """A suite's evaluation file in ``run`` and, when it is older than the checkpoint it names (training
-    went on after it was scored), the name of that checkpoint."""
-    path = run / name
-    record = _json(path)
-    checkpoint = run / Path(str(record.get("checkpoint") or BEST_CHECKPOINT)).name
-    if record and checkpoint.is_file() and path.stat().st_mtime < checkpoint.stat().st_mtime:
-        return record, checkpoint.name
-    return record, None
-
-
-def resume_overrides(run: Path) -> list[str]:
-    """The overrides of every ``--resume`` of ``run``, in order (``resumes.jsonl``): what the run became
-    differs from its ``config.yaml`` by these (a longer ``train.max_steps``...)."""
-    return [
-        o for record in read_json_lines(run / RESUMES_FILE, "resume log") for o in record.get("overrides", [])
-    ]
-
-
-def _json(path: Path) -> dict[str, Any]:
-    return read_json(path, path.name, default={})
-
-
-def collect(paths: list[Path]) -> list[Entry]:
-    """Runs and sweeps -> rows (a sweep: one row per variant it set out to run, those with no finished
-    seed yet included: an interrupted sweep never reads as whole)."""
-    entries = []
-    for path in paths:
-        if (path / SWEEP_FILE).exists():
-            sweep = read_sweep(path)
-            planned = len(sweep.get("seeds", [])) or None
-            # the planned variants in their order, then any finished one the record does not plan ("runs")
-            for variant in dict.fromkeys([*sweep.get("variants", {}), *sweep["runs"]]):
-                runs = sweep["runs"].get(variant, {})
-                parent = path / variant if variant != "runs" else path
-                label = f"{path.name}/{variant}" if variant != "runs" else path.name
-                entries.append(Entry(label, [parent / f"seed-{s}" for s in runs], planned))
-        elif (path / CONFIG_FILE).is_file():
-            entries.append(Entry(path.name, [path]))
-        else:
-            raise MissingFileError(
-                f"{path} is neither a run directory nor a sweep (no config.yaml, no sweep.json)"
-            )
-    return entries
-
-
 def differing_keys(entries: list[Entry]) -> dict[str, list[Any]]:
-    """Config keys whose values differ between the rows, with the value of each row. A run's config is its
-    ``config.yaml`` with the overrides of its resumes applied. Run names and directories are left out; a
-    sweep row's ``seed`` is its list of seeds. A row without a finished run has no config: its values are
-    None and take no part in what differs."""
-    configs: list[dict[str, Any] | None] = []
-    for entry in entries:
-        if not entry.runs:
-            configs.append(None)
-            continue
-        # the config each run ended with: config.yaml, then what its resumes changed
-        config = flat_config(read_run_config(entry.runs[0], resume_overrides(entry.runs[0])))
-        if len(entry.runs) > 1:
-            config["seed"] = [read_run_config(run).seed for run in entry.runs]
-        configs.append(config)
+    """Config keys whose values differ between the rows, or between the runs of one row, with the value of
+    each row (:attr:`Entry.config`: each run's config as it ended, with its last resume's overrides; a key
+    whose runs differ: a :class:`SeedsDiffer`). Run names and directories are left out; a sweep row's
+    ``seed`` is its list of seeds. A row without a finished run has no config: its values are None and take
+    no part in what differs."""
+    configs = [entry.config for entry in entries]
     present = [c for c in configs if c is not None]
     ignored = {"name", "output_dir"}
     return {
         k: [None if c is None else c.get(k) for c in configs]
         for k in sorted(set().union(*present))
-        if k not in ignored and len({json.dumps(c.get(k), sort_keys=True, default=str) for c in present}) > 1
+        if k not in ignored
+        and (
+            len({json.dumps(c.get(k), sort_keys=True, default=str) for c in present}) > 1
+            or any(isinstance(c.get(k), SeedsDiffer) for c in present)
+        )
     }
 
 
@@ -192,16 +83,14 @@ def _curves(entries: list[Entry], out: Path) -> Path | None:
         from matplotlib.figure import Figure
     except ImportError:
         return None
-    from patchword.experiments.plots import save_figure
+    from patchword.experiments.plots import curve_records, save_figure
 
     fig = Figure(figsize=(10, 4))
     loss_ax, dev_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     for i, entry in enumerate(entries):
         colour = f"C{i % 10}"
         for j, run in enumerate(entry.runs):
-            records = read_json_lines(run / METRICS_FILE, "metrics log")
-            train = [r for r in records if r.get("split") == "train"]
-            dev = [r for r in records if r.get("split") == "dev"]
+            train, dev = curve_records(run / METRICS_FILE)
             label = entry.label if j == 0 else None
             loss_ax.plot(
                 [r["step"] for r in train], [r["loss"] for r in train], color=colour, alpha=0.8, label=label
@@ -211,50 +100,94 @@ def _curves(entries: list[Entry], out: Path) -> Path | None:
             )
     loss_ax.set(xlabel="step", ylabel="training loss", title="training loss")
     dev_ax.set(xlabel="step", ylabel="dev rSum", title="dev rSum")
-    dev_ax.legend(fontsize=7)
+    if dev_ax.get_legend_handles_labels()[0]:  # rows without runs draw nothing to name
+        dev_ax.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, out)
     return out
 
 
-def _test_row(e: Entry) -> list[str]:
-    """A row of the test-metrics table (a row without a finished run: its label and seed count only)."""
+def _test_label(e: Entry) -> str:
+    marks = [
+        "INCOMPLETE" if is_incomplete(e) else "",
+        "NOT EVALUATED" if e.runs and not evaluated(e) else "",
+        "SEEDS DIFFER" if e.seeds_differ else "",
+    ]
+    marks = [m for m in marks if m]
+    return e.label + (f" ({'; '.join(marks)})" if marks else "")
+
+
+def _split_cell(e: Entry, tags: dict[str, str]) -> str:
+    """The split the row's evaluation read, its gallery size, what else the split is to the run and, where
+    the rows span several galleries, the row's gallery tag."""
+    cell = f"{e.first_of('scored') or '?'} ({e.first('images') or '?'} / {e.first('captions') or '?'})"
+    if split_use(e):
+        cell += f", {split_use(e).upper()} SPLIT"
+    tag = tags.get(gallery_of(e) or "")
+    return cell + (f" [{tag}]" if tag else "")
+
+
+def _test_row(e: Entry, tags: dict[str, str]) -> list[str]:
+    """A row of the test-metrics table (a row without a finished run: its label and seed count only; a run
+    without an evaluation: "not evaluated"). ``tags``: gallery -> its tag, where there are several."""
     done = len(e.runs)
-    label = e.label + (" (INCOMPLETE)" if is_incomplete(e) else "")
-    seeds = f"{done} of {e.planned}" if is_incomplete(e) else str(done)
+    missing = f" (missing: {', '.join(map(str, e.missing))})" if e.missing else ""
+    seeds = f"{done} of {e.planned}{missing}" if is_incomplete(e) else str(done)
     if not done:
-        return [label, seeds, *[""] * (len(KEYS) + 4)]
+        return [_test_label(e), seeds, *[""] * (len(KEYS) + 4)]
+    if not evaluated(e):
+        return [_test_label(e), seeds, *[""] * len(KEYS), "not evaluated", "", "", ""]
     recall, chance = e.value("selection_object_recall.caption"), e.value("selection_chance.caption")
     selection = f"{_cell(recall, done)} / {chance[0]:.1f}" if recall and chance else ""
-    split = f"{e.first('split') or ''} ({e.first('images') or '?'} / {e.first('captions') or '?'})"
-    seconds = e.value("train_seconds")
     return [
-        label,
+        _test_label(e),
         seeds,
         *(_cell(e.value(k), done) for k in KEYS),
-        split,
+        _split_cell(e, tags),
         "LEAKY" if is_leaky(e) else "leak-free",
         selection,
-        f"{seconds[0]:.0f}" if seconds else "",
+        significant(e.value("train_seconds")),
     ]
 
 
-def _tables(
-    entries: list[Entry], index_sizes: dict[str, float] | None = None, galleries: tuple[Path, ...] = ()
-) -> list[Table]:
-    n = {e.label: len(e.runs) for e in entries}
-    rows = [_test_row(e) for e in entries]
-    caption = "Test metrics (mean ± sample std over seeds where a row has several)"
+def _test_caption(entries: list[Entry], tags: dict[str, str]) -> str:
+    """The test-metrics table's caption: what its rows scored (held-out test splits, or not all), and a
+    warning for each mark its rows carry."""
+    held_out = not any(split_use(e) for e in entries)
+    caption = "Test metrics" if held_out else "Metrics of the split each row scored (not all held-out test)"
+    caption += " (mean ± sample std over seeds where a row has several; train s: three significant digits)"
+    if tags:
+        listed = "; ".join(f"{tag}: {gallery}" for gallery, tag in tags.items())
+        caption += (
+            f"; {len(tags)} TEST GALLERIES [{listed}]: recalls and rSum compare only between rows of one "
+            "gallery (the tag in the split column)"
+        )
     if any(is_incomplete(e) for e in entries):
         caption += (
-            "; INCOMPLETE: a sweep that stopped before all its seeds finished, its figures over the finished"
-            " seeds only, none for a variant with no finished seed (the same `patchword sweep` command"
-            " resumes it)"
+            "; INCOMPLETE: a sweep variant with seeds it was asked for not finished (missing: those seeds), "
+            "its figures over the finished seeds only, none for a variant with no finished seed; "
+            "`patchword sweep` with the sweep's --config, overrides and --name, the row's --variant (if it "
+            "has one) and the missing --seeds resumes it"
         )
+    caption += shared_flags(entries)
     if any(is_leaky(e) for e in entries):
         caption += (
             "; LEAKY: queries carry dense text generated from their own target image (official SEPS code)"
         )
+    return caption
+
+
+def _gallery_tags(entries: list[Entry]) -> dict[str, str]:
+    """gallery -> ``G1``, ``G2``... in the rows' order, where the evaluated rows span several; else {}."""
+    galleries = list(dict.fromkeys(g for g in map(gallery_of, entries) if g))
+    return {g: f"G{i}" for i, g in enumerate(galleries, start=1)} if len(galleries) > 1 else {}
+
+
+def _tables(
+    entries: list[Entry], index_sizes: dict[int, float] | None = None, galleries: tuple[Path, ...] = ()
+) -> list[Table]:
+    tags = _gallery_tags(entries)
+    rows = [_test_row(e, tags) for e in entries]
     header = [
         "run",
         "seeds",
@@ -264,13 +197,13 @@ def _tables(
         "selection recall / chance",
         "train s",
     ]
-    tables: list[Table] = [(caption, header, rows)]
-    with_suite = [e for e in entries if any(e.compositional)]
+    tables: list[Table] = [(_test_caption(entries, tags), header, rows)]
+    with_suite = [e for e in entries if any(e.compositional) or e.stale]
     if with_suite:
         rows = [
             [
-                e.label + (f" (STALE: before {', '.join(sorted(set(e.stale)))})" if e.stale else ""),
-                *(_cell(e.value(k, "compositional"), n[e.label]) for k in KINDS),
+                e.label + (f" (NOT SHOWN: {', '.join(sorted(set(e.stale)))})" if e.stale else ""),
+                *(_cell(e.value(k, "compositional"), len(e.runs)) for k in KINDS),
             ]
             for e in with_suite
         ]
@@ -279,8 +212,10 @@ def _tables(
         )
         if any(e.stale for e in with_suite):
             caption += (
-                "; STALE: scored before the named checkpoint was last written (training went on since): "
-                "`patchword eval RUN --suite compositional --force` scores it again"
+                "; NOT SHOWN: the named runs' eval_compositional.json is not of their default checkpoint's "
+                "bytes with their present config and no overrides (another checkpoint, other data, or a "
+                "file that does not record which): `patchword eval RUN --suite compositional --force` "
+                "scores it"
             )
         tables.append((caption, ["run", *KINDS], rows))
     tables.append(cost_rows(entries, index_sizes or {}))
@@ -288,39 +223,56 @@ def _tables(
     if published is not None:
         tables.append(published)
     tables += [gallery_rows(path) for path in galleries]
+    tables.append(_config_table(entries))
+    return tables
+
+
+def _config_table(entries: list[Entry]) -> Table:
     diff = differing_keys(entries)
     rows = [
-        [k, *("" if not e.runs else json.dumps(v, default=str) for e, v in zip(entries, values, strict=True))]
+        [k, *("" if not e.runs else _config_cell(v) for e, v in zip(entries, values, strict=True))]
         for k, values in diff.items()
     ]
-    tables.append(
-        ("Config keys that differ (all others are equal)", ["key", *(e.label for e in entries)], rows)
-    )
-    return tables
+    caption = "Config keys that differ (all others are equal)"
+    if any(isinstance(v, SeedsDiffer) for values in diff.values() for v in values):
+        caption += (
+            "; DIFFERS BETWEEN SEEDS: the runs of one sweep row ran with different values of the key (each "
+            "run's config.yaml with its last resume's overrides): the row's mean ± std is not over seeds of "
+            "one recipe"
+        )
+    return caption, ["key", *(e.label for e in entries)], rows
+
+
+def _config_cell(value: Any) -> str:
+    return str(value) if isinstance(value, SeedsDiffer) else json.dumps(value, default=str)
 
 
 def _published_table(entries: list[Entry]) -> Table | None:
     """Published vs measured here for the rows that are imported official checkpoints
     (:mod:`patchword.imports.published`): per published result of the method, backbone and dataset the
-    checkpoint was trained for, its row, the row's measured figures and their difference."""
+    checkpoint was trained for, its row, the row's measured figures and their difference; a row without an
+    evaluation: "not measured here yet", and no caveat of what was not measured."""
     rows, notes = [], []
     for e in filter(lambda e: e.runs, entries):
         model = imported_model(_json(e.runs[0] / IMPORT_FILE))
         # the data config the evaluation read: which split its recorded role is, which data lay there
-        data = read_run_config(e.runs[0]).data if model is not None else None
+        data = e.configs[0].data
+        record = e.summaries[0]
         for published in model.published() if model is not None else []:
-            measured = measured_metrics(e.summaries[0], published.dataset)
+            measured = measured_metrics(record, published.dataset)
             what = DATASETS[published.dataset] + (f", {published.variant}" if published.variant else "")
             for row in compare_rows(published, measured):
+                if row["row"] != "published" and not record:
+                    if row["row"] == "measured here":
+                        rows.append([e.label, what, "not measured here yet", *[""] * (len(KEYS) + 1)])
+                    continue
                 signed = row["row"] == "difference"
                 cells = [
                     "" if row[k] is None else f"{row[k]:+.1f}" if signed else f"{row[k]:.1f}" for k in KEYS
                 ]
                 source = published.source if row["row"] == "published" else ""
                 rows.append([e.label, what, row["row"], *cells, source])
-            notes += [
-                f"{e.label}, {what}: {text}" for text in caveats(published, e.summaries[0], data, model)
-            ]
+            notes += [f"{e.label}, {what}: {text}" for text in caveats(published, record, data, model)]
     if not rows:
         return None
     caption = (
@@ -332,8 +284,12 @@ def _published_table(entries: list[Entry]) -> Table | None:
     return caption, ["run", "published result", "row", *KEYS, "source"], rows
 
 
-def _index_sizes(entries: list[Entry], indexes: tuple[Path, ...]) -> dict[str, float]:
-    """Row label -> bytes per image of the search index built from that row's run (``--index``)."""
+def _json(path: Path) -> dict[str, Any]:
+    return read_json(path, path.name, default={})
+
+
+def _index_sizes(entries: list[Entry], indexes: tuple[Path, ...]) -> dict[int, float]:
+    """``id(row)`` -> bytes per image of the search index built from that row's run (``--index``)."""
     sizes = {}
     for index in indexes:
         run, per_image = index_bytes_per_image(index)
@@ -344,7 +300,7 @@ def _index_sizes(entries: list[Entry], indexes: tuple[Path, ...]) -> dict[str, f
             raise DataError(
                 f"{index}: built from the run {run or '(none recorded)'}, which is not in the report"
             )
-        sizes[owner.label] = per_image
+        sizes[id(owner)] = per_image
     return sizes
 
 

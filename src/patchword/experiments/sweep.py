@@ -58,6 +58,10 @@ __all__ = [
     "summarize",
 ]
 
+#: The key of ``sweep.json``'s ``runs`` / ``summary`` / planned seeds for a sweep without variants (so no
+#: variant may have this name).
+_NO_VARIANT = "runs"
+
 _logger = logging.getLogger(__name__)
 
 SWEEP_FILE = "sweep.json"
@@ -242,7 +246,7 @@ def _merge_earlier(
     kept: dict[str, dict[int, dict[str, Any]]] = {}
     recorded = (earlier or {}).get("variants", {})
     for key, done in (earlier or {}).get("runs", {}).items():
-        variant = "" if key == "runs" and key not in recorded else key
+        variant = "" if key == _NO_VARIANT and key not in recorded else key
         extra = variants[variant] if variant in variants else recorded.get(variant, None if variant else [])
         if variant and ("/" in variant or variant.startswith(".")):
             extra = None  # not a directory name: nothing is read from where it points
@@ -290,6 +294,8 @@ def run_sweep(
         load_run_config(config, [*overrides, *extra])
         if variant and ("/" in variant or variant.startswith(".")):
             raise ConfigError("--variant", f"a variant name is a directory name, got {variant!r}")
+        if variant == _NO_VARIANT:  # sweep.json keys a sweep without variants "runs"
+            raise ConfigError("--variant", f"{variant!r} is the name of a sweep without variants: rename it")
     if name is None:  # the sweep's directory is NAME-sweep
         check_dir_name(base.name, "name", "the sweep's name without --name (its directory NAME-sweep)")
     elif not name.strip():
@@ -310,7 +316,7 @@ def run_sweep(
     planned = list((earlier or {}).get("seeds", []))
     per_variant = {key: list(s) for key, s in (earlier or {}).get(PLANNED_SEEDS, {}).items()}
     for variant in variants:  # this invocation's seeds added to each of its variants' (keyed as runs)
-        have = per_variant.setdefault(variant or "runs", [])
+        have = per_variant.setdefault(variant or _NO_VARIANT, [])
         have += [seed for seed in seeds if seed not in have]
     record: dict[str, Any] = {
         "config": config,
@@ -331,10 +337,10 @@ def run_sweep(
 
     def store(variant: str) -> None:
         rows = results[variant]
-        have = per_variant.setdefault(variant or "runs", [])  # a finished seed was planned
+        have = per_variant.setdefault(variant or _NO_VARIANT, [])  # a finished seed was planned
         have += [seed for seed in rows if seed not in have]
-        record["runs"][variant or "runs"] = {str(seed): rows[seed] for seed in in_order(list(rows))}
-        record["summary"][variant or "runs"] = summarize(rows)
+        record["runs"][variant or _NO_VARIANT] = {str(seed): rows[seed] for seed in in_order(list(rows))}
+        record["summary"][variant or _NO_VARIANT] = summarize(rows)
 
     results = {variant: dict(rows) for variant, rows in kept.items()}
     for variant in results:  # in the record until read back: a kill now loses none of them

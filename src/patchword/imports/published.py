@@ -40,15 +40,20 @@ __all__ = [
     "DATASETS",
     "METRIC_KEYS",
     "TEST_IMAGES",
+    "SELECTION_SPLIT",
     "TEST_SPLITS",
+    "TRAINING_SPLIT",
     "ImportedModel",
     "PublishedResult",
     "caveats",
     "compare_rows",
+    "evaluated_role",
     "imported_model",
     "measured_metrics",
     "published_results",
     "scan_variant",
+    "scored_split",
+    "split_use",
 ]
 
 #: the shipped table, beside this module
@@ -284,19 +289,75 @@ def _root_dataset(root: str) -> str | None:
     return None
 
 
-def _split_caveat(published: PublishedResult, record: Mapping[str, Any], data: Any) -> list[str]:
-    """The measured split, as the run names it, against the published protocol's test split. A record
-    names the role it scored (``test`` / ``dev``); ``data`` (the run's data config) says which split of the
-    dataset that role reads. Without ``data`` a ``test`` role cannot be named, and is taken on trust."""
-    split = record.get("split")
-    if not isinstance(split, str):
-        return []
+#: What a scored split is to the run besides a test set (:func:`split_use`): the split its checkpoint was
+#: chosen on, or the one it trained on. Neither is a held-out test result.
+SELECTION_SPLIT = "model selection"
+TRAINING_SPLIT = "training"
+
+
+def evaluated_role(record: Mapping[str, Any] | None, data: Any = None) -> str | None:
+    """The role (``test`` / ``dev``) a recorded evaluation scored: ``patchword eval`` and training record
+    it as ``"split"`` (``runs/evaluate.py``); a record naming the dataset's split instead is matched
+    against ``data``'s ``test_split`` / ``dev_split``. ``None``: no record, or a split ``data`` does not
+    name."""
+    if not record:
+        return None
+    role, split = record.get("role"), record.get("split")
+    if role in ("test", "dev"):
+        return role
     if split in ("test", "dev"):
-        name = _field(data, f"{split}_split") if data is not None else ("dev" if split == "dev" else None)
-    else:
-        name = split
+        return split
+    if isinstance(split, str) and data is not None:
+        for role in ("test", "dev"):
+            if split == _field(data, f"{role}_split"):
+                return role
+    return None
+
+
+def scored_split(record: Mapping[str, Any] | None, data: Any = None) -> str | None:
+    """The split of the dataset a recorded evaluation read, as the run names it: its role through ``data``
+    (the run's data config, a ``DataConfig`` or its dict): the ``test`` role reads ``data.test_split``, the
+    ``dev`` role ``data.dev_split`` or, with ``data.dev_from_train``, images held out of
+    ``data.train_split`` (``"train hold-out"``). A record naming a split itself is taken at its word.
+    Without ``data`` a ``test`` role cannot be named (``None``); ``dev`` is ``"dev"``."""
+    split = record.get("split") if record else None
+    if not isinstance(split, str):
+        return None
+    if split not in ("test", "dev"):
+        return split
+    if data is None:
+        return "dev" if split == "dev" else None
+    if split == "dev" and _field(data, "dev_from_train"):
+        return f"{_field(data, 'train_split')} hold-out"
+    name = _field(data, f"{split}_split")
+    return name if isinstance(name, str) else None
+
+
+def split_use(record: Mapping[str, Any] | None, data: Any = None) -> str | None:
+    """What the scored split is to the run besides a test set: :data:`SELECTION_SPLIT` for the ``dev`` role
+    (training chose its checkpoint on it) and for a ``test`` role reading ``data.dev_split`` (a run with
+    ``data.test_split=dev``, unless the dev split is held out of training: ``data.dev_from_train``),
+    :data:`TRAINING_SPLIT` for a ``test`` role reading ``data.train_split``; ``None`` for a held-out split,
+    or when nothing says."""
+    role = evaluated_role(record, data)
+    if role == "dev":
+        return SELECTION_SPLIT
+    if role != "test" or data is None:
+        return None
+    name = scored_split(record, data)
+    if name == _field(data, "train_split"):
+        return TRAINING_SPLIT
+    if name == _field(data, "dev_split") and not _field(data, "dev_from_train"):
+        return SELECTION_SPLIT
+    return None
+
+
+def _split_caveat(published: PublishedResult, record: Mapping[str, Any], data: Any) -> list[str]:
+    """The measured split, as the run names it (:func:`scored_split`), against the published protocol's test
+    split. Without ``data`` a ``test`` role cannot be named, and is taken on trust."""
+    name = scored_split(record, data)
     expected = TEST_SPLITS[published.dataset]
-    if not isinstance(name, str) or name == expected:
+    if name is None or name == expected:
         return []
     return [
         f"measured on split `{name}`, the published {DATASETS[published.dataset]} protocol on split "

@@ -228,12 +228,13 @@ def model_card(run, record: dict[str, Any]) -> str:
         lines += [
             "| split | images | captions | " + " | ".join(keys) + " |",
             "|" + "---|" * (len(keys) + 3),
-            f"| {metrics.get('split', 'test')} | {metrics.get('images', '')} | "
+            f"| {_split_read(metrics, dc)} | {metrics.get('images', '')} | "
             f"{metrics.get('captions', '')} | " + " | ".join(f"{metrics[k]:.1f}" for k in keys) + " |",
             "",
             f"Protocol: {protocol}; checkpoint `{record['checkpoint']}` of the run, evaluated in "
             f"`{record.get('metrics_source')}`.",
         ]
+        lines += _split_warning(metrics, dc)
     else:
         lines.append(
             f"No evaluation of checkpoint `{record['checkpoint']}` with this config is recorded with the "
@@ -247,6 +248,31 @@ def model_card(run, record: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _split_read(metrics: dict[str, Any], data: Any) -> str:
+    """The split of the dataset the evaluation read (its recorded role through the run's data config:
+    ``data.test_split=dev`` scores the dev split), not the role it was scored in."""
+    return published_table.scored_split(metrics, data) or str(metrics.get("split", "test"))
+
+
+def _split_warning(metrics: dict[str, Any], data: Any) -> list[str]:
+    """A sentence for an evaluation of a split that is not held out: the one the checkpoint was chosen on,
+    or one the model trained on."""
+    use = published_table.split_use(metrics, data)
+    if use == published_table.SELECTION_SPLIT:
+        return [
+            "",
+            f"**Not a test result:** split `{_split_read(metrics, data)}` is the one training chose its "
+            "checkpoint on (model selection); these figures are a validation score, not held-out test "
+            "performance.",
+        ]
+    if use == published_table.TRAINING_SPLIT:
+        return [
+            "",
+            f"**Not a test result:** split `{_split_read(metrics, data)}` is the one the model trained on.",
+        ]
+    return []
 
 
 def _steps_line(record: dict[str, Any]) -> str:
@@ -306,7 +332,7 @@ def _published_section(
     ]
     if metrics:
         lines.append(
-            f"Measured here: `{record.get('metrics_source')}`, split {metrics.get('split', 'test')}, "
+            f"Measured here: `{record.get('metrics_source')}`, split {_split_read(metrics, data)}, "
             f"{metrics.get('images', '?')} images, "
             + ("LEAKY protocol." if metrics.get("leaky") else "leak-free protocol.")
         )

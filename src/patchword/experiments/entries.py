@@ -1,0 +1,328 @@
+"""The rows of ``patchword report``: a run, or a variant of a sweep (its seeds' runs), with what each run
+was configured with, what its evaluation recorded and what that evaluation scored.
+
+* A run's config is the one it ended with: its ``config.yaml`` with the overrides of its last ``--resume``
+  (``resumes.jsonl``; each resume applies its own overrides to ``config.yaml``, as ``resume_run`` does).
+* A run's record is its training summary, else the recorded evaluation of its default checkpoint (an
+  imported run evaluated with ``patchword eval``), else its ``metrics.json``; ``{}`` for a run nothing
+  evaluated (still training, killed): such a row is "not evaluated", never leak-free or complete.
+* A sweep variant's seeds: those its ``sweep.json`` records finished whose ``summary.json`` is there (one
+  whose summary is gone is unfinished, as ``patchword sweep`` takes it); it is INCOMPLETE where seeds it
+  was asked for are not: the seeds ``sweep.json`` records set out for it (``planned_seeds``, keyed as
+  ``runs``), or, in a record without them, every seed of the sweep (``seeds``).
+* Labels are unique: the shortest suffix of the run's (or sweep's) path that tells it from the other rows'
+  (``R/a`` and ``R/x/a`` read ``R/a`` and ``x/a``); everything else is keyed by the row itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+from typing import Any
+
+from patchword.config import apply_overrides, flat_config
+from patchword.errors import ConfigError, DataError, MissingFileError
+from patchword.eval.metrics import RECALL_KEYS
+from patchword.experiments.fields import FLAG, MAPPING, NUMBER, TEXT, check_fields
+from patchword.experiments.galleries import gallery_of_run, run_dataset
+from patchword.experiments.sweep import SWEEP_FILE, mean_std, read_sweep
+from patchword.imports.published import scored_split, split_use
+from patchword.readers import read_json, read_json_lines
+from patchword.runs.config import RunConfig
+from patchword.runs.files import CONFIG_FILE, METRICS_JSON, RESUMES_FILE, SUMMARY_FILE
+from patchword.runs.load import read_run_config, resolve_checkpoint
+from patchword.runs.recorded import evaluation_of, suite_evaluation_of
+
+__all__ = [
+    "RECORD_FIELDS",
+    "Entry",
+    "SeedsDiffer",
+    "collect",
+    "resume_overrides",
+    "run_config",
+    "unique_labels",
+]
+
+#: The fields of an evaluation record the report reads, and what each must hold (null: not recorded).
+RECORD_FIELDS = {
+    **{key: NUMBER for key in RECALL_KEYS},
+    "images": NUMBER,
+    "captions": NUMBER,
+    "split": TEXT,
+    "role": TEXT,
+    "dataset": TEXT,
+    "leaky": FLAG,
+    "params_total": NUMBER,
+    "params_trainable": NUMBER,
+    "train_seconds": NUMBER,
+    "train_steps_per_s": NUMBER,
+    "selection_object_recall": MAPPING,
+    "selection_object_recall.caption": NUMBER,
+    "selection_chance": MAPPING,
+    "selection_chance.caption": NUMBER,
+    "cost": MAPPING,
+    **{f"cost.{key}": TEXT for key in ("device", "device_name", "peak_host_scope", "precision")},
+    **{
+        f"cost.{key}": NUMBER
+        for key in (
+            "threads",
+            "world_size",
+            "scoring_seconds",
+            "pairs",
+            "pairs_per_s",
+            "peak_device_mb",
+            "peak_host_rss_mb",
+            "peak_host_growth_mb",
+            "host_rss_start_mb",
+        )
+    },
+}
+
+#: The field of ``sweep.json`` mapping each variant (keyed as ``runs``) to the seeds set out for it.
+PLANNED_SEEDS = "planned_seeds"
+
+#: Config keys every run of a sweep has its own value of, or that name where it is.
+_PER_RUN = frozenset({"seed", "name", "output_dir"})
+
+
+@dataclass(frozen=True)
+class SeedsDiffer:
+    """A config key whose value differs between the seeds of one sweep row: seed -> value."""
+
+    values: dict[int, Any]
+
+    def __str__(self) -> str:
+        shown = "; ".join(f"seed {s}: {json.dumps(v, default=str)}" for s, v in self.values.items())
+        return f"DIFFERS BETWEEN SEEDS ({shown})"
+
+
+class Entry:
+    """One row: a run, or a variant of a sweep (its finished seeds' runs).
+
+    Attributes:
+        label: the row's name (unique among the rows :func:`collect` returns).
+        runs: the run directories; ``planned``: the seeds the row set out to run (at least ``len(runs)``);
+            ``missing``: the planned seeds not finished.
+        configs: each run's config as it ended (``config.yaml`` and its last resume's overrides).
+        summaries: each run's evaluation record, its fields checked (``{}``: none); ``sources``: the file
+            each came from (None: none).
+        scored, uses: each run's scored split (:func:`~patchword.imports.published.scored_split`) and what
+            else it is to the run (:func:`~patchword.imports.published.split_use`); None where none.
+        galleries, datasets: each run's test gallery and the data it scored
+            (:func:`~patchword.experiments.galleries.gallery_of_run`, ``run_dataset``).
+        compositional, stale: each run's compositional suite record of its default checkpoint
+            (``{}``: none); the runs whose ``eval_compositional.json`` describes something else.
+        config: the row's flat config (``seed``: the list of seeds of a multi-run row; a key whose values
+            differ between the runs: :class:`SeedsDiffer`); ``seeds_differ``: those keys.
+    """
+
+    def __init__(
+        self, label: str, runs: list[Path], planned: int | None = None, missing: list[int] | None = None
+    ) -> None:
+        self.label, self.runs = label, runs
+        # the seeds a sweep set out to run; fewer finished runs: an interrupted sweep (never shown as whole)
+        self.planned = max(planned or 0, len(runs))
+        self.missing = list(missing or [])
+        self.configs = [run_config(run) for run in runs]
+        records = [_evaluation(run) for run in runs]
+        self.summaries = [record for record, _ in records]
+        self.sources = [source for _, source in records]
+        for record, source in records:
+            if source is not None:
+                check_fields(record, RECORD_FIELDS, str(source))
+        self.scored = [scored_split(r, c.data) for r, c in zip(self.summaries, self.configs, strict=True)]
+        self.uses = [split_use(r, c.data) for r, c in zip(self.summaries, self.configs, strict=True)]
+        pairs = list(zip(self.summaries, [c.data for c in self.configs], strict=True))
+        self.galleries = [gallery_of_run(record, data) for record, data in pairs]
+        self.datasets = [run_dataset(record, data) for record, data in pairs]
+        self.compositional = [_compositional(r) for r in runs]
+        # runs whose eval_compositional.json describes something else (another checkpoint, other data, a
+        # config edited since, or a file written before records said which)
+        self.stale = [
+            r.name
+            for r, c in zip(runs, self.compositional, strict=True)
+            if not c and (r / _SUITE_FILE).is_file()
+        ]
+        self.config = _row_config(self.configs) if runs else None
+        self.seeds_differ = sorted(k for k, v in (self.config or {}).items() if isinstance(v, SeedsDiffer))
+
+    def value(self, key: str, source: str = "summaries") -> tuple[float, float] | None:
+        """(mean, sample std) of ``key`` (``a.b`` reaches into a mapping) over the entry's runs, None where
+        a run lacks it. ``source``: ``summaries`` or ``compositional``."""
+        values = []
+        for record in getattr(self, source):
+            for part in key.split("."):
+                record = record.get(part) if isinstance(record, dict) else None
+            values.append(record)
+        if not values or any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in values):
+            return None
+        return mean_std(values)
+
+    def first(self, key: str) -> Any:
+        return next((s[key] for s in self.summaries if key in s), None)
+
+    def first_of(self, attribute: str) -> Any:
+        """The first evaluated run's ``scored``, ``uses``, ``galleries`` or ``datasets`` entry."""
+        return next((v for v, s in zip(getattr(self, attribute), self.summaries, strict=True) if s), None)
+
+    @property
+    def unevaluated(self) -> int:
+        """How many of the row's runs have no evaluation recorded (still training, killed)."""
+        return sum(1 for s in self.summaries if not s)
+
+
+def _evaluation(run: Path) -> tuple[dict[str, Any], Path | None]:
+    """A run's record and the file it came from: its training summary, else the recorded evaluation of its
+    default checkpoint, else its metrics.json; ``({}, None)`` for none."""
+    summary = _json(run / SUMMARY_FILE)
+    if summary:
+        return summary, run / SUMMARY_FILE
+    try:
+        evaluation, name = evaluation_of(run, resolve_checkpoint(run))
+    except MissingFileError:
+        evaluation, name = {}, None
+    if evaluation:
+        return evaluation, run / str(name)
+    metrics = _json(run / METRICS_JSON)
+    return metrics, (run / METRICS_JSON if metrics else None)
+
+
+_SUITE_FILE = "eval_compositional.json"
+
+
+def _compositional(run: Path) -> dict[str, Any]:
+    """The compositional suite record of ``run``'s default checkpoint with its present config
+    (:func:`~patchword.runs.recorded.suite_evaluation_of`), ``{}`` for none."""
+    try:
+        checkpoint = resolve_checkpoint(run)
+    except MissingFileError:
+        return {}
+    record, _ = suite_evaluation_of(run, checkpoint, "compositional")
+    return record
+
+
+def resume_overrides(run: Path) -> list[str]:
+    """The overrides of the last ``--resume`` of ``run`` (``resumes.jsonl``): each resume applies its own
+    to ``config.yaml`` (``resume_run``), so the config the run ended with is ``config.yaml`` with these."""
+    path = run / RESUMES_FILE
+    resumes = read_json_lines(path, "resume log")
+    overrides = resumes[-1].get("overrides", []) if resumes else []
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise DataError(f"{path}: the last resume's overrides are not a list of key=value strings")
+    return overrides
+
+
+def run_config(run: Path) -> RunConfig:
+    """The config ``run`` ended with: its ``config.yaml`` with its last resume's overrides
+    (:func:`resume_overrides`); an override that does not apply is a DataError naming ``resumes.jsonl``."""
+    overrides = resume_overrides(run)
+    config = read_run_config(run)
+    try:
+        return apply_overrides(config, overrides)
+    except ConfigError as err:
+        raise DataError(f"{run / RESUMES_FILE}: its last resume's overrides do not apply ({err})") from None
+
+
+def _json(path: Path) -> dict[str, Any]:
+    return read_json(path, path.name, default={})
+
+
+def _same(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def _row_config(configs: list) -> dict[str, Any]:
+    """The flat config of a row's runs: a key's value where every run has it, its list of seeds for
+    ``seed`` (a multi-run row), a :class:`SeedsDiffer` where the runs differ."""
+    flats = [flat_config(c) for c in configs]
+    if len(flats) == 1:
+        return flats[0]
+    seeds = [c.seed for c in configs]
+    row: dict[str, Any] = {"seed": seeds}
+    for key in sorted(set().union(*flats) - {"seed"}):
+        values = [f.get(key) for f in flats]
+        if key in _PER_RUN or all(_same(v, values[0]) for v in values):
+            row[key] = values[0]
+        else:
+            row[key] = SeedsDiffer(dict(zip(seeds, values, strict=True)))
+    return row
+
+
+def unique_labels(keys: list[tuple[Path, str]]) -> list[str]:
+    """The rows' labels: for each (directory, variant or ``""``), the shortest suffix of the directory's
+    path (made absolute, links kept) that no other row's shares, then ``/variant``. The same directory and
+    variant twice keep one label (one row, shown twice)."""
+    parts = [Path(os.path.abspath(directory)).parts for directory, _ in keys]
+    depth = [1] * len(keys)
+
+    def label(i: int) -> str:
+        path = PurePath(*parts[i][-depth[i] :]).as_posix() if parts[i] else "."
+        return path + (f"/{keys[i][1]}" if keys[i][1] else "")
+
+    while True:
+        groups: dict[str, list[int]] = defaultdict(list)
+        for i in range(len(keys)):
+            groups[label(i)].append(i)
+        grew = False
+        for members in groups.values():
+            if len({(parts[i], keys[i][1]) for i in members}) > 1:
+                for i in members:
+                    if depth[i] < len(parts[i]):
+                        depth[i] += 1
+                        grew = True
+        if not grew:
+            return [label(i) for i in range(len(keys))]
+
+
+def _sweep_variants(path: Path) -> list[tuple[str, Path, list[int], list[int]]]:
+    """A sweep's rows: (variant or ``""``, its runs' parent directory, its finished seeds, its planned
+    seeds), every variant the sweep set out to run (in the record's order), then any finished one it does
+    not plan. See the module docstring for the planned seeds."""
+    sweep = read_sweep(path)
+    where = path / SWEEP_FILE
+    variants, seeds, done = sweep.get("variants", {}), sweep.get("seeds", []), sweep["runs"]
+    recorded = sweep.get(PLANNED_SEEDS) if isinstance(sweep.get(PLANNED_SEEDS), dict) else {}
+    rows = []
+    for key in dict.fromkeys([*variants, *done]):
+        # sweep.json keeps the seeds of a sweep without variants under "runs", as it would a variant named
+        # so: the record's variants (or, before it recorded them, a "runs" directory) tell which it is
+        named = key != "runs" or key in variants or ("variants" not in sweep and (path / key).is_dir())
+        variant = key if named else ""
+        if named and (not key or "/" in key or "\\" in key or key.startswith(".")):
+            raise DataError(f"{where}: variant {key!r} is not a directory name of the sweep")
+        parent = path / variant if variant else path
+        listed = [int(s) for s in done.get(key, {})]
+        finished = [s for s in listed if (parent / f"seed-{s}" / SUMMARY_FILE).is_file()]
+        asked = recorded.get(key)
+        if not isinstance(asked, list) or not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in asked
+        ):
+            asked = seeds  # a record without its variants' own seeds: each was asked for all of them
+        rows.append((variant, parent, finished, list(dict.fromkeys([*asked, *listed]))))
+    return rows
+
+
+def collect(paths: list[Path]) -> list[Entry]:
+    """Runs and sweeps -> rows (a sweep: one row per variant it set out to run, those with no finished
+    seed yet included: an interrupted sweep never reads as whole), labelled by :func:`unique_labels`."""
+    rows: list[tuple[Path, str, list[Path], int | None, list[int]]] = []
+    for path in paths:
+        if (path / SWEEP_FILE).exists():
+            for variant, parent, finished, planned in _sweep_variants(path):
+                runs = [parent / f"seed-{s}" for s in finished]
+                missing = [s for s in planned if s not in finished]
+                rows.append((path, variant, runs, len(planned), missing))
+        elif (path / CONFIG_FILE).is_file():
+            rows.append((path, "", [path], None, []))
+        else:
+            raise MissingFileError(
+                f"{path} is neither a run directory nor a sweep (no config.yaml, no sweep.json)"
+            )
+    labels = unique_labels([(path, variant) for path, variant, *_ in rows])
+    return [
+        Entry(label, runs, planned, missing)
+        for label, (_, _, runs, planned, missing) in zip(labels, rows, strict=True)
+    ]
