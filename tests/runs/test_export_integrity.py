@@ -73,3 +73,16 @@ def test_an_intact_export_and_one_without_a_recorded_digest_load(export_copy):
     del record["weights_sha256"]  # an export written before the digest was recorded
     record_file.write_text(json.dumps(record))
     load_run(export_copy)
+
+
+def test_a_recall_recorded_as_text_is_one_error_line_before_anything_is_written(exported, tmp_path, capsys):
+    """A summary.json whose rsum is a string (hand-edited, another tool's file) made the card's
+    formatting raise ValueError with a traceback."""
+    run = Path(shutil.copytree(exported.parent / "runs" / "tiny", tmp_path / "tiny"))
+    summary = json.loads((run / "summary.json").read_text())
+    summary["rsum"] = "high"
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert main(["export", str(run), str(tmp_path / "out")]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line == f'error: {run / "summary.json"}: rsum is "high", not a number'
+    assert not (tmp_path / "out").exists()

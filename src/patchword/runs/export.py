@@ -24,7 +24,7 @@ from typing import Any
 
 from safetensors.torch import save
 
-from patchword.errors import ConfigError, RunExistsError
+from patchword.errors import ConfigError, DataError, RunExistsError
 from patchword.fileio import atomic_write_bytes, atomic_write_text, probe_writable, staging_dir
 from patchword.imports import published as published_table
 from patchword.matching import matcher_spec
@@ -75,6 +75,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
     tensors = {k: v.detach().cpu().contiguous() for k, v in run.model.state_dict().items()}
     # the evaluation of the exported checkpoint (summary.json describes best.pt, eval_*.json name theirs)
     metrics, source = evaluation_of(run_dir, run.checkpoint, run.config.eval.split)
+    _check_recalls(metrics, run_dir / str(source))
     training = _read_json(run_dir / SUMMARY_FILE)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(staging_dir(out, "export"))
@@ -160,6 +161,22 @@ def _set_bert_vocab(config: Path) -> None:
     atomic_write_text(config, yaml.safe_dump(data, sort_keys=False))
 
 
+#: The recall figures the model card shows, in its column order.
+_CARD_KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum")
+
+
+def _check_recalls(metrics: dict[str, Any], path: Path) -> None:
+    """The recall figures of the evaluation the card shows are numbers (before anything is written).
+
+    Raises:
+        DataError: naming ``path`` (the record they come from) and the first field that is not a number.
+    """
+    for key in _CARD_KEYS:
+        value = metrics.get(key)
+        if key in metrics and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            raise DataError(f"{path}: {key} is {json.dumps(value)}, not a number")
+
+
 def _reported(mc) -> dict[str, Any]:
     """The option fields the matcher's registration reports (SEPS / LAPS: ``variant``) and their values."""
     options = {**matcher_spec(mc.matcher).preset, **matcher_arguments(mc)}
@@ -222,7 +239,7 @@ def model_card(run, record: dict[str, Any]) -> str:
             f"seed {cfg.seed}",
         ]
     lines += ["", "## Evaluation", ""]
-    keys = ["i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum"]
+    keys = list(_CARD_KEYS)
     protocol = "LEAKY (a query carries dense text of its own image)" if metrics.get("leaky") else "leak-free"
     if all(k in metrics for k in keys):
         lines += [
