@@ -1,6 +1,7 @@
 """``patchword eval RUN key=value`` overrides that the evaluation would have applied and ignored, refused in
 one line naming the key and why (exit 2, nothing written): a matcher option its registration declares
-training-only, and a Hugging Face backbone the run's backbones.json records."""
+training-only (dotted, or inside a mapping given to a whole section), and a Hugging Face backbone the run's
+backbones.json records."""
 
 from __future__ import annotations
 
@@ -38,6 +39,46 @@ def test_eval_refuses_a_training_only_matcher_option(trained_tiny_run, tmp_path,
     key = override.split("=", 1)[0]
     line = one_error_line(capsys.readouterr().err)
     assert line == f"error: {key}: does not apply to an evaluation (a training-only option: {why})"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "why"),
+    [
+        ("model.seps={detach_selection: true}", "model.seps.detach_selection", SELECTION),
+        ("model={seps: {detach_selection: false}}", "model.seps.detach_selection", SELECTION),
+        ("model={detach_selection: true}", "model.detach_selection", SELECTION),  # the legacy spelling
+        ("model={matcher_args: {detach_selection: true}}", "model.seps.detach_selection", SELECTION),
+        (
+            "model.naaf={min_samples: 5, alpha: 0.1}",
+            "model.naaf.min_samples",
+            "it fits the thresholds in training; an evaluation uses the checkpoint's",
+        ),
+    ],
+)
+def test_eval_refuses_a_training_only_option_set_in_a_section_mapping(
+    trained_tiny_run, tmp_path, capsys, override, key, why
+):
+    """The config loader takes a mapping as a whole section's value (``model.seps={...}``): the
+    training-only option in it was applied and ignored, as the dotted one was."""
+    out = tmp_path / "e.json"
+    assert main(["eval", str(trained_tiny_run), "--out", str(out), override]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line == (
+        f"error: {key}: does not apply to an evaluation (a training-only option: {why}) "
+        f"(in override {override!r})"
+    )
+    assert not out.exists()
+
+
+def test_eval_refuses_a_key_no_evaluation_reads_set_in_a_section_mapping(trained_tiny_run, tmp_path, capsys):
+    out = tmp_path / "e.json"
+    override = "data={vocab_path: other.json, num_test: 8}"
+    assert main(["eval", str(trained_tiny_run), "--out", str(out), override]) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        "error: data.vocab_path: does not apply to an evaluation (it sets a training vocabulary; the run's "
+        f"own vocab.json is used) (in override {override!r})"
+    )
     assert not out.exists()
 
 

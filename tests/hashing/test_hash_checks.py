@@ -17,8 +17,10 @@ from patchword.hashing import retrieval_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-# TINY_HASH for pre-split files: they decide the splits, so the keys that split pairs are refused
-PRE_SPLIT = [o for o in TINY_HASH if not o.startswith(("data.num_query=", "data.num_train="))]
+# TINY_HASH for files: the data.synthetic_* keys shape generated features only, so they are refused
+FILES = [o for o in TINY_HASH if not o.startswith("data.synthetic_")]
+# and for pre-split files, which decide the splits, the keys that split pairs too
+PRE_SPLIT = [o for o in FILES if not o.startswith(("data.num_query=", "data.num_train="))]
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +103,7 @@ def test_a_training_set_of_one_pair_is_refused_naming_the_keys(tmp_path, capsys,
         "runs",
         "--name",
         "r",
-        *TINY_HASH,
+        *FILES,
         *data,
     ]
     assert main([*argv, "data.num_query=119", "data.num_train=5"]) == 2

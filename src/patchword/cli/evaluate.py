@@ -11,7 +11,9 @@ read): an ignored ``--ensemble`` would write a single model's numbers as if they
 So is an override of a key no evaluation reads (``train.max_steps=5``: :data:`NOT_EVALUATION_KEYS`), of a
 matcher option its registration declares training-only (``model.seps.detach_selection``:
 :func:`patchword.model.training_only_keys`), and of a Hugging Face backbone the run's ``backbones.json``
-records (``model.hf_vision``: :func:`patchword.runs.load.check_backbone_overrides`).
+records (``model.hf_vision``: :func:`patchword.runs.load.check_backbone_overrides`). A key set inside a
+mapping given to a whole section (``model.seps={detach_selection: true}``) is refused as its dotted
+spelling is.
 """
 
 from __future__ import annotations
@@ -110,19 +112,53 @@ def _refuse_unread_overrides(overrides: list[str]) -> None:
     """
     from patchword.errors import ConfigError
 
-    keys = [item.split("=", 1)[0].strip() for item in overrides if "=" in item]
-    for key in keys:
+    keys = [(key, item) for item in overrides if "=" in item for key in _keys_set(item)]
+    for key, item in keys:
         for refused, why in NOT_EVALUATION_KEYS.items():
             if key == refused or key.startswith(refused + "."):
-                raise ConfigError(key, f"does not apply to an evaluation ({why})")
-    if any(key.startswith("model.") for key in keys):
+                raise ConfigError(key, f"does not apply to an evaluation ({why}){_within(key, item)}")
+    if any(key.startswith("model.") for key, _ in keys):
         from patchword.model import training_only_keys
 
         training_only = training_only_keys()
-        for key in keys:
+        for key, item in keys:
             if key in training_only:
-                why = training_only[key]
-                raise ConfigError(key, f"does not apply to an evaluation (a training-only option: {why})")
+                why = f"a training-only option: {training_only[key]}"
+                raise ConfigError(key, f"does not apply to an evaluation ({why}){_within(key, item)}")
+
+
+def _keys_set(item: str) -> list[str]:
+    """The dotted keys override ``item`` sets: its key, and where it gives a section a mapping (the config
+    loader takes ``model.seps={detach_selection: true}`` as the section's new value) every key path inside
+    it (``model.seps.detach_selection``); in a whole ``model`` mapping the legacy ``matcher_args`` mapping is
+    read as the matcher's section, as the loader reads it."""
+    import yaml
+
+    key, raw = (part.strip() for part in item.split("=", 1))
+    try:
+        value = yaml.safe_load(raw) if raw else None  # as the loader parses a section's value
+    except yaml.YAMLError:
+        value = None  # not a mapping: the loader names the key
+    if key == "model" and isinstance(value, dict) and isinstance(value.get("matcher_args"), dict):
+        from patchword.errors import ConfigError
+        from patchword.model import ModelConfig, matcher_section
+
+        try:
+            section = matcher_section(str(value.get("matcher", ModelConfig.matcher)))
+        except ConfigError:
+            section = "matcher_args"  # an unknown matcher: the loader names it
+        value = {**value, section: value["matcher_args"]}
+
+    def paths(prefix: str, value) -> list[str]:
+        inner = value.items() if isinstance(value, dict) else ()
+        return [prefix, *(path for sub, v in inner for path in paths(f"{prefix}.{sub}", v))]
+
+    return paths(key, value)
+
+
+def _within(key: str, item: str) -> str:
+    """Where a refused key that is not the override's own key was set (in a section's mapping)."""
+    return "" if item.split("=", 1)[0].strip() == key else f" (in override {item!r})"
 
 
 def run(args: argparse.Namespace) -> None:

@@ -13,7 +13,8 @@ for the duration of ``hash train``: the library's training functions never chang
 stop ``hash train`` with ``last.pt`` written and exit 128 + signal, one ``interrupted:`` line naming the
 resume command. ``hash eval`` reports which checkpoint (epoch, step, finished) it evaluated. A data flag
 or key the chosen ``data.format`` does not read (``--data synthetic --image x.npy``) is refused, naming it, as
-is a key that splits one set of pairs (``data.num_query=200``) given for pre-split files.
+is a key that splits one set of pairs (``data.num_query=200``) given for pre-split files, ``data.split_seed``
+for synthetic data (split in order) and a ``data.synthetic_*`` key for data read from files.
 
 Over 400 lines: the three ``hash`` verbs, their parsers and checks, and the search's index cache are one
 command's module, as each other verb's is.
@@ -169,7 +170,7 @@ def _train(args: argparse.Namespace) -> None:
             cfg = load_config(HashRunConfig, args.config, [*args.overrides, *flags])
             check_data_source(cfg.data, flags={key: f"--{attr}" for key, attr in given.items()})
             with _threads(cfg.train.num_threads):
-                # the split keys an override sets are refused for pre-split files, default values too
+                # a data key an override sets that the format would ignore is refused, default values too
                 summary = train_hashing(cfg, given_keys=override_keys([*args.overrides, *flags]))
     except ConfigError as err:
         if err.key not in given:

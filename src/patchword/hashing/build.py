@@ -11,24 +11,41 @@ from dataclasses import fields
 from pathlib import Path
 
 from patchword.errors import ConfigError, DataError
-from patchword.hashing.config import HashDataConfig, HashModelConfig
+from patchword.hashing.config import FORMAT_READS, HashDataConfig, HashModelConfig
 from patchword.hashing.dataset import HashDataset, HashSplit, split_dataset
 from patchword.hashing.model import UCMFH
 from patchword.hashing.readers import load_pairs, load_split_dir, read_mat
 from patchword.hashing.synthetic import synthetic_dataset
 
-__all__ = ["SPLIT_KEYS", "build_hashing_dataset", "build_hashing_model", "changed_split_keys"]
+__all__ = [
+    "SPLIT_KEYS",
+    "SYNTHETIC_KEYS",
+    "build_hashing_dataset",
+    "build_hashing_model",
+    "changed_data_keys",
+]
 
 #: The keys that split one set of pairs (``data.format=pairs``, a whole-set ``.mat``) into train / query /
 #: retrieval: pre-split files (a ``splits`` directory, a pre-split ``.mat``) bring their own splits.
 SPLIT_KEYS = ("data.num_query", "data.num_train", "data.split_seed")
 
+#: The keys that shape the features ``data.format=synthetic`` generates: every other format reads its
+#: features (and their widths) from files.
+SYNTHETIC_KEYS = (
+    "data.synthetic_num_retrieval",
+    "data.synthetic_seed",
+    "data.synthetic_image_dim",
+    "data.synthetic_text_dim",
+)
 
-def changed_split_keys(dc: HashDataConfig) -> set[str]:
-    """The :data:`SPLIT_KEYS` whose values in ``dc`` differ from the defaults: set by whoever built the
-    config (a key left at its default cannot be told from one given at that value)."""
+
+def changed_data_keys(dc: HashDataConfig) -> set[str]:
+    """The :data:`SPLIT_KEYS` and :data:`SYNTHETIC_KEYS` whose values in ``dc`` differ from the defaults:
+    set by whoever built the config (a key left at its default cannot be told from one given at that
+    value, nor from one a saved config.yaml holds, which holds every key)."""
     defaults = {f"data.{f.name}": f.default for f in fields(HashDataConfig)}
-    return {key for key in SPLIT_KEYS if getattr(dc, key.removeprefix("data.")) != defaults[key]}
+    keys = (*SPLIT_KEYS, *SYNTHETIC_KEYS)
+    return {key for key in keys if getattr(dc, key.removeprefix("data.")) != defaults[key]}
 
 
 def build_hashing_dataset(dc: HashDataConfig, given: Collection[str] = ()) -> HashDataset:
@@ -37,17 +54,26 @@ def build_hashing_dataset(dc: HashDataConfig, given: Collection[str] = ()) -> Ha
     Args:
         dc: the data section.
         given: the keys the caller set (``hash train``'s overrides, values other than the defaults:
-            :func:`changed_split_keys`); a :data:`SPLIT_KEYS` one among them is refused for pre-split data,
-            which would ignore it.
+            :func:`changed_data_keys`); one the format would ignore is refused: a :data:`SPLIT_KEYS` one for
+            pre-split data, ``data.split_seed`` for synthetic data (taken in order, never shuffled), a
+            :data:`SYNTHETIC_KEYS` one for any format that reads files.
 
     Raises:
         ConfigError: ``data.root`` missing, or not the directory (``splits``) or file (``mat``) its format
             reads; a split size (``data.num_query`` / ``data.num_train``) the data cannot give, naming the
             key; a training set of fewer than two pairs (no contrastive batch) names the keys too; a key of
-            ``given`` that splits pairs, for pre-split files.
+            ``given`` the format ignores, naming it.
         DataError: a split file whose training split holds fewer than two pairs, naming it.
     """
     if dc.format == "synthetic":
+        # the generated pairs are taken in order (query, then retrieval; training pairs the first of the
+        # retrieval set): no permutation is drawn for a split seed to seed
+        _refuse_ignored(
+            given,
+            ("data.split_seed",),
+            "data.format=synthetic takes its splits in order from the generated pairs (data.synthetic_seed "
+            "seeds them): no split is drawn",
+        )
         return synthetic_dataset(
             num_train=dc.num_train,
             num_query=dc.num_query,
@@ -55,6 +81,14 @@ def build_hashing_dataset(dc: HashDataConfig, given: Collection[str] = ()) -> Ha
             seed=dc.synthetic_seed,
             image_dim=dc.synthetic_image_dim,
             text_dim=dc.synthetic_text_dim,
+        )
+    # checked before any file is read: a file's features are its own, whatever these keys say
+    if dc.format in FORMAT_READS:  # an unknown format is named below
+        _refuse_ignored(
+            given,
+            SYNTHETIC_KEYS,
+            f"data.format={dc.format} {FORMAT_READS[dc.format]}: the data.synthetic_* keys shape generated "
+            "features only (data.format=synthetic)",
         )
     data: HashDataset | HashSplit
     if dc.format == "pairs":
@@ -72,18 +106,25 @@ def build_hashing_dataset(dc: HashDataConfig, given: Collection[str] = ()) -> Ha
     if isinstance(data, HashSplit):  # one set of pairs, split here: the sizes asked of it, checked first
         _check_split_sizes(len(data), data.labels is not None, dc, data.source)
         return split_dataset(data, num_query=dc.num_query, num_train=dc.num_train, seed=dc.split_seed)
-    refused = [key for key in SPLIT_KEYS if key in given]
-    if refused:
-        raise ConfigError(
-            refused[0],
-            f"data.format={dc.format} reads pre-split files ({dc.root}: train / query / retrieval): the "
-            f"pre-split files decide the splits, so {refused[0]} would be ignored; drop it",
-        )
+    _refuse_ignored(
+        given,
+        SPLIT_KEYS,
+        f"data.format={dc.format} reads pre-split files ({dc.root}: train / query / retrieval): the "
+        "pre-split files decide the splits",
+    )
     if len(data.train) < 2:  # the file's own training split: all batches were dropped, 0 steps and exit 0
         raise DataError(
             f"{data.train.source}: {len(data.train)} training pair(s); a contrastive batch needs 2"
         )
     return data
+
+
+def _refuse_ignored(given: Collection[str], keys: tuple[str, ...], why: str) -> None:
+    """The first of ``keys`` (in their order) that is in ``given``, refused: ``{key}: {why}, so {key} would
+    be ignored; drop it``."""
+    refused = [key for key in keys if key in given]
+    if refused:
+        raise ConfigError(refused[0], f"{why}, so {refused[0]} would be ignored; drop it")
 
 
 def _check_root(root: str, fmt: str, expected: str) -> None:

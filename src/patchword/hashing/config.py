@@ -21,6 +21,7 @@ __all__ = [
     "HASH_RESUMABLE_KEYS",
     "HASH_EVAL_KEYS",
     "DATA_SOURCE_FORMATS",
+    "FORMAT_READS",
     "LOSSES",
     "HashDataConfig",
     "HashModelConfig",
@@ -157,7 +158,7 @@ DATA_SOURCE_FORMATS = {
 }
 
 #: Where each ``data.format`` takes its features from (the error of a key it does not read says it).
-_FORMAT_READS = {
+FORMAT_READS = {
     "synthetic": "generates its features",
     "pairs": "reads data.image and data.text (--image, --text)",
     "splits": "reads the split directory data.root (--root)",
@@ -187,7 +188,7 @@ def check_data_source(
         if (given is None or key in given) and value and dc.format not in formats:
             name = (flags or {}).get(key, key)
             spell = " or ".join(f"--data {f}" if flags is not None else f"data.format={f}" for f in formats)
-            reads = _FORMAT_READS.get(dc.format, "does not read it")
+            reads = FORMAT_READS.get(dc.format, "does not read it")
             raise ConfigError(name, f"data.format={dc.format} {reads}; {name} is read only with {spell}")
 
 

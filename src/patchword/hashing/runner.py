@@ -47,7 +47,7 @@ from patchword.config import (
 from patchword.device import resolve_device
 from patchword.errors import ConfigError, MissingFileError, ResumeHint
 from patchword.fileio import append_line, atomic_write_text, keep_jsonl_records, probe_writable, repair_jsonl
-from patchword.hashing.build import build_hashing_dataset, build_hashing_model, changed_split_keys
+from patchword.hashing.build import build_hashing_dataset, build_hashing_model, changed_data_keys
 from patchword.hashing.config import (
     HASH_EVAL_KEYS,
     HASH_RESUMABLE_KEYS,
@@ -108,9 +108,11 @@ def train_hashing(
             from the run's config.yaml); without it a run directory that holds anything is an error (no
             silent overwrite, no second run's records in a killed run's metrics.jsonl).
         data: an already built dataset (benchmarks reuse one); built from ``cfg.data`` when None.
-        given_keys: the keys the caller's overrides set (``hash train``'s): a key that splits one set of
-            pairs (``data.num_query``...) is refused for pre-split files, which decide the splits, even at
-            its default value; such a key whose value differs from its default is refused anyway.
+        given_keys: the keys the caller's overrides set (``hash train``'s): a key the data format would
+            ignore is refused even at its default value (one that splits one set of pairs, such as
+            ``data.num_query``, for pre-split files, which decide the splits; ``data.split_seed`` for
+            synthetic data, split in order; a ``data.synthetic_*`` key for files); such a key whose value
+            differs from its default is refused anyway.
 
     Raises:
         RunExistsError: the run directory holds something and ``resume`` is False, or another process
@@ -120,7 +122,7 @@ def train_hashing(
         MissingFileError: ``resume`` of a run that does not exist or never saved a checkpoint.
         ConfigError: ``resume`` with settings other than the run's own (except
             :data:`HASH_RESUMABLE_KEYS`); the run's config.yaml is never rewritten. A data key the format
-            does not read, or one that splits pairs given for pre-split files.
+            does not read or would ignore (:func:`~patchword.hashing.build.build_hashing_dataset`).
     """
     check_hash_config(cfg)
     if not resume:  # a key the format does not read would be ignored (a resume keeps the run's own config)
@@ -141,7 +143,7 @@ def train_hashing(
     except NotADirectoryError as err:  # a file where the directory (or one of its parents) must go
         raise ConfigError("output_dir", f"{err.filename} is a file: runs go in a directory there") from None
     HASH_RUNS.refuse_existing(run_dir)  # early; checked again under the lock, before anything is written
-    return _train(cfg, run_dir, data, given=set(given_keys) | changed_split_keys(cfg.data))
+    return _train(cfg, run_dir, data, given=set(given_keys) | changed_data_keys(cfg.data))
 
 
 def resume_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> HashRunConfig:
@@ -338,7 +340,8 @@ def open_hashing_run(
     )
     # the overridden eval / data keys get the checks training made (eval.topk=0 reported map@0 = 0.0)
     check_hash_config(cfg)
-    # a split key the overrides set for a run of pre-split files is refused (the run's own are not)
+    # a data key the overrides set that the run's format would ignore is refused (a split key for pre-split
+    # files, a data.synthetic_* key for files...; the run's own are not)
     data = build_hashing_dataset(cfg.data, override_keys(overrides or []))
     model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)
     state = load_checkpoint(run_dir / LAST_CHECKPOINT, map_location=cfg.device)
