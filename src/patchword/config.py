@@ -258,7 +258,8 @@ def parse_with_overrides(parser, argv: list[str] | None):
 
 
 def apply_overrides(cfg: T, overrides: list[str]) -> T:
-    """Return a copy of ``cfg`` with ``section.field=value`` overrides applied.
+    """Return a copy of ``cfg`` with ``section.field=value`` overrides applied; ``section={field: value}``
+    sets those fields of the section (the others keep their values).
 
     An override naming a section's named configuration (``model.name=seps-tiny-paper``, see
     :func:`load_config`) applies first: the section becomes that configuration, and the section's other
@@ -299,8 +300,13 @@ def apply_overrides(cfg: T, overrides: list[str]) -> T:
                         ".".join(parts[: i + 1]), f"is a value, not a config section (in override {item!r})"
                     )
                 node = node[part]
+        value = _unquote(raw) if isinstance(node[parts[-1]], str) else _parse_scalar(raw)
+        if isinstance(value, dict) and _section_class(type(cfg), parts) is not None:
+            # a mapping for a section sets those keys of it, as a YAML file's section does: rebuilt from
+            # the class defaults, the section lost the run's other values and earlier overrides
+            value = _deep_merge(node[parts[-1]], value, key)
         # A string field takes the text as written (YAML would turn name=0613 into the integer 613).
-        node[parts[-1]] = _unquote(raw) if isinstance(node[parts[-1]], str) else _parse_scalar(raw)
+        node[parts[-1]] = value
     return from_dict(type(cfg), data)
 
 

@@ -130,6 +130,21 @@ def test_a_run_config_names_its_model_and_overrides_apply_on_top_in_any_order():
         apply_overrides(RunConfig(), ["model.name=seps-tiny-papr"])
 
 
+def test_a_mapping_for_a_section_sets_those_keys_and_keeps_the_others():
+    """``model.seps={detach_selection: true}`` rebuilt the section from the class defaults: the run's (or an
+    earlier override's) sparse_ratio went back to 0.5 without a word, which changes the scores."""
+    from patchword.config import apply_overrides
+    from patchword.runs.config import RunConfig
+
+    base = apply_overrides(RunConfig(), ["model.name=seps-tiny-paper", "model.seps.sparse_ratio=0.3"])
+    cfg = apply_overrides(base, ["model.seps={detach_selection: true, caption_chunk: 2}", "train={lr: 0.5}"])
+    assert (cfg.model.seps.sparse_ratio, cfg.model.seps.variant) == (0.3, "paper")
+    assert (cfg.model.seps.detach_selection, cfg.model.seps.caption_chunk, cfg.train.lr) == (True, 2, 0.5)
+    assert cfg.train.epochs == base.train.epochs
+    with pytest.raises(ConfigError, match="model.seps.nope: unknown config key"):
+        apply_overrides(base, ["model.seps={nope: 1}"])
+
+
 def test_every_shipped_recipe_loads_and_names_a_shipped_model():
     from patchword.runs.config import list_recipes, load_run_config
 
