@@ -102,7 +102,7 @@ def read_run_mapping(run_dir: str | Path, kind: str = "retrieval") -> dict:
     return data
 
 
-def read_run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+def read_run_config(run_dir: str | Path, overrides: Sequence[str] | None = ()) -> RunConfig:
     """The run's saved config, with dotted ``overrides`` applied in memory (the file is never changed).
 
     Raises:
@@ -112,7 +112,7 @@ def read_run_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> RunCo
     """
     data = read_run_mapping(run_dir)  # read once: checked here, then built
     config = config_from_mapping(RunConfig, data, Path(run_dir) / CONFIG_FILE)
-    return apply_overrides(config, list(overrides))
+    return apply_overrides(config, list(overrides or ()))
 
 
 #: The files a run directory records its run in, which no command's output may replace (``--force`` or
