@@ -258,7 +258,9 @@ def test_two_stage_on_a_trained_run(tmp_path, capsys):
     # k >= every candidate count: the shortlist holds every pair, so the recall is the exhaustive one
     assert everything["k"] == 60 and everything["pairs"] == 12 * 60
     assert everything["rsum"] == exhaustive["rsum"] and everything["rsum_delta"] == 0.0
-    assert "| two-stage | 60 | 0 | 720 |" in capsys.readouterr().out
+    table = capsys.readouterr().out
+    assert "| two-stage | 60 / 12 | 0 | 720 |" in table  # k used: 60 captions (i2t), 12 images (t2i)
+    assert "First stage: exact (matrix product and top-k)." in table
     # a checkpoint that is not there is an error, not a silent fall-back to last.pt
     assert main([*argv, "--checkpoint", "missing.pt"]) == 2
     assert "missing.pt" in capsys.readouterr().err

@@ -21,7 +21,7 @@ from PIL import Image
 from ci_guard import IN_CI
 from patchword.search.query import Searcher
 from patchword.search.store import SearchIndex
-from patchword.serve.app import create_app
+from patchword.serve.app import ServeLimits, create_app
 from search_support import caption_queries, live_server, search_env
 
 CHROMIUM = "/usr/bin/chromium"
@@ -77,6 +77,17 @@ def browser(tmp_path, monkeypatch):
         shutil.rmtree(profile, ignore_errors=True)
 
 
+def _open_page(browser, url: str):
+    """Load the page and wait until it has read the server's settings (``max_k``, the default ``k``): a box
+    cleared before they arrive would be filled in under the test's typing."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(url + "/")
+    wait = WebDriverWait(browser, 30)
+    wait.until(lambda d: d.execute_script("return window.patchword.maxK !== null"))
+    return wait
+
+
 def _query_with_visible_heat(searcher: Searcher, captions: list[str]) -> tuple[str, int]:
     """A caption whose best result has a word aligned with patches (not the CLS token), and that word."""
     for caption in captions:
@@ -105,7 +116,7 @@ def test_the_page_searches_and_renders_kept_patches_and_a_word_heatmap(tmp_path_
     caption, word = _query_with_visible_heat(searcher, captions)
     k = 6
     with live_server(create_app(searcher)) as url:
-        browser.get(url + "/")
+        _open_page(browser, url)
         box = browser.find_element(By.ID, "q")
         box.clear()
         box.send_keys(caption)
@@ -152,7 +163,6 @@ def test_the_page_searches_and_renders_kept_patches_and_a_word_heatmap(tmp_path_
 def test_the_page_shows_unknown_query_words_as_a_note_above_the_results(tmp_path_factory, tmp_path, browser):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
-    from selenium.webdriver.support.ui import WebDriverWait
 
     env = search_env(tmp_path_factory)
     searcher = Searcher(SearchIndex.open(env.index_dir), env.run)
@@ -169,8 +179,7 @@ def test_the_page_shows_unknown_query_words_as_a_note_above_the_results(tmp_path
         box.send_keys(Keys.ENTER)
 
     with live_server(create_app(searcher)) as url:
-        browser.get(url + "/")
-        wait = WebDriverWait(browser, 30)
+        wait = _open_page(browser, url)
         note = browser.find_element(By.ID, "note")
         assert not note.is_displayed()
         submit("a red zzzqqq circle")
@@ -187,3 +196,31 @@ def test_the_page_shows_unknown_query_words_as_a_note_above_the_results(tmp_path
         submit("a red circle")
         wait.until(lambda d: "results in" in status.text)
         assert not note.is_displayed()
+
+
+def test_the_page_keeps_k_within_the_servers_max_k(tmp_path_factory, browser):
+    """Old code: the page's k box had max 100 and value 10 whatever ``--max-k`` said, and its script clamped
+    to 100: with ``--max-k 7`` the page's default search was a 400 (k=10 out of range) and the box let k
+    up to 100 through."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    env = search_env(tmp_path_factory)
+    searcher = Searcher(SearchIndex.open(env.index_dir), env.run)
+    with live_server(create_app(searcher, ServeLimits(max_k=7))) as url:
+        wait = _open_page(browser, url)
+        k_box = browser.find_element(By.ID, "k")
+        assert (k_box.get_attribute("max"), k_box.get_attribute("value")) == ("7", "7")
+        box = browser.find_element(By.ID, "q")
+        box.send_keys("a red circle")
+        box.send_keys(Keys.ENTER)  # the default k, the server's
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".result")) == 7)
+        k_box.clear()
+        k_box.send_keys("5")
+        box.send_keys(Keys.ENTER)
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".result")) == 5)
+        k_box.clear()
+        k_box.send_keys("50")  # more than the server allows: the form says so, nothing is asked
+        assert browser.execute_script("return document.getElementById('k').validity.rangeOverflow")
+        status = browser.find_element(By.ID, "status")
+        assert "error" not in (status.get_attribute("class") or "")

@@ -177,7 +177,9 @@ def test_update_encodes_only_new_and_changed_files_and_drops_deleted_ones(env, t
         build_index(env.run, folder, index_dir)
     report = build_index(env.run, folder, index_dir, update=True, shard_size=4, batch_size=4)
     assert sum(encoded) == 2
-    assert (report.added, report.kept, report.removed, report.num_images) == (2, 8, 2, 10)
+    # the changed file is encoded again, not removed: removed counts the deleted one only
+    assert (report.added, report.kept, report.changed, report.removed, report.num_images) == (2, 8, 1, 1, 10)
+    assert "10 images (2 encoded (1 new, 1 changed), 8 kept, 1 removed) in " in report.summary()
     after = SearchIndex.open(index_dir)
     paths = [e.path for e in after.entries]
     assert sorted(paths) == sorted([*names[1:], "sub/new.png"])

@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 
 from patchword.cli.serve import main_serve
 from patchword.errors import MissingExtraError
+from patchword.search.manifest import rows_digest
 from patchword.search.query import Searcher
 from patchword.search.store import SearchIndex
 from patchword.serve.app import ServeLimits, create_app, require_serve_extra
@@ -298,15 +299,26 @@ def test_serve_cli_reports_a_missing_index(tmp_path, capsys):
     assert "not a search index" in capsys.readouterr().err
 
 
-def test_healthz(client):
+def test_healthz(client, searcher):
     body = client.get("/healthz").json()
     assert body == {
         "status": "ok",
         "images": 24,
+        "version": rows_digest(searcher.index.manifest),
         "matcher": "seps",
         "run": "tiny",
         "shortlist": 24,
         "dense": True,
+        "index": {
+            "store": "float32",
+            "pruning": None,
+            "first_stage": searcher.backend,  # faiss_flat, or exact without FAISS
+            "exact": True,
+            "notes": [],
+            "warnings": [],
+        },
+        "max_k": 100,
+        "default_k": 10,
     }
 
 

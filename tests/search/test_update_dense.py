@@ -54,7 +54,8 @@ def test_an_update_follows_the_dense_captions_and_equals_a_fresh_build(env, tmp_
     _write(dense, records)
 
     report = build_index(env.run, folder, tmp_path / "updated", dense=dense, update=True, **ARGS)
-    assert (report.added, report.kept, report.removed, report.num_images) == (1, 6, 2, 7)
+    # the image whose caption changed is encoded again (changed); the one that lost its caption is removed
+    assert (report.added, report.kept, report.changed, report.removed, report.num_images) == (1, 6, 1, 1, 7)
     fresh = build_index(env.run, folder, tmp_path / "fresh", dense=dense, **ARGS)
     assert fresh.num_images == 7
 
@@ -83,7 +84,7 @@ def test_an_update_follows_the_dense_captions_and_equals_a_fresh_build(env, tmp_
 
     # a second update with nothing changed keeps everything
     again = build_index(env.run, folder, tmp_path / "updated", dense=dense, update=True, **ARGS)
-    assert (again.added, again.kept, again.removed) == (0, 7, 0)
+    assert (again.added, again.kept, again.changed, again.removed) == (0, 7, 0, 0)
 
 
 def test_an_index_that_does_not_record_its_captions_is_encoded_again(env, tmp_path, caplog):
@@ -101,7 +102,7 @@ def test_an_index_that_does_not_record_its_captions_is_encoded_again(env, tmp_pa
 
     with caplog.at_level(logging.WARNING, logger="patchword.search.index"):
         report = build_index(env.run, folder, out, dense=dense, update=True, **ARGS)
-    assert (report.added, report.kept, report.removed) == (5, 0, 5)
+    assert (report.added, report.kept, report.changed, report.removed) == (5, 0, 5, 0)
     assert "does not record the dense captions" in caplog.text
     assert all(e.dense_sha for e in Manifest.read(out).entries)
     again = build_index(env.run, folder, out, dense=dense, update=True, **ARGS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from patchword.bench.inputs import F30K_CAPTIONS, F30K_IMAGES
+from patchword.eval.two_stage import APPROXIMATE_BACKENDS
 
 __all__ = ["format_duration", "format_scoring", "format_two_stage"]
 
@@ -76,16 +77,55 @@ def format_scoring(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _k_used(k: int | None, model: dict[str, Any]) -> str:
+    """The shortlist length a two-stage row used: ``k`` clipped to the candidates of each direction (the
+    test captions for i2t, the test images for t2i); ``i2t / t2i`` when they differ, ``all`` for none."""
+    if k is None:
+        return "all"
+    i2t = min(k, model.get("test_captions") or k)
+    t2i = min(k, model.get("test_images") or k)
+    return str(i2t) if i2t == t2i else f"{i2t} / {t2i}"
+
+
 def format_two_stage(result: dict[str, Any]) -> str:
-    """Markdown table of :func:`~patchword.bench.two_stage.run_two_stage` results, one row per method."""
+    """Markdown table of :func:`~patchword.bench.two_stage.run_two_stage` results, one row per method, then
+    the first-stage backend (an approximate one marked) and, when a k asked for exceeds the candidates of a
+    direction, that the k shown is the one used (i2t / t2i when they differ)."""
+    model = result.get("model") or {}
     lines = [
         "| method | k | alpha | pairs scored | seconds | speed-up | rSum | delta rSum | i2t R@1 | t2i R@1 |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    clipped = []
     for r in result["rows"]:
+        used = _k_used(r["k"], model)
+        if r["k"] is not None and used != str(r["k"]):
+            clipped.append(r["k"])
         lines.append(
-            f"| {r['method']} | {r['k'] or 'all'} | {r['alpha']:g} | {r['pairs']:,} | {r['seconds']:.1f} | "
+            f"| {r['method']} | {used} | {r['alpha']:g} | {r['pairs']:,} | {r['seconds']:.1f} | "
             f"{r.get('speedup', 1.0):.1f}x | {r['rsum']:.1f} | {r.get('rsum_delta', 0.0):+.1f} | "
             f"{r['i2t_r1']:.1f} | {r['t2i_r1']:.1f} |"
+        )
+    backend = result.get("backend")
+    if backend is None:
+        lines += ["", "First stage: not recorded (a result file older than the backend field)."]
+    elif backend in APPROXIMATE_BACKENDS:
+        lines += [
+            "",
+            f"First stage: {backend} (APPROXIMATE: a shortlist may miss candidates the exact one holds, so "
+            "rSum is not the exact two-stage search's).",
+        ]
+    elif backend == "exact":
+        lines += ["", "First stage: exact (matrix product and top-k)."]
+    else:
+        lines += ["", f"First stage: {backend} (exact)."]
+    if clipped:
+        asked = ", ".join(str(k) for k in dict.fromkeys(clipped))
+        candidates = (
+            f"{model.get('test_captions')} test captions for i2t, {model.get('test_images')} test images"
+        )
+        lines.append(
+            f"k is the shortlist length used, clipped to the candidates each direction ranks ({candidates} "
+            f"for t2i; i2t / t2i where they differ): k = {asked} were asked for."
         )
     return "\n".join(lines)

@@ -186,7 +186,9 @@ def open_searcher(args: argparse.Namespace):
 def main_search(argv: list[str] | None = None) -> int:
     """``patchword search INDEX_DIR "query" [-k 10] [--json]``: prints rank, score, path and latency, and a
     ``warning:`` line on stderr naming the query words the model does not know (a query with no known word
-    or with control characters is an error, exit code 2)."""
+    or with control characters is an error, exit code 2). A ``note:`` line under the results says how the
+    search departs from the exact float32 one (token store, pruning, approximate first stage); ``--json``
+    has it as ``"index"`` (:func:`patchword.search.fidelity.search_kind`, plus the index's ``warnings``)."""
     args = _search_parser().parse_args(argv)
     _logging(args.verbose)
     from patchword.search.results import check_query_text
@@ -203,8 +205,11 @@ def main_search(argv: list[str] | None = None) -> int:
         return report_user_error(err, args.verbose)
     if result.warning:
         print(f"warning: {result.warning}", file=sys.stderr)
+    from patchword.search.fidelity import approximation_note
+
     if args.json:
         body = result.to_json()
+        body["index"] = {**searcher.kind, "warnings": list(searcher.warnings)}
         body["timings_ms"] = {key: round(1000 * value, 3) for key, value in result.timings.items()}
         print(json.dumps(body, indent=2, ensure_ascii=False, allow_nan=False))  # NaN is not JSON
         return 0
@@ -218,4 +223,7 @@ def main_search(argv: list[str] | None = None) -> int:
         f"shortlist {1000 * t['shortlist']:.1f} ms, re-rank of {result.shortlist} of {len(searcher)} images "
         f"{1000 * t['rerank']:.1f} ms)"
     )
+    note = approximation_note(searcher.kind)
+    if note:
+        print(f"note: {note}")
     return 0

@@ -37,6 +37,7 @@ from patchword.experiments.rows import (
 )
 from patchword.experiments.sweep import mean_std
 from patchword.readers import read_json
+from patchword.search.store import dead_row_bytes
 
 __all__ = [
     "CSV_KEYS",
@@ -174,12 +175,12 @@ def _fronts(entries) -> dict[int, bool]:
 
 
 def index_bytes_per_image(index_dir: Path) -> tuple[str, float]:
-    """(the run the search index was built from, its bytes on disk per indexed image)."""
+    """(the run the search index was built from, its bytes on disk per image, dead shard rows left out)."""
     path = index_dir / "manifest.json"
     manifest = read_json(path, "search index manifest", expect=dict)
     check_fields(manifest, {"model": MAPPING, "model.run_dir": TEXT, "entries": LIST}, str(path))
     images = len(manifest.get("entries") or [])
-    size = sum(f.stat().st_size for f in index_dir.rglob("*") if f.is_file())
+    size = sum(f.stat().st_size for f in index_dir.rglob("*") if f.is_file()) - dead_row_bytes(index_dir)
     return str((manifest.get("model") or {}).get("run_dir") or ""), size / max(images, 1)
 
 

@@ -22,21 +22,26 @@ class BuildReport:
     Attributes:
         index_dir: the index.
         num_images: images in the index now.
-        added: images encoded by this call (new or changed files).
+        added: images encoded by this call (new files, and ``changed`` ones encoded again).
         kept: images whose stored vectors were reused (unchanged files, or done before an interruption).
-        removed: entries dropped (files deleted or changed since the last build).
+        changed: entries whose file (or dense caption) changed since they were stored, encoded again (part
+            of ``added``).
+        removed: entries no longer in the index (files deleted, or changed ones that now fail to decode or
+            lost their dense caption).
         skipped: files left out with the reason (unreadable, corrupt, no dense caption...).
         ignored: other files under the folder (not images).
         resumed: an interrupted build was continued.
         compacted: the shards were rewritten without their dead rows.
         seconds: wall time of the call; ``encode_seconds`` of the encoding loop alone.
         pruning: the index's patch pruning (``Manifest.pruning``), or None.
+        store: the index's token store (``Manifest.dtype``); ``codec``: what it records of it.
     """
 
     index_dir: Path
     num_images: int = 0
     added: int = 0
     kept: int = 0
+    changed: int = 0
     removed: int = 0
     skipped: list[SkippedFile] = field(default_factory=list)
     ignored: int = 0
@@ -45,16 +50,30 @@ class BuildReport:
     seconds: float = 0.0
     encode_seconds: float = 0.0
     pruning: dict[str, Any] | None = None
+    store: str = "float32"
+    codec: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> str:
         """Human-readable lines for the CLI."""
-        rate = self.added / self.encode_seconds if self.encode_seconds > 0 else 0.0
+        encoded = f"{self.added} encoded"
+        if self.changed:
+            encoded += f" ({self.added - self.changed} new, {self.changed} changed)"
+        # a rate of nothing encoded is no rate: the encoder did not run
+        timed = self.added and self.encode_seconds > 0
+        rate = f" ({self.added / self.encode_seconds:.1f} images/s encoding)" if timed else ""
         lines = [
             f"index {self.index_dir}: {self.num_images} images "
-            f"({self.added} encoded, {self.kept} kept, {self.removed} removed"
+            f"({encoded}, {self.kept} kept, {self.removed} removed"
             f"{', resumed' if self.resumed else ''}{', compacted' if self.compacted else ''}) "
-            f"in {self.seconds:.1f} s ({rate:.1f} images/s encoding)",
+            f"in {self.seconds:.1f} s{rate}",
         ]
+        if self.store == "pq":
+            per_token = self.codec.get("pq_m")
+            size = f", {per_token} bytes per token" if per_token else ""
+            lines.append(
+                f"tokens product-quantised (--store pq{size}): search scores are an approximation of "
+                "float32's (docs/search.md)"
+            )
         if self.pruning:
             kept, of, fraction = (self.pruning[key] for key in ("kept", "of", "fraction"))
             lines.append(

@@ -429,9 +429,9 @@ def build_index(
             "patchword): those images are encoded again",
             index_dir,
         )
-    report.removed = len(manifest.entries) - len(kept)
     report.kept = len(kept)
     kept_paths = {e.path for e in kept}
+    dropped = [e for e in manifest.entries if e.path not in kept_paths]
     # Files that failed to decode before are not retried until they change (a resumed build then
     # writes exactly the shards an uninterrupted one would have).
     failed_before = {
@@ -487,8 +487,13 @@ def build_index(
             progress=progress,
         )
     report.num_images = len(manifest.entries)
+    # a dropped entry is changed when its file was encoded again, else removed (deleted, or now skipped)
+    encoded_again = {e.path for e in dropped} & {e.path for e in manifest.entries}
+    report.changed = len(encoded_again)
+    report.removed = len(dropped) - report.changed
     report.skipped = manifest.skipped
     report.pruning = manifest.pruning
+    report.store, report.codec = manifest.dtype, manifest.codec
     report.seconds = time.perf_counter() - start
     return report
 

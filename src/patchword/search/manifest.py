@@ -147,6 +147,8 @@ class Manifest:
             DataError: not a patchword index, another format version, or a malformed file.
         """
         path = Path(index_dir) / name
+        if Path(index_dir).exists() and not Path(index_dir).is_dir():
+            raise MissingFileError(f"{index_dir} is not a search index: it is a file, not an index directory")
         if not path.is_file():
             raise MissingFileError(f"{index_dir} is not a search index: it has no {MANIFEST_FILE}")
         try:

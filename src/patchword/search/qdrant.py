@@ -13,12 +13,16 @@ backend (tested).
 resumable staging area), then uploads every entry (idempotent: a rerun uploads again, overwriting by id) and
 records the collection in ``INDEX_DIR/qdrant.json``: where (an embedded store's directory as an absolute
 path), how many points and which version of the index it holds
-(:func:`~patchword.search.manifest.rows_digest`: point ids are index ids). The record is removed before the
-collection is replaced and written once every point is in, so an upload stopped part-way leaves none.
+(:func:`~patchword.search.manifest.rows_digest`: point ids are index ids). The upload connects first (a
+store in use or a server out of reach leaves the last upload's record and collection as they were); the
+record is removed before the collection is replaced and written once every point is in, so an upload
+stopped part-way leaves none.
 ``patchword search`` / ``serve`` read that file and take vectors from Qdrant: the index directory a server
 needs is then the manifest and ``qdrant.json`` only.
 An index updated since its upload, or a collection holding another number of points, is refused there,
-naming the command that uploads it again.
+naming the command that uploads it again. Each point carries its image's path, checked on every hit and
+every point read by id: a collection uploaded again since the index was opened (renumbered ids) is a
+:class:`~patchword.search.store.StaleIndexError`, never other images under the old ids.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import torch
 from patchword.errors import ConfigError, DataError, MissingExtraError, MissingFileError
 from patchword.fileio import atomic_write_text
 from patchword.search.manifest import Manifest, rows_digest, unfinished_build
-from patchword.search.store import IndexEntries, SearchIndex
+from patchword.search.store import IndexEntries, SearchIndex, StaleIndexError
 
 __all__ = ["QDRANT_FILE", "connect", "upload_index", "QdrantIndex"]
 
@@ -59,13 +63,33 @@ def is_local(location: str) -> bool:
 
 def connect(location: str):
     """A Qdrant client: ``http(s)://host:port`` (a server or cluster), ``:memory:``, or a local directory
-    (embedded mode, in-process; created when missing)."""
+    (embedded mode, in-process; created when missing).
+
+    Raises:
+        DataError: the embedded store is held by another client (another process searching, serving or
+            uploading it: embedded mode admits one at a time).
+    """
     qdrant_client, _ = _client_module()
     if location.startswith(("http://", "https://")):
         return qdrant_client.QdrantClient(url=location)
     if location == ":memory:":
         return qdrant_client.QdrantClient(location=":memory:")
-    return qdrant_client.QdrantClient(path=location)
+    try:
+        return qdrant_client.QdrantClient(path=location)
+    except RuntimeError as err:  # qdrant-client's only word for a store another client holds
+        if "already accessed" not in str(err):
+            raise
+        raise DataError(
+            f"the embedded Qdrant store {location} is in use by another process (a `patchword serve`, "
+            "`search` or `index build` holding it: embedded mode admits one at a time): stop that process "
+            "and run this command again, or serve the collection from a Qdrant server (a URL)"
+        ) from None
+
+
+def unreachable(location: str, collection: str, err: Exception) -> DataError:
+    """The error of a Qdrant server that cannot be reached or refuses a request (``ApiException``): one
+    line naming where, not a traceback."""
+    return DataError(f"cannot use Qdrant collection {collection!r} at {location}: {err}")
 
 
 def upload_index(index_dir: str | Path, location: str, collection: str, *, batch: int = 64) -> dict[str, Any]:
@@ -85,13 +109,20 @@ def upload_index(index_dir: str | Path, location: str, collection: str, *, batch
         raise ConfigError(
             "--qdrant", f"{index_dir} was pruned (--keep-patches); the Qdrant backend holds every patch"
         )
-    # The record goes first: while the collection is replaced it describes no collection, so an upload
-    # stopped half-way leaves an index that search / serve refuse (naming the upload), never a record whose
-    # digest still matches and a collection missing points.
-    (Path(index_dir) / QDRANT_FILE).unlink(missing_ok=True)
+    # Connected first (a server asked once): a store that cannot be opened or reached leaves the record of
+    # the last upload, and the collection it describes, as they were.
     client = connect(location)
+    from qdrant_client.http.exceptions import ApiException  # installed: connect() imported the client
+
     try:
+        client.collection_exists(collection)
+        # The record goes before the collection is touched: while the collection is replaced it describes
+        # no collection, so an upload stopped half-way leaves an index that search / serve refuse (naming
+        # the upload), never a record whose digest still matches and a collection missing points.
+        (Path(index_dir) / QDRANT_FILE).unlink(missing_ok=True)
         record = _upload(index, client, models, location, collection, batch)
+    except ApiException as err:  # a server that cannot be reached or refuses: one line, not a traceback
+        raise unreachable(location, collection, err) from err
     finally:
         client.close()  # an embedded store admits one client at a time: let the next command open it
     atomic_write_text(Path(index_dir) / QDRANT_FILE, json.dumps(record, indent=2))
@@ -149,16 +180,18 @@ class QdrantIndex(IndexEntries):
     for the thread that asked (the re-ranking of the same query, in the same thread, reads them), never in
     state another thread's query replaces."""
 
-    def __init__(self, index_dir: Path, manifest: Manifest, record: dict[str, Any]) -> None:
+    def __init__(self, index_dir: Path, manifest: Manifest, record: dict[str, Any], client=None) -> None:
         self.index_dir, self.manifest, self.record = index_dir, manifest, record
         self.entries = manifest.entries
-        self.client = connect(record["location"])
+        self.client = client if client is not None else connect(record["location"])
         self.collection = record["collection"]
         self._hits = threading.local()  # .vectors: id -> vectors of this thread's last shortlist
 
     @classmethod
-    def open(cls, index_dir: str | Path) -> QdrantIndex:
-        """Open an uploaded index.
+    def open(cls, index_dir: str | Path, *, reuse: QdrantIndex | None = None) -> QdrantIndex:
+        """Open an uploaded index; ``reuse``: an index opened before (a server reopening it after an update)
+        whose client is shared when the record names the same location: an embedded store admits one
+        client, which that index holds.
 
         Raises:
             ConfigError: the index was not uploaded (``--qdrant``), or its upload did not finish.
@@ -191,20 +224,39 @@ class QdrantIndex(IndexEntries):
             raise MissingFileError(
                 f"{index_dir}: the embedded Qdrant store {location} named in {path} does not exist; {again}"
             )
-        index = cls(index_dir, manifest, record)
+        shared = reuse is not None and reuse.record.get("location") == location
+        index = cls(index_dir, manifest, record, reuse.client if shared else None)
         from qdrant_client.http.exceptions import ApiException  # installed: connect() imported the client
 
         try:
             problem = index._collection_problem()
         except ApiException as err:  # a server that cannot be reached or refuses: one line, not a traceback
-            index.client.close()
-            raise DataError(
-                f"{index_dir}: cannot read Qdrant collection {index.collection!r} at {location}: {err}"
-            ) from err
+            if not shared:
+                index.client.close()
+            raise DataError(f"{index_dir}: {unreachable(location, index.collection, err)}") from err
         if problem is not None:
-            index.client.close()
+            if not shared:
+                index.client.close()
             raise DataError(f"{index_dir}: {problem}; {again}")
         return index
+
+    def _check_paths(self, points) -> None:
+        """Refuse ``points`` (Qdrant records with their ``path`` payload) that hold other images than this
+        index's entries of the same ids: the collection was uploaded again since this index was opened
+        (an update renumbers ids), and its ids now name other images than the manifest read here.
+
+        Raises:
+            StaleIndexError: naming the first such point.
+        """
+        for point in points:
+            point_id, path = int(point.id), (point.payload or {}).get("path")
+            mine = self.entries[point_id].path if 0 <= point_id < len(self.entries) else None
+            if mine is None or path != mine:
+                raise StaleIndexError(
+                    f"{self.index_dir}: Qdrant collection {self.collection!r} was uploaded again since this "
+                    f"index was opened: its point {point_id} is {path!r}, which the index opened here calls "
+                    f"{mine!r}; open the index again (restart `patchword serve`, rerun the search)"
+                )
 
     def _collection_problem(self) -> str | None:
         """What keeps the collection from answering for the index (missing, or holding another number of
@@ -229,9 +281,16 @@ class QdrantIndex(IndexEntries):
         """(1, C) global query embedding -> ((1, k) scores, (1, k) ids) by Qdrant, best first; the hits'
         tokens are kept for :meth:`image_tokens` / :meth:`dense_tokens` of the same ids in this thread."""
         names = ["tokens", "dense"] if self.has_dense else ["tokens"]
+        self._hits.vectors = {}  # an earlier query's vectors are never read for this one's hits
         hits = self.client.query_points(
-            self.collection, query=query[0].tolist(), using="global", limit=k, with_vectors=names
+            self.collection,
+            query=query[0].tolist(),
+            using="global",
+            limit=k,
+            with_vectors=names,
+            with_payload=["path"],  # a few bytes per hit: which image each id holds is checked
         ).points
+        self._check_paths(hits)
         self._hits.vectors = {int(h.id): h.vector for h in hits}
         scores = torch.tensor([[h.score for h in hits]], dtype=torch.float32)
         ids = torch.tensor([[int(h.id) for h in hits]], dtype=torch.int64)
@@ -243,8 +302,11 @@ class QdrantIndex(IndexEntries):
         found = dict(getattr(self._hits, "vectors", {}))
         missing = [int(i) for i in ids if int(i) not in found]
         if missing:
-            for point in self.client.retrieve(self.collection, ids=missing, with_vectors=True):
-                found[int(point.id)] = point.vector
+            points = list(
+                self.client.retrieve(self.collection, ids=missing, with_vectors=True, with_payload=["path"])
+            )
+            self._check_paths(points)
+            found.update((int(point.id), point.vector) for point in points)
         absent = [i for i in missing if i not in found]
         if absent:
             raise DataError(
@@ -285,10 +347,11 @@ class QdrantIndex(IndexEntries):
         """(k,) ids -> (k, C) float32 global image embeddings from Qdrant (a shortlist's hits do not carry
         them: they are fetched here)."""
         ids = [int(i) for i in np.asarray(ids, dtype=np.int64).reshape(-1)]
-        points = {
-            int(p.id): p.vector
-            for p in self.client.retrieve(self.collection, ids=ids, with_vectors=["global"])
-        }
+        retrieved = list(
+            self.client.retrieve(self.collection, ids=ids, with_vectors=["global"], with_payload=["path"])
+        )
+        self._check_paths(retrieved)
+        points = {int(p.id): p.vector for p in retrieved}
         absent = [i for i in ids if i not in points]
         if absent:
             raise DataError(

@@ -40,9 +40,18 @@ from patchword.eval.two_stage import APPROXIMATE_BACKENDS, GlobalIndex, faiss_av
 from patchword.matching.base import Matcher
 from patchword.runs import LoadedRun, load_run
 from patchword.search.explain import explain_pair
+from patchword.search.fidelity import dense_warning, search_kind
 from patchword.search.identity import check_index_model, model_identity
 from patchword.search.manifest import rows_digest
-from patchword.search.results import Query, QueryError, SearchHit, SearchResult, check_query_text, quote_words
+from patchword.search.results import (
+    Query,
+    QueryError,
+    SearchHit,
+    SearchResult,
+    check_query_text,
+    left_out,
+    quote_words,
+)
 from patchword.search.store import REPAIR_HINT, DamagedIndexError, SearchIndex
 
 if TYPE_CHECKING:
@@ -81,6 +90,10 @@ class Searcher:
             ``"faiss_ivf"`` or ``"faiss_hnsw"``.
         max_memory_mb: working-memory budget of the re-ranking engine.
 
+    ``kind`` says how the search departs from the exact float32 one (store, pruning, first stage:
+    :func:`~patchword.search.fidelity.search_kind`); ``warnings``: what makes every ranking differ from the
+    model's evaluated one (logged when the searcher is made).
+
     Raises:
         IndexMismatchError: the run's weights or vocabulary are not the index's.
     """
@@ -97,6 +110,8 @@ class Searcher:
     ) -> None:
         check_index_model(index.manifest.model, model_identity(run), index.index_dir)
         self.index, self.run = index, run
+        self._options = {"shortlist": shortlist, "alpha": alpha, "backend": backend}
+        self._options["max_memory_mb"] = max_memory_mb
         matcher = run.model.matcher
         plan = matcher.two_stage_plan()
         self.matcher = matcher
@@ -119,12 +134,11 @@ class Searcher:
         self._token_name = token_namer(run.tokenizer)
         pairing = self.fine.dense_pairing
         self.use_dense = index.has_dense and self.fine.consumes_dense and pairing == "image"
-        if index.has_dense and self.fine.consumes_dense and pairing != "image":
-            logger.warning(
-                "the matcher pairs dense text with captions (dense_pairing=%s): a search query has none, "
-                "so the fine stage scores without dense text",
-                pairing,
-            )
+        self.kind = search_kind(index, backend)
+        warning = dense_warning(index, run, self.fine)
+        self.warnings = [] if warning is None else [warning]
+        for warning in self.warnings:  # every open: a server's log says it too
+            logger.warning("%s", warning)
 
     def _global_index(self, backend: str, max_memory_mb: float) -> GlobalIndex:
         """The first stage. An approximate index (IVF lists, HNSW graph) is built once per version of the
@@ -194,6 +208,22 @@ class Searcher:
         run = load_run(run_dir, checkpoint, device=device)
         return cls(index, run, **options)
 
+    def reopen(self) -> Searcher:
+        """A searcher of this index as it is on disk now (after an update), with this one's run and options
+        (a Qdrant index shares this one's client).
+
+        Raises:
+            what :meth:`open` raises for the index (not the run: the loaded one is kept).
+        """
+        if self.backend == "store":
+            # a Qdrant index was opened, so the extra is there; qdrant builds on this module (the package)
+            from patchword.search.qdrant import QdrantIndex
+
+            index = QdrantIndex.open(self.index.index_dir, reuse=self.index)
+        else:
+            index = SearchIndex.open(self.index.index_dir)
+        return Searcher(index, self.run, **self._options)
+
     def __len__(self) -> int:
         return len(self.index)
 
@@ -207,7 +237,8 @@ class Searcher:
         the tokenizer's ``known_and_unknown_words``: for a word vocabulary, not in the vocabulary; for
         BERT, a word WordPiece turns into ``[UNK]`` as a whole. Some unknown words are allowed and listed
         in ``Query.unknown_words``. Words are judged on the part of the query the model reads: words past
-        its ``max_caption_len`` tokens are left out, counted in ``Query.dropped_words``.
+        its ``max_caption_len`` tokens are left out, counted in ``Query.dropped_words`` (and a word the
+        limit falls inside is ``Query.cut_word``).
 
         Raises:
             QueryError: empty, control characters (:func:`check_query_text`), no word at all, or no word
@@ -216,13 +247,13 @@ class Searcher:
         if not isinstance(text, str) or not text.strip():
             raise QueryError("the query is empty")
         check_query_text(text)
-        read, dropped = self._read_part(text.strip())
+        read, dropped, cut_word = self._read_part(text.strip())
         known, unknown = self.run.tokenizer.known_and_unknown_words(read)
         if unknown and not known:
             max_tokens = self.run.config.data.max_caption_len
             cut = (
-                f" in the {max_tokens} tokens it reads (its last {dropped} words were left out)"
-                if dropped
+                f" in the {max_tokens} tokens it reads ({left_out(dropped, cut_word)})"
+                if dropped or cut_word is not None
                 else ""
             )
             raise QueryError(
@@ -238,28 +269,38 @@ class Searcher:
         tokens = self.run.model.encode_texts(ids.to(device), lens.to(device))
         global_embedding = self.matcher.global_text(tokens, lens.to(device)).float().cpu()
         max_tokens = self.run.config.data.max_caption_len
-        return Query(text, ids, lens, tokens.float().cpu(), global_embedding, unknown, dropped, max_tokens)
+        return Query(
+            text, ids, lens, tokens.float().cpu(), global_embedding, unknown, dropped, max_tokens, cut_word
+        )
 
-    def _read_part(self, text: str) -> tuple[str, int]:
-        """The part of ``text`` the model reads (the whitespace-separated words whose tokens fit in
-        ``data.max_caption_len``, specials included) and how many words are left out after it. A first word
-        longer than that alone is read in part, and kept."""
+    def _read_part(self, text: str) -> tuple[str, int, str | None]:
+        """The part of ``text`` the model reads whole (the whitespace-separated words whose tokens fit in
+        ``data.max_caption_len``, specials included), how many words are left out after it, and the word
+        the limit falls inside (the model reads its first tokens: it is neither read whole nor left out), or
+        None. A first word longer than the limit alone is kept in the part, and is that word."""
         max_tokens = self.run.config.data.max_caption_len
 
-        def fits(part: str) -> bool:
+        def tokens(part: str) -> int:
             try:
-                return int(self.run.tokenizer.batch_encode([part])[1][0]) <= max_tokens
+                return int(self.run.tokenizer.batch_encode([part])[1][0])
             except ValueError:  # no word at all (punctuation): nothing that could be cut
-                return True
+                return 0
 
-        if max_tokens is None or fits(text):
-            return text, 0
+        if max_tokens is None or tokens(text) <= max_tokens:
+            return text, 0, None
         words = text.split()
         low, high = 1, len(words) - 1  # the first word is kept; the whole text does not fit
         while low < high:  # the most words that fit (a longer prefix never takes fewer tokens)
             middle = (low + high + 1) // 2
-            low, high = (middle, high) if fits(" ".join(words[:middle])) else (low, middle - 1)
-        return " ".join(words[:low]), len(words) - low
+            fits = tokens(" ".join(words[:middle])) <= max_tokens
+            low, high = (middle, high) if fits else (low, middle - 1)
+        read = " ".join(words[:low])
+        used = tokens(read)
+        if used > max_tokens:  # the first word alone is longer than the limit
+            return read, len(words) - 1, words[0]
+        if used < max_tokens:  # room left: the truncation keeps the next word's first tokens
+            return read, len(words) - low - 1, words[low]
+        return read, len(words) - low, None
 
     @torch.no_grad()
     def rerank(self, query: Query, ids: torch.Tensor) -> torch.Tensor:
@@ -342,7 +383,14 @@ class Searcher:
         ]
         timings = {"encode": t1 - t0, "shortlist": t2 - t1, "rerank": t3 - t2, "total": t3 - t0}
         return SearchResult(
-            text, hits, int(ids.numel()), timings, query.unknown_words, query.dropped_words, query.max_tokens
+            text,
+            hits,
+            int(ids.numel()),
+            timings,
+            query.unknown_words,
+            query.dropped_words,
+            query.max_tokens,
+            query.cut_word,
         )
 
     def explain(self, text: str, image_id: int) -> Explanation:

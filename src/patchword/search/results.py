@@ -17,6 +17,7 @@ __all__ = [
     "QueryError",
     "Query",
     "check_query_text",
+    "left_out",
     "quote_words",
     "truncation_warning",
     "SearchHit",
@@ -76,12 +77,21 @@ def unknown_words_warning(words: list[str]) -> str:
     return f"the model does not know {quote_words(words)}: the results rest on the other words of the query"
 
 
-def truncation_warning(dropped: int, max_tokens: int) -> str:
-    """The warning a result carries when the query is longer than the model reads: its last ``dropped``
-    words were left out."""
+def left_out(dropped: int, cut_word: str | None = None) -> str:
+    """What of a query the model does not read: its last ``dropped`` (whitespace-separated) words and, when
+    the limit falls inside a word, ``cut_word``, the word it reads the first tokens of only."""
+    if cut_word is None:
+        return f"its last {dropped} words were left out"
+    if not dropped:
+        return f"its last word, {cut_word!r}, is read in part"
+    return f"{cut_word!r} is read in part and the {dropped} words after it were left out"
+
+
+def truncation_warning(dropped: int, max_tokens: int, cut_word: str | None = None) -> str:
+    """The warning a result carries when the query is longer than the model reads (:func:`left_out`)."""
     return (
-        f"the query is longer than the {max_tokens} tokens the model reads (data.max_caption_len): its last "
-        f"{dropped} words were left out"
+        f"the query is longer than the {max_tokens} tokens the model reads (data.max_caption_len): "
+        + left_out(dropped, cut_word)
     )
 
 
@@ -89,7 +99,8 @@ def truncation_warning(dropped: int, max_tokens: int) -> str:
 class Query:
     """An encoded query: (1, L) ids, (1,) length, (1, L, C) tokens and (1, C) global embedding;
     ``unknown_words``: the words the tokenizer encoded as unknown tokens, of those the model reads;
-    ``dropped_words``: the words (whitespace-separated) past the ``max_tokens`` tokens the model reads."""
+    ``dropped_words``: the words (whitespace-separated) past the ``max_tokens`` tokens the model reads;
+    ``cut_word``: the word the limit falls inside (its first tokens are read), or None."""
 
     text: str
     ids: torch.Tensor
@@ -99,6 +110,7 @@ class Query:
     unknown_words: list[str] = field(default_factory=list)
     dropped_words: int = 0
     max_tokens: int | None = None
+    cut_word: str | None = None
 
 
 @dataclass(frozen=True)
@@ -118,7 +130,7 @@ class SearchResult:
     """Results of one query, best first; ``timings`` in seconds (``encode``, ``shortlist``, ``rerank``,
     ``total``); ``shortlist`` images were re-ranked; ``unknown_words``: query words the model does not
     know (searched without them); ``dropped_words``: words past the ``max_tokens`` tokens the model reads
-    (searched without them)."""
+    (searched without them); ``cut_word``: the word the limit falls inside (read in part), or None."""
 
     query: str
     hits: list[SearchHit]
@@ -127,19 +139,20 @@ class SearchResult:
     unknown_words: list[str] = field(default_factory=list)
     dropped_words: int = 0
     max_tokens: int | None = None
+    cut_word: str | None = None
 
     @property
     def warning(self) -> str | None:
         """What the user should know about the result (unknown words, words left out), or None."""
         notes = [unknown_words_warning(self.unknown_words)] if self.unknown_words else []
-        if self.dropped_words:
-            notes.append(truncation_warning(self.dropped_words, int(self.max_tokens or 0)))
+        if self.dropped_words or self.cut_word is not None:
+            notes.append(truncation_warning(self.dropped_words, int(self.max_tokens or 0), self.cut_word))
         return "; ".join(notes) or None
 
     def to_json(self) -> dict[str, Any]:
         """The ``/api/search`` body: ``{"query", "results": [{"id", "path", "score", "global_score"}], "ms",
         "shortlist"}``, plus ``"warning"`` when some query words are unknown (``"unknown_words"`` names them)
-        or left out (``"dropped_words"`` counts them)."""
+        or left out (``"dropped_words"`` counts them; ``"cut_word"``: the word read in part)."""
         body: dict[str, Any] = {
             "query": self.query,
             "results": [
@@ -154,6 +167,8 @@ class SearchResult:
             body["warning"] = warning
         if self.unknown_words:
             body["unknown_words"] = list(self.unknown_words)
-        if self.dropped_words:
+        if self.dropped_words or self.cut_word is not None:
             body["dropped_words"] = self.dropped_words
+        if self.cut_word is not None:
+            body["cut_word"] = self.cut_word
         return body

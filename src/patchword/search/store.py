@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,11 @@ __all__ = [
     "REPAIR_HINT",
     "DamagedIndexError",
     "MissingShardError",
+    "StaleIndexError",
     "IndexEntries",
     "SearchIndex",
     "broken_shards",
+    "dead_row_bytes",
 ]
 
 #: How a user repairs an index with a missing or damaged shard file: ``--update`` drops the entries stored
@@ -43,6 +46,11 @@ REPAIR_HINT = (
 
 class DamagedIndexError(DataError):
     """An index whose stored vectors give a search non-finite scores (values overwritten on disk)."""
+
+
+class StaleIndexError(DataError):
+    """Vectors that no longer belong to the index opened: a store read by id (Qdrant) was uploaded again, with
+    ids renumbered, since its manifest was read. Opening the index again reads both as they are now."""
 
 
 class MissingShardError(DataError):
@@ -105,11 +113,38 @@ def broken_shards(index_dir: Path, manifest: Manifest) -> dict[int, str]:
     return broken
 
 
+def dead_row_bytes(index_dir: Path, manifest: Manifest | None = None) -> int:
+    """Bytes of the shard rows no entry of ``manifest`` (default: the index's) reads: the rows of images
+    deleted or changed since they were stored, until a compaction drops them (each shard file's data bytes
+    per row, headers aside)."""
+    index_dir = Path(index_dir)
+    manifest = manifest if manifest is not None else Manifest.read(index_dir)
+    live = Counter(entry.shard for entry in manifest.entries)
+    dead_bytes = 0
+    for shard in manifest.shards:
+        dead = shard["rows"] - live.get(shard["id"], 0)
+        if dead <= 0:
+            continue
+        for file in shard_files(index_dir, shard["id"]).values():
+            if not file.is_file():
+                continue
+            with open(file, "rb") as fh:
+                major, _ = np.lib.format.read_magic(fh)
+                read_header = (
+                    np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+                )
+                read_header(fh)
+                header = fh.tell()
+            dead_bytes += dead * (file.stat().st_size - header) // shard["rows"]
+    return dead_bytes
+
+
 def _manifest_stamp(index_dir: Path) -> tuple[int, int, int] | None:
-    """(inode, size, mtime) of ``manifest.json`` (None: absent): what a build's atomic replace changes."""
+    """(inode, size, mtime) of ``manifest.json`` (None: absent, or ``index_dir`` is no directory): what a
+    build's atomic replace changes."""
     try:
         st = os.stat(index_dir / MANIFEST_FILE)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     return st.st_ino, st.st_size, st.st_mtime_ns
 
@@ -344,11 +379,12 @@ class SearchIndex(IndexEntries):
         return found
 
     def bytes_per_image(self) -> float:
-        """Bytes the shard files take per indexed image (all arrays)."""
+        """Bytes the shard files take per indexed image (all arrays), the rows no entry reads left out
+        (:func:`dead_row_bytes`: an update not compacted yet keeps them)."""
         total = sum(
             f.stat().st_size
             for shard in self.manifest.shards
             for name, f in shard_files(self.index_dir, shard["id"]).items()
             if f.is_file()
         )
-        return total / max(1, len(self.entries))
+        return (total - dead_row_bytes(self.index_dir, self.manifest)) / max(1, len(self.entries))

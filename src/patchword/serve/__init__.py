@@ -2,6 +2,8 @@
 extra ``serve``: ``pip install 'patchword[serve]'``).
 
 - :mod:`.app`: :func:`~patchword.serve.app.create_app`, the routes, bounds and worker pool;
+- :mod:`.params`: the requests' parameters; :mod:`.images`: the image files sent;
+- :mod:`.reload`: the index served, reopened when it changes on disk;
 - :mod:`.cli`: ``main_serve(argv)``;
 - ``static/``: the one page (plain HTML, JavaScript and CSS; no build step, nothing from a CDN).
 

@@ -13,6 +13,8 @@
     cards: new Map(), // id -> {card, canvas, why, image, explain}
     words: [],
     activeWord: null,
+    maxK: null, // the server's --max-k and default k (/healthz); until they arrive the server decides
+    defaultK: null,
   };
   window.patchword = state; // inspectable from the console
 
@@ -45,13 +47,17 @@
   async function search(event) {
     event.preventDefault();
     const query = $("q").value.trim();
-    const k = Math.max(1, Math.min(100, parseInt($("k").value, 10) || 10));
     if (!query) return;
+    // k within the server's bounds; an empty box asks for the server's default
+    let k = parseInt($("k").value, 10) || state.defaultK;
+    if (k && state.maxK) k = Math.max(1, Math.min(state.maxK, k));
+    if (k) $("k").value = String(k);
     const seq = ++state.seq;
     setStatus("searching…");
     let body;
     try {
-      body = await getJSON(`/api/search?q=${encodeURIComponent(query)}&k=${k}`);
+      const kParam = k ? `&k=${k}` : "";
+      body = await getJSON(`/api/search?q=${encodeURIComponent(query)}${kParam}`);
     } catch (err) {
       if (seq === state.seq) {
         setStatus(err.message, true);
@@ -248,5 +254,19 @@
     entry.why.textContent = describe(explain, word);
   }
 
+  // The bounds of k are the server's (serve --max-k), read once the page loads.
+  async function loadSettings() {
+    try {
+      const health = await getJSON("/healthz");
+      state.maxK = health.max_k;
+      state.defaultK = health.default_k;
+      $("k").max = String(health.max_k);
+      if (!$("k").value) $("k").value = String(health.default_k);
+    } catch (err) {
+      setStatus(`cannot read the server's settings: ${err.message}`, true);
+    }
+  }
+
   $("search-form").addEventListener("submit", search);
+  loadSettings();
 })();

@@ -1,0 +1,103 @@
+"""How a search's answers relate to the exact search of its model: the approximations an index or a first
+stage makes, and the settings that change every ranking.
+
+Exact means: float32 tokens of every patch, re-ranked by the run's fine matcher after an exact global
+shortlist; a shortlist as large as the index then ranks as the run's own evaluation (docs/search.md,
+section 3). What departs from it:
+
+- the token store (``--store``): float16 and int8 round the tokens, ``pq`` quantises them (approximate fine
+  scores; docs/search.md, section 7, measures the recall each costs);
+- index-time patch pruning (``--keep-patches``): the fine scores of a pruned image (approximate);
+- an approximate first stage (FAISS IVF / HNSW above :data:`~patchword.search.query.APPROXIMATE_ABOVE`
+  images, or a Qdrant server's HNSW index): the scores are exact, the shortlist may miss images;
+- dense captions the model reads and the index lacks (built without ``--dense``), or a matcher that pairs
+  them with captions: every ranking differs from the evaluated one (:func:`dense_warning`).
+
+:class:`~patchword.search.query.Searcher` describes itself with :func:`search_kind` and
+:func:`dense_warning`; ``patchword search`` and ``serve`` show them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from patchword.eval.two_stage import APPROXIMATE_BACKENDS
+
+__all__ = ["approximation_note", "dense_warning", "search_kind"]
+
+#: First stages that find the exact shortlist (FAISS flat: up to ties; embedded Qdrant scans every point).
+EXACT_FIRST_STAGES = ("exact", "faiss_flat", "qdrant_embedded")
+
+
+def _first_stage(index: Any, backend: str) -> str:
+    """The first stage's name: the searcher's backend, or for a store that shortlists itself (Qdrant)
+    ``qdrant_embedded`` (a local directory: every point scanned) or ``qdrant_server`` (a URL)."""
+    if backend != "store":
+        return backend
+    location = str(getattr(index, "record", {}).get("location", ""))
+    return "qdrant_server" if location.startswith(("http://", "https://")) else "qdrant_embedded"
+
+
+def search_kind(index: Any, backend: str) -> dict[str, Any]:
+    """What kind of search ``index`` (a :class:`~patchword.search.store.SearchIndex` or a Qdrant index)
+    answers with the first stage ``backend``.
+
+    Returns:
+        ``{"store": the token store, "pruning": None or {"kept", "of", "fraction"}, "first_stage": its
+        name, "exact": whether the scores are the exact float32 fine scores of an exact shortlist,
+        "notes": one sentence per approximation}``.
+    """
+    manifest = index.manifest
+    notes = []
+    store = manifest.dtype
+    if store == "pq":
+        per_token = (manifest.codec or {}).get("pq_m")
+        size = f", {per_token} bytes per token" if per_token else ""
+        notes.append(f"tokens product-quantised (--store pq{size}): approximate fine scores")
+    elif store != "float32":
+        notes.append(f"tokens stored as {store} (--store {store}): fine scores rounded")
+    pruning = manifest.pruning
+    if pruning:
+        pruning = {key: pruning[key] for key in ("kept", "of", "fraction")}
+        notes.append(
+            f"patches pruned at build time ({pruning['kept']} of {pruning['of']} kept per image, "
+            f"--keep-patches {pruning['fraction']}): approximate fine scores"
+        )
+    first = _first_stage(index, backend)
+    if first in APPROXIMATE_BACKENDS:
+        notes.append(f"approximate first stage ({first}): the shortlist may miss images an exact one holds")
+    elif first not in EXACT_FIRST_STAGES:
+        notes.append(
+            "first stage in a Qdrant server: approximate (HNSW) once a segment passes the server's indexing "
+            "threshold, so the shortlist may miss images an exact one holds"
+        )
+    return {"store": store, "pruning": pruning, "first_stage": first, "exact": not notes, "notes": notes}
+
+
+def approximation_note(kind: dict[str, Any]) -> str | None:
+    """One line saying how the search departs from the exact one (``kind``: :func:`search_kind`), or None
+    for an exact search."""
+    if kind["exact"]:
+        return None
+    return "not the exact float32 search: " + "; ".join(kind["notes"]) + " (docs/search.md, section 7)"
+
+
+def dense_warning(index: Any, run: Any, fine: Any) -> str | None:
+    """What a search of ``index`` with ``run``'s fine matcher ``fine`` scores without though the model
+    reads it, or None: dense captions of an index built without them, or (a matcher pairing dense text
+    with captions) dense text a query never has."""
+    if not fine.consumes_dense:
+        return None
+    if fine.dense_pairing != "image":
+        if not index.has_dense:
+            return None
+        return (
+            f"the matcher pairs dense text with captions (dense_pairing={fine.dense_pairing}): a search "
+            "query has none, so the fine stage scores without dense text"
+        )
+    if index.has_dense or not run.config.data.dense:
+        return None
+    return (
+        f"{run.run_dir}'s model reads dense captions, but {index.index_dir} was built without them: every "
+        "ranking differs from the model's evaluated one; build the index with --dense FILE"
+    )

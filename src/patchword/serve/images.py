@@ -1,0 +1,64 @@
+"""The image files the search server sends (``GET /api/image/{id}``): read by index id only, inside the
+indexed folder, with an ``ETag``; formats browsers do not show are converted to PNG."""
+
+import hashlib
+import io
+
+from patchword.search.query import Searcher
+from patchword.serve.params import BadRequest
+
+__all__ = ["BROWSER_FORMATS", "etag_matches", "image_bytes"]
+
+#: Pillow formats sent as stored; anything else is converted to PNG on the way out.
+BROWSER_FORMATS = {
+    "PNG": "image/png",
+    "JPEG": "image/jpeg",
+    "MPO": "image/jpeg",  # a JPEG with extra frames (phone cameras): browsers show its first, as Pillow reads
+    "GIF": "image/gif",
+    "WEBP": "image/webp",
+    "BMP": "image/bmp",
+}
+
+
+def etag_matches(header: str | None, etag: str) -> bool:
+    """Whether an ``If-None-Match`` header names ``etag`` (weak comparison, as RFC 9110 asks of it)."""
+    if header is None:
+        return False
+    tags = [tag.strip().removeprefix("W/") for tag in header.split(",")]
+    return "*" in tags or etag in tags
+
+
+def image_bytes(
+    searcher: Searcher, image_id: int, if_none_match: str | None = None
+) -> tuple[bytes | None, str, str]:
+    """The file of ``image_id`` as (bytes, media type, ETag), bytes None when ``if_none_match`` names the
+    ETag (the client's copy is current: nothing is read). Only paths recorded in the index are read, and
+    only inside the indexed folder (a symbolic link swapped in later cannot lead outside).
+
+    The ETag is the image's path, size and mtime: an index id names another image after an update (which the
+    server reopens), so a browser revalidates what it cached under an id rather than keep it for a time."""
+    index = searcher.index
+    entry = index.entries[image_id]
+    root = index.images_root.resolve()
+    path = (root / entry.path).resolve()
+    try:
+        path.relative_to(root)
+    except ValueError as err:
+        raise BadRequest(404, f"image {image_id} is no longer inside the indexed folder") from err
+    if not path.is_file():
+        raise BadRequest(404, f"the file of image {image_id} no longer exists")
+    stat = path.stat()
+    version = f"{entry.path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode("utf-8", "surrogateescape")
+    etag = f'"{hashlib.sha256(version).hexdigest()[:32]}"'
+    media_type = BROWSER_FORMATS.get(entry.format, "image/png")
+    if etag_matches(if_none_match, etag):
+        return None, media_type, etag
+    data = path.read_bytes()
+    if entry.format in BROWSER_FORMATS:
+        return data, media_type, etag
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        out = io.BytesIO()
+        image.convert("RGB").save(out, format="PNG")
+    return out.getvalue(), media_type, etag
