@@ -4,6 +4,7 @@ TGDT from their synthetic presets (shrunk to CI size), the SCAN-layout dataset, 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -119,7 +120,7 @@ def _scan_layout(root: Path, cache: Path) -> None:
         write_precomp_split(root, name, split.images, split.captions)
 
 
-def test_precomp_dataset_and_similarity_ensembles(tmp_path, cache):
+def test_precomp_dataset_and_similarity_ensembles(tmp_path, cache, capsys):
     root = tmp_path / "f30k_precomp"
     _scan_layout(root, cache)
     common = ["data.dataset=precomp", f"data.root={root}", "data.vocab_min_count=1"]
@@ -135,9 +136,14 @@ def test_precomp_dataset_and_similarity_ensembles(tmp_path, cache):
         "model.scan.agg=mean",
     )
     single = json.loads((t2i / "metrics.json").read_text())
-    # an ensemble of a run with itself is the run
+    # the same checkpoint twice is not an ensemble: refused; the same weights in other bytes are the run
     out = tmp_path / "self.json"
-    assert main(["eval", str(t2i), "--ensemble", str(t2i / "best.pt"), "--out", str(out)]) == 0
+    assert main(["eval", str(t2i), "--ensemble", str(t2i / "best.pt"), "--out", str(out)]) == 2
+    assert "--ensemble" in capsys.readouterr().err and not out.exists()
+    again = Path(shutil.copytree(t2i, tmp_path / "again"))
+    state = torch.load(again / "best.pt", weights_only=False)
+    torch.save({**state, "copied": True}, again / "best.pt")
+    assert main(["eval", str(t2i), "--ensemble", str(again / "best.pt"), "--out", str(out)]) == 0
     same = json.loads(out.read_text())
     assert same["rsum"] == pytest.approx(single["rsum"]) and len(same["ensemble"]) == 2
     # t2i + i2t: the averaged similarity matrix (SCAN's best F30K result is such a pair)

@@ -13,6 +13,7 @@ only splits of 5 x 1000 images; the tiny cases here lower ``COCO_FOLD_IMAGES`` t
 from __future__ import annotations
 
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -363,9 +364,14 @@ def test_patchword_eval_ensemble_of_two_stage_runs_reports_the_single_models_pro
     train = [*TINY_REGIONS, *TINY_TGDT, *shortlists, "data.num_test=20", "train.max_steps=2"]
     assert main(["train", *train, f"output_dir={tmp_path}", "name=tgdt"]) == 0
     run = str(tmp_path / "tgdt")
+    # the run's weights in other bytes: the same checkpoint twice is refused as an ensemble
+    shutil.copytree(run, tmp_path / "again")
+    state = torch.load(tmp_path / "again" / "best.pt", weights_only=False)
+    torch.save({**state, "copied": True}, tmp_path / "again" / "best.pt")
     one, two = tmp_path / "one.json", tmp_path / "two.json"
     assert main(["eval", run, "eval.coco_1k=true", "--out", str(one)]) == 0
-    assert main(["eval", run, "eval.coco_1k=true", "--ensemble", run, "--out", str(two)]) == 0
+    again = str(tmp_path / "again")
+    assert main(["eval", run, "eval.coco_1k=true", "--ensemble", again, "--out", str(two)]) == 0
     alone, ensembled = json.loads(one.read_text()), json.loads(two.read_text())
     assert len(ensembled["ensemble"]) == 2 and "coco1k_sims" not in ensembled["ensemble"][0]
     for key in [*RECALLS, "rsum", "i2t_medr", "t2i_medr"]:

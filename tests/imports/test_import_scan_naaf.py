@@ -499,3 +499,38 @@ def test_cli_import(scan_files, capsys):
     printed = capsys.readouterr()
     # stdout is one JSON document (| jq); the file written is said on stderr
     assert json.loads(printed.out)["family"] == "scan" and f"written: {out}" in printed.err
+
+
+def test_naaf_buffers_built_from_opt_are_not_counted_as_loaded_tensors(tmp_path, capsys):
+    """Defect: import.json's ``"loaded"`` (the card's "N tensors loaded") counted NAAF's 8 matcher
+    buffers built from opt (thresholds, fit statistics, zero counters) as tensors of the checkpoint."""
+    from patchword.cli import main
+
+    ckpt = official_checkpoint(naaf_opt())
+    torch.save(ckpt, tmp_path / "naaf.pth.tar")
+    vocab = write_json_vocab(tmp_path / "f30k_precomp.json", vocab_words(GLOVE_SPECIALS), scan_style=False)
+    out = tmp_path / "run"
+    assert main(["import", str(tmp_path / "naaf.pth.tar"), "--out", str(out), "--vocab", str(vocab)]) == 0
+    record = json.loads((out / IMPORT_FILE).read_text())
+    tensors = sum(len(state) for state in ckpt["model"])  # img_enc's and txt_enc's
+    printed = json.loads(capsys.readouterr().out)
+    assert record["loaded"] == tensors == printed["loaded"] and printed["derived"] == 8
+    assert sorted(record["derived"]) == [
+        f"matcher.{name}"
+        for name in sorted(
+            (
+                "threshold",
+                "threshold_safe",
+                "mean_pos",
+                "std_pos",
+                "mean_neg",
+                "std_neg",
+                "num_samples",
+                "num_fits",
+            )
+        )
+    ]
+    assert record["loaded"] + len(record["derived"]) == len(load_run(out).model.state_dict())
+    assert main(["export", str(out), str(tmp_path / "export")]) == 0
+    card = (tmp_path / "export" / "README.md").read_text()
+    assert f"{tensors} tensors loaded, " in card and ", 8 built from its options" in card

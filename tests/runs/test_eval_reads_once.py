@@ -4,6 +4,7 @@ Caption / CxC with the ground truth the checks read, not reading the files a sec
 from __future__ import annotations
 
 import json
+import shutil
 from types import SimpleNamespace
 
 import torch
@@ -30,13 +31,18 @@ def _counting(monkeypatch, module, name: str) -> list:
 def test_an_ensemble_reads_and_checks_each_members_config_once(trained_tiny_run, tmp_path, monkeypatch):
     """Before: run_dir's config.yaml was read six times (twice more by every load) and its eval settings
     checked twice; now once each per member."""
+    # a second member with the same weights in other bytes (the same checkpoint twice is refused)
+    other = tmp_path / "other"
+    shutil.copytree(trained_tiny_run, other)
+    state = torch.load(other / "best.pt", weights_only=False)
+    torch.save({**state, "copied": True}, other / "best.pt")
     reads = _counting(monkeypatch, patchword.runs, "read_run_config")
     monkeypatch.setattr(patchword.runs.load, "read_run_config", patchword.runs.read_run_config)
     checks = _counting(monkeypatch, patchword.runs.evaluate, "check_eval_settings")
     out = tmp_path / "e.json"
-    assert main(["eval", str(trained_tiny_run), "--ensemble", str(trained_tiny_run), "--out", str(out)]) == 0
+    assert main(["eval", str(trained_tiny_run), "--ensemble", str(other), "--out", str(out)]) == 0
     assert len(json.loads(out.read_text())["ensemble"]) == 2
-    assert reads == [trained_tiny_run, trained_tiny_run]
+    assert reads == [trained_tiny_run, other]
     assert len(checks) == 2
 
 

@@ -197,8 +197,11 @@ def test_a_sweep_whose_seeds_ran_with_different_settings_is_flagged_not_averaged
     assert collect([sw])[0].seeds_differ == []
 
 
-def test_rows_of_runs_with_the_same_directory_name_are_told_apart(tmp_path):
+def test_rows_of_runs_with_the_same_directory_name_are_told_apart(tmp_path, monkeypatch):
     """R/a and R/x/a were both labelled "a": one ★ and one index size keyed "a" served both rows."""
+    # the index here is a manifest alone (no shards, so no dead rows: tests/search/test_index_bytes.py
+    # measures a real one)
+    monkeypatch.setattr("patchword.experiments.cost.dead_row_bytes", lambda index_dir: 0)
     first = _run(tmp_path / "R" / "a", _summary(300.0, 1.0))
     second = _run(tmp_path / "R" / "x" / "a", _summary(200.0, 2.0))  # dominated by the first
     index = tmp_path / "a.index"

@@ -16,8 +16,8 @@ from PIL import Image
 from conftest import TINY_RUN_32
 from patchword.cli import main
 from patchword.runs import recorded
-from patchword.runs.evaluate import evaluate_patch_suite, evaluate_suite
 from patchword.runs.recorded import IDENTITY_FIELDS, evaluation_of, suite_evaluation_of
+from patchword.runs.suites import evaluate_patch_suite, evaluate_suite
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -93,12 +93,13 @@ def test_a_suite_record_that_proves_it_scored_the_best_checkpoint_is_reused(tmp_
     path = run / "eval_compositional.json"
     before = path.read_bytes()
     first = json.loads((tmp_path / "sw" / "sweep.json").read_text())["runs"]["runs"]["0"]
-    assert not any(key.endswith("checkpoint_step") for key in first)
+    # (the run's own checkpoint_step, which summary.json records, is no suite figure)
+    assert not any(key.startswith("compositional.") and key.endswith("checkpoint_step") for key in first)
 
     def refuse(*args, **kwargs):
         raise AssertionError("the suite ran again")
 
-    monkeypatch.setattr("patchword.runs.evaluate.evaluate_suite", refuse)
+    monkeypatch.setattr("patchword.runs.suites.evaluate_suite", refuse)
     assert _sweep(tmp_path, "0", "--suite", "compositional") == 0
     assert path.read_bytes() == before and not (run / "eval_compositional.previous.json").exists()
     assert json.loads((tmp_path / "sw" / "sweep.json").read_text())["runs"]["runs"]["0"] == first

@@ -174,10 +174,12 @@ def test_a_checkpoint_an_older_version_wrote_at_an_epoch_end_resumes_like_the_un
 
 
 def test_an_eval_every_step_at_an_epoch_end_is_validated_once(root):
-    """Defect: train.eval_every=7 with 7 steps per epoch validated steps 7 and 14 twice each."""
+    """Defect: train.eval_every=7 with 7 steps per epoch validated steps 7 and 14 twice each. A dev
+    record's epoch is the epoch its step belongs to, as a training record's (it was the epochs completed:
+    (7, 1), (14, 2))."""
     train_run(_config(root, "eval_at_epoch_ends", "train.max_steps=16", "train.eval_every=7"))
     dev = _records(root / "eval_at_epoch_ends", "dev")
-    assert [(r["step"], r["epoch"]) for r in dev] == [(7, 1), (14, 2), (16, 2)]
+    assert [(r["step"], r["epoch"]) for r in dev] == [(7, 0), (14, 1), (16, 2)]
 
 
 def test_a_kill_between_an_epoch_end_validation_record_and_its_checkpoint_logs_it_once(root, monkeypatch):

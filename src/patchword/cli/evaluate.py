@@ -163,7 +163,8 @@ def _within(key: str, item: str) -> str:
 
 def run(args: argparse.Namespace) -> None:
     from patchword.distributed import launch_info
-    from patchword.runs.evaluate import evaluate_patch_suite, evaluate_run_dir, evaluate_suite
+    from patchword.runs.evaluate import evaluate_run_dir
+    from patchword.runs.suites import evaluate_patch_suite, evaluate_suite
 
     _refuse_unread_overrides(args.overrides)
     suite = _mode(args)
@@ -187,5 +188,17 @@ def run(args: argparse.Namespace) -> None:
         logging.getLogger().setLevel(logging.WARNING)  # one process reports
     metrics, out = evaluate_run_dir(args.run_dir, args.checkpoint, ensemble=args.ensemble, **common)
     if main:
-        print(json.dumps({k: v for k, v in metrics.items() if k != "ensemble"}, indent=2))
+        print(json.dumps(_shown(metrics), indent=2))
         print(f"written: {out}", file=sys.stderr)  # stdout stays one JSON document (| jq)
+
+
+#: What stdout shows of each ensemble member (the written file holds its whole record).
+_MEMBER_KEYS = ("run_dir", "checkpoint", "checkpoint_step", "rsum", "score_spread")
+
+
+def _shown(metrics: dict) -> dict:
+    """The metrics stdout shows: an ensemble's members by run, checkpoint, step, rSum and score spread."""
+    members = metrics.get("ensemble")
+    if not isinstance(members, list):
+        return metrics
+    return {**metrics, "ensemble": [{k: m.get(k) for k in _MEMBER_KEYS} for m in members]}

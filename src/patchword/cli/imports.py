@@ -57,6 +57,8 @@ def run(args: argparse.Namespace) -> None:
     record = import_checkpoint(args.checkpoint, args.out, family_name=args.family, options=options)
     summary = {k: record[k] for k in ("family", "source", "loaded") if k in record}
     summary["ignored"] = len(record.get("ignored", {}))
+    if record.get("derived"):  # built from the checkpoint's options (NAAF's thresholds), not loaded
+        summary["derived"] = len(record["derived"])
     if record.get("overrides"):
         summary["overrides"] = record["overrides"]
     print(json.dumps(summary, indent=2))

@@ -27,6 +27,7 @@ cost record) stays in one module, so no path can drift from the others.
 from __future__ import annotations
 
 import ctypes
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -59,6 +60,8 @@ __all__ = [
     "evaluate",
     "ensemble_metrics",
     "average_scores",
+    "score_spread",
+    "spreads_disagree",
     "check_coco_1k",
     "COCO_FOLDS",
     "COCO_FOLD_IMAGES",
@@ -376,6 +379,33 @@ def average_scores(members: Sequence[Sims]) -> Sims:
     sims_i2t = sum(p[0] for p in pairs) / len(pairs)
     sims_t2i = sum(p[1] for p in pairs) / len(pairs)
     return sims_i2t if all(p[0] is p[1] for p in pairs) else (sims_i2t, sims_t2i)
+
+
+def score_spread(sims: Sims) -> float:
+    """The standard deviation of a model's scores on a split: of its (N_img, N_txt) matrix, or of the
+    finite entries of a two-stage ``(i2t, t2i)`` pair (the pairs outside its shortlists are -inf). What
+    :func:`average_scores` weighs a member by: a member whose scores spread 100x wider decides the
+    ensemble's ranking alone."""
+    stats = []  # (count, mean, variance) of each part's finite entries
+    for part in sims if isinstance(sims, tuple) else (sims,):
+        finite = torch.isfinite(part)
+        values = part if bool(finite.all()) else part[finite]  # no copy of a full matrix
+        if values.numel():
+            var, mean = torch.var_mean(values.float(), correction=0)
+            stats.append((values.numel(), float(mean), float(var)))
+    count = sum(c for c, _, _ in stats)
+    if count < 2:
+        return 0.0
+    mean = sum(c * m for c, m, _ in stats) / count
+    return math.sqrt(sum(c * (v + (m - mean) ** 2) for c, m, v in stats) / count)
+
+
+def spreads_disagree(spreads: Sequence[float], factor: float = 10.0) -> bool:
+    """Whether ensemble members' :func:`score_spread` values differ by more than ``factor`` (a member with
+    constant scores and one without differ by any factor): their mean is then in effect one member's
+    scores. SCAN and NAAF average unnormalised scores, and so does :func:`ensemble_metrics`."""
+    low, high = min(spreads), max(spreads)
+    return high > 0 and (low <= 0 or high / low > factor)
 
 
 def ensemble_metrics(

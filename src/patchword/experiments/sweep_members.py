@@ -88,8 +88,8 @@ def suite_figures(run_dir: Path, suite: str) -> dict[str, float]:
     evaluated again. An ``eval_<suite>.json`` that is not such a record is first set aside as
     ``eval_<suite>.previous.json``: it may be a user's evaluation of another checkpoint or other data."""
     from patchword.runs import resolve_checkpoint
-    from patchword.runs.evaluate import evaluate_patch_suite, evaluate_suite
     from patchword.runs.recorded import IDENTITY_FIELDS, suite_evaluation_of
+    from patchword.runs.suites import evaluate_patch_suite, evaluate_suite
 
     result, _ = suite_evaluation_of(run_dir, resolve_checkpoint(run_dir), suite, suite_files=[])
     if not result:

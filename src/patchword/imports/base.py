@@ -91,6 +91,8 @@ class ImportPlan:
         bert_files: the BERT vocabulary file copied into the run directory.
         overrides: the dotted overrides the user gave on import and that were applied to ``config``.
         dataset: ``f30k`` / ``coco`` as the checkpoint's ``opt`` implies, or None.
+        derived: the keys of ``state_dict`` built from something else than a checkpoint tensor (NAAF's
+            thresholds from its ``opt``) -> what: import.json counts them apart from the tensors loaded.
     """
 
     family: str
@@ -107,6 +109,7 @@ class ImportPlan:
     #: None where the opt names another or none. import.json keeps it, so that a comparison with published
     #: results can tell when the run was evaluated on other data (``data.root`` is the user's to override)
     dataset: str | None = None
+    derived: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -248,7 +251,8 @@ def check_fit(plan: ImportPlan, expected: dict[str, torch.Tensor], source: Path)
 def import_record(plan: ImportPlan, source: Path) -> dict[str, Any]:
     """What ``import.json`` says about an import: source file (its absolute path: a path relative to the
     directory the import ran in names nothing once the run is read from elsewhere) and its sha256, family,
-    the dataset its opt implies, opt, ignored keys, the overrides the user applied."""
+    the dataset its opt implies, opt, ignored keys, the overrides the user applied; ``"loaded"`` counts the
+    checkpoint's tensors loaded, ``"derived"`` lists the model's tensors built from elsewhere (its opt)."""
     opt = {
         k: v if isinstance(v, (int, float, str, bool, type(None), list)) else repr(v)
         for k, v in plan.opt.items()
@@ -260,7 +264,8 @@ def import_record(plan: ImportPlan, source: Path) -> dict[str, Any]:
         "dataset": plan.dataset,
         "opt": opt,
         "ignored": plan.ignored,
-        "loaded": len(plan.state_dict),
+        "loaded": len(plan.state_dict) - len(plan.derived),
+        "derived": plan.derived,
         "metadata": plan.metadata,
         "overrides": list(plan.overrides),
     }

@@ -318,8 +318,13 @@ def scored_split(record: Mapping[str, Any] | None, data: Any = None) -> str | No
     """The split of the dataset a recorded evaluation read, as the run names it: its role through ``data``
     (the run's data config, a ``DataConfig`` or its dict): the ``test`` role reads ``data.test_split``, the
     ``dev`` role ``data.dev_split`` or, with ``data.dev_from_train``, images held out of
-    ``data.train_split`` (``"train hold-out"``). A record naming a split itself is taken at its word.
-    Without ``data`` a ``test`` role cannot be named (``None``); ``dev`` is ``"dev"``."""
+    ``data.train_split`` (``"train hold-out"``). A record naming a split itself is taken at its word, and
+    so is the ``"data_split"`` an evaluation records beside its role (``runs/evaluate.py``: the split it
+    read, whatever the config says now). Without either or ``data`` a ``test`` role cannot be named
+    (``None``); ``dev`` is ``"dev"``."""
+    recorded = record.get("data_split") if record else None
+    if isinstance(recorded, str):
+        return recorded
     split = record.get("split") if record else None
     if not isinstance(split, str):
         return None
@@ -338,7 +343,10 @@ def split_use(record: Mapping[str, Any] | None, data: Any = None) -> str | None:
     (training chose its checkpoint on it) and for a ``test`` role reading ``data.dev_split`` (a run with
     ``data.test_split=dev``, unless the dev split is held out of training: ``data.dev_from_train``),
     :data:`TRAINING_SPLIT` for a ``test`` role reading ``data.train_split``; ``None`` for a held-out split,
-    or when nothing says."""
+    or when nothing says. A record's own ``"split_use"`` (written with its ``"data_split"`` by
+    ``runs/evaluate.py``) is taken at its word."""
+    if record and "split_use" in record and record["split_use"] in (None, SELECTION_SPLIT, TRAINING_SPLIT):
+        return record["split_use"]
     role = evaluated_role(record, data)
     if role == "dev":
         return SELECTION_SPLIT

@@ -485,8 +485,11 @@ def _convert(family: str, ckpt: dict[str, Any], options: ImportOptions, path: Pa
         "text_encoder.embed.weight": txt[embed_key][torch.tensor(official_ids)],
         **{f"text_encoder.{key}": txt[key] for key in rnn_keys},
     }
+    derived: dict[str, str] = {}
     if family == "naaf":
-        state.update(_naaf_buffers(o))
+        buffers = _naaf_buffers(o)
+        state.update(buffers)
+        derived = dict.fromkeys(buffers, "NAAF matcher buffer built from opt (no tensor of the checkpoint)")
 
     data_name = opt.get("data_name", "")
     if not isinstance(data_name, str):  # it names the data directory: a list would become "data/['...']"
@@ -536,6 +539,10 @@ def _convert(family: str, ckpt: dict[str, Any], options: ImportOptions, path: Pa
             "unrecognised_opt": bookkeeping,
         }
     )
+    if derived:
+        _logger.info(
+            "%s: %d matcher buffers built from opt, not loaded: %s", path, len(derived), sorted(derived)
+        )
     if family == "naaf":
         metadata["naaf_buffers"] = (
             "threshold, threshold_safe and the fit statistics from opt; num_samples, num_fits 0"
@@ -554,6 +561,7 @@ def _convert(family: str, ckpt: dict[str, Any], options: ImportOptions, path: Pa
         tokenizer=vocab,
         metadata=metadata,
         dataset=_DATASETS.get(data_name),
+        derived=derived,
     )
 
 

@@ -1,13 +1,19 @@
-"""Evaluating a run directory: recall on a split (alone or as an ensemble), the extra reports (patch
-selection, ECCV Caption / CxC), the compositional and patch suites; each writes one JSON file.
+"""Evaluating a run directory: recall on a split (alone or as an ensemble) and the extra reports (patch
+selection, ECCV Caption / CxC); each writes one JSON file. The suites are :mod:`patchword.runs.suites`.
 
-``patchword eval`` parses its arguments and calls :func:`evaluate_run_dir`, :func:`evaluate_suite` or
-:func:`evaluate_patch_suite`; training calls :func:`evaluate_run` on its best checkpoint.
+``patchword eval`` parses its arguments and calls :func:`evaluate_run_dir` (or, for a suite,
+:mod:`patchword.runs.suites`); training calls :func:`evaluate_run` on its best checkpoint.
+
+Every recall record names the role it scored (``"split"``: ``test`` / ``dev``) and the dataset's split
+that role read (``"data_split"``, :func:`data_split`) with what that split is to the run besides a test
+set (``"split_use"``: ``"model selection"``, ``"training"`` or None for a held-out split).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -26,24 +32,85 @@ from patchword.runs.checks import check_eval_settings
 from patchword.runs.config import RunConfig
 from patchword.runs.files import METRICS_JSON, VOCAB_FILE
 from patchword.runs.load import refuse_run_output
-from patchword.runs.recorded import evaluation_identity, evaluation_provenance, suite_files_identity
+from patchword.runs.recorded import evaluation_identity, evaluation_provenance
 
 __all__ = [
     "run_metadata",
+    "data_split",
+    "held_out_warning",
+    "json_text",
     "extra_metrics",
     "evaluate_run",
     "evaluate_run_dir",
-    "evaluate_suite",
-    "evaluate_patch_suite",
+    "check_output",
 ]
+
+_logger = logging.getLogger(__name__)
+
+
+def data_split(dc, role: str) -> str:
+    """The split of the dataset that ``role`` (``test`` / ``dev``) reads under data config ``dc``, as
+    :func:`patchword.imports.published.scored_split` names it: ``dc.test_split`` / ``dc.dev_split``, or for
+    the dev role with ``data.dev_from_train`` the images held out of ``dc.train_split``
+    (``"train hold-out"``)."""
+    if role == "dev" and dc.dev_from_train:
+        return f"{dc.train_split} hold-out"
+    return getattr(dc, f"{role}_split")
+
+
+def _split_use(dc, role: str) -> str | None:
+    """What the split ``role`` reads is to the run besides a test set
+    (:func:`patchword.imports.published.split_use`): ``"model selection"``, ``"training"`` or None."""
+    from patchword.imports import published
+
+    return published.split_use({"split": role, "data_split": data_split(dc, role)}, dc)
+
+
+def held_out_warning(dc) -> str | None:
+    """The warning a run whose test role reads a split it is not held out from deserves (its checkpoint is
+    chosen on it: ``data.test_split == data.dev_split`` without ``data.dev_from_train``; or it trains on
+    it: ``data.test_split == data.train_split``), or None for a held-out test split."""
+    use = _split_use(dc, "test")
+    if use is None:
+        return None
+    if use == "training":
+        why = f"the split the run trains on (data.train_split={dc.train_split})"
+    else:
+        why = f"the split the checkpoint is selected on (data.dev_split={dc.dev_split})"
+    return (
+        f"data.test_split={dc.test_split} is {why}: the test figures of this run are not held-out results "
+        '(its records say so: "split_use"); name another split, or validate on training images held out '
+        "with data.dev_from_train=N (image-file datasets)"
+    )
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float (an -inf best rSum of a run never validated, a NaN) None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def json_text(record: dict[str, Any]) -> str:
+    """``record`` as strict JSON (``-Infinity`` / ``NaN`` are no JSON: other readers refuse them): every
+    non-finite number null."""
+    return json.dumps(_finite(record), indent=2, allow_nan=False)
 
 
 def run_metadata(cfg: RunConfig, model: RetrievalModel, role: str, split) -> dict[str, Any]:
-    """What a metrics file must say about how it was obtained (``split``: the scored EncodedSplit)."""
+    """What a metrics file must say about how it was obtained (``split``: the scored EncodedSplit):
+    ``"split"`` the role, ``"data_split"`` the dataset's split it read and ``"split_use"`` what that split
+    is to the run besides a test set (None: held out)."""
     matcher = model.matcher
     options = matcher_arguments(cfg.model)
     return {
         "split": role,
+        "data_split": data_split(cfg.data, role),
+        "split_use": _split_use(cfg.data, role),
         "images": split.num_images,  # the gallery of caption queries
         "captions": split.num_captions,
         "matcher": cfg.model.matcher,
@@ -138,7 +205,7 @@ def evaluate_run(
         metrics["oracle_rsum"] = data.oracle[role]["rsum"]
     metrics.update(run_metadata(cfg, model, role, split))
     if dist.is_main:
-        atomic_write_text(run_dir / METRICS_JSON, json.dumps(metrics, indent=2))
+        atomic_write_text(run_dir / METRICS_JSON, json_text(metrics))
     return metrics
 
 
@@ -164,6 +231,7 @@ def evaluate_run_dir(
     from patchword.distributed import session
     from patchword.runs import read_run_config
 
+    overrides = list(overrides or [])  # None: none (read_run_config takes a sequence)
     cfg = read_run_config(run_dir, overrides)
     with session(resolve_device(cfg.device), cfg.dist_timeout_s) as dist:
         return _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg)
@@ -186,14 +254,17 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg=No
     ensembled = len(members) > 1
     # Everything cheap first: the output file, each member's config (read, checked once) and checkpoint.
     out = out or run_dir / (f"eval_{role}_ensemble.json" if len(members) > 1 else f"eval_{role}.json")
-    _check_output(out, force, [member_dir for member_dir, _ in members])
-    configs = [cfg]
+    check_output(out, force, [member_dir for member_dir, _ in members])
+    configs, checkpoints = [cfg], []
     for n, (member_dir, member_ckpt) in enumerate(members):
         if n:
             configs.append(read_run_config(member_dir, overrides))
             truth = check_eval_settings(configs[n], dist.device, truth)
         check_backbone_overrides(member_dir, overrides)
-        refuse_run_output(out, reads=[resolve_checkpoint(member_dir, member_ckpt)])
+        checkpoints.append(resolve_checkpoint(member_dir, member_ckpt))
+        refuse_run_output(out, reads=[checkpoints[-1]])
+    if ensembled:
+        _refuse_repeated_members(checkpoints)
     device = dist.device
 
     prepared: dict[str, Any] = {}  # identical data configs and tokenizers are tokenised once
@@ -248,9 +319,11 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg=No
     if ensembled:
         scores = [m.pop("sims") for _, m in results]
         folds = [m.pop("coco1k_sims", None) for _, m in results]
+        _warn_of_scales(results, scores)
         metrics = ensemble_metrics(scores, split.txt2img, mcfg.eval, fold_members=folds)
         metrics["ensemble"] = [{**meta, **m} for meta, m in results]
-        metrics.update({k: v for k, v in results[0][0].items() if k in ("split", "leaky")})
+        shared = ("split", "data_split", "split_use", "leaky")
+        metrics.update({k: v for k, v in results[0][0].items() if k in shared})
         metrics["leaky"] = any(meta["leaky"] for meta, _ in results)
         if mcfg.eval.coco_extended:
             from patchword.eval.protocol import average_scores
@@ -265,11 +338,56 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg=No
     metrics.update(
         eval_seconds=time.perf_counter() - t0, world_size=dist.world_size, **evaluation_provenance(overrides)
     )
-    atomic_write_text(out, json.dumps(metrics, indent=2))
+    atomic_write_text(out, json_text(metrics))
     return metrics, out
 
 
-def _check_output(out: Path, force: bool, run_dirs: list[Path]) -> Path:
+def _refuse_repeated_members(checkpoints: list[Path]) -> None:
+    """An ensemble's members are distinct weights: a checkpoint given twice (the same file, or another
+    with the same bytes) would weigh one model twice and call it an ensemble. Files are hashed only where
+    their sizes agree.
+
+    Raises:
+        ConfigError: naming the repeated member and the one it repeats.
+    """
+    from patchword.errors import ConfigError
+    from patchword.fileio import file_sha256
+
+    seen: dict[tuple[int, str], Path] = {}
+    sizes = [path.stat().st_size for path in checkpoints]
+    for path, size in zip(checkpoints, sizes, strict=True):
+        key = (size, file_sha256(path) if sizes.count(size) > 1 else str(path))
+        if key in seen:
+            raise ConfigError(
+                "--ensemble",
+                f"{path} holds the same weights as {seen[key]} (the same checkpoint bytes): an ensemble "
+                "averages distinct models; give each run (or checkpoint) once",
+            )
+        seen[key] = path
+
+
+def _warn_of_scales(results: list[tuple[dict, dict]], scores: list) -> None:
+    """Record each member's score spread (``"score_spread"``, :func:`~patchword.eval.protocol.score_spread`)
+    and warn when they differ by more than 10x: the average is then in effect the widest member's scores
+    (SCAN / NAAF average unnormalised scores, and so does the ensemble here)."""
+    from patchword.eval.protocol import score_spread, spreads_disagree
+
+    spreads = [score_spread(sims) for sims in scores]
+    for (meta, _), spread in zip(results, spreads, strict=True):
+        meta["score_spread"] = spread
+    if spreads_disagree(spreads):
+        named = ", ".join(
+            f"{meta['run_dir']} ({meta['matcher']}): {spread:.3g}"
+            for (meta, _), spread in zip(results, spreads, strict=True)
+        )
+        _logger.warning(
+            "the ensemble's members score on scales more than 10x apart (std of each member's scores: %s): "
+            "the average of their scores is in effect the widest member's",
+            named,
+        )
+
+
+def check_output(out: Path, force: bool, run_dirs: list[Path]) -> Path:
     """Before any work: ``out`` is none of the files of the runs evaluated (``run_dirs``: their
     checkpoints, config.yaml...; :func:`patchword.runs.load.refuse_run_output`), which ``--force`` would
     have replaced with the metrics, and a file to write (:func:`patchword.fileio.check_output_file`); a
@@ -277,124 +395,3 @@ def _check_output(out: Path, force: bool, run_dirs: list[Path]) -> Path:
     refuse_run_output(out, run_dirs)
     check_output_file(out, force)
     return out
-
-
-def _suite_run(suite: str, run_dir: Path, checkpoint, overrides, out: Path | None, force: bool, check, reads):
-    """Both suites before scoring: one process; the config (with ``overrides``), the eval settings,
-    ``check(cfg)`` (the suite's refusals) and ``out`` (default ``RUN/eval_<suite>.json``) checked; the
-    files read (``reads``: suite files or None) refused as ``out``. Returns (loaded run, data config, out)."""
-    from patchword.device import resolve_device
-    from patchword.distributed import launch_info
-    from patchword.errors import ConfigError
-    from patchword.runs import load_run, read_run_config, resolve_checkpoint
-
-    if launch_info().world_size > 1:
-        raise ConfigError("--suite", "runs in one process: start it without torchrun")
-    overrides = list(overrides or [])
-    cfg = read_run_config(run_dir, overrides)
-    check_eval_settings(cfg, resolve_device(cfg.device))
-    out = _check_output(out or run_dir / f"eval_{suite}.json", force, [run_dir])
-    check(cfg)
-    refuse_run_output(out, reads=[resolve_checkpoint(run_dir, checkpoint), *(reads or [])])
-    loaded = load_run(run_dir, checkpoint, device=resolve_device(cfg.device), overrides=overrides, config=cfg)
-    return loaded, loaded.config.data, out
-
-
-def _write_suite(result: dict, loaded, run_dir: Path, overrides: list[str], files, out: Path, t0: float):
-    """A suite's record: its figures and the identity a recall record carries (the run, the checkpoint's
-    path, step and digest, the config hash, the overrides; :func:`~patchword.runs.recorded.
-    suite_evaluation_of` reads them), plus ``suite_files`` (the ``--suite-file`` files read and their
-    digests; [] for none), written to ``out``."""
-    result.update(
-        **evaluation_identity(run_dir, loaded.checkpoint),
-        suite_files=suite_files_identity(files),
-        eval_seconds=time.perf_counter() - t0,
-        **evaluation_provenance(list(overrides or [])),
-    )
-    atomic_write_text(out, json.dumps(result, indent=2))
-    return result, out
-
-
-def evaluate_suite(
-    run_dir: Path,
-    checkpoint: Path | str | None = None,
-    *,
-    suite_files: list[Path] | None = None,
-    image_root: Path | None = None,
-    overrides: list[str] | None = None,
-    out: Path | None = None,
-    force: bool = False,
-) -> tuple[dict[str, Any], Path]:
-    """The compositional suite: every (image, caption, one-fact negative) triple, accuracy per kind
-    (the true caption must score strictly higher; chance 50). Writes ``RUN/eval_compositional.json``."""
-    from patchword.errors import ConfigError
-    from patchword.eval.compositional import (
-        FileImageSource,
-        compositional_accuracy,
-        read_sugarcrepe,
-        synthetic_suite,
-    )
-
-    def check(cfg: RunConfig) -> None:
-        if not suite_files and cfg.data.dataset != "synthetic":
-            raise ConfigError("--suite-file", "a run on real data needs SugarCrepe-style files")
-
-    loaded, dc, out = _suite_run(
-        "compositional", run_dir, checkpoint, overrides, out, force, check, suite_files
-    )
-    dense = None
-    if suite_files:
-        paths, triples = read_sugarcrepe(suite_files, image_root)
-        images, source = FileImageSource(paths, loaded.image_transform()), [str(f) for f in suite_files]
-    else:
-        from patchword.data.synthetic import SyntheticScenes
-
-        scenes = SyntheticScenes.load_or_generate(dc.synthetic_config(), cache_dir=dc.cache_dir or None)
-        images, triples, dense = synthetic_suite(scenes, dc.test_split, seed=0)
-        source = f"synthetic {dc.test_split} split, seed {dc.synthetic_seed}"
-    t0 = time.perf_counter()
-    result = compositional_accuracy(
-        loaded.model,
-        loaded.tokenizer,
-        images,
-        triples,
-        max_caption_len=dc.max_caption_len,
-        max_dense_len=dc.max_dense_len,
-        dense_captions=dense if dc.dense else None,
-        device=loaded.device,
-        max_memory_mb=configured_budget_mb(loaded.config.eval.max_memory_mb, loaded.device),
-        progress=loaded.config.progress,
-    )
-    root = str(image_root) if suite_files and image_root else None  # where the suite files' images are
-    result.update(suite="compositional", source=source, image_root=root, matcher=loaded.config.model.matcher)
-    return _write_suite(result, loaded, run_dir, overrides, suite_files, out, t0)
-
-
-def evaluate_patch_suite(
-    run_dir: Path,
-    checkpoint: Path | str | None = None,
-    *,
-    overrides: list[str] | None = None,
-    out: Path | None = None,
-    force: bool = False,
-) -> tuple[dict[str, Any], Path]:
-    """Linear probes and patch-word grounding of the run's image encoder on its synthetic scenes
-    (:mod:`patchword.eval.patch_probe`); writes ``RUN/eval_patches.json``."""
-    from patchword.errors import ConfigError
-    from patchword.eval.patch_probe import synthetic_patch_probe
-
-    def check(cfg: RunConfig) -> None:
-        if cfg.data.dataset != "synthetic" or cfg.model.image_encoder != "tiny":
-            raise ConfigError("--suite", "patches probes a tiny image encoder on the synthetic scenes")
-
-    loaded, dc, out = _suite_run("patches", run_dir, checkpoint, overrides, out, force, check, None)
-    t0 = time.perf_counter()
-    result = synthetic_patch_probe(
-        loaded.model,
-        dc.synthetic_config(),
-        loaded.tokenizer,
-        cache_dir=dc.cache_dir or None,
-        device=loaded.device,
-    )
-    result.update(suite="patches", scenes=dc.synthetic_scenes)
-    return _write_suite(result, loaded, run_dir, overrides, None, out, t0)

@@ -224,7 +224,9 @@ def model_card(run, record: dict[str, Any]) -> str:
         lines += [
             f"Imported from an official {imported.get('family')} checkpoint: `{imported.get('source')}` "
             f"(sha256 `{str(imported.get('source_sha256', ''))[:16]}`), {imported.get('loaded')} tensors "
-            f"loaded, {len(imported.get('ignored', {}))} ignored (listed in `import.json`).",
+            f"loaded, {len(imported.get('ignored', {}))} ignored"
+            + (f", {len(imported['derived'])} built from its options" if imported.get("derived") else "")
+            + " (listed in `import.json`).",
         ]
     else:
         data = dc.dataset + (

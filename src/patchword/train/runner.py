@@ -65,7 +65,7 @@ from patchword.runs import (
 )
 from patchword.runs.claim import LOCK_FILE, Claim, Refusals, RunKind
 from patchword.runs.config import RunConfig
-from patchword.runs.evaluate import evaluate_run
+from patchword.runs.evaluate import evaluate_run, json_text
 from patchword.runs.files import BEST_CHECKPOINT, EXPORT_DIR, LAST_CHECKPOINT, METRICS_JSON, SUMMARY_FILE
 from patchword.runs.recorded import DIGEST_FIELD
 from patchword.train.trackers import TENSORBOARD_DIR, WANDB_ID_FILE
@@ -316,9 +316,7 @@ def resume_run(
             trainer.step,
         )
         if dist.is_main:
-            redone = drop_metrics_after(run_dir, trainer.step, validation_due=trainer.validation_due)
-            if redone:
-                _logger.info("%d metrics records of step %d on dropped: redone now", redone, trainer.step)
+            drop_metrics_after(run_dir, trainer.step, validation_due=trainer.validation_due)
             record = {
                 "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "step": trainer.step,
@@ -346,36 +344,56 @@ def _set_aside_results(run_dir: Path) -> None:
 def _finish(
     cfg, model, data, run_dir: Path, trainer: Trainer, fit: dict, dist: Distributed
 ) -> dict[str, Any]:
+    """Evaluate ``best.pt`` (else ``last.pt``) and write ``summary.json`` (strict JSON): the metrics, the
+    ``"checkpoint"`` (its name) and ``"checkpoint_step"`` they describe, the fit's counts and times, and
+    ``"train_steps_per_s"``: timed steps over ``step_time_seconds``, the time in steps alone (the
+    Trainer's docstring says what each time covers)."""
     dist.barrier()  # rank 0 has written best.pt (the processes read it from the shared run directory)
-    if (run_dir / BEST_CHECKPOINT).is_file():
-        model.load_state_dict(load_checkpoint(run_dir / BEST_CHECKPOINT)["model"])
+    # the file whose weights are evaluated: best.pt, else last.pt (the final weights, the model's now)
+    trained = run_dir / (BEST_CHECKPOINT if (run_dir / BEST_CHECKPOINT).is_file() else LAST_CHECKPOINT)
+    step = trainer.step  # last.pt's
+    if trained.name == BEST_CHECKPOINT:
+        best = load_checkpoint(trained)
+        model.load_state_dict(best["model"])
+        step = best["step"]
     if dist.is_main:
         export_weights(model, asdict(cfg), run_dir / "export", vocab_size=data.vocab_size)
     summary = evaluate_run(cfg, model, data, run_dir, device=dist.device, dist=dist)
+    summary.update(checkpoint=trained.name, checkpoint_step=step)
     summary.update(fit)
     summary["skipped_steps"] = trainer.skipped_steps
     summary["world_size"] = dist.world_size
-    seconds = summary.get("train_seconds") or 0.0
-    # every session's steps over every session's training time (validation and saving included)
-    summary["train_steps_per_s"] = round(summary["steps"] / seconds, 3) if seconds > 0 else None
+    timed, seconds = summary.pop("timed_steps", 0), summary.get("step_time_seconds") or 0.0
+    # steps over the time in steps (checkpoints of an older version timed none of theirs)
+    summary["train_steps_per_s"] = round(timed / seconds, 3) if timed and seconds > 0 else None
     if dist.is_main:
-        # the digest of the file whose weights were evaluated (best.pt, else last.pt, which holds the final
-        # ones): the summary describes that file while it holds these bytes (runs.recorded.evaluation_of)
-        trained = run_dir / (BEST_CHECKPOINT if (run_dir / BEST_CHECKPOINT).is_file() else LAST_CHECKPOINT)
-        if trained.is_file():
+        if trained.is_file():  # the summary describes it while it holds these bytes (evaluation_of)
             summary[DIGEST_FIELD] = file_sha256(trained)
-        atomic_write_text(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2))
+        atomic_write_text(run_dir / SUMMARY_FILE, text := json_text(summary))
+        return json.loads(text)  # as written (stdout prints it): null for what JSON cannot hold
     return summary
 
 
 def drop_metrics_after(run_dir: str | Path, step: int, *, validation_due: bool = False) -> int:
     """Keep the records of ``metrics.jsonl`` up to ``step`` (the checkpoint a resume starts from), dropping
-    those of the steps the resume will redo and a last line cut short by a kill; returns how many were
-    dropped. ``validation_due``: the checkpoint was written before the validation of ``step``, which the
-    resume runs again: a dev record of ``step`` (logged before a kill) goes too."""
+    those of the steps the resume will redo and a last line cut short by a kill; returns how many lines
+    were dropped, and logs which steps' records they were. ``validation_due``: the checkpoint was written
+    before the validation of ``step``, which the resume runs again: a dev record of ``step`` (logged
+    before a kill) goes too."""
+    redone: list[int] = []  # the steps of the records dropped
 
     def keep(record: dict) -> bool:
         at = int(record["step"])
-        return at < step or (at == step and not (validation_due and record.get("split") == "dev"))
+        kept = at < step or (at == step and not (validation_due and record.get("split") == "dev"))
+        if not kept:
+            redone.append(at)
+        return kept
 
-    return keep_jsonl_records(Path(run_dir) / METRICS_FILE, keep)
+    dropped = keep_jsonl_records(Path(run_dir) / METRICS_FILE, keep)
+    if redone:
+        low, high = min(redone), max(redone)
+        steps = f"step {low}" if low == high else f"steps {low}-{high}"
+        _logger.info(
+            "%d metrics record(s) of %s dropped (last.pt is at step %d): redone now", len(redone), steps, step
+        )
+    return dropped

@@ -95,7 +95,8 @@ class ShardLoss(nn.Module):
         self, batch: ShardBatch, hardest: bool, global_only: bool, align_scale: float | torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (this process's loss share, detached [loss, align, ratio] shares); summed over processes
-        they are the global batch's loss and its terms."""
+        they are the global batch's loss and its terms, each as weighted in the loss (``align`` times the
+        warm-up's ``align_scale``, ``ratio`` times ``train.ratio_weight``): loss = align + ratio."""
         dist, model = self.dist, self.model
         matcher = model.matcher
         n = batch.lens_all.shape[0]
@@ -144,8 +145,11 @@ class ShardLoss(nn.Module):
             parts = torch.stack([d.float().sum() * ((hi - lo) / (d.numel() * n)) for d in decisions])
             ratio = self.ratio.from_ratios(dist.all_gather(parts[None], (1,) * dist.world_size).sum(0))
         share = ratio / dist.world_size  # every process computes the whole ratio loss
-        loss = align + self.ratio_weight * share
-        return loss, torch.stack([loss, align, share]).detach()
+        weighted = self.ratio_weight * share
+        loss = align + weighted
+        # the logged parts are the loss's terms as weighted in it (align by the warm-up's scale, ratio by
+        # train.ratio_weight): they add up to the loss
+        return loss, torch.stack([loss, align, weighted]).detach()
 
 
 def constant_ratio_loss(matcher: Matcher, weight: float) -> str | None:

@@ -48,6 +48,9 @@ __all__ = ["Trainer", "TrainingInterrupted", "torch_threads"]
 
 _logger = logging.getLogger(__name__)
 
+#: What ``Trainer._times`` adds up over every session (``last.pt`` keeps them as ``"times"``).
+_TIME_KEYS = ("steps", "timed_steps", "validation", "checkpoint")
+
 
 @contextlib.contextmanager
 def torch_threads(count: int) -> Iterator[None]:
@@ -125,7 +128,14 @@ class Trainer:
     once per step. A signal on such a step stops the run at once (pre-emption leaves seconds) with the
     validation recorded as due in ``last.pt``; the resume runs it first, so an interrupted run validates
     the same steps as an uninterrupted one. ``train.time_budget_s`` counts the training time of every
-    session of the run.
+    session of the run (:attr:`train_seconds`: wall-clock, validation and checkpoints included); it is
+    checked after each step, so a new run always trains at least one step (and validates and saves it).
+
+    Times (every session's, kept in ``last.pt``): ``train_seconds`` the wall-clock time in :meth:`fit`;
+    of it, ``step_time_seconds`` the training steps themselves (waiting for the batch, forward, backward,
+    optimiser step; not a loader's start-up at an epoch's start), ``validation_seconds`` the dev
+    evaluations and ``checkpoint_seconds`` the writes of ``last.pt`` / ``best.pt``. A training record's
+    ``step_seconds`` is the step time per step since the previous record.
 
     Under ``torchrun`` (``dist`` with several processes) each process trains on its shard of every global
     batch; rank 0 alone logs, writes ``metrics.jsonl`` and the checkpoints. The optimiser step has no
@@ -216,11 +226,15 @@ class Trainer:
         # of this session's fit: train_seconds in checkpoints and summaries counts every session.
         self._seconds_before = 0.0
         self._fit_start: float | None = None
-        self._saved_seconds: float | None = None  # train_seconds in the last.pt written last
+        # Seconds of every session in the training steps ("steps", over "timed_steps" of them: a checkpoint
+        # of an older version records none of its steps), the validations and the checkpoint writes.
+        self._times: dict[str, float] = dict.fromkeys(_TIME_KEYS, 0.0)
+        self._step_begun = time.perf_counter()  # when the present step began waiting for its batch
+        self._saved: dict[str, float] | None = None  # the times in the last.pt written last
         self._bar = None  # the terminal's bar while fit() runs (None: not a terminal, or not rank 0)
         self._skipped = torch.zeros((), device=self.device)
         self._grad_norm: torch.Tensor | None = None  # of the last step (read on logging steps only)
-        self._logged_at = (0, time.perf_counter())  # (step, time) of the last training log line
+        self._logged_at = (0, 0.0)  # (step, step time) of the last training log line
         self.history: list[dict[str, Any]] = []
         self.trackers: list = []
 
@@ -230,9 +244,24 @@ class Trainer:
         running = 0.0 if self._fit_start is None else time.perf_counter() - self._fit_start
         return self._seconds_before + running
 
+    def _step_time(self) -> float:
+        """Seconds in training steps over every session, the present step's so far included."""
+        return self._times["steps"] + (time.perf_counter() - self._step_begun)
+
+    def times(self) -> dict[str, float]:
+        """``train_seconds`` and its parts (see the class docstring), every session's."""
+        return {
+            "train_seconds": self.train_seconds,
+            "step_time_seconds": self._times["steps"],
+            "timed_steps": int(self._times["timed_steps"]),
+            "validation_seconds": self._times["validation"],
+            "checkpoint_seconds": self._times["checkpoint"],
+        }
+
     @property
     def skipped_steps(self) -> int:
-        """Steps skipped because the loss was not finite (read from the device: not in the hot path)."""
+        """Steps skipped: the loss was not finite, or under ``amp_fp16`` the gradient scaler found inf / NaN
+        gradients (read from the device: not in the hot path)."""
         return int(self._skipped.item())
 
     @skipped_steps.setter
@@ -253,6 +282,7 @@ class Trainer:
             "best_rsum": self.best_rsum,
             "skipped_steps": self.skipped_steps,
             "train_seconds": self.train_seconds,
+            "times": dict(self._times),
             "validation_due": self.validation_due,
             "rng": rng_state(),
             "rng_ranks": self.dist.all_gather_object(rng_state()),
@@ -271,6 +301,8 @@ class Trainer:
         self.best_rsum, self.skipped_steps = state["best_rsum"], state["skipped_steps"]
         # checkpoints written before train_seconds was kept hold none: their sessions count 0
         self._seconds_before = float(state.get("train_seconds", 0.0))
+        # and those before the times were kept none (their steps are not timed steps)
+        self._times = {key: float(state.get("times", {}).get(key, 0.0)) for key in _TIME_KEYS}
         self.validation_due = bool(state.get("validation_due", False))
         if self.batch_in_epoch >= len(self._epoch_batches(self.epoch)):
             # Written at an epoch's last step by an older patchword (before the epoch rolled over and was
@@ -303,9 +335,11 @@ class Trainer:
 
     def save_last(self) -> None:
         state = self.state_dict()
-        self._saved_seconds = state["train_seconds"]
+        self._saved = self.times() | {"train_seconds": state["train_seconds"]}
+        started = time.perf_counter()
         if self.dist.is_main:
             atomic_save(state, self.run_dir / LAST_CHECKPOINT)
+        self._times["checkpoint"] += time.perf_counter() - started
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict[str, Any]:
@@ -347,10 +381,12 @@ class Trainer:
 
     def _fit(self, flag: dict[str, int]) -> dict[str, Any]:
         self._fit_start = time.perf_counter()
-        self._logged_at = (self.step, self._fit_start)  # step_seconds: this session's steps, not its setup
+        self._logged_at = (self.step, self._times["steps"])  # step_seconds: this session's steps only
         if self.validation_due:  # the signal that stopped the last session came before this validation
             self.validate()
-        stop = self._limit_reached()  # a resumed run that already got there
+        # A resumed run that already got there. A new run takes its first step whatever the budget: one
+        # spent before it (train.time_budget_s=1e-6) would leave no checkpoint to resume or evaluate.
+        stop = self.step > 0 and self._limit_reached()
         bar_enabled = self.cfg.progress if self.dist.is_main else False
         with terminal_bar(self._planned_steps(), "train", bar_enabled, initial=self.step, unit="step") as bar:
             self._bar = bar
@@ -358,13 +394,25 @@ class Trainer:
                 self._train_loop(flag, stop)
             finally:
                 self._bar = None
+        tc = self.tc
+        other_limit = self.epoch >= tc.epochs or (tc.max_steps and self.step >= tc.max_steps)
+        if tc.time_budget_s and self.train_seconds >= tc.time_budget_s and not other_limit:
+            _logger.info(
+                "train.time_budget_s=%g spent: stopped at step %d (%.1f s of training; a new run always "
+                "takes its first step)",
+                tc.time_budget_s,
+                self.step,
+                self.train_seconds,
+            )
+        times = self.times() if self._saved is None else self._saved
         return {
-            "best_dev_rsum": self.best_rsum,
+            # None before any validation (a resumed run that never validated): JSON has no -Infinity
+            "best_dev_rsum": self.best_rsum if math.isfinite(self.best_rsum) else None,
             "steps": self.step,
             "epochs_done": self.epoch,
             "skipped_steps": self.skipped_steps,
-            # what last.pt records (the fit ends with a save): a resume continues from exactly this
-            "train_seconds": self.train_seconds if self._saved_seconds is None else self._saved_seconds,
+            # what last.pt records (the fit ends with a save): a resume continues from exactly these
+            **times,
         }
 
     def _planned_steps(self) -> int:
@@ -376,7 +424,9 @@ class Trainer:
         tc = self.tc
         while not stop:
             batches = self._epoch_batches(self.epoch)
+            waiting = None  # when the wait for the next batch began; None: the loader's start-up (not timed)
             for batch in self._loader(batches):
+                self._step_begun = time.perf_counter() if waiting is None else waiting
                 self._train_step(batch, len(batches))
                 self.batch_in_epoch += 1
                 self.step += 1
@@ -391,6 +441,8 @@ class Trainer:
                 # Decisions every process must take at the same step (a signal reaches one process).
                 signalled, stop = self.dist.any("signum" in flag, self._limit_reached())
                 due = epoch_end or stop or bool(tc.eval_every and self.step % tc.eval_every == 0)
+                self._times["steps"] = self._step_time()  # the step ends here: validation is not its time
+                self._times["timed_steps"] += 1
                 if signalled:
                     # Stop now (pre-emption leaves seconds); this step's validation waits for the resume.
                     self.validation_due = due
@@ -404,6 +456,7 @@ class Trainer:
                     self.save_last()
                 if stop:
                     break
+                waiting = time.perf_counter()
 
     def _next_epoch(self) -> None:
         self.epoch += 1
@@ -499,25 +552,26 @@ class Trainer:
             self.bf16.push_grads()
         stats = self.dist.all_reduce(stats)  # [loss, align, ratio] of the global batch
         found_inf = (~torch.isfinite(stats[0])).float()  # the same verdict in every process
+        done = self.step + 1  # steps done with this one: the count logs, dev records and checkpoints use
         if self.scaler.is_enabled() or not self.fused:
             # amp_fp16 / no fused optimiser: the step decision needs the value on the host
             if not bool(torch.isfinite(stats[0])):
-                self._skip()
-                return
-            self._clip_and_step(None)
+                self._skip(done)
+            else:
+                self._clip_and_step(None)
         else:
             self._clip_and_step(found_inf)
-        self._skipped += found_inf
-        done = self.step + 1  # steps done with this one: the count dev records and checkpoints use
+            self._skipped += found_inf
         if tc.log_every and done % tc.log_every == 0 and self.dist.is_main:
             loss_value, align, ratio = stats.tolist()
             previous_step, previous_time = self._logged_at
-            now = time.perf_counter()
+            now = self._step_time()
             self._logged_at = (done, now)
             record = {
                 "split": "train",
                 "step": done,
-                "epoch": self.epoch,
+                "epoch": self.epoch,  # the epoch the step belongs to (0-based), as in dev records
+                # the loss and its weighted parts, which add up to it (ShardLoss.forward)
                 "loss": loss_value,
                 "align": align,
                 "ratio": ratio,
@@ -531,15 +585,17 @@ class Trainer:
             _logger.info("step %d epoch %d loss %.4f", done, self.epoch, loss_value)
             if self._bar is not None:
                 self._bar.set_postfix(epoch=self.epoch, loss=f"{loss_value:.4f}", refresh=False)
-            if not math.isfinite(loss_value):
+            if not math.isfinite(loss_value) and not (self.scaler.is_enabled() or not self.fused):
+                # (the host-decided paths warned in _skip already)
                 _logger.warning(
-                    "non-finite loss at step %d: step skipped (%d so far)", self.step, self.skipped_steps
+                    "non-finite loss at step %d: step skipped (%d so far)", done, self.skipped_steps
                 )
             self._log(record)
 
-    def _skip(self) -> None:
+    def _skip(self, step: int) -> None:
+        """Skip step ``step`` (counted from 1, as logged) whose loss is not finite."""
         self._skipped += 1
-        _logger.warning("non-finite loss at step %d: step skipped (%d so far)", self.step, self.skipped_steps)
+        _logger.warning("non-finite loss at step %d: step skipped (%d so far)", step, self.skipped_steps)
         self.optimizer.zero_grad(set_to_none=True)
 
     def _clip_and_step(self, found_inf: torch.Tensor | None) -> None:
@@ -552,25 +608,33 @@ class Trainer:
             )
         if found_inf is not None:
             self.optimizer.found_inf = found_inf  # read by the fused AdamW kernel
+        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None  # amp_fp16: synced anyway
         try:
             self.scaler.step(self.optimizer)
         finally:
             if found_inf is not None:
                 del self.optimizer.found_inf
         self.scaler.update()
+        if scale is not None and self.scaler.get_scale() < scale:
+            # the scaler skipped the step (inf / NaN gradients) and backed its scale off: a skipped step
+            self._skipped += 1
         if self.bf16 is not None:
             self.bf16.pull()
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
         """Dev metrics under the run's evaluation protocol (the one the test is reported with)."""
+        started = time.perf_counter()
         eval_cfg = replace(self.cfg.eval, coco_1k=False)  # the 1K folds are a test-split protocol
         progress = self.cfg.progress if self.dist.is_main else False
         metrics = evaluate(
             self.model, self.dev_split, eval_cfg, device=self.device, progress=progress, dist=self.dist
         )
         metrics.pop("cost")  # the test evaluation records it (summary.json); dev records stay flat
-        record = {"split": "dev", "step": self.step, "epoch": self.epoch, **metrics, "time": time.time()}
+        # the epoch the validated step belongs to, as in training records (after an epoch's last step
+        # self.epoch has moved on to the next)
+        epoch = self.epoch - 1 if self.batch_in_epoch == 0 and self.step > 0 else self.epoch
+        record = {"split": "dev", "step": self.step, "epoch": epoch, **metrics, "time": time.time()}
         self._log(record)
         self.validation_due = False
         _logger.info(
@@ -580,11 +644,14 @@ class Trainer:
             metrics["t2i_r1"],
             metrics["i2t_r1"],
         )
+        saving = time.perf_counter()
+        self._times["validation"] += saving - started
         if metrics["rsum"] > self.best_rsum:
             self.best_rsum = metrics["rsum"]
             if self.dist.is_main:
                 best = {"model": self.model.state_dict(), "metrics": metrics, "step": self.step}
                 atomic_save({**best, "config": asdict(self.cfg)}, self.run_dir / BEST_CHECKPOINT)
+            self._times["checkpoint"] += time.perf_counter() - saving
         self.save_last()
         return metrics
 

@@ -9,6 +9,7 @@ device availability); :func:`check_model_data` runs once the tokenizer, the mode
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 import torch
@@ -32,9 +33,12 @@ from patchword.model import (
 )
 from patchword.runs.checks import check_eval_settings, check_model_data, check_region_boxes, data_image_size
 from patchword.runs.config import CUDA_GRAPH_COMPILE_MODES, RunConfig
+from patchword.runs.evaluate import held_out_warning
 from patchword.train.trackers import TRACKERS, import_wandb
 
 __all__ = ["check_config", "check_launch", "check_model_data", "data_image_size", "RESUMABLE_KEYS"]
+
+_logger = logging.getLogger(__name__)
 
 #: Keys a ``--resume`` may change: how long to train, how often to log, validate and save, where to run,
 #: and how to evaluate. Everything else (data, model, optimiser, seed) is the run's own and stays.
@@ -310,6 +314,9 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
         _check_initialisation(cfg)
     if mc.gru.glove_path:
         _existing(mc.gru.glove_path, "model.gru.glove_path")
+    reuse = held_out_warning(dc)  # allowed (a quick check on two splits), but never silently
+    if reuse:
+        _logger.warning(reuse)
     return device
 
 

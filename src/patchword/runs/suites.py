@@ -1,0 +1,143 @@
+"""The compositional and patch suites of a run (``patchword eval RUN --suite compositional|patches``): each
+scores the run's checkpoint and writes one JSON record with the identity a recall record carries (the run,
+the checkpoint's path, step and digest, the config hash, the overrides), plus the suite files it read, so
+that :func:`~patchword.runs.recorded.suite_evaluation_of` can tell which checkpoint and data it describes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from patchword.eval.engine.memory import configured_budget_mb
+from patchword.fileio import atomic_write_text
+from patchword.runs.checks import check_eval_settings
+from patchword.runs.config import RunConfig
+from patchword.runs.evaluate import check_output
+from patchword.runs.load import refuse_run_output
+from patchword.runs.recorded import evaluation_identity, evaluation_provenance, suite_files_identity
+
+__all__ = ["evaluate_suite", "evaluate_patch_suite"]
+
+
+def _suite_run(suite: str, run_dir: Path, checkpoint, overrides, out: Path | None, force: bool, check, reads):
+    """Both suites before scoring: one process; the config (with ``overrides``), the eval settings,
+    ``check(cfg)`` (the suite's refusals) and ``out`` (default ``RUN/eval_<suite>.json``) checked; the
+    files read (``reads``: suite files or None) refused as ``out``. Returns (loaded run, data config, out)."""
+    from patchword.device import resolve_device
+    from patchword.distributed import launch_info
+    from patchword.errors import ConfigError
+    from patchword.runs import load_run, read_run_config, resolve_checkpoint
+
+    if launch_info().world_size > 1:
+        raise ConfigError("--suite", "runs in one process: start it without torchrun")
+    overrides = list(overrides or [])
+    cfg = read_run_config(run_dir, overrides)
+    check_eval_settings(cfg, resolve_device(cfg.device))
+    out = check_output(out or run_dir / f"eval_{suite}.json", force, [run_dir])
+    check(cfg)
+    refuse_run_output(out, reads=[resolve_checkpoint(run_dir, checkpoint), *(reads or [])])
+    loaded = load_run(run_dir, checkpoint, device=resolve_device(cfg.device), overrides=overrides, config=cfg)
+    return loaded, loaded.config.data, out
+
+
+def _write_suite(result: dict, loaded, run_dir: Path, overrides: list[str], files, out: Path, t0: float):
+    """A suite's record: its figures and the identity a recall record carries (the run, the checkpoint's
+    path, step and digest, the config hash, the overrides; :func:`~patchword.runs.recorded.
+    suite_evaluation_of` reads them), plus ``suite_files`` (the ``--suite-file`` files read and their
+    digests; [] for none), written to ``out``."""
+    result.update(
+        **evaluation_identity(run_dir, loaded.checkpoint),
+        suite_files=suite_files_identity(files),
+        eval_seconds=time.perf_counter() - t0,
+        **evaluation_provenance(list(overrides or [])),
+    )
+    atomic_write_text(out, json.dumps(result, indent=2))
+    return result, out
+
+
+def evaluate_suite(
+    run_dir: Path,
+    checkpoint: Path | str | None = None,
+    *,
+    suite_files: list[Path] | None = None,
+    image_root: Path | None = None,
+    overrides: list[str] | None = None,
+    out: Path | None = None,
+    force: bool = False,
+) -> tuple[dict[str, Any], Path]:
+    """The compositional suite: every (image, caption, one-fact negative) triple, accuracy per kind
+    (the true caption must score strictly higher; chance 50). Writes ``RUN/eval_compositional.json``."""
+    from patchword.errors import ConfigError
+    from patchword.eval.compositional import (
+        FileImageSource,
+        compositional_accuracy,
+        read_sugarcrepe,
+        synthetic_suite,
+    )
+
+    def check(cfg: RunConfig) -> None:
+        if not suite_files and cfg.data.dataset != "synthetic":
+            raise ConfigError("--suite-file", "a run on real data needs SugarCrepe-style files")
+
+    loaded, dc, out = _suite_run(
+        "compositional", run_dir, checkpoint, overrides, out, force, check, suite_files
+    )
+    dense = None
+    if suite_files:
+        paths, triples = read_sugarcrepe(suite_files, image_root)
+        images, source = FileImageSource(paths, loaded.image_transform()), [str(f) for f in suite_files]
+    else:
+        from patchword.data.synthetic import SyntheticScenes
+
+        scenes = SyntheticScenes.load_or_generate(dc.synthetic_config(), cache_dir=dc.cache_dir or None)
+        images, triples, dense = synthetic_suite(scenes, dc.test_split, seed=0)
+        source = f"synthetic {dc.test_split} split, seed {dc.synthetic_seed}"
+    t0 = time.perf_counter()
+    result = compositional_accuracy(
+        loaded.model,
+        loaded.tokenizer,
+        images,
+        triples,
+        max_caption_len=dc.max_caption_len,
+        max_dense_len=dc.max_dense_len,
+        dense_captions=dense if dc.dense else None,
+        device=loaded.device,
+        max_memory_mb=configured_budget_mb(loaded.config.eval.max_memory_mb, loaded.device),
+        progress=loaded.config.progress,
+    )
+    root = str(image_root) if suite_files and image_root else None  # where the suite files' images are
+    result.update(suite="compositional", source=source, image_root=root, matcher=loaded.config.model.matcher)
+    return _write_suite(result, loaded, run_dir, overrides, suite_files, out, t0)
+
+
+def evaluate_patch_suite(
+    run_dir: Path,
+    checkpoint: Path | str | None = None,
+    *,
+    overrides: list[str] | None = None,
+    out: Path | None = None,
+    force: bool = False,
+) -> tuple[dict[str, Any], Path]:
+    """Linear probes and patch-word grounding of the run's image encoder on its synthetic scenes
+    (:mod:`patchword.eval.patch_probe`); writes ``RUN/eval_patches.json``."""
+    from patchword.errors import ConfigError
+    from patchword.eval.patch_probe import synthetic_patch_probe
+
+    def check(cfg: RunConfig) -> None:
+        if cfg.data.dataset != "synthetic" or cfg.model.image_encoder != "tiny":
+            raise ConfigError("--suite", "patches probes a tiny image encoder on the synthetic scenes")
+
+    loaded, dc, out = _suite_run("patches", run_dir, checkpoint, overrides, out, force, check, None)
+    t0 = time.perf_counter()
+    result = synthetic_patch_probe(
+        loaded.model,
+        dc.synthetic_config(),
+        loaded.tokenizer,
+        cache_dir=dc.cache_dir or None,
+        device=loaded.device,
+    )
+    result.update(suite="patches", scenes=dc.synthetic_scenes)
+    return _write_suite(result, loaded, run_dir, overrides, None, out, t0)
