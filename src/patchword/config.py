@@ -30,7 +30,7 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
-from patchword.errors import ConfigError, MissingFileError
+from patchword.errors import ConfigError
 
 __all__ = [
     "load_config",
@@ -390,11 +390,9 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     cfg = cls()
     if path is not None:
         path = Path(path)
-        if not path.is_file():
-            state = "is a directory, not a YAML file" if path.is_dir() else "does not exist"
-            raise MissingFileError(f"config file {path} {state}")
-        from patchword.readers import read_yaml_mapping
+        from patchword.readers import read_yaml_mapping, require_file
 
+        require_file(path, "config file")
         cfg = config_from_mapping(cls, read_yaml_mapping(path, "config file"), path)
     return apply_overrides(cfg, overrides or [])
 

@@ -10,7 +10,9 @@ command line), never a ``KeyError`` from inside a parser.
 * :func:`read_json`: one JSON document of an expected shape (an object, a list);
 * :func:`read_json_lines`: a JSONL log; a last line cut short by a kill is dropped, any other bad line named
   with its row;
-* :func:`read_yaml_mapping`: a YAML file holding a mapping.
+* :func:`read_yaml_mapping`: a YAML file holding a mapping;
+* :func:`require_file`: the check the readers (and every other reader of a file the user names) make first,
+  so a directory in a file's place and a missing file are told in the same words everywhere.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 from patchword.errors import DataError, MissingFileError
 
 __all__ = [
+    "require_file",
     "read_checkpoint",
     "read_safetensors",
     "read_json",
@@ -45,11 +48,24 @@ def _head(path: Path, size: int) -> bytes:
         return fh.read(size)
 
 
-def _require_file(path: Path, what: str) -> None:
+def require_file(path: str | Path, what: str, hint: str | None = None) -> None:
+    """Check that ``path`` is a file, telling a directory in its place apart from a missing file.
+
+    Args:
+        path: the file the user named.
+        what: what it should be, for the message (``checkpoint``, ``config file``, ``--gallery``).
+        hint: what to do, appended after a colon to either message (``--vocab names ...``).
+
+    Raises:
+        MissingFileError: ``"{what} {path} is a directory, not a file[: {hint}]"`` or
+            ``"{what} {path} does not exist[: {hint}]"``.
+    """
+    path = Path(path)
+    tail = f": {hint}" if hint else ""
     if path.is_dir():
-        raise MissingFileError(f"{what} {path} is a directory, not a file")
+        raise MissingFileError(f"{what} {path} is a directory, not a file{tail}")
     if not path.is_file():
-        raise MissingFileError(f"{what} {path} does not exist")
+        raise MissingFileError(f"{what} {path} does not exist{tail}")
 
 
 def describe_content(path: Path, limit: int = 24) -> str:
@@ -115,7 +131,7 @@ def read_checkpoint(
     import torch
 
     path = Path(path)
-    _require_file(path, what)
+    require_file(path, what)
     allowed = list(safe_globals)
     try:
         with torch.serialization.safe_globals(allowed) if allowed else nullcontext():
@@ -174,7 +190,7 @@ def read_safetensors(path: str | Path, what: str = "weights file") -> dict[str, 
     from safetensors.torch import load_file
 
     path = Path(path)
-    _require_file(path, what)
+    require_file(path, what)
     try:
         return load_file(str(path))
     except MemoryError:
@@ -185,7 +201,7 @@ def read_safetensors(path: str | Path, what: str = "weights file") -> dict[str, 
 
 
 def _read_text(path: Path, what: str) -> str:
-    _require_file(path, what)
+    require_file(path, what)
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:

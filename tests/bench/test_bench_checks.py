@@ -99,8 +99,10 @@ def test_a_missing_run_dir_or_checkpoint_is_refused_before_the_run(tmp_path, cap
     argv[argv.index("--run-dir") + 1] = run
     assert main([*argv, "--checkpoint", "missing.pt"]) == 2
     line = _error(capsys)
-    assert line.startswith("error: --checkpoint: checkpoint missing.pt does not exist in ")
-    assert "(it has best.pt: pass --checkpoint)" in line
+    assert (
+        line
+        == f"error: --checkpoint: checkpoint missing.pt does not exist: {run} has best.pt (pass --checkpoint)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -140,7 +140,10 @@ def test_a_vocab_directory_and_a_refused_pickle_keep_their_own_words(tmp_path):
     from patchword.errors import DataError, MissingFileError
     from patchword.imports.scan_naaf import read_official_vocab
 
-    with pytest.raises(MissingFileError, match=r"--vocab .*vocab is a directory, not a vocabulary file"):
+    with pytest.raises(
+        MissingFileError,
+        match=r"^--vocab .*vocab is a directory, not a file: --vocab names the official vocabulary file",
+    ):
         (tmp_path / "vocab").mkdir()
         read_official_vocab(tmp_path / "vocab")
 
@@ -208,7 +211,9 @@ def test_a_directory_where_a_file_is_expected_is_not_called_missing(tmp_path, ca
     monkeypatch.chdir(tmp_path)
     assert main(["train", "--config", "adir"]) == 2
     line = one_error_line(capsys.readouterr().err)
-    assert line.startswith("error: config file adir is a directory, not a YAML file (shipped recipes: "), line
+    assert line.startswith("error: config file adir is a directory, not a file: the shipped recipes are "), (
+        line
+    )
     for read in (read_json, read_json_lines):
         with pytest.raises(MissingFileError, match=r"^metrics log adir is a directory, not a file$"):
             read(Path("adir"), "metrics log")
@@ -240,7 +245,10 @@ def test_report_gallery_that_is_a_directory_says_so(tmp_path, capsys):
     out = tmp_path / "r.md"
     assert main(["report", str(tmp_path), "--gallery", str(tmp_path / "adir"), "--out", str(out)]) == 2
     line = one_error_line(capsys.readouterr().err)
-    assert f"--gallery {tmp_path / 'adir'} is a directory, not a gallery JSON file" in line, line
+    assert line == (
+        f"error: --gallery {tmp_path / 'adir'} is a directory, not a file: "
+        "--gallery names a gallery JSON file"
+    )
 
 
 def test_a_lock_in_a_folder_that_takes_no_files_is_an_error_not_a_spin(tmp_path, monkeypatch):

@@ -133,7 +133,9 @@ def test_a_relative_checkpoint_is_the_runs_own_before_the_working_directorys(
     monkeypatch.chdir(elsewhere)
     assert resolve_checkpoint(run, "last.pt") == run / "last.pt"
     assert resolve_checkpoint(run, "other.pt").resolve() == elsewhere / "other.pt"  # not the run's: cwd's
-    with pytest.raises(MissingFileError, match=r"none\.pt does not exist in .*it has best\.pt, last\.pt"):
+    with pytest.raises(
+        MissingFileError, match=r"none\.pt does not exist: .* has best\.pt, last\.pt \(pass --checkpoint\)$"
+    ):
         resolve_checkpoint(run, "none.pt")
     out = tmp_path / "eval_last.json"
     assert main(["eval", str(run), "--checkpoint", "last.pt", "--out", str(out)]) == 0

@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> None:
     from patchword.errors import MissingFileError
     from patchword.experiments.report import write_report
     from patchword.fileio import check_output_file
+    from patchword.readers import require_file
     from patchword.runs.load import refuse_run_output
     from patchword.search.manifest import MANIFEST_FILE
 
@@ -79,9 +80,7 @@ def run(args: argparse.Namespace) -> None:
         if not (index / MANIFEST_FILE).is_file():
             raise MissingFileError(f"--index {index}: not a search index (no {MANIFEST_FILE})")
     for gallery in args.gallery:
-        if not gallery.is_file():
-            state = "is a directory, not a gallery JSON file" if gallery.is_dir() else "does not exist"
-            raise MissingFileError(f"--gallery {gallery} {state}")
+        require_file(gallery, "--gallery", hint="--gallery names a gallery JSON file")
     out = write_report(
         args.paths, args.out, csv=args.csv, indexes=tuple(args.index), galleries=tuple(args.gallery)
     )

@@ -27,8 +27,9 @@ from patchword.densify.store import (
     write_records_atomic,
     write_sidecar,
 )
-from patchword.errors import ConfigError, DataError, MissingFileError, RunExistsError
+from patchword.errors import ConfigError, DataError, RunExistsError
 from patchword.fileio import fsync_directory, staging_dir, staging_dirs
+from patchword.readers import require_file
 
 __all__ = [
     "Shard",
@@ -116,12 +117,7 @@ class _ShardFile:
 
 
 def _read_shard(path: Path) -> _ShardFile:
-    if path.is_dir():
-        raise MissingFileError(
-            f"shard file {path} is a directory, not a file: merge joins densify output files"
-        )
-    if not path.is_file():
-        raise MissingFileError(f"shard file not found: {path}")
+    require_file(path, "shard file", hint="merge joins densify output files")
     meta = read_sidecar(path)
     if meta is None:
         raise DataError(

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from patchword.errors import DataError, MissingFileError
+from patchword.errors import DataError
+from patchword.readers import require_file
 
 __all__ = [
     "StatsInput",
@@ -68,14 +69,11 @@ def read_texts(path: str | os.PathLike[str]) -> StatsInput:
     """Read a dense-caption JSONL for the report (only ``text`` is required on each line).
 
     Raises:
-        FileNotFoundError: no such file.
+        MissingFileError: no such file (a ``FileNotFoundError``), or a directory.
         DataError: a line is not JSON or has no string ``text`` (names the line).
     """
     path = Path(path)
-    if path.is_dir():
-        raise MissingFileError(f"dense caption file {path} is a directory, not a file")
-    if not path.is_file():
-        raise FileNotFoundError(f"dense caption file not found: {path}")
+    require_file(path, "dense caption file")
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
     out = StatsInput([], [], [], [], torn_bytes=len(data) - end)

@@ -33,6 +33,7 @@ from patchword.eval.engine.base import DEFAULT_MAX_MEMORY_MB
 from patchword.eval.engine.core import engine_for, prepare_inputs
 from patchword.eval.engine.memory import budget_bytes
 from patchword.eval.scoring import encode_image_tokens, encode_text_tokens
+from patchword.readers import require_file
 
 __all__ = [
     "CompositionalTriples",
@@ -315,9 +316,7 @@ def read_sugarcrepe(
 
 def _sugarcrepe_records(path: Path) -> list[Mapping]:
     """The records of one file, validated."""
-    if not path.is_file():
-        state = "is a directory, not a file" if path.is_dir() else "does not exist"
-        raise MissingFileError(f"SugarCrepe file {path} {state}")
+    require_file(path, "SugarCrepe file")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

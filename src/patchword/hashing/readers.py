@@ -34,7 +34,7 @@ from patchword.hashing.dataset import (
     split_dataset,
 )
 from patchword.hashing.unpickle import read_array_pickle
-from patchword.readers import describe_content
+from patchword.readers import describe_content, require_file
 
 __all__ = [
     "read_npy",
@@ -73,14 +73,6 @@ def _unreadable(path: Path, kind: str, err: BaseException) -> DataError:
     )
 
 
-def _require_file(path: Path) -> None:
-    """A file the user named is there: a directory in its place is told apart from a missing file."""
-    if path.is_dir():
-        raise MissingFileError(f"{path} is a directory, not a file")
-    if not path.is_file():
-        raise MissingFileError(f"{path} does not exist")
-
-
 def read_npy(path: str | Path) -> np.ndarray:
     """The array of a ``.npy`` file, read without pickle.
 
@@ -89,7 +81,7 @@ def read_npy(path: str | Path) -> np.ndarray:
         DataError: empty, truncated, damaged, an ``.npz`` archive or pickled objects; names the file.
     """
     path = Path(path)
-    _require_file(path)
+    require_file(path, ".npy file")
     try:
         array = np.load(path, allow_pickle=False)
     except MemoryError:
@@ -117,7 +109,7 @@ def _read_npz(path: Path) -> dict[str, Any]:
 
 def _read_mapping(path: Path) -> dict[str, Any]:
     """Fields of an ``.npz`` or ``.pkl`` file."""
-    _require_file(path)
+    require_file(path, "split file")
     suffix = path.suffix.lower()
     if suffix == ".npz":
         return _read_npz(path)
@@ -242,7 +234,7 @@ def read_mat(
     :class:`HashDataset`, a whole-set file as one :class:`HashSplit` (for a caller that checks the split
     sizes it will ask of it first)."""
     path = Path(path)
-    _require_file(path)
+    require_file(path, ".mat file")
     data = _loadmat(path)
     source = str(path)
     if all(f"{m}_{s}" in data for m in "ITL" for s in ("tr", "te", "db")):
@@ -293,7 +285,7 @@ def load_mirflickr25k_text(
     root = Path(root)
     tags_path, labels_path = root / "all_tags.txt", root / "all_labels.txt"
     for p in (tags_path, labels_path):
-        _require_file(p)
+        require_file(p, "MIRFlickr-25K text file")
     try:
         labels = np.loadtxt(labels_path, dtype=np.int64, ndmin=2)
     except ValueError as err:

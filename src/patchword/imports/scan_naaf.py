@@ -61,9 +61,9 @@ import torch
 
 from patchword.config import from_dict
 from patchword.data.tokenizers.word import WordVocab, tokenize
-from patchword.errors import ConfigError, DataError, MissingFileError
+from patchword.errors import ConfigError, DataError
 from patchword.imports.base import ImportOptions, ImportPlan, check_opt_names, opt_dict, register_family
-from patchword.readers import describe_content
+from patchword.readers import describe_content, require_file
 from patchword.runs.config import RunConfig
 
 __all__ = ["read_official_vocab", "VOCAB_CLASSES"]
@@ -197,10 +197,7 @@ def read_official_vocab(path: str | Path) -> list[str]:
             class outside :data:`VOCAB_CLASSES`.
     """
     path = Path(path)
-    if path.is_dir():
-        raise MissingFileError(f"--vocab {path} is a directory, not a vocabulary file (json or pkl)")
-    if not path.is_file():
-        raise MissingFileError(f"vocabulary {path} does not exist")
+    require_file(path, "--vocab", hint="--vocab names the official vocabulary file (json or pkl)")
     payload = _vocab_mapping(path.read_bytes(), path)
     word2idx = payload.get("word2idx")
     if not isinstance(word2idx, dict) or not word2idx:

@@ -124,16 +124,15 @@ def recipe_path(value: str | os.PathLike[str]) -> Path:
     Raises:
         MissingFileError: neither (the message lists the shipped recipes).
     """
-    from patchword.errors import MissingFileError
+    from patchword.readers import require_file
 
     path = Path(value).expanduser()
-    if path.is_file():
-        return path
     name = path.name[: -len(".yaml")] if path.name.endswith(".yaml") else path.name
-    if name in list_recipes():
+    recipes = list_recipes()
+    if not path.is_file() and name in recipes:
         return Path(str(resources.files("patchword.configs") / f"{name}.yaml"))
-    what = "is a directory, not a YAML file" if path.is_dir() else "does not exist"
-    raise MissingFileError(f"config file {value} {what} (shipped recipes: {', '.join(list_recipes())})")
+    require_file(path, "config file", hint=f"the shipped recipes are {', '.join(recipes)}")
+    return path
 
 
 def load_run_config(

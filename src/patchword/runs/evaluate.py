@@ -180,9 +180,11 @@ def evaluate_run(
     *,
     device=None,
     dist: Distributed | None = None,
+    ground_truth=None,
 ) -> dict[str, Any]:
     """Metrics on ``eval.split`` (plus the oracle bound on synthetic data); writes metrics.json (on rank 0
-    of a multi-process launch, whose processes share the evaluation)."""
+    of a multi-process launch, whose processes share the evaluation). ``ground_truth``: the COCO ground
+    truth the config checks read (``eval.coco_extended``), for :func:`extra_metrics`; None reads it."""
     role = eval_role(cfg.data, cfg.eval.split)
     device = device or torch.device("cpu")
     dist = dist or Distributed(device=device)
@@ -199,7 +201,8 @@ def evaluate_run(
         return_sims=cfg.eval.coco_extended,
     )
     if dist.is_main:
-        metrics.update(extra_metrics(cfg, model, split, data.raw[role], metrics.pop("sims", None), device))
+        sims = metrics.pop("sims", None)
+        metrics.update(extra_metrics(cfg, model, split, data.raw[role], sims, device, ground_truth))
     metrics["eval_seconds"] = time.perf_counter() - t0
     if role in data.oracle:
         metrics["oracle_rsum"] = data.oracle[role]["rsum"]

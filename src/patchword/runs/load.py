@@ -24,7 +24,7 @@ from patchword.data.config import DataConfig
 from patchword.errors import ConfigError, DataError, MissingFileError
 from patchword.model import RetrievalModel, build_model, started_pretrained
 from patchword.precision import weight_dtype
-from patchword.readers import read_json, read_yaml_mapping
+from patchword.readers import read_json, read_yaml_mapping, require_file
 from patchword.runs.config import RunConfig
 from patchword.runs.files import (
     BACKBONES_FILE,
@@ -225,12 +225,15 @@ def resolve_checkpoint(run_dir: str | Path, checkpoint: str | Path | None = None
     path = Path(checkpoint) if checkpoint is not None else default
     if checkpoint is not None and not path.is_absolute() and (run_dir / path).is_file():
         path = run_dir / path
-    if path.is_dir():
-        raise MissingFileError(f"checkpoint {path} is a directory, not a checkpoint file")
-    if not path.is_file():
+    hint = None
+    if not path.is_file() and not path.is_dir():  # what the run has, where the user may have mistyped
         found = sorted(p.name for p in run_dir.glob("*.pt"))
-        hint = f" (it has {', '.join(found)}: pass --checkpoint)" if found else " (it has no checkpoint)"
-        raise MissingFileError(f"checkpoint {path} does not exist in {run_dir}{hint}")
+        hint = (
+            f"{run_dir} has {', '.join(found)} (pass --checkpoint)"
+            if found
+            else f"{run_dir} has no checkpoint"
+        )
+    require_file(path, "checkpoint", hint=hint)
     return path
 
 

@@ -70,7 +70,7 @@ from patchword.runs.files import BEST_CHECKPOINT, EXPORT_DIR, LAST_CHECKPOINT, M
 from patchword.runs.recorded import DIGEST_FIELD
 from patchword.train.trackers import TENSORBOARD_DIR, WANDB_ID_FILE
 from patchword.train.trainer import Trainer, stop_raises
-from patchword.train.validate import RESUMABLE_KEYS, check_config, check_launch, check_model_data
+from patchword.train.validate import RESUMABLE_KEYS, check_config_and_truth, check_launch, check_model_data
 
 __all__ = [
     "PreparedData",
@@ -226,7 +226,7 @@ def train_run(
         Interrupted: SIGTERM / SIGINT before training (nothing kept) or during the final evaluation;
             :class:`~patchword.train.trainer.TrainingInterrupted` during training (last.pt written).
     """
-    device = check_config(cfg)
+    device, truth = check_config_and_truth(cfg)  # truth: the COCO ground truth, read once
     try:  # a read-only or vanished output_dir fails now, not after data loading
         probe_writable(cfg.output_dir)
     except NotADirectoryError as err:  # a file where the directory (or one of its parents) must go
@@ -259,7 +259,7 @@ def train_run(
                 TRAIN_RUNS.remove_failed_start(run_dir, claim.created)
             raise
         phase["then"] = hint.evaluating(run_dir / LAST_CHECKPOINT)
-        return _finish(cfg, model, data, run_dir, trainer, fit, dist)
+        return _finish(cfg, model, data, run_dir, trainer, fit, dist, truth)
 
 
 def resume_run(
@@ -293,7 +293,7 @@ def resume_run(
         f"resumable keys: {', '.join(sorted(RESUMABLE_KEYS))}",
     )
     cfg = apply_overrides(saved, list(overrides))
-    device = check_config(cfg, resuming=True)
+    device, truth = check_config_and_truth(cfg, resuming=True)
     probe_writable(run_dir)
     state = load_checkpoint(last, map_location="cpu")
     stored = from_dict(RunConfig, state["config"])
@@ -328,7 +328,7 @@ def resume_run(
                 _set_aside_results(run_dir)
         fit = trainer.fit()
         phase["then"] = hint.evaluating(run_dir / LAST_CHECKPOINT)
-        return _finish(cfg, model, data, run_dir, trainer, fit, dist)
+        return _finish(cfg, model, data, run_dir, trainer, fit, dist, truth)
 
 
 def _set_aside_results(run_dir: Path) -> None:
@@ -342,12 +342,12 @@ def _set_aside_results(run_dir: Path) -> None:
 
 
 def _finish(
-    cfg, model, data, run_dir: Path, trainer: Trainer, fit: dict, dist: Distributed
+    cfg, model, data, run_dir: Path, trainer: Trainer, fit: dict, dist: Distributed, truth=None
 ) -> dict[str, Any]:
     """Evaluate ``best.pt`` (else ``last.pt``) and write ``summary.json`` (strict JSON): the metrics, the
     ``"checkpoint"`` (its name) and ``"checkpoint_step"`` they describe, the fit's counts and times, and
     ``"train_steps_per_s"``: timed steps over ``step_time_seconds``, the time in steps alone (the
-    Trainer's docstring says what each time covers)."""
+    Trainer's docstring says what each time covers). ``truth``: the COCO ground truth the checks read."""
     dist.barrier()  # rank 0 has written best.pt (the processes read it from the shared run directory)
     # the file whose weights are evaluated: best.pt, else last.pt (the final weights, the model's now)
     trained = run_dir / (BEST_CHECKPOINT if (run_dir / BEST_CHECKPOINT).is_file() else LAST_CHECKPOINT)
@@ -358,7 +358,7 @@ def _finish(
         step = best["step"]
     if dist.is_main:
         export_weights(model, asdict(cfg), run_dir / "export", vocab_size=data.vocab_size)
-    summary = evaluate_run(cfg, model, data, run_dir, device=dist.device, dist=dist)
+    summary = evaluate_run(cfg, model, data, run_dir, device=dist.device, dist=dist, ground_truth=truth)
     summary.update(checkpoint=trained.name, checkpoint_step=step)
     summary.update(fit)
     summary["skipped_steps"] = trainer.skipped_steps

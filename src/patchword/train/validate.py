@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,7 +37,17 @@ from patchword.runs.config import CUDA_GRAPH_COMPILE_MODES, RunConfig
 from patchword.runs.evaluate import held_out_warning
 from patchword.train.trackers import TRACKERS, import_wandb
 
-__all__ = ["check_config", "check_launch", "check_model_data", "data_image_size", "RESUMABLE_KEYS"]
+if TYPE_CHECKING:
+    from patchword.eval.coco_extended import CocoGroundTruth
+
+__all__ = [
+    "check_config",
+    "check_config_and_truth",
+    "check_launch",
+    "check_model_data",
+    "data_image_size",
+    "RESUMABLE_KEYS",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -211,6 +222,15 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
         ConfigError: naming the first offending key.
         MissingFileError: a configured file or directory does not exist.
     """
+    return check_config_and_truth(cfg, resuming=resuming)[0]
+
+
+def check_config_and_truth(
+    cfg: RunConfig, *, resuming: bool = False
+) -> tuple[torch.device, CocoGroundTruth | None]:
+    """:func:`check_config`, also returning the COCO ground truth its check of ``eval.coco_extended``
+    read (None without it): a training run scores with it (``evaluate_run(ground_truth=...)``) rather
+    than read the files a second time."""
     device = resolve_device(cfg.device)
     dc, mc, tc, ec = cfg.data, cfg.model, cfg.train, cfg.eval
     from patchword.matching import list_matchers
@@ -226,7 +246,7 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
         raise ConfigError("precision", "fp64 is not supported on mps (no float64 kernels); use fp32 or cpu")
     # its ranges, precision and COCO extras, as `patchword eval` checks them; the split sizes the COCO
     # protocols need are checked once the data is read (check_model_data -> check_eval_split)
-    check_eval_settings(cfg, device)
+    ground_truth = check_eval_settings(cfg, device)
     # ranges
     for key, value, low in [
         ("train.batch_size", tc.batch_size, 2),
@@ -317,7 +337,7 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
     reuse = held_out_warning(dc)  # allowed (a quick check on two splits), but never silently
     if reuse:
         _logger.warning(reuse)
-    return device
+    return device, ground_truth
 
 
 def _check_initialisation(cfg: RunConfig) -> None:
