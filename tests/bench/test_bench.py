@@ -258,6 +258,9 @@ def test_two_stage_on_a_trained_run(tmp_path, capsys):
     # k >= every candidate count: the shortlist holds every pair, so the recall is the exhaustive one
     assert everything["k"] == 60 and everything["pairs"] == 12 * 60
     assert everything["rsum"] == exhaustive["rsum"] and everything["rsum_delta"] == 0.0
+    # the k each direction used: clipped to its candidates (60 captions for i2t, 12 images for t2i)
+    assert exhaustive["k_used"] is None and short["k_used"] == {"i2t": 4, "t2i": 4}
+    assert everything["k_used"] == {"i2t": 60, "t2i": 12}
     table = capsys.readouterr().out
     assert "| two-stage | 60 / 12 | 0 | 720 |" in table  # k used: 60 captions (i2t), 12 images (t2i)
     assert "First stage: exact (matrix product and top-k)." in table

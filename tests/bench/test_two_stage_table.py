@@ -39,3 +39,19 @@ def test_an_exact_first_stage_is_named_and_unclipped_ks_are_shown_as_asked():
     assert lines[6:] == ["", "First stage: exact (matrix product and top-k)."]
     flat = format_two_stage({"rows": ROWS, "model": big, "backend": "faiss_flat"}).splitlines()
     assert flat[-1] == "First stage: faiss_flat (exact)."
+
+
+def test_the_table_shows_the_k_each_row_recorded_as_used():
+    """Old code: the table computed the k used from the test counts alone, and the result recorded only the k
+    asked for: a result whose rows say what they used (``k_used``) without the counts showed the k asked."""
+    used = [None, {"i2t": 16, "t2i": 16}, {"i2t": 64, "t2i": 24}, {"i2t": 120, "t2i": 24}]
+    rows = [row | {"k_used": k_used} for row, k_used in zip(ROWS, used, strict=True)]
+    lines = format_two_stage({"rows": rows, "model": {}, "backend": "exact"}).splitlines()
+    assert [line.split(" | ")[1] for line in lines[2:6]] == ["all", "16", "64 / 24", "120 / 24"]
+    assert lines[8] == (
+        "k is the shortlist length used, clipped to the candidates each direction ranks (i2t / t2i where "
+        "they differ): k = 64, 128 were asked for."
+    )
+    # recorded and computed agree: the table of a new result reads as the one of an old result
+    with_counts = format_two_stage({"rows": rows, "model": MODEL, "backend": "faiss_ivf"})
+    assert with_counts == format_two_stage({"rows": ROWS, "model": MODEL, "backend": "faiss_ivf"})

@@ -224,3 +224,44 @@ def test_the_page_keeps_k_within_the_servers_max_k(tmp_path_factory, browser):
         assert browser.execute_script("return document.getElementById('k').validity.rangeOverflow")
         status = browser.find_element(By.ID, "status")
         assert "error" not in (status.get_attribute("class") or "")
+
+
+def test_the_page_shows_what_the_index_approximates_and_lacks_above_the_results(
+    tmp_path_factory, tmp_path, browser
+):
+    """Old code: the page showed none of the index's notes or warnings (an int8 index built without the
+    dense captions its model reads looked like the exact search)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    from patchword.search.index import build_index
+
+    env = search_env(tmp_path_factory)
+    build_index(env.run, env.export.files["images"], tmp_path / "int8", dtype="int8")  # no --dense
+    searcher = Searcher(SearchIndex.open(tmp_path / "int8"), env.run)
+    info = searcher.index_info
+    with live_server(create_app(searcher)) as url:
+        wait = _open_page(browser, url)
+        line = browser.find_element(By.ID, "index-note")
+        assert not line.is_displayed()  # nothing said before an answer
+        box = browser.find_element(By.ID, "q")
+        box.send_keys(caption_queries(env)[0][0])
+        box.send_keys(Keys.ENTER)
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".result")) > 0)
+        wait.until(lambda d: line.is_displayed())
+        assert line.text == "approximate: int8 store; dense captions missing" == info["summary"]
+        assert line.get_attribute("title").split("\n") == [*info["notes"], *info["warnings"]]
+        results = browser.find_element(By.ID, "results")
+        assert line.rect["y"] + line.rect["height"] <= results.rect["y"] + 1  # above the results
+        assert line.rect["height"] < 40  # one line
+
+    # the exact index with its dense captions: no line
+    exact = Searcher(SearchIndex.open(env.index_dir), env.run)
+    with live_server(create_app(exact)) as url:
+        wait = _open_page(browser, url)
+        box = browser.find_element(By.ID, "q")
+        box.send_keys(caption_queries(env)[0][0])
+        box.send_keys(Keys.ENTER)
+        status = browser.find_element(By.ID, "status")
+        wait.until(lambda d: "results in" in status.text)
+        assert not browser.find_element(By.ID, "index-note").is_displayed()

@@ -77,20 +77,26 @@ def format_scoring(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _k_used(k: int | None, model: dict[str, Any]) -> str:
-    """The shortlist length a two-stage row used: ``k`` clipped to the candidates of each direction (the
-    test captions for i2t, the test images for t2i); ``i2t / t2i`` when they differ, ``all`` for none."""
+def _k_used(row: dict[str, Any], model: dict[str, Any]) -> str:
+    """The shortlist length a two-stage row used in each direction: its recorded ``k_used``, or (a result
+    file older than that field) ``k`` clipped to the candidates of each direction (the test captions for
+    i2t, the test images for t2i); ``i2t / t2i`` when they differ, ``all`` for the exhaustive row."""
+    k = row["k"]
     if k is None:
         return "all"
-    i2t = min(k, model.get("test_captions") or k)
-    t2i = min(k, model.get("test_images") or k)
+    used = row.get("k_used")
+    if used is not None:
+        i2t, t2i = used["i2t"], used["t2i"]
+    else:
+        i2t = min(k, model.get("test_captions") or k)
+        t2i = min(k, model.get("test_images") or k)
     return str(i2t) if i2t == t2i else f"{i2t} / {t2i}"
 
 
 def format_two_stage(result: dict[str, Any]) -> str:
     """Markdown table of :func:`~patchword.bench.two_stage.run_two_stage` results, one row per method, then
     the first-stage backend (an approximate one marked) and, when a k asked for exceeds the candidates of a
-    direction, that the k shown is the one used (i2t / t2i when they differ)."""
+    direction, that the k shown is the one used (each row's ``k_used``; i2t / t2i when they differ)."""
     model = result.get("model") or {}
     lines = [
         "| method | k | alpha | pairs scored | seconds | speed-up | rSum | delta rSum | i2t R@1 | t2i R@1 |",
@@ -98,7 +104,7 @@ def format_two_stage(result: dict[str, Any]) -> str:
     ]
     clipped = []
     for r in result["rows"]:
-        used = _k_used(r["k"], model)
+        used = _k_used(r, model)
         if r["k"] is not None and used != str(r["k"]):
             clipped.append(r["k"])
         lines.append(
@@ -121,11 +127,12 @@ def format_two_stage(result: dict[str, Any]) -> str:
         lines += ["", f"First stage: {backend} (exact)."]
     if clipped:
         asked = ", ".join(str(k) for k in dict.fromkeys(clipped))
+        counts = (model.get("test_captions"), model.get("test_images"))
         candidates = (
-            f"{model.get('test_captions')} test captions for i2t, {model.get('test_images')} test images"
+            f"{counts[0]} test captions for i2t, {counts[1]} test images for t2i; " if all(counts) else ""
         )
         lines.append(
-            f"k is the shortlist length used, clipped to the candidates each direction ranks ({candidates} "
-            f"for t2i; i2t / t2i where they differ): k = {asked} were asked for."
+            f"k is the shortlist length used, clipped to the candidates each direction ranks ({candidates}"
+            f"i2t / t2i where they differ): k = {asked} were asked for."
         )
     return "\n".join(lines)

@@ -87,7 +87,9 @@ def run_two_stage(
 
     Returns:
         A JSON-able dict: ``machine``, ``model`` (the run and its model config), ``backend``, ``rows``
-        (one per method: k, alpha, pairs scored, seconds, speed-up, rSum and R@1 in each direction).
+        (one per method: k asked for, ``k_used`` ``{"i2t", "t2i"}``: the shortlist length of each direction,
+        k clipped to its candidates, None for the exhaustive row; alpha, pairs scored, seconds, speed-up,
+        rSum and R@1 in each direction).
 
     Raises:
         MissingFileError: no such run directory, config or checkpoint.
@@ -121,6 +123,7 @@ def run_two_stage(
             "method": "exhaustive",
             "k": None,
             "alpha": 0.0,
+            "k_used": None,
             "pairs": exhaustive.numel(),
             "seconds": exhaustive_s,
             **{key: base[key] for key in _REPORTED},
@@ -136,6 +139,9 @@ def run_two_stage(
             {
                 "method": "two-stage",
                 "k": k,
+                # the shortlist length each direction ranked: k clipped to its candidates (the test
+                # captions for i2t, the test images for t2i), what the table shows
+                "k_used": {"i2t": res.i2t_candidates.shape[1], "t2i": res.t2i_candidates.shape[1]},
                 "alpha": a,
                 "pairs": res.pairs_scored,
                 "seconds": seconds,

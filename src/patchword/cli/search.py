@@ -100,7 +100,6 @@ def main_index(argv: list[str] | None = None) -> int:
     """``patchword index build RUN_DIR --images DIR --out INDEX_DIR [--update] [--fp16] ...``."""
     args = _index_parser().parse_args(argv)
     _logging(args.verbose)
-    from patchword.search.index import build_index
 
     def build() -> None:
         if args.collection is not None and not args.qdrant:
@@ -111,38 +110,56 @@ def main_index(argv: list[str] | None = None) -> int:
             )
         if args.qdrant and args.keep_patches is not None:
             raise ConfigError("--keep-patches", "the Qdrant backend holds every patch: leave it out")
+        client = None
         if args.qdrant:  # checked before the build: the upload comes after it
-            from patchword.search.qdrant import _client_module
+            from patchword.search.qdrant import _client_module, open_for_upload
 
             try:
                 _client_module()
             except MissingExtraError as err:
                 raise MissingExtraError(f"--qdrant: {err}") from None
-        report = build_index(
-            args.run_dir,
-            args.images,
-            args.out,
-            update=args.update,
-            dtype="float16" if args.fp16 else args.store,
-            dense=args.dense,
-            dense_store=args.dense_store,
-            pq_bytes=args.pq_bytes,
-            keep_patches=args.keep_patches,
-            batch_size=args.batch_size,
-            shard_size=args.shard_size,
-            workers=args.workers,
-            device=resolve_device(args.device, key="--device"),
-            checkpoint=args.checkpoint,
-        )
-        print(report.summary())
-        if args.qdrant:
-            from patchword.search.qdrant import upload_index
-
-            record = upload_index(args.out, args.qdrant, args.collection or args.out.name)
-            print(f"uploaded {record['points']} images to Qdrant collection {record['collection']!r}")
+            # Connected before the index is touched and held until the upload: a store another process
+            # holds (a `serve --qdrant`) or a server out of reach refuses the command with the index as it
+            # was, never after an update whose manifest the collection no longer matches (its servers
+            # would answer 503 until the upload is rerun).
+            client = open_for_upload(args.out, args.qdrant, args.collection or args.out.name)
+        try:
+            _build_and_upload(args, client)
+        finally:
+            if client is not None:
+                client.close()  # an embedded store admits one client: let the next command open it
 
     # finished shards are kept (each written atomically, then the manifest): the same command resumes
     return run_command(build, args.verbose, f"rerun the same command to resume {args.out}")
+
+
+def _build_and_upload(args: argparse.Namespace, client) -> None:
+    """The build (or update) ``args`` asks for, then the upload with ``client`` (``--qdrant``: opened by
+    :func:`~patchword.search.qdrant.open_for_upload`; None: no upload)."""
+    from patchword.search.index import build_index
+
+    report = build_index(
+        args.run_dir,
+        args.images,
+        args.out,
+        update=args.update,
+        dtype="float16" if args.fp16 else args.store,
+        dense=args.dense,
+        dense_store=args.dense_store,
+        pq_bytes=args.pq_bytes,
+        keep_patches=args.keep_patches,
+        batch_size=args.batch_size,
+        shard_size=args.shard_size,
+        workers=args.workers,
+        device=resolve_device(args.device, key="--device"),
+        checkpoint=args.checkpoint,
+    )
+    print(report.summary())
+    if client is not None:
+        from patchword.search.qdrant import upload_index
+
+        record = upload_index(args.out, args.qdrant, args.collection or args.out.name, client=client)
+        print(f"uploaded {record['points']} images to Qdrant collection {record['collection']!r}")
 
 
 def _search_parser() -> argparse.ArgumentParser:
@@ -188,7 +205,8 @@ def main_search(argv: list[str] | None = None) -> int:
     ``warning:`` line on stderr naming the query words the model does not know (a query with no known word
     or with control characters is an error, exit code 2). A ``note:`` line under the results says how the
     search departs from the exact float32 one (token store, pruning, approximate first stage); ``--json``
-    has it as ``"index"`` (:func:`patchword.search.fidelity.search_kind`, plus the index's ``warnings``)."""
+    has it as ``"index"`` (:func:`patchword.search.fidelity.describe_index`: the search's kind, the index's
+    ``warnings`` and a one-line ``summary``)."""
     args = _search_parser().parse_args(argv)
     _logging(args.verbose)
     from patchword.search.results import check_query_text
@@ -209,7 +227,7 @@ def main_search(argv: list[str] | None = None) -> int:
 
     if args.json:
         body = result.to_json()
-        body["index"] = {**searcher.kind, "warnings": list(searcher.warnings)}
+        body["index"] = searcher.index_info
         body["timings_ms"] = {key: round(1000 * value, 3) for key, value in result.timings.items()}
         print(json.dumps(body, indent=2, ensure_ascii=False, allow_nan=False))  # NaN is not JSON
         return 0

@@ -14,7 +14,8 @@ section 3). What departs from it:
   them with captions: every ranking differs from the evaluated one (:func:`dense_warning`).
 
 :class:`~patchword.search.query.Searcher` describes itself with :func:`search_kind` and
-:func:`dense_warning`; ``patchword search`` and ``serve`` show them.
+:func:`dense_problem`, once per opened index (:func:`describe_index`); ``patchword search``, ``search
+--json``, ``serve``'s ``/healthz`` and ``/api/search`` and its page show them.
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ from typing import Any
 
 from patchword.eval.two_stage import APPROXIMATE_BACKENDS
 
-__all__ = ["approximation_note", "dense_warning", "search_kind"]
+__all__ = [
+    "approximation_note",
+    "dense_problem",
+    "dense_warning",
+    "describe_index",
+    "index_summary",
+    "search_kind",
+]
 
 #: First stages that find the exact shortlist (FAISS flat: up to ties; embedded Qdrant scans every point).
 EXACT_FIRST_STAGES = ("exact", "faiss_flat", "qdrant_embedded")
@@ -82,22 +90,55 @@ def approximation_note(kind: dict[str, Any]) -> str | None:
     return "not the exact float32 search: " + "; ".join(kind["notes"]) + " (docs/search.md, section 7)"
 
 
-def dense_warning(index: Any, run: Any, fine: Any) -> str | None:
+def dense_problem(index: Any, run: Any, fine: Any) -> tuple[str, str] | None:
     """What a search of ``index`` with ``run``'s fine matcher ``fine`` scores without though the model
-    reads it, or None: dense captions of an index built without them, or (a matcher pairing dense text
-    with captions) dense text a query never has."""
+    reads it, as (a few words for the page's line, :func:`index_summary`; the sentence), or None: dense
+    captions of an index built without them, or (a matcher pairing dense text with captions) dense text a
+    query never has."""
     if not fine.consumes_dense:
         return None
     if fine.dense_pairing != "image":
         if not index.has_dense:
             return None
-        return (
+        return "dense text unused (paired with captions)", (
             f"the matcher pairs dense text with captions (dense_pairing={fine.dense_pairing}): a search "
             "query has none, so the fine stage scores without dense text"
         )
     if index.has_dense or not run.config.data.dense:
         return None
-    return (
+    return "dense captions missing", (
         f"{run.run_dir}'s model reads dense captions, but {index.index_dir} was built without them: every "
         "ranking differs from the model's evaluated one; build the index with --dense FILE"
     )
+
+
+def dense_warning(index: Any, run: Any, fine: Any) -> str | None:
+    """The sentence of :func:`dense_problem`, or None."""
+    problem = dense_problem(index, run, fine)
+    return None if problem is None else problem[1]
+
+
+def index_summary(kind: dict[str, Any], warning_labels: list[str]) -> str | None:
+    """One short line of what ``kind`` (:func:`search_kind`) approximates and what the warnings are about
+    (their labels, :func:`dense_problem`), the page's line above the results: ``"approximate: pq store,
+    12 of 16 patches kept; dense captions missing"``; None for an exact search without warnings."""
+    parts = []
+    if kind["store"] != "float32":
+        parts.append(f"{kind['store']} store")
+    if kind["pruning"]:
+        parts.append(f"{kind['pruning']['kept']} of {kind['pruning']['of']} patches kept")
+    if kind["first_stage"] not in EXACT_FIRST_STAGES:
+        parts.append(f"{kind['first_stage']} first stage")
+    line = ([f"approximate: {', '.join(parts)}"] if parts else []) + list(warning_labels)
+    return "; ".join(line) or None
+
+
+def describe_index(kind: dict[str, Any], problems: list[tuple[str, str]]) -> dict[str, Any]:
+    """The ``index`` object of ``/healthz``, ``/api/search`` and ``search --json``: ``kind``
+    (:func:`search_kind`) plus ``warnings`` (the sentences of ``problems``, :func:`dense_problem`) and
+    ``summary`` (:func:`index_summary`)."""
+    return {
+        **kind,
+        "warnings": [sentence for _, sentence in problems],
+        "summary": index_summary(kind, [label for label, _ in problems]),
+    }

@@ -13,10 +13,10 @@ backend (tested).
 resumable staging area), then uploads every entry (idempotent: a rerun uploads again, overwriting by id) and
 records the collection in ``INDEX_DIR/qdrant.json``: where (an embedded store's directory as an absolute
 path), how many points and which version of the index it holds
-(:func:`~patchword.search.manifest.rows_digest`: point ids are index ids). The upload connects first (a
-store in use or a server out of reach leaves the last upload's record and collection as they were); the
-record is removed before the collection is replaced and written once every point is in, so an upload
-stopped part-way leaves none.
+(:func:`~patchword.search.manifest.rows_digest`: point ids are index ids). The build connects before it
+writes anything (:func:`open_for_upload`): a store in use (a ``serve --qdrant``) or a server out of reach
+leaves the index, the last upload's record and its collection (and their servers) as they were; the record
+is removed before the collection is replaced and written once every point is in.
 ``patchword search`` / ``serve`` read that file and take vectors from Qdrant: the index directory a server
 needs is then the manifest and ``qdrant.json`` only.
 An index updated since its upload, or a collection holding another number of points, is refused there,
@@ -37,10 +37,10 @@ import torch
 
 from patchword.errors import ConfigError, DataError, MissingExtraError, MissingFileError
 from patchword.fileio import atomic_write_text
-from patchword.search.manifest import Manifest, rows_digest, unfinished_build
+from patchword.search.manifest import MANIFEST_FILE, Manifest, rows_digest, unfinished_build
 from patchword.search.store import IndexEntries, SearchIndex, StaleIndexError
 
-__all__ = ["QDRANT_FILE", "connect", "upload_index", "QdrantIndex"]
+__all__ = ["QDRANT_FILE", "connect", "open_for_upload", "upload_index", "QdrantIndex"]
 
 QDRANT_FILE = "qdrant.json"
 
@@ -92,30 +92,65 @@ def unreachable(location: str, collection: str, err: Exception) -> DataError:
     return DataError(f"cannot use Qdrant collection {collection!r} at {location}: {err}")
 
 
-def upload_index(index_dir: str | Path, location: str, collection: str, *, batch: int = 64) -> dict[str, Any]:
-    """Upload a complete local index to the Qdrant collection ``collection`` (created, or replaced when its
-    vector layout differs) and record it in ``INDEX_DIR/qdrant.json``; returns that record."""
-    _, models = _client_module()
-    if is_local(location):  # recorded as typed, a relative path would name another store from elsewhere
-        location = str(Path(location).expanduser().resolve())
-    index = SearchIndex.open(index_dir)
-    if index.dense_store == "scores":
+def _check_uploadable(index_dir: Path, dense_store: str | None, pruning: dict[str, Any] | None) -> None:
+    """Refuse an index the Qdrant backend cannot hold (dense scores, pruned patches)."""
+    if dense_store == "scores":
         raise ConfigError(
             "--qdrant",
             f"{index_dir} keeps dense scores, the Qdrant backend dense tokens: build it with "
             "--dense-store tokens",
         )
-    if index.pruning is not None:
+    if pruning is not None:
         raise ConfigError(
             "--qdrant", f"{index_dir} was pruned (--keep-patches); the Qdrant backend holds every patch"
         )
-    # Connected first (a server asked once): a store that cannot be opened or reached leaves the record of
-    # the last upload, and the collection it describes, as they were.
+
+
+def open_for_upload(index_dir: str | Path, location: str, collection: str):
+    """The client an upload of ``index_dir`` will use, opened (a server asked once) before a build or update
+    writes anything of the index (refused after an update, the manifest would be newer than the collection:
+    its servers answer 503 until the upload is rerun), which it refuses when the backend cannot hold it. The
+    caller closes the client (held until the upload: no other process takes the store meanwhile).
+
+    Raises:
+        ConfigError: the existing index keeps dense scores or was pruned.
+        DataError: the embedded store is held by another client, or the server cannot be reached or refuses.
+    """
+    _client_module()
+    if (Path(index_dir) / MANIFEST_FILE).is_file():  # an update (or a resumed build): what it keeps
+        manifest = Manifest.read(index_dir)
+        _check_uploadable(Path(index_dir), manifest.dense_store, manifest.pruning)
+    location = str(Path(location).expanduser().resolve()) if is_local(location) else location
     client = connect(location)
     from qdrant_client.http.exceptions import ApiException  # installed: connect() imported the client
 
     try:
         client.collection_exists(collection)
+    except BaseException as err:
+        client.close()
+        if isinstance(err, ApiException):  # a server that cannot be reached or refuses: one line
+            raise unreachable(location, collection, err) from err
+        raise
+    return client
+
+
+def upload_index(
+    index_dir: str | Path, location: str, collection: str, *, batch: int = 64, client=None
+) -> dict[str, Any]:
+    """Upload a complete local index to the Qdrant collection ``collection`` (created, or replaced when its
+    vector layout differs) and record it in ``INDEX_DIR/qdrant.json``; returns that record. ``client``: one
+    :func:`open_for_upload` returned (its caller closes it); None: connected here (and closed)."""
+    _, models = _client_module()
+    if is_local(location):  # recorded as typed, a relative path would name another store from elsewhere
+        location = str(Path(location).expanduser().resolve())
+    index = SearchIndex.open(index_dir)
+    _check_uploadable(Path(index_dir), index.dense_store, index.pruning)
+    owned = client is None  # connected first: a store not opened or reached leaves the last upload as it was
+    if owned:
+        client = open_for_upload(index_dir, location, collection)
+    from qdrant_client.http.exceptions import ApiException  # installed: connect() imported the client
+
+    try:
         # The record goes before the collection is touched: while the collection is replaced it describes
         # no collection, so an upload stopped half-way leaves an index that search / serve refuse (naming
         # the upload), never a record whose digest still matches and a collection missing points.
@@ -124,7 +159,8 @@ def upload_index(index_dir: str | Path, location: str, collection: str, *, batch
     except ApiException as err:  # a server that cannot be reached or refuses: one line, not a traceback
         raise unreachable(location, collection, err) from err
     finally:
-        client.close()  # an embedded store admits one client at a time: let the next command open it
+        if owned:
+            client.close()  # an embedded store admits one client at a time: let the next command open it
     atomic_write_text(Path(index_dir) / QDRANT_FILE, json.dumps(record, indent=2))
     return record
 

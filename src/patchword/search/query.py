@@ -40,7 +40,7 @@ from patchword.eval.two_stage import APPROXIMATE_BACKENDS, GlobalIndex, faiss_av
 from patchword.matching.base import Matcher
 from patchword.runs import LoadedRun, load_run
 from patchword.search.explain import explain_pair
-from patchword.search.fidelity import dense_warning, search_kind
+from patchword.search.fidelity import dense_problem, describe_index, search_kind
 from patchword.search.identity import check_index_model, model_identity
 from patchword.search.manifest import rows_digest
 from patchword.search.results import (
@@ -92,7 +92,9 @@ class Searcher:
 
     ``kind`` says how the search departs from the exact float32 one (store, pruning, first stage:
     :func:`~patchword.search.fidelity.search_kind`); ``warnings``: what makes every ranking differ from the
-    model's evaluated one (logged when the searcher is made).
+    model's evaluated one (logged when the searcher is made); ``index_info``: both, with a one-line
+    ``summary``, the ``index`` object of ``/healthz``, ``/api/search`` and ``search --json``
+    (:func:`~patchword.search.fidelity.describe_index`).
 
     Raises:
         IndexMismatchError: the run's weights or vocabulary are not the index's.
@@ -135,8 +137,11 @@ class Searcher:
         pairing = self.fine.dense_pairing
         self.use_dense = index.has_dense and self.fine.consumes_dense and pairing == "image"
         self.kind = search_kind(index, backend)
-        warning = dense_warning(index, run, self.fine)
-        self.warnings = [] if warning is None else [warning]
+        problem = dense_problem(index, run, self.fine)
+        problems = [] if problem is None else [problem]
+        self.warnings = [sentence for _, sentence in problems]
+        # once per opened index: /api/search sends it with every answer (never changed after this)
+        self.index_info = describe_index(self.kind, problems)
         for warning in self.warnings:  # every open: a server's log says it too
             logger.warning("%s", warning)
 

@@ -3,8 +3,11 @@
 Routes (all JSON errors are ``{"error": message}`` with a 4xx / 5xx status):
 
 - ``GET /api/search?q=...&k=...`` -> ``{"query", "results": [{"id", "path", "score", "global_score"}],
-  "ms", "shortlist"}``, paths relative to the indexed folder, plus ``"warning"`` and ``"unknown_words"``
-  when some query words are unknown to the model; a query with no known word is a 400 whose body adds
+  "ms", "shortlist", "index"}`` (``index``: how the search departs from the exact one and the index's
+  warnings, as in ``/healthz``: :func:`~patchword.search.fidelity.describe_index`; the page shows its
+  ``summary`` above the results), paths relative to the indexed folder, plus ``"warning"`` and
+  ``"unknown_words"`` when some query words are unknown to the model; a query with no known word is a 400
+  whose body adds
   ``"unknown_words"``; ``k`` defaults to 10, or ``max_k`` when that is lower;
 - ``GET /api/explain?q=...&id=...`` -> the kept patches per selection branch and each word's heat over
   the patch grid (:meth:`patchword.search.explain.Explanation.to_json`) plus ``id``, ``path``, ``query``;
@@ -262,9 +265,15 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
             query = params.text("q", limits.max_query_chars)
             k = params.integer("k", 1, limits.max_k, default=default_k)
             t0 = time.perf_counter()
-            result = await in_pool(lambda: opened().search(query, k))
+
+            def searched() -> tuple[Searcher, Any]:
+                current = opened()  # the results and the index object of one version of the index
+                return current, current.search(query, k)
+
+            current, result = await in_pool(searched)
             body = result.to_json()
             body["ms"] = round(1000.0 * (time.perf_counter() - t0), 3)
+            body["index"] = current.index_info  # computed when the index was opened
             return JSONResponse(body)
 
         return await guarded(handle, request)

@@ -107,15 +107,15 @@ class ServedIndex:
 
     def describe(self) -> dict[str, Any]:
         """What ``/healthz`` says of the index: the one answered from (its ``version``: which row every id
-        reads, :func:`~patchword.search.manifest.rows_digest`; ``images``; ``index``: its kind,
-        :func:`~patchword.search.fidelity.search_kind`, with the searcher's ``warnings``),
+        reads, :func:`~patchword.search.manifest.rows_digest`; ``images``; ``index``: its kind, warnings and
+        summary, :func:`~patchword.search.fidelity.describe_index`),
         ``changed_on_disk`` when the files changed since it was opened (the next search, explanation or
         image request reopens it), and ``error`` when they cannot be opened as they are."""
         searcher = self._searcher
         body = {
             "images": len(searcher),
             "version": self._version,
-            "index": {**searcher.kind, "warnings": list(searcher.warnings)},
+            "index": searcher.index_info,
         }
         if self.stamp() != self._stamp:
             body["changed_on_disk"] = True

@@ -31,6 +31,16 @@
     $("note").hidden = !text;
   }
 
+  // One line above the results saying what the index answering approximates and what it lacks (the
+  // server's index.summary, e.g. "approximate: pq store; dense captions missing"); the full sentences
+  // (index.notes, index.warnings) are its tooltip. An exact index without warnings: no line.
+  function setIndexNote(index) {
+    const line = (index && index.summary) || "";
+    $("index-note").textContent = line;
+    $("index-note").title = index ? [...(index.notes || []), ...(index.warnings || [])].join("\n") : "";
+    $("index-note").hidden = !line;
+  }
+
   async function getJSON(url) {
     const response = await fetch(url, { headers: { Accept: "application/json" } });
     let body = null;
@@ -66,6 +76,7 @@
       return;
     }
     if (seq !== state.seq) return;
+    setIndexNote(body.index); // each answer's own: the server reopens an updated index
     setNote(body.warning);
     state.query = body.query;
     state.results = body.results;
