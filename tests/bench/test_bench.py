@@ -125,10 +125,13 @@ def test_tiny_scoring_run_matches_reference_and_writes_json(tmp_path, capsys):
         assert entry["engine_mflop_per_pair"] > 0 and entry["reference_mflop_per_pair"] > 0
         assert entry["engine_us_per_pair"] > 0 and entry["f30k_engine_s"] > 0
         assert {"image_block", "text_block", "dense_block"} <= set(entry["plan"])
+        # the peak tensor memory's own plan (one worker, the whole budget), apart from the timed engine's
+        assert set(entry["peak_tensor_plan"]) == {"image_block", "text_block", "dense_block"}
         assert "engine_rss_growth_mb" not in entry  # --no-rss
         assert entry["extrapolated_from_pairs"] == {"engine": 3 * 5, "reference": 3 * 2}
         assert f"| {name} |" in table
     assert "from the time per pair of the pairs timed: 15 (engine) and 6 (reference)." in table
+    assert "| peak tensor MiB (one worker, whole budget) |" in table
     # an existing result file is never overwritten silently
     assert main([*TINY_SCORING, "--configs", "laps", "--json", str(out)]) == 2
     assert "--force" in capsys.readouterr().err

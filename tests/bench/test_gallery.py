@@ -204,3 +204,18 @@ def test_force_replaces_a_complete_matrix_only_with_a_complete_one(tmp_path):
     assert result["rows"][0]["extrapolated"]
     assert matrix_path(tmp_path, "quick").read_bytes() == complete
     assert partial_path(tmp_path, "quick").is_file()
+
+
+def test_the_table_marks_a_process_peak_and_shows_a_missing_one_as_a_dash(tmp_path):
+    """The header always claimed each shape's own peak, and a peak that could not be read (None) raised a
+    TypeError after the whole benchmark had run."""
+    result = run_gallery(shapes=["quick"], workdir=tmp_path, max_seconds=1e-6, **BLOCKS)
+    (row,) = result["rows"]
+    own = dict(row, peak_host_mb=900.0, peak_host_scope="shape")
+    process = dict(row, shape="process", peak_host_mb=1200.0, peak_host_scope="process")
+    unread = dict(row, shape="unread", peak_host_mb=None, peak_host_scope="process")
+    lines = format_gallery({**result, "rows": [own, process, unread]}).splitlines()
+    cells = {
+        line.split(" | ")[0].strip("| "): line.split(" | ")[6] for line in lines if line.startswith("| ")
+    }
+    assert (cells["quick"], cells["process"], cells["unread"]) == ("900", "1,200 (process)", "-")

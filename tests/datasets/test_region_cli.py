@@ -178,3 +178,16 @@ def test_presets_for_real_data_parse(tmp_path):
         assert cfg.data.dataset == "precomp" and cfg.model.image_encoder == "precomp"
         assert cfg.model.matcher in ("scan", "naaf", "tgdt")
     assert np.isclose(load_config(RunConfig, CONFIGS / "naaf_f30k.yaml").model.naaf.lambda_softmax, 20)
+
+
+def test_data_check_says_region_features_read_no_dense_text(capsys):
+    """With a matcher that reads dense captions, `data check` on region features printed dense 0/20 (as if
+    every caption were missing), though training reads none for region datasets."""
+    from conftest import TINY_REGIONS
+
+    assert main(["data", "check", *TINY_REGIONS, "model.matcher=seps"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("role "))
+    rows = [line.split() for line in lines[header + 1 : header + 4]]
+    assert [row[0] for row in rows] == ["train", "dev", "test"]
+    assert all(" ".join(row[5:7]) == "not read" for row in rows)

@@ -152,6 +152,10 @@ def test_tiny_budget_adapts_blocks_keeps_results_and_peak_under_budget():
     assert meter.peak_bytes <= plan_small.estimated_peak_bytes  # the plan's estimate is an upper bound
     with pytest.raises(ValueError, match="too small"):
         score_matrix(m, img, caps, lens, d, dl, txt2img=t2i, max_memory_mb=0.05)
+    # the message says the budget in the bytes it is (it printed max_memory_mb=0.000999 for 0.001, rounded
+    # to whole bytes and named as if the user had typed it)
+    with pytest.raises(ValueError, match=r"a scoring memory budget of 52,428 bytes \(eval.max_memory_mb"):
+        score_matrix(m, img, caps, lens, d, dl, txt2img=t2i, max_memory_mb=0.05, engine=SEPSEngine(m, workers=1))
 
 
 def test_forward_fallback_respects_a_tiny_budget():

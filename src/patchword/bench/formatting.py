@@ -28,12 +28,15 @@ def format_scoring(result: dict[str, Any]) -> str:
     are extrapolated from the time per pair of the (far fewer) pairs timed: their column says so (``~``),
     and a line under the table says from how many pairs. The peak RSS growth measured in a fresh process
     (``engine_rss_growth_mb``, the first config's; absent with ``--no-rss``) is a line under the table too.
+    The peak tensor memory is metered on the engine run with one worker and the whole budget (its plan:
+    ``peak_tensor_plan``), not on the timed engine, whose workers split the budget (``plan``).
     """
     peak = max(result["peak_gflops"], result.get("peak_gflops_end", 0.0))
     above_peak = []
     lines = [
         "| config | engine us/pair | reference us/pair | speed-up "
-        "| GFLOP/s engine / reference (engine % of peak) | MFLOP/pair engine / reference | peak tensor MiB "
+        "| GFLOP/s engine / reference (engine % of peak) | MFLOP/pair engine / reference "
+        "| peak tensor MiB (one worker, whole budget) "
         "| F30K 1000x5000 engine / reference (extrapolated) | max abs diff |",
         "|---|---|---|---|---|---|---|---|---|",
     ]

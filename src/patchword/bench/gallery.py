@@ -411,8 +411,8 @@ def format_gallery(result: dict[str, Any]) -> str:
     where = machine.get("device_name", result["device"])
     lines = [
         f"Gallery scale: {result['config']} on {result['device']} ({where}, {machine['torch_threads']} torch "
-        f"threads, torch {machine['torch']}); peak host = the resident peak of each shape (Linux), "
-        "else the process's so far.",
+        f"threads, torch {machine['torch']}); peak host = the resident peak of each shape, or the "
+        "process's so far where marked (process).",
         "",
         "| shape | images | captions | pairs | seconds | pairs/s | peak host MiB | peak device MiB "
         "| budget MiB |",
@@ -420,9 +420,12 @@ def format_gallery(result: dict[str, Any]) -> str:
     ]
     for row in result["rows"]:
         device_mb = "-" if row["peak_device_mb"] is None else f"{row['peak_device_mb']:,.0f}"
+        host_mb = "-" if row["peak_host_mb"] is None else f"{row['peak_host_mb']:,.0f}"
+        if row["peak_host_mb"] is not None and row.get("peak_host_scope") != "shape":
+            host_mb += " (process)"  # the reset failed (or no /proc): the process's peak so far
         lines.append(
             f"| {row['shape']} | {row['images']:,} | {row['captions']:,} | {row['pairs']:,} | "
-            f"{_seconds_cell(row)} | {row['pairs_per_s']:,.0f} | {row['peak_host_mb']:,.0f} | {device_mb} | "
+            f"{_seconds_cell(row)} | {row['pairs_per_s']:,.0f} | {host_mb} | {device_mb} | "
             f"{result['max_memory_mb']:,.0f} |"
         )
     kept = [row for row in result["rows"] if row.get("matrix_file")]

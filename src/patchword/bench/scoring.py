@@ -354,7 +354,13 @@ def run_scoring(
             "reference_mflop_per_pair": ref_flops / 1e6,
             "engine_gflops": engine_flops / engine_pair_s / 1e9,
             "reference_gflops": ref_flops / ref_pair_s / 1e9,
+            # metered on ``single`` (one worker, the whole budget): its plan, not the timed engine's
             "engine_peak_tensor_mb": meter.peak_bytes / (1 << 20),
+            "peak_tensor_plan": {
+                "image_block": single.last_plan.image_block,
+                "text_block": single.last_plan.text_block,
+                "dense_block": single.last_plan.dense_block,
+            },
             "plan": {
                 "image_block": block_plan.image_block,
                 "text_block": block_plan.text_block,

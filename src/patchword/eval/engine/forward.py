@@ -57,7 +57,8 @@ class ForwardEngine(ScoringEngine):
                 return BlockPlan(self.name, image_block, int(text_block), 0, int(peak), budget)
         need = (per_image + per_text + per_pair) / (1 << 20)
         raise ValueError(
-            f"max_memory_mb={budget / (1 << 20):.3g} is too small to score even one pair with "
+            f"a scoring memory budget of {budget:,} bytes (eval.max_memory_mb / --max-memory-mb, shared "
+            "among the engine's workers, in whole bytes) is too small to score even one pair with "
             f"{type(self.matcher).__name__}.forward (needs ~{need:.3g} MiB)"
         )
 

@@ -246,6 +246,7 @@ class SEPSPlanner:
                 dense_block = d if mode == "caption_branch" else 0
                 return BlockPlan(self.name, b, t, dense_block, cost(b, t, max(d, 1)), budget, details)
         raise ValueError(
-            f"max_memory_mb={budget / (1 << 20):.3g} is too small to score one SEPS pair "
+            f"a scoring memory budget of {budget:,} bytes (eval.max_memory_mb / --max-memory-mb, shared "
+            "among the engine's workers, in whole bytes) is too small to score one SEPS pair "
             f"(needs ~{cost(1, 1, 1) / (1 << 20):.3g} MiB at N={n}, C={c})"
         )
