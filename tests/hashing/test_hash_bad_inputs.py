@@ -247,10 +247,19 @@ def test_hash_eval_refuses_overrides_that_change_the_trained_model(run, capsys, 
     assert one_error_line(capsys.readouterr().err).startswith(f"error: {key}: cannot change on a trained run")
 
 
-def test_hash_eval_data_that_does_not_fit_the_weights_names_the_data(run, capsys):
+def test_hash_eval_data_that_does_not_fit_the_weights_names_the_data(run, tmp_path, capsys):
     """Data may be overridden (an imported checkpoint has none of its own), but features of another size
     ended in a RuntimeError (size mismatch) traceback."""
-    assert main(["eval", str(run), "data.synthetic_image_dim=16"]) == 2
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "image.npy", rng.standard_normal((40, 16)).astype(np.float32))
+    np.save(tmp_path / "text.npy", rng.standard_normal((40, 32)).astype(np.float32))
+    other = [
+        "data.format=pairs",
+        f"data.image={tmp_path / 'image.npy'}",
+        f"data.text={tmp_path / 'text.npy'}",
+    ]
+    # other data than the run's: their split keys are the user's to choose
+    assert main(["eval", str(run), *other, "data.num_query=8"]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert line.startswith(
         f"error: data: the weights in {run / 'last.pt'} do not fit the model these data build"
@@ -259,7 +268,8 @@ def test_hash_eval_data_that_does_not_fit_the_weights_names_the_data(run, capsys
 
 
 def test_hash_eval_takes_evaluation_and_data_overrides(run, capsys):
-    assert main(["eval", str(run), "eval.topk=5", "eval.ks=[2]", "data.num_query=8"]) == 0
+    # the run's own data.num_query (16): no re-split, accepted
+    assert main(["eval", str(run), "eval.topk=5", "eval.ks=[2]", "data.num_query=16"]) == 0
     metrics = json.loads(capsys.readouterr().out)
     assert {"i2t_map@5", "t2i_map@5", "i2t_p@2"} <= set(metrics) and "i2t_map@50" not in metrics
 

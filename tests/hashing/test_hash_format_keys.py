@@ -140,8 +140,12 @@ def test_hash_eval_refuses_a_key_the_runs_format_ignores(hash_run, tmp_path, cap
     expected = _synthetic_refusal("data.synthetic_seed", "splits")
     assert one_error_line(capsys.readouterr().err) == f"error: {expected}"
     assert not report.exists()
-    # the synthetic run's data keys still evaluate it on other generated pairs
-    assert main(["eval", str(hash_run), "--out", str(report), "data.synthetic_seed=1"]) == 0
+    # the synthetic run's own data keys would evaluate another generated set: refused (test_hash_eval_data)
+    assert main(["eval", str(hash_run), "--out", str(report), "data.synthetic_seed=1"]) == 2
+    assert one_error_line(capsys.readouterr().err).startswith(
+        "error: data.synthetic_seed: cannot change on hash eval of a trained run (0 -> 1)"
+    )
+    assert not report.exists()
 
 
 def test_a_runs_own_config_yaml_trains_again_with_config(tmp_path, capsys):

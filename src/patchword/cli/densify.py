@@ -284,10 +284,17 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         progress=False if args.no_progress else None,
     )
     if result.generated:
-        rate = result.generated / max(result.generate_seconds, 1e-9)
+        # the loop's time covers a resumed partial batch's images generated again (and not appended) too
+        rate = (result.generated + result.regenerated) / max(result.generate_seconds, 1e-9)
+        again = (
+            f" + {result.regenerated} regenerated to finish a partly written batch"
+            if result.regenerated
+            else ""
+        )
         print(
-            f"{result.out}: {result.done} of {result.expected} images ({result.generated} generated now: "
-            f"{result.generate_seconds:.1f} s, {rate:.2f} images/s; {result.seconds:.1f} s with loading)"
+            f"{result.out}: {result.done} of {result.expected} images ({result.generated} generated now"
+            f"{again}: {result.generate_seconds:.1f} s, {rate:.2f} images/s; "
+            f"{result.seconds:.1f} s with loading)"
         )
     elif result.failed:
         # the images left were tried again and are still unreadable: "nothing left" would not be true

@@ -262,8 +262,9 @@ def _eval(args: argparse.Namespace) -> None:
             f"T->I {model.bits} bits": precision_recall_curve(q_txt, db_img, ql, dbl),
         }
         plot_pr_curves(curves, args.pr_plot, title=f"UCMFH {model.fusion}, {args.run_dir.name}")
-    # which weights these numbers describe: the checkpoint's epoch and step, and whether the run finished
-    text = json.dumps({**metrics, "checkpoint": run.checkpoint}, indent=2)
+    # which weights these numbers describe (the checkpoint's epoch and step, whether the run finished) and
+    # on which data (query / retrieval sizes, source, split seed), as hash train's summary says
+    text = json.dumps({**metrics, "checkpoint": run.checkpoint, "data": data.summary()}, indent=2)
     if args.out is not None:
         atomic_write_text(args.out, text)
     print(text)
@@ -294,17 +295,23 @@ def _search(args: argparse.Namespace) -> None:
     encode = model.encode_image if args.modality == "image" else model.encode_text
     dist, idx = index.search(UCMFH.codes(encode(q)).cpu().numpy().astype(np.int8), args.k)
     ids = data.retrieval.ids
+    # each result names its query: the query split's row --query-index asked for (with its pair id, what
+    # the result ids match for pair data), or the row of the --query file (the list position was printed)
+    rows = args.query_index if args.query_index is not None else range(len(idx))
     results = [
         {
-            "query": qi,
+            "query": int(row),
+            **({"query_id": int(data.query.ids[row])} if args.query_index is not None else {}),
             "indices": idx[qi].tolist(),
             "ids": ids[idx[qi]].tolist(),
             "distances": dist[qi].tolist(),
         }
-        for qi in range(len(idx))
+        for qi, row in enumerate(rows)
     ]
+    queries = f"query.{args.modality} rows" if args.query_index is not None else f"{args.query} rows"
     text = json.dumps(
-        {"database": f"retrieval.{db_modality}", "bits": model.bits, "results": results}, indent=1
+        {"database": f"retrieval.{db_modality}", "queries": queries, "bits": model.bits, "results": results},
+        indent=1,
     )
     if args.out is not None:
         atomic_write_text(args.out, text)

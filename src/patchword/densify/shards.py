@@ -181,6 +181,12 @@ def _check_tiling(shards: Sequence[_ShardFile]) -> None:
                 f"duplicate: {name} overlaps the shard before it (which ends at image {position - 1})"
             )
         done = len(shard.records)
+        if done > shard.expected:  # rerunning its command adds nothing: the advice below would fail
+            raise DataError(
+                f"{name} holds {done} lines but its range has {shard.expected} images: extra or foreign "
+                "lines (another shard's, a repeated or hand-added one); remove them, or rerun its densify "
+                "command into a new file"
+            )
         if done != shard.expected:
             raise DataError(
                 f"{name} is incomplete: {done} of {shard.expected} images done; rerun its densify command to "

@@ -70,7 +70,8 @@ def read_texts(path: str | os.PathLike[str]) -> StatsInput:
 
     Raises:
         MissingFileError: no such file (a ``FileNotFoundError``), or a directory.
-        DataError: a line is not JSON or has no string ``text`` (names the line).
+        DataError: a line is not JSON, has no string ``text`` or a ``metadata`` that is not an object
+            (names the line).
     """
     path = Path(path)
     require_file(path, "dense caption file")
@@ -86,7 +87,13 @@ def read_texts(path: str | os.PathLike[str]) -> StatsInput:
             raise DataError(f"{path}:{lineno}: malformed JSON: {err}") from err
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise DataError(f"{path}:{lineno}: expected an object with a string field 'text'")
-        meta = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
+        meta = record.get("metadata")
+        if meta is not None and not isinstance(meta, dict):  # its image id / truncated would go uncounted
+            raise DataError(
+                f"{path}:{lineno}: 'metadata' must be an object (image_id, truncated, ...), got "
+                f"{type(meta).__name__}"
+            )
+        meta = meta or {}
         out.texts.append(record["text"])
         out.image_ids.append(None if meta.get("image_id") is None else str(meta["image_id"]))
         out.model_ids.append(str(record.get("model_id", "")))
@@ -247,10 +254,10 @@ def dense_stats(
     Returns:
         a JSON-ready dict: ``count``, ``empty``, ``duplicate_lines`` (lines repeating an earlier non-empty
         text), ``duplicated_texts`` (distinct texts seen more than once), ``duplicate_image_ids`` (None
-        when the lines carry no ids),
-        ``truncated`` (None when the file does not say), ``model_ids``, ``words`` / ``chars`` /
-        ``bert_tokens`` percentiles, ``bert_tokens_exact``, ``over_limit`` and, for synthetic data,
-        ``scenes``.
+        when the lines carry no ids) among the ``image_ids_recorded`` lines that carry one, ``truncated``
+        (None when the file does not say) among the ``truncated_recorded`` lines that say, ``model_ids``,
+        ``words`` / ``chars`` / ``bert_tokens`` percentiles, ``bert_tokens_exact``, ``over_limit`` and,
+        for synthetic data, ``scenes``.
     """
     texts = data.texts
     non_empty = [t for t in texts if t.strip()]
@@ -264,7 +271,9 @@ def dense_stats(
         "duplicate_lines": sum(c - 1 for c in counts.values() if c > 1),
         "duplicated_texts": sum(1 for c in counts.values() if c > 1),
         "duplicate_image_ids": len(ids) - len(set(ids)) if ids else None,
+        "image_ids_recorded": len(ids),  # the lines the count above covers
         "truncated": sum(truncated) if truncated else None,
+        "truncated_recorded": len(truncated),
         "torn_bytes": data.torn_bytes,
         "model_ids": dict(Counter(data.model_ids).most_common()),
         "words": _summary([len(t.split()) for t in texts]),
@@ -292,18 +301,26 @@ def _row(name: str, summary: dict[str, float]) -> str:
     return f"  {name:<12} {cells}  mean {summary['mean']:.1f}  max {summary['max']:.0f}"
 
 
+def _of_recorded(count: object, recorded: object) -> str:
+    """``"n/a"`` when no line records the field, else ``"N of M lines that record it"``."""
+    if count is None:
+        return "n/a"
+    return f"{count} of {recorded} lines that record it" if recorded is not None else str(count)
+
+
 def format_stats(path: str, report: dict[str, object]) -> str:
     """The report as the text ``patchword densify stats`` prints."""
     count = report["count"]
     lines = [f"{path}: {count} descriptions"]
     models = ", ".join(f"{k or '(none)'} x{v}" for k, v in report["model_ids"].items())
     lines.append(f"  models       {models}")
-    truncated, dup_ids = report["truncated"], report["duplicate_image_ids"]
+    # each count covers only the lines that record its field: "N of M lines that record it"
+    dup_ids = _of_recorded(report["duplicate_image_ids"], report.get("image_ids_recorded"))
+    truncated = _of_recorded(report["truncated"], report.get("truncated_recorded"))
     lines.append(
         f"  empty {report['empty']}, duplicate lines {report['duplicate_lines']} "
-        f"({report['duplicated_texts']} distinct texts repeated), duplicate image ids "
-        f"{'n/a' if dup_ids is None else dup_ids}, stopped by max-new-tokens "
-        f"{'n/a' if truncated is None else truncated}"
+        f"({report['duplicated_texts']} distinct texts repeated), duplicate image ids {dup_ids}, "
+        f"stopped by max-new-tokens {truncated}"
     )
     if report["torn_bytes"]:
         lines.append(f"  torn last line: {report['torn_bytes']} bytes (an interrupted write; rerun densify)")

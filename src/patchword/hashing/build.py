@@ -6,6 +6,7 @@ config key (or the file) they concern, before a run directory is written.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection
 from dataclasses import fields
 from pathlib import Path
@@ -20,9 +21,11 @@ from patchword.hashing.synthetic import synthetic_dataset
 __all__ = [
     "SPLIT_KEYS",
     "SYNTHETIC_KEYS",
+    "SOURCE_KEYS",
     "build_hashing_dataset",
     "build_hashing_model",
     "changed_data_keys",
+    "refuse_resplit",
 ]
 
 #: The keys that split one set of pairs (``data.format=pairs``, a whole-set ``.mat``) into train / query /
@@ -37,6 +40,13 @@ SYNTHETIC_KEYS = (
     "data.synthetic_image_dim",
     "data.synthetic_text_dim",
 )
+
+
+#: The keys that say which features a run reads: a trained run evaluated with one of them changed is
+#: evaluated on other data, which its split and generation keys may then split as it needs.
+SOURCE_KEYS = ("data.format", "data.image", "data.text", "data.root")
+
+_logger = logging.getLogger(__name__)
 
 
 def changed_data_keys(dc: HashDataConfig) -> set[str]:
@@ -104,7 +114,7 @@ def build_hashing_dataset(dc: HashDataConfig, given: Collection[str] = ()) -> Ha
     else:
         raise ConfigError("data.format", f"must be synthetic, pairs, splits or mat, got {dc.format!r}")
     if isinstance(data, HashSplit):  # one set of pairs, split here: the sizes asked of it, checked first
-        _check_split_sizes(len(data), data.labels is not None, dc, data.source)
+        _check_split_sizes(len(data), data.labels is not None, dc, data.source, given)
         return split_dataset(data, num_query=dc.num_query, num_train=dc.num_train, seed=dc.split_seed)
     _refuse_ignored(
         given,
@@ -140,10 +150,17 @@ def _check_root(root: str, fmt: str, expected: str) -> None:
         raise ConfigError("data.root", f"{root} is {found}; data.format={fmt} reads {expected}")
 
 
-def _check_split_sizes(n: int, labelled: bool, dc: HashDataConfig, source: str) -> None:
+def _check_split_sizes(
+    n: int, labelled: bool, dc: HashDataConfig, source: str, given: Collection[str] = ()
+) -> None:
     """The sizes :func:`split_dataset` is asked for fit the ``n`` pairs of ``source`` and leave a contrastive
     batch to train on: the one check of them, before the split (its own errors name its arguments, not the
-    config keys)."""
+    config keys).
+
+    Pair-only data train on the pairs the queries leave: a ``data.num_train`` the caller set (in ``given``)
+    that exceeds them is refused, as labelled data refuse it (60 pairs, ``data.num_query=50``,
+    ``data.num_train=40`` trained on 10); one it did not set (the default 2000 with a 1000-pair file) is
+    capped to them, with a warning."""
     if not 0 < dc.num_query < n:
         raise ConfigError("data.num_query", f"must lie in [1, {n - 1}] for the {n} pairs of {source}")
     rest = n - dc.num_query
@@ -160,6 +177,55 @@ def _check_split_sizes(n: int, labelled: bool, dc: HashDataConfig, source: str) 
             f"data.num_query={dc.num_query} of the {n} pairs of {source} leaves {train} training pair(s) "
             f"(data.num_train={dc.num_train}); a contrastive batch needs at least 2",
         )
+    if not labelled and dc.num_train > rest:
+        if "data.num_train" in given:
+            raise ConfigError(
+                "data.num_train",
+                f"{dc.num_train} exceeds the {rest} pairs of {source} that data.num_query={dc.num_query} "
+                "leaves to train on (pair-only data train on the pairs the queries do not hold)",
+            )
+        _logger.warning(
+            "data.num_train=%d (not given) capped to the %d pairs of %s that data.num_query=%d leaves",
+            dc.num_train,
+            rest,
+            source,
+            dc.num_query,
+        )
+
+
+def refuse_resplit(run: HashDataConfig, dc: HashDataConfig) -> None:
+    """``hash eval`` of a trained run: ``dc`` (the run's data section ``run`` with the overrides) splits and
+    generates the run's data as it did. A :data:`SPLIT_KEYS` value other than the run's re-split its pairs
+    (``data.split_seed=1`` put 13 of 20 training pairs in the query set); a :data:`SYNTHETIC_KEYS` one
+    generated another synthetic set. Either is accepted when a :data:`SOURCE_KEYS` value points at other
+    data than the run's (its own split of those pairs is then the user's to choose).
+
+    Raises:
+        ConfigError: naming the first such key, its two values and why.
+    """
+
+    def value(section: HashDataConfig, key: str):
+        raw = getattr(section, key.removeprefix("data."))
+        # one file spelt two ways (relative, absolute, ~) is the same data
+        return str(Path(raw).expanduser().resolve()) if key != "data.format" and raw else raw
+
+    if any(value(run, key) != value(dc, key) for key in SOURCE_KEYS):
+        return
+    split = "it re-splits the run's pairs, so its query set may hold pairs the run trained on"
+    why = {
+        "data.num_train": "the training split is the run's own (it trained on it)",
+        "data.num_query": split,
+        "data.split_seed": split,
+        **{key: "it generates another synthetic set than the run's" for key in SYNTHETIC_KEYS},
+    }
+    for key in (*SPLIT_KEYS, *SYNTHETIC_KEYS):
+        old, new = getattr(run, key.removeprefix("data.")), getattr(dc, key.removeprefix("data."))
+        if old != new:
+            raise ConfigError(
+                key,
+                f"cannot change on hash eval of a trained run ({old} -> {new}): {why[key]}; drop it, or "
+                "evaluate other data (data.format / data.image / data.text / data.root)",
+            )
 
 
 def build_hashing_model(mc: HashModelConfig, image_dim: int, text_dim: int) -> UCMFH:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,9 @@ from patchword.hashing.dataset import HashDataset
 from patchword.hashing.metrics import retrieval_report
 from patchword.hashing.model import UCMFH
 
-__all__ = ["encode_hashing_split", "evaluate_hashing"]
+__all__ = ["effective_cutoffs", "encode_hashing_split", "evaluate_hashing"]
+
+_logger = logging.getLogger(__name__)
 
 
 @torch.no_grad()
@@ -37,9 +40,27 @@ def encode_hashing_split(
     )
 
 
+def effective_cutoffs(ec: HashEvalConfig, n_db: int) -> tuple[int, list[int], dict[str, Any]]:
+    """The cut-offs a database of ``n_db`` items can measure: ``(topk, ks, capped)``, each ``min(k, n_db)``
+    (``ks`` without repeats), and ``capped`` (empty when none was): ``{"retrieval_items": n_db,
+    "eval.topk": {asked: used}, "eval.ks": {asked: used}}``. A cut-off past the database measured the
+    whole ranking under the asked label (``eval.topk=500`` on 96 items printed a "map@500" that was mAP@96,
+    ``eval.ks=[96,200]`` a p@200 equal to p@96); the defaults (``topk`` 50) exceed tiny test sets, so the
+    metrics are labelled with the cut-off used rather than refused."""
+    topk = min(ec.topk, n_db)
+    ks = sorted({min(k, n_db) for k in ec.ks})
+    capped: dict[str, Any] = {}
+    if ec.topk > n_db:
+        capped["eval.topk"] = {str(ec.topk): topk}
+    if any(k > n_db for k in ec.ks):
+        capped["eval.ks"] = {str(k): n_db for k in ec.ks if k > n_db}
+    return topk, ks, ({"retrieval_items": n_db, **capped} if capped else {})
+
+
 def _report(q, db, ql, dbl, ec: HashEvalConfig, measure: str) -> dict[str, float]:
-    rep = retrieval_report(q, db, ql, dbl, map_k=ec.topk, ks=ec.ks, measure=measure)
-    out = {f"map@{ec.topk}": rep["map"]}
+    topk, ks, _ = effective_cutoffs(ec, len(db))
+    rep = retrieval_report(q, db, ql, dbl, map_k=topk, ks=ks, measure=measure)
+    out = {f"map@{topk}": rep["map"]}
     out.update({f"p@{k}": v for k, v in rep["precision"].items()})
     out.update({f"r@{k}": v for k, v in rep["recall"].items()})
     if ec.map_all:
@@ -53,7 +74,9 @@ def evaluate_hashing(
     """I->T and T->I metrics of ``model`` on ``data.query`` against ``data.retrieval`` (Hamming ranking).
 
     Keys: ``i2t_map@50``, ``i2t_p@k``, ``i2t_r@k`` and the ``t2i_`` versions, plus ``fusion`` (results of
-    ``official_fused`` models use the target's paired modality at query time and must be labelled so).
+    ``official_fused`` models use the target's paired modality at query time and must be labelled so). A
+    cut-off larger than the retrieval set is labelled with the one measured (``map@96``) and listed under
+    ``capped_cutoffs`` (:func:`effective_cutoffs`), with a warning.
     """
     q_img, q_txt = encode_hashing_split(model, data.query.image, data.query.text, device)
     db_img, db_txt = encode_hashing_split(model, data.retrieval.image, data.retrieval.text, device)
@@ -63,6 +86,15 @@ def evaluate_hashing(
         "fusion": model.fusion,
         "relevance": "labels" if data.has_labels else "pair",
     }
+    capped = effective_cutoffs(ec, len(data.retrieval))[2]
+    if capped:
+        _logger.warning(
+            "cut-offs past the %d retrieval items are reported at %d: %s",
+            len(data.retrieval),
+            len(data.retrieval),
+            ", ".join(f"{key}={asked}" for key in ("eval.topk", "eval.ks") for asked in capped.get(key, {})),
+        )
+        out["capped_cutoffs"] = capped
     for name, q, db in (("i2t", q_img, db_txt), ("t2i", q_txt, db_img)):
         out.update({f"{name}_{k}": v for k, v in _report(q, db, ql, dbl, ec, "hamming").items()})
     return out

@@ -47,7 +47,12 @@ from patchword.config import (
 from patchword.device import resolve_device
 from patchword.errors import ConfigError, MissingFileError, ResumeHint
 from patchword.fileio import append_line, atomic_write_text, keep_jsonl_records, probe_writable, repair_jsonl
-from patchword.hashing.build import build_hashing_dataset, build_hashing_model, changed_data_keys
+from patchword.hashing.build import (
+    build_hashing_dataset,
+    build_hashing_model,
+    changed_data_keys,
+    refuse_resplit,
+)
 from patchword.hashing.config import (
     HASH_EVAL_KEYS,
     HASH_RESUMABLE_KEYS,
@@ -248,7 +253,7 @@ def _train(
             run_dir, trainer.epoch, trainer.batch_in_epoch, trainer.step, cfg.train.epochs
         )
         append_metrics(run_dir, {"split": "test", "epoch": trainer.epoch, "step": trainer.step, **metrics})
-        atomic_write_text(run_dir / "eval.json", json.dumps(metrics, indent=2))
+        atomic_write_text(run_dir / "eval.json", json.dumps({**metrics, "data": data.summary()}, indent=2))
     return {"run_dir": str(run_dir), "data": data.summary(), **fit, **metrics}
 
 
@@ -345,6 +350,10 @@ def open_hashing_run(
     data = build_hashing_dataset(cfg.data, override_keys(overrides or []))
     model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)
     state = load_checkpoint(run_dir / LAST_CHECKPOINT, map_location=cfg.device)
+    if not ((run_dir / IMPORT_FILE).is_file() and int(state["step"]) == 0):
+        # weights trained on the run's split: another split (or synthetic set) of the same data put
+        # training pairs in the query set (an imported checkpoint not trained on since has no data of its own)
+        refuse_resplit(load_config(HashRunConfig, run_dir / CONFIG_FILE).data, cfg.data)
     # data (overridden, or its files replaced) with other feature sizes build a model the weights do not fit
     builds = f"these data build (image {data.image_dim}-d, text {data.text_dim}-d)"
     load_fitting_weights(model, state["model"], run_dir / LAST_CHECKPOINT, "data", builds)
@@ -366,8 +375,8 @@ def load_hashing_run(
 
     Raises:
         MissingFileError: ``run_dir`` has no ``config.yaml`` or no ``last.pt``.
-        ConfigError: an override of another key, a value out of range, or data whose feature sizes do not
-            fit the trained weights.
+        ConfigError: an override of another key, a value out of range, data whose feature sizes do not
+            fit the trained weights, or a split / synthetic key re-splitting the run's own data.
     """
     run = open_hashing_run(run_dir, overrides, device)
     return run.cfg, run.model, run.data
