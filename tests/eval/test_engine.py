@@ -155,7 +155,9 @@ def test_tiny_budget_adapts_blocks_keeps_results_and_peak_under_budget():
     # the message says the budget in the bytes it is (it printed max_memory_mb=0.000999 for 0.001, rounded
     # to whole bytes and named as if the user had typed it)
     with pytest.raises(ValueError, match=r"a scoring memory budget of 52,428 bytes \(eval.max_memory_mb"):
-        score_matrix(m, img, caps, lens, d, dl, txt2img=t2i, max_memory_mb=0.05, engine=SEPSEngine(m, workers=1))
+        score_matrix(
+            m, img, caps, lens, d, dl, txt2img=t2i, max_memory_mb=0.05, engine=SEPSEngine(m, workers=1)
+        )
 
 
 def test_forward_fallback_respects_a_tiny_budget():
