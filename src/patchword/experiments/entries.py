@@ -30,10 +30,10 @@ from patchword.experiments.fields import FLAG, MAPPING, NUMBER, TEXT, check_fiel
 from patchword.experiments.galleries import gallery_of_run, run_dataset
 from patchword.experiments.sweep import SWEEP_FILE, mean_std, read_sweep
 from patchword.imports.published import scored_split, split_use
-from patchword.readers import read_json, read_json_lines
+from patchword.readers import read_json
 from patchword.runs.config import RunConfig
 from patchword.runs.files import CONFIG_FILE, METRICS_JSON, RESUMES_FILE, SUMMARY_FILE
-from patchword.runs.load import read_run_config, resolve_checkpoint
+from patchword.runs.load import read_run_config, resolve_checkpoint, resume_overrides
 from patchword.runs.recorded import evaluation_of, suite_evaluation_of
 
 __all__ = [
@@ -41,7 +41,6 @@ __all__ = [
     "Entry",
     "SeedsDiffer",
     "collect",
-    "resume_overrides",
     "run_config",
     "unique_labels",
 ]
@@ -204,21 +203,12 @@ def _compositional(run: Path) -> dict[str, Any]:
     return record
 
 
-def resume_overrides(run: Path) -> list[str]:
-    """The overrides of the last ``--resume`` of ``run`` (``resumes.jsonl``): each resume applies its own
-    to ``config.yaml`` (``resume_run``), so the config the run ended with is ``config.yaml`` with these."""
-    path = run / RESUMES_FILE
-    resumes = read_json_lines(path, "resume log")
-    overrides = resumes[-1].get("overrides", []) if resumes else []
-    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
-        raise DataError(f"{path}: the last resume's overrides are not a list of key=value strings")
-    return overrides
-
-
 def run_config(run: Path) -> RunConfig:
     """The config ``run`` ended with: its ``config.yaml`` with its last resume's overrides
-    (:func:`resume_overrides`); an override that does not apply is a DataError naming ``resumes.jsonl``."""
-    overrides = resume_overrides(run)
+    (:func:`~patchword.runs.load.resume_overrides`); an override that does not apply is a DataError naming
+    ``resumes.jsonl``."""
+    sessions = resume_overrides(run)
+    overrides = sessions[-1] if sessions else []
     config = read_run_config(run)
     try:
         return apply_overrides(config, overrides)

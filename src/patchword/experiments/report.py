@@ -36,7 +36,7 @@ from patchword.experiments.cost import (
     significant,
     split_use,
 )
-from patchword.experiments.entries import Entry, SeedsDiffer, collect, resume_overrides
+from patchword.experiments.entries import Entry, SeedsDiffer, collect
 from patchword.experiments.gallery_table import gallery_rows
 from patchword.experiments.report_page import Table, html_page, markdown_page
 from patchword.fileio import atomic_write_text
@@ -45,7 +45,7 @@ from patchword.imports.published import DATASETS, caveats, compare_rows, importe
 from patchword.readers import read_json
 from patchword.runs.files import METRICS_FILE
 
-__all__ = ["Entry", "collect", "differing_keys", "report_files", "resume_overrides", "write_report"]
+__all__ = ["Entry", "collect", "differing_keys", "report_files", "write_report"]
 
 KEYS = RECALL_KEYS
 KINDS = ("attribute_swap", "relation_swap", "object_replace", "count_change")

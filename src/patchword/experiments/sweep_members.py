@@ -59,17 +59,12 @@ def refuse_other_settings(run_dir: Path, wanted) -> None:
         DataError: a damaged ``resumes.jsonl``, naming it.
     """
     from patchword.config import flat_config
-    from patchword.errors import DataError
-    from patchword.readers import read_json_lines
-    from patchword.runs import RESUMES_FILE, read_run_config
+    from patchword.runs import RESUMES_FILE, read_run_config, resume_overrides
 
     asked = flat_config(wanted)
     sessions = [("was made with other settings (", [])]
-    resumes = read_json_lines(run_dir / RESUMES_FILE, "resume log")
-    for i, resume in enumerate(resumes, start=1):
-        overrides = resume.get("overrides", [])
-        if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
-            raise DataError(f"{run_dir / RESUMES_FILE}: resume {i}: 'overrides' is not a list of key=value")
+    resumes = resume_overrides(run_dir)
+    for i, overrides in enumerate(resumes, start=1):
         where = f"was resumed with other settings (resume {i} of {len(resumes)} in {RESUMES_FILE}: "
         sessions.append((where, overrides))
     for what, overrides in sessions:

@@ -197,11 +197,10 @@ def _as_override(key: str, value: Any) -> str:
 def _last_session_config(run_dir: Path) -> RunConfig:
     """The config the run's last session trained with: ``config.yaml`` with the overrides of its last
     ``--resume`` (each resume applies its own overrides to ``config.yaml``, see ``resume_run``)."""
-    from patchword.readers import read_json_lines
-    from patchword.runs import RESUMES_FILE, read_run_config
+    from patchword.runs import read_run_config, resume_overrides
 
-    resumes = read_json_lines(run_dir / RESUMES_FILE, "resume log")
-    return read_run_config(run_dir, resumes[-1].get("overrides", []) if resumes else [])
+    sessions = resume_overrides(run_dir)
+    return read_run_config(run_dir, sessions[-1] if sessions else [])
 
 
 def _refuse_other_values(finished: RunConfig, cfg: RunConfig, run_dir: Path) -> None:

@@ -33,6 +33,7 @@ from patchword.runs.load import (
     load_run_tokenizer,
     read_run_config,
     resolve_checkpoint,
+    resume_overrides,
     save_backbones,
 )
 
@@ -53,5 +54,6 @@ __all__ = [
     "load_run_tokenizer",
     "read_run_config",
     "resolve_checkpoint",
+    "resume_overrides",
     "save_backbones",
 ]

@@ -24,7 +24,7 @@ from patchword.data.config import DataConfig
 from patchword.errors import ConfigError, DataError, MissingFileError
 from patchword.model import RetrievalModel, build_model, started_pretrained
 from patchword.precision import weight_dtype
-from patchword.readers import read_json, read_yaml_mapping, require_file
+from patchword.readers import read_json, read_json_lines, read_yaml_mapping, require_file
 from patchword.runs.config import RunConfig
 from patchword.runs.files import (
     BACKBONES_FILE,
@@ -47,6 +47,7 @@ __all__ = [
     "WEIGHTS_DIGEST_KEY",
     "load_run",
     "read_run_config",
+    "resume_overrides",
     "read_run_mapping",
     "check_export_weights",
     "config_kind",
@@ -113,6 +114,23 @@ def read_run_config(run_dir: str | Path, overrides: Sequence[str] | None = ()) -
     data = read_run_mapping(run_dir)  # read once: checked here, then built
     config = config_from_mapping(RunConfig, data, Path(run_dir) / CONFIG_FILE)
     return apply_overrides(config, list(overrides or ()))
+
+
+def resume_overrides(run_dir: str | Path) -> list[list[str]]:
+    """The overrides of each ``--resume`` of ``run_dir`` in order (``resumes.jsonl``); each resume applies its
+    own to ``config.yaml`` (``resume_run``), so the last give the config the run ended with.
+
+    Raises:
+        DataError: a damaged log, or a resume whose ``overrides`` is not a list of strings (naming it).
+    """
+    path = Path(run_dir) / RESUMES_FILE
+    sessions = []
+    for i, resume in enumerate(read_json_lines(path, "resume log"), start=1):
+        overrides = resume.get("overrides", [])
+        if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+            raise DataError(f"{path}: resume {i}: 'overrides' is not a list of key=value strings")
+        sessions.append(overrides)
+    return sessions
 
 
 #: The files a run directory records its run in, which no command's output may replace (``--force`` or
