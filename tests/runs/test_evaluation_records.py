@@ -107,8 +107,34 @@ def test_an_ensemble_of_a_run_with_itself_is_refused(trained_tiny_run, tmp_path,
         out = tmp_path / "ensemble.json"
         assert main(["eval", str(trained_tiny_run), "--ensemble", str(other), "--out", str(out)]) == 2
         line = one_error_line(capsys.readouterr().err)
-        assert line.startswith("error: --ensemble: ") and "the same weights as" in line
+        assert line.startswith("error: --ensemble: ") and "the same model weights as" in line
         assert not out.exists()
+
+
+def test_an_ensemble_of_the_same_weights_saved_again_is_refused(trained_tiny_run, tmp_path, capsys):
+    """Defect: members were compared by checkpoint bytes, so the same model weights in another file (a
+    run's best.pt and last.pt saved at one step, a re-saved checkpoint) were averaged as two models."""
+    from patchword.checkpoint import atomic_save, load_checkpoint
+
+    copy = tmp_path / "copy"
+    shutil.copytree(trained_tiny_run, copy)
+    state = load_checkpoint(copy / "best.pt")
+    state["resaved"] = True  # other bytes, the same weights
+    atomic_save(state, copy / "best.pt")
+    assert (copy / "best.pt").read_bytes() != (trained_tiny_run / "best.pt").read_bytes()
+    out = tmp_path / "ensemble.json"
+    assert main(["eval", str(trained_tiny_run), "--ensemble", str(copy), "--out", str(out)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: --ensemble: ") and "the same model weights as" in line
+    assert not out.exists()
+    # one weight changed by one ulp is another model
+    state["model"] = {k: v.clone() for k, v in state["model"].items()}
+    name = next(k for k, v in state["model"].items() if v.is_floating_point() and v.numel())
+    flat = state["model"][name].view(-1)
+    flat[0] = torch.nextafter(flat[0], torch.tensor(float("inf"), dtype=flat.dtype))
+    atomic_save(state, copy / "best.pt")
+    assert main(["eval", str(trained_tiny_run), "--ensemble", str(copy), "--out", str(out)]) == 0
+    assert out.exists()
 
 
 def test_an_ensemble_shows_its_members_on_stdout(trained_tiny_run, tmp_path, capsys):
@@ -135,7 +161,7 @@ def test_an_ensemble_shows_its_members_on_stdout(trained_tiny_run, tmp_path, cap
 def test_members_on_score_scales_orders_of_magnitude_apart_are_warned_of(caplog):
     """Defect: a SEPS run (score std 0.08) and a TGDT run (17) averaged into the TGDT run's ranking with
     no word; the averaging stays (it is SCAN's and NAAF's), the warning names each member's spread."""
-    from patchword.runs.evaluate import _warn_of_scales
+    from patchword.runs.ensemble import warn_of_scales
 
     g = torch.Generator().manual_seed(0)
     narrow, wide = torch.randn(20, 100, generator=g) * 0.08, torch.randn(20, 100, generator=g) * 17
@@ -144,7 +170,7 @@ def test_members_on_score_scales_orders_of_magnitude_apart_are_warned_of(caplog)
         ({"run_dir": "runs/tgdt", "matcher": "tgdt"}, {}),
     ]
     caplog.set_level(logging.WARNING, logger="patchword.runs.evaluate")
-    _warn_of_scales(results, [narrow, wide])
+    warn_of_scales(results, [narrow, wide])
     spreads = [meta["score_spread"] for meta, _ in results]
     assert spreads[0] == pytest.approx(0.08, rel=0.2) and spreads[1] == pytest.approx(17, rel=0.2)
     (warning,) = [r.getMessage() for r in caplog.records]
@@ -155,7 +181,7 @@ def test_members_on_score_scales_orders_of_magnitude_apart_are_warned_of(caplog)
     # a two-stage member's scores outside its shortlists (-inf) are no part of its spread
     shortlisted = wide.clone()
     shortlisted[:, 50:] = -torch.inf
-    _warn_of_scales(results, [wide * 2, (shortlisted, shortlisted)])
+    warn_of_scales(results, [wide * 2, (shortlisted, shortlisted)])
     assert caplog.records == [] and results[1][0]["score_spread"] == pytest.approx(
         float(wide[:, :50].std()), rel=1e-2
     )

@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from patchword._validation import check_lengths
+from patchword.readers import require_file
 from patchword.encoders.base import EncoderBase
 
 __all__ = ["GRUTextConfig", "BiGRUTextEncoder", "load_glove"]
@@ -66,13 +67,11 @@ def load_glove(
         from the global torch generator, so seeding makes them reproducible); the coverage is logged.
 
     Raises:
-        FileNotFoundError: no file at ``path``.
+        MissingFileError: no file at ``path`` (a :class:`FileNotFoundError`).
         ValueError: wrong tensor shape, a text line with the wrong number of values, or no words given.
     """
     path = Path(path)
-    if not path.is_file():
-        state = "is a directory, not a file" if path.is_dir() else "does not exist"
-        raise FileNotFoundError(f"GloVe file {path} {state}")
+    require_file(path, "GloVe file")
     if path.suffix in _TENSOR_SUFFIXES:
         weight = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != (num_embeddings, dim):

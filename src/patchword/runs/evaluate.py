@@ -12,7 +12,6 @@ set (``"split_use"``: ``"model selection"``, ``"training"`` or None for a held-o
 from __future__ import annotations
 
 import json
-import logging
 import math
 import time
 from dataclasses import replace
@@ -30,6 +29,7 @@ from patchword.matching import matcher_spec
 from patchword.model import RetrievalModel, matcher_arguments
 from patchword.runs.checks import check_eval_settings
 from patchword.runs.config import RunConfig
+from patchword.runs.ensemble import member, refuse_repeated_members, warn_of_scales
 from patchword.runs.files import METRICS_JSON, VOCAB_FILE
 from patchword.runs.load import refuse_run_output
 from patchword.runs.recorded import evaluation_identity, evaluation_provenance
@@ -44,8 +44,6 @@ __all__ = [
     "evaluate_run_dir",
     "check_output",
 ]
-
-_logger = logging.getLogger(__name__)
 
 
 def data_split(dc, role: str) -> str:
@@ -212,11 +210,6 @@ def evaluate_run(
     return metrics
 
 
-def _member(path: Path) -> tuple[Path, Path | None]:
-    """``RUN_DIR`` or ``RUN_DIR/ckpt.pt`` -> (run directory, checkpoint or None for best.pt)."""
-    return (path.parent, path) if path.is_file() else (path, None)
-
-
 def evaluate_run_dir(
     run_dir: Path,
     checkpoint: Path | str | None = None,
@@ -253,7 +246,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg=No
     cfg = cfg or read_run_config(run_dir, overrides)
     role = eval_role(cfg.data, cfg.eval.split)
     truth = check_eval_settings(cfg, dist.device)  # the COCO ground truth the scoring reads, or None
-    members = [(run_dir, checkpoint)] + [_member(p) for p in ensemble or []]
+    members = [(run_dir, checkpoint)] + [member(p) for p in ensemble or []]
     ensembled = len(members) > 1
     # Everything cheap first: the output file, each member's config (read, checked once) and checkpoint.
     out = out or run_dir / (f"eval_{role}_ensemble.json" if len(members) > 1 else f"eval_{role}.json")
@@ -267,7 +260,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg=No
         checkpoints.append(resolve_checkpoint(member_dir, member_ckpt))
         refuse_run_output(out, reads=[checkpoints[-1]])
     if ensembled:
-        _refuse_repeated_members(checkpoints)
+        refuse_repeated_members(checkpoints)
     device = dist.device
 
     prepared: dict[str, Any] = {}  # identical data configs and tokenizers are tokenised once
@@ -322,7 +315,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg=No
     if ensembled:
         scores = [m.pop("sims") for _, m in results]
         folds = [m.pop("coco1k_sims", None) for _, m in results]
-        _warn_of_scales(results, scores)
+        warn_of_scales(results, scores)
         metrics = ensemble_metrics(scores, split.txt2img, mcfg.eval, fold_members=folds)
         metrics["ensemble"] = [{**meta, **m} for meta, m in results]
         shared = ("split", "data_split", "split_use", "leaky")
@@ -343,51 +336,6 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg=No
     )
     atomic_write_text(out, json_text(metrics))
     return metrics, out
-
-
-def _refuse_repeated_members(checkpoints: list[Path]) -> None:
-    """An ensemble's members are distinct weights: a checkpoint given twice (the same file, or another
-    with the same bytes) would weigh one model twice and call it an ensemble. Files are hashed only where
-    their sizes agree.
-
-    Raises:
-        ConfigError: naming the repeated member and the one it repeats.
-    """
-    from patchword.errors import ConfigError
-    from patchword.fileio import file_sha256
-
-    seen: dict[tuple[int, str], Path] = {}
-    sizes = [path.stat().st_size for path in checkpoints]
-    for path, size in zip(checkpoints, sizes, strict=True):
-        key = (size, file_sha256(path) if sizes.count(size) > 1 else str(path))
-        if key in seen:
-            raise ConfigError(
-                "--ensemble",
-                f"{path} holds the same weights as {seen[key]} (the same checkpoint bytes): an ensemble "
-                "averages distinct models; give each run (or checkpoint) once",
-            )
-        seen[key] = path
-
-
-def _warn_of_scales(results: list[tuple[dict, dict]], scores: list) -> None:
-    """Record each member's score spread (``"score_spread"``, :func:`~patchword.eval.protocol.score_spread`)
-    and warn when they differ by more than 10x: the average is then in effect the widest member's scores
-    (SCAN / NAAF average unnormalised scores, and so does the ensemble here)."""
-    from patchword.eval.protocol import score_spread, spreads_disagree
-
-    spreads = [score_spread(sims) for sims in scores]
-    for (meta, _), spread in zip(results, spreads, strict=True):
-        meta["score_spread"] = spread
-    if spreads_disagree(spreads):
-        named = ", ".join(
-            f"{meta['run_dir']} ({meta['matcher']}): {spread:.3g}"
-            for (meta, _), spread in zip(results, spreads, strict=True)
-        )
-        _logger.warning(
-            "the ensemble's members score on scales more than 10x apart (std of each member's scores: %s): "
-            "the average of their scores is in effect the widest member's",
-            named,
-        )
 
 
 def check_output(out: Path, force: bool, run_dirs: list[Path]) -> Path:

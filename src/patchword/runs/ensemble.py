@@ -1,0 +1,97 @@
+"""What makes an ensemble of runs an ensemble (``patchword eval RUN --ensemble OTHER ...``): its members are
+distinct weights, and their score scales are comparable enough for an average to mean something.
+
+:func:`~patchword.runs.evaluate.evaluate_run_dir` calls these; the averaging itself is
+:func:`patchword.eval.protocol.ensemble_metrics`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+import torch
+
+__all__ = ["member", "refuse_repeated_members", "warn_of_scales", "weights_digest"]
+
+_logger = logging.getLogger(__name__)
+
+
+def member(path: Path) -> tuple[Path, Path | None]:
+    """``RUN_DIR`` or ``RUN_DIR/ckpt.pt`` -> (run directory, checkpoint or None for best.pt)."""
+    return (path.parent, path) if path.is_file() else (path, None)
+
+
+def weights_digest(state: dict[str, torch.Tensor]) -> str:
+    """SHA-256 of a model state dict: names, dtypes, shapes and values, in name order. Two checkpoints with
+    the same digest hold the same model whatever else they hold (optimizer state, step, dates)."""
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        value = state[name]
+        if not isinstance(value, torch.Tensor):
+            digest.update(f"{name}={value!r};".encode())
+            continue
+        tensor = value.detach().to("cpu").contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        # a zero-dimensional tensor cannot be viewed as bytes: flatten first; any dtype views as uint8
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _layout(state: dict[str, torch.Tensor]) -> tuple:
+    """Names, dtypes and shapes: weights that differ here differ, without reading their values."""
+    return tuple(
+        (name, str(v.dtype), tuple(v.shape)) if isinstance(v, torch.Tensor) else (name, repr(v))
+        for name, v in sorted(state.items())
+    )
+
+
+def refuse_repeated_members(checkpoints: list[Path]) -> None:
+    """An ensemble's members are distinct weights: a checkpoint given twice (the same file, a copy, or
+    another file with the same model weights, such as a run's ``best.pt`` and ``last.pt`` saved at the same
+    step) would weigh one model twice and call it an ensemble. Values are hashed only where the weights'
+    names, dtypes and shapes agree.
+
+    Raises:
+        ConfigError: naming the repeated member and the one it repeats.
+    """
+    from patchword.checkpoint import load_checkpoint
+    from patchword.errors import ConfigError
+
+    layouts: list[tuple] = []
+    for path in checkpoints:
+        layouts.append(_layout(load_checkpoint(path)["model"]))
+    seen: dict[tuple[tuple, str], Path] = {}
+    for path, layout in zip(checkpoints, layouts, strict=True):
+        # one checkpoint in memory at a time: a member's optimizer state can be twice its weights
+        shared = layouts.count(layout) > 1
+        key = (layout, weights_digest(load_checkpoint(path)["model"]) if shared else str(path))
+        if key in seen:
+            raise ConfigError(
+                "--ensemble",
+                f"{path} holds the same model weights as {seen[key]}: an ensemble averages distinct models; "
+                "give each run (or checkpoint) once",
+            )
+        seen[key] = path
+
+
+def warn_of_scales(results: list[tuple[dict, dict]], scores: list) -> None:
+    """Record each member's score spread (``"score_spread"``, :func:`~patchword.eval.protocol.score_spread`)
+    and warn when they differ by more than 10x: the average is then in effect the widest member's scores
+    (SCAN / NAAF average unnormalised scores, and so does the ensemble here)."""
+    from patchword.eval.protocol import score_spread, spreads_disagree
+
+    spreads = [score_spread(sims) for sims in scores]
+    for (meta, _), spread in zip(results, spreads, strict=True):
+        meta["score_spread"] = spread
+    if spreads_disagree(spreads):
+        named = ", ".join(
+            f"{meta['run_dir']} ({meta['matcher']}): {spread:.3g}"
+            for (meta, _), spread in zip(results, spreads, strict=True)
+        )
+        _logger.warning(
+            "the ensemble's members score on scales more than 10x apart (std of each member's scores: %s): "
+            "the average of their scores is in effect the widest member's",
+            named,
+        )
