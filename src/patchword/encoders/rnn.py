@@ -23,8 +23,8 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from patchword._validation import check_lengths
-from patchword.readers import require_file
 from patchword.encoders.base import EncoderBase
+from patchword.readers import require_file
 
 __all__ = ["GRUTextConfig", "BiGRUTextEncoder", "load_glove"]
 
