@@ -110,21 +110,26 @@ def main_index(argv: list[str] | None = None) -> int:
             )
         if args.qdrant and args.keep_patches is not None:
             raise ConfigError("--keep-patches", "the Qdrant backend holds every patch: leave it out")
-        client = None
-        if args.qdrant:  # checked before the build: the upload comes after it
-            from patchword.search.qdrant import _client_module, open_for_upload
+        if args.qdrant:  # the extra, checked before the model loads
+            from patchword.search.qdrant import _client_module
 
             try:
                 _client_module()
             except MissingExtraError as err:
                 raise MissingExtraError(f"--qdrant: {err}") from None
-            # Connected before the index is touched and held until the upload: a store another process
-            # holds (a `serve --qdrant`) or a server out of reach refuses the command with the index as it
-            # was, never after an update whose manifest the collection no longer matches (its servers
-            # would answer 503 until the upload is rerun).
+        plan = _plan(args)  # every flag and file checked, the run loaded: nothing written yet
+        client = None
+        if args.qdrant:
+            from patchword.search.qdrant import open_for_upload
+
+            # Opened after the checks (a refused flag leaves no embedded store directory, and is what the
+            # command reports rather than a connection problem) and before the index is touched, held
+            # until the upload: a store another process holds (a `serve --qdrant`) or a server out of reach
+            # refuses the command with the index as it was, never after an update whose manifest the
+            # collection no longer matches (its servers would answer 503 until the upload is rerun).
             client = open_for_upload(args.out, args.qdrant, args.collection or args.out.name)
         try:
-            _build_and_upload(args, client)
+            _build_and_upload(args, plan, client)
         finally:
             if client is not None:
                 client.close()  # an embedded store admits one client: let the next command open it
@@ -133,12 +138,12 @@ def main_index(argv: list[str] | None = None) -> int:
     return run_command(build, args.verbose, f"rerun the same command to resume {args.out}")
 
 
-def _build_and_upload(args: argparse.Namespace, client) -> None:
-    """The build (or update) ``args`` asks for, then the upload with ``client`` (``--qdrant``: opened by
-    :func:`~patchword.search.qdrant.open_for_upload`; None: no upload)."""
-    from patchword.search.index import build_index
+def _plan(args: argparse.Namespace):
+    """The :class:`~patchword.search.build_plan.BuildPlan` of the build ``args`` ask for: every check of
+    :func:`~patchword.search.index.build_index` done, nothing written."""
+    from patchword.search.index import plan_build
 
-    report = build_index(
+    return plan_build(
         args.run_dir,
         args.images,
         args.out,
@@ -154,6 +159,14 @@ def _build_and_upload(args: argparse.Namespace, client) -> None:
         device=resolve_device(args.device, key="--device"),
         checkpoint=args.checkpoint,
     )
+
+
+def _build_and_upload(args: argparse.Namespace, plan, client) -> None:
+    """Write the build ``plan`` (:func:`_plan`), then upload it with ``client`` (``--qdrant``: opened by
+    :func:`~patchword.search.qdrant.open_for_upload`; None: no upload)."""
+    from patchword.search.index import write_build
+
+    report = write_build(plan)
     print(report.summary())
     if client is not None:
         from patchword.search.qdrant import upload_index

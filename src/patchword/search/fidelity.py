@@ -9,7 +9,9 @@ section 3). What departs from it:
   scores; docs/search.md, section 7, measures the recall each costs);
 - index-time patch pruning (``--keep-patches``): the fine scores of a pruned image (approximate);
 - an approximate first stage (FAISS IVF / HNSW above :data:`~patchword.search.query.APPROXIMATE_ABOVE`
-  images, or a Qdrant server's HNSW index): the scores are exact, the shortlist may miss images;
+  images, or a Qdrant server's HNSW index, built once a segment passes the server's indexing threshold: a
+  server whose collection has none, and no optimization pending, scans every point): the scores are exact,
+  the shortlist may miss images;
 - dense captions the model reads and the index lacks (built without ``--dense``), or a matcher that pairs
   them with captions: every ranking differs from the evaluated one (:func:`dense_warning`).
 
@@ -33,17 +35,49 @@ __all__ = [
     "search_kind",
 ]
 
-#: First stages that find the exact shortlist (FAISS flat: up to ties; embedded Qdrant scans every point).
-EXACT_FIRST_STAGES = ("exact", "faiss_flat", "qdrant_embedded")
+#: First stages that find the exact shortlist (FAISS flat: up to ties; embedded Qdrant scans every point, and
+#: so does a Qdrant server whose collection has no HNSW index yet).
+EXACT_FIRST_STAGES = ("exact", "faiss_flat", "qdrant_embedded", "qdrant_server_unindexed")
+
+_MISSES = "the shortlist may miss images an exact one holds"
 
 
-def _first_stage(index: Any, backend: str) -> str:
-    """The first stage's name: the searcher's backend, or for a store that shortlists itself (Qdrant)
-    ``qdrant_embedded`` (a local directory: every point scanned) or ``qdrant_server`` (a URL)."""
+def _first_stage(index: Any, backend: str) -> tuple[str, str | None]:
+    """The first stage's name, and the note of an approximate one (None: exact): the searcher's backend, or
+    for a store that shortlists itself (Qdrant) ``qdrant_embedded`` (a local directory: every point
+    scanned) or a server's (a URL, :func:`_qdrant_server_stage`)."""
     if backend != "store":
-        return backend
+        approximate = backend in APPROXIMATE_BACKENDS
+        return backend, (f"approximate first stage ({backend}): {_MISSES}" if approximate else None)
     location = str(getattr(index, "record", {}).get("location", ""))
-    return "qdrant_server" if location.startswith(("http://", "https://")) else "qdrant_embedded"
+    if not location.startswith(("http://", "https://")):
+        return "qdrant_embedded", None
+    return _qdrant_server_stage(getattr(index, "server", None))
+
+
+def _qdrant_server_stage(state: dict[str, Any] | None) -> tuple[str, str | None]:
+    """A Qdrant server's first stage from what it said of the collection when the index was opened
+    (``state``: :meth:`~patchword.search.qdrant.QdrantIndex._server_state`; None: not asked):
+    ``qdrant_server_unindexed`` (exact: no vector HNSW-indexed and no optimization pending, so every segment
+    is scanned) or ``qdrant_server`` (approximate, or possibly so) with the note saying why."""
+    indexed = None if state is None else state.get("indexed")
+    if indexed is None:
+        return "qdrant_server", (
+            "first stage in a Qdrant server that did not say whether the collection has HNSW indexes: "
+            f"approximate once a segment passes the server's indexing threshold, so {_MISSES}"
+        )
+    if indexed == 0 and state["status"] == "green":
+        return "qdrant_server_unindexed", None
+    if indexed == 0:
+        return "qdrant_server", (
+            f"first stage in a Qdrant server whose collection is being optimized (status {state['status']}; "
+            "no vector HNSW-indexed when the index was opened): approximate once the server has built an "
+            f"HNSW index, so {_MISSES}"
+        )
+    return "qdrant_server", (
+        f"first stage in a Qdrant server's HNSW index ({indexed} of the collection's {state['vectors']} "
+        f"vectors indexed when the index was opened): approximate, so {_MISSES}"
+    )
 
 
 def search_kind(index: Any, backend: str) -> dict[str, Any]:
@@ -52,8 +86,9 @@ def search_kind(index: Any, backend: str) -> dict[str, Any]:
 
     Returns:
         ``{"store": the token store, "pruning": None or {"kept", "of", "fraction"}, "first_stage": its
-        name, "exact": whether the scores are the exact float32 fine scores of an exact shortlist,
-        "notes": one sentence per approximation}``.
+        name (``backend``, or ``qdrant_embedded``, ``qdrant_server_unindexed``, ``qdrant_server``: what a
+        Qdrant index's server said when it was opened), "exact": whether the scores are the exact float32
+        fine scores of an exact shortlist, "notes": one sentence per approximation}``.
     """
     manifest = index.manifest
     notes = []
@@ -71,14 +106,9 @@ def search_kind(index: Any, backend: str) -> dict[str, Any]:
             f"patches pruned at build time ({pruning['kept']} of {pruning['of']} kept per image, "
             f"--keep-patches {pruning['fraction']}): approximate fine scores"
         )
-    first = _first_stage(index, backend)
-    if first in APPROXIMATE_BACKENDS:
-        notes.append(f"approximate first stage ({first}): the shortlist may miss images an exact one holds")
-    elif first not in EXACT_FIRST_STAGES:
-        notes.append(
-            "first stage in a Qdrant server: approximate (HNSW) once a segment passes the server's indexing "
-            "threshold, so the shortlist may miss images an exact one holds"
-        )
+    first, first_note = _first_stage(index, backend)
+    if first_note is not None:
+        notes.append(first_note)
     return {"store": store, "pruning": pruning, "first_stage": first, "exact": not notes, "notes": notes}
 
 

@@ -12,6 +12,10 @@ changed files are encoded, deleted ones are dropped; when more than a quarter of
 dead the shards are compacted (rows copied, nothing re-encoded). An index belongs to one model: opening
 or updating it with other weights raises :class:`IndexMismatchError`.
 
+:func:`build_index` is :func:`plan_build` (every check: nothing written) then :func:`write_build`: a command
+that does more than the build (``index build --qdrant`` opens its Qdrant store) does its own part between
+the two, so a refused flag is reported first and leaves nothing behind.
+
 Over 400 lines: building, updating and resuming an index, every check before the first write.
 """
 
@@ -36,9 +40,10 @@ from patchword.fileio import atomic_write_bytes, probe_writable
 from patchword.locks import removable_lock
 from patchword.progress import progress_bar
 from patchword.runs import LoadedRun, load_run
+from patchword.search.build_plan import BuildPlan
 from patchword.search.build_report import BuildReport, no_images_message, nothing_indexed_message
 from patchword.search.checks import DENSE_STORES
-from patchword.search.codecs import PQ_MIN_TOKENS, TokenCodec, check_store, load_codec, make_codec
+from patchword.search.codecs import PQ_MIN_TOKENS, check_store, load_codec, make_codec
 from patchword.search.encode import (
     ShardEncoder,
     check_dense_words,
@@ -65,9 +70,12 @@ from patchword.search.scan import ImageFile, SkippedFile, check_image_folder, sc
 from patchword.search.shards import SHARDS_DIR
 
 __all__ = [
+    "BuildPlan",
     "BuildReport",
     "IndexMismatchError",
     "build_index",
+    "plan_build",
+    "write_build",
     "check_index_model",
     "model_identity",
     "weights_sha256",
@@ -347,6 +355,52 @@ def build_index(
     Each of these is raised before anything is written, and names the flag or file it is about. An
     ``OSError`` while the index is written (a full disk) names the file; the same call then resumes.
     """
+    return write_build(
+        plan_build(
+            run,
+            images,
+            index_dir,
+            update=update,
+            dtype=dtype,
+            dense=dense,
+            dense_store=dense_store,
+            pq_bytes=pq_bytes,
+            keep_patches=keep_patches,
+            batch_size=batch_size,
+            shard_size=shard_size,
+            workers=workers,
+            device=device,
+            checkpoint=checkpoint,
+            progress=progress,
+        )
+    )
+
+
+def plan_build(
+    run: LoadedRun | str | os.PathLike[str],
+    images: str | os.PathLike[str],
+    index_dir: str | os.PathLike[str],
+    *,
+    update: bool = False,
+    dtype: str | None = None,
+    dense: str | os.PathLike[str] | None = None,
+    dense_store: str | None = None,
+    pq_bytes: int | None = None,
+    keep_patches: float | None = None,
+    batch_size: int = 64,
+    shard_size: int = 2048,
+    workers: int | None = None,
+    device: str | torch.device = "cpu",
+    checkpoint: str | os.PathLike[str] | None = None,
+    progress: bool | None = None,
+) -> BuildPlan:
+    """The checking part of :func:`build_index` (same arguments): every flag and file checked, the run loaded
+    (when ``run`` is a directory), the index read and the folder scanned; nothing is written. Returns the
+    :class:`~patchword.search.build_plan.BuildPlan` :func:`write_build` writes.
+
+    Raises:
+        what :func:`build_index` raises before it writes.
+    """
     start = time.perf_counter()
     # Every flag and file is checked before anything is written: a refused command leaves --out as it was
     # (absent, or the index it held), so nothing a typo recorded can refuse the corrected command.
@@ -459,73 +513,70 @@ def build_index(
     if codec is None and manifest.dtype == "pq" and todo:
         _check_pq_sample(identity, min(len(todo), shard_size), dense_texts is not None and not store_scores)
 
+    return BuildPlan(
+        run=run,
+        images_root=images_root,
+        index_dir=index_dir,
+        manifest=manifest,
+        live=live,
+        report=report,
+        kept=kept,
+        dropped=dropped,
+        todo=todo,
+        skipped=skipped,
+        captions=captions,
+        dense_texts=dense_texts,
+        codec=codec,
+        engine=engine,
+        keep=keep,
+        store_scores=store_scores,
+        pq_bytes=pq_bytes,
+        batch_size=batch_size,
+        shard_size=shard_size,
+        workers=workers or min(4, os.cpu_count() or 1),
+        progress=progress,
+        seen=seen,
+        start=start,
+    )
+
+
+def write_build(plan: BuildPlan) -> BuildReport:
+    """The writing part of :func:`build_index`: write the index ``plan`` (:func:`plan_build`) checked, under
+    the index's lock (refused when another build wrote the index since it was read). Returns its
+    :class:`BuildReport`.
+
+    Raises:
+        RunExistsError: another build holds the index, or wrote it since the plan read it.
+        DataError: every image to encode failed to decode (the index is left as it was).
+    """
+    index_dir, manifest, report = plan.index_dir, plan.manifest, plan.report
     # Everything checked: from here on the index is written (the first manifest makes --out an index).
     created = not index_dir.exists()
     index_dir.mkdir(parents=True, exist_ok=True)
-    with _build_lock(index_dir, seen):
-        _write_index(
-            run,
-            images_root,
-            index_dir,
-            manifest,
-            live,
-            report,
-            kept,
-            todo,
-            skipped,
-            captions,
-            created=created,
-            dense_texts=dense_texts,
-            codec=codec,
-            engine=engine,
-            keep=keep,
-            store_scores=store_scores,
-            pq_bytes=pq_bytes,
-            batch_size=batch_size,
-            shard_size=shard_size,
-            workers=workers or min(4, os.cpu_count() or 1),
-            progress=progress,
-        )
+    with _build_lock(index_dir, plan.seen):
+        _write_index(plan, created=created)
     report.num_images = len(manifest.entries)
     # a dropped entry is changed when its file was encoded again, else removed (deleted, or now skipped)
-    encoded_again = {e.path for e in dropped} & {e.path for e in manifest.entries}
+    encoded_again = {e.path for e in plan.dropped} & {e.path for e in manifest.entries}
     report.changed = len(encoded_again)
-    report.removed = len(dropped) - report.changed
+    report.removed = len(plan.dropped) - report.changed
     report.skipped = manifest.skipped
     report.pruning = manifest.pruning
     report.store, report.codec = manifest.dtype, manifest.codec
-    report.seconds = time.perf_counter() - start
+    report.seconds = time.perf_counter() - plan.start
     return report
 
 
-def _write_index(
-    run: LoadedRun,
-    images_root: Path,
-    index_dir: Path,
-    manifest: Manifest,
-    live: Manifest | None,
-    report: BuildReport,
-    kept: list[Entry],
-    todo: list[ImageFile],
-    skipped: list[SkippedFile],
-    captions: dict[str, str] | None,
-    *,
-    created: bool,
-    dense_texts: dict[str, str] | None,
-    codec: TokenCodec | None,
-    engine,
-    keep: int | None,
-    store_scores: bool,
-    pq_bytes: int | None,
-    batch_size: int,
-    shard_size: int,
-    workers: int,
-    progress: bool | None,
-) -> None:
-    """The writing part of :func:`build_index`, everything checked and the index's lock held: encode
-    ``todo`` shard by shard after the ``kept`` entries, compact, mark the index complete. ``manifest`` ends
-    as the one written; ``live``: the complete manifest an update starts from (progress then goes to
-    :data:`PENDING_FILE`, and ``manifest.json`` is replaced last)."""
+def _write_index(plan: BuildPlan, *, created: bool) -> None:
+    """The writing part of :func:`build_index`, everything checked (``plan``) and the index's lock held:
+    encode ``plan.todo`` shard by shard after the ``plan.kept`` entries, compact, mark the index complete.
+    ``plan.manifest`` ends as the one written; ``plan.live``: the complete manifest an update starts from
+    (progress then goes to :data:`PENDING_FILE`, and ``manifest.json`` is replaced last); ``created``: the
+    index directory was made by this build (removed when nothing could be written)."""
+    run, images_root, index_dir, manifest = plan.run, plan.images_root, plan.index_dir, plan.manifest
+    live, report, kept, todo, skipped = plan.live, plan.report, plan.kept, plan.todo, plan.skipped
+    captions, dense_texts, codec, engine = plan.captions, plan.dense_texts, plan.codec, plan.engine
+    keep, store_scores, pq_bytes, shard_size = plan.keep, plan.store_scores, plan.pq_bytes, plan.shard_size
     save = functools.partial(manifest.write, name=MANIFEST_FILE if live is None else PENDING_FILE)
     manifest.state = "building"
     manifest.entries = kept
@@ -548,10 +599,10 @@ def _write_index(
 
     t_encode = time.perf_counter()
     with (
-        ThreadPoolExecutor(workers, thread_name_prefix="patchword-decode") as pool,
-        progress_bar(len(todo), "index images", progress, unit="img") as bar,
+        ThreadPoolExecutor(plan.workers, thread_name_prefix="patchword-decode") as pool,
+        progress_bar(len(todo), "index images", plan.progress, unit="img") as bar,
     ):
-        encoder = ShardEncoder(run, images_root, batch_size, pool, dense_texts)
+        encoder = ShardEncoder(run, images_root, plan.batch_size, pool, dense_texts)
         for first in range(0, len(todo), shard_size):
             encoded = encoder.encode(todo[first : first + shard_size], bar.update)
             skipped += encoded.failed

@@ -13,16 +13,24 @@ backend (tested).
 resumable staging area), then uploads every entry (idempotent: a rerun uploads again, overwriting by id) and
 records the collection in ``INDEX_DIR/qdrant.json``: where (an embedded store's directory as an absolute
 path), how many points and which version of the index it holds
-(:func:`~patchword.search.manifest.rows_digest`: point ids are index ids). The build connects before it
-writes anything (:func:`open_for_upload`): a store in use (a ``serve --qdrant``) or a server out of reach
-leaves the index, the last upload's record and its collection (and their servers) as they were; the record
-is removed before the collection is replaced and written once every point is in.
+(:func:`~patchword.search.manifest.rows_digest`: point ids are index ids). The build connects once every
+flag and file is checked (:func:`~patchword.search.index.plan_build`: a refused flag leaves no store
+behind) and before it writes anything (:func:`open_for_upload`): a store in use (a ``serve --qdrant``) or
+a server out of reach leaves the index, the last upload's record and its collection (and their servers) as
+they were; the record is removed before the collection is replaced and written once every point is in.
 ``patchword search`` / ``serve`` read that file and take vectors from Qdrant: the index directory a server
 needs is then the manifest and ``qdrant.json`` only.
 An index updated since its upload, or a collection holding another number of points, is refused there,
 naming the command that uploads it again. Each point carries its image's path, checked on every hit and
 every point read by id: a collection uploaded again since the index was opened (renumbered ids) is a
 :class:`~patchword.search.store.StaleIndexError`, never other images under the old ids.
+A server is asked once per open what the collection holds (``get_collection``): with no vector in an HNSW
+index and no optimization pending it scans every point, and the first stage is reported exact
+(``qdrant_server_unindexed``), else approximate with how many vectors are indexed
+(:func:`~patchword.search.fidelity.search_kind`); embedded mode always scans.
+
+The upload is :mod:`patchword.search.qdrant_upload`, the client :mod:`patchword.search.qdrant_connect`; this
+module re-exports what they offer.
 """
 
 from __future__ import annotations
@@ -35,176 +43,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from patchword.errors import ConfigError, DataError, MissingExtraError, MissingFileError
-from patchword.fileio import atomic_write_text
-from patchword.search.manifest import MANIFEST_FILE, Manifest, rows_digest, unfinished_build
-from patchword.search.store import IndexEntries, SearchIndex, StaleIndexError
+from patchword.errors import ConfigError, DataError, MissingFileError
+from patchword.search.manifest import Manifest, rows_digest, unfinished_build
+from patchword.search.qdrant_connect import (  # noqa: F401  (re-exported: the backend's one import)
+    QDRANT_FILE,
+    _client_module,
+    _upload_again,
+    connect,
+    is_local,
+    unreachable,
+)
+from patchword.search.qdrant_upload import _upload, open_for_upload, upload_index  # noqa: F401
+from patchword.search.store import IndexEntries, StaleIndexError
 
 __all__ = ["QDRANT_FILE", "connect", "open_for_upload", "upload_index", "QdrantIndex"]
-
-QDRANT_FILE = "qdrant.json"
-
-
-def _client_module():
-    try:
-        import qdrant_client
-        from qdrant_client import models
-    except ImportError:
-        raise MissingExtraError(
-            "the Qdrant backend needs qdrant-client: pip install 'patchword[qdrant]'"
-        ) from None
-    return qdrant_client, models
-
-
-def is_local(location: str) -> bool:
-    """Whether ``location`` names an embedded store's directory (not a URL, not ``:memory:``)."""
-    return not location.startswith(("http://", "https://")) and location != ":memory:"
-
-
-def connect(location: str):
-    """A Qdrant client: ``http(s)://host:port`` (a server or cluster), ``:memory:``, or a local directory
-    (embedded mode, in-process; created when missing).
-
-    Raises:
-        DataError: the embedded store is held by another client (another process searching, serving or
-            uploading it: embedded mode admits one at a time).
-    """
-    qdrant_client, _ = _client_module()
-    if location.startswith(("http://", "https://")):
-        return qdrant_client.QdrantClient(url=location)
-    if location == ":memory:":
-        return qdrant_client.QdrantClient(location=":memory:")
-    try:
-        return qdrant_client.QdrantClient(path=location)
-    except RuntimeError as err:  # qdrant-client's only word for a store another client holds
-        if "already accessed" not in str(err):
-            raise
-        raise DataError(
-            f"the embedded Qdrant store {location} is in use by another process (a `patchword serve`, "
-            "`search` or `index build` holding it: embedded mode admits one at a time): stop that process "
-            "and run this command again, or serve the collection from a Qdrant server (a URL)"
-        ) from None
-
-
-def unreachable(location: str, collection: str, err: Exception) -> DataError:
-    """The error of a Qdrant server that cannot be reached or refuses a request (``ApiException``): one
-    line naming where, not a traceback."""
-    return DataError(f"cannot use Qdrant collection {collection!r} at {location}: {err}")
-
-
-def _check_uploadable(index_dir: Path, dense_store: str | None, pruning: dict[str, Any] | None) -> None:
-    """Refuse an index the Qdrant backend cannot hold (dense scores, pruned patches)."""
-    if dense_store == "scores":
-        raise ConfigError(
-            "--qdrant",
-            f"{index_dir} keeps dense scores, the Qdrant backend dense tokens: build it with "
-            "--dense-store tokens",
-        )
-    if pruning is not None:
-        raise ConfigError(
-            "--qdrant", f"{index_dir} was pruned (--keep-patches); the Qdrant backend holds every patch"
-        )
-
-
-def open_for_upload(index_dir: str | Path, location: str, collection: str):
-    """The client an upload of ``index_dir`` will use, opened (a server asked once) before a build or update
-    writes anything of the index (refused after an update, the manifest would be newer than the collection:
-    its servers answer 503 until the upload is rerun), which it refuses when the backend cannot hold it. The
-    caller closes the client (held until the upload: no other process takes the store meanwhile).
-
-    Raises:
-        ConfigError: the existing index keeps dense scores or was pruned.
-        DataError: the embedded store is held by another client, or the server cannot be reached or refuses.
-    """
-    _client_module()
-    if (Path(index_dir) / MANIFEST_FILE).is_file():  # an update (or a resumed build): what it keeps
-        manifest = Manifest.read(index_dir)
-        _check_uploadable(Path(index_dir), manifest.dense_store, manifest.pruning)
-    location = str(Path(location).expanduser().resolve()) if is_local(location) else location
-    client = connect(location)
-    from qdrant_client.http.exceptions import ApiException  # installed: connect() imported the client
-
-    try:
-        client.collection_exists(collection)
-    except BaseException as err:
-        client.close()
-        if isinstance(err, ApiException):  # a server that cannot be reached or refuses: one line
-            raise unreachable(location, collection, err) from err
-        raise
-    return client
-
-
-def upload_index(
-    index_dir: str | Path, location: str, collection: str, *, batch: int = 64, client=None
-) -> dict[str, Any]:
-    """Upload a complete local index to the Qdrant collection ``collection`` (created, or replaced when its
-    vector layout differs) and record it in ``INDEX_DIR/qdrant.json``; returns that record. ``client``: one
-    :func:`open_for_upload` returned (its caller closes it); None: connected here (and closed)."""
-    _, models = _client_module()
-    if is_local(location):  # recorded as typed, a relative path would name another store from elsewhere
-        location = str(Path(location).expanduser().resolve())
-    index = SearchIndex.open(index_dir)
-    _check_uploadable(Path(index_dir), index.dense_store, index.pruning)
-    owned = client is None  # connected first: a store not opened or reached leaves the last upload as it was
-    if owned:
-        client = open_for_upload(index_dir, location, collection)
-    from qdrant_client.http.exceptions import ApiException  # installed: connect() imported the client
-
-    try:
-        # The record goes before the collection is touched: while the collection is replaced it describes
-        # no collection, so an upload stopped half-way leaves an index that search / serve refuse (naming
-        # the upload), never a record whose digest still matches and a collection missing points.
-        (Path(index_dir) / QDRANT_FILE).unlink(missing_ok=True)
-        record = _upload(index, client, models, location, collection, batch)
-    except ApiException as err:  # a server that cannot be reached or refuses: one line, not a traceback
-        raise unreachable(location, collection, err) from err
-    finally:
-        if owned:
-            client.close()  # an embedded store admits one client at a time: let the next command open it
-    atomic_write_text(Path(index_dir) / QDRANT_FILE, json.dumps(record, indent=2))
-    return record
-
-
-def _upload(index: SearchIndex, client, models, location: str, collection: str, batch: int) -> dict[str, Any]:
-    """Replace the collection with ``index``'s points; -> the record of what it holds."""
-    dim = int(index.manifest.model["embed_dim"])
-    multi = models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM)
-    vectors = {
-        "global": models.VectorParams(size=dim, distance=models.Distance.DOT),
-        "tokens": models.VectorParams(size=dim, distance=models.Distance.DOT, multivector_config=multi),
-    }
-    if index.has_dense:
-        vectors["dense"] = models.VectorParams(
-            size=dim, distance=models.Distance.DOT, multivector_config=multi
-        )
-    if client.collection_exists(collection):
-        client.delete_collection(collection)
-    client.create_collection(collection, vectors_config=vectors)
-    globals_ = index.global_embeddings().numpy()
-    for start in range(0, len(index), batch):
-        ids = np.arange(start, min(start + batch, len(index)))
-        tokens = index.image_tokens(ids).numpy()
-        dense = index.dense_tokens(ids)
-        points = []
-        for row, i in enumerate(ids):
-            vector = {"global": globals_[i].tolist(), "tokens": tokens[row].tolist()}
-            if dense is not None:
-                vector["dense"] = dense[0][row, : int(dense[1][row])].tolist()
-            points.append(models.PointStruct(id=int(i), vector=vector, payload={"path": index.path(int(i))}))
-        client.upsert(collection, points=points, wait=True)
-    return {
-        "location": location,
-        "collection": collection,
-        "points": len(index),
-        "dense": index.has_dense,
-        "rows": rows_digest(index.manifest),
-    }
-
-
-def _upload_again(index_dir: Path, location: str) -> str:
-    """How to bring a Qdrant collection back in line with its index: the build that uploads it again."""
-    command = f"patchword index build RUN_DIR --images DIR --out {index_dir} --update --qdrant {location}"
-    return f"rerun `{command}` to upload it again"
 
 
 class QdrantIndex(IndexEntries):
@@ -222,6 +74,7 @@ class QdrantIndex(IndexEntries):
         self.client = client if client is not None else connect(record["location"])
         self.collection = record["collection"]
         self._hits = threading.local()  # .vectors: id -> vectors of this thread's last shortlist
+        self.server: dict[str, Any] | None = None  # a server's collection when opened: _server_state()
 
     @classmethod
     def open(cls, index_dir: str | Path, *, reuse: QdrantIndex | None = None) -> QdrantIndex:
@@ -266,6 +119,8 @@ class QdrantIndex(IndexEntries):
 
         try:
             problem = index._collection_problem()
+            if problem is None and location.startswith(("http://", "https://")):
+                index.server = index._server_state()  # once per open: what the first stage is
         except ApiException as err:  # a server that cannot be reached or refuses: one line, not a traceback
             if not shared:
                 index.client.close()
@@ -308,6 +163,25 @@ class QdrantIndex(IndexEntries):
                 f"has {self.record.get('points')} (an upload stopped part-way, or points deleted since)"
             )
         return None
+
+    def _server_state(self) -> dict[str, Any]:
+        """What a Qdrant server says of the collection: ``{"status": "green" | "yellow" | "grey" | "red",
+        "points": P, "vectors": P x named vectors, "indexed": vectors in an HNSW index (None: not said)}``.
+
+        A server scans every vector of a segment without an HNSW index (an exact search); a segment gets one
+        once it passes the collection's indexing threshold (``optimizer_config.indexing_threshold``), built by
+        the optimizer in the background (status yellow meanwhile, grey when it is pending). No vector indexed
+        and a green status: every segment is scanned (:func:`~patchword.search.fidelity.search_kind`)."""
+        info = self.client.get_collection(self.collection)
+        points = int(info.points_count or 0)
+        named = getattr(getattr(info.config, "params", None), "vectors", None)
+        indexed = info.indexed_vectors_count
+        return {
+            "status": str(getattr(info.status, "value", info.status)),
+            "points": points,
+            "vectors": points * (len(named) if isinstance(named, dict) else 1),
+            "indexed": None if indexed is None else int(indexed),
+        }
 
     @property
     def has_dense(self) -> bool:
