@@ -59,7 +59,9 @@ _logger = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="patchword hash", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="patchword hash", description="UCMFH cross-modal hashing: train, evaluate, search."
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     # -v after the command too (`patchword -v hash ...` hands it on last); SUPPRESS keeps the command's
     # parser from resetting a -v given before it.

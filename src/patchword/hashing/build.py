@@ -25,6 +25,7 @@ __all__ = [
     "build_hashing_dataset",
     "build_hashing_model",
     "changed_data_keys",
+    "refuse_ignored_keys",
     "refuse_resplit",
 ]
 
@@ -58,7 +59,9 @@ def changed_data_keys(dc: HashDataConfig) -> set[str]:
     return {key for key in keys if getattr(dc, key.removeprefix("data.")) != defaults[key]}
 
 
-def build_hashing_dataset(dc: HashDataConfig, given: Collection[str] = ()) -> HashDataset:
+def build_hashing_dataset(
+    dc: HashDataConfig, given: Collection[str] = (), *, training: bool = True
+) -> HashDataset:
     """The train / query / retrieval :class:`HashDataset` described by ``dc`` (read or generated).
 
     Args:
@@ -67,6 +70,9 @@ def build_hashing_dataset(dc: HashDataConfig, given: Collection[str] = ()) -> Ha
             :func:`changed_data_keys`); one the format would ignore is refused: a :data:`SPLIT_KEYS` one for
             pre-split data, ``data.split_seed`` for synthetic data (taken in order, never shuffled), a
             :data:`SYNTHETIC_KEYS` one for any format that reads files.
+        training: the data are built to train on (``hash train``). False (``hash eval`` / ``hash search`` of
+            a trained run): the training split is not used, and a default ``data.num_train`` capped to the
+            pairs is said at debug level only (the run's split is the run's own; the user set nothing).
 
     Raises:
         ConfigError: ``data.root`` missing, or not the directory (``splits``) or file (``mat``) its format
@@ -75,15 +81,8 @@ def build_hashing_dataset(dc: HashDataConfig, given: Collection[str] = ()) -> Ha
             ``given`` the format ignores, naming it.
         DataError: a split file whose training split holds fewer than two pairs, naming it.
     """
+    _refuse_format_ignored(dc, given)  # before any file is read or pair generated
     if dc.format == "synthetic":
-        # the generated pairs are taken in order (query, then retrieval; training pairs the first of the
-        # retrieval set): no permutation is drawn for a split seed to seed
-        _refuse_ignored(
-            given,
-            ("data.split_seed",),
-            "data.format=synthetic takes its splits in order from the generated pairs (data.synthetic_seed "
-            "seeds them): no split is drawn",
-        )
         return synthetic_dataset(
             num_train=dc.num_train,
             num_query=dc.num_query,
@@ -91,14 +90,6 @@ def build_hashing_dataset(dc: HashDataConfig, given: Collection[str] = ()) -> Ha
             seed=dc.synthetic_seed,
             image_dim=dc.synthetic_image_dim,
             text_dim=dc.synthetic_text_dim,
-        )
-    # checked before any file is read: a file's features are its own, whatever these keys say
-    if dc.format in FORMAT_READS:  # an unknown format is named below
-        _refuse_ignored(
-            given,
-            SYNTHETIC_KEYS,
-            f"data.format={dc.format} {FORMAT_READS[dc.format]}: the data.synthetic_* keys shape generated "
-            "features only (data.format=synthetic)",
         )
     data: HashDataset | HashSplit
     if dc.format == "pairs":
@@ -114,19 +105,59 @@ def build_hashing_dataset(dc: HashDataConfig, given: Collection[str] = ()) -> Ha
     else:
         raise ConfigError("data.format", f"must be synthetic, pairs, splits or mat, got {dc.format!r}")
     if isinstance(data, HashSplit):  # one set of pairs, split here: the sizes asked of it, checked first
-        _check_split_sizes(len(data), data.labels is not None, dc, data.source, given)
+        _check_split_sizes(len(data), data.labels is not None, dc, data.source, given, training)
         return split_dataset(data, num_query=dc.num_query, num_train=dc.num_train, seed=dc.split_seed)
+    _refuse_pre_split(dc, given)  # a .mat is known to be pre-split only once read
+    if len(data.train) < 2:  # the file's own training split: all batches were dropped, 0 steps and exit 0
+        raise DataError(
+            f"{data.train.source}: {len(data.train)} training pair(s); a contrastive batch needs 2"
+        )
+    return data
+
+
+def refuse_ignored_keys(dc: HashDataConfig, given: Collection[str]) -> None:
+    """The refusals of :func:`build_hashing_dataset` that need no data: a key of ``given`` that
+    ``dc.format`` ignores whatever its files hold (``data.split_seed`` for synthetic data, a
+    :data:`SYNTHETIC_KEYS` one for any format that reads files, a :data:`SPLIT_KEYS` one for a ``splits``
+    directory). Whether a ``.mat`` file is pre-split is known once it is read (:func:`build_hashing_dataset`).
+
+    Raises:
+        ConfigError: naming the first such key and why it would be ignored.
+    """
+    _refuse_format_ignored(dc, given)
+    # build_hashing_dataset refuses it after reading the directory: hash train names a damaged file first
+    if dc.format == "splits":
+        _refuse_pre_split(dc, given)
+
+
+def _refuse_format_ignored(dc: HashDataConfig, given: Collection[str]) -> None:
+    """A key of ``given`` that ``dc.format`` ignores, whichever files it reads (no split key: a ``.mat``
+    may be split here)."""
+    if dc.format == "synthetic":
+        # the generated pairs are taken in order (query, then retrieval; training pairs the first of the
+        # retrieval set): no permutation is drawn for a split seed to seed
+        _refuse_ignored(
+            given,
+            ("data.split_seed",),
+            "data.format=synthetic takes its splits in order from the generated pairs (data.synthetic_seed "
+            "seeds them): no split is drawn",
+        )
+    elif dc.format in FORMAT_READS:  # a file's features are its own, whatever these keys say
+        _refuse_ignored(
+            given,
+            SYNTHETIC_KEYS,
+            f"data.format={dc.format} {FORMAT_READS[dc.format]}: the data.synthetic_* keys shape generated "
+            "features only (data.format=synthetic)",
+        )
+
+
+def _refuse_pre_split(dc: HashDataConfig, given: Collection[str]) -> None:
     _refuse_ignored(
         given,
         SPLIT_KEYS,
         f"data.format={dc.format} reads pre-split files ({dc.root}: train / query / retrieval): the "
         "pre-split files decide the splits",
     )
-    if len(data.train) < 2:  # the file's own training split: all batches were dropped, 0 steps and exit 0
-        raise DataError(
-            f"{data.train.source}: {len(data.train)} training pair(s); a contrastive batch needs 2"
-        )
-    return data
 
 
 def _refuse_ignored(given: Collection[str], keys: tuple[str, ...], why: str) -> None:
@@ -151,7 +182,12 @@ def _check_root(root: str, fmt: str, expected: str) -> None:
 
 
 def _check_split_sizes(
-    n: int, labelled: bool, dc: HashDataConfig, source: str, given: Collection[str] = ()
+    n: int,
+    labelled: bool,
+    dc: HashDataConfig,
+    source: str,
+    given: Collection[str] = (),
+    training: bool = True,
 ) -> None:
     """The sizes :func:`split_dataset` is asked for fit the ``n`` pairs of ``source`` and leave a contrastive
     batch to train on: the one check of them, before the split (its own errors name its arguments, not the
@@ -160,7 +196,8 @@ def _check_split_sizes(
     Pair-only data train on the pairs the queries leave: a ``data.num_train`` the caller set (in ``given``)
     that exceeds them is refused, as labelled data refuse it (60 pairs, ``data.num_query=50``,
     ``data.num_train=40`` trained on 10); one it did not set (the default 2000 with a 1000-pair file) is
-    capped to them, with a warning."""
+    capped to them, with a warning when ``training`` (at debug level otherwise: an evaluation of a trained
+    run, which the cap was said to when it trained, does not use the training split)."""
     if not 0 < dc.num_query < n:
         raise ConfigError("data.num_query", f"must lie in [1, {n - 1}] for the {n} pairs of {source}")
     rest = n - dc.num_query
@@ -184,7 +221,8 @@ def _check_split_sizes(
                 f"{dc.num_train} exceeds the {rest} pairs of {source} that data.num_query={dc.num_query} "
                 "leaves to train on (pair-only data train on the pairs the queries do not hold)",
             )
-        _logger.warning(
+        _logger.log(
+            logging.WARNING if training else logging.DEBUG,
             "data.num_train=%d (not given) capped to the %d pairs of %s that data.num_query=%d leaves",
             dc.num_train,
             rest,
@@ -212,6 +250,8 @@ def refuse_resplit(run: HashDataConfig, dc: HashDataConfig) -> None:
     if any(value(run, key) != value(dc, key) for key in SOURCE_KEYS):
         return
     split = "it re-splits the run's pairs, so its query set may hold pairs the run trained on"
+    if dc.format == "mat":  # refused before the file is read: whether it is pre-split is not known yet
+        split += " (a pre-split .mat ignores it: its splits are its own)"
     why = {
         "data.num_train": "the training split is the run's own (it trained on it)",
         "data.num_query": split,

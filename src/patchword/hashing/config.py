@@ -2,19 +2,20 @@
 
 ``load_config(HashRunConfig, "run.yaml", ["train.epochs=100"])`` (:mod:`patchword.config`) builds it from
 the defaults, a YAML file and dotted overrides, checking every key and the ``Literal`` choices; the
-cross-field rules are :func:`check_hash_config`. The defaults are the official UCMFH values.
+cross-field rules are :func:`check_hash_config`, and a new run refuses a key given for settings that do not
+use it (:func:`check_used_keys`). The defaults are the official UCMFH values.
 """
 
 from __future__ import annotations
 
 import typing
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
 from patchword._validation import check_at_least, check_finite_number
-from patchword.config import check_common_values
+from patchword.config import check_common_values, flat_config
 from patchword.errors import ConfigError
 
 __all__ = [
@@ -31,6 +32,8 @@ __all__ = [
     "check_hash_config",
     "check_data_source",
     "check_run_data_overrides",
+    "check_used_keys",
+    "USED_ONLY_WITH",
 ]
 
 #: ``train.loss``: the contrastive loss on both the features and the codes, or HashNet on the codes.
@@ -164,6 +167,39 @@ FORMAT_READS = {
     "splits": "reads the split directory data.root (--root)",
     "mat": "reads the .mat file data.root (--root)",
 }
+
+
+#: ``train`` keys only some settings read: key -> (the setting, the values of it that read the key, what the
+#: key is). Given with another value of the setting, the key was accepted and never used.
+USED_ONLY_WITH = {
+    "train.hashnet_alpha": ("train.loss", ("hashnet",), "the HashNet loss's scale"),
+    "train.betas": ("train.optimizer", ("adam", "adamw"), "Adam's moment decay rates"),
+}
+
+
+def check_used_keys(cfg: HashRunConfig, given: Collection[str] = ()) -> None:
+    """Each key of :data:`USED_ONLY_WITH` the user gave is one the chosen settings use:
+    ``train.hashnet_alpha`` with ``train.loss=infonce``, ``train.betas`` with ``train.optimizer=sgd`` were
+    accepted and silently unused. Checked by a new run (``hash train``, :func:`train_hashing`), before
+    anything is written; a trained run's own config.yaml (resumed or evaluated) is not, as runs saved before
+    this check may hold such a value and their keys cannot change.
+
+    Given: a key in ``given`` (the keys the command line set, at any value) or one whose value differs from
+    its default (set by a config file or in code). A default is never refused: a config.yaml holds every key,
+    and ``--config`` reads a run's back (``--config RUN/config.yaml train.optimizer=sgd`` keeps its betas).
+
+    Raises:
+        ConfigError: naming the key, the setting that would ignore it and the values that use it.
+    """
+    values, defaults = flat_config(cfg), flat_config(HashRunConfig())
+    for key, (setting, users, what) in USED_ONLY_WITH.items():
+        if (key in given or values[key] != defaults[key]) and values[setting] not in users:
+            spell = " or ".join(f"{setting}={value}" for value in users)
+            raise ConfigError(
+                key,
+                f"is used by {spell} only ({what}); {setting}={values[setting]} would ignore it: drop it or "
+                f"set {spell}",
+            )
 
 
 def override_keys(overrides: Sequence[str]) -> set[str]:

@@ -36,7 +36,6 @@ from patchword.checkpoint import export_weights, load_checkpoint, load_fitting_w
 from patchword.config import (
     apply_overrides,
     config_diff,
-    config_to_dict,
     flat_config,
     from_dict,
     load_config,
@@ -51,6 +50,7 @@ from patchword.hashing.build import (
     build_hashing_dataset,
     build_hashing_model,
     changed_data_keys,
+    refuse_ignored_keys,
     refuse_resplit,
 )
 from patchword.hashing.config import (
@@ -59,6 +59,7 @@ from patchword.hashing.config import (
     HashRunConfig,
     check_data_source,
     check_hash_config,
+    check_used_keys,
     override_keys,
 )
 from patchword.hashing.dataset import HashDataset
@@ -117,7 +118,8 @@ def train_hashing(
             ignore is refused even at its default value (one that splits one set of pairs, such as
             ``data.num_query``, for pre-split files, which decide the splits; ``data.split_seed`` for
             synthetic data, split in order; a ``data.synthetic_*`` key for files); such a key whose value
-            differs from its default is refused anyway.
+            differs from its default is refused anyway. A ``train.*`` key the settings do not use
+            (:func:`~patchword.hashing.config.check_used_keys`) is refused too.
 
     Raises:
         RunExistsError: the run directory holds something and ``resume`` is False, or another process
@@ -127,11 +129,13 @@ def train_hashing(
         MissingFileError: ``resume`` of a run that does not exist or never saved a checkpoint.
         ConfigError: ``resume`` with settings other than the run's own (except
             :data:`HASH_RESUMABLE_KEYS`); the run's config.yaml is never rewritten. A data key the format
-            does not read or would ignore (:func:`~patchword.hashing.build.build_hashing_dataset`).
+            does not read or would ignore (:func:`~patchword.hashing.build.build_hashing_dataset`), a
+            ``train.*`` key the loss or optimiser does not use.
     """
     check_hash_config(cfg)
-    if not resume:  # a key the format does not read would be ignored (a resume keeps the run's own config)
+    if not resume:  # a key the settings do not read would be ignored (a resume keeps the run's own config)
         check_data_source(cfg.data)
+        check_used_keys(cfg, given_keys)
     run_dir = hashing_run_dir(cfg)
     if resume:
         saved = resume_config(run_dir)
@@ -141,7 +145,7 @@ def train_hashing(
             raise ConfigError(
                 refused[0], f"differs from {run_dir / CONFIG_FILE}: a resumed run keeps its own settings"
             )
-        values = _flat(cfg)
+        values = flat_config(cfg)  # dotted key -> value
         return resume_hashing(run_dir, [f"{k}={json.dumps(values[k])}" for k in changed], data=data)
     try:  # a read-only or vanished output_dir fails now, not after the data were built
         probe_writable(cfg.output_dir)
@@ -257,17 +261,6 @@ def _train(
     return {"run_dir": str(run_dir), "data": data.summary(), **fit, **metrics}
 
 
-def _flat(cfg: HashRunConfig) -> dict[str, Any]:
-    """Dotted key -> value of every field (``train.epochs``)."""
-    out: dict[str, Any] = {}
-    for section, value in config_to_dict(cfg).items():
-        if isinstance(value, dict):
-            out.update({f"{section}.{k}": v for k, v in value.items()})
-        else:
-            out[section] = value
-    return out
-
-
 def checkpoint_record(
     run_dir: Path, epoch: int, batch_in_epoch: int, step: int, epochs: int
 ) -> dict[str, Any]:
@@ -345,15 +338,18 @@ def open_hashing_run(
     )
     # the overridden eval / data keys get the checks training made (eval.topk=0 reported map@0 = 0.0)
     check_hash_config(cfg)
-    # a data key the overrides set that the run's format would ignore is refused (a split key for pre-split
-    # files, a data.synthetic_* key for files...; the run's own are not)
-    data = build_hashing_dataset(cfg.data, override_keys(overrides or []))
-    model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)
+    # refused before the data are read or built (minutes on real data): a data key the overrides set that
+    # the run's format would ignore (a split key for a split directory, a data.synthetic_* key for files...;
+    # the run's own are not), then one that re-splits the run's data
+    refuse_ignored_keys(cfg.data, override_keys(overrides or []))
     state = load_checkpoint(run_dir / LAST_CHECKPOINT, map_location=cfg.device)
     if not ((run_dir / IMPORT_FILE).is_file() and int(state["step"]) == 0):
         # weights trained on the run's split: another split (or synthetic set) of the same data put
         # training pairs in the query set (an imported checkpoint not trained on since has no data of its own)
         refuse_resplit(load_config(HashRunConfig, run_dir / CONFIG_FILE).data, cfg.data)
+    # the training split is unused here: a capped default data.num_train is no news (said at training)
+    data = build_hashing_dataset(cfg.data, override_keys(overrides or []), training=False)
+    model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)
     # data (overridden, or its files replaced) with other feature sizes build a model the weights do not fit
     builds = f"these data build (image {data.image_dim}-d, text {data.text_dim}-d)"
     load_fitting_weights(model, state["model"], run_dir / LAST_CHECKPOINT, "data", builds)
