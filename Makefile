@@ -9,11 +9,14 @@ STAMP  := $(VENV)/.installed
 
 venv: $(STAMP)
 
-# torch goes first and pinned: an unpinned torch would pull several GB of CUDA wheels.
+# torch goes first and pinned: an unpinned torch would pull several GB of CUDA wheels. Which build 2.13.0 is
+# comes from pip's index: TORCH_INDEX=https://download.pytorch.org/whl/cpu asks for the CPU build where the
+# configured index would give a CUDA one (on Linux, PyPI's torch is the CUDA build).
+TORCH_INDEX ?=
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) install --quiet -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 

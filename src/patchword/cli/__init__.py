@@ -79,7 +79,10 @@ def report_errors(run: Callable[[], int | None], verbose: bool) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="patchword", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="patchword",
+        description="Fine-grained image-text retrieval: train, evaluate, compare and search.",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging and error tracebacks")
     # -v after the verb too; SUPPRESS keeps the verb's parser from resetting a -v given before it.
     common = argparse.ArgumentParser(add_help=False)
