@@ -120,7 +120,7 @@ def _scan_layout(root: Path, cache: Path) -> None:
         write_precomp_split(root, name, split.images, split.captions)
 
 
-def test_precomp_dataset_and_similarity_ensembles(tmp_path, cache, capsys):
+def test_precomp_dataset_and_similarity_ensembles(tmp_path, cache, capsys, monkeypatch):
     root = tmp_path / "f30k_precomp"
     _scan_layout(root, cache)
     common = ["data.dataset=precomp", f"data.root={root}", "data.vocab_min_count=1"]
@@ -136,13 +136,17 @@ def test_precomp_dataset_and_similarity_ensembles(tmp_path, cache, capsys):
         "model.scan.agg=mean",
     )
     single = json.loads((t2i / "metrics.json").read_text())
-    # the same checkpoint twice is not an ensemble: refused; the same weights in other bytes are the run
+    # the same weights twice are not an ensemble: refused (the same checkpoint, or a copy in other bytes)
     out = tmp_path / "self.json"
     assert main(["eval", str(t2i), "--ensemble", str(t2i / "best.pt"), "--out", str(out)]) == 2
     assert "--ensemble" in capsys.readouterr().err and not out.exists()
     again = Path(shutil.copytree(t2i, tmp_path / "again"))
     state = torch.load(again / "best.pt", weights_only=False)
     torch.save({**state, "copied": True}, again / "best.pt")
+    assert main(["eval", str(t2i), "--ensemble", str(again / "best.pt"), "--out", str(out)]) == 2
+    assert "the same model weights" in capsys.readouterr().err and not out.exists()
+    # with that refusal lifted, the average of a model with itself is the model: the averaging is exact
+    monkeypatch.setattr("patchword.runs.evaluate.refuse_repeated_members", lambda checkpoints: None)
     assert main(["eval", str(t2i), "--ensemble", str(again / "best.pt"), "--out", str(out)]) == 0
     same = json.loads(out.read_text())
     assert same["rsum"] == pytest.approx(single["rsum"]) and len(same["ensemble"]) == 2

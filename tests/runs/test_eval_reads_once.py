@@ -31,11 +31,13 @@ def _counting(monkeypatch, module, name: str) -> list:
 def test_an_ensemble_reads_and_checks_each_members_config_once(trained_tiny_run, tmp_path, monkeypatch):
     """Before: run_dir's config.yaml was read six times (twice more by every load) and its eval settings
     checked twice; now once each per member."""
-    # a second member with the same weights in other bytes (the same checkpoint twice is refused)
+    # a second member with the same weights in other bytes, the repeated-member refusal lifted (it reads
+    # checkpoints, not configs; tests/runs/test_evaluation_records.py tests it)
     other = tmp_path / "other"
     shutil.copytree(trained_tiny_run, other)
     state = torch.load(other / "best.pt", weights_only=False)
     torch.save({**state, "copied": True}, other / "best.pt")
+    monkeypatch.setattr(patchword.runs.evaluate, "refuse_repeated_members", lambda checkpoints: None)
     reads = _counting(monkeypatch, patchword.runs, "read_run_config")
     monkeypatch.setattr(patchword.runs.load, "read_run_config", patchword.runs.read_run_config)
     checks = _counting(monkeypatch, patchword.runs.evaluate, "check_eval_settings")
