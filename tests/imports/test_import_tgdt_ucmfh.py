@@ -196,11 +196,10 @@ def test_tgdt_import_scores_as_official(tmp_path, hf_text, changes):
     expected = {k for k in state if any(u in k for u in unused) or k.startswith(("img_first", "cap_first"))}
     assert {k for k in record["ignored"] if k in state} == expected
     assert {"optimizer", "scheduler"} <= set(record["ignored"])
-    # the rest is loaded: cap_proj under two names, img_proj.bias also as the global token (without the
-    # post-processing; with it the zero slot runs through it), a shared transformer's 12 tensors per layer
-    # in both modalities
+    # the rest is loaded: img_proj.bias also as the global token (without the post-processing; with it the
+    # zero slot runs through it), a shared transformer's 12 tensors per layer in both modalities
     post = changes.get("image-model.pos-encoding") is not None
-    twice = 2 + (0 if post else 1) + (12 if changes.get("model.shared-transformer") else 0)
+    twice = (0 if post else 1) + (12 if changes.get("model.shared-transformer") else 0)
     assert record["loaded"] == len(state) - len(expected) + twice
     run = load_run(out)
     tg = run.config.model.tgdt

@@ -112,7 +112,13 @@ class ContextualTextEncoder(EncoderBase):
         self.embed_dim = base.embed_dim
         self.pretrained = base.pretrained
         self.max_len, self.vocab_size = base.max_len, base.vocab_size
-        self.proj = base.proj
+        self.register_load_state_dict_pre_hook(_drop_projection_alias)
+
+    @property
+    def proj(self) -> nn.Module:  # type: ignore[override]
+        """The base encoder's projection, read through: registering it here too would put one Linear in
+        the state dict under two names, which safetensors refuses to save (shared tensors)."""
+        return self.base.proj
 
     def head_parameters(self) -> Iterator[nn.Parameter]:
         return chain(self.base.head_parameters(), self.context.parameters())
@@ -120,3 +126,30 @@ class ContextualTextEncoder(EncoderBase):
     def forward(self, ids: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
         """(B, L) ids, (B,) lengths -> (B, L, embed_dim) contextualised tokens."""
         return self.context(self.base(ids, lens), lens.to(ids.device))
+
+
+def _drop_projection_alias(
+    module: nn.Module,
+    state_dict: dict[str, torch.Tensor],
+    prefix: str,
+    local_metadata: dict,
+    strict: bool,
+    missing_keys: list[str],
+    unexpected_keys: list[str],
+    error_msgs: list[str],
+) -> None:
+    """Load-time pre-hook of :class:`ContextualTextEncoder`: weights saved before its projection became a
+    read-through property hold it twice, as ``{prefix}base.proj.*`` and ``{prefix}proj.*`` (one module
+    under two names, so equal values). The alias is dropped when it equals the base key, renamed to it when
+    the base key is absent; an alias that differs from its base key is an error naming both."""
+    alias, base = prefix + "proj.", prefix + "base.proj."
+    for key in [k for k in state_dict if k.startswith(alias)]:
+        target = base + key[len(alias) :]
+        value = state_dict.pop(key)
+        if target not in state_dict:
+            state_dict[target] = value
+        elif not torch.equal(torch.as_tensor(state_dict[target]), torch.as_tensor(value)):
+            error_msgs.append(
+                f"{key} differs from {target}: weights saved by an earlier patchword hold the one text "
+                "projection under both names, with equal values"
+            )

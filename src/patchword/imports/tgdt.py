@@ -16,7 +16,7 @@ official (``model``)                                        patchword
 ``img_txt_enc.img_enc.pos_encoding_image.map``              ``image_encoder.post.box_map``
 ``img_txt_enc.img_enc.transformer_encoder.layers.i``        ``image_encoder.post.layers.i``
 ``img_txt_enc.txt_enc.bert_model.*``                        ``text_encoder.base.backbone.*``
-``img_txt_enc.cap_proj``                                    ``text_encoder.base.proj``, ``text_encoder.proj``
+``img_txt_enc.cap_proj``                                    ``text_encoder.base.proj``
 ``img_txt_enc.transformer_encoder_1.layers.i``              ``text_encoder.context.layers.i``
 ``img_txt_enc.transformer_encoder_text.layers.i``           ``text_encoder.context.layers.(L + i)``
 ==========================================================  ================================================
@@ -56,8 +56,9 @@ The mapped ``config`` keys: ``model.embed-size`` / ``layers`` / ``dropout`` / ``
 ``text-model.extraction-hidden-layer`` (BERT's depth) and
 ``word-dim`` (checked against ``--hf-text``), ``training.loss-type`` (``model.tgdt.inference``: local,
 global, or the two-stage hybrid of ``test_gl.py`` for ``alignment+matching``), ``dataset.name``
-(``eval.coco_1k``) and the training-only ``lr``, ``bs``, ``margin``, ``grad-clip``, ``max-violation``,
-``scheduler`` / ``step-size`` / ``gamma``, ``text-model.fine-tune``, ``opt.num_epochs``. The official
+(``eval.coco_1k``; import.json's ``dataset``) and the training-only ``lr``, ``bs``, ``margin``,
+``grad-clip``, ``max-violation``, ``scheduler`` / ``step-size`` / ``gamma``, ``text-model.fine-tune``,
+``opt.num_epochs``. The official
 constants become ``model.tgdt``: local scale 10, words ``[1:-2]`` (skip 1 head, 2 tail), ``d_g + d_l``,
 shortlists 50 / 100; 4 heads.
 
@@ -88,6 +89,8 @@ _MAX_CAPTION_TOKENS = 88  # the official evaluation buffers hold captions of up 
 _LAYER = re.compile(r"layers\.(\d+)\.(.+)$")
 _BOX_ENCODINGS = (None, "concat-and-process", "project-and-sum")  # image-model.pos-encoding
 _POST = _P + "img_enc.transformer_encoder"  # TERAN's region transformer (image-model.transformer-layers)
+#: ``config.dataset.name`` -> the dataset recorded in import.json (the released configs' two; another: None)
+_DATASETS = {"f30k": "f30k", "coco": "coco"}
 
 # Tensors of the official model that TGDT never uses, by prefix (after img_txt_enc. where it applies).
 _UNUSED = {
@@ -279,7 +282,7 @@ def _map_tensors(
     consumed = {k for k in state if any(k.startswith(f"{_P}{m}.") for m in modules)}
     renames = {
         _P + "img_proj.": ["image_encoder.proj."],
-        _P + "cap_proj.": ["text_encoder.base.proj.", "text_encoder.proj."],  # one module under two names
+        _P + "cap_proj.": ["text_encoder.base.proj."],  # text_encoder.proj reads it through, unregistered
         _P + "txt_enc.bert_model.": ["text_encoder.base.backbone."],
     }
     if cfg.get("image-model", "pos-encoding", None) is not None:
@@ -502,6 +505,7 @@ def convert(ckpt: dict[str, Any], options: ImportOptions, path: Path) -> ImportP
         architectures={"text": arch},
         metadata=metadata,
         bert_files=_bert_vocab(str(options.hf_text)),
+        dataset=_DATASETS.get(str(cfg.get("dataset", "name", None))),
     )
 
 

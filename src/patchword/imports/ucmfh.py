@@ -167,6 +167,17 @@ def convert(ckpt: dict[str, Any], options: ImportOptions, path: Path) -> ImportP
         eval=HashEvalConfig(topk=50),  # calculate_top_map(topk=50)
     )
     named = _NAME.match(path.name)
+    if named and int(named.group("bits")) != arch["bits"]:
+        # the tensors decide (tohash's rows): a renamed or mislabelled file must not pass unnoticed
+        _logger.warning(
+            "%s: the file name says %s bits, the checkpoint's hash heads have %d (tohash rows): importing "
+            "%d-bit codes (model.bits=%d)",
+            path,
+            named.group("bits"),
+            arch["bits"],
+            arch["bits"],
+            arch["bits"],
+        )
     metadata: dict[str, Any] = {
         "image_dim": arch["image_dim"],
         "text_dim": arch["text_dim"],
