@@ -24,6 +24,7 @@ from patchword.config import config_to_dict, from_dict
 from patchword.errors import ConfigError, MissingFileError, ModelNotFoundError
 from patchword.model import ModelConfig, RetrievalModel, build_model
 from patchword.model_configs import list_models, named_model_mapping, named_random_init
+from patchword.pretrained import VOCAB, resolve_pretrained_dir, resolve_vocab_path
 from patchword.runs import load_run
 from patchword.runs.files import CONFIG_FILE
 
@@ -39,6 +40,9 @@ __all__ = [
 #: the tokenizer's: the shipped synthetic-scenes vocabulary (what the demo and the shipped encoders use).
 DEFAULT_VOCAB = "synthetic-64"
 _WORD_ENCODERS = ("tiny", "gru")
+#: How messages name the pretrained tiny encoders here: the keyword argument (``create_model(name,
+#: tiny_pretrained=...)``) or the ModelConfig field, not the run config's ``model.tiny_pretrained``.
+_TINY_PRETRAINED_KEY = "tiny_pretrained"
 
 _logger = logging.getLogger(__name__)
 
@@ -103,9 +107,11 @@ def create_model(
             raise ConfigError("model", f"{model}: a saved model is loaded as it is (no overrides)")
         return load_run(directory, device=device).model
     cfg = _model_config(model, overrides)
+    if pretrained and cfg.tiny_pretrained:  # named as the argument, before build_model reads it
+        resolve_pretrained_dir(cfg.tiny_pretrained, key=_TINY_PRETRAINED_KEY)
     if vocab_size is None and cfg.text_encoder in _WORD_ENCODERS:
         vocabulary = _word_vocabulary(cfg)
-        vocab_size, vocab_words = _vocab_of(vocabulary, vocab_words)
+        vocab_size, vocab_words = _vocab_of(_word_vocabulary_file(cfg), vocab_words)
         _logger.info(
             "%s: vocab_size not given, using the %s vocabulary (%d words); pass vocab_size= for your "
             "tokenizer",
@@ -124,6 +130,18 @@ def _word_vocabulary(cfg: ModelConfig) -> str:
     """The vocabulary a word text encoder of ``cfg`` reads when none is given: that of the pretrained
     encoders it names (their embedding table has one row per word of it), else :data:`DEFAULT_VOCAB`."""
     return cfg.tiny_pretrained or DEFAULT_VOCAB
+
+
+def _word_vocabulary_file(cfg: ModelConfig) -> str:
+    """The ``vocab.json`` of :func:`_word_vocabulary`.
+
+    Raises:
+        MissingFileError: ``tiny_pretrained`` is no pretrained-encoders directory or shipped name, naming
+            the argument (:data:`_TINY_PRETRAINED_KEY`), not the run config's ``data.vocab_path``.
+    """
+    if cfg.tiny_pretrained:
+        return str(resolve_pretrained_dir(cfg.tiny_pretrained, key=_TINY_PRETRAINED_KEY) / VOCAB)
+    return resolve_vocab_path(DEFAULT_VOCAB)
 
 
 def _model_config(model: str | os.PathLike[str] | ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
@@ -189,6 +207,8 @@ def _saved_model_directory(value: str | os.PathLike[str]) -> Path | None:
         return None
     if (path / CONFIG_FILE).is_file():
         return path
+    if path.is_file():  # a checkpoint or weights file (runs/x/best.pt, best.pt): not a model name either
+        raise MissingFileError(_a_file_is_no_model(text, path))
     if not isinstance(value, str) or os.sep in text or "/" in text or path.is_dir():
         what = "has no " + CONFIG_FILE if path.is_dir() else "does not exist"
         raise MissingFileError(
@@ -196,6 +216,20 @@ def _saved_model_directory(value: str | os.PathLike[str]) -> Path | None:
             f"hf-hub:user/name or a model name ({', '.join(list_models())})"
         )
     return None
+
+
+def _a_file_is_no_model(text: str, path: Path) -> str:
+    """What to give instead of the file ``path``: the saved model (an export or run directory) holding
+    it when it is one (and ``load_run`` for that very checkpoint), or any of the other things a model is."""
+    parent = path.parent
+    instead = "a directory written by `patchword export` (or a run directory)"
+    if (parent / CONFIG_FILE).is_file():
+        instead = (
+            f"the saved model directory holding it ({parent}; for this checkpoint of it: "
+            f"patchword.runs.load_run({str(parent)!r}, checkpoint={path.name!r}).model)"
+        )
+    names = ", ".join(list_models())
+    return f"{text} is a file, not a model: give {instead}, hf-hub:user/name or a model name ({names})"
 
 
 def _hub_snapshot(value: str) -> Path:
@@ -243,9 +277,11 @@ def create_model_and_transforms(
     cfg = _model_config(model, overrides)
     if cfg.text_encoder in _WORD_ENCODERS:
         from patchword.data.tokenizers.word import WordVocab
-        from patchword.pretrained import resolve_vocab_path
 
-        tokenizer = WordVocab.load(resolve_vocab_path(vocab or _word_vocabulary(cfg)))
+        # the argument's own name in the messages (the run config's data.vocab_path is not involved)
+        tokenizer = WordVocab.load(
+            resolve_vocab_path(vocab, key="vocab") if vocab else _word_vocabulary_file(cfg)
+        )
         vocab_size, words = len(tokenizer), list(tokenizer.idx2word)
     else:
         from patchword.data.tokenizers import BertCaptionTokenizer
@@ -270,7 +306,6 @@ def _preprocess(model: RetrievalModel):
 
 def _vocab_of(vocabulary: str, words: list[str] | None) -> tuple[int, list[str]]:
     from patchword.data.tokenizers.word import WordVocab
-    from patchword.pretrained import resolve_vocab_path
 
-    vocab = WordVocab.load(resolve_vocab_path(vocabulary))
+    vocab = WordVocab.load(vocabulary)
     return len(vocab), words if words is not None else list(vocab.idx2word)

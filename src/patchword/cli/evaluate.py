@@ -24,23 +24,9 @@ import logging
 import sys
 from pathlib import Path
 
-__all__ = ["NOT_EVALUATION_KEYS", "add_arguments", "run"]
+from patchword.runs.config import NOT_EVALUATION_KEYS
 
-#: The override keys (a section, or one key) that no evaluation reads, with what they change instead:
-#: each is refused, naming it, rather than applied in memory and ignored. An architecture key
-#: (``model.embed_dim``) is refused by the checkpoint, whose weights it must fit.
-NOT_EVALUATION_KEYS = {
-    "train": "it changes training",
-    "output_dir": "it places a new run; the run evaluated is the RUN argument",
-    "name": "it names a new run; the run evaluated is the RUN argument",
-    "seed": "it seeds training",
-    "model.tiny_pretrained": "it initialises training; the weights come from the checkpoint",
-    "data.vocab_path": "it sets a training vocabulary; the run's own vocab.json is used",
-    "data.vocab_min_count": "it sets a training vocabulary; the run's own vocab.json is used",
-    "data.word_split": "the run's vocab.json records its word split",
-    "data.size_augment": "it augments training captions",
-    "data.num_workers": "it sets the workers decoding training batches",
-}
+__all__ = ["NOT_EVALUATION_KEYS", "add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -40,7 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="*",
         help="dotted run-config overrides of where the data lies and how it is evaluated, e.g. "
         "data.root=data/f30k (recorded in import.json); a key the checkpoint decides (model.*, the "
-        "tokenizer, text length, image size, dense text) is refused",
+        "tokenizer, text length, image size, dense text) is refused, and so is one no evaluation reads "
+        "(train.*, seed, name, output_dir, data.vocab_path, data.word_split...: `patchword eval` refuses "
+        "them too)",
     )
 
 

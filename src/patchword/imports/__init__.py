@@ -26,6 +26,7 @@ from patchword.imports.base import (
     safe_load,
     write_imported_run,
 )
+from patchword.runs.config import NOT_EVALUATION_KEYS
 
 __all__ = [
     "IMPORT_FILE",
@@ -93,8 +94,11 @@ def _checked_overrides(config, overrides: list[str], chosen: Family):
     naming the key: a ``model.*`` value (architecture, scoring) or one of the keys the family declares its
     checkpoints decide (``Family.determines``: tokenizer, text length, image size, dense text...). An
     imported model is what its checkpoint says, fed as it was trained; where the data lies and how it is
-    evaluated (``data.root``, ``eval.*``) are the user's."""
+    evaluated (``data.root``, ``eval.*``) are the user's. In a retrieval run, a key no evaluation reads
+    (``train.*``, ``seed``, ``data.vocab_path``...: :func:`_refuse_unread_keys`) is refused whatever its
+    value."""
     from patchword.config import apply_overrides, flat_config
+    from patchword.runs.config import RunConfig
 
     before = flat_config(config)
     after_config = apply_overrides(config, overrides)
@@ -108,7 +112,30 @@ def _checked_overrides(config, overrides: list[str], chosen: Family):
                 "imported model computes what its checkpoint says, on the input it was trained with; "
                 "override where the data lies (data.root, ...) and eval.* keys only",
             )
+    if isinstance(config, RunConfig):  # a retrieval run: `patchword eval` reads it as it reads any run
+        _refuse_unread_keys(overrides, [key for key, value in after.items() if value != before.get(key)])
     return after_config
+
+
+def _refuse_unread_keys(overrides: list[str], changed: list[str]) -> None:
+    """A key no evaluation of the imported run reads (:data:`patchword.runs.config.NOT_EVALUATION_KEYS`,
+    which ``patchword eval`` refuses too: ``train.*``, ``seed``, ``data.vocab_path``, ``data.word_split``...)
+    is refused: stored in ``config.yaml`` and listed as applied, it would say the run tokenises, was seeded
+    or is named as it is not. ``changed``: the dotted keys whose value the overrides changed (a key set
+    inside a section's mapping, ``data={word_split: unicode}``, is one of them).
+
+    Raises:
+        ConfigError: naming the first such key.
+    """
+    named = [item.split("=", 1)[0].strip() for item in overrides if "=" in item]
+    for key in [*named, *changed]:
+        for refused, why in NOT_EVALUATION_KEYS.items():
+            if key == refused or key.startswith(refused + "."):
+                raise ConfigError(
+                    key,
+                    f"an imported run never reads it (`patchword eval` refuses it too: {why}); override "
+                    "where the data lies (data.root, ...) and eval.* keys only",
+                )
 
 
 # The built-in importers register themselves.

@@ -500,6 +500,9 @@ def _convert(family: str, ckpt: dict[str, Any], options: ImportOptions, path: Pa
                 "root": f"data/{data_name}" if data_name else "",
                 "test_split": "testall" if coco else "test",
                 "tokenizer": "word",
+                # the rule the saved vocab.json tokenises with (nltk's Treebank words, as the official
+                # loader splits), not the default alnum: the config says what the run reads
+                "word_split": vocab.split,
                 "vocab_min_count": 4,
                 "max_caption_len": 256,
                 "dense": False,

@@ -58,11 +58,19 @@ def resolve_pretrained_dir(name_or_path: str | os.PathLike[str], key: str = "mod
     return path
 
 
-def resolve_vocab_path(value: str) -> str:
+def resolve_vocab_path(value: str, key: str = "data.vocab_path") -> str:
     """``data.vocab_path``: a vocabulary json, or a pretrained-encoders directory / shipped name (its
-    ``vocab.json``)."""
+    ``vocab.json``). ``key``: how the caller spells the setting, for the messages (``vocab`` for
+    ``create_model_and_transforms``'s argument).
+
+    Raises:
+        MissingFileError: no such file, or a directory that is not a pretrained-encoders one (naming
+            ``key``).
+    """
     if value in shipped_pretrained() or Path(value).is_dir():
-        return str(resolve_pretrained_dir(value, key="data.vocab_path") / VOCAB)
+        return str(resolve_pretrained_dir(value, key=key) / VOCAB)
+    if not Path(value).is_file():  # else the json reader's bare FileNotFoundError, naming no setting
+        raise MissingFileError(f"{key}={value}: no such file")
     return value
 
 

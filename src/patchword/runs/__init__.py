@@ -5,8 +5,11 @@ evaluated and exported.
 * :mod:`~patchword.runs.config`: :class:`RunConfig` (data, model, train, eval sections) and the shipped
   recipes (``--config demo``);
 * :mod:`~patchword.runs.load`: :func:`load_run` (config, tokenizer, weights, model on a device);
+* :mod:`~patchword.runs.weights`: which weights file a run directory loads, and whether an export's weights
+  are still those it wrote;
 * :mod:`~patchword.runs.checks`: whether prepared data fits a model (shared by training and evaluation);
 * :mod:`~patchword.runs.evaluate`: evaluating a run and writing its JSON (recall, ensembles, the suites);
+* :mod:`~patchword.runs.ensemble`: what an ensemble's members must be (distinct weights, comparable scales);
 * :mod:`~patchword.runs.recorded`: which recorded evaluation describes a given checkpoint;
 * :mod:`~patchword.runs.export`: a run as a self-contained model directory with its card.
 * :mod:`~patchword.runs.claim`: a run directory while a command trains it (claimed, locked, a killed

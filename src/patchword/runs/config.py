@@ -20,6 +20,7 @@ __all__ = [
     "TrainConfig",
     "EvalConfig",
     "RunConfig",
+    "NOT_EVALUATION_KEYS",
     "list_recipes",
     "recipe_path",
     "load_run_config",
@@ -142,3 +143,21 @@ def load_run_config(
     from patchword.config import load_config
 
     return load_config(RunConfig, recipe_path(config) if config else None, list(overrides or []))
+
+
+#: The override keys (a section, or one key) that no evaluation reads, with what they change instead:
+#: each is refused, naming it, rather than applied in memory and ignored (by ``patchword eval`` and by
+#: ``patchword import``, whose run is only ever evaluated or trained from afresh). An architecture key
+#: (``model.embed_dim``) is refused by the checkpoint, whose weights it must fit.
+NOT_EVALUATION_KEYS = {
+    "train": "it changes training",
+    "output_dir": "it places a new run; an evaluation reads the run directory it is given",
+    "name": "it names a new run; an evaluation reads the run directory it is given",
+    "seed": "it seeds training",
+    "model.tiny_pretrained": "it initialises training; the weights come from the checkpoint",
+    "data.vocab_path": "it sets a training vocabulary; the run's own vocab.json is used",
+    "data.vocab_min_count": "it sets a training vocabulary; the run's own vocab.json is used",
+    "data.word_split": "the run's vocab.json records its word split",
+    "data.size_augment": "it augments training captions",
+    "data.num_workers": "it sets the workers decoding training batches",
+}

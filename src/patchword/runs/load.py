@@ -3,7 +3,8 @@ search, serving, plots and benchmarks all load runs through :func:`load_run`).
 
 A run directory written by ``patchword train`` holds ``config.yaml`` (the resolved :class:`RunConfig`,
 written once), ``vocab.json`` (word tokenizers), ``backbones.json`` (Hugging Face architectures),
-``best.pt`` / ``last.pt``, ``metrics.jsonl``, ``summary.json`` and ``export/``.
+``best.pt`` / ``last.pt``, ``metrics.jsonl``, ``summary.json`` and ``export/``. Which of its weights files
+is loaded (:func:`resolve_checkpoint`) lives in :mod:`patchword.runs.weights`, re-exported here.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from patchword.data.config import DataConfig
 from patchword.errors import ConfigError, DataError, MissingFileError
 from patchword.model import RetrievalModel, build_model, started_pretrained
 from patchword.precision import weight_dtype
-from patchword.readers import read_json, read_json_lines, read_yaml_mapping, require_file
+from patchword.readers import read_json, read_json_lines, read_yaml_mapping
 from patchword.runs.config import RunConfig
 from patchword.runs.files import (
     BACKBONES_FILE,
@@ -40,6 +41,7 @@ from patchword.runs.files import (
     VOCAB_FILE,
     WEIGHTS_FILE,
 )
+from patchword.runs.weights import WEIGHTS_DIGEST_KEY, check_export_weights, resolve_checkpoint
 
 __all__ = [
     "LoadedRun",
@@ -201,58 +203,6 @@ def load_run_tokenizer(run_dir: str | Path, data: DataConfig):
     # A run that carries its BERT vocabulary (an imported or exported run) names it relative to itself.
     own = Path(run_dir) / data.bert_vocab
     return BertCaptionTokenizer.from_pretrained(str(own) if own.exists() else data.bert_vocab)
-
-
-#: The key of an exported model directory's ``metrics.json`` that records the sha256 of its
-#: ``model.safetensors`` (``patchword export``): safetensors keeps no checksum, so flipped bytes inside a
-#: tensor would load as other weights without an error.
-WEIGHTS_DIGEST_KEY = "weights_sha256"
-
-
-def check_export_weights(run_dir: Path, path: Path) -> None:
-    """``path``, the weights of the exported model directory ``run_dir``, is still what the export wrote
-    (its recorded sha256); an export that recorded none (written before the digest was) is taken as it is.
-
-    Raises:
-        DataError: the digests differ, naming the file.
-    """
-    from patchword.fileio import file_sha256
-
-    if path.resolve() != (run_dir / WEIGHTS_FILE).resolve():
-        return
-    record = read_json(run_dir / METRICS_JSON, f"export record ({METRICS_JSON})", default={})
-    recorded = record.get(WEIGHTS_DIGEST_KEY)
-    if recorded and file_sha256(path) != recorded:
-        raise DataError(
-            f"{path}: not the weights the export wrote: its sha256 differs from the {WEIGHTS_DIGEST_KEY} "
-            f"in {run_dir / METRICS_JSON} (the file is damaged: copy or export it again)"
-        )
-
-
-def resolve_checkpoint(run_dir: str | Path, checkpoint: str | Path | None = None) -> Path:
-    """``run_dir/best.pt`` (default; ``model.safetensors`` in an exported model directory) or the named
-    file; a missing file is an error naming what exists.
-
-    A relative name is the run's own file when the run has one (``--checkpoint last.pt`` is
-    ``run_dir/last.pt`` even where the working directory holds a ``last.pt`` of another run), else a path
-    from the working directory (``--checkpoint ../other/best.pt``)."""
-    run_dir = Path(run_dir)
-    default = run_dir / BEST_CHECKPOINT
-    if checkpoint is None and not default.is_file() and (run_dir / WEIGHTS_FILE).is_file():
-        default = run_dir / WEIGHTS_FILE
-    path = Path(checkpoint) if checkpoint is not None else default
-    if checkpoint is not None and not path.is_absolute() and (run_dir / path).is_file():
-        path = run_dir / path
-    hint = None
-    if not path.is_file() and not path.is_dir():  # what the run has, where the user may have mistyped
-        found = sorted(p.name for p in run_dir.glob("*.pt"))
-        hint = (
-            f"{run_dir} has {', '.join(found)} (pass --checkpoint)"
-            if found
-            else f"{run_dir} has no checkpoint"
-        )
-    require_file(path, "checkpoint", hint=hint)
-    return path
 
 
 def save_backbones(model, run_dir: Path) -> None:

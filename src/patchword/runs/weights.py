@@ -1,0 +1,73 @@
+"""Which weights file a run directory loads (:func:`resolve_checkpoint`: ``best.pt``, an export's
+``model.safetensors``, or the file ``--checkpoint`` names) and whether an exported model's weights are still
+those its export wrote (:func:`check_export_weights`). :mod:`patchword.runs.load` re-exports both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from patchword.errors import DataError
+from patchword.readers import read_json, require_file
+from patchword.runs.files import BEST_CHECKPOINT, METRICS_JSON, WEIGHTS_FILE
+
+__all__ = ["WEIGHTS_DIGEST_KEY", "check_export_weights", "resolve_checkpoint"]
+
+#: The key of an exported model directory's ``metrics.json`` that records the sha256 of its
+#: ``model.safetensors`` (``patchword export``): safetensors keeps no checksum, so flipped bytes inside a
+#: tensor would load as other weights without an error.
+WEIGHTS_DIGEST_KEY = "weights_sha256"
+
+
+def check_export_weights(run_dir: Path, path: Path) -> None:
+    """``path``, the weights of the exported model directory ``run_dir``, is still what the export wrote
+    (its recorded sha256); an export that recorded none (written before the digest was) is taken as it is.
+
+    Raises:
+        DataError: the digests differ, naming the file.
+    """
+    from patchword.fileio import file_sha256
+
+    if path.resolve() != (run_dir / WEIGHTS_FILE).resolve():
+        return
+    record = read_json(run_dir / METRICS_JSON, f"export record ({METRICS_JSON})", default={})
+    recorded = record.get(WEIGHTS_DIGEST_KEY)
+    if recorded and file_sha256(path) != recorded:
+        raise DataError(
+            f"{path}: not the weights the export wrote: its sha256 differs from the {WEIGHTS_DIGEST_KEY} "
+            f"in {run_dir / METRICS_JSON} (the file is damaged: copy or export it again)"
+        )
+
+
+def resolve_checkpoint(run_dir: str | Path, checkpoint: str | Path | None = None) -> Path:
+    """``run_dir/best.pt`` (default; ``model.safetensors`` in an exported model directory) or the named
+    file; a missing file is an error naming what exists, a directory in its place one saying so.
+
+    A relative name is the run's own entry when the run has one (``--checkpoint last.pt`` is
+    ``run_dir/last.pt`` even where the working directory holds a ``last.pt`` of another run; so is a
+    directory such as ``--checkpoint export``, refused as one), else a path from the working directory
+    (``--checkpoint ../other/best.pt``).
+
+    Raises:
+        MissingFileError: ``"checkpoint PATH is a directory, not a file..."`` or ``"... does not exist..."``.
+    """
+    run_dir = Path(run_dir)
+    default = run_dir / BEST_CHECKPOINT
+    # an export has no best.pt: its weights file is the default, even when something broke it (a directory
+    # in its place is named as such, not reported as a missing best.pt)
+    if checkpoint is None and not default.exists() and (run_dir / WEIGHTS_FILE).exists():
+        default = run_dir / WEIGHTS_FILE
+    path = Path(checkpoint) if checkpoint is not None else default
+    if checkpoint is not None and not path.is_absolute() and (run_dir / path).exists():
+        path = run_dir / path
+    hint = None
+    # what the run has, where the user may have mistyped or named a directory (--checkpoint export)
+    if not path.is_file() and (checkpoint is not None or not path.is_dir()):
+        found = sorted(p.name for p in run_dir.glob("*.pt") if p.is_file())
+        hint = (
+            f"{run_dir} has {', '.join(found)} (pass --checkpoint)"
+            if found
+            else f"{run_dir} has no checkpoint"
+        )
+    require_file(path, "checkpoint", hint=hint)
+    return path
