@@ -16,7 +16,8 @@ Families and backbones are spelled as ``patchword import`` records a checkpoint:
 checkpoint is one of four variants (``opt.cross_attn`` x ``opt.agg_func``: ``t-i LSE``, ``t-i AVG``, ``i-t
 LSE``, ``i-t AVG``): only the rows of its variant, and the ensembles it is one member of, are its
 published results. :func:`caveats` says why a comparison is not like for like: another image count,
-protocol (leaky or not), split, dataset, an ensemble's row beside one model, another SCAN lambda. Everything
+protocol (leaky or not), split, dataset, an ensemble's row beside one model, another SCAN lambda, SEPS /
+LAPS texts cut to ``opt.max_word`` tokens before BERT (the official code cuts BERT's output). Everything
 here is pure, for ``patchword report`` and the export card: the only file read is the shipped table.
 
 Over 400 lines: the table's rows, the checkpoint facts they are matched by (backbone, variant, dataset,
@@ -431,6 +432,33 @@ def _variant_caveats(
     return found
 
 
+#: ``opt.max_word`` of the official SEPS / LAPS ``arguments.py`` when a checkpoint's opt lacks it
+_MAX_WORD = 90
+
+
+def _text_length_caveats(model: ImportedModel | None, data: Any) -> list[str]:
+    """SEPS / LAPS: patchword cuts each text to ``data.max_caption_len`` (``max_dense_len``) BERT tokens
+    before BERT, the official evaluation runs BERT on the whole text and keeps its first ``opt.max_word``
+    embeddings (docs/models.md, "SEPS max_word"). They agree on shorter texts only: most SEPS dense captions
+    are longer, captions rarely are."""
+    if model is None or model.family not in ("seps", "laps"):
+        return []
+    kept = model.opt.get("max_word", _MAX_WORD)
+    kept = kept if isinstance(kept, int) and not isinstance(kept, bool) else _MAX_WORD
+    cut = _field(data, "max_caption_len") if data is not None else None
+    cut = cut if isinstance(cut, int) and not isinstance(cut, bool) else kept
+    longer = (
+        "every longer text (most SEPS dense captions, few captions)"
+        if model.family == "seps"
+        else "every longer caption (few are)"
+    )
+    return [  # no semicolon: the report joins its caveats with them
+        f"patchword cuts each text to {cut} BERT tokens before BERT (data.max_caption_len), the official "
+        f"evaluation runs BERT on the whole text and keeps its first {kept} embeddings (opt.max_word): the "
+        f"scores differ on {longer}, so the measured figures are not the official code's exactly"
+    ]
+
+
 def caveats(
     published: PublishedResult,
     record: Mapping[str, Any] | None,
@@ -440,7 +468,8 @@ def caveats(
     """Why a recorded evaluation (``eval_*.json`` / ``summary.json``) is not a like-for-like comparison with
     ``published``: another number of test images, another protocol (leaky or not), another split than the
     published protocol's test split, other data than the row's dataset, an ensemble's row beside one model,
-    and (``model``: the imported checkpoint) a SCAN row of another variant or lambda. ``data``: the data
+    and (``model``: the imported checkpoint) a SCAN row of another variant or lambda, a SEPS / LAPS
+    checkpoint's texts cut before BERT where the official code cuts BERT's output. ``data``: the data
     config the evaluation ran with (a ``DataConfig`` or its dict; the run's ``config.yaml``, which a
     recorded evaluation matches), without which split names and the dataset go unchecked. ``[]`` when
     nothing recorded says so (or nothing is recorded)."""
@@ -463,6 +492,7 @@ def caveats(
     found += _split_caveat(published, record, data)
     found += _dataset_caveat(published, data)
     found += _variant_caveats(published, record, model)
+    found += _text_length_caveats(model, data)
     return found
 
 
@@ -485,12 +515,18 @@ def _scan_members(row: PublishedResult) -> set[str]:
     return {re.sub(r"\s*\(.*\)$", "", member).strip() for member in text.split(" + ") if member.strip()}
 
 
+def _said(opt: Mapping[str, Any], key: str) -> str:
+    """``opt.key `value``` for a model card's basis; ``opt.key absent`` when the opt has no such field (a
+    card never prints ``None`` for a value nobody recorded)."""
+    return f"opt.{key} `{opt[key]}`" if key in opt else f"opt.{key} absent"
+
+
 def _vision_backbone(family: str, opt: Mapping[str, Any]) -> tuple[str | None, str]:
     """SEPS / LAPS: the backbone the official code loads for ``opt.vit_type`` (``vit`` / ``swin``, with a
     ``_224`` / ``_384`` suffix that only SEPS reads: LAPS builds 224-pixel backbones whatever it says)."""
     vit_type = opt.get("vit_type")
     if not isinstance(vit_type, str) or vit_type.split("_")[0] not in ("vit", "swin"):
-        return None, f"opt.vit_type {vit_type!r}"
+        return None, _said(opt, "vit_type")
     size = "384" if family == "seps" and vit_type.endswith("_384") else "224"
     return f"{vit_type.split('_')[0]}-b-{size}", f"opt.vit_type `{vit_type}`"
 
@@ -499,11 +535,10 @@ def _region_backbone(family: str, opt: Mapping[str, Any]) -> tuple[str | None, s
     """SCAN / NAAF: bottom-up regions and a (bidirectional) GRU over random or GloVe word embeddings."""
     if family == "naaf":
         text = opt.get("precomp_enc_text_type")
-        return _NAAF_TEXT.get(text), f"opt.precomp_enc_text_type `{text}`"
+        return _NAAF_TEXT.get(text) if isinstance(text, str) else None, _said(opt, "precomp_enc_text_type")
     bi_gru = opt.get("bi_gru")
     variant = scan_variant(opt)
-    said = f"opt.bi_gru `{bi_gru}`, opt.cross_attn `{opt.get('cross_attn')}`, "
-    said += f"opt.agg_func `{opt.get('agg_func')}`"
+    said = ", ".join(_said(opt, key) for key in ("bi_gru", "cross_attn", "agg_func"))
     said += f" (SCAN {variant})" if variant else " (no SCAN variant patchword knows)"
     return ("butd-regions+bigru" if bi_gru else "butd-regions+gru"), said
 

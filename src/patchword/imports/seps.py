@@ -196,6 +196,9 @@ def convert(ckpt: dict[str, Any], options: ImportOptions, path: Path, *, family:
         path,
         family,
     )
+    _warn_text_length(
+        path, family, data["max_caption_len"], opt.get("max_word", _EVAL_OPT_DEFAULTS["max_word"])
+    )
     return ImportPlan(
         family=family,
         config=config,
@@ -207,6 +210,25 @@ def convert(ckpt: dict[str, Any], options: ImportOptions, path: Path, *, family:
         bert_files=_bert_vocab(options.hf_text, architectures["text"]),
         # _data_and_eval checked it is f30k or coco (absent: the arguments.py default f30k)
         dataset=str(opt.get("dataset", _EVAL_OPT_DEFAULTS["dataset"])),
+    )
+
+
+def _warn_text_length(path: Path, family: str, cut: int, kept: int) -> None:
+    """Once per import: the imported run cuts its texts to ``cut`` tokens before BERT, the official
+    evaluation keeps ``kept`` (``opt.max_word``) embeddings of BERT's output on the whole text
+    (docs/models.md, "SEPS max_word"); the export card and ``patchword report`` repeat it as a caveat."""
+    texts = "caption and dense caption" if family == "seps" else "caption"
+    longer = "most SEPS dense captions are" if family == "seps" else "few captions are"
+    _logger.warning(
+        "%s: patchword cuts each %s to %d BERT tokens before BERT (data.max_caption_len), while the official "
+        "evaluation runs BERT on the whole text and keeps its first %d embeddings (opt.max_word): scores "
+        "differ on longer texts (%s), so the imported run's recalls are not exactly the official code's "
+        "(docs/models.md)",
+        path,
+        texts,
+        cut,
+        kept,
+        longer,
     )
 
 

@@ -11,7 +11,9 @@ evaluated and exported.
 * :mod:`~patchword.runs.evaluate`: evaluating a run and writing its JSON (recall, ensembles, the suites);
 * :mod:`~patchword.runs.ensemble`: what an ensemble's members must be (distinct weights, comparable scales);
 * :mod:`~patchword.runs.recorded`: which recorded evaluation describes a given checkpoint;
-* :mod:`~patchword.runs.export`: a run as a self-contained model directory with its card.
+* :mod:`~patchword.runs.export`: a run as a self-contained model directory with its card
+  (:mod:`~patchword.runs.card` writes the card, :mod:`~patchword.runs.origins` says where each encoder's
+  weights came from).
 * :mod:`~patchword.runs.claim`: a run directory while a command trains it (claimed, locked, a killed
   start cleared), one :class:`~patchword.runs.claim.RunKind` per training command.
 

@@ -5,11 +5,20 @@ weights of the run's best checkpoint), ``config.yaml`` (the resolved run config)
 (``vocab.json`` or ``bert_vocab.txt``), ``backbones.json`` (Hugging Face architectures, so nothing is
 downloaded), ``metrics.json`` (what the run measured, and the sha256 of ``model.safetensors``, which
 :func:`~patchword.runs.load.load_run` checks) and a ``README.md`` model card generated from the run
-(family, variant, backbones, training data, the exported checkpoint's step beside the run's, the evaluation
-of that checkpoint with its split, gallery size and protocol, leaky or not, the hash of the exported
-``config.yaml``, patchword version; for an imported official checkpoint, the published results of its method
-beside the numbers measured here, from :mod:`patchword.imports.published`). The checkpoint must be a file of
-the run: the directory pairs it with the run's config, vocabulary and training record.
+(:mod:`patchword.runs.card`: family, variant, each encoder and where its weights came from, training data,
+the exported checkpoint's step beside the run's, the evaluation of that checkpoint with its split, gallery
+size and protocol, leaky or not, the hash of the exported ``config.yaml``, patchword version; for an
+imported official checkpoint, the published results of its method beside the numbers measured here). The
+checkpoint must be a file of the run: the directory pairs it with the run's config, vocabulary and training
+record.
+
+An exported directory can be exported again. Its ``model.safetensors`` records no training step and the
+directory no evaluation file, but its ``metrics.json`` holds both for the weights it wrote (their sha256):
+while the file still holds those weights, the new export carries the step, the run they were exported from
+and, when the directory has no evaluation of its own and its ``config.yaml`` is the one the export wrote,
+that evaluation, labelled as the one recorded by the export it was made from. Refusing would only send the
+user back to a source run that may be gone; the digest proves the numbers are of these weights.
+
 ``patchword.runs.load_run(OUT)`` and ``patchword.create_model(OUT)`` load it offline; a Hugging Face hub id
 of such a directory resolves through the local cache (``create_model("hf-hub:user/name")``).
 """
@@ -26,10 +35,8 @@ from safetensors.torch import save
 
 from patchword.errors import ConfigError, DataError, RunExistsError
 from patchword.fileio import atomic_write_bytes, atomic_write_text, probe_writable, staging_dir
-from patchword.imports import published as published_table
-from patchword.matching import matcher_spec
-from patchword.model import matcher_arguments
 from patchword.readers import read_json
+from patchword.runs.card import CARD_KEYS, model_card
 from patchword.runs.files import (
     BACKBONES_FILE,
     CONFIG_FILE,
@@ -46,7 +53,8 @@ from patchword.runs.load import (
     read_run_mapping,
     resolve_checkpoint,
 )
-from patchword.runs.recorded import checkpoint_facts, evaluation_of, path_in_run
+from patchword.runs.origins import warm_start_counts
+from patchword.runs.recorded import checkpoint_facts, evaluation_of, file_sha256, path_in_run
 from patchword.version import __version__
 
 __all__ = ["export_run", "model_card"]
@@ -62,7 +70,8 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
         RunExistsError: ``out`` exists.
         MissingFileError: ``run_dir`` is not a run directory (a file, no such directory, no config.yaml),
             or lacks the checkpoint.
-        DataError: the run's config.yaml is empty or a hashing run's.
+        DataError: the run's config.yaml is empty or a hashing run's; the evaluation the card would show
+            records a recall that is not a number or a ``leaky`` that is not true / false.
         ConfigError: ``checkpoint`` is not a file of ``run_dir`` (``--checkpoint``).
     """
     run_dir, out = Path(run_dir), Path(out)
@@ -75,7 +84,12 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
     tensors = {k: v.detach().cpu().contiguous() for k, v in run.model.state_dict().items()}
     # the evaluation of the exported checkpoint (summary.json describes best.pt, eval_*.json name theirs)
     metrics, source = evaluation_of(run_dir, run.checkpoint, run.config.eval.split)
-    _check_recalls(metrics, run_dir / str(source))
+    earlier = _earlier_export(run_dir, run.checkpoint)
+    carried = not metrics and _carries_evaluation(earlier, run_dir)
+    if carried:
+        metrics, source = earlier["metrics"], METRICS_JSON
+    where = f"{run_dir / str(source)}" + (", metrics" if carried else "")
+    _check_recalls(metrics, where)
     training = _read_json(run_dir / SUMMARY_FILE)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(staging_dir(out, "export"))
@@ -101,10 +115,14 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
             "source_config_hash": config_hash(run_dir),
             "metrics": metrics,
             "metrics_source": source,
+            # what train.init_from supplied, counted now (training records no list of it)
+            "warm_start": _warm_start(run, tensors),
             # the digest of this directory's model.safetensors (``metrics.checkpoint_sha256`` is the source
             # checkpoint's): load_run checks it, as safetensors keeps no checksum of its own
             WEIGHTS_DIGEST_KEY: hashlib.sha256(weights).hexdigest(),
         }
+        if earlier is not None:
+            record.update(_carried_facts(earlier, record, carried))
         atomic_write_text(tmp / METRICS_JSON, json.dumps(record, indent=2))
         atomic_write_text(tmp / "README.md", model_card(run, record))
         tmp.rename(out)
@@ -112,6 +130,84 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _warm_start(run, tensors: dict[str, Any]) -> dict[str, Any] | None:
+    """:func:`~patchword.runs.origins.warm_start_counts` of the run's ``train.init_from`` (None without one,
+    and for an imported run, whose every tensor is the official checkpoint's)."""
+    init_from = run.config.train.init_from
+    if not init_from or (run.run_dir / IMPORT_FILE).is_file():
+        return None
+    return warm_start_counts(tensors, init_from)
+
+
+def _earlier_export(run_dir: Path, checkpoint: Path) -> dict[str, Any] | None:
+    """The ``metrics.json`` of ``run_dir`` when it is an exported model directory whose
+    ``model.safetensors`` is ``checkpoint`` and still holds the weights that export wrote (the sha256 it
+    recorded); None otherwise (a training run's ``metrics.json`` records no weights digest)."""
+    if path_in_run(run_dir, checkpoint) != Path(WEIGHTS_FILE):
+        return None
+    record = read_json(run_dir / METRICS_JSON, f"export record ({METRICS_JSON})", default={})
+    digest = record.get(WEIGHTS_DIGEST_KEY) if isinstance(record, dict) else None
+    if not isinstance(digest, str) or file_sha256(checkpoint) != digest:
+        return None
+    return record
+
+
+def _carries_evaluation(earlier: dict[str, Any] | None, run_dir: Path) -> bool:
+    """Whether the evaluation an earlier export recorded still describes ``run_dir`` as configured: it
+    recorded one, and the directory's ``config.yaml`` is the one that export wrote (its hash)."""
+    if earlier is None or not isinstance(earlier.get("metrics"), dict) or not earlier["metrics"]:
+        return False
+    return earlier.get("config_hash") == config_hash(run_dir)
+
+
+def _carried_facts(earlier: dict[str, Any], record: dict[str, Any], carried: bool) -> dict[str, Any]:
+    """What an export of an exported directory takes from the ``metrics.json`` of the export it was made
+    from (same weights, by their sha256): the run and checkpoint they were first exported from, its step
+    and the run's steps where this directory has none, its warm-start counts (the file may be gone now)
+    and, with ``carried``, where its evaluation was made."""
+    origin = earlier.get("origin")
+    if not isinstance(origin, dict):
+        origin = {"run": earlier.get("source_run"), "checkpoint": earlier.get("checkpoint")}
+    facts: dict[str, Any] = {"origin": origin}
+    for key in ("checkpoint_step", "run_steps"):
+        if record.get(key) is None and earlier.get(key) is not None:
+            facts[key] = earlier[key]
+    counted = earlier.get("warm_start")
+    if (
+        not (record.get("warm_start") or {}).get("tensors")
+        and isinstance(counted, dict)
+        and counted.get("tensors")
+    ):
+        facts["warm_start"] = counted  # counted when the file was there
+    if carried:
+        made = earlier.get("metrics_origin")
+        facts["metrics_origin"] = (
+            made
+            if isinstance(made, dict)
+            else {
+                "run": earlier.get("source_run"),
+                "file": earlier.get("metrics_source"),
+                "config_hash": earlier.get("source_config_hash"),
+            }
+        )
+    return facts
+
+
+def _check_recalls(metrics: dict[str, Any], where: str) -> None:
+    """The recall figures of the evaluation the card shows are numbers, and its ``leaky`` flag (the
+    protocol the card names) is true or false (before anything is written).
+
+    Raises:
+        DataError: naming ``where`` (the record they come from) and the first field that is neither.
+    """
+    for key in CARD_KEYS:
+        value = metrics.get(key)
+        if key in metrics and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            raise DataError(f"{where}: {key} is {json.dumps(value)}, not a number")
+    if "leaky" in metrics and not isinstance(metrics["leaky"], bool):
+        raise DataError(f"{where}: leaky is {json.dumps(metrics['leaky'])}, not true or false")
 
 
 def _own_checkpoint(run_dir: Path, checkpoint: str | Path | None) -> Path:
@@ -159,232 +255,3 @@ def _set_bert_vocab(config: Path) -> None:
     data = yaml.safe_load(config.read_text())
     data["data"]["bert_vocab"] = BERT_VOCAB_DIR
     atomic_write_text(config, yaml.safe_dump(data, sort_keys=False))
-
-
-#: The recall figures the model card shows, in its column order.
-_CARD_KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum")
-
-
-def _check_recalls(metrics: dict[str, Any], path: Path) -> None:
-    """The recall figures of the evaluation the card shows are numbers (before anything is written).
-
-    Raises:
-        DataError: naming ``path`` (the record they come from) and the first field that is not a number.
-    """
-    for key in _CARD_KEYS:
-        value = metrics.get(key)
-        if key in metrics and (not isinstance(value, (int, float)) or isinstance(value, bool)):
-            raise DataError(f"{path}: {key} is {json.dumps(value)}, not a number")
-
-
-def _reported(mc) -> dict[str, Any]:
-    """The option fields the matcher's registration reports (SEPS / LAPS: ``variant``) and their values."""
-    options = {**matcher_spec(mc.matcher).preset, **matcher_arguments(mc)}
-    return {key: options[key] for key in matcher_spec(mc.matcher).report}
-
-
-def model_card(run, record: dict[str, Any]) -> str:
-    """The ``README.md`` of an exported model: what it is, how it was trained, what it scored and how."""
-    cfg, model = run.config, run.model
-    mc, dc, tc = cfg.model, cfg.data, cfg.train
-    metrics = record.get("metrics") or {}
-    imported = _read_json(run.run_dir / IMPORT_FILE)
-    backbones = {
-        "image": mc.hf_vision
-        if mc.image_encoder == "hf"
-        else f"{mc.image_encoder} ({mc.tiny_pretrained or 'from scratch'})",
-        "text": mc.hf_text if mc.text_encoder == "bert" else mc.text_encoder,
-    }
-    reads_dense = model.matcher.consumes_dense and dc.dense
-    dense = f"yes, tied to the {model.matcher.dense_pairing}" if reads_dense else "no"
-    lines = [
-        f"# {run.run_dir.name}",
-        "",
-        f"A patchword model: `{mc.matcher}`"
-        + (f" (`{mc.name}`)" if mc.name else "")
-        + f" over {backbones['image']} image tokens and {backbones['text']} text tokens, "
-        f"{mc.embed_dim}-d joint space.",
-        "",
-        "```python",
-        "from patchword.runs import load_run",
-        "run = load_run('.')          # model, tokenizer, image preprocessing; no download",
-        "```",
-        "",
-        "## Model",
-        "",
-        f"* matcher: `{mc.matcher}`" + "".join(f", {key} `{value}`" for key, value in _reported(mc).items()),
-        f"* image encoder: {backbones['image']}; text encoder: {backbones['text']}",
-        f"* patches: {model.image_encoder.num_patches}, CLS token: {model.image_encoder.has_cls}",
-        f"* dense text: {dense}",
-        "",
-        "## Training",
-        "",
-    ]
-    if imported:
-        lines += [
-            f"Imported from an official {imported.get('family')} checkpoint: `{imported.get('source')}` "
-            f"(sha256 `{str(imported.get('source_sha256', ''))[:16]}`), {imported.get('loaded')} tensors "
-            f"loaded, {len(imported.get('ignored', {}))} ignored"
-            + (f", {len(imported['derived'])} built from its options" if imported.get("derived") else "")
-            + " (listed in `import.json`).",
-        ]
-    else:
-        data = dc.dataset + (
-            f" ({dc.synthetic_scenes} scenes, {dc.num_train} training images)"
-            if dc.dataset == "synthetic"
-            else f" ({dc.root})"
-        )
-        lines += [
-            f"* data: {data}",
-            _steps_line(record),
-            f"* batch {tc.batch_size}, lr {tc.lr}, loss {tc.loss}, precision {cfg.precision}, "
-            f"seed {cfg.seed}",
-        ]
-    lines += ["", "## Evaluation", ""]
-    keys = list(_CARD_KEYS)
-    protocol = "LEAKY (a query carries dense text of its own image)" if metrics.get("leaky") else "leak-free"
-    if all(k in metrics for k in keys):
-        lines += [
-            "| split | images | captions | " + " | ".join(keys) + " |",
-            "|" + "---|" * (len(keys) + 3),
-            f"| {_split_read(metrics, dc)} | {metrics.get('images', '')} | "
-            f"{metrics.get('captions', '')} | " + " | ".join(f"{metrics[k]:.1f}" for k in keys) + " |",
-            "",
-            f"Protocol: {protocol}; checkpoint `{record['checkpoint']}` of the run, evaluated in "
-            f"`{record.get('metrics_source')}`.",
-        ]
-        lines += _split_warning(metrics, dc)
-    else:
-        lines.append(
-            f"No evaluation of checkpoint `{record['checkpoint']}` with this config is recorded with the "
-            f"run: `patchword eval RUN --checkpoint {record['checkpoint']}` measures it (then export again)."
-        )
-    lines += _published_section(imported, metrics, record, dc)
-    lines += [
-        "",
-        _hash_line(record) + f", weights sha256 `{record[WEIGHTS_DIGEST_KEY][:16]}` (`model.safetensors`), "
-        f"patchword {record['patchword_version']}.",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def _split_read(metrics: dict[str, Any], data: Any) -> str:
-    """The split of the dataset the evaluation read (its recorded role through the run's data config:
-    ``data.test_split=dev`` scores the dev split), not the role it was scored in."""
-    return published_table.scored_split(metrics, data) or str(metrics.get("split", "test"))
-
-
-def _split_warning(metrics: dict[str, Any], data: Any) -> list[str]:
-    """A sentence for an evaluation of a split that is not held out: the one the checkpoint was chosen on,
-    or one the model trained on."""
-    use = published_table.split_use(metrics, data)
-    if use == published_table.SELECTION_SPLIT:
-        return [
-            "",
-            f"**Not a test result:** split `{_split_read(metrics, data)}` is the one training chose its "
-            "checkpoint on (model selection); these figures are a validation score, not held-out test "
-            "performance.",
-        ]
-    if use == published_table.TRAINING_SPLIT:
-        return [
-            "",
-            f"**Not a test result:** split `{_split_read(metrics, data)}` is the one the model trained on.",
-        ]
-    return []
-
-
-def _steps_line(record: dict[str, Any]) -> str:
-    """The exported checkpoint's training step, and the run's, each labelled as what it is."""
-    step, total = record.get("checkpoint_step"), record.get("run_steps")
-    line = f"* checkpoint `{record['checkpoint']}`: saved at training step {'n/a' if step is None else step}"
-    return line + (f" (the run trained {total} steps)" if total is not None else "")
-
-
-def _hash_line(record: dict[str, Any]) -> str:
-    """The hash of this directory's ``config.yaml``, and the source run's where it differs (a BERT run's
-    export points its vocabulary at the copy)."""
-    line = f"config hash `{record['config_hash']}` (this directory's `config.yaml`"
-    source = record.get("source_config_hash")
-    if source and source != record["config_hash"]:
-        line += f"; the source run's, which its evaluations name: `{source}`"
-    return line + ")"
-
-
-_COLUMNS = ("i2t R@1", "i2t R@5", "i2t R@10", "t2i R@1", "t2i R@5", "t2i R@10", "rSum")
-
-
-def _cell(value: float | None, signed: bool = False) -> str:
-    """A number of the comparison table, one decimal as published; a dash where there is none."""
-    return "—" if value is None else f"{value:+.1f}" if signed else f"{value:.1f}"
-
-
-def _published_section(
-    imported: dict[str, Any], metrics: dict[str, Any], record: dict[str, Any], data: Any = None
-) -> list[str]:
-    """The card's "Published vs measured here" for an imported official checkpoint: each published
-    result of its method, backbone and dataset (:func:`patchword.imports.published.published_results`)
-    beside the run's recorded evaluation of the exported checkpoint (``metrics``), with source, protocol
-    and notes. ``data``: the run's data config (the split and data the evaluation read, for the caveats)."""
-    model = published_table.imported_model(imported)
-    if model is None:
-        return []
-    datasets = (
-        " and ".join(published_table.DATASETS[d] for d in model.datasets)
-        or "no dataset patchword's table knows"
-    )
-    lines = ["", "## Published vs measured here", ""]
-    rows = model.published()
-    # SCAN: the rows are those of the checkpoint's variant (t-i LSE...), which the sentence names
-    backbone = f"`{model.backbone}`" + (f" (variant {model.variant})" if model.variant else "")
-    if not rows:
-        return lines + [
-            f"patchword's table of published results has no row for the official `{model.family}` code with "
-            f"backbone {backbone} on {datasets} (read from `import.json`: {model.basis})."
-        ]
-    lines += [
-        f"The results published for the official `{model.family}` code with backbone {backbone} on "
-        f"{datasets} (read from `import.json`: {model.basis}), as printed by their sources (nothing "
-        "corrected; `patchword.imports.published`), beside this run's evaluation of checkpoint "
-        f"`{record['checkpoint']}`. difference = measured here - published.",
-        "",
-    ]
-    if metrics:
-        lines.append(
-            f"Measured here: `{record.get('metrics_source')}`, split {_split_read(metrics, data)}, "
-            f"{metrics.get('images', '?')} images, "
-            + ("LEAKY protocol." if metrics.get("leaky") else "leak-free protocol.")
-        )
-    else:
-        lines.append(
-            f"Not measured here yet: no evaluation of checkpoint `{record['checkpoint']}` is recorded with "
-            "the run (`patchword eval RUN` measures it; then export again)."
-        )
-    for published in rows:
-        measured = published_table.measured_metrics(metrics, published.dataset)
-        compared = published_table.compare_rows(published, measured)
-        title = published_table.DATASETS[published.dataset] + (
-            f", {published.variant}" if published.variant else ""
-        )
-        lines += [
-            "",
-            f"**{title}**",
-            "",
-            "| | " + " | ".join(_COLUMNS) + " |",
-            "|---" * (len(_COLUMNS) + 1) + "|",
-        ]
-        for row in compared:
-            name = row["row"]
-            if name != "published" and not measured:
-                if name == "measured here":
-                    lines.append("| measured here | not measured here yet |" + " |" * (len(_COLUMNS) - 1))
-                continue
-            values = [_cell(row[key], signed=name == "difference") for key in published_table.METRIC_KEYS]
-            lines.append(f"| {name} | " + " | ".join(values) + " |")
-        lines += ["", f"* source: {published.source}", f"* protocol: {published.protocol}"]
-        if published.note:
-            lines.append(f"* note: {published.note}")
-        if measured:
-            caveats = published_table.caveats(published, metrics, data, model)
-            lines += [f"* caveat: {text}" for text in caveats]
-    return lines

@@ -1,0 +1,205 @@
+"""Where the weights of a run's encoders came from, in words, for its model card (:mod:`patchword.runs.card`).
+
+Each encoder starts somewhere before the run trains it:
+
+* an imported official checkpoint (``import.json``): every tensor from that checkpoint (its family and
+  sha256), on an architecture recorded in ``backbones.json``; the ``--hf-vision`` / ``--hf-text`` directory
+  given to the import supplied that architecture only, never weights;
+* pretrained tiny encoders (``model.tiny_pretrained``): both tiny encoders, from one directory or
+  shipped name;
+* a Hugging Face backbone (``model.hf_vision`` / ``model.hf_text``): architecture and initial weights;
+* GloVe vectors (``model.gru.glove_path``): the word embeddings of a GRU text encoder;
+* otherwise random initialisation (from scratch); region features (``precomp``) are the data's, the encoder
+  over them starts from scratch.
+
+A warm start (``train.init_from``) then overwrites every tensor whose name and shape match, after all of
+the above (``patchword.checkpoint.warm_start``). Training records no list of them, so the export counts
+them again against the file (:func:`warm_start_counts`, by the same rule) and keeps the counts in its
+``metrics.json`` (``"warm_start"``), which a later export of that directory carries over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from patchword.runs.files import EXPORT_DIR, WEIGHTS_FILE
+
+__all__ = ["PARTS", "encoder_origins", "encoder_kinds", "warm_start_counts", "warm_start_line"]
+
+#: The model's parts, as state-dict prefixes, and how the card names them.
+PARTS = {"image_encoder": "image encoder", "text_encoder": "text encoder", "matcher": "matcher"}
+
+
+def _tensor_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
+    """Name -> shape of the weights at ``path`` as ``warm_start`` reads them (a checkpoint's ``model``, a
+    ``.safetensors`` file, an export directory or a run directory holding one), without loading the tensors;
+    None when there is nothing readable there."""
+    if path.is_dir():
+        found = [p for p in (path / WEIGHTS_FILE, path / EXPORT_DIR / WEIGHTS_FILE) if p.is_file()]
+        if not found:
+            return None
+        path = found[0]
+    if not path.is_file():
+        return None
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), "pt") as weights:
+                return {key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()}  # noqa: SIM118
+        import torch
+
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - a file warm_start could not read either: nothing is counted
+        return None
+    model = state.get("model") if isinstance(state, dict) else None
+    if not isinstance(model, Mapping):
+        return None
+    return {str(k): tuple(v.shape) for k, v in model.items() if hasattr(v, "shape")}
+
+
+def warm_start_counts(model_shapes: Mapping[str, Any], init_from: str) -> dict[str, Any]:
+    """What ``train.init_from`` = ``init_from`` supplied to a model whose state dict has ``model_shapes``
+    (name -> tensor or shape): ``{"init_from": init_from, "tensors": {part: [loaded, total]} }`` for each of
+    :data:`PARTS` the model has (the tensors whose name and shape match the file's, as ``warm_start``
+    loaded them), ``"tensors": None`` when no weights can be read at that path now (it is read from the
+    working directory, as training read it)."""
+    found = _tensor_shapes(Path(init_from))
+    if found is None:
+        return {"init_from": init_from, "tensors": None}
+    counts: dict[str, list[int]] = {}
+    for key, value in model_shapes.items():
+        part = key.split(".", 1)[0]
+        shape = tuple(getattr(value, "shape", value))
+        loaded, total = counts.setdefault(part, [0, 0])
+        counts[part] = [loaded + int(found.get(key) == shape), total + 1]
+    return {"init_from": init_from, "tensors": counts}
+
+
+def _architecture(backbones: Mapping[str, Any], role: str) -> str | None:
+    """The ``model_type`` ``backbones.json`` records for ``role`` (``vision`` / ``text``), or None."""
+    entry = backbones.get(role)
+    kind = entry.get("model_type") if isinstance(entry, Mapping) else None
+    return kind if isinstance(kind, str) and kind else None
+
+
+def encoder_kinds(mc, backbones: Mapping[str, Any]) -> dict[str, str]:
+    """``{"image": ..., "text": ...}``: what each encoder is, in a few words (``tiny ViT``, ``Hugging Face
+    `vit```, ``region encoder over precomputed features``, ``Bi-GRU``). ``mc``: the run's ``ModelConfig``;
+    ``backbones``: its ``backbones.json`` (the Hugging Face architectures)."""
+    image = {
+        "tiny": "tiny ViT",
+        "precomp": "region encoder over precomputed features",
+    }.get(mc.image_encoder) or f"Hugging Face `{_architecture(backbones, 'vision') or mc.hf_vision}`"
+    gru = "Bi-GRU" if mc.gru.bidirectional else "GRU"
+    text = {"tiny": "tiny transformer", "gru": gru}.get(mc.text_encoder) or (
+        f"Hugging Face `{_architecture(backbones, 'text') or mc.hf_text}`"
+    )
+    return {"image": image, "text": text}
+
+
+def _imported(imported: Mapping[str, Any], part: str, mc, backbones: Mapping[str, Any]) -> str:
+    """An imported encoder: its tensors from the official checkpoint, its architecture from where."""
+    sha = str(imported.get("source_sha256") or "")[:16]
+    line = f"weights from the official `{imported.get('family')}` checkpoint" + (
+        f" (sha256 `{sha}`; `import.json`)" if sha else " (`import.json`)"
+    )
+    derived = [k for k in imported.get("derived") or {} if str(k).startswith(part + ".")]
+    if derived:
+        line += f", {len(derived)} of its tensors built from the checkpoint's opt"
+    role, hf = (
+        ("vision", mc.image_encoder == "hf")
+        if part == "image_encoder"
+        else ("text", mc.text_encoder == "bert")
+    )
+    if hf and _architecture(backbones, role):
+        line += (
+            "; architecture recorded in `backbones.json` (the directory given to the import supplied no "
+            "weights)"
+        )
+    elif hf:
+        line += "; architecture only from the directory given to the import (it supplied no weights)"
+    return line
+
+
+_PRETRAINED = "initialised from the pretrained tiny encoders `{}` (model.tiny_pretrained)"
+
+
+def _initial(part: str, mc) -> str:
+    """Where a trained run's encoder started, before any warm start."""
+    if part == "image_encoder":
+        if mc.image_encoder == "hf":
+            return f"architecture and initial weights from Hugging Face `{mc.hf_vision}` (model.hf_vision)"
+        if mc.image_encoder == "tiny" and mc.tiny_pretrained:
+            return _PRETRAINED.format(mc.tiny_pretrained)
+        if mc.image_encoder == "precomp":
+            return "trained from scratch (the region features are the data's)"
+        return "trained from scratch"
+    if mc.text_encoder == "bert":
+        return f"architecture and initial weights from Hugging Face `{mc.hf_text}` (model.hf_text)"
+    if mc.text_encoder == "tiny" and mc.tiny_pretrained:
+        return _PRETRAINED.format(mc.tiny_pretrained)
+    if mc.text_encoder == "gru" and mc.gru.glove_path:
+        return (
+            f"word embeddings from GloVe `{mc.gru.glove_path}` (model.gru.glove_path), the rest from scratch"
+        )
+    return "trained from scratch"
+
+
+def _warmed(base: str, part: str, warm: Mapping[str, Any] | None) -> str:
+    """``base`` (where the encoder started) with what the warm start overwrote of it."""
+    if not warm:
+        return base
+    where = f"`{warm.get('init_from')}` (train.init_from)"
+    tensors = warm.get("tensors")
+    if not isinstance(tensors, Mapping):
+        return (
+            f"{base}, then warm-started from {where} for every tensor whose name and shape matched (not "
+            "counted: no weights could be read at that path on export)"
+        )
+    loaded, total = tensors.get(part) or (0, 0)
+    if total and loaded == total:
+        return f"warm-started from {where}: all {total} of its tensors"
+    if loaded:
+        return f"warm-started from {where}: {loaded} of its {total} tensors; the others {base}"
+    return f"{base} (the warm start {where} matched none of its tensors)"
+
+
+def encoder_origins(
+    mc, imported: Mapping[str, Any], backbones: Mapping[str, Any], warm: Mapping[str, Any] | None
+) -> dict[str, str]:
+    """``{"image": ..., "text": ...}``: where each encoder's weights came from, in words. ``imported``: the
+    run's ``import.json`` (``{}`` for a trained run); ``warm``: :func:`warm_start_counts` of its
+    ``train.init_from`` (None without one)."""
+    found = {}
+    for part, key in (("image_encoder", "image"), ("text_encoder", "text")):
+        if imported:
+            found[key] = _imported(imported, part, mc, backbones)
+        else:
+            found[key] = _warmed(_initial(part, mc), part, warm)
+    return found
+
+
+def warm_start_line(warm: Mapping[str, Any] | None) -> str | None:
+    """The Training section's line for a warm start (None without one): the file and, per part of the
+    model, how many of its tensors it supplied."""
+    if not warm:
+        return None
+    line = (
+        f"* warm start: `{warm.get('init_from')}` (train.init_from), loaded over the encoders' initialisation"
+    )
+    tensors = warm.get("tensors")
+    if not isinstance(tensors, Mapping):
+        return (
+            line
+            + ": every tensor whose name and shape matched (not counted: no weights at that path on export)"
+        )
+    loaded = sum(int(v[0]) for v in tensors.values())
+    total = sum(int(v[1]) for v in tensors.values())
+    parts = ", ".join(
+        f"{PARTS.get(part, part)} {v[0]} of {v[1]}" for part, v in tensors.items() if part in PARTS or v[0]
+    )
+    rest = "; the others kept their initialisation" if loaded < total else ""
+    return line + f": {loaded} of the model's {total} tensors ({parts}){rest}"
