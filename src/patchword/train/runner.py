@@ -40,7 +40,7 @@ from patchword.data.prepare import (
 )
 from patchword.data.tokenizers import WordVocab
 from patchword.distributed import Distributed, session
-from patchword.errors import ConfigError, MissingFileError, ResumeHint, RunExistsError, describe_os_error
+from patchword.errors import ConfigError, ResumeHint, RunExistsError, describe_os_error
 from patchword.factory import create_model
 from patchword.fileio import (
     append_line,
@@ -68,6 +68,7 @@ from patchword.runs.config import RunConfig
 from patchword.runs.evaluate import evaluate_run, json_text
 from patchword.runs.files import BEST_CHECKPOINT, EXPORT_DIR, LAST_CHECKPOINT, METRICS_JSON, SUMMARY_FILE
 from patchword.runs.recorded import DIGEST_FIELD
+from patchword.train.resumable import resumable_state
 from patchword.train.trackers import TENSORBOARD_DIR, WANDB_ID_FILE
 from patchword.train.trainer import Trainer, stop_raises
 from patchword.train.validate import RESUMABLE_KEYS, check_config_and_truth, check_launch, check_model_data
@@ -280,12 +281,7 @@ def resume_run(
     """
     run_dir = Path(run_dir)
     saved = read_run_config(run_dir)
-    last = run_dir / LAST_CHECKPOINT
-    if not last.is_file():
-        raise MissingFileError(
-            f"{run_dir} has no last.pt to resume from (it stopped before its first checkpoint): nothing "
-            "to continue; run the command that started it again (it starts the run anew)"
-        )
+    state = resumable_state(run_dir)  # last.pt: read before the overrides are checked, as it was found
     refuse_overrides(
         overrides,
         RESUMABLE_KEYS,
@@ -295,7 +291,6 @@ def resume_run(
     cfg = apply_overrides(saved, list(overrides))
     device, truth = check_config_and_truth(cfg, resuming=True)
     probe_writable(run_dir)
-    state = load_checkpoint(last, map_location="cpu")
     stored = from_dict(RunConfig, state["config"])
     refuse_edited_config(run_dir / CONFIG_FILE, saved, stored, RESUMABLE_KEYS)
     tokenizer = load_run_tokenizer(run_dir, cfg.data)
