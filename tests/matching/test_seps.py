@@ -40,7 +40,7 @@ def test_code_variant_matches_official_loop(kind, dense):
     args = (d, dl) if dense else (None, None)
     with torch.no_grad():
         got = m(img, caps, lens, *args).sims
-        want = seps_reference_scores(m, img, caps, lens, *args, pairing=dense or "image")
+        want = seps_reference_scores(m, img, caps, lens, *args)  # the pairing: the matcher's
     assert got.shape == (5, 6) and got.dtype == torch.float32
     assert (got - want).abs().max().item() <= 1e-5
 
@@ -54,8 +54,62 @@ def test_paper_variant_matches_reference(kind, dense):
     args = (d, dl) if dense else (None, None)
     with torch.no_grad():
         got = m(img, caps, lens, *args).sims
-        want = seps_reference_scores(m, img, caps, lens, *args, pairing=dense or "image")
+        want = seps_reference_scores(m, img, caps, lens, *args)  # the pairing: the matcher's
     assert (got - want).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("variant", ["code", "paper"])
+@pytest.mark.parametrize("pairing", ["image", "caption"])
+def test_both_references_score_the_matchers_dense_pairing_when_not_told_one(variant, pairing):
+    """Old code: ``seps_reference_scores`` paired dense text with images and ``independent_seps_scores`` with
+    captions whatever the matcher was built with: one of them was 0.2 off its forward, without a word. Both
+    now take the matcher's ``dense_pairing`` (the independent one given the matcher itself as weights)."""
+    m = _matcher("vit", variant=variant, dense_pairing=pairing)
+    n, has_cls, rho, aggr = SHAPES["vit"]
+    img, caps, lens, d, dl = _inputs(n, has_cls, dense_batch=6 if pairing == "caption" else None, seed=5)
+    opt = SEPSOptions(sparse_ratio=rho, aggr_ratio=aggr, num_patches=n, variant=variant)
+    with torch.no_grad():
+        forward = m(img, caps, lens, d, dl).sims
+    assert (seps_reference_scores(m, img, caps, lens, d, dl) - forward).abs().max() <= 1e-5
+    assert (independent_seps_scores(opt, m, img, caps, lens, d, dl) - forward).abs().max() <= 1e-5
+    # an explicit pairing still scores that protocol, whatever the matcher's
+    other = "image" if pairing == "caption" else "caption"
+    m_other = _matcher("vit", variant=variant, dense_pairing=other)
+    d2, dl2 = _inputs(n, has_cls, dense_batch=6 if other == "caption" else None, seed=5)[3:]
+    with torch.no_grad():
+        forward_other = m_other(img, caps, lens, d2, dl2).sims
+    assert (
+        seps_reference_scores(m, img, caps, lens, d2, dl2, dense_pairing=other) - forward_other
+    ).abs().max() <= 1e-5
+    independent = independent_seps_scores(opt, m, img, caps, lens, d2, dl2, dense_pairing=other)
+    assert (independent - forward_other).abs().max() <= 1e-5
+
+
+def test_the_references_refuse_a_dense_pairing_they_cannot_know_or_that_contradicts_dense_index():
+    """Raw tensors carry no pairing: with dense text and none given, the independent reference refuses
+    (old code: caption, silently). A ``dense_index`` gives captions dense rows: ``"image"`` contradicts it."""
+    m = _matcher("vit", dense_pairing="image")
+    n, has_cls, rho, aggr = SHAPES["vit"]
+    img, caps, lens, d, dl = _inputs(n, has_cls)
+    opt = SEPSOptions(sparse_ratio=rho, aggr_ratio=aggr, num_patches=n)
+    with pytest.raises(ValueError, match="no dense_pairing"):
+        independent_seps_scores(opt, m.state_dict(), img, caps, lens, d, dl)
+    index = torch.arange(6) % 5
+    with pytest.raises(ValueError, match="needs dense_pairing='caption'"):
+        seps_reference_scores(m, img, caps, lens, d, dl, dense_pairing="image", dense_index=index)
+    with pytest.raises(ValueError, match="needs dense_pairing='caption'"):
+        independent_seps_scores(opt, m, img, caps, lens, d, dl, dense_pairing="image", dense_index=index)
+    for ref in (lambda **kw: seps_reference_scores(m, img, caps, lens, d, dl, **kw),
+                lambda **kw: independent_seps_scores(opt, m, img, caps, lens, d, dl, **kw)):  # fmt: skip
+        with pytest.raises(ValueError, match="must be 'image' or 'caption'|must be 'caption' or 'image'"):
+            ref(dense_pairing="images")
+    # a dense_index alone implies caption pairing: both agree with the caption-tied forward
+    caption = _matcher("vit", dense_pairing="caption")
+    with torch.no_grad():
+        forward = caption(img, caps, lens, d[index], dl[index]).sims
+    assert (seps_reference_scores(m, img, caps, lens, d, dl, dense_index=index) - forward).abs().max() <= 1e-5
+    independent = independent_seps_scores(opt, m.state_dict(), img, caps, lens, d, dl, dense_index=index)
+    assert (independent - forward).abs().max() <= 1e-5
 
 
 def test_laps_is_seps_without_dense_and_official_shapes():

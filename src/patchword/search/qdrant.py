@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from patchword.errors import ConfigError, DataError, MissingFileError
+from patchword.search.entries import IndexEntries
 from patchword.search.manifest import Manifest, rows_digest, unfinished_build
 from patchword.search.qdrant_connect import (  # noqa: F401  (re-exported: the backend's one import)
     QDRANT_FILE,
@@ -54,7 +55,7 @@ from patchword.search.qdrant_connect import (  # noqa: F401  (re-exported: the b
     unreachable,
 )
 from patchword.search.qdrant_upload import _upload, open_for_upload, upload_index  # noqa: F401
-from patchword.search.store import IndexEntries, StaleIndexError
+from patchword.search.store import StaleIndexError
 
 __all__ = ["QDRANT_FILE", "connect", "open_for_upload", "upload_index", "QdrantIndex"]
 
@@ -227,25 +228,29 @@ class QdrantIndex(IndexEntries):
 
     def image_tokens(self, ids) -> torch.Tensor:
         """(k,) ids -> (k, L_v, C) float32 image tokens from Qdrant."""
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        ids = self.check_ids(ids)
         return torch.tensor(np.stack([np.asarray(v["tokens"], np.float32) for v in self._vectors(ids)]))
 
     def prefetch(self, ids) -> None:
-        """Nothing to do: the shortlist's vectors came back with the hits (:meth:`shortlist`)."""
+        """Nothing to do: the shortlist's vectors came back with the hits (:meth:`shortlist`); ``ids`` are
+        checked as :class:`~patchword.search.store.SearchIndex` checks them."""
+        self.check_ids(ids)
 
     def dense_scores(self, ids) -> None:
         """Always None: a Qdrant collection holds dense tokens, never precomputed dense scores."""
+        self.check_ids(ids)
         return None
 
     def patch_priors(self, ids) -> None:
         """Always None: a Qdrant collection holds every patch (pruned indexes are not uploaded)."""
+        self.check_ids(ids)
         return None
 
     def dense_tokens(self, ids) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(k,) ids -> ((k, L_d, C) zero-padded dense tokens, (k,) lengths), or None."""
+        ids = self.check_ids(ids)
         if not self.has_dense:
             return None
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         parts = [np.asarray(v["dense"], np.float32) for v in self._vectors(ids)]
         lens = torch.tensor([len(p) for p in parts], dtype=torch.int64)
         out = np.zeros((len(parts), int(lens.max()), parts[0].shape[1]), np.float32)
@@ -256,7 +261,7 @@ class QdrantIndex(IndexEntries):
     def global_rows(self, ids) -> torch.Tensor:
         """(k,) ids -> (k, C) float32 global image embeddings from Qdrant (a shortlist's hits do not carry
         them: they are fetched here)."""
-        ids = [int(i) for i in np.asarray(ids, dtype=np.int64).reshape(-1)]
+        ids = self.check_ids(ids).tolist()
         retrieved = list(
             self.client.retrieve(self.collection, ids=ids, with_vectors=["global"], with_payload=["path"])
         )

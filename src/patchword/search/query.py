@@ -399,9 +399,14 @@ class Searcher:
         )
 
     def explain(self, text: str, image_id: int) -> Explanation:
-        """Why image ``image_id`` matches ``text``: see :func:`patchword.search.explain.explain_pair`."""
-        if isinstance(image_id, bool) or not isinstance(image_id, int) or not 0 <= image_id < len(self):
-            raise KeyError(image_id)
+        """Why image ``image_id`` (any integer: ``int``, ``np.int64``...) matches ``text``: see
+        :func:`patchword.search.explain.explain_pair`.
+
+        Raises:
+            ImageIdError: ``image_id`` is not an integer, or not an id of the index
+                (:meth:`~patchword.search.entries.IndexEntries.check_id`).
+        """
+        image_id = self.index.check_id(image_id)
         query = self.encode_query(text)
         ids = torch.tensor([image_id])
         damaged = self._non_finite(query, ids, known=False)

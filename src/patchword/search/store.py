@@ -4,7 +4,9 @@ must encode again.
 
 The format is :mod:`patchword.search.manifest` (``manifest.json``, the layout) and
 :mod:`patchword.search.shards` (the shard files); what a reader can use of them is checked by
-:mod:`patchword.search.checks`.
+:mod:`patchword.search.checks`. Every image id a reader is given is checked (:meth:`IndexEntries.check_ids`):
+numpy indexing would read ``-1`` as the last image
+(:mod:`patchword.search.entries`).
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from patchword.data.npy import npy_problem
 from patchword.errors import DataError, MissingFileError
 from patchword.search.checks import shape_problem, token_width, values_problem
 from patchword.search.codecs import load_codec
+from patchword.search.entries import ImageIdError, IndexEntries
 from patchword.search.manifest import MANIFEST_FILE, Manifest, unfinished_build
 from patchword.search.shards import shard_arrays, shard_files
 
 __all__ = [
     "REPAIR_HINT",
     "DamagedIndexError",
+    "ImageIdError",
     "MissingShardError",
     "StaleIndexError",
     "IndexEntries",
@@ -159,23 +163,6 @@ def _complete_manifest(index_dir: Path) -> Manifest:
     return manifest
 
 
-class IndexEntries:
-    """The image entries of an index's manifest, by index id: what every index backend shares."""
-
-    manifest: Manifest
-
-    def __len__(self) -> int:
-        return len(self.manifest.entries)
-
-    @property
-    def images_root(self) -> Path:
-        return Path(self.manifest.images_root)
-
-    def path(self, image_id: int) -> str:
-        """Relative path (POSIX) of image ``image_id``."""
-        return self.manifest.entries[image_id].path
-
-
 class SearchIndex(IndexEntries):
     """A complete index opened for reading: memory-mapped shards, entries by index id.
 
@@ -271,12 +258,16 @@ class SearchIndex(IndexEntries):
 
     def global_rows(self, ids: torch.Tensor | np.ndarray) -> torch.Tensor:
         """(k,) ids -> (k, C) float32 global image embeddings, read for those rows only."""
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        return torch.from_numpy(self.gather("global", ids).astype(np.float32, copy=False))
+        ids = self.check_ids(ids)
+        return torch.from_numpy(self._gather("global", ids).astype(np.float32, copy=False))
 
     def gather(self, name: str, ids: np.ndarray, width: int | None = None) -> np.ndarray:
         """Rows ``ids`` (index ids) of one stored array (``global``, ``tokens``, ``dense``, ``dense_lens``),
-        in the order given, zero-padded (or cut) to ``width`` along axis 1."""
+        in the order given, zero-padded (or cut) to ``width`` along axis 1 (:meth:`check_ids`)."""
+        return self._gather(name, self.check_ids(ids), width)
+
+    def _gather(self, name: str, ids: np.ndarray, width: int | None = None) -> np.ndarray:
+        """:meth:`gather` of ids already checked."""
         first = next(iter(self._arrays.values()))[name]
         if width is None:
             width = first.shape[1] if first.ndim > 1 else 0
@@ -302,9 +293,9 @@ class SearchIndex(IndexEntries):
         ``madvise`` is unavailable.
         """
         advice = getattr(mmap, "MADV_WILLNEED", None)
+        ids = self.check_ids(ids)
         if advice is None:
             return
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         shards, rows = self._shard_of[ids], self._row_of[ids]
         page = mmap.PAGESIZE
         for shard_id, row in zip(shards.tolist(), rows.tolist(), strict=True):
@@ -322,20 +313,20 @@ class SearchIndex(IndexEntries):
     def _decoded(self, name: str, ids: np.ndarray, width: int | None = None) -> np.ndarray:
         """Rows ``ids`` of the token array ``name`` (``tokens`` / ``dense``), decoded to float32: only the
         rows asked for are read and decoded."""
-        arrays = {suffix: self.gather(f"{name}{suffix}", ids, width) for suffix in self.codec.suffixes()}
+        arrays = {suffix: self._gather(f"{name}{suffix}", ids, width) for suffix in self.codec.suffixes()}
         return self.codec.decode(arrays)
 
     def image_tokens(self, ids: torch.Tensor | np.ndarray) -> torch.Tensor:
         """(k,) index ids -> (k, L_v, C) float32 image tokens."""
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        ids = self.check_ids(ids)
         return torch.from_numpy(self._decoded("tokens", ids))
 
     def dense_scores(self, ids: torch.Tensor | np.ndarray) -> torch.Tensor | None:
         """(k,) index ids -> (k,) float32 precomputed dense scores, or None (not a ``scores`` index)."""
+        ids = self.check_ids(ids)
         if self.dense_store != "scores":
             return None
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        return torch.from_numpy(self.gather("dense_score", ids).astype(np.float32))
+        return torch.from_numpy(self._gather("dense_score", ids).astype(np.float32))
 
     @property
     def pruning(self) -> dict[str, Any] | None:
@@ -344,25 +335,25 @@ class SearchIndex(IndexEntries):
 
     def patch_priors(self, ids: torch.Tensor | np.ndarray) -> torch.Tensor | None:
         """(k,) index ids -> (k, M) float32 selection priors of the kept patches, or None (not pruned)."""
+        ids = self.check_ids(ids)
         if self.pruning is None:
             return None
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        return torch.from_numpy(self.gather("patch_prior", ids).astype(np.float32))
+        return torch.from_numpy(self._gather("patch_prior", ids).astype(np.float32))
 
     def patch_ids(self, ids: torch.Tensor | np.ndarray) -> torch.Tensor | None:
         """(k,) index ids -> (k, M) int64 grid positions of the kept patches, or None (not pruned)."""
+        ids = self.check_ids(ids)
         if self.pruning is None:
             return None
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        return torch.from_numpy(self.gather("patch_ids", ids).astype(np.int64))
+        return torch.from_numpy(self._gather("patch_ids", ids).astype(np.int64))
 
     def dense_tokens(self, ids: torch.Tensor | np.ndarray) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(k,) index ids -> ((k, L_d, C) float32 dense tokens, (k,) int64 lengths), or None (no dense
         captions, or only their scores kept)."""
+        ids = self.check_ids(ids)
         if self.dense_store != "tokens":
             return None
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        lens = self.gather("dense_lens", ids).astype(np.int64)
+        lens = self._gather("dense_lens", ids).astype(np.int64)
         width = int(lens.max()) if lens.size else 1
         return torch.from_numpy(self._decoded("dense", ids, width)), torch.from_numpy(lens)
 
@@ -370,7 +361,7 @@ class SearchIndex(IndexEntries):
         """Index id -> the first shard file holding a non-finite value in its rows, for each of ``ids``
         whose rows hold one (in the order given); reads those rows only."""
         found = {}
-        for image_id in np.asarray(ids, dtype=np.int64).reshape(-1).tolist():
+        for image_id in self.check_ids(ids).tolist():
             shard, row = int(self._shard_of[image_id]), int(self._row_of[image_id])
             for name, array in self._arrays[shard].items():
                 if array.dtype.kind == "f" and not np.isfinite(array[row]).all():

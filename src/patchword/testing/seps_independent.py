@@ -6,7 +6,8 @@ switches): a wrong ``K``, a wrong preset or a misread switch in the library woul
 imports nothing from ``patchword``: it takes the *official option values* (:class:`SEPSOptions`, named as in
 the official ``arguments.py``: ``sparse_ratio``, ``aggr_ratio``, ``num_patches``), its own table of the
 code / paper switches (:data:`VARIANTS`) and the weights as raw tensors (:data:`WEIGHT_NAMES`), and computes
-everything else itself, one caption at a time like the official loop.
+everything else itself, one caption at a time like the official loop. Given a matcher instead of its tensors,
+it reads its ``state_dict()`` and the default ``dense_pairing`` from its config, nothing else.
 
 What the official code computes (``CrossmodalGroup/LAPS`` ``lib/cross_net.py`` at ``355a43b``; SEPS at
 ``7f4dfa6``, reference/seps_laps.md sections 1.4 and 2), and this module repeats:
@@ -263,17 +264,35 @@ def independent_patch_prior(opt: SEPSOptions, weights: dict[str, torch.Tensor], 
     return _image_part(opt, _Weights(opt, weights, img.dtype), cls, img[:, int(counts["has_cls"]) :])
 
 
+def _pairing(dense_pairing: str | None, dense_index, weights, has_dense: bool) -> str:
+    """The dense pairing scored: the one asked for, else the one a ``dense_index`` implies, else that of the
+    matcher given as ``weights``. Dense text with none is refused: the official code pairs with captions, the
+    library by default with images, and guessing either would score the other protocol without a word."""
+    if dense_pairing is not None and dense_pairing not in ("caption", "image"):
+        raise ValueError(f"dense_pairing must be 'caption' or 'image', got {dense_pairing!r}")
+    if dense_index is not None and dense_pairing == "image":
+        raise ValueError("dense_index gives each caption a dense row: it needs dense_pairing='caption'")
+    matcher_pairing = getattr(getattr(weights, "config", None), "dense_pairing", None)
+    pairing = dense_pairing or ("caption" if dense_index is not None else matcher_pairing)
+    if pairing is None and has_dense:
+        raise ValueError(
+            "dense text given but no dense_pairing: pass dense_pairing='caption' (official) or 'image', a "
+            "dense_index, or the matcher itself as weights (its config.dense_pairing is used)"
+        )
+    return pairing or "caption"
+
+
 @torch.no_grad()
 def independent_seps_scores(
     opt: SEPSOptions,
-    weights: dict[str, torch.Tensor],
+    weights: dict[str, torch.Tensor] | torch.nn.Module,
     img: torch.Tensor,
     caps: torch.Tensor,
     cap_lens: torch.Tensor,
     dense: torch.Tensor | None = None,
     dense_lens: torch.Tensor | None = None,
     *,
-    dense_pairing: str = "caption",
+    dense_pairing: str | None = None,
     dense_index: torch.Tensor | None = None,
     patch_prior: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -282,17 +301,30 @@ def independent_seps_scores(
     Args:
         opt: the option values (never a library config).
         weights: raw tensors named as in :data:`WEIGHT_NAMES` (a matcher's ``state_dict()`` fits; so does an
-            official ``cross_net`` state without its ``cross_net.`` prefix, for the code variant).
+            official ``cross_net`` state without its ``cross_net.`` prefix, for the code variant), or the
+            matcher itself: its ``state_dict()`` and, as the default ``dense_pairing``, its
+            ``config.dense_pairing`` (nothing else of its config is read).
         img: (B_v, L_v, C) raw image tokens, CLS first when there is one; pruned: (B_v, [1 +] M, C).
         caps: (B_t, L_t, C) raw caption tokens; cap_lens: (B_t,) valid lengths (CLS/SEP included).
         dense: raw dense-text tokens, or None (LAPS). ``dense_pairing="caption"`` (official): caption j uses
             row ``dense_index[j]`` (default j: (B_t, L_d, C)). ``"image"``: (B_v, L_d, C), row v of image v.
         dense_lens: valid lengths of the dense rows.
+        dense_pairing: ``"caption"`` or ``"image"``; None: ``"caption"`` when a ``dense_index`` is given, else
+            the matcher's when ``weights`` is one; dense text with neither is refused. An explicit value
+            scores that protocol whatever the matcher was built with.
+        dense_index: (B_t,) dense row of each caption (``"caption"`` pairing only).
         patch_prior: (B_v, M) image part of the selection scores of images pruned to M patches, or None.
 
     Returns:
         (B_v, B_t) scores in ``img``'s dtype.
+
+    Raises:
+        ValueError: weights that do not fit the switches, an unknown or missing ``dense_pairing`` (dense
+            text given), or a ``dense_index`` with ``dense_pairing="image"``.
     """
+    dense_pairing = _pairing(dense_pairing, dense_index, weights, dense is not None)
+    if isinstance(weights, torch.nn.Module):
+        weights = weights.state_dict()
     w = _Weights(opt, weights, img.dtype)
     counts = token_counts(opt, img.shape[1], None if patch_prior is None else patch_prior.shape[1])
     k, n_c, has_cls = counts["K"], counts["N_c"], counts["has_cls"]
@@ -304,8 +336,6 @@ def independent_seps_scores(
     topk = opt.switch("hrpa_topk")
     slope = opt.leaky_slope if opt.switch("similarity") == "leaky_relu" else None
     dense_net = "aggr_net_dense" if opt.switch("aggregation") == "dual" else "aggr_net"
-    if dense_pairing not in ("caption", "image"):
-        raise ValueError(f"dense_pairing must be 'caption' or 'image', got {dense_pairing!r}")
 
     cls = img[:, :1] if has_cls else None
     patches = img[:, int(has_cls) :]

@@ -79,6 +79,19 @@ def _hrpa(hrpa, leaky_slope: float | None, tokens: torch.Tensor, words: torch.Te
     return sims
 
 
+def _pairing(dense_pairing: str | None, dense_index: torch.Tensor | None, matcher_pairing: str) -> str:
+    """The dense pairing scored: the one asked for, else the one a ``dense_index`` implies, else the
+    matcher's (a reference with a default of its own would score another protocol than the matcher's
+    forward without a word)."""
+    if dense_pairing is not None and dense_pairing not in ("image", "caption"):
+        raise ValueError(f"dense_pairing must be 'image' or 'caption', got {dense_pairing!r}")
+    if dense_index is not None:
+        if dense_pairing == "image":
+            raise ValueError("dense_index gives each caption a dense row: it needs dense_pairing='caption'")
+        return "caption"
+    return dense_pairing if dense_pairing is not None else matcher_pairing
+
+
 @torch.no_grad()
 def seps_reference_scores(
     matcher,
@@ -88,25 +101,32 @@ def seps_reference_scores(
     dense: torch.Tensor | None = None,
     dense_lens: torch.Tensor | None = None,
     *,
-    pairing: str = "image",
+    dense_pairing: str | None = None,
     dense_index: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Scores of every (image, caption) pair, one caption at a time against all images.
 
     Args:
         matcher: a SEPS/LAPS matcher in eval mode (its resolved ``config`` chooses code or paper
-            equations: ``score_mode``, ``dense_mode``, ``similarity``, ``hrpa_topk``, ``use_dense``).
+            equations: ``score_mode``, ``dense_mode``, ``similarity``, ``hrpa_topk``, ``use_dense``, and
+            the default ``dense_pairing``).
         img: (B_v, L_v, C) raw image tokens (token 0 is CLS when ``config.has_cls``).
         caps: (B_t, L, C) raw caption tokens; lens: (B_t,) valid lengths.
-        dense: raw dense-text tokens, or None (LAPS). ``pairing="image"``: (B_v, L_d, C), image v scored
-            with its own dense text. ``pairing="caption"`` (official protocol): caption j uses dense row
+        dense: raw dense-text tokens, or None (LAPS). ``dense_pairing="image"``: (B_v, L_d, C), image v
+            scored with its own dense text. ``"caption"`` (official protocol): caption j uses dense row
             ``dense_index[j]`` (default j, i.e. (B_t, L_d, C)).
         dense_lens: valid lengths of the dense rows.
-        pairing: ``"image"`` or ``"caption"``; a ``dense_index`` implies ``"caption"``.
-        dense_index: (B_t,) dense row of each caption.
+        dense_pairing: ``"image"`` or ``"caption"``; None: the matcher's ``config.dense_pairing`` (what its
+            forward scores), or ``"caption"`` when a ``dense_index`` is given. An explicit value scores that
+            protocol whatever the matcher was built with.
+        dense_index: (B_t,) dense row of each caption (``"caption"`` pairing only).
 
     Returns:
         (B_v, B_t) scores in ``img``'s dtype.
+
+    Raises:
+        ValueError: a training-mode matcher or a switch the reference lacks, an unknown ``dense_pairing``,
+            or a ``dense_index`` with ``dense_pairing="image"``.
     """
     cfg = matcher.config
     if matcher.training:
@@ -115,10 +135,9 @@ def seps_reference_scores(
         raise ValueError("the reference implements joint_score=False only")
     if cfg.saliency != "mean_patch":
         raise ValueError("the reference implements the official mean-patch saliency only")
-    if pairing not in ("image", "caption"):
-        raise ValueError(f"pairing must be 'image' or 'caption', got {pairing!r}")
+    pairing = _pairing(dense_pairing, dense_index, cfg.dense_pairing)
     use_dense = dense is not None and cfg.use_dense
-    if use_dense and (pairing == "caption" or dense_index is not None):
+    if use_dense and pairing == "caption":
         dense_index = dense_index if dense_index is not None else torch.arange(caps.shape[0])
     else:
         dense_index = None
