@@ -26,7 +26,10 @@ __all__ = [
     "check_lengths",
     "check_finite",
     "check_all_finite",
+    "finite_flag",
+    "raise_non_finite",
     "values_checked",
+    "values_are_checked",
     "check_at_least",
     "check_finite_number",
 ]
@@ -55,6 +58,12 @@ def values_checked() -> Iterator[None]:
 
 def _values_already_checked() -> bool:
     return getattr(_checked, "active", False)
+
+
+def values_are_checked() -> bool:
+    """Whether this thread runs under :func:`values_checked` (a caller checked the values of its whole
+    inputs once): a scoring engine called there checks shapes only."""
+    return _values_already_checked()
 
 
 def check_tensor(
@@ -110,21 +119,38 @@ def _raise_non_finite(x: torch.Tensor, name: str, why: str = "") -> None:
 
 
 def check_all_finite(named: Sequence[tuple[torch.Tensor, str]]) -> None:
-    """:func:`check_finite` of several ``(tensor, name)`` on one device with one read for all of them
-    (always, also under :func:`values_checked`: it is the check done once).
+    """:func:`check_finite` of several ``(tensor, name)`` with one read for all of them on one device
+    (always, also under :func:`values_checked`: it is the check done once)."""
+    by_device: dict[torch.device, list[tuple[torch.Tensor, str]]] = {}
+    for x, name in named:  # tensors given on several devices: one read per device
+        by_device.setdefault(x.device, []).append((x, name))
+    for group in by_device.values():
+        flag = finite_flag(group)
+        if flag is not None and not bool(flag):
+            raise_non_finite(group)
+
+
+def finite_flag(named: Sequence[tuple[torch.Tensor, str]]) -> torch.Tensor | None:
+    """Whether every value of the floating tensors of ``named`` (all on one device) is finite: a 0-dim
+    bool tensor on their device, computed without reading anything (a caller may read it together with a
+    value it waits for anyway); None when there is nothing to check.
 
     Whole inputs can be large: their minimum and maximum are finite exactly when every value is (both
     propagate NaN and reach an infinity), so no temporary as large as a tensor is made.
     """
-    floating = [(x, name) for x, name in named if x.is_floating_point() and x.numel()]
+    floating = [x for x, _ in named if x.is_floating_point() and x.numel()]
     if not floating:
-        return
-    flags = torch.stack([torch.isfinite(torch.stack([x.amin(), x.amax()])).all() for x, _ in floating])
-    if bool(flags.all()):
-        return
-    for x, name in floating:
-        if not bool(torch.isfinite(x).all()):
+        return None
+    return torch.stack([torch.isfinite(torch.stack([x.amin(), x.amax()])).all() for x in floating]).all()
+
+
+def raise_non_finite(named: Sequence[tuple[torch.Tensor, str]]) -> None:
+    """Raise naming the first of ``named`` that holds a non-finite value (after :func:`finite_flag` read
+    False; reads each tensor)."""
+    for x, name in named:
+        if x.is_floating_point() and not bool(torch.isfinite(x).all()):
             _raise_non_finite(x, name)
+    raise ValueError(f"{', '.join(name for _, name in named)}: non-finite values (NaN or inf)")
 
 
 def check_lengths(
@@ -133,7 +159,7 @@ def check_lengths(
     """Validate a (size,) vector of valid-token counts and return it as int64.
 
     Args:
-        lens: lengths, a tensor or a sequence of ints.
+        lens: lengths, a tensor or a sequence of ints (None and bool values are refused).
         name: the argument name used in error messages.
         size: the required number of entries (the batch size of the matching token tensor).
         max_len: the token axis length; no entry may exceed it.
@@ -142,13 +168,21 @@ def check_lengths(
             device, so a training step skips it. Never checked while ``torch.compile`` traces: reading a
             value would break the graph, nor under :func:`values_checked`.
     """
+    if lens is None:
+        raise ValueError(
+            f"{name} must be ({size},) valid-token counts (a tensor or a sequence of ints), got None"
+        )
     if not isinstance(lens, torch.Tensor):
         try:
             lens = torch.as_tensor(lens)
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError, RuntimeError) as err:  # RuntimeError: e.g. a None among the values
             raise ValueError(f"{name} must be a 1-D tensor of lengths: {err}") from err
     if lens.dim() != 1 or lens.shape[0] != size:
         raise ValueError(f"{name} must have shape ({size},), got {tuple(lens.shape)}")
+    # A dtype is known without reading a value: refused even where the values are not checked. A bool
+    # tensor (a mask given for the lengths) would silently count as lengths of 0 and 1.
+    if lens.dtype == torch.bool or lens.is_complex():
+        raise ValueError(f"{name} must hold integer lengths, got dtype {lens.dtype}")
     if not values or torch.compiler.is_compiling() or _values_already_checked():
         return lens.long()
     if lens.is_floating_point() and not bool((lens == lens.round()).all()):

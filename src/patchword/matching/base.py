@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from patchword._validation import check_lengths, check_tensor
+from patchword._validation import check_finite, check_lengths, check_tensor
 from patchword.matching.ops import full_precision, l2norm, masked_mean
 
 __all__ = ["MatcherOutput", "Matcher", "TwoStagePlan", "chunk_widths"]
@@ -139,13 +139,23 @@ class Matcher(nn.Module):
         its generic estimate."""
         return None
 
-    # Input checks: shapes always; values (finiteness, length ranges) only in eval mode, because reading
-    # them makes the host wait for the device, which a training step must not do in its hot path.
+    # Input checks: shapes always; values too, except those a training step would have to wait for: in
+    # training mode token finiteness is not checked, nor lengths that are on an accelerator (reading them
+    # makes the host wait for the device, which a training step must not do in its hot path). Lengths given
+    # on the host (a CPU tensor, a sequence) are checked in every mode: that reads nothing from a device.
 
     def validate_image_tokens(self, img_tokens: torch.Tensor, num_tokens: int | None = None) -> None:
-        check_tensor(
-            img_tokens, "img_tokens", shape=(None, num_tokens, self.embed_dim), finite=not self.training
-        )
+        """Check (B, L_v, C) image tokens; ``num_tokens``: the L_v the matcher expects (patches, plus one
+        when ``has_cls``), None: any."""
+        check_tensor(img_tokens, "img_tokens", shape=(None, None, self.embed_dim), finite=False)
+        if num_tokens is not None and img_tokens.shape[1] != num_tokens:
+            patches = f"{num_tokens - int(self.has_cls)} patches" + (" + CLS" if self.has_cls else "")
+            raise ValueError(
+                f"img_tokens has {img_tokens.shape[1]} tokens per image, the matcher expects {num_tokens} "
+                f"({patches}; shape {tuple(img_tokens.shape)})"
+            )
+        if not self.training:
+            check_finite(img_tokens, "img_tokens")
 
     def validate_text(
         self, tokens: torch.Tensor, lens: object, name: str = "cap_tokens", batch: int | None = None
@@ -153,8 +163,13 @@ class Matcher(nn.Module):
         """Check (B, L, C) text tokens and their (B,) lengths; return the lengths as int64."""
         check_tensor(tokens, name, shape=(batch, None, self.embed_dim), finite=not self.training)
         lens_name = name.replace("_tokens", "_lens")
+        on_host = not isinstance(lens, torch.Tensor) or lens.device.type == "cpu"
         lens = check_lengths(
-            lens, lens_name, size=tokens.shape[0], max_len=tokens.shape[1], values=not self.training
+            lens,
+            lens_name,
+            size=tokens.shape[0],
+            max_len=tokens.shape[1],
+            values=on_host or not self.training,
         )
         # host lengths go up without waiting for the device's queue (pageable memory is staged at once)
         return lens.to(tokens.device, non_blocking=lens.device.type == "cpu")

@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from patchword._validation import check_all_finite, check_lengths
+from patchword._validation import (
+    check_all_finite,
+    check_lengths,
+    check_tensor,
+    finite_flag,
+    raise_non_finite,
+    values_are_checked,
+    values_checked,
+)
 from patchword.eval.engine.memory import CPU_BUDGET_MB
 from patchword.matching.base import Matcher
 from patchword.progress import progress_bar
@@ -23,6 +31,7 @@ __all__ = [
     "DEFAULT_MAX_MEMORY_MB",
     "PRECISIONS",
     "BlockPlan",
+    "PendingCheck",
     "ScoringEngine",
     "ScoringInputs",
     "check_input_values",
@@ -132,11 +141,52 @@ class ScoringEngine:
     workers: int | None = None
     #: The :data:`PRECISIONS` the engine implements; ``precision`` is the one it computes in.
     precisions: tuple[str, ...] = ("fp32",)
+    #: Whether the engine reads caption positions past the longest caption (a mean over the whole padded
+    #: axis): its finiteness check then covers every position, else those up to the longest caption.
+    reads_caption_padding = False
 
     def __init__(self, matcher: Matcher) -> None:
         self.matcher = matcher
         self.last_plan: BlockPlan | None = None
         self.precision = "fp32"
+
+    def check_shapes(self, inputs: ScoringInputs) -> None:
+        """The shape checks the matcher's forward makes of its inputs, made of the whole job (no value is
+        read): image tokens as the matcher expects them (:meth:`Matcher.validate_image_tokens`), text tokens
+        of the same width. An engine whose matcher expects a number of image tokens overrides it."""
+        with values_checked():
+            self.matcher.validate_image_tokens(inputs.img_tokens)
+        self._check_text_shapes(inputs)
+
+    @staticmethod
+    def _check_text_shapes(inputs: ScoringInputs) -> None:
+        dim = inputs.img_tokens.shape[2]
+        check_tensor(inputs.cap_tokens, "cap_tokens", shape=(None, None, dim), finite=False)
+        if inputs.dense_tokens is not None:
+            check_tensor(inputs.dense_tokens, "dense_tokens", shape=(None, None, dim), finite=False)
+
+    def check_inputs(
+        self, inputs: ScoringInputs, *, whole_captions: bool | None = None, defer: bool = False
+    ) -> PendingCheck | None:
+        """The checks the matcher's forward makes of every block, made once for the whole job at the entry
+        of :meth:`score`, :meth:`score_pairs` and :meth:`image_constants`: shapes (:meth:`check_shapes`),
+        then the values (:func:`check_input_values`: lengths on the host, the finiteness of every tensor in
+        one read of the device). The block loop then runs under
+        :func:`~patchword._validation.values_checked`.
+
+        ``inputs``: with the lengths on the host (a staged job's). ``whole_captions``: check the finiteness
+        of every caption position (None: :attr:`reads_caption_padding`), else those up to the longest
+        caption, all that the blocks read. ``defer``: return the finiteness unread (a
+        :class:`PendingCheck`) for the engine to read with its first wait for the device. Under
+        ``values_checked`` (a caller checked the whole job: :meth:`score_pairs`'s per-image calls) only
+        shapes are checked.
+        """
+        self.check_shapes(inputs)
+        if values_are_checked():
+            return None
+        whole = self.reads_caption_padding if whole_captions is None else whole_captions
+        width = None if whole or inputs.num_texts == 0 else int(inputs.cap_lens.max())  # host lengths
+        return check_input_values(inputs, caption_width=width, defer=defer)
 
     def image_constants(
         self, img_tokens: torch.Tensor, dense_tokens: torch.Tensor, dense_lens: torch.Tensor, *, device
@@ -174,12 +224,20 @@ class ScoringEngine:
         The default groups the pairs by image and scores each image against its own captions with
         :meth:`score`; engines may override it with something faster.
         """
+        # checked once here (lengths copied to the host once), not once per image below
+        lens_on_host = {"cap_lens": inputs.cap_lens.cpu()}
+        if inputs.dense_lens is not None:
+            lens_on_host["dense_lens"] = inputs.dense_lens.cpu()
+        self.check_inputs(replace(inputs, **lens_on_host))
         # the grouping is planned on the host (one copy of each index when they are on a device)
         img_index, txt_index = img_index.cpu(), txt_index.cpu()
         result = torch.empty(img_index.shape[0], dtype=torch.float32)
         order = torch.argsort(img_index, stable=True)
         images, counts = torch.unique_consecutive(img_index[order], return_counts=True)
-        with progress_bar(int(img_index.shape[0]), "re-rank pairs", progress, unit="pair") as bar:
+        with (
+            progress_bar(int(img_index.shape[0]), "re-rank pairs", progress, unit="pair") as bar,
+            values_checked(),
+        ):
             start = 0
             for v, count in zip(images.tolist(), counts.tolist(), strict=True):
                 sel = order[start : start + count]
@@ -193,13 +251,33 @@ class ScoringEngine:
         return result
 
 
-def check_input_values(inputs: ScoringInputs, caption_width: int | None = None) -> None:
+@dataclass
+class PendingCheck:
+    """The finiteness of a job's inputs computed on the device and not read yet (``check_input_values(...,
+    defer=True)``): the engine reads ``flag`` together with a value it waits for anyway (one wait, not
+    two), before any result leaves the device, and passes what it read to :meth:`settle`."""
+
+    flag: torch.Tensor  # 0-dim bool on the device
+    named: list[tuple[torch.Tensor, str]]
+
+    def settle(self, finite: bool) -> None:
+        """Raise naming the first non-finite tensor unless ``finite`` (the value read of ``flag``)."""
+        if not finite:
+            raise_non_finite(self.named)
+
+
+def check_input_values(
+    inputs: ScoringInputs, caption_width: int | None = None, *, defer: bool = False
+) -> PendingCheck | None:
     """Check once, before a block loop, the values that the matcher calls of every block would check: the
-    lengths fit their token axes (on the host: staged lengths) and the tokens are finite (one read of the
-    device for all of them). The loop then runs under :func:`patchword._validation.values_checked` and
-    waits for the device only for its results.
+    lengths fit their token axes (on the host: staged lengths) and the tokens (and the precomputed image
+    constants and pruning priors, when given) are finite (one read of the device for all of them). The
+    loop then runs under :func:`patchword._validation.values_checked` and waits for the device only for
+    its results.
 
     ``caption_width``: the caption positions the loop reads (trimmed to the widest caption), None: all.
+    ``defer``: the tensors' finiteness is returned unread, as a :class:`PendingCheck` (None: nothing left
+    to read), when they are on one device that is not the CPU; else it is read here.
     """
     cap_lens, dense_lens = inputs.cap_lens, inputs.dense_lens
     check_lengths(cap_lens, "cap_lens", size=inputs.num_texts, max_len=inputs.cap_tokens.shape[1])
@@ -208,7 +286,15 @@ def check_input_values(inputs: ScoringInputs, caption_width: int | None = None) 
         dense = inputs.dense_tokens
         check_lengths(dense_lens, "dense_lens", size=dense.shape[0], max_len=dense.shape[1])
         named.append((dense, "dense_tokens"))
+    for extra, name in ((inputs.image_constants, "image_constants"), (inputs.patch_prior, "patch_prior")):
+        if extra is not None:
+            named.append((extra, name))
+    devices = {x.device for x, _ in named}
+    if defer and len(devices) == 1 and next(iter(devices)).type != "cpu":
+        flag = finite_flag(named)
+        return None if flag is None else PendingCheck(flag, named)
     check_all_finite(named)
+    return None
 
 
 def check_precision(engine: ScoringEngine, precision: str, device: torch.device) -> str:

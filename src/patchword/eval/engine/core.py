@@ -95,6 +95,10 @@ def prepare_inputs(
 ) -> ScoringInputs:
     """Validate ``score_matrix``'s arguments and resolve the dense pairing into :class:`ScoringInputs`.
 
+    Shapes and lengths are checked here; what the matcher itself requires of its inputs (its image token
+    count and width) and the finiteness of every tensor are checked once by the engine that scores them,
+    at its entry (:meth:`~patchword.eval.engine.base.ScoringEngine.check_inputs`).
+
     ``image_constants`` (N_img,): the precomputed per-image part of every score (see
     :meth:`ScoringEngine.image_constants`), given instead of the dense tokens it replaces.
     ``patch_prior`` (N_img, M): images pruned to M patches at index time (see ``ScoringInputs``)."""
@@ -105,7 +109,10 @@ def prepare_inputs(
         factory = _declared_engine(matcher)
         if not getattr(factory, "prunable", False):
             raise ValueError(f"{type(matcher).__name__} cannot score images pruned at index time")
-        inputs.patch_prior = check_tensor(patch_prior, "patch_prior", shape=(inputs.num_images, None))
+        # finiteness: with the tokens', in one read at the engine's entry (ScoringEngine.check_inputs)
+        inputs.patch_prior = check_tensor(
+            patch_prior, "patch_prior", shape=(inputs.num_images, None), finite=False
+        )
     return inputs
 
 
@@ -122,7 +129,9 @@ def _prepare_inputs(
     if image_constants is not None:
         if dense_tokens is not None:
             raise ValueError("give dense_tokens or the image_constants computed from them, not both")
-        image_constants = check_tensor(image_constants, "image_constants", shape=(img_tokens.shape[0],))
+        image_constants = check_tensor(
+            image_constants, "image_constants", shape=(img_tokens.shape[0],), finite=False
+        )
         return ScoringInputs(img_tokens, cap_tokens, cap_lens, image_constants=image_constants)
     if dense_tokens is None or pairing == "none":
         return ScoringInputs(img_tokens, cap_tokens, cap_lens)

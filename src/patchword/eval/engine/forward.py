@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from patchword._validation import values_checked
-from patchword.eval.engine.base import BlockPlan, ScoringEngine, ScoringInputs, check_input_values
+from patchword.eval.engine.base import BlockPlan, ScoringEngine, ScoringInputs
 from patchword.eval.engine.staging import row_buffer, stage
 from patchword.eval.engine.workers import engine_plan, in_workers
 from patchword.progress import progress_bar
@@ -70,7 +70,7 @@ class ForwardEngine(ScoringEngine):
     def score(self, inputs, out, *, budget, device, progress) -> None:
         job = stage(inputs, device, None)
         inputs = job.inputs  # lengths and pairing on the host: widths are read there
-        check_input_values(inputs, caption_width=int(inputs.cap_lens.max()))  # blocks read up to there
+        self.check_inputs(job.inputs)  # once; the blocks read captions up to the longest one
         plan, workers = engine_plan(self, inputs, budget, device)
         n_img, n_txt = inputs.num_images, inputs.num_texts
         image_tied = inputs.dense_tokens is not None and inputs.dense_index is None

@@ -52,7 +52,8 @@ from collections.abc import Iterator
 
 import torch
 
-from patchword.eval.engine.base import BlockPlan, ScoringEngine, ScoringInputs
+from patchword._validation import check_lengths, check_tensor, values_checked
+from patchword.eval.engine.base import BlockPlan, PendingCheck, ScoringEngine, ScoringInputs
 from patchword.eval.engine.seps_align import SEPSAlignment
 from patchword.eval.engine.seps_blocks import (
     MIN_BUCKET,
@@ -126,6 +127,15 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
         # during a call: the guides of caption-tied dense texts ("guide" mode)
         self._dense_guide: torch.Tensor | None = None
         self._accelerator = False  # whether the job planned last computes on an accelerator
+        # during a call on an accelerator: the inputs' finiteness, read with the first stability flags
+        self._pending_check: PendingCheck | None = None
+
+    def check_shapes(self, inputs: ScoringInputs) -> None:
+        """The matcher's own image checks (its patch count, plus CLS; a pruned image's prior), which its
+        forward makes of every batch, made of the whole job (values: :meth:`check_inputs`)."""
+        with values_checked():
+            self.matcher._validate_images(inputs.img_tokens, inputs.patch_prior)
+        self._check_text_shapes(inputs)
 
     # ------------------------------------------------------------------ drivers
     def _dense_columns(
@@ -167,16 +177,27 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
         if self.cfg.dense_mode != "branch":
             return None
         device = torch.device(device)
+        check_tensor(img_tokens, "img_tokens", ndim=3, finite=False)
+        check_tensor(dense_tokens, "dense_tokens", shape=(img_tokens.shape[0], None, None), finite=False)
+        # values: on the host lengths, after staging (check_inputs)
+        dense_lens = check_lengths(
+            dense_lens, "dense_lens", size=dense_tokens.shape[0], max_len=dense_tokens.shape[1], values=False
+        )
         caption = img_tokens.new_zeros(1, 1, img_tokens.shape[2])  # no caption is read
         inputs = ScoringInputs(img_tokens, caption, torch.ones(1, dtype=torch.long), dense_tokens, dense_lens)
         job = stage(inputs, device, self.aggr.scale.dtype)
+        pending = self.check_inputs(job.inputs, defer=job.accelerator)
         self._bind(job.inputs)
         self._accelerator = job.accelerator
         n_img = img_tokens.shape[0]
         out = torch.empty(n_img, dtype=torch.float32, device=device)  # copied back once
-        for i0 in range(0, n_img, block):
-            rows = slice(i0, min(i0 + block, n_img))
-            out[rows] = self._prepare(job, rows, rows).dense_const.float()
+        self._pending_check = pending
+        try:
+            for i0 in range(0, n_img, block):
+                rows = slice(i0, min(i0 + block, n_img))
+                out[rows] = self._prepare(job, rows, rows).dense_const.float()
+        finally:
+            self._pending_check = None
         return host(out)
 
     @torch.no_grad()
@@ -184,6 +205,9 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
         device = torch.device(device)
         job = stage(inputs, device, self.aggr.scale.dtype)
         inputs = job.inputs  # lengths and pairing on the host from here on
+        # once: what the matcher's forward checks of each batch (on an accelerator the finiteness is read
+        # with the first image block's stability flags: no wait of its own)
+        pending = self.check_inputs(inputs, defer=job.accelerator)
         plan, workers = engine_plan(self, inputs, budget, device)
         mode = plan.details["mode"]
         n_img, n_txt = inputs.num_images, inputs.num_texts
@@ -205,7 +229,7 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
             dense_pos = job.put(dense_pos)
             total += n_img * dense_rows.numel()
         try:
-            self._start_call(job, plan, mode)
+            self._start_call(job, plan, mode, pending)
             # Every image block meets the same caption (and dense) blocks: build them once when they fit.
             cached = (
                 None
@@ -257,6 +281,7 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
         device = torch.device(device)
         job = stage(inputs, device, self.aggr.scale.dtype)
         inputs = job.inputs
+        pending = self.check_inputs(inputs, defer=job.accelerator)  # once, read as in score
         img_index, txt_index = (
             host(torch.as_tensor(img_index)).long(),
             host(torch.as_tensor(txt_index)).long(),
@@ -265,7 +290,7 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
         mode = plan.details["mode"]
         result = torch.empty(img_index.shape[0], dtype=torch.float32, device=device)  # copied back once
         try:
-            self._start_call(job, plan, mode)
+            self._start_call(job, plan, mode, pending)
             with progress_bar(int(img_index.shape[0]), "re-rank pairs", progress, unit="pair") as bar:
                 by_length = torch.argsort(inputs.cap_lens[txt_index], descending=True, stable=True)
                 order = by_length[torch.argsort(img_index[by_length], stable=True)]  # by image, then length
@@ -319,8 +344,10 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
         inputs = job.inputs
         return Texts.build(job.tokens(inputs.cap_tokens[cols]), job.cap_lens[cols], width)
 
-    def _start_call(self, job: Staged, plan: BlockPlan, mode: str) -> None:
-        """The per-call state: the packed caption cache and the dense guides."""
+    def _start_call(self, job: Staged, plan: BlockPlan, mode: str, pending: PendingCheck | None) -> None:
+        """The per-call state: the finiteness check not read yet, the packed caption cache and the dense
+        guides."""
+        self._pending_check = pending
         self._dense_guide = None
         if mode == "pair_guide" and job.inputs.dense_index is not None:
             self._dense_guide = self._dense_guides(job, plan.details["guide_chunk"])
@@ -332,7 +359,7 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
             )
 
     def _end_call(self) -> None:
-        self._cache = self._dense_guide = None
+        self._cache = self._dense_guide = self._pending_check = None
 
     def _caption_block(
         self,

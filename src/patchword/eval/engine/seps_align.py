@@ -48,8 +48,15 @@ class SEPSAlignment:
             logits_t[id(net)] = lg
             exp_t[id(net)] = torch.exp(lg - top)
             flags[id(net)] = (top.squeeze(2) - lg.amin(dim=2)).amax(dim=1) < _EXP_RANGE
-        # the flags of every net read on the host at once: one wait for the device per image block
-        read = torch.stack(list(flags.values())).tolist()
+        # the flags of every net read on the host at once: one wait for the device per image block; the
+        # first block of a call also reads the finiteness of the call's inputs (engine.check_inputs)
+        pending, self._pending_check = getattr(self, "_pending_check", None), None
+        values = list(flags.values())
+        if pending is not None:
+            values.append(pending.flag.expand_as(values[0]))
+        read = torch.stack(values).tolist()
+        if pending is not None:
+            pending.settle(all(read.pop()))
         stable = dict(zip(flags, read, strict=True))
         scorer = self.matcher.scorer if prior is None else None
         return ImageBlock(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from patchword._validation import values_checked
-from patchword.eval.engine.base import check_input_values
 from patchword.eval.engine.forward import ForwardEngine
 from patchword.eval.engine.staging import host, stage
 
@@ -25,7 +24,7 @@ class TGDTEngine(ForwardEngine):
         per_pair = 4 * (2 * (l_v + l_t) * dim + 2 * l_v * l_t)
         step = max(1, budget // per_pair)
         job = stage(inputs, device, None)
-        check_input_values(job.inputs)  # once: the pair chunks below check shapes only
+        self.check_inputs(job.inputs, whole_captions=True)  # once: the pair chunks check shapes only
         # each index where the tensors it indexes live (uploaded once on an accelerator)
         img_index, txt_index = (
             torch.as_tensor(img_index).to(job.device),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from patchword._validation import values_checked
-from patchword.eval.engine.base import BlockPlan, ScoringEngine, check_input_values
+from patchword.eval.engine.base import BlockPlan, ScoringEngine
 from patchword.eval.engine.staging import row_buffer, stage
 from patchword.progress import progress_bar
 
@@ -22,12 +22,13 @@ class VSEEngine(ScoringEngine):
     """
 
     name = "vse"
+    reads_caption_padding = True  # the pooled mean spans the whole padded axis
 
     @torch.no_grad()
     def score(self, inputs, out, *, budget, device, progress) -> None:
         job = stage(inputs, device, None)
         inputs = job.inputs
-        check_input_values(inputs)  # once: the embeddings of the blocks below check shapes only
+        self.check_inputs(job.inputs)  # once: the embeddings of the blocks below check shapes only
         n_img, n_txt = inputs.num_images, inputs.num_texts
         l_v, dim = inputs.img_tokens.shape[1:]
         l_t = inputs.cap_tokens.shape[1]
