@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from patchword.config import config_to_dict, from_dict
+from patchword.data.config import DataConfig
 from patchword.errors import ConfigError, MissingFileError, ModelNotFoundError
 from patchword.model import ModelConfig, RetrievalModel, build_model
 from patchword.model_configs import list_models, named_model_mapping, named_random_init
@@ -256,7 +257,8 @@ def create_model_and_transforms(
     device: str | torch.device = "cpu",
     **overrides: Any,
 ) -> tuple[RetrievalModel, Any, Any]:
-    """``(model, tokenizer, preprocess)``, as open_clip's function of the same name.
+    """``(model, tokenizer, preprocess)``. Not the triple of open_clip's function of the same name, which
+    returns ``(model, preprocess_train, preprocess_val)`` and a tokenizer apart (``get_tokenizer``).
 
     Args:
         model, pretrained, device, overrides: as :func:`create_model` (a saved model directory or
@@ -265,15 +267,19 @@ def create_model_and_transforms(
             that of the pretrained encoders the config names, else :data:`DEFAULT_VOCAB`); BERT encoders
             read the model's ``hf_text`` vocabulary.
     Returns:
-        The model; a tokenizer (``batch_encode(texts) -> (ids, lens)``); ``preprocess``, a PIL image ->
-        (3, H, W) tensor transform as the image encoder expects (None for region-feature encoders).
+        The model; a tokenizer (``batch_encode(texts) -> (ids, lens)``) that cuts a caption as training
+        does (a saved model: its run's ``data.max_caption_len``; a named one: the data default, within the
+        text encoder's positions), as open_clip's tokenizers cut to their context length; ``preprocess``, a
+        PIL image -> (3, H, W) tensor transform as the image encoder expects (None for region-feature
+        encoders).
     """
     directory = None if isinstance(model, ModelConfig) else _saved_model_directory(model)
     if directory is not None:
         if overrides or vocab is not None:
             raise ConfigError("model", f"{model}: a saved model is loaded as it is (no overrides, no vocab)")
         loaded = load_run(directory, device=device)
-        return loaded.model, loaded.tokenizer, _preprocess(loaded.model)
+        cut = loaded.tokenizer.with_max_len(loaded.config.data.max_caption_len)  # the run's own is not cut
+        return loaded.model, cut, _preprocess(loaded.model)
     cfg = _model_config(model, overrides)
     if cfg.text_encoder in _WORD_ENCODERS:
         from patchword.data.tokenizers.word import WordVocab
@@ -291,7 +297,9 @@ def create_model_and_transforms(
         )
         vocab_size, words = None, None
     built = create_model(cfg, pretrained=pretrained, vocab_size=vocab_size, vocab_words=words, device=device)
-    return built, tokenizer, _preprocess(built)
+    positions = getattr(built.text_encoder, "max_len", None)
+    cut = min(DataConfig().max_caption_len, positions or DataConfig().max_caption_len)
+    return built, tokenizer.with_max_len(cut), _preprocess(built)
 
 
 def _preprocess(model: RetrievalModel):

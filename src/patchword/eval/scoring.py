@@ -1,11 +1,21 @@
-"""Encode a split once: image and text tokens for every item, in batches, on the CPU."""
+"""Encode a split once: image and text tokens for every item, in batches, on the CPU.
+
+Both helpers run the model in eval mode (dropout off: the same input gives the same tokens every time) and
+put it back in the mode it was in, as :func:`~patchword.eval.engine.score_matrix` does; that switch
+(:func:`eval_mode`) and the check of a ``device`` argument (:func:`checked_device`) serve the two-stage
+search too.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 import torch
 
+from patchword._validation import check_lengths
+from patchword.device import resolve_device
 from patchword.progress import progress_bar
 
 __all__ = ["encode_image_tokens", "encode_text_tokens"]
@@ -13,14 +23,41 @@ __all__ = ["encode_image_tokens", "encode_text_tokens"]
 _logger = logging.getLogger(__name__)
 
 
+def checked_device(device: object) -> torch.device:
+    """``device`` as a ``torch.device``; a name torch does not know, or a CUDA / MPS device this machine
+    lacks, raises a ``ValueError`` naming ``device`` (instead of torch's bare AssertionError on first use)."""
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device: not a torch device: {device!r} ({err})") from err
+    if resolved.type in ("cuda", "mps"):
+        resolve_device(resolved, key="device")  # a ConfigError (a ValueError) naming device when missing
+    return resolved
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """``model`` in eval mode within the block, back in its previous mode (train or eval) after it."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
 @torch.no_grad()
 def encode_image_tokens(
     model, images, *, batch_size: int = 128, device: torch.device | str = "cpu", progress: bool | None = None
 ) -> torch.Tensor:
-    """Run the image encoder once per image: -> (N_img, L_v, C) float32 tokens on the CPU."""
+    """Run the image encoder once per image: -> (N_img, L_v, C) float32 tokens on the CPU.
+
+    ``images``: an image set with ``batch(indices, train=False)`` (N_img images). The model runs in eval
+    mode and is put back in its previous mode afterwards."""
+    device = checked_device(device)
     out = []
     n = len(images)
-    with progress_bar(n, "encode images", progress) as bar:
+    with eval_mode(model), progress_bar(n, "encode images", progress) as bar:
         for start in range(0, n, batch_size):
             idx = torch.arange(start, min(start + batch_size, n))
             batch = images.batch(idx, train=False).to(device)
@@ -33,16 +70,22 @@ def encode_image_tokens(
 def encode_text_tokens(
     model,
     ids: torch.Tensor,
-    lens: torch.Tensor,
+    lens: object,
     *,
     batch_size: int = 256,
     device: torch.device | str = "cpu",
     progress: bool | None = None,
     desc: str = "encode captions",
 ) -> torch.Tensor:
-    """Run the text encoder once per text: (N, L) ids -> (N, L, C) float32 tokens on the CPU."""
+    """Run the text encoder once per text: (N, L) ids -> (N, L, C) float32 tokens on the CPU.
+
+    ``lens``: (N,) valid lengths, a tensor or a sequence of ints, at most L. The model runs in eval mode
+    and is put back in its previous mode afterwards."""
+    # min_len=0: encoding reads no minimum; the matcher that scores the tokens checks its own
+    lens = check_lengths(lens, "lens", size=ids.shape[0], max_len=ids.shape[1], min_len=0)
+    device = checked_device(device)
     out = []
-    with progress_bar(ids.shape[0], desc, progress) as bar:
+    with eval_mode(model), progress_bar(ids.shape[0], desc, progress) as bar:
         for start in range(0, ids.shape[0], batch_size):
             part = slice(start, start + batch_size)
             # Trim each batch to its longest text: padding costs attention time and changes nothing.

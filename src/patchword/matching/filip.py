@@ -90,6 +90,9 @@ class FILIPMatcher(Matcher):
         dense_tokens: torch.Tensor | None = None,
         dense_lens: torch.Tensor | None = None,
     ) -> MatcherOutput:
+        """(B_v, B_t) scores, float32 (float64 for float64 tokens) whatever the token dtype or autocast:
+        under autocast the products run in the run's precision (a training step's choice) and the score
+        is cast up."""
         self.validate_image_tokens(img_tokens)
         lens = self.validate_text(cap_tokens, cap_lens)
         sims = self.token_similarity(img_tokens, cap_tokens, lens)
@@ -97,4 +100,4 @@ class FILIPMatcher(Matcher):
         if weight > 0:
             img, txt = self.global_embed(img_tokens, cap_tokens, lens)
             sims = weight * (img @ txt.T) + (1 - weight) * sims
-        return MatcherOutput(sims=sims, extras={"logit_scale": self.temperature_scale()})
+        return MatcherOutput(sims=full_precision(sims), extras={"logit_scale": self.temperature_scale()})

@@ -31,6 +31,8 @@ from typing import Any
 
 from torch import nn
 
+from patchword.matching.base import Matcher
+
 __all__ = [
     "MatcherSpec",
     "register_matcher",
@@ -98,6 +100,11 @@ def register_matcher(
         training_only: option field -> why it changes training only (``{"detach_selection": "it only
             changes gradients"}``); an evaluation refuses an override of one, saying why.
         **preset: option values fixed for this name (the same class may be registered several times).
+
+    Raises:
+        ValueError: unknown fields in ``preset``/``report``/``training_only``, unknown losses, a name
+            registered twice.
+        TypeError: the decorated class is not a :class:`~patchword.matching.Matcher` subclass.
     """
     fields = {f.name for f in dataclasses.fields(config_cls)}
     training_only = dict(training_only or {})
@@ -110,6 +117,13 @@ def register_matcher(
         raise ValueError(f"matcher {name!r}: losses must be a non-empty subset of {LOSSES}, got {losses}")
 
     def decorator(cls: type) -> type:
+        # The rest of patchword reads the Matcher contract's attributes (consumes_dense, global_embed...):
+        # a plain nn.Module would register and then fail far from here with an AttributeError.
+        if not (isinstance(cls, type) and issubclass(cls, Matcher)):
+            raise TypeError(
+                f"matcher {name!r}: {getattr(cls, '__qualname__', cls)!r} is not a subclass of "
+                "patchword.matching.Matcher (the contract every matcher implements)"
+            )
         if name in _REGISTRY:
             raise ValueError(f"matcher {name!r} is already registered")
         _REGISTRY[name] = MatcherSpec(

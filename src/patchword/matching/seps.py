@@ -26,6 +26,7 @@ side by side with the reference notes.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -117,7 +118,9 @@ class SEPSConfig:
     saliency: Literal["mean_patch", "cls"] = "mean_patch"
 
     def check(self) -> None:
-        """Checks that need no token geometry (the run config runs them before anything is built)."""
+        """Checks that need no token geometry (the run config runs them before anything is built): every
+        option's type (``TypeError`` naming it) and range (``ValueError`` naming it)."""
+        _check_types(self)
         if self.variant not in VARIANT_PRESETS:
             raise ValueError(f"variant must be one of {_CHOICES['variant']}, got {self.variant!r}")
         for name, allowed in _CHOICES.items():
@@ -127,6 +130,23 @@ class SEPSConfig:
         for name in ("sparse_ratio", "aggr_ratio"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name} must lie in (0, 1], got {getattr(self, name)!r}")
+        for name in ("embed_dim", "num_patches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+        # tau divides the relaxed logits: 0 makes every gradient of the paper variant NaN
+        if not 0 < self.gumbel_tau < math.inf:
+            raise ValueError(f"gumbel_tau must be a finite number > 0, got {self.gumbel_tau!r}")
+        for name in ("leaky_slope", "beta"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)!r}")
+        if self.hrpa_topk is not None and self.hrpa_topk < 0:
+            raise ValueError(
+                f"hrpa_topk must be >= 0 (0 disables the TopK-MLP terms), got {self.hrpa_topk!r}"
+            )
+        if self.caption_chunk < 0:
+            raise ValueError(
+                f"caption_chunk must be >= 0 (0 = all captions at once), got {self.caption_chunk!r}"
+            )
 
     def resolved(self) -> SEPSConfig:
         """A copy with every ``None`` switch filled from the variant preset, validated."""
@@ -161,6 +181,34 @@ class SEPSConfig:
                 f"images pruned to {kept} patches: the matcher keeps K={self.num_keep} of "
                 f"N={self.num_patches} per pair and needs more than K (the fusion token) and at most N"
             )
+
+
+# The options' types (the switches in _SWITCHES may also be None: the variant preset fills them in)
+_INT_OPTIONS = ("embed_dim", "num_patches", "caption_chunk", "hrpa_topk")
+_FLOAT_OPTIONS = ("sparse_ratio", "aggr_ratio", "leaky_slope", "gumbel_tau", "beta")
+_BOOL_OPTIONS = ("has_cls", "detach_selection", "use_dense", "gumbel", "joint_score")
+_SWITCHES = {"hrpa_topk", "gumbel"}
+
+
+def _check_types(cfg: SEPSConfig) -> None:
+    """Raise a ``TypeError`` naming the first option of the wrong type (``embed_dim=32.5`` failed deep in
+    torch, ``has_cls="yes"`` built a matcher that read it as True)."""
+
+    def bad(name: str, want: str) -> TypeError:
+        value = getattr(cfg, name)
+        return TypeError(f"{name} must be {want}, got {value!r} ({type(value).__name__})")
+
+    for name in _INT_OPTIONS + _FLOAT_OPTIONS + _BOOL_OPTIONS:
+        value = getattr(cfg, name)
+        if value is None and name in _SWITCHES:
+            continue
+        if name in _BOOL_OPTIONS and not isinstance(value, bool):
+            raise bad(name, "a bool")
+        is_bool = isinstance(value, bool)
+        if name in _INT_OPTIONS and (is_bool or not isinstance(value, numbers.Integral)):
+            raise bad(name, "an int")
+        if name in _FLOAT_OPTIONS and (is_bool or not isinstance(value, numbers.Real)):
+            raise bad(name, "a number")
 
 
 @dataclass
@@ -282,7 +330,10 @@ class SEPSMatcher(Matcher):
     ) -> MatcherOutput:
         """(B_v, B_t) similarities and the selection decisions. ``patch_prior`` (B_v, M): images pruned
         at index time to M patches (``img_tokens`` (B_v, [1 +] M, C)) and the image part of their selection
-        scores (:func:`~patchword.matching.selection.image_prior` on all patches before pruning)."""
+        scores (:func:`~patchword.matching.selection.image_prior` on all patches before pruning).
+
+        Tokens of any float dtype: outside autocast they are cast to the dtype of the matcher's parameters
+        first (as ``score_matrix`` scores them); ``sims`` are float32 (float64 for a float64 matcher)."""
         cfg = self.config
         self._validate_images(img_tokens, patch_prior)
         cap_lens = self.validate_text(cap_tokens, cap_lens)
@@ -291,6 +342,7 @@ class SEPSMatcher(Matcher):
         if dense_tokens is not None:
             expected = img_tokens.shape[0] if cfg.dense_pairing == "image" else cap_tokens.shape[0]
             dense_lens = self.validate_text(dense_tokens, dense_lens, "dense_tokens", batch=expected)
+        img_tokens, cap_tokens, dense_tokens = self._compute_dtype(img_tokens, cap_tokens, dense_tokens)
         img = _ImageCache.build(self, img_tokens, patch_prior)
         image_dense = None
         if dense_tokens is not None and cfg.dense_pairing == "image":
@@ -315,6 +367,20 @@ class SEPSMatcher(Matcher):
         return MatcherOutput(sims=full_precision(torch.cat(sims, dim=1)), decisions=decisions)
 
     # ------------------------------------------------------------------ internals
+    def _compute_dtype(self, *tokens: torch.Tensor | None) -> list[torch.Tensor | None]:
+        """The token tensors in the dtype of the matcher's parameters (float16, bfloat16 or float64 tokens
+        given to a float32 matcher are scored as :func:`~patchword.eval.score_matrix` scores them: its
+        engine casts them so), unless autocast is on, which casts the products' operands itself (a
+        reduced-precision training step passes its tokens as they come)."""
+        dtype = self.aggr_net.scale.dtype
+
+        def cast(x: torch.Tensor | None) -> torch.Tensor | None:
+            if x is None or x.dtype == dtype or _autocast_enabled(x):
+                return x
+            return x.to(dtype)
+
+        return [cast(x) for x in tokens]
+
     def _validate_images(self, img_tokens: torch.Tensor, patch_prior: torch.Tensor | None) -> None:
         cfg = self.config
         if patch_prior is None:
@@ -434,6 +500,7 @@ class SEPSMatcher(Matcher):
         cfg = self.config
         cap_lens = self.validate_text(cap_tokens, cap_lens, batch=1)
         self._validate_images(img_tokens, patch_prior)
+        img_tokens, cap_tokens, dense_tokens = self._compute_dtype(img_tokens, cap_tokens, dense_tokens)
         img = _ImageCache.build(self, img_tokens, patch_prior)
         dense = None
         if dense_tokens is not None and cfg.use_dense:
@@ -494,6 +561,14 @@ class SEPSMatcher(Matcher):
         """HRPA of [CLS?, aggregated, extra], normalised only now as officially, vs the words: (B_v, T)."""
         align = pair_cosines(img.cls, aggregated, extra, words)
         return self.hrpa(align, length_mask(lens, words.shape[1])[None, :, None])
+
+
+def _autocast_enabled(x: torch.Tensor) -> bool:
+    """Whether autocast is on for ``x``'s device (False where autocast does not know the device type)."""
+    try:
+        return torch.is_autocast_enabled(x.device.type)
+    except RuntimeError:
+        return False
 
 
 @dataclass

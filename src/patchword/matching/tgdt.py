@@ -40,7 +40,7 @@ import torch
 
 from patchword.matching.attention import caption_chunks, word_region_scores
 from patchword.matching.base import Matcher, MatcherOutput, TwoStagePlan
-from patchword.matching.ops import full_precision, l2norm, masked_mean
+from patchword.matching.ops import autocast_off, full_precision, l2norm, masked_mean
 from patchword.matching.registry import register_matcher
 
 __all__ = ["TGDTConfig", "TGDTMatcher", "TGDTTokens"]
@@ -70,12 +70,19 @@ class TGDTConfig:
     max_pair_elements: int = 1 << 22  # bound on B_v x captions x L x R elements per chunk (0 = no chunks)
 
 
+def _unit_global(pooled: torch.Tensor) -> torch.Tensor:
+    """(N, C) pooled tokens -> unit global embeddings in float32 (float64 stays), normalised with autocast
+    off: they give ``s_g``, which picks the two-stage shortlist (a top-k; reduced precision must not)."""
+    with autocast_off(pooled):
+        return l2norm(full_precision(pooled))
+
+
 @dataclass
 class TGDTTokens:
     """Normalised global and local tokens of a set of images or captions.
 
     Attributes:
-        global_: (N, C) unit global embeddings.
+        global_: (N, C) unit global embeddings, float32 (float64 for float64 tokens).
         local: (N, L, C) unit local tokens.
         mask: (N, L) bool, True at the local positions that count (None: all count).
     """
@@ -137,8 +144,8 @@ class TGDTMatcher(Matcher):
                 raise ValueError(
                     f"img_tokens needs the global slot and at least one region, got {tuple(img_tokens.shape)}"
                 )
-            return TGDTTokens(l2norm(final[:, 0]), l2norm(local[:, 1:]))
-        return TGDTTokens(l2norm(final.mean(dim=1)), l2norm(local))
+            return TGDTTokens(_unit_global(final[:, 0]), l2norm(local[:, 1:]))
+        return TGDTTokens(_unit_global(final.mean(dim=1)), l2norm(local))
 
     def text_tokens(self, cap_tokens: torch.Tensor, cap_lens: object) -> TGDTTokens:
         """(B_t, L, C), (B_t,) -> global (B_t, C), words (B_t, L, C) unit norm, and the word mask."""
@@ -148,7 +155,7 @@ class TGDTMatcher(Matcher):
         glob = final[:, 0] if cfg.text_global == "first" else masked_mean(final, lens)
         pos = torch.arange(cap_tokens.shape[1], device=cap_tokens.device)[None]
         mask = (pos >= cfg.skip_text_head) & (pos < (lens - cfg.skip_text_tail)[:, None])
-        return TGDTTokens(l2norm(glob), l2norm(local), mask)
+        return TGDTTokens(_unit_global(glob), l2norm(local), mask)
 
     def global_image(self, img_tokens: torch.Tensor) -> torch.Tensor:
         return full_precision(self.image_tokens(img_tokens).global_)
@@ -185,11 +192,12 @@ class TGDTMatcher(Matcher):
                 f"img_tokens and cap_tokens must hold the same number of pairs, got "
                 f"{img.global_.shape[0]} and {txt.global_.shape[0]}"
             )
-        glob = (img.global_ * txt.global_.to(img.global_.dtype)).sum(-1)
+        with autocast_off(img.global_):
+            glob = (img.global_ * txt.global_.to(img.global_.dtype)).sum(-1)
         if self.config.inference == "global":
             return glob
         best = torch.einsum("prc,plc->plr", img.local, txt.local.to(img.local.dtype)).amax(-1)  # (P, L)
-        local = self.config.local_scale * (best * txt.mask.to(best.dtype)).sum(-1)
+        local = full_precision(self.config.local_scale * (best * txt.mask.to(best.dtype)).sum(-1))
         return local if self.config.inference == "local" else self.config.hybrid_alpha * glob + local
 
     def forward(
@@ -209,18 +217,21 @@ class TGDTMatcher(Matcher):
 
         Returns:
             :class:`MatcherOutput`: training: ``sims = s_l`` and the global embeddings in ``extras``;
-            evaluation: ``sims`` as ``inference`` says.
+            evaluation: ``sims`` as ``inference`` says. ``sims`` and the global embeddings are float32
+            (float64 for float64 tokens) whatever the token dtype or autocast; ``s_g``, which picks the
+            two-stage shortlist, is computed in full precision with autocast off.
         """
         img = self.image_tokens(img_tokens)
         txt = self.text_tokens(cap_tokens, cap_lens)
         if self.training:
-            sims = self.local_scores(img, txt)
+            sims = full_precision(self.local_scores(img, txt))
             return MatcherOutput(sims=sims, extras={"global_img": img.global_, "global_txt": txt.global_})
         mode = self.config.inference
-        glob = img.global_ @ txt.global_.to(img.global_.dtype).T
+        with autocast_off(img.global_):
+            glob = img.global_ @ txt.global_.to(img.global_.dtype).T
         if mode == "global":
             return MatcherOutput(sims=glob)
-        local = self.local_scores(img, txt)
+        local = full_precision(self.local_scores(img, txt))
         return MatcherOutput(sims=local if mode == "local" else self.config.hybrid_alpha * glob + local)
 
     # ------------------------------------------------------------------ two-stage search

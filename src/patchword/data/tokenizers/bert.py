@@ -11,6 +11,7 @@ transformers 5.x that call silently returns a 5-token tokenizer when it finds no
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import logging
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from patchword.data.tokenizers.word import NoWordsError
+from patchword.data.tokenizers.word import NoWordsError, _checked_max_len
 from patchword.errors import MissingFileError
 from patchword.hub import hub_load_errors, require_transformers, resolve_pretrained
 
@@ -181,13 +182,19 @@ class BertCaptionTokenizer:
     Args:
         vocab: token -> id; must map ``[PAD]`` to 0 and contain [UNK], [CLS], [SEP] and [MASK].
         do_lower_case: lower-case and strip accents before splitting (True for uncased BERT).
+        max_len: the truncation :meth:`batch_encode` applies when its call gives none (a model's caption
+            length, see :meth:`with_max_len`); None: no limit.
 
     Attributes:
         vocab_size: one more than the largest id.
         pad_id, unk_id, cls_id, sep_id, mask_id: ids of the special tokens.
+        max_len: the default truncation (None: none).
     """
 
-    def __init__(self, vocab: Mapping[str, int], *, do_lower_case: bool = True) -> None:
+    def __init__(
+        self, vocab: Mapping[str, int], *, do_lower_case: bool = True, max_len: int | None = None
+    ) -> None:
+        self.max_len = _checked_max_len(max_len, 2, "[CLS] and [SEP]")
         missing = [t for t in _SPECIAL_TOKENS if t not in vocab]
         if missing:
             raise ValueError(f"vocabulary lacks the special token(s) {missing}")
@@ -217,6 +224,7 @@ class BertCaptionTokenizer:
         *,
         local_files_only: bool = True,
         do_lower_case: bool | None = None,
+        max_len: int | None = None,
     ) -> BertCaptionTokenizer:
         """Load the vocabulary of a BERT tokenizer.
 
@@ -225,6 +233,7 @@ class BertCaptionTokenizer:
                 ``tokenizer.json``, or a hub id such as ``"bert-base-uncased"``.
             local_files_only: never download a hub id's vocabulary.
             do_lower_case: None reads it from ``tokenizer_config.json`` and defaults to True.
+            max_len: the default truncation of :meth:`batch_encode` (None: none).
         """
         path = Path(name_or_path).expanduser()
         if path.is_file():
@@ -236,7 +245,15 @@ class BertCaptionTokenizer:
             else:
                 vocab, stored_lower = _load_hub(source, local_files_only)
         lower = do_lower_case if do_lower_case is not None else stored_lower
-        return cls(vocab, do_lower_case=True if lower is None else lower)
+        return cls(vocab, do_lower_case=True if lower is None else lower, max_len=max_len)
+
+    def with_max_len(self, max_len: int | None) -> BertCaptionTokenizer:
+        """A copy (sharing the vocabulary) whose :meth:`batch_encode` truncates to ``max_len`` ids when a
+        call gives no ``max_len``: the tokenizer of a model that reads at most that many
+        (``data.max_caption_len``). This one is left as it is."""
+        out = copy.copy(self)
+        out.max_len = _checked_max_len(max_len, 2, "[CLS] and [SEP]")
+        return out
 
     def _word_ids_uncached(self, word: str) -> tuple[int, ...]:
         return tuple(self.vocab.get(p, self.unk_id) for p in self._wordpiece.tokenize(word))
@@ -304,7 +321,8 @@ class BertCaptionTokenizer:
 
         Args:
             texts: B captions.
-            max_len: truncate longer captions to this many ids, keeping [SEP] last; None: no limit.
+            max_len: truncate longer captions to this many ids, keeping [SEP] last; None: the
+                tokenizer's ``max_len`` (None there too: no limit).
             augment: apply :func:`size_augment` to every caption.
             generator: random source of the augmentation, consumed caption by caption.
 
@@ -315,6 +333,8 @@ class BertCaptionTokenizer:
         Raises:
             ValueError: a caption is empty (the message gives its index), or max_len < 2.
         """
+        if max_len is None:
+            max_len = self.max_len
         if max_len is not None and max_len < 2:
             raise ValueError(f"max_len must be at least 2 to hold [CLS] and [SEP], got {max_len}")
         if len(texts) == 0:

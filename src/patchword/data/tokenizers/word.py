@@ -23,8 +23,10 @@ is SCAN's (``{"word2idx": ..., "idx2word": ..., "idx": n}``), so SCAN's precompu
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import numbers
 import os
 import re
 import unicodedata
@@ -114,19 +116,35 @@ def _words(text: str, index: int, split: str = "alnum") -> list[str]:
     return words
 
 
+def _checked_max_len(max_len: object, least: int, holds: str) -> int | None:
+    """A tokenizer's default truncation: None, or an int of at least ``least`` (room for ``holds``)."""
+    if max_len is None:
+        return None
+    if isinstance(max_len, bool) or not isinstance(max_len, numbers.Integral):
+        raise TypeError(f"max_len must be an int or None, got {max_len!r}")
+    if max_len < least:
+        raise ValueError(f"max_len must be >= {least} ({holds}), got {max_len}")
+    return int(max_len)
+
+
 class WordVocab:
     """Word <-> id map with the specials ``<pad>`` = 0, ``<start>`` = 1, ``<end>`` = 2, ``<unk>`` = 3.
 
     Args:
         words: the non-special words, in id order (ids start at 4).
         split: how texts are cut into words (:data:`SPLITS`), saved with the vocabulary.
+        max_len: the truncation :meth:`batch_encode` applies when its call gives none (a model's caption
+            length, see :meth:`with_max_len`); None: no limit. Not saved with the vocabulary.
     """
 
     pad_id, start_id, end_id, unk_id = range(len(SPECIALS))
 
-    def __init__(self, words: Iterable[str] = (), split: str = "alnum") -> None:
+    def __init__(
+        self, words: Iterable[str] = (), split: str = "alnum", *, max_len: int | None = None
+    ) -> None:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        self.max_len = _checked_max_len(max_len, 3, "<start>, one word, <end>")
         self.split = split
         self.idx2word: list[str] = list(SPECIALS)
         self.word2idx: dict[str, int] = {w: i for i, w in enumerate(SPECIALS)}
@@ -181,11 +199,14 @@ class WordVocab:
         Args:
             texts: B texts.
             max_len: longest sequence kept, specials included (>= 3); longer texts lose their last
-                words but keep ``<end>``, so the encoder still sees where the text stops.
+                words but keep ``<end>``, so the encoder still sees where the text stops. None: the
+                vocabulary's ``max_len`` (None there too: no limit).
         Returns:
             ids: (B, L) int64, padded with ``<pad>`` = 0, L = the longest (truncated) sequence.
             lens: (B,) int64 sequence lengths, both specials included.
         """
+        if max_len is None:
+            max_len = self.max_len
         if max_len is not None and max_len < 3:
             raise ValueError(f"max_len must be >= 3 (<start>, one word, <end>), got {max_len}")
         if not texts:
@@ -198,6 +219,14 @@ class WordVocab:
         for row, seq in enumerate(seqs):
             ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         return ids, lens
+
+    def with_max_len(self, max_len: int | None) -> WordVocab:
+        """A copy (sharing the word maps) whose :meth:`batch_encode` truncates to ``max_len`` ids when a
+        call gives no ``max_len``: the tokenizer of a model that reads at most that many
+        (``data.max_caption_len``). This one is left as it is."""
+        out = copy.copy(self)
+        out.max_len = _checked_max_len(max_len, 3, "<start>, one word, <end>")
+        return out
 
     # -- persistence (SCAN json format) ----------------------------------------------------------------
 
@@ -215,10 +244,11 @@ class WordVocab:
         atomic_write_text(path, json.dumps(payload, ensure_ascii=False))
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> WordVocab:
+    def load(cls, path: str | os.PathLike, *, max_len: int | None = None) -> WordVocab:
         """Read a SCAN-style JSON vocabulary (ids must be 0..n-1 with the four specials first); its
         ``split`` key, when present, is the word rule; without one, ``alnum``, or ``treebank`` when a word
-        has punctuation in it (SCAN's own vocabularies, logged)."""
+        has punctuation in it (SCAN's own vocabularies, logged). ``max_len``: the default truncation of
+        :meth:`batch_encode` (None: none)."""
         from patchword.errors import DataError
 
         payload = _read_json(path)
@@ -246,7 +276,7 @@ class WordVocab:
             split = _unrecorded_split(path, words[len(SPECIALS) :])
         if split not in SPLITS:
             raise DataError(f"{path}: unknown word split {split!r} (known: {', '.join(SPLITS)})")
-        return cls(words[len(SPECIALS) :], split=split)
+        return cls(words[len(SPECIALS) :], split=split, max_len=max_len)
 
     def __repr__(self) -> str:
         return f"WordVocab({len(self)} words, split={self.split})"
