@@ -25,7 +25,7 @@ from patchword.cli import main
         ("train.max_steps=5", "it changes training"),
         ("train.lr=0.1", "it changes training"),
         ("seed=3", "it seeds training"),
-        ("output_dir=elsewhere", "it places a new run; the run evaluated is the RUN argument"),
+        ("output_dir=elsewhere", "it places a new run; an evaluation reads the run directory it is given"),
         (
             "model.tiny_pretrained=synthetic-64",
             "it initialises training; the weights come from the checkpoint",
