@@ -14,7 +14,14 @@ import torch
 
 from patchword.errors import ConfigError
 
-__all__ = ["cpu_model", "describe_device", "peak_host_rss_mb", "reset_peak_host_rss", "resolve_device"]
+__all__ = [
+    "checked_device",
+    "cpu_model",
+    "describe_device",
+    "peak_host_rss_mb",
+    "reset_peak_host_rss",
+    "resolve_device",
+]
 
 _PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
@@ -44,6 +51,18 @@ def resolve_device(spec: str | torch.device, key: str = "device") -> torch.devic
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(key, "mps requested but the Apple MPS backend is not available; use device=auto")
     return device
+
+
+def checked_device(device: object) -> torch.device:
+    """``device`` as a ``torch.device``; a name torch does not know, or a CUDA / MPS device this machine
+    lacks, raises a ``ValueError`` naming ``device`` (instead of torch's bare AssertionError on first use)."""
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device: not a torch device: {device!r} ({err})") from err
+    if resolved.type in ("cuda", "mps"):
+        resolve_device(resolved, key="device")  # a ConfigError (a ValueError) naming device when missing
+    return resolved
 
 
 def cpu_model() -> str:

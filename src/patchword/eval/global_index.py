@@ -7,8 +7,6 @@ saved and loaded with a search index.
 from __future__ import annotations
 
 import logging
-import math
-import numbers
 import os
 
 import torch
@@ -106,7 +104,7 @@ class GlobalIndex:
             raise ValueError(f"database must be a non-empty (N, C) matrix, got shape {tuple(database.shape)}")
         self.backend = backend
         self.size, self.dim = database.shape
-        self._budget = _budget(max_memory_mb)
+        self._budget = budget_bytes(max_memory_mb)
         self._ef_search, self._nprobe = ef_search, nprobe
         if backend == "exact":
             self._db = database.detach().float()
@@ -201,10 +199,3 @@ class GlobalIndex:
                 scores.append(top.values.cpu())
                 indices.append(top.indices.cpu())
         return torch.cat(scores), torch.cat(indices)
-
-
-def _budget(max_memory_mb: object) -> int:
-    """``max_memory_mb`` in bytes; NaN and infinities refused by name (``budget_bytes`` took NaN)."""
-    if isinstance(max_memory_mb, numbers.Real) and not math.isfinite(max_memory_mb):
-        raise ValueError(f"max_memory_mb must be a positive finite number, got {max_memory_mb!r}")
-    return budget_bytes(max_memory_mb)

@@ -2,8 +2,8 @@
 
 Both helpers run the model in eval mode (dropout off: the same input gives the same tokens every time) and
 put it back in the mode it was in, as :func:`~patchword.eval.engine.score_matrix` does; that switch
-(:func:`eval_mode`) and the check of a ``device`` argument (:func:`checked_device`) serve the two-stage
-search too.
+(:func:`eval_mode`) and the check of a ``device`` argument (:func:`patchword.device.checked_device`) serve
+the two-stage search too.
 """
 
 from __future__ import annotations
@@ -15,24 +15,12 @@ from collections.abc import Iterator
 import torch
 
 from patchword._validation import check_lengths
-from patchword.device import resolve_device
+from patchword.device import checked_device
 from patchword.progress import progress_bar
 
 __all__ = ["encode_image_tokens", "encode_text_tokens"]
 
 _logger = logging.getLogger(__name__)
-
-
-def checked_device(device: object) -> torch.device:
-    """``device`` as a ``torch.device``; a name torch does not know, or a CUDA / MPS device this machine
-    lacks, raises a ``ValueError`` naming ``device`` (instead of torch's bare AssertionError on first use)."""
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError) as err:
-        raise ValueError(f"device: not a torch device: {device!r} ({err})") from err
-    if resolved.type in ("cuda", "mps"):
-        resolve_device(resolved, key="device")  # a ConfigError (a ValueError) naming device when missing
-    return resolved
 
 
 @contextlib.contextmanager

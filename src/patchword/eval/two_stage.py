@@ -28,18 +28,18 @@ from typing import TYPE_CHECKING
 import torch
 
 from patchword._validation import check_lengths, check_tensor
+from patchword.device import checked_device
 from patchword.eval.engine.base import DEFAULT_MAX_MEMORY_MB, ScoringEngine
 from patchword.eval.engine.core import _matcher_device, engine_for, prepare_inputs
-from patchword.eval.engine.memory import BYTES_PER_MB
+from patchword.eval.engine.memory import BYTES_PER_MB, budget_bytes
 from patchword.eval.global_index import (
     APPROXIMATE_BACKENDS,
     GlobalIndex,
-    _budget,
     faiss_available,
     import_faiss,
     ivf_lists,
 )
-from patchword.eval.scoring import checked_device, eval_mode
+from patchword.eval.scoring import eval_mode
 from patchword.matching.base import Matcher
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def global_embeddings(
     cap_tokens = check_tensor(cap_tokens, "cap_tokens", ndim=3, finite=False)
     cap_lens = check_lengths(cap_lens, "cap_lens", size=cap_tokens.shape[0], max_len=cap_tokens.shape[1])
     device = _matcher_device(matcher, img_tokens) if device is None else checked_device(device)
-    budget = _budget(max_memory_mb)
+    budget = budget_bytes(max_memory_mb)
 
     def blocked(fn, tokens: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
         per_row = 3 * 4 * tokens.shape[1] * tokens.shape[2]  # tokens on device, pooling temporaries
@@ -183,7 +183,7 @@ def two_stage_scores(
     t_start = time.perf_counter()
     inputs = prepare_inputs(matcher, img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens, txt2img)
     k_i2t, k_t2i = _shortlist_lengths(k)
-    budget = _budget(max_memory_mb)
+    budget = budget_bytes(max_memory_mb)
     device = _matcher_device(matcher, img_tokens) if device is None else checked_device(device)
     dist = dist or Distributed(device=device)
     sizes = dist.all_gather_object(inputs.num_images)

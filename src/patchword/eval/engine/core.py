@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from patchword._validation import check_lengths, check_tensor
+from patchword.device import checked_device
 from patchword.eval.engine.base import ScoringEngine, ScoringInputs, check_precision
 from patchword.eval.engine.forward import ForwardEngine
 from patchword.eval.engine.memory import budget_bytes, default_budget_mb
@@ -214,7 +215,7 @@ def score_matrix(
             the engine or the device does not offer.
     """
     inputs = prepare_inputs(matcher, img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens, txt2img)
-    device = _matcher_device(matcher, img_tokens) if device is None else torch.device(device)
+    device = _matcher_device(matcher, img_tokens) if device is None else checked_device(device)
     budget = budget_bytes(default_budget_mb(device) if max_memory_mb is None else max_memory_mb)
     shape = (inputs.num_images, inputs.num_texts)
     if out is None:

@@ -43,8 +43,12 @@ def default_budget_mb(device: torch.device | str) -> float:
 
 def budget_bytes(max_memory_mb: float) -> int:
     """Validate a memory budget in MiB and return it in bytes."""
-    if isinstance(max_memory_mb, bool) or not isinstance(max_memory_mb, (int, float)) or max_memory_mb <= 0:
-        raise ValueError(f"max_memory_mb must be a positive number, got {max_memory_mb!r}")
+    if (
+        isinstance(max_memory_mb, bool)
+        or not isinstance(max_memory_mb, (int, float))
+        or not 0 < max_memory_mb < float("inf")  # NaN fails both comparisons
+    ):
+        raise ValueError(f"max_memory_mb must be a positive finite number, got {max_memory_mb!r}")
     return int(max_memory_mb * BYTES_PER_MB)
 
 
