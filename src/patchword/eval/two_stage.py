@@ -185,6 +185,10 @@ def two_stage_scores(
     k_i2t, k_t2i = _shortlist_lengths(k)
     budget = budget_bytes(max_memory_mb)
     device = _matcher_device(matcher, img_tokens) if device is None else checked_device(device)
+    scorer = engine_for(matcher, engine)
+    # the re-ranker's entry check of the shapes (the matcher's image token count and width) now, not after
+    # the whole global stage; no value is read (the finiteness is checked once, in score_pairs)
+    scorer.check_shapes(inputs)
     dist = dist or Distributed(device=device)
     sizes = dist.all_gather_object(inputs.num_images)
     lo, n_img, n_txt = sum(sizes[: dist.rank]), sum(sizes), inputs.num_texts
@@ -216,7 +220,6 @@ def two_stage_scores(
     pair_ids, inverse = torch.unique(torch.cat([i2t_ids, t2i_ids]), return_inverse=True)
     pair_img, pair_txt = pair_ids // n_txt, pair_ids % n_txt
     first, last = torch.searchsorted(pair_img, torch.tensor([lo, lo + inputs.num_images])).tolist()
-    scorer = engine_for(matcher, engine)
     with eval_mode(matcher):
         fine = scorer.score_pairs(
             inputs,

@@ -335,7 +335,7 @@ class SEPSMatcher(Matcher):
         Tokens of any float dtype: outside autocast they are cast to the dtype of the matcher's parameters
         first (as ``score_matrix`` scores them); ``sims`` are float32 (float64 for a float64 matcher)."""
         cfg = self.config
-        self._validate_images(img_tokens, patch_prior)
+        self.validate_images(img_tokens, patch_prior)
         cap_lens = self.validate_text(cap_tokens, cap_lens)
         if not cfg.use_dense:
             dense_tokens = None
@@ -381,7 +381,10 @@ class SEPSMatcher(Matcher):
 
         return [cast(x) for x in tokens]
 
-    def _validate_images(self, img_tokens: torch.Tensor, patch_prior: torch.Tensor | None) -> None:
+    def validate_images(self, img_tokens: torch.Tensor, patch_prior: torch.Tensor | None = None) -> None:
+        """The image checks of :meth:`forward` (shapes only): (B_v, [1 +] N, C) tokens with the matcher's
+        patch count N (plus CLS), or, with ``patch_prior`` (B_v, M), an image pruned at index time to M
+        patches. Raises ValueError naming what does not fit. Scoring engines make it of a whole job."""
         cfg = self.config
         if patch_prior is None:
             self.validate_image_tokens(img_tokens, cfg.num_patches + int(cfg.has_cls))
@@ -499,7 +502,7 @@ class SEPSMatcher(Matcher):
             raise ValueError("selection_trace explains the eval-mode selection: call .eval() first")
         cfg = self.config
         cap_lens = self.validate_text(cap_tokens, cap_lens, batch=1)
-        self._validate_images(img_tokens, patch_prior)
+        self.validate_images(img_tokens, patch_prior)
         img_tokens, cap_tokens, dense_tokens = self._compute_dtype(img_tokens, cap_tokens, dense_tokens)
         img = _ImageCache.build(self, img_tokens, patch_prior)
         dense = None

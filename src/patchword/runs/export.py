@@ -115,7 +115,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
             "source_config_hash": config_hash(run_dir),
             "metrics": metrics,
             "metrics_source": source,
-            # what train.init_from supplied, counted now (training records no list of it)
+            # what train.init_from supplied: training's record of it (runs trained before it: counted now)
             "warm_start": _warm_start(run, tensors),
             # the digest of this directory's model.safetensors (``metrics.checkpoint_sha256`` is the source
             # checkpoint's): load_run checks it, as safetensors keeps no checksum of its own
@@ -138,7 +138,7 @@ def _warm_start(run, tensors: dict[str, Any]) -> dict[str, Any] | None:
     init_from = run.config.train.init_from
     if not init_from or (run.run_dir / IMPORT_FILE).is_file():
         return None
-    return warm_start_counts(tensors, init_from)
+    return warm_start_counts(tensors, init_from, run_dir=run.run_dir)
 
 
 def _earlier_export(run_dir: Path, checkpoint: Path) -> dict[str, Any] | None:

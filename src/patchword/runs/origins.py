@@ -13,23 +13,76 @@ Each encoder starts somewhere before the run trains it:
   over them starts from scratch.
 
 A warm start (``train.init_from``) then overwrites every tensor whose name and shape match, after all of
-the above (``patchword.checkpoint.warm_start``). Training records no list of them, so the export counts
-them again against the file (:func:`warm_start_counts`, by the same rule) and keeps the counts in its
-``metrics.json`` (``"warm_start"``), which a later export of that directory carries over.
+the above (``patchword.checkpoint.warm_start``). Training records what it loaded when it starts: the first
+record of the run's ``metrics.jsonl`` (``"split": "warm_start"``: the file's absolute path, its sha256 and
+the per-part counts; :func:`recorded_warm_start`), which a resume keeps and ``summary.json`` repeats. Runs
+trained before that have no record: the export counts again against the file (:func:`warm_start_counts`,
+by the same rule). The export keeps the counts in its ``metrics.json`` (``"warm_start"``), which a later
+export of that directory carries over.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Container, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from patchword.runs.files import EXPORT_DIR, WEIGHTS_FILE
+from patchword.runs.files import EXPORT_DIR, METRICS_FILE, WEIGHTS_FILE
 
-__all__ = ["PARTS", "encoder_origins", "encoder_kinds", "warm_start_counts", "warm_start_line"]
+__all__ = [
+    "PARTS",
+    "WARM_START_SPLIT",
+    "encoder_origins",
+    "encoder_kinds",
+    "part_counts",
+    "recorded_warm_start",
+    "warm_start_counts",
+    "warm_start_line",
+]
 
 #: The model's parts, as state-dict prefixes, and how the card names them.
 PARTS = {"image_encoder": "image encoder", "text_encoder": "text encoder", "matcher": "matcher"}
+
+#: The ``split`` of the record a warm-started run writes first into its ``metrics.jsonl``.
+WARM_START_SPLIT = "warm_start"
+
+
+def part_counts(model_keys: Iterable[str], loaded: Container[str]) -> dict[str, list[int]]:
+    """``{part: [loaded, total]}``: per state-dict prefix (``image_encoder``, ...) of ``model_keys``, how many
+    of its tensors are in ``loaded`` and how many it has."""
+    counts: dict[str, list[int]] = {}
+    for key in model_keys:
+        entry = counts.setdefault(key.split(".", 1)[0], [0, 0])
+        entry[0] += int(key in loaded)
+        entry[1] += 1
+    return counts
+
+
+def recorded_warm_start(run_dir: str | Path) -> dict[str, Any] | None:
+    """The warm start the run in ``run_dir`` recorded when training started (the first record of its
+    ``metrics.jsonl``): ``{"init_from": absolute path, "sha256": str | None, "tensors": {part: [loaded,
+    total]}}``; None for a run without one, trained before runs recorded it, or whose record is unreadable.
+    Reads the log's first lines only: the record precedes every step's."""
+    try:
+        with open(Path(run_dir) / METRICS_FILE, encoding="utf-8") as log:
+            for line in log:
+                if not line.strip():
+                    continue
+                record = json.loads(line)
+                if not isinstance(record, dict) or record.get("split") != WARM_START_SPLIT:
+                    return None  # a step's record first: this run recorded no warm start
+                tensors = record.get("tensors")
+                valid = isinstance(tensors, Mapping) and all(
+                    isinstance(v, list) and len(v) == 2 and all(type(n) is int for n in v)
+                    for v in tensors.values()
+                )
+                if not valid or not isinstance(record.get("init_from"), str):
+                    return None
+                return {"init_from": record["init_from"], "sha256": record.get("sha256"), "tensors": tensors}
+    except (OSError, ValueError):  # no log, or a line torn by a kill: nothing recorded to read
+        return None
+    return None
 
 
 def _tensor_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
@@ -60,22 +113,27 @@ def _tensor_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
     return {str(k): tuple(v.shape) for k, v in model.items() if hasattr(v, "shape")}
 
 
-def warm_start_counts(model_shapes: Mapping[str, Any], init_from: str) -> dict[str, Any]:
+def warm_start_counts(
+    model_shapes: Mapping[str, Any], init_from: str, *, run_dir: str | Path | None = None
+) -> dict[str, Any]:
     """What ``train.init_from`` = ``init_from`` supplied to a model whose state dict has ``model_shapes``
-    (name -> tensor or shape): ``{"init_from": init_from, "tensors": {part: [loaded, total]} }`` for each of
+    (name -> tensor or shape): ``{"init_from": path, "tensors": {part: [loaded, total]} }`` for each of
     :data:`PARTS` the model has (the tensors whose name and shape match the file's, as ``warm_start``
-    loaded them), ``"tensors": None`` when no weights can be read at that path now (it is read from the
-    working directory, as training read it)."""
+    loaded them). What the run in ``run_dir`` recorded when it started (:func:`recorded_warm_start`; its
+    absolute path) comes first; without a record (a run trained before runs recorded it) the file is
+    counted again, read from the working directory as training read it, and ``"tensors"`` is None when
+    no weights can be read at that path now."""
+    recorded = recorded_warm_start(run_dir) if run_dir is not None else None
+    if recorded is not None:
+        return {"init_from": recorded["init_from"], "tensors": recorded["tensors"]}
     found = _tensor_shapes(Path(init_from))
     if found is None:
         return {"init_from": init_from, "tensors": None}
-    counts: dict[str, list[int]] = {}
-    for key, value in model_shapes.items():
-        part = key.split(".", 1)[0]
-        shape = tuple(getattr(value, "shape", value))
-        loaded, total = counts.setdefault(part, [0, 0])
-        counts[part] = [loaded + int(found.get(key) == shape), total + 1]
-    return {"init_from": init_from, "tensors": counts}
+    shapes = {key: tuple(getattr(value, "shape", value)) for key, value in model_shapes.items()}
+    return {
+        "init_from": init_from,
+        "tensors": part_counts(shapes, {k for k in shapes if found.get(k) == shapes[k]}),
+    }
 
 
 def _architecture(backbones: Mapping[str, Any], role: str) -> str | None:

@@ -23,12 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from patchword.checkpoint import (
-    export_weights,
-    load_checkpoint,
-    seed_everything,
-    warm_start,
-)
+from patchword.checkpoint import export_weights, load_checkpoint, seed_everything
 from patchword.config import apply_overrides, from_dict, refuse_edited_config, refuse_overrides, save_config
 from patchword.data.prepare import (
     ROLES,
@@ -67,11 +62,13 @@ from patchword.runs.claim import LOCK_FILE, Claim, Refusals, RunKind
 from patchword.runs.config import RunConfig
 from patchword.runs.evaluate import evaluate_run, json_text
 from patchword.runs.files import BEST_CHECKPOINT, EXPORT_DIR, LAST_CHECKPOINT, METRICS_JSON, SUMMARY_FILE
+from patchword.runs.origins import recorded_warm_start
 from patchword.runs.recorded import DIGEST_FIELD
 from patchword.train.resumable import resumable_state
 from patchword.train.trackers import TENSORBOARD_DIR, WANDB_ID_FILE
 from patchword.train.trainer import Trainer, stop_raises
 from patchword.train.validate import RESUMABLE_KEYS, check_config_and_truth, check_launch, check_model_data
+from patchword.train.warm import warm_start_run, write_warm_start
 
 __all__ = [
     "PreparedData",
@@ -180,8 +177,6 @@ def _build(
     else:
         model = create_model(cfg.model, vocab_size=data.vocab_size, vocab_words=data.vocab_words)
     check_model_data(cfg, model, data)
-    if cfg.train.init_from and run_dir is None:
-        warm_start(model, cfg.train.init_from)
     return data, model
 
 
@@ -244,6 +239,7 @@ def train_run(
         TRAIN_RUNS.refuse_existing(run_dir, probe_lock=dist.is_main)
         dist.barrier()  # every process has checked before rank 0 creates the directory
         data, model = _build(cfg, data)
+        warm = warm_start_run(model, cfg.train.init_from) if cfg.train.init_from else None
         claim = Claim()
         try:
             _on_main(dist, run_dir, lambda: TRAIN_RUNS.claim_new(run_dir, locks, claim))
@@ -251,6 +247,8 @@ def train_run(
                 save_config(cfg, run_dir / CONFIG_FILE)
                 _save_tokenizer(data.tokenizer, run_dir)
                 save_backbones(model, run_dir)
+                if warm is not None:  # what it loaded, recorded now: the file may be gone at export
+                    write_warm_start(run_dir, warm)
             seed_everything(cfg.seed)
             trainer = _trainer(cfg, model, data, run_dir, dist, hint)
             fit = trainer.fit()
@@ -358,6 +356,8 @@ def _finish(
     summary.update(fit)
     summary["skipped_steps"] = trainer.skipped_steps
     summary["world_size"] = dist.world_size
+    if (warm := recorded_warm_start(run_dir)) is not None:  # the first session's (a resume keeps it)
+        summary["warm_start"] = warm
     timed, seconds = summary.pop("timed_steps", 0), summary.get("step_time_seconds") or 0.0
     # steps over the time in steps (checkpoints of an older version timed none of theirs)
     summary["train_steps_per_s"] = round(timed / seconds, 3) if timed and seconds > 0 else None

@@ -64,7 +64,7 @@ from patchword.eval.engine.seps_blocks import (
     length_blocks,
 )
 from patchword.eval.engine.seps_plan import _DIAGONAL_GROUP, FORMS, SEPSPlanner
-from patchword.eval.engine.staging import Staged, host, row_buffer, stage
+from patchword.eval.engine.staging import Staged, host, is_accelerator, row_buffer, stage
 from patchword.eval.engine.workers import engine_plan, in_workers
 from patchword.matching.ops import l2norm, masked_mean
 from patchword.matching.selection import text_relevance
@@ -134,8 +134,26 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
         """The matcher's own image checks (its patch count, plus CLS; a pruned image's prior), which its
         forward makes of every batch, made of the whole job (values: :meth:`check_inputs`)."""
         with values_checked():
-            self.matcher._validate_images(inputs.img_tokens, inputs.patch_prior)
+            self.matcher.validate_images(inputs.img_tokens, inputs.patch_prior)
         self._check_text_shapes(inputs)
+
+    @torch.no_grad()
+    def patch_priors(self, img_tokens: torch.Tensor, *, device, block: int = 64) -> torch.Tensor:
+        """(N_img, N) float32: the image-only part of every patch's selection score of (N_img, [1 +] N, C)
+        unpruned image tokens (:meth:`SEPSAlignment.patch_priors`), after the entry check of :meth:`score`
+        (:meth:`check_inputs`: the matcher's token count and width, finite tokens). The finiteness of device
+        tokens is read with the first image block's stability flags, as in :meth:`score`: no wait of its
+        own."""
+        check_tensor(img_tokens, "img_tokens", ndim=3, finite=False)
+        caption = img_tokens.new_zeros(1, 1, img_tokens.shape[2])  # no caption is read
+        inputs = ScoringInputs(img_tokens, caption, torch.ones(1, dtype=torch.long))
+        # deferred only where the blocks compute on the tokens' own accelerator (the flags are read there)
+        defer = is_accelerator(device) and img_tokens.device.type == torch.device(device).type
+        self._pending_check = self.check_inputs(inputs, defer=defer)
+        try:
+            return super().patch_priors(img_tokens, device=device, block=block)
+        finally:
+            self._pending_check = None
 
     # ------------------------------------------------------------------ drivers
     def _dense_columns(
