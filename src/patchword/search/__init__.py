@@ -12,8 +12,16 @@
 - :mod:`.cli`: ``patchword index build`` and ``patchword search``.
 """
 
+from patchword.search.entries import ImageIdError
 from patchword.search.explain import Explanation, explain_pair
-from patchword.search.index import BuildReport, IndexMismatchError, build_index
+from patchword.search.index import (
+    BuildPlan,
+    BuildReport,
+    IndexMismatchError,
+    build_index,
+    plan_build,
+    write_build,
+)
 from patchword.search.query import Searcher
 from patchword.search.results import QueryError, SearchHit, SearchResult
 from patchword.search.scan import ScanResult, scan_images
@@ -21,7 +29,9 @@ from patchword.search.store import SearchIndex
 
 __all__ = [
     "BuildReport",
+    "BuildPlan",
     "Explanation",
+    "ImageIdError",
     "IndexMismatchError",
     "QueryError",
     "ScanResult",
@@ -31,5 +41,7 @@ __all__ = [
     "Searcher",
     "build_index",
     "explain_pair",
+    "plan_build",
     "scan_images",
+    "write_build",
 ]
