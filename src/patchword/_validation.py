@@ -136,12 +136,13 @@ def finite_flag(named: Sequence[tuple[torch.Tensor, str]]) -> torch.Tensor | Non
     value it waits for anyway); None when there is nothing to check.
 
     Whole inputs can be large: their minimum and maximum are finite exactly when every value is (both
-    propagate NaN and reach an infinity), so no temporary as large as a tensor is made.
+    propagate NaN and reach an infinity), so no temporary as large as a tensor is made; ``aminmax`` reads
+    each tensor once for both.
     """
     floating = [x for x, _ in named if x.is_floating_point() and x.numel()]
     if not floating:
         return None
-    return torch.stack([torch.isfinite(torch.stack([x.amin(), x.amax()])).all() for x in floating]).all()
+    return torch.stack([torch.isfinite(torch.stack(torch.aminmax(x))).all() for x in floating]).all()
 
 
 def raise_non_finite(named: Sequence[tuple[torch.Tensor, str]]) -> None:

@@ -195,3 +195,17 @@ def test_evaluate_run_dir_without_overrides(trained_tiny_run, tmp_path):
     metrics, out = evaluate_run_dir(trained_tiny_run, out=tmp_path / "eval.json")
     assert out == tmp_path / "eval.json" and json.loads(out.read_text())["rsum"] == metrics["rsum"]
     assert metrics["overrides"] == []
+
+
+def test_ensemble_members_given_as_exports_are_compared_by_their_weights(trained_tiny_run, tmp_path, capsys):
+    """Defect: the repeated-member check read every member as a .pt checkpoint: an export directory (its
+    model.safetensors) was refused as 'not a patchword checkpoint'. Two exports of one run are one model."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(["export", str(trained_tiny_run), str(one)]) == 0
+    assert main(["export", str(trained_tiny_run), str(two)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "ensemble.json"
+    assert main(["eval", str(one), "--ensemble", str(two), "--out", str(out)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "the same model weights as" in line and "not a patchword checkpoint" not in line
+    assert not out.exists()

@@ -186,8 +186,8 @@ def _check_split_sizes(
     labelled: bool,
     dc: HashDataConfig,
     source: str,
-    given: Collection[str] = (),
-    training: bool = True,
+    given: Collection[str],
+    training: bool,
 ) -> None:
     """The sizes :func:`split_dataset` is asked for fit the ``n`` pairs of ``source`` and leave a contrastive
     batch to train on: the one check of them, before the split (its own errors name its arguments, not the

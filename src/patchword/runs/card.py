@@ -20,7 +20,7 @@ from patchword.model import matcher_arguments
 from patchword.readers import read_json
 from patchword.runs.files import BACKBONES_FILE, IMPORT_FILE
 from patchword.runs.load import WEIGHTS_DIGEST_KEY
-from patchword.runs.origins import encoder_kinds, encoder_origins, recorded_warm_start, warm_start_line
+from patchword.runs.origins import encoder_kinds, encoder_origins, warm_start_line
 
 __all__ = ["CARD_KEYS", "model_card"]
 
@@ -30,16 +30,6 @@ CARD_KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum
 
 def _read_json(path) -> dict[str, Any]:
     return read_json(path, path.name, default={})
-
-
-def _warm_start(run, record: dict[str, Any]) -> dict[str, Any] | None:
-    """What ``train.init_from`` supplied: what the run recorded when training started first (the file may be
-    gone, or its path relative to another working directory, now), else the export's ``"warm_start"``
-    (counted on export, or carried from the export this directory is)."""
-    recorded = recorded_warm_start(run.run_dir) if run.config.train.init_from else None
-    if recorded is not None:
-        return {"init_from": recorded["init_from"], "tensors": recorded["tensors"]}
-    return record.get("warm_start")
 
 
 def _reported(mc) -> dict[str, Any]:
@@ -63,7 +53,8 @@ def model_card(run, record: dict[str, Any]) -> str:
     metrics = record.get("metrics") or {}
     imported = _read_json(run.run_dir / IMPORT_FILE)
     backbones = _read_json(run.run_dir / BACKBONES_FILE)
-    warm = None if imported else _warm_start(run, record)
+    # the export counted it, training's record first (export._warm_start; None for an imported run)
+    warm = record.get("warm_start")
     kinds = encoder_kinds(mc, backbones)
     origins = encoder_origins(mc, imported, backbones, warm)
     reads_dense = model.matcher.consumes_dense and dc.dense

@@ -39,41 +39,27 @@ def weights_digest(state: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def _layout(state: dict[str, torch.Tensor]) -> tuple:
-    """Names, dtypes and shapes: weights that differ here differ, without reading their values."""
-    return tuple(
-        (name, str(v.dtype), tuple(v.shape)) if isinstance(v, torch.Tensor) else (name, repr(v))
-        for name, v in sorted(state.items())
-    )
-
-
 def refuse_repeated_members(checkpoints: list[Path]) -> None:
     """An ensemble's members are distinct weights: a checkpoint given twice (the same file, a copy, or
     another file with the same model weights, such as a run's ``best.pt`` and ``last.pt`` saved at the same
-    step) would weigh one model twice and call it an ensemble. Values are hashed only where the weights'
-    names, dtypes and shapes agree.
+    step, or an export's ``model.safetensors``) would weigh one model twice and call it an ensemble.
 
     Raises:
         ConfigError: naming the repeated member and the one it repeats.
     """
-    from patchword.checkpoint import load_checkpoint
+    from patchword.checkpoint import load_weights
     from patchword.errors import ConfigError
 
-    layouts: list[tuple] = []
-    for path in checkpoints:
-        layouts.append(_layout(load_checkpoint(path)["model"]))
-    seen: dict[tuple[tuple, str], Path] = {}
-    for path, layout in zip(checkpoints, layouts, strict=True):
-        # one checkpoint in memory at a time: a member's optimizer state can be twice its weights
-        shared = layouts.count(layout) > 1
-        key = (layout, weights_digest(load_checkpoint(path)["model"]) if shared else str(path))
-        if key in seen:
+    seen: dict[str, Path] = {}
+    for path in checkpoints:  # one member's weights in memory at a time
+        digest = weights_digest(load_weights(path))
+        if digest in seen:
             raise ConfigError(
                 "--ensemble",
-                f"{path} holds the same model weights as {seen[key]}: an ensemble averages distinct models; "
-                "give each run (or checkpoint) once",
+                f"{path} holds the same model weights as {seen[digest]}: an ensemble averages distinct "
+                "models; give each run (or checkpoint) once",
             )
-        seen[key] = path
+        seen[digest] = path
 
 
 def warn_of_scales(results: list[tuple[dict, dict]], scores: list) -> None:

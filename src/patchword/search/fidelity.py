@@ -13,7 +13,7 @@ section 3). What departs from it:
   server whose collection has none, and no optimization pending, scans every point): the scores are exact,
   the shortlist may miss images;
 - dense captions the model reads and the index lacks (built without ``--dense``), or a matcher that pairs
-  them with captions: every ranking differs from the evaluated one (:func:`dense_warning`).
+  them with captions: every ranking differs from the evaluated one (:func:`dense_problem`).
 
 :class:`~patchword.search.query.Searcher` describes itself with :func:`search_kind` and
 :func:`dense_problem`, once per opened index (:func:`describe_index`); ``patchword search``, ``search
@@ -24,12 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from patchword.eval.two_stage import APPROXIMATE_BACKENDS
-
 __all__ = [
     "approximation_note",
     "dense_problem",
-    "dense_warning",
     "describe_index",
     "index_summary",
     "search_kind",
@@ -47,7 +44,7 @@ def _first_stage(index: Any, backend: str) -> tuple[str, str | None]:
     for a store that shortlists itself (Qdrant) ``qdrant_embedded`` (a local directory: every point
     scanned) or a server's (a URL, :func:`_qdrant_server_stage`)."""
     if backend != "store":
-        approximate = backend in APPROXIMATE_BACKENDS
+        approximate = backend not in EXACT_FIRST_STAGES
         return backend, (f"approximate first stage ({backend}): {_MISSES}" if approximate else None)
     location = str(getattr(index, "record", {}).get("location", ""))
     if not location.startswith(("http://", "https://")):
@@ -140,12 +137,6 @@ def dense_problem(index: Any, run: Any, fine: Any) -> tuple[str, str] | None:
         f"{run.run_dir}'s model reads dense captions, but {index.index_dir} was built without them: every "
         "ranking differs from the model's evaluated one; build the index with --dense FILE"
     )
-
-
-def dense_warning(index: Any, run: Any, fine: Any) -> str | None:
-    """The sentence of :func:`dense_problem`, or None."""
-    problem = dense_problem(index, run, fine)
-    return None if problem is None else problem[1]
 
 
 def index_summary(kind: dict[str, Any], warning_labels: list[str]) -> str | None:

@@ -24,17 +24,15 @@ from patchword.data.npy import npy_problem
 from patchword.errors import DataError, MissingFileError
 from patchword.search.checks import shape_problem, token_width, values_problem
 from patchword.search.codecs import load_codec
-from patchword.search.entries import ImageIdError, IndexEntries
+from patchword.search.entries import IndexEntries
 from patchword.search.manifest import MANIFEST_FILE, Manifest, unfinished_build
 from patchword.search.shards import shard_arrays, shard_files
 
 __all__ = [
     "REPAIR_HINT",
     "DamagedIndexError",
-    "ImageIdError",
     "MissingShardError",
     "StaleIndexError",
-    "IndexEntries",
     "SearchIndex",
     "broken_shards",
     "dead_row_bytes",

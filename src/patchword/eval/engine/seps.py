@@ -148,7 +148,7 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
         caption = img_tokens.new_zeros(1, 1, img_tokens.shape[2])  # no caption is read
         inputs = ScoringInputs(img_tokens, caption, torch.ones(1, dtype=torch.long))
         # deferred only where the blocks compute on the tokens' own accelerator (the flags are read there)
-        defer = is_accelerator(device) and img_tokens.device.type == torch.device(device).type
+        defer = is_accelerator(device) and _same_device(img_tokens.device, torch.device(device))
         self._pending_check = self.check_inputs(inputs, defer=defer)
         try:
             return super().patch_priors(img_tokens, device=device, block=block)
@@ -506,3 +506,11 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
                 out[i0:i1, start:stop] = self._dense_scores(img, txt)
                 bar.update((i1 - i0) * (stop - start))
         return out
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether ``a`` and ``b`` are one device (``cuda`` is the current CUDA device, ``cuda:1`` another)."""
+    if a.type != b.type:
+        return False
+    current = torch.cuda.current_device() if a.type == "cuda" and (a.index is None or b.index is None) else 0
+    return (current if a.index is None else a.index) == (current if b.index is None else b.index)
