@@ -264,9 +264,39 @@ class Distributed:
         if self.enabled:
             dist.barrier(group=self.cpu_group)
 
+    @contextlib.contextmanager
+    def fail_together(self, what: str) -> Iterator[None]:
+        """Run a block that may fail on some processes only (a check of this process's own inputs, its
+        memory) before a collective they must all reach; every process then raises, none waits.
+
+        Without it a process that raised would leave the others in the next collective, waiting until
+        ``timeout_s`` while it lives on (a caller that catches the error), or failing with "a collective
+        failed" and no reason once it exits. After the block the processes compare outcomes (one object
+        gather; nothing with one process): a process whose block raised re-raises its own error, the
+        others raise a :class:`DistributedError` naming the first failed rank, ``what`` it was doing and
+        its message.
+        """
+        if not self.enabled:
+            yield
+            return
+        error: Exception | None = None
+        try:
+            yield
+        except Exception as err:  # re-raised below, once the others have heard of it
+            error = err
+        said = self.all_gather_object(None if error is None else f"{type(error).__name__}: {error}")
+        if error is not None:
+            raise error
+        failed = [(rank, message) for rank, message in enumerate(said) if message is not None]
+        if failed:
+            rank, message = failed[0]
+            raise DistributedError(f"rank {rank} of {self.world_size} failed in {what}: {message}")
+
 
 def _backend_failure(err: BaseException) -> bool:
     """Whether ``err`` comes from a collective (a dead peer, a timeout) rather than from our own code."""
+    if isinstance(err, DistributedError):  # already says what failed where (Distributed.fail_together)
+        return False
     if isinstance(err, dist.DistError):
         return True
     text = str(err).lower()

@@ -90,6 +90,22 @@ def test_encode_image_tokens_runs_in_eval_mode_and_restores_the_mode():
     assert torch.equal(first, want)
 
 
+def test_encode_image_tokens_takes_the_images_as_one_tensor():
+    """A tensor of the encoder's inputs is encoded as the image set holding it is (docs: "a tensor or an
+    image set"); anything else, or a batch size that is not a positive int, is refused by name."""
+    torch.manual_seed(0)
+    model = _DropoutModel().eval()
+    pixels = torch.rand(5, 3, 2, 2)
+    got = encode_image_tokens(model, pixels, batch_size=2)
+    assert torch.equal(got, encode_image_tokens(model, _Images(pixels), batch_size=2))
+    with torch.no_grad():
+        assert torch.equal(got, model.encode_images(pixels))
+    with pytest.raises(TypeError, match="images must be a tensor"):
+        encode_image_tokens(model, pixels.tolist())
+    with pytest.raises(ValueError, match="batch_size"):
+        encode_image_tokens(model, pixels, batch_size=0)
+
+
 def test_encode_text_tokens_takes_lengths_as_a_sequence():
     model = _DropoutModel().eval()
     ids, lens = _text_batch()

@@ -201,3 +201,26 @@ def test_a_float64_matcher_scores_in_float64(name):
         )
     assert double.sims.dtype == torch.float64
     torch.testing.assert_close(double.sims.float(), single, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("image_dtype", "text_dtype"), [(torch.float64, torch.float32), (torch.float32, torch.float64)]
+)
+def test_mixed_float_inputs_score_as_the_image_tokens_dtype(name, image_dtype, text_dtype):
+    """Image and caption tokens of two float dtypes (float64 features beside float32 ones) are scored as
+    if the text had the image tokens' dtype, by every matcher (VSE, CLIP and FILIP failed in a matrix
+    product on the mixed dtypes, and VSE's and CLIP's exact engine too)."""
+    m = _build(name)
+    img, caps, lens, dense, dense_lens = _inputs(m)
+    img, caps = img.to(image_dtype), caps.to(text_dtype)
+    dense = dense.to(text_dtype) if m.consumes_dense else None
+    with torch.no_grad():
+        mixed = m(img, caps, lens, dense, dense_lens).sims
+        same = m(
+            img, caps.to(image_dtype), lens, None if dense is None else dense.to(image_dtype), dense_lens
+        )
+    assert mixed.dtype == same.sims.dtype
+    torch.testing.assert_close(mixed, same.sims, rtol=1e-6, atol=1e-7)
+    # the exact engine (float32 scores) takes them as the forward does
+    engine = score_matrix(m, img, caps, lens, dense, dense_lens)
+    torch.testing.assert_close(engine.double(), mixed.double(), rtol=1e-5, atol=1e-6)

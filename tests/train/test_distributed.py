@@ -232,7 +232,41 @@ def _job_signal(args: list[str]) -> dict:
     return {"step": None}
 
 
+def _job_one_rank_fails(case: str) -> dict:
+    """Rank 1 alone fails (``case``) before a collective both must reach (the launch's collectives wait
+    an hour: a process left waiting would be caught by the test's hang guard)."""
+    from patchword.distributed import session
+    from patchword.eval import two_stage_scores
+    from patchword.matching import build_matcher
+
+    torch.manual_seed(0)
+    matcher = build_matcher("seps", embed_dim=16, num_patches=16, has_cls=True, variant="paper").eval()
+    g = torch.Generator().manual_seed(1)
+    img, dense = torch.randn(4, 17, 16, generator=g), torch.randn(4, 12, 16, generator=g)
+    caps, lens = torch.randn(10, 9, 16, generator=g), torch.randint(3, 10, (10,), generator=g)
+    dense_lens = torch.randint(3, 13, (4,), generator=g)
+    rank = int(os.environ["RANK"])
+    try:
+        with session("cpu", timeout_s=3600) as dist:
+            if case == "block":
+                with dist.fail_together("the test's block"):
+                    if rank == 1:
+                        raise ValueError("rank 1's own trouble")
+            else:
+                if rank == 1 and case == "tokens":  # not the matcher's 1 + 16 image tokens: refused by the
+                    img = img[:, :10]  # input checks, before the global stage
+                if rank == 1 and case == "nan_image":  # refused by the global stage's finiteness check
+                    img[2, 5, 3] = float("nan")
+                if rank == 1 and case == "nan_dense":  # read by the re-ranker only: refused there
+                    dense[1, 2, 3] = float("nan")
+                two_stage_scores(matcher, img, caps, lens, dense, dense_lens, k=3, dist=dist)
+    except Exception as err:
+        return {"error": f"{type(err).__name__}: {err}"}
+    return {"error": None}
+
+
 JOBS = {
+    "one_rank_fails": _job_one_rank_fails,
     "train": _job_train,
     "train_config": _job_train_config,
     "resume": _job_resume,
@@ -600,3 +634,31 @@ def test_a_batch_that_does_not_split_is_one_error_line_from_torchrun(tmp_path):
         "train.batch_size: 15 captions do not split over 2 processes" in line for line in lines
     )
     assert not (tmp_path / "runs" / "odd").exists()
+
+
+@pytest.mark.parametrize(
+    ("case", "rank0_says", "rank1_says"),
+    [
+        ("block", "rank 1 of 2 failed in the test's block: ValueError: rank 1's own trouble", "own trouble"),
+        (
+            "tokens",
+            "rank 1 of 2 failed in two_stage_scores' input checks and global embeddings: ",
+            "img_tokens",
+        ),
+        (
+            "nan_image",
+            "rank 1 of 2 failed in two_stage_scores' input checks and global embeddings: ",
+            "finite",
+        ),
+        ("nan_dense", "rank 1 of 2 failed in scoring its shortlisted pairs: ValueError: ", "dense_tokens"),
+    ],
+)
+def test_a_rank_that_refuses_its_inputs_fails_every_rank_at_once(tmp_path, case, rank0_says, rank1_says):
+    """Each process checks its own share of the inputs; one that refuses them raises, and the other raises
+    too, naming the rank and its reason. It used to be left in the next collective: failing with "a
+    collective failed" and no reason once the refusing process had exited, or waiting for the timeout
+    while that process lived on (a caller catching the error)."""
+    results = _launch([("one_rank_fails", (case,))], tmp_path, timeout=300)
+    said = [_ok(results, 0) if rank == 0 else results[rank][0]["ok"] for rank in range(2)]
+    assert said[0]["error"].startswith("DistributedError: " + rank0_says), said
+    assert said[1]["error"].startswith("ValueError: ") and rank1_says in said[1]["error"], said

@@ -51,7 +51,7 @@ from patchword.eval.metrics import (
     fold_mean,
     retrieval_metrics,
 )
-from patchword.eval.scoring import encode_image_tokens, encode_text_tokens
+from patchword.eval.scoring import encode_image_tokens, encode_text_tokens, eval_mode
 from patchword.eval.two_stage import two_stage_scores
 
 __all__ = [
@@ -88,9 +88,10 @@ def _encode_shard(model, split: EncodedSplit, eval_cfg: EvalConfig, dist: Distri
     """
     lo, hi = dist.shard(split.num_images)
     t_lo, t_hi = dist.shard(split.num_captions)
-    was_training = model.training
-    model.eval()
-    try:
+    dense = dense_lens = None
+    # a process that fails here (its device's memory) fails every process, with its reason, before the
+    # gathers below
+    with eval_mode(model), dist.fail_together("encoding its images and captions"):
         images = SelectedImages(split.images, torch.arange(lo, hi))
         img = encode_image_tokens(
             model, images, batch_size=eval_cfg.batch_size, device=device, progress=progress
@@ -103,8 +104,6 @@ def _encode_shard(model, split: EncodedSplit, eval_cfg: EvalConfig, dist: Distri
             device=device,
             progress=progress,
         )
-        cap = dist.all_gather_cpu(cap, dist.shard_sizes(split.num_captions))
-        dense = dense_lens = None
         if split.dense_ids is not None and model.matcher.consumes_dense:
             dense = encode_text_tokens(
                 model,
@@ -116,11 +115,10 @@ def _encode_shard(model, split: EncodedSplit, eval_cfg: EvalConfig, dist: Distri
                 desc="encode dense captions",
             )
             dense_lens = split.dense_lens[lo:hi]
-            if model.matcher.dense_pairing == "caption":
-                dense = dist.all_gather_cpu(dense, dist.shard_sizes(split.num_images))
-                dense_lens = split.dense_lens
-    finally:
-        model.train(was_training)
+    cap = dist.all_gather_cpu(cap, dist.shard_sizes(split.num_captions))
+    if dense is not None and model.matcher.dense_pairing == "caption":
+        dense = dist.all_gather_cpu(dense, dist.shard_sizes(split.num_images))
+        dense_lens = split.dense_lens
     return img, cap, dense, dense_lens, (lo, hi)
 
 
@@ -154,9 +152,9 @@ def score_split(
         model, split, eval_cfg, dist, device=device, progress=progress
     )
     encoded = time.perf_counter()
-    was_training = model.training
-    model.eval()
-    try:
+    # one process's failure (non-finite tokens among its images, its device's memory) fails every
+    # process with its reason, rather than leaving the others in the gather below
+    with eval_mode(model), dist.fail_together("scoring its image rows"):
         rows = score_matrix(
             model.matcher,
             img,
@@ -170,8 +168,6 @@ def score_split(
             progress=progress,
             precision=eval_cfg.precision,
         )
-    finally:
-        model.train(was_training)
     if timings is not None:  # the matrix is on the host by now: the time includes the device's work
         timings.update(encode_seconds=encoded - start, scoring_seconds=time.perf_counter() - encoded)
         timings["pairs"] = img.shape[0] * cap.shape[0]

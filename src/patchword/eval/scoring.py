@@ -40,16 +40,36 @@ def encode_image_tokens(
 ) -> torch.Tensor:
     """Run the image encoder once per image: -> (N_img, L_v, C) float32 tokens on the CPU.
 
-    ``images``: an image set with ``batch(indices, train=False)`` (N_img images). The model runs in eval
-    mode and is put back in its previous mode afterwards."""
+    ``images``: the encoder's inputs as one tensor, (N_img, ...) (pixels (N_img, 3, H, W), or the region
+    features of a precomputed-feature model), or an image set with ``batch(indices, train=False)`` (a
+    dataset's images, read batch by batch). The model runs in eval mode and is put back in its previous
+    mode afterwards."""
     device = checked_device(device)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if isinstance(images, torch.Tensor):
+        if images.ndim < 2:
+            raise ValueError(f"images as a tensor must be (N_img, ...), got shape {tuple(images.shape)}")
+
+        def read(idx: torch.Tensor) -> torch.Tensor:
+            return images[idx[0] : idx[-1] + 1]
+
+    elif callable(getattr(images, "batch", None)):
+
+        def read(idx: torch.Tensor) -> torch.Tensor:
+            return images.batch(idx, train=False)
+
+    else:
+        raise TypeError(
+            f"images must be a tensor (N_img, ...) or an image set with batch(indices, train), "
+            f"got {type(images).__name__}"
+        )
     out = []
     n = len(images)
     with eval_mode(model), progress_bar(n, "encode images", progress) as bar:
         for start in range(0, n, batch_size):
             idx = torch.arange(start, min(start + batch_size, n))
-            batch = images.batch(idx, train=False).to(device)
-            out.append(model.encode_images(batch).float().cpu())
+            out.append(model.encode_images(read(idx).to(device)).float().cpu())
             bar.update(len(idx))
     return torch.cat(out)
 

@@ -181,27 +181,32 @@ def two_stage_scores(
     from patchword.distributed import Distributed
 
     t_start = time.perf_counter()
-    inputs = prepare_inputs(matcher, img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens, txt2img)
-    k_i2t, k_t2i = _shortlist_lengths(k)
-    budget = budget_bytes(max_memory_mb)
-    device = _matcher_device(matcher, img_tokens) if device is None else checked_device(device)
-    scorer = engine_for(matcher, engine)
-    # the re-ranker's entry check of the shapes (the matcher's image token count and width) now, not after
-    # the whole global stage; no value is read (the finiteness is checked once, in score_pairs)
-    scorer.check_shapes(inputs)
-    dist = dist or Distributed(device=device)
+    # Under torchrun each process checks and embeds its own inputs: one that refuses them (or runs out of
+    # memory) fails every process with its reason, rather than leaving the others in the first collective
+    # (waiting, or failing without a reason once it exits).
+    with (dist or Distributed()).fail_together("two_stage_scores' input checks and global embeddings"):
+        inputs = prepare_inputs(matcher, img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens, txt2img)
+        k_i2t, k_t2i = _shortlist_lengths(k)
+        budget = budget_bytes(max_memory_mb)
+        device = _matcher_device(matcher, img_tokens) if device is None else checked_device(device)
+        scorer = engine_for(matcher, engine)
+        # the re-ranker's entry check of the shapes (the matcher's image token count and width) now, not
+        # after the whole global stage; no value is read (the values are checked as each stage reads them)
+        scorer.check_shapes(inputs)
+        dist = dist or Distributed(device=device)
+        n_txt = inputs.num_texts
+        t_lo, t_hi = dist.shard(n_txt)
+        index_mb = max(1.0, min(256.0, budget / BYTES_PER_MB / 4))
+        img_local, txt_part = global_embeddings(
+            matcher,
+            inputs.img_tokens,
+            inputs.cap_tokens[t_lo:t_hi],
+            inputs.cap_lens[t_lo:t_hi],
+            device=device,
+            max_memory_mb=index_mb,
+        )
     sizes = dist.all_gather_object(inputs.num_images)
-    lo, n_img, n_txt = sum(sizes[: dist.rank]), sum(sizes), inputs.num_texts
-    t_lo, t_hi = dist.shard(n_txt)
-    index_mb = max(1.0, min(256.0, budget / BYTES_PER_MB / 4))
-    img_local, txt_part = global_embeddings(
-        matcher,
-        inputs.img_tokens,
-        inputs.cap_tokens[t_lo:t_hi],
-        inputs.cap_lens[t_lo:t_hi],
-        device=device,
-        max_memory_mb=index_mb,
-    )
+    lo, n_img = sum(sizes[: dist.rank]), sum(sizes)
     img_emb = dist.all_gather_cpu(img_local, sizes)
     txt_emb = dist.all_gather_cpu(txt_part, dist.shard_sizes(n_txt))
     t_embed = time.perf_counter()
@@ -220,7 +225,8 @@ def two_stage_scores(
     pair_ids, inverse = torch.unique(torch.cat([i2t_ids, t2i_ids]), return_inverse=True)
     pair_img, pair_txt = pair_ids // n_txt, pair_ids % n_txt
     first, last = torch.searchsorted(pair_img, torch.tensor([lo, lo + inputs.num_images])).tolist()
-    with eval_mode(matcher):
+    # the finiteness check (and the memory) of one process's pairs fails every process, as above
+    with eval_mode(matcher), dist.fail_together("scoring its shortlisted pairs"):
         fine = scorer.score_pairs(
             inputs,
             pair_img[first:last] - lo,

@@ -92,9 +92,11 @@ class FILIPMatcher(Matcher):
     ) -> MatcherOutput:
         """(B_v, B_t) scores, float32 (float64 for float64 tokens) whatever the token dtype or autocast:
         under autocast the products run in the run's precision (a training step's choice) and the score
-        is cast up."""
+        is cast up. Caption tokens of another float dtype are taken in the image tokens' dtype (as SCAN,
+        NAAF and TGDT take them)."""
         self.validate_image_tokens(img_tokens)
         lens = self.validate_text(cap_tokens, cap_lens)
+        cap_tokens = cap_tokens.to(img_tokens.dtype)
         sims = self.token_similarity(img_tokens, cap_tokens, lens)
         weight = self.config.global_weight
         if weight > 0:

@@ -90,7 +90,8 @@ class VSEMatcher(Matcher):
     ) -> MatcherOutput:
         """(B_v, B_t) cosines, float32 (float64 for float64 tokens) whatever the token dtype or autocast:
         the embeddings are normalised in full precision; under autocast their product runs in the run's
-        precision (a training step's choice) and is cast up."""
-        img, txt = self.global_embed(img_tokens, cap_tokens, cap_lens)
+        precision (a training step's choice) and is cast up. Caption tokens of another float dtype are
+        taken in the image tokens' dtype (as SCAN, NAAF and TGDT take them)."""
+        img, txt = self.global_embed(img_tokens, cap_tokens.to(img_tokens.dtype), cap_lens)
         extras = {} if self.logit_scale is None else {"logit_scale": self.temperature_scale()}
         return MatcherOutput(sims=full_precision(img @ txt.T), extras=extras)

@@ -46,7 +46,7 @@ class VSEEngine(ScoringEngine):
             image_block = max(1, image_block // 2)
         peak = image_block * per_img + text_block * (per_txt + _F32 * image_block)
         self.last_plan = BlockPlan(self.name, image_block, int(text_block), 0, int(peak), budget)
-        m = self.matcher
+        m, img_dtype = self.matcher, inputs.img_tokens.dtype
         with progress_bar(n_img * n_txt, "score pairs", progress, unit="pair") as bar, values_checked():
             for i0 in range(0, n_img, image_block):
                 i1 = min(i0 + image_block, n_img)
@@ -54,7 +54,8 @@ class VSEEngine(ScoringEngine):
                 rows, target = row_buffer(job, out, i0, i1)
                 for t0 in range(0, n_txt, text_block):
                     cols = slice(t0, t0 + text_block)
-                    txt = m.global_text(inputs.cap_tokens[cols].to(device), job.cap_lens[cols])
+                    # caption tokens in the image tokens' dtype, as the matcher's forward takes them
+                    txt = m.global_text(inputs.cap_tokens[cols].to(device, img_dtype), job.cap_lens[cols])
                     block = img @ txt.T
                     rows[:, cols] = block.float()
                     bar.update(block.numel())
