@@ -39,7 +39,7 @@ def _measure(args: argparse.Namespace) -> dict:
     """One mode, in this (fresh) process."""
     import torch
 
-    from patchword.bench.inputs import benchmark_lengths, build_bench_matcher, scoring_inputs
+    from patchword.bench.inputs import SCORING_CONFIGS, benchmark_lengths, build_bench_matcher, scoring_inputs
     from patchword.bench.machine import best_time
     from patchword.eval import score_matrix
     from patchword.eval.engine import SEPSEngine
@@ -47,24 +47,37 @@ def _measure(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(args.threads)
     cap_lens, dense_lens, source = benchmark_lengths(None, None, stand_in=args.quick)
-    img, caps, lens, dense, dlens, _ = scoring_inputs(args.images, cap_lens, dense_lens)
-    caps, lens = caps[: args.captions], lens[: args.captions]
+    img, caps, lens, dense, dlens, t2i = scoring_inputs(args.images, cap_lens, dense_lens)
+    caps, lens, t2i = caps[: args.captions], lens[: args.captions], t2i[: args.captions]
     caps = caps[:, : int(lens.max())]
+    spec = SCORING_CONFIGS[args.config]
     matcher = build_bench_matcher(args.config)
     if args.quick:  # small shapes: fewer patches are not possible (the matcher is ViT-224), fewer images
         img, dense, dlens = img[:8], dense[:8], dlens[:8]
-    with_dense = args.config != "laps"
-    d, dl = (dense, dlens) if with_dense else (None, None)
+        caps, lens, t2i = caps[t2i < 8], lens[t2i < 8], t2i[t2i < 8]  # the captions of those images
+    # Caption-tied dense text (the official protocol) pairs caption j with its image's dense row t2i[j].
+    caption_tied = spec["dense"] and spec["dense_pairing"] == "caption"
+    d, dl = (dense, dlens) if spec["dense"] else (None, None)
     if args.mode == "reference":
 
         def run():
-            return seps_reference_scores(matcher, img, caps, lens, d, dl)
+            return seps_reference_scores(
+                matcher, img, caps, lens, d, dl, dense_index=t2i if caption_tied else None
+            )
     else:
         engine = SEPSEngine(matcher, workers=1 if args.mode.startswith("intra") else None)
 
         def run():
             return score_matrix(
-                matcher, img, caps, lens, d, dl, engine=engine, max_memory_mb=args.max_memory_mb
+                matcher,
+                img,
+                caps,
+                lens,
+                d,
+                dl,
+                txt2img=t2i if caption_tied else None,
+                engine=engine,
+                max_memory_mb=args.max_memory_mb,
             )
 
     run()  # warm-up
