@@ -88,13 +88,22 @@ def export_weights(
     atomic_write_text(directory / "config.json", json.dumps(meta, indent=2))
 
 
+def weights_file(path: str | Path) -> Path:
+    """The file :func:`load_weights` reads at ``path``: ``path`` itself, or for a directory (an export
+    directory, or a run directory holding one) its ``model.safetensors``, else its export's
+    (``runs.files.WEIGHTS_FILE`` / ``EXPORT_DIR``, spelled here because this module sits below
+    ``patchword.runs``); the first of those two when neither exists."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    candidates = [path / "model.safetensors", path / "export" / "model.safetensors"]
+    return next((c for c in candidates if c.is_file()), candidates[0])
+
+
 def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
     """Model weights from a training checkpoint (``best.pt`` / ``last.pt``), an export directory or a
-    ``model.safetensors`` file."""
-    path = Path(path)
-    if path.is_dir():  # an export dir, or a run dir holding one
-        candidates = [path / "model.safetensors", path / "export" / "model.safetensors"]
-        path = next((c for c in candidates if c.is_file()), candidates[0])
+    ``model.safetensors`` file (:func:`weights_file`)."""
+    path = weights_file(path)
     if not path.is_file():
         raise FileNotFoundError(
             f"no weights at {path} (expected best.pt, last.pt, an export dir or .safetensors)"

@@ -72,3 +72,21 @@ def test_eval_and_export_with_checkpoint_a_directory_say_so_in_one_line(trained_
         assert main(argv) == 2
         assert one_error_line(capsys.readouterr().err).startswith(want), argv
     assert not (tmp_path / "e2").exists()
+
+
+def test_one_rule_finds_the_weights_of_a_directory(tmp_path):
+    """``checkpoint.weights_file`` is the rule ``load_weights``, a warm start's recorded digest and the card's
+    counts all follow: a directory's own weights file, else its export's, spelled as ``runs.files`` names
+    them (checkpoint sits below ``patchword.runs`` and spells them itself)."""
+    from patchword.checkpoint import weights_file
+    from patchword.runs.files import EXPORT_DIR, WEIGHTS_FILE
+
+    run = tmp_path / "run"
+    (run / EXPORT_DIR).mkdir(parents=True)
+    assert weights_file(run) == run / WEIGHTS_FILE  # nothing there: the first place looked
+    (run / EXPORT_DIR / WEIGHTS_FILE).write_bytes(b"w")
+    assert weights_file(run) == run / EXPORT_DIR / WEIGHTS_FILE
+    assert weights_file(run / EXPORT_DIR) == run / EXPORT_DIR / WEIGHTS_FILE
+    (run / WEIGHTS_FILE).write_bytes(b"w")
+    assert weights_file(run) == run / WEIGHTS_FILE
+    assert weights_file(run / "best.pt") == run / "best.pt"  # a file is itself

@@ -24,7 +24,7 @@ import logging
 import sys
 from pathlib import Path
 
-from patchword.runs.config import NOT_EVALUATION_KEYS
+from patchword.runs.config import NOT_EVALUATION_KEYS, not_evaluation_reason
 
 __all__ = ["NOT_EVALUATION_KEYS", "add_arguments", "run"]
 
@@ -100,9 +100,9 @@ def _refuse_unread_overrides(overrides: list[str]) -> None:
 
     keys = [(key, item) for item in overrides if "=" in item for key in _keys_set(item)]
     for key, item in keys:
-        for refused, why in NOT_EVALUATION_KEYS.items():
-            if key == refused or key.startswith(refused + "."):
-                raise ConfigError(key, f"does not apply to an evaluation ({why}){_within(key, item)}")
+        why = not_evaluation_reason(key)
+        if why is not None:
+            raise ConfigError(key, f"does not apply to an evaluation ({why}){_within(key, item)}")
     if any(key.startswith("model.") for key, _ in keys):
         from patchword.model import training_only_keys
 

@@ -26,7 +26,7 @@ from patchword.imports.base import (
     safe_load,
     write_imported_run,
 )
-from patchword.runs.config import NOT_EVALUATION_KEYS
+from patchword.runs.config import not_evaluation_reason
 
 __all__ = [
     "IMPORT_FILE",
@@ -129,13 +129,13 @@ def _refuse_unread_keys(overrides: list[str], changed: list[str]) -> None:
     """
     named = [item.split("=", 1)[0].strip() for item in overrides if "=" in item]
     for key in [*named, *changed]:
-        for refused, why in NOT_EVALUATION_KEYS.items():
-            if key == refused or key.startswith(refused + "."):
-                raise ConfigError(
-                    key,
-                    f"an imported run never reads it (`patchword eval` refuses it too: {why}); override "
-                    "where the data lies (data.root, ...) and eval.* keys only",
-                )
+        why = not_evaluation_reason(key)
+        if why is not None:
+            raise ConfigError(
+                key,
+                f"an imported run never reads it (`patchword eval` refuses it too: {why}); override "
+                "where the data lies (data.root, ...) and eval.* keys only",
+            )
 
 
 # The built-in importers register themselves.

@@ -433,30 +433,36 @@ def _variant_caveats(
 
 
 #: ``opt.max_word`` of the official SEPS / LAPS ``arguments.py`` when a checkpoint's opt lacks it
-_MAX_WORD = 90
+OFFICIAL_MAX_WORD = 90
+
+
+def text_length_caveat(family: str, cut: int, kept: int) -> str:
+    """SEPS / LAPS (``family``): patchword cuts each text to ``cut`` BERT tokens before BERT
+    (``data.max_caption_len``), the official evaluation runs BERT on the whole text and keeps its first
+    ``kept`` (``opt.max_word``) embeddings (docs/models.md, "SEPS max_word"). They agree on shorter texts
+    only: most SEPS dense captions are longer, captions rarely are. One sentence, no semicolon (a report
+    joins its caveats with them); the import warns with it, the card and the report repeat it."""
+    longer = (
+        "every longer text (most SEPS dense captions, few captions)"
+        if family == "seps"
+        else "every longer caption (few are)"
+    )
+    return (
+        f"patchword cuts each text to {cut} BERT tokens before BERT (data.max_caption_len), the official "
+        f"evaluation runs BERT on the whole text and keeps its first {kept} embeddings (opt.max_word): the "
+        f"scores differ on {longer}, so recalls measured with patchword are not the official code's exactly"
+    )
 
 
 def _text_length_caveats(model: ImportedModel | None, data: Any) -> list[str]:
-    """SEPS / LAPS: patchword cuts each text to ``data.max_caption_len`` (``max_dense_len``) BERT tokens
-    before BERT, the official evaluation runs BERT on the whole text and keeps its first ``opt.max_word``
-    embeddings (docs/models.md, "SEPS max_word"). They agree on shorter texts only: most SEPS dense captions
-    are longer, captions rarely are."""
+    """:func:`text_length_caveat` of an imported SEPS / LAPS model measured on ``data`` (none otherwise)."""
     if model is None or model.family not in ("seps", "laps"):
         return []
-    kept = model.opt.get("max_word", _MAX_WORD)
-    kept = kept if isinstance(kept, int) and not isinstance(kept, bool) else _MAX_WORD
+    kept = model.opt.get("max_word", OFFICIAL_MAX_WORD)
+    kept = kept if isinstance(kept, int) and not isinstance(kept, bool) else OFFICIAL_MAX_WORD
     cut = _field(data, "max_caption_len") if data is not None else None
     cut = cut if isinstance(cut, int) and not isinstance(cut, bool) else kept
-    longer = (
-        "every longer text (most SEPS dense captions, few captions)"
-        if model.family == "seps"
-        else "every longer caption (few are)"
-    )
-    return [  # no semicolon: the report joins its caveats with them
-        f"patchword cuts each text to {cut} BERT tokens before BERT (data.max_caption_len), the official "
-        f"evaluation runs BERT on the whole text and keeps its first {kept} embeddings (opt.max_word): the "
-        f"scores differ on {longer}, so the measured figures are not the official code's exactly"
-    ]
+    return [text_length_caveat(model.family, cut, kept)]
 
 
 def caveats(

@@ -44,6 +44,7 @@ from patchword.imports.base import (
     opt_dict,
     register_family,
 )
+from patchword.imports.published import OFFICIAL_MAX_WORD, text_length_caveat
 
 __all__ = ["detect", "convert"]
 
@@ -62,7 +63,7 @@ _MODEL_OPT = ("vit_type", "img_res", "embed_size", "sparse_ratio", "aggr_ratio",
 #: the data paths (the defaults of ``data.root`` / ``data.image_root``, which a user overrides on import
 #: or on ``patchword eval``) and ``size_augment`` (the training caption augmentation).
 _EVAL_OPT_DEFAULTS: dict[str, Any] = {
-    "max_word": 90,
+    "max_word": OFFICIAL_MAX_WORD,
     "dataset": "f30k",
     "evaluate_cxc": 0,
     "data_path": "data/",
@@ -215,21 +216,10 @@ def convert(ckpt: dict[str, Any], options: ImportOptions, path: Path, *, family:
 
 def _warn_text_length(path: Path, family: str, cut: int, kept: int) -> None:
     """Once per import: the imported run cuts its texts to ``cut`` tokens before BERT, the official
-    evaluation keeps ``kept`` (``opt.max_word``) embeddings of BERT's output on the whole text
-    (docs/models.md, "SEPS max_word"); the export card and ``patchword report`` repeat it as a caveat."""
-    texts = "caption and dense caption" if family == "seps" else "caption"
-    longer = "most SEPS dense captions are" if family == "seps" else "few captions are"
-    _logger.warning(
-        "%s: patchword cuts each %s to %d BERT tokens before BERT (data.max_caption_len), while the official "
-        "evaluation runs BERT on the whole text and keeps its first %d embeddings (opt.max_word): scores "
-        "differ on longer texts (%s), so the imported run's recalls are not exactly the official code's "
-        "(docs/models.md)",
-        path,
-        texts,
-        cut,
-        kept,
-        longer,
-    )
+    evaluation keeps ``kept`` (``opt.max_word``) embeddings of BERT's output on the whole text; the export
+    card and ``patchword report`` repeat the same caveat
+    (:func:`~patchword.imports.published.text_length_caveat`)."""
+    _logger.warning("%s: %s (docs/models.md)", path, text_length_caveat(family, cut, kept))
 
 
 def _plain(value: Any) -> Any:

@@ -21,6 +21,7 @@ __all__ = [
     "EvalConfig",
     "RunConfig",
     "NOT_EVALUATION_KEYS",
+    "not_evaluation_reason",
     "list_recipes",
     "recipe_path",
     "load_run_config",
@@ -161,3 +162,12 @@ NOT_EVALUATION_KEYS = {
     "data.size_augment": "it augments training captions",
     "data.num_workers": "it sets the workers decoding training batches",
 }
+
+
+def not_evaluation_reason(key: str) -> str | None:
+    """What dotted ``key`` changes instead when :data:`NOT_EVALUATION_KEYS` holds it or a section above it
+    (``train.max_steps``: "it changes training"); None for a key evaluations read."""
+    for refused, why in NOT_EVALUATION_KEYS.items():
+        if key == refused or key.startswith(refused + "."):
+            return why
+    return None

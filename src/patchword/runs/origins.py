@@ -28,7 +28,8 @@ from collections.abc import Container, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from patchword.runs.files import EXPORT_DIR, METRICS_FILE, WEIGHTS_FILE
+from patchword.checkpoint import weights_file
+from patchword.runs.files import METRICS_FILE
 
 __all__ = [
     "PARTS",
@@ -89,11 +90,7 @@ def _tensor_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
     """Name -> shape of the weights at ``path`` as ``warm_start`` reads them (a checkpoint's ``model``, a
     ``.safetensors`` file, an export directory or a run directory holding one), without loading the tensors;
     None when there is nothing readable there."""
-    if path.is_dir():
-        found = [p for p in (path / WEIGHTS_FILE, path / EXPORT_DIR / WEIGHTS_FILE) if p.is_file()]
-        if not found:
-            return None
-        path = found[0]
+    path = weights_file(path)
     if not path.is_file():
         return None
     try:

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from patchword.checkpoint import warm_start
+from patchword.checkpoint import warm_start, weights_file
 from patchword.fileio import append_line, file_sha256
-from patchword.runs.files import EXPORT_DIR, METRICS_FILE, WEIGHTS_FILE
+from patchword.runs.files import METRICS_FILE
 from patchword.runs.origins import WARM_START_SPLIT, part_counts
 
 __all__ = ["warm_start_run", "write_warm_start"]
@@ -36,19 +36,11 @@ def warm_start_run(model: torch.nn.Module, init_from: str) -> dict[str, Any]:
     }
 
 
-def _weights_file(path: Path) -> Path:
-    """The file ``warm_start`` read at ``path`` (a directory: its or its export's model.safetensors)."""
-    if path.is_dir():
-        found = [p for p in (path / WEIGHTS_FILE, path / EXPORT_DIR / WEIGHTS_FILE) if p.is_file()]
-        return found[0] if found else path
-    return path
-
-
 def write_warm_start(run_dir: Path, record: dict[str, Any]) -> None:
     """Append ``record`` with the sha256 of the weights file it names (None when it cannot be read now) to
     ``run_dir/metrics.jsonl``, before any step's record (rank 0; the file was just read in full once)."""
     try:
-        digest: str | None = file_sha256(_weights_file(Path(record["init_from"])))
+        digest: str | None = file_sha256(weights_file(record["init_from"]))
     except OSError:  # read a moment ago; gone or unreadable now: the counts still stand
         digest = None
     append_line(run_dir / METRICS_FILE, json.dumps({**record, "sha256": digest}))
