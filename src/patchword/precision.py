@@ -19,7 +19,7 @@ from typing import Literal, get_args
 
 import torch
 
-__all__ = ["PRECISIONS", "Precision", "autocast_context", "weight_dtype"]
+__all__ = ["PRECISIONS", "Precision", "autocast_context", "autocast_enabled", "weight_dtype"]
 
 #: The values of ``RunConfig.precision`` (the config checks them through this ``Literal``).
 Precision = Literal["fp32", "amp_bf16", "amp_fp16", "bf16", "fp64"]
@@ -45,3 +45,12 @@ def autocast_context(precision: str, device: torch.device):
     if precision not in _AUTOCAST:
         return nullcontext()
     return torch.autocast(device_type=device.type, dtype=_AUTOCAST[precision])
+
+
+def autocast_enabled(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` in this thread; False for a device type autocast does
+    not know (the simulated device's ``meta``), where ``torch.is_autocast_enabled`` raises."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:
+        return False

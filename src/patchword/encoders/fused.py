@@ -29,17 +29,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from patchword.precision import autocast_enabled
+
 __all__ = ["QKV_NAMES", "FusedProjection", "fuse_qkv", "unfuse_qkv"]
 
 #: the names transformers gives an attention layer's query, key and value projections (BERT; ViT, Swin)
 QKV_NAMES = (("query", "key", "value"), ("q_proj", "k_proj", "v_proj"))
-
-
-def _autocast_enabled(device_type: str) -> bool:
-    try:
-        return torch.is_autocast_enabled(device_type)
-    except RuntimeError:  # a device type autocast does not know (the simulated device's meta)
-        return False
 
 
 @dataclass
@@ -88,7 +83,7 @@ class _Group:
 
     def _key(self, x: torch.Tensor) -> tuple:
         """What a shared product depends on besides ``x`` itself (always computed with gradients)."""
-        autocast = _autocast_enabled(x.device.type)
+        autocast = autocast_enabled(x.device.type)
         if torch.compiler.is_compiling():  # one traced graph: no in-place change between the calls
             return (autocast,)
         versions = tuple(p._version for m in self.members for p in (m.weight, m.bias) if p is not None)

@@ -7,6 +7,8 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 import torch.nn.functional as F
 
+from patchword.precision import autocast_enabled
+
 __all__ = [
     "autocast_off",
     "floor_eps",
@@ -33,11 +35,9 @@ def autocast_off(x: torch.Tensor) -> AbstractContextManager:
     selection silently): inside, a product of float32 tensors is a float32 product. Pass the tensors in
     float32 (:func:`full_precision`); autocast no longer casts them down.
     """
-    try:
-        enabled = torch.is_autocast_enabled(x.device.type)
-    except RuntimeError:
+    if not autocast_enabled(x.device.type):
         return nullcontext()
-    return torch.autocast(device_type=x.device.type, enabled=False) if enabled else nullcontext()
+    return torch.autocast(device_type=x.device.type, enabled=False)
 
 
 def floor_eps(eps: float, dtype: torch.dtype) -> float:

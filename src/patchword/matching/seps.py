@@ -48,6 +48,7 @@ from patchword.matching.selection import (
     text_relevance,
     topk_decisions,
 )
+from patchword.precision import autocast_enabled
 
 __all__ = ["SEPSConfig", "SEPSMatcher", "SelectionTrace", "VARIANT_PRESETS"]
 
@@ -375,7 +376,7 @@ class SEPSMatcher(Matcher):
         dtype = self.aggr_net.scale.dtype
 
         def cast(x: torch.Tensor | None) -> torch.Tensor | None:
-            if x is None or x.dtype == dtype or _autocast_enabled(x):
+            if x is None or x.dtype == dtype or autocast_enabled(x.device.type):
                 return x
             return x.to(dtype)
 
@@ -564,14 +565,6 @@ class SEPSMatcher(Matcher):
         """HRPA of [CLS?, aggregated, extra], normalised only now as officially, vs the words: (B_v, T)."""
         align = pair_cosines(img.cls, aggregated, extra, words)
         return self.hrpa(align, length_mask(lens, words.shape[1])[None, :, None])
-
-
-def _autocast_enabled(x: torch.Tensor) -> bool:
-    """Whether autocast is on for ``x``'s device (False where autocast does not know the device type)."""
-    try:
-        return torch.is_autocast_enabled(x.device.type)
-    except RuntimeError:
-        return False
 
 
 @dataclass
