@@ -32,7 +32,7 @@ from patchword.errors import DataError, MissingFileError
 from patchword.eval.engine.base import DEFAULT_MAX_MEMORY_MB
 from patchword.eval.engine.core import engine_for, prepare_inputs
 from patchword.eval.engine.memory import budget_bytes
-from patchword.eval.scoring import encode_image_tokens, encode_text_tokens
+from patchword.eval.scoring import encode_image_tokens, encode_text_tokens, eval_mode
 from patchword.readers import require_file
 
 __all__ = [
@@ -166,9 +166,7 @@ def score_triples(
     text_image = torch.tensor([r for r, _ in text_of], dtype=torch.long)
 
     matcher = model.matcher
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         img = encode_image_tokens(
             model, _ImageSubset(images, used), batch_size=batch_size, device=device, progress=progress
         )
@@ -197,8 +195,6 @@ def score_triples(
             device=torch.device(device),
             progress=progress,
         )
-    finally:
-        model.train(was_training)
     return scores[torch.tensor(pos)], scores[torch.tensor(neg)]
 
 

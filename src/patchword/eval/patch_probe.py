@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from patchword._validation import check_finite
+from patchword.eval.scoring import eval_mode
 
 __all__ = [
     "ProbeScore",
@@ -337,9 +338,7 @@ def synthetic_patch_probe(
             f"patch grid (it takes {encoder.image_size} pixels, {encoder.num_patches} patches)"
         )
     scenes = SyntheticScenes.load_or_generate(syn, cache_dir=cache_dir)
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         tokens, targets = {}, {}
         for name, count in (("train", num_train), ("test", num_test)):
             part = scenes[name]
@@ -354,8 +353,6 @@ def synthetic_patch_probe(
             result["grounding"] = patch_word_grounding(
                 model, tokenizer, tokens["test"], targets["test"], syn, device
             )
-    finally:
-        model.train(was_training)
     test = targets["test"]
     result["object_pixel_share"] = 100.0 * float(test["coverage"].mean())
     result["object_patch_share"] = 100.0 * float(test["object"].mean())

@@ -23,6 +23,7 @@ from patchword.device import checked_device
 from patchword.eval.engine.base import ScoringEngine, ScoringInputs, check_precision
 from patchword.eval.engine.forward import ForwardEngine
 from patchword.eval.engine.memory import budget_bytes, default_budget_mb
+from patchword.eval.scoring import eval_mode
 from patchword.matching.base import Matcher
 from patchword.matching.registry import matcher_spec, matcher_spec_for
 
@@ -224,10 +225,6 @@ def score_matrix(
         raise ValueError(f"out must be a float32 tensor of shape {shape} on the CPU or on {device}")
     scorer = engine_for(matcher, engine)
     scorer.precision = check_precision(scorer, precision, device)
-    was_training = matcher.training
-    matcher.eval()
-    try:
+    with eval_mode(matcher):
         scorer.score(inputs, out, budget=budget, device=device, progress=progress)
-    finally:
-        matcher.train(was_training)
     return out
