@@ -127,7 +127,8 @@ def main_index(argv: list[str] | None = None) -> int:
             # until the upload: a store another process holds (a `serve --qdrant`) or a server out of reach
             # refuses the command with the index as it was, never after an update whose manifest the
             # collection no longer matches (its servers would answer 503 until the upload is rerun).
-            client = open_for_upload(args.out, args.qdrant, args.collection or args.out.name)
+            collection = args.collection or args.out.name
+            client = open_for_upload(args.out, args.qdrant, collection, manifest=plan.manifest)
         try:
             _build_and_upload(args, plan, client)
         finally:
@@ -194,13 +195,19 @@ def _search_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--qdrant", action="store_true", help="vectors from the Qdrant collection the index was uploaded to"
     )
+    parser.add_argument(
+        "--exact",
+        action="store_true",
+        help="with --qdrant: an exact first stage, a Qdrant server scanning every point rather than its HNSW "
+        "index (slower on a large collection); an embedded store always searches exactly",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
 
 
 def open_searcher(args: argparse.Namespace):
     """The :class:`~patchword.search.query.Searcher` of ``search`` / ``serve`` arguments (``index_dir``,
-    ``run``, ``checkpoint``, ``device``, ``shortlist``)."""
+    ``run``, ``checkpoint``, ``device``, ``shortlist``, and when given ``qdrant``, ``exact``)."""
     from patchword.search.query import Searcher
 
     return Searcher.open(
@@ -210,6 +217,7 @@ def open_searcher(args: argparse.Namespace):
         device=resolve_device(args.device, key="--device"),
         shortlist=args.shortlist,
         qdrant=bool(getattr(args, "qdrant", False)),
+        exact=bool(getattr(args, "exact", False)),
     )
 
 
@@ -217,9 +225,10 @@ def main_search(argv: list[str] | None = None) -> int:
     """``patchword search INDEX_DIR "query" [-k 10] [--json]``: prints rank, score, path and latency, and a
     ``warning:`` line on stderr naming the query words the model does not know (a query with no known word
     or with control characters is an error, exit code 2). A ``note:`` line under the results says how the
-    search departs from the exact float32 one (token store, pruning, approximate first stage); ``--json``
-    has it as ``"index"`` (:func:`patchword.search.fidelity.describe_index`: the search's kind, the index's
-    ``warnings`` and a one-line ``summary``)."""
+    search departs from the exact float32 one (token store, pruning, approximate first stage: ``--qdrant
+    --exact`` makes a Qdrant server's exact); ``--json`` has it as ``"index"``
+    (:func:`patchword.search.fidelity.describe_index`: the search's kind, the index's ``warnings`` and a
+    one-line ``summary``)."""
     args = _search_parser().parse_args(argv)
     _logging(args.verbose)
     from patchword.search.results import check_query_text

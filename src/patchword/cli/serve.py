@@ -42,6 +42,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--qdrant", action="store_true", help="vectors from the Qdrant collection the index was uploaded to"
     )
+    parser.add_argument(
+        "--exact",
+        action="store_true",
+        help="with --qdrant: an exact first stage, a Qdrant server scanning every point rather than its HNSW "
+        "index (slower on a large collection); an embedded store always searches exactly",
+    )
     parser.add_argument("--workers", type=int, default=2, help="threads doing model work (default 2)")
     parser.add_argument(
         "--torch-threads",

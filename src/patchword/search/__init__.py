@@ -5,8 +5,11 @@
   (memory-mappable ``.npy`` arrays);
 - :mod:`.store`: :class:`SearchIndex`, the reader of an index;
 - :mod:`.checks`: what the readers can use of a manifest's fields and of the shard arrays;
-- :mod:`.index`: :func:`build_index` (build, ``update``, resume) and the model-identity check;
-- :mod:`.query`: :class:`Searcher` (global shortlist, fine re-ranking); :mod:`.results`: the query's checks
+- :mod:`.index`: :func:`build_index` (build, ``update``, resume) and the model-identity check; its parts
+  :mod:`.build_open` (``--out`` and the manifest a build starts from), :mod:`.build_checks` (the settings),
+  :mod:`.build_files` (which files are encoded), :mod:`.build_lock` (one build at a time), :mod:`.build_plan`;
+- :mod:`.query`: :class:`Searcher` (global shortlist, fine re-ranking); :mod:`.query_encode`: the query as
+  the model reads it; :mod:`.first_stage`: a local index's shortlist; :mod:`.results`: the query's checks
   and what a search answers;
 - :mod:`.explain`: kept patches and word-to-patch attention of one (query, image) pair;
 - :mod:`.cli`: ``patchword index build`` and ``patchword search``.

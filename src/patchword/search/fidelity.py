@@ -10,8 +10,8 @@ section 3). What departs from it:
 - index-time patch pruning (``--keep-patches``): the fine scores of a pruned image (approximate);
 - an approximate first stage (FAISS IVF / HNSW above :data:`~patchword.search.query.APPROXIMATE_ABOVE`
   images, or a Qdrant server's HNSW index, built once a segment passes the server's indexing threshold: a
-  server whose collection has none, and no optimization pending, scans every point): the scores are exact,
-  the shortlist may miss images;
+  server whose collection has none, and no optimization pending, scans every point, and so does one
+  searched with ``exact``): the scores are exact, the shortlist may miss images;
 - dense captions the model reads and the index lacks (built without ``--dense``), or a matcher that pairs
   them with captions: every ranking differs from the evaluated one (:func:`dense_problem`).
 
@@ -33,8 +33,14 @@ __all__ = [
 ]
 
 #: First stages that find the exact shortlist (FAISS flat: up to ties; embedded Qdrant scans every point, and
-#: so does a Qdrant server whose collection has no HNSW index yet).
-EXACT_FIRST_STAGES = ("exact", "faiss_flat", "qdrant_embedded", "qdrant_server_unindexed")
+#: so does a Qdrant server whose collection has no HNSW index yet, or that is asked for an exact search).
+EXACT_FIRST_STAGES = (
+    "exact",
+    "faiss_flat",
+    "qdrant_embedded",
+    "qdrant_server_unindexed",
+    "qdrant_server_exact",
+)
 
 _MISSES = "the shortlist may miss images an exact one holds"
 
@@ -42,13 +48,16 @@ _MISSES = "the shortlist may miss images an exact one holds"
 def _first_stage(index: Any, backend: str) -> tuple[str, str | None]:
     """The first stage's name, and the note of an approximate one (None: exact): the searcher's backend, or
     for a store that shortlists itself (Qdrant) ``qdrant_embedded`` (a local directory: every point
-    scanned) or a server's (a URL, :func:`_qdrant_server_stage`)."""
+    scanned), ``qdrant_server_exact`` (a URL, the index opened ``exact``: every point scanned) or a server's
+    (a URL, :func:`_qdrant_server_stage`)."""
     if backend != "store":
         approximate = backend not in EXACT_FIRST_STAGES
         return backend, (f"approximate first stage ({backend}): {_MISSES}" if approximate else None)
     location = str(getattr(index, "record", {}).get("location", ""))
     if not location.startswith(("http://", "https://")):
         return "qdrant_embedded", None
+    if getattr(index, "exact", False):
+        return "qdrant_server_exact", None
     return _qdrant_server_stage(getattr(index, "server", None))
 
 
@@ -83,9 +92,10 @@ def search_kind(index: Any, backend: str) -> dict[str, Any]:
 
     Returns:
         ``{"store": the token store, "pruning": None or {"kept", "of", "fraction"}, "first_stage": its
-        name (``backend``, or ``qdrant_embedded``, ``qdrant_server_unindexed``, ``qdrant_server``: what a
-        Qdrant index's server said when it was opened), "exact": whether the scores are the exact float32
-        fine scores of an exact shortlist, "notes": one sentence per approximation}``.
+        name (``backend``, or ``qdrant_embedded``, ``qdrant_server_exact``: a server asked for exact
+        searches, ``qdrant_server_unindexed``, ``qdrant_server``: what a Qdrant index's server said when it
+        was opened), "exact": whether the scores are the exact float32 fine scores of an exact shortlist,
+        "notes": one sentence per approximation}``.
     """
     manifest = index.manifest
     notes = []

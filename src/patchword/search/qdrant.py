@@ -27,7 +27,10 @@ every point read by id: a collection uploaded again since the index was opened (
 A server is asked once per open what the collection holds (``get_collection``): with no vector in an HNSW
 index and no optimization pending it scans every point, and the first stage is reported exact
 (``qdrant_server_unindexed``), else approximate with how many vectors are indexed
-(:func:`~patchword.search.fidelity.search_kind`); embedded mode always scans.
+(:func:`~patchword.search.fidelity.search_kind`); embedded mode always scans. ``exact=True``
+(``search --qdrant --exact``) makes every query an exact search (``SearchParams(exact=True)``: a server scans
+every point, whatever HNSW index it has; embedded mode: nothing changes), reported exact
+(``qdrant_server_exact``) without asking the server.
 
 The upload is :mod:`patchword.search.qdrant_upload`, the client :mod:`patchword.search.qdrant_connect`; this
 module re-exports what they offer.
@@ -69,19 +72,29 @@ class QdrantIndex(IndexEntries):
     for the thread that asked (the re-ranking of the same query, in the same thread, reads them), never in
     state another thread's query replaces."""
 
-    def __init__(self, index_dir: Path, manifest: Manifest, record: dict[str, Any], client=None) -> None:
+    def __init__(
+        self, index_dir: Path, manifest: Manifest, record: dict[str, Any], client=None, *, exact: bool = False
+    ) -> None:
         self.index_dir, self.manifest, self.record = index_dir, manifest, record
         self.entries = manifest.entries
         self.client = client if client is not None else connect(record["location"])
+        self.exact = bool(exact)  # every query an exact search: what the first stage is (fidelity)
+        _, models = _client_module()
+        self._search_params = models.SearchParams(exact=True) if self.exact else None
         self.collection = record["collection"]
         self._hits = threading.local()  # .vectors: id -> vectors of this thread's last shortlist
         self.server: dict[str, Any] | None = None  # a server's collection when opened: _server_state()
 
     @classmethod
-    def open(cls, index_dir: str | Path, *, reuse: QdrantIndex | None = None) -> QdrantIndex:
+    def open(
+        cls, index_dir: str | Path, *, reuse: QdrantIndex | None = None, exact: bool = False
+    ) -> QdrantIndex:
         """Open an uploaded index; ``reuse``: an index opened before (a server reopening it after an update)
         whose client is shared when the record names the same location: an embedded store admits one
-        client, which that index holds.
+        client, which that index holds. ``exact``: every :meth:`shortlist` is an exact search
+        (``SearchParams(exact=True)``: a server scans every point rather than its HNSW index, slower on a
+        large collection; an embedded store always does, so there it changes nothing), and the server is
+        not asked what its collection holds (the first stage is exact whatever it has indexed).
 
         Raises:
             ConfigError: the index was not uploaded (``--qdrant``), or its upload did not finish.
@@ -115,12 +128,12 @@ class QdrantIndex(IndexEntries):
                 f"{index_dir}: the embedded Qdrant store {location} named in {path} does not exist; {again}"
             )
         shared = reuse is not None and reuse.record.get("location") == location
-        index = cls(index_dir, manifest, record, reuse.client if shared else None)
+        index = cls(index_dir, manifest, record, reuse.client if shared else None, exact=exact)
         from qdrant_client.http.exceptions import ApiException  # installed: connect() imported the client
 
         try:
             problem = index._collection_problem()
-            if problem is None and location.startswith(("http://", "https://")):
+            if problem is None and not exact and location.startswith(("http://", "https://")):
                 index.server = index._server_state()  # once per open: what the first stage is
         except ApiException as err:  # a server that cannot be reached or refuses: one line, not a traceback
             if not shared:
@@ -190,7 +203,8 @@ class QdrantIndex(IndexEntries):
 
     def shortlist(self, query: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(1, C) global query embedding -> ((1, k) scores, (1, k) ids) by Qdrant, best first; the hits'
-        tokens are kept for :meth:`image_tokens` / :meth:`dense_tokens` of the same ids in this thread."""
+        tokens are kept for :meth:`image_tokens` / :meth:`dense_tokens` of the same ids in this thread. An
+        exact search when the index was opened ``exact``."""
         names = ["tokens", "dense"] if self.has_dense else ["tokens"]
         self._hits.vectors = {}  # an earlier query's vectors are never read for this one's hits
         hits = self.client.query_points(
@@ -198,6 +212,7 @@ class QdrantIndex(IndexEntries):
             query=query[0].tolist(),
             using="global",
             limit=k,
+            search_params=self._search_params,  # None: the server's own (HNSW once it has indexed)
             with_vectors=names,
             with_payload=["path"],  # a few bytes per hit: which image each id holds is checked
         ).points

@@ -12,7 +12,7 @@ import numpy as np
 
 from patchword.errors import ConfigError
 from patchword.fileio import atomic_write_text
-from patchword.search.manifest import MANIFEST_FILE, Manifest, rows_digest
+from patchword.search.manifest import Manifest, rows_digest
 from patchword.search.qdrant_connect import QDRANT_FILE, _client_module, connect, is_local, unreachable
 from patchword.search.store import SearchIndex
 
@@ -33,20 +33,20 @@ def _check_uploadable(index_dir: Path, dense_store: str | None, pruning: dict[st
         )
 
 
-def open_for_upload(index_dir: str | Path, location: str, collection: str):
+def open_for_upload(index_dir: str | Path, location: str, collection: str, *, manifest: Manifest):
     """The client an upload of ``index_dir`` will use, opened (a server asked once) before a build or update
     writes anything of the index (refused after an update, the manifest would be newer than the collection:
-    its servers answer 503 until the upload is rerun), which it refuses when the backend cannot hold it. The
-    caller closes the client (held until the upload: no other process takes the store meanwhile).
+    its servers answer 503 until the upload is rerun), which it refuses when the backend cannot hold
+    ``manifest``: the index's manifest as the caller read it (the build's, ``BuildPlan.manifest``: what an
+    update or a resumed build keeps, a new index's settings). The caller closes the client (held until the
+    upload: no other process takes the store meanwhile).
 
     Raises:
-        ConfigError: the existing index keeps dense scores or was pruned.
+        ConfigError: the index keeps dense scores or was pruned.
         DataError: the embedded store is held by another client, or the server cannot be reached or refuses.
     """
     _client_module()
-    if (Path(index_dir) / MANIFEST_FILE).is_file():  # an update (or a resumed build): what it keeps
-        manifest = Manifest.read(index_dir)
-        _check_uploadable(Path(index_dir), manifest.dense_store, manifest.pruning)
+    _check_uploadable(Path(index_dir), manifest.dense_store, manifest.pruning)
     location = str(Path(location).expanduser().resolve()) if is_local(location) else location
     client = connect(location)
     from qdrant_client.http.exceptions import ApiException  # installed: connect() imported the client
@@ -74,7 +74,7 @@ def upload_index(
     _check_uploadable(Path(index_dir), index.dense_store, index.pruning)
     owned = client is None  # connected first: a store not opened or reached leaves the last upload as it was
     if owned:
-        client = open_for_upload(index_dir, location, collection)
+        client = open_for_upload(index_dir, location, collection, manifest=index.manifest)
     from qdrant_client.http.exceptions import ApiException  # installed: connect() imported the client
 
     try:

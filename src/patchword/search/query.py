@@ -15,10 +15,9 @@ This is :func:`~patchword.eval.two_stage.two_stage_scores` for one caption query
 the one the library computes for the same tokens (tested). A :class:`Searcher` is safe to call from several
 threads at once: it keeps no per-query state, and each call builds its own scoring engine.
 
-What a search is asked and answers (the query's text checks, the hits) is :mod:`patchword.search.results`.
-
-Over 400 lines: the searcher: the first stage, the re-ranking, the query's encoding and the damage checks of
-one request.
+What a search is asked and answers (the query's text checks, the hits) is :mod:`patchword.search.results`,
+the query's encoding :mod:`patchword.search.query_encode`, a local index's first stage
+:mod:`patchword.search.first_stage`.
 """
 
 from __future__ import annotations
@@ -33,25 +32,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from patchword.encoders.base import EncoderBase
-from patchword.errors import MissingFileError
+from patchword.errors import ConfigError, MissingFileError
 from patchword.eval.engine.core import engine_for, prepare_inputs
 from patchword.eval.engine.memory import budget_bytes
-from patchword.eval.two_stage import APPROXIMATE_BACKENDS, GlobalIndex, faiss_available
+from patchword.eval.two_stage import faiss_available
 from patchword.matching.base import Matcher
 from patchword.runs import LoadedRun, load_run
 from patchword.search.explain import explain_pair
 from patchword.search.fidelity import dense_problem, describe_index, search_kind
+from patchword.search.first_stage import local_first_stage
 from patchword.search.identity import check_index_model, model_identity
-from patchword.search.manifest import rows_digest
-from patchword.search.results import (
-    Query,
-    QueryError,
-    SearchHit,
-    SearchResult,
-    check_query_text,
-    left_out,
-    quote_words,
-)
+from patchword.search.query_encode import encode_query, token_namer
+from patchword.search.results import Query, SearchHit, SearchResult
 from patchword.search.store import REPAIR_HINT, DamagedIndexError, SearchIndex
 
 if TYPE_CHECKING:
@@ -131,7 +123,7 @@ class Searcher:
             large = len(index) > APPROXIMATE_ABOVE and faiss_available()
             backend = "faiss_ivf" if large else ("faiss_flat" if faiss_available() else "exact")
         self.backend = backend
-        self.global_index = index if backend == "store" else self._global_index(backend, max_memory_mb)
+        self.global_index = index if backend == "store" else local_first_stage(index, backend, max_memory_mb)
         self.budget = budget_bytes(max_memory_mb)
         self._token_name = token_namer(run.tokenizer)
         pairing = self.fine.dense_pairing
@@ -145,37 +137,6 @@ class Searcher:
         for warning in self.warnings:  # every open: a server's log says it too
             logger.warning("%s", warning)
 
-    def _global_index(self, backend: str, max_memory_mb: float) -> GlobalIndex:
-        """The first stage. An approximate index (IVF lists, HNSW graph) is built once per version of the
-        index and kept beside it (``global.<stamp>.<backend>``): later opens load it. The stamp is
-        :func:`~patchword.search.manifest.rows_digest`, which row every index id reads: an update that only
-        deletes files keeps the shards but moves the ids, and a graph of the old rows would answer with
-        ids (and scores) of other images."""
-        index = self.index
-        if backend not in APPROXIMATE_BACKENDS:
-            return GlobalIndex(index.global_embeddings(), backend=backend, max_memory_mb=max_memory_mb)
-        stamp = rows_digest(index.manifest)
-        suffix = backend.removeprefix("faiss_")
-        path = index.index_dir / f"global.{stamp}.{suffix}"
-        if path.is_file():
-            return GlobalIndex.load(path, backend)
-        t0 = time.perf_counter()
-        built = GlobalIndex(index.global_embeddings(), backend=backend, max_memory_mb=max_memory_mb)
-        logger.info(
-            "%s first stage of %d images built in %.1f s: %s",
-            suffix,
-            len(index),
-            time.perf_counter() - t0,
-            path,
-        )
-        for old in index.index_dir.glob(f"global.*.{suffix}"):  # built for earlier versions of the index
-            old.unlink(missing_ok=True)
-        try:
-            built.save(path)
-        except OSError as err:  # a read-only index still searches; it rebuilds the first stage next time
-            logger.warning("could not keep the %s first stage at %s: %s", suffix, path, err)
-        return built
-
     @classmethod
     def open(
         cls,
@@ -185,20 +146,30 @@ class Searcher:
         checkpoint: str | os.PathLike[str] | None = None,
         device: str | torch.device = "cpu",
         qdrant: bool = False,
+        exact: bool = False,
         **options: Any,
     ) -> Searcher:
         """Open ``index_dir`` with the run recorded in its manifest (or ``run_dir``, e.g. after moving it);
-        ``qdrant``: its vectors from the Qdrant collection it was uploaded to (``qdrant.json``).
+        ``qdrant``: its vectors from the Qdrant collection it was uploaded to (``qdrant.json``); ``exact``
+        (with ``qdrant``): Qdrant searches exactly, never through a server's HNSW index
+        (:meth:`~patchword.search.qdrant.QdrantIndex.open`; an embedded store always does).
 
         Raises:
             MissingFileError: no index, or the run that built it is not where the manifest says.
             IndexMismatchError: ``run_dir`` holds another model.
+            ConfigError: ``exact`` without ``qdrant``.
         """
+        if exact and not qdrant:
+            raise ConfigError(
+                "--exact",
+                "makes Qdrant search exactly: give --qdrant too (a local index's first stage is exact up to "
+                f"{APPROXIMATE_ABOVE} images; backend='exact' forces it above)",
+            )
         if qdrant:
             # the qdrant extra, only when asked; qdrant builds on this module (through the package)
             from patchword.search.qdrant import QdrantIndex
 
-            index = QdrantIndex.open(index_dir)
+            index = QdrantIndex.open(index_dir, exact=exact)
         else:
             index = SearchIndex.open(index_dir)
         recorded = index.manifest.model
@@ -224,7 +195,7 @@ class Searcher:
             # a Qdrant index was opened, so the extra is there; qdrant builds on this module (the package)
             from patchword.search.qdrant import QdrantIndex
 
-            index = QdrantIndex.open(self.index.index_dir, reuse=self.index)
+            index = QdrantIndex.open(self.index.index_dir, reuse=self.index, exact=self.index.exact)
         else:
             index = SearchIndex.open(self.index.index_dir)
         return Searcher(index, self.run, **self._options)
@@ -235,77 +206,14 @@ class Searcher:
     # ------------------------------------------------------------------ queries
     @torch.no_grad()
     def encode_query(self, text: str) -> Query:
-        """Tokenise and encode ``text`` (truncated to the run's ``data.max_caption_len`` tokens).
-
-        A query whose every word the tokenizer can only encode as its unknown token is refused: the model
-        would rank images for ``<unk>`` alone and answer with confident nonsense. What "unknown" means is
-        the tokenizer's ``known_and_unknown_words``: for a word vocabulary, not in the vocabulary; for
-        BERT, a word WordPiece turns into ``[UNK]`` as a whole. Some unknown words are allowed and listed
-        in ``Query.unknown_words``. Words are judged on the part of the query the model reads: words past
-        its ``max_caption_len`` tokens are left out, counted in ``Query.dropped_words`` (and a word the
-        limit falls inside is ``Query.cut_word``).
+        """Tokenise and encode ``text`` with the run's model (truncated to its ``data.max_caption_len``
+        tokens; a query of no word it knows refused): :func:`~patchword.search.query_encode.encode_query`.
 
         Raises:
-            QueryError: empty, control characters (:func:`check_query_text`), no word at all, or no word
-                the model knows among those it reads (naming the words).
+            QueryError: empty, control characters, no word at all, or no word the model knows among those it
+                reads (naming the words).
         """
-        if not isinstance(text, str) or not text.strip():
-            raise QueryError("the query is empty")
-        check_query_text(text)
-        read, dropped, cut_word = self._read_part(text.strip())
-        known, unknown = self.run.tokenizer.known_and_unknown_words(read)
-        if unknown and not known:
-            max_tokens = self.run.config.data.max_caption_len
-            cut = (
-                f" in the {max_tokens} tokens it reads ({left_out(dropped, cut_word)})"
-                if dropped or cut_word is not None
-                else ""
-            )
-            raise QueryError(
-                f"the model knows none of the query's words ({quote_words(unknown)}){cut}; rephrase it with "
-                "words of its vocabulary (for a model trained from scratch: words of its training captions)",
-                unknown_words=unknown,
-            )
-        try:
-            ids, lens = self.run.tokenize([text.strip()])
-        except ValueError as err:
-            raise QueryError(f"the query has no words the model can read: {err}") from err
-        device = self.run.device
-        tokens = self.run.model.encode_texts(ids.to(device), lens.to(device))
-        global_embedding = self.matcher.global_text(tokens, lens.to(device)).float().cpu()
-        max_tokens = self.run.config.data.max_caption_len
-        return Query(
-            text, ids, lens, tokens.float().cpu(), global_embedding, unknown, dropped, max_tokens, cut_word
-        )
-
-    def _read_part(self, text: str) -> tuple[str, int, str | None]:
-        """The part of ``text`` the model reads whole (the whitespace-separated words whose tokens fit in
-        ``data.max_caption_len``, specials included), how many words are left out after it, and the word
-        the limit falls inside (the model reads its first tokens: it is neither read whole nor left out), or
-        None. A first word longer than the limit alone is kept in the part, and is that word."""
-        max_tokens = self.run.config.data.max_caption_len
-
-        def tokens(part: str) -> int:
-            try:
-                return int(self.run.tokenizer.batch_encode([part])[1][0])
-            except ValueError:  # no word at all (punctuation): nothing that could be cut
-                return 0
-
-        if max_tokens is None or tokens(text) <= max_tokens:
-            return text, 0, None
-        words = text.split()
-        low, high = 1, len(words) - 1  # the first word is kept; the whole text does not fit
-        while low < high:  # the most words that fit (a longer prefix never takes fewer tokens)
-            middle = (low + high + 1) // 2
-            fits = tokens(" ".join(words[:middle])) <= max_tokens
-            low, high = (middle, high) if fits else (low, middle - 1)
-        read = " ".join(words[:low])
-        used = tokens(read)
-        if used > max_tokens:  # the first word alone is longer than the limit
-            return read, len(words) - 1, words[0]
-        if used < max_tokens:  # room left: the truncation keeps the next word's first tokens
-            return read, len(words) - low - 1, words[low]
-        return read, len(words) - low, None
+        return encode_query(self.run, text)
 
     @torch.no_grad()
     def rerank(self, query: Query, ids: torch.Tensor) -> torch.Tensor:
@@ -466,18 +374,6 @@ class Searcher:
         if prior is None:
             return {}
         return {"patch_prior": prior[0], "patch_ids": self.index.patch_ids(ids)[0]}
-
-
-def token_namer(tokenizer: object):
-    """``id -> token text`` for the run's tokenizer (word vocabularies and BERT WordPiece; ``[id]`` else)."""
-    words = getattr(tokenizer, "idx2word", None)
-    if words is not None:
-        return lambda i: words[i] if 0 <= i < len(words) else f"[{i}]"
-    vocab = getattr(tokenizer, "vocab", None)
-    if isinstance(vocab, dict):
-        inverse = {v: k for k, v in vocab.items()}
-        return lambda i: inverse.get(i, f"[{i}]")
-    return lambda i: f"[{i}]"
 
 
 def patch_grid(image_encoder: EncoderBase, num_patches: int) -> tuple[int, int]:
