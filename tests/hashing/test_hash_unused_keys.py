@@ -1,6 +1,8 @@
-"""``train.hashnet_alpha`` without ``train.loss=hashnet`` and ``train.betas`` with ``train.optimizer=sgd``
-(no betas) were accepted and never used: a new run refuses a value given for them, naming the key and the
-setting that would ignore it, before anything is written. A default never triggers it (a run's config.yaml
+"""``train.hashnet_alpha`` without ``train.loss=hashnet``, ``train.betas`` with ``train.optimizer=sgd``
+(no betas), ``train.temperature`` with ``train.loss=hashnet`` and ``train.feature_weight=0`` (no InfoNCE
+term) and ``model.eval_batch_size`` with ``model.fusion=unimodal`` (no evaluation blocks) were accepted and
+never used: a new run refuses a value given for them, naming the key and the settings that would ignore it,
+before anything is written. A default never triggers it (a run's config.yaml
 holds every key), and a run saved before the check still evaluates and resumes."""
 
 from __future__ import annotations
@@ -29,6 +31,18 @@ BETAS = (
     "train.optimizer=adamw"
 )
 
+TEMPERATURE = (
+    "train.temperature: is used by a train.loss other than hashnet or a train.feature_weight other than 0 "
+    "only (the contrastive losses' temperature); train.loss=hashnet with train.feature_weight=0.0 would "
+    "ignore it: drop it or set a train.loss other than hashnet or a train.feature_weight other than 0"
+)
+EVAL_BLOCK = (
+    "model.eval_batch_size: is used by model.fusion=official_fused only (the pairs of one evaluation block, "
+    "which attend to each other); model.fusion=unimodal would ignore it: drop it or set "
+    "model.fusion=official_fused"
+)
+NO_INFONCE = ["--loss", "hashnet", "train.feature_weight=0"]
+
 
 def _argv(out, name: str = "r") -> list[str]:
     return ["train", "--bits", "16", "--epochs", "1", "--output-dir", str(out), "--name", name, *TINY_HASH]
@@ -42,6 +56,11 @@ def _argv(out, name: str = "r") -> list[str]:
         (["--loss", "balanced", "train.hashnet_alpha=0.5"], ALPHA.format(loss="balanced")),
         (["train.optimizer=sgd", "train.betas=[0.9,0.99]"], BETAS),
         (["train.optimizer=sgd", "train.betas=[0.5,0.999]"], BETAS),  # the default, given
+        ([*NO_INFONCE, "train.temperature=0.1"], TEMPERATURE),
+        ([*NO_INFONCE, "train.temperature=0.5"], TEMPERATURE),  # the default, given
+        (["train.feature_weight=0", "train.temperature=0.1", "train.loss=hashnet"], TEMPERATURE),
+        (["model.eval_batch_size=64"], EVAL_BLOCK),
+        (["--fusion", "unimodal", "model.eval_batch_size=128"], EVAL_BLOCK),  # the default, given
     ],
 )
 def test_hash_train_refuses_a_key_the_settings_do_not_use(tmp_path, capsys, given, line):
@@ -67,6 +86,13 @@ def test_train_hashing_from_code_refuses_a_value_other_than_the_default(tmp_path
         train_hashing(replace(cfg, train=replace(cfg.train, hashnet_alpha=0.3)))
     with pytest.raises(ConfigError, match=r"^train\.betas: is used by train\.optimizer=adam or"):
         train_hashing(replace(cfg, train=replace(cfg.train, optimizer="sgd", betas=[0.9, 0.9])))
+    no_infonce = replace(cfg.train, loss="hashnet", feature_weight=0.0, temperature=0.2)
+    with pytest.raises(ConfigError) as err:
+        train_hashing(replace(cfg, train=no_infonce))
+    assert str(err.value) == TEMPERATURE
+    with pytest.raises(ConfigError) as err:
+        train_hashing(replace(cfg, model=replace(cfg.model, eval_batch_size=32)))
+    assert str(err.value) == EVAL_BLOCK
     assert not (tmp_path / "runs").exists()
 
 
@@ -79,6 +105,13 @@ def test_check_used_keys_accepts_what_the_settings_use_and_untouched_defaults():
     check_used_keys(replace(cfg, train=replace(cfg.train, loss="hashnet", hashnet_alpha=0.2)), {"train.loss"})
     check_used_keys(replace(cfg, train=replace(cfg.train, optimizer="adamw", betas=[0.9, 0.99])))
     check_used_keys(cfg, {"train.betas"})  # adam reads them
+    # InfoNCE reads the temperature: the codes' term of a contrastive loss, or a feature term of any loss
+    temperature = {"train.temperature"}
+    check_used_keys(replace(cfg, train=replace(cfg.train, loss="hashnet", temperature=0.2)), temperature)
+    check_used_keys(replace(cfg, train=replace(cfg.train, feature_weight=0.0, temperature=0.2)), temperature)
+    check_used_keys(replace(cfg, train=replace(cfg.train, loss="hashnet", feature_weight=0.0)))  # default
+    fused = replace(cfg.model, fusion="official_fused", eval_batch_size=16)
+    check_used_keys(replace(cfg, model=fused), {"model.eval_batch_size"})
 
 
 def test_hash_train_takes_a_run_s_saved_config_with_another_optimiser(tmp_path, capsys):

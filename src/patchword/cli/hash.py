@@ -16,8 +16,7 @@ or key the chosen ``data.format`` does not read (``--data synthetic --image x.np
 is a key that splits one set of pairs (``data.num_query=200``) given for pre-split files, ``data.split_seed``
 for synthetic data (split in order) and a ``data.synthetic_*`` key for data read from files.
 
-Over 400 lines: the three ``hash`` verbs, their parsers and checks, and the search's index cache are one
-command's module, as each other verb's is.
+``hash search`` (its parser, queries, index cache and results) is :mod:`patchword.cli.hash_search`.
 """
 
 from __future__ import annotations
@@ -25,14 +24,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
-
+from patchword.cli.hash_search import add_search_parser, run_search
 from patchword.config import parse_with_overrides
-from patchword.errors import ConfigError, DataError, MissingExtraError, PatchwordError, run_command
+from patchword.errors import ConfigError, MissingExtraError, run_command
 from patchword.fileio import atomic_write_text, check_output_file
 from patchword.logs import setup_logging
 
@@ -54,8 +51,6 @@ _SHORTCUTS = {
     "name": "name",
     "device": "device",
 }
-
-_logger = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -116,32 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.topk=100")
 
-    se = sub.add_parser(
-        "search", help="Hamming search of the run's retrieval set with query features", parents=[common]
-    )
-    se.add_argument("run_dir", type=Path)
-    se.add_argument(
-        "--modality",
-        choices=["image", "text"],
-        required=True,
-        help="modality of the queries; the database is the other modality",
-    )
-    src = se.add_mutually_exclusive_group(required=True)
-    src.add_argument("--query", type=Path, help="(N, d) query features .npy")
-    src.add_argument(
-        "--query-index",
-        dest="query_index",
-        type=int,
-        nargs="+",
-        help="rows of the run's query split to use as queries",
-    )
-    se.add_argument("--k", type=int, default=10, help="neighbours per query")
-    se.add_argument("--backend", choices=["numpy", "faiss"], default="numpy")
-    se.add_argument(
-        "--rebuild", action="store_true", help="re-encode the database even if its index is cached"
-    )
-    se.add_argument("--out", type=Path, help="write the results JSON here instead of stdout")
-    se.add_argument("--force", action="store_true", help="overwrite an existing --out file")
+    add_search_parser(sub, common)
     return parser
 
 
@@ -150,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     signal when SIGTERM / SIGINT stopped training (one ``interrupted:`` line saying how to resume)."""
     args = parse_with_overrides(_parser(), argv)  # overrides may follow options, as in `patchword train`
     setup_logging(args.verbose)
-    commands = {"train": _train, "eval": _eval, "search": _search}
+    commands = {"train": _train, "eval": _eval, "search": run_search}
     return run_command(lambda: commands[args.command](args), args.verbose)
 
 
@@ -270,148 +240,6 @@ def _eval(args: argparse.Namespace) -> None:
     if args.out is not None:
         atomic_write_text(args.out, text)
     print(text)
-
-
-def _search(args: argparse.Namespace) -> None:
-    """Every input is checked (flags, --out, the query file, then the run) before the database index is
-    built and cached in the run directory."""
-    import torch
-
-    from patchword.hashing.model import UCMFH
-    from patchword.hashing.runner import open_hashing_run, refuse_run_outputs
-
-    if args.k < 1:
-        raise ConfigError("--k", f"must be >= 1 (neighbours per query), got {args.k}")
-    refuse_run_outputs(args.run_dir, {"--out": args.out}, reads=[args.query] if args.query else [])
-    if args.out is not None:
-        check_output_file(args.out, args.force)
-    file_queries = _read_query_file(args.query) if args.query is not None else None
-    run = open_hashing_run(args.run_dir)
-    cfg, model, data = run.cfg, run.model, run.data
-    refuse_run_outputs(args.run_dir, {"--out": args.out}, cfg=cfg)
-    if model.fusion != "unimodal":
-        raise ValueError("search needs a unimodal model: official_fused codes need the paired other modality")
-    queries = _queries(args, model, data, file_queries)
-    index, db_modality = _database_index(args, cfg.device, model, data)
-    q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32)).to(cfg.device)
-    encode = model.encode_image if args.modality == "image" else model.encode_text
-    dist, idx = index.search(UCMFH.codes(encode(q)).cpu().numpy().astype(np.int8), args.k)
-    ids = data.retrieval.ids
-    # each result names its query: the query split's row --query-index asked for (with its pair id, what
-    # the result ids match for pair data), or the row of the --query file (the list position was printed)
-    rows = args.query_index if args.query_index is not None else range(len(idx))
-    results = [
-        {
-            "query": int(row),
-            **({"query_id": int(data.query.ids[row])} if args.query_index is not None else {}),
-            "indices": idx[qi].tolist(),
-            "ids": ids[idx[qi]].tolist(),
-            "distances": dist[qi].tolist(),
-        }
-        for qi, row in enumerate(rows)
-    ]
-    queries = f"query.{args.modality} rows" if args.query_index is not None else f"{args.query} rows"
-    text = json.dumps(
-        {"database": f"retrieval.{db_modality}", "queries": queries, "bits": model.bits, "results": results},
-        indent=1,
-    )
-    if args.out is not None:
-        atomic_write_text(args.out, text)
-    else:
-        print(text)
-
-
-def _read_query_file(path: Path) -> np.ndarray:
-    """``--query``: a readable .npy of finite numbers, one row per query (a single vector is one query)."""
-    from patchword.hashing.readers import read_npy
-
-    queries = read_npy(path)
-    if queries.ndim == 1:
-        queries = queries[None, :]
-    if queries.ndim != 2 or queries.dtype.kind not in "biuf":
-        raise DataError(
-            f"{path}: expected (N, d) numeric query features, got {queries.dtype} {queries.shape}"
-        )
-    if queries.shape[0] == 0:  # was torch.cat()'s "expected a non-empty list of Tensors", naming no file
-        raise DataError(f"{path}: holds no query (shape {queries.shape}); give at least one row")
-    if not np.isfinite(queries).all():
-        raise DataError(f"{path}: contains NaN/inf values")
-    return queries
-
-
-def _queries(args: argparse.Namespace, model, data, file_queries: np.ndarray | None) -> np.ndarray:
-    """The query features: the --query file's rows (checked against the model's input size) or the rows
-    --query-index names of the run's query split."""
-    if file_queries is not None:
-        dim = model.image_dim if args.modality == "image" else model.text_dim
-        if file_queries.shape[1] != dim:
-            raise DataError(
-                f"{args.query}: expected (N, {dim}) {args.modality} features, got shape {file_queries.shape}"
-            )
-        return file_queries
-    split = getattr(data.query, args.modality)
-    bad = [i for i in args.query_index if not 0 <= i < len(split)]
-    if bad:
-        raise ConfigError("--query-index", f"{bad} out of range for the {len(split)} query pairs")
-    return split[args.query_index]
-
-
-def _database_index(args: argparse.Namespace, device: str, model, data):
-    """The Hamming index of the retrieval split's other modality: cached in the run directory as
-    ``index_{modality}.npz`` with the fingerprint of what it was built from (:func:`_index_fingerprint`),
-    built (and cached) when missing, when built from other weights or features, or with --rebuild.
-    Returns (index, modality)."""
-    import torch
-
-    from patchword.hashing.codes import HammingIndex
-    from patchword.hashing.model import UCMFH
-
-    db_modality = "text" if args.modality == "image" else "image"
-    index_path = args.run_dir / f"index_{db_modality}.npz"
-    feats = getattr(data.retrieval, db_modality)
-    fingerprint = _index_fingerprint(model, feats, db_modality)
-    if index_path.is_file() and not args.rebuild:
-        try:
-            index = HammingIndex.load(index_path, backend=args.backend)
-        except (PatchwordError, MemoryError):
-            raise
-        except Exception as err:  # numpy's readers raise EOFError, BadZipFile... on a damaged file
-            raise DataError(f"{index_path}: cached index unreadable ({err}); pass --rebuild") from None
-        if index.metadata == fingerprint:
-            return index, db_modality
-        # the run was trained on since, or its data (files or data.* keys) changed: stale codes
-        _logger.info("%s: built from other weights or retrieval features; rebuilding it", index_path)
-    encode = model.encode_text if db_modality == "text" else model.encode_image
-    index = HammingIndex(model.bits, backend=args.backend)
-    index.add(UCMFH.codes(encode(torch.from_numpy(feats).to(device))).cpu().numpy().astype(np.int8))
-    index.metadata = fingerprint
-    index.save(index_path)
-    return index, db_modality
-
-
-def _index_fingerprint(model, feats: np.ndarray, modality: str) -> dict:
-    """What a cached index's codes are a function of: the database features (rows and a digest) and the
-    model's weights (a digest of its state). The index of an unchanged run is reused; one of replaced data
-    files, other data.* settings or weights trained on since is rebuilt (the file dates said nothing of
-    the data, and a copied run keeps no dates)."""
-    import hashlib
-
-    import torch
-
-    weights = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-        weights.update(f"{name}:{flat.dtype}:{tuple(tensor.shape)};".encode())
-        weights.update(flat.view(torch.uint8).numpy().data)
-    feats = np.ascontiguousarray(feats)
-    return {
-        "database": modality,
-        "rows": int(feats.shape[0]),
-        "features_sha256": hashlib.sha256(feats.data).hexdigest(),
-        "features": f"{feats.dtype}{list(feats.shape)}",
-        "weights_sha256": weights.hexdigest(),
-        "bits": int(model.bits),
-    }
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import typing
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, NamedTuple
 
 from patchword._validation import check_at_least, check_finite_number
 from patchword.config import check_common_values, flat_config
@@ -33,6 +33,7 @@ __all__ = [
     "check_data_source",
     "check_run_data_overrides",
     "check_used_keys",
+    "ReadBy",
     "USED_ONLY_WITH",
 ]
 
@@ -169,36 +170,70 @@ FORMAT_READS = {
 }
 
 
-#: ``train`` keys only some settings read: key -> (the setting, the values of it that read the key, what the
-#: key is). Given with another value of the setting, the key was accepted and never used.
-USED_ONLY_WITH = {
-    "train.hashnet_alpha": ("train.loss", ("hashnet",), "the HashNet loss's scale"),
-    "train.betas": ("train.optimizer", ("adam", "adamw"), "Adam's moment decay rates"),
+class ReadBy(NamedTuple):
+    """A setting whose ``values`` read a key (``other_than``: each value but ``values`` reads it)."""
+
+    setting: str
+    values: tuple[Any, ...]
+    other_than: bool = False
+
+    def reads(self, value: Any) -> bool:
+        return (value in self.values) != self.other_than
+
+    def spell(self) -> str:
+        """``train.loss=hashnet``, ``train.optimizer=adam or train.optimizer=adamw``, ``a train.feature_weight
+        other than 0``."""
+        if self.other_than:
+            return f"a {self.setting} other than {' or '.join(str(v) for v in self.values)}"
+        return " or ".join(f"{self.setting}={value}" for value in self.values)
+
+
+#: Keys only some settings read: key -> (the settings that read it, any one of them enough; what the key
+#: is). Given while none of them reads it, the key was accepted and never used. ``train.temperature`` is
+#: InfoNCE's: the codes' term of every loss but HashNet's, and the features' term (any loss) while its
+#: weight is not 0. ``model.eval_batch_size`` sizes the blocks of the fused encoder's evaluation only (a
+#: unimodal model encodes each sample alone).
+USED_ONLY_WITH: dict[str, tuple[tuple[ReadBy, ...], str]] = {
+    "train.hashnet_alpha": ((ReadBy("train.loss", ("hashnet",)),), "the HashNet loss's scale"),
+    "train.betas": ((ReadBy("train.optimizer", ("adam", "adamw")),), "Adam's moment decay rates"),
+    "train.temperature": (
+        (
+            ReadBy("train.loss", ("hashnet",), other_than=True),
+            ReadBy("train.feature_weight", (0,), other_than=True),
+        ),
+        "the contrastive losses' temperature",
+    ),
+    "model.eval_batch_size": (
+        (ReadBy("model.fusion", ("official_fused",)),),
+        "the pairs of one evaluation block, which attend to each other",
+    ),
 }
 
 
 def check_used_keys(cfg: HashRunConfig, given: Collection[str] = ()) -> None:
     """Each key of :data:`USED_ONLY_WITH` the user gave is one the chosen settings use:
-    ``train.hashnet_alpha`` with ``train.loss=infonce``, ``train.betas`` with ``train.optimizer=sgd`` were
-    accepted and silently unused. Checked by a new run (``hash train``, :func:`train_hashing`), before
-    anything is written; a trained run's own config.yaml (resumed or evaluated) is not, as runs saved before
-    this check may hold such a value and their keys cannot change.
+    ``train.hashnet_alpha`` with ``train.loss=infonce``, ``train.betas`` with ``train.optimizer=sgd``,
+    ``train.temperature`` with ``train.loss=hashnet`` and ``train.feature_weight=0``,
+    ``model.eval_batch_size`` with ``model.fusion=unimodal`` were accepted and silently unused. Checked by a
+    new run (``hash train``, :func:`train_hashing`), before anything is written; a trained run's own
+    config.yaml (resumed or evaluated) is not, as runs saved before this check may hold such a value and
+    their keys cannot change.
 
     Given: a key in ``given`` (the keys the command line set, at any value) or one whose value differs from
     its default (set by a config file or in code). A default is never refused: a config.yaml holds every key,
     and ``--config`` reads a run's back (``--config RUN/config.yaml train.optimizer=sgd`` keeps its betas).
 
     Raises:
-        ConfigError: naming the key, the setting that would ignore it and the values that use it.
+        ConfigError: naming the key, the settings that would ignore it and the values that use it.
     """
     values, defaults = flat_config(cfg), flat_config(HashRunConfig())
-    for key, (setting, users, what) in USED_ONLY_WITH.items():
-        if (key in given or values[key] != defaults[key]) and values[setting] not in users:
-            spell = " or ".join(f"{setting}={value}" for value in users)
+    for key, (readers, what) in USED_ONLY_WITH.items():
+        given_key = key in given or values[key] != defaults[key]
+        if given_key and not any(r.reads(values[r.setting]) for r in readers):
+            spell = " or ".join(r.spell() for r in readers)
+            now = " with ".join(f"{r.setting}={values[r.setting]}" for r in readers)
             raise ConfigError(
-                key,
-                f"is used by {spell} only ({what}); {setting}={values[setting]} would ignore it: drop it or "
-                f"set {spell}",
+                key, f"is used by {spell} only ({what}); {now} would ignore it: drop it or set {spell}"
             )
 
 
@@ -237,15 +272,16 @@ def check_run_data_overrides(run_dir: str | Path, overrides: Sequence[str]) -> N
         ConfigError: as :func:`check_data_source`; an unknown key or a wrong value of the overrides.
         DataError: the config.yaml is empty or a retrieval run's (as the command says).
     """
-    from patchword.config import load_config
+    from patchword.config import apply_overrides, config_from_mapping
     from patchword.runs.files import CONFIG_FILE
     from patchword.runs.load import read_run_mapping
 
     config = Path(run_dir) / CONFIG_FILE
     keys = override_keys(overrides)
     if keys & set(DATA_SOURCE_FORMATS) and config.is_file():  # no run: the command says what is there
-        read_run_mapping(run_dir, kind="hashing")  # a retrieval run's config: said so, not its keys
-        check_data_source(load_config(HashRunConfig, config, list(overrides)).data, overrides)
+        mapping = read_run_mapping(run_dir, kind="hashing")  # a retrieval run's config: said so, not its keys
+        cfg = apply_overrides(config_from_mapping(HashRunConfig, mapping, config), list(overrides))
+        check_data_source(cfg.data, overrides)
 
 
 def check_hash_config(cfg: HashRunConfig):

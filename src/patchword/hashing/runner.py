@@ -36,9 +36,9 @@ from patchword.checkpoint import export_weights, load_checkpoint, load_fitting_w
 from patchword.config import (
     apply_overrides,
     config_diff,
+    config_from_mapping,
     flat_config,
     from_dict,
-    load_config,
     refuse_edited_config,
     refuse_overrides,
     save_config,
@@ -118,7 +118,7 @@ def train_hashing(
             ignore is refused even at its default value (one that splits one set of pairs, such as
             ``data.num_query``, for pre-split files, which decide the splits; ``data.split_seed`` for
             synthetic data, split in order; a ``data.synthetic_*`` key for files); such a key whose value
-            differs from its default is refused anyway. A ``train.*`` key the settings do not use
+            differs from its default is refused anyway. A key the other settings do not use
             (:func:`~patchword.hashing.config.check_used_keys`) is refused too.
 
     Raises:
@@ -130,7 +130,7 @@ def train_hashing(
         ConfigError: ``resume`` with settings other than the run's own (except
             :data:`HASH_RESUMABLE_KEYS`); the run's config.yaml is never rewritten. A data key the format
             does not read or would ignore (:func:`~patchword.hashing.build.build_hashing_dataset`), a
-            ``train.*`` key the loss or optimiser does not use.
+            key the other settings do not use (the loss, the optimiser, the fusion mode).
     """
     check_hash_config(cfg)
     if not resume:  # a key the settings do not read would be ignored (a resume keeps the run's own config)
@@ -168,14 +168,15 @@ def resume_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> HashRun
         raise MissingFileError(f"{run_dir} has no last.pt to resume (no such run, or it never saved one)")
     if not (run_dir / CONFIG_FILE).is_file():
         raise MissingFileError(f"{run_dir} is not a hashing run directory (no {CONFIG_FILE})")
-    read_run_mapping(run_dir, kind="hashing")  # a retrieval run's config: say so, not its unknown keys
+    mapping = read_run_mapping(run_dir, kind="hashing")  # a retrieval run's config: say so, not its keys
     refuse_overrides(
         overrides,
         HASH_RESUMABLE_KEYS,
         "cannot change on --resume (the run keeps its own data, model and optimiser settings); "
         f"resumable keys: {', '.join(sorted(HASH_RESUMABLE_KEYS))}",
     )
-    return load_config(HashRunConfig, run_dir / CONFIG_FILE, list(overrides))
+    saved = config_from_mapping(HashRunConfig, mapping, run_dir / CONFIG_FILE)  # the mapping read above
+    return apply_overrides(saved, list(overrides))
 
 
 def resume_hashing(
@@ -327,12 +328,13 @@ def open_hashing_run(
     run_dir = Path(run_dir)
     if not (run_dir / CONFIG_FILE).is_file():
         raise MissingFileError(f"{run_dir} is not a hashing run directory (no {CONFIG_FILE})")
-    # an empty config.yaml, or a retrieval run's (each of its keys was "unknown config key")
-    read_run_mapping(run_dir, kind="hashing")
+    # read once, and refused when empty or a retrieval run's (each of its keys was "unknown config key")
+    mapping = read_run_mapping(run_dir, kind="hashing")
     if not (run_dir / LAST_CHECKPOINT).is_file():
         raise MissingFileError(f"{run_dir} has no last.pt: the run never saved a checkpoint")
     _refuse_trained_run_overrides(overrides or [])
-    cfg = load_config(HashRunConfig, run_dir / CONFIG_FILE, list(overrides or []))
+    saved = config_from_mapping(HashRunConfig, mapping, run_dir / CONFIG_FILE)  # errors name the file
+    cfg = apply_overrides(saved, list(overrides or []))  # a copy: ``saved`` stays the run's own
     cfg = replace(
         cfg, device=str(resolve_device(device or cfg.device, key="--device" if device else "device"))
     )
@@ -346,7 +348,7 @@ def open_hashing_run(
     if not ((run_dir / IMPORT_FILE).is_file() and int(state["step"]) == 0):
         # weights trained on the run's split: another split (or synthetic set) of the same data put
         # training pairs in the query set (an imported checkpoint not trained on since has no data of its own)
-        refuse_resplit(load_config(HashRunConfig, run_dir / CONFIG_FILE).data, cfg.data)
+        refuse_resplit(saved.data, cfg.data)
     # the training split is unused here: a capped default data.num_train is no news (said at training)
     data = build_hashing_dataset(cfg.data, override_keys(overrides or []), training=False)
     model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)
