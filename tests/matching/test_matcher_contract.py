@@ -224,3 +224,37 @@ def test_mixed_float_inputs_score_as_the_image_tokens_dtype(name, image_dtype, t
     # the exact engine (float32 scores) takes them as the forward does
     engine = score_matrix(m, img, caps, lens, dense, dense_lens)
     torch.testing.assert_close(engine.double(), mixed.double(), rtol=1e-5, atol=1e-6)
+
+
+def _wrong_values(name: str) -> list[tuple[str, object, type]]:
+    """(field, a value its annotation refuses, the error) for each bool, int, float or Literal field of the
+    matcher's config."""
+    import typing
+
+    wrong = []
+    hints = typing.get_type_hints(matcher_config_class(name))
+    for field, hint in hints.items():
+        options = [a for a in (typing.get_args(hint) or (hint,)) if a is not type(None)]
+        if typing.get_origin(hint) is typing.Literal:
+            options = [hint]
+        kind = options[0] if len(options) == 1 else None
+        if kind is bool:
+            wrong.append((field, "yes", TypeError))
+        elif kind is int:
+            wrong.append((field, 2.5, TypeError))
+        elif kind is float:
+            wrong.append((field, True, TypeError))
+        elif typing.get_origin(kind) is typing.Literal:
+            wrong.append((field, "no-such-choice", ValueError))
+    return wrong
+
+
+def test_every_option_of_the_wrong_type_or_choice_is_refused_by_name(name):
+    """The annotations of each matcher's config are checked when it is built from Python, as a run config's
+    are when read: NAAF took ``min_samples=2.5``, SEPS ``saliency="foo"`` (silently the mean patch),
+    FILIP and TGDT failed in a comparison deep inside their constructors."""
+    wrong = _wrong_values(name)
+    assert wrong  # every config has such fields: the loop below checks something
+    for field, value, error in wrong:
+        with pytest.raises(error, match=f"^{field} must be "):
+            build_matcher(name, **{**_geometry(name), field: value})

@@ -32,6 +32,7 @@ from typing import Any
 from torch import nn
 
 from patchword.matching.base import Matcher
+from patchword.matching.config_check import check_config_fields
 
 __all__ = [
     "MatcherSpec",
@@ -266,8 +267,9 @@ def build_matcher(name: str, config: Any = None, **kwargs: Any) -> nn.Module:
     Raises:
         KeyError: unknown matcher name.
         TypeError: a keyword that is not a field of the matcher's config.
-        ValueError: ``has_cls=True`` for a matcher that takes no CLS token; a ``config`` that sets a
-            preset key of ``name`` to another value.
+        TypeError / ValueError: a field of the wrong type or outside its ``Literal`` choices, named
+            (:func:`~patchword.matching.config_check.check_config_fields`); ``has_cls=True`` for a matcher
+            that takes no CLS token; a ``config`` that sets a preset key of ``name`` to another value.
     """
     spec = matcher_spec(name)
     base = (
@@ -281,7 +283,9 @@ def build_matcher(name: str, config: Any = None, **kwargs: Any) -> nn.Module:
             f"matcher {name!r} got unknown argument(s) {sorted(unknown)}; valid: {sorted(fields)}"
         )
     base = _config_under_preset(spec, base, set(kwargs))
-    return spec.cls(spec.config_cls(**{**spec.preset, **base, **kwargs}))
+    cfg = spec.config_cls(**{**spec.preset, **base, **kwargs})
+    check_config_fields(cfg)
+    return spec.cls(cfg)
 
 
 def _config_under_preset(spec: MatcherSpec, base: dict[str, Any], by_keyword: set[str]) -> dict[str, Any]:

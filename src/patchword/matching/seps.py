@@ -26,7 +26,6 @@ side by side with the reference notes.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -35,6 +34,7 @@ import torch
 from patchword._validation import check_tensor
 from patchword.matching.aggregation import TokenAggregation
 from patchword.matching.base import Matcher, MatcherOutput
+from patchword.matching.config_check import check_config_fields
 from patchword.matching.hrpa import HRPA, pair_cosines
 from patchword.matching.ops import autocast_off, full_precision, l2norm, length_mask, masked_mean
 from patchword.matching.registry import register_matcher
@@ -71,16 +71,6 @@ VARIANT_PRESETS = {
         gumbel=True,
         ratio_mode="per_branch",
     ),
-}
-_CHOICES = {
-    "variant": ("code", "paper"),
-    "dense_pairing": ("image", "caption"),
-    "score_mode": ("sum", "predictor"),
-    "dense_mode": ("branch", "guide"),
-    "aggregation": ("shared", "dual"),
-    "similarity": ("leaky_relu", "cosine"),
-    "ratio_mode": ("sum_masks", "per_branch"),
-    "global_pool": ("cls", "mean"),
 }
 
 
@@ -121,13 +111,7 @@ class SEPSConfig:
     def check(self) -> None:
         """Checks that need no token geometry (the run config runs them before anything is built): every
         option's type (``TypeError`` naming it) and range (``ValueError`` naming it)."""
-        _check_types(self)
-        if self.variant not in VARIANT_PRESETS:
-            raise ValueError(f"variant must be one of {_CHOICES['variant']}, got {self.variant!r}")
-        for name, allowed in _CHOICES.items():
-            value = getattr(self, name)
-            if value is not None and value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        check_config_fields(self)  # types and Literal choices, from the annotations
         for name in ("sparse_ratio", "aggr_ratio"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name} must lie in (0, 1], got {getattr(self, name)!r}")
@@ -182,34 +166,6 @@ class SEPSConfig:
                 f"images pruned to {kept} patches: the matcher keeps K={self.num_keep} of "
                 f"N={self.num_patches} per pair and needs more than K (the fusion token) and at most N"
             )
-
-
-# The options' types (the switches in _SWITCHES may also be None: the variant preset fills them in)
-_INT_OPTIONS = ("embed_dim", "num_patches", "caption_chunk", "hrpa_topk")
-_FLOAT_OPTIONS = ("sparse_ratio", "aggr_ratio", "leaky_slope", "gumbel_tau", "beta")
-_BOOL_OPTIONS = ("has_cls", "detach_selection", "use_dense", "gumbel", "joint_score")
-_SWITCHES = {"hrpa_topk", "gumbel"}
-
-
-def _check_types(cfg: SEPSConfig) -> None:
-    """Raise a ``TypeError`` naming the first option of the wrong type (``embed_dim=32.5`` failed deep in
-    torch, ``has_cls="yes"`` built a matcher that read it as True)."""
-
-    def bad(name: str, want: str) -> TypeError:
-        value = getattr(cfg, name)
-        return TypeError(f"{name} must be {want}, got {value!r} ({type(value).__name__})")
-
-    for name in _INT_OPTIONS + _FLOAT_OPTIONS + _BOOL_OPTIONS:
-        value = getattr(cfg, name)
-        if value is None and name in _SWITCHES:
-            continue
-        if name in _BOOL_OPTIONS and not isinstance(value, bool):
-            raise bad(name, "a bool")
-        is_bool = isinstance(value, bool)
-        if name in _INT_OPTIONS and (is_bool or not isinstance(value, numbers.Integral)):
-            raise bad(name, "an int")
-        if name in _FLOAT_OPTIONS and (is_bool or not isinstance(value, numbers.Real)):
-            raise bad(name, "a number")
 
 
 @dataclass
