@@ -147,3 +147,16 @@ def test_a_run_saved_before_the_check_still_evaluates_and_resumes(tmp_path, caps
     capsys.readouterr()
     assert main(["train", "--resume", str(run), "--epochs", "2"]) == 0
     assert json.loads(capsys.readouterr().out)["epochs"] == 2
+
+
+def test_hash_eval_refuses_an_override_the_run_never_reads(tmp_path, capsys):
+    """``hash eval`` takes ``model.eval_batch_size``, which only the fused model reads: on a unimodal run it
+    was accepted and changed nothing; refused as a new run refuses it. The run's own config.yaml values are
+    not the command's (checked only for what the command line gives)."""
+    out = tmp_path / "runs"
+    assert main(_argv(out)) == 0
+    run = out / "r"
+    capsys.readouterr()
+    assert main(["eval", str(run), "model.eval_batch_size=64"]) == 2
+    assert one_error_line(capsys.readouterr().err) == f"error: {EVAL_BLOCK}"
+    assert main(["eval", str(run), "eval.topk=5"]) == 0  # an override it reads: evaluated

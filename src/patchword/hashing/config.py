@@ -210,7 +210,7 @@ USED_ONLY_WITH: dict[str, tuple[tuple[ReadBy, ...], str]] = {
 }
 
 
-def check_used_keys(cfg: HashRunConfig, given: Collection[str] = ()) -> None:
+def check_used_keys(cfg: HashRunConfig, given: Collection[str] = (), *, only_given: bool = False) -> None:
     """Each key of :data:`USED_ONLY_WITH` the user gave is one the chosen settings use:
     ``train.hashnet_alpha`` with ``train.loss=infonce``, ``train.betas`` with ``train.optimizer=sgd``,
     ``train.temperature`` with ``train.loss=hashnet`` and ``train.feature_weight=0``,
@@ -222,13 +222,15 @@ def check_used_keys(cfg: HashRunConfig, given: Collection[str] = ()) -> None:
     Given: a key in ``given`` (the keys the command line set, at any value) or one whose value differs from
     its default (set by a config file or in code). A default is never refused: a config.yaml holds every key,
     and ``--config`` reads a run's back (``--config RUN/config.yaml train.optimizer=sgd`` keeps its betas).
+    ``only_given``: the keys in ``given`` alone (the overrides of a trained run's evaluation: its own
+    config.yaml's values are not the command's).
 
     Raises:
         ConfigError: naming the key, the settings that would ignore it and the values that use it.
     """
     values, defaults = flat_config(cfg), flat_config(HashRunConfig())
     for key, (readers, what) in USED_ONLY_WITH.items():
-        given_key = key in given or values[key] != defaults[key]
+        given_key = key in given or (not only_given and values[key] != defaults[key])
         if given_key and not any(r.reads(values[r.setting]) for r in readers):
             spell = " or ".join(r.spell() for r in readers)
             now = " with ".join(f"{r.setting}={values[r.setting]}" for r in readers)

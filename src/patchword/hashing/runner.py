@@ -340,6 +340,9 @@ def open_hashing_run(
     )
     # the overridden eval / data keys get the checks training made (eval.topk=0 reported map@0 = 0.0)
     check_hash_config(cfg)
+    # an override the run's settings never read (model.eval_batch_size on a unimodal run) is refused as a
+    # new run's is; the values its config.yaml holds are the run's, not the command's
+    check_used_keys(cfg, override_keys(overrides or []), only_given=True)
     # refused before the data are read or built (minutes on real data): a data key the overrides set that
     # the run's format would ignore (a split key for a split directory, a data.synthetic_* key for files...;
     # the run's own are not), then one that re-splits the run's data
