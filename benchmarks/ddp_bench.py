@@ -614,8 +614,8 @@ def compile_counts() -> dict:
 def gpu_step(args: argparse.Namespace) -> dict:
     import torch
 
+    from patchword.precision import autocast_context
     from patchword.runs.config import CUDA_GRAPH_COMPILE_MODES
-    from patchword.train.trainer import autocast_context
 
     device = torch.device(args.device)
     if args.tf32:

@@ -70,7 +70,7 @@ from patchword.hashing.trainer import HashTrainer, append_metrics
 from patchword.runs.claim import Claim
 from patchword.runs.files import CONFIG_FILE, IMPORT_FILE, LAST_CHECKPOINT, METRICS_FILE, RESUMES_FILE
 from patchword.runs.load import read_run_mapping, refuse_run_output
-from patchword.train.trainer import stop_raises
+from patchword.train.process import stop_raises
 
 __all__ = [
     "HashRun",

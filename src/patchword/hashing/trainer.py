@@ -41,7 +41,7 @@ from patchword.hashing.dataset import HashDataset
 from patchword.hashing.model import UCMFH
 from patchword.losses import BalancedInfoNCE, HashNetLoss, InfoNCE
 from patchword.runs.files import LAST_CHECKPOINT
-from patchword.train.trainer import record_stop_signals
+from patchword.train.process import record_stop_signals
 
 __all__ = ["HashTrainer", "HashTrainingInterrupted", "append_metrics"]
 

@@ -64,9 +64,10 @@ from patchword.runs.evaluate import evaluate_run, json_text
 from patchword.runs.files import BEST_CHECKPOINT, EXPORT_DIR, LAST_CHECKPOINT, METRICS_JSON, SUMMARY_FILE
 from patchword.runs.origins import recorded_warm_start
 from patchword.runs.recorded import DIGEST_FIELD
+from patchword.train.process import stop_raises
 from patchword.train.resumable import resumable_state
 from patchword.train.trackers import TENSORBOARD_DIR, WANDB_ID_FILE
-from patchword.train.trainer import Trainer, stop_raises
+from patchword.train.trainer import Trainer
 from patchword.train.validate import RESUMABLE_KEYS, check_config_and_truth, check_launch, check_model_data
 from patchword.train.warm import warm_start_run, write_warm_start
 

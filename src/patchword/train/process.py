@@ -1,0 +1,71 @@
+"""Process-wide settings a training command installs for a block and restores after it: the intra-op CPU
+threads (:func:`torch_threads`) and what SIGTERM / SIGINT do.
+
+A signal is recorded for a loop that stops at a step boundary with ``last.pt`` written
+(:func:`record_stop_signals`), or raised as :class:`~patchword.errors.Interrupted` where no such loop
+runs (:func:`stop_raises`). SIGTERM's default action kills the process on the spot, leaving a half-made
+run directory behind and no ``interrupted:`` line; cluster pre-emption sends it. Both training commands
+use these (``patchword train``'s :class:`~patchword.train.trainer.Trainer`, ``patchword hash train``'s
+trainer and runners).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from patchword.errors import Interrupted
+
+__all__ = ["on_stop_signals", "record_stop_signals", "stop_raises", "torch_threads"]
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Use ``count`` intra-op CPU threads inside the block (0: leave torch's setting), then restore."""
+    previous = torch.get_num_threads()
+    if count:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+@contextlib.contextmanager
+def on_stop_signals(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """``handler`` for SIGTERM / SIGINT during the block, the previous handlers back after it (from the main
+    thread only: elsewhere signal handlers cannot be installed, and the block runs without)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def stop_raises(phase: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
+    """SIGTERM / SIGINT outside a training loop (which stops at a step, last.pt written) raise
+    :class:`Interrupted` saying ``phase["then"]``: what is kept and how to go on (the runners update it as
+    they go). SIGTERM's default action kills the process on the spot, leaving a half-made run directory
+    behind and no ``interrupted:`` line."""
+
+    def handler(signum, frame):  # noqa: ARG001
+        if "signum" in phase:  # a second signal: the first is unwinding (and cleaning up) already
+            return
+        phase["signum"] = signum
+        raise Interrupted(signum, f"{signal.Signals(signum).name} received {phase['then']}")
+
+    return on_stop_signals(handler)
+
+
+def record_stop_signals(flag: dict[str, int]) -> contextlib.AbstractContextManager[None]:
+    """Record SIGTERM / SIGINT in ``flag["signum"]`` instead of dying mid-step (cluster pre-emption)."""
+    return on_stop_signals(lambda signum, frame: flag.__setitem__("signum", signum))
