@@ -46,6 +46,16 @@ class _Collect(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+def test_a_record_says_which_known_test_split_its_captions_are(selection_run):
+    """Each evaluation record names the published test split its captions are, by their text
+    (``known_captions``; None for the generated scenes), which the published-vs-measured caveat reads
+    instead of ``data.root``'s folder name (tests/eval/test_known_splits.py)."""
+    run, _ = selection_run
+    for name in ("summary.json", "metrics.json"):
+        record = json.loads((run / name).read_text())
+        assert "known_captions" in record and record["known_captions"] is None
+
+
 def test_a_test_role_reading_the_model_selection_split_says_so(selection_run, capsys):
     """Defect: with data.test_split=dev the test figures (summary.json, metrics.json, eval_test.json,
     stdout) said ``"split": "test"`` and nothing else: they were of the split the checkpoint was chosen

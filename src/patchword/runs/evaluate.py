@@ -23,6 +23,7 @@ import torch
 from patchword.data.prepare import PreparedData, eval_role
 from patchword.distributed import Distributed
 from patchword.eval.engine.memory import configured_budget_mb
+from patchword.eval.known_splits import identify_captions
 from patchword.eval.protocol import evaluate
 from patchword.fileio import atomic_write_text, check_output_file
 from patchword.matching import matcher_spec
@@ -111,6 +112,8 @@ def run_metadata(cfg: RunConfig, model: RetrievalModel, role: str, split) -> dic
         "split_use": _split_use(cfg.data, role),
         "images": split.num_images,  # the gallery of caption queries
         "captions": split.num_captions,
+        # which published test split the captions are, by their text (None: none of them is a known split's)
+        "known_captions": identify_captions(split.captions),
         "matcher": cfg.model.matcher,
         # the options the matcher's registration asks every metrics file to record (SEPS: its variant)
         **{key: options.get(key) for key in matcher_spec(cfg.model.matcher).report},
