@@ -426,3 +426,16 @@ def test_sugarcrepe_errors_name_the_file_and_record(tmp_path):
     assert paths == [tmp_path / "img" / "000000000000.jpg"]
     with pytest.raises(ValueError, match="not among the reported kinds"):
         CompositionalTriples(np.zeros(1), ["a"], ["b"], ["k"], ("other",))
+
+
+def test_a_sugarcrepe_file_opening_with_a_byte_order_mark_is_read(tmp_path):
+    """The README says a UTF-8 byte order mark is skipped; a SugarCrepe file saved with one (as Windows
+    editors save) was "not a JSON file"."""
+    _write_images(tmp_path, 1)
+    record = [
+        {"filename": "000000000000.jpg", "caption": "a red circle", "negative_caption": "a blue circle"}
+    ]
+    marked = tmp_path / "swap_att.json"
+    marked.write_text(json.dumps(record), encoding="utf-8-sig")
+    _, triples = read_sugarcrepe(marked)
+    assert triples.positive == ["a red circle"] and triples.negative == ["a blue circle"]

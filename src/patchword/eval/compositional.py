@@ -314,7 +314,7 @@ def _sugarcrepe_records(path: Path) -> list[Mapping]:
     """The records of one file, validated."""
     require_file(path, "SugarCrepe file")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))  # a byte order mark is skipped, as elsewhere
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataError(f"{path}: not a JSON file ({err})") from err
     if isinstance(data, Mapping):
