@@ -48,12 +48,13 @@ plan.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import torch
 
 from patchword._validation import check_lengths, check_tensor, values_checked
-from patchword.eval.engine.base import BlockPlan, PendingCheck, ScoringEngine, ScoringInputs
+from patchword.eval.engine.base import PendingCheck, ScoringEngine, ScoringInputs
 from patchword.eval.engine.seps_align import SEPSAlignment
 from patchword.eval.engine.seps_blocks import (
     MIN_BUCKET,
@@ -149,11 +150,8 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
         inputs = ScoringInputs(img_tokens, caption, torch.ones(1, dtype=torch.long))
         # deferred only where the blocks compute on the tokens' own accelerator (the flags are read there)
         defer = is_accelerator(device) and _same_device(img_tokens.device, torch.device(device))
-        self._pending_check = self.check_inputs(inputs, defer=defer)
-        try:
+        with self._call(self.check_inputs(inputs, defer=defer)):
             return super().patch_priors(img_tokens, device=device, block=block)
-        finally:
-            self._pending_check = None
 
     # ------------------------------------------------------------------ drivers
     def _dense_columns(
@@ -209,13 +207,10 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
         self._accelerator = job.accelerator
         n_img = img_tokens.shape[0]
         out = torch.empty(n_img, dtype=torch.float32, device=device)  # copied back once
-        self._pending_check = pending
-        try:
+        with self._call(pending):
             for i0 in range(0, n_img, block):
                 rows = slice(i0, min(i0 + block, n_img))
                 out[rows] = self._prepare(job, rows, rows).dense_const.float()
-        finally:
-            self._pending_check = None
         return host(out)
 
     @torch.no_grad()
@@ -246,8 +241,7 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
             dense_rows, dense_pos = self._dense_columns(inputs.dense_lens, inputs.dense_index)
             dense_pos = job.put(dense_pos)
             total += n_img * dense_rows.numel()
-        try:
-            self._start_call(job, plan, mode, pending)
+        with self._call(pending, job, plan, mode):
             # Every image block meets the same caption (and dense) blocks: build them once when they fit.
             cached = (
                 None
@@ -284,8 +278,6 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
                         target.copy_(rows)  # the one copy back of this image block
 
                 in_workers(workers, range(0, n_img, plan.image_block), image_block)
-        finally:
-            self._end_call()
 
     @torch.no_grad()
     def score_pairs(self, inputs, img_index, txt_index, *, budget, device, progress=None) -> torch.Tensor:
@@ -307,23 +299,22 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
         plan, workers = engine_plan(self, inputs, budget, device)
         mode = plan.details["mode"]
         result = torch.empty(img_index.shape[0], dtype=torch.float32, device=device)  # copied back once
-        try:
-            self._start_call(job, plan, mode, pending)
-            with progress_bar(int(img_index.shape[0]), "re-rank pairs", progress, unit="pair") as bar:
-                by_length = torch.argsort(inputs.cap_lens[txt_index], descending=True, stable=True)
-                order = by_length[torch.argsort(img_index[by_length], stable=True)]  # by image, then length
-                images, counts = torch.unique_consecutive(img_index[order], return_counts=True)
-                starts = (torch.cumsum(counts, 0) - counts).tolist()
-                on_device = (job.put(order), job.put(txt_index), job.put(images))
-                groups = (order, images, counts.tolist(), starts, on_device)
-                args = (job, txt_index, groups, plan, mode, result, bar)
-                in_workers(
-                    workers,
-                    range(0, images.numel(), plan.image_block),
-                    lambda b0: self._score_pairs(*args, b0),
-                )
-        finally:
-            self._end_call()
+        with (
+            self._call(pending, job, plan, mode),
+            progress_bar(int(img_index.shape[0]), "re-rank pairs", progress, unit="pair") as bar,
+        ):
+            by_length = torch.argsort(inputs.cap_lens[txt_index], descending=True, stable=True)
+            order = by_length[torch.argsort(img_index[by_length], stable=True)]  # by image, then length
+            images, counts = torch.unique_consecutive(img_index[order], return_counts=True)
+            starts = (torch.cumsum(counts, 0) - counts).tolist()
+            on_device = (job.put(order), job.put(txt_index), job.put(images))
+            groups = (order, images, counts.tolist(), starts, on_device)
+            args = (job, txt_index, groups, plan, mode, result, bar)
+            in_workers(
+                workers,
+                range(0, images.numel(), plan.image_block),
+                lambda b0: self._score_pairs(*args, b0),
+            )
         return host(result)
 
     def _score_pairs(self, job: Staged, txt_index, groups, plan, mode, result, bar, b0: int) -> None:
@@ -362,22 +353,26 @@ class SEPSEngine(SEPSPlanner, SEPSAlignment, ScoringEngine):
         inputs = job.inputs
         return Texts.build(job.tokens(inputs.cap_tokens[cols]), job.cap_lens[cols], width)
 
-    def _start_call(self, job: Staged, plan: BlockPlan, mode: str, pending: PendingCheck | None) -> None:
-        """The per-call state: the finiteness check not read yet, the packed caption cache and the dense
-        guides."""
+    @contextlib.contextmanager
+    def _call(
+        self, pending: PendingCheck | None, job: Staged | None = None, plan=None, mode: str | None = None
+    ) -> Iterator[None]:
+        """The state of one call, dropped when it ends: the finiteness check not read yet (read with the
+        first stability flags, seps_align), and for a scoring ``job`` the packed caption cache and the
+        dense guides its ``plan`` asks for."""
         self._pending_check = pending
-        self._dense_guide = None
-        if mode == "pair_guide" and job.inputs.dense_index is not None:
-            self._dense_guide = self._dense_guides(job, plan.details["guide_chunk"])
-        self._cache = None
-        if plan.details.get("text_cache"):
-            inputs = job.inputs
-            self._cache = PackedTexts.build(
-                inputs.cap_tokens, job.cap_lens, inputs.cap_lens, job.device, job.dtype
-            )
-
-    def _end_call(self) -> None:
-        self._cache = self._dense_guide = self._pending_check = None
+        try:
+            if job is not None:
+                if mode == "pair_guide" and job.inputs.dense_index is not None:
+                    self._dense_guide = self._dense_guides(job, plan.details["guide_chunk"])
+                if plan.details.get("text_cache"):
+                    inputs = job.inputs
+                    self._cache = PackedTexts.build(
+                        inputs.cap_tokens, job.cap_lens, inputs.cap_lens, job.device, job.dtype
+                    )
+            yield
+        finally:
+            self._cache = self._dense_guide = self._pending_check = None
 
     def _caption_block(
         self,
