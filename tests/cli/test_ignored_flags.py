@@ -122,8 +122,16 @@ def test_hash_eval_refuses_a_data_override_the_runs_format_does_not_read(hash_ru
 @pytest.mark.parametrize(
     ("source", "flags", "expected"),
     [
-        ("images", ["--split", "test"], "--split: is read only with --data-root; --images does not read it"),
-        ("images", ["--image-root", "x"], "--image-root: is read only with --data-root; --images does not"),
+        (
+            "images",
+            ["--split", "test"],
+            "--split: is read only with --data-root or --karpathy; --images does not read it",
+        ),
+        (
+            "images",
+            ["--image-root", "x"],
+            "--image-root: is read only with --data-root or --karpathy; --images does not",
+        ),
         (
             "images",
             ["--synthetic-seed", "3"],
@@ -132,7 +140,7 @@ def test_hash_eval_refuses_a_data_override_the_runs_format_does_not_read(hash_ru
         (
             "synthetic",
             ["--split", "dev"],
-            "--split: is read only with --data-root; --synthetic does not read it",
+            "--split: is read only with --data-root or --karpathy; --synthetic does not read it",
         ),
         (
             "data-root",

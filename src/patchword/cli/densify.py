@@ -5,6 +5,8 @@
     patchword densify --images DIR --model llava-hf/llava-1.5-7b-hf --out dense.jsonl
     patchword densify --data-root data/f30k --split train --image-root data/flickr30k-images \\
         --model tiny-random --out f30k_train_dense.jsonl --shard 0/4
+    patchword densify --karpathy dataset_flickr30k.json --split test --image-root data/flickr30k-images \\
+        --model tiny-random --out f30k_test_dense.jsonl
     patchword densify merge dense.shard-*.jsonl --out dense.jsonl
     patchword densify stats dense.jsonl [--bert-vocab DIR] [--json]
 
@@ -13,8 +15,8 @@ Under torchrun (``WORLD_SIZE`` > 1, no ``--shard``) every rank writes ``<out ste
 and rank 0 merges them into ``--out`` once all are complete. An option the chosen images (or ``stats``
 without ``--synthetic-split``) would ignore, such as ``--images DIR --split test``, is refused, naming it.
 
-Over 400 lines: the run, ``merge`` and ``stats`` verbs share this module's parsers and synthetic-scene
-flags, as every verb's command line is one module of ``cli/``.
+The image sources' flags (and the synthetic scenes' config they set, which ``stats`` reads too) are
+:mod:`patchword.cli.densify_sources`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ import sys
 import time
 from pathlib import Path
 
+from patchword.cli.densify_sources import (
+    STATS_SYNTHETIC_FLAGS,
+    add_source_arguments,
+    image_list,
+    synthetic_config,
+)
 from patchword.errors import run_command
 from patchword.logs import setup_logging
 
@@ -50,31 +58,7 @@ def _run_parser() -> argparse.ArgumentParser:
         "(resumable: rerun the same command after an interruption). Also: `patchword densify merge "
         "SHARD... --out F` and `patchword densify stats FILE`.",
     )
-    src = p.add_argument_group("images (one of)")
-    one = src.add_mutually_exclusive_group(required=True)
-    one.add_argument(
-        "--images", type=Path, metavar="DIR", help="every image below DIR, sorted by relative path"
-    )
-    one.add_argument("--data-root", type=Path, metavar="ROOT", help="LAPS/SEPS layout: {split}_ids.txt, ...")
-    one.add_argument("--synthetic", metavar="SPLIT", help="the synthetic scenes of SPLIT (train, dev, test)")
-    src.add_argument("--split", help="with --data-root: the split (train, dev, test, testall)")
-    src.add_argument(
-        "--image-root", type=Path, metavar="DIR", help="with --data-root: image folder (default ROOT)"
-    )
-    # SUPPRESS: only a flag given is in the arguments (with another source it is refused, not ignored)
-    src.add_argument(
-        "--synthetic-seed",
-        type=int,
-        default=argparse.SUPPRESS,
-        help="with --synthetic: generator seed (default 0)",
-    )
-    src.add_argument("--synthetic-num-images", type=int, help="with --synthetic: images of the split")
-    src.add_argument(
-        "--synthetic-image-size",
-        type=int,
-        default=argparse.SUPPRESS,
-        help="with --synthetic: image side (default 64)",
-    )
+    add_source_arguments(p)
     mdl = p.add_argument_group("model")
     mdl.add_argument("--model", required=True, help="local directory, hub id, or tiny-random (smoke test)")
     mdl.add_argument("--model-id", help="name written into each line (default: hub id or directory name)")
@@ -168,66 +152,6 @@ def main(argv: list[str] | None = None) -> int:
 # --------------------------------------------------------------------------------------------------------
 
 
-# The flags that set the synthetic generator's config, by what they set ("num_images": num_<split>). The
-# generator's errors name its own field (ConfigError.key: "num_test", "image_size"), which the user never
-# typed; the error is reported with the flag instead, as the run config reports it with its data.* key.
-_RUN_SYNTHETIC_FLAGS = {
-    "split": "--synthetic",
-    "seed": "--synthetic-seed",
-    "num_images": "--synthetic-num-images",
-    "image_size": "--synthetic-image-size",
-}
-_STATS_SYNTHETIC_FLAGS = {
-    "split": "--synthetic-split",
-    "seed": "--synthetic-seed",
-    "num_images": "--synthetic-num-images",
-}
-
-
-def _synthetic_config(
-    seed: int,
-    split: str,
-    num_images: int | None,
-    image_size: int = 64,
-    flags: dict[str, str] = _RUN_SYNTHETIC_FLAGS,
-):
-    """The generator config of ``split`` from the ``--synthetic-*`` flags (named by ``flags``).
-
-    Raises:
-        ConfigError: a value the generator refuses, keyed by the flag that set it.
-    """
-    from patchword.data.synthetic import SPLITS, SyntheticConfig
-    from patchword.errors import ConfigError
-
-    if split not in SPLITS:
-        raise ConfigError(
-            flags["split"], f"unknown synthetic split {split!r}; expected one of {', '.join(SPLITS)}"
-        )
-    if seed < 0:  # numpy's SeedSequence refuses it, later and without a name
-        raise ConfigError(flags["seed"], f"must be >= 0, got {seed}")
-    sizes = {} if num_images is None else {f"num_{split}": num_images}
-    try:
-        return SyntheticConfig(seed=seed, image_size=image_size, **sizes)
-    except ConfigError as err:
-        field = "num_images" if err.key == f"num_{split}" else err.key
-        raise ConfigError(flags.get(field, flags["split"]), err.detail) from err
-
-
-def _image_list(args: argparse.Namespace, parser: argparse.ArgumentParser):
-    from patchword.densify import sources
-
-    sources.check_source_options(vars(args))
-    if args.images is not None:
-        return sources.images_from_folder(args.images)
-    if args.data_root is not None:
-        if not args.split:
-            parser.error("--data-root needs --split")
-        return sources.images_from_laps(args.data_root, args.split, args.image_root)
-    seed, size = getattr(args, "synthetic_seed", 0), getattr(args, "synthetic_image_size", 64)
-    config = _synthetic_config(seed, args.synthetic, args.synthetic_num_images, size)
-    return sources.images_from_synthetic(args.synthetic, config)
-
-
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from patchword.densify.config import DEFAULT_PROMPT, GenerationSettings, resolve_device, resolve_precision
     from patchword.densify.runner import densify
@@ -253,7 +177,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     ranked = shard_from_env() if shard is None else None
     device = resolve_device(args.device)
     precision = resolve_precision(args.precision, device)
-    images = _image_list(args, parser)
+    images = image_list(args, parser)
     out = args.out
     if ranked is not None:
         check_output_path(out)  # the merge's --out, read before any rank's own file is checked
@@ -371,11 +295,11 @@ def _synthetic_for(path: Path, args: argparse.Namespace):
     from patchword.errors import ConfigError, DataError
 
     if args.synthetic_split:
-        return args.synthetic_split, _synthetic_config(
+        return args.synthetic_split, synthetic_config(
             args.synthetic_seed or 0,
             args.synthetic_split,
             args.synthetic_num_images,
-            flags=_STATS_SYNTHETIC_FLAGS,
+            flags=STATS_SYNTHETIC_FLAGS,
         )
     meta = read_sidecar(path)
     source = meta.get("source") if meta else None

@@ -1,10 +1,11 @@
 """Dense captions for SEPS: describe every image with a local vision-language model, resumably.
 
 SEPS trains and evaluates with one MLLM description per image ("dense text"); the official code only reads
-them from JSONL files. This package writes such files for any image list: a folder, a LAPS/SEPS split or the
-synthetic scenes, with transformers' image-text-to-text models (LLaVA-1.5, LLaVA-NeXT, Qwen2-VL, ...) or the
-in-process ``tiny-random`` smoke-test model. Output lines are appended and flushed batch by batch, reruns
-continue where a run stopped, shards split the work across processes and :func:`merge_shards` joins them.
+them from JSONL files. This package writes such files for any image list: a folder, a LAPS/SEPS or Karpathy
+split or the synthetic scenes, with transformers' image-text-to-text models (LLaVA-1.5, LLaVA-NeXT,
+Qwen2-VL, ...) or the in-process ``tiny-random`` smoke-test model. Output lines are appended and flushed
+batch by batch, reruns continue where a run stopped, shards split the work across processes and
+:func:`merge_shards` joins them.
 ``patchword densify`` is the command line (:mod:`patchword.cli.densify`); docs/densify.md the guide.
 
 Modules, one job each:
@@ -30,6 +31,7 @@ from patchword.densify.sources import (
     ImageItem,
     ImageList,
     images_from_folder,
+    images_from_karpathy,
     images_from_laps,
     images_from_synthetic,
 )
@@ -52,6 +54,7 @@ __all__ = [
     "densify",
     "format_stats",
     "images_from_folder",
+    "images_from_karpathy",
     "images_from_laps",
     "images_from_synthetic",
     "is_complete",

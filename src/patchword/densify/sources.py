@@ -1,4 +1,4 @@
-"""The ordered image lists densify describes: a folder, a LAPS/SEPS split, or the synthetic scenes.
+"""The ordered image lists densify describes: a folder, a LAPS/SEPS or Karpathy split, the synthetic scenes.
 
 The order of a list is the order of the output file. Each image has an id written to the output's
 metadata, by which a rerun recognises finished work:
@@ -6,6 +6,9 @@ metadata, by which a rerun recognises finished work:
 * a folder: every image file below it, sorted by relative path (POSIX separators); the id is that path;
 * a LAPS/SEPS split: the split's image order (first appearance in ``{split}_ids.txt``); the id is the
   dataset id, so the file lines up with ``data.dense_<split>`` of the ``laps`` loader;
+* a Karpathy split: the split's image order in ``dataset_*.json`` as the ``karpathy`` loader reads it; the
+  id is the loader's (``cocoid``, else ``imgid``, else the file), so the file lines up with
+  ``data.dense_<split>`` of the ``karpathy`` loader;
 * the synthetic scenes: ``syn-<split>-<index>`` ids, the ids of the synthetic splits, which lets
   ``densify stats`` compare each description with the scene it describes.
 """
@@ -34,6 +37,7 @@ __all__ = [
     "check_source_options",
     "images_from_folder",
     "images_from_laps",
+    "images_from_karpathy",
     "images_from_synthetic",
     "fingerprint",
 ]
@@ -46,6 +50,7 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 SOURCE_OPTIONS = {
     "--images": (),
     "--data-root": ("--split", "--image-root"),
+    "--karpathy": ("--split", "--image-root"),
     "--synthetic": ("--synthetic-seed", "--synthetic-num-images", "--synthetic-image-size"),
 }
 
@@ -55,15 +60,16 @@ def check_source_options(arguments: Mapping[str, object]) -> None:
     ``synthetic_seed``; an option not given is absent or None) are those of the source given.
 
     Raises:
-        ConfigError: naming the first option another source reads, the source that reads it and the
+        ConfigError: naming the first option only other sources read, the sources that read it and the
             source given.
     """
     given = [f"--{name.replace('_', '-')}" for name, value in arguments.items() if value is not None]
     source = next((flag for flag in given if flag in SOURCE_OPTIONS), None)
     for flag in given if source is not None else ():
-        owner = next((name for name, options in SOURCE_OPTIONS.items() if flag in options), source)
-        if owner != source:
-            raise ConfigError(flag, f"is read only with {owner}; {source} does not read it: drop it")
+        owners = [name for name, options in SOURCE_OPTIONS.items() if flag in options]
+        if owners and source not in owners:
+            readers = " or ".join(owners)
+            raise ConfigError(flag, f"is read only with {readers}; {source} does not read it: drop it")
 
 
 @dataclass(frozen=True)
@@ -219,6 +225,45 @@ def images_from_laps(
     source = {
         "kind": "laps",
         "data_root": str(Path(data_root).resolve()),
+        "split": split,
+        "image_root": str(image_root.resolve()),
+    }
+    return ImageList(items, source)
+
+
+def images_from_karpathy(
+    path: str | os.PathLike[str], split: str, image_root: str | os.PathLike[str]
+) -> ImageList:
+    """The images of a split of a Karpathy ``dataset_*.json``, in the order the ``karpathy`` loader reads
+    them (:func:`~patchword.data.karpathy.load_karpathy_json`, as ``data.dataset=karpathy`` calls it:
+    ``train`` takes the ``restval`` images too, ``dev`` is ``val``), identified by the loader's image ids.
+
+    Args:
+        path: the json file.
+        split: ``train``, ``val`` (or ``dev``), ``test`` or ``restval``.
+        image_root: folder the json's ``filepath/filename`` are relative to (``data.image_root``).
+
+    Raises:
+        MissingFileError: the json does not exist.
+        ConfigError: ``path`` is a folder.
+        ValueError, DataError: the loader's (an unknown split, a malformed json), naming the json.
+    """
+    from patchword.data.karpathy import load_karpathy_json
+
+    path, image_root = Path(path).expanduser(), Path(image_root).expanduser()
+    if path.is_dir():
+        raise ConfigError("--karpathy", f"{path} is a folder: --karpathy names the dataset_*.json file")
+    if not path.is_file():
+        raise MissingFileError(f"--karpathy: Karpathy dataset json not found: {path}")
+    # densify reads only the images; a missing file is the runner's to report (before the model loads)
+    karpathy = load_karpathy_json(path, split, image_root, check_images=False)
+    items = [
+        ImageItem(str(image_id), _file_name(Path(image), image_root), Path(image))
+        for image_id, image in zip(karpathy.image_ids, karpathy.images, strict=True)
+    ]
+    source = {
+        "kind": "karpathy",
+        "json": str(path.resolve()),
         "split": split,
         "image_root": str(image_root.resolve()),
     }
