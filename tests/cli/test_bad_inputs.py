@@ -54,11 +54,13 @@ def _rewrite(path: Path, edit: Callable[[list[str]], list[str]]) -> None:
 # (case id, how to break the LAPS dataset, extra overrides, text the error must contain)
 LAPS_CASES = [
     ("missing image", lambda p: (p["image_root"] / "test1.png").unlink(), [], "test1.png"),
-    (  # f715cbc told a command-line user to "pass check_images=False", a library argument
+    (  # f715cbc told a command-line user to "pass check_images=False", a library argument; then to set
+        # data.check_images=false, which trained and failed at the final evaluation
         "missing image names the config key",
         lambda p: (p["image_root"] / "test1.png").unlink(),
         [],
-        "set data.check_images=false",
+        "test1.png: missing; replace or delete them (`patchword data check` lists them all), or set "
+        "data.skip_bad_images=true",
     ),
     (
         "corrupt image",

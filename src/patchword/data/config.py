@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Literal
 
 from patchword.errors import ConfigError
 
 __all__ = ["DataConfig"]
+
+#: The keys that name files or directories.
+_PATH_KEYS = ("root", "image_root", "dense_train", "dense_dev", "dense_test", "cache_dir")
 
 
 @dataclass
@@ -26,7 +31,8 @@ class DataConfig:
     # (the official loaders hard-code 5), exactly: more or fewer are refused, since an ids or features file
     # of only part of the images, or a captions file cut short, would shift every caption onto another
     # image; as many distinct ids (or rows) as captions is one caption per image, so it needs 1 here.
-    # Ids or rows repeated per caption group the captions themselves (any count per image)
+    # Ids or rows repeated per caption group the captions themselves (any count per image). Other datasets
+    # say which image each caption describes: set there, it is refused (runs.checks)
     captions_per_image: int = 5
     dev_from_train: int = 0  # real datasets: hold out this many training images (with their captions and
     # dense captions) as the dev split instead of reading dev_split; the SEPS release has no dev dense text
@@ -76,6 +82,12 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.captions_per_image < 1:
             raise ConfigError("data.captions_per_image", f"must be at least 1, got {self.captions_per_image}")
+
+    def home_expanded(self) -> DataConfig:
+        """This section with a leading ``~`` of every path expanded to the home directory (the config check
+        expands it, so the readers must too, or they look for a folder named ``~``)."""
+        changes = {key: os.path.expanduser(getattr(self, key)) for key in _PATH_KEYS if getattr(self, key)}
+        return dataclasses.replace(self, **changes)
 
     def synthetic_config(self):
         """The generator config of the synthetic scenes this section describes (synthetic datasets).

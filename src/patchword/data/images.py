@@ -76,6 +76,8 @@ def _strict_decoding() -> Iterator[None]:
 _DECODE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError)
 # Pillow refuses files over ``Image.MAX_IMAGE_PIXELS`` (x2) with a DecompressionBombError.
 _BOMB = "refused as a decompression bomb"
+# A directory where an image file was listed (Pillow's open says "[Errno 21] Is a directory").
+_DIRECTORY = "a directory, not a file"
 
 
 def _decode_failure(err: BaseException) -> str:
@@ -83,6 +85,8 @@ def _decode_failure(err: BaseException) -> str:
     readable image ...``."""
     if isinstance(err, UnidentifiedImageError):
         return "not a readable image (unrecognised content)"
+    if isinstance(err, IsADirectoryError):
+        return _DIRECTORY
     text = str(err) or type(err).__name__
     kind = "truncated" if "truncated" in text.lower() else "damaged"
     return f"{kind} file, cannot be decoded completely ({text})"
@@ -96,12 +100,14 @@ def load_image(path: PathLike) -> Image.Image:
 
     Raises:
         MissingFileError: the file does not exist.
-        DataError: the file is not an image, is truncated or damaged, or is over Pillow's pixel limit (a
-            decompression bomb); names the file and the reason.
+        DataError: a directory, or a file that is not an image, is truncated or damaged, or is over
+            Pillow's pixel limit (a decompression bomb); names the file and the reason.
     """
     from patchword.errors import DataError, MissingFileError
 
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"cannot read image {path}: {_DIRECTORY}")
     if not path.is_file():
         raise MissingFileError(f"image file not found: {path}")
     try:
@@ -119,10 +125,12 @@ def load_image(path: PathLike) -> Image.Image:
 def image_problem(path: PathLike) -> str | None:
     """Why ``path`` is not a usable image after decoding it completely; None when it is fine.
 
-    Reasons: ``missing``, ``empty file``, ``not a readable image (...)``, ``zero-sized image``,
-    ``truncated file ...``, ``damaged file ...``.
+    Reasons: ``missing``, ``a directory, not a file``, ``empty file``, ``not a readable image (...)``,
+    ``zero-sized image``, ``truncated file ...``, ``damaged file ...``.
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        return _DIRECTORY
     try:
         size = os.path.getsize(path)
     except OSError:

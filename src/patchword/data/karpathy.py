@@ -9,9 +9,9 @@ import numpy as np
 
 from patchword.data.split import RetrievalSplit, TextOrigin
 from patchword.data.textfiles import assemble_split, first_repeat, load_json, require_file, resolve_images
-from patchword.errors import DataError
+from patchword.errors import ConfigError, DataError
 
-__all__ = ["load_karpathy_json"]
+__all__ = ["load_karpathy_json", "require_karpathy_split"]
 
 PathLike = str | os.PathLike[str]
 
@@ -20,11 +20,25 @@ _KARPATHY_SPLITS = ("train", "val", "test", "restval")
 _SPLIT_ALIASES = {"dev": "val"}
 
 
-def _karpathy_splits(split: str, restval_into_train: bool) -> set[str]:
+_SPLIT_NAMES = ", ".join((*_KARPATHY_SPLITS, *_SPLIT_ALIASES))
+
+
+def require_karpathy_split(split: str, key: str, path: PathLike) -> None:
+    """Refuse a split name :func:`load_karpathy_json` does not read, naming the config ``key`` that set it.
+
+    Raises:
+        ConfigError: naming ``key``, the json file and the names it reads.
+    """
+    if _SPLIT_ALIASES.get(split, split) not in _KARPATHY_SPLITS:
+        raise ConfigError(
+            key, f"is {split!r}, not a split of the Karpathy json {path}: expected one of {_SPLIT_NAMES}"
+        )
+
+
+def _karpathy_splits(split: str, restval_into_train: bool, path: Path) -> set[str]:
     wanted = _SPLIT_ALIASES.get(split, split)
     if wanted not in _KARPATHY_SPLITS:
-        choices = ", ".join((*_KARPATHY_SPLITS, *_SPLIT_ALIASES))
-        raise ValueError(f"unknown Karpathy split {split!r}; expected one of {choices}")
+        raise ValueError(f"{path}: unknown Karpathy split {split!r}; expected one of {_SPLIT_NAMES}")
     if wanted == "train" and restval_into_train:
         return {"train", "restval"}
     return {wanted}
@@ -104,7 +118,7 @@ def load_karpathy_json(
     entries = data.get("images") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         raise ValueError(f"{path}: expected a JSON object with an 'images' list")
-    wanted = _karpathy_splits(split, restval_into_train)
+    wanted = _karpathy_splits(split, restval_into_train, path)
     names, image_ids, captions, txt2img, entry_of, places = [], [], [], [], [], []
     for index, entry in enumerate(entries):
         if _string_field(entry, "split", path, index) not in wanted:

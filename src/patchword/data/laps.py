@@ -136,9 +136,10 @@ def _image_names(
         default = data_dir / "id_mapping.json"
         if not default.is_file():
             if image_root is not None:
+                # Said for data.* users; a library caller may instead pass id_mapping= or image_root=None.
                 raise FileNotFoundError(
-                    f"id mapping not found: {default}; pass id_mapping= (a json file or a dict id -> file "
-                    "name) to locate the images, or image_root=None for a text-only split"
+                    f"id mapping not found: {default}; put id_mapping.json (a JSON object: image id -> file "
+                    f"name relative to data.image_root) in {data_dir}"
                 )
             return list(ids)
         id_mapping = default
@@ -190,7 +191,9 @@ def load_laps_split(
             code repeats them per caption; here they are stored once per image).
         id_mapping: ``id_mapping.json`` path or a dict from id (a string, as in the file) to file name;
             defaults to ``data_dir/id_mapping.json``. COCO's mapping is not distributed with the repos, so
-            without it (and without an image root) the ids themselves are used as image names.
+            without it (and without an image root) the ids themselves are used as image names; with an
+            image root and no ``data_dir/id_mapping.json``, pass ``id_mapping=`` (or ``image_root=None``
+            for a text-only split).
         check_images: with an ``image_root``, raise if any image file is missing.
         captions_per_image: the captions of each image in the one-id-per-image layout
             (``data.captions_per_image``; the official loaders hard-code 5); more or fewer are refused.
@@ -204,6 +207,8 @@ def load_laps_split(
     caps_file = data_dir / f"{split}_caps.txt"
     ids_file = data_dir / f"{split}_ids.txt"
     captions = read_lines(caps_file, "caption")
+    if not captions:
+        raise DataError(f"{caps_file}: empty: no captions")
     id_lines = read_lines(ids_file, "image id")
     line_of_caption = _caption_to_id_line(len(captions), id_lines, caps_file, ids_file, captions_per_image)
     _check_one_line_per_image(id_lines, len(captions), ids_file)

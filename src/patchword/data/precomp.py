@@ -171,8 +171,9 @@ def load_precomp_split(
 
     Raises:
         FileNotFoundError: a required file is missing.
-        DataError: a features file that is not a .npy array (text, a pickle) or is truncated; other than
-            ``captions_per_image`` captions per image (without ids or rows repeated per caption); a
+        DataError: a features file that is not a .npy array (text, a pickle) or is truncated; an empty
+            captions file; other than ``captions_per_image`` captions per image (without ids or rows
+            repeated per caption); an ids file with neither one id per image nor one per caption; a
             repeated image id; one row per caption whose runs are not copies.
         ValueError: features that are not a float (N, R, D) array, an empty caption, or a caption count
             that is not a multiple of the image count (named with both numbers).
@@ -200,6 +201,8 @@ def load_precomp_split(
             f"replaced the files ({_stages(root, split)[0].name} is what it left); write the split again"
         )
     captions = read_lines(caps_path, "caption")
+    if not captions:
+        raise DataError(f"{caps_path}: empty: no captions")
     n_img, n_caps = feats.shape[0], len(captions)
     if n_caps % n_img:
         raise ValueError(
@@ -214,6 +217,12 @@ def load_precomp_split(
     grouped = feats.shape[0] < n_img
     n_img = feats.shape[0]
     per_image = n_caps // n_img
+    if ids is not None and len(ids) not in (n_img, n_caps):
+        # an ids file of another split or cut short: no caption count would mend it
+        raise DataError(
+            f"{ids_path}: {len(ids)} ids for {n_img} images in {ims_path.name} and {n_caps} captions; "
+            "expected one id per image or one per caption"
+        )
     if ids is not None and len(ids) == n_caps and per_image > 1:
         ids = _ids_per_caption_to_images(ids, per_image, ids_path)
     elif per_image != captions_per_image and not grouped:
@@ -264,30 +273,31 @@ def _one_row_per_image(
     captions, as the official loaders read it with ``im_div = 1`` and ``evalrank`` keeps every 5th row)
     as one row per image, with one id per image.
 
-    The runs come from the ids (each image's lines repeat its id) or, without an ids file, from the rows
-    (each image's rows are copies). The result is a strided view of ``feats`` (a memory map stays one).
-    Rows that are all distinct images come back as they are.
+    The runs come from the ids (each image's lines repeat its id) or, without an ids file or with one id
+    per image (fewer ids than rows, returned as they are), from the rows (each image's rows are copies).
+    The result is a strided view of ``feats`` (a memory map stays one). Rows that are all distinct images
+    come back as they are.
 
     Raises:
         DataError: ids that repeat but not in runs of one length (one id per image with a repeated id),
             or rows of one run that are not copies of each other.
     """
     n = feats.shape[0]
-    if ids is not None:
-        per_image = _run_length(ids) if len(ids) == n else None
+    if ids is not None and len(ids) == n:  # one id per row: the ids give the runs
+        per_image = _run_length(ids)
         if per_image in (None, 1):
             # counts refused by the caller; one id per image (repeats refused by the caller); or runs of
             # several lengths: the caller refuses the repeated id, naming the lines
             return feats, ids
         image_ids = _ids_per_caption_to_images(ids, per_image, ids_path)
         source = f"{ids_path.name} repeats each id on {per_image} lines"
-    else:
+    else:  # no ids, or one id per image (fewer than the rows): the copied rows give the runs
         per_image = 1
         while per_image < n and np.array_equal(feats[per_image], feats[0]):
             per_image += 1
         if per_image == 1:
             return feats, ids
-        image_ids = None
+        image_ids = ids  # None, or one per image: the caller checks their count against the images
         source = f"its rows come in runs of {per_image} copies"
     _check_runs_are_copies(feats, per_image, ims_path)
     logger.info(

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from patchword.data.config import DataConfig
+from patchword.data.overlap import refuse_shared_images
 from patchword.data.pipeline import (
     ArrayImages,
     EncodedSplit,
@@ -26,7 +27,7 @@ from patchword.data.pipeline import (
 )
 from patchword.data.split import RetrievalSplit
 from patchword.data.tokenizers import NoWordsError, WordVocab
-from patchword.errors import ConfigError, DataError
+from patchword.errors import ConfigError, DataError, MissingFileError
 
 __all__ = [
     "ROLES",
@@ -50,6 +51,9 @@ REGION_DATASETS = ("precomp", "synthetic_regions")
 SYNTHETIC_DATASETS = ("synthetic", "synthetic_regions")
 #: Datasets whose images are files (``data.dev_from_train`` and ``data.check_images`` apply).
 FILE_DATASETS = ("laps", "karpathy")
+#: Datasets whose files may give one id (or feature row) per image: ``data.captions_per_image`` counts
+#: their captions (a Karpathy json lists each image's own; the synthetic scenes have 5).
+CAPTION_COUNT_DATASETS = ("laps", "precomp")
 # Fixed, so that runs with different seeds validate on the same held-out images.
 _HOLDOUT_SEED = 0
 
@@ -185,31 +189,32 @@ def _synthetic(dc: DataConfig, roles: Sequence[str]) -> RawData:
 
 
 def _image_files(dc: DataConfig, roles: Sequence[str], use_dense: bool) -> RawData:
-    from patchword.data.karpathy import load_karpathy_json
+    from patchword.data.karpathy import load_karpathy_json, require_karpathy_split
     from patchword.data.laps import load_laps_split
 
     # The held-out dev split comes out of the training split.
     to_read = sorted(
         {("train" if role == "dev" and dc.dev_from_train else role) for role in roles}, key=ROLES.index
     )
-    # With skip_bad_images the readers do not refuse missing files: they are left out with the others.
-    check_exist = dc.check_images and not dc.skip_bad_images
     raw = {}
     for role in to_read:
         name = getattr(dc, f"{role}_split")
         dense = (getattr(dc, f"dense_{role}") or None) if use_dense else None
+        # The readers check no file: _without_bad_images below finds the missing files with the others,
+        # and reports them all in one line with data.skip_bad_images as the way to leave them out.
         if dc.dataset == "laps":
             raw[role] = load_laps_split(
                 dc.root,
                 name,
                 dc.image_root,
                 dense_jsonl=dense,
-                check_images=check_exist,
+                check_images=False,
                 captions_per_image=dc.captions_per_image,
             )
         else:
+            require_karpathy_split(name, f"data.{role}_split", dc.root)
             raw[role] = load_karpathy_json(
-                dc.root, name, dc.image_root, dense_jsonl=dense, check_images=check_exist
+                dc.root, name, dc.image_root, dense_jsonl=dense, check_images=False
             )
     if dc.dev_from_train and "train" in raw:  # the held-out images leave training in every case
         train = raw["train"]
@@ -224,7 +229,10 @@ def _image_files(dc: DataConfig, roles: Sequence[str], use_dense: bool) -> RawDa
         raw["train"] = train.subset(rest, name=f"{train.name}[without the held-out {len(held)}]")
         _logger.info("dev split: %d training images held out (data.dev_from_train)", len(held))
         raw = {role: raw[role] for role in roles}
+    refuse_shared_images(dc, raw)  # before the images are decoded: it reads no image
     if dc.check_images:
+        if not os.path.isdir(dc.image_root):  # else every file of every split would be listed missing
+            raise MissingFileError(f"data.image_root={dc.image_root}: no such directory")
         for role in roles:
             raw[role] = _without_bad_images(raw[role], f"{role} split", dc.skip_bad_images)
     images = {role: FileImages(raw[role].images, dc.image_size) for role in roles}
@@ -276,6 +284,7 @@ def _precomp(dc: DataConfig, roles: Sequence[str]) -> RawData:
         )
         for role in roles
     }
+    refuse_shared_images(dc, raw)
     sources = {
         role: RegionFeatures(
             split.images,
@@ -300,6 +309,7 @@ def load_raw_data(dc: DataConfig, roles: Sequence[str] = ROLES, *, use_dense: bo
     if unknown:
         raise ValueError(f"unknown split roles {sorted(unknown)}; expected a subset of {ROLES}")
     use_dense = _use_dense(dc, use_dense)
+    dc = dc.home_expanded()  # the readers open what the config check (train.validate) found
     _needed_files(dc, roles, use_dense)
     if dc.dataset in SYNTHETIC_DATASETS:
         return _synthetic(dc, roles)

@@ -205,8 +205,8 @@ def resolve_images(names: Sequence[str], image_root: PathLike | None, check_imag
             shown = ", ".join(missing[:3])
             raise FileNotFoundError(
                 f"{len(missing)} of {len(paths)} image files are missing under {root}, e.g. {shown} "
-                "(set data.check_images=false, or pass check_images=False to the loader, to build the split "
-                "anyway)"
+                "(set data.skip_bad_images=true to leave them and their captions out, or pass "
+                "check_images=False to the loader to build the split anyway)"
             )
     return paths
 
@@ -241,7 +241,8 @@ def _check_dense_identities(
         where = next((j for j in range(len(images)) if _is_image(line, image_ids[j], images[j])), None)
         hint = (
             f"; that is image {where} of the split, so the lines are in another order (a folder densify "
-            "sorts by file name: densify the split itself with --data-root/--split)"
+            "sorts by file name: densify the split itself, with --data-root ROOT --split S for a LAPS "
+            "layout or --karpathy JSON --split S --image-root DIR for a Karpathy json)"
             if where is not None
             else "; it is not an image of this split (a dense file of another split?)"
         )
@@ -286,6 +287,8 @@ def captions_per_image_mismatch(per_image: int, captions_per_image: int, partial
     Args:
         partial: the file that may hold only part of the images (``"an ids file"``).
     """
+    if per_image == 0:  # no count fixes it (data.captions_per_image=0 is refused)
+        return "no captions at all; the captions file is empty"
     if per_image > captions_per_image:
         more = "more"
         why = f"{partial} of only part of the images would pair them with other images' captions"

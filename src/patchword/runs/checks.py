@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from patchword._validation import check_at_least
-from patchword.data.prepare import REGION_DATASETS, SYNTHETIC_DATASETS, PreparedData, eval_role
+from patchword.data.config import DataConfig
+from patchword.data.prepare import (
+    CAPTION_COUNT_DATASETS,
+    REGION_DATASETS,
+    SYNTHETIC_DATASETS,
+    PreparedData,
+    eval_role,
+)
 from patchword.errors import ConfigError
 from patchword.eval.engine.base import PRECISIONS
 from patchword.eval.engine.core import declared_precisions
@@ -40,9 +47,21 @@ def data_image_size(cfg: RunConfig) -> int | None:
 
 
 def check_region_boxes(cfg: RunConfig) -> None:
-    """Boxes appended to the region features (``data.region_boxes``) exactly when the model encodes them."""
+    """Boxes appended to the region features (``data.region_boxes``) exactly when the model encodes them;
+    ``data.captions_per_image`` set only for a dataset that reads it."""
     dc, mc = cfg.data, cfg.model
     region_data = dc.dataset in REGION_DATASETS
+    if dc.captions_per_image != DataConfig.captions_per_image and dc.dataset not in CAPTION_COUNT_DATASETS:
+        why = (
+            "its json lists each image's own sentences"
+            if dc.dataset == "karpathy"
+            else "the scenes are generated with 5 captions each"
+        )
+        raise ConfigError(
+            "data.captions_per_image",
+            f"is read by data.dataset={' or '.join(CAPTION_COUNT_DATASETS)} (files with one id or feature "
+            f"row per image), not {dc.dataset}: {why}; leave it out",
+        )
     if dc.region_boxes and dc.dataset != "precomp":
         raise ConfigError(
             "data.region_boxes", f"reads {{split}}_boxes.npy of data.dataset=precomp, not {dc.dataset}"
