@@ -219,3 +219,12 @@ def test_ensemble_members_given_as_exports_are_compared_by_their_weights(trained
     line = one_error_line(capsys.readouterr().err)
     assert "the same model weights as" in line and "not a patchword checkpoint" not in line
     assert not out.exists()
+
+
+def test_a_karpathy_val_test_split_is_the_dev_split_it_aliases():
+    """A Karpathy json calls the dev split ``val``: ``data.test_split=val`` beside ``data.dev_split=dev``
+    reads the split the checkpoint is chosen on (it was reported as held out)."""
+    data = DataConfig(dataset="karpathy", root="d.json", test_split="val", dev_split="dev")
+    assert split_use({"split": "test", "data_split": "val"}, data) == SELECTION_SPLIT
+    laps = DataConfig(dataset="laps", root="d", test_split="val", dev_split="dev")
+    assert split_use({"split": "test", "data_split": "val"}, laps) is None  # LAPS files name their splits

@@ -354,12 +354,20 @@ def split_use(record: Mapping[str, Any] | None, data: Any = None) -> str | None:
         return SELECTION_SPLIT
     if role != "test" or data is None:
         return None
-    name = scored_split(record, data)
-    if name == _field(data, "train_split"):
+    name = _same_name(data, scored_split(record, data))
+    if name == _same_name(data, _field(data, "train_split")):
         return TRAINING_SPLIT
-    if name == _field(data, "dev_split") and not _field(data, "dev_from_train"):
+    if name == _same_name(data, _field(data, "dev_split")) and not _field(data, "dev_from_train"):
         return SELECTION_SPLIT
     return None
+
+
+def _same_name(data: Any, name: Any) -> Any:
+    """``name`` as the dataset's reader takes it: a Karpathy json calls the dev split ``val`` (its reader
+    reads ``dev`` as ``val``), so ``data.test_split=val`` beside ``data.dev_split=dev`` reads the dev split."""
+    if _field(data, "dataset") == "karpathy" and name == "dev":
+        return "val"
+    return name
 
 
 def _split_caveat(published: PublishedResult, record: Mapping[str, Any], data: Any) -> list[str]:
