@@ -364,7 +364,8 @@ def split_use(record: Mapping[str, Any] | None, data: Any = None) -> str | None:
 
 def _same_name(data: Any, name: Any) -> Any:
     """``name`` as the dataset's reader takes it: a Karpathy json calls the dev split ``val`` (its reader
-    reads ``dev`` as ``val``), so ``data.test_split=val`` beside ``data.dev_split=dev`` reads the dev split."""
+    reads ``dev`` as ``val``), so ``data.test_split=val`` beside ``data.dev_split=dev`` reads the dev
+    split."""
     if _field(data, "dataset") == "karpathy" and name == "dev":
         return "val"
     return name
