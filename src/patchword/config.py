@@ -252,9 +252,35 @@ def parse_with_overrides(parser, argv: list[str] | None):
     args, extra = parser.parse_known_args(argv)
     if extra:
         if not hasattr(args, "overrides") or any(a.startswith("-") or "=" not in a for a in extra):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            # the verb's own parser, when it set itself as ``_parser`` (its usage, its options) and the
+            # unknown items follow the verb (one before it is the top-level parser's)
+            verb = getattr(args, "_parser", parser)
+            command = getattr(args, "command", None)
+            argv_list = list(argv or [])
+            if (
+                command in argv_list
+                and extra[0] in argv_list
+                and argv_list.index(extra[0]) < argv_list.index(command)
+            ):
+                verb = parser
+            verb.error(f"unrecognized arguments: {' '.join(extra)}{_did_you_mean(verb, extra)}")
         args.overrides = [*args.overrides, *extra]
+    if hasattr(args, "_parser"):
+        del args._parser
     return args
+
+
+def _did_you_mean(parser, extra: list[str]) -> str:
+    """``" (did you mean --suite?)"`` for the first unknown option close to one of ``parser``'s."""
+    import difflib
+
+    known = [option for action in parser._actions for option in action.option_strings]
+    for arg in extra:
+        if arg.startswith("--"):
+            close = difflib.get_close_matches(arg.split("=", 1)[0], known, n=1, cutoff=0.7)
+            if close:
+                return f" (did you mean {close[0]}?)"
+    return ""
 
 
 def apply_overrides(cfg: T, overrides: list[str]) -> T:

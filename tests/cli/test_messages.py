@@ -55,6 +55,31 @@ def test_argparse_keeps_its_own_errors_where_they_name_the_problem(argv, expecte
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"patchword: error: {expected}"
 
 
+@pytest.mark.parametrize(
+    ("argv", "usage", "expected"),
+    [
+        (
+            ["eval", "runs/x", "--sute", "compositional"],
+            "usage: patchword eval",
+            "--sute compositional (did you mean --suite?)",
+        ),
+        (["train", "--confg", "demo"], "usage: patchword train", "--confg (did you mean --config?)"),
+        (["eval", "runs/x", "--zzz"], "usage: patchword eval", "--zzz"),
+    ],
+)
+def test_a_mistyped_option_of_a_verb_gets_the_verb_s_usage_and_the_closest_option(
+    argv, usage, expected, capsys
+):
+    """It got the top-level usage (``patchword [-h] [-v] COMMAND ...``) and no suggestion."""
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    verb = argv[0]
+    assert err.startswith(usage), err
+    assert err.strip().splitlines()[-1] == f"patchword {verb}: error: unrecognized arguments: {expected}"
+
+
 # ------------------------------------------------------------------------------------- hash data.root
 
 

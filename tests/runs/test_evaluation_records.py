@@ -228,3 +228,13 @@ def test_a_karpathy_val_test_split_is_the_dev_split_it_aliases():
     assert split_use({"split": "test", "data_split": "val"}, data) == SELECTION_SPLIT
     laps = DataConfig(dataset="laps", root="d", test_split="val", dev_split="dev")
     assert split_use({"split": "test", "data_split": "val"}, laps) is None  # LAPS files name their splits
+
+
+def test_eval_warns_of_a_test_split_that_is_not_held_out(selection_run, caplog, tmp_path):
+    """The README says the config check warns of ``data.test_split=dev``: training did, ``patchword eval``
+    recorded it (``split_use``) but said nothing."""
+    run, _ = selection_run
+    with caplog.at_level(logging.WARNING, logger="patchword.runs.evaluate"):
+        assert main(["eval", str(run), "progress=false", "--out", str(tmp_path / "e.json")]) == 0
+    said = [r.getMessage() for r in caplog.records if r.name == "patchword.runs.evaluate"]
+    assert len(said) == 1 and said[0].startswith("data.test_split=dev is the split the checkpoint"), said

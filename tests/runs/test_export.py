@@ -69,7 +69,7 @@ def test_metrics_on_the_exported_files_equal_the_in_memory_metrics(tmp_path_fact
     run = env.run
     in_memory = prepare_data(env.config.data, tokenizer=run.tokenizer)
     on_disk_cfg = apply_overrides(env.config, env.export.eval_overrides())
-    on_disk = prepare_data(on_disk_cfg.data, tokenizer=run.tokenizer)
+    on_disk = prepare_data(on_disk_cfg.data, tokenizer=run.tokenizer, roles=("test",))  # as eval reads it
     assert env.config.data.dataset == "synthetic" and on_disk_cfg.data.dataset == "laps"
     assert env.config.data.synthetic_config().image_size == env.export.image_size
     a = evaluate(run.model, in_memory.splits["test"], env.config.eval)

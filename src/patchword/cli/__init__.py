@@ -92,6 +92,8 @@ def _parser() -> argparse.ArgumentParser:
         if verb.entry is None:
             parser_of_verb = sub.add_parser(name, help=verb.help, parents=[common])
             importlib.import_module(verb.module).add_arguments(parser_of_verb)
+            # an unrecognised option is reported with this verb's usage (parse_with_overrides)
+            parser_of_verb.set_defaults(_parser=parser_of_verb)
         else:
             sub.add_parser(name, help=verb.help, add_help=False)
     return parser

@@ -24,8 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         const="",
         metavar="RUN",
         help="continue a run from its last.pt with its own saved config: a run directory, or (without a "
-        "value) the run that output_dir= / name= overrides point at. Only step/epoch limits, logging, "
-        "device and eval options may be overridden.",
+        "value) the run that output_dir= / name= overrides point at. Only what does not change what is "
+        "trained may be overridden: step, epoch and time limits, how often to log, validate and save, the "
+        "device, threads, compilation, pair chunking and text width, data workers and cache, trackers, "
+        "progress, dist_timeout_s and eval.* options; any other key is refused, naming it.",
     )
     parser.add_argument(
         "overrides", nargs="*", help="dotted config overrides, e.g. model.seps.sparse_ratio=0.6"

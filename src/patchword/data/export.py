@@ -89,8 +89,9 @@ class ExportSummary:
     def eval_overrides(self) -> list[str]:
         """Dotted overrides that evaluate a synthetic run on this export with the ``laps`` loader.
 
-        Every role reads the exported split (the evaluation reads the test role only, the others only
-        have to exist); ``data.image_size`` keeps the PNGs at their native size.
+        The test role reads the exported split (an evaluation reads that role only: pointing the training
+        and dev roles at it too would record the split as the run's training split, ``split_use``);
+        ``data.image_size`` keeps the PNGs at their native size.
         """
         out, split = self.out_dir, self.split
         dense = self.files["dense"]
@@ -98,11 +99,7 @@ class ExportSummary:
             "data.dataset=laps",
             f"data.root={out}",
             f"data.image_root={self.files['images']}",
-            f"data.train_split={split}",
-            f"data.dev_split={split}",
             f"data.test_split={split}",
-            f"data.dense_train={dense}",
-            f"data.dense_dev={dense}",
             f"data.dense_test={dense}",
             f"data.image_size={self.image_size}",
         ]

@@ -12,6 +12,7 @@ set (``"split_use"``: ``"model selection"``, ``"training"`` or None for a held-o
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from dataclasses import replace
@@ -45,6 +46,8 @@ __all__ = [
     "evaluate_run_dir",
     "check_output",
 ]
+
+_logger = logging.getLogger(__name__)
 
 
 def data_split(dc, role: str) -> str:
@@ -249,6 +252,9 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg=No
     cfg = cfg or read_run_config(run_dir, overrides)
     role = eval_role(cfg.data, cfg.eval.split)
     truth = check_eval_settings(cfg, dist.device)  # the COCO ground truth the scoring reads, or None
+    reuse = held_out_warning(cfg.data) if role == "test" else None
+    if reuse is not None and dist.is_main:  # as training warns of it: its records say so, the log too
+        _logger.warning(reuse)
     members = [(run_dir, checkpoint)] + [member(p) for p in ensemble or []]
     ensembled = len(members) > 1
     # Everything cheap first: the output file, each member's config (read, checked once) and checkpoint.
