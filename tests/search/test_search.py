@@ -177,7 +177,7 @@ def test_search_cli_prints_rank_score_path_and_latency(env, searcher, capsys):
     assert main_search([str(env.index_dir), "", "-k", "3"]) == 2
     assert "error: the query is empty" in capsys.readouterr().err
     assert main_search([str(env.root / "nowhere"), "x"]) == 2
-    assert "not a search index" in capsys.readouterr().err
+    assert f"search index not found: {env.root / 'nowhere'} does not exist" in capsys.readouterr().err
 
 
 def test_a_query_with_no_known_word_is_refused_naming_the_words(env, searcher, capsys):

@@ -297,7 +297,7 @@ def test_missing_extra_names_the_pip_command(monkeypatch, env, capsys):
 
 def test_serve_cli_reports_a_missing_index(tmp_path, capsys):
     assert main_serve([str(tmp_path / "nothing")]) == 2
-    assert "not a search index" in capsys.readouterr().err
+    assert f"search index not found: {tmp_path / 'nothing'} does not exist" in capsys.readouterr().err
 
 
 def test_healthz(client, searcher):

@@ -255,8 +255,10 @@ def main_search(argv: list[str] | None = None) -> int:
         return 0
     width = max((len(str(h.rank)) for h in result.hits), default=1)
     print(f"{'#':>{width}}  {'score':>8}  {'global':>8}  path")
-    for hit in result.hits:
-        print(f"{hit.rank:>{width}}  {hit.score:8.4f}  {hit.global_score:8.4f}  {hit.path}")
+    from patchword.search.scan import printable
+
+    for hit in result.hits:  # a path with a newline or escape sequence printed escaped (--json: exactly)
+        print(f"{hit.rank:>{width}}  {hit.score:8.4f}  {hit.global_score:8.4f}  {printable(hit.path)}")
     t = result.timings
     print(
         f"{len(result.hits)} results in {1000 * t['total']:.1f} ms (encode {1000 * t['encode']:.1f} ms, "

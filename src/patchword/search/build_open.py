@@ -110,10 +110,8 @@ def open_or_create(
         had = manifest.dense["file"] if manifest.dense else "no dense captions"
         raise ConfigError("--dense", f"{index_dir} was built with {had}; build a new index to change it")
     if dense_store is not None and dense_store != manifest.dense_store:
-        raise ConfigError(
-            "--dense-store",
-            f"{index_dir} keeps dense {manifest.dense_store or 'nothing'}; build a new index to change it",
-        )
+        kept = f"keeps dense {manifest.dense_store}" if manifest.dense_store else "was built without --dense"
+        raise ConfigError("--dense-store", f"{index_dir} {kept}; build a new index to change it")
     resumed = manifest.state == "building"
     if manifest.state == "complete" and not update:
         raise RunExistsError(

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from patchword.search.manifest import MANIFEST_FILE
-from patchword.search.scan import SkippedFile
+from patchword.search.scan import SkippedFile, printable
 
 __all__ = ["BuildReport", "no_images_message", "nothing_indexed_message"]
 
@@ -82,7 +82,7 @@ class BuildReport:
             )
         if self.skipped:
             lines.append(f"skipped {len(self.skipped)} files:")
-            lines += [f"  {s.path}: {s.reason}" for s in self.skipped[:SHOWN_SKIPPED]]
+            lines += [f"  {_line(s)}" for s in self.skipped[:SHOWN_SKIPPED]]
             if len(self.skipped) > SHOWN_SKIPPED:
                 lines.append(
                     f"  ... and {len(self.skipped) - SHOWN_SKIPPED} more (all are listed in "
@@ -95,7 +95,7 @@ def no_images_message(root: Path, skipped: list[SkippedFile], ignored: int) -> s
     """One line: ``root`` holds no image Pillow can open, and what it holds instead."""
     held = []
     if skipped:
-        shown = "; ".join(f"{s.path}: {s.reason}" for s in skipped[:3])
+        shown = "; ".join(_line(s) for s in skipped[:3])
         held.append(f"{len(skipped)} unreadable image files ({shown}{' ...' if len(skipped) > 3 else ''})")
     if ignored:
         held.append(f"{ignored} other files")
@@ -107,8 +107,14 @@ def nothing_indexed_message(flag: str, root: Path, skipped: list[SkippedFile], o
     """One line: no image under ``root`` can be indexed, how many files were skipped and why (the first
     three), and ``outcome`` (what became of ``--out``)."""
     skipped = sorted(skipped, key=lambda s: s.path)
-    shown = "; ".join(f"{s.path}: {s.reason}" for s in skipped[:3])
+    shown = "; ".join(_line(s) for s in skipped[:3])
     return (
         f"{flag}: no image under {root} can be indexed: {len(skipped)} files were skipped "
         f"({shown}{' ...' if len(skipped) > 3 else ''}); {outcome}"
     )
+
+
+def _line(skipped: SkippedFile) -> str:
+    """``path: reason`` on one line: a file name holding a newline or an escape sequence is printed escaped
+    (:func:`~patchword.search.scan.printable`); the manifest keeps it exactly."""
+    return f"{printable(skipped.path)}: {printable(skipped.reason)}"

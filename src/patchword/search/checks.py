@@ -1,10 +1,11 @@
-"""What an index's readers can use: the fields of a manifest and the shapes and values of its shard arrays.
+"""What an index's readers can use: the fields of a manifest and the dtypes, shapes and values of its shard
+arrays.
 
 A hand-edited or damaged manifest, or a shard array of the wrong shape or with impossible values, would fail
-deep inside a search (an ``IndexError``, a ``ValueError`` naming no file); :mod:`patchword.search.manifest`
-and :mod:`patchword.search.store` check each when they read the manifest or open the shards, with these
-functions, and name the file. They
-read no file themselves.
+deep inside a search (an ``IndexError``, a ``ValueError`` naming no file), and one of another dtype would
+change every score without a word; :mod:`patchword.search.manifest` and :mod:`patchword.search.store` check
+each when they read the manifest or open the shards, with these functions, and name the file. They read no
+file themselves.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DENSE_STORES",
     "NDIMS",
+    "dtype_problem",
     "is_count",
     "manifest_problem",
     "shape_problem",
@@ -110,6 +112,31 @@ NDIMS = {
     "patch_ids": 2,
     "patch_prior": 2,
 }
+
+
+#: The dtype each shard array is written with; ``tokens`` and ``dense`` follow the index's store.
+_DTYPES = {
+    "global": "float32",
+    "tokens.scale": "float16",
+    "dense.scale": "float16",
+    "dense_lens": "int32",
+    "dense_score": "float32",
+    "patch_ids": "int16",
+    "patch_prior": "float32",
+}
+_STORE_DTYPES = {"float32": "float32", "float16": "float16", "int8": "int8", "pq": "uint8"}
+
+
+def dtype_problem(name: str, dtype: np.dtype, manifest: Manifest) -> str | None:
+    """What is wrong with the dtype of the shard array ``name`` for ``manifest``'s store; None when it is
+    the one the index writes (either byte order: numpy reads both). Another dtype of the right shape
+    (int32 tokens in a float32 index, float64...) would be read, converted and scored: every score
+    silently changed. Reads no file."""
+    want = np.dtype(_STORE_DTYPES[manifest.dtype] if name in ("tokens", "dense") else _DTYPES[name])
+    if (dtype.kind, dtype.itemsize) != (want.kind, want.itemsize):
+        store = f"an index of --store {manifest.dtype}" if name in ("tokens", "dense") else "an index"
+        return f"holds {dtype} values, {store} keeps its {name} array as {want}"
+    return None
 
 
 def token_width(manifest: Manifest, codec: TokenCodec | None = None) -> int | None:

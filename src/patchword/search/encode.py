@@ -88,7 +88,7 @@ def read_dense_file(path: str | os.PathLike[str]) -> DenseCaptions:
                 if not isinstance(text, str) or not text.strip() or not isinstance(key, str) or not key:
                     raise DataError(
                         f"--dense: {path}:{lineno}: expected {{'text': ..., 'metadata': {{'file': <image "
-                        "path relative to --images>}}}}"
+                        "path relative to --images>}}"
                     )
                 key = Path(key).as_posix()
                 if key in texts:

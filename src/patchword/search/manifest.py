@@ -149,6 +149,8 @@ class Manifest:
         path = Path(index_dir) / name
         if Path(index_dir).exists() and not Path(index_dir).is_dir():
             raise MissingFileError(f"{index_dir} is not a search index: it is a file, not an index directory")
+        if not Path(index_dir).exists():
+            raise MissingFileError(f"search index not found: {index_dir} does not exist")
         if not path.is_file():
             raise MissingFileError(f"{index_dir} is not a search index: it has no {MANIFEST_FILE}")
         try:

@@ -44,6 +44,7 @@ from patchword.search.first_stage import local_first_stage
 from patchword.search.identity import check_index_model, model_identity
 from patchword.search.query_encode import encode_query, token_namer
 from patchword.search.results import Query, SearchHit, SearchResult
+from patchword.search.scan import printable
 from patchword.search.store import REPAIR_HINT, DamagedIndexError, SearchIndex
 
 if TYPE_CHECKING:
@@ -356,7 +357,7 @@ class Searcher:
             return None
         bad = list(damaged) or [int(i) for i in ids.reshape(-1)]
         more = f" and {len(bad) - 1} more images" if len(bad) > 1 else ""
-        what = f"image {self.index.path(bad[0])}{more} cannot be scored"
+        what = f"image {printable(self.index.path(bad[0]))}{more} cannot be scored"
         if not query_finite:
             return DamagedIndexError(
                 f"{self.run.checkpoint}: the model encodes the query to non-finite values ({what}); its "

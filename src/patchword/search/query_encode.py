@@ -49,7 +49,10 @@ def encode_query(run: LoadedRun, text: str) -> Query:
     try:
         ids, lens = run.tokenize([text.strip()])
     except ValueError as err:
-        raise QueryError(f"the query has no words the model can read: {err}") from err
+        # NoWordsError's message labels the text by its position in a batch ("text 0"), meaningless for
+        # the one query: its reason says what was missing.
+        reason = getattr(err, "reason", None) or str(err)
+        raise QueryError(f"the query has no words the model can read ({reason}): {text.strip()!r}") from err
     device = run.device
     tokens = run.model.encode_texts(ids.to(device), lens.to(device))
     global_embedding = run.model.matcher.global_text(tokens, lens.to(device)).float().cpu()

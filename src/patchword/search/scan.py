@@ -6,18 +6,22 @@ reported:
 
 * images: sorted by relative POSIX path (the index order, deterministic across runs and machines);
 * skipped: files that look like images (image extension) but cannot be opened, symbolic links leaving
-  the folder, and unreadable files, each with its reason;
+  the folder (to a file or a folder), unreadable files, and files and folders whose name is not valid
+  UTF-8 (an image's path is its id in the UTF-8 manifest and results), each with its reason;
 * ignored: how many other files (not images) were passed over.
 
 Hidden files and folders (names starting with ``.``) are not scanned: they hold tool state (``.git``,
-an index written inside the folder), not a user's pictures. Symbolic links are followed only when they
-stay inside the folder, so an index never reaches files the folder's owner did not put there.
+an index written inside the folder), not a user's pictures. Symbolic links to files are followed only when
+they stay inside the folder, so an index never reaches files the folder's owner did not put there; a
+symbolic link to a folder is never followed (the folder it names is scanned under its own path when it is
+inside, and the link is listed as skipped when it leads outside).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import unicodedata
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +36,7 @@ __all__ = [
     "SkippedFile",
     "ScanResult",
     "check_image_folder",
+    "printable",
     "scan_images",
     "file_signature",
 ]
@@ -103,11 +108,75 @@ def _sniff(path: Path) -> str | None:
 
 
 def _inside(path: Path, root: Path) -> bool:
+    """Whether ``path`` (its links resolved) lies under ``root`` (resolved)."""
+    # os.path.realpath, not Path.resolve: on Python < 3.13 the latter raises RuntimeError on a symbolic
+    # link loop, which would stop the whole scan; a loop resolves to a path that is then no file.
     try:
-        path.relative_to(root)
+        Path(os.path.realpath(path)).relative_to(root)
     except ValueError:
         return False
     return True
+
+
+#: Characters a path is printed with escaped: control characters (C0, DEL, C1), lone surrogates, line and
+#: paragraph separators, and the bidirectional overrides that reorder what a terminal shows.
+_ESCAPED_CATEGORIES = frozenset({"Cc", "Cs", "Zl", "Zp"})
+_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
+
+
+def printable(path: str) -> str:
+    """``path`` as one line of text output: the characters that would break or disguise the line
+    (``new\\nline.png``, an escape sequence, a right-to-left override) escaped as ``repr`` writes them,
+    everything else (accents, CJK, emoji) as it is. JSON output writes paths exactly instead."""
+    if path.isprintable():
+        return path
+    return "".join(
+        repr(c)[1:-1] if unicodedata.category(c) in _ESCAPED_CATEGORIES or c in _BIDI_CONTROLS else c
+        for c in path
+    )
+
+
+#: Why a file (or folder) whose name is not UTF-8 is skipped: its path is the image's id, written to the
+#: UTF-8 manifest and results, and Python holds such bytes as lone surrogates nothing can encode.
+NOT_UTF8 = "file name is not valid UTF-8: rename it"
+NOT_UTF8_FOLDER = "folder name is not valid UTF-8: rename it (its files were not scanned)"
+
+
+def _not_utf8(rel: str) -> str | None:
+    """A printable form of ``rel`` (undecodable bytes as ``\\xff``) when it is not valid UTF-8, else None."""
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        try:  # the bytes of the name (os.fsdecode's surrogateescape), undecodable ones shown as \xff
+            return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:  # a surrogate no file system byte gives: shown as \udxxx
+            return rel.encode("utf-8", "backslashreplace").decode("utf-8")
+    return None
+
+
+def _subfolders(
+    here: Path, names: list[str], root: Path, real_root: Path, excluded: Path | None, result: ScanResult
+) -> list[str]:
+    """The folders of ``names`` (under ``here``) to scan, sorted; those left out for a reason the user can
+    act on (a name that is not UTF-8, a symbolic link leading outside ``root``) go to ``result.skipped``.
+
+    A symbolic link to a folder inside ``root`` is not followed (os.walk's ``followlinks=False``) and not
+    listed: the folder it names is scanned under its own path."""
+    kept = []
+    for name in sorted(names):
+        path = here / name
+        if name.startswith(".") or (excluded is not None and Path(os.path.realpath(path)) == excluded):
+            continue
+        rel = path.relative_to(root).as_posix()
+        shown = _not_utf8(rel)
+        if shown is not None:
+            result.skipped.append(SkippedFile(shown, NOT_UTF8_FOLDER))
+        elif path.is_symlink():
+            if not _inside(path, real_root):
+                result.skipped.append(SkippedFile(rel, "symbolic link to a folder outside the image folder"))
+        else:
+            kept.append(name)
+    return kept
 
 
 def check_image_folder(folder: str | os.PathLike[str]) -> Path:
@@ -115,13 +184,17 @@ def check_image_folder(folder: str | os.PathLike[str]) -> Path:
 
     Raises:
         MissingFileError: nothing there.
-        ConfigError: a file, not a folder (both name ``--images``).
+        ConfigError: a file, not a folder, or a path that is not valid UTF-8 (all name ``--images``).
     """
     root = Path(folder).expanduser()
     if not root.is_dir():
         if root.exists():
             raise ConfigError("--images", f"{root} is a file, not a folder of images")
         raise MissingFileError(f"--images: image folder not found: {root}")
+    # The index records the folder's absolute path in its UTF-8 manifest: refused before anything is written.
+    shown = _not_utf8(str(root.resolve()))
+    if shown is not None:
+        raise ConfigError("--images", f"the folder's path {shown} is not valid UTF-8: rename it")
     return root
 
 
@@ -146,18 +219,18 @@ def scan_images(
     result = ScanResult(root=root)
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         here = Path(dirpath)
-        dirnames[:] = sorted(
-            d
-            for d in dirnames
-            if not d.startswith(".") and (excluded is None or (here / d).resolve() != excluded)
-        )
+        dirnames[:] = _subfolders(here, dirnames, root, real_root, excluded, result)
         for name in sorted(filenames):
             if name.startswith("."):
                 continue
             path = here / name
             rel = path.relative_to(root).as_posix()
+            shown = _not_utf8(rel)
+            if shown is not None:
+                result.skipped.append(SkippedFile(shown, NOT_UTF8))
+                continue
             looks_like_image = path.suffix.lower() in IMAGE_SUFFIXES
-            if path.is_symlink() and not _inside(path.resolve(), real_root):
+            if path.is_symlink() and not _inside(path, real_root):
                 result.skipped.append(SkippedFile(rel, "symbolic link to a file outside the image folder"))
                 continue
             try:

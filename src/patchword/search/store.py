@@ -22,10 +22,11 @@ import torch
 
 from patchword.data.npy import npy_problem
 from patchword.errors import DataError, MissingFileError
-from patchword.search.checks import shape_problem, token_width, values_problem
+from patchword.search.checks import dtype_problem, shape_problem, token_width, values_problem
 from patchword.search.codecs import load_codec
 from patchword.search.entries import IndexEntries
 from patchword.search.manifest import MANIFEST_FILE, Manifest, unfinished_build
+from patchword.search.scan import printable
 from patchword.search.shards import shard_arrays, shard_files
 
 __all__ = [
@@ -71,9 +72,10 @@ def _map_shard(
     files: dict[str, Path], names: tuple[str, ...], rows: int, manifest: Manifest, width: int
 ) -> dict[str, np.ndarray]:
     """Read-only memory maps of one shard's arrays ``names`` (``files``: :func:`shard_files`), each checked:
-    its ``.npy`` header and size, its shape against the shard's ``rows`` and the arrays before it, the
-    values that index past another array (:mod:`patchword.search.checks`); rows past the end would be an
-    ``IndexError`` in the middle of a search.
+    its ``.npy`` header and size, its dtype against the index's store, its shape against the shard's ``rows``
+    and the arrays before it, the values that index past another array (:mod:`patchword.search.checks`);
+    rows past the end would be an ``IndexError`` in the middle of a search, another dtype a silent change of
+    every score.
 
     Raises:
         _Unreadable: the first array that cannot be read.
@@ -93,7 +95,8 @@ def _map_shard(
             problem = f"cannot read the array ({err})"
         if problem is None:
             shapes = {n: a.shape for n, a in arrays.items()}
-            problem = shape_problem(name, shapes, rows, manifest, width)
+            problem = dtype_problem(name, arrays[name].dtype, manifest)
+            problem = problem or shape_problem(name, shapes, rows, manifest, width)
             problem = problem or values_problem(name, arrays[name], shapes)
         if problem is not None:
             raise _Unreadable(file, problem)
@@ -101,8 +104,8 @@ def _map_shard(
 
 
 def broken_shards(index_dir: Path, manifest: Manifest) -> dict[int, str]:
-    """Shard id -> what is wrong with one of its files (missing, truncated, not a .npy array, a shape that
-    is not the one the manifest gives the shard, values that index past another array: see
+    """Shard id -> what is wrong with one of its files (missing, truncated, not a .npy array, a dtype or a
+    shape that is not the one the manifest gives the shard, values that index past another array: see
     :mod:`patchword.search.checks`), for every shard of ``manifest`` that cannot be read; reads the files'
     headers and sizes, and the small arrays whose values are checked."""
     names, width = shard_arrays(manifest), token_width(manifest)
@@ -247,9 +250,10 @@ class SearchIndex(IndexEntries):
             if bad.size:  # a nan row would be left out of every shortlist without a word
                 file = shard_files(self.index_dir, int(self._shard_of[bad[0]]))["global"]
                 more = f" and {bad.size - 1} more images" if bad.size > 1 else ""
+                image = printable(self.entries[bad[0]].path)
                 raise DamagedIndexError(
-                    f"{file}: holds non-finite values (image {self.entries[bad[0]].path}{more} cannot be "
-                    f"scored): delete it and {REPAIR_HINT}"
+                    f"{file}: holds non-finite values (image {image}{more} cannot be scored): delete it and "
+                    f"{REPAIR_HINT}"
                 )
             self._global = torch.from_numpy(out)
         return self._global

@@ -206,8 +206,11 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
 
     def image_id_of(value: str) -> int:
         if not ID.fullmatch(value):
-            raise BadRequest(400, "an image is addressed by its integer index id")
-        return int(value)
+            if not (value.isascii() and value.isdigit()):
+                raise BadRequest(400, "an image is addressed by its integer index id")
+            if len(value) > 40:  # an id, too long to parse cheaply: past the end of any index
+                raise BadRequest(404, f"no image with id {value[:40]}...")
+        return int(value)  # past the end of the index: opened() answers 404, naming its size
 
     def opened(image_id: int | None = None) -> Searcher:
         """The searcher of the index as it is now (worker threads only: it may reopen the index), with
@@ -243,20 +246,26 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
         return error(400, "invalid request parameters")
 
     @app.api_route("/healthz", methods=["GET", "HEAD"])
-    async def healthz() -> dict[str, Any]:
-        # what is loaded, never a reopen: the event loop answers it while every worker is busy
-        loaded = served.searcher
-        manifest = loaded.index.manifest
-        return {
-            "status": "ok",
-            "matcher": manifest.model.get("matcher"),
-            "run": Path(manifest.model.get("run_dir", "")).name,
-            "shortlist": loaded.shortlist,
-            "dense": loaded.use_dense,
-            **served.describe(),
-            "max_k": limits.max_k,
-            "default_k": default_k,
-        }
+    async def healthz(request: Request) -> Response:
+        async def handle(request: Request) -> Response:
+            QueryParams(request.scope.get("query_string", b""), ())  # takes none: a stray one is a 400
+            # what is loaded, never a reopen: the event loop answers it while every worker is busy
+            loaded = served.searcher
+            manifest = loaded.index.manifest
+            return JSONResponse(
+                {
+                    "status": "ok",
+                    "matcher": manifest.model.get("matcher"),
+                    "run": Path(manifest.model.get("run_dir", "")).name,
+                    "shortlist": loaded.shortlist,
+                    "dense": loaded.use_dense,
+                    **served.describe(),
+                    "max_k": limits.max_k,
+                    "default_k": default_k,
+                }
+            )
+
+        return await guarded(handle, request)
 
     @app.api_route("/api/search", methods=["GET", "HEAD"])
     async def search(request: Request) -> Response:
@@ -300,6 +309,7 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
     @app.api_route("/api/image/{image_id}", methods=["GET", "HEAD"])
     async def image(request: Request, image_id: str) -> Response:
         async def handle(request: Request) -> Response:
+            QueryParams(request.scope.get("query_string", b""), ())  # takes none: a stray one is a 400
             number = image_id_of(image_id)
             if_none_match = request.headers.get("if-none-match")
             data, media_type, etag = await in_pool(lambda: image_bytes(opened(number), number, if_none_match))

@@ -1,5 +1,6 @@
 """The image files the search server sends (``GET /api/image/{id}``): read by index id only, inside the
-indexed folder, with an ``ETag``; formats browsers do not show are converted to PNG."""
+indexed folder, with an ``ETag``; formats browsers do not show are converted to PNG. A file deleted,
+unreadable or no longer decodable since it was indexed is a 404 saying so, never a 500."""
 
 import hashlib
 import io
@@ -47,18 +48,35 @@ def image_bytes(
         raise BadRequest(404, f"image {image_id} is no longer inside the indexed folder") from err
     if not path.is_file():
         raise BadRequest(404, f"the file of image {image_id} no longer exists")
-    stat = path.stat()
+    try:
+        stat = path.stat()
+    except OSError as err:  # deleted since the check above, or no longer readable
+        raise BadRequest(404, f"the file of image {image_id} no longer exists") from err
     version = f"{entry.path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode("utf-8", "surrogateescape")
     etag = f'"{hashlib.sha256(version).hexdigest()[:32]}"'
     media_type = BROWSER_FORMATS.get(entry.format, "image/png")
     if etag_matches(if_none_match, etag):
         return None, media_type, etag
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as err:  # permissions changed, or deleted meanwhile: the user's file, not a server fault
+        raise BadRequest(404, _changed(image_id)) from err
     if entry.format in BROWSER_FORMATS:
         return data, media_type, etag
     from PIL import Image
 
-    with Image.open(io.BytesIO(data)) as image:
-        out = io.BytesIO()
-        image.convert("RGB").save(out, format="PNG")
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            out = io.BytesIO()
+            image.convert("RGB").save(out, format="PNG")
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        # The file was replaced or truncated since it was indexed (UnidentifiedImageError is an OSError).
+        raise BadRequest(404, _changed(image_id)) from err
     return out.getvalue(), media_type, etag
+
+
+def _changed(image_id: int) -> str:
+    return (
+        f"the file of image {image_id} changed since it was indexed and cannot be read; "
+        "run index build --update"
+    )
