@@ -4,6 +4,8 @@ caller spelled it (``tiny_pretrained=``, ``vocab=``), not as the run config's ke
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from patchword import create_model, create_model_and_transforms
@@ -97,3 +99,15 @@ def test_the_run_config_spelling_is_unchanged(tmp_path, monkeypatch):
         resolve_vocab_path("nope.json")
     model, tokenizer, _ = create_model_and_transforms(NAMED, vocab="synthetic-64")
     assert len(tokenizer) == model.text_encoder.token_embed.num_embeddings == 79
+
+
+def test_a_vocab_path_under_the_home_directory_is_read(tmp_path, monkeypatch):
+    """``data.vocab_path=~/vocab.json``, as the data paths take ``~`` (it was "no such file")."""
+    import shutil
+
+    shipped = Path(resolve_vocab_path("synthetic-64"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    shutil.copy(shipped, tmp_path / "vocab.json")
+    assert resolve_vocab_path("~/vocab.json") == str(tmp_path / "vocab.json")
+    with pytest.raises(MissingFileError, match=r"^data\.vocab_path=.*nope\.json: no such file$"):
+        resolve_vocab_path("~/nope.json")

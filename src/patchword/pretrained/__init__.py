@@ -67,6 +67,7 @@ def resolve_vocab_path(value: str, key: str = "data.vocab_path") -> str:
         MissingFileError: no such file, or a directory that is not a pretrained-encoders one (naming
             ``key``).
     """
+    value = os.path.expanduser(value)  # ``~/vocab.json``, as the data paths take it
     if value in shipped_pretrained() or Path(value).is_dir():
         return str(resolve_pretrained_dir(value, key=key) / VOCAB)
     if not Path(value).is_file():  # else the json reader's bare FileNotFoundError, naming no setting
