@@ -217,3 +217,14 @@ def test_hash_search_rebuilds_an_index_of_other_retrieval_features(tmp_path, cap
     assert main([*search, "--rebuild"]) == 0
     rebuilt = json.loads(capsys.readouterr().out)
     assert cached == rebuilt and rebuilt != old
+
+
+def test_a_code_length_beyond_any_use_is_refused_before_training(tmp_path, capsys):
+    """``--bits 100000000`` had no upper bound: the run allocated until the process was killed."""
+    argv = ["train", "--bits", "100000000", "--epochs", "1", "--output-dir", str(tmp_path / "runs")]
+    assert main([*argv, "--name", "r", *TINY_HASH]) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        "error: model.bits: must be at most 4096 (the code length; 16-128 is usual), got 100000000 "
+        "(set by --bits)"
+    )
+    assert not (tmp_path / "runs").exists()

@@ -104,6 +104,7 @@ def run_search(args: argparse.Namespace) -> None:
 
 def _read_query_file(path: Path) -> np.ndarray:
     """``--query``: a readable .npy of finite numbers, one row per query (a single vector is one query)."""
+    from patchword.hashing.dataset import float32_problem
     from patchword.hashing.readers import read_npy
 
     queries = read_npy(path)
@@ -115,8 +116,10 @@ def _read_query_file(path: Path) -> np.ndarray:
         )
     if queries.shape[0] == 0:  # was torch.cat()'s "expected a non-empty list of Tensors", naming no file
         raise DataError(f"{path}: holds no query (shape {queries.shape}); give at least one row")
-    if not np.isfinite(queries).all():
-        raise DataError(f"{path}: contains NaN/inf values")
+    # checked before the float32 cast, which would turn a float64 beyond float32's range into inf
+    problem = float32_problem(queries)
+    if problem:
+        raise DataError(f"--query {path}: {problem}")
     return queries
 
 

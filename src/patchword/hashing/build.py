@@ -6,10 +6,14 @@ config key (or the file) they concern, before a run directory is written.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Collection
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from patchword.errors import ConfigError, DataError
 from patchword.hashing.config import FORMAT_READS, HashDataConfig, HashModelConfig
@@ -25,6 +29,8 @@ __all__ = [
     "build_hashing_dataset",
     "build_hashing_model",
     "changed_data_keys",
+    "changed_data_parts",
+    "data_fingerprint",
     "refuse_ignored_keys",
     "refuse_resplit",
 ]
@@ -104,15 +110,70 @@ def build_hashing_dataset(
         data = read_mat(dc.root)
     else:
         raise ConfigError("data.format", f"must be synthetic, pairs, splits or mat, got {dc.format!r}")
+    fingerprint = data_fingerprint(data, dc.format)
     if isinstance(data, HashSplit):  # one set of pairs, split here: the sizes asked of it, checked first
         _check_split_sizes(len(data), data.labels is not None, dc, data.source, given, training)
-        return split_dataset(data, num_query=dc.num_query, num_train=dc.num_train, seed=dc.split_seed)
+        built = split_dataset(data, num_query=dc.num_query, num_train=dc.num_train, seed=dc.split_seed)
+        built.info["fingerprint"] = fingerprint
+        return built
     _refuse_pre_split(dc, given)  # a .mat is known to be pre-split only once read
     if len(data.train) < 2:  # the file's own training split: all batches were dropped, 0 steps and exit 0
         raise DataError(
             f"{data.train.source}: {len(data.train)} training pair(s); a contrastive batch needs 2"
         )
+    data.info["fingerprint"] = fingerprint
     return data
+
+
+def _sha256(*arrays: np.ndarray | None) -> str:
+    """sha256 of the shapes, dtypes and bytes of ``arrays`` (None: absent), in order."""
+    digest = hashlib.sha256()
+    for arr in arrays:
+        if arr is None:
+            digest.update(b"none;")
+            continue
+        arr = np.ascontiguousarray(arr)
+        digest.update(f"{arr.dtype.str}{arr.shape};".encode())
+        digest.update(memoryview(arr).cast("B"))
+    return digest.hexdigest()
+
+
+def data_fingerprint(data: HashSplit | HashDataset, fmt: str) -> dict[str, Any]:
+    """What a run read, before any split: ``{"rows": n or {split: n}, "sha256": {part: hex}}``.
+
+    The parts are what the user names: ``data.image`` / ``data.text`` / ``data.labels`` for
+    ``data.format=pairs``, ``data.root`` for one set of pairs in a ``.mat``, ``train`` / ``query`` /
+    ``retrieval`` for pre-split data (a ``splits`` directory, a pre-split ``.mat``). Two reads with the same
+    fingerprint are the same data wherever the files lie (a copy, a moved directory); added rows or changed
+    contents under the same file names are not (the seed-0 split of 41 pairs differs from that of 40).
+    """
+    if isinstance(data, HashSplit):
+        if fmt == "pairs":
+            parts = {
+                "data.image": _sha256(data.image),
+                "data.text": _sha256(data.text),
+                **({"data.labels": _sha256(data.labels)} if data.labels is not None else {}),
+            }
+        else:
+            parts = {"data.root": _sha256(data.image, data.text, data.labels, data.ids)}
+        return {"rows": len(data), "sha256": parts}
+    splits = {"train": data.train, "query": data.query, "retrieval": data.retrieval}
+    return {
+        "rows": {name: len(split) for name, split in splits.items()},
+        "sha256": {name: _sha256(s.image, s.text, s.labels, s.ids) for name, s in splits.items()},
+    }
+
+
+def changed_data_parts(recorded: dict[str, Any], read: dict[str, Any] | None) -> list[str]:
+    """The parts of :func:`data_fingerprint` ``read`` whose rows or contents differ from ``recorded`` (a
+    run's), in the order of ``recorded`` (``["data.image"]``); every part when ``read`` is None."""
+    if read is None:
+        return list(recorded.get("sha256", {})) or ["data"]
+    old, new = recorded.get("sha256", {}), read.get("sha256", {})
+    parts = [part for part in {**old, **new} if old.get(part) != new.get(part)]
+    if not parts and recorded.get("rows") != read.get("rows"):
+        parts = list(old)
+    return parts
 
 
 def refuse_ignored_keys(dc: HashDataConfig, given: Collection[str]) -> None:
@@ -231,12 +292,18 @@ def _check_split_sizes(
         )
 
 
-def refuse_resplit(run: HashDataConfig, dc: HashDataConfig) -> None:
+def refuse_resplit(run: HashDataConfig, dc: HashDataConfig, same_data: bool | None = None) -> None:
     """``hash eval`` of a trained run: ``dc`` (the run's data section ``run`` with the overrides) splits and
     generates the run's data as it did. A :data:`SPLIT_KEYS` value other than the run's re-split its pairs
     (``data.split_seed=1`` put 13 of 20 training pairs in the query set); a :data:`SYNTHETIC_KEYS` one
-    generated another synthetic set. Either is accepted when a :data:`SOURCE_KEYS` value points at other
-    data than the run's (its own split of those pairs is then the user's to choose).
+    generated another synthetic set. Either is accepted for other data than the run's (its own split of
+    those pairs is then the user's to choose).
+
+    Args:
+        same_data: whether ``dc`` reads the data the run trained on, known once they were read (their
+            :func:`data_fingerprint` equals the run's: a copy of its files is its data). None (before the
+            data are read, or a run that recorded no fingerprint): the data are the run's when every
+            :data:`SOURCE_KEYS` value names the run's (the files the paths resolve to).
 
     Raises:
         ConfigError: naming the first such key, its two values and why.
@@ -247,7 +314,9 @@ def refuse_resplit(run: HashDataConfig, dc: HashDataConfig) -> None:
         # one file spelt two ways (relative, absolute, ~) is the same data
         return str(Path(raw).expanduser().resolve()) if key != "data.format" and raw else raw
 
-    if any(value(run, key) != value(dc, key) for key in SOURCE_KEYS):
+    if same_data is None:
+        same_data = all(value(run, key) == value(dc, key) for key in SOURCE_KEYS)
+    if not same_data:
         return
     split = "it re-splits the run's pairs, so its query set may hold pairs the run trained on"
     if dc.format == "mat":  # refused before the file is read: whether it is pre-split is not known yet

@@ -20,6 +20,7 @@ from patchword.errors import ConfigError
 
 __all__ = [
     "HASH_RESUMABLE_KEYS",
+    "HASH_RESUME_DATA_KEYS",
     "HASH_EVAL_KEYS",
     "DATA_SOURCE_FORMATS",
     "FORMAT_READS",
@@ -143,6 +144,11 @@ HASH_RESUMABLE_KEYS = frozenset(
 )
 
 
+#: Keys a ``hash train --resume`` may point at the run's data where it lies now (moved, copied): accepted
+#: only when the data read there are the ones the run trained on (same rows and sha256, recorded in last.pt).
+HASH_RESUME_DATA_KEYS = frozenset({"data.image", "data.text", "data.labels", "data.root"})
+
+
 #: Keys ``hash eval`` may override on a trained run: how to evaluate, where, and on which data (an imported
 #: checkpoint has no data of its own; the weights must fit the features' sizes). Every other key builds
 #: another model than the trained weights (``model.bits``) or has no effect on an evaluation.
@@ -193,6 +199,9 @@ class ReadBy(NamedTuple):
 #: InfoNCE's: the codes' term of every loss but HashNet's, and the features' term (any loss) while its
 #: weight is not 0. ``model.eval_batch_size`` sizes the blocks of the fused encoder's evaluation only (a
 #: unimodal model encodes each sample alone).
+#: The longest code length a run takes (published codes are 16-128 bits).
+MAX_BITS = 4096
+
 USED_ONLY_WITH: dict[str, tuple[tuple[ReadBy, ...], str]] = {
     "train.hashnet_alpha": ((ReadBy("train.loss", ("hashnet",)),), "the HashNet loss's scale"),
     "train.betas": ((ReadBy("train.optimizer", ("adam", "adamw")),), "Adam's moment decay rates"),
@@ -336,6 +345,10 @@ def _check_train_ranges(tc: HashTrainConfig) -> None:
 
 def _check_model_ranges(mc: HashModelConfig) -> None:
     check_at_least("model.bits", mc.bits, 1, "the code length")
+    if mc.bits > MAX_BITS:  # a code longer than any feature: --bits 100000000 ran until the memory was gone
+        raise ConfigError(
+            "model.bits", f"must be at most {MAX_BITS} (the code length; 16-128 is usual), got {mc.bits}"
+        )
     check_at_least("model.nhead", mc.nhead, 1, "attention heads")  # 0 was a ZeroDivisionError in torch
     check_at_least("model.num_layers", mc.num_layers, 1, "encoder layers")  # 0 was an IndexError in torch
     check_at_least("model.dim_feedforward", mc.dim_feedforward, 1, "the encoder's feed-forward width")

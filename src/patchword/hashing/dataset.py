@@ -10,6 +10,7 @@ Every check raises :class:`~patchword.errors.DataError` naming the source (file)
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,15 @@ __all__ = [
     "make_split",
     "feature_matrix",
     "multi_hot_labels",
+    "class_ids",
     "check_compatible_splits",
     "split_dataset",
 ]
+
+_logger = logging.getLogger(__name__)
+
+#: The largest finite float32: features are stored as float32, a float64 beyond it would overflow to inf.
+_F32_MAX = float(np.finfo(np.float32).max)
 
 #: The UCMFH protocol's splits: train on ``train``, query with ``query``, search ``retrieval``.
 SPLITS = ("train", "query", "retrieval")
@@ -126,6 +133,8 @@ def feature_matrix(value: Any, source: str, key: str) -> np.ndarray:
         arr = np.asarray(value)
     except (TypeError, ValueError) as err:
         raise DataError(f"{source}: field {key!r} is not an array: {err}") from err
+    if arr.dtype.kind == "c":  # the cast would drop the imaginary part with only a ComplexWarning
+        raise DataError(f"{source}: field {key!r} holds complex numbers ({arr.dtype}); give real features")
     if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
         raise DataError(f"{source}: field {key!r} must be numeric, got dtype {arr.dtype}")
     if arr.ndim != 2:
@@ -133,29 +142,85 @@ def feature_matrix(value: Any, source: str, key: str) -> np.ndarray:
         raise DataError(f"{source}: field {key!r} must be a 2-D (N, d) matrix, got shape {arr.shape}{hint}")
     if arr.shape[0] == 0 or arr.shape[1] == 0:
         raise DataError(f"{source}: field {key!r} is empty, shape {arr.shape}")
-    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    problem = float32_problem(arr)
+    if problem:
+        raise DataError(f"{source}: field {key!r} {problem}")
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def float32_problem(arr: np.ndarray) -> str | None:
+    """Why the (N, ...) real array ``arr`` cannot become finite float32 features (NaN/inf, or a value beyond
+    float32's range that the cast would turn into inf), with the first bad row; None when it can. Checked
+    before the cast, so a float64 file is not reported as holding the infs the cast made."""
+    if arr.dtype.kind != "f":  # bool and integers: finite, and within float32's range (|int64| < 1e19)
+        return None
     bad = ~np.isfinite(arr)
     if bad.any():
         row = int(np.argwhere(bad)[0, 0])
-        raise DataError(f"{source}: field {key!r} has {int(bad.sum())} NaN/inf value(s), first in row {row}")
-    return arr
+        return f"has {int(bad.sum())} NaN/inf value(s), first in row {row}"
+    if arr.dtype.itemsize > 4:
+        big = np.abs(arr) > _F32_MAX
+        if big.any():
+            return f"values exceed float32's range (first in row {int(np.argwhere(big)[0, 0])})"
+    return None
 
 
-def multi_hot_labels(value: Any, source: str, key: str, n: int) -> np.ndarray:
-    """(N, L) uint8 multi-hot labels; a 1-D integer vector is read as single-label class indices."""
+def _class_vector(arr: np.ndarray, n: int) -> np.ndarray | None:
+    """``arr`` as the 1-D vector of class ids it is read as, or None for a (N, L) multi-hot matrix: a 1-D
+    vector, a MATLAB (1, N) row vector, or an (N, 1) column holding values other than 0/1 (an (N, 1) of 0/1
+    stays one multi-hot label column)."""
+    if arr.ndim == 1:
+        return arr
+    if arr.ndim == 2 and 1 in arr.shape and arr.size == n:
+        if arr.shape[0] != n:
+            return arr.reshape(-1)  # MATLAB row vector of class ids
+        if arr.shape == (n, 1) and n > 0 and not np.isin(arr, (0, 1)).all():
+            return arr.reshape(-1)  # MATLAB column vector of class ids
+    return None
+
+
+def class_ids(values: list[Any], ns: list[int]) -> np.ndarray | None:
+    """The sorted class ids of several label fields read as class-id vectors (``values[i]`` with
+    ``ns[i]`` rows), for :func:`multi_hot_labels`'s ``classes``, so that the splits of one set give a class
+    the same column; None when any of them is not such a vector (then each is checked on its own)."""
+    vectors = []
+    for value, n in zip(values, ns, strict=True):
+        arr = np.asarray(value)
+        if arr.dtype.kind not in "biuf":
+            return None
+        vec = _class_vector(arr, n)
+        if vec is None or not np.isfinite(vec).all():
+            return None
+        vectors.append(vec)
+    return np.unique(np.concatenate(vectors)) if vectors else None
+
+
+def multi_hot_labels(
+    value: Any, source: str, key: str, n: int, *, classes: np.ndarray | None = None
+) -> np.ndarray:
+    """(N, L) uint8 multi-hot labels.
+
+    A 1-D integer vector (also a MATLAB (1, N) row or (N, 1) column of ids other than 0/1) is read as
+    single-label class ids: column j is the j-th smallest class id of ``classes`` (default: the ids found),
+    so ids 0..C-1 keep column c = class c, and a large id (1e9) costs one column, not 1e9. Labels without
+    any 1 are refused (every metric would be 0); rows without a label and labels every row shares (mAP 1.0
+    would mean nothing) are logged as warnings.
+    """
     arr = np.asarray(value)
     if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
         raise DataError(f"{source}: field {key!r} must be numeric, got dtype {arr.dtype}")
-    if arr.ndim == 2 and 1 in arr.shape and arr.shape[0] != n and arr.size == n:
-        arr = arr.reshape(-1)  # MATLAB row vector of class ids
-    if arr.ndim == 1:
-        if not np.issubdtype(arr.dtype, np.integer) and not np.all(arr == np.round(arr)):
+    vec = _class_vector(arr, n)
+    if vec is not None:
+        if arr.dtype.kind == "c" or (
+            not np.issubdtype(vec.dtype, np.integer) and not np.all(vec == np.round(vec))
+        ):
             raise DataError(f"{source}: 1-D field {key!r} must hold integer class indices")
-        if arr.size and arr.min() < 0:
+        if vec.size and vec.min() < 0:
             raise DataError(f"{source}: field {key!r} has negative class indices")
-        classes = arr.astype(np.int64)
-        arr = np.zeros((classes.size, int(classes.max(initial=-1)) + 1), dtype=np.uint8)
-        arr[np.arange(classes.size), classes] = 1
+        found = vec.astype(np.int64)
+        columns = np.unique(found) if classes is None else np.asarray(classes, dtype=np.int64)
+        arr = np.zeros((found.size, columns.size), dtype=np.uint8)
+        arr[np.arange(found.size), np.searchsorted(columns, found)] = 1
     if arr.ndim != 2:
         raise DataError(f"{source}: field {key!r} must be (N, L) multi-hot labels, got shape {arr.shape}")
     if arr.shape[0] != n:
@@ -167,7 +232,36 @@ def multi_hot_labels(value: Any, source: str, key: str, n: int) -> np.ndarray:
         raise DataError(f"{source}: field {key!r} has NaN/inf values")
     if not np.isin(arr, (0, 1)).all():
         raise DataError(f"{source}: field {key!r} must be 0/1 multi-hot, found other values")
-    return np.ascontiguousarray(arr, dtype=np.uint8)
+    arr = np.ascontiguousarray(arr, dtype=np.uint8)
+    _check_label_content(arr, source, key)
+    return arr
+
+
+def _check_label_content(labels: np.ndarray, source: str, key: str) -> None:
+    """Refuse (N, L) labels without a single 1; warn of rows without a label and of a label on every row."""
+    if labels.size and not labels.any():
+        raise DataError(
+            f"{source}: field {key!r} has no 1 at all (no pair has a label, so nothing is relevant and every "
+            "metric would be 0); give multi-hot labels or leave the field out for pair relevance"
+        )
+    unlabelled = int((labels.sum(axis=1) == 0).sum())
+    if unlabelled:
+        _logger.warning(
+            "%s: %d of %d rows of field %r have no label (never relevant to anything)",
+            source,
+            unlabelled,
+            labels.shape[0],
+            key,
+        )
+    shared = np.flatnonzero(labels.all(axis=0))
+    if labels.shape[0] > 1 and shared.size:
+        _logger.warning(
+            "%s: every row of field %r has label column %d, so every pair shares a label (one class: "
+            "mAP 1.0 would mean nothing)",
+            source,
+            key,
+            int(shared[0]),
+        )
 
 
 def make_split(
@@ -178,8 +272,10 @@ def make_split(
     *,
     source: str = "<memory>",
     keys: tuple[str, str, str] = ("image", "text", "label"),
+    classes: np.ndarray | None = None,
 ) -> HashSplit:
-    """Validate arrays into a :class:`HashSplit` (errors name ``source`` and the field ``keys``)."""
+    """Validate arrays into a :class:`HashSplit` (errors name ``source`` and the field ``keys``);
+    ``classes``: the class ids of 1-D class-id labels (:func:`multi_hot_labels`)."""
     img = feature_matrix(image, source, keys[0])
     txt = feature_matrix(text, source, keys[1])
     if img.shape[0] != txt.shape[0]:
@@ -187,7 +283,7 @@ def make_split(
             f"{source}: field {keys[1]!r} has {txt.shape[0]} rows but field {keys[0]!r} has {img.shape[0]} "
             "(row i of each must be the same pair)"
         )
-    lab = None if labels is None else multi_hot_labels(labels, source, keys[2], img.shape[0])
+    lab = None if labels is None else multi_hot_labels(labels, source, keys[2], img.shape[0], classes=classes)
     if ids is None:
         ids_arr = np.arange(img.shape[0], dtype=np.int64)
     else:
@@ -200,9 +296,14 @@ def make_split(
     return HashSplit(img, txt, lab, ids_arr, source)
 
 
-def check_compatible_splits(splits: dict[str, HashSplit], where: str) -> None:
-    """The three splits of one set agree on feature dimensions and labels, and pair-only data can be
-    searched (some query id occurs in the retrieval set); ``where`` names the set in errors."""
+def check_compatible_splits(splits: dict[str, HashSplit], where: str, *, ids_given: bool = False) -> None:
+    """The three splits of one set agree on feature dimensions and labels; ``where`` names the set in errors.
+
+    Pair-only data (no labels) is relevant by pair id, so every query id must occur in the retrieval set,
+    and unless both query and retrieval gave their ``ids`` (``ids_given``), the ids are row positions, which
+    only say "the same pair" when each query row *is* the retrieval row of its id (same image and text
+    features): files of unrelated pairs would otherwise be scored as if query i were retrieval i.
+    """
     ref = splits["train"]
     for name, split in splits.items():
         for attr in ("image", "text"):
@@ -218,10 +319,35 @@ def check_compatible_splits(splits: dict[str, HashSplit], where: str) -> None:
                 f"{where}: {name} has {split.labels.shape[1]} label classes but train has "
                 f"{ref.labels.shape[1]}"
             )
-    if ref.labels is None and not np.isin(splits["query"].ids, splits["retrieval"].ids).any():
+    if ref.labels is None:
+        _check_pair_relevance(splits["query"], splits["retrieval"], where, ids_given)
+
+
+def _check_pair_relevance(query: HashSplit, retrieval: HashSplit, where: str, ids_given: bool) -> None:
+    """Every query id occurs in ``retrieval``; without given ids, each query row equals its retrieval row."""
+    fix = "give `ids` in query/retrieval, or make the query rows the retrieval pairs with the same ids"
+    order = np.argsort(retrieval.ids, kind="stable")
+    pos = np.minimum(np.searchsorted(retrieval.ids, query.ids, sorter=order), len(order) - 1)
+    match = order[pos]  # the first retrieval row of each query id (when there is one)
+    missing = np.flatnonzero(retrieval.ids[match] != query.ids)
+    if missing.size:
+        row = int(missing[0])
         raise DataError(
-            f"{where}: no labels and no query pair id occurs in the retrieval set, so nothing is relevant; "
-            "pair-only data needs query and retrieval to hold the same pairs (ids)"
+            f"{where}: no labels, and {missing.size} query pair id(s) occur in no retrieval pair (first: "
+            f"query row {row}, id {int(query.ids[row])}), so those queries have nothing relevant; {fix}"
+        )
+    if ids_given:
+        return
+    same = (query.image == retrieval.image[match]).all(axis=1) & (query.text == retrieval.text[match]).all(
+        axis=1
+    )
+    differ = np.flatnonzero(~same)
+    if differ.size:
+        row = int(differ[0])
+        raise DataError(
+            f"{where}: no labels and no `ids`, so query row i is taken for the pair of retrieval row i, but "
+            f"{differ.size} query row(s) hold other features than that retrieval row (first: query row "
+            f"{row} vs retrieval row {int(match[row])}); {fix}"
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import numpy as np
@@ -57,14 +58,24 @@ def effective_cutoffs(ec: HashEvalConfig, n_db: int) -> tuple[int, list[int], di
     return topk, ks, ({"retrieval_items": n_db, **capped} if capped else {})
 
 
-def _report(q, db, ql, dbl, ec: HashEvalConfig, measure: str) -> dict[str, float]:
+def _finite_or_none(value: float | None) -> float | None:
+    """A metric for JSON: NaN (recall of queries none of which has a relevant item) is ``null``, which
+    strict parsers accept (a bare ``NaN`` is not JSON)."""
+    return None if value is None or math.isnan(value) else value
+
+
+def _report(q, db, ql, dbl, ec: HashEvalConfig, measure: str) -> dict[str, float | int | None]:
     topk, ks, _ = effective_cutoffs(ec, len(db))
     rep = retrieval_report(q, db, ql, dbl, map_k=topk, ks=ks, measure=measure)
-    out = {f"map@{topk}": rep["map"]}
-    out.update({f"p@{k}": v for k, v in rep["precision"].items()})
-    out.update({f"r@{k}": v for k, v in rep["recall"].items()})
+    out: dict[str, float | int | None] = {f"map@{topk}": _finite_or_none(rep["map"])}
+    out.update({f"p@{k}": _finite_or_none(v) for k, v in rep["precision"].items()})
+    out.update({f"r@{k}": _finite_or_none(v) for k, v in rep["recall"].items()})
+    # queries with no relevant item score 0 in mAP and are left out of recall: how many there were
+    out["queries_without_relevant"] = rep["queries_without_relevant"]
     if ec.map_all:
-        out["map@all"] = retrieval_report(q, db, ql, dbl, map_k=len(db), ks=[1], measure=measure)["map"]
+        out["map@all"] = _finite_or_none(
+            retrieval_report(q, db, ql, dbl, map_k=len(db), ks=[1], measure=measure)["map"]
+        )
     return out
 
 
@@ -73,7 +84,8 @@ def evaluate_hashing(
 ) -> dict[str, Any]:
     """I->T and T->I metrics of ``model`` on ``data.query`` against ``data.retrieval`` (Hamming ranking).
 
-    Keys: ``i2t_map@50``, ``i2t_p@k``, ``i2t_r@k`` and the ``t2i_`` versions, plus ``fusion`` (results of
+    Keys: ``i2t_map@50``, ``i2t_p@k``, ``i2t_r@k`` (``None`` when no query has a relevant item),
+    ``i2t_queries_without_relevant`` and the ``t2i_`` versions, plus ``fusion`` (results of
     ``official_fused`` models use the target's paired modality at query time and must be labelled so). A
     cut-off larger than the retrieval set is labelled with the one measured (``map@96``) and listed under
     ``capped_cutoffs`` (:func:`effective_cutoffs`), with a warning.

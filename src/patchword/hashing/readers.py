@@ -29,6 +29,7 @@ from patchword.hashing.dataset import (
     HashDataset,
     HashSplit,
     check_compatible_splits,
+    class_ids,
     make_split,
     multi_hot_labels,
     split_dataset,
@@ -121,9 +122,15 @@ def _read_mapping(path: Path) -> dict[str, Any]:
 def _pick(
     data: dict[str, Any], candidates: tuple[str, ...], source: str, what: str, required: bool = True
 ) -> str | None:
-    for key in candidates:
-        if key in data:
-            return key
+    """The one key of ``candidates`` in ``data``; several are refused (which one holds the data?)."""
+    present = [key for key in candidates if key in data]
+    if len(present) > 1:
+        raise DataError(
+            f"{source}: several fields could be the {what}: {present}; keep one of them (accepted names "
+            f"{list(candidates)})"
+        )
+    if present:
+        return present[0]
     if required:
         raise DataError(
             f"{source}: missing field {candidates[0]!r} ({what}); accepted names {list(candidates)}, found "
@@ -132,14 +139,20 @@ def _pick(
     return None
 
 
-def load_split(path: str | Path, *, require_labels: bool = False) -> HashSplit:
-    """Read one UCMFH split file (``.npz`` / ``.pkl``: ``image``, ``text``, optional ``label``, ``ids``)."""
-    path = Path(path)
+def _split_fields(path: Path, require_labels: bool) -> tuple[dict[str, Any], tuple[str, str, str | None]]:
+    """The fields of one split file and its (image, text, label) keys (label None when absent)."""
     data = _read_mapping(path)
     source = str(path)
     ki = _pick(data, _IMAGE_KEYS[:3], source, "image features")
     kt = _pick(data, _TEXT_KEYS[:3], source, "text features")
     kl = _pick(data, ("label", "labels"), source, "multi-hot labels", required=require_labels)
+    return data, (ki, kt, kl)
+
+
+def _make(
+    data: dict[str, Any], keys: tuple[str, str, str | None], source: str, classes: np.ndarray | None = None
+) -> HashSplit:
+    ki, kt, kl = keys
     return make_split(
         data[ki],
         data[kt],
@@ -147,28 +160,61 @@ def load_split(path: str | Path, *, require_labels: bool = False) -> HashSplit:
         data.get("ids"),
         source=source,
         keys=(ki, kt, kl or "label"),
+        classes=classes,
     )
 
 
+def load_split(path: str | Path, *, require_labels: bool = False) -> HashSplit:
+    """Read one UCMFH split file (``.npz`` / ``.pkl``: ``image``, ``text``, optional ``label``, ``ids``)."""
+    path = Path(path)
+    data, keys = _split_fields(path, require_labels)
+    return _make(data, keys, str(path))
+
+
+def _split_file(root: Path, name: str) -> Path:
+    """``root/name.npz`` (or ``.pkl`` / ``.pickle``): exactly one of them, a file."""
+    candidates = [root / f"{name}{ext}" for ext in (".npz", ".pkl", ".pickle")]
+    present = [p for p in candidates if p.exists()]
+    if len(present) > 1:
+        raise DataError(
+            f"{root}: both {' and '.join(p.name for p in present)} exist; keep one {name} split file "
+            "(which one holds the data?)"
+        )
+    if not present:
+        raise MissingFileError(f"{root}: missing {name}.npz (or {name}.pkl); expected {', '.join(SPLITS)}")
+    if not present[0].is_file():
+        raise DataError(f"{present[0]}: is a directory, not a {name} split file")
+    return present[0]
+
+
 def load_split_dir(root: str | Path) -> HashDataset:
-    """Read ``root/{train,query,retrieval}.npz`` (or ``.pkl``), the official UCMFH layout."""
+    """Read ``root/{train,query,retrieval}.npz`` (or ``.pkl``), the official UCMFH layout.
+
+    1-D class-id labels get the same column for a class in every split (the classes of all three files).
+    Pair-only splits (no labels) must hold the same pairs in query and retrieval:
+    :func:`~patchword.hashing.dataset.check_compatible_splits`.
+    """
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise MissingFileError(f"split directory {root} is a file, not a directory")
     if not root.is_dir():
         raise MissingFileError(f"split directory {root} does not exist")
-    splits = {}
-    for name in SPLITS:
-        found = [
-            root / f"{name}{ext}" for ext in (".npz", ".pkl", ".pickle") if (root / f"{name}{ext}").is_file()
-        ]
-        if not found:
-            raise MissingFileError(
-                f"{root}: missing {name}.npz (or {name}.pkl); expected {', '.join(SPLITS)}"
-            )
-        splits[name] = load_split(found[0])
-    check_compatible_splits(splits, str(root))
+    read = {name: _split_fields(_split_file(root, name), False) for name in SPLITS}
+    classes = _shared_classes([(data, keys) for data, keys in read.values()])
+    splits = {
+        name: _make(data, keys, str(_split_file(root, name)), classes) for name, (data, keys) in read.items()
+    }
+    ids_given = all("ids" in read[name][0] for name in ("query", "retrieval"))
+    check_compatible_splits(splits, str(root), ids_given=ids_given)
     return HashDataset(**splits, info={"source": str(root)})
+
+
+def _shared_classes(fields: list[tuple[dict[str, Any], tuple[str, str, str | None]]]) -> np.ndarray | None:
+    """The class ids of all splits' 1-D class-id labels (None unless every split has such labels)."""
+    if any(keys[2] is None for _, keys in fields):
+        return None
+    ns = [_rows(data[keys[0]]) for data, keys in fields]
+    return class_ids([data[keys[2]] for data, keys in fields], ns)
 
 
 def _loadmat(path: Path) -> dict[str, Any]:
@@ -237,7 +283,17 @@ def read_mat(
     require_file(path, ".mat file")
     data = _loadmat(path)
     source = str(path)
-    if all(f"{m}_{s}" in data for m in "ITL" for s in ("tr", "te", "db")):
+    split_keys = [f"{m}_{s}" for s in ("tr", "te", "db") for m in "ITL"]
+    if any(key in data for key in split_keys):
+        missing = [key for key in split_keys if key not in data]
+        if missing:
+            raise DataError(
+                f"{source}: a pre-split file (it has {[k for k in split_keys if k in data]}) needs "
+                f"{' '.join(split_keys)}; missing {missing}"
+            )
+        classes = class_ids(
+            [data[f"L_{s}"] for s in ("tr", "te", "db")], [_rows(data[f"I_{s}"]) for s in ("tr", "te", "db")]
+        )
         splits = {
             name: make_split(
                 data[f"I_{s}"],
@@ -245,6 +301,7 @@ def read_mat(
                 data[f"L_{s}"],
                 source=source,
                 keys=(f"I_{s}", f"T_{s}", f"L_{s}"),
+                classes=classes,
             )
             for name, s in zip(SPLITS, ("tr", "te", "db"), strict=True)
         }
@@ -259,6 +316,12 @@ def read_mat(
     return make_split(
         data[ki], data[kt], data[kl] if kl else None, source=source, keys=(ki, kt, kl or "label")
     )
+
+
+def _rows(value: Any) -> int:
+    """The row count of a feature field (0 for a scalar: make_split then names the field)."""
+    shape = np.shape(value)
+    return int(shape[0]) if shape else 0
 
 
 def load_pairs(image: str | Path, text: str | Path, labels: str | Path | None = None) -> HashSplit:

@@ -2,14 +2,41 @@
 ``patchword hash train``, which follows the rules of every training command's run directories (claimed by
 one new run, locked against a second command, removed again when the start fails before its first
 checkpoint, cleared of what a killed start or write left: :mod:`patchword.runs.claim`).
+
+The data of a run: its config.yaml names them by absolute paths (:func:`absolute_data`) and its last.pt
+records their rows and sha256 (:func:`~patchword.hashing.build.data_fingerprint`), so a resume or an
+evaluation tells the run's data from changed ones (rows added, contents replaced) wherever they lie
+(:func:`check_resumed_data`, :func:`check_evaluated_data`); a file the run names that is gone is said with
+the key that points at it (:func:`refuse_missing_run_data`).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Collection, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from patchword.errors import ConfigError
+from patchword.hashing.build import SOURCE_KEYS, changed_data_parts, refuse_resplit
+from patchword.hashing.config import DATA_SOURCE_FORMATS, HashDataConfig, HashRunConfig
+from patchword.hashing.dataset import HashDataset
 from patchword.runs.claim import LOCK_FILE, Refusals, RunKind
 from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT, METRICS_FILE, RESUMES_FILE, WEIGHTS_FILE
+from patchword.runs.load import refuse_run_output
 
-__all__ = ["HASH_RUNS"]
+__all__ = [
+    "HASH_RUNS",
+    "HASH_RUN_FILES",
+    "refuse_run_outputs",
+    "absolute_data",
+    "check_evaluated_data",
+    "check_resumed_data",
+    "refuse_missing_run_data",
+]
+
+_logger = logging.getLogger(__name__)
 
 #: Start files: what a start writes before its first ``last.pt`` (metrics.jsonl: the records of epochs
 #: nobody can resume); start temps: the files it writes atomically by then. Atomic files: every file a run
@@ -42,3 +69,148 @@ HASH_RUNS = RunKind(
     ),
     logger=__name__,
 )
+
+
+#: The files of a hashing run directory: what ``hash train`` writes and the database indexes ``hash search``
+#: caches there. No output of a command that reads the run replaces one, ``--force`` or not.
+HASH_RUN_FILES = frozenset(
+    {*HASH_RUNS.start_files, *HASH_RUNS.atomic_files, "index_image.npz", "index_text.npz"}
+)
+
+
+def refuse_run_outputs(
+    run_dir: str | Path,
+    outputs: dict[str, Path | None],
+    reads: Sequence[str | Path] = (),
+    cfg: HashRunConfig | None = None,
+) -> None:
+    """Before any work: no file a command writes (``outputs``: flag -> path, None where not given) is one
+    of the files of the run (:data:`HASH_RUN_FILES`, any checkpoint), one of ``reads`` (a query file) or,
+    once the run's ``cfg`` is read, a feature file of its data section (``data.image``, ``data.text``,
+    ``data.labels``, ``data.root`` or a file in it): ``hash eval RUN --out RUN/last.pt --force`` wrote the
+    metrics over the checkpoint.
+
+    Raises:
+        ConfigError: naming the flag.
+    """
+    data = (
+        [Path(v) for v in (cfg.data.image, cfg.data.text, cfg.data.labels, cfg.data.root) if v] if cfg else []
+    )
+    reads = [*reads, *data, *(f for path in data if path.is_dir() for f in path.iterdir())]
+    for flag, path in outputs.items():
+        if path is not None:
+            refuse_run_output(path, [run_dir], reads, names=HASH_RUN_FILES, flag=flag)
+
+
+def _resolved(dc: HashDataConfig, key: str) -> str:
+    raw = getattr(dc, key.removeprefix("data."))
+    return str(Path(raw).expanduser().resolve()) if raw and key != "data.format" else raw
+
+
+def absolute_data(dc: HashDataConfig) -> HashDataConfig:
+    """``dc`` with ``data.image`` / ``data.text`` / ``data.labels`` / ``data.root`` absolute: what a run
+    records, so that its commands read the same files from any working directory."""
+    keys = [key for key in DATA_SOURCE_FORMATS if getattr(dc, key.removeprefix("data."))]
+    return replace(dc, **{key.removeprefix("data."): _resolved(dc, key) for key in keys})
+
+
+def refuse_missing_run_data(
+    dc: HashDataConfig, run_dir: Path, given: Collection[str], source: Path | None = None
+) -> None:
+    """Before the data are read: a data file (or ``data.root``) that the run's config.yaml (or ``source``,
+    the last.pt of a resume that moved them) names, and that no override in ``given`` replaces, exists; a
+    moved one is said with the key that points at it.
+
+    Raises:
+        ConfigError: naming the key, the path and the run's config.yaml.
+    """
+    for key, formats in DATA_SOURCE_FORMATS.items():
+        value = getattr(dc, key.removeprefix("data."))
+        if key in given or dc.format not in formats or not value:
+            continue
+        if not Path(value).expanduser().exists():
+            raise ConfigError(
+                key, f"{value} does not exist (from {source or run_dir / CONFIG_FILE}); point {key}=NEW at it"
+            )
+
+
+def _named(dc: HashDataConfig, parts: list[str]) -> str:
+    """The files of the fingerprint ``parts`` (``data.image (/d/img.npy)``, ``data.root (train split)``)."""
+    named = []
+    for part in parts:
+        if part.startswith("data."):
+            named.append(f"{part} ({getattr(dc, part.removeprefix('data.'))})")
+        else:
+            named.append(f"data.root ({dc.root}: {part} split)")
+    return ", ".join(named)
+
+
+def _key(parts: list[str]) -> str:
+    return parts[0] if parts[0].startswith("data.") else "data.root"
+
+
+def check_resumed_data(
+    state: dict[str, Any], data: HashDataset, dc: HashDataConfig, run_dir: Path, moved: Collection[str]
+) -> None:
+    """A resume trains on the data the run trained on (bit-for-bit resume): the fingerprint of ``data``
+    (read from ``dc``) equals the one its last.pt ``state`` recorded. ``moved``: the data keys the resume
+    points elsewhere, accepted only so. A last.pt of an older version records none: the run's paths are
+    trusted, as they were, and a moved one is refused (nothing to check it against). Data built in code
+    (no fingerprint) are the caller's.
+
+    Raises:
+        ConfigError: naming the changed data files, or a moved key a run without a fingerprint cannot check.
+    """
+    recorded, read = state.get("data_fingerprint"), data.info.get("fingerprint")
+    if recorded is None:
+        if moved:
+            key = sorted(moved)[0]
+            raise ConfigError(
+                key,
+                f"{run_dir / LAST_CHECKPOINT} records no fingerprint of its data (an older version saved "
+                "it): a resume cannot check that the data there are the run's; drop it",
+            )
+        _logger.debug("%s records no fingerprint of its data: not compared", run_dir / LAST_CHECKPOINT)
+        return
+    changed = changed_data_parts(recorded, read) if read is not None else []
+    if changed:
+        raise ConfigError(
+            _key(changed),
+            f"{_named(dc, changed)} differ(s) from the data {run_dir} trained on (rows / sha256 recorded in "
+            f"{LAST_CHECKPOINT}): a resumed run trains on its own data; restore them (or point "
+            f"{_key(changed)}=... at them) or train a new run",
+        )
+
+
+def check_evaluated_data(
+    state: dict[str, Any], data: HashDataset, run: HashDataConfig, dc: HashDataConfig, run_dir: Path
+) -> None:
+    """``hash eval`` / ``hash search`` once the data ``dc`` (the run's data section ``run`` with the
+    overrides) were read: a copy of the run's data is its data (a split key other than the run's is
+    refused, :func:`~patchword.hashing.build.refuse_resplit`); the run's own files with other contents
+    (rows added) and the run's split keys would split other pairs into the query set, which may then hold
+    pairs it trained on: refused. Other data given on purpose are marked ``same_data_as_run: false`` in
+    the data block (``data.info``). A last.pt without a fingerprint: the paths decided (before reading).
+
+    Raises:
+        ConfigError: naming the key and the changed files, or the re-splitting key.
+    """
+    recorded, read = state.get("data_fingerprint"), data.info.get("fingerprint")
+    if recorded is None or read is None:
+        return
+    changed = changed_data_parts(recorded, read)
+    refuse_resplit(run, dc, same_data=not changed)
+    if not changed:
+        return
+    own_files = all(_resolved(run, key) == _resolved(dc, key) for key in SOURCE_KEYS)
+    if own_files and "split_seed" in data.info:  # split here, by the run's split keys
+        raise ConfigError(
+            _key(changed),
+            f"{_named(dc, changed)} changed since {run_dir} trained on it (rows / sha256 recorded in "
+            f"{LAST_CHECKPOINT}): the run's split of these pairs may put pairs it trained on in the query "
+            "set; restore the data, or evaluate other data on purpose (point data.image / data.text / "
+            "data.root at them)",
+        )
+    if own_files:  # pre-split files: their own splits, but not what the run was evaluated on
+        _logger.warning("%s differ(s) from the data %s trained on", _named(dc, changed), run_dir)
+    data.info["same_data_as_run"] = False

@@ -56,6 +56,7 @@ from patchword.hashing.build import (
 from patchword.hashing.config import (
     HASH_EVAL_KEYS,
     HASH_RESUMABLE_KEYS,
+    HASH_RESUME_DATA_KEYS,
     HashRunConfig,
     check_data_source,
     check_hash_config,
@@ -65,11 +66,19 @@ from patchword.hashing.config import (
 from patchword.hashing.dataset import HashDataset
 from patchword.hashing.evaluate import evaluate_hashing
 from patchword.hashing.model import UCMFH
-from patchword.hashing.rundir import HASH_RUNS
+from patchword.hashing.rundir import (  # HASH_RUN_FILES, refuse_run_outputs: the commands import them here
+    HASH_RUN_FILES,
+    HASH_RUNS,
+    absolute_data,
+    check_evaluated_data,
+    check_resumed_data,
+    refuse_missing_run_data,
+    refuse_run_outputs,
+)
 from patchword.hashing.trainer import HashTrainer, append_metrics
 from patchword.runs.claim import Claim
 from patchword.runs.files import CONFIG_FILE, IMPORT_FILE, LAST_CHECKPOINT, METRICS_FILE, RESUMES_FILE
-from patchword.runs.load import read_run_mapping, refuse_run_output
+from patchword.runs.load import read_run_mapping
 from patchword.train.process import stop_raises
 
 __all__ = [
@@ -140,7 +149,7 @@ def train_hashing(
     if resume:
         saved = resume_config(run_dir)
         changed = [k for k in config_diff(saved, cfg) if k not in _LOCATION_KEYS]
-        refused = [k for k in changed if k not in HASH_RESUMABLE_KEYS]
+        refused = [k for k in changed if k not in HASH_RESUMABLE_KEYS | HASH_RESUME_DATA_KEYS]
         if refused:
             raise ConfigError(
                 refused[0], f"differs from {run_dir / CONFIG_FILE}: a resumed run keeps its own settings"
@@ -171,9 +180,10 @@ def resume_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> HashRun
     mapping = read_run_mapping(run_dir, kind="hashing")  # a retrieval run's config: say so, not its keys
     refuse_overrides(
         overrides,
-        HASH_RESUMABLE_KEYS,
+        HASH_RESUMABLE_KEYS | HASH_RESUME_DATA_KEYS,
         "cannot change on --resume (the run keeps its own data, model and optimiser settings); "
-        f"resumable keys: {', '.join(sorted(HASH_RESUMABLE_KEYS))}",
+        f"resumable keys: {', '.join(sorted(HASH_RESUMABLE_KEYS))} (and the data paths, "
+        "for the run's data moved)",
     )
     saved = config_from_mapping(HashRunConfig, mapping, run_dir / CONFIG_FILE)  # the mapping read above
     return apply_overrides(saved, list(overrides))
@@ -191,16 +201,26 @@ def resume_hashing(
 
     Raises:
         MissingFileError: no such run, or it has no last.pt / config.yaml.
-        ConfigError: an override of a key that is not safe to change on a resume, or a config.yaml that
-            disagrees with its last.pt (edited by hand).
+        ConfigError: an override of a key that is not safe to change on a resume, a config.yaml that
+            disagrees with its last.pt (edited by hand), a data file that is gone (naming its key) or data
+            other than the run's (rows / sha256 recorded in last.pt; data.image=NEW may point at them moved).
     """
     run_dir = Path(run_dir)
     cfg = resume_config(run_dir, overrides)
     check_hash_config(cfg)
     state = load_checkpoint(run_dir / LAST_CHECKPOINT, map_location="cpu")
     stored = from_dict(HashRunConfig, state["config"])
-    refuse_edited_config(run_dir / CONFIG_FILE, cfg, stored, HASH_RESUMABLE_KEYS)
-    return _train(cfg, run_dir, data, state=state, overrides=overrides)
+    # the data paths a resume pointed at the moved data are in last.pt, not in config.yaml
+    refuse_edited_config(run_dir / CONFIG_FILE, cfg, stored, HASH_RESUMABLE_KEYS | HASH_RESUME_DATA_KEYS)
+    moved = override_keys(overrides) & HASH_RESUME_DATA_KEYS
+    # where an earlier resume found the moved data (last.pt's config), unless pointed elsewhere again
+    kept = {k.removeprefix("data."): flat_config(stored)[k] for k in HASH_RESUME_DATA_KEYS - moved}
+    source = run_dir / (
+        LAST_CHECKPOINT if any(getattr(cfg.data, k) != v for k, v in kept.items()) else CONFIG_FILE
+    )
+    cfg = replace(cfg, data=replace(cfg.data, **kept))
+    refuse_missing_run_data(cfg.data, run_dir, moved, source)
+    return _train(cfg, run_dir, data, state=state, overrides=overrides, moved=moved)
 
 
 def _train(
@@ -211,10 +231,12 @@ def _train(
     state: dict[str, Any] | None = None,
     overrides: Sequence[str] = (),
     given: Collection[str] = (),
+    moved: Collection[str] = (),
 ) -> dict[str, Any]:
     """Build, then start (``state`` None: creates the run directory and its config.yaml) or continue from
     ``state`` (a loaded last.pt), train, evaluate once on the test split; the run directory is locked
-    throughout. ``given``: the keys the caller set (:func:`build_hashing_dataset`)."""
+    throughout. ``given``: the keys the caller set (:func:`build_hashing_dataset`); ``moved``: the data
+    keys a resume points at the run's data elsewhere (:func:`check_resumed_data`)."""
     device = check_hash_config(cfg)
     hint = ResumeHint.resume(HASH_RUNS.command, run_dir)
     phase: dict[str, Any] = {"then": hint.before_start() if state is None else hint.before_resumed()}
@@ -224,6 +246,10 @@ def _train(
             HASH_RUNS.lock_for_resume(run_dir, locks)  # and removes what a kill during a write left
         seed_everything(cfg.train.seed)
         data = data if data is not None else build_hashing_dataset(cfg.data, given)
+        if state is not None:  # the data the run trained on, bit for bit (rows added re-split them)
+            check_resumed_data(state, data, cfg.data, run_dir, moved)
+        # recorded absolute: its commands read these files from any working directory
+        cfg = replace(cfg, data=absolute_data(cfg.data))
         if cfg.train.loss == "hashnet" and not data.has_labels:
             _logger.info("hashnet loss without labels: pairs are similar only to themselves (ids)")
         model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)
@@ -290,37 +316,6 @@ class HashRun:
     checkpoint: dict[str, Any]
 
 
-#: The files of a hashing run directory: what ``hash train`` writes and the database indexes ``hash search``
-#: caches there. No output of a command that reads the run replaces one, ``--force`` or not.
-HASH_RUN_FILES = frozenset(
-    {*HASH_RUNS.start_files, *HASH_RUNS.atomic_files, "index_image.npz", "index_text.npz"}
-)
-
-
-def refuse_run_outputs(
-    run_dir: str | Path,
-    outputs: dict[str, Path | None],
-    reads: Sequence[str | Path] = (),
-    cfg: HashRunConfig | None = None,
-) -> None:
-    """Before any work: no file a command writes (``outputs``: flag -> path, None where not given) is one
-    of the files of the run (:data:`HASH_RUN_FILES`, any checkpoint), one of ``reads`` (a query file) or,
-    once the run's ``cfg`` is read, a feature file of its data section (``data.image``, ``data.text``,
-    ``data.labels``, ``data.root`` or a file in it): ``hash eval RUN --out RUN/last.pt --force`` wrote the
-    metrics over the checkpoint.
-
-    Raises:
-        ConfigError: naming the flag.
-    """
-    data = (
-        [Path(v) for v in (cfg.data.image, cfg.data.text, cfg.data.labels, cfg.data.root) if v] if cfg else []
-    )
-    reads = [*reads, *data, *(f for path in data if path.is_dir() for f in path.iterdir())]
-    for flag, path in outputs.items():
-        if path is not None:
-            refuse_run_output(path, [run_dir], reads, names=HASH_RUN_FILES, flag=flag)
-
-
 def open_hashing_run(
     run_dir: str | Path, overrides: Sequence[str] | None = None, device: str | None = None
 ) -> HashRun:
@@ -348,12 +343,17 @@ def open_hashing_run(
     # the run's own are not), then one that re-splits the run's data
     refuse_ignored_keys(cfg.data, override_keys(overrides or []))
     state = load_checkpoint(run_dir / LAST_CHECKPOINT, map_location=cfg.device)
-    if not ((run_dir / IMPORT_FILE).is_file() and int(state["step"]) == 0):
+    # an imported checkpoint not trained on since has no data of its own
+    trained = not ((run_dir / IMPORT_FILE).is_file() and int(state["step"]) == 0)
+    if trained:
         # weights trained on the run's split: another split (or synthetic set) of the same data put
-        # training pairs in the query set (an imported checkpoint not trained on since has no data of its own)
+        # training pairs in the query set
         refuse_resplit(saved.data, cfg.data)
+    refuse_missing_run_data(cfg.data, run_dir, override_keys(overrides or []))
     # the training split is unused here: a capped default data.num_train is no news (said at training)
     data = build_hashing_dataset(cfg.data, override_keys(overrides or []), training=False)
+    if trained:  # a copy of the run's data re-split, or its files changed since (rows added)
+        check_evaluated_data(state, data, saved.data, cfg.data, run_dir)
     model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)
     # data (overridden, or its files replaced) with other feature sizes build a model the weights do not fit
     builds = f"these data build (image {data.image_dim}-d, text {data.text_dim}-d)"

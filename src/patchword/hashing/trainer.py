@@ -34,7 +34,7 @@ import torch
 
 from patchword._validation import check_all_finite, values_checked
 from patchword.checkpoint import atomic_save, load_checkpoint, rng_state, set_rng_state
-from patchword.errors import ConfigError, Interrupted, ResumeHint
+from patchword.errors import ConfigError, Interrupted, PatchwordError, ResumeHint
 from patchword.fileio import append_line
 from patchword.hashing.config import HashRunConfig, check_hash_config
 from patchword.hashing.dataset import HashDataset
@@ -43,7 +43,7 @@ from patchword.losses import BalancedInfoNCE, HashNetLoss, InfoNCE
 from patchword.runs.files import LAST_CHECKPOINT
 from patchword.train.process import record_stop_signals
 
-__all__ = ["HashTrainer", "HashTrainingInterrupted", "append_metrics"]
+__all__ = ["HashTrainer", "HashTrainingInterrupted", "NonFiniteLossError", "append_metrics"]
 
 _logger = logging.getLogger(__name__)
 
@@ -66,6 +66,11 @@ class HashTrainingInterrupted(Interrupted):
             f"{batch_in_epoch} batches into epoch {epoch + 1}" if batch_in_epoch else f"end of epoch {epoch}"
         )
         super().__init__(signum, hint.stopped(signum, step, checkpoint, where))
+
+
+class NonFiniteLossError(PatchwordError, FloatingPointError):
+    """A training loss became NaN / inf: features too large for the learning rates, not a bug (one line,
+    exit 2); the message says what was kept and what to change."""
 
 
 class HashTrainer:
@@ -180,6 +185,9 @@ class HashTrainer:
             "train_seconds": self.train_seconds,
             "rng": rng_state(),
             "config": asdict(self.cfg),
+            # rows and sha256 of the data read (build_hashing_dataset): a resume or an evaluation refuses
+            # other contents under the run's file names (None: synthetic data, or data built in code)
+            "data_fingerprint": self.data.info.get("fingerprint"),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -254,9 +262,12 @@ class HashTrainer:
         values = (self._sums / batches).tolist()
         if not all(math.isfinite(v) for v in values):
             first = self.step - self.batch_in_epoch + 1
-            raise FloatingPointError(
-                f"non-finite loss in epoch {self.epoch + 1} (steps {first}-{self.step}); "
-                f"{self.run_dir / LAST_CHECKPOINT} holds the last finite state, if any"
+            last = self.run_dir / LAST_CHECKPOINT
+            # a start without a checkpoint is removed by the caller: nothing of it is kept
+            kept = f"{last} holds the last finite state" if last.is_file() else "no checkpoint was kept"
+            raise NonFiniteLossError(
+                f"non-finite loss in epoch {self.epoch + 1} (steps {first}-{self.step}): normalise the "
+                "features (e.g. to unit length) or lower train.lr_encoder / train.lr_heads; " + kept
             )
         return dict(zip(LOSS_KEYS, values, strict=True))
 
@@ -270,7 +281,7 @@ class HashTrainer:
 
         Raises:
             HashTrainingInterrupted: SIGTERM / SIGINT arrived (after ``last.pt`` was written).
-            FloatingPointError: a loss was NaN / inf (nothing of its epoch is saved).
+            NonFiniteLossError: a loss was NaN / inf (nothing of its epoch is saved).
         """
         flag: dict[str, int] = {}
         # The training set was checked finite once (__init__): the per-batch checks would each wait.
