@@ -27,8 +27,9 @@ out, how, gate = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3])
 began = time.time()
 (gate / f"began-{pathlib.Path(out).stem}").touch()
 while how == "hang" or not (gate / "release").exists():
-    if how == "hang":  # still compiling: a heartbeat
-        (gate / "heartbeat").write_text(str(time.time()))
+    if how == "hang":  # still compiling: a heartbeat, replaced whole (a kill inside a write left it empty)
+        (gate / "heartbeat.tmp").write_text(str(time.time()))
+        (gate / "heartbeat.tmp").replace(gate / "heartbeat")
     time.sleep(0.01)
 if how == "fail":
     print("Traceback: the compiler failed", flush=True)
