@@ -636,29 +636,38 @@ def test_a_batch_that_does_not_split_is_one_error_line_from_torchrun(tmp_path):
     assert not (tmp_path / "runs" / "odd").exists()
 
 
-@pytest.mark.parametrize(
-    ("case", "rank0_says", "rank1_says"),
-    [
-        ("block", "rank 1 of 2 failed in the test's block: ValueError: rank 1's own trouble", "own trouble"),
-        (
-            "tokens",
-            "rank 1 of 2 failed in two_stage_scores' input checks and global embeddings: ",
-            "img_tokens",
-        ),
-        (
-            "nan_image",
-            "rank 1 of 2 failed in two_stage_scores' input checks and global embeddings: ",
-            "finite",
-        ),
-        ("nan_dense", "rank 1 of 2 failed in scoring its shortlisted pairs: ValueError: ", "dense_tokens"),
-    ],
-)
-def test_a_rank_that_refuses_its_inputs_fails_every_rank_at_once(tmp_path, case, rank0_says, rank1_says):
+ONE_RANK_FAILS = [
+    ("block", "rank 1 of 2 failed in the test's block: ValueError: rank 1's own trouble", "own trouble"),
+    (
+        "tokens",
+        "rank 1 of 2 failed in two_stage_scores' input checks and global embeddings: ",
+        "img_tokens",
+    ),
+    (
+        "nan_image",
+        "rank 1 of 2 failed in two_stage_scores' input checks and global embeddings: ",
+        "finite",
+    ),
+    ("nan_dense", "rank 1 of 2 failed in scoring its shortlisted pairs: ValueError: ", "dense_tokens"),
+]
+
+
+@pytest.fixture(scope="module")
+def one_rank_fails(tmp_path_factory):
+    """Every case of :data:`ONE_RANK_FAILS` in one launch (a job each): results[rank][job]."""
+    cases = [(case,) for case, _, _ in ONE_RANK_FAILS]
+    return _launch(
+        [("one_rank_fails", args) for args in cases], tmp_path_factory.mktemp("one_rank"), timeout=300
+    )
+
+
+@pytest.mark.parametrize("job", range(len(ONE_RANK_FAILS)), ids=[case for case, _, _ in ONE_RANK_FAILS])
+def test_a_rank_that_refuses_its_inputs_fails_every_rank_at_once(one_rank_fails, job):
     """Each process checks its own share of the inputs; one that refuses them raises, and the other raises
     too, naming the rank and its reason. It used to be left in the next collective: failing with "a
     collective failed" and no reason once the refusing process had exited, or waiting for the timeout
     while that process lived on (a caller catching the error)."""
-    results = _launch([("one_rank_fails", (case,))], tmp_path, timeout=300)
-    said = [_ok(results, 0) if rank == 0 else results[rank][0]["ok"] for rank in range(2)]
+    _, rank0_says, rank1_says = ONE_RANK_FAILS[job]
+    said = [_ok(one_rank_fails, job) if rank == 0 else one_rank_fails[rank][job]["ok"] for rank in range(2)]
     assert said[0]["error"].startswith("DistributedError: " + rank0_says), said
     assert said[1]["error"].startswith("ValueError: ") and rank1_says in said[1]["error"], said
