@@ -23,20 +23,26 @@ _SPLIT_ALIASES = {"dev": "val"}
 _SPLIT_NAMES = ", ".join((*_KARPATHY_SPLITS, *_SPLIT_ALIASES))
 
 
+def karpathy_split_name(split: str) -> str:
+    """The json's own name of ``split`` (``dev`` is ``val``): two names of one Karpathy split compare equal
+    through it."""
+    return _SPLIT_ALIASES.get(split, split)
+
+
 def require_karpathy_split(split: str, key: str, path: PathLike) -> None:
     """Refuse a split name :func:`load_karpathy_json` does not read, naming the config ``key`` that set it.
 
     Raises:
         ConfigError: naming ``key``, the json file and the names it reads.
     """
-    if _SPLIT_ALIASES.get(split, split) not in _KARPATHY_SPLITS:
+    if karpathy_split_name(split) not in _KARPATHY_SPLITS:
         raise ConfigError(
             key, f"is {split!r}, not a split of the Karpathy json {path}: expected one of {_SPLIT_NAMES}"
         )
 
 
 def _karpathy_splits(split: str, restval_into_train: bool, path: Path) -> set[str]:
-    wanted = _SPLIT_ALIASES.get(split, split)
+    wanted = karpathy_split_name(split)
     if wanted not in _KARPATHY_SPLITS:
         raise ValueError(f"{path}: unknown Karpathy split {split!r}; expected one of {_SPLIT_NAMES}")
     if wanted == "train" and restval_into_train:

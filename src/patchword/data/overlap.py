@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from patchword.data.config import DataConfig
+from patchword.data.karpathy import karpathy_split_name
 from patchword.data.split import RetrievalSplit
 from patchword.errors import DataError
 
@@ -28,8 +29,6 @@ __all__ = ["split_source", "shared_images", "refuse_shared_images"]
 
 #: Role pairs compared, the later role first: its images must not be the earlier one's.
 _PAIRS = (("dev", "train"), ("test", "train"), ("test", "dev"))
-# Karpathy's json calls the dev split "val" (karpathy.py reads "dev" as "val").
-_KARPATHY_ALIASES = {"dev": "val"}
 
 
 def split_source(dc: DataConfig, role: str) -> str:
@@ -43,7 +42,7 @@ def split_source(dc: DataConfig, role: str) -> str:
 def _same_source(dc: DataConfig, a: str, b: str) -> bool:
     sa, sb = split_source(dc, a), split_source(dc, b)
     if dc.dataset == "karpathy":
-        sa, sb = _KARPATHY_ALIASES.get(sa, sa), _KARPATHY_ALIASES.get(sb, sb)
+        sa, sb = karpathy_split_name(sa), karpathy_split_name(sb)
     return sa == sb
 
 

@@ -35,6 +35,7 @@ from importlib import resources
 from pathlib import PurePath
 from typing import Any
 
+from patchword.data.karpathy import karpathy_split_name
 from patchword.eval.known_splits import KNOWN_SPLITS
 from patchword.eval.metrics import RECALL_KEYS
 
@@ -366,8 +367,8 @@ def _same_name(data: Any, name: Any) -> Any:
     """``name`` as the dataset's reader takes it: a Karpathy json calls the dev split ``val`` (its reader
     reads ``dev`` as ``val``), so ``data.test_split=val`` beside ``data.dev_split=dev`` reads the dev
     split."""
-    if _field(data, "dataset") == "karpathy" and name == "dev":
-        return "val"
+    if _field(data, "dataset") == "karpathy" and isinstance(name, str):
+        return karpathy_split_name(name)
     return name
 
 

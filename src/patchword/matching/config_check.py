@@ -13,6 +13,7 @@ import dataclasses
 import numbers
 import types
 import typing
+from functools import cache
 from typing import Any
 
 __all__ = ["check_config_fields"]
@@ -32,6 +33,13 @@ def _accepts(kind: type, value: Any) -> bool:
     return isinstance(value, kind)
 
 
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    """The resolved annotations of a config class (resolved once: a SEPS config is checked on every build
+    and twice when resolved)."""
+    return typing.get_type_hints(cls)
+
+
 def check_config_fields(cfg: Any) -> None:
     """Each field of the dataclass instance ``cfg`` whose annotation is ``bool``, ``int``, ``float``,
     ``str`` or a ``Literal`` (each possibly ``| None``) holds such a value; fields of other annotations are
@@ -41,7 +49,7 @@ def check_config_fields(cfg: Any) -> None:
         TypeError: ``"{name} must be an int, got 2.5 (float)"`` for the first field of the wrong type.
         ValueError: ``"{name} must be one of ('a', 'b'), got 'c'"`` for a value outside a ``Literal``.
     """
-    hints = typing.get_type_hints(type(cfg))
+    hints = _hints(type(cfg))
     for field in dataclasses.fields(cfg):
         value, hint = getattr(cfg, field.name), hints[field.name]
         union = typing.get_origin(hint) in (typing.Union, types.UnionType)
