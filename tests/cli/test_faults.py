@@ -548,11 +548,13 @@ def test_ctrl_c_of_a_real_eval_takes_no_block_after_the_signal_and_is_one_line(t
     on a machine is measured by ``benchmarks/interrupt_latency.py``, not asserted here.
     """
     runs = tmp_path / "runs"
-    args = [*TINY, "data.num_test=600", "train.max_steps=1", "eval.max_memory_mb=4", "train.num_threads=2"]
+    args = [*TINY, "train.max_steps=1", "train.num_threads=2"]
     assert main(["train", *args, f"output_dir={runs}", "name=r", f"data.cache_dir={tmp_path / 'c'}"]) == 0
     marker, report, log = tmp_path / "stalled.json", tmp_path / "blocks.json", tmp_path / "eval.log"
     point = {"at": "score_blocks", "after": 2, "report": str(report)}
-    cmd = stalled_command(marker, point, ["eval", str(runs / "r"), "--out", str(tmp_path / "e.json")])
+    # a test split of 600 images in blocks of 4 MiB: many more blocks than the four taken at the signal
+    evaluate = ["eval", str(runs / "r"), "data.num_test=600", "eval.max_memory_mb=4"]
+    cmd = stalled_command(marker, point, [*evaluate, "--out", str(tmp_path / "e.json")])
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=out, env=env)
