@@ -106,6 +106,34 @@ def test_resume_refuses_changed_data_and_takes_moved_data(run, tmp_path, capsys)
     assert json.loads(capsys.readouterr().out)["epochs"] == 3
 
 
+def test_eval_and_search_read_the_data_where_the_last_resume_found_them(tmp_path, capsys):
+    """Defect: config.yaml is never rewritten, so after ``--resume ... data.image=NEW`` every ``hash eval``
+    needed ``data.image=NEW`` again (the old place: "does not exist"), and ``hash search``, which takes no
+    overrides, could not run at all. They read last.pt's record, as the next resume does."""
+    _save(tmp_path / "d")
+    run = _train(tmp_path, tmp_path / "d", "model.fusion=unimodal")
+    assert main(["eval", str(run), "--out", str(tmp_path / "before.json")]) == 0
+    (tmp_path / "d").rename(tmp_path / "moved")
+    assert main(["train", "--resume", str(run), "train.epochs=2", *_paths(tmp_path / "moved")]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run)]) == 0
+    data = json.loads(capsys.readouterr().out)["data"]
+    assert data["fingerprint"]["rows"] == 40 and "same_data_as_run" not in data
+    search = ["search", str(run), "--modality", "image", "--query-index", "0", "--k", "2"]
+    assert main(search) == 0
+    assert len(json.loads(capsys.readouterr().out)["results"][0]["indices"]) == 2
+    # the run's data, for the re-split refusal too: a split seed other than the run's is refused
+    assert main(["eval", str(run), "data.split_seed=1"]) == 2
+    assert "cannot change on hash eval of a trained run" in one_error_line(capsys.readouterr().err)
+    # once gone from there too, the error names last.pt, where the place was read
+    (tmp_path / "moved").rename(tmp_path / "gone")
+    assert main(["eval", str(run)]) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        f"error: data.image: {tmp_path / 'moved' / 'img.npy'} does not exist (from {run / 'last.pt'}); "
+        "point data.image=NEW at it"
+    )
+
+
 def test_a_missing_data_file_names_its_key_and_the_runs_config(run, tmp_path, capsys):
     """Defect: ``error: .npy file dm/img.npy does not exist`` named neither data.image nor the run."""
     (tmp_path / "d").rename(tmp_path / "moved")

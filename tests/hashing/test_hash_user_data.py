@@ -95,6 +95,23 @@ def test_pair_only_splits_need_every_query_id_in_the_retrieval_set(tmp_path):
         load_split_dir(root)
 
 
+def test_pair_only_splits_whose_retrieval_ids_are_all_one_are_refused(tmp_path):
+    """Accepted: every retrieval item was relevant to every query (an id column read as a constant), and
+    every metric came out 1.0."""
+    root = _write(
+        tmp_path / "s",
+        train=_pairs(20, 0, ids=range(100, 120)),
+        query=_pairs(5, 1, ids=[4] * 5),
+        retrieval=_pairs(30, 2, ids=[4] * 30),
+    )
+    with pytest.raises(DataError) as err:
+        load_split_dir(root)
+    assert str(err.value) == (
+        f"{root}: no labels, and every retrieval pair has id 4, so every retrieval item is relevant to every "
+        "query (every metric would be 1.0); give each pair its own id (pairs of one image may share one)"
+    )
+
+
 def test_hash_train_refuses_unrelated_pair_splits_before_writing(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _write(tmp_path / "s", train=_pairs(20, 0), query=_pairs(5, 1), retrieval=_pairs(30, 2))

@@ -337,6 +337,12 @@ def _check_pair_relevance(query: HashSplit, retrieval: HashSplit, where: str, id
             f"query row {row}, id {int(query.ids[row])}), so those queries have nothing relevant; {fix}"
         )
     if ids_given:
+        if len(retrieval.ids) > 1 and (retrieval.ids == retrieval.ids[0]).all():
+            raise DataError(
+                f"{where}: no labels, and every retrieval pair has id {int(retrieval.ids[0])}, so every "
+                "retrieval item is relevant to every query (every metric would be 1.0); give each pair its "
+                "own id (pairs of one image may share one)"
+            )
         return
     same = (query.image == retrieval.image[match]).all(axis=1) & (query.text == retrieval.text[match]).all(
         axis=1

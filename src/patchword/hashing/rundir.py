@@ -7,7 +7,8 @@ The data of a run: its config.yaml names them by absolute paths (:func:`absolute
 records their rows and sha256 (:func:`~patchword.hashing.build.data_fingerprint`), so a resume or an
 evaluation tells the run's data from changed ones (rows added, contents replaced) wherever they lie
 (:func:`check_resumed_data`, :func:`check_evaluated_data`); a file the run names that is gone is said with
-the key that points at it (:func:`refuse_missing_run_data`).
+the key that points at it (:func:`refuse_missing_run_data`). config.yaml is never rewritten: where a resume
+found the data moved is in its last.pt, which every later command reads (:func:`recorded_data_location`).
 """
 
 from __future__ import annotations
@@ -18,9 +19,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from patchword.config import apply_overrides, flat_config, refuse_overrides
 from patchword.errors import ConfigError
 from patchword.hashing.build import SOURCE_KEYS, changed_data_parts, refuse_resplit
-from patchword.hashing.config import DATA_SOURCE_FORMATS, HashDataConfig, HashRunConfig
+from patchword.hashing.config import (
+    DATA_SOURCE_FORMATS,
+    HASH_EVAL_KEYS,
+    HASH_RESUME_DATA_KEYS,
+    HashDataConfig,
+    HashRunConfig,
+)
 from patchword.hashing.dataset import HashDataset
 from patchword.runs.claim import LOCK_FILE, Refusals, RunKind
 from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT, METRICS_FILE, RESUMES_FILE, WEIGHTS_FILE
@@ -33,7 +41,9 @@ __all__ = [
     "absolute_data",
     "check_evaluated_data",
     "check_resumed_data",
+    "recorded_data_location",
     "refuse_missing_run_data",
+    "refuse_trained_run_overrides",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -112,6 +122,22 @@ def absolute_data(dc: HashDataConfig) -> HashDataConfig:
     records, so that its commands read the same files from any working directory."""
     keys = [key for key in DATA_SOURCE_FORMATS if getattr(dc, key.removeprefix("data."))]
     return replace(dc, **{key.removeprefix("data."): _resolved(dc, key) for key in keys})
+
+
+def recorded_data_location(
+    dc: HashDataConfig, recorded: HashDataConfig | None, given: Collection[str] = ()
+) -> tuple[HashDataConfig, bool]:
+    """``dc`` (a run's config.yaml data section, with a command's overrides) with each data path
+    (:data:`HASH_RESUME_DATA_KEYS`) that ``given`` does not set taken from ``recorded``, the data section of
+    the run's last.pt: a resume that found the data moved (``data.image=NEW``) recorded the new place
+    there, and config.yaml is never rewritten. Returns the section and whether any path came from
+    ``recorded`` (errors then name last.pt as their source). ``recorded`` None (no config in last.pt):
+    ``dc`` as it is."""
+    if recorded is None:
+        return dc, False
+    keys = [key.removeprefix("data.") for key in sorted(HASH_RESUME_DATA_KEYS - set(given))]
+    moved = {key: getattr(recorded, key) for key in keys if getattr(recorded, key) != getattr(dc, key)}
+    return replace(dc, **moved), bool(moved)
 
 
 def refuse_missing_run_data(
@@ -214,3 +240,19 @@ def check_evaluated_data(
     if own_files:  # pre-split files: their own splits, but not what the run was evaluated on
         _logger.warning("%s differ(s) from the data %s trained on", _named(dc, changed), run_dir)
     data.info["same_data_as_run"] = False
+
+
+def refuse_trained_run_overrides(overrides: Sequence[str]) -> None:
+    """Before anything is read: an override of a key outside :data:`HASH_EVAL_KEYS` is refused, naming it
+    (``model.bits=16`` on a 32-bit run would build a model its weights do not fit); an unknown key is
+    named as one (``frob=1`` was said to be a key that "cannot change")."""
+    known = flat_config(HashRunConfig())
+    for item in overrides:
+        if "=" in item and item.split("=", 1)[0].strip() not in known:
+            apply_overrides(HashRunConfig(), [item])  # raises: the unknown key, and the closest valid one
+    refuse_overrides(
+        overrides,
+        HASH_EVAL_KEYS,
+        "cannot change on a trained run (its weights fix the model; train.* has no effect on an "
+        "evaluation): override data.*, eval.*, device or model.eval_batch_size",
+    )

@@ -54,7 +54,6 @@ from patchword.hashing.build import (
     refuse_resplit,
 )
 from patchword.hashing.config import (
-    HASH_EVAL_KEYS,
     HASH_RESUMABLE_KEYS,
     HASH_RESUME_DATA_KEYS,
     HashRunConfig,
@@ -72,8 +71,10 @@ from patchword.hashing.rundir import (  # HASH_RUN_FILES, refuse_run_outputs: th
     absolute_data,
     check_evaluated_data,
     check_resumed_data,
+    recorded_data_location,
     refuse_missing_run_data,
     refuse_run_outputs,
+    refuse_trained_run_overrides,
 )
 from patchword.hashing.trainer import HashTrainer, append_metrics
 from patchword.runs.claim import Claim
@@ -214,12 +215,11 @@ def resume_hashing(
     refuse_edited_config(run_dir / CONFIG_FILE, cfg, stored, HASH_RESUMABLE_KEYS | HASH_RESUME_DATA_KEYS)
     moved = override_keys(overrides) & HASH_RESUME_DATA_KEYS
     # where an earlier resume found the moved data (last.pt's config), unless pointed elsewhere again
-    kept = {k.removeprefix("data."): flat_config(stored)[k] for k in HASH_RESUME_DATA_KEYS - moved}
-    source = run_dir / (
-        LAST_CHECKPOINT if any(getattr(cfg.data, k) != v for k, v in kept.items()) else CONFIG_FILE
+    located, from_last = recorded_data_location(cfg.data, stored.data, moved)
+    cfg = replace(cfg, data=located)
+    refuse_missing_run_data(
+        cfg.data, run_dir, moved, run_dir / (LAST_CHECKPOINT if from_last else CONFIG_FILE)
     )
-    cfg = replace(cfg, data=replace(cfg.data, **kept))
-    refuse_missing_run_data(cfg.data, run_dir, moved, source)
     return _train(cfg, run_dir, data, state=state, overrides=overrides, moved=moved)
 
 
@@ -327,7 +327,7 @@ def open_hashing_run(
     mapping = read_run_mapping(run_dir, kind="hashing")
     if not (run_dir / LAST_CHECKPOINT).is_file():
         raise MissingFileError(f"{run_dir} has no last.pt: the run never saved a checkpoint")
-    _refuse_trained_run_overrides(overrides or [])
+    refuse_trained_run_overrides(overrides or [])
     saved = config_from_mapping(HashRunConfig, mapping, run_dir / CONFIG_FILE)  # errors name the file
     cfg = apply_overrides(saved, list(overrides or []))  # a copy: ``saved`` stays the run's own
     cfg = replace(
@@ -343,13 +343,19 @@ def open_hashing_run(
     # the run's own are not), then one that re-splits the run's data
     refuse_ignored_keys(cfg.data, override_keys(overrides or []))
     state = load_checkpoint(run_dir / LAST_CHECKPOINT, map_location=cfg.device)
+    # the run's data are where its last resume found them (a moved run: last.pt), unless overridden
+    recorded = from_dict(HashRunConfig, state["config"]).data if state.get("config") else None
+    saved = replace(saved, data=recorded_data_location(saved.data, recorded)[0])
+    located, from_last = recorded_data_location(cfg.data, recorded, override_keys(overrides or []))
+    cfg = replace(cfg, data=located)
     # an imported checkpoint not trained on since has no data of its own
     trained = not ((run_dir / IMPORT_FILE).is_file() and int(state["step"]) == 0)
     if trained:
         # weights trained on the run's split: another split (or synthetic set) of the same data put
         # training pairs in the query set
         refuse_resplit(saved.data, cfg.data)
-    refuse_missing_run_data(cfg.data, run_dir, override_keys(overrides or []))
+    source = run_dir / (LAST_CHECKPOINT if from_last else CONFIG_FILE)
+    refuse_missing_run_data(cfg.data, run_dir, override_keys(overrides or []), source)
     # the training split is unused here: a capped default data.num_train is no news (said at training)
     data = build_hashing_dataset(cfg.data, override_keys(overrides or []), training=False)
     if trained:  # a copy of the run's data re-split, or its files changed since (rows added)
@@ -381,19 +387,3 @@ def load_hashing_run(
     """
     run = open_hashing_run(run_dir, overrides, device)
     return run.cfg, run.model, run.data
-
-
-def _refuse_trained_run_overrides(overrides: Sequence[str]) -> None:
-    """Before anything is read: an override of a key outside :data:`HASH_EVAL_KEYS` is refused, naming it
-    (``model.bits=16`` on a 32-bit run would build a model its weights do not fit); an unknown key is
-    named as one (``frob=1`` was said to be a key that "cannot change")."""
-    known = flat_config(HashRunConfig())
-    for item in overrides:
-        if "=" in item and item.split("=", 1)[0].strip() not in known:
-            apply_overrides(HashRunConfig(), [item])  # raises: the unknown key, and the closest valid one
-    refuse_overrides(
-        overrides,
-        HASH_EVAL_KEYS,
-        "cannot change on a trained run (its weights fix the model; train.* has no effect on an "
-        "evaluation): override data.*, eval.*, device or model.eval_batch_size",
-    )
