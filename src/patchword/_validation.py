@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import threading
 from collections.abc import Iterator, Sequence
 
@@ -32,6 +33,7 @@ __all__ = [
     "values_are_checked",
     "check_at_least",
     "check_finite_number",
+    "check_positive_int",
 ]
 
 # Per thread: the CPU scoring engines run their blocks in worker threads, and a caller checking its own
@@ -211,3 +213,11 @@ def check_finite_number(key: str, value: float, *, inclusive: bool = True) -> No
     when not ``inclusive``): NaN and infinities fail."""
     if not (0 <= value < math.inf if inclusive else 0 < value < math.inf):
         raise ConfigError(key, f"must be a finite number {'>=' if inclusive else '>'} 0, got {value!r}")
+
+
+def check_positive_int(name: str, value: object) -> int:
+    """``value`` as an int when it is a positive integer of any kind (``int``, ``np.int64``...), else a
+    ValueError naming ``name``: a float would be truncated (2.5 -> 2) and a bool read as 0 or 1."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)

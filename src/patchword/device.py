@@ -54,8 +54,11 @@ def resolve_device(spec: str | torch.device, key: str = "device") -> torch.devic
 
 
 def checked_device(device: object) -> torch.device:
-    """``device`` as a ``torch.device``; a name torch does not know, or a CUDA / MPS device this machine
-    lacks, raises a ``ValueError`` naming ``device`` (instead of torch's bare AssertionError on first use)."""
+    """``device`` as a ``torch.device`` (``"auto"``: :func:`resolve_device`'s choice); a name torch does not
+    know, or a CUDA / MPS device this machine lacks, raises a ``ValueError`` naming ``device`` (instead of
+    torch's bare AssertionError on first use)."""
+    if device == "auto":
+        return resolve_device("auto")
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError) as err:

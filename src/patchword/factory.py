@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import numbers
 import os
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import torch
 
 from patchword.config import config_to_dict, from_dict
 from patchword.data.config import DataConfig
+from patchword.device import checked_device
 from patchword.errors import ConfigError, MissingFileError, ModelNotFoundError
 from patchword.model import ModelConfig, RetrievalModel, build_model
 from patchword.model_configs import list_models, named_model_mapping, named_random_init
@@ -96,12 +98,17 @@ def create_model(
             shipped synthetic vocabulary (:data:`DEFAULT_VOCAB`), logged; pass your tokenizer's size for
             other data.
         vocab_words: the vocabulary by id (aligns a GloVe file with the GRU encoder).
-        device: where to put the model.
+        device: where to put the model: ``auto`` (CUDA when available, else the CPU), ``cpu``, ``cuda``,
+            ``cuda:N``, ``mps`` or any other torch device (``meta``); a CUDA or MPS device this machine
+            lacks raises a :class:`ConfigError` naming ``device``.
         random_init: the Hugging Face architectures to build randomly initialised (``{"vision"|"text":
             config kwargs}``, as a run's ``backbones.json`` holds them); overrides ``pretrained`` for the
             backbones it names.
         **overrides: :class:`ModelConfig` fields (``embed_dim=256``, ``seps={"sparse_ratio": 0.6}``).
     """
+    # checked first, as score_matrix checks it: cuda on a machine without one was torch's bare
+    # AssertionError after the whole build, and "auto" (the CLI's default) a RuntimeError
+    device = checked_device(device)
     directory = None if isinstance(model, ModelConfig) else _saved_model_directory(model)
     if directory is not None:  # an exported model (or a run directory): its config and weights
         if overrides or vocab_size is not None or random_init is not None:
@@ -123,8 +130,24 @@ def create_model(
     if not pretrained:
         random_init = {**_random_architectures(cfg, skip=set(random_init or {})), **(random_init or {})}
         cfg = dataclasses.replace(cfg, tiny_pretrained="")
+    _check_sizes(cfg, vocab_size)
     built = build_model(cfg, vocab_size=vocab_size, vocab_words=vocab_words, random_init=random_init)
     return built.to(device)
+
+
+def _check_sizes(cfg: ModelConfig, vocab_size: int | None) -> None:
+    """The widths every layer is built with, checked before any is: ``vocab_size=0`` built an empty
+    embedding table every forward then failed on, a negative width failed in torch, and ``embed_dim=0``
+    was named ``model.seps`` after a torch warning about empty layers.
+
+    Raises:
+        ConfigError: ``model.embed_dim`` or ``vocab_size`` not an int >= 1 (``vocab_size`` None: not given).
+    """
+    for key, value in (("model.embed_dim", cfg.embed_dim), ("vocab_size", vocab_size)):
+        if value is None and key == "vocab_size":
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ConfigError(key, f"must be an int >= 1, got {value!r}")
 
 
 def _word_vocabulary(cfg: ModelConfig) -> str:

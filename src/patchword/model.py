@@ -194,17 +194,19 @@ class RetrievalModel(nn.Module):
         self.matcher = matcher
 
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:
-        """(B, 3, H, W) images or (B, R, D) region features -> (B, L_v, C) projected image tokens.
-
-        Inputs are cast to the encoder's weight dtype (float32 pixels into an fp64 or half model).
-        """
+        """(B, 3, H, W) float images or (B, R, D) region features -> (B, L_v, C) projected image tokens,
+        cast to the encoder's weight dtype first (float32 pixels into an fp64 or half model)."""
+        if not images.is_floating_point():  # uint8 from PIL was torch's error in the first layer
+            raise ValueError(f"images must be float, got {images.dtype}: use the run's preprocess transform")
         weight = next(self.image_encoder.parameters(), None)
-        if weight is not None and images.is_floating_point():
+        if weight is not None:
             images = images.to(weight.dtype)
         return self.image_encoder(images)
 
     def encode_texts(self, ids: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-        """(B, L) ids and (B,) lengths -> (B, L, C) projected text tokens."""
+        """(B, L) int64 / int32 ids and (B,) lengths -> (B, L, C) text tokens (values unread: no wait)."""
+        if ids.dtype not in (torch.int64, torch.int32):  # float ids were torch's error on index types
+            raise ValueError(f"ids must be int64 (or int32) token ids, got {ids.dtype}")
         return self.text_encoder(ids, lens)
 
     def forward(
@@ -314,10 +316,13 @@ def build_model(
         vit_cfg = TinyViTConfig(**{**cfg.tiny_vit.__dict__, "embed_dim": cfg.embed_dim})
         image_encoder = build_image_encoder(vit_cfg)
     elif cfg.image_encoder == "hf":
+        from patchword.hub import keyed_source_errors
+
         source = _hf_architecture(random_init["vision"]) if "vision" in random_init else cfg.hf_vision
-        image_encoder = build_image_encoder(
-            HFVisionConfig(source, embed_dim=cfg.embed_dim, local_files_only=cfg.hf_local_files_only)
-        )
+        with keyed_source_errors("model.hf_vision", source):  # a directory or hub id: errors name the key
+            image_encoder = build_image_encoder(
+                HFVisionConfig(source, embed_dim=cfg.embed_dim, local_files_only=cfg.hf_local_files_only)
+            )
     elif cfg.image_encoder == "precomp":
         image_encoder = build_image_encoder(dataclasses.replace(cfg.precomp, embed_dim=cfg.embed_dim))
     else:
@@ -334,10 +339,13 @@ def build_model(
         )
         text_encoder = build_text_encoder(text_cfg)
     elif cfg.text_encoder == "bert":
+        from patchword.hub import keyed_source_errors
+
         source = _hf_architecture(random_init["text"]) if "text" in random_init else cfg.hf_text
-        text_encoder = build_text_encoder(
-            HFTextConfig(source, embed_dim=cfg.embed_dim, local_files_only=cfg.hf_local_files_only)
-        )
+        with keyed_source_errors("model.hf_text", source):  # a directory or hub id: errors name the key
+            text_encoder = build_text_encoder(
+                HFTextConfig(source, embed_dim=cfg.embed_dim, local_files_only=cfg.hf_local_files_only)
+            )
     elif cfg.text_encoder == "gru":
         if vocab_size is None:
             raise ConfigError("vocab_size", "the GRU text encoder needs the word tokenizer's vocabulary size")

@@ -9,7 +9,10 @@ from typing import Literal
 
 from patchword.errors import ConfigError
 
-__all__ = ["DataConfig"]
+__all__ = ["DataConfig", "DEFAULT_BERT_VOCAB"]
+
+#: The BERT vocabulary of a ``data`` section whose ``bert_vocab`` is empty when no text backbone names one.
+DEFAULT_BERT_VOCAB = "bert-base-uncased"
 
 #: The keys that name files or directories.
 _PATH_KEYS = ("root", "image_root", "dense_train", "dense_dev", "dense_test", "cache_dir")
@@ -45,7 +48,9 @@ class DataConfig:
     test_split: str = "test"
     dense: bool = True  # feed dense (MLLM) captions to the matcher
     tokenizer: Literal["word", "bert"] = "word"  # word (vocabulary built from the training text) | bert
-    bert_vocab: str = "bert-base-uncased"  # local dir / vocab file / hub id when tokenizer == bert
+    # tokenizer=bert: a local dir / vocab file / hub id; "" = the text backbone's own (model.hf_text), which a
+    # new run writes in its place into its config.yaml (this section alone, with no model: bert-base-uncased)
+    bert_vocab: str = ""
     max_caption_len: int = 40  # tokens, specials included; the same in training and evaluation
     max_dense_len: int = 128  # tokens of a dense caption, specials included
     size_augment: bool | None = None  # the official train-time caption augmentation (tokenizer=bert: 20%
@@ -82,6 +87,11 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.captions_per_image < 1:
             raise ConfigError("data.captions_per_image", f"must be at least 1, got {self.captions_per_image}")
+
+    def bert_vocab_source(self, hf_text: str | None = None) -> str:
+        """The BERT vocabulary this section reads: ``bert_vocab``; if empty, the text backbone's ``hf_text``
+        (the run's ``model.hf_text``), else :data:`DEFAULT_BERT_VOCAB`."""
+        return self.bert_vocab or hf_text or DEFAULT_BERT_VOCAB
 
     def home_expanded(self) -> DataConfig:
         """This section with a leading ``~`` of every path expanded to the home directory (the config check

@@ -340,7 +340,8 @@ def build_tokenizer(dc: DataConfig, train: RetrievalSplit | None, *, local_files
             raise text_without_words(train, err, dense=dense, index=index) from err
     from patchword.data.tokenizers import BertCaptionTokenizer
 
-    return BertCaptionTokenizer.from_pretrained(dc.bert_vocab, local_files_only=local_files_only)
+    # a run config's empty bert_vocab is model.hf_text's, resolved by its check (train.validate) before this
+    return BertCaptionTokenizer.from_pretrained(dc.bert_vocab_source(), local_files_only=local_files_only)
 
 
 def encode_raw(raw: RawData, dc: DataConfig, tokenizer, *, use_dense: bool | None = None) -> PreparedData:

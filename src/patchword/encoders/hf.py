@@ -23,7 +23,14 @@ import torch
 from patchword._validation import check_lengths
 from patchword.encoders.base import EncoderBase, padding_mask, projection
 from patchword.encoders.fused import fuse_qkv
-from patchword.hub import hub_load_errors, read_hf_config, require_transformers, resolve_pretrained
+from patchword.errors import DataError
+from patchword.hub import (
+    check_weight_files,
+    hub_load_errors,
+    read_hf_config,
+    require_transformers,
+    resolve_pretrained,
+)
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
@@ -33,6 +40,7 @@ __all__ = [
     "HFTextEncoder",
     "HFVisionConfig",
     "HFVisionEncoder",
+    "check_backbone_source",
     "require_transformers",
     "resolve_pretrained",
 ]
@@ -73,23 +81,95 @@ def _load_backbone(
     else:
         name, config = read_hf_config(source, local_files_only=local_files_only)
     model_type = config.model_type
-    if model_type not in models:
-        raise ValueError(f"unsupported backbone model_type '{model_type}'; expected one of {sorted(models)}")
+    _check_model_type(model_type, models, name)
     if kind is not None and kind != model_type:
         raise ValueError(f"kind='{kind}' but the backbone config has model_type '{model_type}'")
     model_cls = getattr(transformers, models[model_type])
     if name is None:
         return model_cls(config, add_pooling_layer=False), model_type
-    # The checkpoint's pooler weights are reported as unexpected and dropped: the pooled output is unused.
+    # The checkpoint's pooler weights (and a task head's: BertForMaskedLM, ViTForImageClassification) are
+    # reported as unexpected and dropped: the pooled output is unused. Tensors of other shapes are loaded
+    # as mismatched (not raised on) so that the refusal below can name them.
     with hub_load_errors(name, local_files_only):
-        model = model_cls.from_pretrained(
-            name, config=config, add_pooling_layer=False, local_files_only=local_files_only
+        model, info = model_cls.from_pretrained(
+            name,
+            config=config,
+            add_pooling_layer=False,
+            local_files_only=local_files_only,
+            output_loading_info=True,
+            ignore_mismatched_sizes=True,
         )
+    _refuse_unloaded(name, model, info)
     # transformers 5 loads weights in the checkpoint's dtype (4.x gave float32); keep float32 master
     # weights like every other module and leave reduced precision to autocast.
     model.float()
     logger.info("loaded %s backbone from %s", model_type, name)
     return model, model_type
+
+
+def _check_model_type(model_type: str, models: Mapping[str, str], name: str | None) -> None:
+    if model_type not in models:
+        where = "" if name is None else f" of '{name}'"
+        raise ValueError(
+            f"unsupported backbone model_type '{model_type}'{where}; expected one of {sorted(models)}"
+        )
+
+
+def check_backbone_source(
+    source: str | os.PathLike[str], role: Literal["vision", "text"], *, local_files_only: bool = True
+) -> None:
+    """What loading the backbone ``source`` needs, checked without reading its weights (a run checks it
+    before reading its data): a local directory or a hub id in the local cache (downloads off), its
+    config.json of a ``model_type`` the ``role`` supports (vision: vit, swin; text: bert), a weights file that
+    is no git-lfs pointer.
+
+    Raises:
+        MissingFileError, NotADirectoryError, ModelNotFoundError, DataError: as :func:`read_hf_config` and
+            :func:`~patchword.hub.check_weight_files` say.
+        ValueError: a ``model_type`` of another kind.
+    """
+    name, config = read_hf_config(source, local_files_only=local_files_only)
+    _check_model_type(config.model_type, _VISION_MODELS if role == "vision" else _TEXT_MODELS, name)
+    check_weight_files(name, local_files_only)
+
+
+def _refuse_unloaded(name: str, model: PreTrainedModel, info: Mapping[str, object]) -> None:
+    """Refuse weights that left part of the backbone as transformers initialised it (random values, with
+    only a warning from transformers): tensors its config.json describes but the weights file lacks (every
+    name under a prefix, another model's weights, fewer layers), or holds in other shapes.
+
+    Args:
+        info: ``from_pretrained``'s loading info (``missing_keys``, ``mismatched_keys`` as
+            ``(name, shape in the file, shape of the config)``, ``unexpected_keys``).
+
+    Raises:
+        DataError: naming the directory, how many tensors did not load and the first of them.
+    """
+    total = len(model.state_dict())
+    mismatched = sorted(info.get("mismatched_keys") or (), key=lambda m: m[0])
+    if mismatched:
+        first, stored, wanted = mismatched[0]
+        raise DataError(
+            f"the weights in '{name}' do not fit its config.json: {len(mismatched)} of the backbone's "
+            f"{total} tensors differ in shape ({first}: {tuple(stored)} in the weights, "
+            f"{tuple(wanted)} by config.json); give the directory save_pretrained wrote, config.json and "
+            "weights together"
+        )
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+        # as many tensors of other names (not a pooler or a head beside fewer layers): their names say why
+        unused = sorted(info.get("unexpected_keys") or ())
+        held = (
+            f"; the weights hold {len(unused)} other tensors, e.g. {unused[0]}"
+            if len(unused) >= len(missing)
+            else ""
+        )
+        raise DataError(
+            f"the weights in '{name}' do not fit its config.json: {len(missing)} of the backbone's {total} "
+            f"tensors are missing from them ({shown}){held}; they would train from random values: give the "
+            "directory save_pretrained wrote for this backbone"
+        )
 
 
 def _is_config(source: object) -> bool:

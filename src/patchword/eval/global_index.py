@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from patchword._validation import check_positive_int
 from patchword.eval.engine.memory import budget_bytes
 from patchword.matching.ops import autocast_off
 
@@ -174,9 +175,7 @@ class GlobalIndex:
         """
         if queries.dim() != 2 or queries.shape[1] != self.dim:
             raise ValueError(f"queries must be (Q, {self.dim}), got shape {tuple(queries.shape)}")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"k must be a positive int, got {k!r}")
-        k = min(k, self.size)
+        k = min(check_positive_int("k", k), self.size)
         if self.backend != "exact":
             if self.backend == "faiss_hnsw":
                 self._index.hnsw.efSearch = max(self._ef_search, k)

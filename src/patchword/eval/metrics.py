@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from patchword._validation import check_tensor
+from patchword._validation import check_positive_int, check_tensor
 from patchword.errors import ConfigError
 
 __all__ = [
@@ -100,22 +100,51 @@ def _as_sims_pair(sims: SimsLike) -> tuple[torch.Tensor, torch.Tensor]:
     return i2t, t2i
 
 
-def _as_txt2img(txt2img: object, n_img: int, n_txt: int, device: torch.device) -> torch.Tensor:
-    """Validate the (N_txt,) caption -> image map; every image needs at least one caption."""
+def check_txt2img(
+    txt2img: object,
+    n_txt: int,
+    n_rows: int | None,
+    *,
+    rows: str = "images",
+    name: str = "txt2img",
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """Validate an (n_txt,) caption -> row map (a tensor, array or sequence) and return it as int64, on
+    ``device`` (None: where it is).
+
+    Integer dtype (a float map would be truncated, 0.9 -> row 0, and a bool mask read as rows 0 and 1),
+    one entry per caption, ids in ``[0, n_rows)`` (``n_rows`` None: any id >= 0; ``rows`` names them in
+    the message). Reads the values once: one wait for the device when the map is on one.
+
+    Raises:
+        ValueError: naming ``name``.
+    """
     if isinstance(txt2img, np.ndarray):
-        txt2img = torch.from_numpy(txt2img)
+        try:
+            txt2img = torch.from_numpy(txt2img)
+        except TypeError as err:  # an object or string array
+            raise ValueError(f"{name} must be a 1-D integer tensor: {err}") from err
     elif not isinstance(txt2img, torch.Tensor):
         try:
             txt2img = torch.as_tensor(txt2img)
         except (TypeError, ValueError, RuntimeError) as err:
-            raise ValueError(f"txt2img must be a 1-D integer tensor: {err}") from err
-    check_tensor(txt2img, "txt2img", shape=(n_txt,), floating=False, finite=False)
+            raise ValueError(f"{name} must be a 1-D integer tensor: {err}") from err
+    check_tensor(txt2img, name, shape=(n_txt,), floating=False, finite=False)
     if txt2img.is_floating_point() or txt2img.is_complex() or txt2img.dtype == torch.bool:
-        raise ValueError(f"txt2img must hold integer image indices, got dtype {txt2img.dtype}")
-    txt2img = txt2img.to(device=device, dtype=torch.long)
-    lo, hi = int(txt2img.min()), int(txt2img.max())
-    if lo < 0 or hi >= n_img:
-        raise ValueError(f"txt2img has values in [{lo}, {hi}], outside the {n_img} images of sims")
+        raise ValueError(f"{name} must hold integer indices, got dtype {txt2img.dtype}")
+    txt2img = txt2img.to(device=txt2img.device if device is None else device, dtype=torch.long)
+    if not n_txt:
+        return txt2img
+    lo, hi = torch.stack(torch.aminmax(txt2img)).tolist()  # one read of the values
+    if lo < 0 or (n_rows is not None and hi >= n_rows):
+        bound = "negative" if n_rows is None else f"outside the {n_rows} {rows}"
+        raise ValueError(f"{name} has values in [{lo}, {hi}], {bound}")
+    return txt2img
+
+
+def _as_txt2img(txt2img: object, n_img: int, n_txt: int, device: torch.device) -> torch.Tensor:
+    """Validate the (N_txt,) caption -> image map; every image needs at least one caption."""
+    txt2img = check_txt2img(txt2img, n_txt, n_img, rows="images of sims", device=device)
     counts = torch.bincount(txt2img, minlength=n_img)
     n_orphans = int((counts == 0).sum())
     if n_orphans:
@@ -273,9 +302,7 @@ def check_fold_geometry(n_img: int, n_folds: int, fold_size: int, *, setting: st
         setting: the config key that asked for the folds (``eval.coco_1k``): the error is then a
             :class:`ConfigError` naming it, about the evaluated split; None: a ValueError about the matrix.
     """
-    for name, value in (("n_folds", n_folds), ("fold_size", fold_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    n_folds, fold_size = check_positive_int("n_folds", n_folds), check_positive_int("fold_size", fold_size)
     want = n_folds * fold_size
     if n_img == want:
         return

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import torch
 
-from patchword._validation import check_lengths
+from patchword._validation import check_lengths, check_tensor
 from patchword.device import checked_device
 from patchword.progress import progress_bar
 
@@ -43,7 +43,12 @@ def encode_image_tokens(
     ``images``: the encoder's inputs as one tensor, (N_img, ...) (pixels (N_img, 3, H, W), or the region
     features of a precomputed-feature model), or an image set with ``batch(indices, train=False)`` (a
     dataset's images, read batch by batch). The model runs in eval mode and is put back in its previous
-    mode afterwards."""
+    mode afterwards.
+
+    Raises:
+        ValueError: no images (the token count L_v of the result is the encoder's to say, from an image),
+            integer pixels (:meth:`~patchword.model.RetrievalModel.encode_images`), a bad ``batch_size``.
+    """
     device = checked_device(device)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -64,8 +69,10 @@ def encode_image_tokens(
             f"images must be a tensor (N_img, ...) or an image set with batch(indices, train), "
             f"got {type(images).__name__}"
         )
-    out = []
     n = len(images)
+    if n == 0:
+        raise ValueError("images: no images to encode (0 given)")
+    out = []
     with eval_mode(model), progress_bar(n, "encode images", progress) as bar:
         for start in range(0, n, batch_size):
             idx = torch.arange(start, min(start + batch_size, n))
@@ -88,10 +95,22 @@ def encode_text_tokens(
     """Run the text encoder once per text: (N, L) ids -> (N, L, C) float32 tokens on the CPU.
 
     ``lens``: (N,) valid lengths, a tensor or a sequence of ints, at most L. The model runs in eval mode
-    and is put back in its previous mode afterwards."""
+    and is put back in its previous mode afterwards.
+
+    Raises:
+        ValueError: no texts (the width C of the result is the encoder's to say, from a text); ids that
+            are not (N, L) int64 / int32, or an id outside the text encoder's vocabulary (checked once
+            here, on the positions the encoder reads, not in every training step); bad ``lens``.
+    """
+    check_tensor(ids, "ids", ndim=2, finite=False, floating=False)
+    if ids.shape[0] == 0:
+        raise ValueError("ids: no texts to encode (0 given)")
     # min_len=0: encoding reads no minimum; the matcher that scores the tokens checks its own
     lens = check_lengths(lens, "lens", size=ids.shape[0], max_len=ids.shape[1], min_len=0)
     device = checked_device(device)
+    # once per call, on the positions the encoder reads (every batch is trimmed to its longest text)
+    vocab_size = getattr(getattr(model, "text_encoder", None), "vocab_size", None)
+    _check_token_ids(ids[:, : int(lens.max())], vocab_size)
     out = []
     with eval_mode(model), progress_bar(ids.shape[0], desc, progress) as bar:
         for start in range(0, ids.shape[0], batch_size):
@@ -102,3 +121,25 @@ def encode_text_tokens(
             out.append(torch.nn.functional.pad(tokens, (0, 0, 0, ids.shape[1] - width)))
             bar.update(tokens.shape[0])
     return torch.cat(out)
+
+
+def _check_token_ids(ids: torch.Tensor, vocab_size: int | None) -> None:
+    """(N, L) ids a text encoder can read: int64 or int32 (float ids were torch's error about index scalar
+    types), each in ``[0, vocab_size)`` (None: ``>= 0``; torch's "index out of range in self" named neither
+    the argument nor the id). One read of the ids on their device, once per call: the model's
+    ``encode_texts``, which a training step calls, checks the dtype only.
+
+    Raises:
+        ValueError: naming ``ids`` and the dtype, or the id out of range.
+    """
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"ids must be int64 (or int32) token ids, got {ids.dtype}")
+    if ids.numel() == 0:
+        return
+    low, high = torch.stack([ids.min(), ids.max()]).tolist()
+    if low < 0 or (vocab_size is not None and high >= vocab_size):
+        within = f"in [0, {vocab_size})" if vocab_size is not None else ">= 0"
+        raise ValueError(
+            f"ids: token id {low if low < 0 else high} is outside the text encoder's vocabulary (ids must "
+            f"be {within})"
+        )

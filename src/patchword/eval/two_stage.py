@@ -20,6 +20,7 @@ The global index is :mod:`patchword.eval.global_index`.
 
 from __future__ import annotations
 
+import math
 import numbers
 import time
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ __all__ = [
     "APPROXIMATE_BACKENDS",
     "GlobalIndex",
     "TwoStageResult",
+    "check_alpha",
     "faiss_available",
     "import_faiss",
     "global_embeddings",
@@ -65,6 +67,15 @@ def _shortlist_lengths(k: object) -> tuple[int, int]:
     ):
         raise ValueError(f"k must be a positive int or a pair (k_i2t, k_t2i) of positive ints, got {k!r}")
     return int(pair[0]), int(pair[1])
+
+
+def check_alpha(alpha: object) -> float:
+    """The weight ``alpha`` of the global score in ``alpha * global + fine`` as a float: any finite real
+    number (0: the fine score alone; TGDT's hybrid is 1). A NaN or an infinity would make every score NaN
+    or infinite, a string fail deep in the arithmetic; a bool is no weight. Raises ValueError naming it."""
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not math.isfinite(alpha):
+        raise ValueError(f"alpha must be a finite number (the weight of the global score), got {alpha!r}")
+    return float(alpha)
 
 
 @torch.no_grad()
@@ -155,8 +166,8 @@ def two_stage_scores(
             :func:`~patchword.eval.engine.score_matrix` (``txt2img`` pairs caption-tied dense text).
         k: shortlist length, one int for both directions or ``(k_i2t, k_t2i)``; clipped to the number
             of candidates (k >= N reproduces exhaustive search).
-        alpha: weight of the global similarity in the final score ``alpha * global + fine`` (TGDT's
-            hybrid d_g + d_l is ``alpha=1``); 0 ranks the shortlist by the fine score alone.
+        alpha: weight of the global similarity in the final score ``alpha * global + fine``, a finite
+            number (TGDT's hybrid d_g + d_l is ``alpha=1``); 0 ranks the shortlist by the fine score alone.
         backend: :class:`GlobalIndex` backend: ``"exact"``, ``"faiss_flat"``, ``"faiss_ivf"`` or
             ``"faiss_hnsw"`` (approximate: a shortlist they cannot fill is shorter, its missing pairs
             ``-inf``).
@@ -175,8 +186,9 @@ def two_stage_scores(
         ``retrieval_metrics(result.sims, txt2img)`` counts a ground truth outside the shortlist as a miss.
 
     Raises:
-        ValueError: malformed inputs; ``k`` not a positive int or a pair of them; ``max_memory_mb`` not a
-            positive finite number; a ``device`` torch does not know or this machine lacks.
+        ValueError: malformed inputs; ``k`` not a positive int or a pair of them; ``alpha`` not a finite
+            number; ``max_memory_mb`` not a positive finite number; a ``device`` torch does not know or this
+            machine lacks.
     """
     from patchword.distributed import Distributed
 
@@ -187,6 +199,7 @@ def two_stage_scores(
     with (dist or Distributed()).fail_together("two_stage_scores' input checks and global embeddings"):
         inputs = prepare_inputs(matcher, img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens, txt2img)
         k_i2t, k_t2i = _shortlist_lengths(k)
+        alpha = check_alpha(alpha)
         budget = budget_bytes(max_memory_mb)
         device = _matcher_device(matcher, img_tokens) if device is None else checked_device(device)
         scorer = engine_for(matcher, engine)

@@ -11,7 +11,7 @@ from torch import nn
 from patchword._validation import check_finite, check_lengths, check_tensor
 from patchword.matching.ops import full_precision, l2norm, masked_mean
 
-__all__ = ["MatcherOutput", "Matcher", "TwoStagePlan", "chunk_widths"]
+__all__ = ["MatcherOutput", "Matcher", "TwoStagePlan", "caption_blocks", "chunk_widths"]
 
 
 @dataclass
@@ -146,13 +146,23 @@ class Matcher(nn.Module):
 
     def validate_image_tokens(self, img_tokens: torch.Tensor, num_tokens: int | None = None) -> None:
         """Check (B, L_v, C) image tokens; ``num_tokens``: the L_v the matcher expects (patches, plus one
-        when ``has_cls``), None: any."""
+        when ``has_cls``), None: any from the least the matcher reads: one token, and one past the CLS for
+        a matcher that compares tokens (``token_level``)."""
         check_tensor(img_tokens, "img_tokens", shape=(None, None, self.embed_dim), finite=False)
         if num_tokens is not None and img_tokens.shape[1] != num_tokens:
             patches = f"{num_tokens - int(self.has_cls)} patches" + (" + CLS" if self.has_cls else "")
             raise ValueError(
                 f"img_tokens has {img_tokens.shape[1]} tokens per image, the matcher expects {num_tokens} "
                 f"({patches}; shape {tuple(img_tokens.shape)})"
+            )
+        # A CLS alone has no patch to compare with a word (FILIP's max over none was torch's IndexError);
+        # a global matcher pools what it is given, the CLS alone included. A shape: nothing is read.
+        least = 1 + int(self.has_cls and self.token_level)
+        if img_tokens.shape[1] < least:
+            needs = "the CLS (global slot) and at least one patch or region" if least == 2 else "one token"
+            raise ValueError(
+                f"img_tokens has {img_tokens.shape[1]} tokens per image, the matcher needs {needs} "
+                f"(shape {tuple(img_tokens.shape)})"
             )
         if not self.training:
             check_finite(img_tokens, "img_tokens")
@@ -199,13 +209,28 @@ class Matcher(nn.Module):
         return self.global_image(img_tokens), self.global_text(cap_tokens, cap_lens)
 
 
-def chunk_widths(cap_lens: object, lens: torch.Tensor, step: int) -> list[int]:
-    """The longest caption of each chunk of ``step`` captions: the widths the chunks are trimmed to.
+def caption_blocks(n_txt: int, step: int) -> list[slice]:
+    """The blocks of at most ``step`` captions a matcher scores in turn, as slices of its ``n_txt`` captions.
+
+    A batch of no captions is one empty block: the block's computation still runs once, on (0, L, C)
+    caption tokens, and returns the (B_v, 0) sims and the (B_v, 0, ...) decisions and extras it returns for
+    any other batch (as a batch of no images does), where looping over no block at all left nothing to
+    concatenate. ``n_txt`` is a shape: nothing is read from a device.
+    """
+    step = max(1, step)
+    return [slice(start, start + step) for start in range(0, max(1, n_txt), step)]
+
+
+def chunk_widths(cap_lens: object, lens: torch.Tensor, step: int, width: int) -> list[int]:
+    """The longest caption of each block of ``step`` captions (:func:`caption_blocks`): the widths the
+    blocks are trimmed to; ``width`` (the tokens' L) for the empty block of a batch of no captions.
 
     Read from ``cap_lens`` as the caller gave it when that is on the host (a sequence, or the host lengths
     a scoring engine planned with: no wait for the device), else from the validated ``lens`` on their
     device, in one read for all chunks.
     """
+    if lens.shape[0] == 0:
+        return [width]
     given_on_host = not isinstance(cap_lens, torch.Tensor) or cap_lens.device.type == "cpu"
     source = torch.as_tensor(cap_lens).long() if given_on_host else lens
     padded = F.pad(source, (0, -source.shape[0] % step))  # lengths are >= 0: the zeros change no maximum

@@ -16,9 +16,13 @@ import typing
 from functools import cache
 from typing import Any
 
-__all__ = ["check_config_fields"]
+__all__ = ["POSITIVE_COUNTS", "check_config_fields"]
 
 _KINDS = {bool: "a bool", int: "an int", float: "a number", str: "a string"}
+
+#: Token geometry every matcher config that has it must hold at least 1 of (``embed_dim=0`` built layers of
+#: width 0 whose every forward failed later, or a matcher scoring nothing): one rule for every matcher.
+POSITIVE_COUNTS = ("embed_dim", "num_patches")
 
 
 def _accepts(kind: type, value: Any) -> bool:
@@ -45,9 +49,12 @@ def check_config_fields(cfg: Any) -> None:
     ``str`` or a ``Literal`` (each possibly ``| None``) holds such a value; fields of other annotations are
     the class's own to check.
 
+    The token geometry (:data:`POSITIVE_COUNTS`, where the config has it) must be at least 1.
+
     Raises:
         TypeError: ``"{name} must be an int, got 2.5 (float)"`` for the first field of the wrong type.
-        ValueError: ``"{name} must be one of ('a', 'b'), got 'c'"`` for a value outside a ``Literal``.
+        ValueError: ``"{name} must be one of ('a', 'b'), got 'c'"`` for a value outside a ``Literal``;
+            ``"embed_dim must be a positive int, got 0"``.
     """
     hints = _hints(type(cfg))
     for field in dataclasses.fields(cfg):
@@ -66,3 +73,7 @@ def check_config_fields(cfg: Any) -> None:
                 raise ValueError(f"{field.name} must be one of {allowed}, got {value!r}")
         elif want in _KINDS and not _accepts(want, value):
             raise TypeError(f"{field.name} must be {_KINDS[want]}, got {value!r} ({type(value).__name__})")
+    for name in POSITIVE_COUNTS:
+        value = getattr(cfg, name, 1)
+        if not isinstance(value, numbers.Real) or not value >= 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")

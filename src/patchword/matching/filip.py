@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from patchword.matching.base import Matcher, MatcherOutput
+from patchword.matching.base import Matcher, MatcherOutput, caption_blocks
 from patchword.matching.ops import full_precision, l2norm, length_mask
 from patchword.matching.registry import register_matcher
 
@@ -74,8 +74,8 @@ class FILIPMatcher(Matcher):
         n_img, n_patch = patches.shape[:2]
         per_col = max(1, self.config.max_pair_elements // max(1, n_img * n_patch * words.shape[1]))
         out = []
-        for t0 in range(0, words.shape[0], per_col):
-            w, v = words[t0 : t0 + per_col], valid[t0 : t0 + per_col]
+        for part in caption_blocks(words.shape[0], per_col):
+            w, v = words[part], valid[part]
             cos = torch.einsum("inc,tlc->itnl", patches, w)  # (B_v, T, N, L)
             i2t = cos.masked_fill(~v[None, :, None, :], -math.inf).amax(-1).mean(-1)  # words per patch
             t2i = (cos.amax(2) * v[None]).sum(-1) / v.sum(-1)[None]  # patches per word

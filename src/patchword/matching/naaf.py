@@ -64,7 +64,7 @@ from patchword.matching.attention import (
     official_l2norm,
     word_region_scores,
 )
-from patchword.matching.base import Matcher, MatcherOutput, chunk_widths
+from patchword.matching.base import Matcher, MatcherOutput, caption_blocks, chunk_widths
 from patchword.matching.ops import length_mask
 from patchword.matching.registry import register_matcher
 
@@ -306,8 +306,8 @@ class NAAFMatcher(Matcher):
         step = caption_chunks(n_img, n_txt, n_word * n_reg, self.config.max_pair_elements)
         img_gram = gram(img)[:, None]  # (B_v, 1, R, R)
         sims, row_maxes = [], []
-        for t0, width in zip(range(0, n_txt, step), chunk_widths(cap_lens, lens, step), strict=True):
-            part = slice(t0, t0 + step)
+        blocks = zip(caption_blocks(n_txt, step), chunk_widths(cap_lens, lens, step, n_word), strict=True)
+        for part, width in blocks:
             chunk_sims, row_max = self._score(img, cap[part, :width], lens[part], t, img_gram)
             sims.append(chunk_sims)
             if mine:  # chunks are trimmed to their own longest caption: pad back to a common width

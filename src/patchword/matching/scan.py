@@ -32,7 +32,7 @@ from patchword.matching.attention import (
     official_l2norm,
     word_region_scores,
 )
-from patchword.matching.base import Matcher, MatcherOutput, chunk_widths
+from patchword.matching.base import Matcher, MatcherOutput, caption_blocks, chunk_widths
 from patchword.matching.ops import length_mask
 from patchword.matching.registry import register_matcher
 
@@ -117,11 +117,8 @@ class SCANMatcher(Matcher):
         step = caption_chunks(n_img, n_txt, n_word * n_reg, self.config.max_pair_elements)
         score = self._t2i if self.config.direction == "t2i" else self._i2t
         img_gram = gram(img) if self.config.direction == "t2i" else None
-        starts = range(0, n_txt, step)
-        sims = [
-            score(img, cap[t0 : t0 + step, :width], lens[t0 : t0 + step], img_gram)
-            for t0, width in zip(starts, chunk_widths(cap_lens, lens, step), strict=True)
-        ]
+        blocks = zip(caption_blocks(n_txt, step), chunk_widths(cap_lens, lens, step, n_word), strict=True)
+        sims = [score(img, cap[part, :width], lens[part], img_gram) for part, width in blocks]
         return MatcherOutput(sims=torch.cat(sims, dim=1))
 
     def _t2i(

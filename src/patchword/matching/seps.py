@@ -33,7 +33,7 @@ import torch
 
 from patchword._validation import check_tensor
 from patchword.matching.aggregation import TokenAggregation
-from patchword.matching.base import Matcher, MatcherOutput
+from patchword.matching.base import Matcher, MatcherOutput, caption_blocks
 from patchword.matching.config_check import check_config_fields
 from patchword.matching.hrpa import HRPA, pair_cosines
 from patchword.matching.ops import autocast_off, full_precision, l2norm, length_mask, masked_mean
@@ -111,13 +111,10 @@ class SEPSConfig:
     def check(self) -> None:
         """Checks that need no token geometry (the run config runs them before anything is built): every
         option's type (``TypeError`` naming it) and range (``ValueError`` naming it)."""
-        check_config_fields(self)  # types and Literal choices, from the annotations
+        check_config_fields(self)  # types, Literal choices and embed_dim, num_patches >= 1
         for name in ("sparse_ratio", "aggr_ratio"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name} must lie in (0, 1], got {getattr(self, name)!r}")
-        for name in ("embed_dim", "num_patches"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
         # tau divides the relaxed logits: 0 makes every gradient of the paper variant NaN
         if not 0 < self.gumbel_tau < math.inf:
             raise ValueError(f"gumbel_tau must be a finite number > 0, got {self.gumbel_tau!r}")
@@ -307,8 +304,7 @@ class SEPSMatcher(Matcher):
 
         chunk = cap_tokens.shape[0] if self.training or cfg.caption_chunk <= 0 else cfg.caption_chunk
         sims, decisions = [], []
-        for start in range(0, cap_tokens.shape[0], chunk):
-            part = slice(start, start + chunk)
+        for part in caption_blocks(cap_tokens.shape[0], chunk):
             if image_dense is not None:
                 dense = image_dense
             elif dense_tokens is not None:

@@ -39,7 +39,7 @@ from typing import Literal
 import torch
 
 from patchword.matching.attention import caption_chunks, word_region_scores
-from patchword.matching.base import Matcher, MatcherOutput, TwoStagePlan
+from patchword.matching.base import Matcher, MatcherOutput, TwoStagePlan, caption_blocks
 from patchword.matching.ops import autocast_off, full_precision, l2norm, masked_mean
 from patchword.matching.registry import register_matcher
 
@@ -139,11 +139,7 @@ class TGDTMatcher(Matcher):
         """(B_v, L_v, C) -> global (B_v, C) and regions (B_v, R, C), unit norm."""
         self.validate_image_tokens(img_tokens)
         final, local = self._global_and_local(img_tokens)
-        if self.has_cls:
-            if img_tokens.shape[1] < 2:
-                raise ValueError(
-                    f"img_tokens needs the global slot and at least one region, got {tuple(img_tokens.shape)}"
-                )
+        if self.has_cls:  # validate_image_tokens refused a global slot without a region
             return TGDTTokens(_unit_global(final[:, 0]), l2norm(local[:, 1:]))
         return TGDTTokens(_unit_global(final.mean(dim=1)), l2norm(local))
 
@@ -171,10 +167,10 @@ class TGDTMatcher(Matcher):
         n_txt, n_word = words.shape[:2]
         step = caption_chunks(n_img, n_txt, n_word * n_reg, self.config.max_pair_elements)
         out = []
-        for t0 in range(0, n_txt, step):
-            best = word_region_scores(regions, words[t0 : t0 + step]).amax(-1)  # (B_v, T, L)
+        for part in caption_blocks(n_txt, step):
+            best = word_region_scores(regions, words[part]).amax(-1)  # (B_v, T, L)
             if mask is not None:
-                best = best * mask[t0 : t0 + step].to(best.dtype)[None]
+                best = best * mask[part].to(best.dtype)[None]
             out.append(best.sum(-1))
         return self.config.local_scale * torch.cat(out, dim=1)
 

@@ -24,6 +24,7 @@ never reads a run directory. ``from patchword.runs import load_run`` is the usua
 from patchword.runs.config import RunConfig, TrainConfig, load_run_config
 from patchword.runs.files import (
     BACKBONES_FILE,
+    BERT_VOCAB_DIR,
     CONFIG_FILE,
     METRICS_FILE,
     RESUMES_FILE,
@@ -47,6 +48,7 @@ __all__ = [
     "CONFIG_FILE",
     "METRICS_FILE",
     "RESUMES_FILE",
+    "BERT_VOCAB_DIR",
     "VOCAB_FILE",
     "WEIGHTS_FILE",
     "LoadedRun",

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from patchword.eval.coco_extended import CocoGroundTruth
 
 __all__ = [
+    "check_pretrained_sources",
+    "resolve_bert_vocab",
     "check_eval_precision",
     "check_eval_settings",
     "check_eval_split",
@@ -78,6 +80,44 @@ def check_region_boxes(cfg: RunConfig) -> None:
             f"model.precomp.post.box_encoding={mc.precomp.post.box_encoding} encodes each region's box: set "
             "data.region_boxes=true and put {split}_boxes.npy (N_img, R, 4, normalised) beside the features",
         )
+
+
+def resolve_bert_vocab(cfg: RunConfig) -> bool:
+    """Set an empty ``data.bert_vocab`` of a BERT-tokenised run to its text backbone's (``model.hf_text``),
+    in place: the vocabulary the backbone was trained with (``create_model_and_transforms`` reads the same),
+    and the value a new run writes into its config.yaml. Returns whether it was empty."""
+    dc, mc = cfg.data, cfg.model
+    if dc.tokenizer != "bert" or dc.bert_vocab:
+        return False
+    dc.bert_vocab = dc.bert_vocab_source(mc.hf_text if mc.text_encoder == "bert" else None)
+    return True
+
+
+def check_pretrained_sources(cfg: RunConfig, *, vocab_from_hf_text: bool = False) -> None:
+    """The Hugging Face backbones and BERT vocabulary a new run reads, found and described (config.json, a
+    supported ``model_type``, weights files) before any data is read; their weights are read when the model
+    is built. ``vocab_from_hf_text``: :func:`resolve_bert_vocab` set ``data.bert_vocab``.
+
+    Raises:
+        ConfigError: naming ``model.hf_vision``, ``model.hf_text`` or ``data.bert_vocab``, the path and why.
+    """
+    from patchword.data.tokenizers import BertCaptionTokenizer
+    from patchword.encoders.hf import check_backbone_source
+    from patchword.hub import keyed_source_errors
+
+    mc, dc = cfg.model, cfg.data
+    offline = mc.hf_local_files_only
+    for key, source, role, used in (
+        ("model.hf_vision", mc.hf_vision, "vision", mc.image_encoder == "hf"),
+        ("model.hf_text", mc.hf_text, "text", mc.text_encoder == "bert"),
+    ):
+        if used:
+            with keyed_source_errors(key, source):
+                check_backbone_source(source, role, local_files_only=offline)
+    if dc.tokenizer == "bert":  # read whole (a vocabulary file is small): it fails now, not after the data
+        note = "not set, so model.hf_text's vocabulary is read: " if vocab_from_hf_text else ""
+        with keyed_source_errors("data.bert_vocab", dc.bert_vocab, note):
+            BertCaptionTokenizer.from_pretrained(dc.bert_vocab, local_files_only=offline)
 
 
 def check_model_data(cfg: RunConfig, model: RetrievalModel, data: PreparedData) -> None:

@@ -39,6 +39,7 @@ from patchword.readers import read_json
 from patchword.runs.card import CARD_KEYS, model_card
 from patchword.runs.files import (
     BACKBONES_FILE,
+    BERT_VOCAB_DIR,
     CONFIG_FILE,
     IMPORT_FILE,
     METRICS_JSON,
@@ -60,7 +61,6 @@ from patchword.version import __version__
 __all__ = ["export_run", "model_card"]
 
 _COPIED = (CONFIG_FILE, VOCAB_FILE, BACKBONES_FILE, IMPORT_FILE)
-BERT_VOCAB_DIR = "bert_vocab"  # vocab.txt + tokenizer_config.json: what BertCaptionTokenizer reads
 
 
 def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | None = None) -> Path:
@@ -98,7 +98,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
             if (run_dir / name).is_file():
                 shutil.copyfile(run_dir / name, tmp / name)
         if run.config.data.tokenizer == "bert":  # the vocabulary travels with the model
-            _write_bert_vocab(run.tokenizer, tmp / BERT_VOCAB_DIR)
+            run.tokenizer.save(tmp / BERT_VOCAB_DIR)
             _set_bert_vocab(tmp / CONFIG_FILE)
         weights = save(tensors)
         atomic_write_bytes(tmp / WEIGHTS_FILE, weights)
@@ -236,16 +236,6 @@ def _own_checkpoint(run_dir: Path, checkpoint: str | Path | None) -> Path:
 
 def _read_json(path: Path) -> dict[str, Any]:
     return read_json(path, path.name, default={})
-
-
-def _write_bert_vocab(tokenizer, directory: Path) -> None:
-    """The BERT tokenizer's vocabulary (``vocab.txt`` in id order) and its casing."""
-    words = sorted(tokenizer.vocab, key=tokenizer.vocab.__getitem__)
-    directory.mkdir()
-    atomic_write_text(directory / "vocab.txt", "".join(f"{w}\n" for w in words))
-    atomic_write_text(
-        directory / "tokenizer_config.json", json.dumps({"do_lower_case": bool(tokenizer.do_lower_case)})
-    )
 
 
 def _set_bert_vocab(config: Path) -> None:

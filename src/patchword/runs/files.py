@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "CONFIG_FILE",
     "VOCAB_FILE",
+    "BERT_VOCAB_DIR",
     "BACKBONES_FILE",
     "WEIGHTS_FILE",
     "BEST_CHECKPOINT",
@@ -24,6 +25,7 @@ __all__ = [
 
 CONFIG_FILE = "config.yaml"  # the resolved run config, written once and never rewritten
 VOCAB_FILE = "vocab.json"  # the word vocabulary (word tokenizers)
+BERT_VOCAB_DIR = "bert_vocab"  # vocab.txt + tokenizer_config.json: a BERT tokenizer's (a run's, an export's)
 BACKBONES_FILE = "backbones.json"  # the Hugging Face backbones' architectures (rebuilt without download)
 WEIGHTS_FILE = "model.safetensors"  # the weights of an exported model directory
 BEST_CHECKPOINT = "best.pt"  # the checkpoint of the best dev rSum (the one training evaluates)

@@ -22,6 +22,7 @@ from PIL import Image
 from patchword.checkpoint import load_fitting_weights, load_weights
 from patchword.config import apply_overrides, config_from_mapping
 from patchword.data.config import DataConfig
+from patchword.device import checked_device
 from patchword.errors import ConfigError, DataError, MissingFileError
 from patchword.model import RetrievalModel, build_model, started_pretrained
 from patchword.precision import weight_dtype
@@ -29,6 +30,7 @@ from patchword.readers import read_json, read_json_lines, read_yaml_mapping
 from patchword.runs.config import RunConfig
 from patchword.runs.files import (
     BACKBONES_FILE,
+    BERT_VOCAB_DIR,
     BEST_CHECKPOINT,
     CONFIG_FILE,
     EXPORT_DIR,
@@ -200,9 +202,12 @@ def load_run_tokenizer(run_dir: str | Path, data: DataConfig):
         return WordVocab.load(vocab)
     from patchword.data.tokenizers import BertCaptionTokenizer
 
-    # A run that carries its BERT vocabulary (an imported or exported run) names it relative to itself.
-    own = Path(run_dir) / data.bert_vocab
-    return BertCaptionTokenizer.from_pretrained(str(own) if own.exists() else data.bert_vocab)
+    # The BERT vocabulary a run carries: bert_vocab/ (a trained run, whose data.bert_vocab says where it came
+    # from; an export), or what data.bert_vocab names relative to the run (an import); else that source.
+    carried, own = Path(run_dir) / BERT_VOCAB_DIR, Path(run_dir) / data.bert_vocab
+    if (carried / "vocab.txt").is_file():
+        return BertCaptionTokenizer.from_pretrained(carried)
+    return BertCaptionTokenizer.from_pretrained(str(own) if own.exists() else data.bert_vocab_source())
 
 
 def save_backbones(model, run_dir: Path) -> None:
@@ -320,7 +325,8 @@ def load_run(
     Args:
         run_dir: a directory written by ``patchword train`` (or the demo).
         checkpoint: a file inside ``run_dir`` (``best.pt``, ``last.pt``) or a path; default ``best.pt``.
-        device: where to put the model.
+        device: where to put the model: ``auto`` (:func:`patchword.device.resolve_device`) or a torch
+            device (:func:`patchword.device.checked_device`).
         overrides: dotted config overrides applied in memory (e.g. ``eval.max_memory_mb=4096``).
         config: the run's config with ``overrides`` applied (:func:`read_run_config`), when the caller has
             read it already; None reads it here.
@@ -329,8 +335,11 @@ def load_run(
         MissingFileError: no such run directory, no config.yaml, no vocabulary or no checkpoint.
         DataError: an empty config.yaml or a hashing run's; an exported ``model.safetensors`` whose sha256
             is not the one its export recorded.
-        ConfigError: an override the run cannot apply (:func:`check_backbone_overrides`).
+        ConfigError: an override the run cannot apply (:func:`check_backbone_overrides`); a ``device``
+            this machine lacks.
     """
+    # before anything is read or built, as create_model checks it
+    device = checked_device(device)
     run_dir = Path(run_dir)
     cfg = config if config is not None else read_run_config(run_dir, overrides)
     check_backbone_overrides(run_dir, overrides)
@@ -345,6 +354,5 @@ def load_run(
     # shapes or names differ: the overrides changed the architecture
     builds = "this config builds" + (f" (overrides: {' '.join(overrides)})" if overrides else "")
     load_fitting_weights(model, load_weights(path), path, "model", builds)
-    device = torch.device(device)
     model.to(device).eval()
     return LoadedRun(run_dir, cfg, model, tokenizer, path, device)

@@ -31,11 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from patchword._validation import check_positive_int
 from patchword.encoders.base import EncoderBase
 from patchword.errors import ConfigError, MissingFileError
 from patchword.eval.engine.core import engine_for, prepare_inputs
 from patchword.eval.engine.memory import budget_bytes
-from patchword.eval.two_stage import faiss_available
+from patchword.eval.two_stage import check_alpha, faiss_available
 from patchword.matching.base import Matcher
 from patchword.runs import LoadedRun, load_run
 from patchword.search.explain import explain_pair
@@ -75,9 +76,10 @@ class Searcher:
     Args:
         index: an opened :class:`SearchIndex`.
         run: the loaded run; its weights must be those the index was built with.
-        shortlist: images re-ranked per query (default: the matcher's two-stage plan, else
-            :data:`DEFAULT_SHORTLIST`); clipped to the index size.
-        alpha: weight of the global score in the final score (default: the plan's, else 0).
+        shortlist: images re-ranked per query, a positive integer (default: the matcher's two-stage
+            plan, else :data:`DEFAULT_SHORTLIST`); clipped to the index size.
+        alpha: weight of the global score in the final score, a finite number (default: the plan's,
+            else 0).
         backend: first-stage backend: ``"auto"`` (exact below :data:`APPROXIMATE_ABOVE` images: FAISS flat
             when installed, else torch; above it FAISS IVF, approximate), ``"exact"``, ``"faiss_flat"``,
             ``"faiss_ivf"`` or ``"faiss_hnsw"``.
@@ -90,6 +92,7 @@ class Searcher:
     (:func:`~patchword.search.fidelity.describe_index`).
 
     Raises:
+        ValueError: ``shortlist`` not a positive integer, ``alpha`` not a finite number.
         IndexMismatchError: the run's weights or vocabulary are not the index's.
     """
 
@@ -111,13 +114,11 @@ class Searcher:
         plan = matcher.two_stage_plan()
         self.matcher = matcher
         self.fine = fine_matcher(matcher)
-        self.alpha = float(alpha if alpha is not None else (plan.alpha if plan is not None else 0.0))
+        self.alpha = check_alpha(alpha if alpha is not None else (plan.alpha if plan is not None else 0.0))
         wanted = (
             shortlist if shortlist is not None else (plan.k_t2i if plan is not None else DEFAULT_SHORTLIST)
         )
-        if wanted < 1:
-            raise ValueError(f"shortlist must be positive, got {wanted}")
-        self.shortlist = min(int(wanted), len(index))
+        self.shortlist = min(check_positive_int("shortlist", wanted), len(index))
         if hasattr(index, "shortlist"):  # a store that ranks the first stage itself (Qdrant)
             backend = "store"
         elif backend == "auto":
@@ -156,10 +157,16 @@ class Searcher:
         (:meth:`~patchword.search.qdrant.QdrantIndex.open`; an embedded store always does).
 
         Raises:
+            ValueError: ``shortlist`` or ``alpha`` as :class:`Searcher` refuses them (before anything is
+                opened).
             MissingFileError: no index, or the run that built it is not where the manifest says.
             IndexMismatchError: ``run_dir`` holds another model.
             ConfigError: ``exact`` without ``qdrant``.
         """
+        if options.get("shortlist") is not None:  # before the run is loaded
+            check_positive_int("shortlist", options["shortlist"])
+        if options.get("alpha") is not None:
+            check_alpha(options["alpha"])
         if exact and not qdrant:
             raise ConfigError(
                 "--exact",
@@ -251,10 +258,9 @@ class Searcher:
 
         Raises:
             QueryError: the query cannot be read.
-            ValueError: ``k`` is not a positive int.
+            ValueError: ``k`` is not a positive integer (``int``, ``np.int64``...; not a float or a bool).
         """
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"k must be a positive int, got {k!r}")
+        k = check_positive_int("k", k)
         t0 = time.perf_counter()
         query = self.encode_query(text)
         t1 = time.perf_counter()

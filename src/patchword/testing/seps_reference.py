@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from patchword.eval.metrics import check_txt2img
+
 __all__ = ["seps_reference_scores"]
 
 
@@ -126,7 +128,9 @@ def seps_reference_scores(
 
     Raises:
         ValueError: a training-mode matcher or a switch the reference lacks, an unknown ``dense_pairing``,
-            or a ``dense_index`` with ``dense_pairing="image"``.
+            a ``dense_index`` with ``dense_pairing="image"``, or inputs the matcher's forward refuses (its
+            own checks: token count and width, lengths in [1, L], finiteness); a ``dense_index`` that is not
+            (B_t,) integer rows of ``dense``.
     """
     cfg = matcher.config
     if matcher.training:
@@ -137,8 +141,19 @@ def seps_reference_scores(
         raise ValueError("the reference implements the official mean-patch saliency only")
     pairing = _pairing(dense_pairing, dense_index, cfg.dense_pairing)
     use_dense = dense is not None and cfg.use_dense
+    # The matcher's own input checks, those of its forward: a reference that scored what the matcher
+    # refuses (lengths past the token axis cut short, 20 tokens read as CLS + 19 patches) would compare
+    # the matcher with nothing it computes.
+    matcher.validate_images(img)
+    lens = matcher.validate_text(caps, lens)
+    if use_dense:  # image-tied: a row per image; caption-tied: one per caption, or those dense_index picks
+        rows = img.shape[0] if pairing == "image" else (caps.shape[0] if dense_index is None else None)
+        dense_lens = matcher.validate_text(dense, dense_lens, "dense_tokens", batch=rows)
     if use_dense and pairing == "caption":
-        dense_index = dense_index if dense_index is not None else torch.arange(caps.shape[0])
+        index = torch.arange(caps.shape[0]) if dense_index is None else dense_index
+        dense_index = check_txt2img(
+            index, caps.shape[0], dense.shape[0], rows="dense rows", name="dense_index"
+        )
     else:
         dense_index = None
     k, beta = cfg.num_keep, cfg.beta

@@ -48,6 +48,7 @@ from patchword.fileio import (
 from patchword.model import RetrievalModel, model_reads_dense
 from patchword.runs import (
     BACKBONES_FILE,
+    BERT_VOCAB_DIR,
     CONFIG_FILE,
     METRICS_FILE,
     RESUMES_FILE,
@@ -112,10 +113,11 @@ _START_TEMPS = (CONFIG_FILE, VOCAB_FILE, BACKBONES_FILE, LAST_CHECKPOINT, BEST_C
 #: (:func:`~patchword.fileio.atomic_write`), the export's in export/.
 TRAIN_RUNS = RunKind(
     command="patchword train",
-    start_files=(LOCK_FILE, CONFIG_FILE, VOCAB_FILE, BACKBONES_FILE, METRICS_FILE),
+    start_files=(LOCK_FILE, CONFIG_FILE, VOCAB_FILE, BERT_VOCAB_DIR, BACKBONES_FILE, METRICS_FILE),
     start_temps=_START_TEMPS,
     atomic_files=(
         *_START_TEMPS,
+        *(f"{BERT_VOCAB_DIR}/vocab.txt", f"{BERT_VOCAB_DIR}/tokenizer_config.json"),
         *(METRICS_FILE, METRICS_JSON, SUMMARY_FILE, RESUMES_FILE),
         f"{EXPORT_DIR}/{WEIGHTS_FILE}",
         f"{EXPORT_DIR}/config.json",
@@ -199,8 +201,8 @@ def _trainer(
 
 
 def _save_tokenizer(tokenizer, run_dir: Path) -> None:
-    if isinstance(tokenizer, WordVocab):
-        tokenizer.save(run_dir / VOCAB_FILE)
+    """The run's own vocabulary: its resume, eval and export never read a data.bert_vocab that moved."""
+    tokenizer.save(run_dir / (VOCAB_FILE if isinstance(tokenizer, WordVocab) else BERT_VOCAB_DIR))
 
 
 def train_run(
@@ -208,7 +210,7 @@ def train_run(
 ) -> dict[str, Any]:
     """Check everything, then create ``output_dir/name``, train, evaluate the best dev checkpoint.
 
-    Writes config.yaml, vocab.json (word tokenizers), metrics.jsonl, last.pt / best.pt, export/,
+    Writes config.yaml, vocab.json (word) or bert_vocab/ (BERT), metrics.jsonl, last.pt / best.pt, export/,
     metrics.json and summary.json. ``data`` may be passed to reuse already tokenised splits. ``hint``: how
     an interruption's message says to go on with the run (default ``patchword train --resume``).
 

@@ -32,7 +32,14 @@ from patchword.model import (
     model_reads_dense,
     typed_sections,
 )
-from patchword.runs.checks import check_eval_settings, check_model_data, check_region_boxes, data_image_size
+from patchword.runs.checks import (
+    check_eval_settings,
+    check_model_data,
+    check_pretrained_sources,
+    check_region_boxes,
+    data_image_size,
+    resolve_bert_vocab,
+)
 from patchword.runs.config import CUDA_GRAPH_COMPILE_MODES, RunConfig
 from patchword.runs.evaluate import held_out_warning
 from patchword.train.trackers import TRACKERS, import_wandb
@@ -212,7 +219,8 @@ def _existing(path: str, key: str, kind: str = "file") -> None:
 
 
 def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
-    """Check everything that can be checked from the config alone; return the resolved device.
+    """Check everything that can be checked from the config alone; return the resolved device. A new run's
+    empty ``data.bert_vocab`` is set to ``model.hf_text`` first, in ``cfg`` (:func:`resolve_bert_vocab`).
 
     ``resuming``: the run continues from its checkpoint, so what only initialises a model
     (``train.init_from``, ``model.tiny_pretrained`` and its vocabulary: the run saved its own) need not
@@ -231,6 +239,8 @@ def check_config_and_truth(
     """:func:`check_config`, also returning the COCO ground truth its check of ``eval.coco_extended``
     read (None without it): a training run scores with it (``evaluate_run(ground_truth=...)``) rather
     than read the files a second time."""
+    # a new run's empty data.bert_vocab is model.hf_text's from here on (its config.yaml says so)
+    vocab_from_hf_text = not resuming and resolve_bert_vocab(cfg)
     device = resolve_device(cfg.device)
     dc, mc, tc, ec = cfg.data, cfg.model, cfg.train, cfg.eval
     from patchword.matching import list_matchers
@@ -332,6 +342,7 @@ def check_config_and_truth(
                 _existing(path, f"data.dense_{role}")
     if not resuming:
         _check_initialisation(cfg)
+        check_pretrained_sources(cfg, vocab_from_hf_text=vocab_from_hf_text)  # before the data is read
     if mc.gru.glove_path:
         _existing(mc.gru.glove_path, "model.gru.glove_path")
     reuse = held_out_warning(dc)  # allowed (a quick check on two splits), but never silently

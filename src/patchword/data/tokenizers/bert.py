@@ -151,7 +151,7 @@ def _load_local(directory: Path) -> tuple[dict[str, int], bool | None]:
 
 def _load_hub(name: str, local_files_only: bool) -> tuple[dict[str, int], bool | None]:
     cached_file = require_transformers().utils.cached_file
-    with hub_load_errors(name, local_files_only):
+    with hub_load_errors(name, local_files_only, what="vocabulary (vocab.txt)"):
         vocab_file = cached_file(name, "vocab.txt", local_files_only=local_files_only)
     try:
         config_file = cached_file(name, "tokenizer_config.json", local_files_only=local_files_only)
@@ -246,6 +246,22 @@ class BertCaptionTokenizer:
                 vocab, stored_lower = _load_hub(source, local_files_only)
         lower = do_lower_case if do_lower_case is not None else stored_lower
         return cls(vocab, do_lower_case=True if lower is None else lower, max_len=max_len)
+
+    def save(self, directory: str | os.PathLike[str]) -> None:
+        """Write the vocabulary as :meth:`from_pretrained` reads it back: ``vocab.txt`` (a token per line, the
+        line number its id) and ``tokenizer_config.json`` (the casing), each atomically, into ``directory``
+        (created; files of the same names there are replaced)."""
+        from patchword.fileio import atomic_write_text
+
+        by_id = {i: token for token, i in self.vocab.items()}
+        # an id no token has (a tokenizer.json may skip some) keeps its line: every other id stays the same
+        lines = [by_id.get(i, f"[unused_id_{i}]") for i in range(self.vocab_size)]
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(directory / "vocab.txt", "".join(f"{line}\n" for line in lines))
+        atomic_write_text(
+            directory / "tokenizer_config.json", json.dumps({"do_lower_case": bool(self.do_lower_case)})
+        )
 
     def with_max_len(self, max_len: int | None) -> BertCaptionTokenizer:
         """A copy (sharing the vocabulary) whose :meth:`batch_encode` truncates to ``max_len`` ids when a

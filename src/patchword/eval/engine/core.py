@@ -23,6 +23,7 @@ from patchword.device import checked_device
 from patchword.eval.engine.base import ScoringEngine, ScoringInputs, check_precision
 from patchword.eval.engine.forward import ForwardEngine
 from patchword.eval.engine.memory import budget_bytes, default_budget_mb
+from patchword.eval.metrics import check_txt2img
 from patchword.eval.scoring import eval_mode
 from patchword.matching.base import Matcher
 from patchword.matching.registry import matcher_spec, matcher_spec_for
@@ -127,24 +128,26 @@ def _prepare_inputs(
     if img_tokens.shape[0] == 0 or cap_tokens.shape[0] == 0:
         raise ValueError("score_matrix needs at least one image and one caption")
     cap_lens = check_lengths(cap_lens, "cap_lens", size=cap_tokens.shape[0], max_len=cap_tokens.shape[1])
+    n_img, n_txt = img_tokens.shape[0], cap_tokens.shape[0]
     pairing = _dense_pairing(matcher)
     if image_constants is not None:
         if dense_tokens is not None:
             raise ValueError("give dense_tokens or the image_constants computed from them, not both")
-        image_constants = check_tensor(
-            image_constants, "image_constants", shape=(img_tokens.shape[0],), finite=False
-        )
+        image_constants = check_tensor(image_constants, "image_constants", shape=(n_img,), finite=False)
+        _unread_txt2img(txt2img, n_txt)
         return ScoringInputs(img_tokens, cap_tokens, cap_lens, image_constants=image_constants)
     if dense_tokens is None or pairing == "none":
+        _unread_txt2img(txt2img, n_txt)
         return ScoringInputs(img_tokens, cap_tokens, cap_lens)
     dense_tokens = check_tensor(dense_tokens, "dense_tokens", shape=(None, None, dim), finite=False)
     dense_lens = check_lengths(
         dense_lens, "dense_lens", size=dense_tokens.shape[0], max_len=dense_tokens.shape[1]
     )
-    n_img, n_txt, n_dense = img_tokens.shape[0], cap_tokens.shape[0], dense_tokens.shape[0]
+    n_dense = dense_tokens.shape[0]
     if pairing != "caption":
         if n_dense != n_img:
             raise ValueError(f"dense_tokens tied to images need one row per image ({n_img}), got {n_dense}")
+        _unread_txt2img(txt2img, n_txt)
         return ScoringInputs(img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens)
     if txt2img is None:
         if n_dense != n_txt:
@@ -154,12 +157,19 @@ def _prepare_inputs(
             )
         index = torch.arange(n_txt)
     else:
-        index = torch.as_tensor(txt2img).long().cpu()
-        if index.shape != (n_txt,):
-            raise ValueError(f"txt2img must have shape ({n_txt},), got {tuple(index.shape)}")
-        if int(index.min()) < 0 or int(index.max()) >= n_dense:
-            raise ValueError(f"txt2img values must index the {n_dense} dense rows")
+        # the rows it indexes are the dense rows given, which need not be the images scored (a block of
+        # images against the dense rows of every image its captions describe: bench.gallery)
+        index = check_txt2img(txt2img, n_txt, n_dense, rows="dense rows", device=torch.device("cpu"))
     return ScoringInputs(img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens, index)
+
+
+def _unread_txt2img(txt2img: object, n_txt: int) -> None:
+    """Check a ``txt2img`` the pairing does not read (no dense text, or image-tied): still a caption ->
+    image map, refused when it is not one (a float or bool tensor, a wrong length, a negative id). No
+    upper bound: the images scored may be one block of a split whose map holds the split's ids (each
+    process of a distributed evaluation scores its block with the whole split's ``txt2img``)."""
+    if txt2img is not None:
+        check_txt2img(txt2img, n_txt, None)
 
 
 @torch.no_grad()
@@ -192,8 +202,10 @@ def score_matrix(
         dense_tokens: dense (MLLM) caption tokens, ``dense_lens`` their lengths. With the matcher's
             ``dense_pairing="image"``: (N_img, L_d, C), row v describes image v. With ``"caption"``:
             (N_txt, L_d, C), one per caption, or any (N_dense, L_d, C) plus ``txt2img``.
-        txt2img: (N_txt,) with caption-tied dense text, caption j uses dense row ``txt2img[j]`` (rows =
-            images); captions sharing a dense row share its dense-branch work.
+        txt2img: (N_txt,) integer ids (tensor, array or sequence). With caption-tied dense text,
+            caption j uses dense row ``txt2img[j]`` (rows = images; ids in [0, N_dense)); captions sharing
+            a dense row share its dense-branch work. Otherwise not read, but a float, a bool mask, a wrong
+            length or a negative id is still refused.
         max_memory_mb: budget for the engine's working tensors in MiB (inputs and the result excluded);
             block sizes are chosen so that the peak stays below it, whatever N_img x N_txt is. None:
             :func:`~patchword.eval.engine.memory.default_budget_mb` of ``device`` (1024 MiB on the CPU;
@@ -212,8 +224,8 @@ def score_matrix(
         (N_img, N_txt) float32 CPU tensor (``out`` when given).
 
     Raises:
-        ValueError: malformed inputs, a budget too small for a single image-caption block, or a precision
-            the engine or the device does not offer.
+        ValueError: malformed inputs (``txt2img`` included), a budget too small for a single image-caption
+            block, or a precision the engine or the device does not offer.
     """
     inputs = prepare_inputs(matcher, img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens, txt2img)
     device = _matcher_device(matcher, img_tokens) if device is None else checked_device(device)
