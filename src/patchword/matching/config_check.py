@@ -10,6 +10,7 @@ computed something else.
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 import types
 import typing
@@ -18,7 +19,7 @@ from typing import Any
 
 __all__ = ["POSITIVE_COUNTS", "check_config_fields"]
 
-_KINDS = {bool: "a bool", int: "an int", float: "a number", str: "a string"}
+_KINDS = {bool: "a bool", int: "an int", float: "a finite number", str: "a string"}
 
 #: Token geometry every matcher config that has it must hold at least 1 of (``embed_dim=0`` built layers of
 #: width 0 whose every forward failed later, or a matcher scoring nothing): one rule for every matcher.
@@ -32,8 +33,8 @@ def _accepts(kind: type, value: Any) -> bool:
         return False
     if kind is int:
         return isinstance(value, numbers.Integral)
-    if kind is float:
-        return isinstance(value, numbers.Real)
+    if kind is float:  # a NaN weight or scale turned every score NaN, and no option wants an infinity
+        return isinstance(value, numbers.Real) and math.isfinite(value)
     return isinstance(value, kind)
 
 
