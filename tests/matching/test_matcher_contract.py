@@ -244,7 +244,7 @@ def _wrong_values(name: str) -> list[tuple[str, object, type]]:
             wrong.append((field, 2.5, TypeError))
         elif kind is float:
             wrong.append((field, True, TypeError))
-            wrong += [(field, math.nan, TypeError), (field, math.inf, TypeError)]  # NaN scores everywhere
+            wrong += [(field, math.nan, ValueError), (field, math.inf, ValueError)]  # NaN scores everywhere
         elif typing.get_origin(kind) is typing.Literal:
             wrong.append((field, "no-such-choice", ValueError))
     return wrong

@@ -21,8 +21,8 @@ from patchword.matching.seps import SEPSConfig
     [
         ("gumbel_tau", 0, "gumbel_tau must be a finite number > 0"),
         ("gumbel_tau", -1.0, "gumbel_tau must be a finite number > 0"),
-        ("gumbel_tau", math.nan, "gumbel_tau must be a finite number > 0"),
-        ("gumbel_tau", math.inf, "gumbel_tau must be a finite number > 0"),
+        ("gumbel_tau", math.nan, "gumbel_tau must be a finite number"),
+        ("gumbel_tau", math.inf, "gumbel_tau must be a finite number"),
         ("hrpa_topk", -1, "hrpa_topk must be >= 0"),
         ("embed_dim", 0, "embed_dim must be a positive int"),
         ("embed_dim", -8, "embed_dim must be a positive int"),

@@ -19,7 +19,7 @@ from typing import Any
 
 __all__ = ["POSITIVE_COUNTS", "check_config_fields"]
 
-_KINDS = {bool: "a bool", int: "an int", float: "a finite number", str: "a string"}
+_KINDS = {bool: "a bool", int: "an int", float: "a number", str: "a string"}
 
 #: Token geometry every matcher config that has it must hold at least 1 of (``embed_dim=0`` built layers of
 #: width 0 whose every forward failed later, or a matcher scoring nothing): one rule for every matcher.
@@ -33,8 +33,8 @@ def _accepts(kind: type, value: Any) -> bool:
         return False
     if kind is int:
         return isinstance(value, numbers.Integral)
-    if kind is float:  # a NaN weight or scale turned every score NaN, and no option wants an infinity
-        return isinstance(value, numbers.Real) and math.isfinite(value)
+    if kind is float:
+        return isinstance(value, numbers.Real)
     return isinstance(value, kind)
 
 
@@ -55,7 +55,7 @@ def check_config_fields(cfg: Any) -> None:
     Raises:
         TypeError: ``"{name} must be an int, got 2.5 (float)"`` for the first field of the wrong type.
         ValueError: ``"{name} must be one of ('a', 'b'), got 'c'"`` for a value outside a ``Literal``;
-            ``"embed_dim must be a positive int, got 0"``.
+            ``"embed_dim must be a positive int, got 0"``; ``"{name} must be a finite number, got nan"``.
     """
     hints = _hints(type(cfg))
     for field in dataclasses.fields(cfg):
@@ -74,6 +74,8 @@ def check_config_fields(cfg: Any) -> None:
                 raise ValueError(f"{field.name} must be one of {allowed}, got {value!r}")
         elif want in _KINDS and not _accepts(want, value):
             raise TypeError(f"{field.name} must be {_KINDS[want]}, got {value!r} ({type(value).__name__})")
+        elif want is float and not math.isfinite(value):  # a NaN weight turned every score NaN
+            raise ValueError(f"{field.name} must be a finite number, got {value!r}")
     for name in POSITIVE_COUNTS:
         value = getattr(cfg, name, 1)
         if not isinstance(value, numbers.Real) or not value >= 1:
