@@ -34,6 +34,7 @@ __all__ = [
     "check_at_least",
     "check_finite_number",
     "check_positive_int",
+    "check_token_ids_dtype",
 ]
 
 # Per thread: the CPU scoring engines run their blocks in worker threads, and a caller checking its own
@@ -221,3 +222,14 @@ def check_positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return int(value)
+
+
+def check_token_ids_dtype(ids: torch.Tensor, name: str = "ids") -> None:
+    """Token ids an embedding table reads: int64 or int32 (float ids were torch's error about index scalar
+    types). The dtype only: nothing is read (a training step calls it).
+
+    Raises:
+        ValueError: naming ``name`` and the dtype.
+    """
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{name} must be int64 (or int32) token ids, got {ids.dtype}")

@@ -143,9 +143,10 @@ def _check_sizes(cfg: ModelConfig, vocab_size: int | None) -> None:
     Raises:
         ConfigError: ``model.embed_dim`` or ``vocab_size`` not an int >= 1 (``vocab_size`` None: not given).
     """
-    for key, value in (("model.embed_dim", cfg.embed_dim), ("vocab_size", vocab_size)):
-        if value is None and key == "vocab_size":
-            continue
+    given = [("model.embed_dim", cfg.embed_dim)] + (
+        [("vocab_size", vocab_size)] if vocab_size is not None else []
+    )
+    for key, value in given:
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             raise ConfigError(key, f"must be an int >= 1, got {value!r}")
 

@@ -165,6 +165,15 @@ def _load_errors() -> tuple[type[BaseException], ...]:
     return (*errors, SafetensorError)
 
 
+def _lfs_pointers(name: str) -> list[str]:
+    """The weights files of ``name`` that are git-lfs pointers (a repository cloned without git-lfs)."""
+    return [p.name for p in _weight_files(name) if _is_lfs_pointer(p)]
+
+
+def _where(name: str, local: bool) -> str:
+    return f"the local model directory '{name}'" if local else f"'{name}' (Hugging Face cache)"
+
+
 def _pointer_reason(pointers: list[str]) -> str:
     return (
         f"{', '.join(pointers)} is a git-lfs pointer, not the weights: run git lfs pull in the repository it "
@@ -198,10 +207,9 @@ def check_weight_files(name: str, local_files_only: bool) -> None:
         DataError: a weights file that is a git-lfs pointer.
     """
     local = Path(name).is_dir()
-    pointers = [p.name for p in _weight_files(name) if _is_lfs_pointer(p)]
+    pointers = _lfs_pointers(name)
     if pointers:
-        where = f"the local model directory '{name}'" if local else f"'{name}' (Hugging Face cache)"
-        raise DataError(f"could not load {where}: {_pointer_reason(pointers)}")
+        raise DataError(f"could not load {_where(name, local)}: {_pointer_reason(pointers)}")
     if local and not any((Path(name) / file).is_file() for file in WEIGHT_FILES):
         raise ModelNotFoundError(
             f"local model directory '{name}' has no weights file ({WEIGHT_FILES[0]} or {WEIGHT_FILES[2]}); "
@@ -211,17 +219,15 @@ def check_weight_files(name: str, local_files_only: bool) -> None:
         raise _missing_from_cache(name, "weights", local_files_only)
 
 
-def _damage(name: str, err: BaseException, what: str) -> str:
+def _damage(name: str, err: BaseException, what: str, pointers: list[str]) -> str:
     """Why ``from_pretrained`` could not read the ``what`` of model ``name``: a git-lfs pointer where a
-    weights file should be, else the reader's own first line, with the files it read."""
+    weights file should be (``pointers``), else the reader's own first line, with the files it read."""
     reason = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
     if what != "weights":
         return f"its {what} cannot be read ({reason})"
-    files = _weight_files(name)
-    pointers = [p.name for p in files if _is_lfs_pointer(p)]
     if pointers:
         return _pointer_reason(pointers)
-    which = ", ".join(p.name for p in files) or "its weights"
+    which = ", ".join(p.name for p in _weight_files(name)) or "its weights"
     return f"{which} cannot be read ({reason}): the file is damaged or incomplete; copy or download it again"
 
 
@@ -247,10 +253,11 @@ def hub_load_errors(name: str, local_files_only: bool, *, what: str = "weights")
         raise
     except _load_errors() as err:
         local = Path(name).is_dir()
-        pointer = what == "weights" and any(map(_is_lfs_pointer, _weight_files(name)))
-        if pointer or not isinstance(err, OSError):  # there, but not readable
-            where = f"the local model directory '{name}'" if local else f"'{name}' (Hugging Face cache)"
-            raise DataError(f"could not load {where}: {_damage(name, err, what)}") from err
+        pointers = _lfs_pointers(name) if what == "weights" else []
+        if pointers or not isinstance(err, OSError):  # there, but not readable
+            raise DataError(
+                f"could not load {_where(name, local)}: {_damage(name, err, what, pointers)}"
+            ) from err
         if local:  # found, but incomplete (e.g. no weights file): keep the reason
             raise ModelNotFoundError(f"could not load the local model directory '{name}': {err}") from err
         raise _missing_from_cache(name, what, local_files_only) from err
@@ -296,6 +303,7 @@ def read_hf_config(
         MissingExtraError: transformers is not installed.
         FileNotFoundError, NotADirectoryError: as :func:`resolve_pretrained`.
         ModelNotFoundError: transformers found no config there (with ``reword_errors``; else its OSError).
+        DataError: a config.json transformers refuses (with ``reword_errors``).
     """
     transformers = require_transformers()
     name = resolve_pretrained(name_or_path)

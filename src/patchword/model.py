@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
+from patchword._validation import check_token_ids_dtype
 from patchword.config import field_subset
 from patchword.encoders import (
     ContextConfig,
@@ -205,8 +206,7 @@ class RetrievalModel(nn.Module):
 
     def encode_texts(self, ids: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
         """(B, L) int64 / int32 ids and (B,) lengths -> (B, L, C) text tokens (values unread: no wait)."""
-        if ids.dtype not in (torch.int64, torch.int32):  # float ids were torch's error on index types
-            raise ValueError(f"ids must be int64 (or int32) token ids, got {ids.dtype}")
+        check_token_ids_dtype(ids)
         return self.text_encoder(ids, lens)
 
     def forward(

@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+# DEFAULT_BERT_VOCAB: the vocabulary of the dense lengths when none is named (used where it is cached
+# offline, else word counts): the data section's default, re-exported here
+from patchword.data.config import DEFAULT_BERT_VOCAB
 from patchword.errors import ConfigError, MissingFileError, PatchwordError
 
 if TYPE_CHECKING:
@@ -48,8 +51,6 @@ COCO_IMAGES, COCO_CAPTIONS = 5000, 25000
 #: The test galleries the scoring benchmarks are quoted at: (images, captions).
 SCORING_SHAPES = {"f30k": (F30K_IMAGES, F30K_CAPTIONS), "coco5k": (COCO_IMAGES, COCO_CAPTIONS)}
 MAX_DENSE_LEN = 128  # the default data.max_dense_len: the same cap in training and evaluation
-#: The vocabulary of the dense lengths when none is named: used where it is cached offline, else word counts.
-DEFAULT_BERT_VOCAB = "bert-base-uncased"
 
 #: Benchmark name -> matcher, variant, dense pairing and whether dense text is given; the first is the
 #: headline case (official SEPS with the official, caption-tied dense text).

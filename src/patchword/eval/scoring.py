@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import torch
 
-from patchword._validation import check_lengths, check_tensor
+from patchword._validation import check_lengths, check_positive_int, check_tensor, check_token_ids_dtype
 from patchword.device import checked_device
 from patchword.progress import progress_bar
 
@@ -50,8 +50,7 @@ def encode_image_tokens(
             integer pixels (:meth:`~patchword.model.RetrievalModel.encode_images`), a bad ``batch_size``.
     """
     device = checked_device(device)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    batch_size = check_positive_int("batch_size", batch_size)
     if isinstance(images, torch.Tensor):
         if images.ndim < 2:
             raise ValueError(f"images as a tensor must be (N_img, ...), got shape {tuple(images.shape)}")
@@ -132,8 +131,7 @@ def _check_token_ids(ids: torch.Tensor, vocab_size: int | None) -> None:
     Raises:
         ValueError: naming ``ids`` and the dtype, or the id out of range.
     """
-    if ids.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"ids must be int64 (or int32) token ids, got {ids.dtype}")
+    check_token_ids_dtype(ids)
     if ids.numel() == 0:
         return
     low, high = torch.stack([ids.min(), ids.max()]).tolist()

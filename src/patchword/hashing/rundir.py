@@ -126,18 +126,18 @@ def absolute_data(dc: HashDataConfig) -> HashDataConfig:
 
 def recorded_data_location(
     dc: HashDataConfig, recorded: HashDataConfig | None, given: Collection[str] = ()
-) -> tuple[HashDataConfig, bool]:
+) -> tuple[HashDataConfig, str]:
     """``dc`` (a run's config.yaml data section, with a command's overrides) with each data path
     (:data:`HASH_RESUME_DATA_KEYS`) that ``given`` does not set taken from ``recorded``, the data section of
     the run's last.pt: a resume that found the data moved (``data.image=NEW``) recorded the new place
-    there, and config.yaml is never rewritten. Returns the section and whether any path came from
-    ``recorded`` (errors then name last.pt as their source). ``recorded`` None (no config in last.pt):
-    ``dc`` as it is."""
+    there, and config.yaml is never rewritten. Returns the section and the run file its paths come from
+    (last.pt when any came from ``recorded``, else config.yaml), which errors name. ``recorded`` None (no
+    config in last.pt): ``dc`` as it is."""
     if recorded is None:
-        return dc, False
+        return dc, CONFIG_FILE
     keys = [key.removeprefix("data.") for key in sorted(HASH_RESUME_DATA_KEYS - set(given))]
     moved = {key: getattr(recorded, key) for key in keys if getattr(recorded, key) != getattr(dc, key)}
-    return replace(dc, **moved), bool(moved)
+    return replace(dc, **moved), LAST_CHECKPOINT if moved else CONFIG_FILE
 
 
 def refuse_missing_run_data(

@@ -215,11 +215,9 @@ def resume_hashing(
     refuse_edited_config(run_dir / CONFIG_FILE, cfg, stored, HASH_RESUMABLE_KEYS | HASH_RESUME_DATA_KEYS)
     moved = override_keys(overrides) & HASH_RESUME_DATA_KEYS
     # where an earlier resume found the moved data (last.pt's config), unless pointed elsewhere again
-    located, from_last = recorded_data_location(cfg.data, stored.data, moved)
+    located, source = recorded_data_location(cfg.data, stored.data, moved)
     cfg = replace(cfg, data=located)
-    refuse_missing_run_data(
-        cfg.data, run_dir, moved, run_dir / (LAST_CHECKPOINT if from_last else CONFIG_FILE)
-    )
+    refuse_missing_run_data(cfg.data, run_dir, moved, run_dir / source)
     return _train(cfg, run_dir, data, state=state, overrides=overrides, moved=moved)
 
 
@@ -328,6 +326,7 @@ def open_hashing_run(
     if not (run_dir / LAST_CHECKPOINT).is_file():
         raise MissingFileError(f"{run_dir} has no last.pt: the run never saved a checkpoint")
     refuse_trained_run_overrides(overrides or [])
+    given = override_keys(overrides or [])
     saved = config_from_mapping(HashRunConfig, mapping, run_dir / CONFIG_FILE)  # errors name the file
     cfg = apply_overrides(saved, list(overrides or []))  # a copy: ``saved`` stays the run's own
     cfg = replace(
@@ -337,16 +336,16 @@ def open_hashing_run(
     check_hash_config(cfg)
     # an override the run's settings never read (model.eval_batch_size on a unimodal run) is refused as a
     # new run's is; the values its config.yaml holds are the run's, not the command's
-    check_used_keys(cfg, override_keys(overrides or []), only_given=True)
+    check_used_keys(cfg, given, only_given=True)
     # refused before the data are read or built (minutes on real data): a data key the overrides set that
     # the run's format would ignore (a split key for a split directory, a data.synthetic_* key for files...;
     # the run's own are not), then one that re-splits the run's data
-    refuse_ignored_keys(cfg.data, override_keys(overrides or []))
+    refuse_ignored_keys(cfg.data, given)
     state = load_checkpoint(run_dir / LAST_CHECKPOINT, map_location=cfg.device)
     # the run's data are where its last resume found them (a moved run: last.pt), unless overridden
     recorded = from_dict(HashRunConfig, state["config"]).data if state.get("config") else None
     saved = replace(saved, data=recorded_data_location(saved.data, recorded)[0])
-    located, from_last = recorded_data_location(cfg.data, recorded, override_keys(overrides or []))
+    located, source = recorded_data_location(cfg.data, recorded, given)
     cfg = replace(cfg, data=located)
     # an imported checkpoint not trained on since has no data of its own
     trained = not ((run_dir / IMPORT_FILE).is_file() and int(state["step"]) == 0)
@@ -354,10 +353,9 @@ def open_hashing_run(
         # weights trained on the run's split: another split (or synthetic set) of the same data put
         # training pairs in the query set
         refuse_resplit(saved.data, cfg.data)
-    source = run_dir / (LAST_CHECKPOINT if from_last else CONFIG_FILE)
-    refuse_missing_run_data(cfg.data, run_dir, override_keys(overrides or []), source)
+    refuse_missing_run_data(cfg.data, run_dir, given, run_dir / source)
     # the training split is unused here: a capped default data.num_train is no news (said at training)
-    data = build_hashing_dataset(cfg.data, override_keys(overrides or []), training=False)
+    data = build_hashing_dataset(cfg.data, given, training=False)
     if trained:  # a copy of the run's data re-split, or its files changed since (rows added)
         check_evaluated_data(state, data, saved.data, cfg.data, run_dir)
     model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)

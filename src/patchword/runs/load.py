@@ -204,10 +204,12 @@ def load_run_tokenizer(run_dir: str | Path, data: DataConfig):
 
     # The BERT vocabulary a run carries: bert_vocab/ (a trained run, whose data.bert_vocab says where it came
     # from; an export), or what data.bert_vocab names relative to the run (an import); else that source.
-    carried, own = Path(run_dir) / BERT_VOCAB_DIR, Path(run_dir) / data.bert_vocab
+    carried = Path(run_dir) / BERT_VOCAB_DIR
     if (carried / "vocab.txt").is_file():
         return BertCaptionTokenizer.from_pretrained(carried)
-    return BertCaptionTokenizer.from_pretrained(str(own) if own.exists() else data.bert_vocab_source())
+    source = data.bert_vocab_source()
+    own = Path(run_dir) / source
+    return BertCaptionTokenizer.from_pretrained(str(own) if own.exists() else source)
 
 
 def save_backbones(model, run_dir: Path) -> None:

@@ -108,6 +108,12 @@ def prepare_inputs(
     inputs = _prepare_inputs(
         matcher, img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens, txt2img, image_constants
     )
+    if txt2img is not None and inputs.dense_index is None:
+        # a map the pairing does not read (no dense text, or image-tied) is still a caption -> image map:
+        # refused when it is not one (float, bool, wrong length, negative id). No upper bound: the images
+        # scored may be one block of a split whose map holds the split's ids (each process of a distributed
+        # evaluation scores its block with the whole split's txt2img)
+        check_txt2img(txt2img, inputs.num_texts, None)
     if patch_prior is not None:
         factory = _declared_engine(matcher)
         if not getattr(factory, "prunable", False):
@@ -134,10 +140,8 @@ def _prepare_inputs(
         if dense_tokens is not None:
             raise ValueError("give dense_tokens or the image_constants computed from them, not both")
         image_constants = check_tensor(image_constants, "image_constants", shape=(n_img,), finite=False)
-        _unread_txt2img(txt2img, n_txt)
         return ScoringInputs(img_tokens, cap_tokens, cap_lens, image_constants=image_constants)
     if dense_tokens is None or pairing == "none":
-        _unread_txt2img(txt2img, n_txt)
         return ScoringInputs(img_tokens, cap_tokens, cap_lens)
     dense_tokens = check_tensor(dense_tokens, "dense_tokens", shape=(None, None, dim), finite=False)
     dense_lens = check_lengths(
@@ -147,7 +151,6 @@ def _prepare_inputs(
     if pairing != "caption":
         if n_dense != n_img:
             raise ValueError(f"dense_tokens tied to images need one row per image ({n_img}), got {n_dense}")
-        _unread_txt2img(txt2img, n_txt)
         return ScoringInputs(img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens)
     if txt2img is None:
         if n_dense != n_txt:
@@ -161,15 +164,6 @@ def _prepare_inputs(
         # images against the dense rows of every image its captions describe: bench.gallery)
         index = check_txt2img(txt2img, n_txt, n_dense, rows="dense rows", device=torch.device("cpu"))
     return ScoringInputs(img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens, index)
-
-
-def _unread_txt2img(txt2img: object, n_txt: int) -> None:
-    """Check a ``txt2img`` the pairing does not read (no dense text, or image-tied): still a caption ->
-    image map, refused when it is not one (a float or bool tensor, a wrong length, a negative id). No
-    upper bound: the images scored may be one block of a split whose map holds the split's ids (each
-    process of a distributed evaluation scores its block with the whole split's ``txt2img``)."""
-    if txt2img is not None:
-        check_txt2img(txt2img, n_txt, None)
 
 
 @torch.no_grad()
