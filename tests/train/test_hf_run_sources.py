@@ -186,3 +186,9 @@ def test_a_bert_run_evaluates_and_exports_with_its_vocabulary_directory_gone(
     assert main(["eval", str(run), "--out", str(tmp_path / "eval.json")]) == 0, capsys.readouterr().err
     assert main(["export", str(run), str(tmp_path / "export")]) == 0, capsys.readouterr().err
     assert (tmp_path / "export" / "bert_vocab" / "vocab.txt").read_text().splitlines() == words
+    # the vocabulary the run carries is the one it reads: an override of it would be ignored, so it is refused
+    assert main(["eval", str(run), "data.bert_vocab=elsewhere", "--out", str(tmp_path / "e2.json")]) == 2
+    assert one_error_line(capsys.readouterr().err).startswith(
+        f"error: data.bert_vocab: the run carries its vocabulary ({run / 'bert_vocab'})"
+    )
+    assert not (tmp_path / "e2.json").exists()

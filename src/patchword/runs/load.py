@@ -226,17 +226,24 @@ _BACKBONE_KEYS = {"model.hf_vision": ("vision", "image"), "model.hf_text": ("tex
 
 
 def check_backbone_overrides(run_dir: str | Path, overrides: Sequence[str]) -> None:
-    """An override of ``model.hf_vision`` / ``model.hf_text`` where the run's ``backbones.json`` records that
-    backbone is refused: :func:`build_run_model` rebuilds it from the recorded architecture and the
-    checkpoint gives every weight, so the override would be ignored. Where the file records none (a tiny or
-    region encoder; a run written before the file was), the override is applied as before: the backbone is
-    built from it, then the checkpoint's weights are loaded into it.
+    """An override of ``data.bert_vocab`` where the run carries its vocabulary (``bert_vocab/``) is refused
+    (its tokenizer reads that copy), and one of ``model.hf_vision`` / ``model.hf_text`` where the run's
+    ``backbones.json`` records that backbone: :func:`build_run_model` rebuilds it from the recorded
+    architecture and the checkpoint gives every weight, so the override would be ignored. Where the file
+    records none (a tiny or region encoder; a run written before the file was), the override is applied as
+    before: the backbone is built from it, then the checkpoint's weights are loaded into it.
 
     Raises:
         ConfigError: naming the key.
         DataError: a damaged ``backbones.json`` (read only when such an override is given).
     """
     keys = [item.split("=", 1)[0].strip() for item in overrides if "=" in item]
+    if "data.bert_vocab" in keys and (Path(run_dir) / BERT_VOCAB_DIR / "vocab.txt").is_file():
+        raise ConfigError(
+            "data.bert_vocab",
+            f"the run carries its vocabulary ({Path(run_dir) / BERT_VOCAB_DIR}), which its tokenizer reads: "
+            "the override would be ignored; drop it",
+        )
     keys = [key for key in keys if key in _BACKBONE_KEYS]
     if not keys:
         return
