@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -307,6 +308,33 @@ def test_tgdt_cli_smoke(tmp_path, hf_text, capsys):
     assert (out / "bert_vocab.txt").read_text().split() == WORDS
     assert main(["import", str(ckpt), "--out", str(out), "--hf-text", str(hf_text)]) == 2  # never overwritten
     assert "exists" in capsys.readouterr().err
+
+
+def test_tgdt_vocabulary_that_does_not_fit_the_word_embedding(tmp_path, hf_text, capsys, caplog):
+    """Old code: TGDT's --hf-text vocab.txt was checked only to exist (SEPS's was sized): ten words past the
+    checkpoint's embedding imported (rc 0) and its first caption with one was an IndexError; a shorter
+    vocabulary tokenised the captions to other ids, silently."""
+    from patchword.cli import main
+
+    ckpt = tmp_path / "model_best_rsum.pth.tar"
+    write_tgdt(ckpt, official_config())
+    big = tmp_path / "big"
+    shutil.copytree(hf_text, big)
+    (big / "vocab.txt").write_text("\n".join([*WORDS, *(f"extra{i}" for i in range(10))]) + "\n")
+    out = tmp_path / "run"
+    assert main(["import", str(ckpt), "--out", str(out), "--hf-text", str(big)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: --hf-text: {big / 'vocab.txt'} has {len(WORDS) + 10} tokens but the BERT architecture "
+        f"embeds {len(WORDS)}"
+    )
+    assert not out.exists()
+    small = tmp_path / "small"
+    shutil.copytree(hf_text, small)
+    (small / "vocab.txt").write_text("\n".join(WORDS[:-5]) + "\n")
+    assert main(["import", str(ckpt), "--out", str(out), "--hf-text", str(small)]) == 0
+    assert (
+        f"{small / 'vocab.txt'} has {len(WORDS) - 5} tokens but the BERT architecture embeds" in caplog.text
+    )
 
 
 # --------------------------------------------------------------------------------------------- UCMFH

@@ -51,6 +51,7 @@ __all__ = [
     "safe_load",
     "opt_dict",
     "check_opt_names",
+    "bert_vocab_file",
     "write_imported_run",
     "IMPORT_FILE",
 ]
@@ -211,6 +212,48 @@ def check_opt_names(opt: dict[str, Any], path: str | os.PathLike[str]) -> None:
                 f"{path}: opt has a field named {key!r} ({type(key).__name__}), not a name: the official "
                 "train.py saves its arguments (an argparse.Namespace), whose fields are names"
             )
+
+
+def bert_vocab_file(source: str | None, text_arch: dict[str, Any]) -> Path:
+    """BERT's ``vocab.txt`` from ``--hf-text`` (a directory or a cached hub id), checked to fit the
+    checkpoint's word embedding (``text_arch["vocab_size"]`` rows): more tokens than rows is refused (ids
+    past the table: an IndexError at the first caption that has one), fewer is warned of (the official
+    vocabulary fills the table: another one tokenises the same captions to other ids).
+
+    Raises:
+        ConfigError: naming ``--hf-text``.
+    """
+    from patchword.data.tokenizers import BertCaptionTokenizer
+
+    local = Path(str(source)).expanduser()
+    if local.is_dir():
+        vocab = local / "vocab.txt"
+    else:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(str(source), "vocab.txt")
+        vocab = Path(cached) if isinstance(cached, str) else local / "vocab.txt"
+    if not vocab.is_file():
+        raise ConfigError("--hf-text", f"{source} has no vocab.txt: the run needs BERT's vocabulary file")
+    try:
+        tokenizer = BertCaptionTokenizer.from_pretrained(vocab)
+    except (ValueError, KeyError) as err:
+        raise ConfigError("--hf-text", f"{vocab}: not a BERT vocabulary ({err})") from None
+    embedded = int(text_arch.get("vocab_size", 0))
+    if tokenizer.vocab_size > embedded:
+        raise ConfigError(
+            "--hf-text",
+            f"{vocab} has {tokenizer.vocab_size} tokens but the BERT architecture embeds {embedded}",
+        )
+    if tokenizer.vocab_size < embedded:
+        _logger.warning(
+            "%s has %d tokens but the BERT architecture embeds %d: is it the checkpoint's own vocabulary? "
+            "Another one tokenises the same captions to other ids",
+            vocab,
+            tokenizer.vocab_size,
+            embedded,
+        )
+    return vocab
 
 
 def hf_architecture(source: str | None, role: str, arg: str) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from patchword.errors import ConfigError, DataError
 from patchword.imports.base import (
     ImportOptions,
     ImportPlan,
+    bert_vocab_file,
     check_opt_names,
     hf_architecture,
     opt_dict,
@@ -208,7 +209,7 @@ def convert(ckpt: dict[str, Any], options: ImportOptions, path: Path, *, family:
         opt=opt,
         architectures=architectures,
         metadata={k: _plain(ckpt[k]) for k in ("epoch", "best_rsum", "Eiters") if k in ckpt},
-        bert_files=_bert_vocab(options.hf_text, architectures["text"]),
+        bert_files=bert_vocab_file(options.hf_text, architectures["text"]),
         # _data_and_eval checked it is f30k or coco (absent: the arguments.py default f30k)
         dataset=str(opt.get("dataset", _EVAL_OPT_DEFAULTS["dataset"])),
     )
@@ -478,33 +479,6 @@ def _map_tensors(
             "opt.embed_size describe another model than the one it holds"
         )
     return mapped, ignored
-
-
-def _bert_vocab(source: str | None, text_arch: dict[str, Any]) -> Path:
-    """BERT's ``vocab.txt`` from ``--hf-text`` (a directory or a cached hub id), checked to fit the model."""
-    from patchword.data.tokenizers import BertCaptionTokenizer
-
-    local = Path(str(source)).expanduser()
-    if local.is_dir():
-        vocab = local / "vocab.txt"
-    else:
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(str(source), "vocab.txt")
-        vocab = Path(cached) if isinstance(cached, str) else local / "vocab.txt"
-    if not vocab.is_file():
-        raise ConfigError("--hf-text", f"{source} has no vocab.txt: the run needs BERT's vocabulary file")
-    try:
-        tokenizer = BertCaptionTokenizer.from_pretrained(vocab)
-    except (ValueError, KeyError) as err:
-        raise ConfigError("--hf-text", f"{vocab}: not a BERT vocabulary ({err})") from None
-    embedded = int(text_arch.get("vocab_size", 0))
-    if tokenizer.vocab_size > embedded:
-        raise ConfigError(
-            "--hf-text",
-            f"{vocab} has {tokenizer.vocab_size} tokens but the BERT architecture embeds {embedded}",
-        )
-    return vocab
 
 
 register_family(

@@ -76,7 +76,14 @@ from typing import Any
 import torch
 
 from patchword.errors import ConfigError, DataError
-from patchword.imports.base import ImportOptions, ImportPlan, hf_architecture, opt_dict, register_family
+from patchword.imports.base import (
+    ImportOptions,
+    ImportPlan,
+    bert_vocab_file,
+    hf_architecture,
+    opt_dict,
+    register_family,
+)
 
 __all__ = ["FAMILY", "detect", "convert"]
 
@@ -197,23 +204,6 @@ def _stage_layers(state: dict[str, Any], module: str, path: Path) -> dict[int, d
     if not layers:
         raise DataError(f"{path}: the TGDT checkpoint has no {prefix[:-1]} tensors")
     return layers
-
-
-def _bert_vocab(source: str) -> Path:
-    """``vocab.txt`` of the ``--hf-text`` directory or cached hub id."""
-    from patchword.hub import resolve_pretrained
-
-    resolved = Path(resolve_pretrained(source))
-    if resolved.is_dir():
-        vocab = resolved / "vocab.txt"
-    else:
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(source, "vocab.txt")
-        vocab = Path(cached) if isinstance(cached, str) else resolved / "vocab.txt"
-    if not vocab.is_file():
-        raise ConfigError("--hf-text", f"{source}: no vocab.txt (the BERT tokenizer's vocabulary) there")
-    return vocab
 
 
 def _text_architecture(
@@ -504,7 +494,7 @@ def convert(ckpt: dict[str, Any], options: ImportOptions, path: Path) -> ImportP
         opt={**opt, **_flat_config(ckpt["config"])},
         architectures={"text": arch},
         metadata=metadata,
-        bert_files=_bert_vocab(str(options.hf_text)),
+        bert_files=bert_vocab_file(str(options.hf_text), arch),
         dataset=_DATASETS.get(str(cfg.get("dataset", "name", None))),
     )
 
