@@ -90,3 +90,21 @@ def test_one_rule_finds_the_weights_of_a_directory(tmp_path):
     (run / WEIGHTS_FILE).write_bytes(b"w")
     assert weights_file(run) == run / WEIGHTS_FILE
     assert weights_file(run / "best.pt") == run / "best.pt"  # a file is itself
+
+
+def test_an_export_without_its_weights_file_names_that_file_and_lists_it_when_present(tmp_path):
+    """Old code: an export whose model.safetensors was gone reported "checkpoint export/best.pt does not
+    exist: export has no checkpoint" (a file an export never has), and ``load_run(export, "best.pt")`` said
+    "has no checkpoint" beside a model.safetensors."""
+    export = _run(tmp_path, files=())
+    (export / "metrics.json").write_text('{"weights_sha256": "ab"}\n')  # what an export records
+    with pytest.raises(MissingFileError) as caught:
+        resolve_checkpoint(export)
+    assert (
+        str(caught.value)
+        == f"checkpoint {export / 'model.safetensors'} does not exist: {export} has no checkpoint"
+    )
+    (export / "model.safetensors").write_bytes(b"weights")
+    with pytest.raises(MissingFileError) as caught:
+        resolve_checkpoint(export, "best.pt")
+    assert str(caught.value).endswith(f"{export} has model.safetensors (pass --checkpoint)")

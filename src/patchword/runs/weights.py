@@ -55,7 +55,11 @@ def resolve_checkpoint(run_dir: str | Path, checkpoint: str | Path | None = None
     default = run_dir / BEST_CHECKPOINT
     # an export has no best.pt: its weights file is the default, even when something broke it (a directory
     # in its place is named as such, not reported as a missing best.pt)
-    if checkpoint is None and not default.exists() and (run_dir / WEIGHTS_FILE).exists():
+    if (
+        checkpoint is None
+        and not default.exists()
+        and ((run_dir / WEIGHTS_FILE).exists() or _is_export(run_dir))
+    ):
         default = run_dir / WEIGHTS_FILE
     path = Path(checkpoint) if checkpoint is not None else default
     if checkpoint is not None and not path.is_absolute() and (run_dir / path).exists():
@@ -63,7 +67,7 @@ def resolve_checkpoint(run_dir: str | Path, checkpoint: str | Path | None = None
     hint = None
     # what the run has, where the user may have mistyped or named a directory (--checkpoint export)
     if not path.is_file() and (checkpoint is not None or not path.is_dir()):
-        found = sorted(p.name for p in run_dir.glob("*.pt") if p.is_file())
+        found = sorted(p.name for p in [*run_dir.glob("*.pt"), run_dir / WEIGHTS_FILE] if p.is_file())
         hint = (
             f"{run_dir} has {', '.join(found)} (pass --checkpoint)"
             if found
@@ -71,3 +75,12 @@ def resolve_checkpoint(run_dir: str | Path, checkpoint: str | Path | None = None
         )
     require_file(path, "checkpoint", hint=hint)
     return path
+
+
+def _is_export(run_dir: Path) -> bool:
+    """Whether ``run_dir`` is an exported model directory (its export record names the weights' sha256):
+    one whose weights file is gone misses that file, not a best.pt it never had."""
+    try:
+        return WEIGHTS_DIGEST_KEY in read_json(run_dir / METRICS_JSON, METRICS_JSON, default={})
+    except DataError:  # a damaged record says nothing here; loading it later says what is wrong
+        return False
