@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
+import warnings
 import zipfile
 from collections.abc import Iterable
 from contextlib import nullcontext
@@ -134,9 +135,17 @@ def read_checkpoint(
     require_file(path, what)
     allowed = list(safe_globals)
     try:
-        with torch.serialization.safe_globals(allowed) if allowed else nullcontext():
+        with (
+            torch.serialization.safe_globals(allowed) if allowed else nullcontext(),
+            warnings.catch_warnings(),
+        ):
+            # torch warns of any protocol above 2 before it tries; a failure is said below, in one line
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
             state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
+        protocol = _pickle_protocol(path)
+        if protocol is not None and protocol > 2 and "Unsupported operand" in str(err):
+            raise DataError(_protocol_problem(path, protocol, what)) from None
         # the restricted unpickler names a class it refuses: "GLOBAL module.Class was not an allowed global"
         named = re.search(r"GLOBAL (\S+)", str(err))
         if named is None and not _head(path, 2).startswith((_ZIP_START, _PICKLE_START)):
@@ -158,6 +167,29 @@ def read_checkpoint(
         keys = ", ".join(sorted(map(str, state))[:8]) or "none"
         raise DataError(f"{path}: not a {what}: no {', '.join(map(repr, missing))} entry (its keys: {keys})")
     return state
+
+
+def _pickle_protocol(path: Path) -> int | None:
+    """The pickle protocol a ``torch.save`` file was written with (its first opcode, PROTO n), or None."""
+    head = _head(path, 2)
+    if head.startswith(_ZIP_START):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                name = next((n for n in archive.namelist() if n.endswith("data.pkl")), None)
+                head = archive.open(name).read(2) if name else b""
+        except (zipfile.BadZipFile, OSError):
+            return None
+    return head[1] if len(head) == 2 and head.startswith(_PICKLE_START) else None
+
+
+def _protocol_problem(path: Path, protocol: int, what: str) -> str:
+    """Why a file saved with ``torch.save(..., pickle_protocol=protocol)`` cannot be read, and the way out."""
+    return (
+        f"{path}: saved with pickle protocol {protocol}, which torch's restricted loader (weights_only) "
+        f"cannot read, and patchword reads a {what} with nothing else (a pickle can run code). If you trust "
+        f"the file, re-save it with torch's default protocol: python -c \"import torch; "
+        f"torch.save(torch.load('{path}', weights_only=False), 'resaved.pth')\""
+    )
 
 
 def _check_zip_members(path: Path, what: str) -> None:

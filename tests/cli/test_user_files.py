@@ -8,6 +8,7 @@ the workspace before and after.
 
 from __future__ import annotations
 
+import argparse
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -210,6 +211,26 @@ def test_checkpoint_reader_says_what_the_file_is(tmp_path):
     torch.save({"model": Path("x")}, tmp_path / "class.pt")
     with pytest.raises(DataError, match="refused to unpickle a class.*Path"):
         read_checkpoint(tmp_path / "class.pt")
+
+
+@pytest.mark.parametrize("zipped", [True, False], ids=["zip", "legacy"])
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_checkpoint_of_a_newer_pickle_protocol_is_named_with_the_way_out(tmp_path, recwarn, protocol, zipped):
+    """Old code: torch's restricted loader reads protocol 2 and 3 only; a file saved with
+    ``pickle_protocol=4`` was "refused to unpickle a class" (it holds none) after torch's UserWarning."""
+    from patchword.errors import DataError
+    from patchword.readers import read_checkpoint
+
+    path = tmp_path / "new.pth"
+    state = {"model": {"w": torch.ones(3)}, "opt": argparse.Namespace(lr=0.1)}
+    torch.save(state, path, pickle_protocol=protocol, _use_new_zipfile_serialization=zipped)
+    with pytest.raises(DataError, match=f"new.pth: saved with pickle protocol {protocol}, which") as info:
+        read_checkpoint(path, safe_globals=[argparse.Namespace])
+    assert "class" not in str(info.value)
+    assert not [w for w in recwarn if "pickle protocol" in str(w.message)]
+    resaved = tmp_path / "resaved.pth"  # the way out the message gives
+    torch.save(torch.load(path, weights_only=False), resaved)
+    assert read_checkpoint(resaved, safe_globals=[argparse.Namespace])["opt"].lr == 0.1
 
 
 def test_checkpoint_reader_refuses_flipped_bytes_inside_a_tensor(tmp_path, capsys):
