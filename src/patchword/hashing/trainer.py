@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from patchword._validation import check_all_finite, values_checked
-from patchword.checkpoint import atomic_save, load_checkpoint, rng_state, set_rng_state
+from patchword.checkpoint import atomic_save, rng_state, set_rng_state
 from patchword.errors import ConfigError, Interrupted, PatchwordError, ResumeHint
 from patchword.fileio import append_line
 from patchword.hashing.config import HashRunConfig, check_hash_config
@@ -201,12 +201,6 @@ class HashTrainer:
         self._sums = sums.to(self.device) if sums is not None and self.batch_in_epoch else None
         self._seconds_before = float(state.get("train_seconds", 0.0))
         set_rng_state(state["rng"])
-
-    def resume(self, path: Path) -> None:
-        # On the CPU: the generator states must stay CPU tensors (torch.set_rng_state refuses others), and
-        # the model and optimiser copy their tensors to the training device themselves.
-        self.load_state_dict(load_checkpoint(path, map_location="cpu"))
-        _logger.info("resumed %s at epoch %d, step %d", path, self.epoch, self.step)
 
     def save_last(self) -> None:
         state = self.state_dict()

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from patchword.checkpoint import atomic_save, load_checkpoint
+from patchword.checkpoint import atomic_save
 from patchword.data.batches import ShardBatch
 from patchword.data.pipeline import EncodedSplit
 from patchword.distributed import Distributed
@@ -195,12 +195,6 @@ class Trainer:
                 processes,
                 self.dist.world_size,
             )
-
-    def resume(self, path: str | Path) -> None:
-        self.load_state_dict(load_checkpoint(path, map_location=self.device))
-        _logger.info(
-            "resumed from %s at epoch %d, batch %d, step %d", path, self.epoch, self.batch_in_epoch, self.step
-        )
 
     def save_last(self) -> None:
         state = self.state_dict()
