@@ -11,6 +11,9 @@
   set or the new one, never a mix (:func:`recover_directory` finishes what a kill between two renames left).
 * Each of them then syncs the directory (:func:`fsync_directory`), so that the new name, not only the new
   bytes, survives a power loss.
+* :func:`check_output_file` and :func:`check_output_dir`: before any work, the file or the directory a
+  command will write, refused (naming the flag or config key) where it cannot go: a file in the place of a
+  directory, or of one of its parents; a folder that takes no files (:func:`probe_writable`).
 
 An operating-system error always names the file (``OSError.filename``), so the command line reports it as
 one line (:func:`patchword.errors.run_command`).
@@ -50,6 +53,7 @@ __all__ = [
     "file_sha256",
     "probe_writable",
     "check_output_file",
+    "check_output_dir",
     "staging_dirs",
 ]
 
@@ -424,6 +428,47 @@ def check_output_file(out: str | os.PathLike[str], force: bool, flag: str = "--o
     if os.path.exists(out) and not force:
         raise RunExistsError(f"{out} exists; pass --force to overwrite it or {flag} for another file")
     if not os.path.isdir(folder):
-        what = "is a file" if os.path.exists(folder) else "does not exist"
-        raise ConfigError(flag, f"directory {folder} {what}")
+        blocker = _not_a_directory(folder)
+        if blocker == folder:
+            raise ConfigError(flag, f"directory {folder} {_is_not_a_folder(folder)}")
+        above = f" ({blocker} {_is_not_a_folder(blocker)})" if blocker else ""
+        raise ConfigError(flag, f"directory {folder} does not exist{above}")
     probe_writable(folder)
+
+
+def check_output_dir(out: str | os.PathLike[str], flag: str, what: str = "the directory to write") -> None:
+    """Before any work, the directory a command will write into (made, with its missing parents, when it
+    does not exist): not a file, no file where one of its parents must go, and files can be created in it
+    (or in its nearest existing parent: :func:`probe_writable`; nothing is created). ``flag``: the flag or
+    config key that named ``out`` (``--out``, ``output_dir``); ``what``: what ``flag`` names, for the
+    message of a file in its place.
+
+    Raises:
+        ConfigError: ``out``, or one of its parents, is a file (naming ``flag`` and that file).
+        OSError: files cannot be created there (read-only, vanished), naming the directory.
+    """
+    from patchword.errors import ConfigError
+
+    shown, path = os.fspath(out), os.path.abspath(os.fspath(out))
+    blocker = _not_a_directory(path)
+    if blocker == path:
+        raise ConfigError(flag, f"{shown} {_is_not_a_folder(path)}: {flag} names {what}")
+    if blocker is not None:
+        raise ConfigError(flag, f"{blocker} {_is_not_a_folder(blocker)}: {shown} cannot be created under it")
+    probe_writable(path)
+
+
+def _not_a_directory(path: str) -> str | None:
+    """The nearest existing entry of absolute ``path`` and its parents when it is not a directory (a file, a
+    dangling link): what makes creating ``path`` fail with ``ENOTDIR`` (``EEXIST`` for ``path`` itself)."""
+    folder = path
+    while not os.path.lexists(folder):
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
+    return None if os.path.isdir(folder) else folder
+
+
+def _is_not_a_folder(path: str) -> str:
+    return "is a file" if os.path.isfile(path) else "is not a directory"

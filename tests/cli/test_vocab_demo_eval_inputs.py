@@ -278,7 +278,13 @@ def test_demo_output_dir_that_cannot_hold_a_run_names_output_dir(tmp_path, capsy
     output_dir = a_file / below if below else a_file
     assert main(["demo", f"output_dir={output_dir}"]) == 2
     line = one_error_line(capsys.readouterr().err)
-    assert line.startswith("error: output_dir: cannot hold the demo's run: ") and str(a_file) in line, line
+    if below:  # named by patchword.fileio.check_output_dir, as every output directory of the CLI
+        assert line == f"error: output_dir: {a_file} is a file: {output_dir} cannot be created under it"
+    else:
+        assert (
+            line
+            == f"error: output_dir: {a_file} is a file: output_dir names the directory the demo's run goes in"
+        )
     assert a_file.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
 
 

@@ -428,7 +428,7 @@ def test_index_build_checks_every_flag_and_file_before_writing_and_the_corrected
             ),
             (
                 build(to=tmp_path / "a_file" / "idx"),
-                f"--out: {tmp_path / 'a_file'}: Not a directory (ENOTDIR)",
+                f"--out: {tmp_path / 'a_file'} is a file: {tmp_path / 'a_file' / 'idx'} cannot be created",
                 (),
             ),
             (build(run=tmp_path / "no_run"), f"run directory {tmp_path / 'no_run'} does not exist", ()),

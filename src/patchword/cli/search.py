@@ -117,6 +117,7 @@ def main_index(argv: list[str] | None = None) -> int:
                 _client_module()
             except MissingExtraError as err:
                 raise MissingExtraError(f"--qdrant: {err}") from None
+            _check_embedded_store(args.qdrant)
         plan = _plan(args)  # every flag and file checked, the run loaded: nothing written yet
         client = None
         if args.qdrant:
@@ -137,6 +138,24 @@ def main_index(argv: list[str] | None = None) -> int:
 
     # finished shards are kept (each written atomically, then the manifest): the same command resumes
     return run_command(build, args.verbose, f"rerun the same command to resume {args.out}")
+
+
+def _check_embedded_store(location: str) -> None:
+    """``--qdrant DIR`` (an embedded store, created when missing) before the run loads: a file in its place
+    or in one of its parents', a read-only or vanished location (a raw ``[Errno 20] Not a directory``
+    naming no flag after the model had loaded)."""
+    from patchword.errors import describe_os_error
+    from patchword.fileio import check_output_dir
+    from patchword.search.qdrant_connect import is_local
+
+    if not is_local(location):
+        return
+    try:
+        check_output_dir(
+            Path(location).expanduser(), "--qdrant", what="the embedded Qdrant store's directory"
+        )
+    except OSError as err:
+        raise ConfigError("--qdrant", describe_os_error(err)) from err
 
 
 def _plan(args: argparse.Namespace):

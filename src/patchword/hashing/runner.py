@@ -45,7 +45,13 @@ from patchword.config import (
 )
 from patchword.device import resolve_device
 from patchword.errors import ConfigError, MissingFileError, ResumeHint
-from patchword.fileio import append_line, atomic_write_text, keep_jsonl_records, probe_writable, repair_jsonl
+from patchword.fileio import (
+    append_line,
+    atomic_write_text,
+    check_output_dir,
+    keep_jsonl_records,
+    repair_jsonl,
+)
 from patchword.hashing.build import (
     build_hashing_dataset,
     build_hashing_model,
@@ -157,10 +163,8 @@ def train_hashing(
             )
         values = flat_config(cfg)  # dotted key -> value
         return resume_hashing(run_dir, [f"{k}={json.dumps(values[k])}" for k in changed], data=data)
-    try:  # a read-only or vanished output_dir fails now, not after the data were built
-        probe_writable(cfg.output_dir)
-    except NotADirectoryError as err:  # a file where the directory (or one of its parents) must go
-        raise ConfigError("output_dir", f"{err.filename} is a file: runs go in a directory there") from None
+    # a file in its place, a read-only or vanished output_dir fail now, not after the data were built
+    check_output_dir(cfg.output_dir, "output_dir", what="the directory runs go in")
     HASH_RUNS.refuse_existing(run_dir)  # early; checked again under the lock, before anything is written
     return _train(cfg, run_dir, data, given=set(given_keys) | changed_data_keys(cfg.data))
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from patchword.errors import ConfigError, DataError
+from patchword.fileio import check_output_dir
 from patchword.imports.base import (
     IMPORT_FILE,
     IMPORT_FLAGS,
@@ -22,6 +23,7 @@ from patchword.imports.base import (
     ImportPlan,
     family,
     list_families,
+    refuse_existing_out,
     register_family,
     safe_load,
     write_imported_run,
@@ -49,10 +51,16 @@ def import_checkpoint(
     Raises:
         DataError: not a checkpoint of a family patchword reads (or not of ``family_name``), a tensor that
             does not fit, a class outside the unpickling allow-list.
-        ConfigError: an ``opt`` value patchword cannot map (naming it), a missing ``--hf-*`` / ``--vocab``.
+        ConfigError: an ``opt`` value patchword cannot map (naming it), a missing ``--hf-*`` / ``--vocab``,
+            ``out`` (or one of its parents) a file (naming ``--out``).
         RunExistsError: ``out`` exists.
+        OSError: files cannot be created where ``out`` goes (read-only, vanished), naming the directory.
     """
     path, out, options = Path(path), Path(out), options or ImportOptions()
+    # before the checkpoint is read (gigabytes) and converted: a file in the place of --out or of one of its
+    # parents, a read-only or vanished location
+    check_output_dir(out, "--out", what="the run directory to write")
+    refuse_existing_out(out)
     ckpt = safe_load(path)
     matches = [f for f in list_families() if f.detect(ckpt)]
     if family_name is not None:

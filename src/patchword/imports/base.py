@@ -53,6 +53,7 @@ __all__ = [
     "check_opt_names",
     "bert_vocab_file",
     "write_imported_run",
+    "refuse_existing_out",
     "IMPORT_FILE",
 ]
 
@@ -314,6 +315,12 @@ def import_record(plan: ImportPlan, source: Path) -> dict[str, Any]:
     }
 
 
+def refuse_existing_out(out: Path) -> None:
+    """Raises ``RunExistsError`` when ``out`` exists: an imported run is never overwritten."""
+    if out.exists():
+        raise RunExistsError(f"{out} exists; choose another --out (an imported run is never overwritten)")
+
+
 @contextlib.contextmanager
 def new_directory(out: Path):
     """Yield a temporary directory beside ``out`` that becomes ``out`` when the block ends without error
@@ -322,8 +329,7 @@ def new_directory(out: Path):
     Raises:
         RunExistsError: ``out`` exists.
     """
-    if out.exists():
-        raise RunExistsError(f"{out} exists; choose another --out (an imported run is never overwritten)")
+    refuse_existing_out(out)
     probe_writable(out.parent)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(staging_dir(out, "import"))
@@ -345,8 +351,7 @@ def write_imported_run(plan: ImportPlan, source: Path, out: Path) -> dict[str, A
     from patchword.factory import create_model
     from patchword.runs import BACKBONES_FILE, CONFIG_FILE, VOCAB_FILE
 
-    if out.exists():
-        raise RunExistsError(f"{out} exists; choose another --out (an imported run is never overwritten)")
+    refuse_existing_out(out)
     cfg = plan.config
     vocab_size = len(plan.tokenizer) if plan.tokenizer is not None else None
     words = list(plan.tokenizer.idx2word) if plan.tokenizer is not None else None

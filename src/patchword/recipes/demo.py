@@ -72,13 +72,13 @@ def _check_demo(cfg: RunConfig) -> None:
     """Everything the demo can check before it moves a previous demo aside or prepares its scenes: the
     config (what ``train_run`` checks again, cheaply) and an ``output_dir`` that can hold the run."""
     from patchword.errors import describe_os_error
-    from patchword.fileio import probe_writable
+    from patchword.fileio import check_output_dir
     from patchword.train.validate import check_config
 
     check_config(cfg)
-    try:
-        probe_writable(cfg.output_dir)
-    except OSError as err:  # a file in its place, a read-only or unreachable directory
+    try:  # a file in its place (or in one of its parents'): a ConfigError naming output_dir
+        check_output_dir(cfg.output_dir, "output_dir", what="the directory the demo's run goes in")
+    except OSError as err:  # a read-only or unreachable directory
         raise ConfigError("output_dir", f"cannot hold the demo's run: {describe_os_error(err)}") from err
 
 

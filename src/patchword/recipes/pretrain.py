@@ -27,6 +27,7 @@ from typing import Any
 
 from patchword.config import apply_overrides
 from patchword.errors import ResumeHint
+from patchword.fileio import check_output_dir
 from patchword.readers import read_json
 from patchword.runs.config import RunConfig, load_run_config
 from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT, SUMMARY_FILE, VOCAB_FILE
@@ -112,20 +113,6 @@ def pretraining_recall(cfg: RunConfig, data) -> dict[str, Any] | None:
     model = build_model(native.model, vocab_size=data.vocab_size)
     metrics = evaluate(model, data.splits["test"], native.eval, progress=False)
     return {"matcher": trained.matcher, **{k: metrics[k] for k in KEYS}}
-
-
-def _check_out_place(out: Path) -> None:
-    """``--out`` is a directory, or one that can be created, where files can be written (nothing is created:
-    a probe file in its nearest existing folder comes and goes)."""
-    from patchword.errors import ConfigError
-    from patchword.fileio import probe_writable
-
-    if out.exists() and not out.is_dir():
-        raise ConfigError("--out", f"{out} is a file: --out names the directory for the encoders")
-    try:
-        probe_writable(out)
-    except NotADirectoryError as err:  # a file where one of its parent directories must go
-        raise ConfigError("--out", f"{err.filename} is a file: {out} cannot be created under it") from None
 
 
 def _refuse_filled_out(out: Path, force: bool) -> None:
@@ -305,7 +292,8 @@ def run_pretrain(
             pretrain`` writes it now.
         Interrupted: SIGTERM / SIGINT; the message says to run the same command again.
     """
-    _check_out_place(out)
+    # a directory, or one that can be created, where files can be written (nothing is created)
+    check_output_dir(out, "--out", what="the directory for the encoders")
     cfg = pretrain_config(overrides, config)
     check_exportable(cfg)
     # One command at a time on --out: a second one's recovery would delete the first's staging folder.

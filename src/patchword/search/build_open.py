@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from patchword.errors import ConfigError, MissingFileError, RunExistsError, describe_os_error
-from patchword.fileio import probe_writable
+from patchword.fileio import check_output_dir
 from patchword.search.encode import read_dense_file
 from patchword.search.identity import check_index_model
 from patchword.search.manifest import LOCK_FILE, MANIFEST_FILE, PENDING_FILE, Manifest
@@ -21,13 +21,13 @@ logger = logging.getLogger(__name__)
 
 
 def check_out(index_dir: Path) -> None:
-    """``--out``: not a file, and a directory (or, when it does not exist yet, the nearest existing parent)
-    where files can be created."""
+    """``--out``: not a file (nor under one), and a directory (or, when it does not exist yet, the nearest
+    existing parent) where files can be created."""
     if index_dir.exists() and not index_dir.is_dir():
         raise RunExistsError(f"--out {index_dir} exists and is not a search index; choose another --out")
-    try:
-        probe_writable(index_dir)
-    except OSError as err:  # a file on the way, a read-only or vanished directory
+    try:  # a file where one of its parents must go: a ConfigError naming --out and that file
+        check_output_dir(index_dir, "--out", what="the index directory")
+    except OSError as err:  # a read-only or vanished directory
         raise ConfigError("--out", describe_os_error(err)) from err
 
 
