@@ -230,8 +230,6 @@ def test_train_disk_full_at_every_write_site_then_rerun_finishes_like_an_undistu
 
 
 def test_train_into_an_unwritable_output_dir_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
-    from patchword.data import prepare
-
     blocked = tmp_path / "ro"
     blocked.mkdir()
 
@@ -239,7 +237,11 @@ def test_train_into_an_unwritable_output_dir_is_one_line_before_any_work(tmp_pat
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
 
     monkeypatch.setattr("tempfile.mkstemp", refuse)  # what a read-only directory does to the probe
-    monkeypatch.setattr(prepare, "load_raw_data", lambda *a, **k: pytest.fail("data loaded before the probe"))
+    # patched where the runner calls it: patching patchword.data.prepare's name while the runner is first
+    # imported (lazily, by main) left the runner holding the stand-in for the rest of the session
+    monkeypatch.setattr(
+        "patchword.train.runner.load_raw_data", lambda *a, **k: pytest.fail("data loaded before the probe")
+    )
     assert main(["train", *TINY, f"output_dir={blocked / 'runs'}", "name=x"]) == 2
     line = one_error(capsys.readouterr().err)
     assert str(blocked) in line and "Permission denied" in line and "EACCES" in line, line
