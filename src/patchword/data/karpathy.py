@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ from patchword.data.split import RetrievalSplit, TextOrigin
 from patchword.data.textfiles import assemble_split, first_repeat, load_json, require_file, resolve_images
 from patchword.errors import ConfigError, DataError
 
-__all__ = ["load_karpathy_json", "require_karpathy_split"]
+__all__ = ["load_karpathy_json", "karpathy_split_reader", "require_karpathy_split"]
 
 PathLike = str | os.PathLike[str]
 
@@ -64,9 +65,10 @@ def _string_field(entry: dict, key: str, path: Path, index: int, default: str | 
     return value
 
 
-def _image_id(entry: dict, name: str, path: Path, index: int) -> str:
-    """LAPS identifies COCO images by COCO id and Flickr30K images by Karpathy index (``imgid``); an image
-    with neither is named by its file."""
+def _image_id(entry: dict, name: str, path: Path, index: int) -> tuple[str, str]:
+    """``(field, id)``: LAPS identifies COCO images by COCO id and Flickr30K images by Karpathy index
+    (``imgid``); an image with neither is named by its file (field ``file``). The field qualifies the id:
+    COCO id 5 and Karpathy index 5 are different images."""
     for key in ("cocoid", "imgid"):
         if key in entry:
             value = entry[key]
@@ -74,12 +76,12 @@ def _image_id(entry: dict, name: str, path: Path, index: int) -> str:
                 raise ValueError(
                     f"{path}: images[{index}] field {key!r} is {value!r}, expected an integer or string id"
                 )
-            return str(value)
-    return name
+            return key, str(value)
+    return "file", name
 
 
-def _karpathy_image(entry: dict, path: Path, index: int) -> tuple[str, str, list[str]]:
-    """``(relative file path, image id, raw captions)`` of one ``images[]`` entry."""
+def _karpathy_image(entry: dict, path: Path, index: int) -> tuple[str, tuple[str, str], list[str]]:
+    """``(relative file path, (id field, image id), raw captions)`` of one ``images[]`` entry."""
     filename = _string_field(entry, "filename", path, index)
     # COCO entries keep the sub-folder (train2014 / val2014) in "filepath"; Flickr30K has none.
     name = str(Path(_string_field(entry, "filepath", path, index, default="")) / filename)
@@ -117,28 +119,69 @@ def load_karpathy_json(
 
     Returns:
         a split with images in json order, each image's sentences consecutive; ``image_ids`` are COCO ids
-        (``cocoid``), else Karpathy indices (``imgid``), else the relative file names.
+        (``cocoid``), else Karpathy indices (``imgid``), else the relative file names, and
+        ``image_id_fields`` says which of the three each is.
+
+    Raises:
+        DataError: an entry whose ``split`` is none of train, val, test, restval (it would be in no
+            split), or two entries of the split with the same id or file.
     """
     path = require_file(path, "Karpathy split file")
+    return _split_of(path, _entries(path), split, image_root, restval_into_train, dense_jsonl, check_images)
+
+
+def karpathy_split_reader(
+    path: PathLike, image_root: PathLike | None, *, restval_into_train: bool = True
+) -> Callable[[str], RetrievalSplit]:
+    """Parse the json once (a COCO json is 140 MB) and return ``split -> load_karpathy_json(path, split,
+    image_root, check_images=False)`` without dense captions, for a caller that reads several splits'
+    image lists (each call raises as :func:`load_karpathy_json` does)."""
+    path = require_file(path, "Karpathy split file")
+    entries = _entries(path)
+    return lambda split: _split_of(path, entries, split, image_root, restval_into_train, None, False)
+
+
+def _entries(path: Path) -> list:
+    """The ``images`` list of the json at ``path``."""
     data = load_json(path)
     entries = data.get("images") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         raise ValueError(f"{path}: expected a JSON object with an 'images' list")
+    return entries
+
+
+def _split_of(
+    path: Path,
+    entries: list,
+    split: str,
+    image_root: PathLike | None,
+    restval_into_train: bool,
+    dense_jsonl: PathLike | None,
+    check_images: bool,
+) -> RetrievalSplit:
+    """:func:`load_karpathy_json` of the parsed ``entries``."""
     wanted = _karpathy_splits(split, restval_into_train, path)
-    names, image_ids, captions, txt2img, entry_of, places = [], [], [], [], [], []
+    names, image_ids, fields, captions, txt2img, entry_of, places = [], [], [], [], [], [], []
     for index, entry in enumerate(entries):
-        if _string_field(entry, "split", path, index) not in wanted:
+        entry_split = _string_field(entry, "split", path, index)
+        if entry_split not in _KARPATHY_SPLITS:
+            # skipping it ('Test', 'testing') would leave the image out of every split without a word
+            raise DataError(
+                f"{path}: images[{index}] has split {entry_split!r}, not one of {', '.join(_KARPATHY_SPLITS)}"
+            )
+        if entry_split not in wanted:
             continue
-        name, image_id, sentences = _karpathy_image(entry, path, index)
+        name, (field, image_id), sentences = _karpathy_image(entry, path, index)
         txt2img.extend([len(names)] * len(sentences))
         names.append(name)
         image_ids.append(image_id)
+        fields.append(field)
         entry_of.append(index)
         captions.extend(sentences)
         places.extend((index, k) for k in range(len(sentences)))
     if not names:
         raise ValueError(f"{path}: no images in split {split!r} (looked for split in {sorted(wanted)})")
-    _refuse_repeated_images(path, names, image_ids, entry_of)
+    _refuse_repeated_images(path, names, image_ids, fields, entry_of)
     return assemble_split(
         name=split,
         images=resolve_images(names, image_root, check_images),
@@ -147,22 +190,28 @@ def load_karpathy_json(
         image_ids=image_ids,
         dense_jsonl=dense_jsonl,
         caption_origin=TextOrigin(str(path), np.asarray(places, dtype=np.int64).reshape(-1, 2)),
+        image_id_fields=fields,
     )
 
 
-def _refuse_repeated_images(path: Path, names: list[str], image_ids: list[str], entry_of: list[int]) -> None:
-    """Two ``images[]`` entries of the split with the same id or file are one image under two indices,
-    tied in every ranking (a tie ranks the ground truth behind the other copy): refused, naming both.
+def _refuse_repeated_images(
+    path: Path, names: list[str], image_ids: list[str], fields: list[str], entry_of: list[int]
+) -> None:
+    """Two ``images[]`` entries of the split with the same id (read from the same field) or file are one
+    image under two indices, tied in every ranking (a tie ranks the ground truth behind the other copy):
+    refused, naming both.
 
     Raises:
         DataError: naming the json file, both entries and what they share.
     """
-    for what, keys in (("id", image_ids), ("file", [os.path.normpath(name) for name in names])):
+    files = [os.path.normpath(name) for name in names]
+    qualified = [f"{field}:{image_id}" for field, image_id in zip(fields, image_ids, strict=True)]
+    for what, keys, shown in (("id", qualified, image_ids), ("file", files, files)):
         repeat = first_repeat(keys)
         if repeat is not None:
             i, j = repeat
             raise DataError(
-                f"{path}: images[{entry_of[i]}] and images[{entry_of[j]}] have the same {what} {keys[j]!r}; "
+                f"{path}: images[{entry_of[i]}] and images[{entry_of[j]}] have the same {what} {shown[j]!r}; "
                 "each image of the split needs its own id and file (one image under two entries ties with "
                 "itself in every ranking)"
             )

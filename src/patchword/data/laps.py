@@ -25,6 +25,7 @@ from patchword.data.textfiles import (
     read_lines,
     require_file,
     resolve_images,
+    second_run,
 )
 from patchword.errors import DataError
 
@@ -104,23 +105,47 @@ def _caption_to_id_line(
     return np.arange(n_caps, dtype=np.int64) // im_div
 
 
-def _check_one_line_per_image(id_lines: Sequence[str], n_caps: int, ids_file: Path) -> None:
-    """In the one-id-per-image layout (fewer ids than captions) every line is its own image.
+def _check_image_lines(
+    id_lines: Sequence[str], n_caps: int, ids_file: Path, captions_per_image: int | None
+) -> None:
+    """Each image's lines in the ids file are one block: ids that could merge two images are refused.
 
-    A repeated id there would merge two images into one (the second image's captions silently joining the
-    first's, its file dropped), so it is refused. With one id per caption repeats are the layout itself.
+    With one id per caption (dev / test) each image's captions are consecutive lines repeating its id, as
+    the official evaluation assumes (image ``i``'s captions are lines ``5i..5i+4``): an id that starts a
+    second run is two images under one id (a run relabelled, a file of two splits) or captions out of
+    order, and grouping by id would silently merge them. In the one-id-per-image layout (fewer ids than
+    captions), and with ``captions_per_image=1`` (one caption per image), every line is its own image, so
+    any repeated id would merge two images (the second one's captions joining the first's, its file
+    dropped).
+
+    Raises:
+        DataError: naming the ids file, the line of the second run (or repeat) and the first one.
     """
-    if len(id_lines) == n_caps:
-        return
-    first_line: dict[str, int] = {}
-    for lineno, image_id in enumerate(id_lines, start=1):
-        if image_id in first_line:
+    n_ids = len(id_lines)
+    if n_ids == n_caps and captions_per_image != 1:
+        split = second_run(id_lines)
+        if split is not None:
+            first, line = split
             raise DataError(
-                f"{ids_file}:{lineno}: image id {image_id!r} repeats line {first_line[image_id]}; with one "
-                f"id per image ({len(id_lines)} ids for {n_caps} captions) every line must be a distinct "
-                "image"
+                f"{ids_file}:{line + 1}: id {id_lines[line]!r} starts a second run (the first at line "
+                f"{first + 1}); with one id per caption each image's captions are consecutive lines "
+                "repeating its id: give each image its own id, and its captions one block of lines"
             )
-        first_line[image_id] = lineno
+        return
+    repeat = first_repeat(id_lines)
+    if repeat is None:
+        return
+    first, line = repeat
+    layout = (
+        f"data.captions_per_image=1 (one caption per image, {n_ids} ids for {n_caps} captions) every "
+        "line must be a distinct image; if the ids repeat once per caption of each image, set "
+        "data.captions_per_image to that count"
+        if n_ids == n_caps
+        else f"one id per image ({n_ids} ids for {n_caps} captions) every line must be a distinct image"
+    )
+    raise DataError(
+        f"{ids_file}:{line + 1}: image id {id_lines[line]!r} repeats line {first + 1}; with {layout}"
+    )
 
 
 def _image_names(
@@ -178,10 +203,11 @@ def load_laps_split(
     """Load a split in the official LAPS / SEPS layout.
 
     ``data_dir`` holds ``{split}_caps.txt`` (one caption per line) and ``{split}_ids.txt``. The ids file
-    either has one line per caption (dev/test: each id repeated 5x) or one line per image (train: each
-    image's ``im_div = n_caps / n_ids`` captions are consecutive, exactly ``captions_per_image``, and every
-    line is a distinct image; as many distinct ids as captions counts as one line per image). Images are
-    the distinct ids in order of first appearance.
+    either has one line per caption (dev/test: each id repeated 5x, each image's lines consecutive, checked)
+    or one line per image (train: each image's ``im_div = n_caps / n_ids`` captions are consecutive,
+    exactly ``captions_per_image``, and every line is a distinct image; as many distinct ids as captions
+    counts as one line per image, and with ``captions_per_image=1`` every line is a distinct image). Images
+    are the distinct ids in order of first appearance.
 
     Args:
         data_dir: folder with the caption and id files (``data/f30k`` in the official repos).
@@ -211,7 +237,7 @@ def load_laps_split(
         raise DataError(f"{caps_file}: empty: no captions")
     id_lines = read_lines(ids_file, "image id")
     line_of_caption = _caption_to_id_line(len(captions), id_lines, caps_file, ids_file, captions_per_image)
-    _check_one_line_per_image(id_lines, len(captions), ids_file)
+    _check_image_lines(id_lines, len(captions), ids_file, captions_per_image)
     image_ids, line_to_image, first_lines = _unique_in_order(id_lines)
     names = _image_names(image_ids, first_lines, ids_file, data_dir, id_mapping, image_root)
     return assemble_split(

@@ -214,6 +214,15 @@ def encode_split(
         cap_ids, cap_lens = tokenizer.batch_encode(split.captions, max_len=max_caption_len)
     except NoWordsError as err:
         raise text_without_words(split, err, dense=False) from err
+    reached = int((cap_lens == max_caption_len).sum())
+    if reached:  # longer captions were cut to the limit, silently but for this count
+        _logger.info(
+            "%s: %d of %d captions reach max_caption_len=%d (longer ones are cut to it)",
+            split.name,
+            reached,
+            split.num_captions,
+            max_caption_len,
+        )
     dense_ids = dense_lens = None
     if use_dense:
         if split.dense_captions is None:

@@ -19,7 +19,8 @@ exactly ``data.captions_per_image`` (5): more means features of part of the imag
 cut short, either shifting every caption; as many distinct rows as captions is one caption per image only
 with ``data.captions_per_image=1``. With one feature row per caption (N_img = N_caps, SCAN's layout of
 repeated image features, whose ``evalrank`` keeps every 5th row) each image's rows, recognised by ids
-repeated in runs or by rows that are copies in runs, are read as one row (logged). COCO's ``testall``
+repeated in runs or by rows that are copies in runs, are read as one row (logged); not with
+``data.captions_per_image=1``, where every row is its own image. COCO's ``testall``
 (5000 images) is read like any split; ``eval.coco_1k=true`` reports the five 1K folds.
 
 Synthetic region features for the embedded scenes live in :mod:`patchword.data.synthetic.regions`.
@@ -211,7 +212,9 @@ def load_precomp_split(
         )
     ids_path = root / f"{split}_ids.txt"
     ids = read_lines(ids_path, "image id") if ids_path.is_file() else None
-    if n_caps == n_img > 1:
+    if n_caps == n_img > 1 and captions_per_image != 1:
+        # with one caption per image every row is its own image: two equal rows (zero placeholders) are
+        # no run of copies, and repeated ids are refused below, not read as runs
         feats, ids = _one_row_per_image(feats, ids, ims_path, ids_path)
     # runs of copied rows, or of repeated ids, confirm the grouping whatever its count
     grouped = feats.shape[0] < n_img

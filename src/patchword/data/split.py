@@ -50,6 +50,10 @@ class RetrievalSplit:
             image v (a superset of the ground-truth pairs). Synthetic data knows it; real data does not.
         caption_origin / dense_origin: where the file readers read each caption / dense caption (None for
             generated text); errors about one text name its file and line with them.
+        image_id_fields: optional (N_img,) name of the field each image id was read from (a Karpathy json:
+            ``cocoid``, ``imgid``, or ``file`` for an entry with neither): ids read from different fields
+            name different images whatever their values (COCO id 5 is not Karpathy index 5). None: the ids
+            share one namespace.
     """
 
     name: str
@@ -61,6 +65,7 @@ class RetrievalSplit:
     fits: np.ndarray | None = None
     caption_origin: TextOrigin | None = None
     dense_origin: TextOrigin | None = None
+    image_id_fields: list[str] | None = None
 
     @property
     def num_images(self) -> int:
@@ -85,7 +90,18 @@ class RetrievalSplit:
             fits=None if self.fits is None else self.fits[np.ix_(keep, idx)],
             caption_origin=None if self.caption_origin is None else self.caption_origin.take(keep),
             dense_origin=None if self.dense_origin is None else self.dense_origin.take(idx),
+            image_id_fields=None if self.image_id_fields is None else [self.image_id_fields[i] for i in idx],
         )
+
+    def image_keys(self) -> list[str]:
+        """(N_img,) the image ids, each qualified by the field it was read from when the split records one
+        (``cocoid:5``): equal keys are the same image; compare ids of two splits (or two images) by them."""
+        if self.image_id_fields is None:
+            return list(self.image_ids)
+        return [
+            f"{field}:{image_id}"
+            for field, image_id in zip(self.image_id_fields, self.image_ids, strict=True)
+        ]
 
     def caption_place(self, index: int) -> str:
         """Where caption ``index`` was read (``FILE:LINE``), or its index in the split for generated text."""
@@ -116,6 +132,11 @@ class RetrievalSplit:
         for i, cap in enumerate(self.captions):
             if not cap or not cap.strip():
                 raise ValueError(f"split {self.name!r}: caption {i} is empty")
+        if self.image_id_fields is not None and len(self.image_id_fields) != len(self.image_ids):
+            raise ValueError(
+                f"split {self.name!r}: {len(self.image_id_fields)} id fields for "
+                f"{len(self.image_ids)} image ids"
+            )
         if self.dense_captions is not None and len(self.dense_captions) != n_img:
             raise ValueError(
                 f"split {self.name!r}: {len(self.dense_captions)} dense captions for {n_img} images"

@@ -29,6 +29,7 @@ __all__ = [
     "resolve_images",
     "assemble_split",
     "first_repeat",
+    "second_run",
     "line_origin",
     "captions_per_image_mismatch",
 ]
@@ -280,6 +281,20 @@ def first_repeat(items: Sequence[str]) -> tuple[int, int] | None:
     return None
 
 
+def second_run(items: Sequence[str]) -> tuple[int, int] | None:
+    """``(i, j)`` of the first ``items[j]`` that starts a second run of equal consecutive items, the first
+    run of that item starting at ``i``; None when each distinct item forms one run (``a a b b``: None;
+    ``a a b a``: ``(0, 3)``)."""
+    start: dict[str, int] = {}
+    for j, item in enumerate(items):
+        if j and items[j - 1] == item:
+            continue
+        if item in start:
+            return start[item], j
+        start[item] = j
+    return None
+
+
 def captions_per_image_mismatch(per_image: int, captions_per_image: int, partial: str) -> str:
     """Why a split with one id (or feature row) per image and ``per_image`` captions each is refused when
     ``per_image != captions_per_image`` (``data.captions_per_image``), and the setting that accepts it.
@@ -315,9 +330,11 @@ def assemble_split(
     image_ids: list[str],
     dense_jsonl: PathLike | None,
     caption_origin: TextOrigin | None = None,
+    image_id_fields: list[str] | None = None,
 ) -> RetrievalSplit:
     """The split of these images and captions, with the dense captions of ``dense_jsonl`` (checked to
-    be one line per image, in image order) and where each text was read."""
+    be one line per image, in image order), where each text was read and (``image_id_fields``) which
+    field each image id was read from."""
     dense = None if dense_jsonl is None else _load_dense_for(dense_jsonl, images, image_ids, len(captions))
     split = RetrievalSplit(
         name=name,
@@ -327,6 +344,7 @@ def assemble_split(
         image_ids=image_ids,
         dense_captions=None if dense is None else [line.text for line in dense],
         caption_origin=caption_origin,
+        image_id_fields=image_id_fields,
         dense_origin=(
             None
             if dense is None

@@ -1,10 +1,12 @@
 """Whether a run's data fits its model: checks shared by training (before the first step) and evaluation.
 
-Each failure is a :class:`~patchword.errors.ConfigError` naming the key to change.
+Each failure is a :class:`~patchword.errors.ConfigError` naming the key to change, or a
+:class:`~patchword.errors.DataError` naming the file where the splits disagree with each other.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,7 +20,7 @@ from patchword.data.prepare import (
     PreparedData,
     eval_role,
 )
-from patchword.errors import ConfigError
+from patchword.errors import ConfigError, DataError
 from patchword.eval.engine.base import PRECISIONS
 from patchword.eval.engine.core import declared_precisions
 from patchword.eval.protocol import check_coco_1k
@@ -36,6 +38,7 @@ __all__ = [
     "check_eval_split",
     "check_model_data",
     "check_region_boxes",
+    "check_region_shapes",
     "data_image_size",
 ]
 
@@ -129,6 +132,7 @@ def check_model_data(cfg: RunConfig, model: RetrievalModel, data: PreparedData) 
         ConfigError: image size, text length or vocabulary the encoders cannot take, region features of
             another shape than the model expects, or an ``eval`` protocol the evaluated split cannot take;
             each names the key to change.
+        DataError: splits whose region features differ in shape (:func:`check_region_shapes`).
     """
     role = eval_role(cfg.data, cfg.eval.split)
     if role in data.splits:
@@ -156,15 +160,41 @@ def check_model_data(cfg: RunConfig, model: RetrievalModel, data: PreparedData) 
         )
     check_region_boxes(cfg)
     if dc.dataset in REGION_DATASETS:
-        images = data.splits[next(iter(data.splits))].images
-        have = (images.num_regions, images.dim)
-        expected = (mc.precomp.num_regions, mc.precomp.region_dim)
-        if have != expected:
-            raise ConfigError(
-                "model.precomp",
-                f"the region features have {have[0]} regions of {have[1]} dims but model.precomp.num_regions="
-                f"{expected[0]}, model.precomp.region_dim={expected[1]}",
+        check_region_shapes(cfg, data)
+
+
+def check_region_shapes(cfg: RunConfig, data: PreparedData) -> None:
+    """Every split's region features (N_img, R, D) against ``model.precomp`` (R, D): each split is
+    checked, so a test split of another shape fails before training, not at the final evaluation.
+
+    Raises:
+        DataError: splits whose shapes differ from each other, naming the odd split's ``{split}_ims.npy``.
+        ConfigError: ``model.precomp``, when the splits agree with each other but not with it.
+    """
+    dc, mc = cfg.data, cfg.model
+    expected = (mc.precomp.num_regions, mc.precomp.region_dim)
+    shapes = {role: (split.images.num_regions, split.images.dim) for role, split in data.splits.items()}
+    setting = f"model.precomp.num_regions={expected[0]}, model.precomp.region_dim={expected[1]}"
+    for role, have in shapes.items():
+        if have == expected:
+            continue
+        name = data.splits[role].name
+        where = (
+            str(Path(dc.root).expanduser() / f"{name}_ims.npy")
+            if dc.dataset == "precomp"
+            else f"the synthetic region features of the {role} split"
+        )
+        fitting = [other for other, shape in shapes.items() if shape == expected]
+        if fitting:
+            raise DataError(
+                f"{where}: the {role} split has {have[0]} regions of {have[1]} dims, but the {fitting[0]} "
+                f"split has {expected[0]} of {expected[1]} ({setting}); every split needs the same region "
+                "features (the same detector and number of boxes)"
             )
+        raise ConfigError(
+            "model.precomp",
+            f"the region features ({where}) have {have[0]} regions of {have[1]} dims but {setting}",
+        )
 
 
 def check_eval_precision(cfg: RunConfig, device: torch.device) -> None:

@@ -8,7 +8,10 @@ batch), so a resume that starts mid-epoch sees exactly the batches an uninterrup
 
 from __future__ import annotations
 
+import pickle
+import traceback
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -17,6 +20,7 @@ from patchword.data.batches import ShardBatch, ShardedBatches
 from patchword.data.config import DataConfig
 from patchword.data.pipeline import EncodedSplit, reads_files
 from patchword.distributed import Distributed
+from patchword.errors import USER_ERRORS
 from patchword.runs.config import RunConfig
 from patchword.train.augment import CaptionAugmenter
 from patchword.train.step import usable_cpus
@@ -89,7 +93,7 @@ def shard_loader(
     workers = min(cfg.data.num_workers, usable_cpus()) if reads_files(split.images) else 0
     pin = device.type == "cuda"
     loader = torch.utils.data.DataLoader(
-        shards,
+        WorkerErrorsAsItems(shards) if workers else shards,
         batch_size=None,
         num_workers=workers,
         pin_memory=pin,
@@ -100,4 +104,68 @@ def shard_loader(
         generator=torch.Generator().manual_seed(cfg.seed * 100003 + epoch),
     )
     for batch in loader:
+        if isinstance(batch, WorkerError):
+            batch.reraise()
         yield batch.to(device)
+
+
+@dataclass
+class WorkerError:
+    """A user error (a damaged image file, data.check_images=false) raised in a DataLoader worker, sent
+    to the training process as an item. Raised in the worker, torch would re-raise it as its own type with
+    a message of 30 lines ("Caught DataError in DataLoader worker process 0. Original Traceback..."),
+    which the command line would print whole instead of the error's one line.
+
+    Attributes:
+        kind: the error's type; message: its text; pickled: the error itself when it pickles (its
+            attributes too: an OSError's errno and path), else None; trace: the worker's traceback.
+    """
+
+    kind: type[BaseException]
+    message: str
+    pickled: bytes | None
+    trace: str
+
+    @classmethod
+    def of(cls, err: BaseException) -> WorkerError:
+        try:
+            pickled = pickle.dumps(err)
+            pickle.loads(pickled)  # some errors pickle but do not unpickle (ConfigError's two arguments)
+        except Exception:
+            pickled = None
+        kind = type(err)
+        try:
+            pickle.dumps(kind)
+        except Exception:  # a class defined where the training process cannot import it: its base
+            kind = next(base for base in (*USER_ERRORS, OSError) if isinstance(err, base))
+        return cls(kind, str(err), pickled, "".join(traceback.format_exception(err)))
+
+    def reraise(self) -> None:
+        """Raise the worker's error again: the same type and message."""
+        if self.pickled is not None:
+            err = pickle.loads(self.pickled)
+        else:  # the type without its __init__, holding the message (str() gives it back)
+            err = self.kind.__new__(self.kind)
+            err.args = (self.message,)
+        if hasattr(err, "add_note"):  # Python 3.11+: shown by a traceback (--verbose), not by str()
+            err.add_note(f"raised in a DataLoader worker process:\n{self.trace}")
+        raise err
+
+
+class WorkerErrorsAsItems(torch.utils.data.Dataset):
+    """``dataset``'s items, or a :class:`WorkerError` in place of one whose loading raised a user error
+    (:data:`~patchword.errors.USER_ERRORS`, or an operating-system error such as a permission): the
+    training process re-raises it as it was (:func:`shard_loader`). Other exceptions are bugs and keep
+    torch's wrapping, with the worker's traceback."""
+
+    def __init__(self, dataset: torch.utils.data.Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, k: int) -> ShardBatch | WorkerError:
+        try:
+            return self.dataset[k]
+        except (*USER_ERRORS, OSError) as err:
+            return WorkerError.of(err)
