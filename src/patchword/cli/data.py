@@ -49,10 +49,9 @@ def _text_tokenizer(dc):
 
 def check_dataset(cfg, roles=("train", "dev", "test")) -> list[dict[str, Any]]:
     """One row per split role: counts, dense coverage and unusable images, or the error that stopped it
-    (a file, or a caption the tokenizer finds no word in); ``shared_images``: where the split shares an
-    image with another split it is meant to be held out from (train and eval refuse it)."""
+    (a file, a caption the tokenizer finds no word in, an image shared with a split it is meant to be held
+    out from: loading a split compares it with the others' ids and file names, as train and eval do)."""
     from patchword.data.images import find_bad_images
-    from patchword.data.overlap import shared_images
     from patchword.data.pipeline import encode_split
     from patchword.data.prepare import FILE_DATASETS, REGION_DATASETS, load_raw_data
     from patchword.errors import USER_ERRORS
@@ -63,7 +62,7 @@ def check_dataset(cfg, roles=("train", "dev", "test")) -> list[dict[str, Any]]:
     # Counted below instead of raised (and reported, not left out, whatever data.skip_bad_images says).
     dc = dataclasses.replace(cfg.data, check_images=False, skip_bad_images=False)
     tokenizer = _text_tokenizer(dc)
-    rows, loaded = [], {}
+    rows = []
     for role in roles:
         row: dict[str, Any] = {"role": role, "split": getattr(dc, f"{role}_split")}
         try:
@@ -81,7 +80,6 @@ def check_dataset(cfg, roles=("train", "dev", "test")) -> list[dict[str, Any]]:
             row["error"] = str(err)
             rows.append(row)
             continue
-        loaded[role] = split
         per_image = np.bincount(split.txt2img, minlength=split.num_images)
         row.update(
             split=split.name,
@@ -101,9 +99,6 @@ def check_dataset(cfg, roles=("train", "dev", "test")) -> list[dict[str, Any]]:
             if len(bad) > SHOWN_BAD:
                 row["bad_examples"].append(f"... and {len(bad) - SHOWN_BAD} more")
         rows.append(row)
-    by_role = {row["role"]: row for row in rows}
-    for role, message in shared_images(dc, loaded):
-        by_role[role].setdefault("shared_images", message)
     return rows
 
 
@@ -119,8 +114,6 @@ def _print(rows: list[dict[str, Any]]) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)))
         for example in row.get("bad_examples", []):
             print(f"    {example}")
-        if "shared_images" in row:
-            print(f"    error: {row['shared_images']}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -169,7 +162,7 @@ def _check(args: argparse.Namespace) -> int:
     print(f"dataset: {cfg.data.dataset}" + (f"  root: {cfg.data.root}" if cfg.data.root else ""))
     rows = check_dataset(cfg, args.split or ("train", "dev", "test"))
     _print(rows)
-    problems = sum("error" in row or "shared_images" in row or row.get("bad_images", 0) > 0 for row in rows)
+    problems = sum("error" in row or row.get("bad_images", 0) > 0 for row in rows)
     skipping = any(row.get("bad_images", 0) for row in rows) and cfg.data.skip_bad_images
     note = " (data.skip_bad_images=true: train and eval leave the unusable images out)" if skipping else ""
     print("ok" if not problems else f"{problems} split(s) with problems{note}")
