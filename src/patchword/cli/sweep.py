@@ -78,9 +78,9 @@ def run(args: argparse.Namespace) -> None:
 
 def format_summary(record: dict[str, Any]) -> str:
     """Per variant, its finished seeds of those planned for it (``n of planned``, INCOMPLETE when fewer)
-    and each metric's ``mean ± std`` (sample standard deviation, 0 for one seed), as ``sweep.json``
-    (:func:`~patchword.experiments.sweep.run_sweep`'s record) holds them. A sweep without variants is
-    shown under its directory's name."""
+    and each metric's ``mean ± std`` (sample standard deviation; none shown for one seed, where it is
+    undefined), as ``sweep.json`` (:func:`~patchword.experiments.sweep.run_sweep`'s record) holds them.
+    A sweep without variants is shown under its directory's name."""
     from patchword.experiments.sweep import PLANNED_SEEDS
 
     planned, summaries = record.get(PLANNED_SEEDS, {}), record["summary"]
@@ -94,6 +94,8 @@ def format_summary(record: dict[str, Any]) -> str:
         means = {k: f"{m:.2f}" for k, m in summary["mean"].items()}
         key_width, mean_width = (max(map(len, texts), default=0) for texts in (means, means.values()))
         lines += [
-            f"  {k:<{key_width}}  {m:>{mean_width}} ± {summary['std'][k]:.2f}" for k, m in means.items()
+            f"  {k:<{key_width}}  {m:>{mean_width}}"
+            + ("" if summary["std"].get(k) is None else f" ± {summary['std'][k]:.2f}")
+            for k, m in means.items()
         ]
     return "\n".join(lines)

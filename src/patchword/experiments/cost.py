@@ -3,11 +3,12 @@ accuracy-vs-cost Pareto front, the figure and the CSV.
 
 A row's cost comes from the ``"cost"`` entry its evaluation recorded (:func:`patchword.eval.protocol.
 evaluation_cost`: scoring time of the exhaustive matrix, pairs/s, peak memory (MiB), device, CPU, threads),
-its parameters and, for a trained run, its training time. Times are comparable only on one machine and rSum
-only on one test gallery (dataset, split, size) under one protocol: rows are grouped by :func:`machine_of`,
-:func:`gallery_of` and :func:`is_leaky`, and the Pareto front is drawn within each group, never across. A row
-whose runs were evaluated on different machines is not averaged as one (its times read "mixed") and is on no
-front.
+its parameters and, for a trained run, its training time, labelled with the machine its sessions trained on
+(:mod:`patchword.experiments.machines`). Times are comparable only on one machine and rSum only on one test
+gallery (dataset, split, size) under one protocol: rows are grouped by :func:`machine_of`, :func:`gallery_of`
+and :func:`is_leaky`, and the Pareto front is drawn within each group, never across. A row whose runs were
+evaluated on different machines is not averaged as one (its times read "mixed"), and it or one whose runs
+scored different galleries is on no front; a row trained on several machines shows no steps/s.
 
 Functions take the report's rows (``patchword.experiments.entries.Entry``: ``label``, ``runs``, ``planned``
 (the seeds a sweep set out to run) and ``missing`` (those not finished), ``summaries`` (one record per run,
@@ -26,14 +27,26 @@ from pathlib import Path
 
 from patchword.eval.metrics import RECALL_KEYS
 from patchword.experiments.fields import LIST, MAPPING, TEXT, check_fields
+from patchword.experiments.machines import (
+    machine_of,
+    mixed_machines,
+    mixed_training,
+    run_machines,
+    train_machine_of,
+)
 from patchword.experiments.rows import (
     evaluated,
+    galleries_of,
     is_incomplete,
     is_leaky,
+    mixed,
+    mixed_galleries,
+    one_or_mixed,
     row_label,
     shared_flags,
     significant,
     split_use,
+    split_uses,
 )
 from patchword.experiments.sweep import mean_std
 from patchword.readers import read_json
@@ -79,46 +92,9 @@ CSV_KEYS = (
     "params_trainable",
     "train_seconds",
     "train_steps_per_s",
+    "checkpoint_step",
+    "steps",
 )
-
-
-def _run_machine(summary) -> str:
-    """Where one run's times were measured: the device's name (a GPU's, or the CPU model), on a CPU the
-    thread count, and the number of processes when several shared the evaluation; "unknown" for an
-    evaluation that recorded no cost (written before it was recorded)."""
-    cost = summary.get("cost")
-    if not isinstance(cost, dict) or not cost.get("device_name"):
-        return "unknown"
-    processes = cost.get("world_size") or 1
-    several = f", {processes} processes" if processes > 1 else ""
-    if str(cost.get("device", "cpu")).startswith("cpu"):
-        threads = cost.get("threads", "?")
-        return f"{cost['device_name']}, {threads} thread{'' if threads == 1 else 's'}{several}"
-    return str(cost["device_name"]) + several
-
-
-def _run_machines(entry) -> dict[str, int]:
-    """machine -> how many of the row's runs were evaluated on it."""
-    counts: dict[str, int] = {}
-    for summary in entry.summaries:
-        machine = _run_machine(summary)
-        counts[machine] = counts.get(machine, 0) + 1
-    return counts
-
-
-def mixed_machines(entry) -> bool:
-    """Whether the row's runs were evaluated on different machines (a recorded cost and none count as
-    different): their times and memory are never averaged into one figure."""
-    return len(_run_machines(entry)) > 1
-
-
-def machine_of(entry) -> str:
-    """Where a row's times were measured (see :func:`_run_machine`; "unknown" for a row without runs); a
-    row whose runs were evaluated on different machines: ``MIXED:`` and each machine with its run count."""
-    counts = _run_machines(entry)
-    if len(counts) <= 1:
-        return next(iter(counts), "unknown")
-    return "MIXED: " + "; ".join(f"{m} ({n} run{'' if n == 1 else 's'})" for m, n in sorted(counts.items()))
 
 
 def seconds_per_gallery(entry) -> tuple[float, float] | None:
@@ -150,9 +126,10 @@ def pareto_front(points: list[tuple[float, float]]) -> list[bool]:
 
 def gallery_of(entry) -> str | None:
     """The test gallery a row's rSum was measured on (rSum is comparable only on one): the split scored,
-    its size and the data (:func:`patchword.experiments.galleries.gallery_of_run` of its first evaluated
-    run); None for a row without an evaluation."""
-    return next((gallery for gallery in entry.galleries if gallery), None)
+    its size and the data (:func:`patchword.experiments.galleries.gallery_of_run` of its evaluated runs);
+    ``MIXED:`` and each with its run count where they differ; None for a row without an evaluation."""
+    counts = galleries_of(entry)
+    return next(iter(counts), None) if len(counts) <= 1 else mixed(counts)
 
 
 def _group(entry) -> str:
@@ -162,10 +139,11 @@ def _group(entry) -> str:
 
 def _fronts(entries) -> dict[int, bool]:
     """``id(row)`` -> on the Pareto front of rSum vs 1K x 5K seconds among the rows of its machine, gallery
-    and protocol (rows with a mixed machine or an unknown one are on none)."""
+    and protocol (rows with a mixed machine or an unknown one, or mixed galleries, are on none)."""
     groups: dict[str, list] = {}
     for entry in entries:
-        if entry.value("rsum") and seconds_per_gallery(entry) and machine_of(entry) != "unknown":
+        known = machine_of(entry) != "unknown" and not mixed_galleries(entry)
+        if entry.value("rsum") and seconds_per_gallery(entry) and known:
             groups.setdefault(_group(entry), []).append(entry)
     front = {}
     for members in groups.values():
@@ -242,8 +220,8 @@ def cost_rows(entries, index_sizes: dict[int, float]) -> tuple[str, list[str], l
     """The cost table: (caption, header, rows); ``index_sizes``: ``id(row)`` -> bytes per image of its
     index (keyed by the row, never by its label: two rows may share a directory name)."""
     front = _fronts(entries)
-    machines = {m for e in entries for m in _run_machines(e)} - {"unknown"}
-    galleries = {gallery_of(e) for e in entries} - {None}  # every evaluated row, on a known machine or not
+    machines = {m for e in entries for m in run_machines(e)} - {"unknown"}
+    galleries = {g for e in entries for g in galleries_of(e)}  # every evaluated run, known machine or not
     rows = []
     for e in entries:
         n = len(e.runs)
@@ -254,7 +232,8 @@ def cost_rows(entries, index_sizes: dict[int, float]) -> tuple[str, list[str], l
                 *_measured_cells(e, bool(front.get(id(e)))),
                 _params(e),
                 significant(e.value("train_seconds"), n),
-                significant(e.value("train_steps_per_s"), n),
+                "mixed" if mixed_training(e) else significant(e.value("train_steps_per_s"), n),
+                train_machine_of(e),
                 f"{index_sizes[id(e)]:,.0f}" if id(e) in index_sizes else "",
                 machine_of(e) + _precisions(e) if any(e.summaries) else "",  # none: nothing was measured
             ]
@@ -265,7 +244,8 @@ def cost_rows(entries, index_sizes: dict[int, float]) -> tuple[str, list[str], l
         "† scaled up from a smaller gallery, where fixed costs weigh more; ★ on the Pareto front of rSum "
         "against it among the rows of one machine, one test gallery and one protocol (leaky or leak-free); "
         "peak host memory: the scoring's own, its resident high-water mark over the resident set at its "
-        "start, or the process's whole peak where marked (process); memory in MiB)"
+        "start, or the process's whole peak where marked (process); memory in MiB; train s and steps/s: "
+        "on the train machine, each training session's device and threads, not the evaluation's)"
     )
     caption += _caption_flags(entries, machines, galleries)
     header = [
@@ -278,6 +258,7 @@ def cost_rows(entries, index_sizes: dict[int, float]) -> tuple[str, list[str], l
         "params M (total / trainable)",
         "train s",
         "train steps/s",
+        "train machine",
         "index bytes/image",
         "machine, precision",
     ]
@@ -296,6 +277,11 @@ def _caption_flags(entries, machines: set[str], galleries: set[str]) -> str:
         flags += (
             "; MIXED: a row whose runs were evaluated on different machines: its times and memory are not "
             "averaged (each run's summary.json has its own) and it is on no front"
+        )
+    if any(mixed_training(e) for e in entries):
+        flags += (
+            "; MIXED train machine: a row whose training sessions ran on different machines (a run resumed "
+            "with other threads or another device): its train s adds them up, its steps/s is not shown"
         )
     if len(galleries) > 1:
         flags += (
@@ -318,9 +304,13 @@ def _caption_flags(entries, machines: set[str], galleries: set[str]) -> str:
 def csv_text(entries) -> str:
     """One row per report row: label, finished seeds, machine, planned seeds, whether all finished and
     evaluated, protocol, dataset, the split scored and what else it is to the run (``model selection``,
-    ``training``; empty for a held-out split), then the mean and std of every :data:`CSV_KEYS` figure and
-    of the 1K x 5K scoring seconds (empty where a row lacks it; the ``cost.`` figures also where the row's
-    runs were evaluated on different machines). A row not evaluated has no protocol, dataset or split."""
+    ``training``, ``;``-separated where its runs' differ; empty for a held-out split), the test gallery, the
+    config keys whose values differ between its seeds (``;``-separated) and the training machine, then the
+    mean and std of every :data:`CSV_KEYS` figure and of the 1K x 5K scoring seconds (empty where a row
+    lacks it, the std for a single run (undefined), the ``cost.`` figures where the row's runs were
+    evaluated on different machines, steps/s where it trained on several). A row not evaluated has no
+    protocol, dataset, split or gallery; a row whose runs differ in them reads ``MIXED:`` and each value
+    with its run count."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     keys = [*CSV_KEYS, "seconds_per_1k_x_5k"]
@@ -334,6 +324,9 @@ def csv_text(entries) -> str:
         "dataset",
         "split",
         "split_use",
+        "gallery",
+        "seeds_differ",
+        "train_machine",
     ]
     writer.writerow([*described, *(f"{k}_{s}" for k in keys for s in ("mean", "std"))])
     for e in entries:
@@ -347,12 +340,19 @@ def csv_text(entries) -> str:
             e.planned,
             complete,
             protocol,
-            (next(filter(None, e.datasets), None) or "") if done else "",
-            (next(filter(None, e.scored), None) or "") if done else "",
-            (split_use(e) or "") if done else "",
+            one_or_mixed(e, "datasets") if done else "",
+            one_or_mixed(e, "scored") if done else "",
+            "; ".join(split_uses(e)) if done else "",
+            (gallery_of(e) or "") if done else "",
+            "; ".join(e.seeds_differ),
+            train_machine_of(e),
         ]
-        mixed = mixed_machines(e)
-        values = [None if mixed and k.startswith("cost.") else e.value(k) for k in CSV_KEYS]
+        # a figure over several machines' times describes none of them
+        cost, steps = mixed_machines(e), mixed_training(e)
+        hidden = {
+            k for k in CSV_KEYS if (cost and k.startswith("cost.")) or (steps and k == "train_steps_per_s")
+        }
+        values = [None if k in hidden else e.value(k) for k in CSV_KEYS]
         for value in [*values, seconds_per_gallery(e)]:
             row += ["", ""] if value is None else list(value)  # floats as repr: they read back equal
         writer.writerow(row)

@@ -5,7 +5,10 @@ was configured with, what its evaluation recorded and what that evaluation score
   (``resumes.jsonl``; each resume applies its own overrides to ``config.yaml``, as ``resume_run`` does).
 * A run's record is its training summary, else the recorded evaluation of its default checkpoint (an
   imported run evaluated with ``patchword eval``), else its ``metrics.json``; ``{}`` for a run nothing
-  evaluated (still training, killed): such a row is "not evaluated", never leak-free or complete.
+  evaluated (still training, killed): such a row is "not evaluated", never leak-free or complete. An
+  exported model directory's ``metrics.json`` is its export record: the evaluation nested in it counts only
+  while the directory's ``model.safetensors`` holds the weights that export recorded (their sha256) and
+  its ``config.yaml`` is the one it wrote (as ``patchword export`` of such a directory takes it).
 * A sweep variant's seeds: those its ``sweep.json`` records finished whose ``summary.json`` is there (one
   whose summary is gone is unfinished, as ``patchword sweep`` takes it); it is INCOMPLETE where seeds it
   was asked for are not: the seeds ``sweep.json`` records set out for it (``planned_seeds``, keyed as
@@ -17,6 +20,7 @@ was configured with, what its evaluation recorded and what that evaluation score
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections import defaultdict
 from dataclasses import dataclass
@@ -26,14 +30,15 @@ from typing import Any
 from patchword.config import apply_overrides, flat_config
 from patchword.errors import ConfigError, DataError, MissingFileError
 from patchword.eval.metrics import RECALL_KEYS
-from patchword.experiments.fields import FLAG, MAPPING, NUMBER, TEXT, check_fields
+from patchword.experiments.fields import FLAG, LIST, MAPPING, NUMBER, TEXT, check_fields
 from patchword.experiments.galleries import gallery_of_run, run_dataset
+from patchword.experiments.machines import check_sessions
 from patchword.experiments.sweep import SWEEP_FILE, mean_std, read_sweep
 from patchword.imports.published import scored_split, split_use
 from patchword.readers import read_json
 from patchword.runs.config import RunConfig
-from patchword.runs.files import CONFIG_FILE, METRICS_JSON, RESUMES_FILE, SUMMARY_FILE
-from patchword.runs.load import read_run_config, resolve_checkpoint, resume_overrides
+from patchword.runs.files import CONFIG_FILE, METRICS_JSON, RESUMES_FILE, SUMMARY_FILE, WEIGHTS_FILE
+from patchword.runs.load import WEIGHTS_DIGEST_KEY, read_run_config, resolve_checkpoint, resume_overrides
 from patchword.runs.recorded import evaluation_of, suite_evaluation_of
 
 __all__ = [
@@ -58,6 +63,9 @@ RECORD_FIELDS = {
     "params_trainable": NUMBER,
     "train_seconds": NUMBER,
     "train_steps_per_s": NUMBER,
+    "train_sessions": LIST,
+    "checkpoint_step": NUMBER,
+    "steps": NUMBER,
     "selection_object_recall": MAPPING,
     "selection_object_recall.caption": NUMBER,
     "selection_chance": MAPPING,
@@ -79,6 +87,8 @@ RECORD_FIELDS = {
         )
     },
 }
+
+_logger = logging.getLogger(__name__)
 
 #: The field of ``sweep.json`` mapping each variant (keyed as ``runs``) to the seeds set out for it.
 PLANNED_SEEDS = "planned_seeds"
@@ -107,7 +117,7 @@ class Entry:
             ``missing``: the planned seeds not finished.
         configs: each run's config as it ended (``config.yaml`` and its last resume's overrides).
         summaries: each run's evaluation record, its fields checked (``{}``: none); ``sources``: the file
-            each came from (None: none).
+            each came from (``metrics.json, metrics`` for an export's nested one; None: none).
         scored, uses: each run's scored split (:func:`~patchword.imports.published.scored_split`) and what
             else it is to the run (:func:`~patchword.imports.published.split_use`); None where none.
         galleries, datasets: each run's test gallery and the data it scored
@@ -131,7 +141,8 @@ class Entry:
         self.sources = [source for _, source in records]
         for record, source in records:
             if source is not None:
-                check_fields(record, RECORD_FIELDS, str(source))
+                check_fields(record, RECORD_FIELDS, source)
+                check_sessions(record, source)
         self.scored = [scored_split(r, c.data) for r, c in zip(self.summaries, self.configs, strict=True)]
         self.uses = [split_use(r, c.data) for r, c in zip(self.summaries, self.configs, strict=True)]
         pairs = list(zip(self.summaries, [c.data for c in self.configs], strict=True))
@@ -163,30 +174,44 @@ class Entry:
     def first(self, key: str) -> Any:
         return next((s[key] for s in self.summaries if key in s), None)
 
-    def first_of(self, attribute: str) -> Any:
-        """The first evaluated run's ``scored``, ``uses``, ``galleries`` or ``datasets`` entry."""
-        return next((v for v, s in zip(getattr(self, attribute), self.summaries, strict=True) if s), None)
 
-    @property
-    def unevaluated(self) -> int:
-        """How many of the row's runs have no evaluation recorded (still training, killed)."""
-        return sum(1 for s in self.summaries if not s)
-
-
-def _evaluation(run: Path) -> tuple[dict[str, Any], Path | None]:
-    """A run's record and the file it came from: its training summary, else the recorded evaluation of its
-    default checkpoint, else its metrics.json; ``({}, None)`` for none."""
+def _evaluation(run: Path) -> tuple[dict[str, Any], str | None]:
+    """A run's record and where it came from: its training summary, else the recorded evaluation of its
+    default checkpoint, else its metrics.json (an export record: :func:`_exported`); ``({}, None)`` for
+    none."""
     summary = _json(run / SUMMARY_FILE)
     if summary:
-        return summary, run / SUMMARY_FILE
+        return summary, str(run / SUMMARY_FILE)
     try:
         evaluation, name = evaluation_of(run, resolve_checkpoint(run))
     except MissingFileError:
         evaluation, name = {}, None
     if evaluation:
-        return evaluation, run / str(name)
+        return evaluation, str(run / str(name))
     metrics = _json(run / METRICS_JSON)
-    return metrics, (run / METRICS_JSON if metrics else None)
+    if WEIGHTS_DIGEST_KEY in metrics:
+        return _exported(run)
+    return metrics, (str(run / METRICS_JSON) if metrics else None)
+
+
+def _exported(run: Path) -> tuple[dict[str, Any], str | None]:
+    """The evaluation an exported model directory's ``metrics.json`` nests, where ``patchword export``
+    would carry it (the export's own checks: the record names the sha256 of ``model.safetensors`` and
+    the directory's ``config.yaml`` is the one it wrote) and the file holds those weights; ``({}, None)``
+    otherwise: its figures are of other weights, or of none (an export of a checkpoint nothing evaluated)."""
+    from patchword.runs.export import carries_evaluation, earlier_export
+    from patchword.runs.load import check_export_weights
+
+    weights = run / WEIGHTS_FILE
+    earlier = earlier_export(run, weights) if weights.is_file() else None
+    if not carries_evaluation(earlier, run):
+        return {}, None
+    try:
+        check_export_weights(run, weights)
+    except DataError as err:  # other weights than the figures describe: the row is not evaluated
+        _logger.warning("%s: its recorded evaluation is not shown (%s)", run, err)
+        return {}, None
+    return earlier["metrics"], f"{run / METRICS_JSON}, metrics"
 
 
 _SUITE_FILE = "eval_compositional.json"

@@ -27,7 +27,6 @@ from patchword.experiments.cost import (
     cost_rows,
     csv_text,
     evaluated,
-    gallery_of,
     index_bytes_per_image,
     is_incomplete,
     is_leaky,
@@ -39,6 +38,7 @@ from patchword.experiments.cost import (
 from patchword.experiments.entries import Entry, SeedsDiffer, collect
 from patchword.experiments.gallery_table import gallery_rows
 from patchword.experiments.report_page import Table, html_page, markdown_page
+from patchword.experiments.rows import galleries_of, has_recalls, mixed, split_uses
 from patchword.fileio import atomic_write_text
 from patchword.imports.base import IMPORT_FILE
 from patchword.imports.published import DATASETS, caveats, compare_rows, imported_model, measured_metrics
@@ -119,12 +119,19 @@ def _test_label(e: Entry) -> str:
 
 def _split_cell(e: Entry, tags: dict[str, str]) -> str:
     """The split the row's evaluation read, its gallery size, what else the split is to the run and, where
-    the rows span several galleries, the row's gallery tag."""
-    cell = f"{e.first_of('scored') or '?'} ({e.first('images') or '?'} / {e.first('captions') or '?'})"
-    if split_use(e):
-        cell += f", {split_use(e).upper()} SPLIT"
-    tag = tags.get(gallery_of(e) or "")
-    return cell + (f" [{tag}]" if tag else "")
+    the rows span several galleries, the row's gallery tag; a row whose runs scored different galleries:
+    ``MIXED:`` and each (split, size, tag) with its run count, then what else any of those splits is."""
+    counts: dict[tuple[str, str], int] = {}  # (split (size), tag) -> runs
+    for record, scored, gallery in zip(e.summaries, e.scored, e.galleries, strict=True):
+        if has_recalls(record):
+            size = f"{record.get('images') or '?'} / {record.get('captions') or '?'}"
+            key = (f"{scored or '?'} ({size})", f" [{tags[gallery]}]" if gallery in tags else "")
+            counts[key] = counts.get(key, 0) + 1
+    uses = "".join(f", {use.upper()} SPLIT" for use in split_uses(e))
+    if len(counts) == 1:  # the tag after what the split is: "dev (8 / 40), MODEL SELECTION SPLIT [G2]"
+        split, tag = next(iter(counts))
+        return split + uses + tag
+    return mixed({split + tag: n for (split, tag), n in counts.items()}) + uses
 
 
 def _test_row(e: Entry, tags: dict[str, str]) -> list[str]:
@@ -134,9 +141,9 @@ def _test_row(e: Entry, tags: dict[str, str]) -> list[str]:
     missing = f" (missing: {', '.join(map(str, e.missing))})" if e.missing else ""
     seeds = f"{done} of {e.planned}{missing}" if is_incomplete(e) else str(done)
     if not done:
-        return [_test_label(e), seeds, *[""] * (len(KEYS) + 4)]
+        return [_test_label(e), seeds, *[""] * (len(KEYS) + 5)]
     if not evaluated(e):
-        return [_test_label(e), seeds, *[""] * len(KEYS), "not evaluated", "", "", ""]
+        return [_test_label(e), seeds, *[""] * len(KEYS), "not evaluated", "", "", "", ""]
     recall, chance = e.value("selection_object_recall.caption"), e.value("selection_chance.caption")
     selection = f"{_cell(recall, done)} / {chance[0]:.1f}" if recall and chance else ""
     return [
@@ -146,8 +153,22 @@ def _test_row(e: Entry, tags: dict[str, str]) -> list[str]:
         _split_cell(e, tags),
         "LEAKY" if is_leaky(e) else "leak-free",
         selection,
-        significant(e.value("train_seconds")),
+        significant(e.value("train_seconds"), done),
+        _steps_cell(e),
     ]
+
+
+def _steps_cell(e: Entry) -> str:
+    """The training step of the checkpoint the row's figures are of and the steps its run trained
+    (``4 / 8``): runs with equal configs may have kept other checkpoints. A row whose runs differ: each
+    run's in order (``3, 4 / 8, 8``); ``?`` where a record lacks it (an imported checkpoint's)."""
+
+    def runs_of(key: str) -> str:
+        shown = ["?" if s.get(key) is None else f"{s[key]:.10g}" for s in e.summaries]
+        return shown[0] if len(set(shown)) == 1 else ", ".join(shown)
+
+    cell = f"{runs_of('checkpoint_step')} / {runs_of('steps')}"
+    return "" if cell == "? / ?" else cell
 
 
 def _test_caption(entries: list[Entry], tags: dict[str, str]) -> str:
@@ -155,7 +176,11 @@ def _test_caption(entries: list[Entry], tags: dict[str, str]) -> str:
     warning for each mark its rows carry."""
     held_out = not any(split_use(e) for e in entries)
     caption = "Test metrics" if held_out else "Metrics of the split each row scored (not all held-out test)"
-    caption += " (mean ± sample std over seeds where a row has several; train s: three significant digits)"
+    caption += (
+        " (mean ± sample std over seeds where a row has several; train s: three significant digits; "
+        "checkpoint step / steps: the training step of the checkpoint evaluated and the steps the run "
+        "trained, each run's where a row's differ)"
+    )
     if tags:
         listed = "; ".join(f"{tag}: {gallery}" for gallery, tag in tags.items())
         caption += (
@@ -178,8 +203,9 @@ def _test_caption(entries: list[Entry], tags: dict[str, str]) -> str:
 
 
 def _gallery_tags(entries: list[Entry]) -> dict[str, str]:
-    """gallery -> ``G1``, ``G2``... in the rows' order, where the evaluated rows span several; else {}."""
-    galleries = list(dict.fromkeys(g for g in map(gallery_of, entries) if g))
+    """gallery -> ``G1``, ``G2``... in the rows' (and their runs') order, where the evaluated runs span
+    several; else {}."""
+    galleries = list(dict.fromkeys(g for e in entries for g in galleries_of(e)))
     return {g: f"G{i}" for i, g in enumerate(galleries, start=1)} if len(galleries) > 1 else {}
 
 
@@ -196,6 +222,7 @@ def _tables(
         "protocol",
         "selection recall / chance",
         "train s",
+        "checkpoint step / steps",
     ]
     tables: list[Table] = [(_test_caption(entries, tags), header, rows)]
     with_suite = [e for e in entries if any(e.compositional) or e.stale]

@@ -1,23 +1,31 @@
 """What marks a row of ``patchword report`` as not like the others (INCOMPLETE, NOT EVALUATED, SEEDS DIFFER,
-a scored split that is not a held-out test split, LEAKY), what the tables' captions say of each, and how a
-figure is written to significant digits. Functions take the report's rows
-(``patchword.experiments.entries.Entry``) without importing them.
+a scored split that is not a held-out test split, runs scored on different galleries, LEAKY), what the
+tables' captions say of each, and how a figure is written to significant digits. Functions take the
+report's rows (``patchword.experiments.entries.Entry``) without importing them.
 """
 
 from __future__ import annotations
 
 import math
 
+from patchword.eval.metrics import RECALL_KEYS
 from patchword.imports.published import SELECTION_SPLIT, TRAINING_SPLIT
 
 __all__ = [
     "evaluated",
+    "galleries_of",
+    "has_recalls",
     "is_incomplete",
     "is_leaky",
+    "mixed",
+    "mixed_galleries",
+    "one_or_mixed",
     "row_label",
+    "run_counts",
     "shared_flags",
     "significant",
     "split_use",
+    "split_uses",
 ]
 
 
@@ -26,16 +34,68 @@ def is_incomplete(entry) -> bool:
     return len(entry.runs) < entry.planned
 
 
+def has_recalls(record) -> bool:
+    """Whether a run's record is an evaluation: it holds a recall figure (a record of something else, such
+    as an export's ``metrics.json`` with its figures nested, is none)."""
+    return any(
+        isinstance(record.get(key), (int, float)) and not isinstance(record.get(key), bool)
+        for key in RECALL_KEYS
+    )
+
+
+def split_uses(entry) -> list[str]:
+    """What the scored splits of the row's evaluated runs are besides a test set (``model selection``,
+    ``training``: see :func:`patchword.imports.published.split_use`), each once, in the runs' order; empty
+    where every one scored a held-out split."""
+    pairs = zip(entry.uses, entry.summaries, strict=True)
+    return list(dict.fromkeys(use for use, summary in pairs if use and has_recalls(summary)))
+
+
 def split_use(entry) -> str | None:
-    """What the row's scored split is besides a test set (``model selection``, ``training``: see
-    :func:`patchword.imports.published.split_use`), for its first evaluated run; None for a held-out one."""
-    return next((use for use, summary in zip(entry.uses, entry.summaries, strict=True) if summary), None)
+    """The first of :func:`split_uses` (a row of which any run scored a split that is not a held-out test
+    split is marked as such); None where every evaluated run scored a held-out one."""
+    return next(iter(split_uses(entry)), None)
 
 
 def evaluated(entry) -> bool:
-    """Whether the row has runs and each has an evaluation recorded (not one still training or killed
-    before its test evaluation)."""
-    return bool(entry.runs) and all(entry.summaries)
+    """Whether the row has runs and each has an evaluation recorded (its recall figures; not one still
+    training or killed before its test evaluation)."""
+    return bool(entry.runs) and all(has_recalls(s) for s in entry.summaries)
+
+
+def mixed(counts: dict[str, int], unit: str = "run") -> str:
+    """``MIXED:`` and each value with how many of the row's runs (or ``unit``) had it, sorted: what a row
+    whose runs differ shows in place of one value."""
+    return "MIXED: " + "; ".join(
+        f"{v} ({n} {unit}{'' if n == 1 else 's'})" for v, n in sorted(counts.items())
+    )
+
+
+def run_counts(entry, attribute: str) -> dict[str, int]:
+    """The values of the row's evaluated runs' ``attribute`` (``galleries``, ``scored``, ``datasets``),
+    each with how many runs have it, in the runs' order."""
+    counts: dict[str, int] = {}
+    for value, summary in zip(getattr(entry, attribute), entry.summaries, strict=True):
+        if value and has_recalls(summary):
+            counts[str(value)] = counts.get(str(value), 0) + 1
+    return counts
+
+
+def one_or_mixed(entry, attribute: str) -> str:
+    """The one value of :func:`run_counts` (``""`` for none), or :func:`mixed` of them where runs differ."""
+    counts = run_counts(entry, attribute)
+    return next(iter(counts), "") if len(counts) <= 1 else mixed(counts)
+
+
+def galleries_of(entry) -> dict[str, int]:
+    """The test galleries the row's evaluated runs scored (``entry.galleries``), each with its run count."""
+    return run_counts(entry, "galleries")
+
+
+def mixed_galleries(entry) -> bool:
+    """Whether the row's runs scored different galleries (a seed evaluated again with ``eval.split=dev``):
+    its mean is over no one test set, and it is ranked against no other row."""
+    return len(galleries_of(entry)) > 1
 
 
 def is_leaky(entry) -> bool:
@@ -46,8 +106,9 @@ def is_leaky(entry) -> bool:
 def row_label(entry) -> str:
     """The row's label with what makes its figures not like the others': INCOMPLETE (a sweep variant with
     seeds still to run), NOT EVALUATED (a run without an evaluation), SEEDS DIFFER (a sweep row whose seeds
-    ran with different config values), MODEL SELECTION SPLIT / TRAINING SPLIT (not scored on a held-out
-    test split) and LEAKY (the caption-tied dense protocol)."""
+    ran with different config values), MODEL SELECTION SPLIT / TRAINING SPLIT (a run not scored on a
+    held-out test split), MIXED GALLERIES (runs scored on different galleries) and LEAKY (the caption-tied
+    dense protocol)."""
     marks = []
     if is_incomplete(entry):
         marks.append(f"INCOMPLETE, {len(entry.runs)} of {entry.planned} seeds")
@@ -55,8 +116,9 @@ def row_label(entry) -> str:
         marks.append("NOT EVALUATED")
     if entry.seeds_differ:
         marks.append("SEEDS DIFFER")
-    if split_use(entry):
-        marks.append(f"{split_use(entry).upper()} SPLIT")
+    marks += [f"{use.upper()} SPLIT" for use in split_uses(entry)]
+    if mixed_galleries(entry):
+        marks.append("MIXED GALLERIES")
     if is_leaky(entry):
         marks.append("LEAKY")
     return entry.label + (f" ({'; '.join(marks)})" if marks else "")
@@ -72,17 +134,17 @@ def _decimals(value: float, digits: int) -> int:
 def significant(value: tuple[float, float] | float | None, n: int = 1, digits: int = 3) -> str:
     """A figure to ``digits`` significant digits in fixed notation (``0.000412``, ``25.8``, ``13580``),
     where a fixed number of decimals would show a short time or a small model as 0; a (mean, std) pair
-    over ``n`` > 1 runs: both at the mean's decimals."""
+    over ``n`` > 1 runs: both at the mean's decimals (one run's std is None: undefined, not shown)."""
     if value is None:
         return ""
-    mean, std = value if isinstance(value, tuple) else (value, 0.0)
+    mean, std = value if isinstance(value, tuple) else (value, None)
     places = _decimals(mean, digits)
-    return f"{mean:.{places}f} ± {std:.{places}f}" if n > 1 else f"{mean:.{places}f}"
+    return f"{mean:.{places}f} ± {std:.{places}f}" if n > 1 and std is not None else f"{mean:.{places}f}"
 
 
 def shared_flags(entries) -> str:
-    """The marks the test table and the cost table share: NOT EVALUATED, SEEDS DIFFER, a scored split that
-    is not a held-out test split."""
+    """The marks the test table and the cost table share: NOT EVALUATED, SEEDS DIFFER, MIXED GALLERIES, a
+    scored split that is not a held-out test split."""
     flags = ""
     if any(e.runs and not evaluated(e) for e in entries):
         flags += (
@@ -94,7 +156,13 @@ def shared_flags(entries) -> str:
             "; SEEDS DIFFER: a sweep row whose seeds ran with different config values (a seed resumed with "
             "other limits...; the config table lists them): its mean ± std is not over seeds of one recipe"
         )
-    uses = {split_use(e) for e in entries} - {None}
+    if any(mixed_galleries(e) for e in entries):
+        flags += (
+            "; MIXED GALLERIES: a sweep row whose runs scored different splits or galleries (a seed "
+            "evaluated again with eval.split=dev...; the split column counts each): its mean ± std is over "
+            "no one test set, and it is on no Pareto front"
+        )
+    uses = {use for e in entries for use in split_uses(e)}
     if SELECTION_SPLIT in uses:
         flags += (
             "; MODEL SELECTION SPLIT: scored on the split the run chose its checkpoint on (eval.split=dev, "

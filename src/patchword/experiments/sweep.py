@@ -6,19 +6,19 @@ and spread of every test metric.
         --variant "vse: model.name=vse-tiny model.tiny_pretrained=synthetic-64" \\
         --variant "seps: model.seps.variant=paper"                    # 2 variants x 2 seeds
 
-A sweep directory ``OUTPUT_DIR/NAME`` holds one run directory per variant and seed
-(``<variant>/seed-<s>``, or ``seed-<s>`` without variants) and ``sweep.json``: the recipe, the overrides,
-every run's test metrics, and per variant the mean and the sample standard deviation (n - 1) of each
-metric, with the split, its gallery size and whether the protocol is leaky. It is resumable: a finished run
-(its ``summary.json`` exists) is kept, an interrupted one (``last.pt``) resumed, one stopped before its first
+A sweep directory ``OUTPUT_DIR/NAME`` holds one run directory per variant and seed (``<variant>/seed-<s>``, or
+``seed-<s>`` without variants) and ``sweep.json``: the recipe, the overrides, every run's test metrics, and
+per variant the mean and the sample standard deviation (n - 1; null for a single seed) of each metric, with
+the split, its gallery size and whether the protocol is leaky. It is resumable: a finished run (its
+``summary.json`` exists) is kept, an interrupted one (``last.pt``) resumed, one stopped before its first
 checkpoint started again (as ``patchword train`` does: only what such a start writes is removed, a seed
 directory holding anything else is refused, naming it); what every member left is checked (readable, same
 settings: its ``config.yaml`` and every ``--resume`` of it in ``resumes.jsonl``) before the first run, so a
 bad one stops the sweep with ``sweep.json`` as it was; ``sweep.json`` is rewritten (atomically) after every
-run. A suite file already in a run directory is reused only when it provably scored the run's best
-checkpoint without overrides (see :mod:`patchword.experiments.sweep_members`); otherwise it is set aside
-and the suite evaluated again. Under ``torchrun`` every process runs every seed in turn (each run
-uses all processes); rank 0 writes ``sweep.json``.
+run. A suite file already in a run directory is reused only when it provably scored the run's best checkpoint
+without overrides (see :mod:`patchword.experiments.sweep_members`); otherwise it is set aside and the suite
+evaluated again. Under ``torchrun`` every process runs every seed in turn (each run uses all processes); rank
+0 writes ``sweep.json``.
 
 The record of a sweep name lists every seed and variant ever run under it: a later invocation with fewer
 seeds or other variants adds to it, keeping the finished runs it records (read back from their directories
@@ -108,15 +108,17 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def mean_std(values: list[float]) -> tuple[float, float]:
-    """The mean and the sample standard deviation (n - 1; 0 for one value)."""
+def mean_std(values: list[float]) -> tuple[float, float | None]:
+    """The mean and the sample standard deviation (n - 1; None for one value: undefined, not 0)."""
     mean = sum(values) / len(values)
-    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
-    return mean, math.sqrt(var)
+    if len(values) < 2:
+        return mean, None
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
 def summarize(results: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """Per metric the mean and the sample standard deviation over the seeds' summaries (std 0 for one)."""
+    """Per metric the mean and the sample standard deviation over the seeds' summaries (std None, written
+    null, for one seed: a spread of one value is undefined)."""
     out: dict[str, Any] = {"n": len(results), "mean": {}, "std": {}}
     keys = [*METRICS, *sorted({k for r in results.values() for k in r if "." in k})]  # suites' figures
     for key in keys:

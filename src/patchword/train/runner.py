@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -67,6 +66,7 @@ from patchword.runs.origins import recorded_warm_start
 from patchword.runs.recorded import DIGEST_FIELD
 from patchword.train.process import stop_raises
 from patchword.train.resumable import resumable_state
+from patchword.train.sessions import evaluates_otherwise, session_machine, set_aside_results
 from patchword.train.trackers import TENSORBOARD_DIR, WANDB_ID_FILE
 from patchword.train.trainer import Trainer
 from patchword.train.validate import RESUMABLE_KEYS, check_config_and_truth, check_launch, check_model_data
@@ -187,7 +187,7 @@ def _trainer(
     cfg: RunConfig, model, data: PreparedData, run_dir: Path, dist: Distributed, hint: ResumeHint
 ) -> Trainer:
     splits = data.splits
-    return Trainer(
+    trainer = Trainer(
         cfg,
         model,
         splits["train"],
@@ -198,6 +198,8 @@ def _trainer(
         dist=dist,
         resume_hint=hint,
     )
+    trainer.timing.begin_session(session_machine(dist.device, cfg.train.num_threads, dist.world_size))
+    return trainer
 
 
 def _save_tokenizer(tokenizer, run_dir: Path) -> None:
@@ -313,6 +315,8 @@ def resume_run(
         )
         if dist.is_main:
             drop_metrics_after(run_dir, trainer.step, validation_due=trainer.validation_due)
+            # the results a resume replaces are kept (read before this resume is recorded)
+            aside = not trainer.finished or evaluates_otherwise(run_dir, cfg)
             record = {
                 "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "step": trainer.step,
@@ -320,21 +324,11 @@ def resume_run(
             }
             repair_jsonl(run_dir / RESUMES_FILE)  # a torn last line would glue onto this record
             append_line(run_dir / RESUMES_FILE, json.dumps(record))
-            if not trainer.finished:
-                _set_aside_results(run_dir)
+            if aside:
+                set_aside_results(run_dir)
         fit = trainer.fit()
         phase["then"] = hint.evaluating(run_dir / LAST_CHECKPOINT)
         return _finish(cfg, model, data, run_dir, trainer, fit, dist, truth)
-
-
-def _set_aside_results(run_dir: Path) -> None:
-    """Rename summary.json and metrics.json to ``*.previous.json`` before a resume trains further: until it
-    writes them again they would describe a run that has moved on (``patchword report`` would show them,
-    a sweep would take the run for finished)."""
-    for name in (SUMMARY_FILE, METRICS_JSON):
-        path = run_dir / name
-        if path.is_file():
-            os.replace(path, path.with_suffix(".previous.json"))
 
 
 def _finish(
