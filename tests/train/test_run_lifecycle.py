@@ -445,7 +445,13 @@ def test_an_output_dir_that_is_a_file_is_one_line_naming_the_key(tmp_path, capsy
     output_dir = tmp_path / "runs" / below if below else tmp_path / "runs"
     assert main(["train", *TINY_MODEL_32, f"output_dir={output_dir}", "name=x"]) == 2
     line = one_error_line(capsys.readouterr().err)
-    assert line == f"error: output_dir: {tmp_path / 'runs'} is a file: runs go in a directory there"
+    if below:
+        assert (
+            line
+            == f"error: output_dir: {tmp_path / 'runs'} is a file: {output_dir} cannot be created under it"
+        )
+    else:
+        assert line == f"error: output_dir: {output_dir} is a file: output_dir names the directory runs go in"
     assert (tmp_path / "runs").read_text() == "a file"
 
 

@@ -39,6 +39,7 @@ from patchword.factory import create_model
 from patchword.fileio import (
     append_line,
     atomic_write_text,
+    check_output_dir,
     file_sha256,
     keep_jsonl_records,
     probe_writable,
@@ -228,10 +229,8 @@ def train_run(
             :class:`~patchword.train.trainer.TrainingInterrupted` during training (last.pt written).
     """
     device, truth = check_config_and_truth(cfg)  # truth: the COCO ground truth, read once
-    try:  # a read-only or vanished output_dir fails now, not after data loading
-        probe_writable(cfg.output_dir)
-    except NotADirectoryError as err:  # a file where the directory (or one of its parents) must go
-        raise ConfigError("output_dir", f"{err.filename} is a file: runs go in a directory there") from None
+    try:  # a file in its place or a parent's, a read-only or vanished output_dir: now, not after the data
+        check_output_dir(cfg.output_dir, "output_dir", what="the directory runs go in")
     except OSError as err:  # a read-only, vanished or refusing folder: the key that named it
         raise ConfigError("output_dir", describe_os_error(err)) from err
     run_dir = Path(cfg.output_dir) / cfg.name
