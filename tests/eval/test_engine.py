@@ -56,6 +56,23 @@ def test_uncached_texts_and_inline_dense_scores_give_the_same(variant):
     assert not engine.last_plan.details["text_cache"] and not engine.last_plan.details["dense_pass"]
 
 
+@pytest.mark.parametrize("dense", [None, "caption"])
+def test_cpu_workers_score_every_image_block_into_its_rows(dense):
+    """``workers=3`` on the CPU: blocks of two images go to three single-threaded threads (a shared
+    queue); every block lands in its own rows, bit for bit what one worker writes (the module pins one
+    torch thread, so both compute each block alike)."""
+    m = _matcher("swin", "paper", dense_pairing=dense or "image")
+    engine = SEPSEngine(m, workers=3, max_image_block=2)
+    got = _check(m, "swin", dense, engine=engine, n_img=7, n_txt=11)
+    assert engine.last_plan.details["workers"] == 3 and engine.last_plan.image_block == 2  # 4 blocks
+    img, caps, lens, d, dl, t2i = _inputs("swin", n_img=7, n_txt=11)
+    args = (d, dl) if dense else (None, None)
+    one = score_matrix(
+        m, img, caps, lens, *args, txt2img=t2i, engine=SEPSEngine(m, workers=1, max_image_block=2)
+    )
+    assert torch.equal(got, one)
+
+
 @pytest.mark.parametrize(
     "switches",
     [
@@ -80,12 +97,16 @@ def test_laps_and_auto_engine():
     _check(m, "vit", "image")  # LAPS ignores dense text, like its forward
 
 
-def test_unstable_logits_fall_back_to_the_exact_softmax():
+@pytest.mark.parametrize("formulation", ["gram", "direct", "kdirect"])
+def test_unstable_logits_fall_back_to_the_exact_softmax(formulation):
+    """Each formulation has its own fallback (kdirect: over the kept patches only, ``_gathered``)."""
     m = _matcher("swin", variant="paper", dense_pairing="caption")
     with torch.no_grad():  # logit ranges of hundreds: exp(Lg - max) would underflow
         m.aggr_net.scale.fill_(500.0)
         m.aggr_net_dense.scale.fill_(500.0)
-    _check(m, "swin", "caption", engine=SEPSEngine(m, formulation="gram"))
+    engine = SEPSEngine(m, formulation=formulation)
+    _check(m, "swin", "caption", engine=engine)
+    assert engine.last_plan.details["formulation"] == formulation
 
 
 def test_vse_and_forward_fallback_equal_forward():

@@ -124,6 +124,42 @@ def test_pr_curve_hand_values(tmp_path):
     assert (tmp_path / "pr.png").stat().st_size > 1000
 
 
+def test_query_blocks_give_the_unblocked_results(monkeypatch):
+    """Queries are ranked in blocks of ``_BLOCK_ELEMENTS // Ndb``: five blocks (7, 7, 7, 7, 2 queries) give
+    the one-block mAP, precision / recall@k and PR curve (every block counts, the last one included)."""
+    from patchword.hashing import metrics
+
+    rng = np.random.default_rng(7)
+    q = rng.choice([-1, 1], size=(30, 16))
+    db = rng.choice([-1, 1], size=(200, 16))
+    ql = (rng.random((30, 5)) < 0.25).astype(np.int64)
+    ql[np.arange(30), rng.integers(0, 5, 30)] = 1
+    ql[:3] = 0  # queries without a relevant item: they count as 0 in mAP, are left out of recall
+    dbl = (rng.random((200, 5)) < 0.25).astype(np.int64)
+
+    def everything():
+        return (
+            map_at_k(q, db, ql, dbl, 20, return_per_query=True),
+            map_at_all(q, db, ql, dbl),
+            retrieval_report(q, db, ql, dbl, map_k=50, ks=[1, 5, 50]),
+            precision_recall_curve(q, db, ql, dbl),
+        )
+
+    (want_map, want_ap), want_all, want_report, want_curve = everything()
+    calls = []
+    relevance = metrics._relevance
+    monkeypatch.setattr(metrics, "_relevance", lambda *a: calls.append(len(a[0])) or relevance(*a))
+    monkeypatch.setattr(metrics, "_BLOCK_ELEMENTS", 200 * 7)
+    (got_map, got_ap), got_all, got_report, got_curve = everything()
+    assert calls == [7, 7, 7, 7, 2] * 4  # the blocks of each of the four calls
+    assert got_map == want_map and got_all == want_all and got_report == want_report
+    np.testing.assert_array_equal(got_ap, want_ap)
+    assert want_report["queries_without_relevant"] == 3
+    np.testing.assert_allclose(got_curve.precision, want_curve.precision, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got_curve.recall, want_curve.recall, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(got_curve.radius, want_curve.radius)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

@@ -197,6 +197,20 @@ def test_members_on_score_scales_orders_of_magnitude_apart_are_warned_of(caplog)
     )
 
 
+def test_the_spread_of_a_two_stage_pair_is_that_of_all_its_finite_scores():
+    """The (i2t, t2i) parts are pooled: the spread of parts with different means includes the spread of
+    the means, not only the parts' own variances."""
+    from patchword.eval.protocol import score_spread
+
+    g = torch.Generator().manual_seed(1)
+    i2t, t2i = torch.randn(6, 30, generator=g), torch.randn(6, 30, generator=g) * 0.5 + 3.0
+    i2t[:, 20:] = -torch.inf  # outside the shortlists
+    t2i[4:] = -torch.inf
+    want = torch.cat([i2t[torch.isfinite(i2t)], t2i[torch.isfinite(t2i)]]).double().std(correction=0)
+    assert score_spread((i2t, t2i)) == pytest.approx(float(want), rel=1e-6)
+    assert score_spread(t2i[:4]) == pytest.approx(float(t2i[:4].double().std(correction=0)), rel=1e-6)
+
+
 def test_evaluate_run_dir_without_overrides(trained_tiny_run, tmp_path):
     """Defect: ``evaluate_run_dir(run, out=...)`` (overrides None, its default) failed in read_run_config
     (``list(None)``): the two-process evaluation jobs of tests/train/test_distributed.py called it so."""

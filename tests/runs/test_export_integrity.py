@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import TINY_RUN_32, one_error_line
 from patchword.cli import main
@@ -64,15 +65,26 @@ def test_flipped_bytes_in_the_exported_weights_are_refused_naming_the_file(expor
             load(export_copy)
 
 
+def _assert_holds_the_exported_weights(model, export: Path) -> None:
+    """Every tensor of ``model`` is the export's, bit for bit (and it has no other)."""
+    from safetensors.torch import load_file
+
+    weights = load_file(export / "model.safetensors")
+    state = model.state_dict()
+    assert sorted(state) == sorted(weights)
+    for key, value in weights.items():
+        assert torch.equal(state[key], value), key
+
+
 def test_an_intact_export_and_one_without_a_recorded_digest_load(export_copy):
     from patchword.runs import load_run
 
-    load_run(export_copy)
+    _assert_holds_the_exported_weights(load_run(export_copy).model, export_copy)
     record_file = export_copy / "metrics.json"
     record = json.loads(record_file.read_text())
     del record["weights_sha256"]  # an export written before the digest was recorded
     record_file.write_text(json.dumps(record))
-    load_run(export_copy)
+    _assert_holds_the_exported_weights(load_run(export_copy).model, export_copy)
 
 
 def test_a_recall_recorded_as_text_is_one_error_line_before_anything_is_written(exported, tmp_path, capsys):

@@ -7,6 +7,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -183,11 +184,58 @@ def test_step_milestones_decay_the_learning_rate(tmp_path, tiny_data):
     assert lrs[1] == pytest.approx(1e-3) and lrs[3] == pytest.approx(5e-4)  # steps done: 1 and 3
 
 
+def test_hardest_negatives_start_at_hardest_after_epochs(tmp_path, tiny_data, monkeypatch):
+    """``train.hardest_after_epochs=1``: epoch 0 sums the negatives, epoch 1 (the first epoch, counted from
+    0, not before the switch) mines the hardest, every step of it."""
+    from patchword.model import build_model
+    from patchword.train.step_modules import StepModules
+    from patchword.train.trainer import Trainer
+
+    seen = []
+    original = StepModules.run
+
+    def recording(self, batch, hardest, *args, **kwargs):
+        seen.append(hardest)
+        return original(self, batch, hardest, *args, **kwargs)
+
+    monkeypatch.setattr(StepModules, "run", recording)
+    monkeypatch.setattr(Trainer, "validate", lambda self: {})  # the steps are what is checked
+    train = tiny_data.splits["train"].first_images(4)  # two steps an epoch, of half its captions each
+    cfg = _cfg(
+        tmp_path,
+        "train.epochs=2",
+        "train.hardest_after_epochs=1",
+        f"train.batch_size={train.num_captions // 2}",
+    )
+    model = build_model(cfg.model, vocab_size=tiny_data.vocab_size)
+    Trainer(cfg, model, train, tiny_data.splits["dev"], tmp_path).fit()
+    assert seen == [False, False, True, True]
+
+
 def test_false_negative_mask_comes_from_the_dataset(tiny_data):
+    """A batch's ``ignore`` is the split's ``fits(captions, images)`` relation, rows images and columns
+    captions as the losses read it (``ignore[i, j]``: caption j fits image i, so it is no negative of i)."""
+    from patchword.data.batches import ShardedBatches
+
     train = tiny_data.splits["train"]
     caps = torch.arange(10)
     fits = train.fits(caps.numpy(), train.txt2img[caps].numpy())
     assert fits.diagonal().all()  # every caption fits its own image
+    # An asymmetric relation (the tiny data's is exactly "same image": symmetric in a batch, it masks only
+    # what img_ids does and tells no orientation apart): caption c fits image i where (3 c + i) % 4 == 0,
+    # and its own image.
+    c, i = np.arange(train.num_captions)[:, None], np.arange(train.num_images)[None, :]
+    relation = ((3 * c + i) % 4 == 0) | (train.txt2img.numpy()[:, None] == i)
+    split = replace(train, fits=lambda cap, img: relation[np.ix_(cap, img)])
+    order = torch.tensor([7, 0, 12, 33, 5, 21, 2, 18])
+    batch = ShardedBatches(split, [order], lambda size: (0, size))[0]
+    want = torch.from_numpy(relation[np.ix_(order.numpy(), train.txt2img[order].numpy())].T)
+    assert not torch.equal(want, want.T)  # the test tells rows from columns
+    assert batch.ignore.dtype == torch.bool
+    assert torch.equal(batch.ignore, want), (batch.ignore, want)
+    assert torch.equal(batch.img_ids, train.txt2img[order])
+    unmasked = ShardedBatches(split, [order], lambda size: (0, size), mask_false_negatives=False)[0]
+    assert unmasked.ignore is None
 
 
 def test_cli_train_eval_demo_smoke(tmp_path, capsys):
