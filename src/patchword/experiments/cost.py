@@ -39,9 +39,9 @@ from patchword.experiments.rows import (
     galleries_of,
     is_incomplete,
     is_leaky,
-    mixed,
     mixed_galleries,
     one_or_mixed,
+    one_or_mixed_of,
     row_label,
     shared_flags,
     significant,
@@ -128,8 +128,7 @@ def gallery_of(entry) -> str | None:
     """The test gallery a row's rSum was measured on (rSum is comparable only on one): the split scored,
     its size and the data (:func:`patchword.experiments.galleries.gallery_of_run` of its evaluated runs);
     ``MIXED:`` and each with its run count where they differ; None for a row without an evaluation."""
-    counts = galleries_of(entry)
-    return next(iter(counts), None) if len(counts) <= 1 else mixed(counts)
+    return one_or_mixed_of(galleries_of(entry), None)
 
 
 def _group(entry) -> str:

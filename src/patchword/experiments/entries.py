@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
-from patchword.config import apply_overrides, flat_config
-from patchword.errors import ConfigError, DataError, MissingFileError
+from patchword.config import flat_config
+from patchword.errors import DataError, MissingFileError
 from patchword.eval.metrics import RECALL_KEYS
 from patchword.experiments.fields import FLAG, LIST, MAPPING, NUMBER, TEXT, check_fields
 from patchword.experiments.galleries import gallery_of_run, run_dataset
@@ -37,8 +37,13 @@ from patchword.experiments.sweep import SWEEP_FILE, mean_std, read_sweep
 from patchword.imports.published import scored_split, split_use
 from patchword.readers import read_json
 from patchword.runs.config import RunConfig
-from patchword.runs.files import CONFIG_FILE, METRICS_JSON, RESUMES_FILE, SUMMARY_FILE, WEIGHTS_FILE
-from patchword.runs.load import WEIGHTS_DIGEST_KEY, read_run_config, resolve_checkpoint, resume_overrides
+from patchword.runs.files import CONFIG_FILE, METRICS_JSON, SUMMARY_FILE, WEIGHTS_FILE
+from patchword.runs.load import (
+    WEIGHTS_DIGEST_KEY,
+    check_export_weights,
+    last_session_config,
+    resolve_checkpoint,
+)
 from patchword.runs.recorded import evaluation_of, suite_evaluation_of
 
 __all__ = [
@@ -190,28 +195,28 @@ def _evaluation(run: Path) -> tuple[dict[str, Any], str | None]:
         return evaluation, str(run / str(name))
     metrics = _json(run / METRICS_JSON)
     if WEIGHTS_DIGEST_KEY in metrics:
-        return _exported(run)
+        return _exported(run, metrics)
     return metrics, (str(run / METRICS_JSON) if metrics else None)
 
 
-def _exported(run: Path) -> tuple[dict[str, Any], str | None]:
-    """The evaluation an exported model directory's ``metrics.json`` nests, where ``patchword export``
-    would carry it (the export's own checks: the record names the sha256 of ``model.safetensors`` and
-    the directory's ``config.yaml`` is the one it wrote) and the file holds those weights; ``({}, None)``
+def _exported(run: Path, record: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The evaluation an exported model directory's ``metrics.json`` (``record``) nests, where
+    ``patchword export`` would carry it (the export's own checks: the record names the sha256 of
+    ``model.safetensors`` and the directory's ``config.yaml`` is the one it wrote) and the file holds those
+    weights; ``({}, None)``
     otherwise: its figures are of other weights, or of none (an export of a checkpoint nothing evaluated)."""
-    from patchword.runs.export import carries_evaluation, earlier_export
-    from patchword.runs.load import check_export_weights
+    from patchword.runs.export import carries_evaluation
 
     weights = run / WEIGHTS_FILE
-    earlier = earlier_export(run, weights) if weights.is_file() else None
-    if not carries_evaluation(earlier, run):
+    recorded = isinstance(record.get(WEIGHTS_DIGEST_KEY), str)  # as export reads an earlier export's
+    if not (weights.is_file() and recorded and carries_evaluation(record, run)):
         return {}, None
     try:
         check_export_weights(run, weights)
     except DataError as err:  # other weights than the figures describe: the row is not evaluated
         _logger.warning("%s: its recorded evaluation is not shown (%s)", run, err)
         return {}, None
-    return earlier["metrics"], f"{run / METRICS_JSON}, metrics"
+    return record["metrics"], f"{run / METRICS_JSON}, metrics"
 
 
 _SUITE_FILE = "eval_compositional.json"
@@ -232,13 +237,7 @@ def run_config(run: Path) -> RunConfig:
     """The config ``run`` ended with: its ``config.yaml`` with its last resume's overrides
     (:func:`~patchword.runs.load.resume_overrides`); an override that does not apply is a DataError naming
     ``resumes.jsonl``."""
-    sessions = resume_overrides(run)
-    overrides = sessions[-1] if sessions else []
-    config = read_run_config(run)
-    try:
-        return apply_overrides(config, overrides)
-    except ConfigError as err:
-        raise DataError(f"{run / RESUMES_FILE}: its last resume's overrides do not apply ({err})") from None
+    return last_session_config(run)
 
 
 def _json(path: Path) -> dict[str, Any]:

@@ -12,10 +12,12 @@ run, ``{}`` for none) without importing them.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
+from patchword.errors import DataError
 from patchword.experiments.fields import NUMBER, TEXT, check_fields
-from patchword.experiments.rows import mixed
+from patchword.experiments.rows import one_or_mixed_of
 
 __all__ = [
     "SESSION_FIELDS",
@@ -54,11 +56,7 @@ def _machine(fields: Any) -> str:
 
 def run_machines(entry) -> dict[str, int]:
     """Evaluation machine -> how many of the row's runs were evaluated on it."""
-    counts: dict[str, int] = {}
-    for summary in entry.summaries:
-        machine = _machine(summary.get("cost"))
-        counts[machine] = counts.get(machine, 0) + 1
-    return counts
+    return Counter(_machine(summary.get("cost")) for summary in entry.summaries)
 
 
 def mixed_machines(entry) -> bool:
@@ -71,10 +69,7 @@ def machine_of(entry) -> str:
     """Where a row's evaluation times were measured (see :func:`_machine`; "unknown" for a row without
     runs); a row whose runs were evaluated on different machines: ``MIXED:`` and each machine with its run
     count."""
-    counts = run_machines(entry)
-    if len(counts) <= 1:
-        return next(iter(counts), "unknown")
-    return mixed(counts)
+    return one_or_mixed_of(run_machines(entry), "unknown")
 
 
 def check_sessions(record: dict[str, Any], where: str) -> None:
@@ -83,7 +78,6 @@ def check_sessions(record: dict[str, Any], where: str) -> None:
     Raises:
         DataError: naming ``where``, the session and the field.
     """
-    from patchword.errors import DataError
 
     for i, session in enumerate(record.get("train_sessions") or [], start=1):
         if not isinstance(session, dict):
@@ -95,14 +89,12 @@ def _train_machines(entry) -> dict[str, int]:
     """Training machine -> how many sessions of the row's runs trained on it: a record without
     ``train_sessions`` but with a training time (written before sessions were recorded) counts one unknown
     session, one without either (an imported checkpoint, a ``patchword eval`` record) none."""
-    counts: dict[str, int] = {}
+    counts: Counter[str] = Counter()
     for summary in entry.summaries:
         sessions = summary.get("train_sessions")
         if not isinstance(sessions, list):
             sessions = [{}] if summary.get("train_seconds") is not None else []
-        for session in sessions:
-            machine = _machine(session)
-            counts[machine] = counts.get(machine, 0) + 1
+        counts.update(_machine(session) for session in sessions)
     return counts
 
 
@@ -115,7 +107,4 @@ def mixed_training(entry) -> bool:
 def train_machine_of(entry) -> str:
     """Where the row's training ran (see :func:`_machine`): one machine, ``MIXED:`` and each machine with
     its session count, or "" for a row that records no training."""
-    counts = _train_machines(entry)
-    if len(counts) <= 1:
-        return next(iter(counts), "")
-    return mixed(counts, "session")
+    return one_or_mixed_of(_train_machines(entry), "", "session")

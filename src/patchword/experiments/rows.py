@@ -7,6 +7,8 @@ report's rows (``patchword.experiments.entries.Entry``) without importing them.
 from __future__ import annotations
 
 import math
+from collections import Counter
+from typing import Any
 
 from patchword.eval.metrics import RECALL_KEYS
 from patchword.imports.published import SELECTION_SPLIT, TRAINING_SPLIT
@@ -71,20 +73,21 @@ def mixed(counts: dict[str, int], unit: str = "run") -> str:
     )
 
 
+def one_or_mixed_of(counts: dict[str, int], default: Any, unit: str = "run") -> Any:
+    """The one value of ``counts`` (``default`` for none), or :func:`mixed` of them where they differ."""
+    return next(iter(counts), default) if len(counts) <= 1 else mixed(counts, unit)
+
+
 def run_counts(entry, attribute: str) -> dict[str, int]:
     """The values of the row's evaluated runs' ``attribute`` (``galleries``, ``scored``, ``datasets``),
     each with how many runs have it, in the runs' order."""
-    counts: dict[str, int] = {}
-    for value, summary in zip(getattr(entry, attribute), entry.summaries, strict=True):
-        if value and has_recalls(summary):
-            counts[str(value)] = counts.get(str(value), 0) + 1
-    return counts
+    values = getattr(entry, attribute)
+    return Counter(str(v) for v, s in zip(values, entry.summaries, strict=True) if v and has_recalls(s))
 
 
 def one_or_mixed(entry, attribute: str) -> str:
     """The one value of :func:`run_counts` (``""`` for none), or :func:`mixed` of them where runs differ."""
-    counts = run_counts(entry, attribute)
-    return next(iter(counts), "") if len(counts) <= 1 else mixed(counts)
+    return one_or_mixed_of(run_counts(entry, attribute), "")
 
 
 def galleries_of(entry) -> dict[str, int]:

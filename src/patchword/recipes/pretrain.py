@@ -181,15 +181,6 @@ def _as_override(key: str, value: Any) -> str:
     return f"{key}={value}" if isinstance(value, str) else f"{key}={json.dumps(value)}"
 
 
-def _last_session_config(run_dir: Path) -> RunConfig:
-    """The config the run's last session trained with: ``config.yaml`` with the overrides of its last
-    ``--resume`` (each resume applies its own overrides to ``config.yaml``, see ``resume_run``)."""
-    from patchword.runs import read_run_config, resume_overrides
-
-    sessions = resume_overrides(run_dir)
-    return read_run_config(run_dir, sessions[-1] if sessions else [])
-
-
 def _refuse_other_values(finished: RunConfig, cfg: RunConfig, run_dir: Path) -> None:
     """A finished run is exported as it is: a value of the command that differs from the one the run
     trained with (even a resumable one, ``train.max_steps``) would be recorded in the encoders' recipe
@@ -310,7 +301,7 @@ def _train_and_export(
     from patchword.bench.machine import machine_description
     from patchword.config import config_diff
     from patchword.errors import ConfigError
-    from patchword.runs import load_run, read_run_config
+    from patchword.runs.load import last_session_config, load_run, read_run_config
     from patchword.train.runner import resume_run, train_run
     from patchword.train.validate import RESUMABLE_KEYS
 
@@ -323,7 +314,7 @@ def _train_and_export(
             raise ConfigError(changed[0], f"{run_dir} was trained with another value: choose another name=")
     hint = _pretrain_hint(run_dir)
     if (run_dir / SUMMARY_FILE).is_file():  # trained already: export again (e.g. to another --out)
-        _refuse_other_values(_last_session_config(run_dir), cfg, run_dir)
+        _refuse_other_values(last_session_config(run_dir), cfg, run_dir)
         _logger.info("%s is finished: exporting its encoders", run_dir)
         summary = read_json(run_dir / SUMMARY_FILE, "run summary")
     elif (run_dir / LAST_CHECKPOINT).is_file():  # interrupted: continue it with this command's values

@@ -58,7 +58,7 @@ from patchword.runs.origins import warm_start_counts
 from patchword.runs.recorded import checkpoint_facts, evaluation_of, path_in_run
 from patchword.version import __version__
 
-__all__ = ["export_run", "model_card", "earlier_export", "carries_evaluation"]
+__all__ = ["export_run", "model_card", "carries_evaluation"]
 
 _COPIED = (CONFIG_FILE, VOCAB_FILE, BACKBONES_FILE, IMPORT_FILE)
 
@@ -84,7 +84,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str | Path | No
     tensors = {k: v.detach().cpu().contiguous() for k, v in run.model.state_dict().items()}
     # the evaluation of the exported checkpoint (summary.json describes best.pt, eval_*.json name theirs)
     metrics, source = evaluation_of(run_dir, run.checkpoint, run.config.eval.split)
-    earlier = earlier_export(run_dir, run.checkpoint)
+    earlier = _earlier_export(run_dir, run.checkpoint)
     carried = not metrics and carries_evaluation(earlier, run_dir)
     if carried:
         metrics, source = earlier["metrics"], METRICS_JSON
@@ -141,7 +141,7 @@ def _warm_start(run, tensors: dict[str, Any]) -> dict[str, Any] | None:
     return warm_start_counts(tensors, init_from, run_dir=run.run_dir)
 
 
-def earlier_export(run_dir: Path, checkpoint: Path) -> dict[str, Any] | None:
+def _earlier_export(run_dir: Path, checkpoint: Path) -> dict[str, Any] | None:
     """The ``metrics.json`` of ``run_dir`` when it is an exported model directory whose
     ``model.safetensors`` is ``checkpoint`` and still holds the weights that export wrote (the sha256 it
     recorded); None otherwise (a training run's ``metrics.json`` records no weights digest)."""

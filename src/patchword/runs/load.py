@@ -52,6 +52,7 @@ __all__ = [
     "load_run",
     "read_run_config",
     "resume_overrides",
+    "last_session_config",
     "read_run_mapping",
     "check_export_weights",
     "config_kind",
@@ -135,6 +136,24 @@ def resume_overrides(run_dir: str | Path) -> list[list[str]]:
             raise DataError(f"{path}: resume {i}: 'overrides' is not a list of key=value strings")
         sessions.append(overrides)
     return sessions
+
+
+def last_session_config(run_dir: str | Path) -> RunConfig:
+    """The config the run's last session ran with: ``config.yaml`` with the overrides of its last
+    ``--resume`` (each resume applies its own to ``config.yaml``: ``resume_run``).
+
+    Raises:
+        MissingFileError, DataError: as :func:`read_run_config` and :func:`resume_overrides`; an override of
+            the last resume that does not apply is a DataError naming ``resumes.jsonl``.
+        ConfigError: an unknown key or a wrong value in ``config.yaml``.
+    """
+    sessions = resume_overrides(run_dir)
+    config = read_run_config(run_dir)
+    try:
+        return apply_overrides(config, sessions[-1] if sessions else [])
+    except ConfigError as err:
+        path = Path(run_dir) / RESUMES_FILE
+        raise DataError(f"{path}: its last resume's overrides do not apply ({err})") from None
 
 
 #: The files a run directory records its run in, which no command's output may replace (``--force`` or

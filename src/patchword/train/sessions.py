@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
-from patchword.config import flat_config
+from patchword.config import config_diff
 from patchword.device import describe_device
 from patchword.runs.config import RunConfig
 from patchword.runs.files import METRICS_JSON, SUMMARY_FILE
-from patchword.runs.load import read_run_config, resume_overrides
+from patchword.runs.load import last_session_config
 from patchword.runs.recorded import NEUTRAL_OVERRIDES
 
 __all__ = ["evaluates_otherwise", "session_machine", "set_aside_results"]
@@ -30,7 +30,7 @@ def session_machine(device: torch.device | str, threads: int, world_size: int) -
     return {
         "device": described["device"],
         "device_name": described["device_name"],
-        "threads": threads or torch.get_num_threads(),
+        "threads": threads or described["threads"],
         "world_size": world_size,
     }
 
@@ -51,7 +51,4 @@ def evaluates_otherwise(run_dir: Path, cfg: RunConfig) -> bool:
     with other settings than the session that wrote its results (``config.yaml`` with the overrides of the
     last resume in ``resumes.jsonl``: call it before this resume is recorded there): a setting differs
     besides those that change no figure (:data:`~patchword.runs.recorded.NEUTRAL_OVERRIDES`)."""
-    sessions = resume_overrides(run_dir)
-    before = flat_config(read_run_config(run_dir, sessions[-1] if sessions else []))
-    now = flat_config(cfg)
-    return any(before.get(k) != now.get(k) for k in before.keys() | now.keys() if k not in NEUTRAL_OVERRIDES)
+    return any(k not in NEUTRAL_OVERRIDES for k in config_diff(last_session_config(run_dir), cfg))

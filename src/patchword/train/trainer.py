@@ -136,7 +136,7 @@ class Trainer:
         """Seconds spent in ``fit`` over every session of the run (resumes add theirs)."""
         return self.timing.train_seconds
 
-    def times(self) -> dict[str, float]:
+    def times(self) -> dict[str, Any]:
         """``train_seconds`` and its parts (:mod:`~patchword.train.times`), every session's."""
         return self.timing.report()
 
