@@ -444,10 +444,10 @@ def check_output_dir(out: str | os.PathLike[str], flag: str, what: str = "the di
     message of a file in its place.
 
     Raises:
-        ConfigError: ``out``, or one of its parents, is a file (naming ``flag`` and that file).
-        OSError: files cannot be created there (read-only, vanished), naming the directory.
+        ConfigError: naming ``flag``: ``out``, or one of its parents, is a file (naming it); files cannot be
+            created there (read-only, vanished: the directory and the reason).
     """
-    from patchword.errors import ConfigError
+    from patchword.errors import ConfigError, describe_os_error
 
     shown, path = os.fspath(out), os.path.abspath(os.fspath(out))
     blocker = _not_a_directory(path)
@@ -455,7 +455,10 @@ def check_output_dir(out: str | os.PathLike[str], flag: str, what: str = "the di
         raise ConfigError(flag, f"{shown} {_is_not_a_folder(path)}: {flag} names {what}")
     if blocker is not None:
         raise ConfigError(flag, f"{blocker} {_is_not_a_folder(blocker)}: {shown} cannot be created under it")
-    probe_writable(path)
+    try:
+        probe_writable(path)
+    except OSError as err:
+        raise ConfigError(flag, describe_os_error(err)) from err
 
 
 def _not_a_directory(path: str) -> str | None:

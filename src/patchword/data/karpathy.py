@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from patchword.data.split import RetrievalSplit, TextOrigin
+from patchword.data.split import RetrievalSplit, TextOrigin, qualified_ids
 from patchword.data.textfiles import assemble_split, first_repeat, load_json, require_file, resolve_images
 from patchword.errors import ConfigError, DataError
 
@@ -205,7 +205,7 @@ def _refuse_repeated_images(
         DataError: naming the json file, both entries and what they share.
     """
     files = [os.path.normpath(name) for name in names]
-    qualified = [f"{field}:{image_id}" for field, image_id in zip(fields, image_ids, strict=True)]
+    qualified = qualified_ids(image_ids, fields)
     for what, keys, shown in (("id", qualified, image_ids), ("file", files, files)):
         repeat = first_repeat(keys)
         if repeat is not None:

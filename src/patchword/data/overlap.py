@@ -32,7 +32,7 @@ from patchword.data.karpathy import karpathy_split_name
 from patchword.data.split import RetrievalSplit
 from patchword.errors import USER_ERRORS, DataError
 
-__all__ = ["split_source", "shared_images", "refuse_shared_images", "listed_images"]
+__all__ = ["split_source", "refuse_shared_images"]
 
 _logger = logging.getLogger(__name__)
 
@@ -99,23 +99,14 @@ def _advice(dc: DataConfig, role: str, other: str) -> str:
     return f"take the shared images out of one split, or {on_purpose} on purpose (its records then say so)"
 
 
-def shared_images(
-    dc: DataConfig, splits: Mapping[str, RetrievalSplit], roles: Collection[str] | None = None
-) -> list[tuple[str, str]]:
-    """``(role, message)`` for each pair of loaded roles that read different splits sharing an image,
-    the message naming both places of the first shared image (in the later role's order).
-
-    Args:
-        roles: the roles whose images are checked against the earlier ones (default: all of ``splits``);
-            the other splits are there to be compared with (:func:`listed_images`).
-    """
+def _first_shared(dc: DataConfig, splits: Mapping[str, RetrievalSplit], roles: Collection[str]) -> str | None:
+    """The message naming both places of the first image that one of ``roles`` shares with a split it
+    must be held out from (in the role's order), None when none does. ``splits``: the loaded roles and
+    those read to compare with (:func:`listed_images`)."""
     if dc.dataset not in ("laps", "karpathy", "precomp"):
-        return []
-    found = []
+        return None
     for role, other in _PAIRS:
-        if role not in splits or other not in splits or _same_source(dc, role, other):
-            continue
-        if roles is not None and role not in roles:
+        if role not in roles or other not in splits or _same_source(dc, role, other):
             continue
         mine, theirs = splits[role], splits[other]
         their_keys_of = {what: keys for what, keys, _ in _keys(dc, other, theirs)}
@@ -128,14 +119,12 @@ def shared_images(
                 continue
             j = position[keys[hit]]
             here, there = _place(dc, role, mine, hit), _place(dc, other, theirs, j)
-            message = (
+            return (
                 f"{here}: image {what} {shown[hit]!r} of the {role} split is also image {j} of the {other} "
                 f"split ({there}): a {role} split sharing images with the {other} split is not held out from "
                 f"it; {_advice(dc, role, other)}"
             )
-            found.append((role, message))
-            break
-    return found
+    return None
 
 
 def listed_images(dc: DataConfig, splits: Mapping[str, RetrievalSplit]) -> dict[str, RetrievalSplit]:
@@ -229,6 +218,6 @@ def refuse_shared_images(dc: DataConfig, splits: Mapping[str, RetrievalSplit]) -
         DataError: naming both files (and lines) of the first shared image.
     """
     listed = listed_images(dc, splits)
-    found = shared_images(dc, {**listed, **splits}, roles=set(splits))
-    if found:
-        raise DataError(found[0][1])
+    found = _first_shared(dc, {**listed, **splits}, roles=set(splits))
+    if found is not None:
+        raise DataError(found)

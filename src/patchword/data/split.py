@@ -6,7 +6,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["RetrievalSplit", "TextOrigin"]
+__all__ = ["RetrievalSplit", "TextOrigin", "qualified_ids"]
+
+
+def qualified_ids(image_ids: list[str], fields: list[str]) -> list[str]:
+    """Each image id qualified by the field it was read from (``cocoid:5``): ids of different fields are
+    different images (a Karpathy json's ``cocoid`` 5 and ``imgid`` 5)."""
+    return [f"{source}:{image_id}" for source, image_id in zip(fields, image_ids, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -98,10 +104,7 @@ class RetrievalSplit:
         (``cocoid:5``): equal keys are the same image; compare ids of two splits (or two images) by them."""
         if self.image_id_fields is None:
             return list(self.image_ids)
-        return [
-            f"{field}:{image_id}"
-            for field, image_id in zip(self.image_id_fields, self.image_ids, strict=True)
-        ]
+        return qualified_ids(self.image_ids, self.image_id_fields)
 
     def caption_place(self, index: int) -> str:
         """Where caption ``index`` was read (``FILE:LINE``), or its index in the split for generated text."""

@@ -52,9 +52,8 @@ def import_checkpoint(
         DataError: not a checkpoint of a family patchword reads (or not of ``family_name``), a tensor that
             does not fit, a class outside the unpickling allow-list.
         ConfigError: an ``opt`` value patchword cannot map (naming it), a missing ``--hf-*`` / ``--vocab``,
-            ``out`` (or one of its parents) a file (naming ``--out``).
+            ``out`` (or one of its parents) a file or where files cannot be created (naming ``--out``).
         RunExistsError: ``out`` exists.
-        OSError: files cannot be created where ``out`` goes (read-only, vanished), naming the directory.
     """
     path, out, options = Path(path), Path(out), options or ImportOptions()
     # before the checkpoint is read (gigabytes) and converted: a file in the place of --out or of one of its

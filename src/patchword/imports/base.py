@@ -351,7 +351,6 @@ def write_imported_run(plan: ImportPlan, source: Path, out: Path) -> dict[str, A
     from patchword.factory import create_model
     from patchword.runs import BACKBONES_FILE, CONFIG_FILE, VOCAB_FILE
 
-    refuse_existing_out(out)
     cfg = plan.config
     vocab_size = len(plan.tokenizer) if plan.tokenizer is not None else None
     words = list(plan.tokenizer.idx2word) if plan.tokenizer is not None else None

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from patchword.errors import ConfigError, DataError, RunExistsError
+from patchword.errors import ConfigError, DataError
 from patchword.imports.base import (
     IMPORT_FILE,
     ImportOptions,
@@ -212,15 +212,12 @@ def write_hashing_run(plan: ImportPlan, source: Path, out: Path) -> dict[str, An
     """
     from patchword.checkpoint import atomic_save, export_weights
     from patchword.config import save_config
-    from patchword.fileio import atomic_write_text, probe_writable
+    from patchword.fileio import atomic_write_text
     from patchword.hashing.build import build_hashing_model
     from patchword.hashing.config import check_hash_config
     from patchword.hashing.trainer import HashTrainer
 
-    if out.exists():
-        raise RunExistsError(f"{out} exists; choose another --out (an imported run is never overwritten)")
-    probe_writable(out.parent)
-    out = out.absolute()
+    out = out.absolute()  # checked by import_checkpoint first, and by new_directory before writing
     cfg = replace(plan.config, output_dir=str(out.parent), name=out.name)
     check_hash_config(cfg)
     dims = (plan.metadata["image_dim"], plan.metadata["text_dim"])

@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 
-from patchword.errors import ConfigError
 from patchword.recipes.pretrain import KEYS
 from patchword.runs.config import RunConfig, load_run_config
 from patchword.runs.files import SUMMARY_FILE
@@ -71,15 +70,11 @@ def format_table(summary: dict[str, Any]) -> str:
 def _check_demo(cfg: RunConfig) -> None:
     """Everything the demo can check before it moves a previous demo aside or prepares its scenes: the
     config (what ``train_run`` checks again, cheaply) and an ``output_dir`` that can hold the run."""
-    from patchword.errors import describe_os_error
     from patchword.fileio import check_output_dir
     from patchword.train.validate import check_config
 
     check_config(cfg)
-    try:  # a file in its place (or in one of its parents'): a ConfigError naming output_dir
-        check_output_dir(cfg.output_dir, "output_dir", what="the directory the demo's run goes in")
-    except OSError as err:  # a read-only or unreachable directory
-        raise ConfigError("output_dir", f"cannot hold the demo's run: {describe_os_error(err)}") from err
+    check_output_dir(cfg.output_dir, "output_dir", what="the directory the demo's run goes in")
 
 
 def _set_aside(run_dir: Path) -> None:

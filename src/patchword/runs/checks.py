@@ -132,7 +132,8 @@ def check_model_data(cfg: RunConfig, model: RetrievalModel, data: PreparedData) 
         ConfigError: image size, text length or vocabulary the encoders cannot take, region features of
             another shape than the model expects, or an ``eval`` protocol the evaluated split cannot take;
             each names the key to change.
-        DataError: splits whose region features differ in shape (:func:`check_region_shapes`).
+        DataError: a split whose region features differ in shape from a fitting one
+            (:func:`check_region_shapes`).
     """
     role = eval_role(cfg.data, cfg.eval.split)
     if role in data.splits:
@@ -168,8 +169,9 @@ def check_region_shapes(cfg: RunConfig, data: PreparedData) -> None:
     checked, so a test split of another shape fails before training, not at the final evaluation.
 
     Raises:
-        DataError: splits whose shapes differ from each other, naming the odd split's ``{split}_ims.npy``.
-        ConfigError: ``model.precomp``, when the splits agree with each other but not with it.
+        DataError: a split whose shape differs from that of another split which fits ``model.precomp``,
+            naming the odd split's ``{split}_ims.npy``.
+        ConfigError: ``model.precomp``, when no split fits it.
     """
     dc, mc = cfg.data, cfg.model
     expected = (mc.precomp.num_regions, mc.precomp.region_dim)

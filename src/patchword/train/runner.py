@@ -34,7 +34,7 @@ from patchword.data.prepare import (
 )
 from patchword.data.tokenizers import WordVocab
 from patchword.distributed import Distributed, session
-from patchword.errors import ConfigError, ResumeHint, RunExistsError, describe_os_error
+from patchword.errors import ResumeHint, RunExistsError
 from patchword.factory import create_model
 from patchword.fileio import (
     append_line,
@@ -229,10 +229,8 @@ def train_run(
             :class:`~patchword.train.trainer.TrainingInterrupted` during training (last.pt written).
     """
     device, truth = check_config_and_truth(cfg)  # truth: the COCO ground truth, read once
-    try:  # a file in its place or a parent's, a read-only or vanished output_dir: now, not after the data
-        check_output_dir(cfg.output_dir, "output_dir", what="the directory runs go in")
-    except OSError as err:  # a read-only, vanished or refusing folder: the key that named it
-        raise ConfigError("output_dir", describe_os_error(err)) from err
+    # a file in its place or a parent's, a read-only or vanished output_dir: now, not after the data
+    check_output_dir(cfg.output_dir, "output_dir", what="the directory runs go in")
     run_dir = Path(cfg.output_dir) / cfg.name
     hint = hint or ResumeHint.resume(TRAIN_RUNS.command, run_dir)
     phase: dict[str, Any] = {"then": hint.before_start()}
