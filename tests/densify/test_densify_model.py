@@ -103,18 +103,51 @@ def test_metadata_counts_tokens_until_end_of_text(vlm, monkeypatch):
     ] * 2
 
 
-def test_empty_descriptions_are_written_and_reported(vlm, tmp_path, monkeypatch, caplog):
+def test_empty_descriptions_are_left_out_and_named_not_counted_done(vlm, tmp_path, monkeypatch, caplog):
+    """Old code wrote the empty lines and called the file complete: the loader then refused it
+    (`expected a non-empty string field 'text'`) and a rerun had nothing to do."""
     from patchword.densify import densify
+    from patchword.densify.runner import EMPTY_REASON
 
-    _save_images(tmp_path / "imgs", 3)
+    names = _save_images(tmp_path / "imgs", 3)
     config = vlm.model.generation_config
     eos = vlm.tokenizer.convert_tokens_to_ids("</s>")
     monkeypatch.setattr(config, "min_new_tokens", None)
     monkeypatch.setattr(config, "suppress_tokens", [i for i in range(len(vlm.tokenizer)) if i != eos])
-    result = densify(images_from_folder(tmp_path / "imgs"), vlm, tmp_path / "d.jsonl", SETTINGS)
-    assert result.complete and result.empty == ["img00.png", "img01.png", "img02.png"]
-    assert [r.text for r in read_records(tmp_path / "d.jsonl")[0]] == ["", "", ""]
-    assert "3 empty descriptions" in caplog.text
+    out = tmp_path / "d.jsonl"
+    result = densify(images_from_folder(tmp_path / "imgs"), vlm, out, SETTINGS)
+    assert not result.complete and result.done == 0 and result.generated == 0
+    assert result.empty == names and result.missing == names
+    assert [(item.image_id, why) for item, why in result.failed] == [(name, EMPTY_REASON) for name in names]
+    assert out.read_bytes() == b""
+    assert "3 empty descriptions left out (e.g. img00.png, img01.png, img02.png)" in caplog.text
+    again = densify(images_from_folder(tmp_path / "imgs"), vlm, out, SETTINGS)  # not done: tried again
+    assert again.empty == names and not again.complete
+
+
+def test_the_cli_names_an_image_described_with_nothing_and_exits_incomplete(tmp_path, monkeypatch, capsys):
+    from patchword.densify.vlm import Generation, VisionLanguageModel
+
+    names = _save_images(tmp_path / "imgs", 3)
+    generate = VisionLanguageModel.generate
+
+    def second_says_nothing(self, inputs, settings, seed=None):
+        gens = generate(self, inputs, settings, seed)
+        return [gens[0], Generation("", 0, False), *gens[2:]]
+
+    monkeypatch.setattr(VisionLanguageModel, "generate", second_says_nothing)
+    args = ["--images", str(tmp_path / "imgs"), "--out", str(tmp_path / "d.jsonl"), *RUN]
+    assert main(args) == 1
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[1:3] == [
+        f"incomplete: 1 images missing: {names[1]}",
+        f"  {names[1]}: the model generated an empty description, which is not written (a dense caption "
+        "must have text); a rerun with the same settings generates it again: use another --prompt, "
+        "--max-new-tokens, --sample or model, into another --out",
+    ]
+    assert [r.image_id for r in read_records(tmp_path / "d.jsonl")[0]] == [names[0], names[2]]
+    assert main(args) == 1  # the rerun tries it again (old code: "nothing left to generate", exit 0)
+    assert "(nothing generated now: 1 described with nothing again)" in capsys.readouterr().out
 
 
 def test_a_saved_model_directory_generates_what_tiny_random_generates(vlm, saved_tiny, tmp_path):

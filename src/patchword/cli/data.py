@@ -51,8 +51,9 @@ def check_dataset(cfg, roles=("train", "dev", "test")) -> list[dict[str, Any]]:
     """One row per split role: counts, dense coverage and unusable images, or the error that stopped it
     (a file, a caption the tokenizer finds no word in, an image shared with a split it is meant to be held
     out from: loading a split compares it with the others' ids and file names, as train and eval do)."""
+    from patchword.data.dense_gaps import images_without_dense, refuse_images_without_dense
     from patchword.data.images import find_bad_images
-    from patchword.data.pipeline import encode_split
+    from patchword.data.pipeline import FileImages, encode_split
     from patchword.data.prepare import FILE_DATASETS, REGION_DATASETS, load_raw_data
     from patchword.errors import USER_ERRORS
     from patchword.model import model_reads_dense
@@ -66,12 +67,15 @@ def check_dataset(cfg, roles=("train", "dev", "test")) -> list[dict[str, Any]]:
     for role in roles:
         row: dict[str, Any] = {"role": role, "split": getattr(dc, f"{role}_split")}
         try:
-            raw = load_raw_data(dc, [role], use_dense=use_dense)
+            # with data.skip_bad_images a dense file may lack the unusable images' lines (checked below)
+            raw = load_raw_data(dc, [role], use_dense=use_dense, dense_gaps_ok=cfg.data.skip_bad_images)
             split = raw.splits[role]
-            encode_split(  # as train and eval tokenise the split
-                split,
+            lacking = images_without_dense(split)
+            described = split.subset(np.setdiff1d(np.arange(split.num_images), lacking)) if lacking else split
+            encode_split(  # as train and eval tokenise the split (without the images train leaves out)
+                described,
                 tokenizer,
-                raw.images[role],
+                FileImages(described.images, dc.image_size) if lacking else raw.images[role],
                 max_caption_len=dc.max_caption_len,
                 max_dense_len=dc.max_dense_len,
                 use_dense=split.dense_captions is not None,
@@ -86,11 +90,7 @@ def check_dataset(cfg, roles=("train", "dev", "test")) -> list[dict[str, Any]]:
             images=split.num_images,
             captions=split.num_captions,
             captions_per_image=f"{per_image.min()}-{per_image.max()}" if per_image.size else "-",
-            dense=(
-                "not read"
-                if not use_dense
-                else f"{sum(bool(t) for t in split.dense_captions or [])}/{split.num_images}"
-            ),
+            dense="not read" if not use_dense else _dense_coverage(split),
         )
         if cfg.data.dataset in FILE_DATASETS:
             bad = find_bad_images(split.images, f"{role} split")  # decodes every image completely
@@ -98,8 +98,32 @@ def check_dataset(cfg, roles=("train", "dev", "test")) -> list[dict[str, Any]]:
             row["bad_examples"] = [f"{path}: {why}" for path, why in bad[:SHOWN_BAD]]
             if len(bad) > SHOWN_BAD:
                 row["bad_examples"].append(f"... and {len(bad) - SHOWN_BAD} more")
+            try:  # an image without a dense line is accepted only when training leaves it out
+                refuse_images_without_dense(split, f"{role} split", {path for path, _ in bad})
+            except USER_ERRORS as err:
+                row["error"] = str(err)
         rows.append(row)
     return rows
+
+
+def _dense_coverage(split) -> str:
+    """``described/images``, and ``(by order)`` when the lines record no image (paired by position alone,
+    as the SEPS release is: nothing shows the file was made for this split), ``(K by order)`` for some."""
+    from patchword.data.textfiles import read_dense_lines
+
+    described = sum(bool(t) for t in split.dense_captions or [])
+    coverage = f"{described}/{split.num_images}"
+    if split.dense_origin is None:
+        return coverage
+    lines = read_dense_lines(split.dense_origin.file)  # read again: the split keeps only the texts
+    by_order = sum(
+        1
+        for place in split.dense_origin.places
+        if place > 0 and lines[place - 1].image_id is None and lines[place - 1].file is None
+    )
+    if not by_order:
+        return coverage
+    return f"{coverage} (by order)" if by_order == described else f"{coverage} ({by_order} by order)"
 
 
 def _print(rows: list[dict[str, Any]]) -> None:

@@ -10,7 +10,8 @@
     patchword densify merge dense.shard-*.jsonl --out dense.jsonl
     patchword densify stats dense.jsonl [--bert-vocab DIR] [--json]
 
-Exit codes: 0 done, 1 finished but incomplete (unreadable images skipped), 2 user error (one line).
+Exit codes: 0 done, 1 finished but incomplete (unreadable images skipped, or an image whose description
+came out empty: named), 2 user error (one line).
 Under torchrun (``WORLD_SIZE`` > 1, no ``--shard``) every rank writes ``<out stem>.shard-R-of-W<suffix>``
 and rank 0 merges them into ``--out`` once all are complete. An option the chosen images (or ``stats``
 without ``--synthetic-split``) would ignore, such as ``--images DIR --split test``, is refused, naming it.
@@ -131,7 +132,8 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``patchword densify <argv>``: 0 done, 1 incomplete (images skipped), 2 user error."""
+    """Run ``patchword densify <argv>``: 0 done, 1 incomplete (images skipped or described with nothing),
+    2 user error."""
     argv = list(sys.argv[1:] if argv is None else argv)
     verb = argv[0] if argv and argv[0] in _SUBVERBS else "run"
     parser = {"run": _run_parser, "merge": _merge_parser, "stats": _stats_parser}[verb]()
@@ -221,10 +223,13 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             f"{result.seconds:.1f} s with loading)"
         )
     elif result.failed:
-        # the images left were tried again and are still unreadable: "nothing left" would not be true
+        # the images left were tried again and failed again: "nothing left" would not be true
+        unreadable = len(result.failed) - len(result.empty)
+        again = [f"{unreadable} unreadable image(s) skipped again"] if unreadable else []
+        again += [f"{len(result.empty)} described with nothing again"] if result.empty else []
         print(
             f"{result.out}: {result.done} of {result.expected} images (nothing generated now: "
-            f"{len(result.failed)} unreadable image(s) skipped again)"
+            f"{', '.join(again)})"
         )
     else:
         print(f"{result.out}: {result.done} of {result.expected} images (nothing left to generate)")

@@ -124,15 +124,16 @@ def _needed_files(dc: DataConfig, roles: Sequence[str], use_dense: bool) -> None
         )
     if dc.dataset in FILE_DATASETS and not dc.image_root:
         raise ConfigError("data.image_root", f"data.dataset={dc.dataset} needs the image directory")
-    if dc.dev_from_train and dc.dataset not in FILE_DATASETS:
-        raise ConfigError(
-            "data.dev_from_train",
-            f"applies to image-file datasets (laps, karpathy); {dc.dataset} has a dev split",
+    if dc.dataset not in FILE_DATASETS:  # keys that nothing would read, yet the run's config would record
+        dense = (
+            "brings its own dense text" if dc.dataset == "synthetic" else "has region features, no dense text"
         )
-    if dc.skip_bad_images and dc.dataset not in FILE_DATASETS:
-        raise ConfigError(
-            "data.skip_bad_images", f"applies to image-file datasets (laps, karpathy); {dc.dataset} has none"
-        )
+        why = {"dev_from_train": "has a dev split", **{f"dense_{role}": dense for role in ROLES}}
+        for key, reason in {**why, "skip_bad_images": "has no image files"}.items():
+            if getattr(dc, key):
+                raise ConfigError(
+                    f"data.{key}", f"applies to image-file datasets (laps, karpathy); {dc.dataset} {reason}"
+                )
     if dc.skip_bad_images and not dc.check_images:
         raise ConfigError(
             "data.skip_bad_images",
@@ -188,7 +189,8 @@ def _synthetic(dc: DataConfig, roles: Sequence[str]) -> RawData:
     return RawData(raw, {role: RegionFeatures(raw[role].images) for role in roles}, fits)
 
 
-def _image_files(dc: DataConfig, roles: Sequence[str], use_dense: bool) -> RawData:
+def _image_files(dc: DataConfig, roles: Sequence[str], use_dense: bool, dense_gaps_ok: bool) -> RawData:
+    from patchword.data.dense_gaps import attach_dense, refuse_images_without_dense
     from patchword.data.karpathy import load_karpathy_json, require_karpathy_split
     from patchword.data.laps import load_laps_split
 
@@ -207,15 +209,15 @@ def _image_files(dc: DataConfig, roles: Sequence[str], use_dense: bool) -> RawDa
                 dc.root,
                 name,
                 dc.image_root,
-                dense_jsonl=dense,
+                dense_jsonl=None,
                 check_images=False,
                 captions_per_image=dc.captions_per_image,
             )
         else:
             require_karpathy_split(name, f"data.{role}_split", dc.root)
-            raw[role] = load_karpathy_json(
-                dc.root, name, dc.image_root, dense_jsonl=dense, check_images=False
-            )
+            raw[role] = load_karpathy_json(dc.root, name, dc.image_root, dense_jsonl=None, check_images=False)
+        if dense:  # data.skip_bad_images: the lines densify --skip-bad-images left out may be missing
+            raw[role] = attach_dense(raw[role], dense, missing_ok=dense_gaps_ok)
     if dc.dev_from_train and "train" in raw:  # the held-out images leave training in every case
         train = raw["train"]
         if dc.dev_from_train >= train.num_images:
@@ -235,6 +237,8 @@ def _image_files(dc: DataConfig, roles: Sequence[str], use_dense: bool) -> RawDa
             raise MissingFileError(f"data.image_root={dc.image_root}: no such directory")
         for role in roles:
             raw[role] = _without_bad_images(raw[role], f"{role} split", dc.skip_bad_images)
+            # the images without a dense line must have gone with the unusable ones
+            refuse_images_without_dense(raw[role], f"{role} split")
     images = {role: FileImages(raw[role].images, dc.image_size) for role in roles}
     return RawData(raw, images, {role: None for role in roles})
 
@@ -297,13 +301,22 @@ def _precomp(dc: DataConfig, roles: Sequence[str]) -> RawData:
     return RawData(raw, sources, {role: None for role in roles})
 
 
-def load_raw_data(dc: DataConfig, roles: Sequence[str] = ROLES, *, use_dense: bool | None = None) -> RawData:
+def load_raw_data(
+    dc: DataConfig,
+    roles: Sequence[str] = ROLES,
+    *,
+    use_dense: bool | None = None,
+    dense_gaps_ok: bool | None = None,
+) -> RawData:
     """Read (or generate) the splits of ``roles``, checking the files; nothing is tokenised yet.
 
     Args:
         dc: the data config.
         roles: which of ``train``, ``dev``, ``test`` to read.
         use_dense: read dense captions (default: ``dc.dense``, never for region features).
+        dense_gaps_ok: a dense file may lack some images' lines (:mod:`patchword.data.dense_gaps`; default
+            ``dc.skip_bad_images``): with ``dc.check_images`` only unusable ones' (the rest is refused),
+            without it any (they stay, with an empty dense caption: ``patchword data check`` checks them).
     """
     unknown = set(roles) - set(ROLES)
     if unknown:
@@ -314,7 +327,8 @@ def load_raw_data(dc: DataConfig, roles: Sequence[str] = ROLES, *, use_dense: bo
     if dc.dataset in SYNTHETIC_DATASETS:
         return _synthetic(dc, roles)
     if dc.dataset in FILE_DATASETS:
-        return _image_files(dc, roles, use_dense)
+        gaps = dc.skip_bad_images if dense_gaps_ok is None else dense_gaps_ok
+        return _image_files(dc, roles, use_dense, gaps)
     return _precomp(dc, roles)
 
 

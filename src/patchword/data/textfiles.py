@@ -23,6 +23,8 @@ __all__ = [
     "DenseLine",
     "read_dense_lines",
     "load_dense_jsonl",
+    "names_image",
+    "check_dense_lines",
     "load_json",
     "require_file",
     "iter_lines",
@@ -162,8 +164,9 @@ def read_dense_lines(path: PathLike) -> list[DenseLine]:
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: a line is blank, is not valid JSON, lacks a non-empty string ``text`` field, or has a
-            ``metadata.image_id`` / ``metadata.file`` that is not a string or an integer.
+        ValueError: a line is blank, is not valid JSON, lacks a non-empty string ``text`` field (an empty
+            one says what to do), or has a ``metadata.image_id`` / ``metadata.file`` that is not a string or
+            an integer.
     """
     path = require_file(path, "dense caption file")
     lines = []
@@ -175,11 +178,18 @@ def read_dense_lines(path: PathLike) -> list[DenseLine]:
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{lineno}: malformed JSON: {err.msg}") from err
         text = record.get("text") if isinstance(record, dict) else None
-        if not isinstance(text, str) or not text.strip():
+        if not isinstance(text, str):
             raise ValueError(f"{path}:{lineno}: expected an object with a non-empty string field 'text'")
         metadata = record.get("metadata")
         image_id = _metadata_field(metadata, "image_id", path, lineno)
         file = _metadata_field(metadata, "file", path, lineno)
+        if not text.strip():  # e.g. a model that described the image with nothing (older densify wrote it)
+            of = f" (image {image_id!r})" if image_id is not None else ""
+            raise ValueError(
+                f"{path}:{lineno}: 'text' is empty{of}: every image needs a dense caption; write one into "
+                "the line, or describe the images again into a new file with other settings (patchword "
+                "densify --prompt, --sample or another model; it leaves out an empty description)"
+            )
         lines.append(DenseLine(lineno, text.strip(), image_id, file))
     return lines
 
@@ -219,7 +229,7 @@ def _names_same_file(image: str, file: str) -> bool:
     return 0 < len(file_parts) <= len(image_parts) and image_parts[-len(file_parts) :] == file_parts
 
 
-def _is_image(line: DenseLine, image_id: str, image: str) -> bool:
+def names_image(line: DenseLine, image_id: str, image: str) -> bool:
     """Whether a line's recorded identity names this image: by dataset id (a LAPS-split densify, the
     export) or by file (a folder densify records the path relative to the folder, not the dataset id)."""
     if line.image_id is not None and line.image_id == image_id:
@@ -232,14 +242,24 @@ def _check_dense_identities(
 ) -> None:
     """Refuse a line whose recorded image is not the split's image at its position.
 
-    Lines without an identity (the SEPS release) are matched by order alone, as the official loaders do.
-    A file in another order is refused rather than reordered: the error shows where the order breaks.
+    Lines without an identity (the SEPS release) are matched by order alone, as the official loaders do
+    (logged: nothing shows that such a file belongs to this split). A file in another order is refused
+    rather than reordered: the error shows where the order breaks.
     """
+    by_order = sum(1 for line in lines if line.image_id is None and line.file is None)
+    if by_order:
+        logger.warning(
+            "%s: %s record no image id (metadata.image_id or metadata.file), so line k is paired with "
+            "image k of the split by order alone (as the SEPS release is read): check that the file was made "
+            "for this split, in its image order",
+            path,
+            "its lines" if by_order == len(lines) else f"{by_order} of its {len(lines)} lines",
+        )
     for k, line in enumerate(lines):
-        if (line.image_id is None and line.file is None) or _is_image(line, image_ids[k], images[k]):
+        if (line.image_id is None and line.file is None) or names_image(line, image_ids[k], images[k]):
             continue
         # Only on the error path: where the line's image sits in the split, if anywhere.
-        where = next((j for j in range(len(images)) if _is_image(line, image_ids[j], images[j])), None)
+        where = next((j for j in range(len(images)) if names_image(line, image_ids[j], images[j])), None)
         hint = (
             f"; that is image {where} of the split, so the lines are in another order (a folder densify "
             "sorts by file name: densify the split itself, with --data-root ROOT --split S for a LAPS "
@@ -253,16 +273,31 @@ def _check_dense_identities(
         )
 
 
-def _load_dense_for(
-    path: PathLike, images: list[str], image_ids: list[str], num_captions: int
+def check_dense_lines(
+    path: PathLike,
+    lines: list[DenseLine],
+    images: list[str],
+    image_ids: list[str],
+    num_captions: int,
+    gaps_ok: bool = False,
 ) -> list[DenseLine]:
-    """Dense caption lines for a split, checked to be one per image and, where the lines record which
-    image they describe, to describe the split's images in its order."""
-    lines = read_dense_lines(path)
+    """The ``lines`` of ``path`` checked to be one per image and, where the lines record which image they
+    describe, to describe the split's images in its order (``num_captions`` names a file of one line per
+    caption; ``gaps_ok``: data.skip_bad_images could not place fewer lines, see ``data.dense_gaps``)."""
     if len(lines) != len(images):
         hint = ""
         if len(lines) == num_captions:
             hint = " (it has one line per caption; store one line per image, in image order)"
+        elif len(lines) < len(images) and gaps_ok:
+            hint = (
+                " (data.skip_bad_images accepts lines missing for unusable images only when every line "
+                "records its image, metadata.image_id or metadata.file, in the split's image order)"
+            )
+        elif len(lines) < len(images) and all(line.image_id or line.file for line in lines):
+            hint = (
+                " (lines missing for unusable images, as densify --skip-bad-images leaves out, are accepted "
+                "with data.skip_bad_images=true)"
+            )
         raise ValueError(
             f"{path}: {len(lines)} dense captions for a split of {len(images)} images; expected one line "
             f"per image in image order{hint}"
@@ -335,7 +370,11 @@ def assemble_split(
     """The split of these images and captions, with the dense captions of ``dense_jsonl`` (checked to
     be one line per image, in image order), where each text was read and (``image_id_fields``) which
     field each image id was read from."""
-    dense = None if dense_jsonl is None else _load_dense_for(dense_jsonl, images, image_ids, len(captions))
+    dense = None
+    if dense_jsonl is not None:
+        dense = check_dense_lines(
+            dense_jsonl, read_dense_lines(dense_jsonl), images, image_ids, len(captions)
+        )
     split = RetrievalSplit(
         name=name,
         images=images,

@@ -13,6 +13,7 @@ Modules, one job each:
 - :mod:`.config`: the prompt and decoding settings, device and precision.
 - :mod:`.sources`: the ordered image lists and their ids.
 - :mod:`.vlm`: loading a model and its processor; batched generation.
+- :mod:`.fingerprint`: which model wrote a file (its files' fingerprint, compared on resume and merge).
 - :mod:`.tiny`: the ``tiny-random`` model.
 - :mod:`.store`: the JSONL file and its sidecar (append, torn-line repair, atomic rewrite).
 - :mod:`.resume`: what a rerun accepts (the sidecar check) and finds (the finished lines).

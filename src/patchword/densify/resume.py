@@ -1,8 +1,9 @@
 """What a rerun finds: the sidecar check that refuses to mix two runs in one file, and the finished lines.
 
-A densify output is continued only by the run that started it: same model id, decoding settings,
-precision, image list (by fingerprint) and shard range. Batch size and device may change (with a
-warning). A file densify did not write (no sidecar) is never touched.
+A densify output is continued only by the run that started it: same model (its files, by fingerprint: see
+:mod:`patchword.densify.fingerprint`), model id, decoding settings, precision, image list (by fingerprint)
+and shard range. Batch size and device may change (with a warning; a shard keeps the image range its
+first run recorded). A file densify did not write (no sidecar) is never touched.
 """
 
 from __future__ import annotations
@@ -12,16 +13,27 @@ import os
 from pathlib import Path
 
 from patchword.densify.config import GenerationSettings
-from patchword.densify.shards import Shard
+from patchword.densify.fingerprint import FIELD as FINGERPRINT
+from patchword.densify.fingerprint import model_mismatch, unverified
+from patchword.densify.shards import Shard, check_shard_sidecar
 from patchword.densify.sources import ImageList, fingerprint
 from patchword.densify.store import DenseRecord, read_records, read_sidecar, repair_tail, write_sidecar
 from patchword.errors import DataError, RunExistsError
 
-__all__ = ["run_meta", "check_existing", "open_output", "finished_before", "is_complete", "check_records"]
+__all__ = [
+    "shard_range",
+    "run_meta",
+    "check_existing",
+    "open_output",
+    "finished_before",
+    "is_complete",
+    "check_records",
+]
 
 logger = logging.getLogger(__name__)
 
-# Sidecar fields a rerun must match (the text they produce would differ otherwise).
+# Sidecar fields a rerun must match (the text they produce would differ otherwise); the model's fingerprint
+# too, through model_mismatch (a sidecar of an older patchword has none: the --model values decide then).
 _RESUME_FIELDS = (
     "model_id",
     "generation",
@@ -32,6 +44,31 @@ _RESUME_FIELDS = (
     "start",
     "stop",
 )
+
+
+def shard_range(out: Path, shard: Shard, num_images: int, batch_size: int) -> tuple[int, int]:
+    """``(start, stop)`` of this run: the range the first run of ``out`` recorded when this run continues
+    it (same shard of as many images), so that a rerun may change ``--batch-size``; else the shard's range
+    cut with ``batch_size``. Any other difference from the first run is refused later, naming it."""
+    start, stop = shard.image_range(num_images, batch_size)
+    old = read_sidecar(out) if out.exists() else None
+    if old is None or old.get("shard") != str(shard) or old.get("num_images") != num_images:
+        return start, stop
+    check_shard_sidecar(out, old)  # a damaged range is named, not used
+    if (old["start"], old["stop"]) != (start, stop):
+        logger.info(
+            "%s: shard %s keeps the images %d..%d its first run (batch size %s) took; batch size %d would "
+            "cut %d..%d",
+            out,
+            shard,
+            old["start"],
+            old["stop"] - 1,
+            old.get("batch_size"),
+            batch_size,
+            start,
+            stop - 1,
+        )
+    return int(old["start"]), int(old["stop"])
 
 
 def run_meta(
@@ -45,10 +82,12 @@ def run_meta(
     stop: int,
     batch_size: int,
     device: str,
+    model_fingerprint: str | None = None,
 ) -> dict[str, object]:
     """The sidecar content of a run (see :mod:`patchword.densify.store`)."""
     return {
         "model": model_name,
+        FINGERPRINT: model_fingerprint,
         "model_id": model_id,
         "generation": settings.as_dict(),
         "precision": precision,
@@ -115,6 +154,20 @@ def open_output(out: Path, meta: dict[str, object], wanted: dict[str, int]) -> s
         for key in _RESUME_FIELDS:
             if old.get(key) != meta[key]:
                 raise _mismatch(out, key, old.get(key), meta[key])
+        other_model = model_mismatch(old, meta)
+        if other_model is not None:
+            raise RunExistsError(
+                f"{out} was started with another model: {other_model}; rerun with the first run's model, "
+                "or choose another --out"
+            )
+        if unverified(old, meta):
+            logger.warning(
+                "%s: its sidecar (or this model) records no model fingerprint (a file of an older "
+                "patchword): resuming with --model %s, the first run's, without checking that its files are "
+                "the same",
+                out,
+                meta["model"],
+            )
         done = check_records(read_records(out)[0], wanted, out)
         if old.get("batch_size") != meta["batch_size"] or old.get("device") != meta["device"]:
             logger.warning(

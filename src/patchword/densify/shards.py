@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from patchword.densify.fingerprint import FIELD as FINGERPRINT
+from patchword.densify.fingerprint import model_mismatch, unverified
 from patchword.densify.lock import output_lock
 from patchword.densify.sources import fingerprint
 from patchword.densify.store import (
@@ -99,7 +101,8 @@ def shard_output_path(out: str | os.PathLike[str], shard: Shard) -> Path:
 # Merge
 # --------------------------------------------------------------------------------------------------------
 
-# Sidecar fields every shard of one job shares (what was generated, from which list).
+# Sidecar fields every shard of one job shares (what was generated, from which list); the model's files too,
+# by fingerprint, through model_mismatch (a shard of an older patchword records none: --model decides then).
 # (Paths, "model" and "source", may differ: shards of one job can run on machines with other mounts.)
 _SHARED_FIELDS = ("model_id", "generation", "precision", "num_images", "images_sha256")
 
@@ -163,6 +166,27 @@ def _check_compatible(shards: Sequence[_ShardFile]) -> None:
                     f"{other.path} and {first.path} come from different jobs: their {key!r} differ "
                     f"({other.meta.get(key)!r} vs {first.meta.get(key)!r})"
                 )
+        other_model = model_mismatch(first.meta, other.meta)
+        if other_model is not None:
+            raise DataError(f"{other.path} and {first.path} come from different models: {other_model}")
+    if unverified(*(shard.meta for shard in shards)):
+        logger.warning(
+            "some shards record no model fingerprint (files of an older patchword): merged as one model "
+            "because their --model values are equal (%r), without checking its files",
+            first.meta.get("model"),
+        )
+
+
+def _batch_sizes(shards: Sequence[_ShardFile]) -> str:
+    """Why ranges may not meet: the shards' first runs used different batch sizes ("" when they agree)."""
+    sizes = {shard.path: shard.meta.get("batch_size") for shard in shards}
+    if len(set(sizes.values())) < 2:
+        return ""
+    each = ", ".join(f"{size} in {path}" for path, size in sizes.items())
+    return (
+        f" (the shards were made with different --batch-size: {each}; a shard's image range is cut at "
+        "batch boundaries, so every shard of a job needs the same --batch-size)"
+    )
 
 
 def _check_tiling(shards: Sequence[_ShardFile]) -> None:
@@ -175,10 +199,12 @@ def _check_tiling(shards: Sequence[_ShardFile]) -> None:
         if start > position:
             raise DataError(
                 f"gap: images {position}..{start - 1} of {num_images} are in none of the shards given"
+                + _batch_sizes(shards)
             )
         if start < position:
             raise DataError(
                 f"duplicate: {name} overlaps the shard before it (which ends at image {position - 1})"
+                + _batch_sizes(shards)
             )
         done = len(shard.records)
         if done > shard.expected:  # rerunning its command adds nothing: the advice below would fail
@@ -196,6 +222,7 @@ def _check_tiling(shards: Sequence[_ShardFile]) -> None:
     if position < num_images:
         raise DataError(
             f"gap: images {position}..{num_images - 1} of {num_images} are in none of the shards given"
+            + _batch_sizes(shards)
         )
 
 
@@ -255,7 +282,8 @@ def merge_shards(
         meta = read_sidecar(paths[0])
         assert meta is not None
         num_images = int(meta["num_images"])
-        merged = {key: meta.get(key) for key in ("model", *_SHARED_FIELDS, "source", "batch_size", "device")}
+        kept = ("model", FINGERPRINT, *_SHARED_FIELDS, "source", "batch_size", "device")
+        merged = {key: meta.get(key) for key in kept}
         _replace_output(out, records, {**merged, "shard": "0/1", "start": 0, "stop": num_images})
     logger.info("merged %d shards into %s (%d lines)", len(paths), out, len(records))
     return len(records)

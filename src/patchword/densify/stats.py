@@ -4,7 +4,9 @@ Works on any SEPS-format JSONL (the released LLaVA files too: only ``text`` is r
 given as percentiles of words (whitespace split), characters and BERT tokens. BERT tokens count what the
 SEPS text encoder sees, ``[CLS]`` and ``[SEP]`` included; with a BERT vocabulary they are exact WordPiece
 counts, without one they are BERT's basic tokens (words and punctuation before WordPiece), a lower bound.
-The share of descriptions longer than 90 tokens is what official SEPS evaluation truncates.
+The share of descriptions longer than 90 tokens is what official SEPS evaluation truncates. A file that
+``patchword densify`` writes is said to be *partial* while it holds fewer lines than its sidecar's images
+(a run interrupted, or one that skipped images).
 
 For the synthetic scenes the report also says how many objects of each scene its description names. An
 object is *named* when its colour word is followed by its shape word (singular or plural) with at most
@@ -25,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from patchword.densify.shards import check_shard_sidecar
+from patchword.densify.store import read_sidecar
 from patchword.errors import DataError
 from patchword.readers import require_file
 
@@ -56,6 +60,8 @@ class StatsInput:
         model_ids: ``model_id`` per line ("" where absent).
         truncated: ``metadata.truncated`` per line (None where absent).
         torn_bytes: bytes after the last newline (an interrupted write).
+        expected: images of the densify run that writes the file (its sidecar's range); None without a
+            sidecar.
     """
 
     texts: list[str]
@@ -63,6 +69,16 @@ class StatsInput:
     model_ids: list[str]
     truncated: list[bool | None]
     torn_bytes: int = 0
+    expected: int | None = None
+
+
+def _expected_images(path: Path) -> int | None:
+    """Images of the densify run of ``path`` by its sidecar (the shard's range), None without one."""
+    meta = read_sidecar(path)
+    if meta is None:
+        return None
+    check_shard_sidecar(path, meta)  # a damaged range is named rather than reported as progress
+    return int(meta["stop"]) - int(meta["start"])
 
 
 def read_texts(path: str | os.PathLike[str]) -> StatsInput:
@@ -71,13 +87,13 @@ def read_texts(path: str | os.PathLike[str]) -> StatsInput:
     Raises:
         MissingFileError: no such file (a ``FileNotFoundError``), or a directory.
         DataError: a line is not JSON, has no string ``text`` or a ``metadata`` that is not an object
-            (names the line).
+            (names the line); a densify sidecar beside it is damaged.
     """
     path = Path(path)
     require_file(path, "dense caption file")
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
-    out = StatsInput([], [], [], [], torn_bytes=len(data) - end)
+    out = StatsInput([], [], [], [], torn_bytes=len(data) - end, expected=_expected_images(path))
     for lineno, line in enumerate(data[:end].split(b"\n")[:-1], start=1):
         if not line.strip():
             raise DataError(f"{path}:{lineno}: blank line (expected one JSON object per image)")
@@ -256,8 +272,9 @@ def dense_stats(
         text), ``duplicated_texts`` (distinct texts seen more than once), ``duplicate_image_ids`` (None
         when the lines carry no ids) among the ``image_ids_recorded`` lines that carry one, ``truncated``
         (None when the file does not say) among the ``truncated_recorded`` lines that say, ``model_ids``,
-        ``words`` / ``chars`` / ``bert_tokens`` percentiles, ``bert_tokens_exact``, ``over_limit`` and,
-        for synthetic data, ``scenes``.
+        ``words`` / ``chars`` / ``bert_tokens`` percentiles, ``bert_tokens_exact``, ``over_limit``,
+        ``partial`` (``{"done": lines, "expected": images}`` while a densify run's file lacks images, else
+        None) and, for synthetic data, ``scenes``.
     """
     texts = data.texts
     non_empty = [t for t in texts if t.strip()]
@@ -281,6 +298,11 @@ def dense_stats(
         "bert_tokens": _summary(bert_lengths),
         "bert_tokens_exact": exact,
         "over_limit": {str(k): sum(n > k for n in bert_lengths) / max(len(texts), 1) for k in token_limits},
+        "partial": (
+            {"done": len(texts), "expected": data.expected}
+            if data.expected is not None and len(texts) < data.expected
+            else None
+        ),
     }
     if synthetic is not None:
         split, config = synthetic
@@ -312,6 +334,11 @@ def format_stats(path: str, report: dict[str, object]) -> str:
     """The report as the text ``patchword densify stats`` prints."""
     count = report["count"]
     lines = [f"{path}: {count} descriptions"]
+    partial = report.get("partial")
+    if partial:
+        lines.append(
+            f"  partial: {partial['done']} of {partial['expected']} images (rerun densify to finish)"
+        )
     models = ", ".join(f"{k or '(none)'} x{v}" for k, v in report["model_ids"].items())
     lines.append(f"  models       {models}")
     # each count covers only the lines that record its field: "N of M lines that record it"

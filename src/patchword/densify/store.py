@@ -9,9 +9,9 @@ Durability rules:
   starts, so a kill loses at most the batch being generated;
 * only newline-terminated lines count; a torn last line (the process died inside a write) is cut off
   when the file is reopened and its image generated again;
-* a sidecar ``<out>.densify.json`` (written atomically, once) records what the file holds: model,
-  prompt, decoding, the image list's fingerprint and the shard's range. A rerun with other settings is
-  refused instead of mixing two kinds of text into one file;
+* a sidecar ``<out>.densify.json`` (written atomically, once) records what the file holds: model (and
+  its files' fingerprint), prompt, decoding, the image list's fingerprint and the shard's range. A rerun
+  with other settings is refused instead of mixing two kinds of text into one file;
 * the finished file is rewritten (temp file + ``os.replace``) into image order only if it is not in that
   order already (images that failed once and were filled in by a later run).
 """

@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 
 from patchword.densify.config import PRECISIONS, GenerationSettings
+from patchword.densify.fingerprint import directory_fingerprint, hub_snapshot
 from patchword.errors import ConfigError, MissingFileError, ModelNotFoundError
 
 __all__ = ["TINY_RANDOM", "Generation", "VisionLanguageModel", "load_vlm"]
@@ -58,9 +59,21 @@ class VisionLanguageModel:
         model_id: the name written into every output line.
         device: where generation runs.
         precision: ``fp32``, ``bf16`` or ``fp16``.
+        fingerprint: what the model's files are (:mod:`patchword.densify.fingerprint`), recorded in the
+            sidecar so that a rerun or a merge never mixes two models of one name; None: unknown (then
+            the ``--model`` value alone is compared).
     """
 
-    def __init__(self, model, processor, model_id: str, device: torch.device, precision: str) -> None:
+    def __init__(
+        self,
+        model,
+        processor,
+        model_id: str,
+        device: torch.device,
+        precision: str,
+        fingerprint: str | None = None,
+    ) -> None:
+        self.fingerprint = fingerprint
         self.dtype = PRECISIONS[precision]
         self.model = model.to(device=device, dtype=self.dtype).eval()
         self.processor = processor
@@ -252,8 +265,19 @@ def load_vlm(
         from patchword.densify.tiny import TINY_MODEL_ID, build_tiny_random
 
         model, processor = build_tiny_random(seed=seed)
-        default_id = TINY_MODEL_ID
+        default_id, fingerprint = TINY_MODEL_ID, f"{TINY_RANDOM}:seed={seed}"  # the seed gives the weights
     else:
         model, processor = _load_pretrained(name_or_path, PRECISIONS[precision], allow_download)
-        default_id = Path(name_or_path).name if Path(name_or_path).expanduser().is_dir() else name_or_path
-    return VisionLanguageModel(model, processor, model_id or default_id, device, precision)
+        local = Path(name_or_path).expanduser()
+        default_id = local.name if local.is_dir() else name_or_path
+        fingerprint = _fingerprint(local if local.is_dir() else None, name_or_path)
+    return VisionLanguageModel(model, processor, model_id or default_id, device, precision, fingerprint)
+
+
+def _fingerprint(directory: Path | None, hub_id: str) -> str | None:
+    """The fingerprint of a local model directory, or of the cached snapshot a hub id was loaded from."""
+    directory = directory or hub_snapshot(hub_id)
+    if directory is None:  # loaded, yet not where the cache lookup looks: compared by --model alone
+        logger.warning("%r: cached snapshot not found; the output records no model fingerprint", hub_id)
+        return None
+    return directory_fingerprint(directory)
