@@ -142,6 +142,26 @@ def test_karpathy_and_precomp_test_splits_read_alone_are_compared(tmp_path):
         load_raw_data(DataConfig(dataset="precomp", root=str(tmp_path / "p")), ["test"])
 
 
+@pytest.mark.parametrize("roles", [["test"], ["train", "dev", "test"]])
+def test_a_karpathy_json_is_parsed_once_per_load_with_the_overlap_check(tmp_path, monkeypatch, roles):
+    """Old code parsed the json once per split read and once more for the overlap check of a split read
+    alone (COCO's is 140 MB): an evaluation parsed it twice, a training run three times."""
+    from patchword.data import karpathy
+
+    path = _karpathy(
+        tmp_path / "k.json",
+        [{"split": split, "imgid": k} for k, split in enumerate(["train", "train", "val", "test", "test"])],
+    )
+    parsed = []
+    real = karpathy.load_json
+    monkeypatch.setattr(karpathy, "load_json", lambda p: parsed.append(p) or real(p))
+    dc = DataConfig(
+        dataset="karpathy", root=str(path), image_root=str(tmp_path), dense=False, check_images=False
+    )
+    raw = load_raw_data(dc, roles)
+    assert parsed == [path] and [raw.splits[r].num_images for r in roles] == [2, 1, 2][-len(roles) :]
+
+
 # ---------------------------------------------------------------------------- 3, 6. Karpathy json
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +35,9 @@ from patchword.errors import USER_ERRORS, DataError
 __all__ = ["split_source", "refuse_shared_images"]
 
 _logger = logging.getLogger(__name__)
+
+#: A Karpathy json's split name -> that split (:func:`~patchword.data.karpathy.karpathy_split_reader`).
+KarpathyReader = Callable[[str], RetrievalSplit]
 
 #: Role pairs compared, the later role first: its images must not be the earlier one's.
 _PAIRS = (("dev", "train"), ("test", "train"), ("test", "dev"))
@@ -127,13 +130,16 @@ def _first_shared(dc: DataConfig, splits: Mapping[str, RetrievalSplit], roles: C
     return None
 
 
-def listed_images(dc: DataConfig, splits: Mapping[str, RetrievalSplit]) -> dict[str, RetrievalSplit]:
+def listed_images(
+    dc: DataConfig, splits: Mapping[str, RetrievalSplit], karpathy: KarpathyReader | None = None
+) -> dict[str, RetrievalSplit]:
     """The roles that the loaded ``splits`` must be held out from but that were not loaded, read as text
     only: their ids and file names (LAPS: the ids file and id mapping, captions too; Karpathy: the json's
     entries, parsed once; SCAN: the ids file alone, no features), no image decoded.
 
     A split that cannot be read (no such files, a malformed one) is left out, logged: the roles loaded
-    were read for a job that does not need it.
+    were read for a job that does not need it. ``karpathy``: the loader's reader of the json
+    (:func:`~patchword.data.karpathy.karpathy_split_reader`), so that it is not parsed again.
     """
     if dc.dataset not in ("laps", "karpathy", "precomp"):
         return {}
@@ -151,8 +157,7 @@ def listed_images(dc: DataConfig, splits: Mapping[str, RetrievalSplit]) -> dict[
         _splits(checked),
         _splits(list(wanted.values())),
     )
-    karpathy = None  # the json's split reader: the json is parsed once for every split read
-    if dc.dataset == "karpathy":
+    if dc.dataset == "karpathy" and karpathy is None:  # parsed once for every split read
         from patchword.data.karpathy import karpathy_split_reader
 
         try:
@@ -209,7 +214,9 @@ def _splits(names: list[str]) -> str:
     return f"{', '.join(names[:-1])} and {names[-1]} splits"
 
 
-def refuse_shared_images(dc: DataConfig, splits: Mapping[str, RetrievalSplit]) -> None:
+def refuse_shared_images(
+    dc: DataConfig, splits: Mapping[str, RetrievalSplit], karpathy: KarpathyReader | None = None
+) -> None:
     """Refuse loaded roles that read different splits sharing an image (see the module docstring),
     reading the ids and file names of the roles they must be held out from when those are not loaded
     (:func:`listed_images`).
@@ -217,7 +224,7 @@ def refuse_shared_images(dc: DataConfig, splits: Mapping[str, RetrievalSplit]) -
     Raises:
         DataError: naming both files (and lines) of the first shared image.
     """
-    listed = listed_images(dc, splits)
+    listed = listed_images(dc, splits, karpathy)
     found = _first_shared(dc, {**listed, **splits}, roles=set(splits))
     if found is not None:
         raise DataError(found)

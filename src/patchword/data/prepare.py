@@ -191,13 +191,13 @@ def _synthetic(dc: DataConfig, roles: Sequence[str]) -> RawData:
 
 def _image_files(dc: DataConfig, roles: Sequence[str], use_dense: bool, dense_gaps_ok: bool) -> RawData:
     from patchword.data.dense_gaps import attach_dense, refuse_images_without_dense
-    from patchword.data.karpathy import load_karpathy_json, require_karpathy_split
+    from patchword.data.karpathy import karpathy_split_reader, require_karpathy_split
     from patchword.data.laps import load_laps_split
 
-    # The held-out dev split comes out of the training split.
-    to_read = sorted(
-        {("train" if role == "dev" and dc.dev_from_train else role) for role in roles}, key=ROLES.index
-    )
+    # the held-out dev split comes out of the training split; a Karpathy json (140 MB for COCO) is parsed
+    # once, for every split read and the overlap check
+    to_read = sorted({("train" if r == "dev" and dc.dev_from_train else r) for r in roles}, key=ROLES.index)
+    karpathy = karpathy_split_reader(dc.root, dc.image_root) if dc.dataset == "karpathy" else None
     raw = {}
     for role in to_read:
         name = getattr(dc, f"{role}_split")
@@ -215,7 +215,7 @@ def _image_files(dc: DataConfig, roles: Sequence[str], use_dense: bool, dense_ga
             )
         else:
             require_karpathy_split(name, f"data.{role}_split", dc.root)
-            raw[role] = load_karpathy_json(dc.root, name, dc.image_root, dense_jsonl=None, check_images=False)
+            raw[role] = karpathy(name)
         if dense:  # data.skip_bad_images: the lines densify --skip-bad-images left out may be missing
             raw[role] = attach_dense(raw[role], dense, missing_ok=dense_gaps_ok)
     if dc.dev_from_train and "train" in raw:  # the held-out images leave training in every case
@@ -231,7 +231,7 @@ def _image_files(dc: DataConfig, roles: Sequence[str], use_dense: bool, dense_ga
         raw["train"] = train.subset(rest, name=f"{train.name}[without the held-out {len(held)}]")
         _logger.info("dev split: %d training images held out (data.dev_from_train)", len(held))
         raw = {role: raw[role] for role in roles}
-    refuse_shared_images(dc, raw)  # before the images are decoded: it reads no image
+    refuse_shared_images(dc, raw, karpathy=karpathy)  # before the images are decoded: it reads no image
     if dc.check_images:
         if not os.path.isdir(dc.image_root):  # else every file of every split would be listed missing
             raise MissingFileError(f"data.image_root={dc.image_root}: no such directory")
