@@ -350,9 +350,14 @@ def test_ucmfh_import_codes_as_official(tmp_path):
     assert {"config.yaml", "last.pt", "model.safetensors", "config.json", "import.json"} <= {
         p.name for p in out.iterdir()
     }
-    cfg, model, _ = load_hashing_run(
-        out, ["data.num_train=8", "data.num_query=4", "data.synthetic_num_retrieval=8"]
-    )
+    # the synthetic stand-in on purpose (data.format given): the codes, not the data, are compared here
+    stand_in = [
+        "data.format=synthetic",
+        "data.num_train=8",
+        "data.num_query=4",
+        "data.synthetic_num_retrieval=8",
+    ]
+    cfg, model, _ = load_hashing_run(out, stand_in)
     assert (cfg.model.fusion, cfg.model.bits, cfg.model.nhead, cfg.model.eval_batch_size) == (
         "official_fused",
         16,
@@ -417,8 +422,10 @@ def test_ucmfh_cli_smoke(tmp_path):
     assert main(["import", str(path), "--out", str(out), "--family", "ucmfh"]) == 0
     record = json.loads((out / "import.json").read_text())
     assert record["family"] == "ucmfh" and len(record["source_sha256"]) == 64
-    # the hashing CLI evaluates the imported run (on the synthetic stand-in data at the checkpoint's widths)
+    # the hashing CLI evaluates the imported run (on the synthetic stand-in data at the checkpoint's widths,
+    # asked for explicitly: an imported run without data of its own is refused otherwise)
     small = ["data.num_train=8", "data.num_query=8", "data.synthetic_num_retrieval=16", "eval.ks=[1,5]"]
+    small.append("data.format=synthetic")
     assert main(["hash", "eval", str(out), "--out", str(tmp_path / "eval.json"), *small]) == 0
     assert json.loads((tmp_path / "eval.json").read_text())["fusion"] == "official_fused"
 

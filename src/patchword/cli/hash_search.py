@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -67,13 +68,19 @@ def run_search(args: argparse.Namespace) -> None:
     if args.out is not None:
         check_output_file(args.out, args.force)
     file_queries = _read_query_file(args.query) if args.query is not None else None
-    run = open_hashing_run(args.run_dir)
+    # said before the data are read (an imported official checkpoint is fused and has none of its own)
+    why = "search needs a unimodal model: official_fused codes need the paired other modality"
+    run = open_hashing_run(args.run_dir, unimodal=why)
     cfg, model, data = run.cfg, run.model, run.data
     refuse_run_outputs(args.run_dir, {"--out": args.out}, cfg=cfg)
-    if model.fusion != "unimodal":
-        raise ValueError("search needs a unimodal model: official_fused codes need the paired other modality")
     queries = _queries(args, model, data, file_queries)
     index, db_modality = _database_index(args, cfg.device, model, data)
+    if args.k > len(data.retrieval):  # each query gets the whole database: said (stdout stays the JSON)
+        print(
+            f"note: --k {args.k} is more than the {len(data.retrieval)} items of the database "
+            f"(retrieval.{db_modality}): {len(data.retrieval)} results per query",
+            file=sys.stderr,
+        )
     q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32)).to(cfg.device)
     encode = model.encode_image if args.modality == "image" else model.encode_text
     dist, idx = index.search(UCMFH.codes(encode(q)).cpu().numpy().astype(np.int8), args.k)
@@ -104,7 +111,7 @@ def run_search(args: argparse.Namespace) -> None:
 
 def _read_query_file(path: Path) -> np.ndarray:
     """``--query``: a readable .npy of finite numbers, one row per query (a single vector is one query)."""
-    from patchword.hashing.dataset import float32_problem
+    from patchword.hashing.features import float32_problem
     from patchword.hashing.readers import read_npy
 
     queries = read_npy(path)

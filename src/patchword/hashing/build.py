@@ -20,6 +20,7 @@ from patchword.hashing.config import FORMAT_READS, HashDataConfig, HashModelConf
 from patchword.hashing.dataset import HashDataset, HashSplit, split_dataset
 from patchword.hashing.model import UCMFH
 from patchword.hashing.readers import load_pairs, load_split_dir, read_mat
+from patchword.hashing.rows import row_groups
 from patchword.hashing.synthetic import synthetic_dataset
 
 __all__ = [
@@ -50,7 +51,9 @@ SYNTHETIC_KEYS = (
 
 
 #: The keys that say which features a run reads: a trained run evaluated with one of them changed is
-#: evaluated on other data, which its split and generation keys may then split as it needs.
+#: evaluated on other data, which its split and generation keys may then split as it needs. Not
+#: ``data.labels``: the split permutes the rows whatever the labels say, so other labels of the run's own
+#: features keep its split (:func:`~patchword.hashing.rundir.check_evaluated_data`).
 SOURCE_KEYS = ("data.format", "data.image", "data.text", "data.root")
 
 _logger = logging.getLogger(__name__)
@@ -112,17 +115,39 @@ def build_hashing_dataset(
         raise ConfigError("data.format", f"must be synthetic, pairs, splits or mat, got {dc.format!r}")
     fingerprint = data_fingerprint(data, dc.format)
     if isinstance(data, HashSplit):  # one set of pairs, split here: the sizes asked of it, checked first
-        _check_split_sizes(len(data), data.labels is not None, dc, data.source, given, training)
-        built = split_dataset(data, num_query=dc.num_query, num_train=dc.num_train, seed=dc.split_seed)
-        built.info["fingerprint"] = fingerprint
+        # rows that repeat an image (one per caption) are split by image: the sizes count images
+        groups = row_groups(data.image)
+        unit, source = "pairs", data.source
+        if groups[1] < len(data):
+            unit, source = (
+                "images",
+                f"{source} ({len(data)} rows of {groups[1]} distinct images: split by image)",
+            )
+        _check_split_sizes(groups[1], unit, data.labels is not None, dc, source, given, training)
+        built = split_dataset(
+            data, num_query=dc.num_query, num_train=dc.num_train, seed=dc.split_seed, groups=groups
+        )
+        if "split_by" in built.info:  # a run split so is not the run an older version split by row
+            fingerprint["split_by"] = built.info["split_by"]
+        built.info.update(source=_source(dc), fingerprint=fingerprint)
         return built
     _refuse_pre_split(dc, given)  # a .mat is known to be pre-split only once read
     if len(data.train) < 2:  # the file's own training split: all batches were dropped, 0 steps and exit 0
         raise DataError(
             f"{data.train.source}: {len(data.train)} training pair(s); a contrastive batch needs 2"
         )
-    data.info["fingerprint"] = fingerprint
+    data.info.update(source=_source(dc), fingerprint=fingerprint)
     return data
+
+
+def _source(dc: HashDataConfig) -> str:
+    """The data block's ``source``: the files by absolute path, as ``hash train`` (paths as typed) and
+    ``hash eval`` (the run's recorded absolute paths) read them alike; errors name the paths as given."""
+
+    def absolute(path: str) -> str:
+        return str(Path(path).expanduser().resolve())
+
+    return f"{absolute(dc.image)} + {absolute(dc.text)}" if dc.format == "pairs" else absolute(dc.root)
 
 
 def _sha256(*arrays: np.ndarray | None) -> str:
@@ -244,13 +269,15 @@ def _check_root(root: str, fmt: str, expected: str) -> None:
 
 def _check_split_sizes(
     n: int,
+    unit: str,
     labelled: bool,
     dc: HashDataConfig,
     source: str,
     given: Collection[str],
     training: bool,
 ) -> None:
-    """The sizes :func:`split_dataset` is asked for fit the ``n`` pairs of ``source`` and leave a contrastive
+    """The sizes :func:`split_dataset` is asked for fit the ``n`` pairs of ``source`` (``unit``: "pairs", or
+    "images": the distinct images of rows that repeat one, which the split counts) and leave a contrastive
     batch to train on: the one check of them, before the split (its own errors name its arguments, not the
     config keys).
 
@@ -260,33 +287,34 @@ def _check_split_sizes(
     capped to them, with a warning when ``training`` (at debug level otherwise: an evaluation of a trained
     run, which the cap was said to when it trained, does not use the training split)."""
     if not 0 < dc.num_query < n:
-        raise ConfigError("data.num_query", f"must lie in [1, {n - 1}] for the {n} pairs of {source}")
+        raise ConfigError("data.num_query", f"must lie in [1, {n - 1}] for the {n} {unit} of {source}")
     rest = n - dc.num_query
     if labelled and dc.num_train > rest:
         raise ConfigError(
             "data.num_train",
-            f"{dc.num_train} exceeds the {rest} retrieval pairs of {source} (n - data.num_query)",
+            f"{dc.num_train} exceeds the {rest} retrieval {unit} of {source} (n - data.num_query)",
         )
     # labelled data train on num_train of the retrieval pairs, pair-only data on what the queries leave
     train = dc.num_train if labelled else min(dc.num_train, rest)
     if train < 2:  # all batches would be dropped: the run reported 0 steps and exit 0
         raise ConfigError(
             "data.num_train" if dc.num_train < 2 else "data.num_query",
-            f"data.num_query={dc.num_query} of the {n} pairs of {source} leaves {train} training pair(s) "
-            f"(data.num_train={dc.num_train}); a contrastive batch needs at least 2",
+            f"data.num_query={dc.num_query} of the {n} {unit} of {source} leaves {train} training "
+            f"{unit[:-1]}(s) (data.num_train={dc.num_train}); a contrastive batch needs at least 2",
         )
     if not labelled and dc.num_train > rest:
         if "data.num_train" in given:
             raise ConfigError(
                 "data.num_train",
-                f"{dc.num_train} exceeds the {rest} pairs of {source} that data.num_query={dc.num_query} "
+                f"{dc.num_train} exceeds the {rest} {unit} of {source} that data.num_query={dc.num_query} "
                 "leaves to train on (pair-only data train on the pairs the queries do not hold)",
             )
         _logger.log(
             logging.WARNING if training else logging.DEBUG,
-            "data.num_train=%d (not given) capped to the %d pairs of %s that data.num_query=%d leaves",
+            "data.num_train=%d (not given) capped to the %d %s of %s that data.num_query=%d leaves",
             dc.num_train,
             rest,
+            unit,
             source,
             dc.num_query,
         )

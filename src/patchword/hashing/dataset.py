@@ -1,4 +1,5 @@
-"""Paired image / text feature sets for cross-modal hashing: containers, validation, protocol split.
+"""Paired image / text feature sets for cross-modal hashing: containers, validation (the arrays':
+:mod:`~patchword.hashing.features`; the splits' together here), protocol split.
 
 Relevance. A :class:`HashSplit` carries ``labels`` (N, L) or, for pair-only data, ``ids`` (N,): item i of
 a query split is relevant to item j of a database split when they share a label, or when
@@ -19,6 +20,8 @@ import numpy as np
 
 from patchword.errors import DataError
 from patchword.fileio import atomic_write
+from patchword.hashing.features import class_ids, feature_matrix, multi_hot_labels
+from patchword.hashing.rows import row_groups, shared_rows
 
 __all__ = [
     "SPLITS",
@@ -33,9 +36,6 @@ __all__ = [
 ]
 
 _logger = logging.getLogger(__name__)
-
-#: The largest finite float32: features are stored as float32, a float64 beyond it would overflow to inf.
-_F32_MAX = float(np.finfo(np.float32).max)
 
 #: The UCMFH protocol's splits: train on ``train``, query with ``query``, search ``retrieval``.
 SPLITS = ("train", "query", "retrieval")
@@ -127,143 +127,6 @@ class HashDataset:
 # ------------------------------------------------------------------------------------------ validation
 
 
-def feature_matrix(value: Any, source: str, key: str) -> np.ndarray:
-    """A finite 2-D float32 feature matrix, or DataError naming ``source`` and ``key``."""
-    try:
-        arr = np.asarray(value)
-    except (TypeError, ValueError) as err:
-        raise DataError(f"{source}: field {key!r} is not an array: {err}") from err
-    if arr.dtype.kind == "c":  # the cast would drop the imaginary part with only a ComplexWarning
-        raise DataError(f"{source}: field {key!r} holds complex numbers ({arr.dtype}); give real features")
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
-        raise DataError(f"{source}: field {key!r} must be numeric, got dtype {arr.dtype}")
-    if arr.ndim != 2:
-        hint = " (raw images? extract features first)" if arr.ndim == 4 else ""
-        raise DataError(f"{source}: field {key!r} must be a 2-D (N, d) matrix, got shape {arr.shape}{hint}")
-    if arr.shape[0] == 0 or arr.shape[1] == 0:
-        raise DataError(f"{source}: field {key!r} is empty, shape {arr.shape}")
-    problem = float32_problem(arr)
-    if problem:
-        raise DataError(f"{source}: field {key!r} {problem}")
-    return np.ascontiguousarray(arr, dtype=np.float32)
-
-
-def float32_problem(arr: np.ndarray) -> str | None:
-    """Why the (N, ...) real array ``arr`` cannot become finite float32 features (NaN/inf, or a value beyond
-    float32's range that the cast would turn into inf), with the first bad row; None when it can. Checked
-    before the cast, so a float64 file is not reported as holding the infs the cast made."""
-    if arr.dtype.kind != "f":  # bool and integers: finite, and within float32's range (|int64| < 1e19)
-        return None
-    bad = ~np.isfinite(arr)
-    if bad.any():
-        row = int(np.argwhere(bad)[0, 0])
-        return f"has {int(bad.sum())} NaN/inf value(s), first in row {row}"
-    if arr.dtype.itemsize > 4:
-        big = np.abs(arr) > _F32_MAX
-        if big.any():
-            return f"values exceed float32's range (first in row {int(np.argwhere(big)[0, 0])})"
-    return None
-
-
-def _class_vector(arr: np.ndarray, n: int) -> np.ndarray | None:
-    """``arr`` as the 1-D vector of class ids it is read as, or None for a (N, L) multi-hot matrix: a 1-D
-    vector, a MATLAB (1, N) row vector, or an (N, 1) column holding values other than 0/1 (an (N, 1) of 0/1
-    stays one multi-hot label column)."""
-    if arr.ndim == 1:
-        return arr
-    if arr.ndim == 2 and 1 in arr.shape and arr.size == n:
-        if arr.shape[0] != n:
-            return arr.reshape(-1)  # MATLAB row vector of class ids
-        if arr.shape == (n, 1) and n > 0 and not np.isin(arr, (0, 1)).all():
-            return arr.reshape(-1)  # MATLAB column vector of class ids
-    return None
-
-
-def class_ids(values: list[Any], ns: list[int]) -> np.ndarray | None:
-    """The sorted class ids of several label fields read as class-id vectors (``values[i]`` with
-    ``ns[i]`` rows), for :func:`multi_hot_labels`'s ``classes``, so that the splits of one set give a class
-    the same column; None when any of them is not such a vector (then each is checked on its own)."""
-    vectors = []
-    for value, n in zip(values, ns, strict=True):
-        arr = np.asarray(value)
-        if arr.dtype.kind not in "biuf":
-            return None
-        vec = _class_vector(arr, n)
-        if vec is None or not np.isfinite(vec).all():
-            return None
-        vectors.append(vec)
-    return np.unique(np.concatenate(vectors)) if vectors else None
-
-
-def multi_hot_labels(
-    value: Any, source: str, key: str, n: int, *, classes: np.ndarray | None = None
-) -> np.ndarray:
-    """(N, L) uint8 multi-hot labels.
-
-    A 1-D integer vector (also a MATLAB (1, N) row or (N, 1) column of ids other than 0/1) is read as
-    single-label class ids: column j is the j-th smallest class id of ``classes`` (default: the ids found),
-    so ids 0..C-1 keep column c = class c, and a large id (1e9) costs one column, not 1e9. Labels without
-    any 1 are refused (every metric would be 0); rows without a label and labels every row shares (mAP 1.0
-    would mean nothing) are logged as warnings.
-    """
-    arr = np.asarray(value)
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
-        raise DataError(f"{source}: field {key!r} must be numeric, got dtype {arr.dtype}")
-    vec = _class_vector(arr, n)
-    if vec is not None:
-        if arr.dtype.kind == "c" or (
-            not np.issubdtype(vec.dtype, np.integer) and not np.all(vec == np.round(vec))
-        ):
-            raise DataError(f"{source}: 1-D field {key!r} must hold integer class indices")
-        if vec.size and vec.min() < 0:
-            raise DataError(f"{source}: field {key!r} has negative class indices")
-        found = vec.astype(np.int64)
-        columns = np.unique(found) if classes is None else np.asarray(classes, dtype=np.int64)
-        arr = np.zeros((found.size, columns.size), dtype=np.uint8)
-        arr[np.arange(found.size), np.searchsorted(columns, found)] = 1
-    if arr.ndim != 2:
-        raise DataError(f"{source}: field {key!r} must be (N, L) multi-hot labels, got shape {arr.shape}")
-    if arr.shape[0] != n:
-        raise DataError(
-            f"{source}: field {key!r} has {arr.shape[0]} rows but the features have {n} "
-            "(one label row per pair)"
-        )
-    if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
-        raise DataError(f"{source}: field {key!r} has NaN/inf values")
-    if not np.isin(arr, (0, 1)).all():
-        raise DataError(f"{source}: field {key!r} must be 0/1 multi-hot, found other values")
-    arr = np.ascontiguousarray(arr, dtype=np.uint8)
-    _check_label_content(arr, source, key)
-    return arr
-
-
-def _check_label_content(labels: np.ndarray, source: str, key: str) -> None:
-    """Refuse (N, L) labels without a single 1; warn of rows without a label and of a label on every row."""
-    if labels.size and not labels.any():
-        raise DataError(
-            f"{source}: field {key!r} has no 1 at all (no pair has a label, so nothing is relevant and every "
-            "metric would be 0); give multi-hot labels or leave the field out for pair relevance"
-        )
-    unlabelled = int((labels.sum(axis=1) == 0).sum())
-    if unlabelled:
-        _logger.warning(
-            "%s: %d of %d rows of field %r have no label (never relevant to anything)",
-            source,
-            unlabelled,
-            labels.shape[0],
-            key,
-        )
-    shared = np.flatnonzero(labels.all(axis=0))
-    if labels.shape[0] > 1 and shared.size:
-        _logger.warning(
-            "%s: every row of field %r has label column %d, so every pair shares a label (one class: "
-            "mAP 1.0 would mean nothing)",
-            source,
-            key,
-            int(shared[0]),
-        )
-
-
 def make_split(
     image: Any,
     text: Any,
@@ -303,6 +166,10 @@ def check_compatible_splits(splits: dict[str, HashSplit], where: str, *, ids_giv
     and unless both query and retrieval gave their ``ids`` (``ids_given``), the ids are row positions, which
     only say "the same pair" when each query row *is* the retrieval row of its id (same image and text
     features): files of unrelated pairs would otherwise be scored as if query i were retrieval i.
+
+    No query image (feature row) is a training image, nor, with labels, a retrieval image: a query split
+    built as a subset of the retrieval split, or an image whose captions (one row each) straddle the splits,
+    inflated mAP without a word.
     """
     ref = splits["train"]
     for name, split in splits.items():
@@ -321,6 +188,29 @@ def check_compatible_splits(splits: dict[str, HashSplit], where: str, *, ids_giv
             )
     if ref.labels is None:
         _check_pair_relevance(splits["query"], splits["retrieval"], where, ids_given)
+    # labelled data: the query pairs are held out of both (training pairs are retrieval pairs by the
+    # DJSRH / DCMH convention); pair-only data search the query pairs themselves, so only training is checked
+    for other in ("retrieval", "train") if ref.labels is not None else ("train",):
+        _refuse_shared_images(splits["query"], splits[other], other)
+
+
+def _refuse_shared_images(query: HashSplit, other: HashSplit, name: str) -> None:
+    """No image feature row of ``query`` is one of ``other`` (the ``name`` split): a query whose image is in
+    the database finds its own pair (or the image's other captions), one the model trained on was seen."""
+    rows, found = shared_rows(query.image, other.image)
+    if not rows.size:
+        return
+    files = query.source if query.source == other.source else f"{query.source} and {other.source}"
+    why = (
+        "so queries find their own pairs in the database, which inflates mAP"
+        if name == "retrieval"
+        else "so the model trains on query images"
+    )
+    raise DataError(
+        f"{files}: {rows.size} of the {len(query)} query image rows are also {name} image rows (identical "
+        f"features; first: query row {int(rows[0])} = {name} row {int(found[0])}), {why}; remove them from "
+        f"the query or the {name} split (each image, with all its captions, belongs to one split)"
+    )
 
 
 def _check_pair_relevance(query: HashSplit, retrieval: HashSplit, where: str, ids_given: bool) -> None:
@@ -360,7 +250,14 @@ def _check_pair_relevance(query: HashSplit, retrieval: HashSplit, where: str, id
 # ------------------------------------------------------------------------------------------ protocol
 
 
-def split_dataset(full: HashSplit, *, num_query: int, num_train: int, seed: int = 0) -> HashDataset:
+def split_dataset(
+    full: HashSplit,
+    *,
+    num_query: int,
+    num_train: int,
+    seed: int = 0,
+    groups: tuple[np.ndarray, int] | None = None,
+) -> HashDataset:
     """Split one set of pairs into the UCMFH protocol (seeded random permutation).
 
     * With labels (DJSRH/DCMH convention): ``query`` = ``num_query`` random pairs, ``retrieval`` = all
@@ -368,7 +265,56 @@ def split_dataset(full: HashSplit, *, num_query: int, num_train: int, seed: int 
     * Without labels (pair relevance): ``query`` and ``retrieval`` are the *same* ``num_query`` held-out
       pairs (query image i must find text i) and ``train`` = up to ``num_train`` of the remaining pairs,
       disjoint from them.
+
+    Rows that repeat an image (MS-COCO style, one row per caption) are split by image: ``num_query`` and
+    ``num_train`` count images, each split takes every row of its images (an image's captions never
+    straddle query / retrieval / train), and pair-only data get the image's number as pair id (a query
+    image's captions are all relevant to it). Data without repeated image rows split exactly as before.
+
+    Args:
+        groups: :func:`~patchword.hashing.rows.row_groups` of ``full.image`` when the caller has them.
     """
+    group, n_images = row_groups(full.image) if groups is None else groups
+    if n_images == len(full):
+        return _split_rows(full, num_query, num_train, seed)
+    if not 0 < num_query < n_images:
+        raise ValueError(f"num_query must be in [1, {n_images - 1}] for {n_images} images, got {num_query}")
+    if num_train < 1:
+        raise ValueError(f"num_train must be >= 1, got {num_train}")
+    if full.labels is not None and num_train > n_images - num_query:
+        raise ValueError(f"num_train={num_train} exceeds the {n_images - num_query} retrieval images")
+    _logger.info(
+        "%s: %d rows hold %d distinct images (rows repeat an image: one per caption): split by image, "
+        "data.num_query=%d and data.num_train=%d count images",
+        full.source,
+        len(full),
+        n_images,
+        num_query,
+        num_train,
+    )
+    rank = np.empty(n_images, dtype=np.int64)
+    rank[np.random.default_rng(seed).permutation(n_images)] = np.arange(n_images)
+    image_rank = rank[group]  # where each row's image falls in the permutation
+    order = np.argsort(image_rank, kind="stable")  # rows image by image, in permutation order
+    ranked = image_rank[order]
+    query_idx, rest = order[ranked < num_query], order[ranked >= num_query]
+    train_idx = order[(ranked >= num_query) & (ranked < num_query + num_train)]
+    info = {"source": full.source, "split_seed": seed, "split_by": "image", "images": n_images}
+    if full.labels is not None:
+        return HashDataset(
+            full.subset(train_idx),
+            full.subset(query_idx),
+            full.subset(rest),
+            info={**info, "protocol": "labels"},
+        )
+    # pair relevance by image: each of a query image's rows finds every caption of it
+    by_image = HashSplit(full.image, full.text, None, group, full.source)
+    test = by_image.subset(query_idx)
+    return HashDataset(by_image.subset(train_idx), test, test, info={**info, "protocol": "pair"})
+
+
+def _split_rows(full: HashSplit, num_query: int, num_train: int, seed: int) -> HashDataset:
+    """:func:`split_dataset` of pairs whose image rows are all distinct: a permutation of the rows."""
     n = len(full)
     if not 0 < num_query < n:
         raise ValueError(f"num_query must be in [1, {n - 1}] for {n} pairs, got {num_query}")

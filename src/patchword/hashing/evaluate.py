@@ -86,9 +86,10 @@ def evaluate_hashing(
 
     Keys: ``i2t_map@50``, ``i2t_p@k``, ``i2t_r@k`` (``None`` when no query has a relevant item),
     ``i2t_queries_without_relevant`` and the ``t2i_`` versions, plus ``fusion`` (results of
-    ``official_fused`` models use the target's paired modality at query time and must be labelled so). A
-    cut-off larger than the retrieval set is labelled with the one measured (``map@96``) and listed under
-    ``capped_cutoffs`` (:func:`effective_cutoffs`), with a warning.
+    ``official_fused`` models use the target's paired modality at query time and must be labelled so; with
+    their ``eval_batch_size``, the size of the blocks whose pairs attend to each other, which changes the
+    codes). A cut-off larger than the retrieval set is labelled with the one measured (``map@96``) and
+    listed under ``capped_cutoffs`` (:func:`effective_cutoffs`), with a warning.
     """
     q_img, q_txt = encode_hashing_split(model, data.query.image, data.query.text, device)
     db_img, db_txt = encode_hashing_split(model, data.retrieval.image, data.retrieval.text, device)
@@ -98,6 +99,8 @@ def evaluate_hashing(
         "fusion": model.fusion,
         "relevance": "labels" if data.has_labels else "pair",
     }
+    if model.fusion == "official_fused":  # its blocks' pairs attend to each other: the size changes the codes
+        out["eval_batch_size"] = model.eval_batch_size
     capped = effective_cutoffs(ec, len(data.retrieval))[2]
     if capped:
         _logger.warning(

@@ -9,6 +9,9 @@ evaluation tells the run's data from changed ones (rows added, contents replaced
 (:func:`check_resumed_data`, :func:`check_evaluated_data`); a file the run names that is gone is said with
 the key that points at it (:func:`refuse_missing_run_data`). config.yaml is never rewritten: where a resume
 found the data moved is in its last.pt, which every later command reads (:func:`recorded_data_location`).
+Corrected labels for the run's own features are evaluated and recorded, labels added or dropped are refused
+(:func:`check_evaluated_data`), and so is a run an older version split row by row over data whose rows
+repeat an image (split by image now).
 """
 
 from __future__ import annotations
@@ -199,6 +202,8 @@ def check_resumed_data(
         _logger.debug("%s records no fingerprint of its data: not compared", run_dir / LAST_CHECKPOINT)
         return
     changed = changed_data_parts(recorded, read) if read is not None else []
+    if read is not None:
+        _refuse_other_split_unit(recorded, read, run_dir)
     if changed:
         raise ConfigError(
             _key(changed),
@@ -213,26 +218,36 @@ def check_evaluated_data(
 ) -> None:
     """``hash eval`` / ``hash search`` once the data ``dc`` (the run's data section ``run`` with the
     overrides) were read: a copy of the run's data is its data (a split key other than the run's is
-    refused, :func:`~patchword.hashing.build.refuse_resplit`); the run's own files with other contents
+    refused, :func:`~patchword.hashing.build.refuse_resplit`); the run's own features with other contents
     (rows added) and the run's split keys would split other pairs into the query set, which may then hold
     pairs it trained on: refused. Other data given on purpose are marked ``same_data_as_run: false`` in
-    the data block (``data.info``). A last.pt without a fingerprint: the paths decided (before reading).
+    the data block (``data.info``). Other labels for the run's own features (``data.labels=FIXED.npy``)
+    are evaluated: the split is a permutation of the rows, whatever the labels say; the data block records
+    the file and its sha256 (``labels_other_than_run``). Labels added or dropped (``data.labels=``) are
+    refused: whether there are labels decides the split (labelled: the retrieval set is every pair the
+    queries leave; pair-only: the query pairs themselves). A last.pt without a fingerprint: the paths
+    decided (before reading).
 
     Raises:
-        ConfigError: naming the key and the changed files, or the re-splitting key.
+        ConfigError: naming the key and the changed files, the re-splitting key, or labels added / dropped.
     """
     recorded, read = state.get("data_fingerprint"), data.info.get("fingerprint")
     if recorded is None or read is None:
         return
+    _refuse_other_split_unit(recorded, read, run_dir)
     changed = changed_data_parts(recorded, read)
-    refuse_resplit(run, dc, same_data=not changed)
+    features = [part for part in changed if part != "data.labels"]  # the split's rows: features alone
+    refuse_resplit(run, dc, same_data=not features)
     if not changed:
         return
     own_files = all(_resolved(run, key) == _resolved(dc, key) for key in SOURCE_KEYS)
+    if own_files and not features:  # the run's features, other labels
+        _other_labels(recorded, read, data, dc, run_dir)
+        return
     if own_files and "split_seed" in data.info:  # split here, by the run's split keys
         raise ConfigError(
-            _key(changed),
-            f"{_named(dc, changed)} changed since {run_dir} trained on it (rows / sha256 recorded in "
+            _key(features),
+            f"{_named(dc, features)} changed since {run_dir} trained on it (rows / sha256 recorded in "
             f"{LAST_CHECKPOINT}): the run's split of these pairs may put pairs it trained on in the query "
             "set; restore the data, or evaluate other data on purpose (point data.image / data.text / "
             "data.root at them)",
@@ -240,6 +255,46 @@ def check_evaluated_data(
     if own_files:  # pre-split files: their own splits, but not what the run was evaluated on
         _logger.warning("%s differ(s) from the data %s trained on", _named(dc, changed), run_dir)
     data.info["same_data_as_run"] = False
+
+
+def _other_labels(
+    recorded: dict[str, Any], read: dict[str, Any], data: HashDataset, dc: HashDataConfig, run_dir: Path
+) -> None:
+    """The run's own features with a labels file of other contents: evaluated, and recorded in the data
+    block; labels added to a run without or dropped from a run with them are refused (see
+    :func:`check_evaluated_data`)."""
+    old, new = recorded["sha256"].get("data.labels"), read["sha256"].get("data.labels")
+    if old is not None and new is None:
+        raise ConfigError(
+            "data.labels",
+            f"{'is empty' if not dc.labels else 'gives no labels'}, but {run_dir} trained on labelled pairs "
+            f"(sha256 {old[:12]}... in {LAST_CHECKPOINT}): without labels the split is another (pair-only "
+            "data: the query pairs are the retrieval set) and the metrics another protocol; give the run's "
+            "labels file or corrected labels (data.labels=FILE)",
+        )
+    if old is None:
+        raise ConfigError(
+            "data.labels",
+            f"{run_dir} trained on pairs without labels: with labels the split is another (labelled data: "
+            "the retrieval set is every pair the queries leave, not the query pairs) than the run's; train "
+            "a run with data.labels given to evaluate with labels (the contrastive losses do not read them)",
+        )
+    labels = _resolved(dc, "data.labels")
+    _logger.info("%s: labels other than those %s trained with (sha256 %s...)", labels, run_dir, new[:12])
+    data.info["labels_other_than_run"] = {"file": labels, "sha256": new, "run_sha256": old}
+
+
+def _refuse_other_split_unit(recorded: dict[str, Any], read: dict[str, Any], run_dir: Path) -> None:
+    """Data whose rows repeat an image are split by image (``split_by`` in the fingerprint); a run of them
+    an older version split row by row had other splits, its query set holding images it trained on."""
+    features = [part for part in changed_data_parts(recorded, read) if part != "data.labels"]
+    if read.get("split_by") != recorded.get("split_by") and not features:
+        raise ConfigError(
+            "data",
+            f"{run_dir} was trained by an older version that split these data row by row although rows "
+            f"repeat an image (one per caption): its query images were training images too (the split is "
+            "by image now); train a new run",
+        )
 
 
 def refuse_trained_run_overrides(overrides: Sequence[str]) -> None:

@@ -82,6 +82,12 @@ from patchword.hashing.rundir import (  # HASH_RUN_FILES, refuse_run_outputs: th
     refuse_run_outputs,
     refuse_trained_run_overrides,
 )
+from patchword.hashing.runstate import (
+    checkpoint_record,
+    refuse_fewer_epochs,
+    refuse_imported_without_data,
+    refuse_nothing_to_resume,
+)
 from patchword.hashing.trainer import HashTrainer, append_metrics
 from patchword.runs.claim import Claim
 from patchword.runs.files import CONFIG_FILE, IMPORT_FILE, LAST_CHECKPOINT, METRICS_FILE, RESUMES_FILE
@@ -178,8 +184,7 @@ def resume_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> HashRun
         ConfigError: an override of a key that is not safe to change on a resume, naming the key.
     """
     run_dir = Path(run_dir)
-    if not (run_dir / LAST_CHECKPOINT).is_file():
-        raise MissingFileError(f"{run_dir} has no last.pt to resume (no such run, or it never saved one)")
+    refuse_nothing_to_resume(run_dir)  # no such run, or a start killed before its first checkpoint
     if not (run_dir / CONFIG_FILE).is_file():
         raise MissingFileError(f"{run_dir} is not a hashing run directory (no {CONFIG_FILE})")
     mapping = read_run_mapping(run_dir, kind="hashing")  # a retrieval run's config: say so, not its keys
@@ -208,12 +213,14 @@ def resume_hashing(
         MissingFileError: no such run, or it has no last.pt / config.yaml.
         ConfigError: an override of a key that is not safe to change on a resume, a config.yaml that
             disagrees with its last.pt (edited by hand), a data file that is gone (naming its key) or data
-            other than the run's (rows / sha256 recorded in last.pt; data.image=NEW may point at them moved).
+            other than the run's (rows / sha256 recorded in last.pt; data.image=NEW may point at them moved);
+            a ``train.epochs`` below the epochs the run already trained (nothing to train).
     """
     run_dir = Path(run_dir)
     cfg = resume_config(run_dir, overrides)
     check_hash_config(cfg)
     state = load_checkpoint(run_dir / LAST_CHECKPOINT, map_location="cpu")
+    refuse_fewer_epochs(cfg.train.epochs, state, run_dir)  # before anything is written
     stored = from_dict(HashRunConfig, state["config"])
     # the data paths a resume pointed at the moved data are in last.pt, not in config.yaml
     refuse_edited_config(run_dir / CONFIG_FILE, cfg, stored, HASH_RESUMABLE_KEYS | HASH_RESUME_DATA_KEYS)
@@ -290,23 +297,6 @@ def _train(
     return {"run_dir": str(run_dir), "data": data.summary(), **fit, **metrics}
 
 
-def checkpoint_record(
-    run_dir: Path, epoch: int, batch_in_epoch: int, step: int, epochs: int
-) -> dict[str, Any]:
-    """What an evaluation says about the weights it evaluated (``last.pt`` of ``run_dir``): its epoch and
-    step, and whether the run had finished (reached the ``epochs`` it was trained to) or stopped on the
-    way; an imported checkpoint not trained on since says so."""
-    record: dict[str, Any] = {
-        "file": LAST_CHECKPOINT,
-        "epoch": epoch,
-        "step": step,
-        "finished": epoch >= epochs and batch_in_epoch == 0,
-    }
-    if step == 0 and (run_dir / IMPORT_FILE).is_file():
-        record["imported"] = True
-    return record
-
-
 @dataclass
 class HashRun:
     """A trained run loaded back: config (with the overrides applied), model (eval mode, on
@@ -319,9 +309,14 @@ class HashRun:
 
 
 def open_hashing_run(
-    run_dir: str | Path, overrides: Sequence[str] | None = None, device: str | None = None
+    run_dir: str | Path,
+    overrides: Sequence[str] | None = None,
+    device: str | None = None,
+    *,
+    unimodal: str = "",
 ) -> HashRun:
-    """Config, trained model, dataset and checkpoint record of a run (see :func:`load_hashing_run`)."""
+    """Config, trained model, dataset and checkpoint record of a run (see :func:`load_hashing_run`);
+    ``unimodal``: why the caller needs a unimodal model, said (ValueError) before the data are read."""
     run_dir = Path(run_dir)
     if not (run_dir / CONFIG_FILE).is_file():
         raise MissingFileError(f"{run_dir} is not a hashing run directory (no {CONFIG_FILE})")
@@ -338,6 +333,8 @@ def open_hashing_run(
     )
     # the overridden eval / data keys get the checks training made (eval.topk=0 reported map@0 = 0.0)
     check_hash_config(cfg)
+    if unimodal and cfg.model.fusion != "unimodal":
+        raise ValueError(unimodal)
     # an override the run's settings never read (model.eval_batch_size on a unimodal run) is refused as a
     # new run's is; the values its config.yaml holds are the run's, not the command's
     check_used_keys(cfg, given, only_given=True)
@@ -353,6 +350,8 @@ def open_hashing_run(
     cfg = replace(cfg, data=located)
     # an imported checkpoint not trained on since has no data of its own
     trained = not ((run_dir / IMPORT_FILE).is_file() and int(state["step"]) == 0)
+    if not trained:  # its config.yaml's synthetic stand-in is no data to evaluate it on, unless asked
+        refuse_imported_without_data(run_dir, saved.data, given)
     if trained:
         # weights trained on the run's split: another split (or synthetic set) of the same data put
         # training pairs in the query set
@@ -385,7 +384,8 @@ def load_hashing_run(
     Raises:
         MissingFileError: ``run_dir`` has no ``config.yaml`` or no ``last.pt``.
         ConfigError: an override of another key, a value out of range, data whose feature sizes do not
-            fit the trained weights, or a split / synthetic key re-splitting the run's own data.
+            fit the trained weights, or a split / synthetic key re-splitting the run's own data; an
+            imported checkpoint without data of its own unless ``data.format`` is given.
     """
     run = open_hashing_run(run_dir, overrides, device)
     return run.cfg, run.model, run.data

@@ -22,9 +22,11 @@ attend to each other), ``eval.topk=50``. The heads' final L2 normalisation is le
 model (it changes neither the codes nor the ranking).
 
 A real-valued checkpoint (``checkpoints/real``, task 0: ``FusionTransformer`` alone) has no hash heads and
-is refused: patchword's hashing runs evaluate codes. The features are not in the checkpoint: the run's
-``data`` section is the synthetic set at the checkpoint's feature widths until overridden
-(``data.format=splits data.root=DIR``); the file name's dataset and bits are recorded in ``import.json``.
+is refused: patchword's hashing runs evaluate codes. The features are not in the checkpoint: without data
+overrides on import the run's ``data`` section is a synthetic stand-in at the checkpoint's feature widths,
+which ``hash eval`` refuses to evaluate unless ``data.format`` is given (``data.format=splits
+data.root=DIR``; ``data.format=synthetic`` on purpose), and the import says so; the file name's dataset
+and bits are recorded in ``import.json``.
 
 The run directory is written the way ``patchword hash train`` writes one (``config.yaml``, ``last.pt`` as
 the trainer saves it at epoch 0, ``model.safetensors`` + ``config.json``) plus ``import.json``, into a
@@ -244,6 +246,14 @@ def write_hashing_run(plan: ImportPlan, source: Path, out: Path) -> dict[str, An
         export_weights(model, asdict(cfg), tmp, imported_from=str(source))
         atomic_write_text(tmp / IMPORT_FILE, json.dumps(record, indent=2, default=str))
     _logger.info("%s: UCMFH hashing run written to %s", source, out)
+    if cfg.data.format == "synthetic":  # no data overrides: hash eval refuses the stand-in without them
+        _logger.info(
+            "%s holds no features: evaluate it with `patchword hash eval %s data.format=splits "
+            "data.root=DIR` (the official train / query / retrieval files) or data.format=pairs "
+            "data.image=IMG.npy data.text=TXT.npy",
+            source,
+            out,
+        )
     return record
 
 
