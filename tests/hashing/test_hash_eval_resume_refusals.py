@@ -72,6 +72,18 @@ def test_an_imported_checkpoint_is_evaluated_on_data_given_only(tmp_path, capsys
     assert json.loads(capsys.readouterr().out)["data"]["source"] == str(root)
 
 
+def test_a_resume_of_an_imported_checkpoint_without_data_is_refused(tmp_path, capsys):
+    """Old code fine-tuned it on the synthetic stand-in of its config.yaml (a resume takes no data keys)."""
+    imp = _imported(tmp_path)
+    before = sorted(p.name for p in imp.iterdir())
+    capsys.readouterr()
+    assert main(["train", "--resume", str(imp), "train.epochs=1"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: data.format: {imp} is an imported checkpoint without data of its own")
+    assert "a resume would train it on them: import it again with its data (data.format=splits" in line
+    assert sorted(p.name for p in imp.iterdir()) == before
+
+
 def test_an_official_fused_evaluation_records_its_block_size(hash_run, tmp_path, capsys):
     """Its blocks' pairs attend to each other: the size changed mAP from 0.4071 to 0.3264 unrecorded."""
     imp = _imported(tmp_path)

@@ -221,6 +221,8 @@ def resume_hashing(
     check_hash_config(cfg)
     state = load_checkpoint(run_dir / LAST_CHECKPOINT, map_location="cpu")
     refuse_fewer_epochs(cfg.train.epochs, state, run_dir)  # before anything is written
+    if (run_dir / IMPORT_FILE).is_file() and int(state["step"]) == 0:  # never trained here: what data?
+        refuse_imported_without_data(run_dir, cfg.data, (), resuming=True)
     stored = from_dict(HashRunConfig, state["config"])
     # the data paths a resume pointed at the moved data are in last.pt, not in config.yaml
     refuse_edited_config(run_dir / CONFIG_FILE, cfg, stored, HASH_RESUMABLE_KEYS | HASH_RESUME_DATA_KEYS)

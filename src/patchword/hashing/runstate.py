@@ -64,22 +64,31 @@ def refuse_fewer_epochs(epochs: int, state: dict[str, Any], run_dir: Path) -> No
     )
 
 
-def refuse_imported_without_data(run_dir: Path, saved: HashDataConfig, given: Collection[str]) -> None:
+def refuse_imported_without_data(
+    run_dir: Path, saved: HashDataConfig, given: Collection[str], *, resuming: bool = False
+) -> None:
     """An imported checkpoint not trained on since has no data of its own: its config.yaml's data section
     is synthetic features at the checkpoint's widths (``patchword import`` without data overrides), which
-    only a ``data.format`` given on the command line evaluates (``data.format=synthetic`` on purpose).
+    only a ``data.format`` given on the command line evaluates (``data.format=synthetic`` on purpose). A
+    resume (``resuming``) takes no data keys: it would fine-tune on the stand-in, so it is refused.
 
     Raises:
         ConfigError: naming data.format and the keys that say where the data are.
     """
     if saved.format != "synthetic" or "data.format" in given:
         return
+    where = (
+        "data.format=splits data.root=DIR (the official train / query / retrieval files), or "
+        "data.format=pairs data.image=IMG.npy data.text=TXT.npy [data.labels=LAB.npy]"
+    )
+    if resuming:
+        how = f"a resume would train it on them: import it again with its data ({where} after --out)"
+    else:
+        how = f"set {where} (data.format=synthetic evaluates the stand-in on purpose)"
     raise ConfigError(
         "data.format",
         f"{run_dir} is an imported checkpoint without data of its own (its {CONFIG_FILE} has synthetic "
-        "stand-in features): set data.format=splits data.root=DIR (the official train / query / retrieval "
-        "files), or data.format=pairs data.image=IMG.npy data.text=TXT.npy [data.labels=LAB.npy] "
-        "(data.format=synthetic evaluates the stand-in on purpose)",
+        f"stand-in features): {how}",
     )
 
 
