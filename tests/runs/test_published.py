@@ -404,9 +404,12 @@ def test_the_export_card_of_an_imported_official_checkpoint_shows_published_and_
     assert main(["report", str(run), "--out", str(out)]) == 0
     text = out.read_text()
     assert (
-        "| run | Flickr30K 1K | published | 86.1 | 93.7 | 96.9 | 86.9 | 98.1 | 99.2 | 560.9 | SEPS paper"
+        "| run | Flickr30K 1K | published [1] | 86.1 | 93.7 | 96.9 | 86.9 | 98.1 | 99.2 | 560.9 | SEPS paper"
         in text
     )
+    # its note under the table, as the card shows it
+    assert "\n[1] Flickr30K 1K: protocol: Flickr30K 1K test: 1000 images, 5000 captions;" in text
+    assert "T2I R@1 (86.9) is above I2T R@1 (86.1)" in text[text.index("\n[1] Flickr30K 1K") :]
     here = " | ".join(f"{measured[k]:.1f}" for k in METRIC_KEYS)
     assert f"| run | Flickr30K 1K | measured here | {here} |" in text
     diff = " | ".join(f"{measured[k] - v:+.1f}" for k, v in seps.metrics().items())

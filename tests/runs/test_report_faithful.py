@@ -120,7 +120,8 @@ def test_a_run_nothing_evaluated_is_not_evaluated_never_leak_free_or_complete(tm
     ]
     (published,) = [t for t in tables if t[0].startswith("Published")]
     assert "measured here leak-free" not in published[0] and "12 test images" not in published[0]
-    assert {row[2] for row in published[2]} == {"published", "not measured here yet"}
+    # the published row marked with its footnote (its protocol and note, under the table)
+    assert {row[2] for row in published[2]} == {"published [1]", "not measured here yet"}
 
 
 def test_the_gallery_holds_every_data_setting_of_the_test_split(tmp_path):

@@ -88,8 +88,10 @@ def test_suite_records_carry_the_recall_records_identity_fields(trained):
         "image_root",
     } | {
         "matcher",
+        "dense_text",
         "eval_seconds",
     }
+    assert compositional["dense_text"] == "image-tied"  # SEPS, each synthetic image's own dense caption
 
 
 def test_the_suite_record_of_the_best_checkpoint_is_found(trained):

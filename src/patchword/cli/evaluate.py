@@ -8,7 +8,8 @@ scoring (:func:`patchword.eval.protocol.evaluate`); rank 0 writes and prints the
 
 Each mode takes its own options and refuses the others' (one ``error:`` line, exit 2, before anything is
 read): an ignored ``--ensemble`` would write a single model's numbers as if they were the ensemble's.
-So is an override of a key no evaluation reads (``train.max_steps=5``: :data:`NOT_EVALUATION_KEYS`), of a
+So is an override of a key no evaluation reads (``train.max_steps=5``: :data:`NOT_EVALUATION_KEYS`; a
+``precision`` of :data:`UNREAD_PRECISIONS`, evaluation running no autocast), of a
 matcher option its registration declares training-only (``model.seps.detach_selection``:
 :func:`patchword.model.training_only_keys`), and of a Hugging Face backbone the run's ``backbones.json``
 records (``model.hf_vision``: :func:`patchword.runs.load.check_backbone_overrides`). A key set inside a
@@ -21,12 +22,18 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 from pathlib import Path
 
 from patchword.runs.config import NOT_EVALUATION_KEYS, not_evaluation_reason
 
-__all__ = ["NOT_EVALUATION_KEYS", "add_arguments", "run"]
+__all__ = ["NOT_EVALUATION_KEYS", "UNREAD_PRECISIONS", "add_arguments", "run"]
+
+#: ``precision`` values no evaluation reads (refused as an override, naming ``eval.precision``): evaluation
+#: runs no autocast (``amp_*``), and a ``bf16`` run's checkpoints hold the fp32 master weights it scores.
+#: ``fp64`` is read: the weights are loaded, and the encoders run, in float64 (the record's ``model_dtype``).
+UNREAD_PRECISIONS = ("amp_bf16", "amp_fp16", "bf16")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="RUN",
         help="more run directories (or checkpoint files inside them) whose similarity matrices are averaged "
-        "with run_dir's, as SCAN / NAAF report their best numbers",
+        "with run_dir's, as SCAN / NAAF report their best numbers; a key=value after them is an override",
     )
     parser.add_argument(
         "--suite",
@@ -88,6 +95,31 @@ def _mode(args: argparse.Namespace) -> str | None:
     return suite
 
 
+#: An override as ``--ensemble``'s list may hold it: a dotted key, ``=``, a value.
+_OVERRIDE = re.compile(r"[A-Za-z_][\w.-]*=")
+
+
+def _take_overrides_from_ensemble(args: argparse.Namespace) -> None:
+    """``--ensemble`` takes every argument after it (``eval runs/a --ensemble runs/b data.num_test=200``):
+    an item that reads as an override (``key=value``) and names no existing file or directory is moved to
+    the overrides, in order after those given before it, instead of being read as a run directory.
+
+    Raises:
+        ConfigError: ``--ensemble`` followed by overrides only (no run to average with).
+    """
+    if not args.ensemble:
+        return
+    from patchword.errors import ConfigError
+
+    moved = [p for p in args.ensemble if _OVERRIDE.match(str(p)) and not p.exists()]
+    args.ensemble = [p for p in args.ensemble if p not in moved]
+    args.overrides = [*args.overrides, *map(str, moved)]
+    if not args.ensemble:
+        raise ConfigError(
+            "--ensemble", f"names no run directory ({', '.join(map(str, moved))}: overrides, not runs)"
+        )
+
+
 def _refuse_unread_overrides(overrides: list[str]) -> None:
     """An override of a key no evaluation reads (:data:`NOT_EVALUATION_KEYS`) or of a matcher option
     declared training-only (:func:`~patchword.model.training_only_keys`), refused before anything is read;
@@ -103,6 +135,13 @@ def _refuse_unread_overrides(overrides: list[str]) -> None:
         why = not_evaluation_reason(key)
         if why is not None:
             raise ConfigError(key, f"does not apply to an evaluation ({why}){_within(key, item)}")
+        if key == "precision" and _value(item) in UNREAD_PRECISIONS:
+            raise ConfigError(
+                key,
+                f"{_value(item)} does not apply to an evaluation (evaluation runs no autocast, its weights "
+                "in float32: a bf16 run's fp32 master weights); eval.precision chooses the scoring's matrix "
+                "products (fp32, or tf32 on CUDA); precision=fp64 runs the encoders in float64",
+            )
     if any(key.startswith("model.") for key, _ in keys):
         from patchword.model import training_only_keys
 
@@ -111,6 +150,16 @@ def _refuse_unread_overrides(overrides: list[str]) -> None:
             if key in training_only:
                 why = f"a training-only option: {training_only[key]}"
                 raise ConfigError(key, f"does not apply to an evaluation ({why}){_within(key, item)}")
+
+
+def _value(item: str):
+    """The value of override ``item`` as the config loader parses it (None where it is no YAML)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(item.split("=", 1)[1].strip())
+    except yaml.YAMLError:
+        return None  # the loader names the key
 
 
 def _keys_set(item: str) -> list[str]:
@@ -152,6 +201,7 @@ def run(args: argparse.Namespace) -> None:
     from patchword.runs.evaluate import evaluate_run_dir
     from patchword.runs.suites import evaluate_patch_suite, evaluate_suite
 
+    _take_overrides_from_ensemble(args)
     _refuse_unread_overrides(args.overrides)
     suite = _mode(args)
     common = dict(overrides=args.overrides, out=args.out, force=args.force)

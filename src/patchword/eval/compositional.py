@@ -37,9 +37,11 @@ from patchword.readers import require_file
 
 __all__ = [
     "CompositionalTriples",
+    "DENSE_TEXT_WORDS",
     "accuracy_by_kind",
     "FileImageSource",
     "compositional_accuracy",
+    "dense_text_used",
     "format_compositional_table",
     "format_compositional_comparison",
     "read_sugarcrepe",
@@ -175,7 +177,7 @@ def score_triples(
             model, ids, lens, batch_size=2 * batch_size, device=device, progress=progress
         )
         dense = dense_lens = None
-        if matcher.consumes_dense and dense_captions is None:
+        if dense_text_used(matcher, dense_captions) == "none":
             _logger.warning("the matcher consumes dense text but none was given: scoring without it")
         elif matcher.consumes_dense:
             if len(dense_captions) != len(images):
@@ -196,6 +198,17 @@ def score_triples(
             progress=progress,
         )
     return scores[torch.tensor(pos)], scores[torch.tensor(neg)]
+
+
+def dense_text_used(matcher, dense_captions: Sequence[str] | None) -> str:
+    """What dense text :func:`score_triples` gives ``matcher`` with ``dense_captions``: ``"image-tied"``
+    (each image's own dense caption), ``"none"`` (the matcher reads dense text but the suite has none, a
+    SugarCrepe file's images: it is scored in its sparse mode, not as it is evaluated on recall) or
+    ``"not read"`` (a matcher without dense text). A suite record keeps it (``"dense_text"``): its
+    accuracies are of that mode."""
+    if not matcher.consumes_dense:
+        return "not read"
+    return "none" if dense_captions is None else "image-tied"
 
 
 def compositional_accuracy(
@@ -344,9 +357,21 @@ def _kinds_of(result: Mapping[str, object]) -> list[str]:
     return list(result["n"])  # the kinds in order (a result may carry other keys: its metadata)
 
 
+#: What a suite record's ``"dense_text"`` (:func:`dense_text_used`) says, in words under its table.
+DENSE_TEXT_WORDS = {
+    "image-tied": "image-tied (each image's own dense caption)",
+    "none": "none: the matcher reads dense text but the suite has none, so it was scored in its sparse "
+    "mode, not as its recall is",
+    "not read": "not read by the matcher",
+}
+
+
 def format_compositional_table(result: Mapping[str, object]) -> str:
-    """The result of :func:`compositional_accuracy` as a plain-text table (one row per kind)."""
-    return format_compositional_comparison({"accuracy (%)": result})
+    """The result of :func:`compositional_accuracy` as a plain-text table (one row per kind); a suite
+    record's dense text (``"dense_text"``) on a line under it."""
+    table = format_compositional_comparison({"accuracy (%)": result})
+    dense = result.get("dense_text")
+    return table if dense is None else table + f"\ndense text: {DENSE_TEXT_WORDS.get(str(dense), dense)}"
 
 
 def format_compositional_comparison(results: Mapping[str, Mapping[str, object]]) -> str:

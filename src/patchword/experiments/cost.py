@@ -26,6 +26,7 @@ import textwrap
 from pathlib import Path
 
 from patchword.eval.metrics import RECALL_KEYS
+from patchword.experiments.cost_caption import caption_flags
 from patchword.experiments.fields import LIST, MAPPING, TEXT, check_fields
 from patchword.experiments.machines import (
     machine_of,
@@ -35,6 +36,7 @@ from patchword.experiments.machines import (
     train_machine_of,
 )
 from patchword.experiments.rows import (
+    TWO_STAGE_KEYS,
     evaluated,
     galleries_of,
     is_incomplete,
@@ -42,8 +44,8 @@ from patchword.experiments.rows import (
     mixed_galleries,
     one_or_mixed,
     one_or_mixed_of,
+    protocol_cell,
     row_label,
-    shared_flags,
     significant,
     split_use,
     split_uses,
@@ -76,7 +78,8 @@ __all__ = [
 GALLERY_PAIRS = 1000 * 5000
 
 #: Numeric figures of a row in the CSV (mean and std columns each), in order; dotted keys reach into
-#: the recorded evaluation (``cost.scoring_seconds``).
+#: the recorded evaluation (``cost.scoring_seconds``); a two-stage search's shortlists last (empty for an
+#: exhaustive one).
 CSV_KEYS = (
     *RECALL_KEYS,
     "images",
@@ -94,6 +97,7 @@ CSV_KEYS = (
     "train_steps_per_s",
     "checkpoint_step",
     "steps",
+    *TWO_STAGE_KEYS,
 )
 
 
@@ -201,9 +205,13 @@ def _measured_cells(entry, on_front: bool) -> list[str]:
 
 
 def _precisions(entry) -> str:
-    """ ", fp32" (each precision the row's runs were scored in)."""
+    """ ", fp32" (each precision the row's runs were scored in), and the dtype of weights other than
+    float32 (``precision=fp64``: ", fp32, float64 weights")."""
     found = {s["cost"].get("precision") for s in entry.summaries if isinstance(s.get("cost"), dict)}
-    return "".join(f", {p}" for p in sorted(found - {None}, key=str))
+    weights = {s.get("model_dtype") for s in entry.summaries} - {None, "float32"}
+    return "".join(f", {p}" for p in sorted(found - {None}, key=str)) + "".join(
+        f", {w} weights" for w in sorted(weights, key=str)
+    )
 
 
 def _params(entry) -> str:
@@ -246,7 +254,7 @@ def cost_rows(entries, index_sizes: dict[int, float]) -> tuple[str, list[str], l
         "start, or the process's whole peak where marked (process); memory in MiB; train s and steps/s: "
         "on the train machine, each training session's device and threads, not the evaluation's)"
     )
-    caption += _caption_flags(entries, machines, galleries)
+    caption += caption_flags(entries, machines, galleries)
     header = [
         "run",
         "rsum",
@@ -264,45 +272,10 @@ def cost_rows(entries, index_sizes: dict[int, float]) -> tuple[str, list[str], l
     return caption, header, rows
 
 
-def _caption_flags(entries, machines: set[str], galleries: set[str]) -> str:
-    """What the cost caption must warn of: several machines or galleries, and the rows marked in it."""
-    flags = ""
-    if len(machines) > 1:
-        flags += (
-            f"; {len(machines)} MACHINES: times measured on different devices or CPUs are not comparable, "
-            "each row is ranked only against the rows of its own machine"
-        )
-    if any(mixed_machines(e) for e in entries):
-        flags += (
-            "; MIXED: a row whose runs were evaluated on different machines: its times and memory are not "
-            "averaged (each run's summary.json has its own) and it is on no front"
-        )
-    if any(mixed_training(e) for e in entries):
-        flags += (
-            "; MIXED train machine: a row whose training sessions ran on different machines (a run resumed "
-            "with other threads or another device): its train s adds them up, its steps/s is not shown"
-        )
-    if len(galleries) > 1:
-        flags += (
-            f"; {len(galleries)} TEST GALLERIES [{'; '.join(sorted(galleries))}]: rSum depends on the "
-            "gallery, each row is ranked only against the rows measured on its own"
-        )
-    if any(is_leaky(e) for e in entries):
-        flags += (
-            "; LEAKY: queries carry dense text generated from their own target image (official SEPS "
-            "protocol), ranked only against other leaky rows"
-        )
-    if any(is_incomplete(e) for e in entries):
-        flags += (
-            "; INCOMPLETE: a sweep variant with seeds it was asked for not finished, its figures over the "
-            "finished seeds only"
-        )
-    return flags + shared_flags(entries)
-
-
 def csv_text(entries) -> str:
     """One row per report row: label, finished seeds, machine, planned seeds, whether all finished and
-    evaluated, protocol, dataset, the split scored and what else it is to the run (``model selection``,
+    evaluated, protocol (``leaky`` / ``leak-free``, then a two-stage search's ``two-stage (shortlist 40/8, α
+    1.0)``), dataset, the split scored and what else it is to the run (``model selection``,
     ``training``, ``;``-separated where its runs' differ; empty for a held-out split), the test gallery, the
     config keys whose values differ between its seeds (``;``-separated) and the training machine, then the
     mean and std of every :data:`CSV_KEYS` figure and of the 1K x 5K scoring seconds (empty where a row
@@ -330,7 +303,8 @@ def csv_text(entries) -> str:
     writer.writerow([*described, *(f"{k}_{s}" for k in keys for s in ("mean", "std"))])
     for e in entries:
         done = evaluated(e)
-        protocol = ("leaky" if is_leaky(e) else "leak-free") if done else ""
+        # "leaky" / "leak-free", and a two-stage search's shortlists (protocol_cell)
+        protocol = protocol_cell(e).replace("LEAKY", "leaky") if done else ""
         complete = "yes" if done and not is_incomplete(e) else "no"
         row: list = [
             e.label,

@@ -33,6 +33,7 @@ from patchword.eval.metrics import RECALL_KEYS
 from patchword.experiments.fields import FLAG, LIST, MAPPING, NUMBER, TEXT, check_fields
 from patchword.experiments.galleries import gallery_of_run, run_dataset
 from patchword.experiments.machines import check_sessions
+from patchword.experiments.rows import TWO_STAGE_KEYS
 from patchword.experiments.sweep import SWEEP_FILE, mean_std, read_sweep
 from patchword.imports.published import scored_split, split_use
 from patchword.readers import read_json
@@ -64,6 +65,7 @@ RECORD_FIELDS = {
     "role": TEXT,
     "dataset": TEXT,
     "leaky": FLAG,
+    "model_dtype": TEXT,
     "params_total": NUMBER,
     "params_trainable": NUMBER,
     "train_seconds": NUMBER,
@@ -71,6 +73,7 @@ RECORD_FIELDS = {
     "train_sessions": LIST,
     "checkpoint_step": NUMBER,
     "steps": NUMBER,
+    **{key: NUMBER for key in TWO_STAGE_KEYS},
     "selection_object_recall": MAPPING,
     "selection_object_recall.caption": NUMBER,
     "selection_chance": MAPPING,

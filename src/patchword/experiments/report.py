@@ -3,16 +3,18 @@
 One row per run (or per variant of a sweep, as mean +- std over its seeds; every variant the sweep set out to
 run, INCOMPLETE where seeds it was asked for are missing; rows and what they read:
 :mod:`patchword.experiments.entries`): the recalls and rSum, the split the evaluation read (flagged where it
-is the run's model-selection or training split) with its gallery size and, where the rows span several
-test galleries, its gallery's tag, whether the protocol is leaky (flagged), patch-selection object recall
-against chance and the compositional accuracies where the run has them; a run nothing evaluated is "not
-evaluated"; what each costs (scoring time per 1K x 5K, memory, parameters, training time, index size:
-:mod:`patchword.experiments.cost`, the Pareto front of accuracy against scoring time marked within each
-machine, test gallery and protocol); the gallery-scale benchmarks given; then the config keys whose values
-differ between the rows or between the seeds of one row (everything else is shared), one figure of the
-training curves overlaid (training loss, dev rSum) and one of accuracy against cost. Writes ``report.md``,
-``report.html`` (the figures embedded), ``report_curves.png`` and ``report_cost.png`` beside it, and with
-``csv`` one CSV row per report row (mean and std of every figure).
+is the run's model-selection or training split) with its gallery size and, where the rows span several test
+galleries, its gallery's tag, whether the protocol is leaky (flagged) and a two-stage search's shortlists (its
+recalls' meaning in a note under the table), patch-selection object recall against chance and the
+compositional accuracies where the run has them (:mod:`patchword.experiments.suite_table`); a run nothing
+evaluated is "not evaluated"; an imported checkpoint's published results beside its measured ones, each
+published row's protocol and note under the table; what each costs (scoring time per 1K x 5K, memory,
+parameters, training time, index size: :mod:`patchword.experiments.cost`, the Pareto front of accuracy against
+scoring time marked within each machine, test gallery and protocol); the gallery-scale benchmarks given; then
+the config keys whose values differ between the rows or between the seeds of one row (everything else is
+shared), one figure of the training curves overlaid (training loss, dev rSum) and one of accuracy against
+cost. Writes ``report.md``, ``report.html`` (the figures embedded), ``report_curves.png`` and
+``report_cost.png`` beside it, and with ``csv`` one CSV row per report row (mean and std of every figure).
 """
 
 from __future__ import annotations
@@ -31,14 +33,23 @@ from patchword.experiments.cost import (
     is_incomplete,
     is_leaky,
     plot_accuracy_cost,
-    shared_flags,
     significant,
     split_use,
 )
 from patchword.experiments.entries import Entry, SeedsDiffer, collect
 from patchword.experiments.gallery_table import gallery_rows
 from patchword.experiments.report_page import Table, html_page, markdown_page
-from patchword.experiments.rows import galleries_of, has_recalls, mixed, split_uses
+from patchword.experiments.rows import (
+    TWO_STAGE_NOTE,
+    galleries_of,
+    has_recalls,
+    mixed,
+    protocol_cell,
+    shared_flags,
+    split_uses,
+    two_stage_of,
+)
+from patchword.experiments.suite_table import compositional_table
 from patchword.fileio import atomic_write_text
 from patchword.imports.base import IMPORT_FILE
 from patchword.imports.published import DATASETS, caveats, compare_rows, imported_model, measured_metrics
@@ -48,7 +59,6 @@ from patchword.runs.files import METRICS_FILE
 __all__ = ["Entry", "collect", "differing_keys", "report_files", "write_report"]
 
 KEYS = RECALL_KEYS
-KINDS = ("attribute_swap", "relation_swap", "object_replace", "count_change")
 
 
 def differing_keys(entries: list[Entry]) -> dict[str, list[Any]]:
@@ -151,7 +161,7 @@ def _test_row(e: Entry, tags: dict[str, str]) -> list[str]:
         seeds,
         *(_cell(e.value(k), done) for k in KEYS),
         _split_cell(e, tags),
-        "LEAKY" if is_leaky(e) else "leak-free",
+        protocol_cell(e),
         selection,
         significant(e.value("train_seconds"), done),
         _steps_cell(e),
@@ -224,27 +234,13 @@ def _tables(
         "train s",
         "checkpoint step / steps",
     ]
-    tables: list[Table] = [(_test_caption(entries, tags), header, rows)]
-    with_suite = [e for e in entries if any(e.compositional) or e.stale]
-    if with_suite:
-        rows = [
-            [
-                e.label + (f" (NOT SHOWN: {', '.join(sorted(set(e.stale)))})" if e.stale else ""),
-                *(_cell(e.value(k, "compositional"), len(e.runs)) for k in KINDS),
-            ]
-            for e in with_suite
-        ]
-        caption = (
-            "Compositional suite (accuracy %, chance 50: the caption must score above its one-fact negative)"
-        )
-        if any(e.stale for e in with_suite):
-            caption += (
-                "; NOT SHOWN: the named runs' eval_compositional.json is not of their default checkpoint's "
-                "bytes with their present config and no overrides (another checkpoint, other data, or a "
-                "file that does not record which): `patchword eval RUN --suite compositional --force` "
-                "scores it"
-            )
-        tables.append((caption, ["run", *KINDS], rows))
+    test: Table = (_test_caption(entries, tags), header, rows)
+    if any(two_stage_of(s) for e in entries for s in e.summaries if has_recalls(s)):
+        test = (*test, [TWO_STAGE_NOTE])  # a two-stage row's recalls are of its shortlists: what that means
+    tables = [test]
+    suite = compositional_table(entries)
+    if suite is not None:
+        tables.append(suite)
     tables.append(cost_rows(entries, index_sizes or {}))
     published = _published_table(entries)
     if published is not None:
@@ -278,8 +274,11 @@ def _published_table(entries: list[Entry]) -> Table | None:
     """Published vs measured here for the rows that are imported official checkpoints
     (:mod:`patchword.imports.published`): per published result of the method, backbone and dataset the
     checkpoint was trained for, its row, the row's measured figures and their difference; a row without an
-    evaluation: "not measured here yet", and no caveat of what was not measured."""
-    rows, notes = [], []
+    evaluation: "not measured here yet", and no caveat of what was not measured. A published row with a
+    recorded protocol or note (what is doubtful about the row as printed: a recall its paper prints
+    otherwise elsewhere, a protocol the notes assume) is marked ``[n]``, its protocol and note under the
+    table, as the model card shows them."""
+    rows, notes, marks = [], [], {}
     for e in filter(lambda e: e.runs, entries):
         model = imported_model(_json(e.runs[0] / IMPORT_FILE))
         # the data config the evaluation read: which split its recorded role is, which data lay there
@@ -298,7 +297,8 @@ def _published_table(entries: list[Entry]) -> Table | None:
                     "" if row[k] is None else f"{row[k]:+.1f}" if signed else f"{row[k]:.1f}" for k in KEYS
                 ]
                 source = published.source if row["row"] == "published" else ""
-                rows.append([e.label, what, row["row"], *cells, source])
+                name = row["row"] + (_mark(published, what, marks) if row["row"] == "published" else "")
+                rows.append([e.label, what, name, *cells, source])
             notes += [f"{e.label}, {what}: {text}" for text in caveats(published, record, data, model)]
     if not rows:
         return None
@@ -308,7 +308,19 @@ def _published_table(entries: list[Entry]) -> Table | None:
     )
     if notes:
         caption += "; NOT LIKE FOR LIKE: " + "; ".join(notes)
-    return caption, ["run", "published result", "row", *KEYS, "source"], rows
+    header = ["run", "published result", "row", *KEYS, "source"]
+    return caption, header, rows, [f"[{n}] {text}" for text, n in marks.items()]
+
+
+def _mark(published, what: str, marks: dict[str, int]) -> str:
+    """`` [n]``: the footnote of ``published``'s protocol and note (``marks``: footnote text -> n, one
+    number per text, shared by the rows that print it); ``""`` for a row that records neither."""
+    said = [f"protocol: {published.protocol}"] if published.protocol else []
+    said += [f"note: {published.note}"] if published.note else []
+    if not said:
+        return ""
+    text = f"{what}: " + "; ".join(said)
+    return f" [{marks.setdefault(text, len(marks) + 1)}]"
 
 
 def _json(path: Path) -> dict[str, Any]:

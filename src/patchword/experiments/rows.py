@@ -1,6 +1,7 @@
 """What marks a row of ``patchword report`` as not like the others (INCOMPLETE, NOT EVALUATED, SEEDS DIFFER,
-a scored split that is not a held-out test split, runs scored on different galleries, LEAKY), what the
-tables' captions say of each, and how a figure is written to significant digits. Functions take the
+a scored split that is not a held-out test split, runs scored on different galleries, LEAKY, a two-stage
+search's recalls), what the tables' captions say of each, and how a figure is written to significant
+digits. Functions take the
 report's rows (``patchword.experiments.entries.Entry``) without importing them.
 """
 
@@ -22,13 +23,38 @@ __all__ = [
     "mixed",
     "mixed_galleries",
     "one_or_mixed",
+    "protocol_cell",
     "row_label",
     "run_counts",
     "shared_flags",
     "significant",
     "split_use",
     "split_uses",
+    "TWO_STAGE_KEYS",
+    "TWO_STAGE_NOTE",
+    "two_stage_of",
 ]
+
+#: A two-stage (shortlist) search's figures in its record (:func:`patchword.eval.protocol` records them):
+#: the candidates kept per image and per caption query, the weight of the global score in the re-ranking
+#: score, and the % of queries whose ground truth the shortlist missed.
+TWO_STAGE_KEYS = (
+    "shortlist_i2t",
+    "shortlist_t2i",
+    "hybrid_alpha",
+    "shortlist_miss_i2t",
+    "shortlist_miss_t2i",
+)
+
+#: What a table showing a two-stage row says under it.
+TWO_STAGE_NOTE = (
+    "TWO-STAGE: recalls of a shortlist search (the global embeddings keep the top k candidates of each "
+    "query, image→text / text→image, the matcher re-scores those as α x global + fine), not of the "
+    "exhaustive matrix: a ground truth outside the shortlist is a miss at every k (the official TGDT "
+    "evaluator counts it as rank 1), and rank N+1 in the record's medr / meanr (N: the captions an image "
+    "query ranks, the images a caption query ranks); the CSV's shortlist_miss columns give the % of queries "
+    "it missed"
+)
 
 
 def is_incomplete(entry) -> bool:
@@ -99,6 +125,27 @@ def mixed_galleries(entry) -> bool:
     """Whether the row's runs scored different galleries (a seed evaluated again with ``eval.split=dev``):
     its mean is over no one test set, and it is ranked against no other row."""
     return len(galleries_of(entry)) > 1
+
+
+def two_stage_of(record) -> str | None:
+    """``two-stage (shortlist 40/8, α 1.0)`` for a record of a two-stage search (its shortlist per image /
+    per caption query and the global score's weight); None for an exhaustive one."""
+    k_i2t, k_t2i = record.get("shortlist_i2t"), record.get("shortlist_t2i")
+    if k_i2t is None and k_t2i is None:
+        return None
+    alpha = record.get("hybrid_alpha")
+    return f"two-stage (shortlist {k_i2t}/{k_t2i}, α {'?' if alpha is None else alpha})"
+
+
+def protocol_cell(entry) -> str:
+    """The row's protocol: ``LEAKY`` or ``leak-free``, then a two-stage search's shortlists
+    (``leak-free, two-stage (shortlist 40/8, α 1.0)``; ``MIXED:`` and each with its run count where the
+    row's evaluated runs searched differently)."""
+    searches = Counter(
+        two_stage_of(record) or "exhaustive" for record in entry.summaries if has_recalls(record)
+    )
+    search = one_or_mixed_of(searches, "exhaustive")
+    return ("LEAKY" if is_leaky(entry) else "leak-free") + ("" if search == "exhaustive" else f", {search}")
 
 
 def is_leaky(entry) -> bool:

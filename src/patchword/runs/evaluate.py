@@ -37,6 +37,7 @@ from patchword.runs.load import refuse_run_output
 from patchword.runs.recorded import evaluation_identity, evaluation_provenance
 
 __all__ = [
+    "model_dtype",
     "run_metadata",
     "data_split",
     "held_out_warning",
@@ -123,10 +124,22 @@ def run_metadata(cfg: RunConfig, model: RetrievalModel, role: str, split) -> dic
         "dense_pairing": matcher.dense_pairing if matcher.consumes_dense else None,
         "leaky": bool(cfg.data.dense and matcher.leaky),
         "eval_precision": cfg.eval.precision,  # the scoring engine's products ("tf32" is not exact)
+        # the weights' dtype, which the encoders computed in (precision=fp64: float64); their tokens reach
+        # the scoring engine as float32 whatever it is (eval.scoring), so eval_precision says its products
+        "model_dtype": model_dtype(model),
         "params_total": sum(p.numel() for p in model.parameters()),
         # what fine-tuning updates (frozen embeddings excluded), as the model is built from the config
         "params_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
     }
+
+
+def model_dtype(model) -> str | None:
+    """The dtype of ``model``'s floating-point weights (``float32``; ``float64`` under ``precision=fp64``),
+    ``mixed: ...`` where they differ, None for a model without any: what the encoders computed in. Not
+    what the scoring did: the encoded tokens are float32 (:mod:`patchword.eval.scoring`), and a matcher
+    computing in its inputs' dtype (NAAF) scores in float32 under ``precision=fp64`` too."""
+    found = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.is_floating_point()})
+    return None if not found else found[0] if len(found) == 1 else "mixed: " + ", ".join(found)
 
 
 #: Why a two-stage search's metrics file has no ``coco_1k_r1_*`` (its ``"coco_extended_note"``).
@@ -327,8 +340,9 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg=No
         warn_of_scales(results, scores)
         metrics = ensemble_metrics(scores, split.txt2img, mcfg.eval, fold_members=folds)
         metrics["ensemble"] = [{**meta, **m} for meta, m in results]
-        shared = ("split", "data_split", "split_use", "leaky")
+        shared = ("split", "data_split", "split_use")  # the role scored: one split (checked above)
         metrics.update({k: v for k, v in results[0][0].items() if k in shared})
+        metrics.update(_shared_metadata([meta for meta, _ in results]))
         metrics["leaky"] = any(meta["leaky"] for meta, _ in results)
         if mcfg.eval.coco_extended:
             from patchword.eval.protocol import average_scores
@@ -345,6 +359,27 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg=No
     )
     atomic_write_text(out, json_text(metrics))
     return metrics, out
+
+
+#: What an ensemble's record says of the gallery and the scoring at its top level where every member's
+#: :func:`run_metadata` agrees (each member's own record keeps its value; a key they differ in is only there).
+ENSEMBLE_SHARED = (
+    "images",
+    "captions",
+    "known_captions",
+    "eval_precision",
+    "model_dtype",
+    "dense_pairing",
+)
+
+
+def _shared_metadata(metas: list[dict[str, Any]]) -> dict[str, Any]:
+    """The :data:`ENSEMBLE_SHARED` values every member's metadata (``metas``) agrees on."""
+    return {
+        key: metas[0][key]
+        for key in ENSEMBLE_SHARED
+        if key in metas[0] and all(key in m and m[key] == metas[0][key] for m in metas)
+    }
 
 
 def check_output(out: Path, force: bool, run_dirs: list[Path]) -> Path:

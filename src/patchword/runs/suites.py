@@ -69,11 +69,14 @@ def evaluate_suite(
     force: bool = False,
 ) -> tuple[dict[str, Any], Path]:
     """The compositional suite: every (image, caption, one-fact negative) triple, accuracy per kind
-    (the true caption must score strictly higher; chance 50). Writes ``RUN/eval_compositional.json``."""
+    (the true caption must score strictly higher; chance 50), and the dense text the matcher read
+    (``"dense_text"``: :func:`~patchword.eval.compositional.dense_text_used`). Writes
+    ``RUN/eval_compositional.json``."""
     from patchword.errors import ConfigError
     from patchword.eval.compositional import (
         FileImageSource,
         compositional_accuracy,
+        dense_text_used,
         read_sugarcrepe,
         synthetic_suite,
     )
@@ -95,6 +98,7 @@ def evaluate_suite(
         scenes = SyntheticScenes.load_or_generate(dc.synthetic_config(), cache_dir=dc.cache_dir or None)
         images, triples, dense = synthetic_suite(scenes, dc.test_split, seed=0)
         source = f"synthetic {dc.test_split} split, seed {dc.synthetic_seed}"
+    dense = dense if dc.dense else None  # data.dense=false: the run's matcher scores without it
     t0 = time.perf_counter()
     result = compositional_accuracy(
         loaded.model,
@@ -103,13 +107,15 @@ def evaluate_suite(
         triples,
         max_caption_len=dc.max_caption_len,
         max_dense_len=dc.max_dense_len,
-        dense_captions=dense if dc.dense else None,
+        dense_captions=dense,
         device=loaded.device,
         max_memory_mb=configured_budget_mb(loaded.config.eval.max_memory_mb, loaded.device),
         progress=loaded.config.progress,
     )
     root = str(image_root) if suite_files and image_root else None  # where the suite files' images are
     result.update(suite="compositional", source=source, image_root=root, matcher=loaded.config.model.matcher)
+    # a dense matcher on SugarCrepe files (no dense text) is scored in its sparse mode: the record says so
+    result["dense_text"] = dense_text_used(loaded.model.matcher, dense)
     return _write_suite(result, loaded, run_dir, overrides, suite_files, out, t0)
 
 

@@ -7,7 +7,9 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def oracle_metrics(fits: np.ndarray, txt2img: np.ndarray, ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
+def oracle_metrics(
+    fits: np.ndarray | None, txt2img: np.ndarray, ks: Sequence[int] = (1, 5, 10)
+) -> dict[str, float | None]:
     """Expected recall (percent) of an oracle that ranks every fitting item first, in random order.
 
     The bound any model can expect on a benchmark whose captions are ambiguous: a model that knows the
@@ -19,12 +21,16 @@ def oracle_metrics(fits: np.ndarray, txt2img: np.ndarray, ks: Sequence[int] = (1
     and needs no large binomials (a factor hits 0 as soon as K > n_f - g).
 
     Args:
-        fits: (N_txt, N_img) bool; must contain every ground-truth pair.
+        fits: (N_txt, N_img) bool; must contain every ground-truth pair. None: the split's matrix was not
+            built (a synthetic train split's, :meth:`~patchword.data.synthetic.SceneSplit.to_retrieval_split`,
+            which ``data.test_split=train`` evaluates): no bound, every figure None.
         txt2img: (N_txt,) ground-truth image of each caption.
         ks: recall cut-offs.
     Returns:
         ``{"i2t_r1", "i2t_r5", ..., "t2i_r10", "rsum"}``.
     """
+    if fits is None:
+        return {**{f"{d}_r{k}": None for d in ("i2t", "t2i") for k in ks}, "rsum": None}
     fits = np.asarray(fits, bool)
     txt2img = np.asarray(txt2img, np.int64)
     n_txt, n_img = fits.shape
