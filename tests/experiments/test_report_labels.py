@@ -100,7 +100,7 @@ def test_a_sugarcrepe_record_shows_its_own_kinds_suite_and_dense_text(tmp_path, 
     assert cells[0]["swap_obj"] == "75.0" and cells[0]["attribute_swap"] == ""
     assert cells[1]["suite"] == "synthetic test split, seed 0" and cells[1]["dense text"] == "image-tied"
     assert cells[1]["count_change"] == "50.0" and cells[1]["swap_obj"] == ""
-    assert "dense text none: the matcher reads dense text but the suite has none, so it was scored" in caption
+    assert "dense text none: the matcher reads dense text but none was given (suite files" in caption
 
 
 def test_a_two_stage_rows_protocol_and_csv_name_its_shortlists(tmp_path):

@@ -59,6 +59,23 @@ def test_every_key_eval_refuses_is_refused_on_import(scan_files, tmp_path, refus
     nothing_written(out)
 
 
+@pytest.mark.parametrize("precision", ["amp_bf16", "amp_fp16", "bf16"])
+def test_a_precision_eval_refuses_is_refused_on_import(scan_files, tmp_path, precision):
+    """Old code stored precision=amp_bf16 in the imported run's config.yaml (eval refused it only as its own
+    override), so every evaluation of the run listed a precision it never ran."""
+    ckpt, vocab = scan_files
+    out = tmp_path / "runs" / "imported"
+    with pytest.raises(ConfigError) as caught:
+        import_checkpoint(
+            ckpt, out, options=ImportOptions(vocab=str(vocab), overrides=[f"precision={precision}"])
+        )
+    assert caught.value.key == "precision"
+    assert f"(`patchword eval` refuses it too: precision={precision}: evaluation runs no autocast" in str(
+        caught.value
+    )
+    nothing_written(out)
+
+
 @pytest.mark.parametrize(
     "override, key",
     [

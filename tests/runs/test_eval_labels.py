@@ -46,7 +46,7 @@ def test_a_suite_file_scored_without_dense_text_says_so(two_runs, tmp_path, caps
     assert main(["eval", str(run), "--suite-file", str(tmp_path / "swap_obj.json"), "--out", str(out)]) == 0
     assert json.loads(out.read_text())["dense_text"] == "none"
     printed = capsys.readouterr().out
-    assert "dense text: none: the matcher reads dense text but the suite has none" in printed
+    assert "dense text: none: the matcher reads dense text but none was given" in printed
     out = tmp_path / "synthetic.json"
     assert main(["eval", str(run), "--suite", "compositional", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["dense_text"] == "image-tied"
@@ -59,7 +59,8 @@ def test_a_precision_evaluation_does_not_read_is_refused(two_runs, tmp_path, cap
     out = tmp_path / "e.json"
     assert main(["eval", str(two_runs[0]), f"precision={precision}", "--out", str(out)]) == 2
     line = one_error_line(capsys.readouterr().err)
-    assert line.startswith(f"error: precision: {precision} does not apply to an evaluation")
+    why = f"(precision={precision}: evaluation runs no autocast"
+    assert line.startswith(f"error: precision: does not apply to an evaluation {why}")
     assert "eval.precision chooses the scoring's matrix products" in line and not out.exists()
 
 
@@ -108,6 +109,16 @@ def test_ensemble_followed_by_overrides_only_is_refused(two_runs, capsys):
     assert main(["eval", str(two_runs[0]), "--ensemble", "eval.max_memory_mb=64"]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert line == "error: --ensemble: names no run directory (eval.max_memory_mb=64: overrides, not runs)"
+
+
+def test_suite_file_followed_by_overrides_only_is_refused(two_runs, capsys):
+    """--suite-file takes every argument after it, as --ensemble does: an override there was read as a
+    suite file that does not exist."""
+    assert main(["eval", str(two_runs[0]), "--suite-file", "eval.max_memory_mb=64"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert (
+        line == "error: --suite-file: names no suite file (eval.max_memory_mb=64: overrides, not suite files)"
+    )
 
 
 def test_the_documented_import_example_evaluates(tmp_path, monkeypatch):

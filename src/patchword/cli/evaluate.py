@@ -9,7 +9,7 @@ scoring (:func:`patchword.eval.protocol.evaluate`); rank 0 writes and prints the
 Each mode takes its own options and refuses the others' (one ``error:`` line, exit 2, before anything is
 read): an ignored ``--ensemble`` would write a single model's numbers as if they were the ensemble's.
 So is an override of a key no evaluation reads (``train.max_steps=5``: :data:`NOT_EVALUATION_KEYS`; a
-``precision`` of :data:`UNREAD_PRECISIONS`, evaluation running no autocast), of a
+``precision`` of :data:`~patchword.runs.config.UNREAD_PRECISIONS`, evaluation running no autocast), of a
 matcher option its registration declares training-only (``model.seps.detach_selection``:
 :func:`patchword.model.training_only_keys`), and of a Hugging Face backbone the run's ``backbones.json``
 records (``model.hf_vision``: :func:`patchword.runs.load.check_backbone_overrides`). A key set inside a
@@ -28,12 +28,7 @@ from pathlib import Path
 
 from patchword.runs.config import NOT_EVALUATION_KEYS, not_evaluation_reason
 
-__all__ = ["NOT_EVALUATION_KEYS", "UNREAD_PRECISIONS", "add_arguments", "run"]
-
-#: ``precision`` values no evaluation reads (refused as an override, naming ``eval.precision``): evaluation
-#: runs no autocast (``amp_*``), and a ``bf16`` run's checkpoints hold the fp32 master weights it scores.
-#: ``fp64`` is read: the weights are loaded, and the encoders run, in float64 (the record's ``model_dtype``).
-UNREAD_PRECISIONS = ("amp_bf16", "amp_fp16", "bf16")
+__all__ = ["NOT_EVALUATION_KEYS", "add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,25 +94,25 @@ def _mode(args: argparse.Namespace) -> str | None:
 _OVERRIDE = re.compile(r"[A-Za-z_][\w.-]*=")
 
 
-def _take_overrides_from_ensemble(args: argparse.Namespace) -> None:
-    """``--ensemble`` takes every argument after it (``eval runs/a --ensemble runs/b data.num_test=200``):
-    an item that reads as an override (``key=value``) and names no existing file or directory is moved to
-    the overrides, in order after those given before it, instead of being read as a run directory.
+def _take_overrides_from(args: argparse.Namespace, dest: str, flag: str, what: str, plural: str) -> None:
+    """A list option takes every argument after it (``eval runs/a --ensemble runs/b data.num_test=200``,
+    ``--suite-file a.json data.root=x``): an item that reads as an override (``key=value``) and names no
+    existing file or directory is moved to the overrides, in order after those given before it, instead of
+    being read as a ``what`` (``plural``: what the message calls several).
 
     Raises:
-        ConfigError: ``--ensemble`` followed by overrides only (no run to average with).
+        ConfigError: ``flag`` followed by overrides only.
     """
-    if not args.ensemble:
+    items = getattr(args, dest)
+    if not items:
         return
     from patchword.errors import ConfigError
 
-    moved = [p for p in args.ensemble if _OVERRIDE.match(str(p)) and not p.exists()]
-    args.ensemble = [p for p in args.ensemble if p not in moved]
+    moved = [p for p in items if _OVERRIDE.match(str(p)) and not p.exists()]
+    setattr(args, dest, [p for p in items if p not in moved])
     args.overrides = [*args.overrides, *map(str, moved)]
-    if not args.ensemble:
-        raise ConfigError(
-            "--ensemble", f"names no run directory ({', '.join(map(str, moved))}: overrides, not runs)"
-        )
+    if not getattr(args, dest):
+        raise ConfigError(flag, f"names no {what} ({', '.join(map(str, moved))}: overrides, not {plural})")
 
 
 def _refuse_unread_overrides(overrides: list[str]) -> None:
@@ -132,16 +127,9 @@ def _refuse_unread_overrides(overrides: list[str]) -> None:
 
     keys = [(key, item) for item in overrides if "=" in item for key in _keys_set(item)]
     for key, item in keys:
-        why = not_evaluation_reason(key)
+        why = not_evaluation_reason(key, _value(item) if key == "precision" else None)
         if why is not None:
             raise ConfigError(key, f"does not apply to an evaluation ({why}){_within(key, item)}")
-        if key == "precision" and _value(item) in UNREAD_PRECISIONS:
-            raise ConfigError(
-                key,
-                f"{_value(item)} does not apply to an evaluation (evaluation runs no autocast, its weights "
-                "in float32: a bf16 run's fp32 master weights); eval.precision chooses the scoring's matrix "
-                "products (fp32, or tf32 on CUDA); precision=fp64 runs the encoders in float64",
-            )
     if any(key.startswith("model.") for key, _ in keys):
         from patchword.model import training_only_keys
 
@@ -201,7 +189,8 @@ def run(args: argparse.Namespace) -> None:
     from patchword.runs.evaluate import evaluate_run_dir
     from patchword.runs.suites import evaluate_patch_suite, evaluate_suite
 
-    _take_overrides_from_ensemble(args)
+    _take_overrides_from(args, "ensemble", "--ensemble", "run directory", "runs")
+    _take_overrides_from(args, "suite_file", "--suite-file", "suite file", "suite files")
     _refuse_unread_overrides(args.overrides)
     suite = _mode(args)
     common = dict(overrides=args.overrides, out=args.out, force=args.force)

@@ -177,9 +177,10 @@ def score_triples(
             model, ids, lens, batch_size=2 * batch_size, device=device, progress=progress
         )
         dense = dense_lens = None
-        if dense_text_used(matcher, dense_captions) == "none":
+        used_dense = dense_text_used(matcher, dense_captions)
+        if used_dense == "none":
             _logger.warning("the matcher consumes dense text but none was given: scoring without it")
-        elif matcher.consumes_dense:
+        elif used_dense == "image-tied":
             if len(dense_captions) != len(images):
                 raise ValueError(f"{len(dense_captions)} dense captions for {len(images)} images")
             dense_ids, dense_lens = tokenizer.batch_encode(
@@ -202,8 +203,9 @@ def score_triples(
 
 def dense_text_used(matcher, dense_captions: Sequence[str] | None) -> str:
     """What dense text :func:`score_triples` gives ``matcher`` with ``dense_captions``: ``"image-tied"``
-    (each image's own dense caption), ``"none"`` (the matcher reads dense text but the suite has none, a
-    SugarCrepe file's images: it is scored in its sparse mode, not as it is evaluated on recall) or
+    (each image's own dense caption), ``"none"`` (the matcher reads dense text but none was given: a
+    SugarCrepe file's images have none, or the run has ``data.dense=false``; it is scored in its sparse
+    mode) or
     ``"not read"`` (a matcher without dense text). A suite record keeps it (``"dense_text"``): its
     accuracies are of that mode."""
     if not matcher.consumes_dense:
@@ -360,8 +362,8 @@ def _kinds_of(result: Mapping[str, object]) -> list[str]:
 #: What a suite record's ``"dense_text"`` (:func:`dense_text_used`) says, in words under its table.
 DENSE_TEXT_WORDS = {
     "image-tied": "image-tied (each image's own dense caption)",
-    "none": "none: the matcher reads dense text but the suite has none, so it was scored in its sparse "
-    "mode, not as its recall is",
+    "none": "none: the matcher reads dense text but none was given (suite files carry none, or the run "
+    "has data.dense=false), so it was scored in its sparse mode",
     "not read": "not read by the matcher",
 }
 

@@ -304,7 +304,7 @@ def csv_text(entries) -> str:
     for e in entries:
         done = evaluated(e)
         # "leaky" / "leak-free", and a two-stage search's shortlists (protocol_cell)
-        protocol = protocol_cell(e).replace("LEAKY", "leaky") if done else ""
+        protocol = protocol_cell(e, leaky="leaky") if done else ""
         complete = "yes" if done and not is_incomplete(e) else "no"
         row: list = [
             e.label,

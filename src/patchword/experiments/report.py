@@ -43,6 +43,7 @@ from patchword.experiments.rows import (
     TWO_STAGE_NOTE,
     galleries_of,
     has_recalls,
+    mean_cell,
     mixed,
     protocol_cell,
     shared_flags,
@@ -79,13 +80,6 @@ def differing_keys(entries: list[Entry]) -> dict[str, list[Any]]:
             or any(isinstance(c.get(k), SeedsDiffer) for c in present)
         )
     }
-
-
-def _cell(value: tuple[float, float] | None, n: int) -> str:
-    if value is None:
-        return ""
-    mean, std = value
-    return f"{mean:.1f} ± {std:.1f}" if n > 1 else f"{mean:.1f}"
 
 
 def _curves(entries: list[Entry], out: Path) -> Path | None:
@@ -155,11 +149,11 @@ def _test_row(e: Entry, tags: dict[str, str]) -> list[str]:
     if not evaluated(e):
         return [_test_label(e), seeds, *[""] * len(KEYS), "not evaluated", "", "", "", ""]
     recall, chance = e.value("selection_object_recall.caption"), e.value("selection_chance.caption")
-    selection = f"{_cell(recall, done)} / {chance[0]:.1f}" if recall and chance else ""
+    selection = f"{mean_cell(recall, done)} / {chance[0]:.1f}" if recall and chance else ""
     return [
         _test_label(e),
         seeds,
-        *(_cell(e.value(k), done) for k in KEYS),
+        *(mean_cell(e.value(k), done) for k in KEYS),
         _split_cell(e, tags),
         protocol_cell(e),
         selection,

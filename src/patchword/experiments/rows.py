@@ -137,15 +137,15 @@ def two_stage_of(record) -> str | None:
     return f"two-stage (shortlist {k_i2t}/{k_t2i}, α {'?' if alpha is None else alpha})"
 
 
-def protocol_cell(entry) -> str:
-    """The row's protocol: ``LEAKY`` or ``leak-free``, then a two-stage search's shortlists
-    (``leak-free, two-stage (shortlist 40/8, α 1.0)``; ``MIXED:`` and each with its run count where the
-    row's evaluated runs searched differently)."""
+def protocol_cell(entry, leaky: str = "LEAKY") -> str:
+    """The row's protocol: ``leaky`` (the table's mark; the CSV's ``leaky``) or ``leak-free``, then a
+    two-stage search's shortlists (``leak-free, two-stage (shortlist 40/8, α 1.0)``; ``MIXED:`` and each
+    with its run count where the row's evaluated runs searched differently)."""
     searches = Counter(
         two_stage_of(record) or "exhaustive" for record in entry.summaries if has_recalls(record)
     )
     search = one_or_mixed_of(searches, "exhaustive")
-    return ("LEAKY" if is_leaky(entry) else "leak-free") + ("" if search == "exhaustive" else f", {search}")
+    return (leaky if is_leaky(entry) else "leak-free") + ("" if search == "exhaustive" else f", {search}")
 
 
 def is_leaky(entry) -> bool:
@@ -179,6 +179,15 @@ def _decimals(value: float, digits: int) -> int:
     if not math.isfinite(value) or value == 0:
         return 0
     return max(0, digits - 1 - math.floor(math.log10(abs(value))))
+
+
+def mean_cell(value: tuple[float, float] | None, n: int) -> str:
+    """A percentage ``(mean, std)`` of a row's ``n`` runs to one decimal: ``mean ± std`` where it has
+    several, ``mean`` for one, empty for none."""
+    if value is None:
+        return ""
+    mean, std = value
+    return f"{mean:.1f} ± {std:.1f}" if n > 1 else f"{mean:.1f}"
 
 
 def significant(value: tuple[float, float] | float | None, n: int = 1, digits: int = 3) -> str:

@@ -14,26 +14,17 @@ from collections import Counter
 from pathlib import PurePath
 from typing import Any
 
+from patchword.data.synthetic.negatives import NEGATIVE_KINDS
 from patchword.eval.compositional import DENSE_TEXT_WORDS
-from patchword.experiments.rows import one_or_mixed_of
+from patchword.experiments.rows import mean_cell, one_or_mixed_of
 
 __all__ = ["compositional_table"]
-
-#: The synthetic suite's kinds, in its order (the columns of a table with no record naming its own).
-SYNTHETIC_KINDS = ("attribute_swap", "relation_swap", "object_replace", "count_change")
-
-
-def _cell(value: tuple[float, float] | None, n: int) -> str:
-    if value is None:
-        return ""
-    mean, std = value
-    return f"{mean:.1f} ± {std:.1f}" if n > 1 else f"{mean:.1f}"
 
 
 def _kinds(entries) -> list[str]:
     """Every kind the rows' records score, in their order (records list them in ``"n"``)."""
     kinds = [k for e in entries for record in e.compositional if record for k in record.get("n") or {}]
-    return list(dict.fromkeys(kinds)) or list(SYNTHETIC_KINDS)
+    return list(dict.fromkeys(kinds)) or list(NEGATIVE_KINDS)  # the synthetic suite's, in its order
 
 
 def _suite(record: dict[str, Any]) -> str:
@@ -62,7 +53,7 @@ def compositional_table(entries) -> tuple[str, list[str], list[list[str]]] | Non
             e.label + (f" (NOT SHOWN: {', '.join(sorted(set(e.stale)))})" if e.stale else ""),
             _per_run(e, _suite),
             _per_run(e, lambda r: str(r.get("dense_text") or "not recorded")),
-            *(_cell(e.value(k, "compositional"), len(e.runs)) for k in kinds),
+            *(mean_cell(e.value(k, "compositional"), len(e.runs)) for k in kinds),
         ]
         for e in with_suite
     ]
@@ -71,9 +62,8 @@ def compositional_table(entries) -> tuple[str, list[str], list[list[str]]] | Non
         "the kinds are the suite's: the synthetic scenes' four, or one per SugarCrepe file; a row scored "
         "on another suite leaves the others' columns empty)"
     )
-    dense = {cell for row in rows for cell in row[2].removeprefix("MIXED: ").split("; ")}
-    if any(value.startswith("none") for value in dense):
-        caption += f"; dense text none: {DENSE_TEXT_WORDS['none'].removeprefix('none: ')}"
+    if any(r.get("dense_text") == "none" for e in with_suite for r in e.compositional if r):
+        caption += f"; dense text {DENSE_TEXT_WORDS['none']}"
     if any(e.stale for e in with_suite):
         caption += (
             "; NOT SHOWN: the named runs' eval_compositional.json is not of their default checkpoint's "

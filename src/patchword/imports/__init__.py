@@ -120,23 +120,26 @@ def _checked_overrides(config, overrides: list[str], chosen: Family):
                 "override where the data lies (data.root, ...) and eval.* keys only",
             )
     if isinstance(config, RunConfig):  # a retrieval run: `patchword eval` reads it as it reads any run
-        _refuse_unread_keys(overrides, [key for key, value in after.items() if value != before.get(key)])
+        _refuse_unread_keys(
+            overrides, [key for key, value in after.items() if value != before.get(key)], after
+        )
     return after_config
 
 
-def _refuse_unread_keys(overrides: list[str], changed: list[str]) -> None:
+def _refuse_unread_keys(overrides: list[str], changed: list[str], after: dict[str, Any]) -> None:
     """A key no evaluation of the imported run reads (:data:`patchword.runs.config.NOT_EVALUATION_KEYS`,
     which ``patchword eval`` refuses too: ``train.*``, ``seed``, ``data.vocab_path``, ``data.word_split``...)
     is refused: stored in ``config.yaml`` and listed as applied, it would say the run tokenises, was seeded
     or is named as it is not. ``changed``: the dotted keys whose value the overrides changed (a key set
-    inside a section's mapping, ``data={word_split: unicode}``, is one of them).
+    inside a section's mapping, ``data={word_split: unicode}``, is one of them); ``after``: every dotted
+    key's value with the overrides (``precision=amp_bf16`` is refused by its value).
 
     Raises:
         ConfigError: naming the first such key.
     """
     named = [item.split("=", 1)[0].strip() for item in overrides if "=" in item]
     for key in [*named, *changed]:
-        why = not_evaluation_reason(key)
+        why = not_evaluation_reason(key, after.get(key))
         if why is not None:
             raise ConfigError(
                 key,

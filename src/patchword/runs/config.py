@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from patchword.data.config import DataConfig
 from patchword.eval.config import EvalConfig
@@ -164,10 +164,23 @@ NOT_EVALUATION_KEYS = {
 }
 
 
-def not_evaluation_reason(key: str) -> str | None:
-    """What dotted ``key`` changes instead when :data:`NOT_EVALUATION_KEYS` holds it or a section above it
-    (``train.max_steps``: "it changes training"); None for a key evaluations read."""
+#: ``precision`` values no evaluation reads (refused as an override, naming ``eval.precision``): evaluation
+#: runs no autocast (``amp_*``), and a ``bf16`` run's checkpoints hold the fp32 master weights it scores.
+#: ``fp64`` is read: the weights are loaded, and the encoders run, in float64 (the record's ``model_dtype``).
+UNREAD_PRECISIONS = ("amp_bf16", "amp_fp16", "bf16")
+
+
+def not_evaluation_reason(key: str, value: Any = None) -> str | None:
+    """What dotted ``key`` (set to ``value``) changes instead when :data:`NOT_EVALUATION_KEYS` holds it or
+    a section above it (``train.max_steps``: "it changes training"), or why ``precision`` of
+    :data:`UNREAD_PRECISIONS` is never read; None for a key and value evaluations read."""
     for refused, why in NOT_EVALUATION_KEYS.items():
         if key == refused or key.startswith(refused + "."):
             return why
+    if key == "precision" and value in UNREAD_PRECISIONS:
+        return (
+            f"precision={value}: evaluation runs no autocast, its weights in float32 (a bf16 run's fp32 "
+            "master weights); eval.precision chooses the scoring's matrix products (fp32, or tf32 on CUDA); "
+            "precision=fp64 runs the encoders in float64"
+        )
     return None

@@ -114,7 +114,8 @@ def evaluate_suite(
     )
     root = str(image_root) if suite_files and image_root else None  # where the suite files' images are
     result.update(suite="compositional", source=source, image_root=root, matcher=loaded.config.model.matcher)
-    # a dense matcher on SugarCrepe files (no dense text) is scored in its sparse mode: the record says so
+    # a dense matcher given no dense text (SugarCrepe files, data.dense=false) is scored in its sparse
+    # mode: the record says so
     result["dense_text"] = dense_text_used(loaded.model.matcher, dense)
     return _write_suite(result, loaded, run_dir, overrides, suite_files, out, t0)
 
