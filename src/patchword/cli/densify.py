@@ -257,17 +257,15 @@ def _finished_job(out: Path, images, settings, model_name: str) -> bool:
 
 def _wait_and_merge(out: Path, shard, poll_s: float = 10.0) -> None:
     """Rank 0: wait until every rank's shard file is complete, then merge them into ``out``."""
-    from patchword.densify.shards import Shard, check_shard_sidecar, merge_shards, shard_output_path
-    from patchword.densify.store import read_records, read_sidecar
+    from patchword.densify.shards import Shard, merge_shards, read_checked_sidecar, shard_output_path
+    from patchword.densify.store import read_records
 
     paths = [shard_output_path(out, Shard(r, shard.count)) for r in range(shard.count)]
     last_log = 0.0
     while True:
         waiting = []
         for path in paths:
-            meta = read_sidecar(path) if path.exists() else None
-            if meta is not None:
-                check_shard_sidecar(path, meta)
+            meta = read_checked_sidecar(path) if path.exists() else None
             if meta is None or len(read_records(path)[0]) != meta["stop"] - meta["start"]:
                 waiting.append(path.name)
         if not waiting:

@@ -209,7 +209,6 @@ def _image_files(dc: DataConfig, roles: Sequence[str], use_dense: bool, dense_ga
                 dc.root,
                 name,
                 dc.image_root,
-                dense_jsonl=None,
                 check_images=False,
                 captions_per_image=dc.captions_per_image,
             )

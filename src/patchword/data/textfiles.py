@@ -368,33 +368,26 @@ def assemble_split(
     image_id_fields: list[str] | None = None,
 ) -> RetrievalSplit:
     """The split of these images and captions, with the dense captions of ``dense_jsonl`` (checked to
-    be one line per image, in image order), where each text was read and (``image_id_fields``) which
-    field each image id was read from."""
-    dense = None
-    if dense_jsonl is not None:
-        dense = check_dense_lines(
-            dense_jsonl, read_dense_lines(dense_jsonl), images, image_ids, len(captions)
-        )
+    be one line per image, in image order: ``data.dense_gaps.attach_dense``), where each text was read and
+    (``image_id_fields``) which field each image id was read from."""
     split = RetrievalSplit(
         name=name,
         images=images,
         captions=captions,
         txt2img=txt2img,
         image_ids=image_ids,
-        dense_captions=None if dense is None else [line.text for line in dense],
         caption_origin=caption_origin,
         image_id_fields=image_id_fields,
-        dense_origin=(
-            None
-            if dense is None
-            else TextOrigin(str(dense_jsonl), np.asarray([line.lineno for line in dense], dtype=np.int64))
-        ),
     )
+    if dense_jsonl is not None:
+        from patchword.data.dense_gaps import attach_dense  # it builds on this module's readers
+
+        split = attach_dense(split, dense_jsonl)
     logger.info(
         "loaded split %r: %d images, %d captions%s",
         name,
         split.num_images,
         split.num_captions,
-        "" if dense is None else ", dense captions",
+        "" if dense_jsonl is None else ", dense captions",
     )
     return split

@@ -20,6 +20,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from patchword.fileio import file_sha256
+
 __all__ = [
     "SAMPLES",
     "SAMPLE_BYTES",
@@ -39,15 +41,14 @@ SAMPLE_BYTES = 1 << 16
 
 
 def _file_digest(path: Path, size: int) -> str:
+    if size <= WHOLE_BYTES:
+        return file_sha256(path)
     digest = hashlib.sha256()
     with path.open("rb") as f:
-        if size <= WHOLE_BYTES:
-            digest.update(f.read())
-        else:
-            last = size - SAMPLE_BYTES
-            for k in range(SAMPLES):
-                f.seek(k * last // (SAMPLES - 1))
-                digest.update(f.read(SAMPLE_BYTES))
+        last = size - SAMPLE_BYTES
+        for k in range(SAMPLES):
+            f.seek(k * last // (SAMPLES - 1))
+            digest.update(f.read(SAMPLE_BYTES))
     return digest.hexdigest()
 
 

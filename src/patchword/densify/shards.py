@@ -41,6 +41,7 @@ __all__ = [
     "merge_shards",
     "check_merge_ready",
     "check_shard_sidecar",
+    "read_checked_sidecar",
 ]
 
 logger = logging.getLogger(__name__)
@@ -121,15 +122,27 @@ class _ShardFile:
 
 def _read_shard(path: Path) -> _ShardFile:
     require_file(path, "shard file", hint="merge joins densify output files")
-    meta = read_sidecar(path)
+    meta = read_checked_sidecar(path)
     if meta is None:
         raise DataError(
             f"{path} has no {path.name}.densify.json next to it: merge joins only files written by "
             "`patchword densify` (the sidecar says which images each shard holds)"
         )
-    check_shard_sidecar(path, meta)
     records, torn = read_records(path)
     return _ShardFile(path, meta, records, torn)
+
+
+def read_checked_sidecar(path: str | os.PathLike[str]) -> dict | None:
+    """The sidecar of the densify output ``path`` with the fields merge relies on checked
+    (:func:`check_shard_sidecar`: a damaged image range is named, never used), or None when it has none.
+
+    Raises:
+        DataError: the sidecar is malformed or a field is missing or invalid.
+    """
+    meta = read_sidecar(path)
+    if meta is not None:
+        check_shard_sidecar(Path(path), meta)
+    return meta
 
 
 def check_shard_sidecar(path: Path, meta: dict) -> None:

@@ -27,8 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from patchword.densify.shards import check_shard_sidecar
-from patchword.densify.store import read_sidecar
+from patchword.densify.shards import read_checked_sidecar
 from patchword.errors import DataError
 from patchword.readers import require_file
 
@@ -74,11 +73,8 @@ class StatsInput:
 
 def _expected_images(path: Path) -> int | None:
     """Images of the densify run of ``path`` by its sidecar (the shard's range), None without one."""
-    meta = read_sidecar(path)
-    if meta is None:
-        return None
-    check_shard_sidecar(path, meta)  # a damaged range is named rather than reported as progress
-    return int(meta["stop"]) - int(meta["start"])
+    meta = read_checked_sidecar(path)  # a damaged range is named rather than reported as progress
+    return None if meta is None else int(meta["stop"]) - int(meta["start"])
 
 
 def read_texts(path: str | os.PathLike[str]) -> StatsInput:

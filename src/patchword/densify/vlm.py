@@ -269,8 +269,9 @@ def load_vlm(
     else:
         model, processor = _load_pretrained(name_or_path, PRECISIONS[precision], allow_download)
         local = Path(name_or_path).expanduser()
-        default_id = local.name if local.is_dir() else name_or_path
-        fingerprint = _fingerprint(local if local.is_dir() else None, name_or_path)
+        is_local = local.is_dir()
+        default_id = local.name if is_local else name_or_path
+        fingerprint = _fingerprint(local if is_local else None, name_or_path)
     return VisionLanguageModel(model, processor, model_id or default_id, device, precision, fingerprint)
 
 

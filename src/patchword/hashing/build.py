@@ -34,6 +34,7 @@ __all__ = [
     "data_fingerprint",
     "refuse_ignored_keys",
     "refuse_resplit",
+    "resolved_data_path",
 ]
 
 #: The keys that split one set of pairs (``data.format=pairs``, a whole-set ``.mat``) into train / query /
@@ -143,11 +144,16 @@ def build_hashing_dataset(
 def _source(dc: HashDataConfig) -> str:
     """The data block's ``source``: the files by absolute path, as ``hash train`` (paths as typed) and
     ``hash eval`` (the run's recorded absolute paths) read them alike; errors name the paths as given."""
+    if dc.format == "pairs":
+        return f"{resolved_data_path(dc, 'data.image')} + {resolved_data_path(dc, 'data.text')}"
+    return resolved_data_path(dc, "data.root")
 
-    def absolute(path: str) -> str:
-        return str(Path(path).expanduser().resolve())
 
-    return f"{absolute(dc.image)} + {absolute(dc.text)}" if dc.format == "pairs" else absolute(dc.root)
+def resolved_data_path(dc: HashDataConfig, key: str) -> str:
+    """The value of ``key`` (``data.image``, ``data.root``, ...) in ``dc``, a path absolute (``~`` expanded,
+    links resolved: one file spelt two ways is the same data); ``data.format`` and an empty value as given."""
+    raw = getattr(dc, key.removeprefix("data."))
+    return str(Path(raw).expanduser().resolve()) if raw and key != "data.format" else raw
 
 
 def _sha256(*arrays: np.ndarray | None) -> str:
@@ -337,13 +343,8 @@ def refuse_resplit(run: HashDataConfig, dc: HashDataConfig, same_data: bool | No
         ConfigError: naming the first such key, its two values and why.
     """
 
-    def value(section: HashDataConfig, key: str):
-        raw = getattr(section, key.removeprefix("data."))
-        # one file spelt two ways (relative, absolute, ~) is the same data
-        return str(Path(raw).expanduser().resolve()) if key != "data.format" and raw else raw
-
     if same_data is None:
-        same_data = all(value(run, key) == value(dc, key) for key in SOURCE_KEYS)
+        same_data = all(resolved_data_path(run, key) == resolved_data_path(dc, key) for key in SOURCE_KEYS)
     if not same_data:
         return
     split = "it re-splits the run's pairs, so its query set may hold pairs the run trained on"

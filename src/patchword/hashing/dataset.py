@@ -12,7 +12,7 @@ Every check raises :class:`~patchword.errors.DataError` naming the source (file)
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -275,31 +275,34 @@ def split_dataset(
         groups: :func:`~patchword.hashing.rows.row_groups` of ``full.image`` when the caller has them.
     """
     group, n_images = row_groups(full.image) if groups is None else groups
-    if n_images == len(full):
-        return _split_rows(full, num_query, num_train, seed)
+    grouped = n_images < len(full)
+    unit = "images" if grouped else "pairs"
     if not 0 < num_query < n_images:
-        raise ValueError(f"num_query must be in [1, {n_images - 1}] for {n_images} images, got {num_query}")
+        raise ValueError(f"num_query must be in [1, {n_images - 1}] for {n_images} {unit}, got {num_query}")
     if num_train < 1:
         raise ValueError(f"num_train must be >= 1, got {num_train}")
     if full.labels is not None and num_train > n_images - num_query:
-        raise ValueError(f"num_train={num_train} exceeds the {n_images - num_query} retrieval images")
-    _logger.info(
-        "%s: %d rows hold %d distinct images (rows repeat an image: one per caption): split by image, "
-        "data.num_query=%d and data.num_train=%d count images",
-        full.source,
-        len(full),
-        n_images,
-        num_query,
-        num_train,
-    )
+        raise ValueError(f"num_train={num_train} exceeds the {n_images - num_query} retrieval {unit}")
+    info: dict[str, Any] = {"source": full.source, "split_seed": seed}
+    if grouped:
+        _logger.info(
+            "%s: %d rows hold %d distinct images (rows repeat an image: one per caption): split by image, "
+            "data.num_query=%d and data.num_train=%d count images",
+            full.source,
+            len(full),
+            n_images,
+            num_query,
+            num_train,
+        )
+        info.update(split_by="image", images=n_images)
     rank = np.empty(n_images, dtype=np.int64)
     rank[np.random.default_rng(seed).permutation(n_images)] = np.arange(n_images)
     image_rank = rank[group]  # where each row's image falls in the permutation
-    order = np.argsort(image_rank, kind="stable")  # rows image by image, in permutation order
+    # rows image by image, in permutation order (every row its own image: the permutation itself)
+    order = np.argsort(image_rank, kind="stable")
     ranked = image_rank[order]
     query_idx, rest = order[ranked < num_query], order[ranked >= num_query]
     train_idx = order[(ranked >= num_query) & (ranked < num_query + num_train)]
-    info = {"source": full.source, "split_seed": seed, "split_by": "image", "images": n_images}
     if full.labels is not None:
         return HashDataset(
             full.subset(train_idx),
@@ -308,29 +311,6 @@ def split_dataset(
             info={**info, "protocol": "labels"},
         )
     # pair relevance by image: each of a query image's rows finds every caption of it
-    by_image = HashSplit(full.image, full.text, None, group, full.source)
-    test = by_image.subset(query_idx)
-    return HashDataset(by_image.subset(train_idx), test, test, info={**info, "protocol": "pair"})
-
-
-def _split_rows(full: HashSplit, num_query: int, num_train: int, seed: int) -> HashDataset:
-    """:func:`split_dataset` of pairs whose image rows are all distinct: a permutation of the rows."""
-    n = len(full)
-    if not 0 < num_query < n:
-        raise ValueError(f"num_query must be in [1, {n - 1}] for {n} pairs, got {num_query}")
-    if num_train < 1:
-        raise ValueError(f"num_train must be >= 1, got {num_train}")
-    perm = np.random.default_rng(seed).permutation(n)
-    query_idx, rest = perm[:num_query], perm[num_query:]
-    info = {"source": full.source, "split_seed": seed}
-    if full.labels is not None:
-        if num_train > len(rest):
-            raise ValueError(f"num_train={num_train} exceeds the {len(rest)} retrieval pairs")
-        return HashDataset(
-            full.subset(rest[:num_train]),
-            full.subset(query_idx),
-            full.subset(rest),
-            info={**info, "protocol": "labels"},
-        )
-    test = full.subset(query_idx)
-    return HashDataset(full.subset(rest[:num_train]), test, test, info={**info, "protocol": "pair"})
+    pairs = replace(full, ids=group) if grouped else full
+    test = pairs.subset(query_idx)
+    return HashDataset(pairs.subset(train_idx), test, test, info={**info, "protocol": "pair"})

@@ -42,20 +42,26 @@ def shared_rows(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rows[same].astype(np.int64), candidate[rows[same]].astype(np.int64)
 
 
+def _first_row_order(first: np.ndarray, inverse: np.ndarray) -> np.ndarray:
+    """(N,) group of each row, groups numbered in the order of their first row (``first``: (G,) the first
+    row of each unique value, ``inverse``: each row's unique value, as :func:`numpy.unique` returns them)."""
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    return rank[inverse.reshape(-1)]
+
+
 def row_groups(x: np.ndarray) -> tuple[np.ndarray, int]:
     """``(group (N,) int64, G)``: rows of ``x`` (N, d) with the same bytes share a group, numbered 0..G-1
     in the order of their first row."""
     if not len(x):
         return np.zeros(0, dtype=np.int64), 0
-    digests = row_digests(x)
-    _, first, inverse = np.unique(digests, return_index=True, return_inverse=True)
-    rank = np.empty(len(first), dtype=np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
-    groups = rank[inverse.reshape(-1)]
+    _, first, inverse = np.unique(row_digests(x), return_index=True, return_inverse=True)
+    if len(first) == len(x):  # no digest repeats: every row is its own group, numbered in row order
+        return np.arange(len(x), dtype=np.int64), len(x)
+    groups = _first_row_order(first, inverse)
     firsts = np.sort(first)  # the first row of group g is firsts[g]
-    if not (x == x[firsts[groups]]).all():  # a digest collision (about never): group by the rows themselves
+    later = np.setdiff1d(np.arange(len(x)), firsts, assume_unique=True)  # the rows that repeat a digest
+    if not (x[later] == x[firsts[groups[later]]]).all():  # a digest collision (about never)
         _, first, inverse = np.unique(x, axis=0, return_index=True, return_inverse=True)
-        rank = np.empty(len(first), dtype=np.int64)
-        rank[np.argsort(first, kind="stable")] = np.arange(len(first))
-        groups = rank[inverse.reshape(-1)]
+        groups = _first_row_order(first, inverse)  # grouped by the rows themselves
     return groups.astype(np.int64), int(groups.max()) + 1

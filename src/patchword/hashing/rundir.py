@@ -24,7 +24,7 @@ from typing import Any
 
 from patchword.config import apply_overrides, flat_config, refuse_overrides
 from patchword.errors import ConfigError
-from patchword.hashing.build import SOURCE_KEYS, changed_data_parts, refuse_resplit
+from patchword.hashing.build import SOURCE_KEYS, changed_data_parts, refuse_resplit, resolved_data_path
 from patchword.hashing.config import (
     DATA_SOURCE_FORMATS,
     HASH_EVAL_KEYS,
@@ -115,16 +115,11 @@ def refuse_run_outputs(
             refuse_run_output(path, [run_dir], reads, names=HASH_RUN_FILES, flag=flag)
 
 
-def _resolved(dc: HashDataConfig, key: str) -> str:
-    raw = getattr(dc, key.removeprefix("data."))
-    return str(Path(raw).expanduser().resolve()) if raw and key != "data.format" else raw
-
-
 def absolute_data(dc: HashDataConfig) -> HashDataConfig:
     """``dc`` with ``data.image`` / ``data.text`` / ``data.labels`` / ``data.root`` absolute: what a run
     records, so that its commands read the same files from any working directory."""
     keys = [key for key in DATA_SOURCE_FORMATS if getattr(dc, key.removeprefix("data."))]
-    return replace(dc, **{key.removeprefix("data."): _resolved(dc, key) for key in keys})
+    return replace(dc, **{key.removeprefix("data."): resolved_data_path(dc, key) for key in keys})
 
 
 def recorded_data_location(
@@ -201,9 +196,10 @@ def check_resumed_data(
             )
         _logger.debug("%s records no fingerprint of its data: not compared", run_dir / LAST_CHECKPOINT)
         return
-    changed = changed_data_parts(recorded, read) if read is not None else []
+    changed = []
     if read is not None:
-        _refuse_other_split_unit(recorded, read, run_dir)
+        changed = changed_data_parts(recorded, read)
+        _refuse_other_split_unit(recorded, read, [part for part in changed if part != "data.labels"], run_dir)
     if changed:
         raise ConfigError(
             _key(changed),
@@ -234,13 +230,13 @@ def check_evaluated_data(
     recorded, read = state.get("data_fingerprint"), data.info.get("fingerprint")
     if recorded is None or read is None:
         return
-    _refuse_other_split_unit(recorded, read, run_dir)
     changed = changed_data_parts(recorded, read)
     features = [part for part in changed if part != "data.labels"]  # the split's rows: features alone
+    _refuse_other_split_unit(recorded, read, features, run_dir)
     refuse_resplit(run, dc, same_data=not features)
     if not changed:
         return
-    own_files = all(_resolved(run, key) == _resolved(dc, key) for key in SOURCE_KEYS)
+    own_files = all(resolved_data_path(run, key) == resolved_data_path(dc, key) for key in SOURCE_KEYS)
     if own_files and not features:  # the run's features, other labels
         _other_labels(recorded, read, data, dc, run_dir)
         return
@@ -279,15 +275,17 @@ def _other_labels(
             "the retrieval set is every pair the queries leave, not the query pairs) than the run's; train "
             "a run with data.labels given to evaluate with labels (the contrastive losses do not read them)",
         )
-    labels = _resolved(dc, "data.labels")
+    labels = resolved_data_path(dc, "data.labels")
     _logger.info("%s: labels other than those %s trained with (sha256 %s...)", labels, run_dir, new[:12])
     data.info["labels_other_than_run"] = {"file": labels, "sha256": new, "run_sha256": old}
 
 
-def _refuse_other_split_unit(recorded: dict[str, Any], read: dict[str, Any], run_dir: Path) -> None:
+def _refuse_other_split_unit(
+    recorded: dict[str, Any], read: dict[str, Any], features: list[str], run_dir: Path
+) -> None:
     """Data whose rows repeat an image are split by image (``split_by`` in the fingerprint); a run of them
-    an older version split row by row had other splits, its query set holding images it trained on."""
-    features = [part for part in changed_data_parts(recorded, read) if part != "data.labels"]
+    an older version split row by row had other splits, its query set holding images it trained on.
+    ``features``: the parts other than ``data.labels`` whose rows or contents differ from ``recorded``."""
     if read.get("split_by") != recorded.get("split_by") and not features:
         raise ConfigError(
             "data",

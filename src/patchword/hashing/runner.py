@@ -84,13 +84,14 @@ from patchword.hashing.rundir import (  # HASH_RUN_FILES, refuse_run_outputs: th
 )
 from patchword.hashing.runstate import (
     checkpoint_record,
+    imported_untrained,
     refuse_fewer_epochs,
     refuse_imported_without_data,
     refuse_nothing_to_resume,
 )
 from patchword.hashing.trainer import HashTrainer, append_metrics
 from patchword.runs.claim import Claim
-from patchword.runs.files import CONFIG_FILE, IMPORT_FILE, LAST_CHECKPOINT, METRICS_FILE, RESUMES_FILE
+from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT, METRICS_FILE, RESUMES_FILE
 from patchword.runs.load import read_run_mapping
 from patchword.train.process import stop_raises
 
@@ -214,14 +215,16 @@ def resume_hashing(
         ConfigError: an override of a key that is not safe to change on a resume, a config.yaml that
             disagrees with its last.pt (edited by hand), a data file that is gone (naming its key) or data
             other than the run's (rows / sha256 recorded in last.pt; data.image=NEW may point at them moved);
-            a ``train.epochs`` below the epochs the run already trained (nothing to train).
+            a ``train.epochs`` below the epochs the run already trained (nothing to train); an imported
+            checkpoint without data of its own (its config.yaml's synthetic stand-in: import it again with
+            its data).
     """
     run_dir = Path(run_dir)
     cfg = resume_config(run_dir, overrides)
     check_hash_config(cfg)
     state = load_checkpoint(run_dir / LAST_CHECKPOINT, map_location="cpu")
     refuse_fewer_epochs(cfg.train.epochs, state, run_dir)  # before anything is written
-    if (run_dir / IMPORT_FILE).is_file() and int(state["step"]) == 0:  # never trained here: what data?
+    if imported_untrained(run_dir, int(state["step"])):  # never trained here: what data?
         refuse_imported_without_data(run_dir, cfg.data, (), resuming=True)
     stored = from_dict(HashRunConfig, state["config"])
     # the data paths a resume pointed at the moved data are in last.pt, not in config.yaml
@@ -351,13 +354,13 @@ def open_hashing_run(
     located, source = recorded_data_location(cfg.data, recorded, given)
     cfg = replace(cfg, data=located)
     # an imported checkpoint not trained on since has no data of its own
-    trained = not ((run_dir / IMPORT_FILE).is_file() and int(state["step"]) == 0)
-    if not trained:  # its config.yaml's synthetic stand-in is no data to evaluate it on, unless asked
-        refuse_imported_without_data(run_dir, saved.data, given)
+    trained = not imported_untrained(run_dir, int(state["step"]))
     if trained:
         # weights trained on the run's split: another split (or synthetic set) of the same data put
         # training pairs in the query set
         refuse_resplit(saved.data, cfg.data)
+    else:  # its config.yaml's synthetic stand-in is no data to evaluate it on, unless asked
+        refuse_imported_without_data(run_dir, saved.data, given)
     refuse_missing_run_data(cfg.data, run_dir, given, run_dir / source)
     # the training split is unused here: a capped default data.num_train is no news (said at training)
     data = build_hashing_dataset(cfg.data, given, training=False)

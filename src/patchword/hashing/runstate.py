@@ -15,11 +15,26 @@ from patchword.hashing.config import HashDataConfig
 from patchword.runs.files import CONFIG_FILE, IMPORT_FILE, LAST_CHECKPOINT
 
 __all__ = [
+    "IMPORTED_DATA_HINT",
     "checkpoint_record",
+    "imported_untrained",
     "refuse_fewer_epochs",
     "refuse_imported_without_data",
     "refuse_nothing_to_resume",
 ]
+
+#: The data overrides that give an imported checkpoint without data of its own its features (said by
+#: ``patchword import`` and by the refusals of :func:`refuse_imported_without_data`).
+IMPORTED_DATA_HINT = (
+    "data.format=splits data.root=DIR (the official train / query / retrieval files), or "
+    "data.format=pairs data.image=IMG.npy data.text=TXT.npy [data.labels=LAB.npy]"
+)
+
+
+def imported_untrained(run_dir: Path, step: int) -> bool:
+    """Whether ``run_dir`` holds an imported checkpoint (``import.json``) not trained on since (its last.pt
+    at ``step`` 0): its data are only those the import was given."""
+    return step == 0 and (run_dir / IMPORT_FILE).is_file()
 
 
 def refuse_nothing_to_resume(run_dir: Path) -> None:
@@ -77,14 +92,13 @@ def refuse_imported_without_data(
     """
     if saved.format != "synthetic" or "data.format" in given:
         return
-    where = (
-        "data.format=splits data.root=DIR (the official train / query / retrieval files), or "
-        "data.format=pairs data.image=IMG.npy data.text=TXT.npy [data.labels=LAB.npy]"
-    )
     if resuming:
-        how = f"a resume would train it on them: import it again with its data ({where} after --out)"
+        how = (
+            f"a resume would train it on them: import it again with its data ({IMPORTED_DATA_HINT} after "
+            "--out)"
+        )
     else:
-        how = f"set {where} (data.format=synthetic evaluates the stand-in on purpose)"
+        how = f"set {IMPORTED_DATA_HINT} (data.format=synthetic evaluates the stand-in on purpose)"
     raise ConfigError(
         "data.format",
         f"{run_dir} is an imported checkpoint without data of its own (its {CONFIG_FILE} has synthetic "
@@ -104,6 +118,6 @@ def checkpoint_record(
         "step": step,
         "finished": epoch >= epochs and batch_in_epoch == 0,
     }
-    if step == 0 and (run_dir / IMPORT_FILE).is_file():
+    if imported_untrained(run_dir, step):
         record["imported"] = True
     return record

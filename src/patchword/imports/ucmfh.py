@@ -217,6 +217,7 @@ def write_hashing_run(plan: ImportPlan, source: Path, out: Path) -> dict[str, An
     from patchword.fileio import atomic_write_text
     from patchword.hashing.build import build_hashing_model
     from patchword.hashing.config import check_hash_config
+    from patchword.hashing.runstate import IMPORTED_DATA_HINT
     from patchword.hashing.trainer import HashTrainer
 
     out = out.absolute()  # checked by import_checkpoint first, and by new_directory before writing
@@ -240,7 +241,8 @@ def write_hashing_run(plan: ImportPlan, source: Path, out: Path) -> dict[str, An
     with new_directory(out) as tmp:
         save_config(cfg, tmp / CONFIG_FILE)
         # last.pt as HashTrainer saves it (model, fresh optimiser, epoch 0): load_hashing_run reads it, and
-        # `patchword hash train --resume` fine-tunes the imported weights on the run's data.
+        # `patchword hash train --resume` fine-tunes the imported weights on the data the import was given
+        # (an import without data is refused: its stand-in is no data to train on).
         trainer = HashTrainer(cfg, model, _placeholder_data(*dims), tmp)
         atomic_save(trainer.state_dict(), tmp / LAST_CHECKPOINT)
         export_weights(model, asdict(cfg), tmp, imported_from=str(source))
@@ -248,11 +250,10 @@ def write_hashing_run(plan: ImportPlan, source: Path, out: Path) -> dict[str, An
     _logger.info("%s: UCMFH hashing run written to %s", source, out)
     if cfg.data.format == "synthetic":  # no data overrides: hash eval refuses the stand-in without them
         _logger.info(
-            "%s holds no features: evaluate it with `patchword hash eval %s data.format=splits "
-            "data.root=DIR` (the official train / query / retrieval files) or data.format=pairs "
-            "data.image=IMG.npy data.text=TXT.npy",
+            "%s holds no features: evaluate it with `patchword hash eval %s` and %s",
             source,
             out,
+            IMPORTED_DATA_HINT,
         )
     return record
 
