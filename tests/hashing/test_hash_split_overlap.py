@@ -1,10 +1,11 @@
 """Query images shared with the retrieval or training split (identical image feature rows).
 
-Old code: a query split built as a subset of the retrieval split was read and scored without a word (mAP@50
-0.363 -> 0.447), and ``--data pairs`` with one row per caption (each image row repeated, MS-COCO style)
-put a query image's other captions in the retrieval and training splits. Now pre-split files that share
-query images are refused (one line naming the files, the count and the first row pair), and a split made
-here takes whole images (one image's captions never straddle query / retrieval / train)."""
+Old code: a query split built as a subset of the retrieval split was read and scored without a word (each
+query's own pair in the database inflates mAP), and ``--data pairs`` with one row per caption (each image
+row repeated, MS-COCO style) put a query image's other captions in the retrieval and training splits. Now
+pre-split files that share query images are refused (one line naming the files, the count and the first
+row pair), and a split made here takes whole images (one image's captions never straddle query /
+retrieval / train)."""
 
 from __future__ import annotations
 
