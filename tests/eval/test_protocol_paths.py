@@ -208,6 +208,25 @@ def _model(*overrides: str):
     return build_model(cfg.model, vocab_size=VOCAB).eval(), cfg.eval
 
 
+@pytest.mark.parametrize("matcher", ["naaf", "scan"])
+def test_a_float64_model_is_scored_on_float64_tokens(matcher):
+    """precision=fp64 (NAAF's official test-time arithmetic): the split's tokens were cast to float32
+    before scoring, so the float64 matcher scored rounded tokens (scores ~1.8 float32 epsilons off the
+    float64 forward); the matrix now differs from it only by its own rounding to float32 (<= 1/2 eps)."""
+    model, eval_cfg = _model(f"model.matcher={matcher}", "model.naaf.min_samples=20")
+    model = model.double()
+    split = _split()
+    got = protocol.score_split(model, split, eval_cfg)
+    with torch.no_grad():
+        pixels = torch.as_tensor(split.images.batch(torch.arange(split.num_images), train=False))
+        img = model.encode_images(pixels.double())
+        cap = model.encode_texts(split.cap_ids, split.cap_lens)
+        assert img.dtype == cap.dtype == torch.float64
+        want = torch.cat([model.matcher(img[i : i + 1], cap, split.cap_lens).sims for i in range(len(img))])
+    relative = (got.double() - want).abs() / want.abs() / torch.finfo(torch.float32).eps
+    assert got.dtype == torch.float32 and relative.max() <= 0.5 + 1e-6
+
+
 @pytest.fixture
 def folds_of_four(monkeypatch):
     """The COCO 1K protocol on the 20-image splits below: five folds of 4 images."""

@@ -80,7 +80,7 @@ Sims = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 def _encode_shard(model, split: EncodedSplit, eval_cfg: EvalConfig, dist: Distributed, *, device, progress):
     """Encode this process's share of ``split`` once (each image, caption and dense caption once; the
     official code re-encodes an image per caption): -> (img, cap, dense, dense_lens, (lo, hi)), float32
-    on the CPU. Dense captions are encoded only when the matcher reads them.
+    (float64 from a float64 model) on the CPU. Dense captions are encoded only when the matcher reads them.
 
     ``img`` holds the images ``lo..hi`` (this process's block), ``cap`` every caption (each process encodes
     its block, then they are all-gathered), ``dense`` the dense captions of the images held, or of every

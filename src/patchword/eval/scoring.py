@@ -16,6 +16,7 @@ import torch
 
 from patchword._validation import check_lengths, check_positive_int, check_tensor, check_token_ids_dtype
 from patchword.device import checked_device
+from patchword.matching.ops import full_precision
 from patchword.progress import progress_bar
 
 __all__ = ["encode_image_tokens", "encode_text_tokens"]
@@ -38,7 +39,8 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
 def encode_image_tokens(
     model, images, *, batch_size: int = 128, device: torch.device | str = "cpu", progress: bool | None = None
 ) -> torch.Tensor:
-    """Run the image encoder once per image: -> (N_img, L_v, C) float32 tokens on the CPU.
+    """Run the image encoder once per image: -> (N_img, L_v, C) float32 tokens on the CPU
+    (float64 from a float64 model, ``precision=fp64``; half precision comes back as float32).
 
     ``images``: the encoder's inputs as one tensor, (N_img, ...) (pixels (N_img, 3, H, W), or the region
     features of a precomputed-feature model), or an image set with ``batch(indices, train=False)`` (a
@@ -75,7 +77,7 @@ def encode_image_tokens(
     with eval_mode(model), progress_bar(n, "encode images", progress) as bar:
         for start in range(0, n, batch_size):
             idx = torch.arange(start, min(start + batch_size, n))
-            out.append(model.encode_images(read(idx).to(device)).float().cpu())
+            out.append(full_precision(model.encode_images(read(idx).to(device))).cpu())
             bar.update(len(idx))
     return torch.cat(out)
 
@@ -91,7 +93,8 @@ def encode_text_tokens(
     progress: bool | None = None,
     desc: str = "encode captions",
 ) -> torch.Tensor:
-    """Run the text encoder once per text: (N, L) ids -> (N, L, C) float32 tokens on the CPU.
+    """Run the text encoder once per text: (N, L) ids -> (N, L, C) float32 tokens on the CPU (float64
+    from a float64 model, ``precision=fp64``).
 
     ``lens``: (N,) valid lengths, a tensor or a sequence of ints, at most L. The model runs in eval mode
     and is put back in its previous mode afterwards.
@@ -116,7 +119,8 @@ def encode_text_tokens(
             part = slice(start, start + batch_size)
             # Trim each batch to its longest text: padding costs attention time and changes nothing.
             width = int(lens[part].max())
-            tokens = model.encode_texts(ids[part, :width].to(device), lens[part].to(device)).float().cpu()
+            tokens = model.encode_texts(ids[part, :width].to(device), lens[part].to(device))
+            tokens = full_precision(tokens).cpu()
             out.append(torch.nn.functional.pad(tokens, (0, 0, 0, ids.shape[1] - width)))
             bar.update(tokens.shape[0])
     return torch.cat(out)

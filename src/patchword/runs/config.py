@@ -166,7 +166,8 @@ NOT_EVALUATION_KEYS = {
 
 #: ``precision`` values no evaluation reads (refused as an override, naming ``eval.precision``): evaluation
 #: runs no autocast (``amp_*``), and a ``bf16`` run's checkpoints hold the fp32 master weights it scores.
-#: ``fp64`` is read: the weights are loaded, and the encoders run, in float64 (the record's ``model_dtype``).
+#: ``fp64`` is read: the weights are loaded, the encoders run and the matcher scores in float64 (the
+#: record's ``model_dtype``).
 UNREAD_PRECISIONS = ("amp_bf16", "amp_fp16", "bf16")
 
 
