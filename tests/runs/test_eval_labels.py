@@ -15,6 +15,7 @@ from PIL import Image
 
 from conftest import TINY_RUN_32, one_error_line
 from patchword.cli import main
+from patchword.runs.ensemble import shared_split
 from project_paths import BENCHMARKS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -103,6 +104,34 @@ def test_an_ensemble_record_has_the_fields_its_members_share(two_runs, tmp_path)
     for key in ("images", "captions", "known_captions", "eval_precision", "dense_pairing", "model_dtype"):
         assert key in record and record[key] == member[key] == record["ensemble"][1][key], key
     assert (record["images"], record["captions"], record["eval_precision"]) == (8, 40, "fp32")
+
+
+def test_an_ensemble_with_a_member_selected_on_the_test_split_is_not_held_out(two_runs, tmp_path):
+    """The record took member 0's split_use (None: held out) when the other member had chosen its
+    checkpoint on the same test captions (data.dev_split=test)."""
+    root = two_runs[0].parent
+    args = [*TINY_RUN_32, "train.max_steps=2", "progress=false", f"data.cache_dir={root / 'cache'}"]
+    argv = ["train", *args, "seed=2", "data.dev_split=test", f"output_dir={tmp_path}", "name=selected"]
+    assert main(argv) == 0
+    out = tmp_path / "ens.json"
+    assert main(["eval", str(two_runs[0]), "--out", str(out), "--ensemble", str(tmp_path / "selected")]) == 0
+    record = json.loads(out.read_text())
+    assert [m["split_use"] for m in record["ensemble"]] == [None, "model selection"]
+    assert (record["split"], record["data_split"], record["split_use"]) == ("test", "test", "model selection")
+
+
+def test_shared_split_names_every_members_split_and_the_least_held_out_use():
+    held, chosen, trained = (
+        {"split": "test", "data_split": name, "split_use": use}
+        for name, use in (("test", None), ("test5k", "model selection"), ("test", "training"))
+    )
+    assert shared_split([held, held]) == held
+    assert shared_split([held, chosen]) == {
+        "split": "test",
+        "data_split": "test / test5k",
+        "split_use": "model selection",
+    }
+    assert shared_split([chosen, trained, held])["split_use"] == "training"
 
 
 def test_ensemble_followed_by_overrides_only_is_refused(two_runs, capsys):

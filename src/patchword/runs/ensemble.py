@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["member", "refuse_repeated_members", "warn_of_scales", "weights_digest"]
+__all__ = ["member", "refuse_repeated_members", "shared_split", "warn_of_scales", "weights_digest"]
 
 _logger = logging.getLogger(__name__)
 
@@ -81,3 +81,23 @@ def warn_of_scales(results: list[tuple[dict, dict]], scores: list) -> None:
             "the average of their scores is in effect the widest member's",
             named,
         )
+
+
+#: A split's uses (``run_metadata``'s ``"split_use"``: :data:`patchword.imports.published.SELECTION_SPLIT`
+#: and ``TRAINING_SPLIT``), the least held-out last: an ensemble's is its
+#: members' last (a member trained on the captions, or chose its checkpoint on them, compromises the average).
+_USES = (None, "model selection", "training")
+
+
+def shared_split(metas: list[dict]) -> dict:
+    """What an ensemble scored, from its members' metadata (``metas``; their captions are checked equal):
+    ``"split"`` (the role, one for all), ``"data_split"`` (the members' names of it, joined with `` / `` when
+    their configs name it differently) and ``"split_use"``, the least held-out of the members' (None only
+    when the split is held out of every member's training and checkpoint selection)."""
+    names = list(dict.fromkeys(str(m.get("data_split")) for m in metas))
+    uses = [m.get("split_use") for m in metas]
+    return {
+        "split": metas[0]["split"],
+        "data_split": names[0] if len(names) == 1 else " / ".join(names),
+        "split_use": max(uses, key=_USES.index),
+    }

@@ -31,7 +31,7 @@ from patchword.matching import matcher_spec
 from patchword.model import RetrievalModel, matcher_arguments
 from patchword.runs.checks import check_eval_settings
 from patchword.runs.config import RunConfig
-from patchword.runs.ensemble import member, refuse_repeated_members, warn_of_scales
+from patchword.runs.ensemble import member, refuse_repeated_members, shared_split, warn_of_scales
 from patchword.runs.files import METRICS_JSON, VOCAB_FILE
 from patchword.runs.load import refuse_run_output
 from patchword.runs.recorded import evaluation_identity, evaluation_provenance
@@ -340,8 +340,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg=No
         warn_of_scales(results, scores)
         metrics = ensemble_metrics(scores, split.txt2img, mcfg.eval, fold_members=folds)
         metrics["ensemble"] = [{**meta, **m} for meta, m in results]
-        shared = ("split", "data_split", "split_use")  # the role scored: one split (checked above)
-        metrics.update({k: v for k, v in results[0][0].items() if k in shared})
+        metrics.update(shared_split([meta for meta, _ in results]))  # one split (checked above)
         metrics.update(_shared_metadata([meta for meta, _ in results]))
         metrics["leaky"] = any(meta["leaky"] for meta, _ in results)
         if mcfg.eval.coco_extended:
