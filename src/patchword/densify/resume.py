@@ -103,9 +103,9 @@ def run_meta(
 
 
 def _mismatch(out: Path, key: str, old: object, new: object) -> RunExistsError:
-    if key in ("start", "stop"):
-        what = f"the shard's image range differs ({key} {old} vs {new}): use the first run's --batch-size"
-    elif key == "images_sha256":
+    # start / stop follow from the shard and the first run's batch size (a resume keeps its range), so
+    # "shard" differs before they can
+    if key == "images_sha256":
         what = "the image list differs (other images, or another order)"
     elif isinstance(old, dict) and isinstance(new, dict):
         what = ", ".join(
