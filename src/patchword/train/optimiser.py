@@ -58,6 +58,18 @@ class Optimiser:
     def skipped_steps(self, value: int) -> None:
         self.skipped = torch.tensor(float(value), device=self.device)
 
+    def read_with(self, stats: torch.Tensor) -> tuple[list[float], float | None, int]:
+        """``stats`` (a 1-d tensor on the device), the last step's gradient norm (None before the first
+        step) and the steps skipped, read from the device in one copy (a logging step's one host sync)."""
+        dtype = torch.float32 if stats.device.type == "mps" else torch.float64  # exact for float32 values
+        parts = [stats.detach().reshape(-1), self.skipped.reshape(1)]
+        if self.grad_norm is not None:
+            parts.append(self.grad_norm.detach().reshape(1))
+        values = torch.cat([part.to(stats.device, dtype) for part in parts]).tolist()
+        n = stats.numel()
+        grad_norm = values[n + 1] if self.grad_norm is not None else None
+        return values[:n], grad_norm, int(values[n])
+
     def learning_rates(self) -> dict[str, float]:
         """``lr`` (the first parameter group's) and ``lr_<name>`` of every named group after it."""
         groups = self.optimizer.param_groups

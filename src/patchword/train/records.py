@@ -21,11 +21,19 @@ __all__ = ["RecordLog", "dev_record", "fit_summary", "train_record"]
 
 
 def train_record(
-    step: int, epoch: int, losses: list[float], optim: Optimiser, step_seconds: float, now: float
+    step: int,
+    epoch: int,
+    losses: list[float],
+    optim: Optimiser,
+    grad_norm: float | None,
+    skipped_steps: int,
+    step_seconds: float,
+    now: float,
 ) -> dict[str, Any]:
     """The record of training step ``step`` (counted from 1) of ``epoch``: ``losses`` [loss, align, ratio]
-    of the global batch, the optimiser's learning rates, gradient norm and skipped steps, the step time per
-    step since the previous record and the wall-clock time ``now``."""
+    of the global batch, the optimiser's learning rates, the gradient norm and skipped steps
+    (:meth:`Optimiser.read_with` reads them with the losses in one copy), the step time per step since the
+    previous record and the wall-clock time ``now``."""
     loss, align, ratio = losses
     return {
         "split": "train",
@@ -36,8 +44,8 @@ def train_record(
         "align": align,
         "ratio": ratio,
         **optim.learning_rates(),  # lr, lr_<group name>
-        "grad_norm": float(optim.grad_norm) if optim.grad_norm is not None else None,
-        "skipped_steps": optim.skipped_steps,
+        "grad_norm": grad_norm,
+        "skipped_steps": skipped_steps,
         "step_seconds": step_seconds,
         "time": now,
     }

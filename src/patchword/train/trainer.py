@@ -336,17 +336,19 @@ class Trainer:
             self._clip_and_step(found_inf)
             self.optim.skipped += found_inf
         if tc.log_every and done % tc.log_every == 0 and self.dist.is_main:
-            losses = stats.tolist()
+            losses, grad_norm, skipped = self.optim.read_with(stats)  # one host sync
             previous_step, previous_time = self._logged_at
             now = self.timing.step_time()
             self._logged_at = (done, now)
             step_seconds = (now - previous_time) / max(1, done - previous_step)
-            record = train_record(done, self.epoch, losses, self.optim, step_seconds, time.time())
+            record = train_record(
+                done, self.epoch, losses, self.optim, grad_norm, skipped, step_seconds, time.time()
+            )
             _logger.info("step %d epoch %d loss %.4f", done, self.epoch, losses[0])
             if self._bar is not None:
                 self._bar.set_postfix(epoch=self.epoch, loss=f"{losses[0]:.4f}", refresh=False)
             if not math.isfinite(losses[0]) and not self.optim.host_decides:  # (those warned above)
-                _logger.warning(skip_warning, done, self.skipped_steps)
+                _logger.warning(skip_warning, done, skipped)
             self._log(record)
 
     def _clip_and_step(self, found_inf: torch.Tensor | None) -> None:
