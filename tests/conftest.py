@@ -76,6 +76,8 @@ NUMERICS_MODULES = {
     "test_protocol_paths",
     # float32 against autocast / bfloat16 / float16 forwards of the matchers
     "test_reduced_precision",
+    # the default score_pairs on the simulated device against the forward
+    "test_gpu_path_syncs",
 }
 
 #: What makes a module numerics whatever its author remembered (``test_isolation.py`` checks it): it

@@ -119,7 +119,8 @@ def encode_text_tokens(
             part = slice(start, start + batch_size)
             # Trim each batch to its longest text: padding costs attention time and changes nothing.
             width = int(lens[part].max())
-            tokens = model.encode_texts(ids[part, :width].to(device), lens[part].to(device))
+            # host lengths: the encoder checks them there (no wait) and uploads them itself
+            tokens = model.encode_texts(ids[part, :width].to(device, non_blocking=True), lens[part])
             tokens = full_precision(tokens).cpu()
             out.append(torch.nn.functional.pad(tokens, (0, 0, 0, ids.shape[1] - width)))
             bar.update(tokens.shape[0])

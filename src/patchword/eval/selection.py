@@ -143,15 +143,17 @@ def evaluate_selection(
             for i0 in range(0, split.num_images, image_block):
                 rows = torch.arange(i0, min(i0 + image_block, split.num_images))
                 cols = ((txt2img >= i0) & (txt2img < i0 + len(rows))).nonzero().squeeze(1)
-                img = model.encode_images(split.images.batch(rows, train=False).to(device))
-                width = int(split.cap_lens[cols].max())
-                cap_lens = split.cap_lens[cols].to(device)
-                cap = model.encode_texts(split.cap_ids[cols, :width].to(device), cap_lens)
+                img = model.encode_images(split.images.batch(rows, train=False).to(device, non_blocking=True))
+                # Lengths stay on the host: the encoder and the matcher check them there and upload them
+                # (a device copy was read back by both, several waits per block); widths are host numbers.
+                cap_lens = split.cap_lens[cols]
+                width = int(cap_lens.max())
+                cap = model.encode_texts(split.cap_ids[cols, :width].to(device, non_blocking=True), cap_lens)
                 dense = dense_lens = None
                 if use_dense:
                     owners = txt2img[cols] if caption_tied else rows
-                    dense_lens = split.dense_lens[owners].to(device)
-                    ids = split.dense_ids[owners, : int(dense_lens.max())].to(device)
+                    dense_lens = split.dense_lens[owners]
+                    ids = split.dense_ids[owners, : int(dense_lens.max())].to(device, non_blocking=True)
                     dense = model.encode_texts(ids, dense_lens)
                 decisions = matcher(img, cap, cap_lens, dense, dense_lens).decisions
                 if not decisions:
@@ -164,7 +166,7 @@ def evaluate_selection(
                         f"{masks.shape[1]}: make the masks on the encoder's patch grid"
                     )
                 # The ground-truth pair of caption j is (its image's row in the block, j).
-                own = (txt2img[cols] - i0).to(decisions[0].device)
+                own = (txt2img[cols] - i0).to(decisions[0].device, non_blocking=True)
                 for branch, decision in zip(counts, decisions, strict=True):
                     pairs = torch.arange(len(cols), device=own.device) if decision.shape[1] > 1 else 0
                     branch.add(decision[own, pairs].cpu(), masks[txt2img[cols]])

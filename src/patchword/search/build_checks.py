@@ -94,16 +94,18 @@ def kept_patches(manifest: Manifest, engine, keep_patches: float | None, index_d
     return int(record["kept"])
 
 
-def _has_dense_scores(engine, identity: dict[str, Any]) -> bool:
-    """Whether the fine matcher's dense part is one number per image (probed on one zero image)."""
+def _has_dense_scores(engine, identity: dict[str, Any], device: torch.device) -> bool:
+    """Whether the fine matcher's dense part is one number per image (probed on one zero image, on
+    ``device``: where the matcher's weights are; a CPU probe of a matcher on an accelerator would mix
+    devices)."""
     image = torch.zeros(1, identity["image_tokens"], identity["embed_dim"])
     dense = torch.zeros(1, 2, identity["embed_dim"])
-    return engine.image_constants(image, dense, torch.tensor([2]), device="cpu") is not None
+    return engine.image_constants(image, dense, torch.tensor([2]), device=device) is not None
 
 
 def check_dense_scores(engine, identity: dict[str, Any], run: LoadedRun) -> None:
     """``--dense-store scores``: refused for a matcher whose dense part is not one number per image."""
-    if not _has_dense_scores(engine, identity):
+    if not _has_dense_scores(engine, identity, run.device):
         raise ConfigError(
             "--dense-store",
             f"scores: {run.run_dir}'s matcher ({run.config.model.matcher}) has no per-image dense score "

@@ -167,27 +167,34 @@ def explain_pair(
     if dense_tokens is not None:
         dense_tokens = dense_tokens[:dense_len]
     device = next(iter(matcher.parameters()), img_tokens).device
-    img_tokens, cap_tokens = img_tokens.to(device).float(), cap_tokens.to(device).float()
-    dense_tokens = None if dense_tokens is None else dense_tokens.to(device).float()
-    pruned = {} if patch_prior is None else {"patch_prior": patch_prior[None].to(device).float()}
+    # uploads that do not wait for the device (index rows are read on the host)
+    img_tokens = img_tokens.to(device, non_blocking=True).float()
+    cap_tokens = cap_tokens.to(device, non_blocking=True).float()
+    dense_tokens = None if dense_tokens is None else dense_tokens.to(device, non_blocking=True).float()
+    pruned = (
+        {}
+        if patch_prior is None
+        else {"patch_prior": patch_prior[None].to(device, non_blocking=True).float()}
+    )
     out = matcher(
         img_tokens[None],
         cap_tokens[None],
-        torch.tensor([cap_len], device=device),
+        _length(cap_len),
         None if dense_tokens is None else dense_tokens[None],
-        None if dense_tokens is None else torch.tensor([dense_len], device=device),
+        None if dense_tokens is None else _length(dense_len),
         **pruned,
     )
-    score = float(out.sims[0, 0]) + (0.0 if image_constant is None else float(image_constant))
+    sims = out.sims[0, 0]  # read with the explanation's other values (one copy back, below)
     dense_args = (None, None)
     if dense_tokens is not None:
-        dense_args = (dense_tokens[None], torch.tensor([dense_tokens.shape[0]], device=device))
-    lens = torch.tensor([cap_tokens.shape[0]], device=device)
+        dense_args = (dense_tokens[None], _length(dense_tokens.shape[0]))
+    lens = _length(cap_tokens.shape[0])
     trace = matcher.selection_trace(img_tokens[None], cap_tokens[None], lens, *dense_args, **pruned)
     if trace is not None:
-        explanation = _explain_selection(trace, cap_tokens, names, score)
+        explanation = _explain_selection(trace, cap_tokens, names, sims)
     else:
-        explanation = _explain_token_cosine(matcher, img_tokens, cap_tokens, names, score)
+        explanation = _explain_token_cosine(matcher, img_tokens, cap_tokens, names, sims)
+    explanation.score += 0.0 if image_constant is None else float(image_constant)
     if patch_ids is not None:
         _onto_grid(
             explanation, patch_ids.long().cpu(), grid[0] * grid[1] if grid else int(patch_ids.max()) + 1
@@ -195,6 +202,12 @@ def explain_pair(
     n = explanation.words[0].heat.numel() if explanation.words else 0
     explanation.grid = grid if grid is not None and grid[0] * grid[1] == n else (1, n)
     return explanation
+
+
+def _length(n: int) -> torch.Tensor:
+    """(1,) int64 length ``n`` on the host: the matcher checks host lengths there (no read of the device)
+    and uploads them without a wait (``Matcher.validate_text``)."""
+    return torch.tensor([n])
 
 
 def _onto_grid(explanation: Explanation, patch_ids: torch.Tensor, num_patches: int) -> None:
@@ -213,12 +226,28 @@ def _onto_grid(explanation: Explanation, patch_ids: torch.Tensor, num_patches: i
 
 
 def _word(text: str, heat: torch.Tensor, best: str, cosine: float) -> WordAttention:
-    return WordAttention(text, text in SPECIAL_TOKENS, heat.float().cpu(), best, float(cosine))
+    """``heat``: (N,) on the host."""
+    return WordAttention(text, text in SPECIAL_TOKENS, heat.float(), best, float(cosine))
 
 
-def _explain_selection(trace, cap_tokens: torch.Tensor, names: list[str], score: float) -> Explanation:
+def _on_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """``tensors`` on the host with one copy (one wait for the device instead of one per tensor), each
+    with its shape and dtype: flattened into one buffer of their common floating type (float32, float64
+    when one is; the bool and integer ones are masks and indices below 2**24, exact in it)."""
+    dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+    flat = torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors]).cpu()
+    out, start = [], 0
+    for t in tensors:
+        out.append(flat[start : start + t.numel()].reshape(t.shape).to(t.dtype))
+        start += t.numel()
+    return out
+
+
+def _explain_selection(trace, cap_tokens: torch.Tensor, names: list[str], sims: torch.Tensor) -> Explanation:
     """A matcher's own selection of one pair (:meth:`Matcher.selection_trace`) and the HRPA cosine of every
-    word with every image token, split over the patches each token mixes."""
+    word with every image token, split over the patches each token mixes. ``sims``: the pair's 0-dim
+    score, wherever the matcher computed it; the per-word loop runs on the host, on one copy of the small
+    tensors it reads."""
     omega, raw = trace.mixture, trace.patches  # (N_c + 1, N) aggregated tokens then fusion; (N, C)
     token_norms = torch.linalg.vector_norm(omega @ raw, dim=-1).clamp_min(1e-12)  # (N_c + 1,)
     words = l2norm(cap_tokens)  # (L, C)
@@ -231,23 +260,31 @@ def _explain_selection(trace, cap_tokens: torch.Tensor, names: list[str], score:
         alignment = torch.cat([cls_cos[None], mixture_cos])
         token_names = ["cls", *token_names]
     best = alignment.argmax(dim=0)  # (L,)
+    keeps = [keep for _, keep in trace.branches]
+    sims, alignment, best, omega, dots, token_norms, *keeps = _on_host(
+        sims, alignment, best, omega, dots, token_norms, *keeps
+    )
     result = []
     for w, name in enumerate(names):
         m = int(best[w])
         if has_cls and m == 0:
-            heat = torch.zeros(raw.shape[0], device=raw.device)
+            heat = torch.zeros(raw.shape[0], dtype=dots.dtype)
         else:
             k = m - int(has_cls)
             heat = omega[k] * dots[:, w] / token_norms[k]
         result.append(_word(name, heat, token_names[m], alignment[m, w]))
+    branches = [
+        BranchMask(_BRANCH_NAMES.get(name, name), keep)
+        for (name, _), keep in zip(trace.branches, keeps, strict=True)
+    ]
     return Explanation(
         method="seps_selection",
         grid=(1, raw.shape[0]),
-        score=score,
-        branches=[BranchMask(_BRANCH_NAMES.get(name, name), keep.cpu()) for name, keep in trace.branches],
+        score=float(sims),
+        branches=branches,
         words=result,
-        num_keep=int(trace.branches[0][1].sum()) if trace.branches else None,
-        alignment=alignment.float().cpu(),
+        num_keep=int(keeps[0].sum()) if keeps else None,
+        alignment=alignment.float(),
     )
 
 
@@ -256,13 +293,14 @@ def _explain_token_cosine(
     img_tokens: torch.Tensor,
     cap_tokens: torch.Tensor,
     names: list[str],
-    score: float,
+    sims: torch.Tensor,
 ) -> Explanation:
-    """Matchers without patch selection: cosine of each word with each patch token."""
+    """Matchers without patch selection: cosine of each word with each patch token (``sims``: the pair's
+    0-dim score; both read with one copy back, the per-word loop runs on the host)."""
     patches = img_tokens[int(matcher.has_cls) :]
-    cosines = l2norm(patches) @ l2norm(cap_tokens).T  # (N, L)
+    sims, cosines = _on_host(sims, l2norm(patches) @ l2norm(cap_tokens).T)  # cosines: (N, L)
     words = [
         _word(name, cosines[:, w], f"patch:{int(cosines[:, w].argmax())}", cosines[:, w].max())
         for w, name in enumerate(names)
     ]
-    return Explanation(method="token_cosine", grid=(1, patches.shape[0]), score=score, words=words)
+    return Explanation(method="token_cosine", grid=(1, patches.shape[0]), score=float(sims), words=words)

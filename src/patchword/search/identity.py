@@ -8,6 +8,8 @@ model does not.
 from __future__ import annotations
 
 import hashlib
+import threading
+import weakref
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -25,18 +27,54 @@ class IndexMismatchError(DataError):
     """The index was built by another model (different weights or tokenizer) than the one given."""
 
 
+# Each model's digest with what it was computed from (see _state_key), so that reopening a searcher (every
+# index update a server sees) hashes nothing: hashing copies every weight back from an accelerator.
+_DIGESTS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, str]] = weakref.WeakKeyDictionary()
+_DIGESTS_LOCK = threading.Lock()
+
+
 def weights_sha256(model: torch.nn.Module) -> str:
     """sha256 of a model's state dict (names, dtypes, shapes and bytes, in key order).
 
     Hashing the tensors rather than the checkpoint file makes the value independent of how the weights
-    were saved (``best.pt`` with optimizer state, an export) and of pickling details.
+    were saved (``best.pt`` with optimizer state, an export) and of pickling details. Computed once per
+    model and state: while no tensor of the state dict is replaced, moved or written in place, the cached
+    value is returned without reading (or copying back) any weight.
     """
+    state = model.state_dict()
+    key = _state_key(state)
+    with _DIGESTS_LOCK:
+        cached = _DIGESTS.get(model)
+    if key is not None and cached is not None and cached[0] == key:
+        return cached[1]
     digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
+    for name, tensor in state.items():
         flat = tensor.detach().cpu().contiguous().reshape(-1)
         digest.update(f"{name}|{flat.dtype}|{tuple(tensor.shape)}|".encode())
         digest.update(flat.view(torch.uint8).numpy().tobytes())
+    if key is not None:
+        with _DIGESTS_LOCK:
+            _DIGESTS[model] = (key, digest.hexdigest())
     return digest.hexdigest()
+
+
+def _state_key(state: dict[str, torch.Tensor]) -> tuple | None:
+    """What the digest of ``state`` depends on that can be read without reading a value: each tensor's
+    name, dtype, shape, device, memory and version counter (it counts in-place writes: an optimizer step,
+    ``load_state_dict``; the state dict's tensors share it with the parameters). None when a tensor has no
+    version counter (made under ``torch.inference_mode``): its writes cannot be seen, so it is not cached."""
+
+    def pointer(tensor: torch.Tensor) -> int:
+        try:
+            return tensor.data_ptr()
+        except RuntimeError:  # a tensor without storage (a subclass): its version still counts writes
+            return 0
+
+    if any(t.is_inference() for t in state.values()):
+        return None
+    return tuple(
+        (name, t.dtype, tuple(t.shape), t.device, pointer(t), t._version) for name, t in state.items()
+    )
 
 
 def _file_sha256(path: Path) -> str | None:

@@ -53,9 +53,10 @@ def encode_query(run: LoadedRun, text: str) -> Query:
         # the one query: its reason says what was missing.
         reason = getattr(err, "reason", None) or str(err)
         raise QueryError(f"the query has no words the model can read ({reason}): {text.strip()!r}") from err
-    device = run.device
-    tokens = run.model.encode_texts(ids.to(device), lens.to(device))
-    global_embedding = run.model.matcher.global_text(tokens, lens.to(device)).float().cpu()
+    # Host lengths: the encoder and the matcher check them there (no read of the device), and the ids go up
+    # without waiting for the device's queue.
+    tokens = run.model.encode_texts(ids.to(run.device, non_blocking=True), lens)
+    global_embedding = run.model.matcher.global_text(tokens, lens).float().cpu()
     max_tokens = run.config.data.max_caption_len
     return Query(
         text, ids, lens, tokens.float().cpu(), global_embedding, unknown, dropped, max_tokens, cut_word

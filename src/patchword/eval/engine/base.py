@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -208,6 +208,12 @@ class ScoringEngine:
     ) -> None:
         raise NotImplementedError
 
+    def score_staged(self, job, out: torch.Tensor, *, budget: int, progress: bool | None) -> None:
+        """:meth:`score` of a job staged already (a :class:`~patchword.eval.engine.staging.Staged`: tokens
+        on ``job.device``, lengths on the host and on the device). Engines that stage override it, so that
+        :meth:`score_pairs` stages once, not once per block; the default scores ``job.inputs``."""
+        self.score(job.inputs, out, budget=budget, device=job.device, progress=progress)
+
     @torch.no_grad()
     def score_pairs(
         self,
@@ -221,34 +227,33 @@ class ScoringEngine:
     ) -> torch.Tensor:
         """Similarities of the listed pairs only (two-stage re-ranking): (P,) float32 on the CPU.
 
-        The default groups the pairs by image and scores each image against its own captions with
-        :meth:`score`; engines may override it with something faster.
+        The default stages the job once (tokens on ``device``; lengths and the pair lists read on the host
+        once; the index tensors uploaded in one copy), scores blocks of images against the distinct texts
+        their pairs name (:func:`~patchword.eval.engine.staging.pair_blocks`) with :meth:`score_staged`
+        into a matrix on the device, gathers the listed pairs there and copies them back once: the loop
+        never waits for the device. Engines may override it with something faster.
         """
-        # checked once here (lengths copied to the host once), not once per image below
-        lens_on_host = {"cap_lens": inputs.cap_lens.cpu()}
-        if inputs.dense_lens is not None:
-            lens_on_host["dense_lens"] = inputs.dense_lens.cpu()
-        self.check_inputs(replace(inputs, **lens_on_host))
-        # the grouping is planned on the host (one copy of each index when they are on a device)
-        img_index, txt_index = img_index.cpu(), txt_index.cpu()
-        result = torch.empty(img_index.shape[0], dtype=torch.float32)
-        order = torch.argsort(img_index, stable=True)
-        images, counts = torch.unique_consecutive(img_index[order], return_counts=True)
+        # staging imports this module (ScoringInputs): its helpers are imported here, closing no cycle
+        from patchword.eval.engine.staging import host, host_pairs, pair_blocks, stage, sub_job
+
+        job = stage(inputs, device, None)
+        self.check_inputs(job.inputs)  # once (lengths on the host): the blocks below check shapes only
+        img_index, txt_index = host_pairs(img_index, txt_index, job.inputs.num_images, job.inputs.num_texts)
+        plan = pair_blocks(job.inputs, img_index, txt_index, budget, job.accelerator)
+        on_host = (plan.images, plan.texts, plan.cells, plan.pairs)
+        images, texts, cells, pairs = job.put(torch.cat(on_host)).split([t.numel() for t in on_host])
+        result = torch.empty(img_index.shape[0], dtype=torch.float32, device=job.device)  # copied back once
         with (
             progress_bar(int(img_index.shape[0]), "re-rank pairs", progress, unit="pair") as bar,
             values_checked(),
         ):
-            start = 0
-            for v, count in zip(images.tolist(), counts.tolist(), strict=True):
-                sel = order[start : start + count]
-                start += count
-                texts = txt_index[sel]
-                sub = inputs.subset(torch.tensor([v]), texts)
-                out = torch.empty(1, count, dtype=torch.float32)
-                self.score(sub, out, budget=budget, device=device, progress=False)
-                result[sel] = out[0]
-                bar.update(count)
-        return result
+            for (i0, i1), (t0, t1), (p0, p1) in plan.blocks:
+                sub = sub_job(job, (plan.images[i0:i1], images[i0:i1]), (plan.texts[t0:t1], texts[t0:t1]))
+                out = torch.empty(i1 - i0, t1 - t0, dtype=torch.float32, device=job.device)
+                self.score_staged(sub, out, budget=budget, progress=False)
+                result[pairs[p0:p1]] = out.reshape(-1)[cells[p0:p1]]
+                bar.update(p1 - p0)
+        return host(result)
 
 
 @dataclass

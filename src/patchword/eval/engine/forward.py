@@ -68,8 +68,11 @@ class ForwardEngine(ScoringEngine):
 
     @torch.no_grad()
     def score(self, inputs, out, *, budget, device, progress) -> None:
-        job = stage(inputs, device, None)
-        inputs = job.inputs  # lengths and pairing on the host: widths are read there
+        self.score_staged(stage(inputs, device, None), out, budget=budget, progress=progress)
+
+    @torch.no_grad()
+    def score_staged(self, job, out, *, budget, progress) -> None:
+        inputs, device = job.inputs, job.device  # lengths and pairing on the host: widths are read there
         self.check_inputs(job.inputs)  # once; the blocks read captions up to the longest one
         plan, workers = engine_plan(self, inputs, budget, device)
         n_img, n_txt = inputs.num_images, inputs.num_texts

@@ -25,7 +25,17 @@ import torch
 
 from patchword.eval.engine.base import ScoringInputs
 
-__all__ = ["Staged", "host", "is_accelerator", "row_buffer", "stage"]
+__all__ = [
+    "PairBlocks",
+    "Staged",
+    "host",
+    "host_pairs",
+    "is_accelerator",
+    "pair_blocks",
+    "row_buffer",
+    "stage",
+    "sub_job",
+]
 
 
 def is_accelerator(device: torch.device | str) -> bool:
@@ -130,3 +140,131 @@ def row_buffer(job: Staged, out: torch.Tensor, i0: int, i1: int) -> tuple[torch.
     if not job.accelerator or out.device.type == job.device.type:
         return out[i0:i1], None
     return torch.empty(i1 - i0, out.shape[1], dtype=out.dtype, device=job.device), out[i0:i1]
+
+
+# -- listed pairs (ScoringEngine.score_pairs) -------------------------------------------------------------
+
+#: How many matrix cells a block of :func:`pair_blocks` may compute per pair it holds: on the CPU every cell
+#: costs its arithmetic (no pair is scored that is not listed, as when images were scored one at a time);
+#: on an accelerator a small block is bound by its kernel launches, not by its cells, so a block may score
+#: up to 4 cells per pair, or any number up to ``_LAUNCH_BOUND_CELLS``.
+_CELLS_PER_PAIR = {False: 1, True: 4}
+_LAUNCH_BOUND_CELLS = 4096
+
+
+@dataclass
+class PairBlocks:
+    """How :meth:`~patchword.eval.engine.base.ScoringEngine.score_pairs` splits a list of pairs: blocks of
+    images, each scored against the distinct texts its pairs name; host tensors the blocks slice.
+
+    Attributes:
+        images: (B_all,) int64 the pairs' distinct images, block after block.
+        texts: (T_all,) int64 each block's distinct texts, block after block.
+        cells: (P,) int64 each pair's cell in its block's row-major (images x texts) matrix.
+        pairs: (P,) int64 each pair's position in the caller's lists, in the order of ``cells``.
+        blocks: per block, its ``(start, stop)`` in ``images``, in ``texts`` and in ``cells`` / ``pairs``.
+    """
+
+    images: torch.Tensor
+    texts: torch.Tensor
+    cells: torch.Tensor
+    pairs: torch.Tensor
+    blocks: list[tuple[tuple[int, int], tuple[int, int], tuple[int, int]]]
+
+
+def pair_blocks(
+    inputs: ScoringInputs, img_index: torch.Tensor, txt_index: torch.Tensor, budget: int, accelerator: bool
+) -> PairBlocks:
+    """Group (P,) host pairs by image into blocks of consecutive distinct images (ascending). A block grows
+    while its (images x texts) matrix has at most ``_CELLS_PER_PAIR[accelerator]`` cells per pair it holds
+    (on an accelerator, or at most ``_LAUNCH_BOUND_CELLS`` cells) and its gathered tokens and matrix take at
+    most a quarter of ``budget`` bytes (the engine's working memory has the budget); it holds one image at
+    least."""
+    order = torch.argsort(img_index, stable=True)
+    images, counts = torch.unique_consecutive(img_index[order], return_counts=True)
+    named = txt_index[order].split(counts.tolist())
+    image_tied = inputs.dense_tokens is not None and inputs.dense_index is None
+    per_image = _row_bytes(inputs.img_tokens) + (_row_bytes(inputs.dense_tokens) if image_tied else 0)
+    per_text = _row_bytes(inputs.cap_tokens)
+    ratio = _CELLS_PER_PAIR[accelerator]
+    groups: list[list[torch.Tensor]] = []  # each block's images' texts
+    distinct: set[int] = set()
+    held = 0  # pairs of the open block
+    for texts in named:
+        listed = texts.tolist()
+        grown = distinct.union(listed)
+        n_img, n_txt = len(groups[-1]) + 1 if groups else 1, len(grown)
+        cells = n_img * n_txt
+        fits = 4 * (n_img * per_image + n_txt * per_text + 4 * cells) <= budget
+        cheap = cells <= ratio * (held + len(listed)) or (accelerator and cells <= _LAUNCH_BOUND_CELLS)
+        if groups and fits and cheap:
+            groups[-1].append(texts)
+            distinct, held = grown, held + len(listed)
+        else:
+            groups.append([texts])
+            distinct, held = set(listed), len(listed)
+    block_texts, block_cells, blocks = [], [], []
+    i0 = t0 = p0 = 0
+    for group in groups:
+        members = torch.cat(group)
+        columns, column = torch.unique(members, return_inverse=True)  # sorted distinct texts
+        rows = torch.arange(len(group)).repeat_interleave(torch.tensor([t.numel() for t in group]))
+        block_texts.append(columns)
+        block_cells.append(rows * columns.numel() + column)
+        i1, t1, p1 = i0 + len(group), t0 + columns.numel(), p0 + members.numel()
+        blocks.append(((i0, i1), (t0, t1), (p0, p1)))
+        i0, t0, p0 = i1, t1, p1
+    empty = torch.zeros(0, dtype=torch.long)
+    return PairBlocks(
+        images,
+        torch.cat(block_texts) if block_texts else empty,
+        torch.cat(block_cells) if block_cells else empty,
+        order,
+        blocks,
+    )
+
+
+def _row_bytes(tokens: torch.Tensor) -> int:
+    """Bytes of one row (one image's or one text's tokens) of an (N, L, C) tensor."""
+    return tokens.shape[1] * tokens.shape[2] * tokens.element_size()
+
+
+def host_pairs(img_index, txt_index, n_img: int, n_txt: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(P,) int64 image and text indices on the host (one copy back when they are on a device), each
+    checked to be in its range (out of range, a device gather faults instead of raising)."""
+    img_index, txt_index = torch.as_tensor(img_index), torch.as_tensor(txt_index)
+    if img_index.dim() != 1 or img_index.shape != txt_index.shape:
+        raise ValueError(
+            "img_index and txt_index must be (P,) index lists of one length, got shapes "
+            f"{tuple(img_index.shape)} and {tuple(txt_index.shape)}"
+        )
+    both = host(torch.stack([img_index.long(), txt_index.long().to(img_index.device)]))
+    for values, size, name in ((both[0], n_img, "img_index"), (both[1], n_txt, "txt_index")):
+        if values.numel() and (int(values.min()) < 0 or int(values.max()) >= size):
+            raise ValueError(f"{name} holds indices outside [0, {size})")
+    return both[0], both[1]
+
+
+def sub_job(job: Staged, images: tuple[torch.Tensor, torch.Tensor], texts: tuple[torch.Tensor, torch.Tensor]):
+    """``job`` restricted to some images and texts, each given as (host index, device index): tokens and
+    device lengths are gathered on the device, host lengths on the host (no copy either way); dense rows
+    follow their images (image-tied) or their texts (``dense_index``)."""
+    inputs = job.inputs
+    (rows, rows_d), (cols, cols_d) = images, texts
+    dense, dense_lens, dense_index = inputs.dense_tokens, inputs.dense_lens, inputs.dense_index
+    dense_lens_d, dense_index_d = job.dense_lens, job.dense_index
+    if dense is not None and dense_index is None:  # image-tied: row v belongs to image v
+        dense, dense_lens, dense_lens_d = dense[rows_d], dense_lens[rows], dense_lens_d[rows_d]
+    elif dense is not None:
+        dense_index, dense_index_d = dense_index[cols], dense_index_d[cols_d]
+    sub = ScoringInputs(
+        inputs.img_tokens[rows_d],
+        inputs.cap_tokens[cols_d],
+        inputs.cap_lens[cols],
+        dense,
+        dense_lens,
+        dense_index,
+        None if inputs.image_constants is None else inputs.image_constants[rows_d],
+        None if inputs.patch_prior is None else inputs.patch_prior[rows_d],
+    )
+    return Staged(sub, job.device, job.dtype, job.cap_lens[cols_d], dense_lens_d, dense_index_d)

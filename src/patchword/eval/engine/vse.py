@@ -26,8 +26,11 @@ class VSEEngine(ScoringEngine):
 
     @torch.no_grad()
     def score(self, inputs, out, *, budget, device, progress) -> None:
-        job = stage(inputs, device, None)
-        inputs = job.inputs
+        self.score_staged(stage(inputs, device, None), out, budget=budget, progress=progress)
+
+    @torch.no_grad()
+    def score_staged(self, job, out, *, budget, progress) -> None:
+        inputs, device = job.inputs, job.device
         self.check_inputs(job.inputs)  # once: the embeddings of the blocks below check shapes only
         n_img, n_txt = inputs.num_images, inputs.num_texts
         l_v, dim = inputs.img_tokens.shape[1:]
