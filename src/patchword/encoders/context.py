@@ -89,7 +89,9 @@ class ContextTransformer(nn.Module):
             )
             if lens is not None:
                 lens = lens + 1
-        mask = None if lens is None else padding_mask(lens.to(tokens.device), tokens.shape[1])
+        mask = (
+            None if lens is None else padding_mask(lens.to(tokens.device, non_blocking=True), tokens.shape[1])
+        )
         stage1, half = None, len(self.layers) // 2
         for depth, layer in enumerate(self.layers, start=1):
             tokens = layer(tokens, src_key_padding_mask=mask)
@@ -125,7 +127,7 @@ class ContextualTextEncoder(EncoderBase):
 
     def forward(self, ids: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
         """(B, L) ids, (B,) lengths -> (B, L, embed_dim) contextualised tokens."""
-        return self.context(self.base(ids, lens), lens.to(ids.device))
+        return self.context(self.base(ids, lens), lens.to(ids.device, non_blocking=True))
 
 
 def _drop_projection_alias(

@@ -325,7 +325,7 @@ class HFTextEncoder(EncoderBase):
             size=ids.shape[0],
             max_len=ids.shape[1],
             values=not self.training or lens.device.type == "cpu",
-        ).to(ids.device)
+        ).to(ids.device, non_blocking=True)  # host lengths: no wait
         # The official mask is ids != 0; also masking positions >= lens makes the output independent of
         # whatever a caller left in the padding.
         attention_mask = (ids != 0) & ~padding_mask(lens, ids.shape[1])  # (B, L) keys to attend to

@@ -254,6 +254,6 @@ class TinyTextTransformer(EncoderBase):
             size=ids.shape[0],
             max_len=length,
             values=not self.training or lens.device.type == "cpu",
-        ).to(ids.device)
+        ).to(ids.device, non_blocking=True)  # host lengths: no wait
         x = self.embed_drop(self.token_embed(ids) + self.pos_embed[:, :length])
         return self.proj(self.encoder(x, key_padding_mask=padding_mask(lens, length)))
