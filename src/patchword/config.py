@@ -467,14 +467,19 @@ def _deep_merge(base: dict[str, Any], update: dict[str, Any], where: str) -> dic
     return out
 
 
-def refuse_overrides(overrides: Iterable[str], allowed: Iterable[str], why: str) -> None:
+def refuse_overrides(overrides: Iterable[str], allowed: Iterable[str], why: str, config: Any = None) -> None:
     """Refuse, naming it, the first ``key=value`` override whose key is not in ``allowed`` (a resume, an
     evaluation of a trained run: keys that would change what the run is); ``why`` ends the message. An item
-    without ``=`` is left to :func:`apply_overrides`, which names it."""
+    without ``=`` is left to :func:`apply_overrides`, which names it. With ``config`` (the config the
+    overrides apply to), a key it does not have is refused as unknown first (:func:`apply_overrides` names
+    it and the closest valid key): ``train.foo`` is no key that "cannot change"."""
     allowed = set(allowed)
+    known = flat_config(config) if config is not None else None
     for item in overrides:
         key = item.split("=", 1)[0].strip()
         if "=" in item and key not in allowed:
+            if known is not None and key not in known:
+                apply_overrides(config, [item])  # raises for an unknown key (an alias is a known one)
             raise ConfigError(key, why)
 
 

@@ -19,7 +19,14 @@ try:
 except ImportError as err:  # pragma: no cover - exercised only without the extra
     raise MissingExtraError("plots need matplotlib: pip install 'patchword[plots]'") from err
 
-__all__ = ["CURVE_FIELDS", "curve_records", "plot_training_curve", "plot_retrievals", "save_figure"]
+__all__ = [
+    "CURVE_FIELDS",
+    "curve_records",
+    "dev_label",
+    "plot_training_curve",
+    "plot_retrievals",
+    "save_figure",
+]
 
 #: What a training curve reads from each record of ``metrics.jsonl``, by its ``split``.
 CURVE_FIELDS = {"train": {"step": NUMBER, "loss": NUMBER}, "dev": {"step": NUMBER, "rsum": NUMBER}}
@@ -62,6 +69,14 @@ def curve_records(metrics_jsonl: str | Path) -> tuple[list[dict], list[dict]]:
     return found["train"], found["dev"]
 
 
+def dev_label(dev: list[dict]) -> str:
+    """What the dev curve of records ``dev`` shows: ``dev rSum (300 images)``, the images the validations
+    scored (``train.eval_max_images`` may cut the dev split: rSum on fewer images is higher than the whole
+    split's), or ``dev rSum`` where the records do not say it (written before they did) or differ."""
+    images = {r.get("images") for r in dev}
+    return f"dev rSum ({images.pop()} images)" if len(images) == 1 and None not in images else "dev rSum"
+
+
 def plot_training_curve(metrics_jsonl: str | Path, out: str | Path, title: str = "") -> None:
     """Training loss and dev rSum against optimiser steps."""
     train, dev = curve_records(metrics_jsonl)
@@ -71,8 +86,9 @@ def plot_training_curve(metrics_jsonl: str | Path, out: str | Path, title: str =
     ax.set_xlabel("step")
     ax.set_ylabel("training loss", color="tab:blue")
     ax2 = ax.twinx()
-    ax2.plot([r["step"] for r in dev], [r["rsum"] for r in dev], "o-", color="tab:red", label="dev rSum")
-    ax2.set_ylabel("dev rSum", color="tab:red")
+    label = dev_label(dev)
+    ax2.plot([r["step"] for r in dev], [r["rsum"] for r in dev], "o-", color="tab:red", label=label)
+    ax2.set_ylabel(label, color="tab:red")
     ax.set_title(title or "patchword: training loss and dev rSum")
     fig.tight_layout()
     save_figure(fig, out)

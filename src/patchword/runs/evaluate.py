@@ -121,7 +121,8 @@ def run_metadata(cfg: RunConfig, model: RetrievalModel, role: str, split) -> dic
         "matcher": cfg.model.matcher,
         # the options the matcher's registration asks every metrics file to record (SEPS: its variant)
         **{key: options.get(key) for key in matcher_spec(cfg.model.matcher).report},
-        "dense_pairing": matcher.dense_pairing if matcher.consumes_dense else None,
+        # None without dense text (data.dense=false, or a matcher that reads none): no pairing took place
+        "dense_pairing": matcher.dense_pairing if cfg.data.dense and matcher.consumes_dense else None,
         "leaky": bool(cfg.data.dense and matcher.leaky),
         "eval_precision": cfg.eval.precision,  # the scoring engine's products ("tf32" is not exact)
         # the weights' dtype, which the encoders computed in (precision=fp64: float64); their tokens reach

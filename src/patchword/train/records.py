@@ -12,6 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from patchword.data.pipeline import EncodedSplit
 from patchword.fileio import append_line
 from patchword.runs.config import RunConfig
 from patchword.train.optimiser import Optimiser
@@ -52,23 +53,34 @@ def train_record(
 
 
 def dev_record(
-    metrics: dict[str, float], step: int, epoch: int, batch_in_epoch: int, now: float
+    metrics: dict[str, float], step: int, epoch: int, batch_in_epoch: int, now: float, dev: EncodedSplit
 ) -> dict[str, Any]:
     """The record of the dev evaluation after ``step`` steps; ``epoch`` and ``batch_in_epoch`` are the
     trainer's position after it, the record's epoch the one the validated step belongs to, as in training
-    records (after an epoch's last step the position has moved on to the next)."""
+    records (after an epoch's last step the position has moved on to the next). ``images`` and
+    ``captions`` say what it scored: ``dev``, the first ``train.eval_max_images`` dev images when that
+    cuts the split (its figures are not the whole dev split's, which ``patchword eval`` scores)."""
     epoch = epoch - 1 if batch_in_epoch == 0 and step > 0 else epoch
-    return {"split": "dev", "step": step, "epoch": epoch, **metrics, "time": now}
+    scored = {"images": dev.num_images, "captions": dev.num_captions}
+    return {"split": "dev", "step": step, "epoch": epoch, **scored, **metrics, "time": now}
 
 
 def fit_summary(
-    best_rsum: float, steps: int, epochs_done: int, skipped_steps: int, times: dict[str, float]
+    best_rsum: float,
+    steps: int,
+    epochs_done: int,
+    skipped_steps: int,
+    times: dict[str, float],
+    dev_images: int,
 ) -> dict[str, Any]:
-    """What a fit reports (``summary.json`` repeats it): the best dev rSum, the steps and epochs done,
+    """What a fit reports (``summary.json`` repeats it): the best dev rSum and the dev images it was
+    measured on (``dev_images``: ``train.eval_max_images`` may cut the split), the steps and epochs done,
     the steps skipped and the training ``times`` (:meth:`~patchword.train.times.RunTimes.report`)."""
+    validated = math.isfinite(best_rsum)
     return {
         # None before any validation (a resumed run that never validated): JSON has no -Infinity
-        "best_dev_rsum": best_rsum if math.isfinite(best_rsum) else None,
+        "best_dev_rsum": best_rsum if validated else None,
+        "best_dev_images": dev_images if validated else None,
         "steps": steps,
         "epochs_done": epochs_done,
         "skipped_steps": skipped_steps,

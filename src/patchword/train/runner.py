@@ -46,6 +46,7 @@ from patchword.fileio import (
     repair_jsonl,
 )
 from patchword.model import RetrievalModel, model_reads_dense
+from patchword.readers import read_json
 from patchword.runs import (
     BACKBONES_FILE,
     BERT_VOCAB_DIR,
@@ -65,9 +66,12 @@ from patchword.runs.evaluate import evaluate_run, json_text
 from patchword.runs.files import BEST_CHECKPOINT, EXPORT_DIR, LAST_CHECKPOINT, METRICS_JSON, SUMMARY_FILE
 from patchword.runs.origins import recorded_warm_start
 from patchword.runs.recorded import DIGEST_FIELD
+from patchword.train.limits import refuse_limits_behind
 from patchword.train.process import stop_raises
 from patchword.train.resumable import resumable_state
+from patchword.train.resuming import nothing_to_do, owe_last_validation, train_hint
 from patchword.train.sessions import evaluates_otherwise, session_machine, set_aside_results
+from patchword.train.settings import check_model_settings
 from patchword.train.trackers import TENSORBOARD_DIR, WANDB_ID_FILE
 from patchword.train.trainer import Trainer
 from patchword.train.validate import RESUMABLE_KEYS, check_config_and_truth, check_launch, check_model_data
@@ -181,6 +185,8 @@ def _build(
     else:
         model = create_model(cfg.model, vocab_size=data.vocab_size, vocab_words=data.vocab_words)
     check_model_data(cfg, model, data)
+    if run_dir is None:  # a new run: no setting its model would not read (a resume keeps its own)
+        check_model_settings(cfg, model)
     return data, model
 
 
@@ -228,11 +234,11 @@ def train_run(
         Interrupted: SIGTERM / SIGINT before training (nothing kept) or during the final evaluation;
             :class:`~patchword.train.trainer.TrainingInterrupted` during training (last.pt written).
     """
-    device, truth = check_config_and_truth(cfg)  # truth: the COCO ground truth, read once
     # a file in its place or a parent's, a read-only or vanished output_dir: now, not after the data
     check_output_dir(cfg.output_dir, "output_dir", what="the directory runs go in")
+    device, truth = check_config_and_truth(cfg)  # truth: the COCO ground truth, read once
     run_dir = Path(cfg.output_dir) / cfg.name
-    hint = hint or ResumeHint.resume(TRAIN_RUNS.command, run_dir)
+    hint = hint or train_hint(TRAIN_RUNS.command, run_dir)  # the run's own config.yaml: no overrides
     phase: dict[str, Any] = {"then": hint.before_start()}
     with stop_raises(phase), session(device, cfg.dist_timeout_s) as dist, contextlib.ExitStack() as locks:
         check_launch(cfg, dist.world_size)
@@ -270,11 +276,14 @@ def resume_run(
 
     Only the keys in :data:`RESUMABLE_KEYS` may be overridden (more epochs, another device, other eval
     options); ``config.yaml`` is never rewritten: each resume is appended to ``resumes.jsonl``. ``hint``:
-    how an interruption's message says to go on with the run (default ``patchword train --resume``).
+    how an interruption's message says to go on with the run (default ``patchword train --resume RUN``
+    with these ``overrides``: :func:`~patchword.train.resuming.train_hint`). A finished run whose
+    summary.json this resume would only write again is left as it is (its summary returned).
 
     Raises:
         MissingFileError: no such run, or it has no config.yaml / last.pt.
-        ConfigError: an override of a key that is not safe to change on a resume.
+        ConfigError: an override of a key that is not safe to change on a resume (an unknown key: named as
+            one); a train.epochs / train.max_steps below the step last.pt is at (nothing is written).
         RunExistsError: another process trains or resumes the run now.
         Interrupted: SIGTERM / SIGINT outside the training loop;
             :class:`~patchword.train.trainer.TrainingInterrupted` during training (last.pt written).
@@ -287,31 +296,34 @@ def resume_run(
         RESUMABLE_KEYS,
         "cannot change on --resume (the run keeps its own data, model and optimiser settings); "
         f"resumable keys: {', '.join(sorted(RESUMABLE_KEYS))}",
+        config=saved,  # an unknown key is named as one (and the closest valid key), not as not resumable
     )
     cfg = apply_overrides(saved, list(overrides))
     device, truth = check_config_and_truth(cfg, resuming=True)
+    refuse_limits_behind(cfg.train, state, run_dir)
     probe_writable(run_dir)
     stored = from_dict(RunConfig, state["config"])
     refuse_edited_config(run_dir / CONFIG_FILE, saved, stored, RESUMABLE_KEYS)
     tokenizer = load_run_tokenizer(run_dir, cfg.data)
-    hint = hint or ResumeHint.resume(TRAIN_RUNS.command, run_dir)
+    # an interrupted session goes on with its own overrides (train.epochs=8 is not config.yaml's limit)
+    hint = hint or train_hint(TRAIN_RUNS.command, run_dir, overrides)
     phase: dict[str, Any] = {"then": hint.before_resumed()}
     with stop_raises(phase), session(device, cfg.dist_timeout_s) as dist, contextlib.ExitStack() as locks:
         check_launch(cfg, dist.world_size)
         # locked, then what a kill during a write left (export/ included) removed
         _on_main(dist, run_dir, lambda: TRAIN_RUNS.lock_for_resume(run_dir, locks))
+        (done,) = dist.any(dist.is_main and nothing_to_do(run_dir, cfg, state) is not None)
+        if done:  # summary.json kept byte for byte: a resume would only write it again (adding its idle time)
+            return read_json(run_dir / SUMMARY_FILE, "run summary")
         data, model = _build(cfg, None, tokenizer=tokenizer, run_dir=run_dir)
         trainer = _trainer(cfg, model, data, run_dir, dist, hint)
         trainer.load_state_dict(state)
-        _logger.info(
-            "resumed %s at epoch %d, batch %d, step %d",
-            run_dir,
-            trainer.epoch,
-            trainer.batch_in_epoch,
-            trainer.step,
-        )
+        position = (trainer.epoch, trainer.batch_in_epoch, trainer.step)
+        _logger.info("resumed %s at epoch %d, batch %d, step %d", run_dir, *position)
         if dist.is_main:
             drop_metrics_after(run_dir, trainer.step, validation_due=trainer.validation_due)
+        owe_last_validation(trainer, run_dir, dist)  # a limit reached at a step never validated
+        if dist.is_main:
             # the results a resume replaces are kept (read before this resume is recorded)
             aside = not trainer.finished or evaluates_otherwise(run_dir, cfg)
             record = {

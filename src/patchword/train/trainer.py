@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -72,7 +72,8 @@ class Trainer:
 
     Validation and stops: :mod:`~patchword.train.limits`. A signal on a step to validate stops the run at
     once (pre-emption leaves seconds) with the validation recorded as due in ``last.pt``; the resume runs
-    it first, so an interrupted run validates the same steps as an uninterrupted one.
+    it first, so an interrupted run validates the same steps as an uninterrupted one. One that arrives
+    during a validation stops the run once it is saved, at the step it validated.
 
     Times: :attr:`train_seconds` and its parts, every session's, kept in ``last.pt``
     (:mod:`~patchword.train.times`). A training record's ``step_seconds`` is the step time per step since
@@ -228,6 +229,7 @@ class Trainer:
         self._logged_at = (self.step, self.timing.totals["steps"])  # step_seconds: this session's steps only
         if self.validation_due:  # the signal that stopped the last session came before this validation
             self.validate()
+            self._stop_if_signalled(flag)
         # A resumed run that already got there. A new run takes its first step whatever the budget: one
         # spent before it (train.time_budget_s=1e-6) would leave no checkpoint to resume or evaluate.
         stop = self.step > 0 and self._limit_reached()
@@ -240,16 +242,16 @@ class Trainer:
             finally:
                 self._bar = None
         if self.limits.budget_stopped(self.epoch, self.step, self.train_seconds):
+            spent = (self.tc.time_budget_s, self.step, self.train_seconds)
             _logger.info(
                 "train.time_budget_s=%g spent: stopped at step %d (%.1f s of training; a new run always "
                 "takes its first step)",
-                self.tc.time_budget_s,
-                self.step,
-                self.train_seconds,
+                *spent,
             )
         # what last.pt records (the fit ends with a save): a resume continues from exactly these
         times = self.times() if self.timing.saved is None else self.timing.saved
-        return fit_summary(self.best_rsum, self.step, self.epoch, self.skipped_steps, times)
+        counts = (self.step, self.epoch, self.skipped_steps)
+        return fit_summary(self.best_rsum, *counts, times, self.dev_split.num_images)
 
     def _train_loop(self, flag: dict[str, int], stop: bool) -> None:
         while not stop:
@@ -274,16 +276,25 @@ class Trainer:
                     # Stop now (pre-emption leaves seconds); this step's validation waits for the resume.
                     self.validation_due = due
                     self.save_last()
-                    signum = flag.get("signum", signal.SIGTERM)
-                    checkpoint = self.run_dir / LAST_CHECKPOINT
-                    raise TrainingInterrupted(signum, self.step, checkpoint, self.resume_hint)
+                    self._stop(flag)
                 if due:
                     self.validate()
+                    self._stop_if_signalled(flag)  # one during the validation: not after one more step
                 elif self.limits.saves(self.step):
                     self.save_last()
                 if stop:
                     break
                 waiting = time.perf_counter()
+
+    def _stop_if_signalled(self, flag: dict[str, int]) -> None:
+        """Stop if a signal arrived in any process during a validation (``last.pt`` holds it, just saved)."""
+        (signalled,) = self.dist.any("signum" in flag)
+        if signalled:
+            self._stop(flag)
+
+    def _stop(self, flag: dict[str, int]) -> NoReturn:
+        signum = flag.get("signum", signal.SIGTERM)
+        raise TrainingInterrupted(signum, self.step, self.run_dir / LAST_CHECKPOINT, self.resume_hint)
 
     def _next_epoch(self) -> None:
         self.epoch += 1
@@ -368,15 +379,11 @@ class Trainer:
             self.model, self.dev_split, eval_cfg, device=self.device, progress=progress, dist=self.dist
         )
         metrics.pop("cost")  # the test evaluation records it (summary.json); dev records stay flat
-        self._log(dev_record(metrics, self.step, self.epoch, self.batch_in_epoch, time.time()))
+        position = (self.step, self.epoch, self.batch_in_epoch)
+        self._log(dev_record(metrics, *position, time.time(), self.dev_split))
         self.validation_due = False
-        _logger.info(
-            "dev @ step %d: rsum %.1f (t2i R@1 %.1f, i2t R@1 %.1f)",
-            self.step,
-            metrics["rsum"],
-            metrics["t2i_r1"],
-            metrics["i2t_r1"],
-        )
+        said = (self.step, self.dev_split.num_images, metrics["rsum"], metrics["t2i_r1"], metrics["i2t_r1"])
+        _logger.info("dev @ step %d (%d images): rsum %.1f (t2i R@1 %.1f, i2t R@1 %.1f)", *said)
         saving = time.perf_counter()
         self.timing.totals["validation"] += saving - started
         if metrics["rsum"] > self.best_rsum:

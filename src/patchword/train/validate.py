@@ -25,6 +25,7 @@ from patchword.data.prepare import (
 )
 from patchword.device import resolve_device
 from patchword.errors import ConfigError, MissingFileError
+from patchword.fileio import check_output_dir
 from patchword.matching.registry import list_matchers, matcher_spec
 from patchword.model import (
     matcher_arguments,
@@ -42,6 +43,7 @@ from patchword.runs.checks import (
 )
 from patchword.runs.config import CUDA_GRAPH_COMPILE_MODES, RunConfig
 from patchword.runs.evaluate import held_out_warning
+from patchword.train.settings import check_optimiser, check_settings_take_effect
 from patchword.train.trackers import TRACKERS, import_wandb
 
 if TYPE_CHECKING:
@@ -90,11 +92,6 @@ RESUMABLE_KEYS = frozenset(
         "dist_timeout_s",
     }
 )
-
-
-def _ratio(value: float, key: str) -> None:
-    if not 0 < value <= 1:
-        raise ConfigError(key, f"must lie in (0, 1], got {value!r}")
 
 
 def _check_matcher(cfg: RunConfig) -> None:
@@ -196,19 +193,14 @@ def _check_identity(cfg: RunConfig) -> None:
     check_common_values(cfg)
 
 
-def _check_optimiser(cfg: RunConfig) -> None:
-    """AdamW's, the schedule's and the loss's factors: checked here, or AdamW refuses a negative weight decay
-    after the run directory was written, a negative decay gives negative learning rates without a word, and
-    an infinite margin makes every loss non-finite, every step skipped, and the run still "succeeds"."""
-    tc = cfg.train
-    for key, value in (
-        ("train.weight_decay", tc.weight_decay),
-        ("train.backbone_lr_mult", tc.backbone_lr_mult),
-        ("train.margin", tc.margin),
-        ("train.ratio_weight", tc.ratio_weight),
-    ):
-        check_finite_number(key, value)
-    _ratio(tc.lr_decay, "train.lr_decay")  # the factor each milestone multiplies the learning rates by
+def _check_cache_dir(cfg: RunConfig) -> None:
+    """The synthetic scenes' cache (``data.cache_dir``; default ``$PATCHWORD_CACHE`` or ``~/.cache``) can
+    take them, unless they are cached there already (a read-only shared cache is read, never written)."""
+    from patchword.data.synthetic.dataset import cache_target
+
+    target = cache_target(cfg.data.synthetic_config(), cfg.data.cache_dir or None)
+    if not (target / "config.json").is_file():
+        check_output_dir(target.parent, "data.cache_dir", what="the directory synthetic scenes are cached in")
 
 
 def _existing(path: str, key: str, kind: str = "file") -> None:
@@ -282,11 +274,13 @@ def check_config_and_truth(
         check_at_least(key, value, low)
     eval_role(dc, ec.split)  # "test" or "dev" (or the dataset's names for them)
     check_finite_number("train.lr", tc.lr, inclusive=False)
-    _check_optimiser(cfg)
+    check_optimiser(cfg, resuming=resuming)
     _check_identity(cfg)
     check_finite_number("dist_timeout_s", cfg.dist_timeout_s, inclusive=False)
     _check_matcher(cfg)
     _check_compile(cfg, resuming)
+    if not resuming:  # a resumed run keeps what it trained with (and cannot change it)
+        check_settings_take_effect(cfg)
     unknown = [name for name in tc.report_to if name not in TRACKERS]
     if unknown:
         raise ConfigError("train.report_to", f"unknown tracker {unknown[0]!r}; known: {', '.join(TRACKERS)}")
@@ -330,6 +324,8 @@ def check_config_and_truth(
         for key, length in lengths:
             if length > mc.max_text_len:
                 raise ConfigError(key, f"is {length} but model.max_text_len is {mc.max_text_len}")
+    if dc.dataset in SYNTHETIC_DATASETS:  # a file or /proc there: now, not after the scenes are generated
+        _check_cache_dir(cfg)
     # files that must exist
     if dc.dataset in FILE_DATASETS or dc.dataset == "precomp":
         if dc.root:

@@ -160,6 +160,13 @@ def default_cache_dir() -> Path:
     return (Path(root) if root else Path.home() / ".cache" / "patchword") / "synthetic"
 
 
+def cache_target(config: SyntheticConfig, cache_dir: str | os.PathLike | None = None) -> Path:
+    """The directory :meth:`SyntheticScenes.load_or_generate` caches the scenes of ``config`` in, under
+    ``cache_dir`` (default :func:`default_cache_dir`); they are cached once it holds ``config.json``."""
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return root / f"synthetic-{config.cache_key()}"
+
+
 class SyntheticScenes:
     """The synthetic scenes dataset: train / dev / test :class:`SceneSplit` s generated from one config.
 
@@ -198,8 +205,7 @@ class SyntheticScenes:
             cache_dir: cache root; default :func:`default_cache_dir`.
         """
         config = config or SyntheticConfig()
-        root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        target = root / f"synthetic-{config.cache_key()}"
+        target = cache_target(config, cache_dir)
         if (target / "config.json").exists():
             logger.info("loading synthetic scenes from %s", target)
             return cls(config, {name: SceneSplit.load(target, name) for name in SPLITS})
