@@ -40,6 +40,7 @@ def _config(*overrides: str) -> RunConfig:
         (["train.lr_milestone_steps=[-3]"], "train.lr_milestone_steps", "must be >= 1"),
         (["train.hardest_after_epochs=-1"], "train.hardest_after_epochs", "must be >= 0"),
         (["train.align_warmup_epochs=-1"], "train.align_warmup_epochs", "must be >= 0"),
+        (["train.report_to=[tensorboard,tensorboard]"], "train.report_to", "names 'tensorboard' twice"),
         (
             ["model.seps.dense_pairing=caption", "data.dense=false"],
             "model.seps.dense_pairing",
@@ -149,3 +150,15 @@ def test_scenes_cached_in_a_read_only_cache_are_read(tmp_path):
     finally:
         for path, mode in modes.items():
             path.chmod(mode)
+
+
+def test_a_resume_of_a_run_with_best_pt_but_no_last_pt_does_not_advise_rerunning_it(tmp_path, capsys):
+    """It said the run stopped before its first checkpoint and to rerun the command that started it, which
+    then refused the run directory (it holds best.pt)."""
+    args = [*TINY_RUN_32, "train.max_steps=1", "progress=false", f"output_dir={tmp_path}", "name=r"]
+    assert main(["train", *args]) == 0
+    (tmp_path / "r" / "last.pt").unlink()
+    assert main(["train", "--resume", str(tmp_path / "r")]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "has best.pt but no last.pt" in line and "train.init_from=" in line
+    assert "run the command that started it again" not in line

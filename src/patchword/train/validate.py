@@ -284,6 +284,9 @@ def check_config_and_truth(
     unknown = [name for name in tc.report_to if name not in TRACKERS]
     if unknown:
         raise ConfigError("train.report_to", f"unknown tracker {unknown[0]!r}; known: {', '.join(TRACKERS)}")
+    repeated = [name for i, name in enumerate(tc.report_to) if name in tc.report_to[:i]]
+    if repeated:  # two trackers of one kind would log every record twice
+        raise ConfigError("train.report_to", f"names {repeated[0]!r} twice")
     if "wandb" in tc.report_to:
         _check_wandb(tc.wandb_mode)
     if dc.dataset in SYNTHETIC_DATASETS:
