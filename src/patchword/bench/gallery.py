@@ -49,6 +49,7 @@ from patchword.bench.machine import load_average, machine_description
 from patchword.device import describe_device, peak_host_rss_mb, reset_peak_host_rss, resolve_device
 from patchword.errors import ConfigError, MissingFileError, RunExistsError
 from patchword.eval import score_matrix
+from patchword.fileio import check_output_dir
 
 __all__ = [
     "CAPTIONS_PER_IMAGE",
@@ -58,6 +59,7 @@ __all__ = [
     "format_gallery",
     "matrix_path",
     "partial_path",
+    "refuse_repeated_shapes",
     "run_gallery",
 ]
 
@@ -158,12 +160,16 @@ class _Job:
     keep: bool = False
 
 
-def _check(shapes, config, device, max_seconds, max_memory_mb, workdir, keep, overwrite, blocks):
+def _check(
+    shapes, config, device, max_seconds, max_memory_mb, workdir, keep, overwrite, blocks, results_file
+):
     """Every argument checked before any work (a gallery run can take many minutes); the device and the
     (images, captions) block."""
     unknown = [s for s in shapes if s not in GALLERY_SHAPES]
     if not shapes or unknown:
         raise ConfigError("--shapes", f"unknown shape(s) {unknown}; choose from {', '.join(GALLERY_SHAPES)}")
+    if keep:  # both would be kept in its one file (the command line refuses a repeat in any case)
+        refuse_repeated_shapes(shapes)
     if config not in SCORING_CONFIGS:
         raise ConfigError("--config", f"unknown config {config!r}; choose from {', '.join(SCORING_CONFIGS)}")
     if not max_seconds > 0:  # NaN too
@@ -179,6 +185,10 @@ def _check(shapes, config, device, max_seconds, max_memory_mb, workdir, keep, ov
         raise ConfigError("--keep", "needs --workdir: the matrices are kept there")
     if workdir is not None and not Path(workdir).is_dir():
         raise MissingFileError(f"--workdir {workdir} does not exist or is not a folder")
+    if workdir is not None:  # read-only: refused now, not once the first shape's file is made
+        check_output_dir(workdir, "--workdir", what="the folder of the matrix files")
+    if keep and results_file is not None:
+        _refuse_results_on_matrix(shapes, workdir, Path(results_file))
     existing = [matrix_path(workdir, s) for s in shapes if keep and matrix_path(workdir, s).exists()]
     if existing and not overwrite:
         raise RunExistsError(f"{existing[0]} exists; pass --force to overwrite it")
@@ -188,6 +198,32 @@ def _check(shapes, config, device, max_seconds, max_memory_mb, workdir, keep, ov
     if free < need:  # the first block of every shape is always scored
         raise ConfigError("--workdir", f"{folder} has {free >> 20} MiB free; a block needs {need >> 20} MiB")
     return resolved, blocks
+
+
+def refuse_repeated_shapes(shapes: Sequence[str]) -> None:
+    """A shape given twice (``--shapes 1k,1k``) is refused: it was scored twice, into one file, and listed
+    twice in the table.
+
+    Raises:
+        ConfigError: naming ``--shapes`` and the shape.
+    """
+    twice = next((shape for n, shape in enumerate(shapes) if shape in shapes[:n]), None)
+    if twice is not None:
+        raise ConfigError("--shapes", f"{twice} is given twice: each shape is scored once")
+
+
+def _refuse_results_on_matrix(shapes: Sequence[str], workdir: str | Path, results_file: Path) -> None:
+    """The result file (``--json``) is none of the matrix files ``--keep`` leaves in ``workdir``: written
+    last, it replaced the kept matrix (which the output still listed as kept)."""
+    where = results_file.expanduser().resolve()
+    for shape in shapes:
+        for path in (matrix_path(workdir, shape), partial_path(workdir, shape)):
+            if path.expanduser().resolve() == where:
+                raise ConfigError(
+                    "--json",
+                    f"{results_file} is where --keep leaves the {shape} matrix in --workdir: give --json "
+                    "another file",
+                )
 
 
 def _block_bytes(rows: int, cols: int) -> int:
@@ -330,6 +366,7 @@ def run_gallery(
     seed: int = 0,
     command: str = "patchword bench gallery",
     clock: Callable[[], float] = time.perf_counter,
+    results_file: str | Path | None = None,
 ) -> dict[str, Any]:
     """Score the exhaustive matrix of ``config`` at each of ``shapes`` (see the module docstring).
 
@@ -351,6 +388,8 @@ def run_gallery(
         seed: seed of the synthetic tokens (:class:`GalleryTokens`).
         command: the command line recorded in the result.
         clock: seconds (tests replace it).
+        results_file: the file the caller writes the result to (``--json``): refused when it is one of the
+            matrix files ``keep`` leaves in ``workdir``.
 
     Returns:
         A JSON-able dict: ``kind`` ("gallery"), ``config``, ``device``, ``machine``, ``max_memory_mb``,
@@ -369,7 +408,7 @@ def run_gallery(
 
     shapes = list(shapes)
     checked = (shapes, config, device, max_seconds, max_memory_mb, workdir, keep, overwrite)
-    device, blocks = _check(*checked, (block_images, block_captions))
+    device, blocks = _check(*checked, (block_images, block_captions), results_file)
     started, stamp = clock(), datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     budget = float(default_budget_mb(device) if max_memory_mb is None else max_memory_mb)
     matcher = build_bench_matcher(config).to(device)

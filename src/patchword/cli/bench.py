@@ -274,12 +274,14 @@ _QUICK_GALLERY = {"shapes": "quick", "block_images": 8, "block_captions": 40}
 
 def _gallery(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     """``run_gallery`` of the flags; it checks them all before any work."""
-    from patchword.bench.gallery import run_gallery
+    from patchword.bench.gallery import refuse_repeated_shapes, run_gallery
 
     quick = _QUICK_GALLERY if args.quick else {}
     shapes = args.shapes if args.shapes is not None else quick.get("shapes", "1k,10k,100k")
+    shapes = [s.strip() for s in shapes.split(",") if s.strip()]
+    refuse_repeated_shapes(shapes)
     return run_gallery(
-        shapes=[s.strip() for s in shapes.split(",") if s.strip()],
+        shapes=shapes,
         config=args.config,
         device=args.device,
         max_seconds=args.max_seconds,
@@ -290,6 +292,7 @@ def _gallery(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         block_images=args.block_images or quick.get("block_images"),
         block_captions=args.block_captions or quick.get("block_captions"),
         command="patchword bench " + shlex.join(argv),
+        results_file=None if args.json is None or _to_stdout(args) else args.json,
     )
 
 

@@ -175,15 +175,20 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         do_sample=args.sample,
         **given,
     )
+    if args.model_id is not None and not args.model_id.strip():  # was replaced by the default id
+        raise ConfigError("--model-id", "is empty: give the name each line records, or leave it out")
     shard = parse_shard(args.shard) if args.shard else None
     ranked = shard_from_env() if shard is None else None
     device = resolve_device(args.device)
     precision = resolve_precision(args.precision, device)
+    # what the user chose, compared with a finished file's sidecar before the model loads (auto: the
+    # model and device decide, as for the file's first run)
+    explicit = {"model_id": args.model_id, "precision": None if args.precision == "auto" else precision}
     images = image_list(args, parser)
     out = args.out
     if ranked is not None:
         check_output_path(out)  # the merge's --out, read before any rank's own file is checked
-        if _finished_job(out, images, settings, args.model):
+        if _finished_job(out, images, settings, args.model, explicit):
             print(f"{out}: complete ({len(images)} images); nothing to do")
             return 0
         shard, out = ranked, shard_output_path(args.out, ranked)
@@ -204,6 +209,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         out,
         settings,
         model_name=args.model,
+        **explicit,
         batch_size=args.batch_size,
         shard=shard,
         on_bad_image="skip" if args.skip_bad_images else "error",
@@ -244,13 +250,14 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
-def _finished_job(out: Path, images, settings, model_name: str) -> bool:
-    """Under torchrun ``--out`` is written by the merge: it must not exist yet, or be this job, finished."""
+def _finished_job(out: Path, images, settings, model_name: str, explicit: dict[str, str | None]) -> bool:
+    """Under torchrun ``--out`` is written by the merge: it must not exist yet, or be this job, finished
+    (``explicit``: the ``model_id`` / ``precision`` the user gave, as :func:`is_complete` compares them)."""
     from patchword.densify.resume import is_complete
 
     if not out.exists():
         return False
-    if is_complete(out, images, settings, model_name=model_name):
+    if is_complete(out, images, settings, model_name=model_name, **explicit):
         return True
     raise FileExistsError(f"{out} exists and is not this job's finished output; choose another --out")
 
@@ -321,7 +328,7 @@ def _synthetic_for(path: Path, args: argparse.Namespace):
 
 def _stats(args: argparse.Namespace) -> int:
     from patchword.densify.stats import dense_stats, format_stats, read_texts
-    from patchword.errors import ConfigError, MissingFileError, ModelNotFoundError
+    from patchword.errors import ConfigError
 
     for flag in ("--synthetic-seed", "--synthetic-num-images"):
         if getattr(args, flag[2:].replace("-", "_")) is not None and not args.synthetic_split:
@@ -332,15 +339,16 @@ def _stats(args: argparse.Namespace) -> int:
     if too_low:  # a share of descriptions "longer than 0 tokens" (or -5) says nothing about a length limit
         raise ConfigError("--token-limits", f"must be BERT token counts of at least 1, got {too_low}")
     bert = None
-    if args.bert_vocab:
-        from patchword.data.tokenizers import BertCaptionTokenizer
+    if args.bert_vocab:  # as bench scoring loads it: any failure is one line naming the flag and the file
+        from patchword.bench.inputs import check_bert_vocab
 
         try:
-            bert = BertCaptionTokenizer.from_pretrained(args.bert_vocab)
-        except (ModelNotFoundError, MissingFileError) as err:  # they speak of model directories, config keys
+            bert = check_bert_vocab(args.bert_vocab, "--bert-vocab")
+        except ConfigError as err:
+            if Path(args.bert_vocab).expanduser().exists():  # found but unreadable: its reason is the news
+                raise
             missing = f"{args.bert_vocab} does not exist (nor is it a hub id in the local Hugging Face cache)"
-            found = Path(args.bert_vocab).expanduser().exists()  # a directory without a vocabulary
-            raise ConfigError("--bert-vocab", str(err) if found else missing) from err
+            raise ConfigError("--bert-vocab", missing) from err
     reports = {}
     for path in args.files:
         data = read_texts(path)

@@ -203,6 +203,23 @@ def _check_plot_file(path: Path, force: bool) -> None:
         )
 
 
+def _refuse_one_file_twice(outputs: dict[str, Path | None]) -> None:
+    """Two output flags naming one file (``--out e.png --pr-plot e.png``, or through a link or ``..``) are
+    refused: the second write replaced the first (the plot was overwritten by the JSON, exit 0).
+
+    Raises:
+        ConfigError: naming both flags and the file.
+    """
+    seen: dict[Path, str] = {}
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        where = path.expanduser().resolve()
+        if where in seen:
+            raise ConfigError(flag, f"{path} is also {seen[where]}'s file: give each output its own file")
+        seen[where] = flag
+
+
 def _eval(args: argparse.Namespace) -> None:
     import torch
 
@@ -212,6 +229,7 @@ def _eval(args: argparse.Namespace) -> None:
     from patchword.hashing.runner import open_hashing_run, refuse_run_outputs
 
     outputs = {"--out": args.out, "--pr-plot": args.pr_plot}
+    _refuse_one_file_twice(outputs)
     refuse_run_outputs(args.run_dir, outputs)  # --force replaces none of the run's files
     if args.out is not None:
         check_output_file(args.out, args.force)

@@ -67,6 +67,7 @@ def run_search(args: argparse.Namespace) -> None:
     refuse_run_outputs(args.run_dir, {"--out": args.out}, reads=[args.query] if args.query else [])
     if args.out is not None:
         check_output_file(args.out, args.force)
+    _check_cache_path(args)
     file_queries = _read_query_file(args.query) if args.query is not None else None
     # said before the data are read (an imported official checkpoint is fused and has none of its own)
     why = "search needs a unimodal model: official_fused codes need the paired other modality"
@@ -157,8 +158,8 @@ def _database_index(args: argparse.Namespace, device: str, model, data):
     from patchword.hashing.codes import HammingIndex
     from patchword.hashing.model import UCMFH
 
-    db_modality = "text" if args.modality == "image" else "image"
-    index_path = args.run_dir / f"index_{db_modality}.npz"
+    db_modality = _database_modality(args)
+    index_path = _cache_path(args)
     feats = getattr(data.retrieval, db_modality)
     fingerprint = _index_fingerprint(model, feats, db_modality)
     if index_path.is_file() and not args.rebuild:
@@ -176,8 +177,42 @@ def _database_index(args: argparse.Namespace, device: str, model, data):
     index = HammingIndex(model.bits, backend=args.backend)
     index.add(UCMFH.codes(encode(torch.from_numpy(feats).to(device))).cpu().numpy().astype(np.int8))
     index.metadata = fingerprint
-    index.save(index_path)
+    try:
+        index.save(index_path)
+    except OSError as err:  # a read-only run (shared, another user's): search it, without the cache
+        _logger.warning(
+            "%s: cannot cache the database index (%s); searching with the index built now, which the next "
+            "search builds again",
+            index_path,
+            err.strerror or err,
+        )
     return index, db_modality
+
+
+def _database_modality(args: argparse.Namespace) -> str:
+    return "text" if args.modality == "image" else "image"
+
+
+def _cache_path(args: argparse.Namespace) -> Path:
+    """Where the run's database index is cached: ``RUN/index_{modality}.npz``."""
+    return args.run_dir / f"index_{_database_modality(args)}.npz"
+
+
+def _check_cache_path(args: argparse.Namespace) -> None:
+    """Something else than a file at the cache's path (a directory) is refused before anything is read:
+    it could be neither read nor replaced, and was an ``[Errno 21]`` once the database was encoded.
+    A cache that cannot be written (a read-only run) is no error: :func:`_database_index` warns and
+    searches with the index it built.
+
+    Raises:
+        DataError: naming the path.
+    """
+    path = _cache_path(args)
+    if path.exists() and not path.is_file():
+        raise DataError(
+            f"{path}: the run's cached database index is not a file (a directory?): remove or rename it "
+            "so that the index can be cached there"
+        )
 
 
 def _index_fingerprint(model, feats: np.ndarray, modality: str) -> dict:

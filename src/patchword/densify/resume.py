@@ -196,8 +196,17 @@ def finished_before(
     start: int,
     stop: int,
     ids: list[str],
+    *,
+    model_id: str | None = None,
+    precision: str | None = None,
 ) -> bool:
-    """Whether ``out`` already holds this exact run, complete; raises if it holds another run."""
+    """Whether ``out`` already holds this exact run, complete; raises if it holds another run.
+
+    ``model_id`` / ``precision``: the values the user gave (``--model-id``, a ``--precision`` other than
+    ``auto``), None where the loaded model decides. Given, they are compared with the sidecar here, before
+    the model loads: a finished file made with another value was reported as "nothing left to generate"
+    (the loaded model's values are compared only when there is something to generate).
+    """
     old = read_sidecar(out)
     if old is None or not out.exists():
         return False
@@ -212,6 +221,9 @@ def finished_before(
     for key, value in now.items():
         if old.get(key) != value:
             raise _mismatch(out, key, old.get(key), value)
+    for key, value in (("model_id", model_id), ("precision", precision)):
+        if value is not None and old.get(key) != value:
+            raise _mismatch(out, key, old.get(key), value)
     if model_name is not None and old.get("model") != model_name:
         return False  # the model id decides, once loaded
     records = read_records(out)[0]
@@ -224,14 +236,28 @@ def is_complete(
     settings: GenerationSettings,
     *,
     model_name: str | None = None,
+    model_id: str | None = None,
+    precision: str | None = None,
 ) -> bool:
-    """Whether ``out`` holds every image of ``images``, in order, generated with these settings.
+    """Whether ``out`` holds every image of ``images``, in order, generated with these settings
+    (``model_id`` / ``precision``: as :func:`finished_before` compares them).
 
     Raises:
         RunExistsError: ``out`` was written by densify with other settings or for other images.
     """
     ids = images.image_ids
-    return finished_before(Path(out), images, model_name, settings, Shard(), 0, len(ids), ids)
+    return finished_before(
+        Path(out),
+        images,
+        model_name,
+        settings,
+        Shard(),
+        0,
+        len(ids),
+        ids,
+        model_id=model_id,
+        precision=precision,
+    )
 
 
 def check_records(records: list[DenseRecord], wanted: dict[str, int], out: Path) -> set[str]:

@@ -173,6 +173,8 @@ def densify(
     settings: GenerationSettings | None = None,
     *,
     model_name: str | None = None,
+    model_id: str | None = None,
+    precision: str | None = None,
     batch_size: int = 8,
     shard: Shard | None = None,
     on_bad_image: str = "error",
@@ -192,6 +194,9 @@ def densify(
         out: the output file; its sidecar ``<out>.densify.json`` records the settings.
         settings: prompt and decoding (default :class:`GenerationSettings`).
         model_name: the ``--model`` value recorded in the sidecar (default: the model id).
+        model_id, precision: the ``--model-id`` and ``--precision`` the user gave (None: the model's own,
+            ``auto``), which ``vlm`` loads with: compared with a finished file's sidecar before the model
+            loads (another value is refused, as it is on a file being continued).
         batch_size: images per generate call.
         shard: describe only this shard's images (see :class:`~patchword.densify.shards.Shard`).
         on_bad_image: ``"error"``: stop at a missing or unreadable image with an error naming it (the
@@ -233,7 +238,10 @@ def densify(
             # Model id and precision are known only once the model is loaded; everything else (the lines
             # already written included) is checked first, so that a finished file is recognised, and a
             # wrong rerun or a damaged file refused, without loading it.
-            if finished_before(out, images, model_name, settings, shard, start, stop, list(wanted)):
+            explicit = {"model_id": model_id, "precision": precision}
+            if finished_before(
+                out, images, model_name, settings, shard, start, stop, list(wanted), **explicit
+            ):
                 logger.info("%s is complete (%d images); nothing to do", out, stop - start)
                 return DensifyResult(out, stop - start, stop - start, seconds=time.perf_counter() - started)
             check_existing(out, wanted)

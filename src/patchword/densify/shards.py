@@ -18,7 +18,7 @@ from pathlib import Path
 
 from patchword.densify.fingerprint import FIELD as FINGERPRINT
 from patchword.densify.fingerprint import model_mismatch, unverified
-from patchword.densify.lock import output_lock
+from patchword.densify.lock import lock_path, output_lock
 from patchword.densify.sources import fingerprint
 from patchword.densify.store import (
     DenseRecord,
@@ -281,8 +281,7 @@ def merge_shards(
         ConfigError: ``out`` is a shard, a directory, or in a folder that takes no files (before any work).
     """
     out = Path(out)
-    if any(Path(p).resolve() == out.resolve() for p in paths):
-        raise ConfigError("--out", f"{out} is one of the shards being merged")
+    _refuse_shard_files(paths, out)
     check_output_path(out)  # before the lock and before the shards are read and staged
     # The lock every densify command holds on its output: a merge (rank 0's under torchrun included) must
     # not write --out while another command runs or merges into it. A refused merge takes back the lock
@@ -300,6 +299,34 @@ def merge_shards(
         _replace_output(out, records, {**merged, "shard": "0/1", "start": 0, "stop": num_images})
     logger.info("merged %d shards into %s (%d lines)", len(paths), out, len(records))
     return len(records)
+
+
+def _refuse_shard_files(paths: Sequence[str | os.PathLike[str]], out: Path) -> None:
+    """What the merge writes (``out``, its sidecar, its lock) is none of the files of a shard it reads (the
+    shard, its sidecar, its lock): ``--out a.jsonl.densify.json --force`` replaced shard ``a.jsonl``'s
+    sidecar, so the shard no longer said what it holds.
+
+    Raises:
+        ConfigError: naming ``--out``, the shard and which of its files.
+    """
+
+    def files(path: Path) -> dict[Path, str]:
+        return {path: "", sidecar_path(path): "sidecar", lock_path(path): "lock"}
+
+    writes = {path.expanduser().resolve(): (path, kind) for path, kind in files(out).items()}
+    for shard in map(Path, paths):
+        for path, kind in files(shard).items():
+            hit = writes.get(path.expanduser().resolve())
+            if hit is None:
+                continue
+            written, written_kind = hit
+            what = f"{out}'s {written_kind} {written}" if written_kind else str(out)
+            read = (
+                f"the {kind} of shard {shard}, which the merge reads"
+                if kind
+                else "one of the shards being merged"
+            )
+            raise ConfigError("--out", f"{what} is {read}: choose another --out")
 
 
 _STAGE_LABEL = "merge"

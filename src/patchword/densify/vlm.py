@@ -260,6 +260,8 @@ def load_vlm(
             weights cannot be loaded.
         ConfigError: the model is not an image-text-to-text model.
     """
+    if model_id is not None and not model_id.strip():  # was silently replaced by the default id
+        raise ConfigError("--model-id", "is empty: give the name each line records, or leave it out")
     if name_or_path == TINY_RANDOM:
         # the smoke-test model only: tiny builds on this module (through the package), so it stays here
         from patchword.densify.tiny import TINY_MODEL_ID, build_tiny_random
@@ -272,7 +274,9 @@ def load_vlm(
         is_local = local.is_dir()
         default_id = local.name if is_local else name_or_path
         fingerprint = _fingerprint(local if is_local else None, name_or_path)
-    return VisionLanguageModel(model, processor, model_id or default_id, device, precision, fingerprint)
+    return VisionLanguageModel(
+        model, processor, default_id if model_id is None else model_id, device, precision, fingerprint
+    )
 
 
 def _fingerprint(directory: Path | None, hub_id: str) -> str | None:

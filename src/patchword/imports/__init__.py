@@ -28,7 +28,7 @@ from patchword.imports.base import (
     safe_load,
     write_imported_run,
 )
-from patchword.runs.config import not_evaluation_reason
+from patchword.runs.config import RunConfig, not_evaluation_reason
 
 __all__ = [
     "IMPORT_FILE",
@@ -82,6 +82,9 @@ def import_checkpoint(
     if options.overrides:
         plan.config = _checked_overrides(plan.config, list(options.overrides), chosen)
         plan.overrides = list(options.overrides)
+    if isinstance(plan.config, RunConfig):  # a hashing run's writer runs check_hash_config itself
+        check_run_values(plan.config)
+    if plan.overrides:
         _logger.info(
             "%s: overrides applied on import (recorded in %s): %s", path, IMPORT_FILE, plan.overrides
         )
@@ -105,7 +108,6 @@ def _checked_overrides(config, overrides: list[str], chosen: Family):
     (``train.*``, ``seed``, ``data.vocab_path``...: :func:`_refuse_unread_keys`) is refused whatever its
     value."""
     from patchword.config import apply_overrides, flat_config
-    from patchword.runs.config import RunConfig
 
     before = flat_config(config)
     after_config = apply_overrides(config, overrides)
@@ -119,10 +121,11 @@ def _checked_overrides(config, overrides: list[str], chosen: Family):
                 "imported model computes what its checkpoint says, on the input it was trained with; "
                 "override where the data lies (data.root, ...) and eval.* keys only",
             )
+    changed = [key for key, value in after.items() if value != before.get(key)]
     if isinstance(config, RunConfig):  # a retrieval run: `patchword eval` reads it as it reads any run
-        _refuse_unread_keys(
-            overrides, [key for key, value in after.items() if value != before.get(key)], after
-        )
+        _refuse_unread_keys(overrides, changed, after)
+    else:  # a hashing run: `patchword hash eval` reads it as it reads any trained run
+        _refuse_hash_train_keys(overrides, changed)
     return after_config
 
 
@@ -146,6 +149,68 @@ def _refuse_unread_keys(overrides: list[str], changed: list[str], after: dict[st
                 f"an imported run never reads it (`patchword eval` refuses it too: {why}); override "
                 "where the data lies (data.root, ...) and eval.* keys only",
             )
+
+
+def _refuse_hash_train_keys(overrides: list[str], changed: list[str]) -> None:
+    """A hashing import (UCMFH) takes the keys ``patchword hash eval`` takes on a trained run
+    (:data:`patchword.hashing.config.HASH_EVAL_KEYS`: ``data.*``, ``eval.*``, ``device``); another one
+    (``train.*`` with its seed, ``name``, ``output_dir``) would be stored in ``config.yaml`` and listed as
+    applied while no evaluation reads it (``name`` and ``output_dir`` are ``--out``'s).
+
+    Raises:
+        ConfigError: naming the first such key.
+    """
+    from patchword.hashing.config import HASH_EVAL_KEYS
+
+    named = [item.split("=", 1)[0].strip() for item in overrides if "=" in item]
+    for key in [*named, *changed]:
+        if key not in HASH_EVAL_KEYS and not any(k.startswith(key + ".") for k in HASH_EVAL_KEYS):
+            why = "--out places the run" if key in ("name", "output_dir") else "it changes training"
+            raise ConfigError(
+                key,
+                f"an imported hashing run never reads it (`patchword hash eval` refuses it too: {why}); "
+                "override data.*, eval.* or device only",
+            )
+
+
+def check_run_values(cfg: RunConfig) -> None:
+    """The values of an imported retrieval run's config that ``patchword eval`` (and ``train``'s
+    :func:`~patchword.train.validate.check_config`) would refuse, refused on import before anything is
+    written (``eval.batch_size=0`` was stored and every later evaluation of the run failed): no NaN,
+    ``eval.split`` a split of the dataset, ``eval.*`` in range, ``eval.precision`` one the matcher's
+    engine computes in, ``device`` well formed, ``eval.coco_extended`` not on synthetic data.
+
+    What depends on the machine that evaluates the run is left to it: whether its device exists (``auto``
+    and ``cuda`` count as CUDA here, so ``eval.precision=tf32`` is kept), and the COCO ground truth
+    ``eval.coco_extended`` reads (an extra). ``check_config`` itself is not run: it checks training keys and
+    that ``data.root`` exists, while an import is often made where the data is not.
+
+    Raises:
+        ConfigError: naming the first offending key.
+    """
+    import dataclasses
+    import re
+
+    import torch
+
+    from patchword.config import check_common_values
+    from patchword.data.prepare import SYNTHETIC_DATASETS, eval_role
+    from patchword.device import resolve_device
+    from patchword.runs.checks import check_eval_settings
+
+    check_common_values(cfg)
+    eval_role(cfg.data, cfg.eval.split)
+    spec = cfg.device
+    if re.fullmatch(r"auto|cuda(:\d+)?|mps", spec):  # the evaluating machine's to have
+        device = torch.device("cpu" if spec == "mps" else "cuda")
+    else:
+        device = resolve_device(spec)  # cpu, or a malformed value refused naming `device`
+    if cfg.eval.coco_extended and cfg.data.dataset in SYNTHETIC_DATASETS:
+        raise ConfigError("eval.coco_extended", "needs the COCO 5K test split (ECCV Caption / CxC ids)")
+    # the ground truth is read by the evaluation: not loaded here
+    check_eval_settings(
+        dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, coco_extended=False)), device
+    )
 
 
 # The built-in importers register themselves.

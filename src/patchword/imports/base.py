@@ -51,6 +51,7 @@ __all__ = [
     "safe_load",
     "opt_dict",
     "check_opt_names",
+    "check_finite",
     "bert_vocab_file",
     "write_imported_run",
     "refuse_existing_out",
@@ -273,7 +274,8 @@ def hf_architecture(source: str | None, role: str, arg: str) -> dict[str, Any]:
 
 
 def check_fit(plan: ImportPlan, expected: dict[str, torch.Tensor], source: Path) -> None:
-    """The mapped tensors are exactly the model's (names and shapes); else one DataError naming them."""
+    """The mapped tensors are exactly the model's (names and shapes) and finite (:func:`check_finite`);
+    else one DataError naming them."""
     missing = sorted(set(expected) - set(plan.state_dict))
     unexpected = sorted(set(plan.state_dict) - set(expected))
     if missing or unexpected:
@@ -289,6 +291,26 @@ def check_fit(plan: ImportPlan, expected: dict[str, torch.Tensor], source: Path)
             raise DataError(
                 f"{source}: {key} has shape {tuple(tensor.shape)}, the model built from its opt needs "
                 f"{tuple(expected[key].shape)}"
+            )
+    check_finite(plan, source)
+
+
+def check_finite(plan: ImportPlan, source: Path) -> None:
+    """Every floating-point tensor of ``plan.state_dict`` holds finite values: a NaN or infinite weight (a
+    diverged or damaged checkpoint) loads without a word and scores NaN for every pair, so every rank
+    and metric of the imported run would be meaningless.
+
+    Raises:
+        DataError: naming the first such tensor (patchword's name for it) and how many values are bad.
+    """
+    for key, tensor in plan.state_dict.items():
+        if not (tensor.is_floating_point() or tensor.is_complex()):
+            continue
+        bad = int((~torch.isfinite(tensor)).sum())
+        if bad:
+            raise DataError(
+                f"{source}: {key} holds {bad} NaN or infinite value(s) of {tensor.numel()}: a diverged or "
+                "damaged checkpoint; import one whose weights are finite"
             )
 
 

@@ -39,7 +39,8 @@ def is_count(value: Any, low: int = 0) -> bool:
 
 def manifest_problem(m: Manifest) -> tuple[str, str] | None:
     """The first field of ``m`` the readers cannot use, as (field, what is wrong with it); None when every
-    field is one they read (a hand-edited or damaged manifest would otherwise fail deep inside a search)."""
+    field is one they read (a hand-edited or damaged manifest would otherwise fail deep inside a search).
+    Two entries on one (shard, row), or naming one path, are refused as the second of them."""
     if not isinstance(m.model, dict):
         return "model", "is not an object"
     for key in ("embed_dim", "num_patches"):
@@ -77,6 +78,8 @@ def manifest_problem(m: Manifest) -> tuple[str, str] | None:
         if shard["id"] in rows:
             return f"shards[{i}]", f"names shard {shard['id']} a second time"
         rows[shard["id"]] = shard["rows"]
+    at_row: dict[tuple[int, int], int] = {}  # (shard, row) -> the first entry there
+    at_path: dict[str, int] = {}
     for i, e in enumerate(m.entries):
         if not (
             isinstance(e.path, str) and is_count(e.size) and isinstance(e.format, str) and is_count(e.row)
@@ -92,6 +95,14 @@ def manifest_problem(m: Manifest) -> tuple[str, str] | None:
                 f"entries[{i}]",
                 f"points at row {e.row} of shard {e.shard}, which the shards list does not hold",
             )
+        # two entries on one row: two images answered with one's vectors (and one id never found); one path
+        # twice: an image listed (and found) twice, one of its ids naming stale vectors after an update
+        first = at_row.setdefault((e.shard, e.row), i)
+        if first != i:
+            return f"entries[{i}]", f"points at row {e.row} of shard {e.shard}, as entries[{first}] does"
+        first = at_path.setdefault(e.path, i)
+        if first != i:
+            return f"entries[{i}]", f"names {e.path!r}, as entries[{first}] does"
     return None
 
 

@@ -4,9 +4,10 @@ a store that cannot be used."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from patchword.errors import DataError, MissingExtraError
+from patchword.errors import ConfigError, DataError, MissingExtraError
 
 __all__ = ["QDRANT_FILE", "connect", "is_local", "unreachable"]
 
@@ -26,9 +27,38 @@ def _client_module():
     return qdrant_client, models
 
 
+#: A URL of any scheme (``qdrant://``, ``grpc://``, ``ftp://``): taken for a directory, it became an
+#: embedded store at ``./qdrant:/host:6333``.
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+#: ``host:port`` (``localhost:6333``, ``10.0.0.5:6334``): a server's address without its scheme, which
+#: became a new embedded store in ``./localhost:6333/`` and the upload "succeeded".
+_HOST_PORT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*:\d+/?$")
+
+
 def is_local(location: str) -> bool:
-    """Whether ``location`` names an embedded store's directory (not a URL, not ``:memory:``)."""
-    return not location.startswith(("http://", "https://")) and location != ":memory:"
+    """Whether ``location`` names an embedded store's directory (not a URL, not ``:memory:``).
+
+    Raises:
+        ConfigError: naming ``--qdrant``: a URL of another scheme than ``http://`` / ``https://``, or a
+            ``host:port`` without its scheme that is no existing directory (a server meant, never a new
+            store named like it).
+    """
+    if location.startswith(("http://", "https://")) or location == ":memory:":
+        return False
+    if _URL.match(location):
+        rest = location.split("://", 1)[1]
+        raise ConfigError(
+            "--qdrant",
+            f"{location}: a Qdrant server is reached over http:// or https:// (write http://{rest}); "
+            "a directory path names an embedded store",
+        )
+    if _HOST_PORT.match(location) and not Path(location).expanduser().is_dir():
+        raise ConfigError(
+            "--qdrant",
+            f"{location} looks like a server's host:port, not an embedded store's directory: write "
+            f"http://{location.rstrip('/')} for a server (or ./{location} for a new store of that name)",
+        )
+    return True
 
 
 def connect(location: str):
@@ -40,6 +70,7 @@ def connect(location: str):
             uploading it: embedded mode admits one at a time).
     """
     qdrant_client, _ = _client_module()
+    is_local(location)  # raises for a URL of another scheme, or a host:port meant for a server
     if location.startswith(("http://", "https://")):
         return qdrant_client.QdrantClient(url=location)
     if location == ":memory:":

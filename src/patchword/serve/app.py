@@ -249,7 +249,11 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
     async def healthz(request: Request) -> Response:
         async def handle(request: Request) -> Response:
             QueryParams(request.scope.get("query_string", b""), ())  # takes none: a stray one is a 400
-            # what is loaded, never a reopen: the event loop answers it while every worker is busy
+            if served.changed_on_disk():
+                # whether the index as it is now opens, as the next request would open it (on a thread of
+                # its own, never behind the workers' model work): "error" when it cannot. It still answers
+                # from what is loaded (200, status ok: the server is alive; searches answer 503 meanwhile)
+                await asyncio.to_thread(served.probe)
             loaded = served.searcher
             manifest = loaded.index.manifest
             return JSONResponse(

@@ -13,6 +13,7 @@ logged once per version of the files and every request until they change again g
 :class:`IndexUnavailable`: the server never answers from an index it knows is out of date.
 """
 
+import contextlib
 import logging
 import os
 import threading
@@ -50,6 +51,8 @@ class ServedIndex:
         self._stamp: Stamp | None = self.stamp()
         self._searcher, self._version = searcher, rows_digest(searcher.index.manifest)
         self._failed: tuple[Stamp, Exception] | None = None
+        # an index /healthz opened as the files are now (:meth:`probe`), for the next request to answer from
+        self._pending: tuple[Stamp, Searcher] | None = None
 
     def stamp(self) -> Stamp:
         """(inode, size, mtime) of each watched file, None for one that is absent: what a build's atomic
@@ -84,12 +87,7 @@ class ServedIndex:
                 return self._searcher
             if self._failed is not None and self._failed[0] == stamp:
                 raise IndexUnavailable(str(self._failed[1]))
-            try:
-                searcher = self._searcher.reopen()
-            except Exception as err:  # noqa: BLE001 - whatever it is, this version of the files is not served
-                self._failed = (stamp, err)
-                logger.error("the index changed on disk and cannot be opened as it is now: %s", err)
-                raise IndexUnavailable(str(err)) from err
+            searcher = self._open(stamp)
             self._searcher, self._version = searcher, rows_digest(searcher.index.manifest)
             self._stamp, self._failed = stamp, None
             logger.info(
@@ -99,25 +97,66 @@ class ServedIndex:
         finally:
             self._lock.release()
 
+    def _open(self, stamp: Stamp) -> Searcher:
+        """The index opened as its files are now (``stamp``): the one :meth:`probe` opened at this stamp, else
+        a reopen. The caller holds the lock.
+
+        Raises:
+            IndexUnavailable: it cannot be opened (recorded for ``stamp`` and logged, once).
+        """
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] == stamp:
+            return pending[1]
+        try:
+            return self._searcher.reopen()
+        except Exception as err:  # noqa: BLE001 - whatever it is, this version of the files is not served
+            self._failed = (stamp, err)
+            logger.error("the index changed on disk and cannot be opened as it is now: %s", err)
+            raise IndexUnavailable(str(err)) from err
+
+    def changed_on_disk(self) -> bool:
+        """Whether the watched files changed since the index answered from was opened."""
+        return self.stamp() != self._stamp
+
+    def probe(self) -> None:
+        """When the files changed, open the index as it is now, as the next request would (call it from a
+        worker thread), without answering from it yet: a failure is recorded and logged as that request's
+        would be (so :meth:`describe` says ``error``), a success kept for the next request to answer from.
+        Nothing is done while a request reopens it (the lock is taken without waiting) or when this version
+        of the files was opened or refused already."""
+        if not self.changed_on_disk() or not self._lock.acquire(blocking=False):
+            return
+        try:
+            stamp = self.stamp()
+            tried = [self._stamp]
+            tried += [known[0] for known in (self._failed, self._pending) if known is not None]
+            if stamp in tried:
+                return
+            with contextlib.suppress(IndexUnavailable):  # recorded: describe() reports it
+                self._pending = (stamp, self._open(stamp))
+        finally:
+            self._lock.release()
+
     def invalidate(self) -> None:
         """Reopen the index at the next request even when its files look unchanged (a Qdrant collection
         found holding other images than the index opened: :class:`~patchword.search.store.StaleIndexError`).
         Without the lock (the event loop calls it): a reopen finishing meanwhile is as good."""
-        self._stamp, self._failed = None, None
+        self._stamp, self._failed, self._pending = None, None, None
 
     def describe(self) -> dict[str, Any]:
         """What ``/healthz`` says of the index: the one answered from (its ``version``: which row every id
         reads, :func:`~patchword.search.manifest.rows_digest`; ``images``; ``index``: its kind, warnings and
         summary, :func:`~patchword.search.fidelity.describe_index`),
         ``changed_on_disk`` when the files changed since it was opened (the next search, explanation or
-        image request reopens it), and ``error`` when they cannot be opened as they are."""
+        image request reopens it), and ``error`` when they cannot be opened as they are (found by a
+        request or by :meth:`probe`)."""
         searcher = self._searcher
         body = {
             "images": len(searcher),
             "version": self._version,
             "index": searcher.index_info,
         }
-        if self.stamp() != self._stamp:
+        if self.changed_on_disk():
             body["changed_on_disk"] = True
         failed = self._failed
         if failed is not None and failed[0] == self.stamp():
