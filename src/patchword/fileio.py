@@ -236,28 +236,59 @@ def append_line(path: str | os.PathLike[str], line: str) -> None:
 
 
 def keep_jsonl_records(path: str | os.PathLike[str], keep: Callable[[dict], bool]) -> int:
-    """Keep the records of JSONL file ``path`` for which ``keep(record)`` holds, and drop a last line cut
-    short by a kill (or any line that is not a JSON object); returns how many lines were dropped. The file
-    is rewritten atomically, and only when something must go (a resume drops the records of the work it
-    redoes: ``keep = lambda r: r["step"] <= checkpoint_step``)."""
+    """Keep the records of JSONL file ``path`` for which ``keep(record)`` holds, and drop a last line a kill
+    cut short (no newline after it, not a JSON object); returns how many lines were dropped. The file is
+    rewritten atomically, and only when something must go (a resume drops the records of the work it
+    redoes: ``keep = lambda r: r["step"] <= checkpoint_step``) or its last record lacks its newline (the
+    next append would be glued onto it).
+
+    Raises:
+        DataError: ``PATH:ROW: ...`` for any other line that is not a JSON object, or a record ``keep``
+            cannot judge (a field missing or of the wrong type): a damaged record in the middle of a log
+            is never deleted silently.
+    """
     import json
+
+    from patchword.errors import DataError
 
     path = os.fspath(path)
     if not os.path.isfile(path):
         return 0
-    kept, dropped = [], 0
     with open(path, encoding="utf-8") as fh:
-        for line in fh.read().splitlines():
-            try:
-                record = json.loads(line)
-                ok = isinstance(record, dict) and bool(keep(record))
-            except (ValueError, KeyError, TypeError):
-                ok = False
-            if ok:
-                kept.append(line)
-            else:
+        text = fh.read()
+    lines = text.splitlines()
+    kept, dropped = [], 0
+    for row, line in enumerate(lines, start=1):
+        if not line.strip():
+            dropped += 1
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as err:
+            record, why = None, f"invalid JSON ({err})"
+        else:
+            why = (
+                None if isinstance(record, dict) else f"expected a JSON object, found {type(record).__name__}"
+            )
+        if why is not None:
+            if row == len(lines) and not text.endswith("\n"):  # torn by a kill while it was appended
                 dropped += 1
-    if dropped:
+                continue
+            raise DataError(
+                f"{path}:{row}: not a JSONL record: {why}; only a last line a kill cut short is dropped: "
+                "repair or remove this one"
+            )
+        try:
+            ok = bool(keep(record))
+        except (ValueError, KeyError, TypeError) as err:
+            raise DataError(
+                f"{path}:{row}: a record with a field missing or of the wrong type ({err!r})"
+            ) from None
+        if ok:
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped or (text and not text.endswith("\n")):
         atomic_write_text(path, "".join(f"{line}\n" for line in kept))
     return dropped
 

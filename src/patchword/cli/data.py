@@ -154,6 +154,7 @@ def _export(args: argparse.Namespace) -> int:
     from patchword.runs import read_run_config
     from patchword.runs.config import RunConfig
 
+    _refuse_other_sections(args.overrides)
     cfg = (
         read_run_config(args.run, args.overrides)
         if args.run
@@ -172,9 +173,30 @@ def _export(args: argparse.Namespace) -> int:
             f"{what}, not the synthetic scenes: `data export synthetic` writes those of a run on "
             f"data.dataset={' or '.join(SYNTHETIC_DATASETS)}",
         )
+    cfg.data.check_values()  # as `data check` checks them: data.dev_from_train=1 is no setting of scenes
     summary = export_synthetic_split(args.out, args.split, config=cfg.data.synthetic_config())
     print(summary.describe())
     return 0
+
+
+def _refuse_other_sections(overrides: list[str]) -> None:
+    """``data export synthetic`` writes the scenes of a ``data`` section: an override of another section
+    (``model.embed_dim=-1``, ``train.lr=5``) would be accepted and never applied. Refused; an item
+    without ``=`` is left to the config loader, which names it.
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    from patchword.errors import ConfigError
+
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if "=" in item and key != "data" and not key.startswith("data."):
+            raise ConfigError(
+                key,
+                "is not read by `data export synthetic`, which writes the scenes of the "
+                "data section: give data.* keys only",
+            )
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -183,6 +205,7 @@ def _check(args: argparse.Namespace) -> int:
 
     cfg = load_run_config(args.config, args.overrides)
     check_config(cfg)
+    cfg.data.check_values()  # what data export checks too (data.dev_from_train=1 on the scenes: one line)
     print(f"dataset: {cfg.data.dataset}" + (f"  root: {cfg.data.root}" if cfg.data.root else ""))
     rows = check_dataset(cfg, args.split or ("train", "dev", "test"))
     _print(rows)

@@ -115,6 +115,25 @@ def _take_overrides_from(args: argparse.Namespace, dest: str, flag: str, what: s
         raise ConfigError(flag, f"names no {what} ({', '.join(map(str, moved))}: overrides, not {plural})")
 
 
+def _check_ensemble_files(items: list[Path] | None) -> None:
+    """An ``--ensemble`` item that is a file is a checkpoint of the run directory it lies in: one in a folder
+    that is no run (``--ensemble notes.txt``) would be reported as ``.`` not being a run directory.
+
+    Raises:
+        ConfigError: naming ``--ensemble`` and the file.
+    """
+    from patchword.errors import ConfigError
+    from patchword.runs.files import CONFIG_FILE
+
+    for item in items or []:
+        if item.is_file() and not (item.parent / CONFIG_FILE).is_file():
+            raise ConfigError(
+                "--ensemble",
+                f"{item} is a file in no run directory (no {CONFIG_FILE} beside it): name a run directory "
+                "or a checkpoint inside one",
+            )
+
+
 def _refuse_unread_overrides(overrides: list[str]) -> None:
     """An override of a key no evaluation reads (:data:`NOT_EVALUATION_KEYS`) or of a matcher option
     declared training-only (:func:`~patchword.model.training_only_keys`), refused before anything is read;
@@ -191,6 +210,7 @@ def run(args: argparse.Namespace) -> None:
 
     _take_overrides_from(args, "ensemble", "--ensemble", "run directory", "runs")
     _take_overrides_from(args, "suite_file", "--suite-file", "suite file", "suite files")
+    _check_ensemble_files(args.ensemble)
     _refuse_unread_overrides(args.overrides)
     suite = _mode(args)
     common = dict(overrides=args.overrides, out=args.out, force=args.force)

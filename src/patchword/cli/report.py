@@ -62,6 +62,29 @@ def _read_files(args: argparse.Namespace) -> tuple[list[Path], list[Path]]:
     return runs, [*reads, *(f for run in runs for f in run.glob("eval*.json"))]
 
 
+def _refuse_shared_outputs(out: Path, csv: Path | None) -> None:
+    """Two of the report's files under one name (``--csv`` one of the files ``--out`` writes, or ``--out
+    report.html``, whose HTML is written beside it under the same name): the second would overwrite the
+    first. Refused.
+
+    Raises:
+        ConfigError: naming the flag and the file.
+    """
+    from patchword.errors import ConfigError
+
+    if out.suffix.lower() == ".html":
+        raise ConfigError(
+            "--out", f"{out} is an HTML name: --out names the Markdown file (the .html is written beside it)"
+        )
+    written = {path.resolve() for path, _ in report_outputs(out, None)}
+    if csv is not None and csv.resolve() in written:
+        raise ConfigError(
+            "--csv",
+            f"{csv} is one of the files --out {out} writes (the Markdown, the .html and the figures beside "
+            "it): give --csv another file",
+        )
+
+
 def run(args: argparse.Namespace) -> None:
     from patchword.errors import MissingFileError
     from patchword.experiments.report import write_report
@@ -73,6 +96,7 @@ def run(args: argparse.Namespace) -> None:
     # all of them before any work: a figure the user keeps under one of these names is theirs too; a file
     # the report reads (a run's summary.json, checkpoint or config) is never one, --force or not
     runs, reads = _read_files(args)
+    _refuse_shared_outputs(args.out, args.csv)
     for path, flag in report_outputs(args.out, args.csv):
         refuse_run_output(path, runs, reads, flag=flag)
         check_output_file(path, args.force, flag=flag)

@@ -9,10 +9,13 @@ from typing import Literal
 
 from patchword.errors import ConfigError
 
-__all__ = ["DataConfig", "DEFAULT_BERT_VOCAB"]
+__all__ = ["DataConfig", "DEFAULT_BERT_VOCAB", "FILE_DATASETS"]
 
 #: The BERT vocabulary of a ``data`` section whose ``bert_vocab`` is empty when no text backbone names one.
 DEFAULT_BERT_VOCAB = "bert-base-uncased"
+
+#: Datasets whose images are files (``data.dev_from_train`` and ``data.check_images`` apply).
+FILE_DATASETS = ("laps", "karpathy")
 
 #: The keys that name files or directories.
 _PATH_KEYS = ("root", "image_root", "dense_train", "dense_dev", "dense_test", "cache_dir")
@@ -87,6 +90,60 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.captions_per_image < 1:
             raise ConfigError("data.captions_per_image", f"must be at least 1, got {self.captions_per_image}")
+
+    def check_values(self) -> None:
+        """What can be checked of this section alone, before anything is read or written (``patchword data
+        check`` and ``data export synthetic`` run it; training's config check checks the same ranges):
+        the ranges of its numbers, the keys its dataset reads nothing of (:meth:`refuse_unread_keys`) and,
+        for the synthetic scenes, the generator's values (:meth:`synthetic_config`: split sizes, at most
+        :data:`~patchword.data.synthetic.config.MAX_SPLIT_IMAGES`).
+
+        Raises:
+            ConfigError: naming the ``data.*`` key.
+        """
+        from patchword._validation import check_at_least
+
+        for key, low in (
+            ("num_workers", 0),
+            ("max_caption_len", 3),
+            ("max_dense_len", 3),
+            ("dev_from_train", 0),
+            ("image_size", 1),
+        ):
+            check_at_least(f"data.{key}", getattr(self, key), low)
+        self.refuse_unread_keys()
+        if self.dataset in ("synthetic", "synthetic_regions"):
+            self.synthetic_config()
+
+    def refuse_unread_keys(self) -> None:
+        """Keys that nothing would read for this dataset, yet a run's config would record, and settings that
+        need another one.
+
+        Raises:
+            ConfigError: naming the key (``data.dev_from_train`` on the synthetic scenes, which have a dev
+                split).
+        """
+        if self.dataset not in FILE_DATASETS:
+            dense = (
+                "brings its own dense text"
+                if self.dataset == "synthetic"
+                else "has region features, no dense text"
+            )
+            why = {
+                "dev_from_train": "has a dev split",
+                **{f"dense_{r}": dense for r in ("train", "dev", "test")},
+            }
+            for key, reason in {**why, "skip_bad_images": "has no image files"}.items():
+                if getattr(self, key):
+                    raise ConfigError(
+                        f"data.{key}",
+                        f"applies to image-file datasets (laps, karpathy); {self.dataset} {reason}",
+                    )
+        if self.skip_bad_images and not self.check_images:
+            raise ConfigError(
+                "data.skip_bad_images",
+                "needs data.check_images=true: the unusable files are found by decoding every image first",
+            )
 
     def bert_vocab_source(self, hf_text: str | None = None) -> str:
         """The BERT vocabulary this section reads: ``bert_vocab``; if empty, the text backbone's ``hf_text``

@@ -237,9 +237,10 @@ def load_laps_split(
         raise DataError(f"{caps_file}: empty: no captions")
     id_lines = read_lines(ids_file, "image id")
     line_of_caption = _caption_to_id_line(len(captions), id_lines, caps_file, ids_file, captions_per_image)
-    _check_image_lines(id_lines, len(captions), ids_file, captions_per_image)
     image_ids, line_to_image, first_lines = _unique_in_order(id_lines)
+    # ids the mapping lacks first: an unknown id inside an image's block would read as a second run of it
     names = _image_names(image_ids, first_lines, ids_file, data_dir, id_mapping, image_root)
+    _check_image_lines(id_lines, len(captions), ids_file, captions_per_image)
     return assemble_split(
         name=split,
         images=resolve_images(names, image_root, check_images),

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from patchword.data.config import DataConfig
+from patchword.data.config import FILE_DATASETS, DataConfig  # FILE_DATASETS: readers import it from here
 from patchword.data.overlap import refuse_shared_images
 from patchword.data.pipeline import (
     ArrayImages,
@@ -49,8 +49,6 @@ ROLES = ("train", "dev", "test")
 #: Datasets whose "images" are precomputed region features, (B, R, D) per batch.
 REGION_DATASETS = ("precomp", "synthetic_regions")
 SYNTHETIC_DATASETS = ("synthetic", "synthetic_regions")
-#: Datasets whose images are files (``data.dev_from_train`` and ``data.check_images`` apply).
-FILE_DATASETS = ("laps", "karpathy")
 #: Datasets whose files may give one id (or feature row) per image: ``data.captions_per_image`` counts
 #: their captions (a Karpathy json lists each image's own; the synthetic scenes have 5).
 CAPTION_COUNT_DATASETS = ("laps", "precomp")
@@ -124,21 +122,7 @@ def _needed_files(dc: DataConfig, roles: Sequence[str], use_dense: bool) -> None
         )
     if dc.dataset in FILE_DATASETS and not dc.image_root:
         raise ConfigError("data.image_root", f"data.dataset={dc.dataset} needs the image directory")
-    if dc.dataset not in FILE_DATASETS:  # keys that nothing would read, yet the run's config would record
-        dense = (
-            "brings its own dense text" if dc.dataset == "synthetic" else "has region features, no dense text"
-        )
-        why = {"dev_from_train": "has a dev split", **{f"dense_{role}": dense for role in ROLES}}
-        for key, reason in {**why, "skip_bad_images": "has no image files"}.items():
-            if getattr(dc, key):
-                raise ConfigError(
-                    f"data.{key}", f"applies to image-file datasets (laps, karpathy); {dc.dataset} {reason}"
-                )
-    if dc.skip_bad_images and not dc.check_images:
-        raise ConfigError(
-            "data.skip_bad_images",
-            "needs data.check_images=true: the unusable files are found by decoding every image first",
-        )
+    dc.refuse_unread_keys()  # keys that nothing would read, yet the run's config would record
     if not use_dense or dc.dataset not in FILE_DATASETS:
         return
     for role in roles:

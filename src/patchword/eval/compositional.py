@@ -61,6 +61,7 @@ class CompositionalTriples:
         positive: the M true captions; ``negative``: the M false ones.
         kind: the M kinds (what the negative changes).
         kinds: every kind, in report order (kinds without triples are reported with accuracy None).
+        origin: where each triple was read (``FILE: record ID``, for messages); None: generated.
     """
 
     image: np.ndarray
@@ -68,6 +69,7 @@ class CompositionalTriples:
     negative: list[str]
     kind: list[str]
     kinds: tuple[str, ...]
+    origin: list[str] | None = None
 
     def __post_init__(self) -> None:
         self.image = np.asarray(self.image, np.int64)
@@ -304,29 +306,28 @@ def read_sugarcrepe(
     if not paths:
         raise ValueError("read_sugarcrepe needs at least one JSON file")
     image_paths: dict[Path, int] = {}
-    image, positive, negative, kind, kinds = [], [], [], [], []
+    image, positive, negative, kind, origin = [], [], [], [], []
+    kinds = tuple(dict.fromkeys(Path(path).stem for path in paths))  # one kind a file name, in order
     for path in map(Path, paths):
-        root = Path(image_root) if image_root is not None else path.parent
-        name = path.stem
-        if name not in kinds:
-            kinds.append(name)
-        for record in _sugarcrepe_records(path):
+        root, name = Path(image_root) if image_root is not None else path.parent, path.stem
+        for record_id, record in _sugarcrepe_records(path):
             file = root / record["filename"]
             image.append(image_paths.setdefault(file, len(image_paths)))
             positive.append(record["caption"])
             negative.append(record["negative_caption"])
             kind.append(name)
-    missing = [p for p in image_paths if not p.is_file()]
-    if missing:
+            origin.append(f"{path}: record {record_id}")
+    if missing := [p for p in image_paths if not p.is_file()]:  # a folder named as an image is no file
+        first = f"{missing[0]}, {'a directory' if missing[0].is_dir() else 'which does not exist'}"
         raise MissingFileError(
-            f"{len(missing)} of the {len(image_paths)} images named in {', '.join(map(str, paths))} do not "
-            f"exist (first: {missing[0]}); pass the directory holding them as image_root"
+            f"{len(missing)} of the {len(image_paths)} images named in {', '.join(map(str, paths))} are not "
+            f"files (first: {first}); pass the directory holding them as image_root"
         )
-    return list(image_paths), CompositionalTriples(np.array(image), positive, negative, kind, tuple(kinds))
+    return list(image_paths), CompositionalTriples(np.array(image), positive, negative, kind, kinds, origin)
 
 
-def _sugarcrepe_records(path: Path) -> list[Mapping]:
-    """The records of one file, validated."""
+def _sugarcrepe_records(path: Path) -> list[tuple[str, Mapping]]:
+    """The records of one file, validated, with their ids (keys, or positions in a list)."""
     require_file(path, "SugarCrepe file")
     try:
         data = json.loads(path.read_text(encoding="utf-8-sig"))  # a byte order mark is skipped, as elsewhere
@@ -349,7 +350,7 @@ def _sugarcrepe_records(path: Path) -> list[Mapping]:
             value = record.get(key)
             if not isinstance(value, str) or not value.strip():
                 raise DataError(f"{path}: record {record_id} has no {key!r} string")
-    return [record for _, record in records]
+    return records
 
 
 # -- reporting ----------------------------------------------------------------------------------------------

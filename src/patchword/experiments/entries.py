@@ -30,7 +30,7 @@ from typing import Any
 from patchword.config import flat_config
 from patchword.errors import DataError, MissingFileError
 from patchword.eval.metrics import RECALL_KEYS
-from patchword.experiments.fields import FLAG, LIST, MAPPING, NUMBER, TEXT, check_fields
+from patchword.experiments.fields import AMOUNT, FINITE, FLAG, LIST, MAPPING, TEXT, check_fields
 from patchword.experiments.galleries import gallery_of_run, run_dataset
 from patchword.experiments.machines import check_sessions
 from patchword.experiments.rows import TWO_STAGE_KEYS
@@ -58,30 +58,31 @@ __all__ = [
 
 #: The fields of an evaluation record the report reads, and what each must hold (null: not recorded).
 RECORD_FIELDS = {
-    **{key: NUMBER for key in RECALL_KEYS},
-    "images": NUMBER,
-    "captions": NUMBER,
+    **{key: AMOUNT for key in RECALL_KEYS},
+    "images": AMOUNT,
+    "captions": AMOUNT,
     "split": TEXT,
     "role": TEXT,
     "dataset": TEXT,
     "leaky": FLAG,
     "model_dtype": TEXT,
-    "params_total": NUMBER,
-    "params_trainable": NUMBER,
-    "train_seconds": NUMBER,
-    "train_steps_per_s": NUMBER,
+    "params_total": AMOUNT,
+    "params_trainable": AMOUNT,
+    "train_seconds": AMOUNT,
+    "train_steps_per_s": AMOUNT,
     "train_sessions": LIST,
-    "checkpoint_step": NUMBER,
-    "steps": NUMBER,
-    **{key: NUMBER for key in TWO_STAGE_KEYS},
+    "checkpoint_step": AMOUNT,
+    "steps": AMOUNT,
+    **{key: AMOUNT for key in TWO_STAGE_KEYS},
+    "hybrid_alpha": FINITE,  # the global score's weight in a two-stage re-ranking: any finite number
     "selection_object_recall": MAPPING,
-    "selection_object_recall.caption": NUMBER,
+    "selection_object_recall.caption": AMOUNT,
     "selection_chance": MAPPING,
-    "selection_chance.caption": NUMBER,
+    "selection_chance.caption": AMOUNT,
     "cost": MAPPING,
     **{f"cost.{key}": TEXT for key in ("device", "device_name", "peak_host_scope", "precision")},
     **{
-        f"cost.{key}": NUMBER
+        f"cost.{key}": AMOUNT
         for key in (
             "threads",
             "world_size",
@@ -211,8 +212,9 @@ def _exported(run: Path, record: dict[str, Any]) -> tuple[dict[str, Any], str | 
     from patchword.runs.export import carries_evaluation
 
     weights = run / WEIGHTS_FILE
-    recorded = isinstance(record.get(WEIGHTS_DIGEST_KEY), str)  # as export reads an earlier export's
-    if not (weights.is_file() and recorded and carries_evaluation(record, run)):
+    # a digest that is no string is a damaged record, named (the row was shown NOT EVALUATED unsaid)
+    check_fields(record, {WEIGHTS_DIGEST_KEY: TEXT}, str(run / METRICS_JSON), not_null=[WEIGHTS_DIGEST_KEY])
+    if not (weights.is_file() and carries_evaluation(record, run)):
         return {}, None
     try:
         check_export_weights(run, weights)

@@ -11,13 +11,14 @@ into an object): absent fields, and null ones unless the table says otherwise, a
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from patchword.errors import DataError
 
-__all__ = ["FLAG", "LIST", "MAPPING", "NUMBER", "TEXT", "Kind", "check_fields"]
+__all__ = ["AMOUNT", "FINITE", "FLAG", "LIST", "MAPPING", "NUMBER", "TEXT", "Kind", "check_fields"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,11 @@ class Kind:
 
 
 NUMBER = Kind("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
+#: A count, a recall, a time, a size: NaN (which ``json`` reads from a damaged file), an infinity or a
+#: negative value is no such figure (shown, ``nan`` would even win a comparison's star, ``-5`` steps read
+#: as ``2 / -5``).
+AMOUNT = Kind("a finite number >= 0", lambda v: NUMBER.accepts(v) and math.isfinite(v) and v >= 0)
+FINITE = Kind("a finite number", lambda v: NUMBER.accepts(v) and math.isfinite(v))  # a weight: any sign
 TEXT = Kind("a string", lambda v: isinstance(v, str))
 FLAG = Kind("true or false", lambda v: isinstance(v, bool))
 MAPPING = Kind("an object", lambda v: isinstance(v, dict))

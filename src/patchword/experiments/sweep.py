@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -298,6 +299,8 @@ def run_sweep(
             raise ConfigError("--variant", f"a variant name is a directory name, got {variant!r}")
         if variant == _NO_VARIANT:  # sweep.json keys a sweep without variants "runs"
             raise ConfigError("--variant", f"{variant!r} is the name of a sweep without variants: rename it")
+        if re.fullmatch(r"seed-\d+", variant):  # its runs would go inside the run of that seed
+            raise ConfigError("--variant", f"{variant!r} is the name of a seed's run directory: rename it")
     if name is None:  # the sweep's directory is NAME-sweep
         check_dir_name(base.name, "name", "the sweep's name without --name (its directory NAME-sweep)")
     elif not name.strip():

@@ -40,6 +40,12 @@ def check_existing_member(config: str | None, overrides: list[str], run_dir: Pat
         )
     if (run_dir / CONFIG_FILE).is_file():
         refuse_other_settings(run_dir, load_run_config(config, overrides))
+    if not (run_dir / SUMMARY_FILE).is_file() and (run_dir / LAST_CHECKPOINT).is_file():
+        from patchword.checkpoint import load_checkpoint
+
+        # the checkpoint the resume reads, read once now: damaged, it stops the sweep before the seeds
+        # before it rewrite sweep.json (the resume reads it again: a second read of one file per member)
+        load_checkpoint(run_dir / LAST_CHECKPOINT)
     if (run_dir / SUMMARY_FILE).is_file():
         read_json(run_dir / SUMMARY_FILE, "run summary")
         for suite in suites:

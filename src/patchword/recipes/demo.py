@@ -77,6 +77,58 @@ def _check_demo(cfg: RunConfig) -> None:
     check_output_dir(cfg.output_dir, "output_dir", what="the directory the demo's run goes in")
 
 
+def _made_by_demo(run_dir: Path, cfg: RunConfig) -> bool:
+    """Whether ``run_dir`` is an earlier demo's run: its ``summary.json`` holds what only the demo adds
+    (``pretrained_global``), or (a demo stopped before it wrote that) its ``config.yaml`` is this demo's
+    config, up to keys that say nothing of the run (:data:`~patchword.runs.recorded.NEUTRAL_OVERRIDES`).
+    A run this test cannot read is not one."""
+    from patchword.config import config_diff
+    from patchword.errors import PatchwordError
+    from patchword.readers import read_json
+    from patchword.runs.files import CONFIG_FILE
+    from patchword.runs.load import read_run_config
+    from patchword.runs.recorded import NEUTRAL_OVERRIDES
+
+    summary, config = run_dir / SUMMARY_FILE, run_dir / CONFIG_FILE
+    try:
+        if summary.is_file() and "pretrained_global" in read_json(summary, "run summary"):
+            return True
+        if config.is_file():
+            return not [k for k in config_diff(read_run_config(run_dir), cfg) if k not in NEUTRAL_OVERRIDES]
+    except PatchwordError:  # damaged records: nothing says it is a demo's
+        pass
+    return False
+
+
+def _set_aside_previous(run_dir: Path, cfg: RunConfig) -> None:
+    """Move an earlier demo's run in ``run_dir`` aside (:func:`_set_aside`), under the run's lock: a run
+    another process trains now is refused, as ``patchword train`` refuses it, and so is a directory the
+    demo did not make (an ordinary run, anything else: nothing but a demo's run is moved). A directory
+    holding nothing, or only what a start killed before its first checkpoint left, is left to the run's
+    start, which takes it (a file in its place too: the start refuses it).
+
+    Raises:
+        RunExistsError: the run is in use, or ``run_dir`` is not a demo's.
+    """
+    from patchword.errors import RunExistsError
+    from patchword.runs.claim import LOCK_FILE
+    from patchword.train.runner import TRAIN_RUNS
+
+    if not TRAIN_RUNS.holds_files(run_dir) or TRAIN_RUNS.failed_start(run_dir) is not None:
+        return
+    foreign = RunExistsError(
+        f"{run_dir} is not an earlier demo's run (the demo moves aside only its own): choose another name= "
+        f"for the demo, or move {run_dir} yourself"
+    )
+    # refused before the lock is taken where there is no lock file yet: taking it would write one there
+    if not (run_dir / LOCK_FILE).is_file() and not _made_by_demo(run_dir, cfg):
+        raise foreign
+    with TRAIN_RUNS.lock(run_dir):
+        if not _made_by_demo(run_dir, cfg):
+            raise foreign
+        _set_aside(run_dir)
+
+
 def _set_aside(run_dir: Path) -> None:
     # Never overwrite a previous demo silently: keep it under a timestamped name and say so.
     if not run_dir.exists():
@@ -111,7 +163,7 @@ def run_demo(overrides: list[str] | None = None, *, plots: bool = True) -> dict[
     cfg = demo_config(overrides)
     run_dir = Path(cfg.output_dir) / cfg.name
     _check_demo(cfg)  # before a previous demo is moved or 12,000 scenes are prepared
-    _set_aside(run_dir)
+    _set_aside_previous(run_dir, cfg)
     with _flush_denormals():
         data = prepare_data(cfg.data)
         summary = train_run(cfg, data=data)

@@ -116,11 +116,44 @@ def pretraining_recall(cfg: RunConfig, data) -> dict[str, Any] | None:
 
 
 def _refuse_filled_out(out: Path, force: bool) -> None:
-    """``--out`` holds files and ``force`` is not given: refused."""
+    """``--out`` holds files and ``force`` is not given, or holds anything but encoders (``force`` replaces
+    the whole folder: a run, a dataset or a user's notes there would be deleted): refused."""
     from patchword.errors import RunExistsError
+    from patchword.fileio import only_entries
+    from patchword.pretrained import CONFIG, VOCAB, WEIGHTS
 
-    if out.is_dir() and any(out.iterdir()) and not force:
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not force:
         raise RunExistsError(f"{out} exists and is not empty; pass --force to replace the encoders in it")
+    if only_entries(out, {WEIGHTS, VOCAB, CONFIG}) is None:
+        others = sorted(set(os.listdir(out)) - {WEIGHTS, VOCAB, CONFIG})
+        raise RunExistsError(
+            f"{out} holds {', '.join(others[:3])}{' ...' if len(others) > 3 else ''}, not only encoders "
+            f"({WEIGHTS}, {VOCAB}, {CONFIG}): --force replaces only a folder of encoders; "
+            "choose another --out"
+        )
+
+
+def _refuse_out_over_run(out: Path, cfg: RunConfig) -> None:
+    """``--out`` is the pretraining run's own directory, a folder holding it (the export, which replaces
+    ``--out`` whole, would delete the run it exports) or a folder inside it (its lock file would stop the
+    run's start: a run directory holds only what the run writes). Refused before anything is written.
+
+    Raises:
+        ConfigError: naming ``--out`` and the run directory.
+    """
+    from patchword.errors import ConfigError
+
+    run_dir = Path(os.path.realpath(Path(cfg.output_dir) / cfg.name))
+    target = Path(os.path.realpath(out))
+    where = "is" if target == run_dir else "holds" if target in run_dir.parents else "lies inside"
+    if where != "lies inside" or run_dir in target.parents:
+        raise ConfigError(
+            "--out",
+            f"{out} {where} the pretraining run {Path(cfg.output_dir) / cfg.name} (output_dir/name): the "
+            "encoders go in a folder of their own, outside it",
+        )
 
 
 def _out_lock_path(out: Path) -> Path:
@@ -278,15 +311,17 @@ def run_pretrain(
 
     Raises:
         ConfigError: before any work, a run that cannot be exported (:func:`check_exportable`), an existing
-            run trained with another value, or ``--out`` naming a file.
-        RunExistsError: ``--out`` is not empty and ``force`` is not given, or another ``patchword
-            pretrain`` writes it now.
+            run trained with another value, ``--out`` naming a file, or ``--out`` holding the run
+            (``output_dir/name``, or a folder above it).
+        RunExistsError: ``--out`` is not empty and ``force`` is not given, holds anything but encoders
+            (even with ``force``), or another ``patchword pretrain`` writes it now.
         Interrupted: SIGTERM / SIGINT; the message says to run the same command again.
     """
     # a directory, or one that can be created, where files can be written (nothing is created)
     check_output_dir(out, "--out", what="the directory for the encoders")
     cfg = pretrain_config(overrides, config)
     check_exportable(cfg)
+    _refuse_out_over_run(out, cfg)
     # One command at a time on --out: a second one's recovery would delete the first's staging folder.
     with _out_lock(out):
         _recover_out(out)  # a kill between the renames of a --force export left ``out`` aside: back first

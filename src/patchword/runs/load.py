@@ -186,12 +186,10 @@ def refuse_run_output(
 ) -> None:
     """Before any work: the file a command writes is neither one it reads (``reads``: the checkpoint it
     evaluates...) nor one of the files of a run it reads (``names``, any ``*.pt`` and anything in
-    ``export/`` of each of ``run_dirs``): ``--force`` overwrites a file the command wrote before, never
-    the run's checkpoint or config. A new name in the run directory is allowed (``eval_dev.json``).
-
-    Raises:
-        ConfigError: naming ``flag``.
-    """
+    ``export/`` of each of ``run_dirs``), nor a record of any other run or model folder (:func:`_recorded_by`:
+    ``OTHER_RUN/summary.json``): ``--force`` overwrites a file the command wrote before, never a run's
+    checkpoint or config. A new name in a run directory is allowed (``eval_dev.json``). Raises ConfigError
+    naming ``flag``."""
     target = Path(out).resolve()
     for path in reads:
         if Path(path).resolve() == target:
@@ -203,6 +201,22 @@ def refuse_run_output(
             raise ConfigError(
                 flag, f"{out} is one of the files of run {run_dir} ({target.name}): choose another file"
             )
+    if (recorded := _recorded_by(target)) is not None:
+        raise ConfigError(flag, f"{out} is one of the files of {recorded}: choose another file")
+
+
+def _recorded_by(target: Path) -> str | None:
+    """The run, export or encoders folder (``config.yaml`` or ``model.safetensors`` in it) of which resolved
+    ``target`` is a record (a run file, an export's card or ``config.json``, a checkpoint, anything in its
+    ``export/`` or ``bert_vocab/``), described; None for any other file."""
+    folder, names = target.parent, RUN_FILES | {"README.md", "config.json"}
+    if (folder.parent / CONFIG_FILE).is_file() and folder.name in (EXPORT_DIR, BERT_VOCAB_DIR):
+        return f"run {folder.parent}"
+    if not (target.name in names or target.suffix in (".pt", ".safetensors")):
+        return None
+    if (folder / WEIGHTS_FILE).is_file():  # an export, training's export/, pretrained encoders
+        return f"model directory {folder}"
+    return f"run {folder}" if (folder / CONFIG_FILE).is_file() else None
 
 
 def config_hash(run_dir: str | Path) -> str:

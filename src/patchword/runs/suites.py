@@ -7,6 +7,7 @@ that :func:`~patchword.runs.recorded.suite_evaluation_of` can tell which checkpo
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,9 @@ from patchword.runs.evaluate import check_output
 from patchword.runs.load import refuse_run_output
 from patchword.runs.recorded import evaluation_identity, evaluation_provenance, suite_files_identity
 
-__all__ = ["evaluate_suite", "evaluate_patch_suite"]
+__all__ = ["check_triple_texts", "evaluate_suite", "evaluate_patch_suite"]
+
+_logger = logging.getLogger(__name__)
 
 
 def _suite_run(suite: str, run_dir: Path, checkpoint, overrides, out: Path | None, force: bool, check, reads):
@@ -36,11 +39,76 @@ def _suite_run(suite: str, run_dir: Path, checkpoint, overrides, out: Path | Non
     overrides = list(overrides or [])
     cfg = read_run_config(run_dir, overrides)
     check_eval_settings(cfg, resolve_device(cfg.device))
+    _refuse_recall_settings(suite, read_run_config(run_dir), cfg)
     out = check_output(out or run_dir / f"eval_{suite}.json", force, [run_dir])
     check(cfg)
     refuse_run_output(out, reads=[resolve_checkpoint(run_dir, checkpoint), *(reads or [])])
     loaded = load_run(run_dir, checkpoint, device=resolve_device(cfg.device), overrides=overrides, config=cfg)
     return loaded, loaded.config.data, out
+
+
+#: Recall's settings, which no suite reads: the compositional suite scores the synthetic test split (or the
+#: ``--suite-file`` triples), the patch suite the scenes' own train and test images.
+SUITE_UNREAD_KEYS = ("eval.split", "eval.coco_1k", "eval.coco_extended")
+
+
+def _refuse_recall_settings(suite: str, saved: RunConfig, cfg: RunConfig) -> None:
+    """An override of a key of :data:`SUITE_UNREAD_KEYS` (``eval.split=dev``) to another value than what the
+    suite does, which it would ignore while its record said it was given: refused (the run's own values of
+    them are left alone).
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    from patchword.config import config_diff, flat_config
+    from patchword.errors import ConfigError
+
+    scores = "the test split or the --suite-file triples" if suite == "compositional" else "its own images"
+    what_it_does = {"eval.split": "test", "eval.coco_1k": False, "eval.coco_extended": False}
+    values = flat_config(cfg)
+    for key in config_diff(saved, cfg):
+        if key in SUITE_UNREAD_KEYS and values[key] != what_it_does[key]:
+            raise ConfigError(key, f"is not read by --suite {suite} (it scores {scores}): drop it")
+
+
+def check_triple_texts(tokenizer, triples, max_caption_len: int | None = None) -> None:
+    """Before scoring triples read from files: a caption or negative caption the tokenizer finds no word
+    in is refused, naming its file, record and field (the tokenizer alone names only its position among
+    every text encoded); one whose words the run's word vocabulary all lacks (scored as ``<unk>`` alone:
+    the model is told nothing of it) is counted in one warning naming the first records.
+
+    Raises:
+        DataError: ``FILE: record ID: its negative_caption '!!!' has no words...``.
+    """
+    from patchword.data.tokenizers import NoWordsError, WordVocab
+    from patchword.errors import DataError
+
+    where = triples.origin or [f"triple {i}" for i in range(len(triples))]
+    fields = (("caption", triples.positive), ("negative_caption", triples.negative))
+    for field, texts in fields:
+        try:
+            tokenizer.batch_encode(list(texts), max_len=max_caption_len)
+        except NoWordsError as err:
+            raise DataError(
+                f"{where[err.index]}: its {field} {err.text!r} has {err.reason}; reword or remove the record"
+            ) from None
+    if not isinstance(tokenizer, WordVocab):
+        return
+    unknown = [
+        f"{where[i]} ({field})"
+        for field, texts in fields
+        for i, text in enumerate(texts)
+        if not tokenizer.known_and_unknown_words(text)[0]
+    ]
+    if unknown:
+        shown = "; ".join(unknown[:5]) + (f"; and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        _logger.warning(
+            "%d of the %d captions of the suite files have no word the run's vocabulary knows (each is "
+            "scored as <unk> alone): %s",
+            len(unknown),
+            2 * len(where),
+            shown,
+        )
 
 
 def _write_suite(result: dict, loaded, run_dir: Path, overrides: list[str], files, out: Path, t0: float):
@@ -91,6 +159,7 @@ def evaluate_suite(
     dense = None
     if suite_files:
         paths, triples = read_sugarcrepe(suite_files, image_root)
+        check_triple_texts(loaded.tokenizer, triples, dc.max_caption_len)
         images, source = FileImageSource(paths, loaded.image_transform()), [str(f) for f in suite_files]
     else:
         from patchword.data.synthetic import SyntheticScenes

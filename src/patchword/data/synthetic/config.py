@@ -53,6 +53,9 @@ CELL_PHRASES = (
 )
 # Largest sparse caption: three objects (the relation and count templates use two).
 MAX_CAPTION_OBJECTS = 3
+#: The most images a split may hold: a split is generated in memory (64 px: 12 KiB an image), so more is
+#: a typo (``num_test=100000000`` asked numpy for 1.1 TiB), refused naming the key, not an allocation error.
+MAX_SPLIT_IMAGES = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,12 @@ class SyntheticConfig:
             if self.split_size(split) < 1:
                 raise ConfigError(
                     f"num_{split}", f"every split needs at least one image, got {self.split_size(split)}"
+                )
+            if self.split_size(split) > MAX_SPLIT_IMAGES:
+                raise ConfigError(
+                    f"num_{split}",
+                    f"at most {MAX_SPLIT_IMAGES:,} images a split (generated in memory), got "
+                    f"{self.split_size(split):,}",
                 )
 
     def split_size(self, split: str) -> int:
