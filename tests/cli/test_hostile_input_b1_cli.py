@@ -207,3 +207,32 @@ def test_a_damaged_last_pt_stops_the_sweep_before_sweep_json_is_rewritten(tmp_pa
     line = one_error_line(capsys.readouterr().err)
     assert line.startswith(f"error: {last}: not a readable patchword checkpoint"), line
     assert (tmp_path / "sw" / "sweep.json").read_bytes() == record
+
+
+def test_two_variants_of_one_name_are_refused_naming_it(tmp_path, capsys):
+    """Old code: ``two variants share a name``, which name unsaid."""
+    argv = [
+        "sweep",
+        "--seeds",
+        "0",
+        "--name",
+        "sw",
+        "--variant",
+        "a: train.lr=1e-3",
+        "--variant",
+        "a: seed=2",
+    ]
+    assert main([*argv, *TINY, f"output_dir={tmp_path}"]) == 2
+    assert one_error_line(capsys.readouterr().err) == "error: --variant: two variants share the name 'a'"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_data_root_that_is_a_file_is_said_to_be_one(tmp_path, capsys):
+    """Old code: ``data.root=FILE: no such directory``."""
+    root = tmp_path / "root.txt"
+    root.write_text("not a dataset")
+    argv = ["train", *TINY_RUN_32, "data.dataset=laps", "data.image_size=32", f"data.root={root}"]
+    argv.append(f"output_dir={tmp_path}")
+    assert main(argv) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"data.root={root}: is a file, not a directory" in line, line

@@ -50,6 +50,7 @@ def _error(capsys) -> str:
         ("other", "export/model.safetensors", "run"),
         ("model", "metrics.json", "model directory"),
         ("model", "README.md", "model directory"),
+        ("other", "eval_test.json", "run"),
     ],
 )
 def test_eval_out_naming_a_record_of_another_run_or_an_export_is_refused_with_force(
@@ -192,6 +193,19 @@ def test_an_export_digest_that_is_no_string_is_refused_naming_metrics_json(runs,
     assert main(["report", str(model), "--out", str(out)]) == 2
     assert _error(capsys) == f"error: {model / 'metrics.json'}: weights_sha256 is 5, not a string"
     assert not out.exists()
+
+
+def test_evaluating_an_export_whose_digest_is_no_string_names_metrics_json(runs, tmp_path, capsys):
+    """Old code: ``weights_sha256: 5`` made eval say the weights file was damaged."""
+    model = _damaged_copy(runs["model"], tmp_path, "metrics.json", weights_sha256=5)
+    assert main(["eval", str(model), "--out", str(tmp_path / "e.json")]) == 2
+    assert _error(capsys) == f"error: {model / 'metrics.json'}: weights_sha256 is 5, not a string"
+
+
+def test_eval_out_may_name_the_evaluated_runs_own_evaluation(runs, tmp_path):
+    """eval_test.json is refused in another run, not in the run evaluated (its default output)."""
+    run = Path(shutil.copytree(runs["run"], tmp_path / "own"))
+    assert main(["eval", str(run), "--out", str(run / "eval_test.json"), "--force"]) == 0
 
 
 def test_an_ensemble_file_in_no_run_directory_names_the_flag(runs, tmp_path, capsys, monkeypatch):

@@ -60,9 +60,11 @@ def run(args: argparse.Namespace) -> None:
     from patchword.errors import ConfigError
     from patchword.experiments.sweep import parse_seeds, run_sweep
 
-    variants = dict(parse_variant(v) for v in args.variant)
-    if len(variants) != len(args.variant):
-        raise ConfigError("--variant", "two variants share a name")
+    variants: dict[str, list[str]] = {}
+    for name, overrides in (parse_variant(v) for v in args.variant):
+        if name in variants:
+            raise ConfigError("--variant", f"two variants share the name {name!r}")
+        variants[name] = overrides
     record = run_sweep(
         args.config,
         parse_seeds(args.seeds),

@@ -273,7 +273,8 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg=No
     ensembled = len(members) > 1
     # Everything cheap first: the output file, each member's config (read, checked once) and checkpoint.
     out = out or run_dir / (f"eval_{role}_ensemble.json" if len(members) > 1 else f"eval_{role}.json")
-    check_output(out, force, [member_dir for member_dir, _ in members])
+    member_dirs = [member_dir for member_dir, _ in members]
+    check_output(out, force, member_dirs)
     configs, checkpoints = [cfg], []
     for n, (member_dir, member_ckpt) in enumerate(members):
         if n:
@@ -281,7 +282,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg=No
             truth = check_eval_settings(configs[n], dist.device, truth)
         check_backbone_overrides(member_dir, overrides)
         checkpoints.append(resolve_checkpoint(member_dir, member_ckpt))
-        refuse_run_output(out, reads=[checkpoints[-1]])
+        refuse_run_output(out, member_dirs, reads=[checkpoints[-1]])
     if ensembled:
         refuse_repeated_members(checkpoints)
     device = dist.device

@@ -21,6 +21,7 @@ __all__ = [
     "RESUMES_FILE",
     "IMPORT_FILE",
     "EXPORT_DIR",
+    "RUN_FILES",
 ]
 
 CONFIG_FILE = "config.yaml"  # the resolved run config, written once and never rewritten
@@ -36,3 +37,22 @@ SUMMARY_FILE = "summary.json"  # the run's result: test metrics, steps, times
 RESUMES_FILE = "resumes.jsonl"  # one record per --resume: when, at which step, with which overrides
 IMPORT_FILE = "import.json"  # what an imported official checkpoint held (patchword import)
 EXPORT_DIR = "export"  # the weights-only export training writes inside the run directory
+
+#: The files a run directory records its run in, which no command's output may replace (``--force`` or
+#: not): every name of :mod:`patchword.runs.files`. Any checkpoint (``*.pt``) and the files of ``export/``
+#: are the run's too (:func:`patchword.runs.load.refuse_run_output`).
+RUN_FILES = frozenset(
+    {
+        CONFIG_FILE,
+        VOCAB_FILE,
+        BACKBONES_FILE,
+        WEIGHTS_FILE,
+        BEST_CHECKPOINT,
+        LAST_CHECKPOINT,
+        METRICS_FILE,
+        METRICS_JSON,
+        SUMMARY_FILE,
+        RESUMES_FILE,
+        IMPORT_FILE,
+    }
+)

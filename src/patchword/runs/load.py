@@ -31,15 +31,10 @@ from patchword.runs.config import RunConfig
 from patchword.runs.files import (
     BACKBONES_FILE,
     BERT_VOCAB_DIR,
-    BEST_CHECKPOINT,
     CONFIG_FILE,
     EXPORT_DIR,
-    IMPORT_FILE,
-    LAST_CHECKPOINT,
-    METRICS_FILE,
-    METRICS_JSON,
     RESUMES_FILE,
-    SUMMARY_FILE,
+    RUN_FILES,
     VOCAB_FILE,
     WEIGHTS_FILE,
 )
@@ -156,26 +151,6 @@ def last_session_config(run_dir: str | Path) -> RunConfig:
         raise DataError(f"{path}: its last resume's overrides do not apply ({err})") from None
 
 
-#: The files a run directory records its run in, which no command's output may replace (``--force`` or
-#: not): every name of :mod:`patchword.runs.files`. Any checkpoint (``*.pt``) and the files of ``export/``
-#: are the run's too (:func:`refuse_run_output`).
-RUN_FILES = frozenset(
-    {
-        CONFIG_FILE,
-        VOCAB_FILE,
-        BACKBONES_FILE,
-        WEIGHTS_FILE,
-        BEST_CHECKPOINT,
-        LAST_CHECKPOINT,
-        METRICS_FILE,
-        METRICS_JSON,
-        SUMMARY_FILE,
-        RESUMES_FILE,
-        IMPORT_FILE,
-    }
-)
-
-
 def refuse_run_output(
     out: str | Path,
     run_dirs: Sequence[str | Path] = (),
@@ -187,9 +162,9 @@ def refuse_run_output(
     """Before any work: the file a command writes is neither one it reads (``reads``: the checkpoint it
     evaluates...) nor one of the files of a run it reads (``names``, any ``*.pt`` and anything in
     ``export/`` of each of ``run_dirs``), nor a record of any other run or model folder (:func:`_recorded_by`:
-    ``OTHER_RUN/summary.json``): ``--force`` overwrites a file the command wrote before, never a run's
-    checkpoint or config. A new name in a run directory is allowed (``eval_dev.json``). Raises ConfigError
-    naming ``flag``."""
+    ``OTHER_RUN/summary.json``, ``OTHER_RUN/eval_test.json``): ``--force`` overwrites a file the command
+    wrote before, never a run's checkpoint or config. A new name in a run directory read is allowed
+    (``eval_dev.json``). Raises ConfigError naming ``flag``."""
     target = Path(out).resolve()
     for path in reads:
         if Path(path).resolve() == target:
@@ -201,17 +176,20 @@ def refuse_run_output(
             raise ConfigError(
                 flag, f"{out} is one of the files of run {run_dir} ({target.name}): choose another file"
             )
-    if (recorded := _recorded_by(target)) is not None:
+    if (recorded := _recorded_by(target, {Path(run_dir).resolve() for run_dir in run_dirs})) is not None:
         raise ConfigError(flag, f"{out} is one of the files of {recorded}: choose another file")
 
 
-def _recorded_by(target: Path) -> str | None:
+def _recorded_by(target: Path, evaluated: set[Path]) -> str | None:
     """The run, export or encoders folder (``config.yaml`` or ``model.safetensors`` in it) of which resolved
     ``target`` is a record (a run file, an export's card or ``config.json``, a checkpoint, anything in its
-    ``export/`` or ``bert_vocab/``), described; None for any other file."""
+    ``export/`` or ``bert_vocab/``, an ``eval_*.json`` of a run not ``evaluated``), described; None for any
+    other file."""
     folder, names = target.parent, RUN_FILES | {"README.md", "config.json"}
     if (folder.parent / CONFIG_FILE).is_file() and folder.name in (EXPORT_DIR, BERT_VOCAB_DIR):
         return f"run {folder.parent}"
+    if folder not in evaluated and target.name.startswith("eval_") and target.suffix == ".json":
+        names = names | {target.name}  # the report reads it as that run's evaluation
     if not (target.name in names or target.suffix in (".pt", ".safetensors")):
         return None
     if (folder / WEIGHTS_FILE).is_file():  # an export, training's export/, pretrained encoders

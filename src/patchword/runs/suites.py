@@ -42,7 +42,7 @@ def _suite_run(suite: str, run_dir: Path, checkpoint, overrides, out: Path | Non
     _refuse_recall_settings(suite, read_run_config(run_dir), cfg)
     out = check_output(out or run_dir / f"eval_{suite}.json", force, [run_dir])
     check(cfg)
-    refuse_run_output(out, reads=[resolve_checkpoint(run_dir, checkpoint), *(reads or [])])
+    refuse_run_output(out, [run_dir], reads=[resolve_checkpoint(run_dir, checkpoint), *(reads or [])])
     loaded = load_run(run_dir, checkpoint, device=resolve_device(cfg.device), overrides=overrides, config=cfg)
     return loaded, loaded.config.data, out
 

@@ -24,7 +24,8 @@ def check_export_weights(run_dir: Path, path: Path) -> None:
     (its recorded sha256); an export that recorded none (written before the digest was) is taken as it is.
 
     Raises:
-        DataError: the digests differ, naming the file.
+        DataError: the digests differ, naming the file; the recorded digest is not a string, naming the
+            export record.
     """
     from patchword.fileio import file_sha256
 
@@ -32,6 +33,8 @@ def check_export_weights(run_dir: Path, path: Path) -> None:
         return
     record = read_json(run_dir / METRICS_JSON, f"export record ({METRICS_JSON})", default={})
     recorded = record.get(WEIGHTS_DIGEST_KEY)
+    if recorded is not None and not isinstance(recorded, str):  # not the weights' fault
+        raise DataError(f"{run_dir / METRICS_JSON}: {WEIGHTS_DIGEST_KEY} is {recorded!r}, not a string")
     if recorded and file_sha256(path) != recorded:
         raise DataError(
             f"{path}: not the weights the export wrote: its sha256 differs from the {WEIGHTS_DIGEST_KEY} "

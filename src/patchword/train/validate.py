@@ -206,6 +206,8 @@ def _check_cache_dir(cfg: RunConfig) -> None:
 def _existing(path: str, key: str, kind: str = "file") -> None:
     p = Path(path).expanduser()
     ok = p.is_dir() if kind == "directory" else p.is_file() if kind == "file" else p.exists()
+    if not ok and p.exists():  # there, but of the other kind
+        raise MissingFileError(f"{key}={path}: is a {'file' if p.is_file() else 'directory'}, not a {kind}")
     if not ok:
         raise MissingFileError(f"{key}={path}: no such {kind}")
 
