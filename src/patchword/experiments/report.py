@@ -87,14 +87,15 @@ def _curves(entries: list[Entry], out: Path) -> Path | None:
         from matplotlib.figure import Figure
     except ImportError:
         return None
-    from patchword.experiments.plots import curve_records, save_figure
+    from patchword.experiments.plots import curve_records, dev_label, save_figure
 
-    fig = Figure(figsize=(10, 4))
+    fig, every_dev = Figure(figsize=(10, 4)), []
     loss_ax, dev_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     for i, entry in enumerate(entries):
         colour = f"C{i % 10}"
         for j, run in enumerate(entry.runs):
             train, dev = curve_records(run / METRICS_FILE)
+            every_dev += dev
             label = entry.label if j == 0 else None
             loss_ax.plot(
                 [r["step"] for r in train], [r["loss"] for r in train], color=colour, alpha=0.8, label=label
@@ -103,7 +104,9 @@ def _curves(entries: list[Entry], out: Path) -> Path | None:
                 [r["step"] for r in dev], [r["rsum"] for r in dev], "o-", color=colour, alpha=0.8, label=label
             )
     loss_ax.set(xlabel="step", ylabel="training loss", title="training loss")
-    dev_ax.set(xlabel="step", ylabel="dev rSum", title="dev rSum")
+    # "dev rSum (300 images)" when every run validated on the same number of images (eval_max_images)
+    dev_title = dev_label(every_dev)
+    dev_ax.set(xlabel="step", ylabel=dev_title, title=dev_title)
     if dev_ax.get_legend_handles_labels()[0]:  # rows without runs draw nothing to name
         dev_ax.legend(fontsize=7)
     fig.tight_layout()
