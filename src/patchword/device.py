@@ -15,15 +15,28 @@ import torch
 from patchword.errors import ConfigError
 
 __all__ = [
+    "check_device_spec",
     "checked_device",
     "cpu_model",
     "describe_device",
     "peak_host_rss_mb",
+    "read_together",
     "reset_peak_host_rss",
     "resolve_device",
 ]
 
-_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+def check_device_spec(spec: str, key: str = "device") -> None:
+    """Refuse a ``device`` value that is not ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``; whether this
+    machine has that device is not checked (:func:`resolve_device` does).
+
+    Raises:
+        ConfigError: naming ``key``.
+    """
+    if not _PATTERN.fullmatch(spec):
+        raise ConfigError(key, f"must be auto, cpu, cuda, cuda:N or mps, got {spec!r}")
 
 
 def resolve_device(spec: str | torch.device, key: str = "device") -> torch.device:
@@ -34,8 +47,7 @@ def resolve_device(spec: str | torch.device, key: str = "device") -> torch.devic
     """
     if isinstance(spec, torch.device):
         spec = str(spec)
-    if not _PATTERN.match(spec):
-        raise ConfigError(key, f"must be auto, cpu, cuda, cuda:N or mps, got {spec!r}")
+    check_device_spec(spec, key)
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(spec)
@@ -66,6 +78,23 @@ def checked_device(device: object) -> torch.device:
     if resolved.type in ("cuda", "mps"):
         resolve_device(resolved, key="device")  # a ConfigError (a ValueError) naming device when missing
     return resolved
+
+
+def read_together(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """``tensors`` on the host, each with its shape and dtype, in one copy (one wait for the device instead
+    of one per tensor): flattened into one float64 buffer (float32 when one is on mps, which has no
+    float64) on the device of the first that is not on the host. Float32 values come back bit-identical,
+    and so do bool masks and integers below 2**53 (2**24 on mps)."""
+    if not tensors:
+        return []
+    device = next((t.device for t in tensors if t.device.type != "cpu"), torch.device("cpu"))
+    dtype = torch.float32 if device.type == "mps" else torch.float64
+    flat = torch.cat([t.detach().reshape(-1).to(device, dtype) for t in tensors]).cpu()
+    out, start = [], 0
+    for t in tensors:
+        out.append(flat[start : start + t.numel()].reshape(t.shape).to(t.dtype))
+        start += t.numel()
+    return out
 
 
 def cpu_model() -> str:

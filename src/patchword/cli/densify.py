@@ -159,7 +159,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from patchword.densify.runner import densify
     from patchword.densify.shards import parse_shard, shard_from_env, shard_output_path
     from patchword.densify.store import check_output_path
-    from patchword.densify.vlm import load_vlm
+    from patchword.densify.vlm import check_model_id, load_vlm
     from patchword.errors import ConfigError
 
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
@@ -175,8 +175,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         do_sample=args.sample,
         **given,
     )
-    if args.model_id is not None and not args.model_id.strip():  # was replaced by the default id
-        raise ConfigError("--model-id", "is empty: give the name each line records, or leave it out")
+    check_model_id(args.model_id)  # here too: a finished file returns before load_vlm would check it
     shard = parse_shard(args.shard) if args.shard else None
     ranked = shard_from_env() if shard is None else None
     device = resolve_device(args.device)

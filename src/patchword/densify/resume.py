@@ -217,12 +217,11 @@ def finished_before(
         "shard": str(shard),
         "start": start,
         "stop": stop,
+        **({} if model_id is None else {"model_id": model_id}),
+        **({} if precision is None else {"precision": precision}),
     }
     for key, value in now.items():
         if old.get(key) != value:
-            raise _mismatch(out, key, old.get(key), value)
-    for key, value in (("model_id", model_id), ("precision", precision)):
-        if value is not None and old.get(key) != value:
             raise _mismatch(out, key, old.get(key), value)
     if model_name is not None and old.get("model") != model_name:
         return False  # the model id decides, once loaded

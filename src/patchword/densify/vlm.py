@@ -23,7 +23,7 @@ from patchword.densify.config import PRECISIONS, GenerationSettings
 from patchword.densify.fingerprint import directory_fingerprint, hub_snapshot
 from patchword.errors import ConfigError, MissingFileError, ModelNotFoundError
 
-__all__ = ["TINY_RANDOM", "Generation", "VisionLanguageModel", "load_vlm"]
+__all__ = ["TINY_RANDOM", "Generation", "VisionLanguageModel", "check_model_id", "load_vlm"]
 
 logger = logging.getLogger(__name__)
 
@@ -234,6 +234,17 @@ def _load_pretrained(name: str, dtype: torch.dtype, allow_download: bool):
     return model, processor
 
 
+def check_model_id(model_id: str | None) -> None:
+    """Refuse an empty or blank ``--model-id`` (None: the default id), which was silently replaced by the
+    default id.
+
+    Raises:
+        ConfigError: naming ``--model-id``.
+    """
+    if model_id is not None and not model_id.strip():
+        raise ConfigError("--model-id", "is empty: give the name each line records, or leave it out")
+
+
 def load_vlm(
     name_or_path: str,
     *,
@@ -260,8 +271,7 @@ def load_vlm(
             weights cannot be loaded.
         ConfigError: the model is not an image-text-to-text model.
     """
-    if model_id is not None and not model_id.strip():  # was silently replaced by the default id
-        raise ConfigError("--model-id", "is empty: give the name each line records, or leave it out")
+    check_model_id(model_id)
     if name_or_path == TINY_RANDOM:
         # the smoke-test model only: tiny builds on this module (through the package), so it stays here
         from patchword.densify.tiny import TINY_MODEL_ID, build_tiny_random

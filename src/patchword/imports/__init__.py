@@ -188,29 +188,20 @@ def check_run_values(cfg: RunConfig) -> None:
     Raises:
         ConfigError: naming the first offending key.
     """
-    import dataclasses
-    import re
-
     import torch
 
     from patchword.config import check_common_values
-    from patchword.data.prepare import SYNTHETIC_DATASETS, eval_role
-    from patchword.device import resolve_device
+    from patchword.data.prepare import eval_role
+    from patchword.device import check_device_spec
     from patchword.runs.checks import check_eval_settings
 
     check_common_values(cfg)
     eval_role(cfg.data, cfg.eval.split)
-    spec = cfg.device
-    if re.fullmatch(r"auto|cuda(:\d+)?|mps", spec):  # the evaluating machine's to have
-        device = torch.device("cpu" if spec == "mps" else "cuda")
-    else:
-        device = resolve_device(spec)  # cpu, or a malformed value refused naming `device`
-    if cfg.eval.coco_extended and cfg.data.dataset in SYNTHETIC_DATASETS:
-        raise ConfigError("eval.coco_extended", "needs the COCO 5K test split (ECCV Caption / CxC ids)")
-    # the ground truth is read by the evaluation: not loaded here
-    check_eval_settings(
-        dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, coco_extended=False)), device
-    )
+    check_device_spec(cfg.device)
+    # whether the device exists is the evaluating machine's to say: auto and cuda count as CUDA, mps as
+    # the CPU (no precision it refuses), so eval.precision is checked against what the run may meet
+    device = torch.device("cpu" if cfg.device in ("cpu", "mps") else "cuda")
+    check_eval_settings(cfg, device, load_ground_truth=False)  # the evaluation reads the ground truth
 
 
 # The built-in importers register themselves.

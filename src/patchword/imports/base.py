@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from patchword._validation import finite_flag
 from patchword.checkpoint import atomic_save
 from patchword.config import config_to_dict, save_config
 from patchword.errors import ConfigError, DataError, RunExistsError
@@ -303,8 +304,10 @@ def check_finite(plan: ImportPlan, source: Path) -> None:
     Raises:
         DataError: naming the first such tensor (patchword's name for it) and how many values are bad.
     """
-    for key, tensor in plan.state_dict.items():
-        if not (tensor.is_floating_point() or tensor.is_complex()):
+    named = [(tensor, key) for key, tensor in plan.state_dict.items()]
+    some_bad = (flag := finite_flag(named)) is not None and not bool(flag)  # the floating ones, one read
+    for tensor, key in named:
+        if not (tensor.is_complex() or (some_bad and tensor.is_floating_point())):  # complex: not in the flag
             continue
         bad = int((~torch.isfinite(tensor)).sum())
         if bad:

@@ -224,7 +224,11 @@ COCO_5K_IMAGES, COCO_5K_CAPTIONS = 5000, 25000
 
 
 def check_eval_settings(
-    cfg: RunConfig, device: torch.device, ground_truth: CocoGroundTruth | None = None
+    cfg: RunConfig,
+    device: torch.device,
+    ground_truth: CocoGroundTruth | None = None,
+    *,
+    load_ground_truth: bool = True,
 ) -> CocoGroundTruth | None:
     """The ``eval`` section, before any data is read: the numeric keys' ranges, ``eval.precision``
     against the matcher and ``device``, ``eval.coco_extended`` against the dataset and its ground truth
@@ -234,6 +238,8 @@ def check_eval_settings(
     Args:
         ground_truth: the COCO ground truth an earlier call returned (another member of an ensemble): not
             read again.
+        load_ground_truth: False leaves the ground truth (an extra and its files) to whoever evaluates
+            (an import made where they are not): ``ground_truth`` is returned as given.
 
     Returns:
         With ``eval.coco_extended``, the ground truth read now (or ``ground_truth``), for the scoring to
@@ -249,7 +255,7 @@ def check_eval_settings(
     if cfg.eval.coco_extended:
         if cfg.data.dataset in SYNTHETIC_DATASETS:
             raise ConfigError("eval.coco_extended", "needs the COCO 5K test split (ECCV Caption / CxC ids)")
-        if ground_truth is None:
+        if ground_truth is None and load_ground_truth:
             from patchword.eval.coco_extended import CocoGroundTruth
 
             # the extra and its data, now rather than after scoring (or training)

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from patchword.device import read_together
 from patchword.matching.base import Matcher
 from patchword.matching.ops import l2norm
 
@@ -230,19 +231,6 @@ def _word(text: str, heat: torch.Tensor, best: str, cosine: float) -> WordAttent
     return WordAttention(text, text in SPECIAL_TOKENS, heat.float(), best, float(cosine))
 
 
-def _on_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
-    """``tensors`` on the host with one copy (one wait for the device instead of one per tensor), each
-    with its shape and dtype: flattened into one buffer of their common floating type (float32, float64
-    when one is; the bool and integer ones are masks and indices below 2**24, exact in it)."""
-    dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
-    flat = torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors]).cpu()
-    out, start = [], 0
-    for t in tensors:
-        out.append(flat[start : start + t.numel()].reshape(t.shape).to(t.dtype))
-        start += t.numel()
-    return out
-
-
 def _explain_selection(trace, cap_tokens: torch.Tensor, names: list[str], sims: torch.Tensor) -> Explanation:
     """A matcher's own selection of one pair (:meth:`Matcher.selection_trace`) and the HRPA cosine of every
     word with every image token, split over the patches each token mixes. ``sims``: the pair's 0-dim
@@ -261,7 +249,7 @@ def _explain_selection(trace, cap_tokens: torch.Tensor, names: list[str], sims: 
         token_names = ["cls", *token_names]
     best = alignment.argmax(dim=0)  # (L,)
     keeps = [keep for _, keep in trace.branches]
-    sims, alignment, best, omega, dots, token_norms, *keeps = _on_host(
+    sims, alignment, best, omega, dots, token_norms, *keeps = read_together(
         sims, alignment, best, omega, dots, token_norms, *keeps
     )
     result = []
@@ -298,7 +286,7 @@ def _explain_token_cosine(
     """Matchers without patch selection: cosine of each word with each patch token (``sims``: the pair's
     0-dim score; both read with one copy back, the per-word loop runs on the host)."""
     patches = img_tokens[int(matcher.has_cls) :]
-    sims, cosines = _on_host(sims, l2norm(patches) @ l2norm(cap_tokens).T)  # cosines: (N, L)
+    sims, cosines = read_together(sims, l2norm(patches) @ l2norm(cap_tokens).T)  # cosines: (N, L)
     words = [
         _word(name, cosines[:, w], f"patch:{int(cosines[:, w].argmax())}", cosines[:, w].max())
         for w, name in enumerate(names)

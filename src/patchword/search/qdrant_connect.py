@@ -70,11 +70,10 @@ def connect(location: str):
             uploading it: embedded mode admits one at a time).
     """
     qdrant_client, _ = _client_module()
-    is_local(location)  # raises for a URL of another scheme, or a host:port meant for a server
-    if location.startswith(("http://", "https://")):
+    if not is_local(location):  # is_local raises for a URL of another scheme, or a server's host:port
+        if location == ":memory:":
+            return qdrant_client.QdrantClient(location=":memory:")
         return qdrant_client.QdrantClient(url=location)
-    if location == ":memory:":
-        return qdrant_client.QdrantClient(location=":memory:")
     try:
         return qdrant_client.QdrantClient(path=location)
     except RuntimeError as err:  # qdrant-client's only word for a store another client holds

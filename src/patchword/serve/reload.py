@@ -123,8 +123,8 @@ class ServedIndex:
         worker thread), without answering from it yet: a failure is recorded and logged as that request's
         would be (so :meth:`describe` says ``error``), a success kept for the next request to answer from.
         Nothing is done while a request reopens it (the lock is taken without waiting) or when this version
-        of the files was opened or refused already."""
-        if not self.changed_on_disk() or not self._lock.acquire(blocking=False):
+        of the files was opened or refused already (unchanged files: that of the index answered from)."""
+        if not self._lock.acquire(blocking=False):
             return
         try:
             stamp = self.stamp()
@@ -156,10 +156,11 @@ class ServedIndex:
             "version": self._version,
             "index": searcher.index_info,
         }
-        if self.changed_on_disk():
+        stamp = self.stamp()  # the files stat-ed once for both
+        if stamp != self._stamp:
             body["changed_on_disk"] = True
         failed = self._failed
-        if failed is not None and failed[0] == self.stamp():
+        if failed is not None and failed[0] == stamp:
             body["error"] = (
                 "the index changed on disk and cannot be opened as it is now (logged on the server)"
             )

@@ -29,12 +29,7 @@ class RunLimits:
 
     def reached(self, epoch: int, step: int, train_seconds: float) -> bool:
         """The epochs, ``max_steps`` or the time budget (``train_seconds``: every session's) are spent."""
-        tc = self.tc
-        return bool(
-            epoch >= tc.epochs
-            or (tc.max_steps and step >= tc.max_steps)
-            or (tc.time_budget_s and train_seconds >= tc.time_budget_s)
-        )
+        return self.reached_limit(epoch, step, train_seconds) is not None
 
     def reached_limit(self, epoch: int, step: int, train_seconds: float) -> str | None:
         """The limit that :meth:`reached` finds spent, as ``key=value`` (``train.max_steps=40``), or None."""

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from patchword.device import read_together
 from patchword.model import RetrievalModel
 from patchword.runs.config import RunConfig
 from patchword.train.step import fused_supported
@@ -61,14 +62,9 @@ class Optimiser:
     def read_with(self, stats: torch.Tensor) -> tuple[list[float], float | None, int]:
         """``stats`` (a 1-d tensor on the device), the last step's gradient norm (None before the first
         step) and the steps skipped, read from the device in one copy (a logging step's one host sync)."""
-        dtype = torch.float32 if stats.device.type == "mps" else torch.float64  # exact for float32 values
-        parts = [stats.detach().reshape(-1), self.skipped.reshape(1)]
-        if self.grad_norm is not None:
-            parts.append(self.grad_norm.detach().reshape(1))
-        values = torch.cat([part.to(stats.device, dtype) for part in parts]).tolist()
-        n = stats.numel()
-        grad_norm = values[n + 1] if self.grad_norm is not None else None
-        return values[:n], grad_norm, int(values[n])
+        extra = [] if self.grad_norm is None else [self.grad_norm.detach()]
+        stats, skipped, *grad_norm = read_together(stats, self.skipped, *extra)
+        return stats.reshape(-1).tolist(), float(grad_norm[0]) if grad_norm else None, int(skipped)
 
     def learning_rates(self) -> dict[str, float]:
         """``lr`` (the first parameter group's) and ``lr_<name>`` of every named group after it."""

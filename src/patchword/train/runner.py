@@ -312,9 +312,9 @@ def resume_run(
         check_launch(cfg, dist.world_size)
         # locked, then what a kill during a write left (export/ included) removed
         _on_main(dist, run_dir, lambda: TRAIN_RUNS.lock_for_resume(run_dir, locks))
-        (done,) = dist.any(dist.is_main and nothing_to_do(run_dir, cfg, state) is not None)
-        if done:  # summary.json kept byte for byte: a resume would only write it again (adding its idle time)
-            return read_json(run_dir / SUMMARY_FILE, "run summary")
+        summary = nothing_to_do(run_dir, cfg, state) if dist.is_main else None  # summary.json, read once
+        if dist.any(summary is not None)[0]:  # kept byte for byte: a resume would only rewrite it
+            return summary or read_json(run_dir / SUMMARY_FILE, "run summary")  # the other ranks read it
         data, model = _build(cfg, None, tokenizer=tokenizer, run_dir=run_dir)
         trainer = _trainer(cfg, model, data, run_dir, dist, hint)
         trainer.load_state_dict(state)

@@ -77,31 +77,6 @@ class ScoringInputs:
     image_constants: torch.Tensor | None = None
     patch_prior: torch.Tensor | None = None
 
-    def subset(self, images: torch.Tensor, texts: torch.Tensor) -> ScoringInputs:
-        """The inputs restricted to some images and texts (index tensors on any device: each tensor is
-        indexed with a copy on its own device; dense rows follow)."""
-
-        def take(tensor: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | None:
-            return None if tensor is None else tensor[index.to(tensor.device)]
-
-        dense, dense_lens, index = self.dense_tokens, self.dense_lens, self.dense_index
-        if dense is not None and index is None:  # image-tied: row v belongs to image v
-            dense, dense_lens = take(dense, images), take(dense_lens, images)
-        elif dense is not None:
-            index = take(index, texts)
-        constants = take(self.image_constants, images)
-        prior = take(self.patch_prior, images)
-        return ScoringInputs(
-            take(self.img_tokens, images),
-            take(self.cap_tokens, texts),
-            take(self.cap_lens, texts),
-            dense,
-            dense_lens,
-            index,
-            constants,
-            prior,
-        )
-
     @property
     def num_images(self) -> int:
         return self.img_tokens.shape[0]
