@@ -134,22 +134,28 @@ def test_a_bad_cache_dir_on_a_resume_is_refused_before_anything_is_written(
     assert sorted(os.listdir(trained_tiny_run)) == before
 
 
-def test_scenes_cached_in_a_read_only_cache_are_read(tmp_path):
+def test_scenes_cached_in_a_read_only_cache_are_read(tmp_path, monkeypatch, capsys):
     """The cache is only checked for writing when the scenes are not there yet: a shared read-only cache
-    that holds them trains."""
+    that holds them trains. Read-only is what the write probe finds there (as root, chmod does not stop
+    writes): every probe of a folder under the cache fails as a read-only directory makes it fail."""
+    from patchword import fileio
+
     cache = tmp_path / "cache"
     argv = ["train", *TINY_RUN_32, "train.max_steps=1", f"data.cache_dir={cache}"]
     assert main([*argv, f"output_dir={tmp_path / 'runs'}", "name=first"]) == 0
-    modes = {p: p.stat().st_mode for p in [cache, *cache.rglob("*")]}
-    try:
-        for path in modes:
-            path.chmod(0o555 if path.is_dir() else 0o444)
-        if os.access(cache, os.W_OK):
-            pytest.skip("running as root: a read-only directory is still writable")
-        assert main([*argv, f"output_dir={tmp_path / 'runs'}", "name=second"]) == 0
-    finally:
-        for path, mode in modes.items():
-            path.chmod(mode)
+    probe = fileio.probe_writable
+
+    def read_only_cache(directory):
+        if Path(directory).resolve().is_relative_to(cache.resolve()):
+            raise OSError(f"{directory}: cannot write here: Read-only file system (EROFS)")
+        probe(directory)
+
+    monkeypatch.setattr(fileio, "probe_writable", read_only_cache)
+    assert main([*argv, f"output_dir={tmp_path / 'runs'}", "name=second"]) == 0
+    # the check itself still runs where the scenes are not cached yet
+    other = ["train", *TINY_RUN_32, "train.max_steps=1", "data.synthetic_seed=7", f"data.cache_dir={cache}"]
+    assert main([*other, f"output_dir={tmp_path / 'runs'}", "name=third"]) == 2
+    assert one_error_line(capsys.readouterr().err).startswith("error: data.cache_dir: ")
 
 
 def test_a_resume_of_a_run_with_best_pt_but_no_last_pt_does_not_advise_rerunning_it(tmp_path, capsys):
