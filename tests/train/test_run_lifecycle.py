@@ -140,9 +140,9 @@ def test_a_kill_during_the_validation_a_resume_owed_logs_it_once(root, monkeypat
 
     original = trainer_module.Trainer.validate
 
-    def validate_then_die_saving(self):
+    def validate_then_die_saving(self, flag):
         self.save_last = types.MethodType(killed, self)
-        return original(self)
+        return original(self, flag)
 
     monkeypatch.setattr(trainer_module.Trainer, "validate", validate_then_die_saving)
     with pytest.raises(Killed):
@@ -192,10 +192,10 @@ def test_a_kill_between_an_epoch_end_validation_record_and_its_checkpoint_logs_i
     def killed(self):
         raise Killed
 
-    def validate_then_die_saving(self):
+    def validate_then_die_saving(self, flag):
         if self.step == 14:
             self.save_last = types.MethodType(killed, self)
-        return original(self)
+        return original(self, flag)
 
     monkeypatch.setattr(trainer_module.Trainer, "validate", validate_then_die_saving)
     run = root / "killed_at_14"

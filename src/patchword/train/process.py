@@ -2,7 +2,8 @@
 threads (:func:`torch_threads`) and what SIGTERM / SIGINT do.
 
 A signal is recorded for a loop that stops at a step boundary with ``last.pt`` written
-(:func:`record_stop_signals`), or raised as :class:`~patchword.errors.Interrupted` where no such loop
+(:func:`record_stop_signals`), raised as :class:`StopNow` inside work a resume redoes (a validation:
+:func:`stop_signals_raise`), or raised as :class:`~patchword.errors.Interrupted` where no such loop
 runs (:func:`stop_raises`). SIGTERM's default action kills the process on the spot, leaving a half-made
 run directory behind and no ``interrupted:`` line; cluster pre-emption sends it. Both training commands
 use these (``patchword train``'s :class:`~patchword.train.trainer.Trainer`, ``patchword hash train``'s
@@ -21,7 +22,14 @@ import torch
 
 from patchword.errors import Interrupted
 
-__all__ = ["on_stop_signals", "record_stop_signals", "stop_raises", "torch_threads"]
+__all__ = [
+    "StopNow",
+    "on_stop_signals",
+    "record_stop_signals",
+    "stop_raises",
+    "stop_signals_raise",
+    "torch_threads",
+]
 
 
 @contextlib.contextmanager
@@ -69,3 +77,29 @@ def stop_raises(phase: dict[str, Any]) -> contextlib.AbstractContextManager[None
 def record_stop_signals(flag: dict[str, int]) -> contextlib.AbstractContextManager[None]:
     """Record SIGTERM / SIGINT in ``flag["signum"]`` instead of dying mid-step (cluster pre-emption)."""
     return on_stop_signals(lambda signum, frame: flag.__setitem__("signum", signum))
+
+
+class StopNow(BaseException):
+    """A stop signal ended work that a resume redoes (:func:`stop_signals_raise`). A BaseException, as
+    KeyboardInterrupt is, so that no ``except Exception`` on the way turns it into an error."""
+
+
+@contextlib.contextmanager
+def stop_signals_raise(flag: dict[str, int] | None) -> Iterator[None]:
+    """Inside the block SIGTERM / SIGINT are recorded in ``flag`` (as :func:`record_stop_signals` does) and
+    raise :class:`StopNow` at once, as does one recorded before the block: for work that a resume redoes
+    (a validation), which pre-emption's few seconds must not wait for. ``flag`` None: nothing changes."""
+    if flag is None:
+        yield
+        return
+    if "signum" in flag:
+        raise StopNow
+
+    def handler(signum, frame):  # noqa: ARG001
+        first = "signum" not in flag  # a second one while the first unwinds is only recorded
+        flag["signum"] = signum
+        if first:
+            raise StopNow
+
+    with on_stop_signals(handler):
+        yield

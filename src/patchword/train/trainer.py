@@ -39,7 +39,7 @@ from patchword.train.align_warmup import AlignWarmup
 from patchword.train.feed import caption_augmenter, epoch_batches, max_text_widths, shard_loader
 from patchword.train.limits import RunLimits
 from patchword.train.optimiser import Optimiser
-from patchword.train.process import record_stop_signals, torch_threads
+from patchword.train.process import StopNow, record_stop_signals, stop_signals_raise, torch_threads
 from patchword.train.records import RecordLog, dev_record, fit_summary, train_record
 from patchword.train.rng import rank_rng_states, restore_rng, seed_model_stream
 from patchword.train.step_modules import build_step
@@ -72,8 +72,8 @@ class Trainer:
 
     Validation and stops: :mod:`~patchword.train.limits`. A signal on a step to validate stops the run at
     once (pre-emption leaves seconds) with the validation recorded as due in ``last.pt``; the resume runs
-    it first, so an interrupted run validates the same steps as an uninterrupted one. One that arrives
-    during a validation stops the run once it is saved, at the step it validated.
+    it first, so an interrupted run validates the same steps as an uninterrupted one; so does one that
+    arrives during a validation's evaluation (one process: :meth:`validate`).
 
     Times: :attr:`train_seconds` and its parts, every session's, kept in ``last.pt``
     (:mod:`~patchword.train.times`). A training record's ``step_seconds`` is the step time per step since
@@ -147,10 +147,6 @@ class Trainer:
         gradients (read from the device: not in the hot path)."""
         return self.optim.skipped_steps
 
-    @skipped_steps.setter
-    def skipped_steps(self, value: int) -> None:
-        self.optim.skipped_steps = value
-
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """The resumable state; every process must call it (it gathers their RNG states)."""
@@ -175,7 +171,7 @@ class Trainer:
             self.bf16.pull()
         self.optim.load_state_dict(state)
         self.epoch, self.batch_in_epoch, self.step = state["epoch"], state["batch_in_epoch"], state["step"]
-        self.best_rsum, self.skipped_steps = state["best_rsum"], state["skipped_steps"]
+        self.best_rsum, self.optim.skipped_steps = state["best_rsum"], state["skipped_steps"]
         self.timing.load(state)
         self.validation_due = bool(state.get("validation_due", False))
         if self.batch_in_epoch >= len(self._epoch_batches(self.epoch)):
@@ -228,8 +224,7 @@ class Trainer:
         self.timing.session_start = time.perf_counter()
         self._logged_at = (self.step, self.timing.totals["steps"])  # step_seconds: this session's steps only
         if self.validation_due:  # the signal that stopped the last session came before this validation
-            self.validate()
-            self._stop_if_signalled(flag)
+            self.validate(flag)
         # A resumed run that already got there. A new run takes its first step whatever the budget: one
         # spent before it (train.time_budget_s=1e-6) would leave no checkpoint to resume or evaluate.
         stop = self.step > 0 and self._limit_reached()
@@ -278,19 +273,12 @@ class Trainer:
                     self.save_last()
                     self._stop(flag)
                 if due:
-                    self.validate()
-                    self._stop_if_signalled(flag)  # one during the validation: not after one more step
+                    self.validate(flag)
                 elif self.limits.saves(self.step):
                     self.save_last()
                 if stop:
                     break
                 waiting = time.perf_counter()
-
-    def _stop_if_signalled(self, flag: dict[str, int]) -> None:
-        """Stop if a signal arrived in any process during a validation (``last.pt`` holds it, just saved)."""
-        (signalled,) = self.dist.any("signum" in flag)
-        if signalled:
-            self._stop(flag)
 
     def _stop(self, flag: dict[str, int]) -> NoReturn:
         signum = flag.get("signum", signal.SIGTERM)
@@ -370,14 +358,25 @@ class Trainer:
             self.bf16.pull()
 
     # ------------------------------------------------------------------ validation
-    def validate(self) -> dict[str, float]:
-        """Dev metrics under the run's evaluation protocol (the one the test is reported with)."""
+    def validate(self, flag: dict[str, int]) -> dict[str, float]:
+        """Dev metrics under the run's evaluation protocol (the one the test is reported with), saved in
+        ``last.pt``; then the run stops if a signal arrived (``flag``, the loop's) in any process.
+
+        A signal during one process's evaluation ends it at once: the run stops with the validation due.
+        The processes of a ``torchrun`` evaluate together (one leaving would leave the others waiting in
+        a collective), so there the validation is finished and saved first."""
         started = time.perf_counter()
         eval_cfg = replace(self.cfg.eval, coco_1k=False)  # the 1K folds are a test-split protocol
         progress = self.cfg.progress if self.dist.is_main else False
-        metrics = evaluate(
-            self.model, self.dev_split, eval_cfg, device=self.device, progress=progress, dist=self.dist
-        )
+        where = {"device": self.device, "progress": progress, "dist": self.dist}
+        try:
+            with stop_signals_raise(None if self.dist.enabled else flag):
+                metrics = evaluate(self.model, self.dev_split, eval_cfg, **where)
+        except StopNow:
+            self.timing.totals["validation"] += time.perf_counter() - started
+            self.validation_due = True
+            self.save_last()
+            self._stop(flag)
         metrics.pop("cost")  # the test evaluation records it (summary.json); dev records stay flat
         position = (self.step, self.epoch, self.batch_in_epoch)
         self._log(dev_record(metrics, *position, time.time(), self.dev_split))
@@ -393,6 +392,8 @@ class Trainer:
                 atomic_save({**best, "config": asdict(self.cfg)}, self.run_dir / BEST_CHECKPOINT)
             self.timing.totals["checkpoint"] += time.perf_counter() - saving
         self.save_last()
+        if self.dist.any("signum" in flag)[0]:  # one after the evaluation (or in another process)
+            self._stop(flag)
         return metrics
 
     def _log(self, record: dict[str, Any]) -> None:
