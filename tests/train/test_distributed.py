@@ -3,7 +3,7 @@ global batch, ``--resume`` equals an uninterrupted run, and a bad launch ends wi
 
 Precision, by what each comparison can promise on any CPU:
 
-* 20-step trajectories, 1 vs 2 processes, run in **float64**. The two runs sum the same numbers in another
+* 14-step trajectories, 1 vs 2 processes, run in **float64**. The two runs sum the same numbers in another
   order; in float32 the rounding differences (1e-7) flip the matchers' discrete choices (top-K, max,
   NAAF's fitted thresholds) within a few steps and the difference grows every step, by an amount that
   depends on the CPU's kernels (an AMD EPYC failed what an Intel Xeon passed). In float64 the differences
@@ -16,7 +16,7 @@ The two-process runs are one launch of two spawned processes that run several jo
 and closes its own process group, as ``patchword train`` does); the one-process references run in the test
 process. The test plays torchrun's agent: it hosts each job's rendezvous store on a port the OS picks and
 keeps bound for the whole launch (:func:`_job_stores`), so no other process can take a port between its
-choice and its use. Everything is tiny except issue 13's SEPS command in float64 (batch 64, 20 steps):
+choice and its use. Everything is tiny except issue 13's SEPS command in float64 (batch 64, 8 steps):
 the whole module takes about three minutes on two cores.
 """
 
@@ -69,7 +69,7 @@ TINY_REGIONS = [
 ]
 # Every matcher's two-process run must equal its one-process run. No random draws inside the model: SEPS
 # paper variant with Gumbel noise off, transformers without dropout. The cases run in float32 (one step)
-# and in float64 (20 steps).
+# and in float64 (14 steps).
 CASES = {
     "seps_paper": [*TINY, "model.seps.variant=paper", "model.seps.gumbel=false"],
     "laps": [*TINY, "model.matcher=laps"],
@@ -96,9 +96,9 @@ CASES = {
 # discrete choices, and the same happens between two 1-process runs with 1 and 2 threads
 # (docs/distributed.md). In fp64 the rounding is 1e-16 and the runs must agree. Dev and test are cut to
 # 16 images so that the evaluation at the end is quick; the training batches are the command's, its first
-# 12 steps of 20 (twice the steps after which fp32 parts; the whole command's 20 took half this module's
-# time and are measured in docs/distributed.md).
-DONE_WHEN_STEPS = 12
+# 8 steps of 20 (past the ~6 after which fp32 parts; the whole command's 20 took half this module's time and
+# are measured in docs/distributed.md).
+DONE_WHEN_STEPS = 8
 DONE_WHEN_CONFIG = ROOT / "configs" / "synthetic_seps_paper.yaml"
 DONE_WHEN_FP64 = [
     f"train.max_steps={DONE_WHEN_STEPS}",
@@ -114,14 +114,17 @@ DONE_WHEN_FP64 = [
 
 
 # Tolerances. Largest differences measured over the seven cases on a 2-core AMD EPYC (Zen 4), default
-# kernels (AVX-512) / ATEN_CPU_CAPABILITY=avx2: float64 losses over 20 steps 1.2e-12 / 1.8e-12 relative
-# (NAAF; the others <= 1e-13), final weights 4.5e-13 / 6.7e-13 absolute, NAAF's fitted statistics 1.2e-12
-# / 1.9e-12 relative; float32 first-step losses 8.2e-8 relative. The tolerances leave ~500x and ~100x.
+# kernels (AVX-512) / ATEN_CPU_CAPABILITY=avx2, over 20 steps (the cases now take FP64_STEPS = 14, two
+# epochs: two uneven last batches, hardest negatives in the second): float64 losses 1.2e-12 / 1.8e-12
+# relative (NAAF; the others <= 1e-13), final weights 4.5e-13 / 6.7e-13 absolute, NAAF's fitted
+# statistics 1.2e-12 / 1.9e-12 relative; float32 first-step losses 8.2e-8 relative. The tolerances leave
+# ~500x and ~100x.
 FP64_LOSS_REL = 1e-9
 FP64_WEIGHT_ABS = 1e-9
 FP32_STEP1_REL = 1e-5
 FP32 = ["precision=fp32", "train.max_steps=1", "train.align_warmup_epochs=0"]  # a full loss at step 1
-FP64 = ["precision=fp64"]
+FP64_STEPS = 14
+FP64 = ["precision=fp64", f"train.max_steps={FP64_STEPS}"]
 # precision=bf16 (a bfloat16 copy computes, float32 master weights): gradients summed over the processes
 # in float32 by the DDP hook. Measured (2-core AMD EPYC Zen 4): the first losses equal, the next two
 # 1.2e-3 and 2.2e-3 apart (bfloat16 rounding of differently split batches), the first gradient norms 0.23%.
@@ -466,16 +469,16 @@ def _relative_gaps(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> li
 def test_two_processes_train_like_one_in_float64(launch, case):
     root = launch["root"]
     summary = _job(launch, f"fp64/{case}")
-    assert summary["world_size"] == 2 and summary["steps"] == 20
+    assert summary["world_size"] == 2 and summary["steps"] == FP64_STEPS
     one, two = root / "one" / "fp64" / case, root / "two" / "fp64" / case
     # one run directory, written once (rank 0), with everything a run has
     assert sorted(p.name for p in two.parent.iterdir() if p.name == case) == [case]
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "metrics.json", "last.pt", "best.pt"):
         assert (two / name).is_file(), name
     assert json.loads((two / "summary.json").read_text())["world_size"] == 2
-    # the loss of every step (20, over 4 epochs with uneven last batches and hardest negatives from epoch 1)
+    # the loss of every step (two epochs with uneven last batches, hardest negatives in the second)
     a, b = _train_losses(one), _train_losses(two)
-    assert [s for s, _ in a] == [s for s, _ in b] == list(range(1, 21))  # steps done
+    assert [s for s, _ in a] == [s for s, _ in b] == list(range(1, FP64_STEPS + 1))  # steps done
     gaps = _relative_gaps(a, b)
     assert max(gaps) <= FP64_LOSS_REL, list(enumerate(gaps, 1))
     assert any(abs(x) > 1 for _, x in a)  # a loss that trains, not zeros
