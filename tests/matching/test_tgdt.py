@@ -122,6 +122,19 @@ def test_two_stage_plan_runs_through_the_two_stage_machinery():
     assert retrieval_metrics(full.sims, txt2img) == retrieval_metrics(m(img, cap, lens).sims, txt2img)
 
 
+def test_a_hybrid_matcher_with_alpha_is_refused_and_with_alpha_0_scores_its_hybrid():
+    """The hybrid TGDT already adds hybrid_alpha * s_g: two_stage_scores(m, alpha=1) counted the global
+    score twice (a reviewer measured 1.3839 = s_l + 2 s_g against search's 1.6616); now refused."""
+    img, cap, lens = _inputs(n_img=6, n_cap=12, seed=3)
+    m = build_matcher("tgdt", embed_dim=8, shortlist_i2t=3, shortlist_t2i=2).eval()
+    with pytest.raises(ValueError, match="two_stage_plan"):
+        two_stage_scores(m, img, cap, lens, k=(3, 2), alpha=1.0)
+    res = two_stage_scores(m, img, cap, lens, k=(3, 2))  # alpha 0: the matcher's own (hybrid) score
+    fused = ref_global(img, cap) + ref_local(img, cap, lens)
+    kept = torch.isfinite(res.sims_i2t)
+    torch.testing.assert_close(res.sims_i2t[kept], fused[kept], atol=1e-5, rtol=1e-5)
+
+
 def test_hybrid_two_stage_on_random_embeddings_is_at_chance():
     torch.manual_seed(0)
     n_img, per = 200, 5

@@ -79,7 +79,8 @@ def run_two_stage(
     Args:
         run_dir: the trained run.
         checkpoint: the weights file in ``run_dir`` (default ``best.pt``); a missing one is an error.
-        ks: shortlist sizes, each run with ``alpha = 0`` (fine scores only).
+        ks: shortlist sizes, each run with ``alpha = 0`` (fine scores only; for a matcher with a two-stage
+            plan, such as TGDT's hybrid, its plan's fine matcher: the local scores).
         alpha: weight of the global score in one more row at ``k = alpha_k`` (0 skips it).
         repeats: timing repeats (best kept).
         max_memory_mb: the scoring engine's working-memory budget.
@@ -117,6 +118,11 @@ def run_two_stage(
     kw = {"txt2img": split.txt2img, "max_memory_mb": max_memory_mb}
     exhaustive = score_matrix(*args, **kw)
     exhaustive_s = best_time(lambda: score_matrix(*args, **kw), repeats)
+    # A matcher with a two-stage plan (TGDT hybrid) scores alpha * global + fine itself: the shortlists
+    # are re-scored by its plan's fine matcher, so that alpha weighs the global score once.
+    plan = model.matcher.two_stage_plan()
+    if plan is not None:
+        args = (plan.fine, *args[1:])
     base = retrieval_metrics(exhaustive, split.txt2img)
     rows = [
         {

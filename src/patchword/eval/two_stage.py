@@ -167,7 +167,10 @@ def two_stage_scores(
         k: shortlist length, one int for both directions or ``(k_i2t, k_t2i)``; clipped to the number
             of candidates (k >= N reproduces exhaustive search).
         alpha: weight of the global similarity in the final score ``alpha * global + fine``, a finite
-            number (TGDT's hybrid d_g + d_l is ``alpha=1``); 0 ranks the shortlist by the fine score alone.
+            number; 0 ranks the shortlist by the fine score alone. TGDT's hybrid ``d_g + d_l`` is its
+            :meth:`~patchword.matching.Matcher.two_stage_plan`: ``plan.fine`` (local scores) with
+            ``alpha=plan.alpha``; a matcher that has a plan already adds the global score itself and
+            takes only ``alpha=0``.
         backend: :class:`GlobalIndex` backend: ``"exact"``, ``"faiss_flat"``, ``"faiss_ivf"`` or
             ``"faiss_hnsw"`` (approximate: a shortlist they cannot fill is shorter, its missing pairs
             ``-inf``).
@@ -187,8 +190,8 @@ def two_stage_scores(
 
     Raises:
         ValueError: malformed inputs; ``k`` not a positive int or a pair of them; ``alpha`` not a finite
-            number; ``max_memory_mb`` not a positive finite number; a ``device`` torch does not know or this
-            machine lacks.
+            number, or not 0 for a matcher with a two-stage plan; ``max_memory_mb`` not a positive finite
+            number; a ``device`` torch does not know or this machine lacks.
     """
     from patchword.distributed import Distributed
 
@@ -200,6 +203,13 @@ def two_stage_scores(
         inputs = prepare_inputs(matcher, img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens, txt2img)
         k_i2t, k_t2i = _shortlist_lengths(k)
         alpha = check_alpha(alpha)
+        if alpha and matcher.two_stage_plan() is not None:
+            # TGDT's hybrid score already adds hybrid_alpha * global: alpha would count it twice
+            raise ValueError(
+                f"alpha={alpha:g} with a matcher whose own score adds the global one "
+                f"({type(matcher).__name__} with a two-stage plan): pass its plan's fine matcher and alpha "
+                "(matcher.two_stage_plan()), or alpha=0"
+            )
         budget = budget_bytes(max_memory_mb)
         device = _matcher_device(matcher, img_tokens) if device is None else checked_device(device)
         scorer = engine_for(matcher, engine)
