@@ -11,12 +11,15 @@ Commands (docs/benchmarks.md, "GPU"):
     .venv/bin/python benchmarks/device_counts.py scoring --json counts.json
     .venv/bin/python benchmarks/device_counts.py scoring --shapes f30k --configs laps --real --images 8
     .venv/bin/python benchmarks/device_counts.py step --batches 64,128
+    .venv/bin/python benchmarks/device_counts.py pairs
 
 ``scoring`` prints, per SEPS/LAPS configuration and shape (Flickr30K 1000 x 5000, COCO 5K 5000 x 25000,
 ViT-B/16 shapes): op calls, op calls per million pairs, host syncs, host<->device bytes, blocks. ``--images
 N`` scores the first N images against every caption (ops grow linearly with images: the full count is then
 extrapolated, and said to be). ``step`` counts one SEPS training step of the matcher (forward + backward of
-the in-batch B x B pairs and the contrastive loss) at ViT-B/16 + BERT-base token shapes.
+the in-batch B x B pairs and the contrastive loss) at ViT-B/16 + BERT-base token shapes. ``pairs``
+counts the default ``score_pairs`` (the re-ranking of SCAN, NAAF, VSE, FILIP and CLIP) on a small real
+shape, inputs on the host and on the device (the bounds ``tests/eval/test_gpu_path_syncs.py`` asserts).
 """
 
 from __future__ import annotations
@@ -231,6 +234,44 @@ def count_step(batch: int, *, dry: bool) -> dict:
     }
 
 
+def count_pairs(name: str, on_device: bool, n_img: int = 24, n_txt: int = 120, n_pairs: int = 480) -> dict:
+    """Syncs, copies back and the upload ratio (bytes uploaded / the inputs' bytes) of the default
+    ``score_pairs`` for matcher ``name`` (embedding width 16) on ``n_pairs`` random pairs, computed."""
+    from patchword.eval.engine import engine_for
+    from patchword.eval.engine.core import prepare_inputs
+    from patchword.matching import build_matcher
+
+    torch.manual_seed(1)
+    matcher = build_matcher(name, embed_dim=16).eval()
+    gen = torch.Generator().manual_seed(0)
+    img = torch.randn(
+        n_img, 8 if name in ("scan", "naaf") else 9, 16, generator=gen
+    )  # region / CLS + patches
+    caps = torch.randn(n_txt, 9, 16, generator=gen)
+    lens = torch.randint(3, 10, (n_txt,), generator=gen)
+    pairs = (
+        torch.randint(0, n_img, (n_pairs,), generator=gen),
+        torch.randint(0, n_txt, (n_pairs,), generator=gen),
+    )
+    sim = SimulatedDevice()
+    with sim:
+        sim.to_device(matcher)
+        place = sim.to_device if on_device else (lambda t: t)
+        inputs = prepare_inputs(matcher, place(img), place(caps), place(lens), None, None, None)
+        index = tuple(place(p) for p in pairs)
+        sim.reset()
+        engine_for(matcher).score_pairs(inputs, *index, budget=64 << 20, device=sim.device)
+    inputs_bytes = (img.numel() + caps.numel()) * 4 + lens.numel() * 8
+    return {
+        "matcher": name,
+        "inputs": "device" if on_device else "host",
+        "shape": f"{n_img} images, {n_txt} texts, {n_pairs} pairs",
+        "syncs": sim.counts.syncs,
+        "d2h_copies": sim.counts.d2h_copies,
+        "upload_ratio": round(sim.counts.h2d_bytes / inputs_bytes, 3),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -256,7 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     p_st = sub.add_parser("step", help="op, sync and copy counts of one matcher training step")
     p_st.add_argument("--batches", default="64,128")
     p_st.add_argument("--real", action="store_true", help="compute on the CPU instead of a dry walk")
-    for p in (p_sc, p_st, p_sw):
+    p_pa = sub.add_parser("pairs", help="sync and copy counts of the default score_pairs (small, computed)")
+    p_pa.add_argument("--matchers", default="scan,naaf,vse,filip,clip")
+    for p in (p_sc, p_st, p_sw, p_pa):
         p.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args(argv)
     rows = []
@@ -273,6 +316,11 @@ def main(argv: list[str] | None = None) -> int:
             row = step_work(batch, args.model, fused=not args.unfused, precision=args.precision)
             rows.append(row)
             print(json.dumps(row), flush=True)
+    elif args.command == "pairs":
+        for name in args.matchers.split(","):
+            for on_device in (False, True):
+                rows.append(count_pairs(name, on_device))
+                print(json.dumps(rows[-1]), flush=True)
     else:
         for batch in (int(b) for b in args.batches.split(",")):
             row = count_step(batch, dry=not args.real)
