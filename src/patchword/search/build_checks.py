@@ -16,7 +16,15 @@ from patchword.search.codecs import PQ_MIN_TOKENS
 from patchword.search.manifest import DTYPES, Manifest
 from patchword.search.pruning import pruning_record
 
-__all__ = ["check_dense_scores", "check_pq_bytes", "check_pq_sample", "check_settings", "kept_patches"]
+__all__ = [
+    "check_dense_read",
+    "check_dense_scores",
+    "check_pq_bytes",
+    "check_pq_sample",
+    "check_settings",
+    "kept_patches",
+    "reads_index_dense",
+]
 
 
 def check_settings(
@@ -94,6 +102,38 @@ def kept_patches(manifest: Manifest, engine, keep_patches: float | None, index_d
     return int(record["kept"])
 
 
+def reads_index_dense(fine) -> bool:
+    """Whether a search re-ranking with the fine matcher ``fine`` reads an index's dense text: the condition
+    of :class:`~patchword.search.query.Searcher`'s ``use_dense`` (besides the index having it). A matcher
+    that ignores dense text reads none; caption-tied dense text (``dense_pairing=caption``) is the text of a
+    caption's target image, which a search query has none of."""
+    return bool(fine.consumes_dense) and fine.dense_pairing == "image"
+
+
+def _reads_no_dense(run: LoadedRun, fine) -> str:
+    """Why ``run``'s fine matcher ``fine`` reads no index dense text: the end of a refusal's line."""
+    why = (
+        f"dense_pairing={fine.dense_pairing} ties its dense text to captions, and a search query has none"
+        if fine.consumes_dense
+        else "it ignores dense text"
+    )
+    return (
+        f"{run.run_dir}'s matcher ({run.config.model.matcher}) reads no dense captions at search time ({why})"
+    )
+
+
+def check_dense_read(run: LoadedRun, fine, dense_given: bool, dense_store: str | None) -> None:
+    """``--dense`` / ``--dense-store scores`` for a run whose fine matcher ``fine`` would never read what they
+    store (:func:`reads_index_dense`): refused rather than stored unread (dense tokens, a large part of each
+    image's rows, or dense scores no search looks at)."""
+    if reads_index_dense(fine):
+        return
+    if dense_given:
+        raise ConfigError("--dense", f"{_reads_no_dense(run, fine)}: build the index without --dense")
+    if dense_store == "scores":
+        raise ConfigError("--dense-store", f"scores: {_reads_no_dense(run, fine)}: leave --dense-store out")
+
+
 def _has_dense_scores(engine, identity: dict[str, Any], device: torch.device) -> bool:
     """Whether the fine matcher's dense part is one number per image (probed on one zero image, on
     ``device``: where the matcher's weights are; a CPU probe of a matcher on an accelerator would mix
@@ -103,8 +143,10 @@ def _has_dense_scores(engine, identity: dict[str, Any], device: torch.device) ->
     return engine.image_constants(image, dense, torch.tensor([2]), device=device) is not None
 
 
-def check_dense_scores(engine, identity: dict[str, Any], run: LoadedRun) -> None:
-    """``--dense-store scores``: refused for a matcher whose dense part is not one number per image."""
+def check_dense_scores(engine, identity: dict[str, Any], run: LoadedRun, fine) -> None:
+    """``--dense-store scores``: refused for a fine matcher ``fine`` (the one ``engine`` scores with) that
+    reads no index dense text (:func:`check_dense_read`), or whose dense part is not one number per image."""
+    check_dense_read(run, fine, False, "scores")
     if not _has_dense_scores(engine, identity, run.device):
         raise ConfigError(
             "--dense-store",

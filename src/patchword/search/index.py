@@ -40,11 +40,13 @@ from patchword.fileio import atomic_write_bytes
 from patchword.progress import progress_bar
 from patchword.runs import LoadedRun, load_run
 from patchword.search.build_checks import (
+    check_dense_read,
     check_dense_scores,
     check_pq_bytes,
     check_pq_sample,
     check_settings,
     kept_patches,
+    reads_index_dense,
 )
 from patchword.search.build_files import choose_files, new_entries
 from patchword.search.build_lock import build_lock, manifest_stamps
@@ -115,12 +117,14 @@ def build_index(
             float16, int8, pq; None: float32 for a new
             index, the index's own for an existing one).
         dense: dense-caption JSONL (see :func:`read_dense_file`); images without a line are skipped.
-            An existing index keeps the file it was built with.
+            An existing index keeps the file it was built with. Refused for a run whose searches never read
+            an index's dense text (a matcher that ignores dense text, or ties it to captions).
         pq_bytes: ``pq`` store: bytes (sub-quantisers) per token, which must divide the token width
             (default: one per 8 dimensions, at most 64). A new index only.
         dense_store: what the index keeps of the dense captions (``DENSE_STORES``): ``tokens``
             (default) or ``scores``, the per-image score they give, computed once here (exact,
-            for a matcher whose dense part depends on the image alone: SEPS as released; refused otherwise).
+            for a matcher whose dense part depends on the image alone: SEPS as released, image-tied;
+            refused otherwise).
         keep_patches: SEPS / LAPS: store only this fraction of each image's patches, those with the
             highest image-only selection score (:mod:`patchword.search.pruning`: an approximation, recorded
             in the manifest; None: every patch for a new index, the index's own choice for an existing one).
@@ -143,7 +147,8 @@ def build_index(
             ``FILE:LINE``); a manifest in ``index_dir`` that cannot be read.
         ConfigError: a value out of its range (``--batch-size``, ``--shard-size``, ``--workers``,
             ``--pq-bytes``, ``--keep-patches``...), ``--out`` where no index can be written, ``--images`` /
-            ``--fp16`` / ``--dense`` disagreeing with the existing index, or a model that cannot read images.
+            ``--fp16`` / ``--dense`` disagreeing with the existing index, ``--dense`` / ``--dense-store
+            scores`` for a run whose searches never read dense text, or a model that cannot read images.
         MissingExtraError: ``--store pq`` without FAISS.
 
     Each of these is raised before anything is written, and names the flag or file it is about. An
@@ -203,21 +208,25 @@ def plan_build(
     index_dir = Path(index_dir).expanduser()
     check_out(index_dir)
     dense_file = Path(dense).expanduser() if dense is not None else None
-    given_dense = read_dense_file(dense_file) if dense_file is not None else None
     if not isinstance(run, LoadedRun):
         run = load_run(run, checkpoint, device=device)
+    fine = fine_matcher(run.model.matcher)
+    # Dense text a search never reads (a matcher that ignores it, or ties it to captions) is refused before
+    # its file is read: stored, it would only weigh on the index (and skip images without a line).
+    check_dense_read(run, fine, dense_file is not None, dense_store)
+    given_dense = read_dense_file(dense_file) if dense_file is not None else None
     identity = model_identity(run)
     seen = manifest_stamps(index_dir)  # before it is read: a build that writes it meanwhile is noticed
     manifest, resumed, live = open_or_create(
         index_dir, identity, images_root, dtype, dense_file, update, dense_store
     )
     check_pq_bytes(pq_bytes, identity, manifest, index_dir)
-    engine = engine_for(fine_matcher(run.model.matcher))
+    engine = engine_for(fine)
     keep = kept_patches(manifest, engine, keep_patches, index_dir)
     store_scores = manifest.dense_store == "scores"
     if store_scores:
-        check_dense_scores(engine, identity, run)
-    reads_dense = run.model.matcher.consumes_dense and run.config.data.dense
+        check_dense_scores(engine, identity, run, fine)
+    reads_dense = reads_index_dense(fine) and run.config.data.dense
     if dense_file is None and manifest.dense is None and reads_dense:
         logger.warning(
             "%s was trained with dense captions but no --dense file was given: the fine stage will score "

@@ -39,6 +39,7 @@ from patchword.eval.engine.memory import budget_bytes
 from patchword.eval.two_stage import check_alpha, faiss_available
 from patchword.matching.base import Matcher
 from patchword.runs import LoadedRun, load_run
+from patchword.search.build_checks import reads_index_dense
 from patchword.search.explain import explain_pair
 from patchword.search.fidelity import dense_problem, describe_index, search_kind
 from patchword.search.first_stage import local_first_stage
@@ -128,8 +129,7 @@ class Searcher:
         self.global_index = index if backend == "store" else local_first_stage(index, backend, max_memory_mb)
         self.budget = budget_bytes(max_memory_mb)
         self._token_name = token_namer(run.tokenizer)
-        pairing = self.fine.dense_pairing
-        self.use_dense = index.has_dense and self.fine.consumes_dense and pairing == "image"
+        self.use_dense = index.has_dense and reads_index_dense(self.fine)
         self.kind = search_kind(index, backend)
         problem = dense_problem(index, run, self.fine)
         problems = [] if problem is None else [problem]
