@@ -139,10 +139,31 @@ class DataConfig:
                         f"data.{key}",
                         f"applies to image-file datasets (laps, karpathy); {self.dataset} {reason}",
                     )
+        if self.vocab_path and self.vocab_min_count != 1:
+            raise ConfigError(
+                "data.vocab_min_count",
+                "counts the training text's words to build a vocabulary; data.vocab_path brings its own "
+                "(leave one of them out)",
+            )
         if self.skip_bad_images and not self.check_images:
             raise ConfigError(
                 "data.skip_bad_images",
                 "needs data.check_images=true: the unusable files are found by decoding every image first",
+            )
+
+    def check_word_split(self, vocabulary_split: str) -> None:
+        """A ``data.word_split`` set against a ``data.vocab_path`` vocabulary that cuts words by
+        ``vocabulary_split`` (the vocabulary keeps its own rule: the setting could not take effect; the
+        default ``alnum`` stands for "the vocabulary's own").
+
+        Raises:
+            ConfigError: naming ``data.word_split``.
+        """
+        if self.word_split != "alnum" and self.word_split != vocabulary_split:
+            raise ConfigError(
+                "data.word_split",
+                f"is {self.word_split}, but data.vocab_path's vocabulary cuts words by {vocabulary_split} "
+                "(a vocabulary keeps its own rule): leave data.word_split out",
             )
 
     def bert_vocab_source(self, hf_text: str | None = None) -> str:

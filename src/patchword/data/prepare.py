@@ -325,7 +325,9 @@ def build_tokenizer(dc: DataConfig, train: RetrievalSplit | None, *, local_files
         if dc.vocab_path:  # e.g. SCAN's {data}_precomp_vocab.json, or pretrained encoders' vocabulary
             from patchword.pretrained import resolve_vocab_path
 
-            return WordVocab.load(resolve_vocab_path(dc.vocab_path))
+            vocab = WordVocab.load(resolve_vocab_path(dc.vocab_path))
+            dc.check_word_split(vocab.split)
+            return vocab
         if train is None:
             raise ValueError("a word vocabulary is built from the training split, which was not loaded")
         texts = list(train.captions) + list(train.dense_captions or [])
