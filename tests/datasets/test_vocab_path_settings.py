@@ -1,5 +1,5 @@
 """Settings that shape a vocabulary built from the training text, given beside ``data.vocab_path`` (whose
-vocabulary keeps its own rule and words): refused, before anything is written, naming the key. f715cbc..8508a48
+vocabulary keeps its own rule and words): refused, before anything is written, naming the key. Before e427c5e
 accepted them silently, and config.yaml recorded ``data.word_split=unicode`` for a run whose tokenizer cut
 words by ``alnum`` (every ``--config demo`` run: its vocabulary is the shipped encoders')."""
 

@@ -199,7 +199,7 @@ def test_hardest_negatives_start_at_hardest_after_epochs(tmp_path, tiny_data, mo
         return original(self, batch, hardest, *args, **kwargs)
 
     monkeypatch.setattr(StepModules, "run", recording)
-    monkeypatch.setattr(Trainer, "validate", lambda self: {})  # the steps are what is checked
+    monkeypatch.setattr(Trainer, "validate", lambda self, flag: {})  # the steps are what is checked
     train = tiny_data.splits["train"].first_images(4)  # two steps an epoch, of half its captions each
     cfg = _cfg(
         tmp_path,

@@ -175,7 +175,9 @@ def _export(args: argparse.Namespace) -> int:
         )
     cfg.data.check_values()  # as `data check` checks them: data.dev_from_train=1 is no setting of scenes
     summary = export_synthetic_split(args.out, args.split, config=cfg.data.synthetic_config())
-    print(summary.describe())
+    # a region-feature run reads no image file: the index / eval hints would fail for it
+    reads_regions = args.run and cfg.model.image_encoder == "precomp"
+    print(summary.describe(region_run=args.run if reads_regions else None))
     return 0
 
 

@@ -68,17 +68,28 @@ class ExportSummary:
     image_size: int
     files: dict[str, Path]
 
-    def describe(self) -> str:
-        """What ``patchword data export synthetic`` prints: what was written and how to use it."""
+    def describe(self, region_run: str | os.PathLike[str] | None = None) -> str:
+        """What ``patchword data export synthetic`` prints: what was written and how to use it.
+
+        ``region_run``: the run whose scenes were exported, when it reads region features
+        (``model.image_encoder=precomp``): it can neither index nor evaluate image files, so instead of the
+        commands that would fail for it the text says so.
+        """
         images, dense = self.files["images"], self.files["dense"]
         text_files = ", ".join(self.files[key].name for key in ("caps", "ids", "id_mapping"))
+        lines = [
+            f"exported {self.num_images} images and {self.num_captions} captions of the synthetic "
+            f"{self.split} split to {self.out_dir}",
+            f"  images:   {images}/ ({self.image_size}x{self.image_size} PNG)",
+            f"  captions: {text_files}",
+            f"  dense:    {dense.name} (one line per image, image order)",
+        ]
+        if region_run is not None:
+            reads = f"{region_run} reads region features (model.image_encoder=precomp), not images"
+            return "\n".join([*lines, f"{reads}: it cannot index or evaluate these files"])
         return "\n".join(
             [
-                f"exported {self.num_images} images and {self.num_captions} captions of the synthetic "
-                f"{self.split} split to {self.out_dir}",
-                f"  images:   {images}/ ({self.image_size}x{self.image_size} PNG)",
-                f"  captions: {text_files}",
-                f"  dense:    {dense.name} (one line per image, image order)",
+                *lines,
                 "index them:",
                 f"  patchword index build RUN_DIR --images {images} --dense {dense} --out INDEX_DIR",
                 "evaluate a run on these files (laps loader):",

@@ -11,7 +11,7 @@ import math
 from collections import Counter
 from typing import Any
 
-from patchword.eval.metrics import RECALL_KEYS
+from patchword.eval.metrics import RECALL_KEYS, two_stage_of
 from patchword.imports.published import SELECTION_SPLIT, TRAINING_SPLIT
 
 __all__ = [
@@ -125,16 +125,6 @@ def mixed_galleries(entry) -> bool:
     """Whether the row's runs scored different galleries (a seed evaluated again with ``eval.split=dev``):
     its mean is over no one test set, and it is ranked against no other row."""
     return len(galleries_of(entry)) > 1
-
-
-def two_stage_of(record) -> str | None:
-    """``two-stage (shortlist 40/8, α 1.0)`` for a record of a two-stage search (its shortlist per image /
-    per caption query and the global score's weight); None for an exhaustive one."""
-    k_i2t, k_t2i = record.get("shortlist_i2t"), record.get("shortlist_t2i")
-    if k_i2t is None and k_t2i is None:
-        return None
-    alpha = record.get("hybrid_alpha")
-    return f"two-stage (shortlist {k_i2t}/{k_t2i}, α {'?' if alpha is None else alpha})"
 
 
 def protocol_cell(entry, leaky: str = "LEAKY") -> str:

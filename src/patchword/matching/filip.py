@@ -10,7 +10,9 @@ so the contrastive loss can only be lowered by patch tokens that say what is und
 the property patch selection relies on (a word's best patch is the patch showing it). The score this matcher
 returns is ``global_weight * cos(global image, global text) + (1 - global_weight) * (s_i2t + s_t2i) / 2``:
 the global term keeps the pooled embeddings (the first stage of a two-stage search, the demo's baseline)
-discriminative. Trained with the symmetric InfoNCE and CLIP's learned temperature (``train.loss=infonce``).
+discriminative. Trained with the symmetric InfoNCE and CLIP's learned temperature (``train.loss=infonce``);
+the hinge trains it too, reading no temperature (a run then refuses ``init_temperature`` /
+``max_logit_scale`` set to another value than their defaults).
 
 Patches only (not CLS) take part in the token-wise term; caption tokens are the valid positions (the start
 and end tokens included, as FILIP keeps them).

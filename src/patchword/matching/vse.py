@@ -2,7 +2,8 @@
 
 Registered twice: ``vse`` (trained with the hinge) and ``clip``, the same head with a learned temperature
 (CLIP's ``logit_scale``) for the symmetric InfoNCE of contrastive pretraining. The temperature scales the
-training logits only; ``sims`` stay cosines, so ranking and evaluation are the same for both.
+training logits only; ``sims`` stay cosines, so ranking and evaluation are the same for both. ``clip``
+trains with InfoNCE only: under the hinge its temperature would never move, and it would be ``vse``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class VSEConfig:
     "clip",
     VSEConfig,
     section="vse",
-    losses=("hinge", "infonce"),
+    losses=("infonce",),  # with the hinge, the temperature is never read: that is vse
     engine="patchword.eval.engine.vse:VSEEngine",
     learn_temperature=True,
 )

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from patchword.eval.metrics import two_stage_of
 from patchword.imports import published as published_table
 from patchword.matching import matcher_spec
 from patchword.model import matcher_arguments
@@ -105,7 +106,6 @@ def model_card(run, record: dict[str, Any]) -> str:
         )
     lines += ["", "## Evaluation", ""]
     keys = list(CARD_KEYS)
-    protocol = "LEAKY (a query carries dense text of its own image)" if metrics.get("leaky") else "leak-free"
     if all(k in metrics for k in keys):
         lines += [
             "| split | images | captions | " + " | ".join(keys) + " |",
@@ -113,8 +113,9 @@ def model_card(run, record: dict[str, Any]) -> str:
             f"| {_split_read(metrics, dc)} | {metrics.get('images', '')} | "
             f"{metrics.get('captions', '')} | " + " | ".join(f"{metrics[k]:.1f}" for k in keys) + " |",
             "",
-            f"Protocol: {protocol}; {_evaluated_where(record)}",
+            f"Protocol: {_protocol(metrics, detail=True)}; {_evaluated_where(record)}",
         ]
+        lines += _two_stage_note(metrics)
         lines += _split_warning(metrics, dc)
     else:
         lines.append(
@@ -129,6 +130,36 @@ def model_card(run, record: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _protocol(metrics: Mapping[str, Any], detail: bool = False) -> str:
+    """The evaluation's protocol as ``patchword report`` labels its row: ``leak-free`` or ``LEAKY``
+    (``detail``: with why), then a two-stage search's shortlists and weight
+    (:func:`~patchword.eval.metrics.two_stage_of`): ``leak-free, two-stage (shortlist 40/8, α 1.0)``."""
+    leaky = "LEAKY (a query carries dense text of its own image)" if detail else "LEAKY"
+    protocol = leaky if metrics.get("leaky") else "leak-free"
+    search = two_stage_of(metrics)
+    return protocol if search is None else f"{protocol}, {search}"
+
+
+def _two_stage_note(metrics: Mapping[str, Any]) -> list[str]:
+    """What a two-stage evaluation's recalls are (as the report's TWO-STAGE note says): a shortlist
+    search's, where a ground truth left out of the shortlist is a miss; with the % of queries it missed."""
+    if two_stage_of(metrics) is None:
+        return []
+    missed = [
+        f"{metrics[key]:.1f}% of the {what} queries"
+        for key, what in (("shortlist_miss_i2t", "image"), ("shortlist_miss_t2i", "caption"))
+        if isinstance(metrics.get(key), (int, float))
+    ]
+    return [
+        "",
+        "**Two-stage:** recalls of a shortlist search (the global embeddings keep the top k candidates of "
+        "each query, image→text / text→image, and the matcher re-scores those as α x global + fine), not of "
+        "the exhaustive matrix: a ground truth outside the shortlist counts as a miss at every k (the "
+        "official TGDT evaluator counts it as rank 1)"
+        + (f"; the shortlist missed it for {' and '.join(missed)}." if missed else "."),
+    ]
 
 
 def _evaluated_where(record: Mapping[str, Any]) -> str:
@@ -257,8 +288,7 @@ def _published_section(
     if metrics:
         lines.append(
             f"Measured here: `{record.get('metrics_source')}`, split {_split_read(metrics, data)}, "
-            f"{metrics.get('images', '?')} images, "
-            + ("LEAKY protocol." if metrics.get("leaky") else "leak-free protocol.")
+            f"{metrics.get('images', '?')} images, " + f"{_protocol(metrics)} protocol."
         )
     else:
         lines.append(

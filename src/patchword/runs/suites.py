@@ -150,6 +150,14 @@ def evaluate_suite(
     )
 
     def check(cfg: RunConfig) -> None:
+        # a region-feature run scores no image, synthetic or from files: refused before the advice below,
+        # whose files it could not read either
+        if cfg.model.image_encoder == "precomp":
+            raise ConfigError(
+                "--suite",
+                f"compositional scores image files; {run_dir} reads region features "
+                "(model.image_encoder=precomp)",
+            )
         if not suite_files and cfg.data.dataset != "synthetic":
             raise ConfigError("--suite-file", "a run on real data needs SugarCrepe-style files")
 

@@ -8,7 +8,6 @@ device availability); :func:`check_model_data` runs once the tokenizer, the mode
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from patchword._validation import check_at_least, check_finite_number
-from patchword.config import check_common_values, config_diff
+from patchword.config import check_common_values
 from patchword.data.prepare import (
     FILE_DATASETS,
     REGION_DATASETS,
@@ -26,13 +25,7 @@ from patchword.data.prepare import (
 from patchword.device import resolve_device
 from patchword.errors import ConfigError, MissingFileError
 from patchword.fileio import check_output_dir
-from patchword.matching.registry import list_matchers, matcher_spec
-from patchword.model import (
-    matcher_arguments,
-    matcher_section,
-    model_reads_dense,
-    typed_sections,
-)
+from patchword.model import model_reads_dense
 from patchword.runs.checks import (
     check_eval_settings,
     check_model_data,
@@ -43,6 +36,7 @@ from patchword.runs.checks import (
 )
 from patchword.runs.config import CUDA_GRAPH_COMPILE_MODES, RunConfig
 from patchword.runs.evaluate import held_out_warning
+from patchword.train.matcher_checks import check_matcher
 from patchword.train.settings import check_optimiser, check_settings_take_effect
 from patchword.train.trackers import TRACKERS, import_wandb
 
@@ -92,61 +86,6 @@ RESUMABLE_KEYS = frozenset(
         "dist_timeout_s",
     }
 )
-
-
-def _check_matcher(cfg: RunConfig) -> None:
-    """What the matcher declared at registration, checked against the config: its training losses,
-    chunking, the options its preset fixes, its options themselves, and sections it does not read."""
-    mc, tc = cfg.model, cfg.train
-    try:
-        spec = matcher_spec(mc.matcher)
-    except KeyError:
-        raise ConfigError(
-            "model.matcher", f"unknown matcher {mc.matcher!r}; registered: {', '.join(list_matchers())}"
-        ) from None
-    if tc.loss not in spec.losses:
-        raise ConfigError(
-            "train.loss",
-            f"model.matcher={mc.matcher} trains with {' or '.join(spec.losses)}, not {tc.loss} (infonce "
-            "scales the sims by a learned temperature: a matcher that has one, e.g. clip or filip)",
-        )
-    if tc.pair_chunk and not spec.pair_chunk:
-        raise ConfigError("train.pair_chunk", f"model.matcher={mc.matcher} does not chunk its training step")
-    in_use = matcher_section(mc.matcher)
-    if in_use != "options":
-        section = getattr(mc, in_use)
-        for key, value in spec.preset.items():
-            if getattr(section, key) != getattr(type(section)(), key):
-                raise ConfigError(
-                    f"model.{in_use}.{key}",
-                    f"is fixed to {value!r} by model.matcher={mc.matcher}: leave it at its default",
-                )
-    options = matcher_arguments(mc)
-    fields = {f.name for f in dataclasses.fields(spec.config_cls)}
-    unknown = sorted(set(options) - fields)
-    if unknown:
-        raise ConfigError(
-            f"model.options.{unknown[0]}",
-            f"is not an option of {mc.matcher}; valid: {', '.join(sorted(fields))}",
-        )
-    try:  # the options' own checks (those that need no token geometry)
-        config = spec.config_cls(**{**spec.preset, **options})
-        if hasattr(config, "check"):
-            config.check()
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"model.{in_use}", str(err)) from None
-    for name in typed_sections():
-        changed = config_diff(type(getattr(mc, name))(), getattr(mc, name)) if name != in_use else []
-        if changed:
-            raise ConfigError(
-                f"model.{name}.{changed[0]}",
-                f"has no effect with model.matcher={mc.matcher} (it reads model.{in_use})",
-            )
-    if mc.options and in_use != "options":
-        key = next(iter(mc.options))
-        raise ConfigError(
-            f"model.options.{key}", f"has no effect with model.matcher={mc.matcher} (it reads model.{in_use})"
-        )
 
 
 def _check_compile(cfg: RunConfig, resuming: bool) -> None:
@@ -279,7 +218,7 @@ def check_config_and_truth(
     check_optimiser(cfg, resuming=resuming)
     _check_identity(cfg)
     check_finite_number("dist_timeout_s", cfg.dist_timeout_s, inclusive=False)
-    _check_matcher(cfg)
+    check_matcher(cfg, resuming=resuming)
     _check_compile(cfg, resuming)
     if not resuming:  # a resumed run keeps what it trained with (and cannot change it)
         check_settings_take_effect(cfg)
@@ -363,7 +302,7 @@ def _check_initialisation(cfg: RunConfig) -> None:
         if dc.tokenizer == "word":  # a damaged file fails now (naming it), not after the data is loaded
             from patchword.data.tokenizers import WordVocab
 
-            WordVocab.load(resolve_vocab_path(dc.vocab_path))
+            dc.check_word_split(WordVocab.load(resolve_vocab_path(dc.vocab_path)).split)
     if mc.tiny_pretrained:
         vocab = (resolve_pretrained_dir(mc.tiny_pretrained) / VOCAB).resolve()
         given = Path(resolve_vocab_path(dc.vocab_path)).resolve() if dc.vocab_path else None

@@ -1,0 +1,133 @@
+"""The matcher of a run checked against what it declared at registration, before anything is written.
+
+:func:`check_matcher` reads only the config and the matcher's registration (:mod:`patchword.matching.
+registry`), never a matcher's name: its training losses, chunking, the options its preset fixes, its options
+themselves, sections it does not read, the image tokens it takes (a matcher whose options have no
+``has_cls`` takes none with a CLS token first) and temperature settings the loss would not read. Every
+failure is a :class:`~patchword.errors.ConfigError` naming the key to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from patchword.config import config_diff
+from patchword.data.prepare import REGION_DATASETS
+from patchword.errors import ConfigError
+from patchword.matching.registry import MatcherSpec, list_matchers, matcher_spec
+from patchword.model import matcher_arguments, matcher_section, typed_sections
+from patchword.runs.config import RunConfig
+
+__all__ = ["TEMPERATURE_FIELDS", "check_matcher"]
+
+#: Option fields of a learned temperature (CLIP's ``logit_scale``), which only ``train.loss=infonce``
+#: reads: the hinge scores the matcher's sims as they are.
+TEMPERATURE_FIELDS = ("learn_temperature", "init_temperature", "max_logit_scale")
+
+
+def check_matcher(cfg: RunConfig, *, resuming: bool = False) -> None:
+    """What the matcher declared at registration, checked against the config: its training losses,
+    chunking, the options its preset fixes, its options themselves, sections it does not read, the image
+    encoder's CLS token, and (a new run only, as :func:`~patchword.train.settings.check_settings_take_effect`)
+    temperature options the loss would ignore.
+
+    Raises:
+        ConfigError: naming the first offending key.
+    """
+    mc, tc = cfg.model, cfg.train
+    try:
+        spec = matcher_spec(mc.matcher)
+    except KeyError:
+        raise ConfigError(
+            "model.matcher", f"unknown matcher {mc.matcher!r}; registered: {', '.join(list_matchers())}"
+        ) from None
+    if tc.loss not in spec.losses:
+        why = (
+            "infonce scales the sims by a learned temperature: a matcher that has one, e.g. clip or filip"
+            if tc.loss == "infonce"
+            else "it has a learned temperature, which only infonce reads: set train.loss=infonce"
+            if "infonce" in spec.losses
+            else f"set train.loss={spec.losses[0]}"
+        )
+        raise ConfigError(
+            "train.loss",
+            f"model.matcher={mc.matcher} trains with {' or '.join(spec.losses)}, not {tc.loss} ({why})",
+        )
+    if tc.pair_chunk and not spec.pair_chunk:
+        raise ConfigError("train.pair_chunk", f"model.matcher={mc.matcher} does not chunk its training step")
+    in_use = matcher_section(mc.matcher)
+    if in_use != "options":
+        section = getattr(mc, in_use)
+        for key, value in spec.preset.items():
+            if getattr(section, key) != getattr(type(section)(), key):
+                raise ConfigError(
+                    f"model.{in_use}.{key}",
+                    f"is fixed to {value!r} by model.matcher={mc.matcher}: leave it at its default",
+                )
+    options = matcher_arguments(mc)
+    fields = {f.name for f in dataclasses.fields(spec.config_cls)}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise ConfigError(
+            f"model.options.{unknown[0]}",
+            f"is not an option of {mc.matcher}; valid: {', '.join(sorted(fields))}",
+        )
+    try:  # the options' own checks (those that need no token geometry)
+        config = spec.config_cls(**{**spec.preset, **options})
+        if hasattr(config, "check"):
+            config.check()
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"model.{in_use}", str(err)) from None
+    for name in typed_sections():
+        changed = config_diff(type(getattr(mc, name))(), getattr(mc, name)) if name != in_use else []
+        if changed:
+            raise ConfigError(
+                f"model.{name}.{changed[0]}",
+                f"has no effect with model.matcher={mc.matcher} (it reads model.{in_use})",
+            )
+    if mc.options and in_use != "options":
+        key = next(iter(mc.options))
+        raise ConfigError(
+            f"model.options.{key}", f"has no effect with model.matcher={mc.matcher} (it reads model.{in_use})"
+        )
+    if "has_cls" not in fields:
+        _check_no_cls_token(cfg)
+    if not resuming and tc.loss != "infonce":
+        _check_temperature_read(cfg, spec, in_use, options)
+
+
+def _check_no_cls_token(cfg: RunConfig) -> None:
+    """A matcher whose options have no ``has_cls`` treats every image token as a region: an image encoder
+    that puts a CLS (or global) token first is refused here, naming the setting, rather than by the
+    matcher's build (``has_cls=True``) after the data was read. An ``hf`` backbone (ViT: CLS; Swin: none) is
+    known only once its config is read, and is left to the build."""
+    mc = cfg.model
+    takes = f"model.matcher={mc.matcher} takes image tokens without a CLS token (region features)"
+    if mc.image_encoder == "tiny":
+        raise ConfigError(
+            "model.image_encoder",
+            f"{takes}, but model.image_encoder=tiny puts a CLS token first: use model.image_encoder=precomp "
+            f"(data.dataset={' or '.join(REGION_DATASETS)})",
+        )
+    if mc.image_encoder == "precomp" and mc.precomp.context.global_token:
+        raise ConfigError(
+            "model.precomp.context.global_token",
+            f"{takes}, but a global token would come first: set it false",
+        )
+
+
+def _check_temperature_read(cfg: RunConfig, spec: MatcherSpec, section: str, options: dict) -> None:
+    """A learned temperature's option set to another value than its default under a loss that does not
+    read the temperature (the hinge): it would be recorded as if applied while nothing moved."""
+    defaults = {f.name: f.default for f in dataclasses.fields(spec.config_cls)}
+    why = (
+        "the learned temperature scales only infonce's logits (set train.loss=infonce, or leave it at its "
+        "default)"
+        if "infonce" in spec.losses
+        else f"model.matcher={spec.name} learns no temperature (leave it at its default)"
+    )
+    for key in TEMPERATURE_FIELDS:
+        if key in options and key in defaults and options[key] != defaults[key]:
+            raise ConfigError(
+                f"model.{section}.{key}", f"has no effect with train.loss={cfg.train.loss}: {why}"
+            )
