@@ -184,9 +184,26 @@ def test_dense_text_is_read_only_when_declared(name):
 
 @pytest.mark.parametrize("region", REGION)
 def test_region_matchers_refuse_a_cls_token(region):
-    with pytest.raises(ValueError, match=f"matcher {region!r} takes tokens without a CLS token"):
+    with pytest.raises(ValueError, match=f"matcher {region!r} takes image tokens without a CLS token") as err:
         build_matcher(region, embed_dim=DIM, num_patches=N_PATCHES, has_cls=True)
+    assert "use a Swin backbone (model.hf_vision) or region features (model.image_encoder=precomp)" in str(
+        err.value
+    )
     assert not _build(region).has_cls  # built without one, it takes its tokens as regions
+
+
+@pytest.mark.parametrize("region", REGION)
+def test_a_region_matcher_on_a_vit_backbone_says_what_to_use(region, tiny_hf):
+    """A ViT puts a CLS token first (known once its config is read): the refusal names what to use, not
+    only the internal ``has_cls=True``."""
+    from patchword.errors import ConfigError
+    from patchword.model import ModelConfig, build_model
+
+    _, vit = tiny_hf
+    cfg = ModelConfig(matcher=region, image_encoder="hf", hf_vision=str(vit), embed_dim=16)
+    with pytest.raises(ConfigError) as err:
+        build_model(cfg, vocab_size=40)
+    assert "the image encoder puts a CLS token first (a ViT, the tiny encoder)" in str(err.value)
 
 
 def test_a_float64_matcher_scores_in_float64(name):

@@ -238,7 +238,11 @@ def _geometry_for(name: str, fields: set[str], kwargs: dict[str, Any]) -> dict[s
     if "num_patches" not in fields:
         kwargs.pop("num_patches", None)
     if "has_cls" not in fields and kwargs.pop("has_cls", False):
-        raise ValueError(f"matcher {name!r} takes tokens without a CLS token, but has_cls=True")
+        raise ValueError(
+            f"matcher {name!r} takes image tokens without a CLS token (region features, Swin patches), but "
+            "has_cls=True: the image encoder puts a CLS token first (a ViT, the tiny encoder); use a Swin "
+            "backbone (model.hf_vision) or region features (model.image_encoder=precomp)"
+        )
     return kwargs
 
 
