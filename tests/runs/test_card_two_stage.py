@@ -10,7 +10,7 @@ import pytest
 
 from conftest import TINY_REGIONS, TINY_TGDT
 from patchword.cli import main
-from patchword.eval.metrics import two_stage_of
+from patchword.eval.two_stage import two_stage_of
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

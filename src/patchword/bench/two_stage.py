@@ -102,6 +102,7 @@ def run_two_stage(
     from patchword.eval import retrieval_metrics, score_matrix, two_stage_scores
     from patchword.eval.scoring import encode_image_tokens, encode_text_tokens
     from patchword.runs import load_run
+    from patchword.search.query import fine_matcher
 
     _check_plan(ks, alpha, alpha_k, max_memory_mb)
     run = load_run(run_dir, checkpoint)
@@ -120,9 +121,7 @@ def run_two_stage(
     exhaustive_s = best_time(lambda: score_matrix(*args, **kw), repeats)
     # A matcher with a two-stage plan (TGDT hybrid) scores alpha * global + fine itself: the shortlists
     # are re-scored by its plan's fine matcher, so that alpha weighs the global score once.
-    plan = model.matcher.two_stage_plan()
-    if plan is not None:
-        args = (plan.fine, *args[1:])
+    args = (fine_matcher(model.matcher), *args[1:])
     base = retrieval_metrics(exhaustive, split.txt2img)
     rows = [
         {

@@ -36,7 +36,6 @@ __all__ = [
     "retrieval_ranks",
     "retrieval_metrics",
     "coco_1k_folds",
-    "two_stage_of",
 ]
 
 #: The cut-offs reported by every retrieval paper this library reproduces.
@@ -378,14 +377,3 @@ def fold_columns(txt2img: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
 def fold_mean(folds: Sequence[dict[str, float]]) -> dict[str, float]:
     """Every key averaged over the folds (``rsum`` is the mean of the per-fold rSums, as officially)."""
     return {key: sum(fold[key] for fold in folds) / len(folds) for key in folds[0]}
-
-
-def two_stage_of(record) -> str | None:
-    """``two-stage (shortlist 40/8, α 1.0)`` for the metrics record of a two-stage search (its shortlist per
-    image / per caption query and the global score's weight); None for an exhaustive one. The label the
-    report's rows and the model card give the protocol."""
-    k_i2t, k_t2i = record.get("shortlist_i2t"), record.get("shortlist_t2i")
-    if k_i2t is None and k_t2i is None:
-        return None
-    alpha = record.get("hybrid_alpha")
-    return f"two-stage (shortlist {k_i2t}/{k_t2i}, α {'?' if alpha is None else alpha})"

@@ -49,12 +49,14 @@ if TYPE_CHECKING:
 __all__ = [
     "APPROXIMATE_BACKENDS",
     "GlobalIndex",
+    "TWO_STAGE_RECALLS",
     "TwoStageResult",
     "check_alpha",
     "faiss_available",
     "import_faiss",
     "global_embeddings",
     "ivf_lists",
+    "two_stage_of",
     "two_stage_scores",
 ]
 
@@ -276,3 +278,23 @@ def two_stage_scores(
         "total": time.perf_counter() - t_start,
     }
     return TwoStageResult(sims_i2t, sims_t2i, i2t, t2i, int(pair_ids.numel()), timings)
+
+
+def two_stage_of(record) -> str | None:
+    """``two-stage (shortlist 40/8, α 1.0)`` for the metrics record of a two-stage search (its shortlist per
+    image / per caption query and the global score's weight); None for an exhaustive one. The label the
+    report's rows and the model card give the protocol."""
+    k_i2t, k_t2i = record.get("shortlist_i2t"), record.get("shortlist_t2i")
+    if k_i2t is None and k_t2i is None:
+        return None
+    alpha = record.get("hybrid_alpha")
+    return f"two-stage (shortlist {k_i2t}/{k_t2i}, α {'?' if alpha is None else alpha})"
+
+
+#: What a two-stage search's recalls are (the report's TWO-STAGE note and the model card say it).
+TWO_STAGE_RECALLS = (
+    "recalls of a shortlist search (the global embeddings keep the top k candidates of each query, "
+    "image→text / text→image, and the matcher re-scores those as α x global + fine), not of the exhaustive "
+    "matrix: a ground truth outside the shortlist counts as a miss at every k (the official TGDT evaluator "
+    "counts it as rank 1)"
+)

@@ -25,6 +25,7 @@ from typing import Any
 
 from patchword.errors import DataError
 from patchword.eval.metrics import RECALL_KEYS
+from patchword.eval.two_stage import two_stage_of
 from patchword.experiments.cost import (
     cost_rows,
     csv_text,
@@ -48,7 +49,6 @@ from patchword.experiments.rows import (
     protocol_cell,
     shared_flags,
     split_uses,
-    two_stage_of,
 )
 from patchword.experiments.suite_table import compositional_table
 from patchword.fileio import atomic_write_text

@@ -11,7 +11,8 @@ import math
 from collections import Counter
 from typing import Any
 
-from patchword.eval.metrics import RECALL_KEYS, two_stage_of
+from patchword.eval.metrics import RECALL_KEYS
+from patchword.eval.two_stage import TWO_STAGE_RECALLS, two_stage_of
 from patchword.imports.published import SELECTION_SPLIT, TRAINING_SPLIT
 
 __all__ = [
@@ -32,7 +33,6 @@ __all__ = [
     "split_uses",
     "TWO_STAGE_KEYS",
     "TWO_STAGE_NOTE",
-    "two_stage_of",
 ]
 
 #: A two-stage (shortlist) search's figures in its record (:func:`patchword.eval.protocol` records them):
@@ -48,10 +48,7 @@ TWO_STAGE_KEYS = (
 
 #: What a table showing a two-stage row says under it.
 TWO_STAGE_NOTE = (
-    "TWO-STAGE: recalls of a shortlist search (the global embeddings keep the top k candidates of each "
-    "query, image→text / text→image, the matcher re-scores those as α x global + fine), not of the "
-    "exhaustive matrix: a ground truth outside the shortlist is a miss at every k (the official TGDT "
-    "evaluator counts it as rank 1), and rank N+1 in the record's medr / meanr (N: the captions an image "
+    f"TWO-STAGE: {TWO_STAGE_RECALLS}, and rank N+1 in the record's medr / meanr (N: the captions an image "
     "query ranks, the images a caption query ranks); the CSV's shortlist_miss columns give the % of queries "
     "it missed"
 )

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from patchword.eval.metrics import two_stage_of
+from patchword.eval.two_stage import TWO_STAGE_RECALLS, two_stage_of
 from patchword.imports import published as published_table
 from patchword.matching import matcher_spec
 from patchword.model import matcher_arguments
@@ -154,10 +154,7 @@ def _two_stage_note(metrics: Mapping[str, Any]) -> list[str]:
     ]
     return [
         "",
-        "**Two-stage:** recalls of a shortlist search (the global embeddings keep the top k candidates of "
-        "each query, image→text / text→image, and the matcher re-scores those as α x global + fine), not of "
-        "the exhaustive matrix: a ground truth outside the shortlist counts as a miss at every k (the "
-        "official TGDT evaluator counts it as rank 1)"
+        f"**Two-stage:** {TWO_STAGE_RECALLS}"
         + (f"; the shortlist missed it for {' and '.join(missed)}." if missed else "."),
     ]
 

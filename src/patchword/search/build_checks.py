@@ -13,6 +13,7 @@ from patchword.errors import ConfigError
 from patchword.runs import LoadedRun
 from patchword.search.checks import DENSE_STORES
 from patchword.search.codecs import PQ_MIN_TOKENS
+from patchword.search.fidelity import reads_index_dense
 from patchword.search.manifest import DTYPES, Manifest
 from patchword.search.pruning import pruning_record
 
@@ -23,7 +24,6 @@ __all__ = [
     "check_pq_sample",
     "check_settings",
     "kept_patches",
-    "reads_index_dense",
 ]
 
 
@@ -100,14 +100,6 @@ def kept_patches(manifest: Manifest, engine, keep_patches: float | None, index_d
         return None  # every patch kept: an index like any other
     manifest.pruning = record
     return int(record["kept"])
-
-
-def reads_index_dense(fine) -> bool:
-    """Whether a search re-ranking with the fine matcher ``fine`` reads an index's dense text: the condition
-    of :class:`~patchword.search.query.Searcher`'s ``use_dense`` (besides the index having it). A matcher
-    that ignores dense text reads none; caption-tied dense text (``dense_pairing=caption``) is the text of a
-    caption's target image, which a search query has none of."""
-    return bool(fine.consumes_dense) and fine.dense_pairing == "image"
 
 
 def _reads_no_dense(run: LoadedRun, fine) -> str:

@@ -29,6 +29,7 @@ __all__ = [
     "dense_problem",
     "describe_index",
     "index_summary",
+    "reads_index_dense",
     "search_kind",
 ]
 
@@ -125,6 +126,14 @@ def approximation_note(kind: dict[str, Any]) -> str | None:
     if kind["exact"]:
         return None
     return "not the exact float32 search: " + "; ".join(kind["notes"]) + " (docs/search.md, section 7)"
+
+
+def reads_index_dense(fine) -> bool:
+    """Whether a search re-ranking with the fine matcher ``fine`` reads an index's dense text: the condition
+    of :class:`~patchword.search.query.Searcher`'s ``use_dense`` (besides the index having it). A matcher
+    that ignores dense text reads none; caption-tied dense text (``dense_pairing=caption``) is the text of a
+    caption's target image, which a search query has none of."""
+    return bool(fine.consumes_dense) and fine.dense_pairing == "image"
 
 
 def dense_problem(index: Any, run: Any, fine: Any) -> tuple[str, str] | None:

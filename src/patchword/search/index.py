@@ -46,7 +46,6 @@ from patchword.search.build_checks import (
     check_pq_sample,
     check_settings,
     kept_patches,
-    reads_index_dense,
 )
 from patchword.search.build_files import choose_files, new_entries
 from patchword.search.build_lock import build_lock, manifest_stamps
@@ -63,6 +62,7 @@ from patchword.search.encode import (
     read_dense_file,
     write_shard,
 )
+from patchword.search.fidelity import reads_index_dense
 from patchword.search.identity import IndexMismatchError, check_index_model, model_identity, weights_sha256
 from patchword.search.maintenance import COMPACT_DEAD_FRACTION, compact, drop_broken_shards, remove_orphans
 from patchword.search.manifest import MANIFEST_FILE, PENDING_FILE, caption_digest

@@ -39,9 +39,8 @@ from patchword.eval.engine.memory import budget_bytes
 from patchword.eval.two_stage import check_alpha, faiss_available
 from patchword.matching.base import Matcher
 from patchword.runs import LoadedRun, load_run
-from patchword.search.build_checks import reads_index_dense
 from patchword.search.explain import explain_pair
-from patchword.search.fidelity import dense_problem, describe_index, search_kind
+from patchword.search.fidelity import dense_problem, describe_index, reads_index_dense, search_kind
 from patchword.search.first_stage import local_first_stage
 from patchword.search.identity import check_index_model, model_identity
 from patchword.search.query_encode import encode_query, token_namer

@@ -2,9 +2,9 @@
 
 :func:`check_matcher` reads only the config and the matcher's registration (:mod:`patchword.matching.
 registry`), never a matcher's name: its training losses, chunking, the options its preset fixes, its options
-themselves, sections it does not read, the image tokens it takes (a matcher whose options have no
-``has_cls`` takes none with a CLS token first) and temperature settings the loss would not read. Every
-failure is a :class:`~patchword.errors.ConfigError` naming the key to change.
+themselves, sections it does not read and the image tokens it takes (a matcher whose options have no
+``has_cls`` takes none with a CLS token first). Every failure is a
+:class:`~patchword.errors.ConfigError` naming the key to change.
 """
 
 from __future__ import annotations
@@ -14,22 +14,17 @@ import dataclasses
 from patchword.config import config_diff
 from patchword.data.prepare import REGION_DATASETS
 from patchword.errors import ConfigError
-from patchword.matching.registry import MatcherSpec, list_matchers, matcher_spec
+from patchword.matching.registry import list_matchers, matcher_spec
 from patchword.model import matcher_arguments, matcher_section, typed_sections
 from patchword.runs.config import RunConfig
 
-__all__ = ["TEMPERATURE_FIELDS", "check_matcher"]
-
-#: Option fields of a learned temperature (CLIP's ``logit_scale``), which only ``train.loss=infonce``
-#: reads: the hinge scores the matcher's sims as they are.
-TEMPERATURE_FIELDS = ("learn_temperature", "init_temperature", "max_logit_scale")
+__all__ = ["check_matcher"]
 
 
-def check_matcher(cfg: RunConfig, *, resuming: bool = False) -> None:
+def check_matcher(cfg: RunConfig) -> None:
     """What the matcher declared at registration, checked against the config: its training losses,
     chunking, the options its preset fixes, its options themselves, sections it does not read, the image
-    encoder's CLS token, and (a new run only, as :func:`~patchword.train.settings.check_settings_take_effect`)
-    temperature options the loss would ignore.
+    encoder's CLS token.
 
     Raises:
         ConfigError: naming the first offending key.
@@ -92,8 +87,6 @@ def check_matcher(cfg: RunConfig, *, resuming: bool = False) -> None:
         )
     if "has_cls" not in fields:
         _check_no_cls_token(cfg)
-    if not resuming and tc.loss != "infonce":
-        _check_temperature_read(cfg, spec, in_use, options)
 
 
 def _check_no_cls_token(cfg: RunConfig) -> None:
@@ -114,20 +107,3 @@ def _check_no_cls_token(cfg: RunConfig) -> None:
             "model.precomp.context.global_token",
             f"{takes}, but a global token would come first: set it false",
         )
-
-
-def _check_temperature_read(cfg: RunConfig, spec: MatcherSpec, section: str, options: dict) -> None:
-    """A learned temperature's option set to another value than its default under a loss that does not
-    read the temperature (the hinge): it would be recorded as if applied while nothing moved."""
-    defaults = {f.name: f.default for f in dataclasses.fields(spec.config_cls)}
-    why = (
-        "the learned temperature scales only infonce's logits (set train.loss=infonce, or leave it at its "
-        "default)"
-        if "infonce" in spec.losses
-        else f"model.matcher={spec.name} learns no temperature (leave it at its default)"
-    )
-    for key in TEMPERATURE_FIELDS:
-        if key in options and key in defaults and options[key] != defaults[key]:
-            raise ConfigError(
-                f"model.{section}.{key}", f"has no effect with train.loss={cfg.train.loss}: {why}"
-            )

@@ -85,13 +85,10 @@ class StopNow(BaseException):
 
 
 @contextlib.contextmanager
-def stop_signals_raise(flag: dict[str, int] | None) -> Iterator[None]:
+def stop_signals_raise(flag: dict[str, int]) -> Iterator[None]:
     """Inside the block SIGTERM / SIGINT are recorded in ``flag`` (as :func:`record_stop_signals` does) and
     raise :class:`StopNow` at once, as does one recorded before the block: for work that a resume redoes
-    (a validation), which pre-emption's few seconds must not wait for. ``flag`` None: nothing changes."""
-    if flag is None:
-        yield
-        return
+    (a validation), which pre-emption's few seconds must not wait for."""
     if "signum" in flag:
         raise StopNow
 

@@ -3,7 +3,8 @@ optimiser's, the schedule's and the loss's factors in range, and no setting that
 
 A value other than its default that nothing reads (``train.margin`` under ``train.loss=infonce``,
 ``train.backbone_lr_mult`` without a pretrained encoder, ``train.wandb_project`` without wandb in
-``train.report_to``, caption-tied dense text without dense text...) is refused with the reason: a run
+``train.report_to``, caption-tied dense text without dense text, a learned temperature's options under
+the hinge...) is refused with the reason: a run
 that silently ignores what it was told is recorded, compared and reported as if it had applied it. Only
 new runs are checked for settings without effect (as for ``train.compile_scope``): a resumed run keeps
 the settings it trained with, and cannot change them.
@@ -92,6 +93,34 @@ def check_settings_take_effect(cfg: RunConfig) -> None:
         for name in ("wandb_project", "wandb_mode"):
             _refuse_changed(tc, name, "without wandb in train.report_to")
     _check_dense_pairing(cfg)
+    if tc.loss != "infonce":
+        _check_temperature_read(cfg)
+
+
+#: Option fields of a learned temperature (CLIP's ``logit_scale``), which only ``train.loss=infonce``
+#: reads: the hinge scores the matcher's sims as they are.
+TEMPERATURE_FIELDS = ("learn_temperature", "init_temperature", "max_logit_scale")
+
+
+def _check_temperature_read(cfg: RunConfig) -> None:
+    """A learned temperature's option set to another value than its default under a loss that does not
+    read the temperature (the hinge): it would be recorded as if applied while nothing moved."""
+    mc = cfg.model
+    spec = matcher_spec(mc.matcher)
+    defaults = {f.name: f.default for f in dataclasses.fields(spec.config_cls)}
+    why = (
+        "the learned temperature scales only infonce's logits (set train.loss=infonce, or leave it at its "
+        "default)"
+        if "infonce" in spec.losses
+        else f"model.matcher={spec.name} learns no temperature (leave it at its default)"
+    )
+    options = matcher_arguments(mc)
+    for key in TEMPERATURE_FIELDS:
+        if key in options and options[key] != defaults[key]:
+            raise ConfigError(
+                f"model.{matcher_section(mc.matcher)}.{key}",
+                f"has no effect with train.loss={cfg.train.loss}: {why}",
+            )
 
 
 def _check_dense_pairing(cfg: RunConfig) -> None:

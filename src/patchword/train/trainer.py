@@ -12,6 +12,7 @@ The trainer keeps the run's position, its checkpoints and records; its parts are
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import signal
@@ -360,18 +361,16 @@ class Trainer:
     # ------------------------------------------------------------------ validation
     def validate(self, flag: dict[str, int]) -> dict[str, float]:
         """Dev metrics under the run's evaluation protocol (the one the test is reported with), saved in
-        ``last.pt``; then the run stops if a signal arrived (``flag``, the loop's) in any process.
-
-        A signal during one process's evaluation ends it at once: the run stops with the validation due.
-        The processes of a ``torchrun`` evaluate together (one leaving would leave the others waiting in
-        a collective), so there the validation is finished and saved first."""
+        ``last.pt``; then the run stops if a signal arrived (``flag``, the loop's) in any process. One during
+        a single process's evaluation ends it at once, the validation left due; the processes of a
+        ``torchrun`` evaluate together (one leaving would strand the others in a collective), so there the
+        validation is finished and saved first."""
         started = time.perf_counter()
         eval_cfg = replace(self.cfg.eval, coco_1k=False)  # the 1K folds are a test-split protocol
-        progress = self.cfg.progress if self.dist.is_main else False
-        where = {"device": self.device, "progress": progress, "dist": self.dist}
+        where = {"device": self.device, "progress": self.cfg.progress if self.dist.is_main else False}
         try:
-            with stop_signals_raise(None if self.dist.enabled else flag):
-                metrics = evaluate(self.model, self.dev_split, eval_cfg, **where)
+            with contextlib.nullcontext() if self.dist.enabled else stop_signals_raise(flag):
+                metrics = evaluate(self.model, self.dev_split, eval_cfg, dist=self.dist, **where)
         except StopNow:
             self.timing.totals["validation"] += time.perf_counter() - started
             self.validation_due = True

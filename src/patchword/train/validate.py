@@ -218,7 +218,7 @@ def check_config_and_truth(
     check_optimiser(cfg, resuming=resuming)
     _check_identity(cfg)
     check_finite_number("dist_timeout_s", cfg.dist_timeout_s, inclusive=False)
-    check_matcher(cfg, resuming=resuming)
+    check_matcher(cfg)
     _check_compile(cfg, resuming)
     if not resuming:  # a resumed run keeps what it trained with (and cannot change it)
         check_settings_take_effect(cfg)
