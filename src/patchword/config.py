@@ -243,12 +243,13 @@ def _check_value(value: Any, hint: Any, key: str) -> Any:
     return value  # a type this loader does not check (a library object passed in code)
 
 
-def parse_with_overrides(parser, argv: list[str] | None):
+def parse_with_overrides(parser, argv: list[str] | None, config: type | None = None):
     """``parser.parse_args(argv)`` that also takes dotted overrides after options
     (``train --config x.yaml --no-plots train.epochs=3``): argparse ends a positional list at the first
     option, so the ``key=value`` items it leaves over are appended to ``args.overrides``; anything else
     left over is the usual "unrecognized arguments" error. (Intermixed parsing does not support
-    sub-commands.)"""
+    sub-commands.) ``config``: the dataclass the overrides set (``RunConfig``), for the error of an
+    unknown ``--eval-split dev`` to suggest the override ``eval.split=dev``."""
     args, extra = parser.parse_known_args(argv)
     if extra:
         if not hasattr(args, "overrides") or any(a.startswith("-") or "=" not in a for a in extra):
@@ -263,24 +264,69 @@ def parse_with_overrides(parser, argv: list[str] | None):
                 and argv_list.index(extra[0]) < argv_list.index(command)
             ):
                 verb = parser
-            verb.error(f"unrecognized arguments: {' '.join(extra)}{_did_you_mean(verb, extra)}")
+            keys = config if hasattr(args, "overrides") else None  # a verb without overrides: no key
+            hint = _did_you_mean(verb, extra, keys, argv_list)
+            verb.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
         args.overrides = [*args.overrides, *extra]
     if hasattr(args, "_parser"):
         del args._parser
     return args
 
 
-def _did_you_mean(parser, extra: list[str]) -> str:
-    """``" (did you mean --suite?)"`` for the first unknown option close to one of ``parser``'s."""
-    import difflib
-
+def _did_you_mean(parser, extra: list[str], config: type | None = None, argv: list[str] = ()) -> str:
+    """``" (did you mean --suite?)"`` for the first unknown option close to one of ``parser``'s; before
+    that, for an option spelling a key of ``config`` (``--split dev``, ``--eval-split=dev``: a key whose
+    last part, or whose whole path, it names), ``" (did you mean the override eval.split=dev?)"``, its
+    value the item after it in ``argv`` (argparse may have taken that one as an override)."""
     known = [option for action in parser._actions for option in action.option_strings]
     for arg in extra:
-        if arg.startswith("--"):
-            close = difflib.get_close_matches(arg.split("=", 1)[0], known, n=1, cutoff=0.7)
-            if close:
-                return f" (did you mean {close[0]}?)"
+        if not arg.startswith("--"):
+            continue
+        name, value = (arg.split("=", 1) + [None])[:2]
+        if config is not None:
+            at = argv.index(arg) if arg in argv else len(argv)
+            after = argv[at + 1] if at + 1 < len(argv) else None
+            if value is None and after is not None and not after.startswith("-") and "=" not in after:
+                value = after
+            override = _override_of_option(config, name, value)
+            if override:
+                return f" (did you mean the override {override}?)"
+        # an exact match is an option of this parser given where it is not read: no suggestion
+        close = [c for c in difflib.get_close_matches(name, known, n=2, cutoff=0.7) if c != name]
+        if close:
+            return f" (did you mean {close[0]}?)"
     return ""
+
+
+def _override_of_option(config: type, option: str, value: str | None) -> str:
+    """``eval.split=dev`` for option ``--split`` (or ``--eval-split``, ``--eval.split``) and value ``dev``
+    where it names one key of ``config`` (up to three, joined by "or"); ``=VALUE`` without a value
+    (``=true`` for a boolean key); "" for no key."""
+    name = option.lstrip("-").replace("-", "_")
+    keys = [
+        (key, hint)
+        for key, hint in _config_keys(config)
+        if name in (key, key.rsplit(".", 1)[-1], key.replace(".", "_"))
+    ]
+    exact = [(key, hint) for key, hint in keys if key == name or key.replace(".", "_") == name]
+    keys = exact or keys
+    if not keys or len(keys) > 3:
+        return ""
+    return " or ".join(
+        f"{key}={value if value is not None else 'true' if hint is bool else 'VALUE'}" for key, hint in keys
+    )
+
+
+def _config_keys(cls: type, prefix: str = "") -> Iterable[tuple[str, Any]]:
+    """Every dotted key of the dataclass ``cls`` that holds a value, with its type hint (sections are
+    walked into, a free-form mapping is one key)."""
+    for f in dataclasses.fields(cls):
+        hint = typing.get_type_hints(cls)[f.name]
+        sub = _dataclass_type(hint)
+        if sub is not None:
+            yield from _config_keys(sub, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", hint
 
 
 def apply_overrides(cfg: T, overrides: list[str]) -> T:

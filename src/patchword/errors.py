@@ -8,6 +8,7 @@ see :data:`USER_ERRORS`) is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ __all__ = [
     "USER_ERRORS",
     "report_user_error",
     "report_os_error",
+    "output_closed",
+    "stdout_reader_gone",
     "run_command",
 ]
 
@@ -170,6 +173,55 @@ def report_os_error(err: OSError, verbose: bool = False, hint: str = "") -> int:
     return 2
 
 
+def stdout_reader_gone() -> bool:
+    """Whether standard output is a pipe (or socket) nobody reads any more, so that a ``BrokenPipeError``
+    is the closed output rather than another pipe breaking (a socket, a worker process): that one is an
+    error to report. True where it cannot be told (a standard output without a file descriptor, a stand-in
+    of tests that raised it; a system without ``poll``)."""
+    import select
+    import stat
+    import sys
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return True
+    try:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+            return False  # a terminal or a file: the broken pipe was another one
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        # the write end of a pipe whose reader closed polls as an error (a socket's: hung up)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError):
+        return True
+
+
+def output_closed(err: BrokenPipeError, verbose: bool = False) -> int:
+    """The reader of the output went away (``| head -1`` read its line and exited): nothing to report,
+    exit code 141 (128 + SIGPIPE), what the shell shows for a command SIGPIPE ended. Python ignores
+    SIGPIPE, so the write raised ``err`` instead. Standard output is pointed at ``/dev/null``: the text
+    still buffered would fail again when the interpreter flushes it at exit (``Exception ignored ...
+    BrokenPipeError``, exit code 120), the recipe of Python's ``signal`` documentation. ``verbose``: the
+    traceback, on standard error (itself maybe the closed pipe: then nothing)."""
+    import sys
+    import traceback
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # no file descriptor (a stand-in in tests, pythonw)
+        fd = None
+    if fd is not None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    if verbose:
+        with contextlib.suppress(OSError):
+            traceback.print_exception(err)
+    return 128 + getattr(signal, "SIGPIPE", 13)  # (Windows has no SIGPIPE: the same code)
+
+
 def run_command(run, verbose: bool = False, resume_hint: str = "") -> int:
     """Run a command-line verb (``run() -> exit code | None``) and turn what a user can cause into one line:
 
@@ -177,7 +229,9 @@ def run_command(run, verbose: bool = False, resume_hint: str = "") -> int:
     * other operating-system errors (disk full, permission denied, a file vanishing): ``error: PATH:
       reason (ERRNO)`` plus ``resume_hint`` (how to continue once it is fixed), exit 2;
     * :class:`Interrupted` (work saved, e.g. a training checkpoint): ``interrupted: ...``, 128 + signal;
-    * Ctrl-C anywhere else: ``interrupted: ...`` plus ``resume_hint``, exit 130.
+    * Ctrl-C anywhere else: ``interrupted: ...`` plus ``resume_hint``, exit 130;
+    * a closed output pipe (``patchword ... | head -1``): no message, exit 141 (128 + SIGPIPE), as a
+      command killed by SIGPIPE (git) exits: :func:`output_closed`.
 
     ``verbose`` adds the traceback. Anything else is a bug and keeps its traceback.
     """
@@ -185,6 +239,12 @@ def run_command(run, verbose: bool = False, resume_hint: str = "") -> int:
 
     try:
         code = run()
+        if sys.stdout is not None:  # what is still buffered, while a closed pipe can be reported here
+            sys.stdout.flush()
+    except BrokenPipeError as err:
+        if stdout_reader_gone():
+            return output_closed(err, verbose)
+        return report_os_error(err, verbose, resume_hint)  # another pipe (a socket, a worker process)
     except USER_ERRORS as err:
         return report_user_error(err, verbose)
     except OSError as err:

@@ -22,7 +22,10 @@ from patchword.config import parse_with_overrides
 from patchword.errors import run_command
 from patchword.logs import setup_logging
 
-__all__ = ["VERBS", "Verb", "main", "report_errors", "setup_logging"]
+__all__ = ["VERBS", "VERBOSE_HELP", "Verb", "main", "report_errors", "setup_logging", "verbose_after_verb"]
+
+#: What ``-v`` does, on every page that lists it (a page is read alone: no "as above").
+VERBOSE_HELP = "show debug logging and the traceback of an error"
 
 
 @dataclass(frozen=True)
@@ -78,15 +81,27 @@ def report_errors(run: Callable[[], int | None], verbose: bool) -> int:
     return run_command(run, verbose)
 
 
+def verbose_after_verb() -> argparse.ArgumentParser:
+    """The parent parser giving a verb's (or sub-verb's) parser ``-v``: ``patchword data check -v`` as
+    ``patchword -v data check``. Its default is SUPPRESS, so that a parser below does not reset a ``-v``
+    given before it (argparse lets a sub-parser's defaults win)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP)
+    return common
+
+
 def _parser() -> argparse.ArgumentParser:
+    from patchword.version import __version__
+
     parser = argparse.ArgumentParser(
         prog="patchword",
         description="Fine-grained image-text retrieval: train, evaluate, compare and search.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging and error tracebacks")
-    # -v after the verb too; SUPPRESS keeps the verb's parser from resetting a -v given before it.
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="as above")
+    parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
+    parser.add_argument(
+        "--version", action="version", version=f"patchword {__version__}", help="print the version and exit"
+    )
+    common = verbose_after_verb()
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, verb in VERBS.items():
         if verb.entry is None:
@@ -100,8 +115,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _global_option(arg: str) -> bool:
-    """Whether argparse takes ``arg`` as ``-v`` / ``-h`` (``--verb``: a long option may be abbreviated)."""
-    return arg in ("-v", "-h") or (len(arg) > 2 and any(o.startswith(arg) for o in ("--verbose", "--help")))
+    """Whether argparse takes ``arg`` as ``-v`` / ``-h`` / ``--version`` (``--verb``: a long option may be
+    abbreviated; ``--ver`` is argparse's to call ambiguous)."""
+    long_options = ("--verbose", "--help", "--version")
+    return arg in ("-v", "-h") or (len(arg) > 2 and any(o.startswith(arg) for o in long_options))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,10 +138,13 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [a for a in rest if not _global_option(a)]
         if unknown:  # no COMMAND: argparse would say only that it is missing, never naming the option
             parser.error(
-                f"unknown option {' '.join(unknown)}: patchword takes only -h and -v before the COMMAND "
-                "(a command's options go after it: patchword COMMAND --help)"
+                f"unknown option {' '.join(unknown)}: patchword takes only -h, -v and --version before the "
+                "COMMAND (a command's options go after it: patchword COMMAND --help)"
             )
-    args = parse_with_overrides(parser, argv)  # overrides may follow options too
+    from patchword.runs.config import RunConfig
+
+    # overrides may follow options too; an unknown --eval-split is suggested as the override eval.split=
+    args = parse_with_overrides(parser, argv, config=RunConfig)
     setup_logging(args.verbose)
     module = importlib.import_module(VERBS[args.command].module)
     return report_errors(lambda: module.run(args), args.verbose)

@@ -19,6 +19,7 @@ import torch
 
 from patchword.bench.formatting import format_scoring, format_two_stage
 from patchword.bench.inputs import DEFAULT_BERT_VOCAB, SCORING_CONFIGS
+from patchword.cli import VERBOSE_HELP, verbose_after_verb
 from patchword.cli.argtypes import int_at_least
 from patchword.errors import ConfigError, PatchwordError, describe_os_error, run_command
 from patchword.fileio import atomic_write_text, check_output_file
@@ -71,7 +72,8 @@ def _positive_budget(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    # -v of the sub-verbs; its default SUPPRESS keeps a -v given before them (bench -v scoring)
+    common = argparse.ArgumentParser(add_help=False, parents=[verbose_after_verb()])
     common.add_argument("--quick", action="store_true", help="small sizes, one repeat (a smoke run)")
     common.add_argument(
         "--threads",
@@ -80,17 +82,13 @@ def _parser() -> argparse.ArgumentParser:
         help="torch threads (0 = torch's default)",
     )
     common.add_argument(
-        "--json",
-        type=Path,
-        default=None,
-        help="write the raw results here ('-': stdout, the tables on stderr)",
+        "--json", type=Path, help="write the raw results here ('-': stdout, the tables on stderr)"
     )
     common.add_argument("--force", action="store_true", help="overwrite an existing --json file")
-    common.add_argument("-v", "--verbose", action="store_true", help="tracebacks of errors")
     # Its own parent: gallery's default budget is the device's (a GPU's is not 1024 MiB).
     memory = argparse.ArgumentParser(add_help=False)
     memory.add_argument(
-        "--max-memory-mb", type=_positive_budget, default=1024, help="the scoring engine's budget"
+        "--max-memory-mb", type=_positive_budget, default=1024, help="memory budget, MiB (default 1024)"
     )
 
     scoring = argparse.ArgumentParser(add_help=False)
@@ -107,7 +105,9 @@ def _parser() -> argparse.ArgumentParser:
         "--ref-captions", type=int_at_least(1), help="captions the reference loop scores (10)"
     )
     scoring.add_argument("--repeats", type=int_at_least(1), help="interleaved repeats, the best is kept (3)")
-    scoring.add_argument("--configs", default=",".join(SCORING_CONFIGS), help="comma-separated configs")
+    scoring.add_argument(
+        "--configs", default=",".join(SCORING_CONFIGS), help="comma-separated configs (default %(default)s)"
+    )
     lengths = scoring.add_mutually_exclusive_group()
     lengths.add_argument("--data", default=None, help="the shared data folder (default ../shared/data)")
     lengths.add_argument(
@@ -131,19 +131,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     two_stage.add_argument("--checkpoint", default=None, help="weights file in the run (default best.pt)")
     two_stage.add_argument(
-        "--ks", type=_shortlist_sizes, default="16,64,128,256", help="comma-separated shortlist sizes"
+        "--ks", type=_shortlist_sizes, default="16,64,128,256", help="shortlist sizes (default %(default)s)"
     )
     two_stage.add_argument(
         "--alpha",
         type=_finite_float,
         default=1.0,
-        help="also run k=128 with alpha*global + fine (0 skips it)",
+        help="also run k=128 with alpha*global + fine (0 skips it; default %(default)s)",
     )
     two_stage.add_argument(
-        "--backend", default="exact", choices=["exact", "faiss_flat", "faiss_ivf", "faiss_hnsw"]
+        "--backend",
+        default="exact",
+        choices=["exact", "faiss_flat", "faiss_ivf", "faiss_hnsw"],
+        help="the first stage's shortlist index: exact (torch), faiss_flat (exact), faiss_ivf or "
+        "faiss_hnsw (approximate); faiss_* need the ann extra (default %(default)s)",
     )
     two_stage.add_argument(
-        "--two-stage-repeats", type=int_at_least(1), default=2, help="timing repeats (best kept)"
+        "--two-stage-repeats", type=int_at_least(1), default=2, help="timing repeats, best kept (default 2)"
     )
 
     gallery = argparse.ArgumentParser(add_help=False)
@@ -160,7 +164,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     gallery.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     # a shape predicted to end past the budget stops after its first block and is extrapolated (marked)
-    gallery.add_argument("--max-seconds", type=float, default=600.0, help="wall-clock budget (default 600)")
+    gallery.add_argument(
+        "--max-seconds", type=float, default=600.0, help="wall-clock budget in seconds (default %(default)g)"
+    )
     gallery.add_argument(
         "--max-memory-mb",
         type=_positive_budget,
@@ -184,6 +190,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="patchword bench", description="Benchmarks of exhaustive scoring and two-stage search."
     )
+    parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     sub = parser.add_subparsers(dest="what", required=True, metavar="{scoring,two-stage,gallery,all}")
     sub.add_parser(
         "scoring",
@@ -364,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     """``patchword bench {scoring,two-stage,gallery,all} [options]``; 0 on success, 2 on a user error."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
-    setup_logging(fmt="%(message)s")
+    setup_logging(args.verbose, fmt="%(message)s")
     if args.what == "_rss":
         from patchword.bench.memory import ScoringCall, rss_growth_of_scoring
 

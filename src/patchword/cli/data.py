@@ -17,23 +17,45 @@ SHOWN_BAD = 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from patchword.cli import verbose_after_verb
+
+    # each level takes -v (``data check -v``, ``data export synthetic -v``) and reports an unknown option
+    # with its own usage and options (parse_with_overrides: the deepest ``_parser`` set wins)
+    common = [verbose_after_verb()]
     sub = parser.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     check = sub.add_parser(
-        "check", help="validate a dataset layout (counts, every image decoded completely, dense coverage)"
+        "check",
+        parents=common,
+        help="validate a dataset layout (counts, every image decoded completely, dense coverage)",
     )
     check.add_argument(
         "--config",
         help="YAML file with RunConfig fields, or a shipped recipe's name (its data section is read)",
     )
-    check.add_argument("--split", action="append", choices=("train", "dev", "test"), help="check only these")
+    check.add_argument(
+        "--split",
+        action="append",
+        choices=("train", "dev", "test"),
+        help="check only this split (repeat for more; default all three)",
+    )
     check.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.root=data/f30k")
-    export = sub.add_parser("export", help="write a dataset as real files")
+    check.set_defaults(_parser=check)
+    export = sub.add_parser("export", parents=common, help="write a dataset as real files")
+    export.set_defaults(_parser=export)
     sources = export.add_subparsers(dest="export_source", required=True, metavar="SOURCE")
-    syn = sources.add_parser("synthetic", help="synthetic scenes as PNG files + the LAPS/SEPS layout")
-    syn.add_argument("--split", choices=("train", "dev", "test"), default="test")
+    syn = sources.add_parser(
+        "synthetic", parents=common, help="synthetic scenes as PNG files + the LAPS/SEPS layout"
+    )
+    syn.add_argument(
+        "--split",
+        choices=("train", "dev", "test"),
+        default="test",
+        help="the split whose scenes are written (default %(default)s)",
+    )
     syn.add_argument("--out", type=Path, required=True, help="output directory (must not exist or be empty)")
     syn.add_argument("--run", type=Path, help="export the scenes of this run's data section")
     syn.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.num_test=200")
+    syn.set_defaults(_parser=syn)
 
 
 def _text_tokenizer(dc):

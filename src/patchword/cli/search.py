@@ -13,11 +13,23 @@ import json
 import sys
 from pathlib import Path
 
+from patchword.cli import VERBOSE_HELP
 from patchword.device import resolve_device
 from patchword.errors import USER_ERRORS, ConfigError, MissingExtraError, report_user_error, run_command
 from patchword.logs import setup_logging
 
-__all__ = ["main_index", "main_search"]
+__all__ = ["main_index", "main_search", "shortlist_help"]
+
+
+def shortlist_help() -> str:
+    """The help of ``--shortlist`` of ``search`` and ``serve``, with the default of
+    :class:`~patchword.search.query.Searcher` (imported here: the commands load it anyway)."""
+    from patchword.search.query import DEFAULT_SHORTLIST
+
+    return (
+        "images re-ranked per query by the fine matcher (default: the run's two-stage shortlist, else "
+        f"{DEFAULT_SHORTLIST})"
+    )
 
 
 def _logging(verbose: bool) -> None:
@@ -26,7 +38,7 @@ def _logging(verbose: bool) -> None:
 
 def _index_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="patchword index", description="build or update a search index")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser(
         "build",
@@ -34,9 +46,7 @@ def _index_parser() -> argparse.ArgumentParser:
         description="Encode every image under --images (found by content, recursively) with RUN_DIR's model "
         "into INDEX_DIR. Rerunning an interrupted build resumes it; --update refreshes a complete index.",
     )
-    build.add_argument(
-        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging"
-    )
+    build.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP)
     build.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="directory written by `patchword train`")
     build.add_argument("--images", type=Path, required=True, help="folder of images to index (recursive)")
     build.add_argument("--out", type=Path, required=True, help="index directory to create or update")
@@ -200,7 +210,7 @@ def _search_parser() -> argparse.ArgumentParser:
     parser.add_argument("query", help="the text to search for")
     parser.add_argument("-k", type=int, default=10, help="results to print (default 10)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON (the /api/search body)")
-    parser.add_argument("--shortlist", type=int, default=None, help="images re-ranked by the fine matcher")
+    parser.add_argument("--shortlist", type=int, default=None, help=shortlist_help())
     parser.add_argument(
         "--run", type=Path, default=None, help="run directory (default: the one that built it)"
     )
@@ -215,7 +225,7 @@ def _search_parser() -> argparse.ArgumentParser:
         help="with --qdrant: an exact first stage, a Qdrant server scanning every point rather than its HNSW "
         "index (slower on a large collection); an embedded store always searches exactly",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     return parser
 
 

@@ -15,6 +15,8 @@ import socket
 import sys
 from pathlib import Path
 
+from patchword.cli import VERBOSE_HELP
+from patchword.cli.search import shortlist_help
 from patchword.errors import ConfigError, describe_os_error, run_command
 from patchword.logs import setup_logging
 
@@ -37,8 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--checkpoint", default=None, help="checkpoint inside the run (default: the index's)")
     parser.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging and error tracebacks")
-    parser.add_argument("--shortlist", type=int, default=None, help="images re-ranked per query")
+    parser.add_argument("-v", "--verbose", action="store_true", help=f"{VERBOSE_HELP} (as --log-level debug)")
+    parser.add_argument("--shortlist", type=int, default=None, help=shortlist_help())
     parser.add_argument(
         "--qdrant", action="store_true", help="vectors from the Qdrant collection the index was uploaded to"
     )
@@ -55,12 +57,20 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         help="torch threads (default: CPUs // workers, so concurrent requests do not oversubscribe the CPU)",
     )
-    parser.add_argument("--max-pending", type=int, default=64, help="requests admitted at once; more get 503")
+    parser.add_argument(
+        "--max-pending", type=int, default=64, help="requests admitted at once; more get 503 (default 64)"
+    )
     parser.add_argument(
         "--max-k", type=int, default=100, help="largest k a request may ask for (default 100)"
     )
     parser.add_argument("--max-query-chars", type=int, default=512, help="longest query (default 512)")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="the least severe log lines shown, patchword's and the web server's (default %(default)s; "
+        "-v: debug)",
+    )
     return parser
 
 
@@ -127,6 +137,8 @@ def _listen(host: str, port: int) -> socket.socket:
 def main_serve(argv: list[str] | None = None) -> int:
     """Check the flags, load the index and its run, bind the port, then serve until interrupted."""
     args = _parser().parse_args(argv)
+    if args.verbose:  # -v is debug logging, whatever --log-level says (uvicorn's too)
+        args.log_level = "debug"
     setup_logging(level=args.log_level.upper())
     return run_command(lambda: _serve(args), args.verbose)
 
