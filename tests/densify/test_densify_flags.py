@@ -208,7 +208,7 @@ def test_token_limits_below_one_are_refused(limits, tmp_path, capsys):
 def test_token_limits_of_one_and_more_are_reported(tmp_path, capsys):
     dense = _dense_file(tmp_path / "d.jsonl")
     assert main(["stats", str(dense), "--token-limits", "1", "4", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["over_limit"] == {"1": 1.0, "4": 1.0}
+    assert json.loads(capsys.readouterr().out)[str(dense)]["over_limit"] == {"1": 1.0, "4": 1.0}
 
 
 @pytest.mark.parametrize("name", ["nope.txt", "./nope.txt", "missing/vocab.txt"])

@@ -34,13 +34,13 @@ def test_stats_of_a_partial_file_says_how_far_it_got(image_dir, vlm, tmp_path, c
     out = tmp_path / "d.jsonl"
     densify(images_from_folder(image_dir), vlm, out, SETTINGS, batch_size=4)
     assert main(["stats", str(out), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["partial"] is None
+    assert json.loads(capsys.readouterr().out)[str(out)]["partial"] is None
     _cut(out, 4)
     assert main(["stats", str(out)]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert printed[:2] == [f"{out}: 4 descriptions", "  partial: 4 of 12 images (rerun densify to finish)"]
     assert main(["stats", str(out), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["partial"] == {"done": 4, "expected": 12}
+    assert json.loads(capsys.readouterr().out)[str(out)]["partial"] == {"done": 4, "expected": 12}
 
 
 def test_stats_of_a_partial_shard_counts_the_shard_s_images(image_dir, vlm, tmp_path, capsys):
@@ -48,7 +48,7 @@ def test_stats_of_a_partial_shard_counts_the_shard_s_images(image_dir, vlm, tmp_
     densify(images_from_folder(image_dir), vlm, out, SETTINGS, batch_size=4, shard=Shard(1, 3))
     _cut(out, 1)
     assert main(["stats", str(out), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["partial"] == {"done": 1, "expected": 4}
+    assert json.loads(capsys.readouterr().out)[str(out)]["partial"] == {"done": 1, "expected": 4}
 
 
 def test_shards_of_other_batch_sizes_that_leave_a_gap_are_named(image_dir, vlm, tmp_path):

@@ -163,7 +163,7 @@ def test_stats_cli_on_synthetic_files(tmp_path, capsys):
     assert main([*run, "--batch-size", "6", "--out", str(out), "--no-progress"]) == 0
     capsys.readouterr()
     assert main(["stats", str(out), "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    report = json.loads(capsys.readouterr().out)[str(out)]  # keyed by path, one file or several
     scenes = generate_split(SyntheticConfig(num_test=12), "test").scenes
     assert report["count"] == 12 and report["scenes"]["descriptions"] == 12
     assert report["scenes"]["objects"] == int(scenes.count.sum())
@@ -174,7 +174,7 @@ def test_stats_cli_on_synthetic_files(tmp_path, capsys):
     plain = _write(tmp_path / "generator.jsonl", split.dense_captions, ids=ids)
     flags = ["--synthetic-split", "test", "--synthetic-num-images", "20"]
     assert main(["stats", str(plain), *flags, "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    report = json.loads(capsys.readouterr().out)[str(plain)]
     truth = scene_coverage(split.dense_captions, range(20), split.scenes, config.shapes, config.colours)
     assert report["scenes"]["named"] == truth["named"] and report["scenes"]["objects"] == truth["objects"]
     assert main(["stats", str(plain), *flags]) == 0

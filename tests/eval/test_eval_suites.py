@@ -48,8 +48,13 @@ def test_compositional_suite_writes_accuracies_per_kind(run, capsys):
     assert set(result["n"]) == set(kinds) and sum(result["n"].values()) > 0
     for kind in kinds:
         assert result[kind] is None if result["n"][kind] == 0 else 0 <= result[kind] <= 100
-    out = capsys.readouterr().out
-    assert "attribute_swap" in out and "eval_compositional.json" in out
+    printed = capsys.readouterr()  # stdout: the record (| jq); the table and `written:` on stderr
+    assert json.loads(printed.out) == result
+    assert (
+        "attribute_swap" in printed.err
+        and "written: " in printed.err
+        and "eval_compositional.json" in printed.err
+    )
     assert main(["eval", str(run), "--suite", "compositional"]) == 2  # never overwritten silently
 
 
@@ -62,10 +67,12 @@ def test_patches_suite_probes_the_runs_image_encoder(tmp_path, capsys):
     args = [*TINY, "model.tiny_vit.patch_size=4", f"output_dir={tmp_path}", "name=r", "data.num_train=40"]
     assert main(["train", *args, f"data.cache_dir={tmp_path / 'cache'}"]) == 0
     run = tmp_path / "r"
+    capsys.readouterr()  # training's summary
     assert main(["eval", str(run), "--suite", "patches"]) == 0
     result = json.loads((run / "eval_patches.json").read_text())
-    out = capsys.readouterr().out
-    assert "patch-word grounding" in out and "eval_patches.json" in out
+    printed = capsys.readouterr()  # stdout: the record (| jq); the table and `written:` on stderr
+    assert json.loads(printed.out) == result
+    assert "patch-word grounding" in printed.err and "eval_patches.json" in printed.err
     for task, classes in (("object", 2), ("shape", 5), ("colour", 8)):
         assert 2 <= result[task]["classes"] <= classes and 0 <= result[task]["accuracy"] <= 100
         assert result[task]["balanced_chance"] == 100 / result[task]["classes"]

@@ -46,12 +46,12 @@ def test_a_suite_file_scored_without_dense_text_says_so(two_runs, tmp_path, caps
     out = tmp_path / "sugar.json"
     assert main(["eval", str(run), "--suite-file", str(tmp_path / "swap_obj.json"), "--out", str(out)]) == 0
     assert json.loads(out.read_text())["dense_text"] == "none"
-    printed = capsys.readouterr().out
+    printed = capsys.readouterr().err  # the table is on stderr: stdout is the record (| jq)
     assert "dense text: none: the matcher reads dense text but none was given" in printed
     out = tmp_path / "synthetic.json"
     assert main(["eval", str(run), "--suite", "compositional", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["dense_text"] == "image-tied"
-    assert "dense text: image-tied (each image's own dense caption)" in capsys.readouterr().out
+    assert "dense text: image-tied (each image's own dense caption)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("precision", ["amp_bf16", "amp_fp16", "bf16"])

@@ -23,6 +23,7 @@ The image sources' flags (and the synthetic scenes' config they set, which ``sta
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import sys
@@ -65,11 +66,18 @@ def _run_parser() -> argparse.ArgumentParser:
     mdl.add_argument("--model-id", help="name written into each line (default: hub id or directory name)")
     mdl.add_argument("--allow-download", action="store_true", help="let a hub id be downloaded")
     mdl.add_argument("--device", default="auto", help="auto (GPU of this rank if any), cpu, cuda, cuda:N")
-    mdl.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    mdl.add_argument(
+        "--precision",
+        default="auto",
+        choices=["auto", "fp32", "bf16", "fp16"],
+        help="the model's weights and compute (default auto: bf16 on a GPU that has it, else fp32)",
+    )
     gen = p.add_argument_group("generation")
     gen.add_argument("--prompt", help="instruction shown with each image (default: the SEPS prompt)")
-    gen.add_argument("--max-new-tokens", type=int, default=500)
-    gen.add_argument("--batch-size", type=int, default=8, help="images per generate call")
+    gen.add_argument(
+        "--max-new-tokens", type=int, default=500, help="the longest description, in tokens (default 500)"
+    )
+    gen.add_argument("--batch-size", type=int, default=8, help="images per generate call (default 8)")
     gen.add_argument("--sample", action="store_true", help="sample (SEPS: temperature 0.2, top-p 0.9)")
     gen.add_argument("--temperature", type=float, help="with --sample (default 0.2)")  # None: not given
     gen.add_argument("--top-p", type=float, help="with --sample (default 0.9)")
@@ -81,7 +89,9 @@ def _run_parser() -> argparse.ArgumentParser:
         "--skip-bad-images", action="store_true", help="skip unreadable images instead of stopping"
     )
     run.add_argument(
-        "--no-merge", action="store_true", help="under torchrun: leave the per-rank files unmerged"
+        "--no-merge",
+        action="store_true",
+        help="under torchrun (without --shard): leave the per-rank files unmerged; refused elsewhere",
     )
     run.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
     return p
@@ -90,14 +100,14 @@ def _run_parser() -> argparse.ArgumentParser:
 def _merge_parser() -> argparse.ArgumentParser:
     p = _parser("patchword densify merge", "Join shard files of one densify job, in image order.")
     p.add_argument("shards", nargs="+", type=Path, help="the shard files (any order)")
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True, help="the merged JSONL file to write")
     p.add_argument("--force", action="store_true", help="overwrite an existing --out")
     return p
 
 
 def _stats_parser() -> argparse.ArgumentParser:
     p = _parser("patchword densify stats", "Quality report of dense-caption JSONL files.")
-    p.add_argument("files", nargs="+", type=Path)
+    p.add_argument("files", nargs="+", type=Path, help="dense-caption JSONL files (densify's or released)")
     p.add_argument(
         "--bert-vocab", help="BERT vocab.txt, tokenizer directory or cached hub id: exact token counts"
     )
@@ -113,9 +123,15 @@ def _stats_parser() -> argparse.ArgumentParser:
         help="with --synthetic-split: images of the split (default: generator's)",
     )
     p.add_argument(
-        "--token-limits", type=int, nargs="+", default=[90, 128], help="report the share above these"
+        "--token-limits",
+        type=int,
+        nargs="+",
+        default=[90, 128],
+        help="report the share of descriptions longer than these BERT token counts (default 90 128)",
     )
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--json", action="store_true", help="print the report as JSON, an object keyed by file path"
+    )
     return p
 
 
@@ -135,9 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``patchword densify <argv>``: 0 done, 1 incomplete (images skipped or described with nothing),
     2 user error."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    verb = argv[0] if argv and argv[0] in _SUBVERBS else "run"
+    # the sub-verb may follow -v (`densify -v merge ...`): the flags before it are kept for its parser
+    lead = len(list(itertools.takewhile(lambda arg: arg in ("-v", "--verbose"), argv)))
+    verb = argv[lead] if lead < len(argv) and argv[lead] in _SUBVERBS else "run"
     parser = {"run": _run_parser, "merge": _merge_parser, "stats": _stats_parser}[verb]()
-    args = parser.parse_args(argv[1:] if verb != "run" else argv)
+    args = parser.parse_args([*argv[:lead], *argv[lead + 1 :]] if verb != "run" else argv)
     _setup_logging(args.verbose)
     if verb == "merge":
         return run_command(lambda: _merge(args), args.verbose)
@@ -175,9 +193,16 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         do_sample=args.sample,
         **given,
     )
+    _refuse_stdout(args.out)
     check_model_id(args.model_id)  # here too: a finished file returns before load_vlm would check it
     shard = parse_shard(args.shard) if args.shard else None
     ranked = shard_from_env() if shard is None else None
+    if args.no_merge and ranked is None:  # a job of one file: nothing to merge, the flag would do nothing
+        where = "a --shard job writes its shard file alone" if shard else "this is no torchrun launch"
+        raise ConfigError(
+            "--no-merge",
+            f"applies under torchrun without --shard, where rank 0 merges the ranks' files; {where}: drop it",
+        )
     device = resolve_device(args.device)
     precision = resolve_precision(args.precision, device)
     # what the user chose, compared with a finished file's sidecar before the model loads (auto: the
@@ -289,9 +314,18 @@ def _wait_and_merge(out: Path, shard, poll_s: float = 10.0) -> None:
 # --------------------------------------------------------------------------------------------------------
 
 
+def _refuse_stdout(out: Path) -> None:
+    """``--out -``, stdout elsewhere (``eval``, ``hash``), refused (ConfigError): never a file named ``-``."""
+    from patchword.errors import ConfigError
+
+    if str(out) == "-":
+        raise ConfigError("--out", "- (stdout) is not taken here: the JSONL is a file (and its sidecar)")
+
+
 def _merge(args: argparse.Namespace) -> int:
     from patchword.densify.shards import merge_shards
 
+    _refuse_stdout(args.out)
     lines = merge_shards(args.shards, args.out, force=args.force)
     print(f"merged {len(args.shards)} shards into {args.out} ({lines} lines)")
     return 0
@@ -354,8 +388,8 @@ def _stats(args: argparse.Namespace) -> int:
         reports[str(path)] = dense_stats(
             data, bert=bert, token_limits=args.token_limits, synthetic=_synthetic_for(path, args)
         )
-    if args.json:
-        print(json.dumps(reports if len(reports) > 1 else next(iter(reports.values())), indent=2))
+    if args.json:  # keyed by path whatever the number of files: a script reads one shape
+        print(json.dumps(reports, indent=2))
     else:
         print("\n\n".join(format_stats(path, report) for path, report in reports.items()))
     return 0

@@ -20,10 +20,13 @@ spelling is.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import re
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from patchword.runs.config import NOT_EVALUATION_KEYS, not_evaluation_reason
@@ -35,7 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=Path, help="directory written by `patchword train`")
     parser.add_argument("--checkpoint", default=None, help="checkpoint file inside run_dir (default best.pt)")
     parser.add_argument(
-        "--out", type=Path, help="where to write the metrics JSON (default run_dir/eval_<split>.json)"
+        "--out",
+        type=Path,
+        help="where to write the metrics JSON (default run_dir/eval_<split>.json, or eval_<suite>.json); "
+        "stdout gets the JSON too, `written: FILE` goes to stderr; '-': no file, the whole record on stdout",
     )
     parser.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     parser.add_argument(
@@ -204,7 +210,11 @@ def _within(key: str, item: str) -> str:
 
 
 def run(args: argparse.Namespace) -> None:
+    """stdout is one JSON document whatever the mode (``| jq``): the metrics, or the suite's record (its
+    table goes to stderr); ``written: FILE`` goes to stderr. ``--out -`` writes no file and prints the whole
+    record the file would hold."""
     from patchword.distributed import launch_info
+    from patchword.errors import ConfigError
     from patchword.runs.evaluate import evaluate_run_dir
     from patchword.runs.suites import evaluate_patch_suite, evaluate_suite
 
@@ -213,28 +223,54 @@ def run(args: argparse.Namespace) -> None:
     _check_ensemble_files(args.ensemble)
     _refuse_unread_overrides(args.overrides)
     suite = _mode(args)
-    common = dict(overrides=args.overrides, out=args.out, force=args.force)
-    if suite is not None:
-        from patchword.eval.compositional import format_compositional_table
-        from patchword.eval.patch_probe import format_probe_table
+    to_stdout = args.out is not None and str(args.out) == "-"
+    if to_stdout and args.force:
+        raise ConfigError("--force", "overwrites an existing --out file; --out - writes none: drop one")
+    with _record_file(args.out) as out:
+        common = dict(overrides=args.overrides, out=out, force=args.force)
+        if suite is not None:
+            from patchword.eval.compositional import format_compositional_table
+            from patchword.eval.patch_probe import format_probe_table
 
-        if suite == "patches":
-            result, out = evaluate_patch_suite(args.run_dir, args.checkpoint, **common)
-            print(format_probe_table(result))
-        else:
-            files = dict(suite_files=args.suite_file, image_root=args.image_root)
-            result, out = evaluate_suite(args.run_dir, args.checkpoint, **files, **common)
-            print(format_compositional_table(result))
-        print(f"written: {out}")
+            if suite == "patches":
+                result, out = evaluate_patch_suite(args.run_dir, args.checkpoint, **common)
+                table = format_probe_table(result)
+            else:
+                files = dict(suite_files=args.suite_file, image_root=args.image_root)
+                result, out = evaluate_suite(args.run_dir, args.checkpoint, **files, **common)
+                table = format_compositional_table(result)
+            print(table, file=sys.stderr)  # for people; stdout stays one JSON document (| jq)
+            _print_record(out, to_stdout, result)
+            return
+
+        main = launch_info().rank == 0
+        if not main:
+            logging.getLogger().setLevel(logging.WARNING)  # one process reports
+        metrics, out = evaluate_run_dir(args.run_dir, args.checkpoint, ensemble=args.ensemble, **common)
+        if main:
+            _print_record(out, to_stdout, _shown(metrics))
+
+
+@contextlib.contextmanager
+def _record_file(out: Path | None) -> Iterator[Path | None]:
+    """Where the evaluation writes its record: ``out``, or for ``--out -`` a file in a temporary directory
+    (removed afterwards) whose text :func:`_print_record` prints: the evaluation functions always write
+    one, and a file named ``-`` was written before."""
+    if out is None or str(out) != "-":
+        yield out
         return
+    with tempfile.TemporaryDirectory(prefix="patchword-eval-") as tmp:
+        yield Path(tmp) / "record.json"
 
-    main = launch_info().rank == 0
-    if not main:
-        logging.getLogger().setLevel(logging.WARNING)  # one process reports
-    metrics, out = evaluate_run_dir(args.run_dir, args.checkpoint, ensemble=args.ensemble, **common)
-    if main:
-        print(json.dumps(_shown(metrics), indent=2))
-        print(f"written: {out}", file=sys.stderr)  # stdout stays one JSON document (| jq)
+
+def _print_record(out: Path, to_stdout: bool, shown: dict) -> None:
+    """stdout: the record written (``--out -``: its whole text, no file kept) or ``shown``; the file written
+    named on stderr."""
+    if to_stdout:
+        print(out.read_text(encoding="utf-8").rstrip("\n"))
+        return
+    print(json.dumps(shown, indent=2))
+    print(f"written: {out}", file=sys.stderr)  # stdout stays one JSON document (| jq)
 
 
 #: What stdout shows of each ensemble member (the written file holds its whole record).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 __all__ = ["add_arguments", "run"]
@@ -19,11 +20,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    from patchword.errors import ConfigError
     from patchword.fileio import check_output_dir
     from patchword.runs.export import export_run
+
+    if str(args.out) == "-":  # '-' is stdout elsewhere: never a directory named '-'
+        raise ConfigError("OUT", "- (stdout) is not taken here: OUT is the model directory to write")
 
     # before the run is read: a file in the place of OUT or of one of its parents (export_run's own probe,
     # after the run's checks, said "[Errno 20] Not a directory" naming neither OUT nor the file)
     check_output_dir(args.out, "OUT", what="the model directory to write")
     out = export_run(args.run_dir, args.out, args.checkpoint)
-    print(f"written: {out} (README.md, model.safetensors, config.yaml, tokenizer, metrics.json)")
+    # on stderr, as every verb says what it wrote
+    print(
+        f"written: {out} (README.md, model.safetensors, config.yaml, tokenizer, metrics.json)",
+        file=sys.stderr,
+    )

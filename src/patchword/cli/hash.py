@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,24 +78,35 @@ def _parser() -> argparse.ArgumentParser:
         "value) the run --output-dir / --name point at. Only train.epochs, train.save_every, "
         "train.num_threads, device and eval options may be overridden.",
     )
-    tr.add_argument("--bits", type=int, help="code length (16, 32, 64, 128)")
+    tr.add_argument("--bits", type=int, help="code length, model.bits: 16, 32, 64, 128 (default 64)")
     tr.add_argument(
         "--fusion",
         choices=["unimodal", "official_fused"],
-        help="official_fused = official pair encoding with batch attention (leaky; see docs/hashing.md)",
+        help="model.fusion (default unimodal); official_fused = official pair encoding with batch attention "
+        "(leaky; see docs/hashing.md)",
     )
-    tr.add_argument("--epochs", type=int)
-    tr.add_argument("--loss", choices=["infonce", "balanced", "infonce_i2t", "hashnet"])
-    tr.add_argument("--seed", type=int)
-    tr.add_argument("--batch-size", dest="batch_size", type=int)
-    tr.add_argument("--data", choices=["synthetic", "pairs", "splits", "mat"], help="data.format")
+    tr.add_argument("--epochs", type=int, help="training epochs, train.epochs (default 50)")
+    tr.add_argument(
+        "--loss",
+        choices=["infonce", "balanced", "infonce_i2t", "hashnet"],
+        help="training loss, train.loss (default infonce)",
+    )
+    tr.add_argument("--seed", type=int, help="random seed, train.seed (default 2023)")
+    tr.add_argument("--batch-size", dest="batch_size", type=int, help="train.batch_size (default 128)")
+    tr.add_argument(
+        "--data",
+        choices=["synthetic", "pairs", "splits", "mat"],
+        help="where the features come from, data.format (default synthetic)",
+    )
     tr.add_argument("--image", help="image features .npy (data=pairs)")
     tr.add_argument("--text", help="text features .npy (data=pairs)")
     tr.add_argument("--labels", help="optional labels .npy (data=pairs)")
     tr.add_argument("--root", help="split directory (data=splits) or .mat file (data=mat)")
-    tr.add_argument("--output-dir", dest="output_dir")
+    tr.add_argument(
+        "--output-dir", dest="output_dir", help="directory the run directory goes in (default runs/hash)"
+    )
     tr.add_argument("--name", help="run name (default from data, bits, loss, seed)")
-    tr.add_argument("--device", help="torch device, e.g. cpu or cuda:0")
+    tr.add_argument("--device", help="torch device, e.g. cpu or cuda:0 (default cpu)")
     tr.add_argument(
         "overrides", nargs="*", help="dotted overrides, e.g. train.lr_heads=1e-3 data.num_query=200"
     )
@@ -102,8 +114,15 @@ def _parser() -> argparse.ArgumentParser:
     ev = sub.add_parser(
         "eval", help="evaluate a run directory (mAP@K, precision / recall, PR curve)", parents=[common]
     )
-    ev.add_argument("run_dir", type=Path)
-    ev.add_argument("--out", type=Path, help="also write the metrics JSON here")
+    ev.add_argument(
+        "run_dir", type=Path, metavar="RUN_DIR", help="directory written by `patchword hash train`"
+    )
+    ev.add_argument(
+        "--out",
+        type=Path,
+        help="also write the metrics JSON here (stdout gets it either way; `written: FILE` goes to stderr; "
+        "'-': stdout only)",
+    )
     ev.add_argument("--force", action="store_true", help="overwrite an existing --out / --pr-plot file")
     ev.add_argument("--pr-plot", dest="pr_plot", type=Path, help="write the Hamming-radius PR curve PNG here")
     ev.add_argument(
@@ -228,11 +247,16 @@ def _eval(args: argparse.Namespace) -> None:
     from patchword.hashing.metrics import plot_pr_curves, precision_recall_curve
     from patchword.hashing.runner import open_hashing_run, refuse_run_outputs
 
-    outputs = {"--out": args.out, "--pr-plot": args.pr_plot}
+    out = None if args.out is None or str(args.out) == "-" else args.out  # '-': stdout, which gets it anyway
+    if args.out is not None and out is None and args.force and args.pr_plot is None:
+        raise ConfigError(
+            "--force", "overwrites an existing --out / --pr-plot file; --out - writes none: drop one"
+        )
+    outputs = {"--out": out, "--pr-plot": args.pr_plot}
     _refuse_one_file_twice(outputs)
     refuse_run_outputs(args.run_dir, outputs)  # --force replaces none of the run's files
-    if args.out is not None:
-        check_output_file(args.out, args.force)
+    if out is not None:
+        check_output_file(out, args.force)
     if args.pr_plot is not None:
         _check_plot_file(args.pr_plot, args.force)
     check_run_data_overrides(args.run_dir, args.overrides)
@@ -255,9 +279,12 @@ def _eval(args: argparse.Namespace) -> None:
     # which weights these numbers describe (the checkpoint's epoch and step, whether the run finished) and
     # on which data (query / retrieval sizes, source, split seed), as hash train's summary says
     text = json.dumps({**metrics, "checkpoint": run.checkpoint, "data": data.summary()}, indent=2)
-    if args.out is not None:
-        atomic_write_text(args.out, text)
-    print(text)
+    if out is not None:
+        atomic_write_text(out, text)
+    print(text)  # stdout: the JSON alone (| jq), with --out as without it, as `patchword eval` does
+    written = [path for path in (out, args.pr_plot) if path is not None]
+    if written:
+        print("written: " + ", ".join(map(str, written)), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,9 @@ def add_search_parser(sub, common: argparse.ArgumentParser) -> None:
     se = sub.add_parser(
         "search", help="Hamming search of the run's retrieval set with query features", parents=[common]
     )
-    se.add_argument("run_dir", type=Path)
+    se.add_argument(
+        "run_dir", type=Path, metavar="RUN_DIR", help="directory written by `patchword hash train`"
+    )
     se.add_argument(
         "--modality",
         choices=["image", "text"],
@@ -45,12 +47,22 @@ def add_search_parser(sub, common: argparse.ArgumentParser) -> None:
         nargs="+",
         help="rows of the run's query split to use as queries",
     )
-    se.add_argument("--k", type=int, default=10, help="neighbours per query")
-    se.add_argument("--backend", choices=["numpy", "faiss"], default="numpy")
+    se.add_argument("--k", type=int, default=10, help="neighbours per query (default 10)")
+    se.add_argument(
+        "--backend",
+        choices=["numpy", "faiss"],
+        default="numpy",
+        help="Hamming search implementation (default numpy; faiss: pip install 'patchword[ann]')",
+    )
     se.add_argument(
         "--rebuild", action="store_true", help="re-encode the database even if its index is cached"
     )
-    se.add_argument("--out", type=Path, help="write the results JSON here instead of stdout")
+    se.add_argument(
+        "--out",
+        type=Path,
+        help="also write the results JSON here (stdout gets it either way, as in `hash eval`; `written: "
+        "FILE` goes to stderr; '-': stdout only)",
+    )
     se.add_argument("--force", action="store_true", help="overwrite an existing --out file")
 
 
@@ -64,16 +76,19 @@ def run_search(args: argparse.Namespace) -> None:
 
     if args.k < 1:
         raise ConfigError("--k", f"must be >= 1 (neighbours per query), got {args.k}")
-    refuse_run_outputs(args.run_dir, {"--out": args.out}, reads=[args.query] if args.query else [])
-    if args.out is not None:
-        check_output_file(args.out, args.force)
+    out = None if args.out is None or str(args.out) == "-" else args.out  # '-': stdout, which gets it anyway
+    if args.out is not None and out is None and args.force:
+        raise ConfigError("--force", "overwrites an existing --out file; --out - writes none: drop one")
+    refuse_run_outputs(args.run_dir, {"--out": out}, reads=[args.query] if args.query else [])
+    if out is not None:
+        check_output_file(out, args.force)
     _check_cache_path(args)
     file_queries = _read_query_file(args.query) if args.query is not None else None
     # said before the data are read (an imported official checkpoint is fused and has none of its own)
     why = "search needs a unimodal model: official_fused codes need the paired other modality"
     run = open_hashing_run(args.run_dir, unimodal=why)
     cfg, model, data = run.cfg, run.model, run.data
-    refuse_run_outputs(args.run_dir, {"--out": args.out}, cfg=cfg)
+    refuse_run_outputs(args.run_dir, {"--out": out}, cfg=cfg)
     queries = _queries(args, model, data, file_queries)
     index, db_modality = _database_index(args, cfg.device, model, data)
     if args.k > len(data.retrieval):  # each query gets the whole database: said (stdout stays the JSON)
@@ -104,10 +119,11 @@ def run_search(args: argparse.Namespace) -> None:
         {"database": f"retrieval.{db_modality}", "queries": queries, "bits": model.bits, "results": results},
         indent=1,
     )
-    if args.out is not None:
-        atomic_write_text(args.out, text)
-    else:
-        print(text)
+    if out is not None:
+        atomic_write_text(out, text)
+    print(text)  # stdout: the JSON alone (| jq), with --out as without it, as `hash eval` and `eval` do
+    if out is not None:
+        print(f"written: {out}", file=sys.stderr)
 
 
 def _read_query_file(path: Path) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 __all__ = ["add_arguments", "report_outputs", "run"]
@@ -72,6 +73,10 @@ def _refuse_shared_outputs(out: Path, csv: Path | None) -> None:
     """
     from patchword.errors import ConfigError
 
+    for flag, path in (("--out", out), ("--csv", csv)):
+        if path is not None and str(path) == "-":  # '-' is stdout elsewhere: never a file named '-'
+            what = "the report is several files (.md, .html, figures)" if flag == "--out" else "a file"
+            raise ConfigError(flag, f"- (stdout) is not taken here: {what}; name the file to write")
     if out.suffix.lower() == ".html":
         raise ConfigError(
             "--out", f"{out} is an HTML name: --out names the Markdown file (the .html is written beside it)"
@@ -105,8 +110,19 @@ def run(args: argparse.Namespace) -> None:
             raise MissingFileError(f"--index {index}: not a search index (no {MANIFEST_FILE})")
     for gallery in args.gallery:
         require_file(gallery, "--gallery", hint="--gallery names a gallery JSON file")
-    out = write_report(
-        args.paths, args.out, csv=args.csv, indexes=tuple(args.index), galleries=tuple(args.gallery)
-    )
-    written = [out, out.with_suffix(".html"), *([args.csv] if args.csv else [])]
-    print("written: " + ", ".join(map(str, written)))
+    outputs = [path for path, _ in report_outputs(args.out, args.csv)]
+    before = {path: _identity(path) for path in outputs}
+    write_report(args.paths, args.out, csv=args.csv, indexes=tuple(args.index), galleries=tuple(args.gallery))
+    # every file written, the figures too (one is left out when there is nothing to draw, and an earlier
+    # report's figure left beside it is not this report's), on stderr as in the other verbs
+    written = [path for path in outputs if path.is_file() and _identity(path) != before[path]]
+    print("written: " + ", ".join(map(str, written)), file=sys.stderr)
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """Which file is at ``path`` (inode, modification time, size; None: none): a write replaces it."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
