@@ -139,6 +139,7 @@ def test_an_option_is_never_suggested_for_itself():
         (["train", "--seed", "3"], "seed=3"),
         (["eval", "RUN", "--coco-1k"], "eval.coco_1k=true"),
         (["train", "--max_steps"], "train.max_steps=VALUE"),
+        (["hash", "train", "--num-query", "4"], "data.num_query=4"),  # hash's own config (HashRunConfig)
     ],
 )
 def test_an_option_that_is_a_config_key_is_answered_with_the_override(argv, suggestion, capsys):
@@ -149,6 +150,13 @@ def test_an_option_that_is_a_config_key_is_answered_with_the_override(argv, sugg
     assert stop.value.code == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.endswith(f"(did you mean the override {suggestion}?)"), last
+
+
+def test_hash_pages_say_what_v_does(capsys):
+    """``hash``'s sub-verb pages said "as above" for -v, with nothing above it."""
+    with pytest.raises(SystemExit):
+        main(["hash", "train", "--help"])
+    assert "show debug logging and the traceback of an error" in capsys.readouterr().out
 
 
 def test_a_verb_without_overrides_suggests_no_override(capsys):

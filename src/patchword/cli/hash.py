@@ -58,11 +58,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="patchword hash", description="UCMFH cross-modal hashing: train, evaluate, search."
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    # -v after the command too (`patchword -v hash ...` hands it on last); SUPPRESS keeps the command's
-    # parser from resetting a -v given before it.
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="as above")
+    from patchword.cli import VERBOSE_HELP, verbose_after_verb
+
+    parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
+    common = verbose_after_verb()  # -v after the command too (`patchword -v hash ...` hands it on last)
     sub = parser.add_subparsers(dest="command", required=True)
 
     tr = sub.add_parser(
@@ -137,7 +136,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run ``patchword hash <argv>``; returns 0 on success, 2 on a user error (one ``error:`` line), 128 +
     signal when SIGTERM / SIGINT stopped training (one ``interrupted:`` line saying how to resume)."""
-    args = parse_with_overrides(_parser(), argv)  # overrides may follow options, as in `patchword train`
+    from patchword.hashing.config import HashRunConfig
+
+    # overrides may follow options, as in `patchword train`; an unknown --flag that is a key is said so
+    args = parse_with_overrides(_parser(), argv, config=HashRunConfig)
     setup_logging(args.verbose)
     commands = {"train": _train, "eval": _eval, "search": run_search}
     return run_command(lambda: commands[args.command](args), args.verbose)
