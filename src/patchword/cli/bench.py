@@ -127,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
 
     two_stage = argparse.ArgumentParser(add_help=False)
     two_stage.add_argument(
-        "--run-dir", default=None, help="a trained run directory (`make demo` writes runs/demo)"
+        "--run-dir", "--run", default=None, help="a trained run directory (`make demo` writes runs/demo)"
     )
     two_stage.add_argument("--checkpoint", default=None, help="weights file in the run (default best.pt)")
     two_stage.add_argument(

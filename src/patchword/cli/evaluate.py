@@ -68,6 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--image-root", type=Path, help="directory the --suite-file image names are in")
     parser.add_argument(
+        "--device",
+        help="where to evaluate: auto, cpu, cuda, cuda:1, mps (the override device=...; default: the run's, "
+        "auto), as index build, search and serve take it",
+    )
+    parser.add_argument(
         "overrides", nargs="*", help="dotted overrides, e.g. eval.split=dev eval.coco_1k=true data.root=..."
     )
 
@@ -222,6 +227,10 @@ def run(args: argparse.Namespace) -> None:
     _take_overrides_from(args, "suite_file", "--suite-file", "suite file", "suite files")
     _check_ensemble_files(args.ensemble)
     _refuse_unread_overrides(args.overrides)
+    if args.device is not None:  # the flag other verbs have, as the override
+        if any(item.startswith("device=") for item in args.overrides):
+            raise ConfigError("--device", "is the override device=...: give one of them")
+        args.overrides = [*args.overrides, f"device={args.device}"]
     suite = _mode(args)
     to_stdout = args.out is not None and str(args.out) == "-"
     if to_stdout and args.force:

@@ -47,7 +47,7 @@ def add_search_parser(sub, common: argparse.ArgumentParser) -> None:
         nargs="+",
         help="rows of the run's query split to use as queries",
     )
-    se.add_argument("--k", type=int, default=10, help="neighbours per query (default 10)")
+    se.add_argument("-k", "--k", type=int, default=10, help="neighbours per query (default 10)")
     se.add_argument(
         "--backend",
         choices=["numpy", "faiss"],

@@ -208,7 +208,7 @@ def _search_parser() -> argparse.ArgumentParser:
         "index_dir", type=Path, metavar="INDEX_DIR", help="directory written by `index build`"
     )
     parser.add_argument("query", help="the text to search for")
-    parser.add_argument("-k", type=int, default=10, help="results to print (default 10)")
+    parser.add_argument("-k", "--k", type=int, default=10, help="results to print (default 10)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON (the /api/search body)")
     parser.add_argument("--shortlist", type=int, default=None, help=shortlist_help())
     parser.add_argument(
