@@ -206,6 +206,24 @@ def test_a_region_matcher_on_a_vit_backbone_says_what_to_use(region, tiny_hf):
     assert "the image encoder puts a CLS token first (a ViT, the tiny encoder)" in str(err.value)
 
 
+@pytest.mark.parametrize("region", REGION)
+def test_a_region_matcher_on_a_swin_backbone_scores_its_patches_as_regions(region, tmp_path):
+    """What the refusal above suggests works: a Swin backbone puts no CLS token first."""
+    transformers = pytest.importorskip("transformers")
+    from patchword.model import ModelConfig, build_model
+
+    swin = transformers.SwinConfig(
+        image_size=32, patch_size=4, embed_dim=8, depths=[1, 1], num_heads=[1, 1], window_size=2
+    )
+    transformers.SwinModel(swin).save_pretrained(tmp_path / "swin")
+    cfg = ModelConfig(matcher=region, image_encoder="hf", hf_vision=str(tmp_path / "swin"), embed_dim=16)
+    model = build_model(cfg, vocab_size=40).eval()
+    assert not model.image_encoder.has_cls and model.image_encoder.num_patches == 16
+    with torch.no_grad():
+        sims = model(torch.randn(2, 3, 32, 32), torch.randint(4, 40, (3, 6)), torch.tensor([6, 5, 4])).sims
+    assert sims.shape == (2, 3) and torch.isfinite(sims).all()
+
+
 def test_a_float64_matcher_scores_in_float64(name):
     """``precision=fp64`` trains a float64 model: no step may round the scores back to float32."""
     m = _build(name)
