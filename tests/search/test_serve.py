@@ -54,7 +54,10 @@ def test_search_api_returns_the_library_results(client, searcher, env):
     response = client.get("/api/search", params={"q": captions[3], "k": 5})
     assert response.status_code == 200 and response.headers["cache-control"] == "no-store"
     body = response.json()
-    assert set(body) == {"query", "results", "ms", "shortlist", "index"} and body["query"] == captions[3]
+    assert (
+        set(body) == {"query", "results", "ms", "shortlist", "index", "version"}
+        and body["query"] == captions[3]
+    )
     assert body["index"] == searcher.index_info  # what /healthz says of the index (test_healthz)
     expected = searcher.search(captions[3], k=5)
     assert [r["id"] for r in body["results"]] == [h.id for h in expected.hits]

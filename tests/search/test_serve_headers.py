@@ -181,7 +181,7 @@ def test_an_overloaded_server_answers_503_with_the_security_headers(env):
     [
         ("/api/search?q=dog&top_k=3", "top_k", "q, k"),
         ("/api/search?query=dog", "query", "q, k"),
-        ("/api/explain?q=dog&id=0&k=3", "k", "q, id"),
+        ("/api/explain?q=dog&id=0&k=3", "k", "q, id, version"),
     ],
 )
 def test_an_unknown_parameter_is_a_400_naming_it(client, url, parameter, takes):

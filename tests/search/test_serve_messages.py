@@ -88,7 +88,7 @@ def test_an_indexed_file_that_no_longer_decodes_is_a_404_saying_so(small, client
         ("/api/image/" + "9" * 50, 404, f"no image with id {'9' * 40}..."),
         ("/api/explain?q=dog&id=99999999999999", 404, "no image with id 99999999999999 (the index holds 2)"),
         ("/healthz?k=5", 400, "unknown parameter 'k' (this endpoint takes no parameters)"),
-        ("/api/image/0?k=5", 400, "unknown parameter 'k' (this endpoint takes no parameters)"),
+        ("/api/image/0?k=5", 400, "unknown parameter 'k' (this endpoint takes version)"),
         (
             "/api/search?q=%21%21%21",
             400,

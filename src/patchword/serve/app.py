@@ -3,17 +3,22 @@
 Routes (all JSON errors are ``{"error": message}`` with a 4xx / 5xx status):
 
 - ``GET /api/search?q=...&k=...`` -> ``{"query", "results": [{"id", "path", "score", "global_score"}],
-  "ms", "shortlist", "index"}`` (``index``: how the search departs from the exact one and the index's
+  "ms", "shortlist", "index", "version"}`` (``version``: the index version the ids belong to, as ``/healthz``
+  says it; ``index``: how the search departs from the exact one and the index's
   warnings, as in ``/healthz``: :func:`~patchword.search.fidelity.describe_index`; the page shows its
   ``summary`` above the results), paths relative to the indexed folder, plus ``"warning"`` and
   ``"unknown_words"`` when some query words are unknown to the model; a query with no known word is a 400
   whose body adds
   ``"unknown_words"``; ``k`` defaults to 10, or ``max_k`` when that is lower;
-- ``GET /api/explain?q=...&id=...`` -> the kept patches per selection branch and each word's heat over
-  the patch grid (:meth:`patchword.search.explain.Explanation.to_json`) plus ``id``, ``path``, ``query``;
-- ``GET /api/image/{id}``: the image file of index id ``id`` (ids only: a path never reaches the file
-  system); formats browsers do not show (TIFF, PPM...) are sent as PNG; ``Cache-Control: no-cache`` with an
-  ``ETag`` (the file's path, size and mtime), ``If-None-Match`` answered with ``304`` (:mod:`.images`);
+- ``GET /api/explain?q=...&id=...[&version=...]`` -> the kept patches per selection branch and each word's
+  heat over the patch grid (:meth:`patchword.search.explain.Explanation.to_json`) plus ``id``, ``path``,
+  ``query``, ``version``;
+- ``GET /api/image/{id}[?version=...]``: the image file of index id ``id`` (ids only: a path never reaches the
+  file system); formats browsers do not show (TIFF, PPM...) are sent as PNG; ``Cache-Control: no-cache``
+  with an ``ETag`` (the file's path, size and mtime), ``If-None-Match`` answered with ``304``
+  (:mod:`.images`);
+- ``version`` (explain, image): the ``version`` of the search the id came from; an index updated since
+  (ids name other images) is a ``409`` saying to search again, never another image's answer;
 - ``GET /healthz``: liveness, what is served (the index's version, images and kind, its warnings) and the
   page's settings (``max_k``, ``default_k``); ``GET /`` and ``/static/{app.js,style.css}``: the page.
 
@@ -212,13 +217,21 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
                 raise BadRequest(404, f"no image with id {value[:40]}...")
         return int(value)  # past the end of the index: opened() answers 404, naming its size
 
-    def opened(image_id: int | None = None) -> Searcher:
-        """The searcher of the index as it is now (worker threads only: it may reopen the index), with
-        ``image_id`` checked against it."""
-        current = served.current()
+    def opened(image_id: int | None = None, version: str | None = None) -> tuple[Searcher, str]:
+        """(searcher, version) of the index as it is now (worker threads only: it may reopen the index), with
+        ``version`` (a search's, where the request gives one) and then ``image_id`` checked against it."""
+        current, served_version = served.current_version()  # the pair the answer is computed from
+        if version is not None and version != served_version:
+            raise BadRequest(409, "the index was updated since this search: search again")
         if image_id is not None and image_id >= len(current):
             raise BadRequest(404, f"no image with id {image_id} (the index holds {len(current)})")
-        return current
+        return current, served_version
+
+    def version_of(params: QueryParams) -> str | None:
+        """The optional ``version`` parameter (a search's ``version``), None when absent."""
+        if "version" not in params.values:
+            return None
+        return params.text("version", 64)
 
     def secured(response: Response, request: Request) -> Response:
         for key, value in _SECURITY_HEADERS.items():
@@ -279,14 +292,15 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
             k = params.integer("k", 1, limits.max_k, default=default_k)
             t0 = time.perf_counter()
 
-            def searched() -> tuple[Searcher, Any]:
-                current = opened()  # the results and the index object of one version of the index
-                return current, current.search(query, k)
+            def searched() -> tuple[Searcher, str, Any]:
+                current, version = opened()  # the results, index object and version of one index
+                return current, version, current.search(query, k)
 
-            current, result = await in_pool(searched)
+            current, version, result = await in_pool(searched)
             body = result.to_json()
             body["ms"] = round(1000.0 * (time.perf_counter() - t0), 3)
             body["index"] = current.index_info  # computed when the index was opened
+            body["version"] = version  # which image every id names: explain / image check it
             return JSONResponse(body)
 
         return await guarded(handle, request)
@@ -294,16 +308,18 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
     @app.api_route("/api/explain", methods=["GET", "HEAD"])
     async def explain(request: Request) -> Response:
         async def handle(request: Request) -> Response:
-            params = QueryParams(request.scope.get("query_string", b""), ("q", "id"))
+            params = QueryParams(request.scope.get("query_string", b""), ("q", "id", "version"))
             query = params.text("q", limits.max_query_chars)
+            asked_version = version_of(params)
             image_id = image_id_of(params.values.get("id", "").strip()) if "id" in params.values else None
             if image_id is None:
                 raise BadRequest(400, "missing parameter 'id'")
 
             def explained() -> dict[str, Any]:
-                current = opened(image_id)  # one version of the index for the id, the scores and the path
+                # one version of the index for the check, the id, the scores and the path
+                current, version = opened(image_id, asked_version)
                 body = current.explain(query, image_id).to_json()
-                body.update(query=query, id=image_id, path=current.index.path(image_id))
+                body.update(query=query, id=image_id, path=current.index.path(image_id), version=version)
                 return body
 
             return JSONResponse(await in_pool(explained))
@@ -313,10 +329,17 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
     @app.api_route("/api/image/{image_id}", methods=["GET", "HEAD"])
     async def image(request: Request, image_id: str) -> Response:
         async def handle(request: Request) -> Response:
-            QueryParams(request.scope.get("query_string", b""), ())  # takes none: a stray one is a 400
+            params = QueryParams(request.scope.get("query_string", b""), ("version",))
+            asked_version = version_of(params)
             number = image_id_of(image_id)
             if_none_match = request.headers.get("if-none-match")
-            data, media_type, etag = await in_pool(lambda: image_bytes(opened(number), number, if_none_match))
+
+            def read() -> tuple[bytes | None, str, str]:
+                # the version is checked before the ETag: a 304 never confirms a copy of another version.
+                # The version is in the URL the page asks, hence in the browser's cache key too
+                return image_bytes(opened(number, asked_version)[0], number, if_none_match)
+
+            data, media_type, etag = await in_pool(read)
             headers = {"Cache-Control": "no-cache", "ETag": etag}  # kept, but revalidated: ids move
             if data is None:
                 return Response(status_code=304, headers=headers)

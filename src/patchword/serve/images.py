@@ -1,6 +1,8 @@
 """The image files the search server sends (``GET /api/image/{id}``): read by index id only, inside the
 indexed folder, with an ``ETag``; formats browsers do not show are converted to PNG. A file deleted,
-unreadable or no longer decodable since it was indexed is a 404 saying so, never a 500."""
+unreadable or no longer decodable since it was indexed is a 404 saying so, never a 500: a file whose size or
+mtime is no longer what the index recorded is decoded (verified) before it is sent, even in a format
+browsers show (an image replaced by other content is not sent as ``image/png``)."""
 
 import hashlib
 import io
@@ -61,7 +63,13 @@ def image_bytes(
         data = path.read_bytes()
     except OSError as err:  # permissions changed, or deleted meanwhile: the user's file, not a server fault
         raise BadRequest(404, _changed(image_id)) from err
-    if entry.format in BROWSER_FORMATS:
+    fmt = entry.format
+    if (stat.st_size, stat.st_mtime_ns) != (entry.size, entry.mtime_ns):
+        # changed since it was indexed (as an update would see it): sent only if it still decodes, as what
+        # it is now
+        fmt = _verified_format(data, image_id)
+        media_type = BROWSER_FORMATS.get(fmt, "image/png")
+    if fmt in BROWSER_FORMATS:
         return data, media_type, etag
     from PIL import Image
 
@@ -73,6 +81,24 @@ def image_bytes(
         # The file was replaced or truncated since it was indexed (UnidentifiedImageError is an OSError).
         raise BadRequest(404, _changed(image_id)) from err
     return out.getvalue(), media_type, etag
+
+
+def _verified_format(data: bytes, image_id: int) -> str:
+    """The Pillow format of ``data`` once :meth:`PIL.Image.Image.verify` accepts it (header and, for PNG, the
+    chunks' checksums, without decoding the pixels).
+
+    Raises:
+        BadRequest: 404, it is not an image Pillow reads.
+    """
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            fmt = image.format or ""
+            image.verify()
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise BadRequest(404, _changed(image_id)) from err
+    return fmt
 
 
 def _changed(image_id: int) -> str:

@@ -49,7 +49,8 @@ class ServedIndex:
         self._lock = threading.Lock()
         # the stamp is taken before the open that it describes: a file replaced after it is noticed
         self._stamp: Stamp | None = self.stamp()
-        self._searcher, self._version = searcher, rows_digest(searcher.index.manifest)
+        # one attribute for both, replaced at once: a thread never reads a searcher with another's version
+        self._served: tuple[Searcher, str] = (searcher, rows_digest(searcher.index.manifest))
         self._failed: tuple[Stamp, Exception] | None = None
         # an index /healthz opened as the files are now (:meth:`probe`), for the next request to answer from
         self._pending: tuple[Stamp, Searcher] | None = None
@@ -74,26 +75,36 @@ class ServedIndex:
         Raises:
             IndexUnavailable: the files changed and the index cannot be opened as they are now.
         """
+        return self.current_version()[0]
+
+    def current_version(self) -> tuple[Searcher, str]:
+        """(searcher, version) of the index as it is on disk, as :meth:`current`: the version
+        (:func:`~patchword.search.manifest.rows_digest`, as ``/healthz`` says it) is that of this searcher,
+        even while another thread reopens the index.
+
+        Raises:
+            IndexUnavailable: the files changed and the index cannot be opened as they are now.
+        """
         if self.stamp() == self._stamp:
-            return self._searcher
+            return self._served
         if not self._lock.acquire(blocking=False):
             # another request is reopening it: this one is answered from the index it knows is there
             if self._failed is not None:
                 raise IndexUnavailable(str(self._failed[1]))
-            return self._searcher
+            return self._served
         try:
             stamp = self.stamp()
             if stamp == self._stamp:
-                return self._searcher
+                return self._served
             if self._failed is not None and self._failed[0] == stamp:
                 raise IndexUnavailable(str(self._failed[1]))
             searcher = self._open(stamp)
-            self._searcher, self._version = searcher, rows_digest(searcher.index.manifest)
+            self._served = served = (searcher, rows_digest(searcher.index.manifest))
             self._stamp, self._failed = stamp, None
             logger.info(
-                "reopened %s: %d images (version %s)", searcher.index.index_dir, len(searcher), self._version
+                "reopened %s: %d images (version %s)", searcher.index.index_dir, len(searcher), served[1]
             )
-            return searcher
+            return served
         finally:
             self._lock.release()
 
@@ -108,7 +119,7 @@ class ServedIndex:
         if pending is not None and pending[0] == stamp:
             return pending[1]
         try:
-            return self._searcher.reopen()
+            return self._served[0].reopen()
         except Exception as err:  # noqa: BLE001 - whatever it is, this version of the files is not served
             self._failed = (stamp, err)
             logger.error("the index changed on disk and cannot be opened as it is now: %s", err)
@@ -150,10 +161,10 @@ class ServedIndex:
         ``changed_on_disk`` when the files changed since it was opened (the next search, explanation or
         image request reopens it), and ``error`` when they cannot be opened as they are (found by a
         request or by :meth:`probe`)."""
-        searcher = self._searcher
+        searcher, version = self._served
         body = {
             "images": len(searcher),
-            "version": self._version,
+            "version": version,
             "index": searcher.index_info,
         }
         stamp = self.stamp()  # the files stat-ed once for both
@@ -169,4 +180,4 @@ class ServedIndex:
     @property
     def searcher(self) -> Searcher:
         """The searcher last opened (without looking at the files)."""
-        return self._searcher
+        return self._served[0]

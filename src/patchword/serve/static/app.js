@@ -9,6 +9,7 @@
   const state = {
     seq: 0, // search number; answers of an older search are dropped
     query: "",
+    version: "", // the index version of the search's ids: images and explanations ask for that one
     results: [],
     cards: new Map(), // id -> {card, canvas, why, image, explain}
     words: [],
@@ -79,17 +80,24 @@
     setIndexNote(body.index); // each answer's own: the server reopens an updated index
     setNote(body.warning);
     state.query = body.query;
+    state.version = body.version || "";
     state.results = body.results;
     state.activeWord = null;
     setStatus(`${body.results.length} results in ${body.ms.toFixed(1)} ms (${body.shortlist} re-ranked)`);
-    renderResults(body.results);
+    renderResults(body.results, state.version);
     $("words").replaceChildren();
     $("words-bar").hidden = true;
     $("legend").hidden = body.results.length === 0;
-    explainAll(seq, body.query, body.results.map((r) => r.id));
+    explainAll(seq, body.query, state.version, body.results.map((r) => r.id));
   }
 
-  function renderResults(results) {
+  // `?version=...` (empty: none) so an id is never read in another version of the index (the server answers
+  // 409 when it was updated since the search) and each version's image is cached under its own URL.
+  function versionParam(version, first) {
+    return version ? `${first ? "?" : "&"}version=${encodeURIComponent(version)}` : "";
+  }
+
+  function renderResults(results, version) {
     const grid = $("results");
     grid.replaceChildren();
     state.cards.clear();
@@ -123,17 +131,18 @@
         entry.image = image;
         draw(entry);
       };
-      image.src = `/api/image/${result.id}`;
+      image.src = `/api/image/${result.id}${versionParam(version, true)}`;
     });
   }
 
-  async function explainAll(seq, query, ids) {
+  async function explainAll(seq, query, version, ids) {
     const queue = ids.slice();
     async function worker() {
       while (queue.length && seq === state.seq) {
         const id = queue.shift();
         try {
-          const body = await getJSON(`/api/explain?q=${encodeURIComponent(query)}&id=${id}`);
+          const url = `/api/explain?q=${encodeURIComponent(query)}&id=${id}${versionParam(version, false)}`;
+          const body = await getJSON(url);
           if (seq !== state.seq) return;
           const entry = state.cards.get(id);
           if (!entry) continue;
