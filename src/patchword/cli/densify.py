@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from patchword.cli import VERBOSE_HELP
 from patchword.cli.densify_sources import (
     STATS_SYNTHETIC_FLAGS,
     add_source_arguments,
@@ -49,7 +50,7 @@ _SUBVERBS = ("merge", "stats")
 def _parser(prog: str, description: str) -> argparse.ArgumentParser:
     """A verb's parser with the ``-v`` every verb has."""
     p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     return p
 
 
