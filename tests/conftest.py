@@ -311,6 +311,18 @@ TINY_TGDT = [
 TINY_REGIONS = [*TINY_REGION_MODEL, "data.num_train=20", "data.num_dev=8", "data.num_test=8"]
 TINY_REGIONS += ["train.batch_size=16", "train.log_every=1", "train.num_threads=1"]
 
+
+@pytest.fixture(scope="module")
+def trained_region_run(tmp_path_factory) -> Path:
+    """A tiny SCAN run on region features (:data:`TINY_REGIONS`, one step), trained once per test module."""
+    from patchword.cli import main
+
+    runs = tmp_path_factory.mktemp("runs")
+    overrides = [*TINY_REGIONS, "model.matcher=scan", "train.max_steps=1", f"output_dir={runs}", "name=scan"]
+    assert main(["train", *overrides]) == 0
+    return runs / "scan"
+
+
 # A tiny run of every family's training step: the patch-token matchers on the tiny ViT (SEPS with its
 # dense captions; LAPS, VSE, CLIP and FILIP without) and the region matchers on the GRU's words.
 TRAINING_FAMILIES = {

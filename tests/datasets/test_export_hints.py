@@ -7,18 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import TINY_REGIONS
 from patchword.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def region_run(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("runs")
-    overrides = [*TINY_REGIONS, "model.matcher=scan", "train.max_steps=1", f"output_dir={runs}", "name=scan"]
-    assert main(["train", *overrides]) == 0
-    return runs / "scan"
 
 
 def _export(capsys, *args: str) -> str:
@@ -27,16 +18,16 @@ def _export(capsys, *args: str) -> str:
     return capsys.readouterr().out
 
 
-def test_a_region_feature_run_gets_no_hint_that_fails_for_it(region_run, tmp_path, capsys):
+def test_a_region_feature_run_gets_no_hint_that_fails_for_it(trained_region_run, tmp_path, capsys):
     """Old code: printed `patchword index build RUN_DIR --images ...` and `patchword eval RUN_DIR
     data.dataset=laps ...`, both of which fail for this run."""
     out = tmp_path / "scenes"
-    printed = _export(capsys, "--run", str(region_run), "--out", str(out))
+    printed = _export(capsys, "--run", str(trained_region_run), "--out", str(out))
     assert printed.startswith(f"exported 8 images and 40 captions of the synthetic test split to {out}")
     assert "index build" not in printed and "patchword eval" not in printed, printed
     assert printed.splitlines()[-1] == (
-        f"{region_run} reads region features (model.image_encoder=precomp), not images: it cannot index "
-        "or evaluate these files"
+        f"{trained_region_run} reads region features (model.image_encoder=precomp), not images: it cannot "
+        "index or evaluate these files"
     )
     assert (out / "images").is_dir() and (out / "test.jsonl").is_file()  # the files are written all the same
 

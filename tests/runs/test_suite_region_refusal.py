@@ -8,18 +8,10 @@ import json
 
 import pytest
 
-from conftest import TINY_REGIONS, laps_args, one_error_line
+from conftest import laps_args, one_error_line
 from patchword.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def region_run(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("runs")
-    overrides = [*TINY_REGIONS, "model.matcher=scan", "train.max_steps=1", f"output_dir={runs}", "name=scan"]
-    assert main(["train", *overrides]) == 0
-    return runs / "scan"
 
 
 def _suite_files(tmp_path):
@@ -30,17 +22,19 @@ def _suite_files(tmp_path):
 
 
 @pytest.mark.parametrize("with_files", [False, True], ids=["synthetic", "suite-file"])
-def test_a_region_feature_run_is_refused_naming_what_it_reads(region_run, tmp_path, capsys, with_files):
+def test_a_region_feature_run_is_refused_naming_what_it_reads(
+    trained_region_run, tmp_path, capsys, with_files
+):
     """Old code: "--suite-file: a run on real data needs SugarCrepe-style files" for a synthetic run, and
     with the files "the image encoder does not take images" once the run was loaded."""
     extra = _suite_files(tmp_path) if with_files else []
     capsys.readouterr()
-    assert main(["eval", str(region_run), "--suite", "compositional", *extra]) == 2
+    assert main(["eval", str(trained_region_run), "--suite", "compositional", *extra]) == 2
     assert one_error_line(capsys.readouterr().err) == (
-        f"error: --suite: compositional scores image files; {region_run} reads region features "
+        f"error: --suite: compositional scores image files; {trained_region_run} reads region features "
         "(model.image_encoder=precomp)"
     )
-    assert not (region_run / "eval_compositional.json").exists()
+    assert not (trained_region_run / "eval_compositional.json").exists()
 
 
 def test_a_run_on_image_files_still_gets_the_sugarcrepe_advice(laps_dataset, tmp_path, capsys):
