@@ -320,8 +320,9 @@ def _override_of_option(config: type, option: str, value: str | None) -> str:
 def _config_keys(cls: type, prefix: str = "") -> Iterable[tuple[str, Any]]:
     """Every dotted key of the dataclass ``cls`` that holds a value, with its type hint (sections are
     walked into, a free-form mapping is one key)."""
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        hint = typing.get_type_hints(cls)[f.name]
+        hint = hints[f.name]
         sub = _dataclass_type(hint)
         if sub is not None:
             yield from _config_keys(sub, f"{prefix}{f.name}.")

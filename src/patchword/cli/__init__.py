@@ -17,12 +17,22 @@ import itertools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from patchword.config import parse_with_overrides
-from patchword.errors import run_command
+from patchword.errors import ConfigError, run_command
 from patchword.logs import setup_logging
 
-__all__ = ["VERBS", "VERBOSE_HELP", "Verb", "main", "report_errors", "setup_logging", "verbose_after_verb"]
+__all__ = [
+    "VERBS",
+    "VERBOSE_HELP",
+    "Verb",
+    "file_or_stdout",
+    "main",
+    "report_errors",
+    "setup_logging",
+    "verbose_after_verb",
+]
 
 #: What ``-v`` does, on every page that lists it (a page is read alone: no "as above").
 VERBOSE_HELP = "show debug logging and the traceback of an error"
@@ -88,6 +98,17 @@ def verbose_after_verb() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP)
     return common
+
+
+def file_or_stdout(out, force: bool, replaced: str = "--out file") -> Path | None:
+    """The file an ``--out`` that prints its JSON on stdout also writes: None when not given or ``-``
+    (stdout alone); ``--force`` with ``-``, which replaces nothing (``replaced``: what it would), is
+    refused."""
+    if out is not None and str(out) != "-":
+        return Path(out)
+    if out is not None and force:
+        raise ConfigError("--force", f"overwrites an existing {replaced}; --out - writes none: drop one")
+    return None
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -218,6 +218,7 @@ def run(args: argparse.Namespace) -> None:
     """stdout is one JSON document whatever the mode (``| jq``): the metrics, or the suite's record (its
     table goes to stderr); ``written: FILE`` goes to stderr. ``--out -`` writes no file and prints the whole
     record the file would hold."""
+    from patchword.cli import file_or_stdout
     from patchword.distributed import launch_info
     from patchword.errors import ConfigError
     from patchword.runs.evaluate import evaluate_run_dir
@@ -232,9 +233,7 @@ def run(args: argparse.Namespace) -> None:
             raise ConfigError("--device", "is the override device=...: give one of them")
         args.overrides = [*args.overrides, f"device={args.device}"]
     suite = _mode(args)
-    to_stdout = args.out is not None and str(args.out) == "-"
-    if to_stdout and args.force:
-        raise ConfigError("--force", "overwrites an existing --out file; --out - writes none: drop one")
+    to_stdout = args.out is not None and file_or_stdout(args.out, args.force) is None
     with _record_file(args.out) as out:
         common = dict(overrides=args.overrides, out=out, force=args.force)
         if suite is not None:

@@ -244,16 +244,14 @@ def _refuse_one_file_twice(outputs: dict[str, Path | None]) -> None:
 def _eval(args: argparse.Namespace) -> None:
     import torch
 
+    from patchword.cli import file_or_stdout
     from patchword.hashing.config import check_run_data_overrides
     from patchword.hashing.evaluate import encode_hashing_split, evaluate_hashing
     from patchword.hashing.metrics import plot_pr_curves, precision_recall_curve
     from patchword.hashing.runner import open_hashing_run, refuse_run_outputs
 
-    out = None if args.out is None or str(args.out) == "-" else args.out  # '-': stdout, which gets it anyway
-    if args.out is not None and out is None and args.force and args.pr_plot is None:
-        raise ConfigError(
-            "--force", "overwrites an existing --out / --pr-plot file; --out - writes none: drop one"
-        )
+    # '-': stdout, which gets the JSON anyway; --force may still replace a --pr-plot
+    out = file_or_stdout(args.out, args.force and args.pr_plot is None, "--out / --pr-plot file")
     outputs = {"--out": out, "--pr-plot": args.pr_plot}
     _refuse_one_file_twice(outputs)
     refuse_run_outputs(args.run_dir, outputs)  # --force replaces none of the run's files

@@ -71,14 +71,13 @@ def run_search(args: argparse.Namespace) -> None:
     built and cached in the run directory."""
     import torch
 
+    from patchword.cli import file_or_stdout
     from patchword.hashing.model import UCMFH
     from patchword.hashing.runner import open_hashing_run, refuse_run_outputs
 
     if args.k < 1:
         raise ConfigError("--k", f"must be >= 1 (neighbours per query), got {args.k}")
-    out = None if args.out is None or str(args.out) == "-" else args.out  # '-': stdout, which gets it anyway
-    if args.out is not None and out is None and args.force:
-        raise ConfigError("--force", "overwrites an existing --out file; --out - writes none: drop one")
+    out = file_or_stdout(args.out, args.force)  # '-': stdout, which gets it anyway
     refuse_run_outputs(args.run_dir, {"--out": out}, reads=[args.query] if args.query else [])
     if out is not None:
         check_output_file(out, args.force)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from patchword.config import apply_overrides
 from patchword.eval.engine.memory import configured_budget_mb
 from patchword.fileio import atomic_write_text
 from patchword.runs.checks import check_eval_settings
@@ -37,9 +38,10 @@ def _suite_run(suite: str, run_dir: Path, checkpoint, overrides, out: Path | Non
     if launch_info().world_size > 1:
         raise ConfigError("--suite", "runs in one process: start it without torchrun")
     overrides = list(overrides or [])
-    cfg = read_run_config(run_dir, overrides)
+    saved = read_run_config(run_dir)
+    cfg = apply_overrides(saved, overrides)
     check_eval_settings(cfg, resolve_device(cfg.device))
-    _refuse_recall_settings(suite, read_run_config(run_dir), cfg)
+    _refuse_recall_settings(suite, saved, cfg)
     out = check_output(out or run_dir / f"eval_{suite}.json", force, [run_dir])
     check(cfg)
     refuse_run_output(out, [run_dir], reads=[resolve_checkpoint(run_dir, checkpoint), *(reads or [])])

@@ -68,17 +68,9 @@ class ServedIndex:
                 stamps.append((st.st_ino, st.st_size, st.st_mtime_ns))
         return tuple(stamps)
 
-    def current(self) -> Searcher:
-        """The searcher of the index as it is on disk, reopened first when its files changed (call it from a
-        worker thread: a reopen reads the manifest and maps the shards).
-
-        Raises:
-            IndexUnavailable: the files changed and the index cannot be opened as they are now.
-        """
-        return self.current_version()[0]
-
     def current_version(self) -> tuple[Searcher, str]:
-        """(searcher, version) of the index as it is on disk, as :meth:`current`: the version
+        """(searcher, version) of the index as it is on disk, reopened first when its files changed (call it
+        from a worker thread: a reopen reads the manifest and maps the shards); the version
         (:func:`~patchword.search.manifest.rows_digest`, as ``/healthz`` says it) is that of this searcher,
         even while another thread reopens the index.
 
