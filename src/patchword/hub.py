@@ -1,5 +1,5 @@
 """Finding Hugging Face models and tokenizers (a local directory or a hub id) and reading their
-``config.json``, with errors a user can act on.
+``config.json``, with errors a user can act on; which cached snapshot (commit) a hub id loads.
 
 ``transformers`` is an optional dependency (``pip install 'patchword[hf]'``), imported only when needed.
 """
@@ -27,6 +27,8 @@ __all__ = [
     "keyed_source_errors",
     "cached_weights",
     "check_weight_files",
+    "hub_revision",
+    "hub_snapshot",
     "WEIGHT_FILES",
 ]
 
@@ -119,6 +121,30 @@ def _cache_snapshots(name: str) -> list[Path]:
         return []
     snapshots = Path(constants.HF_HUB_CACHE) / f"models--{name.replace('/', '--')}" / "snapshots"
     return sorted(p for p in snapshots.glob("*") if p.is_dir()) if snapshots.is_dir() else []
+
+
+def hub_snapshot(hub_id: str) -> Path | None:
+    """The cached snapshot folder of ``hub_id`` that ``from_pretrained`` loads (its ``main`` revision), or
+    None when it cannot be found (no huggingface_hub, nothing cached)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    config = try_to_load_from_cache(hub_id, "config.json")
+    return Path(config).parent if isinstance(config, str) else None
+
+
+def hub_revision(source: object) -> str | None:
+    """The commit of the cached snapshot a hub id ``source`` loads now (:func:`hub_snapshot`: the folder
+    is named by it; ``from_pretrained(source, revision=commit)`` loads it again), or None: a local
+    directory, a transformers config object, a hub id whose snapshot cannot be found."""
+    if not isinstance(source, str) or Path(source).expanduser().exists():
+        return None
+    try:
+        snapshot = hub_snapshot(source)
+    except ValueError:  # not a valid repository id (huggingface_hub's HFValidationError): no hub id
+        return None
+    return snapshot.name if snapshot is not None else None
 
 
 def cached_weights(name: str) -> bool:

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from patchword.fileio import file_sha256
+from patchword.hub import hub_snapshot  # kept importable from here (densify.vlm)
 
 __all__ = [
     "SAMPLES",
@@ -66,17 +67,6 @@ def directory_fingerprint(directory: str | os.PathLike[str]) -> str:
         size = path.stat().st_size
         digest.update(f"{path.name}\0{size}\0{_file_digest(path, size)}\n".encode())
     return f"sha256:{digest.hexdigest()}"
-
-
-def hub_snapshot(hub_id: str) -> Path | None:
-    """The cached snapshot folder of ``hub_id`` that ``from_pretrained`` loads (its ``main`` revision), or
-    None when it cannot be found (no huggingface_hub, nothing cached)."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return None
-    config = try_to_load_from_cache(hub_id, "config.json")
-    return Path(config).parent if isinstance(config, str) else None
 
 
 def model_mismatch(old: Mapping[str, object], new: Mapping[str, object]) -> str | None:

@@ -224,10 +224,21 @@ def load_run_tokenizer(run_dir: str | Path, data: DataConfig):
 
 
 def save_backbones(model, run_dir: Path) -> None:
-    """Record the run's Hugging Face backbone architectures (nothing for tiny / region encoders)."""
+    """Record the run's Hugging Face backbone architectures (nothing for tiny / region encoders) when it
+    starts. A backbone loaded from a hub id also records the commit of the cached snapshot its id names
+    (``_commit_hash``: transformers' own key for it, which rebuilding the architecture ignores): which
+    revision the run started from, for its card and for anyone training it again, once the id's ``main``
+    has moved on. Nothing reads the hub id again (:func:`build_run_model`, :func:`load_run_tokenizer`)."""
     from patchword.fileio import atomic_write_text
+    from patchword.hub import hub_revision
 
     architectures = model.backbone_architectures()
+    for role, encoder in (("vision", model.image_encoder), ("text", model.text_encoder)):
+        # the id refs/main names now, moments after the model loaded it (a directory: None)
+        loaded = role in architectures and getattr(encoder, "pretrained", False)
+        commit = hub_revision(architectures[role].get("_name_or_path")) if loaded else None
+        if commit is not None:
+            architectures[role]["_commit_hash"] = commit
     if architectures:
         atomic_write_text(Path(run_dir) / BACKBONES_FILE, json.dumps(architectures, indent=2))
 

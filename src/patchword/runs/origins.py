@@ -7,7 +7,8 @@ Each encoder starts somewhere before the run trains it:
   given to the import supplied that architecture only, never weights;
 * pretrained tiny encoders (``model.tiny_pretrained``): both tiny encoders, from one directory or
   shipped name;
-* a Hugging Face backbone (``model.hf_vision`` / ``model.hf_text``): architecture and initial weights;
+* a Hugging Face backbone (``model.hf_vision`` / ``model.hf_text``): architecture and initial weights (of a
+  hub id: the snapshot commit ``backbones.json`` records, ``_commit_hash``);
 * GloVe vectors (``model.gru.glove_path``): the word embeddings of a GRU text encoder;
 * otherwise random initialisation (from scratch); region features (``precomp``) are the data's, the encoder
   over them starts from scratch.
@@ -182,18 +183,27 @@ def _imported(imported: Mapping[str, Any], part: str, mc, backbones: Mapping[str
 _PRETRAINED = "initialised from the pretrained tiny encoders `{}` (model.tiny_pretrained)"
 
 
-def _initial(part: str, mc) -> str:
+def _hub(source: str, key: str, backbones: Mapping[str, Any], role: str) -> str:
+    """A Hugging Face backbone's origin: ``source`` (config key ``key``) and, for a hub id, the commit of
+    the snapshot the run loaded (``backbones.json``'s ``_commit_hash``; runs before it was recorded: none)."""
+    entry = backbones.get(role)
+    commit = entry.get("_commit_hash") if isinstance(entry, Mapping) else None
+    at = f" at revision `{commit}`" if isinstance(commit, str) and commit else ""
+    return f"architecture and initial weights from Hugging Face `{source}`{at} ({key})"
+
+
+def _initial(part: str, mc, backbones: Mapping[str, Any]) -> str:
     """Where a trained run's encoder started, before any warm start."""
     if part == "image_encoder":
         if mc.image_encoder == "hf":
-            return f"architecture and initial weights from Hugging Face `{mc.hf_vision}` (model.hf_vision)"
+            return _hub(mc.hf_vision, "model.hf_vision", backbones, "vision")
         if mc.image_encoder == "tiny" and mc.tiny_pretrained:
             return _PRETRAINED.format(mc.tiny_pretrained)
         if mc.image_encoder == "precomp":
             return "trained from scratch (the region features are the data's)"
         return "trained from scratch"
     if mc.text_encoder == "bert":
-        return f"architecture and initial weights from Hugging Face `{mc.hf_text}` (model.hf_text)"
+        return _hub(mc.hf_text, "model.hf_text", backbones, "text")
     if mc.text_encoder == "tiny" and mc.tiny_pretrained:
         return _PRETRAINED.format(mc.tiny_pretrained)
     if mc.text_encoder == "gru" and mc.gru.glove_path:
@@ -233,7 +243,7 @@ def encoder_origins(
         if imported:
             found[key] = _imported(imported, part, mc, backbones)
         else:
-            found[key] = _warmed(_initial(part, mc), part, warm)
+            found[key] = _warmed(_initial(part, mc, backbones), part, warm)
     return found
 
 

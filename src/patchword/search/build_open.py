@@ -4,6 +4,7 @@ Nothing here writes."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -73,10 +74,13 @@ def open_or_create(
     dense_file: Path | None,
     update: bool,
     dense_store: str | None = None,
+    reads_dense: bool = True,
 ) -> tuple[Manifest, bool, Manifest | None]:
     """The manifest to continue (resume / update) or a new one, whether it resumes a stopped build or
     update, and the complete manifest an update starts from (None for a first build: searches read that one
-    until the update ends); refuses what would mix two indexes. Writes nothing."""
+    until the update ends); refuses what would mix two indexes. ``reads_dense``: whether the run's searches
+    read an index's dense text (:func:`~patchword.search.fidelity.reads_index_dense`); a continued index
+    that keeps dense text they never read stops keeping it (:func:`_drop_unread_dense`). Writes nothing."""
     if not (index_dir / MANIFEST_FILE).is_file():
         if index_dir.exists() and not _empty_or_failed_start(index_dir):
             raise RunExistsError(f"--out {index_dir} exists and is not a search index; choose another --out")
@@ -115,7 +119,30 @@ def open_or_create(
             f"{index_dir} already holds a complete index; pass --update to add new and changed images "
             "(and drop deleted ones), or choose another --out"
         )
+    if not reads_dense:
+        _drop_unread_dense(manifest, index_dir)
     return manifest, resumed, live
+
+
+def _drop_unread_dense(manifest: Manifest, index_dir: Path) -> None:
+    """An index that keeps dense text (tokens or scores) its model's searches never read (a matcher that
+    ignores dense text or ties it to captions; built by a patchword that did not refuse ``--dense`` for it)
+    stops keeping it: ``manifest.dense`` goes, so new and changed images are encoded without it (and without
+    the dense file, no longer skipped when it has no line for them), and the shard files of it are deleted
+    once the updated manifest is in place (:func:`~patchword.search.maintenance.remove_orphans`). The stored
+    images keep their vectors: no search read the dense text, so no result changes."""
+    if manifest.dense is None:
+        return
+    logger.info(
+        "%s keeps the dense %s of %s, which the matcher (%s) never reads at search time: this update stops "
+        "keeping it (the search results do not change)",
+        index_dir,
+        manifest.dense_store,
+        manifest.dense.get("file"),
+        manifest.model.get("matcher"),
+    )
+    manifest.dense = None
+    manifest.entries = [dataclasses.replace(e, dense_sha=None) for e in manifest.entries]
 
 
 def index_dense_texts(index_dir: Path, manifest: Manifest) -> dict[str, str]:

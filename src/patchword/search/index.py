@@ -218,7 +218,7 @@ def plan_build(
     identity = model_identity(run)
     seen = manifest_stamps(index_dir)  # before it is read: a build that writes it meanwhile is noticed
     manifest, resumed, live = open_or_create(
-        index_dir, identity, images_root, dtype, dense_file, update, dense_store
+        index_dir, identity, images_root, dtype, dense_file, update, dense_store, reads_index_dense(fine)
     )
     check_pq_bytes(pq_bytes, identity, manifest, index_dir)
     engine = engine_for(fine)

@@ -24,10 +24,17 @@ COMPACT_DEAD_FRACTION = 0.25
 
 def remove_orphans(index_dir: Path, *manifests: Manifest) -> None:
     """Delete shard files no shard of ``manifests`` names (left by a kill between a shard and the manifest,
-    or by a compaction) and temporary files a killed manifest write left behind. An update passes the
-    complete manifest searches read besides its own: the shards that one names stay until it is replaced."""
+    or by a compaction), the arrays a manifest no longer has its shards hold (the dense text of an index that
+    stopped keeping it) and temporary files a killed manifest write left behind. An update passes the
+    complete manifest searches read besides its own: the shard files that one reads stay until it is
+    replaced."""
     remove_stale_temps(index_dir, (MANIFEST_FILE, PENDING_FILE))  # the build's lock is held
-    live = {f.name for m in manifests for s in m.shards for f in shard_files(index_dir, s["id"]).values()}
+    live = {
+        shard_files(index_dir, s["id"])[name].name
+        for m in manifests
+        for name in shard_arrays(m)
+        for s in m.shards
+    }
     shards_dir = index_dir / SHARDS_DIR
     if not shards_dir.is_dir():
         return
