@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ __all__ = [
     "set_rng_state",
     "export_weights",
     "seed_everything",
+    "seeded_generators",
     "load_weights",
     "warm_start",
 ]
@@ -51,6 +54,34 @@ def seed_everything(seed: int) -> None:
     # The legacy global numpy generator is what user code and older libraries draw from.
     np.random.seed(seed)  # noqa: NPY002
     torch.manual_seed(seed)
+
+
+@contextlib.contextmanager
+def seeded_generators(seed: int, device: torch.device | str | None = None) -> Iterator[None]:
+    """The process's global Python, numpy and torch generators seeded with ``seed`` for the block
+    (:func:`seed_everything`), and back in the caller's states after it, whatever the block seeded or drew:
+    a library function must not change process-wide settings, and a caller's ``seed; call; draw`` must
+    draw what ``seed; draw`` does. Inside the block the generators are those of :func:`seed_everything`
+    (a seeded run's results do not change).
+
+    torch's CPU generator always; the CUDA generators of every device (``torch.manual_seed`` seeds them
+    all) when CUDA is initialised already or ``device`` is a CUDA device (reading a CUDA generator's state
+    initialises CUDA: a run on the CPU does not).
+    """
+    python, legacy_numpy = random.getstate(), np.random.get_state()  # noqa: NPY002
+    device = torch.device(device) if device is not None else None
+    cuda = torch.cuda.is_available() and (
+        torch.cuda.is_initialized() or (device is not None and device.type == "cuda")
+    )
+    try:
+        with torch.random.fork_rng(
+            devices=range(torch.cuda.device_count()) if cuda else [], device_type="cuda"
+        ):
+            seed_everything(seed)
+            yield
+    finally:
+        random.setstate(python)
+        np.random.set_state(legacy_numpy)  # noqa: NPY002
 
 
 def rng_state() -> dict[str, Any]:

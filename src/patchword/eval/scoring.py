@@ -1,4 +1,4 @@
-"""Encode a split once: image and text tokens for every item, in batches, on the CPU.
+"""Encode a split once: image and text tokens for every item, in batches, returned on the CPU.
 
 Both helpers run the model in eval mode (dropout off: the same input gives the same tokens every time) and
 put it back in the mode it was in, as :func:`~patchword.eval.engine.score_matrix` does; that switch
@@ -9,6 +9,7 @@ the two-stage search too.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 from collections.abc import Iterator
 
@@ -35,23 +36,37 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
+def _device_of(model: torch.nn.Module, device: torch.device | str | None) -> torch.device:
+    """``device`` checked, or, when None, the model's: where its first parameter (or buffer) is, as
+    :func:`~patchword.eval.engine.score_matrix` takes it (the CPU for a model without any)."""
+    if device is not None:
+        return checked_device(device)
+    first = next(itertools.chain(model.parameters(), model.buffers()), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
 @torch.no_grad()
 def encode_image_tokens(
-    model, images, *, batch_size: int = 128, device: torch.device | str = "cpu", progress: bool | None = None
+    model,
+    images,
+    *,
+    batch_size: int = 128,
+    device: torch.device | str | None = None,
+    progress: bool | None = None,
 ) -> torch.Tensor:
     """Run the image encoder once per image: -> (N_img, L_v, C) float32 tokens on the CPU
     (float64 from a float64 model, ``precision=fp64``; half precision comes back as float32).
 
     ``images``: the encoder's inputs as one tensor, (N_img, ...) (pixels (N_img, 3, H, W), or the region
     features of a precomputed-feature model), or an image set with ``batch(indices, train=False)`` (a
-    dataset's images, read batch by batch). The model runs in eval mode and is put back in its previous
-    mode afterwards.
+    dataset's images, read batch by batch). ``device``: where the encoder runs (default: the model's, its
+    first parameter's). The model runs in eval mode and is put back in its previous mode afterwards.
 
     Raises:
         ValueError: no images (the token count L_v of the result is the encoder's to say, from an image),
             integer pixels (:meth:`~patchword.model.RetrievalModel.encode_images`), a bad ``batch_size``.
     """
-    device = checked_device(device)
+    device = _device_of(model, device)
     batch_size = check_positive_int("batch_size", batch_size)
     if isinstance(images, torch.Tensor):
         if images.ndim < 2:
@@ -89,15 +104,16 @@ def encode_text_tokens(
     lens: object,
     *,
     batch_size: int = 256,
-    device: torch.device | str = "cpu",
+    device: torch.device | str | None = None,
     progress: bool | None = None,
     desc: str = "encode captions",
 ) -> torch.Tensor:
     """Run the text encoder once per text: (N, L) ids -> (N, L, C) float32 tokens on the CPU (float64
     from a float64 model, ``precision=fp64``).
 
-    ``lens``: (N,) valid lengths, a tensor or a sequence of ints, at most L. The model runs in eval mode
-    and is put back in its previous mode afterwards.
+    ``lens``: (N,) valid lengths, a tensor or a sequence of ints, at most L. ``device``: where the encoder
+    runs (default: the model's, its first parameter's). The model runs in eval mode and is put back in its
+    previous mode afterwards.
 
     Raises:
         ValueError: no texts (the width C of the result is the encoder's to say, from a text); ids that
@@ -109,7 +125,7 @@ def encode_text_tokens(
         raise ValueError("ids: no texts to encode (0 given)")
     # min_len=0: encoding reads no minimum; the matcher that scores the tokens checks its own
     lens = check_lengths(lens, "lens", size=ids.shape[0], max_len=ids.shape[1], min_len=0)
-    device = checked_device(device)
+    device = _device_of(model, device)
     # once per call, on the positions the encoder reads (every batch is trimmed to its longest text)
     vocab_size = getattr(getattr(model, "text_encoder", None), "vocab_size", None)
     _check_token_ids(ids[:, : int(lens.max())], vocab_size)

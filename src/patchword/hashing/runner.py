@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from patchword.checkpoint import export_weights, load_checkpoint, load_fitting_weights, seed_everything
+from patchword.checkpoint import export_weights, load_checkpoint, load_fitting_weights, seeded_generators
 from patchword.config import (
     apply_overrides,
     config_diff,
@@ -255,10 +255,10 @@ def _train(
     hint = ResumeHint.resume(HASH_RUNS.command, run_dir)
     phase: dict[str, Any] = {"then": hint.before_start() if state is None else hint.before_resumed()}
     claim = Claim()
-    with stop_raises(phase), contextlib.ExitStack() as locks:
+    # the global generators seeded for the run, the caller's back after it (no process-wide change)
+    with stop_raises(phase), contextlib.ExitStack() as locks, seeded_generators(cfg.train.seed, device):
         if state is not None:
             HASH_RUNS.lock_for_resume(run_dir, locks)  # and removes what a kill during a write left
-        seed_everything(cfg.train.seed)
         data = data if data is not None else build_hashing_dataset(cfg.data, given)
         if state is not None:  # the data the run trained on, bit for bit (rows added re-split them)
             check_resumed_data(state, data, cfg.data, run_dir, moved)

@@ -5,14 +5,21 @@ patchword needs to know about it (as timm's ``@register_model``), so nothing els
 
 * its options dataclass (every constructor argument) and a preset (``laps`` is ``seps`` without dense text);
 * ``section``: where its options live in a run config (``model.<section>``; ``laps`` reads ``seps``);
-* ``losses``: the training losses it can be trained with (``infonce`` needs a learned temperature);
+* ``losses``: the training losses it can be trained with (``infonce`` needs a learned temperature: the
+  class overrides :meth:`~patchword.matching.Matcher.temperature_scale`, checked at registration);
 * ``pair_chunk``: whether its training step can be scored in blocks of captions (``train.pair_chunk``);
-* ``engine``: its fast exact scoring engine, as ``"module:Class"`` (imported when first used; without one
-  the evaluation calls its forward block by block);
+* ``engine``: its fast exact scoring engine, as ``"module:Class"`` (the shape is checked at registration,
+  the import waits until first use; without one the evaluation calls its forward block by block);
 * ``report``: option fields every metrics file records (SEPS: ``variant``);
 * ``training_only``: option fields that change training only (gradients, training losses, what training
   fits), each with why: an evaluation, whose scores they cannot change, refuses an override of one
   (``patchword eval RUN model.<section>.<field>=...``) rather than applying it and ignoring it.
+
+Its options dataclass may define ``check(self) -> None``, the options' own checks that need no token
+geometry (a range, values that cannot work together), raising ``ValueError`` / ``TypeError``: a training
+run's config is checked with it before anything is written (``train/matcher_checks.py``), what it raises
+reported as one line naming ``model.<section>`` (``model.options`` for a plug-in without a typed section).
+:func:`build_matcher` does not call it: a constructor that needs it calls it too (as ``SEPSConfig``'s).
 
 The built-in matchers register when :mod:`patchword.matching` is imported (its ``__init__`` imports them);
 a third-party matcher registers by being imported: by the user's code, or by patchword itself when its
@@ -31,11 +38,13 @@ from typing import Any
 
 from torch import nn
 
+from patchword.errors import ConfigError
 from patchword.matching.base import Matcher
 from patchword.matching.config_check import check_config_fields
 
 __all__ = [
     "MatcherSpec",
+    "UnknownMatcherError",
     "register_matcher",
     "build_matcher",
     "list_matchers",
@@ -56,6 +65,28 @@ __all__ = [
 LOSSES = ("hinge", "infonce")
 
 
+class UnknownMatcherError(ConfigError, KeyError):
+    """A matcher name nothing registered: a :class:`~patchword.errors.ConfigError` on ``model.matcher`` (the
+    command line prints it as one line, exit code 2), and a ``KeyError`` as before, for callers catching
+    that. ``args[0]`` is the message without the key (what the ``KeyError`` said)."""
+
+    def __init__(self, name: str, registered: list[str]) -> None:
+        super().__init__(
+            "model.matcher",
+            f"unknown matcher {name!r}; registered: {', '.join(registered)} (a plug-in matcher registers "
+            "when its module is imported, or from its installed distribution's entry point)",
+        )
+        self.name, self.registered = name, registered
+        self.args = (self.detail,)
+
+    def __reduce__(self):  # pickled across processes: rebuilt from what __init__ takes
+        return type(self), (self.name, self.registered)
+
+    # KeyError's str() would quote the message as a key; ConfigError's says "model.matcher: ..."
+    def __str__(self) -> str:
+        return f"{self.key}: {self.detail}"
+
+
 @dataclass(frozen=True)
 class MatcherSpec:
     """What registration declares about a matcher (see the module docstring)."""
@@ -73,6 +104,20 @@ class MatcherSpec:
 
 
 _REGISTRY: dict[str, MatcherSpec] = {}
+
+
+def _check_engine_string(name: str, engine: object) -> None:
+    """``engine`` must be ``None`` or ``"module:Class"`` (a dotted module path and a class name). Only its
+    shape is checked here, naming the matcher: the module is imported when the matcher is first scored (an
+    engine may import heavy dependencies), where a failing import names the matcher and this string."""
+    if engine is None:
+        return
+    module, colon, attr = engine.partition(":") if isinstance(engine, str) else ("", "", "")
+    if not (colon and attr.isidentifier() and all(part.isidentifier() for part in module.split("."))):
+        raise ValueError(
+            f"matcher {name!r}: engine must be 'module:Class' (a module path and the engine class in it, "
+            f"e.g. 'my_package.engine:MyEngine'), got {engine!r}"
+        )
 
 
 def register_matcher(
@@ -96,16 +141,24 @@ def register_matcher(
         losses: training losses it supports (of :data:`LOSSES`).
         pair_chunk: its training step may be chunked over captions.
         engine: ``"module:Class"`` of its scoring engine (a :class:`~patchword.eval.engine.ScoringEngine`
-            taking the matcher), or None for block-wise forward calls.
+            taking the matcher), or None for block-wise forward calls. Its shape is checked now; the module
+            is imported when the matcher is first scored.
         report: option fields written into every metrics file.
         training_only: option field -> why it changes training only (``{"detach_selection": "it only
             changes gradients"}``); an evaluation refuses an override of one, saying why.
         **preset: option values fixed for this name (the same class may be registered several times).
 
+    ``config_cls`` may define ``check(self) -> None``: the options' own checks that need no token geometry,
+    raising ``ValueError`` / ``TypeError``; a training run's config is checked with it before anything is
+    written (the error one line naming ``model.<section>``, or ``model.options``). :func:`build_matcher`
+    does not call it (a constructor that needs it calls it itself).
+
     Raises:
-        ValueError: unknown fields in ``preset``/``report``/``training_only``, unknown losses, a name
-            registered twice.
-        TypeError: the decorated class is not a :class:`~patchword.matching.Matcher` subclass.
+        ValueError: unknown fields in ``preset``/``report``/``training_only``, unknown losses, an
+            ``engine`` that is not ``"module:Class"``, a name registered twice.
+        TypeError: the decorated class is not a :class:`~patchword.matching.Matcher` subclass, or declares
+            the ``infonce`` loss without overriding :meth:`~patchword.matching.Matcher.temperature_scale`
+            (the learned temperature that loss multiplies the sims by).
     """
     fields = {f.name for f in dataclasses.fields(config_cls)}
     training_only = dict(training_only or {})
@@ -116,6 +169,7 @@ def register_matcher(
         )
     if set(losses) - set(LOSSES) or not losses:
         raise ValueError(f"matcher {name!r}: losses must be a non-empty subset of {LOSSES}, got {losses}")
+    _check_engine_string(name, engine)
 
     def decorator(cls: type) -> type:
         # The rest of patchword reads the Matcher contract's attributes (consumes_dense, global_embed...):
@@ -124,6 +178,14 @@ def register_matcher(
             raise TypeError(
                 f"matcher {name!r}: {getattr(cls, '__qualname__', cls)!r} is not a subclass of "
                 "patchword.matching.Matcher (the contract every matcher implements)"
+            )
+        # InfoNCE multiplies the sims by temperature_scale(): the base class's None would fail at the first
+        # training step (Tensor * None), far from the registration that declared the loss
+        if "infonce" in losses and cls.temperature_scale is Matcher.temperature_scale:
+            raise TypeError(
+                f"matcher {name!r}: losses include 'infonce', which scales the sims by a learned "
+                f"temperature, but {cls.__qualname__} does not override Matcher.temperature_scale() (return "
+                "the learned inverse temperature, as clip / filip do), or declare losses=('hinge',)"
             )
         if name in _REGISTRY:
             raise ValueError(f"matcher {name!r} is already registered")
@@ -187,12 +249,12 @@ def matcher_spec(name: str) -> MatcherSpec:
     """What matcher ``name`` declared at registration.
 
     Raises:
-        KeyError: unknown matcher name.
+        UnknownMatcherError: unknown matcher name (a ``ConfigError`` on ``model.matcher`` and a ``KeyError``).
     """
     if name not in _REGISTRY:
         load_plugins()
     if name not in _REGISTRY:
-        raise KeyError(f"unknown matcher {name!r}; registered: {sorted(_REGISTRY)}")
+        raise UnknownMatcherError(name, sorted(_REGISTRY))
     return _REGISTRY[name]
 
 
@@ -246,7 +308,7 @@ def _geometry_for(name: str, fields: set[str], kwargs: dict[str, Any]) -> dict[s
     return kwargs
 
 
-def build_matcher(name: str, config: Any = None, **kwargs: Any) -> nn.Module:
+def build_matcher(name: str, config: Any = None, **kwargs: Any) -> Matcher:
     """Build a registered matcher.
 
     The preset ``name`` was registered with (``laps``: ``use_dense=False``; ``clip``:
@@ -269,7 +331,7 @@ def build_matcher(name: str, config: Any = None, **kwargs: Any) -> nn.Module:
             :data:`GEOMETRY` keys may be given to every matcher.
 
     Raises:
-        KeyError: unknown matcher name.
+        UnknownMatcherError: unknown matcher name (a ``KeyError``).
         TypeError: a keyword that is not a field of the matcher's config.
         TypeError / ValueError: a field of the wrong type or outside its ``Literal`` choices, named
             (:func:`~patchword.matching.config_check.check_config_fields`); ``has_cls=True`` for a matcher

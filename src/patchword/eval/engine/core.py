@@ -20,6 +20,7 @@ from torch import nn
 
 from patchword._validation import check_lengths, check_tensor
 from patchword.device import checked_device
+from patchword.errors import PatchwordError
 from patchword.eval.engine.base import ScoringEngine, ScoringInputs, check_precision
 from patchword.eval.engine.forward import ForwardEngine
 from patchword.eval.engine.memory import budget_bytes, default_budget_mb
@@ -28,7 +29,12 @@ from patchword.eval.scoring import eval_mode
 from patchword.matching.base import Matcher
 from patchword.matching.registry import matcher_spec, matcher_spec_for
 
-__all__ = ["declared_precisions", "engine_for", "prepare_inputs", "score_matrix"]
+__all__ = ["EngineImportError", "declared_precisions", "engine_for", "prepare_inputs", "score_matrix"]
+
+
+class EngineImportError(PatchwordError, ImportError):
+    """The engine a matcher's registration names (``register_matcher(..., engine="module:Class")``) cannot
+    be imported: the message names the matcher and the engine string (the import's own error is chained)."""
 
 
 def _declared_engine(matcher: Matcher) -> Callable[[nn.Module], ScoringEngine] | None:
@@ -38,11 +44,24 @@ def _declared_engine(matcher: Matcher) -> Callable[[nn.Module], ScoringEngine] |
 
 
 def _engine_class(spec) -> Callable[[nn.Module], ScoringEngine] | None:
-    """The engine class a registration names (``"module:Class"``), imported now; None without one."""
+    """The engine class a registration names (``"module:Class"``), imported now; None without one.
+
+    Raises:
+        EngineImportError: the module does not import or has no such class, naming the matcher and the
+            engine string (a bare ``ModuleNotFoundError`` named neither the matcher nor its registration).
+    """
     if spec is None or spec.engine is None:
         return None
     module, _, name = spec.engine.partition(":")
-    return getattr(importlib.import_module(module), name)
+    where = f"matcher {spec.name!r}: its engine {spec.engine!r} (register_matcher(..., engine=))"
+    try:
+        imported = importlib.import_module(module)
+    except ImportError as err:
+        raise EngineImportError(f"{where} cannot be imported: {type(err).__name__}: {err}") from err
+    engine = getattr(imported, name, None)
+    if engine is None:
+        raise EngineImportError(f"{where}: module {module!r} has no {name!r}")
+    return engine
 
 
 def declared_precisions(matcher_name: str) -> tuple[str, ...]:
