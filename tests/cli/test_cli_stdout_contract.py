@@ -206,3 +206,26 @@ def test_densify_takes_v_before_its_sub_verb(flag, tmp_path, capsys):
     assert main(["densify", flag, "merge", str(tmp_path / "gone.jsonl"), "--out", str(tmp_path / "m")]) == 2
     err = capsys.readouterr().err
     assert "Traceback" in err and err.splitlines()[-1].startswith("error: shard file "), err
+
+
+def test_densify_says_what_it_did_on_stderr_and_leaves_stdout_to_results(tmp_path, capsys):
+    """Old code: the job's summary (``d.jsonl: 2 of 2 images (2 generated now ...``, ``nothing left to
+    generate``, ``merged 2 shards into ...``) went to stdout, where every other verb prints only results."""
+    argv = ["densify", "--synthetic", "test", "--synthetic-num-images", "2", "--model", "tiny-random"]
+    argv += ["--max-new-tokens", "4", "--no-progress"]
+    out = tmp_path / "d.jsonl"
+    assert main([*argv, "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert printed.out == "" and f"{out}: 2 of 2 images (2 generated now" in printed.err
+    assert main([*argv, "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert printed.out == "" and f"{out}: 2 of 2 images (nothing left to generate)" in printed.err
+    shards = [tmp_path / f"s{i}.jsonl" for i in range(2)]
+    for i, shard in enumerate(shards):
+        assert main([*argv, "--shard", f"{i}/2", "--out", str(shard)]) == 0
+    capsys.readouterr()
+    merged = tmp_path / "m.jsonl"
+    assert main(["densify", "merge", *map(str, shards), "--out", str(merged)]) == 0
+    printed = capsys.readouterr()
+    assert printed.out == "" and f"merged 2 shards into {merged} (2 lines)" in printed.err
+    assert merged.read_bytes() == out.read_bytes()

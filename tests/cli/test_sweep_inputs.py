@@ -137,3 +137,65 @@ def test_a_variant_named_runs_is_refused(tmp_path, capsys, no_training):
     line = one_error_line(capsys.readouterr().err)
     assert code == 2 and line.startswith("error: --variant: 'runs' is the name of a sweep without variants")
     assert os.listdir(tmp_path) == []
+
+
+@pytest.fixture
+def sweep_call(monkeypatch, tmp_path):
+    """The ``(seeds, overrides)`` the sweep would run (nothing runs)."""
+    called: list[tuple[list[int], list[str]]] = []
+
+    def fake_run_sweep(config, seeds, overrides, **kwargs):
+        called.append((seeds, overrides))
+        return {"directory": str(tmp_path / "sweep"), "summary": {}, "variants": {}}
+
+    monkeypatch.setattr(sweep_module, "run_sweep", fake_run_sweep)
+    return called
+
+
+@pytest.mark.parametrize(
+    ("argv", "seeds", "overrides"),
+    [
+        (["--seeds", "0", "1", "2"], [0, 1, 2], []),
+        (["--seeds", "0,1,2"], [0, 1, 2], []),
+        (["--seeds", "0-1", "5,7", "9"], [0, 1, 5, 7, 9], []),
+        (
+            ["--seeds", "3", "1", "train.max_steps=2", "train.lr=1e-3"],
+            [3, 1],
+            ["train.max_steps=2", "train.lr=1e-3"],
+        ),
+        (
+            ["seed_x=1", "--seeds", "0", "1", "train.lr=1e-3", "--name", "n"],
+            [0, 1],
+            ["seed_x=1", "train.lr=1e-3"],
+        ),
+        (["--seeds", "0", "1", "--name", "n", "train.lr=1e-3"], [0, 1], ["train.lr=1e-3"]),
+    ],
+)
+def test_seeds_take_space_separated_parts_as_the_other_verbs_list_options(
+    sweep_call, capsys, argv, seeds, overrides
+):
+    """Old code: `--seeds 0 1 2` swept seed 0 alone and handed `1`, `2` on as overrides (the other verbs'
+    lists, `eval --ensemble A B`, are space-separated). The overrides after the seeds stay overrides."""
+    assert main(["sweep", *argv]) == 0
+    assert sweep_call == [(seeds, overrides)]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["0,1", "1"], "error: --seeds: expected distinct seeds, got '0,1 1'"),
+        (["0-2", "2-3"], "error: --seeds: expected distinct seeds, got '0-2 2-3'"),
+        (["0", "1,,2"], "error: --seeds: an empty item in '1,,2'"),
+        (["0", "5-2"], "error: --seeds: the range 5-2 runs backwards"),
+        (
+            [f"0-{MAX_SEEDS - 1}", f"{MAX_SEEDS}"],
+            f"error: --seeds: '0-{MAX_SEEDS - 1} {MAX_SEEDS}' is 1001 seeds",
+        ),
+        (["train.lr=1e-3"], "error: --seeds: names no seed: 'train.lr=1e-3' is an override"),
+    ],
+)
+def test_space_separated_seeds_are_checked_as_one_list(sweep_call, capsys, argv, expected):
+    """A seed in two parts is refused as a seed twice in one part is."""
+    assert main(["sweep", "--seeds", *argv]) == 2
+    assert one_error_line(capsys.readouterr().err).startswith(expected)
+    assert sweep_call == []

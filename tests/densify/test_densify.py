@@ -73,7 +73,7 @@ def _ids(data: bytes) -> list[str]:
 def test_folder_run_writes_one_line_per_image_in_sorted_order(image_dir, vlm, reference, tmp_path, capsys):
     out = tmp_path / "dense.jsonl"
     assert main(["--images", str(image_dir), "--out", str(out), *RUN]) == 0
-    assert "50 of 50 images" in capsys.readouterr().out
+    assert "50 of 50 images" in capsys.readouterr().err
     data = out.read_bytes()
     assert data == reference  # the CLI and the library write the same file
     assert _ids(data) == sorted(NAMES)
@@ -90,7 +90,7 @@ def test_folder_run_writes_one_line_per_image_in_sorted_order(image_dir, vlm, re
     assert len({r.text for r in records}) > 10  # the images steer the (random) words
     # a rerun has nothing to do and does not even load the model
     assert main(["--images", str(image_dir), "--out", str(out), *RUN]) == 0
-    assert "nothing left to generate" in capsys.readouterr().out
+    assert "nothing left to generate" in capsys.readouterr().err
     assert out.read_bytes() == reference
 
 

@@ -45,7 +45,7 @@ def test_rate_after_a_partial_batch_resume_counts_the_regenerated_images(image_d
     out.write_bytes(b"".join(lines[:10]))  # batch 1 (images 8..11) cut short after 2 of its 4
     capsys.readouterr()
     assert main(["--images", str(image_dir), "--out", str(out), *RUN]) == 0
-    printed = capsys.readouterr().out
+    printed = capsys.readouterr().err
     assert "12 of 12 images (2 generated now + 2 regenerated to finish a partly written batch: " in printed
     assert out.read_bytes() == b"".join(lines)
 

@@ -138,7 +138,7 @@ def test_the_cli_names_an_image_described_with_nothing_and_exits_incomplete(tmp_
     monkeypatch.setattr(VisionLanguageModel, "generate", second_says_nothing)
     args = ["--images", str(tmp_path / "imgs"), "--out", str(tmp_path / "d.jsonl"), *RUN]
     assert main(args) == 1
-    printed = capsys.readouterr().out.splitlines()
+    printed = _said(capsys.readouterr().err)
     assert printed[1:3] == [
         f"incomplete: 1 images missing: {names[1]}",
         f"  {names[1]}: the model generated an empty description, which is not written (a dense caption "
@@ -147,7 +147,7 @@ def test_the_cli_names_an_image_described_with_nothing_and_exits_incomplete(tmp_
     ]
     assert [r.image_id for r in read_records(tmp_path / "d.jsonl")[0]] == [names[0], names[2]]
     assert main(args) == 1  # the rerun tries it again (old code: "nothing left to generate", exit 0)
-    assert "(nothing generated now: 1 described with nothing again)" in capsys.readouterr().out
+    assert "(nothing generated now: 1 described with nothing again)" in capsys.readouterr().err
 
 
 def test_a_saved_model_directory_generates_what_tiny_random_generates(vlm, saved_tiny, tmp_path):
@@ -278,7 +278,7 @@ def test_corrupt_image_error_keeps_finished_batches_and_skip_then_fix_completes_
     assert [r.image_id for r in read_records(out)[0]] == names[:4]
     # skip: the other images are described, the run reports the missing one and exits 1
     assert main([*args, "--skip-bad-images"]) == 1
-    printed = capsys.readouterr().out
+    printed = capsys.readouterr().err
     assert "incomplete: 1 images missing: img05.png" in printed
     assert [r.image_id for r in read_records(out)[0]] == names[:5] + names[6:]
     # fixed and rerun: complete, in image order
@@ -310,7 +310,7 @@ def test_a_truncated_image_is_never_described_half_decoded(tmp_path, capsys):
     assert f"image 'img02.png': cannot read image {root / 'img02.png'}: truncated file" in line
     assert "--skip-bad-images" in line
     assert main([*args, "--skip-bad-images"]) == 1
-    printed = capsys.readouterr().out
+    printed = capsys.readouterr().err
     assert "incomplete: 1 images missing: img02.png" in printed
     assert (
         f"  img02.png: image 'img02.png': cannot read image {root / 'img02.png'}: truncated file" in printed
@@ -328,3 +328,8 @@ def test_empty_folder_and_missing_split_argument(tmp_path, capsys):
         main(["--data-root", str(tmp_path), "--out", str(tmp_path / "d.jsonl"), *RUN])
     assert exit_info.value.code == 2
     assert "--data-root needs --split" in capsys.readouterr().err
+
+
+def _said(err: str) -> list[str]:
+    """What densify said on stderr, its log lines (which start with the date) left out."""
+    return [line for line in err.splitlines() if not line[:4].isdigit()]

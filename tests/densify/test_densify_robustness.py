@@ -175,7 +175,7 @@ def test_skip_rerun_with_the_image_still_broken_does_not_say_nothing_is_left(tmp
     assert main(args) == 1
     capsys.readouterr()
     assert main(args) == 1
-    printed = capsys.readouterr().out.splitlines()
+    printed = _said(capsys.readouterr().err)
     label = "4 of 5 images (nothing generated now: 1 unreadable image(s) skipped again)"
     assert printed[0] == f"{tmp_path / 'd.jsonl'}: {label}"
     assert printed[1] == f"incomplete: 1 images missing: {NAMES[4]}"
@@ -203,3 +203,8 @@ def test_laps_mapping_with_an_absolute_path_is_accepted_like_the_loader(tmp_path
         ("1", "imgs/1.png"),
         ("2", (elsewhere / "2.png").as_posix()),
     ]
+
+
+def _said(err: str) -> list[str]:
+    """What densify said on stderr, its log lines (which start with the date) left out."""
+    return [line for line in err.splitlines() if not line[:4].isdigit()]

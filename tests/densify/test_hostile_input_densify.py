@@ -119,7 +119,7 @@ def test_a_finished_file_refuses_another_explicit_precision_or_model_id(
     assert finished.read_bytes() == before
     # its own values (and auto) are the finished run's
     assert main(_args(images, finished, "--precision", "fp32", "--model-id", "tiny-random-llava")) == 0
-    assert "nothing left to generate" in capsys.readouterr().out
+    assert "nothing left to generate" in capsys.readouterr().err
 
 
 def test_an_empty_model_id_is_refused(images, tmp_path, capsys):

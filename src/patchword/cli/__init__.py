@@ -6,7 +6,8 @@ is importable so tests run the CLI in-process.
 
 Errors a user can fix (a bad config value, a missing file, bad data, a model not found offline) are
 printed as one ``error: ...`` line with exit code 2; ``-v`` adds the traceback. Anything else is a bug
-and keeps its traceback.
+and keeps its traceback. A Ctrl-C is one ``interrupted:`` line and exit code 130, also while the verb's
+modules (torch among them) are still being imported: :func:`main` imports them inside its handler.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import itertools
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from patchword.config import parse_with_overrides
 from patchword.errors import ConfigError, run_command
 from patchword.logs import setup_logging
 
@@ -143,6 +144,22 @@ def _global_option(arg: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``patchword <argv>`` (default ``sys.argv[1:]``); the exit code.
+
+    A Ctrl-C before the verb's own handling (:func:`report_errors`) starts, while the parsers and the
+    verb's modules are imported (``import torch`` takes a second or more), ends quietly too: one
+    ``interrupted:`` line, exit code 130, no traceback.
+    """
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("interrupted: SIGINT (Ctrl-C) before the command started: nothing was done", file=sys.stderr)
+        return 128 + signal.SIGINT
+
+
+def _main(argv: list[str] | None) -> int:
+    from patchword.config import parse_with_overrides
+
     argv = list(sys.argv[1:] if argv is None else argv)
     # Global flags (-v) may precede a delegated verb: they are handed on with the rest.
     flags = [a for a in itertools.takewhile(lambda a: a in ("-v", "--verbose"), argv)]

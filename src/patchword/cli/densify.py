@@ -11,7 +11,8 @@
     patchword densify stats dense.jsonl [--bert-vocab DIR] [--json]
 
 Exit codes: 0 done, 1 finished but incomplete (unreadable images skipped, or an image whose description
-came out empty: named), 2 user error (one line).
+came out empty: named), 2 user error (one line). What a job did is said on stderr
+(:mod:`patchword.cli.densify_report`); stdout carries only ``stats``'s report.
 Under torchrun (``WORLD_SIZE`` > 1, no ``--shard``) every rank writes ``<out stem>.shard-R-of-W<suffix>``
 and rank 0 merges them into ``--out`` once all are complete. An option the chosen images (or ``stats``
 without ``--synthetic-split``) would ignore, such as ``--images DIR --split test``, is refused, naming it.
@@ -31,12 +32,14 @@ import time
 from pathlib import Path
 
 from patchword.cli import VERBOSE_HELP
+from patchword.cli.densify_report import report_job, say
 from patchword.cli.densify_sources import (
     STATS_SYNTHETIC_FLAGS,
     add_source_arguments,
     image_list,
     synthetic_config,
 )
+from patchword.cli.threads import add_threads_argument, threads_of
 from patchword.errors import run_command
 from patchword.logs import setup_logging
 
@@ -73,6 +76,7 @@ def _run_parser() -> argparse.ArgumentParser:
         choices=["auto", "fp32", "bf16", "fp16"],
         help="the model's weights and compute (default auto: bf16 on a GPU that has it, else fp32)",
     )
+    add_threads_argument(mdl)
     gen = p.add_argument_group("generation")
     gen.add_argument("--prompt", help="instruction shown with each image (default: the SEPS prompt)")
     gen.add_argument(
@@ -162,10 +166,13 @@ def main(argv: list[str] | None = None) -> int:
         return run_command(lambda: _merge(args), args.verbose)
     if verb == "stats":
         return run_command(lambda: _stats(args), args.verbose)
+
+    def job() -> int:
+        with threads_of(args):  # checked first; the caller's count back afterwards
+            return _run(args, parser)
+
     # a missing optional dependency is a user error too (MissingExtraError); finished images are kept
-    return run_command(
-        lambda: _run(args, parser), args.verbose, "rerun the same command: finished images are kept"
-    )
+    return run_command(job, args.verbose, "rerun the same command: finished images are kept")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -214,7 +221,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if ranked is not None:
         check_output_path(out)  # the merge's --out, read before any rank's own file is checked
         if _finished_job(out, images, settings, args.model, explicit):
-            print(f"{out}: complete ({len(images)} images); nothing to do")
+            say(f"{out}: complete ({len(images)} images); nothing to do")
             return 0
         shard, out = ranked, shard_output_path(args.out, ranked)
         _logger.info("torchrun rank %d of %d writes %s", ranked.index, ranked.count, out)
@@ -240,35 +247,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         on_bad_image="skip" if args.skip_bad_images else "error",
         progress=False if args.no_progress else None,
     )
-    if result.generated:
-        # the loop's time covers a resumed partial batch's images generated again (and not appended) too
-        rate = (result.generated + result.regenerated) / max(result.generate_seconds, 1e-9)
-        again = (
-            f" + {result.regenerated} regenerated to finish a partly written batch"
-            if result.regenerated
-            else ""
-        )
-        print(
-            f"{result.out}: {result.done} of {result.expected} images ({result.generated} generated now"
-            f"{again}: {result.generate_seconds:.1f} s, {rate:.2f} images/s; "
-            f"{result.seconds:.1f} s with loading)"
-        )
-    elif result.failed:
-        # the images left were tried again and failed again: "nothing left" would not be true
-        unreadable = len(result.failed) - len(result.empty)
-        again = [f"{unreadable} unreadable image(s) skipped again"] if unreadable else []
-        again += [f"{len(result.empty)} described with nothing again"] if result.empty else []
-        print(
-            f"{result.out}: {result.done} of {result.expected} images (nothing generated now: "
-            f"{', '.join(again)})"
-        )
-    else:
-        print(f"{result.out}: {result.done} of {result.expected} images (nothing left to generate)")
-    if not result.complete:
-        shown = ", ".join(result.missing[:20]) + (" ..." if len(result.missing) > 20 else "")
-        print(f"incomplete: {len(result.missing)} images missing: {shown}")
-        for item, reason in result.failed[:20]:
-            print(f"  {item.image_id}: {reason}")
+    if report_job(result):  # on stderr: stdout is for results, as in every verb
         return 1
     if ranked is not None and ranked.index == 0 and not args.no_merge:
         _wait_and_merge(args.out, ranked)
@@ -307,7 +286,7 @@ def _wait_and_merge(out: Path, shard, poll_s: float = 10.0) -> None:
             last_log = time.monotonic()
         time.sleep(poll_s)
     lines = merge_shards(paths, out)
-    print(f"merged {len(paths)} shards into {out} ({lines} lines)")
+    say(f"merged {len(paths)} shards into {out} ({lines} lines)")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -328,7 +307,7 @@ def _merge(args: argparse.Namespace) -> int:
 
     _refuse_stdout(args.out)
     lines = merge_shards(args.shards, args.out, force=args.force)
-    print(f"merged {len(args.shards)} shards into {args.out} ({lines} lines)")
+    say(f"merged {len(args.shards)} shards into {args.out} ({lines} lines)")
     return 0
 
 

@@ -29,6 +29,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from patchword.cli.threads import add_threads_argument, check_threads, threads_of
 from patchword.runs.config import NOT_EVALUATION_KEYS, not_evaluation_reason
 
 __all__ = ["NOT_EVALUATION_KEYS", "add_arguments", "run"]
@@ -72,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where to evaluate: auto, cpu, cuda, cuda:1, mps (the override device=...; default: the run's, "
         "auto), as index build, search and serve take it",
     )
+    add_threads_argument(parser)
     parser.add_argument(
         "overrides", nargs="*", help="dotted overrides, e.g. eval.split=dev eval.coco_1k=true data.root=..."
     )
@@ -224,6 +226,7 @@ def run(args: argparse.Namespace) -> None:
     from patchword.runs.evaluate import evaluate_run_dir
     from patchword.runs.suites import evaluate_patch_suite, evaluate_suite
 
+    check_threads(args)  # before anything is read, as every flag
     _take_overrides_from(args, "ensemble", "--ensemble", "run directory", "runs")
     _take_overrides_from(args, "suite_file", "--suite-file", "suite file", "suite files")
     _check_ensemble_files(args.ensemble)
@@ -234,7 +237,7 @@ def run(args: argparse.Namespace) -> None:
         args.overrides = [*args.overrides, f"device={args.device}"]
     suite = _mode(args)
     to_stdout = args.out is not None and file_or_stdout(args.out, args.force) is None
-    with _record_file(args.out) as out:
+    with _record_file(args.out) as out, threads_of(args):
         common = dict(overrides=args.overrides, out=out, force=args.force)
         if suite is not None:
             from patchword.eval.compositional import format_compositional_table

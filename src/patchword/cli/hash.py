@@ -9,7 +9,8 @@ shortcut flags (``--bits``, ``--epochs``, ...), which win. ``hash train --resume
 with its own saved config, as ``patchword train --resume`` does: only the keys in
 :data:`~patchword.hashing.config.HASH_RESUMABLE_KEYS` may be overridden (``--epochs 100``,
 ``device=cuda:0``). ``train.num_threads`` (when > 0) sets torch's thread count here, in the application,
-for the duration of ``hash train``: the library's training functions never change it. SIGTERM / SIGINT
+for the duration of ``hash train``: the library's training functions never change it (``hash eval`` and
+``hash search`` take ``--threads N``, as the other verbs that run a model). SIGTERM / SIGINT
 stop ``hash train`` with ``last.pt`` written and exit 128 + signal, one ``interrupted:`` line naming the
 resume command. ``hash eval`` reports which checkpoint (epoch, step, finished) it evaluated. A data flag
 or key the chosen ``data.format`` does not read (``--data synthetic --image x.npy``) is refused, naming it, as
@@ -29,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from patchword.cli.hash_search import add_search_parser, run_search
+from patchword.cli.threads import add_threads_argument, threads_of
 from patchword.config import parse_with_overrides
 from patchword.errors import ConfigError, MissingExtraError, run_command
 from patchword.fileio import atomic_write_text, check_output_file
@@ -127,6 +129,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--map-all", dest="map_all", action="store_true", help="also compute mAP over the full ranking"
     )
+    add_threads_argument(ev)
     ev.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.topk=100")
 
     add_search_parser(sub, common)
@@ -141,8 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     # overrides may follow options, as in `patchword train`; an unknown --flag that is a key is said so
     args = parse_with_overrides(_parser(), argv, config=HashRunConfig)
     setup_logging(args.verbose)
-    commands = {"train": _train, "eval": _eval, "search": run_search}
-    return run_command(lambda: commands[args.command](args), args.verbose)
+    return run_command(lambda: _dispatch(args), args.verbose)
+
+
+def _dispatch(args: argparse.Namespace) -> None:
+    """The sub-command; eval and search with their ``--threads`` (checked first), training with its
+    ``train.num_threads``, which its run records."""
+    if args.command == "train":
+        return _train(args)
+    with threads_of(args):
+        return {"eval": _eval, "search": run_search}[args.command](args)
 
 
 def _train(args: argparse.Namespace) -> None:

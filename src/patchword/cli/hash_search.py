@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from patchword.cli.threads import add_threads_argument
 from patchword.errors import ConfigError, DataError, PatchwordError
 from patchword.fileio import atomic_write_text, check_output_file
 
@@ -64,6 +65,7 @@ def add_search_parser(sub, common: argparse.ArgumentParser) -> None:
         "FILE` goes to stderr; '-': stdout only)",
     )
     se.add_argument("--force", action="store_true", help="overwrite an existing --out file")
+    add_threads_argument(se)  # applied by patchword.cli.hash, around run_search
 
 
 def run_search(args: argparse.Namespace) -> None:

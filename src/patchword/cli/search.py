@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 from patchword.cli import VERBOSE_HELP
+from patchword.cli.argtypes import Spelled, spelling
+from patchword.cli.threads import add_threads_argument, check_threads, threads_of
 from patchword.device import resolve_device
 from patchword.errors import USER_ERRORS, ConfigError, MissingExtraError, report_user_error, run_command
 from patchword.logs import setup_logging
@@ -93,8 +95,19 @@ def _index_parser() -> argparse.ArgumentParser:
     build.add_argument("--batch-size", type=int, default=64, help="images per encoder batch (default 64)")
     build.add_argument("--shard-size", type=int, default=2048, help="images per shard (default 2048)")
     build.add_argument(
-        "--workers", type=int, default=None, help="image decoding threads (default min(4, CPUs))"
+        "--decode-workers",
+        dest="workers",
+        type=int,
+        default=None,
+        metavar="N",
+        action=Spelled,
+        help="threads decoding image files (default min(4, CPUs)); formerly --workers, which still works: "
+        "`serve --workers` is its model threads",
     )
+    build.add_argument(
+        "--workers", dest="workers", type=int, default=None, action=Spelled, help=argparse.SUPPRESS
+    )
+    add_threads_argument(build)
     build.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     build.add_argument("--checkpoint", default=None, help="checkpoint inside RUN_DIR (default best.pt)")
     build.add_argument(
@@ -146,8 +159,26 @@ def main_index(argv: list[str] | None = None) -> int:
             if client is not None:
                 client.close()  # an embedded store admits one client: let the next command open it
 
+    def build_with_threads() -> None:
+        _check_counts(args)  # before the count is set, as before anything is read
+        with threads_of(args):  # the run's loading too
+            build()
+
     # finished shards are kept (each written atomically, then the manifest): the same command resumes
-    return run_command(build, args.verbose, f"rerun the same command to resume {args.out}")
+    return run_command(build_with_threads, args.verbose, f"rerun the same command to resume {args.out}")
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    """``--threads`` and ``--decode-workers`` (or its old spelling ``--workers``), each error naming the
+    spelling given, before anything is read.
+
+    Raises:
+        ConfigError: ``--threads`` < 1 or ``--decode-workers`` < 0.
+    """
+    check_threads(args)
+    if args.workers is not None and args.workers < 0:
+        flag = spelling(args, "workers", "--decode-workers")
+        raise ConfigError(flag, f"must be 0 (the default: min(4, CPUs)) or more, got {args.workers}")
 
 
 def _check_embedded_store(location: str) -> None:
@@ -225,6 +256,7 @@ def _search_parser() -> argparse.ArgumentParser:
         help="with --qdrant: an exact first stage, a Qdrant server scanning every point rather than its HNSW "
         "index (slower on a large collection); an embedded store always searches exactly",
     )
+    add_threads_argument(parser)
     parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     return parser
 
@@ -262,9 +294,11 @@ def main_search(argv: list[str] | None = None) -> int:
             raise ValueError(f"-k must be positive, got {args.k}")
         if args.shortlist is not None and args.shortlist < 1:
             raise ConfigError("--shortlist", f"must be >= 1, got {args.shortlist}")
+        check_threads(args)
         check_query_text(args.query)  # before the model loads (the search checks it again)
-        searcher = open_searcher(args)
-        result = searcher.search(args.query, k=args.k)
+        with threads_of(args):
+            searcher = open_searcher(args)
+            result = searcher.search(args.query, k=args.k)
     except USER_ERRORS as err:
         return report_user_error(err, args.verbose)
     if result.warning:

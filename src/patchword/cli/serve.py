@@ -17,6 +17,7 @@ from pathlib import Path
 
 from patchword.cli import VERBOSE_HELP
 from patchword.cli.search import shortlist_help
+from patchword.cli.threads import add_threads_argument, check_threads
 from patchword.errors import ConfigError, describe_os_error, run_command
 from patchword.logs import setup_logging
 
@@ -50,12 +51,19 @@ def _parser() -> argparse.ArgumentParser:
         help="with --qdrant: an exact first stage, a Qdrant server scanning every point rather than its HNSW "
         "index (slower on a large collection); an embedded store always searches exactly",
     )
-    parser.add_argument("--workers", type=int, default=2, help="threads doing model work (default 2)")
     parser.add_argument(
-        "--torch-threads",
+        "--workers",
         type=int,
+        default=2,
+        help="threads doing model work, each answering one request at a time (default 2; not index "
+        "build's --decode-workers)",
+    )
+    add_threads_argument(  # --torch-threads: its former spelling, kept working
+        parser,
         default=0,
-        help="torch threads (default: CPUs // workers, so concurrent requests do not oversubscribe the CPU)",
+        help="torch intra-op CPU threads (default 0: CPUs // --workers, so that concurrent "
+        "requests do not oversubscribe the CPU)",
+        alias="--torch-threads",
     )
     parser.add_argument(
         "--max-pending", type=int, default=64, help="requests admitted at once; more get 503 (default 64)"
@@ -78,7 +86,7 @@ def _check_flags(args: argparse.Namespace) -> None:
     """Refuse the flag values that cannot work, each error naming its flag, before anything is loaded.
 
     Raises:
-        ConfigError: ``--host`` empty, ``--port`` outside 0..65535, ``--torch-threads`` negative, or
+        ConfigError: ``--host`` empty, ``--port`` outside 0..65535, ``--threads`` negative, or
             ``--workers`` / ``--max-pending`` / ``--max-k`` / ``--max-query-chars`` / ``--shortlist`` < 1.
     """
     if not args.host.strip():
@@ -86,8 +94,7 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise ConfigError("--host", "is empty; give an address (0.0.0.0 listens on every interface)")
     if not 0 <= args.port <= 65535:
         raise ConfigError("--port", f"must lie in 0..65535 (0: any free port), got {args.port}")
-    if args.torch_threads < 0:
-        raise ConfigError("--torch-threads", f"must be >= 0 (0: CPUs // --workers), got {args.torch_threads}")
+    check_threads(args, 0, "0: CPUs // --workers")  # names --torch-threads where that spelling was given
     for flag in ("--workers", "--max-pending", "--max-k", "--max-query-chars", "--shortlist"):
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None and value < 1:
@@ -155,7 +162,7 @@ def _serve(args: argparse.Namespace) -> int:
     from patchword.cli.search import open_searcher
 
     limits = ServeLimits(args.max_query_chars, args.max_k, args.workers, args.max_pending)
-    threads = args.torch_threads or max(1, (os.cpu_count() or 1) // args.workers)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     torch.set_num_threads(threads)  # the application's choice: the library never sets it
     searcher = open_searcher(args)  # (may build the IVF lists first, with every core)
     _faiss_threads(threads)

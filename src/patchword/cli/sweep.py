@@ -1,7 +1,7 @@
 """``patchword sweep``: one recipe over several seeds (and named variants), with the mean and spread of every
 test metric in ``sweep.json`` (see :mod:`patchword.experiments.sweep`).
 
-    patchword sweep --config demo --seeds 0,1,2
+    patchword sweep --config demo --seeds 0,1,2          # or --seeds 0 1 2, --seeds 0-2
     patchword sweep --config demo --seeds 0 --name comparison --suite compositional \\
         --variant "vse: model.name=vse-tiny model.tiny_pretrained=synthetic-64" \\
         --variant "seps-paper: model.seps.variant=paper"
@@ -15,14 +15,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_arguments", "format_summary", "parse_variant", "run"]
+__all__ = ["add_arguments", "format_summary", "parse_variant", "run", "seeds_and_overrides"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", help="YAML file with RunConfig fields, or a shipped recipe's name (e.g. demo)"
     )
-    parser.add_argument("--seeds", required=True, help="seeds: 0,1,2 or 0-4 (distinct, at most 1000)")
+    parser.add_argument(
+        "--seeds",
+        required=True,
+        nargs="+",
+        metavar="SEEDS",
+        help="seeds: 0,1,2 or 0-4, or several such parts (0 1 2, 0-4 7); distinct, at most 1000; a "
+        "key=value after them is an override",
+    )
     parser.add_argument("--name", help="the sweep directory's name under output_dir (default <name>-sweep)")
     parser.add_argument(
         "--variant",
@@ -55,20 +62,51 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     return name.strip(), overrides
 
 
+def seeds_and_overrides(parts: list[str], overrides: list[str]) -> tuple[list[int], list[str]]:
+    """``--seeds``'s arguments (``["0,1", "2-4"]``: each a list or a range, as one ``--seeds 0,1,2-4``) ->
+    (the seeds, ``overrides`` followed by the ``key=value`` items ``--seeds`` took from the end of its list:
+    ``--seeds 0 1 train.epochs=3``, argparse giving a list option every argument after it; as ``eval
+    --ensemble`` hands its own on).
+
+    Raises:
+        ConfigError: naming ``--seeds``: a part :func:`~patchword.experiments.sweep.parse_seeds` refuses,
+            no seed, a seed in two parts, more than ``MAX_SEEDS`` in all.
+    """
+    from patchword.errors import ConfigError
+    from patchword.experiments.sweep import MAX_SEEDS, parse_seeds
+
+    first = next((i for i, part in enumerate(parts) if "=" in part), len(parts))
+    if first == 0:
+        raise ConfigError("--seeds", f"names no seed: {parts[0]!r} is an override; give the seeds first")
+    # everything from the first override on is overrides (an item without "=" there is the loader's error)
+    parts, overrides = parts[:first], [*overrides, *parts[first:]]
+    seeds = [seed for part in parts for seed in parse_seeds(part)]
+    given = " ".join(parts)
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError("--seeds", f"expected distinct seeds, got {given!r}")
+    if len(seeds) > MAX_SEEDS:
+        raise ConfigError(
+            "--seeds",
+            f"{given!r} is {len(seeds)} seeds: a sweep runs at most {MAX_SEEDS} (one training run each)",
+        )
+    return seeds, overrides
+
+
 def run(args: argparse.Namespace) -> None:
     from patchword.distributed import launch_info
     from patchword.errors import ConfigError
-    from patchword.experiments.sweep import parse_seeds, run_sweep
+    from patchword.experiments.sweep import run_sweep
 
     variants: dict[str, list[str]] = {}
     for name, overrides in (parse_variant(v) for v in args.variant):
         if name in variants:
             raise ConfigError("--variant", f"two variants share the name {name!r}")
         variants[name] = overrides
+    seeds, overrides = seeds_and_overrides(args.seeds, list(args.overrides))
     record = run_sweep(
         args.config,
-        parse_seeds(args.seeds),
-        list(args.overrides),
+        seeds,
+        overrides,
         name=args.name,
         variants=variants or None,
         suites=args.suite,
