@@ -13,8 +13,8 @@ import yaml
 
 from patchword.eval.metrics import RECALL_KEYS
 from patchword.experiments import entries as entries_module
-from patchword.experiments.cost import csv_text
 from patchword.experiments.report import _tables, collect
+from patchword.experiments.report_csv import csv_text
 from patchword.experiments.report_page import html_page, markdown_page
 
 CPU = {"device": "cpu", "device_name": "Xeon", "threads": 4, "world_size": 1, "precision": "fp32"}

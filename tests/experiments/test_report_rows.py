@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from patchword.eval.metrics import RECALL_KEYS
-from patchword.experiments.cost import cost_rows, csv_text
+from patchword.experiments.cost import cost_rows
 from patchword.experiments.report import _tables, collect
+from patchword.experiments.report_csv import csv_text
 from patchword.experiments.rows import significant
 from patchword.experiments.sweep import mean_std, summarize
 
@@ -78,7 +79,8 @@ def test_a_sweep_row_whose_seeds_scored_different_splits_says_so_and_is_ranked_n
         "sw (SEEDS DIFFER; MODEL SELECTION SPLIT; MIXED GALLERIES)": "1.00 ± 0.00"  # no ★
     }
     (row,) = csv.DictReader(csv_text(entries).splitlines())
-    assert row["split"] == "MIXED: dev (1 run); test (2 runs)" and row["split_use"] == "model selection"
+    assert row["split"] == "MIXED: dev (1 run); test (2 runs)"
+    assert row["split_use"] == "held-out; held-out; model selection"  # one entry per run
     assert (
         row["gallery"].startswith("MIXED: dev 1000 x 5000 of synthetic")
         and row["seeds_differ"] == "eval.split"

@@ -12,8 +12,9 @@ from pathlib import Path
 import yaml
 
 from patchword.cli import main
-from patchword.experiments.cost import cost_rows, csv_text
+from patchword.experiments.cost import cost_rows
 from patchword.experiments.report import _tables, collect
+from patchword.experiments.report_csv import csv_text
 
 
 def _run(directory: Path, rsum: float, seed: int) -> None:

@@ -12,9 +12,10 @@ from pathlib import Path
 import yaml
 
 from patchword.experiments import plots
-from patchword.experiments.cost import cost_rows, csv_text, plot_accuracy_cost
+from patchword.experiments.cost import cost_rows, plot_accuracy_cost
 from patchword.experiments.gallery_table import gallery_rows
 from patchword.experiments.report import collect
+from patchword.experiments.report_csv import csv_text
 
 XEON = {"device": "cpu", "device_name": "Xeon", "threads": 4}
 H100 = {"device": "cuda:0", "device_name": "NVIDIA H100", "threads": 16}
@@ -104,16 +105,18 @@ def test_a_row_whose_runs_were_timed_on_different_machines_is_not_averaged_as_on
 
 def test_memory_is_labelled_in_mib_the_unit_it_is_recorded_in(tmp_path):
     """peak_host_rss_mb is VmHWM kB / 1024 and peak_device_mb bytes / 2**20: MiB, shown as "MB". The host
-    column is the scoring's own growth (peak_host_growth_mb); a record without it shows the process's peak,
-    marked, never averaged with growth figures."""
+    and device columns are the scoring's own growth (peak_host_growth_mb, peak_device_growth_mb); a record
+    without it shows the process's peak, marked, never averaged with growth figures."""
     summary = _summary(300.0, 2.0, H100)
     summary["cost"] |= {"peak_device_mb": 1536.0, "peak_host_rss_mb": 2048.0, "peak_host_scope": "evaluation"}
     old = json.loads(json.dumps(summary))
     summary["cost"] |= {"host_rss_start_mb": 1024.0, "peak_host_growth_mb": 1024.0}
+    summary["cost"] |= {"device_start_mb": 512.0, "peak_device_growth_mb": 1024.0}
     _, header, (row,) = cost_rows(collect([_run(tmp_path / "run", summary)]), {})
-    assert (row[header.index("peak device MiB")], row[header.index("peak host MiB")]) == ("1536", "1024")
+    assert (row[header.index("peak device MiB")], row[header.index("peak host MiB")]) == ("1024", "1024")
     _, _, (row,) = cost_rows(collect([_run(tmp_path / "old", old)]), {})
     assert row[header.index("peak host MiB")] == "2048 (process)"
+    assert row[header.index("peak device MiB")] == "1536 (process)"
     assert not any("MB" in h for h in header)
     gallery = tmp_path / "gallery.json"
     shape = {"images": 1000, "captions": 5000, "seconds": 2.0, "pairs_per_s": 2.5e6, "extrapolated": False}

@@ -16,8 +16,9 @@ import yaml
 from conftest import TINY_RUN_32
 from patchword.cli import main
 from patchword.experiments import plots
-from patchword.experiments.cost import cost_rows, csv_text, gallery_of, plot_accuracy_cost
+from patchword.experiments.cost import cost_rows, gallery_of, plot_accuracy_cost
 from patchword.experiments.report import _tables, collect, differing_keys
+from patchword.experiments.report_csv import csv_text
 
 CPU = {"device": "cpu", "device_name": "Xeon", "threads": 4, "world_size": 1, "precision": "fp32"}
 

@@ -257,8 +257,12 @@ def evaluate(
     fold_sims: list[Sims] | None = None
     metrics: dict[str, Any] | None = None
     timings: dict[str, float] = {}
+    device_start = None
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        # what the process holds on the device already (in training: the optimizer state, the gradients),
+        # which the evaluation's own peak leaves out, as it does the resident set on the host
+        device_start = torch.cuda.memory_allocated(device) / (1 << 20)
     _release_free_heap()
     host_scope = "evaluation" if reset_peak_host_rss() else "process"
     # right after a reset the peak is the resident set now: what the process already held (a training
@@ -295,6 +299,7 @@ def evaluate(
         gallery_pairs=split.num_images * split.num_captions if plan is None else None,
         host_scope=host_scope,
         host_start_mb=host_start,
+        device_start_mb=device_start,
     )
     if return_sims:
         metrics["sims"] = sims
@@ -326,26 +331,30 @@ def evaluation_cost(
     gallery_pairs: int | None,
     host_scope: str,
     host_start_mb: float | None = None,
+    device_start_mb: float | None = None,
 ) -> dict[str, Any]:
     """What an evaluation cost and where it ran (the ``"cost"`` entry of its metrics).
 
     ``scoring_seconds`` is the exhaustive matrix alone (inputs encoded, result on the host): the wall time
     of this process's rows, which under several processes run side by side; ``pairs`` the whole matrix's
     (``pairs_this_process`` this process's share) and ``pairs_per_s`` the whole matrix over that time (all
-    ``world_size`` processes together); ``peak_device_mb`` the most CUDA
-    memory allocated during the evaluation (None elsewhere); ``peak_host_rss_mb`` the process's resident
-    high-water mark during the evaluation where the system can reset it (Linux), else since the process
-    started (``host_scope``: "evaluation" or "process"). That mark includes whatever the process held when
-    the evaluation began (``host_rss_start_mb``, the resident set then): in training, the optimizer, the
-    training data and the allocator's cache; in ``patchword eval``, far less, so the same checkpoint shows
-    two marks. ``peak_host_growth_mb`` (the mark less ``host_rss_start_mb``, the heap's free memory given
-    back first: the evaluation's own peak, whichever process ran it) is the figure that compares runs; a
-    process's first evaluation also pages in library code (a fixed amount whatever the gallery: about 30
-    MiB on a CPU). Both None where the mark cannot be reset (``host_scope`` "process", or
-    ``host_start_mb`` not given); records written before they were kept have only ``peak_host_rss_mb``.
+    ``world_size`` processes together); ``peak_device_mb`` the most CUDA memory allocated during the
+    evaluation (None elsewhere); ``peak_host_rss_mb`` the process's resident high-water mark during the
+    evaluation where the system can reset it (Linux), else since the process started (``host_scope``:
+    "evaluation" or "process"). Each mark includes whatever the process held when the evaluation began
+    (``device_start_mb``, the CUDA memory allocated then; ``host_rss_start_mb``, the resident set then):
+    in training, the optimizer state, the gradients, the training data and the allocator's cache; in
+    ``patchword eval``, far less, so the same checkpoint shows two marks. ``peak_device_growth_mb`` and
+    ``peak_host_growth_mb`` (each mark less its start, the heap's free memory given back first on the host:
+    the evaluation's own peak, whichever process ran it) are the figures that compare runs; a process's
+    first evaluation also pages in library code (a fixed amount whatever the gallery: about 30 MiB on a
+    CPU). The host's are None where the mark cannot be reset (``host_scope`` "process", or
+    ``host_start_mb`` not given), the device's off CUDA or without ``device_start_mb``; records written
+    before they were kept have only ``peak_device_mb`` / ``peak_host_rss_mb``.
     ``timings``: :func:`score_split`'s (``pairs`` this process's), or a two-stage search's
     ``search_seconds``; ``gallery_pairs``: the exhaustive matrix's size, None for a two-stage search;
-    ``host_start_mb``: the resident set when the evaluation began (None: unknown).
+    ``host_start_mb``: the resident set when the evaluation began, ``device_start_mb`` the CUDA memory
+    allocated then, right after the peak was reset (None: unknown).
     """
     device = torch.device(device)
     cost: dict[str, Any] = {"exhaustive": gallery_pairs is not None}
@@ -355,9 +364,11 @@ def evaluation_cost(
         cost.update(encode_seconds=timings["encode_seconds"], scoring_seconds=timings["scoring_seconds"])
         cost.update(pairs=gallery_pairs, pairs_this_process=int(timings["pairs"]))
         cost["pairs_per_s"] = gallery_pairs / timings["scoring_seconds"]
-    cost["peak_device_mb"] = (
-        round(torch.cuda.max_memory_allocated(device) / (1 << 20), 1) if device.type == "cuda" else None
-    )
+    device_peak = torch.cuda.max_memory_allocated(device) / (1 << 20) if device.type == "cuda" else None
+    cost["peak_device_mb"] = None if device_peak is None else round(device_peak, 1)
+    started = device_peak is not None and device_start_mb is not None
+    cost["device_start_mb"] = round(device_start_mb, 1) if started else None
+    cost["peak_device_growth_mb"] = round(max(device_peak - device_start_mb, 0.0), 1) if started else None
     peak = peak_host_rss_mb()
     cost["peak_host_rss_mb"] = None if peak is None else round(peak, 1)
     known = peak is not None and host_start_mb is not None and host_scope == "evaluation"

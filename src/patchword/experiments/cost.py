@@ -1,5 +1,5 @@
 """What a model costs beside what it scores, for ``patchword report``: the cost columns of a row, the
-accuracy-vs-cost Pareto front, the figure and the CSV.
+accuracy-vs-cost Pareto front and the figure (the CSV: :mod:`patchword.experiments.report_csv`).
 
 A row's cost comes from the ``"cost"`` entry its evaluation recorded (:func:`patchword.eval.protocol.
 evaluation_cost`: scoring time of the exhaustive matrix, pairs/s, peak memory (MiB), device, CPU, threads),
@@ -20,12 +20,9 @@ itself (``id(row)``), never by its label.
 
 from __future__ import annotations
 
-import csv
-import io
 import textwrap
 from pathlib import Path
 
-from patchword.eval.metrics import RECALL_KEYS
 from patchword.experiments.cost_caption import caption_flags
 from patchword.experiments.fields import LIST, MAPPING, TEXT, check_fields
 from patchword.experiments.machines import (
@@ -36,29 +33,23 @@ from patchword.experiments.machines import (
     train_machine_of,
 )
 from patchword.experiments.rows import (
-    TWO_STAGE_KEYS,
     evaluated,
     galleries_of,
     is_incomplete,
     is_leaky,
     mixed_galleries,
-    one_or_mixed,
     one_or_mixed_of,
-    protocol_cell,
     row_label,
     significant,
     split_use,
-    split_uses,
 )
 from patchword.experiments.sweep import mean_std
 from patchword.readers import read_json
 from patchword.search.store import dead_row_bytes
 
 __all__ = [
-    "CSV_KEYS",
     "GALLERY_PAIRS",
     "cost_rows",
-    "csv_text",
     "evaluated",
     "gallery_of",
     "index_bytes_per_image",
@@ -76,29 +67,6 @@ __all__ = [
 
 #: The gallery the scoring time is quoted for: 1K images x 5K captions (Flickr30K / COCO 1K test).
 GALLERY_PAIRS = 1000 * 5000
-
-#: Numeric figures of a row in the CSV (mean and std columns each), in order; dotted keys reach into
-#: the recorded evaluation (``cost.scoring_seconds``); a two-stage search's shortlists last (empty for an
-#: exhaustive one).
-CSV_KEYS = (
-    *RECALL_KEYS,
-    "images",
-    "captions",
-    "cost.scoring_seconds",
-    "cost.pairs_per_s",
-    "cost.peak_device_mb",
-    "cost.peak_host_rss_mb",
-    "cost.peak_host_growth_mb",
-    "cost.host_rss_start_mb",
-    "cost.threads",
-    "params_total",
-    "params_trainable",
-    "train_seconds",
-    "train_steps_per_s",
-    "checkpoint_step",
-    "steps",
-    *TWO_STAGE_KEYS,
-)
 
 
 def seconds_per_gallery(entry) -> tuple[float, float] | None:
@@ -172,16 +140,26 @@ def _fmt(value: tuple[float, float] | None, n: int, digits: int = 1) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}" if n > 1 else f"{mean:.{digits}f}"
 
 
-def _host_cell(entry, n: int) -> str:
-    """Peak host MiB of the scoring itself (``cost.peak_host_growth_mb``: the peak over the resident set at
-    its start, comparable between a training process and a fresh ``patchword eval``); for records without
-    it (older files, a system that cannot reset the peak), the process's peak, marked (process): never one
-    figure over both kinds."""
-    growth = _fmt(entry.value("cost.peak_host_growth_mb"), n, 0)
+def _memory_cell(entry, n: int, growth_key: str, peak_key: str) -> str:
+    """Peak MiB of the scoring itself (``growth_key``: the peak over what the process held at its start,
+    comparable between a training process, which holds its optimizer state and gradients, and a fresh
+    ``patchword eval``); for records without it (older files, a system that cannot reset the host's peak),
+    the process's peak (``peak_key``), marked (process): never one figure over both kinds."""
+    growth = _fmt(entry.value(growth_key), n, 0)
     if growth:
         return growth
-    peak = _fmt(entry.value("cost.peak_host_rss_mb"), n, 0)
+    peak = _fmt(entry.value(peak_key), n, 0)
     return peak + " (process)" if peak else ""
+
+
+def _search_cell(entry, n: int) -> str:
+    """A two-stage search's recorded seconds (``cost.search_seconds``: encoding, shortlist and re-ranking
+    over its own gallery, not scaled: its cost does not grow as an exhaustive matrix's), "mixed" for a row
+    timed on several machines, empty for an exhaustive row."""
+    value = entry.value("cost.search_seconds")
+    if value is None:
+        return ""
+    return "mixed" if mixed_machines(entry) else significant(value, n)
 
 
 def _scaled_up(entry) -> bool:
@@ -199,8 +177,8 @@ def _measured_cells(entry, on_front: bool) -> list[str]:
     return [
         significant(seconds_per_gallery(entry), n) + marks,
         _fmt(entry.value("cost.pairs_per_s"), n, 0),
-        _fmt(entry.value("cost.peak_device_mb"), n, 0),
-        _host_cell(entry, n),
+        _memory_cell(entry, n, "cost.peak_device_growth_mb", "cost.peak_device_mb"),
+        _memory_cell(entry, n, "cost.peak_host_growth_mb", "cost.peak_host_rss_mb"),
     ]
 
 
@@ -237,6 +215,7 @@ def cost_rows(entries, index_sizes: dict[int, float]) -> tuple[str, list[str], l
                 row_label(e),
                 _fmt(e.value("rsum"), n),
                 *_measured_cells(e, bool(front.get(id(e)))),
+                _search_cell(e, n),
                 _params(e),
                 significant(e.value("train_seconds"), n),
                 "mixed" if mixed_training(e) else significant(e.value("train_steps_per_s"), n),
@@ -250,10 +229,16 @@ def cost_rows(entries, index_sizes: dict[int, float]) -> tuple[str, list[str], l
         "three significant digits; "
         "† scaled up from a smaller gallery, where fixed costs weigh more; ★ on the Pareto front of rSum "
         "against it among the rows of one machine, one test gallery and one protocol (leaky or leak-free); "
-        "peak host memory: the scoring's own, its resident high-water mark over the resident set at its "
-        "start, or the process's whole peak where marked (process); memory in MiB; train s and steps/s: "
-        "on the train machine, each training session's device and threads, not the evaluation's)"
+        "peak device and host memory: the scoring's own, its high-water mark over what the process held "
+        "at its start (a training process holds its optimizer state and gradients), or the process's "
+        "whole peak where marked (process); memory in MiB; train s and steps/s: on the train machine, "
+        "each training session's device and threads, not the evaluation's)"
     )
+    if any(e.value("cost.search_seconds") for e in entries):
+        caption += (
+            "; two-stage search s: a shortlist search's recorded time (encoding, shortlist and re-ranking "
+            "over its own gallery), never scaled to 1K x 5K (its cost does not grow as a matrix's)"
+        )
     caption += caption_flags(entries, machines, galleries)
     header = [
         "run",
@@ -262,6 +247,7 @@ def cost_rows(entries, index_sizes: dict[int, float]) -> tuple[str, list[str], l
         "pairs/s",
         "peak device MiB",
         "peak host MiB",
+        "two-stage search s",
         "params M (total / trainable)",
         "train s",
         "train steps/s",
@@ -270,66 +256,6 @@ def cost_rows(entries, index_sizes: dict[int, float]) -> tuple[str, list[str], l
         "machine, precision",
     ]
     return caption, header, rows
-
-
-def csv_text(entries) -> str:
-    """One row per report row: label, finished seeds, machine, planned seeds, whether all finished and
-    evaluated, protocol (``leaky`` / ``leak-free``, then a two-stage search's ``two-stage (shortlist 40/8, α
-    1.0)``), dataset, the split scored and what else it is to the run (``model selection``,
-    ``training``, ``;``-separated where its runs' differ; empty for a held-out split), the test gallery, the
-    config keys whose values differ between its seeds (``;``-separated) and the training machine, then the
-    mean and std of every :data:`CSV_KEYS` figure and of the 1K x 5K scoring seconds (empty where a row
-    lacks it, the std for a single run (undefined), the ``cost.`` figures where the row's runs were
-    evaluated on different machines, steps/s where it trained on several). A row not evaluated has no
-    protocol, dataset, split or gallery; a row whose runs differ in them reads ``MIXED:`` and each value
-    with its run count."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    keys = [*CSV_KEYS, "seconds_per_1k_x_5k"]
-    described = [
-        "run",
-        "seeds",
-        "machine",
-        "planned",
-        "complete",
-        "protocol",
-        "dataset",
-        "split",
-        "split_use",
-        "gallery",
-        "seeds_differ",
-        "train_machine",
-    ]
-    writer.writerow([*described, *(f"{k}_{s}" for k in keys for s in ("mean", "std"))])
-    for e in entries:
-        done = evaluated(e)
-        # "leaky" / "leak-free", and a two-stage search's shortlists (protocol_cell)
-        protocol = protocol_cell(e, leaky="leaky") if done else ""
-        complete = "yes" if done and not is_incomplete(e) else "no"
-        row: list = [
-            e.label,
-            len(e.runs),
-            machine_of(e) if e.runs else "",
-            e.planned,
-            complete,
-            protocol,
-            one_or_mixed(e, "datasets") if done else "",
-            one_or_mixed(e, "scored") if done else "",
-            "; ".join(split_uses(e)) if done else "",
-            (gallery_of(e) or "") if done else "",
-            "; ".join(e.seeds_differ),
-            train_machine_of(e),
-        ]
-        # a figure over several machines' times describes none of them
-        cost, steps = mixed_machines(e), mixed_training(e)
-        hidden = {
-            k for k in CSV_KEYS if (cost and k.startswith("cost.")) or (steps and k == "train_steps_per_s")
-        }
-        values = [None if k in hidden else e.value(k) for k in CSV_KEYS]
-        for value in [*values, seconds_per_gallery(e)]:
-            row += ["", ""] if value is None else list(value)  # floats as repr: they read back equal
-        writer.writerow(row)
-    return out.getvalue()
 
 
 def plot_accuracy_cost(entries, out: Path) -> Path | None:

@@ -12,7 +12,11 @@ was configured with, what its evaluation recorded and what that evaluation score
 * A sweep variant's seeds: those its ``sweep.json`` records finished whose ``summary.json`` is there (one
   whose summary is gone is unfinished, as ``patchword sweep`` takes it); it is INCOMPLETE where seeds it
   was asked for are not: the seeds ``sweep.json`` records set out for it (``planned_seeds``, keyed as
-  ``runs``), or, in a record without them, every seed of the sweep (``seeds``).
+  ``runs``), or, in a record without them, every seed of the sweep (``seeds``). A planned seed whose
+  ``summary.json`` exists but which ``sweep.json`` does not list (continued with ``patchword train
+  --resume``) is "finished outside the sweep", not missing: rerunning the sweep command records it.
+* A run without a usable evaluation whose ``eval_*.json`` files describe something else (made with
+  overrides that change what they measure...) keeps them with why each is not used (``Entry.unused``).
 * Labels are unique: the shortest suffix of the run's (or sweep's) path that tells it from the other rows'
   (``R/a`` and ``R/x/a`` read ``R/a`` and ``x/a``); everything else is keyed by the row itself.
 """
@@ -33,19 +37,19 @@ from patchword.eval.metrics import RECALL_KEYS
 from patchword.experiments.fields import AMOUNT, FINITE, FLAG, LIST, MAPPING, TEXT, check_fields
 from patchword.experiments.galleries import gallery_of_run, run_dataset
 from patchword.experiments.machines import check_sessions
-from patchword.experiments.rows import TWO_STAGE_KEYS
+from patchword.experiments.rows import TWO_STAGE_KEYS, has_recalls
 from patchword.experiments.sweep import SWEEP_FILE, mean_std, read_sweep
 from patchword.imports.published import scored_split, split_use
 from patchword.readers import read_json
 from patchword.runs.config import RunConfig
-from patchword.runs.files import CONFIG_FILE, METRICS_JSON, SUMMARY_FILE, WEIGHTS_FILE
+from patchword.runs.files import CONFIG_FILE, IMPORT_FILE, METRICS_JSON, SUMMARY_FILE, WEIGHTS_FILE
 from patchword.runs.load import (
     WEIGHTS_DIGEST_KEY,
     check_export_weights,
     last_session_config,
     resolve_checkpoint,
 )
-from patchword.runs.recorded import evaluation_of, suite_evaluation_of
+from patchword.runs.recorded import evaluation_of, suite_evaluation_of, unused_evaluations
 
 __all__ = [
     "RECORD_FIELDS",
@@ -89,7 +93,10 @@ RECORD_FIELDS = {
             "scoring_seconds",
             "pairs",
             "pairs_per_s",
+            "search_seconds",
             "peak_device_mb",
+            "peak_device_growth_mb",
+            "device_start_mb",
             "peak_host_rss_mb",
             "peak_host_growth_mb",
             "host_rss_start_mb",
@@ -123,14 +130,18 @@ class Entry:
     Attributes:
         label: the row's name (unique among the rows :func:`collect` returns).
         runs: the run directories; ``planned``: the seeds the row set out to run (at least ``len(runs)``);
-            ``missing``: the planned seeds not finished.
+            ``missing``: the planned seeds not finished; ``outside``: those finished outside the sweep (a
+            ``summary.json`` its ``sweep.json`` does not list: rerunning the sweep command records them).
         configs: each run's config as it ended (``config.yaml`` and its last resume's overrides).
         summaries: each run's evaluation record, its fields checked (``{}``: none); ``sources``: the file
-            each came from (``metrics.json, metrics`` for an export's nested one; None: none).
+            each came from (``metrics.json, metrics`` for an export's nested one; None: none); ``unused``:
+            per run without one, its ``eval_*.json`` files that do not describe its checkpoint, ``(name,
+            why)`` (an evaluation made with ``data.max_caption_len=20``...).
         scored, uses: each run's scored split (:func:`~patchword.imports.published.scored_split`) and what
             else it is to the run (:func:`~patchword.imports.published.split_use`); None where none.
         galleries, datasets: each run's test gallery and the data it scored
             (:func:`~patchword.experiments.galleries.gallery_of_run`, ``run_dataset``).
+        imports: each run's ``import.json`` (``{}``: a run trained here).
         compositional, stale: each run's compositional suite record of its default checkpoint
             (``{}``: none); the runs whose ``eval_compositional.json`` describes something else.
         config: the row's flat config (``seed``: the list of seeds of a multi-run row; a key whose values
@@ -138,16 +149,27 @@ class Entry:
     """
 
     def __init__(
-        self, label: str, runs: list[Path], planned: int | None = None, missing: list[int] | None = None
+        self,
+        label: str,
+        runs: list[Path],
+        planned: int | None = None,
+        missing: list[int] | None = None,
+        outside: list[int] | None = None,
     ) -> None:
         self.label, self.runs = label, runs
         # the seeds a sweep set out to run; fewer finished runs: an interrupted sweep (never shown as whole)
         self.planned = max(planned or 0, len(runs))
         self.missing = list(missing or [])
+        self.outside = list(outside or [])
         self.configs = [run_config(run) for run in runs]
         records = [_evaluation(run) for run in runs]
         self.summaries = [record for record, _ in records]
         self.sources = [source for _, source in records]
+        # per run, the eval_*.json files that do not describe its checkpoint, where nothing else does
+        self.unused = [
+            [] if has_recalls(record) else _unused(run)
+            for run, (record, _) in zip(runs, records, strict=True)
+        ]
         for record, source in records:
             if source is not None:
                 check_fields(record, RECORD_FIELDS, source)
@@ -157,6 +179,7 @@ class Entry:
         pairs = list(zip(self.summaries, [c.data for c in self.configs], strict=True))
         self.galleries = [gallery_of_run(record, data) for record, data in pairs]
         self.datasets = [run_dataset(record, data) for record, data in pairs]
+        self.imports = [_json(run / IMPORT_FILE) for run in runs]  # {}: a run trained here
         self.compositional = [_compositional(r) for r in runs]
         # runs whose eval_compositional.json describes something else (another checkpoint, other data, a
         # config edited since, or a file written before records said which)
@@ -201,6 +224,19 @@ def _evaluation(run: Path) -> tuple[dict[str, Any], str | None]:
     if WEIGHTS_DIGEST_KEY in metrics:
         return _exported(run, metrics)
     return metrics, (str(run / METRICS_JSON) if metrics else None)
+
+
+def _unused(run: Path) -> list[tuple[str, str]]:
+    """(file name, why) of each ``eval_*.json`` of a run with no usable evaluation that does not describe its
+    default checkpoint (:func:`~patchword.runs.recorded.unused_evaluations`), each logged as a warning: the
+    row reads NOT EVALUATED although the user evaluated it."""
+    try:
+        found = unused_evaluations(run, resolve_checkpoint(run))
+    except MissingFileError:
+        return []
+    for name, why in found:
+        _logger.warning("%s: not the run's evaluation, not shown: %s", run / name, why)
+    return found
 
 
 def _exported(run: Path, record: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
@@ -296,10 +332,12 @@ def unique_labels(keys: list[tuple[Path, str]]) -> list[str]:
             return [label(i) for i in range(len(keys))]
 
 
-def _sweep_variants(path: Path) -> list[tuple[str, Path, list[int], list[int]]]:
+def _sweep_variants(path: Path) -> list[tuple[str, Path, list[int], list[int], list[int]]]:
     """A sweep's rows: (variant or ``""``, its runs' parent directory, its finished seeds, its planned
-    seeds), every variant the sweep set out to run (in the record's order), then any finished one it does
-    not plan. See the module docstring for the planned seeds."""
+    seeds, the planned seeds finished outside the sweep: a ``summary.json`` that ``sweep.json`` does not
+    list, a seed continued with ``patchword train --resume``), every variant the sweep set out to run (in
+    the record's order), then any finished one it does not plan. See the module docstring for the planned
+    seeds."""
     sweep = read_sweep(path)
     where = path / SWEEP_FILE
     variants, seeds, done = sweep.get("variants", {}), sweep.get("seeds", []), sweep["runs"]
@@ -320,28 +358,37 @@ def _sweep_variants(path: Path) -> list[tuple[str, Path, list[int], list[int]]]:
             isinstance(s, int) and not isinstance(s, bool) for s in asked
         ):
             asked = seeds  # a record without its variants' own seeds: each was asked for all of them
-        rows.append((variant, parent, finished, list(dict.fromkeys([*asked, *listed]))))
+        planned = list(dict.fromkeys([*asked, *listed]))
+        outside = [s for s in planned if s not in listed and (parent / f"seed-{s}" / SUMMARY_FILE).is_file()]
+        rows.append((variant, parent, finished, planned, outside))
     return rows
 
 
 def collect(paths: list[Path]) -> list[Entry]:
     """Runs and sweeps -> rows (a sweep: one row per variant it set out to run, those with no finished
     seed yet included: an interrupted sweep never reads as whole), labelled by :func:`unique_labels`."""
-    rows: list[tuple[Path, str, list[Path], int | None, list[int]]] = []
+    rows: list[tuple[Path, str, list[Path], int | None, list[int], list[int]]] = []
     for path in paths:
         if (path / SWEEP_FILE).exists():
-            for variant, parent, finished, planned in _sweep_variants(path):
+            for variant, parent, finished, planned, outside in _sweep_variants(path):
                 runs = [parent / f"seed-{s}" for s in finished]
-                missing = [s for s in planned if s not in finished]
-                rows.append((path, variant, runs, len(planned), missing))
+                missing = [s for s in planned if s not in finished and s not in outside]
+                for seed in outside:
+                    _logger.warning(
+                        "%s: finished outside the sweep (%s does not list it): rerun the sweep command to "
+                        "record it",
+                        parent / f"seed-{seed}",
+                        path / SWEEP_FILE,
+                    )
+                rows.append((path, variant, runs, len(planned), missing, outside))
         elif (path / CONFIG_FILE).is_file():
-            rows.append((path, "", [path], None, []))
+            rows.append((path, "", [path], None, [], []))
         else:
             raise MissingFileError(
                 f"{path} is neither a run directory nor a sweep (no config.yaml, no sweep.json)"
             )
     labels = unique_labels([(path, variant) for path, variant, *_ in rows])
     return [
-        Entry(label, runs, planned, missing)
-        for label, (_, _, runs, planned, missing) in zip(labels, rows, strict=True)
+        Entry(label, runs, planned, missing, outside)
+        for label, (_, _, runs, planned, missing, outside) in zip(labels, rows, strict=True)
     ]

@@ -14,6 +14,7 @@ __all__ = ["gallery_rows"]
 _FILE_FIELDS = {
     "machine": MAPPING,
     "machine.cpu": TEXT,
+    "machine.device_name": TEXT,
     "machine.torch_threads": NUMBER,
     "device": TEXT,
     "max_memory_mb": NUMBER,
@@ -34,8 +35,8 @@ _NEEDED = ("images", "captions", "seconds", "pairs_per_s", "peak_host_mb", "extr
 
 def gallery_rows(path: Path) -> tuple[str, list[str], list[list[str]]]:
     """The table of a ``patchword bench gallery --json`` file: (caption, header, rows); extrapolated
-    rows say so. The caption names the machine: its CPU and the torch threads the benchmark ran with
-    (times on one CPU differ with them)."""
+    rows say so. The caption names the machine: the GPU (``machine.device_name``) where the device is
+    not the CPU, the CPU and the torch threads the benchmark ran with (times on one CPU differ with them)."""
     record = read_json(path, "gallery benchmark", expect=dict)
     if record.get("kind") != "gallery" or not isinstance(record.get("rows"), list):
         raise DataError(f"{path}: not a `patchword bench gallery --json` file (kind {record.get('kind')!r})")
@@ -70,10 +71,14 @@ def gallery_rows(path: Path) -> tuple[str, list[str], list[list[str]]]:
     machine = record.get("machine") or {}
     threads = machine.get("torch_threads")
     threads_text = "?" if threads is None else f"{threads:g}"
+    device = str(record.get("device"))
+    # a GPU's times are the GPU's: named first (machine.device_name), the host CPU after it
+    where = f"CPU {machine.get('cpu', '?')}"
+    if device.split(":")[0] != "cpu":
+        where = f"{machine.get('device_name') or '?'} (host {where})"
     caption = (
-        f"Gallery scale ({path.name}: {record.get('config')}, device {record.get('device')}, "
-        f"CPU {machine.get('cpu', '?')}, {threads_text} torch thread{'' if threads == 1 else 's'}, "
-        f"budget {record.get('max_memory_mb')} MiB)"
+        f"Gallery scale ({path.name}: {record.get('config')}, device {device}, {where}, "
+        f"{threads_text} torch thread{'' if threads == 1 else 's'}, budget {record.get('max_memory_mb')} MiB)"
     )
     header = ["images x captions", "seconds", "pairs/s", "peak host MiB", "peak device MiB", ""]
     return caption, header, rows

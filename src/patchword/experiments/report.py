@@ -7,14 +7,16 @@ is the run's model-selection or training split) with its gallery size and, where
 galleries, its gallery's tag, whether the protocol is leaky (flagged) and a two-stage search's shortlists (its
 recalls' meaning in a note under the table), patch-selection object recall against chance and the
 compositional accuracies where the run has them (:mod:`patchword.experiments.suite_table`); a run nothing
-evaluated is "not evaluated"; an imported checkpoint's published results beside its measured ones, each
-published row's protocol and note under the table; what each costs (scoring time per 1K x 5K, memory,
-parameters, training time, index size: :mod:`patchword.experiments.cost`, the Pareto front of accuracy against
-scoring time marked within each machine, test gallery and protocol); the gallery-scale benchmarks given; then
-the config keys whose values differ between the rows or between the seeds of one row (everything else is
-shared), one figure of the training curves overlaid (training loss, dev rSum) and one of accuracy against
-cost. Writes ``report.md``, ``report.html`` (the figures embedded), ``report_curves.png`` and
-``report_cost.png`` beside it, and with ``csv`` one CSV row per report row (mean and std of every figure).
+evaluated is "not evaluated" (with its evaluation files that describe something else, and why); an
+imported checkpoint's published results beside its measured ones, each published row's protocol and note
+under the table (:mod:`patchword.experiments.published_table`); what each costs (scoring time per 1K x 5K,
+memory, a two-stage search's time, parameters, training time, index size: :mod:`patchword.experiments.cost`,
+the Pareto front of accuracy against scoring time marked within each machine, test gallery and protocol);
+the gallery-scale benchmarks given; then the config keys whose values differ between the rows or between
+the seeds of one row (everything else is shared), one figure of the training curves overlaid (training
+loss, dev rSum) and one of accuracy against cost. Writes ``report.md``, ``report.html`` (the figures
+embedded), ``report_curves.png`` and ``report_cost.png`` beside it, and with ``csv`` one CSV row per report
+row (mean and std of every figure: :mod:`patchword.experiments.report_csv`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from patchword.eval.metrics import RECALL_KEYS
 from patchword.eval.two_stage import two_stage_of
 from patchword.experiments.cost import (
     cost_rows,
-    csv_text,
     evaluated,
     index_bytes_per_image,
     is_incomplete,
@@ -39,6 +40,8 @@ from patchword.experiments.cost import (
 )
 from patchword.experiments.entries import Entry, SeedsDiffer, collect
 from patchword.experiments.gallery_table import gallery_rows
+from patchword.experiments.published_table import published_table
+from patchword.experiments.report_csv import csv_text
 from patchword.experiments.report_page import Table, html_page, markdown_page
 from patchword.experiments.rows import (
     TWO_STAGE_NOTE,
@@ -46,15 +49,14 @@ from patchword.experiments.rows import (
     has_recalls,
     mean_cell,
     mixed,
+    not_evaluated_cell,
+    not_evaluated_mark,
     protocol_cell,
     shared_flags,
     split_uses,
 )
 from patchword.experiments.suite_table import compositional_table
 from patchword.fileio import atomic_write_text
-from patchword.imports.base import IMPORT_FILE
-from patchword.imports.published import DATASETS, caveats, compare_rows, imported_model, measured_metrics
-from patchword.readers import read_json
 from patchword.runs.files import METRICS_FILE
 
 __all__ = ["Entry", "collect", "differing_keys", "report_files", "write_report"]
@@ -117,7 +119,7 @@ def _curves(entries: list[Entry], out: Path) -> Path | None:
 def _test_label(e: Entry) -> str:
     marks = [
         "INCOMPLETE" if is_incomplete(e) else "",
-        "NOT EVALUATED" if e.runs and not evaluated(e) else "",
+        not_evaluated_mark(e) if e.runs and not evaluated(e) else "",
         "SEEDS DIFFER" if e.seeds_differ else "",
     ]
     marks = [m for m in marks if m]
@@ -145,12 +147,21 @@ def _test_row(e: Entry, tags: dict[str, str]) -> list[str]:
     """A row of the test-metrics table (a row without a finished run: its label and seed count only; a run
     without an evaluation: "not evaluated"). ``tags``: gallery -> its tag, where there are several."""
     done = len(e.runs)
-    missing = f" (missing: {', '.join(map(str, e.missing))})" if e.missing else ""
-    seeds = f"{done} of {e.planned}{missing}" if is_incomplete(e) else str(done)
+    said = [f"missing: {', '.join(map(str, e.missing))}"] if e.missing else []
+    if e.outside:
+        said.append(
+            f"finished outside the sweep: {', '.join(map(str, e.outside))}; rerun the sweep command to "
+            "record it"
+        )
+    seeds = (
+        f"{done} of {e.planned}" + (f" ({'; '.join(said)})" if said else "")
+        if is_incomplete(e)
+        else str(done)
+    )
     if not done:
         return [_test_label(e), seeds, *[""] * (len(KEYS) + 5)]
     if not evaluated(e):
-        return [_test_label(e), seeds, *[""] * len(KEYS), "not evaluated", "", "", "", ""]
+        return [_test_label(e), seeds, *[""] * len(KEYS), not_evaluated_cell(e), "", "", "", ""]
     recall, chance = e.value("selection_object_recall.caption"), e.value("selection_chance.caption")
     selection = f"{mean_cell(recall, done)} / {chance[0]:.1f}" if recall and chance else ""
     return [
@@ -168,14 +179,34 @@ def _test_row(e: Entry, tags: dict[str, str]) -> list[str]:
 def _steps_cell(e: Entry) -> str:
     """The training step of the checkpoint the row's figures are of and the steps its run trained
     (``4 / 8``): runs with equal configs may have kept other checkpoints. A row whose runs differ: each
-    run's in order (``3, 4 / 8, 8``); ``?`` where a record lacks it (an imported checkpoint's)."""
+    run's in order (``3, 4 / 8, 8``); ``?`` where a record lacks it. An imported checkpoint was trained
+    elsewhere: its step is ``?`` whatever its record says (an import writes step 0), or the official
+    training's iteration count where its ``import.json`` recorded one (``4242 official iterations``)."""
+    imported = [_imported_steps(record) for record in e.imports]
 
     def runs_of(key: str) -> str:
-        shown = ["?" if s.get(key) is None else f"{s[key]:.10g}" for s in e.summaries]
+        shown = [
+            ("?" if s.get(key) is None else f"{s[key]:.10g}")
+            if origin is None
+            else (origin if key == "checkpoint_step" else "?")
+            for s, origin in zip(e.summaries, imported, strict=True)
+        ]
         return shown[0] if len(set(shown)) == 1 else ", ".join(shown)
 
     cell = f"{runs_of('checkpoint_step')} / {runs_of('steps')}"
-    return "" if cell == "? / ?" else cell
+    return "" if cell == "? / ?" and not any(i is not None for i in imported) else cell
+
+
+def _imported_steps(record: dict[str, Any]) -> str | None:
+    """What an imported run's checkpoint step is shown as (``record``: its ``import.json``): the official
+    iteration count it recorded (``metadata.Eiters``), labelled, else ``?``; None for a run trained here."""
+    if not record:
+        return None
+    metadata = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
+    iterations = metadata.get("Eiters")
+    if isinstance(iterations, int) and not isinstance(iterations, bool) and iterations >= 0:
+        return f"{iterations} official iterations"
+    return "?"
 
 
 def _test_caption(entries: list[Entry], tags: dict[str, str]) -> str:
@@ -188,6 +219,11 @@ def _test_caption(entries: list[Entry], tags: dict[str, str]) -> str:
         "checkpoint step / steps: the training step of the checkpoint evaluated and the steps the run "
         "trained, each run's where a row's differ)"
     )
+    if any(any(e.imports) for e in entries):
+        caption += (
+            "; an imported checkpoint trained elsewhere: its checkpoint step is `?`, or the official "
+            "training's iteration count where its import.json records one, and its steps `?`"
+        )
     if tags:
         listed = "; ".join(f"{tag}: {gallery}" for gallery, tag in tags.items())
         caption += (
@@ -200,6 +236,12 @@ def _test_caption(entries: list[Entry], tags: dict[str, str]) -> str:
             "its figures over the finished seeds only, none for a variant with no finished seed; "
             "`patchword sweep` with the sweep's --config, overrides and --name, the row's --variant (if it "
             "has one) and the missing --seeds resumes it"
+        )
+    if any(e.outside for e in entries):
+        caption += (
+            "; finished outside the sweep: a seed whose run has its summary.json but which sweep.json does "
+            "not list (continued with `patchword train --resume`): not in the row's figures; the same "
+            "`patchword sweep` command again records it"
         )
     caption += shared_flags(entries)
     if any(is_leaky(e) for e in entries):
@@ -239,7 +281,7 @@ def _tables(
     if suite is not None:
         tables.append(suite)
     tables.append(cost_rows(entries, index_sizes or {}))
-    published = _published_table(entries)
+    published = published_table(entries)
     if published is not None:
         tables.append(published)
     tables += [gallery_rows(path) for path in galleries]
@@ -265,63 +307,6 @@ def _config_table(entries: list[Entry]) -> Table:
 
 def _config_cell(value: Any) -> str:
     return str(value) if isinstance(value, SeedsDiffer) else json.dumps(value, default=str)
-
-
-def _published_table(entries: list[Entry]) -> Table | None:
-    """Published vs measured here for the rows that are imported official checkpoints
-    (:mod:`patchword.imports.published`): per published result of the method, backbone and dataset the
-    checkpoint was trained for, its row, the row's measured figures and their difference; a row without an
-    evaluation: "not measured here yet", and no caveat of what was not measured. A published row with a
-    recorded protocol or note (what is doubtful about the row as printed: a recall its paper prints
-    otherwise elsewhere, a protocol the notes assume) is marked ``[n]``, its protocol and note under the
-    table, as the model card shows them."""
-    rows, notes, marks = [], [], {}
-    for e in filter(lambda e: e.runs, entries):
-        model = imported_model(_json(e.runs[0] / IMPORT_FILE))
-        # the data config the evaluation read: which split its recorded role is, which data lay there
-        data = e.configs[0].data
-        record = e.summaries[0]
-        for published in model.published() if model is not None else []:
-            measured = measured_metrics(record, published.dataset)
-            what = DATASETS[published.dataset] + (f", {published.variant}" if published.variant else "")
-            for row in compare_rows(published, measured):
-                if row["row"] != "published" and not record:
-                    if row["row"] == "measured here":
-                        rows.append([e.label, what, "not measured here yet", *[""] * (len(KEYS) + 1)])
-                    continue
-                signed = row["row"] == "difference"
-                cells = [
-                    "" if row[k] is None else f"{row[k]:+.1f}" if signed else f"{row[k]:.1f}" for k in KEYS
-                ]
-                source = published.source if row["row"] == "published" else ""
-                name = row["row"] + (_mark(published, what, marks) if row["row"] == "published" else "")
-                rows.append([e.label, what, name, *cells, source])
-            notes += [f"{e.label}, {what}: {text}" for text in caveats(published, record, data, model)]
-    if not rows:
-        return None
-    caption = (
-        "Published (paper / official README, as printed) vs measured here, for imported official "
-        "checkpoints; difference = measured - published"
-    )
-    if notes:
-        caption += "; NOT LIKE FOR LIKE: " + "; ".join(notes)
-    header = ["run", "published result", "row", *KEYS, "source"]
-    return caption, header, rows, [f"[{n}] {text}" for text, n in marks.items()]
-
-
-def _mark(published, what: str, marks: dict[str, int]) -> str:
-    """`` [n]``: the footnote of ``published``'s protocol and note (``marks``: footnote text -> n, one
-    number per text, shared by the rows that print it); ``""`` for a row that records neither."""
-    said = [f"protocol: {published.protocol}"] if published.protocol else []
-    said += [f"note: {published.note}"] if published.note else []
-    if not said:
-        return ""
-    text = f"{what}: " + "; ".join(said)
-    return f" [{marks.setdefault(text, len(marks) + 1)}]"
-
-
-def _json(path: Path) -> dict[str, Any]:
-    return read_json(path, path.name, default={})
 
 
 def _index_sizes(entries: list[Entry], indexes: tuple[Path, ...]) -> dict[int, float]:
@@ -363,7 +348,8 @@ def write_report(
     (``csv``); ``indexes``: search index directories (their bytes per image join their run's row);
     ``galleries``: ``patchword bench gallery`` JSON files. Returns ``out``."""
     entries = collect(paths)
-    tables = _tables(entries, _index_sizes(entries, indexes), galleries)
+    index_sizes = _index_sizes(entries, indexes)
+    tables = _tables(entries, index_sizes, galleries)
     files = report_files(out)
     figures = []
     curves = _curves(entries, files["curves"])
@@ -375,5 +361,5 @@ def write_report(
     atomic_write_text(out, markdown_page(tables, figures))
     atomic_write_text(files["html"], html_page(tables, figures))
     if csv is not None:
-        atomic_write_text(csv, csv_text(entries))
+        atomic_write_text(csv, csv_text(entries, index_sizes))
     return out

@@ -23,6 +23,8 @@ __all__ = [
     "is_leaky",
     "mixed",
     "mixed_galleries",
+    "not_evaluated_cell",
+    "not_evaluated_mark",
     "one_or_mixed",
     "protocol_cell",
     "row_label",
@@ -30,9 +32,11 @@ __all__ = [
     "shared_flags",
     "significant",
     "split_use",
+    "split_use_cell",
     "split_uses",
     "TWO_STAGE_KEYS",
     "TWO_STAGE_NOTE",
+    "unused_files",
 ]
 
 #: A two-stage (shortlist) search's figures in its record (:func:`patchword.eval.protocol` records them):
@@ -82,10 +86,53 @@ def split_use(entry) -> str | None:
     return next(iter(split_uses(entry)), None)
 
 
+def split_use_cell(entry) -> str:
+    """What the scored splits of the row's evaluated runs are besides a test set, for the CSV: the one use
+    (``model selection``; ``""`` for a held-out split) where every run's is the same, else one entry per
+    run, in the runs' order, ``;``-separated, ``held-out`` for a held-out split (``held-out; held-out;
+    model selection``: a seed evaluated again on its dev split)."""
+    pairs = zip(entry.uses, entry.summaries, strict=True)
+    per_run = [use or "held-out" for use, summary in pairs if has_recalls(summary)]
+    if len(set(per_run)) <= 1:
+        return "" if not per_run or per_run[0] == "held-out" else per_run[0]
+    return "; ".join(per_run)
+
+
 def evaluated(entry) -> bool:
     """Whether the row has runs and each has an evaluation recorded (its recall figures; not one still
     training or killed before its test evaluation)."""
     return bool(entry.runs) and all(has_recalls(s) for s in entry.summaries)
+
+
+def unused_files(entry) -> list[str]:
+    """The ``eval_*.json`` files of the row's runs that no evaluation shown came from (they do not describe
+    the run's checkpoint as configured: ``entry.unused``), each once: ``eval_test.json``, or
+    ``seed-1/eval_test.json`` in a row of several runs."""
+    names = [
+        name if len(entry.runs) == 1 else f"{run.name}/{name}"
+        for run, found in zip(entry.runs, getattr(entry, "unused", [[]] * len(entry.runs)), strict=True)
+        for name, _ in found
+    ]
+    return list(dict.fromkeys(names))
+
+
+def not_evaluated_mark(entry) -> str:
+    """``NOT EVALUATED``, and the evaluation files not used where the runs have some (``NOT EVALUATED:
+    eval_test.json not used``)."""
+    files = unused_files(entry)
+    return "NOT EVALUATED" + (f": {', '.join(files)} not used" if files else "")
+
+
+def not_evaluated_cell(entry) -> str:
+    """What the row's split column says of a row not evaluated: ``not evaluated``, then why each evaluation
+    file is not used (``eval_test.json: made with overrides that change what it measures
+    (data.max_caption_len=20)``)."""
+    whys = [
+        f"{name if len(entry.runs) == 1 else f'{run.name}/{name}'}: {why}"
+        for run, found in zip(entry.runs, getattr(entry, "unused", [[]] * len(entry.runs)), strict=True)
+        for name, why in found
+    ]
+    return "not evaluated" + (f" ({'; '.join(whys)})" if whys else "")
 
 
 def mixed(counts: dict[str, int], unit: str = "run") -> str:
@@ -142,7 +189,8 @@ def is_leaky(entry) -> bool:
 
 def row_label(entry) -> str:
     """The row's label with what makes its figures not like the others': INCOMPLETE (a sweep variant with
-    seeds still to run), NOT EVALUATED (a run without an evaluation), SEEDS DIFFER (a sweep row whose seeds
+    seeds still to run), NOT EVALUATED (a run without an evaluation; ``NOT EVALUATED: eval_test.json not
+    used`` where its evaluation files describe something else), SEEDS DIFFER (a sweep row whose seeds
     ran with different config values), MODEL SELECTION SPLIT / TRAINING SPLIT (a run not scored on a
     held-out test split), MIXED GALLERIES (runs scored on different galleries) and LEAKY (the caption-tied
     dense protocol)."""
@@ -150,7 +198,7 @@ def row_label(entry) -> str:
     if is_incomplete(entry):
         marks.append(f"INCOMPLETE, {len(entry.runs)} of {entry.planned} seeds")
     if entry.runs and not evaluated(entry):
-        marks.append("NOT EVALUATED")
+        marks.append(not_evaluated_mark(entry))
     if entry.seeds_differ:
         marks.append("SEEDS DIFFER")
     marks += [f"{use.upper()} SPLIT" for use in split_uses(entry)]
@@ -196,6 +244,13 @@ def shared_flags(entries) -> str:
         flags += (
             "; NOT EVALUATED: a run with no evaluation recorded (still training, or stopped before its "
             "test evaluation): no figures, no protocol"
+        )
+    if any(unused_files(e) for e in entries if e.runs and not evaluated(e)):
+        flags += (
+            "; NOT EVALUATED: FILE not used: the run has an evaluation file, but it does not describe the "
+            "run's checkpoint as configured (made with overrides that change what it measures, of another "
+            "checkpoint, with another config.yaml, of other weights; the split column says which): its "
+            "figures are not the run's; `patchword eval RUN` without such overrides records its evaluation"
         )
     if any(e.seeds_differ for e in entries):
         flags += (

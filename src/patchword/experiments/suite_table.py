@@ -3,9 +3,11 @@ scored (the synthetic split, or the ``--suite-file`` files) and the dense text i
 
 The kinds are the records' own (``"n"`` lists them): the synthetic suite's four, or one per SugarCrepe
 file (``swap_obj``, ``replace_att``...), so a row scored on files shows its figures in its own columns,
-never an empty row under the synthetic kinds. Functions take the report's rows
-(``patchword.experiments.entries.Entry``: ``label``, ``runs``, ``compositional`` (one suite record per run,
-``{}`` for none), ``stale``, ``value(key, "compositional")``) without importing them.
+never an empty row under the synthetic kinds. A sweep row some of whose seeds have no record shows its
+figures over the scored seeds and says which are missing (``1 of 2 seeds scored (missing: seed 1)``).
+Functions take the report's rows (``patchword.experiments.entries.Entry``: ``label``, ``runs``,
+``configs``, ``compositional`` (one suite record per run, ``{}`` for none), ``stale``) without importing
+them.
 """
 
 from __future__ import annotations
@@ -17,14 +19,44 @@ from typing import Any
 from patchword.data.synthetic.negatives import NEGATIVE_KINDS
 from patchword.eval.compositional import DENSE_TEXT_WORDS
 from patchword.experiments.rows import mean_cell, one_or_mixed_of
+from patchword.experiments.sweep import mean_std
 
-__all__ = ["compositional_table"]
+__all__ = ["compositional_table", "suite_kinds", "suite_value", "unscored_seeds"]
 
 
-def _kinds(entries) -> list[str]:
+def suite_kinds(entries) -> list[str]:
     """Every kind the rows' records score, in their order (records list them in ``"n"``)."""
     kinds = [k for e in entries for record in e.compositional if record for k in record.get("n") or {}]
     return list(dict.fromkeys(kinds)) or list(NEGATIVE_KINDS)  # the synthetic suite's, in its order
+
+
+def suite_value(entry, kind: str) -> tuple[float, float | None] | None:
+    """(mean, sample std) of ``kind``'s accuracy over the row's scored runs (those with a suite record;
+    :func:`unscored_seeds` names the others), None where none of them has it."""
+    values = [r.get(kind) for r in entry.compositional if r]
+    if not values or any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in values):
+        return None
+    return mean_std(values)
+
+
+def unscored_seeds(entry) -> list[int]:
+    """The seeds of the row's runs without a suite record of their default checkpoint (none scored, or
+    a record of something else: ``entry.stale``)."""
+    return [c.seed for c, record in zip(entry.configs, entry.compositional, strict=True) if not record]
+
+
+def _label(entry) -> str:
+    """The row's label, with how many of its seeds were scored where not all were (the figures are over
+    the scored ones) and the runs whose record is not shown."""
+    marks = []
+    missing = unscored_seeds(entry)
+    if missing and len(entry.runs) > 1:
+        scored = len(entry.runs) - len(missing)
+        listed = ", ".join(f"seed {s}" for s in missing)
+        marks.append(f"{scored} of {len(entry.runs)} seeds scored (missing: {listed})")
+    if entry.stale:
+        marks.append(f"NOT SHOWN: {', '.join(sorted(set(entry.stale)))}")
+    return entry.label + (f" ({'; '.join(marks)})" if marks else "")
 
 
 def _suite(record: dict[str, Any]) -> str:
@@ -47,13 +79,13 @@ def compositional_table(entries) -> tuple[str, list[str], list[list[str]]] | Non
     with_suite = [e for e in entries if any(e.compositional) or e.stale]
     if not with_suite:
         return None
-    kinds = _kinds(with_suite)
+    kinds = suite_kinds(with_suite)
     rows = [
         [
-            e.label + (f" (NOT SHOWN: {', '.join(sorted(set(e.stale)))})" if e.stale else ""),
+            _label(e),
             _per_run(e, _suite),
             _per_run(e, lambda r: str(r.get("dense_text") or "not recorded")),
-            *(mean_cell(e.value(k, "compositional"), len(e.runs)) for k in kinds),
+            *(mean_cell(suite_value(e, k), sum(1 for r in e.compositional if r)) for k in kinds),
         ]
         for e in with_suite
     ]
@@ -64,6 +96,12 @@ def compositional_table(entries) -> tuple[str, list[str], list[list[str]]] | Non
     )
     if any(r.get("dense_text") == "none" for e in with_suite for r in e.compositional if r):
         caption += f"; dense text {DENSE_TEXT_WORDS['none']}"
+    if any(unscored_seeds(e) and len(e.runs) > 1 for e in with_suite):
+        caption += (
+            "; n of m seeds scored: a sweep row some of whose seeds have no suite record of their default "
+            "checkpoint: its figures are over the scored seeds only (`patchword eval RUN --suite "
+            "compositional` scores a missing one)"
+        )
     if any(e.stale for e in with_suite):
         caption += (
             "; NOT SHOWN: the named runs' eval_compositional.json is not of their default checkpoint's "

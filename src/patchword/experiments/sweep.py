@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from patchword.config import SEED_RANGE, check_dir_name
-from patchword.errors import ConfigError
+from patchword.errors import ConfigError, ResumeHint
 from patchword.eval.metrics import RANK_KEYS, RECALL_KEYS
 from patchword.experiments.sweep_members import check_existing_member, suite_figures
 from patchword.fileio import atomic_write_text
@@ -57,6 +57,7 @@ __all__ = [
     "read_sweep",
     "run_sweep",
     "summarize",
+    "sweep_hint",
 ]
 
 #: The key of ``sweep.json``'s ``runs`` / ``summary`` / planned seeds for a sweep without variants (so no
@@ -146,9 +147,23 @@ def _members(
     return members
 
 
-def _run_one(config: str | None, overrides: list[str], run_dir: Path) -> dict[str, Any]:
+def sweep_hint(run_dir: Path, sweep_dir: Path) -> ResumeHint:
+    """How an interruption of the run in ``run_dir`` of the sweep in ``sweep_dir`` says to go on
+    (:class:`~patchword.errors.ResumeHint`): the same ``patchword sweep`` command, which resumes the run and
+    records it in ``sweep.json`` (``patchword train --resume``, the runner's own advice, finishes the run
+    but leaves it out of the sweep's record)."""
+    rerun = "running the same `patchword sweep` command again"
+    return ResumeHint(
+        rerun,
+        f"continue by {rerun} (it resumes {run_dir} and records it in {sweep_dir / SWEEP_FILE}; "
+        "`patchword train --resume` would leave it out of the sweep's record)",
+    )
+
+
+def _run_one(config: str | None, overrides: list[str], run_dir: Path, sweep_dir: Path) -> dict[str, Any]:
     """Train, resume or read back one run of the sweep (checked by
-    :func:`~patchword.experiments.sweep_members.check_existing_member`); returns its summary."""
+    :func:`~patchword.experiments.sweep_members.check_existing_member`); returns its summary. An
+    interruption says to run the sweep command again (:func:`sweep_hint`)."""
     from patchword.runs.config import load_run_config
     from patchword.train.runner import resume_run, train_run
 
@@ -157,9 +172,9 @@ def _run_one(config: str | None, overrides: list[str], run_dir: Path) -> dict[st
         return read_json(run_dir / SUMMARY_FILE, "run summary")
     if (run_dir / LAST_CHECKPOINT).is_file():
         _logger.info("%s was interrupted: resuming it", run_dir)
-        return resume_run(run_dir)
+        return resume_run(run_dir, hint=sweep_hint(run_dir, sweep_dir))
     # new, or a start killed before its first checkpoint, which train_run clears and starts again
-    return train_run(load_run_config(config, overrides))
+    return train_run(load_run_config(config, overrides), hint=sweep_hint(run_dir, sweep_dir))
 
 
 def _refuse_foreign_directory(sweep_dir: Path, key: str) -> None:
@@ -354,7 +369,7 @@ def run_sweep(
     for _, _, member_overrides, run_dir in members:
         check_existing_member(config, member_overrides, run_dir, suites)
     for variant, seed, member_overrides, run_dir in members:
-        summary = _run_one(config, member_overrides, run_dir)
+        summary = _run_one(config, member_overrides, run_dir, sweep_dir)
         row = {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool, type(None)))}
         for suite in suites:
             row.update(suite_figures(run_dir, suite))

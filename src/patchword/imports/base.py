@@ -12,10 +12,10 @@ An importer (one module per family: ``seps``, ``scan``, ...) registers two funct
 :func:`write_imported_run` then builds the model the config describes (Hugging Face backbones randomly
 initialised from the ``--hf-*`` architectures: their weights come from the checkpoint, never from
 there), loads the mapped tensors with ``strict=True`` (a missing, unexpected or mis-shaped tensor is one
-error naming it), and writes the run directory atomically: ``config.yaml``, the tokenizer, ``backbones.json``,
-``best.pt`` / ``last.pt`` (the imported weights, step 0) and ``import.json`` (source file as an absolute
-path, its sha256, the family, the dataset the ``opt`` implies, the official ``opt``, what was ignored and
-why, the user's overrides).
+error naming it), and writes the run directory atomically: ``config.yaml``, the tokenizer,
+``backbones.json``, ``best.pt`` / ``last.pt`` (the imported weights; no training step: they trained
+elsewhere) and ``import.json`` (source file as an absolute path, its sha256, the family, the dataset the
+``opt`` implies, the official ``opt``, what was ignored and why, the user's overrides).
 """
 
 from __future__ import annotations
@@ -393,7 +393,7 @@ def write_imported_run(plan: ImportPlan, source: Path, out: Path) -> dict[str, A
             shutil.copyfile(plan.bert_files, tmp / "bert_vocab.txt")
         if plan.architectures:
             atomic_write_text(tmp / BACKBONES_FILE, json.dumps(plan.architectures, indent=2))
-        weights = {"model": model.state_dict(), "step": 0, "metrics": {}, "config": config_to_dict(cfg)}
+        weights = {"model": model.state_dict(), "metrics": {}, "config": config_to_dict(cfg)}
         atomic_save(weights, tmp / BEST_CHECKPOINT)
         atomic_save(weights, tmp / LAST_CHECKPOINT)
         atomic_write_text(tmp / IMPORT_FILE, json.dumps(record, indent=2, default=str))

@@ -17,6 +17,10 @@ The suites (``eval_compositional.json``, ``eval_patches.json``: ``patchword eval
 same identity (:func:`evaluation_identity`, the fields a recall record carries) and
 :func:`suite_evaluation_of` finds the one describing a checkpoint by the same rules; a suite record written
 before they carried it is never trusted (nothing in it proves which weights or settings it scored).
+:func:`unused_evaluations` says why each ``eval_*.json`` that does not describe a checkpoint is not used.
+
+Over 400 lines: the rules by which a record describes a checkpoint, and the reasons one does not, are one
+set of rules; apart, the reasons a report gives could drift from the rules it applies.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any, NamedTuple
 
 from patchword.fileio import file_sha256
 from patchword.readers import read_json
-from patchword.runs.files import BEST_CHECKPOINT, CONFIG_FILE, LAST_CHECKPOINT, SUMMARY_FILE
+from patchword.runs.files import BEST_CHECKPOINT, CONFIG_FILE, IMPORT_FILE, LAST_CHECKPOINT, SUMMARY_FILE
 from patchword.runs.load import config_hash
 from patchword.version import __version__
 
@@ -47,6 +51,7 @@ __all__ = [
     "path_in_run",
     "suite_evaluation_of",
     "suite_files_identity",
+    "unused_evaluations",
 ]
 
 #: The field of an evaluation record (``eval_*.json``, ``summary.json``) holding the sha256 of the
@@ -82,9 +87,9 @@ def path_in_run(run_dir: str | Path, checkpoint: str | Path) -> Path | None:
 
 def checkpoint_facts(checkpoint: str | Path) -> dict[str, Any]:
     """What a patchword checkpoint records about itself besides its weights: ``step`` (the training step
-    it was saved at) and ``dev_rsum`` (``best.pt``: the dev rSum that made it the best). Read memory-mapped
-    (the tensors are not loaded); ``{}`` for a file that records nothing (``model.safetensors``) or that
-    cannot be read that way."""
+    it was saved at; none for imported weights, trained elsewhere) and ``dev_rsum`` (``best.pt``: the dev
+    rSum that made it the best). Read memory-mapped (the tensors are not loaded); ``{}`` for a file that
+    records nothing (``model.safetensors``) or that cannot be read that way."""
     import torch
 
     path = Path(checkpoint)
@@ -97,7 +102,10 @@ def checkpoint_facts(checkpoint: str | Path) -> dict[str, Any]:
     if not isinstance(state, dict):
         return {}
     facts: dict[str, Any] = {}
-    if isinstance(state.get("step"), int):
+    # an import of an older version wrote step 0 beside its import.json: weights trained elsewhere, at a
+    # step patchword does not know (an import now writes none)
+    imported = state.get("step") == 0 and (path.parent / IMPORT_FILE).is_file()
+    if isinstance(state.get("step"), int) and not imported:
         facts["step"] = state["step"]
     rsum = (state.get("metrics") or {}).get("rsum") if isinstance(state.get("metrics"), dict) else None
     if isinstance(rsum, (int, float)):
@@ -304,6 +312,47 @@ def evaluation_of(
     ):
         return summary, summary_path.name
     return {}, None
+
+
+def _why_unused(record: dict[str, Any], target: _Target, recorded_at: float) -> str | None:
+    """Why an ``eval_*.json`` recall record does not describe ``target`` (:func:`evaluation_of`'s rules, in
+    the order a user would fix them); None where it does."""
+    if "ensemble" in record:
+        return "an ensemble's evaluation, not of this checkpoint alone"
+    overrides = record.get("overrides")
+    listed = [overrides] if isinstance(overrides, str) else overrides if isinstance(overrides, list) else []
+    changing = [str(o) for o in listed if _non_neutral([o])]
+    if changing:
+        return f"made with overrides that change what it measures ({', '.join(changing)})"
+    if not _names(record, target.inside):
+        named = record.get("checkpoint")
+        return f"of another checkpoint ({named})" if named else "names no checkpoint it scored"
+    if record.get("config_hash") != target.current:
+        return "made with another config.yaml than the run's present one"
+    if not _measured(record, target.digest, recorded_at, target.written):
+        kind = "other weights than" if record.get(DIGEST_FIELD) is not None else "older than"
+        return f"of {kind} {target.inside} holds now"
+    return None
+
+
+def unused_evaluations(run_dir: str | Path, checkpoint: str | Path) -> list[tuple[str, str]]:
+    """(file name, why) of each recall evaluation ``eval_*.json`` of ``run_dir`` that does not describe
+    ``checkpoint`` (:func:`evaluation_of`'s rules: overrides that change what it measures, another
+    checkpoint, another config, other bytes, an ensemble's), sorted by name; suite records are left out
+    (they are no recall evaluation). What a report says of a run with evaluation files but none usable."""
+    run_dir = Path(run_dir)
+    target = _target(run_dir, checkpoint)
+    if target is None:
+        return []
+    found = []
+    for path in sorted(run_dir.glob("eval_*.json")):
+        record = _read(path)
+        if record is None or record.get("suite") is not None:
+            continue
+        why = _why_unused(record, target, path.stat().st_mtime)
+        if why is not None:
+            found.append((path.name, why))
+    return found
 
 
 def _scored_files(record: dict[str, Any]) -> list[str]:
