@@ -25,7 +25,7 @@ from patchword.config import config_to_dict, from_dict
 from patchword.data.config import DataConfig
 from patchword.device import checked_device
 from patchword.errors import ConfigError, MissingFileError, ModelNotFoundError
-from patchword.model import ModelConfig, RetrievalModel, build_model
+from patchword.model import ModelConfig, RetrievalModel, build_model, check_matcher_options
 from patchword.model_configs import list_models, named_model_mapping, named_random_init
 from patchword.pretrained import VOCAB, resolve_pretrained_dir, resolve_vocab_path
 from patchword.runs import load_run
@@ -105,6 +105,12 @@ def create_model(
             config kwargs}``, as a run's ``backbones.json`` holds them); overrides ``pretrained`` for the
             backbones it names.
         **overrides: :class:`ModelConfig` fields (``embed_dim=256``, ``seps={"sparse_ratio": 0.6}``).
+
+    Raises:
+        ConfigError: naming the key, among others for a matcher option that would fail or do nothing
+            (:func:`~patchword.model.check_matcher_options`): one the matcher's config lacks, the token
+            geometry in ``options``, ``options`` for a matcher with a typed section, a typed section of
+            another matcher (``matcher="vse", seps={...}``).
     """
     # checked first, as score_matrix checks it: cuda on a machine without one was torch's bare
     # AssertionError after the whole build, and "auto" (the CLI's default) a RuntimeError
@@ -115,6 +121,9 @@ def create_model(
             raise ConfigError("model", f"{model}: a saved model is loaded as it is (no overrides)")
         return load_run(directory, device=device).model
     cfg = _model_config(model, overrides)
+    # the matcher's options, and the sections of the other matchers (``matcher="vse", seps={...}`` would
+    # do nothing), before any vocabulary or weights are read; build_model checks the options again
+    check_matcher_options(cfg)
     if pretrained and cfg.tiny_pretrained:  # named as the argument, before build_model reads it
         resolve_pretrained_dir(cfg.tiny_pretrained, key=_TINY_PRETRAINED_KEY)
     if vocab_size is None and cfg.text_encoder in _WORD_ENCODERS:

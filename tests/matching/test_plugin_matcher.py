@@ -40,6 +40,7 @@ class ToyMatcher(Matcher):
 
     def forward(self, img_tokens, cap_tokens, cap_lens, dense_tokens=None, dense_lens=None) -> MatcherOutput:
         lens = self.validate_text(cap_tokens, cap_lens)
+        cap_tokens = cap_tokens.to(img_tokens.dtype)  # scored in the image tokens' dtype (the contract)
         img = l2norm(img_tokens[:, int(self.has_cls) :].mean(1))
         txt = l2norm(masked_mean(self.word_map(cap_tokens), lens))
         return MatcherOutput(sims=self.config.scale * img @ txt.T)

@@ -14,10 +14,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from patchword.errors import ConfigError
 from patchword.eval.two_stage import TWO_STAGE_RECALLS, two_stage_of
 from patchword.imports import published as published_table
-from patchword.matching import matcher_spec
-from patchword.model import matcher_arguments
+from patchword.matching import DEFAULT_MATCHER
+from patchword.model import reported_options
+from patchword.model_configs import named_model_mapping
 from patchword.readers import read_json
 from patchword.runs.files import BACKBONES_FILE, IMPORT_FILE
 from patchword.runs.load import WEIGHTS_DIGEST_KEY
@@ -33,10 +35,19 @@ def _read_json(path) -> dict[str, Any]:
     return read_json(path, path.name, default={})
 
 
-def _reported(mc) -> dict[str, Any]:
-    """The option fields the matcher's registration reports (SEPS / LAPS: ``variant``) and their values."""
-    options = {**matcher_spec(mc.matcher).preset, **matcher_arguments(mc)}
-    return {key: options[key] for key in matcher_spec(mc.matcher).report}
+def _what(mc) -> str:
+    """What the model is, for the card's first sentence: its matcher, and the named architecture it started
+    from (``seps-tiny-32``). A matcher other than the one that architecture names replaced it: the name then
+    says only where the encoders came from (`mine` matcher on the `seps-tiny-32` encoders)."""
+    if not mc.name:
+        return f"`{mc.matcher}`"
+    try:
+        named = named_model_mapping(mc.name).get("matcher", DEFAULT_MATCHER)
+    except ConfigError:  # a name no shipped architecture has (a run of an older patchword): as it says
+        named = mc.matcher
+    if named == mc.matcher:
+        return f"`{mc.matcher}` (`{mc.name}`)"
+    return f"`{mc.matcher}` matcher on the `{mc.name}` encoders"
 
 
 def _tokens_line(mc, encoder) -> str:
@@ -63,9 +74,8 @@ def model_card(run, record: dict[str, Any]) -> str:
     lines = [
         f"# {run.run_dir.name}",
         "",
-        f"A patchword model: `{mc.matcher}`"
-        + (f" (`{mc.name}`)" if mc.name else "")
-        + f": image encoder {kinds['image']}, text encoder {kinds['text']}, {mc.embed_dim}-d joint space.",
+        f"A patchword model: {_what(mc)}: image encoder {kinds['image']}, text encoder {kinds['text']}, "
+        f"{mc.embed_dim}-d joint space.",
         "",
         "```python",
         "from patchword.runs import load_run",
@@ -74,7 +84,9 @@ def model_card(run, record: dict[str, Any]) -> str:
         "",
         "## Model",
         "",
-        f"* matcher: `{mc.matcher}`" + "".join(f", {key} `{value}`" for key, value in _reported(mc).items()),
+        # the reported options as the matcher used them (a default as its value)
+        f"* matcher: `{mc.matcher}`"
+        + "".join(f", {key} `{value}`" for key, value in reported_options(mc, model.matcher).items()),
         f"* image encoder: {kinds['image']}; {origins['image']}",
         f"* text encoder: {kinds['text']}; {origins['text']}",
         _tokens_line(mc, model.image_encoder),

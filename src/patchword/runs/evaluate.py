@@ -27,8 +27,7 @@ from patchword.eval.engine.memory import configured_budget_mb
 from patchword.eval.known_splits import identify_captions
 from patchword.eval.protocol import evaluate
 from patchword.fileio import atomic_write_text, check_output_file
-from patchword.matching import matcher_spec
-from patchword.model import RetrievalModel, matcher_arguments
+from patchword.model import RetrievalModel, reported_options
 from patchword.runs.checks import check_eval_settings
 from patchword.runs.config import RunConfig
 from patchword.runs.ensemble import member, refuse_repeated_members, shared_split, warn_of_scales
@@ -109,7 +108,6 @@ def run_metadata(cfg: RunConfig, model: RetrievalModel, role: str, split) -> dic
     ``"split"`` the role, ``"data_split"`` the dataset's split it read and ``"split_use"`` what that split
     is to the run besides a test set (None: held out)."""
     matcher = model.matcher
-    options = matcher_arguments(cfg.model)
     return {
         "split": role,
         "data_split": data_split(cfg.data, role),
@@ -119,8 +117,9 @@ def run_metadata(cfg: RunConfig, model: RetrievalModel, role: str, split) -> dic
         # which published test split the captions are, by their text (None: none of them is a known split's)
         "known_captions": identify_captions(split.captions),
         "matcher": cfg.model.matcher,
-        # the options the matcher's registration asks every metrics file to record (SEPS: its variant)
-        **{key: options.get(key) for key in matcher_spec(cfg.model.matcher).report},
+        # the options the matcher's registration asks every metrics file to record (SEPS: its variant), as
+        # the matcher used them: an option left at its default is recorded as its value, not null
+        **reported_options(cfg.model, matcher),
         # None without dense text (data.dense=false, or a matcher that reads none): no pairing took place
         "dense_pairing": matcher.dense_pairing if cfg.data.dense and matcher.consumes_dense else None,
         "leaky": bool(cfg.data.dense and matcher.leaky),

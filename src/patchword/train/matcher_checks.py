@@ -1,8 +1,9 @@
 """The matcher of a run checked against what it declared at registration, before anything is written.
 
 :func:`check_matcher` reads only the config and the matcher's registration (:mod:`patchword.matching.
-registry`), never a matcher's name: its training losses, chunking, the options its preset fixes, its options
-themselves, sections it does not read and the image tokens it takes (a matcher whose options have no
+registry`), never a matcher's name: its training losses, chunking, its options (the library's
+:func:`~patchword.model.check_matcher_options`, which every build runs: the options its preset fixes, the
+options themselves, sections it does not read) and the image tokens it takes (a matcher whose options have no
 ``has_cls`` takes none with a CLS token first). Every failure is a
 :class:`~patchword.errors.ConfigError` naming the key to change.
 """
@@ -11,11 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from patchword.config import config_diff
 from patchword.data.prepare import REGION_DATASETS
 from patchword.errors import ConfigError
 from patchword.matching.registry import list_matchers, matcher_spec
-from patchword.model import matcher_arguments, matcher_section, typed_sections
+from patchword.model import check_matcher_options
 from patchword.runs.config import RunConfig
 
 __all__ = ["check_matcher"]
@@ -50,41 +50,10 @@ def check_matcher(cfg: RunConfig) -> None:
         )
     if tc.pair_chunk and not spec.pair_chunk:
         raise ConfigError("train.pair_chunk", f"model.matcher={mc.matcher} does not chunk its training step")
-    in_use = matcher_section(mc.matcher)
-    if in_use != "options":
-        section = getattr(mc, in_use)
-        for key, value in spec.preset.items():
-            if getattr(section, key) != getattr(type(section)(), key):
-                raise ConfigError(
-                    f"model.{in_use}.{key}",
-                    f"is fixed to {value!r} by model.matcher={mc.matcher}: leave it at its default",
-                )
-    options = matcher_arguments(mc)
+    # the options themselves, as every build checks them (create_model, load_run, patchword eval), and
+    # here the sections of other matchers too: before anything is written
+    check_matcher_options(mc)
     fields = {f.name for f in dataclasses.fields(spec.config_cls)}
-    unknown = sorted(set(options) - fields)
-    if unknown:
-        raise ConfigError(
-            f"model.options.{unknown[0]}",
-            f"is not an option of {mc.matcher}; valid: {', '.join(sorted(fields))}",
-        )
-    try:  # the options' own checks (those that need no token geometry)
-        config = spec.config_cls(**{**spec.preset, **options})
-        if hasattr(config, "check"):
-            config.check()
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"model.{in_use}", str(err)) from None
-    for name in typed_sections():
-        changed = config_diff(type(getattr(mc, name))(), getattr(mc, name)) if name != in_use else []
-        if changed:
-            raise ConfigError(
-                f"model.{name}.{changed[0]}",
-                f"has no effect with model.matcher={mc.matcher} (it reads model.{in_use})",
-            )
-    if mc.options and in_use != "options":
-        key = next(iter(mc.options))
-        raise ConfigError(
-            f"model.options.{key}", f"has no effect with model.matcher={mc.matcher} (it reads model.{in_use})"
-        )
     if "has_cls" not in fields:
         _check_no_cls_token(cfg)
 

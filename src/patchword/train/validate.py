@@ -25,7 +25,7 @@ from patchword.data.prepare import (
 from patchword.device import resolve_device
 from patchword.errors import ConfigError, MissingFileError
 from patchword.fileio import check_output_dir
-from patchword.model import model_reads_dense
+from patchword.model import model_reads_dense, resolve_plugin_options
 from patchword.runs.checks import (
     check_eval_settings,
     check_model_data,
@@ -219,6 +219,8 @@ def check_config_and_truth(
     _check_identity(cfg)
     check_finite_number("dist_timeout_s", cfg.dist_timeout_s, inclusive=False)
     check_matcher(cfg)
+    if not resuming:  # a new run's config.yaml holds every option of a plug-in matcher, a default too
+        resolve_plugin_options(cfg.model)
     _check_compile(cfg, resuming)
     if not resuming:  # a resumed run keeps what it trained with (and cannot change it)
         check_settings_take_effect(cfg)
