@@ -99,10 +99,10 @@ def test_build_stores_the_model_vectors_and_never_fails_on_bad_files(
     # A file that passes the header check but fails to decode (read error, vanished file...).
     real_load = encode_module.load_image
 
-    def flaky_load(path):
+    def flaky_load(path, **options):
         if Path(path).name == "no_extension":
             raise ValueError(f"cannot read image {path}: broken data stream")
-        return real_load(path)
+        return real_load(path, **options)
 
     monkeypatch.setattr(encode_module, "load_image", flaky_load)
     report = build_index(env.run, messy_folder, tmp_path / "idx", batch_size=2)
@@ -126,7 +126,9 @@ def test_build_stores_the_model_vectors_and_never_fails_on_bad_files(
         assert (entry.size, entry.mtime_ns) == (stat.st_size, stat.st_mtime_ns)
     # A file that failed to decode is not retried until it changes.
     calls = []
-    monkeypatch.setattr(encode_module, "load_image", lambda path: calls.append(path) or real_load(path))
+    monkeypatch.setattr(
+        encode_module, "load_image", lambda path, **options: calls.append(path) or real_load(path, **options)
+    )
     again = build_index(env.run, messy_folder, tmp_path / "idx", update=True)
     assert calls == [] and again.added == 0 and again.kept == 3
     assert "trips/no_extension" in {s.path for s in again.skipped}

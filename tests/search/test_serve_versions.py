@@ -60,11 +60,12 @@ def test_ids_of_an_older_version_are_a_409_not_another_image(env, tmp_path):
         moved = SearchIndex.open(out)
         assert last >= len(moved) or moved.path(last) != last_path  # the old id names another image now
 
+        current = rows_digest(moved.manifest)  # a 409 names it: the client searches again
         stale = client.get("/api/explain", params={"q": query, "id": last, "version": version})
-        assert stale.status_code == 409 and stale.json() == {"error": STALE}
+        assert stale.status_code == 409 and stale.json() == {"error": STALE, "version": current}
         for headers in ({}, {"If-None-Match": etag}, {"If-None-Match": "*"}):  # never a 304 for it either
             old = client.get(f"/api/image/{last}", params={"version": version}, headers=headers)
-            assert old.status_code == 409 and old.json() == {"error": STALE}, headers
+            assert old.status_code == 409 and old.json() == {"error": STALE, "version": current}, headers
             assert old.headers["cache-control"] == "no-store"
         assert client.head(f"/api/image/{last}", params={"version": version}).status_code == 409
 

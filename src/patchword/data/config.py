@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 from patchword.errors import ConfigError
 
-__all__ = ["DataConfig", "DEFAULT_BERT_VOCAB", "FILE_DATASETS"]
+__all__ = ["DataConfig", "DEFAULT_BERT_VOCAB", "EVERY_DATASET_KEYS", "FILE_DATASETS", "READ_BY"]
 
 #: The BERT vocabulary of a ``data`` section whose ``bert_vocab`` is empty when no text backbone names one.
 DEFAULT_BERT_VOCAB = "bert-base-uncased"
@@ -19,6 +20,59 @@ FILE_DATASETS = ("laps", "karpathy")
 
 #: The keys that name files or directories.
 _PATH_KEYS = ("root", "image_root", "dense_train", "dense_dev", "dense_test", "cache_dir")
+
+_SYNTHETIC = ("synthetic", "synthetic_regions")
+#: The ``data.*`` keys every dataset takes: read by all (split names, tokenizer and vocabulary, caption
+#: length; ``dense``, a switch the model's settings are checked against), or about the machine rather than
+#: the data (``num_workers``, ``cache_dir``: a config shared by several datasets may set them).
+EVERY_DATASET_KEYS = (
+    "dataset",
+    "train_split",
+    "dev_split",
+    "test_split",
+    "dense",
+    "tokenizer",
+    "bert_vocab",
+    "max_caption_len",
+    "size_augment",
+    "vocab_path",
+    "vocab_min_count",
+    "word_split",
+    "num_workers",
+    "cache_dir",
+)
+#: The datasets that read each other ``data.*`` key (from the readers in :mod:`patchword.data.prepare` and
+#: the generator's config, :meth:`DataConfig.synthetic_config`): set on another dataset to another value
+#: than its default, a key would be recorded in the run's config.yaml and change nothing
+#: (:meth:`DataConfig.refuse_unread_settings`).
+READ_BY: dict[str, tuple[str, ...]] = {
+    "root": ("laps", "karpathy", "precomp"),
+    "image_root": FILE_DATASETS,
+    "dense_train": FILE_DATASETS,
+    "dense_dev": FILE_DATASETS,
+    "dense_test": FILE_DATASETS,
+    "captions_per_image": ("laps", "precomp"),  # files with one id or feature row per image
+    "dev_from_train": FILE_DATASETS,
+    "check_images": FILE_DATASETS,
+    "skip_bad_images": FILE_DATASETS,
+    "exif_orientation": FILE_DATASETS,
+    "image_size": FILE_DATASETS,  # the scenes: synthetic_image_size; region features: no pixels
+    "max_dense_len": ("synthetic", *FILE_DATASETS),  # region features have no dense text
+    "synthetic_seed": _SYNTHETIC,
+    "synthetic_image_size": _SYNTHETIC,  # synthetic_regions: the scenes its regions are drawn from
+    "synthetic_scenes": _SYNTHETIC,
+    "num_train": _SYNTHETIC,
+    "num_dev": _SYNTHETIC,
+    "num_test": _SYNTHETIC,
+    "dense_omit_prob": _SYNTHETIC,
+    "dense_wrong_attr_prob": _SYNTHETIC,
+    "mmap": ("precomp",),
+    "region_boxes": ("precomp",),
+    "num_regions": ("synthetic_regions",),
+    "region_dim": ("synthetic_regions",),
+    "boxes_per_object": ("synthetic_regions",),
+    "region_noise": ("synthetic_regions",),
+}
 
 
 @dataclass
@@ -46,6 +100,9 @@ class DataConfig:
     # evaluating (finds missing, empty, non-image, truncated and damaged files before anything is written)
     skip_bad_images: bool = False  # real datasets: leave the files check_images finds unusable out of the
     # split, with their captions and dense captions (logged with the count), instead of refusing the split
+    exif_orientation: bool = False  # real datasets: turn each image upright as its EXIF orientation tag
+    # says (phone photos stored sideways), as a browser shows it; off, the pixels are read as stored, as the
+    # official loaders read the benchmark datasets (COCO has files with the tag, trained on as stored)
     train_split: str = "train"  # split names as the dataset spells them
     dev_split: str = "dev"
     test_split: str = "test"
@@ -151,6 +208,55 @@ class DataConfig:
                 "needs data.check_images=true: the unusable files are found by decoding every image first",
             )
 
+    def unread_settings(self, keys: Iterable[str] | None = None) -> list[str]:
+        """The ``data.*`` keys (of ``keys``, dotted or bare; default all) that this section sets to another
+        value than the default while its dataset reads them not (:data:`READ_BY`), in that table's order."""
+        names = None if keys is None else {key.removeprefix("data.") for key in keys}
+        return [
+            key
+            for key, readers in READ_BY.items()
+            if (names is None or key in names)
+            and self.dataset not in readers
+            and getattr(self, key) != _DEFAULTS[key]
+        ]
+
+    def refuse_unread_settings(self, keys: Iterable[str] | None = None) -> None:
+        """Refuse a key its dataset never reads (:meth:`unread_settings`) set to another value than its
+        default: it would be recorded in the run's config.yaml and change nothing (``data.num_train=5`` on
+        LAPS files). Compared with the dataclass default, so a config that writes every key out (a run's
+        config.yaml) passes as long as it sets none.
+
+        Run when the user sets the keys: at the first start of a run (its whole config) and on the overrides
+        of an evaluation (``keys``: the keys they set); never on a saved run's config.yaml as such, which an
+        older version may have written with such a key (it must still resume and evaluate).
+
+        :meth:`refuse_unread_keys` comes first (it says why of a few keys, and every data load runs it).
+
+        Raises:
+            ConfigError: naming the first such key and the datasets that read it.
+        """
+        self.refuse_unread_keys()
+        unread = self.unread_settings(keys)
+        if unread:
+            key = unread[0]
+            raise ConfigError(
+                f"data.{key}",
+                f"is read by data.dataset={' or '.join(READ_BY[key])}, not {self.dataset}: set to "
+                f"{getattr(self, key)!r} it would be recorded and change nothing; leave it out (or set "
+                f"its default, {_DEFAULTS[key]!r})",
+            )
+
+    def refuse_unread_overrides(self, saved: DataConfig) -> None:
+        """:meth:`refuse_unread_settings` on the keys whose value differs from ``saved``: those an
+        evaluation's overrides set on a run whose config.yaml gave ``saved`` (whatever the form of the
+        override: ``data.num_train=5`` or ``data={num_train: 5}``).
+
+        Raises:
+            ConfigError: naming the first such key and the datasets that read it.
+        """
+        fields = (f.name for f in dataclasses.fields(self))
+        self.refuse_unread_settings([key for key in fields if getattr(self, key) != getattr(saved, key)])
+
     def check_word_split(self, vocabulary_split: str) -> None:
         """A ``data.word_split`` set against a ``data.vocab_path`` vocabulary that cuts words by
         ``vocabulary_split`` (the vocabulary keeps its own rule: the setting could not take effect; the
@@ -200,3 +306,7 @@ class DataConfig:
             )
         except ConfigError as err:
             raise ConfigError(DATA_KEYS.get(err.key, "data.synthetic_scenes"), err.detail) from err
+
+
+#: Each field's default (``DataConfig()`` has no required field).
+_DEFAULTS = dataclasses.asdict(DataConfig())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -19,6 +19,9 @@ from patchword.data.split import RetrievalSplit
 from patchword.data.tokenizers import NoWordsError, TextTokenizer
 from patchword.data.transforms import IMAGENET_MEAN, IMAGENET_STD, normalize_uint8_batch
 from patchword.errors import DataError
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 __all__ = [
     "ImageSource",
@@ -261,17 +264,20 @@ class FileImages:
     """Images on disk (real datasets): decoded and transformed per batch.
 
     Training batches use the official augmentation (RandomResizedCrop scale 0.6-1 + flip), evaluation a
-    plain resize; both normalise with ImageNet statistics.
+    plain resize; both normalise with ImageNet statistics. ``exif_orientation``: turn each image upright as
+    its EXIF orientation tag says (``data.exif_orientation``; off, as the official loaders read the
+    benchmark datasets).
     """
 
     seeded_augmentation = True  # batch(..., seeds=) draws each image's crop and flip from its own seed
     reads_files = True
 
-    def __init__(self, paths: Sequence[str], image_size: int) -> None:
+    def __init__(self, paths: Sequence[str], image_size: int, exif_orientation: bool = False) -> None:
         from patchword.data.transforms import test_transform, train_transform
 
         self.paths = list(paths)
         self.image_size = image_size
+        self.exif_orientation = exif_orientation
         self.train_tf = train_transform(image_size)
         self.test_tf = test_transform(image_size)
 
@@ -281,17 +287,21 @@ class FileImages:
     def batch(self, indices: torch.Tensor, train: bool, seeds: Sequence[int] | None = None) -> torch.Tensor:
         """(B,) indices -> (B, 3, H, W). Training augmentation draws from torch's global RNG, or, with
         ``seeds`` (one per image), from a generator seeded by each: reproducible in any worker process."""
-        from patchword.data.images import load_image
         from patchword.data.transforms import train_transform
 
         if not train:
-            return torch.stack([self.test_tf(load_image(self.paths[int(i)])) for i in indices])
+            return torch.stack([self._image(i, self.test_tf) for i in indices])
         if seeds is None:
-            return torch.stack([self.train_tf(load_image(self.paths[int(i)])) for i in indices])
+            return torch.stack([self._image(i, self.train_tf) for i in indices])
         if len(seeds) != len(indices):
             raise ValueError(f"{len(seeds)} seeds for {len(indices)} images")
         out = []
         for i, seed in zip(indices, seeds, strict=True):
             tf = train_transform(self.image_size, generator=torch.Generator().manual_seed(int(seed)))
-            out.append(tf(load_image(self.paths[int(i)])))
+            out.append(self._image(i, tf))
         return torch.stack(out)
+
+    def _image(self, index, transform: Callable[[Image.Image], torch.Tensor]) -> torch.Tensor:
+        from patchword.data.images import load_transformed
+
+        return load_transformed(self.paths[int(index)], transform, exif_orientation=self.exif_orientation)

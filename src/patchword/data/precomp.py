@@ -99,7 +99,9 @@ class RegionFeatures:
 
 
 def check_finite_rows(features: np.ndarray, path: PathLike, chunk: int = 1024) -> None:
-    """Scan (N, ...) ``features`` in chunks of ``chunk`` rows (memory maps stay cheap) for NaN / inf.
+    """Scan (N, ...) ``features`` in chunks of ``chunk`` rows (memory maps stay cheap) for NaN / inf, as
+    the float32 the batches are cast to: a float64 value beyond float32's range (about 3.4e38) is finite in
+    the file and infinite in the model.
 
     Raises:
         DataError: naming the file, the first bad row (image index) and how many rows are bad.
@@ -109,6 +111,9 @@ def check_finite_rows(features: np.ndarray, path: PathLike, chunk: int = 1024) -
     bad_rows: list[int] = []
     for start in range(0, features.shape[0], chunk):
         block = np.asarray(features[start : start + chunk])
+        if block.dtype != np.float32:
+            with np.errstate(over="ignore", invalid="ignore"):  # the overflow is what is reported
+                block = block.astype(np.float32)
         finite = np.isfinite(block.reshape(block.shape[0], -1)).all(axis=1)
         bad_rows.extend((start + np.flatnonzero(~finite)).tolist())
     if bad_rows:

@@ -222,7 +222,7 @@ def _image_files(dc: DataConfig, roles: Sequence[str], use_dense: bool, dense_ga
             raw[role] = _without_bad_images(raw[role], f"{role} split", dc.skip_bad_images)
             # the images without a dense line must have gone with the unusable ones
             refuse_images_without_dense(raw[role], f"{role} split")
-    images = {role: FileImages(raw[role].images, dc.image_size) for role in roles}
+    images = {role: FileImages(raw[role].images, dc.image_size, dc.exif_orientation) for role in roles}
     return RawData(raw, images, {role: None for role in roles})
 
 

@@ -15,6 +15,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
+from patchword.data.json_keys import unique_keys
 from patchword.data.split import RetrievalSplit, TextOrigin
 from patchword.errors import DataError
 
@@ -111,11 +112,12 @@ def load_json(path: Path) -> object:
     """The parsed JSON of ``path`` (a UTF-8 byte order mark opening it is skipped).
 
     Raises:
-        ValueError: malformed JSON (names the file and line); DataError: not UTF-8.
+        ValueError: malformed JSON (names the file and line); DataError: not UTF-8, or an object giving one
+            key twice (names the file and the key).
     """
     try:
         with path.open(encoding="utf-8-sig") as f:
-            return json.load(f)
+            return json.load(f, object_pairs_hook=unique_keys(path))
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: malformed JSON at line {err.lineno}: {err.msg}") from err
     except UnicodeDecodeError as err:

@@ -204,8 +204,10 @@ class ToNormalizedTensor:
         self.mean, self.std = _check_stats(mean, std)
 
     def __call__(self, image: Image.Image) -> torch.Tensor:
+        from patchword.data.images import rgb_image  # 16-bit greyscale by its high byte, not clipped
+
         # np.array copies into a writable array (np.asarray of a PIL image is read-only).
-        pixels = np.array(image.convert("RGB"), dtype=np.uint8)
+        pixels = np.array(rgb_image(image), dtype=np.uint8)
         return normalize_uint8_batch(pixels[None], self.mean, self.std)[0]
 
     def __repr__(self) -> str:

@@ -102,11 +102,18 @@ class ImageList:
     Args:
         items: the images, in output order.
         source: a JSON-ready description of where the list comes from (recorded next to the output).
+        exif_orientation: turn each image upright as its EXIF orientation tag says
+            (:func:`~patchword.data.images.load_image`): a folder's images are described as ``index build``
+            indexes them and a browser shows them; a dataset split's as its loader reads them by default
+            (as stored, ``data.exif_orientation=false``).
     """
 
-    def __init__(self, items: Sequence[ImageItem], source: dict[str, object]) -> None:
+    def __init__(
+        self, items: Sequence[ImageItem], source: dict[str, object], *, exif_orientation: bool = False
+    ) -> None:
         self.items = list(items)
         self.source = source
+        self.exif_orientation = exif_orientation
         seen: set[str] = set()
         for item in self.items:
             if item.image_id in seen:
@@ -133,7 +140,7 @@ class ImageList:
         """
         item = self.items[index]
         try:
-            return load_image(item.path)
+            return load_image(item.path, exif_orientation=self.exif_orientation)
         except FileNotFoundError as err:
             raise MissingFileError(f"image {item.image_id!r}: file not found: {item.path}") from err
         except ValueError as err:
@@ -175,7 +182,8 @@ def images_from_folder(folder: str | os.PathLike[str]) -> ImageList:
     if not found:
         raise DataError(f"--images: no image files ({', '.join(IMAGE_SUFFIXES)}) under {root}")
     items = [ImageItem(rel, rel, root / rel) for rel in sorted(found)]
-    return ImageList(items, {"kind": "folder", "root": str(root.resolve())})
+    # upright, as index build reads the folder: the dense captions describe the pictures it indexes
+    return ImageList(items, {"kind": "folder", "root": str(root.resolve())}, exif_orientation=True)
 
 
 def _utf8_name(root: Path, rel: str) -> str:

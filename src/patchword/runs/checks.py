@@ -143,9 +143,12 @@ def check_model_data(cfg: RunConfig, model: RetrievalModel, data: PreparedData) 
     want = data_image_size(cfg)
     if want is not None and image_enc.image_size is not None and image_enc.image_size != want:
         key = "data.synthetic_image_size" if dc.dataset in SYNTHETIC_DATASETS else "data.image_size"
-        raise ConfigError(
-            key, f"is {want} but the image encoder ({mc.hf_vision}) takes {image_enc.image_size} pixels"
+        takes = (
+            f"model.tiny_vit.image_size is {image_enc.image_size}"  # as training's config check says it
+            if mc.image_encoder == "tiny"
+            else f"the image encoder ({_encoder_key(mc, 'image')}) takes {image_enc.image_size} pixels"
         )
+        raise ConfigError(key, f"is {want} but {takes}")
     if text_enc.max_len is not None:
         lengths = [("data.max_caption_len", dc.max_caption_len)]
         if any(split.dense_ids is not None for split in data.splits.values()):
@@ -156,12 +159,25 @@ def check_model_data(cfg: RunConfig, model: RetrievalModel, data: PreparedData) 
     vocab = data.vocab_size if data.vocab_size is not None else getattr(data.tokenizer, "vocab_size", None)
     if vocab is not None and text_enc.vocab_size is not None and vocab > text_enc.vocab_size:
         raise ConfigError(
-            "data.bert_vocab",
-            f"the tokenizer has {vocab} ids but the text encoder ({mc.hf_text}) embeds {text_enc.vocab_size}",
+            "data.bert_vocab" if dc.tokenizer == "bert" else "data.vocab_path",
+            f"the tokenizer has {vocab} ids but the text encoder ({_encoder_key(mc, 'text')}) embeds "
+            f"{text_enc.vocab_size}",
         )
     check_region_boxes(cfg)
     if dc.dataset in REGION_DATASETS:
         check_region_shapes(cfg, data)
+
+
+def _encoder_key(mc, side: str) -> str:
+    """The key that names the ``side`` ("image" or "text") encoder in use: ``model.hf_vision=ID`` /
+    ``model.hf_text=ID`` for a Hugging Face backbone, else ``model.image_encoder=tiny`` (or the text
+    encoder's kind), never the name of a backbone the run does not use."""
+    kind = mc.image_encoder if side == "image" else mc.text_encoder
+    if side == "image" and kind == "hf":
+        return f"model.hf_vision={mc.hf_vision}"
+    if side == "text" and kind == "bert":
+        return f"model.hf_text={mc.hf_text}"
+    return f"model.{side}_encoder={kind}"
 
 
 def check_region_shapes(cfg: RunConfig, data: PreparedData) -> None:

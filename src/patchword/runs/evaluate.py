@@ -263,6 +263,9 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg=No
 
     overrides = list(overrides or [])
     cfg = cfg or read_run_config(run_dir, overrides)
+    # a data.* override the run's dataset never reads (the saved config.yaml is not checked: an older
+    # version may have recorded such a key, and the run must still evaluate)
+    cfg.data.refuse_unread_overrides(read_run_config(run_dir).data)
     role = eval_role(cfg.data, cfg.eval.split)
     truth = check_eval_settings(cfg, dist.device)  # the COCO ground truth the scoring reads, or None
     reuse = held_out_warning(cfg.data) if role == "test" else None

@@ -334,9 +334,12 @@ class LoadedRun:
         return test_transform(self.image_size, enc.image_mean, enc.image_std)
 
     def preprocess_images(self, images: Sequence[Image.Image]) -> torch.Tensor:
-        """PIL images -> (B, 3, H, W) float32 on the CPU."""
+        """PIL images -> (B, 3, H, W) float32 on the CPU (8-bit RGB first: :func:`~patchword.data.images.
+        rgb_image`, which reads 16-bit greyscale by its high byte where ``convert("RGB")`` clips it)."""
+        from patchword.data.images import rgb_image
+
         transform = self.image_transform()
-        return torch.stack([transform(image.convert("RGB")) for image in images])
+        return torch.stack([transform(rgb_image(image)) for image in images])
 
     def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Captions -> ((B, L) ids, (B,) lens), truncated to ``data.max_caption_len`` as in training."""

@@ -2,7 +2,9 @@
 
 :class:`ShardEncoder` decodes one batch ahead in a thread pool (Pillow releases the GIL while decoding)
 while the model encodes the current batch. A file that fails to decode becomes a :class:`SkippedFile` with
-its signature, never an exception. :func:`write_shard` writes one shard's arrays, each atomically.
+its signature, never an exception. :func:`write_shard` writes one shard's arrays, each atomically. Each
+image is turned upright as its EXIF orientation tag says, as a browser shows it (a user's phone photos:
+``patchword serve`` draws the kept patches over what the browser shows).
 """
 
 from __future__ import annotations
@@ -177,7 +179,9 @@ class ShardEncoder:
 
     def _load(self, file: ImageFile) -> torch.Tensor | SkippedFile:
         try:
-            return self.transform(load_image(self.root / file.path))
+            # upright as its EXIF orientation says: what a browser shows of the file (the server sends a
+            # JPEG as stored, a browser applies the tag), so the patches drawn over it are the ones indexed
+            return self.transform(load_image(self.root / file.path, exif_orientation=True))
         except Exception as err:  # noqa: BLE001 - any decoding failure skips the file, never the build
             return SkippedFile(file.path, f"cannot decode: {err}", file.size, file.mtime_ns)
 

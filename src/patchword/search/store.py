@@ -1,6 +1,9 @@
 """Reading a search index: :class:`SearchIndex` opens a complete index (its manifest, then every shard
-memory-mapped and checked), and :func:`broken_shards` finds, with the same check, the shards an update
+array opened and checked), and :func:`broken_shards` finds, with the same check, the shards an update
 must encode again.
+
+Rows are read with ``os.pread``, not through memory maps (:class:`~patchword.search.shards.ShardArray`): a
+shard file cut short in place under a server is :class:`ChangedShardError`, not a SIGBUS ending the process.
 
 The format is :mod:`patchword.search.manifest` (``manifest.json``, the layout) and
 :mod:`patchword.search.shards` (the shard files); what a reader can use of them is checked by
@@ -11,7 +14,6 @@ numpy indexing would read ``-1`` as the last image
 
 from __future__ import annotations
 
-import mmap
 import os
 from collections import Counter
 from pathlib import Path
@@ -27,10 +29,11 @@ from patchword.search.codecs import load_codec
 from patchword.search.entries import IndexEntries
 from patchword.search.manifest import MANIFEST_FILE, Manifest, unfinished_build
 from patchword.search.scan import printable
-from patchword.search.shards import shard_arrays, shard_files
+from patchword.search.shards import ShardArray, ShortRead, shard_arrays, shard_files
 
 __all__ = [
     "REPAIR_HINT",
+    "ChangedShardError",
     "DamagedIndexError",
     "MissingShardError",
     "StaleIndexError",
@@ -53,7 +56,13 @@ class DamagedIndexError(DataError):
 
 class StaleIndexError(DataError):
     """Vectors that no longer belong to the index opened: a store read by id (Qdrant) was uploaded again, with
-    ids renumbered, since its manifest was read. Opening the index again reads both as they are now."""
+    ids renumbered, since its manifest was read, or a shard file was cut short (:class:`ChangedShardError`).
+    Opening the index again reads both as they are now."""
+
+
+class ChangedShardError(StaleIndexError, DamagedIndexError):
+    """A shard file cut short in place since the index was opened (``truncate``, a ``cp`` over it): a row a
+    search reads is not all there. A server answers 503 and opens the index again, checking every file."""
 
 
 class MissingShardError(DataError):
@@ -70,8 +79,8 @@ class _Unreadable(Exception):
 
 def _map_shard(
     files: dict[str, Path], names: tuple[str, ...], rows: int, manifest: Manifest, width: int
-) -> dict[str, np.ndarray]:
-    """Read-only memory maps of one shard's arrays ``names`` (``files``: :func:`shard_files`), each checked:
+) -> dict[str, ShardArray]:
+    """One shard's arrays ``names`` opened for reading rows (``files``: :func:`shard_files`), each checked:
     its ``.npy`` header and size, its dtype against the index's store, its shape against the shard's ``rows``
     and the arrays before it, the values that index past another array (:mod:`patchword.search.checks`);
     rows past the end would be an ``IndexError`` in the middle of a search, another dtype a silent change of
@@ -80,7 +89,7 @@ def _map_shard(
     Raises:
         _Unreadable: the first array that cannot be read.
     """
-    arrays: dict[str, np.ndarray] = {}
+    arrays: dict[str, ShardArray] = {}
     for name in names:
         file = files[name]
         if not file.is_file():
@@ -88,7 +97,9 @@ def _map_shard(
         try:
             problem = npy_problem(file)
             if problem is None:
-                arrays[name] = np.load(file, mmap_mode="r", allow_pickle=False)
+                arrays[name] = ShardArray(file)
+                # the size again, of the file opened (it may have been replaced since npy_problem read it)
+                problem = arrays[name].size_problem()
         except (MissingFileError, FileNotFoundError):  # deleted since is_file()
             raise _Unreadable(file, "missing", missing=True) from None
         except (ValueError, EOFError) as err:
@@ -97,7 +108,11 @@ def _map_shard(
             shapes = {n: a.shape for n, a in arrays.items()}
             problem = dtype_problem(name, arrays[name].dtype, manifest)
             problem = problem or shape_problem(name, shapes, rows, manifest, width)
-            problem = problem or values_problem(name, arrays[name], shapes)
+            if problem is None and name == "dense_lens":  # the one values_problem reads (one int a row)
+                try:
+                    problem = values_problem(name, arrays[name].read_all(), shapes)
+                except ShortRead as err:  # cut short since its size was checked
+                    problem = f"truncated: {err.size} bytes, row {err.row} ends at byte {err.needed}"
         if problem is not None:
             raise _Unreadable(file, problem)
     return arrays
@@ -133,14 +148,9 @@ def dead_row_bytes(index_dir: Path, manifest: Manifest | None = None) -> int:
         for file in shard_files(index_dir, shard["id"]).values():
             if not file.is_file():
                 continue
-            with open(file, "rb") as fh:
-                major, _ = np.lib.format.read_magic(fh)
-                read_header = (
-                    np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-                )
-                read_header(fh)
-                header = fh.tell()
-            dead_bytes += dead * (file.stat().st_size - header) // shard["rows"]
+            array = ShardArray(file)  # its header's length
+            dead_bytes += dead * (file.stat().st_size - array.offset) // shard["rows"]
+            array.close()
     return dead_bytes
 
 
@@ -165,18 +175,19 @@ def _complete_manifest(index_dir: Path) -> Manifest:
 
 
 class SearchIndex(IndexEntries):
-    """A complete index opened for reading: memory-mapped shards, entries by index id.
+    """A complete index opened for reading: shard arrays opened (:class:`~patchword.search.shards.
+    ShardArray`), entries by index id.
 
-    Use :meth:`open`. Token and dense arrays stay on disk (memory maps) and only the rows a query
-    needs are read; the global embeddings of all images are gathered once into one (N, C) float32
-    tensor, the matrix of the first search stage.
+    Use :meth:`open`. Token and dense arrays stay on disk and only the rows a query needs are read
+    (``os.pread``; a file cut short since it was opened is :class:`ChangedShardError`); the global embeddings
+    of all images are read once into one (N, C) float32 tensor, the matrix of the first search stage.
     """
 
     def __init__(self, index_dir: Path, manifest: Manifest) -> None:
         self.index_dir = index_dir
         self.manifest = manifest
         self.entries = manifest.entries
-        self._arrays: dict[int, dict[str, np.ndarray]] = {}
+        self._arrays: dict[int, dict[str, ShardArray]] = {}
         self.codec = load_codec(index_dir, manifest.dtype)
         names = shard_arrays(manifest)
         width = token_width(manifest, self.codec)
@@ -238,14 +249,15 @@ class SearchIndex(IndexEntries):
 
         Raises:
             DamagedIndexError: a row holds non-finite values (naming its shard file).
+            ChangedShardError: a shard file was cut short since the index was opened.
         """
         if self._global is None:
             dim = int(self.manifest.model["embed_dim"])
             out = np.empty((len(self.entries), dim), dtype=np.float32)
-            for shard_id, arrays in self._arrays.items():
+            for shard_id in self._arrays:
                 mine = np.flatnonzero(self._shard_of == shard_id)
                 if mine.size:
-                    out[mine] = arrays["global"][self._row_of[mine]]
+                    out[mine] = self._read(shard_id, "global", self._row_of[mine])
             bad = np.flatnonzero(~np.isfinite(out).all(axis=1))
             if bad.size:  # a nan row would be left out of every shortlist without a word
                 file = shard_files(self.index_dir, int(self._shard_of[bad[0]]))["global"]
@@ -265,8 +277,21 @@ class SearchIndex(IndexEntries):
 
     def gather(self, name: str, ids: np.ndarray, width: int | None = None) -> np.ndarray:
         """Rows ``ids`` (index ids) of one stored array (``global``, ``tokens``, ``dense``, ``dense_lens``),
-        in the order given, zero-padded (or cut) to ``width`` along axis 1 (:meth:`check_ids`)."""
+        in the order given, zero-padded (or cut) to ``width`` along axis 1 (:meth:`check_ids`); a shard file
+        cut short since the index was opened is :class:`ChangedShardError`."""
         return self._gather(name, self.check_ids(ids), width)
+
+    def _read(self, shard_id: int, name: str, rows: np.ndarray | list[int]) -> np.ndarray:
+        """Rows ``rows`` of the array ``name`` of shard ``shard_id``, read from its file now (or
+        :class:`ChangedShardError`)."""
+        try:
+            return self._arrays[shard_id][name].read_rows(rows)
+        except ShortRead as err:
+            raise ChangedShardError(
+                f"{err.file}: changed on disk since the index was opened (cut short or overwritten in place: "
+                f"{err.size} bytes now, row {err.row} ends at byte {err.needed}); replace shard files by "
+                f"renaming a complete copy over them, or {REPAIR_HINT}"
+            ) from None
 
     def _gather(self, name: str, ids: np.ndarray, width: int | None = None) -> np.ndarray:
         """:meth:`gather` of ids already checked."""
@@ -278,7 +303,7 @@ class SearchIndex(IndexEntries):
         shards, rows = self._shard_of[ids], self._row_of[ids]
         for shard_id in np.unique(shards):
             at = np.flatnonzero(shards == shard_id)
-            part = self._arrays[int(shard_id)][name][rows[at]]
+            part = self._read(int(shard_id), name, rows[at])
             if part.ndim > 1:
                 part = part[:, :width]  # a shard may be padded wider than the rows asked for
                 out[at, : part.shape[1]] = part
@@ -287,30 +312,21 @@ class SearchIndex(IndexEntries):
         return out
 
     def prefetch(self, ids: torch.Tensor | np.ndarray) -> None:
-        """Ask the kernel to read now the rows ``ids`` of every array a re-ranking reads (``madvise``).
+        """Ask the kernel to read now the rows ``ids`` of every array a re-ranking reads
+        (``posix_fadvise(WILLNEED)``, :meth:`~patchword.search.shards.ShardArray.advise`).
 
         A row not in the page cache is a disk read; reading the shortlist row by row waits for each in
         turn, while advising all of them first lets the disk serve them together (an order of magnitude
-        for cold rows: docs/benchmarks.md, "Numbers behind code choices"). Does nothing where
-        ``madvise`` is unavailable.
+        for cold rows: docs/benchmarks.md, "Numbers behind code choices", measured with ``madvise``, the
+        same advice given through a memory map). Does nothing where the advice is unavailable.
         """
-        advice = getattr(mmap, "MADV_WILLNEED", None)
         ids = self.check_ids(ids)
-        if advice is None:
-            return
         shards, rows = self._shard_of[ids], self._row_of[ids]
-        page = mmap.PAGESIZE
-        for shard_id, row in zip(shards.tolist(), rows.tolist(), strict=True):
+        for shard_id in np.unique(shards).tolist():
+            mine = rows[shards == shard_id]
             for name, array in self._arrays[shard_id].items():
-                region = getattr(array, "_mmap", None)
-                if name in ("global", "patch_ids") or region is None:  # rows a search does not read
-                    continue
-                start = int(array.offset) + row * array.strides[0]
-                aligned = start - start % page
-                try:
-                    region.madvise(advice, aligned, start + array.strides[0] - aligned)
-                except (OSError, ValueError):  # advice only: reading still works without it
-                    return
+                if name not in ("global", "patch_ids"):  # rows a search does not read
+                    array.advise(mine)
 
     def _decoded(self, name: str, ids: np.ndarray, width: int | None = None) -> np.ndarray:
         """Rows ``ids`` of the token array ``name`` (``tokens`` / ``dense``), decoded to float32: only the
@@ -366,7 +382,7 @@ class SearchIndex(IndexEntries):
         for image_id in self.check_ids(ids).tolist():
             shard, row = int(self._shard_of[image_id]), int(self._row_of[image_id])
             for name, array in self._arrays[shard].items():
-                if array.dtype.kind == "f" and not np.isfinite(array[row]).all():
+                if array.dtype.kind == "f" and not np.isfinite(self._read(shard, name, [row])).all():
                     found[image_id] = shard_files(self.index_dir, shard)[name]
                     break
         return found

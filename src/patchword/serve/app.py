@@ -18,7 +18,8 @@ Routes (all JSON errors are ``{"error": message}`` with a 4xx / 5xx status):
   with an ``ETag`` (the file's path, size and mtime), ``If-None-Match`` answered with ``304``
   (:mod:`.images`);
 - ``version`` (explain, image): the ``version`` of the search the id came from; an index updated since
-  (ids name other images) is a ``409`` saying to search again, never another image's answer;
+  (ids name other images) is a ``409`` saying to search again, whose body gives the current ``version``,
+  never another image's answer;
 - ``GET /healthz``: liveness, what is served (the index's version, images and kind, its warnings) and the
   page's settings (``max_k``, ``default_k``); ``GET /`` and ``/static/{app.js,style.css}``: the page.
 
@@ -33,7 +34,8 @@ and a query holding control characters is refused; model work (encoding,
 re-ranking, explaining) and file reads run in a bounded thread pool, so the event loop only parses and
 answers; requests beyond ``max_pending`` waiting for the pool get ``503`` at once instead of queueing
 without limit; any exception in a request is answered with ``500`` and logged, and the server goes on (an
-index whose vectors give non-finite scores: a ``500`` saying so, logged in one line).
+index whose vectors give non-finite scores: a ``500`` saying so, logged in one line; a shard file cut short
+in place under the server: a ``503``, and the next request reopens the index, a ``503`` until it opens).
 
 (No ``from __future__ import annotations`` here: FastAPI reads the route signatures' annotations, and the
 FastAPI names are imported inside :func:`create_app` so that this module imports without the extra.)
@@ -189,14 +191,16 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
             return await handler(request)
         except BadRequest as err:
             headers = {"Retry-After": "1"} if err.status == 503 else None
-            return error(err.status, err.message, headers)
+            return error(err.status, err.message, headers, **err.extra)
         except QueryError as err:
             extra = {"unknown_words": err.unknown_words} if err.unknown_words else {}
             return error(400, str(err), **extra)
         except IndexUnavailable:  # logged once by the reopen
             message = "the index changed on disk and cannot be opened as it is now (logged on the server)"
             return error(503, message, {"Retry-After": "5"})
-        except StaleIndexError as err:  # a Qdrant collection uploaded again under the opened index
+        except StaleIndexError as err:
+            # a Qdrant collection uploaded again under the opened index, or a shard file cut short in place
+            # (ChangedShardError, a DamagedIndexError too: caught here first, since reopening shows it)
             logger.warning("request %s %s: %s", request.method, request.url.path, err)
             served.invalidate()
             return error(
@@ -222,7 +226,10 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
         ``version`` (a search's, where the request gives one) and then ``image_id`` checked against it."""
         current, served_version = served.current_version()  # the pair the answer is computed from
         if version is not None and version != served_version:
-            raise BadRequest(409, "the index was updated since this search: search again")
+            # the current version with it: a client searches again knowing which ids it will get
+            raise BadRequest(
+                409, "the index was updated since this search: search again", version=served_version
+            )
         if image_id is not None and image_id >= len(current):
             raise BadRequest(404, f"no image with id {image_id} (the index holds {len(current)})")
         return current, served_version

@@ -1,12 +1,18 @@
 """The image files the search server sends (``GET /api/image/{id}``): read by index id only, inside the
 indexed folder, with an ``ETag``; formats browsers do not show are converted to PNG. A file deleted,
 unreadable or no longer decodable since it was indexed is a 404 saying so, never a 500: a file whose size or
-mtime is no longer what the index recorded is decoded (verified) before it is sent, even in a format
-browsers show (an image replaced by other content is not sent as ``image/png``)."""
+mtime is no longer what the index recorded is decoded completely before it is sent, even in a format
+browsers show (an image replaced by other content is not sent as ``image/png``, nor a JPEG cut short after
+its header, which Pillow's ``verify`` alone accepts).
+
+What the page shows is what was indexed: ``index build`` turns each image upright as its EXIF orientation
+tag says, as browsers show a JPEG; a PNG or WebP with the tag (which browsers do not all apply) and every
+converted format are sent turned upright here, as PNG without the tag."""
 
 import hashlib
 import io
 
+from patchword.data.images import _strict_decoding, rgb_image
 from patchword.search.query import Searcher
 from patchword.serve.params import BadRequest
 
@@ -69,26 +75,51 @@ def image_bytes(
         # it is now
         fmt = _verified_format(data, image_id)
         media_type = BROWSER_FORMATS.get(fmt, "image/png")
-    if fmt in BROWSER_FORMATS:
+    if fmt in BROWSER_FORMATS and not _turned(data, fmt):
         return data, media_type, etag
+    from PIL import Image, ImageOps
+
+    try:
+        with _strict_decoding(), Image.open(io.BytesIO(data)) as image:
+            out = io.BytesIO()
+            # upright and 8-bit as index build read it (rgb_image: 16-bit greyscale not clipped to white)
+            rgb_image(ImageOps.exif_transpose(image)).save(out, format="PNG")
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        # The file was replaced or truncated since it was indexed (UnidentifiedImageError is an OSError).
+        raise BadRequest(404, _changed(image_id)) from err
+    return out.getvalue(), "image/png", etag
+
+
+#: Browser formats that may carry an EXIF orientation tag which browsers do not all apply (JPEG's they do),
+#: with the name of the chunk holding EXIF data.
+_TAGGED_FORMATS = {"PNG": b"eXIf", "WEBP": b"EXIF"}
+_ORIENTATION = 0x0112  # the EXIF tag
+
+
+def _turned(data: bytes, fmt: str) -> bool:
+    """Whether the image in ``data`` (a browser format) has an EXIF orientation other than upright that a
+    browser might not apply: it is then sent turned upright. A file without an EXIF chunk is not opened
+    (Pillow decodes a whole PNG to find one after the pixel data)."""
+    chunk = _TAGGED_FORMATS.get(fmt)
+    if chunk is None or chunk not in data:
+        return False
     from PIL import Image
 
     try:
         with Image.open(io.BytesIO(data)) as image:
-            out = io.BytesIO()
-            image.convert("RGB").save(out, format="PNG")
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
-        # The file was replaced or truncated since it was indexed (UnidentifiedImageError is an OSError).
-        raise BadRequest(404, _changed(image_id)) from err
-    return out.getvalue(), media_type, etag
+            return image.getexif().get(_ORIENTATION, 1) != 1
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+        return False  # sent as it is: the conversion would fail the same way
 
 
 def _verified_format(data: bytes, image_id: int) -> str:
     """The Pillow format of ``data`` once :meth:`PIL.Image.Image.verify` accepts it (header and, for PNG, the
-    chunks' checksums, without decoding the pixels).
+    chunks' checksums) and its pixels (the first frame's) decode completely: ``verify`` decodes no pixel, so
+    a JPEG cut short after its header passes it. Pillow's ``LOAD_TRUNCATED_IMAGES`` is off meanwhile, whatever
+    the process set (it would decode a truncated file as far as it goes).
 
     Raises:
-        BadRequest: 404, it is not an image Pillow reads.
+        BadRequest: 404, it is not an image Pillow reads completely.
     """
     from PIL import Image
 
@@ -96,6 +127,8 @@ def _verified_format(data: bytes, image_id: int) -> str:
         with Image.open(io.BytesIO(data)) as image:
             fmt = image.format or ""
             image.verify()
+        with _strict_decoding(), Image.open(io.BytesIO(data)) as image:  # verify() leaves it unusable
+            image.load()
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
         raise BadRequest(404, _changed(image_id)) from err
     return fmt

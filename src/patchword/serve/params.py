@@ -14,11 +14,12 @@ ID = re.compile(r"[0-9]{1,12}")
 
 
 class BadRequest(Exception):
-    """A request answered with ``status`` and ``{"error": message}``."""
+    """A request answered with ``status`` and ``{"error": message}``, plus the fields of ``extra`` (a 409's
+    ``version``)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, **extra: object) -> None:
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.extra = status, message, extra
 
 
 class QueryParams:

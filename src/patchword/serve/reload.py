@@ -142,8 +142,10 @@ class ServedIndex:
 
     def invalidate(self) -> None:
         """Reopen the index at the next request even when its files look unchanged (a Qdrant collection
-        found holding other images than the index opened: :class:`~patchword.search.store.StaleIndexError`).
-        Without the lock (the event loop calls it): a reopen finishing meanwhile is as good."""
+        found holding other images than the index opened, or a shard file cut short in place:
+        :class:`~patchword.search.store.StaleIndexError`); only a change of the watched files retries an
+        open that fails then. Without the lock (the event loop calls it): a reopen finishing meanwhile is as
+        good."""
         self._stamp, self._failed, self._pending = None, None, None
 
     def describe(self) -> dict[str, Any]:

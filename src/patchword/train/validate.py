@@ -283,6 +283,9 @@ def check_config_and_truth(
             if path:
                 _existing(path, f"data.dense_{role}")
     if not resuming:
+        # a data.* key the dataset never reads, set by the user now; not on --resume: a config.yaml an older
+        # version wrote with such a key must still resume
+        dc.refuse_unread_settings()
         _check_initialisation(cfg)
         check_pretrained_sources(cfg, vocab_from_hf_text=vocab_from_hf_text)  # before the data is read
     if mc.gru.glove_path:
