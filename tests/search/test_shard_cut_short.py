@@ -1,11 +1,12 @@
 """A shard file cut short in place (``truncate``, a ``cp`` over it) under an opened index is an error naming
-the file, not the end of the process: rows are read with ``os.pread`` (a short read) rather than through a
-memory map (old code: the search that read a row past the new end died of SIGBUS, and with it ``patchword
+the file, not the end of the process: the file's size is checked before rows are copied out of its memory
+map (without the check, the search that read a row past the new end died of SIGBUS, and with it ``patchword
 serve``, every request in flight dropped). A server answers 503, reopens the index (503 while the file is
 damaged) and answers again once it opens.
 
 The searches run in a child process, so that a SIGBUS shows as its negative exit status, not as the end of
-the test session. Rows read with ``os.pread`` are those a memory map gives, in any order and repeated."""
+the test session. Rows are those ``np.load`` maps, in any order and repeated; a shard file deleted or
+renamed over under an opened index is still read as it was mapped."""
 
 from __future__ import annotations
 
@@ -97,8 +98,7 @@ def test_a_search_meeting_a_shard_file_cut_short_is_an_error_naming_it(env, tmp_
     tokens = os.path.join(index_dir, "shards", "00000.tokens.npy")
     assert kind == "ChangedShardError"
     assert message.startswith(
-        f"{tokens}: changed on disk since the index was opened (cut short or overwritten in place: "
-        f"{seen['size'] // 4} bytes now, row "
+        f"{tokens}: cut short in place since the index was opened (truncated: {seen['size'] // 4} bytes, row "
     )
     assert "repair the index with `patchword index build" in message
 
@@ -122,7 +122,7 @@ def test_a_server_answers_503_then_reopens_the_index_once_the_shard_is_restored(
     assert restored["version"] == before["version"]
 
 
-def test_rows_read_with_pread_are_those_of_a_memory_map(env):
+def test_rows_read_are_those_np_load_maps(env):
     """Any order, repeated rows, every array of every shard: the bytes ``np.load`` maps."""
     index = SearchIndex.open(env.index_dir)
     rng = np.random.default_rng(0)

@@ -175,10 +175,10 @@ def _check_counts(args: argparse.Namespace) -> None:
     Raises:
         ConfigError: ``--threads`` < 1 or ``--decode-workers`` < 0.
     """
+    from patchword.search.build_checks import check_workers
+
     check_threads(args)
-    if args.workers is not None and args.workers < 0:
-        flag = spelling(args, "workers", "--decode-workers")
-        raise ConfigError(flag, f"must be 0 (the default: min(4, CPUs)) or more, got {args.workers}")
+    check_workers(args.workers, spelling(args, "workers", "--decode-workers"))
 
 
 def _check_embedded_store(location: str) -> None:

@@ -10,17 +10,24 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 from numpy.lib import format as npy_format
 
 from patchword.errors import DataError, MissingFileError
 
-__all__ = ["npy_problem", "load_npy"]
+__all__ = ["npy_problem", "load_npy", "read_npy_header", "truncation"]
 
 PathLike = str | os.PathLike[str]
 
-_HEADER_READERS = {(1, 0): npy_format.read_array_header_1_0, (2, 0): npy_format.read_array_header_2_0}
+#: ``.npy`` header readers by format version; 3.0 differs from 2.0 only in a UTF-8 header, which a numeric
+#: array's ASCII header never needs.
+_HEADER_READERS = {
+    (1, 0): npy_format.read_array_header_1_0,
+    (2, 0): npy_format.read_array_header_2_0,
+    (3, 0): npy_format.read_array_header_2_0,
+}
 
 
 def _what_it_is(head: bytes) -> str:
@@ -35,6 +42,27 @@ def _what_it_is(head: bytes) -> str:
     if text.strip() and all(c.isprintable() or c.isspace() for c in text):
         return f"it holds text ({text.strip().splitlines()[0][:40]!r}...)"
     return "it does not start with the NumPy magic bytes"
+
+
+def read_npy_header(fh: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype, int] | None:
+    """(shape, Fortran order, dtype, data offset in bytes) from the header of the ``.npy`` file open in
+    ``fh`` (at its start; left at the first data byte); None for a format version newer than 3.0.
+
+    Raises:
+        ValueError: no NumPy magic, or an unreadable header.
+        EOFError: the file ends inside the header.
+    """
+    reader = _HEADER_READERS.get(npy_format.read_magic(fh))
+    if reader is None:
+        return None
+    shape, fortran, dtype = reader(fh)
+    return tuple(int(n) for n in shape), bool(fortran), dtype, fh.tell()
+
+
+def truncation(size: int, needed: int, what: str) -> str | None:
+    """``truncated: SIZE bytes, WHAT needs NEEDED`` when a file of ``size`` bytes ends before byte ``needed``,
+    where ``what`` (its header's shape, a row) ends; else None."""
+    return f"truncated: {size} bytes, {what} needs {needed}" if size < needed else None
 
 
 def npy_problem(path: PathLike) -> str | None:
@@ -53,12 +81,10 @@ def npy_problem(path: PathLike) -> str | None:
             if not head.startswith(npy_format.MAGIC_PREFIX):
                 return f"not a .npy array file: {_what_it_is(head)}"
             fh.seek(0)
-            version = npy_format.read_magic(fh)
-            reader = _HEADER_READERS.get(version)
-            if reader is None:
+            header = read_npy_header(fh)
+            if header is None:
                 return None  # a newer header format: np.load knows it
-            shape, _, dtype = reader(fh)
-            offset = fh.tell()
+            shape, _, dtype, offset = header
     except FileNotFoundError as err:
         raise MissingFileError(f"file not found: {path}") from err
     except (ValueError, EOFError) as err:
@@ -66,10 +92,7 @@ def npy_problem(path: PathLike) -> str | None:
     if dtype.hasobject:
         return "holds Python objects (pickled data), not a numeric array"
     needed = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    size = path.stat().st_size
-    if size < needed:
-        return f"truncated: {size} bytes, its header ({tuple(shape)} {dtype}) needs {needed}"
-    return None
+    return truncation(path.stat().st_size, needed, f"its header ({shape} {dtype})")
 
 
 def load_npy(path: PathLike, *, mmap: bool = False, fix: str = "") -> np.ndarray:

@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from patchword.fileio import file_sha256
-from patchword.hub import hub_snapshot  # kept importable from here (densify.vlm)
 
 __all__ = [
     "SAMPLES",
@@ -29,7 +28,6 @@ __all__ = [
     "WHOLE_BYTES",
     "FIELD",
     "directory_fingerprint",
-    "hub_snapshot",
     "model_mismatch",
     "unverified",
 ]

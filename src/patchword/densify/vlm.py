@@ -20,8 +20,9 @@ import torch
 from PIL import Image
 
 from patchword.densify.config import PRECISIONS, GenerationSettings
-from patchword.densify.fingerprint import directory_fingerprint, hub_snapshot
+from patchword.densify.fingerprint import directory_fingerprint
 from patchword.errors import ConfigError, MissingFileError, ModelNotFoundError
+from patchword.hub import hub_snapshot
 
 __all__ = ["TINY_RANDOM", "Generation", "VisionLanguageModel", "check_model_id", "load_vlm"]
 

@@ -23,6 +23,7 @@ __all__ = [
     "check_pq_bytes",
     "check_pq_sample",
     "check_settings",
+    "check_workers",
     "kept_patches",
 ]
 
@@ -42,14 +43,20 @@ def check_settings(
         raise ConfigError("--batch-size", f"must be at least 1, got {batch_size}")
     if shard_size < 1:
         raise ConfigError("--shard-size", f"must be at least 1, got {shard_size}")
-    if workers is not None and workers < 0:
-        raise ConfigError("--workers", f"must be 0 (the default: min(4, CPUs)) or more, got {workers}")
+    check_workers(workers)
     if pq_bytes is not None and (dtype != "pq" or pq_bytes < 1):
         raise ConfigError(
             "--pq-bytes", "sets the pq store's bytes per token: give --store pq and a positive count"
         )
     if dense_store is not None and dense_store not in DENSE_STORES:
         raise ConfigError("--dense-store", f"must be one of {', '.join(DENSE_STORES)}, got {dense_store!r}")
+
+
+def check_workers(workers: int | None, flag: str = "--decode-workers") -> None:
+    """The count of decoding threads: 0 or more (None, 0: the default). ``flag``: the spelling the command
+    line gave it (``--decode-workers``, or its old, hidden ``--workers``)."""
+    if workers is not None and workers < 0:
+        raise ConfigError(flag, f"must be 0 (the default: min(4, CPUs)) or more, got {workers}")
 
 
 def check_pq_bytes(

@@ -145,7 +145,7 @@ def build_index(
             no dense caption: no index is left, an updated one is put back as it was); a ``dense`` file that
             cannot be read, or with a caption to encode that the run's tokenizer finds no word in (its
             ``FILE:LINE``); a manifest in ``index_dir`` that cannot be read.
-        ConfigError: a value out of its range (``--batch-size``, ``--shard-size``, ``--workers``,
+        ConfigError: a value out of its range (``--batch-size``, ``--shard-size``, ``--decode-workers``,
             ``--pq-bytes``, ``--keep-patches``...), ``--out`` where no index can be written, ``--images`` /
             ``--fp16`` / ``--dense`` disagreeing with the existing index, ``--dense`` / ``--dense-store
             scores`` for a run whose searches never read dense text, or a model that cannot read images.

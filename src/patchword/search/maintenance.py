@@ -29,12 +29,12 @@ def remove_orphans(index_dir: Path, *manifests: Manifest) -> None:
     complete manifest searches read besides its own: the shard files that one reads stay until it is
     replaced."""
     remove_stale_temps(index_dir, (MANIFEST_FILE, PENDING_FILE))  # the build's lock is held
-    live = {
-        shard_files(index_dir, s["id"])[name].name
-        for m in manifests
-        for name in shard_arrays(m)
-        for s in m.shards
-    }
+    live = set()
+    for m in manifests:
+        names = shard_arrays(m)
+        for s in m.shards:
+            files = shard_files(index_dir, s["id"])  # once per shard: it builds every array's path
+            live.update(files[name].name for name in names)
     shards_dir = index_dir / SHARDS_DIR
     if not shards_dir.is_dir():
         return

@@ -15,22 +15,24 @@ names, the arrays each shard holds, and how an array is written.
     positions of the patches kept in ``tokens`` and the image part of their selection scores.
 
 Each array is written to a temporary name and renamed into place (:func:`save_npy_atomic`); a shard file
-is never rewritten under the same shard id. A reader opens each array once (:class:`ShardArray`) and reads
-the rows it needs with ``os.pread``, never through a memory map: a mapped page of a file cut short in place
-(``truncate``, ``cp`` over it) ends the process with SIGBUS, a read of it is a short read
-(:class:`ShortRead`) the reader turns into an error.
+is never rewritten under the same shard id. A reader memory-maps each array once (:class:`ShardArray`) and
+checks the file's size before it copies rows out of the map: a mapped page of a file cut short in place
+(``truncate``, ``cp`` over it) ends the process with SIGBUS, a file found short is a :class:`CutShortError`
+the reader turns into an error.
 """
 
 from __future__ import annotations
 
 import io
+import mmap
 import os
-import weakref
+import sys
 from pathlib import Path
 from typing import IO
 
 import numpy as np
 
+from patchword.data.npy import read_npy_header, truncation
 from patchword.fileio import atomic_write, write_all
 from patchword.search.codecs import TokenCodec
 from patchword.search.manifest import Manifest
@@ -38,11 +40,12 @@ from patchword.search.manifest import Manifest
 __all__ = [
     "SHARDS_DIR",
     "ARRAYS",
+    "CutShortError",
     "ShardArray",
-    "ShortRead",
     "shard_files",
     "shard_arrays",
     "save_npy_atomic",
+    "too_many_open_files",
     "write_npy",
 ]
 
@@ -113,149 +116,132 @@ def write_npy(fh: IO[bytes], array: np.ndarray, path: str | os.PathLike[str]) ->
         write_all(fd, data, path)
 
 
-class ShortRead(Exception):
-    """Fewer bytes of a shard file than ``row`` needs could be read: it holds ``size`` bytes now, the row
-    ends at byte ``needed`` (the file was cut short, or is being overwritten, since it was opened)."""
+class CutShortError(Exception):
+    """A shard file holds fewer bytes now than a row read from it needs: cut short in place (``truncate``,
+    a ``cp`` over it) since it was mapped. ``problem``: ``truncated: N bytes, row R needs B``."""
 
-    def __init__(self, file: Path, row: int, size: int, needed: int) -> None:
-        super().__init__(f"{file}: {size} bytes, row {row} ends at byte {needed}")
-        self.file, self.row, self.size, self.needed = file, row, size, needed
+    def __init__(self, file: Path, problem: str) -> None:
+        super().__init__(f"{file}: {problem}")
+        self.file, self.problem = file, problem
 
 
-#: ``.npy`` header readers by format version; 3.0 differs from 2.0 only in a UTF-8 header, which a numeric
-#: array's ASCII header never needs.
-_HEADERS = {
-    (1, 0): np.lib.format.read_array_header_1_0,
-    (2, 0): np.lib.format.read_array_header_2_0,
-    (3, 0): np.lib.format.read_array_header_2_0,
-}
+#: ``mmap`` keeps a duplicate of the file's descriptor for as long as the map lives, unless told not to
+#: (Python 3.13+): an index of thousands of shard arrays would take as many descriptors.
+_NO_FD = {"trackfd": False} if sys.version_info >= (3, 13) else {}
 
 
 class ShardArray:
-    """One ``.npy`` array of a shard opened for reading rows: ``shape`` and ``dtype`` from its header, and a
-    descriptor opened once (closed with :meth:`close`, or when the object is collected).
+    """One ``.npy`` array of a shard, memory-mapped read-only (``array``: an ndarray of its header's shape
+    and dtype). On Python 3.13+ the map holds no file descriptor; before, Python's ``mmap`` keeps one per
+    array (:func:`too_many_open_files`).
 
-    Rows are read with ``os.pread`` (thread-safe: no shared file position), so a file cut short since it was
-    opened is a :class:`ShortRead`, where a memory map would end the process with SIGBUS. A file replaced by
-    a rename (as ``index build`` writes) is still read as it was opened: the descriptor holds the old one.
+    :meth:`read_rows` first checks the size of the file its path names now (one ``os.stat`` a call): a file
+    cut short in place since it was mapped is a :class:`CutShortError` where reading its missing pages
+    through the map would end the process with SIGBUS. A file cut short between that check and the copy
+    still ends it: shard files are replaced by renaming a complete copy over them, which the map never sees
+    (it goes on reading the file it mapped, as it does one an update deleted).
 
-    Raises (on opening):
-        OSError: the file cannot be opened.
-        ValueError: an unreadable header, or column-major (Fortran-order) data, whose rows are not
-            contiguous (an index writes C order).
+    Raises (on mapping):
+        OSError: the file cannot be opened or mapped.
+        ValueError: an unreadable or unsupported header, Python objects, column-major (Fortran-order) data,
+            whose rows are not contiguous (an index writes C order), or fewer bytes than the header needs.
+        EOFError: the file ends inside its header.
     """
 
     def __init__(self, file: Path) -> None:
         self.file = Path(file)
-        fd = os.open(self.file, os.O_RDONLY)
-        try:
-            with os.fdopen(os.dup(fd), "rb") as fh:  # the header of the very file the descriptor reads
-                version = np.lib.format.read_magic(fh)
-                if version not in _HEADERS:
-                    raise ValueError(f"unsupported .npy format version {version}")
-                shape, fortran, dtype = _HEADERS[version](fh)
-                self.offset = fh.tell()
-        except BaseException:
-            os.close(fd)
-            raise
-        if fortran and len(shape) > 1:
-            os.close(fd)
-            raise ValueError(
-                "its data is stored column-major (Fortran order); an index writes rows in C order"
-            )
-        self.shape: tuple[int, ...] = tuple(int(n) for n in shape)
-        self.dtype: np.dtype = dtype
-        self.row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * dtype.itemsize
-        self._fd = fd
-        self._close = weakref.finalize(self, os.close, fd)
+        with open(self.file, "rb") as fh:
+            header = read_npy_header(fh)
+            if header is None:
+                raise ValueError("a .npy format version newer than 3.0")
+            shape, fortran, dtype, self.offset = header
+            if dtype.hasobject:
+                raise ValueError("holds Python objects (pickled data), not a numeric array")
+            if fortran and len(shape) > 1:
+                raise ValueError(
+                    "its data is stored column-major (Fortran order); an index writes rows in C order"
+                )
+            stat = os.fstat(fh.fileno())
+            self._identity = (stat.st_dev, stat.st_ino)  # the file mapped, whatever its path names later
+            self.row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+            needed = self.offset + shape[0] * self.row_bytes
+            problem = truncation(stat.st_size, needed, f"its header ({shape} {dtype})")
+            if problem is not None:
+                raise ValueError(problem)
+            self._map = mmap.mmap(fh.fileno(), needed, access=mmap.ACCESS_READ, **_NO_FD)
+        self.array = np.ndarray(shape, dtype=dtype, buffer=self._map, offset=self.offset)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.array.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.array.dtype
 
     @property
     def ndim(self) -> int:
-        return len(self.shape)
+        return self.array.ndim
 
-    def close(self) -> None:
-        """Close the descriptor (idempotent)."""
-        self._close()
-
-    def size_problem(self) -> str | None:
-        """``truncated: ...`` when the open file holds fewer bytes than its header's shape and dtype need,
-        else None."""
-        needed = self.offset + self.shape[0] * self.row_bytes
-        size = os.fstat(self._fd).st_size
-        if size < needed:
-            return f"truncated: {size} bytes, its header ({self.shape} {self.dtype}) needs {needed}"
-        return None
-
-    def read_all(self) -> np.ndarray:
-        """The whole array, read now (an ndarray of ``shape``).
+    def read_rows(self, rows: np.ndarray | list[int]) -> np.ndarray:
+        """(k,) row numbers (each in ``0 .. shape[0] - 1``, checked by the caller) -> (k, *shape[1:]) a copy
+        of their values in the order given (a fancy index of the map).
 
         Raises:
-            ShortRead: the file was cut short since it was opened.
-        """
-        return self.read_rows(np.arange(self.shape[0]))
-
-    def read_rows(self, rows: np.ndarray) -> np.ndarray:
-        """(k,) row numbers (each in ``0 .. shape[0] - 1``, checked by the caller) -> (k, *shape[1:]) their
-        values in the order given; each run of consecutive rows is one read.
-
-        Raises:
-            ShortRead: the file was cut short since it was opened.
+            CutShortError: the file its path names, still the one mapped, no longer holds the last row read.
         """
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        order = np.argsort(rows, kind="stable")
-        ranked = rows[order]
-        data = np.empty((len(rows), *self.shape[1:]), dtype=self.dtype)
-        if self.row_bytes and len(rows):
-            raw = memoryview(data.view(np.uint8).reshape(-1))
-            starts = np.flatnonzero(np.diff(ranked, prepend=-2) != 1)  # the first row of each run
-            ends = np.append(starts[1:], len(ranked))
-            for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-                first = int(ranked[start])
-                self._read_into(raw[start * self.row_bytes : end * self.row_bytes], first)
-        out = np.empty_like(data)
-        out[order] = data
-        return out
+        if rows.size:
+            last = int(rows.max())
+            problem = self._cut_short(self.offset + (last + 1) * self.row_bytes, f"row {last}")
+            if problem is not None:
+                raise CutShortError(self.file, problem)
+        return self.array[rows]
 
-    def _read_into(self, buffer: memoryview, row: int) -> None:
-        """Fill ``buffer`` from the rows starting at ``row``; a read that returns nothing before it is full
-        is the end of the file.
-
-        Raises:
-            ShortRead: fewer bytes are there.
-        """
-        at = self.offset + row * self.row_bytes
-        done = 0
-        while done < len(buffer):
-            got = _read_at(self._fd, buffer[done:], at + done)
-            if got == 0:
-                end_row = row + (done // self.row_bytes if self.row_bytes else 0)
-                raise ShortRead(
-                    self.file,
-                    end_row,
-                    os.fstat(self._fd).st_size,
-                    self.offset + (end_row + 1) * self.row_bytes,
-                )
-            done += got
+    def _cut_short(self, needed: int, what: str) -> str | None:
+        """``truncated: ...`` when the file mapped ends before byte ``needed`` now; None when it does not, or
+        when its path names another file or none (replaced by a rename, or deleted: the map still reads
+        the file it mapped, which nothing can cut short by that name any more)."""
+        try:
+            stat = os.stat(self.file)
+        except FileNotFoundError:
+            return None
+        if (stat.st_dev, stat.st_ino) != self._identity:
+            return None
+        return truncation(stat.st_size, needed, what)
 
     def advise(self, rows: np.ndarray) -> None:
-        """Ask the kernel to read the rows ``rows`` into the page cache now (``posix_fadvise(WILLNEED)``;
-        nothing where it is unavailable): reading a shortlist row by row waits for each cold row in turn,
-        advising all of them first lets the disk serve them together."""
-        advice = getattr(os, "POSIX_FADV_WILLNEED", None)
+        """Ask the kernel to read the rows ``rows`` into the page cache now (``madvise(WILLNEED)``; nothing
+        where it is unavailable): reading a shortlist row by row waits for each cold row in turn, advising
+        all of them first lets the disk serve them together."""
+        advice = getattr(mmap, "MADV_WILLNEED", None)
         if advice is None or not self.row_bytes:
             return
+        page = mmap.PAGESIZE
         for row in np.asarray(rows, dtype=np.int64).reshape(-1).tolist():
+            start = self.offset + row * self.row_bytes
+            aligned = start - start % page
             try:
-                os.posix_fadvise(self._fd, self.offset + row * self.row_bytes, self.row_bytes, advice)
-            except OSError:  # advice only: reading still works without it
+                self._map.madvise(advice, aligned, start + self.row_bytes - aligned)
+            except (OSError, ValueError):  # advice only: reading still works without it
                 return
 
 
-def _read_at(fd: int, buffer: memoryview, offset: int) -> int:
-    """Read into ``buffer`` from ``offset`` of ``fd`` (``os.preadv``, or ``os.pread`` where the platform lacks
-    it); the bytes read, 0 at the end of the file."""
-    if hasattr(os, "preadv"):
-        return os.preadv(fd, [buffer], offset)
-    data = os.pread(fd, len(buffer), offset)
-    buffer[: len(data)] = data
-    return len(data)
+def too_many_open_files(index_dir: Path, arrays: int) -> str:
+    """The message for ``EMFILE`` met mapping the ``arrays`` shard arrays of the index ``index_dir``: the
+    limit, and one that fits the maps twice over (a server reopening an index holds both for a while)."""
+    want = 2 * arrays + 256
+    held = " (this Python's memory maps hold a descriptor each; 3.13+ hold none)" if not _NO_FD else ""
+    try:
+        import resource  # Unix only
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return (
+            f"{index_dir}: too many open files: the index maps {arrays} shard arrays{held}; raise the limit"
+        )
+    above = "" if hard == resource.RLIM_INFINITY or hard >= want else f" (past the hard limit, {hard})"
+    return (
+        f"{index_dir}: too many open files: the index maps {arrays} shard arrays{held} and the limit is "
+        f"{soft}: raise it{above}, e.g. `ulimit -n {want}` before starting"
+    )

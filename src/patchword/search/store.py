@@ -1,19 +1,20 @@
 """Reading a search index: :class:`SearchIndex` opens a complete index (its manifest, then every shard
-array opened and checked), and :func:`broken_shards` finds, with the same check, the shards an update
+array memory-mapped and checked), and :func:`broken_shards` finds, with the same check, the shards an update
 must encode again.
 
-Rows are read with ``os.pread``, not through memory maps (:class:`~patchword.search.shards.ShardArray`): a
-shard file cut short in place under a server is :class:`ChangedShardError`, not a SIGBUS ending the process.
+Rows are copied out of read-only memory maps (:class:`~patchword.search.shards.ShardArray`) once the file's
+size is checked: a shard file cut short in place before a query is :class:`ChangedShardError`, not a SIGBUS;
+one cut short during the copy still ends the process (replace shard files by renaming, never in place).
 
 The format is :mod:`patchword.search.manifest` (``manifest.json``, the layout) and
 :mod:`patchword.search.shards` (the shard files); what a reader can use of them is checked by
 :mod:`patchword.search.checks`. Every image id a reader is given is checked (:meth:`IndexEntries.check_ids`):
-numpy indexing would read ``-1`` as the last image
-(:mod:`patchword.search.entries`).
+numpy indexing would read ``-1`` as the last image (:mod:`patchword.search.entries`).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from collections import Counter
 from pathlib import Path
@@ -22,14 +23,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from patchword.data.npy import npy_problem
+from patchword.data.npy import npy_problem, read_npy_header
 from patchword.errors import DataError, MissingFileError
 from patchword.search.checks import dtype_problem, shape_problem, token_width, values_problem
 from patchword.search.codecs import load_codec
 from patchword.search.entries import IndexEntries
 from patchword.search.manifest import MANIFEST_FILE, Manifest, unfinished_build
 from patchword.search.scan import printable
-from patchword.search.shards import ShardArray, ShortRead, shard_arrays, shard_files
+from patchword.search.shards import CutShortError, ShardArray, shard_arrays, shard_files, too_many_open_files
 
 __all__ = [
     "REPAIR_HINT",
@@ -80,7 +81,7 @@ class _Unreadable(Exception):
 def _map_shard(
     files: dict[str, Path], names: tuple[str, ...], rows: int, manifest: Manifest, width: int
 ) -> dict[str, ShardArray]:
-    """One shard's arrays ``names`` opened for reading rows (``files``: :func:`shard_files`), each checked:
+    """Read-only memory maps of one shard's arrays ``names`` (``files``: :func:`shard_files`), each checked:
     its ``.npy`` header and size, its dtype against the index's store, its shape against the shard's ``rows``
     and the arrays before it, the values that index past another array (:mod:`patchword.search.checks`);
     rows past the end would be an ``IndexError`` in the middle of a search, another dtype a silent change of
@@ -88,6 +89,7 @@ def _map_shard(
 
     Raises:
         _Unreadable: the first array that cannot be read.
+        OSError: ``EMFILE`` (too many open files: :func:`~patchword.search.shards.too_many_open_files`).
     """
     arrays: dict[str, ShardArray] = {}
     for name in names:
@@ -97,9 +99,7 @@ def _map_shard(
         try:
             problem = npy_problem(file)
             if problem is None:
-                arrays[name] = ShardArray(file)
-                # the size again, of the file opened (it may have been replaced since npy_problem read it)
-                problem = arrays[name].size_problem()
+                arrays[name] = ShardArray(file)  # its size checked again: replaced since npy_problem?
         except (MissingFileError, FileNotFoundError):  # deleted since is_file()
             raise _Unreadable(file, "missing", missing=True) from None
         except (ValueError, EOFError) as err:
@@ -108,11 +108,7 @@ def _map_shard(
             shapes = {n: a.shape for n, a in arrays.items()}
             problem = dtype_problem(name, arrays[name].dtype, manifest)
             problem = problem or shape_problem(name, shapes, rows, manifest, width)
-            if problem is None and name == "dense_lens":  # the one values_problem reads (one int a row)
-                try:
-                    problem = values_problem(name, arrays[name].read_all(), shapes)
-                except ShortRead as err:  # cut short since its size was checked
-                    problem = f"truncated: {err.size} bytes, row {err.row} ends at byte {err.needed}"
+            problem = problem or values_problem(name, arrays[name].array, shapes)
         if problem is not None:
             raise _Unreadable(file, problem)
     return arrays
@@ -148,9 +144,10 @@ def dead_row_bytes(index_dir: Path, manifest: Manifest | None = None) -> int:
         for file in shard_files(index_dir, shard["id"]).values():
             if not file.is_file():
                 continue
-            array = ShardArray(file)  # its header's length
-            dead_bytes += dead * (file.stat().st_size - array.offset) // shard["rows"]
-            array.close()
+            with open(file, "rb") as fh:
+                header = read_npy_header(fh)
+            offset = header[3] if header is not None else 0
+            dead_bytes += dead * (file.stat().st_size - offset) // shard["rows"]
     return dead_bytes
 
 
@@ -175,12 +172,12 @@ def _complete_manifest(index_dir: Path) -> Manifest:
 
 
 class SearchIndex(IndexEntries):
-    """A complete index opened for reading: shard arrays opened (:class:`~patchword.search.shards.
+    """A complete index opened for reading: memory-mapped shards (:class:`~patchword.search.shards.
     ShardArray`), entries by index id.
 
-    Use :meth:`open`. Token and dense arrays stay on disk and only the rows a query needs are read
-    (``os.pread``; a file cut short since it was opened is :class:`ChangedShardError`); the global embeddings
-    of all images are read once into one (N, C) float32 tensor, the matrix of the first search stage.
+    Use :meth:`open`. Token and dense arrays stay on disk (memory maps) and only the rows a query needs are
+    read (a file found cut short since it was mapped is :class:`ChangedShardError`); the global embeddings
+    of all images are gathered once into one (N, C) float32 tensor, the matrix of the first search stage.
     """
 
     def __init__(self, index_dir: Path, manifest: Manifest) -> None:
@@ -193,9 +190,12 @@ class SearchIndex(IndexEntries):
         width = token_width(manifest, self.codec)
         for shard in manifest.shards:
             try:
-                arrays = _map_shard(
-                    shard_files(index_dir, shard["id"]), names, shard["rows"], manifest, width
-                )
+                files = shard_files(index_dir, shard["id"])
+                arrays = _map_shard(files, names, shard["rows"], manifest, width)
+            except OSError as err:
+                if err.errno != errno.EMFILE:
+                    raise
+                raise DataError(too_many_open_files(index_dir, len(manifest.shards) * len(names))) from None
             except _Unreadable as err:
                 if err.missing:
                     raise MissingShardError(
@@ -282,15 +282,15 @@ class SearchIndex(IndexEntries):
         return self._gather(name, self.check_ids(ids), width)
 
     def _read(self, shard_id: int, name: str, rows: np.ndarray | list[int]) -> np.ndarray:
-        """Rows ``rows`` of the array ``name`` of shard ``shard_id``, read from its file now (or
-        :class:`ChangedShardError`)."""
+        """Rows ``rows`` of the array ``name`` of shard ``shard_id``, copied out of its map once its file's
+        size is checked (:meth:`~patchword.search.shards.ShardArray.read_rows`), or
+        :class:`ChangedShardError`."""
         try:
             return self._arrays[shard_id][name].read_rows(rows)
-        except ShortRead as err:
+        except CutShortError as err:
             raise ChangedShardError(
-                f"{err.file}: changed on disk since the index was opened (cut short or overwritten in place: "
-                f"{err.size} bytes now, row {err.row} ends at byte {err.needed}); replace shard files by "
-                f"renaming a complete copy over them, or {REPAIR_HINT}"
+                f"{err.file}: cut short in place since the index was opened ({err.problem}); replace shard "
+                f"files by renaming a complete copy over them, or {REPAIR_HINT}"
             ) from None
 
     def _gather(self, name: str, ids: np.ndarray, width: int | None = None) -> np.ndarray:
@@ -312,13 +312,13 @@ class SearchIndex(IndexEntries):
         return out
 
     def prefetch(self, ids: torch.Tensor | np.ndarray) -> None:
-        """Ask the kernel to read now the rows ``ids`` of every array a re-ranking reads
-        (``posix_fadvise(WILLNEED)``, :meth:`~patchword.search.shards.ShardArray.advise`).
+        """Ask the kernel to read now the rows ``ids`` of every array a re-ranking reads (``madvise``:
+        :meth:`~patchword.search.shards.ShardArray.advise`).
 
         A row not in the page cache is a disk read; reading the shortlist row by row waits for each in
         turn, while advising all of them first lets the disk serve them together (an order of magnitude
-        for cold rows: docs/benchmarks.md, "Numbers behind code choices", measured with ``madvise``, the
-        same advice given through a memory map). Does nothing where the advice is unavailable.
+        for cold rows: docs/benchmarks.md, "Numbers behind code choices"). Does nothing where ``madvise``
+        is unavailable.
         """
         ids = self.check_ids(ids)
         shards, rows = self._shard_of[ids], self._row_of[ids]
