@@ -3,6 +3,7 @@ what a device and the machine around it are (what a measured time needs beside i
 
 from __future__ import annotations
 
+import itertools
 import platform
 import re
 import subprocess
@@ -19,6 +20,7 @@ __all__ = [
     "checked_device",
     "cpu_model",
     "describe_device",
+    "module_device",
     "peak_host_rss_mb",
     "read_together",
     "reset_peak_host_rss",
@@ -78,6 +80,15 @@ def checked_device(device: object) -> torch.device:
     if resolved.type in ("cuda", "mps"):
         resolve_device(resolved, key="device")  # a ConfigError (a ValueError) naming device when missing
     return resolved
+
+
+def module_device(module: torch.nn.Module, fallback: torch.device | None = None) -> torch.device:
+    """Where ``module`` lives: its first parameter's (or, with none, its first buffer's) device; for a
+    module without either, ``fallback``, else the CPU."""
+    first = next(itertools.chain(module.parameters(), module.buffers()), None)
+    if first is not None:
+        return first.device
+    return fallback if fallback is not None else torch.device("cpu")
 
 
 def read_together(*tensors: torch.Tensor) -> list[torch.Tensor]:

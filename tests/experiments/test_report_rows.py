@@ -17,7 +17,7 @@ from patchword.experiments.cost import cost_rows
 from patchword.experiments.report import _tables, collect
 from patchword.experiments.report_csv import csv_text
 from patchword.experiments.rows import significant
-from patchword.experiments.sweep import mean_std, summarize
+from patchword.experiments.sweep import mean_std, mean_std_of, summarize
 
 XEON = {"device": "cpu", "device_name": "Xeon", "threads": 4, "world_size": 1, "precision": "fp32"}
 
@@ -185,3 +185,12 @@ def test_a_damaged_training_session_is_named(tmp_path):
         DataError, match=r"summary.json: train_sessions item 1: threads is \"two\", not a number"
     ):
         collect([bad])
+
+
+def test_a_rows_mean_is_over_numbers_only():
+    """``Entry.value`` and the suite table's ``suite_value`` share one rule (each had its own copy): no
+    figure where a run lacks it or records something other than a number (a bool is none)."""
+    assert mean_std_of([]) is None and mean_std_of([1.0, None]) is None
+    assert mean_std_of([1.0, True]) is None and mean_std_of([1.0, "3"]) is None
+    assert mean_std_of([300.0]) == (300.0, None)
+    assert mean_std_of([1, 3.0]) == (2.0, pytest.approx(2**0.5))

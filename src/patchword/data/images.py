@@ -182,14 +182,12 @@ def rgb_image(image: Image.Image) -> Image.Image:
         ValueError: a mode ``F`` image, or a mode ``I`` one outside 0..65535 (:func:`load_image` names the
             file).
     """
+    problem = _eight_bit_problem(image)
+    if problem:
+        raise _NoEightBitReading(problem)
     if image.mode in _SIXTEEN_BIT or image.mode == "I":
-        problem = _eight_bit_problem(image)
-        if problem:
-            raise _NoEightBitReading(problem)
         high_byte = (np.asarray(image).astype(np.uint32) >> 8).astype(np.uint8)  # (H, W)
         return Image.fromarray(high_byte, mode="L").convert("RGB")
-    if image.mode == "F":
-        raise _NoEightBitReading(_FLOAT_REFUSED)
     return image.convert("RGB")
 
 

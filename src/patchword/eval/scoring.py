@@ -9,14 +9,13 @@ the two-stage search too.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 from collections.abc import Iterator
 
 import torch
 
 from patchword._validation import check_lengths, check_positive_int, check_tensor, check_token_ids_dtype
-from patchword.device import checked_device
+from patchword.device import checked_device, module_device
 from patchword.matching.ops import full_precision
 from patchword.progress import progress_bar
 
@@ -34,15 +33,6 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         model.train(was_training)
-
-
-def _device_of(model: torch.nn.Module, device: torch.device | str | None) -> torch.device:
-    """``device`` checked, or, when None, the model's: where its first parameter (or buffer) is, as
-    :func:`~patchword.eval.engine.score_matrix` takes it (the CPU for a model without any)."""
-    if device is not None:
-        return checked_device(device)
-    first = next(itertools.chain(model.parameters(), model.buffers()), None)
-    return first.device if first is not None else torch.device("cpu")
 
 
 @torch.no_grad()
@@ -66,7 +56,7 @@ def encode_image_tokens(
         ValueError: no images (the token count L_v of the result is the encoder's to say, from an image),
             integer pixels (:meth:`~patchword.model.RetrievalModel.encode_images`), a bad ``batch_size``.
     """
-    device = _device_of(model, device)
+    device = module_device(model) if device is None else checked_device(device)
     batch_size = check_positive_int("batch_size", batch_size)
     if isinstance(images, torch.Tensor):
         if images.ndim < 2:
@@ -125,7 +115,7 @@ def encode_text_tokens(
         raise ValueError("ids: no texts to encode (0 given)")
     # min_len=0: encoding reads no minimum; the matcher that scores the tokens checks its own
     lens = check_lengths(lens, "lens", size=ids.shape[0], max_len=ids.shape[1], min_len=0)
-    device = _device_of(model, device)
+    device = module_device(model) if device is None else checked_device(device)
     # once per call, on the positions the encoder reads (every batch is trimmed to its longest text)
     vocab_size = getattr(getattr(model, "text_encoder", None), "vocab_size", None)
     _check_token_ids(ids[:, : int(lens.max())], vocab_size)

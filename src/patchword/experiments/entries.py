@@ -38,7 +38,7 @@ from patchword.experiments.fields import AMOUNT, FINITE, FLAG, LIST, MAPPING, TE
 from patchword.experiments.galleries import gallery_of_run, run_dataset
 from patchword.experiments.machines import check_sessions
 from patchword.experiments.rows import TWO_STAGE_KEYS, has_recalls
-from patchword.experiments.sweep import SWEEP_FILE, mean_std, read_sweep
+from patchword.experiments.sweep import SWEEP_FILE, mean_std_of, read_sweep
 from patchword.imports.published import scored_split, split_use
 from patchword.readers import read_json
 from patchword.runs.config import RunConfig
@@ -49,7 +49,7 @@ from patchword.runs.load import (
     last_session_config,
     resolve_checkpoint,
 )
-from patchword.runs.recorded import evaluation_of, suite_evaluation_of, unused_evaluations
+from patchword.runs.recorded import evaluation_and_unused, suite_evaluation_of
 
 __all__ = [
     "RECORD_FIELDS",
@@ -163,14 +163,14 @@ class Entry:
         self.outside = list(outside or [])
         self.configs = [run_config(run) for run in runs]
         records = [_evaluation(run) for run in runs]
-        self.summaries = [record for record, _ in records]
-        self.sources = [source for _, source in records]
+        self.summaries = [record for record, _, _ in records]
+        self.sources = [source for _, source, _ in records]
         # per run, the eval_*.json files that do not describe its checkpoint, where nothing else does
         self.unused = [
-            [] if has_recalls(record) else _unused(run)
-            for run, (record, _) in zip(runs, records, strict=True)
+            [] if has_recalls(record) else _logged(run, unused)
+            for run, (record, _, unused) in zip(runs, records, strict=True)
         ]
-        for record, source in records:
+        for record, source, _ in records:
             if source is not None:
                 check_fields(record, RECORD_FIELDS, source)
                 check_sessions(record, source)
@@ -191,52 +191,49 @@ class Entry:
         self.config = _row_config(self.configs) if runs else None
         self.seeds_differ = sorted(k for k, v in (self.config or {}).items() if isinstance(v, SeedsDiffer))
 
-    def value(self, key: str, source: str = "summaries") -> tuple[float, float] | None:
-        """(mean, sample std) of ``key`` (``a.b`` reaches into a mapping) over the entry's runs, None where
-        a run lacks it. ``source``: ``summaries`` or ``compositional``."""
+    def value(self, key: str) -> tuple[float, float | None] | None:
+        """(mean, sample std) of ``key`` (``a.b`` reaches into a mapping) over the entry's summaries, None
+        where a run lacks it."""
         values = []
-        for record in getattr(self, source):
+        for record in self.summaries:
             for part in key.split("."):
                 record = record.get(part) if isinstance(record, dict) else None
             values.append(record)
-        if not values or any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in values):
-            return None
-        return mean_std(values)
+        return mean_std_of(values)
 
     def first(self, key: str) -> Any:
         return next((s[key] for s in self.summaries if key in s), None)
 
 
-def _evaluation(run: Path) -> tuple[dict[str, Any], str | None]:
+def _evaluation(run: Path) -> tuple[dict[str, Any], str | None, list[tuple[str, str]]]:
     """A run's record and where it came from: its training summary, else the recorded evaluation of its
     default checkpoint, else its metrics.json (an export record: :func:`_exported`); ``({}, None)`` for
-    none."""
+    none. Third, (file name, why) of each ``eval_*.json`` not describing the default checkpoint
+    (:func:`~patchword.runs.recorded.evaluation_and_unused`; ``[]`` where a summary with recalls is the
+    record: nothing else is looked up)."""
     summary = _json(run / SUMMARY_FILE)
-    if summary:
-        return summary, str(run / SUMMARY_FILE)
+    if summary and has_recalls(summary):
+        return summary, str(run / SUMMARY_FILE), []
     try:
-        evaluation, name = evaluation_of(run, resolve_checkpoint(run))
+        evaluation, name, unused = evaluation_and_unused(run, resolve_checkpoint(run))
     except MissingFileError:
-        evaluation, name = {}, None
+        evaluation, name, unused = {}, None, []
+    if summary:
+        return summary, str(run / SUMMARY_FILE), unused
     if evaluation:
-        return evaluation, str(run / str(name))
+        return evaluation, str(run / str(name)), unused
     metrics = _json(run / METRICS_JSON)
     if WEIGHTS_DIGEST_KEY in metrics:
-        return _exported(run, metrics)
-    return metrics, (str(run / METRICS_JSON) if metrics else None)
+        return (*_exported(run, metrics), unused)
+    return metrics, (str(run / METRICS_JSON) if metrics else None), unused
 
 
-def _unused(run: Path) -> list[tuple[str, str]]:
-    """(file name, why) of each ``eval_*.json`` of a run with no usable evaluation that does not describe its
-    default checkpoint (:func:`~patchword.runs.recorded.unused_evaluations`), each logged as a warning: the
-    row reads NOT EVALUATED although the user evaluated it."""
-    try:
-        found = unused_evaluations(run, resolve_checkpoint(run))
-    except MissingFileError:
-        return []
-    for name, why in found:
+def _logged(run: Path, unused: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``unused`` ((file name, why) of a run with no usable evaluation), each logged as a warning: the row
+    reads NOT EVALUATED although the user evaluated it."""
+    for name, why in unused:
         _logger.warning("%s: not the run's evaluation, not shown: %s", run / name, why)
-    return found
+    return unused
 
 
 def _exported(run: Path, record: dict[str, Any]) -> tuple[dict[str, Any], str | None]:

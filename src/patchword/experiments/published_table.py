@@ -7,11 +7,16 @@ report's rows (``patchword.experiments.entries.Entry``: ``label``, ``runs``, ``c
 
 from __future__ import annotations
 
-from typing import Any
-
 from patchword.eval.metrics import RECALL_KEYS
 from patchword.experiments.report_page import Table
-from patchword.imports.published import DATASETS, caveats, compare_rows, imported_model, measured_metrics
+from patchword.imports.published import (
+    DATASETS,
+    caveats,
+    compare_rows,
+    imported_model,
+    measured_metrics,
+    not_measured,
+)
 
 __all__ = ["published_table"]
 
@@ -35,7 +40,7 @@ def published_table(entries) -> Table | None:
         for published in model.published() if model is not None else []:
             measured = measured_metrics(record, published.dataset)
             what = DATASETS[published.dataset] + (f", {published.variant}" if published.variant else "")
-            unmeasured = _not_measured(record, measured, published.dataset, e.configs[0])
+            unmeasured = not_measured(record, measured, published.dataset, e.configs[0].eval.coco_1k)
             for row in compare_rows(published, measured):
                 if row["row"] != "published" and unmeasured:
                     if row["row"] == "measured here":
@@ -59,19 +64,6 @@ def published_table(entries) -> Table | None:
         caption += "; NOT LIKE FOR LIKE: " + "; ".join(notes)
     header = ["run", "published result", "row", *KEYS, "source"]
     return caption, header, rows, [f"[{n}] {text}" for text, n in marks.items()]
-
-
-def _not_measured(record: dict[str, Any], measured: dict[str, float], dataset: str, config) -> str:
-    """What a published row's "measured here" row says where nothing measured it (``""`` where something
-    did): no evaluation yet, or an evaluation without the figures of its protocol (the COCO 1K fold
-    averages, ``coco1k_*``, exist only with ``eval.coco_1k``)."""
-    if not record:
-        return "not measured here yet"
-    if measured:
-        return ""
-    if dataset == "coco1k" and not config.eval.coco_1k:
-        return "not measured: eval.coco_1k was not set"
-    return f"not measured: the evaluation records no {DATASETS[dataset]} figures"
 
 
 def _mark(published, what: str, marks: dict[str, int]) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 from patchword.eval.metrics import RECALL_KEYS
@@ -104,16 +105,19 @@ def evaluated(entry) -> bool:
     return bool(entry.runs) and all(has_recalls(s) for s in entry.summaries)
 
 
+def _unused(entry) -> Iterator[tuple[str, str]]:
+    """(shown name, why) of each ``eval_*.json`` of the row's runs that no evaluation shown came from
+    (``entry.unused``): ``eval_test.json``, or ``seed-1/eval_test.json`` in a row of several runs."""
+    for run, found in zip(entry.runs, getattr(entry, "unused", [[]] * len(entry.runs)), strict=True):
+        for name, why in found:
+            yield (name if len(entry.runs) == 1 else f"{run.name}/{name}"), why
+
+
 def unused_files(entry) -> list[str]:
     """The ``eval_*.json`` files of the row's runs that no evaluation shown came from (they do not describe
     the run's checkpoint as configured: ``entry.unused``), each once: ``eval_test.json``, or
     ``seed-1/eval_test.json`` in a row of several runs."""
-    names = [
-        name if len(entry.runs) == 1 else f"{run.name}/{name}"
-        for run, found in zip(entry.runs, getattr(entry, "unused", [[]] * len(entry.runs)), strict=True)
-        for name, _ in found
-    ]
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(name for name, _ in _unused(entry)))
 
 
 def not_evaluated_mark(entry) -> str:
@@ -127,11 +131,7 @@ def not_evaluated_cell(entry) -> str:
     """What the row's split column says of a row not evaluated: ``not evaluated``, then why each evaluation
     file is not used (``eval_test.json: made with overrides that change what it measures
     (data.max_caption_len=20)``)."""
-    whys = [
-        f"{name if len(entry.runs) == 1 else f'{run.name}/{name}'}: {why}"
-        for run, found in zip(entry.runs, getattr(entry, "unused", [[]] * len(entry.runs)), strict=True)
-        for name, why in found
-    ]
+    whys = [f"{name}: {why}" for name, why in _unused(entry)]
     return "not evaluated" + (f" ({'; '.join(whys)})" if whys else "")
 
 

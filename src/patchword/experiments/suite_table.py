@@ -19,7 +19,7 @@ from typing import Any
 from patchword.data.synthetic.negatives import NEGATIVE_KINDS
 from patchword.eval.compositional import DENSE_TEXT_WORDS
 from patchword.experiments.rows import mean_cell, one_or_mixed_of
-from patchword.experiments.sweep import mean_std
+from patchword.experiments.sweep import mean_std_of
 
 __all__ = ["compositional_table", "suite_kinds", "suite_value", "unscored_seeds"]
 
@@ -33,10 +33,7 @@ def suite_kinds(entries) -> list[str]:
 def suite_value(entry, kind: str) -> tuple[float, float | None] | None:
     """(mean, sample std) of ``kind``'s accuracy over the row's scored runs (those with a suite record;
     :func:`unscored_seeds` names the others), None where none of them has it."""
-    values = [r.get(kind) for r in entry.compositional if r]
-    if not values or any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in values):
-        return None
-    return mean_std(values)
+    return mean_std_of([r.get(kind) for r in entry.compositional if r])
 
 
 def unscored_seeds(entry) -> list[int]:

@@ -53,6 +53,7 @@ __all__ = [
     "PLANNED_SEEDS",
     "SWEEP_FILE",
     "mean_std",
+    "mean_std_of",
     "parse_seeds",
     "read_sweep",
     "run_sweep",
@@ -116,6 +117,14 @@ def mean_std(values: list[float]) -> tuple[float, float | None]:
     if len(values) < 2:
         return mean, None
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def mean_std_of(values: list[Any]) -> tuple[float, float | None] | None:
+    """:func:`mean_std` of ``values``, None where there are none or one is not a number (None, a string, a
+    bool: a record that lacks the figure or holds something else)."""
+    if not values or any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in values):
+        return None
+    return mean_std(values)
 
 
 def summarize(results: dict[int, dict[str, Any]]) -> dict[str, Any]:

@@ -53,6 +53,7 @@ __all__ = [
     "evaluated_role",
     "imported_model",
     "measured_metrics",
+    "not_measured",
     "published_results",
     "scan_variant",
     "scored_split",
@@ -272,6 +273,22 @@ def compare_rows(published: PublishedResult, measured: Mapping[str, Any] | None)
         {"row": "measured here", **here},
         {"row": "difference", **difference},
     ]
+
+
+def not_measured(
+    record: Mapping[str, Any] | None, measured: Mapping[str, Any], dataset: str, coco_1k: bool
+) -> str:
+    """What a published row's "measured here" row says where nothing measured it (``""`` where something
+    did): no evaluation yet (``record`` empty), or an evaluation without the figures of its protocol
+    (``measured``: :func:`measured_metrics` of ``record``; the COCO 1K fold averages, ``coco1k_*``, exist
+    only with ``eval.coco_1k``, the run's ``coco_1k``). ``patchword report`` and the export card alike."""
+    if not record:
+        return "not measured here yet"
+    if measured:
+        return ""
+    if dataset == "coco1k" and not coco_1k:
+        return "not measured: eval.coco_1k was not set"
+    return f"not measured: the evaluation records no {DATASETS[dataset]} figures"
 
 
 def _field(data: Any, key: str) -> Any:

@@ -134,7 +134,7 @@ def model_card(run, record: dict[str, Any]) -> str:
             f"No evaluation of checkpoint `{record['checkpoint']}` with this config is recorded with the "
             f"run: `patchword eval RUN --checkpoint {record['checkpoint']}` measures it (then export again)."
         )
-    lines += _published_section(imported, metrics, record, dc)
+    lines += _published_section(imported, metrics, record, dc, cfg.eval.coco_1k)
     lines += [
         "",
         _hash_line(record) + f", weights sha256 `{record[WEIGHTS_DIGEST_KEY][:16]}` (`model.safetensors`), "
@@ -271,12 +271,17 @@ def _no_row(model: published_table.ImportedModel, backbone: str, datasets: str) 
 
 
 def _published_section(
-    imported: dict[str, Any], metrics: dict[str, Any], record: dict[str, Any], data: Any = None
+    imported: dict[str, Any],
+    metrics: dict[str, Any],
+    record: dict[str, Any],
+    data: Any = None,
+    coco_1k: bool = False,
 ) -> list[str]:
     """The card's "Published vs measured here" for an imported official checkpoint: each published
     result of its method, backbone and dataset (:func:`patchword.imports.published.published_results`)
     beside the run's recorded evaluation of the exported checkpoint (``metrics``), with source, protocol
-    and notes. ``data``: the run's data config (the split and data the evaluation read, for the caveats)."""
+    and notes. ``data``: the run's data config (the split and data the evaluation read, for the caveats);
+    ``coco_1k``: the run's ``eval.coco_1k`` (whether a COCO 1K row could have been measured)."""
     model = published_table.imported_model(imported)
     if model is None:
         return []
@@ -305,14 +310,15 @@ def _published_section(
             "the run (`patchword eval RUN` measures it; then export again)."
         )
     for published in rows:
-        lines += _published_table(published, metrics, data, model)
+        lines += _published_table(published, metrics, data, model, coco_1k)
     return lines
 
 
-def _published_table(published, metrics: dict[str, Any], data: Any, model) -> list[str]:
-    """One published row beside the measured figures, their difference, its source, protocol, note and
-    the caveats of the comparison."""
+def _published_table(published, metrics: dict[str, Any], data: Any, model, coco_1k: bool) -> list[str]:
+    """One published row beside the measured figures (or why there are none, as ``patchword report``
+    says it), their difference, its source, protocol, note and the caveats of the comparison."""
     measured = published_table.measured_metrics(metrics, published.dataset)
+    unmeasured = published_table.not_measured(metrics, measured, published.dataset, coco_1k)
     compared = published_table.compare_rows(published, measured)
     title = published_table.DATASETS[published.dataset] + (
         f", {published.variant}" if published.variant else ""
@@ -326,9 +332,9 @@ def _published_table(published, metrics: dict[str, Any], data: Any, model) -> li
     ]
     for row in compared:
         name = row["row"]
-        if name != "published" and not measured:
+        if name != "published" and unmeasured:
             if name == "measured here":
-                lines.append("| measured here | not measured here yet |" + " |" * (len(_COLUMNS) - 1))
+                lines.append(f"| measured here | {unmeasured} |" + " |" * (len(_COLUMNS) - 1))
             continue
         values = [_cell(row[key], signed=name == "difference") for key in published_table.METRIC_KEYS]
         lines.append(f"| {name} | " + " | ".join(values) + " |")

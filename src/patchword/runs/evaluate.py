@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from patchword.config import apply_overrides
 from patchword.data.prepare import PreparedData, eval_role
 from patchword.distributed import Distributed
 from patchword.eval.engine.memory import configured_budget_mb
@@ -246,14 +247,16 @@ def evaluate_run_dir(
     from patchword.distributed import session
     from patchword.runs import read_run_config
 
-    overrides = list(overrides or [])  # None: none (read_run_config takes a sequence)
-    cfg = read_run_config(run_dir, overrides)
+    overrides = list(overrides or [])  # None: none (apply_overrides takes a list)
+    saved = read_run_config(run_dir)  # parsed once: the overrides apply to a copy
+    cfg = apply_overrides(saved, overrides)
     with session(resolve_device(cfg.device), cfg.dist_timeout_s) as dist:
-        return _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg)
+        return _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, (cfg, saved.data))
 
 
-def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg=None) -> tuple[dict, Path]:
-    """:func:`evaluate_run_dir` in its session (``cfg``: run_dir's config with the overrides, or None)."""
+def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, configs=None) -> tuple[dict, Path]:
+    """:func:`evaluate_run_dir` in its session (``configs``: run_dir's config with the overrides and the
+    ``data`` section of its saved config.yaml, or None: read here)."""
     from patchword.data.prepare import eval_role, prepare_data
     from patchword.errors import ConfigError
     from patchword.eval.protocol import ensemble_metrics, evaluate
@@ -261,11 +264,13 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, cfg=No
     from patchword.runs.checks import check_model_data
     from patchword.runs.load import check_backbone_overrides
 
-    overrides = list(overrides or [])
-    cfg = cfg or read_run_config(run_dir, overrides)
+    if configs is None:
+        saved = read_run_config(run_dir)
+        configs = apply_overrides(saved, overrides), saved.data
+    cfg, saved_data = configs
     # a data.* override the run's dataset never reads (the saved config.yaml is not checked: an older
     # version may have recorded such a key, and the run must still evaluate)
-    cfg.data.refuse_unread_overrides(read_run_config(run_dir).data)
+    cfg.data.refuse_unread_overrides(saved_data)
     role = eval_role(cfg.data, cfg.eval.split)
     truth = check_eval_settings(cfg, dist.device)  # the COCO ground truth the scoring reads, or None
     reuse = held_out_warning(cfg.data) if role == "test" else None

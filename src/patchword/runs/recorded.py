@@ -17,10 +17,8 @@ The suites (``eval_compositional.json``, ``eval_patches.json``: ``patchword eval
 same identity (:func:`evaluation_identity`, the fields a recall record carries) and
 :func:`suite_evaluation_of` finds the one describing a checkpoint by the same rules; a suite record written
 before they carried it is never trusted (nothing in it proves which weights or settings it scored).
-:func:`unused_evaluations` says why each ``eval_*.json`` that does not describe a checkpoint is not used.
-
-Over 400 lines: the rules by which a record describes a checkpoint, and the reasons one does not, are one
-set of rules; apart, the reasons a report gives could drift from the rules it applies.
+:func:`evaluation_and_unused` also says why each other recall ``eval_*.json`` does not describe it, by the
+same rules (:func:`_why_unused`: one function decides both).
 """
 
 from __future__ import annotations
@@ -44,6 +42,7 @@ __all__ = [
     "NEUTRAL_OVERRIDES",
     "checkpoint_facts",
     "checkpoint_identity",
+    "evaluation_and_unused",
     "evaluation_identity",
     "evaluation_provenance",
     "evaluation_of",
@@ -51,7 +50,6 @@ __all__ = [
     "path_in_run",
     "suite_evaluation_of",
     "suite_files_identity",
-    "unused_evaluations",
 ]
 
 #: The field of an evaluation record (``eval_*.json``, ``summary.json``) holding the sha256 of the
@@ -195,31 +193,6 @@ def _names(record: dict[str, Any], checkpoint: Path) -> bool:
     return Path(os.path.normpath(os.path.relpath(str(recorded), str(run)))) == checkpoint
 
 
-def _non_neutral(overrides) -> bool:
-    """Whether ``overrides`` (a record's) hold one that changes what an evaluation measures."""
-    return any(str(o).split("=", 1)[0].strip() not in NEUTRAL_OVERRIDES for o in overrides or [])
-
-
-def _usable(record: dict[str, Any] | None, checkpoint: Path, current: str | None, suite: str | None) -> bool:
-    """An ``eval_*.json`` evaluation of ``checkpoint`` alone with the run's current config, as configured:
-    ``suite`` None, a recall evaluation (not an ensemble, not a suite's record); else a record of that suite
-    carrying every identity field (the digest, the overrides and the suite files it read: a suite record of
-    an older version, which has none, proves nothing)."""
-    if record is None or "ensemble" in record or record.get("suite") != suite:
-        return False
-    if suite is not None and (
-        record.get(DIGEST_FIELD) is None
-        or not isinstance(record.get("overrides"), list)
-        or not isinstance(record.get("suite_files"), list)
-    ):
-        return False
-    return (
-        not _non_neutral(record.get("overrides"))
-        and record.get("config_hash") == current
-        and _names(record, checkpoint)
-    )
-
-
 class _Target(NamedTuple):
     """A checkpoint looked up in a run: ``absolute`` (its path), ``inside`` (relative to the run
     directory), ``written`` (its mtime, 0 when missing), ``digest`` (lazy) and the run's ``current`` config
@@ -245,18 +218,24 @@ def _target(run_dir: Path, checkpoint: str | Path) -> _Target | None:
     return _Target(absolute, inside, written, _lazy_digest(absolute), current)
 
 
-def _records(run_dir: Path, target: _Target, suite: str | None) -> list[tuple[float, Path, dict[str, Any]]]:
-    """(mtime, path, record) of each ``eval_*.json`` of ``run_dir`` that is :func:`_usable` for ``target``
-    (``suite``: None for recall records) and :func:`_measured` its present bytes."""
-    found = []
-    for path in run_dir.glob("eval_*.json"):
+def _records(
+    run_dir: Path, target: _Target, suite: str | None
+) -> tuple[list[tuple[float, Path, dict[str, Any]]], list[tuple[str, str]]]:
+    """The ``eval_*.json`` of ``run_dir`` of one kind (``suite``: None for recall records, else that suite's)
+    in name order, split by :func:`_why_unused`: (mtime, path, record) of each describing ``target``, and
+    (file name, why) of each other."""
+    found, unused = [], []
+    for path in sorted(run_dir.glob("eval_*.json")):
         record = _read(path)
+        if record is None or record.get("suite") != suite:
+            continue
         recorded_at = path.stat().st_mtime
-        if _usable(record, target.inside, target.current, suite) and _measured(
-            record, target.digest, recorded_at, target.written
-        ):
+        why = _why_unused(record, target, recorded_at)
+        if why is None:
             found.append((recorded_at, path, record))
-    return found
+        else:
+            unused.append((path.name, why))
+    return found, unused
 
 
 def _summary_describes(run_dir: Path, summary: dict[str, Any], checkpoint: Path, absolute: Path) -> bool:
@@ -292,17 +271,29 @@ def evaluation_of(
     is not older than it. ``({}, None)`` when none describes it, and always for a checkpoint outside the
     run. The checkpoint is hashed at most once, and only when a candidate carries a digest.
     """
+    return evaluation_and_unused(run_dir, checkpoint, split)[:2]
+
+
+def evaluation_and_unused(
+    run_dir: str | Path, checkpoint: str | Path, split: str | None = None
+) -> tuple[dict, str | None, list[tuple[str, str]]]:
+    """:func:`evaluation_of`, with the (file name, why) of each recall ``eval_*.json`` of ``run_dir`` that
+    does not describe ``checkpoint`` (overrides that change what it measures, another checkpoint, another
+    config, other bytes, an ensemble's), in name order; suite records are left out (they are no recall
+    evaluation). One lookup of the checkpoint, one read of each file: what a report says of a run.
+    """
     run_dir = Path(run_dir)
     target = _target(run_dir, checkpoint)
     if target is None:
-        return {}, None
+        return {}, None, []
+    records, unused = _records(run_dir, target, None)
     found = [
         ((split is None or record.get("split") == split), recorded_at, path, record)
-        for recorded_at, path, record in _records(run_dir, target, None)
+        for recorded_at, path, record in records
     ]
     if found:
         _, _, path, record = max(found, key=lambda item: item[:2])
-        return record, path.name
+        return record, path.name, unused
     summary_path = run_dir / SUMMARY_FILE
     summary = _read(summary_path)
     if (
@@ -310,18 +301,28 @@ def evaluation_of(
         and _summary_describes(run_dir, summary, target.inside, target.absolute)
         and _measured(summary, target.digest, summary_path.stat().st_mtime, target.written)
     ):
-        return summary, summary_path.name
-    return {}, None
+        return summary, summary_path.name, unused
+    return {}, None, unused
 
 
 def _why_unused(record: dict[str, Any], target: _Target, recorded_at: float) -> str | None:
-    """Why an ``eval_*.json`` recall record does not describe ``target`` (:func:`evaluation_of`'s rules, in
-    the order a user would fix them); None where it does."""
+    """Why an ``eval_*.json`` record does not describe ``target`` (:func:`evaluation_of`'s rules, in the
+    order a user would fix them); None where it does. A suite's record must also carry every identity
+    field (the digest, the overrides and the suite files it read: one of an older version proves nothing).
+    ``overrides``: a list, one string (one override) or none; anything else is not trusted."""
     if "ensemble" in record:
         return "an ensemble's evaluation, not of this checkpoint alone"
+    if record.get("suite") is not None and (
+        record.get(DIGEST_FIELD) is None
+        or not isinstance(record.get("overrides"), list)
+        or not isinstance(record.get("suite_files"), list)
+    ):
+        return "written before suite records said what they scored"
     overrides = record.get("overrides")
-    listed = [overrides] if isinstance(overrides, str) else overrides if isinstance(overrides, list) else []
-    changing = [str(o) for o in listed if _non_neutral([o])]
+    if overrides is not None and not isinstance(overrides, (str, list)):
+        return f"records its overrides as {type(overrides).__name__}, not a list"
+    listed = [overrides] if isinstance(overrides, str) else overrides or []
+    changing = [str(o) for o in listed if str(o).split("=", 1)[0].strip() not in NEUTRAL_OVERRIDES]
     if changing:
         return f"made with overrides that change what it measures ({', '.join(changing)})"
     if not _names(record, target.inside):
@@ -333,26 +334,6 @@ def _why_unused(record: dict[str, Any], target: _Target, recorded_at: float) -> 
         kind = "other weights than" if record.get(DIGEST_FIELD) is not None else "older than"
         return f"of {kind} {target.inside} holds now"
     return None
-
-
-def unused_evaluations(run_dir: str | Path, checkpoint: str | Path) -> list[tuple[str, str]]:
-    """(file name, why) of each recall evaluation ``eval_*.json`` of ``run_dir`` that does not describe
-    ``checkpoint`` (:func:`evaluation_of`'s rules: overrides that change what it measures, another
-    checkpoint, another config, other bytes, an ensemble's), sorted by name; suite records are left out
-    (they are no recall evaluation). What a report says of a run with evaluation files but none usable."""
-    run_dir = Path(run_dir)
-    target = _target(run_dir, checkpoint)
-    if target is None:
-        return []
-    found = []
-    for path in sorted(run_dir.glob("eval_*.json")):
-        record = _read(path)
-        if record is None or record.get("suite") is not None:
-            continue
-        why = _why_unused(record, target, path.stat().st_mtime)
-        if why is not None:
-            found.append((path.name, why))
-    return found
 
 
 def _scored_files(record: dict[str, Any]) -> list[str]:
@@ -400,7 +381,7 @@ def suite_evaluation_of(
     target = _target(run_dir, checkpoint)
     if target is None:
         return {}, None
-    found = _records(run_dir, target, suite)
+    found = _records(run_dir, target, suite)[0]
     if suite_files is not None:
         wanted = sorted(file_sha256(f) for f in suite_files)
         found = [item for item in found if _scored_files(item[2]) == wanted]

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from patchword._validation import check_lengths, check_tensor
-from patchword.device import checked_device
+from patchword.device import checked_device, module_device
 from patchword.errors import PatchwordError
 from patchword.eval.engine.base import ScoringEngine, ScoringInputs, check_precision
 from patchword.eval.engine.forward import ForwardEngine
@@ -93,11 +93,7 @@ def _matcher_device(matcher: Matcher, inputs: torch.Tensor | None = None) -> tor
     """Where to compute by default: the matcher's (its first parameter or buffer), else, for a matcher
     without any (VSE, SCAN, TGDT's fine stage), the inputs' (CUDA tokens are scored on CUDA, not quietly on
     the CPU), else the CPU."""
-    for tensor in list(matcher.parameters()) + list(matcher.buffers()):
-        return tensor.device
-    if isinstance(inputs, torch.Tensor):
-        return inputs.device
-    return torch.device("cpu")
+    return module_device(matcher, inputs.device if isinstance(inputs, torch.Tensor) else None)
 
 
 def _dense_pairing(matcher: Matcher) -> str:
