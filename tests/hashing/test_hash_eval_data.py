@@ -126,7 +126,8 @@ def test_pair_data_refuse_a_num_train_they_cannot_give(tmp_path, capsys):
     with pytest.raises(ConfigError, match=r"^data\.num_train: 40 exceeds the 10 pairs"):
         train_hashing(cfg)  # in code: a value other than the default was set
     # the default (2000) is "up to": capped to the 10 pairs left, with a warning
-    assert main([*argv, "--name", "c"]) == 0
+    # (a batch of at most the 10 pairs: a larger one is refused)
+    assert main([*argv, "--name", "c", "train.batch_size=8"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["data"]["train"] == 10
     assert "data.num_train=2000 (not given) capped to the 10 pairs of" in captured.err

@@ -87,7 +87,7 @@ def test_hash_eval_refuses_a_resplit_before_the_data_are_built(
     def built(*args, **kwargs):
         raise _Built("the data were read or built before the refusal")
 
-    monkeypatch.setattr("patchword.hashing.runner.build_hashing_dataset", built)
+    monkeypatch.setattr("patchword.hashing.openrun.build_hashing_dataset", built)
     monkeypatch.setattr("patchword.hashing.build.load_pairs", built)
     run, _ = capped_run
     assert main(["eval", str(run), override]) == 2
@@ -103,7 +103,7 @@ def test_open_hashing_run_refuses_a_resplit_before_the_data_are_built(capped_run
     def built(*args, **kwargs):
         raise _Built("the data were read or built before the refusal")
 
-    monkeypatch.setattr("patchword.hashing.runner.build_hashing_dataset", built)
+    monkeypatch.setattr("patchword.hashing.openrun.build_hashing_dataset", built)
     run, _ = capped_run
     with pytest.raises(ConfigError, match=r"^data\.split_seed: cannot change on hash eval"):
         open_hashing_run(run, ["data.split_seed=3"])
@@ -142,7 +142,7 @@ def test_hash_eval_refuses_keys_of_a_pre_split_run_before_its_files_are_read(tmp
     def built(*args, **kwargs):
         raise _Built("the data were read or built before the refusal")
 
-    monkeypatch.setattr("patchword.hashing.runner.build_hashing_dataset", built)
+    monkeypatch.setattr("patchword.hashing.openrun.build_hashing_dataset", built)
     for name in ("load_split_dir", "read_mat"):
         monkeypatch.setattr(f"patchword.hashing.build.{name}", built)
     assert main(["eval", str(out / "sp"), "data.num_query=4"]) == 2

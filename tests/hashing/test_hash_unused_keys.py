@@ -22,8 +22,8 @@ from patchword.hashing import HashRunConfig, train_hashing
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 ALPHA = (
-    "train.hashnet_alpha: is used by train.loss=hashnet only (the HashNet loss's scale); "
-    "train.loss={loss} would ignore it: drop it or set train.loss=hashnet"
+    "train.hashnet_alpha: is used by train.loss=hashnet with a train.hash_weight other than 0 only (the "
+    "HashNet loss's scale); train.loss={loss} would ignore it: drop it or set train.loss=hashnet"
 )
 BETAS = (
     "train.betas: is used by train.optimizer=adam or train.optimizer=adamw only (Adam's moment decay "
@@ -52,7 +52,7 @@ def _argv(out, name: str = "r") -> list[str]:
     ("given", "line"),
     [
         (["train.hashnet_alpha=0.2"], ALPHA.format(loss="infonce")),
-        (["train.hashnet_alpha=0"], ALPHA.format(loss="infonce")),  # given at its default: still unused
+        (["train.hashnet_alpha=null"], ALPHA.format(loss="infonce")),  # given at its default: still unused
         (["--loss", "balanced", "train.hashnet_alpha=0.5"], ALPHA.format(loss="balanced")),
         (["train.optimizer=sgd", "train.betas=[0.9,0.99]"], BETAS),
         (["train.optimizer=sgd", "train.betas=[0.5,0.999]"], BETAS),  # the default, given
@@ -82,7 +82,7 @@ def test_hash_train_refuses_a_non_default_value_of_a_config_file(tmp_path, capsy
 
 def test_train_hashing_from_code_refuses_a_value_other_than_the_default(tmp_path):
     cfg = apply_overrides(HashRunConfig(), [*TINY_HASH, f"output_dir={tmp_path / 'runs'}"])
-    with pytest.raises(ConfigError, match=r"^train\.hashnet_alpha: is used by train\.loss=hashnet only"):
+    with pytest.raises(ConfigError, match=r"^train\.hashnet_alpha: is used by train\.loss=hashnet with"):
         train_hashing(replace(cfg, train=replace(cfg.train, hashnet_alpha=0.3)))
     with pytest.raises(ConfigError, match=r"^train\.betas: is used by train\.optimizer=adam or"):
         train_hashing(replace(cfg, train=replace(cfg.train, optimizer="sgd", betas=[0.9, 0.9])))
@@ -97,7 +97,7 @@ def test_train_hashing_from_code_refuses_a_value_other_than_the_default(tmp_path
 
 
 def test_check_used_keys_accepts_what_the_settings_use_and_untouched_defaults():
-    from patchword.hashing.config import check_used_keys
+    from patchword.hashing.usedkeys import check_used_keys
 
     cfg = HashRunConfig()
     check_used_keys(cfg)  # defaults: nothing given

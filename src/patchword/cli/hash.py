@@ -5,10 +5,12 @@ exit code, so tests and the top-level ``patchword`` CLI call it in-process.
 
 Configuration is :class:`~patchword.hashing.config.HashRunConfig`: defaults, then ``--config run.yaml``,
 then dotted overrides (``train.epochs=100 data.format=pairs``, before or after the flags), then the
-shortcut flags (``--bits``, ``--epochs``, ...), which win. ``hash train --resume RUN`` continues a run
+shortcut flags (``--bits``, ``--epochs``, ...); a flag and an override of its key with another value
+(``--bits 32 model.bits=16``) are refused, naming both. ``hash train --resume RUN`` continues a run
 with its own saved config, as ``patchword train --resume`` does: only the keys in
 :data:`~patchword.hashing.config.HASH_RESUMABLE_KEYS` may be overridden (``--epochs 100``,
-``device=cuda:0``). ``train.num_threads`` (when > 0) sets torch's thread count here, in the application,
+``device=cuda:0``; one not given keeps the value the run's last session ran with). ``train.num_threads``
+(when > 0) sets torch's thread count here, in the application,
 for the duration of ``hash train``: the library's training functions never change it (``hash eval`` and
 ``hash search`` take ``--threads N``, as the other verbs that run a model). SIGTERM / SIGINT
 stop ``hash train`` with ``last.pt`` written and exit 128 + signal, one ``interrupted:`` line naming the
@@ -159,17 +161,18 @@ def _dispatch(args: argparse.Namespace) -> None:
 def _train(args: argparse.Namespace) -> None:
     from patchword.config import load_config
     from patchword.hashing.config import HashRunConfig, check_data_source, override_keys
-    from patchword.hashing.runner import resume_config, resume_hashing, train_hashing
+    from patchword.hashing.runner import resume_hashing, train_hashing
 
     given = {key: attr for attr, key in _SHORTCUTS.items() if getattr(args, attr) is not None}
     flags = [f"{key}={getattr(args, attr)}" for key, attr in given.items()]
+    _refuse_flag_and_override(args, given)
     try:
         if args.resume is not None:
             if args.config is not None:
                 raise ConfigError("--config", "a resumed run keeps its own config.yaml: drop --config")
             run_dir, overrides = _resume_target(args.resume, [*args.overrides, *flags])
-            with _threads(resume_config(run_dir, overrides).train.num_threads):
-                summary = resume_hashing(run_dir, overrides)
+            # train.num_threads: the override's, else the one the run's last session ran with
+            summary = resume_hashing(run_dir, overrides, threads=_threads)
         else:
             cfg = load_config(HashRunConfig, args.config, [*args.overrides, *flags])
             check_data_source(cfg.data, flags={key: f"--{attr}" for key, attr in given.items()})
@@ -182,6 +185,33 @@ def _train(args: argparse.Namespace) -> None:
         # the flags win over overrides: a refused value of a shortcut's key came from the flag
         raise ConfigError(err.key, f"{err.detail} (set by --{given[err.key].replace('_', '-')})") from err
     print(json.dumps(summary, indent=2))
+
+
+def _refuse_flag_and_override(args: argparse.Namespace, given: dict[str, str]) -> None:
+    """A shortcut flag and a dotted override of its key with another value (``--bits 32 model.bits=16``,
+    ``--output-dir X output_dir=Y``): the flag won without a word. The same value twice is no conflict; an
+    override the loader refuses (a wrong value) is left to it.
+
+    Raises:
+        ConfigError: naming the flag and the override.
+    """
+    from patchword.config import apply_overrides, flat_config
+    from patchword.hashing.config import HashRunConfig
+
+    # `--resume train.epochs=3`: argparse took the first override as --resume's value
+    taken = [args.resume] if args.resume and "=" in args.resume else []
+    for item in [*taken, *args.overrides]:
+        key = item.partition("=")[0].strip()
+        if "=" not in item or key not in given:
+            continue
+        value = getattr(args, given[key])
+        try:
+            both = [flat_config(apply_overrides(HashRunConfig(), [x]))[key] for x in (item, f"{key}={value}")]
+        except ConfigError:
+            continue
+        if both[0] != both[1]:
+            flag = f"--{given[key].replace('_', '-')}"
+            raise ConfigError(flag, f"{value}, but the override {item} sets {key} too: give one of them")
 
 
 def _resume_target(resume: str, overrides: list[str]) -> tuple[Path, list[str]]:
@@ -256,7 +286,7 @@ def _eval(args: argparse.Namespace) -> None:
     import torch
 
     from patchword.cli import file_or_stdout
-    from patchword.hashing.config import check_run_data_overrides
+    from patchword.hashing.config import alpha_record, check_run_data_overrides
     from patchword.hashing.evaluate import encode_hashing_split, evaluate_hashing
     from patchword.hashing.metrics import plot_pr_curves, precision_recall_curve
     from patchword.hashing.runner import open_hashing_run, refuse_run_outputs
@@ -289,7 +319,8 @@ def _eval(args: argparse.Namespace) -> None:
         plot_pr_curves(curves, args.pr_plot, title=f"UCMFH {model.fusion}, {args.run_dir.name}")
     # which weights these numbers describe (the checkpoint's epoch and step, whether the run finished) and
     # on which data (query / retrieval sizes, source, split seed), as hash train's summary says
-    text = json.dumps({**metrics, "checkpoint": run.checkpoint, "data": data.summary()}, indent=2)
+    record = {**metrics, **alpha_record(cfg), "checkpoint": run.checkpoint, "data": data.summary()}
+    text = json.dumps(record, indent=2)
     if out is not None:
         atomic_write_text(out, text)
     print(text)  # stdout: the JSON alone (| jq), with --out as without it, as `patchword eval` does

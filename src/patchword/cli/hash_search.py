@@ -3,6 +3,8 @@
 The ``search`` sub-command of :mod:`patchword.cli.hash` (which builds the parser and dispatches to
 :func:`run_search`): a Hamming search of a trained run's retrieval set with query features, the database
 codes cached in the run directory as ``index_{modality}.npz`` with a fingerprint of what they were built from.
+``data.*`` overrides say where the run's data lie now (``data.image=NEW.npy``), with the checks ``hash eval``
+makes of them.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def add_search_parser(sub, common: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--query-index",
         dest="query_index",
-        type=int,
+        type=_row,
         nargs="+",
         help="rows of the run's query split to use as queries",
     )
@@ -66,6 +68,51 @@ def add_search_parser(sub, common: argparse.ArgumentParser) -> None:
     )
     se.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     add_threads_argument(se)  # applied by patchword.cli.hash, around run_search
+    se.add_argument(
+        "overrides",
+        nargs="*",
+        help="data.* overrides, where the run's data lie now, e.g. data.image=NEW.npy (as hash eval takes)",
+    )
+
+
+def _row(text: str) -> int:
+    """A ``--query-index`` row; an override there was taken for one (argparse's nargs='+' is greedy)."""
+    try:
+        return int(text)
+    except ValueError:
+        hint = ": give key=value overrides before --query-index" if "=" in text else ""
+        raise argparse.ArgumentTypeError(f"invalid row number: {text!r}{hint}") from None
+
+
+def _refuse_overrides(overrides: list[str]) -> None:
+    """Before anything is read: hash search takes the ``data.*`` overrides alone (an unknown key, or one no
+    trained run may change, is named as ``hash eval`` names it).
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    from patchword.hashing.config import override_keys
+    from patchword.hashing.rundir import refuse_trained_run_overrides
+
+    refuse_trained_run_overrides(overrides)
+    for key in sorted(override_keys(overrides)):
+        if not key.startswith("data."):
+            raise ConfigError(key, "hash search takes data.* overrides only (where the run's data lie now)")
+
+
+def _backend_check(backend: str):
+    """The check of the run's config for ``--backend``, made once config.yaml is read (before the data):
+    the faiss index holds whole bytes."""
+
+    def check(cfg) -> None:
+        if backend == "faiss" and cfg.model.bits % 8:
+            raise ConfigError(
+                "--backend",
+                f"faiss needs a multiple of 8 bits, the run's codes have model.bits={cfg.model.bits}: use "
+                "--backend numpy",
+            )
+
+    return check
 
 
 def run_search(args: argparse.Namespace) -> None:
@@ -74,11 +121,13 @@ def run_search(args: argparse.Namespace) -> None:
     import torch
 
     from patchword.cli import file_or_stdout
+    from patchword.hashing.config import check_run_data_overrides
     from patchword.hashing.model import UCMFH
     from patchword.hashing.runner import open_hashing_run, refuse_run_outputs
 
     if args.k < 1:
         raise ConfigError("--k", f"must be >= 1 (neighbours per query), got {args.k}")
+    _refuse_overrides(args.overrides)
     out = file_or_stdout(args.out, args.force)  # '-': stdout, which gets it anyway
     refuse_run_outputs(args.run_dir, {"--out": out}, reads=[args.query] if args.query else [])
     if out is not None:
@@ -87,7 +136,8 @@ def run_search(args: argparse.Namespace) -> None:
     file_queries = _read_query_file(args.query) if args.query is not None else None
     # said before the data are read (an imported official checkpoint is fused and has none of its own)
     why = "search needs a unimodal model: official_fused codes need the paired other modality"
-    run = open_hashing_run(args.run_dir, unimodal=why)
+    check_run_data_overrides(args.run_dir, args.overrides)
+    run = open_hashing_run(args.run_dir, args.overrides, unimodal=why, check=_backend_check(args.backend))
     cfg, model, data = run.cfg, run.model, run.data
     refuse_run_outputs(args.run_dir, {"--out": out}, cfg=cfg)
     queries = _queries(args, model, data, file_queries)

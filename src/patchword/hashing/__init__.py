@@ -3,8 +3,9 @@
 Modules, one job each: :mod:`~patchword.hashing.config` (``HashRunConfig``), :mod:`~.dataset` (``HashSplit``,
 ``HashDataset``, validation, protocol split), :mod:`~.readers` (file formats), :mod:`~.unpickle` (the
 restricted pickle reader), :mod:`~.synthetic`, :mod:`~.model` (``UCMFH``), :mod:`~.build` (config ->
-dataset / model), :mod:`~.trainer`, :mod:`~.evaluate`, :mod:`~.runner` (``train_hashing``,
-``resume_hashing``, ``load_hashing_run``), :mod:`~.rundir` (claiming and locking a run directory),
+dataset / model), :mod:`~.usedkeys` (keys a new run's settings would not use), :mod:`~.trainer`,
+:mod:`~.evaluate`, :mod:`~.runner` (``train_hashing``, ``resume_hashing``), :mod:`~.openrun`
+(``load_hashing_run``), :mod:`~.rundir` (claiming and locking a run directory),
 :mod:`~.codes` (binary codes, Hamming search), :mod:`~.metrics`, :mod:`~.cli`.
 
 >>> from patchword.hashing import map_at_k, UCMFH, HammingIndex, pack_codes

@@ -103,8 +103,9 @@ def build_hashing_dataset(
         )
     data: HashDataset | HashSplit
     if dc.format == "pairs":
-        if not dc.image or not dc.text:
-            raise ConfigError("data.image", "data.format=pairs needs data.image and data.text (.npy files)")
+        missing = "data.image" if not dc.image else "data.text" if not dc.text else ""
+        if missing:  # the key left empty, not always data.image
+            raise ConfigError(missing, f"is empty: data.format=pairs {FORMAT_READS['pairs']}, two .npy files")
         data = load_pairs(dc.image, dc.text, dc.labels or None)
     elif dc.format == "splits":
         _check_root(dc.root, "splits", "the directory of train / query / retrieval .npz (or .pkl) files")

@@ -3,19 +3,20 @@
 ``load_config(HashRunConfig, "run.yaml", ["train.epochs=100"])`` (:mod:`patchword.config`) builds it from
 the defaults, a YAML file and dotted overrides, checking every key and the ``Literal`` choices; the
 cross-field rules are :func:`check_hash_config`, and a new run refuses a key given for settings that do not
-use it (:func:`check_used_keys`). The defaults are the official UCMFH values.
+use it (:func:`~patchword.hashing.usedkeys.check_used_keys`). The defaults are the official UCMFH values.
 """
 
 from __future__ import annotations
 
+import math
 import typing
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Literal
 
 from patchword._validation import check_at_least, check_finite_number
-from patchword.config import check_common_values, flat_config
+from patchword.config import check_common_values
 from patchword.errors import ConfigError
 
 __all__ = [
@@ -33,9 +34,9 @@ __all__ = [
     "check_hash_config",
     "check_data_source",
     "check_run_data_overrides",
-    "check_used_keys",
-    "ReadBy",
-    "USED_ONLY_WITH",
+    "alpha_record",
+    "hashnet_alpha",
+    "saved_run_config",
 ]
 
 #: ``train.loss``: the contrastive loss on both the features and the codes, or HashNet on the codes.
@@ -101,7 +102,7 @@ class HashTrainConfig:
     temperature: float = 0.5
     feature_weight: float = 1.0
     hash_weight: float = 0.5
-    hashnet_alpha: float = 0.0
+    hashnet_alpha: float | None = None  # None: 10 / model.bits (hashnet_alpha())
     seed: int = 2023
     num_threads: int = 0
     save_every: int = 10
@@ -176,76 +177,29 @@ FORMAT_READS = {
 }
 
 
-class ReadBy(NamedTuple):
-    """A setting whose ``values`` read a key (``other_than``: each value but ``values`` reads it)."""
-
-    setting: str
-    values: tuple[Any, ...]
-    other_than: bool = False
-
-    def reads(self, value: Any) -> bool:
-        return (value in self.values) != self.other_than
-
-    def spell(self) -> str:
-        """``train.loss=hashnet``, ``train.optimizer=adam or train.optimizer=adamw``, ``a train.feature_weight
-        other than 0``."""
-        if self.other_than:
-            return f"a {self.setting} other than {' or '.join(str(v) for v in self.values)}"
-        return " or ".join(f"{self.setting}={value}" for value in self.values)
-
-
-#: Keys only some settings read: key -> (the settings that read it, any one of them enough; what the key
-#: is). Given while none of them reads it, the key was accepted and never used. ``train.temperature`` is
-#: InfoNCE's: the codes' term of every loss but HashNet's, and the features' term (any loss) while its
-#: weight is not 0. ``model.eval_batch_size`` sizes the blocks of the fused encoder's evaluation only (a
-#: unimodal model encodes each sample alone).
 #: The longest code length a run takes (published codes are 16-128 bits).
 MAX_BITS = 4096
 
-USED_ONLY_WITH: dict[str, tuple[tuple[ReadBy, ...], str]] = {
-    "train.hashnet_alpha": ((ReadBy("train.loss", ("hashnet",)),), "the HashNet loss's scale"),
-    "train.betas": ((ReadBy("train.optimizer", ("adam", "adamw")),), "Adam's moment decay rates"),
-    "train.temperature": (
-        (
-            ReadBy("train.loss", ("hashnet",), other_than=True),
-            ReadBy("train.feature_weight", (0,), other_than=True),
-        ),
-        "the contrastive losses' temperature",
-    ),
-    "model.eval_batch_size": (
-        (ReadBy("model.fusion", ("official_fused",)),),
-        "the pairs of one evaluation block, which attend to each other",
-    ),
-}
+
+def hashnet_alpha(cfg: HashRunConfig) -> float:
+    """The HashNet scale a run trains with: ``train.hashnet_alpha``, or ``10 / model.bits`` when unset."""
+    alpha = cfg.train.hashnet_alpha
+    return alpha if alpha is not None else 10.0 / cfg.model.bits
 
 
-def check_used_keys(cfg: HashRunConfig, given: Collection[str] = (), *, only_given: bool = False) -> None:
-    """Each key of :data:`USED_ONLY_WITH` the user gave is one the chosen settings use:
-    ``train.hashnet_alpha`` with ``train.loss=infonce``, ``train.betas`` with ``train.optimizer=sgd``,
-    ``train.temperature`` with ``train.loss=hashnet`` and ``train.feature_weight=0``,
-    ``model.eval_batch_size`` with ``model.fusion=unimodal`` were accepted and silently unused. Checked by a
-    new run (``hash train``, :func:`train_hashing`), before anything is written; a trained run's own
-    config.yaml (resumed or evaluated) is not, as runs saved before this check may hold such a value and
-    their keys cannot change.
+def alpha_record(cfg: HashRunConfig) -> dict[str, float]:
+    """``{"hashnet_alpha": scale}`` for a HashNet run's records (its config may say null: the default), else
+    ``{}``."""
+    return {"hashnet_alpha": hashnet_alpha(cfg)} if cfg.train.loss == "hashnet" else {}
 
-    Given: a key in ``given`` (the keys the command line set, at any value) or one whose value differs from
-    its default (set by a config file or in code). A default is never refused: a config.yaml holds every key,
-    and ``--config`` reads a run's back (``--config RUN/config.yaml train.optimizer=sgd`` keeps its betas).
-    ``only_given``: the keys in ``given`` alone (the overrides of a trained run's evaluation: its own
-    config.yaml's values are not the command's).
 
-    Raises:
-        ConfigError: naming the key, the settings that would ignore it and the values that use it.
-    """
-    values, defaults = flat_config(cfg), flat_config(HashRunConfig())
-    for key, (readers, what) in USED_ONLY_WITH.items():
-        given_key = key in given or (not only_given and values[key] != defaults[key])
-        if given_key and not any(r.reads(values[r.setting]) for r in readers):
-            spell = " or ".join(r.spell() for r in readers)
-            now = " with ".join(f"{r.setting}={values[r.setting]}" for r in readers)
-            raise ConfigError(
-                key, f"is used by {spell} only ({what}); {now} would ignore it: drop it or set {spell}"
-            )
+def saved_run_config(cfg: HashRunConfig) -> HashRunConfig:
+    """A run's saved config (its config.yaml, or its last.pt's) as this version reads it: runs saved before
+    the default became ``None`` hold ``train.hashnet_alpha: 0.0`` for it (10 / bits then too), which a new
+    run refuses."""
+    if cfg.train.hashnet_alpha != 0:
+        return cfg
+    return replace(cfg, train=replace(cfg.train, hashnet_alpha=None))
 
 
 def override_keys(overrides: Sequence[str]) -> set[str]:
@@ -335,8 +289,13 @@ def _check_train_ranges(tc: HashTrainConfig) -> None:
     check_at_least("train.epochs", tc.epochs, 0, "0 evaluates the untrained model")
     check_at_least("train.num_threads", tc.num_threads, 0, "0 = torch's default")
     check_at_least("train.save_every", tc.save_every, 0, "epochs between checkpoints; 0 = at the end only")
-    for key in ("lr_encoder", "lr_heads", "weight_decay", "feature_weight", "hash_weight", "hashnet_alpha"):
+    for key in ("lr_encoder", "lr_heads", "weight_decay", "feature_weight", "hash_weight"):
         check_finite_number(f"train.{key}", getattr(tc, key))
+    if tc.hashnet_alpha is not None and not 0 < tc.hashnet_alpha < math.inf:  # 0 was 10/bits, silently
+        raise ConfigError(
+            "train.hashnet_alpha",
+            f"must be a finite number > 0, got {tc.hashnet_alpha!r} (unset, null: 10 / model.bits)",
+        )
     for i, beta in enumerate(tc.betas):  # torch names no key ("Invalid beta parameter at index 0")
         if not 0 <= beta < 1:
             raise ConfigError(f"train.betas[{i}]", f"must lie in [0, 1), got {beta!r}")

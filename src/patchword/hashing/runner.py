@@ -1,4 +1,5 @@
-"""A UCMFH hashing run directory: train one from a config, continue one, or load one back.
+"""A UCMFH hashing run directory: train one from a config, or continue one (loading one back for eval and
+search is :mod:`~patchword.hashing.openrun`, imported from here too).
 
 A run directory holds ``config.yaml`` (the resolved :class:`HashRunConfig`, what ``--config`` reads back;
 written once, after everything was checked and built, and never rewritten), ``metrics.jsonl`` (one record
@@ -16,9 +17,10 @@ they stop with a line saying what was kept. A resume first removes what a kill d
 (temporary files, a torn last line of ``resumes.jsonl``).
 
 :func:`resume_hashing` continues a run with its own config, as ``patchword train --resume`` does: only
-the keys in :data:`~patchword.hashing.config.HASH_RESUMABLE_KEYS` may be overridden, and a resumed run
-ends with the weights an uninterrupted one would have (batches seeded by (seed, epoch), the random
-generators restored from ``last.pt``).
+the keys in :data:`~patchword.hashing.config.HASH_RESUMABLE_KEYS` may be overridden (one not given keeps
+the value of the session that wrote ``last.pt``: config.yaml is never rewritten), and a resumed run ends
+with the weights an uninterrupted one would have (batches seeded by (seed, epoch), the random generators
+restored from ``last.pt``).
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Collection, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from patchword.checkpoint import export_weights, load_checkpoint, load_fitting_weights, seeded_generators
+from patchword.checkpoint import export_weights, load_checkpoint, seeded_generators
 from patchword.config import (
     apply_overrides,
     config_diff,
@@ -43,7 +45,6 @@ from patchword.config import (
     refuse_overrides,
     save_config,
 )
-from patchword.device import resolve_device
 from patchword.errors import ConfigError, MissingFileError, ResumeHint
 from patchword.fileio import (
     append_line,
@@ -56,31 +57,28 @@ from patchword.hashing.build import (
     build_hashing_dataset,
     build_hashing_model,
     changed_data_keys,
-    refuse_ignored_keys,
-    refuse_resplit,
 )
 from patchword.hashing.config import (
     HASH_RESUMABLE_KEYS,
     HASH_RESUME_DATA_KEYS,
     HashRunConfig,
+    alpha_record,
     check_data_source,
     check_hash_config,
-    check_used_keys,
     override_keys,
+    saved_run_config,
 )
 from patchword.hashing.dataset import HashDataset
 from patchword.hashing.evaluate import evaluate_hashing
-from patchword.hashing.model import UCMFH
+from patchword.hashing.openrun import HashRun, load_hashing_run, open_hashing_run  # imported from here
 from patchword.hashing.rundir import (  # HASH_RUN_FILES, refuse_run_outputs: the commands import them here
     HASH_RUN_FILES,
     HASH_RUNS,
     absolute_data,
-    check_evaluated_data,
     check_resumed_data,
     recorded_data_location,
     refuse_missing_run_data,
     refuse_run_outputs,
-    refuse_trained_run_overrides,
 )
 from patchword.hashing.runstate import (
     checkpoint_record,
@@ -89,7 +87,8 @@ from patchword.hashing.runstate import (
     refuse_imported_without_data,
     refuse_nothing_to_resume,
 )
-from patchword.hashing.trainer import HashTrainer, append_metrics
+from patchword.hashing.trainer import HashTrainer, append_metrics, check_batch_size
+from patchword.hashing.usedkeys import check_used_keys
 from patchword.runs.claim import Claim
 from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT, METRICS_FILE, RESUMES_FILE
 from patchword.runs.load import read_run_mapping
@@ -142,7 +141,8 @@ def train_hashing(
             ``data.num_query``, for pre-split files, which decide the splits; ``data.split_seed`` for
             synthetic data, split in order; a ``data.synthetic_*`` key for files); such a key whose value
             differs from its default is refused anyway. A key the other settings do not use
-            (:func:`~patchword.hashing.config.check_used_keys`) is refused too.
+            (:func:`~patchword.hashing.usedkeys.check_used_keys`) is refused too, and so is a
+            ``train.batch_size`` above the training pairs.
 
     Raises:
         RunExistsError: the run directory holds something and ``resume`` is False, or another process
@@ -161,7 +161,7 @@ def train_hashing(
         check_used_keys(cfg, given_keys)
     run_dir = hashing_run_dir(cfg)
     if resume:
-        saved = resume_config(run_dir)
+        saved, state = _resume_config(run_dir, ())
         changed = [k for k in config_diff(saved, cfg) if k not in _LOCATION_KEYS]
         refused = [k for k in changed if k not in HASH_RESUMABLE_KEYS | HASH_RESUME_DATA_KEYS]
         if refused:
@@ -169,7 +169,8 @@ def train_hashing(
                 refused[0], f"differs from {run_dir / CONFIG_FILE}: a resumed run keeps its own settings"
             )
         values = flat_config(cfg)  # dotted key -> value
-        return resume_hashing(run_dir, [f"{k}={json.dumps(values[k])}" for k in changed], data=data)
+        overrides = [f"{k}={json.dumps(values[k])}" for k in changed]
+        return _resume(run_dir, apply_overrides(saved, overrides), state, overrides, data)
     # a file in its place, a read-only or vanished output_dir fail now, not after the data were built
     check_output_dir(cfg.output_dir, "output_dir", what="the directory runs go in")
     HASH_RUNS.refuse_existing(run_dir)  # early; checked again under the lock, before anything is written
@@ -177,14 +178,20 @@ def train_hashing(
 
 
 def resume_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> HashRunConfig:
-    """The config a resume of ``run_dir`` runs with: its own ``config.yaml`` plus ``overrides`` of keys in
-    :data:`HASH_RESUMABLE_KEYS` (``train.epochs=100``). Reads nothing else and writes nothing.
+    """The config a resume of ``run_dir`` runs with: its own ``config.yaml``, with the resumable keys
+    (:data:`HASH_RESUMABLE_KEYS`) that the session that wrote its last.pt ran with (a resume with
+    ``train.epochs=40`` that was stopped goes on to 40, not to config.yaml's), plus ``overrides`` of
+    resumable keys (``train.epochs=100``). Reads config.yaml and last.pt, writes nothing.
 
     Raises:
         MissingFileError: no such run, or it has no last.pt / config.yaml.
         ConfigError: an override of a key that is not safe to change on a resume, naming the key.
     """
-    run_dir = Path(run_dir)
+    return _resume_config(Path(run_dir), overrides)[0]
+
+
+def _resume_config(run_dir: Path, overrides: Sequence[str]) -> tuple[HashRunConfig, dict[str, Any]]:
+    """:func:`resume_config` and the last.pt it read (loaded on the CPU)."""
     refuse_nothing_to_resume(run_dir)  # no such run, or a start killed before its first checkpoint
     if not (run_dir / CONFIG_FILE).is_file():
         raise MissingFileError(f"{run_dir} is not a hashing run directory (no {CONFIG_FILE})")
@@ -196,19 +203,32 @@ def resume_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> HashRun
         f"resumable keys: {', '.join(sorted(HASH_RESUMABLE_KEYS))} (and the data paths, "
         "for the run's data moved)",
     )
-    saved = config_from_mapping(HashRunConfig, mapping, run_dir / CONFIG_FILE)  # the mapping read above
-    return apply_overrides(saved, list(overrides))
+    saved = saved_run_config(config_from_mapping(HashRunConfig, mapping, run_dir / CONFIG_FILE))
+    state = load_checkpoint(run_dir / LAST_CHECKPOINT, map_location="cpu")
+    # config.yaml is never rewritten: what a resume changed is in the last.pt its session wrote
+    session = []
+    if state.get("config"):  # a checkpoint of an older version may record none
+        stored, own = flat_config(from_dict(HashRunConfig, state["config"])), flat_config(saved)
+        keys = sorted(HASH_RESUMABLE_KEYS - override_keys(overrides))
+        session = [f"{key}={json.dumps(stored[key])}" for key in keys if stored[key] != own[key]]
+    return apply_overrides(saved, [*session, *overrides]), state
 
 
 def resume_hashing(
-    run_dir: str | Path, overrides: Sequence[str] = (), *, data: HashDataset | None = None
+    run_dir: str | Path,
+    overrides: Sequence[str] = (),
+    *,
+    data: HashDataset | None = None,
+    threads: Callable[[int], contextlib.AbstractContextManager[Any]] | None = None,
 ) -> dict[str, Any]:
     """Continue ``run_dir`` from its ``last.pt`` with its own saved config; returns the summary.
 
     ``overrides`` may change only the keys in :data:`HASH_RESUMABLE_KEYS` (more epochs, another device,
-    other evaluation options); ``config.yaml`` is never rewritten: each resume is appended to
+    other evaluation options); one not given keeps the value of the session that wrote last.pt
+    (:func:`resume_config`). ``config.yaml`` is never rewritten: each resume is appended to
     ``resumes.jsonl``. The run ends with the weights of an uninterrupted run to the same epoch (same
-    machine and thread count). Uses torch's current thread count, as :func:`train_hashing` does.
+    machine and thread count). Uses torch's current thread count, as :func:`train_hashing` does, or
+    ``threads(train.num_threads)`` around the resume (the command line's: the library sets none).
 
     Raises:
         MissingFileError: no such run, or it has no last.pt / config.yaml.
@@ -220,13 +240,24 @@ def resume_hashing(
             its data).
     """
     run_dir = Path(run_dir)
-    cfg = resume_config(run_dir, overrides)
+    cfg, state = _resume_config(run_dir, overrides)
+    with threads(cfg.train.num_threads) if threads is not None else contextlib.nullcontext():
+        return _resume(run_dir, cfg, state, overrides, data)
+
+
+def _resume(
+    run_dir: Path,
+    cfg: HashRunConfig,
+    state: dict[str, Any],
+    overrides: Sequence[str],
+    data: HashDataset | None,
+) -> dict[str, Any]:
+    """:func:`resume_hashing` with the config and the last.pt :func:`_resume_config` gave."""
     check_hash_config(cfg)
-    state = load_checkpoint(run_dir / LAST_CHECKPOINT, map_location="cpu")
     refuse_fewer_epochs(cfg.train.epochs, state, run_dir)  # before anything is written
     if imported_untrained(run_dir, int(state["step"])):  # never trained here: what data?
         refuse_imported_without_data(run_dir, cfg.data, (), resuming=True)
-    stored = from_dict(HashRunConfig, state["config"])
+    stored = saved_run_config(from_dict(HashRunConfig, state["config"]))
     # the data paths a resume pointed at the moved data are in last.pt, not in config.yaml
     refuse_edited_config(run_dir / CONFIG_FILE, cfg, stored, HASH_RESUMABLE_KEYS | HASH_RESUME_DATA_KEYS)
     moved = override_keys(overrides) & HASH_RESUME_DATA_KEYS
@@ -268,6 +299,8 @@ def _train(
             _logger.info("hashnet loss without labels: pairs are similar only to themselves (ids)")
         model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)
         trainer = HashTrainer(cfg, model, data, run_dir)
+        if state is None:  # a run saved before this check resumes as it trained (one batch of all pairs)
+            check_batch_size(cfg, len(data.train))
         try:
             if state is None:  # everything is checked and built: now the run directory and its config
                 HASH_RUNS.claim_new(run_dir, locks, claim)
@@ -293,104 +326,10 @@ def _train(
             raise
         phase["then"] = hint.evaluating()
         export_weights(model, asdict(cfg), run_dir, data=data.summary())
-        metrics = evaluate_hashing(model, data, cfg.eval, device)
+        metrics = {**evaluate_hashing(model, data, cfg.eval, device), **alpha_record(cfg)}
         metrics["checkpoint"] = checkpoint_record(
             run_dir, trainer.epoch, trainer.batch_in_epoch, trainer.step, cfg.train.epochs
         )
         append_metrics(run_dir, {"split": "test", "epoch": trainer.epoch, "step": trainer.step, **metrics})
         atomic_write_text(run_dir / "eval.json", json.dumps({**metrics, "data": data.summary()}, indent=2))
     return {"run_dir": str(run_dir), "data": data.summary(), **fit, **metrics}
-
-
-@dataclass
-class HashRun:
-    """A trained run loaded back: config (with the overrides applied), model (eval mode, on
-    ``cfg.device``), data, and :func:`checkpoint_record` of the weights."""
-
-    cfg: HashRunConfig
-    model: UCMFH
-    data: HashDataset
-    checkpoint: dict[str, Any]
-
-
-def open_hashing_run(
-    run_dir: str | Path,
-    overrides: Sequence[str] | None = None,
-    device: str | None = None,
-    *,
-    unimodal: str = "",
-) -> HashRun:
-    """Config, trained model, dataset and checkpoint record of a run (see :func:`load_hashing_run`);
-    ``unimodal``: why the caller needs a unimodal model, said (ValueError) before the data are read."""
-    run_dir = Path(run_dir)
-    if not (run_dir / CONFIG_FILE).is_file():
-        raise MissingFileError(f"{run_dir} is not a hashing run directory (no {CONFIG_FILE})")
-    # read once, and refused when empty or a retrieval run's (each of its keys was "unknown config key")
-    mapping = read_run_mapping(run_dir, kind="hashing")
-    if not (run_dir / LAST_CHECKPOINT).is_file():
-        raise MissingFileError(f"{run_dir} has no last.pt: the run never saved a checkpoint")
-    refuse_trained_run_overrides(overrides or [])
-    given = override_keys(overrides or [])
-    saved = config_from_mapping(HashRunConfig, mapping, run_dir / CONFIG_FILE)  # errors name the file
-    cfg = apply_overrides(saved, list(overrides or []))  # a copy: ``saved`` stays the run's own
-    cfg = replace(
-        cfg, device=str(resolve_device(device or cfg.device, key="--device" if device else "device"))
-    )
-    # the overridden eval / data keys get the checks training made (eval.topk=0 reported map@0 = 0.0)
-    check_hash_config(cfg)
-    if unimodal and cfg.model.fusion != "unimodal":
-        raise ValueError(unimodal)
-    # an override the run's settings never read (model.eval_batch_size on a unimodal run) is refused as a
-    # new run's is; the values its config.yaml holds are the run's, not the command's
-    check_used_keys(cfg, given, only_given=True)
-    # refused before the data are read or built (minutes on real data): a data key the overrides set that
-    # the run's format would ignore (a split key for a split directory, a data.synthetic_* key for files...;
-    # the run's own are not), then one that re-splits the run's data
-    refuse_ignored_keys(cfg.data, given)
-    state = load_checkpoint(run_dir / LAST_CHECKPOINT, map_location=cfg.device)
-    # the run's data are where its last resume found them (a moved run: last.pt), unless overridden
-    recorded = from_dict(HashRunConfig, state["config"]).data if state.get("config") else None
-    saved = replace(saved, data=recorded_data_location(saved.data, recorded)[0])
-    located, source = recorded_data_location(cfg.data, recorded, given)
-    cfg = replace(cfg, data=located)
-    # an imported checkpoint not trained on since has no data of its own
-    trained = not imported_untrained(run_dir, int(state["step"]))
-    if trained:
-        # weights trained on the run's split: another split (or synthetic set) of the same data put
-        # training pairs in the query set
-        refuse_resplit(saved.data, cfg.data)
-    else:  # its config.yaml's synthetic stand-in is no data to evaluate it on, unless asked
-        refuse_imported_without_data(run_dir, saved.data, given)
-    refuse_missing_run_data(cfg.data, run_dir, given, run_dir / source)
-    # the training split is unused here: a capped default data.num_train is no news (said at training)
-    data = build_hashing_dataset(cfg.data, given, training=False)
-    if trained:  # a copy of the run's data re-split, or its files changed since (rows added)
-        check_evaluated_data(state, data, saved.data, cfg.data, run_dir)
-    model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)
-    # data (overridden, or its files replaced) with other feature sizes build a model the weights do not fit
-    builds = f"these data build (image {data.image_dim}-d, text {data.text_dim}-d)"
-    load_fitting_weights(model, state["model"], run_dir / LAST_CHECKPOINT, "data", builds)
-    # the epochs the session that wrote it trained to (a resume may have raised config.yaml's)
-    epochs = (state.get("config") or {}).get("train", {}).get("epochs", cfg.train.epochs)
-    checkpoint = checkpoint_record(
-        run_dir, int(state["epoch"]), int(state.get("batch_in_epoch", 0)), int(state["step"]), int(epochs)
-    )
-    return HashRun(cfg, model.to(cfg.device).eval(), data, checkpoint)
-
-
-def load_hashing_run(
-    run_dir: str | Path, overrides: list[str] | None = None, device: str | None = None
-) -> tuple[HashRunConfig, UCMFH, HashDataset]:
-    """Config, trained model (eval mode, on the config's or the given device) and dataset of a run.
-
-    ``overrides`` may change only the keys in :data:`HASH_EVAL_KEYS` (evaluation options, the device, the
-    data): the run's model is its own. The overridden config is checked as training checks it.
-
-    Raises:
-        MissingFileError: ``run_dir`` has no ``config.yaml`` or no ``last.pt``.
-        ConfigError: an override of another key, a value out of range, data whose feature sizes do not
-            fit the trained weights, or a split / synthetic key re-splitting the run's own data; an
-            imported checkpoint without data of its own unless ``data.format`` is given.
-    """
-    run = open_hashing_run(run_dir, overrides, device)
-    return run.cfg, run.model, run.data

@@ -36,14 +36,20 @@ from patchword._validation import check_all_finite, values_checked
 from patchword.checkpoint import atomic_save, rng_state, set_rng_state
 from patchword.errors import ConfigError, Interrupted, PatchwordError, ResumeHint
 from patchword.fileio import append_line
-from patchword.hashing.config import HashRunConfig, check_hash_config
+from patchword.hashing.config import HashRunConfig, check_hash_config, hashnet_alpha
 from patchword.hashing.dataset import HashDataset
 from patchword.hashing.model import UCMFH
 from patchword.losses import BalancedInfoNCE, HashNetLoss, InfoNCE
 from patchword.runs.files import LAST_CHECKPOINT
 from patchword.train.process import record_stop_signals
 
-__all__ = ["HashTrainer", "HashTrainingInterrupted", "NonFiniteLossError", "append_metrics"]
+__all__ = [
+    "HashTrainer",
+    "HashTrainingInterrupted",
+    "NonFiniteLossError",
+    "append_metrics",
+    "check_batch_size",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -129,7 +135,7 @@ class HashTrainer:
             self.optimizer = cls(groups, betas=tuple(tc.betas), weight_decay=tc.weight_decay)
         self.feature_loss = self._contrastive(tc.loss)
         if tc.loss == "hashnet":
-            self.hash_loss = HashNetLoss(alpha=tc.hashnet_alpha or 10.0 / model.bits)
+            self.hash_loss = HashNetLoss(alpha=hashnet_alpha(cfg))  # unset: 10 / bits
         else:
             self.hash_loss = self._contrastive(tc.loss)
         # On the device once: a batch is gathered there, by indices uploaded once an epoch.
@@ -214,7 +220,9 @@ class HashTrainer:
         n = self.image.shape[0]
         gen = torch.Generator().manual_seed(self.tc.seed * 100003 + epoch)
         perm = torch.randperm(n, generator=gen)
-        bs = min(self.tc.batch_size, n)  # a training set smaller than one batch is one batch
+        # a new run refuses a batch larger than its pairs (check_batch_size); one saved before resumes
+        # as it trained, in one batch of every pair
+        bs = min(self.tc.batch_size, n)
         bounds = [(s, min(s + bs, n)) for s in range(0, n, bs)]
         if self.tc.drop_last and len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] < bs:
             bounds.pop()
@@ -271,7 +279,7 @@ class HashTrainer:
 
         Returns:
             ``epochs``, ``steps``, ``train_seconds`` (every session of the run, as ``last.pt`` records it)
-            and ``session_train_seconds`` (this session alone).
+            and ``session_train_seconds`` (this session alone, as of the same moment).
 
         Raises:
             HashTrainingInterrupted: SIGTERM / SIGINT arrived (after ``last.pt`` was written).
@@ -288,12 +296,14 @@ class HashTrainer:
                 self._fit_start = None
         if self._saved_step is None and not (self.run_dir / LAST_CHECKPOINT).exists():
             self.save_last()  # epochs == 0 (evaluate an untrained model)
+        # both as of one moment: the last.pt written last (the session's time was read later, and
+        # exceeded the run's in a one-session run)
         seconds = self.train_seconds if self._saved_seconds is None else self._saved_seconds
         return {
             "epochs": self.epoch,
             "steps": self.step,
             "train_seconds": seconds,
-            "session_train_seconds": self.session_seconds,
+            "session_train_seconds": seconds - self._seconds_before,
         }
 
     def _fit(self, flag: dict[str, int]) -> None:
@@ -354,6 +364,21 @@ class HashTrainer:
             self.save_last()
         raise HashTrainingInterrupted(
             signum, self.epoch, self.batch_in_epoch, self.step, self.run_dir / LAST_CHECKPOINT
+        )
+
+
+def check_batch_size(cfg: HashRunConfig, pairs: int) -> None:
+    """A new run's ``train.batch_size`` is at most its ``pairs`` training pairs: a larger one trained every
+    epoch as one batch of them all while config.yaml said otherwise (``drop_last`` included).
+
+    Raises:
+        ConfigError: naming train.batch_size and the number of training pairs.
+    """
+    if cfg.train.batch_size > pairs:
+        raise ConfigError(
+            "train.batch_size",
+            f"{cfg.train.batch_size} is more than the {pairs} training pairs (every epoch would be one batch "
+            f"of {pairs}): give train.batch_size={pairs} or less",
         )
 
 
