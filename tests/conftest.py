@@ -36,6 +36,7 @@ NUMERICS_MODULES = {
     "test_distributed",
     "test_engine_block_syncs",
     "test_distributed_step",
+    "test_distributed_agreement",
     "test_precision",
     "test_train",
     "test_resume",

@@ -288,8 +288,9 @@ def _worker(rank: int, world: int, ports: list[int], jobs: list, out: str) -> No
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # the store is the launcher's (_job_stores)
     for i, (kind, args) in enumerate(jobs):
         os.environ["MASTER_PORT"] = str(ports[i])
+        job = JOBS[kind] if isinstance(kind, str) else kind  # a module-level function of another module
         try:
-            result = {"ok": JOBS[kind](*args)}
+            result = {"ok": job(*args)}
         except BaseException as err:  # reported to the test, which fails with it
             result = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
         Path(out, f"{rank}_{i}.json").write_text(json.dumps(result))

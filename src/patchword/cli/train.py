@@ -11,7 +11,7 @@ import json
 import logging
 from pathlib import Path
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "quiet_other_rank", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +56,17 @@ def _resume_target(resume: str, overrides: list[str]) -> tuple[Path, list[str]]:
     return Path(where["output_dir"]) / where["name"], rest
 
 
+def quiet_other_rank() -> None:
+    """The logging of a process other than rank 0: rank 0 reports. patchword's warnings are the same in
+    every process (each checks the same config and data; a step's values are the global batch's), so
+    they come from rank 0 alone; errors still come from every process, and so do the warnings about the
+    image files this process decodes for its own shard (``patchword.data.images``) and other libraries'
+    warnings."""
+    logging.getLogger().setLevel(logging.WARNING)
+    logging.getLogger("patchword").setLevel(logging.ERROR)
+    logging.getLogger("patchword.data.images").setLevel(logging.WARNING)
+
+
 def run(args: argparse.Namespace) -> None:
     from patchword.distributed import launch_info
     from patchword.runs.config import load_run_config
@@ -63,7 +74,7 @@ def run(args: argparse.Namespace) -> None:
 
     main = launch_info().rank == 0
     if not main:
-        logging.getLogger().setLevel(logging.WARNING)  # one process reports; the others warn and fail
+        quiet_other_rank()
     if args.resume is not None:
         if args.config is not None:
             from patchword.errors import ConfigError

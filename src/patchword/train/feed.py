@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pickle
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +25,7 @@ from patchword.runs.config import RunConfig
 from patchword.train.augment import CaptionAugmenter
 from patchword.train.step import usable_cpus
 
-__all__ = ["caption_augmenter", "epoch_batches", "max_text_widths", "shard_loader"]
+__all__ = ["caption_augmenter", "epoch_batches", "max_text_widths", "shard_block", "shard_loader"]
 
 
 def caption_augmenter(cfg: RunConfig, split: EncodedSplit, tokenizer) -> CaptionAugmenter | None:
@@ -39,19 +39,31 @@ def caption_augmenter(cfg: RunConfig, split: EncodedSplit, tokenizer) -> Caption
     return CaptionAugmenter(tokenizer, split, cfg.data.max_caption_len, cfg.data.max_dense_len, cfg.seed)
 
 
-def epoch_batches(
-    num_captions: int, batch_size: int, seed: int, epoch: int, world_size: int
-) -> list[torch.Tensor]:
-    """The global batches of ``epoch``: caption indices, the same in every process, whatever their number
-    (``world_size``)."""
+def epoch_batches(num_captions: int, batch_size: int, seed: int, epoch: int) -> list[torch.Tensor]:
+    """The global batches of ``epoch``: caption indices, the same in every process, whatever their number.
+
+    The number of processes plays no part, so that a run and its resume with any number of processes
+    train the same batches: a last batch of fewer captions than processes leaves some of them without
+    rows, and each of those loads a stand-in row that the step drops (:func:`shard_block`)."""
     gen = torch.Generator().manual_seed(seed * 100003 + epoch)
     perm = torch.randperm(num_captions, generator=gen)
     batches = list(perm.split(batch_size))
-    # A one-caption batch has no negatives (and one smaller than the number of processes leaves one
-    # without samples): fold it into the previous batch.
-    if len(batches) > 1 and batches[-1].numel() < max(2, world_size):
+    # A one-caption batch has no negatives: fold it into the previous batch.
+    if len(batches) > 1 and batches[-1].numel() < 2:
         batches[-2] = torch.cat([batches[-2], batches.pop()])
     return batches
+
+
+def shard_block(dist: Distributed) -> Callable[[int], tuple[int, int]]:
+    """``n -> [lo, hi)``: the rows of a global batch of ``n`` captions this process loads: its shard, or
+    where the shard is empty (a last batch of fewer captions than processes) a stand-in copy of the
+    batch's last row, which the step drops after gathering (:class:`~patchword.train.step.ShardLoss`)."""
+
+    def block(n: int) -> tuple[int, int]:
+        lo, hi = dist.shard(n)
+        return (lo, hi) if hi > lo else (n - 1, n)
+
+    return block
 
 
 def max_text_widths(data: DataConfig, text_encoder: nn.Module) -> tuple[int, int]:
@@ -81,7 +93,7 @@ def shard_loader(
     shards = ShardedBatches(
         split,
         batches,
-        dist.shard,
+        shard_block(dist),
         first=first,
         first_step=first_step,
         seed=cfg.seed,

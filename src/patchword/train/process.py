@@ -16,14 +16,16 @@ import contextlib
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from patchword.errors import Interrupted
+from patchword.errors import Interrupted, ResumeHint
 
 __all__ = [
     "StopNow",
+    "TrainingInterrupted",
     "on_stop_signals",
     "record_stop_signals",
     "stop_raises",
@@ -59,24 +61,56 @@ def on_stop_signals(handler: Callable[[int, Any], None]) -> Iterator[None]:
             signal.signal(s, h)
 
 
-def stop_raises(phase: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
+@contextlib.contextmanager
+def stop_raises(phase: dict[str, Any]) -> Iterator[None]:
     """SIGTERM / SIGINT outside a training loop (which stops at a step, last.pt written) raise
     :class:`Interrupted` saying ``phase["then"]``: what is kept and how to go on (the runners update it as
     they go). SIGTERM's default action kills the process on the spot, leaving a half-made run directory
-    behind and no ``interrupted:`` line."""
+    behind and no ``interrupted:`` line.
+
+    An error that ends the block after the signal arrived is reported as the interruption too: under
+    torchrun every process receives the signal (the launcher forwards it) and stops where it is, so a
+    collective that then fails in another process failed because the others stopped
+    (:class:`~patchword.distributed.DistributedError`), and the :class:`Interrupted` raised inside a block
+    that compares the processes' outcomes, or inside a reader that reports what went wrong as a damaged
+    file, comes out as another error."""
 
     def handler(signum, frame):  # noqa: ARG001
         if "signum" in phase:  # a second signal: the first is unwinding (and cleaning up) already
             return
         phase["signum"] = signum
-        raise Interrupted(signum, f"{signal.Signals(signum).name} received {phase['then']}")
+        raise Interrupted(signum, stopped())
 
-    return on_stop_signals(handler)
+    def stopped() -> str:
+        return f"{signal.Signals(phase['signum']).name} received {phase['then']}"
+
+    with on_stop_signals(handler):
+        try:
+            yield
+        except Interrupted:
+            raise
+        except Exception as err:
+            if "signum" not in phase:
+                raise
+            raise Interrupted(phase["signum"], stopped()) from err
 
 
 def record_stop_signals(flag: dict[str, int]) -> contextlib.AbstractContextManager[None]:
-    """Record SIGTERM / SIGINT in ``flag["signum"]`` instead of dying mid-step (cluster pre-emption)."""
-    return on_stop_signals(lambda signum, frame: flag.__setitem__("signum", signum))
+    """Record SIGTERM / SIGINT in ``flag["signum"]`` instead of dying mid-step (cluster pre-emption). The
+    first one is kept: torchrun forwards a Ctrl-C as SIGINT, then SIGTERM to the processes still running,
+    and the stop says what the user sent."""
+    return on_stop_signals(lambda signum, frame: flag.setdefault("signum", signum))
+
+
+class TrainingInterrupted(Interrupted):
+    """SIGTERM / SIGINT arrived; ``last.pt`` was written at ``step`` and the run can be resumed (raised by
+    :class:`~patchword.train.trainer.Trainer`). The message says so and how to go on: ``resume``
+    (:class:`~patchword.errors.ResumeHint`), by default ``patchword train --resume``."""
+
+    def __init__(self, signum: int, step: int, checkpoint: Path, resume: ResumeHint | None = None) -> None:
+        self.step, self.checkpoint = step, checkpoint
+        hint = resume or ResumeHint.resume("patchword train", checkpoint.parent)
+        super().__init__(signum, hint.stopped(signum, step, checkpoint))
 
 
 class StopNow(BaseException):
@@ -93,8 +127,8 @@ def stop_signals_raise(flag: dict[str, int]) -> Iterator[None]:
         raise StopNow
 
     def handler(signum, frame):  # noqa: ARG001
-        first = "signum" not in flag  # a second one while the first unwinds is only recorded
-        flag["signum"] = signum
+        first = "signum" not in flag  # a second one while the first unwinds changes nothing
+        flag.setdefault("signum", signum)
         if first:
             raise StopNow
 

@@ -22,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from patchword.checkpoint import export_weights, load_checkpoint, seed_everything
+from patchword.checkpoint import export_weights, seed_everything
 from patchword.config import apply_overrides, from_dict, refuse_edited_config, refuse_overrides, save_config
 from patchword.data.prepare import (
     ROLES,
@@ -66,6 +66,7 @@ from patchword.runs.evaluate import evaluate_run, json_text
 from patchword.runs.files import BEST_CHECKPOINT, EXPORT_DIR, LAST_CHECKPOINT, METRICS_JSON, SUMMARY_FILE
 from patchword.runs.origins import recorded_warm_start
 from patchword.runs.recorded import DIGEST_FIELD
+from patchword.train.agreement import checkpoint_to_evaluate, refuse_differing_configs
 from patchword.train.limits import refuse_limits_behind
 from patchword.train.process import stop_raises
 from patchword.train.resumable import resumable_state
@@ -241,6 +242,7 @@ def train_run(
     hint = hint or train_hint(TRAIN_RUNS.command, run_dir)  # the run's own config.yaml: no overrides
     phase: dict[str, Any] = {"then": hint.before_start()}
     with stop_raises(phase), session(device, cfg.dist_timeout_s) as dist, contextlib.ExitStack() as locks:
+        refuse_differing_configs(cfg, dist)  # first: every check below is then the same on every process
         check_launch(cfg, dist.world_size)
         # early, before the data is loaded (the claim checks again, under the lock); rank 0 alone takes the
         # lock for a moment to see whether the run trains now: two ranks at once would see each other
@@ -309,6 +311,7 @@ def resume_run(
     hint = hint or train_hint(TRAIN_RUNS.command, run_dir, overrides)
     phase: dict[str, Any] = {"then": hint.before_resumed()}
     with stop_raises(phase), session(device, cfg.dist_timeout_s) as dist, contextlib.ExitStack() as locks:
+        refuse_differing_configs(cfg, dist, overrides)
         check_launch(cfg, dist.world_size)
         # locked, then what a kill during a write left (export/ included) removed
         _on_main(dist, run_dir, lambda: TRAIN_RUNS.lock_for_resume(run_dir, locks))
@@ -348,13 +351,10 @@ def _finish(
     ``"train_steps_per_s"``: timed steps over ``step_time_seconds``, the time in steps alone (the
     Trainer's docstring says what each time covers). ``truth``: the COCO ground truth the checks read."""
     dist.barrier()  # rank 0 has written best.pt (the processes read it from the shared run directory)
-    # the file whose weights are evaluated: best.pt, else last.pt (the final weights, the model's now)
-    trained = run_dir / (BEST_CHECKPOINT if (run_dir / BEST_CHECKPOINT).is_file() else LAST_CHECKPOINT)
-    step = trainer.step  # last.pt's
-    if trained.name == BEST_CHECKPOINT:
-        best = load_checkpoint(trained)
+    trained, best = checkpoint_to_evaluate(run_dir, dist)  # rank 0's best.pt, else last.pt (the model's)
+    step = trainer.step if best is None else best["step"]  # last.pt's, or best.pt's
+    if best is not None:
         model.load_state_dict(best["model"])
-        step = best["step"]
     if dist.is_main:
         export_weights(model, asdict(cfg), run_dir / "export", vocab_size=data.vocab_size)
     summary = evaluate_run(cfg, model, data, run_dir, device=dist.device, dist=dist, ground_truth=truth)

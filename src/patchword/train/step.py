@@ -29,6 +29,7 @@ __all__ = [
     "wrap_ddp",
     "sum_gradients",
     "sync_batch_norm",
+    "average_batch_norm_statistics",
     "usable_cpus",
     "fused_supported",
 ]
@@ -101,22 +102,23 @@ class ShardLoss(nn.Module):
         matcher = model.matcher
         n = batch.lens_all.shape[0]
         sizes, (lo, hi) = dist.shard_sizes(n), dist.shard(n)
+        gather = _gather_rows(dist, sizes)
         img = model.encode_images(batch.images)
         cap = model.encode_texts(batch.ids, batch.lens)
         decisions, extras = [], {}
         if global_only:  # global warm-up: cosine of the global embeddings
             g_img, g_txt = matcher.global_embed(img, cap, batch.lens)
-            rows = g_img @ dist.all_gather(g_txt, sizes).T
+            rows = g_img @ gather(g_txt).T
         else:
             dense = dense_lens = None
             if batch.dense_ids is not None and matcher.consumes_dense:
                 dense, dense_lens = model.encode_texts(batch.dense_ids, batch.dense_lens), batch.dense_lens
                 if matcher.dense_pairing == "caption":  # every caption's dense text
-                    dense, dense_lens = dist.all_gather(dense, sizes), batch.dense_lens_all
-            caps = dist.all_gather(cap, sizes)
+                    dense, dense_lens = gather(dense), batch.dense_lens_all
+            caps = gather(cap)
             out = matcher_rows(matcher, img, caps, batch.lens_all, dense, dense_lens, self.pair_chunk)
             rows, decisions, extras = out.sims, out.decisions, out.extras
-        sims = dist.all_gather(full_precision(rows), sizes)  # (B, B)
+        sims = gather(full_precision(rows))  # (B, B)
         queries = slice(lo, hi)
         if self.contrastive is not None:  # CLIP's InfoNCE, the matcher's learned temperature
             scale = matcher.temperature_scale()
@@ -125,10 +127,12 @@ class ShardLoss(nn.Module):
             align = self.hinge(sims, batch.img_ids, batch.ignore, hardest, queries=queries)
         if self.cmc is not None and "global_img" in extras:
             # The CMC ranking term follows the same sum -> hardest-negative schedule as the hinge.
-            g_img = dist.all_gather(full_precision(extras["global_img"]), sizes)
+            g_img = gather(full_precision(extras["global_img"]))
             g_txt = full_precision(extras["global_txt"])
             align = align + self.cmc(g_img, g_txt, batch.img_ids, hardest, queries=queries)
-        if "row_max" in extras:  # NAAF: thresholds from the global batch, repeated images as one
+        # NAAF: thresholds from the global batch, repeated images as one (a stand-in row, at lo = B,
+        # is no batch row: it adds nothing)
+        if "row_max" in extras:
             matcher.update_from_batch(
                 sims.detach(),
                 extras["row_max"],
@@ -141,7 +145,8 @@ class ShardLoss(nn.Module):
         ratio = sims.new_zeros(())
         if decisions:
             # Each branch's kept share over the global batch: this shard's part of the mean (a decision
-            # has one row per local image), summed over the processes with gradient.
+            # has one row per local image; a stand-in's weight hi - lo is 0), summed over the processes
+            # with gradient.
             parts = torch.stack([d.float().sum() * ((hi - lo) / (d.numel() * n)) for d in decisions])
             ratio = self.ratio.from_ratios(dist.all_gather(parts[None], (1,) * dist.world_size).sum(0))
         share = ratio / dist.world_size  # every process computes the whole ratio loss
@@ -150,6 +155,22 @@ class ShardLoss(nn.Module):
         # the logged parts are the loss's terms as weighted in it (align by the warm-up's scale, ratio by
         # train.ratio_weight): they add up to the loss
         return loss, torch.stack([loss, align, weighted]).detach()
+
+
+def _gather_rows(dist: Distributed, sizes: tuple[int, ...]):
+    """``x -> (B, ...)``: every process's rows of a global batch (``sizes`` of them), gathered with gradient.
+
+    A process without rows of a batch (a last batch of fewer captions than processes) holds one stand-in
+    row instead (:func:`~patchword.train.feed.shard_block`): the encoders and matchers never see an empty
+    input, and the step takes part in every collective and in DDP's gradient reduction as the others do.
+    Those processes are the last ranks (:func:`~patchword.distributed.shard_bounds`), so their stand-ins
+    are the gathered rows past B, dropped here: nothing of them reaches the loss, and their gradient is 0.
+    """
+    held = tuple(max(1, size) for size in sizes)
+    if held == sizes:
+        return lambda x: dist.all_gather(x, sizes)
+    total = sum(sizes)
+    return lambda x: dist.all_gather(x, held)[:total]
 
 
 def constant_ratio_loss(matcher: Matcher, weight: float) -> str | None:
@@ -191,7 +212,8 @@ def sum_gradients(state, bucket):
 
 def wrap_ddp(module: nn.Module, device: torch.device) -> nn.Module:
     """``DistributedDataParallel`` summing the processes' gradients, without buffer broadcasts (NAAF's
-    thresholds are reduced explicitly and identical everywhere)."""
+    thresholds are reduced explicitly and identical everywhere; BatchNorm's running statistics are
+    averaged before they are used: :func:`average_batch_norm_statistics`)."""
     import inspect
 
     from torch.nn.parallel import DistributedDataParallel
@@ -201,10 +223,14 @@ def wrap_ddp(module: nn.Module, device: torch.device) -> nn.Module:
         if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
         else {"broadcast_buffers": False}
     )
+    # find_unused_parameters=True is deliberate: the global warm-up leaves the matcher out, HF encoders
+    # have poolers no loss reads, and which parameters a step uses changes during a run. In a step that
+    # uses them all, PyTorch advises (once per process, from C++) to turn it off: that advice does not
+    # apply here (docs/distributed.md says so).
     ddp = DistributedDataParallel(
         module,
         device_ids=[device.index] if device.type == "cuda" else None,
-        find_unused_parameters=True,  # the global warm-up leaves the matcher out, HF poolers...
+        find_unused_parameters=True,
         **no_sync,
     )
     ddp.register_comm_hook(None, sum_gradients)
@@ -217,14 +243,42 @@ def sync_batch_norm(model: nn.Module, dist: Distributed) -> None:
     if not norms:
         return
     if dist.device.type != "cuda":
-        _logger.warning(
-            "%d BatchNorm layer(s) normalise per process on the CPU (SyncBatchNorm needs CUDA): the run "
-            "is not exactly a one-process run of the global batch",
-            len(norms),
-        )
+        if dist.is_main:
+            _logger.warning(
+                "%d BatchNorm layer(s) normalise per process on the CPU (SyncBatchNorm needs CUDA): the run "
+                "is not exactly a one-process run of the global batch (their running statistics are "
+                "averaged over the processes before every validation and checkpoint)",
+                len(norms),
+            )
         return
     for name, child in list(model.named_children()):
         setattr(model, name, nn.SyncBatchNorm.convert_sync_batchnorm(child, process_group=dist.group))
+
+
+def average_batch_norm_statistics(model: nn.Module, dist: Distributed) -> None:
+    """Every process's BatchNorm running means and variances replaced by their mean over the processes, in
+    place (one sum through the gloo group, in float64), so that every process evaluates, and rank 0
+    saves, the same statistics, those of the whole run's batches (each process's layers see only its
+    shards on the CPU). SyncBatchNorm layers (CUDA) hold the global statistics already; one process:
+    nothing. The update of a running statistic is linear, so averaging now or later gives the same
+    statistics up to rounding: a resume from an averaged checkpoint continues as the run would have."""
+    if not dist.enabled:
+        return
+    stats = [
+        stat
+        for m in model.modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, nn.SyncBatchNorm)
+        for stat in (m.running_mean, m.running_var)
+        if stat is not None
+    ]
+    if not stats:  # the same on every process: the same model
+        return
+    flat = torch.cat([stat.detach().reshape(-1).to("cpu", torch.float64) for stat in stats])
+    torch.distributed.all_reduce(flat, group=dist.cpu_group)
+    flat /= dist.world_size
+    with torch.no_grad():
+        for stat, mean in zip(stats, flat.split([stat.numel() for stat in stats]), strict=True):
+            stat.copy_(mean.view_as(stat))
 
 
 def usable_cpus() -> int:

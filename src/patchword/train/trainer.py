@@ -29,7 +29,7 @@ from patchword.checkpoint import atomic_save
 from patchword.data.batches import ShardBatch
 from patchword.data.pipeline import EncodedSplit
 from patchword.distributed import Distributed
-from patchword.errors import ConfigError, Interrupted, ResumeHint
+from patchword.errors import ConfigError, ResumeHint
 from patchword.eval.protocol import evaluate
 from patchword.model import RetrievalModel
 from patchword.precision import weight_dtype
@@ -40,26 +40,22 @@ from patchword.train.align_warmup import AlignWarmup
 from patchword.train.feed import caption_augmenter, epoch_batches, max_text_widths, shard_loader
 from patchword.train.limits import RunLimits
 from patchword.train.optimiser import Optimiser
-from patchword.train.process import StopNow, record_stop_signals, stop_signals_raise, torch_threads
+from patchword.train.process import (
+    StopNow,
+    TrainingInterrupted,
+    record_stop_signals,
+    stop_signals_raise,
+    torch_threads,
+)
 from patchword.train.records import RecordLog, dev_record, fit_summary, train_record
 from patchword.train.rng import rank_rng_states, restore_rng, seed_model_stream
+from patchword.train.step import average_batch_norm_statistics
 from patchword.train.step_modules import build_step
 from patchword.train.times import RunTimes
 
 __all__ = ["Trainer", "TrainingInterrupted"]
 
 _logger = logging.getLogger(__name__)
-
-
-class TrainingInterrupted(Interrupted):
-    """SIGTERM / SIGINT arrived; ``last.pt`` was written at ``step`` and the run can be resumed. The message
-    says so and how to go on: ``resume`` (:class:`~patchword.errors.ResumeHint`), by default ``patchword
-    train --resume``."""
-
-    def __init__(self, signum: int, step: int, checkpoint: Path, resume: ResumeHint | None = None) -> None:
-        self.step, self.checkpoint = step, checkpoint
-        hint = resume or ResumeHint.resume("patchword train", checkpoint.parent)
-        super().__init__(signum, hint.stopped(signum, step, checkpoint))
 
 
 class Trainer:
@@ -195,11 +191,15 @@ class Trainer:
             )
 
     def save_last(self) -> None:
+        average_batch_norm_statistics(self.model, self.dist)  # every process's, as a validation sees them
         state = self.state_dict()
         self.timing.saved = self.times() | {"train_seconds": state["train_seconds"]}
         started = time.perf_counter()
         if self.dist.is_main:
             atomic_save(state, self.run_dir / LAST_CHECKPOINT)
+        # No process goes on before the file is there: one that reported a stop and exited would have
+        # torchrun end rank 0 in the middle of the write.
+        self.dist.barrier()
         self.timing.totals["checkpoint"] += time.perf_counter() - started
 
     # ------------------------------------------------------------------ loop
@@ -293,7 +293,7 @@ class Trainer:
     def _epoch_batches(self, epoch: int) -> list[torch.Tensor]:
         """The global batches of ``epoch`` (the same in every process, whatever their number)."""
         n, size = self.train_split.num_captions, self.tc.batch_size
-        return epoch_batches(n, size, self.cfg.seed, epoch, self.dist.world_size)
+        return epoch_batches(n, size, self.cfg.seed, epoch)
 
     def _loader(self, batches: list[torch.Tensor]) -> Iterator[ShardBatch]:
         """This process's shards of the epoch's batches from ``batch_in_epoch`` on, on the device."""
@@ -366,6 +366,7 @@ class Trainer:
         ``torchrun`` evaluate together (one leaving would strand the others in a collective), so there the
         validation is finished and saved first."""
         started = time.perf_counter()
+        average_batch_norm_statistics(self.model, self.dist)  # every process evaluates with the same
         eval_cfg = replace(self.cfg.eval, coco_1k=False)  # the 1K folds are a test-split protocol
         where = {"device": self.device, "progress": self.cfg.progress if self.dist.is_main else False}
         try:
