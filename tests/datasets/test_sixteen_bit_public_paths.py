@@ -1,7 +1,7 @@
 """16-bit greyscale handed to the public preprocessing (``ToNormalizedTensor``,
-``LoadedRun.preprocess_images``) is read by its high byte, as ``load_image`` reads a 16-bit file, not clipped to
-white by ``convert("RGB")``; a folder densify describes is turned upright by its EXIF tag, as ``index build``
-indexes it."""
+``LoadedRun.preprocess_images``) is read by its high byte, as ``load_image`` reads a 16-bit file, not
+clipped to white by ``convert("RGB")``; a folder densify describes is turned upright by its EXIF tag, as
+``index build`` indexes it."""
 
 from __future__ import annotations
 
