@@ -1,14 +1,16 @@
 """A trained run's config.yaml is read once by each function that opens it: ``open_hashing_run`` (``hash
 eval`` / ``hash search``) parsed it three times (the kind check, the config with the overrides, the run's
-own data section for the re-split check), ``resume_config`` and ``check_run_data_overrides`` twice. What is
-built from the one read is the config the old reads built, and a damaged config.yaml is still one error
-line naming the file."""
+own data section for the re-split check), ``resume_config`` twice, and ``hash eval`` / ``hash search`` with
+a ``data.*`` override read it once more for the data source check. A resume parses the config its last.pt
+records once. What is built from the one read is the config the old reads built, and a damaged
+config.yaml is still one error line naming the file."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import one_error_line
@@ -16,7 +18,6 @@ from patchword.cli.hash import main
 from patchword.config import load_config
 from patchword.errors import ConfigError
 from patchword.hashing import HashRunConfig
-from patchword.hashing.config import check_run_data_overrides
 from patchword.hashing.runner import open_hashing_run, resume_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -57,15 +58,57 @@ def test_open_hashing_run_still_refuses_a_resplit_from_the_one_read(hash_run, co
     assert config_reads == [hash_run / "config.yaml"]
 
 
-def test_resume_config_and_the_data_override_check_read_config_yaml_once(hash_run, config_reads):
-    """Defect: two reads each (the kind check, then the config)."""
+def test_resume_config_reads_config_yaml_once(hash_run, config_reads):
+    """Defect: two reads (the kind check, then the config)."""
     cfg = resume_config(hash_run, ["train.epochs=3"])
     assert config_reads == [hash_run / "config.yaml"]
     assert cfg == load_config(HashRunConfig, hash_run / "config.yaml", ["train.epochs=3"])
+
+
+@pytest.fixture(scope="module")
+def pair_run(tmp_path_factory) -> Path:
+    """A 16-bit run on 40 random 16-d pairs (20 query = retrieval pairs, 20 training pairs)."""
+    tmp = tmp_path_factory.mktemp("pairs")
+    rng = np.random.default_rng(0)
+    for name in ("image", "text"):
+        np.save(tmp / f"{name}.npy", rng.standard_normal((40, 16)).astype(np.float32))
+    model = ["model.hidden=32", "model.dim_feedforward=32", "model.num_layers=1", "train.batch_size=16"]
+    data = ["--data", "pairs", "--image", str(tmp / "image.npy"), "--text", str(tmp / "text.npy")]
+    argv = ["train", "--bits", "16", "--epochs", "1", "--output-dir", str(tmp / "runs"), "--name", "p"]
+    assert main([*argv, *model, *data, "data.num_query=20", "data.num_train=20", "eval.ks=[1,5]"]) == 0
+    return tmp / "runs" / "p"
+
+
+@pytest.mark.parametrize("command", ["eval", "search"])
+def test_hash_eval_and_search_with_a_data_override_read_config_yaml_once(
+    pair_run, config_reads, capsys, command
+):
+    """Defect: a data source override (data.image=NEW, where the run's data lie now) had config.yaml read
+    twice, once for the check that the run's format reads the key, then again to open the run. The check
+    is made on the one read, and still refuses a key the format would ignore."""
+    image = pair_run.parent.parent / "image.npy"
+    search = ["--modality", "image", "--query-index", "0", "--k", "2"] if command == "search" else []
+    assert main([command, str(pair_run), f"data.image={image}", *search]) == 0
+    assert config_reads == [pair_run / "config.yaml"]
+    capsys.readouterr()
     config_reads.clear()
-    with pytest.raises(ConfigError, match=r"^data\.image: data\.format=synthetic generates its features"):
-        check_run_data_overrides(hash_run, ["data.image=x.npy"])
-    assert config_reads == [hash_run / "config.yaml"]
+    assert main([command, str(pair_run), "data.root=/x", *search]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: data.root: data.format=pairs reads data.image and data.text"), line
+    assert config_reads == [pair_run / "config.yaml"]
+
+
+def test_a_resume_parses_the_config_its_last_pt_records_once(hash_run, tmp_path, monkeypatch):
+    """Defect: last.pt's config was parsed twice on a resume (for the session's resumable keys, then for
+    the edited-config check), behind a guard saying it may be missing that the second parse ignored."""
+    import patchword.hashing.runner as runner
+
+    run = Path(shutil.copytree(hash_run, tmp_path / "r"))
+    parsed = []
+    from_dict = runner.from_dict
+    monkeypatch.setattr(runner, "from_dict", lambda cls, d: parsed.append(cls) or from_dict(cls, d))
+    assert main(["train", "--resume", str(run), "--epochs", "2"]) == 0
+    assert parsed == [HashRunConfig]
 
 
 @pytest.mark.parametrize(

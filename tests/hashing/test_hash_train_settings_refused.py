@@ -91,6 +91,19 @@ def test_hash_train_refuses_what_it_replaced_or_ignored(tmp_path, capsys, monkey
     assert not out.exists() and not (tmp_path / "elsewhere").exists()  # before anything is written
 
 
+def test_a_batch_above_the_training_pairs_is_refused_before_the_model_is_built(tmp_path, capsys, monkeypatch):
+    """Defect: the check came after the model was built and the data moved to the device."""
+    import patchword.hashing.runner as runner
+
+    built = []
+    build = runner.build_hashing_model
+    monkeypatch.setattr(runner, "build_hashing_model", lambda *a: built.append(a) or build(*a))
+    assert main(_argv(tmp_path / "runs", "train.batch_size=128")) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: train.batch_size: 128 is more than the 64 training pairs"), line
+    assert built == []
+
+
 def test_a_flag_and_its_override_with_one_value_are_no_conflict(tmp_path, capsys):
     out = tmp_path / "runs"
     assert main(_argv(out, "model.bits=16", "train.epochs=1", "--batch-size", "32")) == 0

@@ -120,6 +120,20 @@ def test_train_hashing_leaves_the_thread_count_alone(tmp_path):
     assert torch.get_num_threads() == before
 
 
+def test_a_negative_thread_count_is_refused_before_torch_is_given_it(hash_run, tmp_path, capsys):
+    """``train.num_threads=-1`` is one line naming the key on a new run and on a resume (torch's own
+    set_num_threads raises a RuntimeError for it), and the run is left as it was."""
+    expected = "error: train.num_threads: must be >= 0 (0 = torch's default), got -1"
+    argv = ["train", "--epochs", "1", "--output-dir", str(tmp_path), "--name", "n", *TINY]
+    assert main([*argv, "train.num_threads=-1"]) == 2
+    assert one_error_line(capsys.readouterr().err) == expected
+    assert not (tmp_path / "n").exists()
+    before = (hash_run / "last.pt").read_bytes()
+    assert main(["train", "--resume", str(hash_run), "--epochs", "2", "train.num_threads=-1"]) == 2
+    assert one_error_line(capsys.readouterr().err) == expected
+    assert (hash_run / "last.pt").read_bytes() == before
+
+
 def test_resume_keeps_the_runs_settings_and_a_missing_run_is_an_error(tmp_path, capsys):
     out = tmp_path / "runs"
     args = ["--output-dir", str(out), "--name", "r", *TINY]

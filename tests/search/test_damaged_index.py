@@ -249,3 +249,39 @@ def test_collection_without_qdrant_is_refused(env, tmp_path, capsys):
     line = one_error_line(capsys.readouterr().err)
     assert line.startswith("error: --collection: ") and "--qdrant" in line
     assert not out.exists()
+
+
+def test_opening_an_index_maps_each_shard_array_once_and_names_a_damaged_one(env, tmp_path, monkeypatch):
+    """Defect: every shard array was opened and checked twice when an index opened (npy_problem's header
+    and size check, then the map's same check). npy_problem now only words the refusal of the map, the
+    texts unchanged; a file deleted before it reads one still reads as missing."""
+    import patchword.search.store as store
+    from patchword.search.store import MissingShardError
+
+    checked: list[Path] = []
+    problem = store.npy_problem
+    monkeypatch.setattr(store, "npy_problem", lambda file: checked.append(file) or problem(file))
+    SearchIndex.open(env.index_dir)
+    assert checked == []
+    index_dir = _index_copy(env, tmp_path)
+    shard = index_dir / "shards" / "00001.tokens.npy"
+    shard.write_bytes(b"\x80\x04K\x01.")  # a pickle
+    with pytest.raises(DataError) as err:
+        SearchIndex.open(index_dir)
+    assert str(err.value).startswith(f"{shard}: not a .npy array file: it holds a Python pickle; repair ")
+    assert checked == [shard]
+    shard.write_bytes(np.lib.format.magic(1, 0) + b"\x00")  # cut short in its header
+    with pytest.raises(DataError, match=r": unreadable \.npy header \("):
+        SearchIndex.open(index_dir)
+
+    mapped = store.ShardArray
+
+    def deleted_then_refused(file):
+        if file != shard:
+            return mapped(file)
+        file.unlink()  # after the map refused it (it was there), before npy_problem reads it
+        raise ValueError("gone")
+
+    monkeypatch.setattr(store, "ShardArray", deleted_then_refused)
+    with pytest.raises(MissingShardError, match=f"shard file {shard.name} is missing"):
+        SearchIndex.open(index_dir)

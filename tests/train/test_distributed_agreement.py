@@ -1,11 +1,14 @@
 """What the processes of a torchrun launch agree on, in one launch of four CPU processes (gloo): the
 batches (a last batch of 2 captions leaves two processes without rows, and the run still equals a
-one-process run), the config every process runs, the checkpoint the final evaluation reads, BatchNorm's
-running statistics, and a stop that no process reports before ``last.pt`` is written. The pieces that
-need no launch (signals, logging, the config comparison) are tested in this process.
+one-process run), the config every process runs, the checkpoint the final evaluation reads (hashed once),
+BatchNorm's running statistics (averaged once a validation), and a stop that no process reports before
+``last.pt`` is written. The pieces that need no launch (signals, logging, the config comparison) are tested
+in this process.
 
 The launch is :func:`test_distributed._launch` (spawned processes, each job its own process group); the
 jobs are this module's functions.
+
+Over 400 lines: every agreement is checked in the one launch of four processes, by this module's jobs.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from test_distributed import _launch, _ok, _summary, _train_losses
 from conftest import TINY_MODEL_32
 from patchword.checkpoint import load_checkpoint
 from patchword.config import apply_overrides
+from patchword.fileio import file_sha256
 from patchword.runs.config import RunConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -71,22 +75,30 @@ def _stderr_to(path: Path):
 
 
 @contextlib.contextmanager
-def _batch_norm_seen(seen: list):
-    """Record the BatchNorm running statistics of the model every validation evaluates."""
-    from patchword.train import trainer
+def _batch_norm_seen(seen: list, reads: list | None = None):
+    """Record the BatchNorm running statistics of the model every validation evaluates; and in ``reads``,
+    in order, each average of the statistics ("average"), each validation ("validate") and each file this
+    process hashes (its name)."""
+    from patchword.train import agreement, runner, trainer
 
-    original = trainer.evaluate
+    original, averaged = trainer.evaluate, trainer.average_batch_norm_statistics
+    hashes = agreement.file_sha256
+    said = reads if reads is not None else []
 
     def watched(model, *args, **kwargs):
         norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
         seen.append([float(x) for m in norms for x in torch.cat([m.running_mean, m.running_var])])
+        said.append("validate")
         return original(model, *args, **kwargs)
 
     trainer.evaluate = watched
+    trainer.average_batch_norm_statistics = lambda *a: said.append("average") or averaged(*a)
+    agreement.file_sha256 = runner.file_sha256 = lambda path: said.append(Path(path).name) or hashes(path)
     try:
         yield
     finally:
-        trainer.evaluate = original
+        trainer.evaluate, trainer.average_batch_norm_statistics = original, averaged
+        agreement.file_sha256 = runner.file_sha256 = hashes
 
 
 # ------------------------------------------------------------------------------------- jobs (each rank)
@@ -96,9 +108,10 @@ def _job_train(args: list[str], stderr_dir: str) -> dict:
     from patchword.train.runner import train_run
 
     seen: list = []
-    with _stderr_to(Path(stderr_dir) / f"rank{os.environ['RANK']}.txt"), _batch_norm_seen(seen):
+    reads: list = []
+    with _stderr_to(Path(stderr_dir) / f"rank{os.environ['RANK']}.txt"), _batch_norm_seen(seen, reads):
         summary = _summary(train_run(apply_overrides(RunConfig(), args)))
-    return {"summary": summary, "batch_norm": seen}
+    return {"summary": summary, "batch_norm": seen, "reads": reads}
 
 
 def _job_resume(run_dir: str, overrides: list[str]) -> dict:
@@ -284,6 +297,18 @@ def test_batch_norm_statistics_are_every_process_s_in_evaluation_checkpoints_and
     # a warning the same in every process comes from rank 0 only
     said = ["BatchNorm layer(s) normalise per process" in text for text in launch["stderr"]["bn_full"]]
     assert said == [True] + [False] * (WORLD - 1)
+
+
+def test_rank_0_hashes_best_pt_once_and_each_validation_averages_batch_norm_once(launch):
+    """Old code: rank 0 hashed best.pt twice (to send its digest, then for summary.json), and every
+    validation averaged the statistics twice (before its evaluation, then again in its last.pt save)."""
+    full = _job(launch, "bn_full")
+    # validated at steps 4 and 8 (each saved in last.pt); then every process reads best.pt once: rank 0
+    # hashes it for the others to compare with, and its digest is summary.json's
+    assert [r["reads"] for r in full] == [["average", "validate"] * 2 + ["best.pt"]] * WORLD
+    summary = json.loads((launch["runs"] / "bn_full" / "summary.json").read_text())
+    assert summary["checkpoint"] == "best.pt"
+    assert summary["checkpoint_sha256"] == file_sha256(launch["runs"] / "bn_full" / "best.pt")
 
 
 # ------------------------------------------------------------------------------------- in this process

@@ -136,8 +136,8 @@ def uninterrupted(root):
     for case in CASES:
         copies: dict[str, Path] = {}
 
-        def save_last_and_copy(self, case=case, copies=copies):
-            original(self)
+        def save_last_and_copy(self, averaged=False, case=case, copies=copies):
+            original(self, averaged)
             for kind, step in SNAPSHOTS.items():
                 if self.step == step and kind not in copies:
                     copies[kind] = root / f"{case}_{kind}"

@@ -135,7 +135,7 @@ def test_a_kill_during_the_validation_a_resume_owed_logs_it_once(root, monkeypat
         train_run(_config(root, run.name, *VALIDATED))
     monkeypatch.undo()
 
-    def killed(self):
+    def killed(self, averaged=False):
         raise Killed
 
     original = trainer_module.Trainer.validate
@@ -189,7 +189,7 @@ def test_a_kill_between_an_epoch_end_validation_record_and_its_checkpoint_logs_i
     train_run(_config(root, "interval_at_epoch_ends", *steps))
     original = trainer_module.Trainer.validate
 
-    def killed(self):
+    def killed(self, averaged=False):
         raise Killed
 
     def validate_then_die_saving(self, flag):
@@ -216,8 +216,8 @@ def test_a_second_command_on_a_run_in_use_is_refused(root, monkeypatch, capsys):
     refusals = []
     original = trainer_module.Trainer.save_last
 
-    def save_then_try_again(self):
-        original(self)
+    def save_then_try_again(self, averaged=False):
+        original(self, averaged)
         if self.step == 3 and not refusals:
             with pytest.raises(RunExistsError) as refused:
                 resume_run(run, ["train.max_steps=6"])

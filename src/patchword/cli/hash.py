@@ -25,10 +25,8 @@ for synthetic data (split in order) and a ``data.synthetic_*`` key for data read
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 from patchword.cli.hash_search import add_search_parser, run_search
@@ -160,8 +158,9 @@ def _dispatch(args: argparse.Namespace) -> None:
 
 def _train(args: argparse.Namespace) -> None:
     from patchword.config import load_config
-    from patchword.hashing.config import HashRunConfig, check_data_source, override_keys
+    from patchword.hashing.config import HashRunConfig, check_data_source, check_hash_config, override_keys
     from patchword.hashing.runner import resume_hashing, train_hashing
+    from patchword.train.process import torch_threads
 
     given = {key: attr for attr, key in _SHORTCUTS.items() if getattr(args, attr) is not None}
     flags = [f"{key}={getattr(args, attr)}" for key, attr in given.items()]
@@ -172,18 +171,19 @@ def _train(args: argparse.Namespace) -> None:
                 raise ConfigError("--config", "a resumed run keeps its own config.yaml: drop --config")
             run_dir, overrides = _resume_target(args.resume, [*args.overrides, *flags])
             # train.num_threads: the override's, else the one the run's last session ran with
-            summary = resume_hashing(run_dir, overrides, threads=_threads)
+            summary = resume_hashing(run_dir, overrides, threads=torch_threads)
         else:
             cfg = load_config(HashRunConfig, args.config, [*args.overrides, *flags])
-            check_data_source(cfg.data, flags={key: f"--{attr}" for key, attr in given.items()})
-            with _threads(cfg.train.num_threads):
+            check_data_source(cfg.data, flags={key: _flag(attr) for key, attr in given.items()})
+            check_hash_config(cfg)  # before torch_threads applies train.num_threads (torch refuses < 0)
+            with torch_threads(cfg.train.num_threads):
                 # a data key an override sets that the format would ignore is refused, default values too
                 summary = train_hashing(cfg, given_keys=override_keys([*args.overrides, *flags]))
     except ConfigError as err:
         if err.key not in given:
             raise
         # the flags win over overrides: a refused value of a shortcut's key came from the flag
-        raise ConfigError(err.key, f"{err.detail} (set by --{given[err.key].replace('_', '-')})") from err
+        raise ConfigError(err.key, f"{err.detail} (set by {_flag(given[err.key])})") from err
     print(json.dumps(summary, indent=2))
 
 
@@ -210,8 +210,9 @@ def _refuse_flag_and_override(args: argparse.Namespace, given: dict[str, str]) -
         except ConfigError:
             continue
         if both[0] != both[1]:
-            flag = f"--{given[key].replace('_', '-')}"
-            raise ConfigError(flag, f"{value}, but the override {item} sets {key} too: give one of them")
+            raise ConfigError(
+                _flag(given[key]), f"{value}, but the override {item} sets {key} too: give one of them"
+            )
 
 
 def _resume_target(resume: str, overrides: list[str]) -> tuple[Path, list[str]]:
@@ -235,19 +236,9 @@ def _resume_target(resume: str, overrides: list[str]) -> tuple[Path, list[str]]:
     return Path(where["output_dir"]) / where["name"], rest
 
 
-@contextlib.contextmanager
-def _threads(num_threads: int) -> Iterator[None]:
-    """torch's thread count set to ``num_threads`` (0: left alone) for the block, then the caller's again
-    (main() also runs in-process: tests, the top-level CLI)."""
-    import torch
-
-    previous = torch.get_num_threads()
-    if num_threads > 0:
-        torch.set_num_threads(num_threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
+def _flag(attr: str) -> str:
+    """The command-line flag of a shortcut's attribute: ``output_dir`` -> ``--output-dir``."""
+    return "--" + attr.replace("_", "-")
 
 
 def _check_plot_file(path: Path, force: bool) -> None:
@@ -286,7 +277,7 @@ def _eval(args: argparse.Namespace) -> None:
     import torch
 
     from patchword.cli import file_or_stdout
-    from patchword.hashing.config import alpha_record, check_run_data_overrides
+    from patchword.hashing.config import alpha_record, check_data_source
     from patchword.hashing.evaluate import encode_hashing_split, evaluate_hashing
     from patchword.hashing.metrics import plot_pr_curves, precision_recall_curve
     from patchword.hashing.runner import open_hashing_run, refuse_run_outputs
@@ -300,8 +291,11 @@ def _eval(args: argparse.Namespace) -> None:
         check_output_file(out, args.force)
     if args.pr_plot is not None:
         _check_plot_file(args.pr_plot, args.force)
-    check_run_data_overrides(args.run_dir, args.overrides)
-    run = open_hashing_run(args.run_dir, args.overrides)
+    # a data source key the overrides set that the run's format (with them) would ignore: once config.yaml
+    # is read, before the data are
+    run = open_hashing_run(
+        args.run_dir, args.overrides, check=lambda c: check_data_source(c.data, args.overrides)
+    )
     cfg, model, data = run.cfg, run.model, run.data
     refuse_run_outputs(args.run_dir, outputs, cfg=cfg)  # nor a feature file its data section reads
     if args.map_all:

@@ -100,11 +100,14 @@ def _refuse_overrides(overrides: list[str]) -> None:
             raise ConfigError(key, "hash search takes data.* overrides only (where the run's data lie now)")
 
 
-def _backend_check(backend: str):
-    """The check of the run's config for ``--backend``, made once config.yaml is read (before the data):
-    the faiss index holds whole bytes."""
+def _run_check(backend: str, overrides: list[str]):
+    """The check of the run's config (with ``overrides``), made once config.yaml is read (before the data):
+    a data source key the overrides set is one the run's format reads (as ``hash eval`` checks), and the
+    faiss index of ``--backend`` holds whole bytes."""
+    from patchword.hashing.config import check_data_source
 
     def check(cfg) -> None:
+        check_data_source(cfg.data, overrides)
         if backend == "faiss" and cfg.model.bits % 8:
             raise ConfigError(
                 "--backend",
@@ -121,7 +124,6 @@ def run_search(args: argparse.Namespace) -> None:
     import torch
 
     from patchword.cli import file_or_stdout
-    from patchword.hashing.config import check_run_data_overrides
     from patchword.hashing.model import UCMFH
     from patchword.hashing.runner import open_hashing_run, refuse_run_outputs
 
@@ -136,8 +138,8 @@ def run_search(args: argparse.Namespace) -> None:
     file_queries = _read_query_file(args.query) if args.query is not None else None
     # said before the data are read (an imported official checkpoint is fused and has none of its own)
     why = "search needs a unimodal model: official_fused codes need the paired other modality"
-    check_run_data_overrides(args.run_dir, args.overrides)
-    run = open_hashing_run(args.run_dir, args.overrides, unimodal=why, check=_backend_check(args.backend))
+    check = _run_check(args.backend, args.overrides)
+    run = open_hashing_run(args.run_dir, args.overrides, unimodal=why, check=check)
     cfg, model, data = run.cfg, run.model, run.data
     refuse_run_outputs(args.run_dir, {"--out": out}, cfg=cfg)
     queries = _queries(args, model, data, file_queries)

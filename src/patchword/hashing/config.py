@@ -12,7 +12,6 @@ import math
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 from typing import Literal
 
 from patchword._validation import check_at_least, check_finite_number
@@ -33,7 +32,6 @@ __all__ = [
     "HashRunConfig",
     "check_hash_config",
     "check_data_source",
-    "check_run_data_overrides",
     "alpha_record",
     "hashnet_alpha",
     "saved_run_config",
@@ -226,27 +224,6 @@ def check_data_source(
             spell = " or ".join(f"--data {f}" if flags is not None else f"data.format={f}" for f in formats)
             reads = FORMAT_READS.get(dc.format, "does not read it")
             raise ConfigError(name, f"data.format={dc.format} {reads}; {name} is read only with {spell}")
-
-
-def check_run_data_overrides(run_dir: str | Path, overrides: Sequence[str]) -> None:
-    """``hash eval RUN data.image=x.npy``: each data source key ``overrides`` set is one the format of the
-    run's config (with the overrides) reads, checked before the run is opened. A directory without a
-    config.yaml is left to the command, which says what is there.
-
-    Raises:
-        ConfigError: as :func:`check_data_source`; an unknown key or a wrong value of the overrides.
-        DataError: the config.yaml is empty or a retrieval run's (as the command says).
-    """
-    from patchword.config import apply_overrides, config_from_mapping
-    from patchword.runs.files import CONFIG_FILE
-    from patchword.runs.load import read_run_mapping
-
-    config = Path(run_dir) / CONFIG_FILE
-    keys = override_keys(overrides)
-    if keys & set(DATA_SOURCE_FORMATS) and config.is_file():  # no run: the command says what is there
-        mapping = read_run_mapping(run_dir, kind="hashing")  # a retrieval run's config: said so, not its keys
-        cfg = apply_overrides(config_from_mapping(HashRunConfig, mapping, config), list(overrides))
-        check_data_source(cfg.data, overrides)
 
 
 def check_hash_config(cfg: HashRunConfig):

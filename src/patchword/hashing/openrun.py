@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from patchword.checkpoint import load_checkpoint, load_fitting_weights
-from patchword.config import apply_overrides, config_from_mapping, from_dict
+from patchword.config import apply_overrides, from_dict
 from patchword.device import resolve_device
 from patchword.errors import MissingFileError
 from patchword.hashing.build import (
@@ -20,19 +20,19 @@ from patchword.hashing.build import (
     refuse_ignored_keys,
     refuse_resplit,
 )
-from patchword.hashing.config import HashRunConfig, check_hash_config, override_keys, saved_run_config
+from patchword.hashing.config import HashRunConfig, check_hash_config, override_keys
 from patchword.hashing.dataset import HashDataset
 from patchword.hashing.model import UCMFH
 from patchword.hashing.rundir import (
     check_evaluated_data,
+    read_hash_run_config,
     recorded_data_location,
     refuse_missing_run_data,
     refuse_trained_run_overrides,
 )
 from patchword.hashing.runstate import checkpoint_record, imported_untrained, refuse_imported_without_data
 from patchword.hashing.usedkeys import check_used_keys
-from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT
-from patchword.runs.load import read_run_mapping
+from patchword.runs.files import LAST_CHECKPOINT
 
 __all__ = ["HashRun", "open_hashing_run", "load_hashing_run"]
 
@@ -60,15 +60,11 @@ def open_hashing_run(
     ``unimodal``: why the caller needs a unimodal model, said (ValueError) before the data are read;
     ``check``: the caller's own check of the run's config (with the overrides), also made before."""
     run_dir = Path(run_dir)
-    if not (run_dir / CONFIG_FILE).is_file():
-        raise MissingFileError(f"{run_dir} is not a hashing run directory (no {CONFIG_FILE})")
-    # read once, and refused when empty or a retrieval run's (each of its keys was "unknown config key")
-    mapping = read_run_mapping(run_dir, kind="hashing")
+    saved = read_hash_run_config(run_dir)
     if not (run_dir / LAST_CHECKPOINT).is_file():
         raise MissingFileError(f"{run_dir} has no last.pt: the run never saved a checkpoint")
     refuse_trained_run_overrides(overrides or [])
     given = override_keys(overrides or [])
-    saved = saved_run_config(config_from_mapping(HashRunConfig, mapping, run_dir / CONFIG_FILE))
     cfg = apply_overrides(saved, list(overrides or []))  # a copy: ``saved`` stays the run's own
     cfg = replace(
         cfg, device=str(resolve_device(device or cfg.device, key="--device" if device else "device"))

@@ -22,8 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from patchword.config import apply_overrides, flat_config, refuse_overrides
-from patchword.errors import ConfigError
+from patchword.config import apply_overrides, config_from_mapping, flat_config, refuse_overrides
+from patchword.errors import ConfigError, MissingFileError
 from patchword.hashing.build import SOURCE_KEYS, changed_data_parts, refuse_resplit, resolved_data_path
 from patchword.hashing.config import (
     DATA_SOURCE_FORMATS,
@@ -31,11 +31,12 @@ from patchword.hashing.config import (
     HASH_RESUME_DATA_KEYS,
     HashDataConfig,
     HashRunConfig,
+    saved_run_config,
 )
 from patchword.hashing.dataset import HashDataset
 from patchword.runs.claim import LOCK_FILE, Refusals, RunKind
 from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT, METRICS_FILE, RESUMES_FILE, WEIGHTS_FILE
-from patchword.runs.load import refuse_run_output
+from patchword.runs.load import read_run_mapping, refuse_run_output
 
 __all__ = [
     "HASH_RUNS",
@@ -44,6 +45,7 @@ __all__ = [
     "absolute_data",
     "check_evaluated_data",
     "check_resumed_data",
+    "read_hash_run_config",
     "recorded_data_location",
     "refuse_missing_run_data",
     "refuse_trained_run_overrides",
@@ -89,6 +91,21 @@ HASH_RUNS = RunKind(
 HASH_RUN_FILES = frozenset(
     {*HASH_RUNS.start_files, *HASH_RUNS.atomic_files, "index_image.npz", "index_text.npz"}
 )
+
+
+def read_hash_run_config(run_dir: Path) -> HashRunConfig:
+    """A hashing run's own config: its ``config.yaml``, read once, as this version reads it
+    (:func:`~patchword.hashing.config.saved_run_config`).
+
+    Raises:
+        MissingFileError: ``run_dir`` has no config.yaml.
+        DataError: the file is empty or a retrieval run's (each of its keys was "unknown config key").
+        ConfigError: a key or a value a :class:`HashRunConfig` refuses, naming the file.
+    """
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise MissingFileError(f"{run_dir} is not a hashing run directory (no {CONFIG_FILE})")
+    mapping = read_run_mapping(run_dir, kind="hashing")
+    return saved_run_config(config_from_mapping(HashRunConfig, mapping, run_dir / CONFIG_FILE))
 
 
 def refuse_run_outputs(

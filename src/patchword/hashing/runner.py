@@ -38,14 +38,13 @@ from patchword.checkpoint import export_weights, load_checkpoint, seeded_generat
 from patchword.config import (
     apply_overrides,
     config_diff,
-    config_from_mapping,
     flat_config,
     from_dict,
     refuse_edited_config,
     refuse_overrides,
     save_config,
 )
-from patchword.errors import ConfigError, MissingFileError, ResumeHint
+from patchword.errors import ConfigError, ResumeHint
 from patchword.fileio import (
     append_line,
     atomic_write_text,
@@ -76,6 +75,7 @@ from patchword.hashing.rundir import (  # HASH_RUN_FILES, refuse_run_outputs: th
     HASH_RUNS,
     absolute_data,
     check_resumed_data,
+    read_hash_run_config,
     recorded_data_location,
     refuse_missing_run_data,
     refuse_run_outputs,
@@ -91,7 +91,6 @@ from patchword.hashing.trainer import HashTrainer, append_metrics, check_batch_s
 from patchword.hashing.usedkeys import check_used_keys
 from patchword.runs.claim import Claim
 from patchword.runs.files import CONFIG_FILE, LAST_CHECKPOINT, METRICS_FILE, RESUMES_FILE
-from patchword.runs.load import read_run_mapping
 from patchword.train.process import stop_raises
 
 __all__ = [
@@ -161,7 +160,7 @@ def train_hashing(
         check_used_keys(cfg, given_keys)
     run_dir = hashing_run_dir(cfg)
     if resume:
-        saved, state = _resume_config(run_dir, ())
+        saved, state, stored = _resume_config(run_dir, ())
         changed = [k for k in config_diff(saved, cfg) if k not in _LOCATION_KEYS]
         refused = [k for k in changed if k not in HASH_RESUMABLE_KEYS | HASH_RESUME_DATA_KEYS]
         if refused:
@@ -170,7 +169,7 @@ def train_hashing(
             )
         values = flat_config(cfg)  # dotted key -> value
         overrides = [f"{k}={json.dumps(values[k])}" for k in changed]
-        return _resume(run_dir, apply_overrides(saved, overrides), state, overrides, data)
+        return _resume(run_dir, apply_overrides(saved, overrides), state, stored, overrides, data)
     # a file in its place, a read-only or vanished output_dir fail now, not after the data were built
     check_output_dir(cfg.output_dir, "output_dir", what="the directory runs go in")
     HASH_RUNS.refuse_existing(run_dir)  # early; checked again under the lock, before anything is written
@@ -190,12 +189,13 @@ def resume_config(run_dir: str | Path, overrides: Sequence[str] = ()) -> HashRun
     return _resume_config(Path(run_dir), overrides)[0]
 
 
-def _resume_config(run_dir: Path, overrides: Sequence[str]) -> tuple[HashRunConfig, dict[str, Any]]:
-    """:func:`resume_config` and the last.pt it read (loaded on the CPU)."""
+def _resume_config(
+    run_dir: Path, overrides: Sequence[str]
+) -> tuple[HashRunConfig, dict[str, Any], HashRunConfig]:
+    """:func:`resume_config`, the last.pt it read (loaded on the CPU) and the config that last.pt records
+    (the session that wrote it ran with it)."""
     refuse_nothing_to_resume(run_dir)  # no such run, or a start killed before its first checkpoint
-    if not (run_dir / CONFIG_FILE).is_file():
-        raise MissingFileError(f"{run_dir} is not a hashing run directory (no {CONFIG_FILE})")
-    mapping = read_run_mapping(run_dir, kind="hashing")  # a retrieval run's config: say so, not its keys
+    saved = read_hash_run_config(run_dir)  # a retrieval run's config: said so, not its keys
     refuse_overrides(
         overrides,
         HASH_RESUMABLE_KEYS | HASH_RESUME_DATA_KEYS,
@@ -203,15 +203,14 @@ def _resume_config(run_dir: Path, overrides: Sequence[str]) -> tuple[HashRunConf
         f"resumable keys: {', '.join(sorted(HASH_RESUMABLE_KEYS))} (and the data paths, "
         "for the run's data moved)",
     )
-    saved = saved_run_config(config_from_mapping(HashRunConfig, mapping, run_dir / CONFIG_FILE))
     state = load_checkpoint(run_dir / LAST_CHECKPOINT, map_location="cpu")
-    # config.yaml is never rewritten: what a resume changed is in the last.pt its session wrote
-    session = []
-    if state.get("config"):  # a checkpoint of an older version may record none
-        stored, own = flat_config(from_dict(HashRunConfig, state["config"])), flat_config(saved)
-        keys = sorted(HASH_RESUMABLE_KEYS - override_keys(overrides))
-        session = [f"{key}={json.dumps(stored[key])}" for key in keys if stored[key] != own[key]]
-    return apply_overrides(saved, [*session, *overrides]), state
+    # config.yaml is never rewritten: what a resume changed is in the last.pt its session wrote (every
+    # last.pt records its config)
+    stored = saved_run_config(from_dict(HashRunConfig, state["config"]))
+    ran, own = flat_config(stored), flat_config(saved)
+    keys = sorted(HASH_RESUMABLE_KEYS - override_keys(overrides))
+    session = [f"{key}={json.dumps(ran[key])}" for key in keys if ran[key] != own[key]]
+    return apply_overrides(saved, [*session, *overrides]), state, stored
 
 
 def resume_hashing(
@@ -240,24 +239,26 @@ def resume_hashing(
             its data).
     """
     run_dir = Path(run_dir)
-    cfg, state = _resume_config(run_dir, overrides)
+    cfg, state, stored = _resume_config(run_dir, overrides)
+    # before threads() applies train.num_threads (a negative count: torch's RuntimeError)
+    check_hash_config(cfg)
     with threads(cfg.train.num_threads) if threads is not None else contextlib.nullcontext():
-        return _resume(run_dir, cfg, state, overrides, data)
+        return _resume(run_dir, cfg, state, stored, overrides, data)
 
 
 def _resume(
     run_dir: Path,
     cfg: HashRunConfig,
     state: dict[str, Any],
+    stored: HashRunConfig,
     overrides: Sequence[str],
     data: HashDataset | None,
 ) -> dict[str, Any]:
-    """:func:`resume_hashing` with the config and the last.pt :func:`_resume_config` gave."""
-    check_hash_config(cfg)
+    """:func:`resume_hashing` with the config (checked), the last.pt and its config :func:`_resume_config`
+    gave."""
     refuse_fewer_epochs(cfg.train.epochs, state, run_dir)  # before anything is written
     if imported_untrained(run_dir, int(state["step"])):  # never trained here: what data?
         refuse_imported_without_data(run_dir, cfg.data, (), resuming=True)
-    stored = saved_run_config(from_dict(HashRunConfig, state["config"]))
     # the data paths a resume pointed at the moved data are in last.pt, not in config.yaml
     refuse_edited_config(run_dir / CONFIG_FILE, cfg, stored, HASH_RESUMABLE_KEYS | HASH_RESUME_DATA_KEYS)
     moved = override_keys(overrides) & HASH_RESUME_DATA_KEYS
@@ -291,7 +292,9 @@ def _train(
         if state is not None:
             HASH_RUNS.lock_for_resume(run_dir, locks)  # and removes what a kill during a write left
         data = data if data is not None else build_hashing_dataset(cfg.data, given)
-        if state is not None:  # the data the run trained on, bit for bit (rows added re-split them)
+        if state is None:  # a run saved before this check resumes as it trained (one batch of all pairs)
+            check_batch_size(cfg, len(data.train))
+        else:  # the data the run trained on, bit for bit (rows added re-split them)
             check_resumed_data(state, data, cfg.data, run_dir, moved)
         # recorded absolute: its commands read these files from any working directory
         cfg = replace(cfg, data=absolute_data(cfg.data))
@@ -299,8 +302,6 @@ def _train(
             _logger.info("hashnet loss without labels: pairs are similar only to themselves (ids)")
         model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)
         trainer = HashTrainer(cfg, model, data, run_dir)
-        if state is None:  # a run saved before this check resumes as it trained (one batch of all pairs)
-            check_batch_size(cfg, len(data.train))
         try:
             if state is None:  # everything is checked and built: now the run directory and its config
                 HASH_RUNS.claim_new(run_dir, locks, claim)

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from patchword.device import read_together
+from patchword.device import module_device, read_together
 from patchword.matching.base import Matcher
 from patchword.matching.ops import l2norm
 
@@ -167,7 +167,7 @@ def explain_pair(
         raise ValueError(f"token_strings has {len(names)} entries for {cap_len} tokens")
     if dense_tokens is not None:
         dense_tokens = dense_tokens[:dense_len]
-    device = next(iter(matcher.parameters()), img_tokens).device
+    device = module_device(matcher, img_tokens.device)  # a matcher without weights: where the rows are
     # uploads that do not wait for the device (index rows are read on the host)
     img_tokens = img_tokens.to(device, non_blocking=True).float()
     cap_tokens = cap_tokens.to(device, non_blocking=True).float()

@@ -97,13 +97,12 @@ def _map_shard(
         if not file.is_file():
             raise _Unreadable(file, "missing", missing=True)
         try:
-            problem = npy_problem(file)
-            if problem is None:
-                arrays[name] = ShardArray(file)  # its size checked again: replaced since npy_problem?
+            try:
+                arrays[name], problem = ShardArray(file), None
+            except (ValueError, EOFError) as err:  # said as npy_problem says it (a pickle, cut short...)
+                problem = npy_problem(file) or f"cannot read the array ({err})"
         except (MissingFileError, FileNotFoundError):  # deleted since is_file()
             raise _Unreadable(file, "missing", missing=True) from None
-        except (ValueError, EOFError) as err:
-            problem = f"cannot read the array ({err})"
         if problem is None:
             shapes = {n: a.shape for n, a in arrays.items()}
             problem = dtype_problem(name, arrays[name].dtype, manifest)

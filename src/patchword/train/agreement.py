@@ -59,10 +59,12 @@ def _differs(dist: Distributed, rank: int, theirs: Any, main: Any, does: str = "
     )
 
 
-def checkpoint_to_evaluate(run_dir: Path, dist: Distributed) -> tuple[Path, dict[str, Any] | None]:
+def checkpoint_to_evaluate(
+    run_dir: Path, dist: Distributed
+) -> tuple[Path, dict[str, Any] | None, str | None]:
     """The checkpoint whose weights the final evaluation reads, as rank 0 (which wrote the run) sees it:
-    ``best.pt``, else ``last.pt``. -> (its path, ``best.pt``'s contents; None for ``last.pt``, whose
-    weights every process holds already: the model's now).
+    ``best.pt``, else ``last.pt``. -> (its path, ``best.pt``'s contents, ``best.pt``'s SHA-256 as rank 0
+    read it; None, None for ``last.pt``, whose weights every process holds already: the model's now).
 
     Rank 0 decides and sends (name, SHA-256); every other process loads the file it names from its own
     view of the run directory, which must be the same file.
@@ -74,10 +76,10 @@ def checkpoint_to_evaluate(run_dir: Path, dist: Distributed) -> tuple[Path, dict
     choice = None
     if dist.is_main:
         best = run_dir / BEST_CHECKPOINT
-        choice = (BEST_CHECKPOINT, file_sha256(best) if dist.enabled else None) if best.is_file() else None
+        choice = (BEST_CHECKPOINT, file_sha256(best)) if best.is_file() else None
     choice = dist.broadcast_object(choice)
     if choice is None:
-        return run_dir / LAST_CHECKPOINT, None
+        return run_dir / LAST_CHECKPOINT, None, None
     path, digest = run_dir / choice[0], choice[1]
     with dist.fail_together(f"reading {choice[0]}, the checkpoint to evaluate"):
         if not dist.is_main:
@@ -87,7 +89,7 @@ def checkpoint_to_evaluate(run_dir: Path, dist: Distributed) -> tuple[Path, dict
             if file_sha256(path) != digest:
                 raise DistributedError(f"{path}: {where} reads other bytes than rank 0 evaluates: {_SHARED}")
         state = load_checkpoint(path)
-    return path, state
+    return path, state, digest
 
 
 _SHARED = (

@@ -350,8 +350,8 @@ def _finish(
     ``"checkpoint"`` (its name) and ``"checkpoint_step"`` they describe, the fit's counts and times, and
     ``"train_steps_per_s"``: timed steps over ``step_time_seconds``, the time in steps alone (the
     Trainer's docstring says what each time covers). ``truth``: the COCO ground truth the checks read."""
-    dist.barrier()  # rank 0 has written best.pt (the processes read it from the shared run directory)
-    trained, best = checkpoint_to_evaluate(run_dir, dist)  # rank 0's best.pt, else last.pt (the model's)
+    # rank 0's best.pt (and its SHA-256), else last.pt (the model's)
+    trained, best, digest = checkpoint_to_evaluate(run_dir, dist)
     step = trainer.step if best is None else best["step"]  # last.pt's, or best.pt's
     if best is not None:
         model.load_state_dict(best["model"])
@@ -369,7 +369,7 @@ def _finish(
     summary["train_steps_per_s"] = round(timed / seconds, 3) if timed and seconds > 0 else None
     if dist.is_main:
         if trained.is_file():  # the summary describes it while it holds these bytes (evaluation_of)
-            summary[DIGEST_FIELD] = file_sha256(trained)
+            summary[DIGEST_FIELD] = digest or file_sha256(trained)
         atomic_write_text(run_dir / SUMMARY_FILE, text := json_text(summary))
         return json.loads(text)  # as written (stdout prints it): null for what JSON cannot hold
     return summary

@@ -190,8 +190,9 @@ class Trainer:
                 self.dist.world_size,
             )
 
-    def save_last(self) -> None:
-        average_batch_norm_statistics(self.model, self.dist)  # every process's, as a validation sees them
+    def save_last(self, averaged: bool = False) -> None:
+        if not averaged:  # the BatchNorm statistics of every process, as a validation averages them
+            average_batch_norm_statistics(self.model, self.dist)
         state = self.state_dict()
         self.timing.saved = self.times() | {"train_seconds": state["train_seconds"]}
         started = time.perf_counter()
@@ -360,11 +361,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ validation
     def validate(self, flag: dict[str, int]) -> dict[str, float]:
-        """Dev metrics under the run's evaluation protocol (the one the test is reported with), saved in
-        ``last.pt``; then the run stops if a signal arrived (``flag``, the loop's) in any process. One during
-        a single process's evaluation ends it at once, the validation left due; the processes of a
-        ``torchrun`` evaluate together (one leaving would strand the others in a collective), so there the
-        validation is finished and saved first."""
+        """Dev metrics under the run's evaluation protocol (the test's), saved in ``last.pt``; then the run
+        stops if a signal arrived (``flag``, the loop's) in any process. One during a single process's
+        evaluation ends it at once, the validation left due; the processes of a ``torchrun`` evaluate together
+        (one leaving would strand the others in a collective), so there it is finished and saved first."""
         started = time.perf_counter()
         average_batch_norm_statistics(self.model, self.dist)  # every process evaluates with the same
         eval_cfg = replace(self.cfg.eval, coco_1k=False)  # the 1K folds are a test-split protocol
@@ -375,7 +375,7 @@ class Trainer:
         except StopNow:
             self.timing.totals["validation"] += time.perf_counter() - started
             self.validation_due = True
-            self.save_last()
+            self.save_last(averaged=True)
             self._stop(flag)
         metrics.pop("cost")  # the test evaluation records it (summary.json); dev records stay flat
         position = (self.step, self.epoch, self.batch_in_epoch)
@@ -391,7 +391,7 @@ class Trainer:
                 best = {"model": self.model.state_dict(), "metrics": metrics, "step": self.step}
                 atomic_save({**best, "config": asdict(self.cfg)}, self.run_dir / BEST_CHECKPOINT)
             self.timing.totals["checkpoint"] += time.perf_counter() - saving
-        self.save_last()
+        self.save_last(averaged=True)
         if self.dist.any("signum" in flag)[0]:  # one after the evaluation (or in another process)
             self._stop(flag)
         return metrics
