@@ -4,6 +4,7 @@ from patchword.matching.base import Matcher, MatcherOutput, TwoStagePlan
 from patchword.matching.filip import FILIPConfig, FILIPMatcher
 from patchword.matching.naaf import NAAFConfig, NAAFMatcher
 from patchword.matching.registry import (
+    UnknownMatcherError,
     build_matcher,
     list_matchers,
     matcher_config_class,
@@ -34,6 +35,7 @@ __all__ = [
     "TGDTConfig",
     "TGDTMatcher",
     "TwoStagePlan",
+    "UnknownMatcherError",
     "VSEConfig",
     "VSEMatcher",
     "build_matcher",
