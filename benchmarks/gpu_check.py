@@ -572,6 +572,10 @@ def main(argv: list[str] | None = None) -> int:
         _free_memory()
     gpu_check_extra.finish_background()  # a probe left running when train_compile did not run
     say(f"gpu-check done in {budget.total_s - budget.left():.0f} s: {Path(args.out) / 'gpu_check.md'}")
+    failed = [name for name in chosen if report.data["steps"].get(name, {}).get("status") == "error"]
+    if failed:  # every step ran; the exit code still says that one broke (a CPU smoke run must notice)
+        say(f"gpu-check: step(s) with an error: {', '.join(failed)}")
+        return 1
     return 0
 
 

@@ -180,11 +180,13 @@ def _score_case(config, shape, host, rate, kinds_for, args, device, say) -> list
     d_img, d_caps, d_lens, d_dense, d_dlens = on_device
     if caption_tied:  # every caption's dense row is its image's, wherever that image is in the set
         ref_args = (d_caps[cols], d_lens[cols], d_dense, d_dlens)
+        warm_args = ref_args
         index = t2i[cols].to(device)
-    else:
+    else:  # one dense row per image scored
         ref_args = (d_caps[cols], d_lens[cols], d_dense[:n_ref_img], d_dlens[:n_ref_img])
+        warm_args = (d_caps[cols], d_lens[cols], d_dense[:2], d_dlens[:2])
         index = None
-    seps_reference_scores(matcher, d_img[:2], *ref_args, dense_index=index)  # warm-up
+    seps_reference_scores(matcher, d_img[:2], *warm_args, dense_index=index)  # warm-up: 2 images
     sync()
     start = time.perf_counter()
     ref = seps_reference_scores(matcher, d_img[:n_ref_img], *ref_args, dense_index=index)
