@@ -254,3 +254,27 @@ def train_code_variant(env: SearchEnv, root: Path) -> LoadedRun:
     )
     train_run(cfg)
     return load_run(root / "runs" / "code")
+
+
+#: The 409 answer's error when a search's index version is no longer the one served.
+STALE_VERSION = "the index was updated since this search: search again"
+
+
+def served_copy(env, tmp_path: Path):
+    """A copy of ``env``'s exported images, indexed (10 images a shard) and served in process: ``(image
+    folder, index folder, TestClient)``; the tests change the copies under the running app."""
+    import shutil
+
+    from fastapi.testclient import TestClient
+
+    from patchword.search.index import build_index
+    from patchword.search.query import Searcher
+    from patchword.search.store import SearchIndex
+    from patchword.serve.app import create_app
+
+    folder = tmp_path / "imgs"
+    shutil.copytree(env.export.files["images"], folder)
+    out = tmp_path / "idx"
+    build_index(env.run, folder, out, shard_size=10)
+    searcher = Searcher(SearchIndex.open(out), env.run)
+    return folder, out, TestClient(create_app(searcher), raise_server_exceptions=False)

@@ -8,33 +8,20 @@ now, so a client searches again without asking ``/healthz`` (old code: ``{"error
 from __future__ import annotations
 
 import io
-import shutil
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 from PIL import Image, ImageFile
 
 from patchword.search.index import build_index
 from patchword.search.manifest import rows_digest
-from patchword.search.query import Searcher
 from patchword.search.store import SearchIndex
-from patchword.serve.app import create_app
-from search_support import caption_queries
+from search_support import STALE_VERSION as STALE
+from search_support import caption_queries, served_copy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 CHANGED = "the file of image {} changed since it was indexed and cannot be read; run index build --update"
-STALE = "the index was updated since this search: search again"
-
-
-def _served_copy(env, tmp_path):
-    folder = tmp_path / "imgs"
-    shutil.copytree(env.export.files["images"], folder)
-    out = tmp_path / "idx"
-    build_index(env.run, folder, out, shard_size=10)
-    searcher = Searcher(SearchIndex.open(out), env.run)
-    return folder, out, TestClient(create_app(searcher), raise_server_exceptions=False)
 
 
 def _half_a_jpeg() -> bytes:
@@ -51,7 +38,7 @@ def test_an_indexed_file_replaced_by_a_truncated_jpeg_is_a_404(env, tmp_path, mo
     with Image.open(io.BytesIO(half)) as image:  # what the old check accepted
         assert image.format == "JPEG"
         image.verify()
-    folder, out, client = _served_copy(env, tmp_path)
+    folder, out, client = served_copy(env, tmp_path)
     index = SearchIndex.open(out)
     with client:
         (folder / index.path(0)).write_bytes(half)
@@ -72,7 +59,7 @@ def test_an_indexed_file_replaced_by_a_truncated_jpeg_is_a_404(env, tmp_path, mo
 
 
 def test_a_409_names_the_version_served_now(env, tmp_path):
-    folder, out, client = _served_copy(env, tmp_path)
+    folder, out, client = served_copy(env, tmp_path)
     query = caption_queries(env)[0][0]
     with client:
         old = client.get("/api/search", params={"q": query, "k": 3}).json()["version"]

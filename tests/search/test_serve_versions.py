@@ -8,35 +8,22 @@ other content is a 404 saying it changed (old code: sent as ``200 image/png``)."
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
 from patchword.search.index import build_index
 from patchword.search.manifest import rows_digest
-from patchword.search.query import Searcher
 from patchword.search.store import SearchIndex
 from patchword.serve.app import create_app
-from search_support import caption_queries
+from search_support import STALE_VERSION as STALE
+from search_support import caption_queries, served_copy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-STALE = "the index was updated since this search: search again"
-
-
-def _served_copy(env, tmp_path):
-    folder = tmp_path / "imgs"
-    shutil.copytree(env.export.files["images"], folder)
-    out = tmp_path / "idx"
-    build_index(env.run, folder, out, shard_size=10)
-    searcher = Searcher(SearchIndex.open(out), env.run)
-    return folder, out, TestClient(create_app(searcher), raise_server_exceptions=False)
-
 
 def test_ids_of_an_older_version_are_a_409_not_another_image(env, tmp_path):
-    folder, out, client = _served_copy(env, tmp_path)
+    folder, out, client = served_copy(env, tmp_path)
     query = caption_queries(env)[0][0]
     with client:
         version = client.get("/healthz").json()["version"]
@@ -101,7 +88,7 @@ def test_the_page_asks_images_and_explanations_of_the_searchs_version(env, searc
 
 
 def test_an_indexed_png_replaced_by_other_content_is_a_404(env, tmp_path):
-    folder, out, client = _served_copy(env, tmp_path)
+    folder, out, client = served_copy(env, tmp_path)
     index = SearchIndex.open(out)
     assert index.entries[0].format == "PNG"
     changed = "the file of image {} changed since it was indexed and cannot be read; run index build --update"
