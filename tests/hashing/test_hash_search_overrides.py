@@ -63,7 +63,10 @@ def test_hash_search_takes_the_data_override_its_error_asks_for(tmp_path, capsys
         ),
         ("model.bits=8", "error: model.bits: cannot change on a trained run"),
         ("data.root=/x", "error: data.root: data.format=pairs reads data.image and data.text"),
-        ("data.split_seed=3", "error: data.split_seed: cannot change on hash eval of a trained run (0 -> 3)"),
+        (
+            "data.split_seed=3",
+            "error: data.split_seed: cannot change on hash search of a trained run (0 -> 3)",
+        ),
         ("data.frob=1", "error: data.frob"),
     ],
 )

@@ -6,8 +6,10 @@ exit code, so tests and the top-level ``patchword`` CLI call it in-process.
 Configuration is :class:`~patchword.hashing.config.HashRunConfig`: defaults, then ``--config run.yaml``,
 then dotted overrides (``train.epochs=100 data.format=pairs``, before or after the flags), then the
 shortcut flags (``--bits``, ``--epochs``, ...); a flag and an override of its key with another value
-(``--bits 32 model.bits=16``) are refused, naming both. ``hash train --resume RUN`` continues a run
-with its own saved config, as ``patchword train --resume`` does: only the keys in
+(``--bits 32 model.bits=16``, ``hash eval --map-all eval.map_all=false``) are refused, naming both. An old
+run's ``--config RUN/config.yaml`` starts a new run with its ``train.hashnet_alpha: 0.0`` read as unset, as
+its resume reads it (:func:`~patchword.hashing.config.new_run_config`). ``hash train --resume RUN``
+continues a run with its own saved config, as ``patchword train --resume`` does: only the keys in
 :data:`~patchword.hashing.config.HASH_RESUMABLE_KEYS` may be overridden (``--epochs 100``,
 ``device=cuda:0``; one not given keeps the value the run's last session ran with). ``train.num_threads``
 (when > 0) sets torch's thread count here, in the application,
@@ -157,8 +159,7 @@ def _dispatch(args: argparse.Namespace) -> None:
 
 
 def _train(args: argparse.Namespace) -> None:
-    from patchword.config import load_config
-    from patchword.hashing.config import HashRunConfig, check_data_source, check_hash_config, override_keys
+    from patchword.hashing.config import check_data_source, check_hash_config, new_run_config, override_keys
     from patchword.hashing.runner import resume_hashing, train_hashing
     from patchword.train.process import torch_threads
 
@@ -173,7 +174,8 @@ def _train(args: argparse.Namespace) -> None:
             # train.num_threads: the override's, else the one the run's last session ran with
             summary = resume_hashing(run_dir, overrides, threads=torch_threads)
         else:
-            cfg = load_config(HashRunConfig, args.config, [*args.overrides, *flags])
+            # an old run's config.yaml (its hashnet_alpha 0.0 = unset) starts a run as resume reads it
+            cfg = new_run_config(args.config, [*args.overrides, *flags])
             check_data_source(cfg.data, flags={key: _flag(attr) for key, attr in given.items()})
             check_hash_config(cfg)  # before torch_threads applies train.num_threads (torch refuses < 0)
             with torch_threads(cfg.train.num_threads):
@@ -189,8 +191,9 @@ def _train(args: argparse.Namespace) -> None:
 
 def _refuse_flag_and_override(args: argparse.Namespace, given: dict[str, str]) -> None:
     """A shortcut flag and a dotted override of its key with another value (``--bits 32 model.bits=16``,
-    ``--output-dir X output_dir=Y``): the flag won without a word. The same value twice is no conflict; an
-    override the loader refuses (a wrong value) is left to it.
+    ``--output-dir X output_dir=Y``, ``hash eval --map-all eval.map_all=false``): the flag won without a
+    word. The same value twice is no conflict; an override the loader refuses (a wrong value) is left to it.
+    ``given``: the key each flag given sets -> its attribute (``{"model.bits": "bits"}``).
 
     Raises:
         ConfigError: naming the flag and the override.
@@ -199,7 +202,8 @@ def _refuse_flag_and_override(args: argparse.Namespace, given: dict[str, str]) -
     from patchword.hashing.config import HashRunConfig
 
     # `--resume train.epochs=3`: argparse took the first override as --resume's value
-    taken = [args.resume] if args.resume and "=" in args.resume else []
+    resume = getattr(args, "resume", None)  # hash train's alone
+    taken = [resume] if resume and "=" in resume else []
     for item in [*taken, *args.overrides]:
         key = item.partition("=")[0].strip()
         if "=" not in item or key not in given:
@@ -210,8 +214,9 @@ def _refuse_flag_and_override(args: argparse.Namespace, given: dict[str, str]) -
         except ConfigError:
             continue
         if both[0] != both[1]:
+            shown = "given" if value is True else value  # a switch (--map-all) has no value to show
             raise ConfigError(
-                _flag(given[key]), f"{value}, but the override {item} sets {key} too: give one of them"
+                _flag(given[key]), f"{shown}, but the override {item} sets {key} too: give one of them"
             )
 
 
@@ -286,6 +291,7 @@ def _eval(args: argparse.Namespace) -> None:
     out = file_or_stdout(args.out, args.force and args.pr_plot is None, "--out / --pr-plot file")
     outputs = {"--out": out, "--pr-plot": args.pr_plot}
     _refuse_one_file_twice(outputs)
+    _refuse_flag_and_override(args, {"eval.map_all": "map_all"} if args.map_all else {})
     refuse_run_outputs(args.run_dir, outputs)  # --force replaces none of the run's files
     if out is not None:
         check_output_file(out, args.force)

@@ -139,7 +139,7 @@ def run_search(args: argparse.Namespace) -> None:
     # said before the data are read (an imported official checkpoint is fused and has none of its own)
     why = "search needs a unimodal model: official_fused codes need the paired other modality"
     check = _run_check(args.backend, args.overrides)
-    run = open_hashing_run(args.run_dir, args.overrides, unimodal=why, check=check)
+    run = open_hashing_run(args.run_dir, args.overrides, unimodal=why, check=check, command="hash search")
     cfg, model, data = run.cfg, run.model, run.data
     refuse_run_outputs(args.run_dir, {"--out": out}, cfg=cfg)
     queries = _queries(args, model, data, file_queries)

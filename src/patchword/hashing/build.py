@@ -327,23 +327,25 @@ def _check_split_sizes(
         )
 
 
-def refuse_resplit(run: HashDataConfig, dc: HashDataConfig, same_data: bool | None = None) -> None:
-    """``hash eval`` of a trained run: ``dc`` (the run's data section ``run`` with the overrides) splits and
-    generates the run's data as it did. A :data:`SPLIT_KEYS` value other than the run's re-split its pairs
-    (``data.split_seed=1`` put 13 of 20 training pairs in the query set); a :data:`SYNTHETIC_KEYS` one
-    generated another synthetic set. Either is accepted for other data than the run's (its own split of
-    those pairs is then the user's to choose).
+def refuse_resplit(
+    run: HashDataConfig, dc: HashDataConfig, same_data: bool | None = None, command: str = "hash eval"
+) -> None:
+    """``command`` (``hash eval`` / ``hash search``) of a trained run: ``dc`` (the run's data section ``run``
+    with the overrides) splits and generates the run's data as it did. A :data:`SPLIT_KEYS` value other
+    than the run's re-split its pairs (``data.split_seed=1`` put 13 of 20 training pairs in the query set);
+    a :data:`SYNTHETIC_KEYS` one generated another synthetic set. Either is accepted for other data than
+    the run's (its own split of those pairs is then the user's to choose).
 
     Args:
         same_data: whether ``dc`` reads the data the run trained on, known once they were read (their
             :func:`data_fingerprint` equals the run's: a copy of its files is its data). None (before the
             data are read, or a run that recorded no fingerprint): the data are the run's when every
             :data:`SOURCE_KEYS` value names the run's (the files the paths resolve to).
+        command: the verb the refusal names (it said hash eval when hash search was refused).
 
     Raises:
         ConfigError: naming the first such key, its two values and why.
     """
-
     if same_data is None:
         same_data = all(resolved_data_path(run, key) == resolved_data_path(dc, key) for key in SOURCE_KEYS)
     if not same_data:
@@ -362,7 +364,7 @@ def refuse_resplit(run: HashDataConfig, dc: HashDataConfig, same_data: bool | No
         if old != new:
             raise ConfigError(
                 key,
-                f"cannot change on hash eval of a trained run ({old} -> {new}): {why[key]}; drop it, or "
+                f"cannot change on {command} of a trained run ({old} -> {new}): {why[key]}; drop it, or "
                 "evaluate other data (data.format / data.image / data.text / data.root)",
             )
 

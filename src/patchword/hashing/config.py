@@ -8,14 +8,16 @@ use it (:func:`~patchword.hashing.usedkeys.check_used_keys`). The defaults are t
 
 from __future__ import annotations
 
+import logging
 import math
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Literal
 
 from patchword._validation import check_at_least, check_finite_number
-from patchword.config import check_common_values
+from patchword.config import apply_overrides, check_common_values, load_config
 from patchword.errors import ConfigError
 
 __all__ = [
@@ -34,8 +36,11 @@ __all__ = [
     "check_data_source",
     "alpha_record",
     "hashnet_alpha",
+    "new_run_config",
     "saved_run_config",
 ]
+
+_logger = logging.getLogger(__name__)
 
 #: ``train.loss``: the contrastive loss on both the features and the codes, or HashNet on the codes.
 HashLoss = Literal["infonce", "balanced", "infonce_i2t", "hashnet"]
@@ -198,6 +203,25 @@ def saved_run_config(cfg: HashRunConfig) -> HashRunConfig:
     if cfg.train.hashnet_alpha != 0:
         return cfg
     return replace(cfg, train=replace(cfg.train, hashnet_alpha=None))
+
+
+def new_run_config(path: str | Path | None, overrides: Sequence[str]) -> HashRunConfig:
+    """A new run's config as ``load_config(HashRunConfig, path, overrides)`` builds it (the defaults, the
+    ``--config`` file at ``path``, then ``overrides``), except that the file's ``train.hashnet_alpha: 0.0``
+    is read as unset (null: 10 / ``model.bits``), with a warning naming the file, as resume and evaluation
+    read it (:func:`saved_run_config`): every config.yaml saved before null was the default holds 0.0, and
+    the versions that wrote it trained with 10 / bits for any 0.0, so a new run from an old run's config
+    trains as that run did. An override of the key is the command's own: ``train.hashnet_alpha=0`` is
+    refused (:func:`check_hash_config`)."""
+    cfg = load_config(HashRunConfig, path)
+    if cfg.train.hashnet_alpha == 0 and "train.hashnet_alpha" not in override_keys(overrides):  # the file's
+        _logger.warning(
+            "train.hashnet_alpha: 0.0 in %s is how runs saved before null was the default wrote it unset: "
+            "read as null (10 / model.bits with train.loss=hashnet); write null (or a scale > 0) there",
+            path,
+        )
+        cfg = saved_run_config(cfg)
+    return apply_overrides(cfg, list(overrides))
 
 
 def override_keys(overrides: Sequence[str]) -> set[str]:

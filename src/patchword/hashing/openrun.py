@@ -55,10 +55,12 @@ def open_hashing_run(
     *,
     unimodal: str = "",
     check: Callable[[HashRunConfig], None] | None = None,
+    command: str = "hash eval",
 ) -> HashRun:
     """Config, trained model, dataset and checkpoint record of a run (see :func:`load_hashing_run`);
     ``unimodal``: why the caller needs a unimodal model, said (ValueError) before the data are read;
-    ``check``: the caller's own check of the run's config (with the overrides), also made before."""
+    ``check``: the caller's own check of the run's config (with the overrides), also made before;
+    ``command``: the verb that opens the run (``hash search``), which a re-split refusal names."""
     run_dir = Path(run_dir)
     saved = read_hash_run_config(run_dir)
     if not (run_dir / LAST_CHECKPOINT).is_file():
@@ -83,8 +85,10 @@ def open_hashing_run(
     # the run's own are not), then one that re-splits the run's data
     refuse_ignored_keys(cfg.data, given)
     state = load_checkpoint(run_dir / LAST_CHECKPOINT, map_location=cfg.device)
-    # the run's data are where its last resume found them (a moved run: last.pt), unless overridden
-    recorded = from_dict(HashRunConfig, state["config"]).data if state.get("config") else None
+    # the config of the session that wrote last.pt, parsed once: where its data were (a resume that found
+    # them moved recorded the new place there; config.yaml is never rewritten) and the epochs it trained to
+    session = from_dict(HashRunConfig, state["config"]) if state.get("config") else None
+    recorded = session.data if session is not None else None
     saved = replace(saved, data=recorded_data_location(saved.data, recorded)[0])
     located, source = recorded_data_location(cfg.data, recorded, given)
     cfg = replace(cfg, data=located)
@@ -93,20 +97,20 @@ def open_hashing_run(
     if trained:
         # weights trained on the run's split: another split (or synthetic set) of the same data put
         # training pairs in the query set
-        refuse_resplit(saved.data, cfg.data)
+        refuse_resplit(saved.data, cfg.data, command=command)
     else:  # its config.yaml's synthetic stand-in is no data to evaluate it on, unless asked
         refuse_imported_without_data(run_dir, saved.data, given)
     refuse_missing_run_data(cfg.data, run_dir, given, run_dir / source)
     # the training split is unused here: a capped default data.num_train is no news (said at training)
     data = build_hashing_dataset(cfg.data, given, training=False)
     if trained:  # a copy of the run's data re-split, or its files changed since (rows added)
-        check_evaluated_data(state, data, saved.data, cfg.data, run_dir)
+        check_evaluated_data(state, data, saved.data, cfg.data, run_dir, command)
     model = build_hashing_model(cfg.model, data.image_dim, data.text_dim)
     # data (overridden, or its files replaced) with other feature sizes build a model the weights do not fit
     builds = f"these data build (image {data.image_dim}-d, text {data.text_dim}-d)"
     load_fitting_weights(model, state["model"], run_dir / LAST_CHECKPOINT, "data", builds)
     # the epochs the session that wrote it trained to (a resume may have raised config.yaml's)
-    epochs = (state.get("config") or {}).get("train", {}).get("epochs", cfg.train.epochs)
+    epochs = session.train.epochs if session is not None else cfg.train.epochs
     checkpoint = checkpoint_record(
         run_dir, int(state["epoch"]), int(state.get("batch_in_epoch", 0)), int(state["step"]), int(epochs)
     )

@@ -227,19 +227,24 @@ def check_resumed_data(
 
 
 def check_evaluated_data(
-    state: dict[str, Any], data: HashDataset, run: HashDataConfig, dc: HashDataConfig, run_dir: Path
+    state: dict[str, Any],
+    data: HashDataset,
+    run: HashDataConfig,
+    dc: HashDataConfig,
+    run_dir: Path,
+    command: str = "hash eval",
 ) -> None:
-    """``hash eval`` / ``hash search`` once the data ``dc`` (the run's data section ``run`` with the
-    overrides) were read: a copy of the run's data is its data (a split key other than the run's is
-    refused, :func:`~patchword.hashing.build.refuse_resplit`); the run's own features with other contents
-    (rows added) and the run's split keys would split other pairs into the query set, which may then hold
-    pairs it trained on: refused. Other data given on purpose are marked ``same_data_as_run: false`` in
-    the data block (``data.info``). Other labels for the run's own features (``data.labels=FIXED.npy``)
-    are evaluated: the split is a permutation of the rows, whatever the labels say; the data block records
-    the file and its sha256 (``labels_other_than_run``). Labels added or dropped (``data.labels=``) are
-    refused: whether there are labels decides the split (labelled: the retrieval set is every pair the
-    queries leave; pair-only: the query pairs themselves). A last.pt without a fingerprint: the paths
-    decided (before reading).
+    """``command`` (``hash eval`` / ``hash search``, which a refusal names) once the data ``dc`` (the run's
+    data section ``run`` with the overrides) were read: a copy of the run's data is its data (a split key
+    other than the run's is refused, :func:`~patchword.hashing.build.refuse_resplit`); the run's own
+    features with other contents (rows added) and the run's split keys would split other pairs into the
+    query set, which may then hold pairs it trained on: refused. Other data given on purpose are marked
+    ``same_data_as_run: false`` in the data block (``data.info``). Other labels for the run's own features
+    (``data.labels=FIXED.npy``) are evaluated: the split is a permutation of the rows, whatever the labels
+    say; the data block records the file and its sha256 (``labels_other_than_run``). Labels added or
+    dropped (``data.labels=``) are refused: whether there are labels decides the split (labelled: the
+    retrieval set is every pair the queries leave; pair-only: the query pairs themselves). A last.pt
+    without a fingerprint: the paths decided (before reading).
 
     Raises:
         ConfigError: naming the key and the changed files, the re-splitting key, or labels added / dropped.
@@ -250,7 +255,7 @@ def check_evaluated_data(
     changed = changed_data_parts(recorded, read)
     features = [part for part in changed if part != "data.labels"]  # the split's rows: features alone
     _refuse_other_split_unit(recorded, read, features, run_dir)
-    refuse_resplit(run, dc, same_data=not features)
+    refuse_resplit(run, dc, same_data=not features, command=command)
     if not changed:
         return
     own_files = all(resolved_data_path(run, key) == resolved_data_path(dc, key) for key in SOURCE_KEYS)
