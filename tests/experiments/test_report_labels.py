@@ -92,7 +92,15 @@ def test_a_sugarcrepe_record_shows_its_own_kinds_suite_and_dense_text(tmp_path, 
             "dense_text": "image-tied",
         },
     }
-    monkeypatch.setattr(entries_module, "_compositional", lambda run: records[run])
+
+    class Recorded:  # each run's recorded evaluations, as far as the report asks for its suite record
+        def __init__(self, run: Path) -> None:
+            self.run = run
+
+        def suite(self, suite: str) -> tuple[dict, str | None]:
+            return records[self.run], "eval_compositional.json"
+
+    monkeypatch.setattr(entries_module, "_recorded", Recorded)
     caption, header, rows = _table(_tables(collect([sugar, synthetic])), "Compositional suite")
     assert header[:3] == ["run", "suite", "dense text"]
     cells = [dict(zip(header, row, strict=True)) for row in rows]

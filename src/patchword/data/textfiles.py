@@ -166,9 +166,9 @@ def read_dense_lines(path: PathLike) -> list[DenseLine]:
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: a line is blank, is not valid JSON, lacks a non-empty string ``text`` field (an empty
-            one says what to do), or has a ``metadata.image_id`` / ``metadata.file`` that is not a string or
-            an integer.
+        ValueError: a line is blank, is not valid JSON, gives one key twice in an object (DataError), lacks a
+            non-empty string ``text`` field (an empty one says what to do), or has a ``metadata.image_id`` /
+            ``metadata.file`` that is not a string or an integer.
     """
     path = require_file(path, "dense caption file")
     lines = []
@@ -176,7 +176,7 @@ def read_dense_lines(path: PathLike) -> list[DenseLine]:
         if not line.strip():
             raise ValueError(f"{path}:{lineno}: empty line (expected one JSON object per image)")
         try:
-            record = json.loads(line)
+            record = json.loads(line, object_pairs_hook=unique_keys(f"{path}:{lineno}"))
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{lineno}: malformed JSON: {err.msg}") from err
         text = record.get("text") if isinstance(record, dict) else None

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from patchword.data.json_keys import unique_keys
 from patchword.errors import ConfigError, DataError, RunExistsError, describe_os_error
 from patchword.fileio import atomic_write_bytes, probe_writable
 
@@ -118,7 +119,8 @@ def write_sidecar(out: str | os.PathLike[str], meta: dict[str, object]) -> None:
 
 def _parse_line(line: bytes, path: Path, lineno: int) -> DenseRecord:
     try:
-        record = json.loads(line)
+        # a key given twice (two "text" fields) would keep the last without a word: refused, named
+        record = json.loads(line, object_pairs_hook=unique_keys(f"{path}:{lineno}"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataError(
             f"{path}:{lineno}: malformed JSON line ({err}); the file was edited or damaged"
@@ -133,7 +135,7 @@ def read_records(path: str | os.PathLike[str]) -> tuple[list[DenseRecord], int]:
     """The complete (newline-terminated) lines of ``path`` and the byte count of a torn tail after them.
 
     Raises:
-        DataError: a complete line is blank or not a record (names the line).
+        DataError: a complete line is blank, not a record or gives one key twice (names the line).
     """
     path = Path(path)
     data = path.read_bytes()

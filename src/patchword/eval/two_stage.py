@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from patchword._validation import check_lengths, check_tensor
-from patchword.device import checked_device
+from patchword.device import checked_device, module_device
 from patchword.eval.engine.base import DEFAULT_MAX_MEMORY_MB, ScoringEngine
-from patchword.eval.engine.core import _matcher_device, engine_for, prepare_inputs
+from patchword.eval.engine.core import engine_for, prepare_inputs
 from patchword.eval.engine.memory import BYTES_PER_MB, budget_bytes
 from patchword.eval.global_index import (
     APPROXIMATE_BACKENDS,
@@ -94,9 +94,11 @@ def global_embeddings(
 
     ``cap_lens`` (N_txt,): a tensor or a sequence of ints. The matcher runs in eval mode and is put back in
     its previous mode afterwards (as :func:`~patchword.eval.engine.score_matrix`)."""
+    img_tokens = check_tensor(img_tokens, "img_tokens", ndim=3, finite=False)
     cap_tokens = check_tensor(cap_tokens, "cap_tokens", ndim=3, finite=False)
     cap_lens = check_lengths(cap_lens, "cap_lens", size=cap_tokens.shape[0], max_len=cap_tokens.shape[1])
-    device = _matcher_device(matcher, img_tokens) if device is None else checked_device(device)
+    # the matcher's device, else (a matcher without weights) the tokens' (score_matrix's default)
+    device = module_device(matcher, img_tokens.device) if device is None else checked_device(device)
     budget = budget_bytes(max_memory_mb)
 
     def blocked(fn, tokens: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
@@ -213,7 +215,7 @@ def two_stage_scores(
                 "(matcher.two_stage_plan()), or alpha=0"
             )
         budget = budget_bytes(max_memory_mb)
-        device = _matcher_device(matcher, img_tokens) if device is None else checked_device(device)
+        device = module_device(matcher, img_tokens.device) if device is None else checked_device(device)
         scorer = engine_for(matcher, engine)
         # the re-ranker's entry check of the shapes (the matcher's image token count and width) now, not
         # after the whole global stage; no value is read (the values are checked as each stage reads them)

@@ -49,7 +49,7 @@ from patchword.runs.load import (
     last_session_config,
     resolve_checkpoint,
 )
-from patchword.runs.recorded import evaluation_and_unused, suite_evaluation_of
+from patchword.runs.recorded import RecordedEvaluations
 
 __all__ = [
     "RECORD_FIELDS",
@@ -162,7 +162,9 @@ class Entry:
         self.missing = list(missing or [])
         self.outside = list(outside or [])
         self.configs = [run_config(run) for run in runs]
-        records = [_evaluation(run) for run in runs]
+        # each run's eval_*.json read (and its checkpoint hashed) once, for its recall and suite records
+        recorded = [_recorded(run) for run in runs]
+        records = [_evaluation(run, lookup) for run, lookup in zip(runs, recorded, strict=True)]
         self.summaries = [record for record, _, _ in records]
         self.sources = [source for _, source, _ in records]
         # per run, the eval_*.json files that do not describe its checkpoint, where nothing else does
@@ -180,7 +182,7 @@ class Entry:
         self.galleries = [gallery_of_run(record, data) for record, data in pairs]
         self.datasets = [run_dataset(record, data) for record, data in pairs]
         self.imports = [_json(run / IMPORT_FILE) for run in runs]  # {}: a run trained here
-        self.compositional = [_compositional(r) for r in runs]
+        self.compositional = [r.suite("compositional")[0] if r is not None else {} for r in recorded]
         # runs whose eval_compositional.json describes something else (another checkpoint, other data, a
         # config edited since, or a file written before records said which)
         self.stale = [
@@ -205,19 +207,26 @@ class Entry:
         return next((s[key] for s in self.summaries if key in s), None)
 
 
-def _evaluation(run: Path) -> tuple[dict[str, Any], str | None, list[tuple[str, str]]]:
+def _recorded(run: Path) -> RecordedEvaluations | None:
+    """The recorded evaluations of ``run``'s default checkpoint; None for a run without one."""
+    try:
+        return RecordedEvaluations(run, resolve_checkpoint(run))
+    except MissingFileError:
+        return None
+
+
+def _evaluation(
+    run: Path, recorded: RecordedEvaluations | None
+) -> tuple[dict[str, Any], str | None, list[tuple[str, str]]]:
     """A run's record and where it came from: its training summary, else the recorded evaluation of its
-    default checkpoint, else its metrics.json (an export record: :func:`_exported`); ``({}, None)`` for
-    none. Third, (file name, why) of each ``eval_*.json`` not describing the default checkpoint
-    (:func:`~patchword.runs.recorded.evaluation_and_unused`; ``[]`` where a summary with recalls is the
-    record: nothing else is looked up)."""
+    default checkpoint (``recorded``: :func:`_recorded`), else its metrics.json (an export record:
+    :func:`_exported`); ``({}, None)`` for none. Third, (file name, why) of each ``eval_*.json`` not
+    describing the default checkpoint (:meth:`~patchword.runs.recorded.RecordedEvaluations.recall`; ``[]``
+    where a summary with recalls is the record: nothing else is looked up)."""
     summary = _json(run / SUMMARY_FILE)
     if summary and has_recalls(summary):
         return summary, str(run / SUMMARY_FILE), []
-    try:
-        evaluation, name, unused = evaluation_and_unused(run, resolve_checkpoint(run))
-    except MissingFileError:
-        evaluation, name, unused = {}, None, []
+    evaluation, name, unused = recorded.recall() if recorded is not None else ({}, None, [])
     if summary:
         return summary, str(run / SUMMARY_FILE), unused
     if evaluation:
@@ -258,17 +267,6 @@ def _exported(run: Path, record: dict[str, Any]) -> tuple[dict[str, Any], str | 
 
 
 _SUITE_FILE = "eval_compositional.json"
-
-
-def _compositional(run: Path) -> dict[str, Any]:
-    """The compositional suite record of ``run``'s default checkpoint with its present config
-    (:func:`~patchword.runs.recorded.suite_evaluation_of`), ``{}`` for none."""
-    try:
-        checkpoint = resolve_checkpoint(run)
-    except MissingFileError:
-        return {}
-    record, _ = suite_evaluation_of(run, checkpoint, "compositional")
-    return record
 
 
 def run_config(run: Path) -> RunConfig:

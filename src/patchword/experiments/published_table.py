@@ -27,7 +27,8 @@ def published_table(entries) -> Table | None:
     """Published vs measured here for the rows that are imported official checkpoints
     (:mod:`patchword.imports.published`): per published result of the method, backbone and dataset the
     checkpoint was trained for, its row, the row's measured figures and their difference; a row without an
-    evaluation: "not measured here yet", and no caveat of what was not measured. A published row with a
+    evaluation, or whose evaluation records no figures of its protocol (COCO 1K without ``eval.coco_1k``):
+    "not measured here yet" (or why not), and no caveat of what was not measured. A published row with a
     recorded protocol or note (what is doubtful about the row as printed: a recall its paper prints
     otherwise elsewhere, a protocol the notes assume) is marked ``[n]``, its protocol and note under the
     table, as the model card shows them."""
@@ -53,7 +54,8 @@ def published_table(entries) -> Table | None:
                 source = published.source if row["row"] == "published" else ""
                 name = row["row"] + (_mark(published, what, marks) if row["row"] == "published" else "")
                 rows.append([e.label, what, name, *cells, source])
-            notes += [f"{e.label}, {what}: {text}" for text in caveats(published, record, data, model)]
+            if not unmeasured:  # a row that measured nothing compares nothing: no note of how it differs
+                notes += [f"{e.label}, {what}: {text}" for text in caveats(published, record, data, model)]
     if not rows:
         return None
     caption = (

@@ -18,7 +18,8 @@ same identity (:func:`evaluation_identity`, the fields a recall record carries) 
 :func:`suite_evaluation_of` finds the one describing a checkpoint by the same rules; a suite record written
 before they carried it is never trusted (nothing in it proves which weights or settings it scored).
 :func:`evaluation_and_unused` also says why each other recall ``eval_*.json`` does not describe it, by the
-same rules (:func:`_why_unused`: one function decides both).
+same rules (:func:`_why_unused`: one function decides both). :class:`RecordedEvaluations` answers both
+lookups of a checkpoint from one read of each file.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ __all__ = [
     "DIGEST_FIELD",
     "IDENTITY_FIELDS",
     "NEUTRAL_OVERRIDES",
+    "RecordedEvaluations",
     "checkpoint_facts",
     "checkpoint_identity",
     "evaluation_and_unused",
@@ -165,12 +167,6 @@ def suite_files_identity(files: Sequence[str | Path] | None) -> list[dict[str, s
     return [{"path": str(f), "sha256": file_sha256(f)} for f in files or []]
 
 
-def _lazy_digest(path: Path) -> Callable[[], str | None]:
-    """The digest of ``path`` (None when it is no file), computed on the first call only: hashing a large
-    checkpoint is paid once per lookup, and not at all when no record carries a digest."""
-    return functools.cache(lambda: file_sha256(path) if path.is_file() else None)
-
-
 def _measured(
     record: dict[str, Any], digest: Callable[[], str | None], recorded_at: float, written: float
 ) -> bool:
@@ -195,8 +191,8 @@ def _names(record: dict[str, Any], checkpoint: Path) -> bool:
 
 class _Target(NamedTuple):
     """A checkpoint looked up in a run: ``absolute`` (its path), ``inside`` (relative to the run
-    directory), ``written`` (its mtime, 0 when missing), ``digest`` (lazy) and the run's ``current`` config
-    hash (None without a config.yaml)."""
+    directory), ``written`` (its mtime, 0 when missing), ``digest`` (its sha256, None when it is no file)
+    and the run's ``current`` config hash (None without a config.yaml)."""
 
     absolute: Path
     inside: Path
@@ -215,27 +211,9 @@ def _target(run_dir: Path, checkpoint: str | Path) -> _Target | None:
         return None
     written = absolute.stat().st_mtime if absolute.is_file() else 0.0
     current = config_hash(run_dir) if (run_dir / CONFIG_FILE).is_file() else None
-    return _Target(absolute, inside, written, _lazy_digest(absolute), current)
-
-
-def _records(
-    run_dir: Path, target: _Target, suite: str | None
-) -> tuple[list[tuple[float, Path, dict[str, Any]]], list[tuple[str, str]]]:
-    """The ``eval_*.json`` of ``run_dir`` of one kind (``suite``: None for recall records, else that suite's)
-    in name order, split by :func:`_why_unused`: (mtime, path, record) of each describing ``target``, and
-    (file name, why) of each other."""
-    found, unused = [], []
-    for path in sorted(run_dir.glob("eval_*.json")):
-        record = _read(path)
-        if record is None or record.get("suite") != suite:
-            continue
-        recorded_at = path.stat().st_mtime
-        why = _why_unused(record, target, recorded_at)
-        if why is None:
-            found.append((recorded_at, path, record))
-        else:
-            unused.append((path.name, why))
-    return found, unused
+    # hashed on the first call only: once per lookup, and not at all when no record carries a digest
+    digest = functools.cache(lambda: file_sha256(absolute) if absolute.is_file() else None)
+    return _Target(absolute, inside, written, digest, current)
 
 
 def _summary_describes(run_dir: Path, summary: dict[str, Any], checkpoint: Path, absolute: Path) -> bool:
@@ -282,27 +260,7 @@ def evaluation_and_unused(
     config, other bytes, an ensemble's), in name order; suite records are left out (they are no recall
     evaluation). One lookup of the checkpoint, one read of each file: what a report says of a run.
     """
-    run_dir = Path(run_dir)
-    target = _target(run_dir, checkpoint)
-    if target is None:
-        return {}, None, []
-    records, unused = _records(run_dir, target, None)
-    found = [
-        ((split is None or record.get("split") == split), recorded_at, path, record)
-        for recorded_at, path, record in records
-    ]
-    if found:
-        _, _, path, record = max(found, key=lambda item: item[:2])
-        return record, path.name, unused
-    summary_path = run_dir / SUMMARY_FILE
-    summary = _read(summary_path)
-    if (
-        summary
-        and _summary_describes(run_dir, summary, target.inside, target.absolute)
-        and _measured(summary, target.digest, summary_path.stat().st_mtime, target.written)
-    ):
-        return summary, summary_path.name, unused
-    return {}, None, unused
+    return RecordedEvaluations(run_dir, checkpoint).recall(split)
 
 
 def _why_unused(record: dict[str, Any], target: _Target, recorded_at: float) -> str | None:
@@ -357,10 +315,9 @@ def suite_evaluation_of(
     whose ``"suite"`` is ``suite`` and which, by :func:`evaluation_of`'s rules, describe the checkpoint:
     they name it (``run_dir`` / ``checkpoint``), carry the sha256 of its present bytes, the hash of the
     run's present ``config.yaml`` and no overrides but :data:`NEUTRAL_OVERRIDES` (``data.synthetic_seed=3``
-    scores other scenes, ``--checkpoint last.pt`` other weights: neither is the run's result). The newest
-    of them (file mtime) is returned. Unlike :func:`evaluation_of` there is no fallback: a suite record
-    without the digest, the ``overrides`` list or the ``suite_files`` list (written by a version before
-    they were recorded) is never returned, whatever its dates, nor is ``summary.json`` (training runs no
+    scores other scenes). The newest of them (file mtime) is returned. Unlike :func:`evaluation_of` there is
+    no fallback: a suite record without the digest, the ``overrides`` list or the ``suite_files`` list (of
+    a version before they were recorded) is never returned, nor is ``summary.json`` (training runs no
     suite). A checkpoint outside the run has none.
 
     ``suite_files`` chooses what the suite must have scored (the record's ``"suite_files"``:
@@ -372,20 +329,72 @@ def suite_evaluation_of(
 
     Returns:
         (the record as written: for ``"compositional"`` ``{kind: accuracy % or None, ..., "n": {kind:
-        triples}, "suite", "source", "image_root", "matcher", "run_dir", "checkpoint", "checkpoint_step",
-        "checkpoint_sha256", "config_hash", "suite_files", "eval_seconds", "patchword_version", "time",
-        "overrides"}``; for ``"patches"`` the probe figures with the same identity, its file name such as
+        triples}, "suite", "source", "image_root", "matcher", "eval_seconds"}`` and :data:`IDENTITY_FIELDS`;
+        for ``"patches"`` the probe figures with the same identity, its file name such as
         ``"eval_compositional.json"``), or ``({}, None)``. The checkpoint is hashed at most once.
     """
-    run_dir = Path(run_dir)
-    target = _target(run_dir, checkpoint)
-    if target is None:
-        return {}, None
-    found = _records(run_dir, target, suite)[0]
-    if suite_files is not None:
-        wanted = sorted(file_sha256(f) for f in suite_files)
-        found = [item for item in found if _scored_files(item[2]) == wanted]
-    if not found:
-        return {}, None
-    _, path, record = max(found, key=lambda item: item[0])
-    return record, path.name
+    return RecordedEvaluations(run_dir, checkpoint).suite(suite, suite_files=suite_files)
+
+
+class RecordedEvaluations:
+    """The evaluations ``run_dir`` recorded of ``checkpoint`` (resolved as :func:`evaluation_of` resolves
+    it), each ``eval_*.json`` read once and the checkpoint hashed at most once for every lookup made:
+    :meth:`recall` (:func:`evaluation_and_unused`) and :meth:`suite` (:func:`suite_evaluation_of`), both of
+    which ``patchword report`` asks of each run."""
+
+    def __init__(self, run_dir: str | Path, checkpoint: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self._target = _target(self.run_dir, checkpoint)
+        # (mtime, path, record) of each eval_*.json in name order; none read for a checkpoint outside the run
+        paths = sorted(self.run_dir.glob("eval_*.json")) if self._target is not None else []
+        read = [(path, _read(path)) for path in paths]
+        self._files = [(path.stat().st_mtime, path, record) for path, record in read if record is not None]
+
+    def recall(self, split: str | None = None) -> tuple[dict, str | None, list[tuple[str, str]]]:
+        """:func:`evaluation_and_unused` of the run and checkpoint."""
+        if (target := self._target) is None:
+            return {}, None, []
+        records, unused = self._of_kind(None)
+        found = [
+            ((split is None or record.get("split") == split), recorded_at, path, record)
+            for recorded_at, path, record in records
+        ]
+        if found:
+            _, _, path, record = max(found, key=lambda item: item[:2])
+            return record, path.name, unused
+        summary_path = self.run_dir / SUMMARY_FILE
+        summary = _read(summary_path)
+        if (
+            summary
+            and _summary_describes(self.run_dir, summary, target.inside, target.absolute)
+            and _measured(summary, target.digest, summary_path.stat().st_mtime, target.written)
+        ):
+            return summary, summary_path.name, unused
+        return {}, None, unused
+
+    def suite(
+        self, suite: str, *, suite_files: Sequence[str | Path] | None = None
+    ) -> tuple[dict, str | None]:
+        """:func:`suite_evaluation_of` of the run and checkpoint."""
+        found = self._of_kind(suite)[0]  # none for a checkpoint outside the run (no file read)
+        if suite_files is not None:
+            wanted = sorted(file_sha256(f) for f in suite_files)
+            found = [item for item in found if _scored_files(item[2]) == wanted]
+        if not found:
+            return {}, None
+        _, path, record = max(found, key=lambda item: item[0])
+        return record, path.name
+
+    def _of_kind(self, suite: str | None) -> tuple[list[tuple[float, Path, dict]], list[tuple[str, str]]]:
+        """The records of one kind (``suite``: None for recall records, else that suite's), split by
+        :func:`_why_unused`: (mtime, path, record) of each describing the checkpoint, (name, why) of others"""
+        found, unused = [], []
+        for recorded_at, path, record in self._files:
+            if record.get("suite") != suite:
+                continue
+            why = _why_unused(record, self._target, recorded_at)
+            if why is None:
+                found.append((recorded_at, path, record))
+            else:
+                unused.append((path.name, why))
+        return found, unused

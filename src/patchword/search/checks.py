@@ -19,6 +19,7 @@ from patchword.search.codecs import STORES, TokenCodec
 
 if TYPE_CHECKING:
     from patchword.search.manifest import Manifest
+    from patchword.search.shards import ShardArray
 
 __all__ = [
     "DENSE_STORES",
@@ -191,18 +192,22 @@ def shape_problem(
     return None
 
 
-def values_problem(name: str, array: np.ndarray, shapes: dict[str, tuple[int, ...]]) -> str | None:
+def values_problem(name: str, array: ShardArray, shapes: dict[str, tuple[int, ...]]) -> str | None:
     """What is wrong with the values of the shard array ``name`` (its shape checked, and those of the
     arrays before it in ``shapes``), for the arrays whose values index another: ``dense_lens``, each row's
-    dense-caption length, must lie in 1..the width of the shard's ``dense`` array. None when nothing is;
-    reads the (small) array."""
-    if name != "dense_lens" or not len(array):
+    dense-caption length, must lie in 1..the width of the shard's ``dense`` array. None when nothing is.
+
+    ``array``: the mapped file. Only ``dense_lens`` is read, with
+    :meth:`~patchword.search.shards.ShardArray.read_rows`, which checks the file's size first: one cut
+    short since it was mapped is a :class:`~patchword.search.shards.CutShortError`, never SIGBUS."""
+    if name != "dense_lens" or not array.shape[0]:
         return None
+    values = array.read_rows(np.arange(array.shape[0]))
     width = shapes["dense"][1]
-    bad = np.flatnonzero((array < 1) | (array > width))
+    bad = np.flatnonzero((values < 1) | (values > width))
     if bad.size:
         return (
-            f"holds the dense caption length {int(array[bad[0]])} at row {int(bad[0])}, outside 1..{width} "
+            f"holds the dense caption length {int(values[bad[0]])} at row {int(bad[0])}, outside 1..{width} "
             "(the width of the shard's dense tokens)"
         )
     return None

@@ -79,19 +79,20 @@ class _Unreadable(Exception):
 
 
 def _map_shard(
-    files: dict[str, Path], names: tuple[str, ...], rows: int, manifest: Manifest, width: int
+    index_dir: Path, shard: dict[str, Any], names: tuple[str, ...], manifest: Manifest, width: int | None
 ) -> dict[str, ShardArray]:
-    """Read-only memory maps of one shard's arrays ``names`` (``files``: :func:`shard_files`), each checked:
-    its ``.npy`` header and size, its dtype against the index's store, its shape against the shard's ``rows``
+    """Read-only memory maps of the arrays ``names`` of the index's ``shard`` (its manifest entry), each
+    checked: its ``.npy`` header and size, its dtype against the store, its shape against the shard's rows
     and the arrays before it, the values that index past another array (:mod:`patchword.search.checks`);
-    rows past the end would be an ``IndexError`` in the middle of a search, another dtype a silent change of
-    every score.
+    rows past the end would be an ``IndexError`` in the middle of a search, another dtype a silent change
+    of every score.
 
     Raises:
         _Unreadable: the first array that cannot be read.
-        OSError: ``EMFILE`` (too many open files: :func:`~patchword.search.shards.too_many_open_files`).
+        DataError: too many open files (``EMFILE``): :func:`~patchword.search.shards.too_many_open_files`.
+        OSError: another failure to open or map a file.
     """
-    arrays: dict[str, ShardArray] = {}
+    files, rows, arrays = shard_files(index_dir, shard["id"]), shard["rows"], {}
     for name in names:
         file = files[name]
         if not file.is_file():
@@ -103,11 +104,18 @@ def _map_shard(
                 problem = npy_problem(file) or f"cannot read the array ({err})"
         except (MissingFileError, FileNotFoundError):  # deleted since is_file()
             raise _Unreadable(file, "missing", missing=True) from None
+        except OSError as err:
+            if err.errno != errno.EMFILE:
+                raise
+            raise DataError(too_many_open_files(index_dir, len(manifest.shards) * len(names))) from None
         if problem is None:
             shapes = {n: a.shape for n, a in arrays.items()}
             problem = dtype_problem(name, arrays[name].dtype, manifest)
             problem = problem or shape_problem(name, shapes, rows, manifest, width)
-            problem = problem or values_problem(name, arrays[name].array, shapes)
+            try:
+                problem = problem or values_problem(name, arrays[name], shapes)
+            except CutShortError as err:  # cut short in place since it was mapped, a moment ago
+                problem = err.problem
         if problem is not None:
             raise _Unreadable(file, problem)
     return arrays
@@ -117,12 +125,13 @@ def broken_shards(index_dir: Path, manifest: Manifest) -> dict[int, str]:
     """Shard id -> what is wrong with one of its files (missing, truncated, not a .npy array, a dtype or a
     shape that is not the one the manifest gives the shard, values that index past another array: see
     :mod:`patchword.search.checks`), for every shard of ``manifest`` that cannot be read; reads the files'
-    headers and sizes, and the small arrays whose values are checked."""
+    headers and sizes, and the small arrays whose values are checked. Too many open files: a DataError
+    (:func:`_map_shard`)."""
     names, width = shard_arrays(manifest), token_width(manifest)
     broken = {}
     for shard in manifest.shards:
         try:
-            _map_shard(shard_files(index_dir, shard["id"]), names, shard["rows"], manifest, width)
+            _map_shard(index_dir, shard, names, manifest, width)
         except _Unreadable as err:
             broken[shard["id"]] = f"{err.file.name}: {err.problem}"
     return broken
@@ -180,21 +189,13 @@ class SearchIndex(IndexEntries):
     """
 
     def __init__(self, index_dir: Path, manifest: Manifest) -> None:
-        self.index_dir = index_dir
-        self.manifest = manifest
-        self.entries = manifest.entries
+        self.index_dir, self.manifest, self.entries = index_dir, manifest, manifest.entries
         self._arrays: dict[int, dict[str, ShardArray]] = {}
         self.codec = load_codec(index_dir, manifest.dtype)
-        names = shard_arrays(manifest)
-        width = token_width(manifest, self.codec)
+        names, width = shard_arrays(manifest), token_width(manifest, self.codec)
         for shard in manifest.shards:
             try:
-                files = shard_files(index_dir, shard["id"])
-                arrays = _map_shard(files, names, shard["rows"], manifest, width)
-            except OSError as err:
-                if err.errno != errno.EMFILE:
-                    raise
-                raise DataError(too_many_open_files(index_dir, len(manifest.shards) * len(names))) from None
+                arrays = _map_shard(index_dir, shard, names, manifest, width)
             except _Unreadable as err:
                 if err.missing:
                     raise MissingShardError(

@@ -48,7 +48,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from patchword.errors import MissingExtraError
@@ -274,20 +273,9 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
                 # its own, never behind the workers' model work): "error" when it cannot. It still answers
                 # from what is loaded (200, status ok: the server is alive; searches answer 503 meanwhile)
                 await asyncio.to_thread(served.probe)
-            loaded = served.searcher
-            manifest = loaded.index.manifest
-            return JSONResponse(
-                {
-                    "status": "ok",
-                    "matcher": manifest.model.get("matcher"),
-                    "run": Path(manifest.model.get("run_dir", "")).name,
-                    "shortlist": loaded.shortlist,
-                    "dense": loaded.use_dense,
-                    **served.describe(),
-                    "max_k": limits.max_k,
-                    "default_k": default_k,
-                }
-            )
+            # every figure of one searcher: a reopen finishing on a worker meanwhile never mixes two
+            body = {"status": "ok", **served.describe(), "max_k": limits.max_k, "default_k": default_k}
+            return JSONResponse(body)
 
         return await guarded(handle, request)
 

@@ -149,14 +149,20 @@ class ServedIndex:
         self._stamp, self._failed, self._pending = None, None, None
 
     def describe(self) -> dict[str, Any]:
-        """What ``/healthz`` says of the index: the one answered from (its ``version``: which row every id
-        reads, :func:`~patchword.search.manifest.rows_digest`; ``images``; ``index``: its kind, warnings and
-        summary, :func:`~patchword.search.fidelity.describe_index`),
-        ``changed_on_disk`` when the files changed since it was opened (the next search, explanation or
-        image request reopens it), and ``error`` when they cannot be opened as they are (found by a
-        request or by :meth:`probe`)."""
-        searcher, version = self._served
+        """What ``/healthz`` says of the index: the one answered from, all of one searcher even while
+        another thread reopens the index (its ``matcher``, ``run`` (directory name), ``shortlist``,
+        ``dense``: whether the fine stage reads its dense captions; ``images``; ``version``: which row every
+        id reads, :func:`~patchword.search.manifest.rows_digest`; ``index``: its kind, warnings and summary,
+        :func:`~patchword.search.fidelity.describe_index`), ``changed_on_disk`` when the files changed
+        since it was opened (the next search, explanation or image request reopens it), and ``error`` when
+        they cannot be opened as they are (found by a request or by :meth:`probe`)."""
+        searcher, version = self._served  # one read: the searcher and its version together
+        model = searcher.index.manifest.model
         body = {
+            "matcher": model.get("matcher"),
+            "run": Path(model.get("run_dir", "")).name,
+            "shortlist": searcher.shortlist,
+            "dense": searcher.use_dense,
             "images": len(searcher),
             "version": version,
             "index": searcher.index_info,

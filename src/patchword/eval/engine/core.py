@@ -89,13 +89,6 @@ def engine_for(matcher: Matcher, engine: str | ScoringEngine | None = None) -> S
     return factory(matcher) if factory is not None else ForwardEngine(matcher)
 
 
-def _matcher_device(matcher: Matcher, inputs: torch.Tensor | None = None) -> torch.device:
-    """Where to compute by default: the matcher's (its first parameter or buffer), else, for a matcher
-    without any (VSE, SCAN, TGDT's fine stage), the inputs' (CUDA tokens are scored on CUDA, not quietly on
-    the CPU), else the CPU."""
-    return module_device(matcher, inputs.device if isinstance(inputs, torch.Tensor) else None)
-
-
 def _dense_pairing(matcher: Matcher) -> str:
     return matcher.dense_pairing if matcher.consumes_dense else "none"
 
@@ -237,7 +230,9 @@ def score_matrix(
             block, or a precision the engine or the device does not offer.
     """
     inputs = prepare_inputs(matcher, img_tokens, cap_tokens, cap_lens, dense_tokens, dense_lens, txt2img)
-    device = _matcher_device(matcher, img_tokens) if device is None else checked_device(device)
+    # by default the matcher's device, else (VSE, SCAN, TGDT's fine stage: no weights) the tokens': CUDA
+    # tokens are scored on CUDA, not quietly on the CPU
+    device = module_device(matcher, img_tokens.device) if device is None else checked_device(device)
     budget = budget_bytes(default_budget_mb(device) if max_memory_mb is None else max_memory_mb)
     shape = (inputs.num_images, inputs.num_texts)
     if out is None:
