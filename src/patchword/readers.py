@@ -27,7 +27,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from patchword.errors import DataError, MissingFileError
+from patchword.errors import DataError, Interrupted, MissingFileError
 
 __all__ = [
     "require_file",
@@ -127,7 +127,8 @@ def read_checkpoint(
     Raises:
         MissingFileError: no such file (or a directory).
         DataError: anything else: empty, text, truncated, a class outside the allow-list, not a mapping, a
-            required key missing; the message names the file.
+            required key missing; the message names the file. A stop signal that interrupts the read
+            (:class:`~patchword.errors.Interrupted`, KeyboardInterrupt) comes out as itself.
     """
     import torch
 
@@ -155,7 +156,7 @@ def read_checkpoint(
             f"{path}: refused to unpickle a class{refused}: a {what} may hold tensors, containers"
             f"{' and ' + ', '.join(c.__qualname__ for c in allowed) if allowed else ''} only"
         ) from None
-    except MemoryError:
+    except (MemoryError, Interrupted):  # a stop signal's handler raises Interrupted: no damaged file
         raise
     except Exception as err:  # torch's loaders raise KeyError, IndexError, OSError(EINVAL)... on garbage
         raise DataError(f"{path}: not a readable {what}: {_checkpoint_problem(path, err)}") from None
@@ -225,7 +226,7 @@ def read_safetensors(path: str | Path, what: str = "weights file") -> dict[str, 
     require_file(path, what)
     try:
         return load_file(str(path))
-    except MemoryError:
+    except (MemoryError, Interrupted):
         raise
     except Exception as err:  # SafetensorError, or OSError from the memory map of a damaged file
         detail = "the file is empty" if path.stat().st_size == 0 else _first_line(err) or type(err).__name__

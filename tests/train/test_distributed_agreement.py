@@ -1,6 +1,7 @@
 """What the processes of a torchrun launch agree on, in one launch of four CPU processes (gloo): the
 batches (a last batch of 2 captions leaves two processes without rows, and the run still equals a
-one-process run), the config every process runs, the checkpoint the final evaluation reads (hashed once),
+one-process run; so does a training split of 3 captions, fewer than the processes), the signal a stop
+names, the config every process runs, the checkpoint the final evaluation reads (hashed once),
 BatchNorm's running statistics (averaged once a validation), and a stop that no process reports before
 ``last.pt`` is written. The pieces that need no launch (signals, logging, the config comparison) are tested
 in this process.
@@ -26,7 +27,7 @@ import pytest
 import torch
 from test_distributed import _launch, _ok, _summary, _train_losses
 
-from conftest import TINY_MODEL_32
+from conftest import TINY_MODEL_32, laps_args, write_laps_dataset
 from patchword.checkpoint import load_checkpoint
 from patchword.config import apply_overrides
 from patchword.fileio import file_sha256
@@ -53,6 +54,29 @@ BASE = [
     "precision=fp64",
 ]
 BATCH_NORM = ["model.tiny_vit.stem=conv"]  # the tiny ViT's conv stem: three BatchNorm layers
+# A training split of 3 captions (3 images of 1 caption, LAPS layout), fewer than the 4 processes: every
+# batch leaves rank 3 without rows. The tiny ViT's VSE model (no random draws), in float64.
+FEW = [
+    "data.captions_per_image=1",
+    "train.batch_size=4",
+    "train.max_steps=4",
+    "train.lr=1e-3",
+    "train.log_every=1",
+    "precision=fp64",
+]
+
+
+def _few_args(data: dict[str, Path], root: Path) -> list[str]:
+    return laps_args(data, *FEW, f"output_dir={root}", "name=few", f"data.cache_dir={root.parent / 'cache'}")
+
+
+def _write_few_captions(root: Path) -> dict[str, Path]:
+    """The LAPS-layout dataset of :data:`FEW`: 3 training, 4 dev and 4 test images, one caption each."""
+    paths = write_laps_dataset(root, sizes={"train": 3, "dev": 4, "test": 4})
+    for name in ("train_ids", "train_caps", "dev_ids", "dev_caps", "test_ids", "test_caps"):
+        file = root / f"{name}.txt"  # two lines per image: keep the first
+        file.write_text("\n".join(file.read_text().splitlines()[::2]) + "\n")
+    return paths
 
 
 def _args(root: Path, name: str, *extra: str) -> list[str]:
@@ -136,8 +160,8 @@ def _job_lr_per_rank(args: list[str]) -> dict:
 
 
 def _job_slow_save_stop(args: list[str]) -> dict:
-    """Rank 0 writes last.pt slowly (a slow shared filesystem); SIGTERM reaches rank 1 during step 3. Each
-    process says which last.pt it could read when it reported the stop."""
+    """Rank 0 writes last.pt slowly (a slow shared filesystem); SIGINT reaches rank 1 during step 3. Each
+    process says which last.pt it could read when it reported the stop, and the stop's signal and message."""
     from patchword.train import trainer
     from patchword.train.runner import train_run
 
@@ -147,7 +171,7 @@ def _job_slow_save_stop(args: list[str]) -> dict:
     def step_then_signal(self, *a, **kw):
         original_step(self, *a, **kw)
         if rank == 1 and self.step == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)
 
     def slow_save(state, path, *a, **kw):
         if rank == 0 and Path(path).name == "last.pt":
@@ -159,7 +183,8 @@ def _job_slow_save_stop(args: list[str]) -> dict:
         train_run(apply_overrides(RunConfig(), args))
     except trainer.TrainingInterrupted as err:
         last = err.checkpoint
-        return {"step": err.step, "last_step": load_checkpoint(last)["step"] if last.is_file() else None}
+        read = load_checkpoint(last)["step"] if last.is_file() else None
+        return {"step": err.step, "last_step": read, "signum": err.signum, "message": str(err)}
     finally:
         trainer.Trainer._train_step, trainer.atomic_save = original_step, original_save
     return {"step": None}
@@ -192,7 +217,9 @@ def launch(tmp_path_factory):
     root = tmp_path_factory.mktemp("agree")
     runs, one = root / "runs", root / "one"
     train_run(apply_overrides(RunConfig(), _args(one, "batches")))
-    stderr = {name: root / name for name in ("batches", "bn_full")}
+    few = _write_few_captions(root / "few_data")
+    train_run(apply_overrides(RunConfig(), _few_args(few, one)))
+    stderr = {name: root / name for name in ("batches", "bn_full", "few")}
     for folder in stderr.values():
         folder.mkdir()
     named = [
@@ -203,6 +230,7 @@ def launch(tmp_path_factory):
         ("bn_full", (_job_train, (_args(runs, "bn_full", *BATCH_NORM), str(stderr["bn_full"])))),
         ("bn_half", (_job_train, (_args(runs, "bn_half", *BATCH_NORM, "train.max_steps=4"), str(root)))),
         ("bn_resume", (_job_resume, (str(runs / "bn_half"), ["train.max_steps=8"]))),
+        ("few", (_job_train, (_few_args(few, runs), str(stderr["few"])))),
     ]
     results = _launch([job for _, job in named], root / "results", world=WORLD, timeout=900)
     names = [name for name, _ in named]
@@ -253,6 +281,43 @@ def test_processes_with_different_configs_are_refused_by_every_process_before_an
     expected = "ConfigError: train.lr: rank 1 of 4 runs with 0.002, rank 0 with 0.001: every process"
     assert all(error is not None and error.startswith(expected) for error in errors), errors
     assert not (launch["runs"] / "lr").exists()
+
+
+def test_four_processes_train_a_split_of_fewer_captions_like_one_process(launch):
+    """Old code: the Trainer refused 3 training captions for 4 processes ("data: 3 training captions for
+    4 processes"), although batches do not depend on the process count: rank 3 holds a stand-in row."""
+    summary = _job(launch, "few")[0]["summary"]
+    assert summary["world_size"] == WORLD and summary["steps"] == 4 and summary["epochs_done"] == 4
+    one, four = launch["one"] / "few", launch["runs"] / "few"
+    a, b = _train_losses(one), _train_losses(four)
+    assert [s for s, _ in a] == [s for s, _ in b] == [1, 2, 3, 4]
+    assert sum(x > 0 for _, x in a) >= 3, a  # a loss to compare (step 1's is 0 here)
+    assert max(abs(x - y) / max(abs(x), 1e-6) for (_, x), (_, y) in zip(a, b, strict=True)) <= 1e-9, (a, b)
+    assert [r for _, r in _dev_rsums(four)] == pytest.approx([r for _, r in _dev_rsums(one)], abs=1e-6)
+    weights = (load_checkpoint(one / "last.pt")["model"], load_checkpoint(four / "last.pt")["model"])
+    assert _relative_l2(*weights) <= 1e-10
+
+
+def test_no_process_warns_that_the_cls_token_gradient_is_strided(launch):
+    """Old code: every process whose shard of a batch was one image (a stand-in row; the last batch of 2
+    captions) printed PyTorch's "Grad strides do not match bucket view strides": the tiny ViT's CLS token
+    got the concatenation's gradient slice, laid out unlike the parameter."""
+    for name in ("batches", "few"):
+        said = ["Grad strides do not match" in text for text in launch["stderr"][name]]
+        assert said == [False] * WORLD, (name, launch["stderr"][name])
+
+
+def test_every_process_names_the_signal_another_process_received(launch):
+    """Old code: the processes that received no signal (rank 0 among them) said "SIGTERM received" when
+    rank 1 alone got SIGINT."""
+    results = _job(launch, "slow_stop")
+    assert [r["signum"] for r in results] == [signal.SIGINT] * WORLD
+    last = launch["runs"] / "slow_stop" / "last.pt"
+    others = f"SIGINT received: stopped at step 3 (rank 1 of {WORLD} received it), {last} written; continue "
+    assert results[0]["message"].startswith(f"{others}with `torchrun --standalone --nproc_per_node={WORLD}")
+    own = f"SIGINT received: stopped at step 3, {last} written; continue with the command rank 0 names"
+    assert results[1]["message"] == own
+    assert [r["message"] for r in results[2:]] == [f"{others}with the command rank 0 names"] * (WORLD - 2)
 
 
 def test_no_process_reports_a_stop_before_rank_0_has_written_last_pt(launch):

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import re
 import sys
 import tempfile
@@ -221,6 +220,7 @@ def run(args: argparse.Namespace) -> None:
     table goes to stderr); ``written: FILE`` goes to stderr. ``--out -`` writes no file and prints the whole
     record the file would hold."""
     from patchword.cli import file_or_stdout
+    from patchword.cli.train import quiet_other_rank
     from patchword.distributed import launch_info
     from patchword.errors import ConfigError
     from patchword.runs.evaluate import evaluate_run_dir
@@ -255,8 +255,8 @@ def run(args: argparse.Namespace) -> None:
             return
 
         main = launch_info().rank == 0
-        if not main:
-            logging.getLogger().setLevel(logging.WARNING)  # one process reports
+        if not main:  # rank 0 reports, as in training
+            quiet_other_rank()
         metrics, out = evaluate_run_dir(args.run_dir, args.checkpoint, ensemble=args.ensemble, **common)
         if main:
             _print_record(out, to_stdout, _shown(metrics))

@@ -57,11 +57,11 @@ def _resume_target(resume: str, overrides: list[str]) -> tuple[Path, list[str]]:
 
 
 def quiet_other_rank() -> None:
-    """The logging of a process other than rank 0: rank 0 reports. patchword's warnings are the same in
-    every process (each checks the same config and data; a step's values are the global batch's), so
-    they come from rank 0 alone; errors still come from every process, and so do the warnings about the
-    image files this process decodes for its own shard (``patchword.data.images``) and other libraries'
-    warnings."""
+    """The logging of a process other than rank 0 (``patchword train`` and ``patchword eval``): rank 0
+    reports. patchword's warnings are the same in every process (each checks the same config and data; a
+    step's values are the global batch's), so they come from rank 0 alone; errors still come from every
+    process, and so do the warnings about the image files this process decodes for its own shard
+    (``patchword.data.images``) and other libraries' warnings."""
     logging.getLogger().setLevel(logging.WARNING)
     logging.getLogger("patchword").setLevel(logging.ERROR)
     logging.getLogger("patchword.data.images").setLevel(logging.WARNING)

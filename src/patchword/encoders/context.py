@@ -84,9 +84,9 @@ class ContextTransformer(nn.Module):
         Positions at or beyond ``lens`` are excluded from attention (their outputs are meaningless).
         """
         if self.global_token is not None:
-            tokens = torch.cat(
-                [self.global_token.expand(tokens.shape[0], -1, -1).to(tokens.dtype), tokens], 1
-            )
+            # expanded from (1, C) so its gradient is laid out as the parameter (see TinyViT's CLS row)
+            glob = self.global_token.view(1, -1).expand(tokens.shape[0], 1, -1)
+            tokens = torch.cat([glob.to(tokens.dtype), tokens], 1)
             if lens is not None:
                 lens = lens + 1
         mask = (

@@ -178,7 +178,12 @@ class TinyViT(EncoderBase):
         if images.dim() != 4 or tuple(images.shape[1:]) != (3, size, size):
             raise ValueError(f"images must have shape (B, 3, {size}, {size}), got {tuple(images.shape)}")
         x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (B, N, width)
-        cls = self.cls_token.expand(x.shape[0], -1, -1)
+        # expand from (1, width) adds the batch dimension, so backward sums over it into a new (1, 1, width)
+        # gradient laid out as cls_token is. Expanding the (1, 1, width) parameter itself passes back, for
+        # a batch of one image, the CLS slice of the concatenation's gradient, strided like its (1 + N)
+        # rows: DDP then warns "Grad strides do not match bucket view strides" (a stand-in row is such a
+        # batch) and copies it every step.
+        cls = self.cls_token.view(1, -1).expand(x.shape[0], 1, -1)
         x = self.pos_drop(torch.cat([cls, x], dim=1) + self.pos_embed)
         return self.proj(self.encoder(x))
 

@@ -43,8 +43,9 @@ def epoch_batches(num_captions: int, batch_size: int, seed: int, epoch: int) -> 
     """The global batches of ``epoch``: caption indices, the same in every process, whatever their number.
 
     The number of processes plays no part, so that a run and its resume with any number of processes
-    train the same batches: a last batch of fewer captions than processes leaves some of them without
-    rows, and each of those loads a stand-in row that the step drops (:func:`shard_block`)."""
+    train the same batches: a batch of fewer captions than processes (an epoch's last, or each one of a
+    training split that small) leaves some of them without rows, and each of those loads a stand-in row
+    that the step drops (:func:`shard_block`)."""
     gen = torch.Generator().manual_seed(seed * 100003 + epoch)
     perm = torch.randperm(num_captions, generator=gen)
     batches = list(perm.split(batch_size))
@@ -56,7 +57,7 @@ def epoch_batches(num_captions: int, batch_size: int, seed: int, epoch: int) -> 
 
 def shard_block(dist: Distributed) -> Callable[[int], tuple[int, int]]:
     """``n -> [lo, hi)``: the rows of a global batch of ``n`` captions this process loads: its shard, or
-    where the shard is empty (a last batch of fewer captions than processes) a stand-in copy of the
+    where the shard is empty (a batch of fewer captions than processes) a stand-in copy of the
     batch's last row, which the step drops after gathering (:class:`~patchword.train.step.ShardLoss`)."""
 
     def block(n: int) -> tuple[int, int]:

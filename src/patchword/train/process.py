@@ -72,8 +72,8 @@ def stop_raises(phase: dict[str, Any]) -> Iterator[None]:
     torchrun every process receives the signal (the launcher forwards it) and stops where it is, so a
     collective that then fails in another process failed because the others stopped
     (:class:`~patchword.distributed.DistributedError`), and the :class:`Interrupted` raised inside a block
-    that compares the processes' outcomes, or inside a reader that reports what went wrong as a damaged
-    file, comes out as another error."""
+    that compares the processes' outcomes, or inside code that turns any exception into its own error,
+    comes out as another error."""
 
     def handler(signum, frame):  # noqa: ARG001
         if "signum" in phase:  # a second signal: the first is unwinding (and cleaning up) already
@@ -105,12 +105,15 @@ def record_stop_signals(flag: dict[str, int]) -> contextlib.AbstractContextManag
 class TrainingInterrupted(Interrupted):
     """SIGTERM / SIGINT arrived; ``last.pt`` was written at ``step`` and the run can be resumed (raised by
     :class:`~patchword.train.trainer.Trainer`). The message says so and how to go on: ``resume``
-    (:class:`~patchword.errors.ResumeHint`), by default ``patchword train --resume``."""
+    (:class:`~patchword.errors.ResumeHint`), by default ``patchword train --resume``; ``where``, in
+    parentheses after the step: which process received the signal, when not this one."""
 
-    def __init__(self, signum: int, step: int, checkpoint: Path, resume: ResumeHint | None = None) -> None:
+    def __init__(
+        self, signum: int, step: int, checkpoint: Path, resume: ResumeHint | None = None, where: str = ""
+    ) -> None:
         self.step, self.checkpoint = step, checkpoint
         hint = resume or ResumeHint.resume("patchword train", checkpoint.parent)
-        super().__init__(signum, hint.stopped(signum, step, checkpoint))
+        super().__init__(signum, hint.stopped(signum, step, checkpoint, where))
 
 
 class StopNow(BaseException):

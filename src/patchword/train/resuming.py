@@ -4,9 +4,11 @@
   the session's own overrides (a resume that extended the run to ``train.epochs=8`` goes on with
   ``train.epochs=8``, not with config.yaml's limit), under ``torchrun`` as the launch it needs; the other
   ranks of a launch leave the command to rank 0's message.
-* Whether the step ``last.pt`` is at still owes its validation although the run's limit is reached there
-  (:func:`owed_validation`): a signal stopped the session at a step that was no validation step then, and
-  the resume ends the run there (``train.max_steps`` at that step). A run's last step is always validated.
+* The records a resume goes on from (:func:`resume_records`, one read of ``metrics.jsonl``): those of the
+  steps it redoes dropped, and whether the step ``last.pt`` is at still owes its validation although the
+  run's limit is reached there: a signal stopped the session at a step that was no validation step then,
+  and the resume ends the run there (``train.max_steps`` at that step). A run's last step is always
+  validated.
 * Whether a resume has anything to do at all (:func:`nothing_to_do`): a finished run whose ``summary.json``
   describes its checkpoint as this resume would evaluate it is left as it is.
 """
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from patchword.distributed import Distributed, LaunchInfo, launch_info
 from patchword.errors import PatchwordError, ResumeHint
-from patchword.fileio import file_sha256
+from patchword.fileio import file_sha256, keep_jsonl_records
 from patchword.readers import read_json, read_json_lines
 from patchword.runs.config import RunConfig
 from patchword.runs.files import BEST_CHECKPOINT, LAST_CHECKPOINT, METRICS_FILE, SUMMARY_FILE
@@ -33,7 +35,7 @@ from patchword.train.sessions import evaluates_otherwise
 if TYPE_CHECKING:
     from patchword.train.trainer import Trainer
 
-__all__ = ["has_dev_record", "nothing_to_do", "owe_last_validation", "owed_validation", "train_hint"]
+__all__ = ["drop_metrics_after", "has_dev_record", "nothing_to_do", "resume_records", "train_hint"]
 
 _logger = logging.getLogger(__name__)
 
@@ -78,22 +80,50 @@ def has_dev_record(run_dir: Path, step: int) -> bool:
     return any(r.get("split") == "dev" and r.get("step") == step for r in records)
 
 
-def owed_validation(
-    run_dir: Path, limits: RunLimits, epoch: int, step: int, train_seconds: float
-) -> str | None:
-    """The limit (``train.max_steps=51``) a run at ``step`` (``epoch``, ``train_seconds``: its position and
-    training time, as ``last.pt`` holds them) has reached without a dev record of that step: the run ends
-    there, and its last step is still to validate. None: a limit not reached, or the step validated."""
-    limit = limits.reached_limit(epoch, step, train_seconds)
-    return None if limit is None or has_dev_record(run_dir, step) else limit
+def drop_metrics_after(run_dir: str | Path, step: int, *, validation_due: bool = False) -> int:
+    """Keep the records of ``metrics.jsonl`` up to ``step`` (the checkpoint a resume starts from), dropping
+    those of the steps the resume will redo and a last line cut short by a kill; returns how many lines
+    were dropped, and logs which steps' records they were. ``validation_due``: the checkpoint was written
+    before the validation of ``step``, which the resume runs again: a dev record of ``step`` (logged
+    before a kill) goes too."""
+    return _drop_records_after(Path(run_dir), step, validation_due)[0]
 
 
-def owe_last_validation(trainer: Trainer, run_dir: Path, dist: Distributed) -> None:
-    """Where the limit of a resumed run is reached at a step never validated (:func:`owed_validation`: on
-    rank 0, whose metrics.jsonl it reads), have ``trainer`` validate that step first and say so."""
+def _drop_records_after(run_dir: Path, step: int, validation_due: bool) -> tuple[int, bool]:
+    """:func:`drop_metrics_after`, and whether a dev record of ``step`` is kept: one read of the log."""
+    redone: list[int] = []  # the steps of the records dropped
+    validated = False
+
+    def keep(record: dict) -> bool:
+        nonlocal validated
+        at = int(record["step"])
+        dev = record.get("split") == "dev"
+        kept = at < step or (at == step and not (validation_due and dev))
+        if not kept:
+            redone.append(at)
+        validated |= kept and dev and at == step
+        return kept
+
+    dropped = keep_jsonl_records(run_dir / METRICS_FILE, keep)
+    if redone:
+        low, high = min(redone), max(redone)
+        steps = f"step {low}" if low == high else f"steps {low}-{high}"
+        _logger.info(
+            "%d metrics record(s) of %s dropped (last.pt is at step %d): redone now", len(redone), steps, step
+        )
+    return dropped, validated
+
+
+def resume_records(trainer: Trainer, run_dir: Path, dist: Distributed) -> None:
+    """The records a resume from ``trainer``'s position goes on from, decided on rank 0 (whose
+    ``metrics.jsonl`` it reads once): those of the steps it redoes dropped (:func:`drop_metrics_after`),
+    and where the run's limit is reached at a step never validated, that step validated first (a signal
+    stopped a session at a step that was no validation step then, and the resume ends the run there)."""
     owed = None
-    if dist.is_main and not trainer.validation_due:
-        owed = owed_validation(run_dir, trainer.limits, trainer.epoch, trainer.step, trainer.train_seconds)
+    if dist.is_main:
+        _, validated = _drop_records_after(run_dir, trainer.step, trainer.validation_due)
+        if not trainer.validation_due and not validated:
+            owed = trainer.limits.reached_limit(trainer.epoch, trainer.step, trainer.train_seconds)
     (owes,) = dist.any(owed is not None)
     if owes:
         trainer.validation_due = True
@@ -113,10 +143,10 @@ def nothing_to_do(run_dir: Path, cfg: RunConfig, state: dict[str, Any]) -> dict[
         return None
     scored = run_dir / (BEST_CHECKPOINT if (run_dir / BEST_CHECKPOINT).is_file() else LAST_CHECKPOINT)
     try:
-        if not has_dev_record(run_dir, step):  # its last step is still to validate
-            return None
         summary = read_json(run_dir / SUMMARY_FILE, "run summary", default=None)
         if summary is None or summary.get("checkpoint") != scored.name or evaluates_otherwise(run_dir, cfg):
+            return None  # (a run stopped before its end has no summary: its log is read once, by the resume)
+        if not has_dev_record(run_dir, step):  # its last step is still to validate
             return None
         if summary.get(DIGEST_FIELD) != file_sha256(scored):
             return None

@@ -41,7 +41,6 @@ from patchword.fileio import (
     atomic_write_text,
     check_output_dir,
     file_sha256,
-    keep_jsonl_records,
     probe_writable,
     repair_jsonl,
 )
@@ -70,7 +69,7 @@ from patchword.train.agreement import checkpoint_to_evaluate, refuse_differing_c
 from patchword.train.limits import refuse_limits_behind
 from patchword.train.process import stop_raises
 from patchword.train.resumable import resumable_state
-from patchword.train.resuming import nothing_to_do, owe_last_validation, train_hint
+from patchword.train.resuming import drop_metrics_after, nothing_to_do, resume_records, train_hint
 from patchword.train.sessions import evaluates_otherwise, session_machine, set_aside_results
 from patchword.train.settings import check_model_settings
 from patchword.train.trackers import TENSORBOARD_DIR, WANDB_ID_FILE
@@ -323,9 +322,7 @@ def resume_run(
         trainer.load_state_dict(state)
         position = (trainer.epoch, trainer.batch_in_epoch, trainer.step)
         _logger.info("resumed %s at epoch %d, batch %d, step %d", run_dir, *position)
-        if dist.is_main:
-            drop_metrics_after(run_dir, trainer.step, validation_due=trainer.validation_due)
-        owe_last_validation(trainer, run_dir, dist)  # a limit reached at a step never validated
+        resume_records(trainer, run_dir, dist)  # redone steps' records dropped; a last validation owed
         if dist.is_main:
             # the results a resume replaces are kept (read before this resume is recorded)
             aside = not trainer.finished or evaluates_otherwise(run_dir, cfg)
@@ -373,28 +370,3 @@ def _finish(
         atomic_write_text(run_dir / SUMMARY_FILE, text := json_text(summary))
         return json.loads(text)  # as written (stdout prints it): null for what JSON cannot hold
     return summary
-
-
-def drop_metrics_after(run_dir: str | Path, step: int, *, validation_due: bool = False) -> int:
-    """Keep the records of ``metrics.jsonl`` up to ``step`` (the checkpoint a resume starts from), dropping
-    those of the steps the resume will redo and a last line cut short by a kill; returns how many lines
-    were dropped, and logs which steps' records they were. ``validation_due``: the checkpoint was written
-    before the validation of ``step``, which the resume runs again: a dev record of ``step`` (logged
-    before a kill) goes too."""
-    redone: list[int] = []  # the steps of the records dropped
-
-    def keep(record: dict) -> bool:
-        at = int(record["step"])
-        kept = at < step or (at == step and not (validation_due and record.get("split") == "dev"))
-        if not kept:
-            redone.append(at)
-        return kept
-
-    dropped = keep_jsonl_records(Path(run_dir) / METRICS_FILE, keep)
-    if redone:
-        low, high = min(redone), max(redone)
-        steps = f"step {low}" if low == high else f"steps {low}-{high}"
-        _logger.info(
-            "%d metrics record(s) of %s dropped (last.pt is at step %d): redone now", len(redone), steps, step
-        )
-    return dropped

@@ -160,7 +160,7 @@ class ShardLoss(nn.Module):
 def _gather_rows(dist: Distributed, sizes: tuple[int, ...]):
     """``x -> (B, ...)``: every process's rows of a global batch (``sizes`` of them), gathered with gradient.
 
-    A process without rows of a batch (a last batch of fewer captions than processes) holds one stand-in
+    A process without rows of a batch (a batch of fewer captions than processes) holds one stand-in
     row instead (:func:`~patchword.train.feed.shard_block`): the encoders and matchers never see an empty
     input, and the step takes part in every collective and in DDP's gradient reduction as the others do.
     Those processes are the last ranks (:func:`~patchword.distributed.shard_bounds`), so their stand-ins

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import signal
 import time
 import warnings
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ from patchword.checkpoint import atomic_save
 from patchword.data.batches import ShardBatch
 from patchword.data.pipeline import EncodedSplit
 from patchword.distributed import Distributed
-from patchword.errors import ConfigError, ResumeHint
+from patchword.errors import ResumeHint
 from patchword.eval.protocol import evaluate
 from patchword.model import RetrievalModel
 from patchword.precision import weight_dtype
@@ -103,10 +102,6 @@ class Trainer:
         self.train_split = train
         self.dev_split = dev.first_images(tc.eval_max_images)
         self.run_dir = run_dir
-        if train.num_captions < self.dist.world_size:
-            raise ConfigError(
-                "data", f"{train.num_captions} training captions for {self.dist.world_size} processes"
-            )
         self.optim = optim = Optimiser(model, cfg, self.device)
         self.optimizer, self.scheduler = optim.optimizer, optim.scheduler
         self.scaler, self.fused = optim.scaler, optim.fused
@@ -283,8 +278,13 @@ class Trainer:
                 waiting = time.perf_counter()
 
     def _stop(self, flag: dict[str, int]) -> NoReturn:
-        signum = flag.get("signum", signal.SIGTERM)
-        raise TrainingInterrupted(signum, self.step, self.run_dir / LAST_CHECKPOINT, self.resume_hint)
+        """The stop every process takes together (each calls it), named by the signal this process received,
+        else by the first rank's that did (a signal may reach one process only)."""
+        received, signum, where = self.dist.all_gather_object(flag.get("signum")), flag.get("signum"), ""
+        if signum is None:
+            rank, signum = next((r, s) for r, s in enumerate(received) if s is not None)
+            where = f"rank {rank} of {self.dist.world_size} received it"
+        raise TrainingInterrupted(signum, self.step, self.run_dir / LAST_CHECKPOINT, self.resume_hint, where)
 
     def _next_epoch(self) -> None:
         self.epoch += 1
