@@ -9,6 +9,7 @@ import json
 import pytest
 
 from patchword.data.textfiles import load_dense_jsonl, read_dense_lines
+from patchword.densify.stats import read_texts
 from patchword.densify.store import read_records
 from patchword.errors import DataError
 
@@ -39,3 +40,13 @@ def test_densify_reading_its_own_file_back_refuses_a_line_giving_a_key_twice(tmp
     path.write_text(f"{GOOD}\n")
     records, torn = read_records(path)
     assert [r.text for r in records] == ["a red circle"] and torn == 0
+
+
+def test_densify_stats_refuses_a_line_giving_a_key_twice(tmp_path):
+    """``patchword densify stats`` read the file with plain ``json``: the second ``text`` was counted."""
+    path = tmp_path / "dense.jsonl"
+    path.write_text(f"{GOOD}\n{TWICE}\n")
+    with pytest.raises(DataError, match=rf"^{path}:2: key 'text' appears twice in one JSON object"):
+        read_texts(path)
+    path.write_text(f"{GOOD}\n")
+    assert read_texts(path).texts == ["a red circle"]

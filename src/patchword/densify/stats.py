@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from patchword.data.json_keys import unique_keys
 from patchword.densify.shards import read_checked_sidecar
 from patchword.errors import DataError
 from patchword.readers import require_file
@@ -94,7 +95,7 @@ def read_texts(path: str | os.PathLike[str]) -> StatsInput:
         if not line.strip():
             raise DataError(f"{path}:{lineno}: blank line (expected one JSON object per image)")
         try:
-            record = json.loads(line)
+            record = json.loads(line, object_pairs_hook=unique_keys(f"{path}:{lineno}"))
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise DataError(f"{path}:{lineno}: malformed JSON: {err}") from err
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
