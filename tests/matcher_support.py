@@ -29,6 +29,12 @@ def seeded_matcher(name: str, geometry: tuple[int, bool, float, float], dim: int
 ENGINE_SHAPES = {"vit": (196, True, 0.5, 0.4), "swin": (49, False, 0.8, 0.6)}
 ENGINE_DIM = 64
 
+# The built-in matchers, a fixed list that test modules parametrise their cases over at collection. Not
+# ``list_matchers()`` as a module is imported: the registry is global, and a test module that registers a toy
+# when imported (``toy-dot``, ``opts-mean``) put it in those cases only when pytest had imported that module
+# first (``tests/matching/test_collection_is_fixed.py`` checks that collection does not depend on it).
+BUILTIN_MATCHERS = ("seps", "laps", "vse", "clip", "filip", "scan", "naaf", "tgdt")
+
 
 def engine_matcher(kind="vit", variant="code", name="seps", **kw):
     return seeded_matcher(name, ENGINE_SHAPES[kind], ENGINE_DIM, variant=variant, **kw)

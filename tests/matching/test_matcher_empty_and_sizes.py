@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-from patchword.matching import build_matcher, list_matchers, matcher_config_class
+from matcher_support import BUILTIN_MATCHERS
+from patchword.matching import build_matcher, matcher_config_class
 
 DIM, N_PATCHES, L_TXT = 32, 16, 9
 N_IMG, N_TXT = 3, 5  # sizes no other axis has: an axis of N_TXT is the caption axis
@@ -20,7 +21,7 @@ def _takes_cls(name: str) -> bool:
 
 
 # Every registered matcher with its defaults, and the options that change what a caption block computes.
-CASES = [(name, {}) for name in list_matchers()] + [
+CASES = [(name, {}) for name in BUILTIN_MATCHERS] + [
     ("seps", {"dense_pairing": "caption"}),
     ("seps", {"variant": "paper"}),
     ("seps", {"variant": "paper", "dense_pairing": "caption"}),
@@ -68,7 +69,7 @@ def test_no_captions_score_to_an_empty_column_block_with_every_output(name, opti
     assert _forward(matcher, 0, N_TXT).sims.shape == (0, N_TXT)
 
 
-@pytest.mark.parametrize("name", list_matchers())
+@pytest.mark.parametrize("name", BUILTIN_MATCHERS)
 @pytest.mark.parametrize("embed_dim", [0, -3])
 def test_every_matcher_refuses_a_width_below_one(name, embed_dim):
     """Old code: VSE, CLIP, SCAN, NAAF, TGDT and FILIP were built with embed_dim=0 (only SEPS refused)."""

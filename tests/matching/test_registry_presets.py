@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from patchword.matching import build_matcher, list_matchers, matcher_config_class
+from matcher_support import BUILTIN_MATCHERS
+from patchword.matching import build_matcher, matcher_config_class
 from patchword.matching.registry import _REGISTRY, MatcherSpec, matcher_preset, matcher_spec
 from patchword.matching.seps import SEPSConfig
 from patchword.matching.vse import VSEConfig
@@ -33,7 +34,7 @@ def _same_state(a, b) -> bool:
     )
 
 
-@pytest.mark.parametrize("name", list_matchers())
+@pytest.mark.parametrize("name", BUILTIN_MATCHERS)
 def test_a_config_object_and_keywords_build_the_same_matcher_of_the_family(name):
     """Old code: ``{**preset, **config}`` let the config's default values replace the preset, so
     ``build_matcher("laps", config=SEPSConfig(...))`` built SEPS and ``clip`` lost its temperature."""

@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-from patchword.matching import build_matcher, list_matchers, matcher_config_class
+from matcher_support import BUILTIN_MATCHERS
+from patchword.matching import build_matcher, matcher_config_class
 from patchword.matching.registry import _REGISTRY, MatcherSpec, matcher_spec, register_matcher
 from patchword.matching.vse import VSEConfig
 from patchword.model import training_only_keys
@@ -30,7 +31,7 @@ OTHER = {
     "init_threshold": 0.3,
     "init_threshold_safe": 0.3,
 }
-DECLARED = [(name, option) for name in list_matchers() for option in matcher_spec(name).training_only]
+DECLARED = [(name, option) for name in BUILTIN_MATCHERS for option in matcher_spec(name).training_only]
 
 
 def test_seps_and_naaf_declare_their_training_only_options_under_their_config_keys():

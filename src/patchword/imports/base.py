@@ -374,7 +374,7 @@ def write_imported_run(plan: ImportPlan, source: Path, out: Path) -> dict[str, A
         DataError: a tensor is missing, unexpected or of another shape (the message names it).
     """
     from patchword.factory import create_model
-    from patchword.runs import BACKBONES_FILE, CONFIG_FILE, VOCAB_FILE
+    from patchword.runs import BACKBONES_FILE, CONFIG_FILE, VOCAB_FILE, pin_hub_revisions
 
     cfg = plan.config
     vocab_size = len(plan.tokenizer) if plan.tokenizer is not None else None
@@ -391,8 +391,8 @@ def write_imported_run(plan: ImportPlan, source: Path, out: Path) -> dict[str, A
             plan.tokenizer.save(tmp / VOCAB_FILE)
         if plan.bert_files is not None:
             shutil.copyfile(plan.bert_files, tmp / "bert_vocab.txt")
-        if plan.architectures:
-            atomic_write_text(tmp / BACKBONES_FILE, json.dumps(plan.architectures, indent=2))
+        if backbones := pin_hub_revisions(plan.architectures):  # a hub id's commit too, as training's
+            atomic_write_text(tmp / BACKBONES_FILE, json.dumps(backbones, indent=2))
         weights = {"model": model.state_dict(), "metrics": {}, "config": config_to_dict(cfg)}
         atomic_save(weights, tmp / BEST_CHECKPOINT)
         atomic_save(weights, tmp / LAST_CHECKPOINT)

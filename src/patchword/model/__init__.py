@@ -28,6 +28,7 @@ from patchword.model.config import (
 )
 from patchword.model.matcher_options import (
     check_matcher_options,
+    check_option_overrides,
     matcher_arguments,
     model_reads_dense,
     reported_options,
@@ -48,6 +49,7 @@ __all__ = [
     "RetrievalModel",
     "build_model",
     "check_matcher_options",
+    "check_option_overrides",
     "matcher_arguments",
     "reported_options",
     "resolve_plugin_options",

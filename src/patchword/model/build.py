@@ -6,7 +6,9 @@ first (:func:`~patchword.model.matcher_options.check_matcher_options`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import logging
+import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,9 +30,11 @@ from patchword.matching import MatcherOutput, build_matcher
 from patchword.matching.base import Matcher
 from patchword.matching.registry import matcher_reads_stage1_tokens
 from patchword.model.config import ModelConfig, matcher_section
-from patchword.model.matcher_options import check_matcher_options, matcher_arguments
+from patchword.model.matcher_options import check_matcher_options, matcher_arguments, split_saved_geometry
 
 __all__ = ["RetrievalModel", "build_model", "started_pretrained"]
+
+_logger = logging.getLogger(__name__)
 
 
 class RetrievalModel(nn.Module):
@@ -148,6 +152,7 @@ def build_model(
     vocab_words: Sequence[str] | None = None,
     *,
     random_init: dict[str, dict[str, Any]] | None = None,
+    saved: str | os.PathLike[str] | None = None,
 ) -> RetrievalModel:
     """Build encoders and matcher; the matcher's token geometry follows the image encoder.
 
@@ -158,7 +163,17 @@ def build_model(
         random_init: Hugging Face backbones to build randomly initialised instead of loading weights:
             ``{"vision": {...}, "text": {...}}`` of ``transformers.AutoConfig.for_model`` arguments
             (``model_type`` plus the architecture); the named model configs carry them.
+        saved: the ``config.yaml`` of a saved run ``cfg`` was read from. Token geometry its
+            ``model.options`` holds (a plug-in run saved before it was refused there) is accepted where it
+            agrees with the encoders' (:func:`_check_saved_geometry`); a new model's is refused.
+
+    Raises:
+        ConfigError: a matcher option refused (:func:`~patchword.model.matcher_options.
+            check_matcher_options`), naming its key; a saved run's geometry that disagrees, naming its key.
     """
+    saved_geometry: dict[str, Any] = {}
+    if saved is not None:
+        cfg, saved_geometry = split_saved_geometry(cfg)
     # first: an option that would fail, be ignored or be overridden is named before any encoder is built
     check_matcher_options(cfg, unread_sections=False)
     random_init = random_init or {}
@@ -212,6 +227,7 @@ def build_model(
     geometry = dict(
         embed_dim=cfg.embed_dim, has_cls=image_encoder.has_cls, num_patches=image_encoder.num_patches
     )
+    _check_saved_geometry(saved_geometry, geometry, saved)
     encoders = nn.ModuleDict({"image_encoder": image_encoder, "text_encoder": text_encoder})
     if cfg.tiny_pretrained:
         if cfg.image_encoder != "tiny" or cfg.text_encoder != "tiny" or cfg.text_context.layers:
@@ -222,11 +238,35 @@ def build_model(
 
         load_pretrained_encoders(encoders, cfg, cfg.tiny_pretrained)
     try:
-        # the geometry last: the encoders decide it (check_matcher_options refused it in model.options)
+        # the geometry last: the encoders decide it (check_matcher_options refused it in model.options;
+        # a saved run's that agrees with it was taken out of them)
         matcher = build_matcher(cfg.matcher, **{**matcher_arguments(cfg), **geometry})
     except ValueError as err:  # an option value the matcher refuses
         raise ConfigError(f"model.{matcher_section(cfg.matcher)}", str(err)) from None
     return RetrievalModel(image_encoder, text_encoder, matcher)
+
+
+def _check_saved_geometry(
+    recorded: Mapping[str, Any], geometry: Mapping[str, Any], saved: str | os.PathLike[str] | None
+) -> None:
+    """The token geometry a saved run's ``model.options`` records (``recorded``), against the ``geometry``
+    its encoders give: a value that agrees is dropped (the matcher is built as it was), one that disagrees
+    (a matcher built with other geometry than its encoders') is refused.
+
+    Raises:
+        ConfigError: naming ``model.options.<key>`` and ``saved``.
+    """
+    for key, value in recorded.items():
+        actual = geometry[key]
+        # has_cls=1 is not has_cls=True: the saved run's check refused a value of another type
+        if value != actual or isinstance(value, bool) != isinstance(actual, bool):
+            raise ConfigError(
+                f"model.options.{key}",
+                f"is {value!r} in {saved}, but the run's encoders give {key}={actual!r}: token geometry "
+                "comes from the encoders (model.embed_dim, the image encoder's patches and CLS token), so "
+                "this run's matcher cannot be built as it was saved",
+            )
+        _logger.debug("%s: model.options.%s=%r is the encoders' token geometry: ignored", saved, key, value)
 
 
 def _hf_architecture(spec: dict[str, Any]):

@@ -8,6 +8,7 @@ keys an evaluation may not override.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 from torch import nn
@@ -21,11 +22,13 @@ from patchword.model.config import ModelConfig, matcher_section, typed_sections
 
 __all__ = [
     "check_matcher_options",
+    "check_option_overrides",
     "matcher_arguments",
     "model_reads_dense",
     "reported_options",
     "resolve_plugin_options",
     "resolved_matcher_options",
+    "split_saved_geometry",
     "training_only_keys",
 ]
 
@@ -60,6 +63,12 @@ def training_only_keys() -> dict[str, str]:
     return keys
 
 
+_GEOMETRY_WHY = (
+    "is token geometry, which comes from the encoders (model.embed_dim, the image encoder's patches and CLS "
+    "token), not from the matcher's options: drop it"
+)
+
+
 def check_matcher_options(cfg: ModelConfig, *, unread_sections: bool = True) -> None:
     """The options of ``cfg.matcher`` checked against its registration before anything is built: each
     option of ``model.options`` (a plug-in's) one of its config's fields, none of them the token geometry
@@ -82,11 +91,7 @@ def check_matcher_options(cfg: ModelConfig, *, unread_sections: bool = True) -> 
     if section == "options":
         for key in cfg.options:
             if key in GEOMETRY:
-                raise ConfigError(
-                    f"model.options.{key}",
-                    "is token geometry, which comes from the encoders (model.embed_dim, the image encoder's "
-                    "patches and CLS token), not from the matcher's options: drop it",
-                )
+                raise ConfigError(f"model.options.{key}", _GEOMETRY_WHY)
             if key not in fields:
                 raise ConfigError(
                     f"model.options.{key}",
@@ -124,6 +129,51 @@ def check_matcher_options(cfg: ModelConfig, *, unread_sections: bool = True) -> 
                 f"model.{name}.{changed[0]}",
                 f"has no effect with model.matcher={cfg.matcher} (it reads model.{section})",
             )
+
+
+def check_option_overrides(cfg: ModelConfig, overrides: Iterable[str]) -> None:
+    """The ``model.*`` overrides given to a saved run (``patchword eval RUN model.seps.sparse_ratio=0.6``;
+    ``cfg``: its config with them applied) checked as a new run's config is: one of a typed section the
+    matcher does not read, or token geometry in ``model.options``, would do nothing or override the
+    encoders'. A build leaves both to this (:func:`check_matcher_options` with ``unread_sections=False``:
+    a recipe rebuilds a run's encoders under another matcher and keeps the run's own section; a saved
+    run's own geometry is accepted where it agrees, :func:`split_saved_geometry`). An item without ``=``,
+    or one giving the whole ``model`` section a mapping, is left to the config loader and the build.
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    keys = [item.split("=", 1)[0].strip() for item in overrides if "=" in item]
+    keys = [key for key in keys if key.startswith("model.")]
+    if not keys:  # a run of a matcher not registered here is read without its section looked up
+        return
+    section, typed = matcher_section(cfg.matcher), typed_sections()
+    for key in keys:
+        path = key.removeprefix("model.")
+        name, _, option = ModelConfig.ALIASES.get(path, path).partition(".")  # model.variant: seps
+        if name == "options" and section == "options" and option.partition(".")[0] in GEOMETRY:
+            raise ConfigError(key, _GEOMETRY_WHY)
+        if name in typed and name != section:
+            raise ConfigError(
+                key, f"has no effect with model.matcher={cfg.matcher} (it reads model.{section})"
+            )
+
+
+def split_saved_geometry(cfg: ModelConfig) -> tuple[ModelConfig, dict[str, Any]]:
+    """A saved run's model config without the token geometry (``embed_dim``, ``num_patches``, ``has_cls``)
+    its ``model.options`` holds, and those values (``{}``: none; a matcher with a typed section, which
+    never held them). A plug-in run saved before every build refused them there kept them (its matcher was
+    built with them), and ``config.yaml`` is never rewritten: :func:`~patchword.model.build.build_model`
+    (``saved=``) checks them against the encoders' instead. A key its matcher's config lacks stays, for
+    :func:`check_matcher_options` to refuse as it always did."""
+    if matcher_section(cfg.matcher) != "options":
+        return cfg, {}
+    fields = {f.name for f in dataclasses.fields(matcher_spec(cfg.matcher).config_cls)}
+    geometry = {k: v for k, v in cfg.options.items() if k in GEOMETRY and k in fields}
+    if not geometry:
+        return cfg, {}
+    options = {k: v for k, v in cfg.options.items() if k not in geometry}
+    return dataclasses.replace(cfg, options=options), geometry
 
 
 def _options_config(cfg: ModelConfig) -> Any:

@@ -42,6 +42,7 @@ from patchword.runs.load import (
     resume_overrides,
     save_backbones,
 )
+from patchword.runs.origins import pin_hub_revisions
 
 __all__ = [
     "BACKBONES_FILE",
@@ -61,6 +62,7 @@ __all__ = [
     "load_run_tokenizer",
     "read_run_config",
     "resolve_checkpoint",
+    "pin_hub_revisions",
     "resume_overrides",
     "save_backbones",
 ]

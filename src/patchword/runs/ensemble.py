@@ -7,13 +7,22 @@ distinct weights, and their score scales are comparable enough for an average to
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-__all__ = ["member", "refuse_repeated_members", "shared_split", "warn_of_scales", "weights_digest"]
+__all__ = [
+    "member",
+    "in_member",
+    "refuse_repeated_members",
+    "shared_split",
+    "warn_of_scales",
+    "weights_digest",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -21,6 +30,21 @@ _logger = logging.getLogger(__name__)
 def member(path: Path) -> tuple[Path, Path | None]:
     """``RUN_DIR`` or ``RUN_DIR/ckpt.pt`` -> (run directory, checkpoint or None for best.pt)."""
     return (path.parent, path) if path.is_file() else (path, None)
+
+
+@contextlib.contextmanager
+def in_member(member_dir: Path, ensembled: bool) -> Iterator[None]:
+    """A :class:`~patchword.errors.ConfigError` the block raises for one member of an ensemble
+    (``ensembled``) names that member's run, which its key alone does not (``model.matcher: unknown
+    matcher ...`` of the fourth ``--ensemble`` run); one of a single run's evaluation is left as it is."""
+    from patchword.errors import ConfigError
+
+    try:
+        yield
+    except ConfigError as err:
+        if not ensembled:
+            raise
+        raise ConfigError(err.key, f"in ensemble member {member_dir}: {err.detail}") from None
 
 
 def weights_digest(state: dict[str, torch.Tensor]) -> str:

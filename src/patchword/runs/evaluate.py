@@ -31,9 +31,9 @@ from patchword.fileio import atomic_write_text, check_output_file
 from patchword.model import RetrievalModel, reported_options
 from patchword.runs.checks import check_eval_settings
 from patchword.runs.config import RunConfig
-from patchword.runs.ensemble import member, refuse_repeated_members, shared_split, warn_of_scales
+from patchword.runs.ensemble import in_member, member, refuse_repeated_members, shared_split, warn_of_scales
 from patchword.runs.files import METRICS_JSON, VOCAB_FILE
-from patchword.runs.load import refuse_run_output
+from patchword.runs.load import check_backbone_overrides, refuse_run_output
 from patchword.runs.recorded import evaluation_identity, evaluation_provenance
 
 __all__ = [
@@ -262,7 +262,6 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, config
     from patchword.eval.protocol import ensemble_metrics, evaluate
     from patchword.runs import load_run, read_run_config, resolve_checkpoint
     from patchword.runs.checks import check_model_data
-    from patchword.runs.load import check_backbone_overrides
 
     if configs is None:
         saved = read_run_config(run_dir)
@@ -284,11 +283,12 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, config
     check_output(out, force, member_dirs)
     configs, checkpoints = [cfg], []
     for n, (member_dir, member_ckpt) in enumerate(members):
-        if n:
-            configs.append(read_run_config(member_dir, overrides))
-            truth = check_eval_settings(configs[n], dist.device, truth)
-        check_backbone_overrides(member_dir, overrides)
-        checkpoints.append(resolve_checkpoint(member_dir, member_ckpt))
+        with in_member(member_dir, ensembled):  # its key alone does not say which member's config
+            if n:
+                configs.append(read_run_config(member_dir, overrides))
+                truth = check_eval_settings(configs[n], dist.device, truth)
+            check_backbone_overrides(member_dir, overrides)
+            checkpoints.append(resolve_checkpoint(member_dir, member_ckpt))
         refuse_run_output(out, member_dirs, reads=[checkpoints[-1]])
     if ensembled:
         refuse_repeated_members(checkpoints)

@@ -24,7 +24,7 @@ from patchword.config import apply_overrides, config_from_mapping
 from patchword.data.config import DataConfig
 from patchword.device import checked_device
 from patchword.errors import ConfigError, DataError, MissingFileError
-from patchword.model import RetrievalModel, build_model, started_pretrained
+from patchword.model import RetrievalModel, build_model, check_option_overrides, started_pretrained
 from patchword.precision import weight_dtype
 from patchword.readers import read_json, read_json_lines, read_yaml_mapping
 from patchword.runs.config import RunConfig
@@ -38,6 +38,7 @@ from patchword.runs.files import (
     VOCAB_FILE,
     WEIGHTS_FILE,
 )
+from patchword.runs.origins import pin_hub_revisions
 from patchword.runs.weights import WEIGHTS_DIGEST_KEY, check_export_weights, resolve_checkpoint
 
 __all__ = [
@@ -109,11 +110,15 @@ def read_run_config(run_dir: str | Path, overrides: Sequence[str] | None = ()) -
     Raises:
         MissingFileError, DataError: as :func:`read_run_mapping` (no run, an empty config.yaml, a hashing
             run's).
-        ConfigError: an unknown key or a wrong value, in the file or the overrides.
+        ConfigError: an unknown key or a wrong value, in the file or the overrides; an override of a
+            matcher option the run does not read, or of token geometry
+            (:func:`~patchword.model.check_option_overrides`).
     """
     data = read_run_mapping(run_dir)  # read once: checked here, then built
     config = config_from_mapping(RunConfig, data, Path(run_dir) / CONFIG_FILE)
-    return apply_overrides(config, list(overrides or ()))
+    config = apply_overrides(config, list(overrides or ()))
+    check_option_overrides(config.model, overrides or ())
+    return config
 
 
 def resume_overrides(run_dir: str | Path) -> list[list[str]]:
@@ -228,17 +233,15 @@ def save_backbones(model, run_dir: Path) -> None:
     starts. A backbone loaded from a hub id also records the commit of the cached snapshot its id names
     (``_commit_hash``: transformers' own key for it, which rebuilding the architecture ignores): which
     revision the run started from, for its card and for anyone training it again, once the id's ``main``
-    has moved on. Nothing reads the hub id again (:func:`build_run_model`, :func:`load_run_tokenizer`)."""
+    has moved on (:func:`~patchword.runs.origins.pin_hub_revisions`, as an import records it). Nothing reads
+    the hub id again (:func:`build_run_model`, :func:`load_run_tokenizer`)."""
     from patchword.fileio import atomic_write_text
-    from patchword.hub import hub_revision
 
+    encoders = {"vision": model.image_encoder, "text": model.text_encoder}
     architectures = model.backbone_architectures()
-    for role, encoder in (("vision", model.image_encoder), ("text", model.text_encoder)):
-        # the id refs/main names now, moments after the model loaded it (a directory: None)
-        loaded = role in architectures and getattr(encoder, "pretrained", False)
-        commit = hub_revision(architectures[role].get("_name_or_path")) if loaded else None
-        if commit is not None:
-            architectures[role]["_commit_hash"] = commit
+    # the ids refs/main names now, moments after the model loaded them (one built from an architecture: none)
+    loaded = [role for role in architectures if getattr(encoders[role], "pretrained", False)]
+    architectures = pin_hub_revisions(architectures, loaded)
     if architectures:
         atomic_write_text(Path(run_dir) / BACKBONES_FILE, json.dumps(architectures, indent=2))
 
@@ -291,7 +294,10 @@ def build_run_model(run_dir: str | Path, cfg: RunConfig, vocab_size: int | None,
     path = Path(run_dir) / BACKBONES_FILE
     random_init = read_json(path, path.name, default={})
     model_cfg = dataclasses.replace(cfg.model, tiny_pretrained="")
-    model = build_model(model_cfg, vocab_size=vocab_size, vocab_words=vocab_words, random_init=random_init)
+    # saved: token geometry an older run's model.options holds is accepted where it agrees with the encoders
+    model = build_model(
+        model_cfg, vocab_size, vocab_words, random_init=random_init, saved=Path(run_dir) / CONFIG_FILE
+    )
     # The encoders that started from pretrained weights train at the backbone learning rate: the same
     # optimiser parameter groups as the run's checkpoint, although their weights now come from it.
     model.image_encoder.pretrained, model.text_encoder.pretrained = started_pretrained(cfg.model)
@@ -369,14 +375,15 @@ def load_run(
         MissingFileError: no such run directory, no config.yaml, no vocabulary or no checkpoint.
         DataError: an empty config.yaml or a hashing run's; an exported ``model.safetensors`` whose sha256
             is not the one its export recorded.
-        ConfigError: an override the run cannot apply (:func:`check_backbone_overrides`); a ``device``
-            this machine lacks.
+        ConfigError: an override the run cannot apply (:func:`check_backbone_overrides`,
+            :func:`~patchword.model.check_option_overrides`); a ``device`` this machine lacks.
     """
     # before anything is read or built, as create_model checks it
     device = checked_device(device)
     run_dir = Path(run_dir)
     cfg = config if config is not None else read_run_config(run_dir, overrides)
     check_backbone_overrides(run_dir, overrides)
+    check_option_overrides(cfg.model, overrides)  # the build checks neither other sections nor geometry
     path = resolve_checkpoint(run_dir, checkpoint)
     check_export_weights(run_dir, path)
     tokenizer = load_run_tokenizer(run_dir, cfg.data)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from patchword.checkpoint import weights_file
+from patchword.hub import hub_revision
 from patchword.runs.files import METRICS_FILE
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "encoder_origins",
     "encoder_kinds",
     "part_counts",
+    "pin_hub_revisions",
     "recorded_warm_start",
     "warm_start_counts",
     "warm_start_line",
@@ -139,6 +141,22 @@ def _architecture(backbones: Mapping[str, Any], role: str) -> str | None:
     entry = backbones.get(role)
     kind = entry.get("model_type") if isinstance(entry, Mapping) else None
     return kind if isinstance(kind, str) and kind else None
+
+
+def pin_hub_revisions(
+    architectures: Mapping[str, Mapping[str, Any]], roles: Iterable[str] | None = None
+) -> dict[str, dict[str, Any]]:
+    """``backbones.json``'s ``{role: Hugging Face config dict}`` with, for each of ``roles`` (default: every
+    one) read from a hub id (its ``_name_or_path``), the commit of the cached snapshot that id names now
+    (``_commit_hash``: transformers' own key for it, which rebuilding the architecture ignores): which
+    revision a trained or imported run's backbone came from, for its card and for anyone rebuilding it once
+    the id's ``main`` has moved on. A local directory's architecture is left as it is."""
+    pinned = {role: dict(architecture) for role, architecture in architectures.items()}
+    for role in pinned if roles is None else roles:
+        commit = hub_revision(pinned[role].get("_name_or_path"))
+        if commit is not None:
+            pinned[role]["_commit_hash"] = commit
+    return pinned
 
 
 def encoder_kinds(mc, backbones: Mapping[str, Any]) -> dict[str, str]:

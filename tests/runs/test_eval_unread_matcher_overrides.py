@@ -1,0 +1,57 @@
+"""What an evaluation of a saved run refuses of the matcher's options, and how an ensemble names a member's
+bad config.
+
+Old code: ``patchword eval VSE_RUN model.seps.sparse_ratio=0.6`` (or the legacy ``model.sparse_ratio``)
+evaluated and recorded the override as applied, although VSE never reads ``model.seps`` (the build leaves
+other sections alone: a recipe rebuilds a SEPS run's encoders under VSE and keeps its section), while
+``patchword train`` refuses it; and ``patchword eval RUN --ensemble OTHER`` with a member of a matcher not
+registered said "model.matcher: unknown matcher 'nosuch'" without naming which of the runs it was."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from conftest import TINY_RUN_32, one_error_line
+from patchword.cli import main
+from patchword.errors import ConfigError
+from patchword.runs import load_run
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def vse_run(tmp_path_factory):
+    runs = tmp_path_factory.mktemp("runs")
+    args = [*TINY_RUN_32, "model.matcher=vse", "train.max_steps=1", f"output_dir={runs}", "name=vse"]
+    assert main(["train", *args]) == 0
+    return runs / "vse"
+
+
+@pytest.mark.parametrize("key", ["model.seps.sparse_ratio", "model.sparse_ratio", "model.scan.lambda_lse"])
+def test_eval_refuses_an_option_of_a_section_the_runs_matcher_does_not_read(vse_run, tmp_path, capsys, key):
+    out = tmp_path / "e.json"
+    assert main(["eval", str(vse_run), f"{key}=0.6", "--out", str(out)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line == f"error: {key}: has no effect with model.matcher=vse (it reads model.vse)"
+    assert not out.exists()
+    with pytest.raises(ConfigError) as caught:  # load_run refuses it as well
+        load_run(vse_run, overrides=[f"{key}=0.6"])
+    assert caught.value.key == key
+
+
+def test_an_option_of_the_runs_own_section_still_applies(vse_run):
+    assert load_run(vse_run, overrides=["model.vse.pool=mean"]).model.matcher.config.pool == "mean"
+
+
+def test_an_ensemble_members_unknown_matcher_names_the_member(vse_run, tmp_path, capsys):
+    member = tmp_path / "member"
+    shutil.copytree(vse_run, member)
+    config = member / "config.yaml"
+    config.write_text(config.read_text().replace("  matcher: vse\n", "  matcher: nosuch\n"))
+    out = tmp_path / "e.json"
+    assert main(["eval", str(vse_run), "--ensemble", str(member), "--out", str(out)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: model.matcher: in ensemble member {member}: unknown matcher 'nosuch'")
+    assert not out.exists()
