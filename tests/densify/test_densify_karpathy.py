@@ -133,6 +133,51 @@ def test_data_check_accepts_the_karpathy_dense_file(karpathy, tmp_path):
     assert (row["images"], row["dense"], row["bad_images"]) == (4, "4/4", 0)
 
 
+def _documented_karpathy_training() -> list[str]:
+    """The ``patchword train data.dataset=karpathy ...`` command of docs/densify.md, as its words (the lines
+    it continues with ``\\`` joined)."""
+    lines = (Path(__file__).resolve().parents[2] / "docs" / "densify.md").read_text().splitlines()
+    start = next(
+        k for k, line in enumerate(lines) if line.startswith("patchword train data.dataset=karpathy")
+    )
+    words = []
+    for line in lines[start:]:
+        words += line.rstrip("\\").split()
+        if not line.endswith("\\"):
+            return words
+    raise AssertionError("the command's last line ends with a backslash")
+
+
+def test_the_documented_karpathy_training_command_runs(karpathy, tmp_path):
+    """Old docs: the command lacked data.dense_dev, and training refused it (`error: data.dense_dev: is not
+    set ...`). Each data.dense_<role> it names is densified with ``--split <role>`` into a file of that name,
+    the json and image folder are the tiny ones, and ``...`` is a one-step tiny SEPS model."""
+    from patchword.cli import main as patchword_main
+
+    path, root = karpathy
+    words = _documented_karpathy_training()
+    assert words[:2] == ["patchword", "train"] and words[-1] == "..."
+    here = {"data.root": str(path), "data.image_root": str(root)}
+    overrides = []
+    for word in words[2:-1]:
+        key, _, value = word.partition("=")
+        if key.startswith("data.dense_"):
+            here[key] = str(tmp_path / Path(value).name)
+            assert _densify(path, root, key.removeprefix("data.dense_"), Path(here[key])) == 0
+        overrides.append(f"{key}={here.get(key, value)}")
+    tiny = [
+        "model.name=seps-tiny-32",
+        "data.image_size=32",
+        "train.batch_size=2",
+        "train.max_steps=1",
+        "train.num_threads=1",
+        "data.num_workers=0",
+        "eval.max_memory_mb=1",
+    ]
+    assert patchword_main(["train", *overrides, *tiny, f"output_dir={tmp_path / 'runs'}", "name=k"]) == 0
+    assert (tmp_path / "runs" / "k" / "best.pt").is_file()
+
+
 # --------------------------------------------------------------------------------------------------------
 # refusals: nothing is written
 # --------------------------------------------------------------------------------------------------------

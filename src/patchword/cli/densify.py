@@ -11,7 +11,8 @@
     patchword densify stats dense.jsonl [--bert-vocab DIR] [--json]
 
 Exit codes: 0 done, 1 finished but incomplete (unreadable images skipped, or an image whose description
-came out empty: named), 2 user error (one line). What a job did is said on stderr
+came out empty: named), 2 user error (one line), 128 + signal when SIGTERM / SIGINT stopped it (one
+``interrupted:`` line; what it created and left empty is removed). What a job did is said on stderr
 (:mod:`patchword.cli.densify_report`); stdout carries only ``stats``'s report.
 Under torchrun (``WORLD_SIZE`` > 1, no ``--shard``) every rank writes ``<out stem>.shard-R-of-W<suffix>``
 and rank 0 merges them into ``--out`` once all are complete. An option the chosen images (or ``stats``
@@ -163,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args([*argv[:lead], *argv[lead + 1 :]] if verb != "run" else argv)
     _setup_logging(args.verbose)
     if verb == "merge":
-        return run_command(lambda: _merge(args), args.verbose)
+        merging = "while merging: rerun the same command (the shards are untouched)"
+        return run_command(lambda: _stopping(merging, lambda: _merge(args)), args.verbose)
     if verb == "stats":
         return run_command(lambda: _stats(args), args.verbose)
 
@@ -171,8 +173,23 @@ def main(argv: list[str] | None = None) -> int:
         with threads_of(args):  # checked first; the caller's count back afterwards
             return _run(args, parser)
 
+    describing = "while describing images: finished images are kept; rerun the same command"
     # a missing optional dependency is a user error too (MissingExtraError); finished images are kept
-    return run_command(job, args.verbose, "rerun the same command: finished images are kept")
+    return run_command(
+        lambda: _stopping(describing, job), args.verbose, "rerun the same command: finished images are kept"
+    )
+
+
+def _stopping(then: str, job) -> int:
+    """``job()`` with SIGTERM / SIGINT raised as :class:`~patchword.errors.Interrupted` (``interrupted:
+    SIGTERM received {then}``, exit 128 + signal), as the training commands do: SIGTERM's default action
+    (``kill``, a scheduler's pre-emption) ended the process on the spot, saying nothing and leaving the
+    empty output, its lock file and the folders made for them, which the output lock takes back when the
+    command stops by an exception (:func:`patchword.densify.lock.output_lock`)."""
+    from patchword.train.process import stop_raises
+
+    with stop_raises({"then": then}):
+        return job()
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -1,13 +1,16 @@
 """What a rerun finds: the sidecar check that refuses to mix two runs in one file, and the finished lines.
 
 A densify output is continued only by the run that started it: same model (its files, by fingerprint: see
-:mod:`patchword.densify.fingerprint`), model id, decoding settings, precision, image list (by fingerprint)
-and shard range. Batch size and device may change (with a warning; a shard keeps the image range its
-first run recorded). A file densify did not write (no sidecar) is never touched.
+:mod:`patchword.densify.fingerprint`), model id, decoding settings, precision, image list (by fingerprint),
+the images themselves (the same image folder; for synthetic scenes, the same generator config: see
+:func:`check_continuation`) and shard range. Batch size and device may change (with a warning; a shard keeps
+the image range its first run recorded), except the batch size of a sampled run: its batches are seeded by
+position, so the rest would be drawn otherwise. A file densify did not write (no sidecar) is never touched.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -18,12 +21,13 @@ from patchword.densify.fingerprint import model_mismatch, unverified
 from patchword.densify.shards import Shard, check_shard_sidecar
 from patchword.densify.sources import ImageList, fingerprint
 from patchword.densify.store import DenseRecord, read_records, read_sidecar, repair_tail, write_sidecar
-from patchword.errors import DataError, RunExistsError
+from patchword.errors import ConfigError, DataError, RunExistsError
 
 __all__ = [
     "shard_range",
     "run_meta",
     "check_existing",
+    "check_continuation",
     "open_output",
     "finished_before",
     "is_complete",
@@ -33,7 +37,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # Sidecar fields a rerun must match (the text they produce would differ otherwise); the model's fingerprint
-# too, through model_mismatch (a sidecar of an older patchword has none: the --model values decide then).
+# too, through model_mismatch (a sidecar of an older patchword has none: the --model values decide then), and
+# the image folder (or synthetic config) of "source" and a sampled run's batch size, through
+# check_continuation ("source" as a whole differs harmlessly: another path to the dataset json, say).
 _RESUME_FIELDS = (
     "model_id",
     "generation",
@@ -129,16 +135,90 @@ def _refuse_foreign(out: Path, old: dict[str, object] | None) -> None:
         )
 
 
-def check_existing(out: Path, wanted: dict[str, int]) -> set[str]:
-    """The ids ``out`` holds, every line checked, the file left as it is (a run looks before it loads).
+def _image_root(source: object) -> tuple[str, str] | None:
+    """``(flag, folder)`` the images of a sidecar's ``source`` are read from (None: no folder recorded)."""
+    if not isinstance(source, dict):
+        return None
+    key, flag = ("root", "--images") if source.get("kind") == "folder" else ("image_root", "--image-root")
+    folder = source.get(key)  # laps and karpathy: the --image-root; synthetic scenes have none
+    return (flag, folder) if isinstance(folder, str) else None
+
+
+def _same_folder(old: str, new: str) -> bool:
+    """Whether the recorded folder ``old`` is ``new`` (both absolute): the same path, or a path that leads
+    to the same folder now (a symlink left where a moved folder was, another mount of it)."""
+    if old == new:
+        return True
+    try:
+        return os.path.samefile(old, new)
+    except OSError:  # the recorded folder is gone (or unreadable): another place
+        return False
+
+
+def _synthetic(source: object) -> bool:
+    return isinstance(source, dict) and source.get("kind") == "synthetic"
+
+
+def check_continuation(out: Path, old: dict, source: dict, do_sample: bool, batch_size: int) -> None:
+    """What a run that continues ``out`` (its sidecar ``old``) must share with the first run beyond the
+    fields compared by name: the images themselves, and, when sampling, the batches.
+
+    The image list is compared by its ids (``images_sha256``): another folder holding files of the same
+    relative names (``--images photos_other`` for ``photos``, another ``--image-root``), or synthetic scenes
+    of another generator config, have the same ids, and the file would describe two image sets. The
+    folder is compared here, on resume only: ``densify merge`` joins shards made on machines whose mounts
+    differ, so it compares no paths. Sampled text depends on the batching (batch ``k`` is seeded with
+    ``seed + k``): another batch size draws completely different text for the rest.
 
     Raises:
-        RunExistsError: ``out`` exists without a sidecar (not densify's).
+        RunExistsError: another image folder or synthetic config than the first run's.
+        ConfigError: ``--batch-size`` differs from the first run's, with sampling.
+    """
+    old_source = old.get("source")
+    before, now = _image_root(old_source), _image_root(source)
+    if before is not None and now is not None and not _same_folder(before[1], now[1]):
+        raise RunExistsError(
+            f"{out} was started on the images in {before[1]} and this run reads {now[1]}: the file would "
+            f"describe two image sets; rerun with {now[0]} {before[1]} (if the images moved, link that path "
+            f"to them first: ln -s {now[1]} {before[1]}), else choose another --out"
+        )
+    if _synthetic(old_source) and _synthetic(source):  # the config draws the scenes: their ids say nothing
+        # compared as the sidecar holds it (JSON: the config's tuples are lists there)
+        before_config, now_config = old_source.get("config"), json.loads(json.dumps(source.get("config")))
+        if before_config != now_config and isinstance(before_config, dict) and isinstance(now_config, dict):
+            named = [{f"synthetic {k}": v for k, v in c.items()} for c in (before_config, now_config)]
+            raise _mismatch(out, "source", *named)
+    if do_sample and old.get("batch_size") not in (None, batch_size):
+        raise ConfigError(
+            "--batch-size",
+            f"{out} was started with --batch-size {old.get('batch_size')} and --sample; this run has "
+            f"{batch_size}: sampled text depends on the batching (batch k is seeded with seed + k), so the "
+            f"rest would not be what the first run draws; rerun with --batch-size {old.get('batch_size')}, "
+            "or choose another --out",
+        )
+
+
+def check_existing(
+    out: Path,
+    wanted: dict[str, int],
+    source: dict[str, object] | None = None,
+    do_sample: bool = False,
+    batch_size: int | None = None,
+) -> set[str]:
+    """The ids ``out`` holds, every line checked, the file left as it is (a run looks before it loads);
+    given ``source`` and ``batch_size``, what :func:`check_continuation` checks too.
+
+    Raises:
+        RunExistsError: ``out`` exists without a sidecar (not densify's), or another image folder.
+        ConfigError: another ``--batch-size`` with sampling.
         DataError: a line is blank or malformed, or names an image twice or one not of this run.
     """
     if not out.exists():
         return set()
-    _refuse_foreign(out, read_sidecar(out))
+    old = read_sidecar(out)
+    _refuse_foreign(out, old)
+    if source is not None and batch_size is not None:
+        check_continuation(out, old, source, do_sample, batch_size)
     return check_records(read_records(out)[0], wanted, out)
 
 
@@ -168,16 +248,28 @@ def open_output(out: Path, meta: dict[str, object], wanted: dict[str, int]) -> s
                 out,
                 meta["model"],
             )
+        generation, source = meta["generation"], meta["source"]
+        sampled = isinstance(generation, dict) and bool(generation.get("do_sample"))
+        check_continuation(out, old, source if isinstance(source, dict) else {}, sampled, meta["batch_size"])
         done = check_records(read_records(out)[0], wanted, out)
         if old.get("batch_size") != meta["batch_size"] or old.get("device") != meta["device"]:
+            # greedy text may change in the rounding only; a sampled run keeps its batch size (refused
+            # above), but another device draws from another random number generator
+            differ = (
+                "with --sample, another device draws other random numbers: their text differs from what "
+                "the first device would have sampled"
+                if sampled
+                else "the remaining images may differ in the last bits from what the first settings would "
+                "have produced"
+            )
             logger.warning(
-                "resuming %s with batch size %s on %s (first run: %s on %s): the remaining images may differ "
-                "in the last bits from what the first settings would have produced",
+                "resuming %s with batch size %s on %s (first run: %s on %s): %s",
                 out,
                 meta["batch_size"],
                 meta["device"],
                 old.get("batch_size"),
                 old.get("device"),
+                differ,
             )
         repair_tail(out)  # only bytes after the last newline go: the records checked above stay
         return done

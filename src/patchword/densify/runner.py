@@ -209,9 +209,10 @@ def densify(
         a :class:`DensifyResult`; ``complete`` says whether every image of the range is in the file.
 
     Raises:
-        ConfigError: ``out`` is a directory or its folder takes no files (before the lock and the model).
-        RunExistsError: ``out`` exists but holds other work (other settings or images, or not ours), or
-            another process writes it now (it is locked through ``<out>.lock`` while this call runs).
+        ConfigError: ``out`` is a directory or its folder takes no files (before the lock and the model),
+            or a sampled ``out`` is continued with another ``batch_size`` (its text depends on the batches).
+        RunExistsError: ``out`` exists but holds other work (other settings, images or image folder, or
+            not ours), or another process writes it now (locked through ``<out>.lock`` while this call runs).
         DataError: ``out`` holds a blank, malformed or duplicated line (checked before the model loads and
             before anything in the file changes).
         MissingFileError / DataError: an image cannot be read (``on_bad_image="error"``).
@@ -244,7 +245,7 @@ def densify(
             ):
                 logger.info("%s is complete (%d images); nothing to do", out, stop - start)
                 return DensifyResult(out, stop - start, stop - start, seconds=time.perf_counter() - started)
-            check_existing(out, wanted)
+            check_existing(out, wanted, images.source, settings.do_sample, batch_size)
             if on_bad_image == "error":
                 _check_files_exist(images, start, stop)
             loaded = vlm()
