@@ -76,12 +76,11 @@ def check_dataset(cfg, roles=("train", "dev", "test")) -> list[dict[str, Any]]:
     from patchword.data.dense_gaps import images_without_dense, refuse_images_without_dense
     from patchword.data.images import find_bad_images
     from patchword.data.pipeline import FileImages, encode_split
-    from patchword.data.prepare import FILE_DATASETS, REGION_DATASETS, load_raw_data
+    from patchword.data.prepare import FILE_DATASETS, load_raw_data, reads_dense_text
     from patchword.errors import USER_ERRORS
     from patchword.model import model_reads_dense
 
-    # region features carry no dense text: training reads none for them, whatever the matcher
-    use_dense = cfg.data.dense and model_reads_dense(cfg.model) and cfg.data.dataset not in REGION_DATASETS
+    use_dense = reads_dense_text(cfg.data, model_reads_dense(cfg.model))  # none for region features
     # Counted below instead of raised (and reported, not left out, whatever data.skip_bad_images says).
     dc = dataclasses.replace(cfg.data, check_images=False, skip_bad_images=False)
     tokenizer = _text_tokenizer(dc)

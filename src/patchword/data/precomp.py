@@ -293,9 +293,11 @@ def _one_row_per_image(
     n = feats.shape[0]
     if ids is not None and len(ids) == n:  # one id per row: the ids give the runs
         per_image = _run_length(ids)
+        if per_image is None:
+            _refuse_uneven_runs(ids, ids_path)  # mostly runs of several lines: one id per caption, broken
         if per_image in (None, 1):
-            # counts refused by the caller; one id per image (repeats refused by the caller); or runs of
-            # several lengths: the caller refuses the repeated id, naming the lines
+            # one id per image (repeats refused by the caller), or a few repeated ids among single lines:
+            # the caller refuses the repeated id, naming the lines
             return feats, ids
         image_ids = _ids_per_caption_to_images(ids, per_image, ids_path)
         source = f"{ids_path.name} repeats each id on {per_image} lines"
@@ -317,12 +319,48 @@ def _one_row_per_image(
     return feats[::per_image], image_ids
 
 
+def _runs(ids: list[str]) -> tuple[list[int], list[int]]:
+    """Where each run of equal consecutive ids starts, and its length (one scan)."""
+    starts = [k for k in range(len(ids)) if k == 0 or ids[k] != ids[k - 1]]
+    return starts, [b - a for a, b in zip(starts, [*starts[1:], len(ids)], strict=True)]
+
+
 def _run_length(ids: list[str]) -> int | None:
     """The length every run of equal consecutive ids has (1: no id repeats its neighbour), or None when the
-    runs differ in length (one scan)."""
-    starts = [k for k in range(len(ids)) if k == 0 or ids[k] != ids[k - 1]]
-    lengths = {b - a for a, b in zip(starts, [*starts[1:], len(ids)], strict=True)}
+    runs differ in length."""
+    lengths = set(_runs(ids)[1])
     return lengths.pop() if len(lengths) == 1 else None
+
+
+def _refuse_uneven_runs(ids: list[str], ids_path: Path) -> None:
+    """Ids with one line per caption whose runs of equal consecutive ids differ in length (a line left
+    out or added shifts every caption after it) are refused naming the first run of another length than
+    most runs'; ids that mostly do not repeat their neighbour (one id per image, one of them repeated)
+    are left to the caller.
+
+    Raises:
+        DataError: naming the ids file, the line where the run breaks, its id and where it started.
+    """
+    from patchword.errors import DataError
+
+    starts, lengths = _runs(ids)
+    usual = max(lengths, key=lengths.count)  # ties: the first run's
+    if usual == 1:
+        return
+    start, length = next((a, n) for a, n in zip(starts, lengths, strict=True) if n != usual)
+    run = f"the run of id {ids[start]!r} from line {start + 1}"
+    lines = f"{length} line{'s' if length > 1 else ''}"
+    if length > usual:
+        broken = f"{start + usual + 1}: {run} goes on past {usual} lines ({lines})"
+    elif start + length < len(ids):
+        broken = f"{start + length + 1}: id {ids[start + length]!r} ends {run} after {lines}"
+    else:
+        broken = f"{len(ids)}: the file ends {lines} into {run}"
+    raise DataError(
+        f"{ids_path}:{broken}, where most runs have {usual}: with one id per caption (and one feature row "
+        "per caption) each image's lines repeat its id, so a line left out or added there moves every "
+        "caption after it onto another image; mend the ids file"
+    )
 
 
 def _check_runs_are_copies(feats: np.ndarray, per_image: int, ims_path: Path, chunk: int = 1024) -> None:

@@ -40,6 +40,7 @@ __all__ = [
     "prepare_data",
     "eval_role",
     "holdout_images",
+    "reads_dense_text",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -304,6 +305,12 @@ def load_raw_data(
     unknown = set(roles) - set(ROLES)
     if unknown:
         raise ValueError(f"unknown split roles {sorted(unknown)}; expected a subset of {ROLES}")
+    if use_dense and dc.dataset in REGION_DATASETS:  # asked for by a matcher that reads dense text
+        _logger.warning(
+            "data.dataset=%s holds region features, no dense text: the matcher, which reads dense text, "
+            "runs without any (its records say dense_pairing null); set data.dense=false to say so",
+            dc.dataset,
+        )
     use_dense = _use_dense(dc, use_dense)
     dc = dc.home_expanded()  # the readers open what the config check (train.validate) found
     _needed_files(dc, roles, use_dense)
@@ -313,6 +320,13 @@ def load_raw_data(
         gaps = dc.skip_bad_images if dense_gaps_ok is None else dense_gaps_ok
         return _image_files(dc, roles, use_dense, gaps)
     return _precomp(dc, roles)
+
+
+def reads_dense_text(dc: DataConfig, matcher_reads: bool) -> bool:
+    """Whether a run on ``dc`` whose matcher reads dense text (``matcher_reads``: its ``consumes_dense``)
+    reads any: ``data.dense`` on and a dataset with dense text, never region features, whatever a (saved)
+    config's ``data.dense`` says: its records (dense pairing, leaky) and model card follow this."""
+    return bool(matcher_reads and dc.dense and dc.dataset not in REGION_DATASETS)
 
 
 def _use_dense(dc: DataConfig, use_dense: bool | None) -> bool:

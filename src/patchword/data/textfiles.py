@@ -226,17 +226,18 @@ def resolve_images(names: Sequence[str], image_root: PathLike | None, check_imag
 
 def _names_same_file(image: str, file: str) -> bool:
     """Whether the split's image path (or relative name) ends with the relative path ``file``."""
-    file_parts = PurePosixPath(file).parts
-    image_parts = PurePosixPath(Path(image).as_posix()).parts
+    file_parts, image_parts = PurePosixPath(file).parts, PurePosixPath(Path(image).as_posix()).parts
     return 0 < len(file_parts) <= len(image_parts) and image_parts[-len(file_parts) :] == file_parts
 
 
 def names_image(line: DenseLine, image_id: str, image: str) -> bool:
-    """Whether a line's recorded identity names this image: by dataset id (a LAPS-split densify, the
-    export) or by file (a folder densify records the path relative to the folder, not the dataset id)."""
-    if line.image_id is not None and line.image_id == image_id:
-        return True
-    return line.file is not None and _names_same_file(image, line.file)
+    """Whether a line's recorded identity names this image: by file where it records one, else by dataset id.
+    A file naming another image decides even where the id matches (ids ``0..N-1`` of another dataset's
+    dense file match any split's); a file equal to the id (``densify --synthetic``'s scenes) is either."""
+    if line.file is not None and line.file != line.image_id:
+        return _names_same_file(image, line.file)
+    by_file = line.file is not None and _names_same_file(image, line.file)
+    return by_file or (line.image_id is not None and line.image_id == image_id)
 
 
 def _check_dense_identities(
@@ -269,6 +270,10 @@ def _check_dense_identities(
             if where is not None
             else "; it is not an image of this split (a dense file of another split?)"
         )
+        if line.image_id == image_ids[k]:  # the id matches: the recorded file is the one that disagrees
+            hint = (
+                f"; its metadata.image_id is this image's id, but its metadata.file names another image{hint}"
+            )
         raise DataError(
             f"{path}:{line.lineno}: the line describes {line.identity()}, but image {k} of the split is "
             f"id {image_ids[k]!r} ({images[k]}); dense captions must follow the split's image order{hint}"

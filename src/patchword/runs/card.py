@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from patchword.data.prepare import reads_dense_text
 from patchword.errors import ConfigError
 from patchword.eval.two_stage import TWO_STAGE_RECALLS, two_stage_of
 from patchword.imports import published as published_table
@@ -69,7 +70,8 @@ def model_card(run, record: dict[str, Any]) -> str:
     warm = record.get("warm_start")
     kinds = encoder_kinds(mc, backbones)
     origins = encoder_origins(mc, imported, backbones, warm)
-    reads_dense = model.matcher.consumes_dense and dc.dense
+    # as the run's evaluation records it: region features bring no dense text, whatever data.dense says
+    reads_dense = reads_dense_text(dc, model.matcher.consumes_dense)
     dense = f"yes, tied to the {model.matcher.dense_pairing}" if reads_dense else "no"
     lines = [
         f"# {run.run_dir.name}",

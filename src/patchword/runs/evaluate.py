@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from patchword.config import apply_overrides
-from patchword.data.prepare import PreparedData, eval_role
+from patchword.data.prepare import PreparedData, eval_role, reads_dense_text
 from patchword.distributed import Distributed
 from patchword.eval.engine.memory import configured_budget_mb
 from patchword.eval.known_splits import identify_captions
@@ -108,7 +108,7 @@ def run_metadata(cfg: RunConfig, model: RetrievalModel, role: str, split) -> dic
     """What a metrics file must say about how it was obtained (``split``: the scored EncodedSplit):
     ``"split"`` the role, ``"data_split"`` the dataset's split it read and ``"split_use"`` what that split
     is to the run besides a test set (None: held out)."""
-    matcher = model.matcher
+    matcher, dense = model.matcher, reads_dense_text(cfg.data, model.matcher.consumes_dense)
     return {
         "split": role,
         "data_split": data_split(cfg.data, role),
@@ -121,9 +121,9 @@ def run_metadata(cfg: RunConfig, model: RetrievalModel, role: str, split) -> dic
         # the options the matcher's registration asks every metrics file to record (SEPS: its variant), as
         # the matcher used them: an option left at its default is recorded as its value, not null
         **reported_options(cfg.model, matcher),
-        # None without dense text (data.dense=false, or a matcher that reads none): no pairing took place
-        "dense_pairing": matcher.dense_pairing if cfg.data.dense and matcher.consumes_dense else None,
-        "leaky": bool(cfg.data.dense and matcher.leaky),
+        # None without dense text (data.dense=false, region features, a matcher that reads none): no pairing
+        "dense_pairing": matcher.dense_pairing if dense else None,
+        "leaky": bool(dense and matcher.leaky),
         "eval_precision": cfg.eval.precision,  # the scoring engine's products ("tf32" is not exact)
         # the weights' dtype, which the encoders computed in (precision=fp64: float64); their tokens reach
         # the scoring engine as float32 whatever it is (eval.scoring), so eval_precision says its products
@@ -305,7 +305,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, config
             # member's folds are its own searches of each fold (return_fold_sims), which the ensemble
             # averages fold by fold
             mcfg = replace(mcfg, eval=replace(mcfg.eval, coco_1k=cfg.eval.coco_1k))
-        use_dense = mcfg.data.dense and model.matcher.consumes_dense
+        use_dense = reads_dense_text(mcfg.data, model.matcher.consumes_dense)
         key = json.dumps([vars(mcfg.data), str(member_dir / VOCAB_FILE), use_dense], default=str)
         if key not in prepared:
             prepared[key] = prepare_data(

@@ -16,15 +16,21 @@ from patchword.data.prepare import REGION_DATASETS
 from patchword.errors import ConfigError
 from patchword.matching.registry import list_matchers, matcher_spec
 from patchword.model import check_matcher_options
+from patchword.model.matcher_options import split_saved_geometry
 from patchword.runs.config import RunConfig
 
 __all__ = ["check_matcher"]
 
 
-def check_matcher(cfg: RunConfig) -> None:
+def check_matcher(cfg: RunConfig, *, resuming: bool = False) -> None:
     """What the matcher declared at registration, checked against the config: its training losses,
     chunking, the options its preset fixes, its options themselves, sections it does not read, the image
     encoder's CLS token.
+
+    ``resuming``: ``cfg`` is a saved run's. The token geometry (``embed_dim``, ``num_patches``,
+    ``has_cls``) a plug-in run saved before it was refused in ``model.options`` holds there is left to the
+    build, as ``load_run`` and ``patchword eval`` leave it (:func:`~patchword.model.matcher_options.
+    split_saved_geometry`): a value that agrees with the encoders' is dropped, one that disagrees named.
 
     Raises:
         ConfigError: naming the first offending key.
@@ -51,8 +57,9 @@ def check_matcher(cfg: RunConfig) -> None:
     if tc.pair_chunk and not spec.pair_chunk:
         raise ConfigError("train.pair_chunk", f"model.matcher={mc.matcher} does not chunk its training step")
     # the options themselves, as every build checks them (create_model, load_run, patchword eval), and
-    # here the sections of other matchers too: before anything is written
-    check_matcher_options(mc)
+    # here the sections of other matchers too: before anything is written; a resumed run's saved geometry
+    # is its build's to check against the encoders (config.yaml is never rewritten)
+    check_matcher_options(split_saved_geometry(mc)[0] if resuming else mc)
     fields = {f.name for f in dataclasses.fields(spec.config_cls)}
     if "has_cls" not in fields:
         _check_no_cls_token(cfg)

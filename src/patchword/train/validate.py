@@ -21,6 +21,7 @@ from patchword.data.prepare import (
     REGION_DATASETS,
     SYNTHETIC_DATASETS,
     eval_role,
+    reads_dense_text,
 )
 from patchword.device import resolve_device
 from patchword.errors import ConfigError, MissingFileError
@@ -218,7 +219,7 @@ def check_config_and_truth(
     check_optimiser(cfg, resuming=resuming)
     _check_identity(cfg)
     check_finite_number("dist_timeout_s", cfg.dist_timeout_s, inclusive=False)
-    check_matcher(cfg)
+    check_matcher(cfg, resuming=resuming)
     if not resuming:  # a new run's config.yaml holds every option of a plug-in matcher, a default too
         resolve_plugin_options(cfg.model)
     _check_compile(cfg, resuming)
@@ -262,7 +263,7 @@ def check_config_and_truth(
             key,
             f"is {data_image_size(cfg)} but model.tiny_vit.image_size is {mc.tiny_vit.image_size}",
         )
-    reads_dense = dc.dense and not region_data and model_reads_dense(mc)
+    reads_dense = reads_dense_text(dc, model_reads_dense(mc))
     if mc.text_encoder == "tiny":
         lengths = [("data.max_caption_len", dc.max_caption_len)]
         if reads_dense:
