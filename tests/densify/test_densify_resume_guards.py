@@ -158,6 +158,23 @@ def test_shards_made_from_two_mounts_of_the_images_still_merge(image_dir, refere
     assert merged.read_bytes() == reference
 
 
+def test_shards_of_synthetic_scenes_of_another_generator_config_do_not_merge(tmp_path, capsys):
+    """Old code: merged (the scene ids of two seeds are the same), a file describing two scene sets."""
+    syn = ["--synthetic", "test", "--synthetic-num-images", "4", *RUN]
+    shards = [tmp_path / f"part{i}.jsonl" for i in range(2)]
+    for i, shard in enumerate(shards):
+        assert main([*syn, "--synthetic-seed", str(i), "--shard", f"{i}/2", "--out", str(shard)]) == 0
+    merged = tmp_path / "dense.jsonl"
+    capsys.readouterr()
+    assert main(["merge", *map(str, shards), "--out", str(merged)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert (
+        f"{shards[1]} and {shards[0]} come from different jobs: their synthetic scenes' configs differ"
+        in line
+    )
+    assert not merged.exists()
+
+
 def test_sigterm_stops_densify_with_one_line_and_takes_back_what_it_made(image_dir, tmp_path):
     """A real ``kill``: the child is stalled before its first batch is written (the test hook), then sent
     SIGTERM; it must end as Ctrl-C does, its empty output, sidecar, lock file and new folders removed."""

@@ -182,12 +182,24 @@ def _check_compatible(shards: Sequence[_ShardFile]) -> None:
         other_model = model_mismatch(first.meta, other.meta)
         if other_model is not None:
             raise DataError(f"{other.path} and {first.path} come from different models: {other_model}")
+        configs = [_synthetic_config(shard.meta) for shard in (other, first)]
+        if configs[0] != configs[1]:  # synthetic scenes: the generator config draws them, not their ids
+            raise DataError(
+                f"{other.path} and {first.path} come from different jobs: their synthetic scenes' configs "
+                f"differ ({configs[0]!r} vs {configs[1]!r})"
+            )
     if unverified(*(shard.meta for shard in shards)):
         logger.warning(
             "some shards record no model fingerprint (files of an older patchword): merged as one model "
             "because their --model values are equal (%r), without checking its files",
             first.meta.get("model"),
         )
+
+
+def _synthetic_config(meta: dict) -> object:
+    """The generator config of a shard of synthetic scenes (``None`` for files of images)."""
+    source = meta.get("source")
+    return source.get("config") if isinstance(source, dict) and source.get("kind") == "synthetic" else None
 
 
 def _batch_sizes(shards: Sequence[_ShardFile]) -> str:
