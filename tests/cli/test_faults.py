@@ -16,6 +16,8 @@ injected at ``os.fsync``: the n-th call and every later one fail, as on a disk t
 shard arrays are written with ``os.write`` (:func:`patchword.search.shards.write_npy`), where a disk that
 fills in the middle of a write is injected too (:func:`short_writes_from`), and a real short write is made by
 a file size limit.
+
+Over 400 lines: the five commands share one injection harness and its checks of what is left.
 """
 
 from __future__ import annotations
@@ -405,6 +407,18 @@ def index_env(tmp_path_factory):
     return base, root
 
 
+@pytest.fixture(scope="module")
+def index_in_three_shards(index_env):
+    """The build of ``index_env`` in shards of 10 (10, 10 and a last one of 4) and its undisturbed index:
+    the sweeps over every write site fail each write of a first, a middle and a last shard and of the
+    manifest between them; five shards of 5 repeat the middle shard's sites (at 1.6x the builds)."""
+    base, root = index_env
+    at = base.index("--shard-size") + 1
+    base = [*base[:at], "10", *base[at + 1 :]]
+    assert main([*base, "--out", str(root / "whole_in_10s")]) == 0
+    return base, root / "whole_in_10s"
+
+
 def _same_index(a: Path, b: Path) -> None:
     from patchword.search.manifest import Manifest
 
@@ -413,9 +427,9 @@ def _same_index(a: Path, b: Path) -> None:
 
 
 def test_index_build_disk_full_at_every_write_site_then_rerun_resumes_to_the_same_index(
-    index_env, tmp_path, capsys
+    index_in_three_shards, tmp_path, capsys
 ):
-    base, root = index_env
+    base, whole = index_in_three_shards
 
     def after_failure(line, out, n):
         assert str(out) in line and "rerun" in line, line
@@ -427,13 +441,13 @@ def test_index_build_disk_full_at_every_write_site_then_rerun_resumes_to_the_sam
         capsys,
         min_sites=10,
         after_failure=after_failure,
-        after_rerun=lambda out, n: _same_index(out, root / "whole"),
+        after_rerun=lambda out, n: _same_index(out, whole),
     )
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="finds the file written through /proc")
 def test_index_build_disk_full_in_the_middle_of_every_shard_write_names_the_file_then_rerun_resumes(
-    index_env, tmp_path, capsys
+    index_in_three_shards, tmp_path, capsys
 ):
     """A shard array is written with ``os.write`` until every byte is on disk: a write the full disk cuts
     short, then ENOSPC, is one line naming the shard file and the errno (``np.save``'s ``tofile`` said only
@@ -441,7 +455,7 @@ def test_index_build_disk_full_in_the_middle_of_every_shard_write_names_the_file
     from patchword.search.manifest import Manifest
     from patchword.search.store import broken_shards
 
-    base, root = index_env
+    base, whole = index_in_three_shards
     cut: dict[str, str] = {}
 
     def after_failure(line, out, n):
@@ -462,7 +476,7 @@ def test_index_build_disk_full_in_the_middle_of_every_shard_write_names_the_file
         capsys,
         min_sites=20,
         after_failure=after_failure,
-        after_rerun=lambda out, n: _same_index(out, root / "whole"),
+        after_rerun=lambda out, n: _same_index(out, whole),
         inject=lambda n: short_writes_from(n, tmp_path, cut),
     )
 

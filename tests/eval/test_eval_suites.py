@@ -9,6 +9,9 @@ import pytest
 
 from conftest import TINY_MODEL_32
 from patchword.cli import main
+from patchword.train.process import torch_threads
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = [
     "data.num_train=20",
@@ -25,7 +28,8 @@ TINY = [
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("suites")
-    assert main(["train", *TINY, f"output_dir={tmp}", "name=r", f"data.cache_dir={tmp / 'cache'}"]) == 0
+    with torch_threads(1):  # as one_thread gives the tests: a module fixture runs before it
+        assert main(["train", *TINY, f"output_dir={tmp}", "name=r", f"data.cache_dir={tmp / 'cache'}"]) == 0
     return tmp / "r"
 
 

@@ -23,6 +23,8 @@ from patchword.eval.known_splits import (
 from patchword.imports.published import caveats, published_results
 from project_paths import SHARED_DATA
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 needs_shared = pytest.mark.skipif(
     not SHARED_DATA.is_dir(), reason=f"real caption files not available ({SHARED_DATA} is absent)"
 )

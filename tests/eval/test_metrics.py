@@ -11,6 +11,8 @@ import torch
 from patchword.eval import coco_1k_folds, retrieval_metrics, retrieval_ranks
 from project_paths import SHARED_DATA
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 CLIP_DIR = SHARED_DATA / "f30k_first1000_clipL14"
 NEG_INF = -math.inf
 # what retrieval_metrics returns, written out here (not imported: the test checks the library's list)

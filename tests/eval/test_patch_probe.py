@@ -10,6 +10,8 @@ import torch
 from patchword.data.synthetic.records import SceneTable
 from patchword.eval.patch_probe import fit_linear_probe, patch_targets, probe_patch_tokens, roc_auc
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def _labels(n: int, k: int, seed: int) -> torch.Tensor:
     return torch.randint(0, k, (n,), generator=torch.Generator().manual_seed(seed))

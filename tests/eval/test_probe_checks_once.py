@@ -6,9 +6,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 
 import patchword.eval.patch_probe as probe
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _counting(monkeypatch) -> list:

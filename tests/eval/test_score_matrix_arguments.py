@@ -20,6 +20,8 @@ from patchword.eval import retrieval_metrics, score_matrix, two_stage_scores
 from patchword.matching import build_matcher
 from patchword.testing import seps_reference_scores
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def _inputs():
     g = torch.Generator().manual_seed(0)

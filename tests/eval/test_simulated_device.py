@@ -17,6 +17,8 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from patchword.testing.simulated_device import DeviceCounts, MixedDeviceError, SimTensor, SimulatedDevice
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def _next_line() -> int:
     """The line number after the caller's line."""

@@ -16,6 +16,7 @@ from PIL import Image
 from conftest import TINY_RUN_32, one_error_line
 from patchword.cli import main
 from patchword.runs.ensemble import shared_split
+from patchword.train.process import torch_threads
 from project_paths import BENCHMARKS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -26,8 +27,9 @@ def two_runs(tmp_path_factory):
     """Two tiny SEPS runs (seeds 0 and 1, two steps each) sharing their synthetic data."""
     root = tmp_path_factory.mktemp("runs")
     args = [*TINY_RUN_32, "train.max_steps=2", "progress=false", f"data.cache_dir={root / 'cache'}"]
-    for seed in (0, 1):
-        assert main(["train", *args, f"seed={seed}", f"output_dir={root}", f"name=r{seed}"]) == 0
+    with torch_threads(1):  # as one_thread gives the tests: a module fixture runs before it
+        for seed in (0, 1):
+            assert main(["train", *args, f"seed={seed}", f"output_dir={root}", f"name=r{seed}"]) == 0
     return root / "r0", root / "r1"
 
 

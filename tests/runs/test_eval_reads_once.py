@@ -7,6 +7,7 @@ import json
 import shutil
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 import patchword.runs
@@ -15,6 +16,8 @@ import patchword.runs.load
 from patchword.cli import main
 from patchword.runs.checks import check_eval_settings
 from patchword.runs.config import RunConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _counting(monkeypatch, module, name: str) -> list:

@@ -16,6 +16,7 @@ from patchword.config import apply_overrides
 from patchword.data.config import DataConfig
 from patchword.imports.published import SELECTION_SPLIT, scored_split, split_use
 from patchword.runs.config import RunConfig
+from patchword.train.process import torch_threads
 from patchword.train.runner import train_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -31,7 +32,8 @@ def selection_run(tmp_path_factory):
     logger = logging.getLogger("patchword.train.validate")
     logger.addHandler(handler)
     try:
-        train_run(apply_overrides(RunConfig(), [*overrides, f"data.cache_dir={root / 'cache'}"]))
+        with torch_threads(1):  # as one_thread gives the tests: a module fixture runs before it
+            train_run(apply_overrides(RunConfig(), [*overrides, f"data.cache_dir={root / 'cache'}"]))
     finally:
         logger.removeHandler(handler)
     return root / "run", handler.messages

@@ -14,6 +14,7 @@ from conftest import TINY_RUN_32, one_error_line, tiny_hf_laps_overrides
 from patchword.cli import main
 from patchword.runs import config_hash, load_run
 from patchword.runs.recorded import evaluation_of
+from patchword.train.process import torch_threads
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -28,8 +29,9 @@ def _train(root, name: str, *extra: str):
 def runs(tmp_path_factory):
     """``run``: 6 steps, validated every step (its best.pt holds earlier weights); ``other``: another seed."""
     root = tmp_path_factory.mktemp("card")
-    run = _train(root, "run", "train.max_steps=6", "train.eval_every=1")
-    other = _train(root, "other", "train.max_steps=2", "seed=1")
+    with torch_threads(1):  # as one_thread gives the tests: a module fixture runs before it
+        run = _train(root, "run", "train.max_steps=6", "train.eval_every=1")
+        other = _train(root, "other", "train.max_steps=2", "seed=1")
     return run, other
 
 

@@ -12,6 +12,7 @@ from conftest import TINY_MODEL_32, one_error_line, tiny_hf_laps_overrides
 from patchword import create_model
 from patchword.cli import main
 from patchword.runs import load_run
+from patchword.train.process import torch_threads
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -37,7 +38,8 @@ def trained(tmp_path_factory):
         "train.num_threads=1",
         f"data.cache_dir={root / 'c'}",
     ]
-    assert main(["train", *args, f"output_dir={root}", "name=run"]) == 0
+    with torch_threads(1):  # as one_thread gives the tests: a module fixture runs before it
+        assert main(["train", *args, f"output_dir={root}", "name=run"]) == 0
     return root / "run"
 
 

@@ -18,6 +18,7 @@ from patchword.errors import MissingFileError
 from patchword.runs import recorded
 from patchword.runs.load import resolve_checkpoint
 from patchword.runs.recorded import evaluation_of
+from patchword.train.process import torch_threads
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -29,9 +30,10 @@ def evaluated(tmp_path_factory):
     root = tmp_path_factory.mktemp("digest")
     args = [*TINY_RUN_32, "model.seps.variant=paper", f"data.cache_dir={root / 'c'}", "progress=false"]
     extra = ["train.max_steps=6", "train.eval_every=1", f"output_dir={root}", "name=run"]
-    assert main(["train", *args, *extra]) == 0
     run = root / "run"
-    assert main(["eval", str(run)]) == 0
+    with torch_threads(1):  # as one_thread gives the tests: a module fixture runs before it
+        assert main(["train", *args, *extra]) == 0
+        assert main(["eval", str(run)]) == 0
     return run
 
 

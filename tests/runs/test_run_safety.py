@@ -14,6 +14,9 @@ import torch
 from conftest import TINY_MODEL_32, TINY_WORDPIECE, one_error_line
 from patchword.checkpoint import load_checkpoint
 from patchword.cli import main
+from patchword.train.process import torch_threads
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = [
     "data.num_train=20",
@@ -49,7 +52,8 @@ def trained(tmp_path_factory, cache):
     args = _args(
         tmp, cache, "name=rho06", "model.seps.sparse_ratio=0.6", "train.margin=0.3", "train.max_steps=3"
     )
-    assert main(["train", *args]) == 0
+    with torch_threads(1):  # as one_thread gives the tests: a module fixture runs before it
+        assert main(["train", *args]) == 0
     return tmp / "runs" / "rho06"
 
 

@@ -18,6 +18,7 @@ from patchword.cli import main
 from patchword.runs import recorded
 from patchword.runs.recorded import IDENTITY_FIELDS, evaluation_of, suite_evaluation_of
 from patchword.runs.suites import evaluate_patch_suite, evaluate_suite
+from patchword.train.process import torch_threads
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -40,13 +41,12 @@ def trained(tmp_path_factory):
     evaluation (eval_test.json) and both suites of best.pt."""
     root = tmp_path_factory.mktemp("suites")
     args = [*TINY_RUN_32, "model.seps.variant=paper", f"data.cache_dir={root / 'c'}", "progress=false"]
-    assert (
-        main(["train", *args, "train.max_steps=4", "train.eval_every=1", f"output_dir={root}", "name=r"]) == 0
-    )
-    run = root / "r"
-    assert main(["eval", str(run)]) == 0
-    evaluate_suite(run, overrides=["progress=false"])
-    evaluate_patch_suite(run)
+    run, steps = root / "r", ["train.max_steps=4", "train.eval_every=1", f"output_dir={root}", "name=r"]
+    with torch_threads(1):  # as one_thread gives the tests: a module fixture runs before it
+        assert main(["train", *args, *steps]) == 0
+        assert main(["eval", str(run)]) == 0
+        evaluate_suite(run, overrides=["progress=false"])
+        evaluate_patch_suite(run)
     return run
 
 

@@ -20,6 +20,7 @@ from patchword.errors import ConfigError
 from patchword.experiments.report import collect, differing_keys
 from patchword.experiments.sweep import METRICS, parse_seeds
 from patchword.runs.config import load_run_config
+from patchword.train.process import torch_threads
 from patchword.train.runner import train_run
 from stall_support import run_until_stalled, stalled_command
 
@@ -68,7 +69,8 @@ def sweep(tmp_path_factory) -> dict:
     assert not (second / "summary.json").exists()
     first_summary = (root / "sw" / "seed-0" / "summary.json").read_bytes()
     first_weights = (root / "sw" / "seed-0" / "best.pt").read_bytes()
-    assert main(argv) == 0
+    with torch_threads(1):  # as one_thread gives the tests: a module fixture runs before it
+        assert main(argv) == 0
     return dict(root=root, common=common, first_summary=first_summary, first_weights=first_weights)
 
 
