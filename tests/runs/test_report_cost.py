@@ -42,6 +42,27 @@ def two_runs(tmp_path_factory) -> list[Path]:
     return runs
 
 
+def test_the_evaluation_after_the_fit_runs_with_train_num_threads(tmp_path):
+    """Old code: ``train.num_threads`` held for the fit only, the final evaluation of the same ``patchword
+    train`` ran with torch's threads (all the cores, on a machine the user had asked to share)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        args = [
+            *TINY_RUN_32,
+            "train.max_steps=1",
+            "train.eval_every=0",
+            "progress=false",
+            "train.num_threads=1",
+        ]
+        args += [f"output_dir={tmp_path}", f"data.cache_dir={tmp_path / 'cache'}", "name=one"]
+        assert main(["train", *args]) == 0
+        assert torch.get_num_threads() == 2  # restored after the command
+    finally:
+        torch.set_num_threads(threads)
+    assert json.loads((tmp_path / "one" / "summary.json").read_text())["cost"]["threads"] == 1
+
+
 def test_a_run_records_what_its_evaluation_cost(two_runs):
     run = two_runs[0]
     summary = json.loads((run / "summary.json").read_text())

@@ -67,7 +67,7 @@ from patchword.runs.origins import recorded_warm_start
 from patchword.runs.recorded import DIGEST_FIELD
 from patchword.train.agreement import checkpoint_to_evaluate, refuse_differing_configs
 from patchword.train.limits import refuse_limits_behind
-from patchword.train.process import stop_raises
+from patchword.train.process import stop_raises, torch_threads
 from patchword.train.resumable import resumable_state
 from patchword.train.resuming import drop_metrics_after, nothing_to_do, resume_records, train_hint
 from patchword.train.sessions import evaluates_otherwise, session_machine, set_aside_results
@@ -354,7 +354,8 @@ def _finish(
         model.load_state_dict(best["model"])
     if dist.is_main:
         export_weights(model, asdict(cfg), run_dir / "export", vocab_size=data.vocab_size)
-    summary = evaluate_run(cfg, model, data, run_dir, device=dist.device, dist=dist, ground_truth=truth)
+    with torch_threads(cfg.train.num_threads):  # the command's threads, its evaluation's too
+        summary = evaluate_run(cfg, model, data, run_dir, device=dist.device, dist=dist, ground_truth=truth)
     summary.update(checkpoint=trained.name, checkpoint_step=step)
     summary.update(fit)
     summary["skipped_steps"] = trainer.skipped_steps
