@@ -100,8 +100,8 @@ def test_a_missing_run_dir_or_checkpoint_is_refused_before_the_run(tmp_path, cap
     assert main([*argv, "--checkpoint", "missing.pt"]) == 2
     line = _error(capsys)
     assert (
-        line
-        == f"error: --checkpoint: checkpoint missing.pt does not exist: {run} has best.pt (pass --checkpoint)"
+        line == f"error: --checkpoint: checkpoint missing.pt does not exist: {run} has best.pt "
+        "(pass checkpoint= / --checkpoint)"
     )
 
 

@@ -36,7 +36,7 @@ def test_a_directory_of_the_run_named_as_checkpoint_is_said_to_be_one(tmp_path, 
     # adir.pt, a directory, is no checkpoint the run has
     assert str(caught.value) == (
         f"checkpoint {run / 'export'} is a directory, not a file: "
-        f"{run} has best.pt, last.pt (pass --checkpoint)"
+        f"{run} has best.pt, last.pt (pass checkpoint= / --checkpoint)"
     )
     with pytest.raises(MissingFileError, match=rf"^checkpoint {run / 'adir.pt'} is a directory, not a file"):
         resolve_checkpoint(run, "adir.pt")
@@ -107,4 +107,4 @@ def test_an_export_without_its_weights_file_names_that_file_and_lists_it_when_pr
     (export / "model.safetensors").write_bytes(b"weights")
     with pytest.raises(MissingFileError) as caught:
         resolve_checkpoint(export, "best.pt")
-    assert str(caught.value).endswith(f"{export} has model.safetensors (pass --checkpoint)")
+    assert str(caught.value).endswith(f"{export} has model.safetensors (pass checkpoint= / --checkpoint)")

@@ -136,7 +136,8 @@ def test_a_relative_checkpoint_is_the_runs_own_before_the_working_directorys(
     assert resolve_checkpoint(run, "last.pt") == run / "last.pt"
     assert resolve_checkpoint(run, "other.pt").resolve() == elsewhere / "other.pt"  # not the run's: cwd's
     with pytest.raises(
-        MissingFileError, match=r"none\.pt does not exist: .* has best\.pt, last\.pt \(pass --checkpoint\)$"
+        MissingFileError,
+        match=r"none\.pt does not exist: .* has best\.pt, last\.pt \(pass checkpoint= / --checkpoint\)$",
     ):
         resolve_checkpoint(run, "none.pt")
     out = tmp_path / "eval_last.json"

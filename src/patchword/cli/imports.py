@@ -23,10 +23,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--family", choices=[f.name for f in families], help="the checkpoint's family (default: recognised)"
     )
     parser.add_argument(
-        "--hf-vision", help="Hugging Face vision backbone: directory or cached hub id (architecture only)"
+        "--hf-vision",
+        help="Hugging Face vision backbone: directory or hub id (the cache only, unless "
+        "model.hf_local_files_only=false; architecture only)",
     )
     parser.add_argument(
-        "--hf-text", help="Hugging Face text backbone: directory or cached hub id (architecture, tokenizer)"
+        "--hf-text",
+        help="Hugging Face text backbone: directory or hub id (the cache only, unless "
+        "model.hf_local_files_only=false; architecture, tokenizer)",
     )
     parser.add_argument("--vocab", help="the official word vocabulary (SCAN / NAAF: json or pkl)")
     parser.add_argument(

@@ -34,6 +34,7 @@ from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from patchword.data.split import RetrievalSplit
+from patchword.data.transforms import require_pil_image
 
 __all__ = [
     "load_image",
@@ -181,8 +182,9 @@ def rgb_image(image: Image.Image) -> Image.Image:
     Raises:
         ValueError: a mode ``F`` image, or a mode ``I`` one outside 0..65535 (:func:`load_image` names the
             file).
+        TypeError: not a PIL image (a path: open it with ``PIL.Image.open``).
     """
-    problem = _eight_bit_problem(image)
+    problem = _eight_bit_problem(require_pil_image(image))  # a path or tensor: a TypeError saying so
     if problem:
         raise _NoEightBitReading(problem)
     if image.mode in _SIXTEEN_BIT or image.mode == "I":

@@ -35,6 +35,7 @@ __all__ = [
     "train_transform",
     "test_transform",
     "normalize_uint8_batch",
+    "require_pil_image",
 ]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -44,6 +45,27 @@ HALF = (0.5, 0.5, 0.5)  # mean and std of the in21k ViTs: maps [0, 1] to [-1, 1]
 RandomSource = torch.Generator | np.random.Generator | None
 
 _BICUBIC = Image.Resampling.BICUBIC
+
+
+def require_pil_image(image: object) -> Image.Image:
+    """``image`` when it is a PIL image, which every transform here reads.
+
+    Raises:
+        TypeError: anything else, saying what it got (a path: open the file first), instead of an
+            AttributeError from deep inside the first step.
+    """
+    if isinstance(image, Image.Image):
+        return image
+    import os
+
+    if isinstance(image, (str, bytes, os.PathLike)):
+        raise TypeError(
+            f"expects a PIL image, got the path {image!r}: open the file with PIL.Image.open(path) first"
+        )
+    raise TypeError(
+        f"expects a PIL image, got a {type(image).__module__}.{type(image).__qualname__}: open image files "
+        "with PIL.Image.open(path)"
+    )
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -154,6 +176,7 @@ class RandomResizedCrop:
         self.generator = generator
 
     def __call__(self, image: Image.Image) -> Image.Image:
+        image = require_pil_image(image)
         top, left, h, w = sample_resized_crop(
             image.width, image.height, self.scale, self.ratio, self.generator
         )
@@ -176,6 +199,7 @@ class RandomHorizontalFlip:
         self.generator = generator
 
     def __call__(self, image: Image.Image) -> Image.Image:
+        image = require_pil_image(image)
         if _uniform(0.0, 1.0, self.generator) < self.p:
             return image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         return image
@@ -191,7 +215,7 @@ class Resize:
         self.size = _check_size(size)
 
     def __call__(self, image: Image.Image) -> Image.Image:
-        return image.resize((self.size, self.size), _BICUBIC)
+        return require_pil_image(image).resize((self.size, self.size), _BICUBIC)
 
     def __repr__(self) -> str:
         return f"Resize(size={self.size})"

@@ -28,6 +28,7 @@ from patchword.imports.base import (
     safe_load,
     write_imported_run,
 )
+from patchword.imports.layout import layout_hint, refuse_unusual_tensors
 from patchword.runs.config import RunConfig, not_evaluation_reason
 
 __all__ = [
@@ -61,15 +62,22 @@ def import_checkpoint(
     check_output_dir(out, "--out", what="the run directory to write")
     refuse_existing_out(out)
     ckpt = safe_load(path)
+    refuse_unusual_tensors(ckpt, path)  # sparse, meta, quantized: before any importer maps them
     matches = [f for f in list_families() if f.detect(ckpt)]
     if family_name is not None:
         chosen = family(family_name)
         if chosen not in matches:
             looks = f" (it looks like {', '.join(f.name for f in matches)})" if matches else ""
-            raise DataError(f"{path} is not a {family_name} checkpoint{looks}")
+            # what the family looked for, then what the layout says (a bare state_dict, 'module.' names)
+            why = [chosen.explain(ckpt) if chosen.explain else "", "" if matches else layout_hint(ckpt)]
+            why = "; ".join(filter(None, why))
+            raise DataError(f"{path} is not a {family_name} checkpoint{looks}{': ' + why if why else ''}")
     elif not matches:
         known = ", ".join(f.name for f in list_families())
-        raise DataError(f"{path}: not a checkpoint of a family patchword imports ({known})")
+        hint = layout_hint(ckpt)
+        raise DataError(
+            f"{path}: not a checkpoint of a family patchword imports ({known}){': ' + hint if hint else ''}"
+        )
     elif len(matches) > 1:  # e.g. SEPS and LAPS share their arguments and parameters
         names = " or ".join(f.name for f in matches)
         raise DataError(f"{path} could be a {names} checkpoint: say which with --family")
@@ -124,6 +132,7 @@ def _checked_overrides(config, overrides: list[str], chosen: Family):
     changed = [key for key, value in after.items() if value != before.get(key)]
     if isinstance(config, RunConfig):  # a retrieval run: `patchword eval` reads it as it reads any run
         _refuse_unread_keys(overrides, changed, after)
+        _refuse_unread_data(config, after_config, changed, chosen)
     else:  # a hashing run: `patchword hash eval` reads it as it reads any trained run
         _refuse_hash_train_keys(overrides, changed)
     return after_config
@@ -149,6 +158,62 @@ def _refuse_unread_keys(overrides: list[str], changed: list[str], after: dict[st
                 f"an imported run never reads it (`patchword eval` refuses it too: {why}); override "
                 "where the data lies (data.root, ...) and eval.* keys only",
             )
+
+
+def _refuse_unread_data(before: RunConfig, after: RunConfig, changed: list[str], chosen: Family) -> None:
+    """A ``data.*`` override no evaluation of the imported run would read, or one every evaluation would
+    refuse, refused now as ``patchword eval`` refuses it (``data.num_train=5`` on LAPS files,
+    ``data.region_boxes=true`` on images, ``data.image_root`` on region features): stored in config.yaml
+    and listed as applied, it would say the run was evaluated on data it never reads.
+
+    * ``data.dataset``: region features for a model that reads images (or the reverse) are refused, as
+      training refuses them; and every key the import set for the checkpoint's dataset that the new one
+      never reads (``data.root`` of LAPS files on the synthetic scenes) is named, so the run's config.yaml
+      never records a dataset it cannot be evaluated on;
+    * ``data.dense_*`` where the checkpoint reads no dense text (``data.dense=false``, decided by it):
+      nothing would read the file;
+    * the rest: :meth:`~patchword.data.config.DataConfig.refuse_unread_overrides` and
+      :func:`~patchword.runs.checks.check_region_boxes`, the config checks ``patchword eval`` makes.
+
+    Raises:
+        ConfigError: naming the first such key.
+    """
+    from patchword.data.prepare import REGION_DATASETS
+    from patchword.runs.checks import check_region_boxes
+
+    dc = after.data
+    dataset_changed = "data.dataset" in changed
+    if dataset_changed and (dc.dataset in REGION_DATASETS) != (after.model.image_encoder == "precomp"):
+        holds, reads = (
+            ("region features", "images")
+            if dc.dataset in REGION_DATASETS
+            else ("images", "region features (model.image_encoder=precomp)")
+        )
+        raise ConfigError(
+            "data.dataset",
+            f"{dc.dataset} holds {holds}, but the {chosen.name} checkpoint's model reads {reads}: evaluate "
+            f"it on data.dataset={before.data.dataset} (or another dataset of {reads.split(' (')[0]})",
+        )
+    if not dc.dense:
+        for role in ("train", "dev", "test"):
+            if f"data.dense_{role}" in changed and getattr(dc, f"dense_{role}"):
+                raise ConfigError(
+                    f"data.dense_{role}",
+                    f"the {chosen.name} checkpoint reads no dense text (data.dense=false): no evaluation "
+                    "would read the file; leave it out",
+                )
+    try:
+        if dataset_changed:  # every key set for the checkpoint's dataset, not only the overridden ones
+            dc.refuse_unread_settings()
+        else:
+            dc.refuse_unread_overrides(before.data)
+        check_region_boxes(after)
+    except ConfigError as err:
+        if not dataset_changed or err.key in changed:  # a key the overrides set: its message says it
+            raise
+        raise ConfigError(
+            err.key, f"{err.detail} (the import sets it for data.dataset={before.data.dataset})"
+        ) from None
 
 
 def _refuse_hash_train_keys(overrides: list[str], changed: list[str]) -> None:

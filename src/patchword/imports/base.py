@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import shutil
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from patchword.checkpoint import atomic_save
 from patchword.config import config_to_dict, save_config
 from patchword.errors import ConfigError, DataError, RunExistsError
 from patchword.fileio import atomic_write_text, file_sha256, probe_writable, staging_dir
+from patchword.imports.sources import bert_vocab_file, hf_architecture
 from patchword.readers import read_checkpoint
 from patchword.runs.config import RunConfig
 from patchword.runs.files import BEST_CHECKPOINT, IMPORT_FILE, LAST_CHECKPOINT
@@ -54,12 +54,11 @@ __all__ = [
     "check_opt_names",
     "check_finite",
     "bert_vocab_file",
+    "hf_architecture",
     "write_imported_run",
     "refuse_existing_out",
     "IMPORT_FILE",
 ]
-
-_logger = logging.getLogger(__name__)
 
 
 #: The only classes an official checkpoint's pickle may name besides tensors and containers: the
@@ -76,6 +75,24 @@ class ImportOptions:
     vocab: str | None = None  # word vocabulary file (SCAN / NAAF json or pkl)
     dense_pairing: str | None = None  # SEPS: "image" (leak-free, default) or "caption" (official, leaky)
     overrides: list[str] = field(default_factory=list)  # dotted run-config overrides on top of the mapping
+
+    @property
+    def local_files_only(self) -> bool:
+        """Whether a ``--hf-*`` hub id is read from the local Hugging Face cache only: the override
+        ``model.hf_local_files_only`` (default true), as training reads it; false lets the import download
+        a hub id's ``config.json`` (and BERT's ``vocab.txt``) that the cache lacks. An override that does not
+        apply is the overrides' check's to name: here it counts as not given."""
+        from patchword.config import apply_overrides
+
+        given = [
+            item for item in self.overrides if item.split("=", 1)[0].strip() == "model.hf_local_files_only"
+        ]
+        if not given:
+            return True
+        try:
+            return bool(apply_overrides(RunConfig(), given).model.hf_local_files_only)
+        except ConfigError:
+            return True
 
 
 @dataclass
@@ -133,6 +150,10 @@ class Family:
     #: the non-``model.*`` config keys the checkpoint decides (what its model is fed: tokenizer, text length,
     #: image size, dense text...); an override changing one is refused like a ``model.*`` one
     determines: tuple[str, ...] = ()
+    #: ``explain(checkpoint) -> str``: what ``detect`` looked for and did not find (an entry, a parameter
+    #: prefix, an ``opt`` field), for a checkpoint named of this family (``--family``) that is not; None: the
+    #: checkpoint's layout alone is described (:func:`layout_hint`)
+    explain: Callable[[dict[str, Any]], str] | None = None
 
 
 #: The import flags a family may declare it reads (``Family.reads``), as the command line spells them.
@@ -154,16 +175,20 @@ def register_family(
     writer: Callable[[ImportPlan, Path, Path], dict[str, Any]] | None = None,
     reads: tuple[str, ...] = tuple(IMPORT_FLAGS),
     determines: tuple[str, ...] = (),
+    explain: Callable[[dict[str, Any]], str] | None = None,
 ) -> None:
     """Register an importer (each family module calls it once, at import); ``reads``: the import flags
     it uses (``IMPORT_FLAGS``); ``determines``: the dotted config keys outside ``model.*`` that its
-    checkpoints decide (``Family.determines``)."""
+    checkpoints decide (``Family.determines``); ``explain``: why a checkpoint is not of it
+    (``Family.explain``)."""
     if name in _FAMILIES:
         raise ValueError(f"importer {name!r} is already registered")
     unknown = set(reads) - set(IMPORT_FLAGS)
     if unknown:
         raise ValueError(f"importer {name!r} declares unknown import flags {sorted(unknown)}")
-    _FAMILIES[name] = Family(name, description, detect, convert, writer, tuple(reads), tuple(determines))
+    _FAMILIES[name] = Family(
+        name, description, detect, convert, writer, tuple(reads), tuple(determines), explain
+    )
 
 
 def list_families() -> list[Family]:
@@ -215,63 +240,6 @@ def check_opt_names(opt: dict[str, Any], path: str | os.PathLike[str]) -> None:
                 f"{path}: opt has a field named {key!r} ({type(key).__name__}), not a name: the official "
                 "train.py saves its arguments (an argparse.Namespace), whose fields are names"
             )
-
-
-def bert_vocab_file(source: str | None, text_arch: dict[str, Any]) -> Path:
-    """BERT's ``vocab.txt`` from ``--hf-text`` (a directory or a cached hub id), checked to fit the
-    checkpoint's word embedding (``text_arch["vocab_size"]`` rows): more tokens than rows is refused (ids
-    past the table: an IndexError at the first caption that has one), fewer is warned of (the official
-    vocabulary fills the table: another one tokenises the same captions to other ids).
-
-    Raises:
-        ConfigError: naming ``--hf-text``.
-    """
-    from patchword.data.tokenizers import BertCaptionTokenizer
-
-    local = Path(str(source)).expanduser()
-    if local.is_dir():
-        vocab = local / "vocab.txt"
-    else:
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(str(source), "vocab.txt")
-        vocab = Path(cached) if isinstance(cached, str) else local / "vocab.txt"
-    if not vocab.is_file():
-        raise ConfigError("--hf-text", f"{source} has no vocab.txt: the run needs BERT's vocabulary file")
-    try:
-        tokenizer = BertCaptionTokenizer.from_pretrained(vocab)
-    except (ValueError, KeyError) as err:
-        raise ConfigError("--hf-text", f"{vocab}: not a BERT vocabulary ({err})") from None
-    embedded = int(text_arch.get("vocab_size", 0))
-    if tokenizer.vocab_size > embedded:
-        raise ConfigError(
-            "--hf-text",
-            f"{vocab} has {tokenizer.vocab_size} tokens but the BERT architecture embeds {embedded}",
-        )
-    if tokenizer.vocab_size < embedded:
-        _logger.warning(
-            "%s has %d tokens but the BERT architecture embeds %d: is it the checkpoint's own vocabulary? "
-            "Another one tokenises the same captions to other ids",
-            vocab,
-            tokenizer.vocab_size,
-            embedded,
-        )
-    return vocab
-
-
-def hf_architecture(source: str | None, role: str, arg: str) -> dict[str, Any]:
-    """A Hugging Face config dict from a local directory or a cached hub id (no weights are read)."""
-    from patchword.hub import read_hf_config
-
-    if not source:
-        raise ConfigError(arg, f"the checkpoint holds a Hugging Face {role} backbone: give its architecture")
-    try:
-        _, config = read_hf_config(source, local_files_only=True, reword_errors=False)
-    except OSError as err:
-        raise ConfigError(
-            arg, f"{source}: no Hugging Face config there ({str(err).splitlines()[0]})"
-        ) from None
-    return config.to_dict()
 
 
 def check_fit(plan: ImportPlan, expected: dict[str, torch.Tensor], source: Path) -> None:

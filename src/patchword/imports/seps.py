@@ -157,9 +157,41 @@ def detect(ckpt: dict[str, Any]) -> bool:
         fields = opt_dict(ckpt)
     except DataError:
         return False
-    prefixes = ("img_enc.visual_encoder.", "txt_enc.bert.", "cross_net.aggr_net.")
-    has_parts = all(any(k.startswith(p) for k in state) for p in prefixes)
-    return has_parts and all(f in fields for f in ("vit_type", "sparse_ratio", "aggr_ratio"))
+    has_parts = all(any(k.startswith(p) for k in state) for p in _PARTS)
+    return has_parts and all(f in fields for f in _OPT_FIELDS)
+
+
+#: The parameter prefixes of an official ``model`` state dict (:func:`detect`), with the part each names.
+_PARTS = {
+    "img_enc.visual_encoder.": "the vision backbone",
+    "txt_enc.bert.": "BERT",
+    "cross_net.aggr_net.": "the patch aggregation",
+}
+#: The ``opt`` fields :func:`detect` reads.
+_OPT_FIELDS = ("vit_type", "sparse_ratio", "aggr_ratio")
+
+
+def explain(ckpt: dict[str, Any]) -> str:
+    """What :func:`detect` looked for in ``ckpt`` and did not find: the ``model`` entry, a parameter prefix
+    of its state dict, ``opt`` or one of its fields (empty when it finds them all)."""
+    state = ckpt.get("model")
+    if state is None:
+        return "it has no 'model' entry (the official train.py saves the state dict there)"
+    if not isinstance(state, Mapping):
+        return f"its 'model' entry is a {type(state).__name__}, not a state dict"
+    if not all(isinstance(k, str) for k in state):
+        return "its 'model' entry is not keyed by parameter names"
+    missing = [f"{p}* ({part})" for p, part in _PARTS.items() if not any(k.startswith(p) for k in state)]
+    if missing:
+        return f"its 'model' state dict has no parameter {' nor '.join(missing)}"
+    try:
+        fields = opt_dict(ckpt)
+    except DataError:
+        return "it has no 'opt' (the official train.py saves its arguments there)"
+    absent = [f for f in _OPT_FIELDS if f not in fields]
+    return (
+        f"its opt has no {', '.join(absent)} (arguments of the official SEPS / LAPS code)" if absent else ""
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -177,9 +209,10 @@ def convert(ckpt: dict[str, Any], options: ImportOptions, path: Path, *, family:
     _check_opt_keys(opt, family, path)
     pairing = _dense_pairing(options, family)
     kind = _vit_kind(opt)
+    offline = options.local_files_only  # model.hf_local_files_only: whether a hub id may be downloaded
     architectures = {
-        "vision": hf_architecture(options.hf_vision, "vision", "--hf-vision"),
-        "text": hf_architecture(options.hf_text, "text", "--hf-text"),
+        "vision": hf_architecture(options.hf_vision, "vision", "--hf-vision", local_files_only=offline),
+        "text": hf_architecture(options.hf_text, "text", "--hf-text", local_files_only=offline),
     }
     _check_model_types(architectures, kind, opt)
     max_positions = int(architectures["text"].get("max_position_embeddings", 512))
@@ -209,7 +242,7 @@ def convert(ckpt: dict[str, Any], options: ImportOptions, path: Path, *, family:
         opt=opt,
         architectures=architectures,
         metadata={k: _plain(ckpt[k]) for k in ("epoch", "best_rsum", "Eiters") if k in ckpt},
-        bert_files=bert_vocab_file(options.hf_text, architectures["text"]),
+        bert_files=bert_vocab_file(options.hf_text, architectures["text"], local_files_only=offline),
         # _data_and_eval checked it is f30k or coco (absent: the arguments.py default f30k)
         dataset=str(opt.get("dataset", _EVAL_OPT_DEFAULTS["dataset"])),
     )
@@ -488,6 +521,7 @@ register_family(
     functools.partial(convert, family="seps"),
     reads=("hf_vision", "hf_text", "dense_pairing"),
     determines=_DETERMINED,
+    explain=explain,
 )
 register_family(
     "laps",
@@ -496,4 +530,5 @@ register_family(
     functools.partial(convert, family="laps"),
     reads=("hf_vision", "hf_text", "dense_pairing"),  # --dense-pairing: refused with its reason
     determines=_DETERMINED,
+    explain=explain,
 )

@@ -211,7 +211,9 @@ def _text_architecture(
 ) -> dict[str, Any]:
     """The ``--hf-text`` architecture truncated to ``extraction-hidden-layer`` layers, checked against the
     checkpoint's BERT tensors (a mismatch names the tensor)."""
-    arch = dict(hf_architecture(options.hf_text, "text", "--hf-text"))
+    arch = dict(
+        hf_architecture(options.hf_text, "text", "--hf-text", local_files_only=options.local_files_only)
+    )
     if arch.get("model_type") != "bert":
         raise ConfigError(
             "--hf-text", f"{options.hf_text} is a {arch.get('model_type')!r} model, TGDT uses BERT"
@@ -494,7 +496,7 @@ def convert(ckpt: dict[str, Any], options: ImportOptions, path: Path) -> ImportP
         opt={**opt, **_flat_config(ckpt["config"])},
         architectures={"text": arch},
         metadata=metadata,
-        bert_files=bert_vocab_file(str(options.hf_text), arch),
+        bert_files=bert_vocab_file(str(options.hf_text), arch, local_files_only=options.local_files_only),
         dataset=_DATASETS.get(str(cfg.get("dataset", "name", None))),
     )
 

@@ -72,7 +72,12 @@ def model_card(run, record: dict[str, Any]) -> str:
     origins = encoder_origins(mc, imported, backbones, warm)
     # as the run's evaluation records it: region features bring no dense text, whatever data.dense says
     reads_dense = reads_dense_text(dc, model.matcher.consumes_dense)
-    dense = f"yes, tied to the {model.matcher.dense_pairing}" if reads_dense else "no"
+    dense = (
+        f"yes, tied to the {model.matcher.dense_pairing}: its scores need one dense caption per "
+        f"{model.matcher.dense_pairing} (`dense_ids` / `dense_lens`; without them the model scores otherwise)"
+        if reads_dense
+        else "no"
+    )
     lines = [
         f"# {run.run_dir.name}",
         "",

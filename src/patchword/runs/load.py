@@ -22,6 +22,7 @@ from PIL import Image
 from patchword.checkpoint import load_fitting_weights, load_weights
 from patchword.config import apply_overrides, config_from_mapping
 from patchword.data.config import DataConfig
+from patchword.data.prepare import reads_dense_text
 from patchword.device import checked_device
 from patchword.errors import ConfigError, DataError, MissingFileError
 from patchword.model import RetrievalModel, build_model, check_option_overrides, started_pretrained
@@ -39,7 +40,12 @@ from patchword.runs.files import (
     WEIGHTS_FILE,
 )
 from patchword.runs.origins import pin_hub_revisions
-from patchword.runs.weights import WEIGHTS_DIGEST_KEY, check_export_weights, resolve_checkpoint
+from patchword.runs.weights import (
+    WEIGHTS_DIGEST_KEY,
+    check_backbone_overrides,
+    check_export_weights,
+    resolve_checkpoint,
+)
 
 __all__ = [
     "LoadedRun",
@@ -225,7 +231,19 @@ def load_run_tokenizer(run_dir: str | Path, data: DataConfig):
         return BertCaptionTokenizer.from_pretrained(carried)
     source = data.bert_vocab_source()
     own = Path(run_dir) / source
+    if Path(source) in CARRIED_BERT_VOCAB:  # the run's own copy: there only, never a same-named cwd file
+        wanted = own / "vocab.txt" if Path(source) == Path(BERT_VOCAB_DIR) else own
+        if not wanted.is_file():
+            raise MissingFileError(
+                f"{wanted.absolute()} is missing: the model directory {run_dir} carries its BERT "
+                f"vocabulary there (data.bert_vocab: {source}); copy the whole directory"
+            )
     return BertCaptionTokenizer.from_pretrained(str(own) if own.exists() else source)
+
+
+#: ``data.bert_vocab`` naming the vocabulary a model directory carries, relative to it (an export's
+#: ``bert_vocab/``, an import's ``bert_vocab.txt``); other values: where training read it (hub id, path).
+CARRIED_BERT_VOCAB = frozenset({Path(BERT_VOCAB_DIR), Path("bert_vocab.txt")})
 
 
 def save_backbones(model, run_dir: Path) -> None:
@@ -244,44 +262,6 @@ def save_backbones(model, run_dir: Path) -> None:
     architectures = pin_hub_revisions(architectures, loaded)
     if architectures:
         atomic_write_text(Path(run_dir) / BACKBONES_FILE, json.dumps(architectures, indent=2))
-
-
-#: The override keys that name a Hugging Face backbone, with the role ``backbones.json`` records it under.
-_BACKBONE_KEYS = {"model.hf_vision": ("vision", "image"), "model.hf_text": ("text", "text")}
-
-
-def check_backbone_overrides(run_dir: str | Path, overrides: Sequence[str]) -> None:
-    """An override of ``data.bert_vocab`` where the run carries its vocabulary (``bert_vocab/``) is refused
-    (its tokenizer reads that copy), and one of ``model.hf_vision`` / ``model.hf_text`` where the run's
-    ``backbones.json`` records that backbone: :func:`build_run_model` rebuilds it from the recorded
-    architecture and the checkpoint gives every weight, so the override would be ignored. Where the file
-    records none (a tiny or region encoder; a run written before the file was), the override is applied as
-    before: the backbone is built from it, then the checkpoint's weights are loaded into it.
-
-    Raises:
-        ConfigError: naming the key.
-        DataError: a damaged ``backbones.json`` (read only when such an override is given).
-    """
-    keys = [item.split("=", 1)[0].strip() for item in overrides if "=" in item]
-    if "data.bert_vocab" in keys and (Path(run_dir) / BERT_VOCAB_DIR / "vocab.txt").is_file():
-        raise ConfigError(
-            "data.bert_vocab",
-            f"the run carries its vocabulary ({Path(run_dir) / BERT_VOCAB_DIR}), which its tokenizer reads: "
-            "the override would be ignored; drop it",
-        )
-    keys = [key for key in keys if key in _BACKBONE_KEYS]
-    if not keys:
-        return
-    path = Path(run_dir) / BACKBONES_FILE
-    recorded = read_json(path, path.name, default={})
-    for key in keys:
-        role, what = _BACKBONE_KEYS[key]
-        if role in recorded:
-            raise ConfigError(
-                key,
-                f"the run's {BACKBONES_FILE} decides its {what} backbone ({path} records the architecture, "
-                "the checkpoint holds the weights): the override would be ignored; drop it",
-            )
 
 
 def build_run_model(run_dir: str | Path, cfg: RunConfig, vocab_size: int | None, vocab_words=None):
@@ -348,8 +328,10 @@ class LoadedRun:
         return torch.stack([transform(rgb_image(image)) for image in images])
 
     def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Captions -> ((B, L) ids, (B,) lens), truncated to ``data.max_caption_len`` as in training."""
-        return self.tokenizer.batch_encode(list(texts), max_len=self.config.data.max_caption_len)
+        """Captions -> ((B, L) ids, (B,) lens), truncated to ``data.max_caption_len`` as in training.
+        One str is a TypeError (the tokenizer's: ``list`` would make it a caption per character)."""
+        texts = texts if isinstance(texts, str) else list(texts)
+        return self.tokenizer.batch_encode(texts, max_len=self.config.data.max_caption_len)
 
 
 def load_run(
@@ -395,5 +377,18 @@ def load_run(
     # shapes or names differ: the overrides changed the architecture
     builds = "this config builds" + (f" (overrides: {' '.join(overrides)})" if overrides else "")
     load_fitting_weights(model, load_weights(path), path, "model", builds)
+    if reads_dense_text(cfg.data, model.matcher.consumes_dense) and hasattr(
+        model.matcher, "warn_without_dense"
+    ):
+        model.matcher.dense_expected = True  # SEPS: called without dense text, the model warns once
+        model.register_forward_pre_hook(_dense_text_check, with_kwargs=True)
     model.to(device).eval()
     return LoadedRun(run_dir, cfg, model, tokenizer, path, device)
+
+
+def _dense_text_check(model: RetrievalModel, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook of a loaded model whose run reads dense text: a call without ``dense_ids`` (the
+    Python API, ``model(images, ids, lens)``) warns once (``matcher.warn_without_dense``). On the model, not
+    the matcher, whose forward library code calls without dense text on purpose."""
+    if kwargs.get("dense_ids", args[3] if len(args) > 3 else None) is None:
+        model.matcher.warn_without_dense()

@@ -1,17 +1,19 @@
 """Which weights file a run directory loads (:func:`resolve_checkpoint`: ``best.pt``, an export's
-``model.safetensors``, or the file ``--checkpoint`` names) and whether an exported model's weights are still
-those its export wrote (:func:`check_export_weights`). :mod:`patchword.runs.load` re-exports both.
+``model.safetensors``, or the file ``--checkpoint`` names), whether an exported model's weights are still
+those its export wrote (:func:`check_export_weights`), and the overrides its recorded backbones and
+vocabulary make void (:func:`check_backbone_overrides`). :mod:`patchword.runs.load` re-exports them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
-from patchword.errors import DataError
+from patchword.errors import ConfigError, DataError
 from patchword.readers import read_json, require_file
-from patchword.runs.files import BEST_CHECKPOINT, METRICS_JSON, WEIGHTS_FILE
+from patchword.runs.files import BACKBONES_FILE, BERT_VOCAB_DIR, BEST_CHECKPOINT, METRICS_JSON, WEIGHTS_FILE
 
-__all__ = ["WEIGHTS_DIGEST_KEY", "check_export_weights", "resolve_checkpoint"]
+__all__ = ["WEIGHTS_DIGEST_KEY", "check_backbone_overrides", "check_export_weights", "resolve_checkpoint"]
 
 #: The key of an exported model directory's ``metrics.json`` that records the sha256 of its
 #: ``model.safetensors`` (``patchword export``): safetensors keeps no checksum, so flipped bytes inside a
@@ -72,7 +74,7 @@ def resolve_checkpoint(run_dir: str | Path, checkpoint: str | Path | None = None
     if not path.is_file() and (checkpoint is not None or not path.is_dir()):
         found = sorted(p.name for p in [*run_dir.glob("*.pt"), run_dir / WEIGHTS_FILE] if p.is_file())
         hint = (
-            f"{run_dir} has {', '.join(found)} (pass --checkpoint)"
+            f"{run_dir} has {', '.join(found)} (pass checkpoint= / --checkpoint)"
             if found
             else f"{run_dir} has no checkpoint"
         )
@@ -87,3 +89,41 @@ def _is_export(run_dir: Path) -> bool:
         return WEIGHTS_DIGEST_KEY in read_json(run_dir / METRICS_JSON, METRICS_JSON, default={})
     except DataError:  # a damaged record says nothing here; loading it later says what is wrong
         return False
+
+
+#: The override keys that name a Hugging Face backbone, with the role ``backbones.json`` records it under.
+_BACKBONE_KEYS = {"model.hf_vision": ("vision", "image"), "model.hf_text": ("text", "text")}
+
+
+def check_backbone_overrides(run_dir: str | Path, overrides: Sequence[str]) -> None:
+    """An override of ``data.bert_vocab`` where the run carries its vocabulary (``bert_vocab/``) is refused
+    (its tokenizer reads that copy), and one of ``model.hf_vision`` / ``model.hf_text`` where the run's
+    ``backbones.json`` records that backbone: :func:`build_run_model` rebuilds it from the recorded
+    architecture and the checkpoint gives every weight, so the override would be ignored. Where the file
+    records none (a tiny or region encoder; a run written before the file was), the override is applied as
+    before: the backbone is built from it, then the checkpoint's weights are loaded into it.
+
+    Raises:
+        ConfigError: naming the key.
+        DataError: a damaged ``backbones.json`` (read only when such an override is given).
+    """
+    keys = [item.split("=", 1)[0].strip() for item in overrides if "=" in item]
+    if "data.bert_vocab" in keys and (Path(run_dir) / BERT_VOCAB_DIR / "vocab.txt").is_file():
+        raise ConfigError(
+            "data.bert_vocab",
+            f"the run carries its vocabulary ({Path(run_dir) / BERT_VOCAB_DIR}), which its tokenizer reads: "
+            "the override would be ignored; drop it",
+        )
+    keys = [key for key in keys if key in _BACKBONE_KEYS]
+    if not keys:
+        return
+    path = Path(run_dir) / BACKBONES_FILE
+    recorded = read_json(path, path.name, default={})
+    for key in keys:
+        role, what = _BACKBONE_KEYS[key]
+        if role in recorded:
+            raise ConfigError(
+                key,
+                f"the run's {BACKBONES_FILE} decides its {what} backbone ({path} records the architecture, "
+                "the checkpoint holds the weights): the override would be ignored; drop it",
+            )

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from patchword.data.tokenizers.word import NoWordsError, _checked_max_len
+from patchword.data.tokenizers.word import NoWordsError, _checked_max_len, refuse_one_text
 from patchword.errors import MissingFileError
 from patchword.hub import hub_load_errors, require_transformers, resolve_pretrained
 
@@ -348,7 +348,9 @@ class BertCaptionTokenizer:
 
         Raises:
             ValueError: a caption is empty (the message gives its index), or max_len < 2.
+            TypeError: ``texts`` is one str (pass ``[text]``).
         """
+        refuse_one_text(texts)
         if max_len is None:
             max_len = self.max_len
         if max_len is not None and max_len < 2:

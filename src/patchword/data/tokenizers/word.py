@@ -116,6 +116,17 @@ def _words(text: str, index: int, split: str = "alnum") -> list[str]:
     return words
 
 
+def refuse_one_text(texts: object) -> None:
+    """``batch_encode`` takes a list of captions: one ``str`` (a sequence of characters) would be encoded
+    character by character, one caption per character, without a word.
+
+    Raises:
+        TypeError: ``texts`` is one str.
+    """
+    if isinstance(texts, str):
+        raise TypeError("texts must be a list of captions, got one str: pass [text]")
+
+
 def _checked_max_len(max_len: object, least: int, holds: str) -> int | None:
     """A tokenizer's default truncation: None, or an int of at least ``least`` (room for ``holds``)."""
     if max_len is None:
@@ -204,7 +215,11 @@ class WordVocab:
         Returns:
             ids: (B, L) int64, padded with ``<pad>`` = 0, L = the longest (truncated) sequence.
             lens: (B,) int64 sequence lengths, both specials included.
+
+        Raises:
+            TypeError: ``texts`` is one str (pass ``[text]``).
         """
+        refuse_one_text(texts)
         if max_len is None:
             max_len = self.max_len
         if max_len is not None and max_len < 3:
