@@ -152,13 +152,23 @@ def private_caches(tmp_path_factory):
             os.environ[key] = value
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_thread_session():
+    """One torch thread for the whole session, module-scoped fixtures (trained runs) included: the tests'
+    tensors are tiny, and with two threads the OpenMP barriers cost more than the work (several times more
+    when other jobs load the machine). A test of ``--threads`` sets its own count; the processes a test
+    starts keep torch's default."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def one_thread():
-    """Run a test with one torch thread, restoring the previous count afterwards.
-
-    Tiny tensors: with two threads the OpenMP barriers cost more than the work (and several times more when
-    other jobs load the machine). Modules opt in with ``pytestmark = pytest.mark.usefixtures("one_thread")``.
-    """
+    """Run a test with one torch thread, restoring the previous count afterwards (a test that changed the
+    count, or runs before the session's setting; modules opt in with
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

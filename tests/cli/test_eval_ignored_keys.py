@@ -106,9 +106,11 @@ def test_eval_refuses_a_backbone_override_the_runs_backbones_json_records(
     for key, what, value in (("model.hf_vision", "image", vit), ("model.hf_text", "text", bert)):
         for extra in ([], ["--ensemble", str(run)]):
             assert main(["eval", str(run), *extra, "--out", str(out), f"{key}={value}"]) == 2
+            member = f"in ensemble member {run}: " if extra else ""  # which run's config says so
             assert one_error_line(capsys.readouterr().err) == (
-                f"error: {key}: the run's backbones.json decides its {what} backbone ({backbones} records "
-                "the architecture, the checkpoint holds the weights): the override would be ignored; drop it"
+                f"error: {key}: {member}the run's backbones.json decides its {what} backbone ({backbones} "
+                "records the architecture, the checkpoint holds the weights): the override would be ignored; "
+                "drop it"
             )
             assert not out.exists()
     # a backbones.json that records no text backbone: the override builds it (the checkpoint's weights then
