@@ -94,7 +94,7 @@ def _refuse_overrides(overrides: list[str]) -> None:
     from patchword.hashing.config import override_keys
     from patchword.hashing.rundir import refuse_trained_run_overrides
 
-    refuse_trained_run_overrides(overrides)
+    refuse_trained_run_overrides(overrides, takes="data.* (where the run's data lie now)")
     for key in sorted(override_keys(overrides)):
         if not key.startswith("data."):
             raise ConfigError(key, "hash search takes data.* overrides only (where the run's data lie now)")

@@ -317,10 +317,13 @@ def _refuse_other_split_unit(
         )
 
 
-def refuse_trained_run_overrides(overrides: Sequence[str]) -> None:
+def refuse_trained_run_overrides(
+    overrides: Sequence[str], takes: str = "data.*, eval.*, device or model.eval_batch_size"
+) -> None:
     """Before anything is read: an override of a key outside :data:`HASH_EVAL_KEYS` is refused, naming it
-    (``model.bits=16`` on a 32-bit run would build a model its weights do not fit); an unknown key is
-    named as one (``frob=1`` was said to be a key that "cannot change")."""
+    (``model.bits=16`` on a 32-bit run would build a model its weights do not fit) and what the verb does
+    take (``takes``); an unknown key is named as one (``frob=1`` was said to be a key that "cannot
+    change")."""
     known = flat_config(HashRunConfig())
     for item in overrides:
         if "=" in item and item.split("=", 1)[0].strip() not in known:
@@ -329,5 +332,5 @@ def refuse_trained_run_overrides(overrides: Sequence[str]) -> None:
         overrides,
         HASH_EVAL_KEYS,
         "cannot change on a trained run (its weights fix the model; train.* has no effect on an "
-        "evaluation): override data.*, eval.*, device or model.eval_batch_size",
+        f"evaluation): override {takes}",
     )
