@@ -85,8 +85,8 @@ def _row(text: str) -> int:
 
 
 def _refuse_overrides(overrides: list[str]) -> None:
-    """Before anything is read: hash search takes the ``data.*`` overrides alone (an unknown key, or one no
-    trained run may change, is named as ``hash eval`` names it).
+    """Before anything is read: hash search takes the ``data.*`` overrides alone (an unknown key is named as
+    ``hash eval`` names it; one no trained run may change, with what hash search takes).
 
     Raises:
         ConfigError: naming the key.
@@ -94,10 +94,11 @@ def _refuse_overrides(overrides: list[str]) -> None:
     from patchword.hashing.config import override_keys
     from patchword.hashing.rundir import refuse_trained_run_overrides
 
-    refuse_trained_run_overrides(overrides, takes="data.* (where the run's data lie now)")
+    where = "(where the run's data lie now)"
+    refuse_trained_run_overrides(overrides, takes=f"data.* {where}")
     for key in sorted(override_keys(overrides)):
         if not key.startswith("data."):
-            raise ConfigError(key, "hash search takes data.* overrides only (where the run's data lie now)")
+            raise ConfigError(key, f"hash search takes data.* overrides only {where}")
 
 
 def _run_check(backend: str, overrides: list[str]):

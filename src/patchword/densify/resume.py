@@ -18,7 +18,7 @@ from pathlib import Path
 from patchword.densify.config import GenerationSettings
 from patchword.densify.fingerprint import FIELD as FINGERPRINT
 from patchword.densify.fingerprint import model_mismatch, unverified
-from patchword.densify.shards import Shard, check_shard_sidecar
+from patchword.densify.shards import Shard, check_shard_sidecar, synthetic_config
 from patchword.densify.sources import ImageList, fingerprint
 from patchword.densify.store import DenseRecord, read_records, read_sidecar, repair_tail, write_sidecar
 from patchword.errors import ConfigError, DataError, RunExistsError
@@ -155,10 +155,6 @@ def _same_folder(old: str, new: str) -> bool:
         return False
 
 
-def _synthetic(source: object) -> bool:
-    return isinstance(source, dict) and source.get("kind") == "synthetic"
-
-
 def check_continuation(out: Path, old: dict, source: dict, do_sample: bool, batch_size: int) -> None:
     """What a run that continues ``out`` (its sidecar ``old``) must share with the first run beyond the
     fields compared by name: the images themselves, and, when sampling, the batches.
@@ -182,12 +178,13 @@ def check_continuation(out: Path, old: dict, source: dict, do_sample: bool, batc
             f"describe two image sets; rerun with {now[0]} {before[1]} (if the images moved, link that path "
             f"to them first: ln -s {now[1]} {before[1]}), else choose another --out"
         )
-    if _synthetic(old_source) and _synthetic(source):  # the config draws the scenes: their ids say nothing
-        # compared as the sidecar holds it (JSON: the config's tuples are lists there)
-        before_config, now_config = old_source.get("config"), json.loads(json.dumps(source.get("config")))
-        if before_config != now_config and isinstance(before_config, dict) and isinstance(now_config, dict):
-            named = [{f"synthetic {k}": v for k, v in c.items()} for c in (before_config, now_config)]
-            raise _mismatch(out, "source", *named)
+    # synthetic scenes: the config draws them, their ids say nothing; compared as the sidecar holds it (JSON:
+    # the config's tuples are lists there)
+    before_config, now_config = synthetic_config(old_source), synthetic_config(source)
+    now_config = None if now_config is None else json.loads(json.dumps(now_config))
+    if before_config is not None and now_config is not None and before_config != now_config:
+        named = [{f"synthetic {k}": v for k, v in c.items()} for c in (before_config, now_config)]
+        raise _mismatch(out, "source", *named)
     if do_sample and old.get("batch_size") not in (None, batch_size):
         raise ConfigError(
             "--batch-size",
@@ -201,12 +198,12 @@ def check_continuation(out: Path, old: dict, source: dict, do_sample: bool, batc
 def check_existing(
     out: Path,
     wanted: dict[str, int],
-    source: dict[str, object] | None = None,
-    do_sample: bool = False,
-    batch_size: int | None = None,
+    source: dict[str, object],
+    do_sample: bool,
+    batch_size: int,
 ) -> set[str]:
-    """The ids ``out`` holds, every line checked, the file left as it is (a run looks before it loads);
-    given ``source`` and ``batch_size``, what :func:`check_continuation` checks too.
+    """The ids ``out`` holds, every line checked, the file left as it is (a run looks before it loads), and
+    what :func:`check_continuation` checks.
 
     Raises:
         RunExistsError: ``out`` exists without a sidecar (not densify's), or another image folder.
@@ -217,8 +214,7 @@ def check_existing(
         return set()
     old = read_sidecar(out)
     _refuse_foreign(out, old)
-    if source is not None and batch_size is not None:
-        check_continuation(out, old, source, do_sample, batch_size)
+    check_continuation(out, old, source, do_sample, batch_size)
     return check_records(read_records(out)[0], wanted, out)
 
 
@@ -248,9 +244,8 @@ def open_output(out: Path, meta: dict[str, object], wanted: dict[str, int]) -> s
                 out,
                 meta["model"],
             )
-        generation, source = meta["generation"], meta["source"]
-        sampled = isinstance(generation, dict) and bool(generation.get("do_sample"))
-        check_continuation(out, old, source if isinstance(source, dict) else {}, sampled, meta["batch_size"])
+        sampled = bool(meta["generation"]["do_sample"])  # run_meta's: the settings as a dict
+        check_continuation(out, old, meta["source"], sampled, meta["batch_size"])
         done = check_records(read_records(out)[0], wanted, out)
         if old.get("batch_size") != meta["batch_size"] or old.get("device") != meta["device"]:
             # greedy text may change in the rounding only; a sampled run keeps its batch size (refused

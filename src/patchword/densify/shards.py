@@ -182,7 +182,7 @@ def _check_compatible(shards: Sequence[_ShardFile]) -> None:
         other_model = model_mismatch(first.meta, other.meta)
         if other_model is not None:
             raise DataError(f"{other.path} and {first.path} come from different models: {other_model}")
-        configs = [_synthetic_config(shard.meta) for shard in (other, first)]
+        configs = [synthetic_config(shard.meta.get("source")) for shard in (other, first)]
         if configs[0] != configs[1]:  # synthetic scenes: the generator config draws them, not their ids
             raise DataError(
                 f"{other.path} and {first.path} come from different jobs: their synthetic scenes' configs "
@@ -196,10 +196,13 @@ def _check_compatible(shards: Sequence[_ShardFile]) -> None:
         )
 
 
-def _synthetic_config(meta: dict) -> object:
-    """The generator config of a shard of synthetic scenes (``None`` for files of images)."""
-    source = meta.get("source")
-    return source.get("config") if isinstance(source, dict) and source.get("kind") == "synthetic" else None
+def synthetic_config(source: object) -> dict | None:
+    """The generator config a sidecar's ``source`` records for synthetic scenes (``None`` for files of
+    images, or a damaged entry)."""
+    if not isinstance(source, dict) or source.get("kind") != "synthetic":
+        return None
+    config = source.get("config")
+    return config if isinstance(config, dict) else None
 
 
 def _batch_sizes(shards: Sequence[_ShardFile]) -> str:

@@ -1,4 +1,4 @@
-"""Process-wide settings a training command installs for a block and restores after it: the intra-op CPU
+"""Process-wide settings a long command installs for a block and restores after it: the intra-op CPU
 threads (:func:`torch_threads`) and what SIGTERM / SIGINT do.
 
 A signal is recorded for a loop that stops at a step boundary with ``last.pt`` written
@@ -7,7 +7,7 @@ A signal is recorded for a loop that stops at a step boundary with ``last.pt`` w
 runs (:func:`stop_raises`). SIGTERM's default action kills the process on the spot, leaving a half-made
 run directory behind and no ``interrupted:`` line; cluster pre-emption sends it. Both training commands
 use these (``patchword train``'s :class:`~patchword.train.trainer.Trainer`, ``patchword hash train``'s
-trainer and runners).
+trainer and runners), and ``patchword densify`` (and ``densify merge``) :func:`stop_raises`.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from patchword._validation import check_at_least, check_finite_number
-from patchword.data.prepare import REGION_DATASETS
+from patchword.data.prepare import reads_dense_text
 from patchword.errors import ConfigError
 from patchword.matching.registry import matcher_spec
 from patchword.model import (
@@ -136,7 +136,7 @@ def _check_dense_pairing(cfg: RunConfig) -> None:
         raise ConfigError(
             key, f"{pairing} has no effect with data.dense=false (no dense text is read): set data.dense=true"
         )
-    if dc.dataset in REGION_DATASETS or not model_reads_dense(mc):
+    if not reads_dense_text(dc, model_reads_dense(mc)):
         raise ConfigError(
             key, f"{pairing} has no effect: model.matcher={mc.matcher} reads no dense text here"
         )
