@@ -24,7 +24,7 @@ import logging
 import re
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, KeysView
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -38,6 +38,7 @@ __all__ = [
     "parse_with_overrides",
     "unknown_key_error",
     "apply_overrides",
+    "override_keys",
     "config_to_dict",
     "save_config",
     "from_dict",
@@ -381,6 +382,12 @@ def apply_overrides(cfg: T, overrides: list[str]) -> T:
         # A string field takes the text as written (YAML would turn name=0613 into the integer 613).
         node[parts[-1]] = value
     return from_dict(type(cfg), data)
+
+
+def override_keys(overrides: Iterable[str]) -> KeysView[str]:
+    """The keys ``key=value`` overrides set, in their order, each once; set-like (``in``, ``&``, ``-``). An
+    item without ``=`` is left to :func:`apply_overrides` to refuse."""
+    return dict.fromkeys(item.split("=", 1)[0].strip() for item in overrides if "=" in item).keys()
 
 
 def _section_class(cls: type, path: list[str]) -> type | None:

@@ -6,6 +6,8 @@ is never rewritten) now evaluate and export with the truth."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -23,7 +25,9 @@ def seps_on_regions(tmp_path_factory) -> Path:
     """A one-step SEPS run on the synthetic region features, data.dense left at its default (true)."""
     runs = tmp_path_factory.mktemp("runs")
     args = [*TINY_REGIONS, "model.matcher=seps", "train.max_steps=1", f"output_dir={runs}", "name=seps"]
-    assert main(["train", *args]) == 0
+    with contextlib.redirect_stderr(io.StringIO()) as err:  # the verb logs to the current stderr
+        assert main(["train", *args]) == 0
+    assert err.getvalue().count("data.dataset=synthetic_regions holds region features, no dense text") == 1
     assert yaml.safe_load((runs / "seps" / "config.yaml").read_text())["data"]["dense"] is True
     return runs / "seps"
 

@@ -206,7 +206,7 @@ def test_a_sigkilled_train_process_resumes_bit_for_bit(root, uninterrupted, tmp_
 
 
 def test_metrics_after_the_checkpoint_are_dropped_once_redone(tmp_path):
-    from patchword.train.runner import drop_metrics_after
+    from patchword.train.resuming import drop_metrics_after
 
     lines = [json.dumps({"split": "train", "step": s, "loss": float(s)}) for s in range(1, 6)]
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"split": "tr')  # killed mid-write

@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -344,7 +345,7 @@ def _refuse_uneven_runs(ids: list[str], ids_path: Path) -> None:
     from patchword.errors import DataError
 
     starts, lengths = _runs(ids)
-    usual = max(lengths, key=lengths.count)  # ties: the first run's
+    usual = Counter(lengths).most_common(1)[0][0]  # ties: the first run's (one count, not one per run)
     if usual == 1:
         return
     start, length = next((a, n) for a, n in zip(starts, lengths, strict=True) if n != usual)

@@ -305,12 +305,6 @@ def load_raw_data(
     unknown = set(roles) - set(ROLES)
     if unknown:
         raise ValueError(f"unknown split roles {sorted(unknown)}; expected a subset of {ROLES}")
-    if use_dense and dc.dataset in REGION_DATASETS:  # asked for by a matcher that reads dense text
-        _logger.warning(
-            "data.dataset=%s holds region features, no dense text: the matcher, which reads dense text, "
-            "runs without any (its records say dense_pairing null); set data.dense=false to say so",
-            dc.dataset,
-        )
     use_dense = _use_dense(dc, use_dense)
     dc = dc.home_expanded()  # the readers open what the config check (train.validate) found
     _needed_files(dc, roles, use_dense)

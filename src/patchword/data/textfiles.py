@@ -232,8 +232,8 @@ def _names_same_file(image: str, file: str) -> bool:
 
 def names_image(line: DenseLine, image_id: str, image: str) -> bool:
     """Whether a line's recorded identity names this image: by file where it records one, else by dataset id.
-    A file naming another image decides even where the id matches (ids ``0..N-1`` of another dataset's
-    dense file match any split's); a file equal to the id (``densify --synthetic``'s scenes) is either."""
+    A file naming another image decides even where the id matches (another dataset's ids ``0..N-1`` match
+    any split's); a file equal to the id (as ``densify --images``, ``--synthetic`` write) pairs by either."""
     if line.file is not None and line.file != line.image_id:
         return _names_same_file(image, line.file)
     by_file = line.file is not None and _names_same_file(image, line.file)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from patchword._validation import check_at_least, check_finite_number
-from patchword.config import apply_overrides, check_common_values, load_config
+from patchword.config import apply_overrides, check_common_values, load_config, override_keys
 from patchword.errors import ConfigError
 
 __all__ = [
@@ -222,11 +222,6 @@ def new_run_config(path: str | Path | None, overrides: Sequence[str]) -> HashRun
         )
         cfg = saved_run_config(cfg)
     return apply_overrides(cfg, list(overrides))
-
-
-def override_keys(overrides: Sequence[str]) -> set[str]:
-    """The keys ``key=value`` overrides set (an item without ``=`` is left to the config loader)."""
-    return {item.split("=", 1)[0].strip() for item in overrides if "=" in item}
 
 
 def check_data_source(

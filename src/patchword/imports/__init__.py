@@ -184,15 +184,15 @@ def _refuse_unread_data(before: RunConfig, after: RunConfig, changed: list[str],
     dc = after.data
     dataset_changed = "data.dataset" in changed
     if dataset_changed and (dc.dataset in REGION_DATASETS) != (after.model.image_encoder == "precomp"):
-        holds, reads = (
-            ("region features", "images")
+        holds, reads, how = (
+            ("region features", "images", "")
             if dc.dataset in REGION_DATASETS
-            else ("images", "region features (model.image_encoder=precomp)")
+            else ("images", "region features", " (model.image_encoder=precomp)")
         )
         raise ConfigError(
             "data.dataset",
-            f"{dc.dataset} holds {holds}, but the {chosen.name} checkpoint's model reads {reads}: evaluate "
-            f"it on data.dataset={before.data.dataset} (or another dataset of {reads.split(' (')[0]})",
+            f"{dc.dataset} holds {holds}, but the {chosen.name} checkpoint's model reads {reads}{how}: "
+            f"evaluate it on data.dataset={before.data.dataset} (or another dataset of {reads})",
         )
     if not dc.dense:
         for role in ("train", "dev", "test"):

@@ -40,7 +40,7 @@ from patchword.fileio import atomic_write_text, file_sha256, probe_writable, sta
 from patchword.imports.sources import bert_vocab_file, hf_architecture
 from patchword.readers import read_checkpoint
 from patchword.runs.config import RunConfig
-from patchword.runs.files import BEST_CHECKPOINT, IMPORT_FILE, LAST_CHECKPOINT
+from patchword.runs.files import BERT_VOCAB_FILE, BEST_CHECKPOINT, IMPORT_FILE, LAST_CHECKPOINT
 
 __all__ = [
     "ImportOptions",
@@ -82,11 +82,9 @@ class ImportOptions:
         ``model.hf_local_files_only`` (default true), as training reads it; false lets the import download
         a hub id's ``config.json`` (and BERT's ``vocab.txt``) that the cache lacks. An override that does not
         apply is the overrides' check's to name: here it counts as not given."""
-        from patchword.config import apply_overrides
+        from patchword.config import apply_overrides, override_keys
 
-        given = [
-            item for item in self.overrides if item.split("=", 1)[0].strip() == "model.hf_local_files_only"
-        ]
+        given = [item for item in self.overrides if "model.hf_local_files_only" in override_keys([item])]
         if not given:
             return True
         try:
@@ -358,7 +356,7 @@ def write_imported_run(plan: ImportPlan, source: Path, out: Path) -> dict[str, A
         if plan.tokenizer is not None:
             plan.tokenizer.save(tmp / VOCAB_FILE)
         if plan.bert_files is not None:
-            shutil.copyfile(plan.bert_files, tmp / "bert_vocab.txt")
+            shutil.copyfile(plan.bert_files, tmp / BERT_VOCAB_FILE)
         if backbones := pin_hub_revisions(plan.architectures):  # a hub id's commit too, as training's
             atomic_write_text(tmp / BACKBONES_FILE, json.dumps(backbones, indent=2))
         weights = {"model": model.state_dict(), "metrics": {}, "config": config_to_dict(cfg)}

@@ -46,6 +46,7 @@ from patchword.imports.base import (
     register_family,
 )
 from patchword.imports.published import OFFICIAL_MAX_WORD, text_length_caveat
+from patchword.runs.files import BERT_VOCAB_FILE
 
 __all__ = ["detect", "convert"]
 
@@ -149,16 +150,9 @@ _ARG = {"vision": "--hf-vision", "text": "--hf-text"}
 
 def detect(ckpt: dict[str, Any]) -> bool:
     """An official SEPS / LAPS ``model_best.pth``: a ``model`` state dict with the VSEModel's encoders and
-    the cross_net's aggregation, and an ``opt`` naming the backbone and the ratios."""
-    state = ckpt.get("model")
-    if not isinstance(state, Mapping) or not all(isinstance(k, str) for k in state):
-        return False
-    try:
-        fields = opt_dict(ckpt)
-    except DataError:
-        return False
-    has_parts = all(any(k.startswith(p) for k in state) for p in _PARTS)
-    return has_parts and all(f in fields for f in _OPT_FIELDS)
+    the cross_net's aggregation, and an ``opt`` naming the backbone and the ratios (:func:`explain` finds
+    nothing missing)."""
+    return not explain(ckpt)
 
 
 #: The parameter prefixes of an official ``model`` state dict (:func:`detect`), with the part each names.
@@ -430,7 +424,7 @@ def _data_and_eval(
         "test_split": test_split,
         "dense": family == "seps",
         "tokenizer": "bert",
-        "bert_vocab": "bert_vocab.txt",  # copied into the run directory, read relative to it
+        "bert_vocab": BERT_VOCAB_FILE,  # copied into the run directory, read relative to it
         "max_caption_len": length,
         "max_dense_len": length,
         "size_augment": bool(values["size_augment"]),

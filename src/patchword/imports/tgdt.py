@@ -84,6 +84,7 @@ from patchword.imports.base import (
     opt_dict,
     register_family,
 )
+from patchword.runs.files import BERT_VOCAB_FILE
 
 __all__ = ["FAMILY", "detect", "convert"]
 
@@ -399,7 +400,7 @@ def _run_config(
     data = DataConfig(
         dataset="precomp",
         tokenizer="bert",
-        bert_vocab="bert_vocab.txt",
+        bert_vocab=BERT_VOCAB_FILE,
         dense=False,
         size_augment=False,  # the official data pipeline tokenises captions as they are
         region_boxes=box_encoding is not None,  # {split}_boxes.npy beside the features

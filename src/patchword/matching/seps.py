@@ -26,7 +26,6 @@ side by side with the reference notes.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -246,14 +245,6 @@ class SEPSMatcher(Matcher):
     per-caption loop (see :func:`patchword.testing.seps_reference_scores`).
     """
 
-    #: Set by :func:`~patchword.runs.load_run` on a model whose run reads dense text (``data.dense`` on, a
-    #: dataset with dense text): the loaded model, called without dense text, warns once
-    #: (:meth:`warn_without_dense`). Training and a matcher built on its own leave it False (their dense
-    #: text is absent on purpose), and so does this forward, which library code calls without dense text on
-    #: purpose (a search explanation adds an index's stored dense score).
-    dense_expected: bool = False
-    _warned_without_dense: bool = False
-
     @classmethod
     def reads_dense(cls, config: SEPSConfig) -> bool:
         return config.use_dense
@@ -327,24 +318,6 @@ class SEPSMatcher(Matcher):
         if image_dense is not None and image_dense.branch is not None:
             decisions.append(image_dense.branch.decision)  # (B_v, 1, N): depends on the image only
         return MatcherOutput(sims=full_precision(torch.cat(sims, dim=1)), decisions=decisions)
-
-    def warn_without_dense(self) -> None:
-        """Once per matcher, where :attr:`dense_expected` (image-tied dense text): a model whose run scored
-        it with dense text, called without any (the Python API: ``model(images, ids, lens)``), scores
-        otherwise than its evaluation and model card say. The loaded model's forward calls it (a hook
-        :func:`~patchword.runs.load_run` adds); a scorer of the Python API may too."""
-        # caption-tied dense text: a search query never has it (the fine stage scores without it on purpose)
-        if not self.dense_expected or self.dense_pairing != "image" or self._warned_without_dense:
-            return
-        self._warned_without_dense = True
-        warnings.warn(
-            "this SEPS model was evaluated with one dense caption per image and is called without dense "
-            "text: its scores differ from its evaluation's; pass each image's dense caption (dense_ids / "
-            "dense_lens), or load it with load_run(..., overrides=['data.dense=false']) to score without "
-            "them",
-            UserWarning,
-            stacklevel=2,
-        )
 
     # ------------------------------------------------------------------ internals
     def _compute_dtype(self, *tokens: torch.Tensor | None) -> list[torch.Tensor | None]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from patchword.config import config_diff
+from patchword.config import config_diff, override_keys
 from patchword.errors import ConfigError
 from patchword.matching import matcher_reads_dense
 from patchword.matching.config_check import check_config_fields
@@ -143,8 +143,7 @@ def check_option_overrides(cfg: ModelConfig, overrides: Iterable[str]) -> None:
     Raises:
         ConfigError: naming the key.
     """
-    keys = [item.split("=", 1)[0].strip() for item in overrides if "=" in item]
-    keys = [key for key in keys if key.startswith("model.")]
+    keys = [key for key in override_keys(overrides) if key.startswith("model.")]
     if not keys:  # a run of a matcher not registered here is read without its section looked up
         return
     section, typed = matcher_section(cfg.matcher), typed_sections()

@@ -11,6 +11,7 @@ __all__ = [
     "CONFIG_FILE",
     "VOCAB_FILE",
     "BERT_VOCAB_DIR",
+    "BERT_VOCAB_FILE",
     "BACKBONES_FILE",
     "WEIGHTS_FILE",
     "BEST_CHECKPOINT",
@@ -27,6 +28,7 @@ __all__ = [
 CONFIG_FILE = "config.yaml"  # the resolved run config, written once and never rewritten
 VOCAB_FILE = "vocab.json"  # the word vocabulary (word tokenizers)
 BERT_VOCAB_DIR = "bert_vocab"  # vocab.txt + tokenizer_config.json: a BERT tokenizer's (a run's, an export's)
+BERT_VOCAB_FILE = "bert_vocab.txt"  # an imported run's BERT vocabulary (the official checkpoint's vocab.txt)
 BACKBONES_FILE = "backbones.json"  # the Hugging Face backbones' architectures (rebuilt without download)
 WEIGHTS_FILE = "model.safetensors"  # the weights of an exported model directory
 BEST_CHECKPOINT = "best.pt"  # the checkpoint of the best dev rSum (the one training evaluates)

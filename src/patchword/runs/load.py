@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from patchword.runs.config import RunConfig
 from patchword.runs.files import (
     BACKBONES_FILE,
     BERT_VOCAB_DIR,
+    BERT_VOCAB_FILE,
     CONFIG_FILE,
     EXPORT_DIR,
     RESUMES_FILE,
@@ -67,6 +69,13 @@ __all__ = [
     "save_backbones",
 ]
 
+
+#: What a loaded model scoring with image-tied dense text warns, called without it (:class:`_DenseTextCheck`)
+WITHOUT_DENSE_TEXT = (
+    "this SEPS model was evaluated with one dense caption per image and is called without dense text: its "
+    "scores differ from its evaluation's; pass each image's dense caption (dense_ids / dense_lens), or load "
+    "it with load_run(..., overrides=['data.dense=false']) to score without them"
+)
 
 #: What each kind of run is called, and the command that writes it (:func:`config_kind`).
 _KINDS = {"retrieval": "a retrieval run (patchword train)", "hashing": "a hashing run (patchword hash train)"}
@@ -231,7 +240,7 @@ def load_run_tokenizer(run_dir: str | Path, data: DataConfig):
         return BertCaptionTokenizer.from_pretrained(carried)
     source = data.bert_vocab_source()
     own = Path(run_dir) / source
-    if Path(source) in CARRIED_BERT_VOCAB:  # the run's own copy: there only, never a same-named cwd file
+    if Path(source) in (Path(BERT_VOCAB_DIR), Path(BERT_VOCAB_FILE)):  # its own: there only, not a cwd file
         wanted = own / "vocab.txt" if Path(source) == Path(BERT_VOCAB_DIR) else own
         if not wanted.is_file():
             raise MissingFileError(
@@ -239,11 +248,6 @@ def load_run_tokenizer(run_dir: str | Path, data: DataConfig):
                 f"vocabulary there (data.bert_vocab: {source}); copy the whole directory"
             )
     return BertCaptionTokenizer.from_pretrained(str(own) if own.exists() else source)
-
-
-#: ``data.bert_vocab`` naming the vocabulary a model directory carries, relative to it (an export's
-#: ``bert_vocab/``, an import's ``bert_vocab.txt``); other values: where training read it (hub id, path).
-CARRIED_BERT_VOCAB = frozenset({Path(BERT_VOCAB_DIR), Path("bert_vocab.txt")})
 
 
 def save_backbones(model, run_dir: Path) -> None:
@@ -363,9 +367,10 @@ def load_run(
     # before anything is read or built, as create_model checks it
     device = checked_device(device)
     run_dir = Path(run_dir)
-    cfg = config if config is not None else read_run_config(run_dir, overrides)
+    cfg = config if config is not None else read_run_config(run_dir, overrides)  # options checked there
     check_backbone_overrides(run_dir, overrides)
-    check_option_overrides(cfg.model, overrides)  # the build checks neither other sections nor geometry
+    if config is not None:  # a caller's config: the build checks neither other sections nor geometry
+        check_option_overrides(cfg.model, overrides)
     path = resolve_checkpoint(run_dir, checkpoint)
     check_export_weights(run_dir, path)
     tokenizer = load_run_tokenizer(run_dir, cfg.data)
@@ -377,18 +382,19 @@ def load_run(
     # shapes or names differ: the overrides changed the architecture
     builds = "this config builds" + (f" (overrides: {' '.join(overrides)})" if overrides else "")
     load_fitting_weights(model, load_weights(path), path, "model", builds)
-    if reads_dense_text(cfg.data, model.matcher.consumes_dense) and hasattr(
-        model.matcher, "warn_without_dense"
-    ):
-        model.matcher.dense_expected = True  # SEPS: called without dense text, the model warns once
-        model.register_forward_pre_hook(_dense_text_check, with_kwargs=True)
+    if reads_dense_text(cfg.data, model.matcher.consumes_dense) and model.matcher.dense_pairing == "image":
+        check = _DenseTextCheck()
+        check.handle = model.register_forward_pre_hook(check, with_kwargs=True)
     model.to(device).eval()
     return LoadedRun(run_dir, cfg, model, tokenizer, path, device)
 
 
-def _dense_text_check(model: RetrievalModel, args: tuple, kwargs: dict) -> None:
-    """Forward pre-hook of a loaded model whose run reads dense text: a call without ``dense_ids`` (the
-    Python API, ``model(images, ids, lens)``) warns once (``matcher.warn_without_dense``). On the model, not
-    the matcher, whose forward library code calls without dense text on purpose."""
-    if kwargs.get("dense_ids", args[3] if len(args) > 3 else None) is None:
-        model.matcher.warn_without_dense()
+class _DenseTextCheck:
+    """Forward pre-hook of a loaded model whose run scores with image-tied dense text (caption-tied: no query
+    has it): the first call without ``dense_ids`` warns, then the hook goes (``handle``). On the model, not
+    the matcher, whose forward library code calls without dense text on purpose; a class: it pickles."""
+
+    def __call__(self, model: RetrievalModel, args: tuple, kwargs: dict) -> None:
+        if kwargs.get("dense_ids", args[3] if len(args) > 3 else None) is None:
+            warnings.warn(WITHOUT_DENSE_TEXT, UserWarning, stacklevel=2)
+            self.handle.remove()

@@ -31,6 +31,7 @@ from patchword.data.prepare import (
     encode_raw,
     load_raw_data,
     prepare_data,
+    reads_dense_text,
 )
 from patchword.data.tokenizers import WordVocab
 from patchword.distributed import Distributed, session
@@ -69,7 +70,7 @@ from patchword.train.agreement import checkpoint_to_evaluate, refuse_differing_c
 from patchword.train.limits import refuse_limits_behind
 from patchword.train.process import stop_raises, torch_threads
 from patchword.train.resumable import resumable_state
-from patchword.train.resuming import drop_metrics_after, nothing_to_do, resume_records, train_hint
+from patchword.train.resuming import nothing_to_do, resume_records, train_hint
 from patchword.train.sessions import evaluates_otherwise, session_machine, set_aside_results
 from patchword.train.settings import check_model_settings
 from patchword.train.trackers import TENSORBOARD_DIR, WANDB_ID_FILE
@@ -82,7 +83,6 @@ __all__ = [
     "prepare_data",
     "train_run",
     "resume_run",
-    "drop_metrics_after",
     "RESUMABLE_KEYS",
     "TRAIN_RUNS",
 ]
@@ -165,7 +165,7 @@ def _build(
 ) -> tuple[PreparedData, RetrievalModel]:
     """Data (all three splits) and model, every check passed; nothing is written. With ``run_dir`` (a
     resume) the model is built from the run's own files, its checkpoint then supplies every weight."""
-    use_dense = cfg.data.dense and model_reads_dense(cfg.model)
+    use_dense = reads_dense_text(cfg.data, model_reads_dense(cfg.model))
     t0 = time.perf_counter()
     if data is None:
         raw = load_raw_data(cfg.data, ROLES, use_dense=use_dense)

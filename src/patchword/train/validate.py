@@ -263,7 +263,14 @@ def check_config_and_truth(
             key,
             f"is {data_image_size(cfg)} but model.tiny_vit.image_size is {mc.tiny_vit.image_size}",
         )
-    reads_dense = reads_dense_text(dc, model_reads_dense(mc))
+    matcher_reads_dense = model_reads_dense(mc)
+    reads_dense = reads_dense_text(dc, matcher_reads_dense)
+    if matcher_reads_dense and dc.dense and region_data:  # said once, here, not by each rank's data reader
+        _logger.warning(
+            "data.dataset=%s holds region features, no dense text: the matcher, which reads dense text, "
+            "runs without any (its records say dense_pairing null); set data.dense=false to say so",
+            dc.dataset,
+        )
     if mc.text_encoder == "tiny":
         lengths = [("data.max_caption_len", dc.max_caption_len)]
         if reads_dense:
