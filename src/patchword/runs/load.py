@@ -72,7 +72,7 @@ __all__ = [
 
 #: What a loaded model scoring with image-tied dense text warns, called without it (:class:`_DenseTextCheck`)
 WITHOUT_DENSE_TEXT = (
-    "this SEPS model was evaluated with one dense caption per image and is called without dense text: its "
+    "this model was evaluated with one dense caption per image and is called without dense text: its "
     "scores differ from its evaluation's; pass each image's dense caption (dense_ids / dense_lens), or load "
     "it with load_run(..., overrides=['data.dense=false']) to score without them"
 )
