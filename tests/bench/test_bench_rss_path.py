@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from patchword.cli.bench import main
 
@@ -24,6 +25,15 @@ TINY_SCORING_RSS = [
     "--peak-size",
     "64",
 ]
+
+
+def _shared_data(root, images: int):
+    """A shared data folder as the scoring benchmark reads it (as test_bench_checks.py makes one)."""
+    (root / "f30k_1k_test").mkdir(parents=True)
+    (root / "seps_dense_llava").mkdir()
+    (root / "f30k_1k_test" / "test_bert_caps.txt").write_text("101,1037,2158,102\n" * 5 * images)
+    (root / "seps_dense_llava" / "f30k_test.jsonl").write_text('{"text": "a red circle."}\n' * images)
+    return root
 
 
 def test_scoring_with_the_rss_probe_measures_every_config_and_probes_the_first(tmp_path, monkeypatch, capsys):
@@ -48,7 +58,8 @@ def test_scoring_with_the_rss_probe_measures_every_config_and_probes_the_first(t
     assert "engine_rss_growth_mb" not in configs["seps-code-caption"]  # the first config's only
     for entry in configs.values():  # the engine's block plan, not the benchmark's
         assert {"image_block", "text_block", "dense_block"} <= set(entry["plan"])
-    assert calls == [ScoringCall("laps", 2, 1, 1024.0, None, True, None)]
+    # with the run's torch threads (torch's default here: the session's one thread)
+    assert calls == [ScoringCall("laps", 2, 1, 1024.0, None, True, None, threads=torch.get_num_threads())]
     assert "Peak RSS growth of the engine's call in a fresh process: laps: 12 MiB." in capsys.readouterr().out
 
 
@@ -67,12 +78,15 @@ def test_the_rss_probe_reads_the_lengths_with_the_runs_bert_vocabulary(tmp_path,
     monkeypatch.setattr(
         patchword.bench.scoring, "measure_rss_in_subprocess", lambda c: calls.append(c) or 1.0
     )
-    assert main([*TINY_SCORING_RSS, "--bert-vocab", str(vocab), "--configs", "laps"]) == 0
+    # a vocabulary counts the dense captions of a data folder (with stand-in lengths it is refused)
+    data = _shared_data(tmp_path / "data", images=3)
+    argv = [arg for arg in TINY_SCORING_RSS if arg != "--stand-in-lengths"] + ["--data", str(data)]
+    assert main([*argv, "--bert-vocab", str(vocab), "--configs", "laps"]) == 0
     capsys.readouterr()
     assert [call.bert_vocab for call in calls] == [str(vocab)]
     # ... through the probe's command line ...
     args = _parser().parse_args(calls[0].probe_argv())
-    assert args.what == "_rss" and args.bert_vocab == str(vocab) and args.stand_in_lengths is True
+    assert args.what == "_rss" and args.bert_vocab == str(vocab) and args.data == str(data)
     assert _parser().parse_args(ScoringCall("laps", 2, 1, 64.0).probe_argv()).bert_vocab is None
     # ... to the lengths it reads
     seen = {}
@@ -84,7 +98,7 @@ def test_the_rss_probe_reads_the_lengths_with_the_runs_bert_vocabulary(tmp_path,
     monkeypatch.setattr(patchword.bench.memory, "benchmark_lengths", lengths)
     with pytest.raises(ConfigError, match="captured"):
         rss_growth_of_scoring(calls[0])
-    assert seen == {"data": None, "bert_vocab": str(vocab), "stand_in": True}
+    assert seen == {"data": str(data), "bert_vocab": str(vocab), "stand_in": False}
 
 
 def test_the_scoring_table_shows_a_failed_probe():

@@ -112,9 +112,17 @@ def test_bench_scoring_bert_vocab_that_does_not_load_names_the_flag_and_why(tmp_
 
 
 def test_bench_scoring_bert_vocab_given_and_found_runs(tmp_path, capsys):
+    """With a shared data folder (the vocabulary counts its dense captions' tokens; with stand-in lengths it
+    has nothing to count and is refused: tests/bench/test_bench_flags_up_front.py)."""
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(TINY_WORDPIECE) + "\n")
-    assert main([*TINY_SCORING, "--bert-vocab", str(vocab)]) == 0
+    data = tmp_path / "data"
+    (data / "f30k_1k_test").mkdir(parents=True)
+    (data / "seps_dense_llava").mkdir()
+    (data / "f30k_1k_test" / "test_bert_caps.txt").write_text("101,1037,2158,102\n" * 5 * 3)
+    (data / "seps_dense_llava" / "f30k_test.jsonl").write_text('{"text": "a man riding a horse."}\n' * 3)
+    argv = [arg for arg in TINY_SCORING if arg != "--stand-in-lengths"]
+    assert main([*argv, "--data", str(data), "--bert-vocab", str(vocab)]) == 0
     assert "| laps |" in capsys.readouterr().out
 
 

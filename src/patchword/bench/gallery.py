@@ -25,6 +25,7 @@ import datetime
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -47,9 +48,10 @@ from patchword.bench.inputs import (
 )
 from patchword.bench.machine import load_average, machine_description
 from patchword.device import describe_device, peak_host_rss_mb, reset_peak_host_rss, resolve_device
-from patchword.errors import ConfigError, MissingFileError, RunExistsError
+from patchword.errors import ConfigError, Interrupted, MissingFileError, RunExistsError
 from patchword.eval import score_matrix
 from patchword.fileio import check_output_dir
+from patchword.train.process import stop_raises
 
 __all__ = [
     "CAPTIONS_PER_IMAGE",
@@ -189,7 +191,9 @@ def _check(
         check_output_dir(workdir, "--workdir", what="the folder of the matrix files")
     if keep and results_file is not None:
         _refuse_results_on_matrix(shapes, workdir, Path(results_file))
-    existing = [matrix_path(workdir, s) for s in shapes if keep and matrix_path(workdir, s).exists()]
+    # a .partial left by a run cut short is a file of the user's too: scoring writes into it
+    kept = [path(workdir, s) for s in shapes for path in (matrix_path, partial_path)] if keep else []
+    existing = [path for path in kept if path.exists()]
     if existing and not overwrite:
         raise RunExistsError(f"{existing[0]} exists; pass --force to overwrite it")
     folder = Path(tempfile.gettempdir() if workdir is None else workdir)
@@ -281,9 +285,10 @@ def _synced(job: _Job) -> float:
     return job.clock()
 
 
-def _score_shape(job: _Job, shape: str, folder: Path, deadline: float) -> dict[str, Any]:
+def _score_shape(job: _Job, shape: str, folder: Path, deadline: float, rows: list[dict[str, Any]]) -> None:
     """Score gallery ``shape`` into its file in ``folder``, block by block, until it is done or the blocks
-    left are predicted to end past ``deadline`` (at least one block is scored); its row of the result."""
+    left are predicted to end past ``deadline`` (at least one block is scored); its row of the result is
+    appended to ``rows``, then logged (a signal after the line finds the row there)."""
     n_img = GALLERY_SHAPES[shape]
     n_txt = n_img * CAPTIONS_PER_IMAGE
     pairs = n_img * n_txt
@@ -331,24 +336,26 @@ def _score_shape(job: _Job, shape: str, folder: Path, deadline: float) -> dict[s
         path = matrix_path(folder, shape)
     elif job.keep and matrix_path(folder, shape).exists():  # --force: replaced only by a complete matrix
         _logger.warning("%s is left as it was: this run's matrix is incomplete", matrix_path(folder, shape))
+    rows.append(
+        {
+            "shape": shape,
+            "images": n_img,
+            "captions": n_txt,
+            "pairs": pairs,
+            "pairs_scored": scored,
+            "seconds": pairs / rate if extrapolated else score_s,
+            "pairs_per_s": rate,
+            "peak_host_mb": peak_host_rss_mb(),
+            "peak_host_scope": host_scope,
+            "peak_device_mb": torch.cuda.max_memory_allocated(job.device) / (1 << 20) if cuda else None,
+            "extrapolated": extrapolated,
+            # the file kept in --workdir: complete under its matrix_path, cut short under its partial_path
+            "matrix_file": str(path) if job.keep else None,
+        }
+    )
     note = f"; stopped ({why}): extrapolated" if extrapolated else ""
     level = logging.WARNING if extrapolated else logging.INFO
     _logger.log(level, "%s: %d of %d pairs scored in %.2f s%s", shape, scored, pairs, score_s, note)
-    return {
-        "shape": shape,
-        "images": n_img,
-        "captions": n_txt,
-        "pairs": pairs,
-        "pairs_scored": scored,
-        "seconds": pairs / rate if extrapolated else score_s,
-        "pairs_per_s": rate,
-        "peak_host_mb": peak_host_rss_mb(),
-        "peak_host_scope": host_scope,
-        "peak_device_mb": torch.cuda.max_memory_allocated(job.device) / (1 << 20) if cuda else None,
-        "extrapolated": extrapolated,
-        # the file kept in --workdir: complete under its matrix_path, cut short under its partial_path
-        "matrix_file": str(path) if job.keep else None,
-    }
 
 
 def run_gallery(
@@ -367,6 +374,7 @@ def run_gallery(
     command: str = "patchword bench gallery",
     clock: Callable[[], float] = time.perf_counter,
     results_file: str | Path | None = None,
+    on_interrupt: Callable[[dict[str, Any]], str | None] | None = None,
 ) -> dict[str, Any]:
     """Score the exhaustive matrix of ``config`` at each of ``shapes`` (see the module docstring).
 
@@ -390,6 +398,9 @@ def run_gallery(
         clock: seconds (tests replace it).
         results_file: the file the caller writes the result to (``--json``): refused when it is one of the
             matrix files ``keep`` leaves in ``workdir``.
+        on_interrupt: called with the result of the shapes finished when SIGTERM / SIGINT stops the run
+            (with ``interrupted``: ``signal``, the ``shape`` it stopped, ``shapes_finished``); it returns
+            where it put them (``"their rows are in FILE"``), which the interruption's message adds.
 
     Returns:
         A JSON-able dict: ``kind`` ("gallery"), ``config``, ``device``, ``machine``, ``max_memory_mb``,
@@ -402,6 +413,8 @@ def run_gallery(
 
     Raises:
         ConfigError, MissingFileError, RunExistsError: a bad argument, before any work.
+        Interrupted: SIGTERM / SIGINT (from the main thread: elsewhere no handler is installed); the
+            temporary folder is removed first, a kept shape cut short keeps its ``.partial`` name.
     """
     from patchword.eval.engine import engine_for
     from patchword.eval.engine.memory import default_budget_mb
@@ -417,22 +430,61 @@ def run_gallery(
     machine = {**machine_description(), "device_name": describe_device(device)["device_name"]}
     if device.type == "cuda":
         machine["cuda"] = torch.version.cuda
-    with _work_folder(workdir, keep) as folder:
-        warm = GalleryTokens(2, seed=seed + 1, device=device)  # thread pools, kernels, lazy imports
-        warm_in = _image_block(job, warm, 0, 2), _caption_block(job, warm, 0, warm.n_captions)
-        _score_block(job, *warm_in, torch.empty(2, warm.n_captions))
-        rows = [_score_shape(job, shape, folder, started + max_seconds) for shape in shapes]
-    machine["load_average_end"] = load_average()
-    return {
-        "kind": "gallery",
-        "config": config,
-        "device": str(device),
-        "machine": machine,
-        "max_memory_mb": budget,
-        "rows": rows,
-        "command": command,
-        "time": stamp,
-    }
+
+    def result(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        machine["load_average_end"] = load_average()
+        return {
+            "kind": "gallery",
+            "config": config,
+            "device": str(device),
+            "machine": machine,
+            "max_memory_mb": budget,
+            "rows": rows,
+            "command": command,
+            "time": stamp,
+        }
+
+    rows: list[dict[str, Any]] = []
+    # SIGTERM / SIGINT raise (SIGTERM's default action killed the process on the spot, leaving the
+    # temporary matrix folder and no line); the folder's cleanup runs inside, where a second signal is ignored
+    phase = {"then": "while scoring the gallery"}
+    with stop_raises(phase), _work_folder(workdir, keep) as folder:
+        try:
+            warm = GalleryTokens(2, seed=seed + 1, device=device)  # thread pools, kernels, lazy imports
+            warm_in = _image_block(job, warm, 0, 2), _caption_block(job, warm, 0, warm.n_captions)
+            _score_block(job, *warm_in, torch.empty(2, warm.n_captions))
+            for shape in shapes:
+                phase["shape"], phase["then"] = shape, f"while scoring shape {shape}"
+                _score_shape(job, shape, folder, started + max_seconds, rows)
+        except Exception:  # noqa: BLE001 - the signal's, or an error it caused (stop_raises)
+            if "signum" not in phase:
+                raise
+            raise _interrupted(phase, shapes, result(rows), on_interrupt) from None
+    return result(rows)
+
+
+def _interrupted(
+    phase: dict[str, Any],
+    shapes: Sequence[str],
+    result: dict[str, Any],
+    on_interrupt: Callable[[dict[str, Any]], str | None] | None,
+) -> Interrupted:
+    """The :class:`~patchword.errors.Interrupted` of a gallery run stopped by a signal (``phase``: its
+    ``signum``, and the ``shape`` being scored, absent before the first): ``result`` (the finished shapes'
+    rows) gets ``interrupted`` (``signal``, ``shape``, ``shapes_finished``) and goes to ``on_interrupt``,
+    whose answer (where it went) the message adds."""
+    name = signal.Signals(phase["signum"]).name
+    finished = [row["shape"] for row in result["rows"]]
+    shape = None if len(finished) == len(shapes) else phase.get("shape")
+    result["interrupted"] = {"signal": name, "shape": shape, "shapes_finished": finished}
+    where = f"scoring shape {shape}" if shape is not None else "warming up" if not finished else "finishing"
+    done = f"{len(finished)} of {len(shapes)} shapes finished" + (
+        f" ({', '.join(finished)})" if finished else ""
+    )
+    kept = on_interrupt(result) if on_interrupt is not None else None
+    return Interrupted(
+        phase["signum"], f"{name} received while {where}: {done}" + (f"; {kept}" if kept else "")
+    )
 
 
 def _seconds_cell(row: dict[str, Any]) -> str:

@@ -35,6 +35,7 @@ __all__ = [
     "SCORING_SHAPES",
     "build_bench_matcher",
     "check_bert_vocab",
+    "refuse_vocab_without_data",
     "benchmark_lengths",
     "find_shared_data",
     "stand_in_lengths",
@@ -126,6 +127,28 @@ def check_bert_vocab(name: str, key: str = "bert_vocab") -> BertCaptionTokenizer
         ) from err
 
 
+def refuse_vocab_without_data(
+    data: str | None, stand_in: bool, key: str = "bert_vocab", stand_in_key: str = "stand_in_lengths"
+) -> None:
+    """A vocabulary named with no dense captions to count (``stand_in``, or no shared data folder found:
+    :func:`benchmark_lengths` takes the stand-in lengths) is refused: it was loaded, then ignored.
+
+    Raises:
+        ConfigError: naming ``key`` (the vocabulary's flag) and why it would change nothing.
+    """
+    if stand_in:
+        why = f"{stand_in_key} takes seeded stand-in lengths"
+    elif find_shared_data(data) is None:
+        why = "no shared data folder was found (../shared/data; --data names one): stand-in lengths are used"
+    else:
+        return
+    raise ConfigError(
+        key,
+        f"counts the tokens of the shared data folder's dense captions, but {why}: it would change nothing; "
+        "drop it",
+    )
+
+
 def stand_in_lengths() -> tuple[torch.Tensor, torch.Tensor]:
     """Seeded log-normal caption (5000, median 15) and dense (1000, median 114, capped) token counts."""
     g = torch.Generator().manual_seed(0)
@@ -164,7 +187,13 @@ def real_lengths(
             counts = [len(tokenizer.encode(text)) for text in texts]
             source += f"; dense: BERT WordPiece ({bert_vocab})"
         except Exception as err:  # noqa: BLE001 - any failure means "no vocabulary here"
-            _logger.info("no BERT vocabulary (%s): dense lengths from word counts", err)
+            # not the loader's own advice: it names a config key of training runs, which bench does not take
+            _logger.debug("BERT vocabulary %s: %s", bert_vocab, err)
+            _logger.info(
+                "no BERT vocabulary (%s does not load offline): dense lengths from word counts; --bert-vocab "
+                "names one (a vocab.txt, a tokenizer folder or a cached hub id)",
+                bert_vocab,
+            )
     if counts is None:
         counts = [len(re.findall(r"\w+|[^\w\s]", text)) + 2 for text in texts]
         source += "; dense: words + punctuation + 2 (no BERT vocabulary available offline)"

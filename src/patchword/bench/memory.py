@@ -9,6 +9,7 @@ told to return big freed blocks to the OS (``MALLOC_MMAP_THRESHOLD_``) so that f
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -17,12 +18,13 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from patchword.bench.inputs import benchmark_lengths, build_bench_matcher, scoring_inputs
 
-__all__ = ["ScoringCall", "rss_growth_of_scoring", "measure_rss_in_subprocess"]
+__all__ = ["ScoringCall", "rss_growth_of_scoring", "measure_rss_in_subprocess", "run_probe"]
 
 _logger = logging.getLogger(__name__)
 
@@ -52,6 +54,8 @@ class ScoringCall:
         data: the shared data folder (None: found or stand-in); stand_in_lengths: skip looking for it.
         bert_vocab: the vocabulary of the dense lengths (None: word counts), as in the timed run: the probe
             reads the lengths again, and dense text of other lengths is another call.
+        threads: torch's intra-op threads, as in the timed run (0: torch's default): the engine's working
+            set grows with its workers.
     """
 
     config: str
@@ -61,6 +65,7 @@ class ScoringCall:
     data: str | None = None
     stand_in_lengths: bool = False
     bert_vocab: str | None = None
+    threads: int = 0
 
     def probe_argv(self) -> list[str]:
         """Arguments of ``patchword bench _rss`` that repeat this call in a fresh process."""
@@ -68,13 +73,16 @@ class ScoringCall:
         argv += ["--caption-images", str(self.caption_images), "--max-memory-mb", str(self.max_memory_mb)]
         argv += ["--data", self.data] if self.data else []
         argv += ["--bert-vocab", self.bert_vocab] if self.bert_vocab else []
+        argv += ["--threads", str(self.threads)] if self.threads else []
         return argv + (["--stand-in-lengths"] if self.stand_in_lengths else [])
 
 
 def rss_growth_of_scoring(call: ScoringCall) -> float:
     """Growth of this process's peak RSS (MiB) over ``call`` (after a small warm-up call: thread pools,
-    kernels, lazy imports). Meaningful in a fresh process."""
+    kernels, lazy imports), with ``call.threads`` torch threads (the caller's count back afterwards).
+    Meaningful in a fresh process."""
     from patchword.eval import score_matrix
+    from patchword.train.process import torch_threads
 
     cap_lens, dense_lens, _ = benchmark_lengths(call.data, call.bert_vocab, stand_in=call.stand_in_lengths)
     matcher = build_bench_matcher(call.config)
@@ -84,11 +92,19 @@ def rss_growth_of_scoring(call: ScoringCall) -> float:
     out = torch.empty(img.shape[0], caps.shape[0])
     budget = call.max_memory_mb
     small = scoring_inputs(2, cap_lens, dense_lens)
-    score_matrix(matcher, *small[:5], txt2img=small[5], max_memory_mb=budget)
-    before = _status_kb("VmRSS")
-    _reset_peak_rss()
-    score_matrix(matcher, img, caps, lens, dense, dlens, txt2img=t2i, max_memory_mb=budget, out=out)
+    with torch_threads(call.threads):
+        score_matrix(matcher, *small[:5], txt2img=small[5], max_memory_mb=budget)
+        before = _status_kb("VmRSS")
+        _reset_peak_rss()
+        score_matrix(matcher, img, caps, lens, dense, dlens, txt2img=t2i, max_memory_mb=budget, out=out)
     return (_status_kb("VmHWM") - before) / 1024
+
+
+def run_probe(args: Any) -> None:
+    """``patchword bench _rss``: the call of ``args`` (what :meth:`ScoringCall.probe_argv` wrote, parsed: an
+    attribute per field) measured, ``{"rss_growth_mb": ...}`` printed as one line of JSON."""
+    call = ScoringCall(**{field.name: getattr(args, field.name) for field in dataclasses.fields(ScoringCall)})
+    print(json.dumps({"rss_growth_mb": rss_growth_of_scoring(call)}))
 
 
 def measure_rss_in_subprocess(call: ScoringCall) -> float | None:

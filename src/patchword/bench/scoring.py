@@ -33,6 +33,7 @@ from patchword.bench.inputs import (
     benchmark_lengths,
     build_bench_matcher,
     check_bert_vocab,
+    refuse_vocab_without_data,
     scoring_inputs,
 )
 from patchword.bench.machine import best_time, load_average, machine_description, matmul_peak_gflops
@@ -79,6 +80,9 @@ def check_scoring_plan(
     if not configs or unknown:
         what = f"unknown scoring config(s) {unknown}" if unknown else "no scoring config given"
         raise ConfigError(names["configs"], f"{what}; choose from {', '.join(SCORING_CONFIGS)}")
+    twice = next((name for n, name in enumerate(configs) if name in configs[:n]), None)
+    if twice is not None:  # it was scored twice and reported once
+        raise ConfigError(names["configs"], f"{twice} is given twice: each config is scored once")
     check_finite_number(names["max_memory_mb"], max_memory_mb, inclusive=False)
     for key, value in (
         ("images", images),
@@ -114,6 +118,7 @@ def check_scoring_plan(
 def _argument_names(names: dict[str, str] | None) -> dict[str, str]:
     """What the errors call each argument of the plan: ``names`` over the argument names."""
     keys = ("images", "caption_images", "ref_captions", "configs", "max_memory_mb", "bert_vocab")
+    keys += ("stand_in_lengths",)  # named in the refusal of a vocabulary with stand-in lengths
     return {key: key for key in keys} | (names or {})
 
 
@@ -182,9 +187,10 @@ def plan_scoring(
         "max_memory_mb": max_memory_mb,
     }
     check_scoring_plan(**sizes, names=names)
-    tokenizer = (
-        check_bert_vocab(bert_vocab, key=names["bert_vocab"]) if vocab_must_load and bert_vocab else None
-    )
+    tokenizer = None
+    if vocab_must_load and bert_vocab:  # it loads, and has dense captions to count (stand-in lengths: none)
+        tokenizer = check_bert_vocab(bert_vocab, key=names["bert_vocab"])
+        refuse_vocab_without_data(data, stand_in_lengths, names["bert_vocab"], names["stand_in_lengths"])
     cap_lens, dense_lens, source = benchmark_lengths(
         data, bert_vocab, stand_in=stand_in_lengths, tokenizer=tokenizer
     )
@@ -374,8 +380,16 @@ def run_scoring(
             "extrapolated_from_pairs": {"engine": n_pairs, "reference": ref.numel()},
         }
         if rss and name == configs[0]:
+            # the probe's torch threads: this run's (a fresh process has torch's default, all the cores)
             call = ScoringCall(
-                name, images, caption_images, max_memory_mb, plan.data, plan.stand_in_lengths, plan.bert_vocab
+                name,
+                images,
+                caption_images,
+                max_memory_mb,
+                plan.data,
+                plan.stand_in_lengths,
+                plan.bert_vocab,
+                threads=torch.get_num_threads(),
             )
             entry["engine_rss_growth_mb"] = measure_rss_in_subprocess(call)
         result["configs"][name] = entry

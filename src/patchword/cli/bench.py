@@ -27,6 +27,7 @@ from patchword.logs import setup_logging
 
 if TYPE_CHECKING:
     from patchword.bench.scoring import ScoringPlan
+    from patchword.runs import LoadedRun
 
 __all__ = ["main"]
 
@@ -146,9 +147,8 @@ def _parser() -> argparse.ArgumentParser:
         help="the first stage's shortlist index: exact (torch), faiss_flat (exact), faiss_ivf or "
         "faiss_hnsw (approximate); faiss_* need the ann extra (default %(default)s)",
     )
-    two_stage.add_argument(
-        "--two-stage-repeats", type=int_at_least(1), default=2, help="timing repeats, best kept (default 2)"
-    )
+    # default 2, 1 with --quick; an explicit value wins over --quick, as --repeats does
+    two_stage.add_argument("--two-stage-repeats", type=int_at_least(1), help="timing repeats, best kept (2)")
 
     gallery = argparse.ArgumentParser(add_help=False)
     gallery.add_argument(
@@ -212,6 +212,7 @@ def _parser() -> argparse.ArgumentParser:
     probe.add_argument("--data", default=None)
     probe.add_argument("--stand-in-lengths", action="store_true")
     probe.add_argument("--bert-vocab", default=None)
+    probe.add_argument("--threads", type=int, default=0)  # the timed run's: the engine's workers follow them
     return parser
 
 
@@ -228,6 +229,7 @@ _SCORING_FLAGS = {
     "configs": "--configs",
     "max_memory_mb": "--max-memory-mb",
     "bert_vocab": "--bert-vocab",
+    "stand_in_lengths": "--stand-in-lengths",
 }
 
 
@@ -261,18 +263,11 @@ def _scoring(args: argparse.Namespace, plan: ScoringPlan) -> dict[str, Any]:
     )
 
 
-def _two_stage(args: argparse.Namespace) -> dict[str, Any]:
+def _two_stage(args: argparse.Namespace, run: LoadedRun) -> dict[str, Any]:
     from patchword.bench.two_stage import run_two_stage
 
-    return run_two_stage(
-        args.run_dir,
-        checkpoint=args.checkpoint,
-        ks=args.ks,
-        alpha=args.alpha,
-        repeats=1 if args.quick else args.two_stage_repeats,
-        max_memory_mb=args.max_memory_mb,
-        backend=args.backend,
-    )
+    kw = {"ks": args.ks, "alpha": args.alpha, "max_memory_mb": args.max_memory_mb, "backend": args.backend}
+    return run_two_stage(run=run, repeats=args.two_stage_repeats or (1 if args.quick else 2), **kw)
 
 
 # --quick: the tiny gallery shape in blocks small enough that it takes several (explicit flags still win).
@@ -300,6 +295,7 @@ def _gallery(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         block_captions=args.block_captions or quick.get("block_captions"),
         command="patchword bench " + shlex.join(argv),
         results_file=None if args.json is None or _to_stdout(args) else args.json,
+        on_interrupt=lambda result: None if args.json is None else _rows_kept(args.json, result),
     )
 
 
@@ -315,9 +311,18 @@ def _write_json(path: Path, results: dict[str, Any]) -> None:
         atomic_write_text(path, json.dumps(results, indent=2))
 
 
+def _rows_kept(path: Path, result: dict[str, Any]) -> str:
+    """A gallery run stopped by a signal: its finished rows to ``--json``, and where, for its message."""
+    _write_json(path, result)
+    return f"their rows are {'on stdout' if str(path) == '-' else f'in {path}'}, marked interrupted"
+
+
+_RUN_FLAGS = ("--run-dir", "--checkpoint")
+
+
 def _check_run_dir(args: argparse.Namespace) -> None:
-    """``--run-dir`` and ``--checkpoint`` of the two-stage part: errors name the flag."""
-    from patchword.bench.two_stage import check_run
+    """``--run-dir``, ``--checkpoint`` and ``--backend`` of the two-stage part: errors name the flag."""
+    from patchword.bench.two_stage import check_backend, check_run
 
     if args.run_dir is None:
         raise ConfigError(
@@ -325,13 +330,17 @@ def _check_run_dir(args: argparse.Namespace) -> None:
             "the two-stage benchmark needs a trained run: run `make demo` (writes runs/demo) "
             "or pass --run-dir RUN",
         )
-    check_run(args.run_dir, args.checkpoint, names=("--run-dir", "--checkpoint"))
+    check_run(args.run_dir, args.checkpoint, names=_RUN_FLAGS)
+    check_backend(args.backend, "--backend")
 
 
-def _check(args: argparse.Namespace) -> ScoringPlan | None:
+def _check(args: argparse.Namespace) -> tuple[ScoringPlan | None, LoadedRun | None]:
     """Every flag of the verb before anything runs: a benchmark can take many minutes, and a result file
-    that cannot be written, or a run that is not there, must not be found out at its end. Returns the
-    scoring benchmark's plan (``scoring`` and ``all``; None otherwise)."""
+    that cannot be written, or a run that is not there or whose checkpoint does not load, must not be found
+    out at its end. Returns the scoring benchmark's plan (``scoring`` and ``all``) and the run of the
+    two-stage one (``two-stage`` and ``all``: loaded last, the costliest check), else None."""
+    from patchword.bench.two_stage import load_checked_run
+
     if args.json is not None and not _to_stdout(args):
         try:
             check_output_file(args.json, args.force, flag="--json")
@@ -339,13 +348,15 @@ def _check(args: argparse.Namespace) -> ScoringPlan | None:
             if isinstance(err, PatchwordError):
                 raise
             raise ConfigError("--json", f"{args.json} cannot be written: {describe_os_error(err)}") from None
-    if args.what in ("two-stage", "all"):
+    two_stage = args.what in ("two-stage", "all")
+    if two_stage:
         _check_run_dir(args)
-    return _scoring_plan(args) if args.what in ("scoring", "all") else None
+    plan = _scoring_plan(args) if args.what in ("scoring", "all") else None
+    return plan, load_checked_run(args.run_dir, args.checkpoint, _RUN_FLAGS) if two_stage else None
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
-    plan = _check(args)  # the gallery's own flags: run_gallery checks them all before any work
+    plan, run = _check(args)  # the gallery's own flags: run_gallery checks them all before any work
     tables = sys.stderr if _to_stdout(args) else sys.stdout
     if args.what == "gallery":  # its own JSON shape, which `patchword report` reads
         from patchword.bench.gallery import format_gallery
@@ -360,7 +371,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         results["scoring"] = _scoring(args, plan)
         print(format_scoring(results["scoring"]), file=tables)
     if args.what in ("two-stage", "all"):
-        results["two_stage"] = _two_stage(args)
+        results["two_stage"] = _two_stage(args, run)
         print(format_two_stage(results["two_stage"]), file=tables)
     if args.json is not None:
         _write_json(args.json, results)
@@ -372,20 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     setup_logging(args.verbose, fmt="%(message)s")
-    if args.what == "_rss":
-        from patchword.bench.memory import ScoringCall, rss_growth_of_scoring
+    if args.what == "_rss":  # the fresh process of the memory probe
+        from patchword.bench.memory import run_probe
 
-        call = ScoringCall(
-            args.config,
-            args.images,
-            args.caption_images,
-            args.max_memory_mb,
-            args.data,
-            args.stand_in_lengths,
-            args.bert_vocab,
-        )
-        growth = rss_growth_of_scoring(call)
-        print(json.dumps({"rss_growth_mb": growth}))
+        run_probe(args)
         return 0
     threads = torch.get_num_threads()
     if args.threads:

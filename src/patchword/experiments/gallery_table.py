@@ -80,5 +80,9 @@ def gallery_rows(path: Path) -> tuple[str, list[str], list[list[str]]]:
         f"Gallery scale ({path.name}: {record.get('config')}, device {device}, {where}, "
         f"{threads_text} torch thread{'' if threads == 1 else 's'}, budget {record.get('max_memory_mb')} MiB)"
     )
+    stopped = record.get("interrupted")
+    if isinstance(stopped, dict):  # a run stopped by a signal kept its finished shapes' rows only
+        cut = f" in shape {stopped['shape']}" if stopped.get("shape") else ""
+        caption += f"; INTERRUPTED by {stopped.get('signal', 'a signal')}{cut}: the finished shapes only"
     header = ["images x captions", "seconds", "pairs/s", "peak host MiB", "peak device MiB", ""]
     return caption, header, rows
