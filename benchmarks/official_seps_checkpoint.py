@@ -27,7 +27,7 @@ import torch
 from PIL import Image
 
 from patchword.hub import require_transformers
-from patchword.testing.official_seps import BERT, VIT, VOCAB, official_checkpoint
+from patchword.testing.official_seps import VOCAB, official_checkpoint, write_tiny_backbones
 
 #: Images per split. dev last: its images are drawn after train's and test's, which stay as they were.
 SPLITS = {"train": 16, "test": 12, "dev": 8}
@@ -69,14 +69,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    transformers = require_transformers()
+    require_transformers()  # a clear message where the extra is missing
     out = args.out
-    torch.manual_seed(0)
-    transformers.ViTModel(transformers.ViTConfig(**VIT), add_pooling_layer=False).save_pretrained(
-        out / "hf" / "vit"
-    )
-    transformers.BertModel(transformers.BertConfig(**BERT)).save_pretrained(out / "hf" / "bert")
-    (out / "hf" / "bert" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    write_tiny_backbones(out / "hf")
     torch.save(official_checkpoint("vit", embed=32, max_word=32), out / "model_best.pth")
     write_dataset(out / "data")
     print(f"written: {out}/model_best.pth, {out}/hf/{{vit,bert}}, {out}/data")

@@ -8,7 +8,6 @@ import logging
 
 import pytest
 import torch
-import transformers  # a dev dependency: a missing one fails collection, never skips
 
 from conftest import one_error_line
 from patchword.cli import main
@@ -16,7 +15,7 @@ from patchword.errors import ConfigError
 from patchword.imports import IMPORT_FILE, ImportOptions, import_checkpoint
 from patchword.imports.base import family
 from patchword.runs import load_run
-from patchword.testing.official_seps import BERT, VIT, VOCAB, official_checkpoint
+from patchword.testing.official_seps import official_checkpoint, write_tiny_backbones
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -25,12 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def seps_files(tmp_path_factory):
     """An official SEPS ViT checkpoint (opt.max_word 90, img_res 32), tiny ``vit`` / ``bert`` directories."""
     root = tmp_path_factory.mktemp("seps")
-    torch.manual_seed(0)
-    transformers.ViTModel(transformers.ViTConfig(**VIT), add_pooling_layer=False).save_pretrained(
-        root / "vit"
-    )
-    transformers.BertModel(transformers.BertConfig(**BERT)).save_pretrained(root / "bert")
-    (root / "bert" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    write_tiny_backbones(root)
     torch.save(official_checkpoint("vit", embed=24), root / "model_best.pth")
     return root
 

@@ -10,7 +10,6 @@ import warnings
 
 import pytest
 import torch
-import transformers  # a dev dependency: a missing one fails collection, never skips
 from test_import_scan_naaf import (
     SCAN_SPECIALS,
     nothing_written,
@@ -25,8 +24,8 @@ from patchword.cli import main
 from patchword.errors import ConfigError, DataError
 from patchword.imports import ImportOptions, import_checkpoint
 from patchword.runs import read_run_config
-from patchword.testing.official_seps import BERT, VIT, VOCAB
 from patchword.testing.official_seps import official_checkpoint as official_seps
+from patchword.testing.official_seps import write_tiny_backbones
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -35,12 +34,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def seps_files(tmp_path_factory):
     """An official SEPS ViT checkpoint and tiny ``vit`` / ``bert`` directories (with BERT's vocab.txt)."""
     root = tmp_path_factory.mktemp("seps")
-    torch.manual_seed(0)
-    transformers.ViTModel(transformers.ViTConfig(**VIT), add_pooling_layer=False).save_pretrained(
-        root / "vit"
-    )
-    transformers.BertModel(transformers.BertConfig(**BERT)).save_pretrained(root / "bert")
-    (root / "bert" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    write_tiny_backbones(root)
     torch.save(official_seps("vit", embed=24), root / "model_best.pth")
     return root
 
@@ -155,6 +149,7 @@ _KINDS = {
 }
 
 
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated:UserWarning")  # torch.load of a quantized one
 @pytest.mark.parametrize("kind", sorted(_KINDS))
 def test_a_sparse_meta_or_quantized_tensor_is_refused_naming_it(seps_files, tmp_path, capsys, kind):
     """Old code: a torch traceback (exit 1) from the finiteness check, or another crash in the mapping."""

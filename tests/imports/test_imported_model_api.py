@@ -9,7 +9,6 @@ import warnings
 
 import pytest
 import torch
-import transformers  # a dev dependency: a missing one fails collection, never skips
 from PIL import Image
 
 from patchword.data.images import rgb_image
@@ -19,7 +18,7 @@ from patchword.errors import MissingFileError, ModelNotFoundError
 from patchword.imports import ImportOptions, import_checkpoint
 from patchword.runs import build_run_model, load_run, resolve_checkpoint
 from patchword.runs.export import export_run
-from patchword.testing.official_seps import BERT, VIT, VOCAB, official_checkpoint
+from patchword.testing.official_seps import VOCAB, official_checkpoint, write_tiny_backbones
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -36,12 +35,7 @@ def _import(root, out, family="seps", **flags):
 def runs(tmp_path_factory):
     """An imported SEPS run (image-tied dense text), its export, and the LAPS import of the same weights."""
     root = tmp_path_factory.mktemp("seps")
-    torch.manual_seed(0)
-    transformers.ViTModel(transformers.ViTConfig(**VIT), add_pooling_layer=False).save_pretrained(
-        root / "vit"
-    )
-    transformers.BertModel(transformers.BertConfig(**BERT)).save_pretrained(root / "bert")
-    (root / "bert" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    write_tiny_backbones(root)
     torch.save(official_checkpoint("vit", embed=24), root / "model_best.pth")
     imported = _import(root, root / "imported")
     export_run(imported, root / "exported")

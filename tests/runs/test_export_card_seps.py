@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import transformers  # a dev dependency: a missing one fails collection, never skips
 
 from conftest import write_laps_dataset
 from patchword.cli import main
 from patchword.imports import ImportOptions, import_checkpoint
-from patchword.testing.official_seps import BERT, VIT, VOCAB, official_checkpoint
+from patchword.testing.official_seps import BERT, official_checkpoint, write_tiny_backbones
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "imports"))  # the import helpers of tests/imports
 from test_import_published_comparison import record_evaluation  # noqa: E402
@@ -35,12 +34,7 @@ CUT = "BERT tokens before BERT"
 def official(tmp_path_factory) -> Path:
     """Tiny Hugging Face ViT / BERT directories, a LAPS-layout dataset and an official SEPS checkpoint."""
     root = tmp_path_factory.mktemp("official")
-    torch.manual_seed(0)
-    transformers.ViTModel(transformers.ViTConfig(**VIT), add_pooling_layer=False).save_pretrained(
-        root / "vit"
-    )
-    transformers.BertModel(transformers.BertConfig(**BERT)).save_pretrained(root / "bert")
-    (root / "bert" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    write_tiny_backbones(root)
     torch.save(official_checkpoint("vit", embed=24), root / "model_best.pth")
     write_laps_dataset(root / "laps")
     return root

@@ -200,6 +200,21 @@ SWIN = dict(
 NUM_PATCHES = 16  # ViT: 4 x 4 patches of 8 px (+ CLS); Swin: 8 x 8 cells of 4 px merged once to 4 x 4
 
 
+def write_tiny_backbones(root: str | Path) -> tuple[Path, Path]:
+    """The tiny ``VIT`` / ``BERT`` backbones as ``save_pretrained`` writes them, in ``root/vit`` and
+    ``root/bert`` (with BERT's ``vocab.txt`` of ``VOCAB``), seeded: the ``--hf-vision`` / ``--hf-text``
+    directories an import of :func:`official_checkpoint` names. Returns ``(vit_dir, bert_dir)``."""
+    import transformers
+
+    root = Path(root)
+    torch.manual_seed(0)
+    vit = transformers.ViTModel(transformers.ViTConfig(**VIT), add_pooling_layer=False)
+    vit.save_pretrained(root / "vit")
+    transformers.BertModel(transformers.BertConfig(**BERT)).save_pretrained(root / "bert")
+    (root / "bert" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    return root / "vit", root / "bert"
+
+
 def official_opt(**changes) -> argparse.Namespace:
     """Every field the official train.py saves: arguments.py's defaults, ``model_name`` (train.py) and
     ``num_patches`` (set by the official image encoder)."""
