@@ -363,6 +363,29 @@ TINY_HASH = [
 ]
 
 
+def write_pair_hash_run(tmp: Path) -> Path:
+    """A trained 16-bit UCMFH run on 40 random 16-d feature pairs written to ``tmp`` (``image.npy``,
+    ``text.npy``; 20 query = retrieval pairs, 20 training pairs): its directory, ``tmp/runs/p``."""
+    import numpy as np
+
+    from patchword.cli.hash import main
+
+    rng = np.random.default_rng(0)
+    for name in ("image", "text"):
+        np.save(tmp / f"{name}.npy", rng.standard_normal((40, 16)).astype(np.float32))
+    model = ["model.hidden=32", "model.dim_feedforward=32", "model.num_layers=1", "train.batch_size=16"]
+    data = ["--data", "pairs", "--image", str(tmp / "image.npy"), "--text", str(tmp / "text.npy")]
+    argv = ["train", "--bits", "16", "--epochs", "1", "--output-dir", str(tmp / "runs"), "--name", "p"]
+    assert main([*argv, *model, *data, "data.num_query=20", "data.num_train=20", "eval.ks=[1,5]"]) == 0
+    return tmp / "runs" / "p"
+
+
+@pytest.fixture(scope="module")
+def pair_run(tmp_path_factory) -> Path:
+    """:func:`write_pair_hash_run` of the module (its data beside it: ``pair_run.parent.parent``)."""
+    return write_pair_hash_run(tmp_path_factory.mktemp("pairs"))
+
+
 @pytest.fixture(scope="module")
 def hash_run(tmp_path_factory):
     """A trained 16-bit UCMFH run (``TINY_HASH``, one epoch, one thread) of the module: its directory."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from conftest import one_error_line
@@ -63,20 +62,6 @@ def test_resume_config_reads_config_yaml_once(hash_run, config_reads):
     cfg = resume_config(hash_run, ["train.epochs=3"])
     assert config_reads == [hash_run / "config.yaml"]
     assert cfg == load_config(HashRunConfig, hash_run / "config.yaml", ["train.epochs=3"])
-
-
-@pytest.fixture(scope="module")
-def pair_run(tmp_path_factory) -> Path:
-    """A 16-bit run on 40 random 16-d pairs (20 query = retrieval pairs, 20 training pairs)."""
-    tmp = tmp_path_factory.mktemp("pairs")
-    rng = np.random.default_rng(0)
-    for name in ("image", "text"):
-        np.save(tmp / f"{name}.npy", rng.standard_normal((40, 16)).astype(np.float32))
-    model = ["model.hidden=32", "model.dim_feedforward=32", "model.num_layers=1", "train.batch_size=16"]
-    data = ["--data", "pairs", "--image", str(tmp / "image.npy"), "--text", str(tmp / "text.npy")]
-    argv = ["train", "--bits", "16", "--epochs", "1", "--output-dir", str(tmp / "runs"), "--name", "p"]
-    assert main([*argv, *model, *data, "data.num_query=20", "data.num_train=20", "eval.ks=[1,5]"]) == 0
-    return tmp / "runs" / "p"
 
 
 @pytest.mark.parametrize("command", ["eval", "search"])

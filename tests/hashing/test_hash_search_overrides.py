@@ -6,40 +6,20 @@ config.yaml is read (it came after the run and its data were read, naming neithe
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import numpy as np
 import pytest
 
-from conftest import TINY_HASH, one_error_line
+from conftest import TINY_HASH, one_error_line, write_pair_hash_run
 from patchword.cli.hash import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-MODEL = ["--bits", "16", "--epochs", "1", "model.hidden=32", "model.dim_feedforward=32", "model.num_layers=1"]
-MODEL += ["train.batch_size=16", "eval.ks=[1,5]"]
 SEARCH = ["--modality", "image", "--query-index", "0", "1", "--k", "2"]
-
-
-def _pair_run(tmp: Path) -> Path:
-    """A 16-bit run on 40 random 16-d pairs in ``tmp`` (20 query = retrieval pairs, 20 training pairs)."""
-    rng = np.random.default_rng(0)
-    for name in ("image", "text"):
-        np.save(tmp / f"{name}.npy", rng.standard_normal((40, 16)).astype(np.float32))
-    data = ["--data", "pairs", "--image", str(tmp / "image.npy"), "--text", str(tmp / "text.npy")]
-    argv = ["train", *MODEL, "--output-dir", str(tmp / "runs"), "--name", "p", *data]
-    assert main([*argv, "data.num_query=20", "data.num_train=20"]) == 0
-    return tmp / "runs" / "p"
-
-
-@pytest.fixture(scope="module")
-def pair_run(tmp_path_factory) -> Path:
-    return _pair_run(tmp_path_factory.mktemp("pairs"))
 
 
 def test_hash_search_takes_the_data_override_its_error_asks_for(tmp_path, capsys):
     """Defect: the error said to point data.image=NEW at the data; search took no such argument."""
-    run = _pair_run(tmp_path)
+    run = write_pair_hash_run(tmp_path)
     capsys.readouterr()
     assert main(["search", str(run), *SEARCH]) == 0
     expected = json.loads(capsys.readouterr().out)["results"]

@@ -10,7 +10,6 @@ import logging
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 
@@ -21,20 +20,6 @@ from patchword.hashing import HashRunConfig
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 SEARCH = ["--modality", "image", "--query-index", "0", "--k", "2"]
-
-
-@pytest.fixture(scope="module")
-def pair_run(tmp_path_factory) -> Path:
-    """A 16-bit run on 40 random 16-d pairs (20 query = retrieval pairs, 20 training pairs)."""
-    tmp = tmp_path_factory.mktemp("pairs")
-    rng = np.random.default_rng(0)
-    for name in ("image", "text"):
-        np.save(tmp / f"{name}.npy", rng.standard_normal((40, 16)).astype(np.float32))
-    model = ["model.hidden=32", "model.dim_feedforward=32", "model.num_layers=1", "train.batch_size=16"]
-    data = ["--data", "pairs", "--image", str(tmp / "image.npy"), "--text", str(tmp / "text.npy")]
-    argv = ["train", "--bits", "16", "--epochs", "1", "--output-dir", str(tmp / "runs"), "--name", "p"]
-    assert main([*argv, *model, *data, "data.num_query=20", "data.num_train=20", "eval.ks=[1,5]"]) == 0
-    return tmp / "runs" / "p"
 
 
 @pytest.mark.parametrize("verb", ["eval", "search"])
