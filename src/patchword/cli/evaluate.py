@@ -155,12 +155,13 @@ def _refuse_unread_overrides(overrides: list[str]) -> None:
         ConfigError: naming the key and what it changes instead.
     """
     from patchword.errors import ConfigError
+    from patchword.model.matcher_options import override_paths, within
 
-    keys = [(key, item) for item in overrides if "=" in item for key in _keys_set(item)]
+    keys = [(key, item) for item in overrides for key in override_paths(item)]
     for key, item in keys:
         why = not_evaluation_reason(key, _value(item) if key == "precision" else None)
         if why is not None:
-            raise ConfigError(key, f"does not apply to an evaluation ({why}){_within(key, item)}")
+            raise ConfigError(key, f"does not apply to an evaluation ({why}){within(key, item)}")
     if any(key.startswith("model.") for key, _ in keys):
         from patchword.model import training_only_keys
 
@@ -168,7 +169,7 @@ def _refuse_unread_overrides(overrides: list[str]) -> None:
         for key, item in keys:
             if key in training_only:
                 why = f"a training-only option: {training_only[key]}"
-                raise ConfigError(key, f"does not apply to an evaluation ({why}){_within(key, item)}")
+                raise ConfigError(key, f"does not apply to an evaluation ({why}){within(key, item)}")
 
 
 def _value(item: str):
@@ -179,40 +180,6 @@ def _value(item: str):
         return yaml.safe_load(item.split("=", 1)[1].strip())
     except yaml.YAMLError:
         return None  # the loader names the key
-
-
-def _keys_set(item: str) -> list[str]:
-    """The dotted keys override ``item`` sets: its key, and where it gives a section a mapping (the config
-    loader takes ``model.seps={detach_selection: true}`` as the section's new value) every key path inside
-    it (``model.seps.detach_selection``); in a whole ``model`` mapping the legacy ``matcher_args`` mapping is
-    read as the matcher's section, as the loader reads it."""
-    import yaml
-
-    key, raw = (part.strip() for part in item.split("=", 1))
-    try:
-        value = yaml.safe_load(raw) if raw else None  # as the loader parses a section's value
-    except yaml.YAMLError:
-        value = None  # not a mapping: the loader names the key
-    if key == "model" and isinstance(value, dict) and isinstance(value.get("matcher_args"), dict):
-        from patchword.errors import ConfigError
-        from patchword.model import ModelConfig, matcher_section
-
-        try:
-            section = matcher_section(str(value.get("matcher", ModelConfig.matcher)))
-        except ConfigError:
-            section = "matcher_args"  # an unknown matcher: the loader names it
-        value = {**value, section: value["matcher_args"]}
-
-    def paths(prefix: str, value) -> list[str]:
-        inner = value.items() if isinstance(value, dict) else ()
-        return [prefix, *(path for sub, v in inner for path in paths(f"{prefix}.{sub}", v))]
-
-    return paths(key, value)
-
-
-def _within(key: str, item: str) -> str:
-    """Where a refused key that is not the override's own key was set (in a section's mapping)."""
-    return "" if item.split("=", 1)[0].strip() == key else f" (in override {item!r})"
 
 
 def run(args: argparse.Namespace) -> None:

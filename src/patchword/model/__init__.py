@@ -35,6 +35,7 @@ from patchword.model.matcher_options import (
     resolve_plugin_options,
     resolved_matcher_options,
     training_only_keys,
+    unread_option_overrides,
 )
 
 __all__ = [
@@ -57,5 +58,6 @@ __all__ = [
     "matcher_section",
     "model_reads_dense",
     "training_only_keys",
+    "unread_option_overrides",
     "started_pretrained",
 ]

@@ -23,6 +23,9 @@ from patchword.model.config import ModelConfig, matcher_section, typed_sections
 __all__ = [
     "check_matcher_options",
     "check_option_overrides",
+    "override_paths",
+    "unread_option_overrides",
+    "within",
     "matcher_arguments",
     "model_reads_dense",
     "reported_options",
@@ -131,31 +134,80 @@ def check_matcher_options(cfg: ModelConfig, *, unread_sections: bool = True) -> 
             )
 
 
+def override_paths(item: str) -> list[str]:
+    """The dotted keys override ``item`` sets: its key, and where it gives a section a mapping (the config
+    loader takes ``model.seps={detach_selection: true}`` as the section's new value) every key path inside
+    it (``model.seps.detach_selection``); in a whole ``model`` mapping the legacy ``matcher_args`` mapping is
+    read as the matcher's section, as the loader reads it. An item without ``=`` sets none (the loader names
+    it)."""
+    import yaml
+
+    if "=" not in item:
+        return []
+    key, raw = (part.strip() for part in item.split("=", 1))
+    try:
+        value = yaml.safe_load(raw) if raw else None  # as the loader parses a section's value
+    except yaml.YAMLError:
+        value = None  # not a mapping: the loader names the key
+    if key == "model" and isinstance(value, dict) and isinstance(value.get("matcher_args"), dict):
+        try:
+            section = matcher_section(str(value.get("matcher", ModelConfig.matcher)))
+        except ConfigError:
+            section = "matcher_args"  # an unknown matcher: the loader names it
+        value = {**value, section: value["matcher_args"]}
+
+    def paths(prefix: str, value) -> list[str]:
+        inner = value.items() if isinstance(value, dict) else ()
+        return [prefix, *(path for sub, v in inner for path in paths(f"{prefix}.{sub}", v))]
+
+    return paths(key, value)
+
+
+def within(key: str, item: str) -> str:
+    """Where a refused key that is not the override's own key was set (in a section's mapping)."""
+    return "" if item.split("=", 1)[0].strip() == key else f" (in override {item!r})"
+
+
+def unread_option_overrides(cfg: ModelConfig, overrides: Iterable[str]) -> dict[str, str]:
+    """Each override item of ``overrides`` that sets a typed matcher section (dotted, or in a mapping given
+    to a section or to the whole ``model``) other than the one ``cfg.matcher`` reads -> the first such key:
+    it would do nothing. Aliases are read as the loader reads them (``model.variant``: ``model.seps``)."""
+    section, typed, unread = matcher_section(cfg.matcher), typed_sections(), {}
+    for item in overrides:
+        for key in override_paths(item):
+            path = key.removeprefix("model.")
+            name = ModelConfig.ALIASES.get(path, path).partition(".")[0]
+            if key.startswith("model.") and name in typed and name != section:
+                unread[item] = key
+                break
+    return unread
+
+
 def check_option_overrides(cfg: ModelConfig, overrides: Iterable[str]) -> None:
     """The ``model.*`` overrides given to a saved run (``patchword eval RUN model.seps.sparse_ratio=0.6``;
     ``cfg``: its config with them applied) checked as a new run's config is: one of a typed section the
-    matcher does not read, or token geometry in ``model.options``, would do nothing or override the
-    encoders'. A build leaves both to this (:func:`check_matcher_options` with ``unread_sections=False``:
-    a recipe rebuilds a run's encoders under another matcher and keeps the run's own section; a saved
-    run's own geometry is accepted where it agrees, :func:`split_saved_geometry`). An item without ``=``,
-    or one giving the whole ``model`` section a mapping, is left to the config loader and the build.
+    matcher does not read (:func:`unread_option_overrides`), or token geometry in ``model.options``, would
+    do nothing or override the encoders'. A build leaves both to this (:func:`check_matcher_options` with
+    ``unread_sections=False``: a recipe rebuilds a run's encoders under another matcher and keeps the run's
+    own section; a saved run's own geometry is accepted where it agrees, :func:`split_saved_geometry`). An
+    item without ``=`` is left to the config loader.
 
     Raises:
         ConfigError: naming the key.
     """
-    keys = [key for key in override_keys(overrides) if key.startswith("model.")]
-    if not keys:  # a run of a matcher not registered here is read without its section looked up
-        return
-    section, typed = matcher_section(cfg.matcher), typed_sections()
-    for key in keys:
-        path = key.removeprefix("model.")
-        name, _, option = ModelConfig.ALIASES.get(path, path).partition(".")  # model.variant: seps
-        if name == "options" and section == "options" and option.partition(".")[0] in GEOMETRY:
-            raise ConfigError(key, _GEOMETRY_WHY)
-        if name in typed and name != section:
-            raise ConfigError(
-                key, f"has no effect with model.matcher={cfg.matcher} (it reads model.{section})"
-            )
+    overrides = list(overrides)
+    if not any(key.startswith("model") for key in override_keys(overrides)):
+        return  # a run of a matcher not registered here is read without its section looked up
+    section = matcher_section(cfg.matcher)
+    for item in overrides:
+        for key in override_paths(item):
+            path = key.removeprefix("model.")
+            name, _, option = ModelConfig.ALIASES.get(path, path).partition(".")
+            if name == "options" and section == "options" and option.partition(".")[0] in GEOMETRY:
+                raise ConfigError(key, _GEOMETRY_WHY + within(key, item))
+    for item, key in unread_option_overrides(cfg, overrides).items():
+        why = f"has no effect with model.matcher={cfg.matcher} (it reads model.{section})"
+        raise ConfigError(key, why + within(key, item))
 
 
 def split_saved_geometry(cfg: ModelConfig) -> tuple[ModelConfig, dict[str, Any]]:

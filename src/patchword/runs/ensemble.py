@@ -12,12 +12,15 @@ import hashlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
 __all__ = [
     "member",
     "in_member",
+    "member_overrides",
+    "shared_metadata",
     "refuse_repeated_members",
     "shared_split",
     "warn_of_scales",
@@ -45,6 +48,28 @@ def in_member(member_dir: Path, ensembled: bool) -> Iterator[None]:
         if not ensembled:
             raise
         raise ConfigError(err.key, f"in ensemble member {member_dir}: {err.detail}") from None
+
+
+def member_overrides(models: list, overrides: list[str]) -> list[list[str]]:
+    """Each member's share of an ensemble's overrides (``models``: the members' ``ModelConfig`` with the
+    overrides applied): an override of a matcher section some members' matchers do not read
+    (``model.seps.sparse_ratio`` on SEPS + VSE) applies to the members that read it; one no member reads would
+    do nothing and is refused (:func:`~patchword.model.unread_option_overrides`).
+
+    Raises:
+        ConfigError: naming the key no member reads and the sections they read.
+    """
+    from patchword.errors import ConfigError
+    from patchword.model import matcher_section, unread_option_overrides
+
+    unread = [unread_option_overrides(model, overrides) for model in models]
+    for item, key in unread[0].items():
+        if all(item in other for other in unread):
+            sections = ", ".join(dict.fromkeys(f"model.{matcher_section(m.matcher)}" for m in models))
+            raise ConfigError(
+                key, f"has no effect on any member of the ensemble (their matchers read {sections})"
+            )
+    return [[item for item in overrides if item not in skipped] for skipped in unread]
 
 
 def weights_digest(state: dict[str, torch.Tensor]) -> str:
@@ -124,4 +149,26 @@ def shared_split(metas: list[dict]) -> dict:
         "split": metas[0]["split"],
         "data_split": names[0] if len(names) == 1 else " / ".join(names),
         "split_use": max(uses, key=_USES.index),
+    }
+
+
+#: What an ensemble's record says of the gallery and the scoring at its top level where every member's
+#: :func:`~patchword.runs.evaluate.run_metadata` agrees (each member's own record keeps its value; a key
+#: they differ in is only there).
+ENSEMBLE_SHARED = (
+    "images",
+    "captions",
+    "known_captions",
+    "eval_precision",
+    "model_dtype",
+    "dense_pairing",
+)
+
+
+def shared_metadata(metas: list[dict[str, Any]]) -> dict[str, Any]:
+    """The :data:`ENSEMBLE_SHARED` values every member's metadata (``metas``) agrees on."""
+    return {
+        key: metas[0][key]
+        for key in ENSEMBLE_SHARED
+        if key in metas[0] and all(key in m and m[key] == metas[0][key] for m in metas)
     }

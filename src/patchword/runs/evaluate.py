@@ -31,7 +31,15 @@ from patchword.fileio import atomic_write_text, check_output_file
 from patchword.model import RetrievalModel, reported_options
 from patchword.runs.checks import check_eval_settings
 from patchword.runs.config import RunConfig
-from patchword.runs.ensemble import in_member, member, refuse_repeated_members, shared_split, warn_of_scales
+from patchword.runs.ensemble import (
+    in_member,
+    member,
+    member_overrides,
+    refuse_repeated_members,
+    shared_metadata,
+    shared_split,
+    warn_of_scales,
+)
 from patchword.runs.files import METRICS_JSON, VOCAB_FILE
 from patchword.runs.load import check_backbone_overrides, refuse_run_output
 from patchword.runs.recorded import evaluation_identity, evaluation_provenance
@@ -248,28 +256,24 @@ def evaluate_run_dir(
     from patchword.runs import read_run_config
 
     overrides = list(overrides or [])  # None: none (apply_overrides takes a list)
-    saved = read_run_config(run_dir)  # parsed once: the overrides apply to a copy
+    saved = read_run_config(run_dir)  # parsed once: the overrides apply to copies
     cfg = apply_overrides(saved, overrides)
     with session(resolve_device(cfg.device), cfg.dist_timeout_s) as dist:
-        return _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, (cfg, saved.data))
+        return _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, saved)
 
 
-def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, configs=None) -> tuple[dict, Path]:
-    """:func:`evaluate_run_dir` in its session (``configs``: run_dir's config with the overrides and the
-    ``data`` section of its saved config.yaml, or None: read here)."""
+def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, saved) -> tuple[dict, Path]:
+    """:func:`evaluate_run_dir` in its session (``saved``: run_dir's config.yaml, read once)."""
     from patchword.data.prepare import eval_role, prepare_data
     from patchword.errors import ConfigError
     from patchword.eval.protocol import ensemble_metrics, evaluate
     from patchword.runs import load_run, read_run_config, resolve_checkpoint
     from patchword.runs.checks import check_model_data
 
-    if configs is None:
-        saved = read_run_config(run_dir)
-        configs = apply_overrides(saved, overrides), saved.data
-    cfg, saved_data = configs
+    cfg = apply_overrides(saved, overrides)
     # a data.* override the run's dataset never reads (the saved config.yaml is not checked: an older
     # version may have recorded such a key, and the run must still evaluate)
-    cfg.data.refuse_unread_overrides(saved_data)
+    cfg.data.refuse_unread_overrides(saved.data)
     role = eval_role(cfg.data, cfg.eval.split)
     truth = check_eval_settings(cfg, dist.device)  # the COCO ground truth the scoring reads, or None
     reuse = held_out_warning(cfg.data) if role == "test" else None
@@ -281,24 +285,30 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, config
     out = out or run_dir / (f"eval_{role}_ensemble.json" if len(members) > 1 else f"eval_{role}.json")
     member_dirs = [member_dir for member_dir, _ in members]
     check_output(out, force, member_dirs)
-    configs, checkpoints = [cfg], []
+    saved, configs, checkpoints = [saved], [cfg], []
     for n, (member_dir, member_ckpt) in enumerate(members):
         with in_member(member_dir, ensembled):  # its key alone does not say which member's config
             if n:
-                configs.append(read_run_config(member_dir, overrides))
+                saved.append(read_run_config(member_dir))
+                configs.append(apply_overrides(saved[n], overrides))
                 truth = check_eval_settings(configs[n], dist.device, truth)
             check_backbone_overrides(member_dir, overrides)
             checkpoints.append(resolve_checkpoint(member_dir, member_ckpt))
         refuse_run_output(out, member_dirs, reads=[checkpoints[-1]])
+    shares = [overrides] * len(members)  # a section only some members read applies to those
     if ensembled:
+        shares = member_overrides([c.model for c in configs], overrides)
+        members_of = zip(configs, saved, shares, strict=True)
+        configs = [c if share == overrides else apply_overrides(r, share) for c, r, share in members_of]
         refuse_repeated_members(checkpoints)
     device = dist.device
 
     prepared: dict[str, Any] = {}  # identical data configs and tokenizers are tokenised once
     results, reference = [], None
     t0 = time.perf_counter()
-    for (member_dir, member_ckpt), member_cfg in zip(members, configs, strict=True):
-        loaded = load_run(member_dir, member_ckpt, device=device, overrides=overrides, config=member_cfg)
+    for (member_dir, member_ckpt), member_cfg, share in zip(members, configs, shares, strict=True):
+        with in_member(member_dir, ensembled):
+            loaded = load_run(member_dir, member_ckpt, device=device, overrides=share, config=member_cfg)
         mcfg, model = loaded.config, loaded.model
         if ensembled:
             # every member under the ensemble's COCO 1K setting (checked and evaluated so): a two-stage
@@ -350,7 +360,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, config
         metrics = ensemble_metrics(scores, split.txt2img, mcfg.eval, fold_members=folds)
         metrics["ensemble"] = [{**meta, **m} for meta, m in results]
         metrics.update(shared_split([meta for meta, _ in results]))  # one split (checked above)
-        metrics.update(_shared_metadata([meta for meta, _ in results]))
+        metrics.update(shared_metadata([meta for meta, _ in results]))
         metrics["leaky"] = any(meta["leaky"] for meta, _ in results)
         if mcfg.eval.coco_extended:
             from patchword.eval.protocol import average_scores
@@ -367,27 +377,6 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, config
     )
     atomic_write_text(out, json_text(metrics))
     return metrics, out
-
-
-#: What an ensemble's record says of the gallery and the scoring at its top level where every member's
-#: :func:`run_metadata` agrees (each member's own record keeps its value; a key they differ in is only there).
-ENSEMBLE_SHARED = (
-    "images",
-    "captions",
-    "known_captions",
-    "eval_precision",
-    "model_dtype",
-    "dense_pairing",
-)
-
-
-def _shared_metadata(metas: list[dict[str, Any]]) -> dict[str, Any]:
-    """The :data:`ENSEMBLE_SHARED` values every member's metadata (``metas``) agrees on."""
-    return {
-        key: metas[0][key]
-        for key in ENSEMBLE_SHARED
-        if key in metas[0] and all(key in m and m[key] == metas[0][key] for m in metas)
-    }
 
 
 def check_output(out: Path, force: bool, run_dirs: list[Path]) -> Path:
