@@ -20,7 +20,7 @@ import transformers  # a dev dependency: a missing one fails collection, never s
 
 from patchword.errors import ConfigError, DataError
 from patchword.imports import ImportOptions, import_checkpoint, list_families
-from patchword.runs import load_run
+from patchword.runs import load_run, read_run_config
 from patchword.testing.official_seps import (
     BERT,
     SWIN,
@@ -333,3 +333,20 @@ def test_data_overrides_are_accepted_and_flags_a_family_ignores_are_refused(tmp_
     )
     import_checkpoint(path, tmp_path / "run", family_name="seps", options=options)
     assert load_run(tmp_path / "run").config.data.root == "elsewhere"
+
+
+def test_an_evaluation_split_without_its_dense_captions_is_refused_on_import(tmp_path, hf_dirs):
+    """Old code imported a SEPS checkpoint with eval.split=dev (the release has no dev-split dense captions)
+    and every evaluation of the run then failed; with the file named the import goes ahead."""
+    ckpt = official_checkpoint("vit", embed=24)
+    err, _ = _import_fails(tmp_path, ckpt, hf_dirs, ConfigError, overrides=["eval.split=dev"])
+    assert err.key == "data.dense_dev" and "reads dense captions on the dev split" in str(err)
+    path = tmp_path / "ok.pth"
+    torch.save(ckpt, path)
+    options = ImportOptions(
+        hf_vision=str(hf_dirs["vit"]),
+        hf_text=str(hf_dirs["bert"]),
+        overrides=["eval.split=dev", "data.dense_dev=d.jsonl"],
+    )
+    import_checkpoint(path, tmp_path / "run", family_name="seps", options=options)
+    assert read_run_config(tmp_path / "run").data.dense_dev.endswith("d.jsonl")

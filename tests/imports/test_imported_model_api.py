@@ -113,6 +113,19 @@ def test_every_tokenizer_refuses_one_str(runs):
     assert run.tokenize(("w1 w2", "w3"))[0].shape[0] == 2  # any sequence of captions, as before
 
 
+def test_every_tokenizer_names_an_item_that_is_no_caption(runs):
+    """Old code: ``batch_encode(["a dog", None])`` failed inside the BERT basic tokenizer (TypeError of
+    ``unicodedata.normalize``) or the word split, naming no item."""
+    word = WordVocab.build(["a dog runs", "a cat sits"])
+    bert = BertCaptionTokenizer.from_pretrained(runs["root"] / "bert" / "vocab.txt")
+    run = load_run(runs["imported"])
+    for encode in (word.batch_encode, bert.batch_encode, run.tokenize):
+        with pytest.raises(TypeError, match=r"^texts\[1\] must be a str \(a caption\), got NoneType: None$"):
+            encode(["a dog", None])
+        with pytest.raises(TypeError, match=r"^texts\[0\] must be a str \(a caption\), got bytes: b'dog'$"):
+            encode([b"dog"])
+
+
 # ------------------------------------------------------------------------ preprocessing takes PIL images
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "build_tokenizer",
     "prepare_data",
     "eval_role",
+    "check_needed_keys",
     "holdout_images",
     "reads_dense_text",
 ]
@@ -112,8 +113,9 @@ class PreparedData:
         return list(self.tokenizer.idx2word) if isinstance(self.tokenizer, WordVocab) else None
 
 
-def _needed_files(dc: DataConfig, roles: Sequence[str], use_dense: bool) -> None:
-    """Config keys that must name files for these roles, checked before anything is read."""
+def check_needed_keys(dc: DataConfig, roles: Sequence[str], use_dense: bool) -> None:
+    """Config keys that must name files for these roles, checked before anything is read (an import checks
+    its run's evaluation split so before writing it)."""
     if dc.dataset in ("laps", "karpathy", "precomp") and not dc.root:
         what = {"laps": "{split}_caps.txt directory", "karpathy": "dataset_*.json file"}
         raise ConfigError(
@@ -307,7 +309,7 @@ def load_raw_data(
         raise ValueError(f"unknown split roles {sorted(unknown)}; expected a subset of {ROLES}")
     use_dense = _use_dense(dc, use_dense)
     dc = dc.home_expanded()  # the readers open what the config check (train.validate) found
-    _needed_files(dc, roles, use_dense)
+    check_needed_keys(dc, roles, use_dense)
     if dc.dataset in SYNTHETIC_DATASETS:
         return _synthetic(dc, roles)
     if dc.dataset in FILE_DATASETS:

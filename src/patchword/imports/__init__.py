@@ -173,7 +173,8 @@ def _refuse_unread_data(before: RunConfig, after: RunConfig, changed: list[str],
     * ``data.dense_*`` where the checkpoint reads no dense text (``data.dense=false``, decided by it):
       nothing would read the file;
     * the rest: :meth:`~patchword.data.config.DataConfig.refuse_unread_overrides` and
-      :func:`~patchword.runs.checks.check_region_boxes`, the config checks ``patchword eval`` makes.
+      :func:`~patchword.runs.checks.check_region_boxes`, the config checks ``patchword eval`` makes, and
+      every file the evaluation split needs named (:func:`~patchword.data.prepare.check_needed_keys`).
 
     Raises:
         ConfigError: naming the first such key.
@@ -214,6 +215,13 @@ def _refuse_unread_data(before: RunConfig, after: RunConfig, changed: list[str],
         raise ConfigError(
             err.key, f"{err.detail} (the import sets it for data.dataset={before.data.dataset})"
         ) from None
+    # the files the evaluation split needs are named (eval.split=dev on the SEPS release, which has no
+    # dev-split dense captions, was written and failed at every evaluation)
+    from patchword.data.prepare import check_needed_keys, eval_role, reads_dense_text
+    from patchword.model import model_reads_dense
+
+    role = eval_role(dc, after.eval.split)
+    check_needed_keys(dc, [role], reads_dense_text(dc, model_reads_dense(after.model)))
 
 
 def _refuse_hash_train_keys(overrides: list[str], changed: list[str]) -> None:

@@ -118,13 +118,18 @@ def _words(text: str, index: int, split: str = "alnum") -> list[str]:
 
 def refuse_one_text(texts: object) -> None:
     """``batch_encode`` takes a list of captions: one ``str`` (a sequence of characters) would be encoded
-    character by character, one caption per character, without a word.
+    character by character, one caption per character, without a word; an item that is no ``str`` (a
+    missing caption read as None, bytes) is named by its index before a tokenizer fails on it somewhere
+    inside.
 
     Raises:
-        TypeError: ``texts`` is one str.
+        TypeError: ``texts`` is one str, or one of its items is no str.
     """
     if isinstance(texts, str):
         raise TypeError("texts must be a list of captions, got one str: pass [text]")
+    for i, text in enumerate(texts):  # type: ignore[arg-type]
+        if not isinstance(text, str):
+            raise TypeError(f"texts[{i}] must be a str (a caption), got {type(text).__name__}: {text!r:.80}")
 
 
 def _checked_max_len(max_len: object, least: int, holds: str) -> int | None:
