@@ -66,7 +66,13 @@ def test_eval_refuses_changed_data_of_the_run(run, tmp_path, capsys, change):
     line = one_error_line(capsys.readouterr().err)
     assert line.startswith(f"error: data.image: data.image ({tmp_path / 'd' / 'img.npy'}), data.text (")
     assert f"changed since {run} trained on it" in line and "query set" in line
+    assert "or evaluate other data on purpose" in line
     assert not out.exists()
+    # hash search refuses it as well, saying what it would do instead (old code: "evaluate other data")
+    search = ["search", str(run), "--modality", "image", "--query-index", "0", "--k", "2"]
+    assert main(search) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"changed since {run} trained on it" in line and "or search other data on purpose" in line
 
 
 def test_eval_refuses_a_resplit_of_a_copy_of_the_runs_data(run, tmp_path, capsys):

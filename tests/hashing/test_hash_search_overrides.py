@@ -43,8 +43,8 @@ def test_hash_search_takes_the_data_override_its_error_asks_for(tmp_path, capsys
         ),
         (
             "model.bits=8",
-            "error: model.bits: cannot change on a trained run (its weights fix the model; train.* has no "
-            "effect on an evaluation): override data.* (where the run's data lie now)",
+            "error: model.bits: cannot change on a trained run (its weights fix the model; train.* changes "
+            "only training): override data.* (where the run's data lie now)",
         ),
         ("data.root=/x", "error: data.root: data.format=pairs reads data.image and data.text"),
         (

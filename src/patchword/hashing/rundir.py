@@ -263,11 +263,12 @@ def check_evaluated_data(
         _other_labels(recorded, read, data, dc, run_dir)
         return
     if own_files and "split_seed" in data.info:  # split here, by the run's split keys
+        verb = "search" if command.endswith("search") else "evaluate"
         raise ConfigError(
             _key(features),
             f"{_named(dc, features)} changed since {run_dir} trained on it (rows / sha256 recorded in "
             f"{LAST_CHECKPOINT}): the run's split of these pairs may put pairs it trained on in the query "
-            "set; restore the data, or evaluate other data on purpose (point data.image / data.text / "
+            f"set; restore the data, or {verb} other data on purpose (point data.image / data.text / "
             "data.root at them)",
         )
     if own_files:  # pre-split files: their own splits, but not what the run was evaluated on
@@ -331,6 +332,6 @@ def refuse_trained_run_overrides(
     refuse_overrides(
         overrides,
         HASH_EVAL_KEYS,
-        "cannot change on a trained run (its weights fix the model; train.* has no effect on an "
-        f"evaluation): override {takes}",
+        "cannot change on a trained run (its weights fix the model; train.* changes only training): "
+        f"override {takes}",
     )
