@@ -13,6 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers.utils.logging  # a dev dependency: a missing one fails collection, never skips
+
+# transformers' library logger gets its stream handler on first use, bound to whatever sys.stderr is then: in
+# a test with capsys, a stream closed after that test, which every later transformers warning then fails to
+# write to ("--- Logging error ---" in another test's output, failing its one-line check when the two ran in
+# that order). Bound here, once, to the session's stderr.
+transformers.utils.logging.get_verbosity()
 
 # The CI rule that nothing skips (tests/ci_guard.py): its hooks, registered here.
 from ci_guard import (  # noqa: E402, F401

@@ -157,8 +157,18 @@ def load_fitting_weights(
     except RuntimeError as err:
         detail = str(err).split("\n\t", 2)
         raise ConfigError(
-            key, f"the weights in {path} do not fit the model {builds}: {' '.join(detail[1:2])}"
+            key, f"the weights in {path} do not fit the model {builds}: {_few_keys(' '.join(detail[1:2]))}"
         ) from None
+
+
+def _few_keys(detail: str, shown: int = 3) -> str:
+    """torch's "Missing key(s) in state_dict: "a", "b", ..." with its list cut to the first ``shown`` names
+    and the count (a checkpoint of another model lists hundreds: one line must stay readable)."""
+    head, sep, listing = detail.partition(" in state_dict: ")
+    names = listing.strip().removesuffix(".").split(", ")
+    if not sep or len(names) <= shown:
+        return detail
+    return f"{head} in state_dict: {', '.join(names[:shown])} and {len(names) - shown} more."
 
 
 def warm_start(model: torch.nn.Module, path: str | Path) -> dict[str, list[str]]:
