@@ -1,91 +1,30 @@
-"""The search page in a real browser: Debian's chromium driven by Selenium through Debian's chromium-driver.
+"""The search page in a real browser: Debian's chromium driven by Selenium through Debian's chromium-driver
+(tests/search/browser_support.py; `make test` installs them, and without them the test skips, except
+under CI, where it fails).
 
 The page types a query, shows the results the API returns, draws the kept-patch overlays, and renders a word's
-heatmap when the pointer is over the word (checked on screenshots: the result's pixels change). Selenium is
-pointed at /usr/bin/chromedriver and never downloads a driver; `make test` installs chromium and
-chromium-driver with apt when they are missing. Without them the test skips, except under CI, where it fails.
+heatmap when the pointer is over the word (checked on screenshots: the result's pixels change).
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
-import shutil
 import urllib.request
 
 import numpy as np
 import pytest
+from browser_support import browser_fixture  # noqa: F401 - the fixture `browser`
+from browser_support import open_page as _open_page
 from PIL import Image
 
-from ci_guard import IN_CI
 from patchword.search.query import Searcher
 from patchword.search.store import SearchIndex
 from patchword.serve.app import ServeLimits, create_app
+from patchword.serve.reload import served_info
 from search_support import caption_queries, live_server, search_env
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--window-size=1280,1000",
-    "--force-device-scale-factor=1",
-]
-
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _require_browser() -> None:
-    if os.path.exists(CHROMEDRIVER) and os.path.exists(CHROMIUM):
-        return
-    message = (
-        f"{CHROMEDRIVER} / {CHROMIUM} missing: `make test` installs chromium and chromium-driver with apt"
-    )
-    if IN_CI:  # the suite must exercise the web page there (tests/ci_guard.py)
-        pytest.fail(message)
-    pytest.skip(message)
-
-
-@pytest.fixture
-def browser(tmp_path, monkeypatch):
-    _require_browser()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    monkeypatch.setenv("SE_OFFLINE", "true")  # Selenium Manager must never fetch anything
-    options = Options()
-    options.binary_location = CHROMIUM
-    for flag in FLAGS:
-        options.add_argument(flag)
-    profile = tmp_path / "profile"
-    profile.mkdir()
-    options.add_argument(f"--user-data-dir={profile}")
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
-
-
-def _open_page(browser, url: str):
-    """Load the page and wait until it has read the server's settings (``max_k``, the default ``k``): a box
-    cleared before they arrive would be filled in under the test's typing."""
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    browser.get(url + "/")
-    wait = WebDriverWait(browser, 30)
-    wait.until(lambda d: d.execute_script("return window.patchword.maxK !== null"))
-    return wait
 
 
 def _query_with_visible_heat(searcher: Searcher, captions: list[str]) -> tuple[str, int]:
@@ -137,6 +76,14 @@ def test_the_page_searches_and_renders_kept_patches_and_a_word_heatmap(tmp_path_
         assert [int(c.get_attribute("data-id")) for c in cards] == [r["id"] for r in api["results"]]
         canvas = cards[0].find_element(By.TAG_NAME, "canvas")
         assert "kept patches: sparse 8, dense 8 of 16" in cards[0].text
+        # what a screen reader says of a result and of a word (old code: an unnamed canvas, a bare span)
+        top = api["results"][0]
+        assert canvas.get_attribute("role") == "img"
+        assert canvas.get_attribute("aria-label") == f"rank 1: {top['path']}, score {top['score']:.4f}"
+        chips = browser.find_elements(By.CSS_SELECTOR, "#words .word")
+        assert chips and all(c.get_attribute("role") == "button" for c in chips)
+        legend = browser.find_element(By.ID, "legend")
+        assert "cyan" in legend.text and "dense-caption-guided one (orange, dashed)" in legend.text
 
         rect = canvas.rect
         before = browser.get_screenshot_as_png()
@@ -239,7 +186,7 @@ def test_the_page_shows_what_the_index_approximates_and_lacks_above_the_results(
     env = search_env(tmp_path_factory)
     build_index(env.run, env.export.files["images"], tmp_path / "int8", dtype="int8")  # no --dense
     searcher = Searcher(SearchIndex.open(tmp_path / "int8"), env.run)
-    info = searcher.index_info
+    info = served_info(searcher)  # the warnings without the server's paths
     with live_server(create_app(searcher)) as url:
         wait = _open_page(browser, url)
         line = browser.find_element(By.ID, "index-note")
@@ -254,6 +201,10 @@ def test_the_page_shows_what_the_index_approximates_and_lacks_above_the_results(
         results = browser.find_element(By.ID, "results")
         assert line.rect["y"] + line.rect["height"] <= results.rect["y"] + 1  # above the results
         assert line.rect["height"] < 40  # one line
+        # no dense captions: the legend names no dense-caption outline (old code: it always did)
+        legend = browser.find_element(By.ID, "legend")
+        wait.until(lambda d: legend.is_displayed())
+        assert "cyan" in legend.text and "dense-caption" not in legend.text
 
     # the exact index with its dense captions: no line
     exact = Searcher(SearchIndex.open(env.index_dir), env.run)

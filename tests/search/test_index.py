@@ -148,7 +148,8 @@ def test_an_interrupted_build_resumes_to_the_same_index(env, tmp_path, monkeypat
         SearchIndex.open(tmp_path / "cut")
     report = build_index(env.run, images, tmp_path / "cut", dense=dense, shard_size=5, batch_size=4)
     assert report.resumed and (report.kept, report.added) == (10, env.export.num_images - 10)
-    assert Manifest.read(tmp_path / "cut") == Manifest.read(tmp_path / "whole")
+    resumed, whole = Manifest.read(tmp_path / "cut"), Manifest.read(tmp_path / "whole")
+    assert resumed == whole and resumed.build_id == partial.build_id != whole.build_id  # its own, kept
     whole_shards = sorted(p.name for p in (tmp_path / "whole" / "shards").iterdir())
     assert whole_shards == sorted(p.name for p in (tmp_path / "cut" / "shards").iterdir())
     for name in whole_shards:

@@ -54,9 +54,10 @@ def test_a_truncated_query_says_how_many_words_were_left_out(env, searcher, caps
     mixed_cut = 47 - (max_tokens - 2)
     assert mixed.unknown_words == ["zzz"] and mixed.dropped_words == mixed_cut
     assert mixed.warning == (
-        "the model does not know 'zzz': the results rest on the other words of the query; the query is "
-        f"longer than the {max_tokens} tokens the model reads (data.max_caption_len): its last {mixed_cut} "
-        "words were left out"
+        "the model does not know 'zzz': it reads the unknown token in its place, which means nothing to the "
+        "model but is scored with the query's other words; the query is longer than the "
+        f"{max_tokens} tokens the model reads (data.max_caption_len): its last {mixed_cut} words were "
+        "left out"
     )
     assert main_search([str(env.index_dir), " ".join(words), "-k", "3", "--json"]) == 0
     captured = capsys.readouterr()

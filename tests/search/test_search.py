@@ -206,10 +206,13 @@ def test_a_query_with_some_unknown_words_answers_with_a_warning(env, searcher, c
     assert result.unknown_words == ["zzzqqq"] and same.unknown_words == ["qqqxyz"]
     body = result.to_json()
     assert body["unknown_words"] == ["zzzqqq"]
-    assert (
-        body["warning"]
-        == "the model does not know 'zzzqqq': the results rest on the other words of the query"
+    assert body["warning"] == (  # old wording: "the results rest on the other words", though <unk> is scored
+        "the model does not know 'zzzqqq': it reads the unknown token in its place, which means nothing to "
+        "the model but is scored with the query's other words"
     )
+    assert "<unk>" in [w.text for w in searcher.explain(query, result.hits[0].id).words]
+    two = searcher.search("a small zzzqqq red qqqxyz circle", k=5).warning
+    assert two.startswith("the model does not know 'zzzqqq', 'qqqxyz': it reads the unknown token in their")
     assert "warning" not in searcher.search("a small red circle", k=5).to_json()
     assert main_search([str(env.index_dir), query, "-k", "5", "--json"]) == 0
     captured = capsys.readouterr()

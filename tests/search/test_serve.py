@@ -324,6 +324,7 @@ def test_healthz(client, searcher):
         },
         "max_k": 100,
         "default_k": 10,
+        "max_query_chars": 512,
     }
 
 

@@ -3,7 +3,7 @@
 ``INDEX_DIR/``
     ``manifest.json``  format version, the model that wrote it (run, checkpoint, weights hash, config),
     the image folder, the storage dtype, the shards, one entry per indexed image (relative path, size,
-    mtime, format, shard and row) and the files skipped with their reason (:class:`Manifest`);
+    mtime, format, shard and row), the files skipped with their reason and the build id (:class:`Manifest`);
     ``shards/NNNNN.*.npy``  the shard files, memory-mappable arrays of the images' vectors
     (:mod:`patchword.search.shards` names them and says what each holds).
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,10 @@ class Manifest:
         next_shard: id of the next shard to write.
         entries: the indexed images; an entry's position is its index id.
         skipped: files left out, with the reason.
+        build_id: random, drawn when a new index is made and kept by its resumes and updates (None in an
+            index written before it was recorded): an index built again in the same folder from other
+            files holds the same shards and rows, and only this tells the two apart (:func:`rows_digest`).
+            Not compared: two builds of the same files are equal manifests.
     """
 
     model: dict[str, Any]
@@ -119,6 +124,7 @@ class Manifest:
     next_shard: int = 0
     entries: list[Entry] = field(default_factory=list)
     skipped: list[SkippedFile] = field(default_factory=list)
+    build_id: str | None = field(default_factory=lambda: secrets.token_hex(8), compare=False)
 
     @property
     def dense_store(self) -> str | None:
@@ -177,9 +183,12 @@ class Manifest:
                 next_shard=int(payload["next_shard"]),
                 entries=[Entry(*row) for row in payload["entries"]],
                 skipped=[SkippedFile(**s) for s in payload.get("skipped", [])],
+                build_id=payload.get("build_id"),  # None: written before it was recorded
             )
         except (KeyError, TypeError, ValueError) as err:
             raise DataError(f"{path}: malformed index manifest (field {err})") from err
+        if manifest.build_id is not None and not isinstance(manifest.build_id, str):
+            raise DataError(f"{path}: malformed index manifest: field 'build_id' is not a string")
         problem = manifest_problem(manifest)
         if problem is not None:
             raise DataError(
@@ -195,12 +204,18 @@ class Manifest:
 
 
 def rows_digest(manifest: Manifest) -> str:
-    """A digest of which stored row each index id reads: the shard list and every entry's (shard, row), in
-    id order, and the model's weights. Shard files are never rewritten under the same id (a new shard takes
-    ``next_shard``), so equal digests mean equal vectors behind every id: what anything derived from the
-    rows (a kept approximate first stage, a Qdrant upload whose point ids are index ids) must match."""
+    """A digest of which stored row each index id reads: the index's ``build_id``, the shard list and every
+    entry's (shard, row), in id order, and the model's weights. Within one build shard files are never
+    rewritten under the same id (a new shard takes ``next_shard``), and an index built again in the same
+    folder (deleted first) has another ``build_id``, so equal digests mean equal vectors and files behind
+    every id: what anything derived from the rows (a kept approximate first stage, a Qdrant upload whose
+    point ids are index ids, a server's ``version``) must match. An index without a ``build_id`` (written
+    before it was recorded) digests as it did then, so what was derived from it still matches."""
     digest = hashlib.sha256()
-    digest.update(json.dumps([manifest.model.get("weights_sha256"), manifest.shards]).encode())
+    identity = [manifest.model.get("weights_sha256"), manifest.shards]
+    if manifest.build_id is not None:
+        identity.append(manifest.build_id)
+    digest.update(json.dumps(identity).encode())
     rows = np.array([(e.shard, e.row) for e in manifest.entries], dtype=np.int64).reshape(-1, 2)
     digest.update(rows.tobytes())
     return digest.hexdigest()[:16]

@@ -73,8 +73,13 @@ def quote_words(words: list[str]) -> str:
 
 def unknown_words_warning(words: list[str]) -> str:
     """The warning a result carries when some query words are unknown: they are encoded as the unknown
-    token, which tells the model nothing about them."""
-    return f"the model does not know {quote_words(words)}: the results rest on the other words of the query"
+    token, which tells the model nothing about them but is scored like the query's other words (an
+    explanation lists it)."""
+    place = "its place" if len(words) == 1 else "their place"
+    return (
+        f"the model does not know {quote_words(words)}: it reads the unknown token in {place}, which means "
+        "nothing to the model but is scored with the query's other words"
+    )
 
 
 def left_out(dropped: int, cut_word: str | None = None) -> str:

@@ -4,12 +4,13 @@ Routes (all JSON errors are ``{"error": message}`` with a 4xx / 5xx status):
 
 - ``GET /api/search?q=...&k=...`` -> ``{"query", "results": [{"id", "path", "score", "global_score"}],
   "ms", "shortlist", "index", "version"}`` (``version``: the index version the ids belong to, as ``/healthz``
-  says it; ``index``: how the search departs from the exact one and the index's
-  warnings, as in ``/healthz``: :func:`~patchword.search.fidelity.describe_index`; the page shows its
-  ``summary`` above the results), paths relative to the indexed folder, plus ``"warning"`` and
-  ``"unknown_words"`` when some query words are unknown to the model; a query with no known word is a 400
-  whose body adds
-  ``"unknown_words"``; ``k`` defaults to 10, or ``max_k`` when that is lower;
+  says it; ``index``: how the search departs from the exact one and the index's warnings, as in
+  ``/healthz``: :func:`~patchword.search.fidelity.describe_index`, the run and index named by their folder
+  names, :func:`~patchword.serve.reload.served_info`; the page shows its ``summary`` above the results;
+  ``shortlist``: the images re-ranked, ``--shortlist`` or ``k`` when that is more), paths relative to the
+  indexed folder, plus ``"warning"`` and ``"unknown_words"`` when some query words are unknown to the model;
+  a query with no known word is a 400 whose body adds ``"unknown_words"``; ``k`` defaults to 10, or
+  ``max_k`` when that is lower;
 - ``GET /api/explain?q=...&id=...[&version=...]`` -> the kept patches per selection branch and each word's
   heat over the patch grid (:meth:`patchword.search.explain.Explanation.to_json`) plus ``id``, ``path``,
   ``query``, ``version``;
@@ -21,7 +22,8 @@ Routes (all JSON errors are ``{"error": message}`` with a 4xx / 5xx status):
   (ids name other images) is a ``409`` saying to search again, whose body gives the current ``version``,
   never another image's answer;
 - ``GET /healthz``: liveness, what is served (the index's version, images and kind, its warnings) and the
-  page's settings (``max_k``, ``default_k``); ``GET /`` and ``/static/{app.js,style.css}``: the page.
+  page's settings (``max_k``, ``default_k``, ``max_query_chars``); ``GET /`` and
+  ``/static/{app.js,style.css}``: the page; ``GET /favicon.ico``: 204 (no icon).
 
 The index is reopened when it changes on disk (an update): :mod:`.reload`. Parameters: :mod:`.params`.
 
@@ -56,7 +58,7 @@ from patchword.search.results import QueryError
 from patchword.search.store import DamagedIndexError, StaleIndexError
 from patchword.serve.images import BROWSER_FORMATS, image_bytes
 from patchword.serve.params import ID, BadRequest, QueryParams
-from patchword.serve.reload import IndexUnavailable, ServedIndex
+from patchword.serve.reload import IndexUnavailable, ServedIndex, served_info
 
 __all__ = ["ServeLimits", "create_app", "require_serve_extra", "BROWSER_FORMATS"]
 
@@ -274,7 +276,12 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
                 # from what is loaded (200, status ok: the server is alive; searches answer 503 meanwhile)
                 await asyncio.to_thread(served.probe)
             # every figure of one searcher: a reopen finishing on a worker meanwhile never mixes two
-            body = {"status": "ok", **served.describe(), "max_k": limits.max_k, "default_k": default_k}
+            settings = {
+                "max_k": limits.max_k,
+                "default_k": default_k,
+                "max_query_chars": limits.max_query_chars,
+            }
+            body = {"status": "ok", **served.describe(), **settings}
             return JSONResponse(body)
 
         return await guarded(handle, request)
@@ -294,7 +301,7 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
             current, version, result = await in_pool(searched)
             body = result.to_json()
             body["ms"] = round(1000.0 * (time.perf_counter() - t0), 3)
-            body["index"] = current.index_info  # computed when the index was opened
+            body["index"] = served_info(current)  # computed when the index was opened
             body["version"] = version  # which image every id names: explain / image check it
             return JSONResponse(body)
 
@@ -345,6 +352,10 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
     @app.api_route("/", methods=["GET", "HEAD"])
     async def page() -> Response:
         return Response(_static_file("index.html"), media_type=_STATIC["index.html"])
+
+    @app.api_route("/favicon.ico", methods=["GET", "HEAD"])
+    async def favicon() -> Response:
+        return Response(status_code=204)  # no icon: what browsers ask for, answered without a 404
 
     @app.api_route("/static/{name}", methods=["GET", "HEAD"])
     async def static(name: str) -> Response:

@@ -55,14 +55,43 @@
   }
 
   // ------------------------------------------------------------------ search
-  async function search(event) {
+  function onSubmit(event) {
     event.preventDefault();
+    search();
+  }
+
+  // The k asked for: the box's number (valueAsNumber reads "1e2" as 100, not 1), the server's default when
+  // the box is empty (null until /healthz answered: the server decides); NaN when it is no allowed k.
+  function askedK() {
+    const box = $("k");
+    if (box.value === "") return state.defaultK;
+    const k = box.valueAsNumber;
+    return Number.isInteger(k) && k >= 1 && (!state.maxK || k <= state.maxK) ? k : NaN;
+  }
+
+  // No results, words or legend: before an answer is drawn, and after a search that failed.
+  function clearResults() {
+    state.results = [];
+    state.cards.clear();
+    state.activeWord = null;
+    $("results").replaceChildren();
+    $("words").replaceChildren();
+    $("words-bar").hidden = true;
+    $("legend").hidden = true;
+  }
+
+  async function search() {
     const query = $("q").value.trim();
     if (!query) return;
-    // k within the server's bounds; an empty box asks for the server's default
-    let k = parseInt($("k").value, 10) || state.defaultK;
-    if (k && state.maxK) k = Math.max(1, Math.min(state.maxK, k));
+    const k = askedK();
+    if (Number.isNaN(k)) {
+      setStatus(`k must be a whole number from 1 to ${state.maxK || "the server's --max-k"}`, true);
+      return;
+    }
     if (k) $("k").value = String(k);
+    // the URL says what is searched: a reload searches again, and the address can be shared
+    const shown = new URLSearchParams(k ? { q: query, k: String(k) } : { q: query });
+    history.replaceState(null, "", `?${shown}`);
     const seq = ++state.seq;
     setStatus("searching…");
     let body;
@@ -73,21 +102,21 @@
       if (seq === state.seq) {
         setStatus(err.message, true);
         setNote("");
+        clearResults(); // the previous query's cards would pass for this one's
       }
       return;
     }
     if (seq !== state.seq) return;
     setIndexNote(body.index); // each answer's own: the server reopens an updated index
     setNote(body.warning);
+    clearResults();
     state.query = body.query;
     state.version = body.version || "";
     state.results = body.results;
-    state.activeWord = null;
-    setStatus(`${body.results.length} results in ${body.ms.toFixed(1)} ms (${body.shortlist} re-ranked)`);
+    const count = body.results.length;
+    const found = `${count} ${count === 1 ? "result" : "results"}`;
+    setStatus(`${found} in ${body.ms.toFixed(1)} ms (${body.shortlist} re-ranked)`);
     renderResults(body.results, state.version);
-    $("words").replaceChildren();
-    $("words-bar").hidden = true;
-    $("legend").hidden = body.results.length === 0;
     explainAll(seq, body.query, state.version, body.results.map((r) => r.id));
   }
 
@@ -99,8 +128,6 @@
 
   function renderResults(results, version) {
     const grid = $("results");
-    grid.replaceChildren();
-    state.cards.clear();
     results.forEach((result, i) => {
       const card = document.createElement("article");
       card.className = "result";
@@ -112,6 +139,8 @@
       canvas.width = CANVAS;
       canvas.height = CANVAS;
       canvas.dataset.heatWord = "";
+      canvas.setAttribute("role", "img");
+      canvas.setAttribute("aria-label", `rank ${i + 1}: ${result.path}, score ${result.score.toFixed(4)}`);
       const meta = document.createElement("div");
       meta.className = "meta";
       const line = document.createElement("div");
@@ -121,7 +150,10 @@
       path.textContent = result.path;
       const why = document.createElement("div");
       why.className = "why";
-      meta.append(line, path, why);
+      const problem = document.createElement("div"); // why the image is not shown, when it is not
+      problem.className = "problem";
+      problem.hidden = true;
+      meta.append(line, path, why, problem);
       card.append(canvas, meta);
       grid.append(card);
       const entry = { card, canvas, why, image: null, explain: null };
@@ -131,8 +163,22 @@
         entry.image = image;
         draw(entry);
       };
+      image.onerror = () => showImageProblem(image.src, problem);
       image.src = `/api/image/${result.id}${versionParam(version, true)}`;
     });
+  }
+
+  // An image that did not load: the server's message (a JSON error such as "the file of image 7 no longer
+  // exists", or the 409 of an index updated since the search) on its card.
+  async function showImageProblem(url, problem) {
+    let message = "the image cannot be shown";
+    try {
+      await getJSON(url);
+    } catch (err) {
+      message = err.message;
+    }
+    problem.textContent = message;
+    problem.hidden = false;
   }
 
   async function explainAll(seq, query, version, ids) {
@@ -148,9 +194,13 @@
           if (!entry) continue;
           entry.explain = body;
           entry.card.dataset.explained = "true";
-          if ($("words").childElementCount === 0) renderWords(body.words);
+          if ($("words").childElementCount === 0) {
+            renderWords(body.words);
+            showLegend(body.branches);
+          }
           draw(entry);
         } catch (err) {
+          if (seq !== state.seq) return; // an older search's: its cards are gone
           const entry = state.cards.get(id);
           if (entry) entry.why.textContent = `no explanation: ${err.message}`;
         }
@@ -169,6 +219,7 @@
       chip.className = word.special ? "word special" : "word";
       chip.dataset.index = String(i);
       chip.tabIndex = 0;
+      chip.setAttribute("role", "button");
       chip.textContent = word.text;
       chip.addEventListener("mouseenter", () => setActiveWord(i));
       chip.addEventListener("mouseleave", () => setActiveWord(null));
@@ -177,6 +228,14 @@
       bar.append(chip);
     });
     $("words-bar").hidden = words.length === 0;
+  }
+
+  // The legend of what the explanations draw: the outlines only when patches are selected, the dense
+  // caption's (orange) only when that branch is there (an index with the dense captions the model reads).
+  function showLegend(branches) {
+    $("legend-kept").hidden = branches.length === 0;
+    $("legend-dense").hidden = !branches.some((b) => b.name === "dense");
+    $("legend").hidden = false;
   }
 
   function setActiveWord(index) {
@@ -274,19 +333,30 @@
     entry.why.textContent = describe(explain, word);
   }
 
-  // The bounds of k are the server's (serve --max-k), read once the page loads.
+  // The bounds of k and of the query are the server's (serve --max-k, --max-query-chars), read once the
+  // page loads.
   async function loadSettings() {
     try {
       const health = await getJSON("/healthz");
       state.maxK = health.max_k;
       state.defaultK = health.default_k;
       $("k").max = String(health.max_k);
+      if (health.max_query_chars) $("q").maxLength = health.max_query_chars;
       if (!$("k").value) $("k").value = String(health.default_k);
     } catch (err) {
       setStatus(`cannot read the server's settings: ${err.message}`, true);
     }
   }
 
-  $("search-form").addEventListener("submit", search);
-  loadSettings();
+  // A page opened at ?q=...&k=... (a reload, a shared address) searches for it once the settings are in.
+  async function start() {
+    const asked = new URLSearchParams(location.search);
+    if (asked.get("q")) $("q").value = asked.get("q");
+    if (asked.get("k")) $("k").value = asked.get("k");
+    await loadSettings();
+    if (asked.get("q")) search();
+  }
+
+  $("search-form").addEventListener("submit", onSubmit);
+  start();
 })();
