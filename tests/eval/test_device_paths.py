@@ -318,15 +318,16 @@ def test_evaluating_a_run_on_the_device_gives_the_cpu_metrics(env, tmp_path):
     """``patchword eval``'s evaluation (eval.runs._evaluate: encoding, the full matrix, the metrics) with
     the run on the simulated device."""
     from patchword.distributed import Distributed
+    from patchword.runs import read_run_config
     from patchword.runs.evaluate import _evaluate
 
+    saved = read_run_config(env.run_dir)
     with SimulatedDevice() as sim:
         got, _ = _evaluate(
-            env.run_dir, None, [], None, tmp_path / "sim.json", True, Distributed(device=sim.device)
+            env.run_dir, None, [], None, tmp_path / "sim.json", True, Distributed(device=sim.device), saved
         )
-    want, _ = _evaluate(
-        env.run_dir, None, [], None, tmp_path / "cpu.json", True, Distributed(device=torch.device("cpu"))
-    )
+    cpu = Distributed(device=torch.device("cpu"))
+    want, _ = _evaluate(env.run_dir, None, [], None, tmp_path / "cpu.json", True, cpu, saved)
     keys = [k for k, v in want.items() if isinstance(v, float) and ("r1" in k or "rsum" in k)]
     assert keys
     for key in keys:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from pathlib import Path
 
 __all__ = ["add_arguments", "quiet_other_rank", "run"]
@@ -83,6 +84,10 @@ def run(args: argparse.Namespace) -> None:
         run_dir, overrides = _resume_target(args.resume, list(args.overrides))
         summary = resume_run(run_dir, overrides)
     else:
-        summary = train_run(load_run_config(args.config, args.overrides))
-    if main:
-        print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, (list, dict))}, indent=2))
+        cfg = load_run_config(args.config, args.overrides)
+        summary = train_run(cfg)
+    if main:  # stdout: the summary alone (| jq), with the run directory it describes
+        run_dir = run_dir if args.resume is not None else Path(cfg.output_dir) / cfg.name
+        shown = {k: v for k, v in summary.items() if not isinstance(v, (list, dict))}
+        print(json.dumps({"run_dir": str(run_dir), **shown}, indent=2))
+        print(f"written: {run_dir}", file=sys.stderr)

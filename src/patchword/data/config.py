@@ -6,11 +6,13 @@ import dataclasses
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from patchword.errors import ConfigError
 
-__all__ = ["DataConfig", "DEFAULT_BERT_VOCAB", "EVERY_DATASET_KEYS", "FILE_DATASETS", "READ_BY"]
+__all__ = ["DataConfig", "DEFAULT_BERT_VOCAB", "EVERY_DATASET_KEYS", "FILE_DATASETS", "PATH_KEYS", "READ_BY"]
+__all__ += ["absolute_path", "local_path", "require_path"]
 
 #: The BERT vocabulary of a ``data`` section whose ``bert_vocab`` is empty when no text backbone names one.
 DEFAULT_BERT_VOCAB = "bert-base-uncased"
@@ -18,8 +20,8 @@ DEFAULT_BERT_VOCAB = "bert-base-uncased"
 #: Datasets whose images are files (``data.dev_from_train`` and ``data.check_images`` apply).
 FILE_DATASETS = ("laps", "karpathy")
 
-#: The keys that name files or directories.
-_PATH_KEYS = ("root", "image_root", "dense_train", "dense_dev", "dense_test", "cache_dir")
+#: The keys that name files or directories (``vocab_path``, ``bert_vocab``: or a shipped name, a hub id).
+PATH_KEYS = ("root", "image_root", "dense_train", "dense_dev", "dense_test", "cache_dir")
 
 _SYNTHETIC = ("synthetic", "synthetic_regions")
 #: The ``data.*`` keys every dataset takes: read by all (split names, tokenizer and vocabulary, caption
@@ -280,8 +282,46 @@ class DataConfig:
     def home_expanded(self) -> DataConfig:
         """This section with a leading ``~`` of every path expanded to the home directory (the config check
         expands it, so the readers must too, or they look for a folder named ``~``)."""
-        changes = {key: os.path.expanduser(getattr(self, key)) for key in _PATH_KEYS if getattr(self, key)}
+        changes = {key: os.path.expanduser(getattr(self, key)) for key in PATH_KEYS if getattr(self, key)}
         return dataclasses.replace(self, **changes)
+
+    def absolute_paths(self) -> DataConfig:
+        """This section with its local paths absolute (:func:`absolute_path`, against the working directory):
+        every :data:`PATH_KEYS` key set, and ``vocab_path`` / ``bert_vocab`` where they name a local file or
+        directory rather than a shipped vocabulary or a hub id (:func:`local_path`). What a new run records,
+        so that it resumes and evaluates from any directory; done again to a config so recorded, it changes
+        nothing."""
+        from patchword.pretrained import shipped_pretrained
+
+        changes = {key: absolute_path(getattr(self, key)) for key in PATH_KEYS if getattr(self, key)}
+        changes["vocab_path"] = local_path(self.vocab_path, shipped_pretrained())
+        changes["bert_vocab"] = local_path(self.bert_vocab)
+        return dataclasses.replace(self, **changes)
+
+    def require_files(self, roles: Iterable[str], *, dense=True, source=None, saved=None) -> None:
+        """The files and directories this section names for the splits of ``roles`` exist
+        (:func:`require_path`): ``root``, ``image_root`` and, with ``dense``, the dense-caption file each
+        role reads (the dev role's held-out images with ``dev_from_train``: the train split's), where set.
+        ``source``: the file the values come from (a run's config.yaml), which the message names, for the
+        values equal to those of DataConfig ``saved`` where given (the others an evaluation's overrides set).
+
+        Raises:
+            MissingFileError: naming the key, its value and ``source``.
+        """
+        keys = []
+        if self.dataset in (*FILE_DATASETS, "precomp"):
+            keys.append(("root", "file" if self.dataset == "karpathy" else "directory"))
+        if self.dataset in FILE_DATASETS:
+            keys.append(("image_root", "directory"))
+            dense_keys = (
+                "dense_train" if r == "dev" and self.dev_from_train else f"dense_{r}" for r in roles
+            )
+            keys += [(key, "file") for key in dense_keys if dense]
+        for key, kind in keys:
+            value = getattr(self, key)
+            if value:
+                given = saved is not None and getattr(saved, key) != value
+                require_path(value, f"data.{key}", kind, None if given else source)
 
     def synthetic_config(self):
         """The generator config of the synthetic scenes this section describes (synthetic datasets).
@@ -306,6 +346,41 @@ class DataConfig:
             )
         except ConfigError as err:
             raise ConfigError(DATA_KEYS.get(err.key, "data.synthetic_scenes"), err.detail) from err
+
+
+def absolute_path(value: str) -> str:
+    """``value`` absolute against the working directory, ``~`` expanded; links kept as given (``data/f30k``
+    a link to a mounted disk is recorded as the link: what the run read from where it was made)."""
+    return os.path.abspath(os.path.expanduser(value))
+
+
+def local_path(value: str, names: Iterable[str] = ()) -> str:
+    """``value`` absolute (:func:`absolute_path`) when it names a local file or directory and none of
+    ``names`` (shipped names, which win over a local folder of the same name), else as it is (a hub id, a
+    shipped name, a path that does not exist: the config check names it as given)."""
+    if not value or value in names or not os.path.exists(os.path.expanduser(value)):
+        return value
+    return absolute_path(value)
+
+
+def require_path(path: str, key: str, kind: str = "file", source: str | None = None) -> None:
+    """``path``, the value of ``key``, is a ``kind`` (``file``, ``directory`` or ``path``: either).
+
+    Raises:
+        MissingFileError: ``KEY=PATH: no such KIND``, naming ``source`` (the file the value comes from, a
+            run's config.yaml) and for a relative path from there the directory it was looked for in.
+    """
+    from patchword.errors import MissingFileError
+
+    p = Path(path).expanduser()
+    ok = p.is_dir() if kind == "directory" else p.is_file() if kind == "file" else p.exists()
+    where = f"{key}={path}" + (f" ({source})" if source else "")
+    if not ok and p.exists():  # there, but of the other kind
+        raise MissingFileError(f"{where}: is a {'file' if p.is_file() else 'directory'}, not a {kind}")
+    if not ok:
+        # a run's relative path (made before config.yaml recorded them absolute): read from the working dir
+        here = f" in {os.getcwd()} (run from the directory the run was created in)" if source else ""
+        raise MissingFileError(f"{where}: no such {kind}{'' if p.is_absolute() else here}")
 
 
 #: Each field's default (``DataConfig()`` has no required field).

@@ -69,7 +69,11 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(DataConfig)}
 
 
 def gallery_keys(data: DataConfig, role: str = "test") -> dict[str, Any]:
-    """The ``data`` settings (without ``data.``) that change what the ``role`` split holds, with values."""
+    """The ``data`` settings (without ``data.``) that change what the ``role`` split holds, with values; its
+    paths absolute (:meth:`~patchword.data.config.DataConfig.absolute_paths`, as a new run records them): a
+    run made before config.yaml recorded them so is in the gallery of a new one on the same files, read
+    from the directory it was made in."""
+    data = data.absolute_paths()
     dropped = set(_READING | _SPLITS | _OTHER_ROLES.get(role, frozenset()))
     if data.dataset in SYNTHETIC:
         dropped |= _FILES_ONLY | (_REGIONS_ONLY if data.dataset == "synthetic" else frozenset())
@@ -90,7 +94,7 @@ def dataset_label(data: DataConfig, role: str = "test") -> str:
         base = f"{data.synthetic_scenes} scenes, seed {data.synthetic_seed}, {data.synthetic_image_size} px"
         shown = {"dataset", "synthetic_scenes", "synthetic_seed", "synthetic_image_size"}
     else:
-        base, shown = str(data.root), {"dataset", "root"}
+        base, shown = keys["root"], {"dataset", "root"}
     extra = [f"data.{k}={v}" for k, v in sorted(keys.items()) if k not in shown and v != _DEFAULTS.get(k)]
     return f"{data.dataset} ({', '.join([base, *extra])})"
 

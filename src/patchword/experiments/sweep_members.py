@@ -6,6 +6,7 @@ reused only when it provably measured what the sweep would (:func:`suite_figures
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from pathlib import Path
@@ -66,7 +67,12 @@ def refuse_other_settings(run_dir: Path, wanted) -> None:
     """
     from patchword.config import flat_config
     from patchword.runs import RESUMES_FILE, read_run_config, resume_overrides
+    from patchword.runs.config import resolve_new_run
 
+    # both as a new run records them (paths absolute, the BERT vocabulary and augmentation resolved): a run
+    # made before config.yaml recorded them so matches the sweep run again from where it was made
+    wanted = copy.deepcopy(wanted)  # the caller's stays as it is
+    resolve_new_run(wanted)
     asked = flat_config(wanted)
     sessions = [("was made with other settings (", [])]
     resumes = resume_overrides(run_dir)
@@ -74,7 +80,9 @@ def refuse_other_settings(run_dir: Path, wanted) -> None:
         where = f"was resumed with other settings (resume {i} of {len(resumes)} in {RESUMES_FILE}: "
         sessions.append((where, overrides))
     for what, overrides in sessions:
-        saved = flat_config(read_run_config(run_dir, overrides))
+        saved = read_run_config(run_dir, overrides)
+        resolve_new_run(saved)
+        saved = flat_config(saved)
         changed = sorted(k for k in saved.keys() | asked.keys() if saved.get(k) != asked.get(k))
         if changed:
             shown = ", ".join(f"{k} {saved.get(k)!r} -> {asked.get(k)!r}" for k in changed[:3])

@@ -85,6 +85,7 @@ def _made_by_demo(run_dir: Path, cfg: RunConfig) -> bool:
     from patchword.config import config_diff
     from patchword.errors import PatchwordError
     from patchword.readers import read_json
+    from patchword.runs.config import resolve_run_paths
     from patchword.runs.files import CONFIG_FILE
     from patchword.runs.load import read_run_config
     from patchword.runs.recorded import NEUTRAL_OVERRIDES
@@ -94,7 +95,8 @@ def _made_by_demo(run_dir: Path, cfg: RunConfig) -> bool:
         if summary.is_file() and "pretrained_global" in read_json(summary, "run summary"):
             return True
         if config.is_file():
-            return not [k for k in config_diff(read_run_config(run_dir), cfg) if k not in NEUTRAL_OVERRIDES]
+            saved = resolve_run_paths(read_run_config(run_dir))  # an older run's relative paths, as cfg's
+            return not [k for k in config_diff(saved, cfg) if k not in NEUTRAL_OVERRIDES]
     except PatchwordError:  # damaged records: nothing says it is a demo's
         pass
     return False

@@ -243,8 +243,9 @@ def _resume_overrides(run_dir: Path, cfg: RunConfig) -> list[str]:
     from patchword.config import config_diff, flat_config
     from patchword.errors import ConfigError
     from patchword.runs import read_run_config
+    from patchword.runs.config import resolve_run_paths
 
-    saved = read_run_config(run_dir)
+    saved = resolve_run_paths(read_run_config(run_dir))  # an older run's relative paths, as cfg's
     values = flat_config(cfg)
     overrides = []
     for key in config_diff(saved, cfg):
@@ -336,6 +337,7 @@ def _train_and_export(
     from patchword.bench.machine import machine_description
     from patchword.config import config_diff
     from patchword.errors import ConfigError
+    from patchword.runs.config import resolve_run_paths
     from patchword.runs.load import last_session_config, load_run, read_run_config
     from patchword.train.runner import resume_run, train_run
     from patchword.train.validate import RESUMABLE_KEYS
@@ -344,12 +346,13 @@ def _train_and_export(
     # An existing run is only taken if it is this recipe; one with no checkpoint (a start killed before
     # its first) is nothing to take: train_run starts it again.
     if (run_dir / LAST_CHECKPOINT).is_file() and (run_dir / CONFIG_FILE).is_file():
-        changed = [k for k in config_diff(read_run_config(run_dir), cfg) if k not in RESUMABLE_KEYS]
+        saved = resolve_run_paths(read_run_config(run_dir))  # an older run's relative paths, as cfg's
+        changed = [k for k in config_diff(saved, cfg) if k not in RESUMABLE_KEYS]
         if changed:
             raise ConfigError(changed[0], f"{run_dir} was trained with another value: choose another name=")
     hint = _pretrain_hint(run_dir)
     if (run_dir / SUMMARY_FILE).is_file():  # trained already: export again (e.g. to another --out)
-        _refuse_other_values(last_session_config(run_dir), cfg, run_dir)
+        _refuse_other_values(resolve_run_paths(last_session_config(run_dir)), cfg, run_dir)
         _logger.info("%s is finished: exporting its encoders", run_dir)
         summary = read_json(run_dir / SUMMARY_FILE, "run summary")
     elif (run_dir / LAST_CHECKPOINT).is_file():  # interrupted: continue it with this command's values

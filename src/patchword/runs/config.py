@@ -25,6 +25,8 @@ __all__ = [
     "list_recipes",
     "recipe_path",
     "load_run_config",
+    "resolve_new_run",
+    "resolve_run_paths",
 ]
 
 
@@ -120,8 +122,9 @@ def list_recipes() -> list[str]:
 
 
 def recipe_path(value: str | os.PathLike[str]) -> Path:
-    """A YAML file: ``value`` itself when it exists, else the shipped recipe of that name (``demo``,
-    ``configs/demo.yaml``).
+    """A YAML file: ``value`` itself when it exists, else for a bare name (``demo``, ``demo.yaml``: no
+    directory) the shipped recipe of that name. A path with a directory is that file or nothing: a typo in
+    the folder must not read the shipped recipe of the same file name.
 
     Raises:
         MissingFileError: neither (the message lists the shipped recipes).
@@ -131,19 +134,58 @@ def recipe_path(value: str | os.PathLike[str]) -> Path:
     path = Path(value).expanduser()
     name = path.name[: -len(".yaml")] if path.name.endswith(".yaml") else path.name
     recipes = list_recipes()
-    if not path.is_file() and name in recipes:
+    if not path.is_file() and not os.path.dirname(value) and name in recipes:
         return Path(str(resources.files("patchword.configs") / f"{name}.yaml"))
-    require_file(path, "config file", hint=f"the shipped recipes are {', '.join(recipes)}")
+    shipped = f" (--config {name}, without a directory, reads the shipped one)" if name in recipes else ""
+    require_file(path, "config file", hint=f"the shipped recipes are {', '.join(recipes)}{shipped}")
     return path
 
 
 def load_run_config(
     config: str | os.PathLike[str] | None = None, overrides: list[str] | None = None
 ) -> RunConfig:
-    """Defaults, then the recipe ``config`` (a file or a shipped name), then dotted ``overrides``."""
+    """Defaults, then the recipe ``config`` (a file or a shipped name), then dotted ``overrides``; every
+    local path absolute (:func:`resolve_run_paths`): a relative one is relative to the working directory
+    of the command that names it."""
     from patchword.config import load_config
 
-    return load_config(RunConfig, recipe_path(config) if config else None, list(overrides or []))
+    cfg = load_config(RunConfig, recipe_path(config) if config else None, list(overrides or []))
+    return resolve_run_paths(cfg)
+
+
+def resolve_run_paths(cfg: RunConfig) -> RunConfig:
+    """``cfg``, changed in place, with every local path absolute against the working directory
+    (:func:`~patchword.data.config.absolute_path`): the ``data`` section's
+    (:meth:`~patchword.data.config.DataConfig.absolute_paths`), and where they name a local file or
+    directory (:func:`~patchword.data.config.local_path`: not a hub id or a shipped name, and a path that
+    does not exist is named as typed) ``model.hf_vision`` / ``model.hf_text`` / ``model.tiny_pretrained``,
+    ``model.gru.glove_path`` and ``train.init_from``. A new run records them so
+    (config.yaml), and every comparison of a planned config with a saved one resolves both alike; a config
+    so resolved is left as it is."""
+    from patchword.data.config import local_path
+    from patchword.pretrained import shipped_pretrained
+
+    mc = cfg.model
+    cfg.data = cfg.data.absolute_paths()
+    mc.hf_vision, mc.hf_text = local_path(mc.hf_vision), local_path(mc.hf_text)
+    mc.tiny_pretrained = local_path(mc.tiny_pretrained, shipped_pretrained())
+    mc.gru.glove_path, cfg.train.init_from = local_path(mc.gru.glove_path), local_path(cfg.train.init_from)
+    return cfg
+
+
+def resolve_new_run(cfg: RunConfig) -> bool:
+    """Complete ``cfg`` in place as a new run's config.yaml records it: an empty ``data.bert_vocab`` set to
+    the text backbone's (:func:`~patchword.runs.checks.resolve_bert_vocab`), an unset
+    ``data.size_augment`` of the BERT tokenizer to true (what training does), every local path absolute
+    (:func:`resolve_run_paths`). Returns whether ``data.bert_vocab`` was empty. Done again to a config so
+    completed, it changes nothing: a planned config and a saved one are compared so completed."""
+    from patchword.runs.checks import resolve_bert_vocab
+
+    vocab_from_hf_text = resolve_bert_vocab(cfg)
+    if cfg.data.size_augment is None and cfg.data.tokenizer == "bert":
+        cfg.data.size_augment = True  # train.feed: on with BERT unless set
+    resolve_run_paths(cfg)
+    return vocab_from_hf_text
 
 
 #: The override keys (a section, or one key) that no evaluation reads, with what they change instead:

@@ -40,7 +40,7 @@ from patchword.runs.ensemble import (
     shared_split,
     warn_of_scales,
 )
-from patchword.runs.files import METRICS_JSON, VOCAB_FILE
+from patchword.runs.files import CONFIG_FILE, METRICS_JSON, VOCAB_FILE
 from patchword.runs.load import check_backbone_overrides, refuse_run_output
 from patchword.runs.recorded import evaluation_identity, evaluation_provenance
 
@@ -306,7 +306,9 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, saved)
     prepared: dict[str, Any] = {}  # identical data configs and tokenizers are tokenised once
     results, reference = [], None
     t0 = time.perf_counter()
-    for (member_dir, member_ckpt), member_cfg, share in zip(members, configs, shares, strict=True):
+    for (member_dir, member_ckpt), member_cfg, share, run_cfg in zip(
+        members, configs, shares, saved, strict=True
+    ):
         with in_member(member_dir, ensembled):
             loaded = load_run(member_dir, member_ckpt, device=device, overrides=share, config=member_cfg)
         mcfg, model = loaded.config, loaded.model
@@ -316,6 +318,9 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, saved)
             # averages fold by fold
             mcfg = replace(mcfg, eval=replace(mcfg.eval, coco_1k=cfg.eval.coco_1k))
         use_dense = reads_dense_text(mcfg.data, model.matcher.consumes_dense)
+        # the split's files named by key and file (config.yaml's or an override), not by a reader's path
+        source = str(member_dir / CONFIG_FILE)
+        mcfg.data.require_files([role], dense=use_dense, source=source, saved=run_cfg.data)
         key = json.dumps([vars(mcfg.data), str(member_dir / VOCAB_FILE), use_dense], default=str)
         if key not in prepared:
             prepared[key] = prepare_data(

@@ -75,7 +75,13 @@ from patchword.train.sessions import evaluates_otherwise, session_machine, set_a
 from patchword.train.settings import check_model_settings
 from patchword.train.trackers import TENSORBOARD_DIR, WANDB_ID_FILE
 from patchword.train.trainer import Trainer
-from patchword.train.validate import RESUMABLE_KEYS, check_config_and_truth, check_launch, check_model_data
+from patchword.train.validate import (
+    RESUMABLE_KEYS,
+    check_config_and_truth,
+    check_launch,
+    check_model_data,
+    refuse_moved_data,
+)
 from patchword.train.warm import warm_start_run, write_warm_start
 
 __all__ = [
@@ -292,6 +298,7 @@ def resume_run(
     run_dir = Path(run_dir)
     saved = read_run_config(run_dir)
     state = resumable_state(run_dir)  # last.pt: read before the overrides are checked, as it was found
+    refuse_moved_data(overrides, saved, run_dir / CONFIG_FILE)
     refuse_overrides(
         overrides,
         RESUMABLE_KEYS,
@@ -300,7 +307,7 @@ def resume_run(
         config=saved,  # an unknown key is named as one (and the closest valid key), not as not resumable
     )
     cfg = apply_overrides(saved, list(overrides))
-    device, truth = check_config_and_truth(cfg, resuming=True)
+    device, truth = check_config_and_truth(cfg, resuming=True, source=run_dir / CONFIG_FILE)
     refuse_limits_behind(cfg.train, state, run_dir)
     probe_writable(run_dir)
     stored = from_dict(RunConfig, state["config"])

@@ -9,22 +9,23 @@ device availability); :func:`check_model_data` runs once the tokenizer, the mode
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from patchword._validation import check_at_least, check_finite_number
-from patchword.config import check_common_values
+from patchword.config import check_common_values, override_keys
+from patchword.data.config import PATH_KEYS, require_path
 from patchword.data.prepare import (
-    FILE_DATASETS,
     REGION_DATASETS,
     SYNTHETIC_DATASETS,
     eval_role,
     reads_dense_text,
 )
 from patchword.device import resolve_device
-from patchword.errors import ConfigError, MissingFileError
+from patchword.errors import ConfigError, PatchwordError
 from patchword.fileio import check_output_dir
 from patchword.model import model_reads_dense, resolve_plugin_options
 from patchword.runs.checks import (
@@ -33,9 +34,8 @@ from patchword.runs.checks import (
     check_pretrained_sources,
     check_region_boxes,
     data_image_size,
-    resolve_bert_vocab,
 )
-from patchword.runs.config import CUDA_GRAPH_COMPILE_MODES, RunConfig
+from patchword.runs.config import CUDA_GRAPH_COMPILE_MODES, RunConfig, resolve_new_run
 from patchword.runs.evaluate import held_out_warning
 from patchword.train.matcher_checks import check_matcher
 from patchword.train.settings import check_optimiser, check_settings_take_effect
@@ -50,6 +50,7 @@ __all__ = [
     "check_launch",
     "check_model_data",
     "data_image_size",
+    "refuse_moved_data",
     "RESUMABLE_KEYS",
 ]
 
@@ -143,18 +144,11 @@ def _check_cache_dir(cfg: RunConfig) -> None:
         check_output_dir(target.parent, "data.cache_dir", what="the directory synthetic scenes are cached in")
 
 
-def _existing(path: str, key: str, kind: str = "file") -> None:
-    p = Path(path).expanduser()
-    ok = p.is_dir() if kind == "directory" else p.is_file() if kind == "file" else p.exists()
-    if not ok and p.exists():  # there, but of the other kind
-        raise MissingFileError(f"{key}={path}: is a {'file' if p.is_file() else 'directory'}, not a {kind}")
-    if not ok:
-        raise MissingFileError(f"{key}={path}: no such {kind}")
-
-
 def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
     """Check everything that can be checked from the config alone; return the resolved device. A new run's
-    empty ``data.bert_vocab`` is set to ``model.hf_text`` first, in ``cfg`` (:func:`resolve_bert_vocab`).
+    config is first completed as its config.yaml records it, in ``cfg`` (:func:`resolve_new_run`: an empty
+    ``data.bert_vocab`` set to ``model.hf_text``, ``data.size_augment`` to what training does, every local
+    path absolute).
 
     ``resuming``: the run continues from its checkpoint, so what only initialises a model
     (``train.init_from``, ``model.tiny_pretrained`` and its vocabulary: the run saved its own) need not
@@ -168,13 +162,15 @@ def check_config(cfg: RunConfig, *, resuming: bool = False) -> torch.device:
 
 
 def check_config_and_truth(
-    cfg: RunConfig, *, resuming: bool = False
+    cfg: RunConfig, *, resuming: bool = False, source: Path | None = None
 ) -> tuple[torch.device, CocoGroundTruth | None]:
     """:func:`check_config`, also returning the COCO ground truth its check of ``eval.coco_extended``
     read (None without it): a training run scores with it (``evaluate_run(ground_truth=...)``) rather
-    than read the files a second time."""
-    # a new run's empty data.bert_vocab is model.hf_text's from here on (its config.yaml says so)
-    vocab_from_hf_text = not resuming and resolve_bert_vocab(cfg)
+    than read the files a second time. ``source``: the config.yaml a resumed run's values come from (the
+    messages about its files name it)."""
+    # a new run's empty data.bert_vocab is model.hf_text's from here on, its paths absolute (config.yaml)
+    vocab_from_hf_text = not resuming and resolve_new_run(cfg)
+    where = None if source is None else str(source)
     device = resolve_device(cfg.device)
     dc, mc, tc, ec = cfg.data, cfg.model, cfg.train, cfg.eval
     from patchword.matching import list_matchers
@@ -281,23 +277,16 @@ def check_config_and_truth(
     if dc.dataset in SYNTHETIC_DATASETS:  # a file or /proc there: now, not after the scenes are generated
         _check_cache_dir(cfg)
     # files that must exist
-    if dc.dataset in FILE_DATASETS or dc.dataset == "precomp":
-        if dc.root:
-            _existing(dc.root, "data.root", "file" if dc.dataset == "karpathy" else "directory")
-        if dc.image_root and dc.dataset in FILE_DATASETS:
-            _existing(dc.image_root, "data.image_root", "directory")
-        for role in ("train", "dev", "test"):
-            path = getattr(dc, f"dense_{role}")
-            if path:
-                _existing(path, f"data.dense_{role}")
+    dc.require_files(("train", "dev", "test"), source=where)
     if not resuming:
         # a data.* key the dataset never reads, set by the user now; not on --resume: a config.yaml an older
         # version wrote with such a key must still resume
         dc.refuse_unread_settings()
         _check_initialisation(cfg)
         check_pretrained_sources(cfg, vocab_from_hf_text=vocab_from_hf_text)  # before the data is read
+        _check_one_vocabulary(cfg, vocab_from_hf_text)
     if mc.gru.glove_path:
-        _existing(mc.gru.glove_path, "model.gru.glove_path")
+        require_path(mc.gru.glove_path, "model.gru.glove_path", source=where)
     reuse = held_out_warning(dc)  # allowed (a quick check on two splits), but never silently
     if reuse:
         _logger.warning(reuse)
@@ -311,7 +300,7 @@ def _check_initialisation(cfg: RunConfig) -> None:
 
     dc, mc = cfg.data, cfg.model
     if dc.vocab_path:
-        _existing(resolve_vocab_path(dc.vocab_path), "data.vocab_path")
+        require_path(resolve_vocab_path(dc.vocab_path), "data.vocab_path")
         if dc.tokenizer == "word":  # a damaged file fails now (naming it), not after the data is loaded
             from patchword.data.tokenizers import WordVocab
 
@@ -325,7 +314,62 @@ def _check_initialisation(cfg: RunConfig) -> None:
                 f"must be the pretrained encoders' vocabulary: set data.vocab_path={mc.tiny_pretrained}",
             )
     if cfg.train.init_from:
-        _existing(cfg.train.init_from, "train.init_from", "path")
+        require_path(cfg.train.init_from, "train.init_from", "path")
+
+
+def refuse_moved_data(overrides: Iterable[str], saved: RunConfig, config_path: Path) -> None:
+    """Refuse an override of a data path (:data:`~patchword.data.config.PATH_KEYS`) on ``--resume``, as any
+    key the run keeps, saying where the run reads its data: a relative path (a run made before config.yaml
+    recorded them absolute) is read from the working directory, so the way out is to run from there.
+
+    Raises:
+        ConfigError: naming the first such key.
+    """
+    for key in override_keys(overrides):
+        name = key.removeprefix("data.")
+        if key.startswith("data.") and name in PATH_KEYS and key not in RESUMABLE_KEYS:
+            value = getattr(saved.data, name)
+            relative = value and not Path(value).expanduser().is_absolute()
+            where = "; it is relative: resume from the directory the run was created in" if relative else ""
+            raise ConfigError(
+                key,
+                f"cannot change on --resume: the run reads its data from {value!r}, as "
+                f"{config_path} records it{where}",
+            )
+
+
+def _check_one_vocabulary(cfg: RunConfig, vocab_from_hf_text: bool) -> None:
+    """A ``data.bert_vocab`` given beside a BERT text encoder is its own vocabulary (``model.hf_text``'s) or
+    a part of it (every id both have is the same token, as in one cut to the ids the encoder embeds), with
+    the same casing: another token at some id would feed the embedding of one word for another. A backbone
+    without a vocabulary of its own has none to compare.
+
+    Raises:
+        ConfigError: naming ``data.bert_vocab``, ``model.hf_text`` and the first id they differ at.
+    """
+    from patchword.data.tokenizers import BertCaptionTokenizer
+
+    dc, mc = cfg.data, cfg.model
+    if not dc.tokenizer == mc.text_encoder == "bert" or vocab_from_hf_text or dc.bert_vocab == mc.hf_text:
+        return
+    try:
+        own = BertCaptionTokenizer.from_pretrained(mc.hf_text, local_files_only=mc.hf_local_files_only)
+    except (PatchwordError, OSError, ValueError):  # no vocabulary beside the weights: none to compare
+        return
+    given = BertCaptionTokenizer.from_pretrained(dc.bert_vocab, local_files_only=mc.hf_local_files_only)
+    ids, own_ids = ({i: t for t, i in tok.vocab.items()} for tok in (given, own))
+    differ = [i for i in sorted(ids.keys() & own_ids.keys()) if ids[i] != own_ids[i]]
+    if differ or given.do_lower_case != own.do_lower_case:
+        what = (
+            f"id {differ[0]} is {ids[differ[0]]!r} there, {own_ids[differ[0]]!r} in model.hf_text's"
+            if differ
+            else (f"do_lower_case {given.do_lower_case} there, {own.do_lower_case} in model.hf_text's")
+        )
+        raise ConfigError(
+            "data.bert_vocab",
+            f"{dc.bert_vocab!r} is another vocabulary than model.hf_text's ({mc.hf_text!r}): {what}; a run "
+            "tokenises with its text encoder's vocabulary: leave data.bert_vocab out",
+        )
 
 
 def check_launch(cfg: RunConfig, world_size: int) -> None:
