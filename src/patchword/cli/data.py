@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
-__all__ = ["add_arguments", "run", "check_dataset"]
+__all__ = ["add_arguments", "run", "check_dataset", "check_model"]
 
 #: Unusable image files listed per split (the count covers them all).
 SHOWN_BAD = 20
@@ -26,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     check = sub.add_parser(
         "check",
         parents=common,
-        help="validate a dataset layout (counts, every image decoded completely, dense coverage)",
+        help="validate a dataset layout (counts, every image decoded completely, dense coverage) and that "
+        "the model takes it (image size, text lengths, vocabulary)",
     )
     check.add_argument(
         "--config",
@@ -69,13 +71,19 @@ def _text_tokenizer(dc):
     return build_tokenizer(dc, None)
 
 
-def check_dataset(cfg, roles=("train", "dev", "test")) -> list[dict[str, Any]]:
+def check_dataset(cfg, roles=("train", "dev", "test"), encoded=None, tokenizer=None) -> list[dict[str, Any]]:
     """One row per split role: counts, dense coverage and unusable images, or the error that stopped it
     (a file, a caption the tokenizer finds no word in, an image shared with a split it is meant to be held
-    out from: loading a split compares it with the others' ids and file names, as train and eval do)."""
+    out from: loading a split compares it with the others' ids and file names, as train and eval do), and
+    a ``warning`` when most of its caption words are unknown to a vocabulary read from a file.
+
+    Args:
+        encoded: a dict filled with each split tokenised (role -> EncodedSplit), for :func:`check_model`.
+        tokenizer: the one :func:`_text_tokenizer` returns (made when not given).
+    """
     from patchword.data.dense_gaps import images_without_dense, refuse_images_without_dense
     from patchword.data.images import find_bad_images
-    from patchword.data.pipeline import FileImages, encode_split
+    from patchword.data.pipeline import FileImages, encode_split, unknown_words_warning
     from patchword.data.prepare import FILE_DATASETS, load_raw_data, reads_dense_text
     from patchword.errors import USER_ERRORS
     from patchword.model import model_reads_dense
@@ -83,7 +91,9 @@ def check_dataset(cfg, roles=("train", "dev", "test")) -> list[dict[str, Any]]:
     use_dense = reads_dense_text(cfg.data, model_reads_dense(cfg.model))  # none for region features
     # Counted below instead of raised (and reported, not left out, whatever data.skip_bad_images says).
     dc = dataclasses.replace(cfg.data, check_images=False, skip_bad_images=False)
-    tokenizer = _text_tokenizer(dc)
+    tokenizer = _text_tokenizer(dc) if tokenizer is None else tokenizer
+    builds = dc.tokenizer == "word" and not dc.vocab_path  # train builds it: every training word known
+    encoded = {} if encoded is None else encoded
     rows = []
     for role in roles:
         row: dict[str, Any] = {"role": role, "split": getattr(dc, f"{role}_split")}
@@ -93,13 +103,15 @@ def check_dataset(cfg, roles=("train", "dev", "test")) -> list[dict[str, Any]]:
             split = raw.splits[role]
             lacking = images_without_dense(split)
             described = split.subset(np.setdiff1d(np.arange(split.num_images), lacking)) if lacking else split
-            encode_split(  # as train and eval tokenise the split (without the images train leaves out)
-                described,
-                tokenizer,
-                FileImages(described.images, dc.image_size) if lacking else raw.images[role],
-                max_caption_len=dc.max_caption_len,
-                max_dense_len=dc.max_dense_len,
-                use_dense=split.dense_captions is not None,
+            encoded[role] = (
+                encode_split(  # as train and eval tokenise it (without the images train leaves out)
+                    described,
+                    tokenizer,
+                    FileImages(described.images, dc.image_size) if lacking else raw.images[role],
+                    max_caption_len=dc.max_caption_len,
+                    max_dense_len=dc.max_dense_len,
+                    use_dense=split.dense_captions is not None,
+                )
             )
         except USER_ERRORS as err:
             row["error"] = str(err)
@@ -113,6 +125,8 @@ def check_dataset(cfg, roles=("train", "dev", "test")) -> list[dict[str, Any]]:
             captions_per_image=f"{per_image.min()}-{per_image.max()}" if per_image.size else "-",
             dense="not read" if not use_dense else _dense_coverage(split),
         )
+        if not builds and (note := unknown_words_warning(split, tokenizer)):
+            row["warning"] = note
         if cfg.data.dataset in FILE_DATASETS:
             bad = find_bad_images(split.images, f"{role} split")  # decodes every image completely
             row["bad_images"] = len(bad)
@@ -125,6 +139,38 @@ def check_dataset(cfg, roles=("train", "dev", "test")) -> list[dict[str, Any]]:
                 row["error"] = str(err)
         rows.append(row)
     return rows
+
+
+def check_model(cfg, tokenizer, encoded) -> str | None:
+    """The error of what ``train`` checks of its model against the data before the first step
+    (:func:`~patchword.runs.checks.check_model_data`: image size, text positions, vocabulary size, region
+    features, the eval protocol against its split; the settings the model would not read), None when it fits.
+    The model is built from the config on the meta device: the encoders' declared sizes (a Hugging Face
+    backbone's from its config.json), no weights read or initialised.
+
+    Args:
+        tokenizer: the tokenizer of :func:`check_dataset`; encoded: role -> EncodedSplit it filled.
+    """
+    from patchword.data.prepare import PreparedData
+    from patchword.errors import USER_ERRORS
+    from patchword.factory import create_model
+    from patchword.runs.checks import check_model_data
+    from patchword.train.settings import check_model_settings
+
+    mc = cfg.model
+    mc = dataclasses.replace(mc, gru=dataclasses.replace(mc.gru, glove_path=""))  # no GloVe file read
+    data = PreparedData(encoded, tokenizer, {}, {})
+    try:
+        try:
+            with torch.device("meta"):
+                model = create_model(mc, pretrained=False, vocab_size=data.vocab_size, device="meta")
+        except (NotImplementedError, RuntimeError):  # a plug-in that reads a tensor's values as it builds
+            model = create_model(mc, pretrained=False, vocab_size=data.vocab_size)
+        check_model_data(cfg, model, data)
+        check_model_settings(cfg, model)
+    except USER_ERRORS as err:
+        return str(err)
+    return None
 
 
 def _dense_coverage(split) -> str:
@@ -159,6 +205,8 @@ def _print(rows: list[dict[str, Any]]) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)))
         for example in row.get("bad_examples", []):
             print(f"    {example}")
+        if "warning" in row:
+            print(f"    warning: {row['warning']}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -230,10 +278,17 @@ def _check(args: argparse.Namespace) -> int:
     check_config(cfg)
     cfg.data.check_values()  # what data export checks too (data.dev_from_train=1 on the scenes: one line)
     print(f"dataset: {cfg.data.dataset}" + (f"  root: {cfg.data.root}" if cfg.data.root else ""))
-    rows = check_dataset(cfg, args.split or ("train", "dev", "test"))
+    tokenizer, encoded = _text_tokenizer(cfg.data), {}
+    rows = check_dataset(cfg, args.split or ("train", "dev", "test"), encoded, tokenizer)
     _print(rows)
+    misfit = check_model(cfg, tokenizer, encoded)
+    name = cfg.model.name or f"model.matcher={cfg.model.matcher}"
+    print(f"model: {name}: " + (f"error: {misfit}" if misfit else "fits the data as train checks it"))
     problems = sum("error" in row or row.get("bad_images", 0) > 0 for row in rows)
     skipping = any(row.get("bad_images", 0) for row in rows) and cfg.data.skip_bad_images
     note = " (data.skip_bad_images=true: train and eval leave the unusable images out)" if skipping else ""
-    print("ok" if not problems else f"{problems} split(s) with problems{note}")
-    return 0 if not problems else 2
+    verdict = [f"{problems} split(s) with problems{note}"] if problems else []
+    if misfit:
+        verdict.append("the model does not fit the data")
+    print("; ".join(verdict) or "ok")
+    return 2 if verdict else 0

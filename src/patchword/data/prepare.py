@@ -24,6 +24,7 @@ from patchword.data.pipeline import (
     ImageSource,
     encode_split,
     text_without_words,
+    unknown_words_warning,
 )
 from patchword.data.split import RetrievalSplit
 from patchword.data.tokenizers import NoWordsError, WordVocab
@@ -368,6 +369,9 @@ def encode_raw(raw: RawData, dc: DataConfig, tokenizer, *, use_dense: bool | Non
         )
         for role, split in raw.splits.items()
     }
+    for split in raw.splits.values():  # a vocabulary not the text's: said, not refused (a user may mean it)
+        if note := unknown_words_warning(split, tokenizer):
+            _logger.warning(note)
     oracle = {}
     if dc.dataset in SYNTHETIC_DATASETS:
         from patchword.data.synthetic import oracle_metrics

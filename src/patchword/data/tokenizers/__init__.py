@@ -34,7 +34,11 @@ __all__ = [
 
 class TextTokenizer(Protocol):
     """What training, evaluation and search need from a tokenizer (``WordVocab`` and
-    ``BertCaptionTokenizer`` both fit)."""
+    ``BertCaptionTokenizer`` both fit; both are also callable as :meth:`batch_encode`, as open_clip's
+    tokenizers are)."""
+
+    #: the file, directory or hub id the vocabulary was read from, None when it was not read from one
+    source: str | None
 
     def batch_encode(
         self, texts: Sequence[str], max_len: int | None = None

@@ -189,12 +189,17 @@ class BertCaptionTokenizer:
         vocab_size: one more than the largest id.
         pad_id, unk_id, cls_id, sep_id, mask_id: ids of the special tokens.
         max_len: the default truncation (None: none).
+        source: the file, directory or hub id :meth:`from_pretrained` read the vocabulary from (what a warning
+            about the vocabulary names); None for one built from a mapping.
+
+    Calling it is :meth:`batch_encode`: ``tok(["a red dog"])`` -> (ids (1, L), lens (1,)).
     """
 
     def __init__(
         self, vocab: Mapping[str, int], *, do_lower_case: bool = True, max_len: int | None = None
     ) -> None:
         self.max_len = _checked_max_len(max_len, 2, "[CLS] and [SEP]")
+        self.source: str | None = None
         missing = [t for t in _SPECIAL_TOKENS if t not in vocab]
         if missing:
             raise ValueError(f"vocabulary lacks the special token(s) {missing}")
@@ -245,7 +250,9 @@ class BertCaptionTokenizer:
             else:
                 vocab, stored_lower = _load_hub(source, local_files_only)
         lower = do_lower_case if do_lower_case is not None else stored_lower
-        return cls(vocab, do_lower_case=True if lower is None else lower, max_len=max_len)
+        tokenizer = cls(vocab, do_lower_case=True if lower is None else lower, max_len=max_len)
+        tokenizer.source = os.fspath(name_or_path)
+        return tokenizer
 
     def save(self, directory: str | os.PathLike[str]) -> None:
         """Write the vocabulary as :meth:`from_pretrained` reads it back: ``vocab.txt`` (a token per line, the
@@ -368,3 +375,5 @@ class BertCaptionTokenizer:
         for row, e in enumerate(encoded):
             ids[row, : len(e)] = torch.tensor(e, dtype=torch.long)
         return ids, lens
+
+    __call__ = batch_encode  # as open_clip's tokenizers are called on a list of texts

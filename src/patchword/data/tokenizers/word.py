@@ -151,6 +151,12 @@ class WordVocab:
         split: how texts are cut into words (:data:`SPLITS`), saved with the vocabulary.
         max_len: the truncation :meth:`batch_encode` applies when its call gives none (a model's caption
             length, see :meth:`with_max_len`); None: no limit. Not saved with the vocabulary.
+
+    Attributes:
+        source: the file :meth:`load` read it from (what a warning about the vocabulary names); None for
+            one built from texts.
+
+    Calling it is :meth:`batch_encode`: ``vocab(["a red dog"])`` -> (ids (1, L), lens (1,)).
     """
 
     pad_id, start_id, end_id, unk_id = range(len(SPECIALS))
@@ -162,6 +168,7 @@ class WordVocab:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         self.max_len = _checked_max_len(max_len, 3, "<start>, one word, <end>")
         self.split = split
+        self.source: str | None = None
         self.idx2word: list[str] = list(SPECIALS)
         self.word2idx: dict[str, int] = {w: i for i, w in enumerate(SPECIALS)}
         for word in words:
@@ -240,6 +247,8 @@ class WordVocab:
             ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         return ids, lens
 
+    __call__ = batch_encode  # as open_clip's tokenizers are called on a list of texts
+
     def with_max_len(self, max_len: int | None) -> WordVocab:
         """A copy (sharing the word maps) whose :meth:`batch_encode` truncates to ``max_len`` ids when a
         call gives no ``max_len``: the tokenizer of a model that reads at most that many
@@ -296,7 +305,9 @@ class WordVocab:
             split = _unrecorded_split(path, words[len(SPECIALS) :])
         if split not in SPLITS:
             raise DataError(f"{path}: unknown word split {split!r} (known: {', '.join(SPLITS)})")
-        return cls(words[len(SPECIALS) :], split=split, max_len=max_len)
+        vocab = cls(words[len(SPECIALS) :], split=split, max_len=max_len)
+        vocab.source = os.fspath(path)
+        return vocab
 
     def __repr__(self) -> str:
         return f"WordVocab({len(self)} words, split={self.split})"
