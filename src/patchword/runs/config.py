@@ -179,7 +179,7 @@ def resolve_new_run(cfg: RunConfig) -> bool:
     ``data.size_augment`` of the BERT tokenizer to true (what training does), every local path absolute
     (:func:`resolve_run_paths`). Returns whether ``data.bert_vocab`` was empty. Done again to a config so
     completed, it changes nothing: a planned config and a saved one are compared so completed."""
-    from patchword.runs.checks import resolve_bert_vocab
+    from patchword.runs.checks import resolve_bert_vocab  # cycle: runs.checks imports RunConfig from here
 
     vocab_from_hf_text = resolve_bert_vocab(cfg)
     if cfg.data.size_augment is None and cfg.data.tokenizer == "bert":
