@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import pytest
 import torch
@@ -97,7 +98,12 @@ def test_import_records_and_logs_the_overrides_it_applies(seps_files, tmp_path, 
         for r in caplog.records
     )
     cfg = load_run(tmp_path / "run").config
-    assert (cfg.data.root, cfg.eval.coco_1k, cfg.data.tokenizer) == ("elsewhere", True, "bert")
+    # recorded absolute, as a trained run records its paths: the run evaluates from any directory
+    assert (cfg.data.root, cfg.eval.coco_1k, cfg.data.tokenizer) == (
+        os.path.abspath("elsewhere"),
+        True,
+        "bert",
+    )
     # without overrides the field says so
     import_checkpoint(
         seps_files / "model_best.pth",

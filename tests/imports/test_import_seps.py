@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import pathlib
 
 import pytest
@@ -332,7 +333,7 @@ def test_data_overrides_are_accepted_and_flags_a_family_ignores_are_refused(tmp_
         hf_vision=str(hf_dirs["vit"]), hf_text=str(hf_dirs["bert"]), overrides=["data.root=elsewhere"]
     )
     import_checkpoint(path, tmp_path / "run", family_name="seps", options=options)
-    assert load_run(tmp_path / "run").config.data.root == "elsewhere"
+    assert load_run(tmp_path / "run").config.data.root == os.path.abspath("elsewhere")  # recorded absolute
 
 
 def test_an_evaluation_split_without_its_dense_captions_is_refused_on_import(tmp_path, hf_dirs):

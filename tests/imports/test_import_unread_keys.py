@@ -5,6 +5,7 @@ run's config says the word split its saved vocabulary tokenises with."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -109,7 +110,7 @@ def test_where_the_data_lies_and_eval_keys_are_still_applied(scan_files, tmp_pat
     overrides = ["data.root=elsewhere", "eval.split=dev"]
     import_checkpoint(ckpt, tmp_path / "run", options=ImportOptions(vocab=str(vocab), overrides=overrides))
     cfg = read_run_config(tmp_path / "run")
-    assert (cfg.data.root, cfg.eval.split) == ("elsewhere", "dev")
+    assert (cfg.data.root, cfg.eval.split) == (os.path.abspath("elsewhere"), "dev")  # recorded absolute
 
 
 @pytest.mark.parametrize("name", ["scan", "naaf"])

@@ -231,3 +231,10 @@ def test_config_falls_back_to_a_shipped_recipe_only_for_a_bare_name(given, tmp_p
     assert (
         "(--config f30k_seps_vit224, without a directory, reads the shipped one)" in capsys.readouterr().err
     )
+
+
+def test_a_resume_of_a_run_without_the_path_is_refused_without_quoting_an_empty_one(trained_tiny_run, capsys):
+    """Old code: `--resume SYNTHETIC_RUN data.root=/x` said "the run reads its data from ''"."""
+    assert main(["train", "--resume", str(trained_tiny_run), "data.root=/x"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: data.root: cannot change on --resume") and "''" not in line, line

@@ -349,8 +349,10 @@ class DataConfig:
 
 
 def absolute_path(value: str) -> str:
-    """``value`` absolute against the working directory, ``~`` expanded; links kept as given (``data/f30k``
-    a link to a mounted disk is recorded as the link: what the run read from where it was made)."""
+    """``value`` absolute against the working directory, ``~`` expanded (``os.path.abspath``): a link named
+    in ``value`` is kept (``data/f30k``, a link to a mounted disk, is recorded as the link), but ``..`` is
+    removed by text (``mnt/../f30k`` is ``f30k`` even where ``mnt`` is a link) and the working directory is
+    its real path."""
     return os.path.abspath(os.path.expanduser(value))
 
 

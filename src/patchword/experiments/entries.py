@@ -272,8 +272,12 @@ _SUITE_FILE = "eval_compositional.json"
 def run_config(run: Path) -> RunConfig:
     """The config ``run`` ended with: its ``config.yaml`` with its last resume's overrides
     (:func:`~patchword.runs.load.resume_overrides`); an override that does not apply is a DataError naming
-    ``resumes.jsonl``."""
-    return last_session_config(run)
+    ``resumes.jsonl``; local paths absolute (:func:`~patchword.runs.config.resolve_run_paths`): a run made
+    before config.yaml recorded them so (relative, read from the directory it was made in) compares with a
+    new one on the same files."""
+    from patchword.runs.config import resolve_run_paths
+
+    return resolve_run_paths(last_session_config(run))
 
 
 def _json(path: Path) -> dict[str, Any]:

@@ -285,12 +285,12 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, saved)
     out = out or run_dir / (f"eval_{role}_ensemble.json" if len(members) > 1 else f"eval_{role}.json")
     member_dirs = [member_dir for member_dir, _ in members]
     check_output(out, force, member_dirs)
-    saved, configs, checkpoints = [saved], [cfg], []
+    saved_configs, configs, checkpoints = [saved], [cfg], []
     for n, (member_dir, member_ckpt) in enumerate(members):
         with in_member(member_dir, ensembled):  # its key alone does not say which member's config
             if n:
-                saved.append(read_run_config(member_dir))
-                configs.append(apply_overrides(saved[n], overrides))
+                saved_configs.append(read_run_config(member_dir))
+                configs.append(apply_overrides(saved_configs[n], overrides))
                 truth = check_eval_settings(configs[n], dist.device, truth)
             check_backbone_overrides(member_dir, overrides)
             checkpoints.append(resolve_checkpoint(member_dir, member_ckpt))
@@ -298,7 +298,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, saved)
     shares = [overrides] * len(members)  # a section only some members read applies to those
     if ensembled:
         shares = member_overrides([c.model for c in configs], overrides)
-        members_of = zip(configs, saved, shares, strict=True)
+        members_of = zip(configs, saved_configs, shares, strict=True)
         configs = [c if share == overrides else apply_overrides(r, share) for c, r, share in members_of]
         refuse_repeated_members(checkpoints)
     device = dist.device
@@ -307,7 +307,7 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, saved)
     results, reference = [], None
     t0 = time.perf_counter()
     for (member_dir, member_ckpt), member_cfg, share, run_cfg in zip(
-        members, configs, shares, saved, strict=True
+        members, configs, shares, saved_configs, strict=True
     ):
         with in_member(member_dir, ensembled):
             loaded = load_run(member_dir, member_ckpt, device=device, overrides=share, config=member_cfg)

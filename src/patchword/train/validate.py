@@ -329,7 +329,9 @@ def refuse_moved_data(overrides: Iterable[str], saved: RunConfig, config_path: P
         name = key.removeprefix("data.")
         if key.startswith("data.") and name in PATH_KEYS and key not in RESUMABLE_KEYS:
             value = getattr(saved.data, name)
-            relative = value and not Path(value).expanduser().is_absolute()
+            if not value:  # the run reads no such path (synthetic scenes): the generic refusal says why
+                continue
+            relative = not Path(value).expanduser().is_absolute()
             where = "; it is relative: resume from the directory the run was created in" if relative else ""
             raise ConfigError(
                 key,

@@ -376,4 +376,6 @@ class BertCaptionTokenizer:
             ids[row, : len(e)] = torch.tensor(e, dtype=torch.long)
         return ids, lens
 
-    __call__ = batch_encode  # as open_clip's tokenizers are called on a list of texts
+    def __call__(self, texts: Sequence[str], *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`batch_encode` (open_clip's tokenizers are called on a list of texts)."""
+        return self.batch_encode(texts, *args, **kwargs)

@@ -247,7 +247,9 @@ class WordVocab:
             ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         return ids, lens
 
-    __call__ = batch_encode  # as open_clip's tokenizers are called on a list of texts
+    def __call__(self, texts: Sequence[str], *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`batch_encode` (open_clip's tokenizers are called on a list of texts)."""
+        return self.batch_encode(texts, *args, **kwargs)
 
     def with_max_len(self, max_len: int | None) -> WordVocab:
         """A copy (sharing the word maps) whose :meth:`batch_encode` truncates to ``max_len`` ids when a
