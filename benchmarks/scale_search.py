@@ -180,15 +180,13 @@ def write_index(
 
 def first_stage(index_dir: Path, queries: int = 200, k: int = 100) -> dict:
     """Build (once) the IVF first stage the server will load, and its recall of the exact top-k."""
-    import hashlib
-
     from patchword.eval.two_stage import GlobalIndex
+    from patchword.search.first_stage import first_stage_file
     from patchword.search.store import SearchIndex
 
     index = SearchIndex.open(index_dir)
     db = index.global_embeddings()
-    stamp = hashlib.sha256(json.dumps(index.manifest.shards).encode()).hexdigest()[:16]
-    path = index_dir / f"global.{stamp}.ivf"  # where Searcher looks for it (search/query.py)
+    path = first_stage_file(index_dir, index.manifest, "faiss_ivf")  # where Searcher looks for it
     start = time.perf_counter()
     if path.is_file():
         ivf, built = GlobalIndex.load(path, "faiss_ivf"), None

@@ -21,7 +21,6 @@ from PIL import Image
 from patchword.search.query import Searcher
 from patchword.search.store import SearchIndex
 from patchword.serve.app import ServeLimits, create_app
-from patchword.serve.reload import served_info
 from search_support import caption_queries, live_server, search_env
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -186,7 +185,7 @@ def test_the_page_shows_what_the_index_approximates_and_lacks_above_the_results(
     env = search_env(tmp_path_factory)
     build_index(env.run, env.export.files["images"], tmp_path / "int8", dtype="int8")  # no --dense
     searcher = Searcher(SearchIndex.open(tmp_path / "int8"), env.run)
-    info = served_info(searcher)  # the warnings without the server's paths
+    info = searcher.index_info  # the warnings name the run and the index by their folder names
     with live_server(create_app(searcher)) as url:
         wait = _open_page(browser, url)
         line = browser.find_element(By.ID, "index-note")

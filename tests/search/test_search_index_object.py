@@ -38,8 +38,8 @@ def test_api_search_carries_the_index_object_of_healthz_and_search_json(env, tmp
         bodies = [client.get("/api/search", params={"q": q, "k": 3}).json() for q in captions[:3]]
         health = client.get("/healthz").json()
     warning = (
-        f"{env.run.run_dir}'s model reads dense captions, but {tmp_path / 'int8'} was built without them: "
-        "every ranking differs from the model's evaluated one; build the index with --dense FILE"
+        f"the run {env.run.run_dir.name}'s model reads dense captions, but the index int8 was built without "
+        "them: every ranking differs from the model's evaluated one; build the index with --dense FILE"
     )
     assert bodies[0]["index"] == {
         "store": "int8",

@@ -93,8 +93,9 @@ def test_an_index_without_the_dense_captions_its_model_reads_is_warned_of_at_eve
     assert env.run.config.data.dense and env.run.model.matcher.consumes_dense
     build_index(env.run, env.export.files["images"], tmp_path / "nodense")
     expected = (
-        f"{env.run.run_dir}'s model reads dense captions, but {tmp_path / 'nodense'} was built without them: "
-        "every ranking differs from the model's evaluated one; build the index with --dense FILE"
+        f"the run {env.run.run_dir.name}'s model reads dense captions, but the index nodense was built "
+        "without them: every ranking differs from the model's evaluated one; build the index with --dense "
+        "FILE"
     )
     for _ in range(2):  # every open, not once per process
         caplog.clear()

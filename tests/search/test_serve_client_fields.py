@@ -35,15 +35,11 @@ def test_the_served_warnings_name_the_run_and_index_by_folder_name(env, tmp_path
     out = tmp_path / "bare"
     build_index(env.run, env.export.files["images"], out)  # without the dense captions the model reads
     searcher = Searcher(SearchIndex.open(out), env.run)
-    local = searcher.index_info["warnings"]
-    assert local == [  # the CLI's, on the machine that has these paths: as before
-        f"{env.run_dir}'s model reads dense captions, but {out} was built without them: every ranking "
+    served = [
+        "the run tiny's model reads dense captions, but the index bare was built without them: every ranking "
         "differs from the model's evaluated one; build the index with --dense FILE"
     ]
-    served = [
-        "tiny's model reads dense captions, but bare was built without them: every ranking differs from the "
-        "model's evaluated one; build the index with --dense FILE"
-    ]
+    assert searcher.index_info["warnings"] == served  # the CLI's too: one sentence
     with TestClient(create_app(searcher)) as client:
         health = client.get("/healthz").json()
         assert health["index"]["warnings"] == served and health["run"] == "tiny"
@@ -51,6 +47,16 @@ def test_the_served_warnings_name_the_run_and_index_by_folder_name(env, tmp_path
         assert found["index"]["warnings"] == served
         assert found["index"]["summary"] == searcher.index_info["summary"] == "dense captions missing"
     assert str(tmp_path) not in str(health) + str(found) and str(env.root) not in str(health) + str(found)
+
+
+def test_an_index_opened_as_dot_is_named_by_its_folder(env, tmp_path, monkeypatch):
+    """A first fix replaced the paths in the served text by their folder names: an index opened as ``.``
+    (``patchword serve .``) has the name "", and every "." of the sentence went."""
+    out = tmp_path / "bare.v2"
+    build_index(env.run, env.export.files["images"], out)
+    monkeypatch.chdir(out)
+    warning = Searcher(SearchIndex.open("."), env.run).index_info["warnings"][0]
+    assert warning.startswith("the run tiny's model reads dense captions, but the index bare.v2 was built")
 
 
 def test_healthz_shortlist_is_the_least_a_search_re_ranks(env):

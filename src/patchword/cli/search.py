@@ -10,28 +10,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
 from patchword.cli import VERBOSE_HELP
 from patchword.cli.argtypes import Spelled, spelling
+from patchword.cli.search_flags import add_first_stage_argument, check_first_stage, shortlist_help
 from patchword.cli.threads import add_threads_argument, check_threads, threads_of
 from patchword.device import resolve_device
-from patchword.errors import USER_ERRORS, ConfigError, MissingExtraError, report_user_error, run_command
+from patchword.errors import (
+    USER_ERRORS,
+    ConfigError,
+    Interrupted,
+    MissingExtraError,
+    report_user_error,
+    run_command,
+)
 from patchword.logs import setup_logging
 
-__all__ = ["main_index", "main_search", "shortlist_help"]
-
-
-def shortlist_help() -> str:
-    """The help of ``--shortlist`` of ``search`` and ``serve``, with the default of
-    :class:`~patchword.search.query.Searcher` (imported here: the commands load it anyway)."""
-    from patchword.search.query import DEFAULT_SHORTLIST
-
-    return (
-        "images re-ranked per query by the fine matcher (default: the run's two-stage shortlist, else "
-        f"{DEFAULT_SHORTLIST})"
-    )
+__all__ = ["main_index", "main_search"]
 
 
 def _logging(verbose: bool) -> None:
@@ -116,6 +114,12 @@ def _index_parser() -> argparse.ArgumentParser:
         help="also upload the index to Qdrant: a server / cluster URL, or a local directory (embedded mode)",
     )
     build.add_argument("--collection", default=None, help="the Qdrant collection (default: the --out name)")
+    build.add_argument(
+        "--replace-collection",
+        action="store_true",
+        help="with --qdrant: replace the collection even when another index holds it (that index's "
+        "searches are then refused until it is uploaded again)",
+    )
     return parser
 
 
@@ -125,22 +129,7 @@ def main_index(argv: list[str] | None = None) -> int:
     _logging(args.verbose)
 
     def build() -> None:
-        if args.collection is not None and not args.qdrant:
-            raise ConfigError("--collection", "names the Qdrant collection of an upload: give --qdrant too")
-        if args.qdrant and args.dense_store == "scores":
-            raise ConfigError(
-                "--dense-store", "the Qdrant backend holds dense tokens: use --dense-store tokens"
-            )
-        if args.qdrant and args.keep_patches is not None:
-            raise ConfigError("--keep-patches", "the Qdrant backend holds every patch: leave it out")
-        if args.qdrant:  # the extra, checked before the model loads
-            from patchword.search.qdrant import _client_module
-
-            try:
-                _client_module()
-            except MissingExtraError as err:
-                raise MissingExtraError(f"--qdrant: {err}") from None
-            _check_embedded_store(args.qdrant)
+        _check_qdrant_flags(args)
         plan = _plan(args)  # every flag and file checked, the run loaded: nothing written yet
         client = None
         if args.qdrant:
@@ -152,7 +141,9 @@ def main_index(argv: list[str] | None = None) -> int:
             # refuses the command with the index as it was, never after an update whose manifest the
             # collection no longer matches (its servers would answer 503 until the upload is rerun).
             collection = args.collection or args.out.name
-            client = open_for_upload(args.out, args.qdrant, collection, manifest=plan.manifest)
+            client = open_for_upload(
+                args.out, args.qdrant, collection, manifest=plan.manifest, replace=args.replace_collection
+            )
         try:
             _build_and_upload(args, plan, client)
         finally:
@@ -161,8 +152,17 @@ def main_index(argv: list[str] | None = None) -> int:
 
     def build_with_threads() -> None:
         _check_counts(args)  # before the count is set, as before anything is read
-        with threads_of(args):  # the run's loading too
-            build()
+        from patchword.search.build_open import out_stamps, unwritten_message
+
+        before = out_stamps(args.out)
+        try:
+            with threads_of(args):  # the run's loading too
+                build()
+        except KeyboardInterrupt:
+            message = unwritten_message(args.out, before)  # nothing a rerun would resume: not "resume"
+            if message is not None:
+                raise Interrupted(signal.SIGINT, f"SIGINT (Ctrl-C) {message}") from None
+            raise
 
     # finished shards are kept (each written atomically, then the manifest): the same command resumes
     return run_command(build_with_threads, args.verbose, f"rerun the same command to resume {args.out}")
@@ -181,16 +181,36 @@ def _check_counts(args: argparse.Namespace) -> None:
     check_workers(args.workers, spelling(args, "workers", "--decode-workers"))
 
 
-def _check_embedded_store(location: str) -> None:
-    """``--qdrant DIR`` (an embedded store, created when missing) before the run loads: a file in its place
-    or in one of its parents', a read-only or vanished location (a raw ``[Errno 20] Not a directory``
-    naming no flag after the model had loaded)."""
+def _check_qdrant_flags(args: argparse.Namespace) -> None:
+    """The upload's flags before the run loads: ``--collection`` / ``--replace-collection`` need
+    ``--qdrant``, which holds dense tokens and every patch; the extra installed; ``--qdrant DIR`` (an
+    embedded store, created when missing) not a file in its place or in one of its parents', nor a
+    read-only or vanished location (a raw ``[Errno 20] Not a directory`` naming no flag after the model
+    had loaded)."""
     from patchword.fileio import check_output_dir
+
+    for flag, given in (
+        ("--collection", args.collection is not None),
+        ("--replace-collection", args.replace_collection),
+    ):
+        if given and not args.qdrant:
+            raise ConfigError(flag, "applies to the Qdrant upload: give --qdrant too")
+    if not args.qdrant:
+        return
+    if args.dense_store == "scores":
+        raise ConfigError("--dense-store", "the Qdrant backend holds dense tokens: use --dense-store tokens")
+    if args.keep_patches is not None:
+        raise ConfigError("--keep-patches", "the Qdrant backend holds every patch: leave it out")
+    from patchword.search.qdrant import _client_module
     from patchword.search.qdrant_connect import is_local
 
-    if is_local(location):
+    try:
+        _client_module()
+    except MissingExtraError as err:
+        raise MissingExtraError(f"--qdrant: {err}") from None
+    if is_local(args.qdrant):
         check_output_dir(
-            Path(location).expanduser(), "--qdrant", what="the embedded Qdrant store's directory"
+            Path(args.qdrant).expanduser(), "--qdrant", what="the embedded Qdrant store's directory"
         )
 
 
@@ -227,8 +247,14 @@ def _build_and_upload(args: argparse.Namespace, plan, client) -> None:
     if client is not None:
         from patchword.search.qdrant import upload_index
 
-        record = upload_index(args.out, args.qdrant, args.collection or args.out.name, client=client)
-        print(f"uploaded {record['points']} images to Qdrant collection {record['collection']!r}")
+        collection = args.collection or args.out.name
+        record = upload_index(
+            args.out, args.qdrant, collection, client=client, replace=args.replace_collection
+        )
+        print(
+            f"uploaded {record['points']} images to Qdrant collection {record['collection']!r} "
+            f"({record['written']} points written)"
+        )
 
 
 def _search_parser() -> argparse.ArgumentParser:
@@ -256,6 +282,7 @@ def _search_parser() -> argparse.ArgumentParser:
         help="with --qdrant: an exact first stage, a Qdrant server scanning every point rather than its HNSW "
         "index (slower on a large collection); an embedded store always searches exactly",
     )
+    add_first_stage_argument(parser)
     add_threads_argument(parser)
     parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     return parser
@@ -263,7 +290,8 @@ def _search_parser() -> argparse.ArgumentParser:
 
 def open_searcher(args: argparse.Namespace):
     """The :class:`~patchword.search.query.Searcher` of ``search`` / ``serve`` arguments (``index_dir``,
-    ``run``, ``checkpoint``, ``device``, ``shortlist``, and when given ``qdrant``, ``exact``)."""
+    ``run``, ``checkpoint``, ``device``, ``shortlist``, ``first_stage``, and when given ``qdrant``,
+    ``exact``)."""
     from patchword.search.query import Searcher
 
     return Searcher.open(
@@ -274,6 +302,7 @@ def open_searcher(args: argparse.Namespace):
         shortlist=args.shortlist,
         qdrant=bool(getattr(args, "qdrant", False)),
         exact=bool(getattr(args, "exact", False)),
+        backend=args.first_stage,
     )
 
 
@@ -295,6 +324,7 @@ def main_search(argv: list[str] | None = None) -> int:
         if args.shortlist is not None and args.shortlist < 1:
             raise ConfigError("--shortlist", f"must be >= 1, got {args.shortlist}")
         check_threads(args)
+        check_first_stage(args)
         check_query_text(args.query)  # before the model loads (the search checks it again)
         with threads_of(args):
             searcher = open_searcher(args)
@@ -305,9 +335,13 @@ def main_search(argv: list[str] | None = None) -> int:
         print(f"warning: {result.warning}", file=sys.stderr)
     from patchword.search.fidelity import approximation_note
 
-    if args.json:
+    if args.json:  # the /api/search body (version: which image every id names), the index's size, timings
+        from patchword.search.manifest import rows_digest
+
         body = result.to_json()
         body["index"] = searcher.index_info
+        body["version"] = rows_digest(searcher.index.manifest)
+        body["images"] = len(searcher)
         body["timings_ms"] = {key: round(1000 * value, 3) for key, value in result.timings.items()}
         print(json.dumps(body, indent=2, ensure_ascii=False, allow_nan=False))  # NaN is not JSON
         return 0

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from patchword.cli import VERBOSE_HELP
-from patchword.cli.search import shortlist_help
+from patchword.cli.search_flags import add_first_stage_argument, check_first_stage, shortlist_help
 from patchword.cli.threads import add_threads_argument, check_threads
 from patchword.errors import ConfigError, describe_os_error, run_command
 from patchword.logs import setup_logging
@@ -51,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
         help="with --qdrant: an exact first stage, a Qdrant server scanning every point rather than its HNSW "
         "index (slower on a large collection); an embedded store always searches exactly",
     )
+    add_first_stage_argument(parser)
     parser.add_argument(
         "--workers",
         type=int,
@@ -87,7 +88,9 @@ def _check_flags(args: argparse.Namespace) -> None:
 
     Raises:
         ConfigError: ``--host`` empty, ``--port`` outside 0..65535, ``--threads`` negative, or
-            ``--workers`` / ``--max-pending`` / ``--max-k`` / ``--max-query-chars`` / ``--shortlist`` < 1.
+            ``--workers`` / ``--max-pending`` / ``--max-k`` / ``--max-query-chars`` / ``--shortlist`` < 1,
+            ``--first-stage`` with ``--qdrant``.
+        MissingExtraError: a FAISS ``--first-stage`` without FAISS.
     """
     if not args.host.strip():
         # An empty host would bind every interface: that must be asked for by name (0.0.0.0 or ::).
@@ -99,6 +102,7 @@ def _check_flags(args: argparse.Namespace) -> None:
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None and value < 1:
             raise ConfigError(flag, f"must be >= 1, got {value}")
+    check_first_stage(args)
 
 
 def _address(host: str, port: int) -> str:

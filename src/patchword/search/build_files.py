@@ -4,15 +4,18 @@ left out; and the entries of an encoded shard."""
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from patchword.data.images import load_image
 from patchword.errors import DataError
 from patchword.search.build_report import nothing_indexed_message
 from patchword.search.manifest import Entry, Manifest
 from patchword.search.scan import ImageFile, ScanResult, SkippedFile
 
-__all__ = ["FileChoice", "choose_files", "new_entries"]
+__all__ = ["FileChoice", "against_live", "choose_files", "new_entries"]
 
 
 @dataclass
@@ -65,19 +68,50 @@ def choose_files(
         and (scanned[s.path].size, scanned[s.path].mtime_ns) == (s.size, s.mtime_ns)
     }
     skipped = list(scan.skipped) + list(failed_before.values())
-    todo, uncaptioned = [], 0
+    todo, uncaptioned = [], []
     for file in scan.images:
         if file.path in kept_paths or file.path in failed_before:
             continue
         if dense_texts is not None and file.path not in dense_texts:
-            skipped.append(SkippedFile(file.path, f"no dense caption in {manifest.dense['file']}"))
-            uncaptioned += 1
+            uncaptioned.append(file)
             continue
         todo.append(file)
+    if uncaptioned:
+        # decoded as a build would: a damaged file is listed as such (listed as uncaptioned, a truncated PNG
+        # looked sound), and, like any file that failed to decode, not tried again until it changes
+        why = f"no dense caption in {manifest.dense['file']}"
+        with ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
+            uncaptioned = list(
+                pool.map(lambda f: _decode_failure(images_root, f) or SkippedFile(f.path, why), uncaptioned)
+            )
+        skipped += uncaptioned
     if not kept and not todo:  # an index of no image: every later search would refuse it
-        flag = "--dense" if uncaptioned else "--images"
+        flag = "--dense" if any(s.size is None for s in uncaptioned) else "--images"
         raise DataError(nothing_indexed_message(flag, images_root, skipped, "nothing was written"))
     return FileChoice(kept=kept, dropped=dropped, todo=todo, skipped=skipped)
+
+
+def _decode_failure(root: Path, file: ImageFile) -> SkippedFile | None:
+    """``file`` skipped as the encoder skips a file it cannot decode
+    (:class:`~patchword.search.encode.ShardEncoder`), or None when it decodes."""
+    try:
+        load_image(root / file.path, exif_orientation=True)
+    except Exception as err:  # noqa: BLE001 - any decoding failure skips the file, as in the encoder
+        return SkippedFile(file.path, f"cannot decode: {err}", file.size, file.mtime_ns)
+    return None
+
+
+def against_live(live: Manifest | None, choice: FileChoice) -> tuple[list[Entry], list[Entry]]:
+    """(kept, dropped): ``choice``'s entries counted against the complete index an update started from
+    (``live``; None: a first build, ``choice``'s own), so that an update stopped and resumed reports what
+    an uninterrupted one does. An update writes new shards only: the kept entries of ``live``'s shards kept
+    their vectors, the others were encoded before it was stopped; ``dropped``: ``live``'s entries not kept."""
+    if live is None:
+        return choice.kept, choice.dropped
+    shards = {s["id"] for s in live.shards}
+    kept = [e for e in choice.kept if e.shard in shards]
+    paths = {e.path for e in kept}
+    return kept, [e for e in live.entries if e.path not in paths]
 
 
 def new_entries(files: list[ImageFile], shard_id: int, captions: dict[str, str] | None) -> list[Entry]:

@@ -5,18 +5,27 @@ Nothing here writes."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from patchword.errors import ConfigError, MissingFileError, RunExistsError
 from patchword.fileio import check_output_dir
+from patchword.search.build_lock import manifest_stamps
 from patchword.search.encode import read_dense_file
 from patchword.search.identity import check_index_model
 from patchword.search.manifest import LOCK_FILE, MANIFEST_FILE, PENDING_FILE, Manifest
 from patchword.search.shards import SHARDS_DIR
 
-__all__ = ["check_out", "index_dense_texts", "new_manifest", "open_or_create"]
+__all__ = [
+    "check_out",
+    "index_dense_texts",
+    "new_manifest",
+    "open_or_create",
+    "out_stamps",
+    "unwritten_message",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +36,30 @@ def check_out(index_dir: Path) -> None:
     if index_dir.exists() and not index_dir.is_dir():
         raise RunExistsError(f"--out {index_dir} exists and is not a search index; choose another --out")
     check_output_dir(index_dir, "--out", what="the index directory")
+
+
+def out_stamps(index_dir: Path) -> tuple:
+    """The stamps of ``index_dir``'s manifests (:func:`~patchword.search.build_lock.manifest_stamps`; none
+    for an ``--out`` that cannot hold them, a file the build refuses)."""
+    try:
+        return manifest_stamps(index_dir)
+    except OSError:
+        return (None, None)
+
+
+def unwritten_message(index_dir: Path, before: tuple) -> str | None:
+    """For a build stopped now (Ctrl-C): when ``index_dir``'s manifests are as they were (``before``:
+    :func:`out_stamps`) and hold no build or update stopped part-way, nothing was written that a rerun would
+    resume, and this says so (``before anything was written to INDEX_DIR...``); else None."""
+    if out_stamps(index_dir) != before or (index_dir / PENDING_FILE).is_file():
+        return None
+    try:
+        if json.loads((index_dir / MANIFEST_FILE).read_text(encoding="utf-8"))["state"] != "complete":
+            return None  # a build stopped before: a rerun resumes it
+    except (OSError, ValueError, TypeError, KeyError):
+        pass  # no index there (or none a build would resume)
+    left = ": the index is as it was" if before[0] is not None else ""
+    return f"before anything was written to {index_dir}{left}"
 
 
 def new_manifest(

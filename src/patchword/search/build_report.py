@@ -6,13 +6,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from patchword.search.manifest import MANIFEST_FILE
+from patchword.search.manifest import MANIFEST_FILE, Entry, Manifest
 from patchword.search.scan import SkippedFile, printable
 
-__all__ = ["BuildReport", "no_images_message", "nothing_indexed_message"]
+__all__ = ["PQ_ADVISED_TOKENS", "BuildReport", "no_images_message", "nothing_indexed_message"]
 
 #: Skipped files listed by :meth:`BuildReport.summary` (the manifest keeps them all).
 SHOWN_SKIPPED = 20
+#: Tokens FAISS advises a product quantiser's k-means to train on: 39 per centroid, 256 centroids.
+PQ_ADVISED_TOKENS = 39 * 256
 
 
 @dataclass
@@ -22,8 +24,10 @@ class BuildReport:
     Attributes:
         index_dir: the index.
         num_images: images in the index now.
-        added: images encoded by this call (new files, and ``changed`` ones encoded again).
-        kept: images whose stored vectors were reused (unchanged files, or done before an interruption).
+        added: images encoded by this build or update (new files, and ``changed`` ones encoded again), those
+            encoded before it was stopped and resumed included (``encoded_before`` of them).
+        kept: images whose stored vectors were reused: for an update, those of the index it started from,
+            resumed or not; for a first build resumed, those done before it was stopped.
         changed: entries whose file (or dense caption) changed since they were stored, encoded again (part
             of ``added``).
         removed: entries no longer in the index (files deleted, or changed ones that now fail to decode or
@@ -35,11 +39,13 @@ class BuildReport:
         seconds: wall time of the call; ``encode_seconds`` of the encoding loop alone.
         pruning: the index's patch pruning (``Manifest.pruning``), or None.
         store: the index's token store (``Manifest.dtype``); ``codec``: what it records of it.
+        pq_sample: (tokens, images) the pq quantiser was trained on by this call (the first shard's), or None.
     """
 
     index_dir: Path
     num_images: int = 0
     added: int = 0
+    encoded_before: int = 0
     kept: int = 0
     changed: int = 0
     removed: int = 0
@@ -52,6 +58,18 @@ class BuildReport:
     pruning: dict[str, Any] | None = None
     store: str = "float32"
     codec: dict[str, Any] = field(default_factory=dict)
+    pq_sample: tuple[int, int] | None = None
+
+    def tally(self, manifest: Manifest, dropped: list[Entry]) -> None:
+        """Count what the build left in ``manifest`` (written), ``dropped``: the entries it no longer keeps
+        (:func:`~patchword.search.build_files.against_live`)."""
+        self.num_images = len(manifest.entries)
+        # a dropped entry is changed when its file was encoded again, else removed (deleted, or now skipped)
+        self.changed = len({e.path for e in dropped} & {e.path for e in manifest.entries})
+        self.removed = len(dropped) - self.changed
+        self.skipped = manifest.skipped
+        self.pruning = manifest.pruning
+        self.store, self.codec = manifest.dtype, manifest.codec
 
     def summary(self) -> str:
         """Human-readable lines for the CLI."""
@@ -59,8 +77,10 @@ class BuildReport:
         if self.changed:
             encoded += f" ({self.added - self.changed} new, {self.changed} changed)"
         # a rate of nothing encoded is no rate: the encoder did not run
-        timed = self.added and self.encode_seconds > 0
-        rate = f" ({self.added / self.encode_seconds:.1f} images/s encoding)" if timed else ""
+        now = self.added - self.encoded_before  # the rate of this call's encoding
+        rate = (
+            f" ({now / self.encode_seconds:.1f} images/s encoding)" if now and self.encode_seconds > 0 else ""
+        )
         lines = [
             f"index {self.index_dir}: {self.num_images} images "
             f"({encoded}, {self.kept} kept, {self.removed} removed"
@@ -73,6 +93,12 @@ class BuildReport:
             lines.append(
                 f"tokens product-quantised (--store pq{size}): search scores are an approximation of "
                 "float32's (docs/search.md)"
+            )
+        if self.pq_sample is not None and self.pq_sample[0] < PQ_ADVISED_TOKENS:
+            lines.append(
+                f"the pq codebook was trained on the {self.pq_sample[0]} tokens of the first shard's "
+                f"{self.pq_sample[1]} images, fewer than the {PQ_ADVISED_TOKENS} FAISS advises: it is "
+                "coarse, and every --update keeps it (build the index anew from more images for a finer one)"
             )
         if self.pruning:
             kept, of, fraction = (self.pruning[key] for key in ("kept", "of", "fraction"))

@@ -183,6 +183,9 @@ def make_codec(
     faiss.omp_set_num_threads(1)  # the same centroids whatever the machine's core count
     pq = faiss.ProductQuantizer(dim, pq_m, 8)
     pq.cp.seed = seed
+    # FAISS warns once per sub-quantiser below 39 points per centroid; the build report says it once
+    # (build_report: the pq sample), and the bound only decides the warning, not the centroids
+    pq.cp.min_points_per_centroid = 1
     pq.train(sample)
     centroids = faiss.vector_to_array(pq.centroids).reshape(pq_m, 256, dim // pq_m)
     return TokenCodec("pq", centroids.astype(np.float32))

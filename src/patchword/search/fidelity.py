@@ -22,6 +22,7 @@ section 3). What departs from it:
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -152,9 +153,11 @@ def dense_problem(index: Any, run: Any, fine: Any) -> tuple[str, str] | None:
         )
     if index.has_dense or not run.config.data.dense:
         return None
+    # the run and the index by their folder names: what a server sends its clients names no path of its own
+    run_name, index_name = (Path(path).resolve().name for path in (run.run_dir, index.index_dir))
     return "dense captions missing", (
-        f"{run.run_dir}'s model reads dense captions, but {index.index_dir} was built without them: every "
-        "ranking differs from the model's evaluated one; build the index with --dense FILE"
+        f"the run {run_name}'s model reads dense captions, but the index {index_name} was built without "
+        "them: every ranking differs from the model's evaluated one; build the index with --dense FILE"
     )
 
 

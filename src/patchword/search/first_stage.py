@@ -6,14 +6,23 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 from patchword.eval.two_stage import APPROXIMATE_BACKENDS, GlobalIndex
-from patchword.search.manifest import rows_digest
+from patchword.search.manifest import Manifest, rows_digest
 from patchword.search.store import SearchIndex
 
-__all__ = ["local_first_stage"]
+__all__ = ["first_stage_file", "local_first_stage"]
 
 logger = logging.getLogger(__name__)
+
+
+def first_stage_file(index_dir: Path, manifest: Manifest, backend: str) -> Path:
+    """Where the approximate first stage ``backend`` (``faiss_ivf``, ``faiss_hnsw``) of the index ``manifest``
+    describes is kept: ``index_dir / global.<stamp>.<ivf|hnsw>``, the stamp
+    :func:`~patchword.search.manifest.rows_digest`. A tool that builds it ahead (benchmarks/scale_search.py)
+    writes it here, so that searches load it instead of building their own."""
+    return Path(index_dir) / f"global.{rows_digest(manifest)}.{backend.removeprefix('faiss_')}"
 
 
 def local_first_stage(index: SearchIndex, backend: str, max_memory_mb: float) -> GlobalIndex:
@@ -25,9 +34,8 @@ def local_first_stage(index: SearchIndex, backend: str, max_memory_mb: float) ->
     scores) of other images."""
     if backend not in APPROXIMATE_BACKENDS:
         return GlobalIndex(index.global_embeddings(), backend=backend, max_memory_mb=max_memory_mb)
-    stamp = rows_digest(index.manifest)
     suffix = backend.removeprefix("faiss_")
-    path = index.index_dir / f"global.{stamp}.{suffix}"
+    path = first_stage_file(index.index_dir, index.manifest, backend)
     if path.is_file():
         return GlobalIndex.load(path, backend)
     t0 = time.perf_counter()

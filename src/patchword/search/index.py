@@ -47,7 +47,7 @@ from patchword.search.build_checks import (
     check_settings,
     kept_patches,
 )
-from patchword.search.build_files import choose_files, new_entries
+from patchword.search.build_files import against_live, choose_files, new_entries
 from patchword.search.build_lock import build_lock, manifest_stamps
 from patchword.search.build_open import check_out, index_dense_texts, open_or_create
 from patchword.search.build_plan import BuildPlan
@@ -257,7 +257,9 @@ def plan_build(
             index_dir,
         )
     files = choose_files(manifest, scan, dense_texts, captions, images_root)
-    report = BuildReport(index_dir=index_dir, resumed=resumed, ignored=scan.ignored, kept=len(files.kept))
+    kept, dropped = against_live(live, files)  # a resumed update counts as the update it continues
+    report = BuildReport(index_dir=index_dir, resumed=resumed, ignored=scan.ignored, kept=len(kept))
+    report.added = report.encoded_before = len(files.kept) - len(kept)
     if dense_texts is not None:  # a caption without words met in the last shard stopped a build part-way
         check_dense_words(run.tokenizer, dense_texts, [f.path for f in files.todo])
     if codec is None and manifest.dtype == "pq" and files.todo:
@@ -273,7 +275,7 @@ def plan_build(
         live=live,
         report=report,
         kept=files.kept,
-        dropped=files.dropped,
+        dropped=dropped,
         todo=files.todo,
         skipped=files.skipped,
         captions=captions,
@@ -307,14 +309,7 @@ def write_build(plan: BuildPlan) -> BuildReport:
     index_dir.mkdir(parents=True, exist_ok=True)
     with build_lock(index_dir, plan.seen):
         _write_index(plan, created=created)
-    report.num_images = len(manifest.entries)
-    # a dropped entry is changed when its file was encoded again, else removed (deleted, or now skipped)
-    encoded_again = {e.path for e in plan.dropped} & {e.path for e in manifest.entries}
-    report.changed = len(encoded_again)
-    report.removed = len(plan.dropped) - report.changed
-    report.skipped = manifest.skipped
-    report.pruning = manifest.pruning
-    report.store, report.codec = manifest.dtype, manifest.codec
+    report.tally(manifest, plan.dropped)
     report.seconds = time.perf_counter() - plan.start
     return report
 
@@ -365,6 +360,8 @@ def _write_index(plan: BuildPlan, *, created: bool) -> None:
                 if codec is None:  # the first shard: a quantiser trains on its tokens, once per index
                     sample = codec_sample(encoded, dense=not store_scores) if manifest.dtype == "pq" else None
                     codec = make_codec(manifest.dtype, sample, pq_m=pq_bytes)
+                    if sample is not None:  # the report says when FAISS advised more
+                        report.pq_sample = (len(sample), len(encoded.files))
                     codec.save(index_dir)
                     manifest.codec = codec.describe()
                 shard_id = manifest.next_shard

@@ -10,20 +10,23 @@ fine matcher re-ranks the shortlist from the tokens Qdrant returns, so the ranki
 backend (tested).
 
 ``patchword index build ... --qdrant PATH_OR_URL`` builds the local index as usual (its shards are the
-resumable staging area), then uploads every entry (idempotent: a rerun uploads again, overwriting by id) and
-records the collection in ``INDEX_DIR/qdrant.json``: where (an embedded store's directory as an absolute
-path), how many points and which version of the index it holds
-(:func:`~patchword.search.manifest.rows_digest`: point ids are index ids). The build connects once every
-flag and file is checked (:func:`~patchword.search.index.plan_build`: a refused flag leaves no store
-behind) and before it writes anything (:func:`open_for_upload`): a store in use (a ``serve --qdrant``) or
-a server out of reach leaves the index, the last upload's record and its collection (and their servers) as
-they were; the record is removed before the collection is replaced and written once every point is in.
-``patchword search`` / ``serve`` read that file and take vectors from Qdrant: the index directory a server
-needs is then the manifest and ``qdrant.json`` only.
-An index updated since its upload, or a collection holding another number of points, is refused there,
-naming the command that uploads it again. Each point carries its image's path, checked on every hit and
-every point read by id: a collection uploaded again since the index was opened (renumbered ids) is a
-:class:`~patchword.search.store.StaleIndexError`, never other images under the old ids.
+resumable staging area), then uploads it (a collection holding an earlier upload of the same index gets
+only the points whose rows changed: :func:`~patchword.search.qdrant_upload._upload`) and records the
+collection in ``INDEX_DIR/qdrant.json``: where (an embedded store's directory as an absolute path), how many
+points and which version of the index it holds (:func:`~patchword.search.manifest.rows_digest`: point ids
+are index ids). The build connects once every flag and file is checked
+(:func:`~patchword.search.index.plan_build`: a refused flag leaves no store behind) and before it writes
+anything (:func:`open_for_upload`: a collection another index holds is refused there): a store in use (a
+``serve --qdrant``) or a server out of reach leaves the index, the last upload's record and its collection
+(and their servers) as they were; the record is removed before the collection is changed and written once
+every point is in. ``patchword search`` / ``serve`` read that file and take vectors from Qdrant: the index
+directory a server needs is then the manifest and ``qdrant.json`` only.
+An index updated since its upload, a collection holding another number of points, or one whose marker
+point (:data:`~patchword.search.qdrant_connect.MARKER_ID`) names another index (two indexes given one
+collection name) or another version, is refused there, naming the command that uploads it again. Each
+point carries its image's path, checked on every hit and every point read by id: a collection uploaded
+again since the index was opened (renumbered ids) is a :class:`~patchword.search.store.StaleIndexError`,
+never other images under the old ids.
 A server is asked once per open what the collection holds (``get_collection``): with no vector in an HNSW
 index and no optimization pending it scans every point, and the first stage is reported exact
 (``qdrant_server_unindexed``), else approximate with how many vectors are indexed
@@ -50,12 +53,15 @@ from patchword.errors import ConfigError, DataError, MissingFileError
 from patchword.search.entries import IndexEntries
 from patchword.search.manifest import Manifest, rows_digest, unfinished_build
 from patchword.search.qdrant_connect import (  # noqa: F401  (re-exported: the backend's one import)
+    MARKER_ID,
     QDRANT_FILE,
     _client_module,
     _upload_again,
     connect,
     is_local,
+    read_marker,
     unreachable,
+    upload_command,
 )
 from patchword.search.qdrant_upload import _upload, open_for_upload, upload_index  # noqa: F401
 from patchword.search.store import StaleIndexError
@@ -84,6 +90,7 @@ class QdrantIndex(IndexEntries):
         self.collection = record["collection"]
         self._hits = threading.local()  # .vectors: id -> vectors of this thread's last shortlist
         self.server: dict[str, Any] | None = None  # a server's collection when opened: _server_state()
+        self.marked = False  # the collection holds a marker point (read when opened: _collection_problem)
 
     @classmethod
     def open(
@@ -106,18 +113,18 @@ class QdrantIndex(IndexEntries):
         index_dir = Path(index_dir)
         path = index_dir / QDRANT_FILE
         if not path.is_file():
+            command = upload_command(index_dir, "PATH_OR_URL", Manifest.read(index_dir))
             raise ConfigError(
                 "--qdrant",
                 f"{index_dir} was not uploaded to Qdrant, or its upload did not finish (no {QDRANT_FILE}): "
-                f"upload it with `patchword index build RUN_DIR --images DIR --out {index_dir} --update "
-                "--qdrant PATH_OR_URL`",
+                f"upload it with `{command}`",
             )
         manifest = Manifest.read(index_dir)
         if manifest.state != "complete":
             raise DataError(unfinished_build(index_dir))
         record = json.loads(path.read_text())
         location = str(record.get("location"))
-        again = _upload_again(index_dir, location)
+        again = _upload_again(index_dir, location, manifest, record.get("collection"))
         if record.get("rows") != rows_digest(manifest):
             raise DataError(
                 f"{index_dir}: the index changed since it was uploaded to Qdrant ({path} describes an "
@@ -142,7 +149,7 @@ class QdrantIndex(IndexEntries):
         if problem is not None:
             if not shared:
                 index.client.close()
-            raise DataError(f"{index_dir}: {problem}; {again}")
+            raise DataError(f"{index_dir}: {problem}")
         return index
 
     def _check_paths(self, points) -> None:
@@ -164,17 +171,44 @@ class QdrantIndex(IndexEntries):
                 )
 
     def _collection_problem(self) -> str | None:
-        """What keeps the collection from answering for the index (missing, or holding another number of
-        points than the record: an upload stopped part-way, points deleted), or None."""
-        location = self.record["location"]
+        """What keeps the collection from answering for the index, with what to do, or None: missing, its
+        marker (:data:`~patchword.search.qdrant_connect.MARKER_ID`) naming another index or version (two
+        indexes given one collection name; an upload under way or stopped), holding another number of
+        points than the record (an upload stopped part-way, points deleted). A collection without a marker
+        (uploaded before markers were written) is checked by its point count only."""
+        location, collection = self.record["location"], self.collection
+        again = _upload_again(self.index_dir, location, self.manifest, collection)
         where = f"the {'embedded ' if is_local(location) else ''}Qdrant store {location}"
-        if not self.client.collection_exists(self.collection):
-            return f"{where} has no collection {self.collection!r}"
-        points = self.client.count(self.collection, exact=True).count
+        if not self.client.collection_exists(collection):
+            return f"{where} has no collection {collection!r}; {again}"
+        marker = read_marker(self.client, collection)
+        self.marked = marker is not None
+        here = str(self.index_dir.resolve())
+        if marker is not None:
+            owner, build = marker.get("index"), self.manifest.build_id
+            # another folder, and another build (an index written before build ids: its folder decides)
+            if owner != here and (build is None or marker.get("build_id") != build):
+                command = upload_command(self.index_dir, location, self.manifest, "NAME")
+                return (
+                    f"Qdrant collection {collection!r} at {location} holds the index {owner}, uploaded to it "
+                    f"after this one (both given that collection name); upload this index to a collection "
+                    f"of its own: `{command}`"
+                )
+            if marker.get("rows") != self.record.get("rows"):
+                return (
+                    f"Qdrant collection {collection!r} holds another version of this index (an upload to it "
+                    f"is under way or was stopped part-way); {again}"
+                )
+        elif self.record.get("marked"):
+            return (
+                f"Qdrant collection {collection!r} was replaced since this index was uploaded to it; {again}"
+            )
+        points = self.client.count(collection, exact=True).count - self.marked
         if points != self.record.get("points"):
             return (
-                f"Qdrant collection {self.collection!r} holds {points} points, but the index uploaded to it "
-                f"has {self.record.get('points')} (an upload stopped part-way, or points deleted since)"
+                f"Qdrant collection {collection!r} holds {points} points, but the index uploaded to it "
+                f"has {self.record.get('points')} (an upload stopped part-way, or points deleted since); "
+                + again
             )
         return None
 
@@ -187,7 +221,7 @@ class QdrantIndex(IndexEntries):
         the optimizer in the background (status yellow meanwhile, grey when it is pending). No vector indexed
         and a green status: every segment is scanned (:func:`~patchword.search.fidelity.search_kind`)."""
         info = self.client.get_collection(self.collection)
-        points = int(info.points_count or 0)
+        points = max(0, int(info.points_count or 0) - self.marked)  # the marker holds no vector
         named = getattr(getattr(info.config, "params", None), "vectors", None)
         indexed = info.indexed_vectors_count
         return {
@@ -237,7 +271,7 @@ class QdrantIndex(IndexEntries):
         if absent:
             raise DataError(
                 f"{self.index_dir}: Qdrant collection {self.collection!r} has no point {absent[0]}; "
-                + _upload_again(self.index_dir, self.record["location"])
+                + _upload_again(self.index_dir, self.record["location"], self.manifest, self.collection)
             )
         return [found[int(i)] for i in ids]
 
@@ -286,7 +320,7 @@ class QdrantIndex(IndexEntries):
         if absent:
             raise DataError(
                 f"{self.index_dir}: Qdrant collection {self.collection!r} has no point {absent[0]}; "
-                + _upload_again(self.index_dir, self.record["location"])
+                + _upload_again(self.index_dir, self.record["location"], self.manifest, self.collection)
             )
         return torch.tensor(np.stack([np.asarray(points[i]["global"], np.float32) for i in ids]))
 

@@ -5,15 +5,23 @@ a store that cannot be used."""
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
+from typing import Any
 
 from patchword.errors import ConfigError, DataError, MissingExtraError
 
-__all__ = ["QDRANT_FILE", "connect", "is_local", "unreachable"]
+__all__ = ["QDRANT_FILE", "MARKER_ID", "connect", "is_local", "read_marker", "unreachable", "upload_command"]
 
 #: The record of an upload in the index directory, written once every point is in
 #: (:func:`~patchword.search.qdrant_upload.upload_index`).
 QDRANT_FILE = "qdrant.json"
+#: The id of the point that says which index a collection holds: a payload (``{"patchword_index": {"index":
+#: absolute index directory, "build_id", "rows": rows_digest or None while an upload runs, "layout"}}``) and
+#: no vector, so no search returns it; a UUID, never an index id (those are integers). Two indexes given the
+#: same collection (by default the --out folder's name) would otherwise overwrite each other's points and
+#: search the other's images under their own paths.
+MARKER_ID = "70617463-6877-6f72-6400-000000000001"
 
 
 def _client_module():
@@ -92,7 +100,34 @@ def unreachable(location: str, collection: str, err: Exception) -> DataError:
     return DataError(f"cannot use Qdrant collection {collection!r} at {location}: {err}")
 
 
-def _upload_again(index_dir: Path, location: str) -> str:
+def read_marker(client, collection: str) -> dict[str, Any] | None:
+    """What the marker point of ``collection`` (:data:`MARKER_ID`) says of the index it holds, or None: no
+    marker (uploaded before it was written, or by another program)."""
+    points = client.retrieve(collection, ids=[MARKER_ID], with_payload=True, with_vectors=False)
+    marker = (points[0].payload or {}).get("patchword_index") if points else None
+    return marker if isinstance(marker, dict) else None
+
+
+def upload_command(index_dir: Path, location: str, manifest=None, collection: str | None = None) -> str:
+    """The ``index build --update --qdrant`` command that uploads ``index_dir`` to ``location``: the run and
+    image folder from ``manifest`` (placeholders without one), ``--collection`` when ``collection`` is not
+    the default (the --out folder's name), every path shell-quoted."""
+    q = shlex.quote
+    run, images, extra = "RUN_DIR", "DIR", ""
+    if manifest is not None:
+        run, images = q(str(manifest.model.get("run_dir", "RUN_DIR"))), q(str(manifest.images_root))
+        checkpoint = Path(str(manifest.model.get("checkpoint") or "best.pt"))
+        if checkpoint.name != "best.pt":  # an update refuses other weights than the index's
+            inside = checkpoint.parent == Path(str(manifest.model.get("run_dir")))
+            extra = f" --checkpoint {q(checkpoint.name if inside else str(checkpoint))}"
+    if collection is not None and collection != Path(index_dir).name:
+        extra += f" --collection {q(collection)}"
+    return (
+        f"patchword index build {run} --images {images} --out {q(str(index_dir))} --update "
+        f"--qdrant {q(location)}{extra}"
+    )
+
+
+def _upload_again(index_dir: Path, location: str, manifest=None, collection: str | None = None) -> str:
     """How to bring a Qdrant collection back in line with its index: the build that uploads it again."""
-    command = f"patchword index build RUN_DIR --images DIR --out {index_dir} --update --qdrant {location}"
-    return f"rerun `{command}` to upload it again"
+    return f"rerun `{upload_command(index_dir, location, manifest, collection)}` to upload it again"

@@ -9,7 +9,7 @@
    :func:`~patchword.eval.score_matrix`), reading each image's tokens (and dense tokens) from the index's
    memory maps;
 4. the final score is ``fine + alpha * global`` (``alpha = 0`` unless the matcher's own two-stage plan,
-   TGDT's hybrid, says otherwise); ties keep the global order.
+   TGDT's hybrid, says otherwise); ties rank by index id, whatever the first stage.
 
 This is :func:`~patchword.eval.two_stage.two_stage_scores` for one caption query, so a query's ranking is
 the one the library computes for the same tokens (tested). A :class:`Searcher` is safe to call from several
@@ -170,7 +170,8 @@ class Searcher:
             raise ConfigError(
                 "--exact",
                 "makes Qdrant search exactly: give --qdrant too (a local index's first stage is exact up to "
-                f"{APPROXIMATE_ABOVE} images; backend='exact' forces it above)",
+                f"{APPROXIMATE_ABOVE} images; above, --first-stage faiss_flat or exact keeps it exact: "
+                "backend= of Searcher)",
             )
         if qdrant:
             # the qdrant extra, only when asked; qdrant builds on this module (through the package)
@@ -288,7 +289,10 @@ class Searcher:
         finite = torch.isfinite(scores) & torch.isfinite(global_scores)
         if not bool(finite.all()):  # a nan would rank first (and is not JSON): no result is better
             raise self._non_finite(query, ids[~finite])
-        order = torch.sort(scores, descending=True, stable=True).indices[:k]
+        # ties (duplicate images) by id: not in the shortlist's order, nor by global scores, whose rounding
+        # differs between backends (FAISS gives two copies of an image global scores 1e-8 apart)
+        by_id = torch.argsort(ids, stable=True)
+        order = by_id[torch.sort(scores[by_id], descending=True, stable=True).indices]
         t3 = time.perf_counter()
         hits = [
             SearchHit(
@@ -298,7 +302,7 @@ class Searcher:
                 score=float(scores[i]),
                 global_score=float(global_scores[i]),
             )
-            for rank, i in enumerate(order.tolist())
+            for rank, i in enumerate(order[:k].tolist())
         ]
         timings = {"encode": t1 - t0, "shortlist": t2 - t1, "rerank": t3 - t2, "total": t3 - t0}
         return SearchResult(

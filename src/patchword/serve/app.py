@@ -6,7 +6,7 @@ Routes (all JSON errors are ``{"error": message}`` with a 4xx / 5xx status):
   "ms", "shortlist", "index", "version"}`` (``version``: the index version the ids belong to, as ``/healthz``
   says it; ``index``: how the search departs from the exact one and the index's warnings, as in
   ``/healthz``: :func:`~patchword.search.fidelity.describe_index`, the run and index named by their folder
-  names, :func:`~patchword.serve.reload.served_info`; the page shows its ``summary`` above the results;
+  names; the page shows its ``summary`` above the results;
   ``shortlist``: the images re-ranked, ``--shortlist`` or ``k`` when that is more), paths relative to the
   indexed folder, plus ``"warning"`` and ``"unknown_words"`` when some query words are unknown to the model;
   a query with no known word is a 400 whose body adds ``"unknown_words"``; ``k`` defaults to 10, or
@@ -58,7 +58,7 @@ from patchword.search.results import QueryError
 from patchword.search.store import DamagedIndexError, StaleIndexError
 from patchword.serve.images import BROWSER_FORMATS, image_bytes
 from patchword.serve.params import ID, BadRequest, QueryParams
-from patchword.serve.reload import IndexUnavailable, ServedIndex, served_info
+from patchword.serve.reload import IndexUnavailable, ServedIndex
 
 __all__ = ["ServeLimits", "create_app", "require_serve_extra", "BROWSER_FORMATS"]
 
@@ -301,7 +301,7 @@ def create_app(searcher: Searcher, limits: ServeLimits | None = None):
             current, version, result = await in_pool(searched)
             body = result.to_json()
             body["ms"] = round(1000.0 * (time.perf_counter() - t0), 3)
-            body["index"] = served_info(current)  # computed when the index was opened
+            body["index"] = current.index_info  # computed when the index was opened
             body["version"] = version  # which image every id names: explain / image check it
             return JSONResponse(body)
 

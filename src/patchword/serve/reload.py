@@ -23,7 +23,7 @@ from typing import Any
 from patchword.search.manifest import MANIFEST_FILE, rows_digest
 from patchword.search.query import Searcher
 
-__all__ = ["IndexUnavailable", "ServedIndex", "served_info"]
+__all__ = ["IndexUnavailable", "ServedIndex"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,20 +32,6 @@ logger = logging.getLogger(__name__)
 _QDRANT_FILE = "qdrant.json"
 
 Stamp = tuple[tuple[int, int, int] | None, ...]
-
-
-def served_info(searcher: Searcher) -> dict[str, Any]:
-    """``searcher.index_info`` as the server sends it: its warnings name the run and the index by their folder
-    names (as ``/healthz``'s ``run`` does), not by the server's absolute paths (the CLI and the server's log
-    keep the paths)."""
-    info = searcher.index_info
-    folders = {str(searcher.run.run_dir), str(searcher.index.index_dir)}
-    warnings = []
-    for warning in info["warnings"]:
-        for folder in sorted(folders, key=len, reverse=True):  # a folder inside the other: the longer first
-            warning = warning.replace(folder, Path(folder).name)
-        warnings.append(warning)
-    return {**info, "warnings": warnings}
 
 
 class IndexUnavailable(Exception):
@@ -167,8 +153,8 @@ class ServedIndex:
         another thread reopens the index (its ``matcher``, ``run`` (directory name), ``shortlist`` (the
         least a search re-ranks: one for more results re-ranks ``k``), ``dense``: whether the fine stage
         reads its dense captions; ``images``; ``version``: which row every id reads,
-        :func:`~patchword.search.manifest.rows_digest`; ``index``: its kind, warnings (without the server's
-        paths: :func:`served_info`) and summary, :func:`~patchword.search.fidelity.describe_index`),
+        :func:`~patchword.search.manifest.rows_digest`; ``index``: its kind, warnings (the run and the index
+        named by their folder names) and summary, :func:`~patchword.search.fidelity.describe_index`),
         ``changed_on_disk`` when the files changed
         since it was opened (the next search, explanation or image request reopens it), and ``error`` when
         they cannot be opened as they are (found by a request or by :meth:`probe`)."""
@@ -181,7 +167,7 @@ class ServedIndex:
             "dense": searcher.use_dense,
             "images": len(searcher),
             "version": version,
-            "index": served_info(searcher),
+            "index": searcher.index_info,
         }
         stamp = self.stamp()  # the files stat-ed once for both
         if stamp != self._stamp:
