@@ -45,6 +45,7 @@ NUMERICS_MODULES = {
     "test_distributed_step",
     "test_distributed_agreement",
     "test_precision",
+    "test_eval_helper_arguments",
     "test_train",
     "test_resume",
     "test_pretrained",

@@ -87,7 +87,9 @@ def test_encode_image_tokens_runs_in_eval_mode_and_restores_the_mode():
     assert model.training and model.drop.training
     with torch.no_grad():
         want = model.eval().encode_images(images.pixels)
-    assert torch.equal(first, want)
+    # one batch of 4 against batches of 3 and 1: the products round alike on some CPUs only (Intel's
+    # kernels block them by batch size); dropout would change them by far more
+    torch.testing.assert_close(first, want, rtol=0, atol=1e-6)
 
 
 def test_encode_image_tokens_takes_the_images_as_one_tensor():
@@ -98,8 +100,8 @@ def test_encode_image_tokens_takes_the_images_as_one_tensor():
     pixels = torch.rand(5, 3, 2, 2)
     got = encode_image_tokens(model, pixels, batch_size=2)
     assert torch.equal(got, encode_image_tokens(model, _Images(pixels), batch_size=2))
-    with torch.no_grad():
-        assert torch.equal(got, model.encode_images(pixels))
+    with torch.no_grad():  # batches of 2 against one of 5: equal up to the CPU's rounding (see above)
+        torch.testing.assert_close(got, model.encode_images(pixels), rtol=0, atol=1e-6)
     with pytest.raises(TypeError, match="images must be a tensor"):
         encode_image_tokens(model, pixels.tolist())
     with pytest.raises(ValueError, match="batch_size"):
