@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import laps_args
+from conftest import laps_args, tiny_hf_laps_overrides
 from patchword.cli import main
 from patchword.data.config import DataConfig
 from patchword.data.prepare import prepare_data
@@ -99,26 +99,7 @@ def test_a_bert_vocabulary_is_named_and_the_count_is_sampled(tmp_path):
 
 
 def _tiny_hf_args(tiny_hf, laps_dataset, tmp_path, *extra: str) -> list[str]:
-    bert, vit = tiny_hf
-    return [
-        "data.dataset=laps",
-        f"data.root={laps_dataset['root']}",
-        f"data.image_root={laps_dataset['image_root']}",
-        "data.image_size=32",
-        "data.max_caption_len=12",
-        "data.tokenizer=bert",
-        f"data.bert_vocab={tmp_path / 'vocab20.txt'}",
-        "data.dense=false",
-        "model.text_encoder=bert",
-        f"model.hf_text={bert}",
-        "model.image_encoder=hf",
-        f"model.hf_vision={vit}",
-        "model.embed_dim=16",
-        "model.matcher=laps",
-        "train.batch_size=4",
-        "train.num_threads=1",
-        *extra,
-    ]
+    return [*tiny_hf_laps_overrides(tiny_hf, laps_dataset, tmp_path), "data.dense=false", *extra]
 
 
 @pytest.mark.parametrize(
