@@ -11,8 +11,17 @@ from typing import Literal
 
 from patchword.errors import ConfigError
 
-__all__ = ["DataConfig", "DEFAULT_BERT_VOCAB", "EVERY_DATASET_KEYS", "FILE_DATASETS", "PATH_KEYS", "READ_BY"]
-__all__ += ["absolute_path", "local_path", "require_path"]
+__all__ = [
+    "DataConfig",
+    "DEFAULT_BERT_VOCAB",
+    "EVERY_DATASET_KEYS",
+    "FILE_DATASETS",
+    "PATH_KEYS",
+    "READ_BY",
+    "absolute_path",
+    "local_path",
+    "require_path",
+]
 
 #: The BERT vocabulary of a ``data`` section whose ``bert_vocab`` is empty when no text backbone names one.
 DEFAULT_BERT_VOCAB = "bert-base-uncased"
@@ -285,18 +294,24 @@ class DataConfig:
         changes = {key: os.path.expanduser(getattr(self, key)) for key in PATH_KEYS if getattr(self, key)}
         return dataclasses.replace(self, **changes)
 
+    def absolute_file_paths(self) -> DataConfig:
+        """This section with every :data:`PATH_KEYS` key set made absolute (:func:`absolute_path`, against
+        the working directory): the data files and directories, what a gallery's identity and an imported
+        run record."""
+        changes = {key: absolute_path(getattr(self, key)) for key in PATH_KEYS if getattr(self, key)}
+        return dataclasses.replace(self, **changes)
+
     def absolute_paths(self) -> DataConfig:
-        """This section with its local paths absolute (:func:`absolute_path`, against the working directory):
-        every :data:`PATH_KEYS` key set, and ``vocab_path`` / ``bert_vocab`` where they name a local file or
-        directory rather than a shipped vocabulary or a hub id (:func:`local_path`). What a new run records,
-        so that it resumes and evaluates from any directory; done again to a config so recorded, it changes
-        nothing."""
+        """:meth:`absolute_file_paths`, and ``vocab_path`` / ``bert_vocab`` absolute where they name a local
+        file or directory rather than a shipped vocabulary or a hub id (:func:`local_path`). What a new run
+        records, so that it resumes and evaluates from any directory; done again to a config so recorded, it
+        changes nothing."""
         from patchword.pretrained import shipped_pretrained
 
-        changes = {key: absolute_path(getattr(self, key)) for key in PATH_KEYS if getattr(self, key)}
-        changes["vocab_path"] = local_path(self.vocab_path, shipped_pretrained())
-        changes["bert_vocab"] = local_path(self.bert_vocab)
-        return dataclasses.replace(self, **changes)
+        vocab_path = local_path(self.vocab_path, shipped_pretrained())
+        return dataclasses.replace(
+            self.absolute_file_paths(), vocab_path=vocab_path, bert_vocab=local_path(self.bert_vocab)
+        )
 
     def require_files(self, roles: Iterable[str], *, dense=True, source=None, saved=None) -> None:
         """The files and directories this section names for the splits of ``roles`` exist

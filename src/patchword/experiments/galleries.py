@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from patchword.data.config import PATH_KEYS, DataConfig, absolute_path
+from patchword.data.config import DataConfig
 from patchword.imports.published import evaluated_role, scored_split
 
 __all__ = ["SYNTHETIC", "dataset_label", "gallery_keys", "gallery_of_run", "run_dataset"]
@@ -70,12 +70,10 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(DataConfig)}
 
 def gallery_keys(data: DataConfig, role: str = "test") -> dict[str, Any]:
     """The ``data`` settings (without ``data.``) that change what the ``role`` split holds, with values; its
-    file paths absolute (:func:`~patchword.data.config.absolute_path`, as a new run records them): a run
-    made before config.yaml recorded them so is in the gallery of a new one on the same files, read from the
-    directory it was made in."""
-    data = dataclasses.replace(
-        data, **{k: absolute_path(getattr(data, k)) for k in PATH_KEYS if getattr(data, k)}
-    )
+    file paths absolute (:meth:`~patchword.data.config.DataConfig.absolute_file_paths`, as a new run records
+    them): a run made before config.yaml recorded them so is in the gallery of a new one on the same files,
+    read from the directory it was made in."""
+    data = data.absolute_file_paths()
     dropped = set(_READING | _SPLITS | _OTHER_ROLES.get(role, frozenset()))
     if data.dataset in SYNTHETIC:
         dropped |= _FILES_ONLY | (_REGIONS_ONLY if data.dataset == "synthetic" else frozenset())

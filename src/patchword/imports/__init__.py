@@ -14,7 +14,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from patchword.data.config import PATH_KEYS, absolute_path
 from patchword.errors import ConfigError, DataError
 from patchword.fileio import check_output_dir
 from patchword.imports.base import (
@@ -96,9 +95,7 @@ def import_checkpoint(
         check_run_values(plan.config)
         # its data paths absolute, as a trained run's: it evaluates from any directory (the BERT vocabulary
         # stays the file the import copies into the run directory, read relative to it)
-        data = plan.config.data
-        paths = {key: absolute_path(getattr(data, key)) for key in PATH_KEYS if getattr(data, key)}
-        plan.config = replace(plan.config, data=replace(data, **paths))
+        plan.config = replace(plan.config, data=plan.config.data.absolute_file_paths())
     if plan.overrides:
         _logger.info(
             "%s: overrides applied on import (recorded in %s): %s", path, IMPORT_FILE, plan.overrides
