@@ -11,17 +11,8 @@ from typing import Literal
 
 from patchword.errors import ConfigError
 
-__all__ = [
-    "DataConfig",
-    "DEFAULT_BERT_VOCAB",
-    "EVERY_DATASET_KEYS",
-    "FILE_DATASETS",
-    "PATH_KEYS",
-    "READ_BY",
-    "absolute_path",
-    "local_path",
-    "require_path",
-]
+__all__ = ["DataConfig", "DEFAULT_BERT_VOCAB", "EVERY_DATASET_KEYS", "FILE_DATASETS", "PATH_KEYS", "READ_BY"]
+__all__ += ["absolute_path", "local_path", "require_path"]
 
 #: The BERT vocabulary of a ``data`` section whose ``bert_vocab`` is empty when no text backbone names one.
 DEFAULT_BERT_VOCAB = "bert-base-uncased"
