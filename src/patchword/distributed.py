@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from patchword.errors import ConfigError, PatchwordError
+from patchword.errors import ConfigError, Interrupted, PatchwordError
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -279,10 +279,10 @@ class Distributed:
         if not self.enabled:
             yield
             return
-        error: Exception | None = None
+        error: Exception | Interrupted | None = None
         try:
             yield
-        except Exception as err:  # re-raised below, once the others have heard of it
+        except (Exception, Interrupted) as err:  # re-raised below, once the others have heard of it
             error = err
         said = self.all_gather_object(None if error is None else f"{type(error).__name__}: {error}")
         if error is not None:

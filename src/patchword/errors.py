@@ -65,10 +65,16 @@ class MissingExtraError(PatchwordError, ImportError):
     """An optional dependency is not installed; the message names the pip extra."""
 
 
-class Interrupted(Exception):
+class Interrupted(BaseException):
     """A command stopped by a signal after saving its work; the message says how to continue.
 
     ``signum`` gives the exit code ``128 + signum`` (the shell's convention for a signal).
+
+    A BaseException, as KeyboardInterrupt is: a stop handler raises it wherever the signal lands, and an
+    ``except Exception`` there would take the stop for a failure of its own and go on (logging's
+    ``handleError``, landed in while a log line was written, printed "--- Logging error ---" and the
+    command ran to its end, deaf to another SIGTERM). Code that must hear of it catches it by name
+    (:meth:`patchword.distributed.Distributed.fail_together`).
     """
 
     def __init__(self, signum: int, message: str) -> None:

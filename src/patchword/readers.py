@@ -27,7 +27,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from patchword.errors import DataError, Interrupted, MissingFileError
+from patchword.errors import DataError, MissingFileError
 
 __all__ = [
     "require_file",
@@ -156,7 +156,7 @@ def read_checkpoint(
             f"{path}: refused to unpickle a class{refused}: a {what} may hold tensors, containers"
             f"{' and ' + ', '.join(c.__qualname__ for c in allowed) if allowed else ''} only"
         ) from None
-    except (MemoryError, Interrupted):  # a stop signal's handler raises Interrupted: no damaged file
+    except MemoryError:  # no damaged file (a stop signal's Interrupted is no Exception: it passes as it is)
         raise
     except Exception as err:  # torch's loaders raise KeyError, IndexError, OSError(EINVAL)... on garbage
         raise DataError(f"{path}: not a readable {what}: {_checkpoint_problem(path, err)}") from None
@@ -226,7 +226,7 @@ def read_safetensors(path: str | Path, what: str = "weights file") -> dict[str, 
     require_file(path, what)
     try:
         return load_file(str(path))
-    except (MemoryError, Interrupted):
+    except MemoryError:
         raise
     except Exception as err:  # SafetensorError, or OSError from the memory map of a damaged file
         detail = "the file is empty" if path.stat().st_size == 0 else _first_line(err) or type(err).__name__

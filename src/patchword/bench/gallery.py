@@ -456,7 +456,7 @@ def run_gallery(
             for shape in shapes:
                 phase["shape"], phase["then"] = shape, f"while scoring shape {shape}"
                 _score_shape(job, shape, folder, started + max_seconds, rows)
-        except Exception:  # noqa: BLE001 - the signal's, or an error it caused (stop_raises)
+        except (Exception, Interrupted):  # noqa: BLE001 - the signal's, or an error it caused (stop_raises)
             if "signum" not in phase:
                 raise
             raise _interrupted(phase, shapes, result(rows), on_interrupt) from None

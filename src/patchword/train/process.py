@@ -87,9 +87,7 @@ def stop_raises(phase: dict[str, Any]) -> Iterator[None]:
     with on_stop_signals(handler):
         try:
             yield
-        except Interrupted:
-            raise
-        except Exception as err:
+        except Exception as err:  # Interrupted, a BaseException, passes as it is
             if "signum" not in phase:
                 raise
             raise Interrupted(phase["signum"], stopped()) from err

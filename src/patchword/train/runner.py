@@ -35,7 +35,7 @@ from patchword.data.prepare import (
 )
 from patchword.data.tokenizers import WordVocab
 from patchword.distributed import Distributed, session
-from patchword.errors import ResumeHint, RunExistsError
+from patchword.errors import Interrupted, ResumeHint, RunExistsError
 from patchword.factory import create_model
 from patchword.fileio import (
     append_line,
@@ -157,7 +157,7 @@ def _on_main(dist: Distributed, run_dir: Path, claim: Callable[[], None]) -> Non
     if dist.is_main:
         try:
             claim()
-        except Exception as err:  # noqa: BLE001 - raised below, after every process has heard of it
+        except (Exception, Interrupted) as err:  # noqa: BLE001 - raised below, once every process heard of it
             error = err
     (refused,) = dist.any(error is not None)
     if error is not None:

@@ -1,0 +1,84 @@
+"""A stop signal stops the command wherever it lands, inside code that catches ``Exception`` included.
+
+Found when the suite ran in two processes: ``patchword.bench gallery`` got SIGTERM while it wrote a log
+line; the :class:`~patchword.errors.Interrupted` its stop handler raised went into logging's
+``handleError``, which printed "--- Logging error ---" and went on; the handler ignored the next SIGTERM
+(the first "was unwinding"), and the command scored its shapes to the end.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from patchword.errors import DataError, Interrupted
+from patchword.train.process import stop_raises
+
+
+def _signal_here(signum: int) -> None:
+    os.kill(os.getpid(), signum)
+    for _ in range(100):  # the Python handler runs between bytecodes, at once in practice
+        time.sleep(0.001)
+
+
+class _SignalOnWrite(io.StringIO):
+    """A log stream that receives SIGTERM while a line is being written to it."""
+
+    def write(self, text: str) -> int:
+        _signal_here(signal.SIGTERM)
+        return super().write(text)
+
+
+def test_a_stop_signal_landing_in_a_log_write_stops_the_block(capsys):
+    logger = logging.getLogger("patchword.tests.stop_signal_in_a_log_write")
+    handler = logging.StreamHandler(_SignalOnWrite())
+    logger.addHandler(handler)
+    went_on = False
+    try:
+        with pytest.raises(Interrupted) as stopped, stop_raises({"then": "while scoring shape quick"}):
+            logger.warning("quick: 2000 of 2000 pairs scored")
+            went_on = True
+    finally:
+        logger.removeHandler(handler)
+    assert not went_on
+    assert str(stopped.value) == "SIGTERM received while scoring shape quick"
+    assert stopped.value.signum == signal.SIGTERM
+    assert "Logging error" not in capsys.readouterr().err
+
+
+def test_a_stop_signal_landing_in_a_reader_that_takes_any_error_for_damage_is_no_damaged_file(
+    tmp_path, monkeypatch
+):
+    """A hashing dataset's reader turns whatever numpy raises into "not a readable file"; old code said so
+    of a sound file that a SIGTERM interrupted."""
+    from patchword.hashing import readers
+
+    path = tmp_path / "labels.npy"
+    np.save(path, np.zeros((2, 3), dtype=np.float32))
+
+    def load(*args, **kwargs):
+        _signal_here(signal.SIGTERM)
+        raise AssertionError("the handler raises before this")
+
+    monkeypatch.setattr(np, "load", load)
+    with pytest.raises(Interrupted), stop_raises({"then": "while reading the dataset"}):
+        try:
+            readers.read_npy(path)
+        except DataError as err:  # old code
+            pytest.fail(f"a stop signal read as a damaged file: {err}")
+
+
+def test_an_interruption_is_no_exception_but_one_a_command_reports():
+    from patchword.errors import run_command
+
+    def stopped():
+        raise Interrupted(signal.SIGTERM, "SIGTERM received while scoring shape quick")
+
+    assert not isinstance(Interrupted(signal.SIGTERM, ""), Exception)
+    assert run_command(stopped) == 128 + signal.SIGTERM
