@@ -61,7 +61,9 @@ def test_sigint_keeps_the_finished_rows_and_removes_the_temporary_folder(tmp_pat
 
 
 def test_sigterm_in_a_real_process_cleans_up_and_says_so(tmp_path):
-    """One fresh process: SIGTERM once the first shape is logged as scored."""
+    """One fresh process: SIGTERM once the second shape is logged as begun. (Sent on the line of the
+    first shape's end, it could land while that line was written: old code's logging took the stop for a
+    failed write and went on, deaf to another SIGTERM; tests/train/test_stop_signal_not_swallowed.py.)"""
     temp = tmp_path / "tmp"
     temp.mkdir()
     out = tmp_path / "gallery.json"
@@ -74,7 +76,7 @@ def test_sigterm_in_a_real_process_cleans_up_and_says_so(tmp_path):
         lines = []
         for line in proc.stderr:
             lines.append(line)
-            if line.startswith("quick: 2000 of 2000 pairs scored"):
+            if line.startswith("1k: scoring 1000 images x 5000 captions"):
                 proc.send_signal(signal.SIGTERM)
                 break
         rest = proc.communicate()[1]
@@ -105,3 +107,30 @@ def test_keep_refuses_to_overwrite_a_partial_matrix_without_force(tmp_path, caps
     assert main(["gallery", "--quick", "--keep", "--workdir", str(tmp_path)]) == 2
     assert one_error_line(capsys.readouterr().err) == f"error: {partial} exists; pass --force to overwrite it"
     assert partial.read_bytes() == b"an earlier run's rows"
+
+
+def test_a_signal_after_a_shapes_row_and_before_the_next_shape_says_so(tmp_path, capsys):
+    """Old code said "received while scoring shape quick: 1 of 2 shapes finished (quick)" of a signal that
+    came as the quick shape logged its last line."""
+    import logging
+
+    import patchword.bench.gallery as gallery
+
+    class SignalOnTheLastLine(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("quick: 2000 of 2000 pairs scored"):
+                os.kill(os.getpid(), signal.SIGTERM)  # (the handler raises here, in the main thread)
+
+    handler = SignalOnTheLastLine()
+    logging.getLogger(gallery.__name__).addHandler(handler)
+    out = tmp_path / "gallery.json"
+    try:
+        assert main([*ARGV, "--json", str(out)]) == 128 + signal.SIGTERM
+    finally:
+        logging.getLogger(gallery.__name__).removeHandler(handler)
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"interrupted: SIGTERM received after shape quick: 1 of 2 shapes finished (quick); their rows are "
+        f"in {out}, marked interrupted"
+    )
+    result = json.loads(out.read_text())
+    assert result["interrupted"] == {"signal": "SIGTERM", "shape": None, "shapes_finished": ["quick"]}

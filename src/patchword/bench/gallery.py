@@ -293,6 +293,7 @@ def _score_shape(job: _Job, shape: str, folder: Path, deadline: float, rows: lis
     n_txt = n_img * CAPTIONS_PER_IMAGE
     pairs = n_img * n_txt
     host_scope = "shape" if reset_peak_host_rss() else "process"  # the shape's own peak (Linux)
+    _logger.info("%s: scoring %d images x %d captions (%d pairs)", shape, n_img, n_txt, pairs)
     tokens = GalleryTokens(n_img, seed=job.seed, device=job.device)
     path = partial_path(folder, shape)  # renamed to matrix_path once every block is scored
     with open(path, "wb") as fh:  # a sparse file: only the blocks scored take disk space
@@ -471,20 +472,23 @@ def _interrupted(
 ) -> Interrupted:
     """The :class:`~patchword.errors.Interrupted` of a gallery run stopped by a signal (``phase``: its
     ``signum``, and the ``shape`` being scored, absent before the first): ``result`` (the finished shapes'
-    rows) gets ``interrupted`` (``signal``, ``shape``, ``shapes_finished``) and goes to ``on_interrupt``,
-    whose answer (where it went) the message adds."""
+    rows) gets ``interrupted`` (``signal``, ``shape``: the one cut short, None when the signal came between
+    two, ``shapes_finished``) and goes to ``on_interrupt``, whose answer (where it went) the message adds."""
     name = signal.Signals(phase["signum"]).name
     finished = [row["shape"] for row in result["rows"]]
-    shape = None if len(finished) == len(shapes) else phase.get("shape")
+    # a shape whose row is in came to its end: the signal found it logging its line, or the next not begun
+    shape = None if phase.get("shape") in finished else phase.get("shape")
     result["interrupted"] = {"signal": name, "shape": shape, "shapes_finished": finished}
-    where = f"scoring shape {shape}" if shape is not None else "warming up" if not finished else "finishing"
+    if shape is not None:
+        when = f"while scoring shape {shape}"
+    else:
+        when = "while warming up" if not finished else f"after shape {finished[-1]}"
+        when = "while finishing" if len(finished) == len(shapes) else when
     done = f"{len(finished)} of {len(shapes)} shapes finished" + (
         f" ({', '.join(finished)})" if finished else ""
     )
     kept = on_interrupt(result) if on_interrupt is not None else None
-    return Interrupted(
-        phase["signum"], f"{name} received while {where}: {done}" + (f"; {kept}" if kept else "")
-    )
+    return Interrupted(phase["signum"], f"{name} received {when}: {done}" + (f"; {kept}" if kept else ""))
 
 
 def _seconds_cell(row: dict[str, Any]) -> str:
