@@ -37,8 +37,14 @@ $(BROWSER_STAMP): | $(STAMP)
 		echo "warning: /usr/bin/chromedriver is missing and apt-get cannot run here: the browser test will skip" >&2; \
 	fi
 
+# The suite in TEST_WORKERS processes (pytest-xdist), each test module whole in one of them (its module
+# fixtures built once). Every test runs with one torch thread, so two processes use both cores of the 2-core
+# machine: docs/benchmarks.md "Test suite". TEST_WORKERS=0 runs it in pytest's own process.
+TEST_WORKERS ?= 2
+PYTEST_WORKERS = -n $(TEST_WORKERS) --dist loadfile
+
 test: venv browser lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_WORKERS)
 
 # The numerically sensitive tests (pytest marker `numerics`) again with PyTorch's kernels (ATen, MKL, oneDNN)
 # restricted to AVX2: a second instruction set's rounding, so a tolerance that holds on one CPU only fails
@@ -46,7 +52,7 @@ test: venv browser lint
 AVX2_KERNELS := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
 
 test-numerics: venv
-	$(AVX2_KERNELS) $(PY) -m pytest -q -m numerics --expect-cpu-capability AVX2
+	$(AVX2_KERNELS) $(PY) -m pytest -q $(PYTEST_WORKERS) -m numerics --expect-cpu-capability AVX2
 
 # Fine-tune the paper-variant SEPS on the synthetic scenes (CPU, fixed steps) and print the recall table.
 demo: venv
