@@ -238,3 +238,20 @@ def test_a_resume_of_a_run_without_the_path_is_refused_without_quoting_an_empty_
     assert main(["train", "--resume", str(trained_tiny_run), "data.root=/x"]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert line.startswith("error: data.root: cannot change on --resume") and "''" not in line, line
+
+
+def test_eval_names_a_missing_data_directory_before_it_loads_any_weights(
+    relative_run, tmp_path, monkeypatch, capsys
+):
+    """Old code loaded the weights (every member's, in an ensemble, one after another's evaluation) before it
+    looked for the split's files."""
+    import patchword.runs
+
+    def load_run(*args, **kwargs):
+        raise AssertionError("weights loaded before the data files were checked")
+
+    monkeypatch.setattr(patchword.runs, "load_run", load_run)
+    _, run, _, _ = relative_run
+    moved = tmp_path / "moved"
+    assert main(["eval", str(run), f"data.image_root={moved}", "--out", str(tmp_path / "e.json")]) == 2
+    assert one_error_line(capsys.readouterr().err) == f"error: data.image_root={moved}: no such directory"

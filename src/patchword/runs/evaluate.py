@@ -28,7 +28,7 @@ from patchword.eval.engine.memory import configured_budget_mb
 from patchword.eval.known_splits import identify_captions
 from patchword.eval.protocol import evaluate
 from patchword.fileio import atomic_write_text, check_output_file
-from patchword.model import RetrievalModel, reported_options
+from patchword.model import RetrievalModel, model_reads_dense, reported_options
 from patchword.runs.checks import check_eval_settings
 from patchword.runs.config import RunConfig
 from patchword.runs.ensemble import (
@@ -301,14 +301,17 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, saved)
         members_of = zip(configs, saved_configs, shares, strict=True)
         configs = [c if share == overrides else apply_overrides(r, share) for c, r, share in members_of]
         refuse_repeated_members(checkpoints)
+    for (member_dir, _), member_cfg, run_cfg in zip(members, configs, saved_configs, strict=True):
+        # the split's files, named by key and file (config.yaml's or an override), before any weights load
+        use_dense = reads_dense_text(member_cfg.data, model_reads_dense(member_cfg.model))
+        source = str(member_dir / CONFIG_FILE)
+        member_cfg.data.require_files([role], dense=use_dense, source=source, saved=run_cfg.data)
     device = dist.device
 
     prepared: dict[str, Any] = {}  # identical data configs and tokenizers are tokenised once
     results, reference = [], None
     t0 = time.perf_counter()
-    for (member_dir, member_ckpt), member_cfg, share, run_cfg in zip(
-        members, configs, shares, saved_configs, strict=True
-    ):
+    for (member_dir, member_ckpt), member_cfg, share in zip(members, configs, shares, strict=True):
         with in_member(member_dir, ensembled):
             loaded = load_run(member_dir, member_ckpt, device=device, overrides=share, config=member_cfg)
         mcfg, model = loaded.config, loaded.model
@@ -318,9 +321,6 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, saved)
             # averages fold by fold
             mcfg = replace(mcfg, eval=replace(mcfg.eval, coco_1k=cfg.eval.coco_1k))
         use_dense = reads_dense_text(mcfg.data, model.matcher.consumes_dense)
-        # the split's files named by key and file (config.yaml's or an override), not by a reader's path
-        source = str(member_dir / CONFIG_FILE)
-        mcfg.data.require_files([role], dense=use_dense, source=source, saved=run_cfg.data)
         key = json.dumps([vars(mcfg.data), str(member_dir / VOCAB_FILE), use_dense], default=str)
         if key not in prepared:
             prepared[key] = prepare_data(
