@@ -58,15 +58,17 @@ def choose_files(
     kept = [e for e in manifest.entries if _unchanged(e, scanned, captions)]
     kept_paths = {e.path for e in kept}
     dropped = [e for e in manifest.entries if e.path not in kept_paths]
-    # Files that failed to decode before are not retried until they change (a resumed build then
-    # writes exactly the shards an uninterrupted one would have).
-    failed_before = {
+    # Files decoded before (size and mtime recorded) are not decoded again until they change: one that
+    # failed is not retried (a resumed build then writes exactly the shards an uninterrupted one would have);
+    # one that decoded but had no dense caption is still left out while it has none.
+    decoded_before = {
         s.path: s
         for s in manifest.skipped
         if s.size is not None
         and s.path in scanned
         and (scanned[s.path].size, scanned[s.path].mtime_ns) == (s.size, s.mtime_ns)
     }
+    failed_before = {path: s for path, s in decoded_before.items() if not s.uncaptioned}
     skipped = list(scan.skipped) + list(failed_before.values())
     todo, uncaptioned = [], []
     for file in scan.images:
@@ -80,13 +82,18 @@ def choose_files(
         # decoded as a build would: a damaged file is listed as such (listed as uncaptioned, a truncated PNG
         # looked sound), and, like any file that failed to decode, not tried again until it changes
         why = f"no dense caption in {manifest.dense['file']}"
+        # (one found sound before and unchanged since keeps that verdict: it is not decoded again)
+        fresh = [f for f in uncaptioned if f.path not in decoded_before]
         with ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
-            uncaptioned = list(
-                pool.map(lambda f: _decode_failure(images_root, f) or SkippedFile(f.path, why), uncaptioned)
-            )
+            failures = pool.map(lambda f: _decode_failure(images_root, f), fresh)
+            failed = {s.path: s for s in failures if s is not None}
+        uncaptioned = [
+            failed.get(f.path) or SkippedFile(f.path, why, f.size, f.mtime_ns, uncaptioned=True)
+            for f in uncaptioned
+        ]
         skipped += uncaptioned
     if not kept and not todo:  # an index of no image: every later search would refuse it
-        flag = "--dense" if any(s.size is None for s in uncaptioned) else "--images"
+        flag = "--dense" if any(s.uncaptioned for s in uncaptioned) else "--images"
         raise DataError(nothing_indexed_message(flag, images_root, skipped, "nothing was written"))
     return FileChoice(kept=kept, dropped=dropped, todo=todo, skipped=skipped)
 

@@ -72,14 +72,16 @@ class ImageFile:
 class SkippedFile:
     """A file left out of the index, with the reason (shown to the user and kept in the manifest).
 
-    ``size`` and ``mtime_ns`` are set for files that failed to decode: an update or a resumed build does
-    not try such a file again until it changes.
+    ``size`` and ``mtime_ns`` are set for files that were decoded: one that failed to decode, or one that
+    decoded but has no dense caption (``uncaptioned``); an update or a resumed build does not decode such a
+    file again until it changes (an uncaptioned one is encoded once the dense file has its caption).
     """
 
     path: str
     reason: str
     size: int | None = None
     mtime_ns: int | None = None
+    uncaptioned: bool = False
 
 
 @dataclass
