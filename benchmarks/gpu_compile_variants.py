@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -214,12 +215,14 @@ def run_variants(
             break
         threads = str(max(1, (os.cpu_count() or 1) // len(wave)))
         children: list[VariantChild] = []
+        caches: list[str] = []  # each child compiles from nothing, into a cache of its own, removed after
         try:
             for variant in wave:
                 label = variant_label(variant).replace(":", "_")
+                caches.append(tempfile.mkdtemp(prefix="gpu_check_inductor_"))
                 child_env = {
                     **env,
-                    "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="gpu_check_inductor_"),
+                    "TORCHINDUCTOR_CACHE_DIR": caches[-1],
                     "TORCHINDUCTOR_COMPILE_THREADS": threads,
                 }
                 cmd = command(variant, out_dir / f"train_compile_{label}.json")
@@ -243,4 +246,6 @@ def run_variants(
         finally:
             for child in children:
                 child.stop()
+            for cache in caches:
+                shutil.rmtree(cache, ignore_errors=True)
     return rows

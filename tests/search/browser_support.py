@@ -55,7 +55,7 @@ def browser_fixture(tmp_path, monkeypatch):
     profile.mkdir()
     options.add_argument(f"--user-data-dir={profile}")
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
+    driver.set_page_load_timeout(120)  # generous: the other test process may be busy
     try:
         yield driver
     finally:
@@ -66,11 +66,12 @@ def browser_fixture(tmp_path, monkeypatch):
 def open_page(browser, url: str, address: str = "/"):
     """Load the page (at ``address``: ``/?q=...`` searches once loaded) and wait until it has read the
     server's settings (``max_k``, the default ``k``): a box cleared before they arrive would be filled in
-    under the test's typing. Returns a 30 s ``WebDriverWait``."""
+    under the test's typing. Returns a 120 s ``WebDriverWait`` (generous: the other test process may be
+    busy)."""
     from selenium.webdriver.support.ui import WebDriverWait
 
     browser.get(url + address)
-    wait = WebDriverWait(browser, 30)
+    wait = WebDriverWait(browser, 120)
     wait.until(lambda d: d.execute_script("return !!window.patchword && window.patchword.maxK !== null"))
     return wait
 

@@ -62,7 +62,7 @@ def test_the_page_searches_and_renders_kept_patches_and_a_word_heatmap(tmp_path_
         k_box.clear()
         k_box.send_keys(str(k))
         box.send_keys(Keys.ENTER)
-        wait = WebDriverWait(browser, 30)
+        wait = WebDriverWait(browser, 120)
         wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, '.result[data-explained="true"]')) == k)
         # every image has loaded and been drawn
         wait.until(

@@ -224,3 +224,17 @@ def test_pq_decoding_is_the_centroid_of_every_code(pq_m):
         *codes.shape[:-1], m * sub
     )
     assert np.array_equal(codec.decode({"": codes}), want)
+
+
+def test_training_the_product_quantiser_leaves_torchs_thread_count_as_it_was():
+    """FAISS and torch share one OpenMP runtime: old code set FAISS to one thread for the training and left
+    torch on one thread for whatever the caller did next."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        make_codec("pq", np.random.default_rng(0).standard_normal((512, 16)).astype(np.float32), pq_m=4)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)

@@ -622,7 +622,7 @@ def test_a_batch_that_does_not_split_is_one_error_line_from_torchrun(tmp_path):
         "name=odd",
     ]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}  # its torchelastic_* folder there
     # --standalone: torchrun's rendezvous binds a port the OS picks (localhost:0) and holds it. The timeout
     # is a hang guard only (the refusal comes before any training).
     try:

@@ -14,6 +14,23 @@ from patchword.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+
+@pytest.fixture(scope="module", autouse=True)
+def wandb_service_torn_down():
+    """After this module, W&B's service process, threads, excepthook and WANDB_SERVICE are gone: run.finish()
+    leaves them to the process, and the later modules of this pytest process (forking DataLoader workers,
+    starting subprocesses) must not inherit them."""
+    yield
+    import os
+    import sys
+
+    import wandb
+
+    wandb.teardown()
+    os.environ.pop("WANDB_SERVICE", None)
+    sys.excepthook = sys.__excepthook__
+
+
 TINY = [
     *TINY_RUN_32,
     "train.eval_every=3",

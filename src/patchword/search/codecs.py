@@ -21,6 +21,8 @@ a PQ index, not to search it.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -180,15 +182,30 @@ def make_codec(
             "--store",
             f"pq needs at least {PQ_MIN_TOKENS} tokens to train on, the first shard has {len(sample)}",
         )
-    faiss.omp_set_num_threads(1)  # the same centroids whatever the machine's core count
     pq = faiss.ProductQuantizer(dim, pq_m, 8)
     pq.cp.seed = seed
     # FAISS warns once per sub-quantiser below 39 points per centroid; the build report says it once
     # (build_report: the pq sample), and the bound only decides the warning, not the centroids
     pq.cp.min_points_per_centroid = 1
-    pq.train(sample)
+    with _one_openmp_thread(faiss):  # the same centroids whatever the machine's core count
+        pq.train(sample)
     centroids = faiss.vector_to_array(pq.centroids).reshape(pq_m, 256, dim // pq_m)
     return TokenCodec("pq", centroids.astype(np.float32))
+
+
+@contextlib.contextmanager
+def _one_openmp_thread(faiss) -> Iterator[None]:
+    """FAISS on one OpenMP thread inside the block; its count and torch's given back after it: the two share
+    one OpenMP runtime, so FAISS's setting was torch's too (a caller's later work ran on one thread)."""
+    import torch
+
+    faiss_threads, torch_threads = faiss.omp_get_max_threads(), torch.get_num_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(faiss_threads)
+        torch.set_num_threads(torch_threads)
 
 
 def load_codec(index_dir: Path, store: str) -> TokenCodec:
