@@ -82,3 +82,18 @@ def test_an_interruption_is_no_exception_but_one_a_command_reports():
 
     assert not isinstance(Interrupted(signal.SIGTERM, ""), Exception)
     assert run_command(stopped) == 128 + signal.SIGTERM
+
+
+def test_a_signal_recorded_after_the_training_loops_last_look_is_raised_when_the_loop_ends():
+    """Old code: a SIGTERM that came after the loop's last check of its flag (while the run's summary was
+    made) was dropped with the flag; the final evaluation ran to its end and the command exited 0."""
+    from patchword.train.process import record_stop_signals
+
+    flag: dict[str, int] = {}
+    went_on = False
+    with pytest.raises(Interrupted) as stopped, stop_raises({"then": "during the final evaluation"}):
+        with record_stop_signals(flag):
+            _signal_here(signal.SIGTERM)  # recorded, not acted on
+        went_on = True
+    assert not went_on and flag == {"signum": signal.SIGTERM}
+    assert str(stopped.value) == "SIGTERM received during the final evaluation"

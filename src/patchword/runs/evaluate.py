@@ -29,6 +29,7 @@ from patchword.eval.known_splits import identify_captions
 from patchword.eval.protocol import evaluate
 from patchword.fileio import atomic_write_text, check_output_file
 from patchword.model import RetrievalModel, model_reads_dense, reported_options
+from patchword.model.matcher_options import check_matcher_options, split_saved_geometry
 from patchword.runs.checks import check_eval_settings
 from patchword.runs.config import RunConfig
 from patchword.runs.ensemble import (
@@ -302,8 +303,12 @@ def _evaluate(run_dir, checkpoint, overrides, ensemble, out, force, dist, saved)
         configs = [c if share == overrides else apply_overrides(r, share) for c, r, share in members_of]
         refuse_repeated_members(checkpoints)
     for (member_dir, _), member_cfg, run_cfg in zip(members, configs, saved_configs, strict=True):
-        # the split's files, named by key and file (config.yaml's or an override), before any weights load
-        use_dense = reads_dense_text(member_cfg.data, model_reads_dense(member_cfg.model))
+        # the split's files, named by key and file (config.yaml's or an override), before any weights load;
+        # the matcher's options first, as the build checks a saved run's (model_reads_dense builds them)
+        model_cfg = split_saved_geometry(member_cfg.model)[0]
+        with in_member(member_dir, ensembled):
+            check_matcher_options(model_cfg, unread_sections=False)
+        use_dense = reads_dense_text(member_cfg.data, model_reads_dense(model_cfg))
         source = str(member_dir / CONFIG_FILE)
         member_cfg.data.require_files([role], dense=use_dense, source=source, saved=run_cfg.data)
     device = dist.device

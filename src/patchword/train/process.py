@@ -93,11 +93,19 @@ def stop_raises(phase: dict[str, Any]) -> Iterator[None]:
             raise Interrupted(phase["signum"], stopped()) from err
 
 
-def record_stop_signals(flag: dict[str, int]) -> contextlib.AbstractContextManager[None]:
+@contextlib.contextmanager
+def record_stop_signals(flag: dict[str, int]) -> Iterator[None]:
     """Record SIGTERM / SIGINT in ``flag["signum"]`` instead of dying mid-step (cluster pre-emption). The
     first one is kept: torchrun forwards a Ctrl-C as SIGINT, then SIGTERM to the processes still running,
-    and the stop says what the user sent."""
-    return on_stop_signals(lambda signum, frame: flag.setdefault("signum", signum))
+    and the stop says what the user sent.
+
+    The block acts on the flag by raising (a training loop's stop). One it did not act on when the block
+    ends (the signal came after the loop's last look) is raised again once the previous handlers are back,
+    and handled as it would have been without the block: it was dropped, and the final evaluation ran on."""
+    with on_stop_signals(lambda signum, frame: flag.setdefault("signum", signum)):
+        yield
+    if "signum" in flag:
+        signal.raise_signal(flag["signum"])
 
 
 class TrainingInterrupted(Interrupted):
