@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from types import TracebackType
 
 from tqdm.auto import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
 
 __all__ = ["progress_bar", "terminal_bar"]
 
@@ -111,5 +110,42 @@ def terminal_bar(
     if not (sys.stderr.isatty() if enabled is None else enabled):
         yield None
         return
-    with logging_redirect_tqdm(), tqdm(total=total, initial=initial, desc=desc, unit=unit) as bar:
+    with _log_above_bar(), tqdm(total=total, initial=initial, desc=desc, unit=unit) as bar:
         yield bar
+
+
+class _AboveBar(logging.StreamHandler):
+    """A console handler's records written above the bar (``tqdm.write``). tqdm's own such handler
+    (``logging_redirect_tqdm``) catches every exception but KeyboardInterrupt and SystemExit, so a stop
+    signal raised inside a log write (``StopNow``, ``Interrupted``) was taken for a failed write: "--- Logging
+    error ---" and the work went on."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+            self.flush()
+        except Exception:  # noqa: BLE001 - a failed write, as logging reports it; a stop signal passes
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def _log_above_bar() -> Iterator[None]:
+    """The root logger's console handlers (stdout / stderr) replaced by :class:`_AboveBar` in the block."""
+    root = logging.getLogger()
+    consoles = [
+        h
+        for h in root.handlers
+        if isinstance(h, logging.StreamHandler) and h.stream in (sys.stdout, sys.stderr)
+    ]
+    above = []
+    for handler in consoles:
+        replacement = _AboveBar(handler.stream)
+        replacement.setFormatter(handler.formatter)
+        replacement.setLevel(handler.level)
+        above.append(replacement)
+    before = root.handlers
+    root.handlers = [h for h in before if h not in consoles] + above
+    try:
+        yield
+    finally:
+        root.handlers = before

@@ -97,3 +97,40 @@ def test_a_signal_recorded_after_the_training_loops_last_look_is_raised_when_the
         went_on = True
     assert not went_on and flag == {"signum": signal.SIGTERM}
     assert str(stopped.value) == "SIGTERM received during the final evaluation"
+
+
+def test_a_stop_signal_in_a_log_line_written_above_the_progress_bar_stops_the_block(monkeypatch, capsys):
+    """On a terminal, log lines are written above the training bar. Old code used tqdm's handler, which
+    catches every exception but KeyboardInterrupt and SystemExit: a StopNow raised in its write printed
+    "--- Logging error ---" and the validation went on."""
+    import sys
+
+    import tqdm.std
+
+    from patchword.progress import terminal_bar
+    from patchword.train.process import StopNow, stop_signals_raise
+
+    write = tqdm.std.tqdm.write
+
+    def signalled_write(cls, text, *args, **kwargs):
+        if "validating" in text:
+            _signal_here(signal.SIGTERM)
+        return write(text, *args, **kwargs)
+
+    monkeypatch.setattr(tqdm.std.tqdm, "write", classmethod(signalled_write))
+    root, console = logging.getLogger(), logging.StreamHandler(sys.stderr)
+    root.addHandler(console)
+    before, flag, went_on = list(root.handlers), {}, False
+    logger = logging.getLogger("patchword.tests.above_the_bar")
+    try:
+        with terminal_bar(3, "train", True):
+            logger.warning("a line above the bar")
+            with pytest.raises(StopNow), stop_signals_raise(flag):
+                logger.warning("validating")
+                went_on = True
+    finally:
+        root.removeHandler(console)
+    assert not went_on and flag == {"signum": signal.SIGTERM}
+    err = capsys.readouterr().err
+    assert "a line above the bar" in err and "Logging error" not in err
+    assert root.handlers == [h for h in before if h is not console]  # the console handler back in place
