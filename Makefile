@@ -39,7 +39,7 @@ $(BROWSER_STAMP): | $(STAMP)
 
 # The suite in TEST_WORKERS processes (pytest-xdist), each test module whole in one of them (its module
 # fixtures built once). Every test runs with one torch thread, so two processes use both cores of the 2-core
-# machine: docs/benchmarks.md "Test suite". TEST_WORKERS=0 runs it in pytest's own process.
+# machine: docs/benchmarks.md "Numbers behind code choices". TEST_WORKERS=0 runs it in pytest's own process.
 TEST_WORKERS ?= 2
 PYTEST_WORKERS = -n $(TEST_WORKERS) --dist loadfile
 

@@ -33,6 +33,16 @@ def _skipped(index_dir: Path) -> dict[str, tuple[str, bool, bool]]:
     return {s.path: (s.reason, s.uncaptioned, s.size is not None) for s in Manifest.read(index_dir).skipped}
 
 
+def _count_decodes(monkeypatch) -> list[str]:
+    """The names of the images the file choice decodes, from now on (the list fills as it decodes)."""
+    decoded: list[str] = []
+    real_load = build_files.load_image
+    monkeypatch.setattr(
+        build_files, "load_image", lambda path, **kw: decoded.append(Path(path).name) or real_load(path, **kw)
+    )
+    return decoded
+
+
 def test_an_update_decodes_only_the_uncaptioned_images_that_changed(env, tmp_path, monkeypatch):
     folder = tmp_path / "imgs"
     folder.mkdir()
@@ -49,11 +59,7 @@ def test_an_update_decodes_only_the_uncaptioned_images_that_changed(env, tmp_pat
     build_index(env.run, folder, out, dense=dense)
     why = f"no dense caption in {dense.resolve()}"
 
-    decoded = []
-    real_load = build_files.load_image
-    monkeypatch.setattr(
-        build_files, "load_image", lambda path, **kw: decoded.append(Path(path).name) or real_load(path, **kw)
-    )
+    decoded = _count_decodes(monkeypatch)
 
     def update() -> list[str]:
         decoded.clear()
@@ -106,11 +112,7 @@ def test_an_index_written_before_the_verdict_was_recorded_decodes_its_uncaptione
     payload["skipped"] = [{"path": s["path"], "reason": s["reason"]} for s in payload["skipped"]]
     path.write_text(json.dumps(payload))
 
-    decoded = []
-    real_load = build_files.load_image
-    monkeypatch.setattr(
-        build_files, "load_image", lambda path, **kw: decoded.append(Path(path).name) or real_load(path, **kw)
-    )
+    decoded = _count_decodes(monkeypatch)
     build_index(env.run, folder, out, update=True)
     assert sorted(decoded) == names[1:]
     decoded.clear()

@@ -481,9 +481,12 @@ def _interrupted(
     result["interrupted"] = {"signal": name, "shape": shape, "shapes_finished": finished}
     if shape is not None:
         when = f"while scoring shape {shape}"
+    elif not finished:
+        when = "while warming up"
+    elif len(finished) == len(shapes):
+        when = "while finishing"
     else:
-        when = "while warming up" if not finished else f"after shape {finished[-1]}"
-        when = "while finishing" if len(finished) == len(shapes) else when
+        when = f"after shape {finished[-1]}"
     done = f"{len(finished)} of {len(shapes)} shapes finished" + (
         f" ({', '.join(finished)})" if finished else ""
     )
