@@ -34,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 #: How long :func:`run_until_stalled` waits for the stall: a hang guard, far beyond what the tiny commands
@@ -41,6 +42,27 @@ from pathlib import Path
 HANG_GUARD_S = 900.0
 
 WRAPPER = Path(__file__).resolve()
+
+
+def signal_when_announced(
+    argv: list[str], announced: str | Callable[[str], bool], signum: int, env: dict | None = None
+) -> tuple[int, str]:
+    """Run ``argv``, wait for its first stdout line, where the child waits for the signal (a point fixed
+    by the code, not by the machine's speed), then send it ``signum``: ``(exit code, stderr)``.
+    ``announced``: that line, or a function of it that returns once the child is ready for the signal
+    (False: not the line expected). The child is killed if it still runs when this returns or fails."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()  # blocks until the child is where it waits
+        ready = line == announced if isinstance(announced, str) else announced(line)
+        assert ready, (line, proc.communicate(timeout=HANG_GUARD_S))
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=HANG_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err
 
 
 def stalled_command(marker: Path, point: dict, argv: list[str]) -> list[str]:

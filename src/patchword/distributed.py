@@ -24,6 +24,7 @@ import contextlib
 import datetime
 import logging
 import os
+import signal
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from patchword.errors import ConfigError, Interrupted, PatchwordError
+from patchword.errors import ConfigError, Interrupted, PatchwordError, interrupt_signal
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -111,12 +112,7 @@ def shard_bounds(n: int, world_size: int) -> list[tuple[int, int]]:
     """Contiguous ``[lo, hi)`` blocks of ``range(n)``, one per rank, sizes differing by at most one (the
     first ``n % world_size`` ranks take one more), as ``torch.tensor_split`` cuts."""
     base, extra = divmod(n, world_size)
-    bounds, lo = [], 0
-    for rank in range(world_size):
-        hi = lo + base + (rank < extra)
-        bounds.append((lo, hi))
-        lo = hi
-    return bounds
+    return [(r * base + min(r, extra), (r + 1) * base + min(r + 1, extra)) for r in range(world_size)]
 
 
 class _GatherWithGrad(torch.autograd.Function):
@@ -274,23 +270,38 @@ class Distributed:
         failed" and no reason once it exits. After the block the processes compare outcomes (one object
         gather; nothing with one process): a process whose block raised re-raises its own error, the
         others raise a :class:`DistributedError` naming the first failed rank, ``what`` it was doing and
-        its message.
+        its message, or, when a signal stopped that rank (a signal may reach one process only), an
+        :class:`~patchword.errors.Interrupted` saying so, with the signal's exit code.
         """
         if not self.enabled:
             yield
             return
-        error: Exception | Interrupted | None = None
+        error: BaseException | None = None
         try:
             yield
-        except (Exception, Interrupted) as err:  # re-raised below, once the others have heard of it
+        except (Exception, Interrupted, KeyboardInterrupt) as err:  # re-raised below, once all have heard
             error = err
-        said = self.all_gather_object(None if error is None else f"{type(error).__name__}: {error}")
+        said = self.all_gather_object(None if error is None else _outcome(error))
         if error is not None:
             raise error
-        failed = [(rank, message) for rank, message in enumerate(said) if message is not None]
-        if failed:
-            rank, message = failed[0]
+        failed = [(rank, outcome) for rank, outcome in enumerate(said) if outcome is not None]
+        if not failed:
+            return
+        rank, (message, signum) = failed[0]
+        if signum is None:
             raise DistributedError(f"rank {rank} of {self.world_size} failed in {what}: {message}")
+        message = message or f"{signal.Signals(signum).name} received in {what}"  # else the stop's own
+        raise Interrupted(signum, f"{message} (rank {rank} of {self.world_size} received it)")
+
+
+def _outcome(error: BaseException) -> tuple[str, int | None]:
+    """What :meth:`Distributed.fail_together` tells the others of ``error``: its message and, for a stop by
+    a signal, the signal's number (the message then the stop's own; empty for a bare Ctrl-C / SIGTERM)."""
+    if isinstance(error, Interrupted):
+        return str(error), error.signum
+    if isinstance(error, KeyboardInterrupt):
+        return "", interrupt_signal(error)[0]
+    return f"{type(error).__name__}: {error}", None
 
 
 def _backend_failure(err: BaseException) -> bool:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 __all__ = [
@@ -22,6 +24,9 @@ __all__ = [
     "ModelNotFoundError",
     "MissingExtraError",
     "Interrupted",
+    "Terminated",
+    "interrupt_signal",
+    "sigterm_interrupts",
     "ResumeHint",
     "resume_command",
     "USER_ERRORS",
@@ -80,6 +85,57 @@ class Interrupted(BaseException):
     def __init__(self, signum: int, message: str) -> None:
         self.signum = signum
         super().__init__(message)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where it lands as Python raises KeyboardInterrupt where a Ctrl-C lands
+    (:func:`sigterm_interrupts`): a command stops on it as on a Ctrl-C, releasing what it holds (an index's
+    build lock, a temporary folder) and saying so in one ``interrupted:`` line, exit code 143. SIGTERM's
+    default action (a scheduler's stop, ``kill``, ``timeout``) killed the process on the spot and silently.
+
+    A KeyboardInterrupt, so that what stops cleanly on a Ctrl-C stops cleanly on it without naming it;
+    :func:`interrupt_signal` tells the two apart."""
+
+    signum = signal.SIGTERM
+
+
+def interrupt_signal(err: KeyboardInterrupt) -> tuple[int, str]:
+    """The signal behind an interrupt and how messages name it: ``(15, "SIGTERM")`` for :class:`Terminated`,
+    ``(2, "SIGINT (Ctrl-C)")`` for any other KeyboardInterrupt."""
+    if isinstance(err, Terminated):
+        return err.signum, signal.Signals(err.signum).name
+    return signal.SIGINT, "SIGINT (Ctrl-C)"
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` during the block; its default action is back after it.
+
+    Only from the main thread (elsewhere no handler can be installed) and only where SIGTERM has its default
+    action: a handler of the caller's (a test runner, a server) or an ignored SIGTERM stays as it is.
+    Commands that do something else on a signal (a training loop stops at a step, last.pt written)
+    install their own handler inside the block and put this one back after.
+    """
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    owner = os.getpid()
+
+    def handler(signum, frame):  # noqa: ARG001
+        if os.getpid() != owner:  # a forked worker (a DataLoader's): the default action, no traceback
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def resume_command(command: str, run_dir: str | os.PathLike[str]) -> str:
@@ -235,7 +291,8 @@ def run_command(run, verbose: bool = False, resume_hint: str = "") -> int:
     * other operating-system errors (disk full, permission denied, a file vanishing): ``error: PATH:
       reason (ERRNO)`` plus ``resume_hint`` (how to continue once it is fixed), exit 2;
     * :class:`Interrupted` (work saved, e.g. a training checkpoint): ``interrupted: ...``, 128 + signal;
-    * Ctrl-C anywhere else: ``interrupted: ...`` plus ``resume_hint``, exit 130;
+    * Ctrl-C (or SIGTERM, :class:`Terminated`) anywhere else: ``interrupted: ...`` plus ``resume_hint``, exit
+      130 (143);
     * a closed output pipe (``patchword ... | head -1``): no message, exit 141 (128 + SIGPIPE), as a
       command killed by SIGPIPE (git) exits: :func:`output_closed`.
 
@@ -258,8 +315,9 @@ def run_command(run, verbose: bool = False, resume_hint: str = "") -> int:
     except Interrupted as err:
         print(f"interrupted: {err}", file=sys.stderr)
         return 128 + err.signum
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
+        signum, name = interrupt_signal(err)
         hint = f"; {resume_hint}" if resume_hint else ""
-        print(f"interrupted: SIGINT (Ctrl-C){hint}", file=sys.stderr)
-        return 128 + signal.SIGINT
+        print(f"interrupted: {name}{hint}", file=sys.stderr)
+        return 128 + signum
     return 0 if code is None else int(code)

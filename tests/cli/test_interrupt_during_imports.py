@@ -1,6 +1,7 @@
-"""A Ctrl-C in the first second or two of a command, while its modules (torch among them) are still being
-imported, before the verb's own handling of interrupts starts: one ``interrupted:`` line and exit code 130,
-as later, never Python's traceback (a CLI review: `patchword train ...` then Ctrl-C printed one).
+"""A Ctrl-C (or SIGTERM) in the first second or two of a command, while its modules (torch among them) are
+still being imported, before the verb's own handling of interrupts starts: one ``interrupted:`` line and exit
+code 130 (143), as later, never Python's traceback (a CLI review: `patchword train ...` then Ctrl-C printed
+one).
 
 The subprocess tests are deterministic: the child's ``import torch`` announces itself on stdout and waits
 there, so the SIGINT arrives inside that import whatever the machine's speed (a child that never imports
@@ -10,14 +11,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
 from patchword.cli import main
-from stall_support import HANG_GUARD_S
+from stall_support import HANG_GUARD_S, signal_when_announced
 
 #: The child: a finder that stops ``import torch`` (wherever the command imports it first) to say so on
 #: stdout and wait for the signal; then the command, as ``python -m patchword`` or the console script runs it.
@@ -39,37 +39,29 @@ _CHILD = textwrap.dedent(
         import runpy
 
         runpy.run_module("patchword", run_name="__main__", alter_sys=True)
-    else:  # what the console script `patchword = "patchword.cli:main"` does
-        from patchword.cli import main
+    else:  # what the console script `patchword = "patchword.cli:console_main"` does
+        from patchword.cli import console_main
 
-        sys.exit(main())
+        sys.exit(console_main())
     """
 )
 
 
+@pytest.mark.parametrize(
+    ("signum", "said"),
+    [(signal.SIGINT, "SIGINT (Ctrl-C)"), (signal.SIGTERM, "SIGTERM")],
+    ids=["SIGINT", "SIGTERM"],
+)
 @pytest.mark.parametrize("as_module", [True, False], ids=["python -m patchword", "console script"])
-def test_ctrl_c_while_torch_is_imported_exits_130_without_a_traceback(as_module, tmp_path):
+def test_ctrl_c_while_torch_is_imported_exits_130_without_a_traceback(as_module, signum, said, tmp_path):
+    """SIGTERM as a Ctrl-C (exit code 143); old code: killed silently, exit -15."""
     child = _CHILD.format(hang=HANG_GUARD_S, as_module=as_module)
     argv = ["train", "train.max_steps=1", f"output_dir={tmp_path}"]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", child, *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    try:
-        announced = proc.stdout.readline()  # blocks until the child is inside `import torch`
-        assert announced == "importing torch\n", (announced, proc.communicate(timeout=HANG_GUARD_S))
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=HANG_GUARD_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    code, err = signal_when_announced([sys.executable, "-c", child, *argv], "importing torch\n", signum, env)
     assert "Traceback" not in err, err
-    assert proc.returncode == 130, (proc.returncode, err)
-    assert err.strip().splitlines()[-1].startswith("interrupted: SIGINT (Ctrl-C)"), err
+    assert code == 128 + signum, (code, err)
+    assert err.strip().splitlines()[-1] == f"interrupted: {said} before the command started: nothing was done"
     assert os.listdir(tmp_path) == []  # nothing was started
 
 

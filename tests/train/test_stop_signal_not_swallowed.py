@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -134,3 +135,32 @@ def test_a_stop_signal_in_a_log_line_written_above_the_progress_bar_stops_the_bl
     err = capsys.readouterr().err
     assert "a line above the bar" in err and "Logging error" not in err
     assert root.handlers == [h for h in before if h is not console]  # the console handler back in place
+
+
+def test_a_second_signal_while_a_training_stop_unwinds_changes_nothing():
+    """The training loop stopped on a SIGTERM (last.pt written) and its stop unwinds through a slow close
+    (a tracker's) after the loop's recording handler is gone; a second SIGTERM then reached the command's
+    handler, which had not seen the first: "SIGTERM received before training started: nothing was kept;
+    run the same command again", although last.pt existed and the same command was then refused."""
+    from patchword.train.process import TrainingInterrupted, record_stop_signals
+
+    class SlowClose:  # what closes after the loop's handler is gone: W&B's finish, the trainer's threads
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            _signal_here(signal.SIGTERM)  # the second signal
+            return False
+
+    flag: dict[str, int] = {}
+    phase = {"then": "before training started: nothing was kept; run the same command again"}
+    stop = TrainingInterrupted(signal.SIGTERM, 7, Path("runs/x/last.pt"))
+    with pytest.raises(Interrupted) as stopped, stop_raises(phase), SlowClose(), record_stop_signals(flag):
+        _signal_here(signal.SIGTERM)  # recorded by the loop, which stops at its step
+        raise stop
+    assert stopped.value is stop, str(stopped.value)
+    assert flag == {"signum": signal.SIGTERM}
+    # the next command's handler hears a signal again
+    with pytest.raises(Interrupted) as again, stop_raises({"then": "while scoring"}):
+        _signal_here(signal.SIGINT)
+    assert str(again.value) == "SIGINT received while scoring"

@@ -7,27 +7,32 @@ is importable so tests run the CLI in-process.
 Errors a user can fix (a bad config value, a missing file, bad data, a model not found offline) are
 printed as one ``error: ...`` line with exit code 2; ``-v`` adds the traceback. Anything else is a bug
 and keeps its traceback. A Ctrl-C is one ``interrupted:`` line and exit code 130, also while the verb's
-modules (torch among them) are still being imported: :func:`main` imports them inside its handler.
+modules (torch among them) are still being imported: :func:`main` imports them inside its handler. SIGTERM
+is handled as a Ctrl-C (:class:`~patchword.errors.Terminated`, exit code 143) by every verb that gives it no
+meaning of its own (training stops at a step).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import itertools
+import os
 import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from patchword.errors import ConfigError, run_command
+from patchword.errors import ConfigError, interrupt_signal, run_command, sigterm_interrupts
 from patchword.logs import setup_logging
 
 __all__ = [
     "VERBS",
     "VERBOSE_HELP",
     "Verb",
+    "console_main",
     "file_or_stdout",
     "main",
     "report_errors",
@@ -146,15 +151,39 @@ def _global_option(arg: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Run ``patchword <argv>`` (default ``sys.argv[1:]``); the exit code.
 
-    A Ctrl-C before the verb's own handling (:func:`report_errors`) starts, while the parsers and the
-    verb's modules are imported (``import torch`` takes a second or more), ends quietly too: one
-    ``interrupted:`` line, exit code 130, no traceback.
+    SIGTERM stops it as a Ctrl-C does (:func:`~patchword.errors.sigterm_interrupts`). A Ctrl-C or SIGTERM
+    before the verb's own handling (:func:`report_errors`) starts, while the parsers and the verb's modules
+    are imported (``import torch`` takes a second or more), ends quietly too: one ``interrupted:`` line,
+    exit code 130 (143), no traceback.
     """
     try:
-        return _main(argv)
-    except KeyboardInterrupt:
-        print("interrupted: SIGINT (Ctrl-C) before the command started: nothing was done", file=sys.stderr)
-        return 128 + signal.SIGINT
+        with sigterm_interrupts():
+            return _main(argv)
+    except KeyboardInterrupt as err:
+        signum, name = interrupt_signal(err)
+        print(f"interrupted: {name} before the command started: nothing was done", file=sys.stderr)
+        return 128 + signum
+
+
+def console_main() -> int:
+    """The ``patchword`` executable (and ``python -m patchword``): :func:`main`, then, while the interpreter
+    shuts down (torch's teardown takes most of a second), a SIGINT / SIGTERM ends the process at once with
+    :func:`main`'s exit code. Everything is written by then; the signal's default action killed the
+    process with code 130 / 143 and no message, as if the command had failed (once with a traceback from an
+    exit handler). Not in :func:`main`, which tests and scripts call in-process."""
+    code = main()
+
+    def exit_now(signum, frame):  # noqa: ARG001
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(
+                AttributeError, OSError, ValueError
+            ):  # closed or missing: nothing to save
+                stream.flush()
+        os._exit(code)
+
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop, exit_now)
+    return code
 
 
 def _main(argv: list[str] | None) -> int:

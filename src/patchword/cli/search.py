@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from patchword.errors import (
     ConfigError,
     Interrupted,
     MissingExtraError,
+    interrupt_signal,
     report_user_error,
     run_command,
 )
@@ -128,6 +128,8 @@ def main_index(argv: list[str] | None = None) -> int:
     args = _index_parser().parse_args(argv)
     _logging(args.verbose)
 
+    uploaded: list[bool] = []  # one entry once the build and its upload (if any) ended
+
     def build() -> None:
         _check_qdrant_flags(args)
         plan = _plan(args)  # every flag and file checked, the run loaded: nothing written yet
@@ -146,22 +148,28 @@ def main_index(argv: list[str] | None = None) -> int:
             )
         try:
             _build_and_upload(args, plan, client)
+            uploaded.append(client is not None)
         finally:
             if client is not None:
                 client.close()  # an embedded store admits one client: let the next command open it
 
     def build_with_threads() -> None:
         _check_counts(args)  # before the count is set, as before anything is read
-        from patchword.search.build_open import out_stamps, unwritten_message
+        from patchword.search.build_open import out_stamps, stopped_message
 
         before = out_stamps(args.out)
         try:
             with threads_of(args):  # the run's loading too
                 build()
-        except KeyboardInterrupt:
-            message = unwritten_message(args.out, before)  # nothing a rerun would resume: not "resume"
+        except KeyboardInterrupt as err:  # a Ctrl-C, or SIGTERM (errors.Terminated)
+            # nothing a rerun would resume (none written, or the index complete): not "rerun to resume"
+            upload = (
+                "" if uploaded or not args.qdrant else "the same command with --update uploads it to Qdrant"
+            )
+            message = stopped_message(args.out, before, upload)
             if message is not None:
-                raise Interrupted(signal.SIGINT, f"SIGINT (Ctrl-C) {message}") from None
+                signum, name = interrupt_signal(err)
+                raise Interrupted(signum, f"{name} {message}") from None
             raise
 
     # finished shards are kept (each written atomically, then the manifest): the same command resumes

@@ -8,7 +8,6 @@ a port already in use).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import os
 import socket
@@ -18,7 +17,7 @@ from pathlib import Path
 from patchword.cli import VERBOSE_HELP
 from patchword.cli.search_flags import add_first_stage_argument, check_first_stage, shortlist_help
 from patchword.cli.threads import add_threads_argument, check_threads
-from patchword.errors import ConfigError, describe_os_error, run_command
+from patchword.errors import ConfigError, Terminated, describe_os_error, run_command
 from patchword.logs import setup_logging
 
 __all__ = ["main_serve"]
@@ -195,10 +194,15 @@ def _serve(args: argparse.Namespace) -> int:
             timeout_keep_alive=5,
             server_header=False,
         )
-        # uvicorn shuts down gracefully on Ctrl-C, then raises it again; Ctrl-C is how a server is stopped,
-        # so it exits 0, as uvicorn.run does.
-        with contextlib.suppress(KeyboardInterrupt):
+        # uvicorn shuts down gracefully on a signal, then raises it again. Ctrl-C is how a server is
+        # stopped: it exits 0, as uvicorn.run does; SIGTERM (a service manager's stop) 143, as it did
+        # before patchword handled it (errors.Terminated), still without an `interrupted:` line.
+        try:
             uvicorn.Server(config).run(sockets=[sock])
+        except Terminated:
+            return 128 + Terminated.signum
+        except KeyboardInterrupt:
+            pass
     finally:
         sock.close()
     return 0

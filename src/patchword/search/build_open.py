@@ -24,7 +24,7 @@ __all__ = [
     "new_manifest",
     "open_or_create",
     "out_stamps",
-    "unwritten_message",
+    "stopped_message",
 ]
 
 logger = logging.getLogger(__name__)
@@ -47,17 +47,30 @@ def out_stamps(index_dir: Path) -> tuple:
         return (None, None)
 
 
-def unwritten_message(index_dir: Path, before: tuple) -> str | None:
-    """For a build stopped now (Ctrl-C): when ``index_dir``'s manifests are as they were (``before``:
-    :func:`out_stamps`) and hold no build or update stopped part-way, nothing was written that a rerun would
-    resume, and this says so (``before anything was written to INDEX_DIR...``); else None."""
-    if out_stamps(index_dir) != before or (index_dir / PENDING_FILE).is_file():
+def stopped_message(index_dir: Path, before: tuple, upload: str = "") -> str | None:
+    """What a build stopped now (Ctrl-C, SIGTERM) leaves that a rerun of the same command does not resume
+    (None: a build or update stopped part-way, which it does), said after the signal's name:
+
+    * ``index_dir``'s manifests as they were (``before``: :func:`out_stamps`), no build stopped part-way:
+      ``before anything was written to INDEX_DIR...``;
+    * the index complete and written since ``before``: ``after INDEX_DIR was complete...``; the same command
+      would be refused ("already holds a complete index"). ``upload``: how to upload it when the stop may
+      have come before the Qdrant upload ended (``--qdrant``), else empty.
+    """
+    now = out_stamps(index_dir)
+    if (index_dir / PENDING_FILE).is_file():
         return None
     try:
-        if json.loads((index_dir / MANIFEST_FILE).read_text(encoding="utf-8"))["state"] != "complete":
-            return None  # a build stopped before: a rerun resumes it
+        state = json.loads((index_dir / MANIFEST_FILE).read_text(encoding="utf-8"))["state"]
     except (OSError, ValueError, TypeError, KeyError):
-        pass  # no index there (or none a build would resume)
+        state = None  # no index there (or none a build would resume)
+    if now != before:
+        if state != "complete":
+            return None  # a build stopped part-way: a rerun resumes it
+        left = f": {upload}" if upload else ": nothing is left to do"
+        return f"after {index_dir} was complete{left}"
+    if state is not None and state != "complete":
+        return None  # a build stopped before this command: a rerun resumes it
     left = ": the index is as it was" if before[0] is not None else ""
     return f"before anything was written to {index_dir}{left}"
 

@@ -61,6 +61,13 @@ def on_stop_signals(handler: Callable[[int, Any], None]) -> Iterator[None]:
             signal.signal(s, h)
 
 
+#: Holds the signal a :func:`record_stop_signals` block ended on while that stop unwinds to the command's
+#: :func:`stop_raises` (its handler back): a second signal then changes nothing. Without it the handler,
+#: which had not seen the first, raised again, saying "received before training started: nothing was
+#: kept" although last.pt was written (a slow tracker closing when the second came).
+_loop_stopped: dict[str, int] = {}
+
+
 @contextlib.contextmanager
 def stop_raises(phase: dict[str, Any]) -> Iterator[None]:
     """SIGTERM / SIGINT outside a training loop (which stops at a step, last.pt written) raise
@@ -76,7 +83,7 @@ def stop_raises(phase: dict[str, Any]) -> Iterator[None]:
     comes out as another error."""
 
     def handler(signum, frame):  # noqa: ARG001
-        if "signum" in phase:  # a second signal: the first is unwinding (and cleaning up) already
+        if "signum" in phase or _loop_stopped:  # a second signal: the first stop unwinds (and cleans up)
             return
         phase["signum"] = signum
         raise Interrupted(signum, stopped())
@@ -84,13 +91,17 @@ def stop_raises(phase: dict[str, Any]) -> Iterator[None]:
     def stopped() -> str:
         return f"{signal.Signals(phase['signum']).name} received {phase['then']}"
 
-    with on_stop_signals(handler):
-        try:
-            yield
-        except Exception as err:  # Interrupted, a BaseException, passes as it is
-            if "signum" not in phase:
-                raise
-            raise Interrupted(phase["signum"], stopped()) from err
+    _loop_stopped.clear()
+    try:
+        with on_stop_signals(handler):
+            try:
+                yield
+            except Exception as err:  # Interrupted, a BaseException, passes as it is
+                if "signum" not in phase:
+                    raise
+                raise Interrupted(phase["signum"], stopped()) from err
+    finally:
+        _loop_stopped.clear()  # once the handlers before the block are back
 
 
 @contextlib.contextmanager
@@ -103,7 +114,12 @@ def record_stop_signals(flag: dict[str, int]) -> Iterator[None]:
     ends (the signal came after the loop's last look) is raised again once the previous handlers are back,
     and handled as it would have been without the block: it was dropped, and the final evaluation ran on."""
     with on_stop_signals(lambda signum, frame: flag.setdefault("signum", signum)):
-        yield
+        try:
+            yield
+        except BaseException:
+            if "signum" in flag:  # the stop (or an error after the signal) unwinds: see _loop_stopped
+                _loop_stopped.setdefault("signum", flag["signum"])
+            raise
     if "signum" in flag:
         signal.raise_signal(flag["signum"])
 

@@ -1,0 +1,187 @@
+"""SIGTERM (a scheduler's stop, ``kill``, ``timeout``) stops every command as a Ctrl-C does: one
+``interrupted:`` line, exit code 143, what the command holds released. Its default action killed the process
+on the spot and silently: ``index build`` left its ``.build.lock``, ``eval --out -`` its temporary folder.
+
+The subprocess tests are deterministic: the child announces on stdout that it reached the point to stop at
+and waits there for the signal (at most the hang guard), whatever the machine's speed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from patchword.cli.search import main_index
+from patchword.errors import Terminated
+from patchword.search.manifest import LOCK_FILE, Manifest
+from project_paths import ROOT
+from stall_support import HANG_GUARD_S, signal_when_announced
+
+#: The child: ``module.name`` replaced by a function that says "reached" on stdout and waits for the
+#: signal (after running the real one when ``after``); then the command, as the console script runs it.
+_STOP_AT = textwrap.dedent(
+    """
+    import importlib, sys, time
+
+    module = importlib.import_module({module!r})
+    real, calls = getattr(module, {name!r}), []
+
+    def reached(*args, **kwargs):
+        result = real(*args, **kwargs) if {after} else None
+        calls.append(1)
+        if len(calls) == 1:
+            print("reached", flush=True)
+            time.sleep({hang})
+        return result
+
+    setattr(module, {name!r}, reached)
+    sys.argv = ["patchword", *sys.argv[1:]]
+    from patchword.cli import console_main
+
+    sys.exit(console_main())
+    """
+)
+
+
+def _stopped(argv: list[str], at: str, after: bool, tmp_path: Path, signum: int = signal.SIGTERM):
+    """Run ``patchword argv`` in a child stopped at ``at`` (``module:function``), send it ``signum`` there:
+    ``(exit code, stderr)``. The child's temporary files go to ``tmp_path / "tmp"``."""
+    module, name = at.split(":")
+    child = _STOP_AT.format(module=module, name=name, after=after, hang=HANG_GUARD_S)
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path / "tmp")}
+    return signal_when_announced([sys.executable, "-c", child, *argv], "reached\n", signum, env)
+
+
+def _build_argv(env, out: Path) -> list[str]:
+    images = env.export.files["images"]
+    return [
+        "index",
+        "build",
+        str(env.run_dir),
+        "--images",
+        str(images),
+        "--out",
+        str(out),
+        "--shard-size",
+        "8",
+    ]
+
+
+def test_sigterm_during_an_index_build_releases_its_lock_and_the_same_command_resumes(env, tmp_path):
+    """Old code: killed silently (exit -15), ``.build.lock`` left in the index folder."""
+    out = tmp_path / "idx"
+    argv = _build_argv(env, out)
+    code, err = _stopped(argv, "patchword.search.index:write_shard", True, tmp_path)
+    assert code == 143 and "Traceback" not in err, (code, err)
+    assert err.splitlines()[-1] == f"interrupted: SIGTERM; rerun the same command to resume {out}"
+    assert not (out / LOCK_FILE).exists()
+    assert main_index(argv[1:]) == 0  # the same command resumes it
+    assert Manifest.read(out).state == "complete"
+
+
+def test_sigterm_during_eval_to_stdout_leaves_no_temporary_folder(env, tmp_path):
+    """``eval --out -`` writes its record in a temporary folder, printed and removed. Old code: killed
+    silently (exit -15), the empty ``patchword-eval-*`` folder left in the system's temporary directory."""
+    argv = ["eval", str(env.run_dir), "--out", "-"]
+    code, err = _stopped(argv, "patchword.runs.evaluate:evaluate_run_dir", False, tmp_path)
+    assert code == 143 and "Traceback" not in err, (code, err)
+    assert err.splitlines()[-1] == "interrupted: SIGTERM"
+    assert os.listdir(tmp_path / "tmp") == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_while_the_interpreter_exits_keeps_the_command_s_exit_code(signum, tmp_path):
+    """Everything is written once ``main()`` returned; torch's teardown takes most of a second more. Old
+    code: a signal then killed the process (exit -15 / 130) with no message, as if the command had failed,
+    once with a KeyboardInterrupt traceback from an exit handler."""
+    child = textwrap.dedent(
+        f"""
+        import atexit, os, sys, time
+
+        def late_signal():  # runs while the interpreter exits, after main() returned
+            os.kill(os.getpid(), {int(signum)})
+            time.sleep({HANG_GUARD_S})
+
+        atexit.register(late_signal)
+        sys.argv = ["patchword", *sys.argv[1:]]
+        from patchword.cli import console_main
+
+        sys.exit(console_main())
+        """
+    )
+    argv = ["index", "build", str(tmp_path / "run"), "--images", str(tmp_path / "no-such"), "--out", "o"]
+    proc = subprocess.run(
+        [sys.executable, "-c", child, *argv],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc
+    assert proc.stderr.splitlines() == [f"error: --images: image folder not found: {tmp_path / 'no-such'}"]
+
+
+def test_the_console_script_and_python_m_run_console_main():
+    """Both ways of starting patchword get :func:`~patchword.cli.console_main`'s handling at exit."""
+    # (tomllib is Python 3.11+; the project supports 3.10): the [project.scripts] table's lines
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    table = text.split("[project.scripts]\n", 1)[1].split("\n\n", 1)[0]
+    assert table.splitlines() == ['patchword = "patchword.cli:console_main"']
+    assert "raise SystemExit(console_main())" in (ROOT / "src/patchword/__main__.py").read_text()
+
+
+def test_a_stop_after_the_index_was_complete_says_nothing_is_left(env, tmp_path, monkeypatch, capsys):
+    """A SIGTERM after the last manifest was written (while the report was printed): old code said "rerun
+    the same command to resume", and that command was refused ("already holds a complete index")."""
+    import patchword.cli.search as cli_search
+
+    real = cli_search._build_and_upload
+
+    def then_stopped(*args, **kwargs):
+        real(*args, **kwargs)
+        raise Terminated
+
+    out = tmp_path / "idx"
+    monkeypatch.setattr(cli_search, "_build_and_upload", then_stopped)
+    assert main_index(_build_argv(env, out)[1:]) == 143
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == f"interrupted: SIGTERM after {out} was complete: nothing is left to do"
+    assert Manifest.read(out).state == "complete"
+
+
+@pytest.mark.parametrize(
+    ("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 0)], ids=["SIGTERM", "SIGINT"]
+)
+def test_a_server_stops_on_a_signal_with_its_documented_exit_code(env, signum, code):
+    """docs/search.md "Stopping": Ctrl-C exits 0, SIGTERM 143, each after a graceful shutdown and without an
+    ``interrupted:`` line. uvicorn raises the signal again once it has shut down: SIGTERM now meets
+    patchword's handler (errors.Terminated, a KeyboardInterrupt) where its default action ended the
+    process."""
+    import time
+    import urllib.request
+
+    argv = [sys.executable, "-m", "patchword", "serve", str(env.index_dir), "--port", "0", "--workers", "1"]
+
+    def answering(line: str) -> bool:  # "serving N images of INDEX at http://127.0.0.1:PORT/ (...)"
+        if not line.startswith("serving "):
+            return False
+        url = line.split(" at ", 1)[1].split(" ", 1)[0]
+        deadline = time.monotonic() + HANG_GUARD_S
+        while True:  # uvicorn's own signal handlers are installed once it answers
+            try:
+                with urllib.request.urlopen(url + "healthz", timeout=5) as answer:
+                    return answer.status == 200
+            except OSError:
+                assert time.monotonic() < deadline, "the server never answered"
+                time.sleep(0.1)
+
+    returned, err = signal_when_announced(argv, answering, signum, {**os.environ, "OMP_NUM_THREADS": "1"})
+    assert returned == code, (returned, err)
+    assert "interrupted:" not in err and "Traceback" not in err, err
