@@ -172,6 +172,21 @@ def one_thread_session():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def seeded_global_rngs():
+    """Seed the global random streams (torch's, numpy's legacy one, Python's) before every test: a test
+    that draws from them (shapes and error checks that need any tensor) sees the same numbers whatever ran
+    before it in its process, so its verdict never depends on the order, the selection (``-k``) or which
+    xdist worker took its module. Module fixtures are built before this runs and seed their own."""
+    import random
+
+    import numpy as np
+
+    torch.manual_seed(0)
+    np.random.seed(0)  # noqa: NPY002 - the legacy global stream is the one tests may draw from
+    random.seed(0)
+
+
 @pytest.fixture
 def one_thread():
     """Run a test with one torch thread, restoring the previous count afterwards (a test that changed the

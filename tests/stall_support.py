@@ -29,6 +29,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -53,7 +54,9 @@ def signal_when_announced(
     (False: not the line expected). The child is killed if it still runs when this returns or fails."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        line = proc.stdout.readline()  # blocks until the child is where it waits
+        if not select.select([proc.stdout], [], [], HANG_GUARD_S)[0]:  # a hang guard, not a verdict
+            raise AssertionError(f"no line on stdout within {HANG_GUARD_S:g} s: {argv}")
+        line = proc.stdout.readline()  # the child is where it waits
         ready = line == announced if isinstance(announced, str) else announced(line)
         assert ready, (line, proc.communicate(timeout=HANG_GUARD_S))
         proc.send_signal(signum)

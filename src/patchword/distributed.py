@@ -24,7 +24,6 @@ import contextlib
 import datetime
 import logging
 import os
-import signal
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from patchword.errors import ConfigError, Interrupted, PatchwordError, interrupt_signal
+from patchword.errors import ConfigError, PatchwordError
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -270,38 +269,29 @@ class Distributed:
         failed" and no reason once it exits. After the block the processes compare outcomes (one object
         gather; nothing with one process): a process whose block raised re-raises its own error, the
         others raise a :class:`DistributedError` naming the first failed rank, ``what`` it was doing and
-        its message, or, when a signal stopped that rank (a signal may reach one process only), an
-        :class:`~patchword.errors.Interrupted` saying so, with the signal's exit code.
+        its message.
+
+        A stop by a signal (:class:`~patchword.errors.Interrupted`, a Ctrl-C, SIGTERM) is not held for
+        the comparison, which would wait for every other process's block (a whole evaluation's scoring,
+        while pre-emption leaves seconds): the process stops at once, and the others hear of it from the
+        launcher (torchrun stops every process when one ends) or from their next collective, which fails
+        as the process is gone (:func:`session`). Compared, it was "rank 1 failed in ...", exit code 2.
         """
         if not self.enabled:
             yield
             return
-        error: BaseException | None = None
+        error: Exception | None = None
         try:
             yield
-        except (Exception, Interrupted, KeyboardInterrupt) as err:  # re-raised below, once all have heard
+        except Exception as err:  # re-raised below, once the others have heard of it
             error = err
-        said = self.all_gather_object(None if error is None else _outcome(error))
+        said = self.all_gather_object(None if error is None else f"{type(error).__name__}: {error}")
         if error is not None:
             raise error
-        failed = [(rank, outcome) for rank, outcome in enumerate(said) if outcome is not None]
-        if not failed:
-            return
-        rank, (message, signum) = failed[0]
-        if signum is None:
+        failed = [(rank, message) for rank, message in enumerate(said) if message is not None]
+        if failed:
+            rank, message = failed[0]
             raise DistributedError(f"rank {rank} of {self.world_size} failed in {what}: {message}")
-        message = message or f"{signal.Signals(signum).name} received in {what}"  # else the stop's own
-        raise Interrupted(signum, f"{message} (rank {rank} of {self.world_size} received it)")
-
-
-def _outcome(error: BaseException) -> tuple[str, int | None]:
-    """What :meth:`Distributed.fail_together` tells the others of ``error``: its message and, for a stop by
-    a signal, the signal's number (the message then the stop's own; empty for a bare Ctrl-C / SIGTERM)."""
-    if isinstance(error, Interrupted):
-        return str(error), error.signum
-    if isinstance(error, KeyboardInterrupt):
-        return "", interrupt_signal(error)[0]
-    return f"{type(error).__name__}: {error}", None
 
 
 def _backend_failure(err: BaseException) -> bool:

@@ -89,9 +89,11 @@ class Interrupted(BaseException):
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where it lands as Python raises KeyboardInterrupt where a Ctrl-C lands
-    (:func:`sigterm_interrupts`): a command stops on it as on a Ctrl-C, releasing what it holds (an index's
-    build lock, a temporary folder) and saying so in one ``interrupted:`` line, exit code 143. SIGTERM's
-    default action (a scheduler's stop, ``kill``, ``timeout``) killed the process on the spot and silently.
+    (:func:`sigterm_interrupts`, installed by the ``patchword`` executable): a command stops on it as on a
+    Ctrl-C, releasing what it holds (an index's build lock, a temporary folder) and saying so in one
+    ``interrupted:`` line, exit code 143. SIGTERM's default action (a scheduler's stop, ``kill``,
+    ``timeout``) killed the process on the spot and silently. Python raises it only between two of its
+    own operations: a long native call (a large matrix product, FAISS training) finishes first.
 
     A KeyboardInterrupt, so that what stops cleanly on a Ctrl-C stops cleanly on it without naming it;
     :func:`interrupt_signal` tells the two apart."""

@@ -53,14 +53,15 @@ _CHILD = textwrap.dedent(
     ids=["SIGINT", "SIGTERM"],
 )
 @pytest.mark.parametrize("as_module", [True, False], ids=["python -m patchword", "console script"])
-def test_ctrl_c_while_torch_is_imported_exits_130_without_a_traceback(as_module, signum, said, tmp_path):
-    """SIGTERM as a Ctrl-C (exit code 143); old code: killed silently, exit -15."""
+def test_a_stop_while_torch_is_imported_is_one_line_without_a_traceback(as_module, signum, said, tmp_path):
+    """SIGTERM as a Ctrl-C; old code: killed silently. The process ends by the signal (console_main): a
+    shell's exit code 130 / 143."""
     child = _CHILD.format(hang=HANG_GUARD_S, as_module=as_module)
     argv = ["train", "train.max_steps=1", f"output_dir={tmp_path}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     code, err = signal_when_announced([sys.executable, "-c", child, *argv], "importing torch\n", signum, env)
     assert "Traceback" not in err, err
-    assert code == 128 + signum, (code, err)
+    assert code == -signum, (code, err)
     assert err.strip().splitlines()[-1] == f"interrupted: {said} before the command started: nothing was done"
     assert os.listdir(tmp_path) == []  # nothing was started
 
@@ -81,3 +82,19 @@ def test_ctrl_c_while_main_builds_its_parsers_is_one_line_and_130(monkeypatch, c
     err = capsys.readouterr().err
     assert code == 130 and "Traceback" not in err
     assert err.splitlines() == ["interrupted: SIGINT (Ctrl-C) before the command started: nothing was done"]
+
+
+def test_a_second_signal_while_the_command_reports_adds_no_false_line(monkeypatch, capsys):
+    """A signal landing while the verb's own handling prints its report (a second one: torchrun forwards a
+    Ctrl-C as SIGINT, then SIGTERM) leaves that handling: old code then added "before the command started:
+    nothing was done" after a command that had run."""
+    import patchword.cli as cli
+
+    def reporting_then_interrupted(run, verbose):
+        print("interrupted: SIGINT (Ctrl-C)", file=sys.stderr)  # the command's own report, cut short
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "report_errors", reporting_then_interrupted)
+    code = main(["report", "no-such-run"])
+    assert code == 130
+    assert capsys.readouterr().err.splitlines() == ["interrupted: SIGINT (Ctrl-C)"]

@@ -1,6 +1,8 @@
 """SIGTERM (a scheduler's stop, ``kill``, ``timeout``) stops every command as a Ctrl-C does: one
 ``interrupted:`` line, exit code 143, what the command holds released. Its default action killed the process
 on the spot and silently: ``index build`` left its ``.build.lock``, ``eval --out -`` its temporary folder.
+The executable (``console_main``) then ends the process by the signal, as Python does after an uncaught
+Ctrl-C: a shell sees 143 (130), Python's ``subprocess`` a return code of -15 (-2).
 
 The subprocess tests are deterministic: the child announces on stdout that it reached the point to stop at
 and waits there for the signal (at most the hang guard), whatever the machine's speed.
@@ -79,7 +81,7 @@ def test_sigterm_during_an_index_build_releases_its_lock_and_the_same_command_re
     out = tmp_path / "idx"
     argv = _build_argv(env, out)
     code, err = _stopped(argv, "patchword.search.index:write_shard", True, tmp_path)
-    assert code == 143 and "Traceback" not in err, (code, err)
+    assert code == -signal.SIGTERM and "Traceback" not in err, (code, err)
     assert err.splitlines()[-1] == f"interrupted: SIGTERM; rerun the same command to resume {out}"
     assert not (out / LOCK_FILE).exists()
     assert main_index(argv[1:]) == 0  # the same command resumes it
@@ -91,31 +93,41 @@ def test_sigterm_during_eval_to_stdout_leaves_no_temporary_folder(env, tmp_path)
     silently (exit -15), the empty ``patchword-eval-*`` folder left in the system's temporary directory."""
     argv = ["eval", str(env.run_dir), "--out", "-"]
     code, err = _stopped(argv, "patchword.runs.evaluate:evaluate_run_dir", False, tmp_path)
-    assert code == 143 and "Traceback" not in err, (code, err)
+    assert code == -signal.SIGTERM and "Traceback" not in err, (code, err)
     assert err.splitlines()[-1] == "interrupted: SIGTERM"
     assert os.listdir(tmp_path / "tmp") == []
 
 
+#: The child of the shutdown tests: a command that fails (exit code 2) at once, and a signal to itself
+#: ``when``: in an exit handler, or in module teardown (after the exit handlers: an object of ``__main__``
+#: that ``__del__`` sends it, as Python clears the module).
+_LATE_SIGNAL = textwrap.dedent(
+    """
+    import atexit, os, sys
+
+    class SignalsWhenCleared:
+        def __del__(self):
+            os.kill(os.getpid(), {signum})
+
+    if {when!r} == "exit handler":
+        atexit.register(lambda: os.kill(os.getpid(), {signum}))
+    else:
+        keep = SignalsWhenCleared()
+    sys.argv = ["patchword", *sys.argv[1:]]
+    from patchword.cli import console_main
+
+    sys.exit(console_main())
+    """
+)
+
+
+@pytest.mark.parametrize("when", ["exit handler", "module teardown"])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_while_the_interpreter_exits_keeps_the_command_s_exit_code(signum, tmp_path):
-    """Everything is written once ``main()`` returned; torch's teardown takes most of a second more. Old
-    code: a signal then killed the process (exit -15 / 130) with no message, as if the command had failed,
-    once with a KeyboardInterrupt traceback from an exit handler."""
-    child = textwrap.dedent(
-        f"""
-        import atexit, os, sys, time
-
-        def late_signal():  # runs while the interpreter exits, after main() returned
-            os.kill(os.getpid(), {int(signum)})
-            time.sleep({HANG_GUARD_S})
-
-        atexit.register(late_signal)
-        sys.argv = ["patchword", *sys.argv[1:]]
-        from patchword.cli import console_main
-
-        sys.exit(console_main())
-        """
-    )
+def test_a_signal_while_the_interpreter_exits_keeps_the_command_s_exit_code(signum, when, tmp_path):
+    """Everything is written once ``main()`` returned; the interpreter's shutdown takes most of a second
+    more (torch's teardown). Old code: a signal then killed the process (exit -15 / 130) with no message, as
+    if the command had failed, once with a KeyboardInterrupt traceback from an exit handler."""
+    child = _LATE_SIGNAL.format(signum=int(signum), when=when)
     argv = ["index", "build", str(tmp_path / "run"), "--images", str(tmp_path / "no-such"), "--out", "o"]
     proc = subprocess.run(
         [sys.executable, "-c", child, *argv],
@@ -130,10 +142,11 @@ def test_a_signal_while_the_interpreter_exits_keeps_the_command_s_exit_code(sign
 
 def test_the_console_script_and_python_m_run_console_main():
     """Both ways of starting patchword get :func:`~patchword.cli.console_main`'s handling at exit."""
-    # (tomllib is Python 3.11+; the project supports 3.10): the [project.scripts] table's lines
-    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    table = text.split("[project.scripts]\n", 1)[1].split("\n\n", 1)[0]
-    assert table.splitlines() == ['patchword = "patchword.cli:console_main"']
+    # (tomllib is Python 3.11+; the project supports 3.10): the console script's line
+    lines = (ROOT / "pyproject.toml").read_text(encoding="utf-8").splitlines()
+    assert [line for line in lines if '"patchword.cli:' in line] == [
+        'patchword = "patchword.cli:console_main"'
+    ]
     assert "raise SystemExit(console_main())" in (ROOT / "src/patchword/__main__.py").read_text()
 
 
@@ -157,13 +170,14 @@ def test_a_stop_after_the_index_was_complete_says_nothing_is_left(env, tmp_path,
 
 
 @pytest.mark.parametrize(
-    ("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 0)], ids=["SIGTERM", "SIGINT"]
+    ("signum", "code"), [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, 0)], ids=["SIGTERM", "SIGINT"]
 )
 def test_a_server_stops_on_a_signal_with_its_documented_exit_code(env, signum, code):
-    """docs/search.md "Stopping": Ctrl-C exits 0, SIGTERM 143, each after a graceful shutdown and without an
-    ``interrupted:`` line. uvicorn raises the signal again once it has shut down: SIGTERM now meets
-    patchword's handler (errors.Terminated, a KeyboardInterrupt) where its default action ended the
-    process."""
+    """docs/search.md "Stopping": Ctrl-C exits 0; SIGTERM ends the process by SIGTERM (a shell's 143, a
+    clean stop to systemd, for which an exit code of 143 is a failure), each after a graceful shutdown and
+    without an ``interrupted:`` line. uvicorn raises the signal again once it has shut down: SIGTERM now
+    meets patchword's handler (errors.Terminated, a KeyboardInterrupt), where its default action ended the
+    process; caught as a Ctrl-C, the server exited 0."""
     import time
     import urllib.request
 

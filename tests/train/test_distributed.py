@@ -251,20 +251,13 @@ def _job_one_rank_fails(case: str) -> dict:
     img, dense = torch.randn(4, 17, 16, generator=g), torch.randn(4, 12, 16, generator=g)
     caps, lens = torch.randn(10, 9, 16, generator=g), torch.randint(3, 10, (10,), generator=g)
     dense_lens = torch.randint(3, 13, (4,), generator=g)
-    from patchword.errors import Interrupted, Terminated
-
     rank = int(os.environ["RANK"])
-    stops = {  # what a signal to rank 1 alone raises there (a stop handler's Interrupted, SIGTERM, Ctrl-C)
-        "interrupted": lambda: Interrupted(15, "SIGTERM received during the final evaluation: kept; go on"),
-        "sigterm": Terminated,
-        "ctrl_c": KeyboardInterrupt,
-    }
     try:
         with session("cpu", timeout_s=3600) as dist:
-            if case == "block" or case in stops:
+            if case == "block":
                 with dist.fail_together("the test's block"):
                     if rank == 1:
-                        raise stops[case]() if case in stops else ValueError("rank 1's own trouble")
+                        raise ValueError("rank 1's own trouble")
             else:
                 if rank == 1 and case == "tokens":  # not the matcher's 1 + 16 image tokens: refused by the
                     img = img[:, :10]  # input checks, before the global stage
@@ -273,8 +266,8 @@ def _job_one_rank_fails(case: str) -> dict:
                 if rank == 1 and case == "nan_dense":  # read by the re-ranker only: refused there
                     dense[1, 2, 3] = float("nan")
                 two_stage_scores(matcher, img, caps, lens, dense, dense_lens, k=3, dist=dist)
-    except (Exception, Interrupted, KeyboardInterrupt) as err:
-        return {"error": f"{type(err).__name__}: {err}", "signum": getattr(err, "signum", None)}
+    except Exception as err:
+        return {"error": f"{type(err).__name__}: {err}"}
     return {"error": None}
 
 
@@ -666,35 +659,10 @@ ONE_RANK_FAILS = [
 ]
 
 
-#: A signal that reached rank 1 alone, in a block the ranks leave together: (case, what rank 1 raised, what
-#: rank 0 raises: an Interrupted saying which rank received it, with the signal's exit code).
-ONE_RANK_STOPS = [
-    (
-        "interrupted",
-        "Interrupted: SIGTERM received during the final evaluation: kept; go on",
-        "Interrupted: SIGTERM received during the final evaluation: kept; go on (rank 1 of 2 received it)",
-        15,
-    ),
-    (
-        "sigterm",
-        "Terminated: ",
-        "Interrupted: SIGTERM received in the test's block (rank 1 of 2 received it)",
-        15,
-    ),
-    (
-        "ctrl_c",
-        "KeyboardInterrupt: ",
-        "Interrupted: SIGINT received in the test's block (rank 1 of 2 received it)",
-        2,
-    ),
-]
-
-
 @pytest.fixture(scope="module")
 def one_rank_fails(tmp_path_factory):
-    """Every case of :data:`ONE_RANK_FAILS` and :data:`ONE_RANK_STOPS` in one launch (a job each):
-    results[rank][job]."""
-    cases = [(case,) for case, *_ in ONE_RANK_FAILS + ONE_RANK_STOPS]
+    """Every case of :data:`ONE_RANK_FAILS` in one launch (a job each): results[rank][job]."""
+    cases = [(case,) for case, _, _ in ONE_RANK_FAILS]
     return _launch(
         [("one_rank_fails", args) for args in cases], tmp_path_factory.mktemp("one_rank"), timeout=300
     )
@@ -710,16 +678,3 @@ def test_a_rank_that_refuses_its_inputs_fails_every_rank_at_once(one_rank_fails,
     said = [_ok(one_rank_fails, job) if rank == 0 else one_rank_fails[rank][job]["ok"] for rank in range(2)]
     assert said[0]["error"].startswith("DistributedError: " + rank0_says), said
     assert said[1]["error"].startswith("ValueError: ") and rank1_says in said[1]["error"], said
-
-
-@pytest.mark.parametrize("stop", range(len(ONE_RANK_STOPS)), ids=[case for case, *_ in ONE_RANK_STOPS])
-def test_a_signal_to_one_rank_stops_every_rank_as_a_signal(one_rank_fails, stop):
-    """A signal that reaches one process only (a scheduler's, a `kill`) during the final evaluation: the
-    others stop as interrupted too, with the signal's exit code and which rank received it. Old code: rank
-    0 said "rank 1 of 2 failed in scoring its image rows: Interrupted: SIGTERM received ...", exit code 2
-    (and a Ctrl-C or SIGTERM with no handler of ours was no outcome at all: the others waited)."""
-    case, rank1_says, rank0_says, signum = ONE_RANK_STOPS[stop]
-    job = len(ONE_RANK_FAILS) + stop
-    said = [_ok(one_rank_fails, job) if rank == 0 else one_rank_fails[rank][job]["ok"] for rank in range(2)]
-    assert said[1]["error"] == rank1_says and said[1]["signum"] == (None if case == "ctrl_c" else signum)
-    assert said[0] == {"error": rank0_says, "signum": signum}

@@ -164,3 +164,29 @@ def test_a_second_signal_while_a_training_stop_unwinds_changes_nothing():
     with pytest.raises(Interrupted) as again, stop_raises({"then": "while scoring"}):
         _signal_here(signal.SIGINT)
     assert str(again.value) == "SIGINT received while scoring"
+
+
+@pytest.mark.parametrize(
+    "stop",
+    [Interrupted(signal.SIGTERM, "SIGTERM received during the final evaluation"), KeyboardInterrupt()],
+    ids=["Interrupted", "Ctrl-C"],
+)
+def test_a_stopped_rank_leaves_a_block_at_once_without_waiting_for_the_others(monkeypatch, stop):
+    """``Distributed.fail_together`` compares the processes' outcomes after the block, a gather that waits
+    for every other process's block (a whole evaluation's scoring). A stopped process stops at once; the
+    others hear of it from the launcher or their next collective. Old code: it waited in the gather (up to
+    dist_timeout_s, then "a collective failed", exit 2), and rank 0 said "rank 1 of 2 failed in scoring
+    its image rows: Interrupted: SIGTERM received ...", exit 2."""
+    from patchword.distributed import Distributed
+
+    gathered = []
+    monkeypatch.setattr(
+        Distributed, "all_gather_object", lambda self, obj: gathered.append(obj) or [obj, None]
+    )
+    rank1 = Distributed(rank=1, world_size=2)
+    with pytest.raises(type(stop)) as raised, rank1.fail_together("scoring its image rows"):
+        raise stop
+    assert raised.value is stop and gathered == []
+    with pytest.raises(ValueError), rank1.fail_together("scoring its image rows"):  # an error is compared
+        raise ValueError("rank 1's own trouble")
+    assert gathered == ["ValueError: rank 1's own trouble"]

@@ -128,9 +128,10 @@ def main_index(argv: list[str] | None = None) -> int:
     args = _index_parser().parse_args(argv)
     _logging(args.verbose)
 
-    uploaded: list[bool] = []  # one entry once the build and its upload (if any) ended
+    ended = False  # the build and its upload (if any)
 
     def build() -> None:
+        nonlocal ended
         _check_qdrant_flags(args)
         plan = _plan(args)  # every flag and file checked, the run loaded: nothing written yet
         client = None
@@ -148,7 +149,7 @@ def main_index(argv: list[str] | None = None) -> int:
             )
         try:
             _build_and_upload(args, plan, client)
-            uploaded.append(client is not None)
+            ended = True
         finally:
             if client is not None:
                 client.close()  # an embedded store admits one client: let the next command open it
@@ -163,9 +164,7 @@ def main_index(argv: list[str] | None = None) -> int:
                 build()
         except KeyboardInterrupt as err:  # a Ctrl-C, or SIGTERM (errors.Terminated)
             # nothing a rerun would resume (none written, or the index complete): not "rerun to resume"
-            upload = (
-                "" if uploaded or not args.qdrant else "the same command with --update uploads it to Qdrant"
-            )
+            upload = "" if ended or not args.qdrant else "the same command with --update uploads it to Qdrant"
             message = stopped_message(args.out, before, upload)
             if message is not None:
                 signum, name = interrupt_signal(err)

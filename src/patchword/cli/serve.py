@@ -195,8 +195,9 @@ def _serve(args: argparse.Namespace) -> int:
             server_header=False,
         )
         # uvicorn shuts down gracefully on a signal, then raises it again. Ctrl-C is how a server is
-        # stopped: it exits 0, as uvicorn.run does; SIGTERM (a service manager's stop) 143, as it did
-        # before patchword handled it (errors.Terminated), still without an `interrupted:` line.
+        # stopped: it exits 0, as uvicorn.run does. SIGTERM (a service manager's stop) meets patchword's
+        # handler (errors.Terminated): 143 without an `interrupted:` line, and the process ends by SIGTERM
+        # (cli.console_main), as it did by uvicorn's raise before, which systemd takes for a clean stop.
         try:
             uvicorn.Server(config).run(sockets=[sock])
         except Terminated:
