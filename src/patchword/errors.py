@@ -27,6 +27,7 @@ __all__ = [
     "Terminated",
     "interrupt_signal",
     "sigterm_interrupts",
+    "stop_signals_held",
     "ResumeHint",
     "resume_command",
     "USER_ERRORS",
@@ -138,6 +139,29 @@ def sigterm_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """SIGINT / SIGTERM held back during the block: one that arrives meanwhile is recorded, and raised again
+    as the block ends, with the handlers before it back (the first one, as a stop reports the first). For
+    code a stop must not cut short (a lock file between its creation and the release's registration), or
+    that swallows what a handler raises (torch's C++ start-up). From the main thread only (elsewhere the
+    block runs as is). Python-level handlers, not a blocked signal mask: the process's other threads
+    (OpenMP's) would receive a blocked signal and have the main thread raise it all the same."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    stops = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in stops}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if received:
+            signal.raise_signal(received[0])
 
 
 def resume_command(command: str, run_dir: str | os.PathLike[str]) -> str:

@@ -138,15 +138,24 @@ def removable_lock(path: str | os.PathLike[str], busy: str) -> Iterator[None]:
     Raises:
         RunExistsError: ``busy``, another process holds it.
     """
-    fd, _ = lock_removable_file(path, busy)
-    try:
+    from patchword.errors import stop_signals_held
+
+    with contextlib.ExitStack() as release:
+        # A stop signal waits while the lock is taken: one landing between the file's creation and the
+        # release's registration left the file behind (it raises at the inner block's end, released).
+        with stop_signals_held():
+            fd, _ = lock_removable_file(path, busy)
+            release.callback(_remove_and_close, fd, path)
         yield
-    finally:
-        # removed while still held: a command that opened it meanwhile sees it gone once it locks it, and
-        # retries; a failure here must not hide the error that ended the command
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        os.close(fd)
+
+
+def _remove_and_close(fd: int, path: str | os.PathLike[str]) -> None:
+    """Remove a removable lock's file while still holding it, then let it go: a command that opened it
+    meanwhile sees it gone once it locks it, and retries. A failure to remove it must not hide the error
+    that ended the command."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    os.close(fd)
 
 
 def _same_file(fd: int, path: str) -> bool:

@@ -39,8 +39,8 @@ _CHILD = textwrap.dedent(
         import runpy
 
         runpy.run_module("patchword", run_name="__main__", alter_sys=True)
-    else:  # what the console script `patchword = "patchword.cli:console_main"` does
-        from patchword.cli import console_main
+    else:  # what the console script `patchword = "patchword.cli.console:console_main"` does
+        from patchword.cli.console import console_main
 
         sys.exit(console_main())
     """

@@ -44,7 +44,7 @@ _STOP_AT = textwrap.dedent(
 
     setattr(module, {name!r}, reached)
     sys.argv = ["patchword", *sys.argv[1:]]
-    from patchword.cli import console_main
+    from patchword.cli.console import console_main
 
     sys.exit(console_main())
     """
@@ -98,6 +98,19 @@ def test_sigterm_during_eval_to_stdout_leaves_no_temporary_folder(env, tmp_path)
     assert os.listdir(tmp_path / "tmp") == []
 
 
+def _failing_command(child: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """Run ``child`` (a script ending in ``console_main()``) on a command that imports torch and fails at
+    once (exit code 2: ``--images`` names no folder), in ``tmp_path``."""
+    argv = ["index", "build", str(tmp_path / "run"), "--images", str(tmp_path / "no-such"), "--out", "o"]
+    return subprocess.run(
+        [sys.executable, "-c", child, *argv],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        cwd=tmp_path,
+    )
+
+
 #: The child of the shutdown tests: a command that fails (exit code 2) at once, and a signal to itself
 #: ``when``: in an exit handler, or in module teardown (after the exit handlers: an object of ``__main__``
 #: that ``__del__`` sends it, as Python clears the module).
@@ -114,7 +127,7 @@ _LATE_SIGNAL = textwrap.dedent(
     else:
         keep = SignalsWhenCleared()
     sys.argv = ["patchword", *sys.argv[1:]]
-    from patchword.cli import console_main
+    from patchword.cli.console import console_main
 
     sys.exit(console_main())
     """
@@ -128,26 +141,21 @@ def test_a_signal_while_the_interpreter_exits_keeps_the_command_s_exit_code(sign
     more (torch's teardown). Old code: a signal then killed the process (exit -15 / 130) with no message, as
     if the command had failed, once with a KeyboardInterrupt traceback from an exit handler."""
     child = _LATE_SIGNAL.format(signum=int(signum), when=when)
-    argv = ["index", "build", str(tmp_path / "run"), "--images", str(tmp_path / "no-such"), "--out", "o"]
-    proc = subprocess.run(
-        [sys.executable, "-c", child, *argv],
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-        cwd=tmp_path,
-    )
+    proc = _failing_command(child, tmp_path)
     assert proc.returncode == 2, proc
     assert proc.stderr.splitlines() == [f"error: --images: image folder not found: {tmp_path / 'no-such'}"]
 
 
 def test_the_console_script_and_python_m_run_console_main():
-    """Both ways of starting patchword get :func:`~patchword.cli.console_main`'s handling at exit."""
-    # (tomllib is Python 3.11+; the project supports 3.10): the console script's line
+    """Both ways of starting patchword get :func:`~patchword.cli.console.console_main`'s handling at exit."""
+    # (tomllib is Python 3.11+; the project supports 3.10): the console script's line, not package-data's
     lines = (ROOT / "pyproject.toml").read_text(encoding="utf-8").splitlines()
-    assert [line for line in lines if '"patchword.cli:' in line] == [
-        'patchword = "patchword.cli:console_main"'
+    assert [line for line in lines if line.startswith('patchword = "')] == [
+        'patchword = "patchword.cli.console:console_main"'
     ]
-    assert "raise SystemExit(console_main())" in (ROOT / "src/patchword/__main__.py").read_text()
+    main_module = (ROOT / "src/patchword/__main__.py").read_text()
+    assert "from patchword.cli.console import console_main" in main_module
+    assert "raise SystemExit(console_main())" in main_module
 
 
 def test_a_stop_after_the_index_was_complete_says_nothing_is_left(env, tmp_path, monkeypatch, capsys):
@@ -199,3 +207,65 @@ def test_a_server_stops_on_a_signal_with_its_documented_exit_code(env, signum, c
     returned, err = signal_when_announced(argv, answering, signum, {**os.environ, "OMP_NUM_THREADS": "1"})
     assert returned == code, (returned, err)
     assert "interrupted:" not in err and "Traceback" not in err, err
+
+
+#: The child of the torch-import test: a signal to itself while torch's C++ start-up imports numpy (a
+#: finder that sees ``numpy.matrixlib`` imported while ``torch`` is, says so on stdout and signals).
+_SIGNAL_INSIDE_TORCH = textwrap.dedent(
+    """
+    import importlib.abc, os, sys
+
+    class SignalInsideTorchImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "numpy.matrixlib" and "torch" in sys.modules:
+                sys.meta_path.remove(self)
+                print("signalled inside torch's import", flush=True)
+                os.kill(os.getpid(), {signum})
+            return None
+
+    sys.meta_path.insert(0, SignalInsideTorchImport())
+    sys.argv = ["patchword", *sys.argv[1:]]
+    from patchword.cli.console import console_main
+
+    sys.exit(console_main())
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("signum", "said"),
+    [(signal.SIGINT, "SIGINT (Ctrl-C)"), (signal.SIGTERM, "SIGTERM")],
+    ids=["SIGINT", "SIGTERM"],
+)
+def test_a_signal_inside_torch_s_import_stops_the_command_once_torch_is_imported(signum, said, tmp_path):
+    """torch's C++ start-up imports numpy and swallows the KeyboardInterrupt a signal raises there. Old
+    code: the command went on with numpy half imported and failed later with a traceback (``module 'numpy'
+    has no attribute 'matrix'``) or ran to its end as if no signal had come (here: exit code 2, the
+    missing folder's error), once a C++ ``terminate`` (exit -6). Now the signal waits for the import."""
+    child = _SIGNAL_INSIDE_TORCH.format(signum=int(signum))
+    proc = _failing_command(child, tmp_path)
+    assert proc.stdout == "signalled inside torch's import\n", proc  # numpy was first imported by torch
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert (proc.returncode, proc.stderr.splitlines()) == (-signum, [f"interrupted: {said}"])
+
+
+def test_a_signal_while_a_removable_lock_is_taken_leaves_no_lock_file(tmp_path, monkeypatch):
+    """``index build``'s ``.build.lock`` (and ``pretrain --out``'s): a signal landing after the file was
+    created and before the block that removes it began (here: while the file is locked) raises once the
+    lock is held and its removal registered. Old code: the file stayed beside the index (helper-213's
+    fuzzing; the rerun worked, the folder was littered)."""
+    from patchword import locks
+    from patchword.errors import sigterm_interrupts
+
+    real = locks._lock_or_refuse
+
+    def signalled_while_locking(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(locks, "_lock_or_refuse", signalled_while_locking)
+    path = tmp_path / ".build.lock"
+    ran = []
+    with pytest.raises(Terminated), sigterm_interrupts(), locks.removable_lock(path, "busy"):
+        ran.append(True)
+    assert not path.exists() and ran == []

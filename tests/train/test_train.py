@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from patchword.cli import main
 from patchword.config import apply_overrides, load_config
 from patchword.data.prepare import prepare_data
 from patchword.runs.config import RunConfig
+from patchword.train import trainer
 from patchword.train.runner import resume_run, train_run
 from project_paths import ROOT
 
@@ -250,10 +253,9 @@ def test_cli_train_eval_demo_smoke(tmp_path, capsys):
     assert main(["eval", str(tmp_path / "cli"), "eval.split=dev"]) == 2
 
 
-def test_demo_smoke_fine_tunes_the_shipped_encoders(tmp_path, capsys):
-    # The demo's recipe on a few synthetic images, a few steps: the shipped pretrained encoders (64 px
-    # scenes, their vocabulary), the table on stdout, the summary with selection quality, the plots.
-    common = [
+def _tiny_demo(tmp_path) -> list[str]:
+    """The demo's overrides for a few synthetic images (steps and plots left to the test)."""
+    return [
         f"output_dir={tmp_path}",
         f"data.cache_dir={tmp_path / 'cache'}",
         "data.num_train=20",
@@ -265,6 +267,12 @@ def test_demo_smoke_fine_tunes_the_shipped_encoders(tmp_path, capsys):
         "train.num_threads=1",
         "eval.max_memory_mb=16",
     ]
+
+
+def test_demo_smoke_fine_tunes_the_shipped_encoders(tmp_path, capsys):
+    # The demo's recipe on a few synthetic images, a few steps: the shipped pretrained encoders (64 px
+    # scenes, their vocabulary), the table on stdout, the summary with selection quality, the plots.
+    common = _tiny_demo(tmp_path)
     assert main(["demo", *common, "train.max_steps=3"]) == 0
     printed = capsys.readouterr().out
     assert "oracle" in printed and "rsum" in printed and "pretrained encoders alone" in printed
@@ -330,3 +338,25 @@ def test_training_shows_a_step_bar_only_where_asked(tmp_path, tiny_data, capsys,
         assert "loss=" in err
     else:
         assert "train:" not in err
+
+
+def test_a_stopped_demo_names_both_ways_to_go_on(tmp_path, monkeypatch, capsys):
+    """``patchword train --resume`` finishes a stopped demo's training but makes none of its table and
+    plots, and a new demo moves the stopped run aside. Old code advised the resume alone (helper-213's
+    fuzzing: following it, the table and plots never came)."""
+    real_step = trainer.Trainer._train_step
+
+    def step_then_signal(self, *args, **kwargs):
+        real_step(self, *args, **kwargs)
+        if self.step == 1:  # the second step's: the loop stops once it ends (step 2, last.pt written)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(trainer.Trainer, "_train_step", step_then_signal)
+    code = main(["demo", *_tiny_demo(tmp_path), "train.max_steps=4", "--no-plots"])
+    assert code == 128 + signal.SIGTERM
+    run = tmp_path / "demo"
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"interrupted: SIGTERM received: stopped at step 2, {run / 'last.pt'} written; continue its training "
+        f"with `patchword train --resume {run}` (the demo's table and plots are not made then), or run "
+        f"`patchword demo` again to start over ({run} is moved aside)"
+    )

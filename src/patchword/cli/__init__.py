@@ -8,33 +8,28 @@ Errors a user can fix (a bad config value, a missing file, bad data, a model not
 printed as one ``error: ...`` line with exit code 2; ``-v`` adds the traceback. Anything else is a bug
 and keeps its traceback. A Ctrl-C is one ``interrupted:`` line and exit code 130, also while the verb's
 modules (torch among them) are still being imported: :func:`main` imports them inside its handler. The
-executable (:func:`console_main`) handles SIGTERM as a Ctrl-C (:class:`~patchword.errors.Terminated`, exit
-code 143) wherever a verb gives it no meaning of its own (training stops at a step), and a stopped command's
-process ends by the signal.
+executable (:mod:`patchword.cli.console`) handles SIGTERM as a Ctrl-C (:class:`~patchword.errors.Terminated`,
+exit code 143) wherever a verb gives it no meaning of its own (training stops at a step), and a stopped
+command's process ends by the signal.
 """
 
 from __future__ import annotations
 
 import argparse
-import atexit
-import contextlib
 import importlib
 import itertools
-import os
-import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from patchword.errors import ConfigError, interrupt_signal, run_command, sigterm_interrupts
+from patchword.errors import ConfigError, interrupt_signal, run_command
 from patchword.logs import setup_logging
 
 __all__ = [
     "VERBS",
     "VERBOSE_HELP",
     "Verb",
-    "console_main",
     "file_or_stdout",
     "main",
     "report_errors",
@@ -153,7 +148,7 @@ def _global_option(arg: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Run ``patchword <argv>`` (default ``sys.argv[1:]``); the exit code.
 
-    A Ctrl-C (or SIGTERM, under :func:`console_main`) before the verb's own handling
+    A Ctrl-C (or SIGTERM, under :func:`~patchword.cli.console.console_main`) before the verb's own handling
     (:func:`report_errors`) starts, while the parsers and the verb's modules are imported (``import
     torch`` takes a second or more), ends quietly too: one ``interrupted:`` line, exit code 130 (143), no
     traceback. One that lands while the verb's own report is printed (a second signal) adds nothing to it.
@@ -166,58 +161,6 @@ def main(argv: list[str] | None = None) -> int:
         if not reporting:
             print(f"interrupted: {name} before the command started: nothing was done", file=sys.stderr)
         return 128 + signum
-
-
-#: What a command stops on (exit code 128 + the signal's number).
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-def console_main() -> int:
-    """The ``patchword`` executable (and ``python -m patchword``): :func:`main` with SIGTERM stopping the
-    command as a Ctrl-C does (:func:`~patchword.errors.sigterm_interrupts`), and an end of the process
-    that says what the exit code says:
-
-    * a command stopped by SIGINT / SIGTERM (130 / 143) ends by that signal once the exit handlers have
-      run, as Python ends on an uncaught Ctrl-C: a shell loop (``for s in 1 2 3; do patchword train
-      seed=$s; done``) stops on a Ctrl-C instead of going on with the next command, and a service manager
-      takes a server that SIGTERM stopped for one stopped cleanly (an exit code of 143 is a failure to
-      systemd);
-    * a signal while the interpreter shuts down, when everything is written, no longer kills the process
-      with no message, as if the command had failed: during the exit handlers it ends the process at once
-      with the command's exit code; after them (module teardown, torch's takes most of a second, where
-      Python runs no handler of its own) it is ignored.
-
-    Not in :func:`main`, which tests and scripts call in-process.
-    """
-    ending: dict[str, int] = {}
-    atexit.register(_last_exit_handler, ending)  # before torch registers its own: runs after them
-    with sigterm_interrupts():
-        code = main()
-    ending["code"] = code
-    for stop in _STOP_SIGNALS:
-        signal.signal(stop, lambda signum, frame: _end_now(code))
-    return code
-
-
-def _end_now(code: int) -> None:
-    """End the process now as ``code`` says: by the signal for a stopped command, else with the code."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # closed, missing, or in the middle of a write: no matter
-            stream.flush()
-    if code - 128 in _STOP_SIGNALS:
-        signal.signal(code - 128, signal.SIG_DFL)
-        signal.raise_signal(code - 128)  # delivered to this thread before it returns
-    os._exit(code)
-
-
-def _last_exit_handler(ending: dict[str, int]) -> None:
-    """The last exit handler of :func:`console_main` (``ending["code"]``: the exit code, absent when
-    :func:`main` did not return one: argparse's ``--help``, a usage error)."""
-    code = ending.get("code", 0)
-    if code - 128 in _STOP_SIGNALS:
-        _end_now(code)
-    for stop in _STOP_SIGNALS:
-        signal.signal(stop, signal.SIG_IGN)
 
 
 def _main(argv: list[str] | None, reporting: list[bool]) -> int:

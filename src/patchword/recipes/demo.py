@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from patchword.errors import ResumeHint, resume_command
 from patchword.recipes.pretrain import KEYS
 from patchword.runs.config import RunConfig, load_run_config
 from patchword.runs.files import SUMMARY_FILE
@@ -168,7 +169,7 @@ def run_demo(overrides: list[str] | None = None, *, plots: bool = True) -> dict[
     _set_aside_previous(run_dir, cfg)
     with _flush_denormals():
         data = prepare_data(cfg.data)
-        summary = train_run(cfg, data=data)
+        summary = train_run(cfg, data=data, hint=_demo_hint(run_dir))
         summary["pretrained_global"] = global_recall(cfg, data)
         native = pretraining_recall(cfg, data)
         if native:
@@ -179,6 +180,18 @@ def run_demo(overrides: list[str] | None = None, *, plots: bool = True) -> dict[
         if plots:
             _plots(run_dir, data)
     return summary
+
+
+def _demo_hint(run_dir: Path) -> ResumeHint:
+    """How a stopped demo says to go on (:class:`~patchword.errors.ResumeHint`): ``patchword train
+    --resume`` finishes its training and evaluation but not the demo's table and plots, and a new demo
+    moves the stopped run aside; the runner's own advice named the first alone, as if it finished the demo."""
+    how = resume_command("patchword train", run_dir)
+    advice = (
+        f"continue its training with {how} (the demo's table and plots are not made then), or run "
+        f"`patchword demo` again to start over ({run_dir} is moved aside)"
+    )
+    return ResumeHint(how, advice)
 
 
 def _plots(run_dir: Path, data) -> None:
