@@ -275,7 +275,7 @@ class Distributed:
         the comparison, which would wait for every other process's block (a whole evaluation's scoring,
         while pre-emption leaves seconds): the process stops at once, and the others hear of it from the
         launcher (torchrun stops every process when one ends) or from their next collective, which fails
-        as the process is gone (:func:`session`). Compared, it was "rank 1 failed in ...", exit code 2.
+        as the process is gone (:func:`session`).
         """
         if not self.enabled:
             yield

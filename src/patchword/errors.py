@@ -79,8 +79,8 @@ class Interrupted(BaseException):
     A BaseException, as KeyboardInterrupt is: a stop handler raises it wherever the signal lands, and an
     ``except Exception`` there would take the stop for a failure of its own and go on (logging's
     ``handleError``, landed in while a log line was written, printed "--- Logging error ---" and the
-    command ran to its end, deaf to another SIGTERM). Code that must hear of it catches it by name
-    (:meth:`patchword.distributed.Distributed.fail_together`).
+    command ran to its end, deaf to another SIGTERM). Code that must hear of it catches it by name (rank 0's
+    claim of a run directory, which every process waits for: ``patchword.train.runner``).
     """
 
     def __init__(self, signum: int, message: str) -> None:
@@ -138,29 +138,41 @@ def sigterm_interrupts() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if signal.getsignal(signal.SIGTERM) is handler:  # one the block installed for good stays
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @contextlib.contextmanager
 def stop_signals_held() -> Iterator[None]:
-    """SIGINT / SIGTERM held back during the block: one that arrives meanwhile is recorded, and raised again
-    as the block ends, with the handlers before it back (the first one, as a stop reports the first). For
-    code a stop must not cut short (a lock file between its creation and the release's registration), or
-    that swallows what a handler raises (torch's C++ start-up). From the main thread only (elsewhere the
-    block runs as is). Python-level handlers, not a blocked signal mask: the process's other threads
-    (OpenMP's) would receive a blocked signal and have the main thread raise it all the same."""
+    """SIGINT / SIGTERM held back during the block: the first that arrives meanwhile is recorded, and raised
+    again as the block ends, with the handlers before it back; a second one is raised at once (a user who
+    insists). For code a stop must not cut short (a lock file between its creation and the release's
+    registration), or that swallows what a handler raises (torch's C++ start-up). From the main thread only
+    (elsewhere the block runs as is). Python-level handlers, not a blocked signal mask: the process's other
+    threads (OpenMP's) would receive a blocked signal and have the main thread raise it all the same."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     received: list[int] = []
-    stops = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in stops}
+
+    def record(signum, frame):  # noqa: ARG001
+        received.append(signum)
+        if len(received) > 1:
+            restore()
+            signal.raise_signal(signum)
+
+    def restore() -> None:
+        try:  # both put back even when a signal lands between the two
+            signal.signal(signal.SIGINT, previous[signal.SIGINT])
+        finally:
+            signal.signal(signal.SIGTERM, previous[signal.SIGTERM])
+
+    previous = {s: signal.signal(s, record) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        if received:
+        restore()
+        if len(received) == 1:
             signal.raise_signal(received[0])
 
 

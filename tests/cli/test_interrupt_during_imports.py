@@ -9,6 +9,7 @@ torch fails the test rather than passing it)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
@@ -90,11 +91,19 @@ def test_a_second_signal_while_the_command_reports_adds_no_false_line(monkeypatc
     nothing was done" after a command that had run."""
     import patchword.cli as cli
 
-    def reporting_then_interrupted(run, verbose):
-        print("interrupted: SIGINT (Ctrl-C)", file=sys.stderr)  # the command's own report, cut short
+    def reporting_then_interrupted(run, verbose):  # report_errors, its report cut short by a second signal
+        try:
+            run()
+        except KeyboardInterrupt:
+            print("interrupted: SIGINT (Ctrl-C)", file=sys.stderr)
+            raise KeyboardInterrupt from None
+        raise AssertionError("the first signal never came")
+
+    def stopped(args):  # the verb, stopped by the first signal
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "report_errors", reporting_then_interrupted)
+    monkeypatch.setattr(importlib.import_module("patchword.cli.report"), "run", stopped)
     code = main(["report", "no-such-run"])
     assert code == 130
     assert capsys.readouterr().err.splitlines() == ["interrupted: SIGINT (Ctrl-C)"]

@@ -241,12 +241,14 @@ def test_a_signal_inside_torch_s_import_stops_the_command_once_torch_is_imported
     """torch's C++ start-up imports numpy and swallows the KeyboardInterrupt a signal raises there. Old
     code: the command went on with numpy half imported and failed later with a traceback (``module 'numpy'
     has no attribute 'matrix'``) or ran to its end as if no signal had come (here: exit code 2, the
-    missing folder's error), once a C++ ``terminate`` (exit -6). Now the signal waits for the import."""
+    missing folder's error), once a C++ ``terminate`` (exit -6). Now the signal waits for the import
+    (``cli._import_torch``)."""
     child = _SIGNAL_INSIDE_TORCH.format(signum=int(signum))
     proc = _failing_command(child, tmp_path)
     assert proc.stdout == "signalled inside torch's import\n", proc  # numpy was first imported by torch
     assert "Traceback" not in proc.stderr, proc.stderr
-    assert (proc.returncode, proc.stderr.splitlines()) == (-signum, [f"interrupted: {said}"])
+    said = f"interrupted: {said} before the command started: nothing was done"
+    assert (proc.returncode, proc.stderr.splitlines()) == (-signum, [said])
 
 
 def test_a_signal_while_a_removable_lock_is_taken_leaves_no_lock_file(tmp_path, monkeypatch):
@@ -269,3 +271,24 @@ def test_a_signal_while_a_removable_lock_is_taken_leaves_no_lock_file(tmp_path, 
     with pytest.raises(Terminated), sigterm_interrupts(), locks.removable_lock(path, "busy"):
         ran.append(True)
     assert not path.exists() and ran == []
+
+
+def test_held_signals_raise_after_the_block_or_at_once_when_a_second_comes():
+    """``stop_signals_held``: the first signal waits for the block's end (torch's import, a lock being taken);
+    a second one stops at once (a slow import must not make a user's Ctrl-C useless); the handlers before
+    it are back either way."""
+    from patchword.errors import sigterm_interrupts, stop_signals_held
+
+    with sigterm_interrupts():
+        before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+        ran = []
+        with pytest.raises(Terminated), stop_signals_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            ran.append("after the first")
+        assert ran == ["after the first"]
+        with pytest.raises(KeyboardInterrupt) as second, stop_signals_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)
+        # the second one (SIGINT), raised as it came: the end of the block raises the first only
+        assert not isinstance(second.value, Terminated)
+        assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before

@@ -357,6 +357,6 @@ def test_a_stopped_demo_names_both_ways_to_go_on(tmp_path, monkeypatch, capsys):
     run = tmp_path / "demo"
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"interrupted: SIGTERM received: stopped at step 2, {run / 'last.pt'} written; continue its training "
-        f"with `patchword train --resume {run}` (the demo's table and plots are not made then), or run "
-        f"`patchword demo` again to start over ({run} is moved aside)"
+        f"with `patchword train --resume {run}` (the demo's table and plots are not made then), or run the "
+        f"same `patchword demo` command again to start over ({run} is moved aside)"
     )

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from patchword.errors import ConfigError, interrupt_signal, run_command
+from patchword.errors import ConfigError, interrupt_signal, run_command, stop_signals_held
 from patchword.logs import setup_logging
 
 __all__ = [
@@ -174,10 +174,11 @@ def _main(argv: list[str] | None, reporting: list[bool]) -> int:
         verb = VERBS[rest[0]]
         verbose = bool(flags) or "-v" in rest or "--verbose" in rest
         sub_argv = [*rest[1:], *flags]
-        reporting.append(True)
-        return report_errors(
-            lambda: getattr(importlib.import_module(verb.module), verb.entry)(sub_argv), verbose
+        _import_torch()
+        entry = _reporting(
+            lambda: getattr(importlib.import_module(verb.module), verb.entry)(sub_argv), reporting
         )
+        return report_errors(entry, verbose)
     parser = _parser()
     if all(a.startswith("-") for a in rest) and "-h" not in rest and "--help" not in rest:
         unknown = [a for a in rest if not _global_option(a)]
@@ -191,6 +192,28 @@ def _main(argv: list[str] | None, reporting: list[bool]) -> int:
     # overrides may follow options too; an unknown --eval-split is suggested as the override eval.split=
     args = parse_with_overrides(parser, argv, config=RunConfig)
     setup_logging(args.verbose)
+    _import_torch()
     module = importlib.import_module(VERBS[args.command].module)
-    reporting.append(True)
-    return report_errors(lambda: module.run(args), args.verbose)
+    return report_errors(_reporting(lambda: module.run(args), reporting), args.verbose)
+
+
+def _reporting(run: Callable[[], int | None], reporting: list[bool]) -> Callable[[], int | None]:
+    """``run`` noting in ``reporting`` that it began, inside :func:`report_errors`' handling: a signal from
+    then on is reported by that handling (a second one, landing while it prints, by nothing more)."""
+
+    def began() -> int | None:
+        reporting.append(True)
+        return run()
+
+    return began
+
+
+def _import_torch() -> None:
+    """Import torch (every verb needs it; ``--help`` returned before) with SIGINT / SIGTERM held until the
+    import ends (:func:`~patchword.errors.stop_signals_held`): torch's C++ start-up imports Python modules
+    (numpy among them) and swallows the KeyboardInterrupt a signal raises there, and the command went on with
+    numpy half imported, failing later with a traceback (``module 'numpy' has no attribute 'matrix'``), or
+    ran to its end as if no signal had come; once a C++ ``terminate`` aborted the process. Raised after the
+    import, the signal is an interruption "before the command started"."""
+    with stop_signals_held():
+        import torch  # noqa: F401

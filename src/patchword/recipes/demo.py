@@ -188,8 +188,8 @@ def _demo_hint(run_dir: Path) -> ResumeHint:
     moves the stopped run aside; the runner's own advice named the first alone, as if it finished the demo."""
     how = resume_command("patchword train", run_dir)
     advice = (
-        f"continue its training with {how} (the demo's table and plots are not made then), or run "
-        f"`patchword demo` again to start over ({run_dir} is moved aside)"
+        f"continue its training with {how} (the demo's table and plots are not made then), or run the "
+        f"same `patchword demo` command again to start over ({run_dir} is moved aside)"
     )
     return ResumeHint(how, advice)
 
